@@ -1,0 +1,106 @@
+"""The asyncio counting lock: ``AsyncCountingLock`` over a ``redis.asyncio.Redis`` client.
+
+Same operations as :class:`scrapy_redislock.CountingLock`, as coroutines; the
+optional renewal runs as a task on the running loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from types import TracebackType
+from typing import Any
+
+import redis.asyncio
+
+from scrapy_redislock.core import Operation, Permit, adrive
+from scrapy_redislock.lock import LockFront
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncCountingLock(LockFront):
+    """A fair, leased counting lock (semaphore) in Redis, for asyncio code."""
+
+    client_types = (redis.asyncio.Redis, redis.asyncio.RedisCluster)
+
+    def __init__(self, client: redis.asyncio.Redis | redis.asyncio.RedisCluster, *args: Any, **kwargs: Any) -> None:
+        super().__init__(client, *args, **kwargs)
+        self._context: dict[asyncio.Task[Any] | None, list[Permit]] = {}
+        self._renewer: asyncio.Task[None] | None = None
+
+    async def _run(self, op: Operation) -> Any:
+        return await adrive(op, self._command, self.name)
+
+    async def acquire(self, timeout: float | None = None) -> Permit:
+        """Wait for a slot (first come, first served); AcquireTimeout after ``timeout`` s."""
+        permit = await self._run(self._core.acquire(timeout, holder=asyncio.current_task()))
+        self._start_renewal()
+        return permit
+
+    async def try_acquire(self) -> Permit | None:
+        """A slot if one is free now, else None."""
+        permit = await self._run(self._core.acquire(None, blocking=False, holder=asyncio.current_task()))
+        if permit is not None:
+            self._start_renewal()
+        return permit
+
+    async def release(self, permit: Permit) -> bool:
+        """Give a slot back: True if it was still held, False for a stale permit."""
+        return bool(await self._run(self._core.release(permit)))
+
+    async def renew(self, permit: Permit) -> None:
+        """Extend the permit's lease; raises LockLost if the lease is gone."""
+        await self._run(self._core.renew(permit))
+
+    async def maintain(self) -> list[Permit]:
+        """Renew every held permit and free expired leases of others; returns the lost permits."""
+        lost: list[Permit] = await self._run(self._core.maintain())
+        self._report_lost(lost)
+        return lost
+
+    async def set_limit(self, limit: int) -> int | None:
+        """Change the limit for every process at once; returns the previous limit."""
+        return await self._run(self._core.set_limit(limit))
+
+    async def get_limit(self) -> int | None:
+        """The limit in Redis now."""
+        return await self._run(self._core.get_limit())
+
+    async def aclose(self) -> int:
+        """Stop renewing and free every slot this object holds; returns how many."""
+        if self._renewer is not None and self._renewer is not asyncio.current_task():
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        self._renewer = None
+        return int(await self._run(self._core.release_all()))
+
+    async def __aenter__(self) -> Permit:
+        permit = await self.acquire()
+        self._context.setdefault(asyncio.current_task(), []).append(permit)
+        return permit
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        task = asyncio.current_task()
+        stack = self._context[task]
+        permit = stack.pop()
+        if not stack:
+            del self._context[task]
+        await self.release(permit)
+
+    def _start_renewal(self) -> None:
+        if self.auto_renew and (self._renewer is None or self._renewer.done()):
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
+
+    async def _renew_forever(self) -> None:
+        """Renew every ttl/3 until closed; errors are logged and retried, never swallowed silently."""
+        while True:
+            await asyncio.sleep(self.renew_interval)
+            try:
+                await self.maintain()
+            except Exception:
+                logger.exception("renewing lock %r failed; retrying in %.1f s", self.name, self.renew_interval)

@@ -1,0 +1,504 @@
+"""Sans-IO core of the counting lock: what to send to Redis and what the replies mean.
+
+Every lock operation is a generator that yields commands (:class:`RunScript`,
+:class:`ReadGrant`) and receives their replies, or has the redis error thrown in.
+The sync and asyncio fronts (``lock.py``, ``aio.py``) only carry commands to
+Redis, so the lock's logic exists once. This module does no I/O and imports
+neither Scrapy nor Twisted.
+
+How the lock sits in Redis (see ``scripts/_lib.lua``): a stream whose entries are
+slot grants and one consumer group. A free slot is an entry not yet delivered;
+waiters block in ``XREADGROUP ... BLOCK``, which Redis serves first come, first
+served, and a release adds a new entry, which Redis hands to the first blocked
+waiter at once. A held slot is an entry in the group's pending list: the owner is
+its consumer, the lease age its idle time on Redis's clock. The entry's sequence
+number is the fencing token.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import redis.exceptions
+
+from scrapy_redislock.errors import (
+    AcquireTimeout,
+    InvalidArgument,
+    LockConnectionError,
+    LockError,
+    LockLost,
+)
+
+GROUP = "holders"
+LIMBO = "__limbo__"
+SCRIPT_NAMES = ("setup", "release", "hold_again", "maintain", "set_limit", "release_owner")
+
+Clock = Callable[[], float]
+
+
+@functools.cache
+def load_scripts() -> dict[str, str]:
+    """Lua sources by name, each with the shared helpers in front of it."""
+    folder = resources.files("scrapy_redislock") / "scripts"
+    lib = (folder / "_lib.lua").read_text(encoding="utf-8")
+    return {
+        name: lib + "\n" + (folder / f"{name}.lua").read_text(encoding="utf-8")
+        for name in SCRIPT_NAMES
+    }
+
+
+@dataclass(frozen=True)
+class RunScript:
+    """Run the named Lua script (EVALSHA, falling back to EVAL)."""
+
+    name: str
+    keys: tuple[str, ...]
+    args: tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class ReadGrant:
+    """``XREADGROUP GROUP holders <consumer> COUNT 1 [BLOCK ms] STREAMS <key> >``."""
+
+    key: str
+    consumer: str
+    block_ms: int | None  # None: do not block; 0: block until granted
+
+
+@dataclass(frozen=True)
+class Call:
+    """A plain read-only command (state changes are always scripts)."""
+
+    args: tuple[str | int, ...]
+
+
+Command = RunScript | ReadGrant | Call
+Operation = Generator[Command, Any, Any]
+
+
+@dataclass
+class Permit:
+    """One granted slot. ``fence`` increases strictly with every grant of the lock."""
+
+    name: str
+    owner: str
+    grant: str
+    fence: int
+    acquired_at: float
+    holds: int = 1
+    lost: bool = False
+    released: bool = False
+
+    @property
+    def token(self) -> str:
+        """The owner token: who holds it and which grant it is."""
+        return f"{self.owner}/{self.grant}"
+
+
+@dataclass(frozen=True)
+class LockKeys:
+    """Redis keys of one lock; they share a hash tag so Redis Cluster keeps them together."""
+
+    slots: str
+    meta: str
+    owners: str
+    holds: str
+
+    @classmethod
+    def of(cls, prefix: str, name: str) -> LockKeys:
+        base = f"{prefix}:{{{name}}}"
+        return cls(f"{base}:slots", f"{base}:meta", f"{base}:owners", f"{base}:holds")
+
+
+def text(value: Any) -> Any:
+    """Decode bytes replies, so clients with or without decode_responses look alike."""
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, list | tuple):
+        return [text(v) for v in value]
+    return value
+
+
+def fence_of(grant: str) -> int:
+    return int(grant.rsplit("-", 1)[1])
+
+
+def check_name(name: object, what: str = "name") -> str:
+    if not isinstance(name, str) or not name or "{" in name or "}" in name:
+        raise InvalidArgument(
+            f"{what} must be a non-empty string without braces, got {name!r}"
+        )
+    return name
+
+
+def check_limit(limit: object, what: str = "limit") -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise InvalidArgument(f"{what} must be an integer >= 0, got {limit!r}")
+    return limit
+
+
+def check_ttl(ttl: object, what: str = "ttl") -> float:
+    if (
+        isinstance(ttl, bool)
+        or not isinstance(ttl, int | float)
+        or not math.isfinite(ttl)
+        or ttl < 0.001
+    ):
+        raise InvalidArgument(f"{what} must be a number of seconds >= 0.001, got {ttl!r}")
+    return float(ttl)
+
+
+def check_timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+        raise InvalidArgument(f"timeout must be None or a number >= 0, got {timeout!r}")
+    return float(timeout)
+
+
+def default_identity(label: str | None = None) -> dict[str, Any]:
+    """What status shows about a holder; nothing in it is secret."""
+    identity: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": round(time.time(), 3),
+    }
+    if label:
+        identity["label"] = label
+    return identity
+
+
+def translate_error(name: str, exc: BaseException) -> BaseException:
+    """Name the lock in connection errors; leave everything else as it is."""
+    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError) and not (
+        isinstance(exc, LockError)
+    ):
+        error = LockConnectionError(f"redis lock {name!r}: {type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        return error
+    return exc
+
+
+def is_missing_lock(exc: BaseException) -> bool:
+    """The lock's stream or group is gone (never created, reset, or Redis lost its data)."""
+    message = str(exc)
+    return isinstance(exc, redis.exceptions.ResponseError) and (
+        message.startswith("NOGROUP") or "NOLOCK" in message
+    )
+
+
+@dataclass
+class LockCore:
+    """State and logic of one lock object; the fronts drive its generator methods."""
+
+    name: str
+    keys: LockKeys
+    limit: int | None
+    ttl: float
+    reentrant: bool
+    clock: Clock
+    identity: dict[str, Any]
+    max_block: float | None = None
+    owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
+    held: dict[str, Permit] = field(default_factory=dict)
+    by_holder: dict[Any, Permit] = field(default_factory=dict)
+    set_up: bool = False
+    ever_set_up: bool = False
+    waits_in_flight: int = 0
+    needs_reconcile: bool = False
+
+    @classmethod
+    def create(
+        cls,
+        name: object,
+        limit: object,
+        ttl: object,
+        *,
+        key_prefix: object = "redislock",
+        reentrant: bool = False,
+        clock: Clock = time.monotonic,
+        identity: Mapping[str, Any] | None = None,
+        max_block: float | None = None,
+    ) -> LockCore:
+        name = check_name(name)
+        prefix = check_name(key_prefix, "key_prefix")
+        checked_limit = None if limit is None else check_limit(limit)
+        checked_ttl = check_ttl(ttl)
+        if reentrant and checked_limit != 1:
+            raise InvalidArgument(f"reentrant=True needs limit=1 (a mutex), got limit={limit!r}")
+        ident = default_identity()
+        ident.update(identity or {})
+        return cls(
+            name=name,
+            keys=LockKeys.of(prefix, name),
+            limit=checked_limit,
+            ttl=checked_ttl,
+            reentrant=reentrant,
+            clock=clock,
+            identity=ident,
+            max_block=max_block,
+        )
+
+    # -- commands ---------------------------------------------------------------
+
+    @property
+    def ttl_ms(self) -> int:
+        return max(1, round(self.ttl * 1000))
+
+    @property
+    def renew_interval(self) -> float:
+        return self.ttl / 3
+
+    def _script(self, name: str, keys: tuple[str, ...], *args: str | int) -> RunScript:
+        return RunScript(name, keys, args)
+
+    # -- operations (generators) ----------------------------------------------
+
+    def setup(self, recover: bool = False) -> Operation:
+        """Create the lock in Redis if needed and register this owner."""
+        k = self.keys
+        reply = yield self._script(
+            "setup",
+            (k.slots, k.meta, k.owners),
+            "" if self.limit is None else self.limit,
+            self.ttl_ms,
+            self.owner,
+            json.dumps(self.identity),
+            "1" if recover else "0",
+        )
+        created, limit, _ttl = text(reply)
+        self.set_up = self.ever_set_up = True
+        return bool(created), int(limit)
+
+    def _ensure_setup(self) -> Operation:
+        if not self.set_up:
+            try:
+                yield from self.setup()
+            except redis.exceptions.ResponseError as exc:
+                if is_missing_lock(exc):
+                    raise LockError(
+                        f"lock {self.name!r} does not exist in Redis and no limit was given"
+                    ) from None
+                raise
+
+    def acquire(self, timeout: float | None, blocking: bool = True, holder: Any = None) -> Operation:
+        """Wait for a slot (FIFO across all processes); None when not blocking and none is free."""
+        timeout = check_timeout(timeout)
+        if self.reentrant and holder is not None and holder in self.by_holder:
+            permit = self.by_holder[holder]
+            count = yield self._script(
+                "hold_again", (self.keys.slots, self.keys.holds), self.owner, permit.grant
+            )
+            if int(count):
+                permit.holds = int(count)
+                return permit
+            self._forget(permit)
+        yield from self._ensure_setup()
+        deadline = None if timeout is None else self.clock() + timeout
+        while True:
+            block_ms = self._block_ms(deadline) if blocking else None
+            if blocking and block_ms is None:
+                raise AcquireTimeout(f"lock {self.name!r}: no slot within {timeout} s")
+            self.waits_in_flight += 1
+            finished = False
+            try:
+                reply = yield ReadGrant(self.keys.slots, self.owner, block_ms)
+                finished = True
+            except redis.exceptions.ResponseError as exc:
+                finished = True
+                if not is_missing_lock(exc):
+                    raise
+                yield from self.setup(recover=self.ever_set_up)
+                continue
+            finally:
+                self.waits_in_flight -= 1
+                if not finished:
+                    # Cancelled or the connection broke: a grant may have been
+                    # delivered that we never saw; the next maintain frees it.
+                    self.needs_reconcile = True
+            grant = self._grant_from(reply)
+            if grant is not None:
+                permit = Permit(self.name, self.owner, grant, fence_of(grant), self.clock())
+                self.held[grant] = permit
+                if self.reentrant and holder is not None:
+                    self.by_holder[holder] = permit
+                return permit
+            if not blocking:
+                return None
+            if deadline is not None and self.clock() >= deadline:
+                raise AcquireTimeout(f"lock {self.name!r}: no slot within {timeout} s")
+
+    def _block_ms(self, deadline: float | None) -> int | None:
+        """Milliseconds to block; 0 is forever; None when the deadline has passed."""
+        cap = None if self.max_block is None else max(1, int(self.max_block * 1000))
+        if deadline is None:
+            return cap or 0
+        left = deadline - self.clock()
+        if left <= 0:
+            return None
+        ms = max(1, math.ceil(left * 1000))
+        return ms if cap is None else min(ms, cap)
+
+    @staticmethod
+    def _grant_from(reply: Any) -> str | None:
+        if not reply:
+            return None
+        if isinstance(reply, dict):  # RESP3: {stream: [[id, fields], ...]}, maybe nested once more
+            entries = next(iter(reply.values()))
+            while entries and isinstance(entries[0], list) and isinstance(entries[0][0], list):
+                entries = entries[0]
+        else:
+            entries = reply[0][1]
+        if not entries:
+            return None
+        return str(text(entries[0][0]))
+
+    def release(self, permit: Permit) -> Operation:
+        """True if the permit was held and is now given back; False for a stale permit."""
+        if not isinstance(permit, Permit):
+            raise InvalidArgument(f"permit must be a Permit, got {permit!r}")
+        permit.released = permit.holds <= 1
+        reply = yield self._script(
+            "release",
+            (self.keys.slots, self.keys.holds),
+            permit.owner,
+            permit.grant,
+            "1" if self.reentrant else "0",
+        )
+        result = int(reply)
+        if result == 2:
+            permit.holds -= 1
+            return True
+        self._forget(permit)
+        if result == 0:
+            permit.lost = True
+        return result == 1
+
+    def _forget(self, permit: Permit) -> None:
+        self.held.pop(permit.grant, None)
+        for holder, held in list(self.by_holder.items()):
+            if held is permit:
+                del self.by_holder[holder]
+
+    def maintain(self, permits: list[Permit] | None = None) -> Operation:
+        """Renew permits (default: all held), reap expired leases; returns the permits lost."""
+        targets = list(self.held.values()) if permits is None else permits
+        reconcile = self.needs_reconcile and self.waits_in_flight == 0
+        k = self.keys
+        try:
+            reply = yield self._script(
+                "maintain",
+                (k.slots, k.meta, k.owners, k.holds),
+                self.owner,
+                json.dumps(self.identity),
+                "1" if reconcile else "0",
+                *[p.grant for p in targets],
+            )
+        except redis.exceptions.ResponseError as exc:
+            if not is_missing_lock(exc):
+                raise
+            # Redis lost the lock (restart without persistence, or a reset):
+            # recreate it with every slot reserved for one ttl, then re-adopt.
+            yield from self.setup(recover=True)
+            return (yield from self.maintain(permits))
+        if reconcile:
+            self.needs_reconcile = False
+        lost_ids, _limit, ttl_ms, _freed, adopted = text(reply)
+        self.ttl = int(ttl_ms) / 1000
+        by_grant = {p.grant: p for p in targets}
+        for old, new in zip(adopted[::2], adopted[1::2], strict=True):
+            permit = by_grant[old]
+            self.held.pop(old, None)
+            permit.grant, permit.fence = new, fence_of(new)
+            self.held[new] = permit
+        # A permit released meanwhile (by another thread or task) is not "lost".
+        lost = [by_grant[g] for g in lost_ids if g in by_grant and not by_grant[g].released]
+        for permit in lost:
+            permit.lost = True
+            self._forget(permit)
+        return lost
+
+    def renew(self, permit: Permit) -> Operation:
+        """Extend one permit's lease; LockLost if it is gone."""
+        lost = yield from self.maintain([permit])
+        if lost:
+            raise LockLost(f"lock {self.name!r}: lease of permit {permit.token} is gone")
+        return None
+
+    def set_limit(self, limit: object) -> Operation:
+        """Change the cluster-wide limit live; returns the previous one (None if new)."""
+        new = check_limit(limit)
+        previous = yield self._script("set_limit", (self.keys.slots, self.keys.meta), new, self.ttl_ms)
+        self.limit = new
+        previous = int(previous)
+        return None if previous < 0 else previous
+
+    def get_limit(self) -> Operation:
+        """The limit in Redis now (None if the lock does not exist there)."""
+        value = yield Call(("HGET", self.keys.meta, "limit"))
+        return None if value is None else int(text(value))
+
+    def release_all(self) -> Operation:
+        """Free every grant of this owner and unregister it (on close)."""
+        k = self.keys
+        freed = yield self._script("release_owner", (k.slots, k.owners, k.holds), self.owner, "0")
+        for permit in list(self.held.values()):
+            permit.lost = True
+        self.held.clear()
+        self.by_holder.clear()
+        self.set_up = False
+        return int(freed)
+
+
+def step(op: Operation, name: str, reply: Any, error: BaseException | None) -> tuple[bool, Any]:
+    """Advance an operation by one reply; (True, result) when it has finished."""
+    try:
+        command = op.send(reply) if error is None else op.throw(error)
+    except StopIteration as stop:
+        return True, stop.value
+    except BaseException as exc:
+        translated = translate_error(name, exc)
+        if translated is exc:
+            raise
+        raise translated from exc
+    return False, command
+
+
+def drive(op: Operation, execute: Callable[[Command], Any], name: str) -> Any:
+    """Run an operation with a blocking executor (the sync front)."""
+    reply: Any = None
+    error: BaseException | None = None
+    while True:
+        done, value = step(op, name, reply, error)
+        if done:
+            return value
+        reply, error = None, None
+        try:
+            reply = execute(value)
+        except redis.exceptions.RedisError as exc:
+            error = exc
+
+
+async def adrive(op: Operation, execute: Callable[[Command], Awaitable[Any]], name: str) -> Any:
+    """Run an operation with a coroutine executor (the asyncio front)."""
+    reply: Any = None
+    error: BaseException | None = None
+    while True:
+        done, value = step(op, name, reply, error)
+        if done:
+            return value
+        reply, error = None, None
+        try:
+            reply = await execute(value)
+        except redis.exceptions.RedisError as exc:
+            error = exc

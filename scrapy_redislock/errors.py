@@ -1,0 +1,32 @@
+"""The one exception hierarchy of scrapy_redislock; everything derives from LockError."""
+
+from __future__ import annotations
+
+import redis.exceptions
+
+
+class LockError(Exception):
+    """Base class of every error raised by scrapy_redislock."""
+
+
+class InvalidArgument(LockError, ValueError):
+    """A setting or argument has a bad value; the message names it and the value."""
+
+
+class AcquireTimeout(LockError, TimeoutError):
+    """No slot was granted within the timeout."""
+
+
+class LockLost(LockError):
+    """A permit's lease is gone (expired, reset by an operator, or lost with Redis's data)."""
+
+
+class LockConnectionError(LockError, redis.exceptions.ConnectionError):
+    """Redis could not be reached; the message names the lock, the cause is the redis error."""
+
+
+class UnknownStage(LockError, KeyError):
+    """A request names a stage that is not configured."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""

@@ -1,0 +1,199 @@
+"""The blocking counting lock: ``CountingLock`` over a ``redis.Redis`` client.
+
+Its logic is in :mod:`scrapy_redislock.core`; this front only carries commands to
+Redis and runs the optional renewal thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+import redis
+
+from scrapy_redislock.core import (
+    GROUP,
+    Call,
+    Clock,
+    Command,
+    LockCore,
+    Operation,
+    Permit,
+    ReadGrant,
+    drive,
+    load_scripts,
+)
+from scrapy_redislock.errors import AcquireTimeout, InvalidArgument
+
+logger = logging.getLogger(__name__)
+
+LostCallback = Callable[[Permit], object]
+
+
+def log_lost(permit: Permit) -> None:
+    logger.warning("lease of %s on lock %r was lost", permit.token, permit.name)
+
+
+class LockFront:
+    """What both fronts share: validation, the core, the scripts, read-only properties."""
+
+    client_types: tuple[type, ...] = ()
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        limit: int | None = None,
+        ttl: float = 30.0,
+        *,
+        key_prefix: str = "redislock",
+        reentrant: bool = False,
+        auto_renew: bool = False,
+        on_lost: LostCallback | None = None,
+        identity: Mapping[str, Any] | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        if not isinstance(client, self.client_types):
+            expected = " or ".join(f"{t.__module__}.{t.__qualname__}" for t in self.client_types)
+            raise InvalidArgument(f"client must be a {expected}, got {type(client).__name__}")
+        socket_timeout = client.get_connection_kwargs().get("socket_timeout") if hasattr(
+            client, "get_connection_kwargs"
+        ) else None
+        self._core = LockCore.create(
+            name,
+            limit,
+            ttl,
+            key_prefix=key_prefix,
+            reentrant=reentrant,
+            clock=clock,
+            identity=identity,
+            max_block=None if not socket_timeout else float(socket_timeout) * 0.8,
+        )
+        self._client = client
+        self._scripts = {n: client.register_script(src) for n, src in load_scripts().items()}
+        self.auto_renew = auto_renew
+        self.on_lost: LostCallback = on_lost or log_lost
+
+    name = property(lambda self: self._core.name, doc="The lock's name (the stage).")
+    owner = property(lambda self: self._core.owner, doc="This object's owner token in Redis.")
+    ttl = property(lambda self: self._core.ttl, doc="Lease seconds (as stored in Redis).")
+    keys = property(lambda self: self._core.keys, doc="The lock's Redis keys.")
+    renew_interval = property(lambda self: self._core.renew_interval)
+
+    @property
+    def held(self) -> list[Permit]:
+        """Permits this object holds now."""
+        return list(self._core.held.values())
+
+    def _command(self, command: Command) -> Any:
+        """Start the redis-py call for a command (a result, or an awaitable in asyncio)."""
+        if isinstance(command, ReadGrant):
+            return self._client.xreadgroup(
+                GROUP, command.consumer, {command.key: ">"}, count=1, block=command.block_ms
+            )
+        if isinstance(command, Call):
+            return self._client.execute_command(*command.args)
+        return self._scripts[command.name](keys=list(command.keys), args=list(command.args))
+
+    def _report_lost(self, lost: list[Permit]) -> None:
+        for permit in lost:
+            try:
+                self.on_lost(permit)
+            except Exception:
+                logger.exception("on_lost callback of lock %r failed", self.name)
+
+
+class CountingLock(LockFront):
+    """A fair, leased counting lock (semaphore) in Redis, for blocking code.
+
+    ``limit`` slots are shared by every process using the same name and prefix;
+    ``limit=1`` is a mutex. ``limit=None`` uses the limit already in Redis.
+    """
+
+    client_types = (redis.Redis, redis.RedisCluster)
+
+    def __init__(self, client: redis.Redis | redis.RedisCluster, *args: Any, **kwargs: Any) -> None:
+        super().__init__(client, *args, **kwargs)
+        self._local = threading.local()
+        self._renewer: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def _run(self, op: Operation) -> Any:
+        return drive(op, self._command, self.name)
+
+    def acquire(self, timeout: float | None = None) -> Permit:
+        """Wait for a slot (first come, first served); AcquireTimeout after ``timeout`` s."""
+        permit = self._run(self._core.acquire(timeout, holder=threading.get_ident()))
+        self._start_renewal()
+        return permit
+
+    def try_acquire(self) -> Permit | None:
+        """A slot if one is free now, else None."""
+        permit = self._run(self._core.acquire(None, blocking=False, holder=threading.get_ident()))
+        if permit is not None:
+            self._start_renewal()
+        return permit
+
+    def release(self, permit: Permit) -> bool:
+        """Give a slot back: True if it was still held, False for a stale permit."""
+        return bool(self._run(self._core.release(permit)))
+
+    def renew(self, permit: Permit) -> None:
+        """Extend the permit's lease; raises LockLost if the lease is gone."""
+        self._run(self._core.renew(permit))
+
+    def maintain(self) -> list[Permit]:
+        """Renew every held permit and free expired leases of others; returns the lost permits."""
+        lost: list[Permit] = self._run(self._core.maintain())
+        self._report_lost(lost)
+        return lost
+
+    def set_limit(self, limit: int) -> int | None:
+        """Change the limit for every process at once; returns the previous limit."""
+        return self._run(self._core.set_limit(limit))
+
+    def get_limit(self) -> int | None:
+        """The limit in Redis now."""
+        return self._run(self._core.get_limit())
+
+    def close(self) -> int:
+        """Stop renewing and free every slot this object holds; returns how many."""
+        self._stop.set()
+        if self._renewer is not None and self._renewer is not threading.current_thread():
+            self._renewer.join()
+        self._renewer = None
+        return int(self._run(self._core.release_all()))
+
+    def __enter__(self) -> Permit:
+        permit = self.acquire()
+        self._local.__dict__.setdefault("stack", []).append(permit)
+        return permit
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release(self._local.stack.pop())
+
+    def _start_renewal(self) -> None:
+        if not self.auto_renew or (self._renewer is not None and self._renewer.is_alive()):
+            return
+        self._stop.clear()
+        self._renewer = threading.Thread(
+            target=self._renew_forever, name=f"redislock-renew-{self.name}", daemon=True
+        )
+        self._renewer.start()
+
+    def _renew_forever(self) -> None:
+        """Renew every ttl/3 until closed; errors are logged and retried, never swallowed silently."""
+        while not self._stop.wait(self.renew_interval):
+            try:
+                self.maintain()
+            except Exception:
+                logger.exception("renewing lock %r failed; retrying in %.1f s", self.name, self.renew_interval)
+
+
+__all__ = ["AcquireTimeout", "CountingLock", "LockFront", "Permit"]
