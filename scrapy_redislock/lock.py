@@ -84,6 +84,10 @@ class LockFront:
     keys = property(lambda self: self._core.keys, doc="The lock's Redis keys.")
     renew_interval = property(lambda self: self._core.renew_interval)
 
+    def annotate(self, **fields: Any) -> None:
+        """Add fields to this owner's identity in Redis (sent with the next maintain), e.g. waiting=3."""
+        self._core.identity.update(fields)
+
     @property
     def held(self) -> list[Permit]:
         """Permits this object holds now."""

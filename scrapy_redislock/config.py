@@ -1,0 +1,213 @@
+"""Read and check every REDISLOCK_* setting, in one place.
+
+Settings read: REDISLOCK_ENABLED, REDISLOCK_URL, REDISLOCK_PARAMS, REDISLOCK_STAGES, REDISLOCK_WORKER_STAGES,
+REDISLOCK_TTL, REDISLOCK_KEY_PREFIX, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT,
+REDISLOCK_STAGE_PREFERENCE; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_DB, REDIS_PARAMS as fallbacks
+for the connection. Defaults live in :mod:`scrapy_redislock.defaults`.
+
+Bad values raise :class:`scrapy.exceptions.NotConfigured` naming the setting and the value, so a crawl with a
+broken configuration stops at start-up instead of running unthrottled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+import redis.asyncio
+from redis.connection import parse_url
+from scrapy.exceptions import NotConfigured
+from scrapy.settings import BaseSettings
+
+from scrapy_redislock import defaults
+from scrapy_redislock.core import check_name
+
+# Client keyword arguments that make sense for our connections (scrapy-redis's REDIS_PARAMS may hold more).
+CLIENT_PARAMS = {
+    "socket_timeout", "socket_connect_timeout", "socket_keepalive", "retry_on_timeout", "health_check_interval",
+    "password", "username", "ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "client_name",
+    "max_connections", "protocol",
+}
+# Blocking waits must outlast the socket timeout; scrapy-redis's 30 s default would cut them into pieces.
+DEFAULT_CLIENT_PARAMS = {"socket_connect_timeout": 10, "health_check_interval": 30}
+
+
+@dataclass(frozen=True)
+class RedisLockSettings:
+    """The checked REDISLOCK_* settings of one crawler."""
+
+    enabled: bool = True
+    url: str = "redis://localhost:6379/0"
+    params: Mapping[str, Any] = field(default_factory=dict)
+    stages: Mapping[str, int | None] = field(default_factory=dict)
+    worker_stages: Mapping[str, int | None] = field(default_factory=dict)
+    ttl: float = 30.0
+    key_prefix: str = "redislock"
+    default_stage: str | None = None
+    callback_stages: Mapping[str, str] = field(default_factory=dict)
+    wait_timeout: float | None = None
+    stage_preference: tuple[str, ...] = ()
+
+    def async_client(self) -> redis.asyncio.Redis:
+        """A redis.asyncio client for the reactor thread (asyncio reactor)."""
+        return redis.asyncio.Redis.from_url(self.url, **self.params)
+
+    def sync_client(self) -> redis.Redis:
+        """A blocking client, for code that does not run on the reactor (CLI, threads)."""
+        return redis.Redis.from_url(self.url, **self.params)
+
+    @property
+    def safe_url(self) -> str:
+        return mask_url(self.url)
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ***, for logs and status output."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def _loaded(settings: BaseSettings, name: str) -> Any:
+    """A setting's value; dict/list settings given as JSON strings (e.g. with -s) are decoded."""
+    value = settings.get(name, getattr(defaults, name))
+    if isinstance(value, str) and name in {
+        "REDISLOCK_STAGES", "REDISLOCK_WORKER_STAGES", "REDISLOCK_CALLBACK_STAGES", "REDISLOCK_PARAMS",
+        "REDISLOCK_STAGE_PREFERENCE",
+    }:
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise NotConfigured(f"{name} must be a dict (or JSON of one), got {value!r}") from None
+    if isinstance(value, BaseSettings):
+        value = value.copy_to_dict()
+    return value
+
+
+def check_stage_limits(value: Any, setting: str) -> dict[str, int | None]:
+    """{stage: limit or None}; NotConfigured naming the setting, the stage and the bad value."""
+    if not isinstance(value, Mapping):
+        raise NotConfigured(f"{setting} must be a dict of stage -> limit, got {value!r}")
+    checked: dict[str, int | None] = {}
+    for stage, limit in value.items():
+        if not isinstance(stage, str) or not stage or "{" in stage or "}" in stage:
+            raise NotConfigured(f"{setting}: stage names must be non-empty strings without braces, got {stage!r}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise NotConfigured(
+                f"{setting}[{stage!r}] must be an integer >= 0 or None (unlimited), got {limit!r}"
+            )
+        checked[stage] = limit
+    return checked
+
+
+def check_url(url: Any, setting: str) -> str:
+    if not isinstance(url, str) or not url:
+        raise NotConfigured(f"{setting} must be a redis URL such as redis://host:6379/0, got {url!r}")
+    try:
+        parse_url(url)
+    except (ValueError, TypeError) as exc:
+        raise NotConfigured(f"{setting} is not a valid redis URL ({exc}): {mask_url(url)!r}") from None
+    return url
+
+
+def _connection(settings: BaseSettings) -> tuple[str, dict[str, Any]]:
+    """URL and client params: REDISLOCK_* first, then scrapy-redis's REDIS_* settings."""
+    if settings.get("REDISLOCK_URL"):
+        url = check_url(settings.get("REDISLOCK_URL"), "REDISLOCK_URL")
+    elif settings.get("REDIS_URL"):
+        url = check_url(settings.get("REDIS_URL"), "REDIS_URL")
+    elif settings.get("REDIS_HOST") or settings.get("REDIS_PORT"):
+        host = settings.get("REDIS_HOST") or "localhost"
+        port = settings.get("REDIS_PORT") or 6379
+        db = settings.get("REDIS_DB") or 0
+        url = check_url(f"redis://{host}:{port}/{db}", "REDIS_HOST/REDIS_PORT")
+    else:
+        url = "redis://localhost:6379/0"
+    own = _loaded(settings, "REDISLOCK_PARAMS")
+    params = own if own is not None else settings.getdict("REDIS_PARAMS")
+    if not isinstance(params, Mapping):
+        raise NotConfigured(f"REDISLOCK_PARAMS must be a dict of redis client arguments, got {params!r}")
+    merged = dict(DEFAULT_CLIENT_PARAMS)
+    merged.update({k: v for k, v in params.items() if k in CLIENT_PARAMS})
+    return url, merged
+
+
+def read_settings(settings: BaseSettings) -> RedisLockSettings:
+    """All REDISLOCK_* settings, checked; NotConfigured with a message naming the bad one."""
+    enabled = settings.getbool("REDISLOCK_ENABLED", defaults.REDISLOCK_ENABLED)
+    url, params = _connection(settings)
+    stages = check_stage_limits(_loaded(settings, "REDISLOCK_STAGES"), "REDISLOCK_STAGES")
+    worker_stages = check_stage_limits(_loaded(settings, "REDISLOCK_WORKER_STAGES"), "REDISLOCK_WORKER_STAGES")
+
+    raw_ttl = settings.get("REDISLOCK_TTL", defaults.REDISLOCK_TTL)
+    try:
+        ttl = float(raw_ttl)
+    except (TypeError, ValueError):
+        ttl = math.nan
+    if not math.isfinite(ttl) or ttl < 0.001 or isinstance(raw_ttl, bool):
+        raise NotConfigured(f"REDISLOCK_TTL must be a number of seconds > 0, got {raw_ttl!r}")
+
+    prefix = settings.get("REDISLOCK_KEY_PREFIX", defaults.REDISLOCK_KEY_PREFIX)
+    try:
+        check_name(prefix, "REDISLOCK_KEY_PREFIX")
+    except ValueError as exc:
+        raise NotConfigured(str(exc)) from None
+
+    known = set(stages) | set(worker_stages)
+    default_stage = settings.get("REDISLOCK_DEFAULT_STAGE", defaults.REDISLOCK_DEFAULT_STAGE)
+    if default_stage is not None and default_stage not in known:
+        raise NotConfigured(
+            f"REDISLOCK_DEFAULT_STAGE {default_stage!r} is not a configured stage; known: {sorted(known)}"
+        )
+
+    callback_stages = _loaded(settings, "REDISLOCK_CALLBACK_STAGES")
+    if not isinstance(callback_stages, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in callback_stages.items()
+    ):
+        raise NotConfigured(
+            f"REDISLOCK_CALLBACK_STAGES must be a dict of callback name -> stage, got {callback_stages!r}"
+        )
+    unknown = sorted(set(callback_stages.values()) - known)
+    if unknown:
+        raise NotConfigured(f"REDISLOCK_CALLBACK_STAGES names unknown stages {unknown}; known: {sorted(known)}")
+
+    raw_timeout = settings.get("REDISLOCK_WAIT_TIMEOUT", defaults.REDISLOCK_WAIT_TIMEOUT)
+    wait_timeout: float | None = None
+    if raw_timeout is not None:
+        try:
+            wait_timeout = float(raw_timeout)
+        except (TypeError, ValueError):
+            wait_timeout = math.nan
+        if isinstance(raw_timeout, bool) or not wait_timeout > 0:
+            raise NotConfigured(f"REDISLOCK_WAIT_TIMEOUT must be None or a number of seconds > 0, got {raw_timeout!r}")
+
+    preference = _loaded(settings, "REDISLOCK_STAGE_PREFERENCE")
+    if not isinstance(preference, list | tuple) or not all(isinstance(s, str) for s in preference):
+        raise NotConfigured(f"REDISLOCK_STAGE_PREFERENCE must be a list of stage names, got {preference!r}")
+    stray = sorted(set(preference) - known)
+    if stray:
+        raise NotConfigured(f"REDISLOCK_STAGE_PREFERENCE names unknown stages {stray}; known: {sorted(known)}")
+
+    return RedisLockSettings(
+        enabled=enabled,
+        url=url,
+        params=params,
+        stages=stages,
+        worker_stages=worker_stages,
+        ttl=ttl,
+        key_prefix=prefix,
+        default_stage=default_stage,
+        callback_stages=dict(callback_stages),
+        wait_timeout=wait_timeout,
+        stage_preference=tuple(preference),
+    )
