@@ -278,12 +278,14 @@ class LockCore:
         )
         created, limit, _ttl = text(reply)
         self.set_up = self.ever_set_up = True
+        if self.limit is None:
+            self.limit = int(limit)  # what to recreate the lock with if Redis loses it
         return bool(created), int(limit)
 
-    def _ensure_setup(self) -> Operation:
+    def _ensure_setup(self, recover: bool = False) -> Operation:
         if not self.set_up:
             try:
-                yield from self.setup()
+                yield from self.setup(recover)
             except redis.exceptions.ResponseError as exc:
                 if is_missing_lock(exc):
                     raise LockError(
@@ -307,18 +309,18 @@ class LockCore:
         deadline = None if timeout is None else self.clock() + timeout
         while True:
             block_ms = self._block_ms(deadline) if blocking else None
-            if blocking and block_ms is None:
-                raise AcquireTimeout(f"lock {self.name!r}: no slot within {timeout} s")
+            last_try = blocking and block_ms is None  # deadline passed: one last look without blocking
             self.waits_in_flight += 1
             finished = False
             try:
-                reply = yield ReadGrant(self.keys.slots, self.owner, block_ms)
+                reply = yield ReadGrant(self.keys.slots, self.owner, None if last_try else block_ms)
                 finished = True
             except redis.exceptions.ResponseError as exc:
                 finished = True
                 if not is_missing_lock(exc):
                     raise
-                yield from self.setup(recover=self.ever_set_up)
+                self.set_up = False
+                yield from self._ensure_setup(recover=self.ever_set_up)
                 continue
             finally:
                 self.waits_in_flight -= 1
@@ -335,7 +337,7 @@ class LockCore:
                 return permit
             if not blocking:
                 return None
-            if deadline is not None and self.clock() >= deadline:
+            if last_try:
                 raise AcquireTimeout(f"lock {self.name!r}: no slot within {timeout} s")
 
     def _block_ms(self, deadline: float | None) -> int | None:
@@ -409,7 +411,8 @@ class LockCore:
                 raise
             # Redis lost the lock (restart without persistence, or a reset):
             # recreate it with every slot reserved for one ttl, then re-adopt.
-            yield from self.setup(recover=True)
+            self.set_up = False
+            yield from self._ensure_setup(recover=True)
             return (yield from self.maintain(permits))
         if reconcile:
             self.needs_reconcile = False

@@ -3,7 +3,8 @@
 -- ARGV[1] consumer (owner) name, ARGV[2] grant id
 -- Returns the new hold count (>= 2), or 0 if the grant is no longer held.
 local slots, holds = KEYS[1], KEYS[2]
-local mine = redis.call('XPENDING', slots, GROUP, ARGV[2], ARGV[2], 1, ARGV[1])
-if #mine == 0 then return 0 end
+-- pcall: a lock that is gone from Redis (reset, data loss) means 'not held', not an error.
+local mine = redis.pcall('XPENDING', slots, GROUP, ARGV[2], ARGV[2], 1, ARGV[1])
+if mine.err or #mine == 0 then return 0 end
 redis.call('XCLAIM', slots, GROUP, ARGV[1], 0, ARGV[2], 'JUSTID')
 return redis.call('HINCRBY', holds, ARGV[2], 1) + 1

@@ -4,8 +4,9 @@
 -- Returns 1 released, 2 one reentrant hold dropped (still held),
 -- 0 not held by the caller (expired, reaped, or someone else's).
 local slots, holds = KEYS[1], KEYS[2]
-local mine = redis.call('XPENDING', slots, GROUP, ARGV[2], ARGV[2], 1, ARGV[1])
-if #mine == 0 then return 0 end
+-- pcall: a lock that is gone from Redis (reset, data loss) means 'not held', not an error.
+local mine = redis.pcall('XPENDING', slots, GROUP, ARGV[2], ARGV[2], 1, ARGV[1])
+if mine.err or #mine == 0 then return 0 end
 if ARGV[3] == '1' and redis.call('HINCRBY', holds, ARGV[2], -1) >= 0 then
   return 2
 end
