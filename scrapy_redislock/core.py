@@ -355,12 +355,10 @@ class LockCore:
     def _grant_from(reply: Any) -> str | None:
         if not reply:
             return None
-        if isinstance(reply, dict):  # RESP3: {stream: [[id, fields], ...]}, maybe nested once more
-            entries = next(iter(reply.values()))
-            while entries and isinstance(entries[0], list) and isinstance(entries[0][0], list):
-                entries = entries[0]
-        else:
-            entries = reply[0][1]
+        # RESP2: [[key, [(id, fields)]]]; RESP3: {key: [[(id, fields)]]}
+        entries = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
+        while entries and isinstance(entries[0], list):
+            entries = entries[0]
         if not entries:
             return None
         return str(text(entries[0][0]))
