@@ -18,7 +18,7 @@ local ttl = tonumber(redis.call('HGET', meta, 'ttl') or '30000')
 local limit = tonumber(redis.call('HGET', meta, 'limit') or '0')
 
 local wanted = {}
-for i = 5, #ARGV do wanted[ARGV[i]] = true end
+for i = 4, #ARGV do wanted[ARGV[i]] = true end
 
 local renew, lost, freed = {}, {}, 0
 for _, p in ipairs(redis.call('XPENDING', slots, GROUP, '-', '+', 100000, me)) do
