@@ -35,9 +35,8 @@ class AsyncCountingLock(LockFront):
 
     async def acquire(self, timeout: float | None = None) -> Permit:
         """Wait for a slot (first come, first served); AcquireTimeout after ``timeout`` s."""
-        permit = await self._run(self._core.acquire(timeout, holder=asyncio.current_task()))
-        self._start_renewal()
-        return permit
+        self._start_renewal()  # a waiter reaps expired leases too, or it could wait for a dead holder forever
+        return await self._run(self._core.acquire(timeout, holder=asyncio.current_task()))
 
     async def try_acquire(self) -> Permit | None:
         """A slot if one is free now, else None."""
@@ -75,7 +74,10 @@ class AsyncCountingLock(LockFront):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
         self._renewer = None
-        return int(await self._run(self._core.release_all()))
+        freed = int(await self._run(self._core.release_all()))
+        if self._waiting_client is not None:
+            await self._waiting_client.aclose()
+        return freed
 
     async def __aenter__(self) -> Permit:
         permit = await self.acquire()

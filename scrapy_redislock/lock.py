@@ -7,6 +7,7 @@ Redis and runs the optional renewal thread.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -38,6 +39,30 @@ def log_lost(permit: Permit) -> None:
     logger.warning("lease of %s on lock %r was lost", permit.token, permit.name)
 
 
+# Detect a silently dead server during a long wait within about 25 s.
+KEEPALIVE_OPTIONS = {
+    getattr(socket, name): value
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
+    if hasattr(socket, name)
+}
+
+
+def waiting_client(client: Any) -> Any:
+    """A client like ``client`` on its own pool whose reads never time out, for ``XREADGROUP BLOCK``.
+
+    A blocked waiter keeps its place in Redis's FIFO only while it stays blocked: cutting a long wait into
+    socket-timeout-sized pieces (redis-py's default is 5 s) would send it to the back of the queue each time.
+    Cluster clients have a pool per node; for them waits are cut at 80% of the socket timeout (documented).
+    """
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        return None
+    kwargs = dict(pool.connection_kwargs)
+    kwargs.update(socket_timeout=None, socket_keepalive=True, socket_keepalive_options=KEEPALIVE_OPTIONS)
+    waiting_pool = type(pool)(connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs)
+    return type(client)(connection_pool=waiting_pool)
+
+
 class LockFront:
     """What both fronts share: validation, the core, the scripts, read-only properties."""
 
@@ -60,9 +85,10 @@ class LockFront:
         if not isinstance(client, self.client_types):
             expected = " or ".join(f"{t.__module__}.{t.__qualname__}" for t in self.client_types)
             raise InvalidArgument(f"client must be a {expected}, got {type(client).__name__}")
-        socket_timeout = client.get_connection_kwargs().get("socket_timeout") if hasattr(
-            client, "get_connection_kwargs"
-        ) else None
+        self._waiting_client = waiting_client(client)
+        socket_timeout = None
+        if self._waiting_client is None and hasattr(client, "get_connection_kwargs"):
+            socket_timeout = client.get_connection_kwargs().get("socket_timeout")
         self._core = LockCore.create(
             name,
             limit,
@@ -96,7 +122,8 @@ class LockFront:
     def _command(self, command: Command) -> Any:
         """Start the redis-py call for a command (a result, or an awaitable in asyncio)."""
         if isinstance(command, ReadGrant):
-            return self._client.xreadgroup(
+            client = self._client if command.block_ms is None else (self._waiting_client or self._client)
+            return client.xreadgroup(
                 GROUP, command.consumer, {command.key: ">"}, count=1, block=command.block_ms
             )
         if isinstance(command, Call):
@@ -131,9 +158,8 @@ class CountingLock(LockFront):
 
     def acquire(self, timeout: float | None = None) -> Permit:
         """Wait for a slot (first come, first served); AcquireTimeout after ``timeout`` s."""
-        permit = self._run(self._core.acquire(timeout, holder=threading.get_ident()))
-        self._start_renewal()
-        return permit
+        self._start_renewal()  # a waiter reaps expired leases too, or it could wait for a dead holder forever
+        return self._run(self._core.acquire(timeout, holder=threading.get_ident()))
 
     def try_acquire(self) -> Permit | None:
         """A slot if one is free now, else None."""
@@ -170,7 +196,10 @@ class CountingLock(LockFront):
         if self._renewer is not None and self._renewer is not threading.current_thread():
             self._renewer.join()
         self._renewer = None
-        return int(self._run(self._core.release_all()))
+        freed = int(self._run(self._core.release_all()))
+        if self._waiting_client is not None:
+            self._waiting_client.close()
+        return freed
 
     def __enter__(self) -> Permit:
         permit = self.acquire()

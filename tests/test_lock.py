@@ -180,7 +180,9 @@ def test_expired_lease_is_reaped_and_renew_raises(redis_client: redis.Redis) -> 
 
 def test_auto_renew_keeps_the_lease_and_reports_loss(redis_client: redis.Redis) -> None:
     lost: list[int] = []
-    lock = CountingLock(redis_client, "detail", limit=1, ttl=0.3, auto_renew=True, on_lost=lambda p: lost.append(p.fence))
+    lock = CountingLock(
+        redis_client, "detail", limit=1, ttl=0.3, auto_renew=True, on_lost=lambda p: lost.append(p.fence)
+    )
     permit = lock.acquire()
     other = CountingLock(redis_client, "detail", limit=1, ttl=0.3)
     for _ in range(5):  # 1.5 s = 5 ttl: the renewal thread keeps it
