@@ -4,6 +4,7 @@ from scrapy_redislock.aio import AsyncCountingLock
 from scrapy_redislock.core import LockKeys, Permit
 from scrapy_redislock.errors import (
     AcquireTimeout,
+    ConfigError,
     InvalidArgument,
     LockConnectionError,
     LockError,
@@ -11,10 +12,30 @@ from scrapy_redislock.errors import (
     UnknownStage,
 )
 from scrapy_redislock.lock import CountingLock
+from scrapy_redislock.stages import stage
+
+
+def __getattr__(name: str) -> object:
+    """Scrapy glue is imported on first use, so the lock alone needs no Scrapy import."""
+    if name == "StageLockMiddleware":
+        from scrapy_redislock.middleware import StageLockMiddleware
+
+        return StageLockMiddleware
+    if name == "StageScheduler":
+        from scrapy_redislock.scheduler import StageScheduler
+
+        return StageScheduler
+    if name == "StageWorkerMixin":
+        from scrapy_redislock.workers import StageWorkerMixin
+
+        return StageWorkerMixin
+    raise AttributeError(f"module 'scrapy_redislock' has no attribute {name!r}")
+
 
 __all__ = [
     "AcquireTimeout",
     "AsyncCountingLock",
+    "ConfigError",
     "CountingLock",
     "InvalidArgument",
     "LockConnectionError",
@@ -22,6 +43,10 @@ __all__ = [
     "LockKeys",
     "LockLost",
     "Permit",
+    "StageLockMiddleware",
+    "StageScheduler",
+    "StageWorkerMixin",
     "UnknownStage",
+    "stage",
 ]
 __version__ = "0.1.0"

@@ -5,8 +5,9 @@ REDISLOCK_TTL, REDISLOCK_KEY_PREFIX, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK
 REDISLOCK_STAGE_PREFERENCE; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_DB, REDIS_PARAMS as fallbacks
 for the connection. Defaults live in :mod:`scrapy_redislock.defaults`.
 
-Bad values raise :class:`scrapy.exceptions.NotConfigured` naming the setting and the value, so a crawl with a
-broken configuration stops at start-up instead of running unthrottled.
+Bad values raise :class:`~scrapy_redislock.errors.ConfigError` naming the setting and the value, so a crawl with a
+broken configuration stops at start-up instead of running unthrottled (Scrapy would swallow NotConfigured from a
+middleware and go on without it).
 """
 
 from __future__ import annotations
@@ -21,17 +22,28 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 import redis.asyncio
 from redis.connection import parse_url
-from scrapy.exceptions import NotConfigured
 from scrapy.settings import BaseSettings
 
 from scrapy_redislock import defaults
 from scrapy_redislock.core import check_name
+from scrapy_redislock.errors import ConfigError
 
 # Client keyword arguments that make sense for our connections (scrapy-redis's REDIS_PARAMS may hold more).
 CLIENT_PARAMS = {
-    "socket_timeout", "socket_connect_timeout", "socket_keepalive", "retry_on_timeout", "health_check_interval",
-    "password", "username", "ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "client_name",
-    "max_connections", "protocol",
+    "socket_timeout",
+    "socket_connect_timeout",
+    "socket_keepalive",
+    "retry_on_timeout",
+    "health_check_interval",
+    "password",
+    "username",
+    "ssl_cert_reqs",
+    "ssl_ca_certs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "client_name",
+    "max_connections",
+    "protocol",
 }
 # Blocking waits must outlast the socket timeout; scrapy-redis's 30 s default would cut them into pieces.
 DEFAULT_CLIENT_PARAMS = {"socket_connect_timeout": 10, "health_check_interval": 30}
@@ -82,41 +94,42 @@ def _loaded(settings: BaseSettings, name: str) -> Any:
     """A setting's value; dict/list settings given as JSON strings (e.g. with -s) are decoded."""
     value = settings.get(name, getattr(defaults, name))
     if isinstance(value, str) and name in {
-        "REDISLOCK_STAGES", "REDISLOCK_WORKER_STAGES", "REDISLOCK_CALLBACK_STAGES", "REDISLOCK_PARAMS",
+        "REDISLOCK_STAGES",
+        "REDISLOCK_WORKER_STAGES",
+        "REDISLOCK_CALLBACK_STAGES",
+        "REDISLOCK_PARAMS",
         "REDISLOCK_STAGE_PREFERENCE",
     }:
         try:
             value = json.loads(value)
         except ValueError:
-            raise NotConfigured(f"{name} must be a dict (or JSON of one), got {value!r}") from None
+            raise ConfigError(f"{name} must be a dict (or JSON of one), got {value!r}") from None
     if isinstance(value, BaseSettings):
         value = value.copy_to_dict()
     return value
 
 
 def check_stage_limits(value: Any, setting: str) -> dict[str, int | None]:
-    """{stage: limit or None}; NotConfigured naming the setting, the stage and the bad value."""
+    """{stage: limit or None}; ConfigError naming the setting, the stage and the bad value."""
     if not isinstance(value, Mapping):
-        raise NotConfigured(f"{setting} must be a dict of stage -> limit, got {value!r}")
+        raise ConfigError(f"{setting} must be a dict of stage -> limit, got {value!r}")
     checked: dict[str, int | None] = {}
     for stage, limit in value.items():
         if not isinstance(stage, str) or not stage or "{" in stage or "}" in stage:
-            raise NotConfigured(f"{setting}: stage names must be non-empty strings without braces, got {stage!r}")
+            raise ConfigError(f"{setting}: stage names must be non-empty strings without braces, got {stage!r}")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            raise NotConfigured(
-                f"{setting}[{stage!r}] must be an integer >= 0 or None (unlimited), got {limit!r}"
-            )
+            raise ConfigError(f"{setting}[{stage!r}] must be an integer >= 0 or None (unlimited), got {limit!r}")
         checked[stage] = limit
     return checked
 
 
 def check_url(url: Any, setting: str) -> str:
     if not isinstance(url, str) or not url:
-        raise NotConfigured(f"{setting} must be a redis URL such as redis://host:6379/0, got {url!r}")
+        raise ConfigError(f"{setting} must be a redis URL such as redis://host:6379/0, got {url!r}")
     try:
         parse_url(url)
     except (ValueError, TypeError) as exc:
-        raise NotConfigured(f"{setting} is not a valid redis URL ({exc}): {mask_url(url)!r}") from None
+        raise ConfigError(f"{setting} is not a valid redis URL ({exc}): {mask_url(url)!r}") from None
     return url
 
 
@@ -136,14 +149,14 @@ def _connection(settings: BaseSettings) -> tuple[str, dict[str, Any]]:
     own = _loaded(settings, "REDISLOCK_PARAMS")
     params = own if own is not None else settings.getdict("REDIS_PARAMS")
     if not isinstance(params, Mapping):
-        raise NotConfigured(f"REDISLOCK_PARAMS must be a dict of redis client arguments, got {params!r}")
+        raise ConfigError(f"REDISLOCK_PARAMS must be a dict of redis client arguments, got {params!r}")
     merged = dict(DEFAULT_CLIENT_PARAMS)
     merged.update({k: v for k, v in params.items() if k in CLIENT_PARAMS})
     return url, merged
 
 
 def read_settings(settings: BaseSettings) -> RedisLockSettings:
-    """All REDISLOCK_* settings, checked; NotConfigured with a message naming the bad one."""
+    """All REDISLOCK_* settings, checked; ConfigError with a message naming the bad one."""
     enabled = settings.getbool("REDISLOCK_ENABLED", defaults.REDISLOCK_ENABLED)
     url, params = _connection(settings)
     stages = check_stage_limits(_loaded(settings, "REDISLOCK_STAGES"), "REDISLOCK_STAGES")
@@ -155,18 +168,18 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     except (TypeError, ValueError):
         ttl = math.nan
     if not math.isfinite(ttl) or ttl < 0.001 or isinstance(raw_ttl, bool):
-        raise NotConfigured(f"REDISLOCK_TTL must be a number of seconds > 0, got {raw_ttl!r}")
+        raise ConfigError(f"REDISLOCK_TTL must be a number of seconds > 0, got {raw_ttl!r}")
 
     prefix = settings.get("REDISLOCK_KEY_PREFIX", defaults.REDISLOCK_KEY_PREFIX)
     try:
         check_name(prefix, "REDISLOCK_KEY_PREFIX")
     except ValueError as exc:
-        raise NotConfigured(str(exc)) from None
+        raise ConfigError(str(exc)) from None
 
     known = set(stages) | set(worker_stages)
     default_stage = settings.get("REDISLOCK_DEFAULT_STAGE", defaults.REDISLOCK_DEFAULT_STAGE)
     if default_stage is not None and default_stage not in known:
-        raise NotConfigured(
+        raise ConfigError(
             f"REDISLOCK_DEFAULT_STAGE {default_stage!r} is not a configured stage; known: {sorted(known)}"
         )
 
@@ -174,12 +187,12 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     if not isinstance(callback_stages, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in callback_stages.items()
     ):
-        raise NotConfigured(
+        raise ConfigError(
             f"REDISLOCK_CALLBACK_STAGES must be a dict of callback name -> stage, got {callback_stages!r}"
         )
     unknown = sorted(set(callback_stages.values()) - known)
     if unknown:
-        raise NotConfigured(f"REDISLOCK_CALLBACK_STAGES names unknown stages {unknown}; known: {sorted(known)}")
+        raise ConfigError(f"REDISLOCK_CALLBACK_STAGES names unknown stages {unknown}; known: {sorted(known)}")
 
     raw_timeout = settings.get("REDISLOCK_WAIT_TIMEOUT", defaults.REDISLOCK_WAIT_TIMEOUT)
     wait_timeout: float | None = None
@@ -189,14 +202,14 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
         except (TypeError, ValueError):
             wait_timeout = math.nan
         if isinstance(raw_timeout, bool) or not wait_timeout > 0:
-            raise NotConfigured(f"REDISLOCK_WAIT_TIMEOUT must be None or a number of seconds > 0, got {raw_timeout!r}")
+            raise ConfigError(f"REDISLOCK_WAIT_TIMEOUT must be None or a number of seconds > 0, got {raw_timeout!r}")
 
     preference = _loaded(settings, "REDISLOCK_STAGE_PREFERENCE")
     if not isinstance(preference, list | tuple) or not all(isinstance(s, str) for s in preference):
-        raise NotConfigured(f"REDISLOCK_STAGE_PREFERENCE must be a list of stage names, got {preference!r}")
+        raise ConfigError(f"REDISLOCK_STAGE_PREFERENCE must be a list of stage names, got {preference!r}")
     stray = sorted(set(preference) - known)
     if stray:
-        raise NotConfigured(f"REDISLOCK_STAGE_PREFERENCE names unknown stages {stray}; known: {sorted(known)}")
+        raise ConfigError(f"REDISLOCK_STAGE_PREFERENCE names unknown stages {stray}; known: {sorted(known)}")
 
     return RedisLockSettings(
         enabled=enabled,

@@ -51,10 +51,7 @@ def load_scripts() -> dict[str, str]:
     """Lua sources by name, each with the shared helpers in front of it."""
     folder = resources.files("scrapy_redislock") / "scripts"
     lib = (folder / "_lib.lua").read_text(encoding="utf-8")
-    return {
-        name: lib + "\n" + (folder / f"{name}.lua").read_text(encoding="utf-8")
-        for name in SCRIPT_NAMES
-    }
+    return {name: lib + "\n" + (folder / f"{name}.lua").read_text(encoding="utf-8") for name in SCRIPT_NAMES}
 
 
 @dataclass(frozen=True)
@@ -135,9 +132,7 @@ def fence_of(grant: str) -> int:
 
 def check_name(name: object, what: str = "name") -> str:
     if not isinstance(name, str) or not name or "{" in name or "}" in name:
-        raise InvalidArgument(
-            f"{what} must be a non-empty string without braces, got {name!r}"
-        )
+        raise InvalidArgument(f"{what} must be a non-empty string without braces, got {name!r}")
     return name
 
 
@@ -148,12 +143,7 @@ def check_limit(limit: object, what: str = "limit") -> int:
 
 
 def check_ttl(ttl: object, what: str = "ttl") -> float:
-    if (
-        isinstance(ttl, bool)
-        or not isinstance(ttl, int | float)
-        or not math.isfinite(ttl)
-        or ttl < 0.001
-    ):
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl) or ttl < 0.001:
         raise InvalidArgument(f"{what} must be a number of seconds >= 0.001, got {ttl!r}")
     return float(ttl)
 
@@ -192,9 +182,7 @@ def translate_error(name: str, exc: BaseException) -> BaseException:
 def is_missing_lock(exc: BaseException) -> bool:
     """The lock's stream or group is gone (never created, reset, or Redis lost its data)."""
     message = str(exc)
-    return isinstance(exc, redis.exceptions.ResponseError) and (
-        message.startswith("NOGROUP") or "NOLOCK" in message
-    )
+    return isinstance(exc, redis.exceptions.ResponseError) and (message.startswith("NOGROUP") or "NOLOCK" in message)
 
 
 @dataclass
@@ -288,9 +276,7 @@ class LockCore:
                 yield from self.setup(recover)
             except redis.exceptions.ResponseError as exc:
                 if is_missing_lock(exc):
-                    raise LockError(
-                        f"lock {self.name!r} does not exist in Redis and no limit was given"
-                    ) from None
+                    raise LockError(f"lock {self.name!r} does not exist in Redis and no limit was given") from None
                 raise
 
     def acquire(self, timeout: float | None, blocking: bool = True, holder: Any = None) -> Operation:
@@ -298,9 +284,7 @@ class LockCore:
         timeout = check_timeout(timeout)
         if self.reentrant and holder is not None and holder in self.by_holder:
             permit = self.by_holder[holder]
-            count = yield self._script(
-                "hold_again", (self.keys.slots, self.keys.holds), self.owner, permit.grant
-            )
+            count = yield self._script("hold_again", (self.keys.slots, self.keys.holds), self.owner, permit.grant)
             if int(count):
                 permit.holds = int(count)
                 return permit

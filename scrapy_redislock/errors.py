@@ -9,6 +9,14 @@ class LockError(Exception):
     """Base class of every error raised by scrapy_redislock."""
 
 
+class ConfigError(LockError, ValueError):
+    """A REDISLOCK_* setting has a bad value; the message names it and the value.
+
+    Not scrapy's NotConfigured: Scrapy catches that from a middleware and goes on without it,
+    which would run the crawl unthrottled. This stops the crawl at start-up instead.
+    """
+
+
 class InvalidArgument(LockError, ValueError):
     """A setting or argument has a bad value; the message names it and the value."""
 

@@ -123,9 +123,7 @@ class LockFront:
         """Start the redis-py call for a command (a result, or an awaitable in asyncio)."""
         if isinstance(command, ReadGrant):
             client = self._client if command.block_ms is None else (self._waiting_client or self._client)
-            return client.xreadgroup(
-                GROUP, command.consumer, {command.key: ">"}, count=1, block=command.block_ms
-            )
+            return client.xreadgroup(GROUP, command.consumer, {command.key: ">"}, count=1, block=command.block_ms)
         if isinstance(command, Call):
             return self._client.execute_command(*command.args)
         return self._scripts[command.name](keys=list(command.keys), args=list(command.args))
@@ -215,9 +213,7 @@ class CountingLock(LockFront):
         if not self.auto_renew or (self._renewer is not None and self._renewer.is_alive()):
             return
         self._stop.clear()
-        self._renewer = threading.Thread(
-            target=self._renew_forever, name=f"redislock-renew-{self.name}", daemon=True
-        )
+        self._renewer = threading.Thread(target=self._renew_forever, name=f"redislock-renew-{self.name}", daemon=True)
         self._renewer.start()
 
     def _renew_forever(self) -> None:

@@ -53,8 +53,20 @@ class RedisServer:
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         args = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--dir", self.dir, "--protected-mode", "no", *self.extra_args,
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self.dir,
+            "--protected-mode",
+            "no",
+            *self.extra_args,
         ]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
