@@ -197,6 +197,7 @@ class LockCore:
     clock: Clock
     identity: dict[str, Any]
     max_block: float | None = None
+    configured_ttl: float = 0.0
     owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
     held: dict[str, Permit] = field(default_factory=dict)
     by_holder: dict[Any, Permit] = field(default_factory=dict)
@@ -235,6 +236,7 @@ class LockCore:
             clock=clock,
             identity=ident,
             max_block=max_block,
+            configured_ttl=checked_ttl,
         )
 
     # -- commands ---------------------------------------------------------------
@@ -245,7 +247,12 @@ class LockCore:
 
     @property
     def renew_interval(self) -> float:
-        return self.ttl / 3
+        """A third of the shortest lease in play, at most 1 s.
+
+        The ttl in Redis is the newest process's; renewing at least every second means a process learns a
+        shorter ttl (at its next renewal) long before its own leases could expire under it.
+        """
+        return min(self.ttl, self.configured_ttl or self.ttl, 3.0) / 3
 
     def _script(self, name: str, keys: tuple[str, ...], *args: str | int) -> RunScript:
         return RunScript(name, keys, args)
@@ -463,27 +470,33 @@ def drive(op: Operation, execute: Callable[[Command], Any], name: str) -> Any:
     """Run an operation with a blocking executor (the sync front)."""
     reply: Any = None
     error: BaseException | None = None
-    while True:
-        done, value = step(op, name, reply, error)
-        if done:
-            return value
-        reply, error = None, None
-        try:
-            reply = execute(value)
-        except redis.exceptions.RedisError as exc:
-            error = exc
+    try:
+        while True:
+            done, value = step(op, name, reply, error)
+            if done:
+                return value
+            reply, error = None, None
+            try:
+                reply = execute(value)
+            except redis.exceptions.RedisError as exc:
+                error = exc
+    finally:
+        op.close()  # interrupted mid-command: run the operation's cleanup now, not at garbage collection
 
 
 async def adrive(op: Operation, execute: Callable[[Command], Awaitable[Any]], name: str) -> Any:
     """Run an operation with a coroutine executor (the asyncio front)."""
     reply: Any = None
     error: BaseException | None = None
-    while True:
-        done, value = step(op, name, reply, error)
-        if done:
-            return value
-        reply, error = None, None
-        try:
-            reply = await execute(value)
-        except redis.exceptions.RedisError as exc:
-            error = exc
+    try:
+        while True:
+            done, value = step(op, name, reply, error)
+            if done:
+                return value
+            reply, error = None, None
+            try:
+                reply = await execute(value)
+            except redis.exceptions.RedisError as exc:
+                error = exc
+    finally:
+        op.close()  # cancelled mid-command: a cancelled wait must be marked for reconcile before the next maintain

@@ -20,9 +20,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-import redis.exceptions
 from scrapy import Request, Spider, signals
-from scrapy.exceptions import CloseSpider, IgnoreRequest, NotConfigured
+from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.utils.asyncio import is_asyncio_available
 
 from scrapy_redislock.config import read_settings
@@ -72,15 +71,7 @@ class StageLockMiddleware:
         return cls(crawler)
 
     async def spider_opened(self, spider: Spider) -> None:
-        try:
-            await self.locks.start_once()
-        except (redis.exceptions.RedisError, OSError) as exc:
-            logger.error(
-                "Cannot reach Redis at %s (REDISLOCK_URL): %s; closing the spider rather than crawl unthrottled",
-                self.settings.safe_url,
-                exc,
-            )
-            raise CloseSpider("redislock_redis_unavailable") from exc
+        await self.locks.start_once()
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         await self.locks.close()

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
+from scrapy.exceptions import CloseSpider
 
 from scrapy_redislock.aio import AsyncCountingLock
 from scrapy_redislock.core import Permit
@@ -92,10 +93,18 @@ class StageLocks:
         raise UnknownStage(f"stage {stage!r} is not configured; known stages: {sorted(self.limits)}")
 
     async def start_once(self) -> None:
-        """start(), once, however many components ask for it."""
+        """start(), once, however many components ask for it; CloseSpider when Redis is unreachable."""
         if self._starting is None:
             self._starting = asyncio.ensure_future(self.start())
-        await asyncio.shield(self._starting)
+        try:
+            await asyncio.shield(self._starting)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            logger.error(
+                "Cannot reach Redis at %s (REDISLOCK_URL): %s; closing the spider rather than crawl unthrottled",
+                self.settings.safe_url,
+                exc,
+            )
+            raise CloseSpider("redislock_redis_unavailable") from exc
 
     async def start(self) -> None:
         """Check Redis and publish this process's limits; raises redis errors when Redis is unreachable."""
@@ -174,9 +183,8 @@ class StageLocks:
 
     async def _renew_forever(self) -> None:
         delay = RETRY_FIRST
-        interval = self.settings.ttl / 3
         while not self.closed:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(min(lock.renew_interval for lock in self.locks.values()))
             for sweep in self.sweepers:
                 await sweep()
             try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 from scrapy_redislock.core import check_name
 
@@ -38,8 +39,12 @@ def stage(name: str) -> Callable[[F], F]:
 
 
 def stage_of(request: Request, settings: RedisLockSettings) -> str | None:
-    """The request's stage, or None when it is not throttled."""
-    if request.meta.get(DONT_META):
+    """The request's stage, or None when it is not throttled.
+
+    robots.txt downloads are never throttled: RobotsTxtMiddleware holds capped requests until robots.txt
+    arrives, so a robots.txt waiting for their stage's slot would wait forever.
+    """
+    if request.meta.get(DONT_META) or _is_robots_txt(request):
         return None
     name = request.meta.get(STAGE_META)
     if name is None:
@@ -51,3 +56,7 @@ def stage_of(request: Request, settings: RedisLockSettings) -> str | None:
     if name is None:
         name = settings.default_stage
     return name
+
+
+def _is_robots_txt(request: Request) -> bool:
+    return bool(request.meta.get("dont_obey_robotstxt")) and urlsplit(request.url).path == "/robots.txt"

@@ -14,8 +14,9 @@ import scrapy
 class PlanSpider(scrapy.Spider):
     name = "plan"
 
-    def __init__(self, base: str = "", plan: str = "", **kwargs: Any) -> None:
+    def __init__(self, base: str = "", plan: str = "", direct: str = "0", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.direct = int(direct)  # downloads that bypass the scheduler, as media pipelines make
         self.base = base
         self.plan = [(part.split(":")[0], int(part.split(":")[1])) for part in plan.split(",") if part]
 
@@ -25,5 +26,9 @@ class PlanSpider(scrapy.Spider):
                 meta = {"dont_redislock": True} if stage == "free" else {"redislock_stage": stage}
                 yield scrapy.Request(f"{self.base}/{stage}/{n}", meta=meta, callback=self.parse, dont_filter=True)
 
-    def parse(self, response: scrapy.http.Response) -> dict[str, str]:
-        return {"url": response.url}
+    async def parse(self, response: scrapy.http.Response) -> AsyncIterator[dict[str, str]]:
+        while self.direct > 0:
+            self.direct -= 1
+            request = scrapy.Request(f"{self.base}/direct/{self.direct}", meta={"redislock_stage": "detail"})
+            await self.crawler.engine.download_async(request)
+        yield {"url": response.url}
