@@ -78,7 +78,7 @@ class StageLockMiddleware:
         self.permits.clear()
 
     async def process_request(self, request: Request, spider: Spider | None = None) -> None:
-        stage = stage_of(request, self.settings)
+        stage = stage_of(request, self.settings, self.crawler.spider)
         if stage is None:
             return
         try:

@@ -157,7 +157,7 @@ class StageScheduler:
             request = self.inner.next_request()
             if request is None:
                 return None
-            stage = stage_of(request, self.settings)
+            stage = stage_of(request, self.settings, self.crawler.spider)
             try:
                 capped = stage is not None and self.locks.is_capped(stage)
             except UnknownStage:

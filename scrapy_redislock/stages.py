@@ -38,7 +38,7 @@ def stage(name: str) -> Callable[[F], F]:
     return mark
 
 
-def stage_of(request: Request, settings: RedisLockSettings) -> str | None:
+def stage_of(request: Request, settings: RedisLockSettings, spider: Any = None) -> str | None:
     """The request's stage, or None when it is not throttled.
 
     robots.txt downloads are never throttled: RobotsTxtMiddleware holds capped requests until robots.txt
@@ -49,6 +49,8 @@ def stage_of(request: Request, settings: RedisLockSettings) -> str | None:
     name = request.meta.get(STAGE_META)
     if name is None:
         callback = request.callback
+        if callback is None and spider is not None:
+            callback = getattr(spider, "parse", None)  # Scrapy's default callback
         name = getattr(callback, STAGE_ATTRIBUTE, None)
         if name is None:
             callback_name = "parse" if callback is None else getattr(callback, "__name__", "")
