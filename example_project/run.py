@@ -96,6 +96,33 @@ def working(client: redis.Redis) -> dict[str, int]:
     return counts
 
 
+def detail_holders(client: redis.Redis) -> list[str]:
+    key = "redislock:{workers:detail}:slots"
+    try:
+        return [e["consumer"].decode() for e in client.xpending_range(key, "holders", "-", "+", 100)]
+    except redis.ResponseError:
+        return []
+
+
+def kill_a_detail_worker(client: redis.Redis, workers: list[subprocess.Popen[bytes]]) -> str | None:
+    """SIGKILL a worker holding a detail slot; returns its holder name (None if none holds one yet)."""
+    for owner in detail_holders(client):
+        pid = int(owner.split(":")[1])
+        for worker in workers:
+            if worker.pid == pid and worker.poll() is None:
+                worker.send_signal(signal.SIGKILL)
+                return owner
+    return None
+
+
+def taken_over(client: redis.Redis, victim: str) -> bool:
+    """The dead worker's detail slot is free again and held by a live worker (or no longer needed)."""
+    owners = detail_holders(client)
+    if victim in owners:
+        return False
+    return len(owners) >= (CAPS["detail"] or 0) or not client.llen("redislock:{shop}:queue:detail")
+
+
 def holders(client: redis.Redis, stage: str) -> int:
     key = f"redislock:{{workers:{stage}}}:slots"
     try:
@@ -149,6 +176,7 @@ def run_phase(name: str, spider: str, redis_url: str, site: ShopSite, args: argp
     tty = sys.stdout.isatty() and not args.quiet
     last_line = 0.0
     max_workers = dict.fromkeys(STAGES, 0)
+    victim: str | None = None
     try:
         while any(w.poll() is None for w in workers):
             if time.time() - started > args.timeout:
@@ -156,13 +184,13 @@ def run_phase(name: str, spider: str, redis_url: str, site: ShopSite, args: argp
             if spider == "shop":
                 for s in STAGES:
                     max_workers[s] = max(max_workers[s], holders(client, s))
-            if (
-                args.kill_one_after is not None
-                and phase.killed_at is None
-                and time.time() - started > args.kill_one_after
-            ):
-                workers[0].send_signal(signal.SIGKILL)
-                phase.killed_at = time.time() - started
+            due = args.kill_one_after is not None and time.time() - started > args.kill_one_after
+            if due and phase.killed_at is None:
+                victim = kill_a_detail_worker(client, workers)
+                if victim is not None:
+                    phase.killed_at = time.time() - started
+            if victim is not None and phase.taken_over_after is None and taken_over(client, victim):
+                phase.taken_over_after = time.time() - started - (phase.killed_at or 0.0)
             if not args.quiet and (tty or time.time() - last_line >= 2):
                 print(live_view(phase, site, client, started, tty), flush=True)
                 last_line = time.time()
@@ -242,6 +270,11 @@ def summary(phases: list[Phase], site: ShopSite) -> tuple[str, bool]:
         sooner = base.first_item["comments"] / slots.first_item["comments"] if slots.first_item["comments"] else 0
         longer = slots.seconds / base.seconds - 1 if base.seconds else 0
         lines.append(f"first comment {sooner:.1f}x sooner with stage slots; total time {longer:+.1%} vs without")
+    if slots.killed_at is not None:
+        lines.append(
+            f"killed a detail worker at {slots.killed_at:.1f} s; its slot was taken over after "
+            f"{slots.taken_over_after if slots.taken_over_after is None else round(slots.taken_over_after, 2)} s"
+        )
     return "\n".join(lines), ok
 
 

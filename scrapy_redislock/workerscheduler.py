@@ -277,6 +277,8 @@ class StageWorkerScheduler:
         """Keep the stage while it has work; else free its slot and take the first stage with work and room."""
         current = self.current
         if current is not None and (self.lengths[current] or self.buffer or self.inflight):
+            if not self.locks.is_capped(current):
+                await self._move_up(current)  # e.g. take over the slot of a killed worker at once
             return
         if current is not None:
             await self._leave_stage()
@@ -296,6 +298,20 @@ class StageWorkerScheduler:
                 (time.time(), stage)
             )
             return
+
+    async def _move_up(self, current: str) -> None:
+        """From an uncapped stage, take a preferred capped stage that has work and a free slot.
+
+        Requests of the uncapped stage already taken finish here (no cap to break); no new ones are taken.
+        """
+        for stage in self.preference[: self.preference.index(current)]:
+            if self.lengths[stage] and self.locks.is_capped(stage):
+                permit = await self.locks.locks[stage].try_acquire()
+                if permit is not None:
+                    self.permit, self.current = permit, stage
+                    await self._beat()
+                    logger.info("Worker %s moves up to stage %r", self.worker, stage)
+                    return
 
     async def _leave_stage(self) -> None:
         if self.permit is not None:

@@ -1,5 +1,5 @@
 -- queue_ack: a request's download is over; drop it from the worker's in-flight record.
 -- KEYS[1] the worker's in-flight hash
--- ARGV[1..] in-flight ids
+-- ARGV[1], ARGV[2], ... in-flight ids
 -- Returns how many were dropped.
 return redis.call('HDEL', KEYS[1], unpack(ARGV))
