@@ -41,7 +41,20 @@ from scrapy_redislock.errors import (
 
 GROUP = "holders"
 LIMBO = "__limbo__"
-SCRIPT_NAMES = ("setup", "release", "hold_again", "maintain", "set_limit", "release_owner")
+SCRIPT_NAMES = (
+    "setup",
+    "release",
+    "hold_again",
+    "maintain",
+    "set_limit",
+    "release_owner",
+    "reset",
+    "queue_push",
+    "queue_pop",
+    "queue_ack",
+    "queue_beat",
+    "queue_requeue",
+)
 
 Clock = Callable[[], float]
 
@@ -450,6 +463,21 @@ class LockCore:
         self.by_holder.clear()
         self.set_up = False
         return int(freed)
+
+
+# -- operator actions (the command line); they work on any lock, not on one lock object ----------------
+
+
+def release_consumer(keys: LockKeys, consumer: str) -> Operation:
+    """Free every grant of one consumer and forget it: an operator freeing a worker known to be dead."""
+    freed = yield RunScript("release_owner", (keys.slots, keys.owners, keys.holds), (consumer, "0"))
+    return int(freed)
+
+
+def reset_lock(keys: LockKeys) -> Operation:
+    """Free every grant and forget every consumer; the limit stays. Returns (grants freed, limit)."""
+    freed, limit = yield RunScript("reset", (keys.slots, keys.meta, keys.owners, keys.holds), ())
+    return int(freed), int(limit)
 
 
 def step(op: Operation, name: str, reply: Any, error: BaseException | None) -> tuple[bool, Any]:

@@ -38,6 +38,9 @@ class StageWorkerMixin:
     def update_settings(cls, settings: Any) -> None:
         super().update_settings(settings)  # type: ignore[misc]
         settings.set("SCHEDULER", SCHEDULER_PATH, priority="spider")
+        middlewares = dict(settings.getdict("SPIDER_MIDDLEWARES"))
+        middlewares.setdefault("scrapy_redislock.workeroutput.AckAfterOutput", 1000)
+        settings.set("SPIDER_MIDDLEWARES", middlewares, priority="spider")
 
     def setup_redis(self, crawler: Any = None) -> None:
         """RedisSpider's set-up, minus its blocking idle handler (ours is connected below)."""

@@ -5,8 +5,9 @@ dupefilter set; a worker holds a slot of one stage at a time (an AsyncCountingLo
 capped by ``worker_stages``) and only pops that stage's queue. Requests it yields for other stages go to their
 queues for whichever worker holds them. Popped requests are recorded in the worker's in-flight hash until
 their download is over; a worker that stops beating for one TTL (killed) has its in-flight requests put back at
-the front of their queues by the others, so a SIGKILL loses nothing (a request whose download had finished but
-whose children were not yet queued is fetched again: at least once, not exactly once). All Redis calls use
+the front of their queues by the others. A request leaves the in-flight record only once the requests its
+callback yielded are in Redis (AckAfterOutput), so a SIGKILL loses nothing; the killed worker's last pages are
+fetched again (at least once, not exactly once). All Redis calls use
 ``redis.asyncio``; every state change is one Lua script.
 
 Settings read: REDISLOCK_WORKER_STAGES (or the spider's ``worker_stages``), REDISLOCK_STAGE_PREFERENCE (or the
@@ -102,6 +103,8 @@ class StageWorkerScheduler:
         self.refill = asyncio.Event()
         self.concurrency = crawler.settings.getint("CONCURRENT_REQUESTS")
         self.spider: Spider | None = None
+        self.awaiting_output: set[Request] = set()
+        crawler.signals.connect(self.response_in, signal=signals.response_received)
         crawler.signals.connect(self.request_done, signal=signals.request_left_downloader)
         crawler.signals.connect(self.request_done, signal=signals.request_dropped)
 
@@ -128,19 +131,24 @@ class StageWorkerScheduler:
         return deferred_from_coro(self._close())
 
     async def _close(self) -> None:
+        """Hand back what this worker holds; every step is bounded, so a close never hangs."""
         if self.loop_task is not None:
             self.loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.loop_task
+            await self._bounded("stopping the worker loop", asyncio.wait({self.loop_task}))
         if self.pushing:
-            await asyncio.gather(*self.pushing, return_exceptions=True)
+            await self._bounded("queueing the last requests", asyncio.wait(set(self.pushing)))
         # Unstarted and unfinished requests go back to the front of their queues for the other workers.
-        try:
-            await self._requeue(self.worker, "0")
-        except redis.exceptions.RedisError as exc:
-            logger.warning("Could not requeue this worker's requests on close (%s); the others will", exc)
+        await self._bounded("requeueing this worker's requests", self._requeue(self.worker, "0"))
         self.buffer.clear()
-        await self.locks.close()
+        await self._bounded("freeing the stage slot", self.locks.close())
+
+    async def _bounded(self, what: str, step: Any, seconds: float = 10.0) -> None:
+        try:
+            await asyncio.wait_for(step, seconds)
+        except (TimeoutError, redis.exceptions.RedisError) as exc:
+            logger.warning(
+                "On close, %s failed (%s); the other workers recover it after the TTL", what, exc or "timeout"
+            )
 
     def has_pending_requests(self) -> bool:
         return bool(self.buffer or self.local or self.pushing)
@@ -194,14 +202,30 @@ class StageWorkerScheduler:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
+    def response_in(self, response: Any, request: Request, spider: Spider | None = None) -> None:
+        if request in self.inflight:
+            self.awaiting_output.add(request)
+
     def request_done(self, request: Request, spider: Spider | None = None) -> None:
+        """The download is over; with a response, the ack waits until the callback's output is queued."""
+        if request not in self.awaiting_output:
+            self._ack_later(request)
+
+    def output_done(self, request: Request) -> None:
+        """Called by AckAfterOutput once every request the callback yielded has been enqueued."""
+        self.awaiting_output.discard(request)
+        self._ack_later(request)
+
+    def _ack_later(self, request: Request) -> None:
         inflight_id = self.inflight.pop(request, None)
         if inflight_id is not None:
-            task = asyncio.get_event_loop().create_task(self._ack(inflight_id))
+            task = asyncio.get_event_loop().create_task(self._ack(inflight_id, set(self.pushing)))
             self.pushing.add(task)
             task.add_done_callback(self.pushing.discard)
 
-    async def _ack(self, inflight_id: bytes) -> None:
+    async def _ack(self, inflight_id: bytes, pushes: set[asyncio.Task[Any]]) -> None:
+        if pushes:  # the children are in Redis before the parent leaves the in-flight record
+            await asyncio.gather(*pushes, return_exceptions=True)
         with contextlib.suppress(redis.exceptions.RedisError):
             await self.scripts["queue_ack"](keys=[self.keys["inflight"]], args=[inflight_id])
 

@@ -1,0 +1,31 @@
+-- reset: free every slot of a lock and forget every holder (an operator's reset); limit and ttl stay.
+-- Held grants are acknowledged (their holders find them lost at their next renewal, and a release of
+-- them returns 'not held'), free slots and debt are dropped, and `limit` new free slots are added: the
+-- lock is as new, but its entry ids, the fencing tokens, go on increasing. Consumers blocked in
+-- XREADGROUP stay blocked and are served the new slots first come, first served.
+-- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash, KEYS[4] holds hash
+-- ARGV[1] none (takes no arguments)
+-- Returns {grants freed, limit}, or error 'NOLOCK ...' when the lock does not exist (nothing written).
+local slots, meta, owners, holds = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+if not lock_exists(slots, meta) then
+  return redis.error_reply('NOLOCK lock does not exist')
+end
+local limit = tonumber(redis.call('HGET', meta, 'limit'))
+local freed = 0
+while true do
+  local batch = redis.call('XPENDING', slots, GROUP, '-', '+', 1000)
+  if #batch == 0 then break end
+  for _, p in ipairs(batch) do
+    freed = freed + redis.call('XACK', slots, GROUP, p[1])
+  end
+end
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', slots, GROUP)) do
+  redis.call('XGROUP', 'DELCONSUMER', slots, GROUP, info_field(c, 'name'))
+end
+redis.call('DEL', owners, holds)
+-- No free slot, no debt: the group has been delivered everything generated so far.
+local stream_last = stream_state(slots)
+redis.call('XGROUP', 'SETID', slots, GROUP, '0-' .. stream_last)
+redis.call('XTRIM', slots, 'MINID', '0-' .. (stream_last + 1))
+for _ = 1, limit do add_slot(slots) end
+return {freed, limit}

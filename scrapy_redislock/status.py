@@ -1,0 +1,222 @@
+"""Read-only inspection of every lock under a key prefix: what ``redislock status`` shows.
+
+Nothing here writes to Redis. Each lock is read in one MULTI/EXEC (its keys share a hash tag), so the
+numbers of one stage are a consistent snapshot: the limit and ttl (``:meta``), the grants in the
+group's pending list (consumer, entry id = fencing token, idle time on Redis's clock), the identity each
+process registered (``:owners``: host, pid, started, spider/label, and ``waiting`` as of its last renewal),
+and the stream's counters, from which follow the free slots and the debt left by lowering the limit
+(see ``scripts/_lib.lua``). Imports neither Scrapy nor Twisted; reads no settings.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+import redis.exceptions
+
+from scrapy_redislock.core import GROUP, LockKeys, fence_of, text
+
+# Grants listed per stage; the counts (held, free, ...) are exact whatever the number.
+MAX_LISTED = 10_000
+
+
+@dataclass
+class Grant:
+    """One held slot."""
+
+    holder: str
+    grant: str
+    fence: int
+    age: float  # seconds since the grant or its last renewal (PEL idle time, Redis's clock)
+    lease_left: float  # ttl - age; negative: expired, freed by the next maintain of any process
+
+
+@dataclass
+class Process:
+    """One registered consumer of a lock (a lock object in some process) and what it told Redis about itself."""
+
+    holder: str
+    held: int
+    waiting: int
+    identity: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def host(self) -> str | None:
+        host = self.identity.get("host")
+        return None if host is None else str(host)
+
+    @property
+    def pid(self) -> int | None:
+        pid = self.identity.get("pid")
+        return pid if isinstance(pid, int) else None
+
+    @property
+    def started(self) -> float | None:
+        """When the process started (its own wall clock, seconds since the epoch)."""
+        started = self.identity.get("started")
+        return float(started) if isinstance(started, int | float) and not isinstance(started, bool) else None
+
+    @property
+    def spider(self) -> str | None:
+        name = self.identity.get("spider") or self.identity.get("label")
+        return None if name is None else str(name)
+
+
+@dataclass
+class StageStatus:
+    """One lock (stage) as Redis holds it now."""
+
+    stage: str
+    exists: bool  # False: the limit is there but the stream is gone (data loss); the next process recreates it
+    limit: int | None
+    ttl: float | None
+    held: int
+    free: int
+    debt: int  # grants still to be given back before a new one is granted (after lowering the limit)
+    waiters: int  # sum of `waiting` over processes, as of each one's last renewal
+    fence: int  # the last fencing token generated (the stream's last entry id)
+    grants: list[Grant] = field(default_factory=list)
+    processes: list[Process] = field(default_factory=list)
+
+    def process(self, holder: str) -> Process | None:
+        for process in self.processes:
+            if process.holder == holder:
+                return process
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for process, raw in zip(self.processes, data["processes"], strict=True):
+            raw.update(host=process.host, pid=process.pid, spider=process.spider, started=process.started)
+        for raw in data["grants"]:
+            owner = self.process(raw["holder"])
+            raw.update(
+                host=owner.host if owner else None,
+                pid=owner.pid if owner else None,
+                spider=owner.spider if owner else None,
+                started=owner.started if owner else None,
+            )
+        return data
+
+
+def _glob_escape(value: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", value)
+
+
+def find_stages(client: redis.Redis, prefix: str) -> list[str]:
+    """Names of every lock under ``prefix`` (SCAN for ``<prefix>:{*}:meta``), sorted."""
+    head, tail = f"{prefix}:{{", "}:meta"
+    names = set()
+    for key in client.scan_iter(match=f"{_glob_escape(head)}*{_glob_escape(tail)}", count=1000):
+        key = text(key)
+        name = key[len(head) : -len(tail)]
+        if name and "{" not in name and "}" not in name:
+            names.add(name)
+    return sorted(names)
+
+
+def _seq(stream_id: Any) -> int:
+    return fence_of(str(text(stream_id)))
+
+
+def _identity(raw: Any) -> dict[str, Any]:
+    try:
+        value = json.loads(text(raw))
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def stage_status(client: redis.Redis, prefix: str, stage: str) -> StageStatus | None:
+    """The stage's lock as Redis holds it now; None when there is no such lock under the prefix."""
+    keys = LockKeys.of(prefix, stage)
+    with client.pipeline(transaction=True) as pipe:
+        pipe.hgetall(keys.meta)
+        pipe.xinfo_stream(keys.slots)
+        pipe.xinfo_groups(keys.slots)
+        pipe.xpending_range(keys.slots, GROUP, "-", "+", MAX_LISTED)
+        pipe.xinfo_consumers(keys.slots, GROUP)
+        pipe.hgetall(keys.owners)
+        meta, stream, groups, pending, consumers, owners = pipe.execute(raise_on_error=False)
+    for reply in (meta, owners):
+        if isinstance(reply, Exception):
+            raise reply
+    meta = {text(k): text(v) for k, v in (meta or {}).items()}
+    if "limit" not in meta:
+        return None
+    limit = int(meta["limit"])
+    ttl = int(meta["ttl"]) / 1000 if "ttl" in meta else None
+    broken = [r for r in (stream, groups, pending, consumers) if isinstance(r, Exception)]
+    for error in broken:
+        if not isinstance(error, redis.exceptions.ResponseError) or str(error).startswith("NOPERM"):
+            raise error
+    if broken:
+        # No stream or no group: Redis lost it; the next process to start or renew recreates it.
+        return StageStatus(stage, False, limit, ttl, held=0, free=0, debt=0, waiters=0, fence=0)
+
+    stream_last = _seq(stream["last-generated-id"])
+    group = next((g for g in groups if text(g.get("name")) == GROUP), None)
+    group_last = _seq(group["last-delivered-id"]) if group else 0
+    held = int(group["pending"]) if group else 0
+
+    grants = []
+    for entry in pending:
+        grant = str(text(entry["message_id"]))
+        age = int(entry["time_since_delivered"]) / 1000
+        left = round(ttl - age, 3) if ttl is not None else 0.0
+        grants.append(
+            Grant(
+                holder=str(text(entry["consumer"])),
+                grant=grant,
+                fence=fence_of(grant),
+                age=age,
+                lease_left=left,
+            )
+        )
+
+    held_by = {str(text(c["name"])): int(c.get("pending", 0)) for c in consumers}
+    identities = {str(text(k)): _identity(v) for k, v in (owners or {}).items()}
+    processes = []
+    for holder in sorted(set(held_by) | set(identities)):
+        identity = identities.get(holder, {})
+        waiting = identity.get("waiting", 0)
+        processes.append(
+            Process(
+                holder=holder,
+                held=held_by.get(holder, 0),
+                waiting=waiting if isinstance(waiting, int) and waiting > 0 else 0,
+                identity=identity,
+            )
+        )
+    return StageStatus(
+        stage=stage,
+        exists=True,
+        limit=limit,
+        ttl=ttl,
+        held=held,
+        free=max(0, stream_last - group_last),
+        debt=max(0, group_last - stream_last),
+        waiters=sum(p.waiting for p in processes),
+        fence=stream_last,
+        grants=grants,
+        processes=processes,
+    )
+
+
+def collect(client: redis.Redis, prefix: str) -> list[StageStatus]:
+    """Every stage under the prefix (a lock that vanishes between SCAN and read is left out)."""
+    found = (stage_status(client, prefix, name) for name in find_stages(client, prefix))
+    return [status for status in found if status is not None]
+
+
+def snapshot(stages: list[StageStatus], prefix: str, url: str) -> dict[str, Any]:
+    """Everything ``status --json`` prints (``url`` must already be masked)."""
+    return {"url": url, "prefix": prefix, "time": round(time.time(), 3), "stages": [s.to_json() for s in stages]}
+
+
+__all__ = ["Grant", "Process", "StageStatus", "collect", "find_stages", "snapshot", "stage_status"]
