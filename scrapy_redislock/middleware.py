@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, Spider, signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
@@ -73,27 +74,32 @@ class StageLockMiddleware:
     async def spider_opened(self, spider: Spider) -> None:
         await self.locks.start_once()
 
-    async def spider_closed(self, spider: Spider, reason: str) -> None:
-        await self.locks.close()
-        self.permits.clear()
+    def process_request(self, request: Request, spider: Spider | None = None) -> Coroutine[Any, Any, None] | None:
+        """None at once when there is nothing to wait for; a coroutine only when the request must wait here.
 
-    async def process_request(self, request: Request, spider: Spider | None = None) -> None:
+        A plain method keeps uncapped requests and requests the scheduler already got a slot for free of any
+        coroutine round trip (Scrapy awaits whatever the method returns).
+        """
         stage = stage_of(request, self.settings, self.crawler.spider)
         if stage is None:
-            return
+            return None
         try:
             capped = self.locks.is_capped(stage)
         except UnknownStage:
             self.crawler.stats.inc_value("redislock/unknown_stage")
             raise
         if not capped:
-            return
+            return None
         handed = self._from_scheduler(request)
         if isinstance(handed, BaseException):
             raise handed
-        if handed is None:
-            handed = await self._wait_here(stage)
-        self.permits[request] = handed
+        if handed is not None:
+            self.permits[request] = handed
+            return None
+        return self._wait_and_hold(request, stage)
+
+    async def _wait_and_hold(self, request: Request, stage: str) -> None:
+        self.permits[request] = await self._wait_here(stage)
 
     def _from_scheduler(self, request: Request) -> Permit | BaseException | None:
         scheduler = getattr(getattr(self.crawler, "engine", None), "_slot", None)
@@ -115,24 +121,29 @@ class StageLockMiddleware:
         slot = getattr(engine, "_slot", None)
         return engine is None or not engine.running or getattr(slot, "closing", None) is not None or self.locks.closed
 
-    async def process_response(self, request: Request, response: Response, spider: Spider | None = None) -> Response:
-        await self._release(request)
+    def process_response(self, request: Request, response: Response, spider: Spider | None = None) -> Response:
+        self._release_soon(request)
         return response
 
-    async def process_exception(self, request: Request, exception: Exception, spider: Spider | None = None) -> None:
-        await self._release(request)
+    def process_exception(self, request: Request, exception: Exception, spider: Spider | None = None) -> None:
+        self._release_soon(request)
 
     def request_left(self, request: Request, spider: Spider) -> None:
-        """The signal is sent synchronously: release in a task (kept, so it is not garbage-collected)."""
-        if request in self.permits:
-            task = asyncio.ensure_future(self._release(request))
+        self._release_soon(request)
+
+    def _release_soon(self, request: Request) -> None:
+        """Give the slot back in a task (kept, so it is not garbage-collected); the response goes on at once."""
+        permit = self.permits.pop(request, None)
+        if permit is not None:
+            task = asyncio.ensure_future(self.locks.release(permit))
             self._releasing.add(task)
             task.add_done_callback(self._releasing.discard)
 
-    async def _release(self, request: Request) -> None:
-        permit = self.permits.pop(request, None)
-        if permit is not None:
-            await self.locks.release(permit)
+    async def spider_closed(self, spider: Spider, reason: str) -> None:
+        if self._releasing:
+            await asyncio.wait(set(self._releasing), timeout=5)
+        await self.locks.close()
+        self.permits.clear()
 
     async def sweep(self) -> None:
         """Release permits of requests that left the downloader without passing back through us."""

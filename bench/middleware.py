@@ -1,0 +1,99 @@
+"""Middleware benchmark: overhead on an uncapped stage, and how fully a capped stage's slots are used.
+
+    ./run.sh bench middleware [--repeat 3]
+
+1. Overhead: the same crawl of an uncapped stage (20 ms pages, CONCURRENT_REQUESTS 32) with and without
+   StageLockMiddleware + StageScheduler; pages/s measured at the server; ratio of medians.
+2. Utilization: 3 crawler processes on one capped stage (cap 3, 50 ms pages, plenty of queued work); the
+   server's time-weighted mean of requests in flight while the stage has work (1 s trimmed at each end).
+Real `scrapy runspider` processes against a local HTTP server and a fresh redis-server; prints what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scrapy_redislock.redis_server import RedisServer
+from tests.crawlproc import run_crawl, start_crawl
+from tests.crawlsite import CrawlSite
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def pages_per_second(site: CrawlSite, stage: str) -> float:
+    arrivals = sorted(site.arrivals[stage])
+    return (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+
+
+def overhead_run(redis_url: str, pages: int, with_middleware: bool) -> float:
+    with CrawlSite(delay=0.02) as site:
+        settings: dict[str, Any] = {"CONCURRENT_REQUESTS": 32, "REDISLOCK_URL": redis_url}
+        if with_middleware:
+            settings["REDISLOCK_STAGES"] = {"comments": None}
+        else:
+            settings.update(DOWNLOADER_MIDDLEWARES={}, SCHEDULER="scrapy.core.scheduler.Scheduler")
+        code, output = run_crawl(site.url, f"comments:{pages}", settings, timeout=300)
+        if code != 0 or len(site.arrivals["comments"]) != pages:
+            raise RuntimeError(f"crawl failed: {output[-2000:]}")
+        return pages_per_second(site, "comments")
+
+
+def utilization_run(redis_url: str, per_process: int) -> float:
+    with CrawlSite(delay=0.05) as site:
+        settings = {"CONCURRENT_REQUESTS": 16, "REDISLOCK_URL": redis_url, "REDISLOCK_STAGES": {"detail": 3}}
+        crawls = [start_crawl(site.url, f"detail:{per_process}", settings) for _ in range(3)]
+        for crawl in crawls:
+            crawl.communicate(timeout=600)
+        arrivals = sorted(site.arrivals["detail"])
+        if site.max_in_flight["detail"] > 3:
+            raise RuntimeError(f"cap exceeded: {site.max_in_flight['detail']}")
+        start, end = arrivals[0] + 1.0, arrivals[-1] - 1.0
+        return site.mean_in_flight("detail", start, end)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--pages", type=int, default=1500, help="pages per overhead crawl")
+    parser.add_argument("--per-process", type=int, default=150, help="capped requests per process")
+    args = parser.parse_args(argv)
+    with RedisServer() as server:
+        plain, capped, means = [], [], []
+        for i in range(args.repeat):
+            print(f"round {i + 1}/{args.repeat} ...", file=sys.stderr, flush=True)
+            plain.append(overhead_run(server.url, args.pages, with_middleware=False))
+            capped.append(overhead_run(server.url, args.pages, with_middleware=True))
+            means.append(utilization_run(server.url, args.per_process))
+    ratio = statistics.median(capped) / statistics.median(plain)
+    result = {
+        "pages_per_s_without": plain,
+        "pages_per_s_with": capped,
+        "overhead_ratio_of_medians": ratio,
+        "mean_in_flight_cap3": means,
+        "mean_in_flight_median": statistics.median(means),
+    }
+    text = (
+        f"Overhead (uncapped stage, 20 ms pages, CONCURRENT_REQUESTS 32, {args.pages} pages, {args.repeat} rounds):\n"
+        f"  pages/s without the middleware: median {statistics.median(plain):.0f}  {[round(x) for x in plain]}\n"
+        f"  pages/s with it:                median {statistics.median(capped):.0f}  {[round(x) for x in capped]}\n"
+        f"  ratio of medians: {ratio:.3f}\n"
+        f"Utilization (3 processes, cap 3, 50 ms pages, {args.per_process} requests each):\n"
+        f"  mean requests in flight at the server: median {statistics.median(means):.2f}  "
+        f"{[round(x, 2) for x in means]}\n"
+    )
+    print(text)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "middleware.md").write_text(text)
+    (RESULTS / "middleware.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

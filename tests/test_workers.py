@@ -1,0 +1,54 @@
+"""Worker slots per stage: the example shop crawl with real `scrapy crawl` workers against a real Redis."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+
+import pytest
+
+from example_project.run import CAPS, arguments, run_phase
+from example_project.shop_site import ShopSite
+
+pytestmark = [pytest.mark.integration, pytest.mark.crawl]
+
+
+@pytest.fixture
+def shop() -> Iterator[ShopSite]:
+    with ShopSite(lists=6, details=10, comments=4, delay=0.03) as site:
+        yield site
+
+
+def demo_args(*extra: str) -> argparse.Namespace:
+    return arguments(["--workers", "5", "--lists", "6", "--details", "10", "--comments", "4", "--quiet", *extra])
+
+
+def test_caps_hold_every_page_once_nothing_left(redis_url: str, shop: ShopSite) -> None:
+    phase = run_phase("slots", "shop", redis_url, shop, demo_args("--ttl", "3"))
+    assert phase.exit_codes == [0] * 5
+    for stage, cap in CAPS.items():
+        if cap is not None:
+            assert 1 <= phase.max_workers[stage] <= cap, phase.max_workers
+    totals = shop.totals
+    assert phase.items == totals
+    assert sorted(shop.hits.values()) == [1] * sum(totals.values())  # every page exactly once
+    assert phase.leftover == 0  # type: ignore[attr-defined]
+    # All three kinds of data flow from the start: the first comment long before the details are done.
+    assert phase.first_item["comments"] < phase.timeline["detail"][-1] / 2
+
+
+def test_killed_worker_slot_taken_over_and_crawl_completes(redis_url: str) -> None:
+    with ShopSite(lists=6, details=20, comments=4, delay=0.05) as site:
+        args = demo_args("--details", "20", "--ttl", "2", "--kill-one-after", "1.5")
+        phase = run_phase("kill", "shop", redis_url, site, args)
+        assert phase.killed_at is not None, "no worker held a detail slot to kill"
+        assert phase.taken_over_after is not None and phase.taken_over_after <= 2 + 2, phase.taken_over_after
+        assert sorted(c for c in phase.exit_codes if c != -9) == [0] * 4
+        # Every page was fetched (the dead worker's unfinished ones were requeued). Items are not counted: the
+        # killed worker's feed exporter loses what it had not flushed yet, which is no business of the queues.
+        assert set(site.hits) == {
+            *(f"/list/{i}" for i in range(6)),
+            *(f"/detail/{i}-{j}" for i in range(6) for j in range(20)),
+            *(f"/comments/{i}-{j}/{k}" for i in range(6) for j in range(20) for k in range(4)),
+        }
+        assert phase.leftover == 0  # type: ignore[attr-defined]
