@@ -51,7 +51,7 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m example_project.run", description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=5)
     parser.add_argument("--lists", type=int, default=10, help="category list pages")
-    parser.add_argument("--details", type=int, default=30, help="products per list page")
+    parser.add_argument("--details", type=int, default=50, help="products per list page")
     parser.add_argument("--comments", type=int, default=3, help="comment pages per product")
     parser.add_argument("--delay", type=float, default=0.05, help="seconds per page")
     parser.add_argument("--concurrency", type=int, default=2, help="CONCURRENT_REQUESTS per worker")
