@@ -224,5 +224,3 @@ def test_redis_pause_mid_crawl(redis_url: str, redis_client: redis.Redis, site: 
     assert site.max_in_flight["detail"] <= 3
     assert len(site.hits) == 80
     assert leftover(redis_client) == 0
-
-
