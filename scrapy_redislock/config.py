@@ -157,7 +157,12 @@ def _connection(settings: BaseSettings) -> tuple[str, dict[str, Any]]:
 
 def read_settings(settings: BaseSettings) -> RedisLockSettings:
     """All REDISLOCK_* settings, checked; ConfigError with a message naming the bad one."""
-    enabled = settings.getbool("REDISLOCK_ENABLED", defaults.REDISLOCK_ENABLED)
+    try:
+        enabled = settings.getbool("REDISLOCK_ENABLED", defaults.REDISLOCK_ENABLED)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"REDISLOCK_ENABLED must be True or False, got {settings.get('REDISLOCK_ENABLED')!r}"
+        ) from None
     url, params = _connection(settings)
     stages = check_stage_limits(_loaded(settings, "REDISLOCK_STAGES"), "REDISLOCK_STAGES")
     worker_stages = check_stage_limits(_loaded(settings, "REDISLOCK_WORKER_STAGES"), "REDISLOCK_WORKER_STAGES")
@@ -178,7 +183,7 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
 
     known = set(stages) | set(worker_stages)
     default_stage = settings.get("REDISLOCK_DEFAULT_STAGE", defaults.REDISLOCK_DEFAULT_STAGE)
-    if default_stage is not None and default_stage not in known:
+    if default_stage is not None and (not isinstance(default_stage, str) or default_stage not in known):
         raise ConfigError(
             f"REDISLOCK_DEFAULT_STAGE {default_stage!r} is not a configured stage; known: {sorted(known)}"
         )
