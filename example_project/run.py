@@ -181,7 +181,7 @@ def run_phase(name: str, spider: str, redis_url: str, site: ShopSite, args: argp
         while any(w.poll() is None for w in workers):
             if time.time() - started > args.timeout:
                 raise TimeoutError(f"{name}: workers still running after {args.timeout} s")
-            if spider == "shop":
+            if spider != "shop_baseline":
                 for s in STAGES:
                     max_workers[s] = max(max_workers[s], holders(client, s))
             due = args.kill_one_after is not None and time.time() - started > args.kill_one_after
@@ -208,11 +208,11 @@ def run_phase(name: str, spider: str, redis_url: str, site: ShopSite, args: argp
         phase.first_item[s] = times[0] if times else float("nan")
         phase.timeline[s] = times
     phase.seconds = max((i["ts"] for i in items), default=t0) - t0
-    phase.max_workers = max_workers if spider == "shop" else {}
+    phase.max_workers = max_workers if spider != "shop_baseline" else {}
     phase.max_in_flight = dict(site.max_in_flight)
     phase.pages = sum(site.hits.values())
     phase.duplicates = sum(n - 1 for n in site.hits.values() if n > 1)
-    if spider == "shop":
+    if spider != "shop_baseline":
         phase.leftover = sum(holders(client, s) for s in STAGES)  # type: ignore[attr-defined]
     client.close()
     return phase

@@ -52,3 +52,11 @@ def test_killed_worker_slot_taken_over_and_crawl_completes(redis_url: str) -> No
             *(f"/comments/{i}-{j}/{k}" for i in range(6) for j in range(20) for k in range(4)),
         }
         assert phase.leftover == 0  # type: ignore[attr-defined]
+
+
+def test_plain_scrapy_spider_with_the_mixin(redis_url: str, shop: ShopSite) -> None:
+    phase = run_phase("plain", "shop_plain", redis_url, shop, demo_args("--workers", "3", "--ttl", "3"))
+    assert phase.exit_codes == [0] * 3
+    assert phase.max_workers["list"] <= 1 and phase.max_workers["detail"] <= 3
+    assert sorted(shop.hits.values()) == [1] * sum(shop.totals.values())
+    assert phase.leftover == 0  # type: ignore[attr-defined]

@@ -55,3 +55,14 @@ class ShopBaselineSpider(ShopCallbacks, RedisSpider):
         "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
         "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
     }
+
+
+class PlainShopSpider(ShopCallbacks, StageWorkerMixin, scrapy.Spider):
+    """The same worker slots on a plain scrapy.Spider (no scrapy-redis spider class needed)."""
+
+    name = "shop_plain"
+    worker_stages = {"list": 1, "detail": 3, "comments": None}
+
+    async def start(self) -> Any:
+        for url in self.list_urls():
+            yield scrapy.Request(url)
