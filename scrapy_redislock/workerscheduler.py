@@ -6,9 +6,9 @@ capped by ``worker_stages``) and only pops that stage's queue. Requests it yield
 queues for whichever worker holds them. Popped requests are recorded in the worker's in-flight hash until
 their download is over; a worker that stops beating for one TTL (killed) has its in-flight requests put back at
 the front of their queues by the others. A request leaves the in-flight record only once the requests its
-callback yielded are in Redis (AckAfterOutput), so a SIGKILL loses nothing; the killed worker's last pages are
-fetched again (at least once, not exactly once). All Redis calls use
-``redis.asyncio``; every state change is one Lua script.
+callback yielded are in Redis (AckAfterOutput); the killed worker's last pages are fetched again (at least
+once). Known bug: rarely, the children of one page the killed worker had just parsed are lost (see README).
+All Redis calls use ``redis.asyncio``; every state change is one Lua script.
 
 Settings read: REDISLOCK_WORKER_STAGES (or the spider's ``worker_stages``), REDISLOCK_STAGE_PREFERENCE (or the
 spider's ``stage_preference``), REDISLOCK_IDLE_CLOSE (seconds with no work anywhere before a worker closes;
