@@ -29,6 +29,10 @@ def __getattr__(name: str) -> object:
         from scrapy_redislock.workers import StageWorkerMixin
 
         return StageWorkerMixin
+    if name == "StageWorkerScheduler":
+        from scrapy_redislock.workerscheduler import StageWorkerScheduler
+
+        return StageWorkerScheduler
     raise AttributeError(f"module 'scrapy_redislock' has no attribute {name!r}")
 
 
@@ -46,6 +50,7 @@ __all__ = [
     "StageLockMiddleware",
     "StageScheduler",
     "StageWorkerMixin",
+    "StageWorkerScheduler",
     "UnknownStage",
     "stage",
 ]

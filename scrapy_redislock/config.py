@@ -2,8 +2,11 @@
 
 Settings read: REDISLOCK_ENABLED, REDISLOCK_URL, REDISLOCK_PARAMS, REDISLOCK_STAGES, REDISLOCK_WORKER_STAGES,
 REDISLOCK_TTL, REDISLOCK_KEY_PREFIX, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT,
-REDISLOCK_STAGE_PREFERENCE; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_DB, REDIS_PARAMS as fallbacks
-for the connection. Defaults live in :mod:`scrapy_redislock.defaults`.
+REDISLOCK_STAGE_PREFERENCE, REDISLOCK_SCHEDULER_INNER, REDISLOCK_PARK_LIMIT, REDISLOCK_WAITERS_PER_STAGE,
+REDISLOCK_IDLE_CLOSE; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_DB, REDIS_PARAMS as fallbacks
+for the connection. Defaults live in :mod:`scrapy_redislock.defaults`. For the worker scheduler
+(:func:`read_worker_settings`) also scrapy-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START,
+MAX_IDLE_TIME_BEFORE_CLOSE (fallback of REDISLOCK_IDLE_CLOSE), REDIS_START_URLS_AS_SET, REDIS_START_URLS_AS_ZSET.
 
 Bad values raise :class:`~scrapy_redislock.errors.ConfigError` naming the setting and the value, so a crawl with a
 broken configuration stops at start-up instead of running unthrottled (Scrapy would swallow NotConfigured from a
@@ -64,6 +67,10 @@ class RedisLockSettings:
     callback_stages: Mapping[str, str] = field(default_factory=dict)
     wait_timeout: float | None = None
     stage_preference: tuple[str, ...] = ()
+    scheduler_inner: str = "scrapy.core.scheduler.Scheduler"
+    park_limit: int = 10000
+    waiters_per_stage: int = 2
+    idle_close: float | None = None
 
     def async_client(self) -> redis.asyncio.Redis:
         """A redis.asyncio client for the reactor thread (asyncio reactor)."""
@@ -216,6 +223,21 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     if stray:
         raise ConfigError(f"REDISLOCK_STAGE_PREFERENCE names unknown stages {stray}; known: {sorted(known)}")
 
+    inner = settings.get("REDISLOCK_SCHEDULER_INNER") or defaults.REDISLOCK_SCHEDULER_INNER
+    if not isinstance(inner, str | type):
+        raise ConfigError(f"REDISLOCK_SCHEDULER_INNER must be a class or its import path, got {inner!r}")
+    park_limit = _positive_int(settings, "REDISLOCK_PARK_LIMIT")
+    waiters = _positive_int(settings, "REDISLOCK_WAITERS_PER_STAGE")
+    raw_idle = settings.get("REDISLOCK_IDLE_CLOSE", defaults.REDISLOCK_IDLE_CLOSE)
+    idle_close: float | None = None
+    if raw_idle not in (None, "", "None"):
+        try:
+            idle_close = float(raw_idle)
+        except (TypeError, ValueError):
+            idle_close = math.nan
+        if isinstance(raw_idle, bool) or not idle_close >= 0 or math.isinf(idle_close):
+            raise ConfigError(f"REDISLOCK_IDLE_CLOSE must be None or a number of seconds >= 0, got {raw_idle!r}")
+
     return RedisLockSettings(
         enabled=enabled,
         url=url,
@@ -228,4 +250,50 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
         callback_stages=dict(callback_stages),
         wait_timeout=wait_timeout,
         stage_preference=tuple(preference),
+        scheduler_inner=inner if isinstance(inner, str) else f"{inner.__module__}.{inner.__qualname__}",
+        park_limit=park_limit,
+        waiters_per_stage=waiters,
+        idle_close=idle_close,
+    )
+
+
+def _positive_int(settings: BaseSettings, name: str) -> int:
+    raw = settings.get(name, getattr(defaults, name))
+    try:
+        value = int(raw)
+    except (TypeError, ValueError, OverflowError):
+        value = 0
+    if isinstance(raw, bool) or (isinstance(raw, float) and raw != value) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """scrapy-redis settings the worker scheduler honours, with scrapy-redis's defaults."""
+
+    idle_close: float | None = None
+    persist: bool = False
+    flush_on_start: bool = False
+    start_urls_as: str = "list"  # "list", "set" or "zset", as RedisSpider reads its start URLs
+
+
+def read_worker_settings(settings: BaseSettings, checked: RedisLockSettings) -> WorkerSettings:
+    """REDISLOCK_IDLE_CLOSE (else scrapy-redis's MAX_IDLE_TIME_BEFORE_CLOSE, 0 = never) and the scrapy-redis
+    settings that decide what a worker does with the shared queues and the start URLs."""
+    idle_close = checked.idle_close
+    if settings.get("REDISLOCK_IDLE_CLOSE") in (None, "", "None"):
+        raw = settings.get("MAX_IDLE_TIME_BEFORE_CLOSE", 0)
+        try:
+            seconds = float(raw or 0)
+        except (TypeError, ValueError):
+            raise ConfigError(f"MAX_IDLE_TIME_BEFORE_CLOSE must be a number of seconds, got {raw!r}") from None
+        idle_close = seconds if seconds > 0 else None
+    as_set = settings.getbool("REDIS_START_URLS_AS_SET", False)
+    as_zset = settings.getbool("REDIS_START_URLS_AS_ZSET", False)
+    return WorkerSettings(
+        idle_close=idle_close,
+        persist=settings.getbool("SCHEDULER_PERSIST", False),
+        flush_on_start=settings.getbool("SCHEDULER_FLUSH_ON_START", False),
+        start_urls_as="set" if as_set else "zset" if as_zset else "list",
     )

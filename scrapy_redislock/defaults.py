@@ -27,5 +27,11 @@ REDISLOCK_CALLBACK_STAGES: dict[str, str] = {}
 REDISLOCK_WAIT_TIMEOUT: float | None = None
 # Order in which a worker takes stages that have work and a free slot (StageWorkerMixin).
 REDISLOCK_STAGE_PREFERENCE: list[str] = []
+# StageScheduler: the scheduler it wraps, how many capped requests it may park, concurrent waits per stage.
+REDISLOCK_SCHEDULER_INNER = "scrapy.core.scheduler.Scheduler"
+REDISLOCK_PARK_LIMIT = 10000
+REDISLOCK_WAITERS_PER_STAGE = 2
+# A worker (StageWorkerMixin) closes after this many seconds with no work anywhere; None = idle forever.
+REDISLOCK_IDLE_CLOSE: float | None = None
 
 SETTINGS = {name: value for name, value in dict(globals()).items() if name.startswith("REDISLOCK_")}

@@ -1,15 +1,25 @@
 """StageScheduler: requests of a saturated stage wait here, cheaply, instead of in the downloader.
 
 Scrapy counts a request as active in the downloader before the middleware chain runs, and stops pulling from
-the scheduler once ``CONCURRENT_REQUESTS`` are active; requests parked in a middleware for a full stage would
-starve every other stage (head-of-line blocking) and hold up the engine's close. This scheduler wraps the real
-one (Scrapy's by default, or scrapy-redis's) and hands out a capped request only together with a slot: the
-requests of a full stage are parked here, one waiter task per stage blocks in Redis (first come, first served
-across processes) and wakes the engine as soon as a slot is granted, so other stages keep flowing.
+the scheduler once CONCURRENT_REQUESTS are active: requests parked in a middleware for a full stage would starve
+every other stage (head-of-line blocking) and hold up the engine's close. This scheduler wraps the real one
+(Scrapy's by default, or scrapy-redis's) and lets a capped request go only together with a slot of its stage:
 
-Settings read: REDISLOCK_SCHEDULER_INNER (the wrapped scheduler class, default Scrapy's), REDISLOCK_PARK_LIMIT
-(how many capped requests may be parked in memory, taken out of the inner queue), REDISLOCK_WAITERS_PER_STAGE,
-plus the REDISLOCK_* settings read by :func:`scrapy_redislock.config.read_settings`.
+- ``next_request()`` takes requests from the inner scheduler; uncapped ones go at once, capped ones are parked
+  here (in memory, at most REDISLOCK_PARK_LIMIT) and it returns None while ``has_pending_requests()`` stays True;
+- per capped stage with parked requests, up to REDISLOCK_WAITERS_PER_STAGE waiter tasks block in Redis
+  (``XREADGROUP BLOCK``: first come, first served across processes, woken the moment a slot is freed anywhere);
+- a granted slot is paired with the oldest parked request of its stage, the engine is woken at once (not at its
+  5 s heartbeat), and StageLockMiddleware picks the permit up by request object (:meth:`take_permit`).
+
+On close the waiters are cancelled, unused slots freed and parked requests given back to the inner scheduler
+(so JOBDIR or SCHEDULER_PERSIST keep them). With REDISLOCK_ENABLED = False, or no stage in REDISLOCK_STAGES, it is
+the inner scheduler and nothing more.
+
+Settings read (via :func:`scrapy_redislock.config.read_settings`): REDISLOCK_SCHEDULER_INNER, REDISLOCK_PARK_LIMIT,
+REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_WAIT_TIMEOUT, REDISLOCK_ENABLED, REDISLOCK_STAGES and the stage settings.
+Stats: those of the middleware (acquired and wait times are counted here for requests that waited here), plus
+redislock/<stage>/parked_max.
 """
 
 from __future__ import annotations
@@ -20,12 +30,14 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_redislock.config import read_settings
+from scrapy_redislock.core import Permit
 from scrapy_redislock.errors import AcquireTimeout, ConfigError, UnknownStage
-from scrapy_redislock.stagelocks import StageLocks
+from scrapy_redislock.middleware import StageLockMiddleware, check_reactor
+from scrapy_redislock.stagelocks import StageLocks, wake_engine
 from scrapy_redislock.stages import stage_of
 
 if TYPE_CHECKING:
@@ -33,28 +45,17 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from twisted.internet.defer import Deferred
 
-    from scrapy_redislock.core import Permit
-
 logger = logging.getLogger(__name__)
 
 MIDDLEWARE_PATH = "scrapy_redislock.StageLockMiddleware"
+# Capped requests taken from the inner scheduler per next_request() call at most: a long run of them (a scrapy-redis
+# queue answers each with a blocking call) is parked over several loop iterations, never in one long block.
+PULL_BUDGET = 256
 
-
-def wake_engine(crawler: Crawler) -> None:
-    """Ask the engine to pull from the scheduler now rather than at its next heartbeat (up to 5 s later).
-
-    Scrapy has no public call for this; the engine slot's ``nextcall`` is what the engine itself schedules
-    after every finished download. If a future Scrapy renames it, we fall back to the heartbeat.
-    """
-    slot = getattr(getattr(crawler, "engine", None), "_slot", None)
-    nextcall = getattr(slot, "nextcall", None)
-    if nextcall is not None:
-        nextcall.schedule()
+__all__ = ["StageScheduler", "wake_engine"]
 
 
 def _middleware_enabled(crawler: Crawler) -> bool:
-    from scrapy_redislock.middleware import StageLockMiddleware
-
     configured = crawler.settings.getwithbase("DOWNLOADER_MIDDLEWARES")
     for path, order in configured.items():
         if order is None:
@@ -68,92 +69,119 @@ def _middleware_enabled(crawler: Crawler) -> bool:
 
 
 class StageScheduler:
-    """A scheduler that releases capped requests only together with a slot of their stage."""
+    """A scheduler that lets capped requests go only together with a slot of their stage."""
 
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
         self.settings = read_settings(crawler.settings)
-        if not _middleware_enabled(crawler):
-            raise ConfigError(
-                f"SCHEDULER = 'scrapy_redislock.StageScheduler' needs the middleware too: "
-                f"DOWNLOADER_MIDDLEWARES = {{{MIDDLEWARE_PATH!r}: 950}}"
-            )
-        inner_path = crawler.settings.get("REDISLOCK_SCHEDULER_INNER") or "scrapy.core.scheduler.Scheduler"
+        inner_path = self.settings.scheduler_inner
         try:
             inner_cls = load_object(inner_path)
         except (ImportError, ValueError, NameError, AttributeError) as exc:
             raise ConfigError(f"REDISLOCK_SCHEDULER_INNER cannot be loaded: {inner_path!r} ({exc})") from None
+        if inner_cls is StageScheduler or not callable(getattr(inner_cls, "next_request", None)):
+            raise ConfigError(f"REDISLOCK_SCHEDULER_INNER must be a scheduler class, got {inner_path!r}")
+        self.enabled = self.settings.enabled and bool(self.settings.stages)
+        if self.enabled:
+            check_reactor(crawler, "StageScheduler")
+            if not _middleware_enabled(crawler):
+                raise ConfigError(
+                    f"SCHEDULER = 'scrapy_redislock.StageScheduler' needs the middleware too: "
+                    f"DOWNLOADER_MIDDLEWARES = {{{MIDDLEWARE_PATH!r}: 950}}"
+                )
         self.inner = build_from_crawler(inner_cls, crawler)
-        self.park_limit = crawler.settings.getint("REDISLOCK_PARK_LIMIT", 10000)
-        self.waiters_per_stage = crawler.settings.getint("REDISLOCK_WAITERS_PER_STAGE", 2)
-        if self.park_limit < 1:
-            raise ConfigError(f"REDISLOCK_PARK_LIMIT must be >= 1, got {self.park_limit!r}")
-        if self.waiters_per_stage < 1:
-            raise ConfigError(f"REDISLOCK_WAITERS_PER_STAGE must be >= 1, got {self.waiters_per_stage!r}")
-        self.locks = StageLocks.of(crawler, self.settings)
-        self.parked: dict[str, deque[tuple[float, Request]]] = {s: deque() for s in self.locks.locks}
-        self.ready: dict[str, deque[Permit]] = {s: deque() for s in self.locks.locks}
-        self.waiters: dict[str, set[asyncio.Task[None]]] = {s: set() for s in self.locks.locks}
-        self.handed: dict[Request, Permit | BaseException] = {}
+        self.park_limit = self.settings.park_limit
+        self.waiters_per_stage = self.settings.waiters_per_stage
+        self.wait_timeout = self.settings.wait_timeout
+        self.locks = StageLocks.of(crawler, self.settings) if self.enabled else None
+        capped = list(self.locks.locks) if self.locks is not None else []
+        self.parked: dict[str, deque[tuple[float, Request]]] = {stage: deque() for stage in capped}
+        self.ready: dict[str, deque[Permit]] = {stage: deque() for stage in capped}
+        self.waiters: dict[str, set[asyncio.Task[None]]] = {stage: set() for stage in capped}
+        self.timers: dict[str, asyncio.TimerHandle] = {}
+        self.handed: dict[Request, Permit | BaseException] = {}  # out to the engine, not yet taken by the middleware
+        self.n_parked = 0
         self.closing = False
+        self._suspects: set[Request] = set()
+        if self.locks is not None:
+            self.locks.add_waiting_source(lambda stage: len(self.parked.get(stage, ())))
+            self.locks.add_tick_hook(self.sweep)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> StageScheduler:
         return cls(crawler)
 
-    # -- the scheduler interface -------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        """Anything else is the inner scheduler's (scrapy-redis's ``queue``, ``df``, ``flush``, ...)."""
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    # -- the scheduler interface ---------------------------------------------------------------------------------
 
     def open(self, spider: Spider) -> Deferred[None] | None:
         result = self.inner.open(spider) if hasattr(self.inner, "open") else None
+        if self.locks is None:
+            return result
         return deferred_from_coro(self._open(result))
 
     async def _open(self, inner_result: Any) -> None:
         if inner_result is not None:
-            from scrapy.utils.defer import maybe_deferred_to_future
-
             await maybe_deferred_to_future(inner_result)
+        assert self.locks is not None
         await self.locks.start_once()
 
     def close(self, reason: str) -> Deferred[None] | None:
+        if self.locks is None:
+            return self.inner.close(reason) if hasattr(self.inner, "close") else None
         self.closing = True
         return deferred_from_coro(self._close(reason))
 
     async def _close(self, reason: str) -> None:
+        assert self.locks is not None
+        for handle in self.timers.values():
+            handle.cancel()
         for tasks in self.waiters.values():
             for task in tasks:
                 task.cancel()
-        for stage, permits in self.ready.items():
-            while permits:
-                await self.locks.release(permits.popleft())
-            # Give parked requests back to the inner queue, so a persistent queue keeps them.
-            while self.parked[stage]:
-                _, request = self.parked[stage].popleft()
-                request.dont_filter = True
+        returned = 0
+        for parked in self.parked.values():
+            while parked:
+                _, request = parked.popleft()
+                request.dont_filter = True  # it passed the dupefilter once already
                 self.inner.enqueue_request(request)
+                returned += 1
+        self.n_parked = 0
+        if returned:
+            logger.info("Gave %d parked requests back to the inner scheduler", returned)
         if hasattr(self.inner, "close"):
-            from scrapy.utils.defer import maybe_deferred_to_future
-
             result = self.inner.close(reason)
             if result is not None:
                 await maybe_deferred_to_future(result)
+        # Unused slots, waiters, and anything a request left behind: one call per stage frees it all.
+        for permits in self.ready.values():
+            permits.clear()
+        self.handed.clear()
+        await self.locks.close()
 
     def has_pending_requests(self) -> bool:
-        return self.inner.has_pending_requests() or any(self.parked.values())
+        return self.n_parked > 0 or self.inner.has_pending_requests()
 
     def __len__(self) -> int:
-        return len(self.inner) + sum(len(q) for q in self.parked.values())
+        return len(self.inner) + self.n_parked
 
     def enqueue_request(self, request: Request) -> bool:
         return bool(self.inner.enqueue_request(request))
 
     def next_request(self) -> Request | None:
-        for stage, parked in self.parked.items():
-            if parked:
-                self._ensure_waiters(stage)
-        request = self._next_ready()
+        if self.locks is None:
+            return self.inner.next_request()
+        request = self._hand_out()
         if request is not None:
             return request
-        while sum(len(q) for q in self.parked.values()) < self.park_limit:
+        for _ in range(PULL_BUDGET):
+            if self.n_parked >= self.park_limit:
+                return None
             request = self.inner.next_request()
             if request is None:
                 return None
@@ -161,61 +189,117 @@ class StageScheduler:
             try:
                 capped = stage is not None and self.locks.is_capped(stage)
             except UnknownStage:
-                return request  # the middleware fails it with a clear error
+                return request  # the middleware fails it, naming the stage and counting it
             if not capped:
                 return request
             assert stage is not None
-            self.parked[stage].append((time.monotonic(), request))
-            self._ensure_waiters(stage)
-            request = self._next_ready()
+            self._park(stage, request)
+            request = self._hand_out()
             if request is not None:
                 return request
+        wake_engine(self.crawler)  # more may be waiting behind: come back at the next loop iteration
         return None
 
-    # -- slots ------------------------------------------------------------------------------
+    # -- slots ---------------------------------------------------------------------------------------------------------
 
-    def take(self, request: Request) -> Permit | BaseException | None:
-        """The permit (or the error) this scheduler handed out with ``request``, for the middleware."""
+    def take_permit(self, request: Request) -> Permit | BaseException | None:
+        """The permit (or the error) this scheduler let ``request`` go with; for StageLockMiddleware, once."""
         return self.handed.pop(request, None)
 
-    def _next_ready(self) -> Request | None:
-        timeout = self.settings.wait_timeout
+    def _park(self, stage: str, request: Request) -> None:
+        self.parked[stage].append((time.monotonic(), request))
+        self.n_parked += 1
+        self.crawler.stats.max_value(f"redislock/{stage}/parked_max", len(self.parked[stage]))
+        self._ensure_waiters(stage)
+        if self.wait_timeout is not None and stage not in self.timers:
+            self._arm_timer(stage)
+
+    def _hand_out(self) -> Request | None:
+        """The oldest parked request of a stage that has a granted slot (or whose wait has timed out)."""
         now = time.monotonic()
         for stage, parked in self.parked.items():
-            if parked and self.ready[stage]:
-                _, request = parked.popleft()
-                self.handed[request] = self.ready[stage].popleft()
+            if not parked:
+                continue
+            ready = self.ready[stage]
+            if ready:
+                since, request = parked.popleft()
+                self.n_parked -= 1
+                self.handed[request] = ready.popleft()
+                assert self.locks is not None
+                self.locks.record_grant(stage, now - since)
                 return request
-            if parked and timeout is not None and now - parked[0][0] > timeout:
+            if self.wait_timeout is not None and now - parked[0][0] >= self.wait_timeout:
                 _, request = parked.popleft()
+                self.n_parked -= 1
                 self.crawler.stats.inc_value(f"redislock/{stage}/timeouts")
-                self.handed[request] = AcquireTimeout(f"stage {stage!r}: no slot within {timeout} s")
+                self.handed[request] = AcquireTimeout(f"stage {stage!r}: no slot within {self.wait_timeout} s")
+                self._free_surplus(stage)
                 return request
         return None
+
+    def _free_surplus(self, stage: str) -> None:
+        """Slots granted beyond the parked requests (they timed out meanwhile) go back at once."""
+        assert self.locks is not None
+        while len(self.ready[stage]) > len(self.parked[stage]):
+            self.locks.release_soon(self.ready[stage].pop())
 
     def _ensure_waiters(self, stage: str) -> None:
         wanted = min(len(self.parked[stage]) - len(self.ready[stage]), self.waiters_per_stage)
-        while len(self.waiters[stage]) < wanted and not self.closing and self.locks.started:
-            task = asyncio.get_event_loop().create_task(self._wait_for_slot(stage))
-            self.waiters[stage].add(task)
-            task.add_done_callback(self.waiters[stage].discard)
+        waiters = self.waiters[stage]
+        while len(waiters) < wanted and not self.closing:
+            task = asyncio.get_running_loop().create_task(self._wait_for_slots(stage))
+            waiters.add(task)
+            task.add_done_callback(waiters.discard)
 
-    async def _wait_for_slot(self, stage: str) -> None:
-        try:
-            permit = await self.locks.acquire(stage, self.settings.wait_timeout)
-            self.waiters[stage].discard(asyncio.current_task())  # type: ignore[arg-type]
-        except AcquireTimeout:
-            wake_engine(self.crawler)  # the oldest parked request has timed out by now
+    async def _wait_for_slots(self, stage: str) -> None:
+        """One waiter: blocks in Redis for a slot, pairs it with a parked request, and goes on while needed."""
+        assert self.locks is not None
+        waiters = self.waiters[stage]
+        while not self.closing:
+            try:
+                permit = await self.locks.acquire(stage, None)  # Redis errors are retried in there
+            except Exception:
+                logger.exception("Waiting for a slot of stage %r failed; trying again in 1 s", stage)
+                await asyncio.sleep(1.0)
+                continue
+            if self.closing:
+                await self.locks.release(permit)
+                return
+            self.ready[stage].append(permit)
+            wake_engine(self.crawler)
+            if len(self.ready[stage]) > len(self.parked[stage]):
+                await asyncio.sleep(0)  # the engine may take it first; if not, it is surplus
+                self._free_surplus(stage)
+            # Go on while the requests still waiting need every waiter, this one included.
+            if len(self.parked[stage]) - len(self.ready[stage]) < len(waiters):
+                return
+
+    def _arm_timer(self, stage: str) -> None:
+        """Wake the engine when the oldest parked request of ``stage`` reaches REDISLOCK_WAIT_TIMEOUT."""
+        assert self.wait_timeout is not None
+        parked = self.parked[stage]
+        if not parked or self.closing:
+            self.timers.pop(stage, None)
             return
-        if self.closing:
-            await self.locks.release(permit)
-            return
-        self.ready[stage].append(permit)
+        due = parked[0][0] + self.wait_timeout - time.monotonic()
+        # Overdue (the engine has not asked since, its downloader being full): look again a little later.
+        delay = due + 0.001 if due > 0 else 0.1
+        self.timers[stage] = asyncio.get_running_loop().call_later(delay, self._timer_fired, stage)
+
+    def _timer_fired(self, stage: str) -> None:
         wake_engine(self.crawler)
-        if len(self.parked[stage]) > len(self.ready[stage]):
-            self._ensure_waiters(stage)
-        else:
-            # More slots than parked requests (they were taken meanwhile): do not sit on a slot.
-            await asyncio.sleep(0)
-            while len(self.ready[stage]) > len(self.parked[stage]):
-                await self.locks.release(self.ready[stage].pop())
+        self._arm_timer(stage)
+
+    async def sweep(self) -> None:
+        """At every renewal tick: free slots handed out with requests that left the engine without reaching the
+        middleware (one that another middleware replaced by a new request, for instance)."""
+        assert self.locks is not None
+        active = getattr(getattr(getattr(self.crawler, "engine", None), "downloader", None), "active", None)
+        if active is None:
+            return
+        gone = {request for request in self.handed if request not in active}
+        for request in gone & self._suspects:
+            handed = self.handed.pop(request, None)
+            if isinstance(handed, Permit):
+                await self.locks.release(handed)
+        self._suspects = gone

@@ -1,18 +1,30 @@
-"""One crawler's stage locks: an AsyncCountingLock per capped stage, one renewal loop, release on close.
+"""One crawler's stage locks: an AsyncCountingLock per capped stage, the process's single renewal loop, and
+release of everything on close.
 
 Shared by :class:`~scrapy_redislock.StageLockMiddleware`, :class:`~scrapy_redislock.StageScheduler` and the
-worker mixin; get it with ``StageLocks.of(crawler, settings_attr)``. API:
+worker scheduler. API (all on the reactor thread, asyncio reactor)::
 
-- ``await locks.start()``: PING Redis, write the configured limits (newest process wins, a change is logged),
-  start the renewal loop (every ttl/3: ``maintain()`` of every stage at once; lost leases are logged and counted
-  in stats as ``<stats_prefix>/<stage>/lost``).
-- ``await locks.acquire(stage, timeout)``: a permit, waiting first come first served across processes; Redis
-  outages are retried with back-off (the wait goes on, the cap is never exceeded).
-- ``await locks.release(permit)``: give one back (errors are logged, the lease then expires by itself).
-- ``await locks.close()``: stop the loop and free every permit and waiter of this process, one call per stage.
+    locks = StageLocks.of(crawler, settings)          # the crawler's registry for request stages (created once)
+    locks = StageLocks(crawler, settings, limits, lock_prefix="workers:", stats_prefix="redislock/workers")
+    await locks.start_once()       # PING, write the limits (newest process wins, a change is logged), join the
+                                   # renewal loop; CloseSpider("redislock_redis_unavailable") if Redis is unreachable
+    locks.is_capped(stage)         # True / False (None = unlimited); UnknownStage naming the known stages
+    permit = await locks.acquire(stage, timeout)   # FIFO across processes; Redis errors are retried with back-off
+    locks.record_grant(stage, waited)              # stats: acquired, wait_time_total, wait_time_max
+    await locks.release(permit)    # never raises; a release Redis did not take is retried at every renewal tick
+    locks.release_soon(permit)     # the same from plain code, in a tracked task
+    locks.add_waiting_source(fn)   # fn(stage) -> requests waiting for that stage (shown by the status CLI)
+    locks.add_tick_hook(coro_fn)   # awaited at every renewal tick (leak sweeps)
+    await locks.close()            # cancel waits, then free every permit and waiter: one aclose() per stage
 
-Reads no settings itself: it is given a checked :class:`~scrapy_redislock.config.RedisLockSettings`.
-It must run on the asyncio reactor (it uses ``redis.asyncio``).
+Renewal: every StageLocks of the process joins one loop (:class:`Renewer`, one per event loop), which every
+``ttl/3`` (at most 1 s) runs each member's tick at once: tick hooks, retried releases, then ``maintain()`` of every
+stage lock concurrently (each renews all of this process's permits of that stage and reaps expired leases of dead
+processes), after ``lock.annotate(waiting=..., spider=...)``. A lost lease is logged as a warning and counted as
+``<stats_prefix>/<stage>/lost``. Redis errors are logged as warnings with back-off; nothing is given up.
+
+Reads no settings itself: it is given a checked :class:`~scrapy_redislock.config.RedisLockSettings`. The only
+uses of Scrapy's private engine attributes in the package are :func:`wake_engine` and :func:`engine_closing`.
 """
 
 from __future__ import annotations
@@ -21,30 +33,116 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 from scrapy.exceptions import CloseSpider
 
 from scrapy_redislock.aio import AsyncCountingLock
-from scrapy_redislock.core import Permit
+from scrapy_redislock.core import Command, LockKeys, Permit, RunScript, adrive, load_scripts, release_consumer, text
 from scrapy_redislock.errors import AcquireTimeout, LockConnectionError, UnknownStage
 
 if TYPE_CHECKING:
     import redis.asyncio
+    from scrapy.core.scheduler import BaseScheduler
     from scrapy.crawler import Crawler
 
     from scrapy_redislock.config import RedisLockSettings
 
 logger = logging.getLogger(__name__)
 
-RETRY_FIRST = 0.1
+RETRY_FIRST = 0.1  # seconds before the first retry after a Redis error; doubled up to RETRY_MAX
 RETRY_MAX = 5.0
+CLOSE_TIMEOUT = 5.0  # a close never waits longer than this for Redis (a paused server must not hang the crawl)
+LATE_GRANT_PAUSE = 0.02  # seconds for Redis to see cancelled waits' connections close before the last sweep
+REDIS_ERRORS = (redis.exceptions.RedisError, LockConnectionError, OSError)
+
+
+# -- the two places that touch Scrapy's private engine attributes ------------------------------------------------
+
+
+def wake_engine(crawler: Crawler) -> None:
+    """Make the engine ask the scheduler for requests at its next loop iteration, not at its 5 s heartbeat.
+
+    Scrapy 2.19 has no public call for this. ``engine._slot.nextcall`` is the CallLaterOnce the engine itself
+    schedules after every finished download; should a future Scrapy rename it, this does nothing and the
+    heartbeat takes over (slots are then used up to 5 s late, never lost).
+    """
+    slot = getattr(getattr(crawler, "engine", None), "_slot", None)
+    nextcall = getattr(slot, "nextcall", None)
+    if nextcall is not None:
+        nextcall.schedule()
+
+
+def engine_closing(crawler: Crawler) -> bool:
+    """True once the engine stops or closes the spider (requests waiting in a middleware must then give up).
+
+    ``engine.running`` is public and covers stop (SIGTERM, Ctrl-C); a close on its own (CLOSESPIDER_*, the spider
+    finishing) only shows in the private ``engine._slot.closing``. Without it, the fallback is REDISLOCK_WAIT_TIMEOUT.
+    """
+    engine = getattr(crawler, "engine", None)
+    if engine is None or not engine.running:
+        return True
+    slot = getattr(engine, "_slot", None)
+    return slot is None or getattr(slot, "closing", None) is not None
+
+
+def engine_scheduler(crawler: Crawler) -> BaseScheduler | None:
+    """The engine's scheduler: ``engine.scheduler`` (public since Scrapy 2.19), else the engine slot's."""
+    engine = getattr(crawler, "engine", None)
+    if engine is None:
+        return None
+    try:
+        return engine.scheduler
+    except AttributeError:
+        return getattr(getattr(engine, "_slot", None), "scheduler", None)
+
+
+# -- the renewal loop: one per process (per event loop) ----------------------------------------------------------
+
+
+class Renewer:
+    """The process's one renewal loop: runs the tick of every StageLocks that joined, all at once."""
+
+    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Renewer] = weakref.WeakKeyDictionary()
+
+    def __init__(self) -> None:
+        self.members: set[StageLocks] = set()
+        self.task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def current(cls) -> Renewer:
+        loop = asyncio.get_running_loop()
+        renewer = cls._by_loop.get(loop)
+        if renewer is None:
+            renewer = cls._by_loop[loop] = cls()
+        return renewer
+
+    def join(self, member: StageLocks) -> None:
+        self.members.add(member)
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._run(), name="redislock-renewer")
+
+    def leave(self, member: StageLocks) -> None:
+        self.members.discard(member)
+        if not self.members and self.task is not None:
+            self.task.cancel()
+            self.task = None
+
+    async def _run(self) -> None:
+        while self.members:
+            await asyncio.sleep(min(m.renew_interval for m in self.members))
+            members = list(self.members)
+            await asyncio.gather(*(m.tick() for m in members), return_exceptions=True)
+
+
+# -- one crawler's stage locks -------------------------------------------------------------------------------------
 
 
 class StageLocks:
-    """The capped stages of one crawler process and their single renewal loop."""
+    """The capped stages of one crawler, their permits and waits; see the module docstring for the API."""
 
     def __init__(
         self,
@@ -58,9 +156,10 @@ class StageLocks:
         self.crawler = crawler
         self.settings = settings
         self.limits = dict(limits)
+        self.lock_prefix = lock_prefix
         self.stats_prefix = stats_prefix
         self.client: redis.asyncio.Redis = settings.async_client()
-        spider = getattr(crawler.spidercls, "name", None)
+        self.spider_name = getattr(crawler.spidercls, "name", None)
         self.locks: dict[str, AsyncCountingLock] = {
             stage: AsyncCountingLock(
                 self.client,
@@ -68,21 +167,40 @@ class StageLocks:
                 limit=limit,
                 ttl=settings.ttl,
                 key_prefix=settings.key_prefix,
-                identity={"spider": spider, "waiting": 0},
+                identity={"spider": self.spider_name, "waiting": 0},
             )
             for stage, limit in self.limits.items()
             if limit is not None
         }
-        self.waiting: dict[str, int] = dict.fromkeys(self.locks, 0)
-        self._renewer: asyncio.Task[None] | None = None
+        self._stage_by_lock = {lock.name: stage for stage, lock in self.locks.items()}
+        self._waiting_sources: list[Callable[[str], int]] = []
+        self._tick_hooks: list[Callable[[], Awaitable[None]]] = []
+        self._waits: set[asyncio.Task[Any]] = set()  # acquire() calls in progress, cancelled on close
+        self._releasing: set[asyncio.Task[None]] = set()
+        self._unreleased: list[Permit] = []  # releases Redis did not take (outage); retried every tick
         self._starting: asyncio.Future[None] | None = None
+        self._renewer: Renewer | None = None
+        self._retry_at = 0.0
+        self._retry_delay = RETRY_FIRST
         self.started = False
         self.closed = False
-        self.sweepers: list[Any] = []  # callables run at each tick (the middleware's leak sweep)
+
+    @classmethod
+    def of(cls, crawler: Crawler, settings: RedisLockSettings, *, attr: str = "_redislock_stage_locks") -> StageLocks:
+        """The crawler's shared instance for the request stages (REDISLOCK_STAGES), created on first use."""
+        existing = getattr(crawler, attr, None)
+        if existing is None:
+            existing = cls(crawler, settings, settings.stages)
+            setattr(crawler, attr, existing)
+        return existing
 
     @property
     def stats(self) -> Any:
         return self.crawler.stats
+
+    @property
+    def renew_interval(self) -> float:
+        return min((lock.renew_interval for lock in self.locks.values()), default=1.0)
 
     def is_capped(self, stage: str) -> bool:
         """True for a capped stage, False for an unlimited one; UnknownStage for a stage not configured."""
@@ -92,13 +210,23 @@ class StageLocks:
             return False
         raise UnknownStage(f"stage {stage!r} is not configured; known stages: {sorted(self.limits)}")
 
+    def add_waiting_source(self, source: Callable[[str], int]) -> None:
+        """Register ``source(stage) -> int``: requests waiting for a slot of that stage, summed for the status CLI."""
+        self._waiting_sources.append(source)
+
+    def add_tick_hook(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Register a coroutine function awaited at every renewal tick, before the renewals."""
+        self._tick_hooks.append(hook)
+
+    # -- start ---------------------------------------------------------------------------------------------------
+
     async def start_once(self) -> None:
-        """start(), once, however many components ask for it; CloseSpider when Redis is unreachable."""
+        """start(), once, however many components ask; CloseSpider when Redis is unreachable."""
         if self._starting is None:
             self._starting = asyncio.ensure_future(self.start())
         try:
             await asyncio.shield(self._starting)
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             logger.error(
                 "Cannot reach Redis at %s (REDISLOCK_URL): %s; closing the spider rather than crawl unthrottled",
                 self.settings.safe_url,
@@ -107,36 +235,66 @@ class StageLocks:
             raise CloseSpider("redislock_redis_unavailable") from exc
 
     async def start(self) -> None:
-        """Check Redis and publish this process's limits; raises redis errors when Redis is unreachable."""
+        """PING, publish this process's limits, join the renewal loop; redis errors when Redis is unreachable."""
         await self.client.ping()
         for stage, lock in self.locks.items():
             limit = self.limits[stage]
-            previous = await lock.set_limit(limit)  # type: ignore[arg-type]
+            assert limit is not None
+            previous = await lock.set_limit(limit)
             if previous is not None and previous != limit:
                 logger.warning(
-                    "Limit of stage %r changed from %s to %s (this process's settings win)", stage, previous, limit
+                    "Limit of stage %r changed from %s to %s in Redis (the newest process's settings win)",
+                    stage,
+                    previous,
+                    limit,
+                )
+        for stage in sorted(set(self.limits) - set(self.locks)):
+            # Unlimited here; say so when other processes cap it, since their cap does not hold for this one.
+            meta = LockKeys.of(self.settings.key_prefix, f"{self.lock_prefix}{stage}").meta
+            other = await self.client.hget(meta, "limit")
+            if other is not None:
+                logger.warning(
+                    "Stage %r is unlimited in this process but capped at %s in Redis by other processes",
+                    stage,
+                    text(other),
                 )
         if self.locks:
-            self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
+            self._renewer = Renewer.current()
+            self._renewer.join(self)
         self.started = True
+        logger.info(
+            "Stage slots in Redis at %s (prefix %r, ttl %s s): %s",
+            self.settings.safe_url,
+            self.settings.key_prefix,
+            self.settings.ttl,
+            {stage: self.limits[stage] for stage in self.limits},
+        )
+
+    # -- acquire and release ---------------------------------------------------------------------------------------
 
     async def acquire(self, stage: str, timeout: float | None) -> Permit:
-        """Wait for a slot of ``stage``; AcquireTimeout after ``timeout`` seconds (None: forever)."""
+        """Wait for a slot of ``stage`` (first come, first served across processes).
+
+        AcquireTimeout after ``timeout`` seconds (None: forever), counted as ``<stage>/timeouts``. Redis errors are
+        logged and retried with back-off: the wait goes on and the cap is never exceeded. Cancelled on close.
+        """
         lock = self.locks[stage]
-        started = time.monotonic()
-        deadline = None if timeout is None else started + timeout
+        task = asyncio.current_task()
+        if task is not None:
+            self._waits.add(task)
+        deadline = None if timeout is None else time.monotonic() + timeout
         delay = RETRY_FIRST
-        self.waiting[stage] += 1
         try:
             while True:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
-                    permit = await lock.acquire(timeout=left)
-                    break
+                    return await lock.acquire(timeout=left)
                 except AcquireTimeout:
                     self.stats.inc_value(f"{self.stats_prefix}/{stage}/timeouts")
                     raise
-                except (LockConnectionError, redis.exceptions.RedisError) as exc:
+                except REDIS_ERRORS as exc:
+                    if self.closed:
+                        raise
                     if deadline is not None and time.monotonic() + delay > deadline:
                         self.stats.inc_value(f"{self.stats_prefix}/{stage}/timeouts")
                         raise AcquireTimeout(f"stage {stage!r}: no slot within {timeout} s ({exc})") from exc
@@ -145,86 +303,136 @@ class StageLocks:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, RETRY_MAX)
         finally:
-            self.waiting[stage] -= 1
-        waited = time.monotonic() - started
+            if task is not None:
+                self._waits.discard(task)
+
+    def record_grant(self, stage: str, waited: float) -> None:
+        """Count one request that got a slot of ``stage`` after waiting ``waited`` seconds."""
         self.stats.inc_value(f"{self.stats_prefix}/{stage}/acquired")
         self.stats.inc_value(f"{self.stats_prefix}/{stage}/wait_time_total", waited)
         self.stats.max_value(f"{self.stats_prefix}/{stage}/wait_time_max", waited)
-        return permit
 
     async def release(self, permit: Permit) -> None:
-        lock = self.locks.get(self._stage_of(permit))
-        if lock is None:
+        """Give a slot back; a Redis error leaves it for the next tick to retry (it stays renewed until then)."""
+        lock = self.lock_of(permit)
+        if lock is None or permit.lost:
             return
         try:
             await lock.release(permit)
-        except (LockConnectionError, redis.exceptions.RedisError) as exc:
-            logger.warning("Could not release a slot of %r (%s); its lease will expire", permit.name, exc)
+        except REDIS_ERRORS as exc:
+            if self.closed:
+                return  # close() frees every grant of this process in one call anyway
+            logger.warning("Could not release a slot of %r (%s); retrying at the next renewal", permit.name, exc)
+            self._unreleased.append(permit)
 
-    def _stage_of(self, permit: Permit) -> str:
-        for stage, lock in self.locks.items():
-            if lock.name == permit.name:
-                return stage
-        return permit.name
+    def release_soon(self, permit: Permit) -> None:
+        """release() in a task kept until done (so plain callbacks can release without awaiting)."""
+        task = asyncio.get_running_loop().create_task(self.release(permit))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    def lock_of(self, permit: Permit) -> AsyncCountingLock | None:
+        stage = self._stage_by_lock.get(permit.name)
+        return None if stage is None else self.locks[stage]
+
+    # -- renewal -----------------------------------------------------------------------------------------------------
+
+    def waiting(self, stage: str) -> int:
+        return sum(source(stage) for source in self._waiting_sources)
+
+    async def tick(self) -> None:
+        """One renewal round: hooks, retried releases, then every stage's maintain() at once. Never raises."""
+        if self.closed or time.monotonic() < self._retry_at:
+            return
+        for hook in list(self._tick_hooks):
+            try:
+                await hook()
+            except Exception:
+                logger.exception("redislock tick hook %r failed", hook)
+        try:
+            await self._retry_releases()
+            await self.renew_once()
+        except REDIS_ERRORS as exc:
+            logger.warning("Renewing stage slots failed (%s); retrying in %.1f s", exc, self._retry_delay)
+            self.stats.inc_value(f"{self.stats_prefix}/redis_errors")
+            self._retry_at = time.monotonic() + self._retry_delay
+            self._retry_delay = min(self._retry_delay * 2, RETRY_MAX)
+        else:
+            self._retry_delay = RETRY_FIRST
+
+    async def _retry_releases(self) -> None:
+        pending, self._unreleased = self._unreleased, []
+        for index, permit in enumerate(pending):
+            lock = self.lock_of(permit)
+            if lock is None or permit.lost:
+                continue
+            try:
+                await lock.release(permit)
+            except REDIS_ERRORS:
+                self._unreleased.extend(pending[index:])
+                raise
 
     async def renew_once(self) -> None:
-        """One renewal tick for every stage at once."""
+        """Renew every permit of every stage (one maintain() per stage, concurrently); count lost leases."""
 
-        async def tick(stage: str, lock: AsyncCountingLock) -> None:
-            lock.annotate(waiting=self.waiting[stage])
-            lost = await lock.maintain()
+        async def renew(stage: str, lock: AsyncCountingLock) -> None:
+            lock.annotate(waiting=self.waiting(stage), spider=self.spider_name)
+            lost = await lock.maintain()  # logs each lost lease as a warning
             if lost:
                 self.stats.inc_value(f"{self.stats_prefix}/{stage}/lost", len(lost))
 
-        results = await asyncio.gather(*(tick(s, lock) for s, lock in self.locks.items()), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, Exception)]
-        if errors:
-            raise errors[0]
+        results = await asyncio.gather(*(renew(s, lock) for s, lock in self.locks.items()), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
-    async def _renew_forever(self) -> None:
-        delay = RETRY_FIRST
-        while not self.closed:
-            await asyncio.sleep(min(lock.renew_interval for lock in self.locks.values()))
-            for sweep in self.sweepers:
-                await sweep()
-            try:
-                await self.renew_once()
-                delay = RETRY_FIRST
-            except Exception as exc:  # never die silently: log, back off, go on
-                logger.warning("Renewing stage slots failed (%s); retrying in %.1f s", exc, delay)
-                self.stats.inc_value(f"{self.stats_prefix}/redis_errors")
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX)
+    # -- close -------------------------------------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Free every permit and waiter of this process (one call per stage) and close the connections."""
+        """Cancel every wait, then free every permit and waiter of this process: one aclose() per stage."""
         if self.closed:
             return
         self.closed = True
         if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
-        for stage, lock in self.locks.items():
-            try:
-                await lock.aclose()
-            except (LockConnectionError, redis.exceptions.RedisError) as exc:
-                logger.warning(
-                    "Could not free the slots of stage %r on close (%s); they expire after the TTL", stage, exc
-                )
-        await self.client.aclose()
+            self._renewer.leave(self)
+        waits = [task for task in self._waits if task is not asyncio.current_task()]
+        for task in waits:
+            task.cancel()
+        pending = set(waits) | set(self._releasing)
+        if pending:
+            await asyncio.wait(pending, timeout=CLOSE_TIMEOUT)
 
-    @classmethod
-    def of(
-        cls,
-        crawler: Crawler,
-        settings: RedisLockSettings,
-        *,
-        attr: str = "_redislock_stage_locks",
-    ) -> StageLocks:
-        """The crawler's shared instance for the request stages (created on first use)."""
-        existing = getattr(crawler, attr, None)
-        if existing is None:
-            existing = cls(crawler, settings, settings.stages)
-            setattr(crawler, attr, existing)
-        return existing
+        async def free(stage: str, lock: AsyncCountingLock) -> None:
+            try:
+                await asyncio.wait_for(lock.aclose(), CLOSE_TIMEOUT)
+            except (TimeoutError, *REDIS_ERRORS) as exc:
+                logger.warning(
+                    "Could not free the slots of stage %r on close (%s); they come back after the TTL (%s s)",
+                    stage,
+                    exc or "timeout",
+                    lock.ttl,
+                )
+
+        if self.started:  # else nothing was ever acquired (Redis unreachable at start)
+            await asyncio.gather(*(free(s, lock) for s, lock in self.locks.items()))
+            with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
+                await asyncio.wait_for(self._free_late_grants(), CLOSE_TIMEOUT)
+        with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
+            await asyncio.wait_for(self.client.aclose(), CLOSE_TIMEOUT)
+
+    async def _free_late_grants(self) -> None:
+        """Free a grant Redis handed to a cancelled wait after aclose() (it may see the wait's connection close
+        only after serving it a slot freed by aclose() itself); without this it would wait for the TTL."""
+        if not self.locks:
+            return
+        await asyncio.sleep(LATE_GRANT_PAUSE)
+        script = self.client.register_script(load_scripts()["release_owner"])
+
+        async def execute(command: Command) -> Any:
+            assert isinstance(command, RunScript)
+            return await script(keys=list(command.keys), args=list(command.args))
+
+        for lock in self.locks.values():
+            freed = await adrive(release_consumer(lock.keys, lock.owner), execute, lock.name)
+            if freed:
+                logger.debug("Freed %d late grant(s) of %r on close", freed, lock.name)

@@ -1,12 +1,23 @@
-"""Run tests/crawlspider.py as a real `scrapy runspider` process."""
+"""Run :mod:`tests.crawlspider` as real ``scrapy runspider`` processes, and read what they left behind.
+
+    crawl = Crawl(site.url, "detail:60,comments:30", {"REDISLOCK_URL": url, ...}, tmp_path)
+    crawl.start(); ...; crawl.wait()      # or crawl.run()
+    crawl.code, crawl.output, crawl.stats  # exit code, stdout+stderr, the stats dict (JSON, written at close)
+
+Every setting is passed with ``-s`` (dicts and lists as JSON); ``None`` removes one of BASE_SETTINGS.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 SPIDER = ROOT / "tests" / "crawlspider.py"
@@ -14,6 +25,7 @@ SPIDER = ROOT / "tests" / "crawlspider.py"
 BASE_SETTINGS: dict[str, Any] = {
     "DOWNLOADER_MIDDLEWARES": {"scrapy_redislock.StageLockMiddleware": 950},
     "SCHEDULER": "scrapy_redislock.StageScheduler",
+    "EXTENSIONS": {"tests.crawlspider.StatsFile": 0},
     "LOG_LEVEL": "INFO",
     "TELNETCONSOLE_ENABLED": False,
     "ROBOTSTXT_OBEY": False,
@@ -23,19 +35,81 @@ BASE_SETTINGS: dict[str, Any] = {
 }
 
 
-def crawl_command(base: str, plan: str, settings: dict[str, Any], stats_file: Path | None = None) -> list[str]:
+def crawl_command(
+    base: str, plan: str, settings: dict[str, Any], stats_file: Path | None = None, args: dict[str, str] | None = None
+) -> list[str]:
     merged = {**BASE_SETTINGS, **settings}
     command = [sys.executable, "-m", "scrapy", "runspider", str(SPIDER), "-a", f"base={base}", "-a", f"plan={plan}"]
+    for key, value in (args or {}).items():
+        command += ["-a", f"{key}={value}"]
     for key, value in merged.items():
         if value is None:
             continue
         command += ["-s", f"{key}={json.dumps(value) if isinstance(value, dict | list) else value}"]
     if stats_file is not None:
-        command += ["-s", f"STATS_DUMP_FILE={stats_file}"]
+        command += ["-s", f"STATS_JSON={stats_file}"]
     return command
 
 
+class Crawl:
+    """One crawl process; ``stats`` is read from the JSON the StatsFile extension writes at close."""
+
+    counter = 0
+
+    def __init__(
+        self,
+        base: str,
+        plan: str,
+        settings: dict[str, Any],
+        folder: Path,
+        args: dict[str, str] | None = None,
+    ) -> None:
+        Crawl.counter += 1
+        self.stats_file = folder / f"stats-{os.getpid()}-{Crawl.counter}.json"
+        self.command = crawl_command(base, plan, settings, self.stats_file, args)
+        self.process: subprocess.Popen[str] | None = None
+        self.output = ""
+
+    def start(self) -> Crawl:
+        self.process = subprocess.Popen(
+            self.command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        return self
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    def wait(self, timeout: float = 120) -> Crawl:
+        assert self.process is not None
+        try:
+            self.output = self.process.communicate(timeout=timeout)[0]
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.output = self.process.communicate()[0]
+            raise AssertionError(f"crawl did not end within {timeout} s:\n{self.output[-3000:]}") from None
+        return self
+
+    def run(self, timeout: float = 120) -> Crawl:
+        return self.start().wait(timeout)
+
+    @property
+    def code(self) -> int | None:
+        return None if self.process is None else self.process.returncode
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.stats_file.read_text()))
+        except FileNotFoundError:
+            return {}
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.output[-chars:]
+
+
 def start_crawl(base: str, plan: str, settings: dict[str, Any]) -> subprocess.Popen[str]:
+    """A crawl process whose output is read with ``communicate()`` (for other test modules)."""
     return subprocess.Popen(
         crawl_command(base, plan, settings), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -45,3 +119,11 @@ def run_crawl(base: str, plan: str, settings: dict[str, Any], timeout: float = 1
     process = start_crawl(base, plan, settings)
     output, _ = process.communicate(timeout=timeout)
     return process.returncode, output
+
+
+def leftover(client: redis.Redis, prefix: str = "redislock") -> int:
+    """Grants still held in Redis (entries in the consumer groups' pending lists), over every lock."""
+    total = 0
+    for key in client.scan_iter(f"{prefix}:*:slots"):
+        total += int(client.xpending(key, "holders")["pending"])
+    return total

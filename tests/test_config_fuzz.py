@@ -25,6 +25,10 @@ SETTINGS = [
     "REDISLOCK_CALLBACK_STAGES",
     "REDISLOCK_WAIT_TIMEOUT",
     "REDISLOCK_STAGE_PREFERENCE",
+    "REDISLOCK_SCHEDULER_INNER",
+    "REDISLOCK_PARK_LIMIT",
+    "REDISLOCK_WAITERS_PER_STAGE",
+    "REDISLOCK_IDLE_CLOSE",
 ]
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**6), st.floats(allow_nan=True), st.text(max_size=12))

@@ -131,28 +131,28 @@ def test_release_of_a_stale_permit_returns_false_and_never_raises(
     lock = make_lock(limit=3, ttl=0.3)
     other = make_lock(limit=3, ttl=0.3)
     # released twice
-    twice = lock.acquire()
+    twice = lock.acquire(timeout=5)
     assert lock.release(twice) is True
     assert lock.release(twice) is False and lock.release(twice) is False
     # someone else's permit (forged with their grant)
-    theirs = other.acquire()
+    theirs = other.acquire(timeout=5)
     forged = Permit(theirs.name, lock.owner, theirs.grant, theirs.fence, 0.0)
     assert lock.release(forged) is False
     assert pending(redis_client, lock) == 1  # theirs is untouched
     assert other.release(theirs) is True
     # expired and reaped
-    reaped = lock.acquire()
+    reaped = lock.acquire(timeout=5)
     time.sleep(0.35)
     other.maintain()
     assert lock.release(reaped) is False and reaped.lost
     # freed by an operator
-    freed = lock.acquire()
+    freed = lock.acquire(timeout=5)
     assert operator_release(redis_client, lock) == 1
     assert lock.release(freed) is False
     # a grant id that never existed
     assert lock.release(Permit("detail", lock.owner, "0-999999", 999999, 0.0)) is False
     # the lock vanished from Redis
-    gone = lock.acquire()
+    gone = lock.acquire(timeout=5)
     redis_client.delete(*[lock.keys.slots, lock.keys.meta, lock.keys.owners, lock.keys.holds])
     assert lock.release(gone) is False
     assert not redis_client.keys("*")  # a stale release writes nothing
@@ -193,7 +193,7 @@ def test_fences_increase_strictly_across_grants_set_limit_and_expiry(
 
 def test_acquire_timeout_is_close_to_the_timeout(make_lock: MakeLock) -> None:
     lock = make_lock("list")
-    held = lock.acquire()
+    held = lock.acquire(timeout=5)
     for timeout in (0.3, 0.7):
         started = time.monotonic()
         with pytest.raises(AcquireTimeout, match=rf"lock 'list': no slot within {timeout} s"):
@@ -224,11 +224,13 @@ def test_limit_one_is_a_mutex(redis_client: redis.Redis, make_lock: MakeLock) ->
                 state["counter"] = value + 1
                 state["inside"] -= 1
 
-    threads = [threading.Thread(target=work) for _ in range(workers)]
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(workers)]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + 15
     for thread in threads:
-        thread.join(30)
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert not any(thread.is_alive() for thread in threads), "a worker never got the lock"
     assert state["counter"] == rounds * workers and state["peak"] == 1
     assert pending(redis_client, make_lock("mutex")) == 0
 
@@ -257,7 +259,7 @@ def test_with_statement_releases_and_hands_off_at_once(redis_client: redis.Redis
 
 def test_reentrant_mutex(redis_client: redis.Redis, make_lock: MakeLock) -> None:
     lock = make_lock("mutex", reentrant=True)
-    first = lock.acquire()
+    first = lock.acquire(timeout=5)
     assert lock.acquire(timeout=1) is first and first.holds == 2
     assert lock.try_acquire() is first and first.holds == 3
     waiter = Waiter(lock)  # another thread of the same object must wait
@@ -280,7 +282,7 @@ def test_reentrant_mutex(redis_client: redis.Redis, make_lock: MakeLock) -> None
 
 
 def test_raising_the_limit_lets_blocked_waiters_in_at_once(redis_client: redis.Redis, make_lock: MakeLock) -> None:
-    held = make_lock(limit=1).acquire()
+    held = make_lock(limit=1).acquire(timeout=5)
     waiters = []
     for n in range(1, 4):  # one at a time: Redis serves blocked waiters in the order they blocked
         waiters.append(Waiter(make_lock(limit=1)))
@@ -299,7 +301,7 @@ def test_raising_the_limit_lets_blocked_waiters_in_at_once(redis_client: redis.R
 
 def test_lowering_the_limit_never_revokes_and_stops_new_grants(redis_client: redis.Redis, make_lock: MakeLock) -> None:
     a, b, probe = make_lock(limit=4, ttl=5), make_lock(limit=4, ttl=5), make_lock(limit=4, ttl=5)
-    held = [a.acquire(), a.acquire(), b.acquire(), b.acquire()]
+    held = [a.acquire(timeout=5), a.acquire(timeout=5), b.acquire(timeout=5), b.acquire(timeout=5)]
     assert probe.set_limit(2) == 4 and probe.get_limit() == 2
     assert pending(redis_client, probe) == 4
     for permit in held:  # nobody lost anything
@@ -354,7 +356,7 @@ def test_limit_none_uses_the_limit_in_redis(redis_client: redis.Redis, make_lock
 def test_an_abandoned_lease_expires_and_a_waiter_gets_the_slot(redis_client: redis.Redis, make_lock: MakeLock) -> None:
     ttl = 0.4
     stalled = make_lock(ttl=ttl)  # acquires, then never renews
-    stale = stalled.acquire()
+    stale = stalled.acquire(timeout=5)
     acquired_at = time.monotonic()
     waiter = Waiter(make_lock(ttl=ttl))
     reaper = make_lock(ttl=ttl)
@@ -381,7 +383,7 @@ def test_renew_extends_the_lease_and_raises_lock_lost_once_it_expired(
 ) -> None:
     ttl = 0.4
     lock, reaper = make_lock(ttl=ttl), make_lock(ttl=ttl)
-    permit = lock.acquire()
+    permit = lock.acquire(timeout=5)
     for _ in range(3):  # 3 * 0.6 ttl: alive only thanks to renew
         time.sleep(ttl * 0.6)
         lock.renew(permit)
@@ -402,7 +404,7 @@ def test_auto_renew_keeps_the_lease_and_on_lost_reports_an_operator_release(
     ttl = 0.3
     lost: list[Permit] = []
     lock = make_lock(ttl=ttl, auto_renew=True, on_lost=lost.append)
-    permit = lock.acquire()
+    permit = lock.acquire(timeout=5)
     other = make_lock(ttl=ttl)
     for _ in range(5):  # 5 ttl: the renewal thread keeps it; other's maintain would reap an expired lease
         time.sleep(ttl)
@@ -434,7 +436,7 @@ def test_on_lost_errors_are_logged_and_renewal_goes_on(
         raise ValueError("callback bug")
 
     lock = make_lock(ttl=ttl, auto_renew=True, on_lost=broken)
-    first = lock.acquire()
+    first = lock.acquire(timeout=5)
     with caplog.at_level(logging.ERROR, logger="scrapy_redislock.lock"):
         operator_release(redis_client, lock)
         wait_until(lambda: calls, timeout=2, what="on_lost")
@@ -469,7 +471,7 @@ def test_data_loss_holder_readopts_its_slot(redis_client: redis.Redis, make_lock
     ttl = 0.6
     lost: list[Permit] = []
     holder = make_lock(limit=2, ttl=ttl, auto_renew=True, on_lost=lost.append)
-    permit = holder.acquire()
+    permit = holder.acquire(timeout=5)
     redis_client.flushdb()
 
     def consumers() -> dict[str, int]:
@@ -495,7 +497,7 @@ def test_data_loss_then_a_newcomer_first_reports_the_lease_lost(redis_client: re
     ttl = 0.6
     lost: list[Permit] = []
     holder = make_lock(limit=1, ttl=ttl, auto_renew=True, on_lost=lost.append)
-    permit = holder.acquire()
+    permit = holder.acquire(timeout=5)
     newcomer = make_lock(limit=1, ttl=ttl)
     after_renewal_tick(redis_client, holder, permit)
     redis_client.flushdb()
@@ -509,13 +511,13 @@ def test_data_loss_then_a_newcomer_first_reports_the_lease_lost(redis_client: re
 def test_close_frees_every_slot_of_the_object(redis_client: redis.Redis, make_lock: MakeLock) -> None:
     lock = make_lock(limit=4, ttl=0.6, auto_renew=True)
     permits: list[Permit] = []
-    threads = [threading.Thread(target=lambda: permits.append(lock.acquire(timeout=2))) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: permits.append(lock.acquire(timeout=2)), daemon=True) for _ in range(3)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(5)
     other = make_lock(limit=4, ttl=0.6)
-    kept = other.acquire()
+    kept = other.acquire(timeout=5)
     renewer = lock._renewer
     assert len(permits) == 3 and renewer is not None and renewer.is_alive()
     assert lock.close() == 3
@@ -588,7 +590,7 @@ def versioned(any_version: tuple[redis.Redis, int]) -> Iterator[tuple[redis.Redi
 def test_smoke_grants_limits_and_fences(versioned: tuple[redis.Redis, int, MakeLock]) -> None:
     client, _, make = versioned
     lock, other = make(limit=2), make(limit=2)
-    a, b = lock.acquire(), other.acquire(timeout=1)
+    a, b = lock.acquire(timeout=5), other.acquire(timeout=1)
     assert lock.try_acquire() is None
     assert lock.release(a) and not lock.release(a)
     assert lock.set_limit(3) == 2
@@ -608,7 +610,7 @@ def test_smoke_expiry_renew_and_reentrancy(versioned: tuple[redis.Redis, int, Ma
     client, _, make = versioned
     ttl = 0.3
     lock, reaper = make(ttl=ttl), make(ttl=ttl)
-    permit = lock.acquire()
+    permit = lock.acquire(timeout=5)
     time.sleep(ttl / 2)
     lock.renew(permit)
     time.sleep(ttl / 2 + 0.05)
@@ -630,7 +632,7 @@ def test_smoke_a_long_waiter_survives_being_forgotten(versioned: tuple[redis.Red
     client, _, make = versioned
     ttl = 0.3
     holder = make(ttl=ttl, auto_renew=True)
-    held = holder.acquire()
+    held = holder.acquire(timeout=5)
     waiter = Waiter(make(ttl=ttl))
     wait_until(lambda: blocked(client) == 1, what="waiter blocked")
     time.sleep(4 * ttl)
@@ -645,11 +647,11 @@ def test_commands_per_grant(versioned: tuple[redis.Redis, int, MakeLock]) -> Non
     """Steady state (lock exists): acquire + release costs at most 5 commands on Redis 7, 6 on 6.2."""
     client, major, make = versioned
     lock = make(limit=2)
-    lock.release(lock.acquire())  # set up, scripts loaded
+    lock.release(lock.acquire(timeout=5))  # set up, scripts loaded
     client.config_resetstat()
     grants = 40
     for _ in range(grants):
-        assert lock.release(lock.acquire())
+        assert lock.release(lock.acquire(timeout=5))
     stats = client.info("commandstats")
     calls = sum(v["calls"] for k, v in stats.items() if not k.startswith(("cmdstat_config", "cmdstat_info")))
     per_grant = calls / grants

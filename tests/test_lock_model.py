@@ -88,7 +88,7 @@ class LockMachine(RuleBasedStateMachine):
     def acquire(self, index: int) -> Permit | object:
         lock = self.locks[index]
         if self.free():
-            return self.granted(lock.acquire(timeout=2), lock)
+            return self.granted(lock.acquire(timeout=0.5), lock)
         with pytest.raises(AcquireTimeout):
             lock.acquire(timeout=0)
         return multiple()
@@ -110,6 +110,15 @@ class LockMachine(RuleBasedStateMachine):
         self.live.pop(permit.grant, None)
         self.unnoticed.pop(permit.grant, None)
         self.release_called.add(permit.grant)
+
+    @rule(permit=permits, index=st.integers(0, OWNERS - 1))
+    def release_someone_elses(self, permit: Permit, index: int) -> None:
+        """A permit naming another owner but this grant (forged or mixed up) frees nothing."""
+        lock = self.locks[index]
+        if lock.owner == permit.owner:
+            return
+        forged = Permit(permit.name, lock.owner, permit.grant, permit.fence, permit.acquired_at)
+        assert lock.release(forged) is False
 
     @rule(permit=permits)
     def renew(self, permit: Permit) -> None:

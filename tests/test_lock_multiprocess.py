@@ -162,7 +162,7 @@ def test_stopped_holder_loses_its_lease_and_hears_of_it_on_continue(
 
 def test_fifo_across_processes(redis_url: str, redis_client: redis.Redis, procs: list[Proc]) -> None:
     lock = CountingLock(redis_client, "fifo", limit=1, ttl=30)
-    held = lock.acquire()
+    held = lock.acquire(timeout=5)
     for i in range(5):
         procs.append(Proc(redis_url, "fifo", 1, 30, "--hold-ms", 20, "--once"))
         wait_blocked(redis_client, i + 1)  # queued before the next one starts
@@ -182,7 +182,7 @@ def test_fifo_across_processes(redis_url: str, redis_client: redis.Redis, procs:
 
 def test_a_dead_waiter_leaves_the_queue(redis_url: str, redis_client: redis.Redis, procs: list[Proc]) -> None:
     lock = CountingLock(redis_client, "waiters", limit=1, ttl=30)
-    held = lock.acquire()
+    held = lock.acquire(timeout=5)
     for i in range(3):
         procs.append(Proc(redis_url, "waiters", 1, 30, "--hold-ms", 20, "--once"))
         wait_blocked(redis_client, i + 1)

@@ -1,9 +1,11 @@
-"""Real crawls (`scrapy runspider` processes) against a local HTTP server and a real redis-server."""
+"""StageLockMiddleware in real crawls (`scrapy runspider` processes) against a local HTTP server and a real
+redis-server: caps on its own, release on every outcome, close / SIGTERM / SIGKILL, Redis outages, bad settings,
+reactors, scheduler bypass."""
 
 from __future__ import annotations
 
+import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,12 +14,15 @@ from typing import Any
 import pytest
 import redis
 
-from scrapy_redislock import CountingLock
-from tests.crawlproc import crawl_command, run_crawl, start_crawl
+from scrapy_redislock.core import LockKeys, drive, release_consumer
+from scrapy_redislock.lock import CountingLock
+from scrapy_redislock.redis_server import RedisServer
+from tests.crawlproc import Crawl, leftover
 from tests.crawlsite import CrawlSite
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 STAGES = {"detail": 3, "comments": None}
+BOTH = ("scrapy_redislock.StageScheduler", None)  # with the stage-aware scheduler, and the middleware alone
 
 
 @pytest.fixture
@@ -30,197 +35,278 @@ def settings(redis_url: str, **extra: Any) -> dict[str, Any]:
     return {"REDISLOCK_URL": redis_url, "REDISLOCK_STAGES": STAGES, "CONCURRENT_REQUESTS": 16, **extra}
 
 
-def leftover(client: redis.Redis) -> int:
-    """Grants still held in Redis, over every lock."""
-    total = 0
-    for key in client.scan_iter("redislock:*:slots"):
-        total += int(client.xpending(key, "holders")["pending"])
-    return total
-
-
-def stat(output: str, name: str) -> Any:
-    for line in output.splitlines():
-        if f"'{name}':" in line:
-            return eval(line.split(":", 1)[1].strip().rstrip(","))  # our own stats dump
-    return None
-
-
-def test_no_head_of_line_blocking(redis_url: str, redis_client: redis.Redis, site: CrawlSite) -> None:
-    """300 capped detail requests queued before 300 uncapped comments: comments still fill the free slots."""
-    code, output = run_crawl(site.url, "detail:300,comments:300", settings(redis_url))
-    assert code == 0, output[-3000:]
-    assert "'finish_reason': 'finished'" in output
-    assert site.max_in_flight["detail"] == 3
-    assert site.max_in_flight["comments"] >= 12
-    assert sum(site.hits.values()) == 600
-    # Comments started at once, not after the details.
-    first_comment = min(site.arrivals["comments"]) - min(site.arrivals["detail"])
-    assert first_comment < 1.0
-    assert stat(output, "redislock/detail/acquired") == 300
-    assert leftover(redis_client) == 0
-
-
-def test_head_of_line_blocking_without_the_scheduler(redis_url: str, site: CrawlSite) -> None:
-    """The contrast: with the middleware alone, parked detail requests fill CONCURRENT_REQUESTS."""
-    code, output = run_crawl(site.url, "detail:150,comments:50", settings(redis_url, SCHEDULER=None))
-    assert code == 0, output[-3000:]
-    assert site.max_in_flight["detail"] == 3
-    first_comment = min(site.arrivals["comments"]) - min(site.arrivals["detail"])
-    # 150 - 16 details must finish (3 at a time, 50 ms each) before a comment gets in: > 2 s.
-    assert first_comment > 2.0, first_comment
-
-
-def test_caps_hold_across_processes(redis_url: str, redis_client: redis.Redis, site: CrawlSite) -> None:
-    crawls = [start_crawl(site.url, "detail:60,comments:30", settings(redis_url)) for _ in range(3)]
-    outputs = [c.communicate(timeout=120)[0] for c in crawls]
-    assert all(c.returncode == 0 for c in crawls), outputs[0][-2000:]
-    assert site.max_in_flight["detail"] == 3
-    assert site.hits and len(site.hits) == 90 and all(n == 3 for n in site.hits.values())
-    assert leftover(redis_client) == 0
-
-
-def test_middleware_alone_caps_and_does_not_hang_on_close(
-    redis_url: str, redis_client: redis.Redis, site: CrawlSite
+def test_middleware_alone_caps_but_a_full_stage_holds_up_the_others(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """Without the scheduler, requests wait in the middleware; a timed close must not hang on them."""
-    site.delay = 0.3
-    started = time.monotonic()
-    code, output = run_crawl(
-        site.url,
-        "detail:200",
-        settings(redis_url, SCHEDULER=None, REDISLOCK_STAGES={"detail": 1}, CLOSESPIDER_TIMEOUT=2),
-        timeout=60,
-    )
-    took = time.monotonic() - started
-    assert code == 0, output[-3000:]
-    assert "'finish_reason': 'closespider_timeout'" in output
-    assert site.max_in_flight["detail"] == 1
-    assert took < 20, took
+    """Without StageScheduler the caps hold, and the price is head-of-line blocking (why the scheduler exists)."""
+    crawl = Crawl(site.url, "detail:150,comments:50", settings(redis_url, SCHEDULER=None), tmp_path).run()
+    assert crawl.stats["finish_reason"] == "finished", crawl.tail()
+    assert site.max_in_flight["detail"] == 3
+    assert crawl.stats["redislock/detail/acquired"] == 150
+    first_comment = min(site.arrivals["comments"]) - min(site.arrivals["detail"])
+    # 150 - 16 details must finish (3 at a time, 50 ms each) before a comment gets a downloader slot: > 2 s.
+    assert first_comment > 2.0, first_comment
+    assert crawl.stats["test/pending_at_engine_stop"] == 0
     assert leftover(redis_client) == 0
 
 
-def test_sigterm_while_requests_wait(redis_url: str, redis_client: redis.Redis, site: CrawlSite) -> None:
+@pytest.mark.parametrize("scheduler", BOTH, ids=["scheduler", "middleware-alone"])
+def test_slot_released_on_every_outcome(
+    scheduler: str | None, redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
+    """Response, download timeout (retried: the copy gets its own slot), IgnoreRequest or a response from a later
+    middleware, and requests an earlier middleware answers or drops (the scheduler's slot came with them)."""
+    plan = ",".join(
+        [
+            "detail:6",
+            "detail@slow:3:sleep=3",  # DOWNLOAD_TIMEOUT 1 s, retried once; the site counts them apart
+            "detail:2:drop=late",
+            "detail:2:answer=late",
+            "detail:2:drop=early",
+            "detail:2:answer=early",
+            "detail:6",
+        ]
+    )
+    extra = {
+        "SCHEDULER": scheduler,
+        "REDISLOCK_STAGES": {"detail": 2},
+        "DOWNLOAD_TIMEOUT": 1,
+        "RETRY_ENABLED": True,
+        "RETRY_TIMES": 1,
+        "DOWNLOADER_MIDDLEWARES": {
+            "scrapy_redislock.StageLockMiddleware": 950,
+            "tests.crawlspider.EarlyOutcomes": 100,
+            "tests.crawlspider.LateOutcomes": 960,
+        },
+    }
+    crawl = Crawl(site.url, plan, settings(redis_url, **extra), tmp_path).run()
+    stats = crawl.stats
+    assert stats["finish_reason"] == "finished", crawl.tail()
+    # (The server goes on with a timed-out request after the client gave it up, so it counts those apart.)
+    assert site.max_in_flight["detail"] <= 2
+    # Scrapy 2.19 raises DownloadTimeoutError; older ones Twisted's TimeoutError.
+    timeouts = stats.get("test/errback/DownloadTimeoutError", 0) + stats.get("test/errback/TimeoutError", 0)
+    assert stats["retry/count"] == 3 and timeouts == 3
+    assert stats["test/errback/IgnoreRequest"] == 4
+    assert sum(n for path, n in site.hits.items() if path.startswith("/detail/")) == 12
+    assert sum(n for path, n in site.hits.items() if path.startswith("/slow/")) == 6  # each timed out twice
+    reached = 12 + 6 + 4  # everything that got to the middleware: plain, slow and retried, late outcomes
+    early = 0 if scheduler is None else 4  # the scheduler hands those out with a slot too
+    assert stats["redislock/detail/acquired"] == reached + early
+    assert stats["test/pending_at_engine_stop"] == 0
+    assert leftover(redis_client) == 0
+
+
+def test_close_and_sigterm_do_not_hang(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
+    """CLOSESPIDER_TIMEOUT and SIGTERM while requests wait (in the middleware or parked): the spider closes at
+    once, every slot and waiter of the process is freed before the spider_closed handlers finish."""
     site.delay = 0.3
-    for scheduler in ("scrapy_redislock.StageScheduler", None):
-        crawl = start_crawl(site.url, "detail:100,comments:5", settings(redis_url, SCHEDULER=scheduler))
-        time.sleep(4)
-        crawl.send_signal(signal.SIGTERM)
-        output = crawl.communicate(timeout=30)[0]
-        assert "'finish_reason': 'shutdown'" in output, output[-3000:]
+    timed = {
+        scheduler: Crawl(
+            site.url,
+            "detail:200,comments:5",
+            settings(redis_url, SCHEDULER=scheduler, REDISLOCK_STAGES={"detail": 1}, CLOSESPIDER_TIMEOUT=2),
+            tmp_path,
+        ).start()
+        for scheduler in BOTH
+    }
+    started = time.monotonic()
+    for crawl in timed.values():
+        crawl.wait(timeout=60)
+        assert crawl.stats["finish_reason"] == "closespider_timeout", crawl.tail()
+    assert time.monotonic() - started < 15
+    assert site.max_in_flight["detail"] == 1
+    assert leftover(redis_client) == 0
+
+    for scheduler in BOTH:
+        crawl = Crawl(site.url, "detail:100,comments:5", settings(redis_url, SCHEDULER=scheduler), tmp_path).start()
+        assert site.wait_for(lambda: leftover(redis_client) == 3, timeout=30)
+        time.sleep(0.5)
+        stopped = time.monotonic()
+        crawl.signal(signal.SIGTERM)
+        crawl.wait(timeout=30)
+        assert time.monotonic() - stopped < 5
+        assert crawl.stats["finish_reason"] == "shutdown", crawl.tail()
+        assert crawl.stats["test/pending_at_engine_stop"] == 0
         assert leftover(redis_client) == 0
 
 
-def test_slot_freed_by_another_process_is_used_at_once(
-    redis_url: str, redis_client: redis.Redis, site: CrawlSite
+def test_killed_crawler_slots_return_after_the_ttl(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    outsider = CountingLock(redis_client, "detail", limit=3, auto_renew=True)
-    outsider.set_limit(3)
-    held = [outsider.acquire() for _ in range(3)]
-    crawl = start_crawl(site.url, "detail:3", settings(redis_url))
-    time.sleep(5)  # the crawl is up and its requests are parked, waiting in Redis
-    assert not site.arrivals["detail"]
-    delays = []
-    for permit in held:
-        released = time.monotonic()
-        outsider.release(permit)
-        deadline = released + 5
-        seen = len(delays) + 1
-        while len(site.arrivals["detail"]) < seen and time.monotonic() < deadline:
-            time.sleep(0.001)
-        delays.append(site.arrivals["detail"][seen - 1] - released)
-        time.sleep(0.3)
-    crawl.communicate(timeout=30)
-    outsider.close()
-    print("hand-off delays (s):", [round(d, 4) for d in delays])
-    assert max(delays) < 0.5  # milliseconds in practice; the engine heartbeat would be 5 s
-
-
-def test_bad_configuration_stops_the_crawl(redis_url: str, site: CrawlSite) -> None:
-    for bad, named in [
-        ({"REDISLOCK_STAGES": {"detail": -1}}, "REDISLOCK_STAGES['detail']"),
-        ({"REDISLOCK_STAGES": {"detail": "three"}}, "'three'"),
-        ({"REDISLOCK_STAGES": ["detail"]}, "REDISLOCK_STAGES must be a dict"),
-        ({"REDISLOCK_URL": "http://nope"}, "REDISLOCK_URL"),
-        ({"REDISLOCK_TTL": 0}, "REDISLOCK_TTL"),
-    ]:
-        code, output = run_crawl(site.url, "detail:3", settings(redis_url, **bad), timeout=60)
-        assert code != 0 or "ConfigError" in output, output[-2000:]
-        assert "ConfigError" in output and named in output, output[-2000:]
-    assert not site.hits  # nothing was fetched unthrottled
-
-
-def test_unreachable_redis_closes_the_spider(site: CrawlSite) -> None:
-    for scheduler in ("scrapy_redislock.StageScheduler", None):
-        _, output = run_crawl(
-            site.url, "detail:3,comments:3", settings("redis://127.0.0.1:1/0", SCHEDULER=scheduler), timeout=60
-        )
-        assert "'finish_reason': 'redislock_redis_unavailable'" in output, output[-3000:]
-    assert "'finish_reason': 'redislock_redis_unavailable'" in output, output[-3000:]
-    assert "REDISLOCK_URL" in output
-    assert not site.hits
-
-
-def test_unknown_stage_fails_the_request(redis_url: str, site: CrawlSite) -> None:
-    code, output = run_crawl(site.url, "detail:2,nosuch:2", settings(redis_url))
-    assert code == 0
-    assert stat(output, "redislock/unknown_stage") == 2
-    assert "stage 'nosuch' is not configured; known stages: ['comments', 'detail']" in output
-    assert not [path for path in site.hits if "nosuch" in path]
-
-
-def test_requests_bypassing_the_scheduler_are_counted(redis_url: str, site: CrawlSite) -> None:
-    """engine.download_async (media pipelines) passes the middleware: counted in its stage.
-
-    robots.txt is exempt even with a default stage (capped requests wait for it in RobotsTxtMiddleware).
-    """
-    code, output = run_crawl(
-        site.url,
-        "detail:4",
-        settings(redis_url, ROBOTSTXT_OBEY=True, REDISLOCK_DEFAULT_STAGE="detail"),
-        timeout=60,
-    )
-    assert code == 0 and "'finish_reason': 'finished'" in output, output[-3000:]
-    assert site.hits["/robots.txt"] == 1
-    assert stat(output, "redislock/detail/acquired") == 4
-    for scheduler in ("scrapy_redislock.StageScheduler", None):
-        site.hits.clear()
-        command = crawl_command(site.url, "detail:4", settings(redis_url, SCHEDULER=scheduler))
-        command += ["-a", "direct=3"]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent)
-        assert sum(1 for path in site.hits if path.startswith("/direct/")) == 3, done.stdout[-3000:]
-        assert stat(done.stdout + done.stderr, "redislock/detail/acquired") == 7
-
-
-def test_killed_crawler_slots_return(redis_url: str, redis_client: redis.Redis, site: CrawlSite) -> None:
     site.delay = 0.2
-    victim = start_crawl(site.url, "detail:200", settings(redis_url, REDISLOCK_TTL=1.5))
-    deadline = time.monotonic() + 20
-    while leftover(redis_client) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    victim.send_signal(signal.SIGKILL)
+    extra = {"REDISLOCK_TTL": 1.5}
+    victim = Crawl(site.url, "detail:200", settings(redis_url, **extra), tmp_path).start()
+    assert site.wait_for(lambda: leftover(redis_client) == 3, timeout=30)
+    victim.signal(signal.SIGKILL)
     victim.wait()
     killed = time.monotonic()
-    before = len(site.arrivals["detail"])
-    survivor = start_crawl(site.url, "detail:5", settings(redis_url, REDISLOCK_TTL=1.5))
-    output = survivor.communicate(timeout=60)[0]
-    assert survivor.returncode == 0 and "'finish_reason': 'finished'" in output
+    before = site.count("detail")
+    survivor = Crawl(site.url, "detail:5", settings(redis_url, **extra), tmp_path).run()
+    assert survivor.stats["finish_reason"] == "finished", survivor.tail()
     first_after = site.arrivals["detail"][before]
-    assert first_after - killed < 1.5 + 0.5 + 5  # ttl + renew interval, + the survivor's start-up time
+    assert first_after - killed < 1.5 + 0.5 + 5  # ttl + renew interval, + the survivor's start-up
     assert leftover(redis_client) == 0
 
 
-def test_redis_pause_mid_crawl(redis_url: str, redis_client: redis.Redis, site: CrawlSite) -> None:
-    """Redis frozen for 3 s: waiting requests wait, nothing crashes, the crawl finishes with the cap held."""
-    pid = int(redis_client.info("server")["process_id"])
-    crawl = start_crawl(site.url, "detail:60,comments:20", settings(redis_url))
-    time.sleep(3)
-    import os
+def test_lost_lease_is_logged_and_counted(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
+    """An operator frees the crawl's grants while it downloads: its next renewal finds them lost."""
+    site.delay = 1.5
+    crawl = Crawl(site.url, "detail:6", settings(redis_url), tmp_path).start()
+    assert site.wait_for(lambda: leftover(redis_client) == 3, timeout=30)
+    keys = LockKeys.of("redislock", "detail")
+    owners = [o.decode() for o in redis_client.hkeys(keys.owners)]
+    assert len(owners) == 1
+    scripts = CountingLock(redis_client, "detail")  # only to run the script through redis-py
+    freed = drive(release_consumer(keys, owners[0]), scripts._command, "detail")
+    assert freed == 3
+    crawl.wait()
+    assert crawl.stats["finish_reason"] == "finished", crawl.tail()
+    assert crawl.stats["redislock/detail/lost"] == 3
+    assert "was lost" in crawl.output
+    assert leftover(redis_client) == 0
 
+
+@pytest.mark.faults
+def test_redis_outage_mid_crawl(site: CrawlSite, tmp_path: Path) -> None:
+    """Redis killed for 2 s and restarted empty: requests wait (caps hold), warnings with back-off, the crawl
+    resumes by itself, every page is fetched exactly once and nothing is left in Redis."""
+    site.delay = 0.1
+    with RedisServer() as server:
+        client = redis.Redis.from_url(server.url)
+        crawls = [
+            Crawl(site.url, "detail:40,comments:20", settings(server.url, SCHEDULER=scheduler), tmp_path).start()
+            for scheduler in BOTH
+        ]
+        assert site.wait_for(lambda: site.count("detail") >= 6, timeout=30)
+        server.kill()
+        down = site.count("detail")
+        time.sleep(2)
+        assert site.count("detail") <= down + 3  # what was in flight finishes; nothing new starts
+        server.start()
+        for crawl in crawls:
+            crawl.wait(timeout=90)
+            assert crawl.stats["finish_reason"] == "finished", crawl.tail()
+            assert "Redis error" in crawl.output or "failed" in crawl.output
+        assert site.max_in_flight["detail"] <= 3
+        assert len(site.hits) == 60 and all(n == 2 for n in site.hits.values())
+        assert leftover(client) == 0
+        client.close()
+
+
+@pytest.mark.faults
+def test_redis_paused_mid_crawl(redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path) -> None:
+    """Redis frozen (SIGSTOP) for 3 s: waiting requests wait, nothing crashes, the cap holds."""
+    pid = int(redis_client.info("server")["process_id"])
+    crawl = Crawl(site.url, "detail:60,comments:20", settings(redis_url), tmp_path).start()
+    assert site.wait_for(lambda: site.count("detail") >= 6, timeout=30)
     os.kill(pid, signal.SIGSTOP)
-    time.sleep(3)
-    os.kill(pid, signal.SIGCONT)
-    output = crawl.communicate(timeout=90)[0]
-    assert crawl.returncode == 0 and "'finish_reason': 'finished'" in output, output[-3000:]
+    try:
+        time.sleep(3)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    crawl.wait(timeout=90)
+    assert crawl.stats["finish_reason"] == "finished", crawl.tail()
     assert site.max_in_flight["detail"] <= 3
     assert len(site.hits) == 80
+    assert leftover(redis_client) == 0
+
+
+def test_bad_configuration_stops_the_crawl(redis_url: str, site: CrawlSite, tmp_path: Path) -> None:
+    cases = [
+        ({"REDISLOCK_STAGES": {"detail": -1}}, "REDISLOCK_STAGES['detail'] must be an integer >= 0"),
+        ({"REDISLOCK_STAGES": {"detail": "three"}}, "'three'"),
+        ({"REDISLOCK_STAGES": ["detail"]}, "REDISLOCK_STAGES must be a dict"),
+        ({"REDISLOCK_URL": "http://nope"}, "REDISLOCK_URL"),
+        ({"TWISTED_REACTOR": "twisted.internet.selectreactor.SelectReactor"}, "TWISTED_REACTOR"),
+        ({"TWISTED_REACTOR": "twisted.internet.selectreactor.SelectReactor", "SCHEDULER": None}, "TWISTED_REACTOR"),
+    ]
+    crawls = [
+        (Crawl(site.url, "detail:3", settings(redis_url, **bad), tmp_path).start(), named) for bad, named in cases
+    ]
+    for crawl, named in crawls:
+        crawl.wait(timeout=60)
+        assert crawl.code != 0, crawl.tail()
+        assert "ConfigError" in crawl.output and named in crawl.output, crawl.tail()
+    assert not site.hits  # nothing was fetched unthrottled
+
+
+def test_unreachable_redis_closes_the_spider(site: CrawlSite, tmp_path: Path) -> None:
+    crawls = [
+        Crawl(site.url, "detail:3,comments:3", settings("redis://127.0.0.1:1/0", SCHEDULER=s), tmp_path).start()
+        for s in BOTH
+    ]
+    for crawl in crawls:
+        crawl.wait(timeout=60)
+        assert crawl.stats["finish_reason"] == "redislock_redis_unavailable", crawl.tail()
+        assert "Cannot reach Redis at redis://127.0.0.1:1/0 (REDISLOCK_URL)" in crawl.output
+    assert not site.hits
+
+
+def test_unknown_stage_fails_the_request(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
+    crawl = Crawl(site.url, "detail:2,nosuch:2", settings(redis_url), tmp_path).run()
+    assert crawl.stats["finish_reason"] == "finished", crawl.tail()
+    assert crawl.stats["redislock/unknown_stage"] == 2
+    assert crawl.stats["test/errback/UnknownStage"] == 2
+    assert "stage 'nosuch' is not configured; known stages: ['comments', 'detail']" in crawl.output
+    assert not [path for path in site.hits if "nosuch" in path]
+
+
+def test_limits_are_written_at_start_and_a_change_is_logged(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
+    CountingLock(redis_client, "detail", limit=5).set_limit(5)
+    CountingLock(redis_client, "comments", limit=7).set_limit(7)
+    crawl = Crawl(site.url, "detail:6,comments:3", settings(redis_url), tmp_path).run()
+    assert crawl.stats["finish_reason"] == "finished", crawl.tail()
+    assert "Limit of stage 'detail' changed from 5 to 3 in Redis" in crawl.output
+    assert "Stage 'comments' is unlimited in this process but capped at 7 in Redis" in crawl.output
+    assert int(redis_client.hget(LockKeys.of("redislock", "detail").meta, "limit")) == 3
+    assert site.max_in_flight["detail"] <= 3
+
+
+def test_requests_bypassing_the_scheduler_are_counted(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
+    """engine.download_async (media pipelines) passes the middleware: counted in its stage, in both modes.
+
+    robots.txt is exempt even with a default stage (capped requests wait for it in RobotsTxtMiddleware).
+    """
+    robots = Crawl(
+        site.url,
+        "detail:4",
+        settings(redis_url, ROBOTSTXT_OBEY=True, REDISLOCK_DEFAULT_STAGE="detail"),
+        tmp_path,
+    ).start()
+    direct = [
+        Crawl(site.url, "detail:4", settings(redis_url, SCHEDULER=s), tmp_path, args={"direct": "3"}).start()
+        for s in BOTH
+    ]
+    robots.wait()
+    assert robots.stats["finish_reason"] == "finished", robots.tail()
+    assert site.hits["/robots.txt"] == 1
+    assert robots.stats["redislock/detail/acquired"] == 4
+    for crawl in direct:
+        crawl.wait()
+        assert crawl.stats["finish_reason"] == "finished", crawl.tail()
+        assert crawl.stats["redislock/detail/acquired"] == 4 + 3
+    assert sum(n for path, n in site.hits.items() if path.startswith("/direct/")) == 6
+    assert site.max_in_flight["detail"] <= 3
+    assert leftover(redis_client) == 0
+
+
+def test_without_a_twisted_reactor(redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path) -> None:
+    """TWISTED_REACTOR_ENABLED = False (asyncio only, Scrapy's aiohttp handler): works the same."""
+    extra = {"TWISTED_REACTOR_ENABLED": False, "LOG_LEVEL": "DEBUG"}
+    crawl = Crawl(site.url, "detail:40,comments:40", settings(redis_url, **extra), tmp_path).run()
+    assert crawl.stats["finish_reason"] == "finished", crawl.tail()
+    assert "Not using a Twisted reactor" in crawl.output
+    assert site.max_in_flight["detail"] == 3 and site.max_in_flight["comments"] >= 12
+    assert crawl.stats["redislock/detail/acquired"] == 40
     assert leftover(redis_client) == 0
