@@ -1,4 +1,4 @@
-"""StageWorkerMixin: cap the number of *workers* per stage, cluster-wide, over scrapy-redis.
+"""StageWorkerMixin: cap the number of *workers* per stage, cluster-wide, for scrapy-redis spiders.
 
 ```python
 class ShopSpider(StageWorkerMixin, RedisSpider):
@@ -6,15 +6,21 @@ class ShopSpider(StageWorkerMixin, RedisSpider):
     worker_stages = {"list": 1, "detail": 3, "comments": None}
 ```
 
-The work is done by :class:`~scrapy_redislock.workerscheduler.StageWorkerScheduler` (set as SCHEDULER, which
-the mixin does through ``custom_settings`` defaults): per-stage queues in Redis, one stage slot per worker.
-The mixin replaces scrapy-redis's blocking parts: RedisSpider's ``start_requests`` (which Scrapy 2.19 no longer
-calls, so scrapy-redis 0.9.1's first batch would only arrive at the first idle signal) and its ``spider_idle``
-handler (blocking ``LLEN``/``LPOP`` on the reactor thread) are not used; start URLs are read with
-``redis.asyncio`` in ``async def start()``. It works on a plain ``scrapy.Spider`` too (without the start-URL
-key); it needs Scrapy's asyncio reactor either way.
+The mixin sets SCHEDULER to :class:`~scrapy_redislock.workerscheduler.StageWorkerScheduler`, which does the work
+(per-stage queues in Redis, one stage slot per worker). It also replaces the parts of scrapy-redis's RedisSpider
+that block the reactor or do not fit Scrapy 2.19:
 
-Settings read: REDISLOCK_IDLE_CLOSE (through the scheduler), REDISLOCK_URL via config.
+- RedisSpider reads its start URLs in ``start_requests()``, which Scrapy 2.19 never calls, and in its
+  ``spider_idle`` handler, with blocking redis calls on the reactor thread, one batch per idle signal. Here the
+  scheduler reads ``redis_key`` with redis.asyncio at every tick (see ``_feed_start_urls``), and the idle handler
+  only decides whether to close; ``make_request_from_data`` (JSON or plain URLs) is used as it is.
+- ``start()`` yields ``start_urls`` *filtered* (Scrapy's default sets ``dont_filter``): every worker yields
+  them, the shared dupefilter lets one copy through.
+
+On a plain ``scrapy.Spider`` it works the same minus the ``redis_key`` feed: work enters through ``start()``
+(every worker's, deduplicated) and through what callbacks yield.
+
+Settings read: none itself (the scheduler reads them).
 """
 
 from __future__ import annotations
@@ -22,73 +28,64 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
-from scrapy import Request
+from scrapy import Request, signals
 from scrapy.exceptions import DontCloseSpider
 
 SCHEDULER_PATH = "scrapy_redislock.workerscheduler.StageWorkerScheduler"
 
 
 class StageWorkerMixin:
-    """Mixin for a Spider or scrapy-redis RedisSpider whose workers take stages (see module docstring)."""
+    """Mixin for a RedisSpider (or a plain Spider) whose workers take stages; see the module docstring.
+
+    ``worker_stages``: stage -> max workers on it cluster-wide (None = unlimited), i.e. REDISLOCK_WORKER_STAGES
+    at spider priority (``-s`` on the command line overrides it). ``stage_preference``: the order in which a
+    free worker takes stages (REDISLOCK_STAGE_PREFERENCE), default the order of ``worker_stages``.
+    """
 
     worker_stages: ClassVar[dict[str, int | None] | None] = None
     stage_preference: ClassVar[list[str] | None] = None
 
     @classmethod
     def update_settings(cls, settings: Any) -> None:
+        """SCHEDULER, and the class attributes as settings (so the command line can still override them)."""
         super().update_settings(settings)  # type: ignore[misc]
         settings.set("SCHEDULER", SCHEDULER_PATH, priority="spider")
-        middlewares = dict(settings.getdict("SPIDER_MIDDLEWARES"))
-        middlewares.setdefault("scrapy_redislock.workeroutput.AckAfterOutput", 1000)
-        settings.set("SPIDER_MIDDLEWARES", middlewares, priority="spider")
-
-    def setup_redis(self, crawler: Any = None) -> None:
-        """RedisSpider's set-up, minus its blocking idle handler (ours is connected below)."""
-        from scrapy import signals
-
-        crawler = crawler or self.crawler  # type: ignore[attr-defined]
-        parent = getattr(super(), "setup_redis", None)
-        if parent is not None:
-            parent(crawler)
-            crawler.signals.disconnect(self.spider_idle, signal=signals.spider_idle)
-        crawler.signals.connect(self._redislock_idle, signal=signals.spider_idle)
+        if cls.worker_stages is not None:
+            settings.set("REDISLOCK_WORKER_STAGES", dict(cls.worker_stages), priority="spider")
+        if cls.stage_preference is not None:
+            settings.set("REDISLOCK_STAGE_PREFERENCE", list(cls.stage_preference), priority="spider")
 
     @classmethod
     def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> Any:
         spider = super().from_crawler(crawler, *args, **kwargs)  # type: ignore[misc]
-        if not hasattr(spider, "server"):  # a plain scrapy.Spider: no scrapy-redis set-up to hook into
-            spider.setup_redis(crawler)
+        # RedisSpider.setup_redis connected spider.spider_idle, which is ours (below); a plain Spider needs it too.
+        if getattr(spider, "server", None) is None:
+            crawler.signals.connect(spider.spider_idle, signal=signals.spider_idle)
         return spider
 
     def spider_idle(self) -> None:
-        """Replaces scrapy-redis's (blocking) idle handler."""
-        self._redislock_idle()
+        """Idle like a RedisSpider (stay open, waiting for work) until REDISLOCK_IDLE_CLOSE says otherwise.
 
-    def _redislock_idle(self) -> None:
-        scheduler = getattr(getattr(self.crawler.engine, "_slot", None), "scheduler", None)  # type: ignore[attr-defined]
-        idle_close = getattr(scheduler, "idle_close", None)
-        if idle_close is not None and scheduler.cluster_idle_for() >= idle_close:
-            return  # no work anywhere for long enough: let the spider close
+        Replaces RedisMixin.spider_idle, which pops start URLs with blocking calls; the scheduler feeds them.
+        """
+        engine = self.crawler.engine  # type: ignore[attr-defined]
+        scheduler = getattr(engine, "scheduler", None) or getattr(getattr(engine, "_slot", None), "scheduler", None)
+        may_close = getattr(scheduler, "may_close", None)
+        if may_close is not None and may_close():
+            return
         raise DontCloseSpider
 
     def schedule_next_requests(self) -> None:
-        """scrapy-redis would pop start URLs with blocking calls here; the mixin reads them in start()."""
+        """RedisMixin's blocking batch read; the scheduler reads start URLs with redis.asyncio instead."""
+
+    def next_requests(self) -> Any:
+        """RedisMixin's blocking batch read, not used (RedisMixin.start_requests would call it)."""
+        return iter(())
 
     async def start(self) -> AsyncIterator[Any]:
+        """``start_urls``, filtered by the shared dupefilter so that N workers fetch each of them once."""
         for url in getattr(self, "start_urls", ()) or ():
             yield Request(url)
-        redis_key = getattr(self, "redis_key", None)
-        if redis_key:
-            import redis.asyncio
 
-            from scrapy_redislock.config import read_settings
 
-            client = read_settings(self.crawler.settings).async_client()  # type: ignore[attr-defined]
-            try:
-                while data := await client.lpop(redis_key):
-                    url = data.decode() if isinstance(data, bytes) else data
-                    yield Request(url)
-            except redis.exceptions.RedisError as exc:
-                self.logger.warning("Could not read start URLs from %r: %s", redis_key, exc)  # type: ignore[attr-defined]
-            finally:
-                await client.aclose()
+__all__ = ["StageWorkerMixin"]
