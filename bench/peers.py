@@ -1,9 +1,11 @@
-"""The lock designs compared by bench/contention.py: ours, and the peer designs it is meant to beat.
+"""The lock designs bench/contention.py compares: ours, and peer designs a crawl cluster might use instead.
 
-Each design gives ``make_locker(design, client, index) -> (acquire, release)`` for one process.
-The zset semaphore and the WATCH/MULTI counter are written here from their textbook descriptions (they are
-designs, not packages); redis-py's Lock ships with redis-py; python-redis-lock and pottery are optional
-(``pip install .[bench]``) and skipped when missing.
+``DESIGNS[key].make(client, index, options)`` returns ``(acquire, release)`` for one benchmark process:
+``acquire()`` blocks until granted and returns a token, ``release(token)`` gives the slot back.
+
+The zset semaphore and the WATCH/MULTI counter are written here from their textbook descriptions (they are designs,
+not packages). redis-py's Lock ships with redis-py; python-redis-lock and pottery are the ``bench`` extra
+(``pip install -e '.[bench]'``) and are skipped when missing.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -18,147 +21,156 @@ import redis
 from scrapy_redislock import CountingLock
 
 Acquire = Callable[[], Any]
-Release = Callable[[Any], None]
+Release = Callable[[Any], Any]
+Maker = Callable[[redis.Redis, int, "Options"], tuple[Acquire, Release]]
 
-# The client-timestamp zset semaphore with realistic clock skew: process i's clock is i * 5 ms off.
-SKEW_PER_PROCESS = 0.005
+LEASE = 30.0  # seconds; every design gets the same lease/expiry, far longer than a run, so nothing expires
+POLL = 0.001  # the polling designs retry after 1 ms
 
 
-def _ours(limit: int) -> Callable[[redis.Redis, int], tuple[Acquire, Release]]:
-    def make(client: redis.Redis, index: int) -> tuple[Acquire, Release]:
-        lock = CountingLock(client, "bench", limit=limit, ttl=30)
+@dataclass(frozen=True)
+class Options:
+    """Knobs of the peer designs that the command line sets."""
+
+    zset_skew: float = 2.0  # seconds; see clock_offset()
+
+
+def clock_offset(index: int, skew: float) -> float:
+    """Client-clock error of benchmark process ``index`` for the zset semaphore.
+
+    A third of the processes run ``skew`` seconds behind, a third are exact, a third run ``skew`` ahead
+    (process 0 behind, 1 exact, 2 ahead, 3 behind, ...). NTP-less or badly synced machines are off by seconds;
+    a design that ranks holders by client time is only as right as the worst clock.
+    """
+    return ((index % 3) - 1) * skew
+
+
+def _ours(limit: int) -> Maker:
+    def make(client: redis.Redis, index: int, options: Options) -> tuple[Acquire, Release]:
+        lock = CountingLock(client, "bench", limit=limit, ttl=LEASE)
         return lock.acquire, lock.release
 
     return make
 
 
-def _redis_py_lock(sleep: float) -> Callable[[redis.Redis, int], tuple[Acquire, Release]]:
-    def make(client: redis.Redis, index: int) -> tuple[Acquire, Release]:
-        lock = client.lock("bench", timeout=30, sleep=sleep)
+def _redis_py_lock(sleep: float) -> Maker:
+    """redis-py's Lock: SET NX PX, polled every ``sleep`` s; release is a Lua compare-and-delete."""
 
-        def acquire() -> Any:
+    def make(client: redis.Redis, index: int, options: Options) -> tuple[Acquire, Release]:
+        lock = client.lock("bench:redispy", timeout=LEASE, sleep=sleep)
+
+        def acquire() -> None:
             lock.acquire()
-            return None
 
         return acquire, lambda _token: lock.release()
 
     return make
 
 
-def _python_redis_lock(client: redis.Redis, index: int) -> tuple[Acquire, Release]:
-    import redis_lock  # type: ignore[import-not-found]
+def _python_redis_lock(client: redis.Redis, index: int, options: Options) -> tuple[Acquire, Release]:
+    """python-redis-lock: SET NX EX, and a waiter BLPOPs a signal list that the releaser LPUSHes."""
+    import redis_lock  # type: ignore[import-not-found,import-untyped]
 
-    lock = redis_lock.Lock(client, "bench", expire=30)
+    lock = redis_lock.Lock(client, "bench", expire=int(LEASE))
 
-    def acquire() -> Any:
+    def acquire() -> None:
         lock.acquire()
-        return None
 
     return acquire, lambda _token: lock.release()
 
 
-def _pottery(client: redis.Redis, index: int) -> tuple[Acquire, Release]:
-    from pottery import Redlock  # type: ignore[import-not-found]
+def _pottery(client: redis.Redis, index: int, options: Options) -> tuple[Acquire, Release]:
+    """pottery's Redlock with a single master: SET NX PX, retried after a random 0-200 ms sleep."""
+    from pottery import Redlock  # type: ignore[import-not-found,import-untyped]
 
-    lock = Redlock(key="bench", masters={client}, auto_release_time=30)
+    lock = Redlock(key="bench:pottery", masters={client}, auto_release_time=LEASE)
 
-    def acquire() -> Any:
+    def acquire() -> None:
         lock.acquire()
-        return None
 
     return acquire, lambda _token: lock.release()
 
 
-def _zset_semaphore(limit: int) -> Callable[[redis.Redis, int], tuple[Acquire, Release]]:
-    """Rank holders by the client's own clock: ZADD now, drop stale by client time, win if rank < limit."""
+def _zset_semaphore(limit: int) -> Maker:
+    """The counting semaphore of "Redis in Action" 6.3.1, ranked by the client's own clock.
 
-    def make(client: redis.Redis, index: int) -> tuple[Acquire, Release]:
-        skew = index * SKEW_PER_PROCESS
+    One MULTI/EXEC: ZREMRANGEBYSCORE drops entries older than the lease by *this client's* time, ZADD the owner
+    with this client's time.time(), ZRANK; rank < limit wins, else ZREM and retry after 1 ms. Release: ZREM.
+    """
 
-        def acquire() -> Any:
+    def make(client: redis.Redis, index: int, options: Options) -> tuple[Acquire, Release]:
+        offset = clock_offset(index, options.zset_skew)
+        key = "bench:zsem"
+
+        def acquire() -> str:
             token = uuid.uuid4().hex
             while True:
-                now = time.time() + skew
+                now = time.time() + offset
                 pipe = client.pipeline(transaction=True)
-                pipe.zremrangebyscore("bench:sem", "-inf", now - 30)
-                pipe.zadd("bench:sem", {token: now})
-                pipe.zrank("bench:sem", token)
+                pipe.zremrangebyscore(key, "-inf", now - LEASE)
+                pipe.zadd(key, {token: now})
+                pipe.zrank(key, token)
                 rank = pipe.execute()[-1]
                 if rank is not None and rank < limit:
                     return token
-                client.zrem("bench:sem", token)
-                time.sleep(0.001)
+                client.zrem(key, token)
+                time.sleep(POLL)
 
-        return acquire, lambda token: client.zrem("bench:sem", token)
+        return acquire, lambda token: client.zrem(key, token)
 
     return make
 
 
-def _watch_counter(limit: int) -> Callable[[redis.Redis, int], tuple[Acquire, Release]]:
-    def make(client: redis.Redis, index: int) -> tuple[Acquire, Release]:
-        def acquire() -> Any:
+def _watch_counter(limit: int) -> Maker:
+    """Optimistic counter: WATCH, GET; below the limit MULTI INCR EXEC, else UNWATCH and retry after 1 ms."""
+
+    def make(client: redis.Redis, index: int, options: Options) -> tuple[Acquire, Release]:
+        key = "bench:count"
+
+        def acquire() -> None:
             while True:
                 with client.pipeline() as pipe:
                     try:
-                        pipe.watch("bench:count")
-                        if int(pipe.get("bench:count") or 0) < limit:
+                        pipe.watch(key)
+                        if int(pipe.get(key) or 0) < limit:
                             pipe.multi()
-                            pipe.incr("bench:count")
+                            pipe.incr(key)
                             pipe.execute()
-                            return None
+                            return
                         pipe.unwatch()
                     except redis.WatchError:
-                        pass
-                time.sleep(0.001)
+                        pass  # someone changed the count between GET and EXEC: try again
+                time.sleep(POLL)
 
-        return acquire, lambda _token: client.decr("bench:count")
+        return acquire, lambda _token: client.decr(key)
 
     return make
 
 
-def _prepare_ours(limit: int) -> Callable[[redis.Redis], None]:
-    return lambda client: CountingLock(client, "bench", limit=limit, ttl=30).set_limit(limit) and None
+@dataclass(frozen=True)
+class Design:
+    label: str
+    limit: int
+    make: Maker
+    needs: str | None = None  # optional module the design imports
 
 
-def _nothing(client: redis.Redis) -> None:
-    return None
-
-
-DESIGNS: dict[str, dict[str, Any]] = {
-    "ours3": {"label": "scrapy_redislock CountingLock", "limit": 3, "make": _ours(3), "prepare": _prepare_ours(3)},
-    "zset3": {
-        "label": "zset semaphore, client timestamps, 1 ms polling",
-        "limit": 3,
-        "make": _zset_semaphore(3),
-        "prepare": _nothing,
-    },
-    "watch3": {
-        "label": "WATCH/MULTI counter, 1 ms polling",
-        "limit": 3,
-        "make": _watch_counter(3),
-        "prepare": _nothing,
-    },
-    "ours1": {"label": "scrapy_redislock CountingLock", "limit": 1, "make": _ours(1), "prepare": _prepare_ours(1)},
-    "redispy": {"label": "redis-py Lock, sleep 0.1 s", "limit": 1, "make": _redis_py_lock(0.1), "prepare": _nothing},
-    "redispy1ms": {
-        "label": "redis-py Lock, sleep 1 ms",
-        "limit": 1,
-        "make": _redis_py_lock(0.001),
-        "prepare": _nothing,
-    },
-    "prl": {"label": "python-redis-lock", "limit": 1, "make": _python_redis_lock, "prepare": _nothing},
-    "pottery": {"label": "pottery Redlock, one master", "limit": 1, "make": _pottery, "prepare": _nothing},
-    "zset1": {
-        "label": "zset semaphore, client timestamps, 1 ms polling",
-        "limit": 1,
-        "make": _zset_semaphore(1),
-        "prepare": _nothing,
-    },
+DESIGNS: dict[str, Design] = {
+    "ours3": Design("scrapy_redislock CountingLock", 3, _ours(3)),
+    "zset3": Design("zset semaphore ranked by client timestamps, 1 ms polling", 3, _zset_semaphore(3)),
+    "watch3": Design("WATCH/MULTI counter with max, 1 ms polling", 3, _watch_counter(3)),
+    "ours1": Design("scrapy_redislock CountingLock", 1, _ours(1)),
+    "redispy": Design("redis-py Lock, default sleep 0.1 s", 1, _redis_py_lock(0.1)),
+    "redispy1ms": Design("redis-py Lock, sleep 1 ms", 1, _redis_py_lock(0.001)),
+    "prl": Design("python-redis-lock (BLPOP signal)", 1, _python_redis_lock, needs="redis_lock"),
+    "pottery": Design("pottery Redlock, one master", 1, _pottery, needs="pottery"),
+    "zset1": Design("zset semaphore ranked by client timestamps, 1 ms polling", 1, _zset_semaphore(1)),
 }
 
 
-def available(design: str) -> bool:
-    module = {"prl": "redis_lock", "pottery": "pottery"}.get(design)
+def available(key: str) -> bool:
+    """False when the design's optional package is not installed."""
+    module = DESIGNS[key].needs
     if module is None:
         return True
     try:
@@ -168,5 +180,5 @@ def available(design: str) -> bool:
     return True
 
 
-def make_locker(design: str, client: redis.Redis, index: int) -> tuple[Acquire, Release]:
-    return DESIGNS[design]["make"](client, index)
+def make_locker(key: str, client: redis.Redis, index: int, options: Options) -> tuple[Acquire, Release]:
+    return DESIGNS[key].make(client, index, options)

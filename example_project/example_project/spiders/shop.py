@@ -1,4 +1,9 @@
-"""The shop crawl in three stages: category list pages -> product details -> comment pages."""
+"""The shop crawl in three stages: category list pages -> product details -> comment pages.
+
+Start URLs come from Redis, as with any RedisSpider: ``shop:start_urls`` holds ``{"url": ...}`` JSON (the
+runner pushes the category index, which links every list page). ``ShopBaselineSpider`` is the same crawl as
+plain scrapy-redis runs it (for the comparison in the demo and the benchmark).
+"""
 
 from __future__ import annotations
 
@@ -15,12 +20,13 @@ from scrapy_redislock import StageWorkerMixin, stage
 class ShopCallbacks:
     """What both spiders do with a page; only the scheduling differs."""
 
-    def list_urls(self) -> list[str]:
-        base = self.settings.get("SHOP_URL")  # type: ignore[attr-defined]
-        return [f"{base}/list/{i}" for i in range(self.settings.getint("SHOP_LISTS"))]  # type: ignore[attr-defined]
-
     @stage("list")
     def parse(self, response: scrapy.http.Response, **kwargs: Any) -> Iterator[Any]:
+        pages = response.css("a.list::attr(href)").getall()
+        if pages:  # the category index: the list pages, all at once
+            for href in pages:
+                yield response.follow(href, callback=self.parse)
+            return
         yield {"stage": "list", "url": response.url, "ts": time.time()}
         for href in response.css("a.detail::attr(href)").getall():
             yield response.follow(href, callback=self.parse_detail)
@@ -42,27 +48,15 @@ class ShopSpider(ShopCallbacks, StageWorkerMixin, RedisSpider):
     name = "shop"
     worker_stages = {"list": 1, "detail": 3, "comments": None}
 
-    async def start(self) -> Any:
-        for url in self.list_urls():
-            yield scrapy.Request(url)
-
 
 class ShopBaselineSpider(ShopCallbacks, RedisSpider):
-    """The same crawl as scrapy-redis runs it: every worker goes through the stages in order."""
+    """The same crawl as scrapy-redis runs it: one FIFO queue, every worker goes through the stages in order."""
 
     name = "shop_baseline"
     custom_settings = {
         "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
         "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+        "SCHEDULER_QUEUE_CLASS": "scrapy_redis.queue.FifoQueue",
+        # True: with False, the first worker to close would delete the queue of all the others.
+        "SCHEDULER_PERSIST": True,
     }
-
-
-class PlainShopSpider(ShopCallbacks, StageWorkerMixin, scrapy.Spider):
-    """The same worker slots on a plain scrapy.Spider (no scrapy-redis spider class needed)."""
-
-    name = "shop_plain"
-    worker_stages = {"list": 1, "detail": 3, "comments": None}
-
-    async def start(self) -> Any:
-        for url in self.list_urls():
-            yield scrapy.Request(url)
