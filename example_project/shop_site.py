@@ -50,6 +50,8 @@ class ShopSite:
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
                     self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the worker was killed mid-request (the kill -9 run): nothing to answer
                 finally:
                     site._leave(stage, worker)
 
