@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "redis_py": redis.__version__,
+        "redis_py": redis.__version__ + (" with hiredis" if redis.utils.HIREDIS_AVAILABLE else ""),
         "options": asdict(options),
         "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "runtime_s": round(time.monotonic() - began, 1),
