@@ -1,9 +1,11 @@
 """Middleware benchmark: overhead on an uncapped stage, and how fully a capped stage's slots are used.
 
-    ./run.sh bench middleware [--repeat 3]
+    ./run.sh bench middleware [--repeat 5]
 
 1. Overhead: the same crawl of an uncapped stage (20 ms pages, CONCURRENT_REQUESTS 32) with and without
-   StageLockMiddleware + StageScheduler; pages/s measured at the server; ratio of medians.
+   StageLockMiddleware + StageScheduler; pages/s measured at the server. The two run back to back in each
+   round, in alternating order (so a machine that gets busier or quieter during a round favours neither);
+   reported: the median of the per-round ratios (with / without) and the ratio of the medians.
 2. Utilization: 3 crawler processes on one capped stage (cap 3, 50 ms pages, plenty of queued work); the
    server's time-weighted mean of requests in flight while the stage has work (1 s trimmed at each end).
 Real `scrapy runspider` processes against a local HTTP server and a fresh redis-server; prints what it measured.
@@ -60,7 +62,7 @@ def utilization_run(redis_url: str, per_process: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--pages", type=int, default=1500, help="pages per overhead crawl")
     parser.add_argument("--per-process", type=int, default=150, help="capped requests per process")
     args = parser.parse_args(argv)
@@ -68,14 +70,18 @@ def main(argv: list[str] | None = None) -> int:
         plain, capped, means = [], [], []
         for i in range(args.repeat):
             print(f"round {i + 1}/{args.repeat} ...", file=sys.stderr, flush=True)
-            plain.append(overhead_run(server.url, args.pages, with_middleware=False))
-            capped.append(overhead_run(server.url, args.pages, with_middleware=True))
+            for with_middleware in (False, True) if i % 2 == 0 else (True, False):
+                pages_per_s = overhead_run(server.url, args.pages, with_middleware=with_middleware)
+                (capped if with_middleware else plain).append(pages_per_s)
             means.append(utilization_run(server.url, args.per_process))
     ratio = statistics.median(capped) / statistics.median(plain)
+    paired = [c / p for c, p in zip(capped, plain, strict=True)]
     result = {
         "pages_per_s_without": plain,
         "pages_per_s_with": capped,
         "overhead_ratio_of_medians": ratio,
+        "overhead_ratios_per_round": paired,
+        "overhead_median_ratio": statistics.median(paired),
         "mean_in_flight_cap3": means,
         "mean_in_flight_median": statistics.median(means),
     }
@@ -83,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Overhead (uncapped stage, 20 ms pages, CONCURRENT_REQUESTS 32, {args.pages} pages, {args.repeat} rounds):\n"
         f"  pages/s without the middleware: median {statistics.median(plain):.0f}  {[round(x) for x in plain]}\n"
         f"  pages/s with it:                median {statistics.median(capped):.0f}  {[round(x) for x in capped]}\n"
-        f"  ratio of medians: {ratio:.3f}\n"
+        f"  ratio per round (with / without): median {statistics.median(paired):.3f}  "
+        f"{[round(x, 3) for x in paired]}; ratio of medians: {ratio:.3f}\n"
         f"Utilization (3 processes, cap 3, 50 ms pages, {args.per_process} requests each):\n"
         f"  mean requests in flight at the server: median {statistics.median(means):.2f}  "
         f"{[round(x, 2) for x in means]}\n"
