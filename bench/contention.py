@@ -49,6 +49,7 @@ import itertools
 
 from bench.peers import DESIGNS, Options, available, clock_offset, make_locker
 from scrapy_redislock.redis_server import RedisServer
+from tests.faultproc import jain, max_overlap
 
 RESULTS = Path(__file__).resolve().parent / "results"
 READY_TIMEOUT = 90.0  # s for all processes to start, import and warm up
@@ -107,22 +108,6 @@ def percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return float("nan")
     return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
-
-
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    """Most intervals open at one instant; an interval ending exactly when another starts does not overlap it."""
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    current = peak = 0
-    for _, delta in events:
-        current += delta
-        peak = max(peak, current)
-    return peak
-
-
-def jain(counts: list[int]) -> float:
-    total = sum(counts)
-    squares = sum(c * c for c in counts)
-    return total * total / (len(counts) * squares) if squares else 0.0
 
 
 def wait_ready(ready: Any, procs: list[Any], deadline: float) -> None:

@@ -41,30 +41,17 @@ from scrapy_redislock.errors import (
 
 GROUP = "holders"
 LIMBO = "__limbo__"
-SCRIPT_NAMES = (
-    "setup",
-    "release",
-    "hold_again",
-    "maintain",
-    "set_limit",
-    "release_owner",
-    "reset",
-    "queue_push",
-    "queue_pop",
-    "queue_ack",
-    "queue_beat",
-    "queue_requeue",
-)
+SCRIPT_NAMES = ("setup", "release", "hold_again", "maintain", "set_limit", "release_owner", "reset")
 
 Clock = Callable[[], float]
 
 
 @functools.cache
-def load_scripts() -> dict[str, str]:
-    """Lua sources by name, each with the shared helpers in front of it."""
+def load_scripts(names: tuple[str, ...] = SCRIPT_NAMES) -> dict[str, str]:
+    """Lua sources by name (the lock's by default), each with the shared helpers in front of it."""
     folder = resources.files("scrapy_redislock") / "scripts"
     lib = (folder / "_lib.lua").read_text(encoding="utf-8")
-    return {name: lib + "\n" + (folder / f"{name}.lua").read_text(encoding="utf-8") for name in SCRIPT_NAMES}
+    return {name: lib + "\n" + (folder / f"{name}.lua").read_text(encoding="utf-8") for name in names}
 
 
 @dataclass(frozen=True)

@@ -18,19 +18,17 @@ back at the front of their queues (:meth:`StageQueues.reap`). Every state change
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import socket
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import redis.asyncio
 
-from scrapy_redislock.core import check_name, check_ttl, text
+from scrapy_redislock.core import check_name, check_ttl, load_scripts, text
 
 logger = logging.getLogger(__name__)
 
@@ -43,14 +41,6 @@ QUEUE_SCRIPTS = (
     "queue_return",
     "queue_clear",
 )
-
-
-@functools.cache
-def queue_scripts() -> dict[str, str]:
-    """Lua sources of the queue scripts, each with the shared helpers in front (as the lock's scripts)."""
-    folder = resources.files("scrapy_redislock") / "scripts"
-    lib = (folder / "_lib.lua").read_text(encoding="utf-8")
-    return {name: lib + "\n" + (folder / f"{name}.lua").read_text(encoding="utf-8") for name in QUEUE_SCRIPTS}
 
 
 @dataclass(frozen=True)
@@ -97,7 +87,7 @@ class StageQueues:
         self.stages = [check_name(s, "stage") for s in stages]
         self.ttl = check_ttl(ttl)
         self.worker = worker or new_worker_id()
-        self.scripts = {name: client.register_script(src) for name, src in queue_scripts().items()}
+        self.scripts = {name: client.register_script(src) for name, src in load_scripts(QUEUE_SCRIPTS).items()}
 
     @property
     def ttl_ms(self) -> int:

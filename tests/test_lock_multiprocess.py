@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from scrapy_redislock import CountingLock, Permit
+from tests.faultproc import max_overlap
 from tests.lockproc import Proc
 
 pytestmark = pytest.mark.integration
@@ -27,16 +28,6 @@ def procs() -> Iterator[list[Proc]]:
     yield started
     for proc in started:
         proc.stop()
-
-
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    """Most intervals open at one instant (an end sorts before a start at the same instant)."""
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    current = peak = 0
-    for _, delta in events:
-        current += delta
-        peak = max(peak, current)
-    return peak
 
 
 def test_max_overlap_helper() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from importlib import resources
 
 import pytest
 import redis
@@ -14,7 +13,7 @@ import scrapy
 from scrapy_redis import picklecompat
 from scrapy_redis.queue import FifoQueue
 
-from scrapy_redislock.stagequeue import QUEUE_SCRIPTS, QueueKeys, StageQueues
+from scrapy_redislock.stagequeue import QueueKeys, StageQueues
 
 pytestmark = pytest.mark.integration
 
@@ -36,14 +35,6 @@ def run(url: str, scenario: Callable[[Callable[..., StageQueues]], Awaitable[Non
             await client.aclose()
 
     asyncio.run(main())
-
-
-def test_every_queue_script_opens_with_a_keys_argv_returns_header() -> None:
-    folder = resources.files("scrapy_redislock") / "scripts"
-    for name in QUEUE_SCRIPTS:
-        head = (folder / f"{name}.lua").read_text(encoding="utf-8").split("\nlocal ", 1)[0]
-        assert head.startswith(f"-- {name}:"), name
-        assert "KEYS[1]" in head and "ARGV[1]" in head and "Returns" in head, name
 
 
 def test_keys_share_the_spider_hash_tag() -> None:
