@@ -30,30 +30,19 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.lockproc import Proc, emit
+
 RETRY = 0.05  # seconds between retries while Redis is unreachable
 STEP = 0.005  # a hold's unit of work, after which the worker looks at permit.lost
 
 
 # -- the worker (subprocess side) ------------------------------------------------------------------------------------
-
-
-_emit_lock = threading.Lock()
-
-
-def emit(record: dict[str, Any]) -> None:
-    with _emit_lock:
-        sys.stdout.write(json.dumps(record) + "\n")
-        sys.stdout.flush()
 
 
 def options(argv: list[str] | None = None) -> argparse.Namespace:
@@ -265,84 +254,10 @@ async def main_async(args: argparse.Namespace) -> None:
 # -- the tests' side ---------------------------------------------------------------------------------------------------
 
 
-class Worker:
+class Worker(Proc):
     """A running ``python -m tests.faultproc``; a reader thread collects its JSON lines."""
 
-    def __init__(self, *args: object, stdin: bool = False) -> None:
-        self.args = [str(a) for a in args]
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.faultproc", *self.args],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            text=True,
-        )
-        self.records: list[dict[str, Any]] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.records.append(json.loads(line))
-
-    def send(self, line: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(line + "\n")
-        self.process.stdin.flush()
-
-    def all(self, key: str) -> list[dict[str, Any]]:
-        return [r for r in list(self.records) if key in r]
-
-    def first(self, key: str) -> dict[str, Any] | None:
-        return next((r for r in list(self.records) if key in r), None)
-
-    def wait_for(self, key: str, timeout: float = 20.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            record = self.first(key)
-            if record is not None:
-                return record
-            if self.process.poll() is not None:
-                self.reader.join(1)
-                record = self.first(key)
-                if record is not None:
-                    return record
-                raise AssertionError(f"worker exited ({self.process.returncode}) without {key!r}: {self.records}")
-            time.sleep(0.002)
-        raise AssertionError(f"no {key!r} from the worker within {timeout} s: {self.records[-5:]}")
-
-    def holds(self) -> list[tuple[float, float]]:
-        return [(r["hold"][0], r["hold"][1]) for r in self.all("hold")]
-
-    def finish(self, timeout: float = 60.0) -> None:
-        if self.process.stdin is not None and not self.process.stdin.closed:
-            self.process.stdin.close()
-        code = self.process.wait(timeout)
-        self.reader.join(5)
-        assert code == 0, f"worker exited with {code}: {self.records[-5:]}"
-
-    def signal(self, signum: int) -> None:
-        self.process.send_signal(signum)
-
-    def kill(self) -> float:
-        """SIGKILL and reap; returns the instant of the kill."""
-        at = time.monotonic()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-        self.process.wait()
-        return at
-
-    def stop(self) -> None:
-        """Cleanup: continue a stopped worker, then kill it."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-        self.kill()
-        self.reader.join(5)
+    module = "tests.faultproc"
 
 
 def max_overlap(intervals: Iterable[tuple[float, float]]) -> int:

@@ -101,20 +101,39 @@ def emit(record: dict[str, object]) -> None:
 
 
 class Proc:
-    """A running ``python -m tests.lockproc`` whose JSON lines a reader thread collects."""
+    """A running ``python -m <module>`` (this one by default) whose JSON lines a reader thread collects."""
 
-    def __init__(self, *args: object) -> None:
+    module = "tests.lockproc"
+
+    def __init__(self, *args: object, stdin: bool = False) -> None:
+        self.args = [str(a) for a in args]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.lockproc", *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-m", self.module, *self.args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            text=True,
         )
         self.records: list[dict[str, Any]] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
     def _read(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
             self.records.append(json.loads(line))
+
+    def send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def all(self, key: str) -> list[dict[str, Any]]:
+        return [r for r in list(self.records) if key in r]
 
     def first(self, key: str) -> dict[str, Any] | None:
         return next((r for r in list(self.records) if key in r), None)
@@ -131,24 +150,29 @@ class Proc:
                 if record is not None:
                     return record
                 raise AssertionError(f"process exited ({self.process.returncode}) without {key!r}: {self.records}")
-            time.sleep(0.005)
-        raise AssertionError(f"no {key!r} from the process within {timeout} s: {self.records}")
+            time.sleep(0.002)
+        raise AssertionError(f"no {key!r} from the process within {timeout} s: {self.records[-5:]}")
 
     def holds(self) -> list[tuple[float, float]]:
-        return [(r["hold"][0], r["hold"][1]) for r in self.records if "hold" in r]
+        return [(r["hold"][0], r["hold"][1]) for r in self.all("hold")]
 
     def finish(self, timeout: float = 60.0) -> None:
-        assert self.process.wait(timeout) == 0, self.records
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            self.process.stdin.close()
+        code = self.process.wait(timeout)
         self.reader.join(5)
+        assert code == 0, f"process exited with {code}: {self.records[-5:]}"
 
     def signal(self, signum: int) -> None:
         self.process.send_signal(signum)
 
-    def kill(self) -> None:
-        """kill -9, and reap it."""
+    def kill(self) -> float:
+        """kill -9 and reap; returns the instant of the kill."""
+        at = time.monotonic()
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
         self.process.wait()
+        return at
 
     def stop(self) -> None:
         """Cleanup: continue a stopped process, then kill it."""
