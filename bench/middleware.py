@@ -17,11 +17,13 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.handoff_probe import breakdown
 from scrapy_redislock.redis_server import RedisServer
 from tests.crawlproc import run_crawl, start_crawl
 from tests.crawlsite import CrawlSite
@@ -47,9 +49,16 @@ def overhead_run(redis_url: str, pages: int, with_middleware: bool) -> float:
         return pages_per_second(site, "comments")
 
 
-def utilization_run(redis_url: str, per_process: int) -> float:
-    with CrawlSite(delay=0.05) as site:
-        settings = {"CONCURRENT_REQUESTS": 16, "REDISLOCK_URL": redis_url, "REDISLOCK_STAGES": {"detail": 3}}
+def utilization_run(redis_url: str, per_process: int) -> tuple[float, dict[str, float]]:
+    """Mean in flight at the site, and the median of each step of a hand-off (see bench/handoff_probe.py)."""
+    with CrawlSite(delay=0.05) as site, tempfile.TemporaryDirectory() as probe_dir:
+        settings = {
+            "CONCURRENT_REQUESTS": 16,
+            "REDISLOCK_URL": redis_url,
+            "REDISLOCK_STAGES": {"detail": 3},
+            "EXTENSIONS": {"bench.handoff_probe.HandoffProbe": 0},
+            "HANDOFF_PROBE_DIR": probe_dir,
+        }
         crawls = [start_crawl(site.url, f"detail:{per_process}", settings) for _ in range(3)]
         for crawl in crawls:
             crawl.communicate(timeout=600)
@@ -57,7 +66,7 @@ def utilization_run(redis_url: str, per_process: int) -> float:
         if site.max_in_flight["detail"] > 3:
             raise RuntimeError(f"cap exceeded: {site.max_in_flight['detail']}")
         start, end = arrivals[0] + 1.0, arrivals[-1] - 1.0
-        return site.mean_in_flight("detail", start, end)
+        return site.mean_in_flight("detail", start, end), breakdown(Path(probe_dir), site.served, start, end)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,12 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with RedisServer() as server:
         plain, capped, means = [], [], []
+        steps: dict[str, list[float]] = {}
         for i in range(args.repeat):
             print(f"round {i + 1}/{args.repeat} ...", file=sys.stderr, flush=True)
             for with_middleware in (False, True) if i % 2 == 0 else (True, False):
                 pages_per_s = overhead_run(server.url, args.pages, with_middleware=with_middleware)
                 (capped if with_middleware else plain).append(pages_per_s)
-            means.append(utilization_run(server.url, args.per_process))
+            mean, medians = utilization_run(server.url, args.per_process)
+            means.append(mean)
+            for step, ms in medians.items():
+                steps.setdefault(step, []).append(ms)
     ratio = statistics.median(capped) / statistics.median(plain)
     paired = [c / p for c, p in zip(capped, plain, strict=True)]
     result = {
@@ -84,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         "overhead_median_ratio": statistics.median(paired),
         "mean_in_flight_cap3": means,
         "mean_in_flight_median": statistics.median(means),
+        "handoff_steps_ms": steps,
     }
     text = (
         f"Overhead (uncapped stage, 20 ms pages, CONCURRENT_REQUESTS 32, {args.pages} pages, {args.repeat} rounds):\n"
@@ -94,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Utilization (3 processes, cap 3, 50 ms pages, {args.per_process} requests each):\n"
         f"  mean requests in flight at the server: median {statistics.median(means):.2f}  "
         f"{[round(x, 2) for x in means]}\n"
+        "  where a slot idles between two requests (median ms per step, one value per round):\n"
+        + "".join(f"    {step:<48} {[round(x, 2) for x in values]}\n" for step, values in steps.items())
     )
     print(text)
     RESULTS.mkdir(exist_ok=True)
