@@ -35,6 +35,32 @@ BASE_SETTINGS: dict[str, Any] = {
 }
 
 
+def settings_args(settings: dict[str, Any]) -> list[str]:
+    """``-s NAME=VALUE`` arguments (dicts and lists as JSON; None left out)."""
+    args: list[str] = []
+    for key, value in settings.items():
+        if value is not None:
+            args += ["-s", f"{key}={json.dumps(value) if isinstance(value, dict | list) else value}"]
+    return args
+
+
+def staged_worker(redis_url: str, base: str, plan: str, settings: dict[str, Any]) -> subprocess.Popen[str]:
+    """A ``scrapy runspider tests/workerspider.py`` worker (a plain scrapy.Spider with the worker mixin)."""
+    merged = {
+        "REDIS_URL": redis_url,
+        "CONCURRENT_REQUESTS": 2,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 100,
+        "REDISLOCK_TTL": 2,
+        "REDISLOCK_IDLE_CLOSE": 1,
+        "TELNETCONSOLE_ENABLED": False,
+        "LOG_LEVEL": "INFO",
+        **settings,
+    }
+    command = [sys.executable, "-m", "scrapy", "runspider", str(ROOT / "tests" / "workerspider.py")]
+    command += ["-a", f"base={base}", "-a", f"plan={plan}", *settings_args(merged)]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def crawl_command(
     base: str, plan: str, settings: dict[str, Any], stats_file: Path | None = None, args: dict[str, str] | None = None
 ) -> list[str]:
@@ -42,10 +68,7 @@ def crawl_command(
     command = [sys.executable, "-m", "scrapy", "runspider", str(SPIDER), "-a", f"base={base}", "-a", f"plan={plan}"]
     for key, value in (args or {}).items():
         command += ["-a", f"{key}={value}"]
-    for key, value in merged.items():
-        if value is None:
-            continue
-        command += ["-s", f"{key}={json.dumps(value) if isinstance(value, dict | list) else value}"]
+    command += settings_args(merged)
     if stats_file is not None:
         command += ["-s", f"STATS_JSON={stats_file}"]
     return command

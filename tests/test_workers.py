@@ -32,6 +32,7 @@ from example_project.shop_site import ShopSite
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.stagequeue import StageQueues
 from scrapy_redislock.workerscheduler import StageWorkerScheduler
+from tests.crawlproc import settings_args, staged_worker
 from tests.crawlsite import CrawlSite
 from tests.workerspider import StagedSpider
 
@@ -44,30 +45,6 @@ crawl = [pytest.mark.integration, pytest.mark.crawl]
 
 def demo_args(*extra: str) -> argparse.Namespace:
     return arguments(["--workers", "5", "--concurrency", "2", "--quiet", "--timeout", "150", *extra])
-
-
-def settings_args(settings: dict[str, Any]) -> list[str]:
-    args: list[str] = []
-    for key, value in settings.items():
-        args += ["-s", f"{key}={json.dumps(value) if isinstance(value, dict | list) else value}"]
-    return args
-
-
-def staged_worker(redis_url: str, base: str, plan: str, settings: dict[str, Any]) -> subprocess.Popen[str]:
-    """A `scrapy runspider tests/workerspider.py` worker (a plain scrapy.Spider with the mixin)."""
-    merged = {
-        "REDIS_URL": redis_url,
-        "CONCURRENT_REQUESTS": 2,
-        "CONCURRENT_REQUESTS_PER_DOMAIN": 100,
-        "REDISLOCK_TTL": 2,
-        "REDISLOCK_IDLE_CLOSE": 1,
-        "TELNETCONSOLE_ENABLED": False,
-        "LOG_LEVEL": "INFO",
-        **settings,
-    }
-    command = [sys.executable, "-m", "scrapy", "runspider", str(ROOT / "tests" / "workerspider.py")]
-    command += ["-a", f"base={base}", "-a", f"plan={plan}", *settings_args(merged)]
-    return subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def finish(process: subprocess.Popen[str], timeout: float = 60) -> str:
