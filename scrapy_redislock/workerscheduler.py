@@ -356,7 +356,8 @@ class StageWorkerScheduler(BaseScheduler):
         if new:
             # Silent for a TTL (a stall: CPU starvation, a debugger, SIGSTOP, a long blocking call): the others
             # put this worker's in-flight requests back in the queues. The unstarted ones are dropped here; the
-            # ones already in the engine (at most CONCURRENT_REQUESTS) get fetched twice.
+            # ones already in the engine (downloads, at most CONCURRENT_REQUESTS, and responses waiting for their
+            # callback) get fetched twice.
             dropped = len(self.buffer)
             self.buffer.clear()
             self.stats.inc_value("redislock/workers/presumed_dead")
