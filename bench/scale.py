@@ -1,146 +1,687 @@
-"""Redis commands per crawled page, for the middleware and for the worker mixin, at 1, 5 and 20 processes.
+"""Redis commands per crawled page, for the middleware and for the worker mixin, at 1, 5 and 20 crawler processes.
 
-    ./run.sh bench scale [--processes 1,5,20] [--pages 600] [--quick]
+    ./run.sh bench scale [--quick] [--processes 1,5,20] [--fronts middleware,workers]
+    python bench/scale.py --lists 10 --details 30 --comments 2 --delay 0.05 --concurrency 4 --ttl 30
 
-The same crawl at every process count, on a fresh redis-server each time and the local test site (20 ms pages):
+What it measures: how many commands Redis runs per crawled page when the same crawl is shared by 1, 5 or 20
+``scrapy crawl`` processes, to show how the cost grows with the number of processes. Each run gets a fresh
+redis-server and a fresh fake shop (``example_project/shop_site.py``: list pages -> product pages -> comment
+pages, each page answered after ``--delay`` s), so the pages are the same at every process count:
 
-- middleware: ``StageLockMiddleware`` + ``StageScheduler`` (tests/crawlspider.py), stages detail (cap 3) and
-  comments (uncapped), half the pages each, split evenly over the processes;
-- worker mixin: ``StageWorkerMixin`` on a plain Spider (tests/workerspider.py), worker stages detail (at most 3
-  workers) and comments (uncapped); every worker yields every page in ``start()`` and the shared dupefilter lets
-  one copy through, so the pages are the same at every count; workers close after 1 s with no work anywhere.
+- middleware: the example project's ``shop_baseline`` spider (a scrapy-redis RedisSpider: one shared FIFO request
+  queue and dupefilter in Redis) with ``StageLockMiddleware`` + ``StageScheduler`` over scrapy-redis's scheduler,
+  requests in flight capped at list 1, detail 3, comments unlimited. The list pages are seeded into the shared
+  request queue. scrapy-redis workers idle until stopped: once the site has served every page (and every process
+  has opened its spider) the benchmark stops them with SIGTERM, Scrapy's graceful shutdown.
+- workers: the example project's ``shop`` spider (StageWorkerMixin over RedisSpider), workers capped at list 1,
+  detail 3, comments unlimited; the list pages are seeded as start URLs; workers close by themselves
+  (REDISLOCK_IDLE_CLOSE) once the cluster has had no work for ``--idle-close`` s.
 
-Counted from ``INFO commandstats`` over the whole run, start-up and close included: every command Redis ran
-(Redis counts the commands a Lua script runs too, so an EVALSHA whose script makes four calls counts five),
-the EVALSHA calls among them (one per script call a process sent), and the three most frequent commands. The
-table shows how the cost splits into a part per page and a part per process and second (renewals every ttl/3,
-the workers' heartbeats and queue looks); it prints what it measured and writes bench/results/scale.{md,json}.
+All P processes are started at once; on a 2-core machine 20 Scrapy start-ups take seconds, so late ones may join
+a crawl that is half done, or only start, find nothing and close. Counted over the whole run, from the launch to
+the exit of the last process, start-up and close included:
+
+- from ``INFO commandstats`` (after ``CONFIG RESETSTAT``): every command Redis ran, the commands Lua scripts run
+  included (an EVALSHA whose script makes four ``redis.call``\\ s counts five), EVALSHA calls, the top 3 commands;
+- from ``MONITOR`` (started before the run; Redis 7 shows the commands a script runs as ``[0 lua]`` lines, right
+  after their EVALSHA): the commands the clients sent ("client commands" = round trips, except that each command
+  of a pipeline or MULTI counts one), the commands run inside scripts, and per command (scripts by name) which
+  part sent it: the stage slots (counting locks), the worker mixin's stage queues, the start-URL feed,
+  scrapy-redis's request queue and dupefilter, connection set-up; what made it happen: a request, the clock
+  (renewals, heartbeats, polling) or a process starting, closing or changing stage; and when: before the first
+  page request, during the crawl, after the last page was served;
+- from the site: pages fetched (its hit counter), every page exactly once, the most requests in flight per stage
+  (middleware caps) and the most workers with a request of a stage in flight at once (worker caps); and Redis is
+  checked for leftovers (held slots, queued or in-flight requests).
+
+Prints a Markdown report and writes it to ``bench/results/scale.md``, everything (per-command calls, per-process
+page counts, exit codes) to ``bench/results/scale.json``; the crawl processes' logs go to
+``bench/results/scale-logs/``. MONITOR costs Redis a little CPU per command; the counts are exact either way.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
+import os
 import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
 import sys
+import threading
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import redis
 import scrapy
+import scrapy_redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from example_project.run import seed
+from example_project.shop_site import STAGES, ShopSite
+from scrapy_redislock.core import SCRIPT_NAMES, load_scripts
 from scrapy_redislock.redis_server import RedisServer
-from tests.crawlproc import staged_worker, start_crawl
-from tests.crawlsite import CrawlSite
+from scrapy_redislock.stagequeue import QUEUE_SCRIPTS
 
-RESULTS = Path(__file__).resolve().parent / "results"
-TTL = 3  # REDISLOCK_TTL: renewals every second
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+PROJECT = ROOT / "example_project"
+PREFIX = "redislock"
+CAPS: dict[str, int | None] = {"list": 1, "detail": 3, "comments": None}
+SPIDER = {"middleware": "shop_baseline", "workers": "shop"}
+FRONTS = ("middleware", "workers")
+RUN_TIMEOUT = 300.0  # seconds a run may take before its processes are killed
+COMPONENTS = ("stage slots", "stage queues", "start URLs", "scrapy-redis queue", "connection", "other")
+SHORT = {
+    "stage slots": "slots",
+    "stage queues": "queues",
+    "start URLs": "feed",
+    "scrapy-redis queue": "scrapy-redis",
+    "connection": "conn",
+    "other": "other",
+}
+PHASES = ("before", "crawl", "after")
+CONNECTION = {"hello", "ping", "script", "client", "select", "auth", "quit", "echo"}
+# What makes an operation happen: a request, the clock (renewals, heartbeats, looks at the queues), or a process
+# starting, closing or changing stage. By command or script name; XREADGROUP is the middleware's wait for a slot
+# for one request, but the worker mixin's look for a free stage slot.
+PER_REQUEST = {"release", "queue_pop", "queue_ack", "queue_push", "rpop", "lpush", "sadd"}
+PERIODIC = {"maintain", "queue_beat", "llen", "hlen", "zrange", "zrangebyscore", "time", "lpop", "lrange", "ltrim"}
+KINDS = ("per request", "periodic", "start, close, stage change")
+# Redis 7 names these commands with their sub-command in INFO commandstats ("xinfo|stream").
+CONTAINERS = {"client", "config", "xinfo", "xgroup", "script", "object", "memory", "command", "function", "acl"}
 
 
-def split(total: int, parts: int) -> list[int]:
-    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+# -- reading MONITOR ---------------------------------------------------------------------------------------------
 
 
-def run(front: str, processes: int, pages: int) -> dict[str, Any]:
-    """One crawl with ``processes`` processes; the commands Redis ran for it."""
-    half = pages // 2
-    with RedisServer() as server, CrawlSite(delay=0.02) as site:
-        client = redis.Redis.from_url(server.url)
-        client.config_resetstat()
-        started = time.monotonic()
-        if front == "middleware":
-            settings = {
-                "REDISLOCK_URL": server.url,
-                "REDISLOCK_STAGES": {"detail": 3, "comments": None},
-                "REDISLOCK_TTL": TTL,
-            }
-            shares = zip(split(half, processes), split(pages - half, processes), strict=True)
-            crawls = [start_crawl(site.url, f"detail:{d},comments:{c}", settings) for d, c in shares]
+class Monitor:
+    """A raw MONITOR connection read by a thread into memory; parsed after the run."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.sendall(b"MONITOR\r\n")
+        self.data = bytearray()
+        self.thread = threading.Thread(target=self._read, name="monitor", daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = self.sock.recv(1 << 18)
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.data += chunk
+
+    def stop(self, client: redis.Redis, timeout: float = 10.0) -> bytes:
+        """Send a marker from ``client``, wait until MONITOR has shown it (so every earlier line is in), stop."""
+        marker = f"scale-bench-end-{time.monotonic_ns()}".encode()
+        client.echo(marker)
+        deadline = time.monotonic() + timeout
+        while marker not in self.data and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.thread.join(5)
+        return bytes(self.data)
+
+
+LINE = re.compile(rb"^\+(\d+\.\d+) \[\d+ ([^\]]+)\] (.*)$")
+ARG = re.compile(rb'"((?:[^"\\]|\\.)*)"')
+
+
+def script_names() -> dict[str, str]:
+    """EVALSHA sha -> script name, for every script of the package (redis-py hashes the source as sent)."""
+    sources = {**load_scripts(SCRIPT_NAMES), **load_scripts(QUEUE_SCRIPTS)}
+    return {hashlib.sha1(src.encode()).hexdigest(): name for name, src in sources.items()}
+
+
+def first_key(name: str, args: list[bytes]) -> str | None:
+    """The first key a command names (enough to tell which component sent it), None for keyless commands."""
+    if name in ("evalsha", "eval", "evalsha_ro", "eval_ro"):
+        return args[3].decode(errors="replace") if len(args) > 3 and args[2] != b"0" else None
+    if name in ("xreadgroup", "xread"):
+        upper = [a.upper() for a in args]
+        return args[upper.index(b"STREAMS") + 1].decode(errors="replace") if b"STREAMS" in upper else None
+    if "|" in name:  # xinfo|stream KEY, xgroup|create KEY; client|setinfo, script|load have none
+        return args[2].decode(errors="replace") if name.split("|")[0] in ("xinfo", "xgroup") else None
+    if name in ("multi", "exec", "discard", "hello", "ping", "echo", "select", "info", "time", "auth", "quit"):
+        return None
+    return args[1].decode(errors="replace") if len(args) > 1 else None
+
+
+def component(name: str, key: str | None, spider: str) -> str:
+    if key is None:
+        return "connection" if name.split("|")[0] in CONNECTION else "other"
+    if key.startswith(f"{PREFIX}:{{{spider}}}"):
+        return "stage queues"
+    if key.startswith(f"{PREFIX}:{{"):
+        return "stage slots"
+    if key.endswith(":start_urls"):
+        return "start URLs"
+    if key.startswith(f"{spider}:"):
+        return "scrapy-redis queue"
+    return "other"
+
+
+@dataclass
+class Traffic:
+    """What MONITOR showed: client commands and commands inside scripts, by component, operation and phase."""
+
+    client: Counter[str] = field(default_factory=Counter)  # "component/operation" -> commands sent by clients
+    total: Counter[str] = field(default_factory=Counter)  # the same, with the commands their scripts ran
+    in_scripts: Counter[str] = field(default_factory=Counter)  # command -> calls inside scripts
+    phases: Counter[str] = field(default_factory=Counter)  # phase -> commands (client + in scripts)
+    client_phases: Counter[str] = field(default_factory=Counter)
+    clients: int = 0  # connections seen
+
+
+def command_name(args: list[bytes]) -> str:
+    name = args[0].decode(errors="replace").lower()
+    if name in CONTAINERS and len(args) > 1:
+        name = f"{name}|{args[1].decode(errors='replace').lower()}"
+    return name
+
+
+def parse_monitor(raw: bytes, spider: str, skip: set[str], window: tuple[float, float]) -> Traffic:
+    """Tally MONITOR's lines; ``skip``: client addresses of the benchmark itself; ``window``: the crawl's
+    first request and last page served (time.time(), the clock MONITOR stamps lines with)."""
+    shas = script_names()
+    traffic = Traffic()
+    current = "other/?"  # operation of the last EVALSHA: the lua lines that follow are its commands
+    last_of: dict[str, str] = {}  # client -> its last operation (EXEC belongs to what it wrapped)
+    multi_open: Counter[str] = Counter()  # client -> MULTIs not yet attributed (they go to the next command)
+    addresses: set[str] = set()
+    for line in raw.split(b"\r\n"):
+        match = LINE.match(line)
+        if match is None:
+            continue
+        stamp, source, rest = float(match.group(1)), match.group(2).decode(), match.group(3)
+        args = ARG.findall(rest)
+        if not args:
+            continue
+        name = command_name(args)
+        if source in skip:
+            continue
+        phase = "before" if stamp < window[0] else "crawl" if stamp <= window[1] else "after"
+        traffic.phases[phase] += 1
+        if source == "lua":
+            traffic.in_scripts[name] += 1
+            traffic.total[current] += 1
+            continue
+        addresses.add(source)
+        traffic.client_phases[phase] += 1
+        if name == "multi":
+            multi_open[source] += 1
+            continue
+        if name == "exec":
+            op = last_of.get(source, "connection/exec")
         else:
-            settings = {"REDISLOCK_WORKER_STAGES": {"detail": 3, "comments": None}, "REDISLOCK_TTL": TTL}
-            plan = f"detail:{half},comments:{pages - half}"
-            crawls = [staged_worker(server.url, site.url, plan, settings) for _ in range(processes)]
-        outputs = [crawl.communicate(timeout=900)[0] for crawl in crawls]
-        seconds = time.monotonic() - started
-        failed = [out[-1500:] for crawl, out in zip(crawls, outputs, strict=True) if crawl.returncode != 0]
-        if failed:
-            raise RuntimeError(f"{front} x {processes}: a process failed:\n{failed[0]}")
+            part = component(name, first_key(name, args), spider)
+            if name.startswith("eval"):
+                sha = args[1].decode(errors="replace").lower() if len(args) > 1 else ""
+                op = f"{part}/{shas.get(sha, 'script ' + sha[:8])}"
+                current = op
+            else:
+                op = f"{part}/{name}"
+            last_of[source] = op
+        opened = multi_open.pop(source, 0)
+        traffic.client[op] += 1 + opened
+        traffic.total[op] += 1 + opened
+    traffic.clients = len(addresses)
+    return traffic
+
+
+# -- one run -----------------------------------------------------------------------------------------------------
+
+
+def settings_for(front: str, index: int, redis_url: str, opts: argparse.Namespace) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "REDIS_URL": redis_url,
+        "CONCURRENT_REQUESTS": opts.concurrency,
+        "REDISLOCK_TTL": opts.ttl,
+        "USER_AGENT": f"scale-{front}-{index}",  # the site tells the processes apart by it
+        "LOG_LEVEL": "INFO",
+        "TELNETCONSOLE_ENABLED": False,
+    }
+    if front == "middleware":
+        settings.update(
+            SCHEDULER="scrapy_redislock.StageScheduler",
+            REDISLOCK_SCHEDULER_INNER="scrapy_redis.scheduler.Scheduler",
+            DOWNLOADER_MIDDLEWARES={"scrapy_redislock.StageLockMiddleware": 950},
+            REDISLOCK_STAGES=CAPS,
+            MAX_IDLE_TIME_BEFORE_CLOSE=0,  # a scrapy-redis worker idles until it is stopped
+        )
+    else:
+        settings.update(REDISLOCK_WORKER_STAGES=CAPS, REDISLOCK_IDLE_CLOSE=opts.idle_close)
+    return settings
+
+
+def crawl_command(front: str, settings: dict[str, Any]) -> list[str]:
+    command = [sys.executable, "-m", "scrapy", "crawl", SPIDER[front]]
+    for key, value in settings.items():
+        command += ["-s", f"{key}={json.dumps(value) if isinstance(value, dict) else value}"]
+    return command
+
+
+def held_slots(client: redis.Redis, lock_names: list[str]) -> int:
+    held = 0
+    for name in lock_names:
+        with contextlib.suppress(redis.ResponseError):
+            held += int(client.xpending(f"{PREFIX}:{{{name}}}:slots", "holders")["pending"])
+    return held
+
+
+def leftovers(client: redis.Redis, front: str) -> dict[str, int]:
+    """What the finished crawl left in Redis: held slots, queued and in-flight requests, registered workers."""
+    spider = SPIDER[front]
+    capped = [stage for stage, cap in CAPS.items() if cap is not None]
+    if front == "middleware":
+        return {"held slots": held_slots(client, capped), "queued": int(client.llen(f"{spider}:requests"))}
+    base = f"{PREFIX}:{{{spider}}}"
+    return {
+        "held slots": held_slots(client, [f"workers:{stage}" for stage in capped]),
+        "queued": sum(int(client.llen(f"{base}:queue:{stage}")) for stage in STAGES),
+        "in flight": sum(int(client.hlen(key)) for key in client.scan_iter(f"{base}:inflight:*")),
+        "workers": int(client.zcard(f"{base}:alive")),
+    }
+
+
+def pages_of(log: str) -> int:
+    """Pages one process downloaded (its stats dump at close)."""
+    found = re.search(r"'downloader/response_count': (\d+)", log)
+    return int(found.group(1)) if found else 0
+
+
+def run(front: str, processes: int, opts: argparse.Namespace) -> dict[str, Any]:
+    """One crawl of the shop by ``processes`` processes of ``front``; what Redis ran for it, and the checks."""
+    logs = RESULTS / "scale-logs" / f"{front}-{processes}"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    load = os.getloadavg()[0]
+    with RedisServer() as server, ShopSite(opts.lists, opts.details, opts.comments, opts.delay) as site:
+        client = redis.Redis.from_url(server.url)
+        seed(client, SPIDER[front], site)  # before the count starts
+        own = client.client_info()["addr"]
+        monitor = Monitor(server.port)
+        client.config_resetstat()
+        expected = site.expected_paths()
+        log_paths = [logs / f"{n}.log" for n in range(processes)]
+        started: list[float] = []
+        procs: list[subprocess.Popen[bytes]] = []
+        launched = time.time()
+        for n, path in enumerate(log_paths):
+            with path.open("wb") as out:
+                command = crawl_command(front, settings_for(front, n, server.url, opts))
+                procs.append(subprocess.Popen(command, cwd=PROJECT, stdout=out, stderr=subprocess.STDOUT))
+            started.append(time.time())
+        exited: dict[int, float] = {}
+        stopped = False
+        try:
+            while len(exited) < processes:
+                now = time.time()
+                for n, proc in enumerate(procs):
+                    if n not in exited and proc.poll() is not None:
+                        exited[n] = now
+                if now - launched > RUN_TIMEOUT:
+                    raise TimeoutError(f"{front} x {processes}: processes still running after {RUN_TIMEOUT:.0f} s")
+                if front == "middleware" and not stopped and crawl_done(site, expected) and all_open(log_paths, exited):
+                    time.sleep(0.5)  # the last callbacks (they only yield items)
+                    for proc in procs:
+                        if proc.poll() is None:
+                            proc.send_signal(signal.SIGTERM)
+                    stopped = True
+                time.sleep(0.05)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        ended = time.time()
         stats = client.info("commandstats")
+        raw = monitor.stop(client)
+        left = leftovers(client, front)
         client.close()
-        calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
-        calls.pop("config|resetstat", None)
-        calls.pop("info", None)
-        fetched = sum(site.hits.values())
-        # Middleware processes crawl their own shares (the same paths in each); workers share one set of pages.
-        distinct = pages if front == "middleware" else len(site.hits)
-        if fetched != pages or distinct != pages:
-            raise RuntimeError(f"{front} x {processes}: {fetched} fetches of {distinct} pages, not {pages}")
-        capped = site.max_in_flight["detail"]
-        total = sum(calls.values())
-        return {
-            "front": front,
-            "processes": processes,
-            "pages": fetched,
-            "seconds": seconds,
-            "commands": total,
-            "evalsha": calls.get("evalsha", 0),
-            "per_page": total / fetched,
-            "evalsha_per_page": calls.get("evalsha", 0) / fetched,
-            "per_process_second": total / (processes * seconds),
-            "top": sorted(calls.items(), key=lambda kv: -kv[1])[:3],
-            "calls": calls,
-            "detail_max_in_flight": capped,
-        }
+        with site.lock:
+            hits = Counter(site.hits)
+            first, last = site.first_request or launched, site.last_served or ended
+            max_in_flight = {s: site.max_in_flight[s] for s in STAGES}
+            max_workers = {s: site.max_workers[s] for s in STAGES}
+    calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+    calls["config|resetstat"] = calls.get("config|resetstat", 1) - 1  # the benchmark's own
+    calls = {name: n for name, n in calls.items() if n > 0}
+    traffic = parse_monitor(raw, SPIDER[front], {own}, (first, last))
+    total = sum(calls.values())
+    fetched = sum(hits.values())
+    per_process = [pages_of(path.read_text(errors="replace")) for path in log_paths]
+    checks = verdicts(front, expected, hits, max_in_flight, max_workers, [p.returncode for p in procs], left)
+    return {
+        "front": front,
+        "processes": processes,
+        "pages": fetched,
+        "expected_pages": len(expected),
+        "wall_s": ended - launched,
+        "crawl_s": last - first,
+        "first_page_after_s": first - launched,
+        "process_s": sum(exited.get(n, ended) - started[n] for n in range(processes)),
+        "commands": total,
+        "evalsha": calls.get("evalsha", 0),
+        "client_commands": sum(traffic.client.values()),
+        "in_scripts": sum(traffic.in_scripts.values()),
+        "monitor_minus_commandstats": sum(traffic.client.values()) + sum(traffic.in_scripts.values()) - total,
+        "top": sorted(calls.items(), key=lambda kv: -kv[1])[:3],
+        "calls": dict(sorted(calls.items(), key=lambda kv: -kv[1])),
+        "client_ops": dict(traffic.client.most_common()),
+        "ops": dict(traffic.total.most_common()),
+        "in_scripts_by_command": dict(traffic.in_scripts.most_common()),
+        "phases": {p: traffic.phases[p] for p in PHASES},
+        "client_phases": {p: traffic.client_phases[p] for p in PHASES},
+        "connections": traffic.clients,
+        "pages_per_process": per_process,
+        "processes_with_pages": sum(1 for n in per_process if n),
+        "max_in_flight": max_in_flight,
+        "max_workers": max_workers,
+        "exit_codes": [p.returncode for p in procs],
+        "leftovers": left,
+        "checks": checks,
+        "ok": all(ok for _, ok in checks),
+        "load_before": load,
+        "load_after": os.getloadavg()[0],
+    }
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def all_open(logs: list[Path], exited: dict[int, float]) -> bool:
+    """Every process has opened its spider (one still starting up would die of a SIGTERM), or has exited."""
+    return all(n in exited or b"Spider opened" in path.read_bytes() for n, path in enumerate(logs))
+
+
+def crawl_done(site: ShopSite, expected: set[str]) -> bool:
+    with site.lock:
+        return expected <= set(site.hits) and not any(site.in_flight.values())
+
+
+def verdicts(
+    front: str,
+    expected: set[str],
+    hits: Counter[str],
+    max_in_flight: dict[str, int],
+    max_workers: dict[str, int],
+    codes: list[int | None],
+    left: dict[str, int],
+) -> list[tuple[str, bool]]:
+    missing = len(expected - set(hits))
+    twice = sum(n - 1 for n in hits.values() if n > 1)
+    unexpected = len(set(hits) - expected)
+    result = [
+        (
+            f"every page once: {len(expected) - missing}/{len(expected)} fetched, {twice} fetched again, "
+            f"{unexpected} unexpected",
+            missing == 0 and twice == 0 and unexpected == 0,
+        )
+    ]
+    seen, unit = (max_in_flight, "requests in flight") if front == "middleware" else (max_workers, "workers")
+    for stage, cap in CAPS.items():
+        if cap is not None:
+            result.append((f"{stage}: at most {seen[stage]} {unit} at once (cap {cap})", seen[stage] <= cap))
+    exits = ", ".join(f"{n} x {code}" for code, n in sorted(Counter(codes).items(), key=str))
+    result.append((f"exit codes all 0: {exits}", all(c == 0 for c in codes)))
+    result.append((f"nothing left in Redis: {left}", not any(left.values())))
+    return result
+
+
+# -- the report --------------------------------------------------------------------------------------------------
+
+
+def main_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| front | processes | pages | wall s | Redis commands | per page | EVALSHA per page | per process-second "
-        "| most frequent |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| front | processes | pages | wall s | process-s | Redis commands | per page | scrapy_redislock's per page "
+        "| client commands per page | EVALSHA per page | in scripts per page | per process-s "
+        "| top 3 commands (calls) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
+        pages = max(1, r["pages"])
         top = ", ".join(f"{name} {n}" for name, n in r["top"])
         lines.append(
-            f"| {r['front']} | {r['processes']} | {r['pages']} | {r['seconds']:.1f} | {r['commands']} | "
-            f"{r['per_page']:.1f} | {r['evalsha_per_page']:.2f} | {r['per_process_second']:.1f} | {top} |"
+            f"| {r['front']} | {r['processes']} | {r['pages']} | {r['wall_s']:.1f} | {r['process_s']:.0f} | "
+            f"{r['commands']} | {r['commands'] / pages:.2f} | {ours(r) / pages:.2f} | "
+            f"{r['client_commands'] / pages:.2f} | "
+            f"{r['evalsha'] / pages:.2f} | {r['in_scripts'] / pages:.2f} | {r['commands'] / r['process_s']:.1f} "
+            f"| {top} |"
         )
-    return "\n".join(lines)
+    return lines
+
+
+def ours(row: dict[str, Any]) -> int:
+    """Commands sent by scrapy_redislock: the stage slots and queues, and the worker scheduler's start-URL feed."""
+    parts = by_component(row["ops"])
+    mine = parts["stage slots"] + parts["stage queues"]
+    return mine + (parts["start URLs"] if row["front"] == "workers" else 0)
+
+
+def split_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Per page: which part sent the commands (with what their scripts ran), and when."""
+    parts = [c for c in COMPONENTS if any(by_component(r["ops"]).get(c) for r in rows)]
+    lines = [
+        "| front | processes | " + " | ".join(parts) + " | before 1st page | during crawl | after last page |",
+        "|---|---:|" + "---:|" * (len(parts) + 3),
+    ]
+    for r in rows:
+        pages = max(1, r["pages"])
+        totals, sent = by_component(r["ops"]), by_component(r["client_ops"])
+        cells = [f"{totals.get(c, 0) / pages:.2f} ({sent.get(c, 0) / pages:.2f})" for c in parts]
+        cells += [f"{r['phases'][p] / pages:.2f}" for p in PHASES]
+        lines.append(f"| {r['front']} | {r['processes']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def kind(front: str, op: str) -> str:
+    name = op.split("/", 1)[1]
+    if name == "xreadgroup":
+        return KINDS[0] if front == "middleware" else KINDS[1]
+    if name == "release" and front == "workers":
+        return KINDS[2]  # a worker leaving a capped stage
+    return KINDS[0] if name in PER_REQUEST else KINDS[1] if name in PERIODIC else KINDS[2]
+
+
+def by_kind(front: str, ops: dict[str, int]) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for op, n in ops.items():
+        out[kind(front, op)] += n
+    return out
+
+
+def kind_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| front | processes | per request, per page | periodic, per page | start, close, stage change, per page "
+        "| periodic per process-s | start and close per process |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        pages = max(1, r["pages"])
+        totals, sent = by_kind(r["front"], r["ops"]), by_kind(r["front"], r["client_ops"])
+        cells = [f"{totals[k] / pages:.2f} ({sent[k] / pages:.2f})" for k in KINDS]
+        cells += [f"{totals[KINDS[1]] / r['process_s']:.1f}", f"{totals[KINDS[2]] / r['processes']:.0f}"]
+        lines.append(f"| {r['front']} | {r['processes']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def by_component(ops: dict[str, int]) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for op, n in ops.items():
+        out[op.split("/", 1)[0]] += n
+    return out
+
+
+def ops_table(rows: list[dict[str, Any]], top: int = 6) -> list[str]:
+    lines = [
+        "| front | processes | most frequent client commands per page, as part:command (EVALSHA by script "
+        "name, the commands it ran in parentheses; feed = start URLs, conn = connection set-up) |",
+        "|---|---:|---|",
+    ]
+    for r in rows:
+        pages = max(1, r["pages"])
+        cells = []
+        for op, n in list(r["client_ops"].items())[:top]:
+            inside = r["ops"].get(op, n) - n
+            part, name = op.split("/", 1)
+            label = f"{SHORT[part]}:{name}"
+            cells.append(f"{label} {n / pages:.2f}" + (f" ({inside / pages:.2f})" if inside else ""))
+        lines.append(f"| {r['front']} | {r['processes']} | " + ", ".join(cells) + " |")
+    return lines
+
+
+def check_lines(rows: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for r in rows:
+        verdict = "ok" if r["ok"] else "FAILED"
+        lines.append(
+            f"- {r['front']} x {r['processes']}: [{verdict}] "
+            + "; ".join(("" if ok else "FAILED: ") + text for text, ok in r["checks"])
+            + f"; {r['processes_with_pages']} of {r['processes']} processes fetched pages; first page "
+            f"{r['first_page_after_s']:.1f} s after the launch, crawl {r['crawl_s']:.1f} s; "
+            f"{r['connections']} Redis connections; load average {r['load_before']:.2f} before, "
+            f"{r['load_after']:.2f} after"
+        )
+    return lines
+
+
+def library_state() -> str:
+    """The commit the package was measured at, and whether its files had uncommitted changes."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "scrapy_redislock"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return "scrapy_redislock (not a git checkout)"
+    changes = f", with uncommitted changes in {len(dirty)} of its files" if dirty else ""
+    return f"scrapy_redislock at commit {commit}{changes}"
+
+
+def header(opts: argparse.Namespace, counts: list[int], version: str) -> list[str]:
+    pages = opts.lists * (1 + opts.details * (1 + opts.comments))
+    return [
+        "# Redis commands per crawled page, by number of crawler processes",
+        "",
+        f"The same shop crawl at every process count ({counts}): {pages} pages ({opts.lists} list pages x "
+        f"{opts.details} products x {opts.comments} comment pages), {opts.delay * 1000:.0f} ms a page; caps "
+        f"{json.dumps(CAPS)} (middleware: requests in flight; workers: workers); CONCURRENT_REQUESTS "
+        f"{opts.concurrency} per process; REDISLOCK_TTL {opts.ttl:g} s; workers' REDISLOCK_IDLE_CLOSE "
+        f"{opts.idle_close:g} s. A fresh redis-server and site per run; all processes started at once.",
+        "",
+        "**Whole runs**: from the launch of the processes to the exit of the last one, so Scrapy start-up, idle "
+        "polling, the workers' idle close and the middleware processes' SIGTERM shutdown are counted. *Redis "
+        "commands*: INFO commandstats, commands inside Lua scripts included; *client commands*: what the clients "
+        "sent (MONITOR), each command of a pipeline counted; *in scripts*: commands the scripts ran; "
+        "*scrapy_redislock's*: the commands of the stage slots and queues and of the worker scheduler's start-URL "
+        "feed (the rest is scrapy-redis's request queue, dupefilter and RedisSpider feed, and connection set-up).",
+        "",
+        f"Machine: {os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}; redis-server "
+        f"{version}, Scrapy {scrapy.__version__}, redis-py {redis.__version__}, scrapy-redis "
+        f"{getattr(scrapy_redis, '__version__', '?')}; {library_state()}; {time.strftime('%Y-%m-%d %H:%M')}.",
+    ]
+
+
+def report(rows: list[dict[str, Any]], opts: argparse.Namespace, counts: list[int], version: str) -> str:
+    lines = header(opts, counts, version)
+    lines += ["", *main_table(rows), ""]
+    lines += [
+        "Where the commands come from, per page: all commands (client commands in parentheses) by the part that "
+        "sent them (stage slots: the counting locks; stage queues: the worker mixin's queues; start URLs: the "
+        "RedisSpider feed; scrapy-redis queue: its request queue and dupefilter; connection: HELLO, PING, SCRIPT "
+        "LOAD; other: TIME), and when Redis ran them:",
+        "",
+        *split_table(rows),
+        "",
+        "What makes the commands happen, per page (client commands in parentheses): a request (a slot grant and "
+        "release; a queue push, pop and ack; scrapy-redis's RPOP counts its empty polls too), the clock (slot "
+        "renewals every second, worker beats every ttl/3, the worker loop's looks at the queues every 0.2 s, "
+        "RedisSpider's idle reads of its start URLs every 5 s), or a process starting, closing or changing stage:",
+        "",
+        *kind_table(rows),
+        "",
+        *ops_table(rows),
+        "",
+        "Checks:",
+        "",
+        *check_lines(rows),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def options(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench/scale.py", description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--processes", default="1,5,20", help="process counts, comma list (default 1,5,20)")
+    parser.add_argument("--fronts", default=",".join(FRONTS), help="middleware,workers (default both)")
+    parser.add_argument("--lists", type=int, default=10, help="list pages in the shop (default 10)")
+    parser.add_argument("--details", type=int, default=30, help="products per list page (default 30)")
+    parser.add_argument("--comments", type=int, default=2, help="comment pages per product (default 2)")
+    parser.add_argument("--delay", type=float, default=0.05, help="seconds the site takes per page (default 0.05)")
+    parser.add_argument("--concurrency", type=int, default=4, help="CONCURRENT_REQUESTS per process (default 4)")
+    parser.add_argument("--ttl", type=float, default=30.0, help="REDISLOCK_TTL (default 30, the library's)")
+    parser.add_argument("--idle-close", type=float, default=2.0, help="workers' REDISLOCK_IDLE_CLOSE (default 2)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where scale.md and scale.json go")
+    parser.add_argument("--quick", action="store_true", help="processes 1,5 and a 5 x 10 x 2 shop: a smoke run")
+    opts = parser.parse_args(argv)
+    if opts.quick:
+        opts.processes, opts.lists, opts.details = "1,5", 5, 10
+    unknown = set(opts.fronts.split(",")) - set(FRONTS)
+    if unknown:
+        parser.error(f"unknown fronts {sorted(unknown)}; choose from {list(FRONTS)}")
+    return opts
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--processes", default="1,5,20", help="process counts, comma list (default 1,5,20)")
-    parser.add_argument("--pages", type=int, default=600, help="pages per crawl, half detail, half comments")
-    parser.add_argument("--fronts", default="middleware,workers")
-    parser.add_argument("--quick", action="store_true", help="1 and 5 processes, 200 pages: a smoke run")
-    args = parser.parse_args(argv)
-    counts = [1, 5] if args.quick else [int(n) for n in args.processes.split(",")]
-    pages = 200 if args.quick else args.pages
+    opts = options(argv)
+    counts = [int(n) for n in opts.processes.split(",")]
+    version = RedisServer().version()
     rows = []
-    for front in args.fronts.split(","):
+    began = time.monotonic()
+    for front in opts.fronts.split(","):
         for processes in counts:
             print(f"{front} x {processes} processes ...", file=sys.stderr, flush=True)
-            row = run(front, processes, pages)
-            if row["detail_max_in_flight"] > 3 and front == "middleware":
-                raise RuntimeError(f"cap exceeded: {row['detail_max_in_flight']} detail requests in flight")
+            row = run(front, processes, opts)
+            print(
+                f"  {row['pages']} pages, {row['commands']} commands ({row['commands'] / max(1, row['pages']):.2f} "
+                f"per page), {row['wall_s']:.1f} s{'' if row['ok'] else ', CHECKS FAILED'}",
+                file=sys.stderr,
+                flush=True,
+            )
             rows.append(row)
-    with RedisServer() as server:
-        version = server.version()
-    header = (
-        f"# Redis commands per crawled page\n\n{pages} pages (half detail, cap 3; half comments, uncapped), 20 ms a "
-        f"page, REDISLOCK_TTL {TTL}; redis-server {version}, {platform.platform()}, Scrapy {scrapy.__version__}, "
-        f"redis-py {redis.__version__}. Whole runs, start-up and close included.\n"
-    )
-    text = header + "\n" + table(rows) + "\n"
+    text = report(rows, opts, counts, version)
+    text += f"\nBenchmark wall time {time.monotonic() - began:.0f} s.\n"
     print(text)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "scale.md").write_text(text)
-    (RESULTS / "scale.json").write_text(json.dumps(rows, indent=2))
-    return 0
+    opts.out.mkdir(parents=True, exist_ok=True)
+    (opts.out / "scale.md").write_text(text)
+    meta = {k: str(v) if isinstance(v, Path) else v for k, v in vars(opts).items()}
+    machine = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "redis_server": version,
+        "scrapy": scrapy.__version__,
+        "redis_py": redis.__version__,
+        "scrapy_redis": getattr(scrapy_redis, "__version__", None),
+        "library": library_state(),
+    }
+    (opts.out / "scale.json").write_text(json.dumps({"options": meta, "machine": machine, "runs": rows}, indent=2))
+    print(f"written: {opts.out / 'scale.md'}, {opts.out / 'scale.json'}; logs in {RESULTS / 'scale-logs'}")
+    return 0 if all(r["ok"] for r in rows) else 1
 
 
 if __name__ == "__main__":
