@@ -243,10 +243,14 @@ class StageScheduler:
         while len(self.ready[stage]) > len(self.parked[stage]):
             self.locks.release_soon(self.ready[stage].pop())
 
+    def _live_waiters(self, stage: str) -> int:
+        # A finished task stays in the set until its done callback runs, a loop iteration later: not a waiter.
+        return sum(not task.done() for task in self.waiters[stage])
+
     def _ensure_waiters(self, stage: str) -> None:
         wanted = min(len(self.parked[stage]) - len(self.ready[stage]), self.waiters_per_stage)
         waiters = self.waiters[stage]
-        while len(waiters) < wanted and not self.closing:
+        while self._live_waiters(stage) < wanted and not self.closing:
             task = asyncio.get_running_loop().create_task(self._wait_for_slots(stage))
             waiters.add(task)
             task.add_done_callback(waiters.discard)
@@ -254,7 +258,6 @@ class StageScheduler:
     async def _wait_for_slots(self, stage: str) -> None:
         """One waiter: blocks in Redis for a slot, pairs it with a parked request, and goes on while needed."""
         assert self.locks is not None
-        waiters = self.waiters[stage]
         while not self.closing:
             try:
                 permit = await self.locks.acquire(stage, None)  # Redis errors are retried in there
@@ -271,7 +274,7 @@ class StageScheduler:
                 await asyncio.sleep(0)  # the engine may take it first; if not, it is surplus
                 self._free_surplus(stage)
             # Go on while the requests still waiting need every waiter, this one included.
-            if len(self.parked[stage]) - len(self.ready[stage]) < len(waiters):
+            if len(self.parked[stage]) - len(self.ready[stage]) < self._live_waiters(stage):
                 return
 
     def _arm_timer(self, stage: str) -> None:
@@ -297,6 +300,8 @@ class StageScheduler:
         active = getattr(getattr(getattr(self.crawler, "engine", None), "downloader", None), "active", None)
         if active is None:
             return
+        for stage in self.parked:  # a safety net: parked requests always have someone waiting for them
+            self._ensure_waiters(stage)
         gone = {request for request in self.handed if request not in active}
         for request in gone & self._suspects:
             handed = self.handed.pop(request, None)
