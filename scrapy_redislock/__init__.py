@@ -9,6 +9,7 @@ from scrapy_redislock.errors import (
     LockConnectionError,
     LockError,
     LockLost,
+    NotReplicated,
     UnknownStage,
 )
 from scrapy_redislock.lock import CountingLock
@@ -46,6 +47,7 @@ __all__ = [
     "LockError",
     "LockKeys",
     "LockLost",
+    "NotReplicated",
     "Permit",
     "StageLockMiddleware",
     "StageScheduler",

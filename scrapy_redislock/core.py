@@ -37,6 +37,7 @@ from scrapy_redislock.errors import (
     LockConnectionError,
     LockError,
     LockLost,
+    NotReplicated,
 )
 
 GROUP = "holders"
@@ -79,7 +80,23 @@ class Call:
     args: tuple[str | int, ...]
 
 
-Command = RunScript | ReadGrant | Call
+@dataclass(frozen=True)
+class WaitReplicas:
+    """``HSET key field value`` then ``WAIT replicas timeout_ms``, pipelined over one connection.
+
+    ``WAIT`` counts only what its own connection wrote, and a pooled client promises no connection, so a fresh
+    write into the lock's hash slot goes first: a replica that has it has everything its master did before, the
+    grant or release included (one replication stream, in order). Replies ``[hset reply, replicas acknowledged]``.
+    """
+
+    key: str
+    field: str
+    value: str
+    replicas: int
+    timeout_ms: int
+
+
+Command = RunScript | ReadGrant | Call | WaitReplicas
 Operation = Generator[Command, Any, Any]
 
 
@@ -198,6 +215,7 @@ class LockCore:
     identity: dict[str, Any]
     max_block: float | None = None
     configured_ttl: float = 0.0
+    replicas: int = 0
     owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
     held: dict[str, Permit] = field(default_factory=dict)
     by_holder: dict[Any, Permit] = field(default_factory=dict)
@@ -218,6 +236,7 @@ class LockCore:
         clock: Clock = time.monotonic,
         identity: Mapping[str, Any] | None = None,
         max_block: float | None = None,
+        replicas: object = 0,
     ) -> LockCore:
         name = check_name(name)
         prefix = check_name(key_prefix, "key_prefix")
@@ -237,6 +256,7 @@ class LockCore:
             identity=ident,
             max_block=max_block,
             configured_ttl=checked_ttl,
+            replicas=check_limit(replicas, "replicas"),
         )
 
     # -- commands ---------------------------------------------------------------
@@ -325,6 +345,8 @@ class LockCore:
                 self.held[grant] = permit
                 if self.reentrant and holder is not None:
                     self.by_holder[holder] = permit
+                if self.replicas:
+                    yield from self._confirm_grant(permit)
                 return permit
             if not blocking:
                 return None
@@ -354,7 +376,40 @@ class LockCore:
             return None
         return str(text(entries[0][0]))
 
-    def release(self, permit: Permit) -> Operation:
+    def _wait_replicas(self) -> Operation:
+        """How many replicas acknowledged everything this lock's master did so far (waits up to renew_interval)."""
+        k = self.keys
+        timeout_ms = max(1, round(self.renew_interval * 1000))
+        reply = yield WaitReplicas(k.owners, self.owner, json.dumps(self.identity), self.replicas, timeout_ms)
+        return int(reply[-1])
+
+    def _confirm_grant(self, permit: Permit) -> Operation:
+        """With ``replicas``: the grant is on that many replicas, or it is given back and NotReplicated raised."""
+        acked, error = -1, None
+        try:
+            acked = yield from self._wait_replicas()
+        except redis.exceptions.RedisError as exc:
+            error = exc
+        except BaseException:  # cancelled: the next maintain frees the grant nobody will use
+            self._forget(permit)
+            self.needs_reconcile = True
+            raise
+        if acked >= self.replicas:
+            return
+        try:
+            yield from self.release(permit, confirm=False)
+        except BaseException as exc:
+            self._forget(permit)
+            self.needs_reconcile = True
+            if not isinstance(exc, redis.exceptions.RedisError):
+                raise
+        seen = f"{type(error).__name__}: {error}" if error else f"{acked} acknowledged"
+        raise NotReplicated(
+            f"lock {self.name!r}: grant {permit.grant} not acknowledged by {self.replicas} replica(s) ({seen}); "
+            "given back"
+        ) from error
+
+    def release(self, permit: Permit, confirm: bool = True) -> Operation:
         """True if the permit was held and is now given back; False for a stale permit."""
         if not isinstance(permit, Permit):
             raise InvalidArgument(f"permit must be a Permit, got {permit!r}")
@@ -373,6 +428,13 @@ class LockCore:
         self._forget(permit)
         if result == 0:
             permit.lost = True
+        if result == 1 and confirm and self.replicas:
+            acked = yield from self._wait_replicas()
+            if acked < self.replicas:
+                raise NotReplicated(
+                    f"lock {self.name!r}: release of {permit.grant} done, but acknowledged by {acked} of "
+                    f"{self.replicas} replica(s): a failover before they have it brings the slot back held for a lease"
+                )
         return result == 1
 
     def _forget(self, permit: Permit) -> None:

