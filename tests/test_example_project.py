@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -42,6 +43,10 @@ def test_the_shop_links_list_to_details_to_comments() -> None:
         assert status == 200 and body.count('class="list"') == 2 and 'href="/list/1"' in body
         assert site.totals == {"list": 2, "detail": 6, "comments": 12}
         assert len(site.expected_paths()) == 20 and "/comments/0-0/0" in site.expected_paths()
+        # A page counts as done once its handler has finished, a moment after the client has the whole response.
+        deadline = time.monotonic() + 5
+        while site.done("index") < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert site.hits["/list/1"] == 1 and site.done("list") == 2 and site.done("index") == 1
         assert site.first_request is not None and site.last_served is not None
         site.reset_counts()
