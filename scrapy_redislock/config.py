@@ -76,10 +76,6 @@ class RedisLockSettings:
         """A redis.asyncio client for the reactor thread (asyncio reactor)."""
         return redis.asyncio.Redis.from_url(self.url, **self.params)
 
-    def sync_client(self) -> redis.Redis:
-        """A blocking client, for code that does not run on the reactor (CLI, threads)."""
-        return redis.Redis.from_url(self.url, **self.params)
-
     @property
     def safe_url(self) -> str:
         return mask_url(self.url)

@@ -36,7 +36,7 @@ from scrapy.utils.asyncio import is_asyncio_available
 from scrapy_redislock.config import read_settings
 from scrapy_redislock.core import Permit
 from scrapy_redislock.errors import ConfigError, UnknownStage
-from scrapy_redislock.stagelocks import StageLocks, engine_closing, engine_scheduler
+from scrapy_redislock.stagelocks import StageLocks, downloader_active, engine_closing, engine_scheduler
 from scrapy_redislock.stages import stage_of
 
 if TYPE_CHECKING:
@@ -189,7 +189,7 @@ class StageLockMiddleware:
         A request must be missing from ``downloader.active`` at two ticks in a row (the engine adds a request
         to it in the same call that takes it from the scheduler, so one tick would do; two costs nothing).
         """
-        active = getattr(getattr(getattr(self.crawler, "engine", None), "downloader", None), "active", None)
+        active = downloader_active(self.crawler)
         if active is None:
             return
         gone = {request for request in self.permits if request not in active}

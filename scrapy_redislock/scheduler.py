@@ -37,7 +37,7 @@ from scrapy_redislock.config import read_settings
 from scrapy_redislock.core import Permit
 from scrapy_redislock.errors import AcquireTimeout, ConfigError, UnknownStage
 from scrapy_redislock.middleware import StageLockMiddleware, check_reactor
-from scrapy_redislock.stagelocks import StageLocks, wake_engine
+from scrapy_redislock.stagelocks import StageLocks, downloader_active, wake_engine
 from scrapy_redislock.stages import stage_of
 
 if TYPE_CHECKING:
@@ -297,11 +297,11 @@ class StageScheduler:
         """At every renewal tick: free slots handed out with requests that left the engine without reaching the
         middleware (one that another middleware replaced by a new request, for instance)."""
         assert self.locks is not None
-        active = getattr(getattr(getattr(self.crawler, "engine", None), "downloader", None), "active", None)
-        if active is None:
-            return
         for stage in self.parked:  # a safety net: parked requests always have someone waiting for them
             self._ensure_waiters(stage)
+        active = downloader_active(self.crawler)
+        if active is None:
+            return
         gone = {request for request in self.handed if request not in active}
         for request in gone & self._suspects:
             handed = self.handed.pop(request, None)

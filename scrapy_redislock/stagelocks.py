@@ -89,6 +89,11 @@ def engine_closing(crawler: Crawler) -> bool:
     return slot is None or getattr(slot, "closing", None) is not None
 
 
+def downloader_active(crawler: Crawler) -> Any:
+    """The requests the downloader has now (``engine.downloader.active``), or None before the engine exists."""
+    return getattr(getattr(getattr(crawler, "engine", None), "downloader", None), "active", None)
+
+
 def engine_scheduler(crawler: Crawler) -> BaseScheduler | None:
     """The engine's scheduler: ``engine.scheduler`` (public since Scrapy 2.19), else the engine slot's."""
     engine = getattr(crawler, "engine", None)

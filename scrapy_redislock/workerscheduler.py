@@ -41,7 +41,7 @@ from scrapy_redis import picklecompat
 from scrapy_redislock.config import read_settings, read_worker_settings
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.scheduler import wake_engine
-from scrapy_redislock.stagelocks import StageLocks
+from scrapy_redislock.stagelocks import StageLocks, downloader_active
 from scrapy_redislock.stagequeue import StageQueues
 from scrapy_redislock.stages import stage_of
 
@@ -295,7 +295,7 @@ class StageWorkerScheduler(BaseScheduler):
             return
         in_progress = self._in_progress()
         if in_progress is None:  # an engine without the set: ack once the download is over (weaker)
-            in_progress = getattr(self.crawler.engine.downloader, "active", set())
+            in_progress = downloader_active(self.crawler) or set()
         done = [request for request in self.handed if request not in in_progress]
         if done:
             ids = [self.handed.pop(request) for request in done]

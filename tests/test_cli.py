@@ -629,19 +629,6 @@ def test_scrapy_command_reads_the_project_settings(
 # -- a live crawl ------------------------------------------------------------------------------------------------------
 
 
-def max_in_flight(site: CrawlSite, stage: str, start: float, end: float) -> int:
-    """The most requests of ``stage`` the server had in flight at once between two monotonic instants."""
-    with site.lock:
-        samples = list(site.samples)
-    highest, before = 0, 0
-    for moment, counts in samples:
-        if moment < start:
-            before = counts.get(stage, 0)
-        elif moment <= end:
-            highest = max(highest, counts.get(stage, 0))
-    return max(highest, before)
-
-
 @pytest.mark.integration
 @pytest.mark.crawl
 def test_set_limit_during_a_live_crawl_changes_what_the_server_sees(redis_url: str, redis_client: redis.Redis) -> None:
@@ -654,13 +641,13 @@ def test_set_limit_during_a_live_crawl_changes_what_the_server_sees(redis_url: s
                 time.sleep(0.05)
             started = time.monotonic()
             time.sleep(1.0)
-            assert max_in_flight(site, "detail", started, time.monotonic()) == 2
+            assert site.max_in_flight_between("detail", started, time.monotonic()) == 2
 
             raised = cli("set-limit", "detail", "6", "--url", redis_url)
             assert raised.returncode == 0 and "limit 2 -> 6" in raised.stdout, raised.stderr
             changed = time.monotonic()
             time.sleep(1.5)
-            assert max_in_flight(site, "detail", changed + 0.3, time.monotonic()) == 6
+            assert site.max_in_flight_between("detail", changed + 0.3, time.monotonic()) == 6
 
             stage = status_json(redis_url)["detail"]
             assert stage["limit"] == 6 and stage["held"] >= 1
@@ -670,7 +657,7 @@ def test_set_limit_during_a_live_crawl_changes_what_the_server_sees(redis_url: s
             assert code == 0 and "limit 6 -> 1" in out
             lowered = time.monotonic()
             time.sleep(1.6)
-            assert max_in_flight(site, "detail", lowered + 0.6, time.monotonic()) == 1
+            assert site.max_in_flight_between("detail", lowered + 0.6, time.monotonic()) == 1
 
             assert cli("set-limit", "detail", "16", "--url", redis_url).returncode == 0  # let it finish
             output, _ = crawl.communicate(timeout=60)
