@@ -29,20 +29,28 @@ class AsyncCountingLock(LockFront):
         super().__init__(client, *args, **kwargs)
         self._context: dict[asyncio.Task[Any] | None, list[Permit]] = {}
         self._renewer: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._closed = False
 
     async def _run(self, op: Operation) -> Any:
         return await adrive(op, self._command, self.name)
 
     async def acquire(self, timeout: float | None = None) -> Permit:
         """Wait for a slot (first come, first served); AcquireTimeout after ``timeout`` s."""
-        self._start_renewal()  # a waiter reaps expired leases too, or it could wait for a dead holder forever
-        return await self._run(self._core.acquire(timeout, holder=asyncio.current_task()))
+        self._callers += 1
+        self._start_loop()  # a waiter reaps expired leases too, or it could wait for a dead holder forever
+        try:
+            return await self._run(self._core.acquire(timeout, holder=asyncio.current_task()))
+        finally:
+            self._callers -= 1
+            if self._core.abandoned and self._wake is not None:
+                self._wake.set()  # free what the cancelled wait may have been handed now, not in a lease
 
     async def try_acquire(self) -> Permit | None:
-        """A slot if one is free now, else None."""
+        """A slot if one is free now (expired leases are freed first), else None."""
         permit = await self._run(self._core.acquire(None, blocking=False, holder=asyncio.current_task()))
-        if permit is not None:
-            self._start_renewal()
+        if permit is not None and self.auto_renew:
+            self._start_loop()
         return permit
 
     async def release(self, permit: Permit) -> bool:
@@ -53,9 +61,9 @@ class AsyncCountingLock(LockFront):
         """Extend the permit's lease; raises LockLost if the lease is gone."""
         await self._run(self._core.renew(permit))
 
-    async def maintain(self) -> list[Permit]:
-        """Renew every held permit and free expired leases of others; returns the lost permits."""
-        lost: list[Permit] = await self._run(self._core.maintain())
+    async def maintain(self, permits: list[Permit] | None = None) -> list[Permit]:
+        """Renew held permits (default: all), free expired leases of others; returns the lost permits."""
+        lost: list[Permit] = await self._run(self._core.maintain(permits))
         self._report_lost(lost)
         return lost
 
@@ -69,6 +77,7 @@ class AsyncCountingLock(LockFront):
 
     async def aclose(self) -> int:
         """Stop renewing and free every slot this object holds; returns how many."""
+        self._closed = True
         if self._renewer is not None and self._renewer is not asyncio.current_task():
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -94,15 +103,27 @@ class AsyncCountingLock(LockFront):
             del self._context[task]
         await self.release(permit)
 
-    def _start_renewal(self) -> None:
-        if self.auto_renew and (self._renewer is None or self._renewer.done()):
-            self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
+    def _start_loop(self) -> None:
+        if not self.maintain_loop or self._closed or (self._renewer is not None and not self._renewer.done()):
+            return
+        self._wake = asyncio.Event()
+        self._renewer = asyncio.get_running_loop().create_task(self._loop(), name=f"redislock-renew-{self.name}")
 
-    async def _renew_forever(self) -> None:
-        """Renew every ttl/3 until closed; errors are logged and retried, never swallowed silently."""
+    async def _loop(self) -> None:
+        """Maintain every ttl/3 (at once when woken) while needed; errors are logged and retried, never dropped."""
+        assert self._wake is not None
+        wake, idle_ticks = self._wake, 0
         while True:
-            await asyncio.sleep(self.renew_interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), self.renew_interval)
+            wake.clear()
+            if not self._loop_needed():
+                idle_ticks += 1
+                if idle_ticks >= 2:
+                    return
+                continue
+            idle_ticks = 0
             try:
-                await self.maintain()
+                await self.maintain(self._loop_permits())
             except Exception:
                 logger.exception("renewing lock %r failed; retrying in %.1f s", self.name, self.renew_interval)

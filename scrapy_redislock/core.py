@@ -42,7 +42,7 @@ from scrapy_redislock.errors import (
 
 GROUP = "holders"
 LIMBO = "__limbo__"
-SCRIPT_NAMES = ("setup", "release", "hold_again", "maintain", "set_limit", "release_owner", "reset")
+SCRIPT_NAMES = ("setup", "take", "release", "hold_again", "maintain", "set_limit", "release_owner", "reset")
 
 Clock = Callable[[], float]
 
@@ -112,6 +112,7 @@ class Permit:
     holds: int = 1
     lost: bool = False
     released: bool = False
+    consumer: str = ""  # the consumer the grant sits under in Redis: its wait's, or the owner's once renewed
 
     @property
     def token(self) -> str:
@@ -127,11 +128,13 @@ class LockKeys:
     meta: str
     owners: str
     holds: str
+    ttls: str
+    seen: str
 
     @classmethod
     def of(cls, prefix: str, name: str) -> LockKeys:
         base = f"{prefix}:{{{name}}}"
-        return cls(f"{base}:slots", f"{base}:meta", f"{base}:owners", f"{base}:holds")
+        return cls(*(f"{base}:{part}" for part in ("slots", "meta", "owners", "holds", "ttls", "seen")))
 
 
 def text(value: Any) -> Any:
@@ -202,9 +205,17 @@ def is_missing_lock(exc: BaseException) -> bool:
     return isinstance(exc, redis.exceptions.ResponseError) and (message.startswith("NOGROUP") or "NOLOCK" in message)
 
 
+ABANDONED_PASSES = 2  # maintains that free an abandoned wait's consumer: the second catches a late delivery
+
+
 @dataclass
 class LockCore:
-    """State and logic of one lock object; the fronts drive its generator methods."""
+    """State and logic of one lock object; the fronts drive its generator methods.
+
+    What it promises (the scripts keep it): a grant is freed only by its holder's release, by the reaper once
+    its lease (the longest ttl of the live owners) expired, by an operator, or because the wait it was delivered
+    to was abandoned (that wait's consumer name is never reused) -- never because a renewal did not list it.
+    """
 
     name: str
     keys: LockKeys
@@ -221,8 +232,11 @@ class LockCore:
     by_holder: dict[Any, Permit] = field(default_factory=dict)
     set_up: bool = False
     ever_set_up: bool = False
+    registered_at: float = -math.inf
     waits_in_flight: int = 0
-    needs_reconcile: bool = False
+    idle_consumers: list[str] = field(default_factory=list)
+    consumers_made: int = 0
+    abandoned: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def create(
@@ -263,19 +277,37 @@ class LockCore:
 
     @property
     def ttl_ms(self) -> int:
-        return max(1, round(self.ttl * 1000))
+        """This object's own lease ttl in ms (a lease in Redis lasts the longest ttl of the live owners)."""
+        return max(1, round(self.configured_ttl * 1000))
 
     @property
     def renew_interval(self) -> float:
-        """A third of the shortest lease in play, at most 1 s.
+        """A third of this object's ttl, at most 1 s; leases are judged by the longest ttl in play, never shorter."""
+        return min(self.configured_ttl, 3.0) / 3
 
-        The ttl in Redis is the newest process's; renewing at least every second means a process learns a
-        shorter ttl (at its next renewal) long before its own leases could expire under it.
-        """
-        return min(self.ttl, self.configured_ttl or self.ttl, 3.0) / 3
+    @property
+    def busy(self) -> bool:
+        """Something to renew, a wait to serve, or an abandoned wait to clean up."""
+        return bool(self.held or self.waits_in_flight or self.abandoned)
 
     def _script(self, name: str, keys: tuple[str, ...], *args: str | int) -> RunScript:
         return RunScript(name, keys, args)
+
+    def _take_consumer(self) -> str:
+        """A consumer name for one wait: an idle one of this owner, or a new one."""
+        if self.idle_consumers:
+            return self.idle_consumers.pop()
+        self.consumers_made += 1
+        return f"{self.owner}#{self.consumers_made}"
+
+    def _idle(self, consumer: str) -> None:
+        """The consumer holds nothing and no wait uses it: the next wait may reuse it."""
+        if consumer.startswith(f"{self.owner}#") and consumer not in self.idle_consumers:
+            self.idle_consumers.append(consumer)
+
+    def _abandon(self, consumer: str) -> None:
+        """A wait on ``consumer`` ended without seeing its reply: what it was handed is freed, the name retired."""
+        self.abandoned[consumer] = ABANDONED_PASSES
 
     # -- operations (generators) ----------------------------------------------
 
@@ -284,23 +316,30 @@ class LockCore:
         k = self.keys
         reply = yield self._script(
             "setup",
-            (k.slots, k.meta, k.owners),
+            (k.slots, k.meta, k.owners, k.ttls, k.seen),
             "" if self.limit is None else self.limit,
             self.ttl_ms,
             self.owner,
             json.dumps(self.identity),
             "1" if recover else "0",
         )
-        created, limit, _ttl = text(reply)
+        created, limit, lease_ms = text(reply)
         self.set_up = self.ever_set_up = True
+        self.registered_at = self.clock()
+        self.ttl = int(lease_ms) / 1000
         if self.limit is None:
             self.limit = int(limit)  # what to recreate the lock with if Redis loses it
         return bool(created), int(limit)
 
-    def _ensure_setup(self, recover: bool = False) -> Operation:
-        if not self.set_up:
+    def _ensure_setup(self) -> Operation:
+        """Set up (again after a quiet spell: the owner may have been forgotten, and its ttl with it).
+
+        An object that has seen the lock before recreates a missing one in limbo: it can only be missing because
+        Redis lost it, and survivors must get their slots back before anybody new.
+        """
+        if not self.set_up or self.clock() - self.registered_at > self.configured_ttl:
             try:
-                yield from self.setup(recover)
+                yield from self.setup(recover=self.ever_set_up)
             except redis.exceptions.ResponseError as exc:
                 if is_missing_lock(exc):
                     raise LockError(f"lock {self.name!r} does not exist in Redis and no limit was given") from None
@@ -314,44 +353,62 @@ class LockCore:
             count = yield self._script("hold_again", (self.keys.slots, self.keys.holds), self.owner, permit.grant)
             if int(count):
                 permit.holds = int(count)
+                self._idle(permit.consumer)
+                permit.consumer = self.owner
                 return permit
             self._forget(permit)
         yield from self._ensure_setup()
         deadline = None if timeout is None else self.clock() + timeout
+        consumer = self._take_consumer()
         while True:
             block_ms = self._block_ms(deadline) if blocking else None
             last_try = blocking and block_ms is None  # deadline passed: one last look without blocking
             self.waits_in_flight += 1
             finished = False
             try:
-                reply = yield ReadGrant(self.keys.slots, self.owner, None if last_try else block_ms)
+                if blocking:
+                    reply = yield ReadGrant(self.keys.slots, consumer, None if last_try else block_ms)
+                    grant = self._grant_from(reply)
+                else:
+                    reply = yield self._take(consumer)
+                    grant = None if not reply else str(text(reply))
                 finished = True
             except redis.exceptions.ResponseError as exc:
-                finished = True
+                finished = True  # an error reply: nothing was delivered
                 if not is_missing_lock(exc):
+                    self._idle(consumer)
                     raise
                 self.set_up = False
-                yield from self._ensure_setup(recover=self.ever_set_up)
+                try:
+                    yield from self._ensure_setup()
+                except BaseException:
+                    self._idle(consumer)
+                    raise
                 continue
             finally:
                 self.waits_in_flight -= 1
                 if not finished:
-                    # Cancelled or the connection broke: a grant may have been
-                    # delivered that we never saw; the next maintain frees it.
-                    self.needs_reconcile = True
-            grant = self._grant_from(reply)
+                    # Cancelled, or the connection broke: a grant may have been delivered that nobody will see.
+                    self._abandon(consumer)
             if grant is not None:
-                permit = Permit(self.name, self.owner, grant, fence_of(grant), self.clock())
+                permit = Permit(self.name, self.owner, grant, fence_of(grant), self.clock(), consumer=consumer)
+                if self.replicas:
+                    yield from self._confirm_grant(permit)
                 self.held[grant] = permit
                 if self.reentrant and holder is not None:
                     self.by_holder[holder] = permit
-                if self.replicas:
-                    yield from self._confirm_grant(permit)
                 return permit
             if not blocking:
+                self._idle(consumer)
                 return None
             if last_try:
+                self._idle(consumer)
                 raise AcquireTimeout(f"lock {self.name!r}: no slot within {timeout} s")
+
+    def _take(self, consumer: str) -> RunScript:
+        k = self.keys
+        interval_ms = max(1, round(self.renew_interval * 1000))
+        return self._script("take", (k.slots, k.meta, k.holds, k.ttls), consumer, interval_ms)
 
     def _block_ms(self, deadline: float | None) -> int | None:
         """Milliseconds to block; 0 is forever; None when the deadline has passed."""
@@ -384,23 +441,25 @@ class LockCore:
         return int(reply[-1])
 
     def _confirm_grant(self, permit: Permit) -> Operation:
-        """With ``replicas``: the grant is on that many replicas, or it is given back and NotReplicated raised."""
+        """With ``replicas``: the grant is on that many replicas, or it is given back and NotReplicated raised.
+
+        The permit is not in ``held`` yet, so it stays under its wait's consumer: if this is cancelled, abandoning
+        that consumer frees exactly this grant.
+        """
         acked, error = -1, None
         try:
             acked = yield from self._wait_replicas()
         except redis.exceptions.RedisError as exc:
             error = exc
-        except BaseException:  # cancelled: the next maintain frees the grant nobody will use
-            self._forget(permit)
-            self.needs_reconcile = True
+        except BaseException:
+            self._abandon(permit.consumer)
             raise
         if acked >= self.replicas:
             return
         try:
             yield from self.release(permit, confirm=False)
         except BaseException as exc:
-            self._forget(permit)
-            self.needs_reconcile = True
+            self._abandon(permit.consumer)
             if not isinstance(exc, redis.exceptions.RedisError):
                 raise
         seen = f"{type(error).__name__}: {error}" if error else f"{acked} acknowledged"
@@ -426,6 +485,9 @@ class LockCore:
             permit.holds -= 1
             return True
         self._forget(permit)
+        if permit.owner == self.owner:
+            self._idle(permit.consumer)  # its one grant is gone: the consumer holds nothing now
+            permit.consumer = self.owner
         if result == 0:
             permit.lost = True
         if result == 1 and confirm and self.replicas:
@@ -444,46 +506,79 @@ class LockCore:
                 del self.by_holder[holder]
 
     def maintain(self, permits: list[Permit] | None = None) -> Operation:
-        """Renew permits (default: all held), reap expired leases; returns the permits lost."""
-        targets = list(self.held.values()) if permits is None else permits
-        reconcile = self.needs_reconcile and self.waits_in_flight == 0
+        """Renew exactly ``permits`` (default: all held), free abandoned waits' grants, reap expired leases.
+
+        Returns the permits found lost. A permit released while this ran is never reported lost, and a limbo slot
+        adopted for it after a data loss is given back at once.
+        """
+        targets = list(self.held.values()) if permits is None else list(permits)
+        abandoned = list(self.abandoned)
         k = self.keys
         try:
             reply = yield self._script(
                 "maintain",
-                (k.slots, k.meta, k.owners, k.holds),
+                (k.slots, k.meta, k.owners, k.holds, k.ttls, k.seen),
                 self.owner,
                 json.dumps(self.identity),
-                "1" if reconcile else "0",
+                self.ttl_ms,
+                max(1, round(self.renew_interval * 1000)),
+                len(abandoned),
+                *abandoned,
                 *[p.grant for p in targets],
             )
         except redis.exceptions.ResponseError as exc:
             if not is_missing_lock(exc):
                 raise
-            # Redis lost the lock (restart without persistence, or a reset):
-            # recreate it with every slot reserved for one ttl, then re-adopt.
+            # Redis lost the lock (restart without persistence, or a reset): recreate it with every slot reserved
+            # for one lease if this object ever saw it (survivors re-adopt their grants), then renew again.
             self.set_up = False
-            yield from self._ensure_setup(recover=True)
+            yield from self._ensure_setup()
             return (yield from self.maintain(permits))
-        if reconcile:
-            self.needs_reconcile = False
-        lost_ids, _limit, ttl_ms, _freed, adopted = text(reply)
-        self.ttl = int(ttl_ms) / 1000
+        self.registered_at = self.clock()
+        self.set_up = self.ever_set_up = True  # maintain registers this owner as setup does
+        for consumer in abandoned:
+            left = self.abandoned.get(consumer, 0) - 1
+            if left > 0:
+                self.abandoned[consumer] = left
+            else:
+                self.abandoned.pop(consumer, None)
+        lost_ids, _limit, lease_ms, _freed, adopted = text(reply)
+        self.ttl = int(lease_ms) / 1000
         by_grant = {p.grant: p for p in targets}
-        for old, new in zip(adopted[::2], adopted[1::2], strict=True):
-            permit = by_grant[old]
-            self.held.pop(old, None)
-            permit.grant, permit.fence = new, fence_of(new)
+        renamed = dict(zip(adopted[::2], adopted[1::2], strict=True))
+        lost_set = set(lost_ids)
+        # Renewed permits now sit under the consumer named like the owner: their wait consumers are free again.
+        for permit in targets:
+            if permit.grant not in lost_set and permit.grant not in renamed and permit.owner == self.owner:
+                self._idle(permit.consumer)
+                permit.consumer = self.owner
+        # Apply the re-adoption map as a whole: old and new ids never meet half-renamed.
+        moved = [(by_grant[old], new) for old, new in renamed.items()]
+        for permit, _new in moved:
+            if self.held.get(permit.grant) is permit:
+                del self.held[permit.grant]
+        orphans: list[str] = []
+        for permit, new in moved:
+            if permit.released or permit.lost:
+                orphans.append(new)  # released while the renewal ran: give the adopted slot straight back
+                continue
+            self._idle(permit.consumer)
+            permit.grant, permit.fence, permit.consumer = new, fence_of(new), self.owner
             self.held[new] = permit
+        for grant in orphans:
+            yield self._script("release", (k.slots, k.holds), self.owner, grant, "0")
         # A permit released meanwhile (by another thread or task) is not "lost".
         lost = [by_grant[g] for g in lost_ids if g in by_grant and not by_grant[g].released]
         for permit in lost:
             permit.lost = True
             self._forget(permit)
+            if permit.owner == self.owner:
+                self._idle(permit.consumer)
+                permit.consumer = self.owner
         return lost
 
     def renew(self, permit: Permit) -> Operation:
-        """Extend one permit's lease; LockLost if it is gone."""
+        """Extend one permit's lease; LockLost if it is gone. Other permits are not touched."""
         lost = yield from self.maintain([permit])
         if lost:
             raise LockLost(f"lock {self.name!r}: lease of permit {permit.token} is gone")
@@ -494,6 +589,7 @@ class LockCore:
         new = check_limit(limit)
         previous = yield self._script("set_limit", (self.keys.slots, self.keys.meta), new, self.ttl_ms)
         self.limit = new
+        self.ever_set_up = True  # it exists now: after a data loss this object recreates it in limbo
         previous = int(previous)
         return None if previous < 0 else previous
 
@@ -503,13 +599,14 @@ class LockCore:
         return None if value is None else int(text(value))
 
     def release_all(self) -> Operation:
-        """Free every grant of this owner and unregister it (on close)."""
-        k = self.keys
-        freed = yield self._script("release_owner", (k.slots, k.owners, k.holds), self.owner, "0")
+        """Free every grant of this owner (every consumer of it) and unregister it (on close)."""
+        freed = yield from release_consumer(self.keys, self.owner)
         for permit in list(self.held.values()):
             permit.lost = True
         self.held.clear()
         self.by_holder.clear()
+        self.idle_consumers.clear()
+        self.abandoned.clear()
         self.set_up = False
         return int(freed)
 
@@ -517,16 +614,24 @@ class LockCore:
 # -- operator actions (the command line); they work on any lock, not on one lock object ----------------
 
 
-def release_consumer(keys: LockKeys, consumer: str) -> Operation:
-    """Free every grant of one consumer and forget it: an operator freeing a worker known to be dead."""
-    freed = yield RunScript("release_owner", (keys.slots, keys.owners, keys.holds), (consumer, "0"))
+def release_consumer(keys: LockKeys, owner: str) -> Operation:
+    """Free every grant of one owner (all its consumers) and forget it: an operator freeing a dead worker."""
+    freed = yield RunScript(
+        "release_owner", (keys.slots, keys.meta, keys.owners, keys.holds, keys.ttls, keys.seen), (owner,)
+    )
     return int(freed)
 
 
 def reset_lock(keys: LockKeys) -> Operation:
     """Free every grant and forget every consumer; the limit stays. Returns (grants freed, limit)."""
-    freed, limit = yield RunScript("reset", (keys.slots, keys.meta, keys.owners, keys.holds), ())
+    freed, limit = yield RunScript("reset", (keys.slots, keys.meta, keys.owners, keys.holds, keys.ttls, keys.seen), ())
     return int(freed), int(limit)
+
+
+def owner_of(consumer: str) -> str:
+    """The owner of a consumer name: ``<owner>#<n>`` (one wait's consumer) -> ``<owner>``."""
+    head, sep, tail = consumer.rpartition("#")
+    return head if sep and tail.isdigit() else consumer
 
 
 def step(op: Operation, name: str, reply: Any, error: BaseException | None) -> tuple[bool, Any]:

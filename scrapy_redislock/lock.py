@@ -79,6 +79,7 @@ class LockFront:
         key_prefix: str = "redislock",
         reentrant: bool = False,
         auto_renew: bool = False,
+        maintain_loop: bool = True,
         on_lost: LostCallback | None = None,
         identity: Mapping[str, Any] | None = None,
         clock: Clock = time.monotonic,
@@ -106,7 +107,9 @@ class LockFront:
         self._cluster = hasattr(client, "get_node_from_key")
         self._scripts = {n: client.register_script(src) for n, src in load_scripts().items()}
         self.auto_renew = auto_renew
+        self.maintain_loop = maintain_loop
         self.on_lost: LostCallback = on_lost or log_lost
+        self._callers = 0  # acquire() calls in progress (a wait is served by the loop from its very start)
 
     name = property(lambda self: self._core.name, doc="The lock's name (the stage).")
     owner = property(lambda self: self._core.owner, doc="This object's owner token in Redis.")
@@ -117,6 +120,11 @@ class LockFront:
     def annotate(self, **fields: Any) -> None:
         """Add fields to this owner's identity in Redis (sent with the next maintain), e.g. waiting=3."""
         self._core.identity.update(fields)
+
+    @property
+    def busy(self) -> bool:
+        """Holds, waits or has an abandoned wait to clean up: what a maintain() is for."""
+        return self._callers > 0 or self._core.busy
 
     @property
     def held(self) -> list[Permit]:
@@ -138,6 +146,20 @@ class LockFront:
             pipe.execute_command("WAIT", command.replicas, command.timeout_ms, **route)
             return pipe.execute()
         return self._scripts[command.name](keys=list(command.keys), args=list(command.args))
+
+    def _loop_needed(self) -> bool:
+        """The maintenance loop runs while this object waits, has abandoned waits to clean, or auto-renews permits.
+
+        A waiting process reaps expired leases (a dead holder's slot comes back to whoever waits for it); a
+        process that neither holds nor waits sends nothing.
+        """
+        core = self._core
+        needed = self._callers or core.waits_in_flight or core.abandoned or (self.auto_renew and core.held)
+        return self.maintain_loop and bool(needed)
+
+    def _loop_permits(self) -> list[Permit] | None:
+        """What a loop tick renews: every held permit with auto_renew, else none (the caller renews its own)."""
+        return None if self.auto_renew else []
 
     def _report_lost(self, lost: list[Permit]) -> None:
         for permit in lost:
@@ -162,6 +184,8 @@ class CountingLock(LockFront):
         super().__init__(client, *args, **kwargs)
         self._local = threading.local()
         self._renewer: threading.Thread | None = None
+        self._loop_lock = threading.Lock()
+        self._wake = threading.Event()
         self._stop = threading.Event()
 
     def _run(self, op: Operation) -> Any:
@@ -169,14 +193,22 @@ class CountingLock(LockFront):
 
     def acquire(self, timeout: float | None = None) -> Permit:
         """Wait for a slot (first come, first served); AcquireTimeout after ``timeout`` s."""
-        self._start_renewal()  # a waiter reaps expired leases too, or it could wait for a dead holder forever
-        return self._run(self._core.acquire(timeout, holder=threading.get_ident()))
+        with self._loop_lock:
+            self._callers += 1
+        self._start_loop()  # a waiter reaps expired leases too, or it could wait for a dead holder forever
+        try:
+            return self._run(self._core.acquire(timeout, holder=threading.get_ident()))
+        finally:
+            with self._loop_lock:
+                self._callers -= 1
+            if self._core.abandoned:
+                self._wake.set()  # free what the broken wait may have been handed now, not in a lease
 
     def try_acquire(self) -> Permit | None:
-        """A slot if one is free now, else None."""
+        """A slot if one is free now (expired leases are freed first), else None."""
         permit = self._run(self._core.acquire(None, blocking=False, holder=threading.get_ident()))
-        if permit is not None:
-            self._start_renewal()
+        if permit is not None and self.auto_renew:
+            self._start_loop()
         return permit
 
     def release(self, permit: Permit) -> bool:
@@ -187,9 +219,9 @@ class CountingLock(LockFront):
         """Extend the permit's lease; raises LockLost if the lease is gone."""
         self._run(self._core.renew(permit))
 
-    def maintain(self) -> list[Permit]:
-        """Renew every held permit and free expired leases of others; returns the lost permits."""
-        lost: list[Permit] = self._run(self._core.maintain())
+    def maintain(self, permits: list[Permit] | None = None) -> list[Permit]:
+        """Renew held permits (default: all), free expired leases of others; returns the lost permits."""
+        lost: list[Permit] = self._run(self._core.maintain(permits))
         self._report_lost(lost)
         return lost
 
@@ -204,8 +236,10 @@ class CountingLock(LockFront):
     def close(self) -> int:
         """Stop renewing and free every slot this object holds; returns how many."""
         self._stop.set()
-        if self._renewer is not None and self._renewer is not threading.current_thread():
-            self._renewer.join()
+        self._wake.set()
+        renewer = self._renewer
+        if renewer is not None and renewer is not threading.current_thread():
+            renewer.join()
         self._renewer = None
         freed = int(self._run(self._core.release_all()))
         if self._waiting_client is not None:
@@ -222,18 +256,31 @@ class CountingLock(LockFront):
     ) -> None:
         self.release(self._local.stack.pop())
 
-    def _start_renewal(self) -> None:
-        if not self.auto_renew or (self._renewer is not None and self._renewer.is_alive()):
-            return
-        self._stop.clear()
-        self._renewer = threading.Thread(target=self._renew_forever, name=f"redislock-renew-{self.name}", daemon=True)
-        self._renewer.start()
+    def _start_loop(self) -> None:
+        with self._loop_lock:
+            if not self.maintain_loop or self._renewer is not None or self._stop.is_set():
+                return
+            self._renewer = threading.Thread(target=self._loop, name=f"redislock-renew-{self.name}", daemon=True)
+            self._renewer.start()
 
-    def _renew_forever(self) -> None:
-        """Renew every ttl/3 until closed; errors are logged and retried, never swallowed silently."""
-        while not self._stop.wait(self.renew_interval):
+    def _loop(self) -> None:
+        """Maintain every ttl/3 (at once when woken) while needed; errors are logged and retried, never dropped."""
+        idle_ticks = 0
+        while True:
+            self._wake.wait(self.renew_interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            with self._loop_lock:
+                if not self._loop_needed():
+                    idle_ticks += 1
+                    if idle_ticks >= 2:
+                        self._renewer = None
+                        return
+                    continue
+            idle_ticks = 0
             try:
-                self.maintain()
+                self.maintain(self._loop_permits())
             except Exception:
                 logger.exception("renewing lock %r failed; retrying in %.1f s", self.name, self.renew_interval)
 

@@ -173,6 +173,7 @@ class StageLocks:
                 ttl=settings.ttl,
                 key_prefix=settings.key_prefix,
                 identity={"spider": self.spider_name, "waiting": 0},
+                maintain_loop=False,  # the process's one Renewer maintains every lock
             )
             for stage, limit in self.limits.items()
             if limit is not None
@@ -381,6 +382,8 @@ class StageLocks:
         """Renew every permit of every stage (one maintain() per stage, concurrently); count lost leases."""
 
         async def renew(stage: str, lock: AsyncCountingLock) -> None:
+            if not lock.busy and not self.waiting(stage):
+                return  # holds nothing, waits for nothing: costs Redis nothing
             lock.annotate(waiting=self.waiting(stage), spider=self.spider_name)
             lost = await lock.maintain()  # logs each lost lease as a warning
             if lost:

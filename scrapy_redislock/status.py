@@ -19,7 +19,7 @@ from typing import Any
 import redis
 import redis.exceptions
 
-from scrapy_redislock.core import GROUP, LockKeys, fence_of, text
+from scrapy_redislock.core import GROUP, LockKeys, fence_of, owner_of, text
 
 # Grants listed per stage; the counts (held, free, ...) are exact whatever the number.
 MAX_LISTED = 10_000
@@ -171,7 +171,7 @@ def stage_status(client: redis.Redis, prefix: str, stage: str) -> StageStatus | 
         left = round(ttl - age, 3) if ttl is not None else 0.0
         grants.append(
             Grant(
-                holder=str(text(entry["consumer"])),
+                holder=owner_of(str(text(entry["consumer"]))),
                 grant=grant,
                 fence=fence_of(grant),
                 age=age,
@@ -179,7 +179,10 @@ def stage_status(client: redis.Redis, prefix: str, stage: str) -> StageStatus | 
             )
         )
 
-    held_by = {str(text(c["name"])): int(c.get("pending", 0)) for c in consumers}
+    held_by: dict[str, int] = {}
+    for consumer in consumers:  # an owner's grants sit under its own name and its waits' ('<owner>#<n>')
+        owner = owner_of(str(text(consumer["name"])))
+        held_by[owner] = held_by.get(owner, 0) + int(consumer.get("pending", 0))
     identities = {str(text(k)): _identity(v) for k, v in (owners or {}).items()}
     processes = []
     for holder in sorted(set(held_by) | set(identities)):

@@ -307,7 +307,8 @@ def test_set_limit_of_an_unknown_stage_needs_create(redis_url: str, redis_client
     code, out, err = call("set-limit", "pages", "4", "--create", "--ttl", "12.5", "--url", redis_url)
     assert code == 0, err
     assert out.strip() == "pages: created with limit 4 (ttl 12.5s)"
-    assert redis_client.hgetall(LockKeys.of("redislock", "pages").meta) == {b"limit": b"4", b"ttl": b"12500"}
+    meta = redis_client.hgetall(LockKeys.of("redislock", "pages").meta)
+    assert (meta[b"limit"], meta[b"ttl"]) == (b"4", b"12500")
     assert status_json(redis_url)["pages"]["free"] == 4
 
 

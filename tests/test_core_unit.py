@@ -23,6 +23,7 @@ from scrapy_redislock.core import (
     Permit,
     ReadGrant,
     RunScript,
+    WaitReplicas,
     adrive,
     drive,
     fence_of,
@@ -168,11 +169,22 @@ class Ticks:
 
 
 def granted(core: LockCore, grant: str = "0-3") -> Permit:
-    """A permit obtained through a non-blocking acquire on a set-up core."""
+    """A permit obtained through a non-blocking acquire (the take script) on a set-up core."""
     core.set_up = True
+    core.registered_at = core.clock()
     op = core.acquire(None, blocking=False)
-    assert next(op) == ReadGrant(core.keys.slots, core.owner, None)
-    return finish(op, resp2(grant))
+    command = next(op)
+    assert command.name == "take" and command.keys == (core.keys.slots, core.keys.meta, core.keys.holds, core.keys.ttls)
+    return finish(op, grant.encode())
+
+
+def wait_of(core: LockCore, n: int) -> str:
+    """The consumer name of this core's n-th wait."""
+    return f"{core.owner}#{n}"
+
+
+def maintain_reply(lost: tuple[str, ...] = (), adopted: tuple[str, ...] = (), lease_ms: int = 10000) -> list[Any]:
+    return [[g.encode() for g in lost], 2, lease_ms, 0, [g.encode() for g in adopted]]
 
 
 @pytest.mark.parametrize("shape", [resp2, resp3])
@@ -182,52 +194,66 @@ def test_acquire_sets_up_then_blocks_for_what_is_left_of_the_timeout(shape: Call
     op = core.acquire(timeout=5.0)
     command = next(op)
     assert isinstance(command, RunScript) and command.name == "setup"
-    assert command.keys == (core.keys.slots, core.keys.meta, core.keys.owners)
+    assert command.keys == (core.keys.slots, core.keys.meta, core.keys.owners, core.keys.ttls, core.keys.seen)
     assert command.args[:3] == (2, 10000, core.owner) and command.args[4] == "0"
     command = op.send([1, 2, 10000])
-    assert command == ReadGrant(core.keys.slots, core.owner, 5000)
+    assert command == ReadGrant(core.keys.slots, wait_of(core, 1), 5000)
     clock.now += 0.5
-    command = op.send(None)  # the server-side block ended without a grant
-    assert command == ReadGrant(core.keys.slots, core.owner, 4500)
+    command = op.send(None)  # the server-side block ended without a grant: the same wait goes on
+    assert command == ReadGrant(core.keys.slots, wait_of(core, 1), 4500)
     clock.now += 0.2
     permit = finish(op, shape("0-7"))
     assert (permit.fence, permit.grant, permit.owner, permit.acquired_at) == (7, "0-7", core.owner, 100.7)
-    assert permit.token == f"{core.owner}/0-7"
-    assert core.held == {"0-7": permit} and core.waits_in_flight == 0 and not core.needs_reconcile
-    # set up once: the next acquire goes straight to the read
-    assert next(core.acquire(None)) == ReadGrant(core.keys.slots, core.owner, 0)
+    assert permit.token == f"{core.owner}/0-7" and permit.consumer == wait_of(core, 1)
+    assert core.held == {"0-7": permit} and core.waits_in_flight == 0 and not core.abandoned
+    # set up once: the next acquire goes straight to the read, on a consumer of its own
+    assert next(core.acquire(None)) == ReadGrant(core.keys.slots, wait_of(core, 2), 0)
+
+
+def test_registration_is_refreshed_after_a_quiet_spell() -> None:
+    """An owner forgotten by the garbage collector (3 leases unseen) registers again before it waits."""
+    clock = Ticks()
+    core = LockCore.create("detail", 2, 10.0, clock=clock)
+    core.set_up, core.registered_at = True, clock.now
+    clock.now += 10.0
+    assert isinstance(next(core.acquire(None)), ReadGrant)
+    clock.now += 0.1
+    assert next(core.acquire(None)).name == "setup"
 
 
 def test_acquire_times_out_after_one_last_look() -> None:
     clock = Ticks()
     core = LockCore.create("detail", 1, 10.0, clock=clock)
-    core.set_up = True
+    core.set_up, core.registered_at = True, clock.now
     op = core.acquire(timeout=0.25)
     assert next(op).block_ms == 250
     clock.now += 0.25
-    assert op.send(None) == ReadGrant(core.keys.slots, core.owner, None)  # deadline passed: do not block
+    assert op.send(None) == ReadGrant(core.keys.slots, wait_of(core, 1), None)  # deadline passed: do not block
     with pytest.raises(LockError, match=r"lock 'detail': no slot within 0.25 s") as info:
         op.send(None)
     assert type(info.value).__name__ == "AcquireTimeout" and isinstance(info.value, TimeoutError)
     assert core.held == {} and core.waits_in_flight == 0
+    assert core.idle_consumers == [wait_of(core, 1)]  # nothing was delivered to it: the next wait reuses it
+    assert next(core.acquire(None)).consumer == wait_of(core, 1)
 
 
 def test_acquire_timeout_zero_tries_once_and_try_acquire_never_blocks() -> None:
     core = LockCore.create("detail", 1, 10.0, clock=Ticks())
-    core.set_up = True
+    core.set_up, core.registered_at = True, core.clock()
     op = core.acquire(timeout=0)
     assert next(op).block_ms is None
     with pytest.raises(LockError, match="no slot"):
         op.send([])
     op = core.acquire(None, blocking=False)
-    assert next(op).block_ms is None
-    assert finish(op, None) is None
+    command = next(op)
+    assert command.name == "take" and command.args == (wait_of(core, 1), 1000)  # reaps at most once a renewal
+    assert finish(op, None) is None and core.idle_consumers == [wait_of(core, 1)]
 
 
 def test_max_block_caps_each_wait() -> None:
     clock = Ticks()
     core = LockCore.create("detail", 1, 10.0, clock=clock, max_block=4.0)
-    core.set_up = True
+    core.set_up, core.registered_at = True, clock.now
     assert next(core.acquire(None)).block_ms == 4000  # never "forever" on a client with a read timeout
     op = core.acquire(timeout=10)
     assert next(op).block_ms == 4000
@@ -248,8 +274,8 @@ def test_limit_none_learns_the_limit_from_redis() -> None:
     core = LockCore.create("detail", None, 10.0)
     op = core.setup()
     next(op)
-    assert finish(op, [0, 4, 10000]) == (False, 4)
-    assert core.limit == 4
+    assert finish(op, [0, 4, 20000]) == (False, 4)
+    assert core.limit == 4 and core.ttl == 20.0  # the lease in force: the longest ttl of the live owners
 
 
 def test_a_lock_that_vanished_while_waiting_is_recreated_in_recovery_mode() -> None:
@@ -259,51 +285,69 @@ def test_a_lock_that_vanished_while_waiting_is_recreated_in_recovery_mode() -> N
     op.send([1, 2, 10000])
     command = op.throw(redis.exceptions.ResponseError("NOGROUP No such key 'x' or consumer group 'holders'"))
     assert command.name == "setup" and command.args[4] == "1"  # recover: slots start in limbo
-    assert op.send([1, 2, 10000]) == ReadGrant(core.keys.slots, core.owner, 0)
+    assert op.send([1, 2, 10000]) == ReadGrant(core.keys.slots, wait_of(core, 1), 0)
     assert finish(op, resp2("0-1")).fence == 1
 
 
 def test_other_response_errors_propagate() -> None:
     core = LockCore.create("detail", 2, 10.0)
-    core.set_up = True
+    core.set_up, core.registered_at = True, core.clock()
     op = core.acquire(None)
     next(op)
     with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
         op.throw(redis.exceptions.ResponseError("WRONGTYPE Operation against a key"))
-    assert core.waits_in_flight == 0 and not core.needs_reconcile
+    assert core.waits_in_flight == 0 and not core.abandoned  # an error reply: nothing was delivered
 
 
-def test_an_interrupted_wait_is_marked_for_reconcile() -> None:
-    """A wait that never saw its reply may have been granted a slot; the next maintain frees it."""
+def test_an_interrupted_wait_is_abandoned_by_its_consumer_and_freed_by_the_next_maintains() -> None:
+    """A wait that never saw its reply may have been handed a slot: its consumer's grants are freed, by name."""
     core = LockCore.create("detail", 2, 10.0)
-    core.set_up = True
+    core.set_up, core.registered_at = True, core.clock()
+    kept = granted(core, "0-2")
     op = core.acquire(None)
-    next(op)
+    assert next(op).consumer == wait_of(core, 2)
     assert core.waits_in_flight == 1
     op.close()  # cancelled (asyncio) or interrupted while blocked
-    assert core.waits_in_flight == 0 and core.needs_reconcile
-    op = core.maintain()
-    assert next(op).args[2] == "1"
-    finish(op, [[], 2, 10000, 1, []])
-    assert not core.needs_reconcile
-    assert next(core.maintain()).args[2] == "0"
+    assert core.waits_in_flight == 0 and core.abandoned == {wait_of(core, 2): 2}
+    for _ in range(2):  # the second pass frees a grant Redis delivered late (it saw the disconnect late)
+        op = core.maintain()
+        command = next(op)
+        assert command.args[4:] == (1, wait_of(core, 2), "0-2")  # the consumer to free, then the grants to renew
+        assert finish(op, maintain_reply()) == []
+    assert not core.abandoned and next(core.maintain()).args[4:] == (0, "0-2")
+    assert kept.consumer == core.owner and core.idle_consumers == [wait_of(core, 1)]  # emptied by the renewal
+    assert next(core.acquire(None)).consumer == wait_of(core, 1)
+    assert next(core.acquire(None)).consumer == wait_of(core, 3)
 
 
-def test_no_reconcile_while_another_wait_is_in_flight() -> None:
-    core = LockCore.create("detail", 2, 10.0)
-    core.set_up = True
-    core.needs_reconcile = True
-    waiting = core.acquire(None)
-    next(waiting)
-    op = core.maintain()
-    assert next(op).args[2] == "0"  # the in-flight wait's grant must not be freed under it
-    finish(op, [[], 2, 10000, 0, []])
-    assert core.needs_reconcile
+def test_renew_lists_only_its_permit_and_frees_nothing_else() -> None:
+    """Finding 1: renew(permit) after a cancelled wait must not free the caller's other permits."""
+    core = LockCore.create("detail", 3, 10.0)
+    p1, p2 = granted(core, "0-1"), granted(core, "0-2")
+    op = core.acquire(None)
+    next(op)
+    op.close()
+    op = core.renew(p1)
+    command = next(op)
+    assert command.args[4:] == (1, wait_of(core, 3), "0-1")  # p2 is not listed, and nothing says "free the rest"
+    assert finish(op, maintain_reply()) is None
+    assert not p1.lost and not p2.lost and set(core.held) == {"0-1", "0-2"}
+
+
+def test_a_grant_waiting_for_replicas_is_abandoned_by_its_consumer_when_cancelled() -> None:
+    core = LockCore.create("detail", 2, 10.0, replicas=1)
+    core.set_up, core.registered_at = True, core.clock()
+    op = core.acquire(None)
+    next(op)
+    assert isinstance(op.send(resp2("0-4")), WaitReplicas)
+    assert core.held == {}  # not renewed by anybody while it waits: abandoning its consumer frees exactly it
+    op.close()
+    assert core.abandoned == {wait_of(core, 1): 2}
 
 
 def test_reentrant_acquire_and_release_protocol() -> None:
     core = LockCore.create("mutex", 1, 10.0, reentrant=True)
-    core.set_up = True
+    core.set_up, core.registered_at = True, core.clock()
     op = core.acquire(None, holder="thread-1")
     next(op)
     permit = finish(op, resp2("0-4"))
@@ -311,6 +355,7 @@ def test_reentrant_acquire_and_release_protocol() -> None:
     command = next(op)
     assert command == RunScript("hold_again", (core.keys.slots, core.keys.holds), (core.owner, "0-4"))
     assert finish(op, 2) is permit and permit.holds == 2
+    assert permit.consumer == core.owner and core.idle_consumers == [wait_of(core, 1)]  # moved by hold_again
     assert next(core.acquire(None, holder="thread-2")).block_ms == 0  # another holder waits
     op = core.release(permit)
     assert next(op).args == (core.owner, "0-4", "1")
@@ -327,7 +372,7 @@ def test_reentrant_acquire_of_a_lost_grant_waits_for_a_new_one() -> None:
     core.by_holder["t"] = old
     op = core.acquire(None, holder="t")
     assert next(op).name == "hold_again"
-    assert op.send(0) == ReadGrant(core.keys.slots, core.owner, 0)  # gone: wait like anybody else
+    assert op.send(0) == ReadGrant(core.keys.slots, wait_of(core, 2), 0)  # gone: wait like anybody else
     new = finish(op, resp2("0-9"))
     assert new is not old and core.by_holder == {"t": new} and core.held == {"0-9": new}
 
@@ -341,22 +386,48 @@ def test_release_replies(reply: int, result: bool, lost: bool) -> None:
     assert command == RunScript("release", (core.keys.slots, core.keys.holds), (core.owner, "0-3", "0"))
     assert finish(op, reply) is result
     assert permit.lost is lost and permit.released and core.held == {}
+    assert core.idle_consumers == [wait_of(core, 1)]  # its one grant is gone: the name is free for the next wait
 
 
-def test_maintain_protocol_lost_adopted_and_ttl() -> None:
+def test_maintain_protocol_lost_adopted_and_lease() -> None:
     core = LockCore.create("detail", 3, 10.0)
     a, b, c = granted(core, "0-1"), granted(core, "0-2"), granted(core, "0-3")
     op = core.maintain()
     command = next(op)
     assert command.name == "maintain"
-    assert command.keys == (core.keys.slots, core.keys.meta, core.keys.owners, core.keys.holds)
-    assert command.args[0] == core.owner and command.args[2] == "0"
-    assert set(command.args[3:]) == {"0-1", "0-2", "0-3"}
-    lost = finish(op, [[b"0-2"], 3, 20000, 1, [b"0-3", b"0-8"]])
+    k = core.keys
+    assert command.keys == (k.slots, k.meta, k.owners, k.holds, k.ttls, k.seen)
+    assert command.args[0] == core.owner and command.args[2:5] == (10000, 1000, 0)
+    assert set(command.args[5:]) == {"0-1", "0-2", "0-3"}
+    lost = finish(op, maintain_reply(lost=("0-2",), adopted=("0-3", "0-8"), lease_ms=20000))
     assert lost == [b] and b.lost and not a.lost and not c.lost
     assert (c.grant, c.fence) == ("0-8", 8)  # re-adopted after a data loss
     assert set(core.held) == {"0-1", "0-8"}
-    assert core.ttl == 20.0  # Redis's ttl wins
+    assert core.ttl == 20.0 and core.renew_interval == 1.0  # leases last 20 s; this object renews on its own ttl
+    assert a.consumer == c.consumer == core.owner  # renewed grants sit under the owner's own name
+
+
+def test_readoption_map_is_applied_as_a_whole() -> None:
+    """Finding 3: old and new ids that collide (a, b swapped) never drop or overwrite a permit."""
+    core = LockCore.create("detail", 2, 10.0)
+    a, b = granted(core, "0-1"), granted(core, "0-2")
+    op = core.maintain()
+    next(op)
+    assert finish(op, maintain_reply(adopted=("0-1", "0-2", "0-2", "0-1"))) == []
+    assert core.held == {"0-2": a, "0-1": b} and (a.fence, b.fence) == (2, 1)
+
+
+def test_a_permit_released_while_the_renewal_ran_gives_its_adopted_slot_back() -> None:
+    """Finding 5: a release that reached Redis first makes the renewal adopt a limbo slot for nobody."""
+    core = LockCore.create("detail", 2, 10.0)
+    permit = granted(core, "0-5")
+    op = core.maintain()
+    next(op)
+    core._forget(permit)
+    permit.released = True  # the release ran meanwhile
+    command = op.send(maintain_reply(adopted=("0-5", "0-9")))
+    assert command == RunScript("release", (core.keys.slots, core.keys.holds), (core.owner, "0-9", "0"))
+    assert finish(op, 1) == [] and core.held == {} and permit.grant == "0-5"
 
 
 def test_maintain_does_not_report_a_permit_released_meanwhile() -> None:
@@ -365,33 +436,43 @@ def test_maintain_does_not_report_a_permit_released_meanwhile() -> None:
     op = core.maintain()
     next(op)
     permit.released = True  # another thread released it while the script ran
-    assert finish(op, [[b"0-3"], 2, 10000, 0, []]) == []
+    assert finish(op, maintain_reply(lost=("0-3",))) == []
     assert not permit.lost
 
 
 def test_maintain_recreates_a_vanished_lock_then_runs_again() -> None:
     core = LockCore.create("detail", 2, 10.0)
     granted(core, "0-5")
+    core.ever_set_up = True
     op = core.maintain()
     next(op)
     command = op.throw(redis.exceptions.ResponseError("NOLOCK lock is gone from Redis"))
     assert command.name == "setup" and command.args[4] == "1"
     command = op.send([1, 2, 10000])
-    assert command.name == "maintain" and command.args[3:] == ("0-5",)
-    assert finish(op, [[], 2, 10000, 0, [b"0-5", b"0-1"]]) == []
+    assert command.name == "maintain" and command.args[5:] == ("0-5",)
+    assert finish(op, maintain_reply(adopted=("0-5", "0-1"))) == []
     assert set(core.held) == {"0-1"}
+
+
+def test_maintain_of_a_lock_never_set_up_creates_it_without_limbo() -> None:
+    """Finding 10: a maintain before any setup must not reserve every slot for a lease."""
+    core = LockCore.create("detail", 2, 10.0)
+    op = core.maintain()
+    next(op)
+    command = op.throw(redis.exceptions.ResponseError("NOLOCK lock is gone from Redis"))
+    assert command.name == "setup" and command.args[4] == "0"
 
 
 def test_renew_raises_lock_lost() -> None:
     core = LockCore.create("detail", 1, 10.0)
     permit = granted(core)
     op = core.renew(permit)
-    assert next(op).args[3:] == ("0-3",)
+    assert next(op).args[5:] == ("0-3",)
     with pytest.raises(LockLost, match=f"lock 'detail': lease of permit {permit.token} is gone"):
-        op.send([[b"0-3"], 1, 10000, 0, []])
+        op.send(maintain_reply(lost=("0-3",)))
     op = core.renew(granted(core, "0-4"))
     next(op)
-    assert finish(op, [[], 1, 10000, 0, []]) is None
+    assert finish(op, maintain_reply()) is None
 
 
 def test_set_limit_get_limit_and_release_all() -> None:
@@ -410,7 +491,7 @@ def test_set_limit_get_limit_and_release_all() -> None:
     assert finish(op, None) is None
     permits = [granted(core, "0-1"), granted(core, "0-2")]
     op = core.release_all()
-    assert next(op).args == (core.owner, "0")
+    assert next(op).args == (core.owner,)
     assert finish(op, 2) == 2
     assert all(p.lost for p in permits) and core.held == {} and not core.set_up
 
@@ -456,16 +537,16 @@ def test_translate_error_leaves_other_errors_alone() -> None:
     assert translate_error("x", already) is already
 
 
-def test_drive_interrupted_mid_wait_marks_reconcile_at_once() -> None:
+def test_drive_interrupted_mid_wait_abandons_the_wait_at_once() -> None:
     """KeyboardInterrupt while blocked: the operation's cleanup runs before drive returns, not at GC."""
     core = LockCore.create("detail", 1, 10.0)
     execute = Executor(iter([[1, 1, 10000], KeyboardInterrupt()]))
     with pytest.raises(KeyboardInterrupt):
         drive(core.acquire(None), execute, core.name)
-    assert core.waits_in_flight == 0 and core.needs_reconcile
+    assert core.waits_in_flight == 0 and core.abandoned == {f"{core.owner}#1": 2}
 
 
-def test_adrive_cancelled_mid_wait_marks_reconcile_at_once() -> None:
+def test_adrive_cancelled_mid_wait_abandons_the_wait_at_once() -> None:
     core = LockCore.create("detail", 1, 10.0)
     entered = asyncio.Event()
 
@@ -483,7 +564,7 @@ def test_adrive_cancelled_mid_wait_marks_reconcile_at_once() -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         # the task (and its traceback) are still referenced here: cleanup must not wait for GC
-        assert core.waits_in_flight == 0 and core.needs_reconcile
+        assert core.waits_in_flight == 0 and core.abandoned == {f"{core.owner}#1": 2}
 
     asyncio.run(scenario())
 

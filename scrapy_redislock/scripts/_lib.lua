@@ -3,17 +3,46 @@
 -- Data model of one lock (all keys share the hash tag of the lock name):
 --   slots   stream; one entry per slot grant. An entry not yet delivered to
 --           the consumer group is a free slot; a delivered entry in the
---           group's pending list (PEL) is a held slot, its owner is the PEL
---           consumer and its lease age is the PEL idle time (server clock).
---   Entry ids are 0-1, 0-2, ...: the sequence part is the fencing token.
+--           group's pending list (PEL) is a held slot, its lease age is the
+--           PEL idle time (server clock). Freed entries are deleted at once.
+--   Consumers are named '<owner>' (grants it renewed) or '<owner>#<n>' (one
+--   name per wait in flight, reused only once it is known to be empty), so a
+--   wait that was cancelled can have its grant found and freed exactly.
+--   Entry ids are 0-N: N is the fencing token. A lock is created with N
+--   starting at Redis's clock in microseconds (meta 'base'), so a lock
+--   recreated after a data loss hands out fences above every earlier one,
+--   and a grant id below 'base' is known to come from before the loss.
 --   Lowering the limit moves the group's last-delivered id past entries that
---   were never delivered, or past entries still to come ("debt"), so that
---   they are never granted.
+--   were never delivered, or past entries still to come ("debt"); meta's
+--   'skip_until' remembers the last skipped id: the reaper deletes the skipped
+--   entries once they exist.
+--   owners  hash owner -> identity JSON (what status shows)
+--   ttls    hash owner -> lease ttl in ms; a lease expires after the longest
+--           ttl of the registered owners, so mixed ttls never cut a lease short
+--   seen    zset owner -> Redis time (ms) of its last setup or maintain
 local GROUP = 'holders'
+local LIMBO = '__limbo__'
+local REAPER = '__reaper__'
 
 -- Sequence number of a stream id "0-N".
 local function seq_of(id)
   return tonumber(string.match(id, '%-(%d+)$'))
+end
+
+-- The id "0-N" (plain digits: Lua would print a large N in exponent form).
+local function id_of(seq)
+  return string.format('0-%.0f', seq)
+end
+
+-- The owner of a consumer name ('<owner>#<n>' -> '<owner>').
+local function owner_of(consumer)
+  return string.match(consumer, '^(.+)#%d+$') or consumer
+end
+
+-- Redis's clock in milliseconds.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
 -- Value of a field in a flat XINFO reply.
@@ -24,23 +53,41 @@ local function info_field(reply, name)
   return nil
 end
 
--- Add one free slot (hands off to the first blocked waiter, if any).
+-- Add one free slot (hands off to the first blocked waiter, if any); returns its id.
 local function add_slot(slots)
   if redis.REDIS_VERSION_NUM then
     return redis.call('XADD', slots, '0-*', 's', '1')        -- Redis 7+
   end
   local last = info_field(redis.call('XINFO', 'STREAM', slots), 'last-generated-id')
-  return redis.call('XADD', slots, '0-' .. (seq_of(last) + 1), 's', '1')  -- Redis 6.2
+  return redis.call('XADD', slots, id_of(seq_of(last) + 1), 's', '1')  -- Redis 6.2
 end
 
--- Free a held grant: acknowledge it and put a new slot in its place.
+-- Free a held grant: acknowledge it, delete its entry, put a new slot in its place.
 local function free_grant(slots, holds, id)
   if redis.call('XACK', slots, GROUP, id) == 1 then
     if holds then redis.call('HDEL', holds, id) end
+    redis.call('XDEL', slots, id)
     add_slot(slots)
     return 1
   end
   return 0
+end
+
+-- Free every grant of one consumer; returns how many.
+local function free_consumer(slots, holds, consumer)
+  local freed = 0
+  while true do
+    local batch = redis.call('XPENDING', slots, GROUP, '-', '+', 1000, consumer)
+    if #batch == 0 then return freed end
+    for _, p in ipairs(batch) do freed = freed + free_grant(slots, holds, p[1]) end
+  end
+end
+
+-- The pending entry of one grant: {consumer, idle ms}, or nil when it is not held.
+local function pending_of(slots, id)
+  local p = redis.call('XPENDING', slots, GROUP, id, id, 1)
+  if #p == 0 then return nil end
+  return p[1][2], tonumber(p[1][3])
 end
 
 -- Sequence numbers: last generated entry and last delivered to the group.
@@ -58,14 +105,79 @@ local function stream_state(slots)
 end
 
 -- Create a lock with `limit` free slots (any old stream under the key is replaced).
+-- Ids start at Redis's clock in microseconds: fences never go back, even after a data loss.
 local function create_lock(slots, meta, limit, ttl)
   redis.call('DEL', slots)
-  redis.call('XGROUP', 'CREATE', slots, GROUP, '$', 'MKSTREAM')
+  local t = redis.call('TIME')
+  local base = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('XADD', slots, id_of(base), 's', '0')
+  redis.call('XDEL', slots, id_of(base))
+  redis.call('XGROUP', 'CREATE', slots, GROUP, id_of(base))
   for _ = 1, limit do add_slot(slots) end
-  redis.call('HSET', meta, 'limit', limit, 'ttl', ttl)
+  redis.call('HSET', meta, 'limit', limit, 'ttl', ttl, 'base', string.format('%.0f', base))
+  redis.call('HDEL', meta, 'skip_until', 'reap_at', 'gc_at')
 end
 
 -- True when the lock's stream and limit are both in Redis.
 local function lock_exists(slots, meta)
   return redis.call('EXISTS', slots) == 1 and redis.call('HEXISTS', meta, 'limit') == 1
+end
+
+-- Register (or refresh) an owner: identity, ttl, last seen; returns the lease ttl in force (ms):
+-- the longest ttl of the registered owners.
+local function register(meta, owners, ttls, seen, owner, identity, ttl, now)
+  redis.call('HSET', owners, owner, identity)
+  redis.call('HSET', ttls, owner, ttl)
+  redis.call('ZADD', seen, now, owner)
+  local lease = tonumber(ttl)
+  for _, v in ipairs(redis.call('HVALS', ttls)) do lease = math.max(lease, tonumber(v)) end
+  redis.call('HSET', meta, 'ttl', lease)
+  return lease
+end
+
+-- Delete the entries a lowered limit skipped (never to be delivered); the
+-- entries at or below 'skip_until' that are still pending are held grants.
+local function delete_skipped(slots, meta)
+  local skip = redis.call('HGET', meta, 'skip_until')
+  if not skip then return end
+  for _, entry in ipairs(redis.call('XRANGE', slots, '-', id_of(tonumber(skip)))) do
+    if not pending_of(slots, entry[1]) then redis.call('XDEL', slots, entry[1]) end
+  end
+  if stream_state(slots) >= tonumber(skip) then redis.call('HDEL', meta, 'skip_until') end
+end
+
+-- Free leases that expired (holders that died or stalled), following the
+-- XAUTOCLAIM cursor through the whole pending list. Runs at most once per
+-- `interval` ms across all processes (meta 'reap_at'); returns how many were freed.
+local function reap(slots, meta, holds, lease, interval, now)
+  local due = tonumber(redis.call('HGET', meta, 'reap_at') or '0')
+  if now < due then return 0 end
+  redis.call('HSET', meta, 'reap_at', now + interval)
+  local freed, cursor = 0, '0-0'
+  repeat
+    local claimed = redis.call('XAUTOCLAIM', slots, GROUP, REAPER, lease, cursor, 'COUNT', 100, 'JUSTID')
+    cursor = claimed[1]
+    for _, id in ipairs(claimed[2]) do freed = freed + free_grant(slots, holds, id) end
+  until cursor == '0-0'
+  redis.call('XGROUP', 'DELCONSUMER', slots, GROUP, REAPER)
+  delete_skipped(slots, meta)
+  return freed
+end
+
+-- Forget consumers with nothing held that have been idle for 3 leases, and owners
+-- not seen for 3 leases. Runs at most once per lease across all processes (meta 'gc_at').
+local function collect_garbage(slots, meta, owners, ttls, seen, lease, now)
+  local due = tonumber(redis.call('HGET', meta, 'gc_at') or '0')
+  if now < due then return end
+  redis.call('HSET', meta, 'gc_at', now + lease)
+  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', slots, GROUP)) do
+    if tonumber(info_field(c, 'pending')) == 0 and tonumber(info_field(c, 'idle')) > 3 * lease then
+      redis.call('XGROUP', 'DELCONSUMER', slots, GROUP, info_field(c, 'name'))
+    end
+  end
+  for _, owner in ipairs(redis.call('ZRANGEBYSCORE', seen, '-inf', now - 3 * lease)) do
+    redis.call('ZREM', seen, owner)
+    redis.call('HDEL', owners, owner)
+    redis.call('HDEL', ttls, owner)
+  end
 end

@@ -1,14 +1,14 @@
 -- release: give back one grant held by the caller.
 -- KEYS[1] slots stream, KEYS[2] holds hash (reentrant hold counts)
--- ARGV[1] consumer (owner) name, ARGV[2] grant id, ARGV[3] '1' if reentrant
+-- ARGV[1] owner name, ARGV[2] grant id, ARGV[3] '1' if reentrant
 -- Returns 1 released, 2 one reentrant hold dropped (still held),
 -- 0 not held by the caller (expired, reaped, or someone else's).
 local slots, holds = KEYS[1], KEYS[2]
 -- pcall: a lock that is gone from Redis (reset, data loss) means 'not held', not an error.
-local mine = redis.pcall('XPENDING', slots, GROUP, ARGV[2], ARGV[2], 1, ARGV[1])
-if mine.err or #mine == 0 then return 0 end
+local mine = redis.pcall('XPENDING', slots, GROUP, ARGV[2], ARGV[2], 1)
+if mine.err or #mine == 0 or owner_of(mine[1][2]) ~= ARGV[1] then return 0 end
 if ARGV[3] == '1' and redis.call('HINCRBY', holds, ARGV[2], -1) >= 0 then
   return 2
 end
--- Only reentrant locks keep hold counts; sparing the HDEL keeps a grant at 5 calls.
+-- Only reentrant locks keep hold counts.
 return free_grant(slots, ARGV[3] == '1' and holds or nil, ARGV[2])

@@ -1,16 +1,23 @@
--- release_owner: free every grant of one consumer and forget it
+-- release_owner: free every grant of one owner (all its consumers) and forget it
 -- (spider close, or an operator freeing a worker known to be dead).
--- KEYS[1] slots stream, KEYS[2] owners hash, KEYS[3] holds hash
--- ARGV[1] consumer (owner) name; ARGV[2] '1' to keep the consumer registered
+-- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash, KEYS[4] holds hash,
+-- KEYS[5] ttls hash, KEYS[6] seen zset
+-- ARGV[1] owner name (or one of its consumers '<owner>#<n>': then that consumer only)
 -- Returns the number of grants freed.
-local slots, owners, holds = KEYS[1], KEYS[2], KEYS[3]
+local slots, meta, owners, holds, ttls, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 if redis.call('EXISTS', slots) == 0 then return 0 end
+local target = ARGV[1]
 local freed = 0
-for _, p in ipairs(redis.call('XPENDING', slots, GROUP, '-', '+', 100000, ARGV[1])) do
-  freed = freed + free_grant(slots, holds, p[1])
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', slots, GROUP)) do
+  local name = info_field(c, 'name')
+  if name == target or (owner_of(name) == target and name ~= owner_of(name)) then
+    freed = freed + free_consumer(slots, holds, name)
+    redis.call('XGROUP', 'DELCONSUMER', slots, GROUP, name)
+  end
 end
-if ARGV[2] ~= '1' then
-  redis.call('XGROUP', 'DELCONSUMER', slots, GROUP, ARGV[1])
-  redis.call('HDEL', owners, ARGV[1])
+if owner_of(target) == target then
+  redis.call('HDEL', owners, target)
+  redis.call('HDEL', ttls, target)
+  redis.call('ZREM', seen, target)
 end
 return freed

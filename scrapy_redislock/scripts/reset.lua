@@ -3,10 +3,11 @@
 -- them returns 'not held'), free slots and debt are dropped, and `limit` new free slots are added: the
 -- lock is as new, but its entry ids, the fencing tokens, go on increasing. Consumers blocked in
 -- XREADGROUP stay blocked and are served the new slots first come, first served.
--- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash, KEYS[4] holds hash
+-- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash, KEYS[4] holds hash,
+-- KEYS[5] ttls hash, KEYS[6] seen zset
 -- ARGV[1] none (takes no arguments)
 -- Returns {grants freed, limit}, or error 'NOLOCK ...' when the lock does not exist (nothing written).
-local slots, meta, owners, holds = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local slots, meta, owners, holds, ttls, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 if not lock_exists(slots, meta) then
   return redis.error_reply('NOLOCK lock does not exist')
 end
@@ -22,10 +23,11 @@ end
 for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', slots, GROUP)) do
   redis.call('XGROUP', 'DELCONSUMER', slots, GROUP, info_field(c, 'name'))
 end
-redis.call('DEL', owners, holds)
+redis.call('DEL', owners, holds, ttls, seen)
+redis.call('HDEL', meta, 'skip_until')
 -- No free slot, no debt: the group has been delivered everything generated so far.
 local stream_last = stream_state(slots)
-redis.call('XGROUP', 'SETID', slots, GROUP, '0-' .. stream_last)
-redis.call('XTRIM', slots, 'MINID', '0-' .. (stream_last + 1))
+redis.call('XGROUP', 'SETID', slots, GROUP, id_of(stream_last))
+redis.call('XTRIM', slots, 'MINID', id_of(stream_last + 1))
 for _ = 1, limit do add_slot(slots) end
 return {freed, limit}

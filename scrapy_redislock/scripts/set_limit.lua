@@ -1,6 +1,7 @@
 -- set_limit: change the number of slots of a lock, live; creates the lock if
 -- it does not exist. Lowering never revokes a grant: surplus free slots are
--- skipped, and the slots of the next releases are not handed out again.
+-- skipped (and deleted), and the slots of the next releases are not handed out
+-- again (meta 'skip_until' marks them for deletion as they come).
 -- KEYS[1] slots stream, KEYS[2] meta hash
 -- ARGV[1] new limit (integer >= 0), ARGV[2] ttl in ms to create with
 -- Returns the previous limit (-1 if the lock did not exist).
@@ -15,14 +16,23 @@ local stream_last, group_last, held = stream_state(slots)
 local free = math.max(0, stream_last - group_last)
 local debt = math.max(0, group_last - stream_last)
 local delta = new - (held + free - debt)
+local target = group_last
 if delta < 0 then
-  redis.call('XGROUP', 'SETID', slots, GROUP, '0-' .. (group_last - delta))
+  target = group_last - delta
+  local skipped = redis.call('XRANGE', slots, id_of(group_last + 1), id_of(math.min(target, stream_last)))
+  for _, entry in ipairs(skipped) do redis.call('XDEL', slots, entry[1]) end
 elseif delta > 0 then
   local cancel = math.min(debt, delta)
-  if cancel > 0 then
-    redis.call('XGROUP', 'SETID', slots, GROUP, '0-' .. (group_last - cancel))
-  end
+  target = group_last - cancel
   for _ = 1, delta - cancel do add_slot(slots) end
+end
+if target ~= group_last then
+  redis.call('XGROUP', 'SETID', slots, GROUP, id_of(target))
+end
+if target > stream_last then
+  redis.call('HSET', meta, 'skip_until', string.format('%.0f', target))
+else
+  redis.call('HDEL', meta, 'skip_until')
 end
 redis.call('HSET', meta, 'limit', new)
 return previous

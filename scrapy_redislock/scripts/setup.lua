@@ -1,14 +1,14 @@
--- setup: create the lock if it does not exist, register the caller's identity.
--- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash
+-- setup: create the lock if it does not exist, register the caller.
+-- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash, KEYS[4] ttls hash, KEYS[5] seen zset
 -- ARGV[1] limit to create with ('' = the lock must exist already)
--- ARGV[2] lease ttl in ms (stored: the newest process's ttl wins)
--- ARGV[3] consumer (owner) name, ARGV[4] owner identity (JSON)
+-- ARGV[2] the caller's lease ttl in ms
+-- ARGV[3] owner name, ARGV[4] owner identity (JSON)
 -- ARGV[5] '1' to create in recovery mode: every slot starts held by the
---         consumer '__limbo__' for one ttl, so holders that survived a Redis
+--         consumer '__limbo__' for one lease, so holders that survived a Redis
 --         data loss can re-adopt them before anybody new is granted one.
--- Returns {created (0/1), limit, ttl_ms}, or an error reply 'NOLOCK ...'
--- when the lock does not exist and no limit was given (nothing is written).
-local slots, meta, owners = KEYS[1], KEYS[2], KEYS[3]
+-- Returns {created (0/1), limit, lease ttl in force (ms)}, or an error reply
+-- 'NOLOCK ...' when the lock does not exist and no limit was given (nothing is written).
+local slots, meta, owners, ttls, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local created = 0
 if not lock_exists(slots, meta) then
   if ARGV[1] == '' then
@@ -17,10 +17,9 @@ if not lock_exists(slots, meta) then
   local limit = tonumber(ARGV[1])
   create_lock(slots, meta, limit, ARGV[2])
   if ARGV[5] == '1' and limit > 0 then
-    redis.call('XREADGROUP', 'GROUP', GROUP, '__limbo__', 'COUNT', limit, 'STREAMS', slots, '>')
+    redis.call('XREADGROUP', 'GROUP', GROUP, LIMBO, 'COUNT', limit, 'STREAMS', slots, '>')
   end
   created = 1
 end
-redis.call('HSET', meta, 'ttl', ARGV[2])
-redis.call('HSET', owners, ARGV[3], ARGV[4])
-return {created, tonumber(redis.call('HGET', meta, 'limit')), tonumber(ARGV[2])}
+local lease = register(meta, owners, ttls, seen, ARGV[3], ARGV[4], ARGV[2], now_ms())
+return {created, tonumber(redis.call('HGET', meta, 'limit')), lease}
