@@ -332,6 +332,8 @@ class StageLocks:
                     text(other),
                 )
         if self.locks:
+            # One renewal now registers this process's identity, so that the reports below can name it.
+            await asyncio.gather(*(lock.maintain() for lock in self.locks.values()))
             self._renewer = Renewer.current()
             self._renewer.join(self)
             self._hook_shutdown()
