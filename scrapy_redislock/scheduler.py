@@ -19,8 +19,8 @@ Once the engine starts closing, the waiters stand down and give their unused slo
 waiting in the middleware (media downloads) get them.
 
 On close the waiters are cancelled, unused slots freed and parked requests given back to the inner scheduler
-(so JOBDIR or SCHEDULER_PERSIST keep them). With REDISLOCK_ENABLED = False, or no stage in REDISLOCK_STAGES, it is
-the inner scheduler and nothing more.
+(so JOBDIR or SCHEDULER_PERSIST keep them). With REDISLOCK_ENABLED = False it is the inner scheduler and nothing
+more; enabled with no stage in REDISLOCK_STAGES it is a ConfigError (nothing would be capped).
 
 Settings read (via :func:`scrapy_redislock.config.read_settings`): REDISLOCK_SCHEDULER_INNER, REDISLOCK_PARK_LIMIT,
 REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_WAIT_TIMEOUT, REDISLOCK_ENABLED, REDISLOCK_STAGES and the stage settings.
@@ -92,7 +92,12 @@ class StageScheduler:
             raise ConfigError(f"REDISLOCK_SCHEDULER_INNER cannot be loaded: {inner_path!r} ({exc})") from None
         if inner_cls is StageScheduler or not callable(getattr(inner_cls, "next_request", None)):
             raise ConfigError(f"REDISLOCK_SCHEDULER_INNER must be a scheduler class, got {inner_path!r}")
-        self.enabled = self.settings.enabled and bool(self.settings.stages)
+        self.enabled = self.settings.enabled
+        if self.enabled and not self.settings.stages:
+            raise ConfigError(
+                "StageScheduler is enabled but REDISLOCK_STAGES is empty, so no request would be capped; set "
+                "REDISLOCK_STAGES = {stage: limit, ...}, or REDISLOCK_ENABLED = False to switch it off on purpose"
+            )
         if self.enabled:
             check_reactor(crawler, "StageScheduler")
             if not _middleware_enabled(crawler):

@@ -95,7 +95,8 @@ def wake_engine(crawler: Crawler) -> None:
 
 
 def engine_closing(crawler: Crawler) -> bool:
-    """True once the engine stops or closes the spider (requests waiting in a middleware must then give up).
+    """True once the engine stops or closes the spider: it takes no more requests from the scheduler, whose waiters
+    stand down; requests waiting in the middleware keep their place while their stage makes progress.
 
     ``engine.running`` is public and covers stop (SIGTERM, Ctrl-C); a close on its own (CLOSESPIDER_*, the spider
     finishing) only shows in the private ``engine._slot.closing``. Without it, the fallback is REDISLOCK_WAIT_TIMEOUT.

@@ -19,7 +19,7 @@ import redis
 
 from scrapy_redislock import CountingLock
 from scrapy_redislock.redis_server import RedisServer
-from tests.crawlproc import ROOT, Crawl, leftover
+from tests.crawlproc import ROOT, Crawl, leftover, staged_worker
 from tests.crawlsite import CrawlSite, links_page
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
@@ -352,6 +352,7 @@ def test_acquire_timeout_is_not_retried_unless_asked(
 def test_refused_password_and_unreachable_redis_exit_1_without_a_traceback(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
+    """Crawls (both modes) and a worker (StageWorkerMixin): exit status 1, the log says which failure it was."""
     redis_client.execute_command("ACL", "SETUSER", "crawler", "on", ">right", "~*", "&*", "+@all")
     try:
         port = redis_client.connection_pool.connection_kwargs["port"]
@@ -372,6 +373,10 @@ def test_refused_password_and_unreachable_redis_exit_1_without_a_traceback(
         assert all(auth_error in crawl.output and "wrong@" not in crawl.output for crawl, _ in crawls[:2])
         unreachable = "Cannot reach Redis at redis://127.0.0.1:1/0 (REDISLOCK_URL)"
         assert all(unreachable in crawl.output for crawl, _ in crawls[2:])
+        worker = staged_worker(wrong, site.url, "detail:3", {"REDISLOCK_WORKER_STAGES": {"detail": 1}})
+        output = worker.communicate(timeout=60)[0]
+        assert worker.returncode == 1 and "Traceback" not in output, output[-3000:]
+        assert f"Redis at redis://crawler:***@127.0.0.1:{port}/0 (REDIS_URL) refused the credentials" in output
     finally:
         redis_client.execute_command("ACL", "DELUSER", "crawler")
     assert not site.hits
