@@ -10,6 +10,7 @@ from scrapy_redislock.errors import (
     LockError,
     LockLost,
     NotReplicated,
+    ThrottlingDisabled,
     UnknownStage,
 )
 from scrapy_redislock.lock import CountingLock
@@ -53,6 +54,7 @@ __all__ = [
     "StageScheduler",
     "StageWorkerMixin",
     "StageWorkerScheduler",
+    "ThrottlingDisabled",
     "UnknownStage",
     "stage",
 ]

@@ -50,7 +50,7 @@ from scrapy_redislock.core import (
     reset_lock,
 )
 from scrapy_redislock.errors import ConfigError, InvalidArgument
-from scrapy_redislock.status import StageStatus, collect, find_stages, snapshot, stage_status
+from scrapy_redislock.status import StageStatus, collect, find_stages, snapshot, stage_status, why_waiting
 
 PROG = "redislock"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -347,6 +347,9 @@ def render_status(stages: Sequence[StageStatus], target: Target, now: float | No
         waiting = [p for p in s.processes if p.held == 0 and p.waiting > 0]
         idle = [p for p in s.processes if p.held == 0 and p.waiting == 0]
         lines.append(f"{s.stage}: {s.held} held of {s.limit}, {s.waiters} waiting")
+        why = why_waiting(s, now)
+        if why:
+            lines.append(f"  a request waits because: {why}")
         if not s.grants and not waiting:
             lines.append("  no holders")
         else:

@@ -10,11 +10,14 @@ MAX_IDLE_TIME_BEFORE_CLOSE (fallback of REDISLOCK_IDLE_CLOSE), REDIS_START_URLS_
 
 Bad values raise :class:`~scrapy_redislock.errors.ConfigError` naming the setting and the value, so a crawl with a
 broken configuration stops at start-up instead of running unthrottled (Scrapy would swallow NotConfigured from a
-middleware and go on without it).
+middleware and go on without it). So does a setting whose name starts with REDISLOCK (or REDIS_LOCK) but is not one
+of ours: a misspelled REDISLOCK_STAGE would otherwise leave every stage uncapped; the error names the closest
+known setting.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from collections.abc import Mapping
@@ -58,6 +61,7 @@ class RedisLockSettings:
 
     enabled: bool = True
     url: str = "redis://localhost:6379/0"
+    url_setting: str = "REDISLOCK_URL"  # where the URL came from, for messages (or "the default")
     params: Mapping[str, Any] = field(default_factory=dict)
     stages: Mapping[str, int | None] = field(default_factory=dict)
     worker_stages: Mapping[str, int | None] = field(default_factory=dict)
@@ -136,18 +140,22 @@ def check_url(url: Any, setting: str) -> str:
     return url
 
 
-def _connection(settings: BaseSettings) -> tuple[str, dict[str, Any]]:
-    """URL and client params: REDISLOCK_* first, then scrapy-redis's REDIS_* settings."""
+def _connection(settings: BaseSettings) -> tuple[str, str, dict[str, Any]]:
+    """URL, the setting it came from, and client params: REDISLOCK_* first, then scrapy-redis's REDIS_* settings."""
     if settings.get("REDISLOCK_URL"):
-        url = check_url(settings.get("REDISLOCK_URL"), "REDISLOCK_URL")
+        source = "REDISLOCK_URL"
+        url = check_url(settings.get("REDISLOCK_URL"), source)
     elif settings.get("REDIS_URL"):
-        url = check_url(settings.get("REDIS_URL"), "REDIS_URL")
+        source = "REDIS_URL"
+        url = check_url(settings.get("REDIS_URL"), source)
     elif settings.get("REDIS_HOST") or settings.get("REDIS_PORT"):
+        source = "REDIS_HOST/REDIS_PORT"
         host = settings.get("REDIS_HOST") or "localhost"
         port = settings.get("REDIS_PORT") or 6379
         db = settings.get("REDIS_DB") or 0
-        url = check_url(f"redis://{host}:{port}/{db}", "REDIS_HOST/REDIS_PORT")
+        url = check_url(f"redis://{host}:{port}/{db}", source)
     else:
+        source = "the default URL"
         url = "redis://localhost:6379/0"
     own = _loaded(settings, "REDISLOCK_PARAMS")
     params = own if own is not None else settings.getdict("REDIS_PARAMS")
@@ -155,18 +163,34 @@ def _connection(settings: BaseSettings) -> tuple[str, dict[str, Any]]:
         raise ConfigError(f"REDISLOCK_PARAMS must be a dict of redis client arguments, got {params!r}")
     merged = dict(DEFAULT_CLIENT_PARAMS)
     merged.update({k: v for k, v in params.items() if k in CLIENT_PARAMS})
-    return url, merged
+    return url, source, merged
+
+
+def check_names(settings: BaseSettings) -> None:
+    """ConfigError for a setting that looks like ours (REDISLOCK..., REDIS_LOCK...) but is not, naming the closest."""
+    for name in settings:
+        if not isinstance(name, str):
+            continue
+        folded = name.upper().replace("REDIS_LOCK", "REDISLOCK", 1)
+        if not folded.startswith("REDISLOCK") or name in defaults.SETTINGS:
+            continue
+        closest = difflib.get_close_matches(folded, defaults.SETTINGS, n=1, cutoff=0.0)
+        raise ConfigError(
+            f"{name} is not a scrapy_redislock setting (did you mean {closest[0]}?); "
+            f"known: {', '.join(sorted(defaults.SETTINGS))}"
+        )
 
 
 def read_settings(settings: BaseSettings) -> RedisLockSettings:
     """All REDISLOCK_* settings, checked; ConfigError with a message naming the bad one."""
+    check_names(settings)
     try:
         enabled = settings.getbool("REDISLOCK_ENABLED", defaults.REDISLOCK_ENABLED)
     except (TypeError, ValueError):
         raise ConfigError(
             f"REDISLOCK_ENABLED must be True or False, got {settings.get('REDISLOCK_ENABLED')!r}"
         ) from None
-    url, params = _connection(settings)
+    url, url_setting, params = _connection(settings)
     stages = check_stage_limits(_loaded(settings, "REDISLOCK_STAGES"), "REDISLOCK_STAGES")
     worker_stages = check_stage_limits(_loaded(settings, "REDISLOCK_WORKER_STAGES"), "REDISLOCK_WORKER_STAGES")
 
@@ -237,6 +261,7 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     return RedisLockSettings(
         enabled=enabled,
         url=url,
+        url_setting=url_setting,
         params=params,
         stages=stages,
         worker_stages=worker_stages,

@@ -25,6 +25,13 @@ class AcquireTimeout(LockError, TimeoutError):
     """No slot was granted within the timeout."""
 
 
+class ThrottlingDisabled(LockError):
+    """A request names a stage while REDISLOCK_ENABLED is False: it is failed, never sent unthrottled.
+
+    Remove StageLockMiddleware from DOWNLOADER_MIDDLEWARES to crawl such requests unthrottled on purpose.
+    """
+
+
 class LockLost(LockError):
     """A permit's lease is gone (expired, reset by an operator, or lost with Redis's data)."""
 

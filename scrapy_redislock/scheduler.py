@@ -10,11 +10,17 @@ every other stage (head-of-line blocking) and hold up the engine's close. This s
 - per capped stage with parked requests, up to REDISLOCK_WAITERS_PER_STAGE waiter tasks block in Redis
   (``XREADGROUP BLOCK``: first come, first served across processes, woken the moment a slot is freed anywhere);
 - a granted slot is paired with the oldest parked request of its stage, the engine is woken at once (not at its
-  5 s heartbeat), and StageLockMiddleware picks the permit up by request object (:meth:`take_permit`).
+  5 s heartbeat), and StageLockMiddleware picks the permit up by request object (:meth:`take_permit`);
+- a capped request that a middleware before StageLockMiddleware will settle without a download (a fresh
+  HTTPCACHE hit, a URL robots.txt forbids: see :func:`~scrapy_redislock.middleware.settled_before_download`) goes
+  at once, without a slot; should it reach the middleware after all, it waits for its slot there.
+
+Once the engine starts closing, the waiters stand down and give their unused slots back, so that requests still
+waiting in the middleware (media downloads) get them.
 
 On close the waiters are cancelled, unused slots freed and parked requests given back to the inner scheduler
-(so JOBDIR or SCHEDULER_PERSIST keep them). With REDISLOCK_ENABLED = False, or no stage in REDISLOCK_STAGES, it is
-the inner scheduler and nothing more.
+(so JOBDIR or SCHEDULER_PERSIST keep them). With REDISLOCK_ENABLED = False it is the inner scheduler and nothing
+more; enabled with no stage in REDISLOCK_STAGES it is a ConfigError (nothing would be capped).
 
 Settings read (via :func:`scrapy_redislock.config.read_settings`): REDISLOCK_SCHEDULER_INNER, REDISLOCK_PARK_LIMIT,
 REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_WAIT_TIMEOUT, REDISLOCK_ENABLED, REDISLOCK_STAGES and the stage settings.
@@ -36,8 +42,13 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy_redislock.config import read_settings
 from scrapy_redislock.core import Permit
 from scrapy_redislock.errors import AcquireTimeout, ConfigError, UnknownStage
-from scrapy_redislock.middleware import StageLockMiddleware, check_reactor
-from scrapy_redislock.stagelocks import StageLocks, downloader_active, wake_engine
+from scrapy_redislock.middleware import (
+    StageLockMiddleware,
+    check_reactor,
+    early_middlewares,
+    settled_before_download,
+)
+from scrapy_redislock.stagelocks import StageLocks, downloader_active, engine_closing, wake_engine
 from scrapy_redislock.stages import stage_of
 
 if TYPE_CHECKING:
@@ -81,7 +92,12 @@ class StageScheduler:
             raise ConfigError(f"REDISLOCK_SCHEDULER_INNER cannot be loaded: {inner_path!r} ({exc})") from None
         if inner_cls is StageScheduler or not callable(getattr(inner_cls, "next_request", None)):
             raise ConfigError(f"REDISLOCK_SCHEDULER_INNER must be a scheduler class, got {inner_path!r}")
-        self.enabled = self.settings.enabled and bool(self.settings.stages)
+        self.enabled = self.settings.enabled
+        if self.enabled and not self.settings.stages:
+            raise ConfigError(
+                "StageScheduler is enabled but REDISLOCK_STAGES is empty, so no request would be capped; set "
+                "REDISLOCK_STAGES = {stage: limit, ...}, or REDISLOCK_ENABLED = False to switch it off on purpose"
+            )
         if self.enabled:
             check_reactor(crawler, "StageScheduler")
             if not _middleware_enabled(crawler):
@@ -102,6 +118,7 @@ class StageScheduler:
         self.handed: dict[Request, Permit | BaseException] = {}  # out to the engine, not yet taken by the middleware
         self.n_parked = 0
         self.closing = False
+        self._early: tuple[Any, ...] | None = None  # cache and robots.txt middlewares before ours, found on first use
         self._suspects: set[Request] = set()
         if self.locks is not None:
             self.locks.add_waiting_source(lambda stage: len(self.parked.get(stage, ())))
@@ -190,7 +207,7 @@ class StageScheduler:
                 capped = stage is not None and self.locks.is_capped(stage)
             except UnknownStage:
                 return request  # the middleware fails it, naming the stage and counting it
-            if not capped:
+            if not capped or self._settled_early(request):
                 return request
             assert stage is not None
             self._park(stage, request)
@@ -199,6 +216,11 @@ class StageScheduler:
                 return request
         wake_engine(self.crawler)  # more may be waiting behind: come back at the next loop iteration
         return None
+
+    def _settled_early(self, request: Request) -> bool:
+        if self._early is None:
+            self._early = early_middlewares(self.crawler)
+        return bool(self._early) and settled_before_download(request, self._early, self.crawler.spider)
 
     # -- slots ---------------------------------------------------------------------------------------------------------
 
@@ -247,6 +269,17 @@ class StageScheduler:
         # A finished task stays in the set until its done callback runs, a loop iteration later: not a waiter.
         return sum(not task.done() for task in self.waiters[stage])
 
+    def _stand_down(self) -> None:
+        """The engine is closing and takes no more requests from here: stop waiting, give unused slots back."""
+        assert self.locks is not None
+        self.closing = True
+        for tasks in self.waiters.values():
+            for task in tasks:
+                task.cancel()
+        for permits in self.ready.values():
+            while permits:
+                self.locks.release_soon(permits.popleft())
+
     def _ensure_waiters(self, stage: str) -> None:
         wanted = min(len(self.parked[stage]) - len(self.ready[stage]), self.waiters_per_stage)
         waiters = self.waiters[stage]
@@ -265,7 +298,7 @@ class StageScheduler:
                 logger.exception("Waiting for a slot of stage %r failed; trying again in 1 s", stage)
                 await asyncio.sleep(1.0)
                 continue
-            if self.closing:
+            if self.closing or engine_closing(self.crawler):
                 await self.locks.release(permit)
                 return
             self.ready[stage].append(permit)
@@ -297,6 +330,8 @@ class StageScheduler:
         """At every renewal tick: free slots handed out with requests that left the engine without reaching the
         middleware (one that another middleware replaced by a new request, for instance)."""
         assert self.locks is not None
+        if engine_closing(self.crawler):
+            self._stand_down()
         for stage in self.parked:  # a safety net: parked requests always have someone waiting for them
             self._ensure_waiters(stage)
         active = downloader_active(self.crawler)

@@ -7,7 +7,9 @@ worker scheduler. API (all on the reactor thread, asyncio reactor)::
     locks = StageLocks.of(crawler, settings)          # the crawler's registry for request stages (created once)
     locks = StageLocks(crawler, settings, limits, lock_prefix="workers:", stats_prefix="redislock/workers")
     await locks.start_once()       # PING, write the limits (newest process wins, a change is logged), join the
-                                   # renewal loop; CloseSpider("redislock_redis_unavailable") if Redis is unreachable
+                                   # renewal loop, say why a stage has no free slot; False if Redis is unreachable
+                                   # or refuses the credentials (logged once, saying which: the spider_opened
+                                   # signal then closes the spider, and the crawl exits with status 1)
     locks.is_capped(stage)         # True / False (None = unlimited); UnknownStage naming the known stages
     permit = await locks.acquire(stage, timeout)   # FIFO across processes; Redis errors are retried with back-off
     locks.record_grant(stage, waited)              # stats: acquired, wait_time_total, wait_time_max
@@ -15,6 +17,7 @@ worker scheduler. API (all on the reactor thread, asyncio reactor)::
     locks.release_soon(permit)     # the same from plain code, in a tracked task
     locks.add_waiting_source(fn)   # fn(stage) -> requests waiting for that stage (shown by the status CLI)
     locks.add_tick_hook(coro_fn)   # awaited at every renewal tick (leak sweeps)
+    await locks.stalled(stage, window)             # at close: why to give up waiting for the stage, or ""
     await locks.close()            # cancel waits, then free every permit and waiter: one aclose() per stage
 
 Renewal: every StageLocks of the process joins one loop (:class:`Renewer`, one per event loop), which every
@@ -22,6 +25,14 @@ Renewal: every StageLocks of the process joins one loop (:class:`Renewer`, one p
 stage lock concurrently (each renews all of this process's permits of that stage and reaps expired leases of dead
 processes), after ``lock.annotate(waiting=..., spider=...)``. A lost lease is logged as a warning and counted as
 ``<stats_prefix>/<stage>/lost``. Redis errors are logged as warnings with back-off; nothing is given up.
+
+Why a crawl waits: at start, and whenever a stage's waits have had no grant for 5 s (then 10, 20, ... at most
+every 5 min), the stage's lock is read (:func:`~scrapy_redislock.status.astage_status`, read-only, one MULTI/EXEC)
+and :func:`~scrapy_redislock.status.why_waiting` logged: held by whom and lease left, paused (limit 0), or a
+recovery window after a data loss, and until when.
+
+Unclean shutdown (a second Ctrl-C): a reactor "before shutdown" trigger (or, without a Twisted reactor, the renewal
+task being cancelled) frees this process's slots, one aclose() per stage at once, before the process exits.
 
 Reads no settings itself: it is given a checked :class:`~scrapy_redislock.config.RedisLockSettings`. The only
 uses of Scrapy's private engine attributes in the package are :func:`wake_engine` and :func:`engine_closing`.
@@ -38,11 +49,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
+from scrapy import signals
 from scrapy.exceptions import CloseSpider
+from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.reactor import is_reactor_installed
 
 from scrapy_redislock.aio import AsyncCountingLock
 from scrapy_redislock.core import Command, LockKeys, Permit, RunScript, adrive, load_scripts, release_consumer, text
 from scrapy_redislock.errors import AcquireTimeout, LockConnectionError, UnknownStage
+from scrapy_redislock.status import StageStatus, astage_status, why_waiting
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -58,6 +73,9 @@ RETRY_MAX = 5.0
 CLOSE_TIMEOUT = 5.0  # a close never waits longer than this for Redis (a paused server must not hang the crawl)
 LATE_GRANT_PAUSE = 0.02  # seconds for Redis to see cancelled waits' connections close before the last sweep
 REDIS_ERRORS = (redis.exceptions.RedisError, LockConnectionError, OSError)
+REPORT_FIRST = 5.0  # seconds without a grant while requests wait before the log says why; doubled up to REPORT_MAX
+REPORT_MAX = 300.0
+UNCLEAN_CLOSE_TIMEOUT = 3.0  # a forced shutdown waits at most this long for Redis to take the slots back
 
 
 # -- the two places that touch Scrapy's private engine attributes ------------------------------------------------
@@ -77,14 +95,17 @@ def wake_engine(crawler: Crawler) -> None:
 
 
 def engine_closing(crawler: Crawler) -> bool:
-    """True once the engine stops or closes the spider (requests waiting in a middleware must then give up).
+    """True once the engine stops or closes the spider: it takes no more requests from the scheduler, whose waiters
+    stand down; requests waiting in the middleware keep their place while their stage makes progress.
 
     ``engine.running`` is public and covers stop (SIGTERM, Ctrl-C); a close on its own (CLOSESPIDER_*, the spider
     finishing) only shows in the private ``engine._slot.closing``. Without it, the fallback is REDISLOCK_WAIT_TIMEOUT.
     """
     engine = getattr(crawler, "engine", None)
-    if engine is None or not engine.running:
+    if engine is None:
         return True
+    if not engine.running:
+        return getattr(engine, "start_time", None) is not None  # stopped; before its start it is not closing
     slot = getattr(engine, "_slot", None)
     return slot is None or getattr(slot, "closing", None) is not None
 
@@ -137,10 +158,17 @@ class Renewer:
             self.task = None
 
     async def _run(self) -> None:
-        while self.members:
-            await asyncio.sleep(min(m.renew_interval for m in self.members))
-            members = list(self.members)
-            await asyncio.gather(*(m.tick() for m in members), return_exceptions=True)
+        try:
+            while self.members:
+                await asyncio.sleep(min(m.renew_interval for m in self.members))
+                members = list(self.members)
+                await asyncio.gather(*(m.tick() for m in members), return_exceptions=True)
+        except asyncio.CancelledError:
+            # Cancelled with members still open: the loop is being torn down (a forced shutdown without a Twisted
+            # reactor cancels every task). Free their slots now; the TTL would keep them for others otherwise.
+            self.task = None  # their close() must not cancel this task again
+            await asyncio.gather(*(m.close_unclean() for m in list(self.members)), return_exceptions=True)
+            raise
 
 
 # -- one crawler's stage locks -------------------------------------------------------------------------------------
@@ -172,7 +200,7 @@ class StageLocks:
                 limit=limit,
                 ttl=settings.ttl,
                 key_prefix=settings.key_prefix,
-                identity={"spider": self.spider_name, "waiting": 0},
+                identity={"spider": self.spider_name, "waiting": 0, "limit": limit},
                 maintain_loop=False,  # the process's one Renewer maintains every lock
             )
             for stage, limit in self.limits.items()
@@ -188,8 +216,15 @@ class StageLocks:
         self._renewer: Renewer | None = None
         self._retry_at = 0.0
         self._retry_delay = RETRY_FIRST
+        self._wait_started: dict[asyncio.Task[Any] | None, tuple[str, float]] = {}  # acquire() call -> stage, since
+        self.last_grant: dict[str, float] = {}  # stage -> when this process last got a slot (monotonic)
+        self._report_after: dict[str, float] = {}  # stage -> seconds without a grant at which to say why next
+        self._progress: dict[str, tuple[Any, float]] = {}  # at close: stage -> (grants seen, since when)
+        self._shutdown_trigger: Any = None
+        self.failure: CloseSpider | None = None
         self.started = False
         self.closed = False
+        crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
 
     @classmethod
     def of(cls, crawler: Crawler, settings: RedisLockSettings, *, attr: str = "_redislock_stage_locks") -> StageLocks:
@@ -226,19 +261,53 @@ class StageLocks:
 
     # -- start ---------------------------------------------------------------------------------------------------
 
-    async def start_once(self) -> None:
-        """start(), once, however many components ask; CloseSpider when Redis is unreachable."""
+    async def start_once(self) -> bool:
+        """start(), once, however many components ask; False when Redis cannot be reached or refuses us.
+
+        The failure is logged once, saying which of the two it was. The spider_opened signal then closes the
+        spider (a scheduler must not raise CloseSpider from open(): Scrapy would skip opening its scraper and log a
+        traceback at close), and the crawl exits with status 1.
+        """
         if self._starting is None:
             self._starting = asyncio.ensure_future(self.start())
         try:
             await asyncio.shield(self._starting)
         except REDIS_ERRORS as exc:
+            self._start_failed(exc)
+        return self.failure is None
+
+    def _start_failed(self, exc: BaseException) -> None:
+        if self.failure is not None:
+            return
+        source = self.settings.url_setting
+        if isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError):
             logger.error(
-                "Cannot reach Redis at %s (REDISLOCK_URL): %s; closing the spider rather than crawl unthrottled",
+                "Redis at %s (%s) refused the credentials: %s Check the password or ACL user in the URL or in "
+                "REDISLOCK_PARAMS; closing the spider rather than crawl unthrottled",
                 self.settings.safe_url,
+                source,
                 exc,
             )
-            raise CloseSpider("redislock_redis_unavailable") from exc
+            self.failure = CloseSpider("redislock_redis_auth_failed")
+        else:
+            logger.error(
+                "Cannot reach Redis at %s (%s): %s; closing the spider rather than crawl unthrottled",
+                self.settings.safe_url,
+                source,
+                exc,
+            )
+            self.failure = CloseSpider("redislock_redis_unavailable")
+        # Connected now, so that it runs after every other spider_closed handler: the crawl did not really start,
+        # and Scrapy's commands exit with status 1 only for a crawler without a spider ("bootstrap failed").
+        self.crawler.signals.connect(self._mark_failed, signal=signals.spider_closed)
+
+    async def _spider_opened(self, spider: Any) -> None:
+        if not await self.start_once():
+            assert self.failure is not None
+            raise self.failure
+
+    def _mark_failed(self, spider: Any) -> None:
+        self.crawler.spider = None
 
     async def start(self) -> None:
         """PING, publish this process's limits, join the renewal loop; redis errors when Redis is unreachable."""
@@ -265,8 +334,11 @@ class StageLocks:
                     text(other),
                 )
         if self.locks:
+            # One renewal now registers this process's identity, so that the reports below can name it.
+            await asyncio.gather(*(lock.maintain() for lock in self.locks.values()))
             self._renewer = Renewer.current()
             self._renewer.join(self)
+            self._hook_shutdown()
         self.started = True
         logger.info(
             "Stage slots in Redis at %s (prefix %r, ttl %s s): %s",
@@ -275,6 +347,89 @@ class StageLocks:
             self.settings.ttl,
             {stage: self.limits[stage] for stage in self.limits},
         )
+        for stage in self.locks:
+            await self._say_why(stage, "at start")
+
+    # -- why requests wait -------------------------------------------------------------------------------------------
+
+    async def read_status(self, stage: str) -> StageStatus | None:
+        """The stage's lock as Redis holds it now (read-only); None when it is not there."""
+        return await astage_status(self.client, self.settings.key_prefix, f"{self.lock_prefix}{stage}")
+
+    async def _say_why(self, stage: str, when: str) -> None:
+        """Log why a request of ``stage`` waits (nothing when a slot is free); a Redis error is left to the waits."""
+        try:
+            status = await self.read_status(stage)
+        except REDIS_ERRORS:
+            return
+        if status is None:
+            return
+        why = why_waiting(status)
+        if why:
+            level = logging.INFO if why.startswith("all ") and "dead?" not in why else logging.WARNING
+            logger.log(level, "Stage %r has no free slot %s: %s", stage, when, why)
+
+    def _no_grant_for(self, stage: str, now: float) -> float | None:
+        """Seconds since this process's waits for ``stage`` last saw a grant; None when none waits."""
+        starts = [since for waited, since in self._wait_started.values() if waited == stage]
+        if not starts:
+            return None
+        return now - max(min(starts), self.last_grant.get(stage, 0.0))
+
+    async def _report_waits(self) -> None:
+        """Say why, for each stage whose waits have had no grant for REPORT_FIRST s, then with back-off."""
+        now = time.monotonic()
+        for stage in self.locks:
+            idle = self._no_grant_for(stage, now)
+            if idle is None or idle < REPORT_FIRST:
+                self._report_after.pop(stage, None)
+                continue
+            due = self._report_after.get(stage, REPORT_FIRST)
+            if idle >= due:
+                self._report_after[stage] = due * 2 if due * 2 <= REPORT_MAX else idle + REPORT_MAX
+                await self._say_why(stage, f"after {idle:.0f} s of waiting")
+
+    async def stalled(self, stage: str, window: float) -> str:
+        """At close: why to give up the waits for ``stage`` (paused, or no slot freed anywhere for ``window`` s),
+        else "". Progress is a grant to this process, or any change in the stage's grants in Redis."""
+        now = time.monotonic()
+        try:
+            status = await self.read_status(stage)
+        except REDIS_ERRORS:
+            status = None
+        if status is not None and status.limit == 0:
+            return why_waiting(status)
+        seen = None if status is None else sorted(grant.grant for grant in status.grants)
+        previous, since = self._progress.get(stage, (seen, now))
+        if seen != previous or stage not in self._progress:
+            since = now
+        since = max(since, self.last_grant.get(stage, 0.0))
+        self._progress[stage] = (seen, since)
+        if now - since > window:
+            return f"no slot of the stage was freed anywhere for {window:.0f} s"
+        return ""
+
+    # -- an unclean shutdown -----------------------------------------------------------------------------------------
+
+    def _hook_shutdown(self) -> None:
+        if is_reactor_installed():
+            from twisted.internet import reactor
+
+            self._shutdown_trigger = reactor.addSystemEventTrigger("before", "shutdown", self._reactor_stopping)
+
+    def _reactor_stopping(self) -> Any:
+        self._shutdown_trigger = None
+        if self.closed:
+            return None
+        return deferred_from_coro(self.close_unclean())
+
+    async def close_unclean(self) -> None:
+        """The process is going away without closing the spider (a second Ctrl-C): free its slots now."""
+        if self.closed:
+            return
+        logger.warning("Forced shutdown: freeing this process's stage slots in Redis before exiting")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.close(), UNCLEAN_CLOSE_TIMEOUT)
 
     # -- acquire and release ---------------------------------------------------------------------------------------
 
@@ -288,13 +443,16 @@ class StageLocks:
         task = asyncio.current_task()
         if task is not None:
             self._waits.add(task)
+        self._wait_started[task] = (stage, time.monotonic())
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = RETRY_FIRST
         try:
             while True:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
-                    return await lock.acquire(timeout=left)
+                    permit = await lock.acquire(timeout=left)
+                    self.last_grant[stage] = time.monotonic()
+                    return permit
                 except AcquireTimeout:
                     self.stats.inc_value(f"{self.stats_prefix}/{stage}/timeouts")
                     raise
@@ -309,6 +467,7 @@ class StageLocks:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, RETRY_MAX)
         finally:
+            self._wait_started.pop(task, None)
             if task is not None:
                 self._waits.discard(task)
 
@@ -358,6 +517,7 @@ class StageLocks:
         try:
             await self._retry_releases()
             await self.renew_once()
+            await self._report_waits()
         except REDIS_ERRORS as exc:
             logger.warning("Renewing stage slots failed (%s); retrying in %.1f s", exc, self._retry_delay)
             self.stats.inc_value(f"{self.stats_prefix}/redis_errors")
@@ -401,6 +561,12 @@ class StageLocks:
         if self.closed:
             return
         self.closed = True
+        if self._shutdown_trigger is not None:
+            from twisted.internet import reactor
+
+            with contextlib.suppress(ValueError, KeyError):
+                reactor.removeSystemEventTrigger(self._shutdown_trigger)
+            self._shutdown_trigger = None
         if self._renewer is not None:
             self._renewer.leave(self)
         waits = [task for task in self._waits if task is not asyncio.current_task()]

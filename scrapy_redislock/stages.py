@@ -48,16 +48,52 @@ def stage_of(request: Request, settings: RedisLockSettings, spider: Any = None) 
         return None
     name = request.meta.get(STAGE_META)
     if name is None:
-        callback = request.callback
-        if callback is None and spider is not None:
-            callback = getattr(spider, "parse", None)  # Scrapy's default callback
+        callback = effective_callback(request, spider)
         name = getattr(callback, STAGE_ATTRIBUTE, None)
-        if name is None:
-            callback_name = "parse" if callback is None else getattr(callback, "__name__", "")
-            name = settings.callback_stages.get(callback_name)
+        if name is None and callback is not None:
+            name = settings.callback_stages.get(callback if isinstance(callback, str) else _name_of(callback))
     if name is None:
         name = settings.default_stage
     return name
+
+
+def effective_callback(request: Request, spider: Any) -> Any:
+    """The spider method that will get the request's response, as Scrapy will call it.
+
+    - no callback: the spider's default, ``_parse``, which is ``parse`` for a Spider, ``parse_start_url`` for a
+      CrawlSpider, ``parse_node`` for an XMLFeedSpider, ``parse_row`` for a CSVFeedSpider;
+    - a CrawlSpider rule's request (callback ``_callback``, meta ``rule``): the rule's callback (None for a rule
+      that only follows links);
+    - a callback given as a method name (Rule and sitemap_rules take names; a deserialized request may keep one):
+      the spider's method of that name, or the name itself when the spider has none.
+    """
+    callback: Any = request.callback
+    if callback is None:
+        return _default_callback(spider)
+    if isinstance(callback, str):
+        return getattr(spider, callback, callback)
+    if _name_of(callback) == "_callback" and "rule" in request.meta:
+        rules = getattr(spider, "_rules", None)
+        try:
+            return rules[request.meta["rule"]].callback  # type: ignore[index]
+        except (TypeError, IndexError, KeyError, AttributeError):
+            return callback
+    return callback
+
+
+def _default_callback(spider: Any) -> Any:
+    if spider is None:
+        return "parse"
+    from scrapy.spiders import CrawlSpider, CSVFeedSpider, XMLFeedSpider  # Scrapy only when a crawl asks
+
+    for kind, method in ((CrawlSpider, "parse_start_url"), (XMLFeedSpider, "parse_node"), (CSVFeedSpider, "parse_row")):
+        if isinstance(spider, kind):
+            return getattr(spider, method, None)
+    return getattr(spider, "parse", None)
+
+
+def _name_of(callback: Any) -> str:
+    return str(getattr(callback, "__name__", ""))
 
 
 def _is_robots_txt(request: Request) -> bool:

@@ -5,7 +5,9 @@ numbers of one stage are a consistent snapshot: the limit and ttl (``:meta``), t
 group's pending list (consumer, entry id = fencing token, idle time on Redis's clock), the identity each
 process registered (``:owners``: host, pid, started, spider/label, and ``waiting`` as of its last renewal),
 and the stream's counters, from which follow the free slots and the debt left by lowering the limit
-(see ``scripts/_lib.lua``). Imports neither Scrapy nor Twisted; reads no settings.
+(see ``scripts/_lib.lua``). :func:`why_waiting` says in one line why a request of a stage would wait now (held by
+whom, paused, a recovery window); the crawl's log and ``redislock status`` both use it. :func:`astage_status` is
+the same read for ``redis.asyncio`` clients. Imports neither Scrapy nor Twisted; reads no settings.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis
+import redis.asyncio
 import redis.exceptions
 
-from scrapy_redislock.core import GROUP, LockKeys, fence_of, owner_of, text
+from scrapy_redislock.core import GROUP, LIMBO, LockKeys, fence_of, owner_of, text
 
 # Grants listed per stage; the counts (held, free, ...) are exact whatever the number.
 MAX_LISTED = 10_000
@@ -84,13 +87,16 @@ class StageStatus:
     processes: list[Process] = field(default_factory=list)
 
     def process(self, holder: str) -> Process | None:
-        for process in self.processes:
-            if process.holder == holder:
-                return process
+        """The registered process of a grant's holder (a per-wait consumer ``<owner>#<n>`` maps to its owner)."""
+        for name in (holder, owner_of(holder)):
+            for process in self.processes:
+                if process.holder == name:
+                    return process
         return None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        data["why_waiting"] = why_waiting(self)
         for process, raw in zip(self.processes, data["processes"], strict=True):
             raw.update(host=process.host, pid=process.pid, spider=process.spider, started=process.started)
         for raw in data["grants"]:
@@ -132,17 +138,31 @@ def _identity(raw: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _queue_reads(pipe: Any, keys: LockKeys) -> None:
+    pipe.hgetall(keys.meta)
+    pipe.xinfo_stream(keys.slots)
+    pipe.xinfo_groups(keys.slots)
+    pipe.xpending_range(keys.slots, GROUP, "-", "+", MAX_LISTED)
+    pipe.xinfo_consumers(keys.slots, GROUP)
+    pipe.hgetall(keys.owners)
+
+
 def stage_status(client: redis.Redis, prefix: str, stage: str) -> StageStatus | None:
     """The stage's lock as Redis holds it now; None when there is no such lock under the prefix."""
-    keys = LockKeys.of(prefix, stage)
     with client.pipeline(transaction=True) as pipe:
-        pipe.hgetall(keys.meta)
-        pipe.xinfo_stream(keys.slots)
-        pipe.xinfo_groups(keys.slots)
-        pipe.xpending_range(keys.slots, GROUP, "-", "+", MAX_LISTED)
-        pipe.xinfo_consumers(keys.slots, GROUP)
-        pipe.hgetall(keys.owners)
-        meta, stream, groups, pending, consumers, owners = pipe.execute(raise_on_error=False)
+        _queue_reads(pipe, LockKeys.of(prefix, stage))
+        return _parse(stage, pipe.execute(raise_on_error=False))
+
+
+async def astage_status(client: redis.asyncio.Redis, prefix: str, stage: str) -> StageStatus | None:
+    """:func:`stage_status` for a redis.asyncio client (one MULTI/EXEC, read-only)."""
+    async with client.pipeline(transaction=True) as pipe:
+        _queue_reads(pipe, LockKeys.of(prefix, stage))
+        return _parse(stage, await pipe.execute(raise_on_error=False))
+
+
+def _parse(stage: str, replies: list[Any]) -> StageStatus | None:
+    meta, stream, groups, pending, consumers, owners = replies
     for reply in (meta, owners):
         if isinstance(reply, Exception):
             raise reply
@@ -211,6 +231,63 @@ def stage_status(client: redis.Redis, prefix: str, stage: str) -> StageStatus | 
     )
 
 
+def _short(value: float) -> str:
+    return f"{value:.1f}s" if value < 10 else f"{value:.0f}s"
+
+
+def _who(process: Process | None, holder: str) -> str:
+    if process is None or (process.host is None and process.pid is None):
+        return f"unregistered holder {holder}"
+    return f"{process.host} pid {process.pid}"
+
+
+def why_waiting(status: StageStatus, now: float | None = None) -> str:
+    """Why a request of this stage would wait now, in one line; "" when a slot is free.
+
+    Paused (limit 0, and by whom when a registered process configured it), a recovery window after a Redis
+    data loss (until when), debt after lowering the limit, or every slot held: by whom (host, pid), with how much
+    lease left, and which holders stopped renewing (a dead process: its slots come back when the lease ends).
+    """
+    now = time.time() if now is None else now
+    if not status.exists:
+        return "its lock is missing in Redis (data loss?); the next process to start or renew recreates it"
+    if status.limit == 0:
+        pausers = sorted(
+            _who(p, p.holder) for p in status.processes if p.identity.get("limit") == 0 and p.holder != LIMBO
+        )
+        by = f"by {', '.join(pausers)} (its REDISLOCK_STAGES)" if pausers else "by set-limit or a process gone since"
+        return f"paused: limit 0 in Redis, set {by}; nothing is granted until the limit is raised"
+    reserved = [g for g in status.grants if g.holder == LIMBO]
+    if reserved:
+        left = max(0.0, max(g.lease_left for g in reserved))
+        until = time.strftime("%H:%M:%S", time.localtime(now + left))
+        return (
+            f"recovery window after a Redis data loss: {len(reserved)} of {status.limit} slots reserved for the "
+            f"holders that survived, until {until} (in {_short(left)})"
+        )
+    if status.free > 0:
+        return ""
+    ttl = status.ttl or 0.0
+    stale_after = min(ttl, 3.0)  # live holders renew every min(ttl/3, 1 s)
+    by_owner: dict[str, list[Grant]] = {}
+    for grant in status.grants:
+        by_owner.setdefault(owner_of(grant.holder), []).append(grant)
+    parts = []
+    for owner, grants in sorted(by_owner.items(), key=lambda item: -len(item[1])):
+        who = _who(status.process(owner), owner)
+        left = min(g.lease_left for g in grants)
+        oldest = max(g.age for g in grants)
+        if oldest > stale_after:
+            parts.append(
+                f"{len(grants)} by {who} (not renewed for {_short(oldest)}: dead? freed when its lease ends in "
+                f"{_short(max(0.0, left))})"
+            )
+        else:
+            parts.append(f"{len(grants)} by {who} (lease left {_short(max(0.0, left))})")
+    debt = f", {status.debt} more to give back after the limit was lowered" if status.debt else ""
+    return f"all {status.limit} slots held{debt}: " + "; ".join(parts)
+
+
 def collect(client: redis.Redis, prefix: str) -> list[StageStatus]:
     """Every stage under the prefix (a lock that vanishes between SCAN and read is left out)."""
     found = (stage_status(client, prefix, name) for name in find_stages(client, prefix))
@@ -222,4 +299,15 @@ def snapshot(stages: list[StageStatus], prefix: str, url: str) -> dict[str, Any]
     return {"url": url, "prefix": prefix, "time": round(time.time(), 3), "stages": [s.to_json() for s in stages]}
 
 
-__all__ = ["Grant", "Process", "StageStatus", "collect", "find_stages", "snapshot", "stage_status"]
+__all__ = [
+    "Grant",
+    "Process",
+    "StageStatus",
+    "astage_status",
+    "collect",
+    "find_stages",
+    "owner_of",
+    "snapshot",
+    "stage_status",
+    "why_waiting",
+]

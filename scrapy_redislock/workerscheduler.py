@@ -124,7 +124,8 @@ class StageWorkerScheduler(BaseScheduler):
         return deferred_from_coro(self._open())
 
     async def _open(self) -> None:
-        await self.locks.start_once()  # CloseSpider when Redis cannot be reached
+        if not await self.locks.start_once():
+            return  # Redis unreachable or refusing us: logged, and the spider_opened signal closes the spider
         if self.worker_settings.flush_on_start:
             if await self.queues.clear_if_alone():
                 logger.info("SCHEDULER_FLUSH_ON_START: flushed the queues (no other worker alive)")
@@ -149,6 +150,9 @@ class StageWorkerScheduler(BaseScheduler):
     async def _close(self) -> None:
         """Hand back what this worker holds; every step is bounded, so a close never hangs."""
         self.closing = True
+        if not self.locks.started:  # it never got to Redis: nothing to hand back
+            await self.locks.close()
+            return
         if self.loop_task is not None:
             assert self.wakeup is not None
             self.wakeup.set()

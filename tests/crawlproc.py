@@ -3,6 +3,9 @@
     crawl = Crawl(site.url, "detail:60,comments:30", {"REDISLOCK_URL": url, ...}, tmp_path)
     crawl.start(); ...; crawl.wait()      # or crawl.run()
     crawl.code, crawl.output, crawl.stats  # exit code, stdout+stderr, the stats dict (JSON, written at close)
+    crawl.wait_for_output("Spider opened")  # while it runs: its output is read line by line as it comes
+
+``spider=`` runs another spider file (``scrapy runspider`` takes the file's last spider class).
 
 Every setting is passed with ``-s`` (dicts and lists as JSON); ``None`` removes one of BASE_SETTINGS.
 """
@@ -14,6 +17,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +67,15 @@ def staged_worker(redis_url: str, base: str, plan: str, settings: dict[str, Any]
 
 
 def crawl_command(
-    base: str, plan: str, settings: dict[str, Any], stats_file: Path | None = None, args: dict[str, str] | None = None
+    base: str,
+    plan: str,
+    settings: dict[str, Any],
+    stats_file: Path | None = None,
+    args: dict[str, str] | None = None,
+    spider: Path = SPIDER,
 ) -> list[str]:
     merged = {**BASE_SETTINGS, **settings}
-    command = [sys.executable, "-m", "scrapy", "runspider", str(SPIDER), "-a", f"base={base}", "-a", f"plan={plan}"]
+    command = [sys.executable, "-m", "scrapy", "runspider", str(spider), "-a", f"base={base}", "-a", f"plan={plan}"]
     for key, value in (args or {}).items():
         command += ["-a", f"{key}={value}"]
     command += settings_args(merged)
@@ -86,31 +96,56 @@ class Crawl:
         settings: dict[str, Any],
         folder: Path,
         args: dict[str, str] | None = None,
+        spider: Path = SPIDER,
     ) -> None:
         Crawl.counter += 1
         self.stats_file = folder / f"stats-{os.getpid()}-{Crawl.counter}.json"
-        self.command = crawl_command(base, plan, settings, self.stats_file, args)
+        self.command = crawl_command(base, plan, settings, self.stats_file, args, spider)
         self.process: subprocess.Popen[str] | None = None
-        self.output = ""
+        self.lines: list[str] = []
+        self.reader: threading.Thread | None = None
 
     def start(self) -> Crawl:
         self.process = subprocess.Popen(
             self.command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
+        self.reader = threading.Thread(target=self._read, args=(self.process,), daemon=True)
+        self.reader.start()
         return self
+
+    def _read(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        """Everything the process wrote so far (stdout and stderr)."""
+        return "".join(self.lines)
+
+    def wait_for_output(self, text: str, timeout: float = 60) -> bool:
+        """Wait until the process has written ``text`` (or exited, or ``timeout`` passed); whether it did."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            if time.monotonic() > deadline or (self.reader is not None and not self.reader.is_alive()):
+                return text in self.output
+            time.sleep(0.01)
+        return True
 
     def signal(self, signum: int = signal.SIGTERM) -> None:
         assert self.process is not None
         self.process.send_signal(signum)
 
     def wait(self, timeout: float = 120) -> Crawl:
-        assert self.process is not None
+        assert self.process is not None and self.reader is not None
         try:
-            self.output = self.process.communicate(timeout=timeout)[0]
+            self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            self.output = self.process.communicate()[0]
+            self.process.wait()
+            self.reader.join()
             raise AssertionError(f"crawl did not end within {timeout} s:\n{self.output[-3000:]}") from None
+        self.reader.join()
         return self
 
     def run(self, timeout: float = 120) -> Crawl:

@@ -9,6 +9,8 @@ server still counts the request. The count therefore never exceeds the slots hel
 would race with the client's next request, and show one request too many when a thread is slow to resume).
 
 Reusable by any test: ``with CrawlSite(delay=0.05) as site: ... site.url, site.max_in_flight["detail"]``.
+``site.routes["/robots.txt"] = ("text/plain", "User-agent: *\nDisallow: /detail/")`` serves a fixed body at a
+path (counted like any page, after the same delay); :func:`links_page` makes an HTML page of links.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ class Served(NamedTuple):
     answered: float  # just before the response was written
 
 
+def links_page(paths: list[str]) -> tuple[str, str]:
+    """A route: an HTML page linking to each path."""
+    return "text/html", "<html><body>" + "".join(f'<a href="{p}">{p}</a>' for p in paths) + "</body></html>"
+
+
 class CrawlSite:
     """The server and what it saw; all times are ``time.monotonic()`` (the same clock in every process)."""
 
@@ -43,6 +50,7 @@ class CrawlSite:
         self.arrivals: dict[str, list[float]] = defaultdict(list)  # stage -> arrival instants
         self.served: list[Served] = []  # one record per answered request
         self.samples: list[tuple[float, dict[str, int]]] = []  # (instant, in-flight counts) at every change
+        self.routes: dict[str, tuple[str, str]] = {}  # path -> (content type, body) served instead of the default
         site = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -58,8 +66,9 @@ class CrawlSite:
                     time.sleep(float(sleep[0]) if sleep else site.delays.get(stage, site.delay))
                 finally:
                     site.leave(stage, parts.path, arrived)
-                body = f"<html><body><p>{self.path}</p></body></html>".encode()
-                head = f"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {len(body)}\r\n\r\n"
+                kind, text = site.routes.get(parts.path, ("text/html", f"<html><body><p>{self.path}</p></body></html>"))
+                body = text.encode()
+                head = f"HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n\r\n"
                 self.wfile.write(head.encode() + body)  # one write: no small-packet delays
 
             def log_message(self, format: str, *args: object) -> None:

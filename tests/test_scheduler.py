@@ -168,8 +168,11 @@ def test_stage_from_the_callback(redis_url: str, redis_client: redis.Redis, site
 
 
 def test_disabled_or_without_the_middleware(redis_url: str, site: CrawlSite, tmp_path: Path) -> None:
-    """REDISLOCK_ENABLED = False turns both off (the scheduler is its inner one); the scheduler alone is refused."""
-    off = Crawl(site.url, "detail:30", settings(redis_url, REDISLOCK_ENABLED=False), tmp_path).start()
+    """REDISLOCK_ENABLED = False with the middleware removed crawls unthrottled on purpose (the scheduler is its
+    inner one; with the middleware in place, requests that have a stage fail instead: test_fail_closed); the
+    scheduler alone is refused."""
+    unthrottled = settings(redis_url, REDISLOCK_ENABLED=False, DOWNLOADER_MIDDLEWARES={})
+    off = Crawl(site.url, "detail:30", unthrottled, tmp_path).start()
     alone = Crawl(site.url, "detail:3", settings(redis_url, DOWNLOADER_MIDDLEWARES={}), tmp_path).start()
     off.wait()
     alone.wait()
