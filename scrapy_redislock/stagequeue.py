@@ -126,10 +126,15 @@ class StageQueues:
         keys = [self.keys.dupefilter, self.keys.queue(self.stages[0])]
         return not (await self.scripts["queue_push"](keys=keys, args=[1, fingerprint, ""]))[0]
 
-    async def pop(self, stage: str, count: int) -> list[tuple[str, bytes]]:
-        """Take up to ``count`` requests of a stage into this worker's in-flight record: [(id, data)]."""
+    async def pop(self, stage: str, count: int) -> list[tuple[str, bytes]] | None:
+        """Take up to ``count`` requests of a stage into this worker's in-flight record: [(id, data)].
+
+        None (nothing popped) if this worker is not registered: the others took it for dead and requeued what it
+        had popped; :meth:`beat` first (it says so), then pop."""
         keys = [self.keys.queue(self._check_stage(stage)), self.inflight_key, self.keys.ids, self.keys.alive]
         reply = await self.scripts["queue_pop"](keys=keys, args=[count, stage, self.worker])
+        if reply is None:
+            return None
         return [(str(text(i)), bytes(d)) for i, d in zip(reply[::2], reply[1::2], strict=True)]
 
     async def ack(self, ids: Iterable[str]) -> int:

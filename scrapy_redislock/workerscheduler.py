@@ -479,10 +479,10 @@ class StageWorkerScheduler(BaseScheduler):
         if self.current is None:
             return 0
         self._ack_finished()
-        want = 2 * self.concurrency - len(self.buffer) - len(self.handed)
-        if want <= 0:
-            return 0
-        popped = await self.queues.pop(self.current, want)
+        popped = await self._pop()
+        if popped is None:  # taken for dead since the last beat: the beat says so and drops the buffer, then pop
+            await self._beat(self.current)
+            popped = await self._pop() or []
         for inflight_id, data in popped:
             try:
                 request = request_from_dict(picklecompat.loads(data), spider=self.spider)
@@ -497,6 +497,12 @@ class StageWorkerScheduler(BaseScheduler):
             self.busy_at = time.monotonic()
             wake_engine(self.crawler)
         return len(popped)
+
+    async def _pop(self) -> list[tuple[str, bytes]] | None:
+        """Pop so that about twice CONCURRENT_REQUESTS are taken; None if this worker is not registered."""
+        assert self.current is not None
+        want = 2 * self.concurrency - len(self.buffer) - len(self.handed)
+        return await self.queues.pop(self.current, want) if want > 0 else []
 
     async def _track_idle(self) -> None:
         """Note when the cluster last had work; once idle for REDISLOCK_IDLE_CLOSE, wake the engine to close."""
