@@ -10,6 +10,7 @@ from scrapy_redislock.errors import (
     LockError,
     LockLost,
     NotReplicated,
+    RequestFormatError,
     UnknownStage,
 )
 from scrapy_redislock.lock import CountingLock
@@ -49,6 +50,7 @@ __all__ = [
     "LockLost",
     "NotReplicated",
     "Permit",
+    "RequestFormatError",
     "StageLockMiddleware",
     "StageScheduler",
     "StageWorkerMixin",

@@ -25,10 +25,10 @@ import redis.asyncio
 import scrapy
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
-from scrapy_redis import picklecompat
 
 from example_project.run import CAPS, Phase, arguments, run_phase
 from example_project.shop_site import ShopSite
+from scrapy_redislock import requestformat
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.stagequeue import StageQueues
 from scrapy_redislock.workerscheduler import StageWorkerScheduler
@@ -67,7 +67,7 @@ def seed(redis_url: str, spider: str, stages: list[str], plan: dict[str, list[st
         for stage, urls in plan.items():
             for url in urls:
                 request = scrapy.Request(url, meta={"redislock_stage": stage})
-                await queues.push(stage, "", picklecompat.dumps(request.to_dict()))
+                await queues.push(stage, "", requestformat.dumps(request.to_dict()))
         await client.aclose()
 
     asyncio.run(push())

@@ -11,9 +11,9 @@ import redis
 import redis.asyncio
 import scrapy
 from scrapy.utils.test import get_crawler
-from scrapy_redis import picklecompat
 from scrapy_redis.queue import FifoQueue
 
+from scrapy_redislock import requestformat
 from scrapy_redislock.stagequeue import QueueKeys, StageQueues
 from scrapy_redislock.workerscheduler import StageWorkerScheduler
 from tests.workerspider import StagedSpider
@@ -174,17 +174,19 @@ def test_clear_only_when_no_other_worker_is_alive(redis_url: str, redis_client: 
 
 
 def test_the_stage_queues_are_scrapy_redis_fifo_queues(redis_url: str, redis_client: redis.Redis) -> None:
-    """Same layout as scrapy-redis: its FifoQueue class reads a stage queue (e.g. to inspect or migrate it)."""
+    """Same layout as scrapy-redis: its FifoQueue class reads a stage queue (e.g. to inspect or migrate it), with
+    the safe request format as its SCHEDULER_SERIALIZER."""
     spider = scrapy.Spider(name="shop")
     requests = [scrapy.Request(f"http://shop.test/detail/{n}", meta={"redislock_stage": "detail"}) for n in range(3)]
 
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         a = worker("a")
         for n, request in enumerate(requests):
-            await a.push("detail", f"fp{n}", picklecompat.dumps(request.to_dict(spider=spider)))
+            await a.push("detail", f"fp{n}", requestformat.dumps(request.to_dict(spider=spider)))
 
     run(redis_url, scenario)
-    queue = FifoQueue(redis_client, spider, QueueKeys.of("redislock", "shop").queue("detail"))
+    key = QueueKeys.of("redislock", "shop").queue("detail")
+    queue = FifoQueue(redis_client, spider, key, serializer=requestformat)  # SCHEDULER_SERIALIZER
     assert len(queue) == 3
     popped = [queue.pop() for _ in range(3)]
     assert [r.url for r in popped] == [r.url for r in requests]
@@ -241,7 +243,7 @@ def test_the_scheduler_strands_nothing_when_it_pops_just_after_being_taken_for_d
             await reaper.beat("a")
             for url in urls:
                 request = scrapy.Request(url, meta={"redislock_stage": "a"})
-                await reaper.push("a", "", picklecompat.dumps(request.to_dict()))
+                await reaper.push("a", "", scheduler.encode(request))
             scheduler.current = "a"
             await scheduler.queues.beat("a")
             assert await scheduler._fill() == 3  # taken ahead (room for 2 x CONCURRENT_REQUESTS = 4)
