@@ -36,11 +36,9 @@ class CreatesAFile:
         return (open, (str(self.path), "w"))
 
 
-def push_raw(redis_url: str, spider: str, stage: str, entries: list[bytes]) -> None:
+def push_raw(client: redis.Redis, spider: str, stage: str, entries: list[bytes]) -> None:
     """LPUSH entries onto a stage queue by hand, as anyone with write access to Redis could."""
-    client = redis.Redis.from_url(redis_url)
     client.lpush(QueueKeys.of("redislock", spider).queue(stage), *entries)
-    client.close()
 
 
 def safe_entries(urls: list[str], stage: str) -> list[bytes]:
@@ -53,7 +51,7 @@ def status(redis_url: str, *extra: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_pickle_payload_pushed_by_hand_runs_nothing_and_lands_in_the_dead_letter_list(
-    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+    redis_url: str, admin_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     target = tmp_path / "created-by-the-payload"
     payload = pickle.dumps({"url": "http://attacker.test/", "meta": {"x": CreatesAFile(target)}})
@@ -61,7 +59,7 @@ def test_a_pickle_payload_pushed_by_hand_runs_nothing_and_lands_in_the_dead_lett
     with CrawlSite(delay=0.01) as site:
         urls = [f"{site.url}/a/{n}" for n in range(20)]
         good = safe_entries(urls, "a")
-        push_raw(redis_url, "staged", "a", [*good[:10], payload, truncated, *good[10:]])  # queued in this order
+        push_raw(redis_client, "staged", "a", [*good[:10], payload, truncated, *good[10:]])  # queued in this order
         worker = staged_worker(redis_url, site.url, "", {"REDISLOCK_WORKER_STAGES": {"a": 1}})
         output = finish(worker)
     assert not target.exists(), "the payload ran in the worker"
@@ -87,10 +85,10 @@ def test_a_pickle_payload_pushed_by_hand_runs_nothing_and_lands_in_the_dead_lett
     assert redis_client.llen("redislock:{staged}:queue:a") == 0 and held_slots(redis_client) == 0
     assert redis_client.keys("redislock:{staged}:inflight:*") == []
 
-    shown = status(redis_url)
+    shown = status(admin_url)
     assert shown.returncode == 0, shown.stderr
     assert "DEAD LETTERS" in shown.stdout and "staged: 2 in redislock:{staged}:deadletter" in shown.stdout
-    data = json.loads(status(redis_url, "--json").stdout)
+    data = json.loads(status(admin_url, "--json").stdout)
     (spider,) = data["dead_letters"]
     assert spider["spider"] == "staged" and spider["count"] == 2
     assert {d["size"] for d in spider["newest"]} == {len(payload), len(truncated)}
