@@ -16,8 +16,9 @@ The client commands were found with MONITOR during crawls of both fronts and run
 ``tests/test_acl.py`` finds them again (MONITOR, the scripts, and the ACL log of a crawl run as ``crawler``)
 and fails, naming the command, when the code sends one that is not listed here. Connection commands AUTH and HELLO
 need no rule. redis-py also sends CLIENT SETINFO on connect (Redis 7.2 and later) and ignores a refusal: add
-``+client|setinfo`` there to keep the ACL log quiet (Redis 7.0 rejects that rule: it has no such command). Redis Cluster needs the cluster's topology commands as well (``+cluster|slots +cluster|shards
-+readonly``); single-node rules are what is tested. Reads no settings; imports neither Scrapy nor Twisted.
+``+client|setinfo`` there to keep the ACL log quiet (Redis 7.0 rejects that rule: it has no such command).
+Redis Cluster needs the cluster's topology commands as well (``+cluster|slots +cluster|shards +readonly``);
+single-node rules are what is tested. Reads no settings; imports neither Scrapy nor Twisted.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from importlib import resources
 ROLES = ("crawler", "operator", "watcher")
 
 # Sent by crawl processes themselves (not by scripts): running scripts, the lock's blocking wait, the worker queues'
-# reads (lengths, registered workers, reaping), the RedisSpider feed (list, set or zset), WAIT for replicas=N.
+# reads (lengths, registered workers, reaping), the RedisSpider feed (list, set or zset); HSET + WAIT for replicas=N.
 CRAWLER_CLIENT_COMMANDS = (
-    "evalsha", "script|load", "script|exists", "ping", "time",
-    "xreadgroup", "wait", "hget", "hlen", "llen", "zrange", "zrangebyscore",
+    "evalsha", "script|load", "ping", "time",
+    "xreadgroup", "hget", "hset", "wait", "hlen", "llen", "zrange", "zrangebyscore",
     "lpop", "spop", "zpopmax", "scard", "zcard",
 )  # fmt: skip
 # status: one MULTI/EXEC per stage (meta, stream, group, pending list, consumers, owners), SCAN for stages and
@@ -44,7 +45,7 @@ WATCHER_COMMANDS = (
     "xinfo|consumers", "xpending", "llen", "lrange",
 )  # fmt: skip
 # set-limit, release, reset are scripts; DEL drops a dead-letter list once looked at.
-OPERATOR_COMMANDS = (*WATCHER_COMMANDS, "evalsha", "script|load", "script|exists", "del")
+OPERATOR_COMMANDS = (*WATCHER_COMMANDS, "evalsha", "script|load", "del")
 
 # Scripts every role that runs scripts may run (the operator's set_limit/release_owner/reset; the crawler's all).
 OPERATOR_SCRIPTS = ("_lib", "setup", "set_limit", "release_owner", "reset")

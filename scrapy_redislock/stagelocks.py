@@ -7,7 +7,8 @@ worker scheduler. API (all on the reactor thread, asyncio reactor)::
     locks = StageLocks.of(crawler, settings)          # the crawler's registry for request stages (created once)
     locks = StageLocks(crawler, settings, limits, lock_prefix="workers:", stats_prefix="redislock/workers")
     await locks.start_once()       # PING, write the limits (newest process wins, a change is logged), join the
-                                   # renewal loop; CloseSpider("redislock_redis_unavailable") if Redis is unreachable
+                                   # renewal loop; CloseSpider("redislock_redis_unavailable") if Redis is unreachable,
+                                   # ("redislock_redis_refused") if its ACL refuses this user a command
     locks.is_capped(stage)         # True / False (None = unlimited); UnknownStage naming the known stages
     permit = await locks.acquire(stage, timeout)   # FIFO across processes; Redis errors are retried with back-off
     locks.record_grant(stage, waited)              # stats: acquired, wait_time_total, wait_time_max
@@ -231,6 +232,14 @@ class StageLocks:
             self._starting = asyncio.ensure_future(self.start())
         try:
             await asyncio.shield(self._starting)
+        except redis.exceptions.NoPermissionError as exc:
+            logger.error(
+                "Redis at %s (REDISLOCK_URL) refused a command to this user (ACL): %s; the crawl needs the crawler "
+                "role (python -m scrapy_redislock.acl crawler); closing the spider rather than crawl unthrottled",
+                self.settings.safe_url,
+                exc,
+            )
+            raise CloseSpider("redislock_redis_refused") from exc
         except REDIS_ERRORS as exc:
             logger.error(
                 "Cannot reach Redis at %s (REDISLOCK_URL): %s; closing the spider rather than crawl unthrottled",
