@@ -102,6 +102,7 @@ def test_both_fronts_crawl_as_the_crawler_user_and_redis_refuses_them_nothing(
     with ShopSite(lists=2, details=3, comments=1, delay=0.01) as shop:
         for url in shop.list_urls():
             redis_client.rpush("shop:start_urls", json.dumps({"url": url}))
+        redis_client.script_flush()  # as after a restart: the crawls load their scripts (NOSCRIPT, SCRIPT LOAD)
         with Monitor(admin_url) as monitor, CrawlSite(delay=0.01) as site:
             worker = shop_worker("shop", users["crawler"], tmp_path / "audit.json", REDISLOCK_IDLE_CLOSE=1.5)
             settings = {"REDISLOCK_URL": users["crawler"], "REDISLOCK_STAGES": {"detail": 2, "comments": None}}
