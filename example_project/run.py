@@ -253,8 +253,13 @@ def seed(client: redis.Redis, spider: str, site: ShopSite) -> None:
         client.lpush(f"{spider}:requests", picklecompat.dumps(Request(url).to_dict()))
 
 
-def run_phase(name: str, spider: str, redis_url: str, site: ShopSite, args: argparse.Namespace) -> Phase:
-    """Run one crawl with ``args.workers`` fresh workers on an empty Redis and measure it."""
+def run_phase(
+    name: str, spider: str, redis_url: str, site: ShopSite, args: argparse.Namespace, worker_url: str | None = None
+) -> Phase:
+    """Run one crawl with ``args.workers`` fresh workers on an empty Redis and measure it.
+
+    ``redis_url`` is the runner's own (it flushes and watches); the workers use ``worker_url`` if given (e.g. a
+    least-privilege ACL user)."""
     phase = Phase(name, spider)
     client = redis.Redis.from_url(redis_url)
     client.flushdb()
@@ -269,7 +274,7 @@ def run_phase(name: str, spider: str, redis_url: str, site: ShopSite, args: argp
     started = time.time()
     workers = [
         subprocess.Popen(
-            worker_command(spider, n, redis_url, args, feed),
+            worker_command(spider, n, worker_url or redis_url, args, feed),
             cwd=HERE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -10,6 +10,7 @@ from scrapy_redislock.errors import (
     LockError,
     LockLost,
     NotReplicated,
+    RequestFormatError,
     ThrottlingDisabled,
     UnknownStage,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "LockLost",
     "NotReplicated",
     "Permit",
+    "RequestFormatError",
     "StageLockMiddleware",
     "StageScheduler",
     "StageWorkerMixin",

@@ -50,7 +50,16 @@ from scrapy_redislock.core import (
     reset_lock,
 )
 from scrapy_redislock.errors import ConfigError, InvalidArgument
-from scrapy_redislock.status import StageStatus, collect, find_stages, snapshot, stage_status, why_waiting
+from scrapy_redislock.status import (
+    DeadLetters,
+    StageStatus,
+    collect,
+    dead_letters,
+    find_stages,
+    snapshot,
+    stage_status,
+    why_waiting,
+)
 
 PROG = "redislock"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -457,12 +466,26 @@ def cmd_status(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         return EXIT_OK
 
 
+def render_dead_letters(found: Sequence[DeadLetters], now: float | None = None) -> str:
+    """The worker queues' dead letters, if any: entries no worker could load (e.g. pushed by hand)."""
+    if not found:
+        return ""
+    now = time.time() if now is None else now
+    lines = ["", "DEAD LETTERS: worker queue entries no worker could load, kept for you (LRANGE to read, DEL to drop)"]
+    for spider in found:
+        lines.append(f"{spider.spider}: {spider.count} in {spider.key}, newest first:")
+        rows = [[d.stage, clock_time(d.time, now), d.worker, d.size, d.error[:60], d.excerpt] for d in spider.newest]
+        lines += table(["STAGE", "WHEN", "WORKER", "BYTES", "ERROR", "START"], rows, numeric={3}, indent="  ")
+    return "\n".join(lines) + "\n"
+
+
 def _status_frame(client: redis.Redis, opts: argparse.Namespace, target: Target) -> str:
     stages = collect(client, target.prefix)
+    dead = dead_letters(client, target.prefix)
     if opts.json:
-        data = snapshot(stages, target.prefix, target.safe_url)
+        data = snapshot(stages, target.prefix, target.safe_url, dead)
         return json.dumps(data, indent=None if opts.watch is not None else 2) + "\n"
-    return render_status(stages, target)
+    return render_status(stages, target) + render_dead_letters(dead)
 
 
 def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:

@@ -6,7 +6,8 @@ REDISLOCK_STAGE_PREFERENCE, REDISLOCK_SCHEDULER_INNER, REDISLOCK_PARK_LIMIT, RED
 REDISLOCK_IDLE_CLOSE; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_DB, REDIS_PARAMS as fallbacks
 for the connection. Defaults live in :mod:`scrapy_redislock.defaults`. For the worker scheduler
 (:func:`read_worker_settings`) also scrapy-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START,
-MAX_IDLE_TIME_BEFORE_CLOSE (fallback of REDISLOCK_IDLE_CLOSE), REDIS_START_URLS_AS_SET, REDIS_START_URLS_AS_ZSET.
+MAX_IDLE_TIME_BEFORE_CLOSE (fallback of REDISLOCK_IDLE_CLOSE), REDIS_START_URLS_AS_SET, REDIS_START_URLS_AS_ZSET,
+SCHEDULER_SERIALIZER (the request format of the queues: :mod:`scrapy_redislock.requestformat` when unset).
 
 Bad values raise :class:`~scrapy_redislock.errors.ConfigError` naming the setting and the value, so a crawl with a
 broken configuration stops at start-up instead of running unthrottled (Scrapy would swallow NotConfigured from a
@@ -33,6 +34,7 @@ from scrapy.settings import BaseSettings
 from scrapy_redislock import defaults
 from scrapy_redislock.core import check_name
 from scrapy_redislock.errors import ConfigError
+from scrapy_redislock.requestformat import serializer_of
 
 # Client keyword arguments that make sense for our connections (scrapy-redis's REDIS_PARAMS may hold more).
 CLIENT_PARAMS = {
@@ -297,6 +299,7 @@ class WorkerSettings:
     persist: bool = False
     flush_on_start: bool = False
     start_urls_as: str = "list"  # "list", "set" or "zset", as RedisSpider reads its start URLs
+    serializer: Any = None  # a module with loads and dumps (SCHEDULER_SERIALIZER); None: the safe JSON format
 
 
 def read_worker_settings(settings: BaseSettings, checked: RedisLockSettings) -> WorkerSettings:
@@ -317,4 +320,5 @@ def read_worker_settings(settings: BaseSettings, checked: RedisLockSettings) -> 
         persist=settings.getbool("SCHEDULER_PERSIST", False),
         flush_on_start=settings.getbool("SCHEDULER_FLUSH_ON_START", False),
         start_urls_as="set" if as_set else "zset" if as_zset else "list",
+        serializer=serializer_of(settings.get("SCHEDULER_SERIALIZER")),
     )

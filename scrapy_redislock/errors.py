@@ -44,6 +44,11 @@ class LockConnectionError(LockError, redis.exceptions.ConnectionError):
     """Redis could not be reached; the message names the lock, the cause is the redis error."""
 
 
+class RequestFormatError(LockError, ValueError):
+    """A request cannot be queued in the safe format (a field that is not plain data), or a queued entry is not a
+    request in that format (pickle, garbage, truncated); the message names the field or the problem."""
+
+
 class UnknownStage(LockError, KeyError):
     """A request names a stage that is not configured."""
 

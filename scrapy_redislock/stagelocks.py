@@ -10,6 +10,7 @@ worker scheduler. API (all on the reactor thread, asyncio reactor)::
                                    # renewal loop, say why a stage has no free slot; False if Redis is unreachable
                                    # or refuses the credentials (logged once, saying which: the spider_opened
                                    # signal then closes the spider, and the crawl exits with status 1)
+                                   # ("redislock_redis_refused" when its ACL refuses this user a command)
     locks.is_capped(stage)         # True / False (None = unlimited); UnknownStage naming the known stages
     permit = await locks.acquire(stage, timeout)   # FIFO across processes; Redis errors are retried with back-off
     locks.record_grant(stage, waited)              # stats: acquired, wait_time_total, wait_time_max
@@ -280,7 +281,16 @@ class StageLocks:
         if self.failure is not None:
             return
         source = self.settings.url_setting
-        if isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError):
+        if isinstance(exc, redis.exceptions.NoPermissionError):
+            logger.error(
+                "Redis at %s (%s) refused a command to this user (ACL): %s; the crawl needs the crawler role "
+                "(python -m scrapy_redislock.acl crawler); closing the spider rather than crawl unthrottled",
+                self.settings.safe_url,
+                source,
+                exc,
+            )
+            self.failure = CloseSpider("redislock_redis_refused")
+        elif isinstance(exc, redis.exceptions.AuthenticationError):
             logger.error(
                 "Redis at %s (%s) refused the credentials: %s Check the password or ACL user in the URL or in "
                 "REDISLOCK_PARAMS; closing the spider rather than crawl unthrottled",

@@ -9,11 +9,14 @@ Keys, all under the hash tag of the spider name so that Redis Cluster keeps them
     <prefix>:{<spider>}:alive               zset: worker -> last beat (ms, Redis's clock)
     <prefix>:{<spider>}:working             hash: worker -> the stage it works on (for people and the demo)
     <prefix>:{<spider>}:ids                 counter of in-flight ids
+    <prefix>:{<spider>}:deadletter          list: entries that could not be loaded, newest first, each
+                                            "<note: one line of JSON>\\n<stage>\\n<request>" (kept for people)
 
 A popped request moves atomically from its queue into the worker's in-flight hash and leaves it when the
 worker acks it. A worker that has not beaten for one TTL is dead: any other worker puts its in-flight requests
 back at the front of their queues (:meth:`StageQueues.reap`). Every state change is one Lua script
-(``scripts/queue_*.lua``). Request bytes are opaque here; the Scrapy side serializes them.
+(``scripts/queue_*.lua``). Request bytes are opaque here; the Scrapy side serializes them. The dead-letter list
+is evidence for an operator (what was pushed by whom): no clear deletes it, only an operator (``DEL``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ QUEUE_SCRIPTS = (
     "queue_requeue",
     "queue_return",
     "queue_clear",
+    "queue_bury",
 )
 
 
@@ -57,6 +61,7 @@ class QueueKeys:
     alive = property(lambda self: f"{self.base}:alive")
     working = property(lambda self: f"{self.base}:working")
     ids = property(lambda self: f"{self.base}:ids")
+    deadletter = property(lambda self: f"{self.base}:deadletter")
 
     def queue(self, stage: str) -> str:
         return f"{self.base}:queue:{stage}"
@@ -126,10 +131,15 @@ class StageQueues:
         keys = [self.keys.dupefilter, self.keys.queue(self.stages[0])]
         return not (await self.scripts["queue_push"](keys=keys, args=[1, fingerprint, ""]))[0]
 
-    async def pop(self, stage: str, count: int) -> list[tuple[str, bytes]]:
-        """Take up to ``count`` requests of a stage into this worker's in-flight record: [(id, data)]."""
+    async def pop(self, stage: str, count: int) -> list[tuple[str, bytes]] | None:
+        """Take up to ``count`` requests of a stage into this worker's in-flight record: [(id, data)].
+
+        None (nothing popped) if this worker is not registered: the others took it for dead and requeued what it
+        had popped; :meth:`beat` first (it says so), then pop."""
         keys = [self.keys.queue(self._check_stage(stage)), self.inflight_key, self.keys.ids, self.keys.alive]
         reply = await self.scripts["queue_pop"](keys=keys, args=[count, stage, self.worker])
+        if reply is None:
+            return None
         return [(str(text(i)), bytes(d)) for i, d in zip(reply[::2], reply[1::2], strict=True)]
 
     async def ack(self, ids: Iterable[str]) -> int:
@@ -146,6 +156,14 @@ class StageQueues:
             return 0
         keys = [self.inflight_key, *self._queue_keys()]
         return int(await self.scripts["queue_return"](keys=keys, args=[len(self.stages), *self.stages, *ids]))
+
+    async def bury(self, entries: Iterable[tuple[str, str]]) -> int:
+        """Move popped entries that cannot be loaded to the dead-letter list: [(in-flight id, note)]."""
+        args = [part for entry in entries for part in entry]
+        if not args:
+            return 0
+        keys = [self.inflight_key, self.keys.deadletter]
+        return int(await self.scripts["queue_bury"](keys=keys, args=args))
 
     async def beat(self, stage: str | None) -> bool:
         """This worker is alive and works on ``stage``; True if it was not registered (first beat, or the others

@@ -7,7 +7,9 @@ process registered (``:owners``: host, pid, started, spider/label, and ``waiting
 and the stream's counters, from which follow the free slots and the debt left by lowering the limit
 (see ``scripts/_lib.lua``). :func:`why_waiting` says in one line why a request of a stage would wait now (held by
 whom, paused, a recovery window); the crawl's log and ``redislock status`` both use it. :func:`astage_status` is
-the same read for ``redis.asyncio`` clients. Imports neither Scrapy nor Twisted; reads no settings.
+the same read for ``redis.asyncio`` clients. Also the worker queues' dead-letter lists
+(:func:`dead_letters`: entries no worker could load, e.g. a payload someone pushed by hand). Imports neither
+Scrapy nor Twisted; reads no settings.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from typing import Any
 import redis
 import redis.asyncio
 import redis.exceptions
+from redis.client import NEVER_DECODE
 
 from scrapy_redislock.core import GROUP, LIMBO, LockKeys, fence_of, owner_of, text
 
 # Grants listed per stage; the counts (held, free, ...) are exact whatever the number.
 MAX_LISTED = 10_000
+DEAD_LETTERS_LISTED = 5  # newest dead letters shown per spider; the count is exact
 
 
 @dataclass
@@ -294,19 +298,72 @@ def collect(client: redis.Redis, prefix: str) -> list[StageStatus]:
     return [status for status in found if status is not None]
 
 
-def snapshot(stages: list[StageStatus], prefix: str, url: str) -> dict[str, Any]:
+def snapshot(stages: list[StageStatus], prefix: str, url: str, dead: list[DeadLetters] | None = None) -> dict[str, Any]:
     """Everything ``status --json`` prints (``url`` must already be masked)."""
-    return {"url": url, "prefix": prefix, "time": round(time.time(), 3), "stages": [s.to_json() for s in stages]}
+    data = {"url": url, "prefix": prefix, "time": round(time.time(), 3), "stages": [s.to_json() for s in stages]}
+    return {**data, "dead_letters": [asdict(d) for d in dead or []]}
+
+
+@dataclass
+class DeadLetter:
+    """An entry of a worker queue that could not be loaded, as the worker noted it."""
+
+    stage: str
+    error: str
+    worker: str
+    time: float | None
+    size: int
+    excerpt: str  # the first bytes, escaped (repr)
+
+
+@dataclass
+class DeadLetters:
+    """One spider's dead-letter list: how many, and the newest few."""
+
+    spider: str
+    key: str
+    count: int
+    newest: list[DeadLetter] = field(default_factory=list)
+
+
+def _dead_letter(raw: bytes) -> DeadLetter:
+    note_line, _, rest = raw.partition(b"\n")
+    stage, _, data = rest.partition(b"\n")
+    note = _identity(note_line)
+    when = note.get("time")
+    return DeadLetter(
+        stage=stage.decode("utf-8", "replace"),
+        error=str(note.get("error", "?")),
+        worker=str(note.get("worker", "?")),
+        time=float(when) if isinstance(when, int | float) and not isinstance(when, bool) else None,
+        size=len(data),
+        excerpt=repr(data[:40]) + ("..." if len(data) > 40 else ""),
+    )
+
+
+def dead_letters(client: redis.Redis, prefix: str) -> list[DeadLetters]:
+    """Every non-empty ``<prefix>:{<spider>}:deadletter`` list, by spider."""
+    head, tail = f"{prefix}:{{", "}:deadletter"
+    found = []
+    for key in sorted(text(k) for k in client.scan_iter(match=f"{_glob_escape(head)}*{_glob_escape(tail)}")):
+        count = int(client.llen(key))
+        # Raw bytes even on a client that decodes replies: an entry may be anything (e.g. a pickle payload).
+        newest = client.execute_command("LRANGE", key, 0, DEAD_LETTERS_LISTED - 1, **{NEVER_DECODE: []})
+        if count:
+            found.append(DeadLetters(key[len(head) : -len(tail)], key, count, [_dead_letter(r) for r in newest]))
+    return found
 
 
 __all__ = [
+    "DeadLetter",
+    "DeadLetters",
     "Grant",
     "Process",
     "StageStatus",
     "astage_status",
     "collect",
+    "dead_letters",
     "find_stages",
-    "owner_of",
     "snapshot",
     "stage_status",
     "why_waiting",

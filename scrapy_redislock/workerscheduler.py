@@ -16,14 +16,21 @@ again. Every Redis call is ``redis.asyncio`` on the reactor thread, nothing bloc
 Settings read (via :mod:`scrapy_redislock.config`): REDISLOCK_WORKER_STAGES (or the spider's ``worker_stages``),
 REDISLOCK_STAGE_PREFERENCE (or the spider's ``stage_preference``), REDISLOCK_IDLE_CLOSE (else scrapy-redis's
 MAX_IDLE_TIME_BEFORE_CLOSE), REDISLOCK_TTL, REDISLOCK_KEY_PREFIX, REDISLOCK_URL; scrapy-redis's SCHEDULER_PERSIST,
-SCHEDULER_FLUSH_ON_START, REDIS_START_URLS_AS_SET / _AS_ZSET; Scrapy's CONCURRENT_REQUESTS (how many requests a
-worker takes ahead). Stats: ``redislock/workers/<stage>/{enqueued,duplicates,dequeued,taken,lost}``,
-``redislock/workers/{requeued,returned,start_urls,unqueueable,redis_errors}``.
+SCHEDULER_FLUSH_ON_START, REDIS_START_URLS_AS_SET / _AS_ZSET, SCHEDULER_SERIALIZER (the request format: by default
+:mod:`~scrapy_redislock.requestformat`, which cannot run code on load); Scrapy's CONCURRENT_REQUESTS (how many
+requests a worker takes ahead). Stats: ``redislock/workers/<stage>/{enqueued,duplicates,dequeued,taken,lost}``,
+``redislock/workers/{requeued,returned,start_urls,unqueueable,dead_letters,redis_errors}``.
+
+A queued entry that cannot be loaded (garbage, a pickle payload, a truncated entry, a ``_class`` or callback that
+is not what ``to_dict`` makes) is logged once with its queue and a short escaped excerpt, counted, and moved to the
+spider's dead-letter list (``redislock status`` shows it); a request that does not fit the format is refused when
+it is queued, naming the field.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import deque
@@ -35,11 +42,10 @@ from scrapy import Request
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.utils.asyncio import is_asyncio_available
 from scrapy.utils.defer import deferred_from_coro
-from scrapy.utils.request import request_from_dict
-from scrapy_redis import picklecompat
 
 from scrapy_redislock.config import read_settings, read_worker_settings
 from scrapy_redislock.errors import ConfigError
+from scrapy_redislock.requestformat import request_from_data
 from scrapy_redislock.scheduler import wake_engine
 from scrapy_redislock.stagelocks import StageLocks, downloader_active
 from scrapy_redislock.stagequeue import StageQueues
@@ -57,6 +63,7 @@ logger = logging.getLogger(__name__)
 TICK = 0.2  # seconds between two looks at the queues when nothing wakes the loop earlier
 CLOSE_STEP_TIMEOUT = 10.0
 PUSH_BATCH = 500  # requests per queue_push call
+EXCERPT = 60  # bytes of an entry that cannot be loaded shown in the log and in the dead-letter note
 
 
 class StageWorkerScheduler(BaseScheduler):
@@ -83,6 +90,7 @@ class StageWorkerScheduler(BaseScheduler):
                 "redis.asyncio so that the reactor thread never blocks"
             )
         self.idle_close = self.worker_settings.idle_close
+        self.serializer = self.worker_settings.serializer
         self.locks = StageLocks(
             crawler, self.settings, stages, lock_prefix="workers:", stats_prefix="redislock/workers"
         )
@@ -207,15 +215,20 @@ class StageWorkerScheduler(BaseScheduler):
             logger.error("Dropped %s: stage %r is not one of the worker stages %s", request, stage, list(self.stages))
             return False
         try:
-            data = picklecompat.dumps(request.to_dict(spider=self.spider))
-        except (ValueError, TypeError, AttributeError) as exc:
+            data = self.encode(request)
+        except Exception as exc:  # the format's refusal, or whatever a SCHEDULER_SERIALIZER raises
             self.stats.inc_value("redislock/workers/unqueueable")
-            logger.error("Dropped %s: it cannot be queued in Redis (%s)", request, exc)
+            logger.error("Refused %s: it cannot be queued in Redis: %s", request, exc)
             return False
         self.outbox.append((stage, fingerprint, data))
         if self.flusher is None:  # one task sends everything enqueued meanwhile, in one script call per batch
             self.flusher = self._push_task(self._flush())
         return True
+
+    def encode(self, request: Request) -> bytes:
+        """The request as its queue stores it (SCHEDULER_SERIALIZER, by default the safe JSON format)."""
+        data = self.serializer.dumps(request.to_dict(spider=self.spider))
+        return data.encode("utf-8") if isinstance(data, str) else bytes(data)
 
     def next_request(self) -> Request | None:
         self._ack_finished()
@@ -483,24 +496,48 @@ class StageWorkerScheduler(BaseScheduler):
         if self.current is None:
             return 0
         self._ack_finished()
-        want = 2 * self.concurrency - len(self.buffer) - len(self.handed)
-        if want <= 0:
-            return 0
-        popped = await self.queues.pop(self.current, want)
+        popped = await self._pop()
+        if popped is None:  # taken for dead since the last beat: the beat says so and drops the buffer, then pop
+            await self._beat(self.current)
+            popped = await self._pop() or []
+        unloadable: list[tuple[str, str]] = []
         for inflight_id, data in popped:
             try:
-                request = request_from_dict(picklecompat.loads(data), spider=self.spider)
-            except Exception as exc:
-                self.stats.inc_value("redislock/workers/unqueueable")
-                logger.error("Dropped a queued %r request that cannot be loaded (%s)", self.current, exc)
-                self._task(self.queues.ack([inflight_id]))
+                request = request_from_data(data, self.serializer, self.spider)
+            except Exception as exc:  # whatever the entry made the loader raise: never retried, kept for people
+                unloadable.append((inflight_id, self._dead_letter_note(data, exc)))
                 continue
             self.buffer.append((request, inflight_id))
+        if unloadable:
+            moved = await self.queues.bury(unloadable)
+            self.stats.inc_value("redislock/workers/dead_letters", moved)
         if popped:
             self.stats.inc_value(f"redislock/workers/{self.current}/dequeued", len(popped))
             self.busy_at = time.monotonic()
             wake_engine(self.crawler)
         return len(popped)
+
+    def _dead_letter_note(self, data: bytes, exc: Exception) -> str:
+        """Log an entry that cannot be loaded, once; the note that goes with it to the dead-letter list."""
+        queue = self.queues.keys.queue(self.current or "")
+        excerpt = repr(data[:EXCERPT]) + ("..." if len(data) > EXCERPT else "")
+        error = f"{type(exc).__name__}: {exc}"[:200]
+        logger.error(
+            "An entry of %s cannot be loaded (%r); moved to %s. %d bytes: %s",
+            queue,
+            error,
+            self.queues.keys.deadletter,
+            len(data),
+            excerpt,
+        )
+        note = {"time": round(time.time(), 3), "worker": self.worker, "queue": queue, "error": error}
+        return json.dumps(note)
+
+    async def _pop(self) -> list[tuple[str, bytes]] | None:
+        """Pop so that about twice CONCURRENT_REQUESTS are taken; None if this worker is not registered."""
+        assert self.current is not None
+        want = 2 * self.concurrency - len(self.buffer) - len(self.handed)
+        return await self.queues.pop(self.current, want) if want > 0 else []
 
     async def _track_idle(self) -> None:
         """Note when the cluster last had work; once idle for REDISLOCK_IDLE_CLOSE, wake the engine to close."""

@@ -2,6 +2,10 @@
 
 Set REDISLOCK_TEST_URL=redis://host:port/db to run against an external server;
 the tests flush that database.
+
+REDISLOCK_TEST_ACL=crawler runs the processes under test as the least-privilege ``crawler`` ACL user
+(:mod:`scrapy_redislock.acl`): ``redis_url`` is then that user's URL, while ``admin_url`` and ``redis_client``
+(what tests use to set up and inspect Redis) stay the default user's. ``.ci/run`` runs the worker front's tests so.
 """
 
 from __future__ import annotations
@@ -12,11 +16,15 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from scrapy_redislock.acl import acl_rules
 from scrapy_redislock.redis_server import RedisServer
+
+# The crawler user of REDISLOCK_TEST_ACL: the default prefix, and every RedisSpider feed (<spider>:start_urls).
+TEST_ACL_KEYS = ("*:start_urls",)
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
+def admin_url() -> Iterator[str]:
     external = os.environ.get("REDISLOCK_TEST_URL")
     if external:
         yield external
@@ -25,9 +33,23 @@ def redis_url() -> Iterator[str]:
         yield server.url
 
 
+@pytest.fixture(scope="session")
+def redis_url(admin_url: str) -> str:
+    """The URL the processes under test connect with (the crawler ACL user's with REDISLOCK_TEST_ACL=crawler)."""
+    role = os.environ.get("REDISLOCK_TEST_ACL")
+    if not role:
+        return admin_url
+    if role != "crawler":
+        raise pytest.UsageError(f"REDISLOCK_TEST_ACL must be 'crawler' (or unset), got {role!r}")
+    admin = redis.Redis.from_url(admin_url)
+    admin.execute_command("ACL", "SETUSER", "test-crawler", *acl_rules("crawler", keys=TEST_ACL_KEYS), ">test-pw")
+    admin.close()
+    return admin_url.replace("redis://", "redis://test-crawler:test-pw@", 1)
+
+
 @pytest.fixture
-def redis_client(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
+def redis_client(admin_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(admin_url)
     client.flushdb()
     yield client
     client.close()

@@ -51,6 +51,7 @@ class CrawlSite:
         self.served: list[Served] = []  # one record per answered request
         self.samples: list[tuple[float, dict[str, int]]] = []  # (instant, in-flight counts) at every change
         self.routes: dict[str, tuple[str, str]] = {}  # path -> (content type, body) served instead of the default
+        self.bodies: dict[str, bytes] = {}  # path -> body of the last POST there
         site = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -70,6 +71,12 @@ class CrawlSite:
                 body = text.encode()
                 head = f"HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n\r\n"
                 self.wfile.write(head.encode() + body)  # one write: no small-packet delays
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with site.lock:
+                    site.bodies[urlsplit(self.path).path] = body
+                self.do_GET()
 
             def log_message(self, format: str, *args: object) -> None:
                 pass

@@ -25,10 +25,10 @@ import redis.asyncio
 import scrapy
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
-from scrapy_redis import picklecompat
 
 from example_project.run import CAPS, Phase, arguments, run_phase
 from example_project.shop_site import ShopSite
+from scrapy_redislock import requestformat
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.stagequeue import StageQueues
 from scrapy_redislock.workerscheduler import StageWorkerScheduler
@@ -67,7 +67,7 @@ def seed(redis_url: str, spider: str, stages: list[str], plan: dict[str, list[st
         for stage, urls in plan.items():
             for url in urls:
                 request = scrapy.Request(url, meta={"redislock_stage": stage})
-                await queues.push(stage, "", picklecompat.dumps(request.to_dict()))
+                await queues.push(stage, "", requestformat.dumps(request.to_dict()))
         await client.aclose()
 
     asyncio.run(push())
@@ -85,10 +85,11 @@ def held_slots(client: redis.Redis) -> int:
 
 @pytest.mark.integration
 @pytest.mark.crawl
-def test_acceptance_caps_hold_every_page_once_workers_exit_0_nothing_left(redis_url: str) -> None:
+def test_acceptance_caps_hold_every_page_once_workers_exit_0_nothing_left(redis_url: str, admin_url: str) -> None:
     """10 list pages x 20 details x 5 comment pages, 30 ms pages, 5 workers, caps 1/3/None."""
     with ShopSite(lists=10, details=20, comments=5, delay=0.03) as site:
-        phase = run_phase("slots", "shop", redis_url, site, demo_args("--ttl", "3", "--idle-close", "1.5"))
+        args = demo_args("--ttl", "3", "--idle-close", "1.5")
+        phase = run_phase("slots", "shop", admin_url, site, args, worker_url=redis_url)
         assert phase.exit_codes == [0] * 5
         for stage, cap in CAPS.items():
             if cap is None:
@@ -112,11 +113,13 @@ def test_acceptance_caps_hold_every_page_once_workers_exit_0_nothing_left(redis_
 @pytest.mark.integration
 @pytest.mark.crawl
 @pytest.mark.faults
-def test_kill_9_a_detail_worker_slot_taken_over_within_ttl_plus_2_and_crawl_completes(redis_url: str) -> None:
+def test_kill_9_a_detail_worker_slot_taken_over_within_ttl_plus_2_and_crawl_completes(
+    redis_url: str, admin_url: str
+) -> None:
     ttl = 2.0
     with ShopSite(lists=6, details=40, comments=2, delay=0.1) as site:
         args = demo_args("--ttl", str(ttl), "--idle-close", "1.5", "--kill-one-after", "0.8")
-        phase: Phase = run_phase("kill", "shop", redis_url, site, args)
+        phase: Phase = run_phase("kill", "shop", admin_url, site, args, worker_url=redis_url)
         assert phase.victim is not None, "no worker held a detail slot to kill"
         assert phase.taken_over_after is not None, "the killed worker's slot never came back"
         assert phase.taken_over_by == "live worker", "the detail work ran out before the takeover could be seen"
@@ -256,13 +259,13 @@ def test_an_idle_worker_takes_start_urls_pushed_later_at_once_without_blocking_t
 @pytest.mark.integration
 @pytest.mark.crawl
 def test_control_plain_scrapy_redis_does_block_the_reactor(
-    redis_url: str, redis_client: redis.Redis, small_shop: ShopSite, tmp_path: Path
+    admin_url: str, redis_client: redis.Redis, small_shop: ShopSite, tmp_path: Path
 ) -> None:
     """The audit of the test above does see blocking calls: plain scrapy-redis makes them on every idle signal."""
     redis_client.flushdb()
     audit = tmp_path / "audit.json"
     redis_client.rpush("shop_baseline:start_urls", json.dumps({"url": small_shop.list_urls()[0]}))
-    worker = shop_worker("shop_baseline", redis_url, audit, MAX_IDLE_TIME_BEFORE_CLOSE=1)
+    worker = shop_worker("shop_baseline", admin_url, audit, MAX_IDLE_TIME_BEFORE_CLOSE=1)  # plain scrapy-redis
     output, _ = worker.communicate(timeout=60)
     assert worker.returncode == 0, output[-3000:]
     assert len(small_shop.hits) == 1 + 3 + 3
@@ -277,7 +280,7 @@ def test_control_plain_scrapy_redis_does_block_the_reactor(
 @pytest.mark.crawl
 @pytest.mark.faults
 def test_a_worker_that_loses_its_slot_gives_its_unstarted_requests_back(
-    redis_url: str, redis_client: redis.Redis
+    redis_url: str, admin_url: str, redis_client: redis.Redis
 ) -> None:
     """An operator's reset of the stage lock: the holder finds its lease lost at the next renewal, stops taking
     requests of that stage, hands back what it had taken ahead, and takes a slot again; nothing is fetched twice."""
@@ -286,7 +289,7 @@ def test_a_worker_that_loses_its_slot_gives_its_unstarted_requests_back(
         worker = staged_worker(redis_url, site.url, "", {"REDISLOCK_WORKER_STAGES": {"a": 1}, "REDISLOCK_TTL": 1.5})
         wait_for(lambda: len(site.hits) >= 10, 60, "the crawl to start")
         reset = subprocess.run(
-            [sys.executable, "-m", "scrapy_redislock", "reset", "workers:a", "--yes", "--url", redis_url],
+            [sys.executable, "-m", "scrapy_redislock", "reset", "workers:a", "--yes", "--url", admin_url],
             capture_output=True,
             text=True,
             timeout=30,
