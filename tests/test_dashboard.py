@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -30,6 +31,8 @@ from tests.dashboardproc import DashboardProcess
 from tests.test_cli import call, one_line_error
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parent.parent
+METRIC = re.compile(r"\bredislock_\w+")
 
 
 @pytest.fixture
@@ -180,6 +183,10 @@ def test_metrics_match_status_json(redis_url: str, redis_client: redis.Redis, lo
     assert scraped[("redislock_workers_dead", (("spider", "shop"),))] == spider["dead"] == 0
     assert scraped[("redislock_requests_in_flight", (("spider", "shop"),))] == spider["in_flight"] == 1
     assert scraped[("redislock_up", ())] == 1
+    # The example Grafana dashboard in docs/ asks only for series that exist.
+    grafana = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
+    asked = {name for panel in grafana["panels"] for t in panel["targets"] for name in METRIC.findall(t["expr"])}
+    assert len(asked) >= 10 and asked <= {name for name, _ in scraped}, asked - {name for name, _ in scraped}
 
 
 def test_metrics_say_when_redis_is_gone() -> None:
