@@ -25,6 +25,7 @@ import contextlib
 import hmac
 import io
 import json
+import logging
 import secrets
 import signal
 import time
@@ -43,6 +44,8 @@ from prometheus_client.registry import Collector
 
 from scrapy_redislock.cli import COMMANDS, EXIT_OK, EXIT_USAGE, CliError, Streams, Target, failure
 from scrapy_redislock.status import SpiderStatus, StageStatus, WorkerStatus, read_all
+
+logger = logging.getLogger(__name__)
 
 HEARTBEAT = 15.0  # seconds between keep-alive comments on an idle event stream
 MAX_HOLDERS_SHOWN = 200  # grants per stage sent to the page; the counts stay exact
@@ -191,7 +194,10 @@ class Sampler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wakeup.wait(), self.interval)
             self.wakeup.clear()
-            await self.sample()
+            try:
+                await self.sample()
+            except Exception:  # never let the loop die silently: the page would freeze on an old frame
+                logger.exception("Dashboard: reading Redis failed; retrying")
 
     def subscribe(self) -> asyncio.Queue[Frame | None]:
         queue: asyncio.Queue[Frame | None] = asyncio.Queue(maxsize=8)

@@ -30,7 +30,6 @@ from scrapy_redislock.stagequeue import QueueKeys
 
 # Grants listed per stage; the counts (held, free, ...) are exact whatever the number.
 MAX_LISTED = 10_000
-LOCK_SUFFIXES = (":meta", ":slots", ":owners", ":holds")
 WORKER_LOCK_PREFIX = "workers:"  # StageWorkerMixin's slot locks are named workers:<stage>
 
 
@@ -214,11 +213,9 @@ class _SpiderKeys:
 
 
 def _spiders_in(tagged: dict[str, set[str]]) -> dict[str, _SpiderKeys]:
-    """The spiders among scanned ``{tag: {rest of key}}`` (a tag with lock keys is a lock, not a spider)."""
+    """The spiders among scanned ``{tag: {rest of key}}`` (none of a lock's keys looks like a spider's)."""
     spiders: dict[str, _SpiderKeys] = {}
     for tag, rests in tagged.items():
-        if any(rest in LOCK_SUFFIXES for rest in rests):
-            continue
         keys = _SpiderKeys()
         for rest in rests:
             if rest.startswith(":queue:"):
@@ -230,11 +227,6 @@ def _spiders_in(tagged: dict[str, set[str]]) -> dict[str, _SpiderKeys]:
         if keys.queues or keys.inflight or keys.registered:
             spiders[tag] = keys
     return spiders
-
-
-def find_spiders(client: redis.Redis, prefix: str) -> list[str]:
-    """Names of every StageWorkerMixin spider with queues or workers under ``prefix``, sorted."""
-    return sorted(_spiders_in(_tagged_keys(client, prefix, "*")))
 
 
 def _seq(stream_id: Any) -> int:
@@ -329,12 +321,6 @@ def stage_status(client: redis.Redis, prefix: str, stage: str) -> StageStatus | 
     )
 
 
-def collect(client: redis.Redis, prefix: str) -> list[StageStatus]:
-    """Every stage under the prefix (a lock that vanishes between SCAN and read is left out)."""
-    found = (stage_status(client, prefix, name) for name in find_stages(client, prefix))
-    return [status for status in found if status is not None]
-
-
 def worker_ttl(stages: list[StageStatus], default: float) -> float:
     """The silence that makes a worker dead: the ttl of the worker slot locks (``workers:<stage>``), else ``default``
     (a spider whose stages are all uncapped has no slot lock)."""
@@ -342,13 +328,10 @@ def worker_ttl(stages: list[StageStatus], default: float) -> float:
     return max(ttls) if ttls else default
 
 
-def spider_status(
-    client: redis.Redis, prefix: str, spider: str, ttl: float, found: _SpiderKeys | None = None
-) -> SpiderStatus:
-    """One spider's queues and workers as Redis holds them now (one MULTI/EXEC: its keys share a hash tag)."""
+def spider_status(client: redis.Redis, prefix: str, spider: str, ttl: float, found: _SpiderKeys) -> SpiderStatus:
+    """One spider's queues and workers as Redis holds them now (one MULTI/EXEC: its keys share a hash tag);
+    ``found``: its keys that a SCAN saw (queues and in-flight records that are not empty)."""
     keys = QueueKeys.of(prefix, spider)
-    if found is None:
-        found = _spiders_in(_tagged_keys(client, prefix, "*")).get(spider, _SpiderKeys())
     with client.pipeline(transaction=True) as pipe:
         pipe.time()
         pipe.zrange(keys.alive, 0, -1, withscores=True)
@@ -407,8 +390,6 @@ __all__ = [
     "SpiderStatus",
     "StageStatus",
     "WorkerStatus",
-    "collect",
-    "find_spiders",
     "find_stages",
     "owner_of",
     "read_all",

@@ -131,10 +131,15 @@ def test_per_wait_consumers_are_shown_as_their_owner(redis_client: redis.Redis, 
     assert all(status.process(g.holder) is status.processes[0] for g in status.grants)
 
 
-def test_worker_spiders_are_read_with_their_queues_and_workers(redis_url: str, redis_client: redis.Redis) -> None:
+def test_worker_spiders_are_read_with_their_queues_and_workers(
+    redis_url: str, redis_client: redis.Redis, locks: list[CountingLock]
+) -> None:
     worker = worker_spider(redis_url)
+    namesake = CountingLock(redis_client, "shop", limit=1, ttl=30)  # a lock named as the spider: both are found
+    locks.append(namesake)
+    namesake.acquire()
     stages, spiders = read_all(redis_client, "redislock", 30.0)
-    assert stages == [] and [s.spider for s in spiders] == ["shop"]
+    assert [s.stage for s in stages] == ["shop"] and [s.spider for s in spiders] == ["shop"]
     shop = spiders[0]
     assert shop.queues == {"detail": 3, "list": 1}
     assert [(w.worker, w.stage, w.in_flight, w.alive) for w in shop.workers] == [(worker, "detail", 1, True)]
