@@ -81,14 +81,19 @@ class OneLineParser(argparse.ArgumentParser):
 # -- arguments ---------------------------------------------------------------------------------------------------
 
 
-def _watch_interval(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"--watch takes a number of seconds > 0, got {value!r}")
-    return seconds
+def _seconds(option: str) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds > 0, refused with a message naming ``option``."""
+
+    def check(value: str) -> float:
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = float("nan")
+        if not seconds > 0 or seconds == float("inf"):
+            raise argparse.ArgumentTypeError(f"{option} takes a number of seconds > 0, got {value!r}")
+        return seconds
+
+    return check
 
 
 def _port(value: str) -> int:
@@ -141,7 +146,7 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
     status.add_argument(
         "--watch",
         nargs="?",
-        type=_watch_interval,
+        type=_seconds("--watch"),
         const=DEFAULT_WATCH,
         default=None,
         metavar="SECONDS",
@@ -201,13 +206,13 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
     dashboard.add_argument("--port", type=_port, default=8030, help="port to listen on (default 8030; 0: any free)")
     dashboard.add_argument(
         "--interval",
-        type=_watch_interval,
+        type=_seconds("--interval"),
         default=DEFAULT_WATCH,
         metavar="SECONDS",
         help=f"read Redis every SECONDS (default {DEFAULT_WATCH:g})",
     )
     dashboard.add_argument(
-        "--history", type=_watch_interval, default=600.0, metavar="SECONDS", help="seconds the charts span (600)"
+        "--history", type=_seconds("--history"), default=600.0, metavar="SECONDS", help="seconds the charts span (600)"
     )
     dashboard.add_argument(
         "--allow-control",

@@ -289,7 +289,8 @@ def test_a_busy_port_a_wrong_url_and_bad_arguments_are_one_line(redis_url: str) 
     for args, message in [
         (["--port", "70000"], "--port takes an integer from 0 to 65535, got '70000'"),
         (["--port", "x"], "--port takes an integer from 0 to 65535, got 'x'"),
-        (["--interval", "0"], "--watch takes a number of seconds > 0, got '0'"),
+        (["--interval", "0"], "--interval takes a number of seconds > 0, got '0'"),
+        (["--history", "inf"], "--history takes a number of seconds > 0, got 'inf'"),
     ]:
         code, _, err = call("dashboard", "--url", redis_url, *args)
         assert code == 2 and message in one_line_error(err)
