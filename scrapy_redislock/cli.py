@@ -4,6 +4,8 @@
 - ``set-limit STAGE N [--create [--ttl SECONDS]]``: change a stage's cap for the whole cluster, live.
 - ``release STAGE HOLDER [--yes]``: free the slots of one holder (a worker known to be dead).
 - ``reset STAGE [--yes]``: free every slot of a stage and forget its holders; the limit stays.
+- ``dashboard [--host H] [--port P] [--allow-control]``: a live web page and ``/metrics`` (see
+  :mod:`scrapy_redislock.dashboard`).
 
 Blocking code with the sync redis client: it never runs on a reactor. Reads (``python -m``) the environment
 variables REDISLOCK_URL, REDIS_URL and REDISLOCK_KEY_PREFIX; as a Scrapy command, the project's settings through
@@ -52,10 +54,11 @@ from scrapy_redislock.core import (
 from scrapy_redislock.errors import ConfigError, InvalidArgument
 from scrapy_redislock.status import (
     DeadLetters,
+    SpiderStatus,
     StageStatus,
-    collect,
     dead_letters,
     find_stages,
+    read_all,
     snapshot,
     stage_status,
     why_waiting,
@@ -88,14 +91,25 @@ class OneLineParser(argparse.ArgumentParser):
 # -- arguments ---------------------------------------------------------------------------------------------------
 
 
-def _watch_interval(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"--watch takes a number of seconds > 0, got {value!r}")
-    return seconds
+def _seconds(option: str) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds > 0, refused with a message naming ``option``."""
+
+    def check(value: str) -> float:
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = float("nan")
+        if not seconds > 0 or seconds == float("inf"):
+            raise argparse.ArgumentTypeError(f"{option} takes a number of seconds > 0, got {value!r}")
+        return seconds
+
+    return check
+
+
+def _port(value: str) -> int:
+    if not value.isdigit() or int(value) > 65535:
+        raise argparse.ArgumentTypeError(f"--port takes an integer from 0 to 65535, got {value!r}")
+    return int(value)
 
 
 def _count(value: str) -> int:
@@ -142,7 +156,7 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
     status.add_argument(
         "--watch",
         nargs="?",
-        type=_watch_interval,
+        type=_seconds("--watch"),
         const=DEFAULT_WATCH,
         default=None,
         metavar="SECONDS",
@@ -187,6 +201,34 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
     )
     reset.add_argument("stage", metavar="STAGE")
     reset.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+
+    dashboard = sub.add_parser(
+        "dashboard",
+        parents=[common],
+        help="serve a live web page of every stage and worker, and Prometheus metrics at /metrics",
+        description="Serve one web page that shows every stage and worker live (server-sent events), and "
+        "Prometheus metrics at /metrics. Read-only unless --allow-control. Needs the 'dashboard' extra "
+        "(pip install 'scrapy-redislock[dashboard]').",
+    )
+    dashboard.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
+    )
+    dashboard.add_argument("--port", type=_port, default=8030, help="port to listen on (default 8030; 0: any free)")
+    dashboard.add_argument(
+        "--interval",
+        type=_seconds("--interval"),
+        default=DEFAULT_WATCH,
+        metavar="SECONDS",
+        help=f"read Redis every SECONDS (default {DEFAULT_WATCH:g})",
+    )
+    dashboard.add_argument(
+        "--history", type=_seconds("--history"), default=600.0, metavar="SECONDS", help="seconds the charts span (600)"
+    )
+    dashboard.add_argument(
+        "--allow-control",
+        action="store_true",
+        help="let the page set limits, release holders and reset stages, with a token printed at start",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -331,10 +373,23 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], numeric: set[
     return lines
 
 
-def render_status(stages: Sequence[StageStatus], target: Target, now: float | None = None) -> str:
+def render_status(
+    stages: Sequence[StageStatus],
+    target: Target,
+    now: float | None = None,
+    spiders: Sequence[SpiderStatus] = (),
+) -> str:
     now = time.time() if now is None else now
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
     lines = [f"{target.safe_url}  prefix {target.prefix!r}  {stamp}", ""]
+    for spider in spiders:
+        queued = ", ".join(f"{stage} {n}" for stage, n in spider.queues.items()) or "none"
+        lines.append(
+            f"spider {spider.spider}: {spider.alive} worker(s) alive, {spider.dead} silent for the ttl "
+            f"({seconds(spider.ttl)}); queued: {queued}"
+        )
+    if spiders:
+        lines.append("")
     if not stages:
         lines.append(f"no stage locks under prefix {target.prefix!r}")
         return "\n".join(lines) + "\n"
@@ -480,12 +535,12 @@ def render_dead_letters(found: Sequence[DeadLetters], now: float | None = None) 
 
 
 def _status_frame(client: redis.Redis, opts: argparse.Namespace, target: Target) -> str:
-    stages = collect(client, target.prefix)
+    stages, spiders = read_all(client, target.prefix, target.ttl)
     dead = dead_letters(client, target.prefix)
     if opts.json:
-        data = snapshot(stages, target.prefix, target.safe_url, dead)
+        data = snapshot(stages, target.prefix, target.safe_url, spiders, dead)
         return json.dumps(data, indent=None if opts.watch is not None else 2) + "\n"
-    return render_status(stages, target) + render_dead_letters(dead)
+    return render_status(stages, target, spiders=spiders) + render_dead_letters(dead)
 
 
 def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
@@ -602,11 +657,22 @@ def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     return EXIT_OK
 
 
+def cmd_dashboard(opts: argparse.Namespace, target: Target, io: Streams) -> int:
+    try:
+        from scrapy_redislock.dashboard import serve
+    except ImportError as exc:
+        raise CliError(
+            f"the dashboard needs the 'dashboard' extra ({exc}): pip install 'scrapy-redislock[dashboard]'"
+        ) from None
+    return serve(opts, target, io)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Target, Streams], int]] = {
     "status": cmd_status,
     "set-limit": cmd_set_limit,
     "release": cmd_release,
     "reset": cmd_reset,
+    "dashboard": cmd_dashboard,
 }
 
 
@@ -631,6 +697,17 @@ def _redis_failure(exc: BaseException, target: Target) -> str:
     return f"Redis error at {where}: {detail}"
 
 
+def failure(exc: CliError | redis.exceptions.RedisError | OSError, target: Target | None) -> tuple[str, int]:
+    """The one line (no password in it) and the exit status that report a failed sub-command."""
+    if isinstance(exc, CliError):
+        return str(exc), exc.code
+    if isinstance(exc, redis.exceptions.RedisError):
+        assert target is not None
+        return _redis_failure(exc, target), EXIT_ERROR
+    message = target.scrub(str(exc)) if target else str(exc)  # e.g. an unreadable ssl_ca_certs file
+    return f"cannot use the connection: {message}", EXIT_ERROR
+
+
 def run(
     opts: argparse.Namespace,
     *,
@@ -647,16 +724,10 @@ def run(
     try:
         target = resolve_target(opts, os.environ if env is None else env, settings)
         return COMMANDS[opts.command](opts, target, io)
-    except CliError as exc:
-        message, code = str(exc), exc.code
-    except redis.exceptions.RedisError as exc:
-        assert target is not None
-        message, code = _redis_failure(exc, target), EXIT_ERROR
     except BrokenPipeError:  # the reader of our output left (`status --watch | head`); not an error of ours
         raise
-    except OSError as exc:  # e.g. an unreadable ssl_ca_certs file
-        message = target.scrub(str(exc)) if target else str(exc)
-        message, code = f"cannot use the connection: {message}", EXIT_ERROR
+    except (CliError, redis.exceptions.RedisError, OSError) as exc:
+        message, code = failure(exc, target)
     except KeyboardInterrupt:
         io.err.write("\n")
         return 130

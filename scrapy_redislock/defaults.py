@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+# Off switch: False turns every scrapy_redislock component off (NotConfigured).
 REDISLOCK_ENABLED = True
 # Redis URL; when unset: scrapy-redis's REDIS_URL / REDIS_HOST + REDIS_PORT, then redis://localhost:6379/0.
 REDISLOCK_URL: str | None = None
@@ -18,6 +19,7 @@ REDISLOCK_STAGES: dict[str, int | None] = {}
 REDISLOCK_WORKER_STAGES: dict[str, int | None] = {}
 # Lease seconds; renewed every third of it while held.
 REDISLOCK_TTL = 30.0
+# Prefix of every Redis key of the locks and the worker queues.
 REDISLOCK_KEY_PREFIX = "redislock"
 # Stage of requests that name none (None: such requests are not throttled).
 REDISLOCK_DEFAULT_STAGE: str | None = None
@@ -27,9 +29,11 @@ REDISLOCK_CALLBACK_STAGES: dict[str, str] = {}
 REDISLOCK_WAIT_TIMEOUT: float | None = None
 # Order in which a worker takes stages that have work and a free slot (StageWorkerMixin).
 REDISLOCK_STAGE_PREFERENCE: list[str] = []
-# StageScheduler: the scheduler it wraps, how many capped requests it may park, concurrent waits per stage.
+# The scheduler that StageScheduler wraps.
 REDISLOCK_SCHEDULER_INNER = "scrapy.core.scheduler.Scheduler"
+# Capped requests StageScheduler may park in memory while they wait for a slot.
 REDISLOCK_PARK_LIMIT = 10000
+# Concurrent waits in Redis per stage and process (StageScheduler).
 REDISLOCK_WAITERS_PER_STAGE = 2
 # A worker (StageWorkerMixin) closes after this many seconds with no work anywhere; None = idle forever.
 REDISLOCK_IDLE_CLOSE: float | None = None

@@ -5,11 +5,16 @@ numbers of one stage are a consistent snapshot: the limit and ttl (``:meta``), t
 group's pending list (consumer, entry id = fencing token, idle time on Redis's clock), the identity each
 process registered (``:owners``: host, pid, started, spider/label, and ``waiting`` as of its last renewal),
 and the stream's counters, from which follow the free slots and the debt left by lowering the limit
-(see ``scripts/_lib.lua``). :func:`why_waiting` says in one line why a request of a stage would wait now (held by
-whom, paused, a recovery window); the crawl's log and ``redislock status`` both use it. :func:`astage_status` is
-the same read for ``redis.asyncio`` clients. Also the worker queues' dead-letter lists
-(:func:`dead_letters`: entries no worker could load, e.g. a payload someone pushed by hand). Imports neither
-Scrapy nor Twisted; reads no settings.
+(see ``scripts/_lib.lua``). A pending-list consumer may be one wait of an owner (``<owner>#<n>``): it counts for
+the owner (:func:`~scrapy_redislock.core.owner_of`). :func:`why_waiting` says in one line why a request of a
+stage would wait now (held by whom, paused, a recovery window); the crawl's log and ``redislock status`` both use it.
+:func:`astage_status` is the same read for ``redis.asyncio`` clients. Also the worker queues' dead-letter lists
+(:func:`dead_letters`: entries no worker could load, e.g. a payload someone pushed by hand).
+
+The worker mixin's state per spider (``stagequeue.py``) is read the same way, one MULTI/EXEC per spider: queue
+lengths per stage, and each registered worker's last beat (Redis's clock), stage and requests in flight.
+Everything the command line and the dashboard show of Redis is read here. Imports neither Scrapy nor Twisted;
+reads no settings.
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ import redis.exceptions
 from redis.client import NEVER_DECODE
 
 from scrapy_redislock.core import GROUP, LIMBO, LockKeys, fence_of, owner_of, text
+from scrapy_redislock.stagequeue import QueueKeys
 
 # Grants listed per stage; the counts (held, free, ...) are exact whatever the number.
 MAX_LISTED = 10_000
 DEAD_LETTERS_LISTED = 5  # newest dead letters shown per spider; the count is exact
+WORKER_LOCK_PREFIX = "workers:"  # StageWorkerMixin's slot locks are named workers:<stage>
 
 
 @dataclass
@@ -41,6 +48,14 @@ class Grant:
     fence: int
     age: float  # seconds since the grant or its last renewal (PEL idle time, Redis's clock)
     lease_left: float  # ttl - age; negative: expired, freed by the next maintain of any process
+    owner: str = ""  # the process's lock object the holder (consumer) belongs to; see owner_of
+
+    def __post_init__(self) -> None:
+        self.owner = self.owner or owner_of(self.holder)
+
+    @property
+    def expired(self) -> bool:
+        return self.lease_left < 0
 
 
 @dataclass
@@ -89,14 +104,22 @@ class StageStatus:
     fence: int  # the last fencing token generated (the stream's last entry id)
     grants: list[Grant] = field(default_factory=list)
     processes: list[Process] = field(default_factory=list)
+    # The group's last-delivered sequence: every grant since the lock was created, plus the slots withdrawn by
+    # lowering the limit (they are skipped, never granted). Only grows, so a rate of it is grants per second.
+    delivered: int = 0
 
     def process(self, holder: str) -> Process | None:
-        """The registered process of a grant's holder (a per-wait consumer ``<owner>#<n>`` maps to its owner)."""
-        for name in (holder, owner_of(holder)):
-            for process in self.processes:
-                if process.holder == name:
-                    return process
+        """The registered process of a holder (an owner, or one of its consumers)."""
+        owner = owner_of(holder)
+        for process in self.processes:
+            if process.holder == owner:
+                return process
         return None
+
+    @property
+    def expired(self) -> int:
+        """Grants whose lease ran out (their holder stopped renewing); the next maintain of any process frees them."""
+        return sum(1 for grant in self.grants if grant.expired)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -104,13 +127,60 @@ class StageStatus:
         for process, raw in zip(self.processes, data["processes"], strict=True):
             raw.update(host=process.host, pid=process.pid, spider=process.spider, started=process.started)
         for raw in data["grants"]:
-            owner = self.process(raw["holder"])
+            owner = self.process(raw["owner"])
             raw.update(
                 host=owner.host if owner else None,
                 pid=owner.pid if owner else None,
                 spider=owner.spider if owner else None,
                 started=owner.started if owner else None,
             )
+        data["expired"] = self.expired
+        return data
+
+
+@dataclass
+class WorkerStatus:
+    """One registered worker of a StageWorkerMixin spider."""
+
+    worker: str  # host:pid:random
+    silence: float  # seconds since its last beat (Redis's clock); it beats every ttl/3
+    stage: str | None  # the stage it works on, as of its last beat
+    in_flight: int  # requests it popped and has not finished (requeued if it dies)
+    alive: bool  # silent for less than the ttl; the other workers requeue a dead one's requests
+
+    @property
+    def host(self) -> str:
+        return self.worker.rsplit(":", 2)[0]
+
+    @property
+    def pid(self) -> int | None:
+        parts = self.worker.rsplit(":", 2)
+        return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
+@dataclass
+class SpiderStatus:
+    """The shared crawl state of one StageWorkerMixin spider: its stage queues and its workers."""
+
+    spider: str
+    ttl: float  # silence after which a worker counts as dead (the ttl of the worker slot locks)
+    queues: dict[str, int]  # stage -> requests waiting in its queue
+    workers: list[WorkerStatus] = field(default_factory=list)
+
+    @property
+    def alive(self) -> int:
+        return sum(1 for worker in self.workers if worker.alive)
+
+    @property
+    def dead(self) -> int:
+        """Registered workers silent for the ttl, not yet reaped by a live worker."""
+        return sum(1 for worker in self.workers if not worker.alive)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for worker, raw in zip(self.workers, data["workers"], strict=True):
+            raw.update(host=worker.host, pid=worker.pid)
+        data.update(alive=self.alive, dead=self.dead, in_flight=sum(w.in_flight for w in self.workers))
         return data
 
 
@@ -118,16 +188,46 @@ def _glob_escape(value: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", value)
 
 
+def _tagged_keys(client: redis.Redis, prefix: str, pattern: str) -> dict[str, set[str]]:
+    """``{tag: {what follows the tag}}`` for the keys ``<prefix>:{<tag>}<pattern>`` (one SCAN)."""
+    head = f"{prefix}:{{"
+    found: dict[str, set[str]] = {}
+    for key in client.scan_iter(match=f"{_glob_escape(head)}*}}{pattern}", count=1000):
+        tag, sep, rest = text(key)[len(head) :].partition("}")
+        if sep and tag and "{" not in tag:
+            found.setdefault(tag, set()).add(rest)
+    return found
+
+
 def find_stages(client: redis.Redis, prefix: str) -> list[str]:
     """Names of every lock under ``prefix`` (SCAN for ``<prefix>:{*}:meta``), sorted."""
-    head, tail = f"{prefix}:{{", "}:meta"
-    names = set()
-    for key in client.scan_iter(match=f"{_glob_escape(head)}*{_glob_escape(tail)}", count=1000):
-        key = text(key)
-        name = key[len(head) : -len(tail)]
-        if name and "{" not in name and "}" not in name:
-            names.add(name)
-    return sorted(names)
+    return sorted(_tagged_keys(client, prefix, ":meta"))
+
+
+@dataclass
+class _SpiderKeys:
+    """What a SCAN found of one spider's queue keys."""
+
+    queues: set[str] = field(default_factory=set)  # stages with a non-empty queue
+    inflight: set[str] = field(default_factory=set)  # workers with a non-empty in-flight hash
+    registered: bool = False  # an alive zset or working hash exists
+
+
+def _spiders_in(tagged: dict[str, set[str]]) -> dict[str, _SpiderKeys]:
+    """The spiders among scanned ``{tag: {rest of key}}`` (none of a lock's keys looks like a spider's)."""
+    spiders: dict[str, _SpiderKeys] = {}
+    for tag, rests in tagged.items():
+        keys = _SpiderKeys()
+        for rest in rests:
+            if rest.startswith(":queue:"):
+                keys.queues.add(rest[len(":queue:") :])
+            elif rest.startswith(":inflight:"):
+                keys.inflight.add(rest[len(":inflight:") :])
+            elif rest in (":alive", ":working"):
+                keys.registered = True
+        if keys.queues or keys.inflight or keys.registered:
+            spiders[tag] = keys
+    return spiders
 
 
 def _seq(stream_id: Any) -> int:
@@ -232,6 +332,7 @@ def _parse(stage: str, replies: list[Any]) -> StageStatus | None:
         fence=stream_last,
         grants=grants,
         processes=processes,
+        delivered=group_last,
     )
 
 
@@ -292,18 +393,6 @@ def why_waiting(status: StageStatus, now: float | None = None) -> str:
     return f"all {status.limit} slots held{debt}: " + "; ".join(parts)
 
 
-def collect(client: redis.Redis, prefix: str) -> list[StageStatus]:
-    """Every stage under the prefix (a lock that vanishes between SCAN and read is left out)."""
-    found = (stage_status(client, prefix, name) for name in find_stages(client, prefix))
-    return [status for status in found if status is not None]
-
-
-def snapshot(stages: list[StageStatus], prefix: str, url: str, dead: list[DeadLetters] | None = None) -> dict[str, Any]:
-    """Everything ``status --json`` prints (``url`` must already be masked)."""
-    data = {"url": url, "prefix": prefix, "time": round(time.time(), 3), "stages": [s.to_json() for s in stages]}
-    return {**data, "dead_letters": [asdict(d) for d in dead or []]}
-
-
 @dataclass
 class DeadLetter:
     """An entry of a worker queue that could not be loaded, as the worker noted it."""
@@ -354,17 +443,88 @@ def dead_letters(client: redis.Redis, prefix: str) -> list[DeadLetters]:
     return found
 
 
+def worker_ttl(stages: list[StageStatus], default: float) -> float:
+    """The silence that makes a worker dead: the ttl of the worker slot locks (``workers:<stage>``), else ``default``
+    (a spider whose stages are all uncapped has no slot lock)."""
+    ttls = [s.ttl for s in stages if s.stage.startswith(WORKER_LOCK_PREFIX) and s.ttl is not None]
+    return max(ttls) if ttls else default
+
+
+def spider_status(client: redis.Redis, prefix: str, spider: str, ttl: float, found: _SpiderKeys) -> SpiderStatus:
+    """One spider's queues and workers as Redis holds them now (one MULTI/EXEC: its keys share a hash tag);
+    ``found``: its keys that a SCAN saw (queues and in-flight records that are not empty)."""
+    keys = QueueKeys.of(prefix, spider)
+    with client.pipeline(transaction=True) as pipe:
+        pipe.time()
+        pipe.zrange(keys.alive, 0, -1, withscores=True)
+        pipe.hgetall(keys.working)
+        for worker in sorted(found.inflight):
+            pipe.hlen(keys.inflight(worker))
+        for stage in sorted(found.queues):
+            pipe.llen(keys.queue(stage))
+        replies = pipe.execute()
+    (seconds, micros), beats, working = replies[:3]
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    in_flight = dict(zip(sorted(found.inflight), (int(n) for n in replies[3 : 3 + len(found.inflight)]), strict=True))
+    queues = dict(zip(sorted(found.queues), (int(n) for n in replies[3 + len(found.inflight) :]), strict=True))
+    stage_of = {str(text(k)): str(text(v)) for k, v in (working or {}).items()}
+    for stage in stage_of.values():
+        queues.setdefault(stage, 0)  # an empty queue is no key in Redis; the stage a worker is on still counts
+    workers = []
+    for name, beat in beats:
+        name = str(text(name))
+        silence = max(0.0, (now_ms - int(beat)) / 1000)
+        workers.append(
+            WorkerStatus(name, round(silence, 3), stage_of.get(name), in_flight.get(name, 0), alive=silence < ttl)
+        )
+    return SpiderStatus(spider, ttl, dict(sorted(queues.items())), workers)
+
+
+def read_all(client: redis.Redis, prefix: str, default_ttl: float) -> tuple[list[StageStatus], list[SpiderStatus]]:
+    """Every stage lock and every StageWorkerMixin spider under the prefix, found with one SCAN.
+
+    ``default_ttl`` makes a worker dead when no worker slot lock says its ttl (see :func:`worker_ttl`).
+    """
+    tagged = _tagged_keys(client, prefix, "*")
+    found = (stage_status(client, prefix, tag) for tag, rests in sorted(tagged.items()) if ":meta" in rests)
+    stages = [status for status in found if status is not None]
+    ttl = worker_ttl(stages, default_ttl)
+    spiders = [spider_status(client, prefix, name, ttl, keys) for name, keys in sorted(_spiders_in(tagged).items())]
+    return stages, spiders
+
+
+def snapshot(
+    stages: list[StageStatus],
+    prefix: str,
+    url: str,
+    spiders: list[SpiderStatus] | None = None,
+    dead: list[DeadLetters] | None = None,
+) -> dict[str, Any]:
+    """Everything ``status --json`` prints (``url`` must already be masked)."""
+    return {
+        "url": url,
+        "prefix": prefix,
+        "time": round(time.time(), 3),
+        "stages": [s.to_json() for s in stages],
+        "spiders": [s.to_json() for s in spiders or []],
+        "dead_letters": [asdict(d) for d in dead or []],
+    }
+
+
 __all__ = [
     "DeadLetter",
     "DeadLetters",
     "Grant",
     "Process",
+    "SpiderStatus",
     "StageStatus",
+    "WorkerStatus",
     "astage_status",
-    "collect",
     "dead_letters",
     "find_stages",
+    "read_all",
     "snapshot",
+    "spider_status",
     "stage_status",
     "why_waiting",
 ]

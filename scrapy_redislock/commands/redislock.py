@@ -1,5 +1,5 @@
-"""``scrapy redislock status|set-limit|release|reset``: the command line of :mod:`scrapy_redislock.cli`, reading
-the project's settings.
+"""``scrapy redislock status|set-limit|release|reset|dashboard``: the command line of :mod:`scrapy_redislock.cli`,
+reading the project's settings.
 
 Settings read (through :func:`scrapy_redislock.config.read_settings`): REDISLOCK_URL (and scrapy-redis's
 REDIS_URL / REDIS_HOST / REDIS_PORT / REDIS_PARAMS fallbacks), REDISLOCK_PARAMS, REDISLOCK_KEY_PREFIX,
@@ -24,16 +24,16 @@ class Command(ScrapyCommand):
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
-        return "[-s NAME=VALUE] {status,set-limit,release,reset} [options]"
+        return "[-s NAME=VALUE] {status,set-limit,release,reset,dashboard} [options]"
 
     def short_desc(self) -> str:
-        return "Show and steer the stage locks of a running crawl (status, set-limit, release, reset)"
+        return "Show and steer the stage locks of a running crawl (status, set-limit, release, reset, dashboard)"
 
     def long_desc(self) -> str:
         return (
             "Show and steer the stage locks (scrapy_redislock) of a running crawl: status, set-limit STAGE N, "
-            "release STAGE HOLDER, reset STAGE. Connects as the project's settings say (REDISLOCK_URL ...); "
-            "see `scrapy redislock COMMAND -h`."
+            "release STAGE HOLDER, reset STAGE, dashboard (a live web page and /metrics). Connects as the project's "
+            "settings say (REDISLOCK_URL ...); see `scrapy redislock COMMAND -h`."
         )
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
