@@ -31,18 +31,20 @@ from importlib import resources
 
 ROLES = ("crawler", "operator", "watcher")
 
-# Sent by crawl processes themselves (not by scripts): running scripts, the lock's blocking wait, the worker queues'
-# reads (lengths, registered workers, reaping), the RedisSpider feed (list, set or zset); HSET + WAIT for replicas=N.
-CRAWLER_CLIENT_COMMANDS = (
-    "evalsha", "script|load", "ping", "time",
-    "xreadgroup", "hget", "hset", "wait", "hlen", "llen", "zrange", "zrangebyscore",
-    "lpop", "spop", "zpopmax", "scard", "zcard",
-)  # fmt: skip
 # status: one MULTI/EXEC per stage (meta, stream, group, pending list, consumers, owners), SCAN for stages and
 # dead-letter lists, which it reads with LLEN/LRANGE.
 WATCHER_COMMANDS = (
     "ping", "scan", "multi", "exec", "hgetall", "xinfo|stream", "xinfo|groups",
     "xinfo|consumers", "xpending", "llen", "lrange",
+)  # fmt: skip
+# Sent by crawl processes themselves (not by scripts): running scripts, the lock's blocking wait, the worker queues'
+# reads (lengths, registered workers, reaping), the RedisSpider feed (list, set or zset); HSET + WAIT for replicas=N;
+# the status reads (MULTI/EXEC) with which a crawl logs why a stage waits.
+CRAWLER_CLIENT_COMMANDS = (
+    "evalsha", "script|load", "ping", "time",
+    "xreadgroup", "hget", "hset", "wait", "hlen", "llen", "zrange", "zrangebyscore",
+    "lpop", "spop", "zpopmax", "scard", "zcard",
+    "multi", "exec", "hgetall", "xinfo|stream", "xinfo|groups", "xinfo|consumers", "xpending",
 )  # fmt: skip
 # set-limit, release, reset are scripts; DEL drops a dead-letter list once looked at.
 OPERATOR_COMMANDS = (*WATCHER_COMMANDS, "evalsha", "script|load", "del")

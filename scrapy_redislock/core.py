@@ -631,7 +631,7 @@ def reset_lock(keys: LockKeys) -> Operation:
 def owner_of(consumer: str) -> str:
     """The owner of a consumer name: ``<owner>#<n>`` (one wait's consumer) -> ``<owner>``."""
     head, sep, tail = consumer.rpartition("#")
-    return head if sep and tail.isdigit() else consumer
+    return head if sep and head and tail.isdigit() else consumer
 
 
 def step(op: Operation, name: str, reply: Any, error: BaseException | None) -> tuple[bool, Any]:

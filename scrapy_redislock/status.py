@@ -104,7 +104,8 @@ class StageStatus:
     fence: int  # the last fencing token generated (the stream's last entry id)
     grants: list[Grant] = field(default_factory=list)
     processes: list[Process] = field(default_factory=list)
-    # The group's last-delivered sequence: every grant since the lock was created, plus the slots withdrawn by
+    # The group's last-delivered sequence less the lock's first id (``base``): every grant since the lock was
+    # created, plus the slots withdrawn by
     # lowering the limit (they are skipped, never granted). Only grows, so a rate of it is grants per second.
     delivered: int = 0
 
@@ -295,7 +296,7 @@ def _parse(stage: str, replies: list[Any]) -> StageStatus | None:
         left = round(ttl - age, 3) if ttl is not None else 0.0
         grants.append(
             Grant(
-                holder=owner_of(str(text(entry["consumer"]))),
+                holder=owner_of(str(text(entry["consumer"]))),  # a wait's consumer name is a detail
                 grant=grant,
                 fence=fence_of(grant),
                 age=age,
@@ -332,7 +333,7 @@ def _parse(stage: str, replies: list[Any]) -> StageStatus | None:
         fence=stream_last,
         grants=grants,
         processes=processes,
-        delivered=group_last,
+        delivered=group_last - int(meta.get("base", 0)),
     )
 
 

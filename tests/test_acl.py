@@ -161,7 +161,7 @@ def test_a_worker_whose_user_may_not_run_scripts_stops_naming_the_refused_comman
         assert not site.hits
     assert "Spider closed (redislock_redis_refused)" in output, output[-3000:]
     assert re.search(
-        r"Redis at redis://watcher:\*\*\*@\S+ \(REDISLOCK_URL\) refused a command to this user \(ACL\): this user has "
+        r"Redis at redis://watcher:\*\*\*@\S+ \(\w+\) refused a command to this user \(ACL\): this user has "
         r"no permissions to run the 'evalsha' command; the crawl needs the crawler role",
         output,
     ), output[-3000:]

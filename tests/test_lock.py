@@ -659,3 +659,76 @@ def test_commands_per_grant(versioned: tuple[redis.Redis, int, MakeLock]) -> Non
     per_grant = calls / grants
     assert per_grant == (6 if major >= 7 else 7), (major, per_grant, stats)
     assert stats["cmdstat_xreadgroup"]["calls"] == grants and stats["cmdstat_evalsha"]["calls"] == grants
+
+
+# -- the lock's promise: each finding of the lock review, its order forced -----------------------------------------
+
+
+def test_a_waiter_reaps_a_dead_holder_without_auto_renew(redis_client: redis.Redis, make_lock: MakeLock) -> None:
+    """Finding 4: with the defaults, whoever waits or takes frees an expired lease (nobody renews here)."""
+    dead, waiter, taker = make_lock(ttl=0.3), make_lock(ttl=0.3), make_lock(ttl=0.3)
+    gone = dead.acquire(timeout=1)  # its process "dies": never renewed, never released
+    permit = waiter.acquire(timeout=3)  # 10 ttl: the old lock timed out here
+    assert permit.fence > gone.fence and dead.release(gone) is False
+    waiter.release(permit)
+    gone = dead.acquire(timeout=1)
+    lockstate.age_grant(redis_client, dead.keys, gone.grant, 1000)
+    redis_client.hdel(dead.keys.meta, "reap_at")  # the reaper's gate: one reap per renewal interval
+    assert taker.try_acquire() is not None  # take frees it first
+
+
+def test_the_stream_holds_only_free_and_held_slots(redis_client: redis.Redis, make_lock: MakeLock) -> None:
+    """Finding 8: one long-held grant does not pin the stream; freed entries are deleted at once."""
+    lock = make_lock(limit=3)
+    long_held = lock.acquire(timeout=1)
+    for _ in range(500):
+        lock.release(lock.acquire(timeout=1))
+    assert redis_client.xlen(lock.keys.slots) == 3
+    assert lock.set_limit(1) == 3  # lowering skips the free entries: deleted too
+    lock.release(long_held)
+    assert redis_client.xlen(lock.keys.slots) == 1
+
+
+def test_reaping_follows_the_cursor_and_renewal_is_chunked(redis_client: redis.Redis, make_lock: MakeLock) -> None:
+    """Finding 8: 8,000 live grants of one owner are renewed in one maintain, and a dead grant behind them reaped."""
+    many = 8000
+    live, dead = make_lock(limit=many + 1), make_lock(limit=many + 1)
+    held = [live.try_acquire() for _ in range(many)]
+    assert all(held)
+    gone = dead.try_acquire()
+    assert gone is not None
+    lockstate.age_grant(redis_client, dead.keys, gone.grant, 31_000)
+    assert live.maintain() == []  # renews all 8,000, and the reaper walks the whole pending list
+    assert pending(redis_client, live) == many and dead.release(gone) is False
+
+
+def test_a_shorter_ttl_never_cuts_a_longer_lease(redis_client: redis.Redis, make_lock: MakeLock) -> None:
+    """Finding 9: leases last the longest ttl of the live owners; a newcomer's short ttl reaps nobody early."""
+    old, newcomer = make_lock(ttl=30.0), make_lock(ttl=0.5)
+    permit = old.acquire(timeout=1)
+    assert newcomer.maintain() == [] and newcomer.ttl == 30.0
+    lockstate.age_grant(redis_client, old.keys, permit.grant, 2000)  # 4 of the newcomer's ttl, not renewed
+    redis_client.hdel(old.keys.meta, "reap_at")
+    assert newcomer.maintain() == [] and newcomer.try_acquire() is None
+    old.renew(permit)
+    assert old.release(permit) is True
+
+
+def test_data_loss_readopts_every_permit_with_higher_fences(redis_client: redis.Redis, make_lock: MakeLock) -> None:
+    """Findings 3 and 6: both permits survive a FLUSHALL, none overwritten, fences above every earlier one."""
+    holder, other = make_lock(limit=2), make_lock(limit=2)
+    permits = [holder.acquire(timeout=1), holder.acquire(timeout=1)]
+    before = max(p.fence for p in permits)
+    redis_client.flushall()
+    assert holder.maintain() == []
+    assert sorted(p.grant for p in holder.held) == sorted(p.grant for p in permits)
+    assert all(p.fence > before for p in permits) and len({p.fence for p in permits}) == 2
+    assert other.try_acquire() is None and pending(redis_client, holder) == 2
+    assert all(holder.release(p) for p in permits)
+
+
+def test_maintain_before_any_setup_creates_the_lock_free(redis_client: redis.Redis, make_lock: MakeLock) -> None:
+    """Finding 10: only an object that saw the lock before recreates it in limbo."""
+    first, second = make_lock(limit=2), make_lock(limit=2)
+    assert first.maintain() == []
+    assert second.try_acquire() is not None

@@ -411,3 +411,45 @@ def test_smoke_on_both_redis_versions(any_version_url: str) -> None:
 
     run(any_version_url, sync, scenario)
     sync.close()
+
+
+# -- the lock's promise: findings of the lock review, their order forced -----------------------------------------------
+
+
+def test_renew_after_a_cancelled_wait_frees_no_other_permit(redis_url: str, redis_client: redis.Redis) -> None:
+    """Finding 1, the review's recipe: limit 2, p1 and p2 held, a wait times out, renew(p1): still 2 holders."""
+
+    async def scenario(env: Env) -> None:
+        lock, other = env.lock(limit=2), env.lock(limit=2)
+        p1, p2 = await lock.acquire(), await lock.acquire()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(lock.acquire(), 0.2)
+        await lock.renew(p1)
+        assert await other.try_acquire() is None and env.pending() == 2
+        assert await lock.release(p1) and await lock.release(p2)
+
+    run(redis_url, redis_client, scenario)
+
+
+def test_a_grant_handed_to_a_cancelled_wait_comes_back_at_once(redis_url: str, redis_client: redis.Redis) -> None:
+    """Finding 7 (and 2's script-cache flush): Redis hands the slot to a wait that is cancelled before it reads
+    the reply; the slot is back in far less than a lease (30 s), and no grant of anybody else is freed."""
+
+    async def scenario(env: Env) -> None:
+        holder, cancelled, next_in_line = env.lock(), env.lock(), env.lock()
+        sync_holder = CountingLock(redis_client, "detail", 1, 30.0, maintain_loop=False)
+        held = sync_holder.acquire(timeout=1)
+        wait = asyncio.create_task(cancelled.acquire())
+        await env.blocked(1)
+        redis_client.script_flush()  # as after a restart or failover: every script runs NOSCRIPT first
+        assert sync_holder.release(held)  # blocking call: the loop cannot read the grant Redis hands over now
+        wait.cancel()  # ... and the wait is cancelled before it does
+        with pytest.raises(asyncio.CancelledError):
+            await wait
+        permit = await next_in_line.acquire(timeout=5)
+        assert permit.fence > held.fence and env.pending() == 1
+        assert await holder.try_acquire() is None  # the cancelled wait's cleanup freed its own grant only
+        assert await next_in_line.release(permit)
+        sync_holder.close()
+
+    run(redis_url, redis_client, scenario)
