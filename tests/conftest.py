@@ -10,14 +10,17 @@ REDISLOCK_TEST_ACL=crawler runs the processes under test as the least-privilege 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 
 import pytest
 import redis
 
+from scrapy_redislock import CountingLock
 from scrapy_redislock.acl import acl_rules
 from scrapy_redislock.redis_server import RedisServer
+from tests.crawlsite import CrawlSite
 
 # The crawler user of REDISLOCK_TEST_ACL: the default prefix, and every RedisSpider feed (<spider>:start_urls).
 TEST_ACL_KEYS = ("*:start_urls",)
@@ -53,3 +56,20 @@ def redis_client(admin_url: str) -> Iterator[redis.Redis]:
     client.flushdb()
     yield client
     client.close()
+
+
+@pytest.fixture
+def locks(redis_client: redis.Redis) -> Iterator[list[CountingLock]]:
+    """Lock objects made by a test; closed afterwards."""
+    made: list[CountingLock] = []
+    yield made
+    for lock in made:
+        with contextlib.suppress(Exception):
+            lock.close()
+
+
+@pytest.fixture
+def site() -> Iterator[CrawlSite]:
+    """The local shop site the crawl tests fetch from (50 ms pages)."""
+    with CrawlSite(delay=0.05) as running:
+        yield running

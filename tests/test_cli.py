@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
@@ -95,16 +94,6 @@ def redis_state(client: redis.Redis) -> dict[bytes, Any]:
         else:
             state[key] = kind
     return state
-
-
-@pytest.fixture
-def locks(redis_client: redis.Redis) -> Iterator[list[CountingLock]]:
-    """Lock objects made by a test; closed afterwards."""
-    made: list[CountingLock] = []
-    yield made
-    for lock in made:
-        with contextlib.suppress(Exception):
-            lock.close()
 
 
 def holder(locks: list[CountingLock], client: redis.Redis, name: str, limit: int | None, ttl: float = 30, **ident: Any):

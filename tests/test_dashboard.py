@@ -5,7 +5,6 @@ event stream and in Prometheus's format; steering needs --allow-control and the 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 import socket
@@ -13,7 +12,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +31,6 @@ from tests.test_cli import call, one_line_error
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 METRIC = re.compile(r"\bredislock_\w+")
-
-
-@pytest.fixture
-def locks(redis_client: redis.Redis) -> Iterator[list[CountingLock]]:
-    made: list[CountingLock] = []
-    yield made
-    for lock in made:
-        with contextlib.suppress(Exception):
-            lock.close()
 
 
 def held_stages(redis_client: redis.Redis, locks: list[CountingLock]) -> None:

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +25,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 TESTS = ROOT / "tests"
 FILES = TESTS / "filesspider.py"
 BOTH = ("scrapy_redislock.StageScheduler", None)  # with the stage-aware scheduler, and the middleware alone
-
-
-@pytest.fixture
-def site() -> Iterator[CrawlSite]:
-    with CrawlSite(delay=0.05) as running:
-        yield running
 
 
 def settings(redis_url: str, **extra: Any) -> dict[str, Any]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,6 @@ from tests.crawlsite import CrawlSite
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 STAGES = {"detail": 3, "comments": None}
 BOTH = ("scrapy_redislock.StageScheduler", None)  # with the stage-aware scheduler, and the middleware alone
-
-
-@pytest.fixture
-def site() -> Iterator[CrawlSite]:
-    with CrawlSite(delay=0.05) as running:
-        yield running
 
 
 def settings(redis_url: str, **extra: Any) -> dict[str, Any]:
