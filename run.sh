@@ -36,7 +36,7 @@ case "${1:-}" in
         name="${1:?usage: ./run.sh bench NAME [flags]}"
         shift
         setup "test,demo,bench"
-        exec "$venv/bin/python" "bench/$name.py" "$@"
+        exec "$venv/bin/python" -m "bench.$name" "$@"
         ;;
     *)
         sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'

@@ -13,19 +13,16 @@ the same interval with no crawl first).
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from scrapy_redislock import CountingLock
-from scrapy_redislock.redis_server import RedisServer
-from tests.crawlproc import Crawl
-from tests.crawlsite import CrawlSite
+from testing.redis_server import RedisServer
+from testing.crawlproc import Crawl
+from testing.site import CrawlSite
 
 
 def calls(client: redis.Redis) -> dict[str, int]:

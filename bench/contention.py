@@ -2,7 +2,7 @@
 
     ./run.sh bench contention [--processes 12] [--hold-ms 2] [--seconds 5] [--designs ours3,ours1,...] [--quick]
 
-Every design gets a fresh redis-server (scrapy_redislock.redis_server.RedisServer) and fresh spawned processes.
+Every design gets a fresh redis-server (testing.redis_server.RedisServer) and fresh spawned processes.
 Each process builds its lock, does one warm-up acquire/release (loads scripts, opens connections), reports
 ready; when all are ready the stats are reset (CONFIG RESETSTAT) and all start together at one moment on
 time.monotonic, which is the same clock in every process on one machine. A process stops asking at the end of
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import json
 import math
 import multiprocessing as mp
@@ -43,13 +44,9 @@ from typing import Any
 
 import redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import itertools
-
 from bench.peers import DESIGNS, Options, available, clock_offset, make_locker
-from scrapy_redislock.redis_server import RedisServer
-from tests.faultproc import jain, max_overlap
+from testing.redis_server import RedisServer
+from testing.faultproc import jain, max_overlap
 
 RESULTS = Path(__file__).resolve().parent / "results"
 READY_TIMEOUT = 90.0  # s for all processes to start, import and warm up

@@ -14,19 +14,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import redis
 import redis.asyncio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from scrapy_redislock import CountingLock
-from scrapy_redislock.redis_server import RedisServer
-from scrapy_redislock.stagequeue import StageQueues
-from scrapy_redislock.status import read_all
+from scrapy_redislock.cli.status import read_all
+from scrapy_redislock.workers.queue import StageQueues
+from testing.redis_server import RedisServer
 
 STAGES = ["list", "detail", "comments"]
 

@@ -25,8 +25,8 @@ RECORDS: dict[str, list[Any]] = {"left": [], "reached": [], "released": [], "gra
 
 
 def _wrap_classes() -> None:
-    from scrapy_redislock.scheduler import StageScheduler
-    from scrapy_redislock.stagelocks import StageLocks
+    from scrapy_redislock.crawl.stagelocks import StageLocks
+    from scrapy_redislock.requests.scheduler import StageScheduler
 
     release, acquire, hand_out = StageLocks.release, StageLocks.acquire, StageScheduler._hand_out
 

@@ -21,12 +21,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from bench.handoff_probe import breakdown
-from scrapy_redislock.redis_server import RedisServer
-from tests.crawlproc import run_crawl, start_crawl
-from tests.crawlsite import CrawlSite
+from testing.redis_server import RedisServer
+from testing.crawlproc import run_crawl, start_crawl
+from testing.site import CrawlSite
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

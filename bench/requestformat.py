@@ -5,7 +5,7 @@
 For four request shapes (a bare GET with its stage; a GET as a crawl makes it, with the meta Scrapy's middlewares
 add; a form POST with headers and cookies; a request with every field and a meta of tuples, bytes and int keys):
 bytes in Redis, and microseconds per request to encode (``request.to_dict`` + ``dumps``) and to decode (``loads`` +
-checks + ``request_from_dict``), as the worker scheduler does them, for :mod:`scrapy_redislock.requestformat` and
+checks + ``request_from_dict``), as the worker scheduler does them, for :mod:`scrapy_redislock.crawl.requestformat` and
 scrapy-redis's ``picklecompat``. Times are the median of ``--repeat`` runs of ``--number`` requests each
 (``timeit``), in this process; no Redis involved (the format alone). Prints what it measured.
 """
@@ -16,21 +16,18 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import timeit
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import scrapy
 from scrapy.http import FormRequest
 from scrapy.utils.request import request_from_dict
 from scrapy_redis import picklecompat
 
-from scrapy_redislock import requestformat
-from scrapy_redislock.requestformat import request_from_data
+from scrapy_redislock.crawl import requestformat
+from scrapy_redislock.crawl.requestformat import request_from_data
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -64,13 +64,12 @@ import redis
 import scrapy
 import scrapy_redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from example_project.run import seed
 from example_project.shop_site import STAGES, ShopSite
-from scrapy_redislock.core import SCRIPT_NAMES, load_scripts
-from scrapy_redislock.redis_server import RedisServer
-from scrapy_redislock.stagequeue import QUEUE_SCRIPTS
+from scrapy_redislock._redis import load_scripts
+from scrapy_redislock.lock.core import lock_scripts
+from scrapy_redislock.workers.queue import QUEUE_SCRIPTS
+from testing.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -144,7 +143,7 @@ ARG = re.compile(rb'"((?:[^"\\]|\\.)*)"')
 
 def script_names() -> dict[str, str]:
     """EVALSHA sha -> script name, for every script of the package (redis-py hashes the source as sent)."""
-    sources = {**load_scripts(SCRIPT_NAMES), **load_scripts(QUEUE_SCRIPTS)}
+    sources = {**lock_scripts(), **load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)}
     return {hashlib.sha1(src.encode()).hexdigest(): name for name, src in sources.items()}
 
 

@@ -27,11 +27,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from example_project.run import STAGES, Phase, arguments, checks, plot, run_phase
 from example_project.shop_site import ShopSite
-from scrapy_redislock.redis_server import RedisServer
+from testing.redis_server import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

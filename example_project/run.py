@@ -27,7 +27,7 @@ from typing import Any
 import redis
 
 from example_project.shop_site import STAGES, ShopSite
-from scrapy_redislock.redis_server import RedisServer
+from testing.redis_server import RedisServer
 
 HERE = Path(__file__).resolve().parent
 OUTPUT = HERE / "output"

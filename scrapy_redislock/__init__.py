@@ -1,7 +1,6 @@
 """Distributed crawl stage throttling for Scrapy: fair, leased counting locks in Redis."""
 
-from scrapy_redislock.aio import AsyncCountingLock
-from scrapy_redislock.core import LockKeys, Permit
+from scrapy_redislock.crawl.stages import stage
 from scrapy_redislock.errors import (
     AcquireTimeout,
     ConfigError,
@@ -14,26 +13,25 @@ from scrapy_redislock.errors import (
     ThrottlingDisabled,
     UnknownStage,
 )
-from scrapy_redislock.lock import CountingLock
-from scrapy_redislock.stages import stage
+from scrapy_redislock.lock import AsyncCountingLock, CountingLock, LockKeys, Permit
 
 
 def __getattr__(name: str) -> object:
     """Scrapy glue is imported on first use, so the lock alone needs no Scrapy import."""
     if name == "StageLockMiddleware":
-        from scrapy_redislock.middleware import StageLockMiddleware
+        from scrapy_redislock.requests.middleware import StageLockMiddleware
 
         return StageLockMiddleware
     if name == "StageScheduler":
-        from scrapy_redislock.scheduler import StageScheduler
+        from scrapy_redislock.requests.scheduler import StageScheduler
 
         return StageScheduler
     if name == "StageWorkerMixin":
-        from scrapy_redislock.workers import StageWorkerMixin
+        from scrapy_redislock.workers.mixin import StageWorkerMixin
 
         return StageWorkerMixin
     if name == "StageWorkerScheduler":
-        from scrapy_redislock.workerscheduler import StageWorkerScheduler
+        from scrapy_redislock.workers.scheduler import StageWorkerScheduler
 
         return StageWorkerScheduler
     raise AttributeError(f"module 'scrapy_redislock' has no attribute {name!r}")

@@ -1,11 +1,11 @@
-"""``python -m scrapy_redislock``: the operator's command line (see :mod:`scrapy_redislock.cli`)."""
+"""``python -m scrapy_redislock``: the operator's command line (see :mod:`scrapy_redislock.cli.main`)."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from scrapy_redislock.cli import main
+from scrapy_redislock.cli.main import main
 
 
 def entry() -> None:

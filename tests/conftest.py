@@ -4,7 +4,7 @@ Set REDISLOCK_TEST_URL=redis://host:port/db to run against an external server;
 the tests flush that database.
 
 REDISLOCK_TEST_ACL=crawler runs the processes under test as the least-privilege ``crawler`` ACL user
-(:mod:`scrapy_redislock.acl`): ``redis_url`` is then that user's URL, while ``admin_url`` and ``redis_client``
+(:mod:`scrapy_redislock.cli.acl`): ``redis_url`` is then that user's URL, while ``admin_url`` and ``redis_client``
 (what tests use to set up and inspect Redis) stay the default user's. ``.ci/run`` runs the worker front's tests so.
 """
 
@@ -18,9 +18,9 @@ import pytest
 import redis
 
 from scrapy_redislock import CountingLock
-from scrapy_redislock.acl import acl_rules
-from scrapy_redislock.redis_server import RedisServer
-from tests.crawlsite import CrawlSite
+from scrapy_redislock.cli.acl import acl_rules
+from testing.redis_server import RedisServer
+from testing.site import CrawlSite
 
 # The crawler user of REDISLOCK_TEST_ACL: the default prefix, and every RedisSpider feed (<spider>:start_urls).
 TEST_ACL_KEYS = ("*:start_urls",)

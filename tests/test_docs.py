@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scrapy_redislock import defaults
+from scrapy_redislock.crawl import defaults
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

@@ -1,7 +1,7 @@
-"""``scrapy redislock status|set-limit|release|reset|dashboard``: the command line of :mod:`scrapy_redislock.cli`,
+"""``scrapy redislock status|set-limit|release|reset|dashboard``: the command line of :mod:`scrapy_redislock.cli.main`,
 reading the project's settings.
 
-Settings read (through :func:`scrapy_redislock.config.read_settings`): REDISLOCK_URL (and scrapy-redis's
+Settings read (through :func:`scrapy_redislock.crawl.settings.read_settings`): REDISLOCK_URL (and scrapy-redis's
 REDIS_URL / REDIS_HOST / REDIS_PORT / REDIS_PARAMS fallbacks), REDISLOCK_PARAMS, REDISLOCK_KEY_PREFIX,
 REDISLOCK_TTL, REDISLOCK_STAGES; ``--url`` / ``--prefix`` after the sub-command win. Scrapy's own options
 (``-s NAME=VALUE``) go before the sub-command.
@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from scrapy_redislock import cli
+from scrapy_redislock.cli import main as cli
 
 
 class Command(ScrapyCommand):

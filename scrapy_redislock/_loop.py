@@ -1,0 +1,51 @@
+"""The one periodic loop of the package's asyncio code: tick every interval, at once when woken, until told to stop.
+
+A tick that raises is logged and the loop goes on (nothing is given up on a Redis error); with a
+:class:`~scrapy_redislock._redis.Backoff` the next tick after a failure comes after its delay instead of the
+interval. Imports neither Scrapy nor Twisted: the lock's asyncio front and the Scrapy glue both use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from scrapy_redislock._redis import Backoff
+
+logger = logging.getLogger(__name__)
+
+Tick = Callable[[], Awaitable[bool | None]]
+
+
+async def every(
+    interval: Callable[[], float],
+    tick: Tick,
+    *,
+    what: str,
+    wake: asyncio.Event | None = None,
+    backoff: Backoff | None = None,
+) -> None:
+    """Await ``tick()`` after each ``interval()`` seconds (or as soon as ``wake`` is set) until it returns False.
+
+    ``what`` names the job in the log line of a failed tick.
+    """
+    delay = interval()
+    while True:
+        if wake is None:
+            await asyncio.sleep(delay)
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), delay)
+            wake.clear()
+        try:
+            if await tick() is False:
+                return
+        except Exception:
+            delay = backoff.next() if backoff is not None else interval()
+            logger.exception("%s failed; retrying in %.1f s", what, delay)
+            continue
+        if backoff is not None:
+            backoff.reset()
+        delay = interval()

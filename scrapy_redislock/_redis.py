@@ -1,0 +1,82 @@
+"""What every layer needs of Redis and nothing else: decoding replies, checking arguments, loading Lua, backing off.
+
+Imports neither Scrapy nor Twisted and reads no settings. Lua scripts live as package data, one file per script,
+in a ``scripts`` folder beside the code that runs them (:class:`Scripts`), so each part loads only its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from scrapy_redislock.errors import InvalidArgument
+
+
+def text(value: Any) -> Any:
+    """Decode bytes replies, so clients with or without decode_responses look alike."""
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, list | tuple):
+        return [text(v) for v in value]
+    return value
+
+
+def check_name(name: object, what: str = "name") -> str:
+    if not isinstance(name, str) or not name or "{" in name or "}" in name:
+        raise InvalidArgument(f"{what} must be a non-empty string without braces, got {name!r}")
+    return name
+
+
+def check_limit(limit: object, what: str = "limit") -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise InvalidArgument(f"{what} must be an integer >= 0, got {limit!r}")
+    return limit
+
+
+def check_ttl(ttl: object, what: str = "ttl") -> float:
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl) or ttl < 0.001:
+        raise InvalidArgument(f"{what} must be a number of seconds >= 0.001, got {ttl!r}")
+    return float(ttl)
+
+
+def check_timeout(timeout: object, what: str = "timeout") -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+        raise InvalidArgument(f"{what} must be None or a number >= 0, got {timeout!r}")
+    return float(timeout)
+
+
+@functools.cache
+def load_scripts(package: str, names: tuple[str, ...], lib: str | None = None) -> dict[str, str]:
+    """Lua sources by name from ``<package>/scripts/``, each with ``<lib>.lua`` in front of it when given."""
+    folder = resources.files(package) / "scripts"
+    prelude = (folder / f"{lib}.lua").read_text(encoding="utf-8") + "\n" if lib else ""
+    return {name: prelude + (folder / f"{name}.lua").read_text(encoding="utf-8") for name in names}
+
+
+@dataclass
+class Backoff:
+    """Seconds to wait before the next retry after an error: ``first``, doubled each failure up to ``most``.
+
+    One object per thing that retries; :meth:`reset` after a success.
+    """
+
+    first: float = 0.1
+    most: float = 5.0
+    current: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.current = self.first
+
+    def next(self) -> float:
+        """The delay to wait now; the following one is twice as long (at most ``most``)."""
+        delay = self.current
+        self.current = min(self.current * 2, self.most)
+        return delay
+
+    def reset(self) -> None:
+        self.current = self.first

@@ -1,0 +1,110 @@
+"""Least-privilege Redis ACL users for a crawl: ``crawler``, ``operator``, ``watcher``.
+
+::
+
+    python -m scrapy_redislock.cli.acl crawler --prefix redislock --key 'shop:start_urls'
+    # -> ACL SETUSER crawler reset on >PASSWORD resetchannels ~redislock:* ~shop:start_urls -@all +evalsha ...
+
+- ``crawler``: what crawl processes send, both fronts (middleware/scheduler and worker mixin), and nothing else:
+  its keys are the prefix's (locks, queues) and the RedisSpider feed keys given with ``--key``. Redis checks the
+  commands a script runs against the caller's ACL too, so the list holds every command of ``scripts/*.lua``.
+- ``operator``: the command line, ``status`` and the ones that steer (``set-limit``, ``release``, ``reset``),
+  plus reading and deleting dead letters; the prefix's keys only.
+- ``watcher``: ``status`` only, read-only access (``%R~``) to the prefix's keys.
+
+The client commands were found with MONITOR during crawls of both fronts and runs of every sub-command;
+``tests/test_acl.py`` finds them again (MONITOR, the scripts, and the ACL log of a crawl run as ``crawler``)
+and fails, naming the command, when the code sends one that is not listed here. Connection commands AUTH and HELLO
+need no rule. redis-py also sends CLIENT SETINFO on connect (Redis 7.2 and later) and ignores a refusal: add
+``+client|setinfo`` there to keep the ACL log quiet (Redis 7.0 rejects that rule: it has no such command).
+Redis Cluster needs the cluster's topology commands as well (``+cluster|slots +cluster|shards +readonly``);
+single-node rules are what is tested. Reads no settings; imports neither Scrapy nor Twisted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from importlib import resources
+
+ROLES = ("crawler", "operator", "watcher")
+
+# status: one MULTI/EXEC per stage (meta, stream, group, pending list, consumers, owners), SCAN for stages and
+# dead-letter lists, which it reads with LLEN/LRANGE.
+WATCHER_COMMANDS = (
+    "ping", "scan", "multi", "exec", "hgetall", "xinfo|stream", "xinfo|groups",
+    "xinfo|consumers", "xpending", "llen", "lrange",
+)  # fmt: skip
+# Sent by crawl processes themselves (not by scripts): running scripts, the lock's blocking wait, the worker queues'
+# reads (lengths, registered workers, reaping), the RedisSpider feed (list, set or zset); HSET + WAIT for replicas=N;
+# the status reads (MULTI/EXEC) with which a crawl logs why a stage waits.
+CRAWLER_CLIENT_COMMANDS = (
+    "evalsha", "script|load", "ping", "time",
+    "xreadgroup", "hget", "hset", "wait", "hlen", "llen", "zrange", "zrangebyscore",
+    "lpop", "spop", "zpopmax", "scard", "zcard",
+    "multi", "exec", "hgetall", "xinfo|stream", "xinfo|groups", "xinfo|consumers", "xpending",
+)  # fmt: skip
+# set-limit, release, reset are scripts; DEL drops a dead-letter list once looked at.
+OPERATOR_COMMANDS = (*WATCHER_COMMANDS, "evalsha", "script|load", "del")
+
+# Scripts every role that runs scripts may run (the operator's set_limit/release_owner/reset; the crawler's all).
+OPERATOR_SCRIPTS = ("_lib", "setup", "set_limit", "release_owner", "reset")
+
+SCRIPT_PARTS = ("scrapy_redislock.lock", "scrapy_redislock.workers")  # the packages with a scripts/ folder
+SUBCOMMAND_OF = {"XGROUP", "XINFO", "CLIENT", "SCRIPT", "CONFIG", "OBJECT"}
+CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'(?:\s*,\s*'([A-Za-z]+)')?")
+
+
+def script_commands(names: Iterable[str] | None = None) -> set[str]:
+    """Every command the given scripts (every ``scripts/*.lua`` of the package by default) may run, in ACL spelling."""
+    wanted = None if names is None else set(names)
+    found: set[str] = set()
+    paths = [p for part in SCRIPT_PARTS for p in (resources.files(part) / "scripts").iterdir()]
+    for path in paths:
+        if not path.name.endswith(".lua") or (wanted is not None and path.name[:-4] not in wanted):
+            continue
+        for command, sub in CALL.findall(path.read_text(encoding="utf-8")):
+            command = command.upper()
+            found.add(f"{command}|{sub}".lower() if command in SUBCOMMAND_OF and sub else command.lower())
+    return found
+
+
+def commands_of(role: str) -> list[str]:
+    """The commands a role may run, sorted (scripts' commands included)."""
+    if role == "crawler":
+        return sorted(set(CRAWLER_CLIENT_COMMANDS) | script_commands())
+    if role == "operator":
+        return sorted(set(OPERATOR_COMMANDS) | script_commands(OPERATOR_SCRIPTS))
+    if role == "watcher":
+        return sorted(WATCHER_COMMANDS)
+    raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+
+
+def acl_rules(role: str, prefix: str = "redislock", keys: Sequence[str] = ()) -> list[str]:
+    """Rules for ``ACL SETUSER <name> <rules> >password``: keys of the prefix (read-only for the watcher) and
+    ``keys`` (e.g. a RedisSpider's ``redis_key``, for the crawler), no channels, only the role's commands."""
+    commands = commands_of(role)
+    access = "%R~" if role == "watcher" else "~"
+    patterns = [f"{access}{prefix}:*", *(f"~{key}" for key in keys)]
+    return ["reset", "on", "resetchannels", *patterns, "-@all", *(f"+{c}" for c in commands)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m scrapy_redislock.cli.acl",
+        description="Print the ACL SETUSER command of a least-privilege role.",
+    )
+    parser.add_argument("role", choices=ROLES)
+    parser.add_argument("--user", help="user name (default: the role)")
+    parser.add_argument("--prefix", default="redislock", help="REDISLOCK_KEY_PREFIX (default: redislock)")
+    parser.add_argument("--key", action="append", default=[], help="another key pattern, e.g. shop:start_urls")
+    opts = parser.parse_args(argv)
+    rules = acl_rules(opts.role, opts.prefix, opts.key)
+    sys.stdout.write(f"ACL SETUSER {opts.user or opts.role} {' '.join(rules)} >PASSWORD\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

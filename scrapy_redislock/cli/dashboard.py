@@ -1,0 +1,465 @@
+"""The live web dashboard: ``python -m scrapy_redislock dashboard`` and ``scrapy redislock dashboard``.
+
+One aiohttp server (the ``dashboard`` extra: aiohttp, prometheus_client) with:
+
+- ``/``: one page (``dashboard.html``: plain HTML and JavaScript, no build step) that follows ``/events``. Per stage
+  it shows limit, held, free, debt, waiters and the holders with their lease left (expired ones marked); per
+  StageWorkerMixin spider the queue backlog and the workers, alive or dead, and the stage each works on; charts of
+  grants per second and queue lengths over the last ``--history`` seconds.
+- ``/events``: server-sent events: the history, then one frame every ``--interval`` seconds.
+- ``/api/status``: the latest frame as JSON.
+- ``/metrics``: Prometheus's text format, read from Redis at each scrape (no crawl needs to run).
+- ``POST /api/set-limit``, ``/api/release``, ``/api/reset``: only with ``--allow-control`` and the header
+  ``Authorization: Bearer <token>``, the token printed at start; they run the command line's own sub-commands.
+
+Redis is read by :mod:`scrapy_redislock.status` alone, with the blocking client in worker threads, never on the
+event loop. Reads no settings itself: the command line resolves where to connect (REDISLOCK_URL, REDIS_URL,
+REDISLOCK_KEY_PREFIX, REDISLOCK_TTL; see :mod:`scrapy_redislock.cli.main`). The page shows the URL masked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import io
+import json
+import logging
+import secrets
+import signal
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from importlib import resources
+from typing import Any
+
+import redis
+import redis.exceptions
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from scrapy_redislock.cli.main import COMMANDS, EXIT_OK, EXIT_USAGE, CliError, Streams, Target, failure
+from scrapy_redislock.cli.status import read_all
+from scrapy_redislock.lock.status import StageStatus
+from scrapy_redislock.workers.status import SpiderStatus, WorkerStatus
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT = 15.0  # seconds between keep-alive comments on an idle event stream
+MAX_HOLDERS_SHOWN = 200  # grants per stage sent to the page; the counts stay exact
+CONTROL_COMMANDS = ("set-limit", "release", "reset")
+Frame = dict[str, Any]
+
+
+def _page() -> bytes:
+    return (resources.files("scrapy_redislock.cli") / "dashboard.html").read_bytes()
+
+
+@dataclass
+class SeenWorker:
+    """A worker as the dashboard last saw it registered, and what became of it."""
+
+    status: WorkerStatus
+    ttl: float
+    gone_at: float | None = None
+    state: str = "alive"  # alive, dead (silent for the ttl, or reaped by the others), left (closed)
+
+
+class Sampler:
+    """Reads Redis every interval (in a thread), keeps the charts' history and hands frames to the open pages."""
+
+    def __init__(self, target: Target, interval: float, history: float, control: bool) -> None:
+        self.target = target
+        self.client: redis.Redis = target.client()
+        self.interval = interval
+        self.history = history
+        self.control = control
+        self.latest: Frame = {}
+        self.points: deque[Frame] = deque()
+        self.subscribers: set[asyncio.Queue[Frame | None]] = set()
+        self.workers: dict[tuple[str, str], SeenWorker] = {}
+        self.queue_stages: dict[str, set[str]] = {}
+        self.delivered: tuple[float, dict[str, int]] | None = None
+        self.wakeup = asyncio.Event()
+
+    def read(self) -> tuple[list[StageStatus], list[SpiderStatus]]:
+        return read_all(self.client, self.target.prefix, self.target.ttl)
+
+    # -- frames ---------------------------------------------------------------------------------------------------
+
+    def frame(self, stages: list[StageStatus], spiders: list[SpiderStatus], now: float) -> Frame:
+        rates = self._rates(stages, now)
+        stage_rows = []
+        for stage in stages:
+            row = stage.to_json()
+            row["grants_more"] = max(0, len(row["grants"]) - MAX_HOLDERS_SHOWN)
+            row["grants"] = row["grants"][:MAX_HOLDERS_SHOWN]
+            row["grants_per_second"] = rates.get(stage.stage)
+            stage_rows.append(row)
+        spider_rows = [self._spider(spider, now) for spider in spiders]
+        present = {spider.spider for spider in spiders}
+        spider_rows += [self._spider(SpiderStatus(name, 0.0, {}), now) for name in self._gone_spiders(present)]
+        point = {
+            "t": now,
+            "grants": {name: rate for name, rate in rates.items() if rate is not None},
+            "queues": {f"{s['spider']}/{stage}": n for s in spider_rows for stage, n in s["queues"].items()},
+        }
+        return {
+            "time": now,
+            "url": self.target.safe_url,
+            "prefix": self.target.prefix,
+            "interval": self.interval,
+            "history": self.history,
+            "control": self.control,
+            "error": None,
+            "stages": stage_rows,
+            "spiders": spider_rows,
+            "point": point,
+        }
+
+    def _rates(self, stages: list[StageStatus], now: float) -> dict[str, float | None]:
+        """Grants per second since the last read (None for a stage seen for the first time)."""
+        delivered = {s.stage: s.delivered for s in stages if s.exists}
+        previous = self.delivered
+        self.delivered = (now, delivered)
+        rates: dict[str, float | None] = dict.fromkeys(delivered)
+        if previous is not None and now > previous[0]:
+            for name, count in delivered.items():
+                if name in previous[1]:
+                    # A recreated lock starts counting again (as a Prometheus counter reset would).
+                    before = previous[1][name] if count >= previous[1][name] else 0
+                    rates[name] = round((count - before) / (now - previous[0]), 3)
+        return rates
+
+    def _spider(self, spider: SpiderStatus, now: float) -> Frame:
+        row = spider.to_json()
+        stages = self.queue_stages.setdefault(spider.spider, set())
+        stages.update(spider.queues)
+        row["queues"] = {stage: spider.queues.get(stage, 0) for stage in sorted(stages)}
+        present = set()
+        for worker in spider.workers:
+            present.add(worker.worker)
+            state = "alive" if worker.alive else "dead"
+            self.workers[(spider.spider, worker.worker)] = SeenWorker(worker, spider.ttl, state=state)
+        for raw in row["workers"]:
+            raw["state"], raw["gone_at"] = ("alive" if raw["alive"] else "dead"), None
+        for (name, worker_id), seen in sorted(self.workers.items()):
+            if name != spider.spider or worker_id in present:
+                continue
+            if seen.gone_at is None:
+                seen.gone_at = now
+                # A closing worker unregisters itself within a beat (every ttl/3); one that vanished after missing
+                # beats was reaped by the others: it is dead. (Inferred: keep --interval well below ttl/2.)
+                silent = not seen.status.alive or seen.status.silence >= seen.ttl / 2
+                seen.state = "dead" if silent else "left"
+            if now - seen.gone_at > self.history:
+                del self.workers[(name, worker_id)]
+                continue
+            raw = {**asdict(seen.status), "host": seen.status.host, "pid": seen.status.pid}
+            row["workers"].append({**raw, "alive": False, "state": seen.state, "gone_at": seen.gone_at})
+        return row
+
+    def _gone_spiders(self, present: set[str]) -> list[str]:
+        """Spiders no longer in Redis whose workers the page should still show (as left or dead)."""
+        return sorted({name for name, _ in self.workers} - present)
+
+    # -- the loop ---------------------------------------------------------------------------------------------------
+
+    async def sample(self) -> Frame:
+        now = round(time.time(), 3)
+        try:
+            stages, spiders = await asyncio.to_thread(self.read)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            message, _ = failure(exc, self.target)
+            frame = {**self.latest, "time": now, "error": message, "point": {"t": now, "grants": {}, "queues": {}}}
+        else:
+            frame = self.frame(stages, spiders, now)
+        self.publish(frame)
+        return frame
+
+    def publish(self, frame: Frame) -> None:
+        self.latest = frame
+        self.points.append(frame["point"])
+        while self.points and frame["time"] - self.points[0]["t"] > self.history:
+            self.points.popleft()
+        for queue in self.subscribers:
+            if queue.full():  # a page that does not keep up misses frames, not the newest
+                queue.get_nowait()
+            queue.put_nowait(frame)
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wakeup.wait(), self.interval)
+            self.wakeup.clear()
+            try:
+                await self.sample()
+            except Exception:  # never let the loop die silently: the page would freeze on an old frame
+                logger.exception("Dashboard: reading Redis failed; retrying")
+
+    def subscribe(self) -> asyncio.Queue[Frame | None]:
+        queue: asyncio.Queue[Frame | None] = asyncio.Queue(maxsize=8)
+        self.subscribers.add(queue)
+        return queue
+
+    def close(self) -> None:
+        for queue in self.subscribers:
+            if queue.full():
+                queue.get_nowait()
+            queue.put_nowait(None)
+        self.client.close()
+
+
+# -- Prometheus -------------------------------------------------------------------------------------------------------
+
+
+class RedisCollector(Collector):
+    """The locks and worker queues under the prefix, read from Redis at each scrape, named as Prometheus advises."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
+        try:
+            stages, spiders = self.sampler.read()
+            up = 1
+        except (redis.exceptions.RedisError, OSError):
+            stages, spiders, up = [], [], 0
+        yield from stage_metrics(stages)
+        yield from spider_metrics(spiders)
+        yield GaugeMetricFamily("redislock_up", "1 if Redis answered this scrape, else 0", value=up)
+        yield GaugeMetricFamily(
+            "redislock_scrape_duration_seconds", "Seconds this scrape took to read Redis", time.perf_counter() - started
+        )
+
+
+def stage_metrics(stages: list[StageStatus]) -> Iterator[Metric]:
+    def family(name: str, doc: str, kind: type[Metric] = GaugeMetricFamily) -> Any:
+        return kind(f"redislock_{name}", doc, labels=["stage"])
+
+    limit = family("stage_limit", "Slots of the stage, cluster-wide")
+    held = family("stage_held", "Slots held now")
+    free = family("stage_free", "Slots free now")
+    debt = family("stage_debt", "Held slots to give back before a new grant (after lowering the limit)")
+    waiters = family("stage_waiters", "Requests or workers waiting for a slot, as each process last reported")
+    expired = family("stage_expired_grants", "Held slots whose lease ran out (holder stopped renewing)")
+    processes = family("stage_processes", "Processes registered with the stage's lock")
+    ttl = family("stage_ttl_seconds", "Lease of a slot")
+    fence = family("stage_fence", "Last fencing token generated")
+    present = family(
+        "stage_present", "1 if the lock's stream is in Redis, 0 if it was lost (the next process recreates it)"
+    )
+    grants = family(
+        "grants",
+        "Slots granted since the lock was created (and slots withdrawn by lowering the limit)",
+        CounterMetricFamily,
+    )
+    for s in stages:
+        labels = [s.stage]
+        if s.limit is not None:
+            limit.add_metric(labels, s.limit)
+        if s.ttl is not None:
+            ttl.add_metric(labels, s.ttl)
+        present.add_metric(labels, 1 if s.exists else 0)
+        if not s.exists:
+            continue
+        for metric, value in (
+            (held, s.held),
+            (free, s.free),
+            (debt, s.debt),
+            (waiters, s.waiters),
+            (expired, s.expired),
+            (processes, len(s.processes)),
+            (fence, s.fence),
+            (grants, s.delivered),
+        ):
+            metric.add_metric(labels, value)
+    yield from (limit, held, free, debt, waiters, expired, processes, ttl, fence, present, grants)
+
+
+def spider_metrics(spiders: list[SpiderStatus]) -> Iterator[Metric]:
+    queue = GaugeMetricFamily("redislock_queue_length", "Requests waiting in a stage queue", labels=["spider", "stage"])
+    alive = GaugeMetricFamily("redislock_workers_alive", "Workers that beat within the ttl", labels=["spider"])
+    dead = GaugeMetricFamily(
+        "redislock_workers_dead", "Registered workers silent for the ttl, not yet reaped", labels=["spider"]
+    )
+    in_flight = GaugeMetricFamily(
+        "redislock_requests_in_flight", "Requests popped by workers and not finished yet", labels=["spider"]
+    )
+    for spider in spiders:
+        for stage, length in spider.queues.items():
+            queue.add_metric([spider.spider, stage], length)
+        alive.add_metric([spider.spider], spider.alive)
+        dead.add_metric([spider.spider], spider.dead)
+        in_flight.add_metric([spider.spider], sum(w.in_flight for w in spider.workers))
+    yield from (queue, alive, dead, in_flight)
+
+
+# -- the web application --------------------------------------------------------------------------------------------
+
+
+def _event(name: str, data: Any) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+class Dashboard:
+    """The routes; ``token`` None means read-only."""
+
+    def __init__(self, sampler: Sampler, token: str | None, io: Streams) -> None:
+        self.sampler = sampler
+        self.token = token
+        self.io = io
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(RedisCollector(sampler))
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/", self.page)
+        app.router.add_get("/events", self.events)
+        app.router.add_get("/api/status", self.status)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/favicon.ico", lambda request: web.Response(status=204))
+        app.router.add_post("/api/{command}", self.steer)
+        return app
+
+    async def page(self, request: web.Request) -> web.Response:
+        return web.Response(body=_page(), content_type="text/html", headers={"Cache-Control": "no-store"})
+
+    async def status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.sampler.latest)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = await asyncio.to_thread(generate_latest, self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        )
+        await response.prepare(request)
+        queue = self.sampler.subscribe()
+        try:
+            await response.write(_event("history", {"points": list(self.sampler.points), "frame": self.sampler.latest}))
+            while True:
+                try:
+                    frame = await asyncio.wait_for(queue.get(), HEARTBEAT)
+                except TimeoutError:
+                    await response.write(b": keep-alive\n\n")
+                    continue
+                if frame is None:  # shutting down
+                    break
+                await response.write(_event("frame", frame))
+        except (ConnectionResetError, ConnectionError):
+            pass  # the page went away
+        finally:
+            self.sampler.subscribers.discard(queue)
+        return response
+
+    def _refused(self, request: web.Request) -> str | None:
+        if self.token is None:
+            return "control is off: start the dashboard with --allow-control to steer from the page"
+        given = request.headers.get("Authorization", "")
+        scheme, _, value = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), self.token.encode()):
+            return "wrong or missing token: give the token the dashboard printed at start"
+        return None
+
+    async def steer(self, request: web.Request) -> web.Response:
+        command = request.match_info["command"]
+        if command not in CONTROL_COMMANDS:
+            raise web.HTTPNotFound()
+        refused = self._refused(request)
+        if refused:
+            return web.json_response({"ok": False, "error": refused}, status=403)
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return web.json_response({"ok": False, "error": "the body must be a JSON object"}, status=400)
+        opts = argparse.Namespace(
+            command=command,
+            stage=str(body.get("stage", "")),
+            limit=str(body.get("limit", "")),
+            holder=str(body.get("holder", "")),
+            create=False,
+            ttl=None,
+            yes=True,
+        )
+        code, message = await asyncio.to_thread(self.run_command, opts)
+        self.io.say(f"control from {request.remote}: {command} {body.get('stage', '')!s}: {message}")
+        self.sampler.wakeup.set()  # show the result at once
+        if code != EXIT_OK:
+            return web.json_response({"ok": False, "error": message}, status=400 if code == EXIT_USAGE else 409)
+        return web.json_response({"ok": True, "message": message})
+
+    def run_command(self, opts: argparse.Namespace) -> tuple[int, str]:
+        """One of the command line's sub-commands, confirmed; (exit status, what it said)."""
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            code = COMMANDS[opts.command](opts, self.sampler.target, Streams(io.StringIO(), out, err))
+        except (CliError, redis.exceptions.RedisError, OSError) as exc:
+            message, code = failure(exc, self.sampler.target)
+            return code, message
+        return code, (out.getvalue() + err.getvalue()).strip()
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
+    """Run the dashboard until SIGINT or SIGTERM; 0 then. A wrong URL or a busy port fails at once, in one line."""
+    return asyncio.run(_serve(opts, target, io))
+
+
+async def _serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
+    sampler = Sampler(target, opts.interval, opts.history, control=opts.allow_control)
+    first = await asyncio.to_thread(sampler.read)  # Redis unreachable or refusing: the one-line error, exit 1
+    sampler.publish(sampler.frame(*first, now=round(time.time(), 3)))
+    token = secrets.token_urlsafe(24) if opts.allow_control else None
+    dashboard = Dashboard(sampler, token, io)
+    runner = web.AppRunner(dashboard.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, opts.host, opts.port)
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        sampler.close()
+        reason = exc.strerror or str(exc)
+        raise CliError(f"cannot listen on {_address(opts.host, opts.port)} (--host/--port): {reason}") from None
+    port = runner.addresses[0][1] if runner.addresses else opts.port
+    url = f"http://{_address(opts.host, port)}/"
+    io.say(f"dashboard: {url}  (Redis {target.safe_url}, prefix {target.prefix!r}, read every {opts.interval:g}s)")
+    io.say(f"metrics: {url}metrics")
+    if token:
+        io.say(f"control: on; token {token}")
+        io.say(f"  open {url}#token={token}")
+    else:
+        io.say("control: off (read-only; --allow-control lets the page steer)")
+    if opts.host not in ("127.0.0.1", "localhost", "::1"):
+        io.say(f"note: listening on {opts.host}: whoever reaches this port sees the page")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    sampling = asyncio.create_task(sampler.run())
+    try:
+        await stop.wait()
+    finally:
+        sampling.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampling
+        sampler.close()
+        await runner.cleanup()
+    io.say("dashboard: stopped")
+    return EXIT_OK
+
+
+__all__ = ["Dashboard", "RedisCollector", "Sampler", "serve"]

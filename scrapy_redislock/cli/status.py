@@ -1,0 +1,47 @@
+"""Everything an operator sees of Redis in one read: every stage lock and every worker-mixin spider.
+
+``status``, the dashboard and ``/metrics`` all call :func:`read_all` (one SCAN of the prefix, then one MULTI/EXEC
+per lock and per spider, each a consistent snapshot).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+import redis
+
+from scrapy_redislock.lock.status import StageStatus, stage_status, tagged_keys
+from scrapy_redislock.workers.status import DeadLetters, SpiderStatus, spider_status, spiders_in, worker_ttl
+
+
+def read_all(client: redis.Redis, prefix: str, default_ttl: float) -> tuple[list[StageStatus], list[SpiderStatus]]:
+    """Every stage lock and every StageWorkerMixin spider under the prefix, found with one SCAN.
+
+    ``default_ttl`` makes a worker dead when no worker slot lock says its ttl (see :func:`worker_ttl`).
+    """
+    tagged = tagged_keys(client, prefix, "*")
+    found = (stage_status(client, prefix, tag) for tag, rests in sorted(tagged.items()) if ":meta" in rests)
+    stages = [status for status in found if status is not None]
+    ttl = worker_ttl(stages, default_ttl)
+    spiders = [spider_status(client, prefix, name, ttl, keys) for name, keys in sorted(spiders_in(tagged).items())]
+    return stages, spiders
+
+
+def snapshot(
+    stages: list[StageStatus],
+    prefix: str,
+    url: str,
+    spiders: list[SpiderStatus] | None = None,
+    dead: list[DeadLetters] | None = None,
+) -> dict[str, Any]:
+    """Everything ``status --json`` prints (``url`` must already be masked)."""
+    return {
+        "url": url,
+        "prefix": prefix,
+        "time": round(time.time(), 3),
+        "stages": [s.to_json() for s in stages],
+        "spiders": [s.to_json() for s in spiders or []],
+        "dead_letters": [asdict(d) for d in dead or []],
+    }

@@ -1,0 +1,41 @@
+"""Default values of every REDISLOCK_* setting, in one place.
+
+Scrapy glue reads them through :func:`scrapy_redislock.crawl.settings.read_settings`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Off switch: False turns every scrapy_redislock component off (NotConfigured).
+REDISLOCK_ENABLED = True
+# Redis URL; when unset: scrapy-redis's REDIS_URL / REDIS_HOST + REDIS_PORT, then redis://localhost:6379/0.
+REDISLOCK_URL: str | None = None
+# Extra keyword arguments for the redis client (when unset: scrapy-redis's REDIS_PARAMS).
+REDISLOCK_PARAMS: dict[str, Any] | None = None
+# Max requests in flight per stage, cluster-wide; None = unlimited.
+REDISLOCK_STAGES: dict[str, int | None] = {}
+# Max workers per stage, cluster-wide (StageWorkerMixin); None = unlimited.
+REDISLOCK_WORKER_STAGES: dict[str, int | None] = {}
+# Lease seconds; renewed every third of it while held.
+REDISLOCK_TTL = 30.0
+# Prefix of every Redis key of the locks and the worker queues.
+REDISLOCK_KEY_PREFIX = "redislock"
+# Stage of requests that name none (None: such requests are not throttled).
+REDISLOCK_DEFAULT_STAGE: str | None = None
+# Callback name -> stage, for requests that do not set meta["redislock_stage"].
+REDISLOCK_CALLBACK_STAGES: dict[str, str] = {}
+# Seconds a request may wait for a slot before it fails with AcquireTimeout; None = forever.
+REDISLOCK_WAIT_TIMEOUT: float | None = None
+# Order in which a worker takes stages that have work and a free slot (StageWorkerMixin).
+REDISLOCK_STAGE_PREFERENCE: list[str] = []
+# The scheduler that StageScheduler wraps.
+REDISLOCK_SCHEDULER_INNER = "scrapy.core.scheduler.Scheduler"
+# Capped requests StageScheduler may park in memory while they wait for a slot.
+REDISLOCK_PARK_LIMIT = 10000
+# Concurrent waits in Redis per stage and process (StageScheduler).
+REDISLOCK_WAITERS_PER_STAGE = 2
+# A worker (StageWorkerMixin) closes after this many seconds with no work anywhere; None = idle forever.
+REDISLOCK_IDLE_CLOSE: float | None = None
+
+SETTINGS = {name: value for name, value in dict(globals()).items() if name.startswith("REDISLOCK_")}

@@ -1,0 +1,324 @@
+"""Read and check every REDISLOCK_* setting, in one place.
+
+Settings read: REDISLOCK_ENABLED, REDISLOCK_URL, REDISLOCK_PARAMS, REDISLOCK_STAGES, REDISLOCK_WORKER_STAGES,
+REDISLOCK_TTL, REDISLOCK_KEY_PREFIX, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT,
+REDISLOCK_STAGE_PREFERENCE, REDISLOCK_SCHEDULER_INNER, REDISLOCK_PARK_LIMIT, REDISLOCK_WAITERS_PER_STAGE,
+REDISLOCK_IDLE_CLOSE; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_DB, REDIS_PARAMS as fallbacks
+for the connection. Defaults live in :mod:`scrapy_redislock.crawl.defaults`. For the worker scheduler
+(:func:`read_worker_settings`) also scrapy-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START,
+MAX_IDLE_TIME_BEFORE_CLOSE (fallback of REDISLOCK_IDLE_CLOSE), REDIS_START_URLS_AS_SET, REDIS_START_URLS_AS_ZSET,
+SCHEDULER_SERIALIZER (the request format of the queues: :mod:`scrapy_redislock.crawl.requestformat` when unset).
+
+Bad values raise :class:`~scrapy_redislock.errors.ConfigError` naming the setting and the value, so a crawl with a
+broken configuration stops at start-up instead of running unthrottled (Scrapy would swallow NotConfigured from a
+middleware and go on without it). So does a setting whose name starts with REDISLOCK (or REDIS_LOCK) but is not one
+of ours: a misspelled REDISLOCK_STAGE would otherwise leave every stage uncapped; the error names the closest
+known setting.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+import redis.asyncio
+from redis.connection import parse_url
+from scrapy.settings import BaseSettings
+
+from scrapy_redislock._redis import check_name
+from scrapy_redislock.crawl import defaults
+from scrapy_redislock.crawl.requestformat import serializer_of
+from scrapy_redislock.errors import ConfigError
+
+# Client keyword arguments that make sense for our connections (scrapy-redis's REDIS_PARAMS may hold more).
+CLIENT_PARAMS = {
+    "socket_timeout",
+    "socket_connect_timeout",
+    "socket_keepalive",
+    "retry_on_timeout",
+    "health_check_interval",
+    "password",
+    "username",
+    "ssl_cert_reqs",
+    "ssl_ca_certs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "client_name",
+    "max_connections",
+    "protocol",
+}
+# Blocking waits must outlast the socket timeout; scrapy-redis's 30 s default would cut them into pieces.
+DEFAULT_CLIENT_PARAMS = {"socket_connect_timeout": 10, "health_check_interval": 30}
+
+
+@dataclass(frozen=True)
+class RedisLockSettings:
+    """The checked REDISLOCK_* settings of one crawler."""
+
+    enabled: bool = True
+    url: str = "redis://localhost:6379/0"
+    url_setting: str = "REDISLOCK_URL"  # where the URL came from, for messages (or "the default")
+    params: Mapping[str, Any] = field(default_factory=dict)
+    stages: Mapping[str, int | None] = field(default_factory=dict)
+    worker_stages: Mapping[str, int | None] = field(default_factory=dict)
+    ttl: float = 30.0
+    key_prefix: str = "redislock"
+    default_stage: str | None = None
+    callback_stages: Mapping[str, str] = field(default_factory=dict)
+    wait_timeout: float | None = None
+    stage_preference: tuple[str, ...] = ()
+    scheduler_inner: str = "scrapy.core.scheduler.Scheduler"
+    park_limit: int = 10000
+    waiters_per_stage: int = 2
+    idle_close: float | None = None
+
+    def async_client(self) -> redis.asyncio.Redis:
+        """A redis.asyncio client for the reactor thread (asyncio reactor)."""
+        return redis.asyncio.Redis.from_url(self.url, **self.params)
+
+    @property
+    def safe_url(self) -> str:
+        return mask_url(self.url)
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ***, for logs and status output."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def _loaded(settings: BaseSettings, name: str) -> Any:
+    """A setting's value; dict/list settings given as JSON strings (e.g. with -s) are decoded."""
+    value = settings.get(name, getattr(defaults, name))
+    if isinstance(value, str) and name in {
+        "REDISLOCK_STAGES",
+        "REDISLOCK_WORKER_STAGES",
+        "REDISLOCK_CALLBACK_STAGES",
+        "REDISLOCK_PARAMS",
+        "REDISLOCK_STAGE_PREFERENCE",
+    }:
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ConfigError(f"{name} must be a dict (or JSON of one), got {value!r}") from None
+    if isinstance(value, BaseSettings):
+        value = value.copy_to_dict()
+    return value
+
+
+def check_stage_limits(value: Any, setting: str) -> dict[str, int | None]:
+    """{stage: limit or None}; ConfigError naming the setting, the stage and the bad value."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{setting} must be a dict of stage -> limit, got {value!r}")
+    checked: dict[str, int | None] = {}
+    for stage, limit in value.items():
+        if not isinstance(stage, str) or not stage or "{" in stage or "}" in stage:
+            raise ConfigError(f"{setting}: stage names must be non-empty strings without braces, got {stage!r}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise ConfigError(f"{setting}[{stage!r}] must be an integer >= 0 or None (unlimited), got {limit!r}")
+        checked[stage] = limit
+    return checked
+
+
+def check_url(url: Any, setting: str) -> str:
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"{setting} must be a redis URL such as redis://host:6379/0, got {url!r}")
+    try:
+        parse_url(url)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{setting} is not a valid redis URL ({exc}): {mask_url(url)!r}") from None
+    return url
+
+
+def _connection(settings: BaseSettings) -> tuple[str, str, dict[str, Any]]:
+    """URL, the setting it came from, and client params: REDISLOCK_* first, then scrapy-redis's REDIS_* settings."""
+    if settings.get("REDISLOCK_URL"):
+        source = "REDISLOCK_URL"
+        url = check_url(settings.get("REDISLOCK_URL"), source)
+    elif settings.get("REDIS_URL"):
+        source = "REDIS_URL"
+        url = check_url(settings.get("REDIS_URL"), source)
+    elif settings.get("REDIS_HOST") or settings.get("REDIS_PORT"):
+        source = "REDIS_HOST/REDIS_PORT"
+        host = settings.get("REDIS_HOST") or "localhost"
+        port = settings.get("REDIS_PORT") or 6379
+        db = settings.get("REDIS_DB") or 0
+        url = check_url(f"redis://{host}:{port}/{db}", source)
+    else:
+        source = "the default URL"
+        url = "redis://localhost:6379/0"
+    own = _loaded(settings, "REDISLOCK_PARAMS")
+    params = own if own is not None else settings.getdict("REDIS_PARAMS")
+    if not isinstance(params, Mapping):
+        raise ConfigError(f"REDISLOCK_PARAMS must be a dict of redis client arguments, got {params!r}")
+    merged = dict(DEFAULT_CLIENT_PARAMS)
+    merged.update({k: v for k, v in params.items() if k in CLIENT_PARAMS})
+    return url, source, merged
+
+
+def check_names(settings: BaseSettings) -> None:
+    """ConfigError for a setting that looks like ours (REDISLOCK..., REDIS_LOCK...) but is not, naming the closest."""
+    for name in settings:
+        if not isinstance(name, str):
+            continue
+        folded = name.upper().replace("REDIS_LOCK", "REDISLOCK", 1)
+        if not folded.startswith("REDISLOCK") or name in defaults.SETTINGS:
+            continue
+        closest = difflib.get_close_matches(folded, defaults.SETTINGS, n=1, cutoff=0.0)
+        raise ConfigError(
+            f"{name} is not a scrapy_redislock setting (did you mean {closest[0]}?); "
+            f"known: {', '.join(sorted(defaults.SETTINGS))}"
+        )
+
+
+def read_settings(settings: BaseSettings) -> RedisLockSettings:
+    """All REDISLOCK_* settings, checked; ConfigError with a message naming the bad one."""
+    check_names(settings)
+    try:
+        enabled = settings.getbool("REDISLOCK_ENABLED", defaults.REDISLOCK_ENABLED)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"REDISLOCK_ENABLED must be True or False, got {settings.get('REDISLOCK_ENABLED')!r}"
+        ) from None
+    url, url_setting, params = _connection(settings)
+    stages = check_stage_limits(_loaded(settings, "REDISLOCK_STAGES"), "REDISLOCK_STAGES")
+    worker_stages = check_stage_limits(_loaded(settings, "REDISLOCK_WORKER_STAGES"), "REDISLOCK_WORKER_STAGES")
+
+    raw_ttl = settings.get("REDISLOCK_TTL", defaults.REDISLOCK_TTL)
+    try:
+        ttl = float(raw_ttl)
+    except (TypeError, ValueError):
+        ttl = math.nan
+    if not math.isfinite(ttl) or ttl < 0.001 or isinstance(raw_ttl, bool):
+        raise ConfigError(f"REDISLOCK_TTL must be a number of seconds > 0, got {raw_ttl!r}")
+
+    prefix = settings.get("REDISLOCK_KEY_PREFIX", defaults.REDISLOCK_KEY_PREFIX)
+    try:
+        check_name(prefix, "REDISLOCK_KEY_PREFIX")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+    known = set(stages) | set(worker_stages)
+    default_stage = settings.get("REDISLOCK_DEFAULT_STAGE", defaults.REDISLOCK_DEFAULT_STAGE)
+    if default_stage is not None and (not isinstance(default_stage, str) or default_stage not in known):
+        raise ConfigError(
+            f"REDISLOCK_DEFAULT_STAGE {default_stage!r} is not a configured stage; known: {sorted(known)}"
+        )
+
+    callback_stages = _loaded(settings, "REDISLOCK_CALLBACK_STAGES")
+    if not isinstance(callback_stages, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in callback_stages.items()
+    ):
+        raise ConfigError(
+            f"REDISLOCK_CALLBACK_STAGES must be a dict of callback name -> stage, got {callback_stages!r}"
+        )
+    unknown = sorted(set(callback_stages.values()) - known)
+    if unknown:
+        raise ConfigError(f"REDISLOCK_CALLBACK_STAGES names unknown stages {unknown}; known: {sorted(known)}")
+
+    raw_timeout = settings.get("REDISLOCK_WAIT_TIMEOUT", defaults.REDISLOCK_WAIT_TIMEOUT)
+    wait_timeout: float | None = None
+    if raw_timeout is not None:
+        try:
+            wait_timeout = float(raw_timeout)
+        except (TypeError, ValueError):
+            wait_timeout = math.nan
+        if isinstance(raw_timeout, bool) or not wait_timeout > 0:
+            raise ConfigError(f"REDISLOCK_WAIT_TIMEOUT must be None or a number of seconds > 0, got {raw_timeout!r}")
+
+    preference = _loaded(settings, "REDISLOCK_STAGE_PREFERENCE")
+    if not isinstance(preference, list | tuple) or not all(isinstance(s, str) for s in preference):
+        raise ConfigError(f"REDISLOCK_STAGE_PREFERENCE must be a list of stage names, got {preference!r}")
+    stray = sorted(set(preference) - known)
+    if stray:
+        raise ConfigError(f"REDISLOCK_STAGE_PREFERENCE names unknown stages {stray}; known: {sorted(known)}")
+
+    inner = settings.get("REDISLOCK_SCHEDULER_INNER") or defaults.REDISLOCK_SCHEDULER_INNER
+    if not isinstance(inner, str | type):
+        raise ConfigError(f"REDISLOCK_SCHEDULER_INNER must be a class or its import path, got {inner!r}")
+    park_limit = _positive_int(settings, "REDISLOCK_PARK_LIMIT")
+    waiters = _positive_int(settings, "REDISLOCK_WAITERS_PER_STAGE")
+    raw_idle = settings.get("REDISLOCK_IDLE_CLOSE", defaults.REDISLOCK_IDLE_CLOSE)
+    idle_close: float | None = None
+    if raw_idle not in (None, "", "None"):
+        try:
+            idle_close = float(raw_idle)
+        except (TypeError, ValueError):
+            idle_close = math.nan
+        if isinstance(raw_idle, bool) or not idle_close >= 0 or math.isinf(idle_close):
+            raise ConfigError(f"REDISLOCK_IDLE_CLOSE must be None or a number of seconds >= 0, got {raw_idle!r}")
+
+    return RedisLockSettings(
+        enabled=enabled,
+        url=url,
+        url_setting=url_setting,
+        params=params,
+        stages=stages,
+        worker_stages=worker_stages,
+        ttl=ttl,
+        key_prefix=prefix,
+        default_stage=default_stage,
+        callback_stages=dict(callback_stages),
+        wait_timeout=wait_timeout,
+        stage_preference=tuple(preference),
+        scheduler_inner=inner if isinstance(inner, str) else f"{inner.__module__}.{inner.__qualname__}",
+        park_limit=park_limit,
+        waiters_per_stage=waiters,
+        idle_close=idle_close,
+    )
+
+
+def _positive_int(settings: BaseSettings, name: str) -> int:
+    raw = settings.get(name, getattr(defaults, name))
+    try:
+        value = int(raw)
+    except (TypeError, ValueError, OverflowError):
+        value = 0
+    if isinstance(raw, bool) or (isinstance(raw, float) and raw != value) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """scrapy-redis settings the worker scheduler honours, with scrapy-redis's defaults."""
+
+    idle_close: float | None = None
+    persist: bool = False
+    flush_on_start: bool = False
+    start_urls_as: str = "list"  # "list", "set" or "zset", as RedisSpider reads its start URLs
+    serializer: Any = None  # a module with loads and dumps (SCHEDULER_SERIALIZER); None: the safe JSON format
+
+
+def read_worker_settings(settings: BaseSettings, checked: RedisLockSettings) -> WorkerSettings:
+    """REDISLOCK_IDLE_CLOSE (else scrapy-redis's MAX_IDLE_TIME_BEFORE_CLOSE, 0 = never) and the scrapy-redis
+    settings that decide what a worker does with the shared queues and the start URLs."""
+    idle_close = checked.idle_close
+    if settings.get("REDISLOCK_IDLE_CLOSE") in (None, "", "None"):
+        raw = settings.get("MAX_IDLE_TIME_BEFORE_CLOSE", 0)
+        try:
+            seconds = float(raw or 0)
+        except (TypeError, ValueError):
+            raise ConfigError(f"MAX_IDLE_TIME_BEFORE_CLOSE must be a number of seconds, got {raw!r}") from None
+        idle_close = seconds if seconds > 0 else None
+    as_set = settings.getbool("REDIS_START_URLS_AS_SET", False)
+    as_zset = settings.getbool("REDIS_START_URLS_AS_ZSET", False)
+    return WorkerSettings(
+        idle_close=idle_close,
+        persist=settings.getbool("SCHEDULER_PERSIST", False),
+        flush_on_start=settings.getbool("SCHEDULER_FLUSH_ON_START", False),
+        start_urls_as="set" if as_set else "zset" if as_zset else "list",
+        serializer=serializer_of(settings.get("SCHEDULER_SERIALIZER")),
+    )

@@ -1,0 +1,576 @@
+"""One crawler's stage locks: an AsyncCountingLock per capped stage, the process's single renewal loop, and
+release of everything on close.
+
+Shared by :class:`~scrapy_redislock.StageLockMiddleware`, :class:`~scrapy_redislock.StageScheduler` and the
+worker scheduler. API (all on the reactor thread, asyncio reactor)::
+
+    locks = StageLocks.of(crawler, settings)          # the crawler's registry for request stages (created once)
+    locks = StageLocks(crawler, settings, limits, lock_prefix="workers:", stats_prefix="redislock/workers")
+    await locks.start_once()       # PING, write the limits (newest process wins, a change is logged), join the
+                                   # renewal loop, say why a stage has no free slot; False if Redis is unreachable
+                                   # or refuses the credentials (logged once, saying which: the spider_opened
+                                   # signal then closes the spider, and the crawl exits with status 1)
+                                   # ("redislock_redis_refused" when its ACL refuses this user a command)
+    locks.is_capped(stage)         # True / False (None = unlimited); UnknownStage naming the known stages
+    permit = await locks.acquire(stage, timeout)   # FIFO across processes; Redis errors are retried with back-off
+    locks.record_grant(stage, waited)              # stats: acquired, wait_time_total, wait_time_max
+    await locks.release(permit)    # never raises; a release Redis did not take is retried at every renewal tick
+    locks.release_soon(permit)     # the same from plain code, in a tracked task
+    locks.add_waiting_source(fn)   # fn(stage) -> requests waiting for that stage (shown by the status CLI)
+    locks.add_tick_hook(coro_fn)   # awaited at every renewal tick (leak sweeps)
+    await locks.stalled(stage, window)             # at close: why to give up waiting for the stage, or ""
+    await locks.close()            # cancel waits, then free every permit and waiter: one aclose() per stage
+
+Renewal: every StageLocks of the process joins one loop (:class:`Renewer`, one per event loop), which every
+``ttl/3`` (at most 1 s) runs each member's tick at once: tick hooks, retried releases, then ``maintain()`` of every
+stage lock concurrently (each renews all of this process's permits of that stage and reaps expired leases of dead
+processes), after ``lock.annotate(waiting=..., spider=...)``. A lost lease is logged as a warning and counted as
+``<stats_prefix>/<stage>/lost``. Redis errors are logged as warnings with back-off; nothing is given up.
+
+Why a crawl waits: at start, and whenever a stage's waits have had no grant for 5 s (then 10, 20, ... at most
+every 5 min), the stage's lock is read (:func:`~scrapy_redislock.status.astage_status`, read-only, one MULTI/EXEC)
+and :func:`~scrapy_redislock.status.why_waiting` logged: held by whom and lease left, paused (limit 0), or a
+recovery window after a data loss, and until when.
+
+Unclean shutdown (a second Ctrl-C): a reactor "before shutdown" trigger (or, without a Twisted reactor, the renewal
+task being cancelled) frees this process's slots, one aclose() per stage at once, before the process exits.
+
+Reads no settings itself: it is given a checked :class:`~scrapy_redislock.crawl.settings.RedisLockSettings`.
+Every touch of Scrapy's engine internals is in :mod:`scrapy_redislock.crawl.engine`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import redis.exceptions
+from scrapy import signals
+from scrapy.exceptions import CloseSpider
+from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.reactor import is_reactor_installed
+
+from scrapy_redislock._loop import every
+from scrapy_redislock._redis import Backoff, text
+from scrapy_redislock.errors import AcquireTimeout, LockConnectionError, UnknownStage
+from scrapy_redislock.lock.aio import AsyncCountingLock
+from scrapy_redislock.lock.core import LockKeys, Permit, release_consumer
+from scrapy_redislock.lock.front import CommandRunner
+from scrapy_redislock.lock.protocol import adrive
+from scrapy_redislock.lock.status import StageStatus, astage_status, why_waiting
+
+if TYPE_CHECKING:
+    import redis.asyncio
+    from scrapy.crawler import Crawler
+
+    from scrapy_redislock.crawl.settings import RedisLockSettings
+
+logger = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT = 5.0  # a close never waits longer than this for Redis (a paused server must not hang the crawl)
+LATE_GRANT_PAUSE = 0.02  # seconds for Redis to see cancelled waits' connections close before the last sweep
+REDIS_ERRORS = (redis.exceptions.RedisError, LockConnectionError, OSError)
+REPORT_FIRST = 5.0  # seconds without a grant while requests wait before the log says why; doubled up to REPORT_MAX
+REPORT_MAX = 300.0
+UNCLEAN_CLOSE_TIMEOUT = 3.0  # a forced shutdown waits at most this long for Redis to take the slots back
+
+
+# -- the renewal loop: one per process (per event loop) ----------------------------------------------------------
+
+
+class Renewer:
+    """The process's one renewal loop: runs the tick of every StageLocks that joined, all at once."""
+
+    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Renewer] = weakref.WeakKeyDictionary()
+
+    def __init__(self) -> None:
+        self.members: set[StageLocks] = set()
+        self.task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def current(cls) -> Renewer:
+        loop = asyncio.get_running_loop()
+        renewer = cls._by_loop.get(loop)
+        if renewer is None:
+            renewer = cls._by_loop[loop] = cls()
+        return renewer
+
+    def join(self, member: StageLocks) -> None:
+        self.members.add(member)
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._run(), name="redislock-renewer")
+
+    def leave(self, member: StageLocks) -> None:
+        self.members.discard(member)
+        if not self.members and self.task is not None:
+            self.task.cancel()
+            self.task = None
+
+    def _interval(self) -> float:
+        return min((m.renew_interval for m in self.members), default=1.0)
+
+    async def _tick(self) -> bool:
+        if not self.members:
+            return False
+        await asyncio.gather(*(m.tick() for m in list(self.members)), return_exceptions=True)
+        return bool(self.members)
+
+    async def _run(self) -> None:
+        try:
+            await every(self._interval, self._tick, what="renewing stage locks")
+        except asyncio.CancelledError:
+            # Cancelled with members still open: the loop is being torn down (a forced shutdown without a Twisted
+            # reactor cancels every task). Free their slots now; the TTL would keep them for others otherwise.
+            self.task = None  # their close() must not cancel this task again
+            await asyncio.gather(*(m.close_unclean() for m in list(self.members)), return_exceptions=True)
+            raise
+
+
+# -- one crawler's stage locks -------------------------------------------------------------------------------------
+
+
+class StageLocks:
+    """The capped stages of one crawler, their permits and waits; see the module docstring for the API."""
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        settings: RedisLockSettings,
+        limits: Mapping[str, int | None],
+        *,
+        lock_prefix: str = "",
+        stats_prefix: str = "redislock",
+    ) -> None:
+        self.crawler = crawler
+        self.settings = settings
+        self.limits = dict(limits)
+        self.lock_prefix = lock_prefix
+        self.stats_prefix = stats_prefix
+        self.client: redis.asyncio.Redis = settings.async_client()
+        self.spider_name = getattr(crawler.spidercls, "name", None)
+        self.locks: dict[str, AsyncCountingLock] = {
+            stage: AsyncCountingLock(
+                self.client,
+                f"{lock_prefix}{stage}",
+                limit=limit,
+                ttl=settings.ttl,
+                key_prefix=settings.key_prefix,
+                identity={"spider": self.spider_name, "waiting": 0, "limit": limit},
+                maintain_loop=False,  # the process's one Renewer maintains every lock
+            )
+            for stage, limit in self.limits.items()
+            if limit is not None
+        }
+        self._stage_by_lock = {lock.name: stage for stage, lock in self.locks.items()}
+        self._waiting_sources: list[Callable[[str], int]] = []
+        self._tick_hooks: list[Callable[[], Awaitable[None]]] = []
+        self._waits: set[asyncio.Task[Any]] = set()  # acquire() calls in progress, cancelled on close
+        self._releasing: set[asyncio.Task[None]] = set()
+        self._unreleased: list[Permit] = []  # releases Redis did not take (outage); retried every tick
+        self._starting: asyncio.Future[None] | None = None
+        self._renewer: Renewer | None = None
+        self._retry_at = 0.0
+        self._backoff = Backoff()  # after a failed tick
+        self._wait_started: dict[asyncio.Task[Any] | None, tuple[str, float]] = {}  # acquire() call -> stage, since
+        self.last_grant: dict[str, float] = {}  # stage -> when this process last got a slot (monotonic)
+        self._report_after: dict[str, float] = {}  # stage -> seconds without a grant at which to say why next
+        self._progress: dict[str, tuple[Any, float]] = {}  # at close: stage -> (grants seen, since when)
+        self._shutdown_trigger: Any = None
+        self.failure: CloseSpider | None = None
+        self.started = False
+        self.closed = False
+        crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
+
+    @classmethod
+    def of(cls, crawler: Crawler, settings: RedisLockSettings, *, attr: str = "_redislock_stage_locks") -> StageLocks:
+        """The crawler's shared instance for the request stages (REDISLOCK_STAGES), created on first use."""
+        existing = getattr(crawler, attr, None)
+        if existing is None:
+            existing = cls(crawler, settings, settings.stages)
+            setattr(crawler, attr, existing)
+        return existing
+
+    @property
+    def stats(self) -> Any:
+        return self.crawler.stats
+
+    @property
+    def renew_interval(self) -> float:
+        return min((lock.renew_interval for lock in self.locks.values()), default=1.0)
+
+    def is_capped(self, stage: str) -> bool:
+        """True for a capped stage, False for an unlimited one; UnknownStage for a stage not configured."""
+        if stage in self.locks:
+            return True
+        if stage in self.limits:
+            return False
+        raise UnknownStage(f"stage {stage!r} is not configured; known stages: {sorted(self.limits)}")
+
+    def add_waiting_source(self, source: Callable[[str], int]) -> None:
+        """Register ``source(stage) -> int``: requests waiting for a slot of that stage, summed for the status CLI."""
+        self._waiting_sources.append(source)
+
+    def add_tick_hook(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Register a coroutine function awaited at every renewal tick, before the renewals."""
+        self._tick_hooks.append(hook)
+
+    # -- start ---------------------------------------------------------------------------------------------------
+
+    async def start_once(self) -> bool:
+        """start(), once, however many components ask; False when Redis cannot be reached or refuses us.
+
+        The failure is logged once, saying which of the two it was. The spider_opened signal then closes the
+        spider (a scheduler must not raise CloseSpider from open(): Scrapy would skip opening its scraper and log a
+        traceback at close), and the crawl exits with status 1.
+        """
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self.start())
+        try:
+            await asyncio.shield(self._starting)
+        except REDIS_ERRORS as exc:
+            self._start_failed(exc)
+        return self.failure is None
+
+    def _start_failed(self, exc: BaseException) -> None:
+        if self.failure is not None:
+            return
+        source = self.settings.url_setting
+        if isinstance(exc, redis.exceptions.NoPermissionError):
+            logger.error(
+                "Redis at %s (%s) refused a command to this user (ACL): %s; the crawl needs the crawler role "
+                "(python -m scrapy_redislock.cli.acl crawler); closing the spider rather than crawl unthrottled",
+                self.settings.safe_url,
+                source,
+                exc,
+            )
+            self.failure = CloseSpider("redislock_redis_refused")
+        elif isinstance(exc, redis.exceptions.AuthenticationError):
+            logger.error(
+                "Redis at %s (%s) refused the credentials: %s Check the password or ACL user in the URL or in "
+                "REDISLOCK_PARAMS; closing the spider rather than crawl unthrottled",
+                self.settings.safe_url,
+                source,
+                exc,
+            )
+            self.failure = CloseSpider("redislock_redis_auth_failed")
+        else:
+            logger.error(
+                "Cannot reach Redis at %s (%s): %s; closing the spider rather than crawl unthrottled",
+                self.settings.safe_url,
+                source,
+                exc,
+            )
+            self.failure = CloseSpider("redislock_redis_unavailable")
+        # Connected now, so that it runs after every other spider_closed handler: the crawl did not really start,
+        # and Scrapy's commands exit with status 1 only for a crawler without a spider ("bootstrap failed").
+        self.crawler.signals.connect(self._mark_failed, signal=signals.spider_closed)
+
+    async def _spider_opened(self, spider: Any) -> None:
+        if not await self.start_once():
+            assert self.failure is not None
+            raise self.failure
+
+    def _mark_failed(self, spider: Any) -> None:
+        self.crawler.spider = None
+
+    async def start(self) -> None:
+        """PING, publish this process's limits, join the renewal loop; redis errors when Redis is unreachable."""
+        await self.client.ping()
+        for stage, lock in self.locks.items():
+            limit = self.limits[stage]
+            assert limit is not None
+            previous = await lock.set_limit(limit)
+            if previous is not None and previous != limit:
+                logger.warning(
+                    "Limit of stage %r changed from %s to %s in Redis (the newest process's settings win)",
+                    stage,
+                    previous,
+                    limit,
+                )
+        for stage in sorted(set(self.limits) - set(self.locks)):
+            # Unlimited here; say so when other processes cap it, since their cap does not hold for this one.
+            meta = LockKeys.of(self.settings.key_prefix, f"{self.lock_prefix}{stage}").meta
+            other = await self.client.hget(meta, "limit")
+            if other is not None:
+                logger.warning(
+                    "Stage %r is unlimited in this process but capped at %s in Redis by other processes",
+                    stage,
+                    text(other),
+                )
+        if self.locks:
+            # One renewal now registers this process's identity, so that the reports below can name it.
+            await asyncio.gather(*(lock.maintain() for lock in self.locks.values()))
+            self._renewer = Renewer.current()
+            self._renewer.join(self)
+            self._hook_shutdown()
+        self.started = True
+        logger.info(
+            "Stage slots in Redis at %s (prefix %r, ttl %s s): %s",
+            self.settings.safe_url,
+            self.settings.key_prefix,
+            self.settings.ttl,
+            {stage: self.limits[stage] for stage in self.limits},
+        )
+        for stage in self.locks:
+            await self._say_why(stage, "at start")
+
+    # -- why requests wait -------------------------------------------------------------------------------------------
+
+    async def read_status(self, stage: str) -> StageStatus | None:
+        """The stage's lock as Redis holds it now (read-only); None when it is not there."""
+        return await astage_status(self.client, self.settings.key_prefix, f"{self.lock_prefix}{stage}")
+
+    async def _say_why(self, stage: str, when: str) -> None:
+        """Log why a request of ``stage`` waits (nothing when a slot is free); a Redis error is left to the waits."""
+        try:
+            status = await self.read_status(stage)
+        except REDIS_ERRORS:
+            return
+        if status is None:
+            return
+        why = why_waiting(status)
+        if why:
+            level = logging.INFO if why.startswith("all ") and "dead?" not in why else logging.WARNING
+            logger.log(level, "Stage %r has no free slot %s: %s", stage, when, why)
+
+    def _no_grant_for(self, stage: str, now: float) -> float | None:
+        """Seconds since this process's waits for ``stage`` last saw a grant; None when none waits."""
+        starts = [since for waited, since in self._wait_started.values() if waited == stage]
+        if not starts:
+            return None
+        return now - max(min(starts), self.last_grant.get(stage, 0.0))
+
+    async def _report_waits(self) -> None:
+        """Say why, for each stage whose waits have had no grant for REPORT_FIRST s, then with back-off."""
+        now = time.monotonic()
+        for stage in self.locks:
+            idle = self._no_grant_for(stage, now)
+            if idle is None or idle < REPORT_FIRST:
+                self._report_after.pop(stage, None)
+                continue
+            due = self._report_after.get(stage, REPORT_FIRST)
+            if idle >= due:
+                self._report_after[stage] = due * 2 if due * 2 <= REPORT_MAX else idle + REPORT_MAX
+                await self._say_why(stage, f"after {idle:.0f} s of waiting")
+
+    async def stalled(self, stage: str, window: float) -> str:
+        """At close: why to give up the waits for ``stage`` (paused, or no slot freed anywhere for ``window`` s),
+        else "". Progress is a grant to this process, or any change in the stage's grants in Redis."""
+        now = time.monotonic()
+        try:
+            status = await self.read_status(stage)
+        except REDIS_ERRORS:
+            status = None
+        if status is not None and status.limit == 0:
+            return why_waiting(status)
+        seen = None if status is None else sorted(grant.grant for grant in status.grants)
+        previous, since = self._progress.get(stage, (seen, now))
+        if seen != previous or stage not in self._progress:
+            since = now
+        since = max(since, self.last_grant.get(stage, 0.0))
+        self._progress[stage] = (seen, since)
+        if now - since > window:
+            return f"no slot of the stage was freed anywhere for {window:.0f} s"
+        return ""
+
+    # -- an unclean shutdown -----------------------------------------------------------------------------------------
+
+    def _hook_shutdown(self) -> None:
+        if is_reactor_installed():
+            from twisted.internet import reactor
+
+            self._shutdown_trigger = reactor.addSystemEventTrigger("before", "shutdown", self._reactor_stopping)
+
+    def _reactor_stopping(self) -> Any:
+        self._shutdown_trigger = None
+        if self.closed:
+            return None
+        return deferred_from_coro(self.close_unclean())
+
+    async def close_unclean(self) -> None:
+        """The process is going away without closing the spider (a second Ctrl-C): free its slots now."""
+        if self.closed:
+            return
+        logger.warning("Forced shutdown: freeing this process's stage slots in Redis before exiting")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.close(), UNCLEAN_CLOSE_TIMEOUT)
+
+    # -- acquire and release ---------------------------------------------------------------------------------------
+
+    async def acquire(self, stage: str, timeout: float | None) -> Permit:
+        """Wait for a slot of ``stage`` (first come, first served across processes).
+
+        AcquireTimeout after ``timeout`` seconds (None: forever), counted as ``<stage>/timeouts``. Redis errors are
+        logged and retried with back-off: the wait goes on and the cap is never exceeded. Cancelled on close.
+        """
+        lock = self.locks[stage]
+        task = asyncio.current_task()
+        if task is not None:
+            self._waits.add(task)
+        self._wait_started[task] = (stage, time.monotonic())
+        deadline = None if timeout is None else time.monotonic() + timeout
+        backoff = Backoff()
+        try:
+            while True:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    permit = await lock.acquire(timeout=left)
+                    self.last_grant[stage] = time.monotonic()
+                    return permit
+                except AcquireTimeout:
+                    self.stats.inc_value(f"{self.stats_prefix}/{stage}/timeouts")
+                    raise
+                except REDIS_ERRORS as exc:
+                    if self.closed:
+                        raise
+                    delay = backoff.next()
+                    if deadline is not None and time.monotonic() + delay > deadline:
+                        self.stats.inc_value(f"{self.stats_prefix}/{stage}/timeouts")
+                        raise AcquireTimeout(f"stage {stage!r}: no slot within {timeout} s ({exc})") from exc
+                    logger.warning("Waiting for stage %r: Redis error (%s); retrying in %.1f s", stage, exc, delay)
+                    self.stats.inc_value(f"{self.stats_prefix}/redis_errors")
+                    await asyncio.sleep(delay)
+        finally:
+            self._wait_started.pop(task, None)
+            if task is not None:
+                self._waits.discard(task)
+
+    def record_grant(self, stage: str, waited: float) -> None:
+        """Count one request that got a slot of ``stage`` after waiting ``waited`` seconds."""
+        self.stats.inc_value(f"{self.stats_prefix}/{stage}/acquired")
+        self.stats.inc_value(f"{self.stats_prefix}/{stage}/wait_time_total", waited)
+        self.stats.max_value(f"{self.stats_prefix}/{stage}/wait_time_max", waited)
+
+    async def release(self, permit: Permit) -> None:
+        """Give a slot back; a Redis error leaves it for the next tick to retry (it stays renewed until then)."""
+        lock = self.lock_of(permit)
+        if lock is None or permit.lost:
+            return
+        try:
+            await lock.release(permit)
+        except REDIS_ERRORS as exc:
+            if self.closed:
+                return  # close() frees every grant of this process in one call anyway
+            logger.warning("Could not release a slot of %r (%s); retrying at the next renewal", permit.name, exc)
+            self._unreleased.append(permit)
+
+    def release_soon(self, permit: Permit) -> None:
+        """release() in a task kept until done (so plain callbacks can release without awaiting)."""
+        task = asyncio.get_running_loop().create_task(self.release(permit))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    def lock_of(self, permit: Permit) -> AsyncCountingLock | None:
+        stage = self._stage_by_lock.get(permit.name)
+        return None if stage is None else self.locks[stage]
+
+    # -- renewal -----------------------------------------------------------------------------------------------------
+
+    def waiting(self, stage: str) -> int:
+        return sum(source(stage) for source in self._waiting_sources)
+
+    async def tick(self) -> None:
+        """One renewal round: hooks, retried releases, then every stage's maintain() at once. Never raises."""
+        if self.closed or time.monotonic() < self._retry_at:
+            return
+        for hook in list(self._tick_hooks):
+            try:
+                await hook()
+            except Exception:
+                logger.exception("redislock tick hook %r failed", hook)
+        try:
+            await self._retry_releases()
+            await self.renew_once()
+            await self._report_waits()
+        except REDIS_ERRORS as exc:
+            delay = self._backoff.next()
+            logger.warning("Renewing stage slots failed (%s); retrying in %.1f s", exc, delay)
+            self.stats.inc_value(f"{self.stats_prefix}/redis_errors")
+            self._retry_at = time.monotonic() + delay
+        else:
+            self._backoff.reset()
+
+    async def _retry_releases(self) -> None:
+        pending, self._unreleased = self._unreleased, []
+        for index, permit in enumerate(pending):
+            lock = self.lock_of(permit)
+            if lock is None or permit.lost:
+                continue
+            try:
+                await lock.release(permit)
+            except REDIS_ERRORS:
+                self._unreleased.extend(pending[index:])
+                raise
+
+    async def renew_once(self) -> None:
+        """Renew every permit of every stage (one maintain() per stage, concurrently); count lost leases."""
+
+        async def renew(stage: str, lock: AsyncCountingLock) -> None:
+            if not lock.busy and not self.waiting(stage):
+                return  # holds nothing, waits for nothing: costs Redis nothing
+            lock.annotate(waiting=self.waiting(stage), spider=self.spider_name)
+            lost = await lock.maintain()  # logs each lost lease as a warning
+            if lost:
+                self.stats.inc_value(f"{self.stats_prefix}/{stage}/lost", len(lost))
+
+        results = await asyncio.gather(*(renew(s, lock) for s, lock in self.locks.items()), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    # -- close -------------------------------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Cancel every wait, then free every permit and waiter of this process: one aclose() per stage."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._shutdown_trigger is not None:
+            from twisted.internet import reactor
+
+            with contextlib.suppress(ValueError, KeyError):
+                reactor.removeSystemEventTrigger(self._shutdown_trigger)
+            self._shutdown_trigger = None
+        if self._renewer is not None:
+            self._renewer.leave(self)
+        waits = [task for task in self._waits if task is not asyncio.current_task()]
+        for task in waits:
+            task.cancel()
+        pending = set(waits) | set(self._releasing)
+        if pending:
+            await asyncio.wait(pending, timeout=CLOSE_TIMEOUT)
+
+        async def free(stage: str, lock: AsyncCountingLock) -> None:
+            try:
+                await asyncio.wait_for(lock.aclose(), CLOSE_TIMEOUT)
+            except (TimeoutError, *REDIS_ERRORS) as exc:
+                logger.warning(
+                    "Could not free the slots of stage %r on close (%s); they come back after the TTL (%s s)",
+                    stage,
+                    exc or "timeout",
+                    lock.ttl,
+                )
+
+        if self.started:  # else nothing was ever acquired (Redis unreachable at start)
+            await asyncio.gather(*(free(s, lock) for s, lock in self.locks.items()))
+            with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
+                await asyncio.wait_for(self._free_late_grants(), CLOSE_TIMEOUT)
+        with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
+            await asyncio.wait_for(self.client.aclose(), CLOSE_TIMEOUT)
+
+    async def _free_late_grants(self) -> None:
+        """Free a grant Redis handed to a cancelled wait after aclose() (it may see the wait's connection close
+        only after serving it a slot freed by aclose() itself); without this it would wait for the TTL."""
+        if not self.locks:
+            return
+        await asyncio.sleep(LATE_GRANT_PAUSE)
+        runner = CommandRunner(self.client)
+        for lock in self.locks.values():
+            freed = await adrive(release_consumer(lock.keys, lock.owner), runner, lock.name)
+            if freed:
+                logger.debug("Freed %d late grant(s) of %r on close", freed, lock.name)

@@ -1,0 +1,100 @@
+"""Which stage a request belongs to: meta, callback decorator, callback mapping, default.
+
+Reads no settings itself; :class:`scrapy_redislock.crawl.settings.RedisLockSettings` is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
+
+from scrapy_redislock._redis import check_name
+
+if TYPE_CHECKING:
+    from scrapy import Request
+
+    from scrapy_redislock.crawl.settings import RedisLockSettings
+
+STAGE_META = "redislock_stage"
+DONT_META = "dont_redislock"
+STAGE_ATTRIBUTE = "__redislock_stage__"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def stage(name: str) -> Callable[[F], F]:
+    """Give every request whose callback is the decorated method this stage.
+
+    ``@stage("detail")`` on ``parse_detail`` saves writing ``meta={"redislock_stage": "detail"}``
+    on each request; meta still wins when both are set.
+    """
+    check_name(name, "stage")
+
+    def mark(callback: F) -> F:
+        setattr(callback, STAGE_ATTRIBUTE, name)
+        return callback
+
+    return mark
+
+
+def stage_of(request: Request, settings: RedisLockSettings, spider: Any = None) -> str | None:
+    """The request's stage, or None when it is not throttled.
+
+    robots.txt downloads are never throttled: RobotsTxtMiddleware holds capped requests until robots.txt
+    arrives, so a robots.txt waiting for their stage's slot would wait forever.
+    """
+    if request.meta.get(DONT_META) or _is_robots_txt(request):
+        return None
+    name = request.meta.get(STAGE_META)
+    if name is None:
+        callback = effective_callback(request, spider)
+        name = getattr(callback, STAGE_ATTRIBUTE, None)
+        if name is None and callback is not None:
+            name = settings.callback_stages.get(callback if isinstance(callback, str) else _name_of(callback))
+    if name is None:
+        name = settings.default_stage
+    return name
+
+
+def effective_callback(request: Request, spider: Any) -> Any:
+    """The spider method that will get the request's response, as Scrapy will call it.
+
+    - no callback: the spider's default, ``_parse``, which is ``parse`` for a Spider, ``parse_start_url`` for a
+      CrawlSpider, ``parse_node`` for an XMLFeedSpider, ``parse_row`` for a CSVFeedSpider;
+    - a CrawlSpider rule's request (callback ``_callback``, meta ``rule``): the rule's callback (None for a rule
+      that only follows links);
+    - a callback given as a method name (Rule and sitemap_rules take names; a deserialized request may keep one):
+      the spider's method of that name, or the name itself when the spider has none.
+    """
+    callback: Any = request.callback
+    if callback is None:
+        return _default_callback(spider)
+    if isinstance(callback, str):
+        return getattr(spider, callback, callback)
+    if _name_of(callback) == "_callback" and "rule" in request.meta:
+        rules = getattr(spider, "_rules", None)
+        try:
+            return rules[request.meta["rule"]].callback  # type: ignore[index]
+        except (TypeError, IndexError, KeyError, AttributeError):
+            return callback
+    return callback
+
+
+def _default_callback(spider: Any) -> Any:
+    if spider is None:
+        return "parse"
+    from scrapy.spiders import CrawlSpider, CSVFeedSpider, XMLFeedSpider  # Scrapy only when a crawl asks
+
+    for kind, method in ((CrawlSpider, "parse_start_url"), (XMLFeedSpider, "parse_node"), (CSVFeedSpider, "parse_row")):
+        if isinstance(spider, kind):
+            return getattr(spider, method, None)
+    return getattr(spider, "parse", None)
+
+
+def _name_of(callback: Any) -> str:
+    return str(getattr(callback, "__name__", ""))
+
+
+def _is_robots_txt(request: Request) -> bool:
+    return bool(request.meta.get("dont_obey_robotstxt")) and urlsplit(request.url).path == "/robots.txt"

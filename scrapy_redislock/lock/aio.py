@@ -1,0 +1,123 @@
+"""The asyncio counting lock: ``AsyncCountingLock`` over a ``redis.asyncio.Redis`` client.
+
+Same operations as :class:`scrapy_redislock.CountingLock`, as coroutines; the
+optional renewal runs as a task on the running loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from types import TracebackType
+from typing import Any
+
+import redis.asyncio
+
+from scrapy_redislock._loop import every
+from scrapy_redislock.lock.core import Permit
+from scrapy_redislock.lock.front import LockFront
+from scrapy_redislock.lock.protocol import Operation, adrive
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncCountingLock(LockFront):
+    """A fair, leased counting lock (semaphore) in Redis, for asyncio code."""
+
+    client_types = (redis.asyncio.Redis, redis.asyncio.RedisCluster)
+
+    def __init__(self, client: redis.asyncio.Redis | redis.asyncio.RedisCluster, *args: Any, **kwargs: Any) -> None:
+        super().__init__(client, *args, **kwargs)
+        self._context: dict[asyncio.Task[Any] | None, list[Permit]] = {}
+        self._renewer: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._closed = False
+
+    async def _run(self, op: Operation) -> Any:
+        return await adrive(op, self._command, self.name)
+
+    async def acquire(self, timeout: float | None = None) -> Permit:
+        """Wait for a slot (first come, first served); AcquireTimeout after ``timeout`` s."""
+        self._callers += 1
+        self._start_loop()  # a waiter reaps expired leases too, or it could wait for a dead holder forever
+        try:
+            return await self._run(self._core.acquire(timeout, holder=asyncio.current_task()))
+        finally:
+            self._callers -= 1
+            if self._core.abandoned and self._wake is not None:
+                self._wake.set()  # free what the cancelled wait may have been handed now, not in a lease
+
+    async def try_acquire(self) -> Permit | None:
+        """A slot if one is free now (expired leases are freed first), else None."""
+        permit = await self._run(self._core.acquire(None, blocking=False, holder=asyncio.current_task()))
+        if permit is not None and self.auto_renew:
+            self._start_loop()
+        return permit
+
+    async def release(self, permit: Permit) -> bool:
+        """Give a slot back: True if it was still held, False for a stale permit."""
+        return bool(await self._run(self._core.release(permit)))
+
+    async def renew(self, permit: Permit) -> None:
+        """Extend the permit's lease; raises LockLost if the lease is gone."""
+        await self._run(self._core.renew(permit))
+
+    async def maintain(self, permits: list[Permit] | None = None) -> list[Permit]:
+        """Renew held permits (default: all), free expired leases of others; returns the lost permits."""
+        lost: list[Permit] = await self._run(self._core.maintain(permits))
+        self._report_lost(lost)
+        return lost
+
+    async def set_limit(self, limit: int) -> int | None:
+        """Change the limit for every process at once; returns the previous limit."""
+        return await self._run(self._core.set_limit(limit))
+
+    async def get_limit(self) -> int | None:
+        """The limit in Redis now."""
+        return await self._run(self._core.get_limit())
+
+    async def aclose(self) -> int:
+        """Stop renewing and free every slot this object holds; returns how many."""
+        self._closed = True
+        if self._renewer is not None and self._renewer is not asyncio.current_task():
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        self._renewer = None
+        freed = int(await self._run(self._core.release_all()))
+        if self._waiting_client is not None:
+            await self._waiting_client.aclose()
+        return freed
+
+    async def __aenter__(self) -> Permit:
+        permit = await self.acquire()
+        self._context.setdefault(asyncio.current_task(), []).append(permit)
+        return permit
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        task = asyncio.current_task()
+        stack = self._context[task]
+        permit = stack.pop()
+        if not stack:
+            del self._context[task]
+        await self.release(permit)
+
+    def _start_loop(self) -> None:
+        if not self.maintain_loop or self._closed or (self._renewer is not None and not self._renewer.done()):
+            return
+        self._wake = asyncio.Event()
+        self._renewer = asyncio.get_running_loop().create_task(self._loop(), name=f"redislock-renew-{self.name}")
+
+    async def _loop(self) -> None:
+        """Maintain every ttl/3 (at once when woken) while needed; errors are logged and retried, never dropped."""
+        assert self._wake is not None
+        await every(lambda: self.renew_interval, self._tick, what=f"renewing lock {self.name!r}", wake=self._wake)
+
+    async def _tick(self) -> bool:
+        if self._loop_idle():
+            return self._idle_ticks < 2
+        await self.maintain(self._loop_permits())
+        return True

@@ -1,0 +1,180 @@
+"""What the blocking and asyncio locks share: the command runner, argument checks, the core, the loop's rules.
+
+:class:`LockFront` holds a :class:`~scrapy_redislock.lock.core.LockCore` and says when the maintenance loop must
+run; :mod:`~scrapy_redislock.lock.sync` and :mod:`~scrapy_redislock.lock.aio` only add how they wait and loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from scrapy_redislock.errors import InvalidArgument
+from scrapy_redislock.lock.core import GROUP, Clock, LockCore, Permit, lock_scripts
+from scrapy_redislock.lock.protocol import Call, Command, ReadGrant, WaitReplicas
+
+logger = logging.getLogger(__name__)
+
+LostCallback = Callable[[Permit], object]
+
+
+def log_lost(permit: Permit) -> None:
+    logger.warning("lease of %s on lock %r was lost", permit.token, permit.name)
+
+
+# Detect a silently dead server during a long wait within about 25 s.
+KEEPALIVE_OPTIONS = {
+    getattr(socket, name): value
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
+    if hasattr(socket, name)
+}
+
+
+def waiting_client(client: Any) -> Any:
+    """A client like ``client`` on its own pool whose reads never time out, for ``XREADGROUP BLOCK``.
+
+    A blocked waiter keeps its place in Redis's FIFO only while it stays blocked: cutting a long wait into
+    socket-timeout-sized pieces (redis-py's default is 5 s) would send it to the back of the queue each time.
+    Cluster clients have a pool per node; for them waits are cut at 80% of the socket timeout (documented).
+    """
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        return None
+    kwargs = dict(pool.connection_kwargs)
+    kwargs.update(socket_timeout=None, socket_keepalive=True, socket_keepalive_options=KEEPALIVE_OPTIONS)
+    waiting_pool = type(pool)(connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs)
+    return type(client)(connection_pool=waiting_pool)
+
+
+class CommandRunner:
+    """Carries lock commands to one redis-py client: the one executor of :func:`drive` and :func:`adrive`.
+
+    Called with a command, it starts the redis-py call and returns its result (blocking client) or an awaitable
+    (asyncio client). Scripts are registered on first use (EVALSHA, falling back to EVAL); blocking reads go to
+    ``waiting_client`` when given (see :func:`waiting_client`).
+    """
+
+    def __init__(self, client: Any, waiting: Any = None) -> None:
+        self.client = client
+        self.waiting = waiting
+        self.cluster = hasattr(client, "get_node_from_key")
+        self.scripts: dict[str, Any] = {}
+
+    def __call__(self, command: Command) -> Any:
+        client = self.client
+        if isinstance(command, ReadGrant):
+            reader = client if command.block_ms is None else (self.waiting or client)
+            return reader.xreadgroup(GROUP, command.consumer, {command.key: ">"}, count=1, block=command.block_ms)
+        if isinstance(command, Call):
+            return client.execute_command(*command.args)
+        if isinstance(command, WaitReplicas):
+            # One connection for both (WAIT counts what its connection wrote); on a cluster, the key's master.
+            route = {"target_nodes": client.get_node_from_key(command.key)} if self.cluster else {}
+            pipe = client.pipeline(transaction=False)
+            pipe.hset(command.key, command.field, command.value)
+            pipe.execute_command("WAIT", command.replicas, command.timeout_ms, **route)
+            return pipe.execute()
+        script = self.scripts.get(command.name)
+        if script is None:
+            script = self.scripts[command.name] = client.register_script(lock_scripts()[command.name])
+        return script(keys=list(command.keys), args=list(command.args))
+
+
+class LockFront:
+    """What both fronts share: validation, the core, the scripts, read-only properties."""
+
+    client_types: tuple[type, ...] = ()
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        limit: int | None = None,
+        ttl: float = 30.0,
+        *,
+        key_prefix: str = "redislock",
+        reentrant: bool = False,
+        auto_renew: bool = False,
+        maintain_loop: bool = True,
+        on_lost: LostCallback | None = None,
+        identity: Mapping[str, Any] | None = None,
+        clock: Clock = time.monotonic,
+        replicas: int = 0,
+    ) -> None:
+        if not isinstance(client, self.client_types):
+            expected = " or ".join(f"{t.__module__}.{t.__qualname__}" for t in self.client_types)
+            raise InvalidArgument(f"client must be a {expected}, got {type(client).__name__}")
+        self._waiting_client = waiting_client(client)
+        socket_timeout = None
+        if self._waiting_client is None and hasattr(client, "get_connection_kwargs"):
+            socket_timeout = client.get_connection_kwargs().get("socket_timeout")
+        self._core = LockCore.create(
+            name,
+            limit,
+            ttl,
+            key_prefix=key_prefix,
+            reentrant=reentrant,
+            clock=clock,
+            identity=identity,
+            max_block=None if not socket_timeout else float(socket_timeout) * 0.8,
+            replicas=replicas,
+        )
+        self._client = client
+        self._command = CommandRunner(client, self._waiting_client)
+        self.auto_renew = auto_renew
+        self.maintain_loop = maintain_loop
+        self.on_lost: LostCallback = on_lost or log_lost
+        self._idle_ticks = 0  # loop ticks in a row with nothing to do
+        self._callers = 0  # acquire() calls in progress (a wait is served by the loop from its very start)
+
+    name = property(lambda self: self._core.name, doc="The lock's name (the stage).")
+    owner = property(lambda self: self._core.owner, doc="This object's owner token in Redis.")
+    ttl = property(lambda self: self._core.ttl, doc="Lease seconds (as stored in Redis).")
+    keys = property(lambda self: self._core.keys, doc="The lock's Redis keys.")
+    renew_interval = property(lambda self: self._core.renew_interval)
+
+    def annotate(self, **fields: Any) -> None:
+        """Add fields to this owner's identity in Redis (sent with the next maintain), e.g. waiting=3."""
+        self._core.identity.update(fields)
+
+    @property
+    def busy(self) -> bool:
+        """Holds, waits or has an abandoned wait to clean up: what a maintain() is for."""
+        return self._callers > 0 or self._core.busy
+
+    @property
+    def held(self) -> list[Permit]:
+        """Permits this object holds now."""
+        return list(self._core.held.values())
+
+    def _loop_needed(self) -> bool:
+        """The maintenance loop runs while this object waits, has abandoned waits to clean, or auto-renews permits.
+
+        A waiting process reaps expired leases (a dead holder's slot comes back to whoever waits for it); a
+        process that neither holds nor waits sends nothing.
+        """
+        core = self._core
+        needed = self._callers or core.waits_in_flight or core.abandoned or (self.auto_renew and core.held)
+        return self.maintain_loop and bool(needed)
+
+    def _loop_idle(self) -> bool:
+        """Count a loop tick with nothing to do (a loop stops after two in a row); False when the tick has work."""
+        if self._loop_needed():
+            self._idle_ticks = 0
+            return False
+        self._idle_ticks += 1
+        return True
+
+    def _loop_permits(self) -> list[Permit] | None:
+        """What a loop tick renews: every held permit with auto_renew, else none (the caller renews its own)."""
+        return None if self.auto_renew else []
+
+    def _report_lost(self, lost: list[Permit]) -> None:
+        for permit in lost:
+            try:
+                self.on_lost(permit)
+            except Exception:
+                logger.exception("on_lost callback of lock %r failed", self.name)

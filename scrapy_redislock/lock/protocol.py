@@ -1,0 +1,129 @@
+"""How a lock operation talks to Redis: the commands it yields, and the drivers that carry them.
+
+A lock operation (see :mod:`scrapy_redislock.lock.core`) is a generator that yields commands and receives
+their replies, or has the redis error thrown in. :func:`drive` carries them with a blocking executor,
+:func:`adrive` with a coroutine one; :class:`~scrapy_redislock.lock.front.Runner` is the one executor both use.
+No I/O here; imports neither Scrapy nor Twisted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import redis.exceptions
+
+from scrapy_redislock.errors import LockConnectionError, LockError
+
+
+@dataclass(frozen=True)
+class RunScript:
+    """Run the named Lua script (EVALSHA, falling back to EVAL)."""
+
+    name: str
+    keys: tuple[str, ...]
+    args: tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class ReadGrant:
+    """``XREADGROUP GROUP holders <consumer> COUNT 1 [BLOCK ms] STREAMS <key> >``."""
+
+    key: str
+    consumer: str
+    block_ms: int | None  # None: do not block; 0: block until granted
+
+
+@dataclass(frozen=True)
+class Call:
+    """A plain read-only command (state changes are always scripts)."""
+
+    args: tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class WaitReplicas:
+    """``HSET key field value`` then ``WAIT replicas timeout_ms``, pipelined over one connection.
+
+    ``WAIT`` counts only what its own connection wrote, and a pooled client promises no connection, so a fresh
+    write into the lock's hash slot goes first: a replica that has it has everything its master did before, the
+    grant or release included (one replication stream, in order). Replies ``[hset reply, replicas acknowledged]``.
+    """
+
+    key: str
+    field: str
+    value: str
+    replicas: int
+    timeout_ms: int
+
+
+Command = RunScript | ReadGrant | Call | WaitReplicas
+Operation = Generator[Command, Any, Any]
+
+
+def translate_error(name: str, exc: BaseException) -> BaseException:
+    """Name the lock in connection errors; leave everything else as it is."""
+    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError) and not (
+        isinstance(exc, LockError)
+    ):
+        error = LockConnectionError(f"redis lock {name!r}: {type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        return error
+    return exc
+
+
+def is_missing_lock(exc: BaseException) -> bool:
+    """The lock's stream or group is gone (never created, reset, or Redis lost its data)."""
+    message = str(exc)
+    return isinstance(exc, redis.exceptions.ResponseError) and (message.startswith("NOGROUP") or "NOLOCK" in message)
+
+
+def step(op: Operation, name: str, reply: Any, error: BaseException | None) -> tuple[bool, Any]:
+    """Advance an operation by one reply; (True, result) when it has finished."""
+    try:
+        command = op.send(reply) if error is None else op.throw(error)
+    except StopIteration as stop:
+        return True, stop.value
+    except BaseException as exc:
+        translated = translate_error(name, exc)
+        if translated is exc:
+            raise
+        raise translated from exc
+    return False, command
+
+
+def drive(op: Operation, execute: Callable[[Command], Any], name: str) -> Any:
+    """Run an operation with a blocking executor (the sync front)."""
+    reply: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            done, value = step(op, name, reply, error)
+            if done:
+                return value
+            reply, error = None, None
+            try:
+                reply = execute(value)
+            except redis.exceptions.RedisError as exc:
+                error = exc
+    finally:
+        op.close()  # interrupted mid-command: run the operation's cleanup now, not at garbage collection
+
+
+async def adrive(op: Operation, execute: Callable[[Command], Awaitable[Any]], name: str) -> Any:
+    """Run an operation with a coroutine executor (the asyncio front)."""
+    reply: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            done, value = step(op, name, reply, error)
+            if done:
+                return value
+            reply, error = None, None
+            try:
+                reply = await execute(value)
+            except redis.exceptions.RedisError as exc:
+                error = exc
+    finally:
+        op.close()  # cancelled mid-command: a cancelled wait must be marked for reconcile before the next maintain

@@ -1,0 +1,313 @@
+"""Read-only inspection of one lock: what ``redislock status`` shows of a stage, and why a request waits.
+
+Nothing here writes to Redis. Each lock is read in one MULTI/EXEC (its keys share a hash tag), so the
+numbers of one stage are a consistent snapshot: the limit and ttl (``:meta``), the grants in the
+group's pending list (consumer, entry id = fencing token, idle time on Redis's clock), the identity each
+process registered (``:owners``: host, pid, started, spider/label, and ``waiting`` as of its last renewal),
+and the stream's counters, from which follow the free slots and the debt left by lowering the limit
+(see ``scripts/_lib.lua``). A pending-list consumer may be one wait of an owner (``<owner>#<n>``): it counts for
+the owner (:func:`~scrapy_redislock.lock.core.owner_of`). :func:`why_waiting` says in one line why a request of a
+stage would wait now (held by whom, paused, a recovery window); the crawl's log and ``redislock status`` both use it.
+:func:`astage_status` is the same read for ``redis.asyncio`` clients. Imports neither Scrapy nor Twisted; reads no
+settings.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.exceptions
+
+from scrapy_redislock._redis import text
+from scrapy_redislock.lock.core import GROUP, LIMBO, LockKeys, fence_of, owner_of
+
+MAX_LISTED = 10_000
+
+
+@dataclass
+class Grant:
+    """One held slot."""
+
+    holder: str
+    grant: str
+    fence: int
+    age: float  # seconds since the grant or its last renewal (PEL idle time, Redis's clock)
+    lease_left: float  # ttl - age; negative: expired, freed by the next maintain of any process
+    owner: str = ""  # the process's lock object the holder (consumer) belongs to; see owner_of
+
+    def __post_init__(self) -> None:
+        self.owner = self.owner or owner_of(self.holder)
+
+    @property
+    def expired(self) -> bool:
+        return self.lease_left < 0
+
+
+@dataclass
+class Process:
+    """One registered consumer of a lock (a lock object in some process) and what it told Redis about itself."""
+
+    holder: str
+    held: int
+    waiting: int
+    identity: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def host(self) -> str | None:
+        host = self.identity.get("host")
+        return None if host is None else str(host)
+
+    @property
+    def pid(self) -> int | None:
+        pid = self.identity.get("pid")
+        return pid if isinstance(pid, int) else None
+
+    @property
+    def started(self) -> float | None:
+        """When the process started (its own wall clock, seconds since the epoch)."""
+        started = self.identity.get("started")
+        return float(started) if isinstance(started, int | float) and not isinstance(started, bool) else None
+
+    @property
+    def spider(self) -> str | None:
+        name = self.identity.get("spider") or self.identity.get("label")
+        return None if name is None else str(name)
+
+
+@dataclass
+class StageStatus:
+    """One lock (stage) as Redis holds it now."""
+
+    stage: str
+    exists: bool  # False: the limit is there but the stream is gone (data loss); the next process recreates it
+    limit: int | None
+    ttl: float | None
+    held: int
+    free: int
+    debt: int  # grants still to be given back before a new one is granted (after lowering the limit)
+    waiters: int  # sum of `waiting` over processes, as of each one's last renewal
+    fence: int  # the last fencing token generated (the stream's last entry id)
+    grants: list[Grant] = field(default_factory=list)
+    processes: list[Process] = field(default_factory=list)
+    # The group's last-delivered sequence less the lock's first id (``base``): every grant since the lock was
+    # created, plus the slots withdrawn by
+    # lowering the limit (they are skipped, never granted). Only grows, so a rate of it is grants per second.
+    delivered: int = 0
+
+    def process(self, holder: str) -> Process | None:
+        """The registered process of a holder (an owner, or one of its consumers)."""
+        owner = owner_of(holder)
+        for process in self.processes:
+            if process.holder == owner:
+                return process
+        return None
+
+    @property
+    def expired(self) -> int:
+        """Grants whose lease ran out (their holder stopped renewing); the next maintain of any process frees them."""
+        return sum(1 for grant in self.grants if grant.expired)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["why_waiting"] = why_waiting(self)
+        for process, raw in zip(self.processes, data["processes"], strict=True):
+            raw.update(host=process.host, pid=process.pid, spider=process.spider, started=process.started)
+        for raw in data["grants"]:
+            owner = self.process(raw["owner"])
+            raw.update(
+                host=owner.host if owner else None,
+                pid=owner.pid if owner else None,
+                spider=owner.spider if owner else None,
+                started=owner.started if owner else None,
+            )
+        data["expired"] = self.expired
+        return data
+
+
+def glob_escape(value: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", value)
+
+
+def tagged_keys(client: redis.Redis, prefix: str, pattern: str) -> dict[str, set[str]]:
+    """``{tag: {what follows the tag}}`` for the keys ``<prefix>:{<tag>}<pattern>`` (one SCAN)."""
+    head = f"{prefix}:{{"
+    found: dict[str, set[str]] = {}
+    for key in client.scan_iter(match=f"{glob_escape(head)}*}}{pattern}", count=1000):
+        tag, sep, rest = text(key)[len(head) :].partition("}")
+        if sep and tag and "{" not in tag:
+            found.setdefault(tag, set()).add(rest)
+    return found
+
+
+def find_stages(client: redis.Redis, prefix: str) -> list[str]:
+    """Names of every lock under ``prefix`` (SCAN for ``<prefix>:{*}:meta``), sorted."""
+    return sorted(tagged_keys(client, prefix, ":meta"))
+
+
+def _seq(stream_id: Any) -> int:
+    return fence_of(str(text(stream_id)))
+
+
+def parse_identity(raw: Any) -> dict[str, Any]:
+    try:
+        value = json.loads(text(raw))
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _queue_reads(pipe: Any, keys: LockKeys) -> None:
+    pipe.hgetall(keys.meta)
+    pipe.xinfo_stream(keys.slots)
+    pipe.xinfo_groups(keys.slots)
+    pipe.xpending_range(keys.slots, GROUP, "-", "+", MAX_LISTED)
+    pipe.xinfo_consumers(keys.slots, GROUP)
+    pipe.hgetall(keys.owners)
+
+
+def stage_status(client: redis.Redis, prefix: str, stage: str) -> StageStatus | None:
+    """The stage's lock as Redis holds it now; None when there is no such lock under the prefix."""
+    with client.pipeline(transaction=True) as pipe:
+        _queue_reads(pipe, LockKeys.of(prefix, stage))
+        return _parse(stage, pipe.execute(raise_on_error=False))
+
+
+async def astage_status(client: redis.asyncio.Redis, prefix: str, stage: str) -> StageStatus | None:
+    """:func:`stage_status` for a redis.asyncio client (one MULTI/EXEC, read-only)."""
+    async with client.pipeline(transaction=True) as pipe:
+        _queue_reads(pipe, LockKeys.of(prefix, stage))
+        return _parse(stage, await pipe.execute(raise_on_error=False))
+
+
+def _parse(stage: str, replies: list[Any]) -> StageStatus | None:
+    meta, stream, groups, pending, consumers, owners = replies
+    for reply in (meta, owners):
+        if isinstance(reply, Exception):
+            raise reply
+    meta = {text(k): text(v) for k, v in (meta or {}).items()}
+    if "limit" not in meta:
+        return None
+    limit = int(meta["limit"])
+    ttl = int(meta["ttl"]) / 1000 if "ttl" in meta else None
+    broken = [r for r in (stream, groups, pending, consumers) if isinstance(r, Exception)]
+    for error in broken:
+        if not isinstance(error, redis.exceptions.ResponseError) or str(error).startswith("NOPERM"):
+            raise error
+    if broken:
+        # No stream or no group: Redis lost it; the next process to start or renew recreates it.
+        return StageStatus(stage, False, limit, ttl, held=0, free=0, debt=0, waiters=0, fence=0)
+
+    stream_last = _seq(stream["last-generated-id"])
+    group = next((g for g in groups if text(g.get("name")) == GROUP), None)
+    group_last = _seq(group["last-delivered-id"]) if group else 0
+    held = int(group["pending"]) if group else 0
+
+    grants = []
+    for entry in pending:
+        grant = str(text(entry["message_id"]))
+        age = int(entry["time_since_delivered"]) / 1000
+        left = round(ttl - age, 3) if ttl is not None else 0.0
+        grants.append(
+            Grant(
+                holder=owner_of(str(text(entry["consumer"]))),  # a wait's consumer name is a detail
+                grant=grant,
+                fence=fence_of(grant),
+                age=age,
+                lease_left=left,
+            )
+        )
+
+    held_by: dict[str, int] = {}
+    for consumer in consumers:  # an owner's grants sit under its own name and its waits' ('<owner>#<n>')
+        owner = owner_of(str(text(consumer["name"])))
+        held_by[owner] = held_by.get(owner, 0) + int(consumer.get("pending", 0))
+    identities = {str(text(k)): parse_identity(v) for k, v in (owners or {}).items()}
+    processes = []
+    for holder in sorted(set(held_by) | set(identities)):
+        identity = identities.get(holder, {})
+        waiting = identity.get("waiting", 0)
+        processes.append(
+            Process(
+                holder=holder,
+                held=held_by.get(holder, 0),
+                waiting=waiting if isinstance(waiting, int) and waiting > 0 else 0,
+                identity=identity,
+            )
+        )
+    return StageStatus(
+        stage=stage,
+        exists=True,
+        limit=limit,
+        ttl=ttl,
+        held=held,
+        free=max(0, stream_last - group_last),
+        debt=max(0, group_last - stream_last),
+        waiters=sum(p.waiting for p in processes),
+        fence=stream_last,
+        grants=grants,
+        processes=processes,
+        delivered=group_last - int(meta.get("base", 0)),
+    )
+
+
+def _short(value: float) -> str:
+    return f"{value:.1f}s" if value < 10 else f"{value:.0f}s"
+
+
+def _who(process: Process | None, holder: str) -> str:
+    if process is None or (process.host is None and process.pid is None):
+        return f"unregistered holder {holder}"
+    return f"{process.host} pid {process.pid}"
+
+
+def why_waiting(status: StageStatus, now: float | None = None) -> str:
+    """Why a request of this stage would wait now, in one line; "" when a slot is free.
+
+    Paused (limit 0, and by whom when a registered process configured it), a recovery window after a Redis
+    data loss (until when), debt after lowering the limit, or every slot held: by whom (host, pid), with how much
+    lease left, and which holders stopped renewing (a dead process: its slots come back when the lease ends).
+    """
+    now = time.time() if now is None else now
+    if not status.exists:
+        return "its lock is missing in Redis (data loss?); the next process to start or renew recreates it"
+    if status.limit == 0:
+        pausers = sorted(
+            _who(p, p.holder) for p in status.processes if p.identity.get("limit") == 0 and p.holder != LIMBO
+        )
+        by = f"by {', '.join(pausers)} (its REDISLOCK_STAGES)" if pausers else "by set-limit or a process gone since"
+        return f"paused: limit 0 in Redis, set {by}; nothing is granted until the limit is raised"
+    reserved = [g for g in status.grants if g.holder == LIMBO]
+    if reserved:
+        left = max(0.0, max(g.lease_left for g in reserved))
+        until = time.strftime("%H:%M:%S", time.localtime(now + left))
+        return (
+            f"recovery window after a Redis data loss: {len(reserved)} of {status.limit} slots reserved for the "
+            f"holders that survived, until {until} (in {_short(left)})"
+        )
+    if status.free > 0:
+        return ""
+    ttl = status.ttl or 0.0
+    stale_after = min(ttl, 3.0)  # live holders renew every min(ttl/3, 1 s)
+    by_owner: dict[str, list[Grant]] = {}
+    for grant in status.grants:
+        by_owner.setdefault(owner_of(grant.holder), []).append(grant)
+    parts = []
+    for owner, grants in sorted(by_owner.items(), key=lambda item: -len(item[1])):
+        who = _who(status.process(owner), owner)
+        left = min(g.lease_left for g in grants)
+        oldest = max(g.age for g in grants)
+        if oldest > stale_after:
+            parts.append(
+                f"{len(grants)} by {who} (not renewed for {_short(oldest)}: dead? freed when its lease ends in "
+                f"{_short(max(0.0, left))})"
+            )
+        else:
+            parts.append(f"{len(grants)} by {who} (lease left {_short(max(0.0, left))})")
+    debt = f", {status.debt} more to give back after the limit was lowered" if status.debt else ""
+    return f"all {status.limit} slots held{debt}: " + "; ".join(parts)

@@ -1,0 +1,1 @@
+"""The request front: requests in flight per stage (:class:`StageLockMiddleware` and :class:`StageScheduler`)."""

@@ -1,0 +1,347 @@
+"""StageScheduler: requests of a saturated stage wait here, cheaply, instead of in the downloader.
+
+Scrapy counts a request as active in the downloader before the middleware chain runs, and stops pulling from
+the scheduler once CONCURRENT_REQUESTS are active: requests parked in a middleware for a full stage would starve
+every other stage (head-of-line blocking) and hold up the engine's close. This scheduler wraps the real one
+(Scrapy's by default, or scrapy-redis's) and lets a capped request go only together with a slot of its stage:
+
+- ``next_request()`` takes requests from the inner scheduler; uncapped ones go at once, capped ones are parked
+  here (in memory, at most REDISLOCK_PARK_LIMIT) and it returns None while ``has_pending_requests()`` stays True;
+- per capped stage with parked requests, up to REDISLOCK_WAITERS_PER_STAGE waiter tasks block in Redis
+  (``XREADGROUP BLOCK``: first come, first served across processes, woken the moment a slot is freed anywhere);
+- a granted slot is paired with the oldest parked request of its stage, the engine is woken at once (not at its
+  5 s heartbeat), and StageLockMiddleware picks the permit up by request object (:meth:`take_permit`);
+- a capped request that a middleware before StageLockMiddleware will settle without a download (a fresh
+  HTTPCACHE hit, a URL robots.txt forbids: see
+  :func:`~scrapy_redislock.requests.middleware.settled_before_download`) goes at once, without a slot; should it
+  reach the middleware after all, it waits for its slot there.
+
+Once the engine starts closing, the waiters stand down and give their unused slots back, so that requests still
+waiting in the middleware (media downloads) get them.
+
+On close the waiters are cancelled, unused slots freed and parked requests given back to the inner scheduler
+(so JOBDIR or SCHEDULER_PERSIST keep them). With REDISLOCK_ENABLED = False it is the inner scheduler and nothing
+more; enabled with no stage in REDISLOCK_STAGES it is a ConfigError (nothing would be capped).
+
+Settings read (via :func:`scrapy_redislock.crawl.settings.read_settings`): REDISLOCK_SCHEDULER_INNER,
+REDISLOCK_PARK_LIMIT, REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_WAIT_TIMEOUT, REDISLOCK_ENABLED, REDISLOCK_STAGES and the
+stage settings.
+Stats: those of the middleware (acquired and wait times are counted here for requests that waited here), plus
+redislock/<stage>/parked_max.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
+from scrapy.utils.misc import build_from_crawler, load_object
+
+from scrapy_redislock.crawl.engine import check_reactor, downloader_active, engine_closing, wake_engine
+from scrapy_redislock.crawl.settings import read_settings
+from scrapy_redislock.crawl.stagelocks import StageLocks
+from scrapy_redislock.crawl.stages import stage_of
+from scrapy_redislock.errors import AcquireTimeout, ConfigError, UnknownStage
+from scrapy_redislock.lock.core import Permit
+from scrapy_redislock.requests.middleware import (
+    StageLockMiddleware,
+    early_middlewares,
+    settled_before_download,
+)
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from twisted.internet.defer import Deferred
+
+logger = logging.getLogger(__name__)
+
+MIDDLEWARE_PATH = "scrapy_redislock.StageLockMiddleware"
+# Capped requests taken from the inner scheduler per next_request() call at most: a long run of them (a scrapy-redis
+# queue answers each with a blocking call) is parked over several loop iterations, never in one long block.
+PULL_BUDGET = 256
+
+__all__ = ["StageScheduler"]
+
+
+def _middleware_enabled(crawler: Crawler) -> bool:
+    configured = crawler.settings.getwithbase("DOWNLOADER_MIDDLEWARES")
+    for path, order in configured.items():
+        if order is None:
+            continue
+        try:
+            if load_object(path) is StageLockMiddleware:
+                return True
+        except (ImportError, ValueError, NameError, AttributeError):
+            continue
+    return False
+
+
+class StageScheduler:
+    """A scheduler that lets capped requests go only together with a slot of their stage."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+        self.settings = read_settings(crawler.settings)
+        inner_path = self.settings.scheduler_inner
+        try:
+            inner_cls = load_object(inner_path)
+        except (ImportError, ValueError, NameError, AttributeError) as exc:
+            raise ConfigError(f"REDISLOCK_SCHEDULER_INNER cannot be loaded: {inner_path!r} ({exc})") from None
+        if inner_cls is StageScheduler or not callable(getattr(inner_cls, "next_request", None)):
+            raise ConfigError(f"REDISLOCK_SCHEDULER_INNER must be a scheduler class, got {inner_path!r}")
+        self.enabled = self.settings.enabled
+        if self.enabled and not self.settings.stages:
+            raise ConfigError(
+                "StageScheduler is enabled but REDISLOCK_STAGES is empty, so no request would be capped; set "
+                "REDISLOCK_STAGES = {stage: limit, ...}, or REDISLOCK_ENABLED = False to switch it off on purpose"
+            )
+        if self.enabled:
+            check_reactor(crawler, "StageScheduler")
+            if not _middleware_enabled(crawler):
+                raise ConfigError(
+                    f"SCHEDULER = 'scrapy_redislock.StageScheduler' needs the middleware too: "
+                    f"DOWNLOADER_MIDDLEWARES = {{{MIDDLEWARE_PATH!r}: 950}}"
+                )
+        self.inner = build_from_crawler(inner_cls, crawler)
+        self.park_limit = self.settings.park_limit
+        self.waiters_per_stage = self.settings.waiters_per_stage
+        self.wait_timeout = self.settings.wait_timeout
+        self.locks = StageLocks.of(crawler, self.settings) if self.enabled else None
+        capped = list(self.locks.locks) if self.locks is not None else []
+        self.parked: dict[str, deque[tuple[float, Request]]] = {stage: deque() for stage in capped}
+        self.ready: dict[str, deque[Permit]] = {stage: deque() for stage in capped}
+        self.waiters: dict[str, set[asyncio.Task[None]]] = {stage: set() for stage in capped}
+        self.timers: dict[str, asyncio.TimerHandle] = {}
+        self.handed: dict[Request, Permit | BaseException] = {}  # out to the engine, not yet taken by the middleware
+        self.n_parked = 0
+        self.closing = False
+        self._early: tuple[Any, ...] | None = None  # cache and robots.txt middlewares before ours, found on first use
+        self._suspects: set[Request] = set()
+        if self.locks is not None:
+            self.locks.add_waiting_source(lambda stage: len(self.parked.get(stage, ())))
+            self.locks.add_tick_hook(self.sweep)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> StageScheduler:
+        return cls(crawler)
+
+    def __getattr__(self, name: str) -> Any:
+        """Anything else is the inner scheduler's (scrapy-redis's ``queue``, ``df``, ``flush``, ...)."""
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    # -- the scheduler interface ---------------------------------------------------------------------------------
+
+    def open(self, spider: Spider) -> Deferred[None] | None:
+        result = self.inner.open(spider) if hasattr(self.inner, "open") else None
+        if self.locks is None:
+            return result
+        return deferred_from_coro(self._open(result))
+
+    async def _open(self, inner_result: Any) -> None:
+        if inner_result is not None:
+            await maybe_deferred_to_future(inner_result)
+        assert self.locks is not None
+        await self.locks.start_once()
+
+    def close(self, reason: str) -> Deferred[None] | None:
+        if self.locks is None:
+            return self.inner.close(reason) if hasattr(self.inner, "close") else None
+        self.closing = True
+        return deferred_from_coro(self._close(reason))
+
+    async def _close(self, reason: str) -> None:
+        assert self.locks is not None
+        for handle in self.timers.values():
+            handle.cancel()
+        for tasks in self.waiters.values():
+            for task in tasks:
+                task.cancel()
+        returned = 0
+        for parked in self.parked.values():
+            while parked:
+                _, request = parked.popleft()
+                request.dont_filter = True  # it passed the dupefilter once already
+                self.inner.enqueue_request(request)
+                returned += 1
+        self.n_parked = 0
+        if returned:
+            logger.info("Gave %d parked requests back to the inner scheduler", returned)
+        if hasattr(self.inner, "close"):
+            result = self.inner.close(reason)
+            if result is not None:
+                await maybe_deferred_to_future(result)
+        # Unused slots, waiters, and anything a request left behind: one call per stage frees it all.
+        for permits in self.ready.values():
+            permits.clear()
+        self.handed.clear()
+        await self.locks.close()
+
+    def has_pending_requests(self) -> bool:
+        return self.n_parked > 0 or self.inner.has_pending_requests()
+
+    def __len__(self) -> int:
+        return len(self.inner) + self.n_parked
+
+    def enqueue_request(self, request: Request) -> bool:
+        return bool(self.inner.enqueue_request(request))
+
+    def next_request(self) -> Request | None:
+        if self.locks is None:
+            return self.inner.next_request()
+        request = self._hand_out()
+        if request is not None:
+            return request
+        for _ in range(PULL_BUDGET):
+            if self.n_parked >= self.park_limit:
+                return None
+            request = self.inner.next_request()
+            if request is None:
+                return None
+            stage = stage_of(request, self.settings, self.crawler.spider)
+            try:
+                capped = stage is not None and self.locks.is_capped(stage)
+            except UnknownStage:
+                return request  # the middleware fails it, naming the stage and counting it
+            if not capped or self._settled_early(request):
+                return request
+            assert stage is not None
+            self._park(stage, request)
+            request = self._hand_out()
+            if request is not None:
+                return request
+        wake_engine(self.crawler)  # more may be waiting behind: come back at the next loop iteration
+        return None
+
+    def _settled_early(self, request: Request) -> bool:
+        if self._early is None:
+            self._early = early_middlewares(self.crawler)
+        return bool(self._early) and settled_before_download(request, self._early, self.crawler.spider)
+
+    # -- slots ---------------------------------------------------------------------------------------------------------
+
+    def take_permit(self, request: Request) -> Permit | BaseException | None:
+        """The permit (or the error) this scheduler let ``request`` go with; for StageLockMiddleware, once."""
+        return self.handed.pop(request, None)
+
+    def _park(self, stage: str, request: Request) -> None:
+        self.parked[stage].append((time.monotonic(), request))
+        self.n_parked += 1
+        self.crawler.stats.max_value(f"redislock/{stage}/parked_max", len(self.parked[stage]))
+        self._ensure_waiters(stage)
+        if self.wait_timeout is not None and stage not in self.timers:
+            self._arm_timer(stage)
+
+    def _hand_out(self) -> Request | None:
+        """The oldest parked request of a stage that has a granted slot (or whose wait has timed out)."""
+        now = time.monotonic()
+        for stage, parked in self.parked.items():
+            if not parked:
+                continue
+            ready = self.ready[stage]
+            if ready:
+                since, request = parked.popleft()
+                self.n_parked -= 1
+                self.handed[request] = ready.popleft()
+                assert self.locks is not None
+                self.locks.record_grant(stage, now - since)
+                return request
+            if self.wait_timeout is not None and now - parked[0][0] >= self.wait_timeout:
+                _, request = parked.popleft()
+                self.n_parked -= 1
+                self.crawler.stats.inc_value(f"redislock/{stage}/timeouts")
+                self.handed[request] = AcquireTimeout(f"stage {stage!r}: no slot within {self.wait_timeout} s")
+                self._free_surplus(stage)
+                return request
+        return None
+
+    def _free_surplus(self, stage: str) -> None:
+        """Slots granted beyond the parked requests (they timed out meanwhile) go back at once."""
+        assert self.locks is not None
+        while len(self.ready[stage]) > len(self.parked[stage]):
+            self.locks.release_soon(self.ready[stage].pop())
+
+    def _live_waiters(self, stage: str) -> int:
+        # A finished task stays in the set until its done callback runs, a loop iteration later: not a waiter.
+        return sum(not task.done() for task in self.waiters[stage])
+
+    def _stand_down(self) -> None:
+        """The engine is closing and takes no more requests from here: stop waiting, give unused slots back."""
+        assert self.locks is not None
+        self.closing = True
+        for tasks in self.waiters.values():
+            for task in tasks:
+                task.cancel()
+        for permits in self.ready.values():
+            while permits:
+                self.locks.release_soon(permits.popleft())
+
+    def _ensure_waiters(self, stage: str) -> None:
+        wanted = min(len(self.parked[stage]) - len(self.ready[stage]), self.waiters_per_stage)
+        waiters = self.waiters[stage]
+        while self._live_waiters(stage) < wanted and not self.closing:
+            task = asyncio.get_running_loop().create_task(self._wait_for_slots(stage))
+            waiters.add(task)
+            task.add_done_callback(waiters.discard)
+
+    async def _wait_for_slots(self, stage: str) -> None:
+        """One waiter: blocks in Redis for a slot, pairs it with a parked request, and goes on while needed."""
+        assert self.locks is not None
+        while not self.closing:
+            try:
+                permit = await self.locks.acquire(stage, None)  # Redis errors are retried in there
+            except Exception:
+                logger.exception("Waiting for a slot of stage %r failed; trying again in 1 s", stage)
+                await asyncio.sleep(1.0)
+                continue
+            if self.closing or engine_closing(self.crawler):
+                await self.locks.release(permit)
+                return
+            self.ready[stage].append(permit)
+            wake_engine(self.crawler)
+            if len(self.ready[stage]) > len(self.parked[stage]):
+                await asyncio.sleep(0)  # the engine may take it first; if not, it is surplus
+                self._free_surplus(stage)
+            # Go on while the requests still waiting need every waiter, this one included.
+            if len(self.parked[stage]) - len(self.ready[stage]) < self._live_waiters(stage):
+                return
+
+    def _arm_timer(self, stage: str) -> None:
+        """Wake the engine when the oldest parked request of ``stage`` reaches REDISLOCK_WAIT_TIMEOUT."""
+        assert self.wait_timeout is not None
+        parked = self.parked[stage]
+        if not parked or self.closing:
+            self.timers.pop(stage, None)
+            return
+        due = parked[0][0] + self.wait_timeout - time.monotonic()
+        # Overdue (the engine has not asked since, its downloader being full): look again a little later.
+        delay = due + 0.001 if due > 0 else 0.1
+        self.timers[stage] = asyncio.get_running_loop().call_later(delay, self._timer_fired, stage)
+
+    def _timer_fired(self, stage: str) -> None:
+        wake_engine(self.crawler)
+        self._arm_timer(stage)
+
+    async def sweep(self) -> None:
+        """At every renewal tick: free slots handed out with requests that left the engine without reaching the
+        middleware (one that another middleware replaced by a new request, for instance)."""
+        assert self.locks is not None
+        if engine_closing(self.crawler):
+            self._stand_down()
+        for stage in self.parked:  # a safety net: parked requests always have someone waiting for them
+            self._ensure_waiters(stage)
+        active = downloader_active(self.crawler)
+        if active is None:
+            return
+        gone = {request for request in self.handed if request not in active}
+        for request in gone & self._suspects:
+            handed = self.handed.pop(request, None)
+            if isinstance(handed, Permit):
+                await self.locks.release(handed)
+        self._suspects = gone

@@ -1,0 +1,92 @@
+"""StageWorkerMixin: cap the number of *workers* per stage, cluster-wide, for scrapy-redis spiders.
+
+```python
+class ShopSpider(StageWorkerMixin, RedisSpider):
+    name = "shop"
+    worker_stages = {"list": 1, "detail": 3, "comments": None}
+```
+
+The mixin sets SCHEDULER to :class:`~scrapy_redislock.workers.scheduler.StageWorkerScheduler`, which does the work
+(per-stage queues in Redis, one stage slot per worker). It also replaces the parts of scrapy-redis's RedisSpider
+that block the reactor or do not fit Scrapy 2.19:
+
+- RedisSpider reads its start URLs in ``start_requests()``, which Scrapy 2.19 never calls, and in its
+  ``spider_idle`` handler, with blocking redis calls on the reactor thread, one batch per idle signal. Here the
+  scheduler reads ``redis_key`` with redis.asyncio at every tick (see ``_feed_start_urls``), and the idle handler
+  only decides whether to close; ``make_request_from_data`` (JSON or plain URLs) is used as it is.
+- ``start()`` yields ``start_urls`` *filtered* (Scrapy's default sets ``dont_filter``): every worker yields
+  them, the shared dupefilter lets one copy through.
+
+On a plain ``scrapy.Spider`` it works the same minus the ``redis_key`` feed: work enters through ``start()``
+(every worker's, deduplicated) and through what callbacks yield.
+
+Settings read: none itself (the scheduler reads them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+from scrapy import Request, signals
+from scrapy.exceptions import DontCloseSpider
+
+from scrapy_redislock.crawl.engine import engine_scheduler
+
+SCHEDULER_PATH = "scrapy_redislock.StageWorkerScheduler"
+
+
+class StageWorkerMixin:
+    """Mixin for a RedisSpider (or a plain Spider) whose workers take stages; see the module docstring.
+
+    ``worker_stages``: stage -> max workers on it cluster-wide (None = unlimited), i.e. REDISLOCK_WORKER_STAGES
+    at spider priority (``-s`` on the command line overrides it). ``stage_preference``: the order in which a
+    free worker takes stages (REDISLOCK_STAGE_PREFERENCE), default the order of ``worker_stages``.
+    """
+
+    worker_stages: ClassVar[dict[str, int | None] | None] = None
+    stage_preference: ClassVar[list[str] | None] = None
+
+    @classmethod
+    def update_settings(cls, settings: Any) -> None:
+        """SCHEDULER, and the class attributes as settings (so the command line can still override them)."""
+        super().update_settings(settings)  # type: ignore[misc]
+        settings.set("SCHEDULER", SCHEDULER_PATH, priority="spider")
+        if cls.worker_stages is not None:
+            settings.set("REDISLOCK_WORKER_STAGES", dict(cls.worker_stages), priority="spider")
+        if cls.stage_preference is not None:
+            settings.set("REDISLOCK_STAGE_PREFERENCE", list(cls.stage_preference), priority="spider")
+
+    @classmethod
+    def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> Any:
+        spider = super().from_crawler(crawler, *args, **kwargs)  # type: ignore[misc]
+        # RedisSpider.setup_redis connected spider.spider_idle, which is ours (below); a plain Spider needs it too.
+        if getattr(spider, "server", None) is None:
+            crawler.signals.connect(spider.spider_idle, signal=signals.spider_idle)
+        return spider
+
+    def spider_idle(self) -> None:
+        """Idle like a RedisSpider (stay open, waiting for work) until REDISLOCK_IDLE_CLOSE says otherwise.
+
+        Replaces RedisMixin.spider_idle, which pops start URLs with blocking calls; the scheduler feeds them.
+        """
+        scheduler = engine_scheduler(self.crawler)  # type: ignore[attr-defined]
+        may_close = getattr(scheduler, "may_close", None)
+        if may_close is not None and may_close():
+            return
+        raise DontCloseSpider
+
+    def schedule_next_requests(self) -> None:
+        """RedisMixin's blocking batch read; the scheduler reads start URLs with redis.asyncio instead."""
+
+    def next_requests(self) -> Any:
+        """RedisMixin's blocking batch read, not used (RedisMixin.start_requests would call it)."""
+        return iter(())
+
+    async def start(self) -> AsyncIterator[Any]:
+        """``start_urls``, filtered by the shared dupefilter so that N workers fetch each of them once."""
+        for url in getattr(self, "start_urls", ()) or ():
+            yield Request(url)
+
+
+__all__ = ["StageWorkerMixin"]

@@ -1,0 +1,240 @@
+"""Per-stage request queues of one spider in Redis, shared by all its workers (redis.asyncio, no Scrapy).
+
+Keys, all under the hash tag of the spider name so that Redis Cluster keeps them on one node::
+
+    <prefix>:{<spider>}:queue:<stage>       list: serialized requests (scrapy-redis FifoQueue orientation:
+                                            LPUSH to queue, RPOP to take; "to the front" is RPUSH)
+    <prefix>:{<spider>}:dupefilter          set: request fingerprints (hex), shared by all workers and stages
+    <prefix>:{<spider>}:inflight:<worker>   hash: id -> "<stage>\\n<request>" popped by that worker, not done yet
+    <prefix>:{<spider>}:alive               zset: worker -> last beat (ms, Redis's clock)
+    <prefix>:{<spider>}:working             hash: worker -> the stage it works on (for people and the demo)
+    <prefix>:{<spider>}:ids                 counter of in-flight ids
+    <prefix>:{<spider>}:deadletter          list: entries that could not be loaded, newest first, each
+                                            "<note: one line of JSON>\\n<stage>\\n<request>" (kept for people)
+
+A popped request moves atomically from its queue into the worker's in-flight hash and leaves it when the
+worker acks it. A worker that has not beaten for one TTL is dead: any other worker puts its in-flight requests
+back at the front of their queues (:meth:`StageQueues.reap`). Every state change is one Lua script
+(``scripts/queue_*.lua``). Request bytes are opaque here; the Scrapy side serializes them. The dead-letter list
+is evidence for an operator (what was pushed by whom): no clear deletes it, only an operator (``DEL``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio
+
+from scrapy_redislock._redis import check_name, check_ttl, load_scripts, text
+
+logger = logging.getLogger(__name__)
+
+QUEUE_SCRIPTS = (
+    "queue_push",
+    "queue_pop",
+    "queue_ack",
+    "queue_beat",
+    "queue_requeue",
+    "queue_return",
+    "queue_clear",
+    "queue_bury",
+)
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """Redis keys of one spider's stage queues."""
+
+    base: str
+
+    @classmethod
+    def of(cls, prefix: str, spider: str) -> QueueKeys:
+        return cls(f"{check_name(prefix, 'key_prefix')}:{{{check_name(spider, 'spider name')}}}")
+
+    dupefilter = property(lambda self: f"{self.base}:dupefilter")
+    alive = property(lambda self: f"{self.base}:alive")
+    working = property(lambda self: f"{self.base}:working")
+    ids = property(lambda self: f"{self.base}:ids")
+    deadletter = property(lambda self: f"{self.base}:deadletter")
+
+    def queue(self, stage: str) -> str:
+        return f"{self.base}:queue:{stage}"
+
+    def inflight(self, worker: str) -> str:
+        return f"{self.base}:inflight:{worker}"
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class StageQueues:
+    """One worker's handle on a spider's stage queues (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        spider: str,
+        stages: Iterable[str],
+        *,
+        key_prefix: str = "redislock",
+        ttl: float = 30.0,
+        worker: str | None = None,
+    ) -> None:
+        self.client = client
+        self.keys = QueueKeys.of(key_prefix, spider)
+        self.stages = [check_name(s, "stage") for s in stages]
+        self.ttl = check_ttl(ttl)
+        self.worker = worker or new_worker_id()
+        sources = load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)
+        self.scripts = {name: client.register_script(src) for name, src in sources.items()}
+
+    @property
+    def ttl_ms(self) -> int:
+        return max(1, round(self.ttl * 1000))
+
+    @property
+    def inflight_key(self) -> str:
+        return self.keys.inflight(self.worker)
+
+    def _queue_keys(self) -> list[str]:
+        return [self.keys.queue(s) for s in self.stages]
+
+    def _check_stage(self, stage: str) -> str:
+        if stage not in self.stages:
+            raise KeyError(f"stage {stage!r} is not one of {self.stages}")
+        return stage
+
+    # -- a worker's own operations ----------------------------------------------------------------
+
+    async def push(self, stage: str, fingerprint: str, data: bytes) -> bool:
+        """Queue a request unless its fingerprint was seen ('' = never filtered); False for a duplicate."""
+        return (await self.push_many([(stage, fingerprint, data)]))[0]
+
+    async def push_many(self, requests: list[tuple[str, str, bytes]]) -> list[bool]:
+        """Queue (stage, fingerprint, data) requests in one script call; False for each duplicate."""
+        stages = list(dict.fromkeys(self._check_stage(stage) for stage, _, _ in requests))
+        index = {stage: n for n, stage in enumerate(stages, 1)}
+        args: list[Any] = []
+        for stage, fingerprint, data in requests:
+            args += [index[stage], fingerprint, data]
+        keys = [self.keys.dupefilter, *(self.keys.queue(s) for s in stages)]
+        return [bool(n) for n in await self.scripts["queue_push"](keys=keys, args=args)]
+
+    async def seen(self, fingerprint: str) -> bool:
+        """Record a fingerprint in the shared dupefilter; True if it was there already."""
+        keys = [self.keys.dupefilter, self.keys.queue(self.stages[0])]
+        return not (await self.scripts["queue_push"](keys=keys, args=[1, fingerprint, ""]))[0]
+
+    async def pop(self, stage: str, count: int) -> list[tuple[str, bytes]] | None:
+        """Take up to ``count`` requests of a stage into this worker's in-flight record: [(id, data)].
+
+        None (nothing popped) if this worker is not registered: the others took it for dead and requeued what it
+        had popped; :meth:`beat` first (it says so), then pop."""
+        keys = [self.keys.queue(self._check_stage(stage)), self.inflight_key, self.keys.ids, self.keys.alive]
+        reply = await self.scripts["queue_pop"](keys=keys, args=[count, stage, self.worker])
+        if reply is None:
+            return None
+        return [(str(text(i)), bytes(d)) for i, d in zip(reply[::2], reply[1::2], strict=True)]
+
+    async def ack(self, ids: Iterable[str]) -> int:
+        """The requests are done (their output is queued): drop them from the in-flight record."""
+        ids = list(ids)
+        if not ids:
+            return 0
+        return int(await self.scripts["queue_ack"](keys=[self.inflight_key], args=ids))
+
+    async def give_back(self, ids: Iterable[str]) -> int:
+        """Put popped but unstarted requests (oldest first) back at the front of their queues."""
+        ids = list(ids)
+        if not ids:
+            return 0
+        keys = [self.inflight_key, *self._queue_keys()]
+        return int(await self.scripts["queue_return"](keys=keys, args=[len(self.stages), *self.stages, *ids]))
+
+    async def bury(self, entries: Iterable[tuple[str, str]]) -> int:
+        """Move popped entries that cannot be loaded to the dead-letter list: [(in-flight id, note)]."""
+        args = [part for entry in entries for part in entry]
+        if not args:
+            return 0
+        keys = [self.inflight_key, self.keys.deadletter]
+        return int(await self.scripts["queue_bury"](keys=keys, args=args))
+
+    async def beat(self, stage: str | None) -> bool:
+        """This worker is alive and works on ``stage``; True if it was not registered (first beat, or the others
+        took it for dead and requeued its in-flight requests)."""
+        keys = [self.keys.alive, self.keys.working]
+        _now, new = await self.scripts["queue_beat"](keys=keys, args=[self.worker, stage or ""])
+        return bool(new)
+
+    async def leave(self) -> int:
+        """On close: give every request still in this worker's in-flight record back, and unregister."""
+        moved, left = await self._requeue(self.worker, 0)
+        if left:
+            logger.error("%d in-flight requests of unknown stages stay in %s", left, self.inflight_key)
+        return moved
+
+    # -- the cluster --------------------------------------------------------------------------------
+
+    async def _requeue(self, worker: str, silence_ms: int) -> tuple[int, int]:
+        keys = [self.keys.alive, self.keys.inflight(worker), self.keys.working, *self._queue_keys()]
+        moved, left = await self.scripts["queue_requeue"](keys=keys, args=[worker, silence_ms, *self.stages])
+        return int(moved), int(left)
+
+    async def server_ms(self) -> int:
+        seconds, micros = await self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def reap(self) -> dict[str, int]:
+        """Requeue the in-flight requests of every worker silent for one TTL; {worker: requests requeued}."""
+        now = await self.server_ms()
+        silent = [str(text(w)) for w in await self.client.zrangebyscore(self.keys.alive, "-inf", now - self.ttl_ms)]
+        reaped: dict[str, int] = {}
+        for worker in silent:
+            if worker == self.worker:
+                continue  # our own beat is late (a stalled loop): we are evidently alive
+            moved, left = await self._requeue(worker, self.ttl_ms)
+            if moved < 0:
+                continue  # it beat meanwhile
+            reaped[worker] = moved
+            if left:
+                logger.error("%d in-flight requests of unknown stages stay in %s", left, self.keys.inflight(worker))
+        return reaped
+
+    async def workers(self) -> dict[str, int]:
+        """Registered workers and their last beat (ms, Redis's clock)."""
+        pairs = await self.client.zrange(self.keys.alive, 0, -1, withscores=True)
+        return {str(text(w)): int(score) for w, score in pairs}
+
+    async def lengths(self) -> dict[str, int]:
+        """Pending requests per stage."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key in self._queue_keys():
+                pipe.llen(key)
+            replies = await pipe.execute()
+        return dict(zip(self.stages, (int(n) for n in replies), strict=True))
+
+    async def in_flight_elsewhere(self) -> int:
+        """Requests popped by other registered workers and not done yet (they may yield more work)."""
+        others = [w for w in await self.workers() if w != self.worker]
+        if not others:
+            return 0
+        async with self.client.pipeline(transaction=False) as pipe:
+            for worker in others:
+                pipe.hlen(self.keys.inflight(worker))
+            replies = await pipe.execute()
+        return sum(int(n) for n in replies)
+
+    async def clear_if_alone(self) -> bool:
+        """Delete the spider's whole crawl state if no other worker is alive; True if it did."""
+        registered = await self.workers()
+        keys: list[Any] = [self.keys.alive, self.keys.working, self.keys.dupefilter, self.keys.ids]
+        keys += self._queue_keys()
+        keys += [self.keys.inflight(w) for w in {*registered, self.worker}]
+        return bool(await self.scripts["queue_clear"](keys=keys, args=[self.worker, self.ttl_ms]))

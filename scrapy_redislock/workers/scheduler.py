@@ -1,0 +1,550 @@
+"""StageWorkerScheduler: a worker takes requests only from the Redis queue of the stage whose slot it holds.
+
+Set as SCHEDULER by :class:`~scrapy_redislock.StageWorkerMixin`. Each stage's pending requests live in Redis
+(:class:`~scrapy_redislock.workers.queue.StageQueues`: one list per stage, one shared dupefilter). A worker holds the
+slot of one stage at a time (an AsyncCountingLock named ``workers:<stage>`` capped by ``worker_stages``; an
+uncapped stage needs none) and pops only that stage's queue; requests its callbacks yield go to their stage's
+queue, whichever worker holds that one. When its stage has no work left it frees the slot and takes the first
+stage in preference order that has work and a free slot; with no work anywhere it idles.
+
+A popped request stays in the worker's in-flight record in Redis until Scrapy has completely handled it (the
+engine's in-progress set: download, redirects, callback or errback, and every request the callback yielded
+queued in Redis); a worker that stops beating for one TTL has its in-flight requests put back at the front of
+their queues by the others. So a SIGKILL loses no request; the few the dead worker had in flight are fetched
+again. Every Redis call is ``redis.asyncio`` on the reactor thread, nothing blocks it.
+
+Settings read (via :mod:`scrapy_redislock.crawl.settings`): REDISLOCK_WORKER_STAGES (or the spider's ``worker_stages``),
+REDISLOCK_STAGE_PREFERENCE (or the spider's ``stage_preference``), REDISLOCK_IDLE_CLOSE (else scrapy-redis's
+MAX_IDLE_TIME_BEFORE_CLOSE), REDISLOCK_TTL, REDISLOCK_KEY_PREFIX, REDISLOCK_URL; scrapy-redis's SCHEDULER_PERSIST,
+SCHEDULER_FLUSH_ON_START, REDIS_START_URLS_AS_SET / _AS_ZSET, SCHEDULER_SERIALIZER (the request format: by default
+:mod:`~scrapy_redislock.crawl.requestformat`, which cannot run code on load); Scrapy's CONCURRENT_REQUESTS (how many
+requests a worker takes ahead). Stats: ``redislock/workers/<stage>/{enqueued,duplicates,dequeued,taken,lost}``,
+``redislock/workers/{requeued,returned,start_urls,unqueueable,dead_letters,redis_errors}``.
+
+A queued entry that cannot be loaded (garbage, a pickle payload, a truncated entry, a ``_class`` or callback that
+is not what ``to_dict`` makes) is logged once with its queue and a short escaped excerpt, counted, and moved to the
+spider's dead-letter list (``redislock status`` shows it); a request that does not fit the format is refused when
+it is queued, naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Coroutine, Iterable
+from typing import TYPE_CHECKING, Any
+
+import redis.exceptions
+from scrapy import Request
+from scrapy.core.scheduler import BaseScheduler
+from scrapy.utils.defer import deferred_from_coro
+
+from scrapy_redislock._redis import Backoff
+from scrapy_redislock.crawl.engine import check_reactor, in_progress, wake_engine
+from scrapy_redislock.crawl.requestformat import request_from_data
+from scrapy_redislock.crawl.settings import read_settings, read_worker_settings
+from scrapy_redislock.crawl.stagelocks import StageLocks
+from scrapy_redislock.crawl.stages import stage_of
+from scrapy_redislock.errors import ConfigError
+from scrapy_redislock.workers.queue import StageQueues
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from twisted.internet.defer import Deferred
+
+    from scrapy_redislock.lock.core import Permit
+
+logger = logging.getLogger(__name__)
+
+TICK = 0.2  # seconds between two looks at the queues when nothing wakes the loop earlier
+CLOSE_STEP_TIMEOUT = 10.0
+PUSH_BATCH = 500  # requests per queue_push call
+EXCERPT = 60  # bytes of an entry that cannot be loaded shown in the log and in the dead-letter note
+
+
+class StageWorkerScheduler(BaseScheduler):
+    """The scheduler of a StageWorkerMixin spider (see the module docstring)."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+        settings = read_settings(crawler.settings)  # the mixin put the spider's worker_stages there
+        stages = dict(settings.worker_stages)
+        if not stages:
+            raise ConfigError(
+                f"{crawler.spidercls.__name__} needs worker_stages (a dict stage -> max workers cluster-wide, None "
+                "= unlimited) or REDISLOCK_WORKER_STAGES"
+            )
+        preference = list(settings.stage_preference or stages)
+        self.preference = preference + [s for s in stages if s not in preference]
+        self.stages = stages
+        self.settings = settings
+        self.worker_settings = read_worker_settings(crawler.settings, settings)
+        check_reactor(crawler, "StageWorkerMixin")
+        self.idle_close = self.worker_settings.idle_close
+        self.serializer = self.worker_settings.serializer
+        self.locks = StageLocks(
+            crawler, self.settings, stages, lock_prefix="workers:", stats_prefix="redislock/workers"
+        )
+        self.queues = StageQueues(
+            self.locks.client, crawler.spidercls.name, stages, key_prefix=settings.key_prefix, ttl=settings.ttl
+        )
+        self.worker = self.queues.worker
+        self.concurrency = max(1, crawler.settings.getint("CONCURRENT_REQUESTS"))
+        self.buffer: deque[tuple[Request, str]] = deque()  # popped from Redis, not handed to the engine yet
+        self.handed: dict[Request, str] = {}  # handed to the engine, not acked yet -> in-flight id
+        self.local: deque[Request] = deque()  # requests that name no stage: this worker's own
+        self.current: str | None = None
+        self.permit: Permit | None = None
+        self.lengths: dict[str, int] = dict.fromkeys(stages, 0)
+        self.start_stages: set[str] = set()  # stages that start URLs from Redis went to
+        self.outbox: deque[tuple[str, str, bytes]] = deque()  # (stage, fingerprint, request) to queue in Redis
+        self.flusher: asyncio.Task[Any] | None = None
+        self.pushes: set[asyncio.Task[Any]] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.busy_at = time.monotonic()
+        self.beat_at = time.monotonic()  # when the last beat that reached Redis was sent
+        self.loop_task: asyncio.Task[None] | None = None
+        self.wakeup: asyncio.Event | None = None
+        self.closing = False
+        self.spider: Spider | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> StageWorkerScheduler:
+        return cls(crawler)
+
+    @property
+    def stats(self) -> Any:
+        return self.crawler.stats
+
+    # -- the scheduler interface ----------------------------------------------------------------
+
+    def open(self, spider: Spider) -> Deferred[None]:
+        self.spider = spider
+        return deferred_from_coro(self._open())
+
+    async def _open(self) -> None:
+        if not await self.locks.start_once():
+            return  # Redis unreachable or refusing us: logged, and the spider_opened signal closes the spider
+        if self.worker_settings.flush_on_start:
+            if await self.queues.clear_if_alone():
+                logger.info("SCHEDULER_FLUSH_ON_START: flushed the queues (no other worker alive)")
+            else:
+                logger.info("SCHEDULER_FLUSH_ON_START: other workers are alive, nothing flushed")
+        await self.queues.beat(None)
+        self.beat_at = time.monotonic()
+        logger.info(
+            "Worker %s: stages %s (preference %s), queues under %s",
+            self.worker,
+            self.stages,
+            self.preference,
+            self.queues.keys.base,
+        )
+        self.busy_at = time.monotonic()
+        self.wakeup = asyncio.Event()
+        self.loop_task = asyncio.get_running_loop().create_task(self._run())
+
+    def close(self, reason: str) -> Deferred[None]:
+        return deferred_from_coro(self._close())
+
+    async def _close(self) -> None:
+        """Hand back what this worker holds; every step is bounded, so a close never hangs."""
+        self.closing = True
+        if not self.locks.started:  # it never got to Redis: nothing to hand back
+            await self.locks.close()
+            return
+        if self.loop_task is not None:
+            assert self.wakeup is not None
+            self.wakeup.set()
+            done, _ = await asyncio.wait({self.loop_task}, timeout=CLOSE_STEP_TIMEOUT)
+            if not done:  # a Redis call that hangs: cut it off
+                self.loop_task.cancel()
+                await asyncio.wait({self.loop_task}, timeout=1.0)
+        if self.pushes:
+            await self._bounded("queueing the last requests", asyncio.wait(set(self.pushes)))
+            if self.outbox:
+                logger.error("Closing: %d requests yielded by callbacks never reached Redis", len(self.outbox))
+        self._ack_finished()  # the engine waited for its in-progress requests: everything handed out is done
+        if self.tasks:
+            await self._bounded("acknowledging the last requests", asyncio.wait(set(self.tasks)))
+        if self.local:
+            logger.warning("Closing with %d requests that name no stage unfetched; they are lost", len(self.local))
+        # Whatever is still in the in-flight record was popped but never started: back to the front of its queue.
+        moved = await self._bounded("giving back this worker's unstarted requests", self.queues.leave())
+        if moved:
+            self.stats.inc_value("redislock/workers/returned", moved)
+        self.buffer.clear()
+        if not self.worker_settings.persist:
+            cleared = await self._bounded("clearing the queues", self.queues.clear_if_alone())
+            if cleared:
+                logger.info("SCHEDULER_PERSIST is False and this was the last worker: cleared the queues")
+        await self._bounded("freeing the stage slot", self.locks.close())
+
+    async def _bounded(self, what: str, step: Coroutine[Any, Any, Any] | Any) -> Any:
+        try:
+            return await asyncio.wait_for(step, CLOSE_STEP_TIMEOUT)
+        except (TimeoutError, redis.exceptions.RedisError, OSError) as exc:
+            logger.warning(
+                "On close, %s failed (%s); the other workers recover it after the TTL", what, exc or "timeout"
+            )
+            return None
+
+    def has_pending_requests(self) -> bool:
+        return bool(self.buffer or self.local or self.pushes)
+
+    def __len__(self) -> int:
+        return len(self.buffer) + len(self.local)
+
+    def enqueue_request(self, request: Request) -> bool:
+        """Queue in Redis (asynchronously: a duplicate is counted in stats, not reported to the engine)."""
+        stage = stage_of(request, self.settings, self.spider)
+        fingerprint = "" if request.dont_filter else self.crawler.request_fingerprinter.fingerprint(request).hex()
+        if stage is None:
+            self._push_task(self._keep_local(request, fingerprint))
+            return True
+        if stage not in self.stages:
+            self.stats.inc_value("redislock/workers/unknown_stage")
+            logger.error("Dropped %s: stage %r is not one of the worker stages %s", request, stage, list(self.stages))
+            return False
+        try:
+            data = self.encode(request)
+        except Exception as exc:  # the format's refusal, or whatever a SCHEDULER_SERIALIZER raises
+            self.stats.inc_value("redislock/workers/unqueueable")
+            logger.error("Refused %s: it cannot be queued in Redis: %s", request, exc)
+            return False
+        self.outbox.append((stage, fingerprint, data))
+        if self.flusher is None:  # one task sends everything enqueued meanwhile, in one script call per batch
+            self.flusher = self._push_task(self._flush())
+        return True
+
+    def encode(self, request: Request) -> bytes:
+        """The request as its queue stores it (SCHEDULER_SERIALIZER, by default the safe JSON format)."""
+        data = self.serializer.dumps(request.to_dict(spider=self.spider))
+        return data.encode("utf-8") if isinstance(data, str) else bytes(data)
+
+    def next_request(self) -> Request | None:
+        self._ack_finished()
+        if self.local:
+            return self.local.popleft()
+        request = None
+        if self.buffer and time.monotonic() - self.beat_at > 0.8 * self.settings.ttl:
+            # No beat for most of a TTL (this process stalled): the others may have requeued what we took ahead.
+            # Hand nothing out until the next beat says whether they did (then the buffer is dropped).
+            if self.wakeup is not None:
+                self.wakeup.set()
+            return None
+        if self.buffer:
+            request, inflight_id = self.buffer.popleft()
+            self.handed[request] = inflight_id
+        if len(self.buffer) < self.concurrency and self.wakeup is not None:
+            self.wakeup.set()  # top up before the buffer runs dry, not at the next tick
+        return request
+
+    def may_close(self) -> bool:
+        """For the spider's idle handler: no work anywhere in the cluster for REDISLOCK_IDLE_CLOSE seconds."""
+        return self.idle_close is not None and time.monotonic() - self.busy_at >= self.idle_close
+
+    # -- requests in and out of Redis ---------------------------------------------------------------
+
+    def _push_task(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.pushes.add(task)
+        task.add_done_callback(self.pushes.discard)
+        return task
+
+    def _task(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _retrying(self, what: str, call: Any) -> Any:
+        """Retry a call until Redis answers: a request yielded by a callback must not be dropped."""
+        backoff = Backoff()
+        while True:
+            try:
+                return await call()
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+                self.stats.inc_value("redislock/workers/redis_errors")
+                delay = backoff.next()
+                logger.warning("%s failed (%s); retrying in %.1f s", what, exc, delay)
+                await asyncio.sleep(delay)
+
+    async def _flush(self) -> None:
+        """Queue the outbox in Redis, PUSH_BATCH requests per script call, until it stays empty."""
+        try:
+            await asyncio.sleep(0)  # let the rest of a callback's output join this batch
+            while self.outbox:
+                batch = [self.outbox.popleft() for _ in range(min(PUSH_BATCH, len(self.outbox)))]
+                try:
+                    queued = await self._retrying("Queueing requests", lambda b=batch: self.queues.push_many(b))
+                except redis.exceptions.RedisError as exc:  # not an outage: Redis refused them (e.g. out of memory)
+                    self.stats.inc_value("redislock/workers/unqueueable", len(batch))
+                    logger.error("Dropped %d requests: Redis refused to queue them (%s)", len(batch), exc)
+                    continue
+                for (stage, _, _), new in zip(batch, queued, strict=True):
+                    self.stats.inc_value(f"redislock/workers/{stage}/{'enqueued' if new else 'duplicates'}")
+        finally:
+            self.flusher = None
+
+    async def _keep_local(self, request: Request, fingerprint: str) -> None:
+        if fingerprint and await self._retrying("Checking the dupefilter", lambda: self.queues.seen(fingerprint)):
+            self.stats.inc_value("redislock/workers/no_stage/duplicates")
+            return
+        self.local.append(request)
+        wake_engine(self.crawler)
+
+    def _ack_finished(self) -> None:
+        """Drop from the in-flight record every handed-out request the engine has completely handled."""
+        if not self.handed:
+            return
+        unfinished = in_progress(self.crawler) or set()
+        done = [request for request in self.handed if request not in unfinished]
+        if done:
+            ids = [self.handed.pop(request) for request in done]
+            self._task(self._ack(ids, set(self.pushes)))
+
+    async def _ack(self, ids: list[str], pushes: set[asyncio.Task[Any]]) -> None:
+        if pushes:  # what the callbacks yielded is in Redis before their parents leave the in-flight record
+            await asyncio.wait(pushes)
+        try:
+            await self._retrying("Acknowledging requests", lambda: self.queues.ack(ids))
+        except redis.exceptions.RedisError as exc:  # they stay in the record: requeued (fetched again) at close
+            logger.error("Could not acknowledge %d requests (%s)", len(ids), exc)
+
+    # -- the worker loop ----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        last_beat = last_round = -float("inf")
+        woken = False
+        errors = 0
+        assert self.wakeup is not None
+        while not self.closing:
+            try:
+                if time.monotonic() - last_beat >= self.settings.ttl / 3:
+                    await self._beat_and_reap()
+                    last_beat = time.monotonic()
+                # Woken for a top-up: just pop, unless that finds nothing or the last full round is a TICK old.
+                quick = woken and time.monotonic() - last_round < TICK and await self._fill()
+                if not quick:
+                    last_round = time.monotonic()
+                    await self._feed_start_urls()
+                    self.lengths = await self.queues.lengths()
+                    await self._check_lost()
+                    await self._choose_stage()
+                    await self._fill()
+                    await self._track_idle()
+                self._ack_finished()
+                errors = 0
+            except (redis.exceptions.RedisError, OSError) as exc:
+                errors += 1
+                self.stats.inc_value("redislock/workers/redis_errors")
+                if errors == 1 or errors % 50 == 0:
+                    logger.warning("Worker loop: Redis error (%s); retrying", exc)
+            except Exception:  # never let the loop die silently: the worker would idle forever
+                logger.exception("Worker loop failed; retrying")
+            if self.closing:
+                break
+            self.wakeup.clear()
+            try:
+                await asyncio.wait_for(self.wakeup.wait(), TICK)
+                woken = True
+            except TimeoutError:
+                woken = False
+
+    async def _beat(self, stage: str | None) -> None:
+        sent = time.monotonic()
+        new = await self.queues.beat(stage)
+        self.beat_at = sent
+        if new:
+            # Silent for a TTL (a stall: CPU starvation, a debugger, SIGSTOP, a long blocking call): the others
+            # put this worker's in-flight requests back in the queues. The unstarted ones are dropped here; the
+            # ones already in the engine (downloads, at most CONCURRENT_REQUESTS, and responses waiting for their
+            # callback) get fetched twice.
+            dropped = len(self.buffer)
+            self.buffer.clear()
+            self.stats.inc_value("redislock/workers/presumed_dead")
+            logger.warning(
+                "Worker %s was silent for the TTL and taken for dead: dropped %d requests taken ahead (the others "
+                "have them), %d in progress here may get fetched twice",
+                self.worker,
+                dropped,
+                len(self.handed),
+            )
+
+    async def _beat_and_reap(self) -> None:
+        await self._beat(self.current)
+        reaped = await self.queues.reap()
+        for worker, moved in reaped.items():
+            logger.warning("Worker %s stopped beating: put %d of its requests back in the queues", worker, moved)
+            self.stats.inc_value("redislock/workers/requeued", moved)
+
+    async def _feed_start_urls(self) -> None:
+        """Turn start URLs pushed to the spider's ``redis_key`` (scrapy-redis's feed) into queued requests.
+
+        Read with redis.asyncio at every tick while the queues of the stages they went to are short, instead of
+        scrapy-redis's blocking read at each ``spider_idle``.
+        """
+        spider = self.spider
+        key = getattr(spider, "redis_key", None)
+        make = getattr(spider, "make_request_from_data", None)
+        if not key or make is None:
+            return
+        batch = int(getattr(spider, "redis_batch_size", None) or self.concurrency)
+        if sum(self.lengths.get(s, 0) for s in self.start_stages) >= batch:
+            return
+        client = self.queues.client
+        how = self.worker_settings.start_urls_as
+        if how == "set":
+            found = await client.spop(key, batch) or []
+        elif how == "zset":
+            found = [member for member, _score in await client.zpopmax(key, batch)]
+        else:
+            found = await client.lpop(key, batch) or []
+        for data in found:
+            made = make(data)
+            requests: Iterable[Any] = made if isinstance(made, Iterable) and not isinstance(made, Request) else [made]
+            for request in requests:
+                if not isinstance(request, Request):
+                    continue
+                stage = stage_of(request, self.settings, spider)
+                if stage is not None:
+                    self.start_stages.add(stage)
+                self.stats.inc_value("redislock/workers/start_urls")
+                self.crawler.engine.crawl(request)
+        if found:
+            await asyncio.gather(*set(self.pushes))  # in their queues before this round counts the lengths
+            self.busy_at = time.monotonic()
+
+    async def _check_lost(self) -> None:
+        """A lost slot lease (stalled longer than the TTL, or an operator's reset): leave the stage at once."""
+        permit = self.permit
+        if permit is None or not permit.lost or self.current is None:
+            return
+        stage = self.current
+        ids = [inflight_id for _, inflight_id in self.buffer]
+        self.buffer.clear()
+        returned = await self.queues.give_back(ids)  # StageLocks counted it: redislock/workers/<stage>/lost
+        logger.warning(
+            "Worker %s lost its slot of stage %r; gave %d unstarted requests back, %d in progress finish here",
+            self.worker,
+            stage,
+            returned,
+            len(self.handed),
+        )
+        self.permit, self.current = None, None
+        await self._beat(None)
+
+    async def _choose_stage(self) -> None:
+        """Keep the stage while it has work; else free its slot and take the first stage with work and room."""
+        current = self.current
+        if current is not None:
+            if self.lengths[current] or self.buffer or self.handed:
+                if not self.locks.is_capped(current):
+                    await self._move_up(current)  # e.g. take over the slot of a killed worker at once
+                return
+            await self._leave_stage()
+        for stage in self.preference:
+            if self.lengths[stage] and await self._take(stage):
+                return
+
+    async def _take(self, stage: str) -> bool:
+        if self.locks.is_capped(stage):
+            permit = await self.locks.locks[stage].try_acquire()
+            if permit is None:
+                return False
+            self.permit = permit
+        previous, self.current = self.current, stage
+        await self._beat(stage)
+        self.stats.inc_value(f"redislock/workers/{stage}/taken")
+        logger.info("Worker %s works on stage %r%s", self.worker, stage, f" (was {previous!r})" if previous else "")
+        return True
+
+    async def _move_up(self, current: str) -> None:
+        """From an uncapped stage, take a preferred capped stage that has work and a free slot.
+
+        Requests of the uncapped stage already taken finish here (no cap to break); no new ones are taken.
+        """
+        for stage in self.preference[: self.preference.index(current)]:
+            if self.lengths[stage] and self.locks.is_capped(stage) and await self._take(stage):
+                return
+
+    async def _leave_stage(self) -> None:
+        permit, self.permit = self.permit, None
+        stage, self.current = self.current, None
+        if permit is not None:
+            await self.locks.release(permit)
+        await self._beat(None)
+        logger.info("Worker %s left stage %r (no work left there)", self.worker, stage)
+
+    async def _fill(self) -> int:
+        """Pop requests of the current stage so that about twice CONCURRENT_REQUESTS are taken."""
+        if self.current is None:
+            return 0
+        self._ack_finished()
+        popped = await self._pop()
+        if popped is None:  # taken for dead since the last beat: the beat says so and drops the buffer, then pop
+            await self._beat(self.current)
+            popped = await self._pop() or []
+        unloadable: list[tuple[str, str]] = []
+        for inflight_id, data in popped:
+            try:
+                request = request_from_data(data, self.serializer, self.spider)
+            except Exception as exc:  # whatever the entry made the loader raise: never retried, kept for people
+                unloadable.append((inflight_id, self._dead_letter_note(data, exc)))
+                continue
+            self.buffer.append((request, inflight_id))
+        if unloadable:
+            moved = await self.queues.bury(unloadable)
+            self.stats.inc_value("redislock/workers/dead_letters", moved)
+        if popped:
+            self.stats.inc_value(f"redislock/workers/{self.current}/dequeued", len(popped))
+            self.busy_at = time.monotonic()
+            wake_engine(self.crawler)
+        return len(popped)
+
+    def _dead_letter_note(self, data: bytes, exc: Exception) -> str:
+        """Log an entry that cannot be loaded, once; the note that goes with it to the dead-letter list."""
+        queue = self.queues.keys.queue(self.current or "")
+        excerpt = repr(data[:EXCERPT]) + ("..." if len(data) > EXCERPT else "")
+        error = f"{type(exc).__name__}: {exc}"[:200]
+        logger.error(
+            "An entry of %s cannot be loaded (%r); moved to %s. %d bytes: %s",
+            queue,
+            error,
+            self.queues.keys.deadletter,
+            len(data),
+            excerpt,
+        )
+        note = {"time": round(time.time(), 3), "worker": self.worker, "queue": queue, "error": error}
+        return json.dumps(note)
+
+    async def _pop(self) -> list[tuple[str, bytes]] | None:
+        """Pop so that about twice CONCURRENT_REQUESTS are taken; None if this worker is not registered."""
+        assert self.current is not None
+        want = 2 * self.concurrency - len(self.buffer) - len(self.handed)
+        return await self.queues.pop(self.current, want) if want > 0 else []
+
+    async def _track_idle(self) -> None:
+        """Note when the cluster last had work; once idle for REDISLOCK_IDLE_CLOSE, wake the engine to close."""
+        busy = any(self.lengths.values()) or self.buffer or self.handed or self.local or self.pushes
+        if not busy:
+            busy = await self._start_urls_waiting() or await self.queues.in_flight_elsewhere() > 0
+        if busy:
+            self.busy_at = time.monotonic()
+        elif self.may_close():
+            wake_engine(self.crawler)  # the engine checks for idleness at its next round, not in 5 s
+
+    async def _start_urls_waiting(self) -> int:
+        key = getattr(self.spider, "redis_key", None)
+        if not key:
+            return 0
+        client = self.queues.client
+        how = self.worker_settings.start_urls_as
+        length = client.scard(key) if how == "set" else client.zcard(key) if how == "zset" else client.llen(key)
+        return int(await length)
+
+
+__all__ = ["StageWorkerScheduler"]

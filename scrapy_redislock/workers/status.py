@@ -1,0 +1,183 @@
+"""Read-only inspection of the worker mixin's shared state per spider: queues, workers, dead letters.
+
+Each spider is read in one MULTI/EXEC (its keys share a hash tag): queue lengths per stage, and each registered
+worker's last beat (Redis's clock), stage and requests in flight; and the queues' dead-letter lists
+(:func:`dead_letters`: entries no worker could load, e.g. a payload someone pushed by hand). Nothing here writes to
+Redis; imports neither Scrapy nor Twisted; reads no settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+from redis.client import NEVER_DECODE
+
+from scrapy_redislock._redis import text
+from scrapy_redislock.lock.status import StageStatus, glob_escape, parse_identity
+from scrapy_redislock.workers.queue import QueueKeys
+
+DEAD_LETTERS_LISTED = 5  # newest dead letters shown per spider; the count is exact
+
+
+WORKER_LOCK_PREFIX = "workers:"  # StageWorkerMixin's slot locks are named workers:<stage>
+
+
+@dataclass
+class WorkerStatus:
+    """One registered worker of a StageWorkerMixin spider."""
+
+    worker: str  # host:pid:random
+    silence: float  # seconds since its last beat (Redis's clock); it beats every ttl/3
+    stage: str | None  # the stage it works on, as of its last beat
+    in_flight: int  # requests it popped and has not finished (requeued if it dies)
+    alive: bool  # silent for less than the ttl; the other workers requeue a dead one's requests
+
+    @property
+    def host(self) -> str:
+        return self.worker.rsplit(":", 2)[0]
+
+    @property
+    def pid(self) -> int | None:
+        parts = self.worker.rsplit(":", 2)
+        return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
+@dataclass
+class SpiderStatus:
+    """The shared crawl state of one StageWorkerMixin spider: its stage queues and its workers."""
+
+    spider: str
+    ttl: float  # silence after which a worker counts as dead (the ttl of the worker slot locks)
+    queues: dict[str, int]  # stage -> requests waiting in its queue
+    workers: list[WorkerStatus] = field(default_factory=list)
+
+    @property
+    def alive(self) -> int:
+        return sum(1 for worker in self.workers if worker.alive)
+
+    @property
+    def dead(self) -> int:
+        """Registered workers silent for the ttl, not yet reaped by a live worker."""
+        return sum(1 for worker in self.workers if not worker.alive)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for worker, raw in zip(self.workers, data["workers"], strict=True):
+            raw.update(host=worker.host, pid=worker.pid)
+        data.update(alive=self.alive, dead=self.dead, in_flight=sum(w.in_flight for w in self.workers))
+        return data
+
+
+@dataclass
+class SpiderKeys:
+    """What a SCAN found of one spider's queue keys."""
+
+    queues: set[str] = field(default_factory=set)  # stages with a non-empty queue
+    inflight: set[str] = field(default_factory=set)  # workers with a non-empty in-flight hash
+    registered: bool = False  # an alive zset or working hash exists
+
+
+def spiders_in(tagged: dict[str, set[str]]) -> dict[str, SpiderKeys]:
+    """The spiders among scanned ``{tag: {rest of key}}`` (none of a lock's keys looks like a spider's)."""
+    spiders: dict[str, SpiderKeys] = {}
+    for tag, rests in tagged.items():
+        keys = SpiderKeys()
+        for rest in rests:
+            if rest.startswith(":queue:"):
+                keys.queues.add(rest[len(":queue:") :])
+            elif rest.startswith(":inflight:"):
+                keys.inflight.add(rest[len(":inflight:") :])
+            elif rest in (":alive", ":working"):
+                keys.registered = True
+        if keys.queues or keys.inflight or keys.registered:
+            spiders[tag] = keys
+    return spiders
+
+
+@dataclass
+class DeadLetter:
+    """An entry of a worker queue that could not be loaded, as the worker noted it."""
+
+    stage: str
+    error: str
+    worker: str
+    time: float | None
+    size: int
+    excerpt: str  # the first bytes, escaped (repr)
+
+
+@dataclass
+class DeadLetters:
+    """One spider's dead-letter list: how many, and the newest few."""
+
+    spider: str
+    key: str
+    count: int
+    newest: list[DeadLetter] = field(default_factory=list)
+
+
+def _dead_letter(raw: bytes) -> DeadLetter:
+    note_line, _, rest = raw.partition(b"\n")
+    stage, _, data = rest.partition(b"\n")
+    note = parse_identity(note_line)
+    when = note.get("time")
+    return DeadLetter(
+        stage=stage.decode("utf-8", "replace"),
+        error=str(note.get("error", "?")),
+        worker=str(note.get("worker", "?")),
+        time=float(when) if isinstance(when, int | float) and not isinstance(when, bool) else None,
+        size=len(data),
+        excerpt=repr(data[:40]) + ("..." if len(data) > 40 else ""),
+    )
+
+
+def dead_letters(client: redis.Redis, prefix: str) -> list[DeadLetters]:
+    """Every non-empty ``<prefix>:{<spider>}:deadletter`` list, by spider."""
+    head, tail = f"{prefix}:{{", "}:deadletter"
+    found = []
+    for key in sorted(text(k) for k in client.scan_iter(match=f"{glob_escape(head)}*{glob_escape(tail)}")):
+        count = int(client.llen(key))
+        # Raw bytes even on a client that decodes replies: an entry may be anything (e.g. a pickle payload).
+        newest = client.execute_command("LRANGE", key, 0, DEAD_LETTERS_LISTED - 1, **{NEVER_DECODE: []})
+        if count:
+            found.append(DeadLetters(key[len(head) : -len(tail)], key, count, [_dead_letter(r) for r in newest]))
+    return found
+
+
+def worker_ttl(stages: list[StageStatus], default: float) -> float:
+    """The silence that makes a worker dead: the ttl of the worker slot locks (``workers:<stage>``), else ``default``
+    (a spider whose stages are all uncapped has no slot lock)."""
+    ttls = [s.ttl for s in stages if s.stage.startswith(WORKER_LOCK_PREFIX) and s.ttl is not None]
+    return max(ttls) if ttls else default
+
+
+def spider_status(client: redis.Redis, prefix: str, spider: str, ttl: float, found: SpiderKeys) -> SpiderStatus:
+    """One spider's queues and workers as Redis holds them now (one MULTI/EXEC: its keys share a hash tag);
+    ``found``: its keys that a SCAN saw (queues and in-flight records that are not empty)."""
+    keys = QueueKeys.of(prefix, spider)
+    with client.pipeline(transaction=True) as pipe:
+        pipe.time()
+        pipe.zrange(keys.alive, 0, -1, withscores=True)
+        pipe.hgetall(keys.working)
+        for worker in sorted(found.inflight):
+            pipe.hlen(keys.inflight(worker))
+        for stage in sorted(found.queues):
+            pipe.llen(keys.queue(stage))
+        replies = pipe.execute()
+    (seconds, micros), beats, working = replies[:3]
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    in_flight = dict(zip(sorted(found.inflight), (int(n) for n in replies[3 : 3 + len(found.inflight)]), strict=True))
+    queues = dict(zip(sorted(found.queues), (int(n) for n in replies[3 + len(found.inflight) :]), strict=True))
+    stage_of = {str(text(k)): str(text(v)) for k, v in (working or {}).items()}
+    for stage in stage_of.values():
+        queues.setdefault(stage, 0)  # an empty queue is no key in Redis; the stage a worker is on still counts
+    workers = []
+    for name, beat in beats:
+        name = str(text(name))
+        silence = max(0.0, (now_ms - int(beat)) / 1000)
+        workers.append(
+            WorkerStatus(name, round(silence, 3), stage_of.get(name), in_flight.get(name, 0), alive=silence < ttl)
+        )
+    return SpiderStatus(spider, ttl, dict(sorted(queues.items())), workers)

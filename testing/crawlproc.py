@@ -1,0 +1,187 @@
+"""Run :mod:`testing.spiders.crawlspider` as real ``scrapy runspider`` processes, and read what they left behind.
+
+    crawl = Crawl(site.url, "detail:60,comments:30", {"REDISLOCK_URL": url, ...}, tmp_path)
+    crawl.start(); ...; crawl.wait()      # or crawl.run()
+    crawl.code, crawl.output, crawl.stats  # exit code, stdout+stderr, the stats dict (JSON, written at close)
+    crawl.wait_for_output("Spider opened")  # while it runs: its output is read line by line as it comes
+
+``spider=`` runs another spider file (``scrapy runspider`` takes the file's last spider class).
+
+Every setting is passed with ``-s`` (dicts and lists as JSON); ``None`` removes one of BASE_SETTINGS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+SPIDER = ROOT / "testing" / "spiders" / "crawlspider.py"
+
+BASE_SETTINGS: dict[str, Any] = {
+    "DOWNLOADER_MIDDLEWARES": {"scrapy_redislock.StageLockMiddleware": 950},
+    "SCHEDULER": "scrapy_redislock.StageScheduler",
+    "EXTENSIONS": {"testing.spiders.crawlspider.StatsFile": 0},
+    "LOG_LEVEL": "INFO",
+    "TELNETCONSOLE_ENABLED": False,
+    "ROBOTSTXT_OBEY": False,
+    "REDISLOCK_TTL": 3,
+    "CONCURRENT_REQUESTS_PER_DOMAIN": 1000,
+    "RETRY_ENABLED": False,
+}
+
+
+def settings_args(settings: dict[str, Any]) -> list[str]:
+    """``-s NAME=VALUE`` arguments (dicts and lists as JSON; None left out)."""
+    args: list[str] = []
+    for key, value in settings.items():
+        if value is not None:
+            args += ["-s", f"{key}={json.dumps(value) if isinstance(value, dict | list) else value}"]
+    return args
+
+
+def staged_worker(redis_url: str, base: str, plan: str, settings: dict[str, Any]) -> subprocess.Popen[str]:
+    """A ``scrapy runspider testing/spiders/workerspider.py`` worker (a plain scrapy.Spider with the worker mixin)."""
+    merged = {
+        "REDIS_URL": redis_url,
+        "CONCURRENT_REQUESTS": 2,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 100,
+        "REDISLOCK_TTL": 2,
+        "REDISLOCK_IDLE_CLOSE": 1,
+        "TELNETCONSOLE_ENABLED": False,
+        "LOG_LEVEL": "INFO",
+        **settings,
+    }
+    command = [sys.executable, "-m", "scrapy", "runspider", str(ROOT / "testing" / "spiders" / "workerspider.py")]
+    command += ["-a", f"base={base}", "-a", f"plan={plan}", *settings_args(merged)]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def crawl_command(
+    base: str,
+    plan: str,
+    settings: dict[str, Any],
+    stats_file: Path | None = None,
+    args: dict[str, str] | None = None,
+    spider: Path = SPIDER,
+) -> list[str]:
+    merged = {**BASE_SETTINGS, **settings}
+    command = [sys.executable, "-m", "scrapy", "runspider", str(spider), "-a", f"base={base}", "-a", f"plan={plan}"]
+    for key, value in (args or {}).items():
+        command += ["-a", f"{key}={value}"]
+    command += settings_args(merged)
+    if stats_file is not None:
+        command += ["-s", f"STATS_JSON={stats_file}"]
+    return command
+
+
+class Crawl:
+    """One crawl process; ``stats`` is read from the JSON the StatsFile extension writes at close."""
+
+    counter = 0
+
+    def __init__(
+        self,
+        base: str,
+        plan: str,
+        settings: dict[str, Any],
+        folder: Path,
+        args: dict[str, str] | None = None,
+        spider: Path = SPIDER,
+    ) -> None:
+        Crawl.counter += 1
+        self.stats_file = folder / f"stats-{os.getpid()}-{Crawl.counter}.json"
+        self.command = crawl_command(base, plan, settings, self.stats_file, args, spider)
+        self.process: subprocess.Popen[str] | None = None
+        self.lines: list[str] = []
+        self.reader: threading.Thread | None = None
+
+    def start(self) -> Crawl:
+        self.process = subprocess.Popen(
+            self.command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.reader = threading.Thread(target=self._read, args=(self.process,), daemon=True)
+        self.reader.start()
+        return self
+
+    def _read(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        """Everything the process wrote so far (stdout and stderr)."""
+        return "".join(self.lines)
+
+    def wait_for_output(self, text: str, timeout: float = 60) -> bool:
+        """Wait until the process has written ``text`` (or exited, or ``timeout`` passed); whether it did."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            if time.monotonic() > deadline or (self.reader is not None and not self.reader.is_alive()):
+                return text in self.output
+            time.sleep(0.01)
+        return True
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    def wait(self, timeout: float = 120) -> Crawl:
+        assert self.process is not None and self.reader is not None
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            self.reader.join()
+            raise AssertionError(f"crawl did not end within {timeout} s:\n{self.output[-3000:]}") from None
+        self.reader.join()
+        return self
+
+    def run(self, timeout: float = 120) -> Crawl:
+        return self.start().wait(timeout)
+
+    @property
+    def code(self) -> int | None:
+        return None if self.process is None else self.process.returncode
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.stats_file.read_text()))
+        except FileNotFoundError:
+            return {}
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.output[-chars:]
+
+
+def start_crawl(base: str, plan: str, settings: dict[str, Any]) -> subprocess.Popen[str]:
+    """A crawl process whose output is read with ``communicate()`` (for other test modules)."""
+    return subprocess.Popen(
+        crawl_command(base, plan, settings), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def run_crawl(base: str, plan: str, settings: dict[str, Any], timeout: float = 120) -> tuple[int, str]:
+    process = start_crawl(base, plan, settings)
+    output, _ = process.communicate(timeout=timeout)
+    return process.returncode, output
+
+
+def leftover(client: redis.Redis, prefix: str = "redislock") -> int:
+    """Grants still held in Redis (entries in the consumer groups' pending lists), over every lock."""
+    total = 0
+    for key in client.scan_iter(f"{prefix}:*:slots"):
+        total += int(client.xpending(key, "holders")["pending"])
+    return total

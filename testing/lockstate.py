@@ -1,0 +1,29 @@
+"""What tests do to a lock from outside its objects: an operator's release, the lock's keys, forced lease ages."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import redis
+
+from scrapy_redislock.lock.core import LockKeys, release_consumer
+from scrapy_redislock.lock.front import CommandRunner
+from scrapy_redislock.lock.protocol import drive
+
+
+def operator_release(client: redis.Redis, keys: LockKeys, owner: str) -> int:
+    """Free every slot of an owner, as ``release STAGE HOLDER`` does (release_owner.lua)."""
+    return int(drive(release_consumer(keys, owner), CommandRunner(client), "operator"))
+
+
+def all_keys(keys: LockKeys) -> list[str]:
+    """Every Redis key of one lock."""
+    return list(dataclasses.astuple(keys))
+
+
+def age_grant(client: redis.Redis, keys: LockKeys, grant: str, idle_ms: int) -> None:
+    """Make a grant's lease ``idle_ms`` old on Redis's clock (the clock the lock reads), under its own consumer."""
+    entry = client.xpending_range(keys.slots, "holders", grant, grant, 1)
+    assert entry, f"grant {grant} is not held"
+    consumer = entry[0]["consumer"]
+    client.xclaim(keys.slots, "holders", consumer, 0, [grant], idle=idle_ms, justid=True)

@@ -1,0 +1,142 @@
+"""A test spider and test components, run with ``scrapy runspider`` by :mod:`testing.crawlproc`.
+
+``-a plan=detail:300,comments:300`` yields that many requests per stage, in that order, to
+``-a base=http://127.0.0.1:PORT/<stage>/<n>``. An entry may carry a query: ``detail:2:sleep=5`` (the test site
+sleeps that long), ``detail:2:drop=late`` (see :class:`LateOutcomes`); ``detail@slow:2`` puts requests of stage
+``detail`` at ``/slow/<n>`` (the site counts them apart). A stage named ``free`` gets
+``dont_redislock``. ``-a via=meta`` (default) names the stage in meta; ``via=decorator`` and ``via=callback`` leave
+meta alone and use the callback's ``@stage`` or REDISLOCK_CALLBACK_STAGES (callback ``parse_<stage>``).
+``-a direct=N``: the first response also downloads N ``detail`` pages with ``engine.download_async`` (as media
+pipelines do), bypassing the scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import redis.asyncio
+import scrapy
+from scrapy import signals
+from scrapy.exceptions import IgnoreRequest
+from scrapy.http import HtmlResponse
+
+from scrapy_redislock import stage
+
+
+class PlanSpider(scrapy.Spider):
+    name = "plan"
+
+    def __init__(self, base: str = "", plan: str = "", direct: str = "0", via: str = "meta", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.direct = int(direct)
+        self.base = base
+        self.via = via
+        self.plan: list[tuple[str, int, str]] = []
+        for part in plan.split(","):
+            if part:
+                name, count, *query = part.split(":")
+                self.plan.append((name, int(count), query[0] if query else ""))
+
+    async def start(self) -> AsyncIterator[scrapy.Request]:
+        for entry, count, query in self.plan:
+            name, _, path = entry.partition("@")  # "detail@slow": stage detail, pages /slow/<n>
+            suffix = f"?{query}" if query else ""
+            for n in range(count):
+                meta: dict[str, Any] = {}
+                callback = self.parse
+                if name == "free":
+                    meta["dont_redislock"] = True
+                elif self.via == "meta":
+                    meta["redislock_stage"] = name
+                else:
+                    callback = getattr(self, f"parse_{name}", self.parse)
+                url = f"{self.base}/{path or name}/{n}{suffix}"
+                yield scrapy.Request(url, meta=meta, callback=callback, errback=self.failed, dont_filter=True)
+
+    async def parse(self, response: scrapy.http.Response) -> AsyncIterator[dict[str, str]]:
+        while self.direct > 0:
+            self.direct -= 1
+            request = scrapy.Request(f"{self.base}/direct/{self.direct}", meta={"redislock_stage": "detail"})
+            await self.crawler.engine.download_async(request)
+        yield {"url": response.url}
+
+    @stage("detail")
+    async def parse_detail(self, response: scrapy.http.Response) -> AsyncIterator[dict[str, str]]:
+        yield {"url": response.url}
+
+    async def parse_list(self, response: scrapy.http.Response) -> AsyncIterator[dict[str, str]]:
+        yield {"url": response.url}  # no decorator: REDISLOCK_CALLBACK_STAGES = {"parse_list": "list"}
+
+    def failed(self, failure: Any) -> None:
+        self.crawler.stats.inc_value(f"test/errback/{type(failure.value).__name__}")
+        self.logger.warning("errback: %s: %s", type(failure.value).__name__, failure.value)
+
+
+class Outcomes:
+    """Answers (``answer=<where>``) or drops (``drop=<where>``) requests whose query says so, for release tests."""
+
+    where = ""
+
+    def process_request(self, request: scrapy.Request, spider: scrapy.Spider | None = None) -> HtmlResponse | None:
+        query = parse_qs(urlsplit(request.url).query)
+        if query.get("drop") == [self.where]:
+            raise IgnoreRequest(f"dropped by the {self.where} test middleware")
+        if query.get("answer") == [self.where]:
+            return HtmlResponse(request.url, body=b"<html>answered</html>", request=request)
+        return None
+
+
+class EarlyOutcomes(Outcomes):
+    """Before StageLockMiddleware (order < 950), like a cache or robots.txt: it never sees these requests."""
+
+    where = "early"
+
+
+class LateOutcomes(Outcomes):
+    """After StageLockMiddleware (order > 950): the request holds a slot when it is answered or dropped."""
+
+    where = "late"
+
+
+class StatsFile:
+    """Writes the crawl's stats as JSON to the STATS_JSON setting's path: at spider_closed, and again when the
+    engine has stopped, after the spider_closed handlers (ours included) have all finished.
+
+    At engine stop it also records ``test/pending_at_engine_stop``: grants still held in Redis under the crawl's
+    key prefix (by any process), which StageLocks.close() must have freed by then.
+    """
+
+    def __init__(self, crawler: Any) -> None:
+        self.crawler = crawler
+        self.path = crawler.settings.get("STATS_JSON")
+        crawler.signals.connect(self.write, signal=signals.spider_closed)
+        crawler.signals.connect(self.engine_stopped, signal=signals.engine_stopped)
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> StatsFile:
+        return cls(crawler)
+
+    def write(self) -> None:
+        if self.path:
+            with open(self.path, "w", encoding="utf-8") as out:
+                json.dump(self.crawler.stats.get_stats(), out, default=str)
+
+    async def engine_stopped(self) -> None:
+        url = self.crawler.settings.get("REDISLOCK_URL")
+        prefix = self.crawler.settings.get("REDISLOCK_KEY_PREFIX", "redislock")
+        client = redis.asyncio.Redis.from_url(url, socket_connect_timeout=2) if url else None
+        try:
+            if client is not None:
+                pending = 0
+                async for key in client.scan_iter(f"{prefix}:*:slots"):
+                    pending += int((await client.xpending(key, "holders"))["pending"])
+                self.crawler.stats.set_value("test/pending_at_engine_stop", pending)
+        except redis.RedisError:
+            pass  # Redis is unreachable in this test: nothing to count
+        finally:
+            if client is not None:
+                await client.aclose()
+            self.write()

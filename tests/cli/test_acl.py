@@ -1,0 +1,230 @@
+"""Least privilege (issue 14): the ``crawler``, ``operator`` and ``watcher`` ACL users of
+:mod:`scrapy_redislock.cli.acl`, against a real redis-server, real crawls of both fronts, the command line, and TLS.
+
+The worker front's whole test suite also runs as the crawler user: ``REDISLOCK_TEST_ACL=crawler`` (see conftest;
+``.ci/run`` does it)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.exceptions
+
+from example_project.shop_site import ShopSite
+from scrapy_redislock.cli.acl import CRAWLER_CLIENT_COMMANDS, acl_rules, commands_of, main, script_commands
+from testing.redis_server import RedisServer
+from testing.crawlproc import ROOT, run_crawl, staged_worker
+from testing.site import CrawlSite
+from tests.cli.test_main import tls_server  # noqa: F401  (a fixture)
+from tests.workers.test_mixin import finish, held_slots, shop_worker, stat
+
+pytestmark = pytest.mark.integration
+
+PASSWORD = "acl-test-pw"
+# Listed for the crawler although these crawls do not send them: HSET + WAIT only with replicas=N; SPOP/SCARD and
+# ZPOPMAX/ZCARD only for REDIS_START_URLS_AS_SET / _AS_ZSET feeds; HLEN when another worker of the spider is alive.
+NOT_EXERCISED_HERE = {"hset", "wait", "spop", "scard", "zpopmax", "zcard", "hlen"}
+
+
+def make_user(client: redis.Redis, name: str, role: str, keys: tuple[str, ...] = ()) -> str:
+    """Create the role's user; its URL."""
+    client.execute_command("ACL", "SETUSER", name, *acl_rules(role, keys=keys), f">{PASSWORD}")
+    host = client.connection_pool.connection_kwargs
+    return f"redis://{name}:{PASSWORD}@{host['host']}:{host['port']}/{host.get('db', 0)}"
+
+
+@pytest.fixture
+def users(redis_client: redis.Redis) -> Iterator[dict[str, str]]:
+    urls = {
+        "crawler": make_user(redis_client, "crawler", "crawler", keys=("shop:start_urls",)),
+        "operator": make_user(redis_client, "operator", "operator"),
+        "watcher": make_user(redis_client, "watcher", "watcher"),
+    }
+    redis_client.execute_command("ACL", "LOG", "RESET")
+    yield urls
+    redis_client.execute_command("ACL", "DELUSER", *urls)
+
+
+class Monitor:
+    """Every command Redis runs meanwhile, as (where, name): where is "lua" inside a script, else "client"."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.seen: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.stopping = threading.Event()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._listen, daemon=True)
+
+    def _listen(self) -> None:
+        with self.client.monitor() as monitor:
+            self.ready.set()
+            for command in monitor.listen():
+                if self.stopping.is_set():
+                    return
+                parts = command["command"].split()
+                name = parts[0].lower()
+                if name in {"xgroup", "xinfo", "client", "script"} and len(parts) > 1:
+                    name = f"{name}|{parts[1].lower()}"
+                self.seen["lua" if command.get("client_type") == "lua" else "client", name] += 1
+
+    def __enter__(self) -> Monitor:
+        self.thread.start()
+        assert self.ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stopping.set()
+        redis.Redis(connection_pool=self.client.connection_pool).ping()  # wakes the listener
+        self.thread.join(10)
+        self.client.close()
+
+    def commands(self, where: str) -> set[str]:
+        return {name for (place, name) in self.seen if place == where}
+
+
+@pytest.mark.crawl
+def test_both_fronts_crawl_as_the_crawler_user_and_redis_refuses_them_nothing(
+    admin_url: str, redis_client: redis.Redis, users: dict[str, str], tmp_path: Path
+) -> None:
+    """The crawler role is exactly what the code sends: a worker crawl fed by a RedisSpider's start URLs (the
+    example project) and a crawl through StageLockMiddleware + StageScheduler, both as the crawler user, under
+    MONITOR. Nothing is refused (ACL LOG stays empty), and every command seen is in the role's list."""
+    with ShopSite(lists=2, details=3, comments=1, delay=0.01) as shop:
+        for url in shop.list_urls():
+            redis_client.rpush("shop:start_urls", json.dumps({"url": url}))
+        redis_client.script_flush()  # as after a restart: the crawls load their scripts (NOSCRIPT, SCRIPT LOAD)
+        with Monitor(admin_url) as monitor, CrawlSite(delay=0.01) as site:
+            worker = shop_worker("shop", users["crawler"], tmp_path / "audit.json", REDISLOCK_IDLE_CLOSE=1.5)
+            settings = {"REDISLOCK_URL": users["crawler"], "REDISLOCK_STAGES": {"detail": 2, "comments": None}}
+            code, output = run_crawl(site.url, "detail:20,comments:10", {**settings, "EXTENSIONS": {}})
+            finish(worker)
+        assert code == 0, output[-3000:]
+        assert set(shop.hits) == shop.expected_paths()
+        assert sorted(site.hits.values()) == [1] * 30
+    assert redis_client.execute_command("ACL", "LOG") == []
+    assert held_slots(redis_client) == 0
+    allowed = set(commands_of("crawler"))
+    client_commands = monitor.commands("client") - {"hello", "auth"}  # connection set-up: no ACL rule needed
+    assert client_commands <= allowed, f"not in the crawler role: {sorted(client_commands - allowed)}"
+    assert monitor.commands("lua") <= script_commands() <= allowed
+    assert set(CRAWLER_CLIENT_COMMANDS) - client_commands <= NOT_EXERCISED_HERE, "listed but never sent"
+
+
+def test_a_forbidden_command_is_refused_by_redis_with_a_clear_error(
+    redis_client: redis.Redis, users: dict[str, str]
+) -> None:
+    redis_client.set("other-team:secret", "x")
+    crawler = redis.Redis.from_url(users["crawler"])
+    try:
+        for command in (
+            ("FLUSHALL",),
+            ("CONFIG", "SET", "save", ""),
+            ("KEYS", "*"),
+            ("SCRIPT", "FLUSH"),
+            ("ACL", "LIST"),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError) as refused:
+                crawler.execute_command(*command)
+            assert f"has no permissions to run the '{command[0].lower()}" in str(refused.value)
+        with pytest.raises(redis.exceptions.NoPermissionError, match="no permissions to access one of the keys"):
+            crawler.execute_command("HGET", "other-team:secret", "x")
+        # A script runs under the caller's rules: a crawler cannot get round them with a script of its own.
+        with pytest.raises(redis.exceptions.NoPermissionError, match="no permissions to run the 'eval'"):
+            crawler.eval("return redis.call('FLUSHALL')", 0)  # EVAL itself is not even allowed ...
+        script = crawler.register_script("return redis.call('FLUSHALL')")
+        with pytest.raises(redis.exceptions.ResponseError, match="user executing the script can't run this"):
+            script()  # ... and a loaded script's FLUSHALL is refused inside it
+        assert redis_client.get("other-team:secret") == b"x"
+    finally:
+        crawler.close()
+
+
+@pytest.mark.crawl
+def test_a_worker_whose_user_may_not_run_scripts_stops_naming_the_refused_command(
+    redis_client: redis.Redis, users: dict[str, str]
+) -> None:
+    """The watcher (read-only) used by mistake for a worker: the spider closes at once, before fetching anything,
+    and the log says which command Redis refused and which role the crawl needs."""
+    with CrawlSite(delay=0) as site:
+        worker = staged_worker(users["watcher"], site.url, "a:3", {"REDISLOCK_WORKER_STAGES": {"a": 1}})
+        output, _ = worker.communicate(timeout=60)
+        assert not site.hits
+    assert "Spider closed (redislock_redis_refused)" in output, output[-3000:]
+    assert re.search(
+        r"Redis at redis://watcher:\*\*\*@\S+ \(\w+\) refused a command to this user \(ACL\): this user has "
+        r"no permissions to run the 'evalsha' command; the crawl needs the crawler role",
+        output,
+    ), output[-3000:]
+    assert PASSWORD not in output
+
+
+def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "scrapy_redislock", *args, "--url", url]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+def test_the_watcher_may_look_the_operator_may_steer(redis_client: redis.Redis, users: dict[str, str]) -> None:
+    redis_client.lpush("redislock:{shop}:deadletter", b'{"error": "x"}\na\n\x80garbage')
+    assert cli(users["operator"], "set-limit", "detail", "2", "--create").returncode == 0
+    shown = cli(users["watcher"], "status")
+    assert shown.returncode == 0, shown.stderr
+    assert "detail" in shown.stdout and "shop: 1 in redislock:{shop}:deadletter" in shown.stdout
+    refused = cli(users["watcher"], "set-limit", "detail", "5")
+    assert refused.returncode == 1 and "refused the command (ACL)" in refused.stderr
+    assert json.loads(cli(users["watcher"], "status", "--json").stdout)["stages"][0]["limit"] == 2
+    assert cli(users["operator"], "set-limit", "detail", "5").returncode == 0
+    assert cli(users["operator"], "reset", "detail", "--yes").returncode == 0
+    operator = redis.Redis.from_url(users["operator"])
+    try:
+        assert operator.delete("redislock:{shop}:deadletter") == 1  # dropping dead letters once looked at
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            operator.flushall()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            operator.rpush("shop:start_urls", "http://x.test/")  # the crawl's feed is not the operator's
+    finally:
+        operator.close()
+
+
+def test_acl_command_prints_the_rules() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "scrapy_redislock.cli.acl", "crawler", "--key", "shop:start_urls", "--user", "c1"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0
+    line = out.stdout.strip()
+    assert line.startswith("ACL SETUSER c1 reset on resetchannels ~redislock:* ~shop:start_urls -@all +")
+    assert line.endswith(">PASSWORD") and "+evalsha" in line and "+flushall" not in line
+    assert acl_rules("watcher", "p")[:5] == ["reset", "on", "resetchannels", "%R~p:*", "-@all"]
+    with pytest.raises(SystemExit):
+        main(["nobody"])
+
+
+@pytest.mark.crawl
+def test_a_worker_crawls_over_tls_as_the_crawler_user(
+    tls_server: tuple[RedisServer, int, Path],  # noqa: F811
+) -> None:
+    server, tls_port, cert = tls_server
+    admin = redis.Redis.from_url(server.url)
+    admin.flushdb()
+    admin.execute_command("ACL", "SETUSER", "crawler", *acl_rules("crawler"), f">{PASSWORD}")
+    url = f"rediss://crawler:{PASSWORD}@127.0.0.1:{tls_port}/0?ssl_ca_certs={cert}"
+    try:
+        with CrawlSite(delay=0.01) as site:
+            output = finish(staged_worker(url, site.url, "a:10,b:5", {"REDISLOCK_WORKER_STAGES": {"a": 1, "b": 1}}))
+            assert sorted(site.hits.values()) == [1] * 15
+        assert stat(output, "redislock/workers/a/dequeued") == 10
+        assert admin.execute_command("ACL", "LOG") == []
+        assert PASSWORD not in output
+    finally:
+        admin.execute_command("ACL", "DELUSER", "crawler")
+        admin.close()

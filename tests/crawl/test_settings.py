@@ -1,0 +1,77 @@
+"""Bad input, fuzzed: every REDISLOCK_* setting and the lock constructor give a clear error or a valid config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scrapy.settings import Settings
+
+from scrapy_redislock import ConfigError, CountingLock, InvalidArgument
+from scrapy_redislock.crawl.settings import read_settings
+
+SETTINGS = [
+    "REDISLOCK_ENABLED",
+    "REDISLOCK_URL",
+    "REDISLOCK_PARAMS",
+    "REDISLOCK_STAGES",
+    "REDISLOCK_WORKER_STAGES",
+    "REDISLOCK_TTL",
+    "REDISLOCK_KEY_PREFIX",
+    "REDISLOCK_DEFAULT_STAGE",
+    "REDISLOCK_CALLBACK_STAGES",
+    "REDISLOCK_WAIT_TIMEOUT",
+    "REDISLOCK_STAGE_PREFERENCE",
+    "REDISLOCK_SCHEDULER_INNER",
+    "REDISLOCK_PARK_LIMIT",
+    "REDISLOCK_WAITERS_PER_STAGE",
+    "REDISLOCK_IDLE_CLOSE",
+]
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**6), st.floats(allow_nan=True), st.text(max_size=12))
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    max_leaves=6,
+)
+
+
+@given(name=st.sampled_from(SETTINGS), value=values)
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_any_setting_value_is_accepted_or_named(name: str, value: Any) -> None:
+    try:
+        read_settings(Settings({name: value}))
+    except ConfigError as exc:
+        assert name in str(exc) or name.replace("REDISLOCK_", "") in str(exc), (name, value, str(exc))
+
+
+@given(stages=st.dictionaries(st.text(max_size=8), values, max_size=4))
+@settings(max_examples=300, deadline=None)
+def test_stage_limits_are_checked_one_by_one(stages: dict[str, Any]) -> None:
+    try:
+        checked = read_settings(Settings({"REDISLOCK_STAGES": stages})).stages
+    except ConfigError as exc:
+        assert "REDISLOCK_STAGES" in str(exc)
+        return
+    for stage, limit in checked.items():
+        assert stage and "{" not in stage and "}" not in stage
+        assert limit is None or (type(limit) is int and limit >= 0)
+
+
+@pytest.mark.integration
+@given(name=values, limit=values, ttl=values, prefix=values)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_lock_constructor_names_the_bad_argument_and_writes_nothing(
+    redis_client: redis.Redis, name: Any, limit: Any, ttl: Any, prefix: Any
+) -> None:
+    try:
+        lock = CountingLock(redis_client, name, limit=limit, ttl=ttl, key_prefix=prefix)
+    except InvalidArgument as exc:
+        assert any(arg in str(exc) for arg in ("name", "limit", "ttl", "key_prefix", "reentrant")), str(exc)
+        assert redis_client.dbsize() == 0  # a rejected construction leaves nothing in Redis
+        return
+    assert lock.name == name
+    redis_client.flushdb()

@@ -1,0 +1,262 @@
+"""The per-stage Redis queues of the worker mixin (StageQueues) against a real redis-server, without Scrapy crawls."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+import redis
+import redis.asyncio
+import scrapy
+from scrapy.utils.test import get_crawler
+from scrapy_redis.queue import FifoQueue
+
+from scrapy_redislock.crawl import requestformat
+from scrapy_redislock.workers.queue import QueueKeys, StageQueues
+from scrapy_redislock.workers.scheduler import StageWorkerScheduler
+from testing.spiders.workerspider import StagedSpider
+
+pytestmark = pytest.mark.integration
+
+STAGES = ["list", "detail", "comments"]
+
+
+def run(url: str, scenario: Callable[[Callable[..., StageQueues]], Awaitable[None]]) -> None:
+    """Run a scenario with a factory of worker handles on one asyncio client."""
+
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(url)
+        try:
+
+            def worker(name: str, stages: list[str] = STAGES, ttl: float = 30.0) -> StageQueues:
+                return StageQueues(client, "shop", stages, ttl=ttl, worker=name)
+
+            await scenario(worker)
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_keys_share_the_spider_hash_tag() -> None:
+    keys = QueueKeys.of("redislock", "shop")
+    for key in (keys.dupefilter, keys.alive, keys.working, keys.ids, keys.queue("detail"), keys.inflight("h:1:a")):
+        assert key.startswith("redislock:{shop}:"), key
+
+
+def test_the_dupefilter_is_shared_by_workers_and_stages(redis_url: str, redis_client: redis.Redis) -> None:
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a, b = worker("a"), worker("b")
+        assert await a.push("detail", "fp1", b"r1")
+        assert not await b.push("detail", "fp1", b"r1 again")  # another worker, same fingerprint
+        assert not await b.push("comments", "fp1", b"r1 elsewhere")  # another stage, same fingerprint
+        assert await b.push("detail", "", b"unfiltered")
+        assert await b.push("detail", "", b"unfiltered")  # dont_filter: queued every time
+        assert await a.seen("fp1")
+        assert not await a.seen("fp2") and await a.seen("fp2")  # seen() records the fingerprint
+        assert await a.lengths() == {"list": 0, "detail": 3, "comments": 0}
+
+    run(redis_url, scenario)
+
+
+def test_fifo_pop_into_the_in_flight_record_and_ack(redis_url: str, redis_client: redis.Redis) -> None:
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a = worker("a")
+        for n in range(4):
+            await a.push("detail", f"fp{n}", f"r{n}".encode())
+        assert await a.beat("detail")  # registers: True the first time
+        assert not await a.beat("detail")
+        registered = redis_client.zscore(a.keys.alive, "a")
+        await asyncio.sleep(0.01)
+        popped = await a.pop("detail", 3)
+        assert [data for _, data in popped] == [b"r0", b"r1", b"r2"]
+        assert redis_client.hlen(a.inflight_key) == 3
+        assert redis_client.zscore(a.keys.alive, "a") > registered  # a pop is a sign of life
+        assert await a.ack([popped[0][0], popped[1][0]]) == 2
+        assert await a.ack([popped[0][0]]) == 0
+        assert redis_client.hlen(a.inflight_key) == 1
+        # Given back (a lost slot): to the front, in the order they were popped.
+        assert await a.give_back([popped[2][0]]) == 1
+        assert [data for _, data in await a.pop("detail", 5)] == [b"r2", b"r3"]
+
+    run(redis_url, scenario)
+
+
+def test_a_silent_worker_is_reaped_by_the_others_and_a_beating_one_is_not(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        dead, alive, other = worker("dead", ttl=0.3), worker("alive", ttl=0.3), worker("other", ttl=0.3)
+        for n in range(6):
+            await other.push("detail" if n < 4 else "comments", f"fp{n}", f"r{n}".encode())
+        for handle in (dead, alive, other):
+            await handle.beat("detail")
+        taken = await dead.pop("detail", 2)  # r0, r1
+        await dead.pop("comments", 1)  # r4
+        await alive.pop("detail", 1)  # r2
+        assert await other.reap() == {}  # nobody silent yet
+        deadline = time.monotonic() + 0.6
+        while time.monotonic() < deadline:  # "alive" beats, "dead" does not
+            await alive.beat("detail")
+            await asyncio.sleep(0.05)
+        assert await other.reap() == {"dead": 3}
+        assert redis_client.exists(dead.inflight_key) == 0
+        assert redis_client.zscore(dead.keys.alive, "dead") is None
+        assert redis_client.hget(dead.keys.working, "dead") is None
+        assert redis_client.hlen(alive.inflight_key) == 1
+        # Back at the front, oldest first: the next pops get them before the rest of the queue.
+        assert [d for _, d in await other.pop("detail", 3)] == [d for _, d in taken] + [b"r3"]
+        assert [d for _, d in await other.pop("comments", 2)] == [b"r4", b"r5"]
+        await asyncio.sleep(0.35)
+        await other.beat("detail")
+        assert await other.reap() == {"alive": 1}  # stopped beating meanwhile
+        assert await alive.beat("detail")  # it learns that it was taken for dead
+        assert [d for _, d in await alive.pop("detail", 1)] == [b"r2"]  # its request is back in the queue
+
+    run(redis_url, scenario)
+
+
+def test_leave_gives_back_the_unfinished_and_unregisters(redis_url: str, redis_client: redis.Redis) -> None:
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a, b = worker("a"), worker("b")
+        for n in range(3):
+            await a.push("list", f"fp{n}", f"r{n}".encode())
+        await a.beat("list")
+        popped = await a.pop("list", 3)
+        await a.ack([popped[0][0]])
+        assert await a.leave() == 2
+        assert redis_client.exists(a.inflight_key, a.keys.alive) == 0
+        await b.beat("list")
+        assert [d for _, d in await b.pop("list", 5)] == [b"r1", b"r2"]
+
+    run(redis_url, scenario)
+
+
+def test_requests_of_a_stage_the_reaper_does_not_know_stay(redis_url: str, redis_client: redis.Redis) -> None:
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        dead = worker("dead", ttl=0.2)
+        await dead.beat(None)
+        await dead.push("list", "fp0", b"r0")
+        await dead.push("comments", "fp1", b"r1")
+        await dead.pop("list", 1)
+        await dead.pop("comments", 1)
+        await asyncio.sleep(0.3)
+        reaper = worker("reaper", stages=["list"], ttl=0.2)
+        assert await reaper.reap() == {"dead": 1}
+        assert redis_client.hlen(dead.inflight_key) == 1  # not dropped: kept for a worker that knows "comments"
+
+    run(redis_url, scenario)
+
+
+def test_clear_only_when_no_other_worker_is_alive(redis_url: str, redis_client: redis.Redis) -> None:
+    """SCHEDULER_PERSIST = False / SCHEDULER_FLUSH_ON_START: never delete what a live worker works on."""
+
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a, b, dead = worker("a", ttl=0.4), worker("b", ttl=0.4), worker("dead", ttl=0.4)
+        await dead.push("detail", "fp0", b"r0")
+        await dead.push("detail", "fp1", b"r1")
+        await dead.beat("detail")
+        await dead.pop("detail", 1)
+        await a.beat("detail")
+        await b.beat("detail")
+        assert not await a.clear_if_alone()
+        assert redis_client.llen(a.keys.queue("detail")) == 1 and redis_client.scard(a.keys.dupefilter) == 2
+        await b.leave()
+        assert not await a.clear_if_alone()  # "dead" still counts as alive for one TTL
+        await asyncio.sleep(0.5)
+        await a.beat(None)
+        assert await a.clear_if_alone()
+        assert redis_client.keys("redislock:{shop}:*") == []  # queues, dupefilter, dead worker's record: all gone
+
+    run(redis_url, scenario)
+
+
+def test_the_stage_queues_are_scrapy_redis_fifo_queues(redis_url: str, redis_client: redis.Redis) -> None:
+    """Same layout as scrapy-redis: its FifoQueue class reads a stage queue (e.g. to inspect or migrate it), with
+    the safe request format as its SCHEDULER_SERIALIZER."""
+    spider = scrapy.Spider(name="shop")
+    requests = [scrapy.Request(f"http://shop.test/detail/{n}", meta={"redislock_stage": "detail"}) for n in range(3)]
+
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a = worker("a")
+        for n, request in enumerate(requests):
+            await a.push("detail", f"fp{n}", requestformat.dumps(request.to_dict(spider=spider)))
+
+    run(redis_url, scenario)
+    key = QueueKeys.of("redislock", "shop").queue("detail")
+    queue = FifoQueue(redis_client, spider, key, serializer=requestformat)  # SCHEDULER_SERIALIZER
+    assert len(queue) == 3
+    popped = [queue.pop() for _ in range(3)]
+    assert [r.url for r in popped] == [r.url for r in requests]
+    assert popped[0].meta["redislock_stage"] == "detail"
+
+
+# -- a worker taken for dead that pops before it beats (issue 17, finding 11) ------------------------------------
+
+
+def stall(client: redis.Redis, queues: StageQueues) -> None:
+    """The worker's last beat is long past (a stall longer than the TTL), without waiting for it."""
+    client.zadd(queues.keys.alive, {queues.worker: 0}, xx=True)
+
+
+def test_a_worker_taken_for_dead_cannot_pop_until_it_beats(redis_url: str, redis_client: redis.Redis) -> None:
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        stalled, reaper = worker("stalled"), worker("reaper")
+        for n in range(4):
+            await reaper.push("detail", f"fp{n}", f"r{n}".encode())
+        await stalled.beat("detail")
+        await reaper.beat("detail")
+        assert len(await stalled.pop("detail", 2) or []) == 2
+        stall(redis_client, stalled)
+        assert await reaper.reap() == {"stalled": 2}
+        # Resumed in its fill step, before its beat: refused, nothing moves into a record nobody watches.
+        assert await stalled.pop("detail", 2) is None
+        assert redis_client.exists(stalled.inflight_key) == 0 and await reaper.lengths() == {
+            "list": 0, "detail": 4, "comments": 0,
+        }  # fmt: skip
+        assert await stalled.beat("detail")  # it learns it was taken for dead ...
+        assert [d for _, d in await stalled.pop("detail", 2) or []] == [b"r0", b"r1"]  # ... and pops again
+
+    run(redis_url, scenario)
+
+
+def test_the_scheduler_strands_nothing_when_it_pops_just_after_being_taken_for_dead(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The order of the review's reproduction, forced: the worker takes requests ahead, stalls, is reaped, then
+    its loop resumes in its fill step (which pops) before it beats. Every request must end up either in the queue
+    or in the worker's buffer with its in-flight id, never in an in-flight record nobody will requeue."""
+    urls = [f"http://shop.test/a/{n}" for n in range(3)]
+
+    async def main() -> None:
+        crawler = get_crawler(StagedSpider, {"REDIS_URL": redis_url, "REDISLOCK_WORKER_STAGES": {"a": None},
+                                             "CONCURRENT_REQUESTS": 2})  # fmt: skip
+        crawler.spider = crawler._create_spider()
+        crawler.engine = crawler._create_engine()  # not started: the scheduler only pokes it
+        scheduler = StageWorkerScheduler.from_crawler(crawler)
+        scheduler.spider = crawler.spider
+        client = scheduler.queues.client
+        reaper = StageQueues(client, "staged", ["a"], worker="reaper")
+        try:
+            await reaper.beat("a")
+            for url in urls:
+                request = scrapy.Request(url, meta={"redislock_stage": "a"})
+                await reaper.push("a", "", scheduler.encode(request))
+            scheduler.current = "a"
+            await scheduler.queues.beat("a")
+            assert await scheduler._fill() == 3  # taken ahead (room for 2 x CONCURRENT_REQUESTS = 4)
+            stall(redis_client, scheduler.queues)
+            assert await reaper.reap() == {scheduler.worker: 3}
+            await scheduler._fill()  # the loop resumes here, before its beat
+            await scheduler._beat("a")
+            buffered = {inflight_id: request.url for request, inflight_id in scheduler.buffer}
+            recorded = {str(k.decode()): v for k, v in redis_client.hgetall(scheduler.queues.inflight_key).items()}
+            queued = redis_client.llen(scheduler.queues.keys.queue("a"))
+            assert set(recorded) == set(buffered), f"stranded in {scheduler.queues.inflight_key}: {recorded}"
+            assert len(set(buffered.values())) + queued == len(urls)
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
