@@ -289,7 +289,7 @@ def jain(counts: list[int]) -> float:
 
 def report(scenario: str, **figures: object) -> None:
     """Print what a scenario measured (shown with ``pytest -s`` or ``-rP``); appended as JSON to the file named by
-    REDISLOCK_FAULTS_REPORT when it is set, for the README's table."""
+    REDISLOCK_FAULTS_REPORT when it is set, for the table in docs/failures.md."""
     shown = ", ".join(f"{k}={round(v, 3) if isinstance(v, float) else v}" for k, v in figures.items())
     print(f"[faults] {scenario}: {shown}")
     path = os.environ.get("REDISLOCK_FAULTS_REPORT")

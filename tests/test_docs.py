@@ -14,7 +14,17 @@ from scrapy_redislock.crawl import defaults
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-PAGES = ["quickstart", "request-caps", "worker-caps", "lock", "operating", "failures", "figures", "architecture"]
+PAGES = [
+    "quickstart",
+    "request-caps",
+    "worker-caps",
+    "lock",
+    "operating",
+    "security",
+    "failures",
+    "figures",
+    "architecture",
+]
 
 
 @pytest.fixture(scope="module")
