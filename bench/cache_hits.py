@@ -20,8 +20,8 @@ from pathlib import Path
 import redis
 
 from scrapy_redislock import CountingLock
-from testing.redis_server import RedisServer
 from testing.crawlproc import Crawl
+from testing.redis_server import RedisServer
 from testing.site import CrawlSite
 
 

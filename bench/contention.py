@@ -45,8 +45,8 @@ from typing import Any
 import redis
 
 from bench.peers import DESIGNS, Options, available, clock_offset, make_locker
-from testing.redis_server import RedisServer
 from testing.faultproc import jain, max_overlap
+from testing.redis_server import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 READY_TIMEOUT = 90.0  # s for all processes to start, import and warm up

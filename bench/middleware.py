@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.handoff_probe import breakdown
-from testing.redis_server import RedisServer
 from testing.crawlproc import run_crawl, start_crawl
+from testing.redis_server import RedisServer
 from testing.site import CrawlSite
 
 RESULTS = Path(__file__).resolve().parent / "results"

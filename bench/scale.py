@@ -5,7 +5,7 @@
 
 What it measures: how many commands Redis runs per crawled page when the same crawl is shared by 1, 5 or 20
 ``scrapy crawl`` processes, to show how the cost grows with the number of processes. Each run gets a fresh
-redis-server and a fresh fake shop (``example_project/shop_site.py``: list pages -> product pages -> comment
+redis-server and a fresh fake shop (``testing/site.py``: list pages -> product pages -> comment
 pages, each page answered after ``--delay`` s), so the pages are the same at every process count:
 
 - middleware: the example project's ``shop_baseline`` spider (a scrapy-redis RedisSpider: one shared FIFO request
@@ -65,11 +65,11 @@ import scrapy
 import scrapy_redis
 
 from example_project.run import seed
-from example_project.shop_site import STAGES, ShopSite
 from scrapy_redislock._redis import load_scripts
 from scrapy_redislock.lock.core import lock_scripts
 from scrapy_redislock.workers.queue import QUEUE_SCRIPTS
 from testing.redis_server import RedisServer
+from testing.site import STAGES, ShopSite
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

@@ -28,8 +28,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from example_project.run import STAGES, Phase, arguments, checks, plot, run_phase
-from example_project.shop_site import ShopSite
 from testing.redis_server import RedisServer
+from testing.site import ShopSite
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import redis
 
-from example_project.shop_site import STAGES, ShopSite
 from testing.redis_server import RedisServer
+from testing.site import STAGES, ShopSite
 
 HERE = Path(__file__).resolve().parent
 OUTPUT = HERE / "output"

@@ -1,4 +1,9 @@
-"""A local HTTP server for crawl tests and benchmarks: pages ``/<stage>/<n>``, requests in flight counted per stage.
+"""The one fake site of the tests, benchmarks and example crawl: pages ``/<stage>/...``, counted per stage.
+
+:class:`CrawlSite` answers any path; :class:`ShopSite` is the shop of the example crawl
+(``/list/index -> /list/<i> -> /detail/<i>-<j> -> /comments/<i>-<j>/<k>``). Both watch a crawl from the outside:
+requests in flight per stage (and the most ever), which workers have requests of a stage in flight at once (a
+worker names itself in its User-Agent), hits per page (exactly-once), and when each page was served.
 
 Threaded (a thread per connection, HTTP/1.1 keep-alive), so it never limits concurrency itself. Each page takes
 ``delay`` seconds (``delays[stage]`` overrides it per stage; ``?sleep=<s>`` per request).
@@ -9,12 +14,15 @@ server still counts the request. The count therefore never exceeds the slots hel
 would race with the client's next request, and show one request too many when a thread is slow to resume).
 
 Reusable by any test: ``with CrawlSite(delay=0.05) as site: ... site.url, site.max_in_flight["detail"]``.
+``python -m testing.site`` serves the shop alone.
 ``site.routes["/robots.txt"] = ("text/plain", "User-agent: *\nDisallow: /detail/")`` serves a fixed body at a
 path (counted like any page, after the same delay); :func:`links_page` makes an HTML page of links.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import threading
 import time
 from collections import Counter, defaultdict
@@ -40,7 +48,7 @@ def links_page(paths: list[str]) -> tuple[str, str]:
 class CrawlSite:
     """The server and what it saw; all times are ``time.monotonic()`` (the same clock in every process)."""
 
-    def __init__(self, delay: float = 0.05, delays: dict[str, float] | None = None) -> None:
+    def __init__(self, delay: float = 0.05, delays: dict[str, float] | None = None, port: int = 0) -> None:
         self.delay = delay
         self.delays: dict[str, float] = dict(delays or {})
         self.lock = threading.Lock()
@@ -52,6 +60,10 @@ class CrawlSite:
         self.samples: list[tuple[float, dict[str, int]]] = []  # (instant, in-flight counts) at every change
         self.routes: dict[str, tuple[str, str]] = {}  # path -> (content type, body) served instead of the default
         self.bodies: dict[str, bytes] = {}  # path -> body of the last POST there
+        self.workers_in_flight: dict[str, Counter[str]] = defaultdict(Counter)  # stage -> worker -> requests
+        self.max_workers: Counter[str] = Counter()  # stage -> most workers with a request in flight at once
+        self.first_request: float | None = None  # wall clock (time.time()), for plots
+        self.last_served: float | None = None
         site = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -60,17 +72,21 @@ class CrawlSite:
 
             def do_GET(self) -> None:
                 parts = urlsplit(self.path)
-                stage = parts.path.strip("/").split("/", 1)[0] or "root"
+                stage = site.stage_of(parts.path)
                 sleep = parse_qs(parts.query).get("sleep")
-                arrived = site.arrive(stage, parts.path)
+                worker = self.headers.get("User-Agent", "")
+                arrived = site.arrive(stage, parts.path, worker)
                 try:
                     time.sleep(float(sleep[0]) if sleep else site.delays.get(stage, site.delay))
                 finally:
-                    site.leave(stage, parts.path, arrived)
-                kind, text = site.routes.get(parts.path, ("text/html", f"<html><body><p>{self.path}</p></body></html>"))
+                    site.leave(stage, parts.path, arrived, worker)
+                found = site.content(parts.path)
+                kind, text = found or ("text/html", "")
                 body = text.encode()
-                head = f"HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n\r\n"
-                self.wfile.write(head.encode() + body)  # one write: no small-packet delays
+                status = "200 OK" if found else "404 Not Found"
+                head = f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n\r\n"
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a worker killed mid-request
+                    self.wfile.write(head.encode() + body)  # one write: no small-packet delays
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -85,13 +101,25 @@ class CrawlSite:
             def handle_error(self, request: object, client_address: object) -> None:
                 pass  # a client that gave up (download timeout, killed crawl): nothing to report
 
-        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server = Server(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def arrive(self, stage: str, path: str) -> float:
+    def stage_of(self, path: str) -> str:
+        """The stage a path is counted under: its first segment."""
+        return path.strip("/").split("/", 1)[0] or "root"
+
+    def content(self, path: str) -> tuple[str, str] | None:
+        """(content type, body) of a page, None for a 404; a fixed route if one is set."""
+        return self.routes.get(path, ("text/html", f"<html><body><p>{path}</p></body></html>"))
+
+    def arrive(self, stage: str, path: str, worker: str = "") -> float:
         with self.lock:
             now = time.monotonic()
+            if self.first_request is None:
+                self.first_request = time.time()
+            self.workers_in_flight[stage][worker] += 1
+            self.max_workers[stage] = max(self.max_workers[stage], len(self.workers_in_flight[stage]))
             self.in_flight[stage] += 1
             self.max_in_flight[stage] = max(self.max_in_flight[stage], self.in_flight[stage])
             self.hits[path] += 1
@@ -99,9 +127,14 @@ class CrawlSite:
             self.samples.append((now, dict(self.in_flight)))
             return now
 
-    def leave(self, stage: str, path: str, arrived: float) -> None:
+    def leave(self, stage: str, path: str, arrived: float, worker: str = "") -> None:
         with self.lock:
             now = time.monotonic()
+            counts = self.workers_in_flight[stage]
+            counts[worker] -= 1
+            if counts[worker] <= 0:
+                del counts[worker]
+            self.last_served = time.time()
             self.in_flight[stage] -= 1
             self.served.append(Served(stage, path, arrived, now))
             self.samples.append((now, dict(self.in_flight)))
@@ -114,6 +147,21 @@ class CrawlSite:
         """Requests of ``stage`` that reached the server so far."""
         with self.lock:
             return len(self.arrivals[stage])
+
+    def done(self, stage: str) -> int:
+        """Requests of ``stage`` answered so far."""
+        with self.lock:
+            return sum(1 for record in self.served if record.stage == stage)
+
+    def reset_counts(self) -> None:
+        """Forget what was seen (between two crawls of one site)."""
+        with self.lock:
+            for seen in (self.in_flight, self.max_in_flight, self.workers_in_flight, self.max_workers, self.hits):
+                seen.clear()
+            self.arrivals.clear()
+            self.served.clear()
+            self.samples.clear()
+            self.first_request = self.last_served = None
 
     def wait_for(self, condition: Callable[[], bool], timeout: float = 30.0, step: float = 0.001) -> bool:
         """Poll ``condition`` until it holds or ``timeout`` seconds pass; returns whether it held."""
@@ -162,3 +210,77 @@ class CrawlSite:
     ) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+STAGES = ("list", "detail", "comments")
+
+
+class ShopSite(CrawlSite):
+    """The example crawl's shop: ``lists`` list pages, ``details`` products on each, ``comments`` pages on each."""
+
+    def __init__(
+        self, lists: int = 10, details: int = 20, comments: int = 5, delay: float = 0.03, port: int = 0
+    ) -> None:
+        super().__init__(delay, port=port)
+        self.lists, self.details, self.comments = lists, details, comments
+
+    def stage_of(self, path: str) -> str:
+        return "index" if path == "/list/index" else super().stage_of(path)  # counted apart from the list pages
+
+    def content(self, path: str) -> tuple[str, str] | None:
+        parts = path.strip("/").split("/")
+        if parts == ["list", "index"]:  # the category: links to all its list pages
+            links = "".join(f'<a class="list" href="/list/{i}">page {i}</a>' for i in range(self.lists))
+        elif parts[0] == "list" and len(parts) == 2 and parts[1].isdigit() and int(parts[1]) < self.lists:
+            i = parts[1]
+            links = "".join(f'<a class="detail" href="/detail/{i}-{j}">p{j}</a>' for j in range(self.details))
+        elif parts[0] == "detail" and len(parts) == 2:
+            p = parts[1]
+            links = "".join(f'<a class="comments" href="/comments/{p}/{k}">c{k}</a>' for k in range(self.comments))
+        elif parts[0] == "comments" and len(parts) == 3:
+            links = "<p>comments</p>"
+        else:
+            return None
+        return "text/html", f"<html><body>{links}</body></html>"
+
+    @property
+    def start_url(self) -> str:
+        """The category index, which links every list page: the crawl's one start URL."""
+        return f"{self.url}/list/index"
+
+    def list_urls(self) -> list[str]:
+        return [f"{self.url}/list/{i}" for i in range(self.lists)]
+
+    @property
+    def totals(self) -> dict[str, int]:
+        """Items per stage (the index page yields none)."""
+        details = self.lists * self.details
+        return {"list": self.lists, "detail": details, "comments": details * self.comments}
+
+    def expected_paths(self) -> set[str]:
+        """Every page of the shop a crawl from the list pages fetches, as paths (the index is not one of them)."""
+        lists = range(self.lists)
+        details = [f"{i}-{j}" for i in lists for j in range(self.details)]
+        return {
+            *(f"/list/{i}" for i in lists),
+            *(f"/detail/{p}" for p in details),
+            *(f"/comments/{p}/{k}" for p in details for k in range(self.comments)),
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m testing.site", description="Serve the fake shop.")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--lists", type=int, default=10)
+    parser.add_argument("--details", type=int, default=50)
+    parser.add_argument("--comments", type=int, default=3)
+    parser.add_argument("--delay", type=float, default=0.05)
+    args = parser.parse_args()
+    with ShopSite(args.lists, args.details, args.comments, args.delay, args.port) as site:
+        print(f"shop at {site.start_url}; Ctrl-C to stop", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            site.thread.join()
+
+
+if __name__ == "__main__":
+    main()

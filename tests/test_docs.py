@@ -1,5 +1,5 @@
 """The documentation site in docs/ builds with Sphinx, warnings as errors, and its settings reference is generated
-from scrapy_redislock/defaults.py (every setting, its default, its comment)."""
+from scrapy_redislock/crawl/defaults.py (every setting, its default, its comment)."""
 
 from __future__ import annotations
 

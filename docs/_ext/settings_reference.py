@@ -1,5 +1,5 @@
 """Sphinx directive ``settings-reference``: the table of every REDISLOCK_* setting, made from
-``scrapy_redislock/defaults.py`` itself (each assignment, its default, and the comment above it), so the reference
+``scrapy_redislock/crawl/defaults.py`` itself (each assignment, its default, and the comment above it), so the reference
 cannot drift from the code."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from docutils import nodes
 from sphinx.application import Sphinx
 from sphinx.util.docutils import SphinxDirective
 
-import scrapy_redislock.defaults as defaults
+import scrapy_redislock.crawl.defaults as defaults
 
 ASSIGNMENT = re.compile(r"^(REDISLOCK_[A-Z0-9_]+)\s*(?::[^=]+)?=")
 

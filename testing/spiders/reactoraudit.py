@@ -1,7 +1,7 @@
 """A Scrapy extension for the tests: counts blocking redis-py commands sent from the reactor thread.
 
-Enabled with ``EXTENSIONS = {"testing.spiders.reactoraudit.ReactorThreadAudit": 0}`` and ``REACTOR_AUDIT_FILE``; at spider
-close it writes ``{"blocking_calls": N, "commands": [...]}`` there. It wraps the *sync* client's command and
+Enabled with ``EXTENSIONS = {"testing.spiders.reactoraudit.ReactorThreadAudit": 0}`` and ``REACTOR_AUDIT_FILE``;
+at spider close it writes ``{"blocking_calls": N, "commands": [...]}`` there. It wraps the *sync* client's command and
 pipeline methods (redis.asyncio's are separate classes and untouched), so N counts exactly what would stall
 every download of the process while Redis answers.
 """

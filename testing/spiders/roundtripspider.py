@@ -1,7 +1,7 @@
 """A worker spider whose requests carry every field ``Request.to_dict`` has, for the request-format crawl test.
 
-Run with ``scrapy runspider testing/spiders/roundtripspider.py -a base=http://127.0.0.1:PORT``. Every request goes through
-the worker queue in Redis (the worker mixin queues even start requests); the callback or errback compares the
+Run with ``scrapy runspider testing/spiders/roundtripspider.py -a base=http://127.0.0.1:PORT``. Every request goes
+through the worker queue in Redis (the worker mixin queues even start requests); the callback or errback compares the
 request it got back with the one it yielded and counts ``test/roundtrip/{same,different}`` (a difference is
 logged). One request has a meta value that is not plain data: it must be refused when it is queued.
 """

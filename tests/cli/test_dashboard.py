@@ -25,8 +25,8 @@ from scrapy_redislock.cli.status import read_all
 from scrapy_redislock.lock.core import GROUP, LockKeys, owner_of
 from scrapy_redislock.lock.status import stage_status
 from scrapy_redislock.workers.queue import StageQueues
-from testing.redis_server import RedisServer, free_port
 from testing.dashboardproc import DashboardProcess
+from testing.redis_server import RedisServer, free_port
 from tests.cli.test_main import call, one_line_error
 
 pytestmark = pytest.mark.integration

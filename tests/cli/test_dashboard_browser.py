@@ -25,8 +25,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
 from example_project.run import HERE, SLOTS, arguments, seed, worker_command
-from example_project.shop_site import ShopSite
 from testing.dashboardproc import DashboardProcess
+from testing.site import ShopSite
 from tests.cli.test_main import call
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -25,8 +25,8 @@ from scrapy_redislock import CountingLock, Permit
 from scrapy_redislock.cli.main import Target, main, render_status, seconds
 from scrapy_redislock.lock.core import LockKeys
 from scrapy_redislock.lock.status import Grant, Process, StageStatus
-from testing.redis_server import RedisServer, free_port
 from testing.crawlproc import start_crawl
+from testing.redis_server import RedisServer, free_port
 from testing.site import CrawlSite
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,8 +17,8 @@ import pytest
 import redis
 
 from scrapy_redislock import CountingLock
-from testing.redis_server import RedisServer
 from testing.crawlproc import ROOT, Crawl, leftover, staged_worker
+from testing.redis_server import RedisServer
 from testing.site import CrawlSite, links_page
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from example_project.run import Screen, arguments, bar
-from example_project.shop_site import ShopSite
+from testing.site import ShopSite
 
 ROOT = Path(__file__).resolve().parents[2]
 

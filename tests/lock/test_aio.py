@@ -17,8 +17,8 @@ from redis.retry import Retry
 
 from scrapy_redislock import AcquireTimeout, AsyncCountingLock, CountingLock, LockConnectionError, LockError, LockLost
 from scrapy_redislock.lock.core import Permit
-from testing.redis_server import RedisServer, find_redis_server, free_port
 from testing import lockstate
+from testing.redis_server import RedisServer, find_redis_server, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -24,8 +24,8 @@ import redis
 
 from scrapy_redislock import CountingLock
 from scrapy_redislock.lock.core import LockKeys
-from testing.redis_server import RedisServer
 from testing.faultproc import Worker, jain, max_overlap, overlap_seconds, percentile, report
+from testing.redis_server import RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 

@@ -18,8 +18,8 @@ from redis.retry import Retry
 
 from scrapy_redislock import AcquireTimeout, CountingLock, LockConnectionError, LockError, LockLost, Permit
 from scrapy_redislock.lock.core import LockKeys
-from testing.redis_server import RedisServer, find_redis_server, free_port
 from testing import lockstate
+from testing.redis_server import RedisServer, find_redis_server, free_port
 
 pytestmark = pytest.mark.integration
 

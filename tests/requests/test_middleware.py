@@ -16,8 +16,8 @@ import redis
 from scrapy_redislock.lock import CountingLock
 from scrapy_redislock.lock.core import LockKeys, release_consumer
 from scrapy_redislock.lock.protocol import drive
-from testing.redis_server import RedisServer
 from testing.crawlproc import Crawl, leftover
+from testing.redis_server import RedisServer
 from testing.site import CrawlSite
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]

@@ -27,13 +27,12 @@ from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
 from example_project.run import CAPS, Phase, arguments, run_phase
-from example_project.shop_site import ShopSite
 from scrapy_redislock.crawl import requestformat
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.workers.queue import StageQueues
 from scrapy_redislock.workers.scheduler import StageWorkerScheduler
 from testing.crawlproc import settings_args, staged_worker
-from testing.site import CrawlSite
+from testing.site import CrawlSite, ShopSite
 from testing.spiders.workerspider import StagedSpider
 
 ROOT = Path(__file__).resolve().parents[2]

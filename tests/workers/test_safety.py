@@ -101,7 +101,8 @@ def test_every_to_dict_field_survives_the_queue_in_a_real_crawl(redis_url: str, 
     data is refused when queued, naming the request and the field."""
     with CrawlSite(delay=0) as site:
         settings = {"REDIS_URL": redis_url, "REDISLOCK_IDLE_CLOSE": 1, "TELNETCONSOLE_ENABLED": False}
-        command = [sys.executable, "-m", "scrapy", "runspider", str(ROOT / "testing" / "spiders" / "roundtripspider.py")]
+        spider = ROOT / "testing" / "spiders" / "roundtripspider.py"
+        command = [sys.executable, "-m", "scrapy", "runspider", str(spider)]
         command += ["-a", f"base={site.url}", *settings_args(settings)]
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         output = finish(process)
