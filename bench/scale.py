@@ -69,7 +69,7 @@ from scrapy_redislock._redis import load_scripts
 from scrapy_redislock.lock.core import lock_scripts
 from scrapy_redislock.workers.queue import QUEUE_SCRIPTS
 from testing.redis_server import RedisServer
-from testing.site import STAGES, ShopSite
+from testing.site import STAGES, ShopSite, add_shop_arguments
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -627,10 +627,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench/scale.py", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--processes", default="1,5,20", help="process counts, comma list (default 1,5,20)")
     parser.add_argument("--fronts", default=",".join(FRONTS), help="middleware,workers (default both)")
-    parser.add_argument("--lists", type=int, default=10, help="list pages in the shop (default 10)")
-    parser.add_argument("--details", type=int, default=30, help="products per list page (default 30)")
-    parser.add_argument("--comments", type=int, default=2, help="comment pages per product (default 2)")
-    parser.add_argument("--delay", type=float, default=0.05, help="seconds the site takes per page (default 0.05)")
+    add_shop_arguments(parser, lists=10, details=30, comments=2, delay=0.05)
     parser.add_argument("--concurrency", type=int, default=4, help="CONCURRENT_REQUESTS per process (default 4)")
     parser.add_argument("--ttl", type=float, default=30.0, help="REDISLOCK_TTL (default 30, the library's)")
     parser.add_argument("--idle-close", type=float, default=2.0, help="workers' REDISLOCK_IDLE_CLOSE (default 2)")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from example_project.run import STAGES, Phase, arguments, checks, plot, run_phase
 from testing.redis_server import RedisServer
-from testing.site import ShopSite
+from testing.site import ShopSite, add_shop_arguments
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -38,10 +38,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench/stages.py", description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=2, help="CONCURRENT_REQUESTS per worker")
-    parser.add_argument("--lists", type=int, default=40, help="list pages in the category")
-    parser.add_argument("--details", type=int, default=15, help="products per list page")
-    parser.add_argument("--comments", type=int, default=3, help="comment pages per product")
-    parser.add_argument("--delay", type=float, default=0.05, help="seconds per page at the site")
+    add_shop_arguments(parser, lists=40, details=15, comments=3, delay=0.05)
     parser.add_argument("--ttl", type=float, default=3.0, help="REDISLOCK_TTL")
     parser.add_argument("--kill-after", type=float, default=1.0, help="seconds into run 3 to kill a detail worker")
     parser.add_argument("--url", default=os.environ.get("REDISLOCK_URL"), help="an existing Redis (it is FLUSHED)")

@@ -26,8 +26,10 @@ from typing import Any
 
 import redis
 
+from scrapy_redislock.lock.core import GROUP, LockKeys
+from scrapy_redislock.workers.queue import QueueKeys
 from testing.redis_server import RedisServer
-from testing.site import STAGES, ShopSite
+from testing.site import STAGES, ShopSite, add_shop_arguments
 
 HERE = Path(__file__).resolve().parent
 OUTPUT = HERE / "output"
@@ -65,10 +67,7 @@ class Phase:
 def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m example_project.run", description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=5, help="worker processes (default 5)")
-    parser.add_argument("--lists", type=int, default=10, help="category list pages (default 10)")
-    parser.add_argument("--details", type=int, default=50, help="products per list page (default 50)")
-    parser.add_argument("--comments", type=int, default=3, help="comment pages per product (default 3)")
-    parser.add_argument("--delay", type=float, default=0.05, help="seconds the site takes per page (default 0.05)")
+    add_shop_arguments(parser, lists=10, details=50, comments=3, delay=0.05)
     parser.add_argument("--concurrency", type=int, default=2, help="CONCURRENT_REQUESTS per worker (default 2)")
     parser.add_argument("--ttl", type=float, default=3.0, help="REDISLOCK_TTL of the workers (default 3)")
     parser.add_argument("--idle-close", type=float, default=2.0, help="workers close after this many idle seconds")
@@ -116,7 +115,7 @@ def worker_command(spider: str, index: int, redis_url: str, args: argparse.Names
 def slot_holders(client: redis.Redis, stage: str) -> list[str]:
     """Consumers holding a slot of the stage's worker lock."""
     try:
-        pending = client.xpending_range(f"{PREFIX}:{{workers:{stage}}}:slots", "holders", "-", "+", 1000)
+        pending = client.xpending_range(LockKeys.of(PREFIX, f"workers:{stage}").slots, GROUP, "-", "+", 1000)
     except redis.ResponseError:
         return []
     return [entry["consumer"].decode() for entry in pending]
@@ -125,14 +124,14 @@ def slot_holders(client: redis.Redis, stage: str) -> list[str]:
 def working(client: redis.Redis, spider: str) -> dict[str, int]:
     """Workers per stage, as the workers report it (the slot holders of capped stages, and the rest)."""
     counts = dict.fromkeys(STAGES, 0)
-    for stage in client.hvals(f"{PREFIX}:{{{spider}}}:working"):
+    for stage in client.hvals(QueueKeys.of(PREFIX, spider).working):
         counts[stage.decode()] = counts.get(stage.decode(), 0) + 1
     return counts
 
 
 def queue_lengths(client: redis.Redis, spider: str) -> dict[str, int]:
     if spider == SLOTS:
-        return {s: int(client.llen(f"{PREFIX}:{{{spider}}}:queue:{s}")) for s in STAGES}
+        return {s: int(client.llen(QueueKeys.of(PREFIX, spider).queue(s))) for s in STAGES}
     return {"all": int(client.llen(f"{spider}:requests"))}
 
 
@@ -140,13 +139,13 @@ def leftovers(client: redis.Redis, spider: str) -> dict[str, int]:
     """What a finished crawl left behind: held slots, in-flight records, queued requests, registered workers."""
     if spider != SLOTS:
         return {"queued": int(client.llen(f"{spider}:requests"))}
-    base = f"{PREFIX}:{{{spider}}}"
-    inflight = sum(int(client.hlen(key)) for key in client.scan_iter(f"{base}:inflight:*"))
+    keys = QueueKeys.of(PREFIX, spider)
+    inflight = sum(int(client.hlen(key)) for key in client.scan_iter(keys.inflight("*")))
     return {
         "held slots": sum(len(slot_holders(client, s)) for s in STAGES),
         "in-flight": inflight,
         "queued": sum(queue_lengths(client, spider).values()),
-        "workers": int(client.zcard(f"{base}:alive")),
+        "workers": int(client.zcard(keys.alive)),
     }
 
 
@@ -169,7 +168,7 @@ def taken_over(client: redis.Redis, victim: str) -> str:
         return ""
     if len(holders) >= (CAPS["detail"] or 0):
         return "live worker"
-    return "" if client.llen(f"{PREFIX}:{{{SLOTS}}}:queue:detail") else "no detail work left"
+    return "" if client.llen(QueueKeys.of(PREFIX, SLOTS).queue("detail")) else "no detail work left"
 
 
 # -- the live view ------------------------------------------------------------------------------------------

@@ -268,13 +268,20 @@ class ShopSite(CrawlSite):
         }
 
 
+def add_shop_arguments(
+    parser: argparse.ArgumentParser, *, lists: int = 10, details: int = 50, comments: int = 3, delay: float = 0.05
+) -> None:
+    """The shop's size and speed as command-line options (the demo, the benchmarks, ``python -m testing.site``)."""
+    parser.add_argument("--lists", type=int, default=lists, help=f"list pages in the category (default {lists})")
+    parser.add_argument("--details", type=int, default=details, help=f"products per list page (default {details})")
+    parser.add_argument("--comments", type=int, default=comments, help=f"comment pages per product ({comments})")
+    parser.add_argument("--delay", type=float, default=delay, help=f"seconds the site takes per page (default {delay})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m testing.site", description="Serve the fake shop.")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--lists", type=int, default=10)
-    parser.add_argument("--details", type=int, default=50)
-    parser.add_argument("--comments", type=int, default=3)
-    parser.add_argument("--delay", type=float, default=0.05)
+    add_shop_arguments(parser)
     args = parser.parse_args()
     with ShopSite(args.lists, args.details, args.comments, args.delay, args.port) as site:
         print(f"shop at {site.start_url}; Ctrl-C to stop", flush=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -31,10 +31,10 @@ import redis.asyncio
 from redis.connection import parse_url
 from scrapy.settings import BaseSettings
 
-from scrapy_redislock._redis import check_name
+from scrapy_redislock._redis import check_limit, check_name, check_ttl
 from scrapy_redislock.crawl import defaults
 from scrapy_redislock.crawl.requestformat import serializer_of
-from scrapy_redislock.errors import ConfigError
+from scrapy_redislock.errors import ConfigError, InvalidArgument
 
 # Client keyword arguments that make sense for our connections (scrapy-redis's REDIS_PARAMS may hold more).
 CLIENT_PARAMS = {
@@ -124,12 +124,20 @@ def check_stage_limits(value: Any, setting: str) -> dict[str, int | None]:
         raise ConfigError(f"{setting} must be a dict of stage -> limit, got {value!r}")
     checked: dict[str, int | None] = {}
     for stage, limit in value.items():
-        if not isinstance(stage, str) or not stage or "{" in stage or "}" in stage:
-            raise ConfigError(f"{setting}: stage names must be non-empty strings without braces, got {stage!r}")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            raise ConfigError(f"{setting}[{stage!r}] must be an integer >= 0 or None (unlimited), got {limit!r}")
+        _checked(check_name, stage, f"{setting}: a stage name")
+        if limit is not None:
+            _checked(check_limit, limit, f"{setting}[{stage!r}]", or_none=True)
         checked[stage] = limit
     return checked
+
+
+def _checked(check: Callable[[Any, str], Any], value: Any, what: str, *, or_none: bool = False) -> Any:
+    """``check(value, what)`` (the lock's own argument checks), its InvalidArgument as a ConfigError."""
+    try:
+        return check(value, what)
+    except InvalidArgument as exc:
+        message = str(exc).replace(", got", " or None (unlimited), got", 1) if or_none else str(exc)
+        raise ConfigError(message) from None
 
 
 def check_url(url: Any, setting: str) -> str:
@@ -197,18 +205,10 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     worker_stages = check_stage_limits(_loaded(settings, "REDISLOCK_WORKER_STAGES"), "REDISLOCK_WORKER_STAGES")
 
     raw_ttl = settings.get("REDISLOCK_TTL", defaults.REDISLOCK_TTL)
-    try:
-        ttl = float(raw_ttl)
-    except (TypeError, ValueError):
-        ttl = math.nan
-    if not math.isfinite(ttl) or ttl < 0.001 or isinstance(raw_ttl, bool):
-        raise ConfigError(f"REDISLOCK_TTL must be a number of seconds > 0, got {raw_ttl!r}")
+    ttl = _checked(check_ttl, _number(raw_ttl), "REDISLOCK_TTL")
 
-    prefix = settings.get("REDISLOCK_KEY_PREFIX", defaults.REDISLOCK_KEY_PREFIX)
-    try:
-        check_name(prefix, "REDISLOCK_KEY_PREFIX")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    raw_prefix = settings.get("REDISLOCK_KEY_PREFIX", defaults.REDISLOCK_KEY_PREFIX)
+    prefix = _checked(check_name, raw_prefix, "REDISLOCK_KEY_PREFIX")
 
     known = set(stages) | set(worker_stages)
     default_stage = settings.get("REDISLOCK_DEFAULT_STAGE", defaults.REDISLOCK_DEFAULT_STAGE)
@@ -278,6 +278,16 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
         waiters_per_stage=waiters,
         idle_close=idle_close,
     )
+
+
+def _number(raw: Any) -> Any:
+    """A number given as a string (``-s REDISLOCK_TTL=3``) as a float; anything else as it is, for the check."""
+    if isinstance(raw, str):
+        try:
+            return float(raw)
+        except ValueError:
+            return raw
+    return raw
 
 
 def _positive_int(settings: BaseSettings, name: str) -> int:

@@ -25,6 +25,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
 from example_project.run import HERE, SLOTS, arguments, seed, worker_command
+from scrapy_redislock.lock.core import LockKeys
 from testing.dashboardproc import DashboardProcess
 from testing.site import ShopSite
 from tests.cli.test_main import call
@@ -131,7 +132,7 @@ def test_the_dashboard_follows_a_live_crawl(
     redis_url: str, redis_client: redis.Redis, crawl: list[subprocess.Popen[bytes]], browser: webdriver.Chrome,
     tmp_path: Path,
 ) -> None:  # fmt: skip
-    meta = lambda stage: f"redislock:{{{stage}}}:meta"  # noqa: E731
+    meta = lambda stage: LockKeys.of("redislock", stage).meta  # noqa: E731
     with DashboardProcess(redis_url, "--allow-control", "--interval", "0.5", "--history", "30") as dashboard:
         # The page shows the stages of the running crawl, and its workers, all alive.
         browser.get(dashboard.url + "/")

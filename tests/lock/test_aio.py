@@ -16,7 +16,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from scrapy_redislock import AcquireTimeout, AsyncCountingLock, CountingLock, LockConnectionError, LockError, LockLost
-from scrapy_redislock.lock.core import Permit
+from scrapy_redislock.lock.core import GROUP, LockKeys, Permit
 from testing import lockstate
 from testing.redis_server import RedisServer, find_redis_server, free_port
 
@@ -39,7 +39,7 @@ class Env:
         return lock
 
     def pending(self, name: str = "detail") -> int:
-        return int(self.sync.xpending(f"redislock:{{{name}}}:slots", "holders")["pending"])
+        return int(self.sync.xpending(LockKeys.of("redislock", name).slots, GROUP)["pending"])
 
     async def blocked(self, count: int, timeout: float = 5.0) -> None:
         """Wait until ``count`` clients are blocked in Redis (waiters queued)."""

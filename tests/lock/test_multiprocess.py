@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from scrapy_redislock import CountingLock, Permit
+from scrapy_redislock.lock.core import GROUP, LockKeys
 from testing.faultproc import max_overlap
 from testing.lockproc import Proc
 
@@ -49,7 +50,7 @@ def wait_blocked(client: redis.Redis, count: int, timeout: float = 20.0) -> None
 
 
 def pending(client: redis.Redis, name: str) -> int:
-    return int(client.xpending(f"redislock:{{{name}}}:slots", "holders")["pending"])
+    return int(client.xpending(LockKeys.of("redislock", name).slots, GROUP)["pending"])
 
 
 @pytest.mark.parametrize(("limit", "processes"), [(3, 6), (1, 4)])

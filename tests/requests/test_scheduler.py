@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from scrapy_redislock import CountingLock
+from scrapy_redislock.lock.core import LockKeys
 from testing.crawlproc import Crawl, leftover
 from testing.site import CrawlSite
 
@@ -27,7 +28,7 @@ def settings(redis_url: str, **extra: Any) -> dict[str, Any]:
 
 def owners(client: redis.Redis, stage: str) -> list[dict[str, Any]]:
     """The identities the crawl processes registered for a stage (what the status CLI shows)."""
-    return [json.loads(raw) for raw in client.hgetall(f"redislock:{{{stage}}}:owners").values()]
+    return [json.loads(raw) for raw in client.hgetall(LockKeys.of("redislock", stage).owners).values()]
 
 
 def test_no_head_of_line_blocking(redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path) -> None:
