@@ -303,6 +303,6 @@ def test_without_a_twisted_reactor(redis_url: str, redis_client: redis.Redis, si
     crawl = Crawl(site.url, "detail:40,comments:40", settings(redis_url, **extra), tmp_path).run()
     assert crawl.stats["finish_reason"] == "finished", crawl.tail()
     assert "Not using a Twisted reactor" in crawl.output
-    assert site.max_in_flight["detail"] == 3 and site.max_in_flight["comments"] > 3  # uncapped: not held to the detail cap
+    assert site.max_in_flight["detail"] == 3 and site.max_in_flight["comments"] > 3  # comments: uncapped
     assert crawl.stats["redislock/detail/acquired"] == 40
     assert leftover(redis_client) == 0
