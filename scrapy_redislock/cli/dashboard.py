@@ -14,7 +14,7 @@ One aiohttp server (the ``dashboard`` extra: aiohttp, prometheus_client) with:
 
 Redis is read by :mod:`scrapy_redislock.status` alone, with the blocking client in worker threads, never on the
 event loop. Reads no settings itself: the command line resolves where to connect (REDISLOCK_URL, REDIS_URL,
-REDISLOCK_KEY_PREFIX, REDISLOCK_TTL; see :mod:`scrapy_redislock.cli.main`). The page shows the URL masked.
+REDISLOCK_KEY_PREFIX, REDISLOCK_TTL; see :mod:`scrapy_redislock.cli.target`). The page shows the URL masked.
 """
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from scrapy_redislock.cli.main import COMMANDS, EXIT_OK, EXIT_USAGE, CliError, Streams, Target, failure
+from scrapy_redislock.cli.commands import COMMANDS
+from scrapy_redislock.cli.render import Streams
 from scrapy_redislock.cli.status import read_all
+from scrapy_redislock.cli.target import EXIT_OK, EXIT_USAGE, CliError, Target, failure
 from scrapy_redislock.lock.status import StageStatus
 from scrapy_redislock.workers.status import SpiderStatus, WorkerStatus
 

@@ -20,45 +20,27 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import socket
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import IO, Any
-from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.exceptions
 
-from scrapy_redislock._redis import check_limit, check_name, check_ttl
-from scrapy_redislock.cli.status import read_all, snapshot
+from scrapy_redislock.cli.commands import COMMANDS, DEFAULT_WATCH
+from scrapy_redislock.cli.render import Streams
+from scrapy_redislock.cli.target import (
+    DEFAULT_URL,
+    EXIT_USAGE,
+    CliError,
+    Target,
+    failure,
+    resolve_target,
+)
 from scrapy_redislock.crawl import defaults
-from scrapy_redislock.crawl.settings import check_url, mask_url, read_settings
-from scrapy_redislock.errors import ConfigError, InvalidArgument
-from scrapy_redislock.lock.core import LIMBO, LockCore, LockKeys, release_consumer, reset_lock
-from scrapy_redislock.lock.front import CommandRunner
-from scrapy_redislock.lock.protocol import Operation, drive
-from scrapy_redislock.lock.status import StageStatus, find_stages, stage_status, why_waiting
-from scrapy_redislock.workers.status import DeadLetters, SpiderStatus, dead_letters
 
 PROG = "redislock"
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
-DEFAULT_URL = "redis://localhost:6379/0"
-# Fail fast on a dead address; an operator is waiting.
-CLI_CLIENT_PARAMS: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 5}
-DEFAULT_WATCH = 2.0
-CLEAR_SCREEN = "\x1b[H\x1b[2J"
-
-
-class CliError(Exception):
-    """A failure to report as one line on stderr, with an exit status."""
-
-    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -221,411 +203,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# -- where to connect ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Target:
-    """Where the locks are, and the configuration a Scrapy project gives them."""
-
-    url: str
-    source: str
-    prefix: str
-    ttl: float
-    params: dict[str, Any] = field(default_factory=dict)
-    stages: Mapping[str, int | None] = field(default_factory=dict)
-
-    @property
-    def safe_url(self) -> str:
-        return mask_url(self.url)
-
-    def client(self) -> redis.Redis:
-        try:
-            return redis.Redis.from_url(self.url, **self.params, decode_responses=True)
-        except (ValueError, TypeError) as exc:
-            raise CliError(f"{self.source} is not a usable redis URL ({exc}): {self.safe_url}", EXIT_USAGE) from None
-
-    def scrub(self, message: str) -> str:
-        """The message with the URL's password (should a library ever echo it) replaced by ***."""
-        password = urlsplit(self.url).password
-        for secret in {password, unquote(password or "")} - {None, ""}:
-            message = message.replace(str(secret), "***")
-        return message
-
-
-def resolve_target(opts: argparse.Namespace, env: Mapping[str, str], settings: Any = None) -> Target:
-    """--url/--prefix, else the project's settings (Scrapy command), else environment variables, else defaults."""
-    url: str | None = None
-    source = ""
-    prefix: str | None = None
-    prefix_source = ""
-    ttl = float(defaults.REDISLOCK_TTL)
-    params = dict(CLI_CLIENT_PARAMS)
-    stages: Mapping[str, int | None] = {}
-    if settings is not None:
-        try:
-            configured = read_settings(settings)
-        except ConfigError as exc:
-            raise CliError(f"project settings: {exc}", EXIT_USAGE) from None
-        ttl, stages = configured.ttl, configured.stages
-        params = {**CLI_CLIENT_PARAMS, **configured.params}
-        if any(settings.get(name) for name in ("REDISLOCK_URL", "REDIS_URL", "REDIS_HOST", "REDIS_PORT")):
-            url, source = configured.url, "the project's settings (REDISLOCK_URL / REDIS_URL)"
-        if settings.get("REDISLOCK_KEY_PREFIX") is not None:
-            prefix, prefix_source = configured.key_prefix, "REDISLOCK_KEY_PREFIX"
-    if getattr(opts, "url", None):
-        url, source = opts.url, "--url"
-    elif url is None:
-        for name in ("REDISLOCK_URL", "REDIS_URL"):
-            if env.get(name):
-                url, source = env[name], f"${name}"
-                break
-        else:
-            url, source = DEFAULT_URL, "the default URL"
-    try:
-        check_url(url, source)
-    except ConfigError as exc:
-        raise CliError(str(exc), EXIT_USAGE) from None
-    if getattr(opts, "prefix", None) is not None:
-        prefix, prefix_source = opts.prefix, "--prefix"
-    elif prefix is None:
-        if env.get("REDISLOCK_KEY_PREFIX"):
-            prefix, prefix_source = env["REDISLOCK_KEY_PREFIX"], "$REDISLOCK_KEY_PREFIX"
-        else:
-            prefix, prefix_source = defaults.REDISLOCK_KEY_PREFIX, "the default prefix"
-    try:
-        check_name(prefix, prefix_source)
-    except InvalidArgument as exc:
-        raise CliError(str(exc), EXIT_USAGE) from None
-    return Target(url=url, source=source, prefix=prefix, ttl=ttl, params=params, stages=stages)
-
-
-# -- running scripts -------------------------------------------------------------------------------------------------
-
-
-def run_operation(client: redis.Redis, op: Operation, name: str) -> Any:
-    """Drive one core operation (sans-IO generator) with the blocking client."""
-    return drive(op, CommandRunner(client), name)
-
-
-# -- rendering ---------------------------------------------------------------------------------------------------------
-
-
-def seconds(value: float | None) -> str:
-    """A short human duration: 0.25s, 12s, 5m03s, 2h05m."""
-    if value is None:
-        return "-"
-    if value < 10:
-        return f"{value:.2f}s" if value < 1 else f"{value:.1f}s"
-    if value < 60:
-        return f"{value:.0f}s"
-    if value < 3600:
-        return f"{int(value // 60)}m{int(value % 60):02d}s"
-    return f"{int(value // 3600)}h{int(value % 3600 // 60):02d}m"
-
-
-def clock_time(moment: float | None, now: float) -> str:
-    """A start time: HH:MM:SS today, else the date too."""
-    if moment is None:
-        return "-"
-    local = time.localtime(moment)
-    return time.strftime("%H:%M:%S" if now - moment < 20 * 3600 else "%Y-%m-%d %H:%M", local)
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[object]], numeric: set[int], indent: str = "") -> list[str]:
-    cells = [list(header)] + [["-" if c is None else str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = []
-    for row in cells:
-        parts = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
-        lines.append((indent + "  ".join(parts)).rstrip())
-    return lines
-
-
-def render_status(
-    stages: Sequence[StageStatus],
-    target: Target,
-    now: float | None = None,
-    spiders: Sequence[SpiderStatus] = (),
-) -> str:
-    now = time.time() if now is None else now
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
-    lines = [f"{target.safe_url}  prefix {target.prefix!r}  {stamp}", ""]
-    for spider in spiders:
-        queued = ", ".join(f"{stage} {n}" for stage, n in spider.queues.items()) or "none"
-        lines.append(
-            f"spider {spider.spider}: {spider.alive} worker(s) alive, {spider.dead} silent for the ttl "
-            f"({seconds(spider.ttl)}); queued: {queued}"
-        )
-    if spiders:
-        lines.append("")
-    if not stages:
-        lines.append(f"no stage locks under prefix {target.prefix!r}")
-        return "\n".join(lines) + "\n"
-    rows = [
-        [s.stage, s.limit, s.held, s.free, s.debt, s.waiters, s.fence, seconds(s.ttl), len(s.processes)]
-        if s.exists
-        else [s.stage, s.limit, None, None, None, None, None, seconds(s.ttl), None]
-        for s in stages
-    ]
-    header = ["STAGE", "LIMIT", "HELD", "FREE", "DEBT", "WAITERS", "FENCE", "TTL", "PROCESSES"]
-    lines += table(header, rows, numeric={1, 2, 3, 4, 5, 6, 7, 8})
-    limbo = False
-    for s in stages:
-        lines.append("")
-        if not s.exists:
-            lines.append(f"{s.stage}: its stream is missing in Redis (data loss?); the next process to start or")
-            lines.append("  renew recreates it")
-            continue
-        waiting = [p for p in s.processes if p.held == 0 and p.waiting > 0]
-        idle = [p for p in s.processes if p.held == 0 and p.waiting == 0]
-        lines.append(f"{s.stage}: {s.held} held of {s.limit}, {s.waiters} waiting")
-        why = why_waiting(s, now)
-        if why:
-            lines.append(f"  a request waits because: {why}")
-        if not s.grants and not waiting:
-            lines.append("  no holders")
-        else:
-            holder_rows = []
-            for g in s.grants:
-                p = s.process(g.holder)
-                limbo = limbo or g.holder == LIMBO
-                left = "expired" if g.lease_left < 0 else seconds(g.lease_left)
-                who = [p.host, p.pid, p.spider, clock_time(p.started, now)] if p else [None, None, None, None]
-                holder_rows.append([g.holder, *who, g.fence, seconds(g.age), left, p and p.waiting])
-            for p in waiting:
-                who = [p.host, p.pid, p.spider, clock_time(p.started, now)]
-                holder_rows.append([p.holder, *who, None, None, None, p.waiting])
-            header = ["HOLDER", "HOST", "PID", "SPIDER", "STARTED", "GRANT", "AGE", "LEASE LEFT", "WAITING"]
-            lines += table(header, holder_rows, numeric={2, 5, 6, 7, 8}, indent="  ")
-        if idle:
-            lines.append(f"  + {len(idle)} registered process(es) holding nothing and not waiting")
-    lines.append("")
-    lines.append("GRANT: fencing token; AGE: since the grant or its last renewal (Redis's clock);")
-    lines.append("WAITING: as each process last reported it (at its renewals, every ttl/3)")
-    if limbo:
-        lines.append(f"{LIMBO}: slots reserved after a Redis data loss for surviving holders; free after one ttl")
-    return "\n".join(lines) + "\n"
-
-
-# -- sub-commands ------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Streams:
-    stdin: IO[str]
-    out: IO[str]
-    err: IO[str]
-
-    def say(self, message: str) -> None:
-        self.out.write(message + "\n")
-        self.out.flush()
-
-
-def _stage_arg(value: str) -> str:
-    try:
-        return check_name(value, "STAGE")
-    except InvalidArgument as exc:
-        raise CliError(str(exc), EXIT_USAGE) from None
-
-
-def _limit_arg(value: str) -> int:
-    try:
-        return check_limit(int(value, 10), "N")
-    except (ValueError, InvalidArgument):
-        raise CliError(f"N must be an integer >= 0, got {value!r}", EXIT_USAGE) from None
-
-
-def _require_stage(client: redis.Redis, target: Target, stage: str) -> StageStatus:
-    found = stage_status(client, target.prefix, stage)
-    if found is None:
-        known = find_stages(client, target.prefix)
-        raise CliError(
-            f"unknown stage {stage!r} under prefix {target.prefix!r} at {target.safe_url}; "
-            f"stages there: {', '.join(known) if known else 'none'}"
-        )
-    return found
-
-
-def _confirm(question: str, opts: argparse.Namespace, io: Streams) -> None:
-    if opts.yes:
-        return
-    if not io.stdin.isatty():
-        raise CliError(f"{opts.command}: not confirmed: standard input is not a terminal; pass --yes to confirm")
-    io.err.write(f"{question} [y/N] ")
-    io.err.flush()
-    answer = io.stdin.readline().strip().lower()
-    if answer not in {"y", "yes"}:
-        raise CliError("aborted; nothing was changed")
-
-
-def cmd_status(opts: argparse.Namespace, target: Target, io: Streams) -> int:
-    if opts.count is not None and opts.watch is None:
-        raise CliError("--count needs --watch", EXIT_USAGE)
-    client = target.client()
-    if opts.watch is None:
-        io.out.write(_status_frame(client, opts, target))
-        return EXIT_OK
-    clear = not opts.json and io.out.isatty()
-    frames = 0
-    try:
-        while True:
-            try:
-                frame = _status_frame(client, opts, target)
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-                if frames == 0:
-                    raise
-                frame = f"{target.safe_url}: cannot reach Redis ({target.scrub(str(exc))}); retrying\n"
-                if opts.json:
-                    frame = json.dumps({"url": target.safe_url, "error": target.scrub(str(exc))}) + "\n"
-            io.out.write((CLEAR_SCREEN if clear else "") + frame + ("" if clear or opts.json else "\n"))
-            io.out.flush()
-            frames += 1
-            if opts.count is not None and frames >= opts.count:
-                return EXIT_OK
-            time.sleep(opts.watch)
-    except KeyboardInterrupt:
-        io.out.write("\n")
-        io.out.flush()
-        return EXIT_OK
-
-
-def render_dead_letters(found: Sequence[DeadLetters], now: float | None = None) -> str:
-    """The worker queues' dead letters, if any: entries no worker could load (e.g. pushed by hand)."""
-    if not found:
-        return ""
-    now = time.time() if now is None else now
-    lines = ["", "DEAD LETTERS: worker queue entries no worker could load, kept for you (LRANGE to read, DEL to drop)"]
-    for spider in found:
-        lines.append(f"{spider.spider}: {spider.count} in {spider.key}, newest first:")
-        rows = [[d.stage, clock_time(d.time, now), d.worker, d.size, d.error[:60], d.excerpt] for d in spider.newest]
-        lines += table(["STAGE", "WHEN", "WORKER", "BYTES", "ERROR", "START"], rows, numeric={3}, indent="  ")
-    return "\n".join(lines) + "\n"
-
-
-def _status_frame(client: redis.Redis, opts: argparse.Namespace, target: Target) -> str:
-    stages, spiders = read_all(client, target.prefix, target.ttl)
-    dead = dead_letters(client, target.prefix)
-    if opts.json:
-        data = snapshot(stages, target.prefix, target.safe_url, spiders, dead)
-        return json.dumps(data, indent=None if opts.watch is not None else 2) + "\n"
-    return render_status(stages, target, spiders=spiders) + render_dead_letters(dead)
-
-
-def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
-    stage, limit = _stage_arg(opts.stage), _limit_arg(opts.limit)
-    ttl = target.ttl
-    if opts.ttl is not None:
-        try:
-            ttl = check_ttl(opts.ttl, "--ttl")
-        except InvalidArgument as exc:
-            raise CliError(str(exc), EXIT_USAGE) from None
-    client = target.client()
-    if stage_status(client, target.prefix, stage) is None and not opts.create:
-        known = find_stages(client, target.prefix)
-        raise CliError(
-            f"unknown stage {stage!r} under prefix {target.prefix!r} at {target.safe_url} (stages there: "
-            f"{', '.join(known) if known else 'none'}); pass --create to create it with limit {limit}"
-        )
-    core = LockCore.create(stage, None, ttl, key_prefix=target.prefix)
-    previous = run_operation(client, core.set_limit(limit), stage)
-    if previous is None:
-        io.say(f"{stage}: created with limit {limit} (ttl {ttl:g}s)")
-    else:
-        io.say(f"{stage}: limit {previous} -> {limit}, live for every process")
-    after = stage_status(client, target.prefix, stage)
-    if after is not None and after.held > limit:
-        io.say(
-            f"{stage}: {after.held} slots are held now; lowering revokes none: new grants wait until fewer "
-            f"than {limit} are held"
-        )
-    if stage in target.stages and target.stages[stage] != limit:
-        io.say(
-            f"note: this project's REDISLOCK_STAGES says {stage!r}: {target.stages[stage]}; a crawl process "
-            "started from now on writes that limit back"
-        )
-    return EXIT_OK
-
-
-def _holder_of(status: StageStatus, given: str) -> str:
-    """The consumer name HOLDER means: the exact name, else the only one starting with HOLDER + ':'."""
-    names = sorted({g.holder for g in status.grants} | {p.holder for p in status.processes})
-    if given in names:
-        return given
-    matches = [
-        name
-        for name in names
-        if name.startswith(given.rstrip(":") + ":")
-        or (status.process(name) is not None and f"{status.process(name).host}:{status.process(name).pid}" == given)
-    ]
-    if len(matches) == 1:
-        return matches[0]
-    if not matches:
-        listed = ", ".join(names) if names else "none"
-        raise CliError(f"no holder {given!r} in stage {status.stage!r}; holders there: {listed}")
-    raise CliError(f"holder {given!r} is ambiguous in stage {status.stage!r}: {', '.join(matches)}; give the full name")
-
-
-def _describe(status: StageStatus, holder: str) -> str:
-    process = status.process(holder)
-    if process is None:
-        return holder
-    facts = [f"host {process.host}", f"pid {process.pid}"]
-    if process.spider:
-        facts.append(f"spider {process.spider}")
-    return f"{holder} ({', '.join(facts)})"
-
-
-def _alive_here(status: StageStatus, holder: str) -> bool:
-    """True when the holder's process runs on this machine and is alive (so probably not dead at all)."""
-    process = status.process(holder)
-    if process is None or process.pid is None or process.host != socket.gethostname():
-        return False
-    try:
-        os.kill(process.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def cmd_release(opts: argparse.Namespace, target: Target, io: Streams) -> int:
-    stage = _stage_arg(opts.stage)
-    client = target.client()
-    status = _require_stage(client, target, stage)
-    holder = _holder_of(status, opts.holder)
-    held = sum(1 for g in status.grants if g.holder == holder)
-    described = _describe(status, holder)
-    if _alive_here(status, holder):
-        io.err.write(f"warning: process {status.process(holder).pid} of {holder} is running on this machine\n")  # type: ignore[union-attr]
-    _confirm(f"Release {held} slot(s) of stage {stage!r} held by {described}?", opts, io)
-    freed = run_operation(client, release_consumer(LockKeys.of(target.prefix, stage), holder), stage)
-    io.say(f"{stage}: released {freed} slot(s) of {described}")
-    return EXIT_OK
-
-
-def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
-    stage = _stage_arg(opts.stage)
-    client = target.client()
-    status = _require_stage(client, target, stage)
-    holders = len({g.holder for g in status.grants})
-    _confirm(
-        f"Reset stage {stage!r}: free {status.held} held slot(s) of {holders} holder(s), forget "
-        f"{len(status.processes)} registered process(es), keep limit {status.limit}? Live holders lose their slots.",
-        opts,
-        io,
-    )
-    try:
-        freed, limit = run_operation(client, reset_lock(LockKeys.of(target.prefix, stage)), stage)
-    except redis.exceptions.ResponseError as exc:
-        if "NOLOCK" in str(exc):
-            raise CliError(f"stage {stage!r} vanished from Redis before the reset; nothing was changed") from None
-        raise
-    io.say(f"{stage}: reset: freed {freed} held slot(s); limit {limit} kept, {limit} fresh slot(s) for the waiters")
-    return EXIT_OK
-
-
 def cmd_dashboard(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     try:
         from scrapy_redislock.cli.dashboard import serve
@@ -636,45 +213,13 @@ def cmd_dashboard(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     return serve(opts, target, io)
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace, Target, Streams], int]] = {
-    "status": cmd_status,
-    "set-limit": cmd_set_limit,
-    "release": cmd_release,
-    "reset": cmd_reset,
+COMMANDS_WITH_DASHBOARD: dict[str, Callable[[argparse.Namespace, Target, Streams], int]] = {
+    **COMMANDS,
     "dashboard": cmd_dashboard,
 }
 
 
 # -- entry points --------------------------------------------------------------------------------------------------
-
-
-def _redis_failure(exc: BaseException, target: Target) -> str:
-    cause = exc.__cause__ if isinstance(exc.__cause__, redis.exceptions.RedisError) else exc
-    detail = target.scrub(str(cause) or type(cause).__name__)
-    where = f"{target.safe_url} ({target.source})"
-    if isinstance(cause, redis.exceptions.AuthenticationError) or str(cause).startswith(("WRONGPASS", "NOAUTH")):
-        return f"Redis at {where} refused the credentials: {detail}"
-    if isinstance(cause, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
-        hint = ""
-        if target.url.startswith("rediss://") and "certificate" in detail.lower():
-            hint = " (for a private CA add ?ssl_ca_certs=FILE to the URL)"
-        elif target.url.startswith("rediss://") and "refused" not in detail.lower():
-            hint = " (rediss:// is TLS: does the server speak TLS on that port?)"
-        return f"cannot reach Redis at {where}: {detail}{hint}"
-    if isinstance(cause, redis.exceptions.NoPermissionError) or str(cause).startswith("NOPERM"):
-        return f"Redis at {where} refused the command (ACL): {detail}"
-    return f"Redis error at {where}: {detail}"
-
-
-def failure(exc: CliError | redis.exceptions.RedisError | OSError, target: Target | None) -> tuple[str, int]:
-    """The one line (no password in it) and the exit status that report a failed sub-command."""
-    if isinstance(exc, CliError):
-        return str(exc), exc.code
-    if isinstance(exc, redis.exceptions.RedisError):
-        assert target is not None
-        return _redis_failure(exc, target), EXIT_ERROR
-    message = target.scrub(str(exc)) if target else str(exc)  # e.g. an unreadable ssl_ca_certs file
-    return f"cannot use the connection: {message}", EXIT_ERROR
 
 
 def run(
@@ -692,7 +237,7 @@ def run(
     target: Target | None = None
     try:
         target = resolve_target(opts, os.environ if env is None else env, settings)
-        return COMMANDS[opts.command](opts, target, io)
+        return COMMANDS_WITH_DASHBOARD[opts.command](opts, target, io)
     except BrokenPipeError:  # the reader of our output left (`status --watch | head`); not an error of ours
         raise
     except (CliError, redis.exceptions.RedisError, OSError) as exc:
@@ -723,4 +268,4 @@ def main(
     return run(opts, env=env, stdin=stdin, stdout=stdout, stderr=stderr)
 
 
-__all__ = ["CliError", "add_subcommands", "build_parser", "main", "render_status", "run"]
+__all__ = ["add_subcommands", "build_parser", "main", "run"]

@@ -22,7 +22,9 @@ import pytest
 import redis
 
 from scrapy_redislock import CountingLock, Permit
-from scrapy_redislock.cli.main import Target, main, render_status, seconds
+from scrapy_redislock.cli.main import main
+from scrapy_redislock.cli.render import render_status, seconds
+from scrapy_redislock.cli.target import Target
 from scrapy_redislock.lock.core import LockKeys
 from scrapy_redislock.lock.status import Grant, Process, StageStatus
 from testing.crawlproc import start_crawl

@@ -1,0 +1,232 @@
+"""The sub-commands ``status``, ``set-limit``, ``release`` and ``reset``: each takes parsed options, a target and
+streams, and returns an exit status. Every state change is a Lua script (set_limit, release_owner, reset)."""
+
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+
+import redis
+import redis.exceptions
+
+from scrapy_redislock._redis import check_limit, check_name, check_ttl
+from scrapy_redislock.cli.render import Streams, render_dead_letters, render_status
+from scrapy_redislock.cli.status import read_all, snapshot
+from scrapy_redislock.cli.target import (
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    Target,
+    run_operation,
+)
+from scrapy_redislock.errors import InvalidArgument
+from scrapy_redislock.lock.core import LockCore, LockKeys, release_consumer, reset_lock
+from scrapy_redislock.lock.status import StageStatus, find_stages, stage_status
+from scrapy_redislock.workers.status import dead_letters
+
+DEFAULT_WATCH = 2.0
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+
+def _stage_arg(value: str) -> str:
+    try:
+        return check_name(value, "STAGE")
+    except InvalidArgument as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+
+
+def _limit_arg(value: str) -> int:
+    try:
+        return check_limit(int(value, 10), "N")
+    except (ValueError, InvalidArgument):
+        raise CliError(f"N must be an integer >= 0, got {value!r}", EXIT_USAGE) from None
+
+
+def _require_stage(client: redis.Redis, target: Target, stage: str) -> StageStatus:
+    found = stage_status(client, target.prefix, stage)
+    if found is None:
+        known = find_stages(client, target.prefix)
+        raise CliError(
+            f"unknown stage {stage!r} under prefix {target.prefix!r} at {target.safe_url}; "
+            f"stages there: {', '.join(known) if known else 'none'}"
+        )
+    return found
+
+
+def _confirm(question: str, opts: argparse.Namespace, io: Streams) -> None:
+    if opts.yes:
+        return
+    if not io.stdin.isatty():
+        raise CliError(f"{opts.command}: not confirmed: standard input is not a terminal; pass --yes to confirm")
+    io.err.write(f"{question} [y/N] ")
+    io.err.flush()
+    answer = io.stdin.readline().strip().lower()
+    if answer not in {"y", "yes"}:
+        raise CliError("aborted; nothing was changed")
+
+
+def cmd_status(opts: argparse.Namespace, target: Target, io: Streams) -> int:
+    if opts.count is not None and opts.watch is None:
+        raise CliError("--count needs --watch", EXIT_USAGE)
+    client = target.client()
+    if opts.watch is None:
+        io.out.write(_status_frame(client, opts, target))
+        return EXIT_OK
+    clear = not opts.json and io.out.isatty()
+    frames = 0
+    try:
+        while True:
+            try:
+                frame = _status_frame(client, opts, target)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                if frames == 0:
+                    raise
+                frame = f"{target.safe_url}: cannot reach Redis ({target.scrub(str(exc))}); retrying\n"
+                if opts.json:
+                    frame = json.dumps({"url": target.safe_url, "error": target.scrub(str(exc))}) + "\n"
+            io.out.write((CLEAR_SCREEN if clear else "") + frame + ("" if clear or opts.json else "\n"))
+            io.out.flush()
+            frames += 1
+            if opts.count is not None and frames >= opts.count:
+                return EXIT_OK
+            time.sleep(opts.watch)
+    except KeyboardInterrupt:
+        io.out.write("\n")
+        io.out.flush()
+        return EXIT_OK
+
+
+def _status_frame(client: redis.Redis, opts: argparse.Namespace, target: Target) -> str:
+    stages, spiders = read_all(client, target.prefix, target.ttl)
+    dead = dead_letters(client, target.prefix)
+    if opts.json:
+        data = snapshot(stages, target.prefix, target.safe_url, spiders, dead)
+        return json.dumps(data, indent=None if opts.watch is not None else 2) + "\n"
+    return render_status(stages, target, spiders=spiders) + render_dead_letters(dead)
+
+
+def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
+    stage, limit = _stage_arg(opts.stage), _limit_arg(opts.limit)
+    ttl = target.ttl
+    if opts.ttl is not None:
+        try:
+            ttl = check_ttl(opts.ttl, "--ttl")
+        except InvalidArgument as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
+    client = target.client()
+    if stage_status(client, target.prefix, stage) is None and not opts.create:
+        known = find_stages(client, target.prefix)
+        raise CliError(
+            f"unknown stage {stage!r} under prefix {target.prefix!r} at {target.safe_url} (stages there: "
+            f"{', '.join(known) if known else 'none'}); pass --create to create it with limit {limit}"
+        )
+    core = LockCore.create(stage, None, ttl, key_prefix=target.prefix)
+    previous = run_operation(client, core.set_limit(limit), stage)
+    if previous is None:
+        io.say(f"{stage}: created with limit {limit} (ttl {ttl:g}s)")
+    else:
+        io.say(f"{stage}: limit {previous} -> {limit}, live for every process")
+    after = stage_status(client, target.prefix, stage)
+    if after is not None and after.held > limit:
+        io.say(
+            f"{stage}: {after.held} slots are held now; lowering revokes none: new grants wait until fewer "
+            f"than {limit} are held"
+        )
+    if stage in target.stages and target.stages[stage] != limit:
+        io.say(
+            f"note: this project's REDISLOCK_STAGES says {stage!r}: {target.stages[stage]}; a crawl process "
+            "started from now on writes that limit back"
+        )
+    return EXIT_OK
+
+
+def _holder_of(status: StageStatus, given: str) -> str:
+    """The consumer name HOLDER means: the exact name, else the only one starting with HOLDER + ':'."""
+    names = sorted({g.holder for g in status.grants} | {p.holder for p in status.processes})
+    if given in names:
+        return given
+    matches = [
+        name
+        for name in names
+        if name.startswith(given.rstrip(":") + ":")
+        or (status.process(name) is not None and f"{status.process(name).host}:{status.process(name).pid}" == given)
+    ]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        listed = ", ".join(names) if names else "none"
+        raise CliError(f"no holder {given!r} in stage {status.stage!r}; holders there: {listed}")
+    raise CliError(f"holder {given!r} is ambiguous in stage {status.stage!r}: {', '.join(matches)}; give the full name")
+
+
+def _describe(status: StageStatus, holder: str) -> str:
+    process = status.process(holder)
+    if process is None:
+        return holder
+    facts = [f"host {process.host}", f"pid {process.pid}"]
+    if process.spider:
+        facts.append(f"spider {process.spider}")
+    return f"{holder} ({', '.join(facts)})"
+
+
+def _alive_here(status: StageStatus, holder: str) -> bool:
+    """True when the holder's process runs on this machine and is alive (so probably not dead at all)."""
+    process = status.process(holder)
+    if process is None or process.pid is None or process.host != socket.gethostname():
+        return False
+    try:
+        os.kill(process.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cmd_release(opts: argparse.Namespace, target: Target, io: Streams) -> int:
+    stage = _stage_arg(opts.stage)
+    client = target.client()
+    status = _require_stage(client, target, stage)
+    holder = _holder_of(status, opts.holder)
+    held = sum(1 for g in status.grants if g.holder == holder)
+    described = _describe(status, holder)
+    if _alive_here(status, holder):
+        io.err.write(f"warning: process {status.process(holder).pid} of {holder} is running on this machine\n")  # type: ignore[union-attr]
+    _confirm(f"Release {held} slot(s) of stage {stage!r} held by {described}?", opts, io)
+    freed = run_operation(client, release_consumer(LockKeys.of(target.prefix, stage), holder), stage)
+    io.say(f"{stage}: released {freed} slot(s) of {described}")
+    return EXIT_OK
+
+
+def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
+    stage = _stage_arg(opts.stage)
+    client = target.client()
+    status = _require_stage(client, target, stage)
+    holders = len({g.holder for g in status.grants})
+    _confirm(
+        f"Reset stage {stage!r}: free {status.held} held slot(s) of {holders} holder(s), forget "
+        f"{len(status.processes)} registered process(es), keep limit {status.limit}? Live holders lose their slots.",
+        opts,
+        io,
+    )
+    try:
+        freed, limit = run_operation(client, reset_lock(LockKeys.of(target.prefix, stage)), stage)
+    except redis.exceptions.ResponseError as exc:
+        if "NOLOCK" in str(exc):
+            raise CliError(f"stage {stage!r} vanished from Redis before the reset; nothing was changed") from None
+        raise
+    io.say(f"{stage}: reset: freed {freed} held slot(s); limit {limit} kept, {limit} fresh slot(s) for the waiters")
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Target, Streams], int]] = {
+    "status": cmd_status,
+    "set-limit": cmd_set_limit,
+    "release": cmd_release,
+    "reset": cmd_reset,
+}

@@ -1,0 +1,139 @@
+"""How the command line shows things: durations, clock times, tables, the status frame, dead letters."""
+
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import IO
+
+from scrapy_redislock.cli.target import (
+    Target,
+)
+from scrapy_redislock.lock.core import LIMBO
+from scrapy_redislock.lock.status import StageStatus, why_waiting
+from scrapy_redislock.workers.status import DeadLetters, SpiderStatus
+
+# -- rendering ---------------------------------------------------------------------------------------------------------
+
+
+def seconds(value: float | None) -> str:
+    """A short human duration: 0.25s, 12s, 5m03s, 2h05m."""
+    if value is None:
+        return "-"
+    if value < 10:
+        return f"{value:.2f}s" if value < 1 else f"{value:.1f}s"
+    if value < 60:
+        return f"{value:.0f}s"
+    if value < 3600:
+        return f"{int(value // 60)}m{int(value % 60):02d}s"
+    return f"{int(value // 3600)}h{int(value % 3600 // 60):02d}m"
+
+
+def clock_time(moment: float | None, now: float) -> str:
+    """A start time: HH:MM:SS today, else the date too."""
+    if moment is None:
+        return "-"
+    local = time.localtime(moment)
+    return time.strftime("%H:%M:%S" if now - moment < 20 * 3600 else "%Y-%m-%d %H:%M", local)
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]], numeric: set[int], indent: str = "") -> list[str]:
+    cells = [list(header)] + [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = []
+    for row in cells:
+        parts = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append((indent + "  ".join(parts)).rstrip())
+    return lines
+
+
+def render_status(
+    stages: Sequence[StageStatus],
+    target: Target,
+    now: float | None = None,
+    spiders: Sequence[SpiderStatus] = (),
+) -> str:
+    now = time.time() if now is None else now
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+    lines = [f"{target.safe_url}  prefix {target.prefix!r}  {stamp}", ""]
+    for spider in spiders:
+        queued = ", ".join(f"{stage} {n}" for stage, n in spider.queues.items()) or "none"
+        lines.append(
+            f"spider {spider.spider}: {spider.alive} worker(s) alive, {spider.dead} silent for the ttl "
+            f"({seconds(spider.ttl)}); queued: {queued}"
+        )
+    if spiders:
+        lines.append("")
+    if not stages:
+        lines.append(f"no stage locks under prefix {target.prefix!r}")
+        return "\n".join(lines) + "\n"
+    rows = [
+        [s.stage, s.limit, s.held, s.free, s.debt, s.waiters, s.fence, seconds(s.ttl), len(s.processes)]
+        if s.exists
+        else [s.stage, s.limit, None, None, None, None, None, seconds(s.ttl), None]
+        for s in stages
+    ]
+    header = ["STAGE", "LIMIT", "HELD", "FREE", "DEBT", "WAITERS", "FENCE", "TTL", "PROCESSES"]
+    lines += table(header, rows, numeric={1, 2, 3, 4, 5, 6, 7, 8})
+    limbo = False
+    for s in stages:
+        lines.append("")
+        if not s.exists:
+            lines.append(f"{s.stage}: its stream is missing in Redis (data loss?); the next process to start or")
+            lines.append("  renew recreates it")
+            continue
+        waiting = [p for p in s.processes if p.held == 0 and p.waiting > 0]
+        idle = [p for p in s.processes if p.held == 0 and p.waiting == 0]
+        lines.append(f"{s.stage}: {s.held} held of {s.limit}, {s.waiters} waiting")
+        why = why_waiting(s, now)
+        if why:
+            lines.append(f"  a request waits because: {why}")
+        if not s.grants and not waiting:
+            lines.append("  no holders")
+        else:
+            holder_rows = []
+            for g in s.grants:
+                p = s.process(g.holder)
+                limbo = limbo or g.holder == LIMBO
+                left = "expired" if g.lease_left < 0 else seconds(g.lease_left)
+                who = [p.host, p.pid, p.spider, clock_time(p.started, now)] if p else [None, None, None, None]
+                holder_rows.append([g.holder, *who, g.fence, seconds(g.age), left, p and p.waiting])
+            for p in waiting:
+                who = [p.host, p.pid, p.spider, clock_time(p.started, now)]
+                holder_rows.append([p.holder, *who, None, None, None, p.waiting])
+            header = ["HOLDER", "HOST", "PID", "SPIDER", "STARTED", "GRANT", "AGE", "LEASE LEFT", "WAITING"]
+            lines += table(header, holder_rows, numeric={2, 5, 6, 7, 8}, indent="  ")
+        if idle:
+            lines.append(f"  + {len(idle)} registered process(es) holding nothing and not waiting")
+    lines.append("")
+    lines.append("GRANT: fencing token; AGE: since the grant or its last renewal (Redis's clock);")
+    lines.append("WAITING: as each process last reported it (at its renewals, every ttl/3)")
+    if limbo:
+        lines.append(f"{LIMBO}: slots reserved after a Redis data loss for surviving holders; free after one ttl")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Streams:
+    stdin: IO[str]
+    out: IO[str]
+    err: IO[str]
+
+    def say(self, message: str) -> None:
+        self.out.write(message + "\n")
+        self.out.flush()
+
+
+def render_dead_letters(found: Sequence[DeadLetters], now: float | None = None) -> str:
+    """The worker queues' dead letters, if any: entries no worker could load (e.g. pushed by hand)."""
+    if not found:
+        return ""
+    now = time.time() if now is None else now
+    lines = ["", "DEAD LETTERS: worker queue entries no worker could load, kept for you (LRANGE to read, DEL to drop)"]
+    for spider in found:
+        lines.append(f"{spider.spider}: {spider.count} in {spider.key}, newest first:")
+        rows = [[d.stage, clock_time(d.time, now), d.worker, d.size, d.error[:60], d.excerpt] for d in spider.newest]
+        lines += table(["STAGE", "WHEN", "WORKER", "BYTES", "ERROR", "START"], rows, numeric={3}, indent="  ")
+    return "\n".join(lines) + "\n"

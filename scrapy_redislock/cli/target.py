@@ -1,0 +1,154 @@
+"""Where the command line and the dashboard connect, and how a failure is told: one line, no password, an exit status.
+
+Reads (``python -m``) the environment variables REDISLOCK_URL, REDIS_URL and REDISLOCK_KEY_PREFIX; as a Scrapy
+command, the project's settings through :func:`scrapy_redislock.crawl.settings.read_settings`; ``--url`` and
+``--prefix`` win over both.
+"""
+
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis
+import redis.exceptions
+
+from scrapy_redislock._redis import check_name
+from scrapy_redislock.crawl import defaults
+from scrapy_redislock.crawl.settings import check_url, mask_url, read_settings
+from scrapy_redislock.errors import ConfigError, InvalidArgument
+from scrapy_redislock.lock.front import CommandRunner
+from scrapy_redislock.lock.protocol import Operation, drive
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+DEFAULT_URL = "redis://localhost:6379/0"
+# Fail fast on a dead address; an operator is waiting.
+CLI_CLIENT_PARAMS: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 5}
+
+
+class CliError(Exception):
+    """A failure to report as one line on stderr, with an exit status."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- where to connect ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """Where the locks are, and the configuration a Scrapy project gives them."""
+
+    url: str
+    source: str
+    prefix: str
+    ttl: float
+    params: dict[str, Any] = field(default_factory=dict)
+    stages: Mapping[str, int | None] = field(default_factory=dict)
+
+    @property
+    def safe_url(self) -> str:
+        return mask_url(self.url)
+
+    def client(self) -> redis.Redis:
+        try:
+            return redis.Redis.from_url(self.url, **self.params, decode_responses=True)
+        except (ValueError, TypeError) as exc:
+            raise CliError(f"{self.source} is not a usable redis URL ({exc}): {self.safe_url}", EXIT_USAGE) from None
+
+    def scrub(self, message: str) -> str:
+        """The message with the URL's password (should a library ever echo it) replaced by ***."""
+        password = urlsplit(self.url).password
+        for secret in {password, unquote(password or "")} - {None, ""}:
+            message = message.replace(str(secret), "***")
+        return message
+
+
+def resolve_target(opts: argparse.Namespace, env: Mapping[str, str], settings: Any = None) -> Target:
+    """--url/--prefix, else the project's settings (Scrapy command), else environment variables, else defaults."""
+    url: str | None = None
+    source = ""
+    prefix: str | None = None
+    prefix_source = ""
+    ttl = float(defaults.REDISLOCK_TTL)
+    params = dict(CLI_CLIENT_PARAMS)
+    stages: Mapping[str, int | None] = {}
+    if settings is not None:
+        try:
+            configured = read_settings(settings)
+        except ConfigError as exc:
+            raise CliError(f"project settings: {exc}", EXIT_USAGE) from None
+        ttl, stages = configured.ttl, configured.stages
+        params = {**CLI_CLIENT_PARAMS, **configured.params}
+        if any(settings.get(name) for name in ("REDISLOCK_URL", "REDIS_URL", "REDIS_HOST", "REDIS_PORT")):
+            url, source = configured.url, "the project's settings (REDISLOCK_URL / REDIS_URL)"
+        if settings.get("REDISLOCK_KEY_PREFIX") is not None:
+            prefix, prefix_source = configured.key_prefix, "REDISLOCK_KEY_PREFIX"
+    if getattr(opts, "url", None):
+        url, source = opts.url, "--url"
+    elif url is None:
+        for name in ("REDISLOCK_URL", "REDIS_URL"):
+            if env.get(name):
+                url, source = env[name], f"${name}"
+                break
+        else:
+            url, source = DEFAULT_URL, "the default URL"
+    try:
+        check_url(url, source)
+    except ConfigError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    if getattr(opts, "prefix", None) is not None:
+        prefix, prefix_source = opts.prefix, "--prefix"
+    elif prefix is None:
+        if env.get("REDISLOCK_KEY_PREFIX"):
+            prefix, prefix_source = env["REDISLOCK_KEY_PREFIX"], "$REDISLOCK_KEY_PREFIX"
+        else:
+            prefix, prefix_source = defaults.REDISLOCK_KEY_PREFIX, "the default prefix"
+    try:
+        check_name(prefix, prefix_source)
+    except InvalidArgument as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    return Target(url=url, source=source, prefix=prefix, ttl=ttl, params=params, stages=stages)
+
+
+# -- running scripts -------------------------------------------------------------------------------------------------
+
+
+def run_operation(client: redis.Redis, op: Operation, name: str) -> Any:
+    """Drive one core operation (sans-IO generator) with the blocking client."""
+    return drive(op, CommandRunner(client), name)
+
+
+def _redis_failure(exc: BaseException, target: Target) -> str:
+    cause = exc.__cause__ if isinstance(exc.__cause__, redis.exceptions.RedisError) else exc
+    detail = target.scrub(str(cause) or type(cause).__name__)
+    where = f"{target.safe_url} ({target.source})"
+    if isinstance(cause, redis.exceptions.AuthenticationError) or str(cause).startswith(("WRONGPASS", "NOAUTH")):
+        return f"Redis at {where} refused the credentials: {detail}"
+    if isinstance(cause, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        hint = ""
+        if target.url.startswith("rediss://") and "certificate" in detail.lower():
+            hint = " (for a private CA add ?ssl_ca_certs=FILE to the URL)"
+        elif target.url.startswith("rediss://") and "refused" not in detail.lower():
+            hint = " (rediss:// is TLS: does the server speak TLS on that port?)"
+        return f"cannot reach Redis at {where}: {detail}{hint}"
+    if isinstance(cause, redis.exceptions.NoPermissionError) or str(cause).startswith("NOPERM"):
+        return f"Redis at {where} refused the command (ACL): {detail}"
+    return f"Redis error at {where}: {detail}"
+
+
+def failure(exc: CliError | redis.exceptions.RedisError | OSError, target: Target | None) -> tuple[str, int]:
+    """The one line (no password in it) and the exit status that report a failed sub-command."""
+    if isinstance(exc, CliError):
+        return str(exc), exc.code
+    if isinstance(exc, redis.exceptions.RedisError):
+        assert target is not None
+        return _redis_failure(exc, target), EXIT_ERROR
+    message = target.scrub(str(exc)) if target else str(exc)  # e.g. an unreadable ssl_ca_certs file
+    return f"cannot use the connection: {message}", EXIT_ERROR
