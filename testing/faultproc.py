@@ -20,8 +20,9 @@ first. Modes:
             reports ``{"thread": i, "grants": n, "waits": [[asked, granted], ...]}``.
 
 Options: ``--front sync|async`` (CountingLock or AsyncCountingLock, both with auto_renew), ``--skew S`` shifts
-this process's wall clock (``time.time``) by S seconds before anything is imported, ``--start-at T`` waits until
-monotonic instant T (so that many workers start together).
+this process's wall clock (``time.time``) by S seconds before anything is imported, ``--start-file PATH`` waits,
+once ready, until PATH exists and then until the monotonic instant written in it (:class:`StartLine`: many workers
+start together, however long each took to start).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ import os
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from testing.lockproc import Proc, emit
@@ -56,7 +59,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hold-ms", type=float, default=None)
     parser.add_argument("--seconds", type=float, default=None)
     parser.add_argument("--skew", type=float, default=0.0)
-    parser.add_argument("--start-at", type=float, default=None)
+    parser.add_argument("--start-file", default=None)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--fifo", action="store_true")
     return parser.parse_args(argv)
@@ -73,7 +76,21 @@ def main() -> None:
         main_sync(args)
 
 
-def sleep_until(instant: float | None) -> None:
+def start_instant(path: str | None) -> float | None:
+    """The monotonic instant written in ``path`` once it exists (see :class:`StartLine`); None without a path."""
+    if path is None:
+        return None
+    deadline = time.monotonic() + 300  # a test that failed before starting its workers: do not wait forever
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise SystemExit("never told to start")
+        time.sleep(0.01)
+    with open(path, encoding="utf-8") as file:
+        return float(file.read())
+
+
+def sleep_until(path: str | None) -> None:
+    instant = start_instant(path)
     if instant is not None:
         time.sleep(max(0.0, instant - time.monotonic()))
 
@@ -115,7 +132,7 @@ def main_sync(args: argparse.Namespace) -> None:
         return time.monotonic()
 
     if args.mode != "waiters":
-        sleep_until(args.start_at)
+        sleep_until(args.start_file)
     if args.mode == "loop":
         seconds = (args.hold_ms or 0) / 1000
         grants = 0
@@ -188,7 +205,7 @@ def run_waiters(
                 release(permit)
             emit({"thread": index, "grants": len(waits), "waits": waits})
 
-        sleep_until(args.start_at)
+        sleep_until(args.start_file)
         deadline = time.monotonic() + (args.seconds or 0)
         threads = [threading.Thread(target=loop, args=(i,)) for i in range(args.threads)]
         for thread in threads:
@@ -228,8 +245,9 @@ async def main_async(args: argparse.Namespace) -> None:
                     return False
                 await asyncio.sleep(RETRY)
 
-    if args.start_at is not None:
-        await asyncio.sleep(max(0.0, args.start_at - time.monotonic()))
+    instant = await asyncio.to_thread(start_instant, args.start_file)
+    if instant is not None:
+        await asyncio.sleep(max(0.0, instant - time.monotonic()))
     hold_s = (args.hold_ms or 0) / 1000
     grants = 0
     deadline = time.monotonic() + (args.seconds or 0)
@@ -252,6 +270,26 @@ async def main_async(args: argparse.Namespace) -> None:
 
 
 # -- the tests' side ---------------------------------------------------------------------------------------------------
+
+
+class StartLine:
+    """Starts many workers together: each gets ``--start-file`` and waits, once ready, until :meth:`go` writes the
+    instant to start at (so a slow interpreter start-up on a loaded machine cannot leave one behind)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / f"start-{uuid.uuid4().hex}"
+
+    @property
+    def args(self) -> tuple[str, str]:
+        return ("--start-file", str(self.path))
+
+    def go(self, workers: Iterable[Proc], delay: float = 0.2) -> None:
+        """Once every worker has said it is ready, start them all ``delay`` seconds from now."""
+        for worker in workers:
+            worker.wait_for("ready")
+        pending = self.path.with_suffix(".tmp")
+        pending.write_text(repr(time.monotonic() + delay), encoding="utf-8")
+        pending.replace(self.path)
 
 
 class Worker(Proc):

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -68,9 +69,9 @@ class Monitor:
     """Every command Redis runs meanwhile, as (where, name): where is "lua" inside a script, else "client"."""
 
     def __init__(self, url: str) -> None:
-        self.client = redis.Redis.from_url(url)
+        self.client = redis.Redis.from_url(url, socket_timeout=None)
         self.seen: collections.Counter[tuple[str, str]] = collections.Counter()
-        self.stopping = threading.Event()
+        self.end_mark = f"end-of-monitor-{uuid.uuid4().hex}"
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._listen, daemon=True)
 
@@ -78,8 +79,8 @@ class Monitor:
         with self.client.monitor() as monitor:
             self.ready.set()
             for command in monitor.listen():
-                if self.stopping.is_set():
-                    return
+                if self.end_mark in command["command"]:
+                    return  # everything sent before the mark has been counted (MONITOR may lag behind)
                 parts = command["command"].split()
                 name = parts[0].lower()
                 if name in {"xgroup", "xinfo", "client", "script"} and len(parts) > 1:
@@ -92,9 +93,9 @@ class Monitor:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.stopping.set()
-        redis.Redis(connection_pool=self.client.connection_pool).ping()  # wakes the listener
-        self.thread.join(10)
+        redis.Redis(connection_pool=self.client.connection_pool).echo(self.end_mark)
+        self.thread.join(60)
+        assert not self.thread.is_alive(), "MONITOR never showed the end mark"
         self.client.close()
 
     def commands(self, where: str) -> set[str]:

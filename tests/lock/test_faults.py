@@ -16,15 +16,17 @@ from __future__ import annotations
 import bisect
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
 from scrapy_redislock import CountingLock
 from scrapy_redislock.lock.core import LockKeys
-from testing.faultproc import Worker, jain, max_overlap, overlap_seconds, percentile, report
+from testing.faultproc import StartLine, Worker, jain, max_overlap, overlap_seconds, percentile, report
 from testing.redis_server import RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -97,9 +99,10 @@ def intervals(records: list[dict]) -> list[tuple[float, float]]:
 def loopers(
     url: str, name: str, limit: int, ttl: float, count: int, seconds: float, hold_ms: float, *extra: object
 ) -> list[Worker]:
-    """``count`` loop workers, alternately on the blocking and the asyncio front, starting together."""
-    start_at = time.monotonic() + 1.5  # interpreter start-up of every worker on 2 cores
-    return [
+    """``count`` loop workers, alternately on the blocking and the asyncio front, started together once all are
+    ready."""
+    line = StartLine(Path(tempfile.gettempdir()))
+    started = [
         Worker(
             "loop",
             url,
@@ -110,14 +113,15 @@ def loopers(
             hold_ms,
             "--seconds",
             seconds,
-            "--start-at",
-            start_at,
+            *line.args,
             "--front",
             "sync" if i % 2 == 0 else "async",
             *extra,
         )
         for i in range(count)
     ]
+    line.go(started)
+    return started
 
 
 # -- a holder dies --
@@ -133,11 +137,11 @@ def test_killed_holders_slots_come_back_within_ttl_and_a_renewal(
     workers.extend(held)
     grants = [w.wait_for("acquired") for w in held]
     owners = [w.wait_for("ready")["owner"] for w in held]
-    live = loopers(server.url, name, limit, ttl, 4, 4.0, 20)
+    before_kill = 1.5 + 2 * ttl  # many renewals of the victims' leases while others contend
+    # The loopers wait (and so reap) well past the kill: a dead holder's slot comes back to whoever waits for it.
+    live = loopers(server.url, name, limit, ttl, 4, before_kill + 3 * ttl + 1.0, 20)
     workers.extend(live)
-    for worker in live:
-        worker.wait_for("ready")
-    time.sleep(1.5 + 2 * ttl)  # many renewals of the victims' leases while others contend
+    time.sleep(before_kill)
     assert all(pending_by_consumer(client, name).get(o) == 1 for o in owners), "a live lease was reaped"
     for worker in held:
         worker.signal(signal.SIGKILL)
@@ -383,7 +387,7 @@ def test_skewed_wall_clocks_change_nothing(server: RedisServer, workers: list[Wo
     workers.append(victim)
     victim_grant = victim.wait_for("acquired")
     skews = [3600, -3600, 3600, -3600]
-    start_at = time.monotonic() + 1.5
+    line = StartLine(Path(tempfile.gettempdir()))
     live = [
         Worker(
             "loop",
@@ -395,8 +399,7 @@ def test_skewed_wall_clocks_change_nothing(server: RedisServer, workers: list[Wo
             10,
             "--seconds",
             3.0,
-            "--start-at",
-            start_at,
+            *line.args,
             "--skew",
             skew,
             "--front",
@@ -407,6 +410,7 @@ def test_skewed_wall_clocks_change_nothing(server: RedisServer, workers: list[Wo
     workers.extend(live)
     for worker, skew in zip(live, skews, strict=True):
         assert abs(worker.wait_for("ready")["wall"] - (time.time() + skew)) < 60  # the clock really is off
+    line.go(live)
     live[0].wait_for("hold")
     time.sleep(1.0)
     killed = victim.kill()
@@ -476,7 +480,7 @@ def test_200_looping_waiters_no_starvation(server: RedisServer, workers: list[Wo
     total = processes * threads
     client = client_of(server)
     CountingLock(client, name, limit=limit, ttl=30).set_limit(limit)
-    start_at = time.monotonic() + 6.0
+    line = StartLine(Path(tempfile.gettempdir()))
     pool = [
         Worker(
             "waiters",
@@ -490,15 +494,12 @@ def test_200_looping_waiters_no_starvation(server: RedisServer, workers: list[Wo
             seconds,
             "--hold-ms",
             5,
-            "--start-at",
-            start_at,
+            *line.args,
         )
         for _ in range(processes)
     ]
     workers.extend(pool)
-    for worker in pool:
-        worker.wait_for("ready")
-    assert time.monotonic() < start_at, "the processes took too long to start: they would not start together"
+    line.go(pool)  # all 20 start together, however long each took to start
     for worker in pool:
         worker.finish(timeout=120)
     per_thread = [r for w in pool for r in w.all("thread")]
