@@ -36,8 +36,10 @@ Local hand-off: when a request finishes and a taker (StageScheduler) has a parke
 slot passes to it at once, in the same call, with no Redis command: the grant stays held, its lease goes on
 (renewed with the others), and the fencing token stays the grant's (two requests of one process in a row may
 carry the same fence; it still grows with every grant Redis makes). So that no other process starves, a slot
-passes on this way only while it is younger than REDISLOCK_LOCAL_REUSE seconds since Redis granted it; after that
-the next finish releases it to Redis's first-come-first-served line (where this process's own waiters queue too).
+passes on this way only while it is younger than REDISLOCK_LOCAL_REUSE seconds (and half the lease) since Redis
+granted it; after that the next finish releases it to Redis's first-come-first-served line (where this process's
+own waiters queue too). A slot used locally is a slot held: its lease is valid, so the cap holds even while Redis
+is unreachable (a held slot may then still pass on within that bound; nothing new is granted).
 Counted as ``<stats_prefix>/<stage>/reused``.
 
 Renewal: every StageLocks of the process joins one loop (:class:`Renewer`, one per event loop), which every
@@ -531,8 +533,8 @@ class StageLocks:
         stage = self._stage_by_lock.get(permit.name)
         if stage is None or permit.lost or self.closed or not self._takers:
             return False
-        if time.monotonic() - permit.acquired_at >= self.settings.local_reuse:
-            return False  # it goes back to Redis's line, where other processes may wait
+        if time.monotonic() - permit.acquired_at >= min(self.settings.local_reuse, self.settings.ttl / 2):
+            return False  # back to Redis's line, where other processes may wait (and never near the lease's end)
         for taker in self._takers:
             if taker(stage, permit):
                 self.stats.inc_value(f"{self.stats_prefix}/{stage}/reused")

@@ -17,7 +17,8 @@ picked up here (``StageLocks.take``). Without it, and for requests that bypass t
 request occupies one of CONCURRENT_REQUESTS (so a saturated stage slows the others). When the spider closes,
 requests waiting here keep their place in line, as Scrapy finishes what its downloader holds, while their stage
 makes progress; those of a stage that is paused (limit 0) or frees no slot anywhere for REDISLOCK_TTL +
-DOWNLOAD_TIMEOUT are dropped (IgnoreRequest), logged at WARNING with counts and counted as ``redislock/<stage>/dropped_at_close``.
+DOWNLOAD_TIMEOUT are dropped (IgnoreRequest), logged at WARNING with counts and counted as
+``redislock/<stage>/dropped_at_close``.
 
 Fail closed: enabled with no stage is a ConfigError; with REDISLOCK_ENABLED = False the middleware stays in the
 chain and fails every request that has a stage with ThrottlingDisabled (counted), never sends it unthrottled.
