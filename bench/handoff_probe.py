@@ -21,6 +21,7 @@ from typing import Any
 
 from scrapy import signals
 
+PASSED_WITHIN = 0.002  # s: a local pass this close after a request left the downloader was that request's slot
 RECORDS: dict[str, list[Any]] = {"left": [], "reached": [], "released": [], "granted": [], "handed": [], "passed": []}
 
 
@@ -99,13 +100,17 @@ def breakdown(folder: Path, served: list[Any], start: float, end: float) -> dict
     all_left = sorted(t for p in processes for t, _ in p["left"])
     for p in processes:
         released, granted = sorted(p["released"]), sorted(p["granted"])
-        slots = sorted(granted + p.get("passed", []))  # a request is handed out after a grant or a local pass
+        passed = sorted(p.get("passed", []))
+        slots = sorted(granted + passed)  # a request is handed out after a grant or a local pass
         reached = {url: t for t, url in p["reached"]}
         for t, url in p["left"]:
             if start < t < end:
                 answered = [r.answered for r in by_path[path_of(url)] if r.answered <= t]
                 if answered:
                     steps["site answered -> download over"].append(t - max(answered))
+                k = bisect.bisect_left(passed, t)
+                if k < len(passed) and passed[k] - t < PASSED_WITHIN:
+                    continue  # its slot was passed on locally: no release
                 i = bisect.bisect_left(released, t)
                 if i < len(released):
                     steps["download over -> its release returned"].append(released[i] - t)

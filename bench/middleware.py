@@ -29,6 +29,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from bench.handoff_probe import breakdown
 from testing.crawlproc import ROOT, Crawl, run_crawl
 from testing.faultproc import jain
@@ -38,6 +40,7 @@ from testing.site import CrawlSite, ShopSite
 RESULTS = Path(__file__).resolve().parent / "results"
 SHOP_SPIDER = ROOT / "testing" / "spiders" / "shopspider.py"
 PROCESSES = 3
+EXTRA: dict[str, Any] = {}  # settings from the command line, for every crawl
 
 
 def pages_per_second(site: CrawlSite, stage: str) -> float:
@@ -98,12 +101,17 @@ def utilization_run(
             "REDISLOCK_STAGES": {"detail": 3},
             "EXTENSIONS": {"bench.handoff_probe.HandoffProbe": 0, "testing.spiders.crawlspider.StatsFile": 0},
             "HANDOFF_PROBE_DIR": probe_dir,
+            **EXTRA,
         }
         crawls = [
             Crawl(site.url, f"detail:{per_process}", {**settings, "USER_AGENT": f"p{i}"}, folder)
             for i in range(PROCESSES)
         ]
+        client = redis.Redis.from_url(redis_url)
+        client.config_resetstat()
         run_all(crawls)
+        calls = sum(int(v["calls"]) for k, v in client.info("commandstats").items() if k != "cmdstat_info")
+        client.close()
         check_cap(site, "detail", 3)
         arrivals = sorted(site.arrivals["detail"])
         start, end = arrivals[0] + 1.0, arrivals[-1] - 1.0
@@ -111,6 +119,7 @@ def utilization_run(
         passed = {
             "reused": sum(c.stats.get("redislock/detail/reused", 0) for c in crawls),
             "acquired": sum(c.stats.get("redislock/detail/acquired", 0) for c in crawls),
+            "redis_commands": calls,
         }
         steps = breakdown(Path(probe_dir), site.served, start, end)
         return site.mean_in_flight("detail", start, end), jain_index, starved, steps, passed
@@ -123,6 +132,7 @@ def mixed_run(redis_url: str, lists: int, with_scheduler: bool, folder: Path) ->
             "CONCURRENT_REQUESTS": 16,
             "REDISLOCK_URL": redis_url,
             "REDISLOCK_STAGES": {"list": 1, "detail": 3, "comments": None},
+            **EXTRA,
         }
         if not with_scheduler:
             settings["SCHEDULER"] = "scrapy.core.scheduler.Scheduler"
@@ -150,14 +160,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-process", type=int, default=150, help="capped requests per process")
     parser.add_argument("--lists", type=int, default=30, help="list pages of the mixed crawl's shop (20 details each)")
     parser.add_argument("--only", default="overhead,capped,mixed", help="comma list of parts to run")
+    parser.add_argument(
+        "--local-reuse", type=float, default=None, help="REDISLOCK_LOCAL_REUSE for the crawls (default: its default)"
+    )
     args = parser.parse_args(argv)
     parts = {p.strip() for p in args.only.split(",") if p.strip()}
+    if args.local_reuse is not None:
+        EXTRA["REDISLOCK_LOCAL_REUSE"] = args.local_reuse
     plain: list[float] = []
     capped: list[float] = []
     means: list[float] = []
     jains: list[float] = []
     starved: list[float] = []
     reused: list[float] = []
+    per_request: list[float] = []
     mixed: dict[str, list[float]] = {"StageScheduler": [], "middleware alone": []}
     steps: dict[str, list[float]] = {}
     with RedisServer() as server, tempfile.TemporaryDirectory() as folder:
@@ -173,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 jains.append(jain_index)
                 starved.append(longest)
                 reused.append(passed["reused"] / max(1, passed["acquired"]))
+                per_request.append(passed["redis_commands"] / (PROCESSES * args.per_process))
                 for step, ms in medians.items():
                     steps.setdefault(step, []).append(ms)
             if "mixed" in parts:
@@ -206,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             longest_starvation_s=starved,
             longest_starvation_median_s=statistics.median(starved),
             reused_share=reused,
+            redis_commands_per_request=per_request,
             handoff_steps_ms=steps,
         )
         text += (
@@ -214,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             f"  Jain over the processes' requests (all with a backlog): {spread(jains, 3)}\n"
             f"  longest a process with a backlog went without a request at the site, s: {spread(starved)}\n"
             f"  share of slots passed on locally (of requests that got one): {spread(reused)}\n"
+            f"  Redis commands per capped request (INFO commandstats, Lua's own included; start-up, renewals and "
+            f"close included): {spread(per_request, 1)}\n"
             "  where a slot idles between two requests (median ms per step, one value per round):\n"
             + "".join(f"    {step:<48} {[round(x, 2) for x in values]}\n" for step, values in steps.items())
         )
