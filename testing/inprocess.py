@@ -14,16 +14,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from scrapy import Request, Spider
 from scrapy.crawler import Crawler
 from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.test import get_crawler
 
 from scrapy_redislock.crawl.stagelocks import StageLocks
+from scrapy_redislock.lock.core import LockKeys
 from scrapy_redislock.requests.middleware import StageLockMiddleware
 from scrapy_redislock.requests.scheduler import StageScheduler
 
@@ -54,6 +56,21 @@ class Front:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no request from the scheduler within {timeout} s")
             await asyncio.sleep(0.001)
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait (letting the loop run) until ``condition()`` holds; AssertionError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.005)
+
+
+def held(client: redis.Redis, stage: str) -> list[str]:
+    """The grant ids held in Redis for ``stage`` (any owner)."""
+    slots = LockKeys.of("redislock", stage).slots
+    return [entry["message_id"].decode() for entry in client.xpending_range(slots, "holders", "-", "+", 100)]
 
 
 def request(stage: str | None, n: int = 0) -> Request:

@@ -5,31 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 import pytest
 import redis
 
 from scrapy_redislock.errors import AcquireTimeout
-from scrapy_redislock.lock.core import LockKeys, Permit
+from scrapy_redislock.lock.core import Permit
 from testing.crawlproc import leftover
-from testing.inprocess import front, request
+from testing.inprocess import front, held, request, until
 
 pytestmark = pytest.mark.integration
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
-
-
-def held(client: redis.Redis, stage: str) -> list[str]:
-    """The grant ids held in Redis for ``stage`` (any owner)."""
-    slots = LockKeys.of("redislock", stage).slots
-    return [entry["message_id"].decode() for entry in client.xpending_range(slots, "holders", "-", "+", 100)]
 
 
 def test_hand_take_finish(redis_url: str, redis_client: redis.Redis) -> None:

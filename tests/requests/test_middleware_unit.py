@@ -15,8 +15,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_redislock import StageLockMiddleware
 from scrapy_redislock.errors import AcquireTimeout, ThrottlingDisabled, UnknownStage
 from testing.crawlproc import leftover
-from testing.inprocess import front, request
-from tests.crawl.test_stagelocks import held, until
+from testing.inprocess import front, held, request, until
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,7 @@ from scrapy_redislock import AsyncCountingLock
 from scrapy_redislock.errors import AcquireTimeout
 from scrapy_redislock.lock.core import Permit
 from testing.crawlproc import leftover
-from testing.inprocess import front, request
-from tests.crawl.test_stagelocks import held, until
+from testing.inprocess import front, held, request, until
 
 pytestmark = pytest.mark.integration
 PACKAGE = Path(__file__).resolve().parents[2] / "scrapy_redislock"
