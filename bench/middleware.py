@@ -1,6 +1,6 @@
 """Middleware benchmark: overhead on an uncapped stage, how fully a capped stage's slots are used, and how fairly.
 
-    ./run.sh bench middleware [--repeat 5] [--only overhead,capped,mixed]
+    ./run.sh bench middleware [--repeat 5] [--only overhead,capped,mixed] [--baseline]
 
 1. Overhead: the same crawl of an uncapped stage (20 ms pages, CONCURRENT_REQUESTS 32) with and without
    StageLockMiddleware + StageScheduler; pages/s measured at the server. The two run back to back in each
@@ -14,7 +14,8 @@
    pages, CONCURRENT_REQUESTS 16 each), caps list 1 / detail 3 / comments unlimited, the list pages shared out;
    the mean of detail requests in flight while detail has work, with StageScheduler and with the middleware alone.
 Real `scrapy runspider` processes against a local HTTP server and a fresh redis-server; prints what it measured.
-Every figure is the median over the rounds of one run.
+With --baseline, parts 2 and 3 also run with REDISLOCK_LOCAL_REUSE = 0 (every slot back to Redis) in the same
+rounds, in alternating order. Every figure is the median over the rounds of one run.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -40,7 +42,6 @@ from testing.site import CrawlSite, ShopSite
 RESULTS = Path(__file__).resolve().parent / "results"
 SHOP_SPIDER = ROOT / "testing" / "spiders" / "shopspider.py"
 PROCESSES = 3
-EXTRA: dict[str, Any] = {}  # settings from the command line, for every crawl
 
 
 def pages_per_second(site: CrawlSite, stage: str) -> float:
@@ -90,7 +91,7 @@ def check_cap(site: CrawlSite, stage: str, cap: int) -> None:
 
 
 def utilization_run(
-    redis_url: str, per_process: int, folder: Path
+    redis_url: str, per_process: int, folder: Path, extra: dict[str, Any]
 ) -> tuple[float, float, float, dict[str, float], dict[str, int]]:
     """Mean in flight at the site, Jain, longest starvation, the median of each step of a hand-off (see
     bench/handoff_probe.py), and the slots passed on locally / granted by Redis."""
@@ -101,7 +102,7 @@ def utilization_run(
             "REDISLOCK_STAGES": {"detail": 3},
             "EXTENSIONS": {"bench.handoff_probe.HandoffProbe": 0, "testing.spiders.crawlspider.StatsFile": 0},
             "HANDOFF_PROBE_DIR": probe_dir,
-            **EXTRA,
+            **extra,
         }
         crawls = [
             Crawl(site.url, f"detail:{per_process}", {**settings, "USER_AGENT": f"p{i}"}, folder)
@@ -125,14 +126,14 @@ def utilization_run(
         return site.mean_in_flight("detail", start, end), jain_index, starved, steps, passed
 
 
-def mixed_run(redis_url: str, lists: int, with_scheduler: bool, folder: Path) -> float:
+def mixed_run(redis_url: str, lists: int, with_scheduler: bool, folder: Path, extra: dict[str, Any]) -> float:
     """Mean detail requests in flight at the shop while detail has work (1 s trimmed at each end)."""
     with ShopSite(lists=lists, details=20, comments=5, delay=0.05) as site:
         settings: dict[str, Any] = {
             "CONCURRENT_REQUESTS": 16,
             "REDISLOCK_URL": redis_url,
             "REDISLOCK_STAGES": {"list": 1, "detail": 3, "comments": None},
-            **EXTRA,
+            **extra,
         }
         if not with_scheduler:
             settings["SCHEDULER"] = "scrapy.core.scheduler.Scheduler"
@@ -153,6 +154,9 @@ def spread(values: list[float], digits: int = 2) -> str:
     return f"median {statistics.median(values):.{digits}f}  {[round(v, digits) for v in values]}"
 
 
+CAPPED_FIGURES = ("mean", "jain", "starved", "reused", "per_request")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -161,20 +165,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lists", type=int, default=30, help="list pages of the mixed crawl's shop (20 details each)")
     parser.add_argument("--only", default="overhead,capped,mixed", help="comma list of parts to run")
     parser.add_argument(
-        "--local-reuse", type=float, default=None, help="REDISLOCK_LOCAL_REUSE for the crawls (default: its default)"
+        "--baseline",
+        action="store_true",
+        help="also run the capped and mixed parts with REDISLOCK_LOCAL_REUSE = 0, in the same rounds",
     )
     args = parser.parse_args(argv)
     parts = {p.strip() for p in args.only.split(",") if p.strip()}
-    if args.local_reuse is not None:
-        EXTRA["REDISLOCK_LOCAL_REUSE"] = args.local_reuse
+    variants: dict[str, dict[str, Any]] = {"StageScheduler": {}}
+    if args.baseline:
+        variants["StageScheduler, REDISLOCK_LOCAL_REUSE 0"] = {"REDISLOCK_LOCAL_REUSE": 0}
     plain: list[float] = []
     capped: list[float] = []
-    means: list[float] = []
-    jains: list[float] = []
-    starved: list[float] = []
-    reused: list[float] = []
-    per_request: list[float] = []
-    mixed: dict[str, list[float]] = {"StageScheduler": [], "middleware alone": []}
+    figures: dict[str, dict[str, list[float]]] = {name: {f: [] for f in CAPPED_FIGURES} for name in variants}
+    mixed: dict[str, list[float]] = {name: [] for name in [*variants, "middleware alone"]}
     steps: dict[str, list[float]] = {}
     with RedisServer() as server, tempfile.TemporaryDirectory() as folder:
         for i in range(args.repeat):
@@ -183,18 +186,26 @@ def main(argv: list[str] | None = None) -> int:
                 for with_middleware in (False, True) if i % 2 == 0 else (True, False):
                     pages_per_s = overhead_run(server.url, args.pages, with_middleware=with_middleware)
                     (capped if with_middleware else plain).append(pages_per_s)
+            order = list(variants) if i % 2 == 0 else list(reversed(variants))
             if "capped" in parts:
-                mean, jain_index, longest, medians, passed = utilization_run(server.url, args.per_process, Path(folder))
-                means.append(mean)
-                jains.append(jain_index)
-                starved.append(longest)
-                reused.append(passed["reused"] / max(1, passed["acquired"]))
-                per_request.append(passed["redis_commands"] / (PROCESSES * args.per_process))
-                for step, ms in medians.items():
-                    steps.setdefault(step, []).append(ms)
+                for name in order:
+                    mean, jain_index, longest, medians, passed = utilization_run(
+                        server.url, args.per_process, Path(folder), variants[name]
+                    )
+                    got = figures[name]
+                    got["mean"].append(mean)
+                    got["jain"].append(jain_index)
+                    got["starved"].append(longest)
+                    got["reused"].append(passed["reused"] / max(1, passed["acquired"]))
+                    got["per_request"].append(passed["redis_commands"] / (PROCESSES * args.per_process))
+                    if name == "StageScheduler":
+                        for step, ms in medians.items():
+                            steps.setdefault(step, []).append(ms)
             if "mixed" in parts:
-                for name in mixed if i % 2 == 0 else reversed(mixed):
-                    mixed[name].append(mixed_run(server.url, args.lists, name == "StageScheduler", Path(folder)))
+                for name in [*order, "middleware alone"] if i % 2 == 0 else ["middleware alone", *order]:
+                    scheduler = name != "middleware alone"
+                    extra = variants.get(name, {})
+                    mixed[name].append(mixed_run(server.url, args.lists, scheduler, Path(folder), extra))
     result: dict[str, Any] = {"rounds": args.repeat}
     text = ""
     if plain:
@@ -214,36 +225,31 @@ def main(argv: list[str] | None = None) -> int:
             f"  pages/s with it:                {spread(capped, 0)}\n"
             f"  ratio per round (with / without): {spread(paired, 3)}; ratio of medians: {ratio:.3f}\n"
         )
-    if means:
-        result.update(
-            mean_in_flight_cap3=means,
-            mean_in_flight_median=statistics.median(means),
-            jain=jains,
-            jain_median=statistics.median(jains),
-            longest_starvation_s=starved,
-            longest_starvation_median_s=statistics.median(starved),
-            reused_share=reused,
-            redis_commands_per_request=per_request,
-            handoff_steps_ms=steps,
-        )
-        text += (
-            f"Capped stage alone ({PROCESSES} processes, cap 3, 50 ms pages, {args.per_process} requests each):\n"
-            f"  mean requests in flight at the server: {spread(means)}\n"
-            f"  Jain over the processes' requests (all with a backlog): {spread(jains, 3)}\n"
-            f"  longest a process with a backlog went without a request at the site, s: {spread(starved)}\n"
-            f"  share of slots passed on locally (of requests that got one): {spread(reused)}\n"
-            f"  Redis commands per capped request (INFO commandstats, Lua's own included; start-up, renewals and "
-            f"close included): {spread(per_request, 1)}\n"
-            "  where a slot idles between two requests (median ms per step, one value per round):\n"
-            + "".join(f"    {step:<48} {[round(x, 2) for x in values]}\n" for step, values in steps.items())
-        )
-    if mixed["StageScheduler"]:
+    if "capped" in parts:
+        result["capped"] = figures
+        result["handoff_steps_ms"] = steps
+        text += f"Capped stage alone ({PROCESSES} processes, cap 3, 50 ms pages, {args.per_process} requests each):\n"
+        for name, got in figures.items():
+            text += (
+                f"  {name}:\n"
+                f"    mean requests in flight at the server: {spread(got['mean'])}\n"
+                f"    Jain over the processes' requests (all with a backlog): {spread(got['jain'], 3)}\n"
+                f"    longest a process with a backlog went without a request at the site, s: "
+                f"{spread(got['starved'])}\n"
+                f"    share of slots passed on locally (of requests that got one): {spread(got['reused'])}\n"
+                f"    Redis commands per capped request (INFO commandstats, Lua's own included; start-up, renewals "
+                f"and close included): {spread(got['per_request'], 1)}\n"
+            )
+        text += "  where a slot idles between two requests (StageScheduler; median ms per step, one value per round):\n"
+        text += "".join(f"    {step:<48} {[round(x, 2) for x in values]}\n" for step, values in steps.items())
+    if "mixed" in parts:
         result["mixed_mean_detail_in_flight"] = mixed
         text += (
             f"Mixed crawl ({PROCESSES} processes, shop of {args.lists} list pages x 20 details x 5 comments, caps "
             "list 1 / detail 3 / comments unlimited, 50 ms pages, CONCURRENT_REQUESTS 16):\n"
             + "".join(f"  mean detail requests in flight, {name}: {spread(v)}\n" for name, v in mixed.items())
         )
+    text += f"Load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n"
     print(text)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "middleware.md").write_text(text)
