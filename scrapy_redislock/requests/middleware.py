@@ -45,6 +45,7 @@ from scrapy import Request, Spider, signals
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.misc import load_object
 
+from scrapy_redislock._loop import every
 from scrapy_redislock.crawl.early import EARLY_TYPES, MIDDLEWARE_PATH, middlewares_after
 from scrapy_redislock.crawl.engine import check_reactor, engine_closing
 from scrapy_redislock.crawl.settings import read_settings
@@ -192,19 +193,21 @@ class StageLockMiddleware:
     async def _close_watch(self) -> None:
         """One task for all waits here. Once the engine closes they keep waiting while their stage makes progress;
         the waits of a stage that is paused or stalled are dropped, so that the close never hangs for ever."""
+        await every(self._close_interval, self._close_tick, what="watching the waits for the close")
+
+    def _close_interval(self) -> float:
+        return STALL_CHECK_INTERVAL if engine_closing(self.crawler) else CLOSE_CHECK_INTERVAL
+
+    async def _close_tick(self) -> bool:
         assert self.locks is not None
-        while self._waits:
-            if self.locks.closed:
-                self._drop(set(self._waits.values()), "the stage slots were closed")
-                return
-            if not engine_closing(self.crawler):
-                await asyncio.sleep(CLOSE_CHECK_INTERVAL)
-                continue
+        if self._waits and self.locks.closed:
+            self._drop(set(self._waits.values()), "the stage slots were closed")
+        elif self._waits and engine_closing(self.crawler):
             for stage in sorted(set(self._waits.values())):
                 why = await self.locks.stalled(stage, self.stall_window)
                 if why:
                     self._drop({stage}, why)
-            await asyncio.sleep(STALL_CHECK_INTERVAL)
+        return bool(self._waits) and not self.locks.closed
 
     def _drop(self, stages: set[str], why: str) -> None:
         dropped: Counter[str] = Counter()

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.misc import build_from_crawler, load_object
 
+from scrapy_redislock._redis import Backoff
 from scrapy_redislock.crawl.early import (
     MIDDLEWARE_PATH,
     early_middlewares,
@@ -288,13 +289,16 @@ class StageScheduler:
     async def _wait_for_slots(self, stage: str) -> None:
         """One waiter: blocks in Redis for a slot, pairs it with a parked request, and goes on while needed."""
         assert self.locks is not None
+        backoff = Backoff()
         while not self.closing:
             try:
                 permit = await self.locks.acquire(stage, None)  # Redis errors are retried in there
             except Exception:
-                logger.exception("Waiting for a slot of stage %r failed; trying again in 1 s", stage)
-                await asyncio.sleep(1.0)
+                delay = backoff.next()
+                logger.exception("Waiting for a slot of stage %r failed; trying again in %.1f s", stage, delay)
+                await asyncio.sleep(delay)
                 continue
+            backoff.reset()
             if self.closing or engine_closing(self.crawler):
                 await self.locks.release(permit)
                 return

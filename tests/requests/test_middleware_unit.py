@@ -105,3 +105,20 @@ def test_switched_off_it_refuses_staged_requests_instead_of_sending_them_unthrot
     with pytest.raises(ThrottlingDisabled, match="'detail'"):
         mw.process_request(request("detail"))
     assert crawler.stats.get_value("redislock/throttling_off") == 1
+
+
+def test_a_request_waiting_here_when_the_spider_closes_is_dropped_and_every_slot_freed(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}, scheduler=False) as f:
+            first, second = request("detail", 1), request("detail", 2)
+            await f.middleware.process_request(first)
+            waiting = asyncio.ensure_future(f.middleware.process_request(second))
+            await until(lambda: f.middleware.waiting["detail"] == 1)
+            await f.middleware.spider_closed(f.crawler.spider, "finished")
+            with pytest.raises(IgnoreRequest, match="closing"):
+                await asyncio.wait_for(waiting, 10)
+            assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
