@@ -15,7 +15,10 @@ Measured per design, over the window:
                  benchmark's own INFO and CONFIG calls are left out) / grants in the window;
   wait p50/p99   time from asking to getting, of every ask made in the window;
   Jain           Jain's fairness index of the processes' grant counts (1.0: all equal);
-  max overlap    most hold intervals (got, done) open at one instant; "cap exceeded" when above the limit.
+  max overlap    most hold intervals (got, done) open at one instant; "cap exceeded" when above the limit;
+  PING           a plain round trip (PING, median), measured by the parent process every PING_EVERY s during the
+                 window, i.e. under the same load; with one slot the hand-off (a holder's release call starts ->
+                 the next grant received) is also given as a multiple of it.
 And where a slot's time goes (second table): the real hold (time.sleep overshoots), the release call, the gap
 from a holder's release to the next grant, client and redis-server CPU per grant.
 
@@ -53,6 +56,7 @@ READY_TIMEOUT = 90.0  # s for all processes to start, import and warm up
 START_DELAY = 0.1  # s between "all ready" and the start of the window
 BUSY_WARNING = 0.2  # CPUs of other work during a window that earn a warning
 QUIET_CPUS = 0.1  # --wait-quiet: machine-wide busy CPUs below which a design may start
+PING_EVERY = 0.01  # s between two PINGs of the parent during the window
 
 
 def set_timer_slack(ns: int) -> None:
@@ -142,6 +146,20 @@ def wait_quiet(limit_s: float) -> float:
             return busy
 
 
+def ping_until(client: redis.Redis, start: float, end: float) -> list[float]:
+    """PING round trips (s) every PING_EVERY s from ``start`` to ``end``: a plain round trip under the same load.
+
+    PING is left out of cmds/grant, like the benchmark's other own commands."""
+    time.sleep(max(0.0, start - time.monotonic()))
+    rtts = []
+    while time.monotonic() < end:
+        sent = time.perf_counter()
+        client.ping()
+        rtts.append(time.perf_counter() - sent)
+        time.sleep(PING_EVERY)
+    return rtts
+
+
 def server_cpu(client: redis.Redis) -> float:
     info = client.info("cpu")
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
@@ -176,7 +194,7 @@ def run_design(key: str, args: argparse.Namespace, options: Options) -> dict[str
             end = start + seconds
             start_at.value = start
             go.set()
-            time.sleep(max(0.0, end - time.monotonic()))
+            pings = ping_until(client, start, end)
             stats = client.info("commandstats")
             cpu_after = server_cpu(client)
             machine_after = machine_cpu()
@@ -189,6 +207,9 @@ def run_design(key: str, args: argparse.Namespace, options: Options) -> dict[str
         version = client.info("server")["redis_version"]
         client.close()
     row = summarize(key, design.label, design.limit, hold, start, end, results, stats, cpu_after - cpu_before, version)
+    row["ping_p50_ms"] = 1000 * percentile(sorted(pings), 0.5)
+    if "handoff_p50_ms" in row:
+        row["handoff_per_ping"] = row["handoff_p50_ms"] / row["ping_p50_ms"]
     busy, steal = (after - before for after, before in zip(machine_after, machine_before, strict=True))
     # CPU the machine spent on anything but this design's processes and its redis-server (other jobs, the kernel).
     row["other_cpus"] = (busy - row["client_cpu_s"] - row["server_cpu_s"]) / seconds
@@ -217,7 +238,7 @@ def summarize(
     calls = {
         name.removeprefix("cmdstat_"): int(v["calls"])
         for name, v in stats.items()
-        if name != "cmdstat_info" and not name.startswith("cmdstat_config")
+        if name not in ("cmdstat_info", "cmdstat_ping") and not name.startswith("cmdstat_config")
     }
     waits = sorted(got - asked for asked, got, _, _ in records)
     holds = sorted(done - got for _, got, done, _ in records)
@@ -280,16 +301,24 @@ def table(rows: list[dict[str, Any]]) -> str:
 def time_table(rows: list[dict[str, Any]], hold_ms: float) -> str:
     lines = [
         f"| design | limit | slot cycle ms | real hold ms (nominal {hold_ms:g}) | release call ms | "
-        "release -> next grant ms | occupancy | client CPU us/grant | redis CPU us/grant | other load, CPUs |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "release -> next grant ms | hand-off p50 ms (x PING) | PING p50 ms | occupancy | client CPU us/grant | "
+        "redis CPU us/grant | other load, CPUs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['design']} | {r['limit']} | {r['slot_cycle_ms']:.2f} | {r['hold_mean_ms']:.2f} | "
-            f"{r['release_mean_ms']:.3f} | {r['gap_ms']:.2f} | {r['occupancy']:.2f} | "
+            f"{r['release_mean_ms']:.3f} | {r['gap_ms']:.2f} | {handoff(r)} | {r['ping_p50_ms']:.3f} | "
+            f"{r['occupancy']:.2f} | "
             f"{r['client_cpu_us_per_grant']:.0f} | {r['server_cpu_us_per_grant']:.0f} | {r['other_cpus']:.2f} |"
         )
     return "\n".join(lines)
+
+
+def handoff(row: dict[str, Any]) -> str:
+    if "handoff_per_ping" not in row:
+        return "-"
+    return f"{row['handoff_p50_ms']:.3f} ({row['handoff_per_ping']:.2f}x)"
 
 
 def report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:

@@ -21,7 +21,8 @@ from typing import Any
 
 from scrapy import signals
 
-RECORDS: dict[str, list[Any]] = {"left": [], "reached": [], "released": [], "granted": [], "handed": []}
+PASSED_WITHIN = 0.002  # s: a local pass this close after a request left the downloader was that request's slot
+RECORDS: dict[str, list[Any]] = {"left": [], "reached": [], "released": [], "granted": [], "handed": [], "passed": []}
 
 
 def _wrap_classes() -> None:
@@ -29,6 +30,13 @@ def _wrap_classes() -> None:
     from scrapy_redislock.requests.scheduler import StageScheduler
 
     release, acquire, hand_out = StageLocks.release, StageLocks.acquire, StageScheduler._hand_out
+    pass_on = StageLocks._pass_on
+
+    def timed_pass_on(self: StageLocks, permit: Any) -> bool:
+        passed = pass_on(self, permit)
+        if passed:
+            RECORDS["passed"].append(time.monotonic())
+        return passed
 
     async def timed_release(self: StageLocks, permit: Any) -> None:
         await release(self, permit)
@@ -47,6 +55,7 @@ def _wrap_classes() -> None:
 
     StageLocks.release, StageLocks.acquire = timed_release, timed_acquire  # type: ignore[method-assign]
     StageScheduler._hand_out = timed_hand_out  # type: ignore[method-assign]
+    StageLocks._pass_on = timed_pass_on  # type: ignore[method-assign]
 
 
 class HandoffProbe:
@@ -91,12 +100,17 @@ def breakdown(folder: Path, served: list[Any], start: float, end: float) -> dict
     all_left = sorted(t for p in processes for t, _ in p["left"])
     for p in processes:
         released, granted = sorted(p["released"]), sorted(p["granted"])
+        passed = sorted(p.get("passed", []))
+        slots = sorted(granted + passed)  # a request is handed out after a grant or a local pass
         reached = {url: t for t, url in p["reached"]}
         for t, url in p["left"]:
             if start < t < end:
                 answered = [r.answered for r in by_path[path_of(url)] if r.answered <= t]
                 if answered:
                     steps["site answered -> download over"].append(t - max(answered))
+                k = bisect.bisect_left(passed, t)
+                if k < len(passed) and passed[k] - t < PASSED_WITHIN:
+                    continue  # its slot was passed on locally: no release
                 i = bisect.bisect_left(released, t)
                 if i < len(released):
                     steps["download over -> its release returned"].append(released[i] - t)
@@ -104,12 +118,17 @@ def breakdown(folder: Path, served: list[Any], start: float, end: float) -> dict
             i = bisect.bisect_right(all_left, t) - 1
             if start < t < end and i >= 0:
                 steps["download over (any process) -> slot granted"].append(t - all_left[i])
+        own_left = sorted(t for t, _ in p["left"])
+        for t in p.get("passed", []):
+            i = bisect.bisect_right(own_left, t) - 1
+            if start < t < end and i >= 0:
+                steps["download over -> slot passed on locally"].append(t - own_left[i])
         for t, url in p["handed"]:
             if not start < t < end:
                 continue
-            i = bisect.bisect_right(granted, t) - 1
+            i = bisect.bisect_right(slots, t) - 1
             if i >= 0:
-                steps["slot granted -> request handed out"].append(t - granted[i])
+                steps["slot granted or passed on -> request handed out"].append(t - slots[i])
             if url in reached:
                 steps["handed out -> reached the downloader"].append(reached[url] - t)
                 arrived = [r.arrived for r in by_path[path_of(url)] if r.arrived >= reached[url]]

@@ -1,32 +1,47 @@
-"""Middleware benchmark: overhead on an uncapped stage, and how fully a capped stage's slots are used.
+"""Middleware benchmark: overhead on an uncapped stage, how fully a capped stage's slots are used, and how fairly.
 
-    ./run.sh bench middleware [--repeat 5]
+    ./run.sh bench middleware [--repeat 5] [--only overhead,capped,mixed] [--baseline]
 
 1. Overhead: the same crawl of an uncapped stage (20 ms pages, CONCURRENT_REQUESTS 32) with and without
    StageLockMiddleware + StageScheduler; pages/s measured at the server. The two run back to back in each
    round, in alternating order (so a machine that gets busier or quieter during a round favours neither);
    reported: the median of the per-round ratios (with / without) and the ratio of the medians.
-2. Utilization: 3 crawler processes on one capped stage (cap 3, 50 ms pages, plenty of queued work); the
-   server's time-weighted mean of requests in flight while the stage has work (1 s trimmed at each end).
+2. Capped stage alone: 3 crawler processes on one capped stage (cap 3, 50 ms pages, a backlog in each process);
+   the server's time-weighted mean of requests in flight while the stage has work (1 s trimmed at each end);
+   fairness over the window where all three have a backlog: Jain's index of the processes' requests, and the
+   longest time a process with a backlog went without a request reaching the site (its starvation).
+3. Mixed crawl, as a user's: 3 processes crawl the test shop (list pages -> detail pages -> comment pages, 50 ms
+   pages, CONCURRENT_REQUESTS 16 each), caps list 1 / detail 3 / comments unlimited, the list pages shared out;
+   the mean of detail requests in flight while detail has work, with StageScheduler and with the middleware alone.
 Real `scrapy runspider` processes against a local HTTP server and a fresh redis-server; prints what it measured.
+With --baseline, parts 2 and 3 also run with REDISLOCK_LOCAL_REUSE = 0 (every slot back to Redis) in the same
+rounds, in alternating order. Every figure is the median over the rounds of one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import statistics
 import sys
 import tempfile
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from bench.handoff_probe import breakdown
-from testing.crawlproc import run_crawl, start_crawl
+from testing.crawlproc import ROOT, Crawl, run_crawl
+from testing.faultproc import jain
 from testing.redis_server import RedisServer
-from testing.site import CrawlSite
+from testing.site import CrawlSite, ShopSite
 
 RESULTS = Path(__file__).resolve().parent / "results"
+SHOP_SPIDER = ROOT / "testing" / "spiders" / "shopspider.py"
+PROCESSES = 3
 
 
 def pages_per_second(site: CrawlSite, stage: str) -> float:
@@ -47,68 +62,194 @@ def overhead_run(redis_url: str, pages: int, with_middleware: bool) -> float:
         return pages_per_second(site, "comments")
 
 
-def utilization_run(redis_url: str, per_process: int) -> tuple[float, dict[str, float]]:
-    """Mean in flight at the site, and the median of each step of a hand-off (see bench/handoff_probe.py)."""
+def run_all(crawls: list[Crawl], timeout: float = 600) -> None:
+    for crawl in crawls:
+        crawl.start()
+    for crawl in crawls:
+        crawl.wait(timeout)
+        if crawl.code != 0:
+            raise RuntimeError(f"crawl failed: {crawl.tail()}")
+
+
+def fairness(site: CrawlSite, stage: str) -> tuple[float, float]:
+    """(Jain's index of the processes' requests while all had a backlog, longest gap in s between two requests
+    of one process while it had a backlog). Each process sends its name as User-Agent."""
+    arrivals: dict[str, list[float]] = defaultdict(list)
+    for record in site.served:
+        if record.stage == stage:
+            arrivals[record.worker].append(record.arrived)
+    times = [sorted(found) for found in arrivals.values()]
+    start, end = max(t[0] for t in times), min(t[-1] for t in times)
+    counts = [sum(1 for t in found if start <= t <= end) for found in times]
+    longest = max(b - a for found in times for a, b in itertools.pairwise(found))
+    return jain(counts), longest
+
+
+def check_cap(site: CrawlSite, stage: str, cap: int) -> None:
+    if site.max_in_flight[stage] > cap:
+        raise RuntimeError(f"cap of {stage} exceeded: {site.max_in_flight[stage]} > {cap}")
+
+
+def utilization_run(
+    redis_url: str, per_process: int, folder: Path, extra: dict[str, Any]
+) -> tuple[float, float, float, dict[str, float], dict[str, int]]:
+    """Mean in flight at the site, Jain, longest starvation, the median of each step of a hand-off (see
+    bench/handoff_probe.py), and the slots passed on locally / granted by Redis."""
     with CrawlSite(delay=0.05) as site, tempfile.TemporaryDirectory() as probe_dir:
         settings = {
             "CONCURRENT_REQUESTS": 16,
             "REDISLOCK_URL": redis_url,
             "REDISLOCK_STAGES": {"detail": 3},
-            "EXTENSIONS": {"bench.handoff_probe.HandoffProbe": 0},
+            "EXTENSIONS": {"bench.handoff_probe.HandoffProbe": 0, "testing.spiders.crawlspider.StatsFile": 0},
             "HANDOFF_PROBE_DIR": probe_dir,
+            **extra,
         }
-        crawls = [start_crawl(site.url, f"detail:{per_process}", settings) for _ in range(3)]
-        for crawl in crawls:
-            crawl.communicate(timeout=600)
+        crawls = [
+            Crawl(site.url, f"detail:{per_process}", {**settings, "USER_AGENT": f"p{i}"}, folder)
+            for i in range(PROCESSES)
+        ]
+        client = redis.Redis.from_url(redis_url)
+        client.config_resetstat()
+        run_all(crawls)
+        calls = sum(int(v["calls"]) for k, v in client.info("commandstats").items() if k != "cmdstat_info")
+        client.close()
+        check_cap(site, "detail", 3)
         arrivals = sorted(site.arrivals["detail"])
-        if site.max_in_flight["detail"] > 3:
-            raise RuntimeError(f"cap exceeded: {site.max_in_flight['detail']}")
         start, end = arrivals[0] + 1.0, arrivals[-1] - 1.0
-        return site.mean_in_flight("detail", start, end), breakdown(Path(probe_dir), site.served, start, end)
+        jain_index, starved = fairness(site, "detail")
+        passed = {
+            "reused": sum(c.stats.get("redislock/detail/reused", 0) for c in crawls),
+            "acquired": sum(c.stats.get("redislock/detail/acquired", 0) for c in crawls),
+            "redis_commands": calls,
+        }
+        steps = breakdown(Path(probe_dir), site.served, start, end)
+        return site.mean_in_flight("detail", start, end), jain_index, starved, steps, passed
+
+
+def mixed_run(redis_url: str, lists: int, with_scheduler: bool, folder: Path, extra: dict[str, Any]) -> float:
+    """Mean detail requests in flight at the shop while detail has work (1 s trimmed at each end)."""
+    with ShopSite(lists=lists, details=20, comments=5, delay=0.05) as site:
+        settings: dict[str, Any] = {
+            "CONCURRENT_REQUESTS": 16,
+            "REDISLOCK_URL": redis_url,
+            "REDISLOCK_STAGES": {"list": 1, "detail": 3, "comments": None},
+            **extra,
+        }
+        if not with_scheduler:
+            settings["SCHEDULER"] = "scrapy.core.scheduler.Scheduler"
+        crawls = [
+            Crawl(site.url, ",".join(map(str, range(i, lists, PROCESSES))), settings, folder, spider=SHOP_SPIDER)
+            for i in range(PROCESSES)
+        ]
+        run_all(crawls)
+        for stage, cap in (("list", 1), ("detail", 3)):
+            check_cap(site, stage, cap)
+        if len(site.arrivals["comments"]) != site.totals["comments"]:
+            raise RuntimeError(f"comments: {len(site.arrivals['comments'])} of {site.totals['comments']}")
+        arrivals = sorted(site.arrivals["detail"])
+        return site.mean_in_flight("detail", arrivals[0] + 1.0, arrivals[-1] - 1.0)
+
+
+def spread(values: list[float], digits: int = 2) -> str:
+    return f"median {statistics.median(values):.{digits}f}  {[round(v, digits) for v in values]}"
+
+
+CAPPED_FIGURES = ("mean", "jain", "starved", "reused", "per_request")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--pages", type=int, default=1500, help="pages per overhead crawl")
     parser.add_argument("--per-process", type=int, default=150, help="capped requests per process")
+    parser.add_argument("--lists", type=int, default=30, help="list pages of the mixed crawl's shop (20 details each)")
+    parser.add_argument("--only", default="overhead,capped,mixed", help="comma list of parts to run")
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="also run the capped and mixed parts with REDISLOCK_LOCAL_REUSE = 0, in the same rounds",
+    )
     args = parser.parse_args(argv)
-    with RedisServer() as server:
-        plain, capped, means = [], [], []
-        steps: dict[str, list[float]] = {}
+    parts = {p.strip() for p in args.only.split(",") if p.strip()}
+    variants: dict[str, dict[str, Any]] = {"StageScheduler": {}}
+    if args.baseline:
+        variants["StageScheduler, REDISLOCK_LOCAL_REUSE 0"] = {"REDISLOCK_LOCAL_REUSE": 0}
+    plain: list[float] = []
+    capped: list[float] = []
+    figures: dict[str, dict[str, list[float]]] = {name: {f: [] for f in CAPPED_FIGURES} for name in variants}
+    mixed: dict[str, list[float]] = {name: [] for name in [*variants, "middleware alone"]}
+    steps: dict[str, list[float]] = {}
+    with RedisServer() as server, tempfile.TemporaryDirectory() as folder:
         for i in range(args.repeat):
             print(f"round {i + 1}/{args.repeat} ...", file=sys.stderr, flush=True)
-            for with_middleware in (False, True) if i % 2 == 0 else (True, False):
-                pages_per_s = overhead_run(server.url, args.pages, with_middleware=with_middleware)
-                (capped if with_middleware else plain).append(pages_per_s)
-            mean, medians = utilization_run(server.url, args.per_process)
-            means.append(mean)
-            for step, ms in medians.items():
-                steps.setdefault(step, []).append(ms)
-    ratio = statistics.median(capped) / statistics.median(plain)
-    paired = [c / p for c, p in zip(capped, plain, strict=True)]
-    result = {
-        "pages_per_s_without": plain,
-        "pages_per_s_with": capped,
-        "overhead_ratio_of_medians": ratio,
-        "overhead_ratios_per_round": paired,
-        "overhead_median_ratio": statistics.median(paired),
-        "mean_in_flight_cap3": means,
-        "mean_in_flight_median": statistics.median(means),
-        "handoff_steps_ms": steps,
-    }
-    text = (
-        f"Overhead (uncapped stage, 20 ms pages, CONCURRENT_REQUESTS 32, {args.pages} pages, {args.repeat} rounds):\n"
-        f"  pages/s without the middleware: median {statistics.median(plain):.0f}  {[round(x) for x in plain]}\n"
-        f"  pages/s with it:                median {statistics.median(capped):.0f}  {[round(x) for x in capped]}\n"
-        f"  ratio per round (with / without): median {statistics.median(paired):.3f}  "
-        f"{[round(x, 3) for x in paired]}; ratio of medians: {ratio:.3f}\n"
-        f"Utilization (3 processes, cap 3, 50 ms pages, {args.per_process} requests each):\n"
-        f"  mean requests in flight at the server: median {statistics.median(means):.2f}  "
-        f"{[round(x, 2) for x in means]}\n"
-        "  where a slot idles between two requests (median ms per step, one value per round):\n"
-        + "".join(f"    {step:<48} {[round(x, 2) for x in values]}\n" for step, values in steps.items())
-    )
+            if "overhead" in parts:
+                for with_middleware in (False, True) if i % 2 == 0 else (True, False):
+                    pages_per_s = overhead_run(server.url, args.pages, with_middleware=with_middleware)
+                    (capped if with_middleware else plain).append(pages_per_s)
+            order = list(variants) if i % 2 == 0 else list(reversed(variants))
+            if "capped" in parts:
+                for name in order:
+                    mean, jain_index, longest, medians, passed = utilization_run(
+                        server.url, args.per_process, Path(folder), variants[name]
+                    )
+                    got = figures[name]
+                    got["mean"].append(mean)
+                    got["jain"].append(jain_index)
+                    got["starved"].append(longest)
+                    got["reused"].append(passed["reused"] / max(1, passed["acquired"]))
+                    got["per_request"].append(passed["redis_commands"] / (PROCESSES * args.per_process))
+                    if name == "StageScheduler":
+                        for step, ms in medians.items():
+                            steps.setdefault(step, []).append(ms)
+            if "mixed" in parts:
+                for name in [*order, "middleware alone"] if i % 2 == 0 else ["middleware alone", *order]:
+                    scheduler = name != "middleware alone"
+                    extra = variants.get(name, {})
+                    mixed[name].append(mixed_run(server.url, args.lists, scheduler, Path(folder), extra))
+    result: dict[str, Any] = {"rounds": args.repeat}
+    text = ""
+    if plain:
+        ratio = statistics.median(capped) / statistics.median(plain)
+        paired = [c / p for c, p in zip(capped, plain, strict=True)]
+        result.update(
+            pages_per_s_without=plain,
+            pages_per_s_with=capped,
+            overhead_ratio_of_medians=ratio,
+            overhead_ratios_per_round=paired,
+            overhead_median_ratio=statistics.median(paired),
+        )
+        text += (
+            f"Overhead (uncapped stage, 20 ms pages, CONCURRENT_REQUESTS 32, {args.pages} pages, "
+            f"{args.repeat} rounds):\n"
+            f"  pages/s without the middleware: {spread(plain, 0)}\n"
+            f"  pages/s with it:                {spread(capped, 0)}\n"
+            f"  ratio per round (with / without): {spread(paired, 3)}; ratio of medians: {ratio:.3f}\n"
+        )
+    if "capped" in parts:
+        result["capped"] = figures
+        result["handoff_steps_ms"] = steps
+        text += f"Capped stage alone ({PROCESSES} processes, cap 3, 50 ms pages, {args.per_process} requests each):\n"
+        for name, got in figures.items():
+            text += (
+                f"  {name}:\n"
+                f"    mean requests in flight at the server: {spread(got['mean'])}\n"
+                f"    Jain over the processes' requests (all with a backlog): {spread(got['jain'], 3)}\n"
+                f"    longest a process with a backlog went without a request at the site, s: "
+                f"{spread(got['starved'])}\n"
+                f"    share of slots passed on locally (of requests that got one): {spread(got['reused'])}\n"
+                f"    Redis commands per capped request (INFO commandstats, Lua's own included; start-up, renewals "
+                f"and close included): {spread(got['per_request'], 1)}\n"
+            )
+        text += "  where a slot idles between two requests (StageScheduler; median ms per step, one value per round):\n"
+        text += "".join(f"    {step:<48} {[round(x, 2) for x in values]}\n" for step, values in steps.items())
+    if "mixed" in parts:
+        result["mixed_mean_detail_in_flight"] = mixed
+        text += (
+            f"Mixed crawl ({PROCESSES} processes, shop of {args.lists} list pages x 20 details x 5 comments, caps "
+            "list 1 / detail 3 / comments unlimited, 50 ms pages, CONCURRENT_REQUESTS 16):\n"
+            + "".join(f"  mean detail requests in flight, {name}: {spread(v)}\n" for name, v in mixed.items())
+        )
+    text += f"Load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n"
     print(text)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "middleware.md").write_text(text)

@@ -1,4 +1,5 @@
-"""The one periodic loop of the package's asyncio code: tick every interval, at once when woken, until told to stop.
+"""The one periodic loop of the package's asyncio code: tick every interval, at once when woken, until told to stop;
+and :func:`start_now`, a task that starts running in the caller's call (from Python 3.12 on).
 
 A tick that raises is logged and the loop goes on (nothing is given up on a Redis error); with a
 :class:`~scrapy_redislock._redis.Backoff` the next tick after a failure comes after its delay instead of the
@@ -10,13 +11,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from scrapy_redislock._redis import Backoff
 
 logger = logging.getLogger(__name__)
 
 Tick = Callable[[], Awaitable[bool | None]]
+T = TypeVar("T")
+
+
+def start_now(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """A task that runs up to its first real wait at once (asyncio's eager start, Python 3.12+): a command it sends
+    leaves in this call, not after every other callback of this loop iteration. Python 3.11: a plain task."""
+    loop = asyncio.get_running_loop()
+    eager = getattr(asyncio, "eager_task_factory", None)
+    return eager(loop, coro) if eager is not None else loop.create_task(coro)
 
 
 async def every(

@@ -35,6 +35,9 @@ REDISLOCK_SCHEDULER_INNER = "scrapy.core.scheduler.Scheduler"
 REDISLOCK_PARK_LIMIT = 10000
 # Concurrent waits in Redis per stage and process (StageScheduler).
 REDISLOCK_WAITERS_PER_STAGE = 2
+# Seconds a slot granted by Redis may pass straight from a finished request to a parked one of the same stage in the
+# same process (StageScheduler), before it goes back to Redis's first-come-first-served line; 0 = always to Redis.
+REDISLOCK_LOCAL_REUSE = 0.25
 # A worker (StageWorkerMixin) closes after this many seconds with no work anywhere; None = idle forever.
 REDISLOCK_IDLE_CLOSE: float | None = None
 

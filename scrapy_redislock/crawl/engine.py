@@ -52,6 +52,12 @@ def downloader_active(crawler: Crawler) -> Any:
     return getattr(getattr(getattr(crawler, "engine", None), "downloader", None), "active", None)
 
 
+def downloader_middlewares(crawler: Crawler) -> tuple[Any, ...]:
+    """The downloader middleware instances in chain order (``engine.downloader.middleware.middlewares``), or ()."""
+    manager = getattr(getattr(getattr(crawler, "engine", None), "downloader", None), "middleware", None)
+    return tuple(getattr(manager, "middlewares", ()))
+
+
 def engine_scheduler(crawler: Crawler) -> BaseScheduler | None:
     """The engine's scheduler: ``engine.scheduler`` (public since Scrapy 2.19), else the engine slot's."""
     engine = getattr(crawler, "engine", None)

@@ -3,9 +3,9 @@
 Settings read: REDISLOCK_ENABLED, REDISLOCK_URL, REDISLOCK_PARAMS, REDISLOCK_STAGES, REDISLOCK_WORKER_STAGES,
 REDISLOCK_TTL, REDISLOCK_KEY_PREFIX, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT,
 REDISLOCK_STAGE_PREFERENCE, REDISLOCK_SCHEDULER_INNER, REDISLOCK_PARK_LIMIT, REDISLOCK_WAITERS_PER_STAGE,
-REDISLOCK_IDLE_CLOSE; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_DB, REDIS_PARAMS as fallbacks
-for the connection. Defaults live in :mod:`scrapy_redislock.crawl.defaults`. For the worker scheduler
-(:func:`read_worker_settings`) also scrapy-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START,
+REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_DB,
+REDIS_PARAMS as fallbacks for the connection. Defaults live in :mod:`scrapy_redislock.crawl.defaults`. For the
+worker scheduler (:func:`read_worker_settings`) also scrapy-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START,
 MAX_IDLE_TIME_BEFORE_CLOSE (fallback of REDISLOCK_IDLE_CLOSE), REDIS_START_URLS_AS_SET, REDIS_START_URLS_AS_ZSET,
 SCHEDULER_SERIALIZER (the request format of the queues: :mod:`scrapy_redislock.crawl.requestformat` when unset).
 
@@ -76,6 +76,7 @@ class RedisLockSettings:
     scheduler_inner: str = "scrapy.core.scheduler.Scheduler"
     park_limit: int = 10000
     waiters_per_stage: int = 2
+    local_reuse: float = 0.25
     idle_close: float | None = None
 
     def async_client(self) -> redis.asyncio.Redis:
@@ -250,6 +251,10 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
         raise ConfigError(f"REDISLOCK_SCHEDULER_INNER must be a class or its import path, got {inner!r}")
     park_limit = _positive_int(settings, "REDISLOCK_PARK_LIMIT")
     waiters = _positive_int(settings, "REDISLOCK_WAITERS_PER_STAGE")
+    raw_reuse = settings.get("REDISLOCK_LOCAL_REUSE", defaults.REDISLOCK_LOCAL_REUSE)
+    local_reuse = _number(raw_reuse)
+    if isinstance(local_reuse, bool) or not isinstance(local_reuse, int | float) or not 0 <= local_reuse < math.inf:
+        raise ConfigError(f"REDISLOCK_LOCAL_REUSE must be a number of seconds >= 0, got {raw_reuse!r}")
     raw_idle = settings.get("REDISLOCK_IDLE_CLOSE", defaults.REDISLOCK_IDLE_CLOSE)
     idle_close: float | None = None
     if raw_idle not in (None, "", "None"):
@@ -276,6 +281,7 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
         scheduler_inner=inner if isinstance(inner, str) else f"{inner.__module__}.{inner.__qualname__}",
         park_limit=park_limit,
         waiters_per_stage=waiters,
+        local_reuse=float(local_reuse),
         idle_close=idle_close,
     )
 

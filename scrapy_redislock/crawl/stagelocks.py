@@ -16,10 +16,31 @@ worker scheduler. API (all on the reactor thread, asyncio reactor)::
     locks.record_grant(stage, waited)              # stats: acquired, wait_time_total, wait_time_max
     await locks.release(permit)    # never raises; a release Redis did not take is retried at every renewal tick
     locks.release_soon(permit)     # the same from plain code, in a tracked task
+    locks.hand(request, permit_or_error)           # StageScheduler: the request leaves with this slot (or error)
+    locks.take(request)            # StageLockMiddleware: what came with it (an error only once), or None
+    locks.hold(request, permit)    # StageLockMiddleware: a slot it waited for itself
+    locks.finish(request)          # the request is done with its slot: passed on locally (see below) or released
+    locks.add_taker(fn)            # fn(stage, permit) -> True when it takes a freed slot for a parked request
     locks.add_waiting_source(fn)   # fn(stage) -> requests waiting for that stage (shown by the status CLI)
     locks.add_tick_hook(coro_fn)   # awaited at every renewal tick (leak sweeps)
     await locks.stalled(stage, window)             # at close: why to give up waiting for the stage, or ""
     await locks.close()            # cancel waits, then free every permit and waiter: one aclose() per stage
+
+The permit hand-off: a slot goes with its request object (never in ``meta``, which retries and redirects copy)
+from the scheduler (:meth:`hand`) or the middleware's own wait (:meth:`hold`) until :meth:`finish`. The one sweep of
+requests that left the downloader without passing back through the middleware (another middleware replaced or
+dropped them) runs at every renewal tick: a request missing from ``downloader.active`` at two ticks in a row has
+its slot freed.
+
+Local hand-off: when a request finishes and a taker (StageScheduler) has a parked request of the same stage, the
+slot passes to it at once, in the same call, with no Redis command: the grant stays held, its lease goes on
+(renewed with the others), and the fencing token stays the grant's (two requests of one process in a row may
+carry the same fence; it still grows with every grant Redis makes). So that no other process starves, a slot
+passes on this way only while it is younger than REDISLOCK_LOCAL_REUSE seconds (and half the lease) since Redis
+granted it; after that the next finish releases it to Redis's first-come-first-served line (where this process's
+own waiters queue too). A slot used locally is a slot held: its lease is valid, so the cap holds even while Redis
+is unreachable (a held slot may then still pass on within that bound; nothing new is granted).
+Counted as ``<stats_prefix>/<stage>/reused``.
 
 Renewal: every StageLocks of the process joins one loop (:class:`Renewer`, one per event loop), which every
 ``ttl/3`` (at most 1 s) runs each member's tick at once: tick hooks, retried releases, then ``maintain()`` of every
@@ -55,8 +76,9 @@ from scrapy.exceptions import CloseSpider
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.reactor import is_reactor_installed
 
-from scrapy_redislock._loop import every
+from scrapy_redislock._loop import every, start_now
 from scrapy_redislock._redis import Backoff, text
+from scrapy_redislock.crawl.engine import downloader_active
 from scrapy_redislock.errors import AcquireTimeout, LockConnectionError, UnknownStage
 from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.core import LockKeys, Permit, release_consumer
@@ -66,6 +88,7 @@ from scrapy_redislock.lock.status import StageStatus, astage_status, why_waiting
 
 if TYPE_CHECKING:
     import redis.asyncio
+    from scrapy import Request
     from scrapy.crawler import Crawler
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
@@ -168,6 +191,9 @@ class StageLocks:
         }
         self._stage_by_lock = {lock.name: stage for stage, lock in self.locks.items()}
         self._waiting_sources: list[Callable[[str], int]] = []
+        self._takers: list[Callable[[str, Permit], bool]] = []
+        self._out: dict[Request, Permit | BaseException] = {}  # request -> the slot it goes with (or its error)
+        self._suspects: set[Request] = set()  # out of the downloader at the last tick
         self._tick_hooks: list[Callable[[], Awaitable[None]]] = []
         self._waits: set[asyncio.Task[Any]] = set()  # acquire() calls in progress, cancelled on close
         self._releasing: set[asyncio.Task[None]] = set()
@@ -214,6 +240,10 @@ class StageLocks:
     def add_waiting_source(self, source: Callable[[str], int]) -> None:
         """Register ``source(stage) -> int``: requests waiting for a slot of that stage, summed for the status CLI."""
         self._waiting_sources.append(source)
+
+    def add_taker(self, taker: Callable[[str, Permit], bool]) -> None:
+        """Register ``taker(stage, permit) -> bool``: True when it keeps a freed slot for a parked request."""
+        self._takers.append(taker)
 
     def add_tick_hook(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Register a coroutine function awaited at every renewal tick, before the renewals."""
@@ -463,14 +493,69 @@ class StageLocks:
             self._unreleased.append(permit)
 
     def release_soon(self, permit: Permit) -> None:
-        """release() in a task kept until done (so plain callbacks can release without awaiting)."""
-        task = asyncio.get_running_loop().create_task(self.release(permit))
+        """release() in a task kept until done (so plain callbacks can release without awaiting); the command is
+        sent in this call where asyncio allows it (see :func:`~scrapy_redislock._loop.start_now`)."""
+        task = start_now(self.release(permit))
         self._releasing.add(task)
         task.add_done_callback(self._releasing.discard)
 
     def lock_of(self, permit: Permit) -> AsyncCountingLock | None:
         stage = self._stage_by_lock.get(permit.name)
         return None if stage is None else self.locks[stage]
+
+    # -- the permit hand-off: scheduler -> middleware -> next request ----------------------------------------------
+
+    def hand(self, request: Request, outcome: Permit | BaseException) -> None:
+        """StageScheduler lets ``request`` go with this slot (or fails it with this error at the middleware)."""
+        self._out[request] = outcome
+
+    def take(self, request: Request) -> Permit | BaseException | None:
+        """What ``request`` came with from the scheduler: its slot (held until :meth:`finish`), an error (given
+        once), or None."""
+        outcome = self._out.get(request)
+        if outcome is not None and not isinstance(outcome, Permit):
+            del self._out[request]
+        return outcome
+
+    def hold(self, request: Request, permit: Permit) -> None:
+        """``request`` holds ``permit`` (it waited for it in the middleware) until :meth:`finish`."""
+        self._out[request] = permit
+
+    def finish(self, request: Request) -> None:
+        """``request`` is done with its slot (download over, answered, dropped); nothing when it has none."""
+        outcome = self._out.pop(request, None)
+        if isinstance(outcome, Permit):
+            self.free(outcome)
+
+    def free(self, permit: Permit) -> None:
+        """Pass a slot on to a parked request of this process (see the module docstring), else release it now."""
+        if not self._pass_on(permit):
+            self.release_soon(permit)
+
+    def _pass_on(self, permit: Permit) -> bool:
+        stage = self._stage_by_lock.get(permit.name)
+        if stage is None or permit.lost or self.closed or not self._takers:
+            return False
+        if time.monotonic() - permit.acquired_at >= min(self.settings.local_reuse, self.settings.ttl / 2):
+            return False  # back to Redis's line, where other processes may wait (and never near the lease's end)
+        for taker in self._takers:
+            if taker(stage, permit):
+                self.stats.inc_value(f"{self.stats_prefix}/{stage}/reused")
+                return True
+        return False
+
+    def sweep(self) -> None:
+        """Free the slots of requests that left the downloader without finishing here (missing from
+        ``downloader.active`` at two ticks in a row: the engine adds a request to it in the same call that takes
+        it from the scheduler, so one tick would do; two cost nothing)."""
+        active = downloader_active(self.crawler)
+        if active is None:
+            return
+        gone = {request for request in self._out if request not in active}
+        for request in gone & self._suspects:
+            logger.debug("Freeing the slot of %s, which left the downloader unseen", request)
+            self.finish(request)
+        self._suspects = gone
 
     # -- renewal -----------------------------------------------------------------------------------------------------
 
@@ -481,6 +566,7 @@ class StageLocks:
         """One renewal round: hooks, retried releases, then every stage's maintain() at once. Never raises."""
         if self.closed or time.monotonic() < self._retry_at:
             return
+        self.sweep()
         for hook in list(self._tick_hooks):
             try:
                 await hook()
@@ -533,6 +619,7 @@ class StageLocks:
         if self.closed:
             return
         self.closed = True
+        self._out.clear()  # every slot of this process is freed below, one call per stage
         if self._shutdown_trigger is not None:
             from twisted.internet import reactor
 

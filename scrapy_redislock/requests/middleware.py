@@ -5,16 +5,20 @@ REDISLOCK_CALLBACK_STAGES, or REDISLOCK_DEFAULT_STAGE; ``meta["dont_redislock"]`
 never throttled (see :func:`scrapy_redislock.crawl.stages.stage_of`). A capped request holds a slot of its stage from
 here until its download ends, and the slot is released on every outcome: response, exception (download timeout
 included), IgnoreRequest or a response from a later middleware, a request dropped on the way (found by a sweep at
-every renewal tick), the spider closing. Permits are kept by request object, never in ``meta``, so retries and
-redirects (which copy meta) never carry one.
+every renewal tick: :meth:`StageLocks.sweep <scrapy_redislock.crawl.stagelocks.StageLocks.sweep>`), the spider
+closing. Permits are kept by request object in the crawler's
+:class:`~scrapy_redislock.crawl.stagelocks.StageLocks`, never in ``meta``, so retries and redirects (which copy meta)
+never carry one. When the request is done with its slot, the slot passes straight on to a request of the same stage
+parked in StageScheduler (within REDISLOCK_LOCAL_REUSE), else goes back to Redis at once.
 
 With :class:`~scrapy_redislock.StageScheduler` the slot was granted before the request left the scheduler and is
-picked up here. Without it, and for requests that bypass the scheduler (``engine.download_async``: media
-pipelines), the request waits here, in Redis's FIFO: caps hold, but a waiting request occupies one of
-CONCURRENT_REQUESTS (so a saturated stage slows the others). When the spider closes, requests waiting here keep
-their place in line, as Scrapy finishes what its downloader holds, while their stage makes progress; those of a
-stage that is paused (limit 0) or frees no slot anywhere for REDISLOCK_TTL + DOWNLOAD_TIMEOUT are dropped
-(IgnoreRequest), logged at WARNING with counts and counted as ``redislock/<stage>/dropped_at_close``.
+picked up here (``StageLocks.take``). Without it, and for requests that bypass the scheduler
+(``engine.download_async``: media pipelines), the request waits here, in Redis's FIFO: caps hold, but a waiting
+request occupies one of CONCURRENT_REQUESTS (so a saturated stage slows the others). When the spider closes,
+requests waiting here keep their place in line, as Scrapy finishes what its downloader holds, while their stage
+makes progress; those of a stage that is paused (limit 0) or frees no slot anywhere for REDISLOCK_TTL +
+DOWNLOAD_TIMEOUT are dropped (IgnoreRequest), logged at WARNING with counts and counted as
+``redislock/<stage>/dropped_at_close``.
 
 Fail closed: enabled with no stage is a ConfigError; with REDISLOCK_ENABLED = False the middleware stays in the
 chain and fails every request that has a stage with ThrottlingDisabled (counted), never sends it unthrottled.
@@ -22,9 +26,9 @@ AcquireTimeout (REDISLOCK_WAIT_TIMEOUT) is not retried by RetryMiddleware unless
 
 Settings read (via :func:`scrapy_redislock.crawl.settings.read_settings`): REDISLOCK_ENABLED, REDISLOCK_URL (and the
 scrapy-redis fallbacks), REDISLOCK_PARAMS, REDISLOCK_STAGES, REDISLOCK_TTL, REDISLOCK_KEY_PREFIX,
-REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT; Scrapy's RETRY_EXCEPTIONS and
-DOWNLOAD_TIMEOUT.
-Stats: redislock/<stage>/{acquired,wait_time_total,wait_time_max,lost,timeouts,dropped_at_close},
+REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT, REDISLOCK_LOCAL_REUSE; Scrapy's
+RETRY_EXCEPTIONS and DOWNLOAD_TIMEOUT.
+Stats: redislock/<stage>/{acquired,wait_time_total,wait_time_max,lost,timeouts,dropped_at_close,reused},
 redislock/unknown_stage, redislock/throttling_off, redislock/redis_errors.
 """
 
@@ -38,13 +42,12 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, Spider, signals
-from scrapy.downloadermiddlewares.httpcache import HttpCacheMiddleware
-from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import IgnoreRequest
-from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
 
-from scrapy_redislock.crawl.engine import check_reactor, downloader_active, engine_closing, engine_scheduler
+from scrapy_redislock._loop import every
+from scrapy_redislock.crawl.early import EARLY_TYPES, MIDDLEWARE_PATH, middlewares_after
+from scrapy_redislock.crawl.engine import check_reactor, engine_closing
 from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.crawl.stages import stage_of
@@ -68,16 +71,16 @@ STALL_CHECK_INTERVAL = 1.0
 class StageLockMiddleware:
     """Downloader middleware holding one slot of the request's stage while the request is downloaded."""
 
+    redislock_takes_slots = True  # how StageScheduler and crawl.early find it without importing it
+
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
         self.settings = read_settings(crawler.settings)
-        self.permits: dict[Request, Permit] = {}  # by request object: never in meta, which copies carry
         self.waiting: Counter[str] = Counter()  # requests waiting here, per stage
         self._waits: dict[asyncio.Task[Permit], str] = {}  # wait -> stage
         self._dropped: set[asyncio.Task[Permit]] = set()
         self._watcher: asyncio.Task[None] | None = None
         self._closing = False
-        self._suspects: set[Request] = set()
         self.retry_timeouts = _names_acquire_timeout(crawler.settings.getlist("RETRY_EXCEPTIONS"))
         self.stall_window = self.settings.ttl + crawler.settings.getfloat("DOWNLOAD_TIMEOUT", 180)
         if not self.settings.enabled:
@@ -96,7 +99,6 @@ class StageLockMiddleware:
         check_reactor(crawler, "StageLockMiddleware")
         self.locks = StageLocks.of(crawler, self.settings)
         self.locks.add_waiting_source(self.waiting.__getitem__)
-        self.locks.add_tick_hook(self.sweep)
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(self.request_left, signal=signals.request_left_downloader)
@@ -107,7 +109,7 @@ class StageLockMiddleware:
 
     def spider_opened(self, spider: Spider) -> None:
         """Say so when a cache or robots.txt middleware runs after this one (its requests would take slots)."""
-        late = [type(mw).__name__ for mw in _middlewares_after(self.crawler, self) if isinstance(mw, _EARLY_TYPES)]
+        late = [type(mw).__name__ for mw in middlewares_after(self.crawler, self) if isinstance(mw, EARLY_TYPES)]
         if late:
             logger.warning(
                 "%s run(s) after StageLockMiddleware: cache hits and robots.txt refusals then take a slot; "
@@ -125,9 +127,8 @@ class StageLockMiddleware:
         """
         if self.locks is None:
             return self._refuse_unthrottled(request)
-        handed = self._from_scheduler(request)
+        handed = self.locks.take(request)
         if isinstance(handed, Permit):
-            self.permits[request] = handed
             return None
         if handed is not None:
             self._fail_timeout(request, handed)  # the scheduler's verdict after REDISLOCK_WAIT_TIMEOUT
@@ -161,10 +162,6 @@ class StageLockMiddleware:
             request.meta["dont_retry"] = True
         raise error
 
-    def _from_scheduler(self, request: Request) -> Permit | BaseException | None:
-        take = getattr(engine_scheduler(self.crawler), "take_permit", None)
-        return take(request) if take is not None else None
-
     async def _wait_here(self, request: Request, stage: str) -> None:
         """Wait in Redis's FIFO (no StageScheduler, or a request that bypassed it); see the module docstring for
         what happens when the spider closes meanwhile."""
@@ -186,7 +183,7 @@ class StageLockMiddleware:
             self._waits.pop(wait, None)
             self._dropped.discard(wait)
             self.waiting[stage] -= 1
-        self.permits[request] = permit
+        self.locks.hold(request, permit)
         self.locks.record_grant(stage, time.monotonic() - started)
 
     def _watch_close(self) -> None:
@@ -196,19 +193,21 @@ class StageLockMiddleware:
     async def _close_watch(self) -> None:
         """One task for all waits here. Once the engine closes they keep waiting while their stage makes progress;
         the waits of a stage that is paused or stalled are dropped, so that the close never hangs for ever."""
+        await every(self._close_interval, self._close_tick, what="watching the waits for the close")
+
+    def _close_interval(self) -> float:
+        return STALL_CHECK_INTERVAL if engine_closing(self.crawler) else CLOSE_CHECK_INTERVAL
+
+    async def _close_tick(self) -> bool:
         assert self.locks is not None
-        while self._waits:
-            if self.locks.closed:
-                self._drop(set(self._waits.values()), "the stage slots were closed")
-                return
-            if not engine_closing(self.crawler):
-                await asyncio.sleep(CLOSE_CHECK_INTERVAL)
-                continue
+        if self._waits and self.locks.closed:
+            self._drop(set(self._waits.values()), "the stage slots were closed")
+        elif self._waits and engine_closing(self.crawler):
             for stage in sorted(set(self._waits.values())):
                 why = await self.locks.stalled(stage, self.stall_window)
                 if why:
                     self._drop({stage}, why)
-            await asyncio.sleep(STALL_CHECK_INTERVAL)
+        return bool(self._waits) and not self.locks.closed
 
     def _drop(self, stages: set[str], why: str) -> None:
         dropped: Counter[str] = Counter()
@@ -235,44 +234,17 @@ class StageLockMiddleware:
         self._release(request)
 
     def _release(self, request: Request) -> None:
-        if self.locks is None:
-            return
-        permit = self.permits.pop(request, None)
-        if permit is None:
-            # A slot the scheduler handed out with a request that never reached process_request (an earlier
-            # middleware answered it from a cache, or raised IgnoreRequest).
-            handed = self._from_scheduler(request)
-            permit = handed if isinstance(handed, Permit) else None
-        if permit is not None:
-            self.locks.release_soon(permit)
-
-    async def sweep(self) -> None:
-        """At every renewal tick: free slots of requests that left the downloader without passing back here.
-
-        A request must be missing from ``downloader.active`` at two ticks in a row (the engine adds a request
-        to it in the same call that takes it from the scheduler, so one tick would do; two costs nothing).
-        """
-        assert self.locks is not None
-        active = downloader_active(self.crawler)
-        if active is None:
-            return
-        gone = {request for request in self.permits if request not in active}
-        for request in gone & self._suspects:
-            permit = self.permits.pop(request, None)
-            if permit is not None:
-                logger.debug("Freeing the slot of %s, which left the downloader unseen", request)
-                await self.locks.release(permit)
-        self._suspects = gone
+        """The slot goes on to a parked request of its stage, or back to Redis (see StageLocks.finish); this also
+        frees a slot the scheduler handed out with a request that never reached process_request (an earlier
+        middleware answered it from a cache, or raised IgnoreRequest)."""
+        if self.locks is not None:
+            self.locks.finish(request)
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         """Free every permit and waiter of this process (one call per stage) before spider_closed completes."""
         assert self.locks is not None
         self._closing = True
         await self.locks.close()
-        self.permits.clear()
-
-
-MIDDLEWARE_PATH = "scrapy_redislock.StageLockMiddleware"
 
 
 def _names_acquire_timeout(exceptions: list[Any]) -> bool:
@@ -285,74 +257,3 @@ def _names_acquire_timeout(exceptions: list[Any]) -> bool:
         if isinstance(loaded, type) and issubclass(loaded, AcquireTimeout):
             return True
     return False
-
-
-# -- requests an earlier middleware answers or drops without a download: no slot for them ---------------------------
-
-
-_EARLY_TYPES = (HttpCacheMiddleware, RobotsTxtMiddleware)
-
-
-def _chain(crawler: Crawler) -> tuple[Any, ...]:
-    manager = getattr(getattr(getattr(crawler, "engine", None), "downloader", None), "middleware", None)
-    return tuple(getattr(manager, "middlewares", ()))
-
-
-def _middlewares_after(crawler: Crawler, ours: Any) -> tuple[Any, ...]:
-    chain = _chain(crawler)
-    return chain[chain.index(ours) + 1 :] if ours in chain else ()
-
-
-def early_middlewares(crawler: Crawler) -> tuple[Any, ...]:
-    """The HttpCacheMiddleware and RobotsTxtMiddleware instances that see a request before StageLockMiddleware."""
-    chain = _chain(crawler)
-    ours = next((i for i, mw in enumerate(chain) if isinstance(mw, StageLockMiddleware)), len(chain))
-    return tuple(mw for mw in chain[:ours] if isinstance(mw, _EARLY_TYPES))
-
-
-def settled_before_download(request: Request, middlewares: tuple[Any, ...], spider: Any) -> bool:
-    """True when one of ``middlewares`` (see :func:`early_middlewares`) will answer or drop the request without
-    a download, so it needs no slot: a fresh cache hit, a cache miss with HTTPCACHE_IGNORE_MISSING, a URL that
-    robots.txt forbids, or a host whose robots.txt is not known yet (RobotsTxtMiddleware decides first; a request
-    it lets through then waits for its slot in StageLockMiddleware). Reads the cache the way HttpCacheMiddleware
-    does (one more read of the entry).
-    """
-    for mw in middlewares:
-        if isinstance(mw, HttpCacheMiddleware):
-            if _cache_settles(mw, request, spider):
-                return True
-        elif _robots_settles(mw, request):
-            return True
-    return False
-
-
-def _cache_settles(mw: Any, request: Request, spider: Any) -> bool:
-    if request.meta.get("dont_cache") or not mw.policy.should_cache_request(request):
-        return False
-    try:
-        cached = mw.storage.retrieve_response(spider, request)
-    except Exception:  # HttpCacheMiddleware counts it as a miss and downloads
-        return False
-    if cached is None:
-        return bool(mw.ignore_missing)
-    return bool(mw.policy.is_cached_response_fresh(cached, request))
-
-
-def _robots_settles(mw: Any, request: Request) -> bool:
-    if request.meta.get("dont_obey_robotstxt") or request.url.startswith(("data:", "file:")):
-        return False
-    parsers = getattr(mw, "_parsers", None)
-    if parsers is None:  # a future Scrapy: wait for a slot as before, correct if not free
-        return False
-    parser = parsers.get(urlparse_cached(request).netloc, _UNKNOWN)
-    if parser is None:  # robots.txt could not be fetched: everything is allowed
-        return False
-    if parser is _UNKNOWN or not hasattr(parser, "allowed"):  # not fetched yet, or being fetched
-        return True
-    agent = getattr(mw, "_robotstxt_useragent", None) or request.headers.get(
-        b"User-Agent", getattr(mw, "_default_useragent", None)
-    )
-    return not parser.allowed(request.url, agent)
-
-
-_UNKNOWN = object()

@@ -10,10 +10,13 @@ every other stage (head-of-line blocking) and hold up the engine's close. This s
 - per capped stage with parked requests, up to REDISLOCK_WAITERS_PER_STAGE waiter tasks block in Redis
   (``XREADGROUP BLOCK``: first come, first served across processes, woken the moment a slot is freed anywhere);
 - a granted slot is paired with the oldest parked request of its stage, the engine is woken at once (not at its
-  5 s heartbeat), and StageLockMiddleware picks the permit up by request object (:meth:`take_permit`);
+  5 s heartbeat), and StageLockMiddleware picks the permit up by request object (``StageLocks.hand`` / ``take``);
+- a slot freed by a finished request of this process goes straight to the oldest parked request of its stage
+  (:meth:`_take_slot`, called by ``StageLocks.finish``): no Redis round trip, the engine woken at once; within
+  REDISLOCK_LOCAL_REUSE seconds of Redis's grant, so that other processes waiting in Redis's line get their turn;
 - a capped request that a middleware before StageLockMiddleware will settle without a download (a fresh
   HTTPCACHE hit, a URL robots.txt forbids: see
-  :func:`~scrapy_redislock.requests.middleware.settled_before_download`) goes at once, without a slot; should it
+  :func:`~scrapy_redislock.crawl.early.settled_before_download`) goes at once, without a slot; should it
   reach the middleware after all, it waits for its slot there.
 
 Once the engine starts closing, the waiters stand down and give their unused slots back, so that requests still
@@ -24,10 +27,10 @@ On close the waiters are cancelled, unused slots freed and parked requests given
 more; enabled with no stage in REDISLOCK_STAGES it is a ConfigError (nothing would be capped).
 
 Settings read (via :func:`scrapy_redislock.crawl.settings.read_settings`): REDISLOCK_SCHEDULER_INNER,
-REDISLOCK_PARK_LIMIT, REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_WAIT_TIMEOUT, REDISLOCK_ENABLED, REDISLOCK_STAGES and the
-stage settings.
+REDISLOCK_PARK_LIMIT, REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_WAIT_TIMEOUT, REDISLOCK_LOCAL_REUSE, REDISLOCK_ENABLED,
+REDISLOCK_STAGES and the stage settings.
 Stats: those of the middleware (acquired and wait times are counted here for requests that waited here), plus
-redislock/<stage>/parked_max.
+redislock/<stage>/parked_max and redislock/<stage>/reused (slots passed on locally).
 """
 
 from __future__ import annotations
@@ -41,17 +44,19 @@ from typing import TYPE_CHECKING, Any
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from scrapy_redislock.crawl.engine import check_reactor, downloader_active, engine_closing, wake_engine
+from scrapy_redislock._redis import Backoff
+from scrapy_redislock.crawl.early import (
+    MIDDLEWARE_PATH,
+    early_middlewares,
+    middleware_configured,
+    settled_before_download,
+)
+from scrapy_redislock.crawl.engine import check_reactor, engine_closing, wake_engine
 from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import AcquireTimeout, ConfigError, UnknownStage
 from scrapy_redislock.lock.core import Permit
-from scrapy_redislock.requests.middleware import (
-    StageLockMiddleware,
-    early_middlewares,
-    settled_before_download,
-)
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -60,25 +65,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-MIDDLEWARE_PATH = "scrapy_redislock.StageLockMiddleware"
 # Capped requests taken from the inner scheduler per next_request() call at most: a long run of them (a scrapy-redis
 # queue answers each with a blocking call) is parked over several loop iterations, never in one long block.
 PULL_BUDGET = 256
 
 __all__ = ["StageScheduler"]
-
-
-def _middleware_enabled(crawler: Crawler) -> bool:
-    configured = crawler.settings.getwithbase("DOWNLOADER_MIDDLEWARES")
-    for path, order in configured.items():
-        if order is None:
-            continue
-        try:
-            if load_object(path) is StageLockMiddleware:
-                return True
-        except (ImportError, ValueError, NameError, AttributeError):
-            continue
-    return False
 
 
 class StageScheduler:
@@ -102,7 +93,7 @@ class StageScheduler:
             )
         if self.enabled:
             check_reactor(crawler, "StageScheduler")
-            if not _middleware_enabled(crawler):
+            if not middleware_configured(crawler):
                 raise ConfigError(
                     f"SCHEDULER = 'scrapy_redislock.StageScheduler' needs the middleware too: "
                     f"DOWNLOADER_MIDDLEWARES = {{{MIDDLEWARE_PATH!r}: 950}}"
@@ -117,14 +108,13 @@ class StageScheduler:
         self.ready: dict[str, deque[Permit]] = {stage: deque() for stage in capped}
         self.waiters: dict[str, set[asyncio.Task[None]]] = {stage: set() for stage in capped}
         self.timers: dict[str, asyncio.TimerHandle] = {}
-        self.handed: dict[Request, Permit | BaseException] = {}  # out to the engine, not yet taken by the middleware
         self.n_parked = 0
         self.closing = False
         self._early: tuple[Any, ...] | None = None  # cache and robots.txt middlewares before ours, found on first use
-        self._suspects: set[Request] = set()
         if self.locks is not None:
             self.locks.add_waiting_source(lambda stage: len(self.parked.get(stage, ())))
-            self.locks.add_tick_hook(self.sweep)
+            self.locks.add_taker(self._take_slot)
+            self.locks.add_tick_hook(self.tick)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> StageScheduler:
@@ -180,7 +170,6 @@ class StageScheduler:
         # Unused slots, waiters, and anything a request left behind: one call per stage frees it all.
         for permits in self.ready.values():
             permits.clear()
-        self.handed.clear()
         await self.locks.close()
 
     def has_pending_requests(self) -> bool:
@@ -226,9 +215,15 @@ class StageScheduler:
 
     # -- slots ---------------------------------------------------------------------------------------------------------
 
-    def take_permit(self, request: Request) -> Permit | BaseException | None:
-        """The permit (or the error) this scheduler let ``request`` go with; for StageLockMiddleware, once."""
-        return self.handed.pop(request, None)
+    def _take_slot(self, stage: str, permit: Permit) -> bool:
+        """A slot freed by a finished request of this process (``StageLocks.finish``): keep it for the oldest parked
+        request of its stage that has none yet, and wake the engine to take it; False when there is none."""
+        parked = self.parked.get(stage)
+        if not parked or len(self.ready[stage]) >= len(parked) or self.closing or engine_closing(self.crawler):
+            return False
+        self.ready[stage].append(permit)
+        wake_engine(self.crawler)
+        return True
 
     def _park(self, stage: str, request: Request) -> None:
         self.parked[stage].append((time.monotonic(), request))
@@ -248,15 +243,16 @@ class StageScheduler:
             if ready:
                 since, request = parked.popleft()
                 self.n_parked -= 1
-                self.handed[request] = ready.popleft()
                 assert self.locks is not None
+                self.locks.hand(request, ready.popleft())
                 self.locks.record_grant(stage, now - since)
                 return request
             if self.wait_timeout is not None and now - parked[0][0] >= self.wait_timeout:
                 _, request = parked.popleft()
                 self.n_parked -= 1
                 self.crawler.stats.inc_value(f"redislock/{stage}/timeouts")
-                self.handed[request] = AcquireTimeout(f"stage {stage!r}: no slot within {self.wait_timeout} s")
+                assert self.locks is not None
+                self.locks.hand(request, AcquireTimeout(f"stage {stage!r}: no slot within {self.wait_timeout} s"))
                 self._free_surplus(stage)
                 return request
         return None
@@ -293,13 +289,16 @@ class StageScheduler:
     async def _wait_for_slots(self, stage: str) -> None:
         """One waiter: blocks in Redis for a slot, pairs it with a parked request, and goes on while needed."""
         assert self.locks is not None
+        backoff = Backoff()
         while not self.closing:
             try:
                 permit = await self.locks.acquire(stage, None)  # Redis errors are retried in there
             except Exception:
-                logger.exception("Waiting for a slot of stage %r failed; trying again in 1 s", stage)
-                await asyncio.sleep(1.0)
+                delay = backoff.next()
+                logger.exception("Waiting for a slot of stage %r failed; trying again in %.1f s", stage, delay)
+                await asyncio.sleep(delay)
                 continue
+            backoff.reset()
             if self.closing or engine_closing(self.crawler):
                 await self.locks.release(permit)
                 return
@@ -328,20 +327,9 @@ class StageScheduler:
         wake_engine(self.crawler)
         self._arm_timer(stage)
 
-    async def sweep(self) -> None:
-        """At every renewal tick: free slots handed out with requests that left the engine without reaching the
-        middleware (one that another middleware replaced by a new request, for instance)."""
-        assert self.locks is not None
+    async def tick(self) -> None:
+        """At every renewal tick: stand down once the engine closes; make sure parked requests have a waiter."""
         if engine_closing(self.crawler):
             self._stand_down()
         for stage in self.parked:  # a safety net: parked requests always have someone waiting for them
             self._ensure_waiters(stage)
-        active = downloader_active(self.crawler)
-        if active is None:
-            return
-        gone = {request for request in self.handed if request not in active}
-        for request in gone & self._suspects:
-            handed = self.handed.pop(request, None)
-            if isinstance(handed, Permit):
-                await self.locks.release(handed)
-        self._suspects = gone

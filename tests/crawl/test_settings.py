@@ -28,6 +28,7 @@ SETTINGS = [
     "REDISLOCK_SCHEDULER_INNER",
     "REDISLOCK_PARK_LIMIT",
     "REDISLOCK_WAITERS_PER_STAGE",
+    "REDISLOCK_LOCAL_REUSE",
     "REDISLOCK_IDLE_CLOSE",
 ]
 
@@ -75,3 +76,11 @@ def test_lock_constructor_names_the_bad_argument_and_writes_nothing(
         return
     assert lock.name == name
     redis_client.flushdb()
+
+
+def test_local_reuse_is_seconds_at_least_zero() -> None:
+    assert read_settings(Settings({"REDISLOCK_LOCAL_REUSE": "0.5"})).local_reuse == 0.5
+    assert read_settings(Settings({"REDISLOCK_LOCAL_REUSE": 0})).local_reuse == 0.0
+    for bad in (-1, "soon", True, float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match="REDISLOCK_LOCAL_REUSE"):
+            read_settings(Settings({"REDISLOCK_LOCAL_REUSE": bad}))

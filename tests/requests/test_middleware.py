@@ -176,13 +176,16 @@ def test_redis_outage_mid_crawl(site: CrawlSite, tmp_path: Path) -> None:
             Crawl(site.url, "detail:40,comments:20", settings(server.url, SCHEDULER=scheduler), tmp_path).start()
             for scheduler in BOTH
         ]
-        for crawl in crawls:  # both started (limits published, renewal loop joined) before the fault
-            assert crawl.wait_for_output("Stage slots in Redis at"), crawl.tail()
+        for crawl in crawls:  # both connected before the fault (else one closes with redislock_redis_unavailable)
+            assert crawl.wait_for_output("Stage slots in Redis at", timeout=60), crawl.tail()
         assert site.wait_for(lambda: site.count("detail") >= 6, timeout=30)
         server.kill()
-        down = site.count("detail")
-        time.sleep(2)
-        assert site.count("detail") <= down + 3  # what was in flight finishes; nothing new starts
+        # What was in flight finishes, and a slot held may still pass to a parked request of its process within
+        # REDISLOCK_LOCAL_REUSE (0.25 s) of its grant; then nothing new starts until Redis is back.
+        time.sleep(1)
+        settled = site.count("detail")
+        time.sleep(1)
+        assert site.count("detail") == settled
         server.start()
         for crawl in crawls:
             crawl.wait(timeout=90)

@@ -1,0 +1,114 @@
+"""StageLocks in-process (scrapy.utils.test.get_crawler, a real Redis): the permit hand-off from the scheduler to the
+middleware, the one left-the-downloader sweep, and the local hand-off of a freed slot with its fairness bound."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+
+from scrapy_redislock.errors import AcquireTimeout
+from scrapy_redislock.lock.core import Permit
+from testing.crawlproc import leftover
+from testing.inprocess import front, held, request, until
+
+pytestmark = pytest.mark.integration
+
+
+def test_hand_take_finish(redis_url: str, redis_client: redis.Redis) -> None:
+    """A slot handed with a request stays held while the request has it; an error is given once; finish frees it."""
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 2}, scheduler=False) as f:
+            permit = await f.locks.acquire("detail", None)
+            one, two = request("detail", 1), request("detail", 2)
+            f.locks.hand(one, permit)
+            f.locks.hand(two, AcquireTimeout("no slot"))
+            assert f.locks.take(one) is permit
+            assert f.locks.take(one) is permit  # still held: the request has it until it finishes
+            assert isinstance(f.locks.take(two), AcquireTimeout)
+            assert f.locks.take(two) is None  # an error is given once
+            assert held(redis_client, "detail") == [permit.grant]
+            f.locks.finish(one)
+            f.locks.finish(one)  # a second finish (process_response after request_left) does nothing
+            await until(lambda: leftover(redis_client) == 0)
+            assert f.crawler.stats.get_value("redislock/detail/reused") is None
+
+    asyncio.run(scenario())
+
+
+def test_the_sweep_frees_a_request_gone_from_the_downloader_at_two_ticks(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 2}, scheduler=False) as f:
+            inside, gone = request("detail", 1), request("detail", 2)
+            f.locks.hand(inside, await f.locks.acquire("detail", None))
+            f.locks.hand(gone, await f.locks.acquire("detail", None))
+            f.active.add(inside)
+            # No await from here to the second sweep: no renewal tick of the process can run in between.
+            f.locks.sweep()
+            assert f.locks.take(gone) is not None  # one tick out of the downloader is not enough
+            f.locks.sweep()
+            assert f.locks.take(gone) is None
+            assert f.locks.take(inside) is not None
+            await until(lambda: leftover(redis_client) == 1)
+            f.active.discard(inside)
+
+    asyncio.run(scenario())
+
+
+def test_a_freed_slot_passes_to_a_taker_without_redis_and_keeps_its_grant(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Within REDISLOCK_LOCAL_REUSE the slot goes to the taker in the finish call itself (no await: no Redis round
+    trip), the same grant stays held in Redis, and the fence is the grant's."""
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}, scheduler=False, REDISLOCK_LOCAL_REUSE=30) as f:
+            taken: list[tuple[str, Permit]] = []
+            f.locks.add_taker(lambda stage, permit: taken.append((stage, permit)) is None)
+            permit = await f.locks.acquire("detail", None)
+            one = request("detail", 1)
+            f.locks.hand(one, permit)
+            f.locks.finish(one)
+            assert taken == [("detail", permit)]
+            assert held(redis_client, "detail") == [permit.grant]
+            assert permit.fence == int(permit.grant.split("-")[1])
+            assert f.crawler.stats.get_value("redislock/detail/reused") == 1
+            await f.locks.release(permit)
+            assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
+
+
+def test_an_older_slot_goes_back_to_redis_and_a_refusing_taker_too(redis_url: str, redis_client: redis.Redis) -> None:
+    """Past REDISLOCK_LOCAL_REUSE since Redis's grant, or when no taker wants it, the slot is released to Redis."""
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}, scheduler=False, REDISLOCK_LOCAL_REUSE=0.05) as f:
+            wanted = [True]
+            taken: list[Permit] = []
+
+            def taker(stage: str, permit: Permit) -> bool:
+                if wanted[0]:
+                    taken.append(permit)
+                return wanted[0]
+
+            f.locks.add_taker(taker)
+            permit = await f.locks.acquire("detail", None)
+            await until(lambda: time.monotonic() - permit.acquired_at > 0.05)
+            f.locks.free(permit)
+            assert taken == []
+            await until(lambda: leftover(redis_client) == 0)
+
+            wanted[0] = False
+            permit = await f.locks.acquire("detail", None)
+            f.locks.free(permit)
+            assert taken == []
+            await until(lambda: leftover(redis_client) == 0)
+            assert f.crawler.stats.get_value("redislock/detail/reused") is None
+
+    asyncio.run(scenario())

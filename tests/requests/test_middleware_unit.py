@@ -1,0 +1,124 @@
+"""StageLockMiddleware in-process (scrapy.utils.test.get_crawler, as Scrapy's own middleware tests; a real Redis):
+what it waits for, what it releases on each outcome, what it refuses. The real crawls are in test_middleware.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+from scrapy import Spider
+from scrapy.exceptions import IgnoreRequest
+from scrapy.http import Response
+from scrapy.utils.test import get_crawler
+
+from scrapy_redislock import StageLockMiddleware
+from scrapy_redislock.errors import AcquireTimeout, ThrottlingDisabled, UnknownStage
+from testing.crawlproc import leftover
+from testing.inprocess import front, held, request, until
+
+pytestmark = pytest.mark.integration
+
+
+def test_uncapped_and_stageless_requests_pass_without_a_coroutine(redis_url: str, redis_client: redis.Redis) -> None:
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1, "comments": None}, scheduler=False) as f:
+            assert f.middleware.process_request(request("comments")) is None
+            assert f.middleware.process_request(request(None)) is None
+            with pytest.raises(UnknownStage, match="'nope'"):
+                f.middleware.process_request(request("nope"))
+            assert f.crawler.stats.get_value("redislock/unknown_stage") == 1
+            assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("outcome", ["response", "exception", "left_downloader"])
+def test_a_request_waits_here_holds_its_slot_and_every_outcome_releases_it(
+    redis_url: str, redis_client: redis.Redis, outcome: str
+) -> None:
+    """Without the scheduler: the second request of a stage capped at 1 waits in Redis until the first is done."""
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}, scheduler=False) as f:
+            mw = f.middleware
+            first, second = request("detail", 1), request("detail", 2)
+            await mw.process_request(first)
+            assert len(held(redis_client, "detail")) == 1
+            waiting = asyncio.ensure_future(mw.process_request(second))
+            await until(lambda: mw.waiting["detail"] == 1)
+            if outcome == "response":
+                mw.process_response(first, Response(first.url, request=first))
+            elif outcome == "exception":
+                mw.process_exception(first, IgnoreRequest("dropped"))
+            else:
+                mw.request_left(first, f.crawler.spider)
+                mw.process_response(first, Response(first.url, request=first))  # after it: nothing more
+            await asyncio.wait_for(waiting, 10)
+            assert mw.waiting["detail"] == 0
+            mw.process_response(second, Response(second.url, request=second))
+            await until(lambda: leftover(redis_client) == 0)
+            assert f.crawler.stats.get_value("redislock/detail/acquired") == 2
+
+    asyncio.run(scenario())
+
+
+def test_a_slot_handed_with_a_request_is_released_though_the_request_never_reached_it(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """An earlier middleware answered it (a cache hit): only process_response sees it, and frees its slot."""
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}, scheduler=False) as f:
+            answered = request("detail", 1)
+            f.locks.hand(answered, await f.locks.acquire("detail", None))
+            f.middleware.process_response(answered, Response(answered.url, request=answered))
+            await until(lambda: leftover(redis_client) == 0)
+
+    asyncio.run(scenario())
+
+
+def test_an_acquire_timeout_from_the_scheduler_fails_the_request_unretried(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}, scheduler=False) as f:
+            late = request("detail", 1)
+            f.locks.hand(late, AcquireTimeout("stage 'detail': no slot within 1 s"))
+            with pytest.raises(AcquireTimeout):
+                f.middleware.process_request(late)
+            assert late.meta["dont_retry"] is True
+        async with front(redis_url, {"detail": 1}, scheduler=False, RETRY_EXCEPTIONS=[AcquireTimeout]) as f:
+            late = request("detail", 2)
+            f.locks.hand(late, AcquireTimeout("no slot"))
+            with pytest.raises(AcquireTimeout):
+                f.middleware.process_request(late)
+            assert "dont_retry" not in late.meta
+
+    asyncio.run(scenario())
+
+
+def test_switched_off_it_refuses_staged_requests_instead_of_sending_them_unthrottled() -> None:
+    crawler = get_crawler(Spider, {"REDISLOCK_ENABLED": False, "REDISLOCK_STAGES": {"detail": 1}})
+    mw = StageLockMiddleware.from_crawler(crawler)
+    assert mw.process_request(request(None)) is None
+    with pytest.raises(ThrottlingDisabled, match="'detail'"):
+        mw.process_request(request("detail"))
+    assert crawler.stats.get_value("redislock/throttling_off") == 1
+
+
+def test_a_request_waiting_here_when_the_spider_closes_is_dropped_and_every_slot_freed(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}, scheduler=False) as f:
+            first, second = request("detail", 1), request("detail", 2)
+            await f.middleware.process_request(first)
+            waiting = asyncio.ensure_future(f.middleware.process_request(second))
+            await until(lambda: f.middleware.waiting["detail"] == 1)
+            await f.middleware.spider_closed(f.crawler.spider, "finished")
+            with pytest.raises(IgnoreRequest, match="closing"):
+                await asyncio.wait_for(waiting, 10)
+            assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
