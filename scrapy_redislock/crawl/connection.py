@@ -14,6 +14,9 @@ option (``socket_timeout``, ``ssl_ca_certs``, ``ssl_cert_reqs``, ...) is redis-p
 connections. A sentinel or cluster host without a port gets 26379 or 6379. A Sentinel client asks the sentinels for
 the master whenever it opens a connection, so after a failover the next connection goes to the new master; a
 Cluster client follows MOVED replies. Reads no settings and imports no Scrapy.
+
+scrapy-redis's own connections (its scheduler's queue and dupefilter, RedisSpider's start URLs) take the same URLs
+with ``REDIS_PARAMS = {"redis_cls": "scrapy_redislock.RedisClient"}`` (:class:`RedisClient`).
 """
 
 from __future__ import annotations
@@ -134,6 +137,18 @@ class RedisURL:
         kwargs = {k: v for k, v in merged.items() if k.startswith(("socket_", "ssl"))}
         kwargs.update(self.sentinel_options)
         return kwargs
+
+
+class RedisClient:
+    """A ``redis_cls`` for scrapy-redis (``REDIS_PARAMS = {"redis_cls": "scrapy_redislock.RedisClient"}``): its
+    ``from_url`` takes every URL form above, so scrapy-redis follows a Sentinel failover or a Cluster like we do."""
+
+    def __new__(cls, **kwargs: Any) -> redis.Redis:  # type: ignore[misc]
+        return redis.Redis(**kwargs)  # scrapy-redis with REDIS_HOST/REDIS_PORT and no URL
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> redis.Redis | redis.RedisCluster:
+        return parse_url(url, "REDIS_URL").client(**kwargs)
 
 
 def parse_url(url: Any, setting: str) -> RedisURL:

@@ -8,6 +8,9 @@ requests (request front) or workers (worker front) in flight at one instant, and
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -20,11 +23,12 @@ import redis
 from scrapy_redislock.crawl.connection import mask_url, parse_url
 from scrapy_redislock.errors import ConfigError
 from testing.crawlproc import ROOT, SPIDER, Crawl, leftover
-from testing.redis_server import RedisSentinelServers, RedisServer
+from testing.redis_server import RedisClusterServers, RedisSentinelServers, RedisServer
 from testing.site import CrawlSite, Served
 
 WORKER_SPIDER = ROOT / "testing" / "spiders" / "workerspider.py"
-WORKER = {"SCHEDULER": None, "DOWNLOADER_MIDDLEWARES": None}  # the mixin sets its own scheduler
+# The mixin sets its own scheduler; a worker closes after 1 s with no work anywhere.
+WORKER = {"SCHEDULER": None, "DOWNLOADER_MIDDLEWARES": None, "REDISLOCK_IDLE_CLOSE": 1}
 FRONTS = {  # how each front is set up on top of testing.crawlproc.BASE_SETTINGS
     "StageScheduler": {},
     "middleware alone": {"SCHEDULER": None},
@@ -152,20 +156,32 @@ def report(what: str, **figures: Any) -> None:
 def test_request_front_follows_a_sentinel_failover_every_page_once(
     sentinels: RedisSentinelServers, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """Two crawls share a cap of 3 through Sentinel (one with StageScheduler, one with the middleware alone); the
-    master is SIGKILLed mid-crawl. Both follow the promoted replica without a restart, log warnings, and finish with
-    exit 0; every page is fetched exactly once (the request queues are Scrapy's, in each process's memory: Redis
-    holds only slots, and a wait that meets a Redis error is retried, never failed); nothing is left held."""
+    """Three crawls share a cap of 3 through Sentinel (StageScheduler over Scrapy's scheduler, StageScheduler over
+    scrapy-redis's, the middleware alone); the master is SIGKILLed mid-crawl. All follow the promoted replica without
+    a restart, log warnings, and finish with exit 0. Every page is fetched exactly once: with Scrapy's scheduler the
+    requests wait in each process's memory (Redis holds only slots, and a wait that meets a Redis error is retried,
+    never failed); scrapy-redis's queue is in Redis, and it is drained before the kill here (a push or pop the
+    replica had not received would be lost or repeated: at-least-once at best). Nothing is left held."""
     site.delay = 0.1
     pages = 120
     common = {"REDISLOCK_URL": sentinels.url(), "REDISLOCK_STAGES": {"detail": 3}, "REDISLOCK_TTL": TTL}
+    scrapy_redis = {
+        "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
+        "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+        "REDIS_URL": sentinels.url(),
+        "REDIS_PARAMS": {"redis_cls": "scrapy_redislock.RedisClient"},
+        "REDISLOCK_PARK_LIMIT": 1000,  # every request parked in memory at once: the Redis queue is empty
+    }
     crawls = [
         Crawl(site.url, f"detail:{pages}", {**common, **FRONTS["StageScheduler"]}, tmp_path).start(),
         Crawl(site.url, f"detail@d2:{pages}", {**common, **FRONTS["middleware alone"]}, tmp_path).start(),
+        Crawl(site.url, f"detail@d3:{pages}", {**common, **scrapy_redis}, tmp_path).start(),
     ]
     for crawl in crawls:
         assert crawl.wait_for_output("Stage slots in Redis at redis+sentinel://"), crawl.tail()
-    assert site.wait_for(lambda: site.done("detail") >= 20 and site.done("d2") >= 20, timeout=60)
+    assert site.wait_for(lambda: min(site.done(path) for path in ("detail", "d2", "d3")) >= 15, timeout=60)
+    with master_client(sentinels) as client:
+        assert client.exists("plan:requests") == 0  # scrapy-redis's queue: every request parked in memory
     dead = sentinels.master()
     dead.kill()
     killed = time.monotonic()
@@ -176,8 +192,8 @@ def test_request_front_follows_a_sentinel_failover_every_page_once(
         assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
         assert crawl.stats["item_scraped_count"] == pages
         assert "Waiting for stage 'detail': Redis error" in crawl.output, crawl.tail()
-    assert len(site.hits) == 2 * pages and set(site.hits.values()) == {1}  # exactly once
-    records = served(site, "detail", "d2")
+    assert len(site.hits) == 3 * pages and set(site.hits.values()) == {1}  # exactly once
+    records = served(site, "detail", "d2", "d3")
     resumed = min(r.arrived for r in records if r.arrived > killed) - killed
     most, above = most_at_once(records, 3)
     lost = sum(crawl.stats.get("redislock/detail/lost", 0) for crawl in crawls)
@@ -186,6 +202,7 @@ def test_request_front_follows_a_sentinel_failover_every_page_once(
     assert most <= 3 or above <= TTL / 3, (most, above)  # only a grant lost with the master can overlap
     with redis.Redis(port=promoted.port) as client:
         assert leftover(client) == 0
+        assert not list(client.scan_iter("plan:*"))  # scrapy-redis's queue and dupefilter, flushed at close
 
 
 @pytest.mark.integration
@@ -266,8 +283,8 @@ def test_processes_started_while_redis_is_down_wait_then_run(site: CrawlSite, tm
         for front, extra in FRONTS.items()
     }
     try:
-        for crawl in crawls.values():  # four tries each: 0.25 + 0.5 + 1 + 2 s of back-off, and start-up
-            assert wait_count(crawl, "is not reachable yet", 4, timeout=60), crawl.tail()
+        for crawl in crawls.values():  # five tries each: 0.25 + 0.5 + 1 + 2 s of back-off, and start-up
+            assert wait_count(crawl, "is not reachable yet", 5, timeout=60), crawl.tail()
         down = time.monotonic() - started
         server.start()
         up = time.monotonic()
@@ -286,6 +303,57 @@ def test_processes_started_while_redis_is_down_wait_then_run(site: CrawlSite, tm
         server.stop()
 
 
+@pytest.mark.integration
+@pytest.mark.crawl
+@pytest.mark.faults
+def test_processes_close_cleanly_when_redis_stays_down_past_the_connect_timeout(
+    site: CrawlSite, tmp_path: Path
+) -> None:
+    """REDISLOCK_CONNECT_TIMEOUT = 2 and no Redis: each front retries for 2 s, then closes with
+    redislock_redis_unavailable and exit status 1, without a traceback, having fetched nothing."""
+    server = RedisServer()  # a free port: nothing listens there
+    common = {"REDISLOCK_URL": server.url, "REDISLOCK_STAGES": {"detail": 2}, "REDISLOCK_CONNECT_TIMEOUT": 2}
+    crawls = {
+        front: Crawl(
+            site.url,
+            "detail:5",
+            {**common, **extra, "REDISLOCK_WORKER_STAGES": {"detail": 1}} if front == "worker" else {**common, **extra},
+            tmp_path,
+            spider=WORKER_SPIDER if front == "worker" else SPIDER,
+        ).start()
+        for front, extra in FRONTS.items()
+    }
+    for front, crawl in crawls.items():
+        crawl.wait(timeout=60)
+        assert crawl.code == 1 and crawl.stats["finish_reason"] == "redislock_redis_unavailable", (front, crawl.tail())
+        assert "is not reachable yet" in crawl.output
+        assert f"Cannot reach Redis at {server.url} (REDISLOCK_URL)" in crawl.output
+        assert "waited 2 s (REDISLOCK_CONNECT_TIMEOUT)" in crawl.output
+        assert "Traceback" not in crawl.output, crawl.tail()
+    assert not site.hits
+
+
+@pytest.mark.integration
+@pytest.mark.crawl
+@pytest.mark.faults
+def test_a_crawl_started_while_sentinel_fails_over_waits_for_the_new_master(site: CrawlSite, tmp_path: Path) -> None:
+    """The master is killed, then a crawl starts before the replica is promoted (the sentinels wait 5 s before they
+    take a master for down): they still name the dead master, so the crawl waits, with warnings, then crawls on the
+    promoted replica."""
+    with RedisSentinelServers(down_after_ms=5000) as sentinels:
+        dead = sentinels.master()
+        dead.kill()
+        settings = {"REDISLOCK_URL": sentinels.url(), "REDISLOCK_STAGES": {"detail": 2}}
+        crawl = Crawl(site.url, "detail:10", settings, tmp_path).start()
+        assert crawl.wait_for_output("is not reachable yet"), crawl.tail()
+        promoted = sentinels.wait_failover(dead)
+        crawl.wait(timeout=90)
+        assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
+        assert crawl.stats["item_scraped_count"] == 10
+        with redis.Redis(port=promoted.port) as client:
+            assert leftover(client) == 0
+
+
 def wait_count(crawl: Crawl, text: str, count: int, timeout: float) -> bool:
     """Wait until the process has written ``text`` ``count`` times (or exited, or ``timeout`` passed)."""
     assert crawl.process is not None
@@ -295,3 +363,77 @@ def wait_count(crawl: Crawl, text: str, count: int, timeout: float) -> bool:
             return crawl.output.count(text) >= count
         time.sleep(0.02)
     return True
+
+
+# -- Redis Cluster: both fronts and the CLI ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisClusterServers]:
+    reason = RedisClusterServers.unavailable()
+    if reason:
+        pytest.skip(f"no local Redis Cluster: {reason}")
+    with RedisClusterServers() as nodes:
+        yield nodes
+
+
+def cluster_url(nodes: RedisClusterServers) -> str:
+    """``redis+cluster://`` with two seed nodes (the client finds the rest)."""
+    return "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in nodes.live()[:2])
+
+
+def cluster_client(nodes: RedisClusterServers) -> redis.RedisCluster:
+    return redis.RedisCluster(host="127.0.0.1", port=nodes.port)
+
+
+def clean_cluster(nodes: RedisClusterServers) -> None:
+    for node in nodes.live():
+        if (nodes.info(node, "replication") or {}).get("role") == "master":
+            with redis.Redis(port=node.port) as client:
+                client.flushall()
+
+
+@pytest.mark.integration
+@pytest.mark.crawl
+@pytest.mark.cluster
+def test_both_fronts_and_the_cli_on_a_cluster(cluster: RedisClusterServers, site: CrawlSite, tmp_path: Path) -> None:
+    """REDISLOCK_URL = redis+cluster://...: request crawls (StageScheduler, middleware alone) and two workers hold
+    their caps with stages on all three masters; ``status`` lists the stages of every master; nothing is left."""
+    clean_cluster(cluster)
+    site.delay = 0.05
+    url = cluster_url(cluster)
+    stages = {"list": 1, "detail": 3, "b": 2}  # their locks live on three different masters
+    served_by = {cluster.node_serving(f"redislock:{{{name}}}:slots").port for name in stages}
+    assert len(served_by) == 3
+    common = {"REDISLOCK_URL": url, "REDISLOCK_STAGES": stages}
+    plan = "list:10,detail:30,b:30"
+    crawls = [
+        Crawl(site.url, plan, {**common, **FRONTS["StageScheduler"]}, tmp_path).start(),
+        Crawl(site.url, plan, {**common, **FRONTS["middleware alone"]}, tmp_path).start(),
+    ]
+    worker_settings = {**WORKER, "REDIS_URL": url, "REDISLOCK_WORKER_STAGES": {"w": 1}, "CONCURRENT_REQUESTS": 2}
+    workers = [
+        Crawl(site.url, "w:30", {**worker_settings, "USER_AGENT": f"w{n}"}, tmp_path, spider=WORKER_SPIDER).start()
+        for n in range(2)
+    ]
+    for crawl in crawls:
+        crawl.wait(timeout=120)
+        assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
+        assert crawl.stats["item_scraped_count"] == 70
+    for worker in workers:
+        worker.wait(timeout=120)
+        assert worker.code == 0 and worker.stats["finish_reason"] == "finished", worker.tail()
+    for stage, cap in stages.items():
+        assert most_at_once(served(site, stage), cap)[0] <= cap
+    assert most_at_once(served(site, "w"), 1, who="worker")[0] == 1
+    assert {path for path in site.hits if path.startswith("/w/")} == {f"/w/{n}" for n in range(30)}
+    done = subprocess.run(
+        [sys.executable, "-m", "scrapy_redislock", "status", "--json", "--url", url],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    listed = {entry["stage"]: entry["limit"] for entry in json.loads(done.stdout)["stages"]}
+    assert listed == {**stages, "workers:w": 1}, listed
+    with cluster_client(cluster) as client:
+        assert leftover(client) == 0
+        assert not list(client.scan_iter("redislock:{staged}:*"))
