@@ -45,6 +45,8 @@ SENTINEL_OPTIONS = {"sentinel_username": "username", "sentinel_password": "passw
 # Query options whose value is a secret, masked like the password.
 SECRET_OPTIONS = ("password", "sentinel_password")
 DEFAULT_PORTS = {"sentinel": 26379, "cluster": 6379}
+# A sentinel answers at once; one that does not (paused, cut off) is skipped after this long for the next one.
+SENTINEL_SOCKET_TIMEOUT = 5.0
 EXAMPLE = (
     "redis://host:6379/0, redis+sentinel://host1:26379,host2:26379/service_name "
     "or redis+cluster://host1:7000,host2:7001"
@@ -135,6 +137,7 @@ class RedisURL:
         """The sentinels' connections: their own credentials, the socket options, TLS like the master's."""
         merged = {**params, **self.options}
         kwargs = {k: v for k, v in merged.items() if k.startswith(("socket_", "ssl"))}
+        kwargs.setdefault("socket_timeout", SENTINEL_SOCKET_TIMEOUT)
         kwargs.update(self.sentinel_options)
         return kwargs
 

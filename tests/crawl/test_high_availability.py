@@ -437,3 +437,68 @@ def test_both_fronts_and_the_cli_on_a_cluster(cluster: RedisClusterServers, site
     with cluster_client(cluster) as client:
         assert leftover(client) == 0
         assert not list(client.scan_iter("redislock:{staged}:*"))
+
+
+@pytest.mark.integration
+@pytest.mark.crawl
+@pytest.mark.cluster
+@pytest.mark.faults
+def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) -> None:
+    """A fresh cluster; the master serving the request stage's lock, the worker stage's lock and the workers' queues
+    (all three on one master) is SIGKILLed mid-crawl. Its replica takes over; every process follows it without a
+    restart and exits 0; the request crawls fetch every page exactly once, the workers at least once; the caps
+    hold except while a grant the replica never received overlaps (measured); nothing is left."""
+    reason = RedisClusterServers.unavailable()
+    if reason:
+        pytest.skip(f"no local Redis Cluster: {reason}")
+    site.delay = 0.1
+    pages = 120
+    with RedisClusterServers() as nodes:
+        victim = nodes.node_serving("redislock:{list}:slots")
+        assert nodes.node_serving("redislock:{workers:x}:slots") is victim
+        assert nodes.node_serving("redislock:{staged}:alive") is victim
+        url = "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in nodes.live())
+        common = {"REDISLOCK_URL": url, "REDISLOCK_STAGES": {"list": 3}, "REDISLOCK_TTL": TTL}
+        crawls = [
+            Crawl(site.url, f"list:{pages}", {**common, **FRONTS["StageScheduler"]}, tmp_path).start(),
+            Crawl(site.url, f"list@l2:{pages}", {**common, **FRONTS["middleware alone"]}, tmp_path).start(),
+        ]
+        worker_settings = {
+            **WORKER,
+            "REDIS_URL": url,
+            "REDISLOCK_WORKER_STAGES": {"x": 1},
+            "REDISLOCK_TTL": TTL,
+            "REDISLOCK_IDLE_CLOSE": 2,
+            "CONCURRENT_REQUESTS": 2,
+        }
+        workers = [
+            Crawl(site.url, "x:60", {**worker_settings, "USER_AGENT": f"w{n}"}, tmp_path, spider=WORKER_SPIDER).start()
+            for n in range(2)
+        ]
+        assert site.wait_for(lambda: min(site.done(p) for p in ("list", "l2", "x")) >= 10, timeout=60)
+        victim.kill()
+        killed = time.monotonic()
+        nodes.wait_failover("redislock:{list}:slots", victim)
+        promoted_after = time.monotonic() - killed
+        for process in (*crawls, *workers):
+            process.wait(timeout=120)
+            assert process.code == 0 and process.stats["finish_reason"] == "finished", process.tail()
+        for crawl in crawls:
+            assert crawl.stats["item_scraped_count"] == pages
+            assert "Redis error" in crawl.output, crawl.tail()
+        assert {path for path in site.hits if not path.startswith("/x/")} == {
+            f"/{path}/{n}" for path in ("list", "l2") for n in range(pages)
+        }
+        assert all(count == 1 for path, count in site.hits.items() if not path.startswith("/x/"))  # exactly once
+        assert {path for path in site.hits if path.startswith("/x/")} == {f"/x/{n}" for n in range(60)}
+        again = sum(count for path, count in site.hits.items() if path.startswith("/x/")) - 60
+        most, above = most_at_once(served(site, "list", "l2"), 3)
+        most_workers, workers_above = most_at_once(served(site, "x"), 1, who="worker")
+        report("both fronts, Cluster failover", promoted_after=promoted_after, most=most, above_cap_s=above,
+               most_workers=most_workers, workers_above_cap_s=workers_above, fetched_again=again)  # fmt: skip
+        assert most <= 3 or above <= TTL / 3, (most, above)
+        assert most_workers <= 1 or workers_above <= TTL / 3, (most_workers, workers_above)
+        assert again <= 2 * 2 * len(workers)
+        with redis.RedisCluster(host="127.0.0.1", port=nodes.port) as client:
+            assert leftover(client) == 0
+            assert not list(client.scan_iter("redislock:{staged}:*"))
