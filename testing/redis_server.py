@@ -145,7 +145,27 @@ def cluster_port() -> int:
         return port
 
 
-class RedisClusterServers:
+class ServerGroup:
+    """Several servers started and stopped together, as a context manager (stopped too when the start fails)."""
+
+    def start(self) -> Any:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.stop()
+
+
+class RedisClusterServers(ServerGroup):
     """A throwaway Redis Cluster: ``masters`` masters with one replica each, on free loopback ports.
 
     Each node is a :class:`RedisServer` with ``--cluster-enabled yes`` and a short node timeout (1 s: a failover
@@ -255,18 +275,8 @@ class RedisClusterServers:
         for node in self.nodes:
             node.stop()
 
-    def __enter__(self) -> RedisClusterServers:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
 
-    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
-        self.stop()
-
-
-class RedisSentinelServers:
+class RedisSentinelServers(ServerGroup):
     """A throwaway Sentinel set: a master, one replica and ``sentinels`` sentinels (``redis-server --sentinel``),
     on free loopback ports, watching the service ``service``.
 
@@ -387,19 +397,17 @@ class RedisSentinelServers:
             time.sleep(0.05)
         raise RuntimeError(f"no sentinel promoted the replica within {timeout} s")
 
+    def fail_over(self, timeout: float = 30.0) -> tuple[RedisServer, float]:
+        """SIGKILL the master, wait for the sentinels to promote the replica: (the new master, seconds it took)."""
+        dead = self.master()
+        dead.kill()
+        killed = time.monotonic()
+        promoted = self.wait_failover(dead, timeout)
+        return promoted, time.monotonic() - killed
+
     def stop(self) -> None:
         for node in [*self.sentinels, *self.servers]:
             node.stop()
-
-    def __enter__(self) -> RedisSentinelServers:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
-        self.stop()
 
 
 __all__ = [

@@ -240,17 +240,9 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
         raise ConfigError(f"REDISLOCK_SCHEDULER_INNER must be a class or its import path, got {inner!r}")
     park_limit = _positive_int(settings, "REDISLOCK_PARK_LIMIT")
     waiters = _positive_int(settings, "REDISLOCK_WAITERS_PER_STAGE")
-    raw_idle = settings.get("REDISLOCK_IDLE_CLOSE", defaults.REDISLOCK_IDLE_CLOSE)
-    idle_close: float | None = None
-    if raw_idle not in (None, "", "None"):
-        try:
-            idle_close = float(raw_idle)
-        except (TypeError, ValueError):
-            idle_close = math.nan
-        if isinstance(raw_idle, bool) or not idle_close >= 0 or math.isinf(idle_close):
-            raise ConfigError(f"REDISLOCK_IDLE_CLOSE must be None or a number of seconds >= 0, got {raw_idle!r}")
-
-    connect_timeout = _seconds_or_zero(settings, "REDISLOCK_CONNECT_TIMEOUT")
+    idle_close = _seconds(settings, "REDISLOCK_IDLE_CLOSE", optional=True)
+    connect_timeout = _seconds(settings, "REDISLOCK_CONNECT_TIMEOUT")
+    assert connect_timeout is not None
 
     return RedisLockSettings(
         enabled=enabled,
@@ -273,14 +265,17 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     )
 
 
-def _seconds_or_zero(settings: BaseSettings, name: str) -> float:
+def _seconds(settings: BaseSettings, name: str, *, optional: bool = False) -> float | None:
+    """A finite number of seconds >= 0 (None for an ``optional`` setting left unset); ConfigError naming it."""
     raw = settings.get(name, getattr(defaults, name))
+    if optional and raw in (None, "", "None"):
+        return None
     try:
         value = float(raw)
     except (TypeError, ValueError):
         value = math.nan
     if isinstance(raw, bool) or not value >= 0 or math.isinf(value):
-        raise ConfigError(f"{name} must be a number of seconds >= 0, got {raw!r}")
+        raise ConfigError(f"{name} must be {'None or ' if optional else ''}a number of seconds >= 0, got {raw!r}")
     return value
 
 

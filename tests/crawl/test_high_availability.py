@@ -145,6 +145,13 @@ def master_client(sentinels: RedisSentinelServers) -> redis.Redis:
     return redis.Redis(port=sentinels.master().port, socket_timeout=5)
 
 
+def finish(processes: list[Crawl]) -> None:
+    """Wait for every process: each must exit 0, its spider closed as finished."""
+    for process in processes:
+        process.wait(timeout=120)
+        assert process.code == 0 and process.stats["finish_reason"] == "finished", process.tail()
+
+
 def report(what: str, **figures: Any) -> None:
     shown = (f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items())
     print(f"[ha] {what}: " + ", ".join(shown))
@@ -182,14 +189,10 @@ def test_request_front_follows_a_sentinel_failover_every_page_once(
     assert site.wait_for(lambda: min(site.done(path) for path in ("detail", "d2", "d3")) >= 15, timeout=60)
     with master_client(sentinels) as client:
         assert client.exists("plan:requests") == 0  # scrapy-redis's queue: every request parked in memory
-    dead = sentinels.master()
-    dead.kill()
     killed = time.monotonic()
-    promoted = sentinels.wait_failover(dead)
-    promoted_after = time.monotonic() - killed
+    promoted, promoted_after = sentinels.fail_over()
+    finish(crawls)
     for crawl in crawls:
-        crawl.wait(timeout=120)
-        assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
         assert crawl.stats["item_scraped_count"] == pages
         assert "Waiting for stage 'detail': Redis error" in crawl.output, crawl.tail()
     assert len(site.hits) == 3 * pages and set(site.hits.values()) == {1}  # exactly once
@@ -235,14 +238,9 @@ def test_worker_front_follows_a_sentinel_failover_every_page_at_least_once(
         assert worker.wait_for_output("queues under redislock:{staged}"), worker.tail()
     assert site.wait_for(lambda: site.done("detail") >= 15 and site.done("comments") >= 15, timeout=60)
     sentinels.wait_synced()  # every push is on the replica; pops, acks and grants go on while it dies
-    dead = sentinels.master()
-    dead.kill()
-    killed = time.monotonic()
-    promoted = sentinels.wait_failover(dead)
-    promoted_after = time.monotonic() - killed
+    promoted, promoted_after = sentinels.fail_over()
+    finish(workers)
     for worker in workers:
-        worker.wait(timeout=120)
-        assert worker.code == 0 and worker.stats["finish_reason"] == "finished", worker.tail()
         assert "Redis error" in worker.output or "failed" in worker.output, worker.tail()
     expected = {f"/{stage}/{n}" for stage, count in plan.items() for n in range(count)}
     assert set(site.hits) == expected  # every page at least once
@@ -262,6 +260,18 @@ def test_worker_front_follows_a_sentinel_failover_every_page_at_least_once(
 # -- starting while Redis is down -----------------------------------------------------------------------------------
 
 
+def every_front(site: CrawlSite, plan: str, settings: dict[str, Any], folder: Path) -> dict[str, Crawl]:
+    """One process per front, started, with the same plan and settings (the worker: one slot per stage)."""
+    crawls = {}
+    for front, extra in FRONTS.items():
+        merged = {**settings, **extra}
+        if front == "worker":
+            merged["REDISLOCK_WORKER_STAGES"] = {stage: 1 for stage in settings["REDISLOCK_STAGES"]}
+        spider = WORKER_SPIDER if front == "worker" else SPIDER
+        crawls[front] = Crawl(site.url, plan, merged, folder, spider=spider).start()
+    return crawls
+
+
 @pytest.mark.integration
 @pytest.mark.crawl
 @pytest.mark.faults
@@ -272,16 +282,7 @@ def test_processes_started_while_redis_is_down_wait_then_run(site: CrawlSite, tm
     site.delay = 0.02
     common = {"REDISLOCK_URL": server.url, "REDISLOCK_STAGES": {"detail": 2}}
     started = time.monotonic()
-    crawls = {
-        front: Crawl(
-            site.url,
-            "detail:10",
-            {**common, **extra, "REDISLOCK_WORKER_STAGES": {"detail": 1}} if front == "worker" else {**common, **extra},
-            tmp_path,
-            spider=WORKER_SPIDER if front == "worker" else SPIDER,
-        ).start()
-        for front, extra in FRONTS.items()
-    }
+    crawls = every_front(site, "detail:10", common, tmp_path)
     try:
         for crawl in crawls.values():  # five tries each: 0.25 + 0.5 + 1 + 2 s of back-off, and start-up
             assert wait_count(crawl, "is not reachable yet", 5, timeout=60), crawl.tail()
@@ -313,16 +314,7 @@ def test_processes_close_cleanly_when_redis_stays_down_past_the_connect_timeout(
     redislock_redis_unavailable and exit status 1, without a traceback, having fetched nothing."""
     server = RedisServer()  # a free port: nothing listens there
     common = {"REDISLOCK_URL": server.url, "REDISLOCK_STAGES": {"detail": 2}, "REDISLOCK_CONNECT_TIMEOUT": 2}
-    crawls = {
-        front: Crawl(
-            site.url,
-            "detail:5",
-            {**common, **extra, "REDISLOCK_WORKER_STAGES": {"detail": 1}} if front == "worker" else {**common, **extra},
-            tmp_path,
-            spider=WORKER_SPIDER if front == "worker" else SPIDER,
-        ).start()
-        for front, extra in FRONTS.items()
-    }
+    crawls = every_front(site, "detail:5", common, tmp_path)
     for front, crawl in crawls.items():
         crawl.wait(timeout=60)
         assert crawl.code == 1 and crawl.stats["finish_reason"] == "redislock_redis_unavailable", (front, crawl.tail())
@@ -480,9 +472,7 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
         killed = time.monotonic()
         nodes.wait_failover("redislock:{list}:slots", victim)
         promoted_after = time.monotonic() - killed
-        for process in (*crawls, *workers):
-            process.wait(timeout=120)
-            assert process.code == 0 and process.stats["finish_reason"] == "finished", process.tail()
+        finish([*crawls, *workers])
         for crawl in crawls:
             assert crawl.stats["item_scraped_count"] == pages
             assert "Redis error" in crawl.output, crawl.tail()
