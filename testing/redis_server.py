@@ -11,6 +11,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -87,7 +88,7 @@ class RedisServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
                     sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
+                    if sock.recv(16).startswith((b"+PONG", b"-NOAUTH")):  # up (with a password: refusing us)
                         return self
             except OSError:
                 time.sleep(0.02)
@@ -143,6 +144,20 @@ def cluster_port() -> int:
         except (OSError, OverflowError):
             continue
         return port
+
+
+def wait_caught_up(
+    replication: Callable[[RedisServer], dict[str, Any]], master: RedisServer, replica: RedisServer, timeout: float
+) -> None:
+    """Until ``replica`` has every write of ``master``: its offset equals the master's (``replication(node)`` is the
+    node's INFO replication). While clients write, this waits for a moment between two writes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        mine = replication(master).get("master_repl_offset")
+        if mine is not None and mine == replication(replica).get("slave_repl_offset"):
+            return
+        time.sleep(0.01)
+    raise RuntimeError(f"the replica on port {replica.port} did not catch up within {timeout} s")
 
 
 class ServerGroup:
@@ -242,6 +257,10 @@ class RedisClusterServers(ServerGroup):
             return info.get("master_link_status") == "up" and not info.get("master_sync_in_progress")
         return info.get("role") == "master" and info.get("slave0", {}).get("state") == "online"
 
+    def wait_synced(self, master: RedisServer, timeout: float = 10.0) -> None:
+        """Until the master's replica has every write of it (same replication offset)."""
+        wait_caught_up(lambda node: self.info(node, "replication"), master, self.replica_of(master), timeout)
+
     def node_serving(self, key: str) -> RedisServer:
         """The master serving ``key`` now, as the first live node sees it (CLUSTER KEYSLOT, CLUSTER SLOTS)."""
         with redis.Redis(port=self.port, socket_timeout=2) as client:
@@ -282,15 +301,24 @@ class RedisSentinelServers(ServerGroup):
 
     Started when the replica has finished its first sync and every sentinel knows the master, the replica and the
     other sentinels (a failover needs a majority of them to agree). ``down_after_ms`` is how long a master must be
-    silent before a sentinel takes it for down (1 s: a failover takes seconds).
+    silent before a sentinel takes it for down (1 s: a failover takes seconds). ``password`` protects the master
+    and the replica, ``sentinel_password`` the sentinels (each is AUTHed with its own).
     """
 
     service = "mymaster"
 
     def __init__(
-        self, sentinels: int = 3, down_after_ms: int = 1000, failover_timeout_ms: int = 5000, binary: str | None = None
+        self,
+        sentinels: int = 3,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 5000,
+        binary: str | None = None,
+        password: str | None = None,
+        sentinel_password: str | None = None,
     ):
         self.binary = binary or find_redis_server()
+        self.password = password
+        self.sentinel_password = sentinel_password
         self.count = sentinels
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
@@ -304,6 +332,8 @@ class RedisSentinelServers(ServerGroup):
 
     def start(self, timeout: float = 30.0) -> RedisSentinelServers:
         fast = ["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]
+        if self.password:
+            fast += ["--requirepass", self.password, "--masterauth", self.password]
         master = RedisServer(binary=self.binary, extra_args=fast).start()
         self.servers.append(master)
         replica = RedisServer(binary=self.binary, extra_args=[*fast, "--replicaof", "127.0.0.1", str(master.port)])
@@ -317,17 +347,19 @@ class RedisSentinelServers(ServerGroup):
                 f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
                 f"sentinel failover-timeout {self.service} {self.failover_timeout_ms}\n"
                 f"sentinel parallel-syncs {self.service} 1\n"
+                + (f"sentinel auth-pass {self.service} {self.password}\n" if self.password else "")
+                + (f"requirepass {self.sentinel_password}\n" if self.sentinel_password else "")
             )
             sentinel.config = str(conf)
             self.sentinels.append(sentinel.start())
         self.wait_ready(timeout)
         return self
 
-    @staticmethod
-    def ask(node: RedisServer, *command: str) -> Any:
-        """One command to one node (None when it does not answer)."""
+    def ask(self, node: RedisServer, *command: str) -> Any:
+        """One command to one node, with its password (None when it does not answer)."""
+        password = self.sentinel_password if node in self.sentinels else self.password
         try:
-            with redis.Redis(port=node.port, socket_timeout=1, decode_responses=True) as client:
+            with redis.Redis(port=node.port, password=password, socket_timeout=1, decode_responses=True) as client:
                 return client.execute_command(*command)
         except redis.RedisError:
             return None
@@ -375,15 +407,7 @@ class RedisSentinelServers(ServerGroup):
 
     def wait_synced(self, timeout: float = 10.0) -> None:
         """Until the live replica has every write of the master (same replication offset)."""
-        master, replica = self.master(), self.replica()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            mine = (self.ask(master, "INFO", "replication") or {}).get("master_repl_offset")
-            theirs = (self.ask(replica, "INFO", "replication") or {}).get("slave_repl_offset")
-            if mine is not None and mine == theirs:
-                return
-            time.sleep(0.01)
-        raise RuntimeError(f"the replica did not catch up within {timeout} s")
+        wait_caught_up(lambda node: self.ask(node, "INFO", "replication") or {}, self.master(), self.replica(), timeout)
 
     def wait_failover(self, dead: RedisServer, timeout: float = 30.0) -> RedisServer:
         """After ``dead`` (the master) was killed: until every live sentinel names the replica, and it is master."""

@@ -113,7 +113,8 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
         "--url",
         default=argparse.SUPPRESS,
         help="Redis URL (redis://, rediss:// for TLS, user:password@ for ACL; ?ssl_ca_certs=FILE for a private "
-        "CA). Default: REDISLOCK_URL, else REDIS_URL (environment, or the project's settings as a Scrapy "
+        "CA; redis+sentinel://h1:26379,h2:26379/SERVICE[/DB] for Sentinel, redis+cluster://h1:7000,h2:7001 for "
+        "a Cluster). Default: REDISLOCK_URL, else REDIS_URL (environment, or the project's settings as a Scrapy "
         f"command), else {DEFAULT_URL}",
     )
     connection.add_argument(

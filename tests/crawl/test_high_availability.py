@@ -13,12 +13,13 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+import redis.sentinel
 
 from scrapy_redislock.crawl.connection import mask_url, parse_url
 from scrapy_redislock.errors import ConfigError
@@ -171,7 +172,12 @@ def test_request_front_follows_a_sentinel_failover_every_page_once(
     replica had not received would be lost or repeated: at-least-once at best). Nothing is left held."""
     site.delay = 0.1
     pages = 120
-    common = {"REDISLOCK_URL": sentinels.url(), "REDISLOCK_STAGES": {"detail": 3}, "REDISLOCK_TTL": TTL}
+    common = {
+        "REDISLOCK_URL": sentinels.url(),
+        "REDISLOCK_STAGES": {"detail": 3},
+        "REDISLOCK_TTL": TTL,
+        "CONCURRENT_REQUESTS": 2,  # two waits per process, as StageScheduler's: the crawls share the slots evenly
+    }
     scrapy_redis = {
         "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
         "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
@@ -189,6 +195,7 @@ def test_request_front_follows_a_sentinel_failover_every_page_once(
     assert site.wait_for(lambda: min(site.done(path) for path in ("detail", "d2", "d3")) >= 15, timeout=60)
     with master_client(sentinels) as client:
         assert client.exists("plan:requests") == 0  # scrapy-redis's queue: every request parked in memory
+    assert all(crawl.process is not None and crawl.process.poll() is None for crawl in crawls)  # mid-crawl, all
     killed = time.monotonic()
     promoted, promoted_after = sentinels.fail_over()
     finish(crawls)
@@ -206,6 +213,17 @@ def test_request_front_follows_a_sentinel_failover_every_page_once(
     with redis.Redis(port=promoted.port) as client:
         assert leftover(client) == 0
         assert not list(client.scan_iter("plan:*"))  # scrapy-redis's queue and dupefilter, flushed at close
+    assert status_stages(sentinels.url()) == {"detail": 3}  # the command line reads the new master too
+
+
+def status_stages(url: str) -> dict[str, int | None]:
+    """``python -m scrapy_redislock status --json --url URL``: {stage: limit}."""
+    done = subprocess.run(
+        [sys.executable, "-m", "scrapy_redislock", "status", "--json", "--url", url],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return {entry["stage"]: entry["limit"] for entry in json.loads(done.stdout)["stages"]}
 
 
 @pytest.mark.integration
@@ -237,7 +255,10 @@ def test_worker_front_follows_a_sentinel_failover_every_page_at_least_once(
     for worker in workers:
         assert worker.wait_for_output("queues under redislock:{staged}"), worker.tail()
     assert site.wait_for(lambda: site.done("detail") >= 15 and site.done("comments") >= 15, timeout=60)
+    with master_client(sentinels) as client:  # every request pushed (the workers yield them as the crawl goes)
+        assert wait_until(lambda: client.scard("redislock:{staged}:dupefilter") == sum(plan.values()))
     sentinels.wait_synced()  # every push is on the replica; pops, acks and grants go on while it dies
+    assert all(worker.process is not None and worker.process.poll() is None for worker in workers)  # mid-crawl
     promoted, promoted_after = sentinels.fail_over()
     finish(workers)
     for worker in workers:
@@ -255,6 +276,30 @@ def test_worker_front_follows_a_sentinel_failover_every_page_at_least_once(
     with redis.Redis(port=promoted.port) as client:
         assert leftover(client) == 0
         assert not list(client.scan_iter("redislock:{staged}:*"))
+
+
+@pytest.mark.integration
+@pytest.mark.crawl
+def test_the_sentinels_credentials_are_kept_apart_from_the_masters(site: CrawlSite, tmp_path: Path) -> None:
+    """Master and replica need one password, the sentinels another: the URL's user:password@ goes to the master,
+    ?sentinel_password= to the sentinels. A crawl and ``status`` work; neither password is ever printed; each
+    password given to the wrong side is refused."""
+    with RedisSentinelServers(password="data-pw", sentinel_password="watch-pw") as sentinels:
+        url = sentinels.url(auth=":data-pw@", query="sentinel_password=watch-pw")
+        crawl = Crawl(site.url, "detail:5", {"REDISLOCK_URL": url, "REDISLOCK_STAGES": {"detail": 2}}, tmp_path).run()
+        assert crawl.code == 0 and crawl.stats["item_scraped_count"] == 5, crawl.tail()
+        assert "data-pw" not in crawl.output and "watch-pw" not in crawl.output
+        assert "redis+sentinel://:***@127.0.0.1:" in crawl.output and "sentinel_password=***" in crawl.output
+        assert status_stages(url) == {"detail": 2}
+        wrong = [
+            # the sentinels' password given to the master: the sentinels answer, the master refuses
+            (sentinels.url(auth=":watch-pw@", query="sentinel_password=watch-pw"), redis.AuthenticationError),
+            # the master's password given to the sentinels: every sentinel refuses (redis-py retries for some 12 s)
+            (sentinels.url(auth=":data-pw@", query="sentinel_password=data-pw"), redis.sentinel.MasterNotFoundError),
+        ]
+        for bad, refused in wrong:
+            with parse_url(bad, "REDISLOCK_URL").client() as client, pytest.raises(refused):
+                client.ping()
 
 
 # -- starting while Redis is down -----------------------------------------------------------------------------------
@@ -346,6 +391,15 @@ def test_a_crawl_started_while_sentinel_fails_over_waits_for_the_new_master(site
             assert leftover(client) == 0
 
 
+def wait_until(condition: Callable[[], bool], timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def wait_count(crawl: Crawl, text: str, count: int, timeout: float) -> bool:
     """Wait until the process has written ``text`` ``count`` times (or exited, or ``timeout`` passed)."""
     assert crawl.process is not None
@@ -419,12 +473,7 @@ def test_both_fronts_and_the_cli_on_a_cluster(cluster: RedisClusterServers, site
         assert most_at_once(served(site, stage), cap)[0] <= cap
     assert most_at_once(served(site, "w"), 1, who="worker")[0] == 1
     assert {path for path in site.hits if path.startswith("/w/")} == {f"/w/{n}" for n in range(30)}
-    done = subprocess.run(
-        [sys.executable, "-m", "scrapy_redislock", "status", "--json", "--url", url],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    listed = {entry["stage"]: entry["limit"] for entry in json.loads(done.stdout)["stages"]}
+    listed = status_stages(url)
     assert listed == {**stages, "workers:w": 1}, listed
     with cluster_client(cluster) as client:
         assert leftover(client) == 0
@@ -450,7 +499,7 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
         assert nodes.node_serving("redislock:{workers:x}:slots") is victim
         assert nodes.node_serving("redislock:{staged}:alive") is victim
         url = "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in nodes.live())
-        common = {"REDISLOCK_URL": url, "REDISLOCK_STAGES": {"list": 3}, "REDISLOCK_TTL": TTL}
+        common = {"REDISLOCK_URL": url, "REDISLOCK_STAGES": {"list": 3}, "REDISLOCK_TTL": TTL, "CONCURRENT_REQUESTS": 2}
         crawls = [
             Crawl(site.url, f"list:{pages}", {**common, **FRONTS["StageScheduler"]}, tmp_path).start(),
             Crawl(site.url, f"list@l2:{pages}", {**common, **FRONTS["middleware alone"]}, tmp_path).start(),
@@ -468,19 +517,25 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
             for n in range(2)
         ]
         assert site.wait_for(lambda: min(site.done(p) for p in ("list", "l2", "x")) >= 10, timeout=60)
+        with redis.Redis(port=victim.port) as client:  # every request pushed, and on the replica
+            assert wait_until(lambda: client.scard("redislock:{staged}:dupefilter") == 60)
+        nodes.wait_synced(victim)
+        assert all(p.process is not None and p.process.poll() is None for p in (*crawls, *workers))  # mid-crawl
         victim.kill()
         killed = time.monotonic()
         nodes.wait_failover("redislock:{list}:slots", victim)
         promoted_after = time.monotonic() - killed
         finish([*crawls, *workers])
         for crawl in crawls:
-            assert crawl.stats["item_scraped_count"] == pages
+            errors = [line for line in crawl.lines if "ERROR" in line or "errback" in line]
+            assert crawl.stats["item_scraped_count"] == pages, (crawl.stats, errors)
             assert "Redis error" in crawl.output, crawl.tail()
         assert {path for path in site.hits if not path.startswith("/x/")} == {
             f"/{path}/{n}" for path in ("list", "l2") for n in range(pages)
         }
         assert all(count == 1 for path, count in site.hits.items() if not path.startswith("/x/"))  # exactly once
-        assert {path for path in site.hits if path.startswith("/x/")} == {f"/x/{n}" for n in range(60)}
+        missing = {f"/x/{n}" for n in range(60)} - set(site.hits)
+        assert not missing, (sorted(missing), [line for w in workers for line in w.lines if "ERROR" in line])
         again = sum(count for path, count in site.hits.items() if path.startswith("/x/")) - 60
         most, above = most_at_once(served(site, "list", "l2"), 3)
         most_workers, workers_above = most_at_once(served(site, "x"), 1, who="worker")
