@@ -81,10 +81,6 @@ class RedisURL:
     sentinel_options: Mapping[str, Any] = field(default_factory=dict)  # the sentinels' connections
 
     @property
-    def safe(self) -> str:
-        return mask_url(self.url)
-
-    @property
     def tls(self) -> bool:
         return self.url.startswith("rediss")
 
