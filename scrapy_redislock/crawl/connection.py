@@ -100,13 +100,15 @@ class RedisURL:
 
     # -- clients ---------------------------------------------------------------------------------------------------
 
-    def client(self, **params: Any) -> redis.Redis | redis.RedisCluster:
+    def client(
+        self, cluster_class: type[redis.RedisCluster] = redis.RedisCluster, **params: Any
+    ) -> redis.Redis | redis.RedisCluster:
         """A blocking client (CLI, tests); ``params`` are redis client arguments (REDISLOCK_PARAMS)."""
         if self.kind == "server":
             return redis.Redis.from_url(self.url, **params)
         if self.kind == "cluster":
             nodes = [redis.cluster.ClusterNode(host, port) for host, port in self.hosts]
-            return redis.RedisCluster(startup_nodes=nodes, **self._data_kwargs(params))
+            return cluster_class(startup_nodes=nodes, **self._data_kwargs(params))
         sentinel = redis.sentinel.Sentinel(self.hosts, sentinel_kwargs=self._sentinel_kwargs(params))
         assert self.service is not None
         return sentinel.master_for(self.service, **self._data_kwargs(params))
@@ -138,6 +140,14 @@ class RedisURL:
         return kwargs
 
 
+class ScrapyRedisCluster(redis.RedisCluster):
+    """A cluster client for scrapy-redis, whose priority queue pops with ``pipeline()`` then ``multi()`` on its one
+    key: its pipelines are transactions unless told otherwise (redis-py's cluster pipelines refuse ``multi()``)."""
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        return super().pipeline(transaction=True if transaction is None else transaction, shard_hint=shard_hint)
+
+
 class RedisClient:
     """A ``redis_cls`` for scrapy-redis (``REDIS_PARAMS = {"redis_cls": "scrapy_redislock.RedisClient"}``): its
     ``from_url`` takes every URL form above, so scrapy-redis follows a Sentinel failover or a Cluster like we do."""
@@ -147,7 +157,7 @@ class RedisClient:
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> redis.Redis | redis.RedisCluster:
-        return parse_url(url, "REDIS_URL").client(**kwargs)
+        return parse_url(url, "REDIS_URL").client(cluster_class=ScrapyRedisCluster, **kwargs)
 
 
 def parse_url(url: Any, setting: str) -> RedisURL:
