@@ -30,6 +30,10 @@ def __getattr__(name: str) -> object:
         from scrapy_redislock.workers.mixin import StageWorkerMixin
 
         return StageWorkerMixin
+    if name == "RedisClient":
+        from scrapy_redislock.crawl.connection import RedisClient
+
+        return RedisClient
     if name == "StageWorkerScheduler":
         from scrapy_redislock.workers.scheduler import StageWorkerScheduler
 
@@ -49,6 +53,7 @@ __all__ = [
     "LockLost",
     "NotReplicated",
     "Permit",
+    "RedisClient",
     "RequestFormatError",
     "StageLockMiddleware",
     "StageScheduler",

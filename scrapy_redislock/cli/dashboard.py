@@ -45,7 +45,7 @@ from prometheus_client.registry import Collector
 from scrapy_redislock.cli.commands import COMMANDS
 from scrapy_redislock.cli.render import Streams
 from scrapy_redislock.cli.status import read_all
-from scrapy_redislock.cli.target import EXIT_OK, EXIT_USAGE, CliError, Target, failure
+from scrapy_redislock.cli.target import EXIT_OK, EXIT_USAGE, REDIS_ERRORS, CliError, Target, failure
 from scrapy_redislock.lock.status import StageStatus
 from scrapy_redislock.workers.status import SpiderStatus, WorkerStatus
 
@@ -175,7 +175,7 @@ class Sampler:
         now = round(time.time(), 3)
         try:
             stages, spiders = await asyncio.to_thread(self.read)
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except (*REDIS_ERRORS, OSError) as exc:
             message, _ = failure(exc, self.target)
             frame = {**self.latest, "time": now, "error": message, "point": {"t": now, "grants": {}, "queues": {}}}
         else:
@@ -230,7 +230,7 @@ class RedisCollector(Collector):
         try:
             stages, spiders = self.sampler.read()
             up = 1
-        except (redis.exceptions.RedisError, OSError):
+        except (*REDIS_ERRORS, OSError):
             stages, spiders, up = [], [], 0
         yield from stage_metrics(stages)
         yield from spider_metrics(spiders)
@@ -405,7 +405,7 @@ class Dashboard:
         out, err = io.StringIO(), io.StringIO()
         try:
             code = COMMANDS[opts.command](opts, self.sampler.target, Streams(io.StringIO(), out, err))
-        except (CliError, redis.exceptions.RedisError, OSError) as exc:
+        except (CliError, *REDIS_ERRORS, OSError) as exc:
             message, code = failure(exc, self.sampler.target)
             return code, message
         return code, (out.getvalue() + err.getvalue()).strip()

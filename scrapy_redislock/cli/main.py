@@ -25,14 +25,12 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
-import redis
-import redis.exceptions
-
 from scrapy_redislock.cli.commands import COMMANDS, DEFAULT_WATCH
 from scrapy_redislock.cli.render import Streams
 from scrapy_redislock.cli.target import (
     DEFAULT_URL,
     EXIT_USAGE,
+    REDIS_ERRORS,
     CliError,
     Target,
     failure,
@@ -93,7 +91,8 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
         "--url",
         default=argparse.SUPPRESS,
         help="Redis URL (redis://, rediss:// for TLS, user:password@ for ACL; ?ssl_ca_certs=FILE for a private "
-        "CA). Default: REDISLOCK_URL, else REDIS_URL (environment, or the project's settings as a Scrapy "
+        "CA; redis+sentinel://h1:26379,h2:26379/SERVICE[/DB] for Sentinel, redis+cluster://h1:7000,h2:7001 for "
+        "a Cluster). Default: REDISLOCK_URL, else REDIS_URL (environment, or the project's settings as a Scrapy "
         f"command), else {DEFAULT_URL}",
     )
     connection.add_argument(
@@ -240,7 +239,7 @@ def run(
         return COMMANDS_WITH_DASHBOARD[opts.command](opts, target, io)
     except BrokenPipeError:  # the reader of our output left (`status --watch | head`); not an error of ours
         raise
-    except (CliError, redis.exceptions.RedisError, OSError) as exc:
+    except (CliError, *REDIS_ERRORS, OSError) as exc:
         message, code = failure(exc, target)
     except KeyboardInterrupt:
         io.err.write("\n")

@@ -12,14 +12,14 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.exceptions
 
 from scrapy_redislock._redis import check_name
 from scrapy_redislock.crawl import defaults
-from scrapy_redislock.crawl.settings import check_url, mask_url, read_settings
+from scrapy_redislock.crawl.connection import RedisURL, mask_url, parse_url
+from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.errors import ConfigError, InvalidArgument
 from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.protocol import Operation, drive
@@ -28,6 +28,8 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 DEFAULT_URL = "redis://localhost:6379/0"
 # Fail fast on a dead address; an operator is waiting.
 CLI_CLIENT_PARAMS: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 5}
+# What a client raises when Redis cannot serve it (a cluster client with no reachable node: not a RedisError).
+REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
 
 
 class CliError(Exception):
@@ -56,18 +58,21 @@ class Target:
     def safe_url(self) -> str:
         return mask_url(self.url)
 
-    def client(self) -> redis.Redis:
+    @property
+    def connection(self) -> RedisURL:
+        return parse_url(self.url, self.source)
+
+    def client(self) -> redis.Redis | redis.RedisCluster:
+        """A blocking client: one server, the master found through Sentinel, or a cluster client (status then
+        scans every master)."""
         try:
-            return redis.Redis.from_url(self.url, **self.params, decode_responses=True)
+            return self.connection.client(**self.params, decode_responses=True)
         except (ValueError, TypeError) as exc:
             raise CliError(f"{self.source} is not a usable redis URL ({exc}): {self.safe_url}", EXIT_USAGE) from None
 
     def scrub(self, message: str) -> str:
-        """The message with the URL's password (should a library ever echo it) replaced by ***."""
-        password = urlsplit(self.url).password
-        for secret in {password, unquote(password or "")} - {None, ""}:
-            message = message.replace(str(secret), "***")
-        return message
+        """The message with the URL's passwords (should a library ever echo one) replaced by ***."""
+        return self.connection.scrub(message)
 
 
 def resolve_target(opts: argparse.Namespace, env: Mapping[str, str], settings: Any = None) -> Target:
@@ -100,7 +105,7 @@ def resolve_target(opts: argparse.Namespace, env: Mapping[str, str], settings: A
         else:
             url, source = DEFAULT_URL, "the default URL"
     try:
-        check_url(url, source)
+        parse_url(url, source)
     except ConfigError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     if getattr(opts, "prefix", None) is not None:
@@ -131,11 +136,14 @@ def _redis_failure(exc: BaseException, target: Target) -> str:
     where = f"{target.safe_url} ({target.source})"
     if isinstance(cause, redis.exceptions.AuthenticationError) or str(cause).startswith(("WRONGPASS", "NOAUTH")):
         return f"Redis at {where} refused the credentials: {detail}"
-    if isinstance(cause, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+    if isinstance(
+        cause,
+        redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | redis.exceptions.RedisClusterException,
+    ):
         hint = ""
-        if target.url.startswith("rediss://") and "certificate" in detail.lower():
+        if target.connection.tls and "certificate" in detail.lower():
             hint = " (for a private CA add ?ssl_ca_certs=FILE to the URL)"
-        elif target.url.startswith("rediss://") and "refused" not in detail.lower():
+        elif target.connection.tls and "refused" not in detail.lower():
             hint = " (rediss:// is TLS: does the server speak TLS on that port?)"
         return f"cannot reach Redis at {where}: {detail}{hint}"
     if isinstance(cause, redis.exceptions.NoPermissionError) or str(cause).startswith("NOPERM"):
@@ -143,11 +151,11 @@ def _redis_failure(exc: BaseException, target: Target) -> str:
     return f"Redis error at {where}: {detail}"
 
 
-def failure(exc: CliError | redis.exceptions.RedisError | OSError, target: Target | None) -> tuple[str, int]:
+def failure(exc: BaseException, target: Target | None) -> tuple[str, int]:
     """The one line (no password in it) and the exit status that report a failed sub-command."""
     if isinstance(exc, CliError):
         return str(exc), exc.code
-    if isinstance(exc, redis.exceptions.RedisError):
+    if isinstance(exc, REDIS_ERRORS):
         assert target is not None
         return _redis_failure(exc, target), EXIT_ERROR
     message = target.scrub(str(exc)) if target else str(exc)  # e.g. an unreadable ssl_ca_certs file

@@ -9,8 +9,12 @@ from typing import Any
 
 # Off switch: False turns every scrapy_redislock component off (NotConfigured).
 REDISLOCK_ENABLED = True
-# Redis URL; when unset: scrapy-redis's REDIS_URL / REDIS_HOST + REDIS_PORT, then redis://localhost:6379/0.
+# Redis URL: redis://, rediss://, unix://, redis+sentinel://h1:26379,h2:26379/service[/db], redis+cluster://h1:7000,...
+# (see docs/high-availability.md); when unset: scrapy-redis's REDIS_URL / REDIS_HOST + REDIS_PORT, then redis://localhost:6379/0.
 REDISLOCK_URL: str | None = None
+# Seconds a starting process waits (with back-off, and a warning each try) for Redis to be reachable, e.g. during a
+# failover, before it closes with redislock_redis_unavailable; 0 = close at once.
+REDISLOCK_CONNECT_TIMEOUT = 30.0
 # Extra keyword arguments for the redis client (when unset: scrapy-redis's REDIS_PARAMS).
 REDISLOCK_PARAMS: dict[str, Any] | None = None
 # Max requests in flight per stage, cluster-wide; None = unlimited.

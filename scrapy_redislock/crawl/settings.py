@@ -3,9 +3,11 @@
 Settings read: REDISLOCK_ENABLED, REDISLOCK_URL, REDISLOCK_PARAMS, REDISLOCK_STAGES, REDISLOCK_WORKER_STAGES,
 REDISLOCK_TTL, REDISLOCK_KEY_PREFIX, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT,
 REDISLOCK_STAGE_PREFERENCE, REDISLOCK_SCHEDULER_INNER, REDISLOCK_PARK_LIMIT, REDISLOCK_WAITERS_PER_STAGE,
-REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_DB,
-REDIS_PARAMS as fallbacks for the connection. Defaults live in :mod:`scrapy_redislock.crawl.defaults`. For the
-worker scheduler (:func:`read_worker_settings`) also scrapy-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START,
+REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE,
+REDISLOCK_CONNECT_TIMEOUT; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_DB,
+REDIS_PARAMS as fallbacks for the connection (URLs are parsed by :mod:`scrapy_redislock.crawl.connection`).
+Defaults live in :mod:`scrapy_redislock.crawl.defaults`. For the worker scheduler
+(:func:`read_worker_settings`) also scrapy-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START,
 MAX_IDLE_TIME_BEFORE_CLOSE (fallback of REDISLOCK_IDLE_CLOSE), REDIS_START_URLS_AS_SET, REDIS_START_URLS_AS_ZSET,
 SCHEDULER_SERIALIZER (the request format of the queues: :mod:`scrapy_redislock.crawl.requestformat` when unset).
 
@@ -24,15 +26,14 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
-from redis.connection import parse_url
 from scrapy.settings import BaseSettings
 
 from scrapy_redislock._redis import check_limit, check_name, check_ttl
 from scrapy_redislock.crawl import defaults
+from scrapy_redislock.crawl.connection import RedisURL, mask_url, parse_url
 from scrapy_redislock.crawl.requestformat import serializer_of
 from scrapy_redislock.errors import ConfigError, InvalidArgument
 
@@ -78,26 +79,21 @@ class RedisLockSettings:
     waiters_per_stage: int = 2
     local_reuse: float = 0.25
     idle_close: float | None = None
+    connect_timeout: float = 30.0
 
-    def async_client(self) -> redis.asyncio.Redis:
-        """A redis.asyncio client for the reactor thread (asyncio reactor)."""
-        return redis.asyncio.Redis.from_url(self.url, **self.params)
+    @property
+    def connection(self) -> RedisURL:
+        """The parsed URL: a server, Sentinel or Cluster (checked by read_settings)."""
+        return parse_url(self.url, self.url_setting)
+
+    def async_client(self) -> redis.asyncio.Redis | redis.asyncio.RedisCluster:
+        """A redis.asyncio client for the reactor thread (asyncio reactor): the master found through Sentinel, or
+        a cluster client, when the URL says so."""
+        return self.connection.async_client(**self.params)
 
     @property
     def safe_url(self) -> str:
         return mask_url(self.url)
-
-
-def mask_url(url: str) -> str:
-    """The URL with its password replaced by ***, for logs and status output."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _loaded(settings: BaseSettings, name: str) -> Any:
@@ -142,13 +138,8 @@ def _checked(check: Callable[[Any, str], Any], value: Any, what: str, *, or_none
 
 
 def check_url(url: Any, setting: str) -> str:
-    if not isinstance(url, str) or not url:
-        raise ConfigError(f"{setting} must be a redis URL such as redis://host:6379/0, got {url!r}")
-    try:
-        parse_url(url)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{setting} is not a valid redis URL ({exc}): {mask_url(url)!r}") from None
-    return url
+    """The URL, checked (:func:`~scrapy_redislock.crawl.connection.parse_url`): ConfigError naming the setting."""
+    return parse_url(url, setting).url
 
 
 def _connection(settings: BaseSettings) -> tuple[str, str, dict[str, Any]]:
@@ -251,19 +242,11 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
         raise ConfigError(f"REDISLOCK_SCHEDULER_INNER must be a class or its import path, got {inner!r}")
     park_limit = _positive_int(settings, "REDISLOCK_PARK_LIMIT")
     waiters = _positive_int(settings, "REDISLOCK_WAITERS_PER_STAGE")
-    raw_reuse = settings.get("REDISLOCK_LOCAL_REUSE", defaults.REDISLOCK_LOCAL_REUSE)
-    local_reuse = _number(raw_reuse)
-    if isinstance(local_reuse, bool) or not isinstance(local_reuse, int | float) or not 0 <= local_reuse < math.inf:
-        raise ConfigError(f"REDISLOCK_LOCAL_REUSE must be a number of seconds >= 0, got {raw_reuse!r}")
-    raw_idle = settings.get("REDISLOCK_IDLE_CLOSE", defaults.REDISLOCK_IDLE_CLOSE)
-    idle_close: float | None = None
-    if raw_idle not in (None, "", "None"):
-        try:
-            idle_close = float(raw_idle)
-        except (TypeError, ValueError):
-            idle_close = math.nan
-        if isinstance(raw_idle, bool) or not idle_close >= 0 or math.isinf(idle_close):
-            raise ConfigError(f"REDISLOCK_IDLE_CLOSE must be None or a number of seconds >= 0, got {raw_idle!r}")
+    local_reuse = _seconds(settings, "REDISLOCK_LOCAL_REUSE")
+    assert local_reuse is not None
+    idle_close = _seconds(settings, "REDISLOCK_IDLE_CLOSE", optional=True)
+    connect_timeout = _seconds(settings, "REDISLOCK_CONNECT_TIMEOUT")
+    assert connect_timeout is not None
 
     return RedisLockSettings(
         enabled=enabled,
@@ -281,8 +264,9 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
         scheduler_inner=inner if isinstance(inner, str) else f"{inner.__module__}.{inner.__qualname__}",
         park_limit=park_limit,
         waiters_per_stage=waiters,
-        local_reuse=float(local_reuse),
+        local_reuse=local_reuse,
         idle_close=idle_close,
+        connect_timeout=connect_timeout,
     )
 
 
@@ -294,6 +278,20 @@ def _number(raw: Any) -> Any:
         except ValueError:
             return raw
     return raw
+
+
+def _seconds(settings: BaseSettings, name: str, *, optional: bool = False) -> float | None:
+    """A finite number of seconds >= 0 (None for an ``optional`` setting left unset); ConfigError naming it."""
+    raw = settings.get(name, getattr(defaults, name))
+    if optional and raw in (None, "", "None"):
+        return None
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = math.nan
+    if isinstance(raw, bool) or not value >= 0 or math.isinf(value):
+        raise ConfigError(f"{name} must be {'None or ' if optional else ''}a number of seconds >= 0, got {raw!r}")
+    return value
 
 
 def _positive_int(settings: BaseSettings, name: str) -> int:

@@ -7,9 +7,11 @@ worker scheduler. API (all on the reactor thread, asyncio reactor)::
     locks = StageLocks.of(crawler, settings)          # the crawler's registry for request stages (created once)
     locks = StageLocks(crawler, settings, limits, lock_prefix="workers:", stats_prefix="redislock/workers")
     await locks.start_once()       # PING, write the limits (newest process wins, a change is logged), join the
-                                   # renewal loop, say why a stage has no free slot; False if Redis is unreachable
-                                   # or refuses the credentials (logged once, saying which: the spider_opened
-                                   # signal then closes the spider, and the crawl exits with status 1)
+                                   # renewal loop, say why a stage has no free slot. Redis unreachable (down, or
+                                   # failing over): retried with back-off and a warning each time, for up to
+                                   # REDISLOCK_CONNECT_TIMEOUT s. False if it stays unreachable, or refuses the
+                                   # credentials (logged once, saying which: the spider_opened signal then closes
+                                   # the spider, and the crawl exits with status 1)
                                    # ("redislock_redis_refused" when its ACL refuses this user a command)
     locks.is_capped(stage)         # True / False (None = unlimited); UnknownStage naming the known stages
     permit = await locks.acquire(stage, timeout)   # FIFO across processes; Redis errors are retried with back-off
@@ -70,6 +72,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import redis.asyncio
 import redis.exceptions
 from scrapy import signals
 from scrapy.exceptions import CloseSpider
@@ -97,7 +100,27 @@ logger = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT = 5.0  # a close never waits longer than this for Redis (a paused server must not hang the crawl)
 LATE_GRANT_PAUSE = 0.02  # seconds for Redis to see cancelled waits' connections close before the last sweep
-REDIS_ERRORS = (redis.exceptions.RedisError, LockConnectionError, OSError)
+# RedisClusterException is not a RedisError: a cluster client with no reachable node raises it.
+REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, LockConnectionError, OSError)
+# Errors of an outage or a failover, which waiting cures (Redis down, no master yet, a cluster slot moving).
+OUTAGE_ERRORS = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.RedisClusterException,
+    LockConnectionError,
+    OSError,
+)
+# Errors that waiting cannot cure (some are ConnectionErrors): closed at start at once.
+REFUSED = (
+    redis.exceptions.AuthenticationError,
+    redis.exceptions.AuthorizationError,
+    redis.exceptions.AuthenticationWrongNumberOfArgsError,
+    redis.exceptions.NoPermissionError,
+)
+START_BACKOFF = (0.25, 5.0)  # first and longest pause between tries to reach Redis at start
 REPORT_FIRST = 5.0  # seconds without a grant while requests wait before the log says why; doubled up to REPORT_MAX
 REPORT_MAX = 300.0
 UNCLEAN_CLOSE_TIMEOUT = 3.0  # a forced shutdown waits at most this long for Redis to take the slots back
@@ -259,12 +282,43 @@ class StageLocks:
         traceback at close), and the crawl exits with status 1.
         """
         if self._starting is None:
-            self._starting = asyncio.ensure_future(self.start())
+            self._starting = asyncio.ensure_future(self._start_retrying())
         try:
             await asyncio.shield(self._starting)
         except REDIS_ERRORS as exc:
             self._start_failed(exc)
         return self.failure is None
+
+    async def _start_retrying(self) -> None:
+        """start(), tried again with back-off while Redis is unreachable, up to REDISLOCK_CONNECT_TIMEOUT seconds.
+
+        A process started during a failover, or just before Redis, waits instead of closing at once; credentials
+        or an ACL refused are not retried.
+        """
+        timeout = self.settings.connect_timeout
+        deadline = time.monotonic() + timeout
+        backoff = Backoff(*START_BACKOFF)
+        while True:
+            try:
+                await self.start()
+                return
+            except REDIS_ERRORS as exc:
+                left = deadline - time.monotonic()
+                if not isinstance(exc, OUTAGE_ERRORS) or isinstance(exc, REFUSED) or self.closed or left <= 0:
+                    raise
+                delay = min(backoff.next(), left)
+                logger.warning(
+                    "Redis at %s (%s) is not reachable yet (%s); trying again in %.1f s, for %.0f s more "
+                    "(REDISLOCK_CONNECT_TIMEOUT = %g)",
+                    self.settings.safe_url,
+                    self.settings.url_setting,
+                    exc,
+                    delay,
+                    left,
+                    timeout,
+                )
+                self.stats.inc_value(f"{self.stats_prefix}/redis_errors")
+                await asyncio.sleep(delay)
 
     def _start_failed(self, exc: BaseException) -> None:
         if self.failure is not None:
@@ -290,10 +344,12 @@ class StageLocks:
             self.failure = CloseSpider("redislock_redis_auth_failed")
         else:
             logger.error(
-                "Cannot reach Redis at %s (%s): %s; closing the spider rather than crawl unthrottled",
+                "Cannot reach Redis at %s (%s): %s; waited %g s (REDISLOCK_CONNECT_TIMEOUT); closing the spider "
+                "rather than crawl unthrottled",
                 self.settings.safe_url,
                 source,
                 exc,
+                self.settings.connect_timeout,
             )
             self.failure = CloseSpider("redislock_redis_unavailable")
         # Connected now, so that it runs after every other spider_closed handler: the crawl did not really start,
@@ -310,6 +366,8 @@ class StageLocks:
 
     async def start(self) -> None:
         """PING, publish this process's limits, join the renewal loop; redis errors when Redis is unreachable."""
+        if isinstance(self.client, redis.asyncio.RedisCluster):
+            await self.client.initialize()  # before concurrent first commands (see docs/failures.md, Redis Cluster)
         await self.client.ping()
         for stage, lock in self.locks.items():
             limit = self.limits[stage]

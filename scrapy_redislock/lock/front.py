@@ -45,7 +45,12 @@ def waiting_client(client: Any) -> Any:
         return None
     kwargs = dict(pool.connection_kwargs)
     kwargs.update(socket_timeout=None, socket_keepalive=True, socket_keepalive_options=KEEPALIVE_OPTIONS)
-    waiting_pool = type(pool)(connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs)
+    kwargs.update(connection_class=pool.connection_class, max_connections=pool.max_connections)
+    if hasattr(pool, "sentinel_manager"):  # a Sentinel pool: it finds the master through the same sentinels
+        kwargs.pop("connection_pool", None)  # its own proxy, which the new pool sets to itself
+        waiting_pool = type(pool)(pool.service_name, pool.sentinel_manager, is_master=pool.is_master, **kwargs)
+    else:
+        waiting_pool = type(pool)(**kwargs)
     return type(client)(connection_pool=waiting_pool)
 
 

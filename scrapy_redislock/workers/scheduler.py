@@ -46,7 +46,7 @@ from scrapy_redislock._redis import Backoff
 from scrapy_redislock.crawl.engine import check_reactor, in_progress, wake_engine
 from scrapy_redislock.crawl.requestformat import request_from_data
 from scrapy_redislock.crawl.settings import read_settings, read_worker_settings
-from scrapy_redislock.crawl.stagelocks import StageLocks
+from scrapy_redislock.crawl.stagelocks import OUTAGE_ERRORS, REDIS_ERRORS, StageLocks
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.workers.queue import StageQueues
@@ -186,7 +186,7 @@ class StageWorkerScheduler(BaseScheduler):
     async def _bounded(self, what: str, step: Coroutine[Any, Any, Any] | Any) -> Any:
         try:
             return await asyncio.wait_for(step, CLOSE_STEP_TIMEOUT)
-        except (TimeoutError, redis.exceptions.RedisError, OSError) as exc:
+        except (TimeoutError, *REDIS_ERRORS) as exc:
             logger.warning(
                 "On close, %s failed (%s); the other workers recover it after the TTL", what, exc or "timeout"
             )
@@ -266,7 +266,7 @@ class StageWorkerScheduler(BaseScheduler):
         while True:
             try:
                 return await call()
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+            except OUTAGE_ERRORS as exc:  # down, or failing over
                 self.stats.inc_value("redislock/workers/redis_errors")
                 delay = backoff.next()
                 logger.warning("%s failed (%s); retrying in %.1f s", what, exc, delay)
@@ -338,7 +338,7 @@ class StageWorkerScheduler(BaseScheduler):
                     await self._track_idle()
                 self._ack_finished()
                 errors = 0
-            except (redis.exceptions.RedisError, OSError) as exc:
+            except REDIS_ERRORS as exc:
                 errors += 1
                 self.stats.inc_value("redislock/workers/redis_errors")
                 if errors == 1 or errors % 50 == 0:

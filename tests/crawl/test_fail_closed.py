@@ -356,7 +356,7 @@ def test_refused_password_and_unreachable_redis_exit_1_without_a_traceback(
         wrong = f"redis://crawler:wrong@127.0.0.1:{port}/0"
         cases = [(wrong, s, "redislock_redis_auth_failed") for s in BOTH]
         cases += [("redis://127.0.0.1:1/0", s, "redislock_redis_unavailable") for s in BOTH]
-        stages = {"REDISLOCK_STAGES": {"detail": 3}}
+        stages = {"REDISLOCK_STAGES": {"detail": 3}, "REDISLOCK_CONNECT_TIMEOUT": 0}  # close at once
         crawls = [
             (Crawl(site.url, "detail:3", settings(url, SCHEDULER=s, **stages), tmp_path).start(), why)
             for url, s, why in cases

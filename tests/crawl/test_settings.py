@@ -30,6 +30,7 @@ SETTINGS = [
     "REDISLOCK_WAITERS_PER_STAGE",
     "REDISLOCK_LOCAL_REUSE",
     "REDISLOCK_IDLE_CLOSE",
+    "REDISLOCK_CONNECT_TIMEOUT",
 ]
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**6), st.floats(allow_nan=True), st.text(max_size=12))
@@ -47,6 +48,21 @@ def test_any_setting_value_is_accepted_or_named(name: str, value: Any) -> None:
         read_settings(Settings({name: value}))
     except ConfigError as exc:
         assert name in str(exc) or name.replace("REDISLOCK_", "") in str(exc), (name, value, str(exc))
+
+
+SCHEMES = ["redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster", "http"]
+url_parts = st.text(alphabet="abc:@/,?&=[]%0123456789.", max_size=24)
+
+
+@given(url=st.one_of(st.text(max_size=30), st.builds("{}://{}".format, st.sampled_from(SCHEMES), url_parts)))
+@settings(max_examples=400, deadline=None)
+def test_any_url_is_accepted_or_named(url: str) -> None:
+    """Every URL form (server, Sentinel, Cluster) is parsed by one function: accepted, or refused naming the
+    setting."""
+    try:
+        read_settings(Settings({"REDISLOCK_URL": url}))
+    except ConfigError as exc:
+        assert "REDISLOCK_URL" in str(exc), (url, str(exc))
 
 
 @given(stages=st.dictionaries(st.text(max_size=8), values, max_size=4))

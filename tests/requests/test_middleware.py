@@ -236,7 +236,12 @@ def test_bad_configuration_stops_the_crawl(redis_url: str, site: CrawlSite, tmp_
 
 def test_unreachable_redis_closes_the_spider(site: CrawlSite, tmp_path: Path) -> None:
     crawls = [
-        Crawl(site.url, "detail:3,comments:3", settings("redis://127.0.0.1:1/0", SCHEDULER=s), tmp_path).start()
+        Crawl(
+            site.url,
+            "detail:3,comments:3",
+            settings("redis://127.0.0.1:1/0", SCHEDULER=s, REDISLOCK_CONNECT_TIMEOUT=0),  # 0: close at once
+            tmp_path,
+        ).start()
         for s in BOTH
     ]
     for crawl in crawls:

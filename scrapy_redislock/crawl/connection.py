@@ -1,0 +1,232 @@
+"""Redis URLs, in one place: parse and check them, mask their secrets, build clients for a server, Sentinel or Cluster.
+
+Both fronts (through :mod:`scrapy_redislock.crawl.settings`), the CLI and the dashboard connect with
+:func:`parse_url`; no other module parses a Redis URL. URL forms::
+
+    redis://[user:password@]host:6379/0          one server (also rediss:// for TLS, unix:///path.sock?db=0)
+    redis+sentinel://[user:password@]host1:26379,host2:26379/service_name[/db]
+    rediss+sentinel://...                        TLS to the sentinels and to the master
+    redis+cluster://[user:password@]host1:7000,host2:7001   (also rediss+cluster://)
+
+The user and password in front of the hosts are the master's (or the cluster nodes'). The sentinels' own
+credentials are query options, kept apart: ``?sentinel_username=...&sentinel_password=...``. Every other query
+option (``socket_timeout``, ``ssl_ca_certs``, ``ssl_cert_reqs``, ...) is redis-py's and applies to the data
+connections. A sentinel or cluster host without a port gets 26379 or 6379. A Sentinel client asks the sentinels for
+the master whenever it opens a connection, so after a failover the next connection goes to the new master; a
+Cluster client follows MOVED replies. Reads no settings and imports no Scrapy.
+
+scrapy-redis's own connections (its scheduler's queue and dupefilter, RedisSpider's start URLs) take the same URLs
+with ``REDIS_PARAMS = {"redis_cls": "scrapy_redislock.RedisClient"}`` (:class:`RedisClient`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlencode
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.sentinel
+import redis.cluster
+import redis.sentinel
+from redis.connection import parse_url as redis_parse_url
+
+from scrapy_redislock.errors import ConfigError
+
+SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}  # scheme -> TLS
+CLUSTER_SCHEMES = {"redis+cluster": False, "rediss+cluster": True}
+SERVER_SCHEMES = ("redis", "rediss", "unix")
+# Query options that are the sentinels' own, not the master's.
+SENTINEL_OPTIONS = {"sentinel_username": "username", "sentinel_password": "password"}
+# Query options whose value is a secret, masked like the password.
+SECRET_OPTIONS = ("password", "sentinel_password")
+DEFAULT_PORTS = {"sentinel": 26379, "cluster": 6379}
+# A sentinel answers at once; one that does not (paused, cut off) is skipped after this long for the next one.
+SENTINEL_SOCKET_TIMEOUT = 5.0
+EXAMPLE = (
+    "redis://host:6379/0, redis+sentinel://host1:26379,host2:26379/service_name "
+    "or redis+cluster://host1:7000,host2:7001"
+)
+
+
+def mask_url(url: str) -> str:
+    """The URL with its passwords (the master's, and the sentinels' query option) replaced by ***."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc, slash, tail = rest.partition("/")
+    if "@" in netloc:
+        userinfo, _, hosts = netloc.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        netloc = f"{user}:***@{hosts}" if colon else netloc
+    for option in SECRET_OPTIONS:
+        tail = re.sub(rf"(?<=[?&]){option}=[^&#]*", f"{option}=***", tail)
+    return f"{scheme}://{netloc}{slash}{tail}"
+
+
+@dataclass(frozen=True)
+class RedisURL:
+    """A checked Redis URL: what kind of deployment, where, and how to connect to it."""
+
+    url: str
+    setting: str  # where the URL came from, for messages
+    kind: str = "server"  # "server", "sentinel" or "cluster"
+    hosts: tuple[tuple[str, int], ...] = ()  # sentinels or cluster seed nodes
+    service: str | None = None  # the Sentinel service (master) name
+    options: Mapping[str, Any] = field(default_factory=dict)  # data connections: user, password, db, ssl, query
+    sentinel_options: Mapping[str, Any] = field(default_factory=dict)  # the sentinels' connections
+
+    @property
+    def tls(self) -> bool:
+        return self.url.startswith("rediss")
+
+    def secrets(self) -> set[str]:
+        """Every secret in the URL (raw and percent-decoded), for scrubbing messages."""
+        found = {self.options.get("password"), self.sentinel_options.get("password")}
+        raw = re.search(r"://([^/@]*)@", self.url)
+        if raw and ":" in raw.group(1):
+            found.add(raw.group(1).partition(":")[2])
+        return {str(secret) for secret in found if secret} | {unquote(str(s)) for s in found if s}
+
+    def scrub(self, message: str) -> str:
+        """The message with the URL's secrets (should a library ever echo one) replaced by ***."""
+        for secret in sorted(self.secrets(), key=len, reverse=True):
+            message = message.replace(secret, "***")
+        return message
+
+    # -- clients ---------------------------------------------------------------------------------------------------
+
+    def client(
+        self, cluster_class: type[redis.RedisCluster] = redis.RedisCluster, **params: Any
+    ) -> redis.Redis | redis.RedisCluster:
+        """A blocking client (CLI, tests); ``params`` are redis client arguments (REDISLOCK_PARAMS)."""
+        if self.kind == "server":
+            return redis.Redis.from_url(self.url, **params)
+        if self.kind == "cluster":
+            nodes = [redis.cluster.ClusterNode(host, port) for host, port in self.hosts]
+            return cluster_class(startup_nodes=nodes, **self._data_kwargs(params))
+        sentinel = redis.sentinel.Sentinel(self.hosts, sentinel_kwargs=self._sentinel_kwargs(params))
+        assert self.service is not None
+        return sentinel.master_for(self.service, **self._data_kwargs(params))
+
+    def async_client(self, **params: Any) -> redis.asyncio.Redis | redis.asyncio.RedisCluster:
+        """A redis.asyncio client for the reactor thread (asyncio reactor)."""
+        if self.kind == "server":
+            return redis.asyncio.Redis.from_url(self.url, **params)
+        if self.kind == "cluster":
+            nodes = [redis.asyncio.cluster.ClusterNode(host, port) for host, port in self.hosts]
+            return redis.asyncio.RedisCluster(startup_nodes=nodes, **self._data_kwargs(params))
+        sentinel = redis.asyncio.sentinel.Sentinel(self.hosts, sentinel_kwargs=self._sentinel_kwargs(params))
+        assert self.service is not None
+        return sentinel.master_for(self.service, **self._data_kwargs(params))
+
+    def _data_kwargs(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        kwargs = {**params, **self.options}
+        if self.kind == "cluster":
+            kwargs.pop("db", None)  # parse_url refuses a cluster URL with another db
+            kwargs.pop("health_check_interval", None)  # the cluster clients check their nodes themselves
+        return kwargs
+
+    def _sentinel_kwargs(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The sentinels' connections: their own credentials, the socket options, TLS like the master's."""
+        merged = {**params, **self.options}
+        kwargs = {k: v for k, v in merged.items() if k.startswith(("socket_", "ssl"))}
+        kwargs.setdefault("socket_timeout", SENTINEL_SOCKET_TIMEOUT)
+        kwargs.update(self.sentinel_options)
+        return kwargs
+
+
+class ScrapyRedisCluster(redis.RedisCluster):
+    """A cluster client for scrapy-redis, whose priority queue pops with ``pipeline()`` then ``multi()`` on its one
+    key: its pipelines are transactions unless told otherwise (redis-py's cluster pipelines refuse ``multi()``)."""
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        return super().pipeline(transaction=True if transaction is None else transaction, shard_hint=shard_hint)
+
+
+class RedisClient:
+    """A ``redis_cls`` for scrapy-redis (``REDIS_PARAMS = {"redis_cls": "scrapy_redislock.RedisClient"}``): its
+    ``from_url`` takes every URL form above, so scrapy-redis follows a Sentinel failover or a Cluster like we do."""
+
+    def __new__(cls, **kwargs: Any) -> redis.Redis:  # type: ignore[misc]
+        return redis.Redis(**kwargs)  # scrapy-redis with REDIS_HOST/REDIS_PORT and no URL
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> redis.Redis | redis.RedisCluster:
+        return parse_url(url, "REDIS_URL").client(cluster_class=ScrapyRedisCluster, **kwargs)
+
+
+def parse_url(url: Any, setting: str) -> RedisURL:
+    """A checked :class:`RedisURL`; ConfigError naming ``setting`` and the URL (password masked) when it is bad."""
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"{setting} must be a redis URL such as {EXAMPLE}, got {url!r}")
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"{setting} is not a valid redis URL ({why}): {mask_url(url)!r}")
+
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme in SERVER_SCHEMES:
+        try:
+            redis_parse_url(url)
+        except (ValueError, TypeError) as exc:
+            raise bad(str(exc)) from None
+        return RedisURL(url, setting)
+    if scheme in SENTINEL_SCHEMES:
+        kind = "sentinel"
+    elif scheme in CLUSTER_SCHEMES:
+        kind = "cluster"
+    else:
+        raise bad(f"the scheme must be one of redis, rediss, unix, redis+sentinel, rediss+sentinel, redis+cluster, "
+                  f"rediss+cluster, got {scheme or 'none'!r}")  # fmt: skip
+
+    rest = url.split("://", 1)[1]
+    rest, _, query = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hostlist = netloc.rpartition("@")
+    hosts = tuple(_host(part, DEFAULT_PORTS[kind], bad) for part in hostlist.split(","))
+
+    names = [unquote(part) for part in path.split("/") if part]
+    service: str | None = None
+    if kind == "sentinel":
+        if not names:
+            raise bad("it names no service: add /service_name after the sentinels")
+        service, names = names[0], names[1:]
+    if len(names) > 1 or (names and not names[0].isdigit()):
+        raise bad(f"the path after the {'service name' if service else 'hosts'} must be a database number, "
+                  f"got {'/'.join(names)!r}")  # fmt: skip
+    db = int(names[0]) if names else 0
+    if kind == "cluster" and db:
+        raise bad("Redis Cluster has only database 0")
+
+    pairs = parse_qsl(query, keep_blank_values=True)
+    sentinel_options = {SENTINEL_OPTIONS[k]: v for k, v in pairs if k in SENTINEL_OPTIONS}
+    if sentinel_options and kind != "sentinel":
+        raise bad(f"{', '.join(sorted(k for k, _ in pairs if k in SENTINEL_OPTIONS))} only applies to Sentinel URLs")
+    data_query = urlencode([(k, v) for k, v in pairs if k not in SENTINEL_OPTIONS])
+    # redis-py's own parser for what is left (one host stands for all): the types of the query options, quoting.
+    single = f"{'rediss' if scheme.startswith('rediss') else 'redis'}://{userinfo}{at}localhost/{db}"
+    try:
+        options = redis_parse_url(f"{single}?{data_query}" if data_query else single)
+    except (ValueError, TypeError) as exc:
+        raise bad(str(exc)) from None
+    options.pop("host", None)
+    options.pop("port", None)
+    if options.pop("connection_class", None) is not None:
+        options["ssl"] = True
+    return RedisURL(url, setting, kind, hosts, service, options, sentinel_options)
+
+
+def _host(part: str, default_port: int, bad: Any) -> tuple[str, int]:
+    """``host``, ``host:port`` or ``[v6]:port``."""
+    match = re.fullmatch(r"\[([^\]]+)\](?::(\d+))?|([^:\[\]]+)(?::(\d+))?", part)
+    if not part or match is None:
+        raise bad(f"bad host {part!r}: hosts are host:port, separated by commas")
+    host = match.group(1) or match.group(3)
+    port = int(match.group(2) or match.group(4) or default_port)
+    if not 0 < port < 65536:
+        raise bad(f"bad port in {part!r}")
+    return host, port
