@@ -14,6 +14,10 @@ server still counts the request. The count therefore never exceeds the slots hel
 would race with the client's next request, and show one request too many when a thread is slow to resume).
 
 Reusable by any test: ``with CrawlSite(delay=0.05) as site: ... site.url, site.max_in_flight["detail"]``.
+
+Several host names: ``CrawlSite(hosts=4)`` answers on 127.0.0.1 to 127.0.0.4 (one port; Linux routes all of
+127/8 to the loopback), ``site.url_of(i)``; per host it counts requests in flight (``max_host_in_flight``) and
+when each arrived (``host_arrivals``; :meth:`gaps` are the intervals between request starts of one host).
 ``python -m testing.site`` serves the shop alone.
 ``site.routes["/robots.txt"] = ("text/plain", "User-agent: *\nDisallow: /detail/")`` serves a fixed body at a
 path (counted like any page, after the same delay); :func:`links_page` makes an HTML page of links.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import threading
 import time
 from collections import Counter, defaultdict
@@ -48,8 +53,13 @@ def links_page(paths: list[str]) -> tuple[str, str]:
 class CrawlSite:
     """The server and what it saw; all times are ``time.monotonic()`` (the same clock in every process)."""
 
-    def __init__(self, delay: float = 0.05, delays: dict[str, float] | None = None, port: int = 0) -> None:
+    def __init__(
+        self, delay: float = 0.05, delays: dict[str, float] | None = None, port: int = 0, hosts: int = 1
+    ) -> None:
         self.delay = delay
+        self.host_in_flight: Counter[str] = Counter()
+        self.max_host_in_flight: Counter[str] = Counter()
+        self.host_arrivals: dict[str, list[float]] = defaultdict(list)  # host -> arrival instants
         self.delays: dict[str, float] = dict(delays or {})
         self.lock = threading.Lock()
         self.in_flight: Counter[str] = Counter()
@@ -75,11 +85,12 @@ class CrawlSite:
                 stage = site.stage_of(parts.path)
                 sleep = parse_qs(parts.query).get("sleep")
                 worker = self.headers.get("User-Agent", "")
-                arrived = site.arrive(stage, parts.path, worker)
+                host = str(self.server.server_address[0])
+                arrived = site.arrive(stage, parts.path, worker, host)
                 try:
                     time.sleep(float(sleep[0]) if sleep else site.delays.get(stage, site.delay))
                 finally:
-                    site.leave(stage, parts.path, arrived, worker)
+                    site.leave(stage, parts.path, arrived, worker, host)
                 found = site.content(parts.path)
                 kind, text = found or ("text/html", "")
                 body = text.encode()
@@ -104,6 +115,10 @@ class CrawlSite:
         self.server = Server(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.more_servers = [Server((f"127.0.0.{i}", self.port), Handler) for i in range(2, hosts + 1)]
+        for server in self.more_servers:
+            server.daemon_threads = True
+        self.more_threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in self.more_servers]
 
     def stage_of(self, path: str) -> str:
         """The stage a path is counted under: its first segment."""
@@ -113,9 +128,12 @@ class CrawlSite:
         """(content type, body) of a page, None for a 404; a fixed route if one is set."""
         return self.routes.get(path, ("text/html", f"<html><body><p>{path}</p></body></html>"))
 
-    def arrive(self, stage: str, path: str, worker: str = "") -> float:
+    def arrive(self, stage: str, path: str, worker: str = "", host: str = "127.0.0.1") -> float:
         with self.lock:
             now = time.monotonic()
+            self.host_in_flight[host] += 1
+            self.max_host_in_flight[host] = max(self.max_host_in_flight[host], self.host_in_flight[host])
+            self.host_arrivals[host].append(now)
             if self.first_request is None:
                 self.first_request = time.time()
             self.workers_in_flight[stage][worker] += 1
@@ -127,9 +145,10 @@ class CrawlSite:
             self.samples.append((now, dict(self.in_flight)))
             return now
 
-    def leave(self, stage: str, path: str, arrived: float, worker: str = "") -> None:
+    def leave(self, stage: str, path: str, arrived: float, worker: str = "", host: str = "127.0.0.1") -> None:
         with self.lock:
             now = time.monotonic()
+            self.host_in_flight[host] -= 1
             counts = self.workers_in_flight[stage]
             counts[worker] -= 1
             if counts[worker] <= 0:
@@ -140,8 +159,22 @@ class CrawlSite:
             self.samples.append((now, dict(self.in_flight)))
 
     @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return f"http://127.0.0.1:{self.port}"
+
+    def url_of(self, host: int) -> str:
+        """The site's URL on host name number ``host`` (1 is 127.0.0.1, the same as ``url``)."""
+        return f"http://127.0.0.{host}:{self.port}"
+
+    def gaps(self, host: str) -> list[float]:
+        """Seconds between consecutive request starts (arrivals) of one host."""
+        with self.lock:
+            arrivals = sorted(self.host_arrivals[host])
+        return [later - earlier for earlier, later in itertools.pairwise(arrivals)]
 
     def count(self, stage: str) -> int:
         """Requests of ``stage`` that reached the server so far."""
@@ -158,6 +191,9 @@ class CrawlSite:
         with self.lock:
             for seen in (self.in_flight, self.max_in_flight, self.workers_in_flight, self.max_workers, self.hits):
                 seen.clear()
+            self.host_in_flight.clear()
+            self.max_host_in_flight.clear()
+            self.host_arrivals.clear()
             self.arrivals.clear()
             self.served.clear()
             self.samples.clear()
@@ -203,13 +239,16 @@ class CrawlSite:
 
     def __enter__(self) -> CrawlSite:
         self.thread.start()
+        for thread in self.more_threads:
+            thread.start()
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        for server in (self.server, *self.more_servers):
+            server.shutdown()
+            server.server_close()
 
 
 STAGES = ("list", "detail", "comments")

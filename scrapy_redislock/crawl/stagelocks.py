@@ -137,6 +137,8 @@ class Renewer:
 class StageLocks:
     """The capped stages of one crawler, their permits and waits; see the module docstring for the API."""
 
+    retire_on_close = False  # close() deletes the locks from Redis when unused (locks of keys met at run time)
+
     def __init__(
         self,
         crawler: Crawler,
@@ -348,7 +350,7 @@ class StageLocks:
     async def _report_waits(self) -> None:
         """Say why, for each stage whose waits have had no grant for REPORT_FIRST s, then with back-off."""
         now = time.monotonic()
-        for stage in self.locks:
+        for stage in list(self.locks):  # keys may come and go meanwhile (KeyLocks)
             idle = self._no_grant_for(stage, now)
             if idle is None or idle < REPORT_FIRST:
                 self._report_after.pop(stage, None)
@@ -547,7 +549,7 @@ class StageLocks:
 
         async def free(stage: str, lock: AsyncCountingLock) -> None:
             try:
-                await asyncio.wait_for(lock.aclose(), CLOSE_TIMEOUT)
+                await asyncio.wait_for(lock.aclose(retire=self.retire_on_close), CLOSE_TIMEOUT)
             except (TimeoutError, *REDIS_ERRORS) as exc:
                 logger.warning(
                     "Could not free the slots of stage %r on close (%s); they come back after the TTL (%s s)",

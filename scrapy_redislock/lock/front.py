@@ -103,11 +103,15 @@ class LockFront:
         identity: Mapping[str, Any] | None = None,
         clock: Clock = time.monotonic,
         replicas: int = 0,
+        waiting: Any = None,
     ) -> None:
         if not isinstance(client, self.client_types):
             expected = " or ".join(f"{t.__module__}.{t.__qualname__}" for t in self.client_types)
             raise InvalidArgument(f"client must be a {expected}, got {type(client).__name__}")
-        self._waiting_client = waiting_client(client)
+        # ``waiting``: a client made by waiting_client() and shared by many locks (one per key met at run time
+        # would each open a pool of their own); its owner closes it.
+        self._owns_waiting_client = waiting is None
+        self._waiting_client = waiting if waiting is not None else waiting_client(client)
         socket_timeout = None
         if self._waiting_client is None and hasattr(client, "get_connection_kwargs"):
             socket_timeout = client.get_connection_kwargs().get("socket_timeout")

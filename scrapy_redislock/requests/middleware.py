@@ -50,6 +50,7 @@ from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import AcquireTimeout, ConfigError, ThrottlingDisabled, UnknownStage
 from scrapy_redislock.lock.core import Permit
+from scrapy_redislock.requests.keygate import KeyGate
 
 if TYPE_CHECKING:
     from typing import Self
@@ -88,13 +89,15 @@ class StageLockMiddleware:
             )
             self.locks: StageLocks | None = None
             return
-        if not self.settings.stages:
+        if not self.settings.stages and not self.settings.keyed:
             raise ConfigError(
                 "StageLockMiddleware is enabled but REDISLOCK_STAGES is empty, so no request would be capped; "
-                "set REDISLOCK_STAGES = {stage: limit, ...}, or REDISLOCK_ENABLED = False to switch it off on purpose"
+                "set REDISLOCK_STAGES = {stage: limit, ...} or REDISLOCK_STAGE_KEY, or REDISLOCK_ENABLED = False to "
+                "switch it off on purpose"
             )
         check_reactor(crawler, "StageLockMiddleware")
         self.locks = StageLocks.of(crawler, self.settings)
+        self.gate = KeyGate(crawler, self.settings) if self.settings.keyed else None  # keys and delays
         self.locks.add_waiting_source(self.waiting.__getitem__)
         self.locks.add_tick_hook(self.sweep)
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
@@ -128,20 +131,31 @@ class StageLockMiddleware:
         handed = self._from_scheduler(request)
         if isinstance(handed, Permit):
             self.permits[request] = handed
-            return None
+            return self._keys(request, handed.name)
         if handed is not None:
             self._fail_timeout(request, handed)  # the scheduler's verdict after REDISLOCK_WAIT_TIMEOUT
         stage = stage_of(request, self.settings, self.crawler.spider)
         if stage is None:
-            return None
+            return self._keys(request, None)
         try:
             capped = self.locks.is_capped(stage)
         except UnknownStage:
             self.crawler.stats.inc_value("redislock/unknown_stage")
             raise
         if not capped:
-            return None
+            return self._keys(request, stage)
         return self._wait_here(request, stage)
+
+    def _keys(self, request: Request, stage: str | None) -> Coroutine[Any, Any, None] | None:
+        """After the stage slot: the key slot and the delays (:mod:`~scrapy_redislock.requests.keygate`), if any."""
+        through = None if self.gate is None else self.gate.prepare(request, stage)
+        return None if through is None else self._through_gate(request, through)
+
+    async def _through_gate(self, request: Request, through: Coroutine[Any, Any, None]) -> None:
+        try:
+            await through
+        except AcquireTimeout as exc:
+            self._fail_timeout(request, exc)
 
     def _refuse_unthrottled(self, request: Request) -> None:
         stage = stage_of(request, self.settings, self.crawler.spider)
@@ -188,6 +202,9 @@ class StageLockMiddleware:
             self.waiting[stage] -= 1
         self.permits[request] = permit
         self.locks.record_grant(stage, time.monotonic() - started)
+        after = self._keys(request, stage)
+        if after is not None:
+            await after
 
     def _watch_close(self) -> None:
         if self._watcher is None or self._watcher.done():
@@ -237,6 +254,8 @@ class StageLockMiddleware:
     def _release(self, request: Request) -> None:
         if self.locks is None:
             return
+        if self.gate is not None:
+            self.gate.release(request)
         permit = self.permits.pop(request, None)
         if permit is None:
             # A slot the scheduler handed out with a request that never reached process_request (an earlier
@@ -268,6 +287,8 @@ class StageLockMiddleware:
         """Free every permit and waiter of this process (one call per stage) before spider_closed completes."""
         assert self.locks is not None
         self._closing = True
+        if self.gate is not None:
+            await self.gate.close()
         await self.locks.close()
         self.permits.clear()
 
