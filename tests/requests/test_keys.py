@@ -1,0 +1,177 @@
+"""Caps per key (REDISLOCK_STAGE_KEY) and the cluster-wide delay, in real crawls: 3 `scrapy runspider` processes
+against a local site answering on several host names (127.0.0.1 to 127.0.0.4) and a real redis-server.
+
+The site counts, per host, requests in flight (from request line read to just before the response is written)
+and when each request arrived; every process uses the same monotonic clock. Clock tolerance for the delay:
+CLOCK_TOLERANCE. A start is booked on Redis's clock and the process sleeps until it; what the site sees can be
+earlier than the booked gap by the difference between two requests' lateness after their booked moment (the reply's
+way back, event-loop lag, the connection to the site), a few ms on an idle machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from testing.crawlproc import Crawl, leftover
+from testing.site import CrawlSite
+
+pytestmark = [pytest.mark.integration, pytest.mark.crawl]
+HOSTS = 4
+PROCESSES = 3
+CLOCK_TOLERANCE = 0.05  # seconds a gap seen by the site may fall short of the delay (see the module docstring)
+BOTH = ("scrapy_redislock.StageScheduler", None)  # with the stage-aware scheduler, and the middleware alone
+
+
+def settings(redis_url: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "REDISLOCK_URL": redis_url,
+        "REDISLOCK_STAGE_KEY": "domain",
+        "REDISLOCK_STAGES": {"detail": None},  # the test spider names a stage: unlimited unless a test caps it
+        "CONCURRENT_REQUESTS": 16,
+        "DOWNLOAD_DELAY": 0,
+        **extra,
+    }
+
+
+def crawl_all(site: CrawlSite, plan: str, pages: int, extra: dict[str, Any], folder: Path) -> list[Crawl]:
+    """PROCESSES crawls, each of ``pages`` pages of its own (numbered apart), spread over the HOSTS host names."""
+    crawls = [
+        Crawl(site.url, plan, extra, folder, args={"hosts": str(HOSTS), "first": str(1000 * i)}).start()
+        for i in range(PROCESSES)
+    ]
+    for crawl in crawls:
+        crawl.wait(timeout=120)
+        assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
+    assert len(site.hits) == PROCESSES * pages and set(site.hits.values()) == {1}  # every page, once
+    return crawls
+
+
+def key_locks_left(client: redis.Redis) -> list[bytes]:
+    return sorted(client.scan_iter("redislock:{key:*"))
+
+
+@pytest.mark.parametrize("scheduler", BOTH, ids=["scheduler", "middleware-alone"])
+def test_per_host_cap_and_stage_cap_hold_across_processes(
+    scheduler: str | None, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """Each host at most 2 in flight across 3 processes while the stage holds at most 5; both caps are reached."""
+    extra = settings(redis_url, SCHEDULER=scheduler, REDISLOCK_STAGES={"detail": 5}, REDISLOCK_KEY_LIMIT=2)
+    with CrawlSite(delay=0.1, hosts=HOSTS) as site:
+        crawls = crawl_all(site, "detail:40", 40, extra, tmp_path)
+        assert len(site.max_host_in_flight) == HOSTS
+        assert max(site.max_host_in_flight.values()) == 2, site.max_host_in_flight
+        assert site.max_in_flight["detail"] <= 5
+    for crawl in crawls:
+        assert crawl.stats["redislock/keys/acquired"] == 40
+    assert leftover(redis_client) == 0
+    assert key_locks_left(redis_client) == []  # every key's lock was removed once idle
+
+
+def test_per_key_limit_overrides(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
+    """REDISLOCK_KEY_LIMITS: one host capped at 1, another uncapped, the rest at REDISLOCK_KEY_LIMIT."""
+    limits = {"127.0.0.2": 1, "127.0.0.3": None}
+    extra = settings(redis_url, REDISLOCK_KEY_LIMIT=2, REDISLOCK_KEY_LIMITS=limits)
+    with CrawlSite(delay=0.1, hosts=HOSTS) as site:
+        crawl_all(site, "detail:40", 40, extra, tmp_path)
+        assert site.max_host_in_flight["127.0.0.2"] == 1
+        assert site.max_host_in_flight["127.0.0.3"] > 2  # uncapped: 3 processes x their concurrency
+        assert site.max_host_in_flight["127.0.0.1"] == 2 and site.max_host_in_flight["127.0.0.4"] == 2
+    assert key_locks_left(redis_client) == []
+
+
+def test_delay_between_starts_of_a_host_across_processes(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """REDISLOCK_DELAY = 0.3 s: two starts of one host, from any process, are never closer than that (less the
+    clock tolerance), and the delay is what paces the crawl (the gaps are not all much longer)."""
+    delay = 0.3
+    extra = settings(redis_url, SCHEDULER=None, REDISLOCK_DELAY=delay)
+    with CrawlSite(delay=0.05, hosts=HOSTS) as site:
+        crawls = crawl_all(site, "detail:12", 12, extra, tmp_path)
+        gaps = [gap for host in site.host_arrivals for gap in site.gaps(host)]
+    assert len(gaps) == PROCESSES * 12 - HOSTS
+    assert min(gaps) >= delay - CLOCK_TOLERANCE, sorted(gaps)[:5]
+    assert sorted(gaps)[len(gaps) // 2] < delay + 0.1  # paced by the delay, not by something slower
+    assert sum(crawl.stats["redislock/delay/waits"] for crawl in crawls) == PROCESSES * 12
+    # Nothing left once idle: the gates expire when their moment has passed.
+    assert site.wait_for(lambda: not list(redis_client.scan_iter("redislock:*")), timeout=5)
+
+
+def test_key_cap_with_delay_and_randomized_delay(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
+    """Cap 1 and a randomized delay of 0.2 s per host: one at a time per host, gaps at least half the delay (as
+    RANDOMIZE_DOWNLOAD_DELAY: 0.5 to 1.5 times), and not all equal."""
+    extra = settings(redis_url, REDISLOCK_KEY_LIMIT=1, REDISLOCK_DELAY=0.2, REDISLOCK_RANDOMIZE_DELAY=True)
+    with CrawlSite(delay=0.02, hosts=HOSTS) as site:
+        crawl_all(site, "detail:12", 12, extra, tmp_path)
+        gaps = [gap for host in site.host_arrivals for gap in site.gaps(host)]
+        assert max(site.max_host_in_flight.values()) == 1
+    assert min(gaps) >= 0.1 - CLOCK_TOLERANCE
+    assert max(gaps) - min(gaps) > 0.05
+    assert key_locks_left(redis_client) == []
+
+
+def test_stage_delay(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
+    """REDISLOCK_DELAYS names a stage: its starts are spaced across processes, whatever the host; no key set."""
+    extra = {
+        "REDISLOCK_URL": redis_url,
+        "REDISLOCK_STAGES": {"detail": None},
+        "REDISLOCK_DELAYS": {"detail": 0.15},
+        "DOWNLOAD_DELAY": 0,
+    }
+    with CrawlSite(delay=0.02, hosts=HOSTS) as site:
+        crawl_all(site, "detail:6", 6, extra, tmp_path)
+        starts = sorted(t for arrivals in site.host_arrivals.values() for t in arrivals)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert min(gaps) >= 0.15 - CLOCK_TOLERANCE, sorted(gaps)[:5]
+
+
+def test_many_keys_leave_nothing_in_redis(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
+    """A key per page (300 keys, each used once, by 3 processes): every key's lock is gone at the end."""
+    extra = settings(redis_url, REDISLOCK_STAGE_KEY="testing.spiders.crawlspider.path_key", REDISLOCK_KEY_LIMIT=1)
+    with CrawlSite(delay=0.02, hosts=HOSTS) as site:
+        crawls = crawl_all(site, "detail:100", 100, extra, tmp_path)
+    assert sum(crawl.stats["redislock/keys/acquired"] for crawl in crawls) == 300
+    assert key_locks_left(redis_client) == []
+    assert list(redis_client.scan_iter("redislock:*")) == []
+
+
+def test_a_key_function_that_raises_fails_that_request_only(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
+    extra = settings(
+        redis_url,
+        REDISLOCK_STAGES={"detail": 2},
+        REDISLOCK_STAGE_KEY="testing.spiders.crawlspider.failing_key",
+        REDISLOCK_KEY_LIMIT=1,
+    )
+    crawl = Crawl(site.url, "detail:6,detail@bad:2,detail@more:6", extra, tmp_path).run()
+    assert crawl.stats["finish_reason"] == "finished", crawl.tail()
+    assert crawl.stats["test/errback/KeyFunctionError"] == 2
+    assert crawl.stats["redislock/key_errors"] == 2
+    assert "no key for this one" in crawl.output
+    assert site.count("detail") == 6 and site.count("more") == 6 and site.count("bad") == 0
+    assert site.max_in_flight["detail"] + site.max_in_flight["more"] <= 2
+    assert leftover(redis_client) == 0
+
+
+def test_bad_key_settings_stop_the_crawl(redis_url: str, site: CrawlSite, tmp_path: Path) -> None:
+    cases = [
+        ({"REDISLOCK_STAGE_KEY": "domian"}, "REDISLOCK_STAGE_KEY must be 'domain', 'download_slot'"),
+        ({"REDISLOCK_STAGE_KEY": "nowhere.key_of"}, "REDISLOCK_STAGE_KEY cannot be loaded"),
+        ({"REDISLOCK_KEY_LIMIT": -1}, "REDISLOCK_KEY_LIMIT must be an integer"),
+        ({"REDISLOCK_DELAY": -0.5}, "REDISLOCK_DELAY must be a number of seconds >= 0, got '-0.5'"),
+        ({"REDISLOCK_DELAYS": {"detail": "soon"}}, "REDISLOCK_DELAYS['detail'] must be a number of seconds"),
+    ]
+    crawls = [
+        (Crawl(site.url, "detail:3", settings(redis_url, **bad), tmp_path).start(), named) for bad, named in cases
+    ]
+    for crawl, named in crawls:
+        crawl.wait(timeout=60)
+        assert crawl.code != 0, crawl.tail()
+        assert "ConfigError" in crawl.output and named in crawl.output, crawl.tail()
+    assert not site.hits
