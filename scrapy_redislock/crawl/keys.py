@@ -52,7 +52,7 @@ def key_function(value: Any, setting: str = "REDISLOCK_STAGE_KEY") -> KeyFunctio
             )
         try:
             value = load_object(value)
-        except (ImportError, ValueError, NameError, AttributeError) as exc:
+        except Exception as exc:  # ImportError, ValueError, ... whatever importing the module raises
             raise ConfigError(f"{setting} cannot be loaded: {value!r} ({exc})") from None
     if not callable(value):
         raise ConfigError(f"{setting} must be a function (request, spider) -> key or None, got {value!r}")

@@ -332,7 +332,9 @@ def _read_keys(settings: BaseSettings, stages: Mapping[str, int | None]) -> dict
     stage_key = key_function(settings.get("REDISLOCK_STAGE_KEY", defaults.REDISLOCK_STAGE_KEY))
     raw_limit = settings.get("REDISLOCK_KEY_LIMIT", defaults.REDISLOCK_KEY_LIMIT)
     if isinstance(raw_limit, str):  # given with -s
-        raw_limit = None if raw_limit in ("", "None") else int(raw_limit) if raw_limit.isdigit() else raw_limit
+        raw_limit = None if raw_limit in ("", "None") else _number(raw_limit)
+        if isinstance(raw_limit, float) and raw_limit.is_integer():
+            raw_limit = int(raw_limit)
     if raw_limit is not None:
         _checked(check_limit, raw_limit, "REDISLOCK_KEY_LIMIT", or_none=True)
         if raw_limit == 0:
