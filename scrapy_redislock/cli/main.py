@@ -1,6 +1,7 @@
 """The operator's command line: ``python -m scrapy_redislock`` and ``scrapy redislock`` (same sub-commands).
 
-- ``status [--json] [--watch [SECONDS] [--count N]]``: every stage lock under the key prefix.
+- ``status [--json] [--watch [SECONDS] [--count N]] [--stage-key PATTERN]``: every stage lock under the key
+  prefix; the locks of keys met at run time (REDISLOCK_STAGE_KEY) apart, busiest first, those matching PATTERN.
 - ``set-limit STAGE N [--create [--ttl SECONDS]]``: change a stage's cap for the whole cluster, live.
 - ``release STAGE HOLDER [--yes]``: free the slots of one holder (a worker known to be dead).
 - ``reset STAGE [--yes]``: free every slot of a stage and forget its holders; the limit stays.
@@ -34,14 +35,14 @@ import redis
 import redis.exceptions
 
 from scrapy_redislock._redis import check_limit, check_name, check_ttl
-from scrapy_redislock.cli.status import read_all, snapshot
+from scrapy_redislock.cli.status import read_all, snapshot, split_keys
 from scrapy_redislock.crawl import defaults
 from scrapy_redislock.crawl.settings import check_url, mask_url, read_settings
 from scrapy_redislock.errors import ConfigError, InvalidArgument
 from scrapy_redislock.lock.core import LIMBO, LockCore, LockKeys, release_consumer, reset_lock
 from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.protocol import Operation, drive
-from scrapy_redislock.lock.status import StageStatus, find_stages, stage_status, why_waiting
+from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, StageStatus, find_stages, stage_status, why_waiting
 from scrapy_redislock.workers.status import DeadLetters, SpiderStatus, dead_letters
 
 PROG = "redislock"
@@ -143,6 +144,12 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
         help=f"refresh every SECONDS (default {DEFAULT_WATCH:g}) until Ctrl-C",
     )
     status.add_argument("--count", type=_count, default=None, metavar="N", help="with --watch: stop after N refreshes")
+    status.add_argument(
+        "--stage-key",
+        default=None,
+        metavar="PATTERN",
+        help="show only the keys (REDISLOCK_STAGE_KEY: domains, ...) matching this glob, e.g. '*.example.com'",
+    )
 
     set_limit = sub.add_parser(
         "set-limit",
@@ -347,6 +354,7 @@ def render_status(
     target: Target,
     now: float | None = None,
     spiders: Sequence[SpiderStatus] = (),
+    keys: bool = False,
 ) -> str:
     now = time.time() if now is None else now
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
@@ -360,7 +368,8 @@ def render_status(
     if spiders:
         lines.append("")
     if not stages:
-        lines.append(f"no stage locks under prefix {target.prefix!r}")
+        if not keys:
+            lines.append(f"no stage locks under prefix {target.prefix!r}")
         return "\n".join(lines) + "\n"
     rows = [
         [s.stage, s.limit, s.held, s.free, s.debt, s.waiters, s.fence, seconds(s.ttl), len(s.processes)]
@@ -504,12 +513,34 @@ def render_dead_letters(found: Sequence[DeadLetters], now: float | None = None) 
 
 
 def _status_frame(client: redis.Redis, opts: argparse.Namespace, target: Target) -> str:
-    stages, spiders = read_all(client, target.prefix, target.ttl)
+    found, spiders = read_all(client, target.prefix, target.ttl)
+    stages, keys = split_keys(found, getattr(opts, "stage_key", None))
     dead = dead_letters(client, target.prefix)
     if opts.json:
-        data = snapshot(stages, target.prefix, target.safe_url, spiders, dead)
+        data = snapshot(stages, target.prefix, target.safe_url, spiders, dead, keys=keys)
         return json.dumps(data, indent=None if opts.watch is not None else 2) + "\n"
-    return render_status(stages, target, spiders=spiders) + render_dead_letters(dead)
+    text = render_status(stages, target, spiders=spiders, keys=bool(keys))
+    return text + render_keys(keys, getattr(opts, "stage_key", None)) + render_dead_letters(dead)
+
+
+KEY_ROWS = 50  # keys listed at most (busiest first); --stage-key narrows the list
+
+
+def render_keys(keys: Sequence[StageStatus], pattern: str | None = None) -> str:
+    """The locks of keys met at run time, one line each, busiest first (only keys in use have a lock)."""
+    if not keys and pattern is None:
+        return ""
+    matching = f" matching {pattern!r}" if pattern is not None else ""
+    lines = ["", f"KEYS (REDISLOCK_STAGE_KEY): {len(keys)} in use{matching}, busiest first"]
+    rows = [
+        [k.stage[len(KEY_LOCK_PREFIX) :], k.limit, k.held, k.waiters, len(k.processes), k.expired]
+        for k in keys[:KEY_ROWS]
+    ]
+    if rows:
+        lines += table(["KEY", "LIMIT", "HELD", "WAITING", "PROCESSES", "EXPIRED"], rows, {1, 2, 3, 4, 5}, "  ")
+    if len(keys) > KEY_ROWS:
+        lines.append(f"  ... and {len(keys) - KEY_ROWS} more (narrow with --stage-key PATTERN)")
+    return "\n".join(lines) + "\n"
 
 
 def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:

@@ -30,6 +30,7 @@ from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.delay import book_start, gap_of, gate_key
 from scrapy_redislock.lock.front import CommandRunner, waiting_client
 from scrapy_redislock.lock.protocol import adrive
+from scrapy_redislock.lock.status import KEY_LOCK_PREFIX
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-KEY_LOCK_PREFIX = "key:"
+__all__ = ["KEY_LOCK_PREFIX", "KeyLocks"]
 
 
 class KeyLocks(StageLocks):
