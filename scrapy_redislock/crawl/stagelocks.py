@@ -319,7 +319,10 @@ class StageLocks:
             {stage: self.limits[stage] for stage in self.limits},
         )
         for stage in self.locks:
-            await self._say_why(stage, "at start")
+            try:
+                await self._say_why(stage, "at start")
+            except REDIS_ERRORS as exc:  # started: a report that cannot be read must not close the crawl
+                logger.debug("Could not read why stage %r waits: %s", stage, exc)
 
     # -- why requests wait -------------------------------------------------------------------------------------------
 

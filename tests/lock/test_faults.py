@@ -331,8 +331,9 @@ def test_redis_paused_waiters_wait_and_work_resumes(workers: list[Worker]) -> No
         client = client_of(server)
         live = loopers(server.url, name, limit, ttl, 4, 6.0, 30)
         workers.extend(live)
+        for worker in live:  # every worker started and connected before the fault
+            worker.wait_for("ready")
         live[0].wait_for("hold")
-        time.sleep(1.0)
         os.kill(server.process.pid, signal.SIGSTOP)
         paused = time.monotonic()
         time.sleep(pause)
@@ -341,7 +342,9 @@ def test_redis_paused_waiters_wait_and_work_resumes(workers: list[Worker]) -> No
         for worker in live:
             worker.finish()  # exit 0: nothing crashed
         records = hold_records(live)
-        during = [r for r in records if paused + 0.05 < r["hold"][0] < resumed]
+        # A hold that a worker notes after the stop began was granted before it (Redis is frozen): allow for the
+        # worker being scheduled late on a loaded machine.
+        during = [r for r in records if paused + SLACK < r["hold"][0] < resumed]
         assert not during  # no grant while Redis was frozen
         after = [r for r in records if r["hold"][0] >= resumed]
         assert all(any(r["hold"][0] >= resumed for r in w.all("hold")) for w in live)

@@ -176,6 +176,8 @@ def test_redis_outage_mid_crawl(site: CrawlSite, tmp_path: Path) -> None:
             Crawl(site.url, "detail:40,comments:20", settings(server.url, SCHEDULER=scheduler), tmp_path).start()
             for scheduler in BOTH
         ]
+        for crawl in crawls:  # both started (limits published, renewal loop joined) before the fault
+            assert crawl.wait_for_output("Stage slots in Redis at"), crawl.tail()
         assert site.wait_for(lambda: site.count("detail") >= 6, timeout=30)
         server.kill()
         down = site.count("detail")
@@ -301,6 +303,6 @@ def test_without_a_twisted_reactor(redis_url: str, redis_client: redis.Redis, si
     crawl = Crawl(site.url, "detail:40,comments:40", settings(redis_url, **extra), tmp_path).run()
     assert crawl.stats["finish_reason"] == "finished", crawl.tail()
     assert "Not using a Twisted reactor" in crawl.output
-    assert site.max_in_flight["detail"] == 3 and site.max_in_flight["comments"] >= 12
+    assert site.max_in_flight["detail"] == 3 and site.max_in_flight["comments"] > 3  # comments: uncapped
     assert crawl.stats["redislock/detail/acquired"] == 40
     assert leftover(redis_client) == 0
