@@ -86,11 +86,12 @@ class LockKeys:
     holds: str
     ttls: str
     seen: str
+    gate: str  # the delay gate of the stage or key (lock/delay.py): a string, only while a start is booked
 
     @classmethod
     def of(cls, prefix: str, name: str) -> LockKeys:
         base = f"{prefix}:{{{name}}}"
-        return cls(*(f"{base}:{part}" for part in ("slots", "meta", "owners", "holds", "ttls", "seen")))
+        return cls(*(f"{base}:{part}" for part in ("slots", "meta", "owners", "holds", "ttls", "seen", "gate")))
 
 
 def fence_of(grant: str) -> int:

@@ -20,12 +20,13 @@ import random
 from collections.abc import Callable
 
 from scrapy_redislock._redis import check_name, text
+from scrapy_redislock.lock.core import LockKeys
 from scrapy_redislock.lock.protocol import Operation, RunScript
 
 
 def gate_key(prefix: str, name: str) -> str:
-    """The gate's key: under the lock's hash tag, so it sits on the lock's Redis Cluster node."""
-    return f"{check_name(prefix, 'key_prefix')}:{{{check_name(name)}}}:gate"
+    """The gate's key (:class:`LockKeys` ``gate``): under the lock's hash tag, on the lock's Redis Cluster node."""
+    return LockKeys.of(check_name(prefix, "key_prefix"), check_name(name)).gate
 
 
 def gap_of(delay: float, randomize: bool, rng: Callable[[], float] = random.random) -> float:

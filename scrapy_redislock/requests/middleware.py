@@ -22,8 +22,10 @@ AcquireTimeout (REDISLOCK_WAIT_TIMEOUT) is not retried by RetryMiddleware unless
 
 Settings read (via :func:`scrapy_redislock.crawl.settings.read_settings`): REDISLOCK_ENABLED, REDISLOCK_URL (and the
 scrapy-redis fallbacks), REDISLOCK_PARAMS, REDISLOCK_STAGES, REDISLOCK_TTL, REDISLOCK_KEY_PREFIX,
-REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT; Scrapy's RETRY_EXCEPTIONS and
-DOWNLOAD_TIMEOUT.
+REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT, and for keys and delays
+(:mod:`~scrapy_redislock.requests.keygate`: after the stage slot, the key slot, then the delays) REDISLOCK_STAGE_KEY,
+REDISLOCK_KEY_LIMIT, REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS, REDISLOCK_RANDOMIZE_DELAY; Scrapy's
+RETRY_EXCEPTIONS and DOWNLOAD_TIMEOUT.
 Stats: redislock/<stage>/{acquired,wait_time_total,wait_time_max,lost,timeouts,dropped_at_close},
 redislock/unknown_stage, redislock/throttling_off, redislock/redis_errors.
 """
