@@ -149,12 +149,16 @@ class CrawlSite:
         with self.lock:
             now = time.monotonic()
             self.host_in_flight[host] -= 1
+            if not self.host_in_flight[host]:
+                del self.host_in_flight[host]
             counts = self.workers_in_flight[stage]
             counts[worker] -= 1
             if counts[worker] <= 0:
                 del counts[worker]
             self.last_served = time.time()
             self.in_flight[stage] -= 1
+            if not self.in_flight[stage]:
+                del self.in_flight[stage]  # only what is in flight: a sample copies it (thousands of stages)
             self.served.append(Served(stage, path, arrived, now))
             self.samples.append((now, dict(self.in_flight)))
 

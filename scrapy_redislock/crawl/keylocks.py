@@ -25,7 +25,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from scrapy_redislock._redis import Backoff
-from scrapy_redislock.crawl.stagelocks import REDIS_ERRORS, Renewer, StageLocks
+from scrapy_redislock.crawl.stagelocks import REDIS_ERRORS, Renewer, StageLocks, gather_bounded
 from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.delay import book_start, gap_of, gate_key
 from scrapy_redislock.lock.front import CommandRunner, waiting_client
@@ -46,13 +46,14 @@ class KeyLocks(StageLocks):
     """The keys of one crawler (see the module docstring); ``of(crawler, settings)`` is the shared instance."""
 
     retire_on_close = True
+    fan_out = 8  # renewals and retirements of many keys share the client's pool: a few at once
 
     def __init__(self, crawler: Crawler, settings: RedisLockSettings) -> None:
         super().__init__(crawler, settings, {}, lock_prefix=KEY_LOCK_PREFIX, stats_prefix="redislock/keys")
         self._waiting = waiting_client(self.client)
         self._runner = CommandRunner(self.client)
         self._idle: set[str] = set()  # keys seen idle at the last tick: retired at the next if still idle
-        self._retiring: set[asyncio.Task[None]] = set()
+        self._retiring: asyncio.Task[None] | None = None
 
     @classmethod
     def of(  # type: ignore[override]
@@ -99,9 +100,10 @@ class KeyLocks(StageLocks):
     async def tick(self) -> None:
         """The stages' tick (renew what is held or waited for), then retire keys idle at two ticks in a row."""
         await super().tick()
-        if self.closed:
-            return
+        if self.closed or (self._retiring is not None and not self._retiring.done()):
+            return  # the last batch is still being retired: look again at the next tick
         idle = {key for key, lock in self.locks.items() if not lock.busy and not self.waiting(key)}
+        retired = []
         for key in idle & self._idle:
             lock = self.locks.pop(key)
             self.limits.pop(key, None)
@@ -109,20 +111,20 @@ class KeyLocks(StageLocks):
             self.last_grant.pop(key, None)
             self._report_after.pop(key, None)
             self._progress.pop(key, None)
-            task = asyncio.get_running_loop().create_task(self._retire(key, lock))
-            self._retiring.add(task)
-            task.add_done_callback(self._retiring.discard)
+            retired.append(lock)
         self._idle = idle - self._idle
+        if retired:  # in a task of its own: the renewal loop does not wait for it
+            self._retiring = asyncio.get_running_loop().create_task(self._retire(retired))
 
-    async def _retire(self, key: str, lock: AsyncCountingLock) -> None:
-        try:
-            await lock.aclose(retire=True)
-        except REDIS_ERRORS as exc:  # the lock stays in Redis; whoever uses the key next retires it
-            logger.debug("Could not retire the lock of key %r (%s)", key, exc)
+    async def _retire(self, locks: list[AsyncCountingLock]) -> None:
+        results = await gather_bounded([lock.aclose(retire=True) for lock in locks], self.fan_out)
+        failed = [lock.name for lock, result in zip(locks, results, strict=True) if isinstance(result, BaseException)]
+        if failed:  # those locks stay in Redis; whoever uses such a key next retires it
+            logger.debug("Could not retire %d key lock(s), e.g. %r: %s", len(failed), failed[0], results)
 
     async def close(self) -> None:
-        if self._retiring:
-            await asyncio.wait(set(self._retiring), timeout=5.0)
+        if self._retiring is not None:
+            await asyncio.wait({self._retiring}, timeout=5.0)
         await super().close()
         await self._waiting.aclose()
 

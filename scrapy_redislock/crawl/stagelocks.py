@@ -131,6 +131,19 @@ class Renewer:
             raise
 
 
+async def gather_bounded(coros: list[Awaitable[Any]], limit: int | None) -> list[Any]:
+    """Await all, at most ``limit`` at once (a client's connection pool is finite); exceptions are returned."""
+    if limit is None:
+        return await asyncio.gather(*coros, return_exceptions=True)
+    gate = asyncio.Semaphore(limit)
+
+    async def one(coro: Awaitable[Any]) -> Any:
+        async with gate:
+            return await coro
+
+    return await asyncio.gather(*(one(coro) for coro in coros), return_exceptions=True)
+
+
 # -- one crawler's stage locks -------------------------------------------------------------------------------------
 
 
@@ -138,6 +151,7 @@ class StageLocks:
     """The capped stages of one crawler, their permits and waits; see the module docstring for the API."""
 
     retire_on_close = False  # close() deletes the locks from Redis when unused (locks of keys met at run time)
+    fan_out: int | None = None  # Redis calls at once when renewing or freeing every lock (None: all at once)
 
     def __init__(
         self,
@@ -523,7 +537,7 @@ class StageLocks:
             if lost:
                 self.stats.inc_value(f"{self.stats_prefix}/{stage}/lost", len(lost))
 
-        results = await asyncio.gather(*(renew(s, lock) for s, lock in self.locks.items()), return_exceptions=True)
+        results = await gather_bounded([renew(s, lock) for s, lock in self.locks.items()], self.fan_out)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
@@ -562,7 +576,7 @@ class StageLocks:
                 )
 
         if self.started:  # else nothing was ever acquired (Redis unreachable at start)
-            await asyncio.gather(*(free(s, lock) for s, lock in self.locks.items()))
+            await gather_bounded([free(s, lock) for s, lock in self.locks.items()], self.fan_out)
             with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
                 await asyncio.wait_for(self._free_late_grants(), CLOSE_TIMEOUT)
         with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
