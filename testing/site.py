@@ -17,7 +17,8 @@ Reusable by any test: ``with CrawlSite(delay=0.05) as site: ... site.url, site.m
 
 Several host names: ``CrawlSite(hosts=4)`` answers on 127.0.0.1 to 127.0.0.4 (one port; Linux routes all of
 127/8 to the loopback), ``site.url_of(i)``; per host it counts requests in flight (``max_host_in_flight``) and
-when each arrived (``host_arrivals``; :meth:`gaps` are the intervals between request starts of one host).
+when each arrived (``host_arrivals``; :meth:`gaps` are the intervals between request starts of one host), and for
+requests carrying ``X-Booked-Start`` (a delay's booked start) when they arrived (``booked_starts``).
 ``python -m testing.site`` serves the shop alone.
 ``site.routes["/robots.txt"] = ("text/plain", "User-agent: *\nDisallow: /detail/")`` serves a fixed body at a
 path (counted like any page, after the same delay); :func:`links_page` makes an HTML page of links.
@@ -36,6 +37,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import NamedTuple
 from urllib.parse import parse_qs, urlsplit
+
+BOOKED_HEADER = "X-Booked-Start"  # the start a request booked (seconds since the epoch), set by a test middleware
 
 
 class Served(NamedTuple):
@@ -60,6 +63,9 @@ class CrawlSite:
         self.host_in_flight: Counter[str] = Counter()
         self.max_host_in_flight: Counter[str] = Counter()
         self.host_arrivals: dict[str, list[float]] = defaultdict(list)  # host -> arrival instants
+        # host -> (arrival, booked start) for requests carrying BOOKED_HEADER, both wall clock (time.time(): the
+        # clock Redis's TIME reads on this machine)
+        self.booked_starts: dict[str, list[tuple[float, float]]] = defaultdict(list)
         self.delays: dict[str, float] = dict(delays or {})
         self.lock = threading.Lock()
         self.in_flight: Counter[str] = Counter()
@@ -87,6 +93,10 @@ class CrawlSite:
                 worker = self.headers.get("User-Agent", "")
                 host = str(self.server.server_address[0])
                 arrived = site.arrive(stage, parts.path, worker, host)
+                booked = self.headers.get(BOOKED_HEADER)
+                if booked:
+                    with site.lock:
+                        site.booked_starts[host].append((time.time(), float(booked)))
                 try:
                     time.sleep(float(sleep[0]) if sleep else site.delays.get(stage, site.delay))
                 finally:
@@ -198,6 +208,7 @@ class CrawlSite:
             self.host_in_flight.clear()
             self.max_host_in_flight.clear()
             self.host_arrivals.clear()
+            self.booked_starts.clear()
             self.arrivals.clear()
             self.served.clear()
             self.samples.clear()

@@ -130,16 +130,17 @@ class KeyLocks(StageLocks):
 
     # -- delays ------------------------------------------------------------------------------------------------------
 
-    async def wait_start(self, name: str, delay: float) -> float:
+    async def wait_start(self, name: str, delay: float) -> tuple[float, float]:
         """Book the next start of ``name`` (a stage, or ``key:<key>``) ``delay`` after the previous one, across every
-        process (first come, first served), and sleep until it; returns the seconds slept. Redis errors are
-        logged and retried with back-off (a start is never let through without its booking)."""
+        process (first come, first served), and sleep until it; returns (seconds slept, the booked moment on Redis's
+        clock, seconds since the epoch). Redis errors are logged and retried with back-off (a start is never let
+        through without its booking)."""
         gap = gap_of(delay, self.settings.randomize_delay)
         gate = gate_key(self.settings.key_prefix, name)
         backoff = Backoff()
         while True:
             try:
-                wait = float(await adrive(book_start(gate, gap), self._runner, name))
+                wait, start = await adrive(book_start(gate, gap), self._runner, name)
                 break
             except REDIS_ERRORS as exc:
                 if self.closed:
@@ -150,4 +151,4 @@ class KeyLocks(StageLocks):
                 await asyncio.sleep(pause)
         if wait > 0:
             await asyncio.sleep(wait)
-        return wait
+        return wait, start

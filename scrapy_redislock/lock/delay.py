@@ -35,6 +35,7 @@ def gap_of(delay: float, randomize: bool, rng: Callable[[], float] = random.rand
 
 
 def book_start(gate: str, gap: float) -> Operation:
-    """Book the next start of ``gate``, keeping ``gap`` seconds after it; returns the seconds to wait first."""
-    reply = yield RunScript("delay", (gate,), (max(0, round(gap * 1_000_000)),))
-    return int(text(reply)) / 1_000_000
+    """Book the next start of ``gate``, keeping ``gap`` seconds after it; returns (seconds to wait first, the
+    booked moment in seconds since the epoch on Redis's clock)."""
+    wait, start = text((yield RunScript("delay", (gate,), (max(0, round(gap * 1_000_000)),))))
+    return int(wait) / 1_000_000, int(start) / 1_000_000

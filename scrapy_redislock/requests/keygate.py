@@ -15,8 +15,9 @@ like any request waiting in a downloader middleware, one of CONCURRENT_REQUESTS)
 
 The key slot is kept by request object and given back on the same paths as the stage slot (response, exception,
 request_left_downloader, a sweep at every renewal tick for requests gone from the downloader, spider close).
-A key function that raises fails that request with :class:`~scrapy_redislock.errors.KeyFunctionError`
-(stat ``redislock/key_errors``), not the crawl.
+A request that waited for a delay carries its booked start in ``meta["redislock_start_at"]`` (seconds since the
+epoch, Redis's clock; the key's booking when it had a stage delay too). A key function that raises fails that
+request with :class:`~scrapy_redislock.errors.KeyFunctionError` (stat ``redislock/key_errors``), not the crawl.
 
 Stats: redislock/keys/{acquired,wait_time_total,wait_time_max}, redislock/keys/<key>/{timeouts,lost},
 redislock/delay/{waits,wait_time_total}, redislock/key_errors.
@@ -37,6 +38,8 @@ from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, KeyLocks
 from scrapy_redislock.crawl.keys import key_of
 from scrapy_redislock.crawl.stages import DONT_META
 from scrapy_redislock.errors import KeyFunctionError
+
+START_META = "redislock_start_at"  # the booked start, on Redis's clock (seconds since the epoch)
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -89,9 +92,9 @@ class KeyGate:
         if capped is not None:
             await self._take_slot(request, capped)
         if stage_delay and stage is not None:
-            await self._delay(stage, stage_delay)
+            await self._delay(request, stage, stage_delay)
         if key_delay and key is not None:
-            await self._delay(f"{KEY_LOCK_PREFIX}{key}", key_delay)
+            await self._delay(request, f"{KEY_LOCK_PREFIX}{key}", key_delay)
 
     async def _take_slot(self, request: Request, key: str) -> None:
         started = time.monotonic()
@@ -114,8 +117,9 @@ class KeyGate:
         stats.inc_value("redislock/keys/wait_time_total", waited)
         stats.max_value("redislock/keys/wait_time_max", waited)
 
-    async def _delay(self, name: str, delay: float) -> None:
-        waited = await self.locks.wait_start(name, delay)
+    async def _delay(self, request: Request, name: str, delay: float) -> None:
+        waited, start = await self.locks.wait_start(name, delay)
+        request.meta[START_META] = start
         self.crawler.stats.inc_value("redislock/delay/waits")
         self.crawler.stats.inc_value("redislock/delay/wait_time_total", waited)
 

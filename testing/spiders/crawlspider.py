@@ -104,6 +104,16 @@ def failing_key(request: scrapy.Request, spider: Any) -> str | None:
     return urlsplit(request.url).hostname
 
 
+class BookedStartHeader:
+    """After StageLockMiddleware (order > 950): tells the site the start a delayed request booked, so that the
+    site can check that no request reaches it before its booked moment (:data:`testing.site.BOOKED_HEADER`)."""
+
+    def process_request(self, request: scrapy.Request, spider: scrapy.Spider | None = None) -> None:
+        start = request.meta.get("redislock_start_at")
+        if start is not None:
+            request.headers["X-Booked-Start"] = repr(start)
+
+
 class Outcomes:
     """Answers (``answer=<where>``) or drops (``drop=<where>``) requests whose query says so, for release tests."""
 

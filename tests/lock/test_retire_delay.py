@@ -81,23 +81,29 @@ def test_delay_gate_books_starts_in_order_on_redis_clock(admin_url: str, redis_c
         client = redis.asyncio.Redis.from_url(admin_url)
         runner = CommandRunner(client)
         gate = gate_key("redislock", "key:a.com")
+        booked: list[float] = []
 
-        async def booked(gap: float) -> float:
+        async def book(gap: float) -> float:
             """The moment booked, on this process's clock: when the reply came, plus the wait it says."""
-            wait = await adrive(book_start(gate, gap), runner, "gate")
+            wait, start = await adrive(book_start(gate, gap), runner, "gate")
+            booked.append(start)
             return time.monotonic() + wait
 
-        first = [await booked(0.1) for _ in range(5)]
+        first = [await book(0.1) for _ in range(5)]
         # Each booking is 0.1 s after the one before (less the reply's jitter): 0, 0.1, 0.2 ... from the first.
         for earlier, later in itertools.pairwise(first):
             assert later - earlier >= 0.1 - JITTER, first
         assert first[-1] - first[0] <= 0.4 + JITTER
         ttl = redis_client.pttl(gate)
         assert 0 < ttl <= 500
-        concurrent = sorted(await asyncio.gather(*(booked(0.1) for _ in range(10))))
+        concurrent = sorted(await asyncio.gather(*(book(0.1) for _ in range(10))))
         assert concurrent[0] >= first[-1] + 0.1 - JITTER  # after the last booking, in the order they came
         for earlier, later in itertools.pairwise(concurrent):
             assert later - earlier >= 0.1 - JITTER, concurrent
+        # On Redis's clock the booked moments are exactly 0.1 s apart.
+        for earlier, later in itertools.pairwise(sorted(booked)):
+            assert later - earlier == pytest.approx(0.1, abs=1e-6), booked
+        assert abs(booked[0] - time.time()) < 5  # seconds since the epoch
         await client.aclose()
 
     asyncio.run(main())

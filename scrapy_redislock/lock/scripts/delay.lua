@@ -4,7 +4,8 @@
 -- it expires once that moment has passed, so an idle key leaves nothing behind.
 -- KEYS[1] the key's gate (string)
 -- ARGV[1] the gap to keep after this start, in µs (already randomized by the caller if asked)
--- Returns the µs to wait from now (Redis's clock) before starting: 0 when the gate is open.
+-- Returns {µs to wait from now (Redis's clock) before starting (0 when the gate is open), the booked start (Redis
+-- time, µs since the epoch)}.
 local gate = KEYS[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -12,4 +13,4 @@ local start = math.max(now, tonumber(redis.call('GET', gate) or '0'))
 local gap = tonumber(ARGV[1])
 local next_start = start + gap
 redis.call('SET', gate, string.format('%.0f', next_start), 'PX', math.max(1, math.ceil((next_start - now) / 1000)))
-return string.format('%.0f', start - now)
+return {string.format('%.0f', start - now), string.format('%.0f', start)}
