@@ -219,12 +219,7 @@ def check_names(settings: BaseSettings) -> None:
 def read_settings(settings: BaseSettings) -> RedisLockSettings:
     """All REDISLOCK_* settings, checked; ConfigError with a message naming the bad one."""
     check_names(settings)
-    try:
-        enabled = settings.getbool("REDISLOCK_ENABLED", defaults.REDISLOCK_ENABLED)
-    except (TypeError, ValueError):
-        raise ConfigError(
-            f"REDISLOCK_ENABLED must be True or False, got {settings.get('REDISLOCK_ENABLED')!r}"
-        ) from None
+    enabled = _bool(settings, "REDISLOCK_ENABLED")
     url, url_setting, params = _connection(settings)
     stages = check_stage_limits(_loaded(settings, "REDISLOCK_STAGES"), "REDISLOCK_STAGES")
     worker_stages = check_stage_limits(_loaded(settings, "REDISLOCK_WORKER_STAGES"), "REDISLOCK_WORKER_STAGES")
@@ -276,14 +271,7 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     park_limit = _positive_int(settings, "REDISLOCK_PARK_LIMIT")
     waiters = _positive_int(settings, "REDISLOCK_WAITERS_PER_STAGE")
     raw_idle = settings.get("REDISLOCK_IDLE_CLOSE", defaults.REDISLOCK_IDLE_CLOSE)
-    idle_close: float | None = None
-    if raw_idle not in (None, "", "None"):
-        try:
-            idle_close = float(raw_idle)
-        except (TypeError, ValueError):
-            idle_close = math.nan
-        if isinstance(raw_idle, bool) or not idle_close >= 0 or math.isinf(idle_close):
-            raise ConfigError(f"REDISLOCK_IDLE_CLOSE must be None or a number of seconds >= 0, got {raw_idle!r}")
+    idle_close = None if raw_idle in (None, "", "None") else _seconds(raw_idle, "REDISLOCK_IDLE_CLOSE", or_none=True)
 
     keys = _read_keys(settings, stages)
     return RedisLockSettings(
@@ -317,13 +305,22 @@ def _number(raw: Any) -> Any:
     return raw
 
 
-def _seconds(raw: Any, setting: str) -> float:
+def _bool(settings: BaseSettings, name: str) -> bool:
+    try:
+        return settings.getbool(name, getattr(defaults, name))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be True or False, got {settings.get(name)!r}") from None
+
+
+def _seconds(raw: Any, setting: str, *, or_none: bool = False) -> float:
+    """A finite number of seconds >= 0 (a string too, as -s gives it); ConfigError naming the setting otherwise."""
     try:
         value = float(raw)
     except (TypeError, ValueError):
         value = math.nan
     if isinstance(raw, bool) or not value >= 0 or math.isinf(value):
-        raise ConfigError(f"{setting} must be a number of seconds >= 0, got {raw!r}")
+        none = "None or " if or_none else ""
+        raise ConfigError(f"{setting} must be {none}a number of seconds >= 0, got {raw!r}")
     return value
 
 
@@ -370,12 +367,7 @@ def _read_keys(settings: BaseSettings, stages: Mapping[str, int | None]) -> dict
                 f"REDISLOCK_DELAYS names {strays}, which are not stages of REDISLOCK_STAGES, and "
                 "REDISLOCK_STAGE_KEY is not set (no keys)"
             )
-    try:
-        randomize = settings.getbool("REDISLOCK_RANDOMIZE_DELAY", defaults.REDISLOCK_RANDOMIZE_DELAY)
-    except (TypeError, ValueError):
-        raise ConfigError(
-            f"REDISLOCK_RANDOMIZE_DELAY must be True or False, got {settings.get('REDISLOCK_RANDOMIZE_DELAY')!r}"
-        ) from None
+    randomize = _bool(settings, "REDISLOCK_RANDOMIZE_DELAY")
     return {
         "stage_key": stage_key,
         "key_limit": raw_limit,

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.exceptions import IgnoreRequest
 
-from scrapy_redislock.crawl.engine import downloader_active
+from scrapy_redislock.crawl.engine import left_twice
 from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, KeyLocks
 from scrapy_redislock.crawl.keys import key_of
 from scrapy_redislock.crawl.stages import DONT_META
@@ -130,15 +130,11 @@ class KeyGate:
 
     async def sweep(self) -> None:
         """At every renewal tick: free key slots of requests gone from the downloader at two ticks in a row."""
-        active = downloader_active(self.crawler)
-        if active is None:
-            return
-        gone = {request for request in self.permits if request not in active}
-        for request in gone & self._suspects:
+        gone, self._suspects = left_twice(self.crawler, self.permits, self._suspects)
+        for request in gone:
             permit = self.permits.pop(request, None)
             if permit is not None:
                 await self.locks.release(permit)
-        self._suspects = gone
 
     async def close(self) -> None:
         await self.locks.close()

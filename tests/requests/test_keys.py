@@ -192,21 +192,3 @@ def test_a_key_function_that_raises_fails_that_request_only(
     assert site.count("detail") == 6 and site.count("more") == 6 and site.count("bad") == 0
     assert site.max_in_flight["detail"] + site.max_in_flight["more"] <= 2
     assert leftover(redis_client) == 0
-
-
-def test_bad_key_settings_stop_the_crawl(redis_url: str, site: CrawlSite, tmp_path: Path) -> None:
-    cases = [
-        ({"REDISLOCK_STAGE_KEY": "domian"}, "REDISLOCK_STAGE_KEY must be 'domain', 'download_slot'"),
-        ({"REDISLOCK_STAGE_KEY": "nowhere.key_of"}, "REDISLOCK_STAGE_KEY cannot be loaded"),
-        ({"REDISLOCK_KEY_LIMIT": -1}, "REDISLOCK_KEY_LIMIT must be an integer"),
-        ({"REDISLOCK_DELAY": -0.5}, "REDISLOCK_DELAY must be a number of seconds >= 0, got '-0.5'"),
-        ({"REDISLOCK_DELAYS": {"detail": "soon"}}, "REDISLOCK_DELAYS['detail'] must be a number of seconds"),
-    ]
-    crawls = [
-        (Crawl(site.url, "detail:3", settings(redis_url, **bad), tmp_path).start(), named) for bad, named in cases
-    ]
-    for crawl, named in crawls:
-        crawl.wait(timeout=60)
-        assert crawl.code != 0, crawl.tail()
-        assert "ConfigError" in crawl.output and named in crawl.output, crawl.tail()
-    assert not site.hits
