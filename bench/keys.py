@@ -89,6 +89,9 @@ def run(mode: str, processes: int, domains: int, opts: argparse.Namespace, folde
             assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
         after = commandstats(client)
         commands = sum(after.values()) - sum(before.values()) - 1  # less our INFO
+        delta = {name: after[name] - before.get(name, 0) for name in after}
+        delta["info"] = delta.get("info", 1) - 1
+        top = dict(sorted(((n, v) for n, v in delta.items() if v), key=lambda item: -item[1])[:8])
         with site.lock:
             first = min(r.arrived for r in site.served)
             last = max(r.answered for r in site.served)
@@ -108,6 +111,7 @@ def run(mode: str, processes: int, domains: int, opts: argparse.Namespace, folde
         "commands_per_page": round(commands / pages, 2),
         "redis_memory_end_bytes": memory,
         "redis_keys_end": keys,
+        "commands_per_page_by_name": {name: round(count / pages, 2) for name, count in top.items()},
     }
 
 

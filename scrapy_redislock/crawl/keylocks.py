@@ -97,6 +97,11 @@ class KeyLocks(StageLocks):
         self._idle.discard(key)
         return key
 
+    def renewal_due(self, stage: str, lock: AsyncCountingLock) -> bool:
+        """Keys serve many short requests: a permit younger than the renewal interval is renewed at the next tick
+        (its lease lasts longer than that), so a key whose requests all end within an interval costs no renewal."""
+        return lock.renewal_due() or bool(self.waiting(stage))
+
     async def tick(self) -> None:
         """The stages' tick (renew what is held or waited for), then retire keys idle at two ticks in a row."""
         await super().tick()

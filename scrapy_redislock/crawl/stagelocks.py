@@ -526,11 +526,15 @@ class StageLocks:
                 self._unreleased.extend(pending[index:])
                 raise
 
+    def renewal_due(self, stage: str, lock: AsyncCountingLock) -> bool:
+        """Whether this tick maintains the stage's lock: it holds or waits for something."""
+        return lock.busy or bool(self.waiting(stage))
+
     async def renew_once(self) -> None:
         """Renew every permit of every stage (one maintain() per stage, concurrently); count lost leases."""
 
         async def renew(stage: str, lock: AsyncCountingLock) -> None:
-            if not lock.busy and not self.waiting(stage):
+            if not self.renewal_due(stage, lock):
                 return  # holds nothing, waits for nothing: costs Redis nothing
             lock.annotate(waiting=self.waiting(stage), spider=self.spider_name)
             lost = await lock.maintain()  # logs each lost lease as a warning

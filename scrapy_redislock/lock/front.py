@@ -149,6 +149,16 @@ class LockFront:
         """Holds, waits or has an abandoned wait to clean up: what a maintain() is for."""
         return self._callers > 0 or self._core.busy
 
+    def renewal_due(self) -> bool:
+        """Whether a maintain() is needed now: a wait or a clean-up in progress, or a permit held longer than the
+        renewal interval. A younger permit's lease lasts at least two more intervals: the next tick renews it, so
+        requests shorter than an interval cost no renewal at all."""
+        core = self._core
+        if self._callers or core.waits_in_flight or core.abandoned:
+            return True
+        oldest = core.clock() - core.renew_interval
+        return any(permit.acquired_at <= oldest for permit in core.held.values())
+
     @property
     def held(self) -> list[Permit]:
         """Permits this object holds now."""
