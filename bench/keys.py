@@ -14,9 +14,9 @@ pages ``i, i + P, ...``. For each number of processes P and of domains D, two cr
 
 Measured: pages/s (pages over the time from the first request's arrival at the site to the last answer), the most
 requests of one domain in flight at once (seen by the site), Redis commands per page (INFO commandstats: every
-command, those run inside scripts included) and Redis memory at the end (INFO memory used_memory_dataset less the
-empty server's: the data, without client buffers and the script cache; and the keys left). Prints what it
-measured; writes bench/results/keys.md and keys.json.
+command, those run inside scripts included) and Redis memory at the end: the keys left and their bytes (MEMORY
+USAGE summed), and INFO memory used_memory less the empty server's (that includes the Lua scripts loaded and the
+Lua VM, which are not per key). Prints what it measured; writes bench/results/keys.md and keys.json.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def run(mode: str, processes: int, domains: int, opts: argparse.Namespace, folde
     cap = processes * opts.cap_per_process
     with RedisServer() as server, CrawlSite(delay=opts.delay) as site:
         client = redis.Redis.from_url(server.url)
-        memory_before = int(client.info("memory")["used_memory_dataset"])
+        memory_before = int(client.info("memory")["used_memory"])
         if mode == "redislock":
             settings: dict[str, Any] = {
                 "REDISLOCK_URL": server.url,
@@ -96,8 +96,9 @@ def run(mode: str, processes: int, domains: int, opts: argparse.Namespace, folde
             first = min(r.arrived for r in site.served)
             last = max(r.answered for r in site.served)
             fetched = len(site.served)
-        memory = int(client.info("memory")["used_memory_dataset"]) - memory_before
+        memory = int(client.info("memory")["used_memory"]) - memory_before
         keys = int(client.dbsize())
+        key_bytes = sum(int(client.memory_usage(key) or 0) for key in client.scan_iter(count=1000))
         client.close()
     assert fetched == pages and set(site.hits.values()) == {1}, (fetched, pages)
     return {
@@ -109,8 +110,9 @@ def run(mode: str, processes: int, domains: int, opts: argparse.Namespace, folde
         "pages_per_s": round(pages / (last - first), 1),
         "max_in_flight_per_domain": max(site.max_in_flight.values()),
         "commands_per_page": round(commands / pages, 2),
-        "redis_memory_end_bytes": memory,
+        "redis_used_memory_change_bytes": memory,
         "redis_keys_end": keys,
+        "redis_key_bytes_end": key_bytes,
         "commands_per_page_by_name": {name: round(count / pages, 2) for name, count in top.items()},
     }
 
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         "## Caps per domain across processes: `./run.sh bench keys`",
         "",
         "| processes | domains | pages | cap | how | pages/s | most in flight per domain | commands/page | "
-        "Redis data at end | keys at end |",
+        "keys left (bytes) | used_memory change |",
         "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -149,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         lines.append(
             f"| {r['processes']} | {r['domains']} | {r['pages']} | {r['cap']} | {how} | {r['pages_per_s']} | "
-            f"{r['max_in_flight_per_domain']} | {r['commands_per_page']} | {r['redis_memory_end_bytes']} B | "
-            f"{r['redis_keys_end']} |"
+            f"{r['max_in_flight_per_domain']} | {r['commands_per_page']} | {r['redis_keys_end']} "
+            f"({r['redis_key_bytes_end']} B) | {r['redis_used_memory_change_bytes'] / 1024:+.0f} KiB |"
         )
     lines.append(f"\nbenchmark wall time {time.time() - started:.0f} s")
     text = "\n".join(lines)
