@@ -119,6 +119,7 @@ class KeyLocks(StageLocks):
             retired.append(lock)
         self._idle = idle - self._idle
         if retired:  # in a task of its own: the renewal loop does not wait for it
+            self.stats.inc_value(f"{self.stats_prefix}/retired_idle", len(retired))
             self._retiring = asyncio.get_running_loop().create_task(self._retire(retired))
 
     async def _retire(self, locks: list[AsyncCountingLock]) -> None:

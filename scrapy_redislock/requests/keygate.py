@@ -19,7 +19,7 @@ A request that waited for a delay carries its booked start in ``meta["redislock_
 epoch, Redis's clock; the key's booking when it had a stage delay too). A key function that raises fails that
 request with :class:`~scrapy_redislock.errors.KeyFunctionError` (stat ``redislock/key_errors``), not the crawl.
 
-Stats: redislock/keys/{acquired,wait_time_total,wait_time_max}, redislock/keys/<key>/{timeouts,lost},
+Stats: redislock/keys/{acquired,wait_time_total,wait_time_max,retired_idle}, redislock/keys/<key>/{timeouts,lost},
 redislock/delay/{waits,wait_time_total}, redislock/key_errors.
 """
 

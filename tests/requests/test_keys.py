@@ -166,11 +166,19 @@ def test_stage_delay(redis_url: str, redis_client: redis.Redis, tmp_path: Path) 
 
 
 def test_many_keys_leave_nothing_in_redis(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
-    """A key per page (300 keys, each used once, by 3 processes): every key's lock is gone at the end."""
-    extra = settings(redis_url, REDISLOCK_STAGE_KEY="testing.spiders.crawlspider.path_key", REDISLOCK_KEY_LIMIT=1)
-    with CrawlSite(delay=0.02, hosts=HOSTS) as site:
+    """A key per page (300 keys, each used once, by 3 processes): keys are retired while the crawl goes on, once
+    idle for two renewal ticks, and every key's lock is gone at the end."""
+    extra = settings(
+        redis_url,
+        REDISLOCK_STAGE_KEY="testing.spiders.crawlspider.path_key",
+        REDISLOCK_KEY_LIMIT=1,
+        CONCURRENT_REQUESTS=2,  # 100 pages of 50 ms two at a time: 2.5 s, several renewal ticks
+    )
+    with CrawlSite(delay=0.05, hosts=HOSTS) as site:
         crawls = crawl_all(site, "detail:100", 100, extra, tmp_path)
     assert sum(crawl.stats["redislock/keys/acquired"] for crawl in crawls) == 300
+    for crawl in crawls:
+        assert crawl.stats["redislock/keys/retired_idle"] > 0  # retired while crawling, not only at close
     assert key_locks_left(redis_client) == []
     assert list(redis_client.scan_iter("redislock:*")) == []
 
