@@ -49,6 +49,11 @@ class RequestFormatError(LockError, ValueError):
     request in that format (pickle, garbage, truncated); the message names the field or the problem."""
 
 
+class KeyFunctionError(LockError):
+    """REDISLOCK_STAGE_KEY's function raised for a request, or returned something that is not a key (a non-empty
+    string without braces, or None). The request fails with it; the crawl goes on."""
+
+
 class UnknownStage(LockError, KeyError):
     """A request names a stage that is not configured."""
 

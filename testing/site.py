@@ -14,6 +14,11 @@ server still counts the request. The count therefore never exceeds the slots hel
 would race with the client's next request, and show one request too many when a thread is slow to resume).
 
 Reusable by any test: ``with CrawlSite(delay=0.05) as site: ... site.url, site.max_in_flight["detail"]``.
+
+Several host names: ``CrawlSite(hosts=4)`` answers on 127.0.0.1 to 127.0.0.4 (one port; Linux routes all of
+127/8 to the loopback), ``site.url_of(i)``; per host it counts requests in flight (``max_host_in_flight``) and
+when each arrived (``host_arrivals``; :meth:`gaps` are the intervals between request starts of one host), and for
+requests carrying ``X-Booked-Start`` (a delay's booked start) when they arrived (``booked_starts``).
 ``python -m testing.site`` serves the shop alone.
 ``site.routes["/robots.txt"] = ("text/plain", "User-agent: *\nDisallow: /detail/")`` serves a fixed body at a
 path (counted like any page, after the same delay); :func:`links_page` makes an HTML page of links.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import threading
 import time
 from collections import Counter, defaultdict
@@ -31,6 +37,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import NamedTuple
 from urllib.parse import parse_qs, urlsplit
+
+BOOKED_HEADER = "X-Booked-Start"  # the start a request booked (seconds since the epoch), set by a test middleware
 
 
 class Served(NamedTuple):
@@ -49,8 +57,16 @@ def links_page(paths: list[str]) -> tuple[str, str]:
 class CrawlSite:
     """The server and what it saw; all times are ``time.monotonic()`` (the same clock in every process)."""
 
-    def __init__(self, delay: float = 0.05, delays: dict[str, float] | None = None, port: int = 0) -> None:
+    def __init__(
+        self, delay: float = 0.05, delays: dict[str, float] | None = None, port: int = 0, hosts: int = 1
+    ) -> None:
         self.delay = delay
+        self.host_in_flight: Counter[str] = Counter()
+        self.max_host_in_flight: Counter[str] = Counter()
+        self.host_arrivals: dict[str, list[float]] = defaultdict(list)  # host -> arrival instants
+        # host -> (arrival, booked start) for requests carrying BOOKED_HEADER, both wall clock (time.time(): the
+        # clock Redis's TIME reads on this machine)
+        self.booked_starts: dict[str, list[tuple[float, float]]] = defaultdict(list)
         self.delays: dict[str, float] = dict(delays or {})
         self.lock = threading.Lock()
         self.in_flight: Counter[str] = Counter()
@@ -76,11 +92,16 @@ class CrawlSite:
                 stage = site.stage_of(parts.path)
                 sleep = parse_qs(parts.query).get("sleep")
                 worker = self.headers.get("User-Agent", "")
-                arrived = site.arrive(stage, parts.path, worker)
+                host = str(self.server.server_address[0])
+                arrived = site.arrive(stage, parts.path, worker, host)
+                booked = self.headers.get(BOOKED_HEADER)
+                if booked:
+                    with site.lock:
+                        site.booked_starts[host].append((time.time(), float(booked)))
                 try:
                     time.sleep(float(sleep[0]) if sleep else site.delays.get(stage, site.delay))
                 finally:
-                    site.leave(stage, parts.path, arrived, worker)
+                    site.leave(stage, parts.path, arrived, worker, host)
                 found = site.content(parts.path)
                 kind, text = found or ("text/html", "")
                 body = text.encode()
@@ -105,6 +126,10 @@ class CrawlSite:
         self.server = Server(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.more_servers = [Server((f"127.0.0.{i}", self.port), Handler) for i in range(2, hosts + 1)]
+        for server in self.more_servers:
+            server.daemon_threads = True
+        self.more_threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in self.more_servers]
 
     def stage_of(self, path: str) -> str:
         """The stage a path is counted under: its first segment."""
@@ -114,9 +139,12 @@ class CrawlSite:
         """(content type, body) of a page, None for a 404; a fixed route if one is set."""
         return self.routes.get(path, ("text/html", f"<html><body><p>{path}</p></body></html>"))
 
-    def arrive(self, stage: str, path: str, worker: str = "") -> float:
+    def arrive(self, stage: str, path: str, worker: str = "", host: str = "127.0.0.1") -> float:
         with self.lock:
             now = time.monotonic()
+            self.host_in_flight[host] += 1
+            self.max_host_in_flight[host] = max(self.max_host_in_flight[host], self.host_in_flight[host])
+            self.host_arrivals[host].append(now)
             if self.first_request is None:
                 self.first_request = time.time()
             self.workers_in_flight[stage][worker] += 1
@@ -128,21 +156,40 @@ class CrawlSite:
             self.samples.append((now, dict(self.in_flight)))
             return now
 
-    def leave(self, stage: str, path: str, arrived: float, worker: str = "") -> None:
+    def leave(self, stage: str, path: str, arrived: float, worker: str = "", host: str = "127.0.0.1") -> None:
         with self.lock:
             now = time.monotonic()
+            self.host_in_flight[host] -= 1
+            if not self.host_in_flight[host]:
+                del self.host_in_flight[host]
             counts = self.workers_in_flight[stage]
             counts[worker] -= 1
             if counts[worker] <= 0:
                 del counts[worker]
             self.last_served = time.time()
             self.in_flight[stage] -= 1
+            if not self.in_flight[stage]:
+                del self.in_flight[stage]  # only what is in flight: a sample copies it (thousands of stages)
             self.served.append(Served(stage, path, arrived, now, worker))
             self.samples.append((now, dict(self.in_flight)))
 
     @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return f"http://127.0.0.1:{self.port}"
+
+    def url_of(self, host: int) -> str:
+        """The site's URL on host name number ``host`` (1 is 127.0.0.1, the same as ``url``)."""
+        return f"http://127.0.0.{host}:{self.port}"
+
+    def gaps(self, host: str) -> list[float]:
+        """Seconds between consecutive request starts (arrivals) of one host."""
+        with self.lock:
+            arrivals = sorted(self.host_arrivals[host])
+        return [later - earlier for earlier, later in itertools.pairwise(arrivals)]
 
     def count(self, stage: str) -> int:
         """Requests of ``stage`` that reached the server so far."""
@@ -159,6 +206,10 @@ class CrawlSite:
         with self.lock:
             for seen in (self.in_flight, self.max_in_flight, self.workers_in_flight, self.max_workers, self.hits):
                 seen.clear()
+            self.host_in_flight.clear()
+            self.max_host_in_flight.clear()
+            self.host_arrivals.clear()
+            self.booked_starts.clear()
             self.arrivals.clear()
             self.served.clear()
             self.samples.clear()
@@ -204,13 +255,16 @@ class CrawlSite:
 
     def __enter__(self) -> CrawlSite:
         self.thread.start()
+        for thread in self.more_threads:
+            thread.start()
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        for server in (self.server, *self.more_servers):
+            server.shutdown()
+            server.server_close()
 
 
 STAGES = ("list", "detail", "comments")

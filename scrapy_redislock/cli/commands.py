@@ -15,8 +15,8 @@ import redis
 import redis.exceptions
 
 from scrapy_redislock._redis import check_limit, check_name, check_ttl
-from scrapy_redislock.cli.render import Streams, render_dead_letters, render_status
-from scrapy_redislock.cli.status import read_all, snapshot
+from scrapy_redislock.cli.render import Streams, render_dead_letters, render_keys, render_status
+from scrapy_redislock.cli.status import read_all, snapshot, split_keys
 from scrapy_redislock.cli.target import (
     EXIT_OK,
     EXIT_USAGE,
@@ -102,12 +102,14 @@ def cmd_status(opts: argparse.Namespace, target: Target, io: Streams) -> int:
 
 
 def _status_frame(client: redis.Redis, opts: argparse.Namespace, target: Target) -> str:
-    stages, spiders = read_all(client, target.prefix, target.ttl)
+    found, spiders = read_all(client, target.prefix, target.ttl)
+    stages, keys = split_keys(found, getattr(opts, "stage_key", None))
     dead = dead_letters(client, target.prefix)
     if opts.json:
-        data = snapshot(stages, target.prefix, target.safe_url, spiders, dead)
+        data = snapshot(stages, target.prefix, target.safe_url, spiders, dead, keys=keys)
         return json.dumps(data, indent=None if opts.watch is not None else 2) + "\n"
-    return render_status(stages, target, spiders=spiders) + render_dead_letters(dead)
+    text = render_status(stages, target, spiders=spiders, keys=bool(keys))
+    return text + render_keys(keys, getattr(opts, "stage_key", None)) + render_dead_letters(dead)
 
 
 def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:

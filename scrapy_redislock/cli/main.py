@@ -1,6 +1,7 @@
 """The operator's command line: ``python -m scrapy_redislock`` and ``scrapy redislock`` (same sub-commands).
 
-- ``status [--json] [--watch [SECONDS] [--count N]]``: every stage lock under the key prefix.
+- ``status [--json] [--watch [SECONDS] [--count N]] [--stage-key PATTERN]``: every stage lock under the key
+  prefix; the locks of keys met at run time (REDISLOCK_STAGE_KEY) apart, busiest first, those matching PATTERN.
 - ``set-limit STAGE N [--create [--ttl SECONDS]]``: change a stage's cap for the whole cluster, live.
 - ``release STAGE HOLDER [--yes]``: free the slots of one holder (a worker known to be dead).
 - ``reset STAGE [--yes]``: free every slot of a stage and forget its holders; the limit stays.
@@ -124,6 +125,12 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
         help=f"refresh every SECONDS (default {DEFAULT_WATCH:g}) until Ctrl-C",
     )
     status.add_argument("--count", type=_count, default=None, metavar="N", help="with --watch: stop after N refreshes")
+    status.add_argument(
+        "--stage-key",
+        default=None,
+        metavar="PATTERN",
+        help="show only the keys (REDISLOCK_STAGE_KEY: domains, ...) matching this glob, e.g. '*.example.com'",
+    )
 
     set_limit = sub.add_parser(
         "set-limit",

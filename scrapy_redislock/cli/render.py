@@ -12,7 +12,7 @@ from scrapy_redislock.cli.target import (
     Target,
 )
 from scrapy_redislock.lock.core import LIMBO
-from scrapy_redislock.lock.status import StageStatus, why_waiting
+from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, StageStatus, why_waiting
 from scrapy_redislock.workers.status import DeadLetters, SpiderStatus
 
 # -- rendering ---------------------------------------------------------------------------------------------------------
@@ -54,6 +54,7 @@ def render_status(
     target: Target,
     now: float | None = None,
     spiders: Sequence[SpiderStatus] = (),
+    keys: bool = False,
 ) -> str:
     now = time.time() if now is None else now
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
@@ -67,7 +68,8 @@ def render_status(
     if spiders:
         lines.append("")
     if not stages:
-        lines.append(f"no stage locks under prefix {target.prefix!r}")
+        if not keys:
+            lines.append(f"no stage locks under prefix {target.prefix!r}")
         return "\n".join(lines) + "\n"
     rows = [
         [s.stage, s.limit, s.held, s.free, s.debt, s.waiters, s.fence, seconds(s.ttl), len(s.processes)]
@@ -136,4 +138,24 @@ def render_dead_letters(found: Sequence[DeadLetters], now: float | None = None) 
         lines.append(f"{spider.spider}: {spider.count} in {spider.key}, newest first:")
         rows = [[d.stage, clock_time(d.time, now), d.worker, d.size, d.error[:60], d.excerpt] for d in spider.newest]
         lines += table(["STAGE", "WHEN", "WORKER", "BYTES", "ERROR", "START"], rows, numeric={3}, indent="  ")
+    return "\n".join(lines) + "\n"
+
+
+KEY_ROWS = 50  # keys listed at most (busiest first); --stage-key narrows the list
+
+
+def render_keys(keys: Sequence[StageStatus], pattern: str | None = None) -> str:
+    """The locks of keys met at run time, one line each, busiest first (only keys in use have a lock)."""
+    if not keys and pattern is None:
+        return ""
+    matching = f" matching {pattern!r}" if pattern is not None else ""
+    lines = ["", f"KEYS (REDISLOCK_STAGE_KEY): {len(keys)} in use{matching}, busiest first"]
+    rows = [
+        [k.stage[len(KEY_LOCK_PREFIX) :], k.limit, k.held, k.waiters, len(k.processes), k.expired]
+        for k in keys[:KEY_ROWS]
+    ]
+    if rows:
+        lines += table(["KEY", "LIMIT", "HELD", "WAITING", "PROCESSES", "EXPIRED"], rows, {1, 2, 3, 4, 5}, "  ")
+    if len(keys) > KEY_ROWS:
+        lines.append(f"  ... and {len(keys) - KEY_ROWS} more (narrow with --stage-key PATTERN)")
     return "\n".join(lines) + "\n"

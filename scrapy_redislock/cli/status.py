@@ -6,13 +6,14 @@ per lock and per spider, each a consistent snapshot).
 
 from __future__ import annotations
 
+import fnmatch
 import time
 from dataclasses import asdict
 from typing import Any
 
 import redis
 
-from scrapy_redislock.lock.status import StageStatus, stage_status, tagged_keys
+from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, StageStatus, stage_status, tagged_keys
 from scrapy_redislock.workers.status import DeadLetters, SpiderStatus, spider_status, spiders_in, worker_ttl
 
 
@@ -29,19 +30,35 @@ def read_all(client: redis.Redis, prefix: str, default_ttl: float) -> tuple[list
     return stages, spiders
 
 
+def split_keys(found: list[StageStatus], pattern: str | None = None) -> tuple[list[StageStatus], list[StageStatus]]:
+    """(the fixed stages, the locks of keys met at run time): keys matching ``pattern`` (a glob on the key, e.g.
+    ``*.example.com``; None: all), busiest first (held + waiting), then by name."""
+    stages = [s for s in found if not s.stage.startswith(KEY_LOCK_PREFIX)]
+    keys = [
+        s
+        for s in found
+        if s.stage.startswith(KEY_LOCK_PREFIX)
+        and (pattern is None or fnmatch.fnmatchcase(s.stage[len(KEY_LOCK_PREFIX) :], pattern))
+    ]
+    keys.sort(key=lambda s: (-(s.held + s.waiters), s.stage))
+    return stages, keys
+
+
 def snapshot(
     stages: list[StageStatus],
     prefix: str,
     url: str,
     spiders: list[SpiderStatus] | None = None,
     dead: list[DeadLetters] | None = None,
+    keys: list[StageStatus] | None = None,
 ) -> dict[str, Any]:
-    """Everything ``status --json`` prints (``url`` must already be masked)."""
+    """Everything ``status --json`` prints (``url`` must already be masked); ``keys``: the key locks, apart."""
     return {
         "url": url,
         "prefix": prefix,
         "time": round(time.time(), 3),
         "stages": [s.to_json() for s in stages],
+        **({"keys": [s.to_json() for s in keys]} if keys is not None else {}),
         "spiders": [s.to_json() for s in spiders or []],
         "dead_letters": [asdict(d) for d in dead or []],
     }

@@ -44,5 +44,18 @@ REDISLOCK_WAITERS_PER_STAGE = 2
 REDISLOCK_LOCAL_REUSE = 0.25
 # A worker (StageWorkerMixin) closes after this many seconds with no work anywhere; None = idle forever.
 REDISLOCK_IDLE_CLOSE: float | None = None
+# A stage met at run time: "domain", "download_slot" (Scrapy's slot key), or a function (request, spider) -> key
+# or None (an object or its dotted path); None = no keys. Each key is capped and delayed on its own.
+REDISLOCK_STAGE_KEY: Any = None
+# Max requests in flight per key, cluster-wide; None = no cap (a delay alone).
+REDISLOCK_KEY_LIMIT: int | None = None
+# Per-key overrides of REDISLOCK_KEY_LIMIT: {key: limit or None}.
+REDISLOCK_KEY_LIMITS: dict[str, int | None] = {}
+# Seconds between two request starts of the same key, across every process (on Redis's clock); 0 = none.
+REDISLOCK_DELAY = 0.0
+# Per-stage or per-key overrides of REDISLOCK_DELAY: {stage or key: seconds} (a stage name wins over a key).
+REDISLOCK_DELAYS: dict[str, float] = {}
+# Each gap a random 0.5 to 1.5 times the delay, as Scrapy's RANDOMIZE_DOWNLOAD_DELAY does.
+REDISLOCK_RANDOMIZE_DELAY = False
 
 SETTINGS = {name: value for name, value in dict(globals()).items() if name.startswith("REDISLOCK_")}

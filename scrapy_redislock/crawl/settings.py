@@ -3,11 +3,11 @@
 Settings read: REDISLOCK_ENABLED, REDISLOCK_URL, REDISLOCK_PARAMS, REDISLOCK_STAGES, REDISLOCK_WORKER_STAGES,
 REDISLOCK_TTL, REDISLOCK_KEY_PREFIX, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT,
 REDISLOCK_STAGE_PREFERENCE, REDISLOCK_SCHEDULER_INNER, REDISLOCK_PARK_LIMIT, REDISLOCK_WAITERS_PER_STAGE,
-REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE,
-REDISLOCK_CONNECT_TIMEOUT; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_DB,
-REDIS_PARAMS as fallbacks for the connection (URLs are parsed by :mod:`scrapy_redislock.crawl.connection`).
-Defaults live in :mod:`scrapy_redislock.crawl.defaults`. For the worker scheduler
-(:func:`read_worker_settings`) also scrapy-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START,
+REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE, REDISLOCK_CONNECT_TIMEOUT, REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT,
+REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS, REDISLOCK_RANDOMIZE_DELAY; and scrapy-redis's REDIS_URL,
+REDIS_HOST, REDIS_PORT, REDIS_DB, REDIS_PARAMS as fallbacks for the connection (URLs are parsed by
+:mod:`scrapy_redislock.crawl.connection`). Defaults live in :mod:`scrapy_redislock.crawl.defaults`. For the worker
+scheduler (:func:`read_worker_settings`) also scrapy-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START,
 MAX_IDLE_TIME_BEFORE_CLOSE (fallback of REDISLOCK_IDLE_CLOSE), REDIS_START_URLS_AS_SET, REDIS_START_URLS_AS_ZSET,
 SCHEDULER_SERIALIZER (the request format of the queues: :mod:`scrapy_redislock.crawl.requestformat` when unset).
 
@@ -34,6 +34,7 @@ from scrapy.settings import BaseSettings
 from scrapy_redislock._redis import check_limit, check_name, check_ttl
 from scrapy_redislock.crawl import defaults
 from scrapy_redislock.crawl.connection import RedisURL, mask_url, parse_url
+from scrapy_redislock.crawl.keys import KeyFunction, key_function
 from scrapy_redislock.crawl.requestformat import serializer_of
 from scrapy_redislock.errors import ConfigError, InvalidArgument
 
@@ -80,6 +81,27 @@ class RedisLockSettings:
     local_reuse: float = 0.25
     idle_close: float | None = None
     connect_timeout: float = 30.0
+    stage_key: KeyFunction | None = None
+    key_limit: int | None = None
+    key_limits: Mapping[str, int | None] = field(default_factory=dict)
+    delay: float = 0.0
+    delays: Mapping[str, float] = field(default_factory=dict)
+    randomize_delay: bool = False
+
+    def limit_of_key(self, key: str) -> int | None:
+        """The cap of one key: its REDISLOCK_KEY_LIMITS entry, else REDISLOCK_KEY_LIMIT (None: uncapped)."""
+        return self.key_limits.get(key, self.key_limit) if key in self.key_limits else self.key_limit
+
+    def delay_of(self, name: str, stage: bool = False) -> float:
+        """Seconds between two starts of a stage (``stage=True``; 0 unless REDISLOCK_DELAYS names it) or a key."""
+        if stage:
+            return self.delays.get(name, 0.0) if name in self.stages else 0.0
+        return self.delays.get(name, self.delay) if name not in self.stages else self.delay
+
+    @property
+    def keyed(self) -> bool:
+        """Whether anything per key or per-stage delay is configured (the middleware then has work per request)."""
+        return self.stage_key is not None or any(self.delay_of(s, stage=True) for s in self.stages)
 
     @property
     def connection(self) -> RedisURL:
@@ -105,6 +127,8 @@ def _loaded(settings: BaseSettings, name: str) -> Any:
         "REDISLOCK_CALLBACK_STAGES",
         "REDISLOCK_PARAMS",
         "REDISLOCK_STAGE_PREFERENCE",
+        "REDISLOCK_KEY_LIMITS",
+        "REDISLOCK_DELAYS",
     }:
         try:
             value = json.loads(value)
@@ -186,12 +210,7 @@ def check_names(settings: BaseSettings) -> None:
 def read_settings(settings: BaseSettings) -> RedisLockSettings:
     """All REDISLOCK_* settings, checked; ConfigError with a message naming the bad one."""
     check_names(settings)
-    try:
-        enabled = settings.getbool("REDISLOCK_ENABLED", defaults.REDISLOCK_ENABLED)
-    except (TypeError, ValueError):
-        raise ConfigError(
-            f"REDISLOCK_ENABLED must be True or False, got {settings.get('REDISLOCK_ENABLED')!r}"
-        ) from None
+    enabled = _bool(settings, "REDISLOCK_ENABLED")
     url, url_setting, params = _connection(settings)
     stages = check_stage_limits(_loaded(settings, "REDISLOCK_STAGES"), "REDISLOCK_STAGES")
     worker_stages = check_stage_limits(_loaded(settings, "REDISLOCK_WORKER_STAGES"), "REDISLOCK_WORKER_STAGES")
@@ -242,13 +261,14 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
         raise ConfigError(f"REDISLOCK_SCHEDULER_INNER must be a class or its import path, got {inner!r}")
     park_limit = _positive_int(settings, "REDISLOCK_PARK_LIMIT")
     waiters = _positive_int(settings, "REDISLOCK_WAITERS_PER_STAGE")
-    local_reuse = _seconds(settings, "REDISLOCK_LOCAL_REUSE")
-    assert local_reuse is not None
-    idle_close = _seconds(settings, "REDISLOCK_IDLE_CLOSE", optional=True)
-    connect_timeout = _seconds(settings, "REDISLOCK_CONNECT_TIMEOUT")
-    assert connect_timeout is not None
+    local_reuse = _seconds_of(settings, "REDISLOCK_LOCAL_REUSE")
+    raw_idle = settings.get("REDISLOCK_IDLE_CLOSE", defaults.REDISLOCK_IDLE_CLOSE)
+    idle_close = None if raw_idle in (None, "", "None") else _seconds(raw_idle, "REDISLOCK_IDLE_CLOSE", or_none=True)
+    connect_timeout = _seconds_of(settings, "REDISLOCK_CONNECT_TIMEOUT")
 
+    keys = _read_keys(settings, stages)
     return RedisLockSettings(
+        **keys,
         enabled=enabled,
         url=url,
         url_setting=url_setting,
@@ -280,18 +300,82 @@ def _number(raw: Any) -> Any:
     return raw
 
 
-def _seconds(settings: BaseSettings, name: str, *, optional: bool = False) -> float | None:
-    """A finite number of seconds >= 0 (None for an ``optional`` setting left unset); ConfigError naming it."""
-    raw = settings.get(name, getattr(defaults, name))
-    if optional and raw in (None, "", "None"):
-        return None
+def _seconds_of(settings: BaseSettings, name: str) -> float:
+    """A setting that is a number of seconds >= 0 (see :func:`_seconds`)."""
+    return _seconds(settings.get(name, getattr(defaults, name)), name)
+
+
+def _bool(settings: BaseSettings, name: str) -> bool:
+    try:
+        return settings.getbool(name, getattr(defaults, name))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be True or False, got {settings.get(name)!r}") from None
+
+
+def _seconds(raw: Any, setting: str, *, or_none: bool = False) -> float:
+    """A finite number of seconds >= 0 (a string too, as -s gives it); ConfigError naming the setting otherwise."""
     try:
         value = float(raw)
     except (TypeError, ValueError):
         value = math.nan
     if isinstance(raw, bool) or not value >= 0 or math.isinf(value):
-        raise ConfigError(f"{name} must be {'None or ' if optional else ''}a number of seconds >= 0, got {raw!r}")
+        none = "None or " if or_none else ""
+        raise ConfigError(f"{setting} must be {none}a number of seconds >= 0, got {raw!r}")
     return value
+
+
+def _read_keys(settings: BaseSettings, stages: Mapping[str, int | None]) -> dict[str, Any]:
+    """REDISLOCK_STAGE_KEY, the key caps, the delays; ConfigError naming the setting and the bad value."""
+    stage_key = key_function(settings.get("REDISLOCK_STAGE_KEY", defaults.REDISLOCK_STAGE_KEY))
+    raw_limit = settings.get("REDISLOCK_KEY_LIMIT", defaults.REDISLOCK_KEY_LIMIT)
+    if isinstance(raw_limit, str):  # given with -s
+        raw_limit = None if raw_limit in ("", "None") else _number(raw_limit)
+        if isinstance(raw_limit, float) and raw_limit.is_integer():
+            raw_limit = int(raw_limit)
+    if raw_limit is not None:
+        _checked(check_limit, raw_limit, "REDISLOCK_KEY_LIMIT", or_none=True)
+        if raw_limit == 0:
+            raise ConfigError("REDISLOCK_KEY_LIMIT must be an integer >= 1 or None (no cap per key), got 0")
+        raw_limit = int(raw_limit)
+    key_limits = check_stage_limits(_loaded(settings, "REDISLOCK_KEY_LIMITS"), "REDISLOCK_KEY_LIMITS")
+    for key, limit in key_limits.items():
+        if limit == 0:
+            raise ConfigError(f"REDISLOCK_KEY_LIMITS[{key!r}] must be an integer >= 1 or None (no cap), got 0")
+    delay = _seconds(settings.get("REDISLOCK_DELAY", defaults.REDISLOCK_DELAY), "REDISLOCK_DELAY")
+    delays = _loaded(settings, "REDISLOCK_DELAYS")
+    if not isinstance(delays, Mapping):
+        raise ConfigError(f"REDISLOCK_DELAYS must be a dict of stage or key -> seconds, got {delays!r}")
+    checked_delays: dict[str, float] = {}
+    for name, value in delays.items():
+        if not isinstance(name, str) or not name or "{" in name or "}" in name:
+            raise ConfigError(f"REDISLOCK_DELAYS: names must be non-empty strings without braces, got {name!r}")
+        checked_delays[name] = _seconds(value, f"REDISLOCK_DELAYS[{name!r}]")
+    if stage_key is None:
+        for setting, given in (
+            ("REDISLOCK_KEY_LIMIT", raw_limit is not None),
+            ("REDISLOCK_KEY_LIMITS", bool(key_limits)),
+            ("REDISLOCK_DELAY", delay > 0),
+        ):
+            if given:
+                raise ConfigError(
+                    f"{setting} is set but REDISLOCK_STAGE_KEY is not: set it to 'domain', "
+                    "'download_slot' or a function, or give stage delays in REDISLOCK_DELAYS"
+                )
+        strays = sorted(set(checked_delays) - set(stages))
+        if strays:
+            raise ConfigError(
+                f"REDISLOCK_DELAYS names {strays}, which are not stages of REDISLOCK_STAGES, and "
+                "REDISLOCK_STAGE_KEY is not set (no keys)"
+            )
+    randomize = _bool(settings, "REDISLOCK_RANDOMIZE_DELAY")
+    return {
+        "stage_key": stage_key,
+        "key_limit": raw_limit,
+        "key_limits": key_limits,
+        "delay": delay,
+        "delays": checked_delays,
+        "randomize_delay": randomize,
+    }
 
 
 def _positive_int(settings: BaseSettings, name: str) -> int:

@@ -177,11 +177,27 @@ class Renewer:
             raise
 
 
+async def gather_bounded(coros: list[Awaitable[Any]], limit: int | None) -> list[Any]:
+    """Await all, at most ``limit`` at once (a client's connection pool is finite); exceptions are returned."""
+    if limit is None:
+        return await asyncio.gather(*coros, return_exceptions=True)
+    gate = asyncio.Semaphore(limit)
+
+    async def one(coro: Awaitable[Any]) -> Any:
+        async with gate:
+            return await coro
+
+    return await asyncio.gather(*(one(coro) for coro in coros), return_exceptions=True)
+
+
 # -- one crawler's stage locks -------------------------------------------------------------------------------------
 
 
 class StageLocks:
     """The capped stages of one crawler, their permits and waits; see the module docstring for the API."""
+
+    retire_on_close = False  # close() deletes the locks from Redis when unused (locks of keys met at run time)
+    fan_out: int | None = None  # Redis calls at once when renewing or freeing every lock (None: all at once)
 
     def __init__(
         self,
@@ -439,7 +455,7 @@ class StageLocks:
     async def _report_waits(self) -> None:
         """Say why, for each stage whose waits have had no grant for REPORT_FIRST s, then with back-off."""
         now = time.monotonic()
-        for stage in self.locks:
+        for stage in list(self.locks):  # keys may come and go meanwhile (KeyLocks)
             idle = self._no_grant_for(stage, now)
             if idle is None or idle < REPORT_FIRST:
                 self._report_after.pop(stage, None)
@@ -654,18 +670,22 @@ class StageLocks:
                 self._unreleased.extend(pending[index:])
                 raise
 
+    def renewal_due(self, stage: str, lock: AsyncCountingLock) -> bool:
+        """Whether this tick maintains the stage's lock: it holds or waits for something."""
+        return lock.busy or bool(self.waiting(stage))
+
     async def renew_once(self) -> None:
         """Renew every permit of every stage (one maintain() per stage, concurrently); count lost leases."""
 
         async def renew(stage: str, lock: AsyncCountingLock) -> None:
-            if not lock.busy and not self.waiting(stage):
+            if not self.renewal_due(stage, lock):
                 return  # holds nothing, waits for nothing: costs Redis nothing
             lock.annotate(waiting=self.waiting(stage), spider=self.spider_name)
             lost = await lock.maintain()  # logs each lost lease as a warning
             if lost:
                 self.stats.inc_value(f"{self.stats_prefix}/{stage}/lost", len(lost))
 
-        results = await asyncio.gather(*(renew(s, lock) for s, lock in self.locks.items()), return_exceptions=True)
+        results = await gather_bounded([renew(s, lock) for s, lock in self.locks.items()], self.fan_out)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
@@ -695,7 +715,7 @@ class StageLocks:
 
         async def free(stage: str, lock: AsyncCountingLock) -> None:
             try:
-                await asyncio.wait_for(lock.aclose(), CLOSE_TIMEOUT)
+                await asyncio.wait_for(lock.aclose(retire=self.retire_on_close), CLOSE_TIMEOUT)
             except (TimeoutError, *REDIS_ERRORS) as exc:
                 logger.warning(
                     "Could not free the slots of stage %r on close (%s); they come back after the TTL (%s s)",
@@ -705,7 +725,7 @@ class StageLocks:
                 )
 
         if self.started:  # else nothing was ever acquired (Redis unreachable at start)
-            await asyncio.gather(*(free(s, lock) for s, lock in self.locks.items()))
+            await gather_bounded([free(s, lock) for s, lock in self.locks.items()], self.fan_out)
             with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
                 await asyncio.wait_for(self._free_late_grants(), CLOSE_TIMEOUT)
         with contextlib.suppress(TimeoutError, *REDIS_ERRORS):

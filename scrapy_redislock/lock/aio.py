@@ -77,18 +77,25 @@ class AsyncCountingLock(LockFront):
         """The limit in Redis now."""
         return await self._run(self._core.get_limit())
 
-    async def aclose(self) -> int:
-        """Stop renewing and free every slot this object holds; returns how many."""
+    async def aclose(self, retire: bool = False) -> int:
+        """Stop renewing and free every slot this object holds; returns how many.
+
+        ``retire=True`` also deletes the lock from Redis when nobody else uses it (a lock made for a key met at run
+        time, such as a domain: see :meth:`LockCore.retire <scrapy_redislock.lock.core.LockCore.retire>`).
+        """
         self._closed = True
         if self._renewer is not None and self._renewer is not asyncio.current_task():
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
         self._renewer = None
-        freed = int(await self._run(self._core.release_all()))
-        if self._waiting_client is not None:
+        if retire:
+            freed, _deleted = await self._run(self._core.retire())
+        else:
+            freed = await self._run(self._core.release_all())
+        if self._waiting_client is not None and self._owns_waiting_client:
             await self._waiting_client.aclose()
-        return freed
+        return int(freed)
 
     async def __aenter__(self) -> Permit:
         permit = await self.acquire()

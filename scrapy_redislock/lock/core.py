@@ -35,7 +35,18 @@ from scrapy_redislock.lock.protocol import Call, Operation, ReadGrant, RunScript
 
 GROUP = "holders"
 LIMBO = "__limbo__"
-SCRIPT_NAMES = ("setup", "take", "release", "hold_again", "maintain", "set_limit", "release_owner", "reset")
+SCRIPT_NAMES = (
+    "setup",
+    "take",
+    "release",
+    "hold_again",
+    "maintain",
+    "set_limit",
+    "release_owner",
+    "reset",
+    "retire",
+    "delay",
+)
 
 
 def lock_scripts() -> dict[str, str]:
@@ -75,11 +86,12 @@ class LockKeys:
     holds: str
     ttls: str
     seen: str
+    gate: str  # the delay gate of the stage or key (lock/delay.py): a string, only while a start is booked
 
     @classmethod
     def of(cls, prefix: str, name: str) -> LockKeys:
         base = f"{prefix}:{{{name}}}"
-        return cls(*(f"{base}:{part}" for part in ("slots", "meta", "owners", "holds", "ttls", "seen")))
+        return cls(*(f"{base}:{part}" for part in ("slots", "meta", "owners", "holds", "ttls", "seen", "gate")))
 
 
 def fence_of(grant: str) -> int:
@@ -494,6 +506,22 @@ class LockCore:
     def release_all(self) -> Operation:
         """Free every grant of this owner (every consumer of it) and unregister it (on close)."""
         freed = yield from release_consumer(self.keys, self.owner)
+        self._drop_all()
+        return int(freed)
+
+    def retire(self) -> Operation:
+        """Like :meth:`release_all`, and delete the lock from Redis when nobody else holds, waits or is registered.
+
+        For locks made for keys met at run time (a domain): once idle they leave nothing in Redis. A later setup
+        creates the lock anew (a fresh object: no recovery window, which is for data loss only).
+        Returns (grants freed, whether the lock was deleted).
+        """
+        k = self.keys
+        freed, deleted = yield RunScript("retire", (k.slots, k.meta, k.owners, k.holds, k.ttls, k.seen), (self.owner,))
+        self._drop_all()
+        return int(freed), bool(int(deleted))
+
+    def _drop_all(self) -> None:
         for permit in list(self.held.values()):
             permit.lost = True
         self.held.clear()
@@ -501,7 +529,6 @@ class LockCore:
         self.idle_consumers.clear()
         self.abandoned.clear()
         self.set_up = False
-        return int(freed)
 
 
 # -- operator actions (the command line); they work on any lock, not on one lock object ----------------

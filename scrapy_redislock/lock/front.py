@@ -108,11 +108,15 @@ class LockFront:
         identity: Mapping[str, Any] | None = None,
         clock: Clock = time.monotonic,
         replicas: int = 0,
+        waiting: Any = None,
     ) -> None:
         if not isinstance(client, self.client_types):
             expected = " or ".join(f"{t.__module__}.{t.__qualname__}" for t in self.client_types)
             raise InvalidArgument(f"client must be a {expected}, got {type(client).__name__}")
-        self._waiting_client = waiting_client(client)
+        # ``waiting``: a client made by waiting_client() and shared by many locks (one per key met at run time
+        # would each open a pool of their own); its owner closes it.
+        self._owns_waiting_client = waiting is None
+        self._waiting_client = waiting if waiting is not None else waiting_client(client)
         socket_timeout = None
         if self._waiting_client is None and hasattr(client, "get_connection_kwargs"):
             socket_timeout = client.get_connection_kwargs().get("socket_timeout")
@@ -149,6 +153,16 @@ class LockFront:
     def busy(self) -> bool:
         """Holds, waits or has an abandoned wait to clean up: what a maintain() is for."""
         return self._callers > 0 or self._core.busy
+
+    def renewal_due(self) -> bool:
+        """Whether a maintain() is needed now: a wait or a clean-up in progress, or a permit held longer than the
+        renewal interval. A younger permit's lease lasts at least two more intervals: the next tick renews it, so
+        requests shorter than an interval cost no renewal at all."""
+        core = self._core
+        if self._callers or core.waits_in_flight or core.abandoned:
+            return True
+        oldest = core.clock() - core.renew_interval
+        return any(permit.acquired_at <= oldest for permit in core.held.values())
 
     @property
     def held(self) -> list[Permit]:

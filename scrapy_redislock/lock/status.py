@@ -145,6 +145,9 @@ def tagged_keys(client: redis.Redis, prefix: str, pattern: str) -> dict[str, set
     return found
 
 
+KEY_LOCK_PREFIX = "key:"  # locks of keys met at run time (REDISLOCK_STAGE_KEY) are named key:<key>
+
+
 def find_stages(client: redis.Redis, prefix: str) -> list[str]:
     """Names of every lock under ``prefix`` (SCAN for ``<prefix>:{*}:meta``), sorted."""
     return sorted(tagged_keys(client, prefix, ":meta"))

@@ -26,8 +26,10 @@ AcquireTimeout (REDISLOCK_WAIT_TIMEOUT) is not retried by RetryMiddleware unless
 
 Settings read (via :func:`scrapy_redislock.crawl.settings.read_settings`): REDISLOCK_ENABLED, REDISLOCK_URL (and the
 scrapy-redis fallbacks), REDISLOCK_PARAMS, REDISLOCK_STAGES, REDISLOCK_TTL, REDISLOCK_KEY_PREFIX,
-REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT, REDISLOCK_LOCAL_REUSE; Scrapy's
-RETRY_EXCEPTIONS and DOWNLOAD_TIMEOUT.
+REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT, REDISLOCK_LOCAL_REUSE, and for keys and
+delays (:mod:`~scrapy_redislock.requests.keygate`: after the stage slot, the key slot, then the delays)
+REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT, REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS,
+REDISLOCK_RANDOMIZE_DELAY; Scrapy's RETRY_EXCEPTIONS and DOWNLOAD_TIMEOUT.
 Stats: redislock/<stage>/{acquired,wait_time_total,wait_time_max,lost,timeouts,dropped_at_close,reused},
 redislock/unknown_stage, redislock/throttling_off, redislock/redis_errors.
 """
@@ -53,6 +55,7 @@ from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import AcquireTimeout, ConfigError, ThrottlingDisabled, UnknownStage
 from scrapy_redislock.lock.core import Permit
+from scrapy_redislock.requests.keygate import KeyGate
 
 if TYPE_CHECKING:
     from typing import Self
@@ -91,13 +94,15 @@ class StageLockMiddleware:
             )
             self.locks: StageLocks | None = None
             return
-        if not self.settings.stages:
+        if not self.settings.stages and not self.settings.keyed:
             raise ConfigError(
                 "StageLockMiddleware is enabled but REDISLOCK_STAGES is empty, so no request would be capped; "
-                "set REDISLOCK_STAGES = {stage: limit, ...}, or REDISLOCK_ENABLED = False to switch it off on purpose"
+                "set REDISLOCK_STAGES = {stage: limit, ...} or REDISLOCK_STAGE_KEY, or REDISLOCK_ENABLED = False to "
+                "switch it off on purpose"
             )
         check_reactor(crawler, "StageLockMiddleware")
         self.locks = StageLocks.of(crawler, self.settings)
+        self.gate = KeyGate(crawler, self.settings) if self.settings.keyed else None  # keys and delays
         self.locks.add_waiting_source(self.waiting.__getitem__)
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
@@ -129,20 +134,31 @@ class StageLockMiddleware:
             return self._refuse_unthrottled(request)
         handed = self.locks.take(request)
         if isinstance(handed, Permit):
-            return None
+            return self._keys(request, handed.name)
         if handed is not None:
             self._fail_timeout(request, handed)  # the scheduler's verdict after REDISLOCK_WAIT_TIMEOUT
         stage = stage_of(request, self.settings, self.crawler.spider)
         if stage is None:
-            return None
+            return self._keys(request, None)
         try:
             capped = self.locks.is_capped(stage)
         except UnknownStage:
             self.crawler.stats.inc_value("redislock/unknown_stage")
             raise
         if not capped:
-            return None
+            return self._keys(request, stage)
         return self._wait_here(request, stage)
+
+    def _keys(self, request: Request, stage: str | None) -> Coroutine[Any, Any, None] | None:
+        """After the stage slot: the key slot and the delays (:mod:`~scrapy_redislock.requests.keygate`), if any."""
+        through = None if self.gate is None else self.gate.prepare(request, stage)
+        return None if through is None else self._through_gate(request, through)
+
+    async def _through_gate(self, request: Request, through: Coroutine[Any, Any, None]) -> None:
+        try:
+            await through
+        except AcquireTimeout as exc:
+            self._fail_timeout(request, exc)
 
     def _refuse_unthrottled(self, request: Request) -> None:
         stage = stage_of(request, self.settings, self.crawler.spider)
@@ -185,6 +201,9 @@ class StageLockMiddleware:
             self.waiting[stage] -= 1
         self.locks.hold(request, permit)
         self.locks.record_grant(stage, time.monotonic() - started)
+        after = self._keys(request, stage)
+        if after is not None:
+            await after
 
     def _watch_close(self) -> None:
         if self._watcher is None or self._watcher.done():
@@ -234,16 +253,21 @@ class StageLockMiddleware:
         self._release(request)
 
     def _release(self, request: Request) -> None:
-        """The slot goes on to a parked request of its stage, or back to Redis (see StageLocks.finish); this also
-        frees a slot the scheduler handed out with a request that never reached process_request (an earlier
-        middleware answered it from a cache, or raised IgnoreRequest)."""
-        if self.locks is not None:
-            self.locks.finish(request)
+        """The key slot goes back first, then the stage slot goes on to a parked request of its stage, or back to
+        Redis (see StageLocks.finish); this also frees a slot the scheduler handed out with a request that never
+        reached process_request (an earlier middleware answered it from a cache, or raised IgnoreRequest)."""
+        if self.locks is None:
+            return
+        if self.gate is not None:
+            self.gate.release(request)
+        self.locks.finish(request)
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         """Free every permit and waiter of this process (one call per stage) before spider_closed completes."""
         assert self.locks is not None
         self._closing = True
+        if self.gate is not None:
+            await self.gate.close()
         await self.locks.close()
 
 

@@ -86,7 +86,7 @@ class StageScheduler:
         if inner_cls is StageScheduler or not callable(getattr(inner_cls, "next_request", None)):
             raise ConfigError(f"REDISLOCK_SCHEDULER_INNER must be a scheduler class, got {inner_path!r}")
         self.enabled = self.settings.enabled
-        if self.enabled and not self.settings.stages:
+        if self.enabled and not self.settings.stages and not self.settings.keyed:
             raise ConfigError(
                 "StageScheduler is enabled but REDISLOCK_STAGES is empty, so no request would be capped; set "
                 "REDISLOCK_STAGES = {stage: limit, ...}, or REDISLOCK_ENABLED = False to switch it off on purpose"

@@ -7,7 +7,10 @@ sleeps that long), ``detail:2:drop=late`` (see :class:`LateOutcomes`); ``detail@
 ``dont_redislock``. ``-a via=meta`` (default) names the stage in meta; ``via=decorator`` and ``via=callback`` leave
 meta alone and use the callback's ``@stage`` or REDISLOCK_CALLBACK_STAGES (callback ``parse_<stage>``).
 ``-a direct=N``: the first response also downloads N ``detail`` pages with ``engine.download_async`` (as media
-pipelines do), bypassing the scheduler.
+pipelines do), bypassing the scheduler. ``-a hosts=N`` spreads the requests over N host names, request ``n`` of
+each plan entry to 127.0.0.<1 + n % N> (base's port; see :class:`testing.site.CrawlSite`'s ``hosts``);
+``-a first=K`` numbers the pages from K (processes sharing the pages of one stage without fetching any twice).
+:func:`path_key` and :func:`failing_key` are REDISLOCK_STAGE_KEY functions for the key tests.
 """
 
 from __future__ import annotations
@@ -30,8 +33,19 @@ from scrapy_redislock.crawl.connection import parse_url
 class PlanSpider(scrapy.Spider):
     name = "plan"
 
-    def __init__(self, base: str = "", plan: str = "", direct: str = "0", via: str = "meta", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        base: str = "",
+        plan: str = "",
+        direct: str = "0",
+        via: str = "meta",
+        hosts: str = "1",
+        first: str = "0",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        self.hosts = int(hosts)
+        self.first = int(first)
         self.direct = int(direct)
         self.base = base
         self.via = via
@@ -45,7 +59,7 @@ class PlanSpider(scrapy.Spider):
         for entry, count, query in self.plan:
             name, _, path = entry.partition("@")  # "detail@slow": stage detail, pages /slow/<n>
             suffix = f"?{query}" if query else ""
-            for n in range(count):
+            for n in range(self.first, self.first + count):
                 meta: dict[str, Any] = {}
                 callback = self.parse
                 if name == "free":
@@ -54,7 +68,10 @@ class PlanSpider(scrapy.Spider):
                     meta["redislock_stage"] = name
                 else:
                     callback = getattr(self, f"parse_{name}", self.parse)
-                url = f"{self.base}/{path or name}/{n}{suffix}"
+                base = self.base
+                if self.hosts > 1:
+                    base = base.replace("127.0.0.1", f"127.0.0.{1 + n % self.hosts}", 1)
+                url = f"{base}/{path or name}/{n}{suffix}"
                 yield scrapy.Request(url, meta=meta, callback=callback, errback=self.failed, dont_filter=True)
 
     async def parse(self, response: scrapy.http.Response) -> AsyncIterator[dict[str, str]]:
@@ -74,6 +91,28 @@ class PlanSpider(scrapy.Spider):
     def failed(self, failure: Any) -> None:
         self.crawler.stats.inc_value(f"test/errback/{type(failure.value).__name__}")
         self.logger.warning("errback: %s: %s", type(failure.value).__name__, failure.value)
+
+
+def path_key(request: scrapy.Request, spider: Any) -> str | None:
+    """A key per page number: ``/detail/7`` -> ``page-7`` (many keys, each used once)."""
+    return "page-" + urlsplit(request.url).path.rsplit("/", 1)[-1]
+
+
+def failing_key(request: scrapy.Request, spider: Any) -> str | None:
+    """The host name, but raises for pages under ``/bad/`` (a key function's bug hits only those requests)."""
+    if "/bad/" in request.url:
+        raise RuntimeError("no key for this one")
+    return urlsplit(request.url).hostname
+
+
+class BookedStartHeader:
+    """After StageLockMiddleware (order > 950): tells the site the start a delayed request booked, so that the
+    site can check that no request reaches it before its booked moment (:data:`testing.site.BOOKED_HEADER`)."""
+
+    def process_request(self, request: scrapy.Request, spider: scrapy.Spider | None = None) -> None:
+        start = request.meta.get("redislock_start_at")
+        if start is not None:
+            request.headers["X-Booked-Start"] = repr(start)
 
 
 class Outcomes:

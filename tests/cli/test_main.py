@@ -206,6 +206,37 @@ def test_status_shows_every_stage_with_holders_and_waiters(
 
 
 @pytest.mark.integration
+def test_status_groups_keys_busiest_first_and_filters_them(
+    redis_url: str, redis_client: redis.Redis, locks: list[CountingLock]
+) -> None:
+    """Locks of keys met at run time (``key:<key>``) are listed apart from the stages, busiest first;
+    ``--stage-key PATTERN`` keeps the keys matching a glob."""
+    holder(locks, redis_client, "detail", 2).acquire()
+    busy = holder(locks, redis_client, "key:shop.example.com", 3, spider="shop")
+    busy.acquire(), busy.acquire()
+    busy.annotate(waiting=2)
+    busy.maintain()
+    holder(locks, redis_client, "key:a.example.com", 2).acquire()
+    holder(locks, redis_client, "key:other.org", 2).acquire()
+
+    code, out, err = call("status", "--url", redis_url)
+    assert code == 0, err
+    head, _, keys = out.partition("KEYS (REDISLOCK_STAGE_KEY): 3 in use, busiest first")
+    assert "detail" in head and "key:" not in head  # the stages' part shows no key
+    rows = [line.split() for line in keys.splitlines() if line.startswith("  ") and "KEY" not in line]
+    assert [row[0] for row in rows] == ["shop.example.com", "a.example.com", "other.org"]
+    assert rows[0][1:5] == ["3", "2", "2", "1"]  # limit, held, waiting, processes
+
+    code, out, err = call("status", "--url", redis_url, "--stage-key", "*.example.com")
+    assert code == 0, err
+    assert "2 in use matching '*.example.com'" in out and "other.org" not in out
+    code, out, err = call("status", "--json", "--url", redis_url, "--stage-key", "other.*")
+    document = json.loads(out)
+    assert [s["stage"] for s in document["keys"]] == ["key:other.org"]
+    assert [s["stage"] for s in document["stages"]] == ["detail"]
+
+
+@pytest.mark.integration
 def test_status_of_an_empty_prefix_and_prefix_sources(redis_url: str, redis_client: redis.Redis, locks: list) -> None:
     holder(locks, redis_client, "detail", 2).acquire()
     other = CountingLock(redis_client, "detail", limit=5, key_prefix="other")

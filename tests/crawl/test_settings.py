@@ -31,6 +31,12 @@ SETTINGS = [
     "REDISLOCK_LOCAL_REUSE",
     "REDISLOCK_IDLE_CLOSE",
     "REDISLOCK_CONNECT_TIMEOUT",
+    "REDISLOCK_STAGE_KEY",
+    "REDISLOCK_KEY_LIMIT",
+    "REDISLOCK_KEY_LIMITS",
+    "REDISLOCK_DELAY",
+    "REDISLOCK_DELAYS",
+    "REDISLOCK_RANDOMIZE_DELAY",
 ]
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**6), st.floats(allow_nan=True), st.text(max_size=12))

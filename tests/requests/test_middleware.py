@@ -223,6 +223,11 @@ def test_bad_configuration_stops_the_crawl(redis_url: str, site: CrawlSite, tmp_
         ({"REDISLOCK_URL": "http://nope"}, "REDISLOCK_URL"),
         ({"TWISTED_REACTOR": "twisted.internet.selectreactor.SelectReactor"}, "TWISTED_REACTOR"),
         ({"TWISTED_REACTOR": "twisted.internet.selectreactor.SelectReactor", "SCHEDULER": None}, "TWISTED_REACTOR"),
+        ({"REDISLOCK_STAGE_KEY": "domian"}, "REDISLOCK_STAGE_KEY must be 'domain', 'download_slot'"),
+        ({"REDISLOCK_STAGE_KEY": "nowhere.key_of"}, "REDISLOCK_STAGE_KEY cannot be loaded"),
+        ({"REDISLOCK_STAGE_KEY": "domain", "REDISLOCK_KEY_LIMIT": -1}, "REDISLOCK_KEY_LIMIT must be an integer"),
+        ({"REDISLOCK_STAGE_KEY": "domain", "REDISLOCK_DELAY": -0.5}, "REDISLOCK_DELAY must be a number of seconds"),
+        ({"REDISLOCK_DELAYS": {"detail": "soon"}}, "REDISLOCK_DELAYS['detail'] must be a number of seconds"),
     ]
     crawls = [
         (Crawl(site.url, "detail:3", settings(redis_url, **bad), tmp_path).start(), named) for bad, named in cases

@@ -181,3 +181,22 @@ local function collect_garbage(slots, meta, owners, ttls, seen, lease, now)
     redis.call('HDEL', ttls, owner)
   end
 end
+
+-- Free every grant of one owner (all its consumers) and forget it; with a consumer name '<owner>#<n>',
+-- that consumer only. Returns the number of grants freed. The stream must exist.
+local function release_owner(slots, owners, holds, ttls, seen, target)
+  local freed = 0
+  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', slots, GROUP)) do
+    local name = info_field(c, 'name')
+    if name == target or (owner_of(name) == target and name ~= owner_of(name)) then
+      freed = freed + free_consumer(slots, holds, name)
+      redis.call('XGROUP', 'DELCONSUMER', slots, GROUP, name)
+    end
+  end
+  if owner_of(target) == target then
+    redis.call('HDEL', owners, target)
+    redis.call('HDEL', ttls, target)
+    redis.call('ZREM', seen, target)
+  end
+  return freed
+end

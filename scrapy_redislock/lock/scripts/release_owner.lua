@@ -6,18 +6,4 @@
 -- Returns the number of grants freed.
 local slots, meta, owners, holds, ttls, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 if redis.call('EXISTS', slots) == 0 then return 0 end
-local target = ARGV[1]
-local freed = 0
-for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', slots, GROUP)) do
-  local name = info_field(c, 'name')
-  if name == target or (owner_of(name) == target and name ~= owner_of(name)) then
-    freed = freed + free_consumer(slots, holds, name)
-    redis.call('XGROUP', 'DELCONSUMER', slots, GROUP, name)
-  end
-end
-if owner_of(target) == target then
-  redis.call('HDEL', owners, target)
-  redis.call('HDEL', ttls, target)
-  redis.call('ZREM', seen, target)
-end
-return freed
+return release_owner(slots, owners, holds, ttls, seen, ARGV[1])

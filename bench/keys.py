@@ -1,0 +1,167 @@
+"""Caps per domain across processes: REDISLOCK_STAGE_KEY against Scrapy's per-process setting.
+
+    ./run.sh bench keys [--processes 3,10] [--domains 100,10000] [--pages 2000] [--cap-per-process 1]
+
+Real ``scrapy runspider`` processes (testing/spiders/keyspider.py) against the local site and a fresh
+redis-server per run. Page ``n`` belongs to domain ``d<n % domains>`` (``meta["download_slot"]``, so Scrapy's
+per-domain settings and REDISLOCK_STAGE_KEY = "download_slot" both see each as a domain); process ``i`` fetches
+pages ``i, i + P, ...``. For each number of processes P and of domains D, two crawls of the same pages:
+
+- **redislock**: REDISLOCK_STAGE_KEY = "download_slot", REDISLOCK_KEY_LIMIT = cap (= P x --cap-per-process),
+  held across every process, Scrapy's own per-domain limit out of the way;
+- **scrapy**: no redislock; CONCURRENT_REQUESTS_PER_DOMAIN = cap / P per process (what one sets today to keep P
+  processes under the cap).
+
+Measured: pages/s (pages over the time from the first request's arrival at the site to the last answer), the most
+requests of one domain in flight at once (seen by the site), Redis commands per page (INFO commandstats: every
+command, those run inside scripts included) and Redis memory at the end: the keys left and their bytes (MEMORY
+USAGE summed), and INFO memory used_memory less the empty server's (that includes the Lua scripts loaded and the
+Lua VM, which are not per key). Prints what it measured; writes bench/results/keys.md and keys.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench.dashboard import commandstats
+from testing.crawlproc import ROOT, Crawl
+from testing.redis_server import RedisServer
+from testing.site import CrawlSite
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SPIDER = ROOT / "testing" / "spiders" / "keyspider.py"
+
+
+def options(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench/keys.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--processes", default="3,10", help="comma-separated numbers of crawl processes")
+    parser.add_argument("--domains", default="100,10000", help="comma-separated numbers of domains")
+    parser.add_argument("--pages", type=int, default=2000, help="pages per crawl (at least one per domain)")
+    parser.add_argument("--cap-per-process", type=int, default=1, help="cap per domain = processes x this")
+    parser.add_argument("--concurrency", type=int, default=16, help="CONCURRENT_REQUESTS per process")
+    parser.add_argument("--delay", type=float, default=0.02, help="seconds the site takes per page")
+    return parser.parse_args(argv)
+
+
+def run(mode: str, processes: int, domains: int, opts: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    pages = max(opts.pages, domains)
+    cap = processes * opts.cap_per_process
+    with RedisServer() as server, CrawlSite(delay=opts.delay) as site:
+        client = redis.Redis.from_url(server.url)
+        memory_before = int(client.info("memory")["used_memory"])
+        if mode == "redislock":
+            settings: dict[str, Any] = {
+                "REDISLOCK_URL": server.url,
+                "REDISLOCK_STAGE_KEY": "download_slot",
+                "REDISLOCK_KEY_LIMIT": cap,
+                "CONCURRENT_REQUESTS_PER_DOMAIN": 1000,
+                "SCHEDULER": None,
+            }
+        else:
+            settings = {
+                "DOWNLOADER_MIDDLEWARES": {},
+                "SCHEDULER": None,
+                "CONCURRENT_REQUESTS_PER_DOMAIN": max(1, cap // processes),
+            }
+        settings.update({"CONCURRENT_REQUESTS": opts.concurrency, "DOWNLOAD_DELAY": 0, "LOG_LEVEL": "WARNING"})
+        before = commandstats(client)
+        crawls = [
+            Crawl(
+                site.url,
+                "",
+                settings,
+                folder,
+                args={"pages": str(pages), "domains": str(domains), "part": str(i), "parts": str(processes)},
+                spider=SPIDER,
+            ).start()
+            for i in range(processes)
+        ]
+        for crawl in crawls:
+            crawl.wait(timeout=1800)
+            assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
+        after = commandstats(client)
+        commands = sum(after.values()) - sum(before.values()) - 1  # less our INFO
+        delta = {name: after[name] - before.get(name, 0) for name in after}
+        delta["info"] = delta.get("info", 1) - 1
+        top = dict(sorted(((n, v) for n, v in delta.items() if v), key=lambda item: -item[1])[:8])
+        with site.lock:
+            first = min(r.arrived for r in site.served)
+            last = max(r.answered for r in site.served)
+            fetched = len(site.served)
+        memory = int(client.info("memory")["used_memory"]) - memory_before
+        keys = int(client.dbsize())
+        key_bytes = sum(int(client.memory_usage(key) or 0) for key in client.scan_iter(count=1000))
+        client.close()
+    assert fetched == pages and set(site.hits.values()) == {1}, (fetched, pages)
+    return {
+        "mode": mode,
+        "processes": processes,
+        "domains": domains,
+        "pages": pages,
+        "cap": cap,
+        "pages_per_s": round(pages / (last - first), 1),
+        "max_in_flight_per_domain": max(site.max_in_flight.values()),
+        "commands_per_page": round(commands / pages, 2),
+        "redis_used_memory_change_bytes": memory,
+        "redis_keys_end": keys,
+        "redis_key_bytes_end": key_bytes,
+        "commands_per_page_by_name": {name: round(count / pages, 2) for name, count in top.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = options(argv)
+    RESULTS.mkdir(exist_ok=True)
+    folder = RESULTS / "keys-run"
+    folder.mkdir(exist_ok=True)
+    print(
+        f"pages per crawl {opts.pages} (at least one per domain), site {opts.delay * 1000:.0f} ms a page, "
+        f"CONCURRENT_REQUESTS {opts.concurrency}, cap per domain = processes x {opts.cap_per_process}; "
+        f"{os.cpu_count()} CPUs",
+        flush=True,
+    )
+    started = time.time()
+    rows = []
+    for processes in (int(p) for p in opts.processes.split(",")):
+        for domains in (int(d) for d in opts.domains.split(",")):
+            for mode in ("redislock", "scrapy"):
+                row = run(mode, processes, domains, opts, folder)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    lines = [
+        "## Caps per domain across processes: `./run.sh bench keys`",
+        "",
+        "| processes | domains | pages | cap | how | pages/s | most in flight per domain | commands/page | "
+        "keys left (bytes) | used_memory change |",
+        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        how = (
+            "redislock key cap"
+            if r["mode"] == "redislock"
+            else f"Scrapy per process {max(1, r['cap'] // r['processes'])}"
+        )
+        lines.append(
+            f"| {r['processes']} | {r['domains']} | {r['pages']} | {r['cap']} | {how} | {r['pages_per_s']} | "
+            f"{r['max_in_flight_per_domain']} | {r['commands_per_page']} | {r['redis_keys_end']} "
+            f"({r['redis_key_bytes_end']} B) | {r['redis_used_memory_change_bytes'] / 1024:+.0f} KiB |"
+        )
+    lines.append(f"\nbenchmark wall time {time.time() - started:.0f} s")
+    text = "\n".join(lines)
+    print()
+    print(text)
+    (RESULTS / "keys.md").write_text(text + "\n")
+    (RESULTS / "keys.json").write_text(json.dumps({"options": vars(opts), "runs": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""KeyGate: what StageLockMiddleware adds per request for REDISLOCK_STAGE_KEY and the delays.
+
+After the request's stage slot (from StageScheduler, or waited for in the middleware), in this fixed order:
+
+1. the slot of its key (the domain, ...) when the key is capped (REDISLOCK_KEY_LIMIT, REDISLOCK_KEY_LIMITS),
+   waited for in Redis's FIFO like a stage's;
+2. its stage's delay (REDISLOCK_DELAYS[stage]), then its key's (REDISLOCK_DELAY, REDISLOCK_DELAYS[key]): each a
+   booking of the next start on Redis's clock and a sleep until it (:mod:`scrapy_redislock.lock.delay`).
+
+Why this order cannot deadlock: a key slot is the last slot a request takes, so a request holding one waits for
+no other slot (only for bounded delays and its download), and always ends and frees it; a request holding a stage
+slot may wait for a key slot, but the holders of that key slot are all past every slot wait. No cycle of waits
+can form, in one process or across many. The price: a request waiting for a busy key keeps its stage slot (and,
+like any request waiting in a downloader middleware, one of CONCURRENT_REQUESTS) meanwhile.
+
+The key slot is kept by request object and given back on the same paths as the stage slot (response, exception,
+request_left_downloader, a sweep at every renewal tick for requests gone from the downloader, spider close).
+A request that waited for a delay carries its booked start in ``meta["redislock_start_at"]`` (seconds since the
+epoch, Redis's clock; the key's booking when it had a stage delay too). A key function that raises fails that
+request with :class:`~scrapy_redislock.errors.KeyFunctionError` (stat ``redislock/key_errors``), not the crawl.
+
+Stats: redislock/keys/{acquired,wait_time_total,wait_time_max,retired_idle}, redislock/keys/<key>/{timeouts,lost},
+redislock/delay/{waits,wait_time_total}, redislock/key_errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from scrapy.exceptions import IgnoreRequest
+
+from scrapy_redislock.crawl.engine import left_twice
+from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, KeyLocks
+from scrapy_redislock.crawl.keys import key_of
+from scrapy_redislock.crawl.stages import DONT_META
+from scrapy_redislock.errors import KeyFunctionError
+
+START_META = "redislock_start_at"  # the booked start, on Redis's clock (seconds since the epoch)
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+    from scrapy_redislock.crawl.settings import RedisLockSettings
+    from scrapy_redislock.lock.core import Permit
+
+
+class KeyGate:
+    """Key slots and delays of the requests of one crawler (see the module docstring)."""
+
+    def __init__(self, crawler: Crawler, settings: RedisLockSettings) -> None:
+        self.crawler = crawler
+        self.settings = settings
+        self.locks = KeyLocks.of(crawler, settings)
+        self.permits: dict[Request, Permit] = {}
+        self.waiting: Counter[str] = Counter()
+        self._suspects: set[Request] = set()
+        self.locks.add_waiting_source(self.waiting.__getitem__)
+        self.locks.add_tick_hook(self.sweep)
+
+    def prepare(self, request: Request, stage: str | None) -> Coroutine[Any, Any, None] | None:
+        """A coroutine taking the request's key slot and waiting its delays; None when it has none of them.
+        KeyFunctionError (counted) when REDISLOCK_STAGE_KEY's function fails for it."""
+        key = None
+        function = self.settings.stage_key
+        if function is not None and not request.meta.get(DONT_META):
+            try:
+                key = key_of(request, self.crawler.spider, function)
+            except KeyFunctionError:
+                self.crawler.stats.inc_value("redislock/key_errors")
+                raise
+        capped = key is not None and self.settings.limit_of_key(key) is not None
+        stage_delay = self.settings.delay_of(stage, stage=True) if stage is not None else 0.0
+        key_delay = self.settings.delay_of(key) if key is not None else 0.0
+        if not (capped or stage_delay or key_delay):
+            return None
+        return self._through(request, stage, key if capped else None, stage_delay, key, key_delay)
+
+    async def _through(
+        self,
+        request: Request,
+        stage: str | None,
+        capped: str | None,
+        stage_delay: float,
+        key: str | None,
+        key_delay: float,
+    ) -> None:
+        if capped is not None:
+            await self._take_slot(request, capped)
+        if stage_delay and stage is not None:
+            await self._delay(request, stage, stage_delay)
+        if key_delay and key is not None:
+            await self._delay(request, f"{KEY_LOCK_PREFIX}{key}", key_delay)
+
+    async def _take_slot(self, request: Request, key: str) -> None:
+        started = time.monotonic()
+        self.locks.lock_for(key)
+        self.waiting[key] += 1
+        try:
+            permit = await self.locks.acquire(key, self.settings.wait_timeout)
+        except asyncio.CancelledError:
+            if self.locks.closed:
+                raise IgnoreRequest(f"spider closed while waiting for a slot of key {key!r}") from None
+            raise
+        finally:
+            self.waiting[key] -= 1
+            if not self.waiting[key]:
+                del self.waiting[key]
+        self.permits[request] = permit
+        waited = time.monotonic() - started
+        stats = self.crawler.stats
+        stats.inc_value("redislock/keys/acquired")
+        stats.inc_value("redislock/keys/wait_time_total", waited)
+        stats.max_value("redislock/keys/wait_time_max", waited)
+
+    async def _delay(self, request: Request, name: str, delay: float) -> None:
+        waited, start = await self.locks.wait_start(name, delay)
+        request.meta[START_META] = start
+        self.crawler.stats.inc_value("redislock/delay/waits")
+        self.crawler.stats.inc_value("redislock/delay/wait_time_total", waited)
+
+    def release(self, request: Request) -> None:
+        permit = self.permits.pop(request, None)
+        if permit is not None:
+            self.locks.release_soon(permit)
+
+    async def sweep(self) -> None:
+        """At every renewal tick: free key slots of requests gone from the downloader at two ticks in a row."""
+        gone, self._suspects = left_twice(self.crawler, self.permits, self._suspects)
+        for request in gone:
+            permit = self.permits.pop(request, None)
+            if permit is not None:
+                await self.locks.release(permit)
+
+    async def close(self) -> None:
+        await self.locks.close()
+        self.permits.clear()

@@ -1,0 +1,113 @@
+"""The two lock-layer primitives behind keys met at run time, against a real redis-server: ``retire`` (a key's
+lock leaves Redis once nobody holds, waits or is registered) and the delay gate (starts booked on Redis's clock,
+first come, first served)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+import pytest
+import redis
+import redis.asyncio
+
+from scrapy_redislock import AsyncCountingLock
+from scrapy_redislock.lock.delay import book_start, gate_key
+from scrapy_redislock.lock.front import CommandRunner
+from scrapy_redislock.lock.protocol import adrive
+
+pytestmark = pytest.mark.integration
+JITTER = 0.02  # seconds between Redis's reply and the moment this process reads the clock, at most
+
+
+def keys_of(client: redis.Redis, name: str = "key:a.com") -> list[bytes]:
+    return sorted(client.scan_iter(f"redislock:{{{name}}}*"))
+
+
+def test_retire_deletes_only_when_nobody_uses_the_lock(admin_url: str, redis_client: redis.Redis) -> None:
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(admin_url)
+        a = AsyncCountingLock(client, "key:a.com", 1, 30.0, maintain_loop=False)
+        b = AsyncCountingLock(client, "key:a.com", 1, 30.0, maintain_loop=False)
+        permit = await a.acquire()
+        waiter = asyncio.ensure_future(b.acquire())  # registers, then blocks in XREADGROUP
+        while not b.busy or not keys_of(redis_client):
+            await asyncio.sleep(0.001)
+        await a.release(permit)
+        await b.maintain()  # whoever waits stays registered: its wait goes on and gets the slot
+        permit_b = await waiter
+        assert await a.aclose(retire=True) == 0
+        assert keys_of(redis_client)  # b holds: the lock stays
+        await b.release(permit_b)
+        assert await b.aclose(retire=True) == 0
+        assert keys_of(redis_client) == []  # nobody holds, waits or is registered: gone
+        c = AsyncCountingLock(client, "key:a.com", 2, 30.0, maintain_loop=False)  # made anew, with its own limit
+        again = await c.acquire(timeout=1)
+        assert again.fence > permit_b.fence  # fences keep growing (ids start at Redis's clock)
+        assert await c.aclose(retire=True) == 1
+        assert keys_of(redis_client) == []
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_retire_ignores_owners_gone_for_three_leases(admin_url: str, redis_client: redis.Redis) -> None:
+    """A process that registered and died (no release, no retire) does not keep the lock alive for ever."""
+
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(admin_url)
+        dead = AsyncCountingLock(client, "key:a.com", 1, 0.1, maintain_loop=False)
+        await dead.maintain()  # registers, holds nothing, then "dies"
+        alive = AsyncCountingLock(client, "key:a.com", 1, 0.1, maintain_loop=False)
+        await alive.release(await alive.acquire())
+        assert (await alive.aclose(retire=True)) == 0
+        assert keys_of(redis_client)  # the dead one was seen within 3 leases: kept
+        later = AsyncCountingLock(client, "key:a.com", 1, 0.1, maintain_loop=False)
+        await later.maintain()
+        deadline = time.monotonic() + 5
+        while keys_of(redis_client) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            await later.aclose(retire=True)
+            later = AsyncCountingLock(client, "key:a.com", 1, 0.1, maintain_loop=False)
+        assert keys_of(redis_client) == []
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_delay_gate_books_starts_in_order_on_redis_clock(admin_url: str, redis_client: redis.Redis) -> None:
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(admin_url)
+        runner = CommandRunner(client)
+        gate = gate_key("redislock", "key:a.com")
+        booked: list[float] = []
+
+        async def book(gap: float) -> float:
+            """The moment booked, on this process's clock: when the reply came, plus the wait it says."""
+            wait, start = await adrive(book_start(gate, gap), runner, "gate")
+            booked.append(start)
+            return time.monotonic() + wait
+
+        first = [await book(0.1) for _ in range(5)]
+        # Each booking is 0.1 s after the one before (less the reply's jitter): 0, 0.1, 0.2 ... from the first.
+        for earlier, later in itertools.pairwise(first):
+            assert later - earlier >= 0.1 - JITTER, first
+        assert first[-1] - first[0] <= 0.4 + JITTER
+        ttl = redis_client.pttl(gate)
+        assert 0 < ttl <= 500
+        concurrent = sorted(await asyncio.gather(*(book(0.1) for _ in range(10))))
+        assert concurrent[0] >= first[-1] + 0.1 - JITTER  # after the last booking, in the order they came
+        for earlier, later in itertools.pairwise(concurrent):
+            assert later - earlier >= 0.1 - JITTER, concurrent
+        # On Redis's clock the booked moments are exactly 0.1 s apart.
+        for earlier, later in itertools.pairwise(sorted(booked)):
+            assert later - earlier == pytest.approx(0.1, abs=1e-6), booked
+        assert abs(booked[0] - time.time()) < 5  # seconds since the epoch
+        await client.aclose()
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 5
+    while redis_client.exists(gate_key("redislock", "key:a.com")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not redis_client.exists(gate_key("redislock", "key:a.com"))  # idle: nothing left
