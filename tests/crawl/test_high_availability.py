@@ -548,7 +548,7 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
         ]
         assert site.wait_for(lambda: min(site.done(p) for p in ("list", "l2", "l3", "x")) >= 10, timeout=60)
         with redis.Redis(port=victim.port) as client:  # every request pushed, and on the replica
-            assert wait_until(lambda: client.scard("redislock:{staged}:dupefilter") == 60)
+            assert wait_until(lambda: client.scard("redislock:{staged}:dupefilter") == 60, timeout=90)
         with cluster_client(nodes) as client:
             assert client.exists("plan:requests") == 0
         nodes.wait_synced(victim)
