@@ -50,10 +50,8 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -69,6 +67,7 @@ from example_project.shop_site import STAGES, ShopSite
 from scrapy_redislock._redis import load_scripts
 from scrapy_redislock.lock.core import lock_scripts
 from scrapy_redislock.workers.queue import QUEUE_SCRIPTS
+from testing.monitor import Monitor, commands
 from testing.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,44 +102,6 @@ CONTAINERS = {"client", "config", "xinfo", "xgroup", "script", "object", "memory
 
 
 # -- reading MONITOR ---------------------------------------------------------------------------------------------
-
-
-class Monitor:
-    """A raw MONITOR connection read by a thread into memory; parsed after the run."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.sock.sendall(b"MONITOR\r\n")
-        self.data = bytearray()
-        self.thread = threading.Thread(target=self._read, name="monitor", daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                chunk = self.sock.recv(1 << 18)
-            except OSError:
-                return
-            if not chunk:
-                return
-            self.data += chunk
-
-    def stop(self, client: redis.Redis, timeout: float = 10.0) -> bytes:
-        """Send a marker from ``client``, wait until MONITOR has shown it (so every earlier line is in), stop."""
-        marker = f"scale-bench-end-{time.monotonic_ns()}".encode()
-        client.echo(marker)
-        deadline = time.monotonic() + timeout
-        while marker not in self.data and time.monotonic() < deadline:
-            time.sleep(0.02)
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
-        self.thread.join(5)
-        return bytes(self.data)
-
-
-LINE = re.compile(rb"^\+(\d+\.\d+) \[\d+ ([^\]]+)\] (.*)$")
-ARG = re.compile(rb'"((?:[^"\\]|\\.)*)"')
 
 
 def script_names() -> dict[str, str]:
@@ -205,14 +166,7 @@ def parse_monitor(raw: bytes, spider: str, skip: set[str], window: tuple[float, 
     last_of: dict[str, str] = {}  # client -> its last operation (EXEC belongs to what it wrapped)
     multi_open: Counter[str] = Counter()  # client -> MULTIs not yet attributed (they go to the next command)
     addresses: set[str] = set()
-    for line in raw.split(b"\r\n"):
-        match = LINE.match(line)
-        if match is None:
-            continue
-        stamp, source, rest = float(match.group(1)), match.group(2).decode(), match.group(3)
-        args = ARG.findall(rest)
-        if not args:
-            continue
+    for stamp, source, args in commands(raw):
         name = command_name(args)
         if source in skip:
             continue

@@ -41,6 +41,7 @@ it is queued, naming the field.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -76,7 +77,7 @@ logger = logging.getLogger(__name__)
 CLOSE_STEP_TIMEOUT = 10.0
 PUSH_BATCH = 500  # requests per queue_push call
 EXCERPT = 60  # bytes of an entry that cannot be loaded shown in the log and in the dead-letter note
-WAIT_SLACK = 0.05  # a blocked wait ends this long after the heartbeat is due, so the beat's step finds it running
+WAIT_GRACE = 1.0  # seconds the loop waits past a due heartbeat for the blocked wait to end (a fallback)
 REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
 
 
@@ -270,8 +271,10 @@ class StageWorkerScheduler(BaseScheduler):
         if self.buffer:
             request, inflight_id = self.buffer.popleft()
             self.handed[request] = inflight_id
-        if len(self.buffer) < self.concurrency:
-            self._wake()  # top up before the buffer runs dry (or leave a drained stage): costs Redis nothing else
+        if self.current is not None and len(self.buffer) < self.concurrency:
+            # Top up before the buffer runs dry, or leave a drained stage. Without a stage the engine's polls
+            # cost Redis nothing: the worker waits in Redis for a signal.
+            self._wake()
         return request
 
     def may_close(self) -> bool:
@@ -359,7 +362,10 @@ class StageWorkerScheduler(BaseScheduler):
     def _interval(self) -> float:
         if self.closing:
             return 0.0
-        return next_wake(time.monotonic(), self.beat_due, self.quiet_since, self.idle_close)
+        beat_due = self.beat_due
+        if self.listener is not None and not self.listener.done():
+            beat_due += WAIT_GRACE  # the blocked wait ends at the beat and wakes the loop; this is a fallback
+        return next_wake(time.monotonic(), beat_due, self.quiet_since, self.idle_close)
 
     async def _step(self) -> bool:
         if self.closing:
@@ -461,17 +467,15 @@ class StageWorkerScheduler(BaseScheduler):
             self.listener = asyncio.get_running_loop().create_task(self._wait_for_work(keys))
 
     async def _wait_for_work(self, keys: list[str]) -> None:
-        """One blocked wait at a time, renewed at each heartbeat, until a token or entry arrives."""
+        """Block until a token or entry arrives, or until the heartbeat is due; then wake the loop (one BLPOP per
+        heartbeat period while nothing happens)."""
         queue_keys = self.queues.keys
-        while not self.closing:
-            timeout = max(0.0, self.beat_due - time.monotonic()) + WAIT_SLACK
-            try:
-                reply = await self.queues.wait_signal(keys, timeout)
-            except REDIS_ERRORS as exc:
-                logger.debug("Waiting for work: Redis error (%s); the loop looks at its next step", exc)
-                return
-            if reply is None:
-                continue
+        try:
+            reply = await self.queues.wait_signal(keys, max(0.0, self.beat_due - time.monotonic()))
+        except REDIS_ERRORS as exc:
+            logger.debug("Waiting for work: Redis error (%s); the loop looks at its next step", exc)
+            reply = None
+        if reply is not None:
             key, value = reply
             if key == queue_keys.wake:
                 self.busy_at = time.monotonic()  # the crawl has just ended: idle from now
@@ -480,11 +484,11 @@ class StageWorkerScheduler(BaseScheduler):
             else:
                 stage = next(s for s in self.stages if queue_keys.signal(s) == key)
                 if self.current is not None and stage != self.current:
-                    await self.queues.signal(stage)  # not for us any more: the next worker's
+                    with contextlib.suppress(*REDIS_ERRORS):
+                        await self.queues.signal(stage)  # not for us any more: the next worker's
                 else:
                     self.signalled.add(stage)
-            self._wake()
-            return
+        self._wake()
 
     # -- heartbeat, stage slots ---------------------------------------------------------------------------------
 
