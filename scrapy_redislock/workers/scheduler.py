@@ -126,6 +126,8 @@ class StageWorkerScheduler(BaseScheduler):
         self.flusher: asyncio.Task[Any] | None = None
         self.pushes: set[asyncio.Task[Any]] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.acks: list[str] = []  # in-flight ids of finished requests, acknowledged together after ACK_DELAY
+        self.acker: asyncio.Task[None] | None = None
         self.listener: asyncio.Task[None] | None = None
         self.listening: list[str] = []  # the keys the running listener blocks on
         self.busy_at = time.monotonic()
@@ -293,11 +295,6 @@ class StageWorkerScheduler(BaseScheduler):
         task.add_done_callback(self.pushes.discard)
         return task
 
-    def _task(self, coro: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
     async def _retrying(self, what: str, call: Any) -> Any:
         """Retry a call until Redis answers: a request yielded by a callback must not be dropped."""
         backoff = Backoff()
@@ -344,8 +341,23 @@ class StageWorkerScheduler(BaseScheduler):
         unfinished = in_progress(self.crawler) or set()
         done = [request for request in self.handed if request not in unfinished]
         if done:
-            ids = [self.handed.pop(request) for request in done]
-            self._task(self._ack(ids, set(self.pushes)))
+            self.acks += [self.handed.pop(request) for request in done]
+            if self.acker is None or self.acker.done():
+                self.acker = asyncio.get_running_loop().create_task(self._ack_soon())
+                self.tasks.add(self.acker)
+                self.acker.add_done_callback(self._acked)
+
+    def _acked(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        self._wake()  # the last ack of a drained stage: leave it now
+
+    async def _ack_soon(self) -> None:
+        """One script call for the requests finished meanwhile. Not later than that: a finished request still in
+        the in-flight record when its worker dies would be fetched again."""
+        await asyncio.sleep(0)  # the other requests finished in this loop iteration join
+        while self.acks:
+            ids, self.acks = self.acks, []
+            await self._ack(ids, set(self.pushes))
 
     async def _ack(self, ids: list[str], pushes: set[asyncio.Task[Any]]) -> None:
         if pushes:  # what the callbacks yielded is in Redis before their parents leave the in-flight record
@@ -355,7 +367,6 @@ class StageWorkerScheduler(BaseScheduler):
             self.own -= dropped  # not "self.own -= await ...": that reads self.own before the await
         except redis.exceptions.RedisError as exc:  # they stay in the record: requeued (fetched again) at close
             logger.error("Could not acknowledge %d requests (%s)", len(ids), exc)
-        self._wake()  # the last ack of a drained stage: leave it now
 
     # -- the worker loop: one step when woken (the engine wants requests, a signal, an ack), else at the beat ------
 
@@ -597,8 +608,8 @@ class StageWorkerScheduler(BaseScheduler):
             return 0
         self._ack_finished()
         want = 2 * self.concurrency - len(self.buffer) - len(self.handed)
-        if want <= 0:
-            return 0
+        if want <= 0 or (want < self.concurrency // 2 and self.buffer):
+            return 0  # pop in batches of at least half CONCURRENT_REQUESTS: fewer, fuller script calls
         popped = await self.queues.pop(stage, want, pass_on=pass_on)
         if popped is None:  # taken for dead since the last beat: the beat says so and drops the buffer, then pop
             await self._beat(stage)
