@@ -484,8 +484,9 @@ class StageWorkerScheduler(BaseScheduler):
         try:
             reply = await self.queues.wait_signal(keys, max(0.0, self.beat_due - time.monotonic()))
         except REDIS_ERRORS as exc:
-            logger.debug("Waiting for work: Redis error (%s); the loop looks at its next step", exc)
-            reply = None
+            # Not woken: the loop's next step (at the beat, or after its back-off) waits again.
+            logger.debug("Waiting for work: Redis error (%s); the loop waits again at its next step", exc)
+            return
         if reply is not None:
             key, value = reply
             if key == queue_keys.wake:
