@@ -778,9 +778,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     idle_rows: list[dict[str, Any]] = []
     began = time.monotonic()
+    opts.out.mkdir(parents=True, exist_ok=True)
     for front in filter(None, opts.idle_fronts.split(",") if idle_counts else ()):
         print(f"idle {front} up to {max(idle_counts)} processes ...", file=sys.stderr, flush=True)
         idle_rows += idle_ramp(front, idle_counts, opts)
+        idle_plot(idle_rows, opts.plot)  # what is measured so far, should a later run be cut off
+        (opts.out / "scale-idle.json").write_text(json.dumps(idle_rows, indent=2))
     for front in filter(None, opts.fronts.split(",")):
         for processes in counts:
             print(f"{front} x {processes} processes ...", file=sys.stderr, flush=True)
