@@ -8,6 +8,7 @@ the cost of one idle tick. The same count with 2 and with 6 workers, and the sam
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import subprocess
 import time
@@ -16,11 +17,15 @@ from collections import Counter
 
 import pytest
 import redis
+import redis.asyncio
+import scrapy
 
 from scrapy_redislock._redis import load_scripts, text
-from scrapy_redislock.workers.queue import QUEUE_SCRIPTS, QueueKeys
+from scrapy_redislock.crawl import requestformat
+from scrapy_redislock.workers.queue import QUEUE_SCRIPTS, QueueKeys, StageQueues
 from testing.crawlproc import staged_worker
 from testing.monitor import Monitor, commands
+from testing.site import CrawlSite
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 
@@ -28,8 +33,8 @@ TTL = 1.5  # a heartbeat every 0.5 s
 PERIODS = 3  # heartbeat periods counted per worker
 
 
-def beat_sha() -> str:
-    return hashlib.sha1(load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)["queue_beat"].encode()).hexdigest()
+def script_sha(name: str) -> str:
+    return hashlib.sha1(load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)[name].encode()).hexdigest()
 
 
 def wait_until(condition: object, timeout: float = 60.0, what: str = "") -> None:
@@ -78,7 +83,7 @@ def blocked(client: redis.Redis, prefix: str) -> int:
 
 def tick_costs(raw: bytes, names: dict[str, str]) -> dict[str, list[Counter[str]]]:
     """Per worker, the commands of each full heartbeat period MONITOR saw (client commands and script commands)."""
-    sha = beat_sha()
+    sha = script_sha("queue_beat")
     periods: dict[str, list[Counter[str]]] = {}
     current: dict[str, Counter[str] | None] = {}
     last = None  # the worker of the last client command: a script's commands follow its EVALSHA
@@ -154,3 +159,57 @@ def test_one_idle_tick_costs_the_same_commands_with_2_and_with_6_workers(admin_u
         "get": 1,
         "blpop": 1,
     }, commands_per_tick
+
+
+def test_an_idle_worker_takes_queued_work_at_once_not_at_its_next_heartbeat(admin_url: str) -> None:
+    """A worker blocked in Redis is woken by the push itself, not by its next heartbeat (every 10 s with
+    REDISLOCK_TTL 30) or a poll: it fetches the page before that heartbeat is due."""
+    prefix = f"wake{uuid.uuid4().hex[:6]}"
+    admin = redis.Redis.from_url(admin_url)
+    keys = QueueKeys.of(prefix, "staged")
+    with CrawlSite(delay=0) as site:
+        settings = {
+            "REDISLOCK_WORKER_STAGES": {"a": 1},
+            "REDISLOCK_TTL": 30,
+            "REDISLOCK_IDLE_CLOSE": "None",
+            "MAX_IDLE_TIME_BEFORE_CLOSE": 0,
+            "REDISLOCK_KEY_PREFIX": prefix,
+            "REDISLOCK_PARAMS": {"client_name": f"{prefix}-0"},
+        }
+        worker = staged_worker(admin_url, site.url, "", settings)
+        try:
+            wait_until(lambda: admin.zcard(keys.alive) == 1, what="the worker registered")
+            wait_until(lambda: blocked(admin, prefix) == 1, what="the worker blocked waiting for work")
+            names = names_by_address(admin, prefix)
+            kwargs = admin.connection_pool.connection_kwargs
+            monitor = Monitor(kwargs["port"], kwargs["host"])
+            pushed = time.monotonic()
+            seed_one(admin_url, prefix, f"{site.url}/a/0")
+            wait_until(lambda: site.hits["/a/0"] == 1, timeout=9, what="the page fetched before the next heartbeat")
+            fetched_after = time.monotonic() - pushed
+            raw = monitor.stop(admin)
+        finally:
+            stop([worker])
+            admin.close()
+    pop = script_sha("queue_pop")
+    sent = [
+        text(args[1]) if text(args[0]).lower() == "evalsha" else text(args[0]).lower()
+        for _, source, args in commands(raw)
+        if names.get(source)
+    ]
+    assert pop in sent, sent
+    before = sent[: sent.index(pop)]
+    # Woken by the BLPOP it was blocked in: one look at the queue, the stage taken (its slot, a beat naming the
+    # stage for people), the pop. No second wait, no heartbeat period went by.
+    assert "blpop" not in before and before.count("llen") == 1, f"{fetched_after:.2f} s: {before}"
+
+
+def seed_one(url: str, prefix: str, page: str) -> None:
+    async def push() -> None:
+        client = redis.asyncio.Redis.from_url(url)
+        queues = StageQueues(client, "staged", ["a"], key_prefix=prefix, worker="seeder")
+        request = scrapy.Request(page, meta={"redislock_stage": "a"})
+        await queues.push("a", "", requestformat.dumps(request.to_dict()))
+        await client.aclose()
+
+    asyncio.run(push())
