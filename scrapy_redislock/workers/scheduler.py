@@ -132,6 +132,7 @@ class StageWorkerScheduler(BaseScheduler):
         self.listening: list[str] = []  # the keys the running listener blocks on
         self.busy_at = time.monotonic()
         self.quiet_since: float | None = None  # the cluster was found idle at the last look (for REDISLOCK_IDLE_CLOSE)
+        self.look_due = True  # look at the queues at the next step without a stage: woken, beat, or a stage left
         self.beat_at = time.monotonic()  # when the last beat that reached Redis was sent
         self.beat_due = 0.0
         self.loop_task: asyncio.Task[None] | None = None
@@ -382,15 +383,19 @@ class StageWorkerScheduler(BaseScheduler):
         if self.closing:
             return False
         try:
-            if time.monotonic() >= self.beat_due:
+            now = time.monotonic()
+            if now >= self.beat_due:
+                self.look_due = True  # at each heartbeat (a token lost on the way is found so)
                 await self._beat_and_reap()
+            if self.quiet_since is not None and self.idle_close is not None:
+                self.look_due |= now >= self.quiet_since + self.idle_close  # still quiet? then close
             await self._check_lost()
             self._ack_finished()
             if self.fed:
                 await self._feed(self.fed)
             if self.current is not None:
                 await self._work()
-            if self.current is None and not self.closing:
+            if self.current is None and self.look_due and not self.closing:
                 await self._look()
             self._listen()
         except REDIS_ERRORS:
@@ -415,6 +420,7 @@ class StageWorkerScheduler(BaseScheduler):
 
     async def _look(self) -> None:
         """With no stage: read the feed, look at every queue and the cluster's in-flight counter, take a stage."""
+        self.look_due = False
         await self._feed(None)
         self.lengths, in_flight = await self.queues.look()
         self.empty = {stage for stage, n in self.lengths.items() if not n}
@@ -489,6 +495,7 @@ class StageWorkerScheduler(BaseScheduler):
             return
         if reply is not None:
             key, value = reply
+            self.look_due = True
             if key == queue_keys.wake:
                 self.busy_at = time.monotonic()  # the crawl has just ended: idle from now
             elif self.feed is not None and key == self.feed.key:
@@ -558,6 +565,7 @@ class StageWorkerScheduler(BaseScheduler):
         self.busy_at = time.monotonic()
         self.quiet_since = None
         self.empty.clear()
+        self.look_due = True
 
     async def _check_lost(self) -> None:
         """A lost slot lease (stalled longer than the TTL, or an operator's reset): leave the stage at once."""
@@ -577,6 +585,7 @@ class StageWorkerScheduler(BaseScheduler):
             len(self.handed),
         )
         self.permit, self.current = None, None
+        self.look_due = True
         await self._beat(None)
 
     async def _take(self, stage: str) -> bool:
@@ -597,6 +606,7 @@ class StageWorkerScheduler(BaseScheduler):
     async def _leave_stage(self) -> None:
         permit, self.permit = self.permit, None
         stage, self.current = self.current, None
+        self.look_due = True
         if permit is not None:
             await self.locks.release(permit)
         await self._beat(None)

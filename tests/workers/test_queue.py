@@ -122,9 +122,12 @@ def test_fifo_pop_into_the_in_flight_record_and_ack(redis_url: str, redis_client
             await a.push("detail", f"fp{n}", f"r{n}".encode())
         assert await a.beat("detail")  # registers: True the first time
         assert not await a.beat("detail")
+        registered = redis_client.zscore(a.keys.alive, "a")
+        await asyncio.sleep(0.01)
         popped = await a.pop("detail", 3)
         assert [data for _, data in popped] == [b"r0", b"r1", b"r2"]
         assert redis_client.hlen(a.inflight_key) == 3
+        assert redis_client.zscore(a.keys.alive, "a") > registered  # a pop is a sign of life
         assert await a.in_flight() == 3  # the scripts' counter, read instead of every worker's hash
         assert await a.ack([popped[0][0], popped[1][0]]) == 2
         assert await a.ack([popped[0][0]]) == 0
