@@ -12,7 +12,7 @@ from docutils import nodes
 from sphinx.application import Sphinx
 from sphinx.util.docutils import SphinxDirective
 
-import scrapy_redislock.defaults as defaults
+import scrapy_redislock.crawl.defaults as defaults
 
 ASSIGNMENT = re.compile(r"^(REDISLOCK_[A-Z0-9_]+)\s*(?::[^=]+)?=")
 
