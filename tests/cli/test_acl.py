@@ -22,8 +22,8 @@ import redis.exceptions
 
 from example_project.shop_site import ShopSite
 from scrapy_redislock.cli.acl import CRAWLER_CLIENT_COMMANDS, acl_rules, commands_of, main, script_commands
-from testing.redis_server import RedisServer
 from testing.crawlproc import ROOT, run_crawl, staged_worker
+from testing.redis_server import RedisServer
 from testing.site import CrawlSite
 from tests.cli.test_main import tls_server  # noqa: F401  (a fixture)
 from tests.workers.test_mixin import finish, held_slots, shop_worker, stat
