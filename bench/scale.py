@@ -50,10 +50,8 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -68,6 +66,7 @@ from example_project.run import seed
 from scrapy_redislock._redis import load_scripts
 from scrapy_redislock.lock.core import lock_scripts
 from scrapy_redislock.workers.queue import QUEUE_SCRIPTS
+from testing.monitor import Monitor, commands
 from testing.redis_server import RedisServer
 from testing.site import STAGES, ShopSite, add_shop_arguments
 
@@ -76,8 +75,10 @@ RESULTS = ROOT / "bench" / "results"
 PROJECT = ROOT / "example_project"
 PREFIX = "redislock"
 CAPS: dict[str, int | None] = {"list": 1, "detail": 3, "comments": None}
-SPIDER = {"middleware": "shop_baseline", "workers": "shop"}
+SPIDER = {"middleware": "shop_baseline", "workers": "shop", "scrapy-redis": "shop_baseline"}
 FRONTS = ("middleware", "workers")
+IDLE_FRONTS = ("scrapy-redis", "middleware", "workers")  # plain scrapy-redis: the yardstick of the idle phase
+OWN_COMMANDS = ("config|resetstat", "info")  # the benchmark's own, left out of the idle counts
 RUN_TIMEOUT = 300.0  # seconds a run may take before its processes are killed
 COMPONENTS = ("stage slots", "stage queues", "start URLs", "scrapy-redis queue", "connection", "other")
 SHORT = {
@@ -101,44 +102,6 @@ CONTAINERS = {"client", "config", "xinfo", "xgroup", "script", "object", "memory
 
 
 # -- reading MONITOR ---------------------------------------------------------------------------------------------
-
-
-class Monitor:
-    """A raw MONITOR connection read by a thread into memory; parsed after the run."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.sock.sendall(b"MONITOR\r\n")
-        self.data = bytearray()
-        self.thread = threading.Thread(target=self._read, name="monitor", daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                chunk = self.sock.recv(1 << 18)
-            except OSError:
-                return
-            if not chunk:
-                return
-            self.data += chunk
-
-    def stop(self, client: redis.Redis, timeout: float = 10.0) -> bytes:
-        """Send a marker from ``client``, wait until MONITOR has shown it (so every earlier line is in), stop."""
-        marker = f"scale-bench-end-{time.monotonic_ns()}".encode()
-        client.echo(marker)
-        deadline = time.monotonic() + timeout
-        while marker not in self.data and time.monotonic() < deadline:
-            time.sleep(0.02)
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
-        self.thread.join(5)
-        return bytes(self.data)
-
-
-LINE = re.compile(rb"^\+(\d+\.\d+) \[\d+ ([^\]]+)\] (.*)$")
-ARG = re.compile(rb'"((?:[^"\\]|\\.)*)"')
 
 
 def script_names() -> dict[str, str]:
@@ -203,14 +166,7 @@ def parse_monitor(raw: bytes, spider: str, skip: set[str], window: tuple[float, 
     last_of: dict[str, str] = {}  # client -> its last operation (EXEC belongs to what it wrapped)
     multi_open: Counter[str] = Counter()  # client -> MULTIs not yet attributed (they go to the next command)
     addresses: set[str] = set()
-    for line in raw.split(b"\r\n"):
-        match = LINE.match(line)
-        if match is None:
-            continue
-        stamp, source, rest = float(match.group(1)), match.group(2).decode(), match.group(3)
-        args = ARG.findall(rest)
-        if not args:
-            continue
+    for stamp, source, args in commands(raw):
         name = command_name(args)
         if source in skip:
             continue
@@ -440,6 +396,163 @@ def verdicts(
     return result
 
 
+# -- the idle phase ----------------------------------------------------------------------------------------------
+
+
+def idle_settings(front: str, index: int, redis_url: str, opts: argparse.Namespace) -> dict[str, Any]:
+    """An idle process of ``front``: no start URLs, never closes by itself (stopped by the benchmark)."""
+    if front == "scrapy-redis":
+        return {
+            "REDIS_URL": redis_url,
+            "USER_AGENT": f"scale-idle-{index}",
+            "LOG_LEVEL": "INFO",
+            "TELNETCONSOLE_ENABLED": False,
+            "MAX_IDLE_TIME_BEFORE_CLOSE": 0,
+        }
+    settings = settings_for(front, index, redis_url, opts)
+    if front == "workers":  # idles until stopped (the example project's settings close after 3 idle seconds)
+        settings.update(REDISLOCK_IDLE_CLOSE="None", MAX_IDLE_TIME_BEFORE_CLOSE=0)
+    return settings
+
+
+def wait_opened(logs: list[Path], procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    """Until every process logged "Spider opened"; RuntimeError naming the first that exited or never did."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = [n for n, path in enumerate(logs) if b"Spider opened" not in path.read_bytes()]
+        if not pending:
+            return
+        dead = [n for n in pending if procs[n].poll() is not None]
+        if dead:
+            raise RuntimeError(f"idle process {dead[0]} exited with {procs[dead[0]].returncode}; see {logs[dead[0]]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(pending)} idle processes not open after {timeout:.0f} s, e.g. {logs[pending[0]]}")
+        time.sleep(0.2)
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]], timeout: float = 60.0) -> list[int | None]:
+    """SIGTERM (Scrapy's graceful shutdown), then SIGKILL what is still there after ``timeout`` s."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return [proc.returncode for proc in procs]
+
+
+def idle_ramp(front: str, counts: list[int], opts: argparse.Namespace) -> list[dict[str, Any]]:
+    """Idle processes of ``front`` on one fresh Redis, started in waves of ``--wave`` up to each count in turn;
+    at each count, every command Redis runs over ``--idle-window`` s (INFO commandstats after CONFIG RESETSTAT)."""
+    logs_dir = RESULTS / "scale-logs" / f"idle-{front}"
+    shutil.rmtree(logs_dir, ignore_errors=True)
+    logs_dir.mkdir(parents=True)
+    rows: list[dict[str, Any]] = []
+    procs: list[subprocess.Popen[bytes]] = []
+    logs: list[Path] = []
+    with RedisServer() as server:
+        client = redis.Redis.from_url(server.url)
+        try:
+            for target in sorted(counts):
+                while len(procs) < target:
+                    wave = range(len(procs), min(target, len(procs) + opts.wave))
+                    for n in wave:
+                        path = logs_dir / f"{n}.log"
+                        with path.open("wb") as out:
+                            command = crawl_command(front, idle_settings(front, n, server.url, opts))
+                            procs.append(subprocess.Popen(command, cwd=PROJECT, stdout=out, stderr=subprocess.STDOUT))
+                        logs.append(path)
+                    wait_opened(logs, procs, RUN_TIMEOUT)
+                time.sleep(opts.settle)  # the last start-ups' own commands are not idle cost
+                client.config_resetstat()
+                began = time.monotonic()
+                time.sleep(opts.idle_window)
+                stats = client.info("commandstats")
+                window = time.monotonic() - began
+                calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+                for own in OWN_COMMANDS:
+                    calls[own] = calls.get(own, 1) - 1
+                calls = {name: n for name, n in calls.items() if n > 0}
+                total = sum(calls.values())
+                rows.append(
+                    {
+                        "front": front,
+                        "processes": target,
+                        "window_s": window,
+                        "commands": total,
+                        "per_s": total / window,
+                        "per_process_s": total / window / target,
+                        "calls": dict(sorted(calls.items(), key=lambda kv: -kv[1])),
+                        "load": os.getloadavg()[0],
+                    }
+                )
+                print(
+                    f"  idle {front} x {target}: {total / window:.1f} commands/s, "
+                    f"{total / window / target:.2f} per process",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        finally:
+            codes = stop_all(procs)
+            client.close()
+    for row in rows:
+        row["exit_codes"] = dict(Counter(str(c) for c in codes))
+    return rows
+
+
+def idle_table(rows: list[dict[str, Any]]) -> list[str]:
+    counts = sorted({r["processes"] for r in rows})
+    fronts = [f for f in IDLE_FRONTS if any(r["front"] == f for r in rows)]
+    by = {(r["front"], r["processes"]): r for r in rows}
+    lines = [
+        "| processes | " + " | ".join(f"{f}: per process (total) commands/s" for f in fronts) + " |",
+        "|---:|" + "---:|" * len(fronts),
+    ]
+    for n in counts:
+        cells = []
+        for f in fronts:
+            r = by.get((f, n))
+            cells.append("" if r is None else f"{r['per_process_s']:.2f} ({r['per_s']:.0f})")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines += ["", "| front | processes | top commands over the window (calls) |", "|---|---:|---|"]
+    for r in rows:
+        top = ", ".join(f"{name} {n}" for name, n in list(r["calls"].items())[:5])
+        lines.append(f"| {r['front']} | {r['processes']} | {top} |")
+    return lines
+
+
+def idle_plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Redis commands/s against idle processes, total and per process, one line per front."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (total, each) = plt.subplots(1, 2, figsize=(11, 4))
+    for front in IDLE_FRONTS:
+        mine = sorted((r["processes"], r["per_s"], r["per_process_s"]) for r in rows if r["front"] == front)
+        if not mine:
+            continue
+        counts = [m[0] for m in mine]
+        total.plot(counts, [m[1] for m in mine], marker="o", label=front)
+        each.plot(counts, [m[2] for m in mine], marker="o", label=front)
+    total.set(xlabel="idle crawler processes", ylabel="Redis commands/s (all processes)", title="Idle: total")
+    each.set(xlabel="idle crawler processes", ylabel="Redis commands/s per process", title="Idle: per process")
+    each.set_ylim(bottom=0)
+    total.set_ylim(bottom=0)
+    for ax in (total, each):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 # -- the report --------------------------------------------------------------------------------------------------
 
 
@@ -633,22 +746,42 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--idle-close", type=float, default=2.0, help="workers' REDISLOCK_IDLE_CLOSE (default 2)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where scale.md and scale.json go")
     parser.add_argument("--quick", action="store_true", help="processes 1,5 and a 5 x 10 x 2 shop: a smoke run")
+    parser.add_argument(
+        "--idle", default="1,10,50,100", help="idle phase: process counts, comma list ('' = none; default 1,10,50,100)"
+    )
+    parser.add_argument("--idle-fronts", default=",".join(IDLE_FRONTS), help="scrapy-redis,middleware,workers")
+    parser.add_argument("--idle-window", type=float, default=10.0, help="seconds counted at each idle count")
+    parser.add_argument("--wave", type=int, default=10, help="idle processes started at once (default 10)")
+    parser.add_argument("--settle", type=float, default=3.0, help="seconds after the last start-up before counting")
+    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "scale-idle.png", help="the idle phase's plot")
     opts = parser.parse_args(argv)
     if opts.quick:
         opts.processes, opts.lists, opts.details = "1,5", 5, 10
-    unknown = set(opts.fronts.split(",")) - set(FRONTS)
+        opts.idle = "1,5"
+    unknown = set(filter(None, opts.fronts.split(","))) - set(FRONTS)
     if unknown:
         parser.error(f"unknown fronts {sorted(unknown)}; choose from {list(FRONTS)}")
+    unknown = set(filter(None, opts.idle_fronts.split(","))) - set(IDLE_FRONTS)
+    if unknown:
+        parser.error(f"unknown idle fronts {sorted(unknown)}; choose from {list(IDLE_FRONTS)}")
     return opts
 
 
 def main(argv: list[str] | None = None) -> int:
     opts = options(argv)
-    counts = [int(n) for n in opts.processes.split(",")]
+    counts = [int(n) for n in opts.processes.split(",") if n]
+    idle_counts = [int(n) for n in opts.idle.split(",") if n]
     version = RedisServer().version()
     rows = []
+    idle_rows: list[dict[str, Any]] = []
     began = time.monotonic()
-    for front in opts.fronts.split(","):
+    opts.out.mkdir(parents=True, exist_ok=True)
+    for front in filter(None, opts.idle_fronts.split(",") if idle_counts else ()):
+        print(f"idle {front} up to {max(idle_counts)} processes ...", file=sys.stderr, flush=True)
+        idle_rows += idle_ramp(front, idle_counts, opts)
+        idle_plot(idle_rows, opts.plot)  # what is measured so far, should a later run be cut off
+        (opts.out / "scale-idle.json").write_text(json.dumps(idle_rows, indent=2))
+    for front in filter(None, opts.fronts.split(",")):
         for processes in counts:
             print(f"{front} x {processes} processes ...", file=sys.stderr, flush=True)
             row = run(front, processes, opts)
@@ -659,7 +792,10 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             rows.append(row)
-    text = report(rows, opts, counts, version)
+    text = report(rows, opts, counts, version) if rows else "\n".join(header(opts, counts, version)) + "\n"
+    if idle_rows:
+        idle_plot(idle_rows, opts.plot)
+        text += "\n" + "\n".join(idle_report(idle_rows, opts)) + "\n"
     text += f"\nBenchmark wall time {time.monotonic() - began:.0f} s.\n"
     print(text)
     opts.out.mkdir(parents=True, exist_ok=True)
@@ -675,9 +811,26 @@ def main(argv: list[str] | None = None) -> int:
         "scrapy_redis": getattr(scrapy_redis, "__version__", None),
         "library": library_state(),
     }
-    (opts.out / "scale.json").write_text(json.dumps({"options": meta, "machine": machine, "runs": rows}, indent=2))
+    everything = {"options": meta, "machine": machine, "runs": rows, "idle": idle_rows}
+    (opts.out / "scale.json").write_text(json.dumps(everything, indent=2))
     print(f"written: {opts.out / 'scale.md'}, {opts.out / 'scale.json'}; logs in {RESULTS / 'scale-logs'}")
     return 0 if all(r["ok"] for r in rows) else 1
+
+
+def idle_report(rows: list[dict[str, Any]], opts: argparse.Namespace) -> list[str]:
+    return [
+        "## Idle: Redis commands per second with nothing to crawl",
+        "",
+        f"Each front on its own fresh redis-server: idle processes (no start URLs, nothing queued) started in waves "
+        f'of {opts.wave}, each wave waited for until every process logged "Spider opened"; at each count, '
+        f"{opts.settle:g} s after the last start-up, every command Redis ran over {opts.idle_window:g} s (INFO "
+        "commandstats after CONFIG RESETSTAT, commands inside scripts included, the benchmark's own left out). "
+        "scrapy-redis: the plain RedisSpider with scrapy-redis's scheduler, the yardstick; middleware: the same "
+        "spider with StageLockMiddleware + StageScheduler; workers: the StageWorkerMixin spider. "
+        f"Plot: {opts.plot.name}.",
+        "",
+        *idle_table(rows),
+    ]
 
 
 if __name__ == "__main__":

@@ -38,12 +38,13 @@ WATCHER_COMMANDS = (
     "xinfo|consumers", "xpending", "llen", "lrange",
 )  # fmt: skip
 # Sent by crawl processes themselves (not by scripts): running scripts, the lock's blocking wait, the worker queues'
-# reads (lengths, registered workers, reaping), the RedisSpider feed (list, set or zset); HSET + WAIT for replicas=N;
+# reads (lengths, the in-flight counter, registered workers before a flush), an idle worker's blocking wait for work
+# (BLPOP) and the token it hands on (LPUSH), the RedisSpider feed (list, set or zset); HSET + WAIT for replicas=N;
 # the status reads (MULTI/EXEC) with which a crawl logs why a stage waits.
 CRAWLER_CLIENT_COMMANDS = (
-    "evalsha", "script|load", "ping", "time",
-    "xreadgroup", "hget", "hset", "wait", "hlen", "llen", "zrange", "zrangebyscore",
-    "lpop", "spop", "zpopmax", "scard", "zcard",
+    "evalsha", "script|load", "ping",
+    "xreadgroup", "hget", "hset", "wait", "llen", "get", "zrange", "blpop", "lpush",
+    "lpop", "spop", "zpopmax",
     "multi", "exec", "hgetall", "xinfo|stream", "xinfo|groups", "xinfo|consumers", "xpending",
 )  # fmt: skip
 # set-limit, release, reset are scripts; DEL drops a dead-letter list once looked at.

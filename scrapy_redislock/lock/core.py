@@ -53,6 +53,7 @@ def lock_scripts() -> dict[str, str]:
     """The lock's Lua sources by name, each with ``scripts/_lib.lua`` in front of it."""
     return load_scripts("scrapy_redislock.lock", SCRIPT_NAMES, "_lib")
 
+
 Clock = Callable[[], float]
 
 
@@ -552,5 +553,3 @@ def owner_of(consumer: str) -> str:
     """The owner of a consumer name: ``<owner>#<n>`` (one wait's consumer) -> ``<owner>``."""
     head, sep, tail = consumer.rpartition("#")
     return head if sep and head and tail.isdigit() else consumer
-
-

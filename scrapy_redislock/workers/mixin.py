@@ -12,8 +12,9 @@ that block the reactor or do not fit Scrapy 2.19:
 
 - RedisSpider reads its start URLs in ``start_requests()``, which Scrapy 2.19 never calls, and in its
   ``spider_idle`` handler, with blocking redis calls on the reactor thread, one batch per idle signal. Here the
-  scheduler reads ``redis_key`` with redis.asyncio at every tick (see ``_feed_start_urls``), and the idle handler
-  only decides whether to close; ``make_request_from_data`` (JSON or plain URLs) is used as it is.
+  scheduler reads ``redis_key`` with redis.asyncio (:mod:`~scrapy_redislock.workers.feed`: when it has no work or
+  its stage queue ran empty; an idle worker blocks on a list feed), and the idle handler only decides whether to
+  close; ``make_request_from_data`` (JSON or plain URLs) is used as it is.
 - ``start()`` yields ``start_urls`` *filtered* (Scrapy's default sets ``dont_filter``): every worker yields
   them, the shared dupefilter lets one copy through.
 

@@ -1,11 +1,16 @@
-"""Per-stage request queues of one spider in Redis, shared by all its workers (redis.asyncio, no Scrapy).
+"""Per-stage request queues of one spider in Redis, shared by all its workers, and how a request is stored there.
 
 Keys, all under the hash tag of the spider name so that Redis Cluster keeps them on one node::
 
     <prefix>:{<spider>}:queue:<stage>       list: serialized requests (scrapy-redis FifoQueue orientation:
                                             LPUSH to queue, RPOP to take; "to the front" is RPUSH)
+    <prefix>:{<spider>}:signal:<stage>      list: at most one token, pushed when the stage's queue goes from
+                                            empty to non-empty; idle workers block on it (BLPOP)
+    <prefix>:{<spider>}:wake                list: one token per registered worker when the crawl has ended
+                                            (nothing in flight, every queue empty), so idle workers see it at once
     <prefix>:{<spider>}:dupefilter          set: request fingerprints (hex), shared by all workers and stages
     <prefix>:{<spider>}:inflight:<worker>   hash: id -> "<stage>\\n<request>" popped by that worker, not done yet
+    <prefix>:{<spider>}:inflight_total      counter: requests in every worker's in-flight hash (kept by the scripts)
     <prefix>:{<spider>}:alive               zset: worker -> last beat (ms, Redis's clock)
     <prefix>:{<spider>}:working             hash: worker -> the stage it works on (for people and the demo)
     <prefix>:{<spider>}:ids                 counter of in-flight ids
@@ -13,10 +18,14 @@ Keys, all under the hash tag of the spider name so that Redis Cluster keeps them
                                             "<note: one line of JSON>\\n<stage>\\n<request>" (kept for people)
 
 A popped request moves atomically from its queue into the worker's in-flight hash and leaves it when the
-worker acks it. A worker that has not beaten for one TTL is dead: any other worker puts its in-flight requests
-back at the front of their queues (:meth:`StageQueues.reap`). Every state change is one Lua script
-(``scripts/queue_*.lua``). Request bytes are opaque here; the Scrapy side serializes them. The dead-letter list
-is evidence for an operator (what was pushed by whom): no clear deletes it, only an operator (``DEL``).
+worker acks it. A worker that has not beaten for one TTL is dead: the next worker to beat is told so by its beat
+and puts its in-flight requests back at the front of their queues (:meth:`StageQueues.reap`). Every state change
+is one Lua script (``scripts/queue_*.lua``). What a worker costs Redis does not grow with the number of workers:
+a beat is one script whatever the number of workers, the in-flight counter replaces counting every worker's hash,
+and an idle worker blocks on the signal lists instead of polling. Request bytes are opaque to
+:class:`StageQueues`; :func:`encode` and :func:`decode` are the Scrapy side (SCHEDULER_SERIALIZER, by default the
+safe JSON format of :mod:`~scrapy_redislock.crawl.requestformat`). The dead-letter list is evidence for an operator
+(what was pushed by whom): no clear deletes it, only an operator (``DEL``).
 """
 
 from __future__ import annotations
@@ -27,11 +36,16 @@ import socket
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio
 
 from scrapy_redislock._redis import check_name, check_ttl, load_scripts, text
+from scrapy_redislock.crawl.requestformat import request_from_data
+from scrapy_redislock.lock.front import waiting_client
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +75,8 @@ class QueueKeys:
     alive = property(lambda self: f"{self.base}:alive")
     working = property(lambda self: f"{self.base}:working")
     ids = property(lambda self: f"{self.base}:ids")
+    in_flight = property(lambda self: f"{self.base}:inflight_total")
+    wake = property(lambda self: f"{self.base}:wake")
     deadletter = property(lambda self: f"{self.base}:deadletter")
 
     def queue(self, stage: str) -> str:
@@ -68,6 +84,20 @@ class QueueKeys:
 
     def inflight(self, worker: str) -> str:
         return f"{self.base}:inflight:{worker}"
+
+    def signal(self, stage: str) -> str:
+        return f"{self.base}:signal:{stage}"
+
+
+def encode(request: Request, serializer: Any, spider: Spider | None) -> bytes:
+    """The request as its queue stores it (SCHEDULER_SERIALIZER, by default the safe JSON format)."""
+    data = serializer.dumps(request.to_dict(spider=spider))
+    return data.encode("utf-8") if isinstance(data, str) else bytes(data)
+
+
+def decode(data: bytes, serializer: Any, spider: Spider | None) -> Request:
+    """A queued entry back as a request; raises whatever the format raises for an entry it cannot load."""
+    return request_from_data(data, serializer, spider)
 
 
 def new_worker_id() -> str:
@@ -94,6 +124,7 @@ class StageQueues:
         self.worker = worker or new_worker_id()
         sources = load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)
         self.scripts = {name: client.register_script(src) for name, src in sources.items()}
+        self._waiting: Any = None  # a client whose reads never time out, for BLPOP (made on first wait)
 
     @property
     def ttl_ms(self) -> int:
@@ -105,6 +136,9 @@ class StageQueues:
 
     def _queue_keys(self) -> list[str]:
         return [self.keys.queue(s) for s in self.stages]
+
+    def _signal_keys(self) -> list[str]:
+        return [self.keys.signal(s) for s in self.stages]
 
     def _check_stage(self, stage: str) -> str:
         if stage not in self.stages:
@@ -124,21 +158,23 @@ class StageQueues:
         args: list[Any] = []
         for stage, fingerprint, data in requests:
             args += [index[stage], fingerprint, data]
-        keys = [self.keys.dupefilter, *(self.keys.queue(s) for s in stages)]
-        return [bool(n) for n in await self.scripts["queue_push"](keys=keys, args=args)]
+        keys = [self.keys.dupefilter, *(self.keys.queue(s) for s in stages), *(self.keys.signal(s) for s in stages)]
+        return [bool(n) for n in await self.scripts["queue_push"](keys=keys, args=[len(stages), *args])]
 
     async def seen(self, fingerprint: str) -> bool:
         """Record a fingerprint in the shared dupefilter; True if it was there already."""
-        keys = [self.keys.dupefilter, self.keys.queue(self.stages[0])]
-        return not (await self.scripts["queue_push"](keys=keys, args=[1, fingerprint, ""]))[0]
+        keys = [self.keys.dupefilter, self.keys.queue(self.stages[0]), self.keys.signal(self.stages[0])]
+        return not (await self.scripts["queue_push"](keys=keys, args=[1, 1, fingerprint, ""]))[0]
 
-    async def pop(self, stage: str, count: int) -> list[tuple[str, bytes]] | None:
-        """Take up to ``count`` requests of a stage into this worker's in-flight record: [(id, data)].
+    async def pop(self, stage: str, count: int, *, pass_on: bool = False) -> list[tuple[str, bytes]] | None:
+        """Take up to ``count`` requests of a stage into this worker's in-flight record: [(id, data)]; fewer than
+        ``count``: the queue is empty now. ``pass_on``: if it may hold more, wake the next idle worker.
 
         None (nothing popped) if this worker is not registered: the others took it for dead and requeued what it
         had popped; :meth:`beat` first (it says so), then pop."""
         keys = [self.keys.queue(self._check_stage(stage)), self.inflight_key, self.keys.ids, self.keys.alive]
-        reply = await self.scripts["queue_pop"](keys=keys, args=[count, stage, self.worker])
+        keys += [self.keys.in_flight, self.keys.signal(stage)]
+        reply = await self.scripts["queue_pop"](keys=keys, args=[count, stage, self.worker, int(pass_on)])
         if reply is None:
             return None
         return [(str(text(i)), bytes(d)) for i, d in zip(reply[::2], reply[1::2], strict=True)]
@@ -148,14 +184,15 @@ class StageQueues:
         ids = list(ids)
         if not ids:
             return 0
-        return int(await self.scripts["queue_ack"](keys=[self.inflight_key], args=ids))
+        keys = [self.inflight_key, self.keys.in_flight, self.keys.wake, self.keys.alive, *self._queue_keys()]
+        return int(await self.scripts["queue_ack"](keys=keys, args=ids))
 
     async def give_back(self, ids: Iterable[str]) -> int:
         """Put popped but unstarted requests (oldest first) back at the front of their queues."""
         ids = list(ids)
         if not ids:
             return 0
-        keys = [self.inflight_key, *self._queue_keys()]
+        keys = [self.inflight_key, self.keys.in_flight, *self._queue_keys(), *self._signal_keys()]
         return int(await self.scripts["queue_return"](keys=keys, args=[len(self.stages), *self.stages, *ids]))
 
     async def bury(self, entries: Iterable[tuple[str, str]]) -> int:
@@ -163,15 +200,19 @@ class StageQueues:
         args = [part for entry in entries for part in entry]
         if not args:
             return 0
-        keys = [self.inflight_key, self.keys.deadletter]
+        keys = [self.inflight_key, self.keys.deadletter, self.keys.in_flight]
         return int(await self.scripts["queue_bury"](keys=keys, args=args))
 
     async def beat(self, stage: str | None) -> bool:
         """This worker is alive and works on ``stage``; True if it was not registered (first beat, or the others
         took it for dead and requeued its in-flight requests)."""
+        return (await self.heartbeat(stage))[0]
+
+    async def heartbeat(self, stage: str | None, dead_max: int = 8) -> tuple[bool, list[str]]:
+        """:meth:`beat`, and up to ``dead_max`` workers silent for a TTL (for :meth:`reap`): one script call."""
         keys = [self.keys.alive, self.keys.working]
-        _now, new = await self.scripts["queue_beat"](keys=keys, args=[self.worker, stage or ""])
-        return bool(new)
+        reply = await self.scripts["queue_beat"](keys=keys, args=[self.worker, stage or "", self.ttl_ms, dead_max])
+        return bool(reply[1]), [str(text(w)) for w in reply[2:]]
 
     async def leave(self) -> int:
         """On close: give every request still in this worker's in-flight record back, and unregister."""
@@ -183,7 +224,8 @@ class StageQueues:
     # -- the cluster --------------------------------------------------------------------------------
 
     async def _requeue(self, worker: str, silence_ms: int) -> tuple[int, int]:
-        keys = [self.keys.alive, self.keys.inflight(worker), self.keys.working, *self._queue_keys()]
+        keys = [self.keys.alive, self.keys.inflight(worker), self.keys.working, self.keys.in_flight]
+        keys += [*self._queue_keys(), *self._signal_keys()]
         moved, left = await self.scripts["queue_requeue"](keys=keys, args=[worker, silence_ms, *self.stages])
         return int(moved), int(left)
 
@@ -191,10 +233,12 @@ class StageQueues:
         seconds, micros = await self.client.time()
         return int(seconds) * 1000 + int(micros) // 1000
 
-    async def reap(self) -> dict[str, int]:
-        """Requeue the in-flight requests of every worker silent for one TTL; {worker: requests requeued}."""
-        now = await self.server_ms()
-        silent = [str(text(w)) for w in await self.client.zrangebyscore(self.keys.alive, "-inf", now - self.ttl_ms)]
+    async def reap(self, silent: Iterable[str] | None = None) -> dict[str, int]:
+        """Requeue the in-flight requests of every worker silent for one TTL (default: look them up; a worker
+        passes those its :meth:`heartbeat` named); {worker: requests requeued}."""
+        if silent is None:
+            now = await self.server_ms()
+            silent = [str(text(w)) for w in await self.client.zrangebyscore(self.keys.alive, "-inf", now - self.ttl_ms)]
         reaped: dict[str, int] = {}
         for worker in silent:
             if worker == self.worker:
@@ -220,21 +264,43 @@ class StageQueues:
             replies = await pipe.execute()
         return dict(zip(self.stages, (int(n) for n in replies), strict=True))
 
-    async def in_flight_elsewhere(self) -> int:
-        """Requests popped by other registered workers and not done yet (they may yield more work)."""
-        others = [w for w in await self.workers() if w != self.worker]
-        if not others:
-            return 0
+    async def look(self) -> tuple[dict[str, int], int]:
+        """Pending requests per stage, and requests in flight in every worker: one pipeline, no script."""
         async with self.client.pipeline(transaction=False) as pipe:
-            for worker in others:
-                pipe.hlen(self.keys.inflight(worker))
-            replies = await pipe.execute()
-        return sum(int(n) for n in replies)
+            for key in self._queue_keys():
+                pipe.llen(key)
+            pipe.get(self.keys.in_flight)
+            *lengths, in_flight = await pipe.execute()
+        return dict(zip(self.stages, (int(n) for n in lengths), strict=True)), int(in_flight or 0)
+
+    async def in_flight(self) -> int:
+        """Requests in flight in every worker (popped, not done yet): one GET of the scripts' counter."""
+        return int(await self.client.get(self.keys.in_flight) or 0)
+
+    async def wait_signal(self, keys: list[str], timeout: float) -> tuple[str, bytes] | None:
+        """Block in Redis (BLPOP) until one of ``keys`` (signal lists, the wake list, a start-URL list) has an
+        entry, at most ``timeout`` s; (key, entry) or None. On a connection of its own whose reads never time
+        out, so that a long block is never cut into pieces."""
+        if self._waiting is None:
+            self._waiting = waiting_client(self.client) or self.client
+        reply = await self._waiting.blpop(keys, timeout=max(0.01, round(timeout, 2)))
+        if reply is None:
+            return None
+        key, value = reply
+        return str(text(key)), bytes(value) if not isinstance(value, str) else value.encode()
+
+    async def signal(self, stage: str) -> None:
+        """Put a token back on a stage's signal list (taken by a worker that could not take the stage)."""
+        await self.client.lpush(self.keys.signal(stage), "1")
+
+    async def aclose(self) -> None:
+        if self._waiting is not None and self._waiting is not self.client:
+            await self._waiting.aclose()
 
     async def clear_if_alone(self) -> bool:
         """Delete the spider's whole crawl state if no other worker is alive; True if it did."""
         registered = await self.workers()
         keys: list[Any] = [self.keys.alive, self.keys.working, self.keys.dupefilter, self.keys.ids]
-        keys += self._queue_keys()
+        keys += [self.keys.in_flight, self.keys.wake, *self._queue_keys(), *self._signal_keys()]
         keys += [self.keys.inflight(w) for w in {*registered, self.worker}]
         return bool(await self.scripts["queue_clear"](keys=keys, args=[self.worker, self.ttl_ms]))

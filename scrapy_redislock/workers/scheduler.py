@@ -1,17 +1,28 @@
 """StageWorkerScheduler: a worker takes requests only from the Redis queue of the stage whose slot it holds.
 
-Set as SCHEDULER by :class:`~scrapy_redislock.StageWorkerMixin`. Each stage's pending requests live in Redis
-(:class:`~scrapy_redislock.workers.queue.StageQueues`: one list per stage, one shared dupefilter). A worker holds the
-slot of one stage at a time (an AsyncCountingLock named ``workers:<stage>`` capped by ``worker_stages``; an
-uncapped stage needs none) and pops only that stage's queue; requests its callbacks yield go to their stage's
-queue, whichever worker holds that one. When its stage has no work left it frees the slot and takes the first
-stage in preference order that has work and a free slot; with no work anywhere it idles.
+Set as SCHEDULER by :class:`~scrapy_redislock.StageWorkerMixin`. This module is the Scrapy scheduler interface and
+the worker's loop; the parts live beside it: :mod:`~scrapy_redislock.workers.queue` (the stage queues in Redis and
+how a request is stored), :mod:`~scrapy_redislock.workers.policy` (which stage to take, what to wait for) and
+:mod:`~scrapy_redislock.workers.feed` (scrapy-redis's start URLs).
+
+A worker holds the slot of one stage at a time (an AsyncCountingLock named ``workers:<stage>`` capped by
+``worker_stages``; an uncapped stage needs none) and pops only that stage's queue; requests its callbacks yield
+go to their stage's queue, whichever worker holds that one. When its stage has no work left it frees the slot and
+takes the first stage in preference order that has work and a free slot; with no work anywhere it idles.
+
+What a worker costs Redis does not grow with the number of workers. An idle worker blocks in Redis (BLPOP) on the
+signal lists of the stages it may take, which the queue scripts push when a queue goes from empty to non-empty,
+so it starts within milliseconds of work appearing; it sends one heartbeat script every ttl/3 (which also names
+dead workers to requeue), one look at the queue lengths and the cluster's in-flight counter, and one read of the
+start-URL feed. A busy worker pops when the engine runs short of requests, not on a clock. The crawl's end is
+seen by every worker at once: the ack that leaves nothing in flight anywhere and every queue empty puts a wake
+token for each worker (see ``scripts/queue_ack.lua``).
 
 A popped request stays in the worker's in-flight record in Redis until Scrapy has completely handled it (the
 engine's in-progress set: download, redirects, callback or errback, and every request the callback yielded
 queued in Redis); a worker that stops beating for one TTL has its in-flight requests put back at the front of
-their queues by the others. So a SIGKILL loses no request; the few the dead worker had in flight are fetched
-again. Every Redis call is ``redis.asyncio`` on the reactor thread, nothing blocks it.
+their queues by the next worker to beat. So a SIGKILL loses no request; the few the dead worker had in flight are
+fetched again. Every Redis call is ``redis.asyncio`` on the reactor thread, nothing blocks it.
 
 Settings read (via :mod:`scrapy_redislock.crawl.settings`): REDISLOCK_WORKER_STAGES (or the spider's ``worker_stages``),
 REDISLOCK_STAGE_PREFERENCE (or the spider's ``stage_preference``), REDISLOCK_IDLE_CLOSE (else scrapy-redis's
@@ -30,11 +41,12 @@ it is queued, naming the field.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
@@ -42,14 +54,16 @@ from scrapy import Request
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.utils.defer import deferred_from_coro
 
+from scrapy_redislock._loop import every
 from scrapy_redislock._redis import Backoff
 from scrapy_redislock.crawl.engine import check_reactor, in_progress, wake_engine
-from scrapy_redislock.crawl.requestformat import request_from_data
 from scrapy_redislock.crawl.settings import read_settings, read_worker_settings
 from scrapy_redislock.crawl.stagelocks import OUTAGE_ERRORS, REDIS_ERRORS, StageLocks
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import ConfigError
-from scrapy_redislock.workers.queue import StageQueues
+from scrapy_redislock.workers.feed import StartUrlFeed
+from scrapy_redislock.workers.policy import StagePolicy, next_wake
+from scrapy_redislock.workers.queue import StageQueues, decode, encode
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -60,10 +74,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-TICK = 0.2  # seconds between two looks at the queues when nothing wakes the loop earlier
 CLOSE_STEP_TIMEOUT = 10.0
 PUSH_BATCH = 500  # requests per queue_push call
 EXCERPT = 60  # bytes of an entry that cannot be loaded shown in the log and in the dead-letter note
+WAIT_GRACE = 1.0  # seconds the loop waits past a due heartbeat for the blocked wait to end (a fallback)
 
 
 class StageWorkerScheduler(BaseScheduler):
@@ -78,8 +92,8 @@ class StageWorkerScheduler(BaseScheduler):
                 f"{crawler.spidercls.__name__} needs worker_stages (a dict stage -> max workers cluster-wide, None "
                 "= unlimited) or REDISLOCK_WORKER_STAGES"
             )
-        preference = list(settings.stage_preference or stages)
-        self.preference = preference + [s for s in stages if s not in preference]
+        self.policy = StagePolicy.of(stages, settings.stage_preference)
+        self.preference = list(self.policy.preference)
         self.stages = stages
         self.settings = settings
         self.worker_settings = read_worker_settings(crawler.settings, settings)
@@ -100,13 +114,26 @@ class StageWorkerScheduler(BaseScheduler):
         self.current: str | None = None
         self.permit: Permit | None = None
         self.lengths: dict[str, int] = dict.fromkeys(stages, 0)
+        self.empty: set[str] = set()  # stages whose queue this worker last found empty
+        self.full: set[str] = set()  # capped stages with work whose slots were all taken at the last look
+        self.signalled: set[str] = set()  # stages whose signal token this worker took: pass it on when popping
+        self.own = 0  # requests in this worker's in-flight record in Redis (part of the cluster's counter)
         self.start_stages: set[str] = set()  # stages that start URLs from Redis went to
+        self.feed: StartUrlFeed | None = None
+        self.fed: list[Any] = []  # start-URL entries a blocked wait took, to turn into requests
         self.outbox: deque[tuple[str, str, bytes]] = deque()  # (stage, fingerprint, request) to queue in Redis
         self.flusher: asyncio.Task[Any] | None = None
         self.pushes: set[asyncio.Task[Any]] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.acks: list[str] = []  # in-flight ids of finished requests, acknowledged together after ACK_DELAY
+        self.acker: asyncio.Task[None] | None = None
+        self.listener: asyncio.Task[None] | None = None
+        self.listening: list[str] = []  # the keys the running listener blocks on
         self.busy_at = time.monotonic()
+        self.quiet_since: float | None = None  # the cluster was found idle at the last look (for REDISLOCK_IDLE_CLOSE)
+        self.look_due = True  # look at the queues at the next step without a stage: woken, beat, or a stage left
         self.beat_at = time.monotonic()  # when the last beat that reached Redis was sent
+        self.beat_due = 0.0
         self.loop_task: asyncio.Task[None] | None = None
         self.wakeup: asyncio.Event | None = None
         self.closing = False
@@ -120,6 +147,10 @@ class StageWorkerScheduler(BaseScheduler):
     def stats(self) -> Any:
         return self.crawler.stats
 
+    @property
+    def beat_interval(self) -> float:
+        return self.settings.ttl / 3
+
     # -- the scheduler interface ----------------------------------------------------------------
 
     def open(self, spider: Spider) -> Deferred[None]:
@@ -129,13 +160,13 @@ class StageWorkerScheduler(BaseScheduler):
     async def _open(self) -> None:
         if not await self.locks.start_once():
             return  # Redis unreachable or refusing us: logged, and the spider_opened signal closes the spider
+        self.feed = StartUrlFeed(self.queues.client, self.spider, self.worker_settings.start_urls_as, self.concurrency)
         if self.worker_settings.flush_on_start:
             if await self.queues.clear_if_alone():
                 logger.info("SCHEDULER_FLUSH_ON_START: flushed the queues (no other worker alive)")
             else:
                 logger.info("SCHEDULER_FLUSH_ON_START: other workers are alive, nothing flushed")
-        await self.queues.beat(None)
-        self.beat_at = time.monotonic()
+        await self._beat(None)
         logger.info(
             "Worker %s: stages %s (preference %s), queues under %s",
             self.worker,
@@ -145,7 +176,9 @@ class StageWorkerScheduler(BaseScheduler):
         )
         self.busy_at = time.monotonic()
         self.wakeup = asyncio.Event()
-        self.loop_task = asyncio.get_running_loop().create_task(self._run())
+        self.wakeup.set()  # the first look at once
+        loop = every(self._interval, self._step, what="Worker loop", wake=self.wakeup, backoff=Backoff())
+        self.loop_task = asyncio.get_running_loop().create_task(loop)
 
     def close(self, reason: str) -> Deferred[None]:
         return deferred_from_coro(self._close())
@@ -156,6 +189,8 @@ class StageWorkerScheduler(BaseScheduler):
         if not self.locks.started:  # it never got to Redis: nothing to hand back
             await self.locks.close()
             return
+        if self.listener is not None:
+            self.listener.cancel()
         if self.loop_task is not None:
             assert self.wakeup is not None
             self.wakeup.set()
@@ -181,6 +216,7 @@ class StageWorkerScheduler(BaseScheduler):
             cleared = await self._bounded("clearing the queues", self.queues.clear_if_alone())
             if cleared:
                 logger.info("SCHEDULER_PERSIST is False and this was the last worker: cleared the queues")
+        await self._bounded("closing the waiting connection", self.queues.aclose())
         await self._bounded("freeing the stage slot", self.locks.close())
 
     async def _bounded(self, what: str, step: Coroutine[Any, Any, Any] | Any) -> Any:
@@ -222,8 +258,7 @@ class StageWorkerScheduler(BaseScheduler):
 
     def encode(self, request: Request) -> bytes:
         """The request as its queue stores it (SCHEDULER_SERIALIZER, by default the safe JSON format)."""
-        data = self.serializer.dumps(request.to_dict(spider=self.spider))
-        return data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        return encode(request, self.serializer, self.spider)
 
     def next_request(self) -> Request | None:
         self._ack_finished()
@@ -233,19 +268,24 @@ class StageWorkerScheduler(BaseScheduler):
         if self.buffer and time.monotonic() - self.beat_at > 0.8 * self.settings.ttl:
             # No beat for most of a TTL (this process stalled): the others may have requeued what we took ahead.
             # Hand nothing out until the next beat says whether they did (then the buffer is dropped).
-            if self.wakeup is not None:
-                self.wakeup.set()
+            self._wake()
             return None
         if self.buffer:
             request, inflight_id = self.buffer.popleft()
             self.handed[request] = inflight_id
-        if len(self.buffer) < self.concurrency and self.wakeup is not None:
-            self.wakeup.set()  # top up before the buffer runs dry, not at the next tick
+        if self.current is not None and len(self.buffer) < self.concurrency:
+            # Top up before the buffer runs dry, or leave a drained stage. Without a stage the engine's polls
+            # cost Redis nothing: the worker waits in Redis for a signal.
+            self._wake()
         return request
 
     def may_close(self) -> bool:
         """For the spider's idle handler: no work anywhere in the cluster for REDISLOCK_IDLE_CLOSE seconds."""
         return self.idle_close is not None and time.monotonic() - self.busy_at >= self.idle_close
+
+    def _wake(self) -> None:
+        if self.wakeup is not None:
+            self.wakeup.set()
 
     # -- requests in and out of Redis ---------------------------------------------------------------
 
@@ -254,11 +294,6 @@ class StageWorkerScheduler(BaseScheduler):
         self.pushes.add(task)
         task.add_done_callback(self.pushes.discard)
         return task
-
-    def _task(self, coro: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
 
     async def _retrying(self, what: str, call: Any) -> Any:
         """Retry a call until Redis answers: a request yielded by a callback must not be dropped."""
@@ -286,6 +321,9 @@ class StageWorkerScheduler(BaseScheduler):
                     continue
                 for (stage, _, _), new in zip(batch, queued, strict=True):
                     self.stats.inc_value(f"redislock/workers/{stage}/{'enqueued' if new else 'duplicates'}")
+                    if new and stage == self.current and stage in self.empty:
+                        self.empty.discard(stage)  # our own stage has work again: pop it when the engine asks
+                        self._wake()
         finally:
             self.flusher = None
 
@@ -303,62 +341,181 @@ class StageWorkerScheduler(BaseScheduler):
         unfinished = in_progress(self.crawler) or set()
         done = [request for request in self.handed if request not in unfinished]
         if done:
-            ids = [self.handed.pop(request) for request in done]
-            self._task(self._ack(ids, set(self.pushes)))
+            self.acks += [self.handed.pop(request) for request in done]
+            if self.acker is None or self.acker.done():
+                self.acker = asyncio.get_running_loop().create_task(self._ack_soon())
+                self.tasks.add(self.acker)
+                self.acker.add_done_callback(self._acked)
+
+    def _acked(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        self._wake()  # the last ack of a drained stage: leave it now
+
+    async def _ack_soon(self) -> None:
+        """One script call for the requests finished meanwhile. Not later than that: a finished request still in
+        the in-flight record when its worker dies would be fetched again."""
+        await asyncio.sleep(0)  # the other requests finished in this loop iteration join
+        while self.acks:
+            ids, self.acks = self.acks, []
+            await self._ack(ids, set(self.pushes))
 
     async def _ack(self, ids: list[str], pushes: set[asyncio.Task[Any]]) -> None:
         if pushes:  # what the callbacks yielded is in Redis before their parents leave the in-flight record
             await asyncio.wait(pushes)
         try:
-            await self._retrying("Acknowledging requests", lambda: self.queues.ack(ids))
+            dropped = await self._retrying("Acknowledging requests", lambda: self.queues.ack(ids))
+            self.own -= dropped  # not "self.own -= await ...": that reads self.own before the await
         except redis.exceptions.RedisError as exc:  # they stay in the record: requeued (fetched again) at close
             logger.error("Could not acknowledge %d requests (%s)", len(ids), exc)
 
-    # -- the worker loop ----------------------------------------------------------------------------
+    # -- the worker loop: one step when woken (the engine wants requests, a signal, an ack), else at the beat ------
 
-    async def _run(self) -> None:
-        last_beat = last_round = -float("inf")
-        woken = False
-        errors = 0
-        assert self.wakeup is not None
-        while not self.closing:
-            try:
-                if time.monotonic() - last_beat >= self.settings.ttl / 3:
-                    await self._beat_and_reap()
-                    last_beat = time.monotonic()
-                # Woken for a top-up: just pop, unless that finds nothing or the last full round is a TICK old.
-                quick = woken and time.monotonic() - last_round < TICK and await self._fill()
-                if not quick:
-                    last_round = time.monotonic()
-                    await self._feed_start_urls()
-                    self.lengths = await self.queues.lengths()
-                    await self._check_lost()
-                    await self._choose_stage()
-                    await self._fill()
-                    await self._track_idle()
-                self._ack_finished()
-                errors = 0
-            except REDIS_ERRORS as exc:
-                errors += 1
-                self.stats.inc_value("redislock/workers/redis_errors")
-                if errors == 1 or errors % 50 == 0:
-                    logger.warning("Worker loop: Redis error (%s); retrying", exc)
-            except Exception:  # never let the loop die silently: the worker would idle forever
-                logger.exception("Worker loop failed; retrying")
-            if self.closing:
+    def _interval(self) -> float:
+        if self.closing:
+            return 0.0
+        beat_due = self.beat_due
+        if self.listener is not None and not self.listener.done():
+            beat_due += WAIT_GRACE  # the blocked wait ends at the beat and wakes the loop; this is a fallback
+        return next_wake(time.monotonic(), beat_due, self.quiet_since, self.idle_close)
+
+    async def _step(self) -> bool:
+        if self.closing:
+            return False
+        try:
+            now = time.monotonic()
+            if now >= self.beat_due:
+                self.look_due = True  # at each heartbeat (a token lost on the way is found so)
+                await self._beat_and_reap()
+            if self.quiet_since is not None and self.idle_close is not None:
+                self.look_due |= now >= self.quiet_since + self.idle_close  # still quiet? then close
+            await self._check_lost()
+            self._ack_finished()
+            if self.fed:
+                await self._feed(self.fed)
+            if self.current is not None:
+                await self._work()
+            if self.current is None and self.look_due and not self.closing:
+                await self._look()
+            self._listen()
+        except REDIS_ERRORS:
+            self.stats.inc_value("redislock/workers/redis_errors")
+            raise  # logged by the loop, which tries again after a back-off
+        return not self.closing
+
+    async def _work(self) -> None:
+        """On a stage: pop when the engine runs short; leave the stage once it is drained here and in Redis."""
+        stage = self.current
+        assert stage is not None
+        woken = stage in self.signalled
+        if woken:
+            self.signalled.discard(stage)
+            self.empty.discard(stage)
+        if stage not in self.empty:
+            await self._fill(pass_on=woken)
+            if stage in self.empty and stage in self.start_stages:
+                await self._feed(None)  # its queue ran empty: the start URLs may have more for it
+        if self.current == stage and stage in self.empty and not (self.buffer or self.handed or self.tasks):
+            await self._leave_stage()
+
+    async def _look(self) -> None:
+        """With no stage: read the feed, look at every queue and the cluster's in-flight counter, take a stage."""
+        self.look_due = False
+        await self._feed(None)
+        self.lengths, in_flight = await self.queues.look()
+        self.empty = {stage for stage, n in self.lengths.items() if not n}
+        self.full = set()
+        for stage in self.policy.to_try(None, self.lengths):
+            if await self._take(stage):
+                await self._fill(pass_on=stage in self.signalled)
                 break
-            self.wakeup.clear()
-            try:
-                await asyncio.wait_for(self.wakeup.wait(), TICK)
-                woken = True
-            except TimeoutError:
-                woken = False
+            self.full.add(stage)
+        for stage in self.signalled & self.full:
+            await self.queues.signal(stage)  # a token for a stage with no free slot: its holders' (they may wait)
+        self.signalled.clear()
+        busy = any(self.lengths.values()) or self.buffer or self.handed or self.local or self.pushes
+        if busy or in_flight > self.own:
+            self.busy_at = time.monotonic()
+            self.quiet_since = None
+            return
+        self.quiet_since = self.busy_at  # look again when it has been quiet for REDISLOCK_IDLE_CLOSE
+        if self.may_close():
+            self.quiet_since = None  # the engine's idle check (every 5 s) closes the spider from here
+            wake_engine(self.crawler)  # the engine checks for idleness at its next round, not in 5 s
 
-    async def _beat(self, stage: str | None) -> None:
+    async def _move_up(self) -> None:
+        """From an uncapped stage, take a preferred capped stage that has work and a free slot (at each beat).
+
+        Requests of the uncapped stage already taken finish here (no cap to break); no new ones are taken.
+        """
+        current = self.current
+        if current is None or current in self.policy.capped or current == self.preference[0]:
+            return
+        self.lengths, _ = await self.queues.look()
+        has_work_here = bool(self.buffer or self.handed)
+        for stage in self.policy.to_try(current, self.lengths, has_work_here):
+            if await self._take(stage):
+                return
+
+    # -- blocking in Redis until there is work ---------------------------------------------------------------
+
+    def _listen_keys(self) -> list[str]:
+        if self.closing:
+            return []
+        stages = self.policy.listens_to(self.current, self.empty, self.full)
+        if not stages:
+            return []
+        keys = [self.queues.keys.signal(stage) for stage in stages] + [self.queues.keys.wake]
+        feed_key = self.feed.blocking_key if self.feed is not None else None
+        return [*keys, feed_key] if feed_key else keys
+
+    def _listen(self) -> None:
+        """Block in Redis (in a task) on the signal lists the policy names, unless a wait on them already runs."""
+        keys = self._listen_keys()
+        running = self.listener is not None and not self.listener.done()
+        if running and (keys == self.listening or not keys):
+            return  # a wait no longer needed ends at its timeout; a token it takes meanwhile is handled or put back
+        if running:
+            assert self.listener is not None
+            self.listener.cancel()  # a stage change: the old wait's keys are stale (costs a reconnect)
+        self.listening = keys
+        self.listener = None
+        if keys:
+            self.listener = asyncio.get_running_loop().create_task(self._wait_for_work(keys))
+
+    async def _wait_for_work(self, keys: list[str]) -> None:
+        """Block until a token or entry arrives, or until the heartbeat is due; then wake the loop (one BLPOP per
+        heartbeat period while nothing happens)."""
+        queue_keys = self.queues.keys
+        try:
+            reply = await self.queues.wait_signal(keys, max(0.0, self.beat_due - time.monotonic()))
+        except REDIS_ERRORS as exc:
+            # Not woken: the loop's next step (at the beat, or after its back-off) waits again.
+            logger.debug("Waiting for work: Redis error (%s); the loop waits again at its next step", exc)
+            return
+        if reply is not None:
+            key, value = reply
+            self.look_due = True
+            if key == queue_keys.wake:
+                self.busy_at = time.monotonic()  # the crawl has just ended: idle from now
+            elif self.feed is not None and key == self.feed.key:
+                self.fed.append(value)
+            else:
+                stage = next(s for s in self.stages if queue_keys.signal(s) == key)
+                if self.current is not None and stage != self.current:
+                    with contextlib.suppress(*REDIS_ERRORS):
+                        await self.queues.signal(stage)  # not for us any more: the next worker's
+                else:
+                    self.signalled.add(stage)
+        self._wake()
+
+    # -- heartbeat, stage slots ---------------------------------------------------------------------------------
+
+    async def _beat(self, stage: str | None) -> list[str]:
         sent = time.monotonic()
-        new = await self.queues.beat(stage)
+        new, dead = await self.queues.heartbeat(stage)
         self.beat_at = sent
-        if new:
+        self.beat_due = sent + self.beat_interval
+        if new and self.own:
             # Silent for a TTL (a stall: CPU starvation, a debugger, SIGSTOP, a long blocking call): the others
             # put this worker's in-flight requests back in the queues. The unstarted ones are dropped here; the
             # ones already in the engine (downloads, at most CONCURRENT_REQUESTS, and responses waiting for their
@@ -373,50 +530,41 @@ class StageWorkerScheduler(BaseScheduler):
                 dropped,
                 len(self.handed),
             )
+        if new:
+            self.own = 0
+        return dead
 
     async def _beat_and_reap(self) -> None:
-        await self._beat(self.current)
-        reaped = await self.queues.reap()
-        for worker, moved in reaped.items():
-            logger.warning("Worker %s stopped beating: put %d of its requests back in the queues", worker, moved)
-            self.stats.inc_value("redislock/workers/requeued", moved)
+        dead = await self._beat(self.current)
+        if dead:
+            reaped = await self.queues.reap(dead)
+            for worker, moved in reaped.items():
+                logger.warning("Worker %s stopped beating: put %d of its requests back in the queues", worker, moved)
+                self.stats.inc_value("redislock/workers/requeued", moved)
+        await self._move_up()
 
-    async def _feed_start_urls(self) -> None:
-        """Turn start URLs pushed to the spider's ``redis_key`` (scrapy-redis's feed) into queued requests.
-
-        Read with redis.asyncio at every tick while the queues of the stages they went to are short, instead of
-        scrapy-redis's blocking read at each ``spider_idle``.
-        """
-        spider = self.spider
-        key = getattr(spider, "redis_key", None)
-        make = getattr(spider, "make_request_from_data", None)
-        if not key or make is None:
+    async def _feed(self, entries: list[Any] | None) -> None:
+        """Turn start URLs (taken by a blocked wait, else read now) into queued requests."""
+        feed = self.feed
+        if feed is None or not feed.enabled:
             return
-        batch = int(getattr(spider, "redis_batch_size", None) or self.concurrency)
-        if sum(self.lengths.get(s, 0) for s in self.start_stages) >= batch:
-            return
-        client = self.queues.client
-        how = self.worker_settings.start_urls_as
-        if how == "set":
-            found = await client.spop(key, batch) or []
-        elif how == "zset":
-            found = [member for member, _score in await client.zpopmax(key, batch)]
+        if entries is None:
+            entries = await feed.read()
         else:
-            found = await client.lpop(key, batch) or []
-        for data in found:
-            made = make(data)
-            requests: Iterable[Any] = made if isinstance(made, Iterable) and not isinstance(made, Request) else [made]
-            for request in requests:
-                if not isinstance(request, Request):
-                    continue
-                stage = stage_of(request, self.settings, spider)
-                if stage is not None:
-                    self.start_stages.add(stage)
-                self.stats.inc_value("redislock/workers/start_urls")
-                self.crawler.engine.crawl(request)
-        if found:
-            await asyncio.gather(*set(self.pushes))  # in their queues before this round counts the lengths
-            self.busy_at = time.monotonic()
+            self.fed = []
+        if not entries:
+            return
+        for request in feed.requests(entries):
+            stage = stage_of(request, self.settings, self.spider)
+            if stage is not None:
+                self.start_stages.add(stage)
+            self.stats.inc_value("redislock/workers/start_urls")
+            self.crawler.engine.crawl(request)
+        await asyncio.gather(*set(self.pushes))  # in their queues before this step looks at the lengths
+        self.busy_at = time.monotonic()
+        self.quiet_since = None
+        self.empty.clear()
+        self.look_due = True
 
     async def _check_lost(self) -> None:
         """A lost slot lease (stalled longer than the TTL, or an operator's reset): leave the stage at once."""
@@ -427,6 +575,7 @@ class StageWorkerScheduler(BaseScheduler):
         ids = [inflight_id for _, inflight_id in self.buffer]
         self.buffer.clear()
         returned = await self.queues.give_back(ids)  # StageLocks counted it: redislock/workers/<stage>/lost
+        self.own -= returned
         logger.warning(
             "Worker %s lost its slot of stage %r; gave %d unstarted requests back, %d in progress finish here",
             self.worker,
@@ -435,73 +584,65 @@ class StageWorkerScheduler(BaseScheduler):
             len(self.handed),
         )
         self.permit, self.current = None, None
+        self.look_due = True
         await self._beat(None)
-
-    async def _choose_stage(self) -> None:
-        """Keep the stage while it has work; else free its slot and take the first stage with work and room."""
-        current = self.current
-        if current is not None:
-            if self.lengths[current] or self.buffer or self.handed:
-                if not self.locks.is_capped(current):
-                    await self._move_up(current)  # e.g. take over the slot of a killed worker at once
-                return
-            await self._leave_stage()
-        for stage in self.preference:
-            if self.lengths[stage] and await self._take(stage):
-                return
 
     async def _take(self, stage: str) -> bool:
         if self.locks.is_capped(stage):
             permit = await self.locks.locks[stage].try_acquire()
             if permit is None:
                 return False
+            if self.permit is not None:  # moving up from a capped stage does not happen; be safe anyway
+                await self.locks.release(self.permit)
             self.permit = permit
         previous, self.current = self.current, stage
+        self.empty.discard(stage)
         await self._beat(stage)
         self.stats.inc_value(f"redislock/workers/{stage}/taken")
         logger.info("Worker %s works on stage %r%s", self.worker, stage, f" (was {previous!r})" if previous else "")
         return True
 
-    async def _move_up(self, current: str) -> None:
-        """From an uncapped stage, take a preferred capped stage that has work and a free slot.
-
-        Requests of the uncapped stage already taken finish here (no cap to break); no new ones are taken.
-        """
-        for stage in self.preference[: self.preference.index(current)]:
-            if self.lengths[stage] and self.locks.is_capped(stage) and await self._take(stage):
-                return
-
     async def _leave_stage(self) -> None:
         permit, self.permit = self.permit, None
         stage, self.current = self.current, None
+        self.look_due = True
         if permit is not None:
             await self.locks.release(permit)
         await self._beat(None)
         logger.info("Worker %s left stage %r (no work left there)", self.worker, stage)
 
-    async def _fill(self) -> int:
+    async def _fill(self, pass_on: bool = False) -> int:
         """Pop requests of the current stage so that about twice CONCURRENT_REQUESTS are taken."""
-        if self.current is None:
+        stage = self.current
+        if stage is None:
             return 0
         self._ack_finished()
-        popped = await self._pop()
+        want = 2 * self.concurrency - len(self.buffer) - len(self.handed)
+        if want <= 0 or (want < self.concurrency // 2 and self.buffer):
+            return 0  # pop in batches of at least half CONCURRENT_REQUESTS: fewer, fuller script calls
+        popped = await self.queues.pop(stage, want, pass_on=pass_on)
         if popped is None:  # taken for dead since the last beat: the beat says so and drops the buffer, then pop
-            await self._beat(self.current)
-            popped = await self._pop() or []
+            await self._beat(stage)
+            popped = await self.queues.pop(stage, want, pass_on=pass_on) or []
+        if len(popped) < want:
+            self.empty.add(stage)
+        self.own += len(popped)
         unloadable: list[tuple[str, str]] = []
         for inflight_id, data in popped:
             try:
-                request = request_from_data(data, self.serializer, self.spider)
+                request = decode(data, self.serializer, self.spider)
             except Exception as exc:  # whatever the entry made the loader raise: never retried, kept for people
                 unloadable.append((inflight_id, self._dead_letter_note(data, exc)))
                 continue
             self.buffer.append((request, inflight_id))
         if unloadable:
             moved = await self.queues.bury(unloadable)
+            self.own -= moved
             self.stats.inc_value("redislock/workers/dead_letters", moved)
         if popped:
-            self.stats.inc_value(f"redislock/workers/{self.current}/dequeued", len(popped))
+            self.stats.inc_value(f"redislock/workers/{stage}/dequeued", len(popped))
             self.busy_at = time.monotonic()
+            self.quiet_since = None
             wake_engine(self.crawler)
         return len(popped)
 
@@ -520,31 +661,6 @@ class StageWorkerScheduler(BaseScheduler):
         )
         note = {"time": round(time.time(), 3), "worker": self.worker, "queue": queue, "error": error}
         return json.dumps(note)
-
-    async def _pop(self) -> list[tuple[str, bytes]] | None:
-        """Pop so that about twice CONCURRENT_REQUESTS are taken; None if this worker is not registered."""
-        assert self.current is not None
-        want = 2 * self.concurrency - len(self.buffer) - len(self.handed)
-        return await self.queues.pop(self.current, want) if want > 0 else []
-
-    async def _track_idle(self) -> None:
-        """Note when the cluster last had work; once idle for REDISLOCK_IDLE_CLOSE, wake the engine to close."""
-        busy = any(self.lengths.values()) or self.buffer or self.handed or self.local or self.pushes
-        if not busy:
-            busy = await self._start_urls_waiting() or await self.queues.in_flight_elsewhere() > 0
-        if busy:
-            self.busy_at = time.monotonic()
-        elif self.may_close():
-            wake_engine(self.crawler)  # the engine checks for idleness at its next round, not in 5 s
-
-    async def _start_urls_waiting(self) -> int:
-        key = getattr(self.spider, "redis_key", None)
-        if not key:
-            return 0
-        client = self.queues.client
-        how = self.worker_settings.start_urls_as
-        length = client.scard(key) if how == "set" else client.zcard(key) if how == "zset" else client.llen(key)
-        return int(await length)
 
 
 __all__ = ["StageWorkerScheduler"]

@@ -46,6 +46,60 @@ def test_keys_share_the_spider_hash_tag() -> None:
         assert key.startswith("redislock:{shop}:"), key
 
 
+def test_a_queue_going_from_empty_to_non_empty_puts_one_token_on_its_signal(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a = worker("a")
+        await a.beat(None)
+        signal = a.keys.signal("detail")
+        await a.push_many([("detail", "", b"r0"), ("detail", "", b"r1")])
+        await a.push("detail", "", b"r2")  # not empty before: no second token
+        assert redis_client.lrange(signal, 0, -1) == [b"1"]
+        assert redis_client.llen(a.keys.signal("comments")) == 0
+        # A woken worker that pops a full batch hands the token on (the queue may hold more); a short pop does not.
+        redis_client.delete(signal)
+        assert len(await a.pop("detail", 2, pass_on=True)) == 2
+        assert redis_client.llen(signal) == 1
+        redis_client.delete(signal)
+        assert len(await a.pop("detail", 5, pass_on=True)) == 1
+        assert redis_client.llen(signal) == 0
+        # An idle worker blocked on the signals is served at once.
+        waiter = asyncio.ensure_future(a.wait_signal([signal, a.keys.signal("comments"), a.keys.wake], 30))
+        await asyncio.sleep(0.05)
+        await a.push("comments", "", b"c0")
+        assert await asyncio.wait_for(waiter, 5) == (a.keys.signal("comments"), b"1")
+        await a.aclose()
+
+    run(redis_url, scenario)
+
+
+def test_the_ack_that_ends_the_crawl_wakes_every_worker_and_a_beat_names_the_dead(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a, b, c = worker("a"), worker("b"), worker("c")
+        for handle in (a, b, c):
+            await handle.beat(None)
+        await a.push_many([("detail", "", b"r0"), ("comments", "", b"r1")])
+        first = await a.pop("detail", 1)
+        second = await b.pop("comments", 1)
+        assert first and second and await a.in_flight() == 2
+        await a.ack([first[0][0]])
+        assert redis_client.llen(a.keys.wake) == 0  # b still has one in flight
+        await b.ack([second[0][0]])
+        assert redis_client.llen(a.keys.wake) == 3  # one token per registered worker
+        assert await a.in_flight() == 0
+        # The heartbeat names workers silent for the TTL; reaping them takes one script each.
+        redis_client.zadd(a.keys.alive, {"c": 0})
+        new, dead = await a.heartbeat(None)
+        assert not new and dead == ["c"]
+        assert await a.reap(dead) == {"c": 0}
+        assert redis_client.zscore(a.keys.alive, "c") is None
+
+    run(redis_url, scenario)
+
+
 def test_the_dupefilter_is_shared_by_workers_and_stages(redis_url: str, redis_client: redis.Redis) -> None:
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         a, b = worker("a"), worker("b")
@@ -74,12 +128,16 @@ def test_fifo_pop_into_the_in_flight_record_and_ack(redis_url: str, redis_client
         assert [data for _, data in popped] == [b"r0", b"r1", b"r2"]
         assert redis_client.hlen(a.inflight_key) == 3
         assert redis_client.zscore(a.keys.alive, "a") > registered  # a pop is a sign of life
+        assert await a.in_flight() == 3  # the scripts' counter, read instead of every worker's hash
         assert await a.ack([popped[0][0], popped[1][0]]) == 2
         assert await a.ack([popped[0][0]]) == 0
         assert redis_client.hlen(a.inflight_key) == 1
+        assert await a.in_flight() == 1
         # Given back (a lost slot): to the front, in the order they were popped.
         assert await a.give_back([popped[2][0]]) == 1
+        assert await a.in_flight() == 0
         assert [data for _, data in await a.pop("detail", 5)] == [b"r2", b"r3"]
+        assert await a.in_flight() == 2
 
     run(redis_url, scenario)
 

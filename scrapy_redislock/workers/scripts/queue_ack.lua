@@ -1,6 +1,20 @@
--- queue_ack: a request has been fully handled (download, callback, the requests it yielded are queued);
--- drop it from the worker's in-flight record.
--- KEYS[1] the worker's in-flight hash
+-- queue_ack: requests have been fully handled (download, callback, the requests they yielded are queued); drop
+-- them from the worker's in-flight record and from the spider's in-flight counter. When that leaves nothing in
+-- flight anywhere and every stage queue empty, the crawl has ended: every registered worker gets a token on the
+-- wake list, so that idle workers blocked on it see the end at once instead of at their next heartbeat.
+-- KEYS[1] the worker's in-flight hash, KEYS[2] in-flight counter, KEYS[3] wake list, KEYS[4] alive zset,
+-- KEYS[5..] stage queues
 -- ARGV[1], ARGV[2], ... in-flight ids
 -- Returns how many were dropped.
-return redis.call('HDEL', KEYS[1], unpack(ARGV))
+local dropped = redis.call('HDEL', KEYS[1], unpack(ARGV))
+if dropped == 0 then return 0 end
+local left = redis.call('DECRBY', KEYS[2], dropped)
+if left > 0 then return dropped end
+if left < 0 then redis.call('SET', KEYS[2], 0) end
+for i = 5, #KEYS do
+  if redis.call('LLEN', KEYS[i]) > 0 then return dropped end
+end
+local workers = redis.call('ZCARD', KEYS[4])
+redis.call('DEL', KEYS[3])
+for _ = 1, workers do redis.call('LPUSH', KEYS[3], '1') end
+return dropped

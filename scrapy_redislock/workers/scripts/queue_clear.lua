@@ -2,8 +2,8 @@
 -- only if no worker other than the caller has beaten within ARGV[2] ms. This is SCHEDULER_PERSIST = False
 -- (the last worker out clears) and SCHEDULER_FLUSH_ON_START (the first worker in flushes) made safe for a
 -- cluster: one worker's close or start never deletes what the others are working on.
--- KEYS[1] alive zset, KEYS[2] working hash, KEYS[3] dupefilter, KEYS[4] id counter,
--- KEYS[5..] stage queues and the in-flight hashes of the registered workers
+-- KEYS[1] alive zset, KEYS[2] working hash, KEYS[3] dupefilter, KEYS[4] id counter, KEYS[5] in-flight counter,
+-- KEYS[6] wake list, KEYS[7..] stage queues, their signal lists and the in-flight hashes of the registered workers
 -- ARGV[1] caller's worker id, ARGV[2] ms within which a beat counts as alive
 -- Returns 1 cleared, 0 another worker is alive (nothing deleted).
 local t = redis.call('TIME')

@@ -1,8 +1,9 @@
 -- queue_requeue: give a worker's in-flight requests back to the front of their stage queues and forget the
 -- worker, if it has not beaten for ARGV[2] ms (a dead worker), or unconditionally when ARGV[2] is '0' (its
--- own close). Entries of a stage not listed (a worker with other stage names) stay in the hash.
--- KEYS[1] alive zset, KEYS[2] the worker's in-flight hash, KEYS[3] working hash,
--- KEYS[4..] stage queues, in ARGV[3..] order
+-- own close). Entries of a stage not listed (a worker with other stage names) stay in the hash, uncounted.
+-- A queue that was empty gets a token on its signal list, so that an idle worker takes the requests at once.
+-- KEYS[1] alive zset, KEYS[2] the worker's in-flight hash, KEYS[3] working hash, KEYS[4] in-flight counter,
+-- KEYS[5..4+n] stage queues, KEYS[5+n..4+2n] their signal lists, in ARGV[3..] order
 -- ARGV[1] worker id, ARGV[2] silence in ms that makes it dead ('0' = now), ARGV[3..] stage names
 -- Returns {requeued, left in the hash}, or {-1, 0} if the worker is alive.
 if ARGV[2] ~= '0' then
@@ -11,8 +12,12 @@ if ARGV[2] ~= '0' then
   local beat = redis.call('ZSCORE', KEYS[1], ARGV[1])
   if beat and now - tonumber(beat) < tonumber(ARGV[2]) then return {-1, 0} end
 end
-local queue_of = {}
-for i = 3, #ARGV do queue_of[ARGV[i]] = KEYS[i + 1] end
+local n = #ARGV - 2
+local queue_of, signal_of = {}, {}
+for i = 3, #ARGV do
+  queue_of[ARGV[i]] = KEYS[i + 2]
+  signal_of[ARGV[i]] = KEYS[i + 2 + n]
+end
 local entries = redis.call('HGETALL', KEYS[2])
 local ids = {}
 for i = 1, #entries, 2 do table.insert(ids, {tonumber(entries[i]), entries[i], entries[i + 1]}) end
@@ -23,13 +28,16 @@ for i = #ids, 1, -1 do
   local id = ids[i][2]
   local stage, data = string.match(ids[i][3], '^([^\n]*)\n(.*)$')
   if stage and queue_of[stage] then
-    redis.call('RPUSH', queue_of[stage], data)
+    if redis.call('RPUSH', queue_of[stage], data) == 1 and redis.call('LLEN', signal_of[stage]) == 0 then
+      redis.call('LPUSH', signal_of[stage], '1')
+    end
     redis.call('HDEL', KEYS[2], id)
     moved = moved + 1
   else
     left = left + 1
   end
 end
+if #ids > 0 and redis.call('DECRBY', KEYS[4], #ids) < 0 then redis.call('SET', KEYS[4], 0) end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 return {moved, left}
