@@ -13,7 +13,17 @@ from scrapy_redislock.errors import (
     ThrottlingDisabled,
     UnknownStage,
 )
-from scrapy_redislock.lock import AsyncCountingLock, CountingLock, LockKeys, Permit
+from scrapy_redislock.lock import (
+    AsyncCountingLock,
+    AsyncQuorumCountingLock,
+    CountingLock,
+    LockKeys,
+    Permit,
+    QuorumCountingLock,
+    QuorumLockFactory,
+    QuorumPermit,
+    safe_quorum,
+)
 
 
 def __getattr__(name: str) -> object:
@@ -40,6 +50,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "AcquireTimeout",
     "AsyncCountingLock",
+    "AsyncQuorumCountingLock",
     "ConfigError",
     "CountingLock",
     "InvalidArgument",
@@ -49,6 +60,9 @@ __all__ = [
     "LockLost",
     "NotReplicated",
     "Permit",
+    "QuorumCountingLock",
+    "QuorumLockFactory",
+    "QuorumPermit",
     "RequestFormatError",
     "StageLockMiddleware",
     "StageScheduler",
@@ -56,6 +70,7 @@ __all__ = [
     "StageWorkerScheduler",
     "ThrottlingDisabled",
     "UnknownStage",
+    "safe_quorum",
     "stage",
 ]
 __version__ = "0.1.0"

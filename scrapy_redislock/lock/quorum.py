@@ -1,0 +1,692 @@
+"""The quorum lock: a counting lock held on q of N independent Redis masters (Redlock, for a counting lock).
+
+Each master keeps an ordinary counting lock (:class:`~scrapy_redislock.lock.core.LockCore`, its Lua scripts
+unchanged); a quorum permit is a grant on at least ``q`` of them, obtained within the validity time. No new Lua:
+:class:`QuorumCore` is a sans-IO generator, like ``LockCore``, that yields :class:`Fanout` (one lock operation per
+master) and :class:`Pause`; :class:`QuorumCountingLock` runs a fanout's operations one master after the other,
+:class:`AsyncQuorumCountingLock` all at once.
+
+Why not a majority: each master admits ``limit`` (L) holders and each holder needs q masters, so up to
+floor(N*L/q) holders fit at once. The safe quorum is the smallest q with q > N*L/(L+1) (:func:`safe_quorum`);
+for a mutex (L=1) that is a majority, for L >= 2 it is more (N=3, L=2: 3; N=5, L=3: 4).
+
+What it promises and what it does not:
+
+* Acquire: one round asks every master for a slot without blocking; the round wins when >= q granted and the
+  validity ``ttl - elapsed - drift`` (drift = ttl * drift_factor + 2 ms) is still positive; otherwise every partial
+  grant is given back and the round is tried again after a jittered back-off. Waiters are therefore served in no
+  particular order (one FIFO per master cannot give a global FIFO: two waiters can be first on different masters);
+  the back-off keeps the expected wait fair, not each wait. Use the single-master lock where FIFO matters.
+* Renew on all masters; a renewal that fewer than q masters confirm loses the permit (what it still has is given
+  back). Release on all masters.
+* The fencing token is a vector: :attr:`QuorumPermit.fences`, master index -> that master's fence.
+  :meth:`QuorumPermit.newer_than` compares two: for a mutex, two successive holders share a master, and on it
+  the later one's fence is larger. One number (a max or a sum) would not be ordered across masters.
+* A master that restarted empty rejoins only after one lease: the lock is recreated there with every slot
+  reserved (the single lock's limbo recovery) whenever this object has seen the lock on any master, so holders
+  re-adopt their grants and nobody new gets that master's slots for one ttl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.exceptions
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from scrapy_redislock._loop import every
+from scrapy_redislock._redis import Backoff, check_limit, check_timeout
+from scrapy_redislock.errors import AcquireTimeout, InvalidArgument, LockError, LockLost
+from scrapy_redislock.lock.core import Clock, LockCore, Permit, default_identity
+from scrapy_redislock.lock.front import CommandRunner
+from scrapy_redislock.lock.protocol import Call, Operation, adrive, drive
+
+logger = logging.getLogger(__name__)
+
+DRIFT_FACTOR = 0.01  # as Redlock: clocks may run 1% apart over a ttl
+DRIFT_MS = 2  # plus this much for the rounding of Redis's millisecond clock
+RETRY_FIRST = 0.005  # s, first back-off after a lost round; doubles up to RETRY_MOST
+RETRY_MOST = 0.2
+MASTER_ERRORS = (redis.exceptions.RedisError, LockError, OSError)  # one master failing is an answer, not a failure
+
+
+def safe_quorum(masters: int, limit: int) -> int:
+    """The smallest q with q > masters*limit/(limit+1): no more than ``limit`` holders can each own q masters."""
+    return masters * limit // (limit + 1) + 1
+
+
+@dataclass(frozen=True)
+class Fanout:
+    """Run one lock operation on each of these masters; the reply maps master index -> result or exception."""
+
+    ops: dict[int, Operation]
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Sleep this many seconds (the back-off between two rounds)."""
+
+    seconds: float
+
+
+QuorumOperation = Any  # Generator[Fanout | Pause, Any, Any]
+
+
+@dataclass
+class QuorumPermit:
+    """A slot held on at least ``quorum`` masters; ``valid_until`` is on the lock's clock (monotonic)."""
+
+    name: str
+    owner: str
+    grants: dict[int, Permit]
+    acquired_at: float
+    valid_until: float
+    quorum: int
+    holds: int = 1
+    lost: bool = False
+    released: bool = False
+
+    @property
+    def fences(self) -> dict[int, int]:
+        """The fencing token: master index -> fence of the grant there."""
+        return {i: p.fence for i, p in sorted(self.grants.items())}
+
+    def newer_than(self, other: QuorumPermit | Mapping[int, int]) -> bool:
+        """True when this permit was granted after ``other`` on a master both hold, and before it on none."""
+        theirs = other.fences if isinstance(other, QuorumPermit) else dict(other)
+        shared = [i for i in self.fences if i in theirs]
+        return bool(shared) and all(self.fences[i] > theirs[i] for i in shared)
+
+    @property
+    def token(self) -> str:
+        return f"{self.owner}/" + ",".join(f"{i}:{p.grant}" for i, p in sorted(self.grants.items()))
+
+
+def _exists(core: LockCore) -> Operation:
+    return (yield Call(("EXISTS", core.keys.slots)))
+
+
+@dataclass
+class QuorumCore:
+    """State and logic of one quorum lock object over N per-master ``LockCore`` objects; no I/O."""
+
+    name: str
+    limit: int
+    ttl: float
+    quorum: int
+    cores: list[LockCore]
+    clock: Clock
+    drift_factor: float = DRIFT_FACTOR
+    reentrant: bool = False
+    owner: str = ""
+    held: dict[int, QuorumPermit] = field(default_factory=dict)  # id(permit) -> permit
+    by_holder: dict[Any, QuorumPermit] = field(default_factory=dict)
+    known: bool = False  # the lock was seen on some master: a master missing it lost it (restart)
+    last_round: str = ""
+
+    @classmethod
+    def create(
+        cls,
+        masters: int,
+        name: object,
+        limit: object,
+        ttl: object,
+        *,
+        key_prefix: object = "redislock",
+        quorum: object = None,
+        reentrant: bool = False,
+        drift_factor: object = DRIFT_FACTOR,
+        clock: Clock = time.monotonic,
+        identity: Mapping[str, Any] | None = None,
+    ) -> QuorumCore:
+        if limit is None:
+            raise InvalidArgument("limit must be given for a quorum lock (its quorum depends on it), got None")
+        checked = check_limit(limit)
+        if reentrant and checked != 1:
+            raise InvalidArgument(f"reentrant=True needs limit=1 (a mutex), got limit={limit!r}")
+        if isinstance(drift_factor, bool) or not isinstance(drift_factor, int | float) or not 0 <= drift_factor < 1:
+            raise InvalidArgument(f"drift_factor must be a number in [0, 1), got {drift_factor!r}")
+        safe = safe_quorum(masters, checked)
+        if quorum is None:
+            quorum = safe
+        elif isinstance(quorum, bool) or not isinstance(quorum, int) or not 1 <= quorum <= masters:
+            raise InvalidArgument(f"quorum must be an integer from 1 to {masters} (the masters), got {quorum!r}")
+        elif quorum < safe:
+            logger.warning(
+                "quorum lock %r: quorum=%d is below the safe quorum %d for %d masters and limit %d: up to %d holders"
+                " can hold it at once",
+                name,
+                quorum,
+                safe,
+                masters,
+                checked,
+                masters * checked // quorum,
+            )
+        owner = f"{default_identity()['host']}:{uuid.uuid4().hex[:12]}"
+        cores = []
+        for _ in range(masters):
+            core = LockCore.create(name, checked, ttl, key_prefix=key_prefix, clock=clock, identity=identity)
+            core.owner = owner  # one owner name on every master: status shows one holder
+            cores.append(core)
+        return cls(
+            name=cores[0].name if cores else str(name),
+            limit=checked,
+            ttl=cores[0].configured_ttl if cores else float(ttl),  # type: ignore[arg-type]
+            quorum=quorum,
+            cores=cores,
+            clock=clock,
+            drift_factor=float(drift_factor),
+            reentrant=reentrant,
+            owner=owner,
+        )
+
+    @property
+    def renew_interval(self) -> float:
+        return self.cores[0].renew_interval
+
+    def validity(self, started: float) -> float:
+        """Seconds a grant made by a round that started at ``started`` is still safe to use."""
+        drift = self.ttl * self.drift_factor + DRIFT_MS / 1000
+        return self.ttl - (self.clock() - started) - drift
+
+    def _known(self) -> None:
+        """The lock exists on some master: any master that lacks it lost it, and recreates it in limbo."""
+        self.known = True
+        for core in self.cores:
+            core.ever_set_up = True
+
+    def _probe(self) -> QuorumOperation:
+        """Once per object: does the lock exist on any master? (Then a master without it restarted empty.)"""
+        if self.known:
+            return
+        replies = yield Fanout({i: _exists(core) for i, core in enumerate(self.cores)})
+        if any(not isinstance(r, BaseException) and int(r) for r in replies.values()):
+            self._known()
+
+    def acquire(self, timeout: float | None, blocking: bool = True, holder: Any = None) -> QuorumOperation:
+        """Rounds until one wins (see the module docstring); None when not blocking and the round lost."""
+        timeout = check_timeout(timeout)
+        if self.reentrant and holder is not None and holder in self.by_holder:
+            permit = self.by_holder[holder]
+            if not permit.lost and not permit.released:
+                permit.holds += 1
+                return permit
+            del self.by_holder[holder]
+        yield from self._probe()
+        deadline = None if timeout is None else self.clock() + timeout
+        backoff = Backoff(RETRY_FIRST, max(RETRY_FIRST, min(RETRY_MOST, self.renew_interval)))
+        while True:
+            permit = yield from self._round()
+            if permit is not None:
+                self.held[id(permit)] = permit
+                if self.reentrant and holder is not None:
+                    self.by_holder[holder] = permit
+                return permit
+            if not blocking:
+                return None
+            delay = backoff.next() * random.uniform(0.5, 1.5)
+            if deadline is not None:
+                left = deadline - self.clock()
+                if left <= 0:
+                    raise AcquireTimeout(f"quorum lock {self.name!r}: no quorum within {timeout} s ({self.last_round})")
+                delay = min(delay, left)
+            yield Pause(delay)
+
+    def _round(self) -> QuorumOperation:
+        started = self.clock()
+        replies = yield Fanout({i: core.acquire(None, blocking=False) for i, core in enumerate(self.cores)})
+        grants = {i: r for i, r in replies.items() if isinstance(r, Permit)}
+        if grants:
+            self._known()
+        validity = self.validity(started)
+        errors = {i: r for i, r in replies.items() if isinstance(r, BaseException)}
+        self.last_round = f"{len(grants)} of {len(self.cores)} masters granted, quorum {self.quorum}" + "".join(
+            f"; master {i}: {type(e).__name__}: {e}" for i, e in sorted(errors.items())
+        )
+        if len(grants) >= self.quorum and validity > 0:
+            now = self.clock()
+            return QuorumPermit(self.name, self.owner, grants, now, now + validity, self.quorum)
+        if len(grants) >= self.quorum:
+            self.last_round += f"; validity {validity:.3f} s left: too late"
+        if grants:
+            yield Fanout({i: self.cores[i].release(p) for i, p in grants.items()})  # give every partial grant back
+        return None
+
+    def release(self, permit: QuorumPermit) -> QuorumOperation:
+        """Give the slot back on every master; True when >= q masters still held it."""
+        if not isinstance(permit, QuorumPermit):
+            raise InvalidArgument(f"permit must be a QuorumPermit, got {permit!r}")
+        if self.reentrant and permit.holds > 1 and not permit.lost:
+            permit.holds -= 1
+            return True
+        permit.released = True
+        replies = yield Fanout({i: self.cores[i].release(p) for i, p in permit.grants.items()})
+        self._forget(permit)
+        confirmed = sum(1 for r in replies.values() if r is True)
+        if confirmed < permit.quorum:
+            permit.lost = True
+        return confirmed >= permit.quorum
+
+    def _forget(self, permit: QuorumPermit) -> None:
+        self.held.pop(id(permit), None)
+        for holder, held in list(self.by_holder.items()):
+            if held is permit:
+                del self.by_holder[holder]
+
+    def maintain(self, permits: list[QuorumPermit] | None = None) -> QuorumOperation:
+        """Renew ``permits`` (default: all held) on every master; returns those fewer than q masters renewed.
+
+        A lost permit's remaining grants are given back. Masters with an abandoned wait are maintained too.
+        """
+        targets = list(self.held.values()) if permits is None else list(permits)
+        started = self.clock()
+        ops: dict[int, Operation] = {}
+        for i, core in enumerate(self.cores):
+            mine = [p.grants[i] for p in targets if i in p.grants]
+            if mine or core.abandoned:
+                ops[i] = core.maintain(mine)
+        replies = yield Fanout(ops)
+        validity = self.validity(started)
+        lost: list[QuorumPermit] = []
+        for permit in targets:
+            renewed = 0
+            for i, grant in list(permit.grants.items()):
+                reply = replies.get(i)
+                if isinstance(reply, BaseException) or reply is None:
+                    continue  # unknown: kept, it may still be there
+                if any(g is grant for g in reply):
+                    del permit.grants[i]
+                else:
+                    renewed += 1
+            if permit.released:
+                continue
+            if renewed >= permit.quorum and validity > 0:
+                permit.valid_until = self.clock() + validity
+            else:
+                lost.append(permit)
+        for permit in lost:
+            permit.lost = True
+            self._forget(permit)
+        rest = {}
+        for permit in lost:
+            for i, grant in permit.grants.items():
+                rest.setdefault(i, []).append(grant)
+        if rest:
+            yield Fanout({i: self._release_each(i, grants) for i, grants in rest.items()})
+        return lost
+
+    def _release_each(self, index: int, grants: list[Permit]) -> Operation:
+        for grant in grants:
+            yield from self.cores[index].release(grant)
+
+    def sweep(self) -> QuorumOperation:
+        """Give back grants no quorum permit owns (a round cut short) and free abandoned waits, on every master."""
+        owned = {id(p) for q in self.held.values() for p in q.grants.values()}
+        ops: dict[int, Operation] = {}
+        for i, core in enumerate(self.cores):
+            orphans = [p for p in core.held.values() if id(p) not in owned]
+            if orphans or core.abandoned:
+                ops[i] = self._sweep_one(i, orphans)
+        if ops:
+            yield Fanout(ops)
+
+    def _sweep_one(self, index: int, orphans: list[Permit]) -> Operation:
+        yield from self._release_each(index, orphans)
+        if self.cores[index].abandoned:
+            yield from self.cores[index].maintain([])
+
+    def release_all(self) -> QuorumOperation:
+        """Free every grant of this owner on every master and unregister it (on close)."""
+        count = len(self.held)
+        for permit in self.held.values():
+            permit.lost = True
+        self.held.clear()
+        self.by_holder.clear()
+        yield Fanout({i: core.release_all() for i, core in enumerate(self.cores)})
+        return count
+
+
+class QuorumFront:
+    """What both quorum fronts share: argument checks, the core, one command runner per master."""
+
+    client_types: tuple[type, ...] = ()
+
+    def __init__(
+        self,
+        masters: Sequence[Any],
+        name: str,
+        limit: int,
+        ttl: float = 30.0,
+        *,
+        key_prefix: str = "redislock",
+        quorum: int | None = None,
+        reentrant: bool = False,
+        drift_factor: float = DRIFT_FACTOR,
+        auto_renew: bool = False,
+        on_lost: Callable[[QuorumPermit], object] | None = None,
+        identity: Mapping[str, Any] | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        if isinstance(masters, str | bytes) or not isinstance(masters, Sequence) or not masters:
+            raise InvalidArgument(f"masters must be a non-empty list of redis clients, got {masters!r}")
+        expected = " or ".join(f"{t.__module__}.{t.__qualname__}" for t in self.client_types)
+        for client in masters:
+            if not isinstance(client, self.client_types):
+                raise InvalidArgument(f"masters must be {expected} clients, got {type(client).__name__}")
+        if len({id(c) for c in masters}) != len(masters):
+            raise InvalidArgument("masters lists the same client twice: each master must be an independent server")
+        self._core = QuorumCore.create(
+            len(masters),
+            name,
+            limit,
+            ttl,
+            key_prefix=key_prefix,
+            quorum=quorum,
+            reentrant=reentrant,
+            drift_factor=drift_factor,
+            clock=clock,
+            identity=identity,
+        )
+        self._masters = list(masters)
+        self._runners = [CommandRunner(client) for client in masters]
+        self.auto_renew = auto_renew
+        self.on_lost = on_lost or (lambda p: logger.warning("quorum permit %s of %r was lost", p.token, p.name))
+
+    name = property(lambda self: self._core.name, doc="The lock's name.")
+    owner = property(lambda self: self._core.owner, doc="This object's owner name on every master.")
+    quorum = property(lambda self: self._core.quorum, doc="Masters a permit needs.")
+    ttl = property(lambda self: self._core.ttl, doc="Lease seconds on each master.")
+    renew_interval = property(lambda self: self._core.renew_interval, doc="ttl/3, at most 1 s.")
+    keys = property(lambda self: self._core.cores[0].keys, doc="The lock's Redis keys (the same on every master).")
+
+    @property
+    def held(self) -> list[QuorumPermit]:
+        return list(self._core.held.values())
+
+    def _report_lost(self, lost: list[QuorumPermit]) -> None:
+        for permit in lost:
+            try:
+                self.on_lost(permit)
+            except Exception:
+                logger.exception("on_lost callback of quorum lock %r failed", self.name)
+
+
+class QuorumCountingLock(QuorumFront):
+    """A counting lock held on a safe quorum of N independent ``redis.Redis`` masters, for blocking code.
+
+    Masters are asked one after the other; give the clients a socket timeout well below ``ttl`` and no retries
+    (:class:`QuorumLockFactory` does), or a hung or dead master eats the validity time.
+    """
+
+    client_types = (redis.Redis,)
+
+    def __init__(self, masters: Sequence[redis.Redis], *args: Any, **kwargs: Any) -> None:
+        super().__init__(masters, *args, **kwargs)
+        self._local = threading.local()
+        self._renewer: threading.Thread | None = None
+        self._loop_lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def _one(self, index: int, op: Operation) -> Any:
+        try:
+            return drive(op, self._runners[index], self.name)
+        except MASTER_ERRORS as exc:
+            return exc
+
+    def _run(self, op: QuorumOperation) -> Any:
+        reply: Any = None
+        try:
+            while True:
+                try:
+                    command = op.send(reply)
+                except StopIteration as stop:
+                    return stop.value
+                if isinstance(command, Pause):
+                    time.sleep(command.seconds)
+                    reply = None
+                else:
+                    reply = {i: self._one(i, sub) for i, sub in command.ops.items()}
+        finally:
+            op.close()
+
+    def acquire(self, timeout: float | None = None) -> QuorumPermit:
+        """A permit on >= quorum masters; AcquireTimeout after ``timeout`` s, saying how the last round went."""
+        permit = self._run(self._core.acquire(timeout, holder=threading.get_ident()))
+        self._start_loop()
+        return permit
+
+    def try_acquire(self) -> QuorumPermit | None:
+        """One round: a permit if >= quorum masters grant one now, else None (partial grants given back)."""
+        permit = self._run(self._core.acquire(None, blocking=False, holder=threading.get_ident()))
+        if permit is not None:
+            self._start_loop()
+        return permit
+
+    def release(self, permit: QuorumPermit) -> bool:
+        """Give the slot back on every master: True if >= quorum still held it."""
+        return bool(self._run(self._core.release(permit)))
+
+    def renew(self, permit: QuorumPermit) -> None:
+        """Renew on every master; LockLost when fewer than ``quorum`` renewed (what is left is given back)."""
+        if self.maintain([permit]):
+            raise LockLost(f"quorum lock {self.name!r}: fewer than {self.quorum} masters renewed {permit.token}")
+
+    def maintain(self, permits: list[QuorumPermit] | None = None) -> list[QuorumPermit]:
+        """Renew held permits (default: all) on every master; returns the lost ones (on_lost is called for each)."""
+        lost: list[QuorumPermit] = self._run(self._core.maintain(permits))
+        self._report_lost(lost)
+        return lost
+
+    def close(self) -> int:
+        """Stop renewing and free everything this object holds on every master; returns how many permits."""
+        self._stop.set()
+        renewer = self._renewer
+        if renewer is not None and renewer is not threading.current_thread():
+            renewer.join()
+        return int(self._run(self._core.release_all()))
+
+    def __enter__(self) -> QuorumPermit:
+        permit = self.acquire()
+        self._local.__dict__.setdefault("stack", []).append(permit)
+        return permit
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release(self._local.stack.pop())
+
+    def _start_loop(self) -> None:
+        with self._loop_lock:
+            if not self.auto_renew or self._stop.is_set() or (self._renewer and self._renewer.is_alive()):
+                return
+            self._renewer = threading.Thread(target=self._loop, name=f"redislock-quorum-{self.name}", daemon=True)
+            self._renewer.start()
+
+    def _loop(self) -> None:
+        """Renew every ttl/3 while something is held; errors are logged and retried."""
+        while not self._stop.wait(self.renew_interval):
+            with self._loop_lock:
+                if not self._core.held:
+                    self._renewer = None
+                    return
+            try:
+                self.maintain()
+            except Exception:
+                logger.exception("renewing quorum lock %r failed", self.name)
+
+
+class AsyncQuorumCountingLock(QuorumFront):
+    """A counting lock held on a safe quorum of N independent ``redis.asyncio.Redis`` masters; masters are asked
+    all at once."""
+
+    client_types = (redis.asyncio.Redis,)
+
+    def __init__(self, masters: Sequence[redis.asyncio.Redis], *args: Any, **kwargs: Any) -> None:
+        super().__init__(masters, *args, **kwargs)
+        self._context: dict[asyncio.Task[Any] | None, list[QuorumPermit]] = {}
+        self._renewer: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def _one(self, index: int, op: Operation) -> Any:
+        try:
+            return await adrive(op, self._runners[index], self.name)
+        except MASTER_ERRORS as exc:
+            return exc
+
+    async def _run(self, op: QuorumOperation) -> Any:
+        reply: Any = None
+        try:
+            while True:
+                try:
+                    command = op.send(reply)
+                except StopIteration as stop:
+                    return stop.value
+                if isinstance(command, Pause):
+                    await asyncio.sleep(command.seconds)
+                    reply = None
+                    continue
+                indexes = list(command.ops)
+                try:
+                    results = await asyncio.gather(*(self._one(i, command.ops[i]) for i in indexes))
+                except asyncio.CancelledError:
+                    # Grants of a round cut short sit on their masters with no permit: give them back now.
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(self._run(self._core.sweep()))
+                    raise
+                reply = dict(zip(indexes, results, strict=True))
+        finally:
+            op.close()
+
+    async def acquire(self, timeout: float | None = None) -> QuorumPermit:
+        """A permit on >= quorum masters; AcquireTimeout after ``timeout`` s."""
+        permit = await self._run(self._core.acquire(timeout, holder=asyncio.current_task()))
+        self._start_loop()
+        return permit
+
+    async def try_acquire(self) -> QuorumPermit | None:
+        """One round: a permit if >= quorum masters grant one now, else None."""
+        permit = await self._run(self._core.acquire(None, blocking=False, holder=asyncio.current_task()))
+        if permit is not None:
+            self._start_loop()
+        return permit
+
+    async def release(self, permit: QuorumPermit) -> bool:
+        """Give the slot back on every master: True if >= quorum still held it."""
+        return bool(await self._run(self._core.release(permit)))
+
+    async def renew(self, permit: QuorumPermit) -> None:
+        """Renew on every master; LockLost when fewer than ``quorum`` renewed."""
+        if await self.maintain([permit]):
+            raise LockLost(f"quorum lock {self.name!r}: fewer than {self.quorum} masters renewed {permit.token}")
+
+    async def maintain(self, permits: list[QuorumPermit] | None = None) -> list[QuorumPermit]:
+        """Renew held permits (default: all) on every master; returns the lost ones."""
+        lost: list[QuorumPermit] = await self._run(self._core.maintain(permits))
+        self._report_lost(lost)
+        return lost
+
+    async def aclose(self) -> int:
+        """Stop renewing and free everything this object holds on every master; returns how many permits."""
+        self._closed = True
+        if self._renewer is not None and self._renewer is not asyncio.current_task():
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        self._renewer = None
+        return int(await self._run(self._core.release_all()))
+
+    async def __aenter__(self) -> QuorumPermit:
+        permit = await self.acquire()
+        self._context.setdefault(asyncio.current_task(), []).append(permit)
+        return permit
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        task = asyncio.current_task()
+        stack = self._context[task]
+        permit = stack.pop()
+        if not stack:
+            del self._context[task]
+        await self.release(permit)
+
+    def _start_loop(self) -> None:
+        if not self.auto_renew or self._closed or (self._renewer is not None and not self._renewer.done()):
+            return
+        self._renewer = asyncio.get_running_loop().create_task(
+            every(lambda: self.renew_interval, self._tick, what=f"renewing quorum lock {self.name!r}"),
+            name=f"redislock-quorum-{self.name}",
+        )
+
+    async def _tick(self) -> bool:
+        if not self._core.held:
+            return False
+        await self.maintain()
+        return True
+
+
+class QuorumLockFactory:
+    """Quorum locks over one set of masters, sharing their connections (like redlock-py's RedLockFactory).
+
+    ``masters``: redis URLs or clients (all blocking or all ``redis.asyncio``); with URLs, ``asyncio=True`` makes
+    asyncio clients. Clients made here get ``socket_timeout`` and ``socket_connect_timeout`` of 1 s and no retries
+    unless ``client_options`` say otherwise (redis-py retries a refused connection 10 times, some 4 s: that would
+    eat the validity time; the next round is the retry), and are closed by :meth:`close` / :meth:`aclose`.
+    """
+
+    def __init__(self, masters: Sequence[Any], *, asyncio: bool = False, **client_options: Any) -> None:
+        if isinstance(masters, str | bytes) or not isinstance(masters, Sequence) or not masters:
+            raise InvalidArgument(f"masters must be a non-empty list of redis URLs or clients, got {masters!r}")
+        module: Any = redis.asyncio if asyncio else redis
+        retry = (module.retry.Retry if asyncio else Retry)(NoBackoff(), 0)
+        options = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0, "retry": retry, **client_options}
+        self.clients: list[Any] = []
+        self._made: list[Any] = []
+        for master in masters:
+            if isinstance(master, str):
+                try:
+                    client = module.Redis.from_url(master, **options)
+                except ValueError as exc:
+                    raise InvalidArgument(f"masters: {master!r} is not a redis URL ({exc})") from None
+                self._made.append(client)
+            else:
+                client = master
+            self.clients.append(client)
+        self.asyncio = isinstance(self.clients[0], redis.asyncio.Redis)
+
+    def lock(self, name: str, limit: int, ttl: float = 30.0, **kwargs: Any) -> QuorumFront:
+        """A :class:`QuorumCountingLock` (or :class:`AsyncQuorumCountingLock`) over the factory's masters."""
+        cls = AsyncQuorumCountingLock if self.asyncio else QuorumCountingLock
+        return cls(self.clients, name, limit, ttl, **kwargs)
+
+    def close(self) -> None:
+        """Close the clients the factory made (blocking ones)."""
+        for client in self._made:
+            client.close()
+
+    async def aclose(self) -> None:
+        """Close the clients the factory made (asyncio ones)."""
+        for client in self._made:
+            await client.aclose()
+
+
+__all__ = [
+    "AsyncQuorumCountingLock",
+    "QuorumCountingLock",
+    "QuorumLockFactory",
+    "QuorumPermit",
+    "safe_quorum",
+]
