@@ -5,6 +5,7 @@ A master one lock object cannot reach is a client to a port nobody listens on: t
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -345,3 +346,149 @@ def test_clients_whose_clocks_run_apart_never_overlap(masters: list[RedisServer]
         thread.join(30)
     assert len(intervals) == 6
     assert max_overlap(intervals) == 1
+
+
+# -- the API ---------------------------------------------------------------------------------------------------
+
+
+def test_threads_with_their_own_objects_never_exceed_the_limit(masters: list[RedisServer], made: list[Any]) -> None:
+    factory = QuorumLockFactory([s.url for s in masters[:3]])
+    made.append(factory)
+    intervals: list[tuple[float, float]] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        lock = factory.lock("q", 2, 5.0)
+        try:
+            for _ in range(10):
+                permit = lock.acquire(timeout=20)
+                start = time.monotonic()
+                time.sleep(0.003)
+                intervals.append((start, time.monotonic()))
+                lock.release(permit)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors
+    assert len(intervals) == 40
+    assert max_overlap(intervals) <= 2
+    assert [held_on(s) for s in masters[:3]] == [0, 0, 0]
+
+
+def test_fences_order_successive_holders_of_a_mutex(masters: list[RedisServer], made: list[Any]) -> None:
+    factory = QuorumLockFactory([s.url for s in masters])
+    made.append(factory)
+    first, second = factory.lock("q", 1, 5.0), factory.lock("q", 1, 5.0)
+    earlier = first.acquire(timeout=1)
+    first.release(earlier)
+    masters[0].kill()
+    later = second.acquire(timeout=1)
+    assert sorted(later.grants) == [1, 2, 3, 4]
+    assert later.newer_than(earlier) and not earlier.newer_than(later)
+    assert later.newer_than(earlier.fences)
+    assert not later.newer_than({0: 1})  # nothing shared: no order
+
+
+def test_reentrant_holds_count_per_thread(masters: list[RedisServer], made: list[Any]) -> None:
+    factory = QuorumLockFactory([s.url for s in masters[:3]])
+    made.append(factory)
+    lock = factory.lock("q", 1, 5.0, reentrant=True)
+    outer = lock.acquire(timeout=1)
+    assert lock.acquire(timeout=1) is outer and outer.holds == 2
+    other: list[object] = []
+    thread = threading.Thread(target=lambda: other.append(lock.try_acquire()))
+    thread.start()
+    thread.join()
+    assert other == [None]  # another thread is another holder
+    assert lock.release(outer) and [held_on(s) for s in masters[:3]] == [1, 1, 1]
+    assert lock.release(outer) and [held_on(s) for s in masters[:3]] == [0, 0, 0]
+    with lock as permit:
+        assert permit.holds == 1 and not permit.released
+    assert permit.released
+
+
+def test_auto_renew_keeps_a_permit_past_its_ttl(masters: list[RedisServer], made: list[Any]) -> None:
+    factory = QuorumLockFactory([s.url for s in masters[:3]])
+    made.append(factory)
+    holder, other = factory.lock("q", 1, 0.3, auto_renew=True), factory.lock("q", 1, 0.3)
+    permit = holder.acquire(timeout=1)
+    first_validity = permit.valid_until
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        assert other.try_acquire() is None
+        time.sleep(0.02)
+    assert not permit.lost and permit.valid_until > first_validity + 0.5
+    holder.close()
+    assert other.acquire(timeout=1) is not None
+
+
+def test_a_factory_shares_its_connections(masters: list[RedisServer], made: list[Any]) -> None:
+    factory = QuorumLockFactory([s.url for s in masters[:3]])
+    made.append(factory)
+    locks = [factory.lock(f"q{i}", 1, 5.0) for i in range(10)]
+    for lock in locks:
+        lock.release(lock.acquire(timeout=1))
+    assert all(lock._masters == factory.clients for lock in locks)
+    with admin(masters[0]) as client:
+        clients = client.client_list()
+    assert len(clients) <= 2  # the factory's one connection (and this one), not one per lock
+
+
+def test_asyncio_lock_caps_holders_and_goes_on_with_a_master_killed(masters: list[RedisServer]) -> None:
+    intervals: list[tuple[float, float]] = []
+
+    async def main() -> None:
+        factory = QuorumLockFactory([s.url for s in masters], asyncio=True)
+        locks = [factory.lock("q", 2, 5.0) for _ in range(5)]
+        assert locks[0].quorum == 4
+
+        async def worker(lock: Any) -> None:
+            for _ in range(8):
+                permit = await lock.acquire(timeout=20)
+                start = time.monotonic()
+                await asyncio.sleep(0.003)
+                intervals.append((start, time.monotonic()))
+                await lock.release(permit)
+
+        tasks = [asyncio.create_task(worker(lock)) for lock in locks]
+        while len(intervals) < 10:
+            await asyncio.sleep(0.005)
+        masters[0].kill()
+        await asyncio.gather(*tasks)
+        for lock in locks:
+            await lock.aclose()
+        await factory.aclose()
+
+    asyncio.run(main())
+    assert len(intervals) == 40
+    assert max_overlap(intervals) <= 2
+    assert [held_on(s) for s in masters[1:]] == [0, 0, 0, 0]
+
+
+def test_asyncio_cancelled_acquires_leave_nothing_held(masters: list[RedisServer]) -> None:
+    outcomes = {"cancelled": 0, "granted": 0}
+
+    async def main() -> None:
+        factory = QuorumLockFactory([s.url for s in masters], asyncio=True)
+        lock = factory.lock("q", 3, 5.0)
+        rng = random.Random(5)
+        for _ in range(40):
+            task = asyncio.create_task(lock.acquire(timeout=5))
+            await asyncio.sleep(rng.uniform(0, 0.002))
+            task.cancel()
+            try:
+                await lock.release(await task)
+                outcomes["granted"] += 1
+            except asyncio.CancelledError:
+                outcomes["cancelled"] += 1
+        assert lock.held == []
+        await factory.aclose()
+
+    asyncio.run(main())
+    assert outcomes["cancelled"] > 0
+    assert [held_on(s) for s in masters] == [0] * MASTERS
