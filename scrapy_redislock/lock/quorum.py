@@ -50,16 +50,18 @@ from redis.retry import Retry
 from scrapy_redislock._loop import every
 from scrapy_redislock._redis import Backoff, check_limit, check_timeout
 from scrapy_redislock.errors import AcquireTimeout, InvalidArgument, LockError, LockLost
+from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.core import Clock, LockCore, Permit, default_identity
-from scrapy_redislock.lock.front import CommandRunner
+from scrapy_redislock.lock.front import LockFront, waiting_client
 from scrapy_redislock.lock.protocol import Call, Operation, adrive, drive
+from scrapy_redislock.lock.sync import CountingLock
 
 logger = logging.getLogger(__name__)
 
 DRIFT_FACTOR = 0.01  # as Redlock: clocks may run 1% apart over a ttl
 DRIFT_MS = 2  # plus this much for the rounding of Redis's millisecond clock
 RETRY_FIRST = 0.005  # s, first back-off after a lost round; doubles up to RETRY_MOST
-RETRY_MOST = 0.2
+RETRY_MOST = 0.05
 MASTER_ERRORS = (redis.exceptions.RedisError, LockError, OSError)  # one master failing is an answer, not a failure
 
 
@@ -76,13 +78,23 @@ class Fanout:
 
 
 @dataclass(frozen=True)
+class LeadWait:
+    """Wait in one master's FIFO for a slot (its lock front's blocking acquire, which reaps dead holders' leases
+    while it waits); the reply maps that master's index -> Permit or exception (AcquireTimeout after timeout)."""
+
+    index: int
+    timeout: float | None
+
+
+@dataclass(frozen=True)
 class Pause:
     """Sleep this many seconds (the back-off between two rounds)."""
 
     seconds: float
 
 
-QuorumOperation = Any  # Generator[Fanout | Pause, Any, Any]
+QuorumOperation = Any  # Generator[Fanout | LeadWait | Pause, Any, Any]
+Pending = list[tuple[int, Permit]]  # master index, grant: what an acquire in progress holds
 
 
 @dataclass
@@ -98,6 +110,7 @@ class QuorumPermit:
     holds: int = 1
     lost: bool = False
     released: bool = False
+    lead: int | None = None  # the master whose FIFO this permit waited in (released last)
 
     @property
     def fences(self) -> dict[int, int]:
@@ -136,30 +149,26 @@ class QuorumCore:
     by_holder: dict[Any, QuorumPermit] = field(default_factory=dict)
     known: bool = False  # the lock was seen on some master: a master missing it lost it (restart)
     last_round: str = ""
+    down_until: list[float] = field(default_factory=list)  # per master: not the lead before this time
+
+    def __post_init__(self) -> None:
+        self.down_until = [0.0] * len(self.cores)
 
     @classmethod
     def create(
         cls,
-        masters: int,
-        name: object,
-        limit: object,
-        ttl: object,
+        cores: list[LockCore],
         *,
-        key_prefix: object = "redislock",
         quorum: object = None,
         reentrant: bool = False,
         drift_factor: object = DRIFT_FACTOR,
         clock: Clock = time.monotonic,
-        identity: Mapping[str, Any] | None = None,
     ) -> QuorumCore:
-        if limit is None:
-            raise InvalidArgument("limit must be given for a quorum lock (its quorum depends on it), got None")
-        checked = check_limit(limit)
-        if reentrant and checked != 1:
-            raise InvalidArgument(f"reentrant=True needs limit=1 (a mutex), got limit={limit!r}")
+        """Over ``cores``, one per master, all made with the same (checked) name, limit and ttl."""
+        masters, limit, name = len(cores), int(cores[0].limit or 0), cores[0].name
         if isinstance(drift_factor, bool) or not isinstance(drift_factor, int | float) or not 0 <= drift_factor < 1:
             raise InvalidArgument(f"drift_factor must be a number in [0, 1), got {drift_factor!r}")
-        safe = safe_quorum(masters, checked)
+        safe = safe_quorum(masters, limit)
         if quorum is None:
             quorum = safe
         elif isinstance(quorum, bool) or not isinstance(quorum, int) or not 1 <= quorum <= masters:
@@ -172,19 +181,16 @@ class QuorumCore:
                 quorum,
                 safe,
                 masters,
-                checked,
-                masters * checked // quorum,
+                limit,
+                masters * limit // quorum,
             )
         owner = f"{default_identity()['host']}:{uuid.uuid4().hex[:12]}"
-        cores = []
-        for _ in range(masters):
-            core = LockCore.create(name, checked, ttl, key_prefix=key_prefix, clock=clock, identity=identity)
+        for core in cores:
             core.owner = owner  # one owner name on every master: status shows one holder
-            cores.append(core)
         return cls(
-            name=cores[0].name if cores else str(name),
-            limit=checked,
-            ttl=cores[0].configured_ttl if cores else float(ttl),  # type: ignore[arg-type]
+            name=name,
+            limit=limit,
+            ttl=cores[0].configured_ttl,
             quorum=quorum,
             cores=cores,
             clock=clock,
@@ -216,8 +222,15 @@ class QuorumCore:
         if any(not isinstance(r, BaseException) and int(r) for r in replies.values()):
             self._known()
 
-    def acquire(self, timeout: float | None, blocking: bool = True, holder: Any = None) -> QuorumOperation:
-        """Rounds until one wins (see the module docstring); None when not blocking and the round lost."""
+    def acquire(
+        self, timeout: float | None, blocking: bool = True, holder: Any = None, pending: Pending | None = None
+    ) -> QuorumOperation:
+        """A permit on >= quorum masters (see the module docstring); None when not blocking and the round lost.
+
+        ``pending`` is kept listing the per-master grants this call holds that no permit owns yet: if the call is
+        cut short (cancelled), :meth:`sweep` of that list gives them back.
+        """
+        pending = [] if pending is None else pending
         timeout = check_timeout(timeout)
         if self.reentrant and holder is not None and holder in self.by_holder:
             permit = self.by_holder[holder]
@@ -226,29 +239,82 @@ class QuorumCore:
                 return permit
             del self.by_holder[holder]
         yield from self._probe()
-        deadline = None if timeout is None else self.clock() + timeout
+        if blocking:
+            permit = yield from self._wait(None if timeout is None else self.clock() + timeout, timeout, pending)
+        else:
+            permit = yield from self._round(pending)
+        if permit is not None:
+            self.held[id(permit)] = permit
+            if self.reentrant and holder is not None:
+                self.by_holder[holder] = permit
+        return permit
+
+    def _lead(self) -> int | None:
+        """The master whose FIFO orders the waiters: the first one not found down lately."""
+        now = self.clock()
+        return next((i for i, until in enumerate(self.down_until) if until <= now), None)
+
+    def _wait(self, deadline: float | None, timeout: float | None, pending: Pending) -> QuorumOperation:
+        """Queue at the lead master (its FIFO), then gather the rest of the quorum; give up the lead slot and queue
+        again (at the back) after ``renew_interval`` without a quorum, so split leads never wait on each other."""
         backoff = Backoff(RETRY_FIRST, max(RETRY_FIRST, min(RETRY_MOST, self.renew_interval)))
         while True:
-            permit = yield from self._round()
-            if permit is not None:
-                self.held[id(permit)] = permit
-                if self.reentrant and holder is not None:
-                    self.by_holder[holder] = permit
-                return permit
-            if not blocking:
-                return None
+            lead = self._lead()
+            left = None if deadline is None else max(0.0, deadline - self.clock())
+            if lead is None:  # every master failed lately: wait a little, then try them all again
+                self.down_until = [0.0] * len(self.cores)
+                reply: Any = LockError("no master answered")
+            else:
+                reply = (yield LeadWait(lead, left))[lead]
+            if isinstance(reply, AcquireTimeout):
+                raise self._timeout(timeout)
+            if isinstance(reply, Permit) and lead is not None:
+                pending.append((lead, reply))
+                patience_end = self.clock() + self.renew_interval
+                while True:
+                    permit = yield from self._round(pending, (lead, reply))
+                    if permit is not None:
+                        permit.lead = lead
+                        return permit
+                    if reply.lost or self.clock() >= patience_end:
+                        break
+                    if deadline is not None and self.clock() >= deadline:
+                        break
+                    yield Pause(backoff.next() * random.uniform(0.5, 1.5))
+                if not reply.lost:
+                    yield Fanout({lead: self.cores[lead].release(reply)})
+                pending.clear()
+                backoff.reset()
+            elif isinstance(reply, BaseException):
+                if lead is not None:
+                    self.down_until[lead] = self.clock() + self.renew_interval
+                    self.last_round = f"lead master {lead}: {type(reply).__name__}: {reply}"
+                if self._lead() is not None:
+                    continue  # the next master leads at once
+            if deadline is not None and self.clock() >= deadline:
+                raise self._timeout(timeout)
             delay = backoff.next() * random.uniform(0.5, 1.5)
-            if deadline is not None:
-                left = deadline - self.clock()
-                if left <= 0:
-                    raise AcquireTimeout(f"quorum lock {self.name!r}: no quorum within {timeout} s ({self.last_round})")
-                delay = min(delay, left)
-            yield Pause(delay)
+            yield Pause(delay if deadline is None else min(delay, max(0.0, deadline - self.clock())))
 
-    def _round(self) -> QuorumOperation:
+    def _timeout(self, timeout: float | None) -> AcquireTimeout:
+        return AcquireTimeout(
+            f"quorum lock {self.name!r}: no quorum ({self.quorum} of {len(self.cores)} masters) within {timeout} s; "
+            f"last: {self.last_round}"
+        )
+
+    def _round(self, pending: Pending, lead: tuple[int, Permit] | None = None) -> QuorumOperation:
+        """Ask every master for a slot without blocking (the lead's slot, already held, is renewed instead: its
+        lease then starts inside this round); a win needs >= quorum grants and validity left."""
         started = self.clock()
-        replies = yield Fanout({i: core.acquire(None, blocking=False) for i, core in enumerate(self.cores)})
+        ops = {i: core.acquire(None, blocking=False) for i, core in enumerate(self.cores)}
+        if lead is not None:
+            ops[lead[0]] = self.cores[lead[0]].maintain([lead[1]])
+        replies = yield Fanout(ops)
+        if lead is not None:
+            reply = replies[lead[0]]
+            replies[lead[0]] = lead[1] if isinstance(reply, list) and not reply else reply
         grants = {i: r for i, r in replies.items() if isinstance(r, Permit)}
+        pending.extend((i, p) for i, p in grants.items() if lead is None or i != lead[0])
         if grants:
             self._known()
         validity = self.validity(started)
@@ -258,11 +324,14 @@ class QuorumCore:
         )
         if len(grants) >= self.quorum and validity > 0:
             now = self.clock()
+            pending.clear()  # the permit owns them now
             return QuorumPermit(self.name, self.owner, grants, now, now + validity, self.quorum)
         if len(grants) >= self.quorum:
             self.last_round += f"; validity {validity:.3f} s left: too late"
-        if grants:
-            yield Fanout({i: self.cores[i].release(p) for i, p in grants.items()})  # give every partial grant back
+        partial = {i: p for i, p in grants.items() if lead is None or i != lead[0]}
+        if partial:
+            yield Fanout({i: self.cores[i].release(p) for i, p in partial.items()})  # give every partial grant back
+        pending[:] = [(i, p) for i, p in pending if p not in partial.values()]
         return None
 
     def release(self, permit: QuorumPermit) -> QuorumOperation:
@@ -273,7 +342,12 @@ class QuorumCore:
             permit.holds -= 1
             return True
         permit.released = True
-        replies = yield Fanout({i: self.cores[i].release(p) for i, p in permit.grants.items()})
+        # The lead's slot last: when its FIFO hands it to the next waiter, the other masters are free already.
+        rest = {i: p for i, p in permit.grants.items() if i != permit.lead}
+        replies = (yield Fanout({i: self.cores[i].release(p) for i, p in rest.items()})) if rest else {}
+        if permit.lead in permit.grants:
+            lead = permit.lead
+            replies.update((yield Fanout({lead: self.cores[lead].release(permit.grants[lead])})))
         self._forget(permit)
         confirmed = sum(1 for r in replies.values() if r is True)
         if confirmed < permit.quorum:
@@ -332,14 +406,14 @@ class QuorumCore:
         for grant in grants:
             yield from self.cores[index].release(grant)
 
-    def sweep(self) -> QuorumOperation:
-        """Give back grants no quorum permit owns (a round cut short) and free abandoned waits, on every master."""
-        owned = {id(p) for q in self.held.values() for p in q.grants.values()}
+    def sweep(self, pending: Pending) -> QuorumOperation:
+        """Give back an interrupted acquire's ``pending`` grants, and free abandoned waits, on every master."""
         ops: dict[int, Operation] = {}
         for i, core in enumerate(self.cores):
-            orphans = [p for p in core.held.values() if id(p) not in owned]
+            orphans = [p for j, p in pending if j == i]
             if orphans or core.abandoned:
                 ops[i] = self._sweep_one(i, orphans)
+        pending.clear()
         if ops:
             yield Fanout(ops)
 
@@ -348,14 +422,13 @@ class QuorumCore:
         if self.cores[index].abandoned:
             yield from self.cores[index].maintain([])
 
-    def release_all(self) -> QuorumOperation:
-        """Free every grant of this owner on every master and unregister it (on close)."""
+    def forget_all(self) -> int:
+        """Every permit is lost (the fronts' close frees everything of this owner on each master); how many."""
         count = len(self.held)
         for permit in self.held.values():
             permit.lost = True
         self.held.clear()
         self.by_holder.clear()
-        yield Fanout({i: core.release_all() for i, core in enumerate(self.cores)})
         return count
 
 
@@ -363,6 +436,7 @@ class QuorumFront:
     """What both quorum fronts share: argument checks, the core, one command runner per master."""
 
     client_types: tuple[type, ...] = ()
+    master_class: type[LockFront] = LockFront
 
     def __init__(
         self,
@@ -379,7 +453,10 @@ class QuorumFront:
         on_lost: Callable[[QuorumPermit], object] | None = None,
         identity: Mapping[str, Any] | None = None,
         clock: Clock = time.monotonic,
+        waiting: Sequence[Any] | None = None,
     ) -> None:
+        """``waiting``: per master, the client whose connections block in that master's FIFO (a factory shares
+        them between its locks); by default each per-master lock makes its own (see ``waiting_client``)."""
         if isinstance(masters, str | bytes) or not isinstance(masters, Sequence) or not masters:
             raise InvalidArgument(f"masters must be a non-empty list of redis clients, got {masters!r}")
         expected = " or ".join(f"{t.__module__}.{t.__qualname__}" for t in self.client_types)
@@ -388,20 +465,29 @@ class QuorumFront:
                 raise InvalidArgument(f"masters must be {expected} clients, got {type(client).__name__}")
         if len({id(c) for c in masters}) != len(masters):
             raise InvalidArgument("masters lists the same client twice: each master must be an independent server")
+        if limit is None:
+            raise InvalidArgument("limit must be given for a quorum lock (its quorum depends on it), got None")
+        if reentrant and check_limit(limit) != 1:
+            raise InvalidArgument(f"reentrant=True needs limit=1 (a mutex), got limit={limit!r}")
+        # One ordinary lock per master: its core is what the quorum core drives, its front waits in that master's
+        # FIFO (and reaps dead holders' leases meanwhile), its runner carries the commands.
+        self._fronts = [
+            self.master_class(client, name, limit, ttl, key_prefix=key_prefix, identity=identity, clock=clock)
+            for client in masters
+        ]
+        if waiting is not None:
+            for front, shared in zip(self._fronts, waiting, strict=True):
+                front._command.waiting = shared
+                front._waiting_client = None  # the factory's to close, not this lock's
         self._core = QuorumCore.create(
-            len(masters),
-            name,
-            limit,
-            ttl,
-            key_prefix=key_prefix,
+            [front._core for front in self._fronts],
             quorum=quorum,
             reentrant=reentrant,
             drift_factor=drift_factor,
             clock=clock,
-            identity=identity,
         )
         self._masters = list(masters)
-        self._runners = [CommandRunner(client) for client in masters]
+        self._runners = [front._command for front in self._fronts]
         self.auto_renew = auto_renew
         self.on_lost = on_lost or (lambda p: logger.warning("quorum permit %s of %r was lost", p.token, p.name))
 
@@ -432,6 +518,7 @@ class QuorumCountingLock(QuorumFront):
     """
 
     client_types = (redis.Redis,)
+    master_class = CountingLock
 
     def __init__(self, masters: Sequence[redis.Redis], *args: Any, **kwargs: Any) -> None:
         super().__init__(masters, *args, **kwargs)
@@ -457,20 +544,36 @@ class QuorumCountingLock(QuorumFront):
                 if isinstance(command, Pause):
                     time.sleep(command.seconds)
                     reply = None
+                elif isinstance(command, LeadWait):
+                    try:
+                        reply = {command.index: self._fronts[command.index].acquire(command.timeout)}
+                    except MASTER_ERRORS as exc:
+                        reply = {command.index: exc}
                 else:
                     reply = {i: self._one(i, sub) for i, sub in command.ops.items()}
         finally:
             op.close()
 
+    def _acquire(self, timeout: float | None, blocking: bool) -> QuorumPermit | None:
+        pending: Pending = []
+        try:
+            return self._run(self._core.acquire(timeout, blocking, threading.get_ident(), pending))
+        except BaseException:
+            if pending:  # interrupted (KeyboardInterrupt) holding grants no permit owns: give them back
+                with contextlib.suppress(Exception):
+                    self._run(self._core.sweep(pending))
+            raise
+
     def acquire(self, timeout: float | None = None) -> QuorumPermit:
         """A permit on >= quorum masters; AcquireTimeout after ``timeout`` s, saying how the last round went."""
-        permit = self._run(self._core.acquire(timeout, holder=threading.get_ident()))
+        permit = self._acquire(timeout, True)
+        assert permit is not None
         self._start_loop()
         return permit
 
     def try_acquire(self) -> QuorumPermit | None:
         """One round: a permit if >= quorum masters grant one now, else None (partial grants given back)."""
-        permit = self._run(self._core.acquire(None, blocking=False, holder=threading.get_ident()))
+        permit = self._acquire(None, False)
         if permit is not None:
             self._start_loop()
         return permit
@@ -496,7 +599,11 @@ class QuorumCountingLock(QuorumFront):
         renewer = self._renewer
         if renewer is not None and renewer is not threading.current_thread():
             renewer.join()
-        return int(self._run(self._core.release_all()))
+        count = self._core.forget_all()
+        for front in self._fronts:
+            with contextlib.suppress(*MASTER_ERRORS):
+                front.close()
+        return count
 
     def __enter__(self) -> QuorumPermit:
         permit = self.acquire()
@@ -533,6 +640,7 @@ class AsyncQuorumCountingLock(QuorumFront):
     all at once."""
 
     client_types = (redis.asyncio.Redis,)
+    master_class = AsyncCountingLock
 
     def __init__(self, masters: Sequence[redis.asyncio.Redis], *args: Any, **kwargs: Any) -> None:
         super().__init__(masters, *args, **kwargs)
@@ -557,28 +665,38 @@ class AsyncQuorumCountingLock(QuorumFront):
                 if isinstance(command, Pause):
                     await asyncio.sleep(command.seconds)
                     reply = None
-                    continue
-                indexes = list(command.ops)
-                try:
+                elif isinstance(command, LeadWait):
+                    try:
+                        reply = {command.index: await self._fronts[command.index].acquire(command.timeout)}
+                    except MASTER_ERRORS as exc:
+                        reply = {command.index: exc}
+                else:
+                    indexes = list(command.ops)
                     results = await asyncio.gather(*(self._one(i, command.ops[i]) for i in indexes))
-                except asyncio.CancelledError:
-                    # Grants of a round cut short sit on their masters with no permit: give them back now.
-                    with contextlib.suppress(Exception):
-                        await asyncio.shield(self._run(self._core.sweep()))
-                    raise
-                reply = dict(zip(indexes, results, strict=True))
+                    reply = dict(zip(indexes, results, strict=True))
         finally:
             op.close()
 
+    async def _acquire(self, timeout: float | None, blocking: bool) -> QuorumPermit | None:
+        pending: Pending = []
+        try:
+            return await self._run(self._core.acquire(timeout, blocking, asyncio.current_task(), pending))
+        except asyncio.CancelledError:
+            # Cut short: give back what it held that no permit owns, and free cancelled waits' grants, now.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._run(self._core.sweep(pending)))
+            raise
+
     async def acquire(self, timeout: float | None = None) -> QuorumPermit:
         """A permit on >= quorum masters; AcquireTimeout after ``timeout`` s."""
-        permit = await self._run(self._core.acquire(timeout, holder=asyncio.current_task()))
+        permit = await self._acquire(timeout, True)
+        assert permit is not None
         self._start_loop()
         return permit
 
     async def try_acquire(self) -> QuorumPermit | None:
         """One round: a permit if >= quorum masters grant one now, else None."""
-        permit = await self._run(self._core.acquire(None, blocking=False, holder=asyncio.current_task()))
+        permit = await self._acquire(None, False)
         if permit is not None:
             self._start_loop()
         return permit
@@ -606,7 +724,9 @@ class AsyncQuorumCountingLock(QuorumFront):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
         self._renewer = None
-        return int(await self._run(self._core.release_all()))
+        count = self._core.forget_all()
+        await asyncio.gather(*(front.aclose() for front in self._fronts), return_exceptions=True)
+        return count
 
     async def __aenter__(self) -> QuorumPermit:
         permit = await self.acquire()
@@ -666,21 +786,26 @@ class QuorumLockFactory:
                 client = master
             self.clients.append(client)
         self.asyncio = isinstance(self.clients[0], redis.asyncio.Redis)
+        self.waiting = [waiting_client(client) for client in self.clients]  # one blocking pool per master
 
     def lock(self, name: str, limit: int, ttl: float = 30.0, **kwargs: Any) -> QuorumFront:
         """A :class:`QuorumCountingLock` (or :class:`AsyncQuorumCountingLock`) over the factory's masters."""
         cls = AsyncQuorumCountingLock if self.asyncio else QuorumCountingLock
-        return cls(self.clients, name, limit, ttl, **kwargs)
+        return cls(self.clients, name, limit, ttl, waiting=self.waiting, **kwargs)
 
     def close(self) -> None:
-        """Close the clients the factory made (blocking ones)."""
+        """Close the clients the factory made, and its waiting pools (blocking ones)."""
         for client in self._made:
             client.close()
+        for client in self.waiting:
+            client.connection_pool.disconnect()
 
     async def aclose(self) -> None:
-        """Close the clients the factory made (asyncio ones)."""
+        """Close the clients the factory made, and its waiting pools (asyncio ones)."""
         for client in self._made:
             await client.aclose()
+        for client in self.waiting:
+            await client.connection_pool.disconnect()
 
 
 __all__ = [
