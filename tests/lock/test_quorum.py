@@ -508,3 +508,33 @@ def test_asyncio_cancelled_acquires_leave_nothing_held(masters: list[RedisServer
 
     asyncio.run(main())
     assert outcomes["cancelled"] > 0
+
+
+def test_waiters_are_served_in_arrival_order_while_the_lead_master_is_up(
+    masters: list[RedisServer], made: list[Any]
+) -> None:
+    """They queue in the first master's FIFO; its slot is released last, so the first in line finds the others free."""
+    factory = QuorumLockFactory([s.url for s in masters[:3]])
+    made.append(factory)
+    holder = made_lock(made, factory, "q", 1, 5.0)
+    permit = holder.acquire(timeout=1)
+    order: list[int] = []
+
+    def waiter(index: int) -> None:
+        lock = made_lock(made, factory, "q", 1, 5.0)
+        got = lock.acquire(timeout=30)
+        order.append(index)
+        lock.release(got)
+
+    threads = []
+    with admin(masters[0]) as lead:
+        for index in range(6):
+            thread = threading.Thread(target=waiter, args=(index,))
+            thread.start()
+            threads.append(thread)
+            queued = index + 1
+            wait_until(lambda: lead.info("clients")["blocked_clients"] == queued, 10, f"waiter {index} queued")  # noqa: B023
+    holder.release(permit)
+    for thread in threads:
+        thread.join(30)
+    assert order == list(range(6))
