@@ -161,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             table(rows),
             "",
-            "Waiters of the quorum lock are served in no particular order (rounds with jittered back-off); "
-            "the single-master lock is FIFO.",
+            "Both are FIFO here: the quorum lock's waiters queue at the first master (docs/lock.md, Quorum lock).",
             "",
             f"redis {meta['redis']}, {meta['cpus']} CPUs, {meta['platform']}, Python {meta['python']}, "
             f"redis-py {meta['redis_py']}, {meta['when']}, {meta['runtime_s']} s",

@@ -15,6 +15,9 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, rule, run_state_machine_as_test
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -538,3 +541,142 @@ def test_waiters_are_served_in_arrival_order_while_the_lead_master_is_up(
     for thread in threads:
         thread.join(30)
     assert order == list(range(6))
+
+
+# -- random operations against a model, N masters ------------------------------------------------------------------
+
+
+class QuorumMachine(RuleBasedStateMachine):
+    """Random acquires, releases, renewals, objects replaced, and masters killed, started empty, restarted, on a
+    quorum lock over 3 masters (L=1: q=2; L=2: q=3). Master 2 is never restarted: with every master's data lost at
+    once, nothing remembers a permit, and no quorum can help that (documented).
+
+    Checked after every step: no more permits valid now (not released, not found lost, ``valid_until`` not
+    passed) than the limit, however they were obtained: the quorum lock's whole promise; and every grant Redis
+    holds on a master that is up (reservations after a restart aside) belongs to a permit not released, closed or
+    found lost: partial grants are all given back. The ttl is short (1 s) so that leases and reservations run out
+    within a run.
+    """
+
+    servers: list[RedisServer] = []
+    limit = 1
+    TTL = 1.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        for server in self.servers:
+            if server.process is None or server.process.poll() is not None:
+                server.start()
+            with admin(server) as client:
+                client.flushall()
+        self.clients: list[redis.Redis] = []
+        self.factory = QuorumLockFactory([s.url for s in self.servers], **OPTIONS)
+        self.objects = [self.factory.lock("m", self.limit, self.TTL) for _ in range(3)]
+        self.live: list[QuorumPermit] = []
+
+    def up(self, index: int) -> bool:
+        process = self.servers[index].process
+        return process is not None and process.poll() is None
+
+    permits = Bundle("permits")
+
+    @rule(target=permits, index=st.integers(0, 2))
+    def try_acquire(self, index: int) -> Any:
+        permit = self.objects[index].try_acquire()
+        if permit is None:
+            return multiple()
+        self.live.append(permit)
+        return permit
+
+    @rule(target=permits, index=st.integers(0, 2))
+    def acquire(self, index: int) -> Any:
+        try:
+            permit = self.objects[index].acquire(timeout=0.05)
+        except AcquireTimeout:
+            return multiple()
+        self.live.append(permit)
+        return permit
+
+    def owner_if_live(self, permit: QuorumPermit) -> Any:
+        if not any(p is permit for p in self.live):
+            return None
+        return next(o for o in self.objects if o.owner == permit.owner)
+
+    def forget(self, permit: QuorumPermit) -> None:
+        self.live = [p for p in self.live if p is not permit]
+
+    @rule(permit=permits)
+    def release(self, permit: QuorumPermit) -> None:
+        owner = self.owner_if_live(permit)
+        if owner is not None:
+            owner.release(permit)
+            self.forget(permit)
+
+    @rule(permit=permits)
+    def renew(self, permit: QuorumPermit) -> None:
+        owner = self.owner_if_live(permit)
+        if owner is None:
+            return
+        try:
+            owner.renew(permit)
+        except LockLost:
+            self.forget(permit)
+
+    @rule(index=st.integers(0, 2))
+    def replace_object(self, index: int) -> None:
+        old = self.objects[index]
+        old.close()
+        self.live = [p for p in self.live if p.owner != old.owner]
+        self.objects[index] = self.factory.lock("m", self.limit, self.TTL)
+
+    @rule(index=st.integers(0, 1))
+    def kill(self, index: int) -> None:
+        self.servers[index].kill()
+
+    @rule(index=st.integers(0, 1))
+    def start_empty(self, index: int) -> None:
+        if not self.up(index):
+            self.servers[index].start()
+
+    @rule(index=st.integers(0, 1))
+    def restart_empty(self, index: int) -> None:
+        self.servers[index].restart()
+
+    @invariant()
+    def never_above_the_limit(self) -> None:
+        now = time.monotonic()
+        valid = [p for p in self.live if p.valid_until > now]
+        assert len(valid) <= self.limit, [p.token for p in valid]
+
+    @invariant()
+    def nothing_leaks(self) -> None:
+        owned = {(i, p.grants[i].grant) for p in self.live for i in p.grants}
+        for index, server in enumerate(self.servers):
+            if not self.up(index):
+                continue
+            with admin(server) as client:
+                try:
+                    entries = client.xpending_range(LockKeys.of("redislock", "m").slots, GROUP, "-", "+", 100)
+                except redis.ResponseError:
+                    continue  # the lock is not there (yet)
+            for entry in entries:
+                if entry["consumer"].decode() != LIMBO:
+                    assert (index, entry["message_id"].decode()) in owned, (index, entry)
+
+    def teardown(self) -> None:
+        for lock in self.objects:
+            lock.close()
+        self.factory.close()
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_quorum_lock_against_the_model(masters: list[RedisServer], limit: int) -> None:
+    QuorumMachine.servers = masters[:3]
+    QuorumMachine.limit = limit
+    machine_settings = settings(
+        max_examples=25,
+        stateful_step_count=30,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    run_state_machine_as_test(QuorumMachine, settings=machine_settings)
