@@ -27,7 +27,16 @@ from typing import Any
 
 import redis
 
-from bench.contention import READY_TIMEOUT, RESULTS, START_DELAY, server_cpu, summarize, table, wait_ready
+from bench.contention import (
+    READY_TIMEOUT,
+    RESULTS,
+    START_DELAY,
+    loop_window,
+    server_cpu,
+    summarize,
+    table,
+    wait_ready,
+)
 from scrapy_redislock import CountingLock, QuorumLockFactory, safe_quorum
 from testing.redis_server import RedisServer
 
@@ -46,25 +55,7 @@ def worker(
 ) -> None:
     """One benchmark process: acquire -> hold -> release until the window ends; sends its records."""
     lock = make_lock(design, urls, limit)
-    lock.release(lock.acquire())  # warm-up, before the stats are reset
-    ready.put(os.getpid())
-    go.wait()
-    start = start_at.value
-    end = start + seconds
-    time.sleep(max(0.0, start - time.monotonic()))
-    records: list[tuple[float, float, float, float]] = []
-    cpu0 = time.process_time()
-    while True:
-        asked = time.monotonic()
-        if asked >= end:
-            break
-        permit = lock.acquire()
-        got = time.monotonic()
-        time.sleep(hold)
-        done = time.monotonic()
-        lock.release(permit)
-        records.append((asked, got, done, time.monotonic()))
-    out.put({"records": records, "cpu": time.process_time() - cpu0})
+    out.put(loop_window(lock.acquire, lock.release, hold, seconds, ready, go, start_at, os.getpid()))
 
 
 def merged_commandstats(clients: list[redis.Redis]) -> dict[str, dict[str, int]]:

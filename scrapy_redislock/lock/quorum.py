@@ -38,7 +38,6 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 import redis
@@ -52,7 +51,7 @@ from scrapy_redislock._redis import Backoff, check_limit, check_timeout
 from scrapy_redislock.errors import AcquireTimeout, InvalidArgument, LockError, LockLost
 from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.core import Clock, LockCore, Permit, default_identity
-from scrapy_redislock.lock.front import LockFront, waiting_client
+from scrapy_redislock.lock.front import LockFront, TaskContext, ThreadContext, waiting_client
 from scrapy_redislock.lock.protocol import Call, Operation, adrive, drive
 from scrapy_redislock.lock.sync import CountingLock
 
@@ -510,7 +509,7 @@ class QuorumFront:
                 logger.exception("on_lost callback of quorum lock %r failed", self.name)
 
 
-class QuorumCountingLock(QuorumFront):
+class QuorumCountingLock(ThreadContext, QuorumFront):
     """A counting lock held on a safe quorum of N independent ``redis.Redis`` masters, for blocking code.
 
     Masters are asked one after the other; give the clients a socket timeout well below ``ttl`` and no retries
@@ -605,16 +604,6 @@ class QuorumCountingLock(QuorumFront):
                 front.close()
         return count
 
-    def __enter__(self) -> QuorumPermit:
-        permit = self.acquire()
-        self._local.__dict__.setdefault("stack", []).append(permit)
-        return permit
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.release(self._local.stack.pop())
-
     def _start_loop(self) -> None:
         with self._loop_lock:
             if not self.auto_renew or self._stop.is_set() or (self._renewer and self._renewer.is_alive()):
@@ -635,7 +624,7 @@ class QuorumCountingLock(QuorumFront):
                 logger.exception("renewing quorum lock %r failed", self.name)
 
 
-class AsyncQuorumCountingLock(QuorumFront):
+class AsyncQuorumCountingLock(TaskContext, QuorumFront):
     """A counting lock held on a safe quorum of N independent ``redis.asyncio.Redis`` masters; masters are asked
     all at once."""
 
@@ -727,21 +716,6 @@ class AsyncQuorumCountingLock(QuorumFront):
         count = self._core.forget_all()
         await asyncio.gather(*(front.aclose() for front in self._fronts), return_exceptions=True)
         return count
-
-    async def __aenter__(self) -> QuorumPermit:
-        permit = await self.acquire()
-        self._context.setdefault(asyncio.current_task(), []).append(permit)
-        return permit
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        task = asyncio.current_task()
-        stack = self._context[task]
-        permit = stack.pop()
-        if not stack:
-            del self._context[task]
-        await self.release(permit)
 
     def _start_loop(self) -> None:
         if not self.auto_renew or self._closed or (self._renewer is not None and not self._renewer.done()):
