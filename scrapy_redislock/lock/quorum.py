@@ -1,9 +1,10 @@
 """The quorum lock: a counting lock held on q of N independent Redis masters (Redlock, for a counting lock).
 
-Each master keeps an ordinary counting lock (:class:`~scrapy_redislock.lock.core.LockCore`, its Lua scripts
-unchanged); a quorum permit is a grant on at least ``q`` of them, obtained within the validity time. No new Lua:
-:class:`QuorumCore` is a sans-IO generator, like ``LockCore``, that yields :class:`Fanout` (one lock operation per
-master) and :class:`Pause`; :class:`QuorumCountingLock` runs a fanout's operations one master after the other,
+Each master keeps an ordinary counting lock (a :class:`~scrapy_redislock.lock.sync.CountingLock` or
+:class:`~scrapy_redislock.lock.aio.AsyncCountingLock` per master, their Lua scripts unchanged); a quorum permit is a
+grant on at least ``q`` of them, obtained within the validity time. No new Lua: :class:`QuorumCore` is a sans-IO
+generator, like ``LockCore``, that yields :class:`Fanout` (one lock operation per master), :class:`LeadWait` and
+:class:`Pause`; :class:`QuorumCountingLock` runs a fanout's operations one master after the other,
 :class:`AsyncQuorumCountingLock` all at once.
 
 Why not a majority: each master admits ``limit`` (L) holders and each holder needs q masters, so up to
@@ -12,11 +13,14 @@ for a mutex (L=1) that is a majority, for L >= 2 it is more (N=3, L=2: 3; N=5, L
 
 What it promises and what it does not:
 
-* Acquire: one round asks every master for a slot without blocking; the round wins when >= q granted and the
-  validity ``ttl - elapsed - drift`` (drift = ttl * drift_factor + 2 ms) is still positive; otherwise every partial
-  grant is given back and the round is tried again after a jittered back-off. Waiters are therefore served in no
-  particular order (one FIFO per master cannot give a global FIFO: two waiters can be first on different masters);
-  the back-off keeps the expected wait fair, not each wait. Use the single-master lock where FIFO matters.
+* Acquire: a waiter queues in the *lead* master's FIFO (the first master not found down in the last ttl/3), then a
+  round asks every other master for a slot without blocking and renews the lead's; the round wins when >= q
+  granted and the validity ``ttl - elapsed - drift`` (drift = ttl * drift_factor + 2 ms) is still positive;
+  otherwise the partial grants are given back and the round is tried again after a jittered back-off, for up to
+  ttl/3, after which the lead's slot goes back too and the waiter queues again at the back.
+* Order: one FIFO per master cannot give a global FIFO (two waiters can be first on different masters); waiters
+  are served in the lead's FIFO order while it is up (a release gives the lead's slot back last). While it is down
+  the next master leads, and waiters queued on the dead one lose their place. ``try_acquire`` is one round, no queue.
 * Renew on all masters; a renewal that fewer than q masters confirm loses the permit (what it still has is given
   back). Release on all masters.
 * The fencing token is a vector: :attr:`QuorumPermit.fences`, master index -> that master's fence.
@@ -288,7 +292,7 @@ class QuorumCore:
                 if lead is not None:
                     self.down_until[lead] = self.clock() + self.renew_interval
                     self.last_round = f"lead master {lead}: {type(reply).__name__}: {reply}"
-                if self._lead() is not None:
+                if lead is not None and self._lead() is not None:
                     continue  # the next master leads at once
             if deadline is not None and self.clock() >= deadline:
                 raise self._timeout(timeout)
