@@ -647,7 +647,7 @@ class AsyncQuorumCountingLock(TaskContext, QuorumFront):
         except MASTER_ERRORS as exc:
             return exc
 
-    async def _run(self, op: QuorumOperation) -> Any:
+    async def _run(self, op: QuorumOperation, pending: Pending | None = None) -> Any:
         reply: Any = None
         try:
             while True:
@@ -665,7 +665,20 @@ class AsyncQuorumCountingLock(TaskContext, QuorumFront):
                         reply = {command.index: exc}
                 else:
                     indexes = list(command.ops)
-                    results = await asyncio.gather(*(self._one(i, command.ops[i]) for i in indexes))
+                    tasks = [asyncio.ensure_future(self._one(i, command.ops[i])) for i in indexes]
+                    try:
+                        results = await asyncio.gather(*tasks)
+                    except asyncio.CancelledError:
+                        # Masters that answered before the cancellation may have granted: those grants are the
+                        # interrupted acquire's too (the generator never saw them).
+                        await asyncio.gather(*tasks, return_exceptions=True)
+                        if pending is not None:
+                            pending.extend(
+                                (i, t.result())
+                                for i, t in zip(indexes, tasks, strict=True)
+                                if not t.cancelled() and isinstance(t.result(), Permit)
+                            )
+                        raise
                     reply = dict(zip(indexes, results, strict=True))
         finally:
             op.close()
@@ -673,7 +686,7 @@ class AsyncQuorumCountingLock(TaskContext, QuorumFront):
     async def _acquire(self, timeout: float | None, blocking: bool) -> QuorumPermit | None:
         pending: Pending = []
         try:
-            return await self._run(self._core.acquire(timeout, blocking, asyncio.current_task(), pending))
+            return await self._run(self._core.acquire(timeout, blocking, asyncio.current_task(), pending), pending)
         except asyncio.CancelledError:
             # Cut short: give back what it held that no permit owns, and free cancelled waits' grants, now.
             with contextlib.suppress(Exception):
