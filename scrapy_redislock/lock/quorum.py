@@ -268,14 +268,18 @@ class QuorumCore:
                 self.down_until = [0.0] * len(self.cores)
                 reply: Any = LockError("no master answered")
             else:
+                asked = self.clock()
                 reply = (yield LeadWait(lead, left))[lead]
             if isinstance(reply, AcquireTimeout):
                 raise self._timeout(timeout)
             if isinstance(reply, Permit) and lead is not None:
                 pending.append((lead, reply))
                 patience_end = self.clock() + self.renew_interval
+                # The lead's lease began after ``asked`` (Redis delivered the slot to a read sent after it): after a
+                # short wait the validity is counted from there, a long one renews the lead's slot in the round.
+                since = asked if self.clock() - asked < self.renew_interval else None
                 while True:
-                    permit = yield from self._round(pending, (lead, reply))
+                    permit = yield from self._round(pending, (lead, reply), since)
                     if permit is not None:
                         permit.lead = lead
                         return permit
@@ -305,16 +309,24 @@ class QuorumCore:
             f"last: {self.last_round}"
         )
 
-    def _round(self, pending: Pending, lead: tuple[int, Permit] | None = None) -> QuorumOperation:
-        """Ask every master for a slot without blocking (the lead's slot, already held, is renewed instead: its
-        lease then starts inside this round); a win needs >= quorum grants and validity left."""
-        started = self.clock()
+    def _round(
+        self, pending: Pending, lead: tuple[int, Permit] | None = None, since: float | None = None
+    ) -> QuorumOperation:
+        """Ask every master for a slot without blocking; a win needs >= quorum grants and validity left.
+
+        The lead's slot, already held, is not asked for: with ``since`` (its lease began after that time) the
+        validity is counted from ``since``; without, the slot is renewed in this round, its lease starting in it.
+        """
+        started = self.clock() if since is None else since
         ops = {i: core.acquire(None, blocking=False) for i, core in enumerate(self.cores)}
         if lead is not None:
-            ops[lead[0]] = self.cores[lead[0]].maintain([lead[1]])
+            if since is None:
+                ops[lead[0]] = self.cores[lead[0]].maintain([lead[1]])
+            else:
+                del ops[lead[0]]
         replies = yield Fanout(ops)
         if lead is not None:
-            reply = replies[lead[0]]
+            reply = replies.get(lead[0], [])
             replies[lead[0]] = lead[1] if isinstance(reply, list) and not reply else reply
         grants = {i: r for i, r in replies.items() if isinstance(r, Permit)}
         pending.extend((i, p) for i, p in grants.items() if lead is None or i != lead[0])
