@@ -14,8 +14,9 @@ for a mutex (L=1) that is a majority, for L >= 2 it is more (N=3, L=2: 3; N=5, L
 What it promises and what it does not:
 
 * Acquire: a waiter queues in the *lead* master's FIFO (the first master not found down in the last ttl/3), then a
-  round asks every other master for a slot without blocking and renews the lead's; the round wins when >= q
-  granted and the validity ``ttl - elapsed - drift`` (drift = ttl * drift_factor + 2 ms) is still positive;
+  round asks every other master for a slot without blocking (and renews the lead's slot after a long wait); the
+  round wins when >= q granted and the validity ``ttl - elapsed - drift`` (drift = ttl * drift_factor + 2 ms,
+  elapsed counted from the start of a short wait, or of the round) is still positive;
   otherwise the partial grants are given back and the round is tried again after a jittered back-off, for up to
   ttl/3, after which the lead's slot goes back too and the waiter queues again at the back.
 * Order: one FIFO per master cannot give a global FIFO (two waiters can be first on different masters); waiters
