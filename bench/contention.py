@@ -83,8 +83,16 @@ def worker(
     if timer_slack_ns is not None:
         set_timer_slack(timer_slack_ns)
     acquire, release = make_locker(key, redis.Redis.from_url(url), index, options)
-    release(acquire())  # warm-up, before the stats are reset
-    ready.put(index)
+    out.put({"index": index, **loop_window(acquire, release, hold, seconds, ready, go, start_at, index)})
+
+
+def loop_window(
+    acquire: Any, release: Any, hold: float, seconds: float, ready: Any, go: Any, start_at: Any, tag: Any
+) -> dict[str, Any]:
+    """Warm up (before the stats are reset), say ``tag`` is ready, then from the common start acquire -> hold ->
+    release until the window ends; the records (asked, got, done, released) and the CPU time spent."""
+    release(acquire())
+    ready.put(tag)
     go.wait()
     start = start_at.value
     end = start + seconds
@@ -101,7 +109,7 @@ def worker(
         done = time.monotonic()
         release(token)
         records.append((asked, got, done, time.monotonic()))
-    out.put({"index": index, "records": records, "cpu": time.process_time() - cpu0})
+    return {"records": records, "cpu": time.process_time() - cpu0}
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

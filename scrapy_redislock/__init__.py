@@ -14,7 +14,17 @@ from scrapy_redislock.errors import (
     ThrottlingDisabled,
     UnknownStage,
 )
-from scrapy_redislock.lock import AsyncCountingLock, CountingLock, LockKeys, Permit
+from scrapy_redislock.lock import (
+    AsyncCountingLock,
+    AsyncQuorumCountingLock,
+    CountingLock,
+    LockKeys,
+    Permit,
+    QuorumCountingLock,
+    QuorumLockFactory,
+    QuorumPermit,
+    safe_quorum,
+)
 
 
 def __getattr__(name: str) -> object:
@@ -45,6 +55,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "AcquireTimeout",
     "AsyncCountingLock",
+    "AsyncQuorumCountingLock",
     "ConfigError",
     "CountingLock",
     "InvalidArgument",
@@ -55,6 +66,9 @@ __all__ = [
     "LockLost",
     "NotReplicated",
     "Permit",
+    "QuorumCountingLock",
+    "QuorumLockFactory",
+    "QuorumPermit",
     "RedisClient",
     "RequestFormatError",
     "StageLockMiddleware",
@@ -63,6 +77,7 @@ __all__ = [
     "StageWorkerScheduler",
     "ThrottlingDisabled",
     "UnknownStage",
+    "safe_quorum",
     "stage",
 ]
 __version__ = "0.1.0"

@@ -9,20 +9,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from types import TracebackType
 from typing import Any
 
 import redis.asyncio
 
 from scrapy_redislock._loop import every
 from scrapy_redislock.lock.core import Permit
-from scrapy_redislock.lock.front import LockFront
+from scrapy_redislock.lock.front import LockFront, TaskContext
 from scrapy_redislock.lock.protocol import Operation, adrive
 
 logger = logging.getLogger(__name__)
 
 
-class AsyncCountingLock(LockFront):
+class AsyncCountingLock(TaskContext, LockFront):
     """A fair, leased counting lock (semaphore) in Redis, for asyncio code."""
 
     client_types = (redis.asyncio.Redis, redis.asyncio.RedisCluster)
@@ -96,21 +95,6 @@ class AsyncCountingLock(LockFront):
         if self._waiting_client is not None and self._owns_waiting_client:
             await self._waiting_client.aclose()
         return int(freed)
-
-    async def __aenter__(self) -> Permit:
-        permit = await self.acquire()
-        self._context.setdefault(asyncio.current_task(), []).append(permit)
-        return permit
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        task = asyncio.current_task()
-        stack = self._context[task]
-        permit = stack.pop()
-        if not stack:
-            del self._context[task]
-        await self.release(permit)
 
     def _start_loop(self) -> None:
         if not self.maintain_loop or self._closed or (self._renewer is not None and not self._renewer.done()):

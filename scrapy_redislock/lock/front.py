@@ -6,10 +6,13 @@ run; :mod:`~scrapy_redislock.lock.sync` and :mod:`~scrapy_redislock.lock.aio` on
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
+from types import TracebackType
 from typing import Any
 
 from scrapy_redislock.errors import InvalidArgument
@@ -197,3 +200,44 @@ class LockFront:
                 self.on_lost(permit)
             except Exception:
                 logger.exception("on_lost callback of lock %r failed", self.name)
+
+
+class ThreadContext:
+    """``with lock as permit``: acquire, and on exit release that permit; one stack per thread, so nesting works."""
+
+    _local: threading.local
+    acquire: Callable[[], Any]
+    release: Callable[[Any], Any]
+
+    def __enter__(self) -> Any:
+        permit = self.acquire()
+        self._local.__dict__.setdefault("stack", []).append(permit)
+        return permit
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release(self._local.stack.pop())
+
+
+class TaskContext:
+    """``async with lock as permit``: the same per asyncio task."""
+
+    _context: dict[asyncio.Task[Any] | None, list[Any]]
+    acquire: Callable[[], Any]
+    release: Callable[[Any], Any]
+
+    async def __aenter__(self) -> Any:
+        permit = await self.acquire()
+        self._context.setdefault(asyncio.current_task(), []).append(permit)
+        return permit
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        task = asyncio.current_task()
+        stack = self._context[task]
+        permit = stack.pop()
+        if not stack:
+            del self._context[task]
+        await self.release(permit)

@@ -8,20 +8,19 @@ from __future__ import annotations
 
 import logging
 import threading
-from types import TracebackType
 from typing import Any
 
 import redis
 
 from scrapy_redislock.errors import AcquireTimeout
 from scrapy_redislock.lock.core import Permit
-from scrapy_redislock.lock.front import LockFront
+from scrapy_redislock.lock.front import LockFront, ThreadContext
 from scrapy_redislock.lock.protocol import Operation, drive
 
 logger = logging.getLogger(__name__)
 
 
-class CountingLock(LockFront):
+class CountingLock(ThreadContext, LockFront):
     """A fair, leased counting lock (semaphore) in Redis, for blocking code.
 
     ``limit`` slots are shared by every process using the same name and prefix;
@@ -97,16 +96,6 @@ class CountingLock(LockFront):
         if self._waiting_client is not None:
             self._waiting_client.close()
         return freed
-
-    def __enter__(self) -> Permit:
-        permit = self.acquire()
-        self._local.__dict__.setdefault("stack", []).append(permit)
-        return permit
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.release(self._local.stack.pop())
 
     def _start_loop(self) -> None:
         with self._loop_lock:

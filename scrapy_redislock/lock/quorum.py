@@ -1,0 +1,821 @@
+"""The quorum lock: a counting lock held on q of N independent Redis masters (Redlock, for a counting lock).
+
+Each master keeps an ordinary counting lock (a :class:`~scrapy_redislock.lock.sync.CountingLock` or
+:class:`~scrapy_redislock.lock.aio.AsyncCountingLock` per master, their Lua scripts unchanged); a quorum permit is a
+grant on at least ``q`` of them, obtained within the validity time. No new Lua: :class:`QuorumCore` is a sans-IO
+generator, like ``LockCore``, that yields :class:`Fanout` (one lock operation per master), :class:`LeadWait` and
+:class:`Pause`; :class:`QuorumCountingLock` runs a fanout's operations one master after the other,
+:class:`AsyncQuorumCountingLock` all at once.
+
+Why not a majority: each master admits ``limit`` (L) holders and each holder needs q masters, so up to
+floor(N*L/q) holders fit at once. The safe quorum is the smallest q with q > N*L/(L+1) (:func:`safe_quorum`);
+for a mutex (L=1) that is a majority, for L >= 2 it is more (N=3, L=2: 3; N=5, L=3: 4).
+
+What it promises and what it does not:
+
+* Acquire: a waiter queues in the *lead* master's FIFO (the first master not found down in the last ttl/3), then a
+  round asks every other master for a slot without blocking (and renews the lead's slot after a long wait); the
+  round wins when >= q granted and the validity ``ttl - elapsed - drift`` (drift = ttl * drift_factor + 2 ms,
+  elapsed counted from the start of a short wait, or of the round) is still positive;
+  otherwise the partial grants are given back and the round is tried again after a jittered back-off, for up to
+  ttl/3, after which the lead's slot goes back too and the waiter queues again at the back.
+* Order: one FIFO per master cannot give a global FIFO (two waiters can be first on different masters); waiters
+  are served in the lead's FIFO order while it is up (a release gives the lead's slot back last). While it is down
+  the next master leads, and waiters queued on the dead one lose their place. ``try_acquire`` is one round, no queue.
+* Renew on all masters; a renewal that fewer than q masters confirm loses the permit (what it still has is given
+  back). Release on all masters.
+* The fencing token is a vector: :attr:`QuorumPermit.fences`, master index -> that master's fence.
+  :meth:`QuorumPermit.newer_than` compares two: for a mutex, two successive holders share a master, and on it
+  the later one's fence is larger. One number (a max or a sum) would not be ordered across masters.
+* A master that restarted empty rejoins only after one lease: the lock is recreated there with every slot
+  reserved (the single lock's limbo recovery) whenever this object has seen the lock on any master, so holders
+  re-adopt their grants and nobody new gets that master's slots for one ttl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.exceptions
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from scrapy_redislock._loop import every
+from scrapy_redislock._redis import Backoff, check_limit, check_timeout
+from scrapy_redislock.errors import AcquireTimeout, InvalidArgument, LockError, LockLost
+from scrapy_redislock.lock.aio import AsyncCountingLock
+from scrapy_redislock.lock.core import Clock, LockCore, Permit, default_identity
+from scrapy_redislock.lock.front import LockFront, TaskContext, ThreadContext, waiting_client
+from scrapy_redislock.lock.protocol import Call, Operation, adrive, drive
+from scrapy_redislock.lock.sync import CountingLock
+
+logger = logging.getLogger(__name__)
+
+DRIFT_FACTOR = 0.01  # as Redlock: clocks may run 1% apart over a ttl
+DRIFT_MS = 2  # plus this much for the rounding of Redis's millisecond clock
+RETRY_FIRST = 0.005  # s, first back-off after a lost round; doubles up to RETRY_MOST
+RETRY_MOST = 0.05
+MASTER_ERRORS = (redis.exceptions.RedisError, LockError, OSError)  # one master failing is an answer, not a failure
+
+
+def safe_quorum(masters: int, limit: int) -> int:
+    """The smallest q with q > masters*limit/(limit+1): no more than ``limit`` holders can each own q masters."""
+    return masters * limit // (limit + 1) + 1
+
+
+@dataclass(frozen=True)
+class Fanout:
+    """Run one lock operation on each of these masters; the reply maps master index -> result or exception."""
+
+    ops: dict[int, Operation]
+
+
+@dataclass(frozen=True)
+class LeadWait:
+    """Wait in one master's FIFO for a slot (its lock front's blocking acquire, which reaps dead holders' leases
+    while it waits); the reply maps that master's index -> Permit or exception (AcquireTimeout after timeout)."""
+
+    index: int
+    timeout: float | None
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Sleep this many seconds (the back-off between two rounds)."""
+
+    seconds: float
+
+
+QuorumOperation = Any  # Generator[Fanout | LeadWait | Pause, Any, Any]
+Pending = list[tuple[int, Permit]]  # master index, grant: what an acquire in progress holds
+
+
+@dataclass
+class QuorumPermit:
+    """A slot held on at least ``quorum`` masters; ``valid_until`` is on the lock's clock (monotonic)."""
+
+    name: str
+    owner: str
+    grants: dict[int, Permit]
+    acquired_at: float
+    valid_until: float
+    quorum: int
+    holds: int = 1
+    lost: bool = False
+    released: bool = False
+    lead: int | None = None  # the master whose FIFO this permit waited in (released last)
+
+    @property
+    def fences(self) -> dict[int, int]:
+        """The fencing token: master index -> fence of the grant there."""
+        return {i: p.fence for i, p in sorted(self.grants.items())}
+
+    def newer_than(self, other: QuorumPermit | Mapping[int, int]) -> bool:
+        """True when this permit was granted after ``other`` on a master both hold, and before it on none."""
+        theirs = other.fences if isinstance(other, QuorumPermit) else dict(other)
+        shared = [i for i in self.fences if i in theirs]
+        return bool(shared) and all(self.fences[i] > theirs[i] for i in shared)
+
+    @property
+    def token(self) -> str:
+        return f"{self.owner}/" + ",".join(f"{i}:{p.grant}" for i, p in sorted(self.grants.items()))
+
+
+def _exists(core: LockCore) -> Operation:
+    return (yield Call(("EXISTS", core.keys.slots)))
+
+
+@dataclass
+class QuorumCore:
+    """State and logic of one quorum lock object over N per-master ``LockCore`` objects; no I/O."""
+
+    name: str
+    limit: int
+    ttl: float
+    quorum: int
+    cores: list[LockCore]
+    clock: Clock
+    drift_factor: float = DRIFT_FACTOR
+    reentrant: bool = False
+    owner: str = ""
+    held: dict[int, QuorumPermit] = field(default_factory=dict)  # id(permit) -> permit
+    by_holder: dict[Any, QuorumPermit] = field(default_factory=dict)
+    known: bool = False  # the lock was seen on some master: a master missing it lost it (restart)
+    last_round: str = ""
+    down_until: list[float] = field(default_factory=list)  # per master: not the lead before this time
+
+    def __post_init__(self) -> None:
+        self.down_until = [0.0] * len(self.cores)
+
+    @classmethod
+    def create(
+        cls,
+        cores: list[LockCore],
+        *,
+        quorum: object = None,
+        reentrant: bool = False,
+        drift_factor: object = DRIFT_FACTOR,
+        clock: Clock = time.monotonic,
+    ) -> QuorumCore:
+        """Over ``cores``, one per master, all made with the same (checked) name, limit and ttl."""
+        masters, limit, name = len(cores), int(cores[0].limit or 0), cores[0].name
+        if isinstance(drift_factor, bool) or not isinstance(drift_factor, int | float) or not 0 <= drift_factor < 1:
+            raise InvalidArgument(f"drift_factor must be a number in [0, 1), got {drift_factor!r}")
+        safe = safe_quorum(masters, limit)
+        if quorum is None:
+            quorum = safe
+        elif isinstance(quorum, bool) or not isinstance(quorum, int) or not 1 <= quorum <= masters:
+            raise InvalidArgument(f"quorum must be an integer from 1 to {masters} (the masters), got {quorum!r}")
+        elif quorum < safe:
+            logger.warning(
+                "quorum lock %r: quorum=%d is below the safe quorum %d for %d masters and limit %d: up to %d holders"
+                " can hold it at once",
+                name,
+                quorum,
+                safe,
+                masters,
+                limit,
+                masters * limit // quorum,
+            )
+        owner = f"{default_identity()['host']}:{uuid.uuid4().hex[:12]}"
+        for core in cores:
+            core.owner = owner  # one owner name on every master: status shows one holder
+        return cls(
+            name=name,
+            limit=limit,
+            ttl=cores[0].configured_ttl,
+            quorum=quorum,
+            cores=cores,
+            clock=clock,
+            drift_factor=float(drift_factor),
+            reentrant=reentrant,
+            owner=owner,
+        )
+
+    @property
+    def renew_interval(self) -> float:
+        return self.cores[0].renew_interval
+
+    def validity(self, started: float) -> float:
+        """Seconds a grant made by a round that started at ``started`` is still safe to use."""
+        drift = self.ttl * self.drift_factor + DRIFT_MS / 1000
+        return self.ttl - (self.clock() - started) - drift
+
+    def _known(self) -> None:
+        """The lock exists on some master: any master that lacks it lost it, and recreates it in limbo."""
+        self.known = True
+        for core in self.cores:
+            core.ever_set_up = True
+
+    def _probe(self) -> QuorumOperation:
+        """Once per object: does the lock exist on any master? (Then a master without it restarted empty.)"""
+        if self.known:
+            return
+        replies = yield Fanout({i: _exists(core) for i, core in enumerate(self.cores)})
+        if any(not isinstance(r, BaseException) and int(r) for r in replies.values()):
+            self._known()
+
+    def acquire(
+        self, timeout: float | None, blocking: bool = True, holder: Any = None, pending: Pending | None = None
+    ) -> QuorumOperation:
+        """A permit on >= quorum masters (see the module docstring); None when not blocking and the round lost.
+
+        ``pending`` is kept listing the per-master grants this call holds that no permit owns yet: if the call is
+        cut short (cancelled), :meth:`sweep` of that list gives them back.
+        """
+        pending = [] if pending is None else pending
+        timeout = check_timeout(timeout)
+        if self.reentrant and holder is not None and holder in self.by_holder:
+            permit = self.by_holder[holder]
+            if not permit.lost and not permit.released:
+                permit.holds += 1
+                return permit
+            del self.by_holder[holder]
+        yield from self._probe()
+        if blocking:
+            permit = yield from self._wait(None if timeout is None else self.clock() + timeout, timeout, pending)
+        else:
+            permit = yield from self._round(pending)
+        if permit is not None:
+            self.held[id(permit)] = permit
+            if self.reentrant and holder is not None:
+                self.by_holder[holder] = permit
+        return permit
+
+    def _lead(self) -> int | None:
+        """The master whose FIFO orders the waiters: the first one not found down lately."""
+        now = self.clock()
+        return next((i for i, until in enumerate(self.down_until) if until <= now), None)
+
+    def _wait(self, deadline: float | None, timeout: float | None, pending: Pending) -> QuorumOperation:
+        """Queue at the lead master (its FIFO), then gather the rest of the quorum; give up the lead slot and queue
+        again (at the back) after ``renew_interval`` without a quorum, so split leads never wait on each other."""
+        backoff = Backoff(RETRY_FIRST, max(RETRY_FIRST, min(RETRY_MOST, self.renew_interval)))
+        while True:
+            lead = self._lead()
+            left = None if deadline is None else max(0.0, deadline - self.clock())
+            if lead is None:  # every master failed lately: wait a little, then try them all again
+                self.down_until = [0.0] * len(self.cores)
+                reply: Any = LockError("no master answered")
+            else:
+                asked = self.clock()
+                reply = (yield LeadWait(lead, left))[lead]
+            if isinstance(reply, AcquireTimeout):
+                raise self._timeout(timeout)
+            if isinstance(reply, Permit) and lead is not None:
+                pending.append((lead, reply))
+                patience_end = self.clock() + self.renew_interval
+                # The lead's lease began after ``asked`` (Redis delivered the slot to a read sent after it): after a
+                # short wait the validity is counted from there, a long one renews the lead's slot in the round.
+                since = asked if self.clock() - asked < self.renew_interval else None
+                while True:
+                    permit = yield from self._round(pending, (lead, reply), since)
+                    if permit is not None:
+                        permit.lead = lead
+                        return permit
+                    if reply.lost or self.clock() >= patience_end:
+                        break
+                    if deadline is not None and self.clock() >= deadline:
+                        break
+                    yield Pause(backoff.next() * random.uniform(0.5, 1.5))
+                if not reply.lost:
+                    yield Fanout({lead: self.cores[lead].release(reply)})
+                pending.clear()
+                backoff.reset()
+            elif isinstance(reply, BaseException):
+                if lead is not None:
+                    self.down_until[lead] = self.clock() + self.renew_interval
+                    self.last_round = f"lead master {lead}: {type(reply).__name__}: {reply}"
+                if lead is not None and self._lead() is not None:
+                    continue  # the next master leads at once
+            if deadline is not None and self.clock() >= deadline:
+                raise self._timeout(timeout)
+            delay = backoff.next() * random.uniform(0.5, 1.5)
+            yield Pause(delay if deadline is None else min(delay, max(0.0, deadline - self.clock())))
+
+    def _timeout(self, timeout: float | None) -> AcquireTimeout:
+        return AcquireTimeout(
+            f"quorum lock {self.name!r}: no quorum ({self.quorum} of {len(self.cores)} masters) within {timeout} s; "
+            f"last: {self.last_round}"
+        )
+
+    def _round(
+        self, pending: Pending, lead: tuple[int, Permit] | None = None, since: float | None = None
+    ) -> QuorumOperation:
+        """Ask every master for a slot without blocking; a win needs >= quorum grants and validity left.
+
+        The lead's slot, already held, is not asked for: with ``since`` (its lease began after that time) the
+        validity is counted from ``since``; without, the slot is renewed in this round, its lease starting in it.
+        """
+        started = self.clock() if since is None else since
+        ops = {i: core.acquire(None, blocking=False) for i, core in enumerate(self.cores)}
+        if lead is not None:
+            if since is None:
+                ops[lead[0]] = self.cores[lead[0]].maintain([lead[1]])
+            else:
+                del ops[lead[0]]
+        replies = yield Fanout(ops)
+        if lead is not None:
+            reply = replies.get(lead[0], [])
+            replies[lead[0]] = lead[1] if isinstance(reply, list) and not reply else reply
+        grants = {i: r for i, r in replies.items() if isinstance(r, Permit)}
+        pending.extend((i, p) for i, p in grants.items() if lead is None or i != lead[0])
+        if grants:
+            self._known()
+        validity = self.validity(started)
+        errors = {i: r for i, r in replies.items() if isinstance(r, BaseException)}
+        self.last_round = f"{len(grants)} of {len(self.cores)} masters granted, quorum {self.quorum}" + "".join(
+            f"; master {i}: {type(e).__name__}: {e}" for i, e in sorted(errors.items())
+        )
+        if len(grants) >= self.quorum and validity > 0:
+            now = self.clock()
+            pending.clear()  # the permit owns them now
+            return QuorumPermit(self.name, self.owner, grants, now, now + validity, self.quorum)
+        if len(grants) >= self.quorum:
+            self.last_round += f"; validity {validity:.3f} s left: too late"
+        partial = {i: p for i, p in grants.items() if lead is None or i != lead[0]}
+        if partial:
+            yield Fanout({i: self.cores[i].release(p) for i, p in partial.items()})  # give every partial grant back
+        pending[:] = [(i, p) for i, p in pending if p not in partial.values()]
+        return None
+
+    def release(self, permit: QuorumPermit) -> QuorumOperation:
+        """Give the slot back on every master; True when >= q masters still held it."""
+        if not isinstance(permit, QuorumPermit):
+            raise InvalidArgument(f"permit must be a QuorumPermit, got {permit!r}")
+        if self.reentrant and permit.holds > 1 and not permit.lost:
+            permit.holds -= 1
+            return True
+        permit.released = True
+        # The lead's slot last: when its FIFO hands it to the next waiter, the other masters are free already.
+        rest = {i: p for i, p in permit.grants.items() if i != permit.lead}
+        replies = (yield Fanout({i: self.cores[i].release(p) for i, p in rest.items()})) if rest else {}
+        if permit.lead in permit.grants:
+            lead = permit.lead
+            replies.update((yield Fanout({lead: self.cores[lead].release(permit.grants[lead])})))
+        self._forget(permit)
+        confirmed = sum(1 for r in replies.values() if r is True)
+        if confirmed < permit.quorum:
+            permit.lost = True
+        return confirmed >= permit.quorum
+
+    def _forget(self, permit: QuorumPermit) -> None:
+        self.held.pop(id(permit), None)
+        for holder, held in list(self.by_holder.items()):
+            if held is permit:
+                del self.by_holder[holder]
+
+    def maintain(self, permits: list[QuorumPermit] | None = None) -> QuorumOperation:
+        """Renew ``permits`` (default: all held) on every master; returns those fewer than q masters renewed.
+
+        A lost permit's remaining grants are given back. Masters with an abandoned wait are maintained too.
+        """
+        targets = list(self.held.values()) if permits is None else list(permits)
+        started = self.clock()
+        ops: dict[int, Operation] = {}
+        for i, core in enumerate(self.cores):
+            mine = [p.grants[i] for p in targets if i in p.grants]
+            if mine or core.abandoned:
+                ops[i] = core.maintain(mine)
+        replies = yield Fanout(ops)
+        validity = self.validity(started)
+        lost: list[QuorumPermit] = []
+        for permit in targets:
+            renewed = 0
+            for i, grant in list(permit.grants.items()):
+                reply = replies.get(i)
+                if isinstance(reply, BaseException) or reply is None:
+                    continue  # unknown: kept, it may still be there
+                if any(g is grant for g in reply):
+                    del permit.grants[i]
+                else:
+                    renewed += 1
+            if permit.released:
+                continue
+            if renewed >= permit.quorum and validity > 0:
+                permit.valid_until = self.clock() + validity
+            else:
+                lost.append(permit)
+        for permit in lost:
+            permit.lost = True
+            self._forget(permit)
+        rest = {}
+        for permit in lost:
+            for i, grant in permit.grants.items():
+                rest.setdefault(i, []).append(grant)
+        if rest:
+            yield Fanout({i: self._release_each(i, grants) for i, grants in rest.items()})
+        return lost
+
+    def _release_each(self, index: int, grants: list[Permit]) -> Operation:
+        for grant in grants:
+            yield from self.cores[index].release(grant)
+
+    def sweep(self, pending: Pending) -> QuorumOperation:
+        """Give back an interrupted acquire's ``pending`` grants, and free abandoned waits, on every master."""
+        ops: dict[int, Operation] = {}
+        for i, core in enumerate(self.cores):
+            orphans = [p for j, p in pending if j == i]
+            if orphans or core.abandoned:
+                ops[i] = self._sweep_one(i, orphans)
+        pending.clear()
+        if ops:
+            yield Fanout(ops)
+
+    def _sweep_one(self, index: int, orphans: list[Permit]) -> Operation:
+        yield from self._release_each(index, orphans)
+        if self.cores[index].abandoned:
+            yield from self.cores[index].maintain([])
+
+    def forget_all(self) -> int:
+        """Every permit is lost (the fronts' close frees everything of this owner on each master); how many."""
+        count = len(self.held)
+        for permit in self.held.values():
+            permit.lost = True
+        self.held.clear()
+        self.by_holder.clear()
+        return count
+
+
+class QuorumFront:
+    """What both quorum fronts share: argument checks, the core, one command runner per master."""
+
+    client_types: tuple[type, ...] = ()
+    master_class: type[LockFront] = LockFront
+
+    def __init__(
+        self,
+        masters: Sequence[Any],
+        name: str,
+        limit: int,
+        ttl: float = 30.0,
+        *,
+        key_prefix: str = "redislock",
+        quorum: int | None = None,
+        reentrant: bool = False,
+        drift_factor: float = DRIFT_FACTOR,
+        auto_renew: bool = False,
+        on_lost: Callable[[QuorumPermit], object] | None = None,
+        identity: Mapping[str, Any] | None = None,
+        clock: Clock = time.monotonic,
+        waiting: Sequence[Any] | None = None,
+    ) -> None:
+        """``waiting``: per master, the client whose connections block in that master's FIFO (a factory shares
+        them between its locks); by default each per-master lock makes its own (see ``waiting_client``)."""
+        if isinstance(masters, str | bytes) or not isinstance(masters, Sequence) or not masters:
+            raise InvalidArgument(f"masters must be a non-empty list of redis clients, got {masters!r}")
+        expected = " or ".join(f"{t.__module__}.{t.__qualname__}" for t in self.client_types)
+        for client in masters:
+            if not isinstance(client, self.client_types):
+                raise InvalidArgument(f"masters must be {expected} clients, got {type(client).__name__}")
+        if len({id(c) for c in masters}) != len(masters):
+            raise InvalidArgument("masters lists the same client twice: each master must be an independent server")
+        if limit is None:
+            raise InvalidArgument("limit must be given for a quorum lock (its quorum depends on it), got None")
+        if reentrant and check_limit(limit) != 1:
+            raise InvalidArgument(f"reentrant=True needs limit=1 (a mutex), got limit={limit!r}")
+        # One ordinary lock per master: its core is what the quorum core drives, its front waits in that master's
+        # FIFO (and reaps dead holders' leases meanwhile), its runner carries the commands.
+        self._fronts = [
+            self.master_class(client, name, limit, ttl, key_prefix=key_prefix, identity=identity, clock=clock)
+            for client in masters
+        ]
+        if waiting is not None:
+            for front, shared in zip(self._fronts, waiting, strict=True):
+                front._command.waiting = shared
+                front._waiting_client = None  # the factory's to close, not this lock's
+        self._core = QuorumCore.create(
+            [front._core for front in self._fronts],
+            quorum=quorum,
+            reentrant=reentrant,
+            drift_factor=drift_factor,
+            clock=clock,
+        )
+        self._masters = list(masters)
+        self._runners = [front._command for front in self._fronts]
+        self.auto_renew = auto_renew
+        self.on_lost = on_lost or (lambda p: logger.warning("quorum permit %s of %r was lost", p.token, p.name))
+
+    name = property(lambda self: self._core.name, doc="The lock's name.")
+    owner = property(lambda self: self._core.owner, doc="This object's owner name on every master.")
+    quorum = property(lambda self: self._core.quorum, doc="Masters a permit needs.")
+    ttl = property(lambda self: self._core.ttl, doc="Lease seconds on each master.")
+    renew_interval = property(lambda self: self._core.renew_interval, doc="ttl/3, at most 1 s.")
+    keys = property(lambda self: self._core.cores[0].keys, doc="The lock's Redis keys (the same on every master).")
+
+    @property
+    def held(self) -> list[QuorumPermit]:
+        return list(self._core.held.values())
+
+    def _report_lost(self, lost: list[QuorumPermit]) -> None:
+        for permit in lost:
+            try:
+                self.on_lost(permit)
+            except Exception:
+                logger.exception("on_lost callback of quorum lock %r failed", self.name)
+
+
+class QuorumCountingLock(ThreadContext, QuorumFront):
+    """A counting lock held on a safe quorum of N independent ``redis.Redis`` masters, for blocking code.
+
+    Masters are asked one after the other; give the clients a socket timeout well below ``ttl`` and no retries
+    (:class:`QuorumLockFactory` does), or a hung or dead master eats the validity time.
+    """
+
+    client_types = (redis.Redis,)
+    master_class = CountingLock
+
+    def __init__(self, masters: Sequence[redis.Redis], *args: Any, **kwargs: Any) -> None:
+        super().__init__(masters, *args, **kwargs)
+        self._local = threading.local()
+        self._renewer: threading.Thread | None = None
+        self._loop_lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def _one(self, index: int, op: Operation) -> Any:
+        try:
+            return drive(op, self._runners[index], self.name)
+        except MASTER_ERRORS as exc:
+            return exc
+
+    def _run(self, op: QuorumOperation) -> Any:
+        reply: Any = None
+        try:
+            while True:
+                try:
+                    command = op.send(reply)
+                except StopIteration as stop:
+                    return stop.value
+                if isinstance(command, Pause):
+                    time.sleep(command.seconds)
+                    reply = None
+                elif isinstance(command, LeadWait):
+                    try:
+                        reply = {command.index: self._fronts[command.index].acquire(command.timeout)}
+                    except MASTER_ERRORS as exc:
+                        reply = {command.index: exc}
+                else:
+                    reply = {i: self._one(i, sub) for i, sub in command.ops.items()}
+        finally:
+            op.close()
+
+    def _acquire(self, timeout: float | None, blocking: bool) -> QuorumPermit | None:
+        pending: Pending = []
+        try:
+            return self._run(self._core.acquire(timeout, blocking, threading.get_ident(), pending))
+        except BaseException:
+            if pending:  # interrupted (KeyboardInterrupt) holding grants no permit owns: give them back
+                with contextlib.suppress(Exception):
+                    self._run(self._core.sweep(pending))
+            raise
+
+    def acquire(self, timeout: float | None = None) -> QuorumPermit:
+        """A permit on >= quorum masters; AcquireTimeout after ``timeout`` s, saying how the last round went."""
+        permit = self._acquire(timeout, True)
+        assert permit is not None
+        self._start_loop()
+        return permit
+
+    def try_acquire(self) -> QuorumPermit | None:
+        """One round: a permit if >= quorum masters grant one now, else None (partial grants given back)."""
+        permit = self._acquire(None, False)
+        if permit is not None:
+            self._start_loop()
+        return permit
+
+    def release(self, permit: QuorumPermit) -> bool:
+        """Give the slot back on every master: True if >= quorum still held it."""
+        return bool(self._run(self._core.release(permit)))
+
+    def renew(self, permit: QuorumPermit) -> None:
+        """Renew on every master; LockLost when fewer than ``quorum`` renewed (what is left is given back)."""
+        if self.maintain([permit]):
+            raise LockLost(f"quorum lock {self.name!r}: fewer than {self.quorum} masters renewed {permit.token}")
+
+    def maintain(self, permits: list[QuorumPermit] | None = None) -> list[QuorumPermit]:
+        """Renew held permits (default: all) on every master; returns the lost ones (on_lost is called for each)."""
+        lost: list[QuorumPermit] = self._run(self._core.maintain(permits))
+        self._report_lost(lost)
+        return lost
+
+    def close(self) -> int:
+        """Stop renewing and free everything this object holds on every master; returns how many permits."""
+        self._stop.set()
+        renewer = self._renewer
+        if renewer is not None and renewer is not threading.current_thread():
+            renewer.join()
+        count = self._core.forget_all()
+        for front in self._fronts:
+            with contextlib.suppress(*MASTER_ERRORS):
+                front.close()
+        return count
+
+    def _start_loop(self) -> None:
+        with self._loop_lock:
+            if not self.auto_renew or self._stop.is_set() or (self._renewer and self._renewer.is_alive()):
+                return
+            self._renewer = threading.Thread(target=self._loop, name=f"redislock-quorum-{self.name}", daemon=True)
+            self._renewer.start()
+
+    def _loop(self) -> None:
+        """Renew every ttl/3 while something is held; errors are logged and retried."""
+        while not self._stop.wait(self.renew_interval):
+            with self._loop_lock:
+                if not self._core.held:
+                    self._renewer = None
+                    return
+            try:
+                self.maintain()
+            except Exception:
+                logger.exception("renewing quorum lock %r failed", self.name)
+
+
+class AsyncQuorumCountingLock(TaskContext, QuorumFront):
+    """A counting lock held on a safe quorum of N independent ``redis.asyncio.Redis`` masters; masters are asked
+    all at once."""
+
+    client_types = (redis.asyncio.Redis,)
+    master_class = AsyncCountingLock
+
+    def __init__(self, masters: Sequence[redis.asyncio.Redis], *args: Any, **kwargs: Any) -> None:
+        super().__init__(masters, *args, **kwargs)
+        self._context: dict[asyncio.Task[Any] | None, list[QuorumPermit]] = {}
+        self._renewer: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def _one(self, index: int, op: Operation) -> Any:
+        try:
+            return await adrive(op, self._runners[index], self.name)
+        except MASTER_ERRORS as exc:
+            return exc
+
+    async def _run(self, op: QuorumOperation, pending: Pending | None = None) -> Any:
+        reply: Any = None
+        try:
+            while True:
+                try:
+                    command = op.send(reply)
+                except StopIteration as stop:
+                    return stop.value
+                if isinstance(command, Pause):
+                    await asyncio.sleep(command.seconds)
+                    reply = None
+                elif isinstance(command, LeadWait):
+                    try:
+                        reply = {command.index: await self._fronts[command.index].acquire(command.timeout)}
+                    except MASTER_ERRORS as exc:
+                        reply = {command.index: exc}
+                else:
+                    indexes = list(command.ops)
+                    tasks = [asyncio.ensure_future(self._one(i, command.ops[i])) for i in indexes]
+                    try:
+                        results = await asyncio.gather(*tasks)
+                    except asyncio.CancelledError:
+                        # Masters that answered before the cancellation may have granted: those grants are the
+                        # interrupted acquire's too (the generator never saw them).
+                        await asyncio.gather(*tasks, return_exceptions=True)
+                        if pending is not None:
+                            pending.extend(
+                                (i, t.result())
+                                for i, t in zip(indexes, tasks, strict=True)
+                                if not t.cancelled() and isinstance(t.result(), Permit)
+                            )
+                        raise
+                    reply = dict(zip(indexes, results, strict=True))
+        finally:
+            op.close()
+
+    async def _acquire(self, timeout: float | None, blocking: bool) -> QuorumPermit | None:
+        pending: Pending = []
+        try:
+            return await self._run(self._core.acquire(timeout, blocking, asyncio.current_task(), pending), pending)
+        except asyncio.CancelledError:
+            # Cut short: give back what it held that no permit owns, and free cancelled waits' grants, now.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._run(self._core.sweep(pending)))
+            raise
+
+    async def acquire(self, timeout: float | None = None) -> QuorumPermit:
+        """A permit on >= quorum masters; AcquireTimeout after ``timeout`` s."""
+        permit = await self._acquire(timeout, True)
+        assert permit is not None
+        self._start_loop()
+        return permit
+
+    async def try_acquire(self) -> QuorumPermit | None:
+        """One round: a permit if >= quorum masters grant one now, else None."""
+        permit = await self._acquire(None, False)
+        if permit is not None:
+            self._start_loop()
+        return permit
+
+    async def release(self, permit: QuorumPermit) -> bool:
+        """Give the slot back on every master: True if >= quorum still held it."""
+        return bool(await self._run(self._core.release(permit)))
+
+    async def renew(self, permit: QuorumPermit) -> None:
+        """Renew on every master; LockLost when fewer than ``quorum`` renewed."""
+        if await self.maintain([permit]):
+            raise LockLost(f"quorum lock {self.name!r}: fewer than {self.quorum} masters renewed {permit.token}")
+
+    async def maintain(self, permits: list[QuorumPermit] | None = None) -> list[QuorumPermit]:
+        """Renew held permits (default: all) on every master; returns the lost ones."""
+        lost: list[QuorumPermit] = await self._run(self._core.maintain(permits))
+        self._report_lost(lost)
+        return lost
+
+    async def aclose(self) -> int:
+        """Stop renewing and free everything this object holds on every master; returns how many permits."""
+        self._closed = True
+        if self._renewer is not None and self._renewer is not asyncio.current_task():
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        self._renewer = None
+        count = self._core.forget_all()
+        await asyncio.gather(*(front.aclose() for front in self._fronts), return_exceptions=True)
+        return count
+
+    def _start_loop(self) -> None:
+        if not self.auto_renew or self._closed or (self._renewer is not None and not self._renewer.done()):
+            return
+        self._renewer = asyncio.get_running_loop().create_task(
+            every(lambda: self.renew_interval, self._tick, what=f"renewing quorum lock {self.name!r}"),
+            name=f"redislock-quorum-{self.name}",
+        )
+
+    async def _tick(self) -> bool:
+        if not self._core.held:
+            return False
+        await self.maintain()
+        return True
+
+
+class QuorumLockFactory:
+    """Quorum locks over one set of masters, sharing their connections (like redlock-py's RedLockFactory).
+
+    ``masters``: redis URLs or clients (all blocking or all ``redis.asyncio``); with URLs, ``asyncio=True`` makes
+    asyncio clients. Clients made here get ``socket_timeout`` and ``socket_connect_timeout`` of 1 s and no retries
+    unless ``client_options`` say otherwise (redis-py retries a refused connection 10 times, some 4 s: that would
+    eat the validity time; the next round is the retry), and are closed by :meth:`close` / :meth:`aclose`.
+    """
+
+    def __init__(self, masters: Sequence[Any], *, asyncio: bool = False, **client_options: Any) -> None:
+        if isinstance(masters, str | bytes) or not isinstance(masters, Sequence) or not masters:
+            raise InvalidArgument(f"masters must be a non-empty list of redis URLs or clients, got {masters!r}")
+        module: Any = redis.asyncio if asyncio else redis
+        retry = (module.retry.Retry if asyncio else Retry)(NoBackoff(), 0)
+        options = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0, "retry": retry, **client_options}
+        self.clients: list[Any] = []
+        self._made: list[Any] = []
+        for master in masters:
+            if isinstance(master, str):
+                try:
+                    client = module.Redis.from_url(master, **options)
+                except ValueError as exc:
+                    raise InvalidArgument(f"masters: {master!r} is not a redis URL ({exc})") from None
+                self._made.append(client)
+            else:
+                client = master
+            self.clients.append(client)
+        self.asyncio = isinstance(self.clients[0], redis.asyncio.Redis)
+        self.waiting = [waiting_client(client) for client in self.clients]  # one blocking pool per master
+
+    def lock(self, name: str, limit: int, ttl: float = 30.0, **kwargs: Any) -> QuorumFront:
+        """A :class:`QuorumCountingLock` (or :class:`AsyncQuorumCountingLock`) over the factory's masters."""
+        cls = AsyncQuorumCountingLock if self.asyncio else QuorumCountingLock
+        return cls(self.clients, name, limit, ttl, waiting=self.waiting, **kwargs)
+
+    def close(self) -> None:
+        """Close the clients the factory made, and its waiting pools (blocking ones)."""
+        for client in self._made:
+            client.close()
+        for client in self.waiting:
+            client.connection_pool.disconnect()
+
+    async def aclose(self) -> None:
+        """Close the clients the factory made, and its waiting pools (asyncio ones)."""
+        for client in self._made:
+            await client.aclose()
+        for client in self.waiting:
+            await client.connection_pool.disconnect()
+
+
+__all__ = [
+    "AsyncQuorumCountingLock",
+    "QuorumCountingLock",
+    "QuorumLockFactory",
+    "QuorumPermit",
+    "safe_quorum",
+]
