@@ -130,6 +130,7 @@ class StageWorkerScheduler(BaseScheduler):
         self.listener: asyncio.Task[None] | None = None
         self.listening: list[str] = []  # the keys the running listener blocks on
         self.busy_at = time.monotonic()
+        self.failing = False  # the last loop step met a Redis error: never idle-close on what could not be read
         self.quiet_since: float | None = None  # the cluster was found idle at the last look (for REDISLOCK_IDLE_CLOSE)
         self.look_due = True  # look at the queues at the next step without a stage: woken, beat, or a stage left
         self.beat_at = time.monotonic()  # when the last beat that reached Redis was sent
@@ -281,6 +282,8 @@ class StageWorkerScheduler(BaseScheduler):
 
     def may_close(self) -> bool:
         """For the spider's idle handler: no work anywhere in the cluster for REDISLOCK_IDLE_CLOSE seconds."""
+        if self.failing:  # Redis cannot be asked (down, failing over): the queues may well hold work
+            return False
         return self.idle_close is not None and time.monotonic() - self.busy_at >= self.idle_close
 
     def _wake(self) -> None:
@@ -399,7 +402,11 @@ class StageWorkerScheduler(BaseScheduler):
             self._listen()
         except REDIS_ERRORS:
             self.stats.inc_value("redislock/workers/redis_errors")
+            self.failing = True
             raise  # logged by the loop, which tries again after a back-off
+        if self.failing:  # Redis answers again: idle time counts from now, not from before the outage
+            self.failing = False
+            self.busy_at = time.monotonic()
         return not self.closing
 
     async def _work(self) -> None:
