@@ -6,16 +6,14 @@ The worker front's whole test suite also runs as the crawler user: ``REDISLOCK_T
 
 from __future__ import annotations
 
-import collections
 import json
 import re
 import subprocess
 import sys
-import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -23,6 +21,7 @@ import redis.exceptions
 
 from scrapy_redislock.cli.acl import CRAWLER_CLIENT_COMMANDS, acl_rules, commands_of, main, script_commands
 from testing.crawlproc import ROOT, run_crawl, staged_worker
+from testing.monitor import Monitor, commands
 from testing.redis_server import RedisServer
 from testing.site import CrawlSite, ShopSite
 from tests.cli.test_main import tls_server  # noqa: F401  (a fixture)
@@ -66,38 +65,28 @@ def users(redis_client: redis.Redis) -> Iterator[dict[str, str]]:
     redis_client.execute_command("ACL", "DELUSER", *urls)
 
 
-class Monitor:
-    """Every command Redis runs meanwhile, as (where, name): where is "lua" inside a script, else "client"."""
+class CommandNames:
+    """The names of the commands Redis ran meanwhile (read with :class:`testing.monitor.Monitor`), by where they ran:
+    "lua" inside a script, else "client"."""
 
     def __init__(self, url: str) -> None:
-        self.client = redis.Redis.from_url(url, socket_timeout=None)
-        self.seen: collections.Counter[tuple[str, str]] = collections.Counter()
-        self.end_mark = f"end-of-monitor-{uuid.uuid4().hex}"
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._listen, daemon=True)
+        self.url = url
+        self.seen: set[tuple[str, str]] = set()
 
-    def _listen(self) -> None:
-        with self.client.monitor() as monitor:
-            self.ready.set()
-            for command in monitor.listen():
-                if self.end_mark in command["command"]:
-                    return  # everything sent before the mark has been counted (MONITOR may lag behind)
-                parts = command["command"].split()
-                name = parts[0].lower()
-                if name in {"xgroup", "xinfo", "client", "script"} and len(parts) > 1:
-                    name = f"{name}|{parts[1].lower()}"
-                self.seen["lua" if command.get("client_type") == "lua" else "client", name] += 1
-
-    def __enter__(self) -> Monitor:
-        self.thread.start()
-        assert self.ready.wait(10)
+    def __enter__(self) -> CommandNames:
+        self.monitor = Monitor(int(urlsplit(self.url).port or 6379))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        redis.Redis(connection_pool=self.client.connection_pool).echo(self.end_mark)
-        self.thread.join(60)
-        assert not self.thread.is_alive(), "MONITOR never showed the end mark"
-        self.client.close()
+        with redis.Redis.from_url(self.url) as client:
+            raw = self.monitor.stop(client, timeout=60)  # MONITOR lags under load: read up to its end mark
+        assert b"monitor-end-" in raw, "MONITOR never showed the end mark"
+        for _, source, args in commands(raw):
+            name = args[0].decode().lower()
+            if name in {"xgroup", "xinfo", "client", "script"} and len(args) > 1:
+                name = f"{name}|{args[1].decode().lower()}"
+            if name != "monitor" and not any(arg.startswith(b"monitor-end-") for arg in args):
+                self.seen.add(("lua" if source == "lua" else "client", name))
 
     def commands(self, where: str) -> set[str]:
         return {name for (place, name) in self.seen if place == where}
@@ -114,7 +103,7 @@ def test_both_fronts_crawl_as_the_crawler_user_and_redis_refuses_them_nothing(
         for url in shop.list_urls():
             redis_client.rpush("shop:start_urls", json.dumps({"url": url}))
         redis_client.script_flush()  # as after a restart: the crawls load their scripts (NOSCRIPT, SCRIPT LOAD)
-        with Monitor(admin_url) as monitor, CrawlSite(delay=0.01) as site:
+        with CommandNames(admin_url) as monitor, CrawlSite(delay=0.01) as site:
             worker = shop_worker("shop", users["crawler"], tmp_path / "audit.json", REDISLOCK_IDLE_CLOSE=1.5)
             settings = {"REDISLOCK_URL": users["crawler"], "REDISLOCK_STAGES": {"detail": 2, "comments": None}}
             code, output = run_crawl(site.url, "detail:20,comments:10", {**settings, "EXTENSIONS": {}})
