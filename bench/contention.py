@@ -354,8 +354,24 @@ def report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             "",
             time_table(rows, meta["hold_ms"]),
             "",
+            *floor_line(rows),
         ]
     )
+
+
+def floor_line(rows: list[dict[str, Any]]) -> list[str]:
+    """Our one-slot hand-off beside the bare token list's (Redis waking a blocked BLPOP), when both ran."""
+    by_key = {r["key"]: r for r in rows}
+    ours, floor = by_key.get("ours1"), by_key.get("floor1")
+    if not ours or not floor or "handoff_p50_ms" not in ours or "handoff_p50_ms" not in floor:
+        return []
+    return [
+        f"Hand-off, one slot: ours {ours['handoff_p50_ms']:.3f} ms ({ours['handoff_per_ping']:.2f}x PING), the bare "
+        f"token list (LPUSH -> a blocked BLPOP, no Lua, no lease: the floor of any blocking hand-off) "
+        f"{floor['handoff_p50_ms']:.3f} ms ({floor['handoff_per_ping']:.2f}x PING); ours / floor "
+        f"{ours['handoff_p50_ms'] / floor['handoff_p50_ms']:.2f}.",
+        "",
+    ]
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:

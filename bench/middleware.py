@@ -33,6 +33,7 @@ from typing import Any
 
 import redis
 
+from bench.ceiling import LocalCap
 from bench.handoff_probe import breakdown
 from testing.crawlproc import ROOT, Crawl, run_crawl
 from testing.faultproc import jain
@@ -42,6 +43,17 @@ from testing.site import CrawlSite, ShopSite
 RESULTS = Path(__file__).resolve().parent / "results"
 SHOP_SPIDER = ROOT / "testing" / "spiders" / "shopspider.py"
 PROCESSES = 3
+CEILING = "Scrapy alone, no lock (1 in flight per process: its ceiling)"
+# The stage held at 1 in flight per process by an in-process semaphore: what Scrapy gives with no Redis at all.
+CEILING_SETTINGS: dict[str, Any] = {
+    "DOWNLOADER_MIDDLEWARES": {
+        "scrapy_redislock.StageLockMiddleware": 950,  # for the mixed crawl's list stage (cap 1)
+        f"{LocalCap.__module__}.{LocalCap.__name__}": 951,
+    },
+    "SCHEDULER": "scrapy.core.scheduler.Scheduler",
+    "CEILING_STAGE": "detail",
+    "CEILING_PER_PROCESS": 1,
+}
 
 
 def pages_per_second(site: CrawlSite, stage: str) -> float:
@@ -104,6 +116,8 @@ def utilization_run(
             "HANDOFF_PROBE_DIR": probe_dir,
             **extra,
         }
+        if "CEILING_STAGE" in extra:
+            settings["REDISLOCK_STAGES"] = {"detail": None}
         crawls = [
             Crawl(site.url, f"detail:{per_process}", {**settings, "USER_AGENT": f"p{i}"}, folder)
             for i in range(PROCESSES)
@@ -122,7 +136,7 @@ def utilization_run(
             "acquired": sum(c.stats.get("redislock/detail/acquired", 0) for c in crawls),
             "redis_commands": calls,
         }
-        steps = breakdown(Path(probe_dir), site.served, start, end)
+        steps = {} if "CEILING_STAGE" in extra else breakdown(Path(probe_dir), site.served, start, end)
         return site.mean_in_flight("detail", start, end), jain_index, starved, steps, passed
 
 
@@ -137,6 +151,8 @@ def mixed_run(redis_url: str, lists: int, with_scheduler: bool, folder: Path, ex
         }
         if not with_scheduler:
             settings["SCHEDULER"] = "scrapy.core.scheduler.Scheduler"
+        if "CEILING_STAGE" in extra:
+            settings["REDISLOCK_STAGES"] = {"list": 1, "detail": None, "comments": None}
         crawls = [
             Crawl(site.url, ",".join(map(str, range(i, lists, PROCESSES))), settings, folder, spider=SHOP_SPIDER)
             for i in range(PROCESSES)
@@ -174,10 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     variants: dict[str, dict[str, Any]] = {"StageScheduler": {}}
     if args.baseline:
         variants["StageScheduler, REDISLOCK_LOCAL_REUSE 0"] = {"REDISLOCK_LOCAL_REUSE": 0}
+    variants[CEILING] = CEILING_SETTINGS
     plain: list[float] = []
     capped: list[float] = []
     figures: dict[str, dict[str, list[float]]] = {name: {f: [] for f in CAPPED_FIGURES} for name in variants}
     mixed: dict[str, list[float]] = {name: [] for name in [*variants, "middleware alone"]}
+    ratios: dict[str, list[float]] = {"capped": [], "mixed": []}  # StageScheduler / the ceiling, per round
     steps: dict[str, list[float]] = {}
     with RedisServer() as server, tempfile.TemporaryDirectory() as folder:
         for i in range(args.repeat):
@@ -201,11 +219,13 @@ def main(argv: list[str] | None = None) -> int:
                     if name == "StageScheduler":
                         for step, ms in medians.items():
                             steps.setdefault(step, []).append(ms)
+                ratios["capped"].append(figures["StageScheduler"]["mean"][-1] / figures[CEILING]["mean"][-1])
             if "mixed" in parts:
                 for name in [*order, "middleware alone"] if i % 2 == 0 else ["middleware alone", *order]:
                     scheduler = name != "middleware alone"
                     extra = variants.get(name, {})
                     mixed[name].append(mixed_run(server.url, args.lists, scheduler, Path(folder), extra))
+                ratios["mixed"].append(mixed["StageScheduler"][-1] / mixed[CEILING][-1])
     result: dict[str, Any] = {"rounds": args.repeat}
     text = ""
     if plain:
@@ -227,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if "capped" in parts:
         result["capped"] = figures
+        result["capped_over_ceiling"] = ratios["capped"]
         result["handoff_steps_ms"] = steps
         text += f"Capped stage alone ({PROCESSES} processes, cap 3, 50 ms pages, {args.per_process} requests each):\n"
         for name, got in figures.items():
@@ -236,10 +257,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"    Jain over the processes' requests (all with a backlog): {spread(got['jain'], 3)}\n"
                 f"    longest a process with a backlog went without a request at the site, s: "
                 f"{spread(got['starved'])}\n"
+            )
+            if name == CEILING:
+                continue
+            text += (
                 f"    share of slots passed on locally (of requests that got one): {spread(got['reused'])}\n"
                 f"    Redis commands per capped request (INFO commandstats, Lua's own included; start-up, renewals "
                 f"and close included): {spread(got['per_request'], 1)}\n"
             )
+        text += f"  StageScheduler / Scrapy's ceiling, per round: {spread(ratios['capped'], 3)}\n"
         text += "  where a slot idles between two requests (StageScheduler; median ms per step, one value per round):\n"
         text += "".join(f"    {step:<48} {[round(x, 2) for x in values]}\n" for step, values in steps.items())
     if "mixed" in parts:
@@ -248,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
             f"Mixed crawl ({PROCESSES} processes, shop of {args.lists} list pages x 20 details x 5 comments, caps "
             "list 1 / detail 3 / comments unlimited, 50 ms pages, CONCURRENT_REQUESTS 16):\n"
             + "".join(f"  mean detail requests in flight, {name}: {spread(v)}\n" for name, v in mixed.items())
+            + f"  StageScheduler / Scrapy's ceiling, per round: {spread(ratios['mixed'], 3)}\n"
         )
+        result["mixed_over_ceiling"] = ratios["mixed"]
     text += f"Load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n"
     print(text)
     RESULTS.mkdir(exist_ok=True)

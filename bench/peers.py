@@ -28,6 +28,20 @@ LEASE = 30.0  # seconds; every design gets the same lease/expiry, far longer tha
 POLL = 0.001  # the polling designs retry after 1 ms
 
 
+def _token_list(client: redis.Redis, index: int, options: Options) -> tuple[Acquire, Release]:
+    """Not a lock (no lease, no owner, no fencing): one token in a list, taken with BLPOP and given back with LPUSH.
+
+    The least a blocking hand-off through Redis costs: the floor under every design that wakes a blocked waiter."""
+    key = "bench:tokens"
+    if client.set(f"{key}:made", 1, nx=True):
+        client.lpush(key, 1)
+
+    def acquire() -> None:
+        client.blpop([key], 0)
+
+    return acquire, lambda _token: client.lpush(key, 1)
+
+
 @dataclass(frozen=True)
 class Options:
     """Knobs of the peer designs that the command line sets."""
@@ -165,6 +179,7 @@ DESIGNS: dict[str, Design] = {
     "prl": Design("python-redis-lock (BLPOP signal)", 1, _python_redis_lock, needs="redis_lock"),
     "pottery": Design("pottery Redlock, one master", 1, _pottery, needs="pottery"),
     "zset1": Design("zset semaphore ranked by client timestamps, 1 ms polling", 1, _zset_semaphore(1)),
+    "floor1": Design("bare token list, BLPOP/LPUSH (not a lock: Redis's own wake-up floor)", 1, _token_list),
 }
 
 
