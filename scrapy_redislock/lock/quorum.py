@@ -757,9 +757,15 @@ class AsyncQuorumCountingLock(TaskContext, QuorumFront):
         return lost
 
     async def set_limit(self, limit: int) -> tuple[int | None, dict[int, BaseException]]:
-        """Set the limit on every master at once: (the previous limit of the first master that had one, the
-        masters that failed: index -> error). The lock's quorum stays the one computed from the limit it was made
-        with. A master missing then gets the lock with this object's limit when it is first used."""
+        """Write this object's limit to every master at once (the newest process's settings win): (the previous
+        limit of the first master that had one, the masters that failed: index -> error). Only the limit the object
+        was made with: its quorum was computed from it (another limit needs a new object). A master missing then
+        gets the lock with this limit when it is first used."""
+        if limit != self._core.limit:
+            raise InvalidArgument(
+                f"quorum lock {self.name!r}: set_limit({limit!r}) differs from the limit {self._core.limit} it was "
+                "made with; its quorum depends on the limit: make a new lock object"
+            )
         replies = await asyncio.gather(*(front.set_limit(limit) for front in self._fronts), return_exceptions=True)
         failed: dict[int, BaseException] = {}
         previous = None

@@ -22,7 +22,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_redislock.cli.target import CliError, resolve_target
 from scrapy_redislock.crawl.settings import read_settings
-from scrapy_redislock.errors import ConfigError
+from scrapy_redislock.errors import ConfigError, InvalidArgument
 from scrapy_redislock.lock.quorum import AsyncQuorumCountingLock, QuorumPermit
 from scrapy_redislock.workers.mixin import StageWorkerMixin
 from scrapy_redislock.workers.scheduler import StageWorkerScheduler
@@ -130,6 +130,8 @@ def test_quorum_permits_flow_through_the_hand_off_and_close_frees_every_master(m
         async with front(urls(masters), {"detail": 2}) as f:
             lock = f.locks.locks["detail"]
             assert isinstance(lock, AsyncQuorumCountingLock) and lock.quorum == 3
+            with pytest.raises(InvalidArgument, match="its quorum depends on the limit"):
+                await lock.set_limit(1)  # q=3 was computed for L=2
             assert f.scheduler is not None
             for n in range(3):
                 f.scheduler.enqueue_request(request("detail", n))
