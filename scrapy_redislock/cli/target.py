@@ -28,6 +28,11 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 DEFAULT_URL = "redis://localhost:6379/0"
 # Fail fast on a dead address; an operator is waiting.
 CLI_CLIENT_PARAMS: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 5}
+# A quorum's masters (REDISLOCK_URL as a list) are not one Redis: the commands read and change one lock in one place.
+QUORUM_REFUSED = (
+    "REDISLOCK_URL lists {count} masters (a quorum lock): the command line works on one Redis at a time; give "
+    "--url of one master to look at or change that master's copy of the locks ({urls})"
+)
 # What a client raises when Redis cannot serve it (a cluster client with no reachable node: not a RedisError).
 REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
 
@@ -91,6 +96,8 @@ def resolve_target(opts: argparse.Namespace, env: Mapping[str, str], settings: A
             raise CliError(f"project settings: {exc}", EXIT_USAGE) from None
         ttl, stages = configured.ttl, configured.stages
         params = {**CLI_CLIENT_PARAMS, **configured.params}
+        if configured.masters and not getattr(opts, "url", None):
+            raise CliError(QUORUM_REFUSED.format(count=len(configured.masters), urls=configured.safe_url), EXIT_USAGE)
         if any(settings.get(name) for name in ("REDISLOCK_URL", "REDIS_URL", "REDIS_HOST", "REDIS_PORT")):
             url, source = configured.url, "the project's settings (REDISLOCK_URL / REDIS_URL)"
         if settings.get("REDISLOCK_KEY_PREFIX") is not None:
@@ -101,6 +108,8 @@ def resolve_target(opts: argparse.Namespace, env: Mapping[str, str], settings: A
         for name in ("REDISLOCK_URL", "REDIS_URL"):
             if env.get(name):
                 url, source = env[name], f"${name}"
+                if url.lstrip().startswith("["):
+                    raise CliError(QUORUM_REFUSED.format(count="several", urls=url), EXIT_USAGE)
                 break
         else:
             url, source = DEFAULT_URL, "the default URL"

@@ -10,8 +10,12 @@ from typing import Any
 # Off switch: False turns every scrapy_redislock component off (NotConfigured).
 REDISLOCK_ENABLED = True
 # Redis URL: redis://, rediss://, unix://, redis+sentinel://h1:26379,h2:26379/service[/db], redis+cluster://h1:7000,...
-# (see docs/high-availability.md); when unset: scrapy-redis's REDIS_URL / REDIS_HOST + REDIS_PORT, then redis://localhost:6379/0.
-REDISLOCK_URL: str | None = None
+# (see docs/high-availability.md), or a list of independent masters' URLs for a quorum lock (request front only);
+# when unset: scrapy-redis's REDIS_URL / REDIS_HOST + REDIS_PORT, then redis://localhost:6379/0.
+REDISLOCK_URL: str | list[str] | None = None
+# With REDISLOCK_URL a list of N independent masters (the request front's quorum lock): masters a slot needs;
+# None = the safe quorum of each stage (the smallest q > N*limit/(limit+1)); a value must be >= that and <= N.
+REDISLOCK_QUORUM: int | None = None
 # Seconds a starting process waits (with back-off, and a warning each try) for Redis to be reachable, e.g. during a
 # failover, before it closes with redislock_redis_unavailable; 0 = close at once.
 REDISLOCK_CONNECT_TIMEOUT = 30.0

@@ -4,7 +4,8 @@ Settings read: REDISLOCK_ENABLED, REDISLOCK_URL, REDISLOCK_PARAMS, REDISLOCK_STA
 REDISLOCK_TTL, REDISLOCK_KEY_PREFIX, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT,
 REDISLOCK_STAGE_PREFERENCE, REDISLOCK_SCHEDULER_INNER, REDISLOCK_PARK_LIMIT, REDISLOCK_WAITERS_PER_STAGE,
 REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE, REDISLOCK_CONNECT_TIMEOUT, REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT,
-REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS, REDISLOCK_RANDOMIZE_DELAY; and scrapy-redis's REDIS_URL,
+REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS, REDISLOCK_RANDOMIZE_DELAY, REDISLOCK_QUORUM; and scrapy-redis's
+REDIS_URL,
 REDIS_HOST, REDIS_PORT, REDIS_DB, REDIS_PARAMS as fallbacks for the connection (URLs are parsed by
 :mod:`scrapy_redislock.crawl.connection`). Defaults live in :mod:`scrapy_redislock.crawl.defaults`. For the worker
 scheduler (:func:`read_worker_settings`) also scrapy-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START,
@@ -37,6 +38,7 @@ from scrapy_redislock.crawl.connection import RedisURL, mask_url, parse_url
 from scrapy_redislock.crawl.keys import KeyFunction, key_function
 from scrapy_redislock.crawl.requestformat import serializer_of
 from scrapy_redislock.errors import ConfigError, InvalidArgument
+from scrapy_redislock.lock.quorum import master_options, safe_quorum
 
 # Client keyword arguments that make sense for our connections (scrapy-redis's REDIS_PARAMS may hold more).
 CLIENT_PARAMS = {
@@ -87,6 +89,8 @@ class RedisLockSettings:
     delay: float = 0.0
     delays: Mapping[str, float] = field(default_factory=dict)
     randomize_delay: bool = False
+    masters: tuple[str, ...] = ()  # REDISLOCK_URL as a list: the quorum lock's independent masters (else empty)
+    quorum: int | None = None  # REDISLOCK_QUORUM (None: each stage's safe quorum)
 
     def limit_of_key(self, key: str) -> int | None:
         """The cap of one key: its REDISLOCK_KEY_LIMITS entry, else REDISLOCK_KEY_LIMIT (None: uncapped)."""
@@ -110,11 +114,26 @@ class RedisLockSettings:
 
     def async_client(self) -> redis.asyncio.Redis | redis.asyncio.RedisCluster:
         """A redis.asyncio client for the reactor thread (asyncio reactor): the master found through Sentinel, or
-        a cluster client, when the URL says so."""
+        a cluster client, when the URL says so. ConfigError for a list of masters (see :meth:`async_clients`)."""
+        if self.masters:
+            raise ConfigError(
+                f"{self.url_setting} lists {len(self.masters)} masters: this needs one Redis (a list of masters is "
+                "for the request front's quorum lock)"
+            )
         return self.connection.async_client(**self.params)
+
+    def async_clients(self) -> list[redis.asyncio.Redis | redis.asyncio.RedisCluster]:
+        """One client per master of a quorum (no retries, 1 s socket timeouts unless REDISLOCK_PARAMS says
+        otherwise: a dead master must not eat the validity time), else the one client."""
+        if not self.masters:
+            return [self.async_client()]
+        params = {**master_options(asyncio=True), **self.params}
+        return [parse_url(url, self.url_setting).async_client(**params) for url in self.masters]
 
     @property
     def safe_url(self) -> str:
+        if self.masters:
+            return "[" + ", ".join(mask_url(url) for url in self.masters) + "]"
         return mask_url(self.url)
 
 
@@ -166,14 +185,58 @@ def check_url(url: Any, setting: str) -> str:
     return parse_url(url, setting).url
 
 
-def _connection(settings: BaseSettings) -> tuple[str, str, dict[str, Any]]:
-    """URL, the setting it came from, and client params: REDISLOCK_* first, then scrapy-redis's REDIS_* settings."""
+def _url_list(raw: Any, setting: str) -> Any:
+    """A list given as JSON (``-s REDISLOCK_URL='["redis://a", "redis://b"]'``) as a list; anything else as is."""
+    if isinstance(raw, str) and raw.lstrip().startswith("["):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ConfigError(f"{setting} must be a redis URL or a list of them, got {raw!r}") from None
+    return raw
+
+
+def check_masters(raw: Any, setting: str) -> tuple[str, ...]:
+    """The independent masters of a quorum lock: a list of server or Sentinel URLs, each once; ConfigError naming
+    the setting otherwise (a Cluster is one deployment, not an independent master)."""
+    if not raw:
+        raise ConfigError(f"{setting} must be a redis URL or a non-empty list of them, got {raw!r}")
+    masters = []
+    for url in raw:
+        checked = parse_url(url, setting)
+        if checked.kind == "cluster":
+            raise ConfigError(
+                f"{setting} lists a Redis Cluster ({mask_url(checked.url)!r}): a quorum lock needs independent "
+                "masters (plain redis:// servers or Sentinel services), not a cluster"
+            )
+        if checked.url in masters:
+            raise ConfigError(f"{setting} lists {mask_url(checked.url)!r} twice: each master must be independent")
+        masters.append(checked.url)
+    return tuple(masters)
+
+
+def _connection(settings: BaseSettings) -> tuple[str, str, dict[str, Any], tuple[str, ...]]:
+    """URL, the setting it came from, client params, and the quorum's masters (REDISLOCK_URL as a list, else
+    empty): REDISLOCK_* first, then scrapy-redis's REDIS_* settings."""
+    masters: tuple[str, ...] = ()
     if settings.get("REDISLOCK_URL"):
         source = "REDISLOCK_URL"
-        url = check_url(settings.get("REDISLOCK_URL"), source)
+        raw = _url_list(settings.get("REDISLOCK_URL"), source)
+        if isinstance(raw, list | tuple):
+            masters = check_masters(raw, source)
+            url = masters[0]
+            if len(masters) == 1:
+                masters = ()  # one master: the plain lock (a quorum of one is that, at a higher cost)
+        else:
+            url = check_url(raw, source)
     elif settings.get("REDIS_URL"):
         source = "REDIS_URL"
-        url = check_url(settings.get("REDIS_URL"), source)
+        raw = _url_list(settings.get("REDIS_URL"), source)
+        if isinstance(raw, list | tuple):
+            raise ConfigError(
+                f"REDIS_URL must be one redis URL (scrapy-redis connects to one Redis), got a list {raw!r}; a list of "
+                "independent masters for the quorum lock goes in REDISLOCK_URL"
+            )
+        url = check_url(raw, source)
     elif settings.get("REDIS_HOST") or settings.get("REDIS_PORT"):
         source = "REDIS_HOST/REDIS_PORT"
         host = settings.get("REDIS_HOST") or "localhost"
@@ -187,9 +250,35 @@ def _connection(settings: BaseSettings) -> tuple[str, str, dict[str, Any]]:
     params = own if own is not None else settings.getdict("REDIS_PARAMS")
     if not isinstance(params, Mapping):
         raise ConfigError(f"REDISLOCK_PARAMS must be a dict of redis client arguments, got {params!r}")
-    merged = dict(DEFAULT_CLIENT_PARAMS)
+    merged = {} if masters else dict(DEFAULT_CLIENT_PARAMS)  # a quorum's masters: see async_clients
     merged.update({k: v for k, v in params.items() if k in CLIENT_PARAMS})
-    return url, source, merged
+    return url, source, merged, masters
+
+
+def check_quorum(settings: BaseSettings, masters: tuple[str, ...], stages: Mapping[str, int | None]) -> int | None:
+    """REDISLOCK_QUORUM: None, or an integer from every capped stage's safe quorum to the number of masters."""
+    raw = settings.get("REDISLOCK_QUORUM", defaults.REDISLOCK_QUORUM)
+    if raw in (None, "", "None"):
+        return None
+    if not masters:
+        raise ConfigError(
+            f"REDISLOCK_QUORUM is set ({raw!r}) but REDISLOCK_URL names one Redis: give REDISLOCK_URL as a list of "
+            "independent masters for a quorum lock, or unset REDISLOCK_QUORUM"
+        )
+    value = _number(raw)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    count = len(masters)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= count:
+        raise ConfigError(f"REDISLOCK_QUORUM must be an integer from 1 to {count} (the masters), got {raw!r}")
+    for stage, limit in stages.items():
+        if limit is not None and value < safe_quorum(count, limit):
+            raise ConfigError(
+                f"REDISLOCK_QUORUM = {raw!r} is below the safe quorum {safe_quorum(count, limit)} of stage {stage!r} "
+                f"(limit {limit}, {count} masters): up to {count * limit // value} requests could hold it at once; "
+                "use None (each stage's safe quorum) or a value from the safe quorum to the number of masters"
+            )
+    return value
 
 
 def check_names(settings: BaseSettings) -> None:
@@ -211,8 +300,9 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     """All REDISLOCK_* settings, checked; ConfigError with a message naming the bad one."""
     check_names(settings)
     enabled = _bool(settings, "REDISLOCK_ENABLED")
-    url, url_setting, params = _connection(settings)
+    url, url_setting, params, masters = _connection(settings)
     stages = check_stage_limits(_loaded(settings, "REDISLOCK_STAGES"), "REDISLOCK_STAGES")
+    quorum = check_quorum(settings, masters, stages)
     worker_stages = check_stage_limits(_loaded(settings, "REDISLOCK_WORKER_STAGES"), "REDISLOCK_WORKER_STAGES")
 
     raw_ttl = settings.get("REDISLOCK_TTL", defaults.REDISLOCK_TTL)
@@ -267,6 +357,12 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     connect_timeout = _seconds_of(settings, "REDISLOCK_CONNECT_TIMEOUT")
 
     keys = _read_keys(settings, stages)
+    if masters and (keys["stage_key"] is not None or keys["delays"]):
+        raise ConfigError(
+            f"REDISLOCK_URL lists {len(masters)} masters (a quorum lock) but "
+            f"{'REDISLOCK_STAGE_KEY' if keys['stage_key'] is not None else 'REDISLOCK_DELAYS'} is set: caps per key "
+            "and delays need one Redis (give REDISLOCK_URL one URL)"
+        )
     return RedisLockSettings(
         **keys,
         enabled=enabled,
@@ -287,6 +383,8 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
         local_reuse=local_reuse,
         idle_close=idle_close,
         connect_timeout=connect_timeout,
+        masters=masters,
+        quorum=quorum,
     )
 
 

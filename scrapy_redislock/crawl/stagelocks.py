@@ -1,5 +1,5 @@
-"""One crawler's stage locks: an AsyncCountingLock per capped stage, the process's single renewal loop, and
-release of everything on close.
+"""One crawler's stage locks: an AsyncCountingLock per capped stage (an AsyncQuorumCountingLock when REDISLOCK_URL
+lists independent masters), the process's single renewal loop, and release of everything on close.
 
 Shared by :class:`~scrapy_redislock.StageLockMiddleware`, :class:`~scrapy_redislock.StageScheduler` and the
 worker scheduler. API (all on the reactor thread, asyncio reactor)::
@@ -58,6 +58,14 @@ recovery window after a data loss, and until when.
 Unclean shutdown (a second Ctrl-C): a reactor "before shutdown" trigger (or, without a Twisted reactor, the renewal
 task being cancelled) frees this process's slots, one aclose() per stage at once, before the process exits.
 
+Quorum (REDISLOCK_URL a list of N masters, request front): each capped stage's lock is an
+:class:`~scrapy_redislock.lock.quorum.AsyncQuorumCountingLock` (REDISLOCK_QUORUM, else the stage's safe quorum), made
+by one :class:`~scrapy_redislock.lock.quorum.QuorumLockFactory` over one client per master; that is all that differs.
+Its :class:`~scrapy_redislock.lock.quorum.QuorumPermit` goes through hand/take/hold/finish and the local hand-off like
+a ``Permit``; the Renewer maintains it (lost when fewer than q masters renew: the same lost-permit path). The start
+succeeds once q masters answer (a warning names the others), why-a-stage-waits is said per master, and close frees
+every grant on every master.
+
 Reads no settings itself: it is given a checked :class:`~scrapy_redislock.crawl.settings.RedisLockSettings`.
 Every touch of Scrapy's engine internals is in :mod:`scrapy_redislock.crawl.engine`.
 """
@@ -81,12 +89,14 @@ from scrapy.utils.reactor import is_reactor_installed
 
 from scrapy_redislock._loop import every, start_now
 from scrapy_redislock._redis import Backoff, text
+from scrapy_redislock.crawl.connection import mask_url
 from scrapy_redislock.crawl.engine import downloader_active
 from scrapy_redislock.errors import AcquireTimeout, LockConnectionError, UnknownStage
 from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.core import LockKeys, Permit, release_consumer
 from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.protocol import adrive
+from scrapy_redislock.lock.quorum import AsyncQuorumCountingLock, QuorumLockFactory, QuorumPermit
 from scrapy_redislock.lock.status import StageStatus, astage_status, why_waiting
 
 if TYPE_CHECKING:
@@ -124,6 +134,10 @@ START_BACKOFF = (0.25, 5.0)  # first and longest pause between tries to reach Re
 REPORT_FIRST = 5.0  # seconds without a grant while requests wait before the log says why; doubled up to REPORT_MAX
 REPORT_MAX = 300.0
 UNCLEAN_CLOSE_TIMEOUT = 3.0  # a forced shutdown waits at most this long for Redis to take the slots back
+
+# What holds a stage's slots, and what a slot is: the one difference a quorum of masters makes.
+StageLock = AsyncCountingLock | AsyncQuorumCountingLock
+SlotPermit = Permit | QuorumPermit
 
 
 # -- the renewal loop: one per process (per event loop) ----------------------------------------------------------
@@ -213,30 +227,25 @@ class StageLocks:
         self.limits = dict(limits)
         self.lock_prefix = lock_prefix
         self.stats_prefix = stats_prefix
-        self.client: redis.asyncio.Redis = settings.async_client()
+        self.clients = settings.async_clients()  # one, or one per master of a quorum
+        self.client: redis.asyncio.Redis = self.clients[0]
+        # A quorum's per-master waiting connections, shared by every stage.
+        self.quorum = QuorumLockFactory(self.clients, asyncio=True) if settings.masters else None
         self.spider_name = getattr(crawler.spidercls, "name", None)
-        self.locks: dict[str, AsyncCountingLock] = {
-            stage: AsyncCountingLock(
-                self.client,
-                f"{lock_prefix}{stage}",
-                limit=limit,
-                ttl=settings.ttl,
-                key_prefix=settings.key_prefix,
-                identity={"spider": self.spider_name, "waiting": 0, "limit": limit},
-                maintain_loop=False,  # the process's one Renewer maintains every lock
-            )
+        self.locks: dict[str, StageLock] = {
+            stage: self._make_lock(f"{lock_prefix}{stage}", limit)
             for stage, limit in self.limits.items()
             if limit is not None
         }
         self._stage_by_lock = {lock.name: stage for stage, lock in self.locks.items()}
         self._waiting_sources: list[Callable[[str], int]] = []
-        self._takers: list[Callable[[str, Permit], bool]] = []
-        self._out: dict[Request, Permit | BaseException] = {}  # request -> the slot it goes with (or its error)
+        self._takers: list[Callable[[str, SlotPermit], bool]] = []
+        self._out: dict[Request, SlotPermit | BaseException] = {}  # request -> the slot it goes with (or its error)
         self._suspects: set[Request] = set()  # out of the downloader at the last tick
         self._tick_hooks: list[Callable[[], Awaitable[None]]] = []
         self._waits: set[asyncio.Task[Any]] = set()  # acquire() calls in progress, cancelled on close
         self._releasing: set[asyncio.Task[None]] = set()
-        self._unreleased: list[Permit] = []  # releases Redis did not take (outage); retried every tick
+        self._unreleased: list[SlotPermit] = []  # releases Redis did not take (outage); retried every tick
         self._starting: asyncio.Future[None] | None = None
         self._renewer: Renewer | None = None
         self._retry_at = 0.0
@@ -250,6 +259,28 @@ class StageLocks:
         self.started = False
         self.closed = False
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
+
+    def _make_lock(self, name: str, limit: int) -> StageLock:
+        """A stage's lock: the single-Redis lock, or the quorum lock over the masters of REDISLOCK_URL."""
+        identity = {"spider": self.spider_name, "waiting": 0, "limit": limit}
+        if self.quorum is not None:
+            return self.quorum.lock(  # type: ignore[return-value]
+                name,
+                limit,
+                self.settings.ttl,
+                key_prefix=self.settings.key_prefix,
+                quorum=self.settings.quorum,
+                identity=identity,
+            )
+        return AsyncCountingLock(
+            self.client,
+            name,
+            limit=limit,
+            ttl=self.settings.ttl,
+            key_prefix=self.settings.key_prefix,
+            identity=identity,
+            maintain_loop=False,  # the process's one Renewer maintains every lock
+        )
 
     @classmethod
     def of(cls, crawler: Crawler, settings: RedisLockSettings, *, attr: str = "_redislock_stage_locks") -> StageLocks:
@@ -280,7 +311,7 @@ class StageLocks:
         """Register ``source(stage) -> int``: requests waiting for a slot of that stage, summed for the status CLI."""
         self._waiting_sources.append(source)
 
-    def add_taker(self, taker: Callable[[str, Permit], bool]) -> None:
+    def add_taker(self, taker: Callable[[str, SlotPermit], bool]) -> None:
         """Register ``taker(stage, permit) -> bool``: True when it keeps a freed slot for a parked request."""
         self._takers.append(taker)
 
@@ -384,11 +415,19 @@ class StageLocks:
         """PING, publish this process's limits, join the renewal loop; redis errors when Redis is unreachable."""
         if isinstance(self.client, redis.asyncio.RedisCluster):
             await self.client.initialize()  # before concurrent first commands (see docs/failures.md, Redis Cluster)
-        await self.client.ping()
+        if self.quorum is None:
+            await self.client.ping()
+        else:
+            await self._reach_quorum()
         for stage, lock in self.locks.items():
             limit = self.limits[stage]
             assert limit is not None
-            previous = await lock.set_limit(limit)
+            if isinstance(lock, AsyncQuorumCountingLock):
+                previous, failed = await lock.set_limit(limit)
+                if len(failed) > lock.masters - lock.quorum:
+                    raise self._no_quorum(failed, lock.quorum)
+            else:
+                previous = await lock.set_limit(limit)
             if previous is not None and previous != limit:
                 logger.warning(
                     "Limit of stage %r changed from %s to %s in Redis (the newest process's settings win)",
@@ -399,7 +438,7 @@ class StageLocks:
         for stage in sorted(set(self.limits) - set(self.locks)):
             # Unlimited here; say so when other processes cap it, since their cap does not hold for this one.
             meta = LockKeys.of(self.settings.key_prefix, f"{self.lock_prefix}{stage}").meta
-            other = await self.client.hget(meta, "limit")
+            other = await self._first_answer(lambda client, meta=meta: client.hget(meta, "limit"))
             if other is not None:
                 logger.warning(
                     "Stage %r is unlimited in this process but capped at %s in Redis by other processes",
@@ -426,24 +465,98 @@ class StageLocks:
             except REDIS_ERRORS as exc:  # started: a report that cannot be read must not close the crawl
                 logger.debug("Could not read why stage %r waits: %s", stage, exc)
 
+    async def _reach_quorum(self) -> None:
+        """PING every master of the quorum: enough of them must answer for every stage's quorum; a warning names
+        those that do not (a quorum lock goes on without them). LockConnectionError (retried) otherwise."""
+        replies = await asyncio.gather(*(client.ping() for client in self.clients), return_exceptions=True)
+        failed = {i: r for i, r in enumerate(replies) if isinstance(r, BaseException)}
+        needed = max((lock.quorum for lock in self.locks.values()), default=1)  # type: ignore[union-attr]
+        if len(self.clients) - len(failed) < needed:
+            refused = [exc for exc in failed.values() if isinstance(exc, REFUSED)]
+            raise refused[0] if refused else self._no_quorum(failed, needed)
+        if failed:
+            logger.warning(
+                "Quorum lock: %d of %d masters answer, %d needed; not answering: %s",
+                len(self.clients) - len(failed),
+                len(self.clients),
+                needed,
+                self._masters_said(failed),
+            )
+
+    def _masters_said(self, replies: Mapping[int, Any]) -> str:
+        """``master 1 (redis://...): what``, for each master index in ``replies``."""
+        return "; ".join(
+            f"master {i} ({mask_url(self.settings.masters[i])}): {reply}" for i, reply in sorted(replies.items())
+        )
+
+    def _no_quorum(self, failed: Mapping[int, BaseException], needed: int) -> LockConnectionError:
+        answered = len(self.clients) - len(failed)
+        return LockConnectionError(
+            f"{answered} of {len(self.clients)} masters answer, {needed} needed; {self._masters_said(failed)}"
+        )
+
+    async def _first_answer(self, ask: Callable[[Any], Awaitable[Any]]) -> Any:
+        """``ask(client)`` of the first master that answers (the one Redis without a quorum); its error if none."""
+        error: BaseException | None = None
+        for client in self.clients:
+            try:
+                return await ask(client)
+            except REDIS_ERRORS as exc:
+                error = error or exc
+        assert error is not None
+        raise error
+
     # -- why requests wait -------------------------------------------------------------------------------------------
 
     async def read_status(self, stage: str) -> StageStatus | None:
-        """The stage's lock as Redis holds it now (read-only); None when it is not there."""
-        return await astage_status(self.client, self.settings.key_prefix, f"{self.lock_prefix}{stage}")
+        """The stage's lock as Redis holds it now (read-only); None when it is not there. Of a quorum: as the first
+        master that answers holds it (:meth:`read_statuses` reads every master)."""
+        name = f"{self.lock_prefix}{stage}"
+        return await self._first_answer(lambda client: astage_status(client, self.settings.key_prefix, name))
+
+    async def read_statuses(self, stage: str) -> list[StageStatus | BaseException | None]:
+        """The stage's lock on every master (a quorum), at once: its status, None, or the master's error."""
+        name = f"{self.lock_prefix}{stage}"
+        replies = await asyncio.gather(
+            *(astage_status(client, self.settings.key_prefix, name) for client in self.clients), return_exceptions=True
+        )
+        for reply in replies:
+            if isinstance(reply, BaseException) and not isinstance(reply, REDIS_ERRORS):
+                raise reply
+        return list(replies)
+
+    async def _why(self, stage: str) -> str:
+        """Why a request of ``stage`` waits now, "" when a slot is free; a Redis error is left to the caller.
+
+        A quorum lock waits when fewer than q masters have a free slot: said master by master."""
+        lock = self.locks[stage]
+        if not isinstance(lock, AsyncQuorumCountingLock):
+            status = await self.read_status(stage)
+            return "" if status is None else why_waiting(status)
+        said: dict[int, str] = {}
+        free = 0
+        for index, status in enumerate(await self.read_statuses(stage)):
+            if isinstance(status, BaseException):
+                said[index] = f"unreachable ({status})"
+                continue
+            why = "" if status is None else why_waiting(status)
+            if why:
+                said[index] = why
+            else:
+                free += 1
+        if free >= lock.quorum:
+            return ""
+        return f"{free} of {lock.masters} masters have a free slot, {lock.quorum} needed; {self._masters_said(said)}"
 
     async def _say_why(self, stage: str, when: str) -> None:
         """Log why a request of ``stage`` waits (nothing when a slot is free); a Redis error is left to the waits."""
         try:
-            status = await self.read_status(stage)
+            why = await self._why(stage)
         except REDIS_ERRORS:
             return
-        if status is None:
-            return
-        why = why_waiting(status)
         if why:
-            level = logging.INFO if why.startswith("all ") and "dead?" not in why else logging.WARNING
-            logger.log(level, "Stage %r has no free slot %s: %s", stage, when, why)
+            calm = "all " in why and "dead?" not in why and "unreachable" not in why  # all held by live holders
+            logger.log(logging.INFO if calm else logging.WARNING, "Stage %r has no free slot %s: %s", stage, when, why)
 
     def _no_grant_for(self, stage: str, now: float) -> float | None:
         """Seconds since this process's waits for ``stage`` last saw a grant; None when none waits."""
@@ -470,12 +583,16 @@ class StageLocks:
         else "". Progress is a grant to this process, or any change in the stage's grants in Redis."""
         now = time.monotonic()
         try:
-            status = await self.read_status(stage)
+            statuses = await self.read_statuses(stage)
         except REDIS_ERRORS:
-            status = None
-        if status is not None and status.limit == 0:
-            return why_waiting(status)
-        seen = None if status is None else sorted(grant.grant for grant in status.grants)
+            statuses = []
+        lock = self.locks[stage]
+        needed = lock.quorum if isinstance(lock, AsyncQuorumCountingLock) else 1
+        live = [status for status in statuses if isinstance(status, StageStatus)]
+        paused = [status for status in live if status.limit == 0]
+        if paused and len(statuses) - len(paused) < needed:
+            return why_waiting(paused[0])
+        seen = [None if not isinstance(s, StageStatus) else sorted(g.grant for g in s.grants) for s in statuses] or None
         previous, since = self._progress.get(stage, (seen, now))
         if seen != previous or stage not in self._progress:
             since = now
@@ -509,7 +626,7 @@ class StageLocks:
 
     # -- acquire and release ---------------------------------------------------------------------------------------
 
-    async def acquire(self, stage: str, timeout: float | None) -> Permit:
+    async def acquire(self, stage: str, timeout: float | None) -> SlotPermit:
         """Wait for a slot of ``stage`` (first come, first served across processes).
 
         AcquireTimeout after ``timeout`` seconds (None: forever), counted as ``<stage>/timeouts``. Redis errors are
@@ -553,7 +670,7 @@ class StageLocks:
         self.stats.inc_value(f"{self.stats_prefix}/{stage}/wait_time_total", waited)
         self.stats.max_value(f"{self.stats_prefix}/{stage}/wait_time_max", waited)
 
-    async def release(self, permit: Permit) -> None:
+    async def release(self, permit: SlotPermit) -> None:
         """Give a slot back; a Redis error leaves it for the next tick to retry (it stays renewed until then)."""
         lock = self.lock_of(permit)
         if lock is None or permit.lost:
@@ -566,47 +683,47 @@ class StageLocks:
             logger.warning("Could not release a slot of %r (%s); retrying at the next renewal", permit.name, exc)
             self._unreleased.append(permit)
 
-    def release_soon(self, permit: Permit) -> None:
+    def release_soon(self, permit: SlotPermit) -> None:
         """release() in a task kept until done (so plain callbacks can release without awaiting); the command is
         sent in this call where asyncio allows it (see :func:`~scrapy_redislock._loop.start_now`)."""
         task = start_now(self.release(permit))
         self._releasing.add(task)
         task.add_done_callback(self._releasing.discard)
 
-    def lock_of(self, permit: Permit) -> AsyncCountingLock | None:
+    def lock_of(self, permit: SlotPermit) -> StageLock | None:
         stage = self._stage_by_lock.get(permit.name)
         return None if stage is None else self.locks[stage]
 
     # -- the permit hand-off: scheduler -> middleware -> next request ----------------------------------------------
 
-    def hand(self, request: Request, outcome: Permit | BaseException) -> None:
+    def hand(self, request: Request, outcome: SlotPermit | BaseException) -> None:
         """StageScheduler lets ``request`` go with this slot (or fails it with this error at the middleware)."""
         self._out[request] = outcome
 
-    def take(self, request: Request) -> Permit | BaseException | None:
+    def take(self, request: Request) -> SlotPermit | BaseException | None:
         """What ``request`` came with from the scheduler: its slot (held until :meth:`finish`), an error (given
         once), or None."""
         outcome = self._out.get(request)
-        if outcome is not None and not isinstance(outcome, Permit):
+        if outcome is not None and not isinstance(outcome, SlotPermit):
             del self._out[request]
         return outcome
 
-    def hold(self, request: Request, permit: Permit) -> None:
+    def hold(self, request: Request, permit: SlotPermit) -> None:
         """``request`` holds ``permit`` (it waited for it in the middleware) until :meth:`finish`."""
         self._out[request] = permit
 
     def finish(self, request: Request) -> None:
         """``request`` is done with its slot (download over, answered, dropped); nothing when it has none."""
         outcome = self._out.pop(request, None)
-        if isinstance(outcome, Permit):
+        if isinstance(outcome, SlotPermit):
             self.free(outcome)
 
-    def free(self, permit: Permit) -> None:
+    def free(self, permit: SlotPermit) -> None:
         """Pass a slot on to a parked request of this process (see the module docstring), else release it now."""
         if not self._pass_on(permit):
             self.release_soon(permit)
 
-    def _pass_on(self, permit: Permit) -> bool:
+    def _pass_on(self, permit: SlotPermit) -> bool:
         stage = self._stage_by_lock.get(permit.name)
         if stage is None or permit.lost or self.closed or not self._takers:
             return False
@@ -670,14 +787,14 @@ class StageLocks:
                 self._unreleased.extend(pending[index:])
                 raise
 
-    def renewal_due(self, stage: str, lock: AsyncCountingLock) -> bool:
+    def renewal_due(self, stage: str, lock: StageLock) -> bool:
         """Whether this tick maintains the stage's lock: it holds or waits for something."""
         return lock.busy or bool(self.waiting(stage))
 
     async def renew_once(self) -> None:
         """Renew every permit of every stage (one maintain() per stage, concurrently); count lost leases."""
 
-        async def renew(stage: str, lock: AsyncCountingLock) -> None:
+        async def renew(stage: str, lock: StageLock) -> None:
             if not self.renewal_due(stage, lock):
                 return  # holds nothing, waits for nothing: costs Redis nothing
             lock.annotate(waiting=self.waiting(stage), spider=self.spider_name)
@@ -713,9 +830,10 @@ class StageLocks:
         if pending:
             await asyncio.wait(pending, timeout=CLOSE_TIMEOUT)
 
-        async def free(stage: str, lock: AsyncCountingLock) -> None:
+        async def free(stage: str, lock: StageLock) -> None:
+            closing = lock.aclose(retire=True) if self.retire_on_close else lock.aclose()  # type: ignore[call-arg]
             try:
-                await asyncio.wait_for(lock.aclose(retire=self.retire_on_close), CLOSE_TIMEOUT)
+                await asyncio.wait_for(closing, CLOSE_TIMEOUT)
             except (TimeoutError, *REDIS_ERRORS) as exc:
                 logger.warning(
                     "Could not free the slots of stage %r on close (%s); they come back after the TTL (%s s)",
@@ -728,17 +846,28 @@ class StageLocks:
             await gather_bounded([free(s, lock) for s, lock in self.locks.items()], self.fan_out)
             with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
                 await asyncio.wait_for(self._free_late_grants(), CLOSE_TIMEOUT)
-        with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
-            await asyncio.wait_for(self.client.aclose(), CLOSE_TIMEOUT)
+        closing = [client.aclose() for client in self.clients]
+        if self.quorum is not None:
+            closing.append(self.quorum.aclose())  # the masters' waiting connections
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), CLOSE_TIMEOUT)
 
     async def _free_late_grants(self) -> None:
         """Free a grant Redis handed to a cancelled wait after aclose() (it may see the wait's connection close
-        only after serving it a slot freed by aclose() itself); without this it would wait for the TTL."""
+        only after serving it a slot freed by aclose() itself); without this it would wait for the TTL. On every
+        master of a quorum (one owner name on all)."""
         if not self.locks:
             return
         await asyncio.sleep(LATE_GRANT_PAUSE)
-        runner = CommandRunner(self.client)
-        for lock in self.locks.values():
-            freed = await adrive(release_consumer(lock.keys, lock.owner), runner, lock.name)
-            if freed:
-                logger.debug("Freed %d late grant(s) of %r on close", freed, lock.name)
+
+        async def on(client: Any) -> None:
+            runner = CommandRunner(client)
+            for lock in self.locks.values():
+                freed = await adrive(release_consumer(lock.keys, lock.owner), runner, lock.name)
+                if freed:
+                    logger.debug("Freed %d late grant(s) of %r on close", freed, lock.name)
+
+        results = await asyncio.gather(*(on(client) for client in self.clients), return_exceptions=True)
+        errors = [result for result in results if isinstance(result, BaseException)]
+        if len(errors) == len(results):
+            raise errors[0]

@@ -69,6 +69,13 @@ RETRY_MOST = 0.05
 MASTER_ERRORS = (redis.exceptions.RedisError, LockError, OSError)  # one master failing is an answer, not a failure
 
 
+def master_options(asyncio: bool = False) -> dict[str, Any]:
+    """Client options for a quorum's masters: 1 s socket timeouts and no retries (redis-py retries a refused
+    connection for seconds, which would eat the validity time; the next round is the retry)."""
+    retry = (redis.asyncio.retry.Retry if asyncio else Retry)(NoBackoff(), 0)
+    return {"socket_timeout": 1.0, "socket_connect_timeout": 1.0, "retry": retry}
+
+
 def safe_quorum(masters: int, limit: int) -> int:
     """The smallest q with q > masters*limit/(limit+1): no more than ``limit`` holders can each own q masters."""
     return masters * limit // (limit + 1) + 1
@@ -518,6 +525,20 @@ class QuorumFront:
     def held(self) -> list[QuorumPermit]:
         return list(self._core.held.values())
 
+    @property
+    def masters(self) -> int:
+        return len(self._fronts)
+
+    @property
+    def busy(self) -> bool:
+        """Holds, waits or has an abandoned wait to clean up on some master: what a maintain() is for."""
+        return bool(self._core.held) or any(front.busy for front in self._fronts)
+
+    def annotate(self, **fields: Any) -> None:
+        """Add fields to this owner's identity on every master (sent with the next maintain there)."""
+        for front in self._fronts:
+            front.annotate(**fields)
+
     def _report_lost(self, lost: list[QuorumPermit]) -> None:
         for permit in lost:
             try:
@@ -735,6 +756,30 @@ class AsyncQuorumCountingLock(TaskContext, QuorumFront):
         self._report_lost(lost)
         return lost
 
+    async def set_limit(self, limit: int) -> tuple[int | None, dict[int, BaseException]]:
+        """Write this object's limit to every master at once (the newest process's settings win): (the previous
+        limit of the first master that had one, the masters that failed: index -> error). Only the limit the object
+        was made with: its quorum was computed from it (another limit needs a new object). A master missing then
+        gets the lock with this limit when it is first used."""
+        if limit != self._core.limit:
+            raise InvalidArgument(
+                f"quorum lock {self.name!r}: set_limit({limit!r}) differs from the limit {self._core.limit} it was "
+                "made with; its quorum depends on the limit: make a new lock object"
+            )
+        replies = await asyncio.gather(*(front.set_limit(limit) for front in self._fronts), return_exceptions=True)
+        failed: dict[int, BaseException] = {}
+        previous = None
+        for index, reply in enumerate(replies):
+            if isinstance(reply, MASTER_ERRORS):
+                failed[index] = reply
+            elif isinstance(reply, BaseException):
+                raise reply
+            elif previous is None:
+                previous = reply
+        if len(failed) < len(replies):
+            self._core._known()  # the lock exists now: a master that later lacks it lost it (recreated in limbo)
+        return previous, failed
+
     async def aclose(self) -> int:
         """Stop renewing and free everything this object holds on every master; returns how many permits."""
         self._closed = True
@@ -775,8 +820,7 @@ class QuorumLockFactory:
         if isinstance(masters, str | bytes) or not isinstance(masters, Sequence) or not masters:
             raise InvalidArgument(f"masters must be a non-empty list of redis URLs or clients, got {masters!r}")
         module: Any = redis.asyncio if asyncio else redis
-        retry = (module.retry.Retry if asyncio else Retry)(NoBackoff(), 0)
-        options = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0, "retry": retry, **client_options}
+        options = {**master_options(asyncio), **client_options}
         self.clients: list[Any] = []
         self._made: list[Any] = []
         for master in masters:

@@ -51,10 +51,9 @@ from scrapy_redislock._loop import every
 from scrapy_redislock.crawl.early import EARLY_TYPES, MIDDLEWARE_PATH, middlewares_after
 from scrapy_redislock.crawl.engine import check_reactor, engine_closing
 from scrapy_redislock.crawl.settings import read_settings
-from scrapy_redislock.crawl.stagelocks import StageLocks
+from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import AcquireTimeout, ConfigError, ThrottlingDisabled, UnknownStage
-from scrapy_redislock.lock.core import Permit
 from scrapy_redislock.requests.keygate import KeyGate
 
 if TYPE_CHECKING:
@@ -80,8 +79,8 @@ class StageLockMiddleware:
         self.crawler = crawler
         self.settings = read_settings(crawler.settings)
         self.waiting: Counter[str] = Counter()  # requests waiting here, per stage
-        self._waits: dict[asyncio.Task[Permit], str] = {}  # wait -> stage
-        self._dropped: set[asyncio.Task[Permit]] = set()
+        self._waits: dict[asyncio.Task[SlotPermit], str] = {}  # wait -> stage
+        self._dropped: set[asyncio.Task[SlotPermit]] = set()
         self._watcher: asyncio.Task[None] | None = None
         self._closing = False
         self.retry_timeouts = _names_acquire_timeout(crawler.settings.getlist("RETRY_EXCEPTIONS"))
@@ -133,7 +132,7 @@ class StageLockMiddleware:
         if self.locks is None:
             return self._refuse_unthrottled(request)
         handed = self.locks.take(request)
-        if isinstance(handed, Permit):
+        if isinstance(handed, SlotPermit):
             return self._keys(request, handed.name)
         if handed is not None:
             self._fail_timeout(request, handed)  # the scheduler's verdict after REDISLOCK_WAIT_TIMEOUT

@@ -53,10 +53,9 @@ from scrapy_redislock.crawl.early import (
 )
 from scrapy_redislock.crawl.engine import check_reactor, engine_closing, wake_engine
 from scrapy_redislock.crawl.settings import read_settings
-from scrapy_redislock.crawl.stagelocks import StageLocks
+from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import AcquireTimeout, ConfigError, UnknownStage
-from scrapy_redislock.lock.core import Permit
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -105,7 +104,7 @@ class StageScheduler:
         self.locks = StageLocks.of(crawler, self.settings) if self.enabled else None
         capped = list(self.locks.locks) if self.locks is not None else []
         self.parked: dict[str, deque[tuple[float, Request]]] = {stage: deque() for stage in capped}
-        self.ready: dict[str, deque[Permit]] = {stage: deque() for stage in capped}
+        self.ready: dict[str, deque[SlotPermit]] = {stage: deque() for stage in capped}
         self.waiters: dict[str, set[asyncio.Task[None]]] = {stage: set() for stage in capped}
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self.n_parked = 0
@@ -215,7 +214,7 @@ class StageScheduler:
 
     # -- slots ---------------------------------------------------------------------------------------------------------
 
-    def _take_slot(self, stage: str, permit: Permit) -> bool:
+    def _take_slot(self, stage: str, permit: SlotPermit) -> bool:
         """A slot freed by a finished request of this process (``StageLocks.finish``): keep it for the oldest parked
         request of its stage that has none yet, and wake the engine to take it; False when there is none."""
         parked = self.parked.get(stage)

@@ -86,6 +86,11 @@ class StageWorkerScheduler(BaseScheduler):
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
         settings = read_settings(crawler.settings)  # the mixin put the spider's worker_stages there
+        if settings.masters:
+            raise ConfigError(
+                f"REDISLOCK_URL lists {len(settings.masters)} masters: the worker front needs one Redis (its queues "
+                "live there); a list of masters is for the request front's quorum lock"
+            )
         stages = dict(settings.worker_stages)
         if not stages:
             raise ConfigError(

@@ -9,6 +9,7 @@ requests (request front) or workers (worker front) in flight at one instant, and
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -583,3 +584,49 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
             assert leftover(client) == 0
             assert not list(client.scan_iter("redislock:{staged}:*"))
             assert not list(client.scan_iter("plan:*"))
+
+
+# -- the window of a lost grant ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.crawl
+@pytest.mark.faults
+def test_a_lost_grant_overlaps_only_while_its_request_is_in_flight(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
+    """Cap 1, TTL 2. Process A's only request R (6 s at the site) holds the slot; A is frozen (SIGSTOP) until its
+    lease has run out and process B, waiting, reaped it and sent its first request; then A goes on (SIGCONT).
+    A notices the loss at its first renewal tick (within ttl/3 of waking), logs it and counts redislock/detail/lost;
+    R, already at the site, finishes: the cap is exceeded exactly while R is still in flight after B's grant (the
+    documented window) and never after R ends. Both exit 0, nothing is left in Redis."""
+    ttl = 2.0
+    common = {"REDISLOCK_URL": redis_url, "REDISLOCK_STAGES": {"detail": 1}, "REDISLOCK_TTL": ttl}
+    holder = Crawl(site.url, "detail:1:sleep=6", common, tmp_path).start()
+    assert site.wait_for(lambda: site.count("detail") == 1, timeout=60), holder.tail()
+    waiter = Crawl(site.url, "detail@b:5", common, tmp_path).start()
+    assert waiter.wait_for_output("Stage slots in Redis at"), waiter.tail()
+    holder.signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        assert site.wait_for(lambda: site.count("b") >= 1, timeout=30), waiter.tail()
+    finally:
+        holder.signal(signal.SIGCONT)
+    woke_at = time.monotonic()
+    assert holder.wait_for_output("was lost", timeout=10), holder.tail()
+    noticed_at = time.monotonic()
+    finish([holder, waiter])
+    assert holder.stats.get("redislock/detail/lost") == 1 and holder.stats["item_scraped_count"] == 1
+    assert "lease of " in holder.output
+    records = served(site, "detail", "b")
+    (lost,) = [r for r in records if r.stage == "detail"]
+    first_b = min(r.arrived for r in records if r.stage == "b")
+    most, above = most_at_once(records, 1)
+    window = lost.answered - first_b  # the rest of R's download after B was granted its slot
+    report("lost grant (SIGSTOP past the TTL)", frozen_s=woke_at - stopped_at, granted_after_stop=first_b - stopped_at,
+           noticed_after_waking=noticed_at - woke_at, above_cap_s=above, rest_of_lost_request=window)  # fmt: skip
+    assert first_b - stopped_at >= ttl - ttl / 3 - 0.05  # not before the lease could have run out
+    assert most == 2 and 0 < above <= window + 0.01  # over the cap only while R was in flight ...
+    assert most_at_once([r for r in records if r is not lost], 1) == (1, 0.0)  # ... and never without R
+    assert noticed_at - woke_at <= ttl / 3 + 0.5
+    assert leftover(redis_client) == 0

@@ -37,6 +37,7 @@ SETTINGS = [
     "REDISLOCK_DELAY",
     "REDISLOCK_DELAYS",
     "REDISLOCK_RANDOMIZE_DELAY",
+    "REDISLOCK_QUORUM",
 ]
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**6), st.floats(allow_nan=True), st.text(max_size=12))
