@@ -76,7 +76,7 @@ PROJECT = ROOT / "example_project"
 PREFIX = "redislock"
 CAPS: dict[str, int | None] = {"list": 1, "detail": 3, "comments": None}
 SPIDER = {"middleware": "shop_baseline", "workers": "shop", "scrapy-redis": "shop_baseline"}
-FRONTS = ("middleware", "workers")
+FRONTS = ("scrapy-redis", "middleware", "workers")  # plain scrapy-redis (no caps): the yardstick of the crawls
 IDLE_FRONTS = ("scrapy-redis", "middleware", "workers")  # plain scrapy-redis: the yardstick of the idle phase
 OWN_COMMANDS = ("config|resetstat", "info")  # the benchmark's own, left out of the idle counts
 RUN_TIMEOUT = 300.0  # seconds a run may take before its processes are killed
@@ -219,6 +219,8 @@ def settings_for(front: str, index: int, redis_url: str, opts: argparse.Namespac
             REDISLOCK_STAGES=CAPS,
             MAX_IDLE_TIME_BEFORE_CLOSE=0,  # a scrapy-redis worker idles until it is stopped
         )
+    elif front == "scrapy-redis":
+        settings.update(MAX_IDLE_TIME_BEFORE_CLOSE=0)  # the example project's shop_baseline, nothing of ours
     else:
         settings.update(REDISLOCK_WORKER_STAGES=CAPS, REDISLOCK_IDLE_CLOSE=opts.idle_close)
     return settings
@@ -245,6 +247,8 @@ def leftovers(client: redis.Redis, front: str) -> dict[str, int]:
     capped = [stage for stage, cap in CAPS.items() if cap is not None]
     if front == "middleware":
         return {"held slots": held_slots(client, capped), "queued": int(client.llen(f"{spider}:requests"))}
+    if front == "scrapy-redis":
+        return {"queued": int(client.llen(f"{spider}:requests"))}
     base = f"{PREFIX}:{{{spider}}}"
     return {
         "held slots": held_slots(client, [f"workers:{stage}" for stage in capped]),
@@ -292,7 +296,7 @@ def run(front: str, processes: int, opts: argparse.Namespace) -> dict[str, Any]:
                         exited[n] = now
                 if now - launched > RUN_TIMEOUT:
                     raise TimeoutError(f"{front} x {processes}: processes still running after {RUN_TIMEOUT:.0f} s")
-                if front == "middleware" and not stopped and crawl_done(site, expected) and all_open(log_paths, exited):
+                if front != "workers" and not stopped and crawl_done(site, expected) and all_open(log_paths, exited):
                     time.sleep(0.5)  # the last callbacks (they only yield items)
                     for proc in procs:
                         if proc.poll() is None:
@@ -387,7 +391,7 @@ def verdicts(
         )
     ]
     seen, unit = (max_in_flight, "requests in flight") if front == "middleware" else (max_workers, "workers")
-    for stage, cap in CAPS.items():
+    for stage, cap in CAPS.items() if front != "scrapy-redis" else ():
         if cap is not None:
             result.append((f"{stage}: at most {seen[stage]} {unit} at once (cap {cap})", seen[stage] <= cap))
     exits = ", ".join(f"{n} x {code}" for code, n in sorted(Counter(codes).items(), key=str))

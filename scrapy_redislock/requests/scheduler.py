@@ -17,7 +17,9 @@ every other stage (head-of-line blocking) and hold up the engine's close. This s
 - a capped request that a middleware before StageLockMiddleware will settle without a download (a fresh
   HTTPCACHE hit, a URL robots.txt forbids: see
   :func:`~scrapy_redislock.crawl.early.settled_before_download`) goes at once, without a slot; should it
-  reach the middleware after all, it waits for its slot there.
+  reach the middleware after all, it waits for its slot there;
+- after the inner scheduler comes back empty it is not asked again for a short pause (EMPTY_PAUSE, doubling while
+  it stays empty), unless this process enqueues a request: scrapy-redis answers every ask with a Redis command.
 
 Once the engine starts closing, the waiters stand down and give their unused slots back, so that requests still
 waiting in the middleware (media downloads) get them.
@@ -68,6 +70,14 @@ logger = logging.getLogger(__name__)
 # queue answers each with a blocking call) is parked over several loop iterations, never in one long block.
 PULL_BUDGET = 256
 
+# After the inner scheduler comes back empty it is not asked again for EMPTY_PAUSE s (doubling up to EMPTY_PAUSE_MOST
+# while it stays empty), unless this process enqueues a request. An engine busy with other requests asks at every
+# finished download, and scrapy-redis's queue answers each ask with a Redis command (an empty RPOP): with many
+# processes sharing one queue those empty polls were a third of Redis's commands per page. When the engine asked
+# during a pause, it is woken at the pause's end, so work pushed by another process is seen at most that late.
+EMPTY_PAUSE = 0.05
+EMPTY_PAUSE_MOST = 0.5
+
 __all__ = ["StageScheduler"]
 
 
@@ -110,6 +120,9 @@ class StageScheduler:
         self.n_parked = 0
         self.closing = False
         self._early: tuple[Any, ...] | None = None  # cache and robots.txt middlewares before ours, found on first use
+        self._empty_pause = Backoff(first=EMPTY_PAUSE, most=EMPTY_PAUSE_MOST)
+        self._ask_inner_at = 0.0  # monotonic: the inner scheduler came back empty; not asked again before this
+        self._wake_after_pause: asyncio.TimerHandle | None = None
         if self.locks is not None:
             self.locks.add_waiting_source(lambda stage: len(self.parked.get(stage, ())))
             self.locks.add_taker(self._take_slot)
@@ -149,6 +162,8 @@ class StageScheduler:
         assert self.locks is not None
         for handle in self.timers.values():
             handle.cancel()
+        if self._wake_after_pause is not None:
+            self._wake_after_pause.cancel()
         for tasks in self.waiters.values():
             for task in tasks:
                 task.cancel()
@@ -178,6 +193,8 @@ class StageScheduler:
         return len(self.inner) + self.n_parked
 
     def enqueue_request(self, request: Request) -> bool:
+        self._ask_inner_at = 0.0
+        self._empty_pause.reset()
         return bool(self.inner.enqueue_request(request))
 
     def next_request(self) -> Request | None:
@@ -189,7 +206,7 @@ class StageScheduler:
         for _ in range(PULL_BUDGET):
             if self.n_parked >= self.park_limit:
                 return None
-            request = self.inner.next_request()
+            request = self._pull()
             if request is None:
                 return None
             stage = stage_of(request, self.settings, self.crawler.spider)
@@ -206,6 +223,26 @@ class StageScheduler:
                 return request
         wake_engine(self.crawler)  # more may be waiting behind: come back at the next loop iteration
         return None
+
+    def _pull(self) -> Request | None:
+        """The inner scheduler's next request; None without asking it during a pause after it came back empty."""
+        now = time.monotonic()
+        if now < self._ask_inner_at:
+            if self._wake_after_pause is None and not self.closing:
+                self._wake_after_pause = asyncio.get_running_loop().call_later(
+                    self._ask_inner_at - now, self._pause_over
+                )
+            return None
+        request = self.inner.next_request()
+        if request is None:
+            self._ask_inner_at = now + self._empty_pause.next()
+        else:
+            self._empty_pause.reset()
+        return request
+
+    def _pause_over(self) -> None:
+        self._wake_after_pause = None
+        wake_engine(self.crawler)
 
     def _settled_early(self, request: Request) -> bool:
         if self._early is None:

@@ -16,6 +16,7 @@ import redis.asyncio
 from scrapy_redislock import AsyncCountingLock
 from scrapy_redislock.errors import AcquireTimeout
 from scrapy_redislock.lock.core import Permit
+from scrapy_redislock.requests.scheduler import EMPTY_PAUSE
 from testing.crawlproc import leftover
 from testing.inprocess import front, held, request, until
 
@@ -176,5 +177,42 @@ def test_a_wait_timeout_is_handed_to_the_middleware_once(redis_url: str, redis_c
             assert f.crawler.stats.get_value("redislock/detail/timeouts") == 1
             f.middleware.process_response(holder, None)  # type: ignore[arg-type]
             await until(lambda: leftover(redis_client) == 0)
+
+    asyncio.run(scenario())
+
+
+def test_an_empty_inner_scheduler_is_asked_again_only_after_a_pause(redis_url: str) -> None:
+    """An engine busy with other requests asks at every finished download; scrapy-redis's queue would answer each ask
+    with a Redis command. After an empty answer the inner scheduler is left alone for a pause that doubles while it
+    stays empty, the engine is woken at the pause's end if it asked meanwhile, and a request enqueued by this
+    process ends the pause at once."""
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1, "comments": None}) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            asks = 0
+            inner_next = scheduler.inner.next_request
+
+            def counted() -> object:
+                nonlocal asks
+                asks += 1
+                return inner_next()
+
+            scheduler.inner.next_request = counted
+            assert scheduler.next_request() is None
+            assert asks == 1 and scheduler._wake_after_pause is None
+            for _ in range(50):  # the engine asks again and again: the inner scheduler is not asked
+                assert scheduler.next_request() is None
+            assert asks == 1
+            assert scheduler._wake_after_pause is not None  # the engine asked during the pause: woken at its end
+            await until(lambda: scheduler._wake_after_pause is None)
+            assert scheduler.next_request() is None
+            assert asks == 2  # after the pause: asked once more, and the next pause is twice as long
+            assert scheduler._ask_inner_at - time.monotonic() > EMPTY_PAUSE
+            free = request("comments", 1)
+            scheduler.enqueue_request(free)
+            assert scheduler.next_request() is free  # this process's own request ends the pause
+            assert asks == 3
 
     asyncio.run(scenario())
