@@ -29,6 +29,8 @@ TEST_ACL_KEYS = ("*:start_urls",)
 @pytest.fixture(scope="session")
 def admin_url() -> Iterator[str]:
     external = os.environ.get("REDISLOCK_TEST_URL")
+    if external and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        raise pytest.UsageError("REDISLOCK_TEST_URL needs -n 0: the test workers would flush each other's database")
     if external:
         yield external
         return
