@@ -75,3 +75,23 @@ def site() -> Iterator[CrawlSite]:
     """The local shop site the crawl tests fetch from (50 ms pages)."""
     with CrawlSite(delay=0.05) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def quorum_servers(request: pytest.FixtureRequest) -> Iterator[list[RedisServer]]:
+    """Independent redis-servers for a quorum lock, as many as the test module's MASTERS; stopped after the module."""
+    started = [RedisServer().start() for _ in range(request.module.MASTERS)]
+    yield started
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def masters(quorum_servers: list[RedisServer]) -> Iterator[list[RedisServer]]:
+    """Every quorum master up and empty before the test; what a test killed is started again after it."""
+    for server in quorum_servers:
+        if server.process is None or server.process.poll() is not None:
+            server.start()
+        with redis.Redis(port=server.port, socket_timeout=2) as client:
+            client.flushall()
+    yield quorum_servers

@@ -39,6 +39,7 @@ def _redis_7(admin_url: str) -> None:
     if int(version.split(".")[0]) < 7:
         pytest.skip(f"ACL roles need Redis >= 7 (read-only key patterns); this redis-server is {version}")
 
+
 PASSWORD = "acl-test-pw"
 # Listed for the crawler although these crawls do not send them: HSET + WAIT only with replicas=N; SPOP and
 # ZPOPMAX only for REDIS_START_URLS_AS_SET / _AS_ZSET feeds; ZRANGE only for a SCHEDULER_PERSIST = False close

@@ -11,7 +11,6 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,25 +30,6 @@ from testing.inprocess import front, request, until
 from testing.redis_server import RedisServer, free_port
 
 MASTERS = 3
-
-
-@pytest.fixture(scope="module")
-def servers() -> Iterator[list[RedisServer]]:
-    started = [RedisServer().start() for _ in range(MASTERS)]
-    yield started
-    for server in started:
-        server.stop()
-
-
-@pytest.fixture
-def masters(servers: list[RedisServer]) -> Iterator[list[RedisServer]]:
-    """Every master up and empty before the test."""
-    for server in servers:
-        if server.process is None or server.process.poll() is not None:
-            server.start()
-        with redis.Redis(port=server.port) as client:
-            client.flushall()
-    yield servers
 
 
 def urls(servers: list[RedisServer]) -> list[str]:

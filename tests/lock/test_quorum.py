@@ -41,25 +41,6 @@ MASTERS = 5
 OPTIONS = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0, "retry": Retry(NoBackoff(), 0)}
 
 
-@pytest.fixture(scope="module")
-def servers() -> Iterator[list[RedisServer]]:
-    started = [RedisServer().start() for _ in range(MASTERS)]
-    yield started
-    for server in started:
-        server.stop()
-
-
-@pytest.fixture
-def masters(servers: list[RedisServer]) -> Iterator[list[RedisServer]]:
-    """Every master up and empty before the test; what a test killed is started again after it."""
-    for server in servers:
-        if server.process is None or server.process.poll() is not None:
-            server.start()
-        with admin(server) as client:
-            client.flushall()
-    yield servers
-
-
 @pytest.fixture
 def made() -> Iterator[list[Any]]:
     """Clients made by a test; closed afterwards."""
