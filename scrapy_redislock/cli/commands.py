@@ -5,11 +5,13 @@ streams, and returns an exit status. Every state change is a Lua script (set_lim
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import socket
-import time
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 import redis
 import redis.exceptions
@@ -79,8 +81,8 @@ def cmd_status(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         return EXIT_OK
     clear = not opts.json and io.out.isatty()
     frames = 0
-    try:
-        while True:
+    with _until_interrupted() as interrupted:
+        while not interrupted.is_set():
             try:
                 frame = _status_frame(client, opts, target)
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
@@ -94,11 +96,25 @@ def cmd_status(opts: argparse.Namespace, target: Target, io: Streams) -> int:
             frames += 1
             if opts.count is not None and frames >= opts.count:
                 return EXIT_OK
-            time.sleep(opts.watch)
-    except KeyboardInterrupt:
-        io.out.write("\n")
-        io.out.flush()
-        return EXIT_OK
+            interrupted.wait(opts.watch)
+    io.out.write("\n")
+    io.out.flush()
+    return EXIT_OK
+
+
+@contextlib.contextmanager
+def _until_interrupted() -> Iterator[threading.Event]:
+    """An event that Ctrl-C (SIGINT) sets, instead of raising KeyboardInterrupt: an exception raised wherever the
+    signal lands can be swallowed (in a ``__del__`` of a redis-py connection, say) and the watch would go on."""
+    interrupted = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted  # signals reach the main thread only; Ctrl-C there raises KeyboardInterrupt as usual
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _status_frame(client: redis.Redis, opts: argparse.Namespace, target: Target) -> str:
