@@ -1,7 +1,8 @@
 """The request front on a quorum of three independent masters, in real ``scrapy runspider`` crawls against the local
 site (which records every request's arrival and answer on the shared monotonic clock): caps hold, every page is
 fetched once, nothing is left on any master; one master SIGKILLed mid-crawl (L=1, q=2: the crawl goes on); one master
-down with L=3 (q=3: the stage waits, says why, and resumes only one TTL after the master came back empty)."""
+down with L=3 (q=3: the stage waits, says why, and resumes only one TTL after the master came back empty); the first
+master a Sentinel service whose master is SIGKILLed (L=1: the crawl goes on and follows the promoted replica)."""
 
 from __future__ import annotations
 
@@ -148,6 +149,7 @@ def test_a_quorum_stage_stops_with_a_master_down_and_resumes_one_ttl_after_it_is
 
 
 def evalsha_calls(server: RedisServer) -> int:
+    """Lock scripts the server ran so far (INFO commandstats): whether a crawl reached it."""
     with redis.Redis(port=server.port, socket_timeout=5) as client:
         return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
 
