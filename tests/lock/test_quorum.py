@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, rule, run_state_machine_as_test
 from redis.backoff import NoBackoff
@@ -39,6 +39,9 @@ pytestmark = pytest.mark.integration
 
 MASTERS = 5
 OPTIONS = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0, "retry": Retry(NoBackoff(), 0)}
+# The model test kills masters (refused at once) but never pauses one: a longer socket timeout keeps a busy machine's
+# slow answer from counting as a master failure (a release that times out leaves its grant until the lease runs out).
+MACHINE_OPTIONS = {**OPTIONS, "socket_timeout": 5.0}
 
 
 @pytest.fixture
@@ -551,7 +554,7 @@ class QuorumMachine(RuleBasedStateMachine):
             with admin(server) as client:
                 client.flushall()
         self.clients: list[redis.Redis] = []
-        self.factory = QuorumLockFactory([s.url for s in self.servers], **OPTIONS)
+        self.factory = QuorumLockFactory([s.url for s in self.servers], **MACHINE_OPTIONS)
         self.objects = [self.factory.lock("m", self.limit, self.TTL) for _ in range(3)]
         self.live: list[QuorumPermit] = []
 
@@ -659,5 +662,10 @@ def test_quorum_lock_against_the_model(masters: list[RedisServer], limit: int) -
         stateful_step_count=30,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        # Real servers and real time: a step's outcome (a grant, a lease running out) depends on timing, so a
+        # failing run cannot be replayed to shrink it (Hypothesis reports FlakyStrategyDefinition and hides the
+        # failure). Report the first failing run as it happened, and replay nothing from an earlier session.
+        phases=[Phase.generate],
+        database=None,
     )
     run_state_machine_as_test(QuorumMachine, settings=machine_settings)
