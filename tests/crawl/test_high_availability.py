@@ -562,9 +562,9 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
         for crawl in crawls:
             errors = [line for line in crawl.lines if "ERROR" in line or "errback" in line]
             assert crawl.stats["item_scraped_count"] == pages, (crawl.stats, errors)
-        # The cluster client retries a command on a moved or dead node by itself, so not every process sees an
-        # error; those whose waits did say so.
-        assert any("Waiting for stage 'list': Redis error" in crawl.output for crawl in crawls)
+        # No assertion on a warning here: the cluster client retries a command on a moved or dead node by itself,
+        # so a process may get through the failover without seeing an error (one clean-clone run: none of the three
+        # did). The Sentinel tests, where every connection to the dead master fails, check the warnings.
         assert {path for path in site.hits if not path.startswith("/x/")} == {
             f"/{path}/{n}" for path in ("list", "l2", "l3") for n in range(pages)
         }
