@@ -403,10 +403,11 @@ def _seconds_of(settings: BaseSettings, name: str) -> float:
     return _seconds(settings.get(name, getattr(defaults, name)), name)
 
 
-def _bool(settings: BaseSettings, name: str) -> bool:
+def _bool(settings: BaseSettings, name: str, default: bool | None = None) -> bool:
+    """A boolean setting (ours: its default from the defaults module); ConfigError naming it otherwise."""
     try:
-        return settings.getbool(name, getattr(defaults, name))
-    except (TypeError, ValueError):
+        return settings.getbool(name, getattr(defaults, name) if default is None else default)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(float("inf"))
         raise ConfigError(f"{name} must be True or False, got {settings.get(name)!r}") from None
 
 
@@ -509,12 +510,12 @@ def read_worker_settings(settings: BaseSettings, checked: RedisLockSettings) -> 
         except (TypeError, ValueError):
             raise ConfigError(f"MAX_IDLE_TIME_BEFORE_CLOSE must be a number of seconds, got {raw!r}") from None
         idle_close = seconds if seconds > 0 else None
-    as_set = settings.getbool("REDIS_START_URLS_AS_SET", False)
-    as_zset = settings.getbool("REDIS_START_URLS_AS_ZSET", False)
+    as_set = _bool(settings, "REDIS_START_URLS_AS_SET", False)
+    as_zset = _bool(settings, "REDIS_START_URLS_AS_ZSET", False)
     return WorkerSettings(
         idle_close=idle_close,
-        persist=settings.getbool("SCHEDULER_PERSIST", False),
-        flush_on_start=settings.getbool("SCHEDULER_FLUSH_ON_START", False),
+        persist=_bool(settings, "SCHEDULER_PERSIST", False),
+        flush_on_start=_bool(settings, "SCHEDULER_FLUSH_ON_START", False),
         start_urls_as="set" if as_set else "zset" if as_zset else "list",
         serializer=serializer_of(settings.get("SCHEDULER_SERIALIZER")),
     )
