@@ -18,8 +18,6 @@ import redis.asyncio
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, rule, run_state_machine_as_test
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from scrapy_redislock import (
     AcquireTimeout,
@@ -32,13 +30,14 @@ from scrapy_redislock import (
     safe_quorum,
 )
 from scrapy_redislock.lock.core import GROUP, LIMBO, LockKeys
+from scrapy_redislock.lock.quorum import master_options
 from testing.faultproc import max_overlap
 from testing.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.integration
 
 MASTERS = 5
-OPTIONS = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0, "retry": Retry(NoBackoff(), 0)}
+OPTIONS = master_options()
 # The model test kills masters (refused at once) but never pauses one: a longer socket timeout keeps a busy machine's
 # slow answer from counting as a master failure (a release that times out leaves its grant until the lease runs out).
 MACHINE_OPTIONS = {**OPTIONS, "socket_timeout": 5.0}
