@@ -10,6 +10,10 @@ from scrapy_redislock.lock.core import LockKeys, release_consumer
 from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.protocol import drive
 
+# A hand-off "at once" reaches the waiter within this many seconds: no polling interval (the lock's loops run every
+# ttl/3, 10 s for the tests' 30 s leases), but room for a busy machine to schedule the waiter late.
+AT_ONCE = 0.5
+
 
 def operator_release(client: redis.Redis, keys: LockKeys, owner: str) -> int:
     """Free every slot of an owner, as ``release STAGE HOLDER`` does (release_owner.lua)."""

@@ -171,8 +171,8 @@ def test_the_dashboard_follows_a_live_crawl(
         # A worker killed with SIGKILL shows as dead once it has been silent for the TTL (it beats every TTL/3).
         victim = crawl[0]
         victim_id = next(w for w in worker_states(browser) if w.split(":")[-2] == str(victim.pid))
+        killed = time.monotonic()  # before: the lower bound below must not gain the signal's time
         victim.send_signal(signal.SIGKILL)
-        killed = time.monotonic()
         victim.wait()
         assert worker_states(browser)[victim_id] == "alive"
         wait_for(lambda: worker_states(browser).get(victim_id) == "dead", TTL + 15, "the killed worker dead")

@@ -354,9 +354,9 @@ def test_processes_started_while_redis_is_down_wait_then_run(site: CrawlSite, tm
         for crawl in crawls.values():  # five tries each: 0.25 + 0.5 + 1 + 2 s of back-off, and start-up
             assert wait_count(crawl, "is not reachable yet", 5, timeout=60), crawl.tail()
         down = time.monotonic() - started
-        server.start()
-        up = time.monotonic()
         assert not site.hits
+        up = time.monotonic()  # before start(): a crawl may get through before start() has seen the server ready
+        server.start()
         for front, crawl in crawls.items():
             crawl.wait(timeout=90)
             assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", (front, crawl.tail())
@@ -595,19 +595,19 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
 def test_a_lost_grant_overlaps_only_while_its_request_is_in_flight(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """Cap 1, TTL 2. Process A's only request R (6 s at the site) holds the slot; A is frozen (SIGSTOP) until its
+    """Cap 1, TTL 2. Process A's only request R (10 s at the site) holds the slot; A is frozen (SIGSTOP) until its
     lease has run out and process B, waiting, reaped it and sent its first request; then A goes on (SIGCONT).
     A notices the loss at its first renewal tick (within ttl/3 of waking), logs it and counts redislock/detail/lost;
     R, already at the site, finishes: the cap is exceeded exactly while R is still in flight after B's grant (the
     documented window) and never after R ends. Both exit 0, nothing is left in Redis."""
     ttl = 2.0
     common = {"REDISLOCK_URL": redis_url, "REDISLOCK_STAGES": {"detail": 1}, "REDISLOCK_TTL": ttl}
-    holder = Crawl(site.url, "detail:1:sleep=6", common, tmp_path).start()
+    holder = Crawl(site.url, "detail:1:sleep=10", common, tmp_path).start()  # R outlasts the waiter's start-up
     assert site.wait_for(lambda: site.count("detail") == 1, timeout=60), holder.tail()
     waiter = Crawl(site.url, "detail@b:5", common, tmp_path).start()
     assert waiter.wait_for_output("Stage slots in Redis at"), waiter.tail()
+    stopped_at = time.monotonic()  # before: the lower bound on B's grant below must not gain the signal's time
     holder.signal(signal.SIGSTOP)
-    stopped_at = time.monotonic()
     try:
         assert site.wait_for(lambda: site.count("b") >= 1, timeout=30), waiter.tail()
     finally:

@@ -124,8 +124,8 @@ def test_a_quorum_stage_stops_with_a_master_down_and_resumes_one_ttl_after_it_is
     pages = 40
     started = crawls(site, urls(masters), 3, pages, tmp_path)
     running(site, started)
-    killed_at = time.monotonic()
     masters[1].kill()
+    killed_at = time.monotonic()  # after: it starts the window in which nothing may be granted
     unreachable = f"master 1 (redis://127.0.0.1:{masters[1].port}/0): unreachable"
     assert any(crawl.wait_for_output(unreachable, timeout=30) for crawl in started)
     said = next(line for crawl in started for line in crawl.lines if unreachable in line)

@@ -18,7 +18,7 @@ from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.protocol import adrive
 
 pytestmark = pytest.mark.integration
-JITTER = 0.02  # seconds between Redis's reply and the moment this process reads the clock, at most
+JITTER = 0.02  # seconds of rounding between Redis's clock and this process's, at most
 
 
 def keys_of(client: redis.Redis, name: str = "key:a.com") -> list[bytes]:
@@ -83,23 +83,27 @@ def test_delay_gate_books_starts_in_order_on_redis_clock(admin_url: str, redis_c
         gate = gate_key("redislock", "key:a.com")
         booked: list[float] = []
 
-        async def book(gap: float) -> float:
-            """The moment booked, on this process's clock: when the reply came, plus the wait it says."""
+        async def book(gap: float) -> tuple[float, float, float]:
+            """The moment booked on Redis's clock, and on this process's clock no earlier than the first and no
+            later than the second (Redis counted its wait at some instant between sending and reading the reply)."""
+            sent = time.monotonic()
             wait, start = await adrive(book_start(gate, gap), runner, "gate")
+            read = time.monotonic()
             booked.append(start)
-            return time.monotonic() + wait
+            return start, sent + wait, read + wait
 
         first = [await book(0.1) for _ in range(5)]
-        # Each booking is 0.1 s after the one before (less the reply's jitter): 0, 0.1, 0.2 ... from the first.
-        for earlier, later in itertools.pairwise(first):
-            assert later - earlier >= 0.1 - JITTER, first
-        assert first[-1] - first[0] <= 0.4 + JITTER
+        # Each booking is 0.1 s after the one before: 0, 0.1, 0.2 ... from the first (on this process's clock, up to
+        # the reply's jitter).
+        for (_, earliest, _), (_, _, latest) in itertools.pairwise(first):
+            assert latest - earliest >= 0.1 - JITTER, first
+        assert first[-1][1] - first[0][2] <= 0.4 + JITTER
         ttl = redis_client.pttl(gate)
         assert 0 < ttl <= 500
-        concurrent = sorted(await asyncio.gather(*(book(0.1) for _ in range(10))))
-        assert concurrent[0] >= first[-1] + 0.1 - JITTER  # after the last booking, in the order they came
-        for earlier, later in itertools.pairwise(concurrent):
-            assert later - earlier >= 0.1 - JITTER, concurrent
+        concurrent = sorted(await asyncio.gather(*(book(0.1) for _ in range(10))))  # in the order Redis booked them
+        assert concurrent[0][2] >= first[-1][1] + 0.1 - JITTER  # after the last booking, in the order they came
+        for (_, earliest, _), (_, _, latest) in itertools.pairwise(concurrent):
+            assert latest - earliest >= 0.1 - JITTER, concurrent
         # On Redis's clock the booked moments are exactly 0.1 s apart.
         for earlier, later in itertools.pairwise(sorted(booked)):
             assert later - earlier == pytest.approx(0.1, abs=1e-6), booked

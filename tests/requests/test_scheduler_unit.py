@@ -16,7 +16,7 @@ import redis.asyncio
 from scrapy_redislock import AsyncCountingLock
 from scrapy_redislock.errors import AcquireTimeout
 from scrapy_redislock.lock.core import Permit
-from scrapy_redislock.requests.scheduler import EMPTY_PAUSE
+from scrapy_redislock.requests import scheduler as scheduler_module
 from testing.crawlproc import leftover
 from testing.inprocess import front, held, request, until
 
@@ -104,7 +104,7 @@ def test_past_the_reuse_bound_a_waiting_process_gets_the_slot(redis_url: str, re
     """Another process waits first in Redis's line: the slot passes on locally while young, then goes to it."""
 
     async def scenario() -> None:
-        bound = 0.2
+        bound = 1.0  # a stall of the test (a busy machine) before the local pass must not age the permit past it
         async with front(redis_url, {"detail": 1}, REDISLOCK_LOCAL_REUSE=bound) as f:
             assert f.scheduler is not None
             f.scheduler.enqueue_request(request("detail", 0))
@@ -181,11 +181,17 @@ def test_a_wait_timeout_is_handed_to_the_middleware_once(redis_url: str, redis_c
     asyncio.run(scenario())
 
 
-def test_an_empty_inner_scheduler_is_asked_again_only_after_a_pause(redis_url: str) -> None:
+def test_an_empty_inner_scheduler_is_asked_again_only_after_a_pause(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An engine busy with other requests asks at every finished download; scrapy-redis's queue would answer each ask
     with a Redis command. After an empty answer the inner scheduler is left alone for a pause that doubles while it
     stays empty, the engine is woken at the pause's end if it asked meanwhile, and a request enqueued by this
     process ends the pause at once."""
+
+    pause = 1.0  # long enough that a busy machine's stall cannot end it between two asks of the test
+    monkeypatch.setattr(scheduler_module, "EMPTY_PAUSE", pause)
+    monkeypatch.setattr(scheduler_module, "EMPTY_PAUSE_MOST", 10 * pause)
 
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1, "comments": None}) as f:
@@ -209,7 +215,7 @@ def test_an_empty_inner_scheduler_is_asked_again_only_after_a_pause(redis_url: s
             await until(lambda: scheduler._wake_after_pause is None)
             assert scheduler.next_request() is None
             assert asks == 2  # after the pause: asked once more, and the next pause is twice as long
-            assert scheduler._ask_inner_at - time.monotonic() > EMPTY_PAUSE
+            assert scheduler._ask_inner_at - time.monotonic() > pause
             free = request("comments", 1)
             scheduler.enqueue_request(free)
             assert scheduler.next_request() is free  # this process's own request ends the pause

@@ -146,7 +146,8 @@ def test_a_silent_worker_is_reaped_by_the_others_and_a_beating_one_is_not(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
     async def scenario(worker: Callable[..., StageQueues]) -> None:
-        dead, alive, other = worker("dead", ttl=0.3), worker("alive", ttl=0.3), worker("other", ttl=0.3)
+        ttl = 1.0  # a beating worker outlasts a busy machine's stall by well over 0.5 s
+        dead, alive, other = worker("dead", ttl=ttl), worker("alive", ttl=ttl), worker("other", ttl=ttl)
         for n in range(6):
             await other.push("detail" if n < 4 else "comments", f"fp{n}", f"r{n}".encode())
         for handle in (dead, alive, other):
@@ -155,7 +156,7 @@ def test_a_silent_worker_is_reaped_by_the_others_and_a_beating_one_is_not(
         await dead.pop("comments", 1)  # r4
         await alive.pop("detail", 1)  # r2
         assert await other.reap() == {}  # nobody silent yet
-        deadline = time.monotonic() + 0.6
+        deadline = time.monotonic() + 2 * ttl
         while time.monotonic() < deadline:  # "alive" beats, "dead" does not
             await alive.beat("detail")
             await asyncio.sleep(0.05)
@@ -167,7 +168,7 @@ def test_a_silent_worker_is_reaped_by_the_others_and_a_beating_one_is_not(
         # Back at the front, oldest first: the next pops get them before the rest of the queue.
         assert [d for _, d in await other.pop("detail", 3)] == [d for _, d in taken] + [b"r3"]
         assert [d for _, d in await other.pop("comments", 2)] == [b"r4", b"r5"]
-        await asyncio.sleep(0.35)
+        await asyncio.sleep(ttl + 0.05)
         await other.beat("detail")
         assert await other.reap() == {"alive": 1}  # stopped beating meanwhile
         assert await alive.beat("detail")  # it learns that it was taken for dead
@@ -212,7 +213,8 @@ def test_clear_only_when_no_other_worker_is_alive(redis_url: str, redis_client: 
     """SCHEDULER_PERSIST = False / SCHEDULER_FLUSH_ON_START: never delete what a live worker works on."""
 
     async def scenario(worker: Callable[..., StageQueues]) -> None:
-        a, b, dead = worker("a", ttl=0.4), worker("b", ttl=0.4), worker("dead", ttl=0.4)
+        ttl = 1.0  # "dead" still counts as alive for one TTL: long enough to outlast a busy machine's stall
+        a, b, dead = worker("a", ttl=ttl), worker("b", ttl=ttl), worker("dead", ttl=ttl)
         await dead.push("detail", "fp0", b"r0")
         await dead.push("detail", "fp1", b"r1")
         await dead.beat("detail")
@@ -223,7 +225,7 @@ def test_clear_only_when_no_other_worker_is_alive(redis_url: str, redis_client: 
         assert redis_client.llen(a.keys.queue("detail")) == 1 and redis_client.scard(a.keys.dupefilter) == 2
         await b.leave()
         assert not await a.clear_if_alone()  # "dead" still counts as alive for one TTL
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(ttl + 0.1)
         await a.beat(None)
         assert await a.clear_if_alone()
         assert redis_client.keys("redislock:{shop}:*") == []  # queues, dupefilter, dead worker's record: all gone
