@@ -36,7 +36,7 @@ import socket
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis.asyncio
 
@@ -58,6 +58,7 @@ QUEUE_SCRIPTS = (
     "queue_return",
     "queue_clear",
     "queue_bury",
+    "queue_reclaim",
 )
 
 
@@ -98,6 +99,15 @@ def encode(request: Request, serializer: Any, spider: Spider | None) -> bytes:
 def decode(data: bytes, serializer: Any, spider: Spider | None) -> Request:
     """A queued entry back as a request; raises whatever the format raises for an entry it cannot load."""
     return request_from_data(data, serializer, spider)
+
+
+class Heartbeat(NamedTuple):
+    """What a beat learns: ``new`` (the worker was not registered: first beat, or taken for dead and reaped), how
+    many entries its in-flight record ``holds``, and workers silent for a TTL (``dead``, to reap)."""
+
+    new: bool
+    holds: int
+    dead: list[str]
 
 
 def new_worker_id() -> str:
@@ -206,13 +216,20 @@ class StageQueues:
     async def beat(self, stage: str | None) -> bool:
         """This worker is alive and works on ``stage``; True if it was not registered (first beat, or the others
         took it for dead and requeued its in-flight requests)."""
-        return (await self.heartbeat(stage))[0]
+        return (await self.heartbeat(stage)).new
 
-    async def heartbeat(self, stage: str | None, dead_max: int = 8) -> tuple[bool, list[str]]:
-        """:meth:`beat`, and up to ``dead_max`` workers silent for a TTL (for :meth:`reap`): one script call."""
-        keys = [self.keys.alive, self.keys.working]
+    async def heartbeat(self, stage: str | None, dead_max: int = 8) -> Heartbeat:
+        """:meth:`beat`, how many entries this worker's in-flight record holds, and up to ``dead_max`` workers
+        silent for a TTL (for :meth:`reap`): one script call."""
+        keys = [self.keys.alive, self.keys.working, self.inflight_key]
         reply = await self.scripts["queue_beat"](keys=keys, args=[self.worker, stage or "", self.ttl_ms, dead_max])
-        return bool(reply[1]), [str(text(w)) for w in reply[2:]]
+        return Heartbeat(bool(reply[1]), int(reply[2]), [str(text(w)) for w in reply[3:]])
+
+    async def reclaim(self, known: Iterable[str]) -> int:
+        """Put every entry of this worker's in-flight record that is not ``known`` back at the front of its queue
+        (popped by a call whose reply was lost); returns how many."""
+        keys = [self.inflight_key, self.keys.in_flight, *self._queue_keys(), *self._signal_keys()]
+        return int(await self.scripts["queue_reclaim"](keys=keys, args=[len(self.stages), *self.stages, *known]))
 
     async def leave(self) -> int:
         """On close: give every request still in this worker's in-flight record back, and unregister."""

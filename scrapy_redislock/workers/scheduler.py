@@ -131,6 +131,7 @@ class StageWorkerScheduler(BaseScheduler):
         self.pushes: set[asyncio.Task[Any]] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.acks: list[str] = []  # in-flight ids of finished requests, acknowledged together after ACK_DELAY
+        self.acking: set[str] = set()  # in-flight ids in an ack call (or whose ack Redis refused: kept till close)
         self.acker: asyncio.Task[None] | None = None
         self.listener: asyncio.Task[None] | None = None
         self.listening: list[str] = []  # the keys the running listener blocks on
@@ -365,6 +366,7 @@ class StageWorkerScheduler(BaseScheduler):
         await asyncio.sleep(0)  # the other requests finished in this loop iteration join
         while self.acks:
             ids, self.acks = self.acks, []
+            self.acking.update(ids)
             await self._ack(ids, set(self.pushes))
 
     async def _ack(self, ids: list[str], pushes: set[asyncio.Task[Any]]) -> None:
@@ -373,6 +375,7 @@ class StageWorkerScheduler(BaseScheduler):
         try:
             dropped = await self._retrying("Acknowledging requests", lambda: self.queues.ack(ids))
             self.own -= dropped  # not "self.own -= await ...": that reads self.own before the await
+            self.acking.difference_update(ids)
         except redis.exceptions.RedisError as exc:  # they stay in the record: requeued (fetched again) at close
             logger.error("Could not acknowledge %d requests (%s)", len(ids), exc)
 
@@ -524,9 +527,11 @@ class StageWorkerScheduler(BaseScheduler):
 
     async def _beat(self, stage: str | None) -> list[str]:
         sent = time.monotonic()
-        new, dead = await self.queues.heartbeat(stage)
+        new, holds, dead = await self.queues.heartbeat(stage)
         self.beat_at = sent
         self.beat_due = sent + self.beat_interval
+        if not new and holds > len(known := self._known_ids()):
+            await self._reclaim(known)
         if new and self.own:
             # Silent for a TTL (a stall: CPU starvation, a debugger, SIGSTOP, a long blocking call): the others
             # put this worker's in-flight requests back in the queues. The unstarted ones are dropped here; the
@@ -545,6 +550,25 @@ class StageWorkerScheduler(BaseScheduler):
         if new:
             self.own = 0
         return dead
+
+    def _known_ids(self) -> list[str]:
+        """The in-flight ids this worker knows it holds: taken ahead, in the engine, finished and being acked."""
+        return [*(inflight_id for _, inflight_id in self.buffer), *self.handed.values(), *self.acks, *self.acking]
+
+    async def _reclaim(self, known: list[str]) -> None:
+        """The in-flight record holds more than this worker knows of: a pop ran in Redis but its reply was lost (a
+        connection cut, a failover; a cluster client may also have run it again). Those requests go back to the
+        front of their queues, for whichever worker comes first."""
+        moved = await self.queues.reclaim(known)
+        if moved:
+            self.stats.inc_value("redislock/workers/reclaimed", moved)
+            logger.warning(
+                "Worker %s put %d requests back in their queues: popped by a call whose reply was lost",
+                self.worker,
+                moved,
+            )
+            self.empty.clear()
+            self.look_due = True
 
     async def _beat_and_reap(self) -> None:
         dead = await self._beat(self.current)

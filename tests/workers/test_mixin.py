@@ -384,3 +384,34 @@ def test_a_stalled_worker_is_taken_for_dead_then_goes_on(redis_url: str, redis_c
         assert sum(site.hits.values()) - 120 <= 2 * 2
         assert site.max_in_flight["a"] <= 2 * 2 + 2
         assert held_slots(redis_client) == 0 and redis_client.zcard("redislock:{staged}:alive") == 0
+
+
+@pytest.mark.integration
+@pytest.mark.crawl
+@pytest.mark.faults
+def test_requests_popped_by_a_call_whose_reply_was_lost_go_back_at_the_next_beat(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A failover after the pop script ran (or a cluster client running it again) leaves requests in a worker's
+    in-flight record that it never received. Here the test runs that pop itself for the live worker and drops the
+    reply: the worker's next beat finds more in its record than it knows of and gives those back; every page is
+    fetched exactly once and the worker exits."""
+    with CrawlSite(delay=0.05) as site:
+        seed(redis_url, "staged", ["a"], {"a": [f"{site.url}/a/{n}" for n in range(120)]})
+        settings = {"REDISLOCK_WORKER_STAGES": {"a": 1}, "REDISLOCK_TTL": 1.5, "REDISLOCK_IDLE_CLOSE": 2}
+        worker = staged_worker(redis_url, site.url, "", settings)
+        wait_for(lambda: len(site.hits) >= 10, 60, "the crawl to start")
+        (worker_id,) = [w.decode() for w in redis_client.zrange("redislock:{staged}:alive", 0, -1)]
+
+        async def lost_pop() -> int:
+            client = redis.asyncio.Redis.from_url(redis_url)
+            popped = await StageQueues(client, "staged", ["a"], worker=worker_id).pop("a", 5)
+            await client.aclose()
+            return len(popped or [])
+
+        assert asyncio.run(lost_pop()) == 5
+        output = finish(worker)
+        assert "popped by a call whose reply was lost" in output
+        assert stat(output, "redislock/workers/reclaimed") == 5
+        assert set(site.hits) == {f"/a/{n}" for n in range(120)} and set(site.hits.values()) == {1}
+        assert redis_client.keys("redislock:{staged}:inflight*") == []

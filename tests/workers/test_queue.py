@@ -92,10 +92,37 @@ def test_the_ack_that_ends_the_crawl_wakes_every_worker_and_a_beat_names_the_dea
         assert await a.in_flight() == 0
         # The heartbeat names workers silent for the TTL; reaping them takes one script each.
         redis_client.zadd(a.keys.alive, {"c": 0})
-        new, dead = await a.heartbeat(None)
-        assert not new and dead == ["c"]
+        new, holds, dead = await a.heartbeat(None)
+        assert not new and holds == 0 and dead == ["c"]
         assert await a.reap(dead) == {"c": 0}
         assert redis_client.zscore(a.keys.alive, "c") is None
+
+    run(redis_url, scenario)
+
+
+def test_a_pop_whose_reply_was_lost_is_found_by_the_beat_and_given_back(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A pop ran in Redis but its reply never reached the worker (a failover): the beat says the in-flight record
+    holds more than the worker knows of, and reclaim gives back exactly those, to the front of their queues, oldest
+    first; what the worker knows of stays, and the in-flight counter counts what is left."""
+
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a = worker("a")
+        await a.beat(None)
+        await a.push_many([("detail", "", f"d{n}".encode()) for n in range(6)] + [("comments", "", b"c0")])
+        known = await a.pop("detail", 2)  # d0, d1: the worker has them
+        assert (await a.heartbeat("detail")).holds == 2
+        lost = await a.pop("detail", 2) + await a.pop("comments", 1)  # d2, d3, c0: replies "lost"
+        assert (await a.heartbeat("detail")).holds == 5 and await a.in_flight() == 5
+        redis_client.delete(a.keys.signal("comments"))  # its token was taken
+        assert await a.reclaim([i for i, _ in known]) == 3
+        assert (await a.heartbeat("detail")).holds == 2 and await a.in_flight() == 2
+        assert [d for _, d in await a.pop("detail", 3)] == [b"d2", b"d3", b"d4"]  # back at the front, in order
+        assert [d for _, d in await a.pop("comments", 1)] == [b"c0"]
+        assert redis_client.llen(a.keys.signal("comments")) == 1  # its queue was empty: an idle worker is told
+        assert len(lost) == 3 and await a.reclaim([i for i, _ in known]) == 4  # nothing known but d0, d1
+        assert await a.ack([i for i, _ in known]) == 2 and await a.in_flight() == 0
 
     run(redis_url, scenario)
 
