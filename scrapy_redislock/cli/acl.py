@@ -38,12 +38,13 @@ WATCHER_COMMANDS = (
     "xinfo|consumers", "xpending", "llen", "lrange",
 )  # fmt: skip
 # Sent by crawl processes themselves (not by scripts): running scripts, the lock's blocking wait, the worker queues'
-# reads (lengths, the in-flight counter, registered workers before a flush), an idle worker's blocking wait for work
-# (BLPOP) and the token it hands on (LPUSH), the RedisSpider feed (list, set or zset); HSET + WAIT for replicas=N;
-# the status reads (MULTI/EXEC) with which a crawl logs why a stage waits.
+# reads (lengths, the in-flight counter, registered workers before a flush, a worker's own in-flight ids after a
+# lost reply), an idle worker's blocking wait for work (BLPOP) and the token it hands on (LPUSH), the RedisSpider
+# feed (list, set or zset); HSET + WAIT for replicas=N; the status reads (MULTI/EXEC) with which a crawl logs why a
+# stage waits.
 CRAWLER_CLIENT_COMMANDS = (
     "evalsha", "script|load", "ping",
-    "xreadgroup", "hget", "hset", "wait", "llen", "get", "zrange", "blpop", "lpush",
+    "xreadgroup", "hget", "hset", "wait", "llen", "get", "zrange", "hkeys", "blpop", "lpush",
     "lpop", "spop", "zpopmax",
     "multi", "exec", "hgetall", "xinfo|stream", "xinfo|groups", "xinfo|consumers", "xpending",
 )  # fmt: skip

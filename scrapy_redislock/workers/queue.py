@@ -58,7 +58,6 @@ QUEUE_SCRIPTS = (
     "queue_return",
     "queue_clear",
     "queue_bury",
-    "queue_reclaim",
 )
 
 
@@ -227,9 +226,10 @@ class StageQueues:
 
     async def reclaim(self, known: Iterable[str]) -> int:
         """Put every entry of this worker's in-flight record that is not ``known`` back at the front of its queue
-        (popped by a call whose reply was lost); returns how many."""
-        keys = [self.inflight_key, self.keys.in_flight, *self._queue_keys(), *self._signal_keys()]
-        return int(await self.scripts["queue_reclaim"](keys=keys, args=[len(self.stages), *self.stages, *known]))
+        (popped by a call whose reply was lost); returns how many. Only the worker itself pops into its record, so
+        nothing it does not know of can appear between the read and :meth:`give_back`."""
+        unknown = {str(text(i)) for i in await self.client.hkeys(self.inflight_key)} - set(known)
+        return await self.give_back(sorted(unknown, key=int))  # oldest first
 
     async def leave(self) -> int:
         """On close: give every request still in this worker's in-flight record back, and unregister."""

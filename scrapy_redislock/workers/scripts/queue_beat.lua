@@ -1,7 +1,7 @@
 -- queue_beat: a worker is alive (server time), so its in-flight record is not requeued; notes its stage, and names
 -- up to ARGV[4] workers silent for ARGV[3] ms (dead: the caller requeues their in-flight requests with
 -- queue_requeue). One call per worker per ttl/3, whatever the number of workers. It also says how many entries the
--- worker's in-flight record holds: more than the worker knows of means a pop whose reply was lost (queue_reclaim).
+-- worker's in-flight record holds: more than the worker knows of means a pop whose reply was lost.
 -- KEYS[1] alive zset (worker -> last beat, ms on Redis's clock), KEYS[2] working hash (worker -> stage),
 -- KEYS[3] the worker's in-flight hash
 -- ARGV[1] worker id, ARGV[2] the stage it works on ('' = none), ARGV[3] silence in ms that makes a worker dead,
