@@ -31,3 +31,14 @@ def age_grant(client: redis.Redis, keys: LockKeys, grant: str, idle_ms: int) -> 
     assert entry, f"grant {grant} is not held"
     consumer = entry[0]["consumer"]
     client.xclaim(keys.slots, "holders", consumer, 0, [grant], idle=idle_ms, justid=True)
+
+
+def pending_grants(client: redis.Redis, keys: LockKeys) -> list[str]:
+    """The grants Redis counts as held, oldest first."""
+    return [str(e["message_id"].decode()) for e in client.xpending_range(keys.slots, "holders", "-", "+", 100)]
+
+
+def lease_age_ms(client: redis.Redis, keys: LockKeys, grant: str) -> int:
+    """How old a grant's lease is on Redis's clock (0 if it is not held)."""
+    entry = client.xpending_range(keys.slots, "holders", grant, grant, 1)
+    return int(entry[0]["time_since_delivered"]) if entry else 0

@@ -271,6 +271,7 @@ class LockCore:
             last_try = blocking and block_ms is None  # deadline passed: one last look without blocking
             self.waits_in_flight += 1
             finished = False
+            asked_at = self.clock()
             try:
                 if blocking:
                     reply = yield ReadGrant(self.keys.slots, consumer, None if last_try else block_ms)
@@ -300,7 +301,10 @@ class LockCore:
                 permit = Permit(self.name, self.owner, grant, fence_of(grant), self.clock(), consumer=consumer)
                 if self.replicas:
                     yield from self._confirm_grant(permit)
-                self.held[grant] = permit
+                if self.clock() - asked_at >= self.ttl / 2 and not (yield from self._still_granted(permit)):
+                    consumer = self._take_consumer()
+                    continue
+                self.held[permit.grant] = permit
                 if self.reentrant and holder is not None:
                     self.by_holder[holder] = permit
                 return permit
@@ -310,6 +314,22 @@ class LockCore:
             if last_try:
                 self._idle(consumer)
                 raise AcquireTimeout(f"lock {self.name!r}: no slot within {timeout} s")
+
+    def _still_granted(self, permit: Permit) -> Operation:
+        """Renew a grant whose reply came late; False if its lease was already reaped.
+
+        Redis made the grant at some moment between the ask and the reply. A reply that took half a lease or more (a
+        paused or overloaded Redis, a slow network, a long blocking wait) may carry a grant made that long ago, whose
+        lease has run out or is about to, and which a reaper may hand to somebody else. Renewing it first makes it
+        safe to use; a grant already reaped is not used and the wait goes on. Shorter replies cost nothing: their
+        grant has more than half a lease left, and renewals run every ttl/3.
+        """
+        try:
+            lost = yield from self.maintain([permit])
+        except BaseException:
+            self._abandon(permit.consumer)  # not held yet: whatever the wait was handed is freed
+            raise
+        return not lost
 
     def _take(self, consumer: str) -> RunScript:
         k = self.keys

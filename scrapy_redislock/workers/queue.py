@@ -31,6 +31,7 @@ safe JSON format of :mod:`~scrapy_redislock.crawl.requestformat`). The dead-lett
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import uuid
@@ -300,7 +301,8 @@ class StageQueues:
         out, so that a long block is never cut into pieces."""
         if self._waiting is None:
             self._waiting = waiting_client(self.client) or self.client
-        reply = await self._waiting.blpop(keys, timeout=max(0.01, round(timeout, 2)))
+        # BLPOP counts in hundredths here; rounded up, so that it never ends before ``timeout``.
+        reply = await self._waiting.blpop(keys, timeout=max(0.01, math.ceil(timeout * 100) / 100))
         if reply is None:
             return None
         key, value = reply

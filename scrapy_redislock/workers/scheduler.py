@@ -77,6 +77,7 @@ logger = logging.getLogger(__name__)
 CLOSE_STEP_TIMEOUT = 10.0
 PUSH_BATCH = 500  # requests per queue_push call
 EXCERPT = 60  # bytes of an entry that cannot be loaded shown in the log and in the dead-letter note
+BEAT_MARGIN = 0.01  # seconds a blocked wait lasts past the due heartbeat (Redis's timeouts count whole milliseconds)
 WAIT_GRACE = 1.0  # seconds the loop waits past a due heartbeat for the blocked wait to end (a fallback)
 
 
@@ -502,7 +503,8 @@ class StageWorkerScheduler(BaseScheduler):
         heartbeat period while nothing happens)."""
         queue_keys = self.queues.keys
         try:
-            reply = await self.queues.wait_signal(keys, max(0.0, self.beat_due - time.monotonic()))
+            # Just past the beat: a wait that ended a moment before it would find nothing due and wait again.
+            reply = await self.queues.wait_signal(keys, max(0.0, self.beat_due - time.monotonic()) + BEAT_MARGIN)
         except REDIS_ERRORS as exc:
             # Not woken: the loop's next step (at the beat, or after its back-off) waits again.
             logger.debug("Waiting for work: Redis error (%s); the loop waits again at its next step", exc)

@@ -21,6 +21,7 @@ from scrapy_redislock.lock.core import LockKeys
 from testing import lockstate
 from testing.lockstate import AT_ONCE
 from testing.redis_server import RedisServer, find_redis_server, free_port
+from testing.replyproxy import ReplyProxy
 
 pytestmark = pytest.mark.integration
 
@@ -463,6 +464,44 @@ def after_renewal_tick(client: redis.Redis, lock: CountingLock, permit: Permit) 
         last = idle
         time.sleep(0.002)
     raise AssertionError("no renewal tick seen")
+
+
+@pytest.mark.faults
+def test_a_grant_whose_reply_came_after_its_lease_ran_out_is_not_used(
+    redis_client: redis.Redis, make_lock: MakeLock
+) -> None:
+    """Redis made a grant, but its reply reached the waiter only after the lease had run out and a reaper had given
+    the slot to somebody else (a paused Redis, a slow network: here a proxy holds Redis's replies back). The waiter
+    renews a late grant before using it, finds it gone and waits on; it gets the slot when the other holder
+    releases. Never two holders of a limit of 1."""
+    ttl = 1.0
+    holder = make_lock(limit=1, ttl=ttl)
+    held = holder.acquire(timeout=5)
+    with ReplyProxy(redis_client.connection_pool.connection_kwargs["port"]) as proxy:
+        slow_client = redis.Redis(port=proxy.port)
+        slow = CountingLock(slow_client, "detail", 1, ttl, maintain_loop=False)
+        try:
+            waiter = Waiter(slow)
+            wait_until(lambda: blocked(redis_client) == 1, what="waiter blocked")
+            proxy.hold()
+            assert holder.release(held) is True  # Redis hands the slot to the waiter; the reply stays in the proxy
+            grant = lockstate.pending_grants(redis_client, slow.keys)
+            assert len(grant) == 1
+            wait_until(lambda: lockstate.lease_age_ms(redis_client, slow.keys, grant[0]) > ttl * 1000, 5, "expiry")
+            other = make_lock(limit=1, ttl=ttl)
+            other.maintain()  # reaps the waiter's expired lease
+            taken = other.try_acquire()
+            assert taken is not None and taken.fence > held.fence
+            proxy.let_go()
+            wait_until(lambda: blocked(redis_client) == 1, what="the waiter back in line")
+            assert waiter.result is None  # it did not take the reaped grant for a permit
+            assert other.release(taken) is True
+            mine = waiter.permit()
+            assert mine.fence > taken.fence and lockstate.pending_grants(redis_client, slow.keys) == [mine.grant]
+            assert slow.release(mine) is True
+        finally:
+            slow.close()
+            slow_client.close()
 
 
 @pytest.mark.faults
