@@ -100,20 +100,38 @@ def crawl(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> Iterator
                 worker.wait()
 
 
+def fresh(read: Callable[..., T]) -> Callable[..., T]:
+    """Read the page again if it re-rendered the elements while they were read (it refreshes every second)."""
+
+    def again(*args: Any) -> T:
+        for _ in range(20):
+            try:
+                return read(*args)
+            except StaleElementReferenceException:
+                time.sleep(0.05)
+        return read(*args)
+
+    return again
+
+
+@fresh
 def stage_cell(driver: webdriver.Chrome, stage: str, field: str) -> str | None:
     cells = driver.find_elements(By.CSS_SELECTOR, f'#stages tr[data-stage="{stage}"] td[data-field="{field}"]')
     return cells[0].text if cells else None
 
 
+@fresh
 def worker_states(driver: webdriver.Chrome) -> dict[str, str]:
     rows = driver.find_elements(By.CSS_SELECTOR, 'table[data-workers="shop"] tr[data-worker]')
     return {row.get_attribute("data-worker"): row.get_attribute("data-state") for row in rows}
 
 
+@fresh
 def message(driver: webdriver.Chrome) -> str:
     return driver.find_element(By.ID, "message").text
 
 
+@fresh
 def set_limit_on_the_page(driver: webdriver.Chrome, stage: str, limit: int) -> None:
     Select(driver.find_element(By.ID, "stage-select")).select_by_value(stage)
     field = driver.find_element(By.ID, "limit")
