@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import redis
 
@@ -42,3 +43,16 @@ def lease_age_ms(client: redis.Redis, keys: LockKeys, grant: str) -> int:
     """How old a grant's lease is on Redis's clock (0 if it is not held)."""
     entry = client.xpending_range(keys.slots, "holders", grant, grant, 1)
     return int(entry[0]["time_since_delivered"]) if entry else 0
+
+
+def after_a_renewal(client: redis.Redis, keys: LockKeys, grant: str) -> None:
+    """Return right after the grant's holder renewed it (its lease age on Redis's clock dropped)."""
+    last = None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        age = lease_age_ms(client, keys, grant)
+        if last is not None and age < last:
+            return
+        last = age
+        time.sleep(0.002)
+    raise AssertionError(f"no renewal of grant {grant} seen")

@@ -25,7 +25,8 @@ import pytest
 import redis
 
 from scrapy_redislock import CountingLock
-from scrapy_redislock.lock.core import GROUP, LockKeys
+from scrapy_redislock.lock.core import LockKeys
+from testing import lockstate
 from testing.faultproc import StartLine, Worker, jain, max_overlap, overlap_seconds, percentile, report
 from testing.redis_server import RedisServer
 
@@ -60,19 +61,6 @@ def renew_interval(ttl: float) -> float:
 
 def slots_key(name: str) -> str:
     return LockKeys.of("redislock", name).slots
-
-
-def after_a_renewal(client: redis.Redis, name: str) -> None:
-    """Return right after a holder of lock ``name`` renewed its lease (the lease's idle time on Redis dropped)."""
-    last = None
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        idle = client.xpending_range(slots_key(name), GROUP, "-", "+", 1)[0]["time_since_delivered"]
-        if last is not None and idle < last:
-            return
-        last = idle
-        time.sleep(0.002)
-    raise AssertionError(f"no renewal of lock {name!r} seen")
 
 
 def pending_by_consumer(client: redis.Redis, name: str) -> dict[str, int]:
@@ -322,7 +310,8 @@ def test_redis_restart_then_a_newcomer_the_documented_window(workers: list[Worke
         survivor = Worker("hold", server.url, name, limit, ttl)
         workers.append(survivor)
         held = survivor.wait_for("acquired")
-        after_a_renewal(client, name)  # the newcomer has a whole renewal interval to come first
+        keys = LockKeys.of("redislock", name)  # the newcomer has a whole renewal interval to come first:
+        lockstate.after_a_renewal(client, keys, lockstate.pending_grants(client, keys)[0])
         server.kill()
         server.start()
         up = time.monotonic()

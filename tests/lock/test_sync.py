@@ -452,20 +452,6 @@ def test_on_lost_errors_are_logged_and_renewal_goes_on(
     assert lock.release(second) is True and calls == [first.fence]
 
 
-def after_renewal_tick(client: redis.Redis, lock: CountingLock, permit: Permit) -> None:
-    """Return right after the lock's renewal thread renewed ``permit`` (its lease idle time dropped)."""
-    last = None
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        entry = client.xpending_range(lock.keys.slots, "holders", permit.grant, permit.grant, 1)
-        idle = entry[0]["time_since_delivered"]
-        if last is not None and idle < last:
-            return
-        last = idle
-        time.sleep(0.002)
-    raise AssertionError("no renewal tick seen")
-
-
 @pytest.mark.faults
 def test_a_grant_whose_reply_came_after_its_lease_ran_out_is_not_used(
     redis_client: redis.Redis, make_lock: MakeLock
@@ -540,7 +526,7 @@ def test_data_loss_then_a_newcomer_first_reports_the_lease_lost(redis_client: re
     holder = make_lock(limit=1, ttl=ttl, auto_renew=True, on_lost=lost.append)
     permit = holder.acquire(timeout=5)
     newcomer = make_lock(limit=1, ttl=ttl)
-    after_renewal_tick(redis_client, holder, permit)
+    lockstate.after_a_renewal(redis_client, holder.keys, permit.grant)
     redis_client.flushdb()
     taken = newcomer.acquire(timeout=0)  # recreated fresh, before the holder's next renewal
     wait_until(lambda: lost, timeout=5, what="on_lost")
