@@ -1,5 +1,6 @@
 """The one periodic loop of the package's asyncio code: tick every interval, at once when woken, until told to stop;
-and :func:`start_now`, a task that starts running in the caller's call (from Python 3.12 on).
+:func:`start_now`, a task that starts running in the caller's call (from Python 3.12 on); and :func:`stop`, which
+ends a task without swallowing the caller's own cancellation.
 
 A tick that raises is logged and the loop goes on (nothing is given up on a Redis error); with a
 :class:`~scrapy_redislock._redis.Backoff` the next tick after a failure comes after its delay instead of the
@@ -30,6 +31,13 @@ def start_now(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
     return eager(loop, coro) if eager is not None else loop.create_task(coro)
 
 
+async def stop(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait until it has ended; a cancellation of the caller meanwhile is not swallowed (as
+    ``suppress(CancelledError)`` around ``await task`` would)."""
+    task.cancel()
+    await asyncio.wait({task})
+
+
 async def every(
     interval: Callable[[], float],
     tick: Tick,
@@ -48,7 +56,8 @@ async def every(
             await asyncio.sleep(delay)
         else:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), delay)
+                async with asyncio.timeout(delay):  # not wait_for: on 3.11 it can drop this task's cancellation
+                    await wake.wait()
             wake.clear()
         try:
             if await tick() is False:

@@ -7,13 +7,12 @@ optional renewal runs as a task on the running loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
 import redis.asyncio
 
-from scrapy_redislock._loop import every
+from scrapy_redislock._loop import every, stop
 from scrapy_redislock.lock.core import Permit
 from scrapy_redislock.lock.front import LockFront, TaskContext
 from scrapy_redislock.lock.protocol import Operation, adrive
@@ -84,9 +83,7 @@ class AsyncCountingLock(TaskContext, LockFront):
         """
         self._closed = True
         if self._renewer is not None and self._renewer is not asyncio.current_task():
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+            await stop(self._renewer)
         self._renewer = None
         if retire:
             freed, _deleted = await self._run(self._core.retire())

@@ -8,6 +8,7 @@ No I/O here; imports neither Scrapy nor Twisted.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any
@@ -112,7 +113,14 @@ def drive(op: Operation, execute: Callable[[Command], Any], name: str) -> Any:
 
 
 async def adrive(op: Operation, execute: Callable[[Command], Awaitable[Any]], name: str) -> Any:
-    """Run an operation with a coroutine executor (the asyncio front)."""
+    """Run an operation with a coroutine executor (the asyncio front).
+
+    A cancellation that came while a command was out ends the operation even if the client returned a reply: on
+    Python 3.11, ``asyncio.wait_for`` (which redis-py sends through when ``socket_timeout`` is set) returns the
+    result of what finished as the cancel came and drops the cancel (CPython gh-86296). The reply is then treated as
+    one that came too late: the operation's cleanup runs as for a command cut off mid-way.
+    """
+    task = asyncio.current_task()
     reply: Any = None
     error: BaseException | None = None
     try:
@@ -121,9 +129,12 @@ async def adrive(op: Operation, execute: Callable[[Command], Awaitable[Any]], na
             if done:
                 return value
             reply, error = None, None
+            cancels = task.cancelling() if task is not None else 0
             try:
                 reply = await execute(value)
             except redis.exceptions.RedisError as exc:
                 error = exc
+            if task is not None and task.cancelling() > cancels:
+                raise asyncio.CancelledError(f"lock {name!r}: cancelled while a command was out")
     finally:
         op.close()  # cancelled mid-command: a cancelled wait must be marked for reconcile before the next maintain

@@ -51,7 +51,7 @@ import redis.exceptions
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from scrapy_redislock._loop import every
+from scrapy_redislock._loop import every, stop
 from scrapy_redislock._redis import Backoff, check_limit, check_timeout
 from scrapy_redislock.errors import AcquireTimeout, InvalidArgument, LockError, LockLost
 from scrapy_redislock.lock.aio import AsyncCountingLock
@@ -784,9 +784,7 @@ class AsyncQuorumCountingLock(TaskContext, QuorumFront):
         """Stop renewing and free everything this object holds on every master; returns how many permits."""
         self._closed = True
         if self._renewer is not None and self._renewer is not asyncio.current_task():
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+            await stop(self._renewer)
         self._renewer = None
         count = self._core.forget_all()
         await asyncio.gather(*(front.aclose() for front in self._fronts), return_exceptions=True)

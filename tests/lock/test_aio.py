@@ -435,6 +435,42 @@ def test_renew_after_a_cancelled_wait_frees_no_other_permit(redis_url: str, redi
     run(redis_url, redis_client, scenario)
 
 
+class CancelWhenSent(redis.asyncio.Connection):
+    """Cancels ``victim`` the moment its next script has been written to Redis. With ``socket_timeout`` set, redis-py
+    sends through ``asyncio.wait_for``, which on Python 3.11 then returns as if nothing happened and drops the
+    cancel (CPython gh-86296); Redis runs the script and the reply comes back."""
+
+    victim: asyncio.Task[Any] | None = None
+
+    async def _send_packed_command(self, command: Any) -> None:
+        await super()._send_packed_command(command)
+        victim = CancelWhenSent.victim
+        if victim is not None and any(b"EVAL" in bytes(part) for part in command):
+            CancelWhenSent.victim = None
+            victim.cancel()
+
+
+def test_a_cancel_the_client_drops_still_ends_the_call_and_its_grant_comes_back(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=5, connection_class=CancelWhenSent)
+        lock = AsyncCountingLock(client, "detail", 1, 30.0)
+        await lock.release(await lock.try_acquire())  # set up, scripts loaded: the next script is the take
+        call = asyncio.create_task(lock.try_acquire())
+        CancelWhenSent.victim = call
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert CancelWhenSent.victim is None  # the cancel came as the take script left
+        assert lock.held == [] and int(redis_client.xpending(lock.keys.slots, GROUP)["pending"]) == 1
+        assert await lock.maintain() == []  # the slot the cancelled call was granted comes back
+        assert int(redis_client.xpending(lock.keys.slots, GROUP)["pending"]) == 0
+        assert await lock.aclose() == 0
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+
+
 def test_a_grant_handed_to_a_cancelled_wait_comes_back_at_once(redis_url: str, redis_client: redis.Redis) -> None:
     """Finding 7 (and 2's script-cache flush): Redis hands the slot to a wait that is cancelled before it reads
     the reply; the slot is back in far less than a lease (30 s), and no grant of anybody else is freed."""
