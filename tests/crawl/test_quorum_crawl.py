@@ -170,10 +170,12 @@ def test_a_quorum_crawl_with_a_sentinel_service_as_one_master_follows_its_failov
         running(site, started)
         dead = service.master()
         assert evalsha_calls(dead) > 0  # the crawl reached the service's master through the sentinels
+        site.delay = 1.0  # a page a second until the replica is promoted: the crawl cannot end before
         service.ask(dead, "CLIENT", "PAUSE", "10000", "WRITE")
         service.wait_synced()  # every grant and release is on the replica
         promoted, promoted_after = service.fail_over()
         used_before = evalsha_calls(promoted)
+        site.delay = 0.1
         assert all(crawl.process is not None and crawl.process.poll() is None for crawl in started)  # still crawling
         finish(started)
         assert len(site.hits) == 2 * pages and set(site.hits.values()) == {1}
