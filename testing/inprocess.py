@@ -28,6 +28,7 @@ from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.lock.core import LockKeys
 from scrapy_redislock.requests.middleware import StageLockMiddleware
 from scrapy_redislock.requests.scheduler import StageScheduler
+from testing.lockstate import pending_grants
 
 
 class UnitSpider(Spider):
@@ -69,8 +70,7 @@ async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 
 def held(client: redis.Redis, stage: str) -> list[str]:
     """The grant ids held in Redis for ``stage`` (any owner)."""
-    slots = LockKeys.of("redislock", stage).slots
-    return [entry["message_id"].decode() for entry in client.xpending_range(slots, "holders", "-", "+", 100)]
+    return pending_grants(client, LockKeys.of("redislock", stage))
 
 
 def request(stage: str | None, n: int = 0) -> Request:

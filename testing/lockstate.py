@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import redis
 
-from scrapy_redislock.lock.core import LockKeys, release_consumer
+from scrapy_redislock.lock.core import GROUP, LockKeys, release_consumer
 from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.protocol import drive
 
@@ -28,21 +29,26 @@ def all_keys(keys: LockKeys) -> list[str]:
 
 def age_grant(client: redis.Redis, keys: LockKeys, grant: str, idle_ms: int) -> None:
     """Make a grant's lease ``idle_ms`` old on Redis's clock (the clock the lock reads), under its own consumer."""
-    entry = client.xpending_range(keys.slots, "holders", grant, grant, 1)
+    entry = _pending(client, keys, grant)
     assert entry, f"grant {grant} is not held"
-    consumer = entry[0]["consumer"]
-    client.xclaim(keys.slots, "holders", consumer, 0, [grant], idle=idle_ms, justid=True)
+    client.xclaim(keys.slots, GROUP, entry["consumer"], 0, [grant], idle=idle_ms, justid=True)
 
 
 def pending_grants(client: redis.Redis, keys: LockKeys) -> list[str]:
     """The grants Redis counts as held, oldest first."""
-    return [str(e["message_id"].decode()) for e in client.xpending_range(keys.slots, "holders", "-", "+", 100)]
+    return [str(e["message_id"].decode()) for e in client.xpending_range(keys.slots, GROUP, "-", "+", 100)]
 
 
 def lease_age_ms(client: redis.Redis, keys: LockKeys, grant: str) -> int:
     """How old a grant's lease is on Redis's clock (0 if it is not held)."""
-    entry = client.xpending_range(keys.slots, "holders", grant, grant, 1)
-    return int(entry[0]["time_since_delivered"]) if entry else 0
+    entry = _pending(client, keys, grant)
+    return int(entry["time_since_delivered"]) if entry else 0
+
+
+def _pending(client: redis.Redis, keys: LockKeys, grant: str) -> dict[str, Any] | None:
+    """Redis's pending-entry record of one grant (its consumer, its lease age), None if it is not held."""
+    entries = client.xpending_range(keys.slots, GROUP, grant, grant, 1)
+    return entries[0] if entries else None
 
 
 def after_a_renewal(client: redis.Redis, keys: LockKeys, grant: str) -> None:
