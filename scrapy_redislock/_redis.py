@@ -42,6 +42,12 @@ def check_ttl(ttl: object, what: str = "ttl") -> float:
     return float(ttl)
 
 
+def check_flag(value: object, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{what} must be True or False, got {value!r}")
+    return value
+
+
 def check_timeout(timeout: object, what: str = "timeout") -> float | None:
     if timeout is None:
         return None

@@ -29,7 +29,7 @@ from typing import Any
 
 import redis.exceptions
 
-from scrapy_redislock._redis import check_limit, check_name, check_timeout, check_ttl, load_scripts, text
+from scrapy_redislock._redis import check_flag, check_limit, check_name, check_timeout, check_ttl, load_scripts, text
 from scrapy_redislock.errors import AcquireTimeout, InvalidArgument, LockError, LockLost, NotReplicated
 from scrapy_redislock.lock.protocol import Call, Operation, ReadGrant, RunScript, WaitReplicas, is_missing_lock
 
@@ -37,6 +37,7 @@ GROUP = "holders"
 LIMBO = "__limbo__"
 SCRIPT_NAMES = (
     "setup",
+    "guard",
     "take",
     "release",
     "hold_again",
@@ -59,7 +60,13 @@ Clock = Callable[[], float]
 
 @dataclass
 class Permit:
-    """One granted slot. ``fence`` increases strictly with every grant of the lock."""
+    """One granted slot. ``fence`` increases strictly with every grant of the lock.
+
+    ``leased_at`` is when its lease began at the latest, on the lock's clock: the moment the wait that got it asked,
+    then the moment each renewal that confirmed it was sent (Redis restarts a lease when it grants or renews, never
+    before it is asked). ``valid_until`` is that plus the lease: past it, Redis may have given the slot to another
+    process, even if this one could not hear about it (a stall, a partition).
+    """
 
     name: str
     owner: str
@@ -70,6 +77,12 @@ class Permit:
     lost: bool = False
     released: bool = False
     consumer: str = ""  # the consumer the grant sits under in Redis: its wait's, or the owner's once renewed
+    leased_at: float = -math.inf
+    valid_until: float = math.inf
+
+    def usable(self, now: float) -> bool:
+        """Held as far as this process knows: not lost, not released, its lease not run out by ``now``."""
+        return not self.lost and not self.released and now < self.valid_until
 
     @property
     def token(self) -> str:
@@ -133,6 +146,7 @@ class LockCore:
     max_block: float | None = None
     configured_ttl: float = 0.0
     replicas: int = 0
+    durable: bool = False  # Redis loses no acknowledged write: a restart keeps the lock (no one-lease reservation)
     owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
     held: dict[str, Permit] = field(default_factory=dict)
     by_holder: dict[Any, Permit] = field(default_factory=dict)
@@ -157,6 +171,7 @@ class LockCore:
         identity: Mapping[str, Any] | None = None,
         max_block: float | None = None,
         replicas: object = 0,
+        durable: bool = False,
     ) -> LockCore:
         name = check_name(name)
         prefix = check_name(key_prefix, "key_prefix")
@@ -177,6 +192,7 @@ class LockCore:
             max_block=max_block,
             configured_ttl=checked_ttl,
             replicas=check_limit(replicas, "replicas"),
+            durable=check_flag(durable, "durable"),
         )
 
     # -- commands ---------------------------------------------------------------
@@ -212,8 +228,15 @@ class LockCore:
             self.idle_consumers.append(consumer)
 
     def _abandon(self, consumer: str) -> None:
-        """A wait on ``consumer`` ended without seeing its reply: what it was handed is freed, the name retired."""
+        """A wait on ``consumer`` ended without seeing its reply: what it was handed is freed, the name retired.
+
+        A grant id in its place (a grant that a renewal may have moved to the owner's consumer) is freed alike.
+        """
         self.abandoned[consumer] = ABANDONED_PASSES
+
+    @property
+    def _durable_flag(self) -> str:
+        return "1" if self.durable else "0"
 
     # -- operations (generators) ----------------------------------------------
 
@@ -228,6 +251,7 @@ class LockCore:
             self.owner,
             json.dumps(self.identity),
             "1" if recover else "0",
+            self._durable_flag,
         )
         created, limit, lease_ms = text(reply)
         self.set_up = self.ever_set_up = True
@@ -273,10 +297,10 @@ class LockCore:
             finished = False
             asked_at = self.clock()
             try:
-                if blocking:
-                    reply = yield ReadGrant(self.keys.slots, consumer, None if last_try else block_ms)
+                if blocking and not last_try:
+                    reply = yield ReadGrant(self.keys.slots, consumer, block_ms, self.keys.meta, self.durable)
                     grant = self._grant_from(reply)
-                else:
+                else:  # one look without blocking: a script, which notices a restart of Redis first
                     reply = yield self._take(consumer)
                     grant = None if not reply else str(text(reply))
                 finished = True
@@ -299,6 +323,7 @@ class LockCore:
                     self._abandon(consumer)
             if grant is not None:
                 permit = Permit(self.name, self.owner, grant, fence_of(grant), self.clock(), consumer=consumer)
+                self._leased(permit, asked_at)
                 if self.replicas:
                     yield from self._confirm_grant(permit)
                 if self.clock() - asked_at >= self.ttl / 2 and not (yield from self._still_granted(permit)):
@@ -327,14 +352,17 @@ class LockCore:
         try:
             lost = yield from self.maintain([permit])
         except BaseException:
-            self._abandon(permit.consumer)  # not held yet: whatever the wait was handed is freed
+            # Not held yet: whatever the wait was handed is freed, under its wait's consumer or, if the renewal
+            # went through before the cancel, under the owner's.
+            self._abandon(permit.consumer)
+            self._abandon(permit.grant)
             raise
         return not lost
 
     def _take(self, consumer: str) -> RunScript:
         k = self.keys
         interval_ms = max(1, round(self.renew_interval * 1000))
-        return self._script("take", (k.slots, k.meta, k.holds, k.ttls), consumer, interval_ms)
+        return self._script("take", (k.slots, k.meta, k.holds), consumer, interval_ms, self._durable_flag)
 
     def _block_ms(self, deadline: float | None) -> int | None:
         """Milliseconds to block; 0 is forever; None when the deadline has passed."""
@@ -351,13 +379,14 @@ class LockCore:
     def _grant_from(reply: Any) -> str | None:
         if not reply:
             return None
-        # RESP2: [[key, [(id, fields)]]]; RESP3: {key: [[(id, fields)]]}
+        # RESP2: [[key, [[id, fields]]]]; RESP3: {key: [[id, fields]]} (or one level deeper)
         entries = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
-        while entries and isinstance(entries[0], list):
-            entries = entries[0]
-        if not entries:
+        entry = entries
+        while entry and isinstance(entry[0], list | tuple):
+            entry = entry[0]
+        if not entry:
             return None
-        return str(text(entries[0][0]))
+        return str(text(entry[0]))
 
     def _wait_replicas(self) -> Operation:
         """How many replicas acknowledged everything this lock's master did so far (waits up to renew_interval)."""
@@ -440,6 +469,7 @@ class LockCore:
         targets = list(self.held.values()) if permits is None else list(permits)
         abandoned = list(self.abandoned)
         k = self.keys
+        sent_at = self.clock()
         try:
             reply = yield self._script(
                 "maintain",
@@ -448,6 +478,7 @@ class LockCore:
                 json.dumps(self.identity),
                 self.ttl_ms,
                 max(1, round(self.renew_interval * 1000)),
+                self._durable_flag,
                 len(abandoned),
                 *abandoned,
                 *[p.grant for p in targets],
@@ -475,9 +506,11 @@ class LockCore:
         lost_set = set(lost_ids)
         # Renewed permits now sit under the consumer named like the owner: their wait consumers are free again.
         for permit in targets:
-            if permit.grant not in lost_set and permit.grant not in renamed and permit.owner == self.owner:
-                self._idle(permit.consumer)
-                permit.consumer = self.owner
+            if permit.grant not in lost_set and permit.owner == self.owner:
+                self._leased(permit, sent_at)
+                if permit.grant not in renamed:
+                    self._idle(permit.consumer)
+                    permit.consumer = self.owner
         # Apply the re-adoption map as a whole: old and new ids never meet half-renamed.
         moved = [(by_grant[old], new) for old, new in renamed.items()]
         for permit, _new in moved:
@@ -503,6 +536,11 @@ class LockCore:
                 permit.consumer = self.owner
         return lost
 
+    def _leased(self, permit: Permit, since: float) -> None:
+        """Redis (re)started the permit's lease no earlier than ``since``: it lasts at least a lease from then."""
+        permit.leased_at = max(permit.leased_at, since)
+        permit.valid_until = permit.leased_at + self.ttl
+
     def renew(self, permit: Permit) -> Operation:
         """Extend one permit's lease; LockLost if it is gone. Other permits are not touched."""
         lost = yield from self.maintain([permit])
@@ -513,7 +551,19 @@ class LockCore:
     def set_limit(self, limit: object) -> Operation:
         """Change the cluster-wide limit live; returns the previous one (None if new)."""
         new = check_limit(limit)
-        previous = yield self._script("set_limit", (self.keys.slots, self.keys.meta), new, self.ttl_ms)
+        previous = yield from self.set_limit_op(new, recover=False)
+        return previous
+
+    def set_limit_op(self, new: int, recover: bool) -> Operation:
+        """Set the limit; a missing lock is created, with every slot reserved for one lease when ``recover``."""
+        previous = yield self._script(
+            "set_limit",
+            (self.keys.slots, self.keys.meta),
+            new,
+            self.ttl_ms,
+            "1" if recover else "0",
+            self._durable_flag,
+        )
         self.limit = new
         self.ever_set_up = True  # it exists now: after a data loss this object recreates it in limbo
         previous = int(previous)
@@ -538,7 +588,9 @@ class LockCore:
         Returns (grants freed, whether the lock was deleted).
         """
         k = self.keys
-        freed, deleted = yield RunScript("retire", (k.slots, k.meta, k.owners, k.holds, k.ttls, k.seen), (self.owner,))
+        freed, deleted = yield RunScript(
+            "retire", (k.slots, k.meta, k.owners, k.holds, k.ttls, k.seen), (self.owner, self._durable_flag)
+        )
         self._drop_all()
         return int(freed), bool(int(deleted))
 

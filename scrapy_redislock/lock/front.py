@@ -15,6 +15,9 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
+import redis.asyncio
+import redis.exceptions
+
 from scrapy_redislock.errors import InvalidArgument
 from scrapy_redislock.lock.core import GROUP, Clock, LockCore, Permit, lock_scripts
 from scrapy_redislock.lock.protocol import Call, Command, ReadGrant, WaitReplicas
@@ -36,11 +39,44 @@ KEEPALIVE_OPTIONS = {
 }
 
 
+GUARDED = "redislock_guarded"  # on a waiting connection: the locks whose guard ran on it since it (re)connected
+GUARDED_MOST = 10_000  # locks remembered per connection (a broad crawl meets many keys); past it, guard again
+
+
+def _fresh(connection: Any) -> None:
+    setattr(connection, GUARDED, set())
+
+
+def _on_connect(previous: Callable[[Any], Any] | None) -> Callable[[Any], None]:
+    """What a waiting connection runs on every (re)connect: the usual handshake, then it counts as unguarded."""
+
+    def on_connect(connection: Any) -> None:
+        if previous:
+            previous(connection)
+        else:
+            connection.on_connect()
+        _fresh(connection)
+
+    return on_connect
+
+
+def _aon_connect(previous: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    async def on_connect(connection: Any) -> None:
+        result = previous(connection) if previous else connection.on_connect()
+        if asyncio.iscoroutine(result):
+            await result
+        _fresh(connection)
+
+    return on_connect
+
+
 def waiting_client(client: Any) -> Any:
     """A client like ``client`` on its own pool whose reads never time out, for ``XREADGROUP BLOCK``.
 
     A blocked waiter keeps its place in Redis's FIFO only while it stays blocked: cutting a long wait into
     socket-timeout-sized pieces (redis-py's default is 5 s) would send it to the back of the queue each time.
+    Its connections forget which locks were guarded on them whenever they connect again (see :class:`ReadGrant`),
+    and the runner does not retry a read on them: a broken wait ends, and the lock waits again with a new consumer.
     Cluster clients have a pool per node; for them waits are cut at 80% of the socket timeout (documented).
     """
     pool = getattr(client, "connection_pool", None)
@@ -48,6 +84,8 @@ def waiting_client(client: Any) -> Any:
         return None
     kwargs = dict(pool.connection_kwargs)
     kwargs.update(socket_timeout=None, socket_keepalive=True, socket_keepalive_options=KEEPALIVE_OPTIONS)
+    hook = _aon_connect if isinstance(pool, redis.asyncio.ConnectionPool) else _on_connect
+    kwargs.update(redis_connect_func=hook(kwargs.get("redis_connect_func")))
     kwargs.update(connection_class=pool.connection_class, max_connections=pool.max_connections)
     if hasattr(pool, "sentinel_manager"):  # a Sentinel pool: it finds the master through the same sentinels
         kwargs.pop("connection_pool", None)  # its own proxy, which the new pool sets to itself
@@ -57,25 +95,129 @@ def waiting_client(client: Any) -> Any:
     return type(client)(connection_pool=waiting_pool)
 
 
+def _read_args(command: ReadGrant) -> tuple[Any, ...]:
+    return ("XREADGROUP", "GROUP", GROUP, command.consumer, "COUNT", 1, "BLOCK", command.block_ms, "STREAMS",
+            command.key, ">")  # fmt: skip
+
+
+def _get_connection(pool: Any) -> Any:
+    try:
+        return pool.get_connection()
+    except TypeError:  # redis-py before 5.3 wants a command name
+        return pool.get_connection("XREADGROUP")
+
+
 class CommandRunner:
     """Carries lock commands to one redis-py client: the one executor of :func:`drive` and :func:`adrive`.
 
     Called with a command, it starts the redis-py call and returns its result (blocking client) or an awaitable
     (asyncio client). Scripts are registered on first use (EVALSHA, falling back to EVAL); blocking reads go to
-    ``waiting_client`` when given (see :func:`waiting_client`).
+    ``waiting_client`` when given (see :func:`waiting_client`), on a connection the runner takes from its pool so
+    that the ``guard`` script runs on that very connection first (see :class:`ReadGrant`).
     """
 
     def __init__(self, client: Any, waiting: Any = None) -> None:
         self.client = client
         self.waiting = waiting
         self.cluster = hasattr(client, "get_node_from_key")
+        self.asyncio = isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster)
         self.scripts: dict[str, Any] = {}
+
+    def _registered(self, name: str) -> Any:
+        script = self.scripts.get(name)
+        if script is None:
+            script = self.scripts[name] = self.client.register_script(lock_scripts()[name])
+        return script
+
+    def _guard_args(self, command: ReadGrant, sha: bool) -> tuple[Any, ...]:
+        script = self._registered("guard")
+        head = ("EVALSHA", script.sha) if sha else ("EVAL", script.script)
+        return (*head, 2, command.key, command.meta, "1" if command.durable else "0")
+
+    @staticmethod
+    def _needs_guard(connection: Any, command: ReadGrant) -> bool:
+        guarded = getattr(connection, GUARDED, None)
+        if guarded is None or len(guarded) >= GUARDED_MOST:
+            _fresh(connection)
+            return True
+        return command.key not in guarded
+
+    def _read(self, command: ReadGrant) -> Any:
+        pool = getattr(self.waiting, "connection_pool", None)
+        if pool is None:
+            return self._read_piped(command)
+        return (self._aread_on if self.asyncio else self._read_on)(pool, command)
+
+    def _read_on(self, pool: Any, command: ReadGrant) -> Any:
+        connection = _get_connection(pool)
+        try:
+            if self._needs_guard(connection, command):
+                try:
+                    connection.send_command(*self._guard_args(command, sha=True))
+                    connection.read_response()
+                except redis.exceptions.NoScriptError:
+                    connection.send_command(*self._guard_args(command, sha=False))
+                    connection.read_response()
+                getattr(connection, GUARDED).add(command.key)
+            connection.send_command(*_read_args(command))
+            return connection.read_response()
+        except redis.exceptions.ResponseError:
+            raise  # an error reply: the connection is in step
+        except BaseException:
+            connection.disconnect()  # a reply may still come: nobody must read it as theirs
+            raise
+        finally:
+            pool.release(connection)
+
+    async def _aread_on(self, pool: Any, command: ReadGrant) -> Any:
+        connection = await _get_connection(pool)
+        try:
+            if self._needs_guard(connection, command):
+                try:
+                    await connection.send_command(*self._guard_args(command, sha=True))
+                    await connection.read_response()
+                except redis.exceptions.NoScriptError:
+                    await connection.send_command(*self._guard_args(command, sha=False))
+                    await connection.read_response()
+                getattr(connection, GUARDED).add(command.key)
+            await connection.send_command(*_read_args(command))
+            return await connection.read_response()
+        except redis.exceptions.ResponseError:
+            raise
+        except BaseException:
+            await connection.disconnect(nowait=True)
+            raise
+        finally:
+            await pool.release(connection)
+
+    def _read_piped(self, command: ReadGrant) -> Any:
+        """A cluster client has no pool to take a connection from: the guard goes in one pipeline with the read
+        (one node, one connection), as EVAL (a script cache emptied by a restart cannot fail it). If the guard did
+        not run, a grant the read may have got is not used: the error ends the wait as a lost reply does."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.execute_command(*self._guard_args(command, sha=False))
+        pipe.execute_command(*_read_args(command))
+
+        def check(replies: list[Any]) -> Any:
+            guard, reply = replies
+            if isinstance(guard, Exception):
+                raise redis.exceptions.ConnectionError(f"guard before the read failed: {guard}")
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
+
+        if self.asyncio:
+
+            async def run() -> Any:
+                return check(await pipe.execute(raise_on_error=False))
+
+            return run()
+        return check(pipe.execute(raise_on_error=False))
 
     def __call__(self, command: Command) -> Any:
         client = self.client
         if isinstance(command, ReadGrant):
-            reader = client if command.block_ms is None else (self.waiting or client)
-            return reader.xreadgroup(GROUP, command.consumer, {command.key: ">"}, count=1, block=command.block_ms)
+            return self._read(command)
         if isinstance(command, Call):
             return client.execute_command(*command.args)
         if isinstance(command, WaitReplicas):
@@ -85,10 +227,7 @@ class CommandRunner:
             pipe.hset(command.key, command.field, command.value)
             pipe.execute_command("WAIT", command.replicas, command.timeout_ms, **route)
             return pipe.execute()
-        script = self.scripts.get(command.name)
-        if script is None:
-            script = self.scripts[command.name] = client.register_script(lock_scripts()[command.name])
-        return script(keys=list(command.keys), args=list(command.args))
+        return self._registered(command.name)(keys=list(command.keys), args=list(command.args))
 
 
 class LockFront:
@@ -111,6 +250,7 @@ class LockFront:
         identity: Mapping[str, Any] | None = None,
         clock: Clock = time.monotonic,
         replicas: int = 0,
+        durable: bool = False,
         waiting: Any = None,
     ) -> None:
         if not isinstance(client, self.client_types):
@@ -133,6 +273,7 @@ class LockFront:
             identity=identity,
             max_block=None if not socket_timeout else float(socket_timeout) * 0.8,
             replicas=replicas,
+            durable=durable,
         )
         self._client = client
         self._command = CommandRunner(client, self._waiting_client)
@@ -158,14 +299,15 @@ class LockFront:
         return self._callers > 0 or self._core.busy
 
     def renewal_due(self) -> bool:
-        """Whether a maintain() is needed now: a wait or a clean-up in progress, or a permit held longer than the
-        renewal interval. A younger permit's lease lasts at least two more intervals: the next tick renews it, so
-        requests shorter than an interval cost no renewal at all."""
+        """Whether a maintain() is needed now: a wait or a clean-up in progress, or a permit whose lease began more
+        than a renewal interval ago (counted from the ask, not the reply: a reply can come late). A younger lease
+        lasts at least two more intervals: the next tick renews it, so requests shorter than an interval cost no
+        renewal at all."""
         core = self._core
         if self._callers or core.waits_in_flight or core.abandoned:
             return True
         oldest = core.clock() - core.renew_interval
-        return any(permit.acquired_at <= oldest for permit in core.held.values())
+        return any(permit.leased_at <= oldest for permit in core.held.values())
 
     @property
     def held(self) -> list[Permit]:

@@ -29,11 +29,18 @@ class RunScript:
 
 @dataclass(frozen=True)
 class ReadGrant:
-    """``XREADGROUP GROUP holders <consumer> COUNT 1 [BLOCK ms] STREAMS <key> >``."""
+    """``XREADGROUP GROUP holders <consumer> COUNT 1 BLOCK <ms> STREAMS <key> >`` (0 ms: until granted).
+
+    A plain command runs no check of its own, so the runner first sends the ``guard`` script (``meta``, ``durable``)
+    on the connection that will read, once per connection and lock: a restarted Redis is noticed before it hands out
+    a slot, even to a read that is the first command it gets (every restart breaks every connection).
+    """
 
     key: str
     consumer: str
-    block_ms: int | None  # None: do not block; 0: block until granted
+    block_ms: int
+    meta: str = ""
+    durable: bool = False
 
 
 @dataclass(frozen=True)

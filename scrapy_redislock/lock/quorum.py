@@ -123,6 +123,10 @@ class QuorumPermit:
     released: bool = False
     lead: int | None = None  # the master whose FIFO this permit waited in (released last)
 
+    def usable(self, now: float) -> bool:
+        """Held as far as this process knows: not lost, not released, its validity not run out by ``now``."""
+        return not self.lost and not self.released and now < self.valid_until
+
     @property
     def fences(self) -> dict[int, int]:
         """The fencing token: master index -> fence of the grant there."""

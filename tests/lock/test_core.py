@@ -165,13 +165,18 @@ def granted(core: LockCore, grant: str = "0-3") -> Permit:
     core.registered_at = core.clock()
     op = core.acquire(None, blocking=False)
     command = next(op)
-    assert command.name == "take" and command.keys == (core.keys.slots, core.keys.meta, core.keys.holds, core.keys.ttls)
+    assert command.name == "take" and command.keys == (core.keys.slots, core.keys.meta, core.keys.holds)
     return finish(op, grant.encode())
 
 
 def wait_of(core: LockCore, n: int) -> str:
     """The consumer name of this core's n-th wait."""
     return f"{core.owner}#{n}"
+
+
+def read_grant(core: LockCore, consumer: str, block_ms: int) -> ReadGrant:
+    """The blocking read of one wait, with what its guard needs (the lock's meta key; not durable)."""
+    return ReadGrant(core.keys.slots, consumer, block_ms, core.keys.meta, False)
 
 
 def maintain_reply(lost: tuple[str, ...] = (), adopted: tuple[str, ...] = (), lease_ms: int = 10000) -> list[Any]:
@@ -188,17 +193,17 @@ def test_acquire_sets_up_then_blocks_for_what_is_left_of_the_timeout(shape: Call
     assert command.keys == (core.keys.slots, core.keys.meta, core.keys.owners, core.keys.ttls, core.keys.seen)
     assert command.args[:3] == (2, 10000, core.owner) and command.args[4] == "0"
     command = op.send([1, 2, 10000])
-    assert command == ReadGrant(core.keys.slots, wait_of(core, 1), 5000)
+    assert command == read_grant(core, wait_of(core, 1), 5000)
     clock.now += 0.5
     command = op.send(None)  # the server-side block ended without a grant: the same wait goes on
-    assert command == ReadGrant(core.keys.slots, wait_of(core, 1), 4500)
+    assert command == read_grant(core, wait_of(core, 1), 4500)
     clock.now += 0.2
     permit = finish(op, shape("0-7"))
     assert (permit.fence, permit.grant, permit.owner, permit.acquired_at) == (7, "0-7", core.owner, 100.7)
     assert permit.token == f"{core.owner}/0-7" and permit.consumer == wait_of(core, 1)
     assert core.held == {"0-7": permit} and core.waits_in_flight == 0 and not core.abandoned
     # set up once: the next acquire goes straight to the read, on a consumer of its own
-    assert next(core.acquire(None)) == ReadGrant(core.keys.slots, wait_of(core, 2), 0)
+    assert next(core.acquire(None)) == read_grant(core, wait_of(core, 2), 0)
 
 
 def test_registration_is_refreshed_after_a_quiet_spell() -> None:
@@ -219,7 +224,8 @@ def test_acquire_times_out_after_one_last_look() -> None:
     op = core.acquire(timeout=0.25)
     assert next(op).block_ms == 250
     clock.now += 0.25
-    assert op.send(None) == ReadGrant(core.keys.slots, wait_of(core, 1), None)  # deadline passed: do not block
+    command = op.send(None)  # deadline passed: one look without blocking, by a script that checks for a restart
+    assert command.name == "take" and command.args[0] == wait_of(core, 1)
     with pytest.raises(LockError, match=r"lock 'detail': no slot within 0.25 s") as info:
         op.send(None)
     assert type(info.value).__name__ == "AcquireTimeout" and isinstance(info.value, TimeoutError)
@@ -232,12 +238,12 @@ def test_acquire_timeout_zero_tries_once_and_try_acquire_never_blocks() -> None:
     core = LockCore.create("detail", 1, 10.0, clock=Ticks())
     core.set_up, core.registered_at = True, core.clock()
     op = core.acquire(timeout=0)
-    assert next(op).block_ms is None
+    assert next(op).name == "take"
     with pytest.raises(LockError, match="no slot"):
-        op.send([])
+        op.send(None)
     op = core.acquire(None, blocking=False)
     command = next(op)
-    assert command.name == "take" and command.args == (wait_of(core, 1), 1000)  # reaps at most once a renewal
+    assert command.name == "take" and command.args == (wait_of(core, 1), 1000, "0")  # reaps at most once a renewal
     assert finish(op, None) is None and core.idle_consumers == [wait_of(core, 1)]
 
 
@@ -276,7 +282,7 @@ def test_a_lock_that_vanished_while_waiting_is_recreated_in_recovery_mode() -> N
     op.send([1, 2, 10000])
     command = op.throw(redis.exceptions.ResponseError("NOGROUP No such key 'x' or consumer group 'holders'"))
     assert command.name == "setup" and command.args[4] == "1"  # recover: slots start in limbo
-    assert op.send([1, 2, 10000]) == ReadGrant(core.keys.slots, wait_of(core, 1), 0)
+    assert op.send([1, 2, 10000]) == read_grant(core, wait_of(core, 1), 0)
     assert finish(op, resp2("0-1")).fence == 1
 
 
@@ -303,9 +309,9 @@ def test_an_interrupted_wait_is_abandoned_by_its_consumer_and_freed_by_the_next_
     for _ in range(2):  # the second pass frees a grant Redis delivered late (it saw the disconnect late)
         op = core.maintain()
         command = next(op)
-        assert command.args[4:] == (1, wait_of(core, 2), "0-2")  # the consumer to free, then the grants to renew
+        assert command.args[5:] == (1, wait_of(core, 2), "0-2")  # the consumer to free, then the grants to renew
         assert finish(op, maintain_reply()) == []
-    assert not core.abandoned and next(core.maintain()).args[4:] == (0, "0-2")
+    assert not core.abandoned and next(core.maintain()).args[5:] == (0, "0-2")
     assert kept.consumer == core.owner and core.idle_consumers == [wait_of(core, 1)]  # emptied by the renewal
     assert next(core.acquire(None)).consumer == wait_of(core, 1)
     assert next(core.acquire(None)).consumer == wait_of(core, 3)
@@ -320,7 +326,7 @@ def test_renew_lists_only_its_permit_and_frees_nothing_else() -> None:
     op.close()
     op = core.renew(p1)
     command = next(op)
-    assert command.args[4:] == (1, wait_of(core, 3), "0-1")  # p2 is not listed, and nothing says "free the rest"
+    assert command.args[5:] == (1, wait_of(core, 3), "0-1")  # p2 is not listed, and nothing says "free the rest"
     assert finish(op, maintain_reply()) is None
     assert not p1.lost and not p2.lost and set(core.held) == {"0-1", "0-2"}
 
@@ -363,7 +369,7 @@ def test_reentrant_acquire_of_a_lost_grant_waits_for_a_new_one() -> None:
     core.by_holder["t"] = old
     op = core.acquire(None, holder="t")
     assert next(op).name == "hold_again"
-    assert op.send(0) == ReadGrant(core.keys.slots, wait_of(core, 2), 0)  # gone: wait like anybody else
+    assert op.send(0) == read_grant(core, wait_of(core, 2), 0)  # gone: wait like anybody else
     new = finish(op, resp2("0-9"))
     assert new is not old and core.by_holder == {"t": new} and core.held == {"0-9": new}
 
@@ -388,8 +394,8 @@ def test_maintain_protocol_lost_adopted_and_lease() -> None:
     assert command.name == "maintain"
     k = core.keys
     assert command.keys == (k.slots, k.meta, k.owners, k.holds, k.ttls, k.seen)
-    assert command.args[0] == core.owner and command.args[2:5] == (10000, 1000, 0)
-    assert set(command.args[5:]) == {"0-1", "0-2", "0-3"}
+    assert command.args[0] == core.owner and command.args[2:6] == (10000, 1000, "0", 0)
+    assert set(command.args[6:]) == {"0-1", "0-2", "0-3"}
     lost = finish(op, maintain_reply(lost=("0-2",), adopted=("0-3", "0-8"), lease_ms=20000))
     assert lost == [b] and b.lost and not a.lost and not c.lost
     assert (c.grant, c.fence) == ("0-8", 8)  # re-adopted after a data loss
@@ -440,7 +446,7 @@ def test_maintain_recreates_a_vanished_lock_then_runs_again() -> None:
     command = op.throw(redis.exceptions.ResponseError("NOLOCK lock is gone from Redis"))
     assert command.name == "setup" and command.args[4] == "1"
     command = op.send([1, 2, 10000])
-    assert command.name == "maintain" and command.args[5:] == ("0-5",)
+    assert command.name == "maintain" and command.args[6:] == ("0-5",)
     assert finish(op, maintain_reply(adopted=("0-5", "0-1"))) == []
     assert set(core.held) == {"0-1"}
 
@@ -458,7 +464,7 @@ def test_renew_raises_lock_lost() -> None:
     core = LockCore.create("detail", 1, 10.0)
     permit = granted(core)
     op = core.renew(permit)
-    assert next(op).args[5:] == ("0-3",)
+    assert next(op).args[6:] == ("0-3",)
     with pytest.raises(LockLost, match=f"lock 'detail': lease of permit {permit.token} is gone"):
         op.send(maintain_reply(lost=("0-3",)))
     op = core.renew(granted(core, "0-4"))
@@ -469,7 +475,7 @@ def test_renew_raises_lock_lost() -> None:
 def test_set_limit_get_limit_and_release_all() -> None:
     core = LockCore.create("detail", 1, 10.0)
     op = core.set_limit(4)
-    assert next(op) == RunScript("set_limit", (core.keys.slots, core.keys.meta), (4, 10000))
+    assert next(op) == RunScript("set_limit", (core.keys.slots, core.keys.meta), (4, 10000, "0", "0"))
     assert finish(op, -1) is None and core.limit == 4
     op = core.set_limit(2)
     next(op)

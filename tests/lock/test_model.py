@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import dataclasses
+
 import pytest
 import redis
 from hypothesis import HealthCheck, settings
@@ -202,7 +204,7 @@ class LockMachine(RuleBasedStateMachine):
         while command.__class__.__name__ != "ReadGrant":  # a setup first (data loss, quiet spell)
             command = op.send(lock._command(command))
         if delivered and self.free():
-            reply = lock._command(type(command)(command.key, command.consumer, None))
+            reply = lock._command(dataclasses.replace(command, block_ms=1))
             grant = lock._core._grant_from(reply)
             assert grant is not None
             self.ghosts[grant] = lock.owner

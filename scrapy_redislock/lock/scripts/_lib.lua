@@ -16,9 +16,15 @@
 --   were never delivered, or past entries still to come ("debt"); meta's
 --   'skip_until' remembers the last skipped id: the reaper deletes the skipped
 --   entries once they exist.
+--   meta 'run' names the server run (INFO's run_id) that last wrote the lock.
+--   Another run means Redis restarted (from a snapshot, from AOF, or a promoted
+--   replica) and its state may be older than what the processes saw: unless the
+--   caller declares the deployment durable, the first script to see it recreates
+--   the lock in limbo (check_restart).
 --   owners  hash owner -> identity JSON (what status shows)
 --   ttls    hash owner -> lease ttl in ms; a lease expires after the longest
---           ttl of the registered owners, so mixed ttls never cut a lease short
+--           ttl of the registered owners (meta 'ttl', raised at registration,
+--           recomputed when owners are forgotten), so mixed ttls never cut a lease short
 --   seen    zset owner -> Redis time (ms) of its last setup or maintain
 local GROUP = 'holders'
 local LIMBO = '__limbo__'
@@ -37,6 +43,11 @@ end
 -- The owner of a consumer name ('<owner>#<n>' -> '<owner>').
 local function owner_of(consumer)
   return string.match(consumer, '^(.+)#%d+$') or consumer
+end
+
+-- The run id of this redis-server process: new at every start, and another on a promoted replica.
+local function run_id()
+  return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
 end
 
 -- Redis's clock in milliseconds.
@@ -105,16 +116,21 @@ local function stream_state(slots)
 end
 
 -- Create a lock with `limit` free slots (any old stream under the key is replaced).
--- Ids start at Redis's clock in microseconds: fences never go back, even after a data loss.
+-- Ids start at Redis's clock in microseconds, and above any id the old stream generated: fences never
+-- repeat and never go back, even after a data loss or a restart from an older snapshot.
 local function create_lock(slots, meta, limit, ttl)
+  local floor = 0
+  if redis.call('EXISTS', slots) == 1 then
+    floor = seq_of(info_field(redis.call('XINFO', 'STREAM', slots), 'last-generated-id')) + 1
+  end
   redis.call('DEL', slots)
   local t = redis.call('TIME')
-  local base = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local base = math.max(tonumber(t[1]) * 1000000 + tonumber(t[2]), floor)
   redis.call('XADD', slots, id_of(base), 's', '0')
   redis.call('XDEL', slots, id_of(base))
   redis.call('XGROUP', 'CREATE', slots, GROUP, id_of(base))
   for _ = 1, limit do add_slot(slots) end
-  redis.call('HSET', meta, 'limit', limit, 'ttl', ttl, 'base', string.format('%.0f', base))
+  redis.call('HSET', meta, 'limit', limit, 'ttl', ttl, 'base', string.format('%.0f', base), 'run', run_id())
   redis.call('HDEL', meta, 'skip_until', 'reap_at', 'gc_at')
 end
 
@@ -123,16 +139,49 @@ local function lock_exists(slots, meta)
   return redis.call('EXISTS', slots) == 1 and redis.call('HEXISTS', meta, 'limit') == 1
 end
 
+-- Reserve every slot of a lock for one lease: the consumer '__limbo__' holds them, so holders that survived a
+-- data loss re-adopt theirs (maintain) before anybody new is granted one; the reaper frees the rest.
+local function reserve_all(slots, meta)
+  local limit = tonumber(redis.call('HGET', meta, 'limit'))
+  if limit > 0 then
+    redis.call('XREADGROUP', 'GROUP', GROUP, LIMBO, 'COUNT', limit, 'STREAMS', slots, '>')
+  end
+end
+
+-- Notice a restart of Redis before anything else happens to the lock: returns true when this server run has not
+-- written the lock yet and the lock was recreated in limbo. Redis may have come back from a snapshot, from AOF
+-- after a crash, or as a replica that lagged: grants made since are forgotten, and their slots look free. So the
+-- lock is made anew (fences above any the old stream generated) with every slot reserved for one lease.
+-- With durable = '1' the caller vouches that Redis loses no acknowledged write (AOF with appendfsync always,
+-- no failover to a replica that lags): the state is kept and only the run is noted.
+local function check_restart(slots, meta, durable)
+  local run = run_id()
+  local known = redis.call('HGET', meta, 'run')
+  if known == run or not lock_exists(slots, meta) then return false end
+  redis.call('HSET', meta, 'run', run)
+  if durable == '1' or not known then return false end  -- no run noted: written before runs were noted
+  create_lock(slots, meta, tonumber(redis.call('HGET', meta, 'limit')), redis.call('HGET', meta, 'ttl'))
+  reserve_all(slots, meta)
+  return true
+end
+
 -- Register (or refresh) an owner: identity, ttl, last seen; returns the lease ttl in force (ms):
 -- the longest ttl of the registered owners.
 local function register(meta, owners, ttls, seen, owner, identity, ttl, now)
   redis.call('HSET', owners, owner, identity)
   redis.call('HSET', ttls, owner, ttl)
   redis.call('ZADD', seen, now, owner)
-  local lease = tonumber(ttl)
-  for _, v in ipairs(redis.call('HVALS', ttls)) do lease = math.max(lease, tonumber(v)) end
-  redis.call('HSET', meta, 'ttl', lease)
+  local lease = tonumber(redis.call('HGET', meta, 'ttl') or '0')
+  if tonumber(ttl) > lease then
+    lease = tonumber(ttl)
+    redis.call('HSET', meta, 'ttl', lease)
+  end
   return lease
+end
+
+-- The lease in force (ms): meta 'ttl', the longest ttl of the registered owners (O(1): register raises it).
+local function lease_of(meta)
+  return tonumber(redis.call('HGET', meta, 'ttl') or '30000')
 end
 
 -- Delete the entries a lowered limit skipped (never to be delivered); the
@@ -165,7 +214,7 @@ local function reap(slots, meta, holds, lease, interval, now)
 end
 
 -- Forget consumers with nothing held that have been idle for 3 leases, and owners
--- not seen for 3 leases. Runs at most once per lease across all processes (meta 'gc_at').
+-- not seen for 3 leases; recompute the lease from the owners left. Runs at most once per lease across all processes (meta 'gc_at').
 local function collect_garbage(slots, meta, owners, ttls, seen, lease, now)
   local due = tonumber(redis.call('HGET', meta, 'gc_at') or '0')
   if now < due then return end
@@ -180,6 +229,10 @@ local function collect_garbage(slots, meta, owners, ttls, seen, lease, now)
     redis.call('HDEL', owners, owner)
     redis.call('HDEL', ttls, owner)
   end
+  -- The lease shortens once the owners with the longest ttl are gone (here, once per lease: not per renewal).
+  local longest = 0
+  for _, v in ipairs(redis.call('HVALS', ttls)) do longest = math.max(longest, tonumber(v)) end
+  if longest > 0 then redis.call('HSET', meta, 'ttl', longest) end
 end
 
 -- Free every grant of one owner (all its consumers) and forget it; with a consumer name '<owner>#<n>',

@@ -7,10 +7,12 @@
 -- KEYS[5] ttls hash, KEYS[6] seen zset
 -- ARGV[1] owner name, ARGV[2] owner identity (JSON), ARGV[3] its lease ttl in ms,
 -- ARGV[4] its renewal interval in ms (how often it reaps at most),
--- ARGV[5] number A of abandoned wait consumers that follow,
--- ARGV[6..5+A] consumers of the caller's waits that were cancelled or broke
---   (whatever they were delivered nobody will use: it is freed, the consumer deleted),
--- ARGV[6+A..] grant ids the caller holds and wants renewed.
+-- ARGV[5] '1' if Redis loses no acknowledged write (see check_restart),
+-- ARGV[6] number A of abandoned waits that follow,
+-- ARGV[7..6+A] consumers of the caller's waits that were cancelled or broke (whatever they were delivered
+--   nobody will use: it is freed, the consumer deleted), or grant ids of the caller's that no wait will use
+--   (a wait cancelled after its grant moved to the owner's consumer): each is freed,
+-- ARGV[7+A..] grant ids the caller holds and wants renewed.
 -- Renewed grants move to the consumer named like the owner.
 -- Returns {lost ids, limit, lease ms, freed count, adopted (old, new, old, new ...)}: lost ids
 -- are listed grants no longer held by the caller (lease expired, whether reaped yet or not
@@ -21,22 +23,26 @@ local me = ARGV[1]
 if redis.call('EXISTS', slots) == 0 then
   return redis.error_reply('NOLOCK lock is gone from Redis')
 end
+check_restart(slots, meta, ARGV[5])
 local now = now_ms()
 local lease = register(meta, owners, ttls, seen, me, ARGV[2], ARGV[3], now)
 local limit = tonumber(redis.call('HGET', meta, 'limit') or '0')
 
 local freed = 0
-local abandoned = tonumber(ARGV[5])
-for i = 6, 5 + abandoned do
-  local consumer = ARGV[i]
-  if owner_of(consumer) == me and consumer ~= me then
-    freed = freed + free_consumer(slots, holds, consumer)
-    redis.call('XGROUP', 'DELCONSUMER', slots, GROUP, consumer)
+local abandoned = tonumber(ARGV[6])
+for i = 7, 6 + abandoned do
+  local what = ARGV[i]
+  if string.match(what, '^%d+%-%d+$') then
+    local consumer = pending_of(slots, what)
+    if consumer and owner_of(consumer) == me then freed = freed + free_grant(slots, holds, what) end
+  elseif owner_of(what) == me and what ~= me then
+    freed = freed + free_consumer(slots, holds, what)
+    redis.call('XGROUP', 'DELCONSUMER', slots, GROUP, what)
   end
 end
 
 local renew, lost = {}, {}
-for i = 6 + abandoned, #ARGV do
+for i = 7 + abandoned, #ARGV do
   local id = ARGV[i]
   local consumer, idle = pending_of(slots, id)
   if consumer and owner_of(consumer) == me and idle < lease then

@@ -5,12 +5,14 @@
 -- XREADGROUP stay blocked and are served the new slots first come, first served.
 -- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash, KEYS[4] holds hash,
 -- KEYS[5] ttls hash, KEYS[6] seen zset
--- ARGV[1] none (takes no arguments)
+-- ARGV[1] none (takes no arguments). A restart of Redis not noticed yet is noticed first, so the new slots' fences start above every
+-- fence the old stream could have handed out.
 -- Returns {grants freed, limit}, or error 'NOLOCK ...' when the lock does not exist (nothing written).
 local slots, meta, owners, holds, ttls, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 if not lock_exists(slots, meta) then
   return redis.error_reply('NOLOCK lock does not exist')
 end
+check_restart(slots, meta, '0')
 local limit = tonumber(redis.call('HGET', meta, 'limit'))
 local freed = 0
 while true do

@@ -5,16 +5,19 @@
 -- registration every renewal interval, so a blocked waiter's lock is never deleted under it).
 -- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash, KEYS[4] holds hash,
 -- KEYS[5] ttls hash, KEYS[6] seen zset
--- ARGV[1] owner name
+-- ARGV[1] owner name, ARGV[2] '1' if Redis loses no acknowledged write (see check_restart)
 -- Returns {grants freed, 1 if the lock was deleted else 0}.
 local slots, meta, owners, holds, ttls, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 if redis.call('EXISTS', slots) == 0 then
   redis.call('DEL', meta, owners, holds, ttls, seen)
   return {0, 1}
 end
+if check_restart(slots, meta, ARGV[2]) then
+  release_owner(slots, owners, holds, ttls, seen, ARGV[1])
+  return {0, 0}  -- restarted: the reserved slots may be somebody's, the lock stays for their re-adoption
+end
 local freed = release_owner(slots, owners, holds, ttls, seen, ARGV[1])
-local lease = tonumber(redis.call('HGET', meta, 'ttl') or '30000')
-for _, v in ipairs(redis.call('HVALS', ttls)) do lease = math.max(lease, tonumber(v)) end
+local lease = lease_of(meta)
 local _, _, held = stream_state(slots)
 if held > 0 or redis.call('ZCOUNT', seen, now_ms() - 3 * lease, '+inf') > 0 then
   return {freed, 0}

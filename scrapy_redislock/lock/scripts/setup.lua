@@ -10,15 +10,14 @@
 -- 'NOLOCK ...' when the lock does not exist and no limit was given (nothing is written).
 local slots, meta, owners, ttls, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local created = 0
+check_restart(slots, meta, ARGV[6])
 if not lock_exists(slots, meta) then
   if ARGV[1] == '' then
     return redis.error_reply('NOLOCK lock has no limit in Redis yet')
   end
   local limit = tonumber(ARGV[1])
   create_lock(slots, meta, limit, ARGV[2])
-  if ARGV[5] == '1' and limit > 0 then
-    redis.call('XREADGROUP', 'GROUP', GROUP, LIMBO, 'COUNT', limit, 'STREAMS', slots, '>')
-  end
+  if ARGV[5] == '1' then reserve_all(slots, meta) end
   created = 1
 end
 local lease = register(meta, owners, ttls, seen, ARGV[3], ARGV[4], ARGV[2], now_ms())
