@@ -88,6 +88,8 @@ class LockMachine(RuleBasedStateMachine):
         self.release_called: set[str] = set()
         self.last_fence = 0
         self.fence_at_loss = 0
+        self.snapshot: dict[str, bytes | None] | None = None  # DUMPs of the lock's keys, as an RDB file keeps them
+        self.snapshot_limit: int | None = None
 
     # -- helpers ------------------------------------------------------------------------------------------------
 
@@ -346,6 +348,41 @@ class LockMachine(RuleBasedStateMachine):
         self.fence_at_loss = self.last_fence
         self.ghosts.clear()
         self.limit = None
+
+    def lock_keys(self) -> list[str]:
+        k = self.reaper.keys
+        return [k.slots, k.meta, k.owners, k.holds, k.ttls, k.seen]
+
+    @rule()
+    def save_snapshot(self) -> None:
+        """Redis writes a snapshot (RDB): the lock's keys as they are now."""
+        self.snapshot = {key: self.client.dump(key) for key in self.lock_keys()}
+        self.snapshot_limit = self.limit
+
+    @rule()
+    def back_from_an_older_snapshot(self) -> None:
+        """Redis comes back from its last snapshot (RDB; AOF everysec after a crash; a replica that lagged): the
+        lock's state rolls back, and the server is another run. Grants made since are forgotten and their slots look
+        free: the first script must reserve every slot for re-adoption, with fences above every earlier one."""
+        if self.snapshot is None:
+            return
+        self.client.delete(*self.lock_keys())
+        for key, dumped in self.snapshot.items():
+            if dumped is not None:
+                self.client.restore(key, 0, dumped, replace=True)
+        lock_kept = self.client.exists(self.reaper.keys.slots) and self.client.hexists(self.reaper.keys.meta, "limit")
+        if lock_kept:
+            self.client.hset(self.reaper.keys.meta, "run", "f" * 40)  # what the server's previous run wrote
+        self.orphans.update(self.live)
+        self.orphans.update(self.unnoticed)
+        self.unnoticed.clear()
+        self.live.clear()
+        self.ghosts.clear()
+        self.fence_at_loss = self.last_fence
+        self.limit = self.snapshot_limit if lock_kept else None
+        if lock_kept:
+            self.maintain_of(self.reaper)  # any script notices the restart first
+            assert self.limbo() == self.limit, "not every slot was reserved after the restart"
 
     @rule(index=st.integers(0, OWNERS - 1))
     def close(self, index: int) -> None:
