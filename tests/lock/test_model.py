@@ -21,9 +21,8 @@ the owner's own renew notices. Expiry in real time is covered by tests/lock/test
 
 from __future__ import annotations
 
-from typing import Any
-
 import dataclasses
+from typing import Any
 
 import pytest
 import redis
