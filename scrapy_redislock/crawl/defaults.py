@@ -27,6 +27,11 @@ REDISLOCK_STAGES: dict[str, int | None] = {}
 REDISLOCK_WORKER_STAGES: dict[str, int | None] = {}
 # Lease seconds; renewed every third of it while held.
 REDISLOCK_TTL = 30.0
+# True only if Redis loses no acknowledged write: AOF with appendfsync always, and no failover to a replica that may
+# lag. A restart of Redis then keeps every lock as it was; by default (False) the first script after any restart
+# (from a snapshot, AOF, or a promoted replica) reserves every slot for one lease, so that holders re-adopt theirs
+# before anybody new gets one (docs/failures.md).
+REDISLOCK_DURABLE = False
 # Prefix of every Redis key of the locks and the worker queues.
 REDISLOCK_KEY_PREFIX = "redislock"
 # Stage of requests that name none (None: such requests are not throttled).

@@ -89,6 +89,7 @@ class KeyLocks(StageLocks):
                 ttl=self.settings.ttl,
                 key_prefix=self.settings.key_prefix,
                 identity={"spider": self.spider_name, "waiting": 0, "limit": limit},
+                durable=self.settings.durable,
                 maintain_loop=False,
                 waiting=self._waiting,
             )

@@ -1,7 +1,7 @@
 """Read and check every REDISLOCK_* setting, in one place.
 
 Settings read: REDISLOCK_ENABLED, REDISLOCK_URL, REDISLOCK_PARAMS, REDISLOCK_STAGES, REDISLOCK_WORKER_STAGES,
-REDISLOCK_TTL, REDISLOCK_KEY_PREFIX, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT,
+REDISLOCK_TTL, REDISLOCK_DURABLE, REDISLOCK_KEY_PREFIX, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT,
 REDISLOCK_STAGE_PREFERENCE, REDISLOCK_SCHEDULER_INNER, REDISLOCK_PARK_LIMIT, REDISLOCK_WAITERS_PER_STAGE,
 REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE, REDISLOCK_CONNECT_TIMEOUT, REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT,
 REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS, REDISLOCK_RANDOMIZE_DELAY, REDISLOCK_QUORUM; and scrapy-redis's
@@ -72,6 +72,7 @@ class RedisLockSettings:
     stages: Mapping[str, int | None] = field(default_factory=dict)
     worker_stages: Mapping[str, int | None] = field(default_factory=dict)
     ttl: float = 30.0
+    durable: bool = False
     key_prefix: str = "redislock"
     default_stage: str | None = None
     callback_stages: Mapping[str, str] = field(default_factory=dict)
@@ -372,6 +373,7 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
         stages=stages,
         worker_stages=worker_stages,
         ttl=ttl,
+        durable=_bool(settings, "REDISLOCK_DURABLE"),
         key_prefix=prefix,
         default_stage=default_stage,
         callback_stages=dict(callback_stages),

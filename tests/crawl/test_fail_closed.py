@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from scrapy_redislock import CountingLock
+from tests.crawl.test_high_availability import most_at_once, served
 from testing.crawlproc import ROOT, Crawl, leftover, staged_worker
 from testing.redis_server import RedisServer
 from testing.site import CrawlSite, links_page
@@ -307,6 +308,42 @@ def test_recovery_window_after_a_data_loss_is_logged(site: CrawlSite, tmp_path: 
         assert crawl.stats["finish_reason"] == "finished", crawl.tail()
         assert "recovery window after a Redis data loss: " in crawl.output, crawl.tail()
         assert len(site.hits) == 40 and site.max_in_flight["detail"] <= 2
+        assert leftover(client) == 0
+        client.close()
+
+
+@pytest.mark.faults
+def test_a_redis_back_from_its_last_snapshot_mid_crawl_keeps_the_cap_and_every_page_once(
+    site: CrawlSite, tmp_path: Path
+) -> None:
+    """Three crawls share a cap of 2. Redis's last snapshot (RDB) holds the lock with both slots free; Redis is
+    SIGKILLed mid-crawl while two requests are in flight and comes back from that snapshot, where their slots look
+    free. The first script after the restart reserves every slot for a lease, the holders re-adopt theirs, and the site
+    never sees more than 2 requests in flight. Every page is fetched exactly once, and nothing is left held."""
+    site.delay = 1.0
+    pages, ttl = 12, 6
+    paths = ("detail", "d2", "d3")
+    with RedisServer() as server:
+        client = redis.Redis.from_url(server.url)
+        CountingLock(client, "detail", limit=2, ttl=ttl).set_limit(2)
+        client.save()  # the last snapshot: the lock, both slots free
+        extra = {"REDISLOCK_STAGES": {"detail": 2}, "REDISLOCK_TTL": ttl, "CONCURRENT_REQUESTS": 4}
+        crawls = [
+            Crawl(site.url, f"detail{path}:{pages}", settings(server.url, **extra), tmp_path).start()
+            for path in ("", "@d2", "@d3")
+        ]
+        assert site.wait_for(lambda: sum(site.done(p) for p in paths) >= 4, timeout=60)
+        assert site.wait_for(lambda: sum(site.in_flight[p] for p in paths) == 2, timeout=30)
+        assert all(crawl.code is None for crawl in crawls)  # mid-crawl, all three
+        server.kill()
+        server.start()  # from the snapshot: both slots free, although two holders are still downloading
+        for crawl in crawls:
+            crawl.wait(timeout=180)
+            assert crawl.stats["finish_reason"] == "finished", crawl.tail()
+            assert crawl.stats["item_scraped_count"] == pages
+        assert len(site.hits) == 3 * pages and set(site.hits.values()) == {1}  # every page once
+        most, above = most_at_once(served(site, *paths), 2)
+        assert most <= 2, f"{most} requests in flight at once after the restart (above the cap for {above:.2f} s)"
         assert leftover(client) == 0
         client.close()
 
