@@ -347,3 +347,70 @@ def test_the_scheduler_strands_nothing_when_it_pops_just_after_being_taken_for_d
             await client.aclose()
 
     asyncio.run(main())
+
+
+# -- batches of any size (review 2, finding e09: Lua's unpack stops at about 8000 values) --------------------------
+
+BIG = 10_000  # 2 x CONCURRENT_REQUESTS 5000: well over what one unpack takes (2 values per popped request)
+
+
+def test_one_pop_takes_10000_requests_and_records_every_one(redis_url: str, redis_client: redis.Redis) -> None:
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a = worker("a")
+        await a.beat("detail")
+        await a.push_many([("detail", "", f"r{n}".encode()) for n in range(BIG)])
+        popped = await a.pop("detail", BIG)
+        assert popped is not None and [d for _, d in popped] == [f"r{n}".encode() for n in range(BIG)]  # FIFO
+        record = {k.decode(): v for k, v in redis_client.hgetall(a.inflight_key).items()}
+        assert record == {i: b"detail\n" + d for i, d in popped}
+        assert redis_client.llen(a.keys.queue("detail")) == 0 and await a.in_flight() == BIG
+
+    run(redis_url, scenario)
+
+
+def test_one_ack_drops_10000_ids(redis_url: str, redis_client: redis.Redis) -> None:
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a = worker("a")
+        await a.beat("detail")
+        await a.push_many([("detail", "", f"r{n}".encode()) for n in range(BIG)])
+        ids = [i for _ in range(5) for i, _ in await a.pop("detail", BIG // 5) or []]
+        assert len(ids) == BIG and redis_client.hlen(a.inflight_key) == BIG
+        assert await a.ack(ids) == BIG
+        assert redis_client.exists(a.inflight_key) == 0 and await a.in_flight() == 0
+        assert redis_client.llen(a.keys.wake) == 1  # the crawl has ended: the registered worker is told
+
+    run(redis_url, scenario)
+
+
+def test_a_pop_that_cannot_record_leaves_the_queue_as_it_was(redis_url: str, redis_client: redis.Redis) -> None:
+    """Redis keeps what a script wrote before it failed: a pop must not take requests off the queue before they
+    are in the in-flight record (here the record cannot be written: its key holds a string)."""
+
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a = worker("a")
+        await a.beat("detail")
+        await a.push_many([("detail", "", f"r{n}".encode()) for n in range(3)])
+        redis_client.set(a.inflight_key, "not a hash")
+        with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+            await a.pop("detail", 2)
+        assert redis_client.lrange(a.keys.queue("detail"), 0, -1) == [b"r2", b"r1", b"r0"]
+        assert await a.in_flight() == 0
+        redis_client.delete(a.inflight_key)
+        assert [d for _, d in await a.pop("detail", 2) or []] == [b"r0", b"r1"]
+
+    run(redis_url, scenario)
+
+
+def test_clear_deletes_the_records_of_10000_registered_workers(redis_url: str, redis_client: redis.Redis) -> None:
+    """One key per registered worker's in-flight record: a clear of a spider with many silent workers."""
+
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a = worker("a")
+        await a.push("detail", "fp0", b"r0")
+        redis_client.zadd(a.keys.alive, {f"gone{n}": 0 for n in range(BIG)})  # silent for ever
+        redis_client.hset(a.keys.inflight(f"gone{BIG - 1}"), "1", "detail\nr1")
+        await a.beat(None)
+        assert await a.clear_if_alone()
+        assert redis_client.keys("redislock:{shop}:*") == []
+
+    run(redis_url, scenario)

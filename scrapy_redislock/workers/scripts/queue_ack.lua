@@ -4,9 +4,13 @@
 -- wake list, so that idle workers blocked on it see the end at once instead of at their next heartbeat.
 -- KEYS[1] the worker's in-flight hash, KEYS[2] in-flight counter, KEYS[3] wake list, KEYS[4] alive zset,
 -- KEYS[5..] stage queues
--- ARGV[1], ARGV[2], ... in-flight ids
+-- ARGV[1], ARGV[2], ... in-flight ids (any number: HDEL gets them 1000 at a time, as Lua's unpack stops at about
+-- 8000 values)
 -- Returns how many were dropped.
-local dropped = redis.call('HDEL', KEYS[1], unpack(ARGV))
+local dropped = 0
+for first = 1, #ARGV, 1000 do
+  dropped = dropped + redis.call('HDEL', KEYS[1], unpack(ARGV, first, math.min(first + 999, #ARGV)))
+end
 if dropped == 0 then return 0 end
 local left = redis.call('DECRBY', KEYS[2], dropped)
 if left > 0 then return dropped end

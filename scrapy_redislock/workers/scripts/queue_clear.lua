@@ -12,5 +12,8 @@ local live = redis.call('ZRANGEBYSCORE', KEYS[1], now - tonumber(ARGV[2]), '+inf
 for _, worker in ipairs(live) do
   if worker ~= ARGV[1] then return 0 end
 end
-redis.call('DEL', unpack(KEYS))
+-- 1000 keys per DEL: Lua's unpack stops at about 8000 values (many registered workers, each with its record).
+for first = 1, #KEYS, 1000 do
+  redis.call('DEL', unpack(KEYS, first, math.min(first + 999, #KEYS)))
+end
 return 1
