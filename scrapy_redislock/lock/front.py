@@ -122,6 +122,7 @@ class CommandRunner:
         self.cluster = hasattr(client, "get_node_from_key")
         self.asyncio = isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster)
         self.scripts: dict[str, Any] = {}
+        self.guard_unloaded = True  # cluster reads: SCRIPT LOAD the guard before the first pipeline
 
     def _registered(self, name: str) -> Any:
         script = self.scripts.get(name)
@@ -129,10 +130,13 @@ class CommandRunner:
             script = self.scripts[name] = self.client.register_script(lock_scripts()[name])
         return script
 
-    def _guard_args(self, command: ReadGrant, sha: bool) -> tuple[Any, ...]:
-        script = self._registered("guard")
-        head = ("EVALSHA", script.sha) if sha else ("EVAL", script.script)
-        return (*head, 2, command.key, command.meta, "1" if command.durable else "0")
+    def _guard_args(self, command: ReadGrant) -> tuple[Any, ...]:
+        sha = self._registered("guard").sha
+        return ("EVALSHA", sha, 2, command.key, command.meta, "1" if command.durable else "0")
+
+    def _load_guard(self) -> tuple[Any, ...]:
+        """SCRIPT LOAD, as redis-py's scripts do after NOSCRIPT (the crawler ACL role has no EVAL)."""
+        return ("SCRIPT", "LOAD", self._registered("guard").script)
 
     @staticmethod
     def _needs_guard(connection: Any, command: ReadGrant) -> bool:
@@ -153,10 +157,12 @@ class CommandRunner:
         try:
             if self._needs_guard(connection, command):
                 try:
-                    connection.send_command(*self._guard_args(command, sha=True))
+                    connection.send_command(*self._guard_args(command))
                     connection.read_response()
                 except redis.exceptions.NoScriptError:
-                    connection.send_command(*self._guard_args(command, sha=False))
+                    connection.send_command(*self._load_guard())
+                    connection.read_response()
+                    connection.send_command(*self._guard_args(command))
                     connection.read_response()
                 getattr(connection, GUARDED).add(command.key)
             connection.send_command(*_read_args(command))
@@ -174,10 +180,12 @@ class CommandRunner:
         try:
             if self._needs_guard(connection, command):
                 try:
-                    await connection.send_command(*self._guard_args(command, sha=True))
+                    await connection.send_command(*self._guard_args(command))
                     await connection.read_response()
                 except redis.exceptions.NoScriptError:
-                    await connection.send_command(*self._guard_args(command, sha=False))
+                    await connection.send_command(*self._load_guard())
+                    await connection.read_response()
+                    await connection.send_command(*self._guard_args(command))
                     await connection.read_response()
                 getattr(connection, GUARDED).add(command.key)
             await connection.send_command(*_read_args(command))
@@ -192,27 +200,38 @@ class CommandRunner:
 
     def _read_piped(self, command: ReadGrant) -> Any:
         """A cluster client has no pool to take a connection from: the guard goes in one pipeline with the read
-        (one node, one connection), as EVAL (a script cache emptied by a restart cannot fail it). If the guard did
-        not run, a grant the read may have got is not used: the error ends the wait as a lost reply does."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.execute_command(*self._guard_args(command, sha=False))
-        pipe.execute_command(*_read_args(command))
+        (one node, one connection). If the guard did not run (NOSCRIPT after a restart: the script is loaded before
+        the next try), a grant the read may have got is not used: the error ends the wait as a lost reply does."""
+
+        def pipeline() -> Any:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.execute_command(*self._guard_args(command))
+            pipe.execute_command(*_read_args(command))
+            return pipe
 
         def check(replies: list[Any]) -> Any:
             guard, reply = replies
             if isinstance(guard, Exception):
+                self.guard_unloaded = isinstance(guard, redis.exceptions.NoScriptError)
                 raise redis.exceptions.ConnectionError(f"guard before the read failed: {guard}")
             if isinstance(reply, Exception):
                 raise reply
             return reply
 
+        source = self._registered("guard").script
         if self.asyncio:
 
             async def run() -> Any:
-                return check(await pipe.execute(raise_on_error=False))
+                if self.guard_unloaded:
+                    await self.client.script_load(source)
+                    self.guard_unloaded = False
+                return check(await pipeline().execute(raise_on_error=False))
 
             return run()
-        return check(pipe.execute(raise_on_error=False))
+        if self.guard_unloaded:
+            self.client.script_load(source)
+            self.guard_unloaded = False
+        return check(pipeline().execute(raise_on_error=False))
 
     def __call__(self, command: Command) -> Any:
         client = self.client
