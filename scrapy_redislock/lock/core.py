@@ -430,7 +430,7 @@ class LockCore:
         permit.released = permit.holds <= 1
         reply = yield self._script(
             "release",
-            (self.keys.slots, self.keys.holds),
+            (self.keys.slots, self.keys.holds, self.keys.meta),
             permit.owner,
             permit.grant,
             "1" if self.reentrant else "0",
@@ -525,7 +525,7 @@ class LockCore:
             permit.grant, permit.fence, permit.consumer = new, fence_of(new), self.owner
             self.held[new] = permit
         for grant in orphans:
-            yield self._script("release", (k.slots, k.holds), self.owner, grant, "0")
+            yield self._script("release", (k.slots, k.holds, k.meta), self.owner, grant, "0")
         # A permit released meanwhile (by another thread or task) is not "lost".
         lost = [by_grant[g] for g in lost_ids if g in by_grant and not by_grant[g].released]
         for permit in lost:

@@ -380,7 +380,7 @@ def test_release_replies(reply: int, result: bool, lost: bool) -> None:
     permit = granted(core)
     op = core.release(permit)
     command = next(op)
-    assert command == RunScript("release", (core.keys.slots, core.keys.holds), (core.owner, "0-3", "0"))
+    assert command == RunScript("release", (core.keys.slots, core.keys.holds, core.keys.meta), (core.owner, "0-3", "0"))
     assert finish(op, reply) is result
     assert permit.lost is lost and permit.released and core.held == {}
     assert core.idle_consumers == [wait_of(core, 1)]  # its one grant is gone: the name is free for the next wait
@@ -423,7 +423,7 @@ def test_a_permit_released_while_the_renewal_ran_gives_its_adopted_slot_back() -
     core._forget(permit)
     permit.released = True  # the release ran meanwhile
     command = op.send(maintain_reply(adopted=("0-5", "0-9")))
-    assert command == RunScript("release", (core.keys.slots, core.keys.holds), (core.owner, "0-9", "0"))
+    assert command == RunScript("release", (core.keys.slots, core.keys.holds, core.keys.meta), (core.owner, "0-9", "0"))
     assert finish(op, 1) == [] and core.held == {} and permit.grant == "0-5"
 
 

@@ -219,3 +219,20 @@ def test_lowering_then_raising_the_limit_leaves_no_dead_entry(redis_client: redi
     assert (pending, free) == (3, 0)
     assert redis_client.xlen(slots) == pending + free, "entries that are neither free nor held"
     holder.close()
+
+
+def test_a_survivor_that_releases_before_it_renews_gives_a_reserved_slot_back(rdb_server: RedisServer) -> None:
+    """A holder whose request ends before its first renewal after the restart releases a grant Redis forgot: one
+    reserved slot comes back at once, instead of after the reservation's lease."""
+    admin = redis.Redis.from_url(rdb_server.url)
+    holder, newcomer = lock(rdb_server), lock(rdb_server)
+    holder.maintain()
+    snapshot(admin)
+    held = holder.acquire(timeout=1)
+    restart_from_snapshot(rdb_server)
+    assert newcomer.try_acquire() is None  # reserved
+    assert holder.release(held)
+    permit = newcomer.try_acquire()
+    assert permit is not None and permit.fence > held.fence
+    assert newcomer.try_acquire() is None  # one slot: the cap holds
+    holder.close(), newcomer.close(), admin.close()
