@@ -1,16 +1,16 @@
 """Read and check every REDISLOCK_* setting, in one place.
 
 Settings read: REDISLOCK_ENABLED, REDISLOCK_URL, REDISLOCK_PARAMS, REDISLOCK_STAGES, REDISLOCK_WORKER_STAGES,
-REDISLOCK_TTL, REDISLOCK_DURABLE, REDISLOCK_KEY_PREFIX, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT,
-REDISLOCK_STAGE_PREFERENCE, REDISLOCK_SCHEDULER_INNER, REDISLOCK_PARK_LIMIT, REDISLOCK_WAITERS_PER_STAGE,
-REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE, REDISLOCK_CONNECT_TIMEOUT, REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT,
-REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS, REDISLOCK_RANDOMIZE_DELAY, REDISLOCK_QUORUM; and scrapy-redis's
-REDIS_URL,
-REDIS_HOST, REDIS_PORT, REDIS_DB, REDIS_PARAMS as fallbacks for the connection (URLs are parsed by
-:mod:`scrapy_redislock.crawl.connection`). Defaults live in :mod:`scrapy_redislock.crawl.defaults`. For the worker
-scheduler (:func:`read_worker_settings`) also scrapy-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START,
-MAX_IDLE_TIME_BEFORE_CLOSE (fallback of REDISLOCK_IDLE_CLOSE), REDIS_START_URLS_AS_SET, REDIS_START_URLS_AS_ZSET,
-SCHEDULER_SERIALIZER (the request format of the queues: :mod:`scrapy_redislock.crawl.requestformat` when unset).
+REDISLOCK_TTL, REDISLOCK_DURABLE, REDISLOCK_KEY_PREFIX, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES,
+REDISLOCK_WAIT_TIMEOUT, REDISLOCK_STAGE_PREFERENCE, REDISLOCK_SCHEDULER_INNER, REDISLOCK_PARK_LIMIT,
+REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE, REDISLOCK_CONNECT_TIMEOUT,
+REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT, REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS,
+REDISLOCK_RANDOMIZE_DELAY, REDISLOCK_QUORUM; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_DB,
+REDIS_PARAMS as fallbacks for the connection (URLs are parsed by :mod:`scrapy_redislock.crawl.connection`). Defaults
+live in :mod:`scrapy_redislock.crawl.defaults`. For the worker scheduler (:func:`read_worker_settings`) also scrapy-
+redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START, MAX_IDLE_TIME_BEFORE_CLOSE (fallback of REDISLOCK_IDLE_CLOSE),
+REDIS_START_URLS_AS_SET, REDIS_START_URLS_AS_ZSET, SCHEDULER_SERIALIZER (the request format of the queues:
+:mod:`scrapy_redislock.crawl.requestformat` when unset).
 
 Bad values raise :class:`~scrapy_redislock.errors.ConfigError` naming the setting and the value, so a crawl with a
 broken configuration stops at start-up instead of running unthrottled (Scrapy would swallow NotConfigured from a
