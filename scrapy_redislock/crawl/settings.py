@@ -7,10 +7,10 @@ REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE, REDISL
 REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT, REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS,
 REDISLOCK_RANDOMIZE_DELAY, REDISLOCK_QUORUM; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_DB,
 REDIS_PARAMS as fallbacks for the connection (URLs are parsed by :mod:`scrapy_redislock.crawl.connection`). Defaults
-live in :mod:`scrapy_redislock.crawl.defaults`. For the worker scheduler (:func:`read_worker_settings`) also scrapy-
-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START, MAX_IDLE_TIME_BEFORE_CLOSE (fallback of REDISLOCK_IDLE_CLOSE),
-REDIS_START_URLS_AS_SET, REDIS_START_URLS_AS_ZSET, SCHEDULER_SERIALIZER (the request format of the queues:
-:mod:`scrapy_redislock.crawl.requestformat` when unset).
+live in :mod:`scrapy_redislock.crawl.defaults`. For the worker scheduler (:func:`read_worker_settings`) also
+scrapy-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START, MAX_IDLE_TIME_BEFORE_CLOSE (fallback of
+REDISLOCK_IDLE_CLOSE), REDIS_START_URLS_AS_SET, REDIS_START_URLS_AS_ZSET, SCHEDULER_SERIALIZER (the request format
+of the queues: :mod:`scrapy_redislock.crawl.requestformat` when unset).
 
 Bad values raise :class:`~scrapy_redislock.errors.ConfigError` naming the setting and the value, so a crawl with a
 broken configuration stops at start-up instead of running unthrottled (Scrapy would swallow NotConfigured from a
