@@ -105,7 +105,7 @@ def command_costs(rounds: int) -> None:
         print("   ", dict(sorted(seen.items())))
         permit = lock.acquire(timeout=1)
         per_client, per_all, seen = per_op(client, rounds, lambda: lock.maintain([permit]))
-        print(f"per renewal (maintain of one permit): {per_client:.2f} client commands, {per_all:.2f} with script calls")
+        print(f"per renewal (one permit): {per_client:.2f} client commands, {per_all:.2f} with script calls")
         print("   ", dict(sorted(seen.items())))
         lock.close()
         client.close()
