@@ -19,7 +19,9 @@ worker scheduler. API (all on the reactor thread, asyncio reactor)::
     await locks.release(permit)    # never raises; a release Redis did not take is retried at every renewal tick
     locks.release_soon(permit)     # the same from plain code, in a tracked task
     locks.hand(request, permit_or_error)           # StageScheduler: the request leaves with this slot (or error)
-    locks.take(request)            # StageLockMiddleware: what came with it (an error only once), or None
+    locks.take(request)            # StageLockMiddleware: what came with it (an error only once), or None (also
+                                   # when its slot is no longer usable: dropped, see below)
+    locks.usable(permit)           # may this slot go with a request now (counted and logged when not)
     locks.hold(request, permit)    # StageLockMiddleware: a slot it waited for itself
     locks.finish(request)          # the request is done with its slot: passed on locally (see below) or released
     locks.add_taker(fn)            # fn(stage, permit) -> True when it takes a freed slot for a parked request
@@ -43,6 +45,11 @@ granted it; after that the next finish releases it to Redis's first-come-first-s
 own waiters queue too). A slot used locally is a slot held: its lease is valid, so the cap holds even while Redis
 is unreachable (a held slot may then still pass on within that bound; nothing new is granted).
 Counted as ``<stats_prefix>/<stage>/reused``.
+
+A slot found lost, or past the end of its lease on this process's clock (``permit.usable``: renewals failed for a
+lease, a stall, a partition), never goes with a request: :meth:`take`, the local hand-off and StageScheduler's
+hand-out drop it (released, in case Redis still holds it), and its request waits for another slot. A local check,
+no Redis command. Counted as ``<stats_prefix>/<stage>/unusable``.
 
 Renewal: every StageLocks of the process joins one loop (:class:`Renewer`, one per event loop), which every
 ``ttl/3`` (at most 1 s) runs each member's tick at once: tick hooks, retried releases, then ``maintain()`` of every
@@ -279,6 +286,7 @@ class StageLocks:
             ttl=self.settings.ttl,
             key_prefix=self.settings.key_prefix,
             identity=identity,
+            durable=self.settings.durable,
             maintain_loop=False,  # the process's one Renewer maintains every lock
         )
 
@@ -702,10 +710,17 @@ class StageLocks:
 
     def take(self, request: Request) -> SlotPermit | BaseException | None:
         """What ``request`` came with from the scheduler: its slot (held until :meth:`finish`), an error (given
-        once), or None."""
+        once), or None. A slot that is no longer usable is dropped and None returned: the request must wait for
+        another rather than start without a valid lease."""
         outcome = self._out.get(request)
-        if outcome is not None and not isinstance(outcome, SlotPermit):
+        if outcome is None:
+            return None
+        if not isinstance(outcome, SlotPermit):
             del self._out[request]
+        elif not self.usable(outcome):
+            del self._out[request]
+            self.release_soon(outcome)
+            return None
         return outcome
 
     def hold(self, request: Request, permit: SlotPermit) -> None:
@@ -723,12 +738,38 @@ class StageLocks:
         if not self._pass_on(permit):
             self.release_soon(permit)
 
+    def usable(self, permit: SlotPermit) -> bool:
+        """Whether ``permit`` may go with a request now: held under a valid lease as far as this process knows
+        (``permit.usable`` on the lock's clock, monotonic). When not, it is counted and logged; the caller drops it.
+
+        A local check: a slot waiting for a request (StageScheduler's ready queue, a finished request's slot) may
+        have been lost, or its lease may have run out while Redis was out of reach, and another process may hold
+        it by now."""
+        now = time.monotonic()
+        if permit.usable(now):
+            return True
+        stage = self._stage_by_lock.get(permit.name, permit.name)
+        self.stats.inc_value(f"{self.stats_prefix}/{stage}/unusable")
+        if permit.lost or permit.released:
+            logger.info("Slot %s of %r was lost: no request starts with it", permit.grant, stage)
+        else:
+            logger.warning(
+                "Slot %s of %r: its lease ran out %.1f s ago unrenewed (Redis out of reach, or a stall); no request "
+                "starts with it",
+                permit.grant,
+                stage,
+                now - permit.valid_until,
+            )
+        return False
+
     def _pass_on(self, permit: SlotPermit) -> bool:
         stage = self._stage_by_lock.get(permit.name)
-        if stage is None or permit.lost or self.closed or not self._takers:
+        if stage is None or self.closed or not self._takers:
             return False
         if time.monotonic() - permit.acquired_at >= min(self.settings.local_reuse, self.settings.ttl / 2):
             return False  # back to Redis's line, where other processes may wait (and never near the lease's end)
+        if not self.usable(permit):
+            return False
         for taker in self._takers:
             if taker(stage, permit):
                 self.stats.inc_value(f"{self.stats_prefix}/{stage}/reused")

@@ -15,11 +15,14 @@ like any request waiting in a downloader middleware, one of CONCURRENT_REQUESTS)
 
 The key slot is kept by request object and given back on the same paths as the stage slot (response, exception,
 request_left_downloader, a sweep at every renewal tick for requests gone from the downloader, spider close).
+A key slot lost, or past its lease on this process's clock, by the end of the delays is dropped
+(:meth:`KeyGate.usable`) and taken again: a request never starts with a slot another process may hold by now.
 A request that waited for a delay carries its booked start in ``meta["redislock_start_at"]`` (seconds since the
 epoch, Redis's clock; the key's booking when it had a stage delay too). A key function that raises fails that
 request with :class:`~scrapy_redislock.errors.KeyFunctionError` (stat ``redislock/key_errors``), not the crawl.
 
-Stats: redislock/keys/{acquired,wait_time_total,wait_time_max,retired_idle}, redislock/keys/<key>/{timeouts,lost},
+Stats: redislock/keys/{acquired,wait_time_total,wait_time_max,retired_idle},
+redislock/keys/<key>/{timeouts,lost,unusable},
 redislock/delay/{waits,wait_time_total}, redislock/key_errors.
 """
 
@@ -122,6 +125,16 @@ class KeyGate:
         request.meta[START_META] = start
         self.crawler.stats.inc_value("redislock/delay/waits")
         self.crawler.stats.inc_value("redislock/delay/wait_time_total", waited)
+
+    def usable(self, request: Request) -> bool:
+        """Whether the request's key slot, if it has one, may still go with it (see ``StageLocks.usable``); one
+        that may not is dropped (released, in case Redis still holds it)."""
+        permit = self.permits.get(request)
+        if permit is None or self.locks.usable(permit):
+            return True
+        del self.permits[request]
+        self.locks.release_soon(permit)
+        return False
 
     def release(self, request: Request) -> None:
         permit = self.permits.pop(request, None)

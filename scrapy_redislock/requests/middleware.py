@@ -20,6 +20,11 @@ makes progress; those of a stage that is paused (limit 0) or frees no slot anywh
 DOWNLOAD_TIMEOUT are dropped (IgnoreRequest), logged at WARNING with counts and counted as
 ``redislock/<stage>/dropped_at_close``.
 
+A request never starts with a slot that is lost or past its lease on this process's clock (Redis out of reach, a
+stall: another process may hold it by now; see ``StageLocks.usable``). Such a slot is dropped when the request
+picks it up here, or when the request is through its key slot and delays, and the request waits here for another
+(counted as ``redislock/<stage>/unusable``).
+
 Fail closed: enabled with no stage is a ConfigError; with REDISLOCK_ENABLED = False the middleware stays in the
 chain and fails every request that has a stage with ThrottlingDisabled (counted), never sends it unthrottled.
 AcquireTimeout (REDISLOCK_WAIT_TIMEOUT) is not retried by RetryMiddleware unless RETRY_EXCEPTIONS names it.
@@ -30,7 +35,7 @@ REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT, REDI
 delays (:mod:`~scrapy_redislock.requests.keygate`: after the stage slot, the key slot, then the delays)
 REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT, REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS,
 REDISLOCK_RANDOMIZE_DELAY; Scrapy's RETRY_EXCEPTIONS and DOWNLOAD_TIMEOUT.
-Stats: redislock/<stage>/{acquired,wait_time_total,wait_time_max,lost,timeouts,dropped_at_close,reused},
+Stats: redislock/<stage>/{acquired,wait_time_total,wait_time_max,lost,unusable,timeouts,dropped_at_close,reused},
 redislock/unknown_stage, redislock/throttling_off, redislock/redis_errors.
 """
 
@@ -131,9 +136,9 @@ class StageLockMiddleware:
         """
         if self.locks is None:
             return self._refuse_unthrottled(request)
-        handed = self.locks.take(request)
+        handed = self.locks.take(request)  # None also for a slot no longer usable: the request waits here instead
         if isinstance(handed, SlotPermit):
-            return self._keys(request, handed.name)
+            return self._keys(request, handed.name, slotted=True)
         if handed is not None:
             self._fail_timeout(request, handed)  # the scheduler's verdict after REDISLOCK_WAIT_TIMEOUT
         stage = stage_of(request, self.settings, self.crawler.spider)
@@ -148,16 +153,30 @@ class StageLockMiddleware:
             return self._keys(request, stage)
         return self._wait_here(request, stage)
 
-    def _keys(self, request: Request, stage: str | None) -> Coroutine[Any, Any, None] | None:
-        """After the stage slot: the key slot and the delays (:mod:`~scrapy_redislock.requests.keygate`), if any."""
+    def _keys(self, request: Request, stage: str | None, slotted: bool = False) -> Coroutine[Any, Any, None] | None:
+        """After the stage slot (``slotted``: the request holds one): the key slot and the delays
+        (:mod:`~scrapy_redislock.requests.keygate`), if any."""
         through = None if self.gate is None else self.gate.prepare(request, stage)
-        return None if through is None else self._through_gate(request, through)
+        return None if through is None else self._through_gate(request, stage, slotted, through)
 
-    async def _through_gate(self, request: Request, through: Coroutine[Any, Any, None]) -> None:
+    async def _through_gate(
+        self, request: Request, stage: str | None, slotted: bool, through: Coroutine[Any, Any, None]
+    ) -> None:
+        """The gate may take long (a busy key, delays): a slot that stopped being usable meanwhile is dropped and
+        taken again, the stage slot first (a key slot is always the last one taken)."""
         try:
             await through
         except AcquireTimeout as exc:
             self._fail_timeout(request, exc)
+        assert self.gate is not None and self.locks is not None
+        key_usable = self.gate.usable(request)
+        if slotted and stage is not None and self.locks.take(request) is None:
+            self.gate.release(request)
+            await self._wait_here(request, stage)
+        elif not key_usable:
+            again = self._keys(request, stage, slotted)
+            if again is not None:
+                await again
 
     def _refuse_unthrottled(self, request: Request) -> None:
         stage = stage_of(request, self.settings, self.crawler.spider)
@@ -182,6 +201,18 @@ class StageLockMiddleware:
         what happens when the spider closes meanwhile."""
         assert self.locks is not None
         started = time.monotonic()
+        permit = await self._wait_for_slot(request, stage)
+        while not self.locks.usable(permit):
+            self.locks.release_soon(permit)
+            permit = await self._wait_for_slot(request, stage)
+        self.locks.hold(request, permit)
+        self.locks.record_grant(stage, time.monotonic() - started)
+        after = self._keys(request, stage, slotted=True)
+        if after is not None:
+            await after
+
+    async def _wait_for_slot(self, request: Request, stage: str) -> SlotPermit:
+        assert self.locks is not None
         wait = asyncio.ensure_future(self.locks.acquire(stage, self.settings.wait_timeout))
         self._waits[wait] = stage
         self.waiting[stage] += 1
@@ -198,11 +229,7 @@ class StageLockMiddleware:
             self._waits.pop(wait, None)
             self._dropped.discard(wait)
             self.waiting[stage] -= 1
-        self.locks.hold(request, permit)
-        self.locks.record_grant(stage, time.monotonic() - started)
-        after = self._keys(request, stage)
-        if after is not None:
-            await after
+        return permit
 
     def _watch_close(self) -> None:
         if self._watcher is None or self._watcher.done():

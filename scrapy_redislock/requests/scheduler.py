@@ -14,6 +14,9 @@ every other stage (head-of-line blocking) and hold up the engine's close. This s
 - a slot freed by a finished request of this process goes straight to the oldest parked request of its stage
   (:meth:`_take_slot`, called by ``StageLocks.finish``): no Redis round trip, the engine woken at once; within
   REDISLOCK_LOCAL_REUSE seconds of Redis's grant, so that other processes waiting in Redis's line get their turn;
+- a granted slot that waited for the engine and meanwhile was lost, or outlived its lease on this process's clock
+  (renewals failed: Redis out of reach, a stall), is dropped, never handed out (``StageLocks.usable``); its request
+  stays parked and a waiter asks Redis for a fresh slot;
 - a capped request that a middleware before StageLockMiddleware will settle without a download (a fresh
   HTTPCACHE hit, a URL robots.txt forbids: see
   :func:`~scrapy_redislock.crawl.early.settled_before_download`) goes at once, without a slot; should it
@@ -32,7 +35,8 @@ Settings read (via :func:`scrapy_redislock.crawl.settings.read_settings`): REDIS
 REDISLOCK_PARK_LIMIT, REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_WAIT_TIMEOUT, REDISLOCK_LOCAL_REUSE, REDISLOCK_ENABLED,
 REDISLOCK_STAGES and the stage settings.
 Stats: those of the middleware (acquired and wait times are counted here for requests that waited here), plus
-redislock/<stage>/parked_max and redislock/<stage>/reused (slots passed on locally).
+redislock/<stage>/parked_max, redislock/<stage>/reused (slots passed on locally) and redislock/<stage>/unusable
+(slots dropped before a request could start with them).
 """
 
 from __future__ import annotations
@@ -275,6 +279,7 @@ class StageScheduler:
         for stage, parked in self.parked.items():
             if not parked:
                 continue
+            self._drop_unusable(stage)
             ready = self.ready[stage]
             if ready:
                 since, request = parked.popleft()
@@ -292,6 +297,24 @@ class StageScheduler:
                 self._free_surplus(stage)
                 return request
         return None
+
+    def _drop_unusable(self, stage: str) -> None:
+        """Ready slots that are lost or past their lease go back, and their requests get waiters for fresh ones:
+        a request must not start with such a slot (another process may hold it by now)."""
+        ready = self.ready[stage]
+        now = time.monotonic()
+        if all(permit.usable(now) for permit in ready):
+            return
+        assert self.locks is not None
+        kept = []
+        for permit in ready:
+            if self.locks.usable(permit):
+                kept.append(permit)
+            else:
+                self.locks.release_soon(permit)
+        ready.clear()
+        ready.extend(kept)
+        self._ensure_waiters(stage)
 
     def _free_surplus(self, stage: str) -> None:
         """Slots granted beyond the parked requests (they timed out meanwhile) go back at once."""
@@ -364,8 +387,10 @@ class StageScheduler:
         self._arm_timer(stage)
 
     async def tick(self) -> None:
-        """At every renewal tick: stand down once the engine closes; make sure parked requests have a waiter."""
+        """At every renewal tick: stand down once the engine closes; drop ready slots that can no longer be handed
+        out (so a fresh one is asked for before the engine next asks); make sure parked requests have a waiter."""
         if engine_closing(self.crawler):
             self._stand_down()
         for stage in self.parked:  # a safety net: parked requests always have someone waiting for them
+            self._drop_unusable(stage)
             self._ensure_waiters(stage)

@@ -112,3 +112,39 @@ def test_an_older_slot_goes_back_to_redis_and_a_refusing_taker_too(redis_url: st
             assert f.crawler.stats.get_value("redislock/detail/reused") is None
 
     asyncio.run(scenario())
+
+
+def test_a_slot_past_its_lease_is_not_taken(redis_url: str, redis_client: redis.Redis) -> None:
+    """Its lease ran out unrenewed on this process's clock (a stall, a partition): take() drops it (back to Redis)
+    and the request waits for another. No await between the clock check and take(): no renewal can move it."""
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}, scheduler=False) as f:
+            permit = await f.locks.acquire("detail", None)
+            one = request("detail", 1)
+            f.locks.hand(one, permit)
+            permit.valid_until = time.monotonic()
+            assert f.locks.take(one) is None
+            assert f.locks.take(one) is None  # dropped, not handed later
+            assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
+            await until(lambda: leftover(redis_client) == 0)
+
+    asyncio.run(scenario())
+
+
+def test_a_slot_past_its_lease_is_not_passed_on(redis_url: str, redis_client: redis.Redis) -> None:
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}, scheduler=False, REDISLOCK_LOCAL_REUSE=30) as f:
+            taken: list[Permit] = []
+            f.locks.add_taker(lambda stage, permit: taken.append(permit) is None)
+            permit = await f.locks.acquire("detail", None)
+            one = request("detail", 1)
+            f.locks.hold(one, permit)
+            permit.valid_until = time.monotonic()
+            f.locks.finish(one)
+            assert taken == []
+            assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
+            assert f.crawler.stats.get_value("redislock/detail/reused") is None
+            await until(lambda: leftover(redis_client) == 0)
+
+    asyncio.run(scenario())

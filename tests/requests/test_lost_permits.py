@@ -1,0 +1,160 @@
+"""A slot that is no longer held under a valid lease never goes out with a request (in-process, a real Redis): one
+lost while it waited in StageScheduler's ready queue (an operator reset), one whose lease ran out while this
+process could not renew it (a partition: another process gets the slot), one lost between the scheduler and the
+middleware, one lost while its request waited for its key slot. Each is dropped, counted as
+``redislock/<stage>/unusable``, and its request waits for a fresh slot."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+import redis.exceptions
+from scrapy import Request
+from scrapy.http import Response
+
+from scrapy_redislock import CountingLock
+from scrapy_redislock.lock.core import LockKeys, Permit, reset_lock
+from scrapy_redislock.lock.front import CommandRunner
+from scrapy_redislock.lock.protocol import drive
+from testing.crawlproc import leftover
+from testing.inprocess import Front, front, held, request, until
+
+pytestmark = pytest.mark.integration
+
+
+def reset(client: redis.Redis, stage: str) -> None:
+    """What ``redislock reset`` does: every grant of the stage freed in Redis, its holders not told."""
+    drive(reset_lock(LockKeys.of("redislock", stage)), CommandRunner(client), stage)
+
+
+async def parked_with_a_ready_slot(f: Front) -> tuple[Request, Permit]:
+    """A request parked in StageScheduler whose slot waits in the ready queue (the engine has not asked yet)."""
+    assert f.scheduler is not None
+    parked = request("detail", 1)
+    f.scheduler.enqueue_request(parked)
+    assert f.scheduler.next_request() is None
+    await until(lambda: len(f.scheduler.ready["detail"]) == 1)
+    permit = f.scheduler.ready["detail"][0]
+    assert isinstance(permit, Permit)
+    return parked, permit
+
+
+def goes_out_with_a_fresh_slot(f: Front, client: redis.Redis, sent: Request, old: Permit) -> Permit:
+    fresh = f.locks.take(sent)
+    assert isinstance(fresh, Permit) and fresh is not old
+    assert fresh.usable(time.monotonic())
+    assert held(client, "detail") == [fresh.grant]
+    assert f.middleware.process_request(sent) is None  # it came with its slot: nothing to wait for
+    return fresh
+
+
+def test_a_slot_lost_in_the_ready_queue_is_not_handed_out(redis_url: str, redis_client: redis.Redis) -> None:
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}) as f:
+            assert f.scheduler is not None
+            parked, permit = await parked_with_a_ready_slot(f)
+            reset(redis_client, "detail")
+            await until(lambda: permit.lost)  # the renewal loop found it gone
+            sent = await f.next_request()
+            assert sent is parked
+            goes_out_with_a_fresh_slot(f, redis_client, sent, permit)
+            stats = f.crawler.stats
+            assert stats.get_value("redislock/detail/lost") == 1
+            assert stats.get_value("redislock/detail/unusable") == 1
+            f.middleware.process_response(sent, Response(sent.url, request=sent))
+            await until(lambda: leftover(redis_client) == 0)
+
+    asyncio.run(scenario())
+
+
+def test_a_ready_slot_past_its_lease_is_not_handed_out(redis_url: str, redis_client: redis.Redis) -> None:
+    """Renewals fail (this process is cut off), the lease runs out in Redis and another process takes the slot: this
+    process cannot know it is lost, but its clock says the lease is over."""
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}) as f:
+            assert f.scheduler is not None
+            parked, permit = await parked_with_a_ready_slot(f)
+            lock = f.locks.locks["detail"]
+
+            async def cut_off() -> list[Permit]:
+                raise redis.exceptions.ConnectionError("partitioned")
+
+            lock.maintain = cut_off  # type: ignore[method-assign]
+            rival = CountingLock(redis.Redis.from_url(redis_url), "detail", limit=1, ttl=3)
+            try:
+                rival_permit = await asyncio.to_thread(rival.acquire, 20)
+                assert not permit.usable(time.monotonic())
+                assert f.scheduler.next_request() is None  # the rival holds the only slot
+                del lock.maintain  # reachable again
+                assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
+                assert held(redis_client, "detail") == [rival_permit.grant]
+                await asyncio.to_thread(rival.release, rival_permit)
+                sent = await f.next_request()
+                assert sent is parked
+                goes_out_with_a_fresh_slot(f, redis_client, sent, permit)
+                f.middleware.process_response(sent, Response(sent.url, request=sent))
+            finally:
+                rival.close()
+            await until(lambda: leftover(redis_client) == 0)
+
+    asyncio.run(scenario())
+
+
+def test_a_slot_lost_on_its_way_to_the_middleware_makes_the_request_wait_there(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}, scheduler=False) as f:
+            permit = await f.locks.acquire("detail", None)
+            sent = request("detail", 1)
+            f.locks.hand(sent, permit)
+            reset(redis_client, "detail")
+            await until(lambda: permit.lost)
+            waiting = f.middleware.process_request(sent)
+            assert waiting is not None  # it waits for a slot instead of going out with the lost one
+            await asyncio.wait_for(waiting, 10)
+            fresh = f.locks.take(sent)
+            assert isinstance(fresh, Permit) and fresh is not permit
+            assert held(redis_client, "detail") == [fresh.grant]
+            assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
+            f.middleware.process_response(sent, Response(sent.url, request=sent))
+            await until(lambda: leftover(redis_client) == 0)
+
+    asyncio.run(scenario())
+
+
+def test_a_stage_slot_lost_while_its_request_waits_for_its_key_is_taken_again(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The key slot comes after the stage slot, so the request gives the key slot back and takes both again."""
+
+    async def scenario() -> None:
+        settings = {"REDISLOCK_STAGE_KEY": "domain", "REDISLOCK_KEY_LIMIT": 1}
+        async with front(redis_url, {"detail": 2}, scheduler=False, **settings) as f:
+            mw = f.middleware
+            assert mw.gate is not None
+            first, second = request("detail", 1), request("detail", 2)
+            through = mw.process_request(first)
+            assert through is not None
+            await through
+            waiting = asyncio.ensure_future(mw.process_request(second))  # type: ignore[arg-type]
+            await until(lambda: sum(mw.gate.waiting.values()) == 1)  # holds its stage slot, waits for the key
+            permit = f.locks.take(second)
+            assert isinstance(permit, Permit)
+            reset(redis_client, "detail")
+            await until(lambda: permit.lost)
+            mw.process_response(first, Response(first.url, request=first))  # the key slot is free
+            await asyncio.wait_for(waiting, 10)
+            fresh = f.locks.take(second)
+            assert isinstance(fresh, Permit) and fresh is not permit
+            assert held(redis_client, "detail") == [fresh.grant]
+            assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
+            assert f.crawler.stats.get_value("redislock/keys/acquired") == 3  # the second took its key twice
+            mw.process_response(second, Response(second.url, request=second))
+            await until(lambda: leftover(redis_client) == 0)
+
+    asyncio.run(scenario())
