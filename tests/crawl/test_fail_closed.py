@@ -292,22 +292,25 @@ def test_a_dead_holder_is_named_while_the_crawl_waits(
 
 @pytest.mark.faults
 def test_recovery_window_after_a_data_loss_is_logged(site: CrawlSite, tmp_path: Path) -> None:
-    """Redis restarted empty: requests wait one TTL (the slots are reserved for holders that survived); the log
-    says so and until when."""
-    site.delay = 0.5
+    """Redis restarted empty: the slots are reserved for one TTL for the holders that survived. Here the holders
+    are a silent process that never renews nor releases (a survivor that gives its slot back, by a release or a
+    renewal, ends the wait sooner), so the crawl waits the TTL, and the log says so and until when."""
+    site.delay = 0.05
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
+        silent = CountingLock(redis.Redis.from_url(server.url), "detail", limit=2, ttl=9, maintain_loop=False)
+        for _ in range(2):
+            silent.acquire(timeout=5)
         extra = {"REDISLOCK_STAGES": {"detail": 2}, "REDISLOCK_TTL": 9}
-        crawl = Crawl(site.url, "detail:40", settings(server.url, **extra), tmp_path).start()
-        assert site.wait_for(lambda: site.count("detail") >= 4, timeout=30)
+        crawl = Crawl(site.url, "detail:10", settings(server.url, **extra), tmp_path).start()
+        assert crawl.wait_for_output("Stage 'detail' has no free slot at start"), crawl.tail()
         server.kill()
-        # The crawl's downloads end while Redis is down, so no holder survives to re-adopt the reserved slots.
-        assert site.wait_for(lambda: site.in_flight["detail"] == 0, timeout=30)
         server.start()
         crawl.wait(timeout=120)
         assert crawl.stats["finish_reason"] == "finished", crawl.tail()
-        assert "recovery window after a Redis data loss: " in crawl.output, crawl.tail()
-        assert len(site.hits) == 40 and site.max_in_flight["detail"] <= 2
+        assert "recovery window after a Redis data loss: 2 of 2 slots reserved" in crawl.output, crawl.tail()
+        assert len(site.hits) == 10 and site.max_in_flight["detail"] <= 2
+        silent.close()
         assert leftover(client) == 0
         client.close()
 
