@@ -346,3 +346,49 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# -- measuring caps from what the site saw ----------------------------------------------------------------------
+
+
+def most_at_once(served: list[Served], cap: int, who: str = "request") -> tuple[int, float]:
+    """The most holders in flight at one instant, and the seconds during which there were more than ``cap``.
+
+    A holder is a request (``who="request"``) or a worker (``who="worker"``: all of a worker's requests count once).
+    """
+    events = []
+    for n, record in enumerate(served):
+        holder = record.worker if who == "worker" else str(n)
+        events += [(record.arrived, 1, holder), (record.answered, -1, holder)]
+    events.sort(key=lambda event: (event[0], event[1]))  # at one instant, answers before arrivals
+    open_: Counter[str] = Counter()
+    most, above, since = 0, 0.0, None
+    for instant, step, holder in events:
+        open_[holder] += step
+        if open_[holder] == 0:
+            del open_[holder]
+        holders = len(open_)
+        most = max(most, holders)
+        if holders > cap and since is None:
+            since = instant
+        elif holders <= cap and since is not None:
+            above += instant - since
+            since = None
+    return most, above
+
+
+def longest_pause(records: list[Served]) -> float:
+    """The longest time with no request in flight, between the first arrival and the last answer: what a
+    failover stalled the crawl for."""
+    pause, busy_until = 0.0, None
+    for record in sorted(records, key=lambda r: r.arrived):
+        if busy_until is not None and record.arrived > busy_until:
+            pause = max(pause, record.arrived - busy_until)
+        busy_until = record.answered if busy_until is None else max(busy_until, record.answered)
+    return pause
+
+
+def served(site: CrawlSite, *paths: str) -> list[Served]:
+    """The site's records of requests to pages under the given first path segments."""
+    with site.lock:
+        return [record for record in site.served if record.stage in paths]

@@ -17,10 +17,9 @@ import pytest
 import redis
 
 from scrapy_redislock import CountingLock
-from tests.crawl.test_high_availability import most_at_once, served
 from testing.crawlproc import ROOT, Crawl, leftover, staged_worker
 from testing.redis_server import RedisServer
-from testing.site import CrawlSite, links_page
+from testing.site import CrawlSite, links_page, most_at_once, served
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 TESTS = ROOT / "testing" / "spiders"
