@@ -333,21 +333,6 @@ def add_shop_arguments(
     parser.add_argument("--delay", type=float, default=delay, help=f"seconds the site takes per page (default {delay})")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m testing.site", description="Serve the fake shop.")
-    parser.add_argument("--port", type=int, default=8000)
-    add_shop_arguments(parser)
-    args = parser.parse_args()
-    with ShopSite(args.lists, args.details, args.comments, args.delay, args.port) as site:
-        print(f"shop at {site.start_url}; Ctrl-C to stop", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            site.thread.join()
-
-
-if __name__ == "__main__":
-    main()
-
-
 # -- measuring caps from what the site saw ----------------------------------------------------------------------
 
 
@@ -392,3 +377,18 @@ def served(site: CrawlSite, *paths: str) -> list[Served]:
     """The site's records of requests to pages under the given first path segments."""
     with site.lock:
         return [record for record in site.served if record.stage in paths]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m testing.site", description="Serve the fake shop.")
+    parser.add_argument("--port", type=int, default=8000)
+    add_shop_arguments(parser)
+    args = parser.parse_args()
+    with ShopSite(args.lists, args.details, args.comments, args.delay, args.port) as site:
+        print(f"shop at {site.start_url}; Ctrl-C to stop", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            site.thread.join()
+
+
+if __name__ == "__main__":
+    main()
