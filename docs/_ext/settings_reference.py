@@ -1,26 +1,48 @@
-"""Sphinx directive ``settings-reference``: the table of every REDISLOCK_* setting, made from
-``scrapy_redislock/crawl/defaults.py`` itself (each assignment, its default, and the comment above it), so the reference
-cannot drift from the code."""
+"""The settings table of ``docs/settings.md``, made from ``scrapy_redislock/crawl/defaults.py`` itself (each assignment,
+its default, and the comment above it), so the reference cannot drift from the code.
+
+The table is a plain Markdown table written *into* ``docs/settings.md`` between two HTML comments, so that it shows
+wherever the Markdown is read (GitHub, an editor) and not only in the Sphinx site. After a change to defaults.py::
+
+    python docs/_ext/settings_reference.py            # rewrite the table in docs/settings.md
+    python docs/_ext/settings_reference.py --check    # exit 1 if the table is stale (tests/test_docs.py checks it)
+
+As a Sphinx extension it puts the current table into the page at build time as well, so the site is never stale.
+"""
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
-from docutils import nodes
-from sphinx.application import Sphinx
-from sphinx.util.docutils import SphinxDirective
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+if str(ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(ROOT))
 
-import scrapy_redislock.crawl.defaults as defaults
+import scrapy_redislock.crawl.defaults as defaults  # noqa: E402
 
+PAGE = HERE.parent / "settings.md"
+BEGIN = (
+    "<!-- settings table: generated from scrapy_redislock/crawl/defaults.py by "
+    "`python docs/_ext/settings_reference.py`; do not edit by hand -->"
+)
+END = "<!-- end of the generated settings table -->"
+BLOCK = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
 ASSIGNMENT = re.compile(r"^(REDISLOCK_[A-Z0-9_]+)\s*(?::[^=]+)?=")
 
+# Comments of defaults.py that say something the code does not do, and what the table says instead. A correction
+# applies only while defaults.py's comment reads exactly as quoted here; tests/test_docs.py fails when a quoted
+# comment is gone (fixed in defaults.py), so that its correction is dropped here.
+CORRECTIONS: dict[str, tuple[str, str]] = {}
 
-def documented_settings() -> list[tuple[str, Any, str]]:
-    """(name, default, description) in the order of defaults.py; the comment right above a setting describes it."""
+
+def defaults_comments() -> dict[str, str]:
+    """The comment right above each setting in defaults.py, as it is there (before any correction)."""
     source = Path(defaults.__file__).read_text(encoding="utf-8").splitlines()
-    found: list[tuple[str, Any, str]] = []
+    found: dict[str, str] = {}
     comment: list[str] = []
     for line in source:
         if line.startswith("#"):
@@ -28,50 +50,73 @@ def documented_settings() -> list[tuple[str, Any, str]]:
             continue
         match = ASSIGNMENT.match(line)
         if match:
-            found.append((match.group(1), defaults.SETTINGS[match.group(1)], " ".join(comment)))
+            found[match.group(1)] = " ".join(comment)
         comment = []  # a comment describes the one line below it
-    missing = set(defaults.SETTINGS) - {name for name, _, _ in found}
-    if missing:
-        raise ValueError(f"settings in defaults.SETTINGS but not assigned on a line of their own: {sorted(missing)}")
     return found
 
 
-def _row(*cells: nodes.Node) -> nodes.row:
-    row = nodes.row()
-    for content in cells:
-        entry = nodes.entry()
-        entry += content
-        row += entry
-    return row
+def documented_settings() -> list[tuple[str, Any, str]]:
+    """(name, default, description) in the order of defaults.py; the comment right above a setting describes it."""
+    comments = defaults_comments()
+    missing = set(defaults.SETTINGS) - set(comments)
+    if missing:
+        raise ValueError(f"settings in defaults.SETTINGS but not assigned on a line of their own: {sorted(missing)}")
+    found = []
+    for name, description in comments.items():
+        stale, corrected = CORRECTIONS.get(name, (None, None))
+        found.append((name, defaults.SETTINGS[name], corrected if description == stale else description))
+    return found
 
 
-class SettingsReference(SphinxDirective):
-    has_content = False
-
-    def run(self) -> list[nodes.Node]:
-        self.env.note_dependency(defaults.__file__)
-        table = nodes.table(classes=["settings-reference"])
-        group = nodes.tgroup(cols=3)
-        table += group
-        for width in (30, 25, 45):
-            group += nodes.colspec(colwidth=width)
-        head = nodes.thead()
-        head += _row(*(nodes.paragraph(text=title) for title in ("setting", "default", "meaning")))
-        group += head
-        body = nodes.tbody()
-        for name, default, description in documented_settings():
-            target = nodes.target("", "", ids=[name.lower().replace("_", "-")], names=[name.lower()])
-            title = nodes.paragraph()
-            title += [target, nodes.literal(text=name)]
-            body += _row(
-                title,
-                nodes.paragraph("", "", nodes.literal(text=repr(default))),
-                nodes.paragraph(text=description or "(undocumented in defaults.py)"),
-            )
-        group += body
-        return [table]
+def _text(value: str) -> str:
+    """Plain text for a Markdown table cell: nothing in it is taken for markup (emphasis, HTML, a cell border)."""
+    value = re.sub(r"([\\`*|<\[\]])", r"\\\1", value)
+    return re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", value)  # _ inside a word is no emphasis anyway
 
 
-def setup(app: Sphinx) -> dict[str, Any]:
-    app.add_directive("settings-reference", SettingsReference)
-    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
+def markdown_table() -> str:
+    """The table, one row per setting: `name` | `repr(default)` | description."""
+    lines = ["| setting | default | meaning |", "|---|---|---|"]
+    for name, default, description in documented_settings():
+        lines.append(f"| `{name}` | `{default!r}` | {_text(description) or '(undocumented in defaults.py)'} |")
+    return "\n".join(lines)
+
+
+def generated_block() -> str:
+    return f"{BEGIN}\n\n{markdown_table()}\n\n{END}"
+
+
+def with_current_table(page: str) -> str:
+    """The page with its generated block replaced by the current one (ValueError if it has no such block)."""
+    if len(BLOCK.findall(page)) != 1:
+        raise ValueError(f"docs/settings.md must hold exactly one block from {BEGIN!r} to {END!r}")
+    return BLOCK.sub(lambda _: generated_block(), page)
+
+
+def _source_read(app: Any, docname: str, source: list[str]) -> None:
+    if docname == "settings":
+        app.env.note_dependency(defaults.__file__)  # rebuild the page when defaults.py changes
+        source[0] = with_current_table(source[0])
+
+
+def setup(app: Any) -> dict[str, Any]:
+    app.connect("source-read", _source_read)
+    return {"version": "2", "parallel_read_safe": True, "parallel_write_safe": True}
+
+
+def main(argv: list[str]) -> int:
+    page = PAGE.read_text(encoding="utf-8")
+    current = with_current_table(page)
+    if "--check" in argv:
+        if current != page:
+            print(f"{PAGE} has a stale settings table: run python docs/_ext/settings_reference.py", file=sys.stderr)
+            return 1
+        return 0
+    if current != page:
+        PAGE.write_text(current, encoding="utf-8")
+        print(f"{PAGE}: settings table rewritten")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

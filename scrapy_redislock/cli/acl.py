@@ -13,7 +13,7 @@
 - ``watcher``: ``status`` only, read-only access (``%R~``) to the prefix's keys.
 
 The client commands were found with MONITOR during crawls of both fronts and runs of every sub-command;
-``tests/test_acl.py`` finds them again (MONITOR, the scripts, and the ACL log of a crawl run as ``crawler``)
+``tests/cli/test_acl.py`` finds them again (MONITOR, the scripts, and the ACL log of a crawl run as ``crawler``)
 and fails, naming the command, when the code sends one that is not listed here. Connection commands AUTH and HELLO
 need no rule. redis-py also sends CLIENT SETINFO on connect (Redis 7.2 and later) and ignores a refusal: add
 ``+client|setinfo`` there to keep the ACL log quiet (Redis 7.0 rejects that rule: it has no such command).

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-# Off switch: False turns every scrapy_redislock component off (NotConfigured).
+# Off switch of the request front (StageLockMiddleware, StageScheduler): with False the crawl needs no Redis,
+# requests without a stage go out, and a request that has a stage fails with ThrottlingDisabled (stat
+# redislock/throttling_off) instead of going out unthrottled; never NotConfigured. The worker front
+# (StageWorkerMixin) does not read it.
 REDISLOCK_ENABLED = True
 # Redis URL: redis://, rediss://, unix://, redis+sentinel://h1:26379,h2:26379/service[/db], redis+cluster://h1:7000,...
 # (see docs/high-availability.md), or a list of independent masters' URLs for a quorum lock (request front only);
