@@ -22,14 +22,21 @@ What it promises and what it does not:
 * Order: one FIFO per master cannot give a global FIFO (two waiters can be first on different masters); waiters
   are served in the lead's FIFO order while it is up (a release gives the lead's slot back last). While it is down
   the next master leads, and waiters queued on the dead one lose their place. ``try_acquire`` is one round, no queue.
+* A lead that stops answering (paused, frozen VM, silent network) is noticed within about ttl/3 plus a PING's
+  answer time: a wait that heard nothing from its lead for a renewal interval makes sure the lead still answers (one
+  PING per master and interval, shared by every wait of the object); a lead that does not is left as a failed one is
+  (down for ttl/3), whatever it may still hand the wait being freed when it answers again. A lead that answers keeps
+  the waiter's place in its FIFO however long the wait.
 * Renew on all masters; a renewal that fewer than q masters confirm loses the permit (what it still has is given
   back). Release on all masters.
 * The fencing token is a vector: :attr:`QuorumPermit.fences`, master index -> that master's fence.
   :meth:`QuorumPermit.newer_than` compares two: for a mutex, two successive holders share a master, and on it
   the later one's fence is larger. One number (a max or a sum) would not be ordered across masters.
 * A master that restarted empty rejoins only after one lease: the lock is recreated there with every slot
-  reserved (the single lock's limbo recovery) whenever this object has seen the lock on any master, so holders
-  re-adopt their grants and nobody new gets that master's slots for one ttl.
+  reserved (the single lock's limbo recovery) whenever the lock is on any master, so holders re-adopt their grants
+  and nobody new gets that master's slots for one ttl. Before its first write (``set_limit``, or the setup of a
+  first acquire) an object that has not seen the lock yet asks every master whether it has it (one EXISTS each); only
+  a lock that no master answering has is created with free slots.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ from redis.retry import Retry
 
 from scrapy_redislock._loop import every, stop
 from scrapy_redislock._redis import Backoff, check_limit, check_timeout
-from scrapy_redislock.errors import AcquireTimeout, InvalidArgument, LockError, LockLost
+from scrapy_redislock.errors import AcquireTimeout, InvalidArgument, LockConnectionError, LockError, LockLost
 from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.core import Clock, LockCore, Permit, default_identity
 from scrapy_redislock.lock.front import LockFront, TaskContext, ThreadContext, waiting_client
@@ -67,6 +74,11 @@ DRIFT_MS = 2  # plus this much for the rounding of Redis's millisecond clock
 RETRY_FIRST = 0.005  # s, first back-off after a lost round; doubles up to RETRY_MOST
 RETRY_MOST = 0.05
 MASTER_ERRORS = (redis.exceptions.RedisError, LockError, OSError)  # one master failing is an answer, not a failure
+ANSWER_WITHIN = 1.0  # s: a lead master that does not answer a PING within this (or its socket timeout) is silent
+
+
+class LeadSilent(LockConnectionError):
+    """The lead master did not answer while a wait was queued in its FIFO: the wait was given up (see LeadWait)."""
 
 
 def master_options(asyncio: bool = False) -> dict[str, Any]:
@@ -91,10 +103,17 @@ class Fanout:
 @dataclass(frozen=True)
 class LeadWait:
     """Wait in one master's FIFO for a slot (its lock front's blocking acquire, which reaps dead holders' leases
-    while it waits); the reply maps that master's index -> Permit or exception (AcquireTimeout after timeout)."""
+    while it waits); the reply maps that master's index -> Permit or exception (AcquireTimeout after timeout).
+
+    With ``watch``: each time the wait has gone ``watch`` seconds without a reply, the front makes sure the master
+    still answers (a PING; see ``QuorumFront``). While it does, the wait goes on untouched (its place in the FIFO
+    kept); when it does not, the front gives the wait up as a cancelled one (what Redis may still hand it is freed by
+    the next maintain there) and replies :class:`LeadSilent`.
+    """
 
     index: int
     timeout: float | None
+    watch: float | None = None
 
 
 @dataclass(frozen=True)
@@ -229,13 +248,36 @@ class QuorumCore:
         for core in self.cores:
             core.ever_set_up = True
 
-    def _probe(self) -> QuorumOperation:
-        """Once per object: does the lock exist on any master? (Then a master without it restarted empty.)"""
+    def _probe(self, skip: int | None = None) -> QuorumOperation:
+        """Until the lock was seen: does it exist on any master (but ``skip``)? Then a master without it lost it
+        (restarted empty), and every per-master setup or set_limit that finds it missing recreates it in limbo. Run
+        before anything this object writes could create the lock: one EXISTS per master, only while the lock was
+        never seen. A master that does not answer is not counted: only a lock that some master has is known."""
         if self.known:
             return
-        replies = yield Fanout({i: _exists(core) for i, core in enumerate(self.cores)})
+        replies = yield Fanout({i: _exists(core) for i, core in enumerate(self.cores) if i != skip})
         if any(not isinstance(r, BaseException) and int(r) for r in replies.values()):
             self._known()
+
+    def set_limit(self, limit: int) -> QuorumOperation:
+        """Write ``limit`` to every master: (the previous limit of the first master that had one, the masters that
+        failed: index -> error). A master that lacks the lock while another has it gets it in limbo (every slot
+        reserved for one lease: it lost the lock, and a holder may be about to re-adopt its grant there); only a
+        lock found on no master is created with free slots."""
+        yield from self._probe()
+        recover = self.known
+        replies = yield Fanout({i: core.set_limit_op(limit, recover) for i, core in enumerate(self.cores)})
+        failed: dict[int, BaseException] = {}
+        previous = None
+        for index in sorted(replies):
+            reply = replies[index]
+            if isinstance(reply, BaseException):
+                failed[index] = reply
+            elif previous is None:
+                previous = reply
+        if len(failed) < len(replies):
+            self._known()  # the lock exists now: a master that later lacks it lost it (recreated in limbo)
+        return previous, failed
 
     def acquire(
         self, timeout: float | None, blocking: bool = True, holder: Any = None, pending: Pending | None = None
@@ -281,11 +323,14 @@ class QuorumCore:
                 reply: Any = LockError("no master answered")
             else:
                 asked = self.clock()
-                reply = (yield LeadWait(lead, left))[lead]
+                reply = (yield LeadWait(lead, left, self.renew_interval))[lead]
             if isinstance(reply, AcquireTimeout):
                 raise self._timeout(timeout)
             if isinstance(reply, Permit) and lead is not None:
                 pending.append((lead, reply))
+                # Not seen before the wait: the lead may have created it just now (a new lock), or the others may
+                # have it by now (a master that did not answer the first probe): ask them again before the round.
+                yield from self._probe(skip=lead)
                 patience_end = self.clock() + self.renew_interval
                 # The lead's lease began after ``asked`` (Redis delivered the slot to a read sent after it): after a
                 # short wait the validity is counted from there, a long one renews the lead's slot in the round.
@@ -515,6 +560,8 @@ class QuorumFront:
         )
         self._masters = list(masters)
         self._runners = [front._command for front in self._fronts]
+        # Per master: (when, whether it answered) of the last PING a lead wait sent (see LeadWait.watch).
+        self._answered: dict[int, tuple[float, bool]] = {}
         self.auto_renew = auto_renew
         self.on_lost = on_lost or (lambda p: logger.warning("quorum permit %s of %r was lost", p.token, p.name))
 
@@ -550,6 +597,21 @@ class QuorumFront:
             except Exception:
                 logger.exception("on_lost callback of quorum lock %r failed", self.name)
 
+    def _recent_answer(self, index: int) -> bool | None:
+        """Whether master ``index`` answered the last PING, if that was less than a renewal interval ago."""
+        last = self._answered.get(index)
+        if last is None or self._core.clock() - last[0] >= self.renew_interval:
+            return None
+        return last[1]
+
+    def _silent(self, index: int, cause: BaseException | None = None) -> LeadSilent:
+        error = LeadSilent(
+            f"quorum lock {self.name!r}: master {index} did not answer within {ANSWER_WITHIN} s while a wait was "
+            "queued there; the wait was given up"
+        )
+        error.__cause__ = cause
+        return error
+
 
 class QuorumCountingLock(ThreadContext, QuorumFront):
     """A counting lock held on a safe quorum of N independent ``redis.Redis`` masters, for blocking code.
@@ -567,6 +629,7 @@ class QuorumCountingLock(ThreadContext, QuorumFront):
         self._renewer: threading.Thread | None = None
         self._loop_lock = threading.Lock()
         self._stop = threading.Event()
+        self._answer_locks = [threading.Lock() for _ in self._masters]
 
     def _one(self, index: int, op: Operation) -> Any:
         try:
@@ -587,13 +650,65 @@ class QuorumCountingLock(ThreadContext, QuorumFront):
                     reply = None
                 elif isinstance(command, LeadWait):
                     try:
-                        reply = {command.index: self._fronts[command.index].acquire(command.timeout)}
+                        reply = {command.index: self._lead_wait(command)}
                     except MASTER_ERRORS as exc:
                         reply = {command.index: exc}
                 else:
                     reply = {i: self._one(i, sub) for i, sub in command.ops.items()}
         finally:
             op.close()
+
+    def _lead_wait(self, command: LeadWait) -> Permit | BaseException:
+        """The lead master's blocking acquire, in this thread; with ``command.watch`` a watcher thread breaks the
+        wait off when the master stops answering (see :meth:`_watch`): LeadSilent then."""
+        front = self._fronts[command.index]
+        if command.watch is None:
+            return front.acquire(command.timeout)
+        done, cut = threading.Event(), threading.Event()
+        watcher = threading.Thread(
+            target=self._watch,
+            args=(command.index, command.watch, done, cut),
+            name=f"redislock-quorum-watch-{self.name}",
+            daemon=True,
+        )
+        watcher.start()
+        try:
+            return front.acquire(command.timeout)
+        except MASTER_ERRORS as exc:
+            if cut.is_set():
+                return self._silent(command.index, exc)
+            raise
+        finally:
+            done.set()
+
+    def _watch(self, index: int, every: float, done: threading.Event, cut: threading.Event) -> None:
+        """While a lead wait on master ``index`` is out: every ``every`` s, if that master does not answer, close
+        the connections that wait on it (a blocked read cannot be cancelled from another thread): the wait ends
+        with a connection error, its consumer is abandoned (freed by the next maintain there), and the quorum
+        moves on. Repeated while it stays silent, in case the wait was between two reads. Every wait of this
+        object's factory queued there ends alike: the master is silent for all of them."""
+        while not done.wait(every):
+            if self._answers(index) or done.is_set():
+                continue
+            cut.set()
+            waiting = self._fronts[index]._command.waiting
+            if waiting is not None:
+                waiting.connection_pool.disconnect()
+
+    def _answers(self, index: int) -> bool:
+        """Whether master ``index`` answers a PING (within the client's socket timeout, which a quorum's clients
+        must have: 1 s from QuorumLockFactory); one PING per master and renewal interval, however many waits ask."""
+        with self._answer_locks[index]:
+            recent = self._recent_answer(index)
+            if recent is not None:
+                return recent
+            try:
+                self._masters[index].ping()
+                answered = True
+            except MASTER_ERRORS:
+                answered = False
+            self._answered[index] = (self._core.clock(), answered)
+            return answered
 
     def _acquire(self, timeout: float | None, blocking: bool) -> QuorumPermit | None:
         pending: Pending = []
@@ -678,6 +793,7 @@ class AsyncQuorumCountingLock(TaskContext, QuorumFront):
         self._context: dict[asyncio.Task[Any] | None, list[QuorumPermit]] = {}
         self._renewer: asyncio.Task[None] | None = None
         self._closed = False
+        self._pings: dict[int, asyncio.Future[bool]] = {}  # master index -> the PING in flight (see _answers)
 
     async def _one(self, index: int, op: Operation) -> Any:
         try:
@@ -698,7 +814,7 @@ class AsyncQuorumCountingLock(TaskContext, QuorumFront):
                     reply = None
                 elif isinstance(command, LeadWait):
                     try:
-                        reply = {command.index: await self._fronts[command.index].acquire(command.timeout)}
+                        reply = {command.index: await self._lead_wait(command, pending)}
                     except MASTER_ERRORS as exc:
                         reply = {command.index: exc}
                 else:
@@ -720,6 +836,56 @@ class AsyncQuorumCountingLock(TaskContext, QuorumFront):
                     reply = dict(zip(indexes, results, strict=True))
         finally:
             op.close()
+
+    async def _lead_wait(self, command: LeadWait, pending: Pending | None) -> Permit | BaseException:
+        """The lead master's blocking acquire; with ``command.watch``, in a task of its own, given up (cancelled: its
+        consumer abandoned, freed by the next maintain there) when the master stops answering: LeadSilent then."""
+        front = self._fronts[command.index]
+        if command.watch is None:
+            return await front.acquire(command.timeout)
+        wait = asyncio.ensure_future(front.acquire(command.timeout))
+        try:
+            while True:
+                done, _ = await asyncio.wait({wait}, timeout=command.watch)
+                if done:
+                    break
+                if await self._answers(command.index):
+                    continue  # the lead is up: the wait keeps its place in the FIFO
+                if wait.done():
+                    break
+                wait.cancel()
+                await asyncio.wait({wait})
+                if wait.cancelled():
+                    return self._silent(command.index)
+                break  # it ended as the cancel came: its outcome stands (a grant is used as any other)
+        except asyncio.CancelledError:
+            # The acquire itself was cancelled: so is the wait; a grant it got first is the acquire's to sweep.
+            wait.cancel()
+            await asyncio.wait({wait})
+            if not wait.cancelled() and wait.exception() is None and pending is not None:
+                pending.append((command.index, wait.result()))
+            raise
+        return wait.result()
+
+    async def _answers(self, index: int) -> bool:
+        """Whether master ``index`` answers a PING within ANSWER_WITHIN (or its socket timeout); one PING per
+        master and renewal interval, shared by every wait of this object that asks meanwhile."""
+        recent = self._recent_answer(index)
+        if recent is not None:
+            return recent
+        ping = self._pings.get(index)
+        if ping is None or ping.done():
+            ping = self._pings[index] = asyncio.ensure_future(self._ping(index))
+        return await asyncio.shield(ping)
+
+    async def _ping(self, index: int) -> bool:
+        try:
+            await asyncio.wait_for(self._masters[index].ping(), ANSWER_WITHIN)
+            answered = True
+        except MASTER_ERRORS:  # a redis error, or TimeoutError (an OSError) from wait_for
+            answered = False
+        self._answered[index] = (self._core.clock(), answered)
+        return answered
 
     async def _acquire(self, timeout: float | None, blocking: bool) -> QuorumPermit | None:
         pending: Pending = []
@@ -764,25 +930,18 @@ class AsyncQuorumCountingLock(TaskContext, QuorumFront):
         """Write this object's limit to every master at once (the newest process's settings win): (the previous
         limit of the first master that had one, the masters that failed: index -> error). Only the limit the object
         was made with: its quorum was computed from it (another limit needs a new object). A master missing then
-        gets the lock with this limit when it is first used."""
+        gets the lock with this limit when it is first used.
+
+        Never creates free slots on a master that lost the lock while another has it: until this object has seen
+        the lock, it first asks every master whether it has it (one EXISTS each), and a master without it gets it
+        with every slot reserved for one lease (see :meth:`QuorumCore.set_limit`)."""
         if limit != self._core.limit:
             raise InvalidArgument(
                 f"quorum lock {self.name!r}: set_limit({limit!r}) differs from the limit {self._core.limit} it was "
                 "made with; its quorum depends on the limit: make a new lock object"
             )
-        replies = await asyncio.gather(*(front.set_limit(limit) for front in self._fronts), return_exceptions=True)
-        failed: dict[int, BaseException] = {}
-        previous = None
-        for index, reply in enumerate(replies):
-            if isinstance(reply, MASTER_ERRORS):
-                failed[index] = reply
-            elif isinstance(reply, BaseException):
-                raise reply
-            elif previous is None:
-                previous = reply
-        if len(failed) < len(replies):
-            self._core._known()  # the lock exists now: a master that later lacks it lost it (recreated in limbo)
-        return previous, failed
+        result: tuple[int | None, dict[int, BaseException]] = await self._run(self._core.set_limit(limit))
+        return result
 
     async def aclose(self) -> int:
         """Stop renewing and free everything this object holds on every master; returns how many permits."""
@@ -790,6 +949,8 @@ class AsyncQuorumCountingLock(TaskContext, QuorumFront):
         if self._renewer is not None and self._renewer is not asyncio.current_task():
             await stop(self._renewer)
         self._renewer = None
+        for ping in self._pings.values():
+            ping.cancel()
         count = self._core.forget_all()
         await asyncio.gather(*(front.aclose() for front in self._fronts), return_exceptions=True)
         return count
