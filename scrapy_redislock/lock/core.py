@@ -78,7 +78,7 @@ class Permit:
     released: bool = False
     consumer: str = ""  # the consumer the grant sits under in Redis: its wait's, or the owner's once renewed
     leased_at: float = -math.inf
-    valid_until: float = math.inf
+    valid_until: float = -math.inf  # set by the lock at each grant and renewal; a permit made by hand is not usable
 
     def usable(self, now: float) -> bool:
         """Held as far as this process knows: not lost, not released, its lease not run out by ``now``."""
@@ -427,6 +427,7 @@ class LockCore:
         """True if the permit was held and is now given back; False for a stale permit."""
         if not isinstance(permit, Permit):
             raise InvalidArgument(f"permit must be a Permit, got {permit!r}")
+        usable = permit.owner == self.owner and permit.usable(self.clock())
         permit.released = permit.holds <= 1
         reply = yield self._script(
             "release",
@@ -439,6 +440,12 @@ class LockCore:
         if result == 2:
             permit.holds -= 1
             return True
+        if result == 3:
+            result = 0
+            if usable and permit.released:
+                # Within its lease, and Redis forgot it in a restart: a renewal re-adopts a reserved slot for it and,
+                # as it was released meanwhile, gives that straight back: the slot need not wait out the reservation.
+                yield from self.maintain([permit])
         self._forget(permit)
         if permit.owner == self.owner:
             self._idle(permit.consumer)  # its one grant is gone: the consumer holds nothing now
@@ -481,7 +488,7 @@ class LockCore:
                 self._durable_flag,
                 len(abandoned),
                 *abandoned,
-                *[p.grant for p in targets],
+                *[p.grant if p.valid_until > sent_at else f"!{p.grant}" for p in targets],
             )
         except redis.exceptions.ResponseError as exc:
             if not is_missing_lock(exc):

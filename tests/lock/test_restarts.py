@@ -222,8 +222,9 @@ def test_lowering_then_raising_the_limit_leaves_no_dead_entry(redis_client: redi
 
 
 def test_a_survivor_that_releases_before_it_renews_gives_a_reserved_slot_back(rdb_server: RedisServer) -> None:
-    """A holder whose request ends before its first renewal after the restart releases a grant Redis forgot: one
-    reserved slot comes back at once, instead of after the reservation's lease."""
+    """A holder whose request ends before its first renewal after the restart releases a grant Redis forgot, within
+    its lease: it re-adopts a reserved slot and gives it straight back, so the slot comes back at once instead of
+    after the reservation's lease."""
     admin = redis.Redis.from_url(rdb_server.url)
     holder, newcomer = lock(rdb_server), lock(rdb_server)
     holder.maintain()
@@ -231,8 +232,26 @@ def test_a_survivor_that_releases_before_it_renews_gives_a_reserved_slot_back(rd
     held = holder.acquire(timeout=1)
     restart_from_snapshot(rdb_server)
     assert newcomer.try_acquire() is None  # reserved
-    assert holder.release(held)
+    assert holder.release(held) is False  # not held in Redis any more: it gave back the slot it re-adopted
     permit = newcomer.try_acquire()
     assert permit is not None and permit.fence > held.fence
     assert newcomer.try_acquire() is None  # one slot: the cap holds
     holder.close(), newcomer.close(), admin.close()
+
+
+def test_a_stale_holder_neither_re_adopts_nor_gives_back_a_reserved_slot(rdb_server: RedisServer) -> None:
+    """A permit whose lease ran out on its holder's clock (a stall) may have had its slot reaped and given to another
+    process before the restart: after the restart it must not take a reserved slot, nor free one by releasing."""
+    admin = redis.Redis.from_url(rdb_server.url)
+    stale, newcomer = lock(rdb_server), lock(rdb_server)
+    stale.maintain()
+    snapshot(admin)
+    held = stale.acquire(timeout=1)
+    restart_from_snapshot(rdb_server)
+    held.valid_until = time.monotonic() - 0.1  # the holder stalled past its lease
+    assert stale.maintain([held]) == [held] and held.lost  # lost, not re-adopted
+    assert newcomer.try_acquire() is None  # the reserved slot stays reserved
+    forged = lock(rdb_server)
+    other = forged.maintain()  # a permit made by hand is not usable either
+    assert other == []
+    stale.close(), newcomer.close(), forged.close(), admin.close()

@@ -12,7 +12,8 @@
 -- ARGV[7..6+A] consumers of the caller's waits that were cancelled or broke (whatever they were delivered
 --   nobody will use: it is freed, the consumer deleted), or grant ids of the caller's that no wait will use
 --   (a wait cancelled after its grant moved to the owner's consumer): each is freed,
--- ARGV[7+A..] grant ids the caller holds and wants renewed.
+-- ARGV[7+A..] grant ids the caller holds and wants renewed; '!<id>' for one whose lease ran out on the caller's clock
+--   (a stalled holder): renewed if Redis still has it, never re-adopted after a data loss (its slot may be another's).
 -- Renewed grants move to the consumer named like the owner.
 -- Returns {lost ids, limit, lease ms, freed count, adopted (old, new, old, new ...)}: lost ids
 -- are listed grants no longer held by the caller (lease expired, whether reaped yet or not
@@ -41,9 +42,13 @@ for i = 7, 6 + abandoned do
   end
 end
 
-local renew, lost = {}, {}
+local renew, lost, stale = {}, {}, {}
 for i = 7 + abandoned, #ARGV do
   local id = ARGV[i]
+  if string.sub(id, 1, 1) == '!' then
+    id = string.sub(id, 2)
+    stale[id] = true
+  end
   local consumer, idle = pending_of(slots, id)
   if consumer and owner_of(consumer) == me and idle < lease then
     table.insert(renew, id)
@@ -62,7 +67,7 @@ if #lost > 0 then
   local limbo = redis.call('XPENDING', slots, GROUP, '-', '+', #lost, LIMBO)
   local still, next_slot = {}, 1
   for _, id in ipairs(lost) do
-    if limbo[next_slot] and seq_of(id) < base then
+    if limbo[next_slot] and seq_of(id) < base and not stale[id] then
       table.insert(renew, limbo[next_slot][1])
       table.insert(adopted, id)
       table.insert(adopted, limbo[next_slot][1])
