@@ -169,6 +169,9 @@ class CommandRunner:
             return connection.read_response()
         except redis.exceptions.ResponseError:
             raise  # an error reply: the connection is in step
+        except (OSError, ValueError) as exc:  # its socket closed under it (another thread disconnected the pool)
+            connection.disconnect()
+            raise redis.exceptions.ConnectionError(f"the wait's connection broke: {exc!r}") from exc
         except BaseException:
             connection.disconnect()  # a reply may still come: nobody must read it as theirs
             raise
