@@ -65,7 +65,7 @@ def overhead_run(redis_url: str, pages: int, with_middleware: bool) -> float:
     with CrawlSite(delay=0.02) as site:
         settings: dict[str, Any] = {"CONCURRENT_REQUESTS": 32, "REDISLOCK_URL": redis_url}
         if with_middleware:
-            settings["REDISLOCK_STAGES"] = {"comments": None}
+            settings["REDISLOCK_STAGES"] = {"detail": None, "comments": None}
         else:
             settings.update(DOWNLOADER_MIDDLEWARES={}, SCHEDULER="scrapy.core.scheduler.Scheduler")
         code, output = run_crawl(site.url, f"comments:{pages}", settings, timeout=300)

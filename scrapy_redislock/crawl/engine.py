@@ -7,6 +7,9 @@ over from :func:`wake_engine`, REDISLOCK_WAIT_TIMEOUT from :func:`engine_closing
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.asyncio import is_asyncio_available
@@ -16,6 +19,61 @@ from scrapy_redislock.errors import ConfigError
 if TYPE_CHECKING:
     from scrapy.core.scheduler import BaseScheduler
     from scrapy.crawler import Crawler
+
+logger = logging.getLogger(__name__)
+_watched: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
+
+def one_line_config_errors() -> None:
+    """Have a ConfigError that ends the crawl reported as one line (``ConfigError: <message>``), not as asyncio's
+    ``Task exception was never retrieved`` with a 30-line traceback. Called by our components when the crawler
+    builds them; the exit status stays 1 (Scrapy marks the crawl's bootstrap as failed).
+
+    Scrapy 2.19 runs a crawl in one asyncio task (``AsyncCrawlerRunner._crawl_and_track``) and re-raises what ends
+    it, leaving it to asyncio to log the unretrieved exception with its traceback. A done callback on that task (the
+    task building us) retrieves a ConfigError and logs its message; any other exception is handed to the loop's
+    exception handler as asyncio would have. Without a running task (a non-asyncio reactor, refused anyway by
+    :func:`check_reactor`) it does nothing.
+    """
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop
+        return
+    if task is None or task in _watched:
+        return
+    _watched.add(task)
+    task.add_done_callback(_report_config_error)
+
+
+def _report_config_error(task: asyncio.Task[Any]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()  # retrieved: asyncio will not log it again when the task is collected
+    if error is None:
+        return
+    cause = config_error_in(error)
+    if cause is None:
+        task.get_loop().call_exception_handler(
+            {"message": "Task exception was never retrieved", "exception": error, "future": task}
+        )
+        return
+    logger.error("ConfigError: %s", cause)
+    if cause is not error:  # raised while Scrapy cleaned up after it (RuntimeError: Engine slot not assigned)
+        logger.debug("After the ConfigError, closing the engine raised %s: %s", type(error).__name__, error)
+
+
+def config_error_in(error: BaseException) -> ConfigError | None:
+    """``error`` if it is a ConfigError, else the first ConfigError in its chain (``__cause__``/``__context__``):
+    a ConfigError raised while the engine opens the spider (building the scheduler) is followed by Scrapy's own
+    ``RuntimeError: Engine slot not assigned`` from its clean-up, which would otherwise hide it."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ConfigError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def wake_engine(crawler: Crawler) -> None:

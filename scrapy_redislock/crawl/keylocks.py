@@ -117,6 +117,7 @@ class KeyLocks(StageLocks):
             self.last_grant.pop(key, None)
             self._report_after.pop(key, None)
             self._progress.pop(key, None)
+            self._sent_waiting.pop(key, None)  # retiring unregisters this process: no waiting count left in Redis
             retired.append(lock)
         self._idle = idle - self._idle
         if retired:  # in a task of its own: the renewal loop does not wait for it

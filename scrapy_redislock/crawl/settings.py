@@ -37,6 +37,7 @@ from scrapy_redislock.crawl import defaults
 from scrapy_redislock.crawl.connection import RedisURL, mask_url, parse_url
 from scrapy_redislock.crawl.keys import KeyFunction, key_function
 from scrapy_redislock.crawl.requestformat import serializer_of
+from scrapy_redislock.crawl.stages import unknown_stage
 from scrapy_redislock.errors import ConfigError, InvalidArgument
 from scrapy_redislock.lock.quorum import master_options, safe_quorum
 
@@ -313,11 +314,12 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     prefix = _checked(check_name, raw_prefix, "REDISLOCK_KEY_PREFIX")
 
     known = set(stages) | set(worker_stages)
+    both = "REDISLOCK_STAGES or REDISLOCK_WORKER_STAGES"
     default_stage = settings.get("REDISLOCK_DEFAULT_STAGE", defaults.REDISLOCK_DEFAULT_STAGE)
-    if default_stage is not None and (not isinstance(default_stage, str) or default_stage not in known):
-        raise ConfigError(
-            f"REDISLOCK_DEFAULT_STAGE {default_stage!r} is not a configured stage; known: {sorted(known)}"
-        )
+    if default_stage is not None and not isinstance(default_stage, str):
+        raise ConfigError(f"REDISLOCK_DEFAULT_STAGE must be a stage name or None, got {default_stage!r}")
+    if default_stage is not None and default_stage not in known:
+        raise unknown_stage("REDISLOCK_DEFAULT_STAGE", default_stage, known, both)
 
     callback_stages = _loaded(settings, "REDISLOCK_CALLBACK_STAGES")
     if not isinstance(callback_stages, Mapping) or not all(
@@ -326,9 +328,9 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
         raise ConfigError(
             f"REDISLOCK_CALLBACK_STAGES must be a dict of callback name -> stage, got {callback_stages!r}"
         )
-    unknown = sorted(set(callback_stages.values()) - known)
-    if unknown:
-        raise ConfigError(f"REDISLOCK_CALLBACK_STAGES names unknown stages {unknown}; known: {sorted(known)}")
+    for callback, stage in sorted(callback_stages.items()):
+        if stage not in known:
+            raise unknown_stage(f"REDISLOCK_CALLBACK_STAGES[{callback!r}]", stage, known, both)
 
     raw_timeout = settings.get("REDISLOCK_WAIT_TIMEOUT", defaults.REDISLOCK_WAIT_TIMEOUT)
     wait_timeout: float | None = None

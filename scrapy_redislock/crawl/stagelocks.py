@@ -23,6 +23,7 @@ worker scheduler. API (all on the reactor thread, asyncio reactor)::
                                    # when its slot is no longer usable: dropped, see below)
     locks.usable(permit)           # may this slot go with a request now (counted and logged when not)
     locks.hold(request, permit)    # StageLockMiddleware: a slot it waited for itself
+    locks.holding()                # the requests that hold a slot now (StageScheduler counts their keys)
     locks.finish(request)          # the request is done with its slot: passed on locally (see below) or released
     locks.add_taker(fn)            # fn(stage, permit) -> True when it takes a freed slot for a parked request
     locks.add_waiting_source(fn)   # fn(stage) -> requests waiting for that stage (shown by the status CLI)
@@ -55,7 +56,11 @@ Renewal: every StageLocks of the process joins one loop (:class:`Renewer`, one p
 ``ttl/3`` (at most 1 s) runs each member's tick at once: tick hooks, retried releases, then ``maintain()`` of every
 stage lock concurrently (each renews all of this process's permits of that stage and reaps expired leases of dead
 processes), after ``lock.annotate(waiting=..., spider=...)``. A lost lease is logged as a warning and counted as
-``<stats_prefix>/<stage>/lost``. Redis errors are logged as warnings with back-off; nothing is given up.
+``<stats_prefix>/<stage>/lost``. Redis errors are logged as warnings with back-off; nothing is given up. Only a
+stage that holds or waits is maintained, so when a stage's waits end and it goes idle, its last annotation (say
+``waiting=3``) would stay in Redis, shown by ``status`` and ``/metrics``, until the process exits: the tick after
+the waits end sends one more maintain with ``waiting=0`` (one EVALSHA per wait-end, none per request), so the
+waiters shown lag the truth by at most a renewal interval.
 
 Why a crawl waits: at start, and whenever a stage's waits have had no grant for 5 s (then 10, 20, ... at most
 every 5 min), the stage's lock is read (:func:`~scrapy_redislock.status.astage_status`, read-only, one MULTI/EXEC)
@@ -261,6 +266,7 @@ class StageLocks:
         self.last_grant: dict[str, float] = {}  # stage -> when this process last got a slot (monotonic)
         self._report_after: dict[str, float] = {}  # stage -> seconds without a grant at which to say why next
         self._progress: dict[str, tuple[Any, float]] = {}  # at close: stage -> (grants seen, since when)
+        self._sent_waiting: dict[str, int] = {}  # stage -> the waiting count its last maintain told Redis
         self._shutdown_trigger: Any = None
         self.failure: CloseSpider | None = None
         self.started = False
@@ -727,6 +733,11 @@ class StageLocks:
         """``request`` holds ``permit`` (it waited for it in the middleware) until :meth:`finish`."""
         self._out[request] = permit
 
+    def holding(self) -> list[Request]:
+        """The requests of this process that hold a slot now (handed out by the scheduler or waited for in the
+        middleware, and not finished): StageScheduler counts their keys (REDISLOCK_STAGE_KEY) before a hand-out."""
+        return [request for request, outcome in self._out.items() if isinstance(outcome, SlotPermit)]
+
     def finish(self, request: Request) -> None:
         """``request`` is done with its slot (download over, answered, dropped); nothing when it has none."""
         outcome = self._out.pop(request, None)
@@ -832,14 +843,26 @@ class StageLocks:
         """Whether this tick maintains the stage's lock: it holds or waits for something."""
         return lock.busy or bool(self.waiting(stage))
 
+    def waiting_stale(self, stage: str, lock: StageLock) -> bool:
+        """Whether Redis still shows this process waiting for the stage although its waits have ended: the last
+        annotation sent said ``waiting > 0``. The lock is idle, so no renewal would correct it (it stayed until the
+        process exited, or was forgotten 3 leases later); one maintain with ``waiting=0`` does, once per wait-end."""
+        return self._sent_waiting.get(stage, 0) > 0
+
     async def renew_once(self) -> None:
-        """Renew every permit of every stage (one maintain() per stage, concurrently); count lost leases."""
+        """Renew every permit of every stage (one maintain() per stage, concurrently); count lost leases.
+
+        A stage whose waits ended since the last renewal that reported some (``waiting > 0``) gets one more
+        maintain with ``waiting=0`` even when it holds nothing, so that status readers see the waits end within a
+        renewal interval; a stage that stays idle costs nothing after that."""
 
         async def renew(stage: str, lock: StageLock) -> None:
-            if not self.renewal_due(stage, lock):
-                return  # holds nothing, waits for nothing: costs Redis nothing
-            lock.annotate(waiting=self.waiting(stage), spider=self.spider_name)
+            waiting = self.waiting(stage)
+            if not self.renewal_due(stage, lock) and not self.waiting_stale(stage, lock):
+                return  # holds nothing, waits for nothing, and Redis knows it: costs Redis nothing
+            lock.annotate(waiting=waiting, spider=self.spider_name)
             lost = await lock.maintain()  # logs each lost lease as a warning
+            self._sent_waiting[stage] = waiting
             if lost:
                 self.stats.inc_value(f"{self.stats_prefix}/{stage}/lost", len(lost))
 

@@ -1,15 +1,21 @@
 """Which stage a request belongs to: meta, callback decorator, callback mapping, default.
 
+:func:`check_stage_names` checks at start what can be known before any request: the ``@stage`` callbacks of the
+spider class, REDISLOCK_CALLBACK_STAGES and REDISLOCK_DEFAULT_STAGE against the stages of one front.
+
 Reads no settings itself; :class:`scrapy_redislock.crawl.settings.RedisLockSettings` is passed in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import difflib
+import inspect
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from scrapy_redislock._redis import check_name
+from scrapy_redislock.errors import ConfigError
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -98,3 +104,55 @@ def _name_of(callback: Any) -> str:
 
 def _is_robots_txt(request: Request) -> bool:
     return bool(request.meta.get("dont_obey_robotstxt")) and urlsplit(request.url).path == "/robots.txt"
+
+
+# -- the stage names a crawl can be checked for at start ---------------------------------------------------------
+
+
+def did_you_mean(name: str, known: Collection[str]) -> str:
+    """`` (did you mean 'x'?)`` naming the closest of ``known``, as the setting-name check does; "" when none."""
+    closest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.0)
+    return f" (did you mean {closest[0]!r}?)" if closest else ""
+
+
+def unknown_stage(what: str, stage: str, known: Collection[str], setting: str) -> ConfigError:
+    """The ConfigError for a stage name ``what`` gives that ``setting`` does not configure."""
+    configured = ", ".join(repr(s) for s in sorted(known)) or "none"
+    return ConfigError(
+        f"{what} names stage {stage!r}, which is not in {setting}{did_you_mean(stage, known)}; configured: {configured}"
+    )
+
+
+def decorated_callbacks(spidercls: type) -> dict[str, str]:
+    """``{method name: stage}`` of the spider class's methods marked ``@stage(...)`` (the ones its instances have:
+    a subclass that overrides a method without the decorator unmarks it)."""
+    found: dict[str, str] = {}
+    for name in sorted({name for klass in inspect.getmro(spidercls) for name in vars(klass)}):
+        try:
+            member = inspect.getattr_static(spidercls, name)
+        except AttributeError:
+            continue
+        function = getattr(member, "__func__", member)  # staticmethod, classmethod
+        try:
+            marked = getattr(function, STAGE_ATTRIBUTE, None)
+        except Exception:  # an object whose __getattr__ raises something odd: not a callback of ours
+            continue
+        if isinstance(marked, str):
+            found[name] = marked
+    return found
+
+
+def check_stage_names(spidercls: type, settings: RedisLockSettings, stages: Collection[str], setting: str) -> None:
+    """ConfigError when a stage name known before any request is not one of ``stages`` (``setting``:
+    REDISLOCK_STAGES for the request front, REDISLOCK_WORKER_STAGES for the worker front): a ``@stage`` callback of
+    the spider class, REDISLOCK_CALLBACK_STAGES, REDISLOCK_DEFAULT_STAGE. The message names the stage, the callback
+    (or the setting) and the closest configured stage. Stages named in ``meta`` are only known per request."""
+    spider = getattr(spidercls, "__name__", str(spidercls))
+    for name, stage_name in decorated_callbacks(spidercls).items():
+        if stage_name not in stages:
+            raise unknown_stage(f"callback {spider}.{name} (@stage)", stage_name, stages, setting)
+    for callback, stage_name in sorted(settings.callback_stages.items()):
+        if stage_name not in stages:
+            raise unknown_stage(f"REDISLOCK_CALLBACK_STAGES[{callback!r}]", stage_name, stages, setting)
+    if settings.default_stage is not None and settings.default_stage not in stages:
+        raise unknown_stage("REDISLOCK_DEFAULT_STAGE", settings.default_stage, stages, setting)

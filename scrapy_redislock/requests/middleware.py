@@ -25,7 +25,10 @@ stall: another process may hold it by now; see ``StageLocks.usable``). Such a sl
 picks it up here, or when the request is through its key slot and delays, and the request waits here for another
 (counted as ``redislock/<stage>/unusable``).
 
-Fail closed: enabled with no stage is a ConfigError; with REDISLOCK_ENABLED = False the middleware stays in the
+Fail closed: enabled with no stage is a ConfigError, and so is a stage name known at start (a ``@stage`` callback of
+the spider class, REDISLOCK_CALLBACK_STAGES, REDISLOCK_DEFAULT_STAGE) that REDISLOCK_STAGES does not configure
+(:func:`~scrapy_redislock.crawl.stages.check_stage_names`); a ConfigError ends the crawl as one log line, exit
+status 1. With REDISLOCK_ENABLED = False the middleware stays in the
 chain and fails every request that has a stage with ThrottlingDisabled (counted), never sends it unthrottled.
 AcquireTimeout (REDISLOCK_WAIT_TIMEOUT) is not retried by RetryMiddleware unless RETRY_EXCEPTIONS names it.
 
@@ -54,10 +57,10 @@ from scrapy.utils.misc import load_object
 
 from scrapy_redislock._loop import every
 from scrapy_redislock.crawl.early import EARLY_TYPES, MIDDLEWARE_PATH, middlewares_after
-from scrapy_redislock.crawl.engine import check_reactor, engine_closing
+from scrapy_redislock.crawl.engine import check_reactor, engine_closing, one_line_config_errors
 from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks
-from scrapy_redislock.crawl.stages import stage_of
+from scrapy_redislock.crawl.stages import check_stage_names, stage_of
 from scrapy_redislock.errors import AcquireTimeout, ConfigError, ThrottlingDisabled, UnknownStage
 from scrapy_redislock.requests.keygate import KeyGate
 
@@ -81,6 +84,7 @@ class StageLockMiddleware:
     redislock_takes_slots = True  # how StageScheduler and crawl.early find it without importing it
 
     def __init__(self, crawler: Crawler) -> None:
+        one_line_config_errors()  # a ConfigError below ends the crawl as one line, exit status 1
         self.crawler = crawler
         self.settings = read_settings(crawler.settings)
         self.waiting: Counter[str] = Counter()  # requests waiting here, per stage
@@ -105,6 +109,7 @@ class StageLockMiddleware:
                 "switch it off on purpose"
             )
         check_reactor(crawler, "StageLockMiddleware")
+        check_stage_names(crawler.spidercls, self.settings, self.settings.stages, "REDISLOCK_STAGES")
         self.locks = StageLocks.of(crawler, self.settings)
         self.gate = KeyGate(crawler, self.settings) if self.settings.keyed else None  # keys and delays
         self.locks.add_waiting_source(self.waiting.__getitem__)

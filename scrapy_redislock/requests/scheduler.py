@@ -44,9 +44,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+import weakref
+from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
+from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.misc import build_from_crawler, load_object
 
@@ -57,15 +59,17 @@ from scrapy_redislock.crawl.early import (
     middleware_configured,
     settled_before_download,
 )
-from scrapy_redislock.crawl.engine import check_reactor, engine_closing, wake_engine
+from scrapy_redislock.crawl.engine import check_reactor, engine_closing, one_line_config_errors, wake_engine
+from scrapy_redislock.crawl.keys import key_of
 from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks
-from scrapy_redislock.crawl.stages import stage_of
-from scrapy_redislock.errors import AcquireTimeout, ConfigError, UnknownStage
+from scrapy_redislock.crawl.stages import DONT_META, stage_of
+from scrapy_redislock.errors import AcquireTimeout, ConfigError, KeyFunctionError, UnknownStage
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
+    from scrapy.settings import Settings
     from twisted.internet.defer import Deferred
 
 logger = logging.getLogger(__name__)
@@ -82,13 +86,76 @@ PULL_BUDGET = 256
 EMPTY_PAUSE = 0.05
 EMPTY_PAUSE_MOST = 0.5
 
+SCRAPY_DUPEFILTER = "scrapy.dupefilters.RFPDupeFilter"
+SCRAPY_REDIS_DUPEFILTER = "scrapy_redis.dupefilter.RFPDupeFilter"
+
 __all__ = ["StageScheduler"]
+
+
+def _build_inner(inner_cls: type, crawler: Crawler) -> Any:
+    """The inner scheduler, built from the crawler; over scrapy-redis's scheduler, with scrapy-redis's dupefilter
+    when DUPEFILTER_CLASS was left at Scrapy's default (see :func:`_scrapy_redis_settings`)."""
+    settings = _scrapy_redis_settings(inner_cls, crawler.settings)
+    if settings is None:
+        return build_from_crawler(inner_cls, crawler)
+    original = crawler.settings
+    crawler.settings = settings  # only while scrapy-redis's from_crawler reads it
+    try:
+        return build_from_crawler(inner_cls, crawler)
+    finally:
+        crawler.settings = original
+
+
+def _scrapy_redis_settings(inner_cls: type, settings: Settings) -> Settings | None:
+    """Settings for scrapy-redis's scheduler as inner scheduler, None when they need no change.
+
+    scrapy-redis's documented settings are ``SCHEDULER = "scrapy_redis.scheduler.Scheduler"`` and ``DUPEFILTER_CLASS
+    = "scrapy_redis.dupefilter.RFPDupeFilter"``. With SCHEDULER being ours, a user who left DUPEFILTER_CLASS at
+    Scrapy's default got ``AttributeError: type object 'RFPDupeFilter' has no attribute 'from_settings'`` (Scrapy
+    2.19's filter has none), then ``RuntimeError: Engine slot not assigned``. Left at Scrapy's default (not set by
+    the project, the spider or the command line), it is scrapy-redis's own, as its documentation says (a filter per
+    process over a queue shared in Redis would let every process queue the same pages again); logged at INFO. Set
+    to a class scrapy-redis cannot build (neither ``from_spider`` nor ``from_settings``): a ConfigError naming
+    DUPEFILTER_CLASS and the value to use.
+    """
+    try:
+        from scrapy_redis.scheduler import Scheduler as RedisScheduler
+    except ImportError:
+        return None
+    if not (isinstance(inner_cls, type) and issubclass(inner_cls, RedisScheduler)):
+        return None
+    value = settings.get("DUPEFILTER_CLASS")
+    try:
+        dupefilter = load_object(value) if isinstance(value, str) else value
+    except (ImportError, ValueError, NameError, AttributeError) as exc:
+        raise ConfigError(f"DUPEFILTER_CLASS cannot be loaded: {value!r} ({exc})") from None
+    left_default = (settings.getpriority("DUPEFILTER_CLASS") or 0) <= SETTINGS_PRIORITIES["default"]
+    if dupefilter is load_object(SCRAPY_DUPEFILTER) and left_default:
+        patched = settings.copy()
+        patched.frozen = False  # a copy of the crawler's frozen settings is frozen too
+        patched.set("DUPEFILTER_CLASS", SCRAPY_REDIS_DUPEFILTER, priority="default")
+        patched.freeze()
+        logger.info(
+            "REDISLOCK_SCHEDULER_INNER is scrapy-redis's scheduler and DUPEFILTER_CLASS is Scrapy's default: it uses "
+            "scrapy-redis's dupefilter (%s), as scrapy-redis's settings say (set DUPEFILTER_CLASS to choose another)",
+            SCRAPY_REDIS_DUPEFILTER,
+        )
+        return patched
+    if not (hasattr(dupefilter, "from_spider") or hasattr(dupefilter, "from_settings")):
+        raise ConfigError(
+            f"DUPEFILTER_CLASS = {value!r} cannot be used by scrapy-redis's scheduler (REDISLOCK_SCHEDULER_INNER = "
+            f"{settings.get('REDISLOCK_SCHEDULER_INNER')!r}): it builds its dupefilter with from_spider() or "
+            f"from_settings(), which this class lacks; use DUPEFILTER_CLASS = {SCRAPY_REDIS_DUPEFILTER!r}, "
+            "as scrapy-redis's documentation says"
+        )
+    return None
 
 
 class StageScheduler:
     """A scheduler that lets capped requests go only together with a slot of their stage."""
 
     def __init__(self, crawler: Crawler) -> None:
+        one_line_config_errors()  # a ConfigError below ends the crawl as one line, exit status 1
         self.crawler = crawler
         self.settings = read_settings(crawler.settings)
         inner_path = self.settings.scheduler_inner
@@ -111,13 +178,18 @@ class StageScheduler:
                     f"SCHEDULER = 'scrapy_redislock.StageScheduler' needs the middleware too: "
                     f"DOWNLOADER_MIDDLEWARES = {{{MIDDLEWARE_PATH!r}: 950}}"
                 )
-        self.inner = build_from_crawler(inner_cls, crawler)
+        self.inner = _build_inner(inner_cls, crawler)
         self.park_limit = self.settings.park_limit
         self.waiters_per_stage = self.settings.waiters_per_stage
         self.wait_timeout = self.settings.wait_timeout
         self.locks = StageLocks.of(crawler, self.settings) if self.enabled else None
         capped = list(self.locks.locks) if self.locks is not None else []
-        self.parked: dict[str, deque[tuple[float, Request]]] = {stage: deque() for stage in capped}
+        # stage -> (since, request, its key) oldest first; the key (REDISLOCK_STAGE_KEY) only when keys are capped
+        self.parked: dict[str, deque[tuple[float, Request, str | None]]] = {stage: deque() for stage in capped}
+        self.key_capped = self.settings.stage_key is not None and (
+            self.settings.key_limit is not None or any(v is not None for v in self.settings.key_limits.values())
+        )
+        self._keys: weakref.WeakKeyDictionary[Request, str | None] = weakref.WeakKeyDictionary()
         self.ready: dict[str, deque[SlotPermit]] = {stage: deque() for stage in capped}
         self.waiters: dict[str, set[asyncio.Task[None]]] = {stage: set() for stage in capped}
         self.timers: dict[str, asyncio.TimerHandle] = {}
@@ -174,7 +246,7 @@ class StageScheduler:
         returned = 0
         for parked in self.parked.values():
             while parked:
-                _, request = parked.popleft()
+                _, request, _ = parked.popleft()
                 request.dont_filter = True  # it passed the dupefilter once already
                 self.inner.enqueue_request(request)
                 returned += 1
@@ -266,7 +338,7 @@ class StageScheduler:
         return True
 
     def _park(self, stage: str, request: Request) -> None:
-        self.parked[stage].append((time.monotonic(), request))
+        self.parked[stage].append((time.monotonic(), request, self._key(request) if self.key_capped else None))
         self.n_parked += 1
         self.crawler.stats.max_value(f"redislock/{stage}/parked_max", len(self.parked[stage]))
         self._ensure_waiters(stage)
@@ -274,7 +346,8 @@ class StageScheduler:
             self._arm_timer(stage)
 
     def _hand_out(self) -> Request | None:
-        """The oldest parked request of a stage that has a granted slot (or whose wait has timed out)."""
+        """The oldest parked request of a stage that has a granted slot (or whose wait has timed out); with capped
+        keys, the oldest whose key has room (:meth:`_pick`)."""
         now = time.monotonic()
         for stage, parked in self.parked.items():
             if not parked:
@@ -282,14 +355,16 @@ class StageScheduler:
             self._drop_unusable(stage)
             ready = self.ready[stage]
             if ready:
-                since, request = parked.popleft()
+                index = self._pick(parked) if self.key_capped else 0
+                since, request, _ = parked[index]
+                del parked[index]
                 self.n_parked -= 1
                 assert self.locks is not None
                 self.locks.hand(request, ready.popleft())
                 self.locks.record_grant(stage, now - since)
                 return request
             if self.wait_timeout is not None and now - parked[0][0] >= self.wait_timeout:
-                _, request = parked.popleft()
+                _, request, _ = parked.popleft()
                 self.n_parked -= 1
                 self.crawler.stats.inc_value(f"redislock/{stage}/timeouts")
                 assert self.locks is not None
@@ -297,6 +372,54 @@ class StageScheduler:
                 self._free_surplus(stage)
                 return request
         return None
+
+    def _key(self, request: Request) -> str | None:
+        """The request's key (REDISLOCK_STAGE_KEY), computed once per request; None also when its function fails
+        for it (the middleware then fails the request, naming the error)."""
+        try:
+            return self._keys[request]
+        except KeyError:
+            pass
+        key = None
+        function = self.settings.stage_key
+        if function is not None and not request.meta.get(DONT_META):
+            try:
+                key = key_of(request, self.crawler.spider, function)
+            except KeyFunctionError:
+                key = None
+        self._keys[request] = key
+        return key
+
+    def _pick(self, parked: deque[tuple[float, Request, str | None]]) -> int:
+        """Where in ``parked`` (oldest first) the request is that gets the next slot of its stage: the oldest whose
+        key has room in this process, else the oldest.
+
+        A request takes its stage slot, then waits in the middleware for its key slot, holding the stage slot
+        (the order that cannot deadlock, see :mod:`~scrapy_redislock.requests.keygate`). Handing stage slots
+        oldest first, a run of requests of one busy key at the head of the queue took every slot of the stage
+        and waited for that key, one at a time, while requests of other keys behind them got none (measured: 44
+        pages of one host and 0 of the other in 5 s, stage cap 4, key cap 1). A key has room when fewer requests of
+        this process hold a slot (any stage) and have that key than the key's limit: a request of it would not
+        wait for its key here. Other processes' holders of the key are not seen (that would cost a read per
+        hand-out), so a key busy elsewhere still takes stage slots here, up to its limit.
+        """
+        assert self.locks is not None
+        load: Counter[str] = Counter()
+        for held in self.locks.holding():
+            key = self._key(held)
+            if key is not None:
+                load[key] += 1
+        room: dict[str, bool] = {}
+        for index, (_, _, key) in enumerate(parked):
+            if key is None:
+                return index
+            has_room = room.get(key)
+            if has_room is None:
+                limit = self.settings.limit_of_key(key)
+                has_room = room[key] = limit is None or load[key] < limit
+            if has_room:
+                return index
+        return 0
 
     def _drop_unusable(self, stage: str) -> None:
         """Ready slots that are lost or past their lease go back, and their requests get waiters for fresh ones:

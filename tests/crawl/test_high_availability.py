@@ -481,7 +481,8 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
         assert nodes.node_serving("redislock:{workers:x}:slots") is victim
         assert nodes.node_serving("redislock:{staged}:alive") is victim
         url = "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in nodes.live())
-        common = {"REDISLOCK_URL": url, "REDISLOCK_STAGES": {"list": 3}, "REDISLOCK_TTL": TTL, "CONCURRENT_REQUESTS": 2}
+        stages = {"list": 3, "detail": None}  # the test spider's @stage("detail") callback must name a stage
+        common = {"REDISLOCK_URL": url, "REDISLOCK_STAGES": stages, "REDISLOCK_TTL": TTL, "CONCURRENT_REQUESTS": 2}
         scrapy_redis = {**scrapy_redis_inner(url), "REDISLOCK_PARK_LIMIT": 1000}  # its queue drained at once
         crawls = [
             Crawl(site.url, f"list:{pages}", {**common, **FRONTS["StageScheduler"]}, tmp_path).start(),
