@@ -44,6 +44,7 @@ def per_op(client: redis.Redis, rounds: int, op: Any) -> tuple[float, float, Cou
 def restart_costs(ttl: float) -> dict[str, float]:
     with RedisServer() as server:
         admin = redis.Redis.from_url(server.url)
+
         def make() -> CountingLock:  # a waiter's own loop reaps the reservation once its lease is over
             return CountingLock(redis.Redis.from_url(server.url), "detail", limit=1, ttl=ttl)
 

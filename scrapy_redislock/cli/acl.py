@@ -48,11 +48,13 @@ CRAWLER_CLIENT_COMMANDS = (
     "lpop", "spop", "zpopmax",
     "multi", "exec", "hgetall", "xinfo|stream", "xinfo|groups", "xinfo|consumers", "xpending",
 )  # fmt: skip
-# set-limit, release, reset are scripts; DEL drops a dead-letter list once looked at.
-OPERATOR_COMMANDS = (*WATCHER_COMMANDS, "evalsha", "script|load", "del")
+# set-limit, release, reset, requeue are scripts; DEL drops a dead-letter list once looked at; requeue reads the
+# worker's in-flight record (HVALS: the stages of its requests) and the workers (TIME, ZRANGE, HGETALL, HLEN).
+OPERATOR_COMMANDS = (*WATCHER_COMMANDS, "evalsha", "script|load", "del", "hvals", "time", "zrange", "hlen")
 
-# Scripts every role that runs scripts may run (the operator's set_limit/release_owner/reset; the crawler's all).
-OPERATOR_SCRIPTS = ("_lib", "setup", "set_limit", "release_owner", "reset")
+# Scripts every role that runs scripts may run (the operator's set_limit/release_owner/reset/retire (forget)/
+# queue_requeue; the crawler's all).
+OPERATOR_SCRIPTS = ("_lib", "setup", "set_limit", "release_owner", "reset", "retire", "queue_requeue")
 
 SCRIPT_PARTS = ("scrapy_redislock.lock", "scrapy_redislock.workers")  # the packages with a scripts/ folder
 SUBCOMMAND_OF = {"XGROUP", "XINFO", "CLIENT", "SCRIPT", "CONFIG", "OBJECT"}

@@ -1,6 +1,6 @@
-"""The sub-commands ``status``, ``set-limit``, ``release`` and ``reset``: each takes parsed options, a target and
-streams, and returns an exit status. Every state change is a Lua script (set_limit, release_owner, reset)."""
-
+"""The sub-commands ``status``, ``set-limit``, ``release``, ``reset``, ``requeue`` and ``forget``: each takes parsed
+options, a target and streams, and returns an exit status. Every state change is a Lua script (set_limit,
+release_owner, reset, queue_requeue, retire)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from scrapy_redislock.cli.target import (
 from scrapy_redislock.errors import InvalidArgument
 from scrapy_redislock.lock.core import LockCore, LockKeys, release_consumer, reset_lock
 from scrapy_redislock.lock.status import StageStatus, find_stages, stage_status
-from scrapy_redislock.workers.status import dead_letters
+from scrapy_redislock.workers.queue import QueueKeys, requeue_now
+from scrapy_redislock.workers.status import WORKER_LOCK_PREFIX, SpiderStatus, WorkerStatus, dead_letters
 
 DEFAULT_WATCH = 2.0
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
@@ -150,7 +151,13 @@ def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     else:
         io.say(f"{stage}: limit {previous} -> {limit}, live for every process")
     after = stage_status(client, target.prefix, stage)
-    if after is not None and after.held > limit:
+    if after is not None and after.held > limit and stage.startswith(WORKER_LOCK_PREFIX):
+        io.say(
+            f"{stage}: {after.held} slots are held now; the {after.held - limit} newest holder(s) leave the stage at "
+            "their next renewal (within ttl/3, at most a second): they give back what they took ahead, finish what "
+            "is in progress and free their slot"
+        )
+    elif after is not None and after.held > limit:
         io.say(
             f"{stage}: {after.held} slots are held now; lowering revokes none: new grants wait until fewer "
             f"than {limit} are held"
@@ -218,6 +225,68 @@ def cmd_release(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     _confirm(f"Release {held} slot(s) of stage {stage!r} held by {described}?", opts, io)
     freed = run_operation(client, release_consumer(LockKeys.of(target.prefix, stage), holder), stage)
     io.say(f"{stage}: released {freed} slot(s) of {described}")
+    if stage.startswith(WORKER_LOCK_PREFIX):
+        _requeue_workers_of(client, target, status, holder, io)
+    return EXIT_OK
+
+
+def _requeue_workers_of(client: redis.Redis, target: Target, status: StageStatus, holder: str, io: Streams) -> None:
+    """A released worker slot's process (same host, pid and spider) is a worker known to be dead: its in-flight
+    requests go back to the front of their queues now, not when the others notice it stopped beating."""
+    process = status.process(holder)
+    if process is None or process.host is None or process.pid is None or not process.spider:
+        return
+    _, spiders = read_all(client, target.prefix, target.ttl)
+    for spider in spiders:
+        if spider.spider != process.spider:
+            continue
+        for worker in spider.workers:
+            if (worker.host, worker.pid) == (process.host, process.pid):
+                _requeue(client, target, spider, worker, io)
+
+
+def _requeue(client: redis.Redis, target: Target, spider: SpiderStatus, worker: WorkerStatus, io: Streams) -> None:
+    moved, left = requeue_now(client, QueueKeys.of(target.prefix, spider.spider), worker.worker)
+    io.say(
+        f"{spider.spider}: requeued {moved} in-flight request(s) of worker {worker.worker} (stage "
+        f"{worker.stage or '-'}) at the front of their queues; it is unregistered"
+    )
+    if left:
+        io.say(f"{spider.spider}: {left} request(s) of stages this command does not know stay in its record")
+
+
+def _worker_of(spiders: list[SpiderStatus], given: str, prefix: str) -> tuple[SpiderStatus, WorkerStatus]:
+    """The worker WORKER means: its exact id, else the only one whose id starts with WORKER + ':' (host:pid)."""
+    found = [(spider, worker) for spider in spiders for worker in spider.workers]
+    exact = [(spider, worker) for spider, worker in found if worker.worker == given]
+    matches = exact or [(s, w) for s, w in found if w.worker.startswith(given.rstrip(":") + ":")]
+    if len(matches) == 1:
+        return matches[0]
+    names = ", ".join(f"{w.worker} ({s.spider})" for s, w in (matches or found)) or "none"
+    if not matches:
+        raise CliError(f"no worker {given!r} under prefix {prefix!r}; workers there: {names}")
+    raise CliError(f"worker {given!r} is ambiguous: {names}; give the full id")
+
+
+def cmd_requeue(opts: argparse.Namespace, target: Target, io: Streams) -> int:
+    """Put a dead worker's in-flight requests back in their queues now (the live workers would at their next beat,
+    once its deadline has passed), and unregister it."""
+    client = target.client()
+    _, spiders = read_all(client, target.prefix, target.ttl)
+    spider, worker = _worker_of(spiders, opts.worker, target.prefix)
+    if worker.alive:
+        left = "" if worker.deadline_in is None else f", {worker.deadline_in:.1f}s before its deadline"
+        io.err.write(
+            f"warning: worker {worker.worker} beat {worker.silence:.1f}s ago{left}: if it is alive, the requests it "
+            "has in progress are fetched twice\n"
+        )
+    _confirm(
+        f"Requeue the {worker.in_flight} in-flight request(s) of worker {worker.worker} (spider {spider.spider}, "
+        f"stage {worker.stage or '-'}) and unregister it?",
+        opts,
+        io,
+    )
+    _requeue(client, target, spider, worker, io)
     return EXIT_OK
 
 
@@ -242,9 +311,79 @@ def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     return EXIT_OK
 
 
+FORGET_LEASES = 3  # an owner seen within this many leases still uses a stage (retire.lua's rule)
+
+
+def _users(client: redis.Redis, target: Target, status: StageStatus) -> list[str]:
+    """Who uses the stage, as ``forget`` (``retire.lua``) judges it: held grants (a dead holder's too, until reaped)
+    and registered owners seen within FORGET_LEASES leases; one phrase each, e.g. ``2 slot(s) held by vm pid 7``."""
+    keys = LockKeys.of(target.prefix, status.stage)
+    lease_ms = round((status.ttl or target.ttl) * 1000)
+    reply = client.time()
+    now_ms = reply[0] * 1000 + reply[1] // 1000 if isinstance(reply, list | tuple) else None
+    seen = client.zrange(keys.seen, 0, -1, withscores=True) if now_ms is not None else []
+    used: list[str] = []
+    held: dict[str, list[float]] = {}
+    for grant in status.grants:
+        held.setdefault(grant.holder, []).append(grant.lease_left)
+    for owner, lefts in sorted(held.items()):
+        left = min(lefts)
+        lease = f"lease left {left:.0f}s" if left >= 0 else "lease expired, not reaped yet"
+        used.append(f"{len(lefts)} slot(s) held by {_describe(status, owner)} ({lease})")
+    for owner, score in seen:
+        name = str(owner)
+        ago = (now_ms - score) / 1000 if now_ms is not None else 0.0
+        if name in held or ago > FORGET_LEASES * lease_ms / 1000:
+            continue
+        used.append(f"registered {_describe(status, name)}, seen {ago:.1f}s ago")
+    return used
+
+
+def cmd_forget(opts: argparse.Namespace, target: Target, io: Streams) -> int:
+    """Delete a stage nobody uses from Redis, in one script (``retire.lua``, through ``LockCore.retire``): refused
+    while any grant is held or any owner was seen within 3 leases, naming them. ``--force`` first frees every grant
+    and forgets every owner (``reset.lua``), then deletes; a process that registers again in between (a live one
+    renewing, a waiter taking a fresh slot) makes it refuse all the same."""
+    stage = _stage_arg(opts.stage)
+    client = target.client()
+    status = _require_stage(client, target, stage)
+    users = _users(client, target, status)
+    if users and not opts.force:
+        raise CliError(
+            f"stage {stage!r} is in use, nothing was deleted: {'; '.join(users)}; pass --force to free and forget "
+            "them first (a live process among them recreates the stage at its next renewal)"
+        )
+    freeing = f", freeing what they hold ({'; '.join(users)})" if users else ""
+    _confirm(f"Delete stage {stage!r} (limit {status.limit}) from Redis{freeing}?", opts, io)
+    keys = LockKeys.of(target.prefix, stage)
+    freed = 0
+    if opts.force and status.exists and (status.grants or status.processes):
+        try:
+            freed, _ = run_operation(client, reset_lock(keys), stage)
+        except redis.exceptions.ResponseError as exc:
+            if "NOLOCK" not in str(exc):  # gone meanwhile: the retire below deletes what is left
+                raise
+    core = LockCore.create(stage, None, status.ttl or target.ttl, key_prefix=target.prefix)
+    _, deleted = run_operation(client, core.retire(), stage)
+    if not deleted:
+        after = stage_status(client, target.prefix, stage)
+        now_used = _users(client, target, after) if after is not None else []
+        why = "; ".join(now_used) or (
+            "Redis restarted since the stage was last written: its slots are reserved for one lease, for holders "
+            "that survived to re-adopt them; try again after the lease"
+        )
+        raise CliError(f"stage {stage!r} was not deleted, it is in use: {why}")
+    limit = "" if status.limit is None else f" (limit {status.limit})"
+    extra = f"; freed {freed} held slot(s) first" if freed else ""
+    io.say(f"{stage}: forgotten: its keys are deleted from Redis{limit}{extra}")
+    return EXIT_OK
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Target, Streams], int]] = {
     "status": cmd_status,
     "set-limit": cmd_set_limit,
     "release": cmd_release,
     "reset": cmd_reset,
+    "requeue": cmd_requeue,
+    "forget": cmd_forget,
 }

@@ -9,12 +9,15 @@ One aiohttp server (the ``dashboard`` extra: aiohttp, prometheus_client) with:
 - ``/events``: server-sent events: the history, then one frame every ``--interval`` seconds.
 - ``/api/status``: the latest frame as JSON.
 - ``/metrics``: Prometheus's text format, read from Redis at each scrape (no crawl needs to run).
-- ``POST /api/set-limit``, ``/api/release``, ``/api/reset``: only with ``--allow-control`` and the header
-  ``Authorization: Bearer <token>``, the token printed at start; they run the command line's own sub-commands.
+- ``POST /api/set-limit``, ``/api/release``, ``/api/reset``, ``/api/requeue``: only with ``--allow-control`` and
+  the header ``Authorization: Bearer <token>``, the token printed at start; they run the command line's own
+  sub-commands.
 
 Redis is read by :mod:`scrapy_redislock.status` alone, with the blocking client in worker threads, never on the
 event loop. Reads no settings itself: the command line resolves where to connect (REDISLOCK_URL, REDIS_URL,
 REDISLOCK_KEY_PREFIX, REDISLOCK_TTL; see :mod:`scrapy_redislock.cli.target`). The page shows the URL masked.
+Started while Redis is down or out of reach, it serves anyway: the page says Redis is unreachable and ``/metrics``
+has ``redislock_up 0``, until Redis answers.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ logger = logging.getLogger(__name__)
 
 HEARTBEAT = 15.0  # seconds between keep-alive comments on an idle event stream
 MAX_HOLDERS_SHOWN = 200  # grants per stage sent to the page; the counts stay exact
-CONTROL_COMMANDS = ("set-limit", "release", "reset")
+CONTROL_COMMANDS = ("set-limit", "release", "reset", "requeue")
 Frame = dict[str, Any]
 
 
@@ -68,7 +71,7 @@ class SeenWorker:
     status: WorkerStatus
     ttl: float
     gone_at: float | None = None
-    state: str = "alive"  # alive, dead (silent for the ttl, or reaped by the others), left (closed)
+    state: str = "alive"  # alive, dead (past its beat deadline, or reaped by the others), left (closed)
 
 
 class Sampler:
@@ -110,6 +113,10 @@ class Sampler:
             "grants": {name: rate for name, rate in rates.items() if rate is not None},
             "queues": {f"{s['spider']}/{stage}": n for s in spider_rows for stage, n in s["queues"].items()},
         }
+        return {**self.empty_frame(now), "stages": stage_rows, "spiders": spider_rows, "point": point}
+
+    def empty_frame(self, now: float, error: str | None = None) -> Frame:
+        """A frame with nothing read (yet): what the page shows while Redis has never answered."""
         return {
             "time": now,
             "url": self.target.safe_url,
@@ -117,10 +124,10 @@ class Sampler:
             "interval": self.interval,
             "history": self.history,
             "control": self.control,
-            "error": None,
-            "stages": stage_rows,
-            "spiders": spider_rows,
-            "point": point,
+            "error": error,
+            "stages": [],
+            "spiders": [],
+            "point": {"t": now, "grants": {}, "queues": {}},
         }
 
     def _rates(self, stages: list[StageStatus], now: float) -> dict[str, float | None]:
@@ -154,9 +161,10 @@ class Sampler:
                 continue
             if seen.gone_at is None:
                 seen.gone_at = now
-                # A closing worker unregisters itself within a beat (every ttl/3); one that vanished after missing
-                # beats was reaped by the others: it is dead. (Inferred: keep --interval well below ttl/2.)
-                silent = not seen.status.alive or seen.status.silence >= seen.ttl / 2
+                # A closing worker unregisters itself within a beat; one that vanished after missing beats was
+                # reaped by the others: it is dead. (Inferred: keep --interval well below half the silence a
+                # worker may keep: 5 s with work, the ttl without.)
+                silent = not seen.status.alive or seen.status.silence >= (seen.status.grace or seen.ttl) / 2
                 seen.state = "dead" if silent else "left"
             if now - seen.gone_at > self.history:
                 del self.workers[(name, worker_id)]
@@ -177,7 +185,8 @@ class Sampler:
             stages, spiders = await asyncio.to_thread(self.read)
         except (*REDIS_ERRORS, OSError) as exc:
             message, _ = failure(exc, self.target)
-            frame = {**self.latest, "time": now, "error": message, "point": {"t": now, "grants": {}, "queues": {}}}
+            empty = self.empty_frame(now, message)
+            frame = {**empty, **self.latest, "time": now, "error": message, "point": empty["point"]}
         else:
             frame = self.frame(stages, spiders, now)
         self.publish(frame)
@@ -286,9 +295,11 @@ def stage_metrics(stages: list[StageStatus]) -> Iterator[Metric]:
 
 def spider_metrics(spiders: list[SpiderStatus]) -> Iterator[Metric]:
     queue = GaugeMetricFamily("redislock_queue_length", "Requests waiting in a stage queue", labels=["spider", "stage"])
-    alive = GaugeMetricFamily("redislock_workers_alive", "Workers that beat within the ttl", labels=["spider"])
+    alive = GaugeMetricFamily(
+        "redislock_workers_alive", "Workers whose last beat's deadline has not passed", labels=["spider"]
+    )
     dead = GaugeMetricFamily(
-        "redislock_workers_dead", "Registered workers silent for the ttl, not yet reaped", labels=["spider"]
+        "redislock_workers_dead", "Registered workers past their beat deadline, not yet reaped", labels=["spider"]
     )
     in_flight = GaugeMetricFamily(
         "redislock_requests_in_flight", "Requests popped by workers and not finished yet", labels=["spider"]
@@ -389,6 +400,7 @@ class Dashboard:
             stage=str(body.get("stage", "")),
             limit=str(body.get("limit", "")),
             holder=str(body.get("holder", "")),
+            worker=str(body.get("worker", "")),
             create=False,
             ttl=None,
             yes=True,
@@ -411,6 +423,34 @@ class Dashboard:
         return code, (out.getvalue() + err.getvalue()).strip()
 
 
+# Redis is down or out of reach: the dashboard and /metrics start anyway and say so (an exporter must report an
+# outage, not exit). Whatever else fails (credentials, ACL, a bad URL option) stops them at once, in one line.
+UNREACHABLE = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.RedisClusterException,
+    OSError,
+)
+REFUSED = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)  # ConnectionErrors too
+
+
+async def _first_read(sampler: Sampler) -> str:
+    """Read Redis once before serving: '' when it answered, else why it is unreachable now (the page and /metrics
+    then say so until it answers). A refusal is raised: it would not cure itself."""
+    now = round(time.time(), 3)
+    try:
+        first = await asyncio.to_thread(sampler.read)
+    except UNREACHABLE as exc:
+        if isinstance(exc, REFUSED):
+            raise
+        message, _ = failure(exc, sampler.target)
+        sampler.publish(sampler.empty_frame(now, message))
+        return message
+    sampler.publish(sampler.frame(*first, now=now))
+    return ""
+
+
 def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -422,8 +462,7 @@ def serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
 
 async def _serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     sampler = Sampler(target, opts.interval, opts.history, control=opts.allow_control)
-    first = await asyncio.to_thread(sampler.read)  # Redis unreachable or refusing: the one-line error, exit 1
-    sampler.publish(sampler.frame(*first, now=round(time.time(), 3)))
+    unreachable = await _first_read(sampler)  # refusing (credentials, ACL): the one-line error, exit 1
     token = secrets.token_urlsafe(24) if opts.allow_control else None
     dashboard = Dashboard(sampler, token, io)
     runner = web.AppRunner(dashboard.app(), access_log=None, handle_signals=False)
@@ -440,6 +479,8 @@ async def _serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     url = f"http://{_address(opts.host, port)}/"
     io.say(f"dashboard: {url}  (Redis {target.safe_url}, prefix {target.prefix!r}, read every {opts.interval:g}s)")
     io.say(f"metrics: {url}metrics")
+    if unreachable:
+        io.say(f"note: {unreachable}; serving anyway (redislock_up 0), reading it again every {opts.interval:g}s")
     if token:
         io.say(f"control: on; token {token}")
         io.say(f"  open {url}#token={token}")

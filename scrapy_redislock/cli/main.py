@@ -3,8 +3,11 @@
 - ``status [--json] [--watch [SECONDS] [--count N]] [--stage-key PATTERN]``: every stage lock under the key
   prefix; the locks of keys met at run time (REDISLOCK_STAGE_KEY) apart, busiest first, those matching PATTERN.
 - ``set-limit STAGE N [--create [--ttl SECONDS]]``: change a stage's cap for the whole cluster, live.
-- ``release STAGE HOLDER [--yes]``: free the slots of one holder (a worker known to be dead).
+- ``release STAGE HOLDER [--yes]``: free the slots of one holder (a worker known to be dead); a worker slot's
+  holder also has its worker's in-flight requests put back in their queues.
+- ``requeue WORKER [--yes]``: put a dead worker's in-flight requests back in their queues now, and unregister it.
 - ``reset STAGE [--yes]``: free every slot of a stage and forget its holders; the limit stays.
+- ``forget STAGE [--force] [--yes]``: delete a stage nobody uses from Redis (refused, naming who, while in use).
 - ``dashboard [--host H] [--port P] [--allow-control]``: a live web page and ``/metrics`` (see
   :mod:`scrapy_redislock.cli.dashboard`).
 
@@ -13,7 +16,8 @@ variables REDISLOCK_URL, REDIS_URL and REDISLOCK_KEY_PREFIX; as a Scrapy command
 :func:`scrapy_redislock.crawl.settings.read_settings` (REDISLOCK_URL and scrapy-redis's REDIS_* fallbacks,
 REDISLOCK_PARAMS, REDISLOCK_KEY_PREFIX, REDISLOCK_TTL, REDISLOCK_STAGES), with those environment variables used
 only where the project sets no connection or prefix. ``--url`` and ``--prefix`` win over both.
-Every state change is a Lua script (set_limit, release_owner, reset). Passwords are never printed.
+Every state change is a Lua script (set_limit, release_owner, reset, queue_requeue, retire). Passwords are never
+printed.
 Exit status: 0 done, 1 failed or refused (Redis unreachable, unknown stage or holder, not confirmed), 2 bad input.
 """
 
@@ -138,7 +142,8 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
         help="change a stage's cap for the whole cluster, live",
         description="Change a stage's cap for every process at once, while they run (the limit lives in Redis). "
         "Lowering revokes nothing: held slots stay until released, and no new slot is granted until fewer "
-        "than N are held. A process that starts later writes its own REDISLOCK_STAGES limit again.",
+        "than N are held; on a worker stage (workers:<stage>) the newest workers over the limit leave it at "
+        "their next renewal. A process that starts later writes its own REDISLOCK_STAGES limit again.",
     )
     set_limit.add_argument("stage", metavar="STAGE")
     set_limit.add_argument("limit", metavar="N", help="the new limit, an integer >= 0 (0 pauses the stage)")
@@ -153,11 +158,25 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
         help="free the slots of one holder (a worker known to be dead)",
         description="Free every slot HOLDER holds in STAGE and forget it. HOLDER is a name from `status` (or "
         "host:pid, or any prefix of the name ending at a colon, if only one holder matches). A live holder "
-        "finds its slots lost at its next renewal.",
+        "finds its slots lost at its next renewal. For a worker slot (workers:<stage>), the worker of that "
+        "process also has its in-flight requests put back in their queues (as `requeue` does).",
     )
     release.add_argument("stage", metavar="STAGE")
     release.add_argument("holder", metavar="HOLDER")
     release.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+
+    requeue = sub.add_parser(
+        "requeue",
+        parents=[common],
+        help="put a dead worker's in-flight requests back in their queues now",
+        description="Put every request WORKER (a StageWorkerMixin worker, as `status` lists it: its id, or "
+        "host:pid) had taken and not finished back at the front of its stage's queue, and unregister the worker. "
+        "The live workers do it themselves once its beat deadline has passed (seconds while it had work); this "
+        "does it now. A worker that is alive after all drops what it had taken ahead at its next beat; what it "
+        "has in progress is fetched twice.",
+    )
+    requeue.add_argument("worker", metavar="WORKER")
+    requeue.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
     reset = sub.add_parser(
         "reset",
@@ -169,6 +188,19 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
     )
     reset.add_argument("stage", metavar="STAGE")
     reset.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+
+    forget = sub.add_parser(
+        "forget",
+        parents=[common],
+        help="delete a stage nobody uses from Redis (its limit, slots and fence counter)",
+        description="Delete every key of STAGE (also workers:STAGE, key:KEY) from Redis, in one script, when "
+        "nobody uses it: no slot held (a dead holder's too, until it is reaped) and no process seen within 3 "
+        "leases. Otherwise refused, naming who. --force frees every slot and forgets every process first (as "
+        "`reset` does); a process that registers again meanwhile still makes it refuse.",
+    )
+    forget.add_argument("stage", metavar="STAGE")
+    forget.add_argument("--force", action="store_true", help="free and forget the stage's holders first")
+    forget.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
     dashboard = sub.add_parser(
         "dashboard",

@@ -1,6 +1,5 @@
 """How the command line shows things: durations, clock times, tables, the status frame, dead letters."""
 
-
 from __future__ import annotations
 
 import time
@@ -62,9 +61,10 @@ def render_status(
     for spider in spiders:
         queued = ", ".join(f"{stage} {n}" for stage, n in spider.queues.items()) or "none"
         lines.append(
-            f"spider {spider.spider}: {spider.alive} worker(s) alive, {spider.dead} silent for the ttl "
-            f"({seconds(spider.ttl)}); queued: {queued}"
+            f"spider {spider.spider}: {spider.alive} worker(s) alive, {spider.dead} dead (past the beat they "
+            f"promised); queued: {queued}"
         )
+        lines += render_dead_workers(spider)
     if spiders:
         lines.append("")
     if not stages:
@@ -115,6 +115,21 @@ def render_status(
     if limbo:
         lines.append(f"{LIMBO}: slots reserved after a Redis data loss for surviving holders; free after one ttl")
     return "\n".join(lines) + "\n"
+
+
+def render_dead_workers(spider: SpiderStatus) -> list[str]:
+    """One line per dead worker of a spider (the live ones requeue its requests at their next beat; ``requeue``
+    does it now)."""
+    lines = []
+    for worker in spider.workers:
+        if worker.alive:
+            continue
+        late = "" if worker.deadline_in is None else f", {seconds(-worker.deadline_in)} past its deadline"
+        lines.append(
+            f"  dead: {worker.worker} (stage {worker.stage or '-'}, {worker.in_flight} request(s) in flight, "
+            f"last beat {seconds(worker.silence)} ago{late}); `requeue {worker.worker}` puts its requests back now"
+        )
+    return lines
 
 
 @dataclass

@@ -5,7 +5,6 @@ command, the project's settings through :func:`scrapy_redislock.crawl.settings.r
 ``--prefix`` win over both.
 """
 
-
 from __future__ import annotations
 
 import argparse

@@ -21,7 +21,14 @@ that block the reactor or do not fit Scrapy 2.19:
 On a plain ``scrapy.Spider`` it works the same minus the ``redis_key`` feed: work enters through ``start()``
 (every worker's, deduplicated) and through what callbacks yield.
 
-Settings read: none itself (the scheduler reads them).
+At start (``from_crawler``) it checks the stage names known before any request against REDISLOCK_WORKER_STAGES
+(the spider's ``worker_stages``): its ``@stage`` callbacks, REDISLOCK_CALLBACK_STAGES, REDISLOCK_DEFAULT_STAGE; a
+name that is not a worker stage is a ConfigError naming it and the callback (else every request of that callback
+would be dropped with an error, and the crawl finish with exit status 0). A ConfigError ends the crawl as one log
+line, exit status 1.
+
+Settings read: those of :func:`~scrapy_redislock.crawl.settings.read_settings`, for the check above (the scheduler
+reads them again).
 """
 
 from __future__ import annotations
@@ -30,9 +37,11 @@ from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 from scrapy import Request, signals
-from scrapy.exceptions import DontCloseSpider
+from scrapy.exceptions import CloseSpider, DontCloseSpider
 
-from scrapy_redislock.crawl.engine import engine_scheduler
+from scrapy_redislock.crawl.engine import engine_scheduler, one_line_config_errors
+from scrapy_redislock.crawl.settings import read_settings
+from scrapy_redislock.crawl.stages import check_stage_names
 
 SCHEDULER_PATH = "scrapy_redislock.StageWorkerScheduler"
 
@@ -60,6 +69,10 @@ class StageWorkerMixin:
 
     @classmethod
     def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> Any:
+        one_line_config_errors()  # a ConfigError of ours (here or in the scheduler) ends the crawl as one line
+        checked = read_settings(crawler.settings)
+        if checked.worker_stages:  # none: the scheduler says what is missing
+            check_stage_names(cls, checked, checked.worker_stages, "REDISLOCK_WORKER_STAGES")
         spider = super().from_crawler(crawler, *args, **kwargs)  # type: ignore[misc]
         # RedisSpider.setup_redis connected spider.spider_idle, which is ours (below); a plain Spider needs it too.
         if getattr(spider, "server", None) is None:
@@ -69,11 +82,15 @@ class StageWorkerMixin:
     def spider_idle(self) -> None:
         """Idle like a RedisSpider (stay open, waiting for work) until REDISLOCK_IDLE_CLOSE says otherwise.
 
-        Replaces RedisMixin.spider_idle, which pops start URLs with blocking calls; the scheduler feeds them.
+        Replaces RedisMixin.spider_idle, which pops start URLs with blocking calls; the scheduler feeds them. The
+        scheduler may name a finish reason of its own (``redislock_queue_lost``: Redis lost the queues under it).
         """
         scheduler = engine_scheduler(self.crawler)  # type: ignore[attr-defined]
         may_close = getattr(scheduler, "may_close", None)
         if may_close is not None and may_close():
+            reason = getattr(scheduler, "close_reason", None)
+            if reason:
+                raise CloseSpider(reason)
             return
         raise DontCloseSpider
 

@@ -12,8 +12,15 @@ Keys, all under the hash tag of the spider name so that Redis Cluster keeps them
     <prefix>:{<spider>}:inflight:<worker>   hash: id -> "<stage>\\n<request>" popped by that worker, not done yet
     <prefix>:{<spider>}:inflight_total      counter: requests in every worker's in-flight hash (kept by the scripts)
     <prefix>:{<spider>}:alive               zset: worker -> last beat (ms, Redis's clock)
+    <prefix>:{<spider>}:due                 zset: worker -> the moment (ms, Redis's clock) by which it promised to
+                                            beat again (set by each beat, moved ahead by each pop); past it, the
+                                            worker is dead
     <prefix>:{<spider>}:working             hash: worker -> the stage it works on (for people and the demo)
     <prefix>:{<spider>}:ids                 counter of in-flight ids
+    <prefix>:{<spider>}:epoch               string: made when missing by a worker's first beat (Redis's clock in
+                                            µs); a worker whose registration vanished reads it again: another
+                                            value than the one it saw means the crawl state was lost (Redis
+                                            restarted empty, flushed, a promoted replica without it)
     <prefix>:{<spider>}:deadletter          list: entries that could not be loaded, newest first, each
                                             "<note: one line of JSON>\\n<stage>\\n<request>" (kept for people)
 
@@ -39,7 +46,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import redis
 import redis.asyncio
+from redis.client import NEVER_DECODE
 
 from scrapy_redislock._redis import check_name, check_ttl, load_scripts, text
 from scrapy_redislock.crawl.requestformat import request_from_data
@@ -59,6 +68,7 @@ QUEUE_SCRIPTS = (
     "queue_return",
     "queue_clear",
     "queue_bury",
+    "queue_epoch",
 )
 
 
@@ -78,7 +88,9 @@ class QueueKeys:
     ids = property(lambda self: f"{self.base}:ids")
     in_flight = property(lambda self: f"{self.base}:inflight_total")
     wake = property(lambda self: f"{self.base}:wake")
+    due = property(lambda self: f"{self.base}:due")
     deadletter = property(lambda self: f"{self.base}:deadletter")
+    epoch = property(lambda self: f"{self.base}:epoch")
 
     def queue(self, stage: str) -> str:
         return f"{self.base}:queue:{stage}"
@@ -103,7 +115,8 @@ def decode(data: bytes, serializer: Any, spider: Spider | None) -> Request:
 
 class Heartbeat(NamedTuple):
     """What a beat learns: ``new`` (the worker was not registered: first beat, or taken for dead and reaped), how
-    many entries its in-flight record ``holds``, and workers silent for a TTL (``dead``, to reap)."""
+    many entries its in-flight record ``holds`` (0 for a pulse), and workers past their deadline (``dead``, to
+    reap)."""
 
     new: bool
     holds: int
@@ -135,6 +148,7 @@ class StageQueues:
         sources = load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)
         self.scripts = {name: client.register_script(src) for name, src in sources.items()}
         self._waiting: Any = None  # a client whose reads never time out, for BLPOP (made on first wait)
+        self.work_grace = self.ttl  # seconds within which a popping worker beats again (the scheduler sets it)
 
     @property
     def ttl_ms(self) -> int:
@@ -183,8 +197,9 @@ class StageQueues:
         None (nothing popped) if this worker is not registered: the others took it for dead and requeued what it
         had popped; :meth:`beat` first (it says so), then pop."""
         keys = [self.keys.queue(self._check_stage(stage)), self.inflight_key, self.keys.ids, self.keys.alive]
-        keys += [self.keys.in_flight, self.keys.signal(stage)]
-        reply = await self.scripts["queue_pop"](keys=keys, args=[count, stage, self.worker, int(pass_on)])
+        keys += [self.keys.in_flight, self.keys.signal(stage), self.keys.due]
+        grace_ms = max(1, round(self.work_grace * 1000))
+        reply = await self.scripts["queue_pop"](keys=keys, args=[count, stage, self.worker, int(pass_on), grace_ms])
         if reply is None:
             return None
         return [(str(text(i)), bytes(d)) for i, d in zip(reply[::2], reply[1::2], strict=True)]
@@ -218,12 +233,24 @@ class StageQueues:
         took it for dead and requeued its in-flight requests)."""
         return (await self.heartbeat(stage)).new
 
-    async def heartbeat(self, stage: str | None, dead_max: int = 8) -> Heartbeat:
+    async def heartbeat(
+        self, stage: str | None, dead_max: int = 8, *, grace: float | None = None, pulse: bool = False
+    ) -> Heartbeat:
         """:meth:`beat`, how many entries this worker's in-flight record holds, and up to ``dead_max`` workers
-        silent for a TTL (for :meth:`reap`): one script call."""
-        keys = [self.keys.alive, self.keys.working, self.inflight_key]
-        reply = await self.scripts["queue_beat"](keys=keys, args=[self.worker, stage or "", self.ttl_ms, dead_max])
+        past their deadline (for :meth:`reap`): one script call. The worker promises its next beat within
+        ``grace`` seconds (default the ttl). A ``pulse`` only beats and names the dead (it does not count the
+        in-flight record, nor note the stage again)."""
+        keys = [self.keys.alive, self.keys.working, self.inflight_key, self.keys.due]
+        grace_ms = self.ttl_ms if grace is None else max(1, round(grace * 1000))
+        args = [self.worker, stage or "", grace_ms, dead_max, int(pulse)]
+        reply = await self.scripts["queue_beat"](keys=keys, args=args)
         return Heartbeat(bool(reply[1]), int(reply[2]), [str(text(w)) for w in reply[3:]])
+
+    async def epoch(self) -> str:
+        """The queues' epoch, made now if missing (one script: GET, and SET when missing). A worker reads it only
+        when a beat says it was not registered (its first beat, taken for dead, or Redis lost the crawl state): an
+        epoch other than the one it saw before means the crawl state is gone, not that it was taken for dead."""
+        return str(text(await self.scripts["queue_epoch"](keys=[self.keys.epoch], args=[])))
 
     async def reclaim(self, known: Iterable[str]) -> int:
         """Put every entry of this worker's in-flight record that is not ``known`` back at the front of its queue
@@ -243,7 +270,7 @@ class StageQueues:
 
     async def _requeue(self, worker: str, silence_ms: int) -> tuple[int, int]:
         keys = [self.keys.alive, self.keys.inflight(worker), self.keys.working, self.keys.in_flight]
-        keys += [*self._queue_keys(), *self._signal_keys()]
+        keys += [*self._queue_keys(), *self._signal_keys(), self.keys.due]
         moved, left = await self.scripts["queue_requeue"](keys=keys, args=[worker, silence_ms, *self.stages])
         return int(moved), int(left)
 
@@ -252,11 +279,11 @@ class StageQueues:
         return int(seconds) * 1000 + int(micros) // 1000
 
     async def reap(self, silent: Iterable[str] | None = None) -> dict[str, int]:
-        """Requeue the in-flight requests of every worker silent for one TTL (default: look them up; a worker
+        """Requeue the in-flight requests of every worker past its deadline (default: look them up; a worker
         passes those its :meth:`heartbeat` named); {worker: requests requeued}."""
         if silent is None:
             now = await self.server_ms()
-            silent = [str(text(w)) for w in await self.client.zrangebyscore(self.keys.alive, "-inf", now - self.ttl_ms)]
+            silent = [str(text(w)) for w in await self.client.zrangebyscore(self.keys.due, "-inf", f"({now}")]
         reaped: dict[str, int] = {}
         for worker in silent:
             if worker == self.worker:
@@ -317,9 +344,37 @@ class StageQueues:
             await self._waiting.aclose()
 
     async def clear_if_alone(self) -> bool:
-        """Delete the spider's whole crawl state if no other worker is alive; True if it did."""
+        """Delete the spider's whole crawl state if no other worker is alive; True if it did (SCHEDULER_FLUSH_ON_START:
+        queued work goes too)."""
+        return await self._clear(finished_only=False) == 1
+
+    async def clear_if_finished(self) -> int:
+        """Delete the spider's whole crawl state if no other worker is alive and no work is left anywhere (nothing
+        queued in any stage, a paused one's included, nothing in flight in any worker's record): SCHEDULER_PERSIST =
+        False at close. 1 cleared, 0 another worker is alive, -1 work is left (nothing deleted)."""
+        return await self._clear(finished_only=True)
+
+    async def _clear(self, *, finished_only: bool) -> int:
         registered = await self.workers()
         keys: list[Any] = [self.keys.alive, self.keys.working, self.keys.dupefilter, self.keys.ids]
         keys += [self.keys.in_flight, self.keys.wake, *self._queue_keys(), *self._signal_keys()]
         keys += [self.keys.inflight(w) for w in {*registered, self.worker}]
-        return bool(await self.scripts["queue_clear"](keys=keys, args=[self.worker, self.ttl_ms]))
+        keys += [self.keys.epoch, self.keys.due]
+        args: list[Any] = [self.worker, self.ttl_ms, *(["finished"] if finished_only else [])]
+        return int(await self.scripts["queue_clear"](keys=keys, args=args))
+
+
+def requeue_now(client: redis.Redis, keys: QueueKeys, worker: str) -> tuple[int, int]:
+    """An operator's requeue, with a blocking client (the command line): put every request in ``worker``'s in-flight
+    record back at the front of its stage's queue and unregister the worker, now, whether it still beats or not (one
+    ``queue_requeue`` script; the stages are read from the record itself). Returns (requeued, left in the record).
+
+    A worker that was alive after all learns at its next beat that it was taken for dead and drops what it had taken
+    ahead; what it had in progress is fetched twice (at least once, as when the others reap it)."""
+    values = client.execute_command("HVALS", keys.inflight(worker), **{NEVER_DECODE: []}) or []
+    stages = sorted({bytes(value).split(b"\n", 1)[0].decode("utf-8", "replace") for value in values})
+    script_keys = [keys.alive, keys.inflight(worker), keys.working, keys.in_flight]
+    script_keys += [*(keys.queue(s) for s in stages), *(keys.signal(s) for s in stages), keys.due]
+    script = client.register_script(load_scripts("scrapy_redislock.workers", ("queue_requeue",))["queue_requeue"])
+    moved, left = script(keys=script_keys, args=[worker, 0, *stages])
+    return int(moved), int(left)

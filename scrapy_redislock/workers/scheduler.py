@@ -20,9 +20,15 @@ token for each worker (see ``scripts/queue_ack.lua``).
 
 A popped request stays in the worker's in-flight record in Redis until Scrapy has completely handled it (the
 engine's in-progress set: download, redirects, callback or errback, and every request the callback yielded
-queued in Redis); a worker that stops beating for one TTL has its in-flight requests put back at the front of
-their queues by the next worker to beat. So a SIGKILL loses no request; the few the dead worker had in flight are
-fetched again. Every Redis call is ``redis.asyncio`` on the reactor thread, nothing blocks it.
+queued in Redis); a worker that stops beating has its in-flight requests put back at the front of their queues by
+the next worker to beat once its deadline has passed (each beat promises the next within 5 s while the worker has
+work, within the ttl while it has none: see policy.liveness). So a SIGKILL loses no request; the few the dead
+worker had in flight are fetched again within seconds. Every Redis call is ``redis.asyncio`` on the reactor
+thread, nothing blocks it.
+
+A worker learns its stage's limit from its slot's renewals (see :mod:`~scrapy_redislock.workers.slots`): when the
+limit is lowered under the stage's holders, or set to 0 (paused), the newest holders give back what they took
+ahead, let what is in progress finish, free the slot and take another stage or wait.
 
 Settings read (via :mod:`scrapy_redislock.crawl.settings`): REDISLOCK_WORKER_STAGES (or the spider's ``worker_stages``),
 REDISLOCK_STAGE_PREFERENCE (or the spider's ``stage_preference``), REDISLOCK_IDLE_CLOSE (else scrapy-redis's
@@ -30,7 +36,12 @@ MAX_IDLE_TIME_BEFORE_CLOSE), REDISLOCK_TTL, REDISLOCK_KEY_PREFIX, REDISLOCK_URL;
 SCHEDULER_FLUSH_ON_START, REDIS_START_URLS_AS_SET / _AS_ZSET, SCHEDULER_SERIALIZER (the request format: by default
 :mod:`~scrapy_redislock.crawl.requestformat`, which cannot run code on load); Scrapy's CONCURRENT_REQUESTS (how many
 requests a worker takes ahead). Stats: ``redislock/workers/<stage>/{enqueued,duplicates,dequeued,taken,lost}``,
-``redislock/workers/{requeued,returned,start_urls,unqueueable,dead_letters,redis_errors}``.
+``redislock/workers/{requeued,returned,start_urls,unqueueable,dead_letters,redis_errors,queue_lost}``.
+
+Redis going away is not an error: an outage or failover is one WARNING per outage and one INFO when Redis answers
+again, every call retried with back-off. Redis coming back *empty* is: the queues' epoch key tells a lost crawl
+state from being taken for dead, and a worker that knew of work logs one ERROR, counts ``queue_lost`` and finishes
+its idle close as ``redislock_queue_lost``. A paused or full stage's queue is work: no idle close, no clear.
 
 A queued entry that cannot be loaded (garbage, a pickle payload, a truncated entry, a ``_class`` or callback that
 is not what ``to_dict`` makes) is logged once with its queue and a short escaped excerpt, counted, and moved to the
@@ -58,12 +69,14 @@ from scrapy_redislock._loop import every
 from scrapy_redislock._redis import Backoff
 from scrapy_redislock.crawl.engine import check_reactor, in_progress, wake_engine
 from scrapy_redislock.crawl.settings import read_settings, read_worker_settings
-from scrapy_redislock.crawl.stagelocks import OUTAGE_ERRORS, REDIS_ERRORS, StageLocks
+from scrapy_redislock.crawl.stagelocks import OUTAGE_ERRORS, REDIS_ERRORS, REFUSED
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.workers.feed import StartUrlFeed
-from scrapy_redislock.workers.policy import StagePolicy, next_wake
+from scrapy_redislock.workers.outage import OutageLog
+from scrapy_redislock.workers.policy import StagePolicy, keeps_slot, keeps_streak, liveness, may_reap, next_wake
 from scrapy_redislock.workers.queue import StageQueues, decode, encode
+from scrapy_redislock.workers.slots import WorkerSlots
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -106,12 +119,14 @@ class StageWorkerScheduler(BaseScheduler):
         check_reactor(crawler, "StageWorkerMixin")
         self.idle_close = self.worker_settings.idle_close
         self.serializer = self.worker_settings.serializer
-        self.locks = StageLocks(
+        self.locks = WorkerSlots(
             crawler, self.settings, stages, lock_prefix="workers:", stats_prefix="redislock/workers"
         )
+        self.locks.on_limit = self._limit_seen
         self.queues = StageQueues(
             self.locks.client, crawler.spidercls.name, stages, key_prefix=settings.key_prefix, ttl=settings.ttl
         )
+        self.queues.work_grace = liveness(settings.ttl, working=True).grace  # what a pop promises
         self.worker = self.queues.worker
         self.concurrency = max(1, crawler.settings.getint("CONCURRENT_REQUESTS"))
         self.buffer: deque[tuple[Request, str]] = deque()  # popped from Redis, not handed to the engine yet
@@ -142,10 +157,25 @@ class StageWorkerScheduler(BaseScheduler):
         self.look_due = True  # look at the queues at the next step without a stage: woken, beat, or a stage left
         self.beat_at = time.monotonic()  # when the last beat that reached Redis was sent
         self.beat_due = 0.0
+        self.pulse_due = 0.0  # the next pulse of a worker with work (a beat at least every second: see policy)
+        self.grace = settings.ttl  # the silence its last beat promised not to exceed (else it is dead)
+        self.pulse_interval = settings.ttl / 3  # the interval its last beat set for the next one
+        self.streak_since: float | None = None  # since when its beats reach Redis without a gap (for reaping)
+        self.replied_at = 0.0  # when the last beat's reply came
+        self.leaving = False  # its capped stage is over its limit: finish what is in progress, then free the slot
+        self.limit_checked: tuple[int, str] | None = None  # (limit, grant) its slot was last checked against
+        self.taken_at = 0.0  # when it took its stage (a limit reported before then is not the stage's now)
         self.loop_task: asyncio.Task[None] | None = None
         self.wakeup: asyncio.Event | None = None
         self.closing = False
         self.spider: Spider | None = None
+        # Pauses, restarts and outages of Redis (see _queues_lost, _outage_step, may_close):
+        self.work_seen = False  # the last look found work somewhere (queued, paused or full stages too; in flight)
+        self.epoch: str | None = None  # the queues' epoch this worker saw (changes only when the crawl state is gone)
+        self.lost = False  # Redis lost the crawl state while this worker knew of work: close as redislock_queue_lost
+        self.outage = OutageLog(self.worker)  # one WARNING per outage, one INFO when Redis answers again
+        self.retry_at = 0.0  # after a failed step: the loop's next try (its own back-off, logged once per outage)
+        self.retry_backoff = Backoff()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> StageWorkerScheduler:
@@ -221,9 +251,7 @@ class StageWorkerScheduler(BaseScheduler):
             self.stats.inc_value("redislock/workers/returned", moved)
         self.buffer.clear()
         if not self.worker_settings.persist:
-            cleared = await self._bounded("clearing the queues", self.queues.clear_if_alone())
-            if cleared:
-                logger.info("SCHEDULER_PERSIST is False and this was the last worker: cleared the queues")
+            await self._clear_if_finished()
         await self._bounded("closing the waiting connection", self.queues.aclose())
         await self._bounded("freeing the stage slot", self.locks.close())
 
@@ -273,8 +301,9 @@ class StageWorkerScheduler(BaseScheduler):
         if self.local:
             return self.local.popleft()
         request = None
-        if self.buffer and time.monotonic() - self.beat_at > 0.8 * self.settings.ttl:
-            # No beat for most of a TTL (this process stalled): the others may have requeued what we took ahead.
+        if self.buffer and time.monotonic() - self.beat_at > 0.8 * self.grace:
+            # No beat for most of what the last one promised (this process stalled): the others may have requeued
+            # what we took ahead.
             # Hand nothing out until the next beat says whether they did (then the buffer is dropped).
             self._wake()
             return None
@@ -290,6 +319,8 @@ class StageWorkerScheduler(BaseScheduler):
     def may_close(self) -> bool:
         """For the spider's idle handler: no work anywhere in the cluster for REDISLOCK_IDLE_CLOSE seconds."""
         if self.failing:  # Redis cannot be asked (down, failing over): the queues may well hold work
+            return False
+        if self.work_seen or self.current is not None:  # work somewhere, paused or full: wait for it, never close
             return False
         return self.idle_close is not None and time.monotonic() - self.busy_at >= self.idle_close
 
@@ -310,12 +341,18 @@ class StageWorkerScheduler(BaseScheduler):
         backoff = Backoff()
         while True:
             try:
-                return await call()
-            except OUTAGE_ERRORS as exc:  # down, or failing over
+                result = await call()
+            except OUTAGE_ERRORS as exc:  # down, or failing over: one warning per outage (OutageLog)
                 self.stats.inc_value("redislock/workers/redis_errors")
                 delay = backoff.next()
-                logger.warning("%s failed (%s); retrying in %.1f s", what, exc, delay)
+                self.outage.failed(what, exc, delay)
                 await asyncio.sleep(delay)
+                continue
+            if self.outage.down:  # the end of an outage: the loop need not wait out its own back-off
+                self.retry_at = 0.0
+                self._wake()
+            self.outage.answered()
+            return result
 
     async def _flush(self) -> None:
         """Queue the outbox in Redis, PUSH_BATCH requests per script call, until it stays empty."""
@@ -385,22 +422,31 @@ class StageWorkerScheduler(BaseScheduler):
     def _interval(self) -> float:
         if self.closing:
             return 0.0
+        if self.retry_at > time.monotonic():  # a step failed in an outage: its back-off first
+            return self.retry_at - time.monotonic()
         beat_due = self.beat_due
         if self.listener is not None and not self.listener.done():
             beat_due += WAIT_GRACE  # the blocked wait ends at the beat and wakes the loop; this is a fallback
+        if self._working():
+            beat_due = min(beat_due, self.pulse_due)
         return next_wake(time.monotonic(), beat_due, self.quiet_since, self.idle_close)
 
     async def _step(self) -> bool:
         if self.closing:
             return False
+        if time.monotonic() < self.retry_at:  # woken during the back-off of an outage: wait it out
+            return True
         try:
             now = time.monotonic()
             if now >= self.beat_due:
                 self.look_due = True  # at each heartbeat (a token lost on the way is found so)
                 await self._beat_and_reap()
+            elif now >= self.pulse_due and self._working():
+                await self._pulse()
             if self.quiet_since is not None and self.idle_close is not None:
                 self.look_due |= now >= self.quiet_since + self.idle_close  # still quiet? then close
             await self._check_lost()
+            await self._check_limit()
             self._ack_finished()
             if self.fed:
                 await self._feed(self.fed)
@@ -409,19 +455,26 @@ class StageWorkerScheduler(BaseScheduler):
             if self.current is None and self.look_due and not self.closing:
                 await self._look()
             self._listen()
-        except REDIS_ERRORS:
+        except REDIS_ERRORS as exc:
             self.stats.inc_value("redislock/workers/redis_errors")
             self.failing = True
-            raise  # logged by the loop, which tries again after a back-off
+            self.streak_since = None  # the others may not reach Redis either: reap nobody until beats run again
+            if not self._outage_step(exc):
+                raise  # not an outage (Redis refused a command): logged with its traceback by the loop, retried
+            return not self.closing
         if self.failing:  # Redis answers again: idle time counts from now, not from before the outage
             self.failing = False
             self.busy_at = time.monotonic()
+            self._outage_over()
         return not self.closing
 
     async def _work(self) -> None:
         """On a stage: pop when the engine runs short; leave the stage once it is drained here and in Redis."""
         stage = self.current
         assert stage is not None
+        if self.leaving:
+            await self._finish_leaving(stage)
+            return
         woken = stage in self.signalled
         if woken:
             self.signalled.discard(stage)
@@ -449,6 +502,7 @@ class StageWorkerScheduler(BaseScheduler):
             await self.queues.signal(stage)  # a token for a stage with no free slot: its holders' (they may wait)
         self.signalled.clear()
         busy = any(self.lengths.values()) or self.buffer or self.handed or self.local or self.pushes
+        self.work_seen = bool(busy or in_flight > self.own)  # a paused stage's queue is work: wait, never close
         if busy or in_flight > self.own:
             self.busy_at = time.monotonic()
             self.quiet_since = None
@@ -477,7 +531,7 @@ class StageWorkerScheduler(BaseScheduler):
     def _listen_keys(self) -> list[str]:
         if self.closing:
             return []
-        stages = self.policy.listens_to(self.current, self.empty, self.full)
+        stages = self.policy.listens_to(self.current, self.empty, self.full, leaving=self.leaving)
         if not stages:
             return []
         keys = [self.queues.keys.signal(stage) for stage in stages] + [self.queues.keys.wake]
@@ -508,6 +562,7 @@ class StageWorkerScheduler(BaseScheduler):
         except REDIS_ERRORS as exc:
             # Not woken: the loop's next step (at the beat, or after its back-off) waits again.
             logger.debug("Waiting for work: Redis error (%s); the loop waits again at its next step", exc)
+            self.streak_since = None  # the others may not reach Redis either: reap nobody until beats run again
             return
         if reply is not None:
             key, value = reply
@@ -527,12 +582,17 @@ class StageWorkerScheduler(BaseScheduler):
 
     # -- heartbeat, stage slots ---------------------------------------------------------------------------------
 
-    async def _beat(self, stage: str | None) -> list[str]:
+    async def _beat(self, stage: str | None, pulse: bool = False) -> list[str]:
         sent = time.monotonic()
-        new, holds, dead = await self.queues.heartbeat(stage)
+        plan = liveness(self.settings.ttl, self._working(stage))
+        new, holds, dead = await self.queues.heartbeat(stage, grace=plan.grace, pulse=pulse)
+        self._beaten(sent, plan.interval, plan.grace)
         self.beat_at = sent
-        self.beat_due = sent + self.beat_interval
-        if not new and holds > len(known := self._known_ids()):
+        if not pulse:
+            self.beat_due = sent + self.beat_interval
+        if new and await self._queues_lost():  # Redis lost the crawl state: not taken for dead (see _queues_lost)
+            new = False
+        if not new and not pulse and holds > len(known := self._known_ids()):
             await self._reclaim(known)
         if new and self.own:
             # Silent for a TTL (a stall: CPU starvation, a debugger, SIGSTOP, a long blocking call): the others
@@ -574,12 +634,106 @@ class StageWorkerScheduler(BaseScheduler):
 
     async def _beat_and_reap(self) -> None:
         dead = await self._beat(self.current)
-        if dead:
-            reaped = await self.queues.reap(dead)
-            for worker, moved in reaped.items():
-                logger.warning("Worker %s stopped beating: put %d of its requests back in the queues", worker, moved)
-                self.stats.inc_value("redislock/workers/requeued", moved)
+        await self._reap(dead)
+        await self._read_limit_unseen()
         await self._move_up()
+
+    # -- liveness (pulses, reaping the dead) and a stage's limit lowered under its holders ---------------------------
+
+    def _working(self, stage: str | None = None) -> bool:
+        """Whether this worker has work whose loss would cost time if it died: a stage, or requests in flight."""
+        return (stage or self.current) is not None or self.own > 0 or bool(self.buffer or self.handed)
+
+    def _beaten(self, sent: float, interval: float, grace: float) -> None:
+        """A beat sent at ``sent`` reached Redis, promising the next within ``grace``; the next is due after
+        ``interval``. Beats that keep coming without a gap make a streak (see :meth:`_reap`)."""
+        if self.streak_since is None or not keeps_streak(sent - self.replied_at, self.pulse_interval):
+            self.streak_since = sent
+        self.replied_at = time.monotonic()
+        self.grace, self.pulse_interval = grace, interval
+        self.pulse_due = sent + interval
+
+    async def _pulse(self) -> None:
+        """A worker with work beats at least every second (its promise is a few seconds: see policy.liveness), so
+        that a killed worker's requests are fetched again within seconds; the pulse also names the dead."""
+        await self._reap(await self._beat(self.current, pulse=True))
+
+    async def _reap(self, dead: list[str]) -> None:
+        """Requeue the requests of the workers a beat named dead, once this worker's own beats have reached Redis
+        without a gap for a while (policy.may_reap): right after an outage or a stall of its own, the others may
+        not have beaten yet either."""
+        if not dead or self.streak_since is None:
+            return
+        if not may_reap(time.monotonic() - self.streak_since, self.settings.ttl):
+            return
+        reaped = await self.queues.reap(dead)
+        for worker, moved in reaped.items():
+            logger.warning("Worker %s stopped beating: put %d of its requests back in the queues", worker, moved)
+            self.stats.inc_value("redislock/workers/requeued", moved)
+
+    def _limit_seen(self, stage: str, limit: int) -> None:
+        """A renewal of a slot reported the stage's limit (WorkerSlots): look at it now if it changed."""
+        permit = self.permit
+        if stage == self.current and permit is not None and self.limit_checked != (limit, permit.grant):
+            self._wake()
+
+    async def _read_limit_unseen(self) -> None:
+        """At a heartbeat: if no renewal reported the stage's limit since the last one, read it (one HGET)."""
+        stage = self.current
+        if stage is None or self.permit is None:
+            return
+        seen = self.locks.limits_seen.get(stage)
+        if seen is None or seen[1] < max(self.taken_at, time.monotonic() - self.beat_interval):
+            limit = await self.locks.read_limit(stage)
+            if limit is not None:
+                self.locks.limits_seen[stage] = (limit, time.monotonic())
+
+    async def _check_limit(self) -> None:
+        """Leave a capped stage whose limit was lowered under its holders (or set to 0: paused) if this worker's
+        slot is one of the newest (policy.keeps_slot). One XPENDING each time the limit a renewal reported changes
+        (and once after taking the stage); nothing otherwise."""
+        stage, permit = self.current, self.permit
+        if stage is None or permit is None or self.leaving or permit.lost:
+            return
+        seen = self.locks.limits_seen.get(stage)
+        if seen is None or seen[1] < self.taken_at:
+            return  # not reported since the stage was taken: the grant was made under the limit of then
+        limit = seen[0]
+        if self.limit_checked == (limit, permit.grant):
+            return
+        oldest = await self.locks.oldest_grants(stage, limit)
+        self.limit_checked = (limit, permit.grant)
+        if not keeps_slot(permit.grant, oldest, limit) and self.current == stage and self.permit is permit:
+            await self._start_leaving(stage, limit)
+
+    async def _start_leaving(self, stage: str, limit: int) -> None:
+        """Over the limit: give back what was taken ahead (to the front of the queue), take nothing new; the slot is
+        freed once what is in progress here has finished (:meth:`_finish_leaving`)."""
+        self.leaving = True
+        ids = [inflight_id for _, inflight_id in self.buffer]
+        self.buffer.clear()
+        returned = await self.queues.give_back(ids)
+        self.own -= returned
+        self.stats.inc_value(f"redislock/workers/{stage}/yielded")
+        logger.info(
+            "Worker %s leaves stage %r: its limit is %d now and this slot is one of the newest; gave %d unstarted "
+            "requests back, %d in progress finish first",
+            self.worker,
+            stage,
+            limit,
+            returned,
+            len(self.handed),
+        )
+        self._wake()
+
+    async def _finish_leaving(self, stage: str) -> None:
+        """Leaving: once nothing of the stage is in progress here, free the slot (then take another stage or wait)."""
+        if stage in self.signalled:  # a token for the stage taken meanwhile: the next holder's
+            self.signalled.discard(stage)
+            await self.queues.signal(stage)
+        if self.buffer or self.handed or self.tasks:
+            return
+        await self._leave_stage("over its limit: the stage was lowered or paused")
 
     async def _feed(self, entries: list[Any] | None) -> None:
         """Turn start URLs (taken by a blocked wait, else read now) into queued requests."""
@@ -635,19 +789,21 @@ class StageWorkerScheduler(BaseScheduler):
             self.permit = permit
         previous, self.current = self.current, stage
         self.empty.discard(stage)
+        self.leaving, self.limit_checked, self.taken_at = False, None, time.monotonic()
         await self._beat(stage)
         self.stats.inc_value(f"redislock/workers/{stage}/taken")
         logger.info("Worker %s works on stage %r%s", self.worker, stage, f" (was {previous!r})" if previous else "")
         return True
 
-    async def _leave_stage(self) -> None:
+    async def _leave_stage(self, why: str = "no work left there") -> None:
         permit, self.permit = self.permit, None
         stage, self.current = self.current, None
         self.look_due = True
+        self.leaving = False
         if permit is not None:
             await self.locks.release(permit)
         await self._beat(None)
-        logger.info("Worker %s left stage %r (no work left there)", self.worker, stage)
+        logger.info("Worker %s left stage %r (%s)", self.worker, stage, why)
 
     async def _fill(self, pass_on: bool = False) -> int:
         """Pop requests of the current stage so that about twice CONCURRENT_REQUESTS are taken."""
@@ -699,6 +855,97 @@ class StageWorkerScheduler(BaseScheduler):
         )
         note = {"time": round(time.time(), 3), "worker": self.worker, "queue": queue, "error": error}
         return json.dumps(note)
+
+    # -- Redis paused, restarted or gone: never close on paused work; say once what an outage or a loss costs -----
+
+    @property
+    def close_reason(self) -> str | None:
+        """The finish reason of an idle close (the mixin's idle handler): ``redislock_queue_lost`` once Redis lost the
+        crawl state while this worker knew of work (:meth:`_queues_lost`); None: Scrapy's own (``finished``)."""
+        return "redislock_queue_lost" if self.lost else None
+
+    def _outage_step(self, exc: BaseException) -> bool:
+        """A step failed on a Redis error. An outage (down, paused, restarting, failing over): one WARNING for the
+        whole outage (:class:`~scrapy_redislock.workers.outage.OutageLog`), the next step after a back-off; True.
+        Anything else (Redis refused a command): False, for the loop to log with its traceback."""
+        if isinstance(exc, REFUSED) or not isinstance(exc, OUTAGE_ERRORS):
+            return False
+        delay = self.retry_backoff.next()
+        self.retry_at = time.monotonic() + delay
+        self.outage.failed("the worker loop", exc, delay)
+        return True
+
+    def _outage_over(self) -> None:
+        """A step went through after failing: one INFO line if that ends an outage."""
+        self.retry_at = 0.0
+        self.retry_backoff.reset()
+        self.outage.answered()
+
+    def _knows_of_work(self) -> bool:
+        """Whether this worker knew of queued or in-flight work: its own (popped, in progress, taken ahead), its
+        stage's queue not yet found empty, or work anywhere at its last look (paused and full stages included)."""
+        on_stage = self.current is not None and self.current not in self.empty
+        return bool(self.own or self.buffer or self.handed or on_stage or self.work_seen)
+
+    async def _queues_lost(self) -> bool:
+        """After a beat that found this worker unregistered (its first beat, taken for dead, or Redis lost the crawl
+        state): read the queues' epoch (one script, only then). Another epoch than the one seen before means the
+        crawl state is gone, not that the others took this worker for dead: every request queued in any stage and
+        in flight in any worker, the dupefilter, the registry.
+
+        Said loudly when this worker knew of work: ERROR once, stat ``redislock/workers/queue_lost``, and its idle
+        close finishes as ``redislock_queue_lost``. What it still holds is kept: the requests it had taken ahead go
+        back to the (new) queues, the ones in progress finish here and queue what they yield. True if lost."""
+        epoch = await self.queues.epoch()
+        seen, self.epoch = self.epoch, epoch
+        if seen is None or seen == epoch:
+            return False
+        knew, queued = self._knows_of_work(), sum(self.lengths.values())
+        ahead = [request for request, _ in self.buffer]
+        self.buffer.clear()
+        for request in ahead:
+            self.enqueue_request(request)  # into the new queues (their in-flight record is gone with the rest)
+        self.own = 0
+        self.empty.clear()
+        self.look_due = True
+        if not knew:
+            logger.warning(
+                "Worker %s: the worker queues of spider %r were emptied in Redis (a restart without persistence, or "
+                "FLUSHALL); this worker knew of no queued or in-flight work. The dupefilter went with them: pages "
+                "fetched before may be fetched again",
+                self.worker,
+                self.crawler.spidercls.name,
+            )
+            return True
+        self.lost = True
+        self.stats.inc_value("redislock/workers/queue_lost")
+        logger.error(
+            "Worker %s: Redis lost the worker queues of spider %r (restarted without persistence, flushed, or a "
+            "replica without them promoted): every request queued in any stage (%d at this worker's last look) and "
+            "in flight in any other worker is gone, the dupefilter with them; they cannot be recovered. This worker "
+            "queues again the %d requests it had taken ahead and finishes the %d in progress; once idle it closes "
+            "as redislock_queue_lost (REDISLOCK_IDLE_CLOSE). Keep the queues with Redis persistence (appendonly "
+            "yes), or use the request front, whose queue lives in each process",
+            self.worker,
+            self.crawler.spidercls.name,
+            queued,
+            len(ahead),
+            len(self.handed),
+        )
+        return True
+
+    async def _clear_if_finished(self) -> None:
+        """SCHEDULER_PERSIST = False at close: the last worker out clears the crawl state, but only a finished crawl.
+        While any stage holds work (a paused one too) or anything is in flight, nothing is deleted."""
+        cleared = await self._bounded("clearing the queues", self.queues.clear_if_finished())
+        if cleared == 1:
+            logger.info("SCHEDULER_PERSIST is False and this was the last worker: cleared the queues")
+        elif cleared == -1:
+            logger.warning(
+                "SCHEDULER_PERSIST is False and this was the last worker, but work is left in Redis (queued in a "
+                "stage, a paused one included, or in flight): the queues are kept for the next worker "
+                "(SCHEDULER_FLUSH_ON_START = True starts afresh)"
+            )
 
 
 __all__ = ["StageWorkerScheduler"]

@@ -1,7 +1,8 @@
 """Read-only inspection of the worker mixin's shared state per spider: queues, workers, dead letters.
 
 Each spider is read in one MULTI/EXEC (its keys share a hash tag): queue lengths per stage, and each registered
-worker's last beat (Redis's clock), stage and requests in flight; and the queues' dead-letter lists
+worker's last beat (Redis's clock), the deadline that beat promised for the next one (past it the worker is dead:
+the live ones requeue its requests), stage and requests in flight; and the queues' dead-letter lists
 (:func:`dead_letters`: entries no worker could load, e.g. a payload someone pushed by hand). Nothing here writes to
 Redis; imports neither Scrapy nor Twisted; reads no settings.
 """
@@ -29,10 +30,14 @@ class WorkerStatus:
     """One registered worker of a StageWorkerMixin spider."""
 
     worker: str  # host:pid:random
-    silence: float  # seconds since its last beat (Redis's clock); it beats every ttl/3
+    silence: float  # seconds since its last beat (Redis's clock); it beats every ttl/3, every second with work
     stage: str | None  # the stage it works on, as of its last beat
     in_flight: int  # requests it popped and has not finished (requeued if it dies)
-    alive: bool  # silent for less than the ttl; the other workers requeue a dead one's requests
+    alive: bool  # its deadline has not passed; the other workers requeue a dead one's requests
+    # seconds its last beat (or pop) left before its deadline as of this read (negative: past, it is dead); None
+    # for a worker that set none (an older version: dead after the ttl)
+    deadline_in: float | None = None
+    grace: float | None = None  # deadline - last beat: the silence its last beat promised, or more after a pop
 
     @property
     def host(self) -> str:
@@ -59,7 +64,7 @@ class SpiderStatus:
 
     @property
     def dead(self) -> int:
-        """Registered workers silent for the ttl, not yet reaped by a live worker."""
+        """Registered workers past their deadline (silent for the ttl if they set none), not yet reaped."""
         return sum(1 for worker in self.workers if not worker.alive)
 
     def to_json(self) -> dict[str, Any]:
@@ -160,16 +165,18 @@ def spider_status(client: redis.Redis, prefix: str, spider: str, ttl: float, fou
     with client.pipeline(transaction=True) as pipe:
         pipe.time()
         pipe.zrange(keys.alive, 0, -1, withscores=True)
+        pipe.zrange(keys.due, 0, -1, withscores=True)
         pipe.hgetall(keys.working)
         for worker in sorted(found.inflight):
             pipe.hlen(keys.inflight(worker))
         for stage in sorted(found.queues):
             pipe.llen(keys.queue(stage))
         replies = pipe.execute()
-    (seconds, micros), beats, working = replies[:3]
+    (seconds, micros), beats, dues, working = replies[:4]
     now_ms = int(seconds) * 1000 + int(micros) // 1000
-    in_flight = dict(zip(sorted(found.inflight), (int(n) for n in replies[3 : 3 + len(found.inflight)]), strict=True))
-    queues = dict(zip(sorted(found.queues), (int(n) for n in replies[3 + len(found.inflight) :]), strict=True))
+    in_flight = dict(zip(sorted(found.inflight), (int(n) for n in replies[4 : 4 + len(found.inflight)]), strict=True))
+    queues = dict(zip(sorted(found.queues), (int(n) for n in replies[4 + len(found.inflight) :]), strict=True))
+    due_of = {str(text(name)): int(score) for name, score in dues}
     stage_of = {str(text(k)): str(text(v)) for k, v in (working or {}).items()}
     for stage in stage_of.values():
         queues.setdefault(stage, 0)  # an empty queue is no key in Redis; the stage a worker is on still counts
@@ -177,7 +184,11 @@ def spider_status(client: redis.Redis, prefix: str, spider: str, ttl: float, fou
     for name, beat in beats:
         name = str(text(name))
         silence = max(0.0, (now_ms - int(beat)) / 1000)
+        due = due_of.get(name)
+        deadline_in = None if due is None else round((due - now_ms) / 1000, 3)
+        grace = None if due is None else round(max(0, due - int(beat)) / 1000, 3)
+        alive = silence < ttl if deadline_in is None else deadline_in >= 0
         workers.append(
-            WorkerStatus(name, round(silence, 3), stage_of.get(name), in_flight.get(name, 0), alive=silence < ttl)
+            WorkerStatus(name, round(silence, 3), stage_of.get(name), in_flight.get(name, 0), alive, deadline_in, grace)
         )
     return SpiderStatus(spider, ttl, dict(sorted(queues.items())), workers)

@@ -20,6 +20,7 @@ import redis
 import redis.exceptions
 
 from scrapy_redislock.cli.acl import CRAWLER_CLIENT_COMMANDS, acl_rules, commands_of, main, script_commands
+from scrapy_redislock.workers.queue import QueueKeys
 from testing.crawlproc import ROOT, run_crawl, staged_worker
 from testing.monitor import Monitor, commands
 from testing.redis_server import RedisServer
@@ -186,6 +187,15 @@ def test_the_watcher_may_look_the_operator_may_steer(redis_client: redis.Redis, 
     assert json.loads(cli(users["watcher"], "status", "--json").stdout)["stages"][0]["limit"] == 2
     assert cli(users["operator"], "set-limit", "detail", "5").returncode == 0
     assert cli(users["operator"], "reset", "detail", "--yes").returncode == 0
+    # A dead worker's in-flight requests back in their queue (requeue reads the workers, runs queue_requeue).
+    keys = QueueKeys.of("redislock", "shop")
+    redis_client.zadd(keys.alive, {"h:1:dead": 0})
+    redis_client.zadd(keys.due, {"h:1:dead": 0})
+    redis_client.hset(keys.inflight("h:1:dead"), "1", b"detail\nrequest")
+    redis_client.set(keys.in_flight, 1)
+    requeued = cli(users["operator"], "requeue", "h:1:dead", "--yes")
+    assert requeued.returncode == 0 and "requeued 1 in-flight request(s)" in requeued.stdout, requeued.stderr
+    assert redis_client.lrange(keys.queue("detail"), 0, -1) == [b"request"]
     operator = redis.Redis.from_url(users["operator"])
     try:
         assert operator.delete("redislock:{shop}:deadletter") == 1  # dropping dead letters once looked at

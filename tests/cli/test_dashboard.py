@@ -24,9 +24,9 @@ from scrapy_redislock import CountingLock
 from scrapy_redislock.cli.status import read_all
 from scrapy_redislock.lock.core import GROUP, LockKeys, owner_of
 from scrapy_redislock.lock.status import stage_status
-from scrapy_redislock.workers.queue import StageQueues
+from scrapy_redislock.workers.queue import QueueKeys, StageQueues
 from testing.dashboardproc import DashboardProcess
-from testing.redis_server import RedisServer, free_port
+from testing.redis_server import RedisServer
 from tests.cli.test_main import call, one_line_error
 
 pytestmark = pytest.mark.integration
@@ -134,7 +134,15 @@ def test_worker_spiders_are_read_with_their_queues_and_workers(
     assert shop.queues == {"detail": 3, "list": 1}
     assert [(w.worker, w.stage, w.in_flight, w.alive) for w in shop.workers] == [(worker, "detail", 1, True)]
     assert shop.workers[0].host == socket.gethostname() and shop.alive == 1 and shop.dead == 0
-    # Silent for longer than the ttl: dead (the live workers would requeue its request at their next beat).
+    assert shop.workers[0].deadline_in is not None and 29 < shop.workers[0].deadline_in <= 30
+    # Past the deadline its beat promised: dead at once (the live workers requeue its request at their next beat),
+    # whatever the ttl of the worker slots says.
+    redis_client.zadd(QueueKeys.of("redislock", "shop").due, {worker: 0})
+    shop = read_all(redis_client, "redislock", 30.0)[1][0]
+    assert shop.dead == 1 and shop.alive == 0 and shop.workers[0].deadline_in < 0
+    # A worker that set no deadline (an older version) is judged by the ttl, as before.
+    redis_client.zrem(QueueKeys.of("redislock", "shop").due, worker)
+    assert read_all(redis_client, "redislock", 30.0)[1][0].alive == 1
     deadline = time.monotonic() + 10
     while read_all(redis_client, "redislock", 0.2)[1][0].alive and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -195,6 +203,52 @@ def test_metrics_say_when_redis_is_gone() -> None:
             assert not [key for key in scraped if key[0].startswith("redislock_stage_")]
     finally:
         server.stop()
+
+
+def test_the_dashboard_and_metrics_start_while_redis_is_down_say_so_and_recover(
+    redis_client: redis.Redis, locks: list[CountingLock]
+) -> None:
+    """An exporter started during an outage reports it (redislock_up 0, the page says Redis is unreachable) instead
+    of exiting, and shows the data once Redis answers."""
+    server = RedisServer()  # its port chosen, nothing listening there yet
+    try:
+        with DashboardProcess(server.url, "--interval", "0.2") as dashboard:
+            assert any(line.startswith("note: cannot reach Redis at") for line in dashboard.output), dashboard.output
+            scraped = metrics(dashboard)
+            assert scraped[("redislock_up", ())] == 0
+            assert not [key for key in scraped if key[0].startswith(("redislock_stage_", "redislock_queue_"))]
+            name, data = first_event(dashboard)
+            assert name == "history" and data["frame"]["error"].startswith(f"cannot reach Redis at {server.url}")
+            assert data["frame"]["stages"] == [] and data["frame"]["url"] == server.url
+            status, page = dashboard.get("/")
+            assert status == 200 and "Redis is unreachable: " in page
+            server.start()
+            with redis.Redis(port=server.port) as client:
+                lock = CountingLock(client, "detail", limit=3, ttl=30)
+                locks.append(lock)
+                lock.acquire()
+                wait = time.monotonic() + 20
+                while metrics(dashboard).get(("redislock_up", ())) != 1:
+                    assert time.monotonic() < wait, "/metrics never saw Redis come back"
+                    time.sleep(0.05)
+                assert metrics(dashboard)[("redislock_stage_held", (("stage", "detail"),))] == 1
+                while json.loads(dashboard.get("/api/status")[1])["error"] is not None:
+                    assert time.monotonic() < wait, "the page never saw Redis come back"
+                    time.sleep(0.05)
+                (stage,) = json.loads(dashboard.get("/api/status")[1])["stages"]
+                assert (stage["stage"], stage["held"]) == ("detail", 1)
+                lock.close()
+        code, err = dashboard.stop()
+        assert code == 0 and "Traceback" not in err, err
+    finally:
+        server.stop()
+
+
+def test_a_dashboard_whose_credentials_are_refused_still_stops_at_once(redis_url: str) -> None:
+    """Only an outage is waited out: credentials Redis refuses would not cure themselves."""
+    wrong = redis_url.replace("redis://", "redis://nobody:wrong@", 1)
+    code, _, err = call("dashboard", "--url", wrong, "--port", "0")
+    assert code == 1 and "refused the credentials" in one_line_error(err), err
 
 
 # -- the page's data and steering --------------------------------------------------------------------------------------
@@ -271,9 +325,6 @@ def test_a_busy_port_a_wrong_url_and_bad_arguments_are_one_line(redis_url: str) 
     line = one_line_error(result.stderr)
     assert result.returncode == 1 and f"cannot listen on 127.0.0.1:{port} (--host/--port)" in line, line
     assert "in use" in line
-    dead = f"redis://127.0.0.1:{free_port()}/0"
-    code, _, err = call("dashboard", "--url", dead, "--port", "0")
-    assert code == 1 and one_line_error(err).startswith(f"redislock: error: cannot reach Redis at {dead} (--url)")
     code, _, err = call("dashboard", "--url", "http://localhost:6379", "--port", "0")
     assert code == 2 and "--url is not a valid redis URL" in one_line_error(err)
     for args, message in [

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 
 from scrapy_redislock import CountingLock, Permit
 from scrapy_redislock.cli.main import main
@@ -27,6 +29,7 @@ from scrapy_redislock.cli.render import render_status, seconds
 from scrapy_redislock.cli.target import Target
 from scrapy_redislock.lock.core import LockKeys
 from scrapy_redislock.lock.status import Grant, Process, StageStatus
+from scrapy_redislock.workers.queue import QueueKeys, StageQueues
 from testing.crawlproc import start_crawl
 from testing.redis_server import RedisServer, free_port
 from testing.site import CrawlSite
@@ -692,3 +695,49 @@ def test_set_limit_during_a_live_crawl_changes_what_the_server_sees(redis_url: s
     assert sum(site.hits.values()) == 400
     stage = status_json(redis_url)["detail"]
     assert stage["held"] == 0 and stage["processes"] == []
+
+
+# -- requeue: a dead worker's in-flight requests back in their queues now (issue 26, item 3) ---------------------------
+
+
+def test_requeue_puts_a_workers_in_flight_requests_back_and_refuses_what_it_cannot_name(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    async def make() -> list[str]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        made = []
+        for name in ("h1:11:aaaaaa", "h1:12:bbbbbb"):
+            queues = StageQueues(client, "shop", ["list", "detail"], worker=name)
+            await queues.beat("detail")
+            made.append(queues.worker)
+        await queues.push_many([("detail", f"d{n}", f"r{n}".encode()) for n in range(3)] + [("list", "l", b"x")])
+        await queues.pop("detail", 2)
+        await queues.pop("list", 1)
+        await client.aclose()
+        return made
+
+    alive, dead = asyncio.run(make())
+    keys = QueueKeys.of("redislock", "shop")
+    redis_client.zadd(keys.due, {dead: 0})  # past its deadline
+    code, _, err = call("requeue", "nobody", "--yes", "--url", redis_url)
+    assert code == 1 and "no worker 'nobody' under prefix 'redislock'" in one_line_error(err)
+    assert dead in err and alive in err
+    code, _, err = call("requeue", "h1", "--yes", "--url", redis_url)
+    assert code == 1 and "worker 'h1' is ambiguous" in one_line_error(err)
+    code, _, err = call("requeue", "h1:12", "--url", redis_url)  # not confirmed: stdin is not a terminal
+    assert code == 1 and "--yes" in one_line_error(err)
+    assert redis_client.hlen(keys.inflight(dead)) == 3
+    code, out, err = call("requeue", "h1:12", "--yes", "--url", redis_url)
+    assert code == 0 and err == "", err
+    assert out.strip() == (
+        f"shop: requeued 3 in-flight request(s) of worker {dead} (stage detail) at the front of their queues; it is "
+        "unregistered"
+    )
+    assert redis_client.lrange(keys.queue("detail"), 0, -1) == [b"r2", b"r1", b"r0"]  # r0 is popped first again
+    assert redis_client.lrange(keys.queue("list"), 0, -1) == [b"x"]
+    assert not redis_client.exists(keys.inflight(dead)) and redis_client.zscore(keys.alive, dead) is None
+    assert redis_client.zscore(keys.due, dead) is None and int(redis_client.get(keys.in_flight)) == 0
+    # A worker that still beats: done as asked, with a warning (what it has in progress is fetched twice).
+    code, out, err = call("requeue", alive, "--yes", "--url", redis_url)
+    assert code == 0 and "requeued 0 in-flight request(s)" in out
+    assert err.startswith(f"warning: worker {alive} beat") and "fetched twice" in err

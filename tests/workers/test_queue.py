@@ -92,6 +92,7 @@ def test_the_ack_that_ends_the_crawl_wakes_every_worker_and_a_beat_names_the_dea
         assert await a.in_flight() == 0
         # The heartbeat names workers silent for the TTL; reaping them takes one script each.
         redis_client.zadd(a.keys.alive, {"c": 0})
+        redis_client.zadd(a.keys.due, {"c": 0})  # its deadline long past
         new, holds, dead = await a.heartbeat(None)
         assert not new and holds == 0 and dead == ["c"]
         assert await a.reap(dead) == {"c": 0}
@@ -149,12 +150,12 @@ def test_fifo_pop_into_the_in_flight_record_and_ack(redis_url: str, redis_client
             await a.push("detail", f"fp{n}", f"r{n}".encode())
         assert await a.beat("detail")  # registers: True the first time
         assert not await a.beat("detail")
-        registered = redis_client.zscore(a.keys.alive, "a")
+        registered = redis_client.zscore(a.keys.due, "a")
         await asyncio.sleep(0.01)
         popped = await a.pop("detail", 3)
         assert [data for _, data in popped] == [b"r0", b"r1", b"r2"]
         assert redis_client.hlen(a.inflight_key) == 3
-        assert redis_client.zscore(a.keys.alive, "a") > registered  # a pop is a sign of life
+        assert redis_client.zscore(a.keys.due, "a") > registered  # a pop is a sign of life: its deadline moves
         assert await a.in_flight() == 3  # the scripts' counter, read instead of every worker's hash
         assert await a.ack([popped[0][0], popped[1][0]]) == 2
         assert await a.ack([popped[0][0]]) == 0
@@ -286,6 +287,7 @@ def test_the_stage_queues_are_scrapy_redis_fifo_queues(redis_url: str, redis_cli
 def stall(client: redis.Redis, queues: StageQueues) -> None:
     """The worker's last beat is long past (a stall longer than the TTL), without waiting for it."""
     client.zadd(queues.keys.alive, {queues.worker: 0}, xx=True)
+    client.zadd(queues.keys.due, {queues.worker: 0}, xx=True)
 
 
 def test_a_worker_taken_for_dead_cannot_pop_until_it_beats(redis_url: str, redis_client: redis.Redis) -> None:

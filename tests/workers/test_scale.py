@@ -146,13 +146,13 @@ def test_one_idle_tick_costs_the_same_commands_with_2_and_with_6_workers(admin_u
     assert len(seen[2]) == 1, seen[2]
     (tick,) = seen[2]
     commands_per_tick = dict(tick)
-    # A heartbeat (the script and the 5 commands it runs: TIME, ZADD, HDEL, HLEN of its own in-flight record,
-    # ZRANGEBYSCORE ... LIMIT), one look at the queues and the in-flight counter (2 LLEN + GET), one blocking wait
-    # for work (BLPOP). No HLEN of other workers, no polling.
+    # A heartbeat (the script and the 6 commands it runs: TIME, ZADD of the beat and of its deadline, HDEL, HLEN of
+    # its own in-flight record, ZRANGEBYSCORE ... LIMIT of the deadlines passed), one look at the queues and the
+    # in-flight counter (2 LLEN + GET), one blocking wait for work (BLPOP). No HLEN of other workers, no polling.
     assert commands_per_tick == {
         "evalsha": 1,
         "lua:time": 1,
-        "lua:zadd": 1,
+        "lua:zadd": 2,
         "lua:hdel": 1,
         "lua:hlen": 1,
         "lua:zrangebyscore": 1,

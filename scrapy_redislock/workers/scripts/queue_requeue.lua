@@ -1,18 +1,26 @@
 -- queue_requeue: give a worker's in-flight requests back to the front of their stage queues and forget the
--- worker, if it has not beaten for ARGV[2] ms (a dead worker), or unconditionally when ARGV[2] is '0' (its
--- own close). Entries of a stage not listed (a worker with other stage names) stay in the hash, uncounted.
+-- worker, if it is dead (past the deadline its last beat or pop set in the due zset; a worker with no deadline
+-- there: silent for ARGV[2] ms), or unconditionally when ARGV[2] is '0' (its own close, or an operator's
+-- requeue). Entries of a stage not listed (a worker with other stage names) stay in the hash, uncounted.
 -- A queue that was empty gets a token on its signal list, so that an idle worker takes the requests at once.
 -- KEYS[1] alive zset, KEYS[2] the worker's in-flight hash, KEYS[3] working hash, KEYS[4] in-flight counter,
--- KEYS[5..4+n] stage queues, KEYS[5+n..4+2n] their signal lists, in ARGV[3..] order
--- ARGV[1] worker id, ARGV[2] silence in ms that makes it dead ('0' = now), ARGV[3..] stage names
+-- KEYS[5..4+n] stage queues, KEYS[5+n..4+2n] their signal lists, in ARGV[3..] order, KEYS[5+2n] due zset
+-- ARGV[1] worker id, ARGV[2] silence in ms that makes a worker with no deadline dead ('0' = now: unconditional),
+-- ARGV[3..] stage names
 -- Returns {requeued, left in the hash}, or {-1, 0} if the worker is alive.
+local n = #ARGV - 2
+local due_key = KEYS[5 + 2 * n]
 if ARGV[2] ~= '0' then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local beat = redis.call('ZSCORE', KEYS[1], ARGV[1])
-  if beat and now - tonumber(beat) < tonumber(ARGV[2]) then return {-1, 0} end
+  local due = redis.call('ZSCORE', due_key, ARGV[1])
+  if due then
+    if tonumber(due) >= now then return {-1, 0} end
+  else
+    local beat = redis.call('ZSCORE', KEYS[1], ARGV[1])
+    if beat and now - tonumber(beat) < tonumber(ARGV[2]) then return {-1, 0} end
+  end
 end
-local n = #ARGV - 2
 local queue_of, signal_of = {}, {}
 for i = 3, #ARGV do
   queue_of[ARGV[i]] = KEYS[i + 2]
@@ -39,5 +47,6 @@ for i = #ids, 1, -1 do
 end
 if #ids > 0 and redis.call('DECRBY', KEYS[4], #ids) < 0 then redis.call('SET', KEYS[4], 0) end
 redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', due_key, ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 return {moved, left}
