@@ -4,6 +4,7 @@
 -- FLUSHALL, a promoted replica that never had it), rather than taken back by the others. A worker reads it at its
 -- first beat and whenever a beat says it was not registered: never per request, never on a regular beat.
 -- KEYS[1] the epoch (a string)
+-- ARGV[1] none (takes no arguments)
 -- Returns the epoch.
 local epoch = redis.call('GET', KEYS[1])
 if epoch then return epoch end
