@@ -15,6 +15,10 @@ from __future__ import annotations
 import logging
 import time
 
+# A call sent before Redis came back can fail just after another call's answer ended the outage: within this many
+# seconds of the end, a failure is a straggler of that outage (DEBUG), not a new one.
+STRAGGLERS = 2.0
+
 logger = logging.getLogger("scrapy_redislock.workers.scheduler")  # the worker front's log lines, in one place
 
 
@@ -25,6 +29,7 @@ class OutageLog:
         self.worker = worker
         self.since: float | None = None  # time.monotonic() of the first failure of the current outage
         self.failures = 0  # failed calls in the current outage
+        self.ended: float = -STRAGGLERS  # time.monotonic() when the last outage ended
 
     @property
     def down(self) -> bool:
@@ -35,6 +40,9 @@ class OutageLog:
         self.failures += 1
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         retry = f"; retrying in {retry_in:.1f} s" if retry_in is not None else ""
+        if self.since is None and time.monotonic() - self.ended < STRAGGLERS:
+            logger.debug("Worker %s: %s failed just after Redis came back (%s)%s", self.worker, what, error, retry)
+            return
         if self.since is None:
             self.since = time.monotonic()
             logger.warning(
@@ -51,7 +59,8 @@ class OutageLog:
         """A call got an answer: the end of an outage, if one was going on (INFO, once)."""
         if self.since is None:
             return
-        lasted, failures = time.monotonic() - self.since, self.failures
+        self.ended = time.monotonic()
+        lasted, failures = self.ended - self.since, self.failures
         self.since, self.failures = None, 0
         logger.info(
             "Worker %s: Redis answers again after %.1f s (%d failed calls retried); going on",
