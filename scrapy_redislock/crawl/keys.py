@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
 
+from scrapy_redislock.crawl.stages import DONT_META
 from scrapy_redislock.errors import ConfigError, KeyFunctionError
 
 if TYPE_CHECKING:
@@ -75,6 +76,14 @@ def key_of(request: Request, spider: Any, function: KeyFunction) -> str | None:
             f"or a non-empty string of at most {KEY_MAX} characters without braces"
         )
     return key
+
+
+def request_key(request: Request, spider: Any, function: KeyFunction | None) -> str | None:
+    """The request's key under REDISLOCK_STAGE_KEY (None: no function, or a request that opts out of throttling);
+    KeyFunctionError as :func:`key_of`. The one place the scheduler and the key gate find a request's key."""
+    if function is None or request.meta.get(DONT_META):
+        return None
+    return key_of(request, spider, function)
 
 
 def _name(function: Any) -> str:

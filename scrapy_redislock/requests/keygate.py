@@ -38,8 +38,7 @@ from scrapy.exceptions import IgnoreRequest
 
 from scrapy_redislock.crawl.engine import left_twice
 from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, KeyLocks
-from scrapy_redislock.crawl.keys import key_of
-from scrapy_redislock.crawl.stages import DONT_META
+from scrapy_redislock.crawl.keys import request_key
 from scrapy_redislock.errors import KeyFunctionError
 
 START_META = "redislock_start_at"  # the booked start, on Redis's clock (seconds since the epoch)
@@ -68,14 +67,11 @@ class KeyGate:
     def prepare(self, request: Request, stage: str | None) -> Coroutine[Any, Any, None] | None:
         """A coroutine taking the request's key slot and waiting its delays; None when it has none of them.
         KeyFunctionError (counted) when REDISLOCK_STAGE_KEY's function fails for it."""
-        key = None
-        function = self.settings.stage_key
-        if function is not None and not request.meta.get(DONT_META):
-            try:
-                key = key_of(request, self.crawler.spider, function)
-            except KeyFunctionError:
-                self.crawler.stats.inc_value("redislock/key_errors")
-                raise
+        try:
+            key = request_key(request, self.crawler.spider, self.settings.stage_key)
+        except KeyFunctionError:
+            self.crawler.stats.inc_value("redislock/key_errors")
+            raise
         capped = key is not None and self.settings.limit_of_key(key) is not None
         stage_delay = self.settings.delay_of(stage, stage=True) if stage is not None else 0.0
         key_delay = self.settings.delay_of(key) if key is not None else 0.0

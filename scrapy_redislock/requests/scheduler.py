@@ -60,10 +60,10 @@ from scrapy_redislock.crawl.early import (
     settled_before_download,
 )
 from scrapy_redislock.crawl.engine import check_reactor, engine_closing, one_line_config_errors, wake_engine
-from scrapy_redislock.crawl.keys import key_of
+from scrapy_redislock.crawl.keys import request_key
 from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks
-from scrapy_redislock.crawl.stages import DONT_META, stage_of
+from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import AcquireTimeout, ConfigError, KeyFunctionError, UnknownStage
 
 if TYPE_CHECKING:
@@ -380,13 +380,10 @@ class StageScheduler:
             return self._keys[request]
         except KeyError:
             pass
-        key = None
-        function = self.settings.stage_key
-        if function is not None and not request.meta.get(DONT_META):
-            try:
-                key = key_of(request, self.crawler.spider, function)
-            except KeyFunctionError:
-                key = None
+        try:
+            key = request_key(request, self.crawler.spider, self.settings.stage_key)
+        except KeyFunctionError:
+            key = None
         self._keys[request] = key
         return key
 
