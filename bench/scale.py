@@ -95,7 +95,19 @@ CONNECTION = {"hello", "ping", "script", "client", "select", "auth", "quit", "ec
 # starting, closing or changing stage. By command or script name; XREADGROUP is the middleware's wait for a slot
 # for one request, but the worker mixin's look for a free stage slot.
 PER_REQUEST = {"release", "queue_pop", "queue_ack", "queue_push", "rpop", "lpush", "sadd"}
-PERIODIC = {"maintain", "queue_beat", "llen", "hlen", "zrange", "zrangebyscore", "time", "lpop", "lrange", "ltrim"}
+PERIODIC = {
+    "maintain",
+    "queue_beat",
+    "queue_look",
+    "llen",
+    "hlen",
+    "zrange",
+    "zrangebyscore",
+    "time",
+    "lpop",
+    "lrange",
+    "ltrim",
+}
 KINDS = ("per request", "periodic", "start, close, stage change")
 # Redis 7 names these commands with their sub-command in INFO commandstats ("xinfo|stream").
 CONTAINERS = {"client", "config", "xinfo", "xgroup", "script", "object", "memory", "command", "function", "acl"}

@@ -3,7 +3,7 @@ spider and a real (not started) engine, so the middleware sits in the engine's r
 real Redis. No reactor: the test runs the coroutine with ``asyncio.run``.
 
     async with front(redis_url, {"detail": 1}) as f:
-        f.scheduler.enqueue_request(request); request = await f.next_request(); ...
+        f.scheduler.enqueue_request(request); request = await f.next_request(); await f.send(request)
         f.middleware.process_request(request); f.middleware.process_response(request, response)
 
 ``f.active`` is the engine's ``downloader.active`` (what the left-the-downloader sweep looks at).
@@ -57,6 +57,17 @@ class Front:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no request from the scheduler within {timeout} s")
             await asyncio.sleep(0.001)
+
+    def send(self, request: Request) -> asyncio.Future[None]:
+        """What the engine does with a request from the scheduler: into ``downloader.active``, then through the
+        middleware; a request let go without a slot waits for one there (await the future)."""
+        self.active.add(request)
+        return asyncio.ensure_future(self._through(request))
+
+    async def _through(self, request: Request) -> None:
+        waiting = self.middleware.process_request(request)
+        if waiting is not None:
+            await waiting
 
 
 async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:

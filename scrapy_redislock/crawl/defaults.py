@@ -47,11 +47,10 @@ REDISLOCK_WAIT_TIMEOUT: float | None = None
 REDISLOCK_STAGE_PREFERENCE: list[str] = []
 # The scheduler that StageScheduler wraps.
 REDISLOCK_SCHEDULER_INNER = "scrapy.core.scheduler.Scheduler"
-# Capped requests StageScheduler may park in memory while they wait for a slot.
-REDISLOCK_PARK_LIMIT = 10000
-# Concurrent waits in Redis per stage and process (StageScheduler).
+# Requests per capped stage and process that may wait for a slot in the downloader, first in this process's line in
+# Redis (StageScheduler); the stage's other requests wait in the inner scheduler, in its order.
 REDISLOCK_WAITERS_PER_STAGE = 2
-# Seconds a slot granted by Redis may pass straight from a finished request to a parked one of the same stage in the
+# Seconds a slot granted by Redis may pass straight from a finished request to a queued one of the same stage in the
 # same process (StageScheduler), before it goes back to Redis's first-come-first-served line; 0 = always to Redis.
 REDISLOCK_LOCAL_REUSE = 0.25
 # A worker (StageWorkerMixin) closes after this many seconds with no work anywhere; None = idle forever.
@@ -69,5 +68,11 @@ REDISLOCK_DELAY = 0.0
 REDISLOCK_DELAYS: dict[str, float] = {}
 # Each gap a random 0.5 to 1.5 times the delay, as Scrapy's RANDOMIZE_DOWNLOAD_DELAY does.
 REDISLOCK_RANDOMIZE_DELAY = False
+
+# Settings of earlier versions, and why they went: named in the error a crawl that still sets one gets.
+REMOVED = {
+    "REDISLOCK_PARK_LIMIT": "StageScheduler no longer parks requests in memory: they wait in the inner scheduler, "
+    "in its order, and at most REDISLOCK_WAITERS_PER_STAGE per stage wait for a slot in the downloader",
+}
 
 SETTINGS = {name: value for name, value in dict(globals()).items() if name.startswith("REDISLOCK_")}

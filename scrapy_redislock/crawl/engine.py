@@ -76,6 +76,14 @@ def config_error_in(error: BaseException) -> ConfigError | None:
     return None
 
 
+def engine_of(crawler: Crawler) -> Any:
+    """The crawler's engine, or None before it exists (Scrapy 2.19's ``Crawler.engine`` raises RuntimeError then)."""
+    try:
+        return getattr(crawler, "engine", None)
+    except RuntimeError:
+        return None
+
+
 def wake_engine(crawler: Crawler) -> None:
     """Make the engine ask the scheduler for requests at its next loop iteration, not at its 5 s heartbeat.
 
@@ -83,7 +91,7 @@ def wake_engine(crawler: Crawler) -> None:
     schedules after every finished download; should a future Scrapy rename it, this does nothing and the
     heartbeat takes over (slots are then used up to 5 s late, never lost).
     """
-    slot = getattr(getattr(crawler, "engine", None), "_slot", None)
+    slot = getattr(engine_of(crawler), "_slot", None)
     nextcall = getattr(slot, "nextcall", None)
     if nextcall is not None:
         nextcall.schedule()
@@ -96,7 +104,7 @@ def engine_closing(crawler: Crawler) -> bool:
     ``engine.running`` is public and covers stop (SIGTERM, Ctrl-C); a close on its own (CLOSESPIDER_*, the spider
     finishing) only shows in the private ``engine._slot.closing``. Without it, the fallback is REDISLOCK_WAIT_TIMEOUT.
     """
-    engine = getattr(crawler, "engine", None)
+    engine = engine_of(crawler)
     if engine is None:
         return True
     if not engine.running:
@@ -107,12 +115,12 @@ def engine_closing(crawler: Crawler) -> bool:
 
 def downloader_active(crawler: Crawler) -> Any:
     """The requests the downloader has now (``engine.downloader.active``), or None before the engine exists."""
-    return getattr(getattr(getattr(crawler, "engine", None), "downloader", None), "active", None)
+    return getattr(getattr(engine_of(crawler), "downloader", None), "active", None)
 
 
 def downloader_middlewares(crawler: Crawler) -> tuple[Any, ...]:
     """The downloader middleware instances in chain order (``engine.downloader.middleware.middlewares``), or ()."""
-    manager = getattr(getattr(getattr(crawler, "engine", None), "downloader", None), "middleware", None)
+    manager = getattr(getattr(engine_of(crawler), "downloader", None), "middleware", None)
     return tuple(getattr(manager, "middlewares", ()))
 
 
@@ -129,7 +137,7 @@ def left_twice(crawler: Crawler, held: Any, suspects: set[Any]) -> tuple[set[Any
 
 def engine_scheduler(crawler: Crawler) -> BaseScheduler | None:
     """The engine's scheduler: ``engine.scheduler`` (public since Scrapy 2.19), else the engine slot's."""
-    engine = getattr(crawler, "engine", None)
+    engine = engine_of(crawler)
     if engine is None:
         return None
     try:
@@ -141,7 +149,7 @@ def engine_scheduler(crawler: Crawler) -> BaseScheduler | None:
 def in_progress(crawler: Crawler) -> Any:
     """Requests the engine has not finished with (download, callback, output: ``engine._slot.inprogress``), else
     the downloader's (weaker: a download's end, not its callback's), else None before the engine exists."""
-    slot = getattr(getattr(crawler, "engine", None), "_slot", None)
+    slot = getattr(engine_of(crawler), "_slot", None)
     found = getattr(slot, "inprogress", None)
     return found if found is not None else downloader_active(crawler)
 

@@ -252,6 +252,7 @@ class StageLocks:
         self._stage_by_lock = {lock.name: stage for stage, lock in self.locks.items()}
         self._waiting_sources: list[Callable[[str], int]] = []
         self._takers: list[Callable[[str, SlotPermit], bool]] = []
+        self._hold_hooks: list[Callable[[Request], None]] = []
         self._out: dict[Request, SlotPermit | BaseException] = {}  # request -> the slot it goes with (or its error)
         self._suspects: set[Request] = set()  # out of the downloader at the last tick
         self._tick_hooks: list[Callable[[], Awaitable[None]]] = []
@@ -326,8 +327,12 @@ class StageLocks:
         self._waiting_sources.append(source)
 
     def add_taker(self, taker: Callable[[str, SlotPermit], bool]) -> None:
-        """Register ``taker(stage, permit) -> bool``: True when it keeps a freed slot for a parked request."""
+        """Register ``taker(stage, permit) -> bool``: True when it keeps a freed slot for a queued request."""
         self._takers.append(taker)
+
+    def add_hold_hook(self, hook: Callable[[Request], None]) -> None:
+        """Register ``hook(request)``, called when a request that waited in the middleware got its slot."""
+        self._hold_hooks.append(hook)
 
     def add_tick_hook(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Register a coroutine function awaited at every renewal tick, before the renewals."""
@@ -732,6 +737,12 @@ class StageLocks:
     def hold(self, request: Request, permit: SlotPermit) -> None:
         """``request`` holds ``permit`` (it waited for it in the middleware) until :meth:`finish`."""
         self._out[request] = permit
+        for hook in self._hold_hooks:
+            hook(request)
+
+    def has_slot(self, request: Request) -> bool:
+        """Whether ``request`` holds a slot now (handed one by the scheduler, or got one in the middleware)."""
+        return isinstance(self._out.get(request), SlotPermit)
 
     def holding(self) -> list[Request]:
         """The requests of this process that hold a slot now (handed out by the scheduler or waited for in the

@@ -1,42 +1,42 @@
-"""StageScheduler: requests of a saturated stage wait here, cheaply, instead of in the downloader.
+"""StageScheduler: a capped request leaves the scheduler only when it can go, in the inner scheduler's order.
 
-Scrapy counts a request as active in the downloader before the middleware chain runs, and stops pulling from
-the scheduler once CONCURRENT_REQUESTS are active: requests parked in a middleware for a full stage would starve
-every other stage (head-of-line blocking) and hold up the engine's close. This scheduler wraps the real one
-(Scrapy's by default, or scrapy-redis's) and lets a capped request go only together with a slot of its stage:
+Scrapy counts a request as active in the downloader before the middleware chain runs, and stops pulling from the
+scheduler once CONCURRENT_REQUESTS are active: requests waiting in a middleware for a full stage would starve every
+other stage (head-of-line blocking). This scheduler wraps the real one (Scrapy's by default, or scrapy-redis's) and
+gives it sub-queues per capped stage (:mod:`~scrapy_redislock.requests.stagequeue`): the requests of a stage that
+cannot take one more stay in the inner scheduler, in its order, and the other stages' requests go past them.
 
-- ``next_request()`` takes requests from the inner scheduler; uncapped ones go at once, capped ones are parked
-  here (in memory, at most REDISLOCK_PARK_LIMIT) and it returns None while ``has_pending_requests()`` stays True;
-- per capped stage with parked requests, up to REDISLOCK_WAITERS_PER_STAGE waiter tasks block in Redis
-  (``XREADGROUP BLOCK``: first come, first served across processes, woken the moment a slot is freed anywhere);
-- a granted slot is paired with the oldest parked request of its stage, the engine is woken at once (not at its
-  5 s heartbeat), and StageLockMiddleware picks the permit up by request object (``StageLocks.hand`` / ``take``);
-- a slot freed by a finished request of this process goes straight to the oldest parked request of its stage
-  (:meth:`_take_slot`, called by ``StageLocks.finish``): no Redis round trip, the engine woken at once; within
-  REDISLOCK_LOCAL_REUSE seconds of Redis's grant, so that other processes waiting in Redis's line get their turn;
-- a granted slot that waited for the engine and meanwhile was lost, or outlived its lease on this process's clock
-  (renewals failed: Redis out of reach, a stall), is dropped, never handed out (``StageLocks.usable``); its request
-  stays parked and a waiter asks Redis for a fresh slot;
-- a capped request that a middleware before StageLockMiddleware will settle without a download (a fresh
-  HTTPCACHE hit, a URL robots.txt forbids: see
-  :func:`~scrapy_redislock.crawl.early.settled_before_download`) goes at once, without a slot; should it
-  reach the middleware after all, it waits for its slot there;
-- after the inner scheduler comes back empty it is not asked again for a short pause (EMPTY_PAUSE, doubling while
-  it stays empty), unless this process enqueues a request: scrapy-redis answers every ask with a Redis command.
+- A capped stage can take a request when this process has a slot of it in hand (passed on by one of its finished
+  requests), or when fewer than REDISLOCK_WAITERS_PER_STAGE of its requests wait for a slot in the downloader: the
+  head of the stage's sub-queue then goes to StageLockMiddleware and waits there, in Redis's first-come-first-served
+  line across processes (woken the moment a slot is freed anywhere); when it gets its slot, the engine is woken to
+  take the next one. What a process holds out of the inner scheduler is its requests in flight plus at most
+  REDISLOCK_WAITERS_PER_STAGE per stage; a shared scrapy-redis queue stays shared (the rest stays in Redis).
+- Order: within a stage, the inner queue's own (priority, DEPTH_PRIORITY, callback requests before start
+  requests, LIFO/FIFO); across the stages that can go, the highest priority first. With capped keys
+  (REDISLOCK_STAGE_KEY with a key limit) the sub-queues are per stage and key, and a key at its limit in this
+  process waits in the scheduler too (Scrapy's scheduler; over scrapy-redis keys wait in the middleware).
+- A slot freed by a finished request of this process goes straight to the next queued request of its stage
+  (:meth:`StageScheduler._take_slot`, called by ``StageLocks.finish``): no Redis round trip; within
+  REDISLOCK_LOCAL_REUSE seconds of Redis's grant, so that other processes waiting in Redis's line get their turn, and
+  only while no request of this process waits in that line (it is older, and goes first).
+- A slot in hand that is lost or outlived its lease on this process's clock is dropped, never handed out
+  (``StageLocks.usable``); a capped request that a middleware before StageLockMiddleware settles without a download
+  (a fresh HTTPCACHE hit, a URL robots.txt forbids) goes without a slot when its turn comes.
+- ``has_pending_requests()``, ``len()`` and the scheduler's stats are the inner scheduler's: a request waiting for a
+  slot is pending, and is counted once.
 
-Once the engine starts closing, the waiters stand down and give their unused slots back, so that requests still
-waiting in the middleware (media downloads) get them.
+Another inner scheduler (not Scrapy's, not scrapy-redis's, nor a subclass: its queues cannot be reached) is used as
+it is, said at INFO: each request leaves it in its order, and a capped one waits for its slot in the downloader.
 
-On close the waiters are cancelled, unused slots freed and parked requests given back to the inner scheduler
-(so JOBDIR or SCHEDULER_PERSIST keep them). With REDISLOCK_ENABLED = False it is the inner scheduler and nothing
-more; enabled with no stage in REDISLOCK_STAGES it is a ConfigError (nothing would be capped).
+On close, unused slots are freed; the queued requests are the inner scheduler's (JOBDIR or SCHEDULER_PERSIST keep
+them, unchanged). With REDISLOCK_ENABLED = False it is the inner scheduler and nothing more; enabled with no stage in
+REDISLOCK_STAGES it is a ConfigError (nothing would be capped).
 
 Settings read (via :func:`scrapy_redislock.crawl.settings.read_settings`): REDISLOCK_SCHEDULER_INNER,
-REDISLOCK_PARK_LIMIT, REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_WAIT_TIMEOUT, REDISLOCK_LOCAL_REUSE, REDISLOCK_ENABLED,
-REDISLOCK_STAGES and the stage settings.
-Stats: those of the middleware (acquired and wait times are counted here for requests that waited here), plus
-redislock/<stage>/parked_max, redislock/<stage>/reused (slots passed on locally) and redislock/<stage>/unusable
-(slots dropped before a request could start with them).
+REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_LOCAL_REUSE, REDISLOCK_ENABLED, REDISLOCK_STAGES and the stage and key
+settings. Stats: those of the middleware, plus redislock/<stage>/reused (slots passed on locally) and
+redislock/<stage>/unusable (slots dropped before a request could start with them).
 """
 
 from __future__ import annotations
@@ -48,23 +48,30 @@ import weakref
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
+from scrapy.core.scheduler import Scheduler as ScrapyScheduler
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from scrapy_redislock._redis import Backoff
 from scrapy_redislock.crawl.early import (
     MIDDLEWARE_PATH,
     early_middlewares,
     middleware_configured,
     settled_before_download,
 )
-from scrapy_redislock.crawl.engine import check_reactor, engine_closing, one_line_config_errors, wake_engine
+from scrapy_redislock.crawl.engine import (
+    check_reactor,
+    downloader_active,
+    engine_closing,
+    one_line_config_errors,
+    wake_engine,
+)
 from scrapy_redislock.crawl.keys import request_key
 from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks
 from scrapy_redislock.crawl.stages import stage_of
-from scrapy_redislock.errors import AcquireTimeout, ConfigError, KeyFunctionError, UnknownStage
+from scrapy_redislock.errors import ConfigError, KeyFunctionError, UnknownStage
+from scrapy_redislock.requests.stagequeue import Route, SharedStageQueues, StagePriorityQueues, StageQueueFactory
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -73,18 +80,6 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
 
 logger = logging.getLogger(__name__)
-
-# Capped requests taken from the inner scheduler per next_request() call at most: a long run of them (a scrapy-redis
-# queue answers each with a blocking call) is parked over several loop iterations, never in one long block.
-PULL_BUDGET = 256
-
-# After the inner scheduler comes back empty it is not asked again for EMPTY_PAUSE s (doubling up to EMPTY_PAUSE_MOST
-# while it stays empty), unless this process enqueues a request. An engine busy with other requests asks at every
-# finished download, and scrapy-redis's queue answers each ask with a Redis command (an empty RPOP): with many
-# processes sharing one queue those empty polls were a third of Redis's commands per page. When the engine asked
-# during a pause, it is woken at the pause's end, so work pushed by another process is seen at most that late.
-EMPTY_PAUSE = 0.05
-EMPTY_PAUSE_MOST = 0.5
 
 SCRAPY_DUPEFILTER = "scrapy.dupefilters.RFPDupeFilter"
 SCRAPY_REDIS_DUPEFILTER = "scrapy_redis.dupefilter.RFPDupeFilter"
@@ -152,7 +147,7 @@ def _scrapy_redis_settings(inner_cls: type, settings: Settings) -> Settings | No
 
 
 class StageScheduler:
-    """A scheduler that lets capped requests go only together with a slot of their stage."""
+    """A scheduler whose capped requests leave it only when they can go, in the inner scheduler's order."""
 
     def __init__(self, crawler: Crawler) -> None:
         one_line_config_errors()  # a ConfigError below ends the crawl as one line, exit status 1
@@ -179,30 +174,39 @@ class StageScheduler:
                     f"DOWNLOADER_MIDDLEWARES = {{{MIDDLEWARE_PATH!r}: 950}}"
                 )
         self.inner = _build_inner(inner_cls, crawler)
-        self.park_limit = self.settings.park_limit
         self.waiters_per_stage = self.settings.waiters_per_stage
-        self.wait_timeout = self.settings.wait_timeout
         self.locks = StageLocks.of(crawler, self.settings) if self.enabled else None
         capped = list(self.locks.locks) if self.locks is not None else []
-        # stage -> (since, request, its key) oldest first; the key (REDISLOCK_STAGE_KEY) only when keys are capped
-        self.parked: dict[str, deque[tuple[float, Request, str | None]]] = {stage: deque() for stage in capped}
         self.key_capped = self.settings.stage_key is not None and (
             self.settings.key_limit is not None or any(v is not None for v in self.settings.key_limits.values())
         )
-        self._keys: weakref.WeakKeyDictionary[Request, str | None] = weakref.WeakKeyDictionary()
+        self._routes: weakref.WeakKeyDictionary[Request, Route] = weakref.WeakKeyDictionary()
+        # Slots in hand (passed on by finished requests of this process), for the next queued request of the stage.
         self.ready: dict[str, deque[SlotPermit]] = {stage: deque() for stage in capped}
-        self.waiters: dict[str, set[asyncio.Task[None]]] = {stage: set() for stage in capped}
-        self.timers: dict[str, asyncio.TimerHandle] = {}
-        self.n_parked = 0
+        # Requests let go without a slot: they wait for one in the middleware, first in this process's line.
+        self.in_line: dict[str, weakref.WeakSet[Request]] = {stage: weakref.WeakSet() for stage in capped}
+        self.shared: SharedStageQueues | None = None  # over scrapy-redis's scheduler, from open()
         self.closing = False
         self._early: tuple[Any, ...] | None = None  # cache and robots.txt middlewares before ours, found on first use
-        self._empty_pause = Backoff(first=EMPTY_PAUSE, most=EMPTY_PAUSE_MOST)
-        self._ask_inner_at = 0.0  # monotonic: the inner scheduler came back empty; not asked again before this
-        self._wake_after_pause: asyncio.TimerHandle | None = None
+        self._load: Counter[str] | None = None  # keys held or in line in this process, during one next_request()
+        self._wake_handle: asyncio.TimerHandle | None = None
+        self.queues_split = True  # the inner scheduler's queues are split by stage (False: an unknown scheduler)
         if self.locks is not None:
-            self.locks.add_waiting_source(lambda stage: len(self.parked.get(stage, ())))
+            # Scrapy's BaseScheduler makes isinstance() duck-typed: look for the class itself.
+            if ScrapyScheduler in type(self.inner).__mro__ and not _is_scrapy_redis(self.inner):
+                self.inner.pqclass = StageQueueFactory(self.inner.pqclass, self)
+            elif not _is_scrapy_redis(self.inner):
+                self.queues_split = False
+                logger.info(
+                    "REDISLOCK_SCHEDULER_INNER = %r is neither Scrapy's scheduler nor scrapy-redis's (nor a subclass): "
+                    "StageScheduler cannot give it a queue per stage, so a capped request goes in its order and waits "
+                    "for its slot in the downloader (a full stage can then hold up the others)",
+                    inner_path,
+                )
+            self.locks.add_waiting_source(self._queued)
             self.locks.add_taker(self._take_slot)
             self.locks.add_tick_hook(self.tick)
+            self.locks.add_hold_hook(self._got_slot)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> StageScheduler:
@@ -214,111 +218,168 @@ class StageScheduler:
             raise AttributeError(name)
         return getattr(self.inner, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        """And so is setting it (scrapy-redis's ``persist``, ...), where the inner scheduler has it and we do not."""
+        inner = self.__dict__.get("inner")
+        if inner is not None and name not in self.__dict__ and not hasattr(type(self), name) and hasattr(inner, name):
+            setattr(inner, name, value)
+        else:
+            super().__setattr__(name, value)
+
     # -- the scheduler interface ---------------------------------------------------------------------------------
 
     def open(self, spider: Spider) -> Deferred[None] | None:
         result = self.inner.open(spider) if hasattr(self.inner, "open") else None
         if self.locks is None:
             return result
+        if result is None:
+            self._share_queue()  # at once, as scrapy-redis's own open() does its work
         return deferred_from_coro(self._open(result))
 
     async def _open(self, inner_result: Any) -> None:
         if inner_result is not None:
             await maybe_deferred_to_future(inner_result)
+            self._share_queue()
         assert self.locks is not None
         await self.locks.start_once()
 
-    def close(self, reason: str) -> Deferred[None] | None:
-        if self.locks is None:
-            return self.inner.close(reason) if hasattr(self.inner, "close") else None
-        self.closing = True
-        return deferred_from_coro(self._close(reason))
+    def _share_queue(self) -> None:
+        """scrapy-redis's queue (made anew at each of its open()), split by capped stage in Redis (see
+        :class:`SharedStageQueues`); nothing for other inner schedulers."""
+        if not _is_scrapy_redis(self.inner) or self.inner.queue is self.shared:
+            return
+        base = self.inner.queue
+        self.shared = SharedStageQueues(base, self.ready, self, asked_while_paused=self._wake_later)
+        self.inner.queue = self.shared
+        if getattr(self.inner, "flush_on_start", False):
+            self.shared.clear()
+        elif not len(base) and (queued := len(self.shared)):
+            # scrapy-redis said so only for its own key: the requests of capped stages are in theirs
+            self.inner.spider.log(f"Resuming crawl ({queued} requests scheduled)")
 
-    async def _close(self, reason: str) -> None:
-        assert self.locks is not None
-        for handle in self.timers.values():
-            handle.cancel()
-        if self._wake_after_pause is not None:
-            self._wake_after_pause.cancel()
-        for tasks in self.waiters.values():
-            for task in tasks:
-                task.cancel()
-        returned = 0
-        for parked in self.parked.values():
-            while parked:
-                _, request, _ = parked.popleft()
-                request.dont_filter = True  # it passed the dupefilter once already
-                self.inner.enqueue_request(request)
-                returned += 1
-        self.n_parked = 0
-        if returned:
-            logger.info("Gave %d parked requests back to the inner scheduler", returned)
-        if hasattr(self.inner, "close"):
-            result = self.inner.close(reason)
-            if result is not None:
-                await maybe_deferred_to_future(result)
-        # Unused slots, waiters, and anything a request left behind: one call per stage frees it all.
+    def close(self, reason: str) -> Deferred[None] | None:
+        """The inner scheduler closes at once (as it would alone: scrapy-redis flushes its queue here unless
+        SCHEDULER_PERSIST); the slots are freed after."""
+        result = self.inner.close(reason) if hasattr(self.inner, "close") else None
+        if self.locks is None:
+            return result
+        self.closing = True
+        if self._wake_handle is not None:
+            self._wake_handle.cancel()
         for permits in self.ready.values():
-            permits.clear()
-        await self.locks.close()
+            permits.clear()  # freed with everything else of this process by locks.close()
+        return deferred_from_coro(self._close(result))
+
+    async def _close(self, inner_result: Any) -> None:
+        if inner_result is not None:
+            await maybe_deferred_to_future(inner_result)
+        assert self.locks is not None
+        await self.locks.close()  # unused slots, waits, anything a request left behind: one call per stage
 
     def has_pending_requests(self) -> bool:
-        return self.n_parked > 0 or self.inner.has_pending_requests()
+        if self.shared is not None:
+            return self.shared.has_requests()  # stops at the first sub-queue with a request
+        return bool(self.inner.has_pending_requests())
 
     def __len__(self) -> int:
-        return len(self.inner) + self.n_parked
+        return len(self.inner)
 
     def enqueue_request(self, request: Request) -> bool:
-        self._ask_inner_at = 0.0
-        self._empty_pause.reset()
         return bool(self.inner.enqueue_request(request))
 
     def next_request(self) -> Request | None:
         if self.locks is None:
             return self.inner.next_request()
-        request = self._hand_out()
-        if request is not None:
-            return request
-        for _ in range(PULL_BUDGET):
-            if self.n_parked >= self.park_limit:
-                return None
-            request = self._pull()
-            if request is None:
-                return None
-            stage = stage_of(request, self.settings, self.crawler.spider)
-            try:
-                capped = stage is not None and self.locks.is_capped(stage)
-            except UnknownStage:
-                return request  # the middleware fails it, naming the stage and counting it
-            if not capped or self._settled_early(request):
-                return request
-            assert stage is not None
-            self._park(stage, request)
-            request = self._hand_out()
-            if request is not None:
-                return request
-        wake_engine(self.crawler)  # more may be waiting behind: come back at the next loop iteration
-        return None
-
-    def _pull(self) -> Request | None:
-        """The inner scheduler's next request; None without asking it during a pause after it came back empty."""
-        now = time.monotonic()
-        if now < self._ask_inner_at:
-            if self._wake_after_pause is None and not self.closing:
-                self._wake_after_pause = asyncio.get_running_loop().call_later(
-                    self._ask_inner_at - now, self._pause_over
-                )
-            return None
-        request = self.inner.next_request()
+        self._load = None
+        request = self.inner.next_request()  # from a sub-queue that may_go() lets go
         if request is None:
-            self._ask_inner_at = now + self._empty_pause.next()
-        else:
-            self._empty_pause.reset()
+            self._free_ready()
+            return None
+        stage, key = self.route(request)
+        if stage is None or self._settled_early(request):
+            return request
+        if key is not None:
+            self._key_load()[key] += 1
+        ready = self.ready[stage]
+        while ready:
+            permit = ready.popleft()
+            if self.locks.usable(permit):
+                self.locks.hand(request, permit)
+                self.locks.record_grant(stage, 0.0)
+                return request
+            self.locks.release_soon(permit)
+        self.in_line[stage].add(request)
         return request
 
-    def _pause_over(self) -> None:
-        self._wake_after_pause = None
-        wake_engine(self.crawler)
+    # -- the gate the sub-queues ask (stagequeue.Gate) -----------------------------------------------------------
+
+    def route(self, request: Request) -> Route:
+        """The sub-queue of ``request``: its stage when capped, and its key when keys are capped; computed once."""
+        try:
+            return self._routes[request]
+        except KeyError:
+            pass
+        assert self.locks is not None
+        stage = stage_of(request, self.settings, self.crawler.spider)
+        try:
+            capped = stage is not None and self.locks.is_capped(stage)
+        except UnknownStage:
+            capped = False  # the middleware fails it, naming the stage and counting it
+        route: Route = (stage, self._key(request) if self.key_capped else None) if capped else (None, None)
+        self._routes[request] = route
+        return route
+
+    def may_go(self, route: Route) -> bool:
+        """A request of this sub-queue may leave now: not capped; or its stage has a slot in hand here, or fewer
+        than REDISLOCK_WAITERS_PER_STAGE of its requests wait in line; and its key (if capped) has room here."""
+        stage, key = route
+        if stage is None:
+            return True
+        if not self.ready[stage] and self._line_is_full(stage):
+            return False
+        if key is None:
+            return True
+        limit = self.settings.limit_of_key(key)
+        return limit is None or self._key_load()[key] < limit
+
+    def _line_is_full(self, stage: str) -> bool:
+        """The line bounds what waits for a slot in the downloader, where it takes one of CONCURRENT_REQUESTS; with
+        no downloader to watch (a scheduler driven by hand, as in Scrapy's own scheduler tests) or an inner
+        scheduler whose queues are not split by stage, there is nothing to bound."""
+        if not self.queues_split or downloader_active(self.crawler) is None:
+            return False
+        return self._in_line(stage) >= self.waiters_per_stage
+
+    def _in_line(self, stage: str) -> int:
+        """Requests of ``stage`` let go without a slot that still wait for one (not yet holding one, not gone)."""
+        assert self.locks is not None
+        line = self.in_line[stage]
+        active = downloader_active(self.crawler)
+        for request in list(line):
+            if self.locks.has_slot(request) or (active is not None and request not in active):
+                line.discard(request)
+        return len(line)
+
+    def _key_load(self) -> Counter[str]:
+        """Requests of this process per key that hold a slot or wait in line: a key has room while fewer than its
+        limit do. Other processes' are not seen (that would cost a read per request): a key busy elsewhere still
+        lets requests go here up to its limit, and they wait for the key in the middleware."""
+        if self._load is None:
+            assert self.locks is not None
+            requests = set(self.locks.holding())
+            for stage, line in self.in_line.items():
+                self._in_line(stage)  # forget those that got their slot or are gone
+                requests.update(line)
+            self._load = Counter(key for key in (self.route(r)[1] for r in requests) if key is not None)
+        return self._load
+
+    def _key(self, request: Request) -> str | None:
+        """The request's key (REDISLOCK_STAGE_KEY); None also when its function fails for it (the middleware then
+        fails the request, naming the error)."""
+        try:
+            return request_key(request, self.crawler.spider, self.settings.stage_key)
+        except KeyFunctionError:
+            return None
 
     def _settled_early(self, request: Request) -> bool:
         if self._early is None:
@@ -327,190 +388,78 @@ class StageScheduler:
 
     # -- slots ---------------------------------------------------------------------------------------------------------
 
+    def _queued(self, stage: str) -> int:
+        """Requests of ``stage`` waiting in the inner scheduler (for the status CLI); 0 over scrapy-redis, where
+        counting would cost a Redis command per stage."""
+        queues = [getattr(self.inner, name, None) for name in ("mqs", "dqs")]
+        return sum(queue.count(stage) for queue in queues if isinstance(queue, StagePriorityQueues))
+
+    def _could_use(self, stage: str) -> int:
+        """How many slots in hand the queued requests of ``stage`` could use now (over scrapy-redis: 1 while its
+        queue was not found empty lately)."""
+        if self.shared is not None:
+            return int(self.shared.may_have(stage))
+        return self._queued(stage)
+
     def _take_slot(self, stage: str, permit: SlotPermit) -> bool:
-        """A slot freed by a finished request of this process (``StageLocks.finish``): keep it for the oldest parked
-        request of its stage that has none yet, and wake the engine to take it; False when there is none."""
-        parked = self.parked.get(stage)
-        if not parked or len(self.ready[stage]) >= len(parked) or self.closing or engine_closing(self.crawler):
+        """A slot freed by a finished request of this process (``StageLocks.finish``): keep it for the next queued
+        request of its stage and wake the engine; False (back to Redis) when none could use it, or when a request
+        of this process already waits in Redis's line for the stage (it is older)."""
+        if self.closing or stage not in self.ready or engine_closing(self.crawler) or self._in_line(stage):
+            return False
+        if self._could_use(stage) <= len(self.ready[stage]):
             return False
         self.ready[stage].append(permit)
         wake_engine(self.crawler)
         return True
 
-    def _park(self, stage: str, request: Request) -> None:
-        self.parked[stage].append((time.monotonic(), request, self._key(request) if self.key_capped else None))
-        self.n_parked += 1
-        self.crawler.stats.max_value(f"redislock/{stage}/parked_max", len(self.parked[stage]))
-        self._ensure_waiters(stage)
-        if self.wait_timeout is not None and stage not in self.timers:
-            self._arm_timer(stage)
-
-    def _hand_out(self) -> Request | None:
-        """The oldest parked request of a stage that has a granted slot (or whose wait has timed out); with capped
-        keys, the oldest whose key has room (:meth:`_pick`)."""
-        now = time.monotonic()
-        for stage, parked in self.parked.items():
-            if not parked:
-                continue
-            self._drop_unusable(stage)
-            ready = self.ready[stage]
-            if ready:
-                index = self._pick(parked) if self.key_capped else 0
-                since, request, _ = parked[index]
-                del parked[index]
-                self.n_parked -= 1
-                assert self.locks is not None
-                self.locks.hand(request, ready.popleft())
-                self.locks.record_grant(stage, now - since)
-                return request
-            if self.wait_timeout is not None and now - parked[0][0] >= self.wait_timeout:
-                _, request, _ = parked.popleft()
-                self.n_parked -= 1
-                self.crawler.stats.inc_value(f"redislock/{stage}/timeouts")
-                assert self.locks is not None
-                self.locks.hand(request, AcquireTimeout(f"stage {stage!r}: no slot within {self.wait_timeout} s"))
-                self._free_surplus(stage)
-                return request
-        return None
-
-    def _key(self, request: Request) -> str | None:
-        """The request's key (REDISLOCK_STAGE_KEY), computed once per request; None also when its function fails
-        for it (the middleware then fails the request, naming the error)."""
-        try:
-            return self._keys[request]
-        except KeyError:
-            pass
-        try:
-            key = request_key(request, self.crawler.spider, self.settings.stage_key)
-        except KeyFunctionError:
-            key = None
-        self._keys[request] = key
-        return key
-
-    def _pick(self, parked: deque[tuple[float, Request, str | None]]) -> int:
-        """Where in ``parked`` (oldest first) the request is that gets the next slot of its stage: the oldest whose
-        key has room in this process, else the oldest.
-
-        A request takes its stage slot, then waits in the middleware for its key slot, holding the stage slot
-        (the order that cannot deadlock, see :mod:`~scrapy_redislock.requests.keygate`). Handing stage slots
-        oldest first, a run of requests of one busy key at the head of the queue took every slot of the stage
-        and waited for that key, one at a time, while requests of other keys behind them got none (measured: 44
-        pages of one host and 0 of the other in 5 s, stage cap 4, key cap 1). A key has room when fewer requests of
-        this process hold a slot (any stage) and have that key than the key's limit: a request of it would not
-        wait for its key here. Other processes' holders of the key are not seen (that would cost a read per
-        hand-out), so a key busy elsewhere still takes stage slots here, up to its limit.
-        """
-        assert self.locks is not None
-        load: Counter[str] = Counter()
-        for held in self.locks.holding():
-            key = self._key(held)
-            if key is not None:
-                load[key] += 1
-        room: dict[str, bool] = {}
-        for index, (_, _, key) in enumerate(parked):
-            if key is None:
-                return index
-            has_room = room.get(key)
-            if has_room is None:
-                limit = self.settings.limit_of_key(key)
-                has_room = room[key] = limit is None or load[key] < limit
-            if has_room:
-                return index
-        return 0
-
-    def _drop_unusable(self, stage: str) -> None:
-        """Ready slots that are lost or past their lease go back, and their requests get waiters for fresh ones:
-        a request must not start with such a slot (another process may hold it by now)."""
-        ready = self.ready[stage]
-        now = time.monotonic()
-        if all(permit.usable(now) for permit in ready):
-            return
-        assert self.locks is not None
-        kept = []
-        for permit in ready:
-            if self.locks.usable(permit):
-                kept.append(permit)
-            else:
-                self.locks.release_soon(permit)
-        ready.clear()
-        ready.extend(kept)
-        self._ensure_waiters(stage)
-
-    def _free_surplus(self, stage: str) -> None:
-        """Slots granted beyond the parked requests (they timed out meanwhile) go back at once."""
-        assert self.locks is not None
-        while len(self.ready[stage]) > len(self.parked[stage]):
-            self.locks.release_soon(self.ready[stage].pop())
-
-    def _live_waiters(self, stage: str) -> int:
-        # A finished task stays in the set until its done callback runs, a loop iteration later: not a waiter.
-        return sum(not task.done() for task in self.waiters[stage])
-
-    def _stand_down(self) -> None:
-        """The engine is closing and takes no more requests from here: stop waiting, give unused slots back."""
-        assert self.locks is not None
-        self.closing = True
-        for tasks in self.waiters.values():
-            for task in tasks:
-                task.cancel()
-        for permits in self.ready.values():
-            while permits:
-                self.locks.release_soon(permits.popleft())
-
-    def _ensure_waiters(self, stage: str) -> None:
-        wanted = min(len(self.parked[stage]) - len(self.ready[stage]), self.waiters_per_stage)
-        waiters = self.waiters[stage]
-        while self._live_waiters(stage) < wanted and not self.closing:
-            task = asyncio.get_running_loop().create_task(self._wait_for_slots(stage))
-            waiters.add(task)
-            task.add_done_callback(waiters.discard)
-
-    async def _wait_for_slots(self, stage: str) -> None:
-        """One waiter: blocks in Redis for a slot, pairs it with a parked request, and goes on while needed."""
-        assert self.locks is not None
-        backoff = Backoff()
-        while not self.closing:
-            try:
-                permit = await self.locks.acquire(stage, None)  # Redis errors are retried in there
-            except Exception:
-                delay = backoff.next()
-                logger.exception("Waiting for a slot of stage %r failed; trying again in %.1f s", stage, delay)
-                await asyncio.sleep(delay)
-                continue
-            backoff.reset()
-            if self.closing or engine_closing(self.crawler):
-                await self.locks.release(permit)
-                return
-            self.ready[stage].append(permit)
+    def _got_slot(self, request: Request) -> None:
+        """A request waiting in line got its slot in the middleware: the next of its stage may go."""
+        for line in self.in_line.values():
+            line.discard(request)
+        if not self.closing:
             wake_engine(self.crawler)
-            if len(self.ready[stage]) > len(self.parked[stage]):
-                await asyncio.sleep(0)  # the engine may take it first; if not, it is surplus
-                self._free_surplus(stage)
-            # Go on while the requests still waiting need every waiter, this one included.
-            if len(self.parked[stage]) - len(self.ready[stage]) < self._live_waiters(stage):
-                return
 
-    def _arm_timer(self, stage: str) -> None:
-        """Wake the engine when the oldest parked request of ``stage`` reaches REDISLOCK_WAIT_TIMEOUT."""
-        assert self.wait_timeout is not None
-        parked = self.parked[stage]
-        if not parked or self.closing:
-            self.timers.pop(stage, None)
-            return
-        due = parked[0][0] + self.wait_timeout - time.monotonic()
-        # Overdue (the engine has not asked since, its downloader being full): look again a little later.
-        delay = due + 0.001 if due > 0 else 0.1
-        self.timers[stage] = asyncio.get_running_loop().call_later(delay, self._timer_fired, stage)
+    def _free_ready(self, stage: str | None = None) -> None:
+        assert self.locks is not None
+        for name, permits in self.ready.items():
+            if stage is None or name == stage:
+                while permits:
+                    self.locks.release_soon(permits.popleft())
 
-    def _timer_fired(self, stage: str) -> None:
+    def _wake_later(self, delay: float) -> None:
+        """The engine asked while every sub-queue worth asking was in its pause: ask again when the first ends."""
+        if self._wake_handle is None and not self.closing:
+            self._wake_handle = asyncio.get_running_loop().call_later(max(delay, 0.0), self._woken)
+
+    def _woken(self) -> None:
+        self._wake_handle = None
         wake_engine(self.crawler)
-        self._arm_timer(stage)
 
     async def tick(self) -> None:
-        """At every renewal tick: stand down once the engine closes; drop ready slots that can no longer be handed
-        out (so a fresh one is asked for before the engine next asks); make sure parked requests have a waiter."""
+        """At every renewal tick: stand down once the engine closes (unused slots back to Redis); drop slots in
+        hand that can no longer go with a request, or that no queued request could use."""
+        assert self.locks is not None
         if engine_closing(self.crawler):
-            self._stand_down()
-        for stage in self.parked:  # a safety net: parked requests always have someone waiting for them
-            self._drop_unusable(stage)
-            self._ensure_waiters(stage)
+            self.closing = True
+            self._free_ready()
+            return
+        now = time.monotonic()
+        for stage, permits in self.ready.items():
+            if not permits:
+                continue
+            if not all(permit.usable(now) for permit in permits) or not self._could_use(stage):
+                kept = [permit for permit in permits if self._could_use(stage) and self.locks.usable(permit)]
+                for permit in permits:
+                    if permit not in kept:
+                        self.locks.release_soon(permit)
+                permits.clear()
+                permits.extend(kept)
+
+
+def _is_scrapy_redis(inner: Any) -> bool:
+    try:
+        from scrapy_redis.scheduler import Scheduler as RedisScheduler
+    except ImportError:
+        return False
+    return isinstance(inner, RedisScheduler)

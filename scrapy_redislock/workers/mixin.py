@@ -17,6 +17,9 @@ that block the reactor or do not fit Scrapy 2.19:
   close; ``make_request_from_data`` (JSON or plain URLs) is used as it is.
 - ``start()`` yields ``start_urls`` *filtered* (Scrapy's default sets ``dont_filter``): every worker yields
   them, the shared dupefilter lets one copy through.
+- RedisSpider's ``max_idle_time`` (attribute or ``-a max_idle_time=N``; else MAX_IDLE_TIME_BEFORE_CLOSE; 0 = never)
+  is honoured by the idle handler below, unless REDISLOCK_IDLE_CLOSE is set, which wins; idle means no work anywhere
+  in the cluster (a paused or full stage's queue is work), counted from the last work seen.
 
 On a plain ``scrapy.Spider`` it works the same minus the ``redis_key`` feed: work enters through ``start()``
 (every worker's, deduplicated) and through what callbacks yield.
@@ -24,11 +27,12 @@ On a plain ``scrapy.Spider`` it works the same minus the ``redis_key`` feed: wor
 At start (``from_crawler``) it checks the stage names known before any request against REDISLOCK_WORKER_STAGES
 (the spider's ``worker_stages``): its ``@stage`` callbacks, REDISLOCK_CALLBACK_STAGES, REDISLOCK_DEFAULT_STAGE; a
 name that is not a worker stage is a ConfigError naming it and the callback (else every request of that callback
-would be dropped with an error, and the crawl finish with exit status 0). A ConfigError ends the crawl as one log
-line, exit status 1.
+would be dropped with an error, and the crawl finish with exit status 0). It also checks ``max_idle_time`` (a number
+of seconds >= 0). A ConfigError ends the crawl as one log line, exit status 1.
 
-Settings read: those of :func:`~scrapy_redislock.crawl.settings.read_settings`, for the check above (the scheduler
-reads them again).
+Settings read: those of :func:`~scrapy_redislock.crawl.settings.read_settings` and
+:func:`~scrapy_redislock.crawl.settings.read_worker_settings`, for the checks above (the scheduler reads them
+again).
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ from scrapy import Request, signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider
 
 from scrapy_redislock.crawl.engine import engine_scheduler, one_line_config_errors
-from scrapy_redislock.crawl.settings import read_settings
+from scrapy_redislock.crawl.settings import read_settings, read_worker_settings
 from scrapy_redislock.crawl.stages import check_stage_names
+from scrapy_redislock.workers.policy import idle_close_for
 
 SCHEDULER_PATH = "scrapy_redislock.StageWorkerScheduler"
 
@@ -74,13 +79,16 @@ class StageWorkerMixin:
         if checked.worker_stages:  # none: the scheduler says what is missing
             check_stage_names(cls, checked, checked.worker_stages, "REDISLOCK_WORKER_STAGES")
         spider = super().from_crawler(crawler, *args, **kwargs)  # type: ignore[misc]
+        fallback = read_worker_settings(crawler.settings, checked).idle_close
+        idle_close_for(checked.idle_close, getattr(spider, "max_idle_time", None), fallback)  # a ConfigError now
         # RedisSpider.setup_redis connected spider.spider_idle, which is ours (below); a plain Spider needs it too.
         if getattr(spider, "server", None) is None:
             crawler.signals.connect(spider.spider_idle, signal=signals.spider_idle)
         return spider
 
     def spider_idle(self) -> None:
-        """Idle like a RedisSpider (stay open, waiting for work) until REDISLOCK_IDLE_CLOSE says otherwise.
+        """Idle like a RedisSpider (stay open, waiting for work) until REDISLOCK_IDLE_CLOSE, else ``max_idle_time``,
+        else MAX_IDLE_TIME_BEFORE_CLOSE says otherwise (:func:`~scrapy_redislock.workers.policy.idle_close_for`).
 
         Replaces RedisMixin.spider_idle, which pops start URLs with blocking calls; the scheduler feeds them. The
         scheduler may name a finish reason of its own (``redislock_queue_lost``: Redis lost the queues under it).

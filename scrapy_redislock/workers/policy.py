@@ -15,17 +15,23 @@ answer out (taking a slot, popping, blocking on signal lists). The rules:
   one within the ttl (:func:`liveness`). A worker past its promise is dead: its requests are requeued;
 - a worker reaps the dead only once it has itself reached Redis without a gap for a while (:func:`may_reap`):
   after an outage every worker's promise has passed, and the live ones need up to one back-off to beat again;
+- it closes once the cluster has had no work for :func:`idle_close_for` seconds (REDISLOCK_IDLE_CLOSE, else the
+  spider's ``max_idle_time`` as scrapy-redis's RedisSpider reads it, else MAX_IDLE_TIME_BEFORE_CLOSE);
 - when its capped stage holds more slots than its limit (the limit was lowered, or set to 0: paused), the newest
   holders leave (:func:`keeps_slot`): each gives back what it took ahead, lets its downloads finish, frees its
   slot, and takes another stage with work or waits.
 
-Reads no settings.
+Reads no settings (:func:`idle_close_for` decides between values read elsewhere).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from scrapy_redislock.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,32 @@ class StagePolicy:
         if current is not None:
             return [current] if current in empty and not leaving else []
         return [s for s in self.preference if s not in full]
+
+
+def idle_close_for(
+    redislock_idle_close: float | None, max_idle_time: Any, fallback: float | None
+) -> tuple[float | None, str]:
+    """Seconds with no work anywhere in the cluster after which a worker closes (None: it idles for ever, as a
+    RedisSpider does by default), and the setting that says so. REDISLOCK_IDLE_CLOSE when it is set
+    (``redislock_idle_close``); else the spider's ``max_idle_time`` (its attribute, or ``-a max_idle_time=N``), as
+    scrapy-redis's RedisSpider honours it; else MAX_IDLE_TIME_BEFORE_CLOSE (``fallback``, read with the other worker
+    settings). 0 in either of scrapy-redis's means never, as there. A RedisSpider has already put
+    MAX_IDLE_TIME_BEFORE_CLOSE in its ``max_idle_time`` when it had none (``setup_redis``): the same order. A
+    ``max_idle_time`` that is not a number of seconds >= 0 is a ConfigError."""
+    if redislock_idle_close is not None:
+        return redislock_idle_close, "REDISLOCK_IDLE_CLOSE"
+    if max_idle_time is None:
+        return fallback, "MAX_IDLE_TIME_BEFORE_CLOSE"
+    try:
+        seconds = float(max_idle_time)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(max_idle_time, bool) or not seconds >= 0 or math.isinf(seconds):
+        raise ConfigError(
+            "max_idle_time (the spider's attribute or -a max_idle_time=N, as scrapy-redis's RedisSpider reads it) "
+            f"must be a number of seconds >= 0 (0 = never close), got {max_idle_time!r}"
+        )
+    return (seconds if seconds > 0 else None), "max_idle_time"
 
 
 def next_wake(now: float, beat_due: float, quiet_since: float | None, idle_close: float | None) -> float:

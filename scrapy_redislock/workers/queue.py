@@ -3,13 +3,22 @@
 Keys, all under the hash tag of the spider name so that Redis Cluster keeps them on one node::
 
     <prefix>:{<spider>}:queue:<stage>       list: serialized requests (scrapy-redis FifoQueue orientation:
-                                            LPUSH to queue, RPOP to take; "to the front" is RPUSH)
+                                            LPUSH to queue, RPOP to take, LPOP in LIFO order; "to the front" is
+                                            RPUSH, LPUSH in LIFO order). In priority order: the requests of
+                                            priority 0, and whatever an earlier version queued
+    <prefix>:{<spider>}:pqueue:<stage>      sorted set: requests of another priority (in priority order), scored
+                                            -priority as scrapy-redis's PriorityQueue; each member is a 16-digit
+                                            order number, then the request: equal priorities keep their push order
+    <prefix>:{<spider>}:seq                 counter of those order numbers
     <prefix>:{<spider>}:signal:<stage>      list: at most one token, pushed when the stage's queue goes from
                                             empty to non-empty; idle workers block on it (BLPOP)
     <prefix>:{<spider>}:wake                list: one token per registered worker when the crawl has ended
                                             (nothing in flight, every queue empty), so idle workers see it at once
     <prefix>:{<spider>}:dupefilter          set: request fingerprints (hex), shared by all workers and stages
-    <prefix>:{<spider>}:inflight:<worker>   hash: id -> "<stage>\\n<request>" popped by that worker, not done yet
+    <prefix>:{<spider>}:inflight:<worker>   hash: id -> "<stage><mark>\\n<request>" popped by that worker, not done
+                                            yet; the mark says where it goes back to: '' the list's right end,
+                                            '{L}' its left end, '{P<score>:<order number>}' its place in the
+                                            sorted set
     <prefix>:{<spider>}:inflight_total      counter: requests in every worker's in-flight hash (kept by the scripts)
     <prefix>:{<spider>}:alive               zset: worker -> last beat (ms, Redis's clock)
     <prefix>:{<spider>}:due                 zset: worker -> the moment (ms, Redis's clock) by which it promised to
@@ -22,7 +31,15 @@ Keys, all under the hash tag of the spider name so that Redis Cluster keeps them
                                             value than the one it saw means the crawl state was lost (Redis
                                             restarted empty, flushed, a promoted replica without it)
     <prefix>:{<spider>}:deadletter          list: entries that could not be loaded, newest first, each
-                                            "<note: one line of JSON>\\n<stage>\\n<request>" (kept for people)
+                                            "<note: one line of JSON>\\n<stage><mark>\\n<request>" (kept for people)
+
+The order of a stage queue is scrapy-redis's SCHEDULER_QUEUE_CLASS (:func:`queue_order`): its PriorityQueue (the
+default: higher ``request.priority`` first, equal priorities first in first out), FifoQueue or LifoQueue. In
+priority order the requests of priority 0 (most of them) go to the list exactly as before, the others to the sorted
+set; a pop takes the sorted set's priorities above 0, then the list, then the priorities below 0. So a queue written
+by an earlier version (a FIFO list) is simply the priority-0 part, read as it was. Whatever the order, every pop
+ends with the part the order does not use (a FIFO or LIFO worker takes what the sorted set holds once its list is
+empty), and every length, end-of-crawl and clear check counts both parts: nothing any worker queued is stranded.
 
 A popped request moves atomically from its queue into the worker's in-flight hash and leaves it when the
 worker acks it. A worker that has not beaten for one TTL is dead: the next worker to beat is told so by its beat
@@ -42,16 +59,18 @@ import math
 import os
 import socket
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 import redis.asyncio
 from redis.client import NEVER_DECODE
+from scrapy.utils.misc import load_object
 
 from scrapy_redislock._redis import check_name, check_ttl, load_scripts, text
 from scrapy_redislock.crawl.requestformat import request_from_data
+from scrapy_redislock.errors import ConfigError, InvalidArgument
 from scrapy_redislock.lock.front import waiting_client
 
 if TYPE_CHECKING:
@@ -69,7 +88,53 @@ QUEUE_SCRIPTS = (
     "queue_clear",
     "queue_bury",
     "queue_epoch",
+    "queue_look",
 )
+
+ORDERS = ("priority", "fifo", "lifo")
+# SCHEDULER_QUEUE_CLASS -> the order of the stage queues (scrapy-redis's classes and their old aliases).
+QUEUE_CLASSES = {
+    "scrapy_redis.queue.PriorityQueue": "priority",
+    "scrapy_redis.queue.SpiderPriorityQueue": "priority",
+    "scrapy_redis.queue.FifoQueue": "fifo",
+    "scrapy_redis.queue.SpiderQueue": "fifo",
+    "scrapy_redis.queue.LifoQueue": "lifo",
+    "scrapy_redis.queue.SpiderStack": "lifo",
+}
+
+
+def queue_order(queue_class: Any) -> str:
+    """The order of the stage queues for scrapy-redis's SCHEDULER_QUEUE_CLASS (a class or its import path; unset: its
+    default, PriorityQueue): "priority", "fifo" or "lifo". Anything else (another class, a subclass of theirs, a path
+    that does not import) is a ConfigError naming the setting: the worker front keeps its stage queues in Redis
+    itself and can only give them the order of one of scrapy-redis's three queues."""
+    if queue_class is None or queue_class == "":
+        return "priority"  # scrapy-redis's default (scrapy_redis.defaults.SCHEDULER_QUEUE_CLASS)
+    if isinstance(queue_class, str) and queue_class in QUEUE_CLASSES:
+        return QUEUE_CLASSES[queue_class]
+    found = queue_class
+    if isinstance(queue_class, str):
+        try:
+            found = load_object(queue_class)
+        except Exception:
+            found = None
+    from scrapy_redis import queue as scrapy_redis_queue
+
+    known = {
+        scrapy_redis_queue.PriorityQueue: "priority",
+        scrapy_redis_queue.FifoQueue: "fifo",
+        scrapy_redis_queue.LifoQueue: "lifo",
+    }
+    for cls, order in known.items():
+        if found is cls:
+            return order
+    raise ConfigError(
+        f"SCHEDULER_QUEUE_CLASS = {queue_class!r} cannot order the worker queues: StageWorkerMixin keeps its stage "
+        "queues in Redis itself, in the order of one of scrapy-redis's queues; accepted: "
+        "scrapy_redis.queue.PriorityQueue (the default when unset: higher request.priority first), "
+        "scrapy_redis.queue.FifoQueue, scrapy_redis.queue.LifoQueue (or their aliases SpiderPriorityQueue, "
+        "SpiderQueue, SpiderStack)"
+    )
 
 
 @dataclass(frozen=True)
@@ -91,9 +156,15 @@ class QueueKeys:
     due = property(lambda self: f"{self.base}:due")
     deadletter = property(lambda self: f"{self.base}:deadletter")
     epoch = property(lambda self: f"{self.base}:epoch")
+    sequence = property(lambda self: f"{self.base}:seq")
 
     def queue(self, stage: str) -> str:
+        """The stage queue's list (FIFO or LIFO order; in priority order, the requests of priority 0)."""
         return f"{self.base}:queue:{stage}"
+
+    def scored(self, stage: str) -> str:
+        """The stage queue's sorted set (in priority order, the requests of another priority than 0)."""
+        return f"{self.base}:pqueue:{stage}"
 
     def inflight(self, worker: str) -> str:
         return f"{self.base}:inflight:{worker}"
@@ -111,6 +182,24 @@ def encode(request: Request, serializer: Any, spider: Spider | None) -> bytes:
 def decode(data: bytes, serializer: Any, spider: Spider | None) -> Request:
     """A queued entry back as a request; raises whatever the format raises for an entry it cannot load."""
     return request_from_data(data, serializer, spider)
+
+
+def split_value(value: bytes) -> tuple[str, bytes, bytes]:
+    """An in-flight value (or what follows a dead letter's note) as (stage, mark, request bytes): see the module
+    docstring."""
+    head, _, data = value.partition(b"\n")
+    stage, brace, mark = head.partition(b"{")
+    return stage.decode("utf-8", "replace"), brace + mark, data
+
+
+def queued(client: redis.Redis, keys: QueueKeys, stage: str) -> int:
+    """Requests waiting in a stage's queue, both parts (list and sorted set), with a blocking client: for tests,
+    tools and people (two commands, LLEN and ZCARD)."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.llen(keys.queue(stage))
+        pipe.zcard(keys.scored(stage))
+        listed, scored = pipe.execute()
+    return int(listed) + int(scored)
 
 
 class Heartbeat(NamedTuple):
@@ -139,10 +228,15 @@ class StageQueues:
         key_prefix: str = "redislock",
         ttl: float = 30.0,
         worker: str | None = None,
+        order: str = "priority",
     ) -> None:
         self.client = client
         self.keys = QueueKeys.of(key_prefix, spider)
         self.stages = [check_name(s, "stage") for s in stages]
+        if order not in ORDERS:
+            raise InvalidArgument(f"order must be one of {ORDERS}, got {order!r}")
+        self.order = order  # of the stage queues: scrapy-redis's SCHEDULER_QUEUE_CLASS (see queue_order)
+        self.scored_ids: set[str] = set()  # of the last pop: the ids taken from a sorted set
         self.ttl = check_ttl(ttl)
         self.worker = worker or new_worker_id()
         sources = load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)
@@ -159,7 +253,8 @@ class StageQueues:
         return self.keys.inflight(self.worker)
 
     def _queue_keys(self) -> list[str]:
-        return [self.keys.queue(s) for s in self.stages]
+        """Every stage's list, then every stage's sorted set (the scripts take them in this order)."""
+        return [*(self.keys.queue(s) for s in self.stages), *(self.keys.scored(s) for s in self.stages)]
 
     def _signal_keys(self) -> list[str]:
         return [self.keys.signal(s) for s in self.stages]
@@ -171,38 +266,58 @@ class StageQueues:
 
     # -- a worker's own operations ----------------------------------------------------------------
 
-    async def push(self, stage: str, fingerprint: str, data: bytes) -> bool:
-        """Queue a request unless its fingerprint was seen ('' = never filtered); False for a duplicate."""
-        return (await self.push_many([(stage, fingerprint, data)]))[0]
+    def score(self, priority: int) -> str:
+        """Where a request of ``priority`` goes: '' the list; else its score in the sorted set (-priority, as in
+        scrapy-redis's PriorityQueue). Only in priority order, and only for a priority other than 0."""
+        if self.order != "priority" or not priority:
+            return ""
+        return str(-int(priority))
 
-    async def push_many(self, requests: list[tuple[str, str, bytes]]) -> list[bool]:
-        """Queue (stage, fingerprint, data) requests in one script call; False for each duplicate."""
-        stages = list(dict.fromkeys(self._check_stage(stage) for stage, _, _ in requests))
+    async def push(self, stage: str, fingerprint: str, data: bytes, priority: int = 0) -> bool:
+        """Queue a request unless its fingerprint was seen ('' = never filtered); False for a duplicate."""
+        return (await self.push_many([(stage, fingerprint, data, priority)]))[0]
+
+    async def push_many(self, requests: Sequence[tuple[Any, ...]]) -> list[bool]:
+        """Queue (stage, fingerprint, data[, priority]) requests in one script call; False for each duplicate."""
+        stages = list(dict.fromkeys(self._check_stage(request[0]) for request in requests))
         index = {stage: n for n, stage in enumerate(stages, 1)}
         args: list[Any] = []
-        for stage, fingerprint, data in requests:
-            args += [index[stage], fingerprint, data]
-        keys = [self.keys.dupefilter, *(self.keys.queue(s) for s in stages), *(self.keys.signal(s) for s in stages)]
+        for stage, fingerprint, data, *priority in requests:
+            args += [index[stage], fingerprint, self.score(priority[0] if priority else 0), data]
+        keys = [self.keys.dupefilter, self.keys.sequence, *(self.keys.queue(s) for s in stages)]
+        keys += [*(self.keys.scored(s) for s in stages), *(self.keys.signal(s) for s in stages)]
         return [bool(n) for n in await self.scripts["queue_push"](keys=keys, args=[len(stages), *args])]
 
     async def seen(self, fingerprint: str) -> bool:
         """Record a fingerprint in the shared dupefilter; True if it was there already."""
-        keys = [self.keys.dupefilter, self.keys.queue(self.stages[0]), self.keys.signal(self.stages[0])]
-        return not (await self.scripts["queue_push"](keys=keys, args=[1, 1, fingerprint, ""]))[0]
+        stage = self.stages[0]
+        keys = [self.keys.dupefilter, self.keys.sequence, self.keys.queue(stage), self.keys.scored(stage)]
+        keys.append(self.keys.signal(stage))
+        return not (await self.scripts["queue_push"](keys=keys, args=[1, 1, fingerprint, "", ""]))[0]
 
     async def pop(self, stage: str, count: int, *, pass_on: bool = False) -> list[tuple[str, bytes]] | None:
-        """Take up to ``count`` requests of a stage into this worker's in-flight record: [(id, data)]; fewer than
-        ``count``: the queue is empty now. ``pass_on``: if it may hold more, wake the next idle worker.
+        """Take up to ``count`` requests of a stage, in the queues' order, into this worker's in-flight record:
+        [(id, data)]; fewer than ``count``: the queue is empty now. ``pass_on``: if it may hold more, wake the next
+        idle worker. :attr:`scored_ids` are then the ids taken from the stage's sorted set.
 
         None (nothing popped) if this worker is not registered: the others took it for dead and requeued what it
         had popped; :meth:`beat` first (it says so), then pop."""
-        keys = [self.keys.queue(self._check_stage(stage)), self.inflight_key, self.keys.ids, self.keys.alive]
+        self._check_stage(stage)
+        keys = [self.keys.queue(stage), self.keys.scored(stage), self.inflight_key, self.keys.ids, self.keys.alive]
         keys += [self.keys.in_flight, self.keys.signal(stage), self.keys.due]
         grace_ms = max(1, round(self.work_grace * 1000))
-        reply = await self.scripts["queue_pop"](keys=keys, args=[count, stage, self.worker, int(pass_on), grace_ms])
+        args = [count, stage, self.worker, int(pass_on), grace_ms, self.order]
+        reply = await self.scripts["queue_pop"](keys=keys, args=args)
+        self.scored_ids = set()
         if reply is None:
             return None
-        return [(str(text(i)), bytes(d)) for i, d in zip(reply[::2], reply[1::2], strict=True)]
+        popped = []
+        for raw_id, data, mark in zip(reply[::3], reply[1::3], reply[2::3], strict=True):
+            inflight_id = str(text(raw_id))
+            popped.append((inflight_id, bytes(data)))
+            if str(text(mark)).startswith("{P"):
+                self.scored_ids.add(inflight_id)
+        return popped
 
     async def ack(self, ids: Iterable[str]) -> int:
         """The requests are done (their output is queued): drop them from the in-flight record."""
@@ -302,21 +417,14 @@ class StageQueues:
         return {str(text(w)): int(score) for w, score in pairs}
 
     async def lengths(self) -> dict[str, int]:
-        """Pending requests per stage."""
-        async with self.client.pipeline(transaction=False) as pipe:
-            for key in self._queue_keys():
-                pipe.llen(key)
-            replies = await pipe.execute()
-        return dict(zip(self.stages, (int(n) for n in replies), strict=True))
+        """Pending requests per stage (both parts of each queue)."""
+        return (await self.look())[0]
 
     async def look(self) -> tuple[dict[str, int], int]:
-        """Pending requests per stage, and requests in flight in every worker: one pipeline, no script."""
-        async with self.client.pipeline(transaction=False) as pipe:
-            for key in self._queue_keys():
-                pipe.llen(key)
-            pipe.get(self.keys.in_flight)
-            *lengths, in_flight = await pipe.execute()
-        return dict(zip(self.stages, (int(n) for n in lengths), strict=True)), int(in_flight or 0)
+        """Pending requests per stage (both parts of each queue: LLEN and ZCARD), and requests in flight in every
+        worker: one read-only script (``queue_look``)."""
+        in_flight, *pending = await self.scripts["queue_look"](keys=[self.keys.in_flight, *self._queue_keys()])
+        return dict(zip(self.stages, (int(n) for n in pending), strict=True)), int(in_flight)
 
     async def in_flight(self) -> int:
         """Requests in flight in every worker (popped, not done yet): one GET of the scripts' counter."""
@@ -359,7 +467,7 @@ class StageQueues:
         keys: list[Any] = [self.keys.alive, self.keys.working, self.keys.dupefilter, self.keys.ids]
         keys += [self.keys.in_flight, self.keys.wake, *self._queue_keys(), *self._signal_keys()]
         keys += [self.keys.inflight(w) for w in {*registered, self.worker}]
-        keys += [self.keys.epoch, self.keys.due]
+        keys += [self.keys.epoch, self.keys.due, self.keys.sequence]
         args: list[Any] = [self.worker, self.ttl_ms, *(["finished"] if finished_only else [])]
         return int(await self.scripts["queue_clear"](keys=keys, args=args))
 
@@ -372,9 +480,10 @@ def requeue_now(client: redis.Redis, keys: QueueKeys, worker: str) -> tuple[int,
     A worker that was alive after all learns at its next beat that it was taken for dead and drops what it had taken
     ahead; what it had in progress is fetched twice (at least once, as when the others reap it)."""
     values = client.execute_command("HVALS", keys.inflight(worker), **{NEVER_DECODE: []}) or []
-    stages = sorted({bytes(value).split(b"\n", 1)[0].decode("utf-8", "replace") for value in values})
+    stages = sorted({split_value(bytes(value))[0] for value in values})
     script_keys = [keys.alive, keys.inflight(worker), keys.working, keys.in_flight]
-    script_keys += [*(keys.queue(s) for s in stages), *(keys.signal(s) for s in stages), keys.due]
+    script_keys += [*(keys.queue(s) for s in stages), *(keys.scored(s) for s in stages)]
+    script_keys += [*(keys.signal(s) for s in stages), keys.due]
     script = client.register_script(load_scripts("scrapy_redislock.workers", ("queue_requeue",))["queue_requeue"])
     moved, left = script(keys=script_keys, args=[worker, 0, *stages])
     return int(moved), int(left)

@@ -31,12 +31,22 @@ limit is lowered under the stage's holders, or set to 0 (paused), the newest hol
 ahead, let what is in progress finish, free the slot and take another stage or wait.
 
 Settings read (via :mod:`scrapy_redislock.crawl.settings`): REDISLOCK_WORKER_STAGES (or the spider's ``worker_stages``),
-REDISLOCK_STAGE_PREFERENCE (or the spider's ``stage_preference``), REDISLOCK_IDLE_CLOSE (else scrapy-redis's
-MAX_IDLE_TIME_BEFORE_CLOSE), REDISLOCK_TTL, REDISLOCK_KEY_PREFIX, REDISLOCK_URL; scrapy-redis's SCHEDULER_PERSIST,
-SCHEDULER_FLUSH_ON_START, REDIS_START_URLS_AS_SET / _AS_ZSET, SCHEDULER_SERIALIZER (the request format: by default
-:mod:`~scrapy_redislock.crawl.requestformat`, which cannot run code on load); Scrapy's CONCURRENT_REQUESTS (how many
-requests a worker takes ahead). Stats: ``redislock/workers/<stage>/{enqueued,duplicates,dequeued,taken,lost}``,
-``redislock/workers/{requeued,returned,start_urls,unqueueable,dead_letters,redis_errors,queue_lost}``.
+REDISLOCK_STAGE_PREFERENCE (or the spider's ``stage_preference``), REDISLOCK_IDLE_CLOSE (else the spider's
+``max_idle_time``, else scrapy-redis's MAX_IDLE_TIME_BEFORE_CLOSE: see
+:func:`~scrapy_redislock.workers.policy.idle_close_for`), REDISLOCK_TTL, REDISLOCK_KEY_PREFIX, REDISLOCK_URL;
+scrapy-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START, REDIS_START_URLS_AS_SET / _AS_ZSET, SCHEDULER_SERIALIZER
+(the request format: by default :mod:`~scrapy_redislock.crawl.requestformat`, which cannot run code on load). Read
+here: scrapy-redis's SCHEDULER_QUEUE_CLASS (the order of the stage queues:
+:func:`~scrapy_redislock.workers.queue.queue_order`), Scrapy's CONCURRENT_REQUESTS (how many requests a worker takes
+ahead) and DUPEFILTER_DEBUG (how duplicates are logged, as Scrapy's dupefilter logs them). Stats:
+``redislock/workers/<stage>/{enqueued,duplicates,dequeued,taken,lost}``,
+``redislock/workers/{requeued,returned,start_urls,unqueueable,dead_letters,redis_errors,queue_lost}``, and Scrapy's
+``dupefilter/filtered``.
+
+A duplicate is dropped as Scrapy's and scrapy-redis's schedulers drop one: ``enqueue_request`` returns False (the
+engine sends ``request_dropped``) for a request whose fingerprint this worker already sent to the shared dupefilter
+(the last :data:`KNOWN_FINGERPRINTS` of them are kept in memory); one that only the shared dupefilter knows (another
+worker queued it) is found when the batch reaches Redis, and the scheduler sends ``request_dropped`` itself then.
 
 Redis going away is not an error: an outage or failover is one WARNING per outage and one INFO when Redis answers
 again, every call retried with back-off. Redis coming back *empty* is: the queues' epoch key tells a lost crawl
@@ -61,7 +71,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
-from scrapy import Request
+from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.utils.defer import deferred_from_coro
 
@@ -74,8 +84,16 @@ from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.workers.feed import StartUrlFeed
 from scrapy_redislock.workers.outage import OutageLog
-from scrapy_redislock.workers.policy import StagePolicy, keeps_slot, keeps_streak, liveness, may_reap, next_wake
-from scrapy_redislock.workers.queue import StageQueues, decode, encode
+from scrapy_redislock.workers.policy import (
+    StagePolicy,
+    idle_close_for,
+    keeps_slot,
+    keeps_streak,
+    liveness,
+    may_reap,
+    next_wake,
+)
+from scrapy_redislock.workers.queue import StageQueues, decode, encode, queue_order
 from scrapy_redislock.workers.slots import WorkerSlots
 
 if TYPE_CHECKING:
@@ -92,6 +110,9 @@ PUSH_BATCH = 500  # requests per queue_push call
 EXCERPT = 60  # bytes of an entry that cannot be loaded shown in the log and in the dead-letter note
 BEAT_MARGIN = 0.01  # seconds a blocked wait lasts past the due heartbeat (Redis's timeouts count whole milliseconds)
 WAIT_GRACE = 1.0  # seconds the loop waits past a due heartbeat for the blocked wait to end (a fallback)
+# Fingerprints a worker keeps of what it sent to the shared dupefilter, to drop a duplicate of them at once
+# (enqueue_request returns False); the oldest are forgotten (a duplicate of those is found in Redis instead).
+KNOWN_FINGERPRINTS = 100_000
 
 
 class StageWorkerScheduler(BaseScheduler):
@@ -116,15 +137,22 @@ class StageWorkerScheduler(BaseScheduler):
         self.stages = stages
         self.settings = settings
         self.worker_settings = read_worker_settings(crawler.settings, settings)
+        self.order = queue_order(crawler.settings.get("SCHEDULER_QUEUE_CLASS"))  # of the stage queues
         check_reactor(crawler, "StageWorkerMixin")
-        self.idle_close = self.worker_settings.idle_close
+        self.idle_close = self.worker_settings.idle_close  # open() decides with the spider's max_idle_time
+        self.idle_close_by = "REDISLOCK_IDLE_CLOSE" if settings.idle_close is not None else "MAX_IDLE_TIME_BEFORE_CLOSE"
         self.serializer = self.worker_settings.serializer
         self.locks = WorkerSlots(
             crawler, self.settings, stages, lock_prefix="workers:", stats_prefix="redislock/workers"
         )
         self.locks.on_limit = self._limit_seen
         self.queues = StageQueues(
-            self.locks.client, crawler.spidercls.name, stages, key_prefix=settings.key_prefix, ttl=settings.ttl
+            self.locks.client,
+            crawler.spidercls.name,
+            stages,
+            key_prefix=settings.key_prefix,
+            ttl=settings.ttl,
+            order=self.order,
         )
         self.queues.work_grace = liveness(settings.ttl, working=True).grace  # what a pop promises
         self.worker = self.queues.worker
@@ -142,7 +170,12 @@ class StageWorkerScheduler(BaseScheduler):
         self.start_stages: set[str] = set()  # stages that start URLs from Redis went to
         self.feed: StartUrlFeed | None = None
         self.fed: list[Any] = []  # start-URL entries a blocked wait took, to turn into requests
-        self.outbox: deque[tuple[str, str, bytes]] = deque()  # (stage, fingerprint, request) to queue in Redis
+        # (stage, fingerprint, serialized request, priority, request) to queue in Redis
+        self.outbox: deque[tuple[str, str, bytes, int, Request]] = deque()
+        self.known: dict[bytes, None] = {}  # fingerprints sent to the shared dupefilter, oldest first (bounded)
+        self.dupefilter_debug = crawler.settings.getbool("DUPEFILTER_DEBUG")
+        self.log_dupes = True  # the first duplicate is logged (DEBUG), the others only with DUPEFILTER_DEBUG
+        self.mixed_orders: set[str] = set()  # stages whose sorted set a FIFO or LIFO worker found work in (warned)
         self.flusher: asyncio.Task[Any] | None = None
         self.pushes: set[asyncio.Task[Any]] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -193,6 +226,10 @@ class StageWorkerScheduler(BaseScheduler):
 
     def open(self, spider: Spider) -> Deferred[None]:
         self.spider = spider
+        max_idle_time = getattr(spider, "max_idle_time", None)
+        self.idle_close, self.idle_close_by = idle_close_for(
+            self.settings.idle_close, max_idle_time, self.worker_settings.idle_close
+        )
         return deferred_from_coro(self._open())
 
     async def _open(self) -> None:
@@ -205,12 +242,17 @@ class StageWorkerScheduler(BaseScheduler):
             else:
                 logger.info("SCHEDULER_FLUSH_ON_START: other workers are alive, nothing flushed")
         await self._beat(None)
+        idle = "never" if self.idle_close is None else f"after {self.idle_close:g} s with no work anywhere"
         logger.info(
-            "Worker %s: stages %s (preference %s), queues under %s",
+            "Worker %s: stages %s (preference %s), queues under %s in %s order (SCHEDULER_QUEUE_CLASS); idle close: "
+            "%s (%s)",
             self.worker,
             self.stages,
             self.preference,
             self.queues.keys.base,
+            self.order,
+            idle,
+            self.idle_close_by,
         )
         self.busy_at = time.monotonic()
         self.wakeup = asyncio.Event()
@@ -271,11 +313,19 @@ class StageWorkerScheduler(BaseScheduler):
         return len(self.buffer) + len(self.local)
 
     def enqueue_request(self, request: Request) -> bool:
-        """Queue in Redis (asynchronously: a duplicate is counted in stats, not reported to the engine)."""
+        """Queue in Redis, asynchronously (one script call per batch). False for a duplicate this worker already
+        sent to the shared dupefilter, as Scrapy's and scrapy-redis's schedulers return for one their dupefilter
+        filters (the engine sends ``request_dropped``); a duplicate only Redis knows of is found when the batch
+        reaches it (:meth:`_dropped` sends ``request_dropped`` then)."""
         stage = stage_of(request, self.settings, self.spider)
-        fingerprint = "" if request.dont_filter else self.crawler.request_fingerprinter.fingerprint(request).hex()
+        fingerprint = None if request.dont_filter else self.crawler.request_fingerprinter.fingerprint(request)
+        if fingerprint is not None and fingerprint in self.known:
+            self._filtered(request, stage)
+            return False
+        hex_fingerprint = "" if fingerprint is None else fingerprint.hex()
         if stage is None:
-            self._push_task(self._keep_local(request, fingerprint))
+            self._know(fingerprint)
+            self._push_task(self._keep_local(request, hex_fingerprint))
             return True
         if stage not in self.stages:
             self.stats.inc_value("redislock/workers/unknown_stage")
@@ -287,10 +337,44 @@ class StageWorkerScheduler(BaseScheduler):
             self.stats.inc_value("redislock/workers/unqueueable")
             logger.error("Refused %s: it cannot be queued in Redis: %s", request, exc)
             return False
-        self.outbox.append((stage, fingerprint, data))
+        self._know(fingerprint)
+        self.outbox.append((stage, hex_fingerprint, data, request.priority, request))
         if self.flusher is None:  # one task sends everything enqueued meanwhile, in one script call per batch
             self.flusher = self._push_task(self._flush())
         return True
+
+    def _know(self, fingerprint: bytes | None) -> None:
+        """Remember a fingerprint sent to the shared dupefilter (the newest KNOWN_FINGERPRINTS of them)."""
+        if fingerprint is None:
+            return
+        self.known[fingerprint] = None
+        if len(self.known) > KNOWN_FINGERPRINTS:
+            del self.known[next(iter(self.known))]
+
+    def _filtered(self, request: Request, stage: str | None) -> None:
+        """A duplicate: counted and logged as Scrapy's dupefilter does (``df.log``: the first one at DEBUG, every one
+        with DUPEFILTER_DEBUG), and in the stage's ``duplicates``."""
+        self.stats.inc_value("dupefilter/filtered")
+        self.stats.inc_value(f"redislock/workers/{stage if stage is not None else 'no_stage'}/duplicates")
+        if self.dupefilter_debug:
+            referer = request.headers.get("Referer")
+            logger.debug(
+                "Filtered duplicate request: %(request)s (referer: %(referer)s)",
+                {"request": request, "referer": referer.decode("utf-8", "replace") if referer else None},
+            )
+        elif self.log_dupes:
+            logger.debug(
+                "Filtered duplicate request: %(request)s - no more duplicates will be shown (see DUPEFILTER_DEBUG to "
+                "show all duplicates)",
+                {"request": request},
+            )
+            self.log_dupes = False
+
+    def _dropped(self, request: Request, stage: str | None) -> None:
+        """A duplicate found in Redis after ``enqueue_request`` returned True: filtered, and ``request_dropped`` sent
+        as the engine sends it for a request the scheduler refuses."""
+        self._filtered(request, stage)
+        self.crawler.signals.send_catch_log(signal=signals.request_dropped, request=request, spider=self.spider)
 
     def encode(self, request: Request) -> bytes:
         """The request as its queue stores it (SCHEDULER_SERIALIZER, by default the safe JSON format)."""
@@ -360,15 +444,21 @@ class StageWorkerScheduler(BaseScheduler):
             await asyncio.sleep(0)  # let the rest of a callback's output join this batch
             while self.outbox:
                 batch = [self.outbox.popleft() for _ in range(min(PUSH_BATCH, len(self.outbox)))]
+                entries = [(stage, fingerprint, data, priority) for stage, fingerprint, data, priority, _ in batch]
                 try:
-                    queued = await self._retrying("Queueing requests", lambda b=batch: self.queues.push_many(b))
+                    queued = await self._retrying("Queueing requests", lambda e=entries: self.queues.push_many(e))
                 except redis.exceptions.RedisError as exc:  # not an outage: Redis refused them (e.g. out of memory)
                     self.stats.inc_value("redislock/workers/unqueueable", len(batch))
                     logger.error("Dropped %d requests: Redis refused to queue them (%s)", len(batch), exc)
+                    for _, fingerprint, _, _, _ in batch:  # Redis may not have them: not known duplicates here
+                        self.known.pop(bytes.fromhex(fingerprint), None)
                     continue
-                for (stage, _, _), new in zip(batch, queued, strict=True):
-                    self.stats.inc_value(f"redislock/workers/{stage}/{'enqueued' if new else 'duplicates'}")
-                    if new and stage == self.current and stage in self.empty:
+                for (stage, _, _, _, request), new in zip(batch, queued, strict=True):
+                    if not new:
+                        self._dropped(request, stage)
+                        continue
+                    self.stats.inc_value(f"redislock/workers/{stage}/enqueued")
+                    if stage == self.current and stage in self.empty:
                         self.empty.discard(stage)  # our own stage has work again: pop it when the engine asks
                         self._wake()
         finally:
@@ -376,7 +466,7 @@ class StageWorkerScheduler(BaseScheduler):
 
     async def _keep_local(self, request: Request, fingerprint: str) -> None:
         if fingerprint and await self._retrying("Checking the dupefilter", lambda: self.queues.seen(fingerprint)):
-            self.stats.inc_value("redislock/workers/no_stage/duplicates")
+            self._dropped(request, None)
             return
         self.local.append(request)
         wake_engine(self.crawler)
@@ -821,12 +911,26 @@ class StageWorkerScheduler(BaseScheduler):
         if len(popped) < want:
             self.empty.add(stage)
         self.own += len(popped)
+        scored = self.queues.scored_ids
+        if scored and self.order != "priority" and stage not in self.mixed_orders:
+            self.mixed_orders.add(stage)
+            logger.warning(
+                "Worker %s (SCHEDULER_QUEUE_CLASS in %s order) took %d requests of stage %r from %s: they were queued "
+                "in priority order (scrapy-redis's PriorityQueue, the default), by other workers of this spider or "
+                "before a change of SCHEDULER_QUEUE_CLASS; they are fetched, but give every worker of a spider the "
+                "same SCHEDULER_QUEUE_CLASS",
+                self.worker,
+                self.order.upper(),
+                len(scored),
+                stage,
+                self.queues.keys.scored(stage),
+            )
         unloadable: list[tuple[str, str]] = []
         for inflight_id, data in popped:
             try:
                 request = decode(data, self.serializer, self.spider)
             except Exception as exc:  # whatever the entry made the loader raise: never retried, kept for people
-                unloadable.append((inflight_id, self._dead_letter_note(data, exc)))
+                unloadable.append((inflight_id, self._dead_letter_note(data, exc, inflight_id in scored)))
                 continue
             self.buffer.append((request, inflight_id))
         if unloadable:
@@ -840,9 +944,11 @@ class StageWorkerScheduler(BaseScheduler):
             wake_engine(self.crawler)
         return len(popped)
 
-    def _dead_letter_note(self, data: bytes, exc: Exception) -> str:
-        """Log an entry that cannot be loaded, once; the note that goes with it to the dead-letter list."""
-        queue = self.queues.keys.queue(self.current or "")
+    def _dead_letter_note(self, data: bytes, exc: Exception, scored: bool = False) -> str:
+        """Log an entry that cannot be loaded, once; the note that goes with it to the dead-letter list. ``scored``:
+        it came from the stage's sorted set, not its list."""
+        keys, stage = self.queues.keys, self.current or ""
+        queue = keys.scored(stage) if scored else keys.queue(stage)
         excerpt = repr(data[:EXCERPT]) + ("..." if len(data) > EXCERPT else "")
         error = f"{type(exc).__name__}: {exc}"[:200]
         logger.error(
@@ -903,6 +1009,7 @@ class StageWorkerScheduler(BaseScheduler):
         knew, queued = self._knows_of_work(), sum(self.lengths.values())
         ahead = [request for request, _ in self.buffer]
         self.buffer.clear()
+        self.known.clear()  # the shared dupefilter went with the rest: what this worker sent is no longer there
         for request in ahead:
             self.enqueue_request(request)  # into the new queues (their in-flight record is gone with the rest)
         self.own = 0

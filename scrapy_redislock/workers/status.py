@@ -1,6 +1,7 @@
 """Read-only inspection of the worker mixin's shared state per spider: queues, workers, dead letters.
 
-Each spider is read in one MULTI/EXEC (its keys share a hash tag): queue lengths per stage, and each registered
+Each spider is read in one MULTI/EXEC (its keys share a hash tag): queue lengths per stage (a queue's list, and its
+sorted set where a SCAN found one: requests of another priority than 0), and each registered
 worker's last beat (Redis's clock), the deadline that beat promised for the next one (past it the worker is dead:
 the live ones requeue its requests), stage and requests in flight; and the queues' dead-letter lists
 (:func:`dead_letters`: entries no worker could load, e.g. a payload someone pushed by hand). Nothing here writes to
@@ -17,7 +18,7 @@ from redis.client import NEVER_DECODE
 
 from scrapy_redislock._redis import text
 from scrapy_redislock.lock.status import StageStatus, glob_escape, parse_identity
-from scrapy_redislock.workers.queue import QueueKeys
+from scrapy_redislock.workers.queue import QueueKeys, split_value
 
 DEAD_LETTERS_LISTED = 5  # newest dead letters shown per spider; the count is exact
 
@@ -79,7 +80,8 @@ class SpiderStatus:
 class SpiderKeys:
     """What a SCAN found of one spider's queue keys."""
 
-    queues: set[str] = field(default_factory=set)  # stages with a non-empty queue
+    queues: set[str] = field(default_factory=set)  # stages with a non-empty queue (either part)
+    scored: set[str] = field(default_factory=set)  # stages whose queue has a sorted set (requests of priority != 0)
     inflight: set[str] = field(default_factory=set)  # workers with a non-empty in-flight hash
     registered: bool = False  # an alive zset or working hash exists
 
@@ -92,6 +94,9 @@ def spiders_in(tagged: dict[str, set[str]]) -> dict[str, SpiderKeys]:
         for rest in rests:
             if rest.startswith(":queue:"):
                 keys.queues.add(rest[len(":queue:") :])
+            elif rest.startswith(":pqueue:"):
+                keys.queues.add(rest[len(":pqueue:") :])
+                keys.scored.add(rest[len(":pqueue:") :])
             elif rest.startswith(":inflight:"):
                 keys.inflight.add(rest[len(":inflight:") :])
             elif rest in (":alive", ":working"):
@@ -125,11 +130,11 @@ class DeadLetters:
 
 def _dead_letter(raw: bytes) -> DeadLetter:
     note_line, _, rest = raw.partition(b"\n")
-    stage, _, data = rest.partition(b"\n")
+    stage, _, data = split_value(rest)  # the in-flight value as it was: "<stage><mark>\n<data>"
     note = parse_identity(note_line)
     when = note.get("time")
     return DeadLetter(
-        stage=stage.decode("utf-8", "replace"),
+        stage=stage,
         error=str(note.get("error", "?")),
         worker=str(note.get("worker", "?")),
         time=float(when) if isinstance(when, int | float) and not isinstance(when, bool) else None,
@@ -171,11 +176,17 @@ def spider_status(client: redis.Redis, prefix: str, spider: str, ttl: float, fou
             pipe.hlen(keys.inflight(worker))
         for stage in sorted(found.queues):
             pipe.llen(keys.queue(stage))
+        for stage in sorted(found.scored):
+            pipe.zcard(keys.scored(stage))
         replies = pipe.execute()
     (seconds, micros), beats, dues, working = replies[:4]
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     in_flight = dict(zip(sorted(found.inflight), (int(n) for n in replies[4 : 4 + len(found.inflight)]), strict=True))
-    queues = dict(zip(sorted(found.queues), (int(n) for n in replies[4 + len(found.inflight) :]), strict=True))
+    listed = replies[4 + len(found.inflight) : 4 + len(found.inflight) + len(found.queues)]
+    queues = dict(zip(sorted(found.queues), (int(n) for n in listed), strict=True))
+    scored = replies[4 + len(found.inflight) + len(found.queues) :]
+    for stage, count in zip(sorted(found.scored), scored, strict=True):
+        queues[stage] += int(count)
     due_of = {str(text(name)): int(score) for name, score in dues}
     stage_of = {str(text(k)): str(text(v)) for k, v in (working or {}).items()}
     for stage in stage_of.values():

@@ -153,10 +153,7 @@ def test_request_front_follows_a_sentinel_failover_every_page_once(
         "REDISLOCK_TTL": TTL,
         "CONCURRENT_REQUESTS": 2,  # two waits per process, as StageScheduler's: the crawls share the slots evenly
     }
-    scrapy_redis = {
-        **scrapy_redis_inner(sentinels.url()),
-        "REDISLOCK_PARK_LIMIT": 1000,  # every request parked in memory at once: the Redis queue is empty
-    }
+    scrapy_redis = scrapy_redis_inner(sentinels.url())
     crawls = [
         Crawl(site.url, f"detail:{pages}", {**common, **FRONTS["StageScheduler"]}, tmp_path).start(),
         Crawl(site.url, f"detail@d2:{pages}", {**common, **FRONTS["middleware alone"]}, tmp_path).start(),
@@ -483,7 +480,7 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
         url = "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in nodes.live())
         stages = {"list": 3, "detail": None}  # the test spider's @stage("detail") callback must name a stage
         common = {"REDISLOCK_URL": url, "REDISLOCK_STAGES": stages, "REDISLOCK_TTL": TTL, "CONCURRENT_REQUESTS": 2}
-        scrapy_redis = {**scrapy_redis_inner(url), "REDISLOCK_PARK_LIMIT": 1000}  # its queue drained at once
+        scrapy_redis = scrapy_redis_inner(url)
         crawls = [
             Crawl(site.url, f"list:{pages}", {**common, **FRONTS["StageScheduler"]}, tmp_path).start(),
             Crawl(site.url, f"list@l2:{pages}", {**common, **FRONTS["middleware alone"]}, tmp_path).start(),

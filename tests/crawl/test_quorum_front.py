@@ -104,7 +104,7 @@ def test_the_worker_front_refuses_a_list_of_masters() -> None:
 @pytest.mark.integration
 def test_quorum_permits_flow_through_the_hand_off_and_close_frees_every_master(masters: list[RedisServer]) -> None:
     """L=2 over 3 masters (safe quorum 3): a stage lock is a quorum lock; its permit is handed, taken, passed on to a
-    parked request locally (no Redis command) and released; close frees every grant on every master."""
+    queued request locally (no Redis command) and released; close frees every grant on every master."""
 
     async def scenario() -> None:
         async with front(urls(masters), {"detail": 2}) as f:
@@ -116,14 +116,16 @@ def test_quorum_permits_flow_through_the_hand_off_and_close_frees_every_master(m
             for n in range(3):
                 f.scheduler.enqueue_request(request("detail", n))
             first = await f.next_request()
+            assert f.locks.take(first) is None  # in line: it waits for its slot in the middleware
+            await f.send(first)
             permit = f.locks.take(first)
             assert isinstance(permit, QuorumPermit) and len(permit.grants) == 3
-            assert f.middleware.process_request(first) is None  # its slot came with it
             second = await f.next_request()
+            await f.send(second)
             await until(lambda: held_on(masters) == [2, 2, 2])
             f.middleware.process_response(first, None)  # type: ignore[arg-type]
-            third = await f.next_request()  # the freed slot passed on locally
-            assert f.locks.take(third) is permit
+            third = f.scheduler.next_request()  # the freed slot passed on locally, in the same call
+            assert third is not None and f.locks.take(third) is permit
             assert f.crawler.stats.get_value("redislock/detail/reused") == 1
             assert held_on(masters) == [2, 2, 2]
             f.middleware.process_response(second, None)  # type: ignore[arg-type]

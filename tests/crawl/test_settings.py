@@ -26,7 +26,6 @@ SETTINGS = [
     "REDISLOCK_WAIT_TIMEOUT",
     "REDISLOCK_STAGE_PREFERENCE",
     "REDISLOCK_SCHEDULER_INNER",
-    "REDISLOCK_PARK_LIMIT",
     "REDISLOCK_WAITERS_PER_STAGE",
     "REDISLOCK_LOCAL_REUSE",
     "REDISLOCK_IDLE_CLOSE",
@@ -108,3 +107,8 @@ def test_local_reuse_is_seconds_at_least_zero() -> None:
     for bad in (-1, "soon", True, float("inf"), float("nan")):
         with pytest.raises(ConfigError, match="REDISLOCK_LOCAL_REUSE"):
             read_settings(Settings({"REDISLOCK_LOCAL_REUSE": bad}))
+
+
+def test_a_removed_setting_is_named_with_why() -> None:
+    with pytest.raises(ConfigError, match=r"REDISLOCK_PARK_LIMIT was removed: StageScheduler no longer parks"):
+        read_settings(Settings({"REDISLOCK_PARK_LIMIT": 1000}))

@@ -1,5 +1,5 @@
 """A slot that is no longer held under a valid lease never goes out with a request (in-process, a real Redis): one
-lost while it waited in StageScheduler's ready queue (an operator reset), one whose lease ran out while this
+lost while StageScheduler kept it for a queued request (an operator reset), one whose lease ran out while this
 process could not renew it (a partition: another process gets the slot), one lost between the scheduler and the
 middleware, one lost while its request waited for its key slot. Each is dropped, counted as
 ``redislock/<stage>/unusable``, and its request waits for a fresh slot."""
@@ -30,37 +30,42 @@ def reset(client: redis.Redis, stage: str) -> None:
     drive(reset_lock(LockKeys.of("redislock", stage)), CommandRunner(client), stage)
 
 
-async def parked_with_a_ready_slot(f: Front) -> tuple[Request, Permit]:
-    """A request parked in StageScheduler whose slot waits in the ready queue (the engine has not asked yet)."""
+async def queued_with_a_ready_slot(f: Front) -> tuple[Request, Permit]:
+    """A request queued in StageScheduler with a slot in hand for it (passed on by a finished request of the same
+    stage; the engine has not asked yet)."""
     assert f.scheduler is not None
-    parked = request("detail", 1)
-    f.scheduler.enqueue_request(parked)
-    assert f.scheduler.next_request() is None
-    await until(lambda: len(f.scheduler.ready["detail"]) == 1)
-    permit = f.scheduler.ready["detail"][0]
+    first, queued = request("detail", 0), request("detail", 1)
+    f.scheduler.enqueue_request(first)
+    assert f.scheduler.next_request() is first
+    await f.send(first)
+    f.scheduler.enqueue_request(queued)
+    f.middleware.request_left(first, f.crawler.spider)  # done: its slot is kept for the queued request
+    f.active.discard(first)
+    (permit,) = f.scheduler.ready["detail"]
     assert isinstance(permit, Permit)
-    return parked, permit
+    return queued, permit
 
 
-def goes_out_with_a_fresh_slot(f: Front, client: redis.Redis, sent: Request, old: Permit) -> Permit:
+async def goes_out_with_a_fresh_slot(f: Front, client: redis.Redis, sent: Request, old: Permit) -> Permit:
+    assert f.locks.take(sent) is None  # the unusable slot was dropped: it goes in line, without one
+    await asyncio.wait_for(f.send(sent), 20)
     fresh = f.locks.take(sent)
     assert isinstance(fresh, Permit) and fresh is not old
     assert fresh.usable(time.monotonic())
     assert held(client, "detail") == [fresh.grant]
-    assert f.middleware.process_request(sent) is None  # it came with its slot: nothing to wait for
     return fresh
 
 
 def test_a_slot_lost_in_the_ready_queue_is_not_handed_out(redis_url: str, redis_client: redis.Redis) -> None:
     async def scenario() -> None:
-        async with front(redis_url, {"detail": 1}) as f:
+        async with front(redis_url, {"detail": 1}, REDISLOCK_LOCAL_REUSE=30) as f:
             assert f.scheduler is not None
-            parked, permit = await parked_with_a_ready_slot(f)
+            queued, permit = await queued_with_a_ready_slot(f)
             reset(redis_client, "detail")
             await until(lambda: permit.lost)  # the renewal loop found it gone
-            sent = await f.next_request()
-            assert sent is parked
-            goes_out_with_a_fresh_slot(f, redis_client, sent, permit)
+            sent = f.scheduler.next_request()
+            assert sent is queued
+            await goes_out_with_a_fresh_slot(f, redis_client, sent, permit)
             stats = f.crawler.stats
             assert stats.get_value("redislock/detail/lost") == 1
             assert stats.get_value("redislock/detail/unusable") == 1
@@ -75,9 +80,9 @@ def test_a_ready_slot_past_its_lease_is_not_handed_out(redis_url: str, redis_cli
     process cannot know it is lost, but its clock says the lease is over."""
 
     async def scenario() -> None:
-        async with front(redis_url, {"detail": 1}) as f:
+        async with front(redis_url, {"detail": 1}, REDISLOCK_LOCAL_REUSE=30) as f:
             assert f.scheduler is not None
-            parked, permit = await parked_with_a_ready_slot(f)
+            queued, permit = await queued_with_a_ready_slot(f)
             lock = f.locks.locks["detail"]
 
             async def cut_off() -> list[Permit]:
@@ -88,14 +93,13 @@ def test_a_ready_slot_past_its_lease_is_not_handed_out(redis_url: str, redis_cli
             try:
                 rival_permit = await asyncio.to_thread(rival.acquire, 20)
                 assert not permit.usable(time.monotonic())
-                assert f.scheduler.next_request() is None  # the rival holds the only slot
+                sent = f.scheduler.next_request()
+                assert sent is queued and f.locks.take(sent) is None  # the stale slot stays here; it waits in line
                 del lock.maintain  # reachable again
                 assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
                 assert held(redis_client, "detail") == [rival_permit.grant]
                 await asyncio.to_thread(rival.release, rival_permit)
-                sent = await f.next_request()
-                assert sent is parked
-                goes_out_with_a_fresh_slot(f, redis_client, sent, permit)
+                await goes_out_with_a_fresh_slot(f, redis_client, sent, permit)
                 f.middleware.process_response(sent, Response(sent.url, request=sent))
             finally:
                 rival.close()

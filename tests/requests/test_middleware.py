@@ -85,8 +85,10 @@ def test_slot_released_on_every_outcome(
     assert sum(n for path, n in site.hits.items() if path.startswith("/detail/")) == 12
     assert sum(n for path, n in site.hits.items() if path.startswith("/slow/")) == 6  # each timed out twice
     reached = 12 + 6 + 4  # everything that got to the middleware: plain, slow and retried, late outcomes
-    early = 0 if scheduler is None else 4  # the scheduler hands those out with a slot too
-    assert stats["redislock/detail/acquired"] == reached + early
+    # With the scheduler, those dropped or answered before our middleware took a slot only when they left the
+    # scheduler with one in hand (a slot passed on by a finished request); the others went in line without one.
+    early = 0 if scheduler is None else 4
+    assert reached <= stats["redislock/detail/acquired"] <= reached + early
     assert stats["test/pending_at_engine_stop"] == 0
     assert leftover(redis_client) == 0
 
@@ -138,10 +140,14 @@ def test_killed_crawler_slots_return_after_the_ttl(
     victim.wait()
     killed = time.monotonic()
     before = site.count("detail")
-    survivor = Crawl(site.url, "detail:5", settings(redis_url, **extra), tmp_path).run()
+    survivor = Crawl(site.url, "detail:5", settings(redis_url, **extra), tmp_path).start()
+    assert survivor.wait_for_output("Stage slots in Redis at")
+    ready = time.monotonic()  # its start-up took this long (seconds on a busy machine)
+    survivor.wait()
     assert survivor.stats["finish_reason"] == "finished", survivor.tail()
     first_after = site.arrivals["detail"][before]
-    assert first_after - killed < 1.5 + 0.5 + 5  # ttl + renew interval, + the survivor's start-up
+    # The dead crawler's slots come back after the ttl + a renew interval; the survivor asks once it is up.
+    assert first_after - max(killed + 1.5 + 0.5, ready) < 3.0
     assert leftover(redis_client) == 0
 
 

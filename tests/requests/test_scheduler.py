@@ -50,9 +50,7 @@ def test_no_head_of_line_blocking(redis_url: str, redis_client: redis.Redis, sit
     first_comment = min(site.arrivals["comments"]) - min(site.arrivals["detail"])
     assert first_comment < 1.0, first_comment  # not after the details (300 / 3 * 50 ms = 5 s)
     assert stats["redislock/detail/acquired"] == 300
-    assert stats["redislock/detail/parked_max"] > 200
-    assert stats["redislock/detail/wait_time_max"] > 1.0
-    assert waiting_seen > 50  # the parked requests, published at each renewal for the status CLI
+    assert waiting_seen > 100, waiting_seen  # queued detail requests are reported as waiting (the status CLI)
     assert stats["test/pending_at_engine_stop"] == 0  # freed before the spider_closed handlers finished
     assert leftover(redis_client) == 0
 
@@ -60,8 +58,8 @@ def test_no_head_of_line_blocking(redis_url: str, redis_client: redis.Redis, sit
 def test_scrapy_redis_as_the_inner_scheduler(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """The same over scrapy-redis's scheduler (its queue in Redis); with SCHEDULER_PERSIST the requests parked
-    when the spider closes go back to the shared queue, so none is lost."""
+    """The same over scrapy-redis's scheduler (its queue in Redis); with SCHEDULER_PERSIST the requests not fetched
+    when the spider closes are still in the shared queue (they never left it), so none is lost."""
     extra = {
         "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
         "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",  # scrapy-redis needs its own
@@ -82,7 +80,8 @@ def test_scrapy_redis_as_the_inner_scheduler(
     assert crawl.stats["finish_reason"] == "closespider_timeout", crawl.tail()
     fetched = sum(site.hits.values())
     assert 0 < fetched < 100
-    assert redis_client.zcard("plan:requests") == 100 - fetched  # parked requests went back to the queue
+    # What was not fetched stayed in the shared queue: the spider's key, and one key per capped stage next to it.
+    assert sum(redis_client.zcard(key) for key in redis_client.scan_iter("plan:requests*")) == 100 - fetched
     assert leftover(redis_client) == 0
 
 
@@ -100,7 +99,7 @@ def test_caps_hold_across_processes(redis_url: str, redis_client: redis.Redis, s
 def test_slot_freed_by_another_process_is_used_at_once(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """A crawl whose requests are parked waits in Redis; each slot an outsider frees reaches the server at once."""
+    """A crawl whose requests are queued waits in Redis; each slot an outsider frees reaches the server at once."""
     site.delay = 2.0  # the crawl's own requests do not finish (and free slots) during the measurement
     outsider = CountingLock(redis_client, "detail", limit=3, auto_renew=True)
     held = [outsider.acquire() for _ in range(3)]
@@ -129,8 +128,8 @@ def test_slot_freed_by_another_process_is_used_at_once(
 def test_wait_timeout_fails_waiting_requests_promptly(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """REDISLOCK_WAIT_TIMEOUT: requests that waited that long fail with AcquireTimeout, in the scheduler (parked)
-    and in the middleware alone, at the deadline rather than at the engine's next heartbeat."""
+    """REDISLOCK_WAIT_TIMEOUT: requests that waited that long for a slot fail with AcquireTimeout, with StageScheduler
+    (in line) and with the middleware alone, at the deadline rather than at the engine's next heartbeat."""
     site.delay = 3.0
     extra = {"REDISLOCK_STAGES": {"detail": 1}, "REDISLOCK_WAIT_TIMEOUT": 1.0}
     crawls = {

@@ -1,6 +1,7 @@
-"""StageScheduler in-process (scrapy.utils.test.get_crawler, a real Redis, no crawl): parking, the slot handed to
-the middleware with the request, the local hand-off of a freed slot and its fairness bound, and the waiter-set hang.
-The real crawls are in test_scheduler.py."""
+"""StageScheduler in-process (scrapy.utils.test.get_crawler, a real Redis, no crawl): capped requests stay in the
+inner scheduler, in its order, until they can go; at most REDISLOCK_WAITERS_PER_STAGE per stage wait in line in the
+middleware; the local hand-off of a freed slot and its fairness bound; scrapy-redis's queue stays shared and is not
+polled while empty. The real crawls are in test_scheduler.py."""
 
 from __future__ import annotations
 
@@ -8,15 +9,16 @@ import ast
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 import redis.asyncio
+from scrapy import Request
 
 from scrapy_redislock import AsyncCountingLock
-from scrapy_redislock.errors import AcquireTimeout
 from scrapy_redislock.lock.core import Permit
-from scrapy_redislock.requests import scheduler as scheduler_module
+from scrapy_redislock.requests import stagequeue
 from testing.crawlproc import leftover
 from testing.inprocess import front, held, request, until
 
@@ -32,39 +34,98 @@ def test_the_scheduler_does_not_import_the_middleware() -> None:
     assert not any("engine_scheduler" in line for line in (PACKAGE / "requests" / "middleware.py").open())
 
 
-def test_uncapped_go_at_once_capped_go_with_their_slot(redis_url: str, redis_client: redis.Redis) -> None:
+def prioritized(stage: str | None, n: int, priority: int) -> Request:
+    r = request(stage, n)
+    return r.replace(priority=priority)
+
+
+def test_capped_requests_wait_in_the_scheduler_in_its_order(redis_url: str, redis_client: redis.Redis) -> None:
+    """A full stage's requests stay queued (pending, counted by len) while other stages' go past them; the one in
+    line waits in the middleware; the next leaves only when it has got its slot; priority order throughout."""
+
     async def scenario() -> None:
-        async with front(redis_url, {"detail": 1, "comments": None}) as f:
-            assert f.scheduler is not None
-            first, second, free = request("detail", 1), request("detail", 2), request("comments", 1)
-            for r in (first, second, free):
-                f.scheduler.enqueue_request(r)
-            assert f.scheduler.next_request() is free  # the capped ones are parked meanwhile
-            assert await f.next_request() is first
-            permit = f.locks.take(first)
-            assert isinstance(permit, Permit)
-            assert held(redis_client, "detail") == [permit.grant]
-            assert f.scheduler.has_pending_requests() and f.scheduler.next_request() is None  # cap 1
-            assert f.middleware.process_request(first) is None  # it came with its slot: nothing to wait for
-            f.middleware.process_response(first, None)  # type: ignore[arg-type]
-            assert await f.next_request() is second
-            assert f.crawler.stats.get_value("redislock/detail/acquired") == 2
+        async with front(redis_url, {"detail": 1, "comments": None}, REDISLOCK_WAITERS_PER_STAGE=1) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            d0, d1, free, urgent = request("detail", 0), request("detail", 1), request(None, 0), None
+            for r in (d0, d1, free):
+                scheduler.enqueue_request(r)
+            urgent = prioritized("detail", 2, 5)
+            scheduler.enqueue_request(urgent)
+            assert scheduler.next_request() is urgent  # the highest priority, in line without a slot
+            assert f.locks.take(urgent) is None
+            first = f.send(urgent)
+            assert scheduler.next_request() is free  # detail has one in line: the uncapped request goes past
+            assert scheduler.next_request() is None
+            assert scheduler.has_pending_requests() and len(scheduler) == 2
+            await until(first.done)  # the one in line got its slot: the next may go in line
+            permit = f.locks.take(urgent)
+            assert isinstance(permit, Permit) and held(redis_client, "detail") == [permit.grant]
+            assert scheduler.next_request() is d0
+            second = f.send(d0)
+            assert scheduler.next_request() is None  # cap 1: d0 waits in Redis's line, d1 in the scheduler
+            f.middleware.process_response(urgent, None)  # type: ignore[arg-type]
+            f.active.discard(urgent)
+            await until(second.done)  # through Redis: d0 was first in line, the slot was not passed past it
+            again = f.locks.take(d0)
+            assert isinstance(again, Permit) and again.fence > permit.fence
+            assert f.crawler.stats.get_value("redislock/detail/reused") is None
+            assert scheduler.next_request() is d1
+            f.middleware.process_response(d0, None)  # type: ignore[arg-type]
+            f.active.discard(d0)
+            await f.send(d1)
+            f.middleware.process_response(d1, None)  # type: ignore[arg-type]
+            assert not scheduler.has_pending_requests()
+            assert f.crawler.stats.get_value("scheduler/enqueued") == 4  # each request counted once
+            assert f.crawler.stats.get_value("scheduler/dequeued") == 4
 
     asyncio.run(scenario())
 
 
-def test_a_freed_slot_goes_to_the_next_parked_request_in_the_same_call(
+def test_priority_order_within_and_across_stages(redis_url: str) -> None:
+    """A cap that never binds changes nothing in the order: priority first, across stages too; equal priorities in
+    the queue's order (FIFO here)."""
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 64, "comments": 64}, REDISLOCK_WAITERS_PER_STAGE=8) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            wanted = [
+                prioritized("detail", 0, 0),
+                prioritized("comments", 1, 3),
+                prioritized("detail", 2, 0),
+                prioritized("detail", 3, 7),
+                prioritized("comments", 4, 0),
+                prioritized(None, 5, 5),
+            ]
+            for r in wanted:
+                scheduler.enqueue_request(r)
+            order = []
+            while (r := scheduler.next_request()) is not None:
+                order.append(int(r.url.rsplit("/", 1)[1]))
+                f.send(r)
+            assert order == [3, 5, 1, 0, 2, 4]
+            await until(lambda: len(f.locks.holding()) == 5)
+            for r in list(f.locks.holding()):
+                f.middleware.process_response(r, None)  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+
+
+def test_a_freed_slot_goes_to_the_next_queued_request_in_the_same_call(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
     """No await between the finish and the next request: no Redis round trip; the grant (and fence) stay."""
 
     async def scenario() -> None:
-        async with front(redis_url, {"detail": 1}, REDISLOCK_LOCAL_REUSE=30) as f:
+        async with front(redis_url, {"detail": 1}, REDISLOCK_LOCAL_REUSE=30, REDISLOCK_WAITERS_PER_STAGE=1) as f:
             assert f.scheduler is not None
             requests = [request("detail", n) for n in range(4)]
             for r in requests:
                 f.scheduler.enqueue_request(r)
-            current = await f.next_request()
+            current = f.scheduler.next_request()
+            assert current is requests[0]
+            await f.send(current)
             permit = f.locks.take(current)
             assert isinstance(permit, Permit)
             for expected in requests[1:]:
@@ -87,11 +148,15 @@ def test_without_local_reuse_every_slot_goes_back_to_redis(redis_url: str, redis
             assert f.scheduler is not None
             for n in range(2):
                 f.scheduler.enqueue_request(request("detail", n))
-            first = await f.next_request()
+            first = f.scheduler.next_request()
+            assert first is not None
+            await f.send(first)
             grant = f.locks.take(first)
             f.middleware.request_left(first, f.crawler.spider)
-            assert f.scheduler.next_request() is None  # not in the same call: the slot went to Redis
-            second = await f.next_request()
+            f.active.discard(first)
+            second = f.scheduler.next_request()
+            assert second is not None and f.locks.take(second) is None  # no slot in hand: it waits in line
+            await f.send(second)
             again = f.locks.take(second)
             assert isinstance(grant, Permit) and isinstance(again, Permit) and again.fence > grant.fence
             assert f.crawler.stats.get_value("redislock/detail/reused") is None
@@ -108,7 +173,9 @@ def test_past_the_reuse_bound_a_waiting_process_gets_the_slot(redis_url: str, re
         async with front(redis_url, {"detail": 1}, REDISLOCK_LOCAL_REUSE=bound) as f:
             assert f.scheduler is not None
             f.scheduler.enqueue_request(request("detail", 0))
-            current = await f.next_request()
+            current = f.scheduler.next_request()
+            assert current is not None
+            await f.send(current)
             permit = f.locks.take(current)
             assert isinstance(permit, Permit)
             other_client = redis.asyncio.Redis.from_url(redis_url)
@@ -118,19 +185,22 @@ def test_past_the_reuse_bound_a_waiting_process_gets_the_slot(redis_url: str, re
                 await until(lambda: blocked_waits(redis_client) == 1)  # the other is first in Redis's line
                 for n in range(1, 4):
                     f.scheduler.enqueue_request(request("detail", n))
-                assert f.scheduler.next_request() is None  # parked; their waiters queue behind the other
                 f.middleware.request_left(current, f.crawler.spider)
+                f.active.discard(current)
                 current = f.scheduler.next_request()
                 assert current is not None and f.locks.take(current) is permit  # young: passed on locally
                 assert not other_wait.done()
                 await until(lambda: time.monotonic() - permit.acquired_at > bound)
                 f.middleware.request_left(current, f.crawler.spider)
-                assert f.scheduler.next_request() is None  # old: back to Redis's line, where the other is first
-                theirs = await asyncio.wait_for(other_wait, 10)
+                f.active.discard(current)
+                theirs = await asyncio.wait_for(other_wait, 10)  # old: back to Redis's line, where the other is first
                 assert theirs.fence > permit.fence
-                assert f.scheduler.next_request() is None
+                third = f.scheduler.next_request()
+                assert third is not None and third.url.endswith("/detail/2") and f.locks.take(third) is None
+                waiting = f.send(third)
                 await other.release(theirs)
-                assert (await f.next_request()).url.endswith("/detail/2")
+                await asyncio.wait_for(waiting, 10)
+                f.middleware.process_response(third, None)  # type: ignore[arg-type]
             finally:
                 await other.aclose()
                 await other_client.aclose()
@@ -143,82 +213,59 @@ def blocked_waits(client: redis.Redis) -> int:
     return sum(1 for c in client.client_list() if c.get("cmd") == "xreadgroup" and "b" in c.get("flags", ""))
 
 
-def test_a_finished_waiter_still_in_the_waiter_set_does_not_count(redis_url: str, redis_client: redis.Redis) -> None:
-    """The hang fixed in cfbf5bc: a waiter task that has finished stays in the set until its done callback runs (a
-    loop iteration later); a request parked in between must still get a waiter, or it waits for ever with the slot
-    free. Here the finished task sits in the set for good: counting it would hang this test."""
-
-    async def scenario() -> None:
-        async with front(redis_url, {"detail": 1}, REDISLOCK_WAITERS_PER_STAGE=1) as f:
-            assert f.scheduler is not None
-            finished = asyncio.ensure_future(asyncio.sleep(0))
-            await finished
-            f.scheduler.waiters["detail"].add(finished)
-            f.scheduler.enqueue_request(request("detail", 1))
-            assert f.scheduler.next_request() is None  # parked; a live waiter must have been started beside it
-            assert f.scheduler._live_waiters("detail") == 1
-            r = await f.next_request(timeout=5)
-            f.middleware.process_response(r, None)  # type: ignore[arg-type]
-
-    asyncio.run(scenario())
-
-
-def test_a_wait_timeout_is_handed_to_the_middleware_once(redis_url: str, redis_client: redis.Redis) -> None:
-    async def scenario() -> None:
-        async with front(redis_url, {"detail": 1}, REDISLOCK_WAIT_TIMEOUT=0.2) as f:
-            assert f.scheduler is not None
-            f.scheduler.enqueue_request(request("detail", 0))
-            holder = await f.next_request()
-            f.scheduler.enqueue_request(request("detail", 1))
-            late = await f.next_request()
-            with pytest.raises(AcquireTimeout):
-                f.middleware.process_request(late)
-            assert late.meta["dont_retry"] is True
-            assert f.crawler.stats.get_value("redislock/detail/timeouts") == 1
-            f.middleware.process_response(holder, None)  # type: ignore[arg-type]
-            await until(lambda: leftover(redis_client) == 0)
-
-    asyncio.run(scenario())
-
-
-def test_an_empty_inner_scheduler_is_asked_again_only_after_a_pause(
-    redis_url: str, monkeypatch: pytest.MonkeyPatch
+def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
+    redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An engine busy with other requests asks at every finished download; scrapy-redis's queue would answer each ask
-    with a Redis command. After an empty answer the inner scheduler is left alone for a pause that doubles while it
-    stays empty, the engine is woken at the pause's end if it asked meanwhile, and a request enqueued by this
-    process ends the pause at once."""
+    """Over scrapy-redis's scheduler, a process takes from the shared queue only what can go (the rest stays in
+    Redis, split by stage); an empty sub-queue is not asked again for a pause that doubles while it stays empty, the
+    engine is woken at the pause's end if it asked meanwhile, and a request this process pushes ends the pause."""
 
     pause = 1.0  # long enough that a busy machine's stall cannot end it between two asks of the test
-    monkeypatch.setattr(scheduler_module, "EMPTY_PAUSE", pause)
-    monkeypatch.setattr(scheduler_module, "EMPTY_PAUSE_MOST", 10 * pause)
+    monkeypatch.setattr(stagequeue, "EMPTY_PAUSE", pause)
+    monkeypatch.setattr(stagequeue, "EMPTY_PAUSE_MOST", 10 * pause)
+    shared = {
+        "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
+        "REDIS_URL": redis_url,
+        "SCHEDULER_PERSIST": False,
+        "REDISLOCK_WAITERS_PER_STAGE": 1,
+    }
 
     async def scenario() -> None:
-        async with front(redis_url, {"detail": 1, "comments": None}) as f:
+        async with front(redis_url, {"detail": 1, "comments": None}, **shared) as f:
             scheduler = f.scheduler
-            assert scheduler is not None
-            asks = 0
-            inner_next = scheduler.inner.next_request
+            assert scheduler is not None and scheduler.shared is not None
+            for n in range(5):
+                scheduler.enqueue_request(request("detail", n))
+            assert redis_client.zcard("unit:requests:detail") == 5
+            first = scheduler.next_request()
+            assert first is not None and first.url.endswith("/detail/0")
+            waiting = f.send(first)
+            assert scheduler.next_request() is None  # the rest stays in Redis for every process to take
+            assert redis_client.zcard("unit:requests:detail") == 4
+            await waiting
+            asks = {"n": 0}
+            base = scheduler.shared.queues[None]
+            pop = base.pop
 
-            def counted() -> object:
-                nonlocal asks
-                asks += 1
-                return inner_next()
+            def counted(timeout: float = 0) -> Any:
+                asks["n"] += 1
+                return pop(timeout)
 
-            scheduler.inner.next_request = counted
-            assert scheduler.next_request() is None
-            assert asks == 1 and scheduler._wake_after_pause is None
-            for _ in range(50):  # the engine asks again and again: the inner scheduler is not asked
+            base.pop = counted
+            second = scheduler.next_request()  # detail may go (nothing in line): the next comes from Redis
+            assert second is not None and second.url.endswith("/detail/1")
+            assert asks["n"] in (0, 1)  # the spider's own key is asked at most once before detail's
+            f.send(second)
+            asked = asks["n"]
+            for _ in range(50):  # the engine asks again and again: the empty key is not asked meanwhile
                 assert scheduler.next_request() is None
-            assert asks == 1
-            assert scheduler._wake_after_pause is not None  # the engine asked during the pause: woken at its end
-            await until(lambda: scheduler._wake_after_pause is None)
-            assert scheduler.next_request() is None
-            assert asks == 2  # after the pause: asked once more, and the next pause is twice as long
-            assert scheduler._ask_inner_at - time.monotonic() > pause
-            free = request("comments", 1)
+            assert asks["n"] <= asked + 1
+            await until(lambda: scheduler._wake_handle is None, timeout=10 * pause)  # woken at the pause's end
+            free = request(None, 1)
             scheduler.enqueue_request(free)
-            assert scheduler.next_request() is free  # this process's own request ends the pause
-            assert asks == 3
+            again = scheduler.next_request()  # this process's own push ends the pause
+            assert again is not None and again.url == free.url
+            for r in list(f.locks.holding()):
+                f.middleware.process_response(r, None)  # type: ignore[arg-type]
 
     asyncio.run(scenario())

@@ -324,6 +324,7 @@ class BadCap(StagedSpider):
         (BadCap, {}, "REDISLOCK_WORKER_STAGES['a'] must be an integer >= 0 or None"),
         (NoStages, {"REDISLOCK_WORKER_STAGES": {"a": 1}, "REDISLOCK_IDLE_CLOSE": "soon"}, "REDISLOCK_IDLE_CLOSE"),
         (NoStages, {"REDISLOCK_WORKER_STAGES": {"a": 1}, "MAX_IDLE_TIME_BEFORE_CLOSE": "x"}, "MAX_IDLE_TIME"),
+        (NoStages, {"REDISLOCK_WORKER_STAGES": {"a": 1}, "SCHEDULER_QUEUE_CLASS": "x.Y"}, "QUEUE_CLASS = 'x.Y'"),
     ],
 )
 def test_bad_configuration_is_refused_with_the_setting_named(

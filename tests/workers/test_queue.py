@@ -14,8 +14,10 @@ from scrapy.utils.test import get_crawler
 from scrapy_redis.queue import FifoQueue
 
 from scrapy_redislock.crawl import requestformat
-from scrapy_redislock.workers.queue import QueueKeys, StageQueues
+from scrapy_redislock.errors import ConfigError
+from scrapy_redislock.workers.queue import QueueKeys, StageQueues, queue_order, queued, requeue_now
 from scrapy_redislock.workers.scheduler import StageWorkerScheduler
+from scrapy_redislock.workers.status import dead_letters, spider_status, spiders_in
 from testing.spiders.workerspider import StagedSpider
 
 pytestmark = pytest.mark.integration
@@ -416,3 +418,295 @@ def test_clear_deletes_the_records_of_10000_registered_workers(redis_url: str, r
         assert redis_client.keys("redislock:{shop}:*") == []
 
     run(redis_url, scenario)
+
+
+# -- the order of a stage queue: scrapy-redis's SCHEDULER_QUEUE_CLASS (issue 27, item 6) ----------------------------
+
+ORDERS = ["priority", "fifo", "lifo"]
+# (name, priority) in push order; pushed in two calls, so that ties span calls too.
+PUSHED = [("a0", 0), ("b5", 5), ("c-5", -5), ("d5", 5), ("e0", 0), ("f10", 10), ("g-5", -5), ("h0", 0)]
+EXPECTED = {
+    # scrapy-redis's PriorityQueue: higher priority first (score -priority); equal priorities in push order.
+    "priority": ["f10", "b5", "d5", "a0", "e0", "h0", "c-5", "g-5"],
+    "fifo": [name for name, _ in PUSHED],  # FifoQueue ignores priorities
+    "lifo": [name for name, _ in reversed(PUSHED)],  # LifoQueue too
+}
+
+
+async def push_pushed(queues: StageQueues, stage: str = "detail") -> None:
+    entries = [(stage, "", name.encode(), priority) for name, priority in PUSHED]
+    await queues.push_many(entries[:3])
+    await queues.push_many(entries[3:])
+
+
+def names(popped: list[tuple[str, bytes]] | None) -> list[str]:
+    return [data.decode() for _, data in popped or []]
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_each_order_pops_as_its_scrapy_redis_queue_and_counts_both_parts(
+    redis_url: str, redis_client: redis.Redis, order: str
+) -> None:
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a = worker("a")
+        a.order = order
+        await a.beat("detail")
+        await push_pushed(a)
+        assert await a.lengths() == {"list": 0, "detail": 8, "comments": 0}
+        assert (await a.look())[0]["detail"] == 8
+        popped = names(await a.pop("detail", 3)) + names(await a.pop("detail", 10))
+        assert popped == EXPECTED[order]
+        assert await a.in_flight() == 8 and await a.lengths() == {"list": 0, "detail": 0, "comments": 0}
+
+    run(redis_url, scenario)
+    keys = QueueKeys.of("redislock", "shop")
+    if order == "priority":  # the sorted set holds scrapy-redis's scores; priority 0 stays in the list
+        assert int(redis_client.get(keys.sequence)) == 5  # one order number per request of priority != 0
+
+
+def test_priority_order_keeps_priority_0_in_the_list_and_scores_the_rest_as_scrapy_redis(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        await push_pushed(worker("a"))
+
+    run(redis_url, scenario)
+    keys = QueueKeys.of("redislock", "shop")
+    assert redis_client.lrange(keys.queue("detail"), 0, -1) == [b"h0", b"e0", b"a0"]  # FifoQueue's orientation
+    scored = redis_client.zrange(keys.scored("detail"), 0, -1, withscores=True)
+    assert [(member[16:], score) for member, score in scored] == [
+        (b"f10", -10.0), (b"b5", -5.0), (b"d5", -5.0), (b"c-5", 5.0), (b"g-5", 5.0),
+    ]  # fmt: skip
+    assert all(member[:16].isdigit() for member, _ in scored)  # the order number: ties in push order
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("how", ["give_back", "reclaim", "reap", "leave", "requeue_now"])
+def test_requests_given_back_return_to_their_own_place_in_every_order(
+    redis_url: str, redis_client: redis.Redis, order: str, how: str
+) -> None:
+    """Whatever puts popped requests back (a lost slot, a lost reply, a dead worker, a close, an operator's requeue),
+    they are popped again exactly as if they had never left: the order is not disturbed, nothing is lost or doubled,
+    and the in-flight counter counts what is left."""
+
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a, other = worker("a", ttl=0.2 if how == "reap" else 30.0), worker("other")
+        a.order = other.order = order
+        await a.beat("detail")
+        await other.beat("detail")
+        await push_pushed(a)
+        first = await a.pop("detail", 2)
+        taken = await a.pop("detail", 3)
+        assert names(first) + names(taken) == EXPECTED[order][:5]
+        assert await a.ack([i for i, _ in first]) == 2
+        if how == "give_back":
+            assert await a.give_back([i for i, _ in taken]) == 3
+        elif how == "reclaim":
+            assert await a.reclaim([]) == 3
+        elif how == "reap":
+            await asyncio.sleep(0.3)
+            await other.beat("detail")
+            assert await other.reap() == {"a": 3}
+        elif how == "leave":
+            assert await a.leave() == 3
+        else:
+            sync = redis.Redis.from_url(redis_url)
+            try:
+                assert requeue_now(sync, a.keys, "a") == (3, 0)
+            finally:
+                sync.close()
+        assert await a.in_flight() == 0 and redis_client.exists(a.inflight_key) == 0
+        assert names(await other.pop("detail", 10)) == EXPECTED[order][2:]
+
+    run(redis_url, scenario)
+
+
+def test_a_stage_that_goes_from_empty_to_non_empty_in_either_part_gets_one_token(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a = worker("a")
+        await a.beat("detail")
+        signal = a.keys.signal("detail")
+        await a.push("detail", "", b"p5", priority=5)  # the sorted set: the stage was empty
+        assert redis_client.lrange(signal, 0, -1) == [b"1"]
+        redis_client.delete(signal)
+        await a.push("detail", "", b"p0")  # the list goes 0 -> 1, but the stage was not empty: no token
+        await a.push("detail", "", b"q5", priority=5)
+        assert redis_client.llen(signal) == 0
+        popped = await a.pop("detail", 3)
+        assert names(popped) == ["p5", "q5", "p0"]
+        await a.give_back([i for i, _ in popped])  # back into an empty stage: an idle worker is told
+        assert redis_client.lrange(signal, 0, -1) == [b"1"]
+        redis_client.delete(signal)
+        assert await a.give_back([]) == 0
+        popped = await a.pop("detail", 1)
+        await a.give_back([i for i, _ in popped])  # the stage still held two: no token
+        assert redis_client.llen(signal) == 0
+
+    run(redis_url, scenario)
+
+
+def test_the_crawl_has_not_ended_while_the_sorted_set_holds_work(redis_url: str, redis_client: redis.Redis) -> None:
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a = worker("a")
+        await a.beat("detail")
+        await a.push_many([("detail", "", b"r0", 0), ("comments", "", b"c-1", -1)])
+        popped = await a.pop("detail", 1)
+        await a.ack([i for i, _ in popped])
+        assert redis_client.llen(a.keys.wake) == 0  # comments' sorted set still holds one
+        assert await a.clear_if_finished() == -1 and redis_client.zcard(a.keys.scored("comments")) == 1
+        popped = await a.pop("comments", 5)
+        assert names(popped) == ["c-1"]
+        await a.ack([i for i, _ in popped])
+        assert redis_client.llen(a.keys.wake) == 1
+        assert await a.clear_if_finished() == 1
+        assert redis_client.keys("redislock:{shop}:*") == []  # the sorted sets and the order counter too
+
+    run(redis_url, scenario)
+
+
+def test_a_queue_of_the_previous_fifo_layout_is_read_as_priority_0(redis_url: str, redis_client: redis.Redis) -> None:
+    """Migration: the previous version kept each stage queue as one FIFO list (whatever the priorities), in-flight
+    values "<stage>\\n<request>". That list is the priority-0 part of the priority order: read as it was, after
+    what has a higher priority, before what has a lower one; an in-flight record of the previous version is given
+    back to it."""
+    keys = QueueKeys.of("redislock", "shop")
+    redis_client.lpush(keys.queue("detail"), b"old0", b"old1", b"old2")  # as the previous queue_push did
+    redis_client.hset(keys.inflight("gone"), "7", b"detail\nold-in-flight")  # a dead worker of the previous version
+    redis_client.set(keys.in_flight, 1)
+    redis_client.zadd(keys.alive, {"gone": 0})
+
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a = worker("a")
+        await a.beat("detail")
+        assert await a.reap(["gone"]) == {"gone": 1}  # back at the list's front
+        await a.push_many([("detail", "", b"new5", 5), ("detail", "", b"new-5", -5), ("detail", "", b"new0", 0)])
+        assert names(await a.pop("detail", 10)) == ["new5", "old-in-flight", "old0", "old1", "old2", "new0", "new-5"]
+
+    run(redis_url, scenario)
+
+
+@pytest.mark.parametrize("order", ["fifo", "lifo"])
+def test_a_fifo_or_lifo_worker_takes_what_the_sorted_set_holds_once_its_list_is_empty(
+    redis_url: str, redis_client: redis.Redis, order: str
+) -> None:
+    """Workers with different SCHEDULER_QUEUE_CLASS (a misconfiguration, or a change between two runs): nothing is
+    stranded. A FIFO or LIFO worker pops its list first, then the sorted set in priority order, and says which ids
+    came from there (the scheduler warns once)."""
+
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        writer, reader = worker("writer"), worker("reader")
+        reader.order = order
+        await reader.beat("detail")
+        await push_pushed(writer)  # in priority order
+        popped = await reader.pop("detail", 10)
+        listed = ["a0", "e0", "h0"] if order == "fifo" else ["h0", "e0", "a0"]
+        assert names(popped) == [*listed, "f10", "b5", "d5", "c-5", "g-5"]
+        assert reader.scored_ids == {i for i, data in popped if data.decode() not in listed}
+        assert await reader.give_back([i for i, _ in popped]) == 8  # each back in its own part
+        assert redis_client.llen(reader.keys.queue("detail")) == 3
+        assert redis_client.zcard(reader.keys.scored("detail")) == 5
+
+    run(redis_url, scenario)
+
+
+@pytest.mark.parametrize(
+    ("queue_class", "order"),
+    [
+        (None, "priority"),
+        ("", "priority"),
+        ("scrapy_redis.queue.PriorityQueue", "priority"),
+        ("scrapy_redis.queue.SpiderPriorityQueue", "priority"),
+        ("scrapy_redis.queue.FifoQueue", "fifo"),
+        ("scrapy_redis.queue.SpiderQueue", "fifo"),
+        ("scrapy_redis.queue.LifoQueue", "lifo"),
+        ("scrapy_redis.queue.SpiderStack", "lifo"),
+    ],
+)
+def test_scheduler_queue_class_names_the_order(queue_class: str | None, order: str) -> None:
+    assert queue_order(queue_class) == order
+
+
+def test_scheduler_queue_class_given_as_a_class_names_the_order_too() -> None:
+    from scrapy_redis.queue import FifoQueue as Fifo
+    from scrapy_redis.queue import LifoQueue, PriorityQueue
+
+    assert [queue_order(c) for c in (PriorityQueue, Fifo, LifoQueue)] == ["priority", "fifo", "lifo"]
+
+
+@pytest.mark.parametrize(
+    "queue_class", ["scrapy.squeues.FifoMemoryQueue", "scrapy_redis.queue.Base", "no.such.Queue", "Nonsense"]
+)
+def test_any_other_scheduler_queue_class_is_refused_naming_the_setting(queue_class: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        queue_order(queue_class)
+    message = str(refused.value)
+    assert f"SCHEDULER_QUEUE_CLASS = {queue_class!r}" in message
+    for accepted in ("PriorityQueue", "FifoQueue", "LifoQueue"):
+        assert f"scrapy_redis.queue.{accepted}" in message
+
+
+def test_a_subclass_of_a_scrapy_redis_queue_is_refused_too() -> None:
+    class Custom(FifoQueue):
+        pass
+
+    with pytest.raises(ConfigError, match="SCHEDULER_QUEUE_CLASS"):
+        queue_order(Custom)
+
+
+def test_one_pop_takes_10000_scored_requests_and_a_give_back_puts_them_all_back(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The sorted set's writes are chunked as the list's are: one push of 10000 scored requests, one pop of all of
+    them (HSET and ZREM 1000 at a time), one give-back."""
+
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a = worker("a")
+        await a.beat("detail")
+        await a.push_many([("detail", "", f"r{n}".encode(), 1 + n % 3) for n in range(BIG)])
+        assert redis_client.zcard(a.keys.scored("detail")) == BIG
+        popped = await a.pop("detail", BIG)
+        assert popped is not None and len(popped) == BIG and len(a.scored_ids) == BIG
+        expected = [f"r{n}" for p in (3, 2, 1) for n in range(BIG) if 1 + n % 3 == p]
+        assert names(popped) == expected
+        assert redis_client.zcard(a.keys.scored("detail")) == 0 and await a.in_flight() == BIG
+        assert await a.give_back([i for i, _ in popped]) == BIG
+        assert names(await a.pop("detail", BIG)) == expected
+
+    run(redis_url, scenario)
+
+
+def test_a_pop_that_cannot_record_leaves_the_sorted_set_as_it_was(redis_url: str, redis_client: redis.Redis) -> None:
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a = worker("a")
+        await a.beat("detail")
+        await a.push_many([("detail", "", f"r{n}".encode(), 1) for n in range(3)])
+        before = redis_client.zrange(a.keys.scored("detail"), 0, -1, withscores=True)
+        redis_client.set(a.inflight_key, "not a hash")
+        with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+            await a.pop("detail", 2)
+        assert redis_client.zrange(a.keys.scored("detail"), 0, -1, withscores=True) == before
+        redis_client.delete(a.inflight_key)
+        assert names(await a.pop("detail", 2)) == ["r0", "r1"]
+
+    run(redis_url, scenario)
+
+
+def test_status_counts_both_parts_and_shows_a_dead_letters_stage_without_its_mark(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a = worker("a")
+        await a.beat("detail")
+        await a.push_many([("detail", "", b"r0", 0), ("detail", "", b"r1", 3), ("comments", "", b"c1", -2)])
+        popped = await a.pop("comments", 1)
+        assert await a.bury([(popped[0][0], '{"error": "x"}')]) == 1
+
+    run(redis_url, scenario)
+    found = spiders_in({"shop": {":queue:detail", ":pqueue:detail", ":alive"}})
+    status = spider_status(redis_client, "redislock", "shop", 30.0, found["shop"])
+    assert status.queues["detail"] == 2
+    (letters,) = dead_letters(redis_client, "redislock")
+    assert letters.newest[0].stage == "comments" and letters.newest[0].excerpt == "b'c1'"
+    assert queued(redis_client, QueueKeys.of("redislock", "shop"), "detail") == 2

@@ -40,8 +40,9 @@ class Worker:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line)
+        with self.process.stdout:  # closed at the end of the output (an open pipe is a ResourceWarning)
+            for line in self.process.stdout:
+                self.lines.append(line)
 
     @property
     def output(self) -> str:

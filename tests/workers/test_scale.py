@@ -148,16 +148,18 @@ def test_one_idle_tick_costs_the_same_commands_with_2_and_with_6_workers(admin_u
     commands_per_tick = dict(tick)
     # A heartbeat (the script and the 6 commands it runs: TIME, ZADD of the beat and of its deadline, HDEL, HLEN of
     # its own in-flight record, ZRANGEBYSCORE ... LIMIT of the deadlines passed), one look at the queues and the
-    # in-flight counter (2 LLEN + GET), one blocking wait for work (BLPOP). No HLEN of other workers, no polling.
+    # in-flight counter (the queue_look script: LLEN + ZCARD per stage, GET), one blocking wait for work (BLPOP).
+    # No HLEN of other workers, no polling.
     assert commands_per_tick == {
-        "evalsha": 1,
+        "evalsha": 2,
         "lua:time": 1,
         "lua:zadd": 2,
         "lua:hdel": 1,
         "lua:hlen": 1,
         "lua:zrangebyscore": 1,
-        "llen": 2,
-        "get": 1,
+        "lua:llen": 2,
+        "lua:zcard": 2,
+        "lua:get": 1,
         "blpop": 1,
     }, commands_per_tick
 
@@ -202,7 +204,7 @@ def test_an_idle_worker_takes_queued_work_at_once_not_at_its_next_heartbeat(admi
     before = sent[: sent.index(pop)]
     # Woken by the BLPOP it was blocked in: one look at the queue, the stage taken (its slot, a beat naming the
     # stage for people), the pop. No second wait, no heartbeat period went by.
-    assert "blpop" not in before and before.count("llen") == 1, f"{fetched_after:.2f} s: {before}"
+    assert "blpop" not in before and before.count(script_sha("queue_look")) == 1, f"{fetched_after:.2f} s: {before}"
 
 
 def seed_one(url: str, prefix: str, page: str) -> None:

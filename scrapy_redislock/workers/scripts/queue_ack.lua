@@ -3,7 +3,7 @@
 -- flight anywhere and every stage queue empty, the crawl has ended: every registered worker gets a token on the
 -- wake list, so that idle workers blocked on it see the end at once instead of at their next heartbeat.
 -- KEYS[1] the worker's in-flight hash, KEYS[2] in-flight counter, KEYS[3] wake list, KEYS[4] alive zset,
--- KEYS[5..] stage queues
+-- KEYS[5..4+n] stage lists, KEYS[5+n..4+2n] their sorted sets (a stage queue's two parts: see queue_pop.lua)
 -- ARGV[1], ARGV[2], ... in-flight ids (any number: HDEL gets them 1000 at a time, as Lua's unpack stops at about
 -- 8000 values)
 -- Returns how many were dropped.
@@ -15,8 +15,9 @@ if dropped == 0 then return 0 end
 local left = redis.call('DECRBY', KEYS[2], dropped)
 if left > 0 then return dropped end
 if left < 0 then redis.call('SET', KEYS[2], 0) end
-for i = 5, #KEYS do
-  if redis.call('LLEN', KEYS[i]) > 0 then return dropped end
+local n = (#KEYS - 4) / 2
+for i = 5, 4 + n do
+  if redis.call('EXISTS', KEYS[i], KEYS[i + n]) > 0 then return dropped end  -- an empty part is no key
 end
 local workers = redis.call('ZCARD', KEYS[4])
 redis.call('DEL', KEYS[3])

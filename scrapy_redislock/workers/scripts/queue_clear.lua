@@ -3,12 +3,13 @@
 -- (the last worker out clears) and SCHEDULER_FLUSH_ON_START (the first worker in flushes) made safe for a
 -- cluster: one worker's close or start never deletes what the others are working on.
 -- With ARGV[3] = 'finished' (SCHEDULER_PERSIST = False at close) it also deletes nothing while any work is left: a
--- request in a stage queue (a paused stage's too), in the in-flight counter or in a worker's in-flight record (the
--- keys are told by their names: '}:queue:<stage>', '}:inflight:<worker>', '}:inflight_total'). Only a finished
--- crawl is cleared that way; a flush on start (no ARGV[3]) is the operator's explicit choice.
+-- request in a stage queue (a paused stage's too; either part: its list or its sorted set), in the in-flight counter
+-- or in a worker's in-flight record (the keys are told by their names: '}:queue:<stage>', '}:pqueue:<stage>',
+-- '}:inflight:<worker>', '}:inflight_total'). Only a finished crawl is cleared that way; a flush on start (no
+-- ARGV[3]) is the operator's explicit choice.
 -- KEYS[1] alive zset, KEYS[2] working hash, KEYS[3] dupefilter, KEYS[4] id counter, KEYS[5] in-flight counter,
--- KEYS[6] wake list, KEYS[7..] stage queues, their signal lists and the in-flight hashes of the registered workers,
--- and any other key of the crawl state (the epoch, the due zset)
+-- KEYS[6] wake list, KEYS[7..] stage lists and sorted sets, their signal lists and the in-flight hashes of the
+-- registered workers, and any other key of the crawl state (the epoch, the due zset, the order counter)
 -- ARGV[1] caller's worker id, ARGV[2] ms within which a beat counts as alive, ARGV[3] 'finished' (optional)
 -- Returns 1 cleared, 0 another worker is alive, -1 work is left (nothing deleted in either case).
 local t = redis.call('TIME')
@@ -21,6 +22,8 @@ if ARGV[3] == 'finished' then
   for _, key in ipairs(KEYS) do
     if string.find(key, '}:queue:', 1, true) then
       if redis.call('LLEN', key) > 0 then return -1 end
+    elseif string.find(key, '}:pqueue:', 1, true) then
+      if redis.call('ZCARD', key) > 0 then return -1 end
     elseif string.find(key, '}:inflight:', 1, true) then
       if redis.call('HLEN', key) > 0 then return -1 end
     elseif string.sub(key, -16) == '}:inflight_total' then
