@@ -115,8 +115,9 @@ class Crawl:
 
     def _read(self, process: subprocess.Popen[str]) -> None:
         assert process.stdout is not None
-        for line in process.stdout:
-            self.lines.append(line)
+        with process.stdout:  # closed at the end of the output (an open pipe is a ResourceWarning)
+            for line in process.stdout:
+                self.lines.append(line)
 
     @property
     def output(self) -> str:

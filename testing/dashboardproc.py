@@ -38,12 +38,14 @@ class DashboardProcess:
         threading.Thread(target=self._read, daemon=True).start()
         self.url = ""
         self.token: str | None = None
+        self.stderr: str | None = None
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.output.append(line)
-            self.lines.put(line)
+        with self.process.stdout:  # closed at the end of the output (an open pipe is a ResourceWarning)
+            for line in self.process.stdout:
+                self.output.append(line)
+                self.lines.put(line)
 
     def wait_ready(self, timeout: float = 30) -> DashboardProcess:
         """Wait until it printed its address and whether control is on (it serves from then on)."""
@@ -92,7 +94,10 @@ class DashboardProcess:
             self.process.kill()
             self.process.wait()
         assert self.process.stderr is not None
-        return self.process.returncode, self.process.stderr.read()
+        if self.stderr is None:  # (stopped once: what it said then)
+            with self.process.stderr:
+                self.stderr = self.process.stderr.read()
+        return self.process.returncode, self.stderr
 
     def __enter__(self) -> DashboardProcess:
         return self.wait_ready()

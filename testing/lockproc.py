@@ -124,8 +124,9 @@ class Proc:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.records.append(json.loads(line))
+        with self.process.stdout:  # closed at the end of the output (an open pipe is a ResourceWarning)
+            for line in self.process.stdout:
+                self.records.append(json.loads(line))
 
     def send(self, line: str) -> None:
         assert self.process.stdin is not None
@@ -172,6 +173,8 @@ class Proc:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
         self.process.wait()
+        if self.process.stdin is not None:
+            self.process.stdin.close()
         return at
 
     def stop(self) -> None:

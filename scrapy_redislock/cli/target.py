@@ -8,6 +8,7 @@ command, the project's settings through :func:`scrapy_redislock.crawl.settings.r
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,7 @@ class Target:
     ttl: float
     params: dict[str, Any] = field(default_factory=dict)
     stages: Mapping[str, int | None] = field(default_factory=dict)
+    opened: list[Any] = field(default_factory=list, repr=False, compare=False)  # clients made, closed by close()
 
     @property
     def safe_url(self) -> str:
@@ -70,9 +72,18 @@ class Target:
         """A blocking client: one server, the master found through Sentinel, or a cluster client (status then
         scans every master)."""
         try:
-            return self.connection.client(**self.params, decode_responses=True)
+            client = self.connection.client(**self.params, decode_responses=True)
         except (ValueError, TypeError) as exc:
             raise CliError(f"{self.source} is not a usable redis URL ({exc}): {self.safe_url}", EXIT_USAGE) from None
+        self.opened.append(client)
+        return client
+
+    def close(self) -> None:
+        """Close every client :meth:`client` made (their connections, and a Sentinel master's sentinels')."""
+        while self.opened:
+            client = self.opened.pop()
+            with contextlib.suppress(redis.exceptions.RedisError, OSError):  # closing never hides the command's result
+                client.close()
 
     def scrub(self, message: str) -> str:
         """The message with the URL's passwords (should a library ever echo one) replaced by ***."""

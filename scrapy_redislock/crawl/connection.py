@@ -111,7 +111,8 @@ class RedisURL:
             return cluster_class(startup_nodes=nodes, **self._data_kwargs(params))
         sentinel = redis.sentinel.Sentinel(self.hosts, sentinel_kwargs=self._sentinel_kwargs(params))
         assert self.service is not None
-        return sentinel.master_for(self.service, **self._data_kwargs(params))
+        client = sentinel.master_for(self.service, redis_class=SentinelMaster, **self._data_kwargs(params))
+        return _owning(client, sentinel)
 
     def async_client(self, **params: Any) -> redis.asyncio.Redis | redis.asyncio.RedisCluster:
         """A redis.asyncio client for the reactor thread (asyncio reactor)."""
@@ -122,7 +123,8 @@ class RedisURL:
             return redis.asyncio.RedisCluster(startup_nodes=nodes, **self._data_kwargs(params))
         sentinel = redis.asyncio.sentinel.Sentinel(self.hosts, sentinel_kwargs=self._sentinel_kwargs(params))
         assert self.service is not None
-        return sentinel.master_for(self.service, **self._data_kwargs(params))
+        client = sentinel.master_for(self.service, redis_class=AsyncSentinelMaster, **self._data_kwargs(params))
+        return _owning(client, sentinel)
 
     def _data_kwargs(self, params: Mapping[str, Any]) -> dict[str, Any]:
         kwargs = {**params, **self.options}
@@ -138,6 +140,44 @@ class RedisURL:
         kwargs.setdefault("socket_timeout", SENTINEL_SOCKET_TIMEOUT)
         kwargs.update(self.sentinel_options)
         return kwargs
+
+
+def _owning(client: Any, sentinel: Any) -> Any:
+    """``client`` (a Sentinel master's) closing its pool and the sentinels' connections when it is closed: made by
+    ``master_for``, it leaves its pool open on close before redis-py 6, and nothing ever closes the sentinels'."""
+    client.auto_close_connection_pool = True
+    client.sentinels = sentinel
+    return client
+
+
+class SentinelMaster(redis.Redis):
+    """The blocking client of a Sentinel master: ``close()`` also closes the sentinels' connections (its own
+    Sentinel's; a client made on another pool of the same Sentinel, as
+    :func:`~scrapy_redislock.lock.front.waiting_client` makes, closes only its own pool)."""
+
+    sentinels: Any = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            sentinels, self.sentinels = self.sentinels, None
+            for each in getattr(sentinels, "sentinels", ()):
+                each.close()
+
+
+class AsyncSentinelMaster(redis.asyncio.Redis):
+    """The redis.asyncio client of a Sentinel master: ``aclose()`` also closes the sentinels' connections."""
+
+    sentinels: Any = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        try:
+            await super().aclose(close_connection_pool)
+        finally:
+            sentinels, self.sentinels = self.sentinels, None
+            for each in getattr(sentinels, "sentinels", ()):
+                await each.aclose()
 
 
 class ScrapyRedisCluster(redis.RedisCluster):

@@ -133,8 +133,11 @@ class KeyLocks(StageLocks):
     async def close(self) -> None:
         if self._retiring is not None:
             await asyncio.wait({self._retiring}, timeout=5.0)
-        await super().close()
-        await self._waiting.aclose()
+        try:
+            await super().close()
+        finally:
+            if self._waiting is not None:  # the keys' one waiting pool (None with a cluster client)
+                await self._waiting.aclose()
 
     # -- delays ------------------------------------------------------------------------------------------------------
 

@@ -85,12 +85,14 @@ class AsyncCountingLock(TaskContext, LockFront):
         if self._renewer is not None and self._renewer is not asyncio.current_task():
             await stop(self._renewer)
         self._renewer = None
-        if retire:
-            freed, _deleted = await self._run(self._core.retire())
-        else:
-            freed = await self._run(self._core.release_all())
-        if self._waiting_client is not None and self._owns_waiting_client:
-            await self._waiting_client.aclose()
+        try:
+            if retire:
+                freed, _deleted = await self._run(self._core.retire())
+            else:
+                freed = await self._run(self._core.release_all())
+        finally:  # its waiting connections are closed even when Redis could not be told (given ones: their owner's)
+            if self._waiting_client is not None and self._owns_waiting_client:
+                await self._waiting_client.aclose()
         return int(freed)
 
     def _start_loop(self) -> None:

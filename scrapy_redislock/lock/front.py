@@ -78,6 +78,7 @@ def waiting_client(client: Any) -> Any:
     Its connections forget which locks were guarded on them whenever they connect again (see :class:`ReadGrant`),
     and the runner does not retry a read on them: a broken wait ends, and the lock waits again with a new consumer.
     Cluster clients have a pool per node; for them waits are cut at 80% of the socket timeout (documented).
+    Whoever makes it closes it (``close()`` / ``aclose()``), which closes its pool.
     """
     pool = getattr(client, "connection_pool", None)
     if pool is None:
@@ -92,7 +93,11 @@ def waiting_client(client: Any) -> Any:
         waiting_pool = type(pool)(pool.service_name, pool.sentinel_manager, is_master=pool.is_master, **kwargs)
     else:
         waiting_pool = type(pool)(**kwargs)
-    return type(client)(connection_pool=waiting_pool)
+    waiting = type(client)(connection_pool=waiting_pool)
+    # Its pool is its own: closing the client (close() / aclose(), or losing it) disconnects the pool too. A client
+    # given a pool leaves it open by default, and every waiting connection would stay open until garbage collection.
+    waiting.auto_close_connection_pool = True
+    return waiting
 
 
 def _read_args(command: ReadGrant) -> tuple[Any, ...]:

@@ -543,14 +543,14 @@ class QuorumFront:
             raise InvalidArgument(f"reentrant=True needs limit=1 (a mutex), got limit={limit!r}")
         # One ordinary lock per master: its core is what the quorum core drives, its front waits in that master's
         # FIFO (and reaps dead holders' leases meanwhile), its runner carries the commands.
+        # A shared waiting client is the factory's to close; one a front makes itself, its close() closes.
+        shared = list(waiting) if waiting is not None else [None] * len(masters)
         self._fronts = [
-            self.master_class(client, name, limit, ttl, key_prefix=key_prefix, identity=identity, clock=clock)
-            for client in masters
+            self.master_class(
+                client, name, limit, ttl, key_prefix=key_prefix, identity=identity, clock=clock, waiting=each
+            )
+            for client, each in zip(masters, shared, strict=True)
         ]
-        if waiting is not None:
-            for front, shared in zip(self._fronts, waiting, strict=True):
-                front._command.waiting = shared
-                front._waiting_client = None  # the factory's to close, not this lock's
         self._core = QuorumCore.create(
             [front._core for front in self._fronts],
             quorum=quorum,
@@ -1009,14 +1009,16 @@ class QuorumLockFactory:
         for client in self._made:
             client.close()
         for client in self.waiting:
-            client.connection_pool.disconnect()
+            if client is not None:  # (a cluster client has none)
+                client.close()
 
     async def aclose(self) -> None:
         """Close the clients the factory made, and its waiting pools (asyncio ones)."""
         for client in self._made:
             await client.aclose()
         for client in self.waiting:
-            await client.connection_pool.disconnect()
+            if client is not None:
+                await client.aclose()
 
 
 __all__ = [

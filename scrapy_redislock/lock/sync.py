@@ -92,10 +92,11 @@ class CountingLock(ThreadContext, LockFront):
         if renewer is not None and renewer is not threading.current_thread():
             renewer.join()
         self._renewer = None
-        freed = int(self._run(self._core.release_all()))
-        if self._waiting_client is not None:
-            self._waiting_client.close()
-        return freed
+        try:
+            return int(self._run(self._core.release_all()))
+        finally:  # its waiting connections are closed even when Redis could not be told (given ones: their owner's)
+            if self._waiting_client is not None and self._owns_waiting_client:
+                self._waiting_client.close()
 
     def _start_loop(self) -> None:
         with self._loop_lock:

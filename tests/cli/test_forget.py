@@ -98,7 +98,7 @@ def test_forget_refuses_a_stage_in_use_naming_who_and_changes_nothing(
         owner = json.loads(process.stdout.readline())["owner"]
         os.kill(process.pid, signal.SIGKILL)
     finally:
-        process.wait()
+        process.communicate()
     before = state(redis_client)
     code, _, err = call("forget", "held", "--yes", "--url", redis_url)
     assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

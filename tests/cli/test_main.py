@@ -386,7 +386,7 @@ def test_unreachable_redis_and_bad_urls_fail_in_one_line(redis_url: str) -> None
 def test_release_frees_a_dead_workers_slot_at_once(redis_url: str, redis_client: redis.Redis, locks: list) -> None:
     process, record = holder_process(redis_url, "detail", 1, ttl=60)
     process.kill()  # SIGKILL: its slot stays held until the 60 s lease runs out
-    process.wait()
+    process.communicate()
     stage = status_json(redis_url)["detail"]
     assert [(g["holder"], g["pid"], g["spider"]) for g in stage["grants"]] == [(record["owner"], process.pid, "worker")]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import pickle
 from collections import OrderedDict
 from pathlib import Path
@@ -122,7 +123,7 @@ def test_what_is_not_plain_data_is_refused_naming_the_field(meta: dict[str, Any]
 def evil_payload(target: Path) -> bytes:
     class Evil:
         def __reduce__(self) -> Any:
-            return (open, (str(target), "w"))
+            return (os.mkdir, (str(target),))  # any call: a directory appears
 
     return pickle.dumps({"url": "http://shop.test/", "x": Evil()})
 
