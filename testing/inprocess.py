@@ -112,11 +112,11 @@ async def front(
     middleware = next(mw for mw in chain if isinstance(mw, StageLockMiddleware))
     sched = StageScheduler.from_crawler(crawler) if scheduler else None
     assert middleware.locks is not None
-    if sched is not None:
-        await maybe_deferred_to_future(sched.open(crawler.spider))
-    else:
-        assert await middleware.locks.start_once()
-    try:
+    try:  # closed also when the start fails: the clients, their connections
+        if sched is not None:
+            await maybe_deferred_to_future(sched.open(crawler.spider))
+        else:
+            assert await middleware.locks.start_once()
         yield Front(crawler, middleware, sched, middleware.locks)
     finally:
         if sched is not None:

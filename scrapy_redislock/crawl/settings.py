@@ -2,7 +2,7 @@
 
 Settings read: REDISLOCK_ENABLED, REDISLOCK_URL, REDISLOCK_PARAMS, REDISLOCK_STAGES, REDISLOCK_WORKER_STAGES,
 REDISLOCK_TTL, REDISLOCK_DURABLE, REDISLOCK_KEY_PREFIX, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES,
-REDISLOCK_WAIT_TIMEOUT, REDISLOCK_STAGE_PREFERENCE, REDISLOCK_SCHEDULER_INNER, REDISLOCK_PARK_LIMIT,
+REDISLOCK_WAIT_TIMEOUT, REDISLOCK_STAGE_PREFERENCE, REDISLOCK_SCHEDULER_INNER,
 REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE, REDISLOCK_CONNECT_TIMEOUT,
 REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT, REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS,
 REDISLOCK_RANDOMIZE_DELAY, REDISLOCK_QUORUM; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_DB,
@@ -35,6 +35,7 @@ from scrapy.settings import BaseSettings
 from scrapy_redislock._redis import check_limit, check_name, check_ttl
 from scrapy_redislock.crawl import defaults
 from scrapy_redislock.crawl.connection import RedisURL, mask_url, parse_url
+from scrapy_redislock.crawl.inner import check_inner_scheduler
 from scrapy_redislock.crawl.keys import KeyFunction, key_function
 from scrapy_redislock.crawl.requestformat import serializer_of
 from scrapy_redislock.crawl.stages import unknown_stage
@@ -79,8 +80,7 @@ class RedisLockSettings:
     callback_stages: Mapping[str, str] = field(default_factory=dict)
     wait_timeout: float | None = None
     stage_preference: tuple[str, ...] = ()
-    scheduler_inner: str = "scrapy.core.scheduler.Scheduler"
-    park_limit: int = 10000
+    scheduler_inner: str | type = "scrapy.core.scheduler.Scheduler"  # a class, or its import path (crawl/inner.py)
     waiters_per_stage: int = 2
     local_reuse: float = 0.25
     idle_close: float | None = None
@@ -288,6 +288,8 @@ def check_names(settings: BaseSettings) -> None:
     for name in settings:
         if not isinstance(name, str):
             continue
+        if name in defaults.REMOVED:
+            raise ConfigError(f"{name} was removed: {defaults.REMOVED[name]}; delete it from the settings")
         folded = name.upper().replace("REDIS_LOCK", "REDISLOCK", 1)
         if not folded.startswith("REDISLOCK") or name in defaults.SETTINGS:
             continue
@@ -349,10 +351,7 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     if stray:
         raise ConfigError(f"REDISLOCK_STAGE_PREFERENCE names unknown stages {stray}; known: {sorted(known)}")
 
-    inner = settings.get("REDISLOCK_SCHEDULER_INNER") or defaults.REDISLOCK_SCHEDULER_INNER
-    if not isinstance(inner, str | type):
-        raise ConfigError(f"REDISLOCK_SCHEDULER_INNER must be a class or its import path, got {inner!r}")
-    park_limit = _positive_int(settings, "REDISLOCK_PARK_LIMIT")
+    inner = check_inner_scheduler(settings.get("REDISLOCK_SCHEDULER_INNER") or defaults.REDISLOCK_SCHEDULER_INNER)
     waiters = _positive_int(settings, "REDISLOCK_WAITERS_PER_STAGE")
     local_reuse = _seconds_of(settings, "REDISLOCK_LOCAL_REUSE")
     raw_idle = settings.get("REDISLOCK_IDLE_CLOSE", defaults.REDISLOCK_IDLE_CLOSE)
@@ -381,8 +380,7 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
         callback_stages=dict(callback_stages),
         wait_timeout=wait_timeout,
         stage_preference=tuple(preference),
-        scheduler_inner=inner if isinstance(inner, str) else f"{inner.__module__}.{inner.__qualname__}",
-        park_limit=park_limit,
+        scheduler_inner=inner,
         waiters_per_stage=waiters,
         local_reuse=local_reuse,
         idle_close=idle_close,

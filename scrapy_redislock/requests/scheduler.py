@@ -66,6 +66,7 @@ from scrapy_redislock.crawl.engine import (
     one_line_config_errors,
     wake_engine,
 )
+from scrapy_redislock.crawl.inner import inner_name, load_inner_scheduler
 from scrapy_redislock.crawl.keys import request_key
 from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks
@@ -153,13 +154,7 @@ class StageScheduler:
         one_line_config_errors()  # a ConfigError below ends the crawl as one line, exit status 1
         self.crawler = crawler
         self.settings = read_settings(crawler.settings)
-        inner_path = self.settings.scheduler_inner
-        try:
-            inner_cls = load_object(inner_path)
-        except (ImportError, ValueError, NameError, AttributeError) as exc:
-            raise ConfigError(f"REDISLOCK_SCHEDULER_INNER cannot be loaded: {inner_path!r} ({exc})") from None
-        if inner_cls is StageScheduler or not callable(getattr(inner_cls, "next_request", None)):
-            raise ConfigError(f"REDISLOCK_SCHEDULER_INNER must be a scheduler class, got {inner_path!r}")
+        inner_cls = load_inner_scheduler(self.settings.scheduler_inner, outer=StageScheduler)
         self.enabled = self.settings.enabled
         if self.enabled and not self.settings.stages and not self.settings.keyed:
             raise ConfigError(
@@ -201,7 +196,7 @@ class StageScheduler:
                     "REDISLOCK_SCHEDULER_INNER = %r is neither Scrapy's scheduler nor scrapy-redis's (nor a subclass): "
                     "StageScheduler cannot give it a queue per stage, so a capped request goes in its order and waits "
                     "for its slot in the downloader (a full stage can then hold up the others)",
-                    inner_path,
+                    inner_name(self.settings.scheduler_inner),
                 )
             self.locks.add_waiting_source(self._queued)
             self.locks.add_taker(self._take_slot)

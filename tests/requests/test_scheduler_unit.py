@@ -31,7 +31,7 @@ def test_the_scheduler_does_not_import_the_middleware() -> None:
     tree = ast.parse((PACKAGE / "requests" / "scheduler.py").read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert "scrapy_redislock.requests.middleware" not in imported
-    assert not any("engine_scheduler" in line for line in (PACKAGE / "requests" / "middleware.py").open())
+    assert "engine_scheduler" not in (PACKAGE / "requests" / "middleware.py").read_text()
 
 
 def prioritized(stage: str | None, n: int, priority: int) -> Request:

@@ -1,0 +1,141 @@
+"""StageScheduler over scrapy-redis's scheduler, three real processes on one shared Redis queue: the queue stays
+shared. What a process has not started stays in Redis (a process started late gets work at once; all processes
+together hold out of Redis no more than the stage's cap plus REDISLOCK_WAITERS_PER_STAGE each), and a SIGKILL loses
+only what the killed process had taken: its requests in flight and its line."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import scrapy
+from scrapy_redis.queue import PriorityQueue
+
+from testing.crawlproc import Crawl, leftover
+from testing.site import CrawlSite
+from testing.spiders.crawlspider import PlanSpider
+from testing.spiders.dropinspider import held_samples
+
+pytestmark = [pytest.mark.integration, pytest.mark.crawl]
+SEEDED = 150
+CAP = 3
+WAITERS = 2  # REDISLOCK_WAITERS_PER_STAGE's default
+
+
+def seed(client: redis.Redis, base: str) -> None:
+    """Detail requests in the spider's queue (``plan:requests``), as a scrapy-redis producer pushes them."""
+    spider = PlanSpider(base=base)
+    queue = PriorityQueue(client, spider, "%(spider)s:requests")
+    for n in range(SEEDED):
+        request = scrapy.Request(
+            f"{base}/detail/{n}",
+            meta={"redislock_stage": "detail"},
+            priority=-n,
+            callback=spider.parse,
+            dont_filter=True,
+        )
+        queue.push(request)
+
+
+def queued(client: redis.Redis) -> int:
+    """Requests in the shared queue and its stages' queues, in one MULTI/EXEC (one moving is counted once)."""
+    keys = sorted(client.scan_iter("plan:requests*"))
+    pipe = client.pipeline(transaction=True)
+    for key in keys:
+        pipe.zcard(key)
+    return sum(int(n) for n in pipe.execute())
+
+
+def answered(site: CrawlSite, worker: str | None = None) -> int:
+    with site.lock:
+        return sum(1 for r in site.served if worker is None or r.worker == worker)
+
+
+def reached(site: CrawlSite, worker: str) -> int:
+    with site.lock:
+        return sum(1 for r in site.served if r.worker == worker) + site.workers_in_flight["detail"][worker]
+
+
+def test_the_queue_stays_shared_and_a_kill_loses_only_what_the_process_held(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
+    site.delay = 0.1
+    seed(redis_client, site.url)
+    crawls: dict[str, Crawl] = {}
+    probes: dict[str, Path] = {}
+
+    def start(name: str) -> None:
+        probes[name] = tmp_path / f"held-{name}.jsonl"
+        settings: dict[str, Any] = {
+            "REDISLOCK_URL": redis_url,
+            "REDISLOCK_STAGES": {"detail": CAP},
+            "REDISLOCK_TTL": 5,  # the killed process's slots come back within 5 s
+            "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
+            "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+            "REDIS_URL": redis_url,
+            "SCHEDULER_PERSIST": True,
+            "CONCURRENT_REQUESTS": 8,
+            "USER_AGENT": name,
+            "EXTENSIONS": {"testing.spiders.crawlspider.StatsFile": 0, "testing.spiders.dropinspider.HeldProbe": 0},
+            "HELD_PROBE_FILE": str(probes[name]),
+        }
+        crawls[name] = Crawl(site.url, "", settings, tmp_path).start()
+
+    def opened(name: str) -> bool:
+        return held_samples(probes[name])[0] is not None
+
+    held_outside: list[int] = []
+
+    def watch(condition: Any, timeout: float = 60) -> bool:
+        """Wait for ``condition``, sampling what all processes hold out of Redis (seeded - queued - answered)."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                return False
+            before = answered(site)
+            in_redis = queued(redis_client)
+            if answered(site) == before:  # no answer while Redis was read: the figures of one instant
+                held_outside.append(SEEDED - in_redis - before)
+            time.sleep(0.02)
+        return True
+
+    try:
+        start("p1")
+        start("p2")
+        assert watch(lambda: opened("p1") and opened("p2") and answered(site) >= 10), "p1, p2 did not start crawling"
+        start("p3")
+        assert watch(lambda: opened("p3")), crawls["p3"].tail()
+        queued_when_p3_opened = queued(redis_client)
+        assert watch(lambda: reached(site, "p3") > 0), "the late process got no work"
+        # It got work while most of the queue was still in Redis: p1 and p2 had not taken it into their memory.
+        assert queued_when_p3_opened >= SEEDED // 2, queued_when_p3_opened
+        assert watch(lambda: reached(site, "p1") > 0)
+        killed_at = time.monotonic()
+        crawls["p1"].signal(signal.SIGKILL)
+        assert watch(lambda: all(c.process is not None and c.process.poll() is not None for c in crawls.values()), 120)
+    finally:
+        for crawl in crawls.values():
+            if crawl.process is not None and crawl.process.poll() is None:
+                crawl.signal(signal.SIGKILL)
+    for name in ("p2", "p3"):
+        crawls[name].wait()
+        assert crawls[name].code == 0 and crawls[name].stats["finish_reason"] == "finished", crawls[name].tail()
+    assert site.wait_for(lambda: not site.in_flight, timeout=30)  # the killed process's last pages, answered
+
+    # Out of Redis at any instant: the requests in flight (the cap, for all processes), each process's line, and
+    # each process's one request on its way from the spider's queue to its stage's (a pop, then a push).
+    assert held_outside and max(held_outside) <= CAP + 3 * (WAITERS + 1), max(held_outside)
+    with site.lock:
+        in_flight_at_kill = sum(1 for r in site.served if r.worker == "p1" and r.answered >= killed_at)
+    never_fetched = SEEDED - len(site.hits)
+    # Lost: what p1 had taken: its requests at the site (their responses are lost) and its line, never sent.
+    assert never_fetched <= WAITERS, never_fetched
+    assert in_flight_at_kill + never_fetched <= CAP + WAITERS
+    assert all(n == 1 for n in site.hits.values())  # nothing fetched twice
+    assert queued(redis_client) == 0
+    assert site.max_in_flight["detail"] <= CAP
+    assert leftover(redis_client) == 0  # the killed process's slots were reclaimed (its lease expired)
