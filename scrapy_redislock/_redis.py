@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+import redis
+import redis.asyncio
+
 from scrapy_redislock.errors import InvalidArgument
+
+# A client of one Redis (standalone, Sentinel) or of a Redis Cluster: what the project connects with.
+RedisClient = redis.Redis | redis.RedisCluster
+AsyncRedisClient = redis.asyncio.Redis | redis.asyncio.RedisCluster
 
 
 def text(value: Any) -> Any:

@@ -11,12 +11,13 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
 
 import redis
 import redis.exceptions
 
-from scrapy_redislock._redis import check_limit, check_name, check_ttl
+from scrapy_redislock._redis import RedisClient, check_limit, check_name, check_ttl
 from scrapy_redislock.cli.render import Streams, render_dead_letters, render_keys, render_status
 from scrapy_redislock.cli.status import read_all, snapshot, split_keys
 from scrapy_redislock.cli.target import (
@@ -50,7 +51,7 @@ def _limit_arg(value: str) -> int:
         raise CliError(f"N must be an integer >= 0, got {value!r}", EXIT_USAGE) from None
 
 
-def _require_stage(client: redis.Redis, target: Target, stage: str) -> StageStatus:
+def _require_stage(client: RedisClient, target: Target, stage: str) -> StageStatus:
     found = stage_status(client, target.prefix, stage)
     if found is None:
         known = find_stages(client, target.prefix)
@@ -118,7 +119,7 @@ def _until_interrupted() -> Iterator[threading.Event]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _status_frame(client: redis.Redis, opts: argparse.Namespace, target: Target) -> str:
+def _status_frame(client: RedisClient, opts: argparse.Namespace, target: Target) -> str:
     found, spiders = read_all(client, target.prefix, target.ttl)
     stages, keys = split_keys(found, getattr(opts, "stage_key", None))
     dead = dead_letters(client, target.prefix)
@@ -175,18 +176,19 @@ def _holder_of(status: StageStatus, given: str) -> str:
     names = sorted({g.holder for g in status.grants} | {p.holder for p in status.processes})
     if given in names:
         return given
-    matches = [
-        name
-        for name in names
-        if name.startswith(given.rstrip(":") + ":")
-        or (status.process(name) is not None and f"{status.process(name).host}:{status.process(name).pid}" == given)
-    ]
+    matches = [name for name in names if name.startswith(given.rstrip(":") + ":") or _host_pid(status, name) == given]
     if len(matches) == 1:
         return matches[0]
     if not matches:
         listed = ", ".join(names) if names else "none"
         raise CliError(f"no holder {given!r} in stage {status.stage!r}; holders there: {listed}")
     raise CliError(f"holder {given!r} is ambiguous in stage {status.stage!r}: {', '.join(matches)}; give the full name")
+
+
+def _host_pid(status: StageStatus, holder: str) -> str | None:
+    """``host:pid`` of the holder's process, None when it registered none."""
+    process = status.process(holder)
+    return None if process is None else f"{process.host}:{process.pid}"
 
 
 def _describe(status: StageStatus, holder: str) -> str:
@@ -220,8 +222,9 @@ def cmd_release(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     holder = _holder_of(status, opts.holder)
     held = sum(1 for g in status.grants if g.holder == holder)
     described = _describe(status, holder)
-    if _alive_here(status, holder):
-        io.err.write(f"warning: process {status.process(holder).pid} of {holder} is running on this machine\n")  # type: ignore[union-attr]
+    process = status.process(holder)
+    if process is not None and _alive_here(status, holder):  # (alive here: it has a process)
+        io.err.write(f"warning: process {process.pid} of {holder} is running on this machine\n")
     _confirm(f"Release {held} slot(s) of stage {stage!r} held by {described}?", opts, io)
     freed = run_operation(client, release_consumer(LockKeys.of(target.prefix, stage), holder), stage)
     io.say(f"{stage}: released {freed} slot(s) of {described}")
@@ -230,7 +233,7 @@ def cmd_release(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     return EXIT_OK
 
 
-def _requeue_workers_of(client: redis.Redis, target: Target, status: StageStatus, holder: str, io: Streams) -> None:
+def _requeue_workers_of(client: RedisClient, target: Target, status: StageStatus, holder: str, io: Streams) -> None:
     """A released worker slot's process (same host, pid and spider) is a worker known to be dead: its in-flight
     requests go back to the front of their queues now, not when the others notice it stopped beating."""
     process = status.process(holder)
@@ -245,7 +248,7 @@ def _requeue_workers_of(client: redis.Redis, target: Target, status: StageStatus
                 _requeue(client, target, spider, worker, io)
 
 
-def _requeue(client: redis.Redis, target: Target, spider: SpiderStatus, worker: WorkerStatus, io: Streams) -> None:
+def _requeue(client: RedisClient, target: Target, spider: SpiderStatus, worker: WorkerStatus, io: Streams) -> None:
     moved, left = requeue_now(client, QueueKeys.of(target.prefix, spider.spider), worker.worker)
     io.say(
         f"{spider.spider}: requeued {moved} in-flight request(s) of worker {worker.worker} (stage "
@@ -314,14 +317,15 @@ def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
 FORGET_LEASES = 3  # an owner seen within this many leases still uses a stage (retire.lua's rule)
 
 
-def _users(client: redis.Redis, target: Target, status: StageStatus) -> list[str]:
+def _users(client: RedisClient, target: Target, status: StageStatus) -> list[str]:
     """Who uses the stage, as ``forget`` (``retire.lua``) judges it: held grants (a dead holder's too, until reaped)
     and registered owners seen within FORGET_LEASES leases; one phrase each, e.g. ``2 slot(s) held by vm pid 7``."""
     keys = LockKeys.of(target.prefix, status.stage)
     lease_ms = round((status.ttl or target.ttl) * 1000)
     reply = client.time()
     now_ms = reply[0] * 1000 + reply[1] // 1000 if isinstance(reply, list | tuple) else None
-    seen = client.zrange(keys.seen, 0, -1, withscores=True) if now_ms is not None else []
+    # withscores: (member, score) pairs (redis-py's return type is a union that also has plain members)
+    seen = cast(list[Sequence[Any]], client.zrange(keys.seen, 0, -1, withscores=True)) if now_ms is not None else []
     used: list[str] = []
     held: dict[str, list[float]] = {}
     for grant in status.grants:

@@ -45,6 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from scrapy_redislock._redis import RedisClient
 from scrapy_redislock.cli.commands import COMMANDS
 from scrapy_redislock.cli.render import Streams
 from scrapy_redislock.cli.status import read_all
@@ -79,7 +80,7 @@ class Sampler:
 
     def __init__(self, target: Target, interval: float, history: float, control: bool) -> None:
         self.target = target
-        self.client: redis.Redis = target.client()
+        self.client: RedisClient = target.client()
         self.interval = interval
         self.history = history
         self.control = control
@@ -250,7 +251,9 @@ class RedisCollector(Collector):
 
 
 def stage_metrics(stages: list[StageStatus]) -> Iterator[Metric]:
-    def family(name: str, doc: str, kind: type[Metric] = GaugeMetricFamily) -> Any:
+    def family(
+        name: str, doc: str, kind: type[GaugeMetricFamily | CounterMetricFamily] = GaugeMetricFamily
+    ) -> GaugeMetricFamily | CounterMetricFamily:
         return kind(f"redislock_{name}", doc, labels=["stage"])
 
     limit = family("stage_limit", "Slots of the stage, cluster-wide")
@@ -336,9 +339,12 @@ class Dashboard:
         app.router.add_get("/events", self.events)
         app.router.add_get("/api/status", self.status)
         app.router.add_get("/metrics", self.metrics)
-        app.router.add_get("/favicon.ico", lambda request: web.Response(status=204))
+        app.router.add_get("/favicon.ico", self.favicon)
         app.router.add_post("/api/{command}", self.steer)
         return app
+
+    async def favicon(self, request: web.Request) -> web.Response:
+        return web.Response(status=204)
 
     async def page(self, request: web.Request) -> web.Response:
         return web.Response(body=_page(), content_type="text/html", headers={"Cache-Control": "no-store"})

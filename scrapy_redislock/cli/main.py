@@ -90,7 +90,8 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
     sub-command) and, with ``top_level``, also before it; sub-command defaults are suppressed so that they do
     not overwrite what was given before the sub-command.
     """
-    common = argparse.ArgumentParser(add_help=False)
+    # Of the sub-parsers' class (typeshed wants the parents so), though only its arguments are copied from it.
+    common = OneLineParser(add_help=False)
     connection = common.add_argument_group("connection")
     connection.add_argument(
         "--url",

@@ -11,13 +11,12 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-import redis
-
+from scrapy_redislock._redis import RedisClient
 from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, StageStatus, stage_status, tagged_keys
 from scrapy_redislock.workers.status import DeadLetters, SpiderStatus, spider_status, spiders_in, worker_ttl
 
 
-def read_all(client: redis.Redis, prefix: str, default_ttl: float) -> tuple[list[StageStatus], list[SpiderStatus]]:
+def read_all(client: RedisClient, prefix: str, default_ttl: float) -> tuple[list[StageStatus], list[SpiderStatus]]:
     """Every stage lock and every StageWorkerMixin spider under the prefix, found with one SCAN.
 
     ``default_ttl`` makes a worker dead when no worker slot lock says its ttl (see :func:`worker_ttl`).

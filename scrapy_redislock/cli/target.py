@@ -11,12 +11,12 @@ import argparse
 import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 import redis.exceptions
 
-from scrapy_redislock._redis import check_name
+from scrapy_redislock._redis import RedisClient, check_name
 from scrapy_redislock.crawl import defaults
 from scrapy_redislock.crawl.connection import RedisURL, mask_url, parse_url
 from scrapy_redislock.crawl.settings import read_settings
@@ -25,6 +25,8 @@ from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.protocol import Operation, drive
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+T = TypeVar("T")
+
 DEFAULT_URL = "redis://localhost:6379/0"
 # Fail fast on a dead address; an operator is waiting.
 CLI_CLIENT_PARAMS: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 5}
@@ -68,7 +70,7 @@ class Target:
     def connection(self) -> RedisURL:
         return parse_url(self.url, self.source)
 
-    def client(self) -> redis.Redis | redis.RedisCluster:
+    def client(self) -> RedisClient:
         """A blocking client: one server, the master found through Sentinel, or a cluster client (status then
         scans every master)."""
         try:
@@ -144,7 +146,7 @@ def resolve_target(opts: argparse.Namespace, env: Mapping[str, str], settings: A
 # -- running scripts -------------------------------------------------------------------------------------------------
 
 
-def run_operation(client: redis.Redis, op: Operation, name: str) -> Any:
+def run_operation(client: RedisClient, op: Operation[T], name: str) -> T:
     """Drive one core operation (sans-IO generator) with the blocking client."""
     return drive(op, CommandRunner(client), name)
 

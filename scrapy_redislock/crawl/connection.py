@@ -192,6 +192,7 @@ class RedisClient:
     """A ``redis_cls`` for scrapy-redis (``REDIS_PARAMS = {"redis_cls": "scrapy_redislock.RedisClient"}``): its
     ``from_url`` takes every URL form above, so scrapy-redis follows a Sentinel failover or a Cluster like we do."""
 
+    # A factory: scrapy-redis calls redis_cls(**kwargs) for a client; mypy wants __new__ to make a RedisClient.
     def __new__(cls, **kwargs: Any) -> redis.Redis:  # type: ignore[misc]
         return redis.Redis(**kwargs)  # scrapy-redis with REDIS_HOST/REDIS_PORT and no URL
 

@@ -25,7 +25,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from scrapy_redislock._redis import Backoff
-from scrapy_redislock.crawl.stagelocks import REDIS_ERRORS, Renewer, StageLocks, gather_bounded
+from scrapy_redislock.crawl.stagelocks import REDIS_ERRORS, Renewer, StageLock, StageLocks, close_lock, gather_bounded
 from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.delay import book_start, gap_of, gate_key
 from scrapy_redislock.lock.front import CommandRunner, waiting_client
@@ -56,9 +56,7 @@ class KeyLocks(StageLocks):
         self._retiring: asyncio.Task[None] | None = None
 
     @classmethod
-    def of(  # type: ignore[override]
-        cls, crawler: Crawler, settings: RedisLockSettings, *, attr: str = "_redislock_key_locks"
-    ) -> KeyLocks:
+    def of(cls, crawler: Crawler, settings: RedisLockSettings, *, attr: str = "_redislock_key_locks") -> KeyLocks:
         existing = getattr(crawler, attr, None)
         if existing is None:
             existing = cls(crawler, settings)
@@ -98,9 +96,11 @@ class KeyLocks(StageLocks):
         self._idle.discard(key)
         return key
 
-    def renewal_due(self, stage: str, lock: AsyncCountingLock) -> bool:
+    def renewal_due(self, stage: str, lock: StageLock) -> bool:
         """Keys serve many short requests: a permit younger than the renewal interval is renewed at the next tick
         (its lease lasts longer than that), so a key whose requests all end within an interval costs no renewal."""
+        if not isinstance(lock, AsyncCountingLock):  # (a key's lock always is one: see lock_for)
+            return super().renewal_due(stage, lock)
         return lock.renewal_due() or bool(self.waiting(stage))
 
     async def tick(self) -> None:
@@ -124,8 +124,8 @@ class KeyLocks(StageLocks):
             self.stats.inc_value(f"{self.stats_prefix}/retired_idle", len(retired))
             self._retiring = asyncio.get_running_loop().create_task(self._retire(retired))
 
-    async def _retire(self, locks: list[AsyncCountingLock]) -> None:
-        results = await gather_bounded([lock.aclose(retire=True) for lock in locks], self.fan_out)
+    async def _retire(self, locks: list[StageLock]) -> None:
+        results = await gather_bounded([close_lock(lock, retire=True) for lock in locks], self.fan_out)
         failed = [lock.name for lock, result in zip(locks, results, strict=True) if isinstance(result, BaseException)]
         if failed:  # those locks stay in Redis; whoever uses such a key next retires it
             logger.debug("Could not retire %d key lock(s), e.g. %r: %s", len(failed), failed[0], results)

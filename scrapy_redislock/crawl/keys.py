@@ -57,7 +57,7 @@ def key_function(value: Any, setting: str = "REDISLOCK_STAGE_KEY") -> KeyFunctio
             raise ConfigError(f"{setting} cannot be loaded: {value!r} ({exc})") from None
     if not callable(value):
         raise ConfigError(f"{setting} must be a function (request, spider) -> key or None, got {value!r}")
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def key_of(request: Request, spider: Any, function: KeyFunction) -> str | None:

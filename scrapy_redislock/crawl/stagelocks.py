@@ -86,11 +86,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import redis.asyncio
 import redis.exceptions
@@ -100,7 +101,7 @@ from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.reactor import is_reactor_installed
 
 from scrapy_redislock._loop import every, start_now
-from scrapy_redislock._redis import Backoff, text
+from scrapy_redislock._redis import AsyncRedisClient, Backoff, text
 from scrapy_redislock.crawl.connection import mask_url
 from scrapy_redislock.crawl.engine import downloader_active
 from scrapy_redislock.errors import AcquireTimeout, LockConnectionError, UnknownStage
@@ -112,7 +113,6 @@ from scrapy_redislock.lock.quorum import AsyncQuorumCountingLock, QuorumLockFact
 from scrapy_redislock.lock.status import StageStatus, astage_status, why_waiting
 
 if TYPE_CHECKING:
-    import redis.asyncio
     from scrapy import Request
     from scrapy.crawler import Crawler
 
@@ -150,6 +150,43 @@ UNCLEAN_CLOSE_TIMEOUT = 3.0  # a forced shutdown waits at most this long for Red
 # What holds a stage's slots, and what a slot is: the one difference a quorum of masters makes.
 StageLock = AsyncCountingLock | AsyncQuorumCountingLock
 SlotPermit = Permit | QuorumPermit
+T = TypeVar("T")
+
+
+class SystemEvents(Protocol):
+    """The system event triggers of Twisted's IReactorCore, which every reactor provides. (Twisted's interfaces
+    declare their methods without ``self``, for the mypy-zope plugin: without it mypy reads each argument one
+    place off.)"""
+
+    def addSystemEventTrigger(
+        self, phase: str, eventType: str, callable: Callable[..., Any], *args: object, **kwargs: object
+    ) -> Any: ...
+
+    def removeSystemEventTrigger(self, triggerID: Any) -> None: ...
+
+
+def release_on(lock: StageLock, permit: SlotPermit) -> Awaitable[bool]:
+    """``lock.release(permit)``, for a permit that ``lock`` granted (a quorum lock's permits are QuorumPermits)."""
+    if isinstance(lock, AsyncQuorumCountingLock):
+        return lock.release(cast(QuorumPermit, permit))
+    return lock.release(cast(Permit, permit))
+
+
+def close_lock(lock: StageLock, retire: bool) -> Awaitable[int]:
+    """``lock.aclose()``; ``retire``: a single-Redis lock is deleted from Redis when unused (a key's lock, see
+    KeyLocks; keys never use a quorum lock, which has no retire)."""
+    if isinstance(lock, AsyncCountingLock):
+        return lock.aclose(retire=retire)
+    return lock.aclose()
+
+
+def _hget_limit(client: AsyncRedisClient, meta: str) -> Awaitable[Any]:
+    return client.hget(meta, "limit")
+
+
+def slot_id(permit: SlotPermit) -> str:
+    """How the log names a slot: its grant id (a quorum permit: its token, a grant per master)."""
+    return permit.grant if isinstance(permit, Permit) else permit.token
 
 
 # -- the renewal loop: one per process (per event loop) ----------------------------------------------------------
@@ -240,7 +277,7 @@ class StageLocks:
         self.lock_prefix = lock_prefix
         self.stats_prefix = stats_prefix
         self.clients = settings.async_clients()  # one, or one per master of a quorum
-        self.client: redis.asyncio.Redis = self.clients[0]
+        self.client: AsyncRedisClient = self.clients[0]
         # A quorum's per-master waiting connections, shared by every stage.
         self.quorum = QuorumLockFactory(self.clients, asyncio=True) if settings.masters else None
         self.spider_name = getattr(crawler.spidercls, "name", None)
@@ -278,13 +315,17 @@ class StageLocks:
         """A stage's lock: the single-Redis lock, or the quorum lock over the masters of REDISLOCK_URL."""
         identity = {"spider": self.spider_name, "waiting": 0, "limit": limit}
         if self.quorum is not None:
-            return self.quorum.lock(  # type: ignore[return-value]
-                name,
-                limit,
-                self.settings.ttl,
-                key_prefix=self.settings.key_prefix,
-                quorum=self.settings.quorum,
-                identity=identity,
+            # The factory's masters are redis.asyncio clients: its locks are AsyncQuorumCountingLocks.
+            return cast(
+                AsyncQuorumCountingLock,
+                self.quorum.lock(
+                    name,
+                    limit,
+                    self.settings.ttl,
+                    key_prefix=self.settings.key_prefix,
+                    quorum=self.settings.quorum,
+                    identity=identity,
+                ),
             )
         return AsyncCountingLock(
             self.client,
@@ -457,7 +498,7 @@ class StageLocks:
         for stage in sorted(set(self.limits) - set(self.locks)):
             # Unlimited here; say so when other processes cap it, since their cap does not hold for this one.
             meta = LockKeys.of(self.settings.key_prefix, f"{self.lock_prefix}{stage}").meta
-            other = await self._first_answer(lambda client, meta=meta: client.hget(meta, "limit"))
+            other = await self._first_answer(functools.partial(_hget_limit, meta=meta))
             if other is not None:
                 logger.warning(
                     "Stage %r is unlimited in this process but capped at %s in Redis by other processes",
@@ -489,7 +530,8 @@ class StageLocks:
         those that do not (a quorum lock goes on without them). LockConnectionError (retried) otherwise."""
         replies = await asyncio.gather(*(client.ping() for client in self.clients), return_exceptions=True)
         failed = {i: r for i, r in enumerate(replies) if isinstance(r, BaseException)}
-        needed = max((lock.quorum for lock in self.locks.values()), default=1)  # type: ignore[union-attr]
+        quorum_locks = [lock for lock in self.locks.values() if isinstance(lock, AsyncQuorumCountingLock)]  # (all)
+        needed = max((lock.quorum for lock in quorum_locks), default=1)
         if len(self.clients) - len(failed) < needed:
             refused = [exc for exc in failed.values() if isinstance(exc, REFUSED)]
             raise refused[0] if refused else self._no_quorum(failed, needed)
@@ -514,7 +556,7 @@ class StageLocks:
             f"{answered} of {len(self.clients)} masters answer, {needed} needed; {self._masters_said(failed)}"
         )
 
-    async def _first_answer(self, ask: Callable[[Any], Awaitable[Any]]) -> Any:
+    async def _first_answer(self, ask: Callable[[AsyncRedisClient], Awaitable[T]]) -> T:
         """``ask(client)`` of the first master that answers (the one Redis without a quorum); its error if none."""
         error: BaseException | None = None
         for client in self.clients:
@@ -550,8 +592,8 @@ class StageLocks:
         A quorum lock waits when fewer than q masters have a free slot: said master by master."""
         lock = self.locks[stage]
         if not isinstance(lock, AsyncQuorumCountingLock):
-            status = await self.read_status(stage)
-            return "" if status is None else why_waiting(status)
+            found = await self.read_status(stage)
+            return "" if found is None else why_waiting(found)
         said: dict[int, str] = {}
         free = 0
         for index, status in enumerate(await self.read_statuses(stage)):
@@ -627,7 +669,9 @@ class StageLocks:
         if is_reactor_installed():
             from twisted.internet import reactor
 
-            self._shutdown_trigger = reactor.addSystemEventTrigger("before", "shutdown", self._reactor_stopping)
+            self._shutdown_trigger = cast(SystemEvents, reactor).addSystemEventTrigger(
+                "before", "shutdown", self._reactor_stopping
+            )
 
     def _reactor_stopping(self) -> Any:
         self._shutdown_trigger = None
@@ -695,7 +739,7 @@ class StageLocks:
         if lock is None or permit.lost:
             return
         try:
-            await lock.release(permit)
+            await release_on(lock, permit)
         except REDIS_ERRORS as exc:
             if self.closed:
                 return  # close() frees every grant of this process in one call anyway
@@ -773,12 +817,12 @@ class StageLocks:
         stage = self._stage_by_lock.get(permit.name, permit.name)
         self.stats.inc_value(f"{self.stats_prefix}/{stage}/unusable")
         if permit.lost or permit.released:
-            logger.info("Slot %s of %r was lost: no request starts with it", permit.grant, stage)
+            logger.info("Slot %s of %r was lost: no request starts with it", slot_id(permit), stage)
         else:
             logger.warning(
                 "Slot %s of %r: its lease ran out %.1f s ago unrenewed (Redis out of reach, or a stall); no request "
                 "starts with it",
-                permit.grant,
+                slot_id(permit),
                 stage,
                 now - permit.valid_until,
             )
@@ -845,7 +889,7 @@ class StageLocks:
             if lock is None or permit.lost:
                 continue
             try:
-                await lock.release(permit)
+                await release_on(lock, permit)
             except REDIS_ERRORS:
                 self._unreleased.extend(pending[index:])
                 raise
@@ -894,7 +938,7 @@ class StageLocks:
             from twisted.internet import reactor
 
             with contextlib.suppress(ValueError, KeyError):
-                reactor.removeSystemEventTrigger(self._shutdown_trigger)
+                cast(SystemEvents, reactor).removeSystemEventTrigger(self._shutdown_trigger)
             self._shutdown_trigger = None
         if self._renewer is not None:
             self._renewer.leave(self)
@@ -906,7 +950,7 @@ class StageLocks:
             await asyncio.wait(pending, timeout=CLOSE_TIMEOUT)
 
         async def free(stage: str, lock: StageLock) -> None:
-            closing = lock.aclose(retire=True) if self.retire_on_close else lock.aclose()  # type: ignore[call-arg]
+            closing = close_lock(lock, retire=self.retire_on_close)
             try:
                 await asyncio.wait_for(closing, CLOSE_TIMEOUT)
             except (TimeoutError, *REDIS_ERRORS) as exc:
@@ -935,7 +979,7 @@ class StageLocks:
             return
         await asyncio.sleep(LATE_GRANT_PAUSE)
 
-        async def on(client: Any) -> None:
+        async def on(client: AsyncRedisClient) -> None:
             runner = CommandRunner(client)
             for lock in self.locks.values():
                 freed = await adrive(release_consumer(lock.keys, lock.owner), runner, lock.name)

@@ -79,9 +79,9 @@ def effective_callback(request: Request, spider: Any) -> Any:
     if isinstance(callback, str):
         return getattr(spider, callback, callback)
     if _name_of(callback) == "_callback" and "rule" in request.meta:
-        rules = getattr(spider, "_rules", None)
+        rules: Any = getattr(spider, "_rules", None)  # CrawlSpider's compiled rules; anything else fails below
         try:
-            return rules[request.meta["rule"]].callback  # type: ignore[index]
+            return rules[request.meta["rule"]].callback
         except (TypeError, IndexError, KeyError, AttributeError):
             return callback
     return callback

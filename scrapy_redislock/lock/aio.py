@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio
 
@@ -19,8 +19,10 @@ from scrapy_redislock.lock.protocol import Operation, adrive
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 
-class AsyncCountingLock(TaskContext, LockFront):
+
+class AsyncCountingLock(TaskContext[Permit], LockFront):
     """A fair, leased counting lock (semaphore) in Redis, for asyncio code."""
 
     client_types = (redis.asyncio.Redis, redis.asyncio.RedisCluster)
@@ -32,7 +34,7 @@ class AsyncCountingLock(TaskContext, LockFront):
         self._wake: asyncio.Event | None = None
         self._closed = False
 
-    async def _run(self, op: Operation) -> Any:
+    async def _run(self, op: Operation[T]) -> T:
         return await adrive(op, self._command, self.name)
 
     async def acquire(self, timeout: float | None = None) -> Permit:

@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 import redis.exceptions
 
@@ -240,7 +240,7 @@ class LockCore:
 
     # -- operations (generators) ----------------------------------------------
 
-    def setup(self, recover: bool = False) -> Operation:
+    def setup(self, recover: bool = False) -> Operation[tuple[bool, int]]:
         """Create the lock in Redis if needed and register this owner."""
         k = self.keys
         reply = yield self._script(
@@ -261,7 +261,7 @@ class LockCore:
             self.limit = int(limit)  # what to recreate the lock with if Redis loses it
         return bool(created), int(limit)
 
-    def _ensure_setup(self) -> Operation:
+    def _ensure_setup(self) -> Operation[None]:
         """Set up (again after a quiet spell: the owner may have been forgotten, and its ttl with it).
 
         An object that has seen the lock before recreates a missing one in limbo: it can only be missing because
@@ -275,7 +275,15 @@ class LockCore:
                     raise LockError(f"lock {self.name!r} does not exist in Redis and no limit was given") from None
                 raise
 
-    def acquire(self, timeout: float | None, blocking: bool = True, holder: Any = None) -> Operation:
+    @overload
+    def acquire(
+        self, timeout: float | None, blocking: Literal[True] = True, holder: object = None
+    ) -> Operation[Permit]: ...
+
+    @overload
+    def acquire(self, timeout: float | None, blocking: bool, holder: object = None) -> Operation[Permit | None]: ...
+
+    def acquire(self, timeout: float | None, blocking: bool = True, holder: object = None) -> Operation[Permit | None]:
         """Wait for a slot (FIFO across all processes); None when not blocking and none is free."""
         timeout = check_timeout(timeout)
         if self.reentrant and holder is not None and holder in self.by_holder:
@@ -297,7 +305,7 @@ class LockCore:
             finished = False
             asked_at = self.clock()
             try:
-                if blocking and not last_try:
+                if blocking and block_ms is not None:  # (that is, not last_try)
                     reply = yield ReadGrant(self.keys.slots, consumer, block_ms, self.keys.meta, self.durable)
                     grant = self._grant_from(reply)
                 else:  # one look without blocking: a script, which notices a restart of Redis first
@@ -340,7 +348,7 @@ class LockCore:
                 self._idle(consumer)
                 raise AcquireTimeout(f"lock {self.name!r}: no slot within {timeout} s")
 
-    def _still_granted(self, permit: Permit) -> Operation:
+    def _still_granted(self, permit: Permit) -> Operation[bool]:
         """Renew a grant whose reply came late; False if its lease was already reaped.
 
         Redis made the grant at some moment between the ask and the reply. A reply that took half a lease or more (a
@@ -388,14 +396,14 @@ class LockCore:
             return None
         return str(text(entry[0]))
 
-    def _wait_replicas(self) -> Operation:
+    def _wait_replicas(self) -> Operation[int]:
         """How many replicas acknowledged everything this lock's master did so far (waits up to renew_interval)."""
         k = self.keys
         timeout_ms = max(1, round(self.renew_interval * 1000))
         reply = yield WaitReplicas(k.owners, self.owner, json.dumps(self.identity), self.replicas, timeout_ms)
         return int(reply[-1])
 
-    def _confirm_grant(self, permit: Permit) -> Operation:
+    def _confirm_grant(self, permit: Permit) -> Operation[None]:
         """With ``replicas``: the grant is on that many replicas, or it is given back and NotReplicated raised.
 
         The permit is not in ``held`` yet, so it stays under its wait's consumer: if this is cancelled, abandoning
@@ -423,7 +431,7 @@ class LockCore:
             "given back"
         ) from error
 
-    def release(self, permit: Permit, confirm: bool = True) -> Operation:
+    def release(self, permit: Permit, confirm: bool = True) -> Operation[bool]:
         """True if the permit was held and is now given back; False for a stale permit."""
         if not isinstance(permit, Permit):
             raise InvalidArgument(f"permit must be a Permit, got {permit!r}")
@@ -467,7 +475,7 @@ class LockCore:
             if held is permit:
                 del self.by_holder[holder]
 
-    def maintain(self, permits: list[Permit] | None = None) -> Operation:
+    def maintain(self, permits: list[Permit] | None = None) -> Operation[list[Permit]]:
         """Renew exactly ``permits`` (default: all held), free abandoned waits' grants, reap expired leases.
 
         Returns the permits found lost. A permit released while this ran is never reported lost, and a limbo slot
@@ -548,20 +556,20 @@ class LockCore:
         permit.leased_at = max(permit.leased_at, since)
         permit.valid_until = permit.leased_at + self.ttl
 
-    def renew(self, permit: Permit) -> Operation:
+    def renew(self, permit: Permit) -> Operation[None]:
         """Extend one permit's lease; LockLost if it is gone. Other permits are not touched."""
         lost = yield from self.maintain([permit])
         if lost:
             raise LockLost(f"lock {self.name!r}: lease of permit {permit.token} is gone")
         return None
 
-    def set_limit(self, limit: object) -> Operation:
+    def set_limit(self, limit: object) -> Operation[int | None]:
         """Change the cluster-wide limit live; returns the previous one (None if new)."""
         new = check_limit(limit)
         previous = yield from self.set_limit_op(new, recover=False)
         return previous
 
-    def set_limit_op(self, new: int, recover: bool) -> Operation:
+    def set_limit_op(self, new: int, recover: bool) -> Operation[int | None]:
         """Set the limit; a missing lock is created, with every slot reserved for one lease when ``recover``."""
         previous = yield self._script(
             "set_limit",
@@ -576,18 +584,18 @@ class LockCore:
         previous = int(previous)
         return None if previous < 0 else previous
 
-    def get_limit(self) -> Operation:
+    def get_limit(self) -> Operation[int | None]:
         """The limit in Redis now (None if the lock does not exist there)."""
         value = yield Call(("HGET", self.keys.meta, "limit"))
         return None if value is None else int(text(value))
 
-    def release_all(self) -> Operation:
+    def release_all(self) -> Operation[int]:
         """Free every grant of this owner (every consumer of it) and unregister it (on close)."""
         freed = yield from release_consumer(self.keys, self.owner)
         self._drop_all()
         return int(freed)
 
-    def retire(self) -> Operation:
+    def retire(self) -> Operation[tuple[int, bool]]:
         """Like :meth:`release_all`, and delete the lock from Redis when nobody else holds, waits or is registered.
 
         For locks made for keys met at run time (a domain): once idle they leave nothing in Redis. A later setup
@@ -614,7 +622,7 @@ class LockCore:
 # -- operator actions (the command line); they work on any lock, not on one lock object ----------------
 
 
-def release_consumer(keys: LockKeys, owner: str) -> Operation:
+def release_consumer(keys: LockKeys, owner: str) -> Operation[int]:
     """Free every grant of one owner (all its consumers) and forget it: an operator freeing a dead worker."""
     freed = yield RunScript(
         "release_owner", (keys.slots, keys.meta, keys.owners, keys.holds, keys.ttls, keys.seen), (owner,)
@@ -622,7 +630,7 @@ def release_consumer(keys: LockKeys, owner: str) -> Operation:
     return int(freed)
 
 
-def reset_lock(keys: LockKeys) -> Operation:
+def reset_lock(keys: LockKeys) -> Operation[tuple[int, int]]:
     """Free every grant and forget every consumer; the limit stays. Returns (grants freed, limit)."""
     freed, limit = yield RunScript("reset", (keys.slots, keys.meta, keys.owners, keys.holds, keys.ttls, keys.seen), ())
     return int(freed), int(limit)

@@ -34,7 +34,7 @@ def gap_of(delay: float, randomize: bool, rng: Callable[[], float] = random.rand
     return delay * (0.5 + rng()) if randomize else delay
 
 
-def book_start(gate: str, gap: float) -> Operation:
+def book_start(gate: str, gap: float) -> Operation[tuple[float, float]]:
     """Book the next start of ``gate``, keeping ``gap`` seconds after it; returns (seconds to wait first, the
     booked moment in seconds since the epoch on Redis's clock)."""
     wait, start = text((yield RunScript("delay", (gate,), (max(0, round(gap * 1_000_000)),))))

@@ -11,20 +11,21 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis.asyncio
 import redis.exceptions
 
 from scrapy_redislock.errors import InvalidArgument
-from scrapy_redislock.lock.core import GROUP, Clock, LockCore, Permit, lock_scripts
+from scrapy_redislock.lock.core import GROUP, Clock, LockCore, LockKeys, Permit, lock_scripts
 from scrapy_redislock.lock.protocol import Call, Command, ReadGrant, WaitReplicas
 
 logger = logging.getLogger(__name__)
 
 LostCallback = Callable[[Permit], object]
+P = TypeVar("P")  # the permit type of a front: Permit, or QuorumPermit
 
 
 def log_lost(permit: Permit) -> None:
@@ -303,18 +304,37 @@ class LockFront:
             durable=durable,
         )
         self._client = client
-        self._command = CommandRunner(client, self._waiting_client)
+        # What drive() / adrive() send the commands through (the worker front wraps it: workers/slots.py).
+        self._command: Callable[[Command], Any] = CommandRunner(client, self._waiting_client)
         self.auto_renew = auto_renew
         self.maintain_loop = maintain_loop
         self.on_lost: LostCallback = on_lost or log_lost
         self._idle_ticks = 0  # loop ticks in a row with nothing to do
         self._callers = 0  # acquire() calls in progress (a wait is served by the loop from its very start)
 
-    name = property(lambda self: self._core.name, doc="The lock's name (the stage).")
-    owner = property(lambda self: self._core.owner, doc="This object's owner token in Redis.")
-    ttl = property(lambda self: self._core.ttl, doc="Lease seconds (as stored in Redis).")
-    keys = property(lambda self: self._core.keys, doc="The lock's Redis keys.")
-    renew_interval = property(lambda self: self._core.renew_interval)
+    @property
+    def name(self) -> str:
+        """The lock's name (the stage)."""
+        return self._core.name
+
+    @property
+    def owner(self) -> str:
+        """This object's owner token in Redis."""
+        return self._core.owner
+
+    @property
+    def ttl(self) -> float:
+        """Lease seconds (as stored in Redis)."""
+        return self._core.ttl
+
+    @property
+    def keys(self) -> LockKeys:
+        """The lock's Redis keys."""
+        return self._core.keys
+
+    @property
+    def renew_interval(self) -> float:
+        return self._core.renew_interval
 
     def annotate(self, **fields: Any) -> None:
         """Add fields to this owner's identity in Redis (sent with the next maintain), e.g. waiting=3."""
@@ -371,14 +391,14 @@ class LockFront:
                 logger.exception("on_lost callback of lock %r failed", self.name)
 
 
-class ThreadContext:
+class ThreadContext(Generic[P]):
     """``with lock as permit``: acquire, and on exit release that permit; one stack per thread, so nesting works."""
 
     _local: threading.local
-    acquire: Callable[[], Any]
-    release: Callable[[Any], Any]
+    acquire: Callable[[], P]
+    release: Callable[[P], object]
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> P:
         permit = self.acquire()
         self._local.__dict__.setdefault("stack", []).append(permit)
         return permit
@@ -389,14 +409,14 @@ class ThreadContext:
         self.release(self._local.stack.pop())
 
 
-class TaskContext:
+class TaskContext(Generic[P]):
     """``async with lock as permit``: the same per asyncio task."""
 
-    _context: dict[asyncio.Task[Any] | None, list[Any]]
-    acquire: Callable[[], Any]
-    release: Callable[[Any], Any]
+    _context: dict[asyncio.Task[Any] | None, list[P]]
+    acquire: Callable[[], Awaitable[P]]
+    release: Callable[[P], Awaitable[object]]
 
-    async def __aenter__(self) -> Any:
+    async def __aenter__(self) -> P:
         permit = await self.acquire()
         self._context.setdefault(asyncio.current_task(), []).append(permit)
         return permit

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis.exceptions
 
@@ -67,7 +67,16 @@ class WaitReplicas:
 
 
 Command = RunScript | ReadGrant | Call | WaitReplicas
-Operation = Generator[Command, Any, Any]
+T = TypeVar("T")
+# An operation yields commands, is sent their replies (whatever redis-py decoded: Any) and returns its result.
+Operation = Generator[Command, Any, T]
+
+
+@dataclass(frozen=True)
+class Finished(Generic[T]):
+    """What :func:`step` returns when the operation has ended: its result."""
+
+    value: T
 
 
 def translate_error(name: str, exc: BaseException) -> BaseException:
@@ -87,39 +96,40 @@ def is_missing_lock(exc: BaseException) -> bool:
     return isinstance(exc, redis.exceptions.ResponseError) and (message.startswith("NOGROUP") or "NOLOCK" in message)
 
 
-def step(op: Operation, name: str, reply: Any, error: BaseException | None) -> tuple[bool, Any]:
-    """Advance an operation by one reply; (True, result) when it has finished."""
+def step(op: Operation[T], name: str, reply: Any, error: BaseException | None) -> Command | Finished[T]:
+    """Advance an operation by one reply: the next command, or :class:`Finished` with its result."""
     try:
         command = op.send(reply) if error is None else op.throw(error)
     except StopIteration as stop:
-        return True, stop.value
+        result: T = stop.value
+        return Finished(result)
     except BaseException as exc:
         translated = translate_error(name, exc)
         if translated is exc:
             raise
         raise translated from exc
-    return False, command
+    return command
 
 
-def drive(op: Operation, execute: Callable[[Command], Any], name: str) -> Any:
+def drive(op: Operation[T], execute: Callable[[Command], Any], name: str) -> T:
     """Run an operation with a blocking executor (the sync front)."""
     reply: Any = None
     error: BaseException | None = None
     try:
         while True:
-            done, value = step(op, name, reply, error)
-            if done:
-                return value
+            command = step(op, name, reply, error)
+            if isinstance(command, Finished):
+                return command.value
             reply, error = None, None
             try:
-                reply = execute(value)
+                reply = execute(command)
             except redis.exceptions.RedisError as exc:
                 error = exc
     finally:
         op.close()  # interrupted mid-command: run the operation's cleanup now, not at garbage collection
 
 
-async def adrive(op: Operation, execute: Callable[[Command], Awaitable[Any]], name: str) -> Any:
+async def adrive(op: Operation[T], execute: Callable[[Command], Awaitable[Any]], name: str) -> T:
     """Run an operation with a coroutine executor (the asyncio front).
 
     A cancellation that came while a command was out ends the operation even if the client returned a reply: on
@@ -132,13 +142,13 @@ async def adrive(op: Operation, execute: Callable[[Command], Awaitable[Any]], na
     error: BaseException | None = None
     try:
         while True:
-            done, value = step(op, name, reply, error)
-            if done:
-                return value
+            command = step(op, name, reply, error)
+            if isinstance(command, Finished):
+                return command.value
             reply, error = None, None
             cancels = task.cancelling() if task is not None else 0
             try:
-                reply = await execute(value)
+                reply = await execute(command)
             except redis.exceptions.RedisError as exc:
                 error = exc
             if task is not None and task.cancelling() > cancels:

@@ -48,9 +48,9 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis
 import redis.asyncio
@@ -62,12 +62,15 @@ from scrapy_redislock._loop import every, stop
 from scrapy_redislock._redis import Backoff, check_limit, check_timeout
 from scrapy_redislock.errors import AcquireTimeout, InvalidArgument, LockConnectionError, LockError, LockLost
 from scrapy_redislock.lock.aio import AsyncCountingLock
-from scrapy_redislock.lock.core import Clock, LockCore, Permit, default_identity
+from scrapy_redislock.lock.core import Clock, LockCore, LockKeys, Permit, default_identity
 from scrapy_redislock.lock.front import LockFront, TaskContext, ThreadContext, waiting_client
 from scrapy_redislock.lock.protocol import Call, Operation, adrive, drive
 from scrapy_redislock.lock.sync import CountingLock
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+F = TypeVar("F", bound=LockFront)  # the per-master lock front: CountingLock or AsyncCountingLock
 
 DRIFT_FACTOR = 0.01  # as Redlock: clocks may run 1% apart over a ttl
 DRIFT_MS = 2  # plus this much for the rounding of Redis's millisecond clock
@@ -97,7 +100,7 @@ def safe_quorum(masters: int, limit: int) -> int:
 class Fanout:
     """Run one lock operation on each of these masters; the reply maps master index -> result or exception."""
 
-    ops: dict[int, Operation]
+    ops: dict[int, Operation[object]]
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,8 @@ class Pause:
     seconds: float
 
 
-QuorumOperation = Any  # Generator[Fanout | LeadWait | Pause, Any, Any]
+# Like Operation: yields these, is sent their replies (a Fanout's and LeadWait's: index -> result or exception).
+QuorumOperation = Generator[Fanout | LeadWait | Pause, Any, T]
 Pending = list[tuple[int, Permit]]  # master index, grant: what an acquire in progress holds
 
 
@@ -162,7 +166,7 @@ class QuorumPermit:
         return f"{self.owner}/" + ",".join(f"{i}:{p.grant}" for i, p in sorted(self.grants.items()))
 
 
-def _exists(core: LockCore) -> Operation:
+def _exists(core: LockCore) -> Operation[object]:
     return (yield Call(("EXISTS", core.keys.slots)))
 
 
@@ -180,7 +184,7 @@ class QuorumCore:
     reentrant: bool = False
     owner: str = ""
     held: dict[int, QuorumPermit] = field(default_factory=dict)  # id(permit) -> permit
-    by_holder: dict[Any, QuorumPermit] = field(default_factory=dict)
+    by_holder: dict[object, QuorumPermit] = field(default_factory=dict)
     known: bool = False  # the lock was seen on some master: a master missing it lost it (restart)
     last_round: str = ""
     down_until: list[float] = field(default_factory=list)  # per master: not the lead before this time
@@ -248,7 +252,7 @@ class QuorumCore:
         for core in self.cores:
             core.ever_set_up = True
 
-    def _probe(self, skip: int | None = None) -> QuorumOperation:
+    def _probe(self, skip: int | None = None) -> QuorumOperation[None]:
         """Until the lock was seen: does it exist on any master (but ``skip``)? Then a master without it lost it
         (restarted empty), and every per-master setup or set_limit that finds it missing recreates it in limbo. Run
         before anything this object writes could create the lock: one EXISTS per master, only while the lock was
@@ -259,7 +263,7 @@ class QuorumCore:
         if any(not isinstance(r, BaseException) and int(r) for r in replies.values()):
             self._known()
 
-    def set_limit(self, limit: int) -> QuorumOperation:
+    def set_limit(self, limit: int) -> QuorumOperation[tuple[int | None, dict[int, BaseException]]]:
         """Write ``limit`` to every master: (the previous limit of the first master that had one, the masters that
         failed: index -> error). A master that lacks the lock while another has it gets it in limbo (every slot
         reserved for one lease: it lost the lock, and a holder may be about to re-adopt its grant there); only a
@@ -268,7 +272,7 @@ class QuorumCore:
         recover = self.known
         replies = yield Fanout({i: core.set_limit_op(limit, recover) for i, core in enumerate(self.cores)})
         failed: dict[int, BaseException] = {}
-        previous = None
+        previous: int | None = None
         for index in sorted(replies):
             reply = replies[index]
             if isinstance(reply, BaseException):
@@ -280,8 +284,8 @@ class QuorumCore:
         return previous, failed
 
     def acquire(
-        self, timeout: float | None, blocking: bool = True, holder: Any = None, pending: Pending | None = None
-    ) -> QuorumOperation:
+        self, timeout: float | None, blocking: bool = True, holder: object = None, pending: Pending | None = None
+    ) -> QuorumOperation[QuorumPermit | None]:
         """A permit on >= quorum masters (see the module docstring); None when not blocking and the round lost.
 
         ``pending`` is kept listing the per-master grants this call holds that no permit owns yet: if the call is
@@ -290,12 +294,13 @@ class QuorumCore:
         pending = [] if pending is None else pending
         timeout = check_timeout(timeout)
         if self.reentrant and holder is not None and holder in self.by_holder:
-            permit = self.by_holder[holder]
-            if not permit.lost and not permit.released:
-                permit.holds += 1
-                return permit
+            again = self.by_holder[holder]
+            if not again.lost and not again.released:
+                again.holds += 1
+                return again
             del self.by_holder[holder]
         yield from self._probe()
+        permit: QuorumPermit | None
         if blocking:
             permit = yield from self._wait(None if timeout is None else self.clock() + timeout, timeout, pending)
         else:
@@ -311,7 +316,7 @@ class QuorumCore:
         now = self.clock()
         return next((i for i, until in enumerate(self.down_until) if until <= now), None)
 
-    def _wait(self, deadline: float | None, timeout: float | None, pending: Pending) -> QuorumOperation:
+    def _wait(self, deadline: float | None, timeout: float | None, pending: Pending) -> QuorumOperation[QuorumPermit]:
         """Queue at the lead master (its FIFO), then gather the rest of the quorum; give up the lead slot and queue
         again (at the back) after ``renew_interval`` without a quorum, so split leads never wait on each other."""
         backoff = Backoff(RETRY_FIRST, max(RETRY_FIRST, min(RETRY_MOST, self.renew_interval)))
@@ -368,14 +373,14 @@ class QuorumCore:
 
     def _round(
         self, pending: Pending, lead: tuple[int, Permit] | None = None, since: float | None = None
-    ) -> QuorumOperation:
+    ) -> QuorumOperation[QuorumPermit | None]:
         """Ask every master for a slot without blocking; a win needs >= quorum grants and validity left.
 
         The lead's slot, already held, is not asked for: with ``since`` (its lease began after that time) the
         validity is counted from ``since``; without, the slot is renewed in this round, its lease starting in it.
         """
         started = self.clock() if since is None else since
-        ops = {i: core.acquire(None, blocking=False) for i, core in enumerate(self.cores)}
+        ops: dict[int, Operation[object]] = {i: core.acquire(None, blocking=False) for i, core in enumerate(self.cores)}
         if lead is not None:
             if since is None:
                 ops[lead[0]] = self.cores[lead[0]].maintain([lead[1]])
@@ -406,7 +411,7 @@ class QuorumCore:
         pending[:] = [(i, p) for i, p in pending if p not in partial.values()]
         return None
 
-    def release(self, permit: QuorumPermit) -> QuorumOperation:
+    def release(self, permit: QuorumPermit) -> QuorumOperation[bool]:
         """Give the slot back on every master; True when >= q masters still held it."""
         if not isinstance(permit, QuorumPermit):
             raise InvalidArgument(f"permit must be a QuorumPermit, got {permit!r}")
@@ -432,14 +437,14 @@ class QuorumCore:
             if held is permit:
                 del self.by_holder[holder]
 
-    def maintain(self, permits: list[QuorumPermit] | None = None) -> QuorumOperation:
+    def maintain(self, permits: list[QuorumPermit] | None = None) -> QuorumOperation[list[QuorumPermit]]:
         """Renew ``permits`` (default: all held) on every master; returns those fewer than q masters renewed.
 
         A lost permit's remaining grants are given back. Masters with an abandoned wait are maintained too.
         """
         targets = list(self.held.values()) if permits is None else list(permits)
         started = self.clock()
-        ops: dict[int, Operation] = {}
+        ops: dict[int, Operation[object]] = {}
         for i, core in enumerate(self.cores):
             mine = [p.grants[i] for p in targets if i in p.grants]
             if mine or core.abandoned:
@@ -466,7 +471,7 @@ class QuorumCore:
         for permit in lost:
             permit.lost = True
             self._forget(permit)
-        rest = {}
+        rest: dict[int, list[Permit]] = {}
         for permit in lost:
             for i, grant in permit.grants.items():
                 rest.setdefault(i, []).append(grant)
@@ -474,13 +479,13 @@ class QuorumCore:
             yield Fanout({i: self._release_each(i, grants) for i, grants in rest.items()})
         return lost
 
-    def _release_each(self, index: int, grants: list[Permit]) -> Operation:
+    def _release_each(self, index: int, grants: list[Permit]) -> Operation[None]:
         for grant in grants:
             yield from self.cores[index].release(grant)
 
-    def sweep(self, pending: Pending) -> QuorumOperation:
+    def sweep(self, pending: Pending) -> QuorumOperation[None]:
         """Give back an interrupted acquire's ``pending`` grants, and free abandoned waits, on every master."""
-        ops: dict[int, Operation] = {}
+        ops: dict[int, Operation[object]] = {}
         for i, core in enumerate(self.cores):
             orphans = [p for j, p in pending if j == i]
             if orphans or core.abandoned:
@@ -489,7 +494,7 @@ class QuorumCore:
         if ops:
             yield Fanout(ops)
 
-    def _sweep_one(self, index: int, orphans: list[Permit]) -> Operation:
+    def _sweep_one(self, index: int, orphans: list[Permit]) -> Operation[None]:
         yield from self._release_each(index, orphans)
         if self.cores[index].abandoned:
             yield from self.cores[index].maintain([])
@@ -504,11 +509,11 @@ class QuorumCore:
         return count
 
 
-class QuorumFront:
+class QuorumFront(Generic[F]):
     """What both quorum fronts share: argument checks, the core, one command runner per master."""
 
     client_types: tuple[type, ...] = ()
-    master_class: type[LockFront] = LockFront
+    master_class: type[F]  # set by each front
 
     def __init__(
         self,
@@ -565,12 +570,35 @@ class QuorumFront:
         self.auto_renew = auto_renew
         self.on_lost = on_lost or (lambda p: logger.warning("quorum permit %s of %r was lost", p.token, p.name))
 
-    name = property(lambda self: self._core.name, doc="The lock's name.")
-    owner = property(lambda self: self._core.owner, doc="This object's owner name on every master.")
-    quorum = property(lambda self: self._core.quorum, doc="Masters a permit needs.")
-    ttl = property(lambda self: self._core.ttl, doc="Lease seconds on each master.")
-    renew_interval = property(lambda self: self._core.renew_interval, doc="ttl/3, at most 1 s.")
-    keys = property(lambda self: self._core.cores[0].keys, doc="The lock's Redis keys (the same on every master).")
+    @property
+    def name(self) -> str:
+        """The lock's name."""
+        return self._core.name
+
+    @property
+    def owner(self) -> str:
+        """This object's owner name on every master."""
+        return self._core.owner
+
+    @property
+    def quorum(self) -> int:
+        """Masters a permit needs."""
+        return self._core.quorum
+
+    @property
+    def ttl(self) -> float:
+        """Lease seconds on each master."""
+        return self._core.ttl
+
+    @property
+    def renew_interval(self) -> float:
+        """ttl/3, at most 1 s."""
+        return self._core.renew_interval
+
+    @property
+    def keys(self) -> LockKeys:
+        """The lock's Redis keys (the same on every master)."""
+        return self._core.cores[0].keys
 
     @property
     def held(self) -> list[QuorumPermit]:
@@ -613,7 +641,7 @@ class QuorumFront:
         return error
 
 
-class QuorumCountingLock(ThreadContext, QuorumFront):
+class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock]):
     """A counting lock held on a safe quorum of N independent ``redis.Redis`` masters, for blocking code.
 
     Masters are asked one after the other; give the clients a socket timeout well below ``ttl`` and no retries
@@ -631,20 +659,21 @@ class QuorumCountingLock(ThreadContext, QuorumFront):
         self._stop = threading.Event()
         self._answer_locks = [threading.Lock() for _ in self._masters]
 
-    def _one(self, index: int, op: Operation) -> Any:
+    def _one(self, index: int, op: Operation[object]) -> object:
         try:
             return drive(op, self._runners[index], self.name)
         except MASTER_ERRORS as exc:
             return exc
 
-    def _run(self, op: QuorumOperation) -> Any:
+    def _run(self, op: QuorumOperation[T]) -> T:
         reply: Any = None
         try:
             while True:
                 try:
                     command = op.send(reply)
                 except StopIteration as stop:
-                    return stop.value
+                    result: T = stop.value
+                    return result
                 if isinstance(command, Pause):
                     time.sleep(command.seconds)
                     reply = None
@@ -691,7 +720,7 @@ class QuorumCountingLock(ThreadContext, QuorumFront):
             if self._answers(index) or done.is_set():
                 continue
             cut.set()
-            waiting = self._fronts[index]._command.waiting
+            waiting = self._fronts[index]._waiting_client  # (its command runner's)
             if waiting is not None:
                 waiting.connection_pool.disconnect()
 
@@ -781,7 +810,7 @@ class QuorumCountingLock(ThreadContext, QuorumFront):
                 logger.exception("renewing quorum lock %r failed", self.name)
 
 
-class AsyncQuorumCountingLock(TaskContext, QuorumFront):
+class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCountingLock]):
     """A counting lock held on a safe quorum of N independent ``redis.asyncio.Redis`` masters; masters are asked
     all at once."""
 
@@ -795,20 +824,21 @@ class AsyncQuorumCountingLock(TaskContext, QuorumFront):
         self._closed = False
         self._pings: dict[int, asyncio.Future[bool]] = {}  # master index -> the PING in flight (see _answers)
 
-    async def _one(self, index: int, op: Operation) -> Any:
+    async def _one(self, index: int, op: Operation[object]) -> object:
         try:
             return await adrive(op, self._runners[index], self.name)
         except MASTER_ERRORS as exc:
             return exc
 
-    async def _run(self, op: QuorumOperation, pending: Pending | None = None) -> Any:
+    async def _run(self, op: QuorumOperation[T], pending: Pending | None = None) -> T:
         reply: Any = None
         try:
             while True:
                 try:
                     command = op.send(reply)
                 except StopIteration as stop:
-                    return stop.value
+                    result: T = stop.value
+                    return result
                 if isinstance(command, Pause):
                     await asyncio.sleep(command.seconds)
                     reply = None
@@ -828,9 +858,9 @@ class AsyncQuorumCountingLock(TaskContext, QuorumFront):
                         await asyncio.gather(*tasks, return_exceptions=True)
                         if pending is not None:
                             pending.extend(
-                                (i, t.result())
+                                (i, got)
                                 for i, t in zip(indexes, tasks, strict=True)
-                                if not t.cancelled() and isinstance(t.result(), Permit)
+                                if not t.cancelled() and isinstance(got := t.result(), Permit)
                             )
                         raise
                     reply = dict(zip(indexes, results, strict=True))
@@ -999,7 +1029,9 @@ class QuorumLockFactory:
         self.asyncio = isinstance(self.clients[0], redis.asyncio.Redis)
         self.waiting = [waiting_client(client) for client in self.clients]  # one blocking pool per master
 
-    def lock(self, name: str, limit: int, ttl: float = 30.0, **kwargs: Any) -> QuorumFront:
+    def lock(
+        self, name: str, limit: int, ttl: float = 30.0, **kwargs: Any
+    ) -> QuorumCountingLock | AsyncQuorumCountingLock:
         """A :class:`QuorumCountingLock` (or :class:`AsyncQuorumCountingLock`) over the factory's masters."""
         cls = AsyncQuorumCountingLock if self.asyncio else QuorumCountingLock
         return cls(self.clients, name, limit, ttl, waiting=self.waiting, **kwargs)

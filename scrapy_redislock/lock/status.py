@@ -24,7 +24,7 @@ import redis
 import redis.asyncio
 import redis.exceptions
 
-from scrapy_redislock._redis import text
+from scrapy_redislock._redis import AsyncRedisClient, RedisClient, text
 from scrapy_redislock.lock.core import GROUP, LIMBO, LockKeys, fence_of, owner_of
 
 MAX_LISTED = 10_000
@@ -134,7 +134,7 @@ def glob_escape(value: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", value)
 
 
-def tagged_keys(client: redis.Redis, prefix: str, pattern: str) -> dict[str, set[str]]:
+def tagged_keys(client: RedisClient, prefix: str, pattern: str) -> dict[str, set[str]]:
     """``{tag: {what follows the tag}}`` for the keys ``<prefix>:{<tag>}<pattern>`` (one SCAN)."""
     head = f"{prefix}:{{"
     found: dict[str, set[str]] = {}
@@ -148,7 +148,7 @@ def tagged_keys(client: redis.Redis, prefix: str, pattern: str) -> dict[str, set
 KEY_LOCK_PREFIX = "key:"  # locks of keys met at run time (REDISLOCK_STAGE_KEY) are named key:<key>
 
 
-def find_stages(client: redis.Redis, prefix: str) -> list[str]:
+def find_stages(client: RedisClient, prefix: str) -> list[str]:
     """Names of every lock under ``prefix`` (SCAN for ``<prefix>:{*}:meta``), sorted."""
     return sorted(tagged_keys(client, prefix, ":meta"))
 
@@ -174,14 +174,14 @@ def _queue_reads(pipe: Any, keys: LockKeys) -> None:
     pipe.hgetall(keys.owners)
 
 
-def stage_status(client: redis.Redis, prefix: str, stage: str) -> StageStatus | None:
+def stage_status(client: RedisClient, prefix: str, stage: str) -> StageStatus | None:
     """The stage's lock as Redis holds it now; None when there is no such lock under the prefix."""
     with client.pipeline(transaction=True) as pipe:
         _queue_reads(pipe, LockKeys.of(prefix, stage))
         return _parse(stage, pipe.execute(raise_on_error=False))
 
 
-async def astage_status(client: redis.asyncio.Redis, prefix: str, stage: str) -> StageStatus | None:
+async def astage_status(client: AsyncRedisClient, prefix: str, stage: str) -> StageStatus | None:
     """:func:`stage_status` for a redis.asyncio client (one MULTI/EXEC, read-only)."""
     async with client.pipeline(transaction=True) as pipe:
         _queue_reads(pipe, LockKeys.of(prefix, stage))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -19,8 +19,10 @@ from scrapy_redislock.lock.protocol import Operation, drive
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 
-class CountingLock(ThreadContext, LockFront):
+
+class CountingLock(ThreadContext[Permit], LockFront):
     """A fair, leased counting lock (semaphore) in Redis, for blocking code.
 
     ``limit`` slots are shared by every process using the same name and prefix;
@@ -39,7 +41,7 @@ class CountingLock(ThreadContext, LockFront):
         self._wake = threading.Event()
         self._stop = threading.Event()
 
-    def _run(self, op: Operation) -> Any:
+    def _run(self, op: Operation[T]) -> T:
         return drive(op, self._command, self.name)
 
     def acquire(self, timeout: float | None = None) -> Permit:

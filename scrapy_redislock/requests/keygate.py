@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
-    from scrapy_redislock.lock.core import Permit
+    from scrapy_redislock.crawl.stagelocks import SlotPermit
 
 
 class KeyGate:
@@ -58,7 +58,7 @@ class KeyGate:
         self.crawler = crawler
         self.settings = settings
         self.locks = KeyLocks.of(crawler, settings)
-        self.permits: dict[Request, Permit] = {}
+        self.permits: dict[Request, SlotPermit] = {}
         self.waiting: Counter[str] = Counter()
         self._suspects: set[Request] = set()
         self.locks.add_waiting_source(self.waiting.__getitem__)
@@ -113,14 +113,15 @@ class KeyGate:
         waited = time.monotonic() - started
         stats = self.crawler.stats
         stats.inc_value("redislock/keys/acquired")
-        stats.inc_value("redislock/keys/wait_time_total", waited)
+        # Scrapy annotates inc_value's count as an int; stats add up floats alike (seconds waited).
+        stats.inc_value("redislock/keys/wait_time_total", waited)  # type: ignore[arg-type]
         stats.max_value("redislock/keys/wait_time_max", waited)
 
     async def _delay(self, request: Request, name: str, delay: float) -> None:
         waited, start = await self.locks.wait_start(name, delay)
         request.meta[START_META] = start
         self.crawler.stats.inc_value("redislock/delay/waits")
-        self.crawler.stats.inc_value("redislock/delay/wait_time_total", waited)
+        self.crawler.stats.inc_value("redislock/delay/wait_time_total", waited)  # type: ignore[arg-type]  # (as above)
 
     def usable(self, request: Request) -> bool:
         """Whether the request's key slot, if it has one, may still go with it (see ``StageLocks.usable``); one

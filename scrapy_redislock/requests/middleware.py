@@ -140,7 +140,8 @@ class StageLockMiddleware:
         any coroutine round trip.
         """
         if self.locks is None:
-            return self._refuse_unthrottled(request)
+            self._refuse_unthrottled(request)
+            return None
         handed = self.locks.take(request)  # None also for a slot no longer usable: the request waits here instead
         if isinstance(handed, SlotPermit):
             return self._keys(request, handed.name, slotted=True)

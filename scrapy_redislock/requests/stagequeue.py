@@ -22,10 +22,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import math
 import re
 import time
 import weakref
+from collections import deque
 from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from scrapy.utils.misc import build_from_crawler
 
 from scrapy_redislock._redis import Backoff
+from scrapy_redislock.crawl.stagelocks import OUTAGE_ERRORS, REFUSED
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -49,6 +52,9 @@ UNCAPPED: Route = (None, None)
 # sharing one queue those empty polls were a third of Redis's commands per page.
 EMPTY_PAUSE = 0.05
 EMPTY_PAUSE_MOST = 0.5
+OUTAGE_PAUSE_MOST = 2.0  # seconds between attempts at most while Redis does not answer
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Gate", "SharedStageQueues", "StagePriorityQueues", "StageQueueFactory"]
 
@@ -262,6 +268,10 @@ class SharedStageQueues:
         self._ask_at = dict.fromkeys(self.queues, 0.0)
         self._turns = dict.fromkeys(self.queues, 0)
         self._turn = 0
+        self._outage = Backoff(first=EMPTY_PAUSE, most=OUTAGE_PAUSE_MOST)
+        self._out_since: float | None = None  # when Redis stopped answering (None: it answers)
+        self._known_length = 0
+        self.unpushed: deque[tuple[str | None, Request]] = deque()  # pushed while Redis did not answer
 
     @property
     def key(self) -> str:
@@ -276,16 +286,57 @@ class SharedStageQueues:
         return f"{self.base.key}:{stage}".replace("%", "%%")
 
     def push(self, request: Request) -> None:
+        """Into its stage's queue; kept in memory while Redis does not answer, and pushed at the next pop."""
         stage = self.gate.route(request)[0]
         if stage not in self.queues:
             stage = None
-        self.queues[stage].push(request)
+        try:
+            self.queues[stage].push(request)
+        except OUTAGE_ERRORS as exc:
+            if isinstance(exc, REFUSED):
+                raise
+            self._went_out(exc)
+            self.unpushed.append((stage, request))
+            return
         self._ask_at[stage] = 0.0
         self._pauses[stage].reset()
 
+    def _went_out(self, exc: BaseException) -> float:
+        """Note an outage (one warning when it starts); the seconds to wait before asking Redis again."""
+        delay = self._outage.next()
+        if self._out_since is None:
+            self._out_since = time.monotonic()
+            logger.warning("Shared queue in Redis unreachable (%s: %s); asking again in %.1f s, then backing off",
+                           type(exc).__name__, exc, delay)  # fmt: skip
+        return delay
+
     def pop(self, timeout: float = 0) -> Request | None:
         """The next request that can go, from the sub-queue whose turn it is; never blocks (``timeout`` is
-        scrapy-redis's SCHEDULER_IDLE_BEFORE_CLOSE: a blocking pop on the reactor thread would stall the crawl)."""
+        scrapy-redis's SCHEDULER_IDLE_BEFORE_CLOSE: a blocking pop on the reactor thread would stall the crawl).
+
+        While Redis does not answer (an outage, a Sentinel failover) it answers None and asks again after a back-off:
+        one warning when the outage starts, one INFO line when it ends, no traceback (plain scrapy-redis raises from
+        the engine's loop at every attempt)."""
+        try:
+            while self.unpushed:
+                stage, unpushed = self.unpushed[0]
+                self.queues[stage].push(unpushed)
+                self.unpushed.popleft()
+            request = self._pop()
+        except OUTAGE_ERRORS as exc:
+            if isinstance(exc, REFUSED):
+                raise
+            delay = self._went_out(exc)
+            self._ask_at = dict.fromkeys(self.queues, time.monotonic() + delay)
+            self.asked_while_paused(delay)
+            return None
+        if self._out_since is not None:
+            logger.info("Shared queue in Redis reachable again after %.1f s", time.monotonic() - self._out_since)
+            self._out_since = None
+            self._outage.reset()
+        return request
+
+    def _pop(self) -> Request | None:
         now = time.monotonic()
         paused_until = None
         for stage in sorted(self.queues, key=self._turns.__getitem__):
@@ -316,15 +367,25 @@ class SharedStageQueues:
         return stage in self._ask_at and time.monotonic() >= self._ask_at[stage]
 
     def has_requests(self) -> bool:
-        """Whether any sub-queue holds a request: one command per sub-queue until one does."""
-        return any(len(queue) > 0 for queue in self.queues.values())
+        """Whether any sub-queue holds a request: one command per sub-queue until one does. True while Redis does
+        not answer: the crawl does not close on a queue it cannot see."""
+        try:
+            return bool(self.unpushed) or any(len(queue) > 0 for queue in self.queues.values())
+        except OUTAGE_ERRORS:
+            return True
 
     def clear(self) -> None:
         for queue in self.queues.values():
             queue.clear()
 
     def close(self) -> None:
-        """Nothing to close: the queues live in Redis."""
+        """The queues live in Redis: only requests pushed while it did not answer, and never since, are lost."""
+        if self.unpushed:
+            logger.error("%d request(s) pushed while Redis did not answer could not be queued before close: lost",
+                         len(self.unpushed))  # fmt: skip
 
     def __len__(self) -> int:
-        return sum(len(queue) for queue in self.queues.values())
+        """The requests queued in Redis (the last length read, while Redis does not answer)."""
+        with suppress(*OUTAGE_ERRORS):
+            self._known_length = sum(len(queue) for queue in self.queues.values())
+        return self._known_length + len(self.unpushed)

@@ -11,20 +11,21 @@ the spider's ``redis_key``, ``redis_batch_size`` (default CONCURRENT_REQUESTS) a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from scrapy import Request
 
 if TYPE_CHECKING:
-    import redis.asyncio
     from scrapy import Spider
+
+    from scrapy_redislock._redis import AsyncRedisClient
 
 
 class StartUrlFeed:
     """One spider's start-URL feed; ``enabled`` is False for a spider without ``redis_key``."""
 
-    def __init__(self, client: redis.asyncio.Redis, spider: Spider | None, how: str, batch: int) -> None:
+    def __init__(self, client: AsyncRedisClient, spider: Spider | None, how: str, batch: int) -> None:
         self.client = client
         self.spider = spider
         self.how = how
@@ -42,13 +43,16 @@ class StartUrlFeed:
 
     async def read(self) -> list[Any]:
         """Pop up to a batch of entries (one command)."""
-        if not self.enabled:
+        key = self.key
+        if not self.enabled or key is None:  # (enabled has a key)
             return []
         if self.how == "set":
-            return list(await self.client.spop(self.key, self.batch) or [])
+            return list(await self.client.spop(key, self.batch) or [])
         if self.how == "zset":
-            return [member for member, _score in await self.client.zpopmax(self.key, self.batch)]
-        return list(await self.client.lpop(self.key, self.batch) or [])
+            # with a count: (member, score) pairs (redis-py's return type is a union that also has plain members)
+            pairs = cast(list[Sequence[Any]], await self.client.zpopmax(key, self.batch))
+            return [member for member, _score in pairs]
+        return list(await self.client.lpop(key, self.batch) or [])
 
     def requests(self, entries: Iterable[Any]) -> list[Request]:
         """The requests ``make_request_from_data`` makes of the entries (JSON or plain URLs)."""

@@ -38,7 +38,7 @@ again).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from scrapy import Request, signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider
@@ -50,8 +50,13 @@ from scrapy_redislock.workers.policy import idle_close_for
 
 SCHEDULER_PATH = "scrapy_redislock.StageWorkerScheduler"
 
+if TYPE_CHECKING:  # a mixin for spiders: type-checked as one (at run time its base is object, as before)
+    from scrapy import Spider as _SpiderBase
+else:
+    _SpiderBase = object
 
-class StageWorkerMixin:
+
+class StageWorkerMixin(_SpiderBase):
     """Mixin for a RedisSpider (or a plain Spider) whose workers take stages; see the module docstring.
 
     ``worker_stages``: stage -> max workers on it cluster-wide (None = unlimited), i.e. REDISLOCK_WORKER_STAGES
@@ -65,7 +70,7 @@ class StageWorkerMixin:
     @classmethod
     def update_settings(cls, settings: Any) -> None:
         """SCHEDULER, and the class attributes as settings (so the command line can still override them)."""
-        super().update_settings(settings)  # type: ignore[misc]
+        super().update_settings(settings)
         settings.set("SCHEDULER", SCHEDULER_PATH, priority="spider")
         if cls.worker_stages is not None:
             settings.set("REDISLOCK_WORKER_STAGES", dict(cls.worker_stages), priority="spider")
@@ -78,7 +83,7 @@ class StageWorkerMixin:
         checked = read_settings(crawler.settings)
         if checked.worker_stages:  # none: the scheduler says what is missing
             check_stage_names(cls, checked, checked.worker_stages, "REDISLOCK_WORKER_STAGES")
-        spider = super().from_crawler(crawler, *args, **kwargs)  # type: ignore[misc]
+        spider = super().from_crawler(crawler, *args, **kwargs)
         fallback = read_worker_settings(crawler.settings, checked).idle_close
         idle_close_for(checked.idle_close, getattr(spider, "max_idle_time", None), fallback)  # a ConfigError now
         # RedisSpider.setup_redis connected spider.spider_idle, which is ours (below); a plain Spider needs it too.
@@ -93,7 +98,7 @@ class StageWorkerMixin:
         Replaces RedisMixin.spider_idle, which pops start URLs with blocking calls; the scheduler feeds them. The
         scheduler may name a finish reason of its own (``redislock_queue_lost``: Redis lost the queues under it).
         """
-        scheduler = engine_scheduler(self.crawler)  # type: ignore[attr-defined]
+        scheduler = engine_scheduler(self.crawler)
         may_close = getattr(scheduler, "may_close", None)
         if may_close is not None and may_close():
             reason = getattr(scheduler, "close_reason", None)

@@ -61,14 +61,12 @@ import socket
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-import redis
-import redis.asyncio
 from redis.client import NEVER_DECODE
 from scrapy.utils.misc import load_object
 
-from scrapy_redislock._redis import check_name, check_ttl, load_scripts, text
+from scrapy_redislock._redis import AsyncRedisClient, RedisClient, check_name, check_ttl, load_scripts, text
 from scrapy_redislock.crawl.requestformat import request_from_data
 from scrapy_redislock.errors import ConfigError, InvalidArgument
 from scrapy_redislock.lock.front import waiting_client
@@ -192,7 +190,7 @@ def split_value(value: bytes) -> tuple[str, bytes, bytes]:
     return stage.decode("utf-8", "replace"), brace + mark, data
 
 
-def queued(client: redis.Redis, keys: QueueKeys, stage: str) -> int:
+def queued(client: RedisClient, keys: QueueKeys, stage: str) -> int:
     """Requests waiting in a stage's queue, both parts (list and sorted set), with a blocking client: for tests,
     tools and people (two commands, LLEN and ZCARD)."""
     with client.pipeline(transaction=False) as pipe:
@@ -221,7 +219,7 @@ class StageQueues:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: AsyncRedisClient,
         spider: str,
         stages: Iterable[str],
         *,
@@ -306,7 +304,7 @@ class StageQueues:
         keys = [self.keys.queue(stage), self.keys.scored(stage), self.inflight_key, self.keys.ids, self.keys.alive]
         keys += [self.keys.in_flight, self.keys.signal(stage), self.keys.due]
         grace_ms = max(1, round(self.work_grace * 1000))
-        args = [count, stage, self.worker, int(pass_on), grace_ms, self.order]
+        args: list[int | str] = [count, stage, self.worker, int(pass_on), grace_ms, self.order]
         reply = await self.scripts["queue_pop"](keys=keys, args=args)
         self.scored_ids = set()
         if reply is None:
@@ -357,7 +355,7 @@ class StageQueues:
         in-flight record, nor note the stage again)."""
         keys = [self.keys.alive, self.keys.working, self.inflight_key, self.keys.due]
         grace_ms = self.ttl_ms if grace is None else max(1, round(grace * 1000))
-        args = [self.worker, stage or "", grace_ms, dead_max, int(pulse)]
+        args: list[int | str] = [self.worker, stage or "", grace_ms, dead_max, int(pulse)]
         reply = await self.scripts["queue_beat"](keys=keys, args=args)
         return Heartbeat(bool(reply[1]), int(reply[2]), [str(text(w)) for w in reply[3:]])
 
@@ -413,7 +411,8 @@ class StageQueues:
 
     async def workers(self) -> dict[str, int]:
         """Registered workers and their last beat (ms, Redis's clock)."""
-        pairs = await self.client.zrange(self.keys.alive, 0, -1, withscores=True)
+        # withscores: (member, score) pairs (redis-py's return type is a union that also has plain members)
+        pairs = cast(list[Sequence[Any]], await self.client.zrange(self.keys.alive, 0, -1, withscores=True))
         return {str(text(w)): int(score) for w, score in pairs}
 
     async def lengths(self) -> dict[str, int]:
@@ -472,7 +471,7 @@ class StageQueues:
         return int(await self.scripts["queue_clear"](keys=keys, args=args))
 
 
-def requeue_now(client: redis.Redis, keys: QueueKeys, worker: str) -> tuple[int, int]:
+def requeue_now(client: RedisClient, keys: QueueKeys, worker: str) -> tuple[int, int]:
     """An operator's requeue, with a blocking client (the command line): put every request in ``worker``'s in-flight
     record back at the front of its stage's queue and unregister the worker, now, whether it still beats or not (one
     ``queue_requeue`` script; the stages are read from the record itself). Returns (requeued, left in the record).

@@ -68,7 +68,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import redis.exceptions
 from scrapy import Request, signals
@@ -871,7 +871,8 @@ class StageWorkerScheduler(BaseScheduler):
 
     async def _take(self, stage: str) -> bool:
         if self.locks.is_capped(stage):
-            permit = await self.locks.locks[stage].try_acquire()
+            # The worker front runs on one Redis (masters are refused in __init__): its slots are plain Permits.
+            permit = cast("Permit | None", await self.locks.locks[stage].try_acquire())
             if permit is None:
                 return False
             if self.permit is not None:  # moving up from a capped stage does not happen; be safe anyway

@@ -14,6 +14,7 @@ Reads no settings; imports no Twisted.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -65,7 +66,7 @@ class WorkerSlots(StageLocks):
         lock = super()._make_lock(name, limit)
         if isinstance(lock, AsyncCountingLock):  # the worker front runs on one Redis (no quorum lock)
             stage = name.removeprefix(self.lock_prefix)
-            lock._command = LimitWatch(lock._command, lambda seen, stage=stage: self._seen(stage, seen))
+            lock._command = LimitWatch(lock._command, functools.partial(self._seen, stage))
         return lock
 
     def _seen(self, stage: str, limit: int) -> None:

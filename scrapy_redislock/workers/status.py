@@ -13,10 +13,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import redis
 from redis.client import NEVER_DECODE
 
-from scrapy_redislock._redis import text
+from scrapy_redislock._redis import RedisClient, text
 from scrapy_redislock.lock.status import StageStatus, glob_escape, parse_identity
 from scrapy_redislock.workers.queue import QueueKeys, split_value
 
@@ -143,7 +142,7 @@ def _dead_letter(raw: bytes) -> DeadLetter:
     )
 
 
-def dead_letters(client: redis.Redis, prefix: str) -> list[DeadLetters]:
+def dead_letters(client: RedisClient, prefix: str) -> list[DeadLetters]:
     """Every non-empty ``<prefix>:{<spider>}:deadletter`` list, by spider."""
     head, tail = f"{prefix}:{{", "}:deadletter"
     found = []
@@ -163,7 +162,7 @@ def worker_ttl(stages: list[StageStatus], default: float) -> float:
     return max(ttls) if ttls else default
 
 
-def spider_status(client: redis.Redis, prefix: str, spider: str, ttl: float, found: SpiderKeys) -> SpiderStatus:
+def spider_status(client: RedisClient, prefix: str, spider: str, ttl: float, found: SpiderKeys) -> SpiderStatus:
     """One spider's queues and workers as Redis holds them now (one MULTI/EXEC: its keys share a hash tag);
     ``found``: its keys that a SCAN saw (queues and in-flight records that are not empty)."""
     keys = QueueKeys.of(prefix, spider)
