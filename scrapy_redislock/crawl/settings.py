@@ -260,7 +260,7 @@ def _connection(settings: BaseSettings) -> tuple[str, str, dict[str, Any], tuple
 def check_quorum(settings: BaseSettings, masters: tuple[str, ...], stages: Mapping[str, int | None]) -> int | None:
     """REDISLOCK_QUORUM: None, or an integer from every capped stage's safe quorum to the number of masters."""
     raw = settings.get("REDISLOCK_QUORUM", defaults.REDISLOCK_QUORUM)
-    if raw in (None, "", "None"):
+    if _is_none(raw):
         return None
     if not masters:
         raise ConfigError(
@@ -336,7 +336,7 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
 
     raw_timeout = settings.get("REDISLOCK_WAIT_TIMEOUT", defaults.REDISLOCK_WAIT_TIMEOUT)
     wait_timeout: float | None = None
-    if raw_timeout is not None:
+    if not _is_none(raw_timeout):
         try:
             wait_timeout = float(raw_timeout)
         except (TypeError, ValueError):
@@ -355,7 +355,7 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     waiters = _positive_int(settings, "REDISLOCK_WAITERS_PER_STAGE")
     local_reuse = _seconds_of(settings, "REDISLOCK_LOCAL_REUSE")
     raw_idle = settings.get("REDISLOCK_IDLE_CLOSE", defaults.REDISLOCK_IDLE_CLOSE)
-    idle_close = None if raw_idle in (None, "", "None") else _seconds(raw_idle, "REDISLOCK_IDLE_CLOSE", or_none=True)
+    idle_close = None if _is_none(raw_idle) else _seconds(raw_idle, "REDISLOCK_IDLE_CLOSE", or_none=True)
     connect_timeout = _seconds_of(settings, "REDISLOCK_CONNECT_TIMEOUT")
 
     keys = _read_keys(settings, stages)
@@ -400,6 +400,12 @@ def _number(raw: Any) -> Any:
     return raw
 
 
+def _is_none(raw: Any) -> bool:
+    """Whether an optional setting's value means None: None itself, or how ``-s NAME=...`` spells it ("None",
+    "none", "null" or nothing), the same for every optional setting."""
+    return raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "null"))
+
+
 def _seconds_of(settings: BaseSettings, name: str) -> float:
     """A setting that is a number of seconds >= 0 (see :func:`_seconds`)."""
     return _seconds(settings.get(name, getattr(defaults, name)), name)
@@ -430,7 +436,7 @@ def _read_keys(settings: BaseSettings, stages: Mapping[str, int | None]) -> dict
     stage_key = key_function(settings.get("REDISLOCK_STAGE_KEY", defaults.REDISLOCK_STAGE_KEY))
     raw_limit = settings.get("REDISLOCK_KEY_LIMIT", defaults.REDISLOCK_KEY_LIMIT)
     if isinstance(raw_limit, str):  # given with -s
-        raw_limit = None if raw_limit in ("", "None") else _number(raw_limit)
+        raw_limit = None if _is_none(raw_limit) else _number(raw_limit)
         if isinstance(raw_limit, float) and raw_limit.is_integer():
             raw_limit = int(raw_limit)
     if raw_limit is not None:
@@ -505,7 +511,7 @@ def read_worker_settings(settings: BaseSettings, checked: RedisLockSettings) -> 
     """REDISLOCK_IDLE_CLOSE (else scrapy-redis's MAX_IDLE_TIME_BEFORE_CLOSE, 0 = never) and the scrapy-redis
     settings that decide what a worker does with the shared queues and the start URLs."""
     idle_close = checked.idle_close
-    if settings.get("REDISLOCK_IDLE_CLOSE") in (None, "", "None"):
+    if _is_none(settings.get("REDISLOCK_IDLE_CLOSE")):
         raw = settings.get("MAX_IDLE_TIME_BEFORE_CLOSE", 0)
         try:
             seconds = float(raw or 0)
