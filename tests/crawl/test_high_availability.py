@@ -173,8 +173,12 @@ def test_request_front_follows_a_sentinel_failover_every_page_once(
         assert "Waiting for stage 'detail': Redis error" in crawl.output, crawl.tail()
     shared = crawls[2]
     assert shared.stats["item_scraped_count"] >= pages
-    assert "Shared queue in Redis unreachable" in shared.output and "Traceback" not in shared.output, shared.tail()
-    assert "Shared queue in Redis reachable again" in shared.output
+    # Its pops during the outage (if it made any: its line may have been waiting for slots the whole time) are one
+    # warning, then one INFO line; no error, no traceback.
+    assert "Traceback" not in shared.output and not shared.stats.get("log_count/ERROR"), shared.tail()
+    assert "Redis error" in shared.output or "Shared queue in Redis unreachable" in shared.output, shared.tail()
+    if "Shared queue in Redis unreachable" in shared.output:
+        assert "Shared queue in Redis reachable again" in shared.output, shared.tail()
     assert len(site.hits) == 3 * pages  # none lost
     assert {n for path, n in site.hits.items() if not path.startswith("/d3/")} == {1}  # exactly once
     records = served(site, "detail", "d2", "d3")
