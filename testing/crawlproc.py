@@ -49,8 +49,11 @@ def settings_args(settings: dict[str, Any]) -> list[str]:
     return args
 
 
-def staged_worker(redis_url: str, base: str, plan: str, settings: dict[str, Any]) -> subprocess.Popen[str]:
-    """A ``scrapy runspider testing/spiders/workerspider.py`` worker (a plain scrapy.Spider with the worker mixin)."""
+def staged_worker(
+    redis_url: str, base: str, plan: str, settings: dict[str, Any], args: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """A ``scrapy runspider testing/spiders/workerspider.py`` worker (a plain scrapy.Spider with the worker mixin),
+    with spider arguments ``args`` besides ``base`` and ``plan``."""
     merged = {
         "REDIS_URL": redis_url,
         "CONCURRENT_REQUESTS": 2,
@@ -62,7 +65,10 @@ def staged_worker(redis_url: str, base: str, plan: str, settings: dict[str, Any]
         **settings,
     }
     command = [sys.executable, "-m", "scrapy", "runspider", str(ROOT / "testing" / "spiders" / "workerspider.py")]
-    command += ["-a", f"base={base}", "-a", f"plan={plan}", *settings_args(merged)]
+    command += ["-a", f"base={base}", "-a", f"plan={plan}"]
+    for name, value in (args or {}).items():
+        command += ["-a", f"{name}={value}"]
+    command += settings_args(merged)
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

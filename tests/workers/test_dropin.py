@@ -31,7 +31,7 @@ from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.workers.policy import idle_close_for
 from scrapy_redislock.workers.queue import QueueKeys, StageQueues, queued
 from scrapy_redislock.workers.scheduler import KNOWN_FINGERPRINTS, StageWorkerScheduler
-from testing.crawlproc import ROOT, settings_args
+from testing.crawlproc import ROOT, settings_args, staged_worker
 from testing.site import CrawlSite, ShopSite
 from testing.spiders.workerspider import StagedSpider
 from tests.workers.test_mixin import ENV, EXAMPLE, finish, held_slots, stat
@@ -82,29 +82,6 @@ class DroppedCount:
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
-
-
-def plain_worker(
-    redis_url: str, base: str, plan: str, settings: dict[str, Any], args: dict[str, str] | None = None
-) -> subprocess.Popen[str]:
-    """testing/spiders/workerspider.py (a plain scrapy.Spider with the mixin) with ``-a`` arguments of its own; a
-    setting given as None is left out (e.g. ``REDISLOCK_IDLE_CLOSE``)."""
-    merged = {
-        "REDIS_URL": redis_url,
-        "CONCURRENT_REQUESTS": 2,
-        "CONCURRENT_REQUESTS_PER_DOMAIN": 100,
-        "REDISLOCK_TTL": 2,
-        "REDISLOCK_IDLE_CLOSE": 1,
-        "TELNETCONSOLE_ENABLED": False,
-        "LOG_LEVEL": "INFO",
-        **settings,
-    }
-    command = [sys.executable, "-m", "scrapy", "runspider", str(ROOT / "testing" / "spiders" / "workerspider.py")]
-    command += ["-a", f"base={base}", "-a", f"plan={plan}"]
-    for name, value in (args or {}).items():
-        command += ["-a", f"{name}={value}"]
-    command += settings_args(merged)
-    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, worker: subprocess.Popen[str]) -> None:
@@ -170,7 +147,7 @@ def test_a_worker_fetches_in_the_order_of_scheduler_queue_class(
             "SPIDER_MIDDLEWARES": {"tests.workers.test_dropin.Prioritize": 10},
             "CONCURRENT_REQUESTS": 1,
         }
-        worker = plain_worker(redis_url, site.url, f"a:{COUNT}", settings)
+        worker = staged_worker(redis_url, site.url, f"a:{COUNT}", settings)
         try:
             wait_for(lambda: queued(redis_client, KEYS, "a") == COUNT, 60, "every start request queued", worker)
             assert not site.hits
@@ -192,7 +169,7 @@ def test_a_worker_fetches_in_the_order_of_scheduler_queue_class(
 def test_another_scheduler_queue_class_stops_the_worker_at_start_naming_the_setting(redis_url: str) -> None:
     with CrawlSite(delay=0) as site:
         settings = {"REDISLOCK_WORKER_STAGES": {"a": 1}, "SCHEDULER_QUEUE_CLASS": "scrapy.squeues.FifoMemoryQueue"}
-        output, _ = plain_worker(redis_url, site.url, "a:3", settings).communicate(timeout=60)
+        output, _ = staged_worker(redis_url, site.url, "a:3", settings).communicate(timeout=60)
         assert not site.hits
     assert "ConfigError: SCHEDULER_QUEUE_CLASS = 'scrapy.squeues.FifoMemoryQueue' cannot order" in output
     assert "scrapy_redis.queue.PriorityQueue" in output and "Traceback" not in output
@@ -236,7 +213,7 @@ def test_what_another_layout_queued_is_fetched_exactly_once(
             seed_requests(redis_url, [(u, 1 + n % 3) for n, u in enumerate(urls)])
             assert redis_client.zcard(KEYS.scored("a")) == 10 and not redis_client.exists(KEYS.queue("a"))
             settings = {"SCHEDULER_QUEUE_CLASS": "scrapy_redis.queue.FifoQueue"}
-        output = finish(plain_worker(redis_url, site.url, "", {"REDISLOCK_WORKER_STAGES": {"a": 1}, **settings}))
+        output = finish(staged_worker(redis_url, site.url, "", {"REDISLOCK_WORKER_STAGES": {"a": 1}, **settings}))
         assert set(site.hits) == {f"/a/{n}" for n in range(10)} and set(site.hits.values()) == {1}, output[-3000:]
     assert stat(output, "redislock/workers/dead_letters") == 0
     if left_by == "priority workers":
@@ -318,7 +295,7 @@ def test_a_plain_spider_worker_closes_as_the_winning_idle_setting_says(
     redis_url: str, redis_client: redis.Redis, settings: dict[str, Any], args: dict[str, str], said: str
 ) -> None:
     with CrawlSite(delay=0.01) as site:
-        worker = plain_worker(redis_url, site.url, "a:5", {"REDISLOCK_WORKER_STAGES": {"a": 1}, **settings}, args)
+        worker = staged_worker(redis_url, site.url, "a:5", {"REDISLOCK_WORKER_STAGES": {"a": 1}, **settings}, args)
         output = finish(worker, timeout=60)  # the losing value (120 s) would have kept it open past the timeout
         assert sorted(site.hits.values()) == [1] * 5
     assert f"idle close: after 1 s with no work anywhere ({said})" in output
@@ -333,7 +310,7 @@ def test_max_idle_time_0_idles_for_ever_as_in_scrapy_redis(redis_url: str, redis
     closes it."""
     with CrawlSite(delay=0.01) as site:
         settings = {"REDISLOCK_WORKER_STAGES": {"a": 1}, "REDISLOCK_IDLE_CLOSE": None, "MAX_IDLE_TIME_BEFORE_CLOSE": 1}
-        worker = plain_worker(redis_url, site.url, "a:3", settings, {"max_idle_time": "0"})
+        worker = staged_worker(redis_url, site.url, "a:3", settings, {"max_idle_time": "0"})
         assert worker.stdout is not None
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(iter(worker.stdout.readline, "")), daemon=True)
@@ -377,7 +354,7 @@ def test_duplicates_send_request_dropped_whether_this_worker_or_redis_knows_them
             "EXTENSIONS": {"tests.workers.test_dropin.DroppedCount": 0},
             "REDISLOCK_IDLE_CLOSE": 1.5,
         }
-        workers = [plain_worker(redis_url, site.url, "a:10", settings) for _ in range(2)]
+        workers = [staged_worker(redis_url, site.url, "a:10", settings) for _ in range(2)]
         outputs = [finish(w) for w in workers]
         assert sorted(site.hits.values()) == [1] * 10
     for output in outputs:
