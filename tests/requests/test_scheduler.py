@@ -33,6 +33,7 @@ def owners(client: redis.Redis, stage: str) -> list[dict[str, Any]]:
 
 def test_no_head_of_line_blocking(redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path) -> None:
     """300 capped detail requests queued before 300 uncapped comments: comments still fill the free slots."""
+    site.delays["comments"] = 0.3  # long enough for 13 requests to be sent while the first is answered, under load
     crawl = Crawl(site.url, "detail:300,comments:300", settings(redis_url), tmp_path).start()
     waiting_seen = 0
     while crawl.process is not None and crawl.process.poll() is None:
@@ -66,6 +67,7 @@ def test_scrapy_redis_as_the_inner_scheduler(
         "REDIS_URL": redis_url,
         "SCHEDULER_PERSIST": True,
     }
+    site.delays["comments"] = 0.3  # long enough for 13 requests to be sent while the first is answered, under load
     crawl = Crawl(site.url, "detail:150,comments:150", settings(redis_url, **extra), tmp_path).run()
     assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
     assert site.max_in_flight["detail"] == 3 and site.max_in_flight["comments"] >= 12
@@ -75,6 +77,7 @@ def test_scrapy_redis_as_the_inner_scheduler(
     assert leftover(redis_client) == 0
 
     site.hits.clear()
+    site.delays.clear()
     site.delay = 0.2
     crawl = Crawl(site.url, "detail:100", settings(redis_url, CLOSESPIDER_TIMEOUT=1.5, **extra), tmp_path).run()
     assert crawl.stats["finish_reason"] == "closespider_timeout", crawl.tail()
