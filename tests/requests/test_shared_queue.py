@@ -5,6 +5,7 @@ only what the killed process had taken: its requests in flight and its line."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import redis
 import scrapy
 from scrapy_redis.queue import PriorityQueue
 
+from scrapy_redislock.lock.core import LockKeys
 from testing.crawlproc import Crawl, leftover
 from testing.site import CrawlSite
 from testing.spiders.crawlspider import PlanSpider
@@ -48,6 +50,11 @@ def queued(client: redis.Redis) -> int:
     for key in keys:
         pipe.zcard(key)
     return sum(int(n) for n in pipe.execute())
+
+
+def pending(client: redis.Redis, slots: str) -> list[dict[str, Any]]:
+    """The grants held on a lock's slots stream (its consumer group's pending entries)."""
+    return list(client.xpending_range(slots, "holders", "-", "+", 1000)) if client.exists(slots) else []
 
 
 def answered(site: CrawlSite, worker: str | None = None) -> int:
@@ -138,4 +145,10 @@ def test_the_queue_stays_shared_and_a_kill_loses_only_what_the_process_held(
     assert all(n == 1 for n in site.hits.values())  # nothing fetched twice
     assert queued(redis_client) == 0
     assert site.max_in_flight["detail"] <= CAP
-    assert leftover(redis_client) == 0  # the killed process's slots were reclaimed (its lease expired)
+    # Held in Redis now: at most the killed process's slots (the next process to wait would reap them once their
+    # lease ran out); the others freed theirs.
+    assert leftover(redis_client) <= CAP
+    keys = LockKeys.of("redislock", "detail")
+    owners = {owner.decode(): json.loads(raw) for owner, raw in redis_client.hgetall(keys.owners).items()}
+    holders = {entry["consumer"].decode().rsplit("#", 1)[0] for entry in pending(redis_client, keys.slots)}
+    assert {owners[owner]["pid"] for owner in holders} <= {crawls["p1"].process.pid}, (holders, owners)
