@@ -1,7 +1,7 @@
 """What every layer needs of Redis and nothing else: decoding replies, checking arguments, loading Lua, backing off.
 
 Imports neither Scrapy nor Twisted and reads no settings. Lua scripts live as package data, one file per script,
-in a ``scripts`` folder beside the code that runs them (:class:`Scripts`), so each part loads only its own.
+in a ``scripts`` folder beside the code that runs them (:func:`load_scripts`), so each part loads only its own.
 """
 
 from __future__ import annotations

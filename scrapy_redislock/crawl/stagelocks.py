@@ -63,8 +63,8 @@ the waits end sends one more maintain with ``waiting=0`` (one EVALSHA per wait-e
 waiters shown lag the truth by at most a renewal interval.
 
 Why a crawl waits: at start, and whenever a stage's waits have had no grant for 5 s (then 10, 20, ... at most
-every 5 min), the stage's lock is read (:func:`~scrapy_redislock.status.astage_status`, read-only, one MULTI/EXEC)
-and :func:`~scrapy_redislock.status.why_waiting` logged: held by whom and lease left, paused (limit 0), or a
+every 5 min), the stage's lock is read (:func:`~scrapy_redislock.lock.status.astage_status`, read-only, one MULTI/EXEC)
+and :func:`~scrapy_redislock.lock.status.why_waiting` logged: held by whom and lease left, paused (limit 0), or a
 recovery window after a data loss, and until when.
 
 Unclean shutdown (a second Ctrl-C): a reactor "before shutdown" trigger (or, without a Twisted reactor, the renewal

@@ -2,7 +2,7 @@
 
 A lock operation (see :mod:`scrapy_redislock.lock.core`) is a generator that yields commands and receives
 their replies, or has the redis error thrown in. :func:`drive` carries them with a blocking executor,
-:func:`adrive` with a coroutine one; :class:`~scrapy_redislock.lock.front.Runner` is the one executor both use.
+:func:`adrive` with a coroutine one; :class:`~scrapy_redislock.lock.front.CommandRunner` is the one executor both use.
 No I/O here; imports neither Scrapy nor Twisted.
 """
 
