@@ -14,8 +14,9 @@ One aiohttp server (the ``dashboard`` extra: aiohttp, prometheus_client) with:
   sub-commands.
 
 Redis is read by :mod:`scrapy_redislock.cli.status` alone (over :mod:`scrapy_redislock.lock.status`), with the
-blocking client in worker threads, never on the event loop. Reads no settings itself: the command line resolves
-where to connect (REDISLOCK_URL, REDIS_URL, REDISLOCK_KEY_PREFIX, REDISLOCK_TTL; see :mod:`scrapy_redislock.cli.target`). The page shows the URL masked.
+blocking client in worker threads, never on the event loop. Reads no settings itself: the command line resolves where
+to connect (REDISLOCK_URL, REDIS_URL, REDISLOCK_KEY_PREFIX, REDISLOCK_TTL; see :mod:`scrapy_redislock.cli.target`).
+The page shows the URL masked.
 Started while Redis is down or out of reach, it serves anyway: the page says Redis is unreachable and ``/metrics``
 has ``redislock_up 0``, until Redis answers.
 """
