@@ -1,15 +1,18 @@
-"""Scrapy's own ceiling for a stage held at N requests in flight: the same crawl with no Redis at all.
+"""Scrapy's own ceiling for a stage held at N requests in flight: the same crawl with no Redis at
+all.
 
 bench/middleware.py enables it with ``DOWNLOADER_MIDDLEWARES = {"bench.ceiling.LocalCap": 950}`` and
-``CEILING_STAGE = "detail"``. Each process keeps at most ``CEILING_PER_PROCESS`` (1) requests of that stage (the
-first path segment of the test sites' URLs) in flight with an in-process semaphore, taken in ``process_request``
-and given back when the request leaves the downloader, the points where StageLockMiddleware acquires and
-releases. 3 processes then keep at most 3 in flight with no hand-off between processes and no round trip:
-what Scrapy alone achieves on this machine is the most a lock could give.
+``CEILING_STAGE = "detail"``. Each process keeps at most ``CEILING_PER_PROCESS`` (1) requests of
+that stage (the first path segment of the test sites' URLs) in flight with an in-process semaphore,
+taken in ``process_request`` and given back when the request leaves the downloader, the points where
+StageLockMiddleware acquires and releases. 3 processes then keep at most 3 in flight with no
+hand-off between processes and no round trip: what Scrapy alone achieves on this machine is the most
+a lock could give.
 
-Scrapy's own per-slot concurrency (``DOWNLOAD_SLOTS``) cannot serve here: in Scrapy 2.19 on the asyncio reactor,
-``Downloader._process_queue`` starts every queued request of a slot at once when one finishes (the transfer is
-counted in a task that has not run yet), so a slot of concurrency 1 had 8 requests at the site.
+Scrapy's own per-slot concurrency (``DOWNLOAD_SLOTS``) cannot serve here: in Scrapy 2.19 on the
+asyncio reactor, ``Downloader._process_queue`` starts every queued request of a slot at once when
+one finishes (the transfer is counted in a task that has not run yet), so a slot of concurrency 1
+had 8 requests at the site.
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ class LocalCap:
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> LocalCap:
-        cap = cls(crawler.settings.get("CEILING_STAGE", "detail"), crawler.settings.getint("CEILING_PER_PROCESS", 1))
+        cap = cls(
+            crawler.settings.get("CEILING_STAGE", "detail"),
+            crawler.settings.getint("CEILING_PER_PROCESS", 1),
+        )
         crawler.signals.connect(cap.request_left_downloader, signal=signals.request_left_downloader)
         return cap
 

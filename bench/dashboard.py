@@ -1,12 +1,14 @@
-"""What the dashboard costs Redis: commands per read (one read every --interval, and one per /metrics scrape).
+"""What the dashboard costs Redis: commands per read (one read every --interval, and one per
+/metrics scrape).
 
     ./run.sh bench dashboard                     # or: python bench/dashboard.py
     python bench/dashboard.py --stages 10 --spiders 2 --workers 20
 
-Starts a fresh redis-server, makes STAGES stage locks each with 2 held slots, SPIDERS StageWorkerMixin spiders
-each with WORKERS registered workers (one request in flight each) and 3 stage queues, then times READS calls of
-``status.read_all`` (what the dashboard and /metrics run) and counts the Redis commands they cost with
-``INFO commandstats`` (commands inside MULTI/EXEC counted one by one). Prints what it measured.
+Starts a fresh redis-server, makes STAGES stage locks each with 2 held slots, SPIDERS
+StageWorkerMixin spiders each with WORKERS registered workers (one request in flight each) and 3
+stage queues, then times READS calls of ``status.read_all`` (what the dashboard and /metrics run)
+and counts the Redis commands they cost with ``INFO commandstats`` (commands inside MULTI/EXEC
+counted one by one). Prints what it measured.
 """
 
 from __future__ import annotations
@@ -28,14 +30,19 @@ STAGES = ["list", "detail", "comments"]
 
 
 def commandstats(client: redis.Redis) -> dict[str, int]:
-    return {name.removeprefix("cmdstat_"): int(stats["calls"]) for name, stats in client.info("commandstats").items()}
+    return {
+        name.removeprefix("cmdstat_"): int(stats["calls"])
+        for name, stats in client.info("commandstats").items()
+    }
 
 
 async def make_spider(url: str, spider: str, workers: int) -> None:
     client = redis.asyncio.Redis.from_url(url)
     for n in range(workers):
         queues = StageQueues(client, spider, STAGES, ttl=30, worker=f"host:{1000 + n}:w{n}")
-        await queues.push_many([(stage, f"{n}-{stage}-{k}", b"request") for stage in STAGES for k in range(2)])
+        await queues.push_many(
+            [(stage, f"{n}-{stage}-{k}", b"request") for stage in STAGES for k in range(2)]
+        )
         await queues.beat("detail")
         await queues.pop("detail", 1)
     await client.aclose()
@@ -69,10 +76,13 @@ def main() -> None:
             seconds.append(time.perf_counter() - started)
         after = commandstats(client)
         calls = {name: after.get(name, 0) - before.get(name, 0) for name in after}
-        calls = {name: n for name, n in calls.items() if n and name not in ("config|resetstat", "info")}
+        calls = {
+            name: n for name, n in calls.items() if n and name not in ("config|resetstat", "info")
+        }
         total = sum(calls.values())
         print(
-            f"redis-server {client.info('server')['redis_version']}; {args.stages} stages (2 slots held each), "
+            f"redis-server {client.info('server')['redis_version']}; {args.stages} stages (2 slots "
+            "held each), "
             f"{args.spiders} spiders x {args.workers} workers, {args.reads} reads"
         )
         print(f"Redis commands per read: {total / args.reads:.1f}")

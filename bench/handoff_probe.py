@@ -1,11 +1,13 @@
-"""Where a capped slot's idle time goes between two requests: a Scrapy extension for bench/middleware.py.
+"""Where a capped slot's idle time goes between two requests: a Scrapy extension for
+bench/middleware.py.
 
-Enabled with ``EXTENSIONS = {"bench.handoff_probe.HandoffProbe": 0}`` and ``HANDOFF_PROBE_DIR``. It records, on
-``time.monotonic`` (one clock for every process on the machine), when each request leaves the downloader (the
-download is over), when a release of a slot returns, when a waiter gets a slot, when the scheduler hands a request
-out with its slot, and when a request reaches the downloader; at spider close it writes them as JSON.
-:func:`breakdown` lays them beside the test site's own arrival and answer instants. A diagnostic: it wraps
-methods of the classes it measures, in the crawler process only.
+Enabled with ``EXTENSIONS = {"bench.handoff_probe.HandoffProbe": 0}`` and ``HANDOFF_PROBE_DIR``. It
+records, on ``time.monotonic`` (one clock for every process on the machine), when each request
+leaves the downloader (the download is over), when a release of a slot returns, when a waiter gets a
+slot, when the scheduler hands a request out with its slot, and when a request reaches the
+downloader; at spider close it writes them as JSON.
+:func:`breakdown` lays them beside the test site's own arrival and answer instants. A diagnostic: it
+wraps methods of the classes it measures, in the crawler process only.
 """
 
 from __future__ import annotations
@@ -21,8 +23,17 @@ from typing import Any
 
 from scrapy import signals
 
-PASSED_WITHIN = 0.002  # s: a local pass this close after a request left the downloader was that request's slot
-RECORDS: dict[str, list[Any]] = {"left": [], "reached": [], "released": [], "granted": [], "handed": [], "passed": []}
+PASSED_WITHIN = (
+    0.002  # s: a local pass this close after a request left the downloader was that request's slot
+)
+RECORDS: dict[str, list[Any]] = {
+    "left": [],
+    "reached": [],
+    "released": [],
+    "granted": [],
+    "handed": [],
+    "passed": [],
+}
 
 
 def _wrap_classes() -> None:
@@ -81,12 +92,13 @@ class HandoffProbe:
 
 
 def breakdown(folder: Path, served: list[Any], start: float, end: float) -> dict[str, float]:
-    """Median milliseconds of each step of a hand-off, over the window [start, end]: the site answers, the download
-    is over (the slot is released), a waiter (often in another process) is granted the slot, its scheduler hands a
-    parked request out, the request reaches the downloader, then the site. Plus the release's own round trip.
+    """Median milliseconds of each step of a hand-off, over the window [start, end]: the site
+    answers, the download is over (the slot is released), a waiter (often in another process) is
+    granted the slot, its scheduler hands a parked request out, the request reaches the downloader,
+    then the site. Plus the release's own round trip.
 
-    ``served``: the site's records (path, arrived, answered). Paths repeat across processes, so a request is
-    matched to the site's nearest record of its path.
+    ``served``: the site's records (path, arrived, answered). Paths repeat across processes, so a
+    request is matched to the site's nearest record of its path.
     """
     processes = [json.loads(path.read_text()) for path in sorted(folder.glob("probe-*.json"))]
     by_path: dict[str, list[Any]] = defaultdict(list)
@@ -133,5 +145,7 @@ def breakdown(folder: Path, served: list[Any], start: float, end: float) -> dict
                 steps["handed out -> reached the downloader"].append(reached[url] - t)
                 arrived = [r.arrived for r in by_path[path_of(url)] if r.arrived >= reached[url]]
                 if arrived:
-                    steps["reached the downloader -> arrived at the site"].append(min(arrived) - reached[url])
+                    steps["reached the downloader -> arrived at the site"].append(
+                        min(arrived) - reached[url]
+                    )
     return {step: 1000 * statistics.median(values) for step, values in steps.items() if values}

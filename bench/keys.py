@@ -1,22 +1,25 @@
 """Caps per domain across processes: REDISLOCK_STAGE_KEY against Scrapy's per-process setting.
 
-    ./run.sh bench keys [--processes 3,10] [--domains 100,10000] [--pages 2000] [--cap-per-process 1]
+    ./run.sh bench keys [--processes 3,10] [--domains 100,10000] [--pages 2000] [--cap-per-process
+    1]
 
-Real ``scrapy runspider`` processes (testing/spiders/keyspider.py) against the local site and a fresh
-redis-server per run. Page ``n`` belongs to domain ``d<n % domains>`` (``meta["download_slot"]``, so Scrapy's
-per-domain settings and REDISLOCK_STAGE_KEY = "download_slot" both see each as a domain); process ``i`` fetches
-pages ``i, i + P, ...``. For each number of processes P and of domains D, two crawls of the same pages:
+Real ``scrapy runspider`` processes (testing/spiders/keyspider.py) against the local site and a
+fresh redis-server per run. Page ``n`` belongs to domain ``d<n % domains>``
+(``meta["download_slot"]``, so Scrapy's per-domain settings and REDISLOCK_STAGE_KEY =
+"download_slot" both see each as a domain); process ``i`` fetches pages ``i, i + P, ...``. For each
+number of processes P and of domains D, two crawls of the same pages:
 
-- **redislock**: REDISLOCK_STAGE_KEY = "download_slot", REDISLOCK_KEY_LIMIT = cap (= P x --cap-per-process),
-  held across every process, Scrapy's own per-domain limit out of the way;
-- **scrapy**: no redislock; CONCURRENT_REQUESTS_PER_DOMAIN = cap / P per process (what one sets today to keep P
-  processes under the cap).
+- **redislock**: REDISLOCK_STAGE_KEY = "download_slot", REDISLOCK_KEY_LIMIT = cap (= P x
+  --cap-per-process), held across every process, Scrapy's own per-domain limit out of the way;
+- **scrapy**: no redislock; CONCURRENT_REQUESTS_PER_DOMAIN = cap / P per process (what one sets
+  today to keep P processes under the cap).
 
-Measured: pages/s (pages over the time from the first request's arrival at the site to the last answer), the most
-requests of one domain in flight at once (seen by the site), Redis commands per page (INFO commandstats: every
-command, those run inside scripts included) and Redis memory at the end: the keys left and their bytes (MEMORY
-USAGE summed), and INFO memory used_memory less the empty server's (that includes the Lua scripts loaded and the
-Lua VM, which are not per key). Prints what it measured; writes bench/results/keys.md and keys.json.
+Measured: pages/s (pages over the time from the first request's arrival at the site to the last
+answer), the most requests of one domain in flight at once (seen by the site), Redis commands per
+page (INFO commandstats: every command, those run inside scripts included) and Redis memory at the
+end: the keys left and their bytes (MEMORY USAGE summed), and INFO memory used_memory less the empty
+server's (that includes the Lua scripts loaded and the Lua VM, which are not per key). Prints what
+it measured; writes bench/results/keys.md and keys.json.
 """
 
 from __future__ import annotations
@@ -42,16 +45,26 @@ SPIDER = ROOT / "testing" / "spiders" / "keyspider.py"
 
 def options(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench/keys.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--processes", default="3,10", help="comma-separated numbers of crawl processes")
+    parser.add_argument(
+        "--processes", default="3,10", help="comma-separated numbers of crawl processes"
+    )
     parser.add_argument("--domains", default="100,10000", help="comma-separated numbers of domains")
-    parser.add_argument("--pages", type=int, default=2000, help="pages per crawl (at least one per domain)")
-    parser.add_argument("--cap-per-process", type=int, default=1, help="cap per domain = processes x this")
-    parser.add_argument("--concurrency", type=int, default=16, help="CONCURRENT_REQUESTS per process")
+    parser.add_argument(
+        "--pages", type=int, default=2000, help="pages per crawl (at least one per domain)"
+    )
+    parser.add_argument(
+        "--cap-per-process", type=int, default=1, help="cap per domain = processes x this"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=16, help="CONCURRENT_REQUESTS per process"
+    )
     parser.add_argument("--delay", type=float, default=0.02, help="seconds the site takes per page")
     return parser.parse_args(argv)
 
 
-def run(mode: str, processes: int, domains: int, opts: argparse.Namespace, folder: Path) -> dict[str, Any]:
+def run(
+    mode: str, processes: int, domains: int, opts: argparse.Namespace, folder: Path
+) -> dict[str, Any]:
     pages = max(opts.pages, domains)
     cap = processes * opts.cap_per_process
     with RedisServer() as server, CrawlSite(delay=opts.delay) as site:
@@ -71,7 +84,9 @@ def run(mode: str, processes: int, domains: int, opts: argparse.Namespace, folde
                 "SCHEDULER": None,
                 "CONCURRENT_REQUESTS_PER_DOMAIN": max(1, cap // processes),
             }
-        settings.update({"CONCURRENT_REQUESTS": opts.concurrency, "DOWNLOAD_DELAY": 0, "LOG_LEVEL": "WARNING"})
+        settings.update(
+            {"CONCURRENT_REQUESTS": opts.concurrency, "DOWNLOAD_DELAY": 0, "LOG_LEVEL": "WARNING"}
+        )
         before = commandstats(client)
         crawls = [
             Crawl(
@@ -79,7 +94,12 @@ def run(mode: str, processes: int, domains: int, opts: argparse.Namespace, folde
                 "",
                 settings,
                 folder,
-                args={"pages": str(pages), "domains": str(domains), "part": str(i), "parts": str(processes)},
+                args={
+                    "pages": str(pages),
+                    "domains": str(domains),
+                    "part": str(i),
+                    "parts": str(processes),
+                },
                 spider=SPIDER,
             ).start()
             for i in range(processes)
@@ -123,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     folder = RESULTS / "keys-run"
     folder.mkdir(exist_ok=True)
     print(
-        f"pages per crawl {opts.pages} (at least one per domain), site {opts.delay * 1000:.0f} ms a page, "
-        f"CONCURRENT_REQUESTS {opts.concurrency}, cap per domain = processes x {opts.cap_per_process}; "
+        f"pages per crawl {opts.pages} (at least one per domain), site {opts.delay * 1000:.0f} ms "
+        "a page, "
+        f"CONCURRENT_REQUESTS {opts.concurrency}, cap per domain = processes x "
+        f"{opts.cap_per_process}; "
         f"{os.cpu_count()} CPUs",
         flush=True,
     )
@@ -139,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "## Caps per domain across processes: `./run.sh bench keys`",
         "",
-        "| processes | domains | pages | cap | how | pages/s | most in flight per domain | commands/page | "
+        "| processes | domains | pages | cap | how | pages/s | most in flight per domain | "
+        "commands/page | "
         "keys left (bytes) | used_memory change |",
         "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
@@ -150,9 +173,11 @@ def main(argv: list[str] | None = None) -> int:
             else f"Scrapy per process {max(1, r['cap'] // r['processes'])}"
         )
         lines.append(
-            f"| {r['processes']} | {r['domains']} | {r['pages']} | {r['cap']} | {how} | {r['pages_per_s']} | "
+            f"| {r['processes']} | {r['domains']} | {r['pages']} | {r['cap']} | {how} | "
+            f"{r['pages_per_s']} | "
             f"{r['max_in_flight_per_domain']} | {r['commands_per_page']} | {r['redis_keys_end']} "
-            f"({r['redis_key_bytes_end']} B) | {r['redis_used_memory_change_bytes'] / 1024:+.0f} KiB |"
+            f"({r['redis_key_bytes_end']} B) | {r['redis_used_memory_change_bytes'] / 1024:+.0f} "
+            "KiB |"
         )
     lines.append(f"\nbenchmark wall time {time.time() - started:.0f} s")
     text = "\n".join(lines)

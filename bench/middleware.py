@@ -1,21 +1,26 @@
-"""Middleware benchmark: overhead on an uncapped stage, how fully a capped stage's slots are used, and how fairly.
+"""Middleware benchmark: overhead on an uncapped stage, how fully a capped stage's slots are used,
+and how fairly.
 
     ./run.sh bench middleware [--repeat 5] [--only overhead,capped,mixed] [--baseline]
 
-1. Overhead: the same crawl of an uncapped stage (20 ms pages, CONCURRENT_REQUESTS 32) with and without
-   StageLockMiddleware + StageScheduler; pages/s measured at the server. The two run back to back in each
-   round, in alternating order (so a machine that gets busier or quieter during a round favours neither);
-   reported: the median of the per-round ratios (with / without) and the ratio of the medians.
-2. Capped stage alone: 3 crawler processes on one capped stage (cap 3, 50 ms pages, a backlog in each process);
-   the server's time-weighted mean of requests in flight while the stage has work (1 s trimmed at each end);
-   fairness over the window where all three have a backlog: Jain's index of the processes' requests, and the
-   longest time a process with a backlog went without a request reaching the site (its starvation).
-3. Mixed crawl, as a user's: 3 processes crawl the test shop (list pages -> detail pages -> comment pages, 50 ms
-   pages, CONCURRENT_REQUESTS 16 each), caps list 1 / detail 3 / comments unlimited, the list pages shared out;
-   the mean of detail requests in flight while detail has work, with StageScheduler and with the middleware alone.
-Real `scrapy runspider` processes against a local HTTP server and a fresh redis-server; prints what it measured.
-With --baseline, parts 2 and 3 also run with REDISLOCK_LOCAL_REUSE = 0 (every slot back to Redis) in the same
-rounds, in alternating order. Every figure is the median over the rounds of one run.
+1. Overhead: the same crawl of an uncapped stage (20 ms pages, CONCURRENT_REQUESTS 32) with and
+   without StageLockMiddleware + StageScheduler; pages/s measured at the server. The two run back to
+   back in each round, in alternating order (so a machine that gets busier or quieter during a round
+   favours neither); reported: the median of the per-round ratios (with / without) and the ratio of
+   the medians.
+2. Capped stage alone: 3 crawler processes on one capped stage (cap 3, 50 ms pages, a backlog in
+   each process); the server's time-weighted mean of requests in flight while the stage has work (1
+   s trimmed at each end); fairness over the window where all three have a backlog: Jain's index of
+   the processes' requests, and the longest time a process with a backlog went without a request
+   reaching the site (its starvation).
+3. Mixed crawl, as a user's: 3 processes crawl the test shop (list pages -> detail pages -> comment
+   pages, 50 ms pages, CONCURRENT_REQUESTS 16 each), caps list 1 / detail 3 / comments unlimited,
+   the list pages shared out; the mean of detail requests in flight while detail has work, with
+   StageScheduler and with the middleware alone.
+Real `scrapy runspider` processes against a local HTTP server and a fresh redis-server; prints what
+it measured. With --baseline, parts 2 and 3 also run with REDISLOCK_LOCAL_REUSE = 0 (every slot back
+to Redis) in the same rounds, in alternating order. Every figure is the median over the rounds of
+one run.
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SHOP_SPIDER = ROOT / "testing" / "spiders" / "shopspider.py"
 PROCESSES = 3
 CEILING = "Scrapy alone, no lock (1 in flight per process: its ceiling)"
-# The stage held at 1 in flight per process by an in-process semaphore: what Scrapy gives with no Redis at all.
+# The stage held at 1 in flight per process by an in-process semaphore: what Scrapy gives with no
+# Redis at all.
 CEILING_SETTINGS: dict[str, Any] = {
     "DOWNLOADER_MIDDLEWARES": {
         "scrapy_redislock.StageLockMiddleware": 950,  # for the mixed crawl's list stage (cap 1)
@@ -84,8 +90,9 @@ def run_all(crawls: list[Crawl], timeout: float = 600) -> None:
 
 
 def fairness(site: CrawlSite, stage: str) -> tuple[float, float]:
-    """(Jain's index of the processes' requests while all had a backlog, longest gap in s between two requests
-    of one process while it had a backlog). Each process sends its name as User-Agent."""
+    """(Jain's index of the processes' requests while all had a backlog, longest gap in s between
+    two requests of one process while it had a backlog). Each process sends its name as
+    User-Agent."""
     arrivals: dict[str, list[float]] = defaultdict(list)
     for record in site.served:
         if record.stage == stage:
@@ -105,14 +112,17 @@ def check_cap(site: CrawlSite, stage: str, cap: int) -> None:
 def utilization_run(
     redis_url: str, per_process: int, folder: Path, extra: dict[str, Any]
 ) -> tuple[float, float, float, dict[str, float], dict[str, int]]:
-    """Mean in flight at the site, Jain, longest starvation, the median of each step of a hand-off (see
-    bench/handoff_probe.py), and the slots passed on locally / granted by Redis."""
+    """Mean in flight at the site, Jain, longest starvation, the median of each step of a hand-off
+    (see bench/handoff_probe.py), and the slots passed on locally / granted by Redis."""
     with CrawlSite(delay=0.05) as site, tempfile.TemporaryDirectory() as probe_dir:
         settings = {
             "CONCURRENT_REQUESTS": 16,
             "REDISLOCK_URL": redis_url,
             "REDISLOCK_STAGES": {"detail": 3},
-            "EXTENSIONS": {"bench.handoff_probe.HandoffProbe": 0, "testing.spiders.crawlspider.StatsFile": 0},
+            "EXTENSIONS": {
+                "bench.handoff_probe.HandoffProbe": 0,
+                "testing.spiders.crawlspider.StatsFile": 0,
+            },
             "HANDOFF_PROBE_DIR": probe_dir,
             **extra,
         }
@@ -125,7 +135,9 @@ def utilization_run(
         client = redis.Redis.from_url(redis_url)
         client.config_resetstat()
         run_all(crawls)
-        calls = sum(int(v["calls"]) for k, v in client.info("commandstats").items() if k != "cmdstat_info")
+        calls = sum(
+            int(v["calls"]) for k, v in client.info("commandstats").items() if k != "cmdstat_info"
+        )
         client.close()
         check_cap(site, "detail", 3)
         arrivals = sorted(site.arrivals["detail"])
@@ -136,12 +148,17 @@ def utilization_run(
             "acquired": sum(c.stats.get("redislock/detail/acquired", 0) for c in crawls),
             "redis_commands": calls,
         }
-        steps = {} if "CEILING_STAGE" in extra else breakdown(Path(probe_dir), site.served, start, end)
+        steps = (
+            {} if "CEILING_STAGE" in extra else breakdown(Path(probe_dir), site.served, start, end)
+        )
         return site.mean_in_flight("detail", start, end), jain_index, starved, steps, passed
 
 
-def mixed_run(redis_url: str, lists: int, with_scheduler: bool, folder: Path, extra: dict[str, Any]) -> float:
-    """Mean detail requests in flight at the shop while detail has work (1 s trimmed at each end)."""
+def mixed_run(
+    redis_url: str, lists: int, with_scheduler: bool, folder: Path, extra: dict[str, Any]
+) -> float:
+    """Mean detail requests in flight at the shop while detail has work (1 s trimmed at each
+    end)."""
     with ShopSite(lists=lists, details=20, comments=5, delay=0.05) as site:
         settings: dict[str, Any] = {
             "CONCURRENT_REQUESTS": 16,
@@ -154,14 +171,22 @@ def mixed_run(redis_url: str, lists: int, with_scheduler: bool, folder: Path, ex
         if "CEILING_STAGE" in extra:
             settings["REDISLOCK_STAGES"] = {"list": 1, "detail": None, "comments": None}
         crawls = [
-            Crawl(site.url, ",".join(map(str, range(i, lists, PROCESSES))), settings, folder, spider=SHOP_SPIDER)
+            Crawl(
+                site.url,
+                ",".join(map(str, range(i, lists, PROCESSES))),
+                settings,
+                folder,
+                spider=SHOP_SPIDER,
+            )
             for i in range(PROCESSES)
         ]
         run_all(crawls)
         for stage, cap in (("list", 1), ("detail", 3)):
             check_cap(site, stage, cap)
         if len(site.arrivals["comments"]) != site.totals["comments"]:
-            raise RuntimeError(f"comments: {len(site.arrivals['comments'])} of {site.totals['comments']}")
+            raise RuntimeError(
+                f"comments: {len(site.arrivals['comments'])} of {site.totals['comments']}"
+            )
         arrivals = sorted(site.arrivals["detail"])
         return site.mean_in_flight("detail", arrivals[0] + 1.0, arrivals[-1] - 1.0)
 
@@ -178,12 +203,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--pages", type=int, default=1500, help="pages per overhead crawl")
     parser.add_argument("--per-process", type=int, default=150, help="capped requests per process")
-    parser.add_argument("--lists", type=int, default=30, help="list pages of the mixed crawl's shop (20 details each)")
-    parser.add_argument("--only", default="overhead,capped,mixed", help="comma list of parts to run")
+    parser.add_argument(
+        "--lists",
+        type=int,
+        default=30,
+        help="list pages of the mixed crawl's shop (20 details each)",
+    )
+    parser.add_argument(
+        "--only", default="overhead,capped,mixed", help="comma list of parts to run"
+    )
     parser.add_argument(
         "--baseline",
         action="store_true",
-        help="also run the capped and mixed parts with REDISLOCK_LOCAL_REUSE = 0, in the same rounds",
+        help="also run the capped and mixed parts with REDISLOCK_LOCAL_REUSE = 0, in the same "
+        "rounds",
     )
     args = parser.parse_args(argv)
     parts = {p.strip() for p in args.only.split(",") if p.strip()}
@@ -193,16 +226,23 @@ def main(argv: list[str] | None = None) -> int:
     variants[CEILING] = CEILING_SETTINGS
     plain: list[float] = []
     capped: list[float] = []
-    figures: dict[str, dict[str, list[float]]] = {name: {f: [] for f in CAPPED_FIGURES} for name in variants}
+    figures: dict[str, dict[str, list[float]]] = {
+        name: {f: [] for f in CAPPED_FIGURES} for name in variants
+    }
     mixed: dict[str, list[float]] = {name: [] for name in [*variants, "middleware alone"]}
-    ratios: dict[str, list[float]] = {"capped": [], "mixed": []}  # StageScheduler / the ceiling, per round
+    ratios: dict[str, list[float]] = {
+        "capped": [],
+        "mixed": [],
+    }  # StageScheduler / the ceiling, per round
     steps: dict[str, list[float]] = {}
     with RedisServer() as server, tempfile.TemporaryDirectory() as folder:
         for i in range(args.repeat):
             print(f"round {i + 1}/{args.repeat} ...", file=sys.stderr, flush=True)
             if "overhead" in parts:
                 for with_middleware in (False, True) if i % 2 == 0 else (True, False):
-                    pages_per_s = overhead_run(server.url, args.pages, with_middleware=with_middleware)
+                    pages_per_s = overhead_run(
+                        server.url, args.pages, with_middleware=with_middleware
+                    )
                     (capped if with_middleware else plain).append(pages_per_s)
             order = list(variants) if i % 2 == 0 else list(reversed(variants))
             if "capped" in parts:
@@ -215,16 +255,24 @@ def main(argv: list[str] | None = None) -> int:
                     got["jain"].append(jain_index)
                     got["starved"].append(longest)
                     got["reused"].append(passed["reused"] / max(1, passed["acquired"]))
-                    got["per_request"].append(passed["redis_commands"] / (PROCESSES * args.per_process))
+                    got["per_request"].append(
+                        passed["redis_commands"] / (PROCESSES * args.per_process)
+                    )
                     if name == "StageScheduler":
                         for step, ms in medians.items():
                             steps.setdefault(step, []).append(ms)
-                ratios["capped"].append(figures["StageScheduler"]["mean"][-1] / figures[CEILING]["mean"][-1])
+                ratios["capped"].append(
+                    figures["StageScheduler"]["mean"][-1] / figures[CEILING]["mean"][-1]
+                )
             if "mixed" in parts:
-                for name in [*order, "middleware alone"] if i % 2 == 0 else ["middleware alone", *order]:
+                for name in (
+                    [*order, "middleware alone"] if i % 2 == 0 else ["middleware alone", *order]
+                ):
                     scheduler = name != "middleware alone"
                     extra = variants.get(name, {})
-                    mixed[name].append(mixed_run(server.url, args.lists, scheduler, Path(folder), extra))
+                    mixed[name].append(
+                        mixed_run(server.url, args.lists, scheduler, Path(folder), extra)
+                    )
                 ratios["mixed"].append(mixed["StageScheduler"][-1] / mixed[CEILING][-1])
     result: dict[str, Any] = {"rounds": args.repeat}
     text = ""
@@ -243,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.repeat} rounds):\n"
             f"  pages/s without the middleware: {spread(plain, 0)}\n"
             f"  pages/s with it:                {spread(capped, 0)}\n"
-            f"  ratio per round (with / without): {spread(paired, 3)}; ratio of medians: {ratio:.3f}\n"
+            f"  ratio per round (with / without): {spread(paired, 3)}; ratio of medians: "
+            f"{ratio:.3f}\n"
         )
     if "capped" in parts:
         result["capped"] = figures
@@ -254,26 +303,35 @@ def main(argv: list[str] | None = None) -> int:
             text += (
                 f"  {name}:\n"
                 f"    mean requests in flight at the server: {spread(got['mean'])}\n"
-                f"    Jain over the processes' requests (all with a backlog): {spread(got['jain'], 3)}\n"
+                "    Jain over the processes' requests (all with a backlog): "
+                f"{spread(got['jain'], 3)}\n"
                 f"    longest a process with a backlog went without a request at the site, s: "
                 f"{spread(got['starved'])}\n"
             )
             if name == CEILING:
                 continue
             text += (
-                f"    share of slots passed on locally (of requests that got one): {spread(got['reused'])}\n"
-                f"    Redis commands per capped request (INFO commandstats, Lua's own included; start-up, renewals "
+                "    share of slots passed on locally (of requests that got one): "
+                f"{spread(got['reused'])}\n"
+                "    Redis commands per capped request (INFO commandstats, Lua's own included; "
+                "start-up, renewals "
                 f"and close included): {spread(got['per_request'], 1)}\n"
             )
         text += f"  StageScheduler / Scrapy's ceiling, per round: {spread(ratios['capped'], 3)}\n"
         text += "  where a slot idles between two requests (StageScheduler; median ms per step, one value per round):\n"
-        text += "".join(f"    {step:<48} {[round(x, 2) for x in values]}\n" for step, values in steps.items())
+        text += "".join(
+            f"    {step:<48} {[round(x, 2) for x in values]}\n" for step, values in steps.items()
+        )
     if "mixed" in parts:
         result["mixed_mean_detail_in_flight"] = mixed
         text += (
-            f"Mixed crawl ({PROCESSES} processes, shop of {args.lists} list pages x 20 details x 5 comments, caps "
+            f"Mixed crawl ({PROCESSES} processes, shop of {args.lists} list pages x 20 details x 5 "
+            "comments, caps "
             "list 1 / detail 3 / comments unlimited, 50 ms pages, CONCURRENT_REQUESTS 16):\n"
-            + "".join(f"  mean detail requests in flight, {name}: {spread(v)}\n" for name, v in mixed.items())
+            + "".join(
+                f"  mean detail requests in flight, {name}: {spread(v)}\n"
+                for name, v in mixed.items()
+            )
             + f"  StageScheduler / Scrapy's ceiling, per round: {spread(ratios['mixed'], 3)}\n"
         )
         result["mixed_over_ceiling"] = ratios["mixed"]

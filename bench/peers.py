@@ -1,11 +1,13 @@
-"""The lock designs bench/contention.py compares: ours, and peer designs a crawl cluster might use instead.
+"""The lock designs bench/contention.py compares: ours, and peer designs a crawl cluster might use
+instead.
 
-``DESIGNS[key].make(client, index, options)`` returns ``(acquire, release)`` for one benchmark process:
-``acquire()`` blocks until granted and returns a token, ``release(token)`` gives the slot back.
+``DESIGNS[key].make(client, index, options)`` returns ``(acquire, release)`` for one benchmark
+process: ``acquire()`` blocks until granted and returns a token, ``release(token)`` gives the slot
+back.
 
-The zset semaphore and the WATCH/MULTI counter are written here from their textbook descriptions (they are designs,
-not packages). redis-py's Lock ships with redis-py; python-redis-lock and pottery are the ``bench`` extra
-(``pip install -e '.[bench]'``) and are skipped when missing.
+The zset semaphore and the WATCH/MULTI counter are written here from their textbook descriptions
+(they are designs, not packages). redis-py's Lock ships with redis-py; python-redis-lock and pottery
+are the ``bench`` extra (``pip install -e '.[bench]'``) and are skipped when missing.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ POLL = 0.001  # the polling designs retry after 1 ms
 
 
 def _token_list(client: redis.Redis, index: int, options: Options) -> tuple[Acquire, Release]:
-    """Not a lock (no lease, no owner, no fencing): one token in a list, taken with BLPOP and given back with LPUSH.
+    """Not a lock (no lease, no owner, no fencing): one token in a list, taken with BLPOP and given
+    back with LPUSH.
 
-    The least a blocking hand-off through Redis costs: the floor under every design that wakes a blocked waiter."""
+    The least a blocking hand-off through Redis costs: the floor under every design that wakes a
+    blocked waiter."""
     key = "bench:tokens"
     if client.set(f"{key}:made", 1, nx=True):
         client.lpush(key, 1)
@@ -52,9 +56,9 @@ class Options:
 def clock_offset(index: int, skew: float) -> float:
     """Client-clock error of benchmark process ``index`` for the zset semaphore.
 
-    A third of the processes run ``skew`` seconds behind, a third are exact, a third run ``skew`` ahead
-    (process 0 behind, 1 exact, 2 ahead, 3 behind, ...). NTP-less or badly synced machines are off by seconds;
-    a design that ranks holders by client time is only as right as the worst clock.
+    A third of the processes run ``skew`` seconds behind, a third are exact, a third run ``skew``
+    ahead (process 0 behind, 1 exact, 2 ahead, 3 behind, ...). NTP-less or badly synced machines are
+    off by seconds; a design that ranks holders by client time is only as right as the worst clock.
     """
     return ((index % 3) - 1) * skew
 
@@ -81,7 +85,9 @@ def _redis_py_lock(sleep: float) -> Maker:
     return make
 
 
-def _python_redis_lock(client: redis.Redis, index: int, options: Options) -> tuple[Acquire, Release]:
+def _python_redis_lock(
+    client: redis.Redis, index: int, options: Options
+) -> tuple[Acquire, Release]:
     """python-redis-lock: SET NX EX, and a waiter BLPOPs a signal list that the releaser LPUSHes."""
     import redis_lock  # type: ignore[import-not-found,import-untyped]
 
@@ -108,8 +114,9 @@ def _pottery(client: redis.Redis, index: int, options: Options) -> tuple[Acquire
 def _zset_semaphore(limit: int) -> Maker:
     """The counting semaphore of "Redis in Action" 6.3.1, ranked by the client's own clock.
 
-    One MULTI/EXEC: ZREMRANGEBYSCORE drops entries older than the lease by *this client's* time, ZADD the owner
-    with this client's time.time(), ZRANK; rank < limit wins, else ZREM and retry after 1 ms. Release: ZREM.
+    One MULTI/EXEC: ZREMRANGEBYSCORE drops entries older than the lease by *this client's* time,
+    ZADD the owner with this client's time.time(), ZRANK; rank < limit wins, else ZREM and retry
+    after 1 ms. Release: ZREM.
     """
 
     def make(client: redis.Redis, index: int, options: Options) -> tuple[Acquire, Release]:
@@ -136,7 +143,8 @@ def _zset_semaphore(limit: int) -> Maker:
 
 
 def _watch_counter(limit: int) -> Maker:
-    """Optimistic counter: WATCH, GET; below the limit MULTI INCR EXEC, else UNWATCH and retry after 1 ms."""
+    """Optimistic counter: WATCH, GET; below the limit MULTI INCR EXEC, else UNWATCH and retry after
+    1 ms."""
 
     def make(client: redis.Redis, index: int, options: Options) -> tuple[Acquire, Release]:
         key = "bench:count"
@@ -171,15 +179,21 @@ class Design:
 
 DESIGNS: dict[str, Design] = {
     "ours3": Design("scrapy_redislock CountingLock", 3, _ours(3)),
-    "zset3": Design("zset semaphore ranked by client timestamps, 1 ms polling", 3, _zset_semaphore(3)),
+    "zset3": Design(
+        "zset semaphore ranked by client timestamps, 1 ms polling", 3, _zset_semaphore(3)
+    ),
     "watch3": Design("WATCH/MULTI counter with max, 1 ms polling", 3, _watch_counter(3)),
     "ours1": Design("scrapy_redislock CountingLock", 1, _ours(1)),
     "redispy": Design("redis-py Lock, default sleep 0.1 s", 1, _redis_py_lock(0.1)),
     "redispy1ms": Design("redis-py Lock, sleep 1 ms", 1, _redis_py_lock(0.001)),
     "prl": Design("python-redis-lock (BLPOP signal)", 1, _python_redis_lock, needs="redis_lock"),
     "pottery": Design("pottery Redlock, one master", 1, _pottery, needs="pottery"),
-    "zset1": Design("zset semaphore ranked by client timestamps, 1 ms polling", 1, _zset_semaphore(1)),
-    "floor1": Design("bare token list, BLPOP/LPUSH (not a lock: Redis's own wake-up floor)", 1, _token_list),
+    "zset1": Design(
+        "zset semaphore ranked by client timestamps, 1 ms polling", 1, _zset_semaphore(1)
+    ),
+    "floor1": Design(
+        "bare token list, BLPOP/LPUSH (not a lock: Redis's own wake-up floor)", 1, _token_list
+    ),
 }
 
 
@@ -195,5 +209,7 @@ def available(key: str) -> bool:
     return True
 
 
-def make_locker(key: str, client: redis.Redis, index: int, options: Options) -> tuple[Acquire, Release]:
+def make_locker(
+    key: str, client: redis.Redis, index: int, options: Options
+) -> tuple[Acquire, Release]:
     return DESIGNS[key].make(client, index, options)

@@ -1,15 +1,18 @@
-"""Quorum lock benchmark: the single-master lock against the quorum lock on N = 3 and 5 masters, in one run.
+"""Quorum lock benchmark: the single-master lock against the quorum lock on N = 3 and 5 masters, in
+one run.
 
-    ./run.sh bench quorum [--processes 6] [--limits 1,2] [--hold-ms 2] [--seconds 5] [--designs single,quorum3,...]
+    ./run.sh bench quorum [--processes 6] [--limits 1,2] [--hold-ms 2] [--seconds 5] [--designs
+    single,quorum3,...]
 
-Each design gets fresh redis-servers (testing.redis_server.RedisServer: one for ``single``, N for ``quorumN``) and
-fresh spawned processes that loop acquire -> hold H ms -> release, as bench/contention.py does (same start
-protocol, same figures, its ``summarize`` and ``table``). Commands are summed over every master's INFO
-commandstats (Lua-internal commands included); cmds/grant divides them by the grants in the window, so the
-quorum's retried rounds (a lost round gives its partial grants back and backs off) count against it.
+Each design gets fresh redis-servers (testing.redis_server.RedisServer: one for ``single``, N for
+``quorumN``) and fresh spawned processes that loop acquire -> hold H ms -> release, as
+bench/contention.py does (same start protocol, same figures, its ``summarize`` and ``table``).
+Commands are summed over every master's INFO commandstats (Lua-internal commands included);
+cmds/grant divides them by the grants in the window, so the quorum's retried rounds (a lost round
+gives its partial grants back and backs off) count against it.
 
-Prints Markdown and writes <out>/quorum.md and quorum.json. Nothing is hard-coded: every figure is measured in
-this run on this machine.
+Prints Markdown and writes <out>/quorum.md and quorum.json. Nothing is hard-coded: every figure is
+measured in this run on this machine.
 """
 
 from __future__ import annotations
@@ -51,11 +54,22 @@ def make_lock(design: str, urls: list[str], limit: int) -> Any:
 
 
 def worker(
-    design: str, urls: list[str], limit: int, hold: float, seconds: float, ready: Any, go: Any, start_at: Any, out: Any
+    design: str,
+    urls: list[str],
+    limit: int,
+    hold: float,
+    seconds: float,
+    ready: Any,
+    go: Any,
+    start_at: Any,
+    out: Any,
 ) -> None:
-    """One benchmark process: acquire -> hold -> release until the window ends; sends its records."""
+    """One benchmark process: acquire -> hold -> release until the window ends; sends its
+    records."""
     lock = make_lock(design, urls, limit)
-    out.put(loop_window(lock.acquire, lock.release, hold, seconds, ready, go, start_at, os.getpid()))
+    out.put(
+        loop_window(lock.acquire, lock.release, hold, seconds, ready, go, start_at, os.getpid())
+    )
 
 
 def merged_commandstats(clients: list[redis.Redis]) -> dict[str, dict[str, int]]:
@@ -77,7 +91,11 @@ def run_design(design: str, limit: int, args: argparse.Namespace) -> dict[str, A
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         start_at = ctx.Value("d", 0.0)
         procs = [
-            ctx.Process(target=worker, args=(design, urls, limit, hold, seconds, ready, go, start_at, out), daemon=True)
+            ctx.Process(
+                target=worker,
+                args=(design, urls, limit, hold, seconds, ready, go, start_at, out),
+                daemon=True,
+            )
             for _ in range(args.processes)
         ]
         for proc in procs:
@@ -104,17 +122,29 @@ def run_design(design: str, limit: int, args: argparse.Namespace) -> dict[str, A
         for client in clients:
             client.close()
     masters = DESIGNS[design]
-    label = "single master" if design == "single" else f"quorum {safe_quorum(masters, limit)} of {masters}"
-    return summarize(design, label, limit, hold, start, end, results, stats, cpu_after - cpu_before, version)
+    label = (
+        "single master"
+        if design == "single"
+        else f"quorum {safe_quorum(masters, limit)} of {masters}"
+    )
+    return summarize(
+        design, label, limit, hold, start, end, results, stats, cpu_after - cpu_before, version
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--processes", type=int, default=6)
-    parser.add_argument("--limits", default="1,2", help="comma-separated limits to run each design with")
+    parser.add_argument(
+        "--limits", default="1,2", help="comma-separated limits to run each design with"
+    )
     parser.add_argument("--hold-ms", type=float, default=2.0)
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--designs", default=",".join(DESIGNS), help=f"comma-separated, from {','.join(DESIGNS)}")
+    parser.add_argument(
+        "--designs", default=",".join(DESIGNS), help=f"comma-separated, from {','.join(DESIGNS)}"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     args.designs = [d for d in args.designs.split(",") if d]
@@ -147,21 +177,26 @@ def main(argv: list[str] | None = None) -> int:
     }
     text = "\n".join(
         [
-            f"# Quorum lock vs single master, {args.processes} processes, hold {args.hold_ms:g} ms, "
+            f"# Quorum lock vs single master, {args.processes} processes, hold {args.hold_ms:g} "
+            "ms, "
             f"{args.seconds:g} s per design",
             "",
             table(rows),
             "",
-            "Both are FIFO here: the quorum lock's waiters queue at the first master (docs/lock.md, Quorum lock).",
+            "Both are FIFO here: the quorum lock's waiters queue at the first master "
+            "(docs/lock.md, Quorum lock).",
             "",
-            f"redis {meta['redis']}, {meta['cpus']} CPUs, {meta['platform']}, Python {meta['python']}, "
+            f"redis {meta['redis']}, {meta['cpus']} CPUs, {meta['platform']}, Python "
+            f"{meta['python']}, "
             f"redis-py {meta['redis_py']}, {meta['when']}, {meta['runtime_s']} s",
         ]
     )
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "quorum.md").write_text(text + "\n", encoding="utf-8")
-    (args.out / "quorum.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1), encoding="utf-8")
+    (args.out / "quorum.json").write_text(
+        json.dumps({"meta": meta, "rows": rows}, indent=1), encoding="utf-8"
+    )
     return 0
 
 

@@ -1,12 +1,14 @@
-"""Request format benchmark: size and encode/decode time per request, the safe JSON format against pickle.
+"""Request format benchmark: size and encode/decode time per request, the safe JSON format against
+pickle.
 
     ./run.sh bench requestformat [--number 2000] [--repeat 7]
 
-For four request shapes (a bare GET with its stage; a GET as a crawl makes it, with the meta Scrapy's middlewares
-add; a form POST with headers and cookies; a request with every field and a meta of tuples, bytes and int keys):
-bytes in Redis, and microseconds per request to encode (``request.to_dict`` + ``dumps``) and to decode (``loads`` +
-checks + ``request_from_dict``), as the worker scheduler does them, for :mod:`scrapy_redislock.crawl.requestformat` and
-scrapy-redis's ``picklecompat``. Times are the median of ``--repeat`` runs of ``--number`` requests each
+For four request shapes (a bare GET with its stage; a GET as a crawl makes it, with the meta
+Scrapy's middlewares add; a form POST with headers and cookies; a request with every field and a
+meta of tuples, bytes and int keys): bytes in Redis, and microseconds per request to encode
+(``request.to_dict`` + ``dumps``) and to decode (``loads`` + checks + ``request_from_dict``), as the
+worker scheduler does them, for :mod:`scrapy_redislock.crawl.requestformat` and scrapy-redis's
+``picklecompat``. Times are the median of ``--repeat`` runs of ``--number`` requests each
 (``timeit``), in this process; no Redis involved (the format alone). Prints what it measured.
 """
 
@@ -51,7 +53,9 @@ def shapes(spider: ShopSpider) -> dict[str, scrapy.Request]:
         "redirect_reasons": [301],
     }
     return {
-        "bare GET": scrapy.Request("http://shop.example.com/p/123", meta={"redislock_stage": "detail"}),
+        "bare GET": scrapy.Request(
+            "http://shop.example.com/p/123", meta={"redislock_stage": "detail"}
+        ),
         "crawled GET": scrapy.Request(
             "https://shop.example.com/products/123-blue-shoes?ref=list&page=4",
             meta=crawl_meta,
@@ -73,7 +77,12 @@ def shapes(spider: ShopSpider) -> dict[str, scrapy.Request]:
             headers={"Accept-Language": ["de", "en"], "X-Token": "abc"},
             cookies={"session": "s1"},
             body=bytes(range(256)),
-            meta={**crawl_meta, "tags": ("a", "b"), "raw": b"\xfe\xff", "by_id": {1: "one", 2: (3, 4)}},
+            meta={
+                **crawl_meta,
+                "tags": ("a", "b"),
+                "raw": b"\xfe\xff",
+                "by_id": {1: "one", 2: (3, 4)},
+            },
             encoding="utf-8",
             priority=-3,
             dont_filter=True,
@@ -96,7 +105,10 @@ def measure(number: int, repeat: int) -> list[dict[str, Any]]:
             lambda data: request_from_data(data, requestformat, spider),
             requestformat.dumps,
         ),
-        "pickle": (lambda data: request_from_dict(picklecompat.loads(data), spider=spider), picklecompat.dumps),
+        "pickle": (
+            lambda data: request_from_dict(picklecompat.loads(data), spider=spider),
+            picklecompat.dumps,
+        ),
     }
     rows = []
     for shape, request in shapes(spider).items():
@@ -108,7 +120,9 @@ def measure(number: int, repeat: int) -> list[dict[str, Any]]:
                     "shape": shape,
                     "format": name,
                     "bytes": len(data),
-                    "encode_us": per_request_us(lambda r=request, d=dumps: d(r.to_dict(spider=spider)), number, repeat),
+                    "encode_us": per_request_us(
+                        lambda r=request, d=dumps: d(r.to_dict(spider=spider)), number, repeat
+                    ),
                     "decode_us": per_request_us(lambda b=data, f=decode: f(b), number, repeat),
                 }
             )
@@ -138,11 +152,18 @@ def report(rows: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--number", type=int, default=2000, help="requests per timed run (default 2000)")
-    parser.add_argument("--repeat", type=int, default=7, help="timed runs; the median is reported (default 7)")
+    parser.add_argument(
+        "--number", type=int, default=2000, help="requests per timed run (default 2000)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=7, help="timed runs; the median is reported (default 7)"
+    )
     opts = parser.parse_args()
     rows = measure(opts.number, opts.repeat)
-    print(f"Python {platform.python_version()}, Scrapy {scrapy.__version__}; median of {opts.repeat} x {opts.number}")
+    print(
+        f"Python {platform.python_version()}, Scrapy {scrapy.__version__}; median of {opts.repeat} "
+        f"x {opts.number}"
+    )
     print(report(rows))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "requestformat.json").write_text(json.dumps(rows, indent=2))

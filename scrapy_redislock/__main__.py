@@ -1,4 +1,5 @@
-"""``python -m scrapy_redislock``: the operator's command line (see :mod:`scrapy_redislock.cli.main`)."""
+"""``python -m scrapy_redislock``: the operator's command line (see
+:mod:`scrapy_redislock.cli.main`)."""
 
 from __future__ import annotations
 

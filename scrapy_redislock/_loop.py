@@ -1,10 +1,12 @@
-"""The one periodic loop of the package's asyncio code: tick every interval, at once when woken, until told to stop;
-:func:`start_now`, a task that starts running in the caller's call (from Python 3.12 on); and :func:`stop`, which
-ends a task without swallowing the caller's own cancellation.
+"""The one periodic loop of the package's asyncio code: tick every interval, at once when woken,
+until told to stop;
+:func:`start_now`, a task that starts running in the caller's call (from Python 3.12 on); and
+:func:`stop`, which ends a task without swallowing the caller's own cancellation.
 
 A tick that raises is logged and the loop goes on (nothing is given up on a Redis error); with a
-:class:`~scrapy_redislock._redis.Backoff` the next tick after a failure comes after its delay instead of the
-interval. Imports neither Scrapy nor Twisted: the lock's asyncio front and the Scrapy glue both use it.
+:class:`~scrapy_redislock._redis.Backoff` the next tick after a failure comes after its delay
+instead of the interval. Imports neither Scrapy nor Twisted: the lock's asyncio front and the Scrapy
+glue both use it.
 """
 
 from __future__ import annotations
@@ -24,16 +26,17 @@ T = TypeVar("T")
 
 
 def start_now(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
-    """A task that runs up to its first real wait at once (asyncio's eager start, Python 3.12+): a command it sends
-    leaves in this call, not after every other callback of this loop iteration. Python 3.11: a plain task."""
+    """A task that runs up to its first real wait at once (asyncio's eager start, Python 3.12+): a
+    command it sends leaves in this call, not after every other callback of this loop iteration.
+    Python 3.11: a plain task."""
     loop = asyncio.get_running_loop()
     eager = getattr(asyncio, "eager_task_factory", None)
     return eager(loop, coro) if eager is not None else loop.create_task(coro)
 
 
 async def stop(task: asyncio.Task[Any]) -> None:
-    """Cancel ``task`` and wait until it has ended; a cancellation of the caller meanwhile is not swallowed (as
-    ``suppress(CancelledError)`` around ``await task`` would)."""
+    """Cancel ``task`` and wait until it has ended; a cancellation of the caller meanwhile is not
+    swallowed (as ``suppress(CancelledError)`` around ``await task`` would)."""
     task.cancel()
     await asyncio.wait({task})
 
@@ -46,7 +49,8 @@ async def every(
     wake: asyncio.Event | None = None,
     backoff: Backoff | None = None,
 ) -> None:
-    """Await ``tick()`` after each ``interval()`` seconds (or as soon as ``wake`` is set) until it returns False.
+    """Await ``tick()`` after each ``interval()`` seconds (or as soon as ``wake`` is set) until it
+    returns False.
 
     ``what`` names the job in the log line of a failed tick.
     """
@@ -56,7 +60,9 @@ async def every(
             await asyncio.sleep(delay)
         else:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):  # not wait_for: on 3.11 it can drop this task's cancellation
+                async with asyncio.timeout(
+                    delay
+                ):  # not wait_for: on 3.11 it can drop this task's cancellation
                     await wake.wait()
             wake.clear()
         try:

@@ -1,7 +1,9 @@
-"""What every layer needs of Redis and nothing else: decoding replies, checking arguments, loading Lua, backing off.
+"""What every layer needs of Redis and nothing else: decoding replies, checking arguments, loading
+Lua, backing off.
 
-Imports neither Scrapy nor Twisted and reads no settings. Lua scripts live as package data, one file per script,
-in a ``scripts`` folder beside the code that runs them (:func:`load_scripts`), so each part loads only its own.
+Imports neither Scrapy nor Twisted and reads no settings. Lua scripts live as package data, one file
+per script, in a ``scripts`` folder beside the code that runs them (:func:`load_scripts`), so each
+part loads only its own.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import redis.asyncio
 
 from scrapy_redislock.errors import InvalidArgument
 
-# A client of one Redis (standalone, Sentinel) or of a Redis Cluster: what the project connects with.
+# A client of one Redis (standalone, Sentinel) or of a Redis Cluster: what the project connects
+# with.
 RedisClient = redis.Redis | redis.RedisCluster
 AsyncRedisClient = redis.asyncio.Redis | redis.asyncio.RedisCluster
 
@@ -44,7 +47,12 @@ def check_limit(limit: object, what: str = "limit") -> int:
 
 
 def check_ttl(ttl: object, what: str = "ttl") -> float:
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl) or ttl < 0.001:
+    if (
+        isinstance(ttl, bool)
+        or not isinstance(ttl, int | float)
+        or not math.isfinite(ttl)
+        or ttl < 0.001
+    ):
         raise InvalidArgument(f"{what} must be a number of seconds >= 0.001, got {ttl!r}")
     return float(ttl)
 
@@ -65,7 +73,8 @@ def check_timeout(timeout: object, what: str = "timeout") -> float | None:
 
 @functools.cache
 def load_scripts(package: str, names: tuple[str, ...], lib: str | None = None) -> dict[str, str]:
-    """Lua sources by name from ``<package>/scripts/``, each with ``<lib>.lua`` in front of it when given."""
+    """Lua sources by name from ``<package>/scripts/``, each with ``<lib>.lua`` in front of it when
+    given."""
     folder = resources.files(package) / "scripts"
     prelude = (folder / f"{lib}.lua").read_text(encoding="utf-8") + "\n" if lib else ""
     return {name: prelude + (folder / f"{name}.lua").read_text(encoding="utf-8") for name in names}
@@ -73,7 +82,8 @@ def load_scripts(package: str, names: tuple[str, ...], lib: str | None = None) -
 
 @dataclass
 class Backoff:
-    """Seconds to wait before the next retry after an error: ``first``, doubled each failure up to ``most``.
+    """Seconds to wait before the next retry after an error: ``first``, doubled each failure up to
+    ``most``.
 
     One object per thing that retries; :meth:`reset` after a success.
     """

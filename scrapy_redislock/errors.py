@@ -26,9 +26,11 @@ class AcquireTimeout(LockError, TimeoutError):
 
 
 class ThrottlingDisabled(LockError):
-    """A request names a stage while REDISLOCK_ENABLED is False: it is failed, never sent unthrottled.
+    """A request names a stage while REDISLOCK_ENABLED is False: it is failed, never sent
+    unthrottled.
 
-    Remove StageLockMiddleware from DOWNLOADER_MIDDLEWARES to crawl such requests unthrottled on purpose.
+    Remove StageLockMiddleware from DOWNLOADER_MIDDLEWARES to crawl such requests unthrottled on
+    purpose.
     """
 
 
@@ -37,7 +39,8 @@ class LockLost(LockError):
 
 
 class NotReplicated(LockError):
-    """With ``replicas=N``: fewer than N replicas acknowledged a grant (given back) or a release (done)."""
+    """With ``replicas=N``: fewer than N replicas acknowledged a grant (given back) or a release
+    (done)."""
 
 
 class LockConnectionError(LockError, redis.exceptions.ConnectionError):
@@ -45,13 +48,14 @@ class LockConnectionError(LockError, redis.exceptions.ConnectionError):
 
 
 class RequestFormatError(LockError, ValueError):
-    """A request cannot be queued in the safe format (a field that is not plain data), or a queued entry is not a
-    request in that format (pickle, garbage, truncated); the message names the field or the problem."""
+    """A request cannot be queued in the safe format (a field that is not plain data), or a queued
+    entry is not a request in that format (pickle, garbage, truncated); the message names the field
+    or the problem."""
 
 
 class KeyFunctionError(LockError):
-    """REDISLOCK_STAGE_KEY's function raised for a request, or returned something that is not a key (a non-empty
-    string without braces, or None). The request fails with it; the crawl goes on."""
+    """REDISLOCK_STAGE_KEY's function raised for a request, or returned something that is not a key
+    (a non-empty string without braces, or None). The request fails with it; the crawl goes on."""
 
 
 class UnknownStage(LockError, KeyError):

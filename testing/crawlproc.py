@@ -1,13 +1,15 @@
-"""Run :mod:`testing.spiders.crawlspider` as real ``scrapy runspider`` processes, and read what they left behind.
+"""Run :mod:`testing.spiders.crawlspider` as real ``scrapy runspider`` processes, and read what they
+left behind.
 
     crawl = Crawl(site.url, "detail:60,comments:30", {"REDISLOCK_URL": url, ...}, tmp_path)
-    crawl.start(); ...; crawl.wait()      # or crawl.run()
-    crawl.code, crawl.output, crawl.stats  # exit code, stdout+stderr, the stats dict (JSON, written at close)
-    crawl.wait_for_output("Spider opened")  # while it runs: its output is read line by line as it comes
+    crawl.start(); ...; crawl.wait() # or crawl.run() crawl.code, crawl.output, crawl.stats # exit
+    code, stdout+stderr, the stats dict (JSON, written at close) crawl.wait_for_output("Spider
+    opened") # while it runs: its output is read line by line as it comes
 
 ``spider=`` runs another spider file (``scrapy runspider`` takes the file's last spider class).
 
-Every setting is passed with ``-s`` (dicts and lists as JSON); ``None`` removes one of BASE_SETTINGS.
+Every setting is passed with ``-s`` (dicts and lists as JSON); ``None`` removes one of
+BASE_SETTINGS.
 """
 
 from __future__ import annotations
@@ -45,15 +47,22 @@ def settings_args(settings: dict[str, Any]) -> list[str]:
     args: list[str] = []
     for key, value in settings.items():
         if value is not None:
-            args += ["-s", f"{key}={json.dumps(value) if isinstance(value, dict | list) else value}"]
+            args += [
+                "-s",
+                f"{key}={json.dumps(value) if isinstance(value, dict | list) else value}",
+            ]
     return args
 
 
 def staged_worker(
-    redis_url: str, base: str, plan: str, settings: dict[str, Any], args: dict[str, str] | None = None
+    redis_url: str,
+    base: str,
+    plan: str,
+    settings: dict[str, Any],
+    args: dict[str, str] | None = None,
 ) -> subprocess.Popen[str]:
-    """A ``scrapy runspider testing/spiders/workerspider.py`` worker (a plain scrapy.Spider with the worker mixin),
-    with spider arguments ``args`` besides ``base`` and ``plan``."""
+    """A ``scrapy runspider testing/spiders/workerspider.py`` worker (a plain scrapy.Spider with the
+    worker mixin), with spider arguments ``args`` besides ``base`` and ``plan``."""
     merged = {
         "REDIS_URL": redis_url,
         "CONCURRENT_REQUESTS": 2,
@@ -64,12 +73,20 @@ def staged_worker(
         "LOG_LEVEL": "INFO",
         **settings,
     }
-    command = [sys.executable, "-m", "scrapy", "runspider", str(ROOT / "testing" / "spiders" / "workerspider.py")]
+    command = [
+        sys.executable,
+        "-m",
+        "scrapy",
+        "runspider",
+        str(ROOT / "testing" / "spiders" / "workerspider.py"),
+    ]
     command += ["-a", f"base={base}", "-a", f"plan={plan}"]
     for name, value in (args or {}).items():
         command += ["-a", f"{name}={value}"]
     command += settings_args(merged)
-    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def crawl_command(
@@ -81,7 +98,17 @@ def crawl_command(
     spider: Path = SPIDER,
 ) -> list[str]:
     merged = {**BASE_SETTINGS, **settings}
-    command = [sys.executable, "-m", "scrapy", "runspider", str(spider), "-a", f"base={base}", "-a", f"plan={plan}"]
+    command = [
+        sys.executable,
+        "-m",
+        "scrapy",
+        "runspider",
+        str(spider),
+        "-a",
+        f"base={base}",
+        "-a",
+        f"plan={plan}",
+    ]
     for key, value in (args or {}).items():
         command += ["-a", f"{key}={value}"]
     command += settings_args(merged)
@@ -91,7 +118,8 @@ def crawl_command(
 
 
 class Crawl:
-    """One crawl process; ``stats`` is read from the JSON the StatsFile extension writes at close."""
+    """One crawl process; ``stats`` is read from the JSON the StatsFile extension writes at
+    close."""
 
     counter = 0
 
@@ -131,10 +159,13 @@ class Crawl:
         return "".join(self.lines)
 
     def wait_for_output(self, text: str, timeout: float = 60) -> bool:
-        """Wait until the process has written ``text`` (or exited, or ``timeout`` passed); whether it did."""
+        """Wait until the process has written ``text`` (or exited, or ``timeout`` passed); whether
+        it did."""
         deadline = time.monotonic() + timeout
         while text not in self.output:
-            if time.monotonic() > deadline or (self.reader is not None and not self.reader.is_alive()):
+            if time.monotonic() > deadline or (
+                self.reader is not None and not self.reader.is_alive()
+            ):
                 return text in self.output
             time.sleep(0.01)
         return True
@@ -151,7 +182,9 @@ class Crawl:
             self.process.kill()
             self.process.wait()
             self.reader.join()
-            raise AssertionError(f"crawl did not end within {timeout} s:\n{self.output[-3000:]}") from None
+            raise AssertionError(
+                f"crawl did not end within {timeout} s:\n{self.output[-3000:]}"
+            ) from None
         self.reader.join()
         return self
 
@@ -176,18 +209,25 @@ class Crawl:
 def start_crawl(base: str, plan: str, settings: dict[str, Any]) -> subprocess.Popen[str]:
     """A crawl process whose output is read with ``communicate()`` (for other test modules)."""
     return subprocess.Popen(
-        crawl_command(base, plan, settings), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        crawl_command(base, plan, settings),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
-def run_crawl(base: str, plan: str, settings: dict[str, Any], timeout: float = 120) -> tuple[int, str]:
+def run_crawl(
+    base: str, plan: str, settings: dict[str, Any], timeout: float = 120
+) -> tuple[int, str]:
     process = start_crawl(base, plan, settings)
     output, _ = process.communicate(timeout=timeout)
     return process.returncode, output
 
 
 def leftover(client: redis.Redis, prefix: str = "redislock") -> int:
-    """Grants still held in Redis (entries in the consumer groups' pending lists), over every lock."""
+    """Grants still held in Redis (entries in the consumer groups' pending lists), over every
+    lock."""
     total = 0
     for key in client.scan_iter(f"{prefix}:*:slots"):
         total += int(client.xpending(key, "holders")["pending"])

@@ -1,5 +1,5 @@
-"""A real ``python -m scrapy_redislock dashboard`` process for the tests: started on a free port, ready once it
-printed its address, stopped with SIGTERM."""
+"""A real ``python -m scrapy_redislock dashboard`` process for the tests: started on a free port,
+ready once it printed its address, stopped with SIGTERM."""
 
 from __future__ import annotations
 
@@ -17,13 +17,19 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in {"REDISLOCK_URL", "REDIS_URL", "REDISLOCK_KEY_PREFIX"}}
+CLEAN_ENV = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in {"REDISLOCK_URL", "REDIS_URL", "REDISLOCK_KEY_PREFIX"}
+}
 
 
 class DashboardProcess:
     """``dashboard --port 0`` as a child process; ``url`` and ``token`` come from what it prints."""
 
-    def __init__(self, redis_url: str, *args: str, command: list[str] | None = None, cwd: Path = ROOT) -> None:
+    def __init__(
+        self, redis_url: str, *args: str, command: list[str] | None = None, cwd: Path = ROOT
+    ) -> None:
         base = command or [sys.executable, "-m", "scrapy_redislock"]
         self.process = subprocess.Popen(
             [*base, "dashboard", "--url", redis_url, "--port", "0", *args],
@@ -42,7 +48,9 @@ class DashboardProcess:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        with self.process.stdout:  # closed at the end of the output (an open pipe is a ResourceWarning)
+        with (
+            self.process.stdout
+        ):  # closed at the end of the output (an open pipe is a ResourceWarning)
             for line in self.process.stdout:
                 self.output.append(line)
                 self.lines.put(line)

@@ -1,28 +1,32 @@
 """Subprocess workers for the fault-injection tests, and the tests' handles and measures on them.
 
-A worker is ``python -m testing.faultproc MODE URL NAME LIMIT TTL [options]``; it prints one JSON record a line on
-stdout. All instants are ``time.monotonic()`` (one clock for every process on one machine), so hold intervals
-from different processes can be laid side by side. Every worker prints ``{"ready": ..., "owner": ..., "pid": ...}``
-first. Modes:
+A worker is ``python -m testing.faultproc MODE URL NAME LIMIT TTL [options]``; it prints one JSON
+record a line on stdout. All instants are ``time.monotonic()`` (one clock for every process on one
+machine), so hold intervals from different processes can be laid side by side. Every worker prints
+``{"ready": ..., "owner": ..., "pid": ...}`` first. Modes:
 
 ``loop``    acquire -> hold ``--hold-ms`` -> release, for ``--seconds``; one record per grant:
-            ``{"hold": [start, end], "fence": n, "released": bool, "lost": bool}`` where ``end`` is when the worker
-            stopped treating the slot as held (it called release, or it noticed the lease was lost mid-hold). Redis
-            errors are retried (``{"error": ..., "at": t}``), as a crawler would; a release Redis did not take is
-            retried until it is taken or the permit is reported lost. Last ``{"done": grants}``.
-``hold``    acquire once (``{"acquired": t, "fence": n}``) and "work" in 5 ms steps, checking ``permit.lost``
-            after each step, until the lease is lost (``{"noticed_lost": t, "work": [step instants]}``, then the
-            stale release's result) or ``--hold-ms`` passed (then a normal release). Without ``--hold-ms`` it works
-            until killed.
-``waiters`` ``--threads`` threads sharing one lock object. ``--fifo``: each stdin line ``go ID`` sends the next
-            thread into ``acquire()``; it records ``{"granted": ID, "asked": t, "at": t, "fence": n}``, holds
-            ``--hold-ms`` and releases. ``--seconds D``: every thread loops acquire/hold/release for D seconds and
-            reports ``{"thread": i, "grants": n, "waits": [[asked, granted], ...]}``.
+            ``{"hold": [start, end], "fence": n, "released": bool, "lost": bool}`` where ``end`` is
+            when the worker stopped treating the slot as held (it called release, or it noticed the
+            lease was lost mid-hold). Redis errors are retried (``{"error": ..., "at": t}``), as a
+            crawler would; a release Redis did not take is retried until it is taken or the permit
+            is reported lost. Last ``{"done": grants}``.
+``hold`` acquire once (``{"acquired": t, "fence": n}``) and "work" in 5 ms steps, checking
+``permit.lost``
+            after each step, until the lease is lost (``{"noticed_lost": t, "work": [step
+            instants]}``, then the stale release's result) or ``--hold-ms`` passed (then a normal
+            release). Without ``--hold-ms`` it works until killed.
+``waiters`` ``--threads`` threads sharing one lock object. ``--fifo``: each stdin line ``go ID``
+sends the next
+            thread into ``acquire()``; it records ``{"granted": ID, "asked": t, "at": t, "fence":
+            n}``, holds ``--hold-ms`` and releases. ``--seconds D``: every thread loops
+            acquire/hold/release for D seconds and reports ``{"thread": i, "grants": n, "waits":
+            [[asked, granted], ...]}``.
 
-Options: ``--front sync|async`` (CountingLock or AsyncCountingLock, both with auto_renew), ``--skew S`` shifts
-this process's wall clock (``time.time``) by S seconds before anything is imported, ``--start-file PATH`` waits,
-once ready, until PATH exists and then until the monotonic instant written in it (:class:`StartLine`: many workers
-start together, however long each took to start).
+Options: ``--front sync|async`` (CountingLock or AsyncCountingLock, both with auto_renew), ``--skew
+S`` shifts this process's wall clock (``time.time``) by S seconds before anything is imported,
+``--start-file PATH`` waits, once ready, until PATH exists and then until the monotonic instant
+written in it (:class:`StartLine`: many workers start together, however long each took to start).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ RETRY = 0.05  # seconds between retries while Redis is unreachable
 STEP = 0.005  # a hold's unit of work, after which the worker looks at permit.lost
 
 
-# -- the worker (subprocess side) ------------------------------------------------------------------------------------
+# -- the worker (subprocess side) ------------------------------------------------------------------
 
 
 def options(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,10 +81,13 @@ def main() -> None:
 
 
 def start_instant(path: str | None) -> float | None:
-    """The monotonic instant written in ``path`` once it exists (see :class:`StartLine`); None without a path."""
+    """The monotonic instant written in ``path`` once it exists (see :class:`StartLine`); None
+    without a path."""
     if path is None:
         return None
-    deadline = time.monotonic() + 300  # a test that failed before starting its workers: do not wait forever
+    deadline = (
+        time.monotonic() + 300
+    )  # a test that failed before starting its workers: do not wait forever
     while not os.path.exists(path):
         if time.monotonic() > deadline:
             raise SystemExit("never told to start")
@@ -101,7 +108,9 @@ def main_sync(args: argparse.Namespace) -> None:
     from scrapy_redislock import CountingLock, LockConnectionError, Permit
 
     client = redis.Redis.from_url(args.url, socket_timeout=5)
-    lock = CountingLock(client, args.name, limit=args.limit, ttl=args.ttl, auto_renew=True, on_lost=lambda p: None)
+    lock = CountingLock(
+        client, args.name, limit=args.limit, ttl=args.ttl, auto_renew=True, on_lost=lambda p: None
+    )
     emit({"ready": True, "owner": lock.owner, "pid": os.getpid(), "wall": time.time()})
 
     def acquire() -> Permit:
@@ -222,7 +231,9 @@ async def main_async(args: argparse.Namespace) -> None:
     from scrapy_redislock import AsyncCountingLock, LockConnectionError, Permit
 
     client = redis.asyncio.Redis.from_url(args.url, socket_timeout=5)
-    lock = AsyncCountingLock(client, args.name, limit=args.limit, ttl=args.ttl, auto_renew=True, on_lost=lambda p: None)
+    lock = AsyncCountingLock(
+        client, args.name, limit=args.limit, ttl=args.ttl, auto_renew=True, on_lost=lambda p: None
+    )
     emit({"ready": True, "owner": lock.owner, "pid": os.getpid(), "wall": time.time()})
     if args.mode != "loop":
         raise SystemExit("the async front runs the loop mode only")
@@ -269,12 +280,13 @@ async def main_async(args: argparse.Namespace) -> None:
     emit({"done": grants})
 
 
-# -- the tests' side ---------------------------------------------------------------------------------------------------
+# -- the tests' side -------------------------------------------------------------------------------
 
 
 class StartLine:
-    """Starts many workers together: each gets ``--start-file`` and waits, once ready, until :meth:`go` writes the
-    instant to start at (so a slow interpreter start-up on a loaded machine cannot leave one behind)."""
+    """Starts many workers together: each gets ``--start-file`` and waits, once ready, until
+    :meth:`go` writes the instant to start at (so a slow interpreter start-up on a loaded machine
+    cannot leave one behind)."""
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / f"start-{uuid.uuid4().hex}"
@@ -326,9 +338,11 @@ def jain(counts: list[int]) -> float:
 
 
 def report(scenario: str, **figures: object) -> None:
-    """Print what a scenario measured (shown with ``pytest -s`` or ``-rP``); appended as JSON to the file named by
-    REDISLOCK_FAULTS_REPORT when it is set, for the table in docs/failures.md."""
-    shown = ", ".join(f"{k}={round(v, 3) if isinstance(v, float) else v}" for k, v in figures.items())
+    """Print what a scenario measured (shown with ``pytest -s`` or ``-rP``); appended as JSON to the
+    file named by REDISLOCK_FAULTS_REPORT when it is set, for the table in docs/failures.md."""
+    shown = ", ".join(
+        f"{k}={round(v, 3) if isinstance(v, float) else v}" for k, v in figures.items()
+    )
     print(f"[faults] {scenario}: {shown}")
     path = os.environ.get("REDISLOCK_FAULTS_REPORT")
     if path:

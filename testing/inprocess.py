@@ -1,10 +1,12 @@
-"""The request front built in-process, for unit tests: a crawler from ``scrapy.utils.test.get_crawler`` with its
-spider and a real (not started) engine, so the middleware sits in the engine's real downloader chain, against a
-real Redis. No reactor: the test runs the coroutine with ``asyncio.run``.
+"""The request front built in-process, for unit tests: a crawler from
+``scrapy.utils.test.get_crawler`` with its spider and a real (not started) engine, so the middleware
+sits in the engine's real downloader chain, against a real Redis. No reactor: the test runs the
+coroutine with ``asyncio.run``.
 
     async with front(redis_url, {"detail": 1}) as f:
-        f.scheduler.enqueue_request(request); request = await f.next_request(); await f.send(request)
-        f.middleware.process_request(request); f.middleware.process_response(request, response)
+        f.scheduler.enqueue_request(request); request = await f.next_request(); await
+        f.send(request) f.middleware.process_request(request);
+        f.middleware.process_response(request, response)
 
 ``f.active`` is the engine's ``downloader.active`` (what the left-the-downloader sweep looks at).
 """
@@ -47,7 +49,8 @@ class Front:
         return self.crawler.engine.downloader.active  # type: ignore[union-attr]
 
     async def next_request(self, timeout: float = 10.0) -> Request:
-        """The scheduler's next request, asking as the engine does when woken (every loop iteration here)."""
+        """The scheduler's next request, asking as the engine does when woken (every loop iteration
+        here)."""
         assert self.scheduler is not None
         deadline = time.monotonic() + timeout
         while True:
@@ -59,8 +62,9 @@ class Front:
             await asyncio.sleep(0.001)
 
     def send(self, request: Request) -> asyncio.Future[None]:
-        """What the engine does with a request from the scheduler: into ``downloader.active``, then through the
-        middleware; a request let go without a slot waits for one there (await the future)."""
+        """What the engine does with a request from the scheduler: into ``downloader.active``, then
+        through the middleware; a request let go without a slot waits for one there (await the
+        future)."""
         self.active.add(request)
         return asyncio.ensure_future(self._through(request))
 
@@ -71,7 +75,8 @@ class Front:
 
 
 async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Wait (letting the loop run) until ``condition()`` holds; AssertionError after ``timeout`` s."""
+    """Wait (letting the loop run) until ``condition()`` holds; AssertionError after ``timeout``
+    s."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -93,7 +98,8 @@ def request(stage: str | None, n: int = 0) -> Request:
 async def front(
     redis_url: str, stages: dict[str, int | None], *, scheduler: bool = True, **settings: Any
 ) -> AsyncIterator[Front]:
-    """The middleware (from the engine's chain) and, with ``scheduler``, an open StageScheduler; closed after."""
+    """The middleware (from the engine's chain) and, with ``scheduler``, an open StageScheduler;
+    closed after."""
     crawler = get_crawler(
         UnitSpider,
         {

@@ -3,14 +3,16 @@
 Usage: python -m testing.lockproc URL NAME LIMIT TTL [--skew S] [--auto-renew] [--hold-ms MS]
        (--loop SECONDS [--reap] | --once)
 
---loop: acquire -> hold MS -> release, for SECONDS; one {"hold": [start, end], "fence": n, "released": bool}
-        per grant (time.monotonic, comparable across processes on one machine), then {"done": count}.
-        --reap runs maintain() after every grant, so this process reaps expired leases too.
---once: acquire once and print {"acquired": t, "fence": n}; with --hold-ms hold that long, release, print
+--loop: acquire -> hold MS -> release, for SECONDS; one {"hold": [start, end], "fence": n,
+"released": bool}
+        per grant (time.monotonic, comparable across processes on one machine), then {"done":
+        count}. --reap runs maintain() after every grant, so this process reaps expired leases too.
+--once: acquire once and print {"acquired": t, "fence": n}; with --hold-ms hold that long, release,
+print
         {"released": bool, "at": t} and exit; without it hold until killed.
 Always prints {"ready": true, "owner": ...} first and {"waiting": t} right before acquiring; with
---auto-renew a lost lease is printed as {"lost": fence, "release": bool} (the stale release's result).
---skew shifts this process's wall clock (time.time) by SECONDS: the lock must not care.
+--auto-renew a lost lease is printed as {"lost": fence, "release": bool} (the stale release's
+result). --skew shifts this process's wall clock (time.time) by SECONDS: the lock must not care.
 """
 
 from __future__ import annotations
@@ -101,7 +103,8 @@ def emit(record: dict[str, object]) -> None:
 
 
 class Proc:
-    """A running ``python -m <module>`` (this one by default) whose JSON lines a reader thread collects."""
+    """A running ``python -m <module>`` (this one by default) whose JSON lines a reader thread
+    collects."""
 
     module = "testing.lockproc"
 
@@ -124,7 +127,9 @@ class Proc:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        with self.process.stdout:  # closed at the end of the output (an open pipe is a ResourceWarning)
+        with (
+            self.process.stdout
+        ):  # closed at the end of the output (an open pipe is a ResourceWarning)
             for line in self.process.stdout:
                 self.records.append(json.loads(line))
 
@@ -150,7 +155,9 @@ class Proc:
                 record = self.first(key)
                 if record is not None:
                     return record
-                raise AssertionError(f"process exited ({self.process.returncode}) without {key!r}: {self.records}")
+                raise AssertionError(
+                    f"process exited ({self.process.returncode}) without {key!r}: {self.records}"
+                )
             time.sleep(0.002)
         raise AssertionError(f"no {key!r} from the process within {timeout} s: {self.records[-5:]}")
 

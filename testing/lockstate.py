@@ -1,4 +1,5 @@
-"""What tests do to a lock from outside its objects: an operator's release, the lock's keys, forced lease ages."""
+"""What tests do to a lock from outside its objects: an operator's release, the lock's keys, forced
+lease ages."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from scrapy_redislock.lock.core import GROUP, LockKeys, release_consumer
 from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.protocol import drive
 
-# A hand-off "at once" reaches the waiter within this many seconds: no polling interval (the lock's loops run every
-# ttl/3, 10 s for the tests' 30 s leases), but room for a busy machine to schedule the waiter late.
+# A hand-off "at once" reaches the waiter within this many seconds: no polling interval (the lock's
+# loops run every ttl/3, 10 s for the tests' 30 s leases), but room for a busy machine to schedule
+# the waiter late.
 AT_ONCE = 0.5
 
 
@@ -28,7 +30,8 @@ def all_keys(keys: LockKeys) -> list[str]:
 
 
 def age_grant(client: redis.Redis, keys: LockKeys, grant: str, idle_ms: int) -> None:
-    """Make a grant's lease ``idle_ms`` old on Redis's clock (the clock the lock reads), under its own consumer."""
+    """Make a grant's lease ``idle_ms`` old on Redis's clock (the clock the lock reads), under its
+    own consumer."""
     entry = _pending(client, keys, grant)
     assert entry, f"grant {grant} is not held"
     client.xclaim(keys.slots, GROUP, entry["consumer"], 0, [grant], idle=idle_ms, justid=True)
@@ -36,7 +39,10 @@ def age_grant(client: redis.Redis, keys: LockKeys, grant: str, idle_ms: int) -> 
 
 def pending_grants(client: redis.Redis, keys: LockKeys) -> list[str]:
     """The grants Redis counts as held, oldest first."""
-    return [str(e["message_id"].decode()) for e in client.xpending_range(keys.slots, GROUP, "-", "+", 100)]
+    return [
+        str(e["message_id"].decode())
+        for e in client.xpending_range(keys.slots, GROUP, "-", "+", 100)
+    ]
 
 
 def lease_age_ms(client: redis.Redis, keys: LockKeys, grant: str) -> int:
@@ -46,7 +52,8 @@ def lease_age_ms(client: redis.Redis, keys: LockKeys, grant: str) -> int:
 
 
 def _pending(client: redis.Redis, keys: LockKeys, grant: str) -> dict[str, Any] | None:
-    """Redis's pending-entry record of one grant (its consumer, its lease age), None if it is not held."""
+    """Redis's pending-entry record of one grant (its consumer, its lease age), None if it is not
+    held."""
     entries = client.xpending_range(keys.slots, GROUP, grant, grant, 1)
     return entries[0] if entries else None
 

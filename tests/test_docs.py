@@ -1,6 +1,7 @@
-"""The documentation site in docs/ builds with Sphinx, warnings as errors; its settings table is generated from
-scrapy_redislock/crawl/defaults.py (every setting, its default, its comment) into docs/settings.md; the ACL lines
-it shows are what scrapy_redislock.cli.acl prints; and every file and test it cites exists."""
+"""The documentation site in docs/ builds with Sphinx, warnings as errors; its settings table is
+generated from scrapy_redislock/crawl/defaults.py (every setting, its default, its comment) into
+docs/settings.md; the ACL lines it shows are what scrapy_redislock.cli.acl prints; and every file
+and test it cites exists."""
 
 from __future__ import annotations
 
@@ -46,7 +47,9 @@ def _ext() -> Iterator[None]:
 
 
 with _ext():
-    settings_reference = importlib.import_module("settings_reference")  # docs/_ext/settings_reference.py
+    settings_reference = importlib.import_module(
+        "settings_reference"
+    )  # docs/_ext/settings_reference.py
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +71,18 @@ def test_the_site_builds_with_warnings_as_errors_and_has_every_page(built: Path)
         assert (built / f"{page}.html").is_file(), page
         assert f'href="{page}.html"' in index, f"{page} is not in the table of contents"
     operating = (built / "operating.html").read_text()
-    for topic in ("set-limit", "The dashboard", "Prometheus metrics", "redislock_grants_total", "--allow-control"):
+    for topic in (
+        "set-limit",
+        "The dashboard",
+        "Prometheus metrics",
+        "redislock_grants_total",
+        "--allow-control",
+    ):
         assert topic in html.unescape(operating), topic
     assert (built / "_images" / "dashboard.png").is_file()
 
 
-# -- the settings table ------------------------------------------------------------------------------------------------
+# -- the settings table ----------------------------------------------------------------------------
 
 
 def test_the_settings_reference_lists_every_setting_of_defaults_py(built: Path) -> None:
@@ -88,13 +97,18 @@ def test_the_settings_reference_lists_every_setting_of_defaults_py(built: Path) 
 
 
 def test_settings_md_holds_the_current_table_as_markdown() -> None:
-    """docs/settings.md shows the table itself (GitHub, an editor), not only the Sphinx site: its rows are
-    defaults.SETTINGS' names and defaults, in order, and the whole table is what the generator makes now."""
+    """docs/settings.md shows the table itself (GitHub, an editor), not only the Sphinx site: its
+    rows are defaults.SETTINGS' names and defaults, in order, and the whole table is what the
+    generator makes now."""
     page = (DOCS / "settings.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| `(REDISLOCK_\w+)` \| `([^`]*)` \| .+ \|$", page, re.MULTILINE)
-    assert [name for name, _ in rows] == list(defaults.SETTINGS), "run python docs/_ext/settings_reference.py"
+    assert [name for name, _ in rows] == list(defaults.SETTINGS), (
+        "run python docs/_ext/settings_reference.py"
+    )
     for name, default in rows:
-        assert default == repr(defaults.SETTINGS[name]), f"{name}: run python docs/_ext/settings_reference.py"
+        assert default == repr(defaults.SETTINGS[name]), (
+            f"{name}: run python docs/_ext/settings_reference.py"
+        )
     assert settings_reference.with_current_table(page) == page, (
         "docs/settings.md's settings table is stale: run python docs/_ext/settings_reference.py"
     )
@@ -104,16 +118,18 @@ def test_each_correction_of_a_defaults_comment_is_still_needed() -> None:
     comments = settings_reference.defaults_comments()
     for name, (stale, _) in settings_reference.CORRECTIONS.items():
         assert comments.get(name) == stale, (
-            f"defaults.py's comment of {name} changed: drop its entry in CORRECTIONS (docs/_ext/settings_reference.py)"
+            f"defaults.py's comment of {name} changed: drop its entry in CORRECTIONS "
+            "(docs/_ext/settings_reference.py)"
         )
 
 
-# -- the ACL lines -----------------------------------------------------------------------------------------------------
+# -- the ACL lines ---------------------------------------------------------------------------------
 
 
 def test_the_acl_lines_in_the_docs_are_what_the_acl_command_prints() -> None:
-    """Every ``$ python -m scrapy_redislock.cli.acl ARGS`` in the docs is followed by the line the command prints now
-    (its rules are :func:`scrapy_redislock.cli.acl.acl_rules`'s), e.g. the crawler's ``+info`` and ``+lrange``."""
+    """Every ``$ python -m scrapy_redislock.cli.acl ARGS`` in the docs is followed by the line the
+    command prints now (its rules are :func:`scrapy_redislock.cli.acl.acl_rules`'s), e.g. the
+    crawler's ``+info`` and ``+lrange``."""
     found = 0
     for path in _cited_in():
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -124,18 +140,22 @@ def test_the_acl_lines_in_the_docs_are_what_the_acl_command_prints() -> None:
             with contextlib.redirect_stdout(out):
                 assert acl.main(shlex.split(line)[4:]) == 0
             where = f"{path.relative_to(ROOT)}:{number + 2}"
-            assert lines[number + 1] == out.getvalue().rstrip("\n"), f"{where}: paste what `{line[2:]}` prints"
+            assert lines[number + 1] == out.getvalue().rstrip("\n"), (
+                f"{where}: paste what `{line[2:]}` prints"
+            )
             found += 1
     assert found >= 2  # the crawler's and the watcher's, in docs/security.md
     security = (DOCS / "security.md").read_text(encoding="utf-8")
     assert " ".join(acl.acl_rules("crawler", keys=["shop:start_urls"])) in security
 
 
-# -- every file and test the docs cite ---------------------------------------------------------------------------------
+# -- every file and test the docs cite -------------------------------------------------------------
 
 ROOTS = ("scrapy_redislock", "tests", "testing", "bench", "example_project", "docs", ".ci")
 NOT_AFTER = r"(?<![\w./~:=@-])"  # not inside a URL, another path, a Redis key or a stat name
-ROOTED = re.compile(NOT_AFTER + r"((?:" + "|".join(re.escape(r) for r in ROOTS) + r")/[\w./*-]*)(?:::(\w+))?")
+ROOTED = re.compile(
+    NOT_AFTER + r"((?:" + "|".join(re.escape(r) for r in ROOTS) + r")/[\w./*-]*)(?:::(\w+))?"
+)
 IN_PACKAGE = re.compile(NOT_AFTER + r"((?:[a-z_]+/)+(?:[\w*-]+\.(?:py|lua|html)\b)?)")
 BARE_TEST_FILE = re.compile(NOT_AFTER + r"(test_\w+\.py)\b")
 BARE_SCRIPT = re.compile(NOT_AFTER + r"(\w+\.lua)\b")
@@ -150,7 +170,8 @@ def _cited_in() -> list[Path]:
 
 
 def _outputs(root: Path) -> list[str]:
-    """Folders .gitignore names by path (docs/_build/, example_project/output/, ...): what commands write."""
+    """Folders .gitignore names by path (docs/_build/, example_project/output/, ...): what commands
+    write."""
     ignore = root / ".gitignore"
     lines = ignore.read_text(encoding="utf-8").splitlines() if ignore.is_file() else []
     return [line.strip().strip("/") + "/" for line in lines if "/" in line.strip().strip("/")]
@@ -163,31 +184,39 @@ def _exists(root: Path, cited: str) -> bool:
 
 
 def broken_citations(texts: dict[str, str], root: Path = ROOT) -> list[str]:
-    """Every file path or test name in ``texts`` ({where: Markdown}) that does not exist in the repository ``root``.
+    """Every file path or test name in ``texts`` ({where: Markdown}) that does not exist in the
+    repository ``root``.
 
     The rule:
 
-    - a *repository path* is a word starting with ``scrapy_redislock/``, ``tests/``, ``testing/``, ``bench/``,
-      ``example_project/``, ``docs/`` or ``.ci/`` (not inside a URL, a longer path, a Redis key or a stat name). It
-      must exist: a file, a folder when it ends with ``/``, at least one file when it is a glob (``*.lua``). Paths
-      under a folder .gitignore names by path (``docs/_build/``, ``example_project/output/``) are what commands
-      write, and are not checked;
-    - a *package path* is a path relative to the package, starting with a folder of it (``lock/core.py``,
-      ``cli/``, ``scripts/*.lua``) and ending in ``/`` or a ``.py``, ``.lua`` or ``.html`` file: it must exist
-      under some folder of ``scrapy_redislock/`` (``cli/status.py`` is ``scrapy_redislock/cli/status.py``,
-      ``scripts/queue_*.lua`` is in ``scrapy_redislock/workers/scripts/``);
-    - a bare test file ``test_x.py`` must be exactly one file under ``tests/`` (else give its folder); a bare Lua
-      script ``x.lua`` must be a file somewhere in ``scrapy_redislock/``;
-    - ``path.py::test_name`` must be a test defined (``def test_name`` or ``async def test_name``) in that file;
-    - any other word ``test_name`` must be a test defined in some file under ``tests/``. Written ``test_start...``
-      it is any test whose name starts so, and ``..._end`` (right after a test named in full, for a sibling) any
-      test whose name ends so; ``…`` counts as ``...``.
+    - a *repository path* is a word starting with ``scrapy_redislock/``, ``tests/``, ``testing/``,
+      ``bench/``, ``example_project/``, ``docs/`` or ``.ci/`` (not inside a URL, a longer path, a
+      Redis key or a stat name). It must exist: a file, a folder when it ends with ``/``, at least
+      one file when it is a glob (``*.lua``). Paths under a folder .gitignore names by path
+      (``docs/_build/``, ``example_project/output/``) are what commands write, and are not checked;
+    - a *package path* is a path relative to the package, starting with a folder of it
+      (``lock/core.py``, ``cli/``, ``scripts/*.lua``) and ending in ``/`` or a ``.py``, ``.lua`` or
+      ``.html`` file: it must exist under some folder of ``scrapy_redislock/`` (``cli/status.py`` is
+      ``scrapy_redislock/cli/status.py``, ``scripts/queue_*.lua`` is in
+      ``scrapy_redislock/workers/scripts/``);
+    - a bare test file ``test_x.py`` must be exactly one file under ``tests/`` (else give its
+      folder); a bare Lua script ``x.lua`` must be a file somewhere in ``scrapy_redislock/``;
+    - ``path.py::test_name`` must be a test defined (``def test_name`` or ``async def test_name``)
+      in that file;
+    - any other word ``test_name`` must be a test defined in some file under ``tests/``. Written
+      ``test_start...`` it is any test whose name starts so, and ``..._end`` (right after a test
+      named in full, for a sibling) any test whose name ends so; ``…`` counts as ``...``.
     """
     outputs = _outputs(root)
     package = root / "scrapy_redislock"
-    package_dirs = {p.name for p in package.rglob("*") if p.is_dir() and not p.name.startswith("__")}
+    package_dirs = {
+        p.name for p in package.rglob("*") if p.is_dir() and not p.name.startswith("__")
+    }
     test_files = sorted((root / "tests").rglob("test_*.py"))
-    defined = {p: set(DEFINED.findall(p.read_text(encoding="utf-8"))) for p in (root / "tests").rglob("*.py")}
+    defined = {
+        p: set(DEFINED.findall(p.read_text(encoding="utf-8")))
+        for p in (root / "tests").rglob("*.py")
+    }
     every_test = set().union(*defined.values())
     broken: list[str] = []
     for where, text in texts.items():
@@ -204,9 +233,17 @@ def broken_citations(texts: dict[str, str], root: Path = ROOT) -> list[str]:
             for match in IN_PACKAGE.finditer(line):
                 cited = match.group(1)
                 first = cited.split("/")[0]
-                if first in ROOTS or first not in package_dirs or not (cited.endswith("/") or "." in cited):
+                if (
+                    first in ROOTS
+                    or first not in package_dirs
+                    or not (cited.endswith("/") or "." in cited)
+                ):
                     continue
-                if not any(_exists(folder, cited) for folder in [package, *package.rglob("*")] if folder.is_dir()):
+                if not any(
+                    _exists(folder, cited)
+                    for folder in [package, *package.rglob("*")]
+                    if folder.is_dir()
+                ):
                     broken.append(f"{at}: no {cited} in scrapy_redislock/")
             for match in BARE_TEST_FILE.finditer(line):
                 found = [p for p in test_files if p.name == match.group(1)]
@@ -241,18 +278,24 @@ def test_every_file_and_test_the_docs_cite_exists() -> None:
 def test_the_citation_check_finds_what_is_missing() -> None:
     """The check above is only as good as its patterns: each kind of citation, right and wrong."""
     good = (
-        "`tests/lock/test_faults.py`, `tests/lock/`, `scrapy_redislock/lock/scripts/*.lua`, `.ci/run`, `docs/_build/x`"
-        " `tests/lock/test_sync.py::test_commands_per_grant`, `test_commands_per_grant`, `lock/core.py`, `cli/`,"
-        " `scripts/queue_*.lua`, `queue_beat.lua`, `test_acl.py`, (`test_a_master_restarted_empty_does_not_rejoin"
-        "_while_the_holder_renews`, `..._rejoins_only_after_the_holders_validity`), `test_a_master_restarted...`,"
-        " https://example.com/tests/nothing.py, redislock/workers/nothing, pages/s, commands/s, REDISLOCK_TEST_URL"
+        "`tests/lock/test_faults.py`, `tests/lock/`, `scrapy_redislock/lock/scripts/*.lua`, "
+        "`.ci/run`, `docs/_build/x`"
+        " `tests/lock/test_sync.py::test_commands_per_grant`, `test_commands_per_grant`, "
+        "`lock/core.py`, `cli/`,"
+        " `scripts/queue_*.lua`, `queue_beat.lua`, `test_acl.py`, "
+        "(`test_a_master_restarted_empty_does_not_rejoin"
+        "_while_the_holder_renews`, `..._rejoins_only_after_the_holders_validity`), "
+        "`test_a_master_restarted...`,"
+        " https://example.com/tests/nothing.py, redislock/workers/nothing, pages/s, commands/s, "
+        "REDISLOCK_TEST_URL"
     )
     assert broken_citations({"good": good}) == []
     bad = {
         "tests/lock/test_nothing.py": "no file tests/lock/test_nothing.py",
         "scrapy_redislock/scripts/*.lua": "no file scrapy_redislock/scripts/*.lua",
         "docs/nothing.md": "no file docs/nothing.md",
-        "tests/lock/test_sync.py::test_nothing_at_all": "no test test_nothing_at_all in tests/lock/test_sync.py",
+        "tests/lock/test_sync.py::test_nothing_at_all": "no test test_nothing_at_all in "
+        "tests/lock/test_sync.py",
         "test_faults_lock.py": "test file test_faults_lock.py under tests/: no such file",
         "test_keys.py": "test file test_keys.py under tests/: ambiguous",
         "lock/nothing.py": "no lock/nothing.py in scrapy_redislock/",

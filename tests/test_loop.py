@@ -1,4 +1,5 @@
-"""The package's one periodic loop and its task stopper (``scrapy_redislock._loop``): pure asyncio, no Redis."""
+"""The package's one periodic loop and its task stopper (``scrapy_redislock._loop``): pure asyncio,
+no Redis."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from scrapy_redislock._loop import every, stop
 
 
 def test_a_loop_cancelled_as_it_is_woken_stops() -> None:
-    """Python 3.11's ``asyncio.wait_for`` drops a cancel that comes as the awaited thing finishes (gh-86296)."""
+    """Python 3.11's ``asyncio.wait_for`` drops a cancel that comes as the awaited thing finishes
+    (gh-86296)."""
 
     async def main() -> None:
         ticks: list[int] = []

@@ -1,13 +1,16 @@
-"""The settings table of ``docs/settings.md``, made from ``scrapy_redislock/crawl/defaults.py`` itself (each assignment,
-its default, and the comment above it), so the reference cannot drift from the code.
+"""The settings table of ``docs/settings.md``, made from ``scrapy_redislock/crawl/defaults.py``
+itself (each assignment, its default, and the comment above it), so the reference cannot drift from
+the code.
 
-The table is a plain Markdown table written *into* ``docs/settings.md`` between two HTML comments, so that it shows
-wherever the Markdown is read (GitHub, an editor) and not only in the Sphinx site. After a change to defaults.py::
+The table is a plain Markdown table written *into* ``docs/settings.md`` between two HTML comments,
+so that it shows wherever the Markdown is read (GitHub, an editor) and not only in the Sphinx site.
+After a change to defaults.py::
 
     python docs/_ext/settings_reference.py            # rewrite the table in docs/settings.md
     python docs/_ext/settings_reference.py --check    # exit 1 if the table is stale (tests/test_docs.py checks it)
 
-As a Sphinx extension it puts the current table into the page at build time as well, so the site is never stale.
+As a Sphinx extension it puts the current table into the page at build time as well, so the site is
+never stale.
 """
 
 from __future__ import annotations
@@ -33,14 +36,16 @@ END = "<!-- end of the generated settings table -->"
 BLOCK = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
 ASSIGNMENT = re.compile(r"^(REDISLOCK_[A-Z0-9_]+)\s*(?::[^=]+)?=")
 
-# Comments of defaults.py that say something the code does not do, and what the table says instead. A correction
-# applies only while defaults.py's comment reads exactly as quoted here; tests/test_docs.py fails when a quoted
-# comment is gone (fixed in defaults.py), so that its correction is dropped here.
+# Comments of defaults.py that say something the code does not do, and what the table says instead.
+# A correction applies only while defaults.py's comment reads exactly as quoted here;
+# tests/test_docs.py fails when a quoted comment is gone (fixed in defaults.py), so that its
+# correction is dropped here.
 CORRECTIONS: dict[str, tuple[str, str]] = {}
 
 
 def defaults_comments() -> dict[str, str]:
-    """The comment right above each setting in defaults.py, as it is there (before any correction)."""
+    """The comment right above each setting in defaults.py, as it is there (before any
+    correction)."""
     source = Path(defaults.__file__).read_text(encoding="utf-8").splitlines()
     found: dict[str, str] = {}
     comment: list[str] = []
@@ -56,29 +61,40 @@ def defaults_comments() -> dict[str, str]:
 
 
 def documented_settings() -> list[tuple[str, Any, str]]:
-    """(name, default, description) in the order of defaults.py; the comment right above a setting describes it."""
+    """(name, default, description) in the order of defaults.py; the comment right above a setting
+    describes it."""
     comments = defaults_comments()
     missing = set(defaults.SETTINGS) - set(comments)
     if missing:
-        raise ValueError(f"settings in defaults.SETTINGS but not assigned on a line of their own: {sorted(missing)}")
+        raise ValueError(
+            "settings in defaults.SETTINGS but not assigned on a line of their own: "
+            f"{sorted(missing)}"
+        )
     found = []
     for name, description in comments.items():
         stale, corrected = CORRECTIONS.get(name, (None, None))
-        found.append((name, defaults.SETTINGS[name], corrected if description == stale else description))
+        found.append(
+            (name, defaults.SETTINGS[name], corrected if description == stale else description)
+        )
     return found
 
 
 def _text(value: str) -> str:
-    """Plain text for a Markdown table cell: nothing in it is taken for markup (emphasis, HTML, a cell border)."""
+    """Plain text for a Markdown table cell: nothing in it is taken for markup (emphasis, HTML, a
+    cell border)."""
     value = re.sub(r"([\\`*|<\[\]])", r"\\\1", value)
-    return re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", value)  # _ inside a word is no emphasis anyway
+    return re.sub(
+        r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", value
+    )  # _ inside a word is no emphasis anyway
 
 
 def markdown_table() -> str:
     """The table, one row per setting: `name` | `repr(default)` | description."""
     lines = ["| setting | default | meaning |", "|---|---|---|"]
     for name, default, description in documented_settings():
-        lines.append(f"| `{name}` | `{default!r}` | {_text(description) or '(undocumented in defaults.py)'} |")
+        lines.append(
+            f"| `{name}` | `{default!r}` | {_text(description) or '(undocumented in defaults.py)'} |"
+        )
     return "\n".join(lines)
 
 
@@ -87,7 +103,8 @@ def generated_block() -> str:
 
 
 def with_current_table(page: str) -> str:
-    """The page with its generated block replaced by the current one (ValueError if it has no such block)."""
+    """The page with its generated block replaced by the current one (ValueError if it has no such
+    block)."""
     if len(BLOCK.findall(page)) != 1:
         raise ValueError(f"docs/settings.md must hold exactly one block from {BEGIN!r} to {END!r}")
     return BLOCK.sub(lambda _: generated_block(), page)
@@ -109,7 +126,10 @@ def main(argv: list[str]) -> int:
     current = with_current_table(page)
     if "--check" in argv:
         if current != page:
-            print(f"{PAGE} has a stale settings table: run python docs/_ext/settings_reference.py", file=sys.stderr)
+            print(
+                f"{PAGE} has a stale settings table: run python docs/_ext/settings_reference.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     if current != page:

@@ -5,26 +5,28 @@
     python -m scrapy_redislock.cli.acl crawler --prefix redislock --key 'shop:start_urls'
     # -> ACL SETUSER crawler reset on >PASSWORD resetchannels ~redislock:* ~shop:start_urls -@all +evalsha ...
 
-- ``crawler``: what crawl processes send, both fronts (middleware/scheduler and worker mixin), and nothing else:
-  its keys are the prefix's (locks, queues) and the RedisSpider feed keys given with ``--key``. Redis checks the
-  commands a script runs against the caller's ACL too, so the list holds every command of ``scripts/*.lua``.
-- ``operator``: the command line, ``status`` and the ones that steer (``set-limit``, ``release``, ``reset``),
-  plus reading and deleting dead letters; the prefix's keys only.
+- ``crawler``: what crawl processes send, both fronts (middleware/scheduler and worker mixin), and
+  nothing else: its keys are the prefix's (locks, queues) and the RedisSpider feed keys given with
+  ``--key``. Redis checks the commands a script runs against the caller's ACL too, so the list holds
+  every command of ``scripts/*.lua``.
+- ``operator``: the command line, ``status`` and the ones that steer (``set-limit``, ``release``,
+  ``reset``), plus reading and deleting dead letters; the prefix's keys only.
 - ``watcher``: ``status`` only, read-only access (``%R~``) to the prefix's keys.
 
-The client commands were found with MONITOR during crawls of both fronts and runs of every sub-command;
-``tests/cli/test_acl.py`` finds them again (MONITOR, the scripts, and the ACL log of a crawl run as ``crawler``)
-and fails, naming the command, when the code sends one that is not listed here. Connection commands AUTH and HELLO
-need no rule.
+The client commands were found with MONITOR during crawls of both fronts and runs of every
+sub-command; ``tests/cli/test_acl.py`` finds them again (MONITOR, the scripts, and the ACL log of a
+crawl run as ``crawler``) and fails, naming the command, when the code sends one that is not listed
+here. Connection commands AUTH and HELLO need no rule.
 
-Server versions: the rules are for Redis 7.0 or later (read-only key patterns, ``%R~``) and Valkey. redis-py sends
-CLIENT SETINFO on every connect to a server that has it (Redis 7.2 and later, every Valkey: they report
-``redis_version`` 7.2.4) and ignores a refusal, which the ACL log would record for every connection: every role
-allows ``client|setinfo`` there. Redis 7.0 and 7.1 have no such command and refuse a rule naming it (and no rule
-both accept allows it without allowing more), so the rules depend on the server's version: ``--redis-version 7.0``
-(``acl_rules(..., server_version="7.0.15")``, with :func:`redis_version` of a client) leaves it out. Redis Cluster needs
-the cluster's topology commands as well (``+cluster|slots +cluster|shards +readonly``); single-node rules are what
-is tested. Reads no settings; imports neither Scrapy nor Twisted.
+Server versions: the rules are for Redis 7.0 or later (read-only key patterns, ``%R~``) and Valkey.
+redis-py sends CLIENT SETINFO on every connect to a server that has it (Redis 7.2 and later, every
+Valkey: they report ``redis_version`` 7.2.4) and ignores a refusal, which the ACL log would record
+for every connection: every role allows ``client|setinfo`` there. Redis 7.0 and 7.1 have no such
+command and refuse a rule naming it (and no rule both accept allows it without allowing more), so
+the rules depend on the server's version: ``--redis-version 7.0`` (``acl_rules(...,
+server_version="7.0.15")``, with :func:`redis_version` of a client) leaves it out. Redis Cluster
+needs the cluster's topology commands as well (``+cluster|slots +cluster|shards +readonly``);
+single-node rules are what is tested. Reads no settings; imports neither Scrapy nor Twisted.
 """
 
 from __future__ import annotations
@@ -37,44 +39,69 @@ from importlib import resources
 from typing import Any
 
 ROLES = ("crawler", "operator", "watcher")
-# What redis-py sends on connect, beside AUTH and HELLO, to a server that knows it: CLIENT SETINFO (lib-name,
-# lib-ver) since Redis 7.2. Every role's clients connect with redis-py.
+# What redis-py sends on connect, beside AUTH and HELLO, to a server that knows it: CLIENT SETINFO
+# (lib-name, lib-ver) since Redis 7.2. Every role's clients connect with redis-py.
 CONNECT_COMMANDS = ("client|setinfo",)
-SETINFO_SINCE = (7, 2)  # Redis 7.2 added CLIENT SETINFO (Valkey forked 7.2.4 and reports that redis_version)
+SETINFO_SINCE = (
+    7,
+    2,
+)  # Redis 7.2 added CLIENT SETINFO (Valkey forked 7.2.4 and reports that redis_version)
 OLDEST = (7, 0)  # read-only key patterns (%R~) and the ACL selectors of Redis 7
 
-# status: one MULTI/EXEC per stage (meta, stream, group, pending list, consumers, owners), SCAN for stages and
-# dead-letter lists, which it reads with LLEN/LRANGE.
+# status: one MULTI/EXEC per stage (meta, stream, group, pending list, consumers, owners), SCAN for
+# stages and dead-letter lists, which it reads with LLEN/LRANGE.
 WATCHER_COMMANDS = (
     "ping", "scan", "multi", "exec", "hgetall", "xinfo|stream", "xinfo|groups",
     "xinfo|consumers", "xpending", "llen", "lrange",
 )  # fmt: skip
-# Sent by crawl processes themselves (not by scripts): running scripts, the lock's blocking wait, the worker queues'
-# reads (lengths, the in-flight counter, registered workers before a flush, a worker's own in-flight ids after a
-# lost reply), an idle worker's blocking wait for work (BLPOP) and the token it hands on (LPUSH), the RedisSpider
-# feed (list, set or zset); HSET + WAIT for replicas=N; the status reads (MULTI/EXEC) with which a crawl logs why a
-# stage waits.
+# Sent by crawl processes themselves (not by scripts): running scripts, the lock's blocking wait,
+# the worker queues' reads (lengths, the in-flight counter, registered workers before a flush, a
+# worker's own in-flight ids after a lost reply), an idle worker's blocking wait for work (BLPOP)
+# and the token it hands on (LPUSH), the RedisSpider feed (list, set or zset); HSET + WAIT for
+# replicas=N; the status reads (MULTI/EXEC) with which a crawl logs why a stage waits.
 CRAWLER_CLIENT_COMMANDS = (
     "evalsha", "script|load", "ping",
     "xreadgroup", "hget", "hset", "wait", "llen", "get", "zrange", "hkeys", "blpop", "lpush",
     "lpop", "spop", "zpopmax",
     "multi", "exec", "hgetall", "xinfo|stream", "xinfo|groups", "xinfo|consumers", "xpending",
 )  # fmt: skip
-# set-limit, release, reset, requeue are scripts; DEL drops a dead-letter list once looked at; requeue reads the
-# worker's in-flight record (HVALS: the stages of its requests) and the workers (TIME, ZRANGE, HGETALL, HLEN).
-OPERATOR_COMMANDS = (*WATCHER_COMMANDS, "evalsha", "script|load", "del", "hvals", "time", "zrange", "hlen")
+# set-limit, release, reset, requeue are scripts; DEL drops a dead-letter list once looked at;
+# requeue reads the worker's in-flight record (HVALS: the stages of its requests) and the workers
+# (TIME, ZRANGE, HGETALL, HLEN).
+OPERATOR_COMMANDS = (
+    *WATCHER_COMMANDS,
+    "evalsha",
+    "script|load",
+    "del",
+    "hvals",
+    "time",
+    "zrange",
+    "hlen",
+)
 
-# Scripts every role that runs scripts may run (the operator's set_limit/release_owner/reset/retire (forget)/
-# queue_requeue; the crawler's all).
-OPERATOR_SCRIPTS = ("_lib", "setup", "set_limit", "release_owner", "reset", "retire", "queue_requeue")
+# Scripts every role that runs scripts may run (the operator's set_limit/release_owner/reset/retire
+# (forget)/ queue_requeue; the crawler's all).
+OPERATOR_SCRIPTS = (
+    "_lib",
+    "setup",
+    "set_limit",
+    "release_owner",
+    "reset",
+    "retire",
+    "queue_requeue",
+)
 
-SCRIPT_PARTS = ("scrapy_redislock.lock", "scrapy_redislock.workers")  # the packages with a scripts/ folder
+SCRIPT_PARTS = (
+    "scrapy_redislock.lock",
+    "scrapy_redislock.workers",
+)  # the packages with a scripts/ folder
 SUBCOMMAND_OF = {"XGROUP", "XINFO", "CLIENT", "SCRIPT", "CONFIG", "OBJECT"}
 CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'(?:\s*,\s*'([A-Za-z]+)')?")
 
 
 def script_commands(names: Iterable[str] | None = None) -> set[str]:
-    """Every command the given scripts (every ``scripts/*.lua`` of the package by default) may run, in ACL spelling."""
+    """Every command the given scripts (every ``scripts/*.lua`` of the package by default) may run,
+    in ACL spelling."""
     wanted = None if names is None else set(names)
     found: set[str] = set()
     paths = [p for part in SCRIPT_PARTS for p in (resources.files(part) / "scripts").iterdir()]
@@ -83,13 +110,15 @@ def script_commands(names: Iterable[str] | None = None) -> set[str]:
             continue
         for command, sub in CALL.findall(path.read_text(encoding="utf-8")):
             command = command.upper()
-            found.add(f"{command}|{sub}".lower() if command in SUBCOMMAND_OF and sub else command.lower())
+            found.add(
+                f"{command}|{sub}".lower() if command in SUBCOMMAND_OF and sub else command.lower()
+            )
     return found
 
 
 def version_tuple(version: str | Sequence[int] | None) -> tuple[int, int]:
-    """``"7.0.15"`` -> (7, 0); None (not told) -> the newest rules (Redis 7.2 or later, Valkey); ValueError for
-    something that is no version, or a server too old for the roles."""
+    """``"7.0.15"`` -> (7, 0); None (not told) -> the newest rules (Redis 7.2 or later, Valkey);
+    ValueError for something that is no version, or a server too old for the roles."""
     if version is None:
         return SETINFO_SINCE
     if isinstance(version, str):
@@ -101,19 +130,21 @@ def version_tuple(version: str | Sequence[int] | None) -> tuple[int, int]:
         found = (int(version[0]), int(version[1]) if len(version) > 1 else 0)
     if found < OLDEST:
         raise ValueError(
-            f"the ACL roles need Redis {OLDEST[0]}.{OLDEST[1]} or later (read-only key patterns), got {version!r}"
+            f"the ACL roles need Redis {OLDEST[0]}.{OLDEST[1]} or later (read-only key patterns), "
+            f"got {version!r}"
         )
     return found
 
 
 def redis_version(client: Any) -> str:
-    """The ``redis_version`` a (blocking) redis-py client's server reports: what :func:`acl_rules` takes."""
+    """The ``redis_version`` a (blocking) redis-py client's server reports: what :func:`acl_rules`
+    takes."""
     return str(client.info("server")["redis_version"])
 
 
 def commands_of(role: str, server_version: str | Sequence[int] | None = None) -> list[str]:
-    """The commands a role may run, sorted (scripts' commands, and what redis-py sends on connect to a server of
-    that version, included; None: Redis 7.2 or later, Valkey)."""
+    """The commands a role may run, sorted (scripts' commands, and what redis-py sends on connect to
+    a server of that version, included; None: Redis 7.2 or later, Valkey)."""
     connect = set(CONNECT_COMMANDS) if version_tuple(server_version) >= SETINFO_SINCE else set()
     if role == "crawler":
         return sorted(set(CRAWLER_CLIENT_COMMANDS) | script_commands() | connect)
@@ -125,13 +156,18 @@ def commands_of(role: str, server_version: str | Sequence[int] | None = None) ->
 
 
 def acl_rules(
-    role: str, prefix: str = "redislock", keys: Sequence[str] = (), server_version: str | Sequence[int] | None = None
+    role: str,
+    prefix: str = "redislock",
+    keys: Sequence[str] = (),
+    server_version: str | Sequence[int] | None = None,
 ) -> list[str]:
-    """Rules for ``ACL SETUSER <name> <rules> >password``: keys of the prefix (read-only for the watcher) and
-    ``keys`` (e.g. a RedisSpider's ``redis_key``, for the crawler), no channels, only the role's commands.
+    """Rules for ``ACL SETUSER <name> <rules> >password``: keys of the prefix (read-only for the
+    watcher) and ``keys`` (e.g. a RedisSpider's ``redis_key``, for the crawler), no channels, only
+    the role's commands.
 
-    ``server_version``: the server's ``redis_version`` (:func:`redis_version` of a client); None for Redis 7.2 or
-    later and Valkey, whose rules allow ``client|setinfo``, a rule Redis 7.0 and 7.1 refuse."""
+    ``server_version``: the server's ``redis_version`` (:func:`redis_version` of a client); None for
+    Redis 7.2 or later and Valkey, whose rules allow ``client|setinfo``, a rule Redis 7.0 and 7.1
+    refuse."""
     commands = commands_of(role, server_version)
     access = "%R~" if role == "watcher" else "~"
     patterns = [f"{access}{prefix}:*", *(f"~{key}" for key in keys)]
@@ -145,11 +181,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("role", choices=ROLES)
     parser.add_argument("--user", help="user name (default: the role)")
-    parser.add_argument("--prefix", default="redislock", help="REDISLOCK_KEY_PREFIX (default: redislock)")
-    parser.add_argument("--key", action="append", default=[], help="another key pattern, e.g. shop:start_urls")
+    parser.add_argument(
+        "--prefix", default="redislock", help="REDISLOCK_KEY_PREFIX (default: redislock)"
+    )
+    parser.add_argument(
+        "--key", action="append", default=[], help="another key pattern, e.g. shop:start_urls"
+    )
     parser.add_argument(
         "--redis-version",
-        help="the server's redis_version (INFO server), e.g. 7.0.15; default: Redis 7.2 or later, or Valkey "
+        help="the server's redis_version (INFO server), e.g. 7.0.15; default: Redis 7.2 or later, "
+        "or Valkey "
         "(Redis 7.0 and 7.1 lack CLIENT SETINFO and refuse a rule naming it)",
     )
     opts = parser.parse_args(argv)

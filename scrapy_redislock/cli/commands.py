@@ -1,6 +1,6 @@
-"""The sub-commands ``status``, ``set-limit``, ``release``, ``reset``, ``requeue`` and ``forget``: each takes parsed
-options, a target and streams, and returns an exit status. Every state change is a Lua script (set_limit,
-release_owner, reset, queue_requeue, retire)."""
+"""The sub-commands ``status``, ``set-limit``, ``release``, ``reset``, ``requeue`` and ``forget``:
+each takes parsed options, a target and streams, and returns an exit status. Every state change is a
+Lua script (set_limit, release_owner, reset, queue_requeue, retire)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,12 @@ from scrapy_redislock.errors import InvalidArgument
 from scrapy_redislock.lock.core import LockCore, LockKeys, release_consumer, reset_lock
 from scrapy_redislock.lock.status import StageStatus, find_stages, stage_status
 from scrapy_redislock.workers.queue import QueueKeys, requeue_now
-from scrapy_redislock.workers.status import WORKER_LOCK_PREFIX, SpiderStatus, WorkerStatus, dead_letters
+from scrapy_redislock.workers.status import (
+    WORKER_LOCK_PREFIX,
+    SpiderStatus,
+    WorkerStatus,
+    dead_letters,
+)
 
 DEFAULT_WATCH = 2.0
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
@@ -66,7 +71,10 @@ def _confirm(question: str, opts: argparse.Namespace, io: Streams) -> None:
     if opts.yes:
         return
     if not io.stdin.isatty():
-        raise CliError(f"{opts.command}: not confirmed: standard input is not a terminal; pass --yes to confirm")
+        raise CliError(
+            f"{opts.command}: not confirmed: standard input is not a terminal; pass --yes to "
+            "confirm"
+        )
     io.err.write(f"{question} [y/N] ")
     io.err.flush()
     answer = io.stdin.readline().strip().lower()
@@ -90,10 +98,16 @@ def cmd_status(opts: argparse.Namespace, target: Target, io: Streams) -> int:
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 if frames == 0:
                     raise
-                frame = f"{target.safe_url}: cannot reach Redis ({target.scrub(str(exc))}); retrying\n"
+                frame = (
+                    f"{target.safe_url}: cannot reach Redis ({target.scrub(str(exc))}); retrying\n"
+                )
                 if opts.json:
-                    frame = json.dumps({"url": target.safe_url, "error": target.scrub(str(exc))}) + "\n"
-            io.out.write((CLEAR_SCREEN if clear else "") + frame + ("" if clear or opts.json else "\n"))
+                    frame = (
+                        json.dumps({"url": target.safe_url, "error": target.scrub(str(exc))}) + "\n"
+                    )
+            io.out.write(
+                (CLEAR_SCREEN if clear else "") + frame + ("" if clear or opts.json else "\n")
+            )
             io.out.flush()
             frames += 1
             if opts.count is not None and frames >= opts.count:
@@ -106,8 +120,9 @@ def cmd_status(opts: argparse.Namespace, target: Target, io: Streams) -> int:
 
 @contextlib.contextmanager
 def _until_interrupted() -> Iterator[threading.Event]:
-    """An event that Ctrl-C (SIGINT) sets, instead of raising KeyboardInterrupt: an exception raised wherever the
-    signal lands can be swallowed (in a ``__del__`` of a redis-py connection, say) and the watch would go on."""
+    """An event that Ctrl-C (SIGINT) sets, instead of raising KeyboardInterrupt: an exception raised
+    wherever the signal lands can be swallowed (in a ``__del__`` of a redis-py connection, say) and
+    the watch would go on."""
     interrupted = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield interrupted  # signals reach the main thread only; Ctrl-C there raises KeyboardInterrupt as usual
@@ -142,8 +157,10 @@ def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     if stage_status(client, target.prefix, stage) is None and not opts.create:
         known = find_stages(client, target.prefix)
         raise CliError(
-            f"unknown stage {stage!r} under prefix {target.prefix!r} at {target.safe_url} (stages there: "
-            f"{', '.join(known) if known else 'none'}); pass --create to create it with limit {limit}"
+            f"unknown stage {stage!r} under prefix {target.prefix!r} at {target.safe_url} (stages "
+            "there: "
+            f"{', '.join(known) if known else 'none'}); pass --create to create it with limit "
+            f"{limit}"
         )
     core = LockCore.create(stage, None, ttl, key_prefix=target.prefix)
     previous = run_operation(client, core.set_limit(limit), stage)
@@ -154,35 +171,47 @@ def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     after = stage_status(client, target.prefix, stage)
     if after is not None and after.held > limit and stage.startswith(WORKER_LOCK_PREFIX):
         io.say(
-            f"{stage}: {after.held} slots are held now; the {after.held - limit} newest holder(s) leave the stage at "
-            "their next renewal (within ttl/3, at most a second): they give back what they took ahead, finish what "
+            f"{stage}: {after.held} slots are held now; the {after.held - limit} newest holder(s) "
+            "leave the stage at "
+            "their next renewal (within ttl/3, at most a second): they give back what they took "
+            "ahead, finish what "
             "is in progress and free their slot"
         )
     elif after is not None and after.held > limit:
         io.say(
-            f"{stage}: {after.held} slots are held now; lowering revokes none: new grants wait until fewer "
+            f"{stage}: {after.held} slots are held now; lowering revokes none: new grants wait "
+            "until fewer "
             f"than {limit} are held"
         )
     if stage in target.stages and target.stages[stage] != limit:
         io.say(
-            f"note: this project's REDISLOCK_STAGES says {stage!r}: {target.stages[stage]}; a crawl process "
+            f"note: this project's REDISLOCK_STAGES says {stage!r}: {target.stages[stage]}; a "
+            "crawl process "
             "started from now on writes that limit back"
         )
     return EXIT_OK
 
 
 def _holder_of(status: StageStatus, given: str) -> str:
-    """The consumer name HOLDER means: the exact name, else the only one starting with HOLDER + ':'."""
+    """The consumer name HOLDER means: the exact name, else the only one starting with HOLDER +
+    ':'."""
     names = sorted({g.holder for g in status.grants} | {p.holder for p in status.processes})
     if given in names:
         return given
-    matches = [name for name in names if name.startswith(given.rstrip(":") + ":") or _host_pid(status, name) == given]
+    matches = [
+        name
+        for name in names
+        if name.startswith(given.rstrip(":") + ":") or _host_pid(status, name) == given
+    ]
     if len(matches) == 1:
         return matches[0]
     if not matches:
         listed = ", ".join(names) if names else "none"
         raise CliError(f"no holder {given!r} in stage {status.stage!r}; holders there: {listed}")
-    raise CliError(f"holder {given!r} is ambiguous in stage {status.stage!r}: {', '.join(matches)}; give the full name")
+    raise CliError(
+        f"holder {given!r} is ambiguous in stage {status.stage!r}: {', '.join(matches)}; give the "
+        "full name"
+    )
 
 
 def _host_pid(status: StageStatus, holder: str) -> str | None:
@@ -202,7 +231,8 @@ def _describe(status: StageStatus, holder: str) -> str:
 
 
 def _alive_here(status: StageStatus, holder: str) -> bool:
-    """True when the holder's process runs on this machine and is alive (so probably not dead at all)."""
+    """True when the holder's process runs on this machine and is alive (so probably not dead at
+    all)."""
     process = status.process(holder)
     if process is None or process.pid is None or process.host != socket.gethostname():
         return False
@@ -226,16 +256,21 @@ def cmd_release(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     if process is not None and _alive_here(status, holder):  # (alive here: it has a process)
         io.err.write(f"warning: process {process.pid} of {holder} is running on this machine\n")
     _confirm(f"Release {held} slot(s) of stage {stage!r} held by {described}?", opts, io)
-    freed = run_operation(client, release_consumer(LockKeys.of(target.prefix, stage), holder), stage)
+    freed = run_operation(
+        client, release_consumer(LockKeys.of(target.prefix, stage), holder), stage
+    )
     io.say(f"{stage}: released {freed} slot(s) of {described}")
     if stage.startswith(WORKER_LOCK_PREFIX):
         _requeue_workers_of(client, target, status, holder, io)
     return EXIT_OK
 
 
-def _requeue_workers_of(client: RedisClient, target: Target, status: StageStatus, holder: str, io: Streams) -> None:
-    """A released worker slot's process (same host, pid and spider) is a worker known to be dead: its in-flight
-    requests go back to the front of their queues now, not when the others notice it stopped beating."""
+def _requeue_workers_of(
+    client: RedisClient, target: Target, status: StageStatus, holder: str, io: Streams
+) -> None:
+    """A released worker slot's process (same host, pid and spider) is a worker known to be dead:
+    its in-flight requests go back to the front of their queues now, not when the others notice it
+    stopped beating."""
     process = status.process(holder)
     if process is None or process.host is None or process.pid is None or not process.spider:
         return
@@ -248,18 +283,26 @@ def _requeue_workers_of(client: RedisClient, target: Target, status: StageStatus
                 _requeue(client, target, spider, worker, io)
 
 
-def _requeue(client: RedisClient, target: Target, spider: SpiderStatus, worker: WorkerStatus, io: Streams) -> None:
+def _requeue(
+    client: RedisClient, target: Target, spider: SpiderStatus, worker: WorkerStatus, io: Streams
+) -> None:
     moved, left = requeue_now(client, QueueKeys.of(target.prefix, spider.spider), worker.worker)
     io.say(
         f"{spider.spider}: requeued {moved} in-flight request(s) of worker {worker.worker} (stage "
         f"{worker.stage or '-'}) at the front of their queues; it is unregistered"
     )
     if left:
-        io.say(f"{spider.spider}: {left} request(s) of stages this command does not know stay in its record")
+        io.say(
+            f"{spider.spider}: {left} request(s) of stages this command does not know stay in its "
+            "record"
+        )
 
 
-def _worker_of(spiders: list[SpiderStatus], given: str, prefix: str) -> tuple[SpiderStatus, WorkerStatus]:
-    """The worker WORKER means: its exact id, else the only one whose id starts with WORKER + ':' (host:pid)."""
+def _worker_of(
+    spiders: list[SpiderStatus], given: str, prefix: str
+) -> tuple[SpiderStatus, WorkerStatus]:
+    """The worker WORKER means: its exact id, else the only one whose id starts with WORKER + ':'
+    (host:pid)."""
     found = [(spider, worker) for spider in spiders for worker in spider.workers]
     exact = [(spider, worker) for spider, worker in found if worker.worker == given]
     matches = exact or [(s, w) for s, w in found if w.worker.startswith(given.rstrip(":") + ":")]
@@ -272,19 +315,23 @@ def _worker_of(spiders: list[SpiderStatus], given: str, prefix: str) -> tuple[Sp
 
 
 def cmd_requeue(opts: argparse.Namespace, target: Target, io: Streams) -> int:
-    """Put a dead worker's in-flight requests back in their queues now (the live workers would at their next beat,
-    once its deadline has passed), and unregister it."""
+    """Put a dead worker's in-flight requests back in their queues now (the live workers would at
+    their next beat, once its deadline has passed), and unregister it."""
     client = target.client()
     _, spiders = read_all(client, target.prefix, target.ttl)
     spider, worker = _worker_of(spiders, opts.worker, target.prefix)
     if worker.alive:
-        left = "" if worker.deadline_in is None else f", {worker.deadline_in:.1f}s before its deadline"
+        left = (
+            "" if worker.deadline_in is None else f", {worker.deadline_in:.1f}s before its deadline"
+        )
         io.err.write(
-            f"warning: worker {worker.worker} beat {worker.silence:.1f}s ago{left}: if it is alive, the requests it "
+            f"warning: worker {worker.worker} beat {worker.silence:.1f}s ago{left}: if it is "
+            "alive, the requests it "
             "has in progress are fetched twice\n"
         )
     _confirm(
-        f"Requeue the {worker.in_flight} in-flight request(s) of worker {worker.worker} (spider {spider.spider}, "
+        f"Requeue the {worker.in_flight} in-flight request(s) of worker {worker.worker} (spider "
+        f"{spider.spider}, "
         f"stage {worker.stage or '-'}) and unregister it?",
         opts,
         io,
@@ -300,7 +347,8 @@ def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     holders = len({g.holder for g in status.grants})
     _confirm(
         f"Reset stage {stage!r}: free {status.held} held slot(s) of {holders} holder(s), forget "
-        f"{len(status.processes)} registered process(es), keep limit {status.limit}? Live holders lose their slots.",
+        f"{len(status.processes)} registered process(es), keep limit {status.limit}? Live holders "
+        "lose their slots.",
         opts,
         io,
     )
@@ -308,9 +356,14 @@ def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         freed, limit = run_operation(client, reset_lock(LockKeys.of(target.prefix, stage)), stage)
     except redis.exceptions.ResponseError as exc:
         if "NOLOCK" in str(exc):
-            raise CliError(f"stage {stage!r} vanished from Redis before the reset; nothing was changed") from None
+            raise CliError(
+                f"stage {stage!r} vanished from Redis before the reset; nothing was changed"
+            ) from None
         raise
-    io.say(f"{stage}: reset: freed {freed} held slot(s); limit {limit} kept, {limit} fresh slot(s) for the waiters")
+    io.say(
+        f"{stage}: reset: freed {freed} held slot(s); limit {limit} kept, {limit} fresh slot(s) "
+        "for the waiters"
+    )
     return EXIT_OK
 
 
@@ -318,14 +371,20 @@ FORGET_LEASES = 3  # an owner seen within this many leases still uses a stage (r
 
 
 def _users(client: RedisClient, target: Target, status: StageStatus) -> list[str]:
-    """Who uses the stage, as ``forget`` (``retire.lua``) judges it: held grants (a dead holder's too, until reaped)
-    and registered owners seen within FORGET_LEASES leases; one phrase each, e.g. ``2 slot(s) held by vm pid 7``."""
+    """Who uses the stage, as ``forget`` (``retire.lua``) judges it: held grants (a dead holder's
+    too, until reaped) and registered owners seen within FORGET_LEASES leases; one phrase each, e.g.
+    ``2 slot(s) held by vm pid 7``."""
     keys = LockKeys.of(target.prefix, status.stage)
     lease_ms = round((status.ttl or target.ttl) * 1000)
     reply = client.time()
     now_ms = reply[0] * 1000 + reply[1] // 1000 if isinstance(reply, list | tuple) else None
-    # withscores: (member, score) pairs (redis-py's return type is a union that also has plain members)
-    seen = cast(list[Sequence[Any]], client.zrange(keys.seen, 0, -1, withscores=True)) if now_ms is not None else []
+    # withscores: (member, score) pairs (redis-py's return type is a union that also has plain
+    # members)
+    seen = (
+        cast(list[Sequence[Any]], client.zrange(keys.seen, 0, -1, withscores=True))
+        if now_ms is not None
+        else []
+    )
     used: list[str] = []
     held: dict[str, list[float]] = {}
     for grant in status.grants:
@@ -344,17 +403,19 @@ def _users(client: RedisClient, target: Target, status: StageStatus) -> list[str
 
 
 def cmd_forget(opts: argparse.Namespace, target: Target, io: Streams) -> int:
-    """Delete a stage nobody uses from Redis, in one script (``retire.lua``, through ``LockCore.retire``): refused
-    while any grant is held or any owner was seen within 3 leases, naming them. ``--force`` first frees every grant
-    and forgets every owner (``reset.lua``), then deletes; a process that registers again in between (a live one
-    renewing, a waiter taking a fresh slot) makes it refuse all the same."""
+    """Delete a stage nobody uses from Redis, in one script (``retire.lua``, through
+    ``LockCore.retire``): refused while any grant is held or any owner was seen within 3 leases,
+    naming them. ``--force`` first frees every grant and forgets every owner (``reset.lua``), then
+    deletes; a process that registers again in between (a live one renewing, a waiter taking a fresh
+    slot) makes it refuse all the same."""
     stage = _stage_arg(opts.stage)
     client = target.client()
     status = _require_stage(client, target, stage)
     users = _users(client, target, status)
     if users and not opts.force:
         raise CliError(
-            f"stage {stage!r} is in use, nothing was deleted: {'; '.join(users)}; pass --force to free and forget "
+            f"stage {stage!r} is in use, nothing was deleted: {'; '.join(users)}; pass --force to "
+            "free and forget "
             "them first (a live process among them recreates the stage at its next renewal)"
         )
     freeing = f", freeing what they hold ({'; '.join(users)})" if users else ""
@@ -373,7 +434,8 @@ def cmd_forget(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         after = stage_status(client, target.prefix, stage)
         now_used = _users(client, target, after) if after is not None else []
         why = "; ".join(now_used) or (
-            "Redis restarted since the stage was last written: its slots are reserved for one lease, for holders "
+            "Redis restarted since the stage was last written: its slots are reserved for one "
+            "lease, for holders "
             "that survived to re-adopt them; try again after the lease"
         )
         raise CliError(f"stage {stage!r} was not deleted, it is in use: {why}")

@@ -1,24 +1,26 @@
-"""The live web dashboard: ``python -m scrapy_redislock dashboard`` and ``scrapy redislock dashboard``.
+"""The live web dashboard: ``python -m scrapy_redislock dashboard`` and ``scrapy redislock
+dashboard``.
 
 One aiohttp server (the ``dashboard`` extra: aiohttp, prometheus_client) with:
 
-- ``/``: one page (``dashboard.html``: plain HTML and JavaScript, no build step) that follows ``/events``. Per stage
-  it shows limit, held, free, debt, waiters and the holders with their lease left (expired ones marked); per
-  StageWorkerMixin spider the queue backlog and the workers, alive or dead, and the stage each works on; charts of
-  grants per second and queue lengths over the last ``--history`` seconds.
+- ``/``: one page (``dashboard.html``: plain HTML and JavaScript, no build step) that follows
+  ``/events``. Per stage it shows limit, held, free, debt, waiters and the holders with their lease
+  left (expired ones marked); per StageWorkerMixin spider the queue backlog and the workers, alive
+  or dead, and the stage each works on; charts of grants per second and queue lengths over the last
+  ``--history`` seconds.
 - ``/events``: server-sent events: the history, then one frame every ``--interval`` seconds.
 - ``/api/status``: the latest frame as JSON.
 - ``/metrics``: Prometheus's text format, read from Redis at each scrape (no crawl needs to run).
-- ``POST /api/set-limit``, ``/api/release``, ``/api/reset``, ``/api/requeue``: only with ``--allow-control`` and
-  the header ``Authorization: Bearer <token>``, the token printed at start; they run the command line's own
-  sub-commands.
+- ``POST /api/set-limit``, ``/api/release``, ``/api/reset``, ``/api/requeue``: only with
+  ``--allow-control`` and the header ``Authorization: Bearer <token>``, the token printed at start;
+  they run the command line's own sub-commands.
 
-Redis is read by :mod:`scrapy_redislock.cli.status` alone (over :mod:`scrapy_redislock.lock.status`), with the
-blocking client in worker threads, never on the event loop. Reads no settings itself: the command line resolves where
-to connect (REDISLOCK_URL, REDIS_URL, REDISLOCK_KEY_PREFIX, REDISLOCK_TTL; see :mod:`scrapy_redislock.cli.target`).
-The page shows the URL masked.
-Started while Redis is down or out of reach, it serves anyway: the page says Redis is unreachable and ``/metrics``
-has ``redislock_up 0``, until Redis answers.
+Redis is read by :mod:`scrapy_redislock.cli.status` alone (over
+:mod:`scrapy_redislock.lock.status`), with the blocking client in worker threads, never on the event
+loop. Reads no settings itself: the command line resolves where to connect (REDISLOCK_URL,
+REDIS_URL, REDISLOCK_KEY_PREFIX, REDISLOCK_TTL; see :mod:`scrapy_redislock.cli.target`). The page
+shows the URL masked. Started while Redis is down or out of reach, it serves anyway: the page says
+Redis is unreachable and ``/metrics`` has ``redislock_up 0``, until Redis answers.
 """
 
 from __future__ import annotations
@@ -73,11 +75,14 @@ class SeenWorker:
     status: WorkerStatus
     ttl: float
     gone_at: float | None = None
-    state: str = "alive"  # alive, dead (past its beat deadline, or reaped by the others), left (closed)
+    state: str = (
+        "alive"  # alive, dead (past its beat deadline, or reaped by the others), left (closed)
+    )
 
 
 class Sampler:
-    """Reads Redis every interval (in a thread), keeps the charts' history and hands frames to the open pages."""
+    """Reads Redis every interval (in a thread), keeps the charts' history and hands frames to the
+    open pages."""
 
     def __init__(self, target: Target, interval: float, history: float, control: bool) -> None:
         self.target = target
@@ -96,7 +101,7 @@ class Sampler:
     def read(self) -> tuple[list[StageStatus], list[SpiderStatus]]:
         return read_all(self.client, self.target.prefix, self.target.ttl)
 
-    # -- frames ---------------------------------------------------------------------------------------------------
+    # -- frames ------------------------------------------------------------------------------------
 
     def frame(self, stages: list[StageStatus], spiders: list[SpiderStatus], now: float) -> Frame:
         rates = self._rates(stages, now)
@@ -109,13 +114,22 @@ class Sampler:
             stage_rows.append(row)
         spider_rows = [self._spider(spider, now) for spider in spiders]
         present = {spider.spider for spider in spiders}
-        spider_rows += [self._spider(SpiderStatus(name, 0.0, {}), now) for name in self._gone_spiders(present)]
+        spider_rows += [
+            self._spider(SpiderStatus(name, 0.0, {}), now) for name in self._gone_spiders(present)
+        ]
         point = {
             "t": now,
             "grants": {name: rate for name, rate in rates.items() if rate is not None},
-            "queues": {f"{s['spider']}/{stage}": n for s in spider_rows for stage, n in s["queues"].items()},
+            "queues": {
+                f"{s['spider']}/{stage}": n for s in spider_rows for stage, n in s["queues"].items()
+            },
         }
-        return {**self.empty_frame(now), "stages": stage_rows, "spiders": spider_rows, "point": point}
+        return {
+            **self.empty_frame(now),
+            "stages": stage_rows,
+            "spiders": spider_rows,
+            "point": point,
+        }
 
     def empty_frame(self, now: float, error: str | None = None) -> Frame:
         """A frame with nothing read (yet): what the page shows while Redis has never answered."""
@@ -155,7 +169,9 @@ class Sampler:
         for worker in spider.workers:
             present.add(worker.worker)
             state = "alive" if worker.alive else "dead"
-            self.workers[(spider.spider, worker.worker)] = SeenWorker(worker, spider.ttl, state=state)
+            self.workers[(spider.spider, worker.worker)] = SeenWorker(
+                worker, spider.ttl, state=state
+            )
         for raw in row["workers"]:
             raw["state"], raw["gone_at"] = ("alive" if raw["alive"] else "dead"), None
         for (name, worker_id), seen in sorted(self.workers.items()):
@@ -163,23 +179,28 @@ class Sampler:
                 continue
             if seen.gone_at is None:
                 seen.gone_at = now
-                # A closing worker unregisters itself within a beat; one that vanished after missing beats was
-                # reaped by the others: it is dead. (Inferred: keep --interval well below half the silence a
-                # worker may keep: 5 s with work, the ttl without.)
-                silent = not seen.status.alive or seen.status.silence >= (seen.status.grace or seen.ttl) / 2
+                # A closing worker unregisters itself within a beat; one that vanished after missing
+                # beats was reaped by the others: it is dead. (Inferred: keep --interval well below
+                # half the silence a worker may keep: 5 s with work, the ttl without.)
+                silent = (
+                    not seen.status.alive
+                    or seen.status.silence >= (seen.status.grace or seen.ttl) / 2
+                )
                 seen.state = "dead" if silent else "left"
             if now - seen.gone_at > self.history:
                 del self.workers[(name, worker_id)]
                 continue
             raw = {**asdict(seen.status), "host": seen.status.host, "pid": seen.status.pid}
-            row["workers"].append({**raw, "alive": False, "state": seen.state, "gone_at": seen.gone_at})
+            row["workers"].append(
+                {**raw, "alive": False, "state": seen.state, "gone_at": seen.gone_at}
+            )
         return row
 
     def _gone_spiders(self, present: set[str]) -> list[str]:
         """Spiders no longer in Redis whose workers the page should still show (as left or dead)."""
         return sorted({name for name, _ in self.workers} - present)
 
-    # -- the loop ---------------------------------------------------------------------------------------------------
+    # -- the loop ----------------------------------------------------------------------------------
 
     async def sample(self) -> Frame:
         now = round(time.time(), 3)
@@ -211,7 +232,9 @@ class Sampler:
             self.wakeup.clear()
             try:
                 await self.sample()
-            except Exception:  # never let the loop die silently: the page would freeze on an old frame
+            except (
+                Exception
+            ):  # never let the loop die silently: the page would freeze on an old frame
                 logger.exception("Dashboard: reading Redis failed; retrying")
 
     def subscribe(self) -> asyncio.Queue[Frame | None]:
@@ -227,11 +250,12 @@ class Sampler:
         self.client.close()
 
 
-# -- Prometheus -------------------------------------------------------------------------------------------------------
+# -- Prometheus ------------------------------------------------------------------------------------
 
 
 class RedisCollector(Collector):
-    """The locks and worker queues under the prefix, read from Redis at each scrape, named as Prometheus advises."""
+    """The locks and worker queues under the prefix, read from Redis at each scrape, named as
+    Prometheus advises."""
 
     def __init__(self, sampler: Sampler) -> None:
         self.sampler = sampler
@@ -247,7 +271,9 @@ class RedisCollector(Collector):
         yield from spider_metrics(spiders)
         yield GaugeMetricFamily("redislock_up", "1 if Redis answered this scrape, else 0", value=up)
         yield GaugeMetricFamily(
-            "redislock_scrape_duration_seconds", "Seconds this scrape took to read Redis", time.perf_counter() - started
+            "redislock_scrape_duration_seconds",
+            "Seconds this scrape took to read Redis",
+            time.perf_counter() - started,
         )
 
 
@@ -260,14 +286,21 @@ def stage_metrics(stages: list[StageStatus]) -> Iterator[Metric]:
     limit = family("stage_limit", "Slots of the stage, cluster-wide")
     held = family("stage_held", "Slots held now")
     free = family("stage_free", "Slots free now")
-    debt = family("stage_debt", "Held slots to give back before a new grant (after lowering the limit)")
-    waiters = family("stage_waiters", "Requests or workers waiting for a slot, as each process last reported")
-    expired = family("stage_expired_grants", "Held slots whose lease ran out (holder stopped renewing)")
+    debt = family(
+        "stage_debt", "Held slots to give back before a new grant (after lowering the limit)"
+    )
+    waiters = family(
+        "stage_waiters", "Requests or workers waiting for a slot, as each process last reported"
+    )
+    expired = family(
+        "stage_expired_grants", "Held slots whose lease ran out (holder stopped renewing)"
+    )
     processes = family("stage_processes", "Processes registered with the stage's lock")
     ttl = family("stage_ttl_seconds", "Lease of a slot")
     fence = family("stage_fence", "Last fencing token generated")
     present = family(
-        "stage_present", "1 if the lock's stream is in Redis, 0 if it was lost (the next process recreates it)"
+        "stage_present",
+        "1 if the lock's stream is in Redis, 0 if it was lost (the next process recreates it)",
     )
     grants = family(
         "grants",
@@ -298,15 +331,23 @@ def stage_metrics(stages: list[StageStatus]) -> Iterator[Metric]:
 
 
 def spider_metrics(spiders: list[SpiderStatus]) -> Iterator[Metric]:
-    queue = GaugeMetricFamily("redislock_queue_length", "Requests waiting in a stage queue", labels=["spider", "stage"])
+    queue = GaugeMetricFamily(
+        "redislock_queue_length", "Requests waiting in a stage queue", labels=["spider", "stage"]
+    )
     alive = GaugeMetricFamily(
-        "redislock_workers_alive", "Workers whose last beat's deadline has not passed", labels=["spider"]
+        "redislock_workers_alive",
+        "Workers whose last beat's deadline has not passed",
+        labels=["spider"],
     )
     dead = GaugeMetricFamily(
-        "redislock_workers_dead", "Registered workers past their beat deadline, not yet reaped", labels=["spider"]
+        "redislock_workers_dead",
+        "Registered workers past their beat deadline, not yet reaped",
+        labels=["spider"],
     )
     in_flight = GaugeMetricFamily(
-        "redislock_requests_in_flight", "Requests popped by workers and not finished yet", labels=["spider"]
+        "redislock_requests_in_flight",
+        "Requests popped by workers and not finished yet",
+        labels=["spider"],
     )
     for spider in spiders:
         for stage, length in spider.queues.items():
@@ -317,7 +358,7 @@ def spider_metrics(spiders: list[SpiderStatus]) -> Iterator[Metric]:
     yield from (queue, alive, dead, in_flight)
 
 
-# -- the web application --------------------------------------------------------------------------------------------
+# -- the web application ---------------------------------------------------------------------------
 
 
 def _event(name: str, data: Any) -> bytes:
@@ -348,7 +389,9 @@ class Dashboard:
         return web.Response(status=204)
 
     async def page(self, request: web.Request) -> web.Response:
-        return web.Response(body=_page(), content_type="text/html", headers={"Cache-Control": "no-store"})
+        return web.Response(
+            body=_page(), content_type="text/html", headers={"Cache-Control": "no-store"}
+        )
 
     async def status(self, request: web.Request) -> web.Response:
         return web.json_response(self.sampler.latest)
@@ -359,12 +402,20 @@ class Dashboard:
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-store",
+                "X-Accel-Buffering": "no",
+            }
         )
         await response.prepare(request)
         queue = self.sampler.subscribe()
         try:
-            await response.write(_event("history", {"points": list(self.sampler.points), "frame": self.sampler.latest}))
+            await response.write(
+                _event(
+                    "history", {"points": list(self.sampler.points), "frame": self.sampler.latest}
+                )
+            )
             while True:
                 try:
                     frame = await asyncio.wait_for(queue.get(), HEARTBEAT)
@@ -385,7 +436,9 @@ class Dashboard:
             return "control is off: start the dashboard with --allow-control to steer from the page"
         given = request.headers.get("Authorization", "")
         scheme, _, value = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), self.token.encode()):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            value.strip().encode(), self.token.encode()
+        ):
             return "wrong or missing token: give the token the dashboard printed at start"
         return None
 
@@ -401,7 +454,9 @@ class Dashboard:
         except ValueError:
             body = None
         if not isinstance(body, dict):
-            return web.json_response({"ok": False, "error": "the body must be a JSON object"}, status=400)
+            return web.json_response(
+                {"ok": False, "error": "the body must be a JSON object"}, status=400
+            )
         opts = argparse.Namespace(
             command=command,
             stage=str(body.get("stage", "")),
@@ -413,25 +468,32 @@ class Dashboard:
             yes=True,
         )
         code, message = await asyncio.to_thread(self.run_command, opts)
-        self.io.say(f"control from {request.remote}: {command} {body.get('stage', '')!s}: {message}")
+        self.io.say(
+            f"control from {request.remote}: {command} {body.get('stage', '')!s}: {message}"
+        )
         self.sampler.wakeup.set()  # show the result at once
         if code != EXIT_OK:
-            return web.json_response({"ok": False, "error": message}, status=400 if code == EXIT_USAGE else 409)
+            return web.json_response(
+                {"ok": False, "error": message}, status=400 if code == EXIT_USAGE else 409
+            )
         return web.json_response({"ok": True, "message": message})
 
     def run_command(self, opts: argparse.Namespace) -> tuple[int, str]:
         """One of the command line's sub-commands, confirmed; (exit status, what it said)."""
         out, err = io.StringIO(), io.StringIO()
         try:
-            code = COMMANDS[opts.command](opts, self.sampler.target, Streams(io.StringIO(), out, err))
+            code = COMMANDS[opts.command](
+                opts, self.sampler.target, Streams(io.StringIO(), out, err)
+            )
         except (CliError, *REDIS_ERRORS, OSError) as exc:
             message, code = failure(exc, self.sampler.target)
             return code, message
         return code, (out.getvalue() + err.getvalue()).strip()
 
 
-# Redis is down or out of reach: the dashboard and /metrics start anyway and say so (an exporter must report an
-# outage, not exit). Whatever else fails (credentials, ACL, a bad URL option) stops them at once, in one line.
+# Redis is down or out of reach: the dashboard and /metrics start anyway and say so (an exporter
+# must report an outage, not exit). Whatever else fails (credentials, ACL, a bad URL option) stops
+# them at once, in one line.
 UNREACHABLE = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
@@ -439,12 +501,15 @@ UNREACHABLE = (
     redis.exceptions.RedisClusterException,
     OSError,
 )
-REFUSED = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)  # ConnectionErrors too
+REFUSED = (
+    redis.exceptions.AuthenticationError,
+    redis.exceptions.AuthorizationError,
+)  # ConnectionErrors too
 
 
 async def _first_read(sampler: Sampler) -> str:
-    """Read Redis once before serving: '' when it answered, else why it is unreachable now (the page and /metrics
-    then say so until it answers). A refusal is raised: it would not cure itself."""
+    """Read Redis once before serving: '' when it answered, else why it is unreachable now (the page
+    and /metrics then say so until it answers). A refusal is raised: it would not cure itself."""
     now = round(time.time(), 3)
     try:
         first = await asyncio.to_thread(sampler.read)
@@ -463,13 +528,16 @@ def _address(host: str, port: int) -> str:
 
 
 def serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
-    """Run the dashboard until SIGINT or SIGTERM; 0 then. A wrong URL or a busy port fails at once, in one line."""
+    """Run the dashboard until SIGINT or SIGTERM; 0 then. A wrong URL or a busy port fails at once,
+    in one line."""
     return asyncio.run(_serve(opts, target, io))
 
 
 async def _serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     sampler = Sampler(target, opts.interval, opts.history, control=opts.allow_control)
-    unreachable = await _first_read(sampler)  # refusing (credentials, ACL): the one-line error, exit 1
+    unreachable = await _first_read(
+        sampler
+    )  # refusing (credentials, ACL): the one-line error, exit 1
     token = secrets.token_urlsafe(24) if opts.allow_control else None
     dashboard = Dashboard(sampler, token, io)
     runner = web.AppRunner(dashboard.app(), access_log=None, handle_signals=False)
@@ -481,13 +549,21 @@ async def _serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         await runner.cleanup()
         sampler.close()
         reason = exc.strerror or str(exc)
-        raise CliError(f"cannot listen on {_address(opts.host, opts.port)} (--host/--port): {reason}") from None
+        raise CliError(
+            f"cannot listen on {_address(opts.host, opts.port)} (--host/--port): {reason}"
+        ) from None
     port = runner.addresses[0][1] if runner.addresses else opts.port
     url = f"http://{_address(opts.host, port)}/"
-    io.say(f"dashboard: {url}  (Redis {target.safe_url}, prefix {target.prefix!r}, read every {opts.interval:g}s)")
+    io.say(
+        f"dashboard: {url}  (Redis {target.safe_url}, prefix {target.prefix!r}, read every "
+        f"{opts.interval:g}s)"
+    )
     io.say(f"metrics: {url}metrics")
     if unreachable:
-        io.say(f"note: {unreachable}; serving anyway (redislock_up 0), reading it again every {opts.interval:g}s")
+        io.say(
+            f"note: {unreachable}; serving anyway (redislock_up 0), reading it again every "
+            f"{opts.interval:g}s"
+        )
     if token:
         io.say(f"control: on; token {token}")
         io.say(f"  open {url}#token={token}")

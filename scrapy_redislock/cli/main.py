@@ -1,24 +1,30 @@
-"""The operator's command line: ``python -m scrapy_redislock`` and ``scrapy redislock`` (same sub-commands).
+"""The operator's command line: ``python -m scrapy_redislock`` and ``scrapy redislock`` (same
+sub-commands).
 
-- ``status [--json] [--watch [SECONDS] [--count N]] [--stage-key PATTERN]``: every stage lock under the key
-  prefix; the locks of keys met at run time (REDISLOCK_STAGE_KEY) apart, busiest first, those matching PATTERN.
-- ``set-limit STAGE N [--create [--ttl SECONDS]]``: change a stage's cap for the whole cluster, live.
-- ``release STAGE HOLDER [--yes]``: free the slots of one holder (a worker known to be dead); a worker slot's
-  holder also has its worker's in-flight requests put back in their queues.
-- ``requeue WORKER [--yes]``: put a dead worker's in-flight requests back in their queues now, and unregister it.
+- ``status [--json] [--watch [SECONDS] [--count N]] [--stage-key PATTERN]``: every stage lock under
+  the key prefix; the locks of keys met at run time (REDISLOCK_STAGE_KEY) apart, busiest first,
+  those matching PATTERN.
+- ``set-limit STAGE N [--create [--ttl SECONDS]]``: change a stage's cap for the whole cluster,
+  live.
+- ``release STAGE HOLDER [--yes]``: free the slots of one holder (a worker known to be dead); a
+  worker slot's holder also has its worker's in-flight requests put back in their queues.
+- ``requeue WORKER [--yes]``: put a dead worker's in-flight requests back in their queues now, and
+  unregister it.
 - ``reset STAGE [--yes]``: free every slot of a stage and forget its holders; the limit stays.
-- ``forget STAGE [--force] [--yes]``: delete a stage nobody uses from Redis (refused, naming who, while in use).
+- ``forget STAGE [--force] [--yes]``: delete a stage nobody uses from Redis (refused, naming who,
+  while in use).
 - ``dashboard [--host H] [--port P] [--allow-control]``: a live web page and ``/metrics`` (see
   :mod:`scrapy_redislock.cli.dashboard`).
 
-Blocking code with the sync redis client: it never runs on a reactor. Reads (``python -m``) the environment
-variables REDISLOCK_URL, REDIS_URL and REDISLOCK_KEY_PREFIX; as a Scrapy command, the project's settings through
-:func:`scrapy_redislock.crawl.settings.read_settings` (REDISLOCK_URL and scrapy-redis's REDIS_* fallbacks,
-REDISLOCK_PARAMS, REDISLOCK_KEY_PREFIX, REDISLOCK_TTL, REDISLOCK_STAGES), with those environment variables used
-only where the project sets no connection or prefix. ``--url`` and ``--prefix`` win over both.
-Every state change is a Lua script (set_limit, release_owner, reset, queue_requeue, retire). Passwords are never
-printed.
-Exit status: 0 done, 1 failed or refused (Redis unreachable, unknown stage or holder, not confirmed), 2 bad input.
+Blocking code with the sync redis client: it never runs on a reactor. Reads (``python -m``) the
+environment variables REDISLOCK_URL, REDIS_URL and REDISLOCK_KEY_PREFIX; as a Scrapy command, the
+project's settings through
+:func:`scrapy_redislock.crawl.settings.read_settings` (REDISLOCK_URL and scrapy-redis's REDIS_*
+fallbacks, REDISLOCK_PARAMS, REDISLOCK_KEY_PREFIX, REDISLOCK_TTL, REDISLOCK_STAGES), with those
+environment variables used only where the project sets no connection or prefix. ``--url`` and
+``--prefix`` win over both. Every state change is a Lua script (set_limit, release_owner, reset,
+queue_requeue, retire). Passwords are never printed. Exit status: 0 done, 1 failed or refused (Redis
+unreachable, unknown stage or holder, not confirmed), 2 bad input.
 """
 
 from __future__ import annotations
@@ -53,11 +59,12 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
-# -- arguments ---------------------------------------------------------------------------------------------------
+# -- arguments -------------------------------------------------------------------------------------
 
 
 def _seconds(option: str) -> Callable[[str], float]:
-    """An argparse type: a finite number of seconds > 0, refused with a message naming ``option``."""
+    """An argparse type: a finite number of seconds > 0, refused with a message naming
+    ``option``."""
 
     def check(value: str) -> float:
         try:
@@ -65,7 +72,9 @@ def _seconds(option: str) -> Callable[[str], float]:
         except ValueError:
             seconds = float("nan")
         if not seconds > 0 or seconds == float("inf"):
-            raise argparse.ArgumentTypeError(f"{option} takes a number of seconds > 0, got {value!r}")
+            raise argparse.ArgumentTypeError(
+                f"{option} takes a number of seconds > 0, got {value!r}"
+            )
         return seconds
 
     return check
@@ -83,43 +92,55 @@ def _count(value: str) -> int:
     return int(value)
 
 
-def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, prog: str = PROG) -> None:
+def add_subcommands(
+    parser: argparse.ArgumentParser, *, top_level: bool = True, prog: str = PROG
+) -> None:
     """The sub-commands and their options, on our own parser or on Scrapy's (``top_level=False``).
 
-    ``--url`` and ``--prefix`` go on every sub-command (Scrapy's command line only allows options after the
-    sub-command) and, with ``top_level``, also before it; sub-command defaults are suppressed so that they do
-    not overwrite what was given before the sub-command.
+    ``--url`` and ``--prefix`` go on every sub-command (Scrapy's command line only allows options
+    after the sub-command) and, with ``top_level``, also before it; sub-command defaults are
+    suppressed so that they do not overwrite what was given before the sub-command.
     """
-    # Of the sub-parsers' class (typeshed wants the parents so), though only its arguments are copied from it.
+    # Of the sub-parsers' class (typeshed wants the parents so), though only its arguments are
+    # copied from it.
     common = OneLineParser(add_help=False)
     connection = common.add_argument_group("connection")
     connection.add_argument(
         "--url",
         default=argparse.SUPPRESS,
-        help="Redis URL (redis://, rediss:// for TLS, user:password@ for ACL; ?ssl_ca_certs=FILE for a private "
-        "CA; redis+sentinel://h1:26379,h2:26379/SERVICE[/DB] for Sentinel, redis+cluster://h1:7000,h2:7001 for "
-        "a Cluster). Default: REDISLOCK_URL, else REDIS_URL (environment, or the project's settings as a Scrapy "
+        help="Redis URL (redis://, rediss:// for TLS, user:password@ for ACL; ?ssl_ca_certs=FILE "
+        "for a private "
+        "CA; redis+sentinel://h1:26379,h2:26379/SERVICE[/DB] for Sentinel, "
+        "redis+cluster://h1:7000,h2:7001 for "
+        "a Cluster). Default: REDISLOCK_URL, else REDIS_URL (environment, or the project's "
+        "settings as a Scrapy "
         f"command), else {DEFAULT_URL}",
     )
     connection.add_argument(
         "--prefix",
         default=argparse.SUPPRESS,
-        help=f"key prefix of the locks (default: REDISLOCK_KEY_PREFIX, else {defaults.REDISLOCK_KEY_PREFIX!r})",
+        help="key prefix of the locks (default: REDISLOCK_KEY_PREFIX, else "
+        f"{defaults.REDISLOCK_KEY_PREFIX!r})",
     )
     if top_level:
         parser.add_argument("--url", default=None, help=argparse.SUPPRESS)
         parser.add_argument("--prefix", default=None, help=argparse.SUPPRESS)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser, prog=prog)
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=OneLineParser, prog=prog
+    )
     sub.required = True
 
     status = sub.add_parser(
         "status",
         parents=[common],
         help="show every stage: limit, holders, waiters, fence counter",
-        description="Show every stage lock under the key prefix: limit, holders (host, pid, spider, age, lease "
+        description="Show every stage lock under the key prefix: limit, holders (host, pid, "
+        "spider, age, lease "
         "left), waiters (as each process last reported), fence counter, free slots and debt.",
     )
-    status.add_argument("--json", action="store_true", help="print JSON (one document per refresh with --watch)")
+    status.add_argument(
+        "--json", action="store_true", help="print JSON (one document per refresh with --watch)"
+    )
     status.add_argument(
         "--watch",
         nargs="?",
@@ -129,27 +150,42 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
         metavar="SECONDS",
         help=f"refresh every SECONDS (default {DEFAULT_WATCH:g}) until Ctrl-C",
     )
-    status.add_argument("--count", type=_count, default=None, metavar="N", help="with --watch: stop after N refreshes")
+    status.add_argument(
+        "--count",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="with --watch: stop after N refreshes",
+    )
     status.add_argument(
         "--stage-key",
         default=None,
         metavar="PATTERN",
-        help="show only the keys (REDISLOCK_STAGE_KEY: domains, ...) matching this glob, e.g. '*.example.com'",
+        help="show only the keys (REDISLOCK_STAGE_KEY: domains, ...) matching this glob, e.g. "
+        "'*.example.com'",
     )
 
     set_limit = sub.add_parser(
         "set-limit",
         parents=[common],
         help="change a stage's cap for the whole cluster, live",
-        description="Change a stage's cap for every process at once, while they run (the limit lives in Redis). "
-        "Lowering revokes nothing: held slots stay until released, and no new slot is granted until fewer "
-        "than N are held; on a worker stage (workers:<stage>) the newest workers over the limit leave it at "
-        "their next renewal. A process that starts later writes its own REDISLOCK_STAGES limit again.",
+        description="Change a stage's cap for every process at once, while they run (the limit "
+        "lives in Redis). "
+        "Lowering revokes nothing: held slots stay until released, and no new slot is granted "
+        "until fewer "
+        "than N are held; on a worker stage (workers:<stage>) the newest workers over the limit "
+        "leave it at "
+        "their next renewal. A process that starts later writes its own REDISLOCK_STAGES limit "
+        "again.",
     )
     set_limit.add_argument("stage", metavar="STAGE")
-    set_limit.add_argument("limit", metavar="N", help="the new limit, an integer >= 0 (0 pauses the stage)")
     set_limit.add_argument(
-        "--create", action="store_true", help="create the stage if it does not exist (else that is an error)"
+        "limit", metavar="N", help="the new limit, an integer >= 0 (0 pauses the stage)"
+    )
+    set_limit.add_argument(
+        "--create",
+        action="store_true",
+        help="create the stage if it does not exist (else that is an error)",
     )
     set_limit.add_argument("--ttl", type=float, default=None, help="lease seconds for --create")
 
@@ -157,9 +193,12 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
         "release",
         parents=[common],
         help="free the slots of one holder (a worker known to be dead)",
-        description="Free every slot HOLDER holds in STAGE and forget it. HOLDER is a name from `status` (or "
-        "host:pid, or any prefix of the name ending at a colon, if only one holder matches). A live holder "
-        "finds its slots lost at its next renewal. For a worker slot (workers:<stage>), the worker of that "
+        description="Free every slot HOLDER holds in STAGE and forget it. HOLDER is a name from "
+        "`status` (or "
+        "host:pid, or any prefix of the name ending at a colon, if only one holder matches). A "
+        "live holder "
+        "finds its slots lost at its next renewal. For a worker slot (workers:<stage>), the worker "
+        "of that "
         "process also has its in-flight requests put back in their queues (as `requeue` does).",
     )
     release.add_argument("stage", metavar="STAGE")
@@ -170,10 +209,14 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
         "requeue",
         parents=[common],
         help="put a dead worker's in-flight requests back in their queues now",
-        description="Put every request WORKER (a StageWorkerMixin worker, as `status` lists it: its id, or "
-        "host:pid) had taken and not finished back at the front of its stage's queue, and unregister the worker. "
-        "The live workers do it themselves once its beat deadline has passed (seconds while it had work); this "
-        "does it now. A worker that is alive after all drops what it had taken ahead at its next beat; what it "
+        description="Put every request WORKER (a StageWorkerMixin worker, as `status` lists it: "
+        "its id, or "
+        "host:pid) had taken and not finished back at the front of its stage's queue, and "
+        "unregister the worker. "
+        "The live workers do it themselves once its beat deadline has passed (seconds while it had "
+        "work); this "
+        "does it now. A worker that is alive after all drops what it had taken ahead at its next "
+        "beat; what it "
         "has in progress is fetched twice.",
     )
     requeue.add_argument("worker", metavar="WORKER")
@@ -183,9 +226,12 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
         "reset",
         parents=[common],
         help="free every slot of a stage and forget its holders (the limit stays)",
-        description="Free every held slot of STAGE, forget every registered process, drop pending debt, and "
-        "start again with LIMIT free slots. Fencing tokens keep increasing. Live holders find their slots "
-        "lost at their next renewal; until their requests end, the stage may briefly run over its cap.",
+        description="Free every held slot of STAGE, forget every registered process, drop pending "
+        "debt, and "
+        "start again with LIMIT free slots. Fencing tokens keep increasing. Live holders find "
+        "their slots "
+        "lost at their next renewal; until their requests end, the stage may briefly run over its "
+        "cap.",
     )
     reset.add_argument("stage", metavar="STAGE")
     reset.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
@@ -194,27 +240,38 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
         "forget",
         parents=[common],
         help="delete a stage nobody uses from Redis (its limit, slots and fence counter)",
-        description="Delete every key of STAGE (also workers:STAGE, key:KEY) from Redis, in one script, when "
-        "nobody uses it: no slot held (a dead holder's too, until it is reaped) and no process seen within 3 "
-        "leases. Otherwise refused, naming who. --force frees every slot and forgets every process first (as "
+        description="Delete every key of STAGE (also workers:STAGE, key:KEY) from Redis, in one "
+        "script, when "
+        "nobody uses it: no slot held (a dead holder's too, until it is reaped) and no process "
+        "seen within 3 "
+        "leases. Otherwise refused, naming who. --force frees every slot and forgets every process "
+        "first (as "
         "`reset` does); a process that registers again meanwhile still makes it refuse.",
     )
     forget.add_argument("stage", metavar="STAGE")
-    forget.add_argument("--force", action="store_true", help="free and forget the stage's holders first")
+    forget.add_argument(
+        "--force", action="store_true", help="free and forget the stage's holders first"
+    )
     forget.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
     dashboard = sub.add_parser(
         "dashboard",
         parents=[common],
         help="serve a live web page of every stage and worker, and Prometheus metrics at /metrics",
-        description="Serve one web page that shows every stage and worker live (server-sent events), and "
-        "Prometheus metrics at /metrics. Read-only unless --allow-control. Needs the 'dashboard' extra "
+        description="Serve one web page that shows every stage and worker live (server-sent "
+        "events), and "
+        "Prometheus metrics at /metrics. Read-only unless --allow-control. Needs the 'dashboard' "
+        "extra "
         "(pip install 'scrapy-redislock[dashboard]').",
     )
     dashboard.add_argument(
-        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only)",
     )
-    dashboard.add_argument("--port", type=_port, default=8030, help="port to listen on (default 8030; 0: any free)")
+    dashboard.add_argument(
+        "--port", type=_port, default=8030, help="port to listen on (default 8030; 0: any free)"
+    )
     dashboard.add_argument(
         "--interval",
         type=_seconds("--interval"),
@@ -223,20 +280,27 @@ def add_subcommands(parser: argparse.ArgumentParser, *, top_level: bool = True, 
         help=f"read Redis every SECONDS (default {DEFAULT_WATCH:g})",
     )
     dashboard.add_argument(
-        "--history", type=_seconds("--history"), default=600.0, metavar="SECONDS", help="seconds the charts span (600)"
+        "--history",
+        type=_seconds("--history"),
+        default=600.0,
+        metavar="SECONDS",
+        help="seconds the charts span (600)",
     )
     dashboard.add_argument(
         "--allow-control",
         action="store_true",
-        help="let the page set limits, release holders and reset stages, with a token printed at start",
+        help="let the page set limits, release holders and reset stages, with a token printed at "
+        "start",
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog=PROG,
-        description="Show and steer the stage locks of a running crawl (python -m scrapy_redislock ...).",
-        epilog="Options go after the sub-command, e.g. `python -m scrapy_redislock status --url rediss://...`.",
+        description="Show and steer the stage locks of a running crawl (python -m scrapy_redislock "
+        "...).",
+        epilog="Options go after the sub-command, e.g. `python -m scrapy_redislock status --url "
+        "rediss://...`.",
     )
     add_subcommands(parser, top_level=True)
     return parser
@@ -247,7 +311,8 @@ def cmd_dashboard(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         from scrapy_redislock.cli.dashboard import serve
     except ImportError as exc:
         raise CliError(
-            f"the dashboard needs the 'dashboard' extra ({exc}): pip install 'scrapy-redislock[dashboard]'"
+            f"the dashboard needs the 'dashboard' extra ({exc}): pip install "
+            "'scrapy-redislock[dashboard]'"
         ) from None
     return serve(opts, target, io)
 
@@ -258,7 +323,7 @@ COMMANDS_WITH_DASHBOARD: dict[str, Callable[[argparse.Namespace, Target, Streams
 }
 
 
-# -- entry points --------------------------------------------------------------------------------------------------
+# -- entry points ----------------------------------------------------------------------------------
 
 
 def run(
@@ -271,13 +336,16 @@ def run(
     stderr: IO[str] | None = None,
     prog: str = PROG,
 ) -> int:
-    """Run parsed options; failures become one line on stderr and an exit status, never a traceback."""
+    """Run parsed options; failures become one line on stderr and an exit status, never a
+    traceback."""
     io = Streams(stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr)
     target: Target | None = None
     try:
         target = resolve_target(opts, os.environ if env is None else env, settings)
         return COMMANDS_WITH_DASHBOARD[opts.command](opts, target, io)
-    except BrokenPipeError:  # the reader of our output left (`status --watch | head`); not an error of ours
+    except (
+        BrokenPipeError
+    ):  # the reader of our output left (`status --watch | head`); not an error of ours
         raise
     except (CliError, *REDIS_ERRORS, OSError) as exc:
         message, code = failure(exc, target)
@@ -302,7 +370,10 @@ def main(
 ) -> int:
     """``python -m scrapy_redislock``: parse ``argv`` and run; returns the exit status."""
     parser = build_parser()
-    with contextlib.redirect_stdout(stdout or sys.stdout), contextlib.redirect_stderr(stderr or sys.stderr):
+    with (
+        contextlib.redirect_stdout(stdout or sys.stdout),
+        contextlib.redirect_stderr(stderr or sys.stderr),
+    ):
         try:
             opts = parser.parse_args(argv)
         except SystemExit as exc:  # --help, or a usage error already printed as one line

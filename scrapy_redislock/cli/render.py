@@ -1,4 +1,5 @@
-"""How the command line shows things: durations, clock times, tables, the status frame, dead letters."""
+"""How the command line shows things: durations, clock times, tables, the status frame, dead
+letters."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from scrapy_redislock.lock.core import LIMBO
 from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, StageStatus, why_waiting
 from scrapy_redislock.workers.status import DeadLetters, SpiderStatus
 
-# -- rendering ---------------------------------------------------------------------------------------------------------
+# -- rendering -------------------------------------------------------------------------------------
 
 
 def seconds(value: float | None) -> str:
@@ -38,12 +39,17 @@ def clock_time(moment: float | None, now: float) -> str:
     return time.strftime("%H:%M:%S" if now - moment < 20 * 3600 else "%Y-%m-%d %H:%M", local)
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[object]], numeric: set[int], indent: str = "") -> list[str]:
+def table(
+    header: Sequence[str], rows: Sequence[Sequence[object]], numeric: set[int], indent: str = ""
+) -> list[str]:
     cells = [list(header)] + [["-" if c is None else str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = []
     for row in cells:
-        parts = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        parts = [
+            c.rjust(w) if i in numeric else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
         lines.append((indent + "  ".join(parts)).rstrip())
     return lines
 
@@ -61,7 +67,8 @@ def render_status(
     for spider in spiders:
         queued = ", ".join(f"{stage} {n}" for stage, n in spider.queues.items()) or "none"
         lines.append(
-            f"spider {spider.spider}: {spider.alive} worker(s) alive, {spider.dead} dead (past the beat they "
+            f"spider {spider.spider}: {spider.alive} worker(s) alive, {spider.dead} dead (past the "
+            "beat they "
             f"promised); queued: {queued}"
         )
         lines += render_dead_workers(spider)
@@ -72,7 +79,17 @@ def render_status(
             lines.append(f"no stage locks under prefix {target.prefix!r}")
         return "\n".join(lines) + "\n"
     rows = [
-        [s.stage, s.limit, s.held, s.free, s.debt, s.waiters, s.fence, seconds(s.ttl), len(s.processes)]
+        [
+            s.stage,
+            s.limit,
+            s.held,
+            s.free,
+            s.debt,
+            s.waiters,
+            s.fence,
+            seconds(s.ttl),
+            len(s.processes),
+        ]
         if s.exists
         else [s.stage, s.limit, None, None, None, None, None, seconds(s.ttl), None]
         for s in stages
@@ -83,7 +100,10 @@ def render_status(
     for s in stages:
         lines.append("")
         if not s.exists:
-            lines.append(f"{s.stage}: its stream is missing in Redis (data loss?); the next process to start or")
+            lines.append(
+                f"{s.stage}: its stream is missing in Redis (data loss?); the next process to "
+                "start or"
+            )
             lines.append("  renew recreates it")
             continue
         waiting = [p for p in s.processes if p.held == 0 and p.waiting > 0]
@@ -100,12 +120,26 @@ def render_status(
                 p = s.process(g.holder)
                 limbo = limbo or g.holder == LIMBO
                 left = "expired" if g.lease_left < 0 else seconds(g.lease_left)
-                who = [p.host, p.pid, p.spider, clock_time(p.started, now)] if p else [None, None, None, None]
+                who = (
+                    [p.host, p.pid, p.spider, clock_time(p.started, now)]
+                    if p
+                    else [None, None, None, None]
+                )
                 holder_rows.append([g.holder, *who, g.fence, seconds(g.age), left, p and p.waiting])
             for p in waiting:
                 who = [p.host, p.pid, p.spider, clock_time(p.started, now)]
                 holder_rows.append([p.holder, *who, None, None, None, p.waiting])
-            header = ["HOLDER", "HOST", "PID", "SPIDER", "STARTED", "GRANT", "AGE", "LEASE LEFT", "WAITING"]
+            header = [
+                "HOLDER",
+                "HOST",
+                "PID",
+                "SPIDER",
+                "STARTED",
+                "GRANT",
+                "AGE",
+                "LEASE LEFT",
+                "WAITING",
+            ]
             lines += table(header, holder_rows, numeric={2, 5, 6, 7, 8}, indent="  ")
         if idle:
             lines.append(f"  + {len(idle)} registered process(es) holding nothing and not waiting")
@@ -113,21 +147,30 @@ def render_status(
     lines.append("GRANT: fencing token; AGE: since the grant or its last renewal (Redis's clock);")
     lines.append("WAITING: as each process last reported it (at its renewals, every ttl/3)")
     if limbo:
-        lines.append(f"{LIMBO}: slots reserved after a Redis data loss for surviving holders; free after one ttl")
+        lines.append(
+            f"{LIMBO}: slots reserved after a Redis data loss for surviving holders; free after "
+            "one ttl"
+        )
     return "\n".join(lines) + "\n"
 
 
 def render_dead_workers(spider: SpiderStatus) -> list[str]:
-    """One line per dead worker of a spider (the live ones requeue its requests at their next beat; ``requeue``
-    does it now)."""
+    """One line per dead worker of a spider (the live ones requeue its requests at their next beat;
+    ``requeue`` does it now)."""
     lines = []
     for worker in spider.workers:
         if worker.alive:
             continue
-        late = "" if worker.deadline_in is None else f", {seconds(-worker.deadline_in)} past its deadline"
+        late = (
+            ""
+            if worker.deadline_in is None
+            else f", {seconds(-worker.deadline_in)} past its deadline"
+        )
         lines.append(
-            f"  dead: {worker.worker} (stage {worker.stage or '-'}, {worker.in_flight} request(s) in flight, "
-            f"last beat {seconds(worker.silence)} ago{late}); `requeue {worker.worker}` puts its requests back now"
+            f"  dead: {worker.worker} (stage {worker.stage or '-'}, {worker.in_flight} request(s) "
+            "in flight, "
+            f"last beat {seconds(worker.silence)} ago{late}); `requeue {worker.worker}` puts its "
+            "requests back now"
         )
     return lines
 
@@ -144,15 +187,25 @@ class Streams:
 
 
 def render_dead_letters(found: Sequence[DeadLetters], now: float | None = None) -> str:
-    """The worker queues' dead letters, if any: entries no worker could load (e.g. pushed by hand)."""
+    """The worker queues' dead letters, if any: entries no worker could load (e.g. pushed by
+    hand)."""
     if not found:
         return ""
     now = time.time() if now is None else now
-    lines = ["", "DEAD LETTERS: worker queue entries no worker could load, kept for you (LRANGE to read, DEL to drop)"]
+    lines = [
+        "",
+        "DEAD LETTERS: worker queue entries no worker could load, kept for you (LRANGE to read, "
+        "DEL to drop)",
+    ]
     for spider in found:
         lines.append(f"{spider.spider}: {spider.count} in {spider.key}, newest first:")
-        rows = [[d.stage, clock_time(d.time, now), d.worker, d.size, d.error[:60], d.excerpt] for d in spider.newest]
-        lines += table(["STAGE", "WHEN", "WORKER", "BYTES", "ERROR", "START"], rows, numeric={3}, indent="  ")
+        rows = [
+            [d.stage, clock_time(d.time, now), d.worker, d.size, d.error[:60], d.excerpt]
+            for d in spider.newest
+        ]
+        lines += table(
+            ["STAGE", "WHEN", "WORKER", "BYTES", "ERROR", "START"], rows, numeric={3}, indent="  "
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -160,7 +213,8 @@ KEY_ROWS = 50  # keys listed at most (busiest first); --stage-key narrows the li
 
 
 def render_keys(keys: Sequence[StageStatus], pattern: str | None = None) -> str:
-    """The locks of keys met at run time, one line each, busiest first (only keys in use have a lock)."""
+    """The locks of keys met at run time, one line each, busiest first (only keys in use have a
+    lock)."""
     if not keys and pattern is None:
         return ""
     matching = f" matching {pattern!r}" if pattern is not None else ""
@@ -170,7 +224,9 @@ def render_keys(keys: Sequence[StageStatus], pattern: str | None = None) -> str:
         for k in keys[:KEY_ROWS]
     ]
     if rows:
-        lines += table(["KEY", "LIMIT", "HELD", "WAITING", "PROCESSES", "EXPIRED"], rows, {1, 2, 3, 4, 5}, "  ")
+        lines += table(
+            ["KEY", "LIMIT", "HELD", "WAITING", "PROCESSES", "EXPIRED"], rows, {1, 2, 3, 4, 5}, "  "
+        )
     if len(keys) > KEY_ROWS:
         lines.append(f"  ... and {len(keys) - KEY_ROWS} more (narrow with --stage-key PATTERN)")
     return "\n".join(lines) + "\n"

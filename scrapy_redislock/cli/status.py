@@ -1,7 +1,7 @@
 """Everything an operator sees of Redis in one read: every stage lock and every worker-mixin spider.
 
-``status``, the dashboard and ``/metrics`` all call :func:`read_all` (one SCAN of the prefix, then one MULTI/EXEC
-per lock and per spider, each a consistent snapshot).
+``status``, the dashboard and ``/metrics`` all call :func:`read_all` (one SCAN of the prefix, then
+one MULTI/EXEC per lock and per spider, each a consistent snapshot).
 """
 
 from __future__ import annotations
@@ -13,25 +13,43 @@ from typing import Any
 
 from scrapy_redislock._redis import RedisClient
 from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, StageStatus, stage_status, tagged_keys
-from scrapy_redislock.workers.status import DeadLetters, SpiderStatus, spider_status, spiders_in, worker_ttl
+from scrapy_redislock.workers.status import (
+    DeadLetters,
+    SpiderStatus,
+    spider_status,
+    spiders_in,
+    worker_ttl,
+)
 
 
-def read_all(client: RedisClient, prefix: str, default_ttl: float) -> tuple[list[StageStatus], list[SpiderStatus]]:
+def read_all(
+    client: RedisClient, prefix: str, default_ttl: float
+) -> tuple[list[StageStatus], list[SpiderStatus]]:
     """Every stage lock and every StageWorkerMixin spider under the prefix, found with one SCAN.
 
-    ``default_ttl`` makes a worker dead when no worker slot lock says its ttl (see :func:`worker_ttl`).
+    ``default_ttl`` makes a worker dead when no worker slot lock says its ttl (see
+    :func:`worker_ttl`).
     """
     tagged = tagged_keys(client, prefix, "*")
-    found = (stage_status(client, prefix, tag) for tag, rests in sorted(tagged.items()) if ":meta" in rests)
+    found = (
+        stage_status(client, prefix, tag)
+        for tag, rests in sorted(tagged.items())
+        if ":meta" in rests
+    )
     stages = [status for status in found if status is not None]
     ttl = worker_ttl(stages, default_ttl)
-    spiders = [spider_status(client, prefix, name, ttl, keys) for name, keys in sorted(spiders_in(tagged).items())]
+    spiders = [
+        spider_status(client, prefix, name, ttl, keys)
+        for name, keys in sorted(spiders_in(tagged).items())
+    ]
     return stages, spiders
 
 
-def split_keys(found: list[StageStatus], pattern: str | None = None) -> tuple[list[StageStatus], list[StageStatus]]:
-    """(the fixed stages, the locks of keys met at run time): keys matching ``pattern`` (a glob on the key, e.g.
-    ``*.example.com``; None: all), busiest first (held + waiting), then by name."""
+def split_keys(
+    found: list[StageStatus], pattern: str | None = None
+) -> tuple[list[StageStatus], list[StageStatus]]:
+    """(the fixed stages, the locks of keys met at run time): keys matching ``pattern`` (a glob on
+    the key, e.g. ``*.example.com``; None: all), busiest first (held + waiting), then by name."""
     stages = [s for s in found if not s.stage.startswith(KEY_LOCK_PREFIX)]
     keys = [
         s
@@ -51,7 +69,8 @@ def snapshot(
     dead: list[DeadLetters] | None = None,
     keys: list[StageStatus] | None = None,
 ) -> dict[str, Any]:
-    """Everything ``status --json`` prints (``url`` must already be masked); ``keys``: the key locks, apart."""
+    """Everything ``status --json`` prints (``url`` must already be masked); ``keys``: the key
+    locks, apart."""
     return {
         "url": url,
         "prefix": prefix,

@@ -1,8 +1,9 @@
-"""Where the command line and the dashboard connect, and how a failure is told: one line, no password, an exit status.
+"""Where the command line and the dashboard connect, and how a failure is told: one line, no
+password, an exit status.
 
-Reads (``python -m``) the environment variables REDISLOCK_URL, REDIS_URL and REDISLOCK_KEY_PREFIX; as a Scrapy
-command, the project's settings through :func:`scrapy_redislock.crawl.settings.read_settings`; ``--url`` and
-``--prefix`` win over both.
+Reads (``python -m``) the environment variables REDISLOCK_URL, REDIS_URL and REDISLOCK_KEY_PREFIX;
+as a Scrapy command, the project's settings through
+:func:`scrapy_redislock.crawl.settings.read_settings`; ``--url`` and ``--prefix`` win over both.
 """
 
 from __future__ import annotations
@@ -30,12 +31,15 @@ T = TypeVar("T")
 DEFAULT_URL = "redis://localhost:6379/0"
 # Fail fast on a dead address; an operator is waiting.
 CLI_CLIENT_PARAMS: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 5}
-# A quorum's masters (REDISLOCK_URL as a list) are not one Redis: the commands read and change one lock in one place.
+# A quorum's masters (REDISLOCK_URL as a list) are not one Redis: the commands read and change one
+# lock in one place.
 QUORUM_REFUSED = (
-    "REDISLOCK_URL lists {count} masters (a quorum lock): the command line works on one Redis at a time; give "
+    "REDISLOCK_URL lists {count} masters (a quorum lock): the command line works on one Redis at a "
+    "time; give "
     "--url of one master to look at or change that master's copy of the locks ({urls})"
 )
-# What a client raises when Redis cannot serve it (a cluster client with no reachable node: not a RedisError).
+# What a client raises when Redis cannot serve it (a cluster client with no reachable node: not a
+# RedisError).
 REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
 
 
@@ -47,7 +51,7 @@ class CliError(Exception):
         self.code = code
 
 
-# -- where to connect ----------------------------------------------------------------------------------------------
+# -- where to connect ------------------------------------------------------------------------------
 
 
 @dataclass
@@ -60,7 +64,9 @@ class Target:
     ttl: float
     params: dict[str, Any] = field(default_factory=dict)
     stages: Mapping[str, int | None] = field(default_factory=dict)
-    opened: list[Any] = field(default_factory=list, repr=False, compare=False)  # clients made, closed by close()
+    opened: list[Any] = field(
+        default_factory=list, repr=False, compare=False
+    )  # clients made, closed by close()
 
     @property
     def safe_url(self) -> str:
@@ -71,20 +77,25 @@ class Target:
         return parse_url(self.url, self.source)
 
     def client(self) -> RedisClient:
-        """A blocking client: one server, the master found through Sentinel, or a cluster client (status then
-        scans every master)."""
+        """A blocking client: one server, the master found through Sentinel, or a cluster client
+        (status then scans every master)."""
         try:
             client = self.connection.client(**self.params, decode_responses=True)
         except (ValueError, TypeError) as exc:
-            raise CliError(f"{self.source} is not a usable redis URL ({exc}): {self.safe_url}", EXIT_USAGE) from None
+            raise CliError(
+                f"{self.source} is not a usable redis URL ({exc}): {self.safe_url}", EXIT_USAGE
+            ) from None
         self.opened.append(client)
         return client
 
     def close(self) -> None:
-        """Close every client :meth:`client` made (their connections, and a Sentinel master's sentinels')."""
+        """Close every client :meth:`client` made (their connections, and a Sentinel master's
+        sentinels')."""
         while self.opened:
             client = self.opened.pop()
-            with contextlib.suppress(redis.exceptions.RedisError, OSError):  # closing never hides the command's result
+            with contextlib.suppress(
+                redis.exceptions.RedisError, OSError
+            ):  # closing never hides the command's result
                 client.close()
 
     def scrub(self, message: str) -> str:
@@ -92,8 +103,11 @@ class Target:
         return self.connection.scrub(message)
 
 
-def resolve_target(opts: argparse.Namespace, env: Mapping[str, str], settings: Any = None) -> Target:
-    """--url/--prefix, else the project's settings (Scrapy command), else environment variables, else defaults."""
+def resolve_target(
+    opts: argparse.Namespace, env: Mapping[str, str], settings: Any = None
+) -> Target:
+    """--url/--prefix, else the project's settings (Scrapy command), else environment variables,
+    else defaults."""
     url: str | None = None
     source = ""
     prefix: str | None = None
@@ -109,8 +123,14 @@ def resolve_target(opts: argparse.Namespace, env: Mapping[str, str], settings: A
         ttl, stages = configured.ttl, configured.stages
         params = {**CLI_CLIENT_PARAMS, **configured.params}
         if configured.masters and not getattr(opts, "url", None):
-            raise CliError(QUORUM_REFUSED.format(count=len(configured.masters), urls=configured.safe_url), EXIT_USAGE)
-        if any(settings.get(name) for name in ("REDISLOCK_URL", "REDIS_URL", "REDIS_HOST", "REDIS_PORT")):
+            raise CliError(
+                QUORUM_REFUSED.format(count=len(configured.masters), urls=configured.safe_url),
+                EXIT_USAGE,
+            )
+        if any(
+            settings.get(name)
+            for name in ("REDISLOCK_URL", "REDIS_URL", "REDIS_HOST", "REDIS_PORT")
+        ):
             url, source = configured.url, "the project's settings (REDISLOCK_URL / REDIS_URL)"
         if settings.get("REDISLOCK_KEY_PREFIX") is not None:
             prefix, prefix_source = configured.key_prefix, "REDISLOCK_KEY_PREFIX"
@@ -143,7 +163,7 @@ def resolve_target(opts: argparse.Namespace, env: Mapping[str, str], settings: A
     return Target(url=url, source=source, prefix=prefix, ttl=ttl, params=params, stages=stages)
 
 
-# -- running scripts -------------------------------------------------------------------------------------------------
+# -- running scripts -------------------------------------------------------------------------------
 
 
 def run_operation(client: RedisClient, op: Operation[T], name: str) -> T:
@@ -155,11 +175,15 @@ def _redis_failure(exc: BaseException, target: Target) -> str:
     cause = exc.__cause__ if isinstance(exc.__cause__, redis.exceptions.RedisError) else exc
     detail = target.scrub(str(cause) or type(cause).__name__)
     where = f"{target.safe_url} ({target.source})"
-    if isinstance(cause, redis.exceptions.AuthenticationError) or str(cause).startswith(("WRONGPASS", "NOAUTH")):
+    if isinstance(cause, redis.exceptions.AuthenticationError) or str(cause).startswith(
+        ("WRONGPASS", "NOAUTH")
+    ):
         return f"Redis at {where} refused the credentials: {detail}"
     if isinstance(
         cause,
-        redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | redis.exceptions.RedisClusterException,
+        redis.exceptions.ConnectionError
+        | redis.exceptions.TimeoutError
+        | redis.exceptions.RedisClusterException,
     ):
         hint = ""
         if target.connection.tls and "certificate" in detail.lower():

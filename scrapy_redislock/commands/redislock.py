@@ -1,10 +1,10 @@
-"""``scrapy redislock status|set-limit|release|reset|dashboard``: the command line of :mod:`scrapy_redislock.cli.main`,
-reading the project's settings.
+"""``scrapy redislock status|set-limit|release|reset|dashboard``: the command line of
+:mod:`scrapy_redislock.cli.main`, reading the project's settings.
 
-Settings read (through :func:`scrapy_redislock.crawl.settings.read_settings`): REDISLOCK_URL (and scrapy-redis's
-REDIS_URL / REDIS_HOST / REDIS_PORT / REDIS_PARAMS fallbacks), REDISLOCK_PARAMS, REDISLOCK_KEY_PREFIX,
-REDISLOCK_TTL, REDISLOCK_STAGES; ``--url`` / ``--prefix`` after the sub-command win. Scrapy's own options
-(``-s NAME=VALUE``) go before the sub-command.
+Settings read (through :func:`scrapy_redislock.crawl.settings.read_settings`): REDISLOCK_URL (and
+scrapy-redis's REDIS_URL / REDIS_HOST / REDIS_PORT / REDIS_PARAMS fallbacks), REDISLOCK_PARAMS,
+REDISLOCK_KEY_PREFIX, REDISLOCK_TTL, REDISLOCK_STAGES; ``--url`` / ``--prefix`` after the
+sub-command win. Scrapy's own options (``-s NAME=VALUE``) go before the sub-command.
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ class Command(ScrapyCommand):
 
     def long_desc(self) -> str:
         return (
-            "Show and steer the stage locks (scrapy_redislock) of a running crawl: status, set-limit STAGE N, "
-            "release STAGE HOLDER, reset STAGE, dashboard (a live web page and /metrics). Connects as the project's "
+            "Show and steer the stage locks (scrapy_redislock) of a running crawl: status, "
+            "set-limit STAGE N, "
+            "release STAGE HOLDER, reset STAGE, dashboard (a live web page and /metrics). Connects "
+            "as the project's "
             "settings say (REDISLOCK_URL ...); see `scrapy redislock COMMAND -h`."
         )
 
@@ -43,7 +45,8 @@ class Command(ScrapyCommand):
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         if args:
             raise UsageError(
-                f"unrecognized arguments: {' '.join(args)} (Scrapy's options such as -s go before the sub-command)",
+                f"unrecognized arguments: {' '.join(args)} (Scrapy's options such as -s go before "
+                "the sub-command)",
                 print_help=False,
             )
         self.exitcode = cli.run(opts, settings=self.settings, prog="scrapy redislock")

@@ -1,4 +1,5 @@
-"""Redis URLs, in one place: parse and check them, mask their secrets, build clients for a server, Sentinel or Cluster.
+"""Redis URLs, in one place: parse and check them, mask their secrets, build clients for a server,
+Sentinel or Cluster.
 
 Both fronts (through :mod:`scrapy_redislock.crawl.settings`), the CLI and the dashboard connect with
 :func:`parse_url`; no other module parses a Redis URL. URL forms::
@@ -8,15 +9,17 @@ Both fronts (through :mod:`scrapy_redislock.crawl.settings`), the CLI and the da
     rediss+sentinel://...                        TLS to the sentinels and to the master
     redis+cluster://[user:password@]host1:7000,host2:7001   (also rediss+cluster://)
 
-The user and password in front of the hosts are the master's (or the cluster nodes'). The sentinels' own
-credentials are query options, kept apart: ``?sentinel_username=...&sentinel_password=...``. Every other query
-option (``socket_timeout``, ``ssl_ca_certs``, ``ssl_cert_reqs``, ...) is redis-py's and applies to the data
-connections. A sentinel or cluster host without a port gets 26379 or 6379. A Sentinel client asks the sentinels for
-the master whenever it opens a connection, so after a failover the next connection goes to the new master; a
-Cluster client follows MOVED replies. Reads no settings and imports no Scrapy.
+The user and password in front of the hosts are the master's (or the cluster nodes'). The sentinels'
+own credentials are query options, kept apart: ``?sentinel_username=...&sentinel_password=...``.
+Every other query option (``socket_timeout``, ``ssl_ca_certs``, ``ssl_cert_reqs``, ...) is
+redis-py's and applies to the data connections. A sentinel or cluster host without a port gets 26379
+or 6379. A Sentinel client asks the sentinels for the master whenever it opens a connection, so
+after a failover the next connection goes to the new master; a Cluster client follows MOVED replies.
+Reads no settings and imports no Scrapy.
 
-scrapy-redis's own connections (its scheduler's queue and dupefilter, RedisSpider's start URLs) take the same URLs
-with ``REDIS_PARAMS = {"redis_cls": "scrapy_redislock.RedisClient"}`` (:class:`RedisClient`).
+scrapy-redis's own connections (its scheduler's queue and dupefilter, RedisSpider's start URLs) take
+the same URLs with ``REDIS_PARAMS = {"redis_cls": "scrapy_redislock.RedisClient"}``
+(:class:`RedisClient`).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ SENTINEL_OPTIONS = {"sentinel_username": "username", "sentinel_password": "passw
 # Query options whose value is a secret, masked like the password.
 SECRET_OPTIONS = ("password", "sentinel_password")
 DEFAULT_PORTS = {"sentinel": 26379, "cluster": 6379}
-# A sentinel answers at once; one that does not (paused, cut off) is skipped after this long for the next one.
+# A sentinel answers at once; one that does not (paused, cut off) is skipped after this long for the
+# next one.
 SENTINEL_SOCKET_TIMEOUT = 5.0
 EXAMPLE = (
     "redis://host:6379/0, redis+sentinel://host1:26379,host2:26379/service_name "
@@ -54,7 +58,8 @@ EXAMPLE = (
 
 
 def mask_url(url: str) -> str:
-    """The URL with its passwords (the master's, and the sentinels' query option) replaced by ***."""
+    """The URL with its passwords (the master's, and the sentinels' query option) replaced by
+    ***."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
@@ -77,7 +82,9 @@ class RedisURL:
     kind: str = "server"  # "server", "sentinel" or "cluster"
     hosts: tuple[tuple[str, int], ...] = ()  # sentinels or cluster seed nodes
     service: str | None = None  # the Sentinel service (master) name
-    options: Mapping[str, Any] = field(default_factory=dict)  # data connections: user, password, db, ssl, query
+    options: Mapping[str, Any] = field(
+        default_factory=dict
+    )  # data connections: user, password, db, ssl, query
     sentinel_options: Mapping[str, Any] = field(default_factory=dict)  # the sentinels' connections
 
     @property
@@ -98,20 +105,25 @@ class RedisURL:
             message = message.replace(secret, "***")
         return message
 
-    # -- clients ---------------------------------------------------------------------------------------------------
+    # -- clients -----------------------------------------------------------------------------------
 
     def client(
         self, cluster_class: type[redis.RedisCluster] = redis.RedisCluster, **params: Any
     ) -> redis.Redis | redis.RedisCluster:
-        """A blocking client (CLI, tests); ``params`` are redis client arguments (REDISLOCK_PARAMS)."""
+        """A blocking client (CLI, tests); ``params`` are redis client arguments
+        (REDISLOCK_PARAMS)."""
         if self.kind == "server":
             return redis.Redis.from_url(self.url, **params)
         if self.kind == "cluster":
             nodes = [redis.cluster.ClusterNode(host, port) for host, port in self.hosts]
             return cluster_class(startup_nodes=nodes, **self._data_kwargs(params))
-        sentinel = redis.sentinel.Sentinel(self.hosts, sentinel_kwargs=self._sentinel_kwargs(params))
+        sentinel = redis.sentinel.Sentinel(
+            self.hosts, sentinel_kwargs=self._sentinel_kwargs(params)
+        )
         assert self.service is not None
-        client = sentinel.master_for(self.service, redis_class=SentinelMaster, **self._data_kwargs(params))
+        client = sentinel.master_for(
+            self.service, redis_class=SentinelMaster, **self._data_kwargs(params)
+        )
         return _owning(client, sentinel)
 
     def async_client(self, **params: Any) -> redis.asyncio.Redis | redis.asyncio.RedisCluster:
@@ -121,20 +133,27 @@ class RedisURL:
         if self.kind == "cluster":
             nodes = [redis.asyncio.cluster.ClusterNode(host, port) for host, port in self.hosts]
             return redis.asyncio.RedisCluster(startup_nodes=nodes, **self._data_kwargs(params))
-        sentinel = redis.asyncio.sentinel.Sentinel(self.hosts, sentinel_kwargs=self._sentinel_kwargs(params))
+        sentinel = redis.asyncio.sentinel.Sentinel(
+            self.hosts, sentinel_kwargs=self._sentinel_kwargs(params)
+        )
         assert self.service is not None
-        client = sentinel.master_for(self.service, redis_class=AsyncSentinelMaster, **self._data_kwargs(params))
+        client = sentinel.master_for(
+            self.service, redis_class=AsyncSentinelMaster, **self._data_kwargs(params)
+        )
         return _owning(client, sentinel)
 
     def _data_kwargs(self, params: Mapping[str, Any]) -> dict[str, Any]:
         kwargs = {**params, **self.options}
         if self.kind == "cluster":
             kwargs.pop("db", None)  # parse_url refuses a cluster URL with another db
-            kwargs.pop("health_check_interval", None)  # the cluster clients check their nodes themselves
+            kwargs.pop(
+                "health_check_interval", None
+            )  # the cluster clients check their nodes themselves
         return kwargs
 
     def _sentinel_kwargs(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """The sentinels' connections: their own credentials, the socket options, TLS like the master's."""
+        """The sentinels' connections: their own credentials, the socket options, TLS like the
+        master's."""
         merged = {**params, **self.options}
         kwargs = {k: v for k, v in merged.items() if k.startswith(("socket_", "ssl"))}
         kwargs.setdefault("socket_timeout", SENTINEL_SOCKET_TIMEOUT)
@@ -143,16 +162,17 @@ class RedisURL:
 
 
 def _owning(client: Any, sentinel: Any) -> Any:
-    """``client`` (a Sentinel master's) closing its pool and the sentinels' connections when it is closed: made by
-    ``master_for``, it leaves its pool open on close before redis-py 6, and nothing ever closes the sentinels'."""
+    """``client`` (a Sentinel master's) closing its pool and the sentinels' connections when it is
+    closed: made by ``master_for``, it leaves its pool open on close before redis-py 6, and nothing
+    ever closes the sentinels'."""
     client.auto_close_connection_pool = True
     client.sentinels = sentinel
     return client
 
 
 class SentinelMaster(redis.Redis):
-    """The blocking client of a Sentinel master: ``close()`` also closes the sentinels' connections (its own
-    Sentinel's; a client made on another pool of the same Sentinel, as
+    """The blocking client of a Sentinel master: ``close()`` also closes the sentinels' connections
+    (its own Sentinel's; a client made on another pool of the same Sentinel, as
     :func:`~scrapy_redislock.lock.front.waiting_client` makes, closes only its own pool)."""
 
     sentinels: Any = None
@@ -167,7 +187,8 @@ class SentinelMaster(redis.Redis):
 
 
 class AsyncSentinelMaster(redis.asyncio.Redis):
-    """The redis.asyncio client of a Sentinel master: ``aclose()`` also closes the sentinels' connections."""
+    """The redis.asyncio client of a Sentinel master: ``aclose()`` also closes the sentinels'
+    connections."""
 
     sentinels: Any = None
 
@@ -181,18 +202,23 @@ class AsyncSentinelMaster(redis.asyncio.Redis):
 
 
 class ScrapyRedisCluster(redis.RedisCluster):
-    """A cluster client for scrapy-redis, whose priority queue pops with ``pipeline()`` then ``multi()`` on its one
-    key: its pipelines are transactions unless told otherwise (redis-py's cluster pipelines refuse ``multi()``)."""
+    """A cluster client for scrapy-redis, whose priority queue pops with ``pipeline()`` then
+    ``multi()`` on its one key: its pipelines are transactions unless told otherwise (redis-py's
+    cluster pipelines refuse ``multi()``)."""
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
-        return super().pipeline(transaction=True if transaction is None else transaction, shard_hint=shard_hint)
+        return super().pipeline(
+            transaction=True if transaction is None else transaction, shard_hint=shard_hint
+        )
 
 
 class RedisClient:
-    """A ``redis_cls`` for scrapy-redis (``REDIS_PARAMS = {"redis_cls": "scrapy_redislock.RedisClient"}``): its
-    ``from_url`` takes every URL form above, so scrapy-redis follows a Sentinel failover or a Cluster like we do."""
+    """A ``redis_cls`` for scrapy-redis (``REDIS_PARAMS = {"redis_cls":
+    "scrapy_redislock.RedisClient"}``): its ``from_url`` takes every URL form above, so scrapy-redis
+    follows a Sentinel failover or a Cluster like we do."""
 
-    # A factory: scrapy-redis calls redis_cls(**kwargs) for a client; mypy wants __new__ to make a RedisClient.
+    # A factory: scrapy-redis calls redis_cls(**kwargs) for a client; mypy wants __new__ to make a
+    # RedisClient.
     def __new__(cls, **kwargs: Any) -> redis.Redis:  # type: ignore[misc]
         return redis.Redis(**kwargs)  # scrapy-redis with REDIS_HOST/REDIS_PORT and no URL
 
@@ -202,7 +228,8 @@ class RedisClient:
 
 
 def parse_url(url: Any, setting: str) -> RedisURL:
-    """A checked :class:`RedisURL`; ConfigError naming ``setting`` and the URL (password masked) when it is bad."""
+    """A checked :class:`RedisURL`; ConfigError naming ``setting`` and the URL (password masked)
+    when it is bad."""
     if not isinstance(url, str) or not url:
         raise ConfigError(f"{setting} must be a redis URL such as {EXAMPLE}, got {url!r}")
 
@@ -221,7 +248,8 @@ def parse_url(url: Any, setting: str) -> RedisURL:
     elif scheme in CLUSTER_SCHEMES:
         kind = "cluster"
     else:
-        raise bad(f"the scheme must be one of redis, rediss, unix, redis+sentinel, rediss+sentinel, redis+cluster, "
+        raise bad("the scheme must be one of redis, rediss, unix, redis+sentinel, "
+                  "rediss+sentinel, redis+cluster, "
                   f"rediss+cluster, got {scheme or 'none'!r}")  # fmt: skip
 
     rest = url.split("://", 1)[1]
@@ -237,7 +265,8 @@ def parse_url(url: Any, setting: str) -> RedisURL:
             raise bad("it names no service: add /service_name after the sentinels")
         service, names = names[0], names[1:]
     if len(names) > 1 or (names and not names[0].isdigit()):
-        raise bad(f"the path after the {'service name' if service else 'hosts'} must be a database number, "
+        raise bad(f"the path after the {'service name' if service else 'hosts'} must be a database "
+                  "number, "
                   f"got {'/'.join(names)!r}")  # fmt: skip
     db = int(names[0]) if names else 0
     if kind == "cluster" and db:
@@ -246,10 +275,16 @@ def parse_url(url: Any, setting: str) -> RedisURL:
     pairs = parse_qsl(query, keep_blank_values=True)
     sentinel_options = {SENTINEL_OPTIONS[k]: v for k, v in pairs if k in SENTINEL_OPTIONS}
     if sentinel_options and kind != "sentinel":
-        raise bad(f"{', '.join(sorted(k for k, _ in pairs if k in SENTINEL_OPTIONS))} only applies to Sentinel URLs")
+        raise bad(
+            f"{', '.join(sorted(k for k, _ in pairs if k in SENTINEL_OPTIONS))} only applies to "
+            "Sentinel URLs"
+        )
     data_query = urlencode([(k, v) for k, v in pairs if k not in SENTINEL_OPTIONS])
-    # redis-py's own parser for what is left (one host stands for all): the types of the query options, quoting.
-    single = f"{'rediss' if scheme.startswith('rediss') else 'redis'}://{userinfo}{at}localhost/{db}"
+    # redis-py's own parser for what is left (one host stands for all): the types of the query
+    # options, quoting.
+    single = (
+        f"{'rediss' if scheme.startswith('rediss') else 'redis'}://{userinfo}{at}localhost/{db}"
+    )
     try:
         options = redis_parse_url(f"{single}?{data_query}" if data_query else single)
     except (ValueError, TypeError) as exc:

@@ -1,9 +1,10 @@
-"""Requests that a downloader middleware before StageLockMiddleware settles without a download need no slot.
+"""Requests that a downloader middleware before StageLockMiddleware settles without a download need
+no slot.
 
-Shared by the middleware (which warns when a cache or robots.txt middleware runs after it) and StageScheduler
-(which lets such requests go without waiting for a slot), so that neither imports the other. The middleware is
-recognised by its class attribute ``redislock_takes_slots`` (and by its import path in DOWNLOADER_MIDDLEWARES).
-Reads Scrapy's DOWNLOADER_MIDDLEWARES (with its base) only.
+Shared by the middleware (which warns when a cache or robots.txt middleware runs after it) and
+StageScheduler (which lets such requests go without waiting for a slot), so that neither imports the
+other. The middleware is recognised by its class attribute ``redislock_takes_slots`` (and by its
+import path in DOWNLOADER_MIDDLEWARES). Reads Scrapy's DOWNLOADER_MIDDLEWARES (with its base) only.
 """
 
 from __future__ import annotations
@@ -49,18 +50,20 @@ def middlewares_after(crawler: Crawler, ours: Any) -> tuple[Any, ...]:
 
 
 def early_middlewares(crawler: Crawler) -> tuple[Any, ...]:
-    """The HttpCacheMiddleware and RobotsTxtMiddleware instances that see a request before StageLockMiddleware."""
+    """The HttpCacheMiddleware and RobotsTxtMiddleware instances that see a request before
+    StageLockMiddleware."""
     chain = downloader_middlewares(crawler)
     ours = next((i for i, mw in enumerate(chain) if takes_slots(mw)), len(chain))
     return tuple(mw for mw in chain[:ours] if isinstance(mw, EARLY_TYPES))
 
 
 def settled_before_download(request: Request, middlewares: tuple[Any, ...], spider: Any) -> bool:
-    """True when one of ``middlewares`` (see :func:`early_middlewares`) will answer or drop the request without
-    a download, so it needs no slot: a fresh cache hit, a cache miss with HTTPCACHE_IGNORE_MISSING, a URL that
-    robots.txt forbids, or a host whose robots.txt is not known yet (RobotsTxtMiddleware decides first; a request
-    it lets through then waits for its slot in StageLockMiddleware). Reads the cache the way HttpCacheMiddleware
-    does (one more read of the entry).
+    """True when one of ``middlewares`` (see :func:`early_middlewares`) will answer or drop the
+    request without a download, so it needs no slot: a fresh cache hit, a cache miss with
+    HTTPCACHE_IGNORE_MISSING, a URL that robots.txt forbids, or a host whose robots.txt is not known
+    yet (RobotsTxtMiddleware decides first; a request it lets through then waits for its slot in
+    StageLockMiddleware). Reads the cache the way HttpCacheMiddleware does (one more read of the
+    entry).
     """
     for mw in middlewares:
         if isinstance(mw, HttpCacheMiddleware):

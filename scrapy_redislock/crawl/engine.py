@@ -1,7 +1,8 @@
 """Every touch of Scrapy's engine and reactor that Scrapy has no public call for, in one place.
 
-Each function degrades to something safe should a future Scrapy rename what it reads: the engine's heartbeat takes
-over from :func:`wake_engine`, REDISLOCK_WAIT_TIMEOUT from :func:`engine_closing`, the downloader's set from
+Each function degrades to something safe should a future Scrapy rename what it reads: the engine's
+heartbeat takes over from :func:`wake_engine`, REDISLOCK_WAIT_TIMEOUT from :func:`engine_closing`,
+the downloader's set from
 :func:`in_progress`. Reads no settings.
 """
 
@@ -25,14 +26,16 @@ _watched: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
 
 
 def one_line_config_errors() -> None:
-    """Have a ConfigError that ends the crawl reported as one line (``ConfigError: <message>``), not as asyncio's
-    ``Task exception was never retrieved`` with a 30-line traceback. Called by our components when the crawler
-    builds them; the exit status stays 1 (Scrapy marks the crawl's bootstrap as failed).
+    """Have a ConfigError that ends the crawl reported as one line (``ConfigError: <message>``), not
+    as asyncio's ``Task exception was never retrieved`` with a 30-line traceback. Called by our
+    components when the crawler builds them; the exit status stays 1 (Scrapy marks the crawl's
+    bootstrap as failed).
 
-    Scrapy 2.19 runs a crawl in one asyncio task (``AsyncCrawlerRunner._crawl_and_track``) and re-raises what ends
-    it, leaving it to asyncio to log the unretrieved exception with its traceback. A done callback on that task (the
-    task building us) retrieves a ConfigError and logs its message; any other exception is handed to the loop's
-    exception handler as asyncio would have. Without a running task (a non-asyncio reactor, refused anyway by
+    Scrapy 2.19 runs a crawl in one asyncio task (``AsyncCrawlerRunner._crawl_and_track``) and
+    re-raises what ends it, leaving it to asyncio to log the unretrieved exception with its
+    traceback. A done callback on that task (the task building us) retrieves a ConfigError and logs
+    its message; any other exception is handed to the loop's exception handler as asyncio would
+    have. Without a running task (a non-asyncio reactor, refused anyway by
     :func:`check_reactor`) it does nothing.
     """
     try:
@@ -58,14 +61,19 @@ def _report_config_error(task: asyncio.Task[Any]) -> None:
         )
         return
     logger.error("ConfigError: %s", cause)
-    if cause is not error:  # raised while Scrapy cleaned up after it (RuntimeError: Engine slot not assigned)
-        logger.debug("After the ConfigError, closing the engine raised %s: %s", type(error).__name__, error)
+    if (
+        cause is not error
+    ):  # raised while Scrapy cleaned up after it (RuntimeError: Engine slot not assigned)
+        logger.debug(
+            "After the ConfigError, closing the engine raised %s: %s", type(error).__name__, error
+        )
 
 
 def config_error_in(error: BaseException) -> ConfigError | None:
-    """``error`` if it is a ConfigError, else the first ConfigError in its chain (``__cause__``/``__context__``):
-    a ConfigError raised while the engine opens the spider (building the scheduler) is followed by Scrapy's own
-    ``RuntimeError: Engine slot not assigned`` from its clean-up, which would otherwise hide it."""
+    """``error`` if it is a ConfigError, else the first ConfigError in its chain
+    (``__cause__``/``__context__``): a ConfigError raised while the engine opens the spider
+    (building the scheduler) is followed by Scrapy's own ``RuntimeError: Engine slot not assigned``
+    from its clean-up, which would otherwise hide it."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
@@ -77,7 +85,8 @@ def config_error_in(error: BaseException) -> ConfigError | None:
 
 
 def engine_of(crawler: Crawler) -> Any:
-    """The crawler's engine, or None before it exists (Scrapy 2.19's ``Crawler.engine`` raises RuntimeError then)."""
+    """The crawler's engine, or None before it exists (Scrapy 2.19's ``Crawler.engine`` raises
+    RuntimeError then)."""
     try:
         return getattr(crawler, "engine", None)
     except RuntimeError:
@@ -85,11 +94,12 @@ def engine_of(crawler: Crawler) -> Any:
 
 
 def wake_engine(crawler: Crawler) -> None:
-    """Make the engine ask the scheduler for requests at its next loop iteration, not at its 5 s heartbeat.
+    """Make the engine ask the scheduler for requests at its next loop iteration, not at its 5 s
+    heartbeat.
 
-    Scrapy 2.19 has no public call for this. ``engine._slot.nextcall`` is the CallLaterOnce the engine itself
-    schedules after every finished download; should a future Scrapy rename it, this does nothing and the
-    heartbeat takes over (slots are then used up to 5 s late, never lost).
+    Scrapy 2.19 has no public call for this. ``engine._slot.nextcall`` is the CallLaterOnce the
+    engine itself schedules after every finished download; should a future Scrapy rename it, this
+    does nothing and the heartbeat takes over (slots are then used up to 5 s late, never lost).
     """
     slot = getattr(engine_of(crawler), "_slot", None)
     nextcall = getattr(slot, "nextcall", None)
@@ -98,36 +108,43 @@ def wake_engine(crawler: Crawler) -> None:
 
 
 def engine_closing(crawler: Crawler) -> bool:
-    """True once the engine stops or closes the spider: it takes no more requests from the scheduler, whose waiters
-    stand down; requests waiting in the middleware keep their place while their stage makes progress.
+    """True once the engine stops or closes the spider: it takes no more requests from the
+    scheduler, whose waiters stand down; requests waiting in the middleware keep their place while
+    their stage makes progress.
 
-    ``engine.running`` is public and covers stop (SIGTERM, Ctrl-C); a close on its own (CLOSESPIDER_*, the spider
-    finishing) only shows in the private ``engine._slot.closing``. Without it, the fallback is REDISLOCK_WAIT_TIMEOUT.
+    ``engine.running`` is public and covers stop (SIGTERM, Ctrl-C); a close on its own
+    (CLOSESPIDER_*, the spider finishing) only shows in the private ``engine._slot.closing``.
+    Without it, the fallback is REDISLOCK_WAIT_TIMEOUT.
     """
     engine = engine_of(crawler)
     if engine is None:
         return True
     if not engine.running:
-        return getattr(engine, "start_time", None) is not None  # stopped; before its start it is not closing
+        return (
+            getattr(engine, "start_time", None) is not None
+        )  # stopped; before its start it is not closing
     slot = getattr(engine, "_slot", None)
     return slot is None or getattr(slot, "closing", None) is not None
 
 
 def downloader_active(crawler: Crawler) -> Any:
-    """The requests the downloader has now (``engine.downloader.active``), or None before the engine exists."""
+    """The requests the downloader has now (``engine.downloader.active``), or None before the engine
+    exists."""
     return getattr(getattr(engine_of(crawler), "downloader", None), "active", None)
 
 
 def downloader_middlewares(crawler: Crawler) -> tuple[Any, ...]:
-    """The downloader middleware instances in chain order (``engine.downloader.middleware.middlewares``), or ()."""
+    """The downloader middleware instances in chain order
+    (``engine.downloader.middleware.middlewares``), or ()."""
     manager = getattr(getattr(engine_of(crawler), "downloader", None), "middleware", None)
     return tuple(getattr(manager, "middlewares", ()))
 
 
 def left_twice(crawler: Crawler, held: Any, suspects: set[Any]) -> tuple[set[Any], set[Any]]:
-    """Of the requests in ``held``, those missing from the downloader now and at the last look (``suspects``),
-    and those missing now (the next look's suspects). The engine adds a request to the downloader in the same call
-    that takes it from the scheduler, so one look would do; two cost nothing. (set(), set()) before the engine."""
+    """Of the requests in ``held``, those missing from the downloader now and at the last look
+    (``suspects``), and those missing now (the next look's suspects). The engine adds a request to
+    the downloader in the same call that takes it from the scheduler, so one look would do; two cost
+    nothing. (set(), set()) before the engine."""
     active = downloader_active(crawler)
     if active is None:
         return set(), suspects
@@ -136,7 +153,8 @@ def left_twice(crawler: Crawler, held: Any, suspects: set[Any]) -> tuple[set[Any
 
 
 def engine_scheduler(crawler: Crawler) -> BaseScheduler | None:
-    """The engine's scheduler: ``engine.scheduler`` (public since Scrapy 2.19), else the engine slot's."""
+    """The engine's scheduler: ``engine.scheduler`` (public since Scrapy 2.19), else the engine
+    slot's."""
     engine = engine_of(crawler)
     if engine is None:
         return None
@@ -147,25 +165,32 @@ def engine_scheduler(crawler: Crawler) -> BaseScheduler | None:
 
 
 def in_progress(crawler: Crawler) -> Any:
-    """Requests the engine has not finished with (download, callback, output: ``engine._slot.inprogress``), else
-    the downloader's (weaker: a download's end, not its callback's), else None before the engine exists."""
+    """Requests the engine has not finished with (download, callback, output:
+    ``engine._slot.inprogress``), else the downloader's (weaker: a download's end, not its
+    callback's), else None before the engine exists."""
     slot = getattr(engine_of(crawler), "_slot", None)
     found = getattr(slot, "inprogress", None)
     return found if found is not None else downloader_active(crawler)
 
 
 def check_reactor(crawler: Crawler, component: str) -> None:
-    """ConfigError unless asyncio can be used: every Redis call runs on the reactor thread with redis.asyncio.
+    """ConfigError unless asyncio can be used: every Redis call runs on the reactor thread with
+    redis.asyncio.
 
-    A ConfigError, not NotConfigured: Scrapy would drop a middleware raising NotConfigured and crawl unthrottled.
+    A ConfigError, not NotConfigured: Scrapy would drop a middleware raising NotConfigured and crawl
+    unthrottled.
     """
     try:
         available = is_asyncio_available()
-    except RuntimeError:  # no reactor and no running loop: nothing can run yet, let Scrapy report that
+    except (
+        RuntimeError
+    ):  # no reactor and no running loop: nothing can run yet, let Scrapy report that
         return
     if not available:
         raise ConfigError(
-            f"{component} needs asyncio: TWISTED_REACTOR is {crawler.settings.get('TWISTED_REACTOR')!r}; use "
+            f"{component} needs asyncio: TWISTED_REACTOR is "
+            f"{crawler.settings.get('TWISTED_REACTOR')!r}; use "
             "'twisted.internet.asyncioreactor.AsyncioSelectorReactor' (Scrapy's default) or "
-            "TWISTED_REACTOR_ENABLED = False. Redis is only called with redis.asyncio, so that the reactor never blocks"
+            "TWISTED_REACTOR_ENABLED = False. Redis is only called with redis.asyncio, so that the "
+            "reactor never blocks"
         )

@@ -1,21 +1,23 @@
-"""KeyLocks: one lock per key met at run time (REDISLOCK_STAGE_KEY: a domain, ...), made on first use and
-removed from Redis once idle, plus the cluster-wide delay gates of keys and stages.
+"""KeyLocks: one lock per key met at run time (REDISLOCK_STAGE_KEY: a domain, ...), made on first
+use and removed from Redis once idle, plus the cluster-wide delay gates of keys and stages.
 
-A :class:`~scrapy_redislock.crawl.stagelocks.StageLocks` whose stages are keys: acquire, release, renewal (in the
-process's one renewal loop), Redis errors, reports of why a key waits and close all work as for stages. What
-differs:
+A :class:`~scrapy_redislock.crawl.stagelocks.StageLocks` whose stages are keys: acquire, release,
+renewal (in the process's one renewal loop), Redis errors, reports of why a key waits and close all
+work as for stages. What differs:
 
-- a key's lock (named ``key:<key>``) is made when a request of the key first needs it, with the key's limit
-  (REDISLOCK_KEY_LIMITS, else REDISLOCK_KEY_LIMIT); the first process to create it in Redis sets the limit;
-- a key whose lock this process neither holds nor waits for at two renewal ticks in a row is *retired*: one
-  script frees and unregisters this process, and deletes the lock's keys when no other process holds, waits or
-  is registered (``lock/scripts/retire.lua``). A busy key costs one maintain per tick, an idle one nothing:
-  nothing runs per key that nobody uses, and 10,000 domains crawled leave no keys behind;
+- a key's lock (named ``key:<key>``) is made when a request of the key first needs it, with the
+  key's limit (REDISLOCK_KEY_LIMITS, else REDISLOCK_KEY_LIMIT); the first process to create it in
+  Redis sets the limit;
+- a key whose lock this process neither holds nor waits for at two renewal ticks in a row is
+  *retired*: one script frees and unregisters this process, and deletes the lock's keys when no
+  other process holds, waits or is registered (``lock/scripts/retire.lua``). A busy key costs one
+  maintain per tick, an idle one nothing: nothing runs per key that nobody uses, and 10,000 domains
+  crawled leave no keys behind;
 - every blocking wait shares one connection pool (a pool per key would open connections per domain);
 - on close every key is retired, not only released.
 
-Delays (:mod:`scrapy_redislock.lock.delay`): :meth:`wait_start` books the next start of a stage or key and
-sleeps until it; one EVALSHA per start. Reads no settings itself.
+Delays (:mod:`scrapy_redislock.lock.delay`): :meth:`wait_start` books the next start of a stage or
+key and sleeps until it; one EVALSHA per start. Reads no settings itself.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ import logging
 from typing import TYPE_CHECKING
 
 from scrapy_redislock._redis import Backoff
-from scrapy_redislock.crawl.stagelocks import REDIS_ERRORS, Renewer, StageLock, StageLocks, close_lock, gather_bounded
+from scrapy_redislock.crawl.stagelocks import (
+    REDIS_ERRORS,
+    Renewer,
+    StageLock,
+    StageLocks,
+    close_lock,
+    gather_bounded,
+)
 from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.delay import book_start, gap_of, gate_key
 from scrapy_redislock.lock.front import CommandRunner, waiting_client
@@ -43,20 +52,27 @@ __all__ = ["KEY_LOCK_PREFIX", "KeyLocks"]
 
 
 class KeyLocks(StageLocks):
-    """The keys of one crawler (see the module docstring); ``of(crawler, settings)`` is the shared instance."""
+    """The keys of one crawler (see the module docstring); ``of(crawler, settings)`` is the shared
+    instance."""
 
     retire_on_close = True
     fan_out = 8  # renewals and retirements of many keys share the client's pool: a few at once
 
     def __init__(self, crawler: Crawler, settings: RedisLockSettings) -> None:
-        super().__init__(crawler, settings, {}, lock_prefix=KEY_LOCK_PREFIX, stats_prefix="redislock/keys")
+        super().__init__(
+            crawler, settings, {}, lock_prefix=KEY_LOCK_PREFIX, stats_prefix="redislock/keys"
+        )
         self._waiting = waiting_client(self.client)
         self._runner = CommandRunner(self.client)
-        self._idle: set[str] = set()  # keys seen idle at the last tick: retired at the next if still idle
+        self._idle: set[str] = (
+            set()
+        )  # keys seen idle at the last tick: retired at the next if still idle
         self._retiring: asyncio.Task[None] | None = None
 
     @classmethod
-    def of(cls, crawler: Crawler, settings: RedisLockSettings, *, attr: str = "_redislock_key_locks") -> KeyLocks:
+    def of(
+        cls, crawler: Crawler, settings: RedisLockSettings, *, attr: str = "_redislock_key_locks"
+    ) -> KeyLocks:
         existing = getattr(crawler, attr, None)
         if existing is None:
             existing = cls(crawler, settings)
@@ -64,7 +80,8 @@ class KeyLocks(StageLocks):
         return existing
 
     async def start(self) -> None:
-        """PING and join the renewal loop; keys have no limits to publish (each is set when its lock is made)."""
+        """PING and join the renewal loop; keys have no limits to publish (each is set when its lock
+        is made)."""
         await self.client.ping()
         self._renewer = Renewer.current()
         self._renewer.join(self)
@@ -75,7 +92,8 @@ class KeyLocks(StageLocks):
         return self.settings.limit_of_key(key)
 
     def lock_for(self, key: str) -> str:
-        """Make the key's lock object if this process has none (no Redis command: it is set up on first acquire)."""
+        """Make the key's lock object if this process has none (no Redis command: it is set up on
+        first acquire)."""
         if key not in self.locks:
             limit = self.limit(key)
             assert limit is not None
@@ -97,14 +115,16 @@ class KeyLocks(StageLocks):
         return key
 
     def renewal_due(self, stage: str, lock: StageLock) -> bool:
-        """Keys serve many short requests: a permit younger than the renewal interval is renewed at the next tick
-        (its lease lasts longer than that), so a key whose requests all end within an interval costs no renewal."""
+        """Keys serve many short requests: a permit younger than the renewal interval is renewed at
+        the next tick (its lease lasts longer than that), so a key whose requests all end within an
+        interval costs no renewal."""
         if not isinstance(lock, AsyncCountingLock):  # (a key's lock always is one: see lock_for)
             return super().renewal_due(stage, lock)
         return lock.renewal_due() or bool(self.waiting(stage))
 
     async def tick(self) -> None:
-        """The stages' tick (renew what is held or waited for), then retire keys idle at two ticks in a row."""
+        """The stages' tick (renew what is held or waited for), then retire keys idle at two ticks
+        in a row."""
         await super().tick()
         if self.closed or (self._retiring is not None and not self._retiring.done()):
             return  # the last batch is still being retired: look again at the next tick
@@ -117,7 +137,9 @@ class KeyLocks(StageLocks):
             self.last_grant.pop(key, None)
             self._report_after.pop(key, None)
             self._progress.pop(key, None)
-            self._sent_waiting.pop(key, None)  # retiring unregisters this process: no waiting count left in Redis
+            self._sent_waiting.pop(
+                key, None
+            )  # retiring unregisters this process: no waiting count left in Redis
             retired.append(lock)
         self._idle = idle - self._idle
         if retired:  # in a task of its own: the renewal loop does not wait for it
@@ -125,10 +147,18 @@ class KeyLocks(StageLocks):
             self._retiring = asyncio.get_running_loop().create_task(self._retire(retired))
 
     async def _retire(self, locks: list[StageLock]) -> None:
-        results = await gather_bounded([close_lock(lock, retire=True) for lock in locks], self.fan_out)
-        failed = [lock.name for lock, result in zip(locks, results, strict=True) if isinstance(result, BaseException)]
+        results = await gather_bounded(
+            [close_lock(lock, retire=True) for lock in locks], self.fan_out
+        )
+        failed = [
+            lock.name
+            for lock, result in zip(locks, results, strict=True)
+            if isinstance(result, BaseException)
+        ]
         if failed:  # those locks stay in Redis; whoever uses such a key next retires it
-            logger.debug("Could not retire %d key lock(s), e.g. %r: %s", len(failed), failed[0], results)
+            logger.debug(
+                "Could not retire %d key lock(s), e.g. %r: %s", len(failed), failed[0], results
+            )
 
     async def close(self) -> None:
         if self._retiring is not None:
@@ -139,13 +169,13 @@ class KeyLocks(StageLocks):
             if self._waiting is not None:  # the keys' one waiting pool (None with a cluster client)
                 await self._waiting.aclose()
 
-    # -- delays ------------------------------------------------------------------------------------------------------
+    # -- delays ------------------------------------------------------------------------------------
 
     async def wait_start(self, name: str, delay: float) -> tuple[float, float]:
-        """Book the next start of ``name`` (a stage, or ``key:<key>``) ``delay`` after the previous one, across every
-        process (first come, first served), and sleep until it; returns (seconds slept, the booked moment on Redis's
-        clock, seconds since the epoch). Redis errors are logged and retried with back-off (a start is never let
-        through without its booking)."""
+        """Book the next start of ``name`` (a stage, or ``key:<key>``) ``delay`` after the previous
+        one, across every process (first come, first served), and sleep until it; returns (seconds
+        slept, the booked moment on Redis's clock, seconds since the epoch). Redis errors are logged
+        and retried with back-off (a start is never let through without its booking)."""
         gap = gap_of(delay, self.settings.randomize_delay)
         gate = gate_key(self.settings.key_prefix, name)
         backoff = Backoff()
@@ -157,7 +187,9 @@ class KeyLocks(StageLocks):
                 if self.closed:
                     raise
                 pause = backoff.next()
-                logger.warning("Booking a start of %r: Redis error (%s); retrying in %.1f s", name, exc, pause)
+                logger.warning(
+                    "Booking a start of %r: Redis error (%s); retrying in %.1f s", name, exc, pause
+                )
                 self.stats.inc_value("redislock/redis_errors")
                 await asyncio.sleep(pause)
         if wait > 0:

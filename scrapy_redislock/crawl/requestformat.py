@@ -1,12 +1,14 @@
-"""The worker queues' request format: JSON of ``Request.to_dict()`` that cannot run code when it is loaded.
+"""The worker queues' request format: JSON of ``Request.to_dict()`` that cannot run code when it is
+loaded.
 
-Anyone who can write one entry in Redis must not be able to run code in the workers that pop it, so the default
-format is data only (scrapy-redis's default, pickle, runs whatever a payload says on ``loads``). Usable as
-scrapy-redis's ``SCHEDULER_SERIALIZER`` too: the module has ``dumps(dict) -> bytes`` and ``loads(bytes) -> dict``.
+Anyone who can write one entry in Redis must not be able to run code in the workers that pop it, so
+the default format is data only (scrapy-redis's default, pickle, runs whatever a payload says on
+``loads``). Usable as scrapy-redis's ``SCHEDULER_SERIALIZER`` too: the module has ``dumps(dict) ->
+bytes`` and ``loads(bytes) -> dict``.
 
-Plain data only, compared by exact type so that nothing comes back as something else: None, bool, int, float,
-str, bytes, list, tuple and dict (keys of those types). JSON carries the first five and lists; the rest are
-one-key objects::
+Plain data only, compared by exact type so that nothing comes back as something else: None, bool,
+int, float, str, bytes, list, tuple and dict (keys of those types). JSON carries the first five and
+lists; the rest are one-key objects::
 
     {"$b": "text"}       bytes that are UTF-8 (headers, most bodies: readable in the queue)
     {"$b64": "..."}      other bytes, base64
@@ -14,12 +16,14 @@ one-key objects::
     {"$d": [[k, v]...]}  a dict with a key that is not a str, or whose only key starts with "$"
 
 Anything else (a datetime, a set, an Item, a str subclass) is refused by :func:`dumps` with a
-:class:`~scrapy_redislock.errors.RequestFormatError` naming the field (``meta['when']``), never converted.
-:func:`loads` takes only that shape back; a ``_class`` (a Request subclass, set by ``to_dict``) must name a
-Request subclass that is already imported: nothing is imported or called on a payload's say.
+:class:`~scrapy_redislock.errors.RequestFormatError` naming the field (``meta['when']``), never
+converted.
+:func:`loads` takes only that shape back; a ``_class`` (a Request subclass, set by ``to_dict``) must
+name a Request subclass that is already imported: nothing is imported or called on a payload's say.
 
-:func:`serializer_of` reads scrapy-redis's SCHEDULER_SERIALIZER (a module, or its import path, with ``loads`` and
-``dumps``; e.g. ``"scrapy_redis.picklecompat"`` to choose pickle knowingly). Reads no settings itself.
+:func:`serializer_of` reads scrapy-redis's SCHEDULER_SERIALIZER (a module, or its import path, with
+``loads`` and ``dumps``; e.g. ``"scrapy_redis.picklecompat"`` to choose pickle knowingly). Reads no
+settings itself.
 """
 
 from __future__ import annotations
@@ -65,18 +69,23 @@ def _encode(value: Any, path: str) -> Any:
     if kind is tuple:
         return {"$t": [_encode(item, _path(path, n)) for n, item in enumerate(value)]}
     if kind is dict:
-        if all(type(key) is str for key in value) and not (len(value) == 1 and next(iter(value)).startswith("$")):
+        if all(type(key) is str for key in value) and not (
+            len(value) == 1 and next(iter(value)).startswith("$")
+        ):
             return {key: _encode(item, _path(path, key)) for key, item in value.items()}
         return {"$d": [[_encode(key, f"{path} key {key!r}"), _encode(item, _path(path, key))] for key, item in
                        value.items()]}  # fmt: skip
     raise RequestFormatError(
-        f"{path} is a {kind.__module__}.{kind.__qualname__}, not plain data (None, bool, int, float, str, bytes, "
-        "list, tuple, dict); store it elsewhere or as plain data, or choose SCHEDULER_SERIALIZER knowingly"
+        f"{path} is a {kind.__module__}.{kind.__qualname__}, not plain data (None, bool, int, "
+        "float, str, bytes, "
+        "list, tuple, dict); store it elsewhere or as plain data, or choose SCHEDULER_SERIALIZER "
+        "knowingly"
     )
 
 
 def dumps(request_dict: dict[str, Any]) -> bytes:
-    """``request.to_dict(spider=...)`` as JSON bytes; RequestFormatError naming the field that is not plain data."""
+    """``request.to_dict(spider=...)`` as JSON bytes; RequestFormatError naming the field that is
+    not plain data."""
     if type(request_dict) is not dict:
         raise RequestFormatError(f"a request dict is expected, got a {type(request_dict).__name__}")
     encoded = {key: _encode(value, str(key)) for key, value in request_dict.items()}
@@ -96,7 +105,11 @@ def _decode(value: Any) -> Any:
             return base64.b64decode(inner, validate=True)
         if tag == "$t" and isinstance(inner, list):
             return tuple(_decode(item) for item in inner)
-        if tag == "$d" and isinstance(inner, list) and all(isinstance(p, list) and len(p) == 2 for p in inner):
+        if (
+            tag == "$d"
+            and isinstance(inner, list)
+            and all(isinstance(p, list) and len(p) == 2 for p in inner)
+        ):
             return {_decode(k): _decode(v) for k, v in inner}
         if tag.startswith("$"):
             raise RequestFormatError(f"unknown or malformed tag {_short(tag)}")
@@ -104,12 +117,19 @@ def _decode(value: Any) -> Any:
 
 
 def loads(data: bytes | str) -> dict[str, Any]:
-    """The request dict back from :func:`dumps`'s bytes; RequestFormatError for anything else (pickle, garbage,
-    a truncated entry, a ``_class`` that is not an imported Request subclass)."""
+    """The request dict back from :func:`dumps`'s bytes; RequestFormatError for anything else
+    (pickle, garbage, a truncated entry, a ``_class`` that is not an imported Request subclass)."""
     try:
         decoded = _decode(json.loads(data))
-    except (ValueError, TypeError, binascii.Error, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise RequestFormatError(f"not the JSON request format ({type(exc).__name__}: {str(exc)[:80]})") from None
+    except (
+        ValueError,
+        TypeError,
+        binascii.Error,
+        RecursionError,
+    ) as exc:  # UnicodeDecodeError is a ValueError
+        raise RequestFormatError(
+            f"not the JSON request format ({type(exc).__name__}: {str(exc)[:80]})"
+        ) from None
     if not isinstance(decoded, dict) or not isinstance(decoded.get("url"), str):
         raise RequestFormatError("not a request: a JSON object with a 'url' string is expected")
     if "_class" in decoded:
@@ -118,8 +138,8 @@ def loads(data: bytes | str) -> dict[str, Any]:
 
 
 def request_class(path: Any) -> type[Request]:
-    """The Request subclass a dict's ``_class`` names, only if its module is already imported (no import, no
-    call); RequestFormatError otherwise."""
+    """The Request subclass a dict's ``_class`` names, only if its module is already imported (no
+    import, no call); RequestFormatError otherwise."""
     module_name, _, name = str(path).rpartition(".")
     found = getattr(sys.modules.get(module_name), name, None) if module_name else None
     if not (isinstance(found, type) and issubclass(found, Request)):
@@ -128,8 +148,9 @@ def request_class(path: Any) -> type[Request]:
 
 
 def request_from_data(data: bytes, serializer: Any, spider: Any) -> Request:
-    """A queued entry back into a Request: ``serializer.loads``, then ``_class`` and the callbacks checked (an
-    imported Request subclass; methods of the spider), then Scrapy's ``request_from_dict``."""
+    """A queued entry back into a Request: ``serializer.loads``, then ``_class`` and the callbacks
+    checked (an imported Request subclass; methods of the spider), then Scrapy's
+    ``request_from_dict``."""
     loaded = serializer.loads(data)
     if not isinstance(loaded, dict):
         raise RequestFormatError(f"not a request dict: a {type(loaded).__name__}")
@@ -139,14 +160,18 @@ def request_from_data(data: bytes, serializer: Any, spider: Any) -> Request:
         name = loaded.get(field)
         if name is None:
             continue
-        if not isinstance(name, str) or name.startswith("__") or not inspect.ismethod(getattr(spider, name, None)):
+        if (
+            not isinstance(name, str)
+            or name.startswith("__")
+            or not inspect.ismethod(getattr(spider, name, None))
+        ):
             raise RequestFormatError(f"{field} {_short(name)} is not a method of the spider")
     return request_from_dict(loaded, spider=spider)
 
 
 def serializer_of(value: Any) -> Any:
-    """SCHEDULER_SERIALIZER as scrapy-redis reads it: None = this module; a module or import path with ``loads``
-    and ``dumps``. ConfigError naming the setting and the value otherwise."""
+    """SCHEDULER_SERIALIZER as scrapy-redis reads it: None = this module; a module or import path
+    with ``loads`` and ``dumps``. ConfigError naming the setting and the value otherwise."""
     if value in (None, ""):
         return sys.modules[__name__]
     module = value
@@ -154,9 +179,14 @@ def serializer_of(value: Any) -> Any:
         try:
             module = importlib.import_module(value)
         except ImportError as exc:
-            raise ConfigError(f"SCHEDULER_SERIALIZER {value!r} cannot be imported ({exc})") from None
+            raise ConfigError(
+                f"SCHEDULER_SERIALIZER {value!r} cannot be imported ({exc})"
+            ) from None
     if not (callable(getattr(module, "loads", None)) and callable(getattr(module, "dumps", None))):
-        raise ConfigError(f"SCHEDULER_SERIALIZER {value!r} must be a module (or its import path) with loads and dumps")
+        raise ConfigError(
+            f"SCHEDULER_SERIALIZER {value!r} must be a module (or its import path) with loads and "
+            "dumps"
+        )
     return module
 
 

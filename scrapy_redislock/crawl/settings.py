@@ -1,22 +1,24 @@
 """Read and check every REDISLOCK_* setting, in one place.
 
-Settings read: REDISLOCK_ENABLED, REDISLOCK_URL, REDISLOCK_PARAMS, REDISLOCK_STAGES, REDISLOCK_WORKER_STAGES,
-REDISLOCK_TTL, REDISLOCK_DURABLE, REDISLOCK_KEY_PREFIX, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES,
-REDISLOCK_WAIT_TIMEOUT, REDISLOCK_STAGE_PREFERENCE, REDISLOCK_SCHEDULER_INNER,
-REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE, REDISLOCK_CONNECT_TIMEOUT,
-REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT, REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS,
-REDISLOCK_RANDOMIZE_DELAY, REDISLOCK_QUORUM; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_DB,
-REDIS_PARAMS as fallbacks for the connection (URLs are parsed by :mod:`scrapy_redislock.crawl.connection`). Defaults
-live in :mod:`scrapy_redislock.crawl.defaults`. For the worker scheduler (:func:`read_worker_settings`) also
-scrapy-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START, MAX_IDLE_TIME_BEFORE_CLOSE (fallback of
-REDISLOCK_IDLE_CLOSE), REDIS_START_URLS_AS_SET, REDIS_START_URLS_AS_ZSET, SCHEDULER_SERIALIZER (the request format
-of the queues: :mod:`scrapy_redislock.crawl.requestformat` when unset).
+Settings read: REDISLOCK_ENABLED, REDISLOCK_URL, REDISLOCK_PARAMS, REDISLOCK_STAGES,
+REDISLOCK_WORKER_STAGES, REDISLOCK_TTL, REDISLOCK_DURABLE, REDISLOCK_KEY_PREFIX,
+REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT,
+REDISLOCK_STAGE_PREFERENCE, REDISLOCK_SCHEDULER_INNER, REDISLOCK_WAITERS_PER_STAGE,
+REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE, REDISLOCK_CONNECT_TIMEOUT, REDISLOCK_STAGE_KEY,
+REDISLOCK_KEY_LIMIT, REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS,
+REDISLOCK_RANDOMIZE_DELAY, REDISLOCK_QUORUM; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT,
+REDIS_DB, REDIS_PARAMS as fallbacks for the connection (URLs are parsed by
+:mod:`scrapy_redislock.crawl.connection`). Defaults live in :mod:`scrapy_redislock.crawl.defaults`.
+For the worker scheduler (:func:`read_worker_settings`) also scrapy-redis's SCHEDULER_PERSIST,
+SCHEDULER_FLUSH_ON_START, MAX_IDLE_TIME_BEFORE_CLOSE (fallback of REDISLOCK_IDLE_CLOSE),
+REDIS_START_URLS_AS_SET, REDIS_START_URLS_AS_ZSET, SCHEDULER_SERIALIZER (the request format of the
+queues: :mod:`scrapy_redislock.crawl.requestformat` when unset).
 
-Bad values raise :class:`~scrapy_redislock.errors.ConfigError` naming the setting and the value, so a crawl with a
-broken configuration stops at start-up instead of running unthrottled (Scrapy would swallow NotConfigured from a
-middleware and go on without it). So does a setting whose name starts with REDISLOCK (or REDIS_LOCK) but is not one
-of ours: a misspelled REDISLOCK_STAGE would otherwise leave every stage uncapped; the error names the closest
-known setting.
+Bad values raise :class:`~scrapy_redislock.errors.ConfigError` naming the setting and the value, so
+a crawl with a broken configuration stops at start-up instead of running unthrottled (Scrapy would
+swallow NotConfigured from a middleware and go on without it). So does a setting whose name starts
+with REDISLOCK (or REDIS_LOCK) but is not one of ours: a misspelled REDISLOCK_STAGE would otherwise
+leave every stage uncapped; the error names the closest known setting.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from scrapy_redislock.crawl.stages import unknown_stage
 from scrapy_redislock.errors import ConfigError, InvalidArgument
 from scrapy_redislock.lock.quorum import master_options, safe_quorum
 
-# Client keyword arguments that make sense for our connections (scrapy-redis's REDIS_PARAMS may hold more).
+# Client keyword arguments that make sense for our connections (scrapy-redis's REDIS_PARAMS may hold
+# more).
 CLIENT_PARAMS = {
     "socket_timeout",
     "socket_connect_timeout",
@@ -59,7 +62,8 @@ CLIENT_PARAMS = {
     "max_connections",
     "protocol",
 }
-# Blocking waits must outlast the socket timeout; scrapy-redis's 30 s default would cut them into pieces.
+# Blocking waits must outlast the socket timeout; scrapy-redis's 30 s default would cut them into
+# pieces.
 DEFAULT_CLIENT_PARAMS = {"socket_connect_timeout": 10, "health_check_interval": 30}
 
 
@@ -80,7 +84,9 @@ class RedisLockSettings:
     callback_stages: Mapping[str, str] = field(default_factory=dict)
     wait_timeout: float | None = None
     stage_preference: tuple[str, ...] = ()
-    scheduler_inner: str | type = "scrapy.core.scheduler.Scheduler"  # a class, or its import path (crawl/inner.py)
+    scheduler_inner: str | type = (
+        "scrapy.core.scheduler.Scheduler"  # a class, or its import path (crawl/inner.py)
+    )
     waiters_per_stage: int = 2
     local_reuse: float = 0.25
     idle_close: float | None = None
@@ -91,22 +97,29 @@ class RedisLockSettings:
     delay: float = 0.0
     delays: Mapping[str, float] = field(default_factory=dict)
     randomize_delay: bool = False
-    masters: tuple[str, ...] = ()  # REDISLOCK_URL as a list: the quorum lock's independent masters (else empty)
+    masters: tuple[
+        str, ...
+    ] = ()  # REDISLOCK_URL as a list: the quorum lock's independent masters (else empty)
     quorum: int | None = None  # REDISLOCK_QUORUM (None: each stage's safe quorum)
 
     def limit_of_key(self, key: str) -> int | None:
-        """The cap of one key: its REDISLOCK_KEY_LIMITS entry, else REDISLOCK_KEY_LIMIT (None: uncapped)."""
-        return self.key_limits.get(key, self.key_limit) if key in self.key_limits else self.key_limit
+        """The cap of one key: its REDISLOCK_KEY_LIMITS entry, else REDISLOCK_KEY_LIMIT (None:
+        uncapped)."""
+        return (
+            self.key_limits.get(key, self.key_limit) if key in self.key_limits else self.key_limit
+        )
 
     def delay_of(self, name: str, stage: bool = False) -> float:
-        """Seconds between two starts of a stage (``stage=True``; 0 unless REDISLOCK_DELAYS names it) or a key."""
+        """Seconds between two starts of a stage (``stage=True``; 0 unless REDISLOCK_DELAYS names
+        it) or a key."""
         if stage:
             return self.delays.get(name, 0.0) if name in self.stages else 0.0
         return self.delays.get(name, self.delay) if name not in self.stages else self.delay
 
     @property
     def keyed(self) -> bool:
-        """Whether anything per key or per-stage delay is configured (the middleware then has work per request)."""
+        """Whether anything per key or per-stage delay is configured (the middleware then has work
+        per request)."""
         return self.stage_key is not None or any(self.delay_of(s, stage=True) for s in self.stages)
 
     @property
@@ -115,18 +128,21 @@ class RedisLockSettings:
         return parse_url(self.url, self.url_setting)
 
     def async_client(self) -> redis.asyncio.Redis | redis.asyncio.RedisCluster:
-        """A redis.asyncio client for the reactor thread (asyncio reactor): the master found through Sentinel, or
-        a cluster client, when the URL says so. ConfigError for a list of masters (see :meth:`async_clients`)."""
+        """A redis.asyncio client for the reactor thread (asyncio reactor): the master found through
+        Sentinel, or a cluster client, when the URL says so. ConfigError for a list of masters (see
+        :meth:`async_clients`)."""
         if self.masters:
             raise ConfigError(
-                f"{self.url_setting} lists {len(self.masters)} masters: this needs one Redis (a list of masters is "
+                f"{self.url_setting} lists {len(self.masters)} masters: this needs one Redis (a "
+                "list of masters is "
                 "for the request front's quorum lock)"
             )
         return self.connection.async_client(**self.params)
 
     def async_clients(self) -> list[redis.asyncio.Redis | redis.asyncio.RedisCluster]:
-        """One client per master of a quorum (no retries, 1 s socket timeouts unless REDISLOCK_PARAMS says
-        otherwise: a dead master must not eat the validity time), else the one client."""
+        """One client per master of a quorum (no retries, 1 s socket timeouts unless
+        REDISLOCK_PARAMS says otherwise: a dead master must not eat the validity time), else the one
+        client."""
         if not self.masters:
             return [self.async_client()]
         params = {**master_options(asyncio=True), **self.params}
@@ -173,8 +189,11 @@ def check_stage_limits(value: Any, setting: str) -> dict[str, int | None]:
     return checked
 
 
-def _checked(check: Callable[[Any, str], Any], value: Any, what: str, *, or_none: bool = False) -> Any:
-    """``check(value, what)`` (the lock's own argument checks), its InvalidArgument as a ConfigError."""
+def _checked(
+    check: Callable[[Any, str], Any], value: Any, what: str, *, or_none: bool = False
+) -> Any:
+    """``check(value, what)`` (the lock's own argument checks), its InvalidArgument as a
+    ConfigError."""
     try:
         return check(value, what)
     except InvalidArgument as exc:
@@ -183,23 +202,28 @@ def _checked(check: Callable[[Any, str], Any], value: Any, what: str, *, or_none
 
 
 def check_url(url: Any, setting: str) -> str:
-    """The URL, checked (:func:`~scrapy_redislock.crawl.connection.parse_url`): ConfigError naming the setting."""
+    """The URL, checked (:func:`~scrapy_redislock.crawl.connection.parse_url`): ConfigError naming
+    the setting."""
     return parse_url(url, setting).url
 
 
 def _url_list(raw: Any, setting: str) -> Any:
-    """A list given as JSON (``-s REDISLOCK_URL='["redis://a", "redis://b"]'``) as a list; anything else as is."""
+    """A list given as JSON (``-s REDISLOCK_URL='["redis://a", "redis://b"]'``) as a list; anything
+    else as is."""
     if isinstance(raw, str) and raw.lstrip().startswith("["):
         try:
             return json.loads(raw)
         except ValueError:
-            raise ConfigError(f"{setting} must be a redis URL or a list of them, got {raw!r}") from None
+            raise ConfigError(
+                f"{setting} must be a redis URL or a list of them, got {raw!r}"
+            ) from None
     return raw
 
 
 def check_masters(raw: Any, setting: str) -> tuple[str, ...]:
-    """The independent masters of a quorum lock: a list of server or Sentinel URLs, each once; ConfigError naming
-    the setting otherwise (a Cluster is one deployment, not an independent master)."""
+    """The independent masters of a quorum lock: a list of server or Sentinel URLs, each once;
+    ConfigError naming the setting otherwise (a Cluster is one deployment, not an independent
+    master)."""
     if not raw:
         raise ConfigError(f"{setting} must be a redis URL or a non-empty list of them, got {raw!r}")
     masters = []
@@ -207,18 +231,21 @@ def check_masters(raw: Any, setting: str) -> tuple[str, ...]:
         checked = parse_url(url, setting)
         if checked.kind == "cluster":
             raise ConfigError(
-                f"{setting} lists a Redis Cluster ({mask_url(checked.url)!r}): a quorum lock needs independent "
+                f"{setting} lists a Redis Cluster ({mask_url(checked.url)!r}): a quorum lock needs "
+                "independent "
                 "masters (plain redis:// servers or Sentinel services), not a cluster"
             )
         if checked.url in masters:
-            raise ConfigError(f"{setting} lists {mask_url(checked.url)!r} twice: each master must be independent")
+            raise ConfigError(
+                f"{setting} lists {mask_url(checked.url)!r} twice: each master must be independent"
+            )
         masters.append(checked.url)
     return tuple(masters)
 
 
 def _connection(settings: BaseSettings) -> tuple[str, str, dict[str, Any], tuple[str, ...]]:
-    """URL, the setting it came from, client params, and the quorum's masters (REDISLOCK_URL as a list, else
-    empty): REDISLOCK_* first, then scrapy-redis's REDIS_* settings."""
+    """URL, the setting it came from, client params, and the quorum's masters (REDISLOCK_URL as a
+    list, else empty): REDISLOCK_* first, then scrapy-redis's REDIS_* settings."""
     masters: tuple[str, ...] = ()
     if settings.get("REDISLOCK_URL"):
         source = "REDISLOCK_URL"
@@ -235,7 +262,8 @@ def _connection(settings: BaseSettings) -> tuple[str, str, dict[str, Any], tuple
         raw = _url_list(settings.get("REDIS_URL"), source)
         if isinstance(raw, list | tuple):
             raise ConfigError(
-                f"REDIS_URL must be one redis URL (scrapy-redis connects to one Redis), got a list {raw!r}; a list of "
+                "REDIS_URL must be one redis URL (scrapy-redis connects to one Redis), got a list "
+                f"{raw!r}; a list of "
                 "independent masters for the quorum lock goes in REDISLOCK_URL"
             )
         url = check_url(raw, source)
@@ -251,20 +279,26 @@ def _connection(settings: BaseSettings) -> tuple[str, str, dict[str, Any], tuple
     own = _loaded(settings, "REDISLOCK_PARAMS")
     params = own if own is not None else settings.getdict("REDIS_PARAMS")
     if not isinstance(params, Mapping):
-        raise ConfigError(f"REDISLOCK_PARAMS must be a dict of redis client arguments, got {params!r}")
+        raise ConfigError(
+            f"REDISLOCK_PARAMS must be a dict of redis client arguments, got {params!r}"
+        )
     merged = {} if masters else dict(DEFAULT_CLIENT_PARAMS)  # a quorum's masters: see async_clients
     merged.update({k: v for k, v in params.items() if k in CLIENT_PARAMS})
     return url, source, merged, masters
 
 
-def check_quorum(settings: BaseSettings, masters: tuple[str, ...], stages: Mapping[str, int | None]) -> int | None:
-    """REDISLOCK_QUORUM: None, or an integer from every capped stage's safe quorum to the number of masters."""
+def check_quorum(
+    settings: BaseSettings, masters: tuple[str, ...], stages: Mapping[str, int | None]
+) -> int | None:
+    """REDISLOCK_QUORUM: None, or an integer from every capped stage's safe quorum to the number of
+    masters."""
     raw = settings.get("REDISLOCK_QUORUM", defaults.REDISLOCK_QUORUM)
     if _is_none(raw):
         return None
     if not masters:
         raise ConfigError(
-            f"REDISLOCK_QUORUM is set ({raw!r}) but REDISLOCK_URL names one Redis: give REDISLOCK_URL as a list of "
+            f"REDISLOCK_QUORUM is set ({raw!r}) but REDISLOCK_URL names one Redis: give "
+            "REDISLOCK_URL as a list of "
             "independent masters for a quorum lock, or unset REDISLOCK_QUORUM"
         )
     value = _number(raw)
@@ -272,24 +306,32 @@ def check_quorum(settings: BaseSettings, masters: tuple[str, ...], stages: Mappi
         value = int(value)
     count = len(masters)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= count:
-        raise ConfigError(f"REDISLOCK_QUORUM must be an integer from 1 to {count} (the masters), got {raw!r}")
+        raise ConfigError(
+            f"REDISLOCK_QUORUM must be an integer from 1 to {count} (the masters), got {raw!r}"
+        )
     for stage, limit in stages.items():
         if limit is not None and value < safe_quorum(count, limit):
             raise ConfigError(
-                f"REDISLOCK_QUORUM = {raw!r} is below the safe quorum {safe_quorum(count, limit)} of stage {stage!r} "
-                f"(limit {limit}, {count} masters): up to {count * limit // value} requests could hold it at once; "
-                "use None (each stage's safe quorum) or a value from the safe quorum to the number of masters"
+                f"REDISLOCK_QUORUM = {raw!r} is below the safe quorum {safe_quorum(count, limit)} "
+                f"of stage {stage!r} "
+                f"(limit {limit}, {count} masters): up to {count * limit // value} requests could "
+                "hold it at once; "
+                "use None (each stage's safe quorum) or a value from the safe quorum to the number "
+                "of masters"
             )
     return value
 
 
 def check_names(settings: BaseSettings) -> None:
-    """ConfigError for a setting that looks like ours (REDISLOCK..., REDIS_LOCK...) but is not, naming the closest."""
+    """ConfigError for a setting that looks like ours (REDISLOCK..., REDIS_LOCK...) but is not,
+    naming the closest."""
     for name in settings:
         if not isinstance(name, str):
             continue
         if name in defaults.REMOVED:
-            raise ConfigError(f"{name} was removed: {defaults.REMOVED[name]}; delete it from the settings")
+            raise ConfigError(
+                f"{name} was removed: {defaults.REMOVED[name]}; delete it from the settings"
+            )
         folded = name.upper().replace("REDIS_LOCK", "REDISLOCK", 1)
         if not folded.startswith("REDISLOCK") or name in defaults.SETTINGS:
             continue
@@ -307,7 +349,9 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     url, url_setting, params, masters = _connection(settings)
     stages = check_stage_limits(_loaded(settings, "REDISLOCK_STAGES"), "REDISLOCK_STAGES")
     quorum = check_quorum(settings, masters, stages)
-    worker_stages = check_stage_limits(_loaded(settings, "REDISLOCK_WORKER_STAGES"), "REDISLOCK_WORKER_STAGES")
+    worker_stages = check_stage_limits(
+        _loaded(settings, "REDISLOCK_WORKER_STAGES"), "REDISLOCK_WORKER_STAGES"
+    )
 
     raw_ttl = settings.get("REDISLOCK_TTL", defaults.REDISLOCK_TTL)
     ttl = _checked(check_ttl, _number(raw_ttl), "REDISLOCK_TTL")
@@ -319,7 +363,9 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     both = "REDISLOCK_STAGES or REDISLOCK_WORKER_STAGES"
     default_stage = settings.get("REDISLOCK_DEFAULT_STAGE", defaults.REDISLOCK_DEFAULT_STAGE)
     if default_stage is not None and not isinstance(default_stage, str):
-        raise ConfigError(f"REDISLOCK_DEFAULT_STAGE must be a stage name or None, got {default_stage!r}")
+        raise ConfigError(
+            f"REDISLOCK_DEFAULT_STAGE must be a stage name or None, got {default_stage!r}"
+        )
     if default_stage is not None and default_stage not in known:
         raise unknown_stage("REDISLOCK_DEFAULT_STAGE", default_stage, known, both)
 
@@ -328,7 +374,8 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
         isinstance(k, str) and isinstance(v, str) for k, v in callback_stages.items()
     ):
         raise ConfigError(
-            f"REDISLOCK_CALLBACK_STAGES must be a dict of callback name -> stage, got {callback_stages!r}"
+            "REDISLOCK_CALLBACK_STAGES must be a dict of callback name -> stage, got "
+            f"{callback_stages!r}"
         )
     for callback, stage in sorted(callback_stages.items()):
         if stage not in known:
@@ -342,27 +389,39 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
         except (TypeError, ValueError):
             wait_timeout = math.nan
         if isinstance(raw_timeout, bool) or not wait_timeout > 0:
-            raise ConfigError(f"REDISLOCK_WAIT_TIMEOUT must be None or a number of seconds > 0, got {raw_timeout!r}")
+            raise ConfigError(
+                "REDISLOCK_WAIT_TIMEOUT must be None or a number of seconds > 0, got "
+                f"{raw_timeout!r}"
+            )
 
     preference = _loaded(settings, "REDISLOCK_STAGE_PREFERENCE")
     if not isinstance(preference, list | tuple) or not all(isinstance(s, str) for s in preference):
-        raise ConfigError(f"REDISLOCK_STAGE_PREFERENCE must be a list of stage names, got {preference!r}")
+        raise ConfigError(
+            f"REDISLOCK_STAGE_PREFERENCE must be a list of stage names, got {preference!r}"
+        )
     stray = sorted(set(preference) - known)
     if stray:
-        raise ConfigError(f"REDISLOCK_STAGE_PREFERENCE names unknown stages {stray}; known: {sorted(known)}")
+        raise ConfigError(
+            f"REDISLOCK_STAGE_PREFERENCE names unknown stages {stray}; known: {sorted(known)}"
+        )
 
-    inner = check_inner_scheduler(settings.get("REDISLOCK_SCHEDULER_INNER") or defaults.REDISLOCK_SCHEDULER_INNER)
+    inner = check_inner_scheduler(
+        settings.get("REDISLOCK_SCHEDULER_INNER") or defaults.REDISLOCK_SCHEDULER_INNER
+    )
     waiters = _positive_int(settings, "REDISLOCK_WAITERS_PER_STAGE")
     local_reuse = _seconds_of(settings, "REDISLOCK_LOCAL_REUSE")
     raw_idle = settings.get("REDISLOCK_IDLE_CLOSE", defaults.REDISLOCK_IDLE_CLOSE)
-    idle_close = None if _is_none(raw_idle) else _seconds(raw_idle, "REDISLOCK_IDLE_CLOSE", or_none=True)
+    idle_close = (
+        None if _is_none(raw_idle) else _seconds(raw_idle, "REDISLOCK_IDLE_CLOSE", or_none=True)
+    )
     connect_timeout = _seconds_of(settings, "REDISLOCK_CONNECT_TIMEOUT")
 
     keys = _read_keys(settings, stages)
     if masters and (keys["stage_key"] is not None or keys["delays"]):
         raise ConfigError(
             f"REDISLOCK_URL lists {len(masters)} masters (a quorum lock) but "
-            f"{'REDISLOCK_STAGE_KEY' if keys['stage_key'] is not None else 'REDISLOCK_DELAYS'} is set: caps per key "
+            f"{'REDISLOCK_STAGE_KEY' if keys['stage_key'] is not None else 'REDISLOCK_DELAYS'} is "
+            "set: caps per key "
             "and delays need one Redis (give REDISLOCK_URL one URL)"
         )
     return RedisLockSettings(
@@ -391,7 +450,8 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
 
 
 def _number(raw: Any) -> Any:
-    """A number given as a string (``-s REDISLOCK_TTL=3``) as a float; anything else as it is, for the check."""
+    """A number given as a string (``-s REDISLOCK_TTL=3``) as a float; anything else as it is, for
+    the check."""
     if isinstance(raw, str):
         try:
             return float(raw)
@@ -401,8 +461,8 @@ def _number(raw: Any) -> Any:
 
 
 def _is_none(raw: Any) -> bool:
-    """Whether an optional setting's value means None: None itself, or how ``-s NAME=...`` spells it ("None",
-    "none", "null" or nothing), the same for every optional setting."""
+    """Whether an optional setting's value means None: None itself, or how ``-s NAME=...`` spells it
+    ("None", "none", "null" or nothing), the same for every optional setting."""
     return raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "null"))
 
 
@@ -412,7 +472,8 @@ def _seconds_of(settings: BaseSettings, name: str) -> float:
 
 
 def _bool(settings: BaseSettings, name: str, default: bool | None = None) -> bool:
-    """A boolean setting (ours: its default from the defaults module); ConfigError naming it otherwise."""
+    """A boolean setting (ours: its default from the defaults module); ConfigError naming it
+    otherwise."""
     try:
         return settings.getbool(name, getattr(defaults, name) if default is None else default)
     except (TypeError, ValueError, OverflowError):  # OverflowError: int(float("inf"))
@@ -420,7 +481,8 @@ def _bool(settings: BaseSettings, name: str, default: bool | None = None) -> boo
 
 
 def _seconds(raw: Any, setting: str, *, or_none: bool = False) -> float:
-    """A finite number of seconds >= 0 (a string too, as -s gives it); ConfigError naming the setting otherwise."""
+    """A finite number of seconds >= 0 (a string too, as -s gives it); ConfigError naming the
+    setting otherwise."""
     try:
         value = float(raw)
     except (TypeError, ValueError):
@@ -432,7 +494,8 @@ def _seconds(raw: Any, setting: str, *, or_none: bool = False) -> float:
 
 
 def _read_keys(settings: BaseSettings, stages: Mapping[str, int | None]) -> dict[str, Any]:
-    """REDISLOCK_STAGE_KEY, the key caps, the delays; ConfigError naming the setting and the bad value."""
+    """REDISLOCK_STAGE_KEY, the key caps, the delays; ConfigError naming the setting and the bad
+    value."""
     stage_key = key_function(settings.get("REDISLOCK_STAGE_KEY", defaults.REDISLOCK_STAGE_KEY))
     raw_limit = settings.get("REDISLOCK_KEY_LIMIT", defaults.REDISLOCK_KEY_LIMIT)
     if isinstance(raw_limit, str):  # given with -s
@@ -442,20 +505,30 @@ def _read_keys(settings: BaseSettings, stages: Mapping[str, int | None]) -> dict
     if raw_limit is not None:
         _checked(check_limit, raw_limit, "REDISLOCK_KEY_LIMIT", or_none=True)
         if raw_limit == 0:
-            raise ConfigError("REDISLOCK_KEY_LIMIT must be an integer >= 1 or None (no cap per key), got 0")
+            raise ConfigError(
+                "REDISLOCK_KEY_LIMIT must be an integer >= 1 or None (no cap per key), got 0"
+            )
         raw_limit = int(raw_limit)
-    key_limits = check_stage_limits(_loaded(settings, "REDISLOCK_KEY_LIMITS"), "REDISLOCK_KEY_LIMITS")
+    key_limits = check_stage_limits(
+        _loaded(settings, "REDISLOCK_KEY_LIMITS"), "REDISLOCK_KEY_LIMITS"
+    )
     for key, limit in key_limits.items():
         if limit == 0:
-            raise ConfigError(f"REDISLOCK_KEY_LIMITS[{key!r}] must be an integer >= 1 or None (no cap), got 0")
+            raise ConfigError(
+                f"REDISLOCK_KEY_LIMITS[{key!r}] must be an integer >= 1 or None (no cap), got 0"
+            )
     delay = _seconds(settings.get("REDISLOCK_DELAY", defaults.REDISLOCK_DELAY), "REDISLOCK_DELAY")
     delays = _loaded(settings, "REDISLOCK_DELAYS")
     if not isinstance(delays, Mapping):
-        raise ConfigError(f"REDISLOCK_DELAYS must be a dict of stage or key -> seconds, got {delays!r}")
+        raise ConfigError(
+            f"REDISLOCK_DELAYS must be a dict of stage or key -> seconds, got {delays!r}"
+        )
     checked_delays: dict[str, float] = {}
     for name, value in delays.items():
         if not isinstance(name, str) or not name or "{" in name or "}" in name:
-            raise ConfigError(f"REDISLOCK_DELAYS: names must be non-empty strings without braces, got {name!r}")
+            raise ConfigError(
+                f"REDISLOCK_DELAYS: names must be non-empty strings without braces, got {name!r}"
+            )
         checked_delays[name] = _seconds(value, f"REDISLOCK_DELAYS[{name!r}]")
     if stage_key is None:
         for setting, given in (
@@ -504,19 +577,24 @@ class WorkerSettings:
     persist: bool = False
     flush_on_start: bool = False
     start_urls_as: str = "list"  # "list", "set" or "zset", as RedisSpider reads its start URLs
-    serializer: Any = None  # a module with loads and dumps (SCHEDULER_SERIALIZER); None: the safe JSON format
+    serializer: Any = (
+        None  # a module with loads and dumps (SCHEDULER_SERIALIZER); None: the safe JSON format
+    )
 
 
 def read_worker_settings(settings: BaseSettings, checked: RedisLockSettings) -> WorkerSettings:
-    """REDISLOCK_IDLE_CLOSE (else scrapy-redis's MAX_IDLE_TIME_BEFORE_CLOSE, 0 = never) and the scrapy-redis
-    settings that decide what a worker does with the shared queues and the start URLs."""
+    """REDISLOCK_IDLE_CLOSE (else scrapy-redis's MAX_IDLE_TIME_BEFORE_CLOSE, 0 = never) and the
+    scrapy-redis settings that decide what a worker does with the shared queues and the start
+    URLs."""
     idle_close = checked.idle_close
     if _is_none(settings.get("REDISLOCK_IDLE_CLOSE")):
         raw = settings.get("MAX_IDLE_TIME_BEFORE_CLOSE", 0)
         try:
             seconds = float(raw or 0)
         except (TypeError, ValueError):
-            raise ConfigError(f"MAX_IDLE_TIME_BEFORE_CLOSE must be a number of seconds, got {raw!r}") from None
+            raise ConfigError(
+                f"MAX_IDLE_TIME_BEFORE_CLOSE must be a number of seconds, got {raw!r}"
+            ) from None
         idle_close = seconds if seconds > 0 else None
     as_set = _bool(settings, "REDIS_START_URLS_AS_SET", False)
     as_zset = _bool(settings, "REDIS_START_URLS_AS_ZSET", False)

@@ -1,8 +1,9 @@
-"""One crawler's stage locks: an AsyncCountingLock per capped stage (an AsyncQuorumCountingLock when REDISLOCK_URL
-lists independent masters), the process's single renewal loop, and release of everything on close.
+"""One crawler's stage locks: an AsyncCountingLock per capped stage (an AsyncQuorumCountingLock when
+REDISLOCK_URL lists independent masters), the process's single renewal loop, and release of
+everything on close.
 
-Shared by :class:`~scrapy_redislock.StageLockMiddleware`, :class:`~scrapy_redislock.StageScheduler` and the
-worker scheduler. API (all on the reactor thread, asyncio reactor)::
+Shared by :class:`~scrapy_redislock.StageLockMiddleware`, :class:`~scrapy_redislock.StageScheduler`
+and the worker scheduler. API (all on the reactor thread, asyncio reactor)::
 
     locks = StageLocks.of(crawler, settings)          # the crawler's registry for request stages (created once)
     locks = StageLocks(crawler, settings, limits, lock_prefix="workers:", stats_prefix="redislock/workers")
@@ -31,55 +32,62 @@ worker scheduler. API (all on the reactor thread, asyncio reactor)::
     await locks.stalled(stage, window)             # at close: why to give up waiting for the stage, or ""
     await locks.close()            # cancel waits, then free every permit and waiter: one aclose() per stage
 
-The permit hand-off: a slot goes with its request object (never in ``meta``, which retries and redirects copy)
-from the scheduler (:meth:`hand`) or the middleware's own wait (:meth:`hold`) until :meth:`finish`. The one sweep of
-requests that left the downloader without passing back through the middleware (another middleware replaced or
-dropped them) runs at every renewal tick: a request missing from ``downloader.active`` at two ticks in a row has
-its slot freed.
+The permit hand-off: a slot goes with its request object (never in ``meta``, which retries and
+redirects copy) from the scheduler (:meth:`hand`) or the middleware's own wait (:meth:`hold`) until
+:meth:`finish`. The one sweep of requests that left the downloader without passing back through the
+middleware (another middleware replaced or dropped them) runs at every renewal tick: a request
+missing from ``downloader.active`` at two ticks in a row has its slot freed.
 
-Local hand-off: when a request finishes and a taker (StageScheduler) has a parked request of the same stage, the
-slot passes to it at once, in the same call, with no Redis command: the grant stays held, its lease goes on
-(renewed with the others), and the fencing token stays the grant's (two requests of one process in a row may
-carry the same fence; it still grows with every grant Redis makes). So that no other process starves, a slot
-passes on this way only while it is younger than REDISLOCK_LOCAL_REUSE seconds (and half the lease) since Redis
-granted it; after that the next finish releases it to Redis's first-come-first-served line (where this process's
-own waiters queue too). A slot used locally is a slot held: its lease is valid, so the cap holds even while Redis
-is unreachable (a held slot may then still pass on within that bound; nothing new is granted).
-Counted as ``<stats_prefix>/<stage>/reused``.
+Local hand-off: when a request finishes and a taker (StageScheduler) has a parked request of the
+same stage, the slot passes to it at once, in the same call, with no Redis command: the grant stays
+held, its lease goes on (renewed with the others), and the fencing token stays the grant's (two
+requests of one process in a row may carry the same fence; it still grows with every grant Redis
+makes). So that no other process starves, a slot passes on this way only while it is younger than
+REDISLOCK_LOCAL_REUSE seconds (and half the lease) since Redis granted it; after that the next
+finish releases it to Redis's first-come-first-served line (where this process's own waiters queue
+too). A slot used locally is a slot held: its lease is valid, so the cap holds even while Redis is
+unreachable (a held slot may then still pass on within that bound; nothing new is granted). Counted
+as ``<stats_prefix>/<stage>/reused``.
 
-A slot found lost, or past the end of its lease on this process's clock (``permit.usable``: renewals failed for a
-lease, a stall, a partition), never goes with a request: :meth:`take`, the local hand-off and StageScheduler's
-hand-out drop it (released, in case Redis still holds it), and its request waits for another slot. A local check,
-no Redis command. Counted as ``<stats_prefix>/<stage>/unusable``.
+A slot found lost, or past the end of its lease on this process's clock (``permit.usable``: renewals
+failed for a lease, a stall, a partition), never goes with a request: :meth:`take`, the local
+hand-off and StageScheduler's hand-out drop it (released, in case Redis still holds it), and its
+request waits for another slot. A local check, no Redis command. Counted as
+``<stats_prefix>/<stage>/unusable``.
 
-Renewal: every StageLocks of the process joins one loop (:class:`Renewer`, one per event loop), which every
-``ttl/3`` (at most 1 s) runs each member's tick at once: tick hooks, retried releases, then ``maintain()`` of every
-stage lock concurrently (each renews all of this process's permits of that stage and reaps expired leases of dead
-processes), after ``lock.annotate(waiting=..., spider=...)``. A lost lease is logged as a warning and counted as
-``<stats_prefix>/<stage>/lost``. Redis errors are logged as warnings with back-off; nothing is given up. Only a
-stage that holds or waits is maintained, so when a stage's waits end and it goes idle, its last annotation (say
-``waiting=3``) would stay in Redis, shown by ``status`` and ``/metrics``, until the process exits: the tick after
-the waits end sends one more maintain with ``waiting=0`` (one EVALSHA per wait-end, none per request), so the
-waiters shown lag the truth by at most a renewal interval.
+Renewal: every StageLocks of the process joins one loop (:class:`Renewer`, one per event loop),
+which every ``ttl/3`` (at most 1 s) runs each member's tick at once: tick hooks, retried releases,
+then ``maintain()`` of every stage lock concurrently (each renews all of this process's permits of
+that stage and reaps expired leases of dead processes), after ``lock.annotate(waiting=...,
+spider=...)``. A lost lease is logged as a warning and counted as ``<stats_prefix>/<stage>/lost``.
+Redis errors are logged as warnings with back-off; nothing is given up. Only a stage that holds or
+waits is maintained, so when a stage's waits end and it goes idle, its last annotation (say
+``waiting=3``) would stay in Redis, shown by ``status`` and ``/metrics``, until the process exits:
+the tick after the waits end sends one more maintain with ``waiting=0`` (one EVALSHA per wait-end,
+none per request), so the waiters shown lag the truth by at most a renewal interval.
 
-Why a crawl waits: at start, and whenever a stage's waits have had no grant for 5 s (then 10, 20, ... at most
-every 5 min), the stage's lock is read (:func:`~scrapy_redislock.lock.status.astage_status`, read-only, one MULTI/EXEC)
-and :func:`~scrapy_redislock.lock.status.why_waiting` logged: held by whom and lease left, paused (limit 0), or a
-recovery window after a data loss, and until when.
+Why a crawl waits: at start, and whenever a stage's waits have had no grant for 5 s (then 10, 20,
+... at most every 5 min), the stage's lock is read
+(:func:`~scrapy_redislock.lock.status.astage_status`, read-only, one MULTI/EXEC) and
+:func:`~scrapy_redislock.lock.status.why_waiting` logged: held by whom and lease left, paused (limit
+0), or a recovery window after a data loss, and until when.
 
-Unclean shutdown (a second Ctrl-C): a reactor "before shutdown" trigger (or, without a Twisted reactor, the renewal
-task being cancelled) frees this process's slots, one aclose() per stage at once, before the process exits.
+Unclean shutdown (a second Ctrl-C): a reactor "before shutdown" trigger (or, without a Twisted
+reactor, the renewal task being cancelled) frees this process's slots, one aclose() per stage at
+once, before the process exits.
 
 Quorum (REDISLOCK_URL a list of N masters, request front): each capped stage's lock is an
-:class:`~scrapy_redislock.lock.quorum.AsyncQuorumCountingLock` (REDISLOCK_QUORUM, else the stage's safe quorum), made
-by one :class:`~scrapy_redislock.lock.quorum.QuorumLockFactory` over one client per master; that is all that differs.
-Its :class:`~scrapy_redislock.lock.quorum.QuorumPermit` goes through hand/take/hold/finish and the local hand-off like
-a ``Permit``; the Renewer maintains it (lost when fewer than q masters renew: the same lost-permit path). The start
-succeeds once q masters answer (a warning names the others), why-a-stage-waits is said per master, and close frees
-every grant on every master.
+:class:`~scrapy_redislock.lock.quorum.AsyncQuorumCountingLock` (REDISLOCK_QUORUM, else the stage's
+safe quorum), made by one :class:`~scrapy_redislock.lock.quorum.QuorumLockFactory` over one client
+per master; that is all that differs. Its :class:`~scrapy_redislock.lock.quorum.QuorumPermit` goes
+through hand/take/hold/finish and the local hand-off like a ``Permit``; the Renewer maintains it
+(lost when fewer than q masters renew: the same lost-permit path). The start succeeds once q masters
+answer (a warning names the others), why-a-stage-waits is said per master, and close frees every
+grant on every master.
 
-Reads no settings itself: it is given a checked :class:`~scrapy_redislock.crawl.settings.RedisLockSettings`.
-Every touch of Scrapy's engine internals is in :mod:`scrapy_redislock.crawl.engine`.
+Reads no settings itself: it is given a checked
+:class:`~scrapy_redislock.crawl.settings.RedisLockSettings`. Every touch of Scrapy's engine
+internals is in :mod:`scrapy_redislock.crawl.engine`.
 """
 
 from __future__ import annotations
@@ -120,11 +128,21 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CLOSE_TIMEOUT = 5.0  # a close never waits longer than this for Redis (a paused server must not hang the crawl)
-LATE_GRANT_PAUSE = 0.02  # seconds for Redis to see cancelled waits' connections close before the last sweep
+CLOSE_TIMEOUT = (
+    5.0  # a close never waits longer than this for Redis (a paused server must not hang the crawl)
+)
+LATE_GRANT_PAUSE = (
+    0.02  # seconds for Redis to see cancelled waits' connections close before the last sweep
+)
 # RedisClusterException is not a RedisError: a cluster client with no reachable node raises it.
-REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, LockConnectionError, OSError)
-# Errors of an outage or a failover, which waiting cures (Redis down, no master yet, a cluster slot moving).
+REDIS_ERRORS = (
+    redis.exceptions.RedisError,
+    redis.exceptions.RedisClusterException,
+    LockConnectionError,
+    OSError,
+)
+# Errors of an outage or a failover, which waiting cures (Redis down, no master yet, a cluster slot
+# moving).
 OUTAGE_ERRORS = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
@@ -145,7 +163,9 @@ REFUSED = (
 START_BACKOFF = (0.25, 5.0)  # first and longest pause between tries to reach Redis at start
 REPORT_FIRST = 5.0  # seconds without a grant while requests wait before the log says why; doubled up to REPORT_MAX
 REPORT_MAX = 300.0
-UNCLEAN_CLOSE_TIMEOUT = 3.0  # a forced shutdown waits at most this long for Redis to take the slots back
+UNCLEAN_CLOSE_TIMEOUT = (
+    3.0  # a forced shutdown waits at most this long for Redis to take the slots back
+)
 
 # What holds a stage's slots, and what a slot is: the one difference a quorum of masters makes.
 StageLock = AsyncCountingLock | AsyncQuorumCountingLock
@@ -154,27 +174,33 @@ T = TypeVar("T")
 
 
 class SystemEvents(Protocol):
-    """The system event triggers of Twisted's IReactorCore, which every reactor provides. (Twisted's interfaces
-    declare their methods without ``self``, for the mypy-zope plugin: without it mypy reads each argument one
-    place off.)"""
+    """The system event triggers of Twisted's IReactorCore, which every reactor provides. (Twisted's
+    interfaces declare their methods without ``self``, for the mypy-zope plugin: without it mypy
+    reads each argument one place off.)"""
 
     def addSystemEventTrigger(
-        self, phase: str, eventType: str, callable: Callable[..., Any], *args: object, **kwargs: object
+        self,
+        phase: str,
+        eventType: str,
+        callable: Callable[..., Any],
+        *args: object,
+        **kwargs: object,
     ) -> Any: ...
 
     def removeSystemEventTrigger(self, triggerID: Any) -> None: ...
 
 
 def release_on(lock: StageLock, permit: SlotPermit) -> Awaitable[bool]:
-    """``lock.release(permit)``, for a permit that ``lock`` granted (a quorum lock's permits are QuorumPermits)."""
+    """``lock.release(permit)``, for a permit that ``lock`` granted (a quorum lock's permits are
+    QuorumPermits)."""
     if isinstance(lock, AsyncQuorumCountingLock):
         return lock.release(cast(QuorumPermit, permit))
     return lock.release(cast(Permit, permit))
 
 
 def close_lock(lock: StageLock, retire: bool) -> Awaitable[int]:
-    """``lock.aclose()``; ``retire``: a single-Redis lock is deleted from Redis when unused (a key's lock, see
-    KeyLocks; keys never use a quorum lock, which has no retire)."""
+    """``lock.aclose()``; ``retire``: a single-Redis lock is deleted from Redis when unused (a key's
+    lock, see KeyLocks; keys never use a quorum lock, which has no retire)."""
     if isinstance(lock, AsyncCountingLock):
         return lock.aclose(retire=retire)
     return lock.aclose()
@@ -189,13 +215,16 @@ def slot_id(permit: SlotPermit) -> str:
     return permit.grant if isinstance(permit, Permit) else permit.token
 
 
-# -- the renewal loop: one per process (per event loop) ----------------------------------------------------------
+# -- the renewal loop: one per process (per event loop) --------------------------------------------
 
 
 class Renewer:
-    """The process's one renewal loop: runs the tick of every StageLocks that joined, all at once."""
+    """The process's one renewal loop: runs the tick of every StageLocks that joined, all at
+    once."""
 
-    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Renewer] = weakref.WeakKeyDictionary()
+    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Renewer] = (
+        weakref.WeakKeyDictionary()
+    )
 
     def __init__(self) -> None:
         self.members: set[StageLocks] = set()
@@ -212,7 +241,9 @@ class Renewer:
     def join(self, member: StageLocks) -> None:
         self.members.add(member)
         if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(self._run(), name="redislock-renewer")
+            self.task = asyncio.get_running_loop().create_task(
+                self._run(), name="redislock-renewer"
+            )
 
     def leave(self, member: StageLocks) -> None:
         self.members.discard(member)
@@ -233,15 +264,19 @@ class Renewer:
         try:
             await every(self._interval, self._tick, what="renewing stage locks")
         except asyncio.CancelledError:
-            # Cancelled with members still open: the loop is being torn down (a forced shutdown without a Twisted
-            # reactor cancels every task). Free their slots now; the TTL would keep them for others otherwise.
+            # Cancelled with members still open: the loop is being torn down (a forced shutdown
+            # without a Twisted reactor cancels every task). Free their slots now; the TTL would
+            # keep them for others otherwise.
             self.task = None  # their close() must not cancel this task again
-            await asyncio.gather(*(m.close_unclean() for m in list(self.members)), return_exceptions=True)
+            await asyncio.gather(
+                *(m.close_unclean() for m in list(self.members)), return_exceptions=True
+            )
             raise
 
 
 async def gather_bounded(coros: list[Awaitable[Any]], limit: int | None) -> list[Any]:
-    """Await all, at most ``limit`` at once (a client's connection pool is finite); exceptions are returned."""
+    """Await all, at most ``limit`` at once (a client's connection pool is finite); exceptions are
+    returned."""
     if limit is None:
         return await asyncio.gather(*coros, return_exceptions=True)
     gate = asyncio.Semaphore(limit)
@@ -253,14 +288,19 @@ async def gather_bounded(coros: list[Awaitable[Any]], limit: int | None) -> list
     return await asyncio.gather(*(one(coro) for coro in coros), return_exceptions=True)
 
 
-# -- one crawler's stage locks -------------------------------------------------------------------------------------
+# -- one crawler's stage locks ---------------------------------------------------------------------
 
 
 class StageLocks:
-    """The capped stages of one crawler, their permits and waits; see the module docstring for the API."""
+    """The capped stages of one crawler, their permits and waits; see the module docstring for the
+    API."""
 
-    retire_on_close = False  # close() deletes the locks from Redis when unused (locks of keys met at run time)
-    fan_out: int | None = None  # Redis calls at once when renewing or freeing every lock (None: all at once)
+    retire_on_close = (
+        False  # close() deletes the locks from Redis when unused (locks of keys met at run time)
+    )
+    fan_out: int | None = (
+        None  # Redis calls at once when renewing or freeing every lock (None: all at once)
+    )
 
     def __init__(
         self,
@@ -290,21 +330,37 @@ class StageLocks:
         self._waiting_sources: list[Callable[[str], int]] = []
         self._takers: list[Callable[[str, SlotPermit], bool]] = []
         self._hold_hooks: list[Callable[[Request], None]] = []
-        self._out: dict[Request, SlotPermit | BaseException] = {}  # request -> the slot it goes with (or its error)
+        self._out: dict[
+            Request, SlotPermit | BaseException
+        ] = {}  # request -> the slot it goes with (or its error)
         self._suspects: set[Request] = set()  # out of the downloader at the last tick
         self._tick_hooks: list[Callable[[], Awaitable[None]]] = []
-        self._waits: set[asyncio.Task[Any]] = set()  # acquire() calls in progress, cancelled on close
+        self._waits: set[asyncio.Task[Any]] = (
+            set()
+        )  # acquire() calls in progress, cancelled on close
         self._releasing: set[asyncio.Task[None]] = set()
-        self._unreleased: list[SlotPermit] = []  # releases Redis did not take (outage); retried every tick
+        self._unreleased: list[
+            SlotPermit
+        ] = []  # releases Redis did not take (outage); retried every tick
         self._starting: asyncio.Future[None] | None = None
         self._renewer: Renewer | None = None
         self._retry_at = 0.0
         self._backoff = Backoff()  # after a failed tick
-        self._wait_started: dict[asyncio.Task[Any] | None, tuple[str, float]] = {}  # acquire() call -> stage, since
-        self.last_grant: dict[str, float] = {}  # stage -> when this process last got a slot (monotonic)
-        self._report_after: dict[str, float] = {}  # stage -> seconds without a grant at which to say why next
-        self._progress: dict[str, tuple[Any, float]] = {}  # at close: stage -> (grants seen, since when)
-        self._sent_waiting: dict[str, int] = {}  # stage -> the waiting count its last maintain told Redis
+        self._wait_started: dict[
+            asyncio.Task[Any] | None, tuple[str, float]
+        ] = {}  # acquire() call -> stage, since
+        self.last_grant: dict[
+            str, float
+        ] = {}  # stage -> when this process last got a slot (monotonic)
+        self._report_after: dict[
+            str, float
+        ] = {}  # stage -> seconds without a grant at which to say why next
+        self._progress: dict[
+            str, tuple[Any, float]
+        ] = {}  # at close: stage -> (grants seen, since when)
+        self._sent_waiting: dict[
+            str, int
+        ] = {}  # stage -> the waiting count its last maintain told Redis
         self._shutdown_trigger: Any = None
         self.failure: CloseSpider | None = None
         self.started = False
@@ -312,10 +368,12 @@ class StageLocks:
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
 
     def _make_lock(self, name: str, limit: int) -> StageLock:
-        """A stage's lock: the single-Redis lock, or the quorum lock over the masters of REDISLOCK_URL."""
+        """A stage's lock: the single-Redis lock, or the quorum lock over the masters of
+        REDISLOCK_URL."""
         identity = {"spider": self.spider_name, "waiting": 0, "limit": limit}
         if self.quorum is not None:
-            # The factory's masters are redis.asyncio clients: its locks are AsyncQuorumCountingLocks.
+            # The factory's masters are redis.asyncio clients: its locks are
+            # AsyncQuorumCountingLocks.
             return cast(
                 AsyncQuorumCountingLock,
                 self.quorum.lock(
@@ -339,8 +397,11 @@ class StageLocks:
         )
 
     @classmethod
-    def of(cls, crawler: Crawler, settings: RedisLockSettings, *, attr: str = "_redislock_stage_locks") -> StageLocks:
-        """The crawler's shared instance for the request stages (REDISLOCK_STAGES), created on first use."""
+    def of(
+        cls, crawler: Crawler, settings: RedisLockSettings, *, attr: str = "_redislock_stage_locks"
+    ) -> StageLocks:
+        """The crawler's shared instance for the request stages (REDISLOCK_STAGES), created on first
+        use."""
         existing = getattr(crawler, attr, None)
         if existing is None:
             existing = cls(crawler, settings, settings.stages)
@@ -356,37 +417,44 @@ class StageLocks:
         return min((lock.renew_interval for lock in self.locks.values()), default=1.0)
 
     def is_capped(self, stage: str) -> bool:
-        """True for a capped stage, False for an unlimited one; UnknownStage for a stage not configured."""
+        """True for a capped stage, False for an unlimited one; UnknownStage for a stage not
+        configured."""
         if stage in self.locks:
             return True
         if stage in self.limits:
             return False
-        raise UnknownStage(f"stage {stage!r} is not configured; known stages: {sorted(self.limits)}")
+        raise UnknownStage(
+            f"stage {stage!r} is not configured; known stages: {sorted(self.limits)}"
+        )
 
     def add_waiting_source(self, source: Callable[[str], int]) -> None:
-        """Register ``source(stage) -> int``: requests waiting for a slot of that stage, summed for the status CLI."""
+        """Register ``source(stage) -> int``: requests waiting for a slot of that stage, summed for
+        the status CLI."""
         self._waiting_sources.append(source)
 
     def add_taker(self, taker: Callable[[str, SlotPermit], bool]) -> None:
-        """Register ``taker(stage, permit) -> bool``: True when it keeps a freed slot for a queued request."""
+        """Register ``taker(stage, permit) -> bool``: True when it keeps a freed slot for a queued
+        request."""
         self._takers.append(taker)
 
     def add_hold_hook(self, hook: Callable[[Request], None]) -> None:
-        """Register ``hook(request)``, called when a request that waited in the middleware got its slot."""
+        """Register ``hook(request)``, called when a request that waited in the middleware got its
+        slot."""
         self._hold_hooks.append(hook)
 
     def add_tick_hook(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Register a coroutine function awaited at every renewal tick, before the renewals."""
         self._tick_hooks.append(hook)
 
-    # -- start ---------------------------------------------------------------------------------------------------
+    # -- start -------------------------------------------------------------------------------------
 
     async def start_once(self) -> bool:
-        """start(), once, however many components ask; False when Redis cannot be reached or refuses us.
+        """start(), once, however many components ask; False when Redis cannot be reached or refuses
+        us.
 
-        The failure is logged once, saying which of the two it was. The spider_opened signal then closes the
-        spider (a scheduler must not raise CloseSpider from open(): Scrapy would skip opening its scraper and log a
-        traceback at close), and the crawl exits with status 1.
+        The failure is logged once, saying which of the two it was. The spider_opened signal then
+        closes the spider (a scheduler must not raise CloseSpider from open(): Scrapy would skip
+        opening its scraper and log a traceback at close), and the crawl exits with status 1.
         """
         if self._starting is None:
             self._starting = asyncio.ensure_future(self._start_retrying())
@@ -397,10 +465,11 @@ class StageLocks:
         return self.failure is None
 
     async def _start_retrying(self) -> None:
-        """start(), tried again with back-off while Redis is unreachable, up to REDISLOCK_CONNECT_TIMEOUT seconds.
+        """start(), tried again with back-off while Redis is unreachable, up to
+        REDISLOCK_CONNECT_TIMEOUT seconds.
 
-        A process started during a failover, or just before Redis, waits instead of closing at once; credentials
-        or an ACL refused are not retried.
+        A process started during a failover, or just before Redis, waits instead of closing at once;
+        credentials or an ACL refused are not retried.
         """
         timeout = self.settings.connect_timeout
         deadline = time.monotonic() + timeout
@@ -411,11 +480,17 @@ class StageLocks:
                 return
             except REDIS_ERRORS as exc:
                 left = deadline - time.monotonic()
-                if not isinstance(exc, OUTAGE_ERRORS) or isinstance(exc, REFUSED) or self.closed or left <= 0:
+                if (
+                    not isinstance(exc, OUTAGE_ERRORS)
+                    or isinstance(exc, REFUSED)
+                    or self.closed
+                    or left <= 0
+                ):
                     raise
                 delay = min(backoff.next(), left)
                 logger.warning(
-                    "Redis at %s (%s) is not reachable yet (%s); trying again in %.1f s, for %.0f s more "
+                    "Redis at %s (%s) is not reachable yet (%s); trying again in %.1f s, for %.0f "
+                    "s more "
                     "(REDISLOCK_CONNECT_TIMEOUT = %g)",
                     self.settings.safe_url,
                     self.settings.url_setting,
@@ -433,8 +508,10 @@ class StageLocks:
         source = self.settings.url_setting
         if isinstance(exc, redis.exceptions.NoPermissionError):
             logger.error(
-                "Redis at %s (%s) refused a command to this user (ACL): %s; the crawl needs the crawler role "
-                "(python -m scrapy_redislock.cli.acl crawler); closing the spider rather than crawl unthrottled",
+                "Redis at %s (%s) refused a command to this user (ACL): %s; the crawl needs the "
+                "crawler role "
+                "(python -m scrapy_redislock.cli.acl crawler); closing the spider rather than "
+                "crawl unthrottled",
                 self.settings.safe_url,
                 source,
                 exc,
@@ -442,7 +519,8 @@ class StageLocks:
             self.failure = CloseSpider("redislock_redis_refused")
         elif isinstance(exc, redis.exceptions.AuthenticationError):
             logger.error(
-                "Redis at %s (%s) refused the credentials: %s Check the password or ACL user in the URL or in "
+                "Redis at %s (%s) refused the credentials: %s Check the password or ACL user in "
+                "the URL or in "
                 "REDISLOCK_PARAMS; closing the spider rather than crawl unthrottled",
                 self.settings.safe_url,
                 source,
@@ -451,7 +529,8 @@ class StageLocks:
             self.failure = CloseSpider("redislock_redis_auth_failed")
         else:
             logger.error(
-                "Cannot reach Redis at %s (%s): %s; waited %g s (REDISLOCK_CONNECT_TIMEOUT); closing the spider "
+                "Cannot reach Redis at %s (%s): %s; waited %g s (REDISLOCK_CONNECT_TIMEOUT); "
+                "closing the spider "
                 "rather than crawl unthrottled",
                 self.settings.safe_url,
                 source,
@@ -459,8 +538,9 @@ class StageLocks:
                 self.settings.connect_timeout,
             )
             self.failure = CloseSpider("redislock_redis_unavailable")
-        # Connected now, so that it runs after every other spider_closed handler: the crawl did not really start,
-        # and Scrapy's commands exit with status 1 only for a crawler without a spider ("bootstrap failed").
+        # Connected now, so that it runs after every other spider_closed handler: the crawl did not
+        # really start, and Scrapy's commands exit with status 1 only for a crawler without a spider
+        # ("bootstrap failed").
         self.crawler.signals.connect(self._mark_failed, signal=signals.spider_closed)
 
     async def _spider_opened(self, spider: Any) -> None:
@@ -472,9 +552,12 @@ class StageLocks:
         self.crawler.spider = None
 
     async def start(self) -> None:
-        """PING, publish this process's limits, join the renewal loop; redis errors when Redis is unreachable."""
+        """PING, publish this process's limits, join the renewal loop; redis errors when Redis is
+        unreachable."""
         if isinstance(self.client, redis.asyncio.RedisCluster):
-            await self.client.initialize()  # before concurrent first commands (see docs/failures.md, Redis Cluster)
+            await (
+                self.client.initialize()
+            )  # before concurrent first commands (see docs/failures.md, Redis Cluster)
         if self.quorum is None:
             await self.client.ping()
         else:
@@ -490,23 +573,27 @@ class StageLocks:
                 previous = await lock.set_limit(limit)
             if previous is not None and previous != limit:
                 logger.warning(
-                    "Limit of stage %r changed from %s to %s in Redis (the newest process's settings win)",
+                    "Limit of stage %r changed from %s to %s in Redis (the newest process's "
+                    "settings win)",
                     stage,
                     previous,
                     limit,
                 )
         for stage in sorted(set(self.limits) - set(self.locks)):
-            # Unlimited here; say so when other processes cap it, since their cap does not hold for this one.
+            # Unlimited here; say so when other processes cap it, since their cap does not hold for
+            # this one.
             meta = LockKeys.of(self.settings.key_prefix, f"{self.lock_prefix}{stage}").meta
             other = await self._first_answer(functools.partial(_hget_limit, meta=meta))
             if other is not None:
                 logger.warning(
-                    "Stage %r is unlimited in this process but capped at %s in Redis by other processes",
+                    "Stage %r is unlimited in this process but capped at %s in Redis by other "
+                    "processes",
                     stage,
                     text(other),
                 )
         if self.locks:
-            # One renewal now registers this process's identity, so that the reports below can name it.
+            # One renewal now registers this process's identity, so that the reports below can name
+            # it.
             await asyncio.gather(*(lock.maintain() for lock in self.locks.values()))
             self._renewer = Renewer.current()
             self._renewer.join(self)
@@ -522,15 +609,22 @@ class StageLocks:
         for stage in self.locks:
             try:
                 await self._say_why(stage, "at start")
-            except REDIS_ERRORS as exc:  # started: a report that cannot be read must not close the crawl
+            except (
+                REDIS_ERRORS
+            ) as exc:  # started: a report that cannot be read must not close the crawl
                 logger.debug("Could not read why stage %r waits: %s", stage, exc)
 
     async def _reach_quorum(self) -> None:
-        """PING every master of the quorum: enough of them must answer for every stage's quorum; a warning names
-        those that do not (a quorum lock goes on without them). LockConnectionError (retried) otherwise."""
-        replies = await asyncio.gather(*(client.ping() for client in self.clients), return_exceptions=True)
+        """PING every master of the quorum: enough of them must answer for every stage's quorum; a
+        warning names those that do not (a quorum lock goes on without them). LockConnectionError
+        (retried) otherwise."""
+        replies = await asyncio.gather(
+            *(client.ping() for client in self.clients), return_exceptions=True
+        )
         failed = {i: r for i, r in enumerate(replies) if isinstance(r, BaseException)}
-        quorum_locks = [lock for lock in self.locks.values() if isinstance(lock, AsyncQuorumCountingLock)]  # (all)
+        quorum_locks = [
+            lock for lock in self.locks.values() if isinstance(lock, AsyncQuorumCountingLock)
+        ]  # (all)
         needed = max((lock.quorum for lock in quorum_locks), default=1)
         if len(self.clients) - len(failed) < needed:
             refused = [exc for exc in failed.values() if isinstance(exc, REFUSED)]
@@ -547,17 +641,20 @@ class StageLocks:
     def _masters_said(self, replies: Mapping[int, Any]) -> str:
         """``master 1 (redis://...): what``, for each master index in ``replies``."""
         return "; ".join(
-            f"master {i} ({mask_url(self.settings.masters[i])}): {reply}" for i, reply in sorted(replies.items())
+            f"master {i} ({mask_url(self.settings.masters[i])}): {reply}"
+            for i, reply in sorted(replies.items())
         )
 
     def _no_quorum(self, failed: Mapping[int, BaseException], needed: int) -> LockConnectionError:
         answered = len(self.clients) - len(failed)
         return LockConnectionError(
-            f"{answered} of {len(self.clients)} masters answer, {needed} needed; {self._masters_said(failed)}"
+            f"{answered} of {len(self.clients)} masters answer, {needed} needed; "
+            f"{self._masters_said(failed)}"
         )
 
     async def _first_answer(self, ask: Callable[[AsyncRedisClient], Awaitable[T]]) -> T:
-        """``ask(client)`` of the first master that answers (the one Redis without a quorum); its error if none."""
+        """``ask(client)`` of the first master that answers (the one Redis without a quorum); its
+        error if none."""
         error: BaseException | None = None
         for client in self.clients:
             try:
@@ -567,19 +664,24 @@ class StageLocks:
         assert error is not None
         raise error
 
-    # -- why requests wait -------------------------------------------------------------------------------------------
+    # -- why requests wait -------------------------------------------------------------------------
 
     async def read_status(self, stage: str) -> StageStatus | None:
-        """The stage's lock as Redis holds it now (read-only); None when it is not there. Of a quorum: as the first
-        master that answers holds it (:meth:`read_statuses` reads every master)."""
+        """The stage's lock as Redis holds it now (read-only); None when it is not there. Of a
+        quorum: as the first master that answers holds it (:meth:`read_statuses` reads every
+        master)."""
         name = f"{self.lock_prefix}{stage}"
-        return await self._first_answer(lambda client: astage_status(client, self.settings.key_prefix, name))
+        return await self._first_answer(
+            lambda client: astage_status(client, self.settings.key_prefix, name)
+        )
 
     async def read_statuses(self, stage: str) -> list[StageStatus | BaseException | None]:
-        """The stage's lock on every master (a quorum), at once: its status, None, or the master's error."""
+        """The stage's lock on every master (a quorum), at once: its status, None, or the master's
+        error."""
         name = f"{self.lock_prefix}{stage}"
         replies = await asyncio.gather(
-            *(astage_status(client, self.settings.key_prefix, name) for client in self.clients), return_exceptions=True
+            *(astage_status(client, self.settings.key_prefix, name) for client in self.clients),
+            return_exceptions=True,
         )
         for reply in replies:
             if isinstance(reply, BaseException) and not isinstance(reply, REDIS_ERRORS):
@@ -587,7 +689,8 @@ class StageLocks:
         return list(replies)
 
     async def _why(self, stage: str) -> str:
-        """Why a request of ``stage`` waits now, "" when a slot is free; a Redis error is left to the caller.
+        """Why a request of ``stage`` waits now, "" when a slot is free; a Redis error is left to
+        the caller.
 
         A quorum lock waits when fewer than q masters have a free slot: said master by master."""
         lock = self.locks[stage]
@@ -610,24 +713,35 @@ class StageLocks:
         return f"{free} of {lock.masters} masters have a free slot, {lock.quorum} needed; {self._masters_said(said)}"
 
     async def _say_why(self, stage: str, when: str) -> None:
-        """Log why a request of ``stage`` waits (nothing when a slot is free); a Redis error is left to the waits."""
+        """Log why a request of ``stage`` waits (nothing when a slot is free); a Redis error is left
+        to the waits."""
         try:
             why = await self._why(stage)
         except REDIS_ERRORS:
             return
         if why:
-            calm = "all " in why and "dead?" not in why and "unreachable" not in why  # all held by live holders
-            logger.log(logging.INFO if calm else logging.WARNING, "Stage %r has no free slot %s: %s", stage, when, why)
+            calm = (
+                "all " in why and "dead?" not in why and "unreachable" not in why
+            )  # all held by live holders
+            logger.log(
+                logging.INFO if calm else logging.WARNING,
+                "Stage %r has no free slot %s: %s",
+                stage,
+                when,
+                why,
+            )
 
     def _no_grant_for(self, stage: str, now: float) -> float | None:
-        """Seconds since this process's waits for ``stage`` last saw a grant; None when none waits."""
+        """Seconds since this process's waits for ``stage`` last saw a grant; None when none
+        waits."""
         starts = [since for waited, since in self._wait_started.values() if waited == stage]
         if not starts:
             return None
         return now - max(min(starts), self.last_grant.get(stage, 0.0))
 
     async def _report_waits(self) -> None:
-        """Say why, for each stage whose waits have had no grant for REPORT_FIRST s, then with back-off."""
+        """Say why, for each stage whose waits have had no grant for REPORT_FIRST s, then with
+        back-off."""
         now = time.monotonic()
         for stage in list(self.locks):  # keys may come and go meanwhile (KeyLocks)
             idle = self._no_grant_for(stage, now)
@@ -640,8 +754,9 @@ class StageLocks:
                 await self._say_why(stage, f"after {idle:.0f} s of waiting")
 
     async def stalled(self, stage: str, window: float) -> str:
-        """At close: why to give up the waits for ``stage`` (paused, or no slot freed anywhere for ``window`` s),
-        else "". Progress is a grant to this process, or any change in the stage's grants in Redis."""
+        """At close: why to give up the waits for ``stage`` (paused, or no slot freed anywhere for
+        ``window`` s), else "". Progress is a grant to this process, or any change in the stage's
+        grants in Redis."""
         now = time.monotonic()
         try:
             statuses = await self.read_statuses(stage)
@@ -653,7 +768,10 @@ class StageLocks:
         paused = [status for status in live if status.limit == 0]
         if paused and len(statuses) - len(paused) < needed:
             return why_waiting(paused[0])
-        seen = [None if not isinstance(s, StageStatus) else sorted(g.grant for g in s.grants) for s in statuses] or None
+        seen = [
+            None if not isinstance(s, StageStatus) else sorted(g.grant for g in s.grants)
+            for s in statuses
+        ] or None
         previous, since = self._progress.get(stage, (seen, now))
         if seen != previous or stage not in self._progress:
             since = now
@@ -663,7 +781,7 @@ class StageLocks:
             return f"no slot of the stage was freed anywhere for {window:.0f} s"
         return ""
 
-    # -- an unclean shutdown -----------------------------------------------------------------------------------------
+    # -- an unclean shutdown -----------------------------------------------------------------------
 
     def _hook_shutdown(self) -> None:
         if is_reactor_installed():
@@ -680,20 +798,24 @@ class StageLocks:
         return deferred_from_coro(self.close_unclean())
 
     async def close_unclean(self) -> None:
-        """The process is going away without closing the spider (a second Ctrl-C): free its slots now."""
+        """The process is going away without closing the spider (a second Ctrl-C): free its slots
+        now."""
         if self.closed:
             return
-        logger.warning("Forced shutdown: freeing this process's stage slots in Redis before exiting")
+        logger.warning(
+            "Forced shutdown: freeing this process's stage slots in Redis before exiting"
+        )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.close(), UNCLEAN_CLOSE_TIMEOUT)
 
-    # -- acquire and release ---------------------------------------------------------------------------------------
+    # -- acquire and release -----------------------------------------------------------------------
 
     async def acquire(self, stage: str, timeout: float | None) -> SlotPermit:
         """Wait for a slot of ``stage`` (first come, first served across processes).
 
-        AcquireTimeout after ``timeout`` seconds (None: forever), counted as ``<stage>/timeouts``. Redis errors are
-        logged and retried with back-off: the wait goes on and the cap is never exceeded. Cancelled on close.
+        AcquireTimeout after ``timeout`` seconds (None: forever), counted as ``<stage>/timeouts``.
+        Redis errors are logged and retried with back-off: the wait goes on and the cap is never
+        exceeded. Cancelled on close.
         """
         lock = self.locks[stage]
         task = asyncio.current_task()
@@ -718,8 +840,15 @@ class StageLocks:
                     delay = backoff.next()
                     if deadline is not None and time.monotonic() + delay > deadline:
                         self.stats.inc_value(f"{self.stats_prefix}/{stage}/timeouts")
-                        raise AcquireTimeout(f"stage {stage!r}: no slot within {timeout} s ({exc})") from exc
-                    logger.warning("Waiting for stage %r: Redis error (%s); retrying in %.1f s", stage, exc, delay)
+                        raise AcquireTimeout(
+                            f"stage {stage!r}: no slot within {timeout} s ({exc})"
+                        ) from exc
+                    logger.warning(
+                        "Waiting for stage %r: Redis error (%s); retrying in %.1f s",
+                        stage,
+                        exc,
+                        delay,
+                    )
                     self.stats.inc_value(f"{self.stats_prefix}/redis_errors")
                     await asyncio.sleep(delay)
         finally:
@@ -734,7 +863,8 @@ class StageLocks:
         self.stats.max_value(f"{self.stats_prefix}/{stage}/wait_time_max", waited)
 
     async def release(self, permit: SlotPermit) -> None:
-        """Give a slot back; a Redis error leaves it for the next tick to retry (it stays renewed until then)."""
+        """Give a slot back; a Redis error leaves it for the next tick to retry (it stays renewed
+        until then)."""
         lock = self.lock_of(permit)
         if lock is None or permit.lost:
             return
@@ -743,12 +873,17 @@ class StageLocks:
         except REDIS_ERRORS as exc:
             if self.closed:
                 return  # close() frees every grant of this process in one call anyway
-            logger.warning("Could not release a slot of %r (%s); retrying at the next renewal", permit.name, exc)
+            logger.warning(
+                "Could not release a slot of %r (%s); retrying at the next renewal",
+                permit.name,
+                exc,
+            )
             self._unreleased.append(permit)
 
     def release_soon(self, permit: SlotPermit) -> None:
-        """release() in a task kept until done (so plain callbacks can release without awaiting); the command is
-        sent in this call where asyncio allows it (see :func:`~scrapy_redislock._loop.start_now`)."""
+        """release() in a task kept until done (so plain callbacks can release without awaiting);
+        the command is sent in this call where asyncio allows it (see
+        :func:`~scrapy_redislock._loop.start_now`)."""
         task = start_now(self.release(permit))
         self._releasing.add(task)
         task.add_done_callback(self._releasing.discard)
@@ -757,16 +892,17 @@ class StageLocks:
         stage = self._stage_by_lock.get(permit.name)
         return None if stage is None else self.locks[stage]
 
-    # -- the permit hand-off: scheduler -> middleware -> next request ----------------------------------------------
+    # -- the permit hand-off: scheduler -> middleware -> next request ------------------------------
 
     def hand(self, request: Request, outcome: SlotPermit | BaseException) -> None:
-        """StageScheduler lets ``request`` go with this slot (or fails it with this error at the middleware)."""
+        """StageScheduler lets ``request`` go with this slot (or fails it with this error at the
+        middleware)."""
         self._out[request] = outcome
 
     def take(self, request: Request) -> SlotPermit | BaseException | None:
-        """What ``request`` came with from the scheduler: its slot (held until :meth:`finish`), an error (given
-        once), or None. A slot that is no longer usable is dropped and None returned: the request must wait for
-        another rather than start without a valid lease."""
+        """What ``request`` came with from the scheduler: its slot (held until :meth:`finish`), an
+        error (given once), or None. A slot that is no longer usable is dropped and None returned:
+        the request must wait for another rather than start without a valid lease."""
         outcome = self._out.get(request)
         if outcome is None:
             return None
@@ -779,38 +915,46 @@ class StageLocks:
         return outcome
 
     def hold(self, request: Request, permit: SlotPermit) -> None:
-        """``request`` holds ``permit`` (it waited for it in the middleware) until :meth:`finish`."""
+        """``request`` holds ``permit`` (it waited for it in the middleware) until
+        :meth:`finish`."""
         self._out[request] = permit
         for hook in self._hold_hooks:
             hook(request)
 
     def has_slot(self, request: Request) -> bool:
-        """Whether ``request`` holds a slot now (handed one by the scheduler, or got one in the middleware)."""
+        """Whether ``request`` holds a slot now (handed one by the scheduler, or got one in the
+        middleware)."""
         return isinstance(self._out.get(request), SlotPermit)
 
     def holding(self) -> list[Request]:
-        """The requests of this process that hold a slot now (handed out by the scheduler or waited for in the
-        middleware, and not finished): StageScheduler counts their keys (REDISLOCK_STAGE_KEY) before a hand-out."""
-        return [request for request, outcome in self._out.items() if isinstance(outcome, SlotPermit)]
+        """The requests of this process that hold a slot now (handed out by the scheduler or waited
+        for in the middleware, and not finished): StageScheduler counts their keys
+        (REDISLOCK_STAGE_KEY) before a hand-out."""
+        return [
+            request for request, outcome in self._out.items() if isinstance(outcome, SlotPermit)
+        ]
 
     def finish(self, request: Request) -> None:
-        """``request`` is done with its slot (download over, answered, dropped); nothing when it has none."""
+        """``request`` is done with its slot (download over, answered, dropped); nothing when it has
+        none."""
         outcome = self._out.pop(request, None)
         if isinstance(outcome, SlotPermit):
             self.free(outcome)
 
     def free(self, permit: SlotPermit) -> None:
-        """Pass a slot on to a parked request of this process (see the module docstring), else release it now."""
+        """Pass a slot on to a parked request of this process (see the module docstring), else
+        release it now."""
         if not self._pass_on(permit):
             self.release_soon(permit)
 
     def usable(self, permit: SlotPermit) -> bool:
-        """Whether ``permit`` may go with a request now: held under a valid lease as far as this process knows
-        (``permit.usable`` on the lock's clock, monotonic). When not, it is counted and logged; the caller drops it.
+        """Whether ``permit`` may go with a request now: held under a valid lease as far as this
+        process knows (``permit.usable`` on the lock's clock, monotonic). When not, it is counted
+        and logged; the caller drops it.
 
-        A local check: a slot waiting for a request (StageScheduler's ready queue, a finished request's slot) may
-        have been lost, or its lease may have run out while Redis was out of reach, and another process may hold
-        it by now."""
+        A local check: a slot waiting for a request (StageScheduler's ready queue, a finished
+        request's slot) may have been lost, or its lease may have run out while Redis was out of
+        reach, and another process may hold it by now."""
         now = time.monotonic()
         if permit.usable(now):
             return True
@@ -820,7 +964,8 @@ class StageLocks:
             logger.info("Slot %s of %r was lost: no request starts with it", slot_id(permit), stage)
         else:
             logger.warning(
-                "Slot %s of %r: its lease ran out %.1f s ago unrenewed (Redis out of reach, or a stall); no request "
+                "Slot %s of %r: its lease ran out %.1f s ago unrenewed (Redis out of reach, or a "
+                "stall); no request "
                 "starts with it",
                 slot_id(permit),
                 stage,
@@ -832,7 +977,9 @@ class StageLocks:
         stage = self._stage_by_lock.get(permit.name)
         if stage is None or self.closed or not self._takers:
             return False
-        if time.monotonic() - permit.acquired_at >= min(self.settings.local_reuse, self.settings.ttl / 2):
+        if time.monotonic() - permit.acquired_at >= min(
+            self.settings.local_reuse, self.settings.ttl / 2
+        ):
             return False  # back to Redis's line, where other processes may wait (and never near the lease's end)
         if not self.usable(permit):
             return False
@@ -844,8 +991,8 @@ class StageLocks:
 
     def sweep(self) -> None:
         """Free the slots of requests that left the downloader without finishing here (missing from
-        ``downloader.active`` at two ticks in a row: the engine adds a request to it in the same call that takes
-        it from the scheduler, so one tick would do; two cost nothing)."""
+        ``downloader.active`` at two ticks in a row: the engine adds a request to it in the same
+        call that takes it from the scheduler, so one tick would do; two cost nothing)."""
         active = downloader_active(self.crawler)
         if active is None:
             return
@@ -855,13 +1002,14 @@ class StageLocks:
             self.finish(request)
         self._suspects = gone
 
-    # -- renewal -----------------------------------------------------------------------------------------------------
+    # -- renewal -----------------------------------------------------------------------------------
 
     def waiting(self, stage: str) -> int:
         return sum(source(stage) for source in self._waiting_sources)
 
     async def tick(self) -> None:
-        """One renewal round: hooks, retried releases, then every stage's maintain() at once. Never raises."""
+        """One renewal round: hooks, retried releases, then every stage's maintain() at once. Never
+        raises."""
         if self.closed or time.monotonic() < self._retry_at:
             return
         self.sweep()
@@ -899,17 +1047,20 @@ class StageLocks:
         return lock.busy or bool(self.waiting(stage))
 
     def waiting_stale(self, stage: str, lock: StageLock) -> bool:
-        """Whether Redis still shows this process waiting for the stage although its waits have ended: the last
-        annotation sent said ``waiting > 0``. The lock is idle, so no renewal would correct it (it stayed until the
-        process exited, or was forgotten 3 leases later); one maintain with ``waiting=0`` does, once per wait-end."""
+        """Whether Redis still shows this process waiting for the stage although its waits have
+        ended: the last annotation sent said ``waiting > 0``. The lock is idle, so no renewal would
+        correct it (it stayed until the process exited, or was forgotten 3 leases later); one
+        maintain with ``waiting=0`` does, once per wait-end."""
         return self._sent_waiting.get(stage, 0) > 0
 
     async def renew_once(self) -> None:
-        """Renew every permit of every stage (one maintain() per stage, concurrently); count lost leases.
+        """Renew every permit of every stage (one maintain() per stage, concurrently); count lost
+        leases.
 
-        A stage whose waits ended since the last renewal that reported some (``waiting > 0``) gets one more
-        maintain with ``waiting=0`` even when it holds nothing, so that status readers see the waits end within a
-        renewal interval; a stage that stays idle costs nothing after that."""
+        A stage whose waits ended since the last renewal that reported some (``waiting > 0``) gets
+        one more maintain with ``waiting=0`` even when it holds nothing, so that status readers see
+        the waits end within a renewal interval; a stage that stays idle costs nothing after
+        that."""
 
         async def renew(stage: str, lock: StageLock) -> None:
             waiting = self.waiting(stage)
@@ -921,15 +1072,18 @@ class StageLocks:
             if lost:
                 self.stats.inc_value(f"{self.stats_prefix}/{stage}/lost", len(lost))
 
-        results = await gather_bounded([renew(s, lock) for s, lock in self.locks.items()], self.fan_out)
+        results = await gather_bounded(
+            [renew(s, lock) for s, lock in self.locks.items()], self.fan_out
+        )
         for result in results:
             if isinstance(result, BaseException):
                 raise result
 
-    # -- close -------------------------------------------------------------------------------------------------------
+    # -- close -------------------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Cancel every wait, then free every permit and waiter of this process: one aclose() per stage."""
+        """Cancel every wait, then free every permit and waiter of this process: one aclose() per
+        stage."""
         if self.closed:
             return
         self.closed = True
@@ -955,7 +1109,8 @@ class StageLocks:
                 await asyncio.wait_for(closing, CLOSE_TIMEOUT)
             except (TimeoutError, *REDIS_ERRORS) as exc:
                 logger.warning(
-                    "Could not free the slots of stage %r on close (%s); they come back after the TTL (%s s)",
+                    "Could not free the slots of stage %r on close (%s); they come back after the "
+                    "TTL (%s s)",
                     stage,
                     exc or "timeout",
                     lock.ttl,
@@ -972,9 +1127,9 @@ class StageLocks:
             await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), CLOSE_TIMEOUT)
 
     async def _free_late_grants(self) -> None:
-        """Free a grant Redis handed to a cancelled wait after aclose() (it may see the wait's connection close
-        only after serving it a slot freed by aclose() itself); without this it would wait for the TTL. On every
-        master of a quorum (one owner name on all)."""
+        """Free a grant Redis handed to a cancelled wait after aclose() (it may see the wait's
+        connection close only after serving it a slot freed by aclose() itself); without this it
+        would wait for the TTL. On every master of a quorum (one owner name on all)."""
         if not self.locks:
             return
         await asyncio.sleep(LATE_GRANT_PAUSE)
@@ -986,7 +1141,9 @@ class StageLocks:
                 if freed:
                     logger.debug("Freed %d late grant(s) of %r on close", freed, lock.name)
 
-        results = await asyncio.gather(*(on(client) for client in self.clients), return_exceptions=True)
+        results = await asyncio.gather(
+            *(on(client) for client in self.clients), return_exceptions=True
+        )
         errors = [result for result in results if isinstance(result, BaseException)]
         if len(errors) == len(results):
             raise errors[0]

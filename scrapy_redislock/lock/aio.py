@@ -27,7 +27,9 @@ class AsyncCountingLock(TaskContext[Permit], LockFront):
 
     client_types = (redis.asyncio.Redis, redis.asyncio.RedisCluster)
 
-    def __init__(self, client: redis.asyncio.Redis | redis.asyncio.RedisCluster, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, client: redis.asyncio.Redis | redis.asyncio.RedisCluster, *args: Any, **kwargs: Any
+    ) -> None:
         super().__init__(client, *args, **kwargs)
         self._context: dict[asyncio.Task[Any] | None, list[Permit]] = {}
         self._renewer: asyncio.Task[None] | None = None
@@ -50,7 +52,9 @@ class AsyncCountingLock(TaskContext[Permit], LockFront):
 
     async def try_acquire(self) -> Permit | None:
         """A slot if one is free now (expired leases are freed first), else None."""
-        permit = await self._run(self._core.acquire(None, blocking=False, holder=asyncio.current_task()))
+        permit = await self._run(
+            self._core.acquire(None, blocking=False, holder=asyncio.current_task())
+        )
         if permit is not None and self.auto_renew:
             self._start_loop()
         return permit
@@ -64,7 +68,8 @@ class AsyncCountingLock(TaskContext[Permit], LockFront):
         await self._run(self._core.renew(permit))
 
     async def maintain(self, permits: list[Permit] | None = None) -> list[Permit]:
-        """Renew held permits (default: all), free expired leases of others; returns the lost permits."""
+        """Renew held permits (default: all), free expired leases of others; returns the lost
+        permits."""
         lost: list[Permit] = await self._run(self._core.maintain(permits))
         self._report_lost(lost)
         return lost
@@ -80,8 +85,9 @@ class AsyncCountingLock(TaskContext[Permit], LockFront):
     async def aclose(self, retire: bool = False) -> int:
         """Stop renewing and free every slot this object holds; returns how many.
 
-        ``retire=True`` also deletes the lock from Redis when nobody else uses it (a lock made for a key met at run
-        time, such as a domain: see :meth:`LockCore.retire <scrapy_redislock.lock.core.LockCore.retire>`).
+        ``retire=True`` also deletes the lock from Redis when nobody else uses it (a lock made for a
+        key met at run time, such as a domain: see :meth:`LockCore.retire
+        <scrapy_redislock.lock.core.LockCore.retire>`).
         """
         self._closed = True
         if self._renewer is not None and self._renewer is not asyncio.current_task():
@@ -98,15 +104,27 @@ class AsyncCountingLock(TaskContext[Permit], LockFront):
         return int(freed)
 
     def _start_loop(self) -> None:
-        if not self.maintain_loop or self._closed or (self._renewer is not None and not self._renewer.done()):
+        if (
+            not self.maintain_loop
+            or self._closed
+            or (self._renewer is not None and not self._renewer.done())
+        ):
             return
         self._wake = asyncio.Event()
-        self._renewer = asyncio.get_running_loop().create_task(self._loop(), name=f"redislock-renew-{self.name}")
+        self._renewer = asyncio.get_running_loop().create_task(
+            self._loop(), name=f"redislock-renew-{self.name}"
+        )
 
     async def _loop(self) -> None:
-        """Maintain every ttl/3 (at once when woken) while needed; errors are logged and retried, never dropped."""
+        """Maintain every ttl/3 (at once when woken) while needed; errors are logged and retried,
+        never dropped."""
         assert self._wake is not None
-        await every(lambda: self.renew_interval, self._tick, what=f"renewing lock {self.name!r}", wake=self._wake)
+        await every(
+            lambda: self.renew_interval,
+            self._tick,
+            what=f"renewing lock {self.name!r}",
+            wake=self._wake,
+        )
 
     async def _tick(self) -> bool:
         if self._loop_idle():

@@ -29,9 +29,30 @@ from typing import Any, Literal, overload
 
 import redis.exceptions
 
-from scrapy_redislock._redis import check_flag, check_limit, check_name, check_timeout, check_ttl, load_scripts, text
-from scrapy_redislock.errors import AcquireTimeout, InvalidArgument, LockError, LockLost, NotReplicated
-from scrapy_redislock.lock.protocol import Call, Operation, ReadGrant, RunScript, WaitReplicas, is_missing_lock
+from scrapy_redislock._redis import (
+    check_flag,
+    check_limit,
+    check_name,
+    check_timeout,
+    check_ttl,
+    load_scripts,
+    text,
+)
+from scrapy_redislock.errors import (
+    AcquireTimeout,
+    InvalidArgument,
+    LockError,
+    LockLost,
+    NotReplicated,
+)
+from scrapy_redislock.lock.protocol import (
+    Call,
+    Operation,
+    ReadGrant,
+    RunScript,
+    WaitReplicas,
+    is_missing_lock,
+)
 
 GROUP = "holders"
 LIMBO = "__limbo__"
@@ -62,10 +83,11 @@ Clock = Callable[[], float]
 class Permit:
     """One granted slot. ``fence`` increases strictly with every grant of the lock.
 
-    ``leased_at`` is when its lease began at the latest, on the lock's clock: the moment the wait that got it asked,
-    then the moment each renewal that confirmed it was sent (Redis restarts a lease when it grants or renews, never
-    before it is asked). ``valid_until`` is that plus the lease: past it, Redis may have given the slot to another
-    process, even if this one could not hear about it (a stall, a partition).
+    ``leased_at`` is when its lease began at the latest, on the lock's clock: the moment the wait
+    that got it asked, then the moment each renewal that confirmed it was sent (Redis restarts a
+    lease when it grants or renews, never before it is asked). ``valid_until`` is that plus the
+    lease: past it, Redis may have given the slot to another process, even if this one could not
+    hear about it (a stall, a partition).
     """
 
     name: str
@@ -76,12 +98,17 @@ class Permit:
     holds: int = 1
     lost: bool = False
     released: bool = False
-    consumer: str = ""  # the consumer the grant sits under in Redis: its wait's, or the owner's once renewed
+    consumer: str = (
+        ""  # the consumer the grant sits under in Redis: its wait's, or the owner's once renewed
+    )
     leased_at: float = -math.inf
-    valid_until: float = -math.inf  # set by the lock at each grant and renewal; a permit made by hand is not usable
+    valid_until: float = (
+        -math.inf
+    )  # set by the lock at each grant and renewal; a permit made by hand is not usable
 
     def usable(self, now: float) -> bool:
-        """Held as far as this process knows: not lost, not released, its lease not run out by ``now``."""
+        """Held as far as this process knows: not lost, not released, its lease not run out by
+        ``now``."""
         return not self.lost and not self.released and now < self.valid_until
 
     @property
@@ -105,7 +132,12 @@ class LockKeys:
     @classmethod
     def of(cls, prefix: str, name: str) -> LockKeys:
         base = f"{prefix}:{{{name}}}"
-        return cls(*(f"{base}:{part}" for part in ("slots", "meta", "owners", "holds", "ttls", "seen", "gate")))
+        return cls(
+            *(
+                f"{base}:{part}"
+                for part in ("slots", "meta", "owners", "holds", "ttls", "seen", "gate")
+            )
+        )
 
 
 def fence_of(grant: str) -> int:
@@ -124,16 +156,19 @@ def default_identity(label: str | None = None) -> dict[str, Any]:
     return identity
 
 
-ABANDONED_PASSES = 2  # maintains that free an abandoned wait's consumer: the second catches a late delivery
+ABANDONED_PASSES = (
+    2  # maintains that free an abandoned wait's consumer: the second catches a late delivery
+)
 
 
 @dataclass
 class LockCore:
     """State and logic of one lock object; the fronts drive its generator methods.
 
-    What it promises (the scripts keep it): a grant is freed only by its holder's release, by the reaper once
-    its lease (the longest ttl of the live owners) expired, by an operator, or because the wait it was delivered
-    to was abandoned (that wait's consumer name is never reused) -- never because a renewal did not list it.
+    What it promises (the scripts keep it): a grant is freed only by its holder's release, by the
+    reaper once its lease (the longest ttl of the live owners) expired, by an operator, or because
+    the wait it was delivered to was abandoned (that wait's consumer name is never reused) -- never
+    because a renewal did not list it.
     """
 
     name: str
@@ -147,7 +182,9 @@ class LockCore:
     configured_ttl: float = 0.0
     replicas: int = 0
     durable: bool = False  # Redis loses no acknowledged write: a restart keeps the lock (no one-lease reservation)
-    owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
+    owner: str = field(
+        default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    )
     held: dict[str, Permit] = field(default_factory=dict)
     by_holder: dict[Any, Permit] = field(default_factory=dict)
     set_up: bool = False
@@ -199,12 +236,14 @@ class LockCore:
 
     @property
     def ttl_ms(self) -> int:
-        """This object's own lease ttl in ms (a lease in Redis lasts the longest ttl of the live owners)."""
+        """This object's own lease ttl in ms (a lease in Redis lasts the longest ttl of the live
+        owners)."""
         return max(1, round(self.configured_ttl * 1000))
 
     @property
     def renew_interval(self) -> float:
-        """A third of this object's ttl, at most 1 s; leases are judged by the longest ttl in play, never shorter."""
+        """A third of this object's ttl, at most 1 s; leases are judged by the longest ttl in play,
+        never shorter."""
         return min(self.configured_ttl, 3.0) / 3
 
     @property
@@ -228,9 +267,11 @@ class LockCore:
             self.idle_consumers.append(consumer)
 
     def _abandon(self, consumer: str) -> None:
-        """A wait on ``consumer`` ended without seeing its reply: what it was handed is freed, the name retired.
+        """A wait on ``consumer`` ended without seeing its reply: what it was handed is freed, the
+        name retired.
 
-        A grant id in its place (a grant that a renewal may have moved to the owner's consumer) is freed alike.
+        A grant id in its place (a grant that a renewal may have moved to the owner's consumer) is
+        freed alike.
         """
         self.abandoned[consumer] = ABANDONED_PASSES
 
@@ -262,17 +303,20 @@ class LockCore:
         return bool(created), int(limit)
 
     def _ensure_setup(self) -> Operation[None]:
-        """Set up (again after a quiet spell: the owner may have been forgotten, and its ttl with it).
+        """Set up (again after a quiet spell: the owner may have been forgotten, and its ttl with
+        it).
 
-        An object that has seen the lock before recreates a missing one in limbo: it can only be missing because
-        Redis lost it, and survivors must get their slots back before anybody new.
+        An object that has seen the lock before recreates a missing one in limbo: it can only be
+        missing because Redis lost it, and survivors must get their slots back before anybody new.
         """
         if not self.set_up or self.clock() - self.registered_at > self.configured_ttl:
             try:
                 yield from self.setup(recover=self.ever_set_up)
             except redis.exceptions.ResponseError as exc:
                 if is_missing_lock(exc):
-                    raise LockError(f"lock {self.name!r} does not exist in Redis and no limit was given") from None
+                    raise LockError(
+                        f"lock {self.name!r} does not exist in Redis and no limit was given"
+                    ) from None
                 raise
 
     @overload
@@ -281,14 +325,20 @@ class LockCore:
     ) -> Operation[Permit]: ...
 
     @overload
-    def acquire(self, timeout: float | None, blocking: bool, holder: object = None) -> Operation[Permit | None]: ...
+    def acquire(
+        self, timeout: float | None, blocking: bool, holder: object = None
+    ) -> Operation[Permit | None]: ...
 
-    def acquire(self, timeout: float | None, blocking: bool = True, holder: object = None) -> Operation[Permit | None]:
+    def acquire(
+        self, timeout: float | None, blocking: bool = True, holder: object = None
+    ) -> Operation[Permit | None]:
         """Wait for a slot (FIFO across all processes); None when not blocking and none is free."""
         timeout = check_timeout(timeout)
         if self.reentrant and holder is not None and holder in self.by_holder:
             permit = self.by_holder[holder]
-            count = yield self._script("hold_again", (self.keys.slots, self.keys.holds), self.owner, permit.grant)
+            count = yield self._script(
+                "hold_again", (self.keys.slots, self.keys.holds), self.owner, permit.grant
+            )
             if int(count):
                 permit.holds = int(count)
                 self._idle(permit.consumer)
@@ -300,13 +350,17 @@ class LockCore:
         consumer = self._take_consumer()
         while True:
             block_ms = self._block_ms(deadline) if blocking else None
-            last_try = blocking and block_ms is None  # deadline passed: one last look without blocking
+            last_try = (
+                blocking and block_ms is None
+            )  # deadline passed: one last look without blocking
             self.waits_in_flight += 1
             finished = False
             asked_at = self.clock()
             try:
                 if blocking and block_ms is not None:  # (that is, not last_try)
-                    reply = yield ReadGrant(self.keys.slots, consumer, block_ms, self.keys.meta, self.durable)
+                    reply = yield ReadGrant(
+                        self.keys.slots, consumer, block_ms, self.keys.meta, self.durable
+                    )
                     grant = self._grant_from(reply)
                 else:  # one look without blocking: a script, which notices a restart of Redis first
                     reply = yield self._take(consumer)
@@ -327,14 +381,19 @@ class LockCore:
             finally:
                 self.waits_in_flight -= 1
                 if not finished:
-                    # Cancelled, or the connection broke: a grant may have been delivered that nobody will see.
+                    # Cancelled, or the connection broke: a grant may have been delivered that
+                    # nobody will see.
                     self._abandon(consumer)
             if grant is not None:
-                permit = Permit(self.name, self.owner, grant, fence_of(grant), self.clock(), consumer=consumer)
+                permit = Permit(
+                    self.name, self.owner, grant, fence_of(grant), self.clock(), consumer=consumer
+                )
                 self._leased(permit, asked_at)
                 if self.replicas:
                     yield from self._confirm_grant(permit)
-                if self.clock() - asked_at >= self.ttl / 2 and not (yield from self._still_granted(permit)):
+                if self.clock() - asked_at >= self.ttl / 2 and not (
+                    yield from self._still_granted(permit)
+                ):
                     consumer = self._take_consumer()
                     continue
                 self.held[permit.grant] = permit
@@ -351,17 +410,18 @@ class LockCore:
     def _still_granted(self, permit: Permit) -> Operation[bool]:
         """Renew a grant whose reply came late; False if its lease was already reaped.
 
-        Redis made the grant at some moment between the ask and the reply. A reply that took half a lease or more (a
-        paused or overloaded Redis, a slow network, a long blocking wait) may carry a grant made that long ago, whose
-        lease has run out or is about to, and which a reaper may hand to somebody else. Renewing it first makes it
-        safe to use; a grant already reaped is not used and the wait goes on. Shorter replies cost nothing: their
-        grant has more than half a lease left, and renewals run every ttl/3.
+        Redis made the grant at some moment between the ask and the reply. A reply that took half a
+        lease or more (a paused or overloaded Redis, a slow network, a long blocking wait) may carry
+        a grant made that long ago, whose lease has run out or is about to, and which a reaper may
+        hand to somebody else. Renewing it first makes it safe to use; a grant already reaped is not
+        used and the wait goes on. Shorter replies cost nothing: their grant has more than half a
+        lease left, and renewals run every ttl/3.
         """
         try:
             lost = yield from self.maintain([permit])
         except BaseException:
-            # Not held yet: whatever the wait was handed is freed, under its wait's consumer or, if the renewal
-            # went through before the cancel, under the owner's.
+            # Not held yet: whatever the wait was handed is freed, under its wait's consumer or, if
+            # the renewal went through before the cancel, under the owner's.
             self._abandon(permit.consumer)
             self._abandon(permit.grant)
             raise
@@ -370,7 +430,9 @@ class LockCore:
     def _take(self, consumer: str) -> RunScript:
         k = self.keys
         interval_ms = max(1, round(self.renew_interval * 1000))
-        return self._script("take", (k.slots, k.meta, k.holds), consumer, interval_ms, self._durable_flag)
+        return self._script(
+            "take", (k.slots, k.meta, k.holds), consumer, interval_ms, self._durable_flag
+        )
 
     def _block_ms(self, deadline: float | None) -> int | None:
         """Milliseconds to block; 0 is forever; None when the deadline has passed."""
@@ -397,17 +459,21 @@ class LockCore:
         return str(text(entry[0]))
 
     def _wait_replicas(self) -> Operation[int]:
-        """How many replicas acknowledged everything this lock's master did so far (waits up to renew_interval)."""
+        """How many replicas acknowledged everything this lock's master did so far (waits up to
+        renew_interval)."""
         k = self.keys
         timeout_ms = max(1, round(self.renew_interval * 1000))
-        reply = yield WaitReplicas(k.owners, self.owner, json.dumps(self.identity), self.replicas, timeout_ms)
+        reply = yield WaitReplicas(
+            k.owners, self.owner, json.dumps(self.identity), self.replicas, timeout_ms
+        )
         return int(reply[-1])
 
     def _confirm_grant(self, permit: Permit) -> Operation[None]:
-        """With ``replicas``: the grant is on that many replicas, or it is given back and NotReplicated raised.
+        """With ``replicas``: the grant is on that many replicas, or it is given back and
+        NotReplicated raised.
 
-        The permit is not in ``held`` yet, so it stays under its wait's consumer: if this is cancelled, abandoning
-        that consumer frees exactly this grant.
+        The permit is not in ``held`` yet, so it stays under its wait's consumer: if this is
+        cancelled, abandoning that consumer frees exactly this grant.
         """
         acked, error = -1, None
         try:
@@ -427,7 +493,8 @@ class LockCore:
                 raise
         seen = f"{type(error).__name__}: {error}" if error else f"{acked} acknowledged"
         raise NotReplicated(
-            f"lock {self.name!r}: grant {permit.grant} not acknowledged by {self.replicas} replica(s) ({seen}); "
+            f"lock {self.name!r}: grant {permit.grant} not acknowledged by {self.replicas} "
+            f"replica(s) ({seen}); "
             "given back"
         ) from error
 
@@ -451,8 +518,9 @@ class LockCore:
         if result == 3:
             result = 0
             if usable and permit.released:
-                # Within its lease, and Redis forgot it in a restart: a renewal re-adopts a reserved slot for it and,
-                # as it was released meanwhile, gives that straight back: the slot need not wait out the reservation.
+                # Within its lease, and Redis forgot it in a restart: a renewal re-adopts a reserved
+                # slot for it and, as it was released meanwhile, gives that straight back: the slot
+                # need not wait out the reservation.
                 yield from self.maintain([permit])
         self._forget(permit)
         if permit.owner == self.owner:
@@ -464,8 +532,10 @@ class LockCore:
             acked = yield from self._wait_replicas()
             if acked < self.replicas:
                 raise NotReplicated(
-                    f"lock {self.name!r}: release of {permit.grant} done, but acknowledged by {acked} of "
-                    f"{self.replicas} replica(s): a failover before they have it brings the slot back held for a lease"
+                    f"lock {self.name!r}: release of {permit.grant} done, but acknowledged by "
+                    f"{acked} of "
+                    f"{self.replicas} replica(s): a failover before they have it brings the slot "
+                    "back held for a lease"
                 )
         return result == 1
 
@@ -476,10 +546,11 @@ class LockCore:
                 del self.by_holder[holder]
 
     def maintain(self, permits: list[Permit] | None = None) -> Operation[list[Permit]]:
-        """Renew exactly ``permits`` (default: all held), free abandoned waits' grants, reap expired leases.
+        """Renew exactly ``permits`` (default: all held), free abandoned waits' grants, reap expired
+        leases.
 
-        Returns the permits found lost. A permit released while this ran is never reported lost, and a limbo slot
-        adopted for it after a data loss is given back at once.
+        Returns the permits found lost. A permit released while this ran is never reported lost, and
+        a limbo slot adopted for it after a data loss is given back at once.
         """
         targets = list(self.held.values()) if permits is None else list(permits)
         abandoned = list(self.abandoned)
@@ -501,8 +572,9 @@ class LockCore:
         except redis.exceptions.ResponseError as exc:
             if not is_missing_lock(exc):
                 raise
-            # Redis lost the lock (restart without persistence, or a reset): recreate it with every slot reserved
-            # for one lease if this object ever saw it (survivors re-adopt their grants), then renew again.
+            # Redis lost the lock (restart without persistence, or a reset): recreate it with every
+            # slot reserved for one lease if this object ever saw it (survivors re-adopt their
+            # grants), then renew again.
             self.set_up = False
             yield from self._ensure_setup()
             return (yield from self.maintain(permits))
@@ -519,7 +591,8 @@ class LockCore:
         by_grant = {p.grant: p for p in targets}
         renamed = dict(zip(adopted[::2], adopted[1::2], strict=True))
         lost_set = set(lost_ids)
-        # Renewed permits now sit under the consumer named like the owner: their wait consumers are free again.
+        # Renewed permits now sit under the consumer named like the owner: their wait consumers are
+        # free again.
         for permit in targets:
             if permit.grant not in lost_set and permit.owner == self.owner:
                 self._leased(permit, sent_at)
@@ -534,7 +607,9 @@ class LockCore:
         orphans: list[str] = []
         for permit, new in moved:
             if permit.released or permit.lost:
-                orphans.append(new)  # released while the renewal ran: give the adopted slot straight back
+                orphans.append(
+                    new
+                )  # released while the renewal ran: give the adopted slot straight back
                 continue
             self._idle(permit.consumer)
             permit.grant, permit.fence, permit.consumer = new, fence_of(new), self.owner
@@ -552,7 +627,8 @@ class LockCore:
         return lost
 
     def _leased(self, permit: Permit, since: float) -> None:
-        """Redis (re)started the permit's lease no earlier than ``since``: it lasts at least a lease from then."""
+        """Redis (re)started the permit's lease no earlier than ``since``: it lasts at least a lease
+        from then."""
         permit.leased_at = max(permit.leased_at, since)
         permit.valid_until = permit.leased_at + self.ttl
 
@@ -570,7 +646,8 @@ class LockCore:
         return previous
 
     def set_limit_op(self, new: int, recover: bool) -> Operation[int | None]:
-        """Set the limit; a missing lock is created, with every slot reserved for one lease when ``recover``."""
+        """Set the limit; a missing lock is created, with every slot reserved for one lease when
+        ``recover``."""
         previous = yield self._script(
             "set_limit",
             (self.keys.slots, self.keys.meta),
@@ -580,7 +657,9 @@ class LockCore:
             self._durable_flag,
         )
         self.limit = new
-        self.ever_set_up = True  # it exists now: after a data loss this object recreates it in limbo
+        self.ever_set_up = (
+            True  # it exists now: after a data loss this object recreates it in limbo
+        )
         previous = int(previous)
         return None if previous < 0 else previous
 
@@ -596,15 +675,18 @@ class LockCore:
         return int(freed)
 
     def retire(self) -> Operation[tuple[int, bool]]:
-        """Like :meth:`release_all`, and delete the lock from Redis when nobody else holds, waits or is registered.
+        """Like :meth:`release_all`, and delete the lock from Redis when nobody else holds, waits or
+        is registered.
 
-        For locks made for keys met at run time (a domain): once idle they leave nothing in Redis. A later setup
-        creates the lock anew (a fresh object: no recovery window, which is for data loss only).
-        Returns (grants freed, whether the lock was deleted).
+        For locks made for keys met at run time (a domain): once idle they leave nothing in Redis. A
+        later setup creates the lock anew (a fresh object: no recovery window, which is for data
+        loss only). Returns (grants freed, whether the lock was deleted).
         """
         k = self.keys
         freed, deleted = yield RunScript(
-            "retire", (k.slots, k.meta, k.owners, k.holds, k.ttls, k.seen), (self.owner, self._durable_flag)
+            "retire",
+            (k.slots, k.meta, k.owners, k.holds, k.ttls, k.seen),
+            (self.owner, self._durable_flag),
         )
         self._drop_all()
         return int(freed), bool(int(deleted))
@@ -619,20 +701,26 @@ class LockCore:
         self.set_up = False
 
 
-# -- operator actions (the command line); they work on any lock, not on one lock object ----------------
+# -- operator actions (the command line); they work on any lock, not on one lock object ------------
 
 
 def release_consumer(keys: LockKeys, owner: str) -> Operation[int]:
-    """Free every grant of one owner (all its consumers) and forget it: an operator freeing a dead worker."""
+    """Free every grant of one owner (all its consumers) and forget it: an operator freeing a dead
+    worker."""
     freed = yield RunScript(
-        "release_owner", (keys.slots, keys.meta, keys.owners, keys.holds, keys.ttls, keys.seen), (owner,)
+        "release_owner",
+        (keys.slots, keys.meta, keys.owners, keys.holds, keys.ttls, keys.seen),
+        (owner,),
     )
     return int(freed)
 
 
 def reset_lock(keys: LockKeys) -> Operation[tuple[int, int]]:
-    """Free every grant and forget every consumer; the limit stays. Returns (grants freed, limit)."""
-    freed, limit = yield RunScript("reset", (keys.slots, keys.meta, keys.owners, keys.holds, keys.ttls, keys.seen), ())
+    """Free every grant and forget every consumer; the limit stays. Returns (grants freed,
+    limit)."""
+    freed, limit = yield RunScript(
+        "reset", (keys.slots, keys.meta, keys.owners, keys.holds, keys.ttls, keys.seen), ()
+    )
     return int(freed), int(limit)
 
 

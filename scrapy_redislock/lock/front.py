@@ -1,7 +1,9 @@
-"""What the blocking and asyncio locks share: the command runner, argument checks, the core, the loop's rules.
+"""What the blocking and asyncio locks share: the command runner, argument checks, the core, the
+loop's rules.
 
-:class:`LockFront` holds a :class:`~scrapy_redislock.lock.core.LockCore` and says when the maintenance loop must
-run; :mod:`~scrapy_redislock.lock.sync` and :mod:`~scrapy_redislock.lock.aio` only add how they wait and loop.
+:class:`LockFront` holds a :class:`~scrapy_redislock.lock.core.LockCore` and says when the
+maintenance loop must run; :mod:`~scrapy_redislock.lock.sync` and :mod:`~scrapy_redislock.lock.aio`
+only add how they wait and loop.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ KEEPALIVE_OPTIONS = {
 
 
 GUARDED = "redislock_guarded"  # on a waiting connection: the locks whose guard ran on it since it (re)connected
-GUARDED_MOST = 10_000  # locks remembered per connection (a broad crawl meets many keys); past it, guard again
+GUARDED_MOST = (
+    10_000  # locks remembered per connection (a broad crawl meets many keys); past it, guard again
+)
 
 
 def _fresh(connection: Any) -> None:
@@ -49,7 +53,8 @@ def _fresh(connection: Any) -> None:
 
 
 def _on_connect(previous: Callable[[Any], Any] | None) -> Callable[[Any], None]:
-    """What a waiting connection runs on every (re)connect: the usual handshake, then it counts as unguarded."""
+    """What a waiting connection runs on every (re)connect: the usual handshake, then it counts as
+    unguarded."""
 
     def on_connect(connection: Any) -> None:
         if previous:
@@ -72,31 +77,40 @@ def _aon_connect(previous: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
 
 
 def waiting_client(client: Any) -> Any:
-    """A client like ``client`` on its own pool whose reads never time out, for ``XREADGROUP BLOCK``.
+    """A client like ``client`` on its own pool whose reads never time out, for ``XREADGROUP
+    BLOCK``.
 
-    A blocked waiter keeps its place in Redis's FIFO only while it stays blocked: cutting a long wait into
-    socket-timeout-sized pieces (redis-py's default is 5 s) would send it to the back of the queue each time.
-    Its connections forget which locks were guarded on them whenever they connect again (see :class:`ReadGrant`),
-    and the runner does not retry a read on them: a broken wait ends, and the lock waits again with a new consumer.
-    Cluster clients have a pool per node; for them waits are cut at 80% of the socket timeout (documented).
-    Whoever makes it closes it (``close()`` / ``aclose()``), which closes its pool.
+    A blocked waiter keeps its place in Redis's FIFO only while it stays blocked: cutting a long
+    wait into socket-timeout-sized pieces (redis-py's default is 5 s) would send it to the back of
+    the queue each time. Its connections forget which locks were guarded on them whenever they
+    connect again (see :class:`ReadGrant`), and the runner does not retry a read on them: a broken
+    wait ends, and the lock waits again with a new consumer. Cluster clients have a pool per node;
+    for them waits are cut at 80% of the socket timeout (documented). Whoever makes it closes it
+    (``close()`` / ``aclose()``), which closes its pool.
     """
     pool = getattr(client, "connection_pool", None)
     if pool is None:
         return None
     kwargs = dict(pool.connection_kwargs)
-    kwargs.update(socket_timeout=None, socket_keepalive=True, socket_keepalive_options=KEEPALIVE_OPTIONS)
+    kwargs.update(
+        socket_timeout=None, socket_keepalive=True, socket_keepalive_options=KEEPALIVE_OPTIONS
+    )
     hook = _aon_connect if isinstance(pool, redis.asyncio.ConnectionPool) else _on_connect
     kwargs.update(redis_connect_func=hook(kwargs.get("redis_connect_func")))
     kwargs.update(connection_class=pool.connection_class, max_connections=pool.max_connections)
-    if hasattr(pool, "sentinel_manager"):  # a Sentinel pool: it finds the master through the same sentinels
+    if hasattr(
+        pool, "sentinel_manager"
+    ):  # a Sentinel pool: it finds the master through the same sentinels
         kwargs.pop("connection_pool", None)  # its own proxy, which the new pool sets to itself
-        waiting_pool = type(pool)(pool.service_name, pool.sentinel_manager, is_master=pool.is_master, **kwargs)
+        waiting_pool = type(pool)(
+            pool.service_name, pool.sentinel_manager, is_master=pool.is_master, **kwargs
+        )
     else:
         waiting_pool = type(pool)(**kwargs)
     waiting = type(client)(connection_pool=waiting_pool)
-    # Its pool is its own: closing the client (close() / aclose(), or losing it) disconnects the pool too. A client
-    # given a pool leaves it open by default, and every waiting connection would stay open until garbage collection.
+    # Its pool is its own: closing the client (close() / aclose(), or losing it) disconnects the
+    # pool too. A client given a pool leaves it open by default, and every waiting connection would
+    # stay open until garbage collection.
     waiting.auto_close_connection_pool = True
     return waiting
 
@@ -114,12 +128,14 @@ def _get_connection(pool: Any) -> Any:
 
 
 class CommandRunner:
-    """Carries lock commands to one redis-py client: the one executor of :func:`drive` and :func:`adrive`.
+    """Carries lock commands to one redis-py client: the one executor of :func:`drive` and
+    :func:`adrive`.
 
-    Called with a command, it starts the redis-py call and returns its result (blocking client) or an awaitable
-    (asyncio client). Scripts are registered on first use (EVALSHA, falling back to EVAL); blocking reads go to
-    ``waiting_client`` when given (see :func:`waiting_client`), on a connection the runner takes from its pool so
-    that the ``guard`` script runs on that very connection first (see :class:`ReadGrant`).
+    Called with a command, it starts the redis-py call and returns its result (blocking client) or
+    an awaitable (asyncio client). Scripts are registered on first use (EVALSHA, falling back to
+    EVAL); blocking reads go to ``waiting_client`` when given (see :func:`waiting_client`), on a
+    connection the runner takes from its pool so that the ``guard`` script runs on that very
+    connection first (see :class:`ReadGrant`).
     """
 
     def __init__(self, client: Any, waiting: Any = None) -> None:
@@ -141,7 +157,8 @@ class CommandRunner:
         return ("EVALSHA", sha, 2, command.key, command.meta, "1" if command.durable else "0")
 
     def _load_guard(self) -> tuple[Any, ...]:
-        """SCRIPT LOAD, as redis-py's scripts do after NOSCRIPT (the crawler ACL role has no EVAL)."""
+        """SCRIPT LOAD, as redis-py's scripts do after NOSCRIPT (the crawler ACL role has no
+        EVAL)."""
         return ("SCRIPT", "LOAD", self._registered("guard").script)
 
     @staticmethod
@@ -175,7 +192,10 @@ class CommandRunner:
             return connection.read_response()
         except redis.exceptions.ResponseError:
             raise  # an error reply: the connection is in step
-        except (OSError, ValueError) as exc:  # its socket closed under it (another thread disconnected the pool)
+        except (
+            OSError,
+            ValueError,
+        ) as exc:  # its socket closed under it (another thread disconnected the pool)
             connection.disconnect()
             raise redis.exceptions.ConnectionError(f"the wait's connection broke: {exc!r}") from exc
         except BaseException:
@@ -208,9 +228,10 @@ class CommandRunner:
             await pool.release(connection)
 
     def _read_piped(self, command: ReadGrant) -> Any:
-        """A cluster client has no pool to take a connection from: the guard goes in one pipeline with the read
-        (one node, one connection). If the guard did not run (NOSCRIPT after a restart: the script is loaded before
-        the next try), a grant the read may have got is not used: the error ends the wait as a lost reply does."""
+        """A cluster client has no pool to take a connection from: the guard goes in one pipeline
+        with the read (one node, one connection). If the guard did not run (NOSCRIPT after a
+        restart: the script is loaded before the next try), a grant the read may have got is not
+        used: the error ends the wait as a lost reply does."""
 
         def pipeline() -> Any:
             pipe = self.client.pipeline(transaction=False)
@@ -249,7 +270,8 @@ class CommandRunner:
         if isinstance(command, Call):
             return client.execute_command(*command.args)
         if isinstance(command, WaitReplicas):
-            # One connection for both (WAIT counts what its connection wrote); on a cluster, the key's master.
+            # One connection for both (WAIT counts what its connection wrote); on a cluster, the
+            # key's master.
             route = {"target_nodes": client.get_node_from_key(command.key)} if self.cluster else {}
             pipe = client.pipeline(transaction=False)
             pipe.hset(command.key, command.field, command.value)
@@ -284,8 +306,8 @@ class LockFront:
         if not isinstance(client, self.client_types):
             expected = " or ".join(f"{t.__module__}.{t.__qualname__}" for t in self.client_types)
             raise InvalidArgument(f"client must be a {expected}, got {type(client).__name__}")
-        # ``waiting``: a client made by waiting_client() and shared by many locks (one per key met at run time
-        # would each open a pool of their own); its owner closes it.
+        # ``waiting``: a client made by waiting_client() and shared by many locks (one per key met
+        # at run time would each open a pool of their own); its owner closes it.
         self._owns_waiting_client = waiting is None
         self._waiting_client = waiting if waiting is not None else waiting_client(client)
         socket_timeout = None
@@ -304,13 +326,16 @@ class LockFront:
             durable=durable,
         )
         self._client = client
-        # What drive() / adrive() send the commands through (the worker front wraps it: workers/slots.py).
+        # What drive() / adrive() send the commands through (the worker front wraps it:
+        # workers/slots.py).
         self._command: Callable[[Command], Any] = CommandRunner(client, self._waiting_client)
         self.auto_renew = auto_renew
         self.maintain_loop = maintain_loop
         self.on_lost: LostCallback = on_lost or log_lost
         self._idle_ticks = 0  # loop ticks in a row with nothing to do
-        self._callers = 0  # acquire() calls in progress (a wait is served by the loop from its very start)
+        self._callers = (
+            0  # acquire() calls in progress (a wait is served by the loop from its very start)
+        )
 
     @property
     def name(self) -> str:
@@ -337,7 +362,8 @@ class LockFront:
         return self._core.renew_interval
 
     def annotate(self, **fields: Any) -> None:
-        """Add fields to this owner's identity in Redis (sent with the next maintain), e.g. waiting=3."""
+        """Add fields to this owner's identity in Redis (sent with the next maintain), e.g.
+        waiting=3."""
         self._core.identity.update(fields)
 
     @property
@@ -346,10 +372,10 @@ class LockFront:
         return self._callers > 0 or self._core.busy
 
     def renewal_due(self) -> bool:
-        """Whether a maintain() is needed now: a wait or a clean-up in progress, or a permit whose lease began more
-        than a renewal interval ago (counted from the ask, not the reply: a reply can come late). A younger lease
-        lasts at least two more intervals: the next tick renews it, so requests shorter than an interval cost no
-        renewal at all."""
+        """Whether a maintain() is needed now: a wait or a clean-up in progress, or a permit whose
+        lease began more than a renewal interval ago (counted from the ask, not the reply: a reply
+        can come late). A younger lease lasts at least two more intervals: the next tick renews it,
+        so requests shorter than an interval cost no renewal at all."""
         core = self._core
         if self._callers or core.waits_in_flight or core.abandoned:
             return True
@@ -362,17 +388,24 @@ class LockFront:
         return list(self._core.held.values())
 
     def _loop_needed(self) -> bool:
-        """The maintenance loop runs while this object waits, has abandoned waits to clean, or auto-renews permits.
+        """The maintenance loop runs while this object waits, has abandoned waits to clean, or
+        auto-renews permits.
 
-        A waiting process reaps expired leases (a dead holder's slot comes back to whoever waits for it); a
-        process that neither holds nor waits sends nothing.
+        A waiting process reaps expired leases (a dead holder's slot comes back to whoever waits for
+        it); a process that neither holds nor waits sends nothing.
         """
         core = self._core
-        needed = self._callers or core.waits_in_flight or core.abandoned or (self.auto_renew and core.held)
+        needed = (
+            self._callers
+            or core.waits_in_flight
+            or core.abandoned
+            or (self.auto_renew and core.held)
+        )
         return self.maintain_loop and bool(needed)
 
     def _loop_idle(self) -> bool:
-        """Count a loop tick with nothing to do (a loop stops after two in a row); False when the tick has work."""
+        """Count a loop tick with nothing to do (a loop stops after two in a row); False when the
+        tick has work."""
         if self._loop_needed():
             self._idle_ticks = 0
             return False
@@ -380,7 +413,8 @@ class LockFront:
         return True
 
     def _loop_permits(self) -> list[Permit] | None:
-        """What a loop tick renews: every held permit with auto_renew, else none (the caller renews its own)."""
+        """What a loop tick renews: every held permit with auto_renew, else none (the caller renews
+        its own)."""
         return None if self.auto_renew else []
 
     def _report_lost(self, lost: list[Permit]) -> None:
@@ -392,7 +426,8 @@ class LockFront:
 
 
 class ThreadContext(Generic[P]):
-    """``with lock as permit``: acquire, and on exit release that permit; one stack per thread, so nesting works."""
+    """``with lock as permit``: acquire, and on exit release that permit; one stack per thread, so
+    nesting works."""
 
     _local: threading.local
     acquire: Callable[[], P]
@@ -404,7 +439,10 @@ class ThreadContext(Generic[P]):
         return permit
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.release(self._local.stack.pop())
 
@@ -422,7 +460,10 @@ class TaskContext(Generic[P]):
         return permit
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         task = asyncio.current_task()
         stack = self._context[task]

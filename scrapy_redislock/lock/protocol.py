@@ -1,9 +1,10 @@
 """How a lock operation talks to Redis: the commands it yields, and the drivers that carry them.
 
-A lock operation (see :mod:`scrapy_redislock.lock.core`) is a generator that yields commands and receives
-their replies, or has the redis error thrown in. :func:`drive` carries them with a blocking executor,
-:func:`adrive` with a coroutine one; :class:`~scrapy_redislock.lock.front.CommandRunner` is the one executor both use.
-No I/O here; imports neither Scrapy nor Twisted.
+A lock operation (see :mod:`scrapy_redislock.lock.core`) is a generator that yields commands and
+receives their replies, or has the redis error thrown in. :func:`drive` carries them with a blocking
+executor,
+:func:`adrive` with a coroutine one; :class:`~scrapy_redislock.lock.front.CommandRunner` is the one
+executor both use. No I/O here; imports neither Scrapy nor Twisted.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ class RunScript:
 
 @dataclass(frozen=True)
 class ReadGrant:
-    """``XREADGROUP GROUP holders <consumer> COUNT 1 BLOCK <ms> STREAMS <key> >`` (0 ms: until granted).
+    """``XREADGROUP GROUP holders <consumer> COUNT 1 BLOCK <ms> STREAMS <key> >`` (0 ms: until
+    granted).
 
-    A plain command runs no check of its own, so the runner first sends the ``guard`` script (``meta``, ``durable``)
-    on the connection that will read, once per connection and lock: a restarted Redis is noticed before it hands out
-    a slot, even to a read that is the first command it gets (every restart breaks every connection).
+    A plain command runs no check of its own, so the runner first sends the ``guard`` script
+    (``meta``, ``durable``) on the connection that will read, once per connection and lock: a
+    restarted Redis is noticed before it hands out a slot, even to a read that is the first command
+    it gets (every restart breaks every connection).
     """
 
     key: str
@@ -54,9 +57,10 @@ class Call:
 class WaitReplicas:
     """``HSET key field value`` then ``WAIT replicas timeout_ms``, pipelined over one connection.
 
-    ``WAIT`` counts only what its own connection wrote, and a pooled client promises no connection, so a fresh
-    write into the lock's hash slot goes first: a replica that has it has everything its master did before, the
-    grant or release included (one replication stream, in order). Replies ``[hset reply, replicas acknowledged]``.
+    ``WAIT`` counts only what its own connection wrote, and a pooled client promises no connection,
+    so a fresh write into the lock's hash slot goes first: a replica that has it has everything its
+    master did before, the grant or release included (one replication stream, in order). Replies
+    ``[hset reply, replicas acknowledged]``.
     """
 
     key: str
@@ -68,7 +72,8 @@ class WaitReplicas:
 
 Command = RunScript | ReadGrant | Call | WaitReplicas
 T = TypeVar("T")
-# An operation yields commands, is sent their replies (whatever redis-py decoded: Any) and returns its result.
+# An operation yields commands, is sent their replies (whatever redis-py decoded: Any) and returns
+# its result.
 Operation = Generator[Command, Any, T]
 
 
@@ -93,10 +98,14 @@ def translate_error(name: str, exc: BaseException) -> BaseException:
 def is_missing_lock(exc: BaseException) -> bool:
     """The lock's stream or group is gone (never created, reset, or Redis lost its data)."""
     message = str(exc)
-    return isinstance(exc, redis.exceptions.ResponseError) and (message.startswith("NOGROUP") or "NOLOCK" in message)
+    return isinstance(exc, redis.exceptions.ResponseError) and (
+        message.startswith("NOGROUP") or "NOLOCK" in message
+    )
 
 
-def step(op: Operation[T], name: str, reply: Any, error: BaseException | None) -> Command | Finished[T]:
+def step(
+    op: Operation[T], name: str, reply: Any, error: BaseException | None
+) -> Command | Finished[T]:
     """Advance an operation by one reply: the next command, or :class:`Finished` with its result."""
     try:
         command = op.send(reply) if error is None else op.throw(error)
@@ -132,10 +141,11 @@ def drive(op: Operation[T], execute: Callable[[Command], Any], name: str) -> T:
 async def adrive(op: Operation[T], execute: Callable[[Command], Awaitable[Any]], name: str) -> T:
     """Run an operation with a coroutine executor (the asyncio front).
 
-    A cancellation that came while a command was out ends the operation even if the client returned a reply: on
-    Python 3.11, ``asyncio.wait_for`` (which redis-py sends through when ``socket_timeout`` is set) returns the
-    result of what finished as the cancel came and drops the cancel (CPython gh-86296). The reply is then treated as
-    one that came too late: the operation's cleanup runs as for a command cut off mid-way.
+    A cancellation that came while a command was out ends the operation even if the client returned
+    a reply: on Python 3.11, ``asyncio.wait_for`` (which redis-py sends through when
+    ``socket_timeout`` is set) returns the result of what finished as the cancel came and drops the
+    cancel (CPython gh-86296). The reply is then treated as one that came too late: the operation's
+    cleanup runs as for a command cut off mid-way.
     """
     task = asyncio.current_task()
     reply: Any = None

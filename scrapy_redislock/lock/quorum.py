@@ -1,42 +1,50 @@
-"""The quorum lock: a counting lock held on q of N independent Redis masters (Redlock, for a counting lock).
+"""The quorum lock: a counting lock held on q of N independent Redis masters (Redlock, for a
+counting lock).
 
 Each master keeps an ordinary counting lock (a :class:`~scrapy_redislock.lock.sync.CountingLock` or
-:class:`~scrapy_redislock.lock.aio.AsyncCountingLock` per master, their Lua scripts unchanged); a quorum permit is a
-grant on at least ``q`` of them, obtained within the validity time. No new Lua: :class:`QuorumCore` is a sans-IO
-generator, like ``LockCore``, that yields :class:`Fanout` (one lock operation per master), :class:`LeadWait` and
+:class:`~scrapy_redislock.lock.aio.AsyncCountingLock` per master, their Lua scripts unchanged); a
+quorum permit is a grant on at least ``q`` of them, obtained within the validity time. No new Lua:
+:class:`QuorumCore` is a sans-IO generator, like ``LockCore``, that yields :class:`Fanout` (one lock
+operation per master), :class:`LeadWait` and
 :class:`Pause`; :class:`QuorumCountingLock` runs a fanout's operations one master after the other,
 :class:`AsyncQuorumCountingLock` all at once.
 
-Why not a majority: each master admits ``limit`` (L) holders and each holder needs q masters, so up to
-floor(N*L/q) holders fit at once. The safe quorum is the smallest q with q > N*L/(L+1) (:func:`safe_quorum`);
-for a mutex (L=1) that is a majority, for L >= 2 it is more (N=3, L=2: 3; N=5, L=3: 4).
+Why not a majority: each master admits ``limit`` (L) holders and each holder needs q masters, so up
+to floor(N*L/q) holders fit at once. The safe quorum is the smallest q with q > N*L/(L+1)
+(:func:`safe_quorum`); for a mutex (L=1) that is a majority, for L >= 2 it is more (N=3, L=2: 3;
+N=5, L=3: 4).
 
 What it promises and what it does not:
 
-* Acquire: a waiter queues in the *lead* master's FIFO (the first master not found down in the last ttl/3), then a
-  round asks every other master for a slot without blocking (and renews the lead's slot after a long wait); the
-  round wins when >= q granted and the validity ``ttl - elapsed - drift`` (drift = ttl * drift_factor + 2 ms,
-  elapsed counted from the start of a short wait, or of the round) is still positive;
-  otherwise the partial grants are given back and the round is tried again after a jittered back-off, for up to
-  ttl/3, after which the lead's slot goes back too and the waiter queues again at the back.
-* Order: one FIFO per master cannot give a global FIFO (two waiters can be first on different masters); waiters
-  are served in the lead's FIFO order while it is up (a release gives the lead's slot back last). While it is down
-  the next master leads, and waiters queued on the dead one lose their place. ``try_acquire`` is one round, no queue.
-* A lead that stops answering (paused, frozen VM, silent network) is noticed within about ttl/3 plus a PING's
-  answer time: a wait that heard nothing from its lead for a renewal interval makes sure the lead still answers (one
-  PING per master and interval, shared by every wait of the object); a lead that does not is left as a failed one is
-  (down for ttl/3), whatever it may still hand the wait being freed when it answers again. A lead that answers keeps
-  the waiter's place in its FIFO however long the wait.
-* Renew on all masters; a renewal that fewer than q masters confirm loses the permit (what it still has is given
-  back). Release on all masters.
+* Acquire: a waiter queues in the *lead* master's FIFO (the first master not found down in the last
+  ttl/3), then a round asks every other master for a slot without blocking (and renews the lead's
+  slot after a long wait); the round wins when >= q granted and the validity ``ttl - elapsed -
+  drift`` (drift = ttl * drift_factor + 2 ms, elapsed counted from the start of a short wait, or of
+  the round) is still positive; otherwise the partial grants are given back and the round is tried
+  again after a jittered back-off, for up to ttl/3, after which the lead's slot goes back too and
+  the waiter queues again at the back.
+* Order: one FIFO per master cannot give a global FIFO (two waiters can be first on different
+  masters); waiters are served in the lead's FIFO order while it is up (a release gives the lead's
+  slot back last). While it is down the next master leads, and waiters queued on the dead one lose
+  their place. ``try_acquire`` is one round, no queue.
+* A lead that stops answering (paused, frozen VM, silent network) is noticed within about ttl/3 plus
+  a PING's answer time: a wait that heard nothing from its lead for a renewal interval makes sure
+  the lead still answers (one PING per master and interval, shared by every wait of the object); a
+  lead that does not is left as a failed one is (down for ttl/3), whatever it may still hand the
+  wait being freed when it answers again. A lead that answers keeps the waiter's place in its FIFO
+  however long the wait.
+* Renew on all masters; a renewal that fewer than q masters confirm loses the permit (what it still
+  has is given back). Release on all masters.
 * The fencing token is a vector: :attr:`QuorumPermit.fences`, master index -> that master's fence.
-  :meth:`QuorumPermit.newer_than` compares two: for a mutex, two successive holders share a master, and on it
-  the later one's fence is larger. One number (a max or a sum) would not be ordered across masters.
-* A master that restarted empty rejoins only after one lease: the lock is recreated there with every slot
-  reserved (the single lock's limbo recovery) whenever the lock is on any master, so holders re-adopt their grants
-  and nobody new gets that master's slots for one ttl. Before its first write (``set_limit``, or the setup of a
-  first acquire) an object that has not seen the lock yet asks every master whether it has it (one EXISTS each); only
-  a lock that no master answering has is created with free slots.
+  :meth:`QuorumPermit.newer_than` compares two: for a mutex, two successive holders share a master,
+  and on it the later one's fence is larger. One number (a max or a sum) would not be ordered across
+  masters.
+* A master that restarted empty rejoins only after one lease: the lock is recreated there with every
+  slot reserved (the single lock's limbo recovery) whenever the lock is on any master, so holders
+  re-adopt their grants and nobody new gets that master's slots for one ttl. Before its first write
+  (``set_limit``, or the setup of a first acquire) an object that has not seen the lock yet asks
+  every master whether it has it (one EXISTS each); only a lock that no master answering has is
+  created with free slots.
 """
 
 from __future__ import annotations
@@ -60,7 +68,13 @@ from redis.retry import Retry
 
 from scrapy_redislock._loop import every, stop
 from scrapy_redislock._redis import Backoff, check_limit, check_timeout
-from scrapy_redislock.errors import AcquireTimeout, InvalidArgument, LockConnectionError, LockError, LockLost
+from scrapy_redislock.errors import (
+    AcquireTimeout,
+    InvalidArgument,
+    LockConnectionError,
+    LockError,
+    LockLost,
+)
 from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.core import Clock, LockCore, LockKeys, Permit, default_identity
 from scrapy_redislock.lock.front import LockFront, TaskContext, ThreadContext, waiting_client
@@ -76,42 +90,52 @@ DRIFT_FACTOR = 0.01  # as Redlock: clocks may run 1% apart over a ttl
 DRIFT_MS = 2  # plus this much for the rounding of Redis's millisecond clock
 RETRY_FIRST = 0.005  # s, first back-off after a lost round; doubles up to RETRY_MOST
 RETRY_MOST = 0.05
-MASTER_ERRORS = (redis.exceptions.RedisError, LockError, OSError)  # one master failing is an answer, not a failure
+MASTER_ERRORS = (
+    redis.exceptions.RedisError,
+    LockError,
+    OSError,
+)  # one master failing is an answer, not a failure
 ANSWER_WITHIN = 1.0  # s: a lead master that does not answer a PING within this (or its socket timeout) is silent
 
 
 class LeadSilent(LockConnectionError):
-    """The lead master did not answer while a wait was queued in its FIFO: the wait was given up (see LeadWait)."""
+    """The lead master did not answer while a wait was queued in its FIFO: the wait was given up
+    (see LeadWait)."""
 
 
 def master_options(asyncio: bool = False) -> dict[str, Any]:
-    """Client options for a quorum's masters: 1 s socket timeouts and no retries (redis-py retries a refused
-    connection for seconds, which would eat the validity time; the next round is the retry)."""
+    """Client options for a quorum's masters: 1 s socket timeouts and no retries (redis-py retries a
+    refused connection for seconds, which would eat the validity time; the next round is the
+    retry)."""
     retry = (redis.asyncio.retry.Retry if asyncio else Retry)(NoBackoff(), 0)
     return {"socket_timeout": 1.0, "socket_connect_timeout": 1.0, "retry": retry}
 
 
 def safe_quorum(masters: int, limit: int) -> int:
-    """The smallest q with q > masters*limit/(limit+1): no more than ``limit`` holders can each own q masters."""
+    """The smallest q with q > masters*limit/(limit+1): no more than ``limit`` holders can each own
+    q masters."""
     return masters * limit // (limit + 1) + 1
 
 
 @dataclass(frozen=True)
 class Fanout:
-    """Run one lock operation on each of these masters; the reply maps master index -> result or exception."""
+    """Run one lock operation on each of these masters; the reply maps master index -> result or
+    exception."""
 
     ops: dict[int, Operation[object]]
 
 
 @dataclass(frozen=True)
 class LeadWait:
-    """Wait in one master's FIFO for a slot (its lock front's blocking acquire, which reaps dead holders' leases
-    while it waits); the reply maps that master's index -> Permit or exception (AcquireTimeout after timeout).
+    """Wait in one master's FIFO for a slot (its lock front's blocking acquire, which reaps dead
+    holders' leases while it waits); the reply maps that master's index -> Permit or exception
+    (AcquireTimeout after timeout).
 
-    With ``watch``: each time the wait has gone ``watch`` seconds without a reply, the front makes sure the master
-    still answers (a PING; see ``QuorumFront``). While it does, the wait goes on untouched (its place in the FIFO
-    kept); when it does not, the front gives the wait up as a cancelled one (what Redis may still hand it is freed by
-    the next maintain there) and replies :class:`LeadSilent`.
+    With ``watch``: each time the wait has gone ``watch`` seconds without a reply, the front makes
+    sure the master still answers (a PING; see ``QuorumFront``). While it does, the wait goes on
+    untouched (its place in the FIFO kept); when it does not, the front gives the wait up as a
+    cancelled one (what Redis may still hand it is freed by the next maintain there) and replies
+    :class:`LeadSilent`.
     """
 
     index: int
@@ -126,14 +150,16 @@ class Pause:
     seconds: float
 
 
-# Like Operation: yields these, is sent their replies (a Fanout's and LeadWait's: index -> result or exception).
+# Like Operation: yields these, is sent their replies (a Fanout's and LeadWait's: index -> result or
+# exception).
 QuorumOperation = Generator[Fanout | LeadWait | Pause, Any, T]
 Pending = list[tuple[int, Permit]]  # master index, grant: what an acquire in progress holds
 
 
 @dataclass
 class QuorumPermit:
-    """A slot held on at least ``quorum`` masters; ``valid_until`` is on the lock's clock (monotonic)."""
+    """A slot held on at least ``quorum`` masters; ``valid_until`` is on the lock's clock
+    (monotonic)."""
 
     name: str
     owner: str
@@ -147,7 +173,8 @@ class QuorumPermit:
     lead: int | None = None  # the master whose FIFO this permit waited in (released last)
 
     def usable(self, now: float) -> bool:
-        """Held as far as this process knows: not lost, not released, its validity not run out by ``now``."""
+        """Held as far as this process knows: not lost, not released, its validity not run out by
+        ``now``."""
         return not self.lost and not self.released and now < self.valid_until
 
     @property
@@ -156,7 +183,8 @@ class QuorumPermit:
         return {i: p.fence for i, p in sorted(self.grants.items())}
 
     def newer_than(self, other: QuorumPermit | Mapping[int, int]) -> bool:
-        """True when this permit was granted after ``other`` on a master both hold, and before it on none."""
+        """True when this permit was granted after ``other`` on a master both hold, and before it on
+        none."""
         theirs = other.fences if isinstance(other, QuorumPermit) else dict(other)
         shared = [i for i in self.fences if i in theirs]
         return bool(shared) and all(self.fences[i] > theirs[i] for i in shared)
@@ -187,7 +215,9 @@ class QuorumCore:
     by_holder: dict[object, QuorumPermit] = field(default_factory=dict)
     known: bool = False  # the lock was seen on some master: a master missing it lost it (restart)
     last_round: str = ""
-    down_until: list[float] = field(default_factory=list)  # per master: not the lead before this time
+    down_until: list[float] = field(
+        default_factory=list
+    )  # per master: not the lead before this time
 
     def __post_init__(self) -> None:
         self.down_until = [0.0] * len(self.cores)
@@ -204,16 +234,23 @@ class QuorumCore:
     ) -> QuorumCore:
         """Over ``cores``, one per master, all made with the same (checked) name, limit and ttl."""
         masters, limit, name = len(cores), int(cores[0].limit or 0), cores[0].name
-        if isinstance(drift_factor, bool) or not isinstance(drift_factor, int | float) or not 0 <= drift_factor < 1:
+        if (
+            isinstance(drift_factor, bool)
+            or not isinstance(drift_factor, int | float)
+            or not 0 <= drift_factor < 1
+        ):
             raise InvalidArgument(f"drift_factor must be a number in [0, 1), got {drift_factor!r}")
         safe = safe_quorum(masters, limit)
         if quorum is None:
             quorum = safe
         elif isinstance(quorum, bool) or not isinstance(quorum, int) or not 1 <= quorum <= masters:
-            raise InvalidArgument(f"quorum must be an integer from 1 to {masters} (the masters), got {quorum!r}")
+            raise InvalidArgument(
+                f"quorum must be an integer from 1 to {masters} (the masters), got {quorum!r}"
+            )
         elif quorum < safe:
             logger.warning(
-                "quorum lock %r: quorum=%d is below the safe quorum %d for %d masters and limit %d: up to %d holders"
+                "quorum lock %r: quorum=%d is below the safe quorum %d for %d masters and limit "
+                "%d: up to %d holders"
                 " can hold it at once",
                 name,
                 quorum,
@@ -247,16 +284,18 @@ class QuorumCore:
         return self.ttl - (self.clock() - started) - drift
 
     def _known(self) -> None:
-        """The lock exists on some master: any master that lacks it lost it, and recreates it in limbo."""
+        """The lock exists on some master: any master that lacks it lost it, and recreates it in
+        limbo."""
         self.known = True
         for core in self.cores:
             core.ever_set_up = True
 
     def _probe(self, skip: int | None = None) -> QuorumOperation[None]:
-        """Until the lock was seen: does it exist on any master (but ``skip``)? Then a master without it lost it
-        (restarted empty), and every per-master setup or set_limit that finds it missing recreates it in limbo. Run
-        before anything this object writes could create the lock: one EXISTS per master, only while the lock was
-        never seen. A master that does not answer is not counted: only a lock that some master has is known."""
+        """Until the lock was seen: does it exist on any master (but ``skip``)? Then a master
+        without it lost it (restarted empty), and every per-master setup or set_limit that finds it
+        missing recreates it in limbo. Run before anything this object writes could create the lock:
+        one EXISTS per master, only while the lock was never seen. A master that does not answer is
+        not counted: only a lock that some master has is known."""
         if self.known:
             return
         replies = yield Fanout({i: _exists(core) for i, core in enumerate(self.cores) if i != skip})
@@ -264,13 +303,16 @@ class QuorumCore:
             self._known()
 
     def set_limit(self, limit: int) -> QuorumOperation[tuple[int | None, dict[int, BaseException]]]:
-        """Write ``limit`` to every master: (the previous limit of the first master that had one, the masters that
-        failed: index -> error). A master that lacks the lock while another has it gets it in limbo (every slot
-        reserved for one lease: it lost the lock, and a holder may be about to re-adopt its grant there); only a
-        lock found on no master is created with free slots."""
+        """Write ``limit`` to every master: (the previous limit of the first master that had one,
+        the masters that failed: index -> error). A master that lacks the lock while another has it
+        gets it in limbo (every slot reserved for one lease: it lost the lock, and a holder may be
+        about to re-adopt its grant there); only a lock found on no master is created with free
+        slots."""
         yield from self._probe()
         recover = self.known
-        replies = yield Fanout({i: core.set_limit_op(limit, recover) for i, core in enumerate(self.cores)})
+        replies = yield Fanout(
+            {i: core.set_limit_op(limit, recover) for i, core in enumerate(self.cores)}
+        )
         failed: dict[int, BaseException] = {}
         previous: int | None = None
         for index in sorted(replies):
@@ -284,12 +326,17 @@ class QuorumCore:
         return previous, failed
 
     def acquire(
-        self, timeout: float | None, blocking: bool = True, holder: object = None, pending: Pending | None = None
+        self,
+        timeout: float | None,
+        blocking: bool = True,
+        holder: object = None,
+        pending: Pending | None = None,
     ) -> QuorumOperation[QuorumPermit | None]:
-        """A permit on >= quorum masters (see the module docstring); None when not blocking and the round lost.
+        """A permit on >= quorum masters (see the module docstring); None when not blocking and the
+        round lost.
 
-        ``pending`` is kept listing the per-master grants this call holds that no permit owns yet: if the call is
-        cut short (cancelled), :meth:`sweep` of that list gives them back.
+        ``pending`` is kept listing the per-master grants this call holds that no permit owns yet:
+        if the call is cut short (cancelled), :meth:`sweep` of that list gives them back.
         """
         pending = [] if pending is None else pending
         timeout = check_timeout(timeout)
@@ -302,7 +349,9 @@ class QuorumCore:
         yield from self._probe()
         permit: QuorumPermit | None
         if blocking:
-            permit = yield from self._wait(None if timeout is None else self.clock() + timeout, timeout, pending)
+            permit = yield from self._wait(
+                None if timeout is None else self.clock() + timeout, timeout, pending
+            )
         else:
             permit = yield from self._round(pending)
         if permit is not None:
@@ -316,9 +365,12 @@ class QuorumCore:
         now = self.clock()
         return next((i for i, until in enumerate(self.down_until) if until <= now), None)
 
-    def _wait(self, deadline: float | None, timeout: float | None, pending: Pending) -> QuorumOperation[QuorumPermit]:
-        """Queue at the lead master (its FIFO), then gather the rest of the quorum; give up the lead slot and queue
-        again (at the back) after ``renew_interval`` without a quorum, so split leads never wait on each other."""
+    def _wait(
+        self, deadline: float | None, timeout: float | None, pending: Pending
+    ) -> QuorumOperation[QuorumPermit]:
+        """Queue at the lead master (its FIFO), then gather the rest of the quorum; give up the lead
+        slot and queue again (at the back) after ``renew_interval`` without a quorum, so split leads
+        never wait on each other."""
         backoff = Backoff(RETRY_FIRST, max(RETRY_FIRST, min(RETRY_MOST, self.renew_interval)))
         while True:
             lead = self._lead()
@@ -333,12 +385,14 @@ class QuorumCore:
                 raise self._timeout(timeout)
             if isinstance(reply, Permit) and lead is not None:
                 pending.append((lead, reply))
-                # Not seen before the wait: the lead may have created it just now (a new lock), or the others may
-                # have it by now (a master that did not answer the first probe): ask them again before the round.
+                # Not seen before the wait: the lead may have created it just now (a new lock), or
+                # the others may have it by now (a master that did not answer the first probe): ask
+                # them again before the round.
                 yield from self._probe(skip=lead)
                 patience_end = self.clock() + self.renew_interval
-                # The lead's lease began after ``asked`` (Redis delivered the slot to a read sent after it): after a
-                # short wait the validity is counted from there, a long one renews the lead's slot in the round.
+                # The lead's lease began after ``asked`` (Redis delivered the slot to a read sent
+                # after it): after a short wait the validity is counted from there, a long one
+                # renews the lead's slot in the round.
                 since = asked if self.clock() - asked < self.renew_interval else None
                 while True:
                     permit = yield from self._round(pending, (lead, reply), since)
@@ -363,24 +417,31 @@ class QuorumCore:
             if deadline is not None and self.clock() >= deadline:
                 raise self._timeout(timeout)
             delay = backoff.next() * random.uniform(0.5, 1.5)
-            yield Pause(delay if deadline is None else min(delay, max(0.0, deadline - self.clock())))
+            yield Pause(
+                delay if deadline is None else min(delay, max(0.0, deadline - self.clock()))
+            )
 
     def _timeout(self, timeout: float | None) -> AcquireTimeout:
         return AcquireTimeout(
-            f"quorum lock {self.name!r}: no quorum ({self.quorum} of {len(self.cores)} masters) within {timeout} s; "
+            f"quorum lock {self.name!r}: no quorum ({self.quorum} of {len(self.cores)} masters) "
+            f"within {timeout} s; "
             f"last: {self.last_round}"
         )
 
     def _round(
         self, pending: Pending, lead: tuple[int, Permit] | None = None, since: float | None = None
     ) -> QuorumOperation[QuorumPermit | None]:
-        """Ask every master for a slot without blocking; a win needs >= quorum grants and validity left.
+        """Ask every master for a slot without blocking; a win needs >= quorum grants and validity
+        left.
 
-        The lead's slot, already held, is not asked for: with ``since`` (its lease began after that time) the
-        validity is counted from ``since``; without, the slot is renewed in this round, its lease starting in it.
+        The lead's slot, already held, is not asked for: with ``since`` (its lease began after that
+        time) the validity is counted from ``since``; without, the slot is renewed in this round,
+        its lease starting in it.
         """
         started = self.clock() if since is None else since
-        ops: dict[int, Operation[object]] = {i: core.acquire(None, blocking=False) for i, core in enumerate(self.cores)}
+        ops: dict[int, Operation[object]] = {
+            i: core.acquire(None, blocking=False) for i, core in enumerate(self.cores)
+        }
         if lead is not None:
             if since is None:
                 ops[lead[0]] = self.cores[lead[0]].maintain([lead[1]])
@@ -396,8 +457,9 @@ class QuorumCore:
             self._known()
         validity = self.validity(started)
         errors = {i: r for i, r in replies.items() if isinstance(r, BaseException)}
-        self.last_round = f"{len(grants)} of {len(self.cores)} masters granted, quorum {self.quorum}" + "".join(
-            f"; master {i}: {type(e).__name__}: {e}" for i, e in sorted(errors.items())
+        self.last_round = (
+            f"{len(grants)} of {len(self.cores)} masters granted, quorum {self.quorum}"
+            + "".join(f"; master {i}: {type(e).__name__}: {e}" for i, e in sorted(errors.items()))
         )
         if len(grants) >= self.quorum and validity > 0:
             now = self.clock()
@@ -407,7 +469,9 @@ class QuorumCore:
             self.last_round += f"; validity {validity:.3f} s left: too late"
         partial = {i: p for i, p in grants.items() if lead is None or i != lead[0]}
         if partial:
-            yield Fanout({i: self.cores[i].release(p) for i, p in partial.items()})  # give every partial grant back
+            yield Fanout(
+                {i: self.cores[i].release(p) for i, p in partial.items()}
+            )  # give every partial grant back
         pending[:] = [(i, p) for i, p in pending if p not in partial.values()]
         return None
 
@@ -419,9 +483,12 @@ class QuorumCore:
             permit.holds -= 1
             return True
         permit.released = True
-        # The lead's slot last: when its FIFO hands it to the next waiter, the other masters are free already.
+        # The lead's slot last: when its FIFO hands it to the next waiter, the other masters are
+        # free already.
         rest = {i: p for i, p in permit.grants.items() if i != permit.lead}
-        replies = (yield Fanout({i: self.cores[i].release(p) for i, p in rest.items()})) if rest else {}
+        replies = (
+            (yield Fanout({i: self.cores[i].release(p) for i, p in rest.items()})) if rest else {}
+        )
         if permit.lead in permit.grants:
             lead = permit.lead
             replies.update((yield Fanout({lead: self.cores[lead].release(permit.grants[lead])})))
@@ -437,10 +504,14 @@ class QuorumCore:
             if held is permit:
                 del self.by_holder[holder]
 
-    def maintain(self, permits: list[QuorumPermit] | None = None) -> QuorumOperation[list[QuorumPermit]]:
-        """Renew ``permits`` (default: all held) on every master; returns those fewer than q masters renewed.
+    def maintain(
+        self, permits: list[QuorumPermit] | None = None
+    ) -> QuorumOperation[list[QuorumPermit]]:
+        """Renew ``permits`` (default: all held) on every master; returns those fewer than q masters
+        renewed.
 
-        A lost permit's remaining grants are given back. Masters with an abandoned wait are maintained too.
+        A lost permit's remaining grants are given back. Masters with an abandoned wait are
+        maintained too.
         """
         targets = list(self.held.values()) if permits is None else list(permits)
         started = self.clock()
@@ -484,7 +555,8 @@ class QuorumCore:
             yield from self.cores[index].release(grant)
 
     def sweep(self, pending: Pending) -> QuorumOperation[None]:
-        """Give back an interrupted acquire's ``pending`` grants, and free abandoned waits, on every master."""
+        """Give back an interrupted acquire's ``pending`` grants, and free abandoned waits, on every
+        master."""
         ops: dict[int, Operation[object]] = {}
         for i, core in enumerate(self.cores):
             orphans = [p for j, p in pending if j == i]
@@ -500,7 +572,8 @@ class QuorumCore:
             yield from self.cores[index].maintain([])
 
     def forget_all(self) -> int:
-        """Every permit is lost (the fronts' close frees everything of this owner on each master); how many."""
+        """Every permit is lost (the fronts' close frees everything of this owner on each master);
+        how many."""
         count = len(self.held)
         for permit in self.held.values():
             permit.lost = True
@@ -532,27 +605,44 @@ class QuorumFront(Generic[F]):
         clock: Clock = time.monotonic,
         waiting: Sequence[Any] | None = None,
     ) -> None:
-        """``waiting``: per master, the client whose connections block in that master's FIFO (a factory shares
-        them between its locks); by default each per-master lock makes its own (see ``waiting_client``)."""
+        """``waiting``: per master, the client whose connections block in that master's FIFO (a
+        factory shares them between its locks); by default each per-master lock makes its own (see
+        ``waiting_client``)."""
         if isinstance(masters, str | bytes) or not isinstance(masters, Sequence) or not masters:
-            raise InvalidArgument(f"masters must be a non-empty list of redis clients, got {masters!r}")
+            raise InvalidArgument(
+                f"masters must be a non-empty list of redis clients, got {masters!r}"
+            )
         expected = " or ".join(f"{t.__module__}.{t.__qualname__}" for t in self.client_types)
         for client in masters:
             if not isinstance(client, self.client_types):
-                raise InvalidArgument(f"masters must be {expected} clients, got {type(client).__name__}")
+                raise InvalidArgument(
+                    f"masters must be {expected} clients, got {type(client).__name__}"
+                )
         if len({id(c) for c in masters}) != len(masters):
-            raise InvalidArgument("masters lists the same client twice: each master must be an independent server")
+            raise InvalidArgument(
+                "masters lists the same client twice: each master must be an independent server"
+            )
         if limit is None:
-            raise InvalidArgument("limit must be given for a quorum lock (its quorum depends on it), got None")
+            raise InvalidArgument(
+                "limit must be given for a quorum lock (its quorum depends on it), got None"
+            )
         if reentrant and check_limit(limit) != 1:
             raise InvalidArgument(f"reentrant=True needs limit=1 (a mutex), got limit={limit!r}")
-        # One ordinary lock per master: its core is what the quorum core drives, its front waits in that master's
-        # FIFO (and reaps dead holders' leases meanwhile), its runner carries the commands.
-        # A shared waiting client is the factory's to close; one a front makes itself, its close() closes.
+        # One ordinary lock per master: its core is what the quorum core drives, its front waits in
+        # that master's FIFO (and reaps dead holders' leases meanwhile), its runner carries the
+        # commands. A shared waiting client is the factory's to close; one a front makes itself, its
+        # close() closes.
         shared = list(waiting) if waiting is not None else [None] * len(masters)
         self._fronts = [
             self.master_class(
-                client, name, limit, ttl, key_prefix=key_prefix, identity=identity, clock=clock, waiting=each
+                client,
+                name,
+                limit,
+                ttl,
+                key_prefix=key_prefix,
+                identity=identity,
+                clock=clock,
+                waiting=each,
             )
             for client, each in zip(masters, shared, strict=True)
         ]
@@ -565,10 +655,13 @@ class QuorumFront(Generic[F]):
         )
         self._masters = list(masters)
         self._runners = [front._command for front in self._fronts]
-        # Per master: (when, whether it answered) of the last PING a lead wait sent (see LeadWait.watch).
+        # Per master: (when, whether it answered) of the last PING a lead wait sent (see
+        # LeadWait.watch).
         self._answered: dict[int, tuple[float, bool]] = {}
         self.auto_renew = auto_renew
-        self.on_lost = on_lost or (lambda p: logger.warning("quorum permit %s of %r was lost", p.token, p.name))
+        self.on_lost = on_lost or (
+            lambda p: logger.warning("quorum permit %s of %r was lost", p.token, p.name)
+        )
 
     @property
     def name(self) -> str:
@@ -610,11 +703,13 @@ class QuorumFront(Generic[F]):
 
     @property
     def busy(self) -> bool:
-        """Holds, waits or has an abandoned wait to clean up on some master: what a maintain() is for."""
+        """Holds, waits or has an abandoned wait to clean up on some master: what a maintain() is
+        for."""
         return bool(self._core.held) or any(front.busy for front in self._fronts)
 
     def annotate(self, **fields: Any) -> None:
-        """Add fields to this owner's identity on every master (sent with the next maintain there)."""
+        """Add fields to this owner's identity on every master (sent with the next maintain
+        there)."""
         for front in self._fronts:
             front.annotate(**fields)
 
@@ -626,7 +721,8 @@ class QuorumFront(Generic[F]):
                 logger.exception("on_lost callback of quorum lock %r failed", self.name)
 
     def _recent_answer(self, index: int) -> bool | None:
-        """Whether master ``index`` answered the last PING, if that was less than a renewal interval ago."""
+        """Whether master ``index`` answered the last PING, if that was less than a renewal interval
+        ago."""
         last = self._answered.get(index)
         if last is None or self._core.clock() - last[0] >= self.renew_interval:
             return None
@@ -634,7 +730,8 @@ class QuorumFront(Generic[F]):
 
     def _silent(self, index: int, cause: BaseException | None = None) -> LeadSilent:
         error = LeadSilent(
-            f"quorum lock {self.name!r}: master {index} did not answer within {ANSWER_WITHIN} s while a wait was "
+            f"quorum lock {self.name!r}: master {index} did not answer within {ANSWER_WITHIN} s "
+            "while a wait was "
             "queued there; the wait was given up"
         )
         error.__cause__ = cause
@@ -642,10 +739,11 @@ class QuorumFront(Generic[F]):
 
 
 class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock]):
-    """A counting lock held on a safe quorum of N independent ``redis.Redis`` masters, for blocking code.
+    """A counting lock held on a safe quorum of N independent ``redis.Redis`` masters, for blocking
+    code.
 
-    Masters are asked one after the other; give the clients a socket timeout well below ``ttl`` and no retries
-    (:class:`QuorumLockFactory` does), or a hung or dead master eats the validity time.
+    Masters are asked one after the other; give the clients a socket timeout well below ``ttl`` and
+    no retries (:class:`QuorumLockFactory` does), or a hung or dead master eats the validity time.
     """
 
     client_types = (redis.Redis,)
@@ -688,8 +786,9 @@ class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock])
             op.close()
 
     def _lead_wait(self, command: LeadWait) -> Permit | BaseException:
-        """The lead master's blocking acquire, in this thread; with ``command.watch`` a watcher thread breaks the
-        wait off when the master stops answering (see :meth:`_watch`): LeadSilent then."""
+        """The lead master's blocking acquire, in this thread; with ``command.watch`` a watcher
+        thread breaks the wait off when the master stops answering (see :meth:`_watch`): LeadSilent
+        then."""
         front = self._fronts[command.index]
         if command.watch is None:
             return front.acquire(command.timeout)
@@ -711,11 +810,12 @@ class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock])
             done.set()
 
     def _watch(self, index: int, every: float, done: threading.Event, cut: threading.Event) -> None:
-        """While a lead wait on master ``index`` is out: every ``every`` s, if that master does not answer, close
-        the connections that wait on it (a blocked read cannot be cancelled from another thread): the wait ends
-        with a connection error, its consumer is abandoned (freed by the next maintain there), and the quorum
-        moves on. Repeated while it stays silent, in case the wait was between two reads. Every wait of this
-        object's factory queued there ends alike: the master is silent for all of them."""
+        """While a lead wait on master ``index`` is out: every ``every`` s, if that master does not
+        answer, close the connections that wait on it (a blocked read cannot be cancelled from
+        another thread): the wait ends with a connection error, its consumer is abandoned (freed by
+        the next maintain there), and the quorum moves on. Repeated while it stays silent, in case
+        the wait was between two reads. Every wait of this object's factory queued there ends alike:
+        the master is silent for all of them."""
         while not done.wait(every):
             if self._answers(index) or done.is_set():
                 continue
@@ -725,8 +825,9 @@ class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock])
                 waiting.connection_pool.disconnect()
 
     def _answers(self, index: int) -> bool:
-        """Whether master ``index`` answers a PING (within the client's socket timeout, which a quorum's clients
-        must have: 1 s from QuorumLockFactory); one PING per master and renewal interval, however many waits ask."""
+        """Whether master ``index`` answers a PING (within the client's socket timeout, which a
+        quorum's clients must have: 1 s from QuorumLockFactory); one PING per master and renewal
+        interval, however many waits ask."""
         with self._answer_locks[index]:
             recent = self._recent_answer(index)
             if recent is not None:
@@ -744,20 +845,24 @@ class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock])
         try:
             return self._run(self._core.acquire(timeout, blocking, threading.get_ident(), pending))
         except BaseException:
-            if pending:  # interrupted (KeyboardInterrupt) holding grants no permit owns: give them back
+            if (
+                pending
+            ):  # interrupted (KeyboardInterrupt) holding grants no permit owns: give them back
                 with contextlib.suppress(Exception):
                     self._run(self._core.sweep(pending))
             raise
 
     def acquire(self, timeout: float | None = None) -> QuorumPermit:
-        """A permit on >= quorum masters; AcquireTimeout after ``timeout`` s, saying how the last round went."""
+        """A permit on >= quorum masters; AcquireTimeout after ``timeout`` s, saying how the last
+        round went."""
         permit = self._acquire(timeout, True)
         assert permit is not None
         self._start_loop()
         return permit
 
     def try_acquire(self) -> QuorumPermit | None:
-        """One round: a permit if >= quorum masters grant one now, else None (partial grants given back)."""
+        """One round: a permit if >= quorum masters grant one now, else None (partial grants given
+        back)."""
         permit = self._acquire(None, False)
         if permit is not None:
             self._start_loop()
@@ -768,18 +873,24 @@ class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock])
         return bool(self._run(self._core.release(permit)))
 
     def renew(self, permit: QuorumPermit) -> None:
-        """Renew on every master; LockLost when fewer than ``quorum`` renewed (what is left is given back)."""
+        """Renew on every master; LockLost when fewer than ``quorum`` renewed (what is left is given
+        back)."""
         if self.maintain([permit]):
-            raise LockLost(f"quorum lock {self.name!r}: fewer than {self.quorum} masters renewed {permit.token}")
+            raise LockLost(
+                f"quorum lock {self.name!r}: fewer than {self.quorum} masters renewed "
+                f"{permit.token}"
+            )
 
     def maintain(self, permits: list[QuorumPermit] | None = None) -> list[QuorumPermit]:
-        """Renew held permits (default: all) on every master; returns the lost ones (on_lost is called for each)."""
+        """Renew held permits (default: all) on every master; returns the lost ones (on_lost is
+        called for each)."""
         lost: list[QuorumPermit] = self._run(self._core.maintain(permits))
         self._report_lost(lost)
         return lost
 
     def close(self) -> int:
-        """Stop renewing and free everything this object holds on every master; returns how many permits."""
+        """Stop renewing and free everything this object holds on every master; returns how many
+        permits."""
         self._stop.set()
         renewer = self._renewer
         if renewer is not None and renewer is not threading.current_thread():
@@ -792,9 +903,15 @@ class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock])
 
     def _start_loop(self) -> None:
         with self._loop_lock:
-            if not self.auto_renew or self._stop.is_set() or (self._renewer and self._renewer.is_alive()):
+            if (
+                not self.auto_renew
+                or self._stop.is_set()
+                or (self._renewer and self._renewer.is_alive())
+            ):
                 return
-            self._renewer = threading.Thread(target=self._loop, name=f"redislock-quorum-{self.name}", daemon=True)
+            self._renewer = threading.Thread(
+                target=self._loop, name=f"redislock-quorum-{self.name}", daemon=True
+            )
             self._renewer.start()
 
     def _loop(self) -> None:
@@ -811,8 +928,8 @@ class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock])
 
 
 class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCountingLock]):
-    """A counting lock held on a safe quorum of N independent ``redis.asyncio.Redis`` masters; masters are asked
-    all at once."""
+    """A counting lock held on a safe quorum of N independent ``redis.asyncio.Redis`` masters;
+    masters are asked all at once."""
 
     client_types = (redis.asyncio.Redis,)
     master_class = AsyncCountingLock
@@ -822,7 +939,9 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
         self._context: dict[asyncio.Task[Any] | None, list[QuorumPermit]] = {}
         self._renewer: asyncio.Task[None] | None = None
         self._closed = False
-        self._pings: dict[int, asyncio.Future[bool]] = {}  # master index -> the PING in flight (see _answers)
+        self._pings: dict[
+            int, asyncio.Future[bool]
+        ] = {}  # master index -> the PING in flight (see _answers)
 
     async def _one(self, index: int, op: Operation[object]) -> object:
         try:
@@ -853,8 +972,8 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
                     try:
                         results = await asyncio.gather(*tasks)
                     except asyncio.CancelledError:
-                        # Masters that answered before the cancellation may have granted: those grants are the
-                        # interrupted acquire's too (the generator never saw them).
+                        # Masters that answered before the cancellation may have granted: those
+                        # grants are the interrupted acquire's too (the generator never saw them).
                         await asyncio.gather(*tasks, return_exceptions=True)
                         if pending is not None:
                             pending.extend(
@@ -867,9 +986,12 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
         finally:
             op.close()
 
-    async def _lead_wait(self, command: LeadWait, pending: Pending | None) -> Permit | BaseException:
-        """The lead master's blocking acquire; with ``command.watch``, in a task of its own, given up (cancelled: its
-        consumer abandoned, freed by the next maintain there) when the master stops answering: LeadSilent then."""
+    async def _lead_wait(
+        self, command: LeadWait, pending: Pending | None
+    ) -> Permit | BaseException:
+        """The lead master's blocking acquire; with ``command.watch``, in a task of its own, given
+        up (cancelled: its consumer abandoned, freed by the next maintain there) when the master
+        stops answering: LeadSilent then."""
         front = self._fronts[command.index]
         if command.watch is None:
             return await front.acquire(command.timeout)
@@ -889,7 +1011,8 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
                     return self._silent(command.index)
                 break  # it ended as the cancel came: its outcome stands (a grant is used as any other)
         except asyncio.CancelledError:
-            # The acquire itself was cancelled: so is the wait; a grant it got first is the acquire's to sweep.
+            # The acquire itself was cancelled: so is the wait; a grant it got first is the
+            # acquire's to sweep.
             wait.cancel()
             await asyncio.wait({wait})
             if not wait.cancelled() and wait.exception() is None and pending is not None:
@@ -898,8 +1021,9 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
         return wait.result()
 
     async def _answers(self, index: int) -> bool:
-        """Whether master ``index`` answers a PING within ANSWER_WITHIN (or its socket timeout); one PING per
-        master and renewal interval, shared by every wait of this object that asks meanwhile."""
+        """Whether master ``index`` answers a PING within ANSWER_WITHIN (or its socket timeout); one
+        PING per master and renewal interval, shared by every wait of this object that asks
+        meanwhile."""
         recent = self._recent_answer(index)
         if recent is not None:
             return recent
@@ -920,9 +1044,12 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
     async def _acquire(self, timeout: float | None, blocking: bool) -> QuorumPermit | None:
         pending: Pending = []
         try:
-            return await self._run(self._core.acquire(timeout, blocking, asyncio.current_task(), pending), pending)
+            return await self._run(
+                self._core.acquire(timeout, blocking, asyncio.current_task(), pending), pending
+            )
         except asyncio.CancelledError:
-            # Cut short: give back what it held that no permit owns, and free cancelled waits' grants, now.
+            # Cut short: give back what it held that no permit owns, and free cancelled waits'
+            # grants, now.
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._run(self._core.sweep(pending)))
             raise
@@ -948,7 +1075,10 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
     async def renew(self, permit: QuorumPermit) -> None:
         """Renew on every master; LockLost when fewer than ``quorum`` renewed."""
         if await self.maintain([permit]):
-            raise LockLost(f"quorum lock {self.name!r}: fewer than {self.quorum} masters renewed {permit.token}")
+            raise LockLost(
+                f"quorum lock {self.name!r}: fewer than {self.quorum} masters renewed "
+                f"{permit.token}"
+            )
 
     async def maintain(self, permits: list[QuorumPermit] | None = None) -> list[QuorumPermit]:
         """Renew held permits (default: all) on every master; returns the lost ones."""
@@ -957,24 +1087,30 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
         return lost
 
     async def set_limit(self, limit: int) -> tuple[int | None, dict[int, BaseException]]:
-        """Write this object's limit to every master at once (the newest process's settings win): (the previous
-        limit of the first master that had one, the masters that failed: index -> error). Only the limit the object
-        was made with: its quorum was computed from it (another limit needs a new object). A master missing then
-        gets the lock with this limit when it is first used.
+        """Write this object's limit to every master at once (the newest process's settings win):
+        (the previous limit of the first master that had one, the masters that failed: index ->
+        error). Only the limit the object was made with: its quorum was computed from it (another
+        limit needs a new object). A master missing then gets the lock with this limit when it is
+        first used.
 
-        Never creates free slots on a master that lost the lock while another has it: until this object has seen
-        the lock, it first asks every master whether it has it (one EXISTS each), and a master without it gets it
-        with every slot reserved for one lease (see :meth:`QuorumCore.set_limit`)."""
+        Never creates free slots on a master that lost the lock while another has it: until this
+        object has seen the lock, it first asks every master whether it has it (one EXISTS each),
+        and a master without it gets it with every slot reserved for one lease (see
+        :meth:`QuorumCore.set_limit`)."""
         if limit != self._core.limit:
             raise InvalidArgument(
-                f"quorum lock {self.name!r}: set_limit({limit!r}) differs from the limit {self._core.limit} it was "
+                f"quorum lock {self.name!r}: set_limit({limit!r}) differs from the limit "
+                f"{self._core.limit} it was "
                 "made with; its quorum depends on the limit: make a new lock object"
             )
-        result: tuple[int | None, dict[int, BaseException]] = await self._run(self._core.set_limit(limit))
+        result: tuple[int | None, dict[int, BaseException]] = await self._run(
+            self._core.set_limit(limit)
+        )
         return result
 
     async def aclose(self) -> int:
-        """Stop renewing and free everything this object holds on every master; returns how many permits."""
+        """Stop renewing and free everything this object holds on every master; returns how many
+        permits."""
         self._closed = True
         if self._renewer is not None and self._renewer is not asyncio.current_task():
             await stop(self._renewer)
@@ -986,10 +1122,16 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
         return count
 
     def _start_loop(self) -> None:
-        if not self.auto_renew or self._closed or (self._renewer is not None and not self._renewer.done()):
+        if (
+            not self.auto_renew
+            or self._closed
+            or (self._renewer is not None and not self._renewer.done())
+        ):
             return
         self._renewer = asyncio.get_running_loop().create_task(
-            every(lambda: self.renew_interval, self._tick, what=f"renewing quorum lock {self.name!r}"),
+            every(
+                lambda: self.renew_interval, self._tick, what=f"renewing quorum lock {self.name!r}"
+            ),
             name=f"redislock-quorum-{self.name}",
         )
 
@@ -1001,17 +1143,23 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
 
 
 class QuorumLockFactory:
-    """Quorum locks over one set of masters, sharing their connections (like redlock-py's RedLockFactory).
+    """Quorum locks over one set of masters, sharing their connections (like redlock-py's
+    RedLockFactory).
 
-    ``masters``: redis URLs or clients (all blocking or all ``redis.asyncio``); with URLs, ``asyncio=True`` makes
-    asyncio clients. Clients made here get ``socket_timeout`` and ``socket_connect_timeout`` of 1 s and no retries
-    unless ``client_options`` say otherwise (redis-py retries a refused connection 10 times, some 4 s: that would
-    eat the validity time; the next round is the retry), and are closed by :meth:`close` / :meth:`aclose`.
+    ``masters``: redis URLs or clients (all blocking or all ``redis.asyncio``); with URLs,
+    ``asyncio=True`` makes asyncio clients. Clients made here get ``socket_timeout`` and
+    ``socket_connect_timeout`` of 1 s and no retries unless ``client_options`` say otherwise
+    (redis-py retries a refused connection 10 times, some 4 s: that would eat the validity time; the
+    next round is the retry), and are closed by :meth:`close` / :meth:`aclose`.
     """
 
-    def __init__(self, masters: Sequence[Any], *, asyncio: bool = False, **client_options: Any) -> None:
+    def __init__(
+        self, masters: Sequence[Any], *, asyncio: bool = False, **client_options: Any
+    ) -> None:
         if isinstance(masters, str | bytes) or not isinstance(masters, Sequence) or not masters:
-            raise InvalidArgument(f"masters must be a non-empty list of redis URLs or clients, got {masters!r}")
+            raise InvalidArgument(
+                f"masters must be a non-empty list of redis URLs or clients, got {masters!r}"
+            )
         module: Any = redis.asyncio if asyncio else redis
         options = {**master_options(asyncio), **client_options}
         self.clients: list[Any] = []
@@ -1021,18 +1169,23 @@ class QuorumLockFactory:
                 try:
                     client = module.Redis.from_url(master, **options)
                 except ValueError as exc:
-                    raise InvalidArgument(f"masters: {master!r} is not a redis URL ({exc})") from None
+                    raise InvalidArgument(
+                        f"masters: {master!r} is not a redis URL ({exc})"
+                    ) from None
                 self._made.append(client)
             else:
                 client = master
             self.clients.append(client)
         self.asyncio = isinstance(self.clients[0], redis.asyncio.Redis)
-        self.waiting = [waiting_client(client) for client in self.clients]  # one blocking pool per master
+        self.waiting = [
+            waiting_client(client) for client in self.clients
+        ]  # one blocking pool per master
 
     def lock(
         self, name: str, limit: int, ttl: float = 30.0, **kwargs: Any
     ) -> QuorumCountingLock | AsyncQuorumCountingLock:
-        """A :class:`QuorumCountingLock` (or :class:`AsyncQuorumCountingLock`) over the factory's masters."""
+        """A :class:`QuorumCountingLock` (or :class:`AsyncQuorumCountingLock`) over the factory's
+        masters."""
         cls = AsyncQuorumCountingLock if self.asyncio else QuorumCountingLock
         return cls(self.clients, name, limit, ttl, waiting=self.waiting, **kwargs)
 

@@ -1,15 +1,17 @@
-"""Read-only inspection of one lock: what ``redislock status`` shows of a stage, and why a request waits.
+"""Read-only inspection of one lock: what ``redislock status`` shows of a stage, and why a request
+waits.
 
-Nothing here writes to Redis. Each lock is read in one MULTI/EXEC (its keys share a hash tag), so the
-numbers of one stage are a consistent snapshot: the limit and ttl (``:meta``), the grants in the
-group's pending list (consumer, entry id = fencing token, idle time on Redis's clock), the identity each
-process registered (``:owners``: host, pid, started, spider/label, and ``waiting`` as of its last renewal),
-and the stream's counters, from which follow the free slots and the debt left by lowering the limit
-(see ``scripts/_lib.lua``). A pending-list consumer may be one wait of an owner (``<owner>#<n>``): it counts for
-the owner (:func:`~scrapy_redislock.lock.core.owner_of`). :func:`why_waiting` says in one line why a request of a
-stage would wait now (held by whom, paused, a recovery window); the crawl's log and ``redislock status`` both use it.
-:func:`astage_status` is the same read for ``redis.asyncio`` clients. Imports neither Scrapy nor Twisted; reads no
-settings.
+Nothing here writes to Redis. Each lock is read in one MULTI/EXEC (its keys share a hash tag), so
+the numbers of one stage are a consistent snapshot: the limit and ttl (``:meta``), the grants in the
+group's pending list (consumer, entry id = fencing token, idle time on Redis's clock), the identity
+each process registered (``:owners``: host, pid, started, spider/label, and ``waiting`` as of its
+last renewal), and the stream's counters, from which follow the free slots and the debt left by
+lowering the limit (see ``scripts/_lib.lua``). A pending-list consumer may be one wait of an owner
+(``<owner>#<n>``): it counts for the owner (:func:`~scrapy_redislock.lock.core.owner_of`).
+:func:`why_waiting` says in one line why a request of a stage would wait now (held by whom, paused,
+a recovery window); the crawl's log and ``redislock status`` both use it.
+:func:`astage_status` is the same read for ``redis.asyncio`` clients. Imports neither Scrapy nor
+Twisted; reads no settings.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ class Grant:
 
 @dataclass
 class Process:
-    """One registered consumer of a lock (a lock object in some process) and what it told Redis about itself."""
+    """One registered consumer of a lock (a lock object in some process) and what it told Redis
+    about itself."""
 
     holder: str
     held: int
@@ -72,7 +75,11 @@ class Process:
     def started(self) -> float | None:
         """When the process started (its own wall clock, seconds since the epoch)."""
         started = self.identity.get("started")
-        return float(started) if isinstance(started, int | float) and not isinstance(started, bool) else None
+        return (
+            float(started)
+            if isinstance(started, int | float) and not isinstance(started, bool)
+            else None
+        )
 
     @property
     def spider(self) -> str | None:
@@ -90,14 +97,16 @@ class StageStatus:
     ttl: float | None
     held: int
     free: int
-    debt: int  # grants still to be given back before a new one is granted (after lowering the limit)
+    debt: (
+        int  # grants still to be given back before a new one is granted (after lowering the limit)
+    )
     waiters: int  # sum of `waiting` over processes, as of each one's last renewal
     fence: int  # the last fencing token generated (the stream's last entry id)
     grants: list[Grant] = field(default_factory=list)
     processes: list[Process] = field(default_factory=list)
-    # The group's last-delivered sequence less the lock's first id (``base``): every grant since the lock was
-    # created, plus the slots withdrawn by
-    # lowering the limit (they are skipped, never granted). Only grows, so a rate of it is grants per second.
+    # The group's last-delivered sequence less the lock's first id (``base``): every grant since the
+    # lock was created, plus the slots withdrawn by lowering the limit (they are skipped, never
+    # granted). Only grows, so a rate of it is grants per second.
     delivered: int = 0
 
     def process(self, holder: str) -> Process | None:
@@ -110,14 +119,17 @@ class StageStatus:
 
     @property
     def expired(self) -> int:
-        """Grants whose lease ran out (their holder stopped renewing); the next maintain of any process frees them."""
+        """Grants whose lease ran out (their holder stopped renewing); the next maintain of any
+        process frees them."""
         return sum(1 for grant in self.grants if grant.expired)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["why_waiting"] = why_waiting(self)
         for process, raw in zip(self.processes, data["processes"], strict=True):
-            raw.update(host=process.host, pid=process.pid, spider=process.spider, started=process.started)
+            raw.update(
+                host=process.host, pid=process.pid, spider=process.spider, started=process.started
+            )
         for raw in data["grants"]:
             owner = self.process(raw["owner"])
             raw.update(
@@ -227,7 +239,9 @@ def _parse(stage: str, replies: list[Any]) -> StageStatus | None:
         )
 
     held_by: dict[str, int] = {}
-    for consumer in consumers:  # an owner's grants sit under its own name and its waits' ('<owner>#<n>')
+    for (
+        consumer
+    ) in consumers:  # an owner's grants sit under its own name and its waits' ('<owner>#<n>')
         owner = owner_of(str(text(consumer["name"])))
         held_by[owner] = held_by.get(owner, 0) + int(consumer.get("pending", 0))
     identities = {str(text(k)): parse_identity(v) for k, v in (owners or {}).items()}
@@ -272,25 +286,33 @@ def _who(process: Process | None, holder: str) -> str:
 def why_waiting(status: StageStatus, now: float | None = None) -> str:
     """Why a request of this stage would wait now, in one line; "" when a slot is free.
 
-    Paused (limit 0, and by whom when a registered process configured it), a recovery window after a Redis
-    data loss (until when), debt after lowering the limit, or every slot held: by whom (host, pid), with how much
-    lease left, and which holders stopped renewing (a dead process: its slots come back when the lease ends).
+    Paused (limit 0, and by whom when a registered process configured it), a recovery window after a
+    Redis data loss (until when), debt after lowering the limit, or every slot held: by whom (host,
+    pid), with how much lease left, and which holders stopped renewing (a dead process: its slots
+    come back when the lease ends).
     """
     now = time.time() if now is None else now
     if not status.exists:
         return "its lock is missing in Redis (data loss?); the next process to start or renew recreates it"
     if status.limit == 0:
         pausers = sorted(
-            _who(p, p.holder) for p in status.processes if p.identity.get("limit") == 0 and p.holder != LIMBO
+            _who(p, p.holder)
+            for p in status.processes
+            if p.identity.get("limit") == 0 and p.holder != LIMBO
         )
-        by = f"by {', '.join(pausers)} (its REDISLOCK_STAGES)" if pausers else "by set-limit or a process gone since"
+        by = (
+            f"by {', '.join(pausers)} (its REDISLOCK_STAGES)"
+            if pausers
+            else "by set-limit or a process gone since"
+        )
         return f"paused: limit 0 in Redis, set {by}; nothing is granted until the limit is raised"
     reserved = [g for g in status.grants if g.holder == LIMBO]
     if reserved:
         left = max(0.0, max(g.lease_left for g in reserved))
         until = time.strftime("%H:%M:%S", time.localtime(now + left))
         return (
-            f"recovery window after a Redis data loss: {len(reserved)} of {status.limit} slots reserved for the "
+            f"recovery window after a Redis data loss: {len(reserved)} of {status.limit} slots "
+            "reserved for the "
             f"holders that survived, until {until} (in {_short(left)})"
         )
     if status.free > 0:
@@ -307,7 +329,8 @@ def why_waiting(status: StageStatus, now: float | None = None) -> str:
         oldest = max(g.age for g in grants)
         if oldest > stale_after:
             parts.append(
-                f"{len(grants)} by {who} (not renewed for {_short(oldest)}: dead? freed when its lease ends in "
+                f"{len(grants)} by {who} (not renewed for {_short(oldest)}: dead? freed when its "
+                "lease ends in "
                 f"{_short(max(0.0, left))})"
             )
         else:

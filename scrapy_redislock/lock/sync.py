@@ -1,6 +1,7 @@
 """The blocking counting lock: ``CountingLock`` over a ``redis.Redis`` client.
 
-Its logic is in :mod:`scrapy_redislock.lock.core`; this front only carries commands to Redis (through
+Its logic is in :mod:`scrapy_redislock.lock.core`; this front only carries commands to Redis
+(through
 :class:`~scrapy_redislock.lock.front.CommandRunner`) and runs the optional maintenance thread.
 """
 
@@ -25,10 +26,10 @@ T = TypeVar("T")
 class CountingLock(ThreadContext[Permit], LockFront):
     """A fair, leased counting lock (semaphore) in Redis, for blocking code.
 
-    ``limit`` slots are shared by every process using the same name and prefix;
-    ``limit=1`` is a mutex. ``limit=None`` uses the limit already in Redis.
-    ``replicas=N``: each grant and release then waits (``WAIT``, up to ttl/3 and at most 1 s) until N replicas
-    have it; a grant they do not acknowledge is given back and NotReplicated raised.
+    ``limit`` slots are shared by every process using the same name and prefix; ``limit=1`` is a
+    mutex. ``limit=None`` uses the limit already in Redis. ``replicas=N``: each grant and release
+    then waits (``WAIT``, up to ttl/3 and at most 1 s) until N replicas have it; a grant they do not
+    acknowledge is given back and NotReplicated raised.
     """
 
     client_types = (redis.Redis, redis.RedisCluster)
@@ -73,7 +74,8 @@ class CountingLock(ThreadContext[Permit], LockFront):
         self._run(self._core.renew(permit))
 
     def maintain(self, permits: list[Permit] | None = None) -> list[Permit]:
-        """Renew held permits (default: all), free expired leases of others; returns the lost permits."""
+        """Renew held permits (default: all), free expired leases of others; returns the lost
+        permits."""
         lost: list[Permit] = self._run(self._core.maintain(permits))
         self._report_lost(lost)
         return lost
@@ -104,11 +106,14 @@ class CountingLock(ThreadContext[Permit], LockFront):
         with self._loop_lock:
             if not self.maintain_loop or self._renewer is not None or self._stop.is_set():
                 return
-            self._renewer = threading.Thread(target=self._loop, name=f"redislock-renew-{self.name}", daemon=True)
+            self._renewer = threading.Thread(
+                target=self._loop, name=f"redislock-renew-{self.name}", daemon=True
+            )
             self._renewer.start()
 
     def _loop(self) -> None:
-        """Maintain every ttl/3 (at once when woken) while needed; errors are logged and retried, never dropped."""
+        """Maintain every ttl/3 (at once when woken) while needed; errors are logged and retried,
+        never dropped."""
         while True:
             self._wake.wait(self.renew_interval)
             self._wake.clear()
@@ -123,7 +128,9 @@ class CountingLock(ThreadContext[Permit], LockFront):
             try:
                 self.maintain(self._loop_permits())
             except Exception:
-                logger.exception("renewing lock %r failed; retrying in %.1f s", self.name, self.renew_interval)
+                logger.exception(
+                    "renewing lock %r failed; retrying in %.1f s", self.name, self.renew_interval
+                )
 
 
 __all__ = ["AcquireTimeout", "CountingLock", "Permit"]

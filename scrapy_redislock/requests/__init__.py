@@ -1,1 +1,2 @@
-"""The request front: requests in flight per stage (:class:`StageLockMiddleware` and :class:`StageScheduler`)."""
+"""The request front: requests in flight per stage (:class:`StageLockMiddleware` and
+:class:`StageScheduler`)."""

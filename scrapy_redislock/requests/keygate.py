@@ -1,25 +1,29 @@
 """KeyGate: what StageLockMiddleware adds per request for REDISLOCK_STAGE_KEY and the delays.
 
-After the request's stage slot (from StageScheduler, or waited for in the middleware), in this fixed order:
+After the request's stage slot (from StageScheduler, or waited for in the middleware), in this fixed
+order:
 
-1. the slot of its key (the domain, ...) when the key is capped (REDISLOCK_KEY_LIMIT, REDISLOCK_KEY_LIMITS),
-   waited for in Redis's FIFO like a stage's;
-2. its stage's delay (REDISLOCK_DELAYS[stage]), then its key's (REDISLOCK_DELAY, REDISLOCK_DELAYS[key]): each a
-   booking of the next start on Redis's clock and a sleep until it (:mod:`scrapy_redislock.lock.delay`).
+1. the slot of its key (the domain, ...) when the key is capped (REDISLOCK_KEY_LIMIT,
+   REDISLOCK_KEY_LIMITS), waited for in Redis's FIFO like a stage's;
+2. its stage's delay (REDISLOCK_DELAYS[stage]), then its key's (REDISLOCK_DELAY,
+   REDISLOCK_DELAYS[key]): each a booking of the next start on Redis's clock and a sleep until it
+   (:mod:`scrapy_redislock.lock.delay`).
 
-Why this order cannot deadlock: a key slot is the last slot a request takes, so a request holding one waits for
-no other slot (only for bounded delays and its download), and always ends and frees it; a request holding a stage
-slot may wait for a key slot, but the holders of that key slot are all past every slot wait. No cycle of waits
-can form, in one process or across many. The price: a request waiting for a busy key keeps its stage slot (and,
-like any request waiting in a downloader middleware, one of CONCURRENT_REQUESTS) meanwhile.
+Why this order cannot deadlock: a key slot is the last slot a request takes, so a request holding
+one waits for no other slot (only for bounded delays and its download), and always ends and frees
+it; a request holding a stage slot may wait for a key slot, but the holders of that key slot are all
+past every slot wait. No cycle of waits can form, in one process or across many. The price: a
+request waiting for a busy key keeps its stage slot (and, like any request waiting in a downloader
+middleware, one of CONCURRENT_REQUESTS) meanwhile.
 
-The key slot is kept by request object and given back on the same paths as the stage slot (response, exception,
-request_left_downloader, a sweep at every renewal tick for requests gone from the downloader, spider close).
-A key slot lost, or past its lease on this process's clock, by the end of the delays is dropped
-(:meth:`KeyGate.usable`) and taken again: a request never starts with a slot another process may hold by now.
-A request that waited for a delay carries its booked start in ``meta["redislock_start_at"]`` (seconds since the
-epoch, Redis's clock; the key's booking when it had a stage delay too). A key function that raises fails that
-request with :class:`~scrapy_redislock.errors.KeyFunctionError` (stat ``redislock/key_errors``), not the crawl.
+The key slot is kept by request object and given back on the same paths as the stage slot (response,
+exception, request_left_downloader, a sweep at every renewal tick for requests gone from the
+downloader, spider close). A key slot lost, or past its lease on this process's clock, by the end of
+the delays is dropped (:meth:`KeyGate.usable`) and taken again: a request never starts with a slot
+another process may hold by now. A request that waited for a delay carries its booked start in
+``meta["redislock_start_at"]`` (seconds since the epoch, Redis's clock; the key's booking when it
+had a stage delay too). A key function that raises fails that request with
+:class:`~scrapy_redislock.errors.KeyFunctionError` (stat ``redislock/key_errors``), not the crawl.
 
 Stats: redislock/keys/{acquired,wait_time_total,wait_time_max,retired_idle},
 redislock/keys/<key>/{timeouts,lost,unusable},
@@ -65,8 +69,8 @@ class KeyGate:
         self.locks.add_tick_hook(self.sweep)
 
     def prepare(self, request: Request, stage: str | None) -> Coroutine[Any, Any, None] | None:
-        """A coroutine taking the request's key slot and waiting its delays; None when it has none of them.
-        KeyFunctionError (counted) when REDISLOCK_STAGE_KEY's function fails for it."""
+        """A coroutine taking the request's key slot and waiting its delays; None when it has none
+        of them. KeyFunctionError (counted) when REDISLOCK_STAGE_KEY's function fails for it."""
         try:
             key = request_key(request, self.crawler.spider, self.settings.stage_key)
         except KeyFunctionError:
@@ -103,7 +107,9 @@ class KeyGate:
             permit = await self.locks.acquire(key, self.settings.wait_timeout)
         except asyncio.CancelledError:
             if self.locks.closed:
-                raise IgnoreRequest(f"spider closed while waiting for a slot of key {key!r}") from None
+                raise IgnoreRequest(
+                    f"spider closed while waiting for a slot of key {key!r}"
+                ) from None
             raise
         finally:
             self.waiting[key] -= 1
@@ -124,8 +130,9 @@ class KeyGate:
         self.crawler.stats.inc_value("redislock/delay/wait_time_total", waited)  # type: ignore[arg-type]  # (as above)
 
     def usable(self, request: Request) -> bool:
-        """Whether the request's key slot, if it has one, may still go with it (see ``StageLocks.usable``); one
-        that may not is dropped (released, in case Redis still holds it)."""
+        """Whether the request's key slot, if it has one, may still go with it (see
+        ``StageLocks.usable``); one that may not is dropped (released, in case Redis still holds
+        it)."""
         permit = self.permits.get(request)
         if permit is None or self.locks.usable(permit):
             return True
@@ -139,7 +146,8 @@ class KeyGate:
             self.locks.release_soon(permit)
 
     async def sweep(self) -> None:
-        """At every renewal tick: free key slots of requests gone from the downloader at two ticks in a row."""
+        """At every renewal tick: free key slots of requests gone from the downloader at two ticks
+        in a row."""
         gone, self._suspects = left_twice(self.crawler, self.permits, self._suspects)
         for request in gone:
             permit = self.permits.pop(request, None)

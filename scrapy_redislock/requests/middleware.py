@@ -1,44 +1,48 @@
 """StageLockMiddleware: cap the requests in flight per stage across every process of a crawl.
 
-A request's stage comes from ``meta["redislock_stage"]``, the ``@stage(...)`` decorator on its callback,
-REDISLOCK_CALLBACK_STAGES, or REDISLOCK_DEFAULT_STAGE; ``meta["dont_redislock"]`` opts it out, and robots.txt is
-never throttled (see :func:`scrapy_redislock.crawl.stages.stage_of`). A capped request holds a slot of its stage from
-here until its download ends, and the slot is released on every outcome: response, exception (download timeout
-included), IgnoreRequest or a response from a later middleware, a request dropped on the way (found by a sweep at
-every renewal tick: :meth:`StageLocks.sweep <scrapy_redislock.crawl.stagelocks.StageLocks.sweep>`), the spider
-closing. Permits are kept by request object in the crawler's
-:class:`~scrapy_redislock.crawl.stagelocks.StageLocks`, never in ``meta``, so retries and redirects (which copy meta)
-never carry one. When the request is done with its slot, the slot passes straight on to a request of the same stage
-parked in StageScheduler (within REDISLOCK_LOCAL_REUSE), else goes back to Redis at once.
+A request's stage comes from ``meta["redislock_stage"]``, the ``@stage(...)`` decorator on its
+callback, REDISLOCK_CALLBACK_STAGES, or REDISLOCK_DEFAULT_STAGE; ``meta["dont_redislock"]`` opts it
+out, and robots.txt is never throttled (see :func:`scrapy_redislock.crawl.stages.stage_of`). A
+capped request holds a slot of its stage from here until its download ends, and the slot is released
+on every outcome: response, exception (download timeout included), IgnoreRequest or a response from
+a later middleware, a request dropped on the way (found by a sweep at every renewal tick:
+:meth:`StageLocks.sweep <scrapy_redislock.crawl.stagelocks.StageLocks.sweep>`), the spider closing.
+Permits are kept by request object in the crawler's
+:class:`~scrapy_redislock.crawl.stagelocks.StageLocks`, never in ``meta``, so retries and redirects
+(which copy meta) never carry one. When the request is done with its slot, the slot passes straight
+on to a request of the same stage parked in StageScheduler (within REDISLOCK_LOCAL_REUSE), else goes
+back to Redis at once.
 
-With :class:`~scrapy_redislock.StageScheduler` the slot was granted before the request left the scheduler and is
-picked up here (``StageLocks.take``). Without it, and for requests that bypass the scheduler
-(``engine.download_async``: media pipelines), the request waits here, in Redis's FIFO: caps hold, but a waiting
-request occupies one of CONCURRENT_REQUESTS (so a saturated stage slows the others). When the spider closes,
-requests waiting here keep their place in line, as Scrapy finishes what its downloader holds, while their stage
-makes progress; those of a stage that is paused (limit 0) or frees no slot anywhere for REDISLOCK_TTL +
-DOWNLOAD_TIMEOUT are dropped (IgnoreRequest), logged at WARNING with counts and counted as
-``redislock/<stage>/dropped_at_close``.
+With :class:`~scrapy_redislock.StageScheduler` the slot was granted before the request left the
+scheduler and is picked up here (``StageLocks.take``). Without it, and for requests that bypass the
+scheduler (``engine.download_async``: media pipelines), the request waits here, in Redis's FIFO:
+caps hold, but a waiting request occupies one of CONCURRENT_REQUESTS (so a saturated stage slows the
+others). When the spider closes, requests waiting here keep their place in line, as Scrapy finishes
+what its downloader holds, while their stage makes progress; those of a stage that is paused (limit
+0) or frees no slot anywhere for REDISLOCK_TTL + DOWNLOAD_TIMEOUT are dropped (IgnoreRequest),
+logged at WARNING with counts and counted as ``redislock/<stage>/dropped_at_close``.
 
-A request never starts with a slot that is lost or past its lease on this process's clock (Redis out of reach, a
-stall: another process may hold it by now; see ``StageLocks.usable``). Such a slot is dropped when the request
-picks it up here, or when the request is through its key slot and delays, and the request waits here for another
-(counted as ``redislock/<stage>/unusable``).
+A request never starts with a slot that is lost or past its lease on this process's clock (Redis out
+of reach, a stall: another process may hold it by now; see ``StageLocks.usable``). Such a slot is
+dropped when the request picks it up here, or when the request is through its key slot and delays,
+and the request waits here for another (counted as ``redislock/<stage>/unusable``).
 
-Fail closed: enabled with no stage is a ConfigError, and so is a stage name known at start (a ``@stage`` callback of
-the spider class, REDISLOCK_CALLBACK_STAGES, REDISLOCK_DEFAULT_STAGE) that REDISLOCK_STAGES does not configure
-(:func:`~scrapy_redislock.crawl.stages.check_stage_names`); a ConfigError ends the crawl as one log line, exit
-status 1. With REDISLOCK_ENABLED = False the middleware stays in the
-chain and fails every request that has a stage with ThrottlingDisabled (counted), never sends it unthrottled.
-AcquireTimeout (REDISLOCK_WAIT_TIMEOUT) is not retried by RetryMiddleware unless RETRY_EXCEPTIONS names it.
+Fail closed: enabled with no stage is a ConfigError, and so is a stage name known at start (a
+``@stage`` callback of the spider class, REDISLOCK_CALLBACK_STAGES, REDISLOCK_DEFAULT_STAGE) that
+REDISLOCK_STAGES does not configure (:func:`~scrapy_redislock.crawl.stages.check_stage_names`); a
+ConfigError ends the crawl as one log line, exit status 1. With REDISLOCK_ENABLED = False the
+middleware stays in the chain and fails every request that has a stage with ThrottlingDisabled
+(counted), never sends it unthrottled. AcquireTimeout (REDISLOCK_WAIT_TIMEOUT) is not retried by
+RetryMiddleware unless RETRY_EXCEPTIONS names it.
 
-Settings read (via :func:`scrapy_redislock.crawl.settings.read_settings`): REDISLOCK_ENABLED, REDISLOCK_URL (and the
-scrapy-redis fallbacks), REDISLOCK_PARAMS, REDISLOCK_STAGES, REDISLOCK_TTL, REDISLOCK_KEY_PREFIX,
-REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT, REDISLOCK_LOCAL_REUSE, and for keys and
-delays (:mod:`~scrapy_redislock.requests.keygate`: after the stage slot, the key slot, then the delays)
-REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT, REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS,
-REDISLOCK_RANDOMIZE_DELAY; Scrapy's RETRY_EXCEPTIONS and DOWNLOAD_TIMEOUT.
-Stats: redislock/<stage>/{acquired,wait_time_total,wait_time_max,lost,unusable,timeouts,dropped_at_close,reused},
+Settings read (via :func:`scrapy_redislock.crawl.settings.read_settings`): REDISLOCK_ENABLED,
+REDISLOCK_URL (and the scrapy-redis fallbacks), REDISLOCK_PARAMS, REDISLOCK_STAGES, REDISLOCK_TTL,
+REDISLOCK_KEY_PREFIX, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT,
+REDISLOCK_LOCAL_REUSE, and for keys and delays (:mod:`~scrapy_redislock.requests.keygate`: after the
+stage slot, the key slot, then the delays) REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT,
+REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS, REDISLOCK_RANDOMIZE_DELAY; Scrapy's
+RETRY_EXCEPTIONS and DOWNLOAD_TIMEOUT. Stats:
+redislock/<stage>/{acquired,wait_time_total,wait_time_max,lost,unusable,timeouts,dropped_at_close,reused},
 redislock/unknown_stage, redislock/throttling_off, redislock/redis_errors.
 """
 
@@ -74,12 +78,14 @@ logger = logging.getLogger(__name__)
 
 # How often requests waiting here check whether the engine is closing (its close waits for them).
 CLOSE_CHECK_INTERVAL = 0.1
-# Once it closes, how often the stages they wait for are checked for progress (one read of the lock in Redis).
+# Once it closes, how often the stages they wait for are checked for progress (one read of the lock
+# in Redis).
 STALL_CHECK_INTERVAL = 1.0
 
 
 class StageLockMiddleware:
-    """Downloader middleware holding one slot of the request's stage while the request is downloaded."""
+    """Downloader middleware holding one slot of the request's stage while the request is
+    downloaded."""
 
     redislock_takes_slots = True  # how StageScheduler and crawl.early find it without importing it
 
@@ -96,22 +102,30 @@ class StageLockMiddleware:
         self.stall_window = self.settings.ttl + crawler.settings.getfloat("DOWNLOAD_TIMEOUT", 180)
         if not self.settings.enabled:
             logger.warning(
-                "REDISLOCK_ENABLED is False: requests that have a stage fail with ThrottlingDisabled instead of "
-                "going out unthrottled; remove %s from DOWNLOADER_MIDDLEWARES to crawl them unthrottled on purpose",
+                "REDISLOCK_ENABLED is False: requests that have a stage fail with "
+                "ThrottlingDisabled instead of "
+                "going out unthrottled; remove %s from DOWNLOADER_MIDDLEWARES to crawl them "
+                "unthrottled on purpose",
                 MIDDLEWARE_PATH,
             )
             self.locks: StageLocks | None = None
             return
         if not self.settings.stages and not self.settings.keyed:
             raise ConfigError(
-                "StageLockMiddleware is enabled but REDISLOCK_STAGES is empty, so no request would be capped; "
-                "set REDISLOCK_STAGES = {stage: limit, ...} or REDISLOCK_STAGE_KEY, or REDISLOCK_ENABLED = False to "
+                "StageLockMiddleware is enabled but REDISLOCK_STAGES is empty, so no request would "
+                "be capped; "
+                "set REDISLOCK_STAGES = {stage: limit, ...} or REDISLOCK_STAGE_KEY, or "
+                "REDISLOCK_ENABLED = False to "
                 "switch it off on purpose"
             )
         check_reactor(crawler, "StageLockMiddleware")
-        check_stage_names(crawler.spidercls, self.settings, self.settings.stages, "REDISLOCK_STAGES")
+        check_stage_names(
+            crawler.spidercls, self.settings, self.settings.stages, "REDISLOCK_STAGES"
+        )
         self.locks = StageLocks.of(crawler, self.settings)
-        self.gate = KeyGate(crawler, self.settings) if self.settings.keyed else None  # keys and delays
+        self.gate = (
+            KeyGate(crawler, self.settings) if self.settings.keyed else None
+        )  # keys and delays
         self.locks.add_waiting_source(self.waiting.__getitem__)
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
@@ -122,31 +136,44 @@ class StageLockMiddleware:
         return cls(crawler)
 
     def spider_opened(self, spider: Spider) -> None:
-        """Say so when a cache or robots.txt middleware runs after this one (its requests would take slots)."""
-        late = [type(mw).__name__ for mw in middlewares_after(self.crawler, self) if isinstance(mw, EARLY_TYPES)]
+        """Say so when a cache or robots.txt middleware runs after this one (its requests would take
+        slots)."""
+        late = [
+            type(mw).__name__
+            for mw in middlewares_after(self.crawler, self)
+            if isinstance(mw, EARLY_TYPES)
+        ]
         if late:
             logger.warning(
-                "%s run(s) after StageLockMiddleware: cache hits and robots.txt refusals then take a slot; "
+                "%s run(s) after StageLockMiddleware: cache hits and robots.txt refusals then take "
+                "a slot; "
                 "give StageLockMiddleware a higher order (950)",
                 ", ".join(late),
             )
 
-    # -- the request's way through ---------------------------------------------------------------------------------
+    # -- the request's way through -----------------------------------------------------------------
 
-    def process_request(self, request: Request, spider: Spider | None = None) -> Coroutine[Any, Any, None] | None:
-        """None at once when there is nothing to wait for; a coroutine only when the request must wait here.
+    def process_request(
+        self, request: Request, spider: Spider | None = None
+    ) -> Coroutine[Any, Any, None] | None:
+        """None at once when there is nothing to wait for; a coroutine only when the request must
+        wait here.
 
-        A plain method keeps uncapped requests, and requests whose slot came with them from the scheduler, free of
-        any coroutine round trip.
+        A plain method keeps uncapped requests, and requests whose slot came with them from the
+        scheduler, free of any coroutine round trip.
         """
         if self.locks is None:
             self._refuse_unthrottled(request)
             return None
-        handed = self.locks.take(request)  # None also for a slot no longer usable: the request waits here instead
+        handed = self.locks.take(
+            request
+        )  # None also for a slot no longer usable: the request waits here instead
         if isinstance(handed, SlotPermit):
             return self._keys(request, handed.name, slotted=True)
         if handed is not None:
-            self._fail_timeout(request, handed)  # the scheduler's verdict after REDISLOCK_WAIT_TIMEOUT
+            self._fail_timeout(
+                request, handed
+            )  # the scheduler's verdict after REDISLOCK_WAIT_TIMEOUT
         stage = stage_of(request, self.settings, self.crawler.spider)
         if stage is None:
             return self._keys(request, None)
@@ -159,7 +186,9 @@ class StageLockMiddleware:
             return self._keys(request, stage)
         return self._wait_here(request, stage)
 
-    def _keys(self, request: Request, stage: str | None, slotted: bool = False) -> Coroutine[Any, Any, None] | None:
+    def _keys(
+        self, request: Request, stage: str | None, slotted: bool = False
+    ) -> Coroutine[Any, Any, None] | None:
         """After the stage slot (``slotted``: the request holds one): the key slot and the delays
         (:mod:`~scrapy_redislock.requests.keygate`), if any."""
         through = None if self.gate is None else self.gate.prepare(request, stage)
@@ -168,8 +197,9 @@ class StageLockMiddleware:
     async def _through_gate(
         self, request: Request, stage: str | None, slotted: bool, through: Coroutine[Any, Any, None]
     ) -> None:
-        """The gate may take long (a busy key, delays): a slot that stopped being usable meanwhile is dropped and
-        taken again, the stage slot first (a key slot is always the last one taken)."""
+        """The gate may take long (a busy key, delays): a slot that stopped being usable meanwhile
+        is dropped and taken again, the stage slot first (a key slot is always the last one
+        taken)."""
         try:
             await through
         except AcquireTimeout as exc:
@@ -190,21 +220,23 @@ class StageLockMiddleware:
             return
         self.crawler.stats.inc_value("redislock/throttling_off")
         raise ThrottlingDisabled(
-            f"request of stage {stage!r} refused: REDISLOCK_ENABLED is False, and it must not go out unthrottled "
-            f"(remove {MIDDLEWARE_PATH} from DOWNLOADER_MIDDLEWARES to crawl unthrottled on purpose)"
+            f"request of stage {stage!r} refused: REDISLOCK_ENABLED is False, and it must not go "
+            "out unthrottled "
+            f"(remove {MIDDLEWARE_PATH} from DOWNLOADER_MIDDLEWARES to crawl unthrottled on "
+            "purpose)"
         )
 
     def _fail_timeout(self, request: Request, error: BaseException) -> None:
-        """Raise the error; an AcquireTimeout is not retried unless RETRY_EXCEPTIONS names AcquireTimeout (it is
-        an OSError, which RetryMiddleware retries by default: the wait would be REDISLOCK_WAIT_TIMEOUT times
-        RETRY_TIMES + 1)."""
+        """Raise the error; an AcquireTimeout is not retried unless RETRY_EXCEPTIONS names
+        AcquireTimeout (it is an OSError, which RetryMiddleware retries by default: the wait would
+        be REDISLOCK_WAIT_TIMEOUT times RETRY_TIMES + 1)."""
         if isinstance(error, AcquireTimeout) and not self.retry_timeouts:
             request.meta["dont_retry"] = True
         raise error
 
     async def _wait_here(self, request: Request, stage: str) -> None:
-        """Wait in Redis's FIFO (no StageScheduler, or a request that bypassed it); see the module docstring for
-        what happens when the spider closes meanwhile."""
+        """Wait in Redis's FIFO (no StageScheduler, or a request that bypassed it); see the module
+        docstring for what happens when the spider closes meanwhile."""
         assert self.locks is not None
         started = time.monotonic()
         permit = await self._wait_for_slot(request, stage)
@@ -227,7 +259,9 @@ class StageLockMiddleware:
             permit = await wait
         except asyncio.CancelledError:
             if wait in self._dropped or (self._closing and wait.cancelled()):
-                raise IgnoreRequest(f"spider closing while waiting for a slot of stage {stage!r}") from None
+                raise IgnoreRequest(
+                    f"spider closing while waiting for a slot of stage {stage!r}"
+                ) from None
             raise
         except AcquireTimeout as exc:
             self._fail_timeout(request, exc)
@@ -242,8 +276,9 @@ class StageLockMiddleware:
             self._watcher = asyncio.get_running_loop().create_task(self._close_watch())
 
     async def _close_watch(self) -> None:
-        """One task for all waits here. Once the engine closes they keep waiting while their stage makes progress;
-        the waits of a stage that is paused or stalled are dropped, so that the close never hangs for ever."""
+        """One task for all waits here. Once the engine closes they keep waiting while their stage
+        makes progress; the waits of a stage that is paused or stalled are dropped, so that the
+        close never hangs for ever."""
         await every(self._close_interval, self._close_tick, what="watching the waits for the close")
 
     def _close_interval(self) -> float:
@@ -270,24 +305,33 @@ class StageLockMiddleware:
         for stage, count in sorted(dropped.items()):
             self.crawler.stats.inc_value(f"redislock/{stage}/dropped_at_close", count)
             logger.warning(
-                "Spider closing: dropped %d request(s) waiting for a slot of stage %r (%s)", count, stage, why
+                "Spider closing: dropped %d request(s) waiting for a slot of stage %r (%s)",
+                count,
+                stage,
+                why,
             )
 
-    def process_response(self, request: Request, response: Response, spider: Spider | None = None) -> Response:
+    def process_response(
+        self, request: Request, response: Response, spider: Spider | None = None
+    ) -> Response:
         self._release(request)
         return response
 
-    def process_exception(self, request: Request, exception: Exception, spider: Spider | None = None) -> None:
+    def process_exception(
+        self, request: Request, exception: Exception, spider: Spider | None = None
+    ) -> None:
         self._release(request)
 
     def request_left(self, request: Request, spider: Spider) -> None:
-        """The download is over (request_left_downloader fires before process_response): free the slot now."""
+        """The download is over (request_left_downloader fires before process_response): free the
+        slot now."""
         self._release(request)
 
     def _release(self, request: Request) -> None:
-        """The key slot goes back first, then the stage slot goes on to a parked request of its stage, or back to
-        Redis (see StageLocks.finish); this also frees a slot the scheduler handed out with a request that never
-        reached process_request (an earlier middleware answered it from a cache, or raised IgnoreRequest)."""
+        """The key slot goes back first, then the stage slot goes on to a parked request of its
+        stage, or back to Redis (see StageLocks.finish); this also frees a slot the scheduler handed
+        out with a request that never reached process_request (an earlier middleware answered it
+        from a cache, or raised IgnoreRequest)."""
         if self.locks is None:
             return
         if self.gate is not None:
@@ -295,7 +339,8 @@ class StageLockMiddleware:
         self.locks.finish(request)
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
-        """Free every permit and waiter of this process (one call per stage) before spider_closed completes."""
+        """Free every permit and waiter of this process (one call per stage) before spider_closed
+        completes."""
         assert self.locks is not None
         self._closing = True
         if self.gate is not None:
@@ -304,7 +349,8 @@ class StageLockMiddleware:
 
 
 def _names_acquire_timeout(exceptions: list[Any]) -> bool:
-    """Whether RETRY_EXCEPTIONS names AcquireTimeout (or a subclass) itself, not only a base class like OSError."""
+    """Whether RETRY_EXCEPTIONS names AcquireTimeout (or a subclass) itself, not only a base class
+    like OSError."""
     for entry in exceptions:
         try:
             loaded = load_object(entry) if isinstance(entry, str) else entry

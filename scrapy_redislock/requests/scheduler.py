@@ -1,42 +1,52 @@
-"""StageScheduler: a capped request leaves the scheduler only when it can go, in the inner scheduler's order.
+"""StageScheduler: a capped request leaves the scheduler only when it can go, in the inner
+scheduler's order.
 
-Scrapy counts a request as active in the downloader before the middleware chain runs, and stops pulling from the
-scheduler once CONCURRENT_REQUESTS are active: requests waiting in a middleware for a full stage would starve every
-other stage (head-of-line blocking). This scheduler wraps the real one (Scrapy's by default, or scrapy-redis's) and
-gives it sub-queues per capped stage (:mod:`~scrapy_redislock.requests.stagequeue`): the requests of a stage that
-cannot take one more stay in the inner scheduler, in its order, and the other stages' requests go past them.
+Scrapy counts a request as active in the downloader before the middleware chain runs, and stops
+pulling from the scheduler once CONCURRENT_REQUESTS are active: requests waiting in a middleware for
+a full stage would starve every other stage (head-of-line blocking). This scheduler wraps the real
+one (Scrapy's by default, or scrapy-redis's) and gives it sub-queues per capped stage
+(:mod:`~scrapy_redislock.requests.stagequeue`): the requests of a stage that cannot take one more
+stay in the inner scheduler, in its order, and the other stages' requests go past them.
 
-- A capped stage can take a request when this process has a slot of it in hand (passed on by one of its finished
-  requests), or when fewer than REDISLOCK_WAITERS_PER_STAGE of its requests wait for a slot in the downloader: the
-  head of the stage's sub-queue then goes to StageLockMiddleware and waits there, in Redis's first-come-first-served
-  line across processes (woken the moment a slot is freed anywhere); when it gets its slot, the engine is woken to
-  take the next one. What a process holds out of the inner scheduler is its requests in flight plus at most
-  REDISLOCK_WAITERS_PER_STAGE per stage; a shared scrapy-redis queue stays shared (the rest stays in Redis).
-- Order: within a stage, the inner queue's own (priority, DEPTH_PRIORITY, callback requests before start
-  requests, LIFO/FIFO); across the stages that can go, the highest priority first. With capped keys
-  (REDISLOCK_STAGE_KEY with a key limit) the sub-queues are per stage and key, and a key at its limit in this
-  process waits in the scheduler too (Scrapy's scheduler; over scrapy-redis keys wait in the middleware).
-- A slot freed by a finished request of this process goes straight to the next queued request of its stage
-  (:meth:`StageScheduler._take_slot`, called by ``StageLocks.finish``): no Redis round trip; within
-  REDISLOCK_LOCAL_REUSE seconds of Redis's grant, so that other processes waiting in Redis's line get their turn, and
-  only while no request of this process waits in that line (it is older, and goes first).
-- A slot in hand that is lost or outlived its lease on this process's clock is dropped, never handed out
-  (``StageLocks.usable``); a capped request that a middleware before StageLockMiddleware settles without a download
-  (a fresh HTTPCACHE hit, a URL robots.txt forbids) goes without a slot when its turn comes.
-- ``has_pending_requests()``, ``len()`` and the scheduler's stats are the inner scheduler's: a request waiting for a
-  slot is pending, and is counted once.
+- A capped stage can take a request when this process has a slot of it in hand (passed on by one of
+  its finished requests), or when fewer than REDISLOCK_WAITERS_PER_STAGE of its requests wait for a
+  slot in the downloader: the head of the stage's sub-queue then goes to StageLockMiddleware and
+  waits there, in Redis's first-come-first-served line across processes (woken the moment a slot is
+  freed anywhere); when it gets its slot, the engine is woken to take the next one. What a process
+  holds out of the inner scheduler is its requests in flight plus at most
+  REDISLOCK_WAITERS_PER_STAGE per stage; a shared scrapy-redis queue stays shared (the rest stays in
+  Redis).
+- Order: within a stage, the inner queue's own (priority, DEPTH_PRIORITY, callback requests before
+  start requests, LIFO/FIFO); across the stages that can go, the highest priority first. With capped
+  keys (REDISLOCK_STAGE_KEY with a key limit) the sub-queues are per stage and key, and a key at its
+  limit in this process waits in the scheduler too (Scrapy's scheduler; over scrapy-redis keys wait
+  in the middleware).
+- A slot freed by a finished request of this process goes straight to the next queued request of its
+  stage (:meth:`StageScheduler._take_slot`, called by ``StageLocks.finish``): no Redis round trip;
+  within REDISLOCK_LOCAL_REUSE seconds of Redis's grant, so that other processes waiting in Redis's
+  line get their turn, and only while no request of this process waits in that line (it is older,
+  and goes first).
+- A slot in hand that is lost or outlived its lease on this process's clock is dropped, never handed
+  out (``StageLocks.usable``); a capped request that a middleware before StageLockMiddleware settles
+  without a download (a fresh HTTPCACHE hit, a URL robots.txt forbids) goes without a slot when its
+  turn comes.
+- ``has_pending_requests()``, ``len()`` and the scheduler's stats are the inner scheduler's: a
+  request waiting for a slot is pending, and is counted once.
 
-Another inner scheduler (not Scrapy's, not scrapy-redis's, nor a subclass: its queues cannot be reached) is used as
-it is, said at INFO: each request leaves it in its order, and a capped one waits for its slot in the downloader.
+Another inner scheduler (not Scrapy's, not scrapy-redis's, nor a subclass: its queues cannot be
+reached) is used as it is, said at INFO: each request leaves it in its order, and a capped one waits
+for its slot in the downloader.
 
-On close, unused slots are freed; the queued requests are the inner scheduler's (JOBDIR or SCHEDULER_PERSIST keep
-them, unchanged). With REDISLOCK_ENABLED = False it is the inner scheduler and nothing more; enabled with no stage in
-REDISLOCK_STAGES it is a ConfigError (nothing would be capped).
+On close, unused slots are freed; the queued requests are the inner scheduler's (JOBDIR or
+SCHEDULER_PERSIST keep them, unchanged). With REDISLOCK_ENABLED = False it is the inner scheduler
+and nothing more; enabled with no stage in REDISLOCK_STAGES it is a ConfigError (nothing would be
+capped).
 
-Settings read (via :func:`scrapy_redislock.crawl.settings.read_settings`): REDISLOCK_SCHEDULER_INNER,
-REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_LOCAL_REUSE, REDISLOCK_ENABLED, REDISLOCK_STAGES and the stage and key
-settings. Stats: those of the middleware, plus redislock/<stage>/reused (slots passed on locally) and
-redislock/<stage>/unusable (slots dropped before a request could start with them).
+Settings read (via :func:`scrapy_redislock.crawl.settings.read_settings`):
+REDISLOCK_SCHEDULER_INNER, REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_LOCAL_REUSE, REDISLOCK_ENABLED,
+REDISLOCK_STAGES and the stage and key settings. Stats: those of the middleware, plus
+redislock/<stage>/reused (slots passed on locally) and redislock/<stage>/unusable (slots dropped
+before a request could start with them).
 """
 
 from __future__ import annotations
@@ -72,7 +82,12 @@ from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import ConfigError, KeyFunctionError, UnknownStage
-from scrapy_redislock.requests.stagequeue import Route, SharedStageQueues, StagePriorityQueues, StageQueueFactory
+from scrapy_redislock.requests.stagequeue import (
+    Route,
+    SharedStageQueues,
+    StagePriorityQueues,
+    StageQueueFactory,
+)
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -89,8 +104,9 @@ __all__ = ["StageScheduler"]
 
 
 def _build_inner(inner_cls: type, crawler: Crawler) -> Any:
-    """The inner scheduler, built from the crawler; over scrapy-redis's scheduler, with scrapy-redis's dupefilter
-    when DUPEFILTER_CLASS was left at Scrapy's default (see :func:`_scrapy_redis_settings`)."""
+    """The inner scheduler, built from the crawler; over scrapy-redis's scheduler, with
+    scrapy-redis's dupefilter when DUPEFILTER_CLASS was left at Scrapy's default (see
+    :func:`_scrapy_redis_settings`)."""
     settings = _scrapy_redis_settings(inner_cls, crawler.settings)
     if settings is None:
         return build_from_crawler(inner_cls, crawler)
@@ -105,14 +121,15 @@ def _build_inner(inner_cls: type, crawler: Crawler) -> Any:
 def _scrapy_redis_settings(inner_cls: type, settings: Settings) -> Settings | None:
     """Settings for scrapy-redis's scheduler as inner scheduler, None when they need no change.
 
-    scrapy-redis's documented settings are ``SCHEDULER = "scrapy_redis.scheduler.Scheduler"`` and ``DUPEFILTER_CLASS
-    = "scrapy_redis.dupefilter.RFPDupeFilter"``. With SCHEDULER being ours, a user who left DUPEFILTER_CLASS at
-    Scrapy's default got ``AttributeError: type object 'RFPDupeFilter' has no attribute 'from_settings'`` (Scrapy
-    2.19's filter has none), then ``RuntimeError: Engine slot not assigned``. Left at Scrapy's default (not set by
-    the project, the spider or the command line), it is scrapy-redis's own, as its documentation says (a filter per
-    process over a queue shared in Redis would let every process queue the same pages again); logged at INFO. Set
-    to a class scrapy-redis cannot build (neither ``from_spider`` nor ``from_settings``): a ConfigError naming
-    DUPEFILTER_CLASS and the value to use.
+    scrapy-redis's documented settings are ``SCHEDULER = "scrapy_redis.scheduler.Scheduler"`` and
+    ``DUPEFILTER_CLASS = "scrapy_redis.dupefilter.RFPDupeFilter"``. With SCHEDULER being ours, a
+    user who left DUPEFILTER_CLASS at Scrapy's default got ``AttributeError: type object
+    'RFPDupeFilter' has no attribute 'from_settings'`` (Scrapy 2.19's filter has none), then
+    ``RuntimeError: Engine slot not assigned``. Left at Scrapy's default (not set by the project,
+    the spider or the command line), it is scrapy-redis's own, as its documentation says (a filter
+    per process over a queue shared in Redis would let every process queue the same pages again);
+    logged at INFO. Set to a class scrapy-redis cannot build (neither ``from_spider`` nor
+    ``from_settings``): a ConfigError naming DUPEFILTER_CLASS and the value to use.
     """
     try:
         from scrapy_redis.scheduler import Scheduler as RedisScheduler
@@ -132,23 +149,29 @@ def _scrapy_redis_settings(inner_cls: type, settings: Settings) -> Settings | No
         patched.set("DUPEFILTER_CLASS", SCRAPY_REDIS_DUPEFILTER, priority="default")
         patched.freeze()
         logger.info(
-            "REDISLOCK_SCHEDULER_INNER is scrapy-redis's scheduler and DUPEFILTER_CLASS is Scrapy's default: it uses "
-            "scrapy-redis's dupefilter (%s), as scrapy-redis's settings say (set DUPEFILTER_CLASS to choose another)",
+            "REDISLOCK_SCHEDULER_INNER is scrapy-redis's scheduler and DUPEFILTER_CLASS is "
+            "Scrapy's default: it uses "
+            "scrapy-redis's dupefilter (%s), as scrapy-redis's settings say (set DUPEFILTER_CLASS "
+            "to choose another)",
             SCRAPY_REDIS_DUPEFILTER,
         )
         return patched
     if not (hasattr(dupefilter, "from_spider") or hasattr(dupefilter, "from_settings")):
         raise ConfigError(
-            f"DUPEFILTER_CLASS = {value!r} cannot be used by scrapy-redis's scheduler (REDISLOCK_SCHEDULER_INNER = "
-            f"{settings.get('REDISLOCK_SCHEDULER_INNER')!r}): it builds its dupefilter with from_spider() or "
-            f"from_settings(), which this class lacks; use DUPEFILTER_CLASS = {SCRAPY_REDIS_DUPEFILTER!r}, "
+            f"DUPEFILTER_CLASS = {value!r} cannot be used by scrapy-redis's scheduler "
+            "(REDISLOCK_SCHEDULER_INNER = "
+            f"{settings.get('REDISLOCK_SCHEDULER_INNER')!r}): it builds its dupefilter with "
+            "from_spider() or "
+            "from_settings(), which this class lacks; use DUPEFILTER_CLASS = "
+            f"{SCRAPY_REDIS_DUPEFILTER!r}, "
             "as scrapy-redis's documentation says"
         )
     return None
 
 
 class StageScheduler:
-    """A scheduler whose capped requests leave it only when they can go, in the inner scheduler's order."""
+    """A scheduler whose capped requests leave it only when they can go, in the inner scheduler's
+    order."""
 
     def __init__(self, crawler: Crawler) -> None:
         one_line_config_errors()  # a ConfigError below ends the crawl as one line, exit status 1
@@ -158,8 +181,10 @@ class StageScheduler:
         self.enabled = self.settings.enabled
         if self.enabled and not self.settings.stages and not self.settings.keyed:
             raise ConfigError(
-                "StageScheduler is enabled but REDISLOCK_STAGES is empty, so no request would be capped; set "
-                "REDISLOCK_STAGES = {stage: limit, ...}, or REDISLOCK_ENABLED = False to switch it off on purpose"
+                "StageScheduler is enabled but REDISLOCK_STAGES is empty, so no request would be "
+                "capped; set "
+                "REDISLOCK_STAGES = {stage: limit, ...}, or REDISLOCK_ENABLED = False to switch it "
+                "off on purpose"
             )
         if self.enabled:
             check_reactor(crawler, "StageScheduler")
@@ -173,19 +198,30 @@ class StageScheduler:
         self.locks = StageLocks.of(crawler, self.settings) if self.enabled else None
         capped = list(self.locks.locks) if self.locks is not None else []
         self.key_capped = self.settings.stage_key is not None and (
-            self.settings.key_limit is not None or any(v is not None for v in self.settings.key_limits.values())
+            self.settings.key_limit is not None
+            or any(v is not None for v in self.settings.key_limits.values())
         )
         self._routes: weakref.WeakKeyDictionary[Request, Route] = weakref.WeakKeyDictionary()
-        # Slots in hand (passed on by finished requests of this process), for the next queued request of the stage.
+        # Slots in hand (passed on by finished requests of this process), for the next queued
+        # request of the stage.
         self.ready: dict[str, deque[SlotPermit]] = {stage: deque() for stage in capped}
-        # Requests let go without a slot: they wait for one in the middleware, first in this process's line.
-        self.in_line: dict[str, weakref.WeakSet[Request]] = {stage: weakref.WeakSet() for stage in capped}
+        # Requests let go without a slot: they wait for one in the middleware, first in this
+        # process's line.
+        self.in_line: dict[str, weakref.WeakSet[Request]] = {
+            stage: weakref.WeakSet() for stage in capped
+        }
         self.shared: SharedStageQueues | None = None  # over scrapy-redis's scheduler, from open()
         self.closing = False
-        self._early: tuple[Any, ...] | None = None  # cache and robots.txt middlewares before ours, found on first use
-        self._load: Counter[str] | None = None  # keys held or in line in this process, during one next_request()
+        self._early: tuple[Any, ...] | None = (
+            None  # cache and robots.txt middlewares before ours, found on first use
+        )
+        self._load: Counter[str] | None = (
+            None  # keys held or in line in this process, during one next_request()
+        )
         self._wake_handle: asyncio.TimerHandle | None = None
-        self.queues_split = True  # the inner scheduler's queues are split by stage (False: an unknown scheduler)
+        self.queues_split = (
+            True  # the inner scheduler's queues are split by stage (False: an unknown scheduler)
+        )
         if self.locks is not None:
             # Scrapy's BaseScheduler makes isinstance() duck-typed: look for the class itself.
             if ScrapyScheduler in type(self.inner).__mro__ and not _is_scrapy_redis(self.inner):
@@ -193,8 +229,10 @@ class StageScheduler:
             elif not _is_scrapy_redis(self.inner):
                 self.queues_split = False
                 logger.info(
-                    "REDISLOCK_SCHEDULER_INNER = %r is neither Scrapy's scheduler nor scrapy-redis's (nor a subclass): "
-                    "StageScheduler cannot give it a queue per stage, so a capped request goes in its order and waits "
+                    "REDISLOCK_SCHEDULER_INNER = %r is neither Scrapy's scheduler nor "
+                    "scrapy-redis's (nor a subclass): "
+                    "StageScheduler cannot give it a queue per stage, so a capped request goes in "
+                    "its order and waits "
                     "for its slot in the downloader (a full stage can then hold up the others)",
                     inner_name(self.settings.scheduler_inner),
                 )
@@ -208,20 +246,27 @@ class StageScheduler:
         return cls(crawler)
 
     def __getattr__(self, name: str) -> Any:
-        """Anything else is the inner scheduler's (scrapy-redis's ``queue``, ``df``, ``flush``, ...)."""
+        """Anything else is the inner scheduler's (scrapy-redis's ``queue``, ``df``, ``flush``,
+        ...)."""
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """And so is setting it (scrapy-redis's ``persist``, ...), where the inner scheduler has it and we do not."""
+        """And so is setting it (scrapy-redis's ``persist``, ...), where the inner scheduler has it
+        and we do not."""
         inner = self.__dict__.get("inner")
-        if inner is not None and name not in self.__dict__ and not hasattr(type(self), name) and hasattr(inner, name):
+        if (
+            inner is not None
+            and name not in self.__dict__
+            and not hasattr(type(self), name)
+            and hasattr(inner, name)
+        ):
             setattr(inner, name, value)
         else:
             super().__setattr__(name, value)
 
-    # -- the scheduler interface ---------------------------------------------------------------------------------
+    # -- the scheduler interface -------------------------------------------------------------------
 
     def open(self, spider: Spider) -> Deferred[None] | None:
         result = self.inner.open(spider) if hasattr(self.inner, "open") else None
@@ -239,7 +284,8 @@ class StageScheduler:
         await self.locks.start_once()
 
     def _share_queue(self) -> None:
-        """scrapy-redis's queue (made anew at each of its open()), split by capped stage in Redis (see
+        """scrapy-redis's queue (made anew at each of its open()), split by capped stage in Redis
+        (see
         :class:`SharedStageQueues`); nothing for other inner schedulers."""
         if not _is_scrapy_redis(self.inner) or self.inner.queue is self.shared:
             return
@@ -253,8 +299,8 @@ class StageScheduler:
             self.inner.spider.log(f"Resuming crawl ({queued} requests scheduled)")
 
     def close(self, reason: str) -> Deferred[None] | None:
-        """The inner scheduler closes at once (as it would alone: scrapy-redis flushes its queue here unless
-        SCHEDULER_PERSIST); the slots are freed after."""
+        """The inner scheduler closes at once (as it would alone: scrapy-redis flushes its queue
+        here unless SCHEDULER_PERSIST); the slots are freed after."""
         result = self.inner.close(reason) if hasattr(self.inner, "close") else None
         if self.locks is None:
             return result
@@ -269,7 +315,9 @@ class StageScheduler:
         if inner_result is not None:
             await maybe_deferred_to_future(inner_result)
         assert self.locks is not None
-        await self.locks.close()  # unused slots, waits, anything a request left behind: one call per stage
+        await (
+            self.locks.close()
+        )  # unused slots, waits, anything a request left behind: one call per stage
 
     def has_pending_requests(self) -> bool:
         if self.shared is not None:
@@ -306,10 +354,11 @@ class StageScheduler:
         self.in_line[stage].add(request)
         return request
 
-    # -- the gate the sub-queues ask (stagequeue.Gate) -----------------------------------------------------------
+    # -- the gate the sub-queues ask (stagequeue.Gate) ---------------------------------------------
 
     def route(self, request: Request) -> Route:
-        """The sub-queue of ``request``: its stage when capped, and its key when keys are capped; computed once."""
+        """The sub-queue of ``request``: its stage when capped, and its key when keys are capped;
+        computed once."""
         try:
             return self._routes[request]
         except KeyError:
@@ -320,13 +369,16 @@ class StageScheduler:
             capped = stage is not None and self.locks.is_capped(stage)
         except UnknownStage:
             capped = False  # the middleware fails it, naming the stage and counting it
-        route: Route = (stage, self._key(request) if self.key_capped else None) if capped else (None, None)
+        route: Route = (
+            (stage, self._key(request) if self.key_capped else None) if capped else (None, None)
+        )
         self._routes[request] = route
         return route
 
     def may_go(self, route: Route) -> bool:
-        """A request of this sub-queue may leave now: not capped; or its stage has a slot in hand here, or fewer
-        than REDISLOCK_WAITERS_PER_STAGE of its requests wait in line; and its key (if capped) has room here."""
+        """A request of this sub-queue may leave now: not capped; or its stage has a slot in hand
+        here, or fewer than REDISLOCK_WAITERS_PER_STAGE of its requests wait in line; and its key
+        (if capped) has room here."""
         stage, key = route
         if stage is None:
             return True
@@ -338,15 +390,17 @@ class StageScheduler:
         return limit is None or self._key_load()[key] < limit
 
     def _line_is_full(self, stage: str) -> bool:
-        """The line bounds what waits for a slot in the downloader, where it takes one of CONCURRENT_REQUESTS; with
-        no downloader to watch (a scheduler driven by hand, as in Scrapy's own scheduler tests) or an inner
-        scheduler whose queues are not split by stage, there is nothing to bound."""
+        """The line bounds what waits for a slot in the downloader, where it takes one of
+        CONCURRENT_REQUESTS; with no downloader to watch (a scheduler driven by hand, as in Scrapy's
+        own scheduler tests) or an inner scheduler whose queues are not split by stage, there is
+        nothing to bound."""
         if not self.queues_split or downloader_active(self.crawler) is None:
             return False
         return self._in_line(stage) >= self.waiters_per_stage
 
     def _in_line(self, stage: str) -> int:
-        """Requests of ``stage`` let go without a slot that still wait for one (not yet holding one, not gone)."""
+        """Requests of ``stage`` let go without a slot that still wait for one (not yet holding one,
+        not gone)."""
         assert self.locks is not None
         line = self.in_line[stage]
         active = downloader_active(self.crawler)
@@ -356,21 +410,24 @@ class StageScheduler:
         return len(line)
 
     def _key_load(self) -> Counter[str]:
-        """Requests of this process per key that hold a slot or wait in line: a key has room while fewer than its
-        limit do. Other processes' are not seen (that would cost a read per request): a key busy elsewhere still
-        lets requests go here up to its limit, and they wait for the key in the middleware."""
+        """Requests of this process per key that hold a slot or wait in line: a key has room while
+        fewer than its limit do. Other processes' are not seen (that would cost a read per request):
+        a key busy elsewhere still lets requests go here up to its limit, and they wait for the key
+        in the middleware."""
         if self._load is None:
             assert self.locks is not None
             requests = set(self.locks.holding())
             for stage, line in self.in_line.items():
                 self._in_line(stage)  # forget those that got their slot or are gone
                 requests.update(line)
-            self._load = Counter(key for key in (self.route(r)[1] for r in requests) if key is not None)
+            self._load = Counter(
+                key for key in (self.route(r)[1] for r in requests) if key is not None
+            )
         return self._load
 
     def _key(self, request: Request) -> str | None:
-        """The request's key (REDISLOCK_STAGE_KEY); None also when its function fails for it (the middleware then
-        fails the request, naming the error)."""
+        """The request's key (REDISLOCK_STAGE_KEY); None also when its function fails for it (the
+        middleware then fails the request, naming the error)."""
         try:
             return request_key(request, self.crawler.spider, self.settings.stage_key)
         except KeyFunctionError:
@@ -379,28 +436,36 @@ class StageScheduler:
     def _settled_early(self, request: Request) -> bool:
         if self._early is None:
             self._early = early_middlewares(self.crawler)
-        return bool(self._early) and settled_before_download(request, self._early, self.crawler.spider)
+        return bool(self._early) and settled_before_download(
+            request, self._early, self.crawler.spider
+        )
 
-    # -- slots ---------------------------------------------------------------------------------------------------------
+    # -- slots -------------------------------------------------------------------------------------
 
     def _queued(self, stage: str) -> int:
-        """Requests of ``stage`` waiting in the inner scheduler (for the status CLI); 0 over scrapy-redis, where
-        counting would cost a Redis command per stage."""
+        """Requests of ``stage`` waiting in the inner scheduler (for the status CLI); 0 over
+        scrapy-redis, where counting would cost a Redis command per stage."""
         queues = [getattr(self.inner, name, None) for name in ("mqs", "dqs")]
         return sum(queue.count(stage) for queue in queues if isinstance(queue, StagePriorityQueues))
 
     def _could_use(self, stage: str) -> int:
-        """How many slots in hand the queued requests of ``stage`` could use now (over scrapy-redis: 1 while its
-        queue was not found empty lately)."""
+        """How many slots in hand the queued requests of ``stage`` could use now (over scrapy-redis:
+        1 while its queue was not found empty lately)."""
         if self.shared is not None:
             return int(self.shared.may_have(stage))
         return self._queued(stage)
 
     def _take_slot(self, stage: str, permit: SlotPermit) -> bool:
-        """A slot freed by a finished request of this process (``StageLocks.finish``): keep it for the next queued
-        request of its stage and wake the engine; False (back to Redis) when none could use it, or when a request
-        of this process already waits in Redis's line for the stage (it is older)."""
-        if self.closing or stage not in self.ready or engine_closing(self.crawler) or self._in_line(stage):
+        """A slot freed by a finished request of this process (``StageLocks.finish``): keep it for
+        the next queued request of its stage and wake the engine; False (back to Redis) when none
+        could use it, or when a request of this process already waits in Redis's line for the stage
+        (it is older)."""
+        if (
+            self.closing
+            or stage not in self.ready
+            or engine_closing(self.crawler)
+            or self._in_line(stage)
+        ):
             return False
         if self._could_use(stage) <= len(self.ready[stage]):
             return False
@@ -409,7 +474,8 @@ class StageScheduler:
         return True
 
     def _got_slot(self, request: Request) -> None:
-        """A request waiting in line got its slot in the middleware: the next of its stage may go."""
+        """A request waiting in line got its slot in the middleware: the next of its stage may
+        go."""
         for line in self.in_line.values():
             line.discard(request)
         if not self.closing:
@@ -423,7 +489,8 @@ class StageScheduler:
                     self.locks.release_soon(permits.popleft())
 
     def _wake_later(self, delay: float) -> None:
-        """The engine asked while every sub-queue worth asking was in its pause: ask again when the first ends."""
+        """The engine asked while every sub-queue worth asking was in its pause: ask again when the
+        first ends."""
         if self._wake_handle is None and not self.closing:
             self._wake_handle = asyncio.get_running_loop().call_later(max(delay, 0.0), self._woken)
 
@@ -432,8 +499,9 @@ class StageScheduler:
         wake_engine(self.crawler)
 
     async def tick(self) -> None:
-        """At every renewal tick: stand down once the engine closes (unused slots back to Redis); drop slots in
-        hand that can no longer go with a request, or that no queued request could use."""
+        """At every renewal tick: stand down once the engine closes (unused slots back to Redis);
+        drop slots in hand that can no longer go with a request, or that no queued request could
+        use."""
         assert self.locks is not None
         if engine_closing(self.crawler):
             self.closing = True
@@ -444,7 +512,11 @@ class StageScheduler:
             if not permits:
                 continue
             if not all(permit.usable(now) for permit in permits) or not self._could_use(stage):
-                kept = [permit for permit in permits if self._could_use(stage) and self.locks.usable(permit)]
+                kept = [
+                    permit
+                    for permit in permits
+                    if self._could_use(stage) and self.locks.usable(permit)
+                ]
                 for permit in permits:
                     if permit not in kept:
                         self.locks.release_soon(permit)

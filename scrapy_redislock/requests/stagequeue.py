@@ -1,20 +1,25 @@
-"""Sub-queues per stage inside the inner scheduler, so that a capped request leaves it only when it can go.
+"""Sub-queues per stage inside the inner scheduler, so that a capped request leaves it only when it
+can go.
 
-StageScheduler does not pull requests out of the inner scheduler to wait elsewhere (that lost their priority order,
-and drained a shared queue into one process's memory). It gives the inner scheduler queues that know each request's
-stage (and key, when keys are capped) and pop only from a sub-queue whose stage (and key) can take a request now,
-as the :class:`Gate` says. Within a sub-queue the inner queue's own order holds (priority, LIFO/FIFO, callback
-requests before start requests); across sub-queues that can go, the head of highest priority goes first (a callback
-request before a start request of the same priority), then, among equal heads, the one the single queue would have
-given first (the earlier pushed for a FIFO queue, the later for a LIFO one), else the sub-queue that waited longest.
+StageScheduler does not pull requests out of the inner scheduler to wait elsewhere (that lost their
+priority order, and drained a shared queue into one process's memory). It gives the inner scheduler
+queues that know each request's stage (and key, when keys are capped) and pop only from a sub-queue
+whose stage (and key) can take a request now, as the :class:`Gate` says. Within a sub-queue the
+inner queue's own order holds (priority, LIFO/FIFO, callback requests before start requests); across
+sub-queues that can go, the head of highest priority goes first (a callback request before a start
+request of the same priority), then, among equal heads, the one the single queue would have given
+first (the earlier pushed for a FIFO queue, the later for a LIFO one), else the sub-queue that
+waited longest.
 
-- :class:`StagePriorityQueues` for Scrapy's scheduler (memory and JOBDIR disk queues): one SCHEDULER_PRIORITY_QUEUE
-  per sub-queue, as Scrapy's DownloaderAwarePriorityQueue keeps one per download slot; on disk, one directory per
-  sub-queue and the state of all of them in the scheduler's own state file;
-- :class:`SharedStageQueues` for scrapy-redis's scheduler: one scrapy-redis queue of the same class per capped
-  stage, at ``<the spider's queue key>:<stage>``; the spider's own key keeps the requests of no capped stage and
-  takes whatever other producers push (a capped request found there that cannot go yet moves to its stage's key).
-  The queue stays shared: what a process has not started stays in Redis, visible to and takeable by every process.
+- :class:`StagePriorityQueues` for Scrapy's scheduler (memory and JOBDIR disk queues): one
+  SCHEDULER_PRIORITY_QUEUE per sub-queue, as Scrapy's DownloaderAwarePriorityQueue keeps one per
+  download slot; on disk, one directory per sub-queue and the state of all of them in the
+  scheduler's own state file;
+- :class:`SharedStageQueues` for scrapy-redis's scheduler: one scrapy-redis queue of the same class
+  per capped stage, at ``<the spider's queue key>:<stage>``; the spider's own key keeps the requests
+  of no capped stage and takes whatever other producers push (a capped request found there that
+  cannot go yet moves to its stage's key). The queue stays shared: what a process has not started
+  stays in Redis, visible to and takeable by every process.
 """
 
 from __future__ import annotations
@@ -47,9 +52,10 @@ if TYPE_CHECKING:
 Route = tuple[str | None, str | None]
 UNCAPPED: Route = (None, None)
 
-# scrapy-redis answers every pop with a Redis command: a sub-queue found empty is not asked again for EMPTY_PAUSE s
-# (doubling up to EMPTY_PAUSE_MOST while it stays empty), unless this process pushes to it. With many processes
-# sharing one queue those empty polls were a third of Redis's commands per page.
+# scrapy-redis answers every pop with a Redis command: a sub-queue found empty is not asked again
+# for EMPTY_PAUSE s (doubling up to EMPTY_PAUSE_MOST while it stays empty), unless this process
+# pushes to it. With many processes sharing one queue those empty polls were a third of Redis's
+# commands per page.
 EMPTY_PAUSE = 0.05
 EMPTY_PAUSE_MOST = 0.5
 OUTAGE_PAUSE_MOST = 2.0  # seconds between attempts at most while Redis does not answer
@@ -63,7 +69,8 @@ class Gate(Protocol):
     """What the sub-queues ask StageScheduler."""
 
     def route(self, request: Request) -> Route:
-        """The sub-queue of ``request``: its capped stage (None: not capped) and its key (None: keys not capped)."""
+        """The sub-queue of ``request``: its capped stage (None: not capped) and its key (None: keys
+        not capped)."""
 
     def may_go(self, route: Route) -> bool:
         """Whether a request of this sub-queue can leave the scheduler now."""
@@ -86,7 +93,8 @@ def _dirname(route: Route) -> str:
 
 
 class StageQueueFactory:
-    """Stands in for SCHEDULER_PRIORITY_QUEUE in Scrapy's scheduler: builds :class:`StagePriorityQueues` over it."""
+    """Stands in for SCHEDULER_PRIORITY_QUEUE in Scrapy's scheduler: builds
+    :class:`StagePriorityQueues` over it."""
 
     def __init__(self, pqclass: Any, gate: Gate) -> None:
         self.pqclass = pqclass
@@ -103,12 +111,19 @@ class StageQueueFactory:
         start_queue_cls: type | None = None,
     ) -> StagePriorityQueues:
         return StagePriorityQueues(
-            crawler, self.gate, self.pqclass, downstream_queue_cls, key, startprios, start_queue_cls=start_queue_cls
+            crawler,
+            self.gate,
+            self.pqclass,
+            downstream_queue_cls,
+            key,
+            startprios,
+            start_queue_cls=start_queue_cls,
         )
 
 
 class StagePriorityQueues:
-    """One priority queue (the crawl's SCHEDULER_PRIORITY_QUEUE) per sub-queue; pops only where the gate says go."""
+    """One priority queue (the crawl's SCHEDULER_PRIORITY_QUEUE) per sub-queue; pops only where the
+    gate says go."""
 
     def __init__(
         self,
@@ -123,8 +138,10 @@ class StagePriorityQueues:
     ) -> None:
         if startprios and not isinstance(startprios, dict):
             raise ValueError(
-                f"the JOBDIR's scheduler state ({startprios!r}) was written without StageScheduler's sub-queues "
-                "(SCHEDULER was Scrapy's own, or REDISLOCK_ENABLED was False); a crawl can only be resumed with the "
+                f"the JOBDIR's scheduler state ({startprios!r}) was written without "
+                "StageScheduler's sub-queues "
+                "(SCHEDULER was Scrapy's own, or REDISLOCK_ENABLED was False); a crawl can only be "
+                "resumed with the "
                 "scheduler and priority queue it was started with"
             )
         self.crawler = crawler
@@ -134,16 +151,22 @@ class StagePriorityQueues:
         self.key = key
         self.start_queue_cls = start_queue_cls
         self.queues: dict[Route, Any] = {}
-        self._pushed: weakref.WeakKeyDictionary[Request, int] = weakref.WeakKeyDictionary()  # request -> push order
+        self._pushed: weakref.WeakKeyDictionary[Request, int] = (
+            weakref.WeakKeyDictionary()
+        )  # request -> push order
         self._pushes = itertools.count()
         self._callback_lifo = _is_lifo(downstream_queue_cls)
-        self._start_lifo = _is_lifo(start_queue_cls) if start_queue_cls is not None else self._callback_lifo
+        self._start_lifo = (
+            _is_lifo(start_queue_cls) if start_queue_cls is not None else self._callback_lifo
+        )
         self._turns: dict[Route, int] = {}  # sub-queue -> when it last gave a request (a counter)
         self._turn = 0
         for route_id, prios in (startprios or {}).items():
             route = _route_of(route_id)
             self.queues[route] = self._new(route, prios)
-        if UNCAPPED not in self.queues:  # built at once, so that a priority queue refusing the settings says so now
+        if (
+            UNCAPPED not in self.queues
+        ):  # built at once, so that a priority queue refusing the settings says so now
             self.queues[UNCAPPED] = self._new(UNCAPPED)
 
     def _new(self, route: Route, startprios: Any = ()) -> Any:
@@ -179,11 +202,13 @@ class StagePriorityQueues:
             return tied[0] if tied else None
         assert best is not None
         lifo = self._start_lifo if best[1] else self._callback_lifo
-        return min(tied, key=lambda route: (self._push_order(route, lifo), self._turns.get(route, 0)))
+        return min(
+            tied, key=lambda route: (self._push_order(route, lifo), self._turns.get(route, 0))
+        )
 
     def _push_order(self, route: Route, lifo: bool) -> float:
-        """Where the sub-queue's head stands in the order one queue would give: its push order (negated for LIFO);
-        unknown (a request read back from disk) sorts after the known ones."""
+        """Where the sub-queue's head stands in the order one queue would give: its push order
+        (negated for LIFO); unknown (a request read back from disk) sorts after the known ones."""
         try:
             head = self.queues[route].peek()
         except NotImplementedError:
@@ -228,13 +253,15 @@ class StagePriorityQueues:
 
 
 def _is_lifo(queue_cls: Any) -> bool:
-    """Whether a downstream queue class gives the last pushed first (Scrapy's and queuelib's Lifo* queues)."""
+    """Whether a downstream queue class gives the last pushed first (Scrapy's and queuelib's Lifo*
+    queues)."""
     return any("Lifo" in cls.__name__ for cls in getattr(queue_cls, "__mro__", ()))
 
 
 def _head_rank(queue: Any) -> tuple[int, int]:
-    """How soon a sub-queue's head goes: its priority (lower first: Scrapy's queues keep -priority), then a callback
-    request before a start request of that priority (Scrapy's order within one queue)."""
+    """How soon a sub-queue's head goes: its priority (lower first: Scrapy's queues keep -priority),
+    then a callback request before a start request of that priority (Scrapy's order within one
+    queue)."""
     curprio = getattr(queue, "curprio", None)
     if curprio is None:
         try:
@@ -246,7 +273,8 @@ def _head_rank(queue: Any) -> tuple[int, int]:
 
 
 class SharedStageQueues:
-    """scrapy-redis's queue, split by capped stage in Redis; takes the place of its scheduler's ``queue``."""
+    """scrapy-redis's queue, split by capped stage in Redis; takes the place of its scheduler's
+    ``queue``."""
 
     def __init__(
         self,
@@ -262,16 +290,23 @@ class SharedStageQueues:
         self.queues: dict[str | None, Any] = {None: base}
         for stage in stages:
             self.queues[stage] = type(base)(
-                server=base.server, spider=base.spider, key=self.key_of(stage), serializer=base.serializer
+                server=base.server,
+                spider=base.spider,
+                key=self.key_of(stage),
+                serializer=base.serializer,
             )
-        self._pauses = {stage: Backoff(first=EMPTY_PAUSE, most=EMPTY_PAUSE_MOST) for stage in self.queues}
+        self._pauses = {
+            stage: Backoff(first=EMPTY_PAUSE, most=EMPTY_PAUSE_MOST) for stage in self.queues
+        }
         self._ask_at = dict.fromkeys(self.queues, 0.0)
         self._turns = dict.fromkeys(self.queues, 0)
         self._turn = 0
         self._outage = Backoff(first=EMPTY_PAUSE, most=OUTAGE_PAUSE_MOST)
         self._out_since: float | None = None  # when Redis stopped answering (None: it answers)
         self._known_length = 0
-        self.unpushed: deque[tuple[str | None, Request]] = deque()  # pushed while Redis did not answer
+        self.unpushed: deque[tuple[str | None, Request]] = (
+            deque()
+        )  # pushed while Redis did not answer
 
     @property
     def key(self) -> str:
@@ -282,11 +317,13 @@ class SharedStageQueues:
         return self.base.server
 
     def key_of(self, stage: str) -> str:
-        """The Redis key of ``stage``'s queue (escaped for scrapy-redis's ``key % {"spider": ...}``)."""
+        """The Redis key of ``stage``'s queue (escaped for scrapy-redis's ``key % {"spider":
+        ...}``)."""
         return f"{self.base.key}:{stage}".replace("%", "%%")
 
     def push(self, request: Request) -> None:
-        """Into its stage's queue; kept in memory while Redis does not answer, and pushed at the next pop."""
+        """Into its stage's queue; kept in memory while Redis does not answer, and pushed at the
+        next pop."""
         stage = self.gate.route(request)[0]
         if stage not in self.queues:
             stage = None
@@ -302,21 +339,24 @@ class SharedStageQueues:
         self._pauses[stage].reset()
 
     def _went_out(self, exc: BaseException) -> float:
-        """Note an outage (one warning when it starts); the seconds to wait before asking Redis again."""
+        """Note an outage (one warning when it starts); the seconds to wait before asking Redis
+        again."""
         delay = self._outage.next()
         if self._out_since is None:
             self._out_since = time.monotonic()
-            logger.warning("Shared queue in Redis unreachable (%s: %s); asking again in %.1f s, then backing off",
+            logger.warning("Shared queue in Redis unreachable (%s: %s); asking again in %.1f s, "
+                           "then backing off",
                            type(exc).__name__, exc, delay)  # fmt: skip
         return delay
 
     def pop(self, timeout: float = 0) -> Request | None:
-        """The next request that can go, from the sub-queue whose turn it is; never blocks (``timeout`` is
-        scrapy-redis's SCHEDULER_IDLE_BEFORE_CLOSE: a blocking pop on the reactor thread would stall the crawl).
+        """The next request that can go, from the sub-queue whose turn it is; never blocks
+        (``timeout`` is scrapy-redis's SCHEDULER_IDLE_BEFORE_CLOSE: a blocking pop on the reactor
+        thread would stall the crawl).
 
-        While Redis does not answer (an outage, a Sentinel failover) it answers None and asks again after a back-off:
-        one warning when the outage starts, one INFO line when it ends, no traceback (plain scrapy-redis raises from
-        the engine's loop at every attempt)."""
+        While Redis does not answer (an outage, a Sentinel failover) it answers None and asks again
+        after a back-off: one warning when the outage starts, one INFO line when it ends, no
+        traceback (plain scrapy-redis raises from the engine's loop at every attempt)."""
         try:
             while self.unpushed:
                 stage, unpushed = self.unpushed[0]
@@ -331,7 +371,10 @@ class SharedStageQueues:
             self.asked_while_paused(delay)
             return None
         if self._out_since is not None:
-            logger.info("Shared queue in Redis reachable again after %.1f s", time.monotonic() - self._out_since)
+            logger.info(
+                "Shared queue in Redis reachable again after %.1f s",
+                time.monotonic() - self._out_since,
+            )
             self._out_since = None
             self._outage.reset()
         return request
@@ -355,7 +398,9 @@ class SharedStageQueues:
             if stage is None:
                 real = self.gate.route(request)[0]
                 if real in self.queues and real is not None and not self.gate.may_go((real, None)):
-                    self.queues[real].push(request)  # pushed by another producer: it waits in its stage's queue
+                    self.queues[real].push(
+                        request
+                    )  # pushed by another producer: it waits in its stage's queue
                     continue
             return request
         if paused_until is not None:
@@ -367,8 +412,8 @@ class SharedStageQueues:
         return stage in self._ask_at and time.monotonic() >= self._ask_at[stage]
 
     def has_requests(self) -> bool:
-        """Whether any sub-queue holds a request: one command per sub-queue until one does. True while Redis does
-        not answer: the crawl does not close on a queue it cannot see."""
+        """Whether any sub-queue holds a request: one command per sub-queue until one does. True
+        while Redis does not answer: the crawl does not close on a queue it cannot see."""
         try:
             return bool(self.unpushed) or any(len(queue) > 0 for queue in self.queues.values())
         except OUTAGE_ERRORS:
@@ -379,9 +424,11 @@ class SharedStageQueues:
             queue.clear()
 
     def close(self) -> None:
-        """The queues live in Redis: only requests pushed while it did not answer, and never since, are lost."""
+        """The queues live in Redis: only requests pushed while it did not answer, and never since,
+        are lost."""
         if self.unpushed:
-            logger.error("%d request(s) pushed while Redis did not answer could not be queued before close: lost",
+            logger.error("%d request(s) pushed while Redis did not answer could not be queued "
+                         "before close: lost",
                          len(self.unpushed))  # fmt: skip
 
     def __len__(self) -> int:

@@ -1,12 +1,15 @@
-"""Start URLs pushed to a RedisSpider's ``redis_key`` (scrapy-redis's feed), read with redis.asyncio.
+"""Start URLs pushed to a RedisSpider's ``redis_key`` (scrapy-redis's feed), read with
+redis.asyncio.
 
-scrapy-redis reads them in ``spider_idle`` with blocking calls on the reactor thread. Here the worker scheduler
-reads a batch when it has no work (at its heartbeat, or when woken) or when its stage queue has run empty; an
-idle worker also blocks on a list feed itself (BLPOP with the signal lists, not on Redis Cluster where the keys sit
-on other nodes), so that a start URL pushed to an idle cluster is taken within milliseconds, not at the next poll.
+scrapy-redis reads them in ``spider_idle`` with blocking calls on the reactor thread. Here the
+worker scheduler reads a batch when it has no work (at its heartbeat, or when woken) or when its
+stage queue has run empty; an idle worker also blocks on a list feed itself (BLPOP with the signal
+lists, not on Redis Cluster where the keys sit on other nodes), so that a start URL pushed to an
+idle cluster is taken within milliseconds, not at the next poll.
 
-Settings read (via :mod:`scrapy_redislock.crawl.settings`): REDIS_START_URLS_AS_SET / _AS_ZSET (the feed's type);
-the spider's ``redis_key``, ``redis_batch_size`` (default CONCURRENT_REQUESTS) and ``make_request_from_data``.
+Settings read (via :mod:`scrapy_redislock.crawl.settings`): REDIS_START_URLS_AS_SET / _AS_ZSET (the
+feed's type); the spider's ``redis_key``, ``redis_batch_size`` (default CONCURRENT_REQUESTS) and
+``make_request_from_data``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ if TYPE_CHECKING:
 class StartUrlFeed:
     """One spider's start-URL feed; ``enabled`` is False for a spider without ``redis_key``."""
 
-    def __init__(self, client: AsyncRedisClient, spider: Spider | None, how: str, batch: int) -> None:
+    def __init__(
+        self, client: AsyncRedisClient, spider: Spider | None, how: str, batch: int
+    ) -> None:
         self.client = client
         self.spider = spider
         self.how = how
@@ -36,7 +41,8 @@ class StartUrlFeed:
 
     @property
     def blocking_key(self) -> str | None:
-        """The key an idle worker may BLPOP beside its signal lists: a list feed on a single Redis, else None."""
+        """The key an idle worker may BLPOP beside its signal lists: a list feed on a single Redis,
+        else None."""
         if not self.enabled or self.how != "list" or hasattr(self.client, "get_node_from_key"):
             return None
         return self.key
@@ -49,7 +55,8 @@ class StartUrlFeed:
         if self.how == "set":
             return list(await self.client.spop(key, self.batch) or [])
         if self.how == "zset":
-            # with a count: (member, score) pairs (redis-py's return type is a union that also has plain members)
+            # with a count: (member, score) pairs (redis-py's return type is a union that also has
+            # plain members)
             pairs = cast(list[Sequence[Any]], await self.client.zpopmax(key, self.batch))
             return [member for member, _score in pairs]
         return list(await self.client.lpop(key, self.batch) or [])

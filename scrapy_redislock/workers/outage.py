@@ -1,11 +1,13 @@
-"""How the worker front tells a Redis outage: one warning when it starts, one info line when Redis answers again.
+"""How the worker front tells a Redis outage: one warning when it starts, one info line when Redis
+answers again.
 
-An outage (Redis down, paused, restarting, a Sentinel or Cluster failover) makes every Redis call of a worker fail
-until it is over: the loop's step, the pushes of what callbacks yielded, the acknowledgements. Each of them retries
-with back-off and loses nothing, so an outage is not an error: :class:`OutageLog` says so once, as a WARNING,
-with the first error; the failures after it (every retry of every caller) go to DEBUG; the first call that gets an
-answer logs one INFO line with how long it lasted. The callers count every failure
-(``redislock/workers/redis_errors``). An ERROR is kept for what loses work (see the scheduler).
+An outage (Redis down, paused, restarting, a Sentinel or Cluster failover) makes every Redis call of
+a worker fail until it is over: the loop's step, the pushes of what callbacks yielded, the
+acknowledgements. Each of them retries with back-off and loses nothing, so an outage is not an
+error: :class:`OutageLog` says so once, as a WARNING, with the first error; the failures after it
+(every retry of every caller) go to DEBUG; the first call that gets an answer logs one INFO line
+with how long it lasted. The callers count every failure (``redislock/workers/redis_errors``). An
+ERROR is kept for what loses work (see the scheduler).
 
 Imports neither Scrapy nor Twisted; reads no settings.
 """
@@ -15,19 +17,25 @@ from __future__ import annotations
 import logging
 import time
 
-# A call sent before Redis came back can fail just after another call's answer ended the outage: within this many
-# seconds of the end, a failure is a straggler of that outage (DEBUG), not a new one.
+# A call sent before Redis came back can fail just after another call's answer ended the outage:
+# within this many seconds of the end, a failure is a straggler of that outage (DEBUG), not a new
+# one.
 STRAGGLERS = 2.0
 
-logger = logging.getLogger("scrapy_redislock.workers.scheduler")  # the worker front's log lines, in one place
+logger = logging.getLogger(
+    "scrapy_redislock.workers.scheduler"
+)  # the worker front's log lines, in one place
 
 
 class OutageLog:
-    """The state of one worker's view of Redis: answering, or in an outage since when (see the module docstring)."""
+    """The state of one worker's view of Redis: answering, or in an outage since when (see the
+    module docstring)."""
 
     def __init__(self, worker: str) -> None:
         self.worker = worker
-        self.since: float | None = None  # time.monotonic() of the first failure of the current outage
+        self.since: float | None = (
+            None  # time.monotonic() of the first failure of the current outage
+        )
         self.failures = 0  # failed calls in the current outage
         self.ended: float = -STRAGGLERS  # time.monotonic() when the last outage ended
 
@@ -36,12 +44,19 @@ class OutageLog:
         return self.since is not None
 
     def failed(self, what: str, exc: BaseException, retry_in: float | None = None) -> None:
-        """A call failed with an outage error: WARNING for the first of an outage, DEBUG for the others."""
+        """A call failed with an outage error: WARNING for the first of an outage, DEBUG for the
+        others."""
         self.failures += 1
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         retry = f"; retrying in {retry_in:.1f} s" if retry_in is not None else ""
         if self.since is None and time.monotonic() - self.ended < STRAGGLERS:
-            logger.debug("Worker %s: %s failed just after Redis came back (%s)%s", self.worker, what, error, retry)
+            logger.debug(
+                "Worker %s: %s failed just after Redis came back (%s)%s",
+                self.worker,
+                what,
+                error,
+                retry,
+            )
             return
         if self.since is None:
             self.since = time.monotonic()

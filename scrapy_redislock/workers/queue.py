@@ -1,4 +1,5 @@
-"""Per-stage request queues of one spider in Redis, shared by all its workers, and how a request is stored there.
+"""Per-stage request queues of one spider in Redis, shared by all its workers, and how a request is
+stored there.
 
 Keys, all under the hash tag of the spider name so that Redis Cluster keeps them on one node::
 
@@ -33,23 +34,27 @@ Keys, all under the hash tag of the spider name so that Redis Cluster keeps them
     <prefix>:{<spider>}:deadletter          list: entries that could not be loaded, newest first, each
                                             "<note: one line of JSON>\\n<stage><mark>\\n<request>" (kept for people)
 
-The order of a stage queue is scrapy-redis's SCHEDULER_QUEUE_CLASS (:func:`queue_order`): its PriorityQueue (the
-default: higher ``request.priority`` first, equal priorities first in first out), FifoQueue or LifoQueue. In
-priority order the requests of priority 0 (most of them) go to the list exactly as before, the others to the sorted
-set; a pop takes the sorted set's priorities above 0, then the list, then the priorities below 0. So a queue written
-by an earlier version (a FIFO list) is simply the priority-0 part, read as it was. Whatever the order, every pop
-ends with the part the order does not use (a FIFO or LIFO worker takes what the sorted set holds once its list is
-empty), and every length, end-of-crawl and clear check counts both parts: nothing any worker queued is stranded.
+The order of a stage queue is scrapy-redis's SCHEDULER_QUEUE_CLASS (:func:`queue_order`): its
+PriorityQueue (the default: higher ``request.priority`` first, equal priorities first in first out),
+FifoQueue or LifoQueue. In priority order the requests of priority 0 (most of them) go to the list
+exactly as before, the others to the sorted set; a pop takes the sorted set's priorities above 0,
+then the list, then the priorities below 0. So a queue written by an earlier version (a FIFO list)
+is simply the priority-0 part, read as it was. Whatever the order, every pop ends with the part the
+order does not use (a FIFO or LIFO worker takes what the sorted set holds once its list is empty),
+and every length, end-of-crawl and clear check counts both parts: nothing any worker queued is
+stranded.
 
-A popped request moves atomically from its queue into the worker's in-flight hash and leaves it when the
-worker acks it. A worker that has not beaten for one TTL is dead: the next worker to beat is told so by its beat
-and puts its in-flight requests back at the front of their queues (:meth:`StageQueues.reap`). Every state change
-is one Lua script (``scripts/queue_*.lua``). What a worker costs Redis does not grow with the number of workers:
-a beat is one script whatever the number of workers, the in-flight counter replaces counting every worker's hash,
-and an idle worker blocks on the signal lists instead of polling. Request bytes are opaque to
-:class:`StageQueues`; :func:`encode` and :func:`decode` are the Scrapy side (SCHEDULER_SERIALIZER, by default the
-safe JSON format of :mod:`~scrapy_redislock.crawl.requestformat`). The dead-letter list is evidence for an operator
-(what was pushed by whom): no clear deletes it, only an operator (``DEL``).
+A popped request moves atomically from its queue into the worker's in-flight hash and leaves it when
+the worker acks it. A worker that has not beaten for one TTL is dead: the next worker to beat is
+told so by its beat and puts its in-flight requests back at the front of their queues
+(:meth:`StageQueues.reap`). Every state change is one Lua script (``scripts/queue_*.lua``). What a
+worker costs Redis does not grow with the number of workers: a beat is one script whatever the
+number of workers, the in-flight counter replaces counting every worker's hash, and an idle worker
+blocks on the signal lists instead of polling. Request bytes are opaque to
+:class:`StageQueues`; :func:`encode` and :func:`decode` are the Scrapy side (SCHEDULER_SERIALIZER,
+by default the safe JSON format of :mod:`~scrapy_redislock.crawl.requestformat`). The dead-letter
+list is evidence for an operator (what was pushed by whom): no clear deletes it, only an operator
+(``DEL``).
 """
 
 from __future__ import annotations
@@ -66,7 +71,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from redis.client import NEVER_DECODE
 from scrapy.utils.misc import load_object
 
-from scrapy_redislock._redis import AsyncRedisClient, RedisClient, check_name, check_ttl, load_scripts, text
+from scrapy_redislock._redis import (
+    AsyncRedisClient,
+    RedisClient,
+    check_name,
+    check_ttl,
+    load_scripts,
+    text,
+)
 from scrapy_redislock.crawl.requestformat import request_from_data
 from scrapy_redislock.errors import ConfigError, InvalidArgument
 from scrapy_redislock.lock.front import waiting_client
@@ -90,7 +102,8 @@ QUEUE_SCRIPTS = (
 )
 
 ORDERS = ("priority", "fifo", "lifo")
-# SCHEDULER_QUEUE_CLASS -> the order of the stage queues (scrapy-redis's classes and their old aliases).
+# SCHEDULER_QUEUE_CLASS -> the order of the stage queues (scrapy-redis's classes and their old
+# aliases).
 QUEUE_CLASSES = {
     "scrapy_redis.queue.PriorityQueue": "priority",
     "scrapy_redis.queue.SpiderPriorityQueue": "priority",
@@ -102,10 +115,11 @@ QUEUE_CLASSES = {
 
 
 def queue_order(queue_class: Any) -> str:
-    """The order of the stage queues for scrapy-redis's SCHEDULER_QUEUE_CLASS (a class or its import path; unset: its
-    default, PriorityQueue): "priority", "fifo" or "lifo". Anything else (another class, a subclass of theirs, a path
-    that does not import) is a ConfigError naming the setting: the worker front keeps its stage queues in Redis
-    itself and can only give them the order of one of scrapy-redis's three queues."""
+    """The order of the stage queues for scrapy-redis's SCHEDULER_QUEUE_CLASS (a class or its import
+    path; unset: its default, PriorityQueue): "priority", "fifo" or "lifo". Anything else (another
+    class, a subclass of theirs, a path that does not import) is a ConfigError naming the setting:
+    the worker front keeps its stage queues in Redis itself and can only give them the order of one
+    of scrapy-redis's three queues."""
     if queue_class is None or queue_class == "":
         return "priority"  # scrapy-redis's default (scrapy_redis.defaults.SCHEDULER_QUEUE_CLASS)
     if isinstance(queue_class, str) and queue_class in QUEUE_CLASSES:
@@ -127,10 +141,12 @@ def queue_order(queue_class: Any) -> str:
         if found is cls:
             return order
     raise ConfigError(
-        f"SCHEDULER_QUEUE_CLASS = {queue_class!r} cannot order the worker queues: StageWorkerMixin keeps its stage "
+        f"SCHEDULER_QUEUE_CLASS = {queue_class!r} cannot order the worker queues: StageWorkerMixin "
+        "keeps its stage "
         "queues in Redis itself, in the order of one of scrapy-redis's queues; accepted: "
         "scrapy_redis.queue.PriorityQueue (the default when unset: higher request.priority first), "
-        "scrapy_redis.queue.FifoQueue, scrapy_redis.queue.LifoQueue (or their aliases SpiderPriorityQueue, "
+        "scrapy_redis.queue.FifoQueue, scrapy_redis.queue.LifoQueue (or their aliases "
+        "SpiderPriorityQueue, "
         "SpiderQueue, SpiderStack)"
     )
 
@@ -157,11 +173,13 @@ class QueueKeys:
     sequence = property(lambda self: f"{self.base}:seq")
 
     def queue(self, stage: str) -> str:
-        """The stage queue's list (FIFO or LIFO order; in priority order, the requests of priority 0)."""
+        """The stage queue's list (FIFO or LIFO order; in priority order, the requests of priority
+        0)."""
         return f"{self.base}:queue:{stage}"
 
     def scored(self, stage: str) -> str:
-        """The stage queue's sorted set (in priority order, the requests of another priority than 0)."""
+        """The stage queue's sorted set (in priority order, the requests of another priority than
+        0)."""
         return f"{self.base}:pqueue:{stage}"
 
     def inflight(self, worker: str) -> str:
@@ -172,27 +190,29 @@ class QueueKeys:
 
 
 def encode(request: Request, serializer: Any, spider: Spider | None) -> bytes:
-    """The request as its queue stores it (SCHEDULER_SERIALIZER, by default the safe JSON format)."""
+    """The request as its queue stores it (SCHEDULER_SERIALIZER, by default the safe JSON
+    format)."""
     data = serializer.dumps(request.to_dict(spider=spider))
     return data.encode("utf-8") if isinstance(data, str) else bytes(data)
 
 
 def decode(data: bytes, serializer: Any, spider: Spider | None) -> Request:
-    """A queued entry back as a request; raises whatever the format raises for an entry it cannot load."""
+    """A queued entry back as a request; raises whatever the format raises for an entry it cannot
+    load."""
     return request_from_data(data, serializer, spider)
 
 
 def split_value(value: bytes) -> tuple[str, bytes, bytes]:
-    """An in-flight value (or what follows a dead letter's note) as (stage, mark, request bytes): see the module
-    docstring."""
+    """An in-flight value (or what follows a dead letter's note) as (stage, mark, request bytes):
+    see the module docstring."""
     head, _, data = value.partition(b"\n")
     stage, brace, mark = head.partition(b"{")
     return stage.decode("utf-8", "replace"), brace + mark, data
 
 
 def queued(client: RedisClient, keys: QueueKeys, stage: str) -> int:
-    """Requests waiting in a stage's queue, both parts (list and sorted set), with a blocking client: for tests,
-    tools and people (two commands, LLEN and ZCARD)."""
+    """Requests waiting in a stage's queue, both parts (list and sorted set), with a blocking
+    client: for tests, tools and people (two commands, LLEN and ZCARD)."""
     with client.pipeline(transaction=False) as pipe:
         pipe.llen(keys.queue(stage))
         pipe.zcard(keys.scored(stage))
@@ -201,9 +221,9 @@ def queued(client: RedisClient, keys: QueueKeys, stage: str) -> int:
 
 
 class Heartbeat(NamedTuple):
-    """What a beat learns: ``new`` (the worker was not registered: first beat, or taken for dead and reaped), how
-    many entries its in-flight record ``holds`` (0 for a pulse), and workers past their deadline (``dead``, to
-    reap)."""
+    """What a beat learns: ``new`` (the worker was not registered: first beat, or taken for dead and
+    reaped), how many entries its in-flight record ``holds`` (0 for a pulse), and workers past their
+    deadline (``dead``, to reap)."""
 
     new: bool
     holds: int
@@ -233,14 +253,20 @@ class StageQueues:
         self.stages = [check_name(s, "stage") for s in stages]
         if order not in ORDERS:
             raise InvalidArgument(f"order must be one of {ORDERS}, got {order!r}")
-        self.order = order  # of the stage queues: scrapy-redis's SCHEDULER_QUEUE_CLASS (see queue_order)
+        self.order = (
+            order  # of the stage queues: scrapy-redis's SCHEDULER_QUEUE_CLASS (see queue_order)
+        )
         self.scored_ids: set[str] = set()  # of the last pop: the ids taken from a sorted set
         self.ttl = check_ttl(ttl)
         self.worker = worker or new_worker_id()
         sources = load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)
         self.scripts = {name: client.register_script(src) for name, src in sources.items()}
-        self._waiting: Any = None  # a client whose reads never time out, for BLPOP (made on first wait)
-        self.work_grace = self.ttl  # seconds within which a popping worker beats again (the scheduler sets it)
+        self._waiting: Any = (
+            None  # a client whose reads never time out, for BLPOP (made on first wait)
+        )
+        self.work_grace = (
+            self.ttl
+        )  # seconds within which a popping worker beats again (the scheduler sets it)
 
     @property
     def ttl_ms(self) -> int:
@@ -251,8 +277,12 @@ class StageQueues:
         return self.keys.inflight(self.worker)
 
     def _queue_keys(self) -> list[str]:
-        """Every stage's list, then every stage's sorted set (the scripts take them in this order)."""
-        return [*(self.keys.queue(s) for s in self.stages), *(self.keys.scored(s) for s in self.stages)]
+        """Every stage's list, then every stage's sorted set (the scripts take them in this
+        order)."""
+        return [
+            *(self.keys.queue(s) for s in self.stages),
+            *(self.keys.scored(s) for s in self.stages),
+        ]
 
     def _signal_keys(self) -> list[str]:
         return [self.keys.signal(s) for s in self.stages]
@@ -265,18 +295,21 @@ class StageQueues:
     # -- a worker's own operations ----------------------------------------------------------------
 
     def score(self, priority: int) -> str:
-        """Where a request of ``priority`` goes: '' the list; else its score in the sorted set (-priority, as in
-        scrapy-redis's PriorityQueue). Only in priority order, and only for a priority other than 0."""
+        """Where a request of ``priority`` goes: '' the list; else its score in the sorted set
+        (-priority, as in scrapy-redis's PriorityQueue). Only in priority order, and only for a
+        priority other than 0."""
         if self.order != "priority" or not priority:
             return ""
         return str(-int(priority))
 
     async def push(self, stage: str, fingerprint: str, data: bytes, priority: int = 0) -> bool:
-        """Queue a request unless its fingerprint was seen ('' = never filtered); False for a duplicate."""
+        """Queue a request unless its fingerprint was seen ('' = never filtered); False for a
+        duplicate."""
         return (await self.push_many([(stage, fingerprint, data, priority)]))[0]
 
     async def push_many(self, requests: Sequence[tuple[Any, ...]]) -> list[bool]:
-        """Queue (stage, fingerprint, data[, priority]) requests in one script call; False for each duplicate."""
+        """Queue (stage, fingerprint, data[, priority]) requests in one script call; False for each
+        duplicate."""
         stages = list(dict.fromkeys(self._check_stage(request[0]) for request in requests))
         index = {stage: n for n, stage in enumerate(stages, 1)}
         args: list[Any] = []
@@ -284,24 +317,42 @@ class StageQueues:
             args += [index[stage], fingerprint, self.score(priority[0] if priority else 0), data]
         keys = [self.keys.dupefilter, self.keys.sequence, *(self.keys.queue(s) for s in stages)]
         keys += [*(self.keys.scored(s) for s in stages), *(self.keys.signal(s) for s in stages)]
-        return [bool(n) for n in await self.scripts["queue_push"](keys=keys, args=[len(stages), *args])]
+        return [
+            bool(n) for n in await self.scripts["queue_push"](keys=keys, args=[len(stages), *args])
+        ]
 
     async def seen(self, fingerprint: str) -> bool:
         """Record a fingerprint in the shared dupefilter; True if it was there already."""
         stage = self.stages[0]
-        keys = [self.keys.dupefilter, self.keys.sequence, self.keys.queue(stage), self.keys.scored(stage)]
+        keys = [
+            self.keys.dupefilter,
+            self.keys.sequence,
+            self.keys.queue(stage),
+            self.keys.scored(stage),
+        ]
         keys.append(self.keys.signal(stage))
-        return not (await self.scripts["queue_push"](keys=keys, args=[1, 1, fingerprint, "", ""]))[0]
+        return not (await self.scripts["queue_push"](keys=keys, args=[1, 1, fingerprint, "", ""]))[
+            0
+        ]
 
-    async def pop(self, stage: str, count: int, *, pass_on: bool = False) -> list[tuple[str, bytes]] | None:
-        """Take up to ``count`` requests of a stage, in the queues' order, into this worker's in-flight record:
-        [(id, data)]; fewer than ``count``: the queue is empty now. ``pass_on``: if it may hold more, wake the next
-        idle worker. :attr:`scored_ids` are then the ids taken from the stage's sorted set.
+    async def pop(
+        self, stage: str, count: int, *, pass_on: bool = False
+    ) -> list[tuple[str, bytes]] | None:
+        """Take up to ``count`` requests of a stage, in the queues' order, into this worker's
+        in-flight record: [(id, data)]; fewer than ``count``: the queue is empty now. ``pass_on``:
+        if it may hold more, wake the next idle worker. :attr:`scored_ids` are then the ids taken
+        from the stage's sorted set.
 
-        None (nothing popped) if this worker is not registered: the others took it for dead and requeued what it
-        had popped; :meth:`beat` first (it says so), then pop."""
+        None (nothing popped) if this worker is not registered: the others took it for dead and
+        requeued what it had popped; :meth:`beat` first (it says so), then pop."""
         self._check_stage(stage)
-        keys = [self.keys.queue(stage), self.keys.scored(stage), self.inflight_key, self.keys.ids, self.keys.alive]
+        keys = [
+            self.keys.queue(stage),
+            self.keys.scored(stage),
+            self.inflight_key,
+            self.keys.ids,
+            self.keys.alive,
+        ]
         keys += [self.keys.in_flight, self.keys.signal(stage), self.keys.due]
         grace_ms = max(1, round(self.work_grace * 1000))
         args: list[int | str] = [count, stage, self.worker, int(pass_on), grace_ms, self.order]
@@ -322,7 +373,13 @@ class StageQueues:
         ids = list(ids)
         if not ids:
             return 0
-        keys = [self.inflight_key, self.keys.in_flight, self.keys.wake, self.keys.alive, *self._queue_keys()]
+        keys = [
+            self.inflight_key,
+            self.keys.in_flight,
+            self.keys.wake,
+            self.keys.alive,
+            *self._queue_keys(),
+        ]
         return int(await self.scripts["queue_ack"](keys=keys, args=ids))
 
     async def give_back(self, ids: Iterable[str]) -> int:
@@ -331,10 +388,15 @@ class StageQueues:
         if not ids:
             return 0
         keys = [self.inflight_key, self.keys.in_flight, *self._queue_keys(), *self._signal_keys()]
-        return int(await self.scripts["queue_return"](keys=keys, args=[len(self.stages), *self.stages, *ids]))
+        return int(
+            await self.scripts["queue_return"](
+                keys=keys, args=[len(self.stages), *self.stages, *ids]
+            )
+        )
 
     async def bury(self, entries: Iterable[tuple[str, str]]) -> int:
-        """Move popped entries that cannot be loaded to the dead-letter list: [(in-flight id, note)]."""
+        """Move popped entries that cannot be loaded to the dead-letter list: [(in-flight id,
+        note)]."""
         args = [part for entry in entries for part in entry]
         if not args:
             return 0
@@ -342,17 +404,22 @@ class StageQueues:
         return int(await self.scripts["queue_bury"](keys=keys, args=args))
 
     async def beat(self, stage: str | None) -> bool:
-        """This worker is alive and works on ``stage``; True if it was not registered (first beat, or the others
-        took it for dead and requeued its in-flight requests)."""
+        """This worker is alive and works on ``stage``; True if it was not registered (first beat,
+        or the others took it for dead and requeued its in-flight requests)."""
         return (await self.heartbeat(stage)).new
 
     async def heartbeat(
-        self, stage: str | None, dead_max: int = 8, *, grace: float | None = None, pulse: bool = False
+        self,
+        stage: str | None,
+        dead_max: int = 8,
+        *,
+        grace: float | None = None,
+        pulse: bool = False,
     ) -> Heartbeat:
-        """:meth:`beat`, how many entries this worker's in-flight record holds, and up to ``dead_max`` workers
-        past their deadline (for :meth:`reap`): one script call. The worker promises its next beat within
-        ``grace`` seconds (default the ttl). A ``pulse`` only beats and names the dead (it does not count the
-        in-flight record, nor note the stage again)."""
+        """:meth:`beat`, how many entries this worker's in-flight record holds, and up to
+        ``dead_max`` workers past their deadline (for :meth:`reap`): one script call. The worker
+        promises its next beat within ``grace`` seconds (default the ttl). A ``pulse`` only beats
+        and names the dead (it does not count the in-flight record, nor note the stage again)."""
         keys = [self.keys.alive, self.keys.working, self.inflight_key, self.keys.due]
         grace_ms = self.ttl_ms if grace is None else max(1, round(grace * 1000))
         args: list[int | str] = [self.worker, stage or "", grace_ms, dead_max, int(pulse)]
@@ -360,31 +427,38 @@ class StageQueues:
         return Heartbeat(bool(reply[1]), int(reply[2]), [str(text(w)) for w in reply[3:]])
 
     async def epoch(self) -> str:
-        """The queues' epoch, made now if missing (one script: GET, and SET when missing). A worker reads it only
-        when a beat says it was not registered (its first beat, taken for dead, or Redis lost the crawl state): an
-        epoch other than the one it saw before means the crawl state is gone, not that it was taken for dead."""
+        """The queues' epoch, made now if missing (one script: GET, and SET when missing). A worker
+        reads it only when a beat says it was not registered (its first beat, taken for dead, or
+        Redis lost the crawl state): an epoch other than the one it saw before means the crawl state
+        is gone, not that it was taken for dead."""
         return str(text(await self.scripts["queue_epoch"](keys=[self.keys.epoch], args=[])))
 
     async def reclaim(self, known: Iterable[str]) -> int:
-        """Put every entry of this worker's in-flight record that is not ``known`` back at the front of its queue
-        (popped by a call whose reply was lost); returns how many. Only the worker itself pops into its record, so
-        nothing it does not know of can appear between the read and :meth:`give_back`."""
+        """Put every entry of this worker's in-flight record that is not ``known`` back at the front
+        of its queue (popped by a call whose reply was lost); returns how many. Only the worker
+        itself pops into its record, so nothing it does not know of can appear between the read and
+        :meth:`give_back`."""
         unknown = {str(text(i)) for i in await self.client.hkeys(self.inflight_key)} - set(known)
         return await self.give_back(sorted(unknown, key=int))  # oldest first
 
     async def leave(self) -> int:
-        """On close: give every request still in this worker's in-flight record back, and unregister."""
+        """On close: give every request still in this worker's in-flight record back, and
+        unregister."""
         moved, left = await self._requeue(self.worker, 0)
         if left:
-            logger.error("%d in-flight requests of unknown stages stay in %s", left, self.inflight_key)
+            logger.error(
+                "%d in-flight requests of unknown stages stay in %s", left, self.inflight_key
+            )
         return moved
 
-    # -- the cluster --------------------------------------------------------------------------------
+    # -- the cluster -------------------------------------------------------------------------------
 
     async def _requeue(self, worker: str, silence_ms: int) -> tuple[int, int]:
         keys = [self.keys.alive, self.keys.inflight(worker), self.keys.working, self.keys.in_flight]
         keys += [*self._queue_keys(), *self._signal_keys(), self.keys.due]
-        moved, left = await self.scripts["queue_requeue"](keys=keys, args=[worker, silence_ms, *self.stages])
+        moved, left = await self.scripts["queue_requeue"](
+            keys=keys, args=[worker, silence_ms, *self.stages]
+        )
         return int(moved), int(left)
 
     async def server_ms(self) -> int:
@@ -392,11 +466,14 @@ class StageQueues:
         return int(seconds) * 1000 + int(micros) // 1000
 
     async def reap(self, silent: Iterable[str] | None = None) -> dict[str, int]:
-        """Requeue the in-flight requests of every worker past its deadline (default: look them up; a worker
-        passes those its :meth:`heartbeat` named); {worker: requests requeued}."""
+        """Requeue the in-flight requests of every worker past its deadline (default: look them up;
+        a worker passes those its :meth:`heartbeat` named); {worker: requests requeued}."""
         if silent is None:
             now = await self.server_ms()
-            silent = [str(text(w)) for w in await self.client.zrangebyscore(self.keys.due, "-inf", f"({now}")]
+            silent = [
+                str(text(w))
+                for w in await self.client.zrangebyscore(self.keys.due, "-inf", f"({now}")
+            ]
         reaped: dict[str, int] = {}
         for worker in silent:
             if worker == self.worker:
@@ -406,13 +483,20 @@ class StageQueues:
                 continue  # it beat meanwhile
             reaped[worker] = moved
             if left:
-                logger.error("%d in-flight requests of unknown stages stay in %s", left, self.keys.inflight(worker))
+                logger.error(
+                    "%d in-flight requests of unknown stages stay in %s",
+                    left,
+                    self.keys.inflight(worker),
+                )
         return reaped
 
     async def workers(self) -> dict[str, int]:
         """Registered workers and their last beat (ms, Redis's clock)."""
-        # withscores: (member, score) pairs (redis-py's return type is a union that also has plain members)
-        pairs = cast(list[Sequence[Any]], await self.client.zrange(self.keys.alive, 0, -1, withscores=True))
+        # withscores: (member, score) pairs (redis-py's return type is a union that also has plain
+        # members)
+        pairs = cast(
+            list[Sequence[Any]], await self.client.zrange(self.keys.alive, 0, -1, withscores=True)
+        )
         return {str(text(w)): int(score) for w, score in pairs}
 
     async def lengths(self) -> dict[str, int]:
@@ -420,19 +504,22 @@ class StageQueues:
         return (await self.look())[0]
 
     async def look(self) -> tuple[dict[str, int], int]:
-        """Pending requests per stage (both parts of each queue: LLEN and ZCARD), and requests in flight in every
-        worker: one read-only script (``queue_look``)."""
-        in_flight, *pending = await self.scripts["queue_look"](keys=[self.keys.in_flight, *self._queue_keys()])
+        """Pending requests per stage (both parts of each queue: LLEN and ZCARD), and requests in
+        flight in every worker: one read-only script (``queue_look``)."""
+        in_flight, *pending = await self.scripts["queue_look"](
+            keys=[self.keys.in_flight, *self._queue_keys()]
+        )
         return dict(zip(self.stages, (int(n) for n in pending), strict=True)), int(in_flight)
 
     async def in_flight(self) -> int:
-        """Requests in flight in every worker (popped, not done yet): one GET of the scripts' counter."""
+        """Requests in flight in every worker (popped, not done yet): one GET of the scripts'
+        counter."""
         return int(await self.client.get(self.keys.in_flight) or 0)
 
     async def wait_signal(self, keys: list[str], timeout: float) -> tuple[str, bytes] | None:
-        """Block in Redis (BLPOP) until one of ``keys`` (signal lists, the wake list, a start-URL list) has an
-        entry, at most ``timeout`` s; (key, entry) or None. On a connection of its own whose reads never time
-        out, so that a long block is never cut into pieces."""
+        """Block in Redis (BLPOP) until one of ``keys`` (signal lists, the wake list, a start-URL
+        list) has an entry, at most ``timeout`` s; (key, entry) or None. On a connection of its own
+        whose reads never time out, so that a long block is never cut into pieces."""
         if self._waiting is None:
             self._waiting = waiting_client(self.client) or self.client
         # BLPOP counts in hundredths here; rounded up, so that it never ends before ``timeout``.
@@ -443,7 +530,8 @@ class StageQueues:
         return str(text(key)), bytes(value) if not isinstance(value, str) else value.encode()
 
     async def signal(self, stage: str) -> None:
-        """Put a token back on a stage's signal list (taken by a worker that could not take the stage)."""
+        """Put a token back on a stage's signal list (taken by a worker that could not take the
+        stage)."""
         await self.client.lpush(self.keys.signal(stage), "1")
 
     async def aclose(self) -> None:
@@ -451,14 +539,15 @@ class StageQueues:
             await self._waiting.aclose()
 
     async def clear_if_alone(self) -> bool:
-        """Delete the spider's whole crawl state if no other worker is alive; True if it did (SCHEDULER_FLUSH_ON_START:
-        queued work goes too)."""
+        """Delete the spider's whole crawl state if no other worker is alive; True if it did
+        (SCHEDULER_FLUSH_ON_START: queued work goes too)."""
         return await self._clear(finished_only=False) == 1
 
     async def clear_if_finished(self) -> int:
-        """Delete the spider's whole crawl state if no other worker is alive and no work is left anywhere (nothing
-        queued in any stage, a paused one's included, nothing in flight in any worker's record): SCHEDULER_PERSIST =
-        False at close. 1 cleared, 0 another worker is alive, -1 work is left (nothing deleted)."""
+        """Delete the spider's whole crawl state if no other worker is alive and no work is left
+        anywhere (nothing queued in any stage, a paused one's included, nothing in flight in any
+        worker's record): SCHEDULER_PERSIST = False at close. 1 cleared, 0 another worker is alive,
+        -1 work is left (nothing deleted)."""
         return await self._clear(finished_only=True)
 
     async def _clear(self, *, finished_only: bool) -> int:
@@ -472,17 +561,21 @@ class StageQueues:
 
 
 def requeue_now(client: RedisClient, keys: QueueKeys, worker: str) -> tuple[int, int]:
-    """An operator's requeue, with a blocking client (the command line): put every request in ``worker``'s in-flight
-    record back at the front of its stage's queue and unregister the worker, now, whether it still beats or not (one
-    ``queue_requeue`` script; the stages are read from the record itself). Returns (requeued, left in the record).
+    """An operator's requeue, with a blocking client (the command line): put every request in
+    ``worker``'s in-flight record back at the front of its stage's queue and unregister the worker,
+    now, whether it still beats or not (one ``queue_requeue`` script; the stages are read from the
+    record itself). Returns (requeued, left in the record).
 
-    A worker that was alive after all learns at its next beat that it was taken for dead and drops what it had taken
-    ahead; what it had in progress is fetched twice (at least once, as when the others reap it)."""
+    A worker that was alive after all learns at its next beat that it was taken for dead and drops
+    what it had taken ahead; what it had in progress is fetched twice (at least once, as when the
+    others reap it)."""
     values = client.execute_command("HVALS", keys.inflight(worker), **{NEVER_DECODE: []}) or []
     stages = sorted({split_value(bytes(value))[0] for value in values})
     script_keys = [keys.alive, keys.inflight(worker), keys.working, keys.in_flight]
     script_keys += [*(keys.queue(s) for s in stages), *(keys.scored(s) for s in stages)]
     script_keys += [*(keys.signal(s) for s in stages), keys.due]
-    script = client.register_script(load_scripts("scrapy_redislock.workers", ("queue_requeue",))["queue_requeue"])
+    script = client.register_script(
+        load_scripts("scrapy_redislock.workers", ("queue_requeue",))["queue_requeue"]
+    )
     moved, left = script(keys=script_keys, args=[worker, 0, *stages])
     return int(moved), int(left)

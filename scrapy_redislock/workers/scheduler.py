@@ -1,62 +1,73 @@
-"""StageWorkerScheduler: a worker takes requests only from the Redis queue of the stage whose slot it holds.
+"""StageWorkerScheduler: a worker takes requests only from the Redis queue of the stage whose slot
+it holds.
 
-Set as SCHEDULER by :class:`~scrapy_redislock.StageWorkerMixin`. This module is the Scrapy scheduler interface and
-the worker's loop; the parts live beside it: :mod:`~scrapy_redislock.workers.queue` (the stage queues in Redis and
-how a request is stored), :mod:`~scrapy_redislock.workers.policy` (which stage to take, what to wait for) and
+Set as SCHEDULER by :class:`~scrapy_redislock.StageWorkerMixin`. This module is the Scrapy scheduler
+interface and the worker's loop; the parts live beside it: :mod:`~scrapy_redislock.workers.queue`
+(the stage queues in Redis and how a request is stored), :mod:`~scrapy_redislock.workers.policy`
+(which stage to take, what to wait for) and
 :mod:`~scrapy_redislock.workers.feed` (scrapy-redis's start URLs).
 
-A worker holds the slot of one stage at a time (an AsyncCountingLock named ``workers:<stage>`` capped by
-``worker_stages``; an uncapped stage needs none) and pops only that stage's queue; requests its callbacks yield
-go to their stage's queue, whichever worker holds that one. When its stage has no work left it frees the slot and
-takes the first stage in preference order that has work and a free slot; with no work anywhere it idles.
+A worker holds the slot of one stage at a time (an AsyncCountingLock named ``workers:<stage>``
+capped by ``worker_stages``; an uncapped stage needs none) and pops only that stage's queue;
+requests its callbacks yield go to their stage's queue, whichever worker holds that one. When its
+stage has no work left it frees the slot and takes the first stage in preference order that has work
+and a free slot; with no work anywhere it idles.
 
-What a worker costs Redis does not grow with the number of workers. An idle worker blocks in Redis (BLPOP) on the
-signal lists of the stages it may take, which the queue scripts push when a queue goes from empty to non-empty,
-so it starts within milliseconds of work appearing; it sends one heartbeat script every ttl/3 (which also names
-dead workers to requeue), one look at the queue lengths and the cluster's in-flight counter, and one read of the
-start-URL feed. A busy worker pops when the engine runs short of requests, not on a clock. The crawl's end is
-seen by every worker at once: the ack that leaves nothing in flight anywhere and every queue empty puts a wake
-token for each worker (see ``scripts/queue_ack.lua``).
+What a worker costs Redis does not grow with the number of workers. An idle worker blocks in Redis
+(BLPOP) on the signal lists of the stages it may take, which the queue scripts push when a queue
+goes from empty to non-empty, so it starts within milliseconds of work appearing; it sends one
+heartbeat script every ttl/3 (which also names dead workers to requeue), one look at the queue
+lengths and the cluster's in-flight counter, and one read of the start-URL feed. A busy worker pops
+when the engine runs short of requests, not on a clock. The crawl's end is seen by every worker at
+once: the ack that leaves nothing in flight anywhere and every queue empty puts a wake token for
+each worker (see ``scripts/queue_ack.lua``).
 
-A popped request stays in the worker's in-flight record in Redis until Scrapy has completely handled it (the
-engine's in-progress set: download, redirects, callback or errback, and every request the callback yielded
-queued in Redis); a worker that stops beating has its in-flight requests put back at the front of their queues by
-the next worker to beat once its deadline has passed (each beat promises the next within 5 s while the worker has
-work, within the ttl while it has none: see policy.liveness). So a SIGKILL loses no request; the few the dead
-worker had in flight are fetched again within seconds. Every Redis call is ``redis.asyncio`` on the reactor
-thread, nothing blocks it.
+A popped request stays in the worker's in-flight record in Redis until Scrapy has completely handled
+it (the engine's in-progress set: download, redirects, callback or errback, and every request the
+callback yielded queued in Redis); a worker that stops beating has its in-flight requests put back
+at the front of their queues by the next worker to beat once its deadline has passed (each beat
+promises the next within 5 s while the worker has work, within the ttl while it has none: see
+policy.liveness). So a SIGKILL loses no request; the few the dead worker had in flight are fetched
+again within seconds. Every Redis call is ``redis.asyncio`` on the reactor thread, nothing blocks
+it.
 
-A worker learns its stage's limit from its slot's renewals (see :mod:`~scrapy_redislock.workers.slots`): when the
-limit is lowered under the stage's holders, or set to 0 (paused), the newest holders give back what they took
-ahead, let what is in progress finish, free the slot and take another stage or wait.
+A worker learns its stage's limit from its slot's renewals (see
+:mod:`~scrapy_redislock.workers.slots`): when the limit is lowered under the stage's holders, or set
+to 0 (paused), the newest holders give back what they took ahead, let what is in progress finish,
+free the slot and take another stage or wait.
 
-Settings read (via :mod:`scrapy_redislock.crawl.settings`): REDISLOCK_WORKER_STAGES (or the spider's ``worker_stages``),
-REDISLOCK_STAGE_PREFERENCE (or the spider's ``stage_preference``), REDISLOCK_IDLE_CLOSE (else the spider's
-``max_idle_time``, else scrapy-redis's MAX_IDLE_TIME_BEFORE_CLOSE: see
-:func:`~scrapy_redislock.workers.policy.idle_close_for`), REDISLOCK_TTL, REDISLOCK_KEY_PREFIX, REDISLOCK_URL;
-scrapy-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START, REDIS_START_URLS_AS_SET / _AS_ZSET, SCHEDULER_SERIALIZER
-(the request format: by default :mod:`~scrapy_redislock.crawl.requestformat`, which cannot run code on load). Read
-here: scrapy-redis's SCHEDULER_QUEUE_CLASS (the order of the stage queues:
-:func:`~scrapy_redislock.workers.queue.queue_order`), Scrapy's CONCURRENT_REQUESTS (how many requests a worker takes
-ahead) and DUPEFILTER_DEBUG (how duplicates are logged, as Scrapy's dupefilter logs them). Stats:
+Settings read (via :mod:`scrapy_redislock.crawl.settings`): REDISLOCK_WORKER_STAGES (or the spider's
+``worker_stages``), REDISLOCK_STAGE_PREFERENCE (or the spider's ``stage_preference``),
+REDISLOCK_IDLE_CLOSE (else the spider's ``max_idle_time``, else scrapy-redis's
+MAX_IDLE_TIME_BEFORE_CLOSE: see
+:func:`~scrapy_redislock.workers.policy.idle_close_for`), REDISLOCK_TTL, REDISLOCK_KEY_PREFIX,
+REDISLOCK_URL; scrapy-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START, REDIS_START_URLS_AS_SET /
+_AS_ZSET, SCHEDULER_SERIALIZER (the request format: by default
+:mod:`~scrapy_redislock.crawl.requestformat`, which cannot run code on load). Read here:
+scrapy-redis's SCHEDULER_QUEUE_CLASS (the order of the stage queues:
+:func:`~scrapy_redislock.workers.queue.queue_order`), Scrapy's CONCURRENT_REQUESTS (how many
+requests a worker takes ahead) and DUPEFILTER_DEBUG (how duplicates are logged, as Scrapy's
+dupefilter logs them). Stats:
 ``redislock/workers/<stage>/{enqueued,duplicates,dequeued,taken,lost}``,
-``redislock/workers/{requeued,returned,start_urls,unqueueable,dead_letters,redis_errors,queue_lost}``, and Scrapy's
-``dupefilter/filtered``.
+``redislock/workers/{requeued,returned,start_urls,unqueueable,dead_letters,redis_errors,queue_lost}``,
+and Scrapy's ``dupefilter/filtered``.
 
-A duplicate is dropped as Scrapy's and scrapy-redis's schedulers drop one: ``enqueue_request`` returns False (the
-engine sends ``request_dropped``) for a request whose fingerprint this worker already sent to the shared dupefilter
-(the last :data:`KNOWN_FINGERPRINTS` of them are kept in memory); one that only the shared dupefilter knows (another
-worker queued it) is found when the batch reaches Redis, and the scheduler sends ``request_dropped`` itself then.
+A duplicate is dropped as Scrapy's and scrapy-redis's schedulers drop one: ``enqueue_request``
+returns False (the engine sends ``request_dropped``) for a request whose fingerprint this worker
+already sent to the shared dupefilter (the last :data:`KNOWN_FINGERPRINTS` of them are kept in
+memory); one that only the shared dupefilter knows (another worker queued it) is found when the
+batch reaches Redis, and the scheduler sends ``request_dropped`` itself then.
 
-Redis going away is not an error: an outage or failover is one WARNING per outage and one INFO when Redis answers
-again, every call retried with back-off. Redis coming back *empty* is: the queues' epoch key tells a lost crawl
-state from being taken for dead, and a worker that knew of work logs one ERROR, counts ``queue_lost`` and finishes
-its idle close as ``redislock_queue_lost``. A paused or full stage's queue is work: no idle close, no clear.
+Redis going away is not an error: an outage or failover is one WARNING per outage and one INFO when
+Redis answers again, every call retried with back-off. Redis coming back *empty* is: the queues'
+epoch key tells a lost crawl state from being taken for dead, and a worker that knew of work logs
+one ERROR, counts ``queue_lost`` and finishes its idle close as ``redislock_queue_lost``. A paused
+or full stage's queue is work: no idle close, no clear.
 
-A queued entry that cannot be loaded (garbage, a pickle payload, a truncated entry, a ``_class`` or callback that
-is not what ``to_dict`` makes) is logged once with its queue and a short escaped excerpt, counted, and moved to the
-spider's dead-letter list (``redislock status`` shows it); a request that does not fit the format is refused when
-it is queued, naming the field.
+A queued entry that cannot be loaded (garbage, a pickle payload, a truncated entry, a ``_class`` or
+callback that is not what ``to_dict`` makes) is logged once with its queue and a short escaped
+excerpt, counted, and moved to the spider's dead-letter list (``redislock status`` shows it); a
+request that does not fit the format is refused when it is queued, naming the field.
 """
 
 from __future__ import annotations
@@ -109,9 +120,12 @@ CLOSE_STEP_TIMEOUT = 10.0
 PUSH_BATCH = 500  # requests per queue_push call
 EXCERPT = 60  # bytes of an entry that cannot be loaded shown in the log and in the dead-letter note
 BEAT_MARGIN = 0.01  # seconds a blocked wait lasts past the due heartbeat (Redis's timeouts count whole milliseconds)
-WAIT_GRACE = 1.0  # seconds the loop waits past a due heartbeat for the blocked wait to end (a fallback)
-# Fingerprints a worker keeps of what it sent to the shared dupefilter, to drop a duplicate of them at once
-# (enqueue_request returns False); the oldest are forgotten (a duplicate of those is found in Redis instead).
+WAIT_GRACE = (
+    1.0  # seconds the loop waits past a due heartbeat for the blocked wait to end (a fallback)
+)
+# Fingerprints a worker keeps of what it sent to the shared dupefilter, to drop a duplicate of them
+# at once (enqueue_request returns False); the oldest are forgotten (a duplicate of those is found
+# in Redis instead).
 KNOWN_FINGERPRINTS = 100_000
 
 
@@ -123,13 +137,15 @@ class StageWorkerScheduler(BaseScheduler):
         settings = read_settings(crawler.settings)  # the mixin put the spider's worker_stages there
         if settings.masters:
             raise ConfigError(
-                f"REDISLOCK_URL lists {len(settings.masters)} masters: the worker front needs one Redis (its queues "
+                f"REDISLOCK_URL lists {len(settings.masters)} masters: the worker front needs one "
+                "Redis (its queues "
                 "live there); a list of masters is for the request front's quorum lock"
             )
         stages = dict(settings.worker_stages)
         if not stages:
             raise ConfigError(
-                f"{crawler.spidercls.__name__} needs worker_stages (a dict stage -> max workers cluster-wide, None "
+                f"{crawler.spidercls.__name__} needs worker_stages (a dict stage -> max workers "
+                "cluster-wide, None "
                 "= unlimited) or REDISLOCK_WORKER_STAGES"
             )
         self.policy = StagePolicy.of(stages, settings.stage_preference)
@@ -137,10 +153,18 @@ class StageWorkerScheduler(BaseScheduler):
         self.stages = stages
         self.settings = settings
         self.worker_settings = read_worker_settings(crawler.settings, settings)
-        self.order = queue_order(crawler.settings.get("SCHEDULER_QUEUE_CLASS"))  # of the stage queues
+        self.order = queue_order(
+            crawler.settings.get("SCHEDULER_QUEUE_CLASS")
+        )  # of the stage queues
         check_reactor(crawler, "StageWorkerMixin")
-        self.idle_close = self.worker_settings.idle_close  # open() decides with the spider's max_idle_time
-        self.idle_close_by = "REDISLOCK_IDLE_CLOSE" if settings.idle_close is not None else "MAX_IDLE_TIME_BEFORE_CLOSE"
+        self.idle_close = (
+            self.worker_settings.idle_close
+        )  # open() decides with the spider's max_idle_time
+        self.idle_close_by = (
+            "REDISLOCK_IDLE_CLOSE"
+            if settings.idle_close is not None
+            else "MAX_IDLE_TIME_BEFORE_CLOSE"
+        )
         self.serializer = self.worker_settings.serializer
         self.locks = WorkerSlots(
             crawler, self.settings, stages, lock_prefix="workers:", stats_prefix="redislock/workers"
@@ -157,56 +181,90 @@ class StageWorkerScheduler(BaseScheduler):
         self.queues.work_grace = liveness(settings.ttl, working=True).grace  # what a pop promises
         self.worker = self.queues.worker
         self.concurrency = max(1, crawler.settings.getint("CONCURRENT_REQUESTS"))
-        self.buffer: deque[tuple[Request, str]] = deque()  # popped from Redis, not handed to the engine yet
+        self.buffer: deque[tuple[Request, str]] = (
+            deque()
+        )  # popped from Redis, not handed to the engine yet
         self.handed: dict[Request, str] = {}  # handed to the engine, not acked yet -> in-flight id
         self.local: deque[Request] = deque()  # requests that name no stage: this worker's own
         self.current: str | None = None
         self.permit: Permit | None = None
         self.lengths: dict[str, int] = dict.fromkeys(stages, 0)
         self.empty: set[str] = set()  # stages whose queue this worker last found empty
-        self.full: set[str] = set()  # capped stages with work whose slots were all taken at the last look
-        self.signalled: set[str] = set()  # stages whose signal token this worker took: pass it on when popping
-        self.own = 0  # requests in this worker's in-flight record in Redis (part of the cluster's counter)
+        self.full: set[str] = (
+            set()
+        )  # capped stages with work whose slots were all taken at the last look
+        self.signalled: set[str] = (
+            set()
+        )  # stages whose signal token this worker took: pass it on when popping
+        self.own = (
+            0  # requests in this worker's in-flight record in Redis (part of the cluster's counter)
+        )
         self.start_stages: set[str] = set()  # stages that start URLs from Redis went to
         self.feed: StartUrlFeed | None = None
         self.fed: list[Any] = []  # start-URL entries a blocked wait took, to turn into requests
         # (stage, fingerprint, serialized request, priority, request) to queue in Redis
         self.outbox: deque[tuple[str, str, bytes, int, Request]] = deque()
-        self.known: dict[bytes, None] = {}  # fingerprints sent to the shared dupefilter, oldest first (bounded)
+        self.known: dict[
+            bytes, None
+        ] = {}  # fingerprints sent to the shared dupefilter, oldest first (bounded)
         self.dupefilter_debug = crawler.settings.getbool("DUPEFILTER_DEBUG")
-        self.log_dupes = True  # the first duplicate is logged (DEBUG), the others only with DUPEFILTER_DEBUG
-        self.mixed_orders: set[str] = set()  # stages whose sorted set a FIFO or LIFO worker found work in (warned)
+        self.log_dupes = (
+            True  # the first duplicate is logged (DEBUG), the others only with DUPEFILTER_DEBUG
+        )
+        self.mixed_orders: set[str] = (
+            set()
+        )  # stages whose sorted set a FIFO or LIFO worker found work in (warned)
         self.flusher: asyncio.Task[Any] | None = None
         self.pushes: set[asyncio.Task[Any]] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.acks: list[str] = []  # in-flight ids of finished requests, acknowledged together after ACK_DELAY
-        self.acking: set[str] = set()  # in-flight ids in an ack call (or whose ack Redis refused: kept till close)
+        self.acks: list[
+            str
+        ] = []  # in-flight ids of finished requests, acknowledged together after ACK_DELAY
+        self.acking: set[str] = (
+            set()
+        )  # in-flight ids in an ack call (or whose ack Redis refused: kept till close)
         self.acker: asyncio.Task[None] | None = None
         self.listener: asyncio.Task[None] | None = None
         self.listening: list[str] = []  # the keys the running listener blocks on
         self.busy_at = time.monotonic()
         self.failing = False  # the last loop step met a Redis error: never idle-close on what could not be read
-        self.quiet_since: float | None = None  # the cluster was found idle at the last look (for REDISLOCK_IDLE_CLOSE)
+        self.quiet_since: float | None = (
+            None  # the cluster was found idle at the last look (for REDISLOCK_IDLE_CLOSE)
+        )
         self.look_due = True  # look at the queues at the next step without a stage: woken, beat, or a stage left
         self.beat_at = time.monotonic()  # when the last beat that reached Redis was sent
         self.beat_due = 0.0
-        self.pulse_due = 0.0  # the next pulse of a worker with work (a beat at least every second: see policy)
-        self.grace = settings.ttl  # the silence its last beat promised not to exceed (else it is dead)
+        self.pulse_due = (
+            0.0  # the next pulse of a worker with work (a beat at least every second: see policy)
+        )
+        self.grace = (
+            settings.ttl
+        )  # the silence its last beat promised not to exceed (else it is dead)
         self.pulse_interval = settings.ttl / 3  # the interval its last beat set for the next one
-        self.streak_since: float | None = None  # since when its beats reach Redis without a gap (for reaping)
+        self.streak_since: float | None = (
+            None  # since when its beats reach Redis without a gap (for reaping)
+        )
         self.replied_at = 0.0  # when the last beat's reply came
         self.leaving = False  # its capped stage is over its limit: finish what is in progress, then free the slot
-        self.limit_checked: tuple[int, str] | None = None  # (limit, grant) its slot was last checked against
-        self.taken_at = 0.0  # when it took its stage (a limit reported before then is not the stage's now)
+        self.limit_checked: tuple[int, str] | None = (
+            None  # (limit, grant) its slot was last checked against
+        )
+        self.taken_at = (
+            0.0  # when it took its stage (a limit reported before then is not the stage's now)
+        )
         self.loop_task: asyncio.Task[None] | None = None
         self.wakeup: asyncio.Event | None = None
         self.closing = False
         self.spider: Spider | None = None
         # Pauses, restarts and outages of Redis (see _queues_lost, _outage_step, may_close):
         self.work_seen = False  # the last look found work somewhere (queued, paused or full stages too; in flight)
-        self.epoch: str | None = None  # the queues' epoch this worker saw (changes only when the crawl state is gone)
+        self.epoch: str | None = (
+            None  # the queues' epoch this worker saw (changes only when the crawl state is gone)
+        )
         self.lost = False  # Redis lost the crawl state while this worker knew of work: close as redislock_queue_lost
-        self.outage = OutageLog(self.worker)  # one WARNING per outage, one INFO when Redis answers again
+        self.outage = OutageLog(
+            self.worker
+        )  # one WARNING per outage, one INFO when Redis answers again
         self.retry_at = 0.0  # after a failed step: the loop's next try (its own back-off, logged once per outage)
         self.retry_backoff = Backoff()
 
@@ -235,16 +293,23 @@ class StageWorkerScheduler(BaseScheduler):
     async def _open(self) -> None:
         if not await self.locks.start_once():
             return  # Redis unreachable or refusing us: logged, and the spider_opened signal closes the spider
-        self.feed = StartUrlFeed(self.queues.client, self.spider, self.worker_settings.start_urls_as, self.concurrency)
+        self.feed = StartUrlFeed(
+            self.queues.client, self.spider, self.worker_settings.start_urls_as, self.concurrency
+        )
         if self.worker_settings.flush_on_start:
             if await self.queues.clear_if_alone():
                 logger.info("SCHEDULER_FLUSH_ON_START: flushed the queues (no other worker alive)")
             else:
                 logger.info("SCHEDULER_FLUSH_ON_START: other workers are alive, nothing flushed")
         await self._beat(None)
-        idle = "never" if self.idle_close is None else f"after {self.idle_close:g} s with no work anywhere"
+        idle = (
+            "never"
+            if self.idle_close is None
+            else f"after {self.idle_close:g} s with no work anywhere"
+        )
         logger.info(
-            "Worker %s: stages %s (preference %s), queues under %s in %s order (SCHEDULER_QUEUE_CLASS); idle close: "
+            "Worker %s: stages %s (preference %s), queues under %s in %s order "
+            "(SCHEDULER_QUEUE_CLASS); idle close: "
             "%s (%s)",
             self.worker,
             self.stages,
@@ -257,7 +322,9 @@ class StageWorkerScheduler(BaseScheduler):
         self.busy_at = time.monotonic()
         self.wakeup = asyncio.Event()
         self.wakeup.set()  # the first look at once
-        loop = every(self._interval, self._step, what="Worker loop", wake=self.wakeup, backoff=Backoff())
+        loop = every(
+            self._interval, self._step, what="Worker loop", wake=self.wakeup, backoff=Backoff()
+        )
         self.loop_task = asyncio.get_running_loop().create_task(loop)
 
     def close(self, reason: str) -> Deferred[None]:
@@ -281,14 +348,23 @@ class StageWorkerScheduler(BaseScheduler):
         if self.pushes:
             await self._bounded("queueing the last requests", asyncio.wait(set(self.pushes)))
             if self.outbox:
-                logger.error("Closing: %d requests yielded by callbacks never reached Redis", len(self.outbox))
+                logger.error(
+                    "Closing: %d requests yielded by callbacks never reached Redis",
+                    len(self.outbox),
+                )
         self._ack_finished()  # the engine waited for its in-progress requests: everything handed out is done
         if self.tasks:
             await self._bounded("acknowledging the last requests", asyncio.wait(set(self.tasks)))
         if self.local:
-            logger.warning("Closing with %d requests that name no stage unfetched; they are lost", len(self.local))
-        # Whatever is still in the in-flight record was popped but never started: back to the front of its queue.
-        moved = await self._bounded("giving back this worker's unstarted requests", self.queues.leave())
+            logger.warning(
+                "Closing with %d requests that name no stage unfetched; they are lost",
+                len(self.local),
+            )
+        # Whatever is still in the in-flight record was popped but never started: back to the front
+        # of its queue.
+        moved = await self._bounded(
+            "giving back this worker's unstarted requests", self.queues.leave()
+        )
         if moved:
             self.stats.inc_value("redislock/workers/returned", moved)
         self.buffer.clear()
@@ -302,7 +378,9 @@ class StageWorkerScheduler(BaseScheduler):
             return await asyncio.wait_for(step, CLOSE_STEP_TIMEOUT)
         except (TimeoutError, *REDIS_ERRORS) as exc:
             logger.warning(
-                "On close, %s failed (%s); the other workers recover it after the TTL", what, exc or "timeout"
+                "On close, %s failed (%s); the other workers recover it after the TTL",
+                what,
+                exc or "timeout",
             )
             return None
 
@@ -313,12 +391,15 @@ class StageWorkerScheduler(BaseScheduler):
         return len(self.buffer) + len(self.local)
 
     def enqueue_request(self, request: Request) -> bool:
-        """Queue in Redis, asynchronously (one script call per batch). False for a duplicate this worker already
-        sent to the shared dupefilter, as Scrapy's and scrapy-redis's schedulers return for one their dupefilter
-        filters (the engine sends ``request_dropped``); a duplicate only Redis knows of is found when the batch
-        reaches it (:meth:`_dropped` sends ``request_dropped`` then)."""
+        """Queue in Redis, asynchronously (one script call per batch). False for a duplicate this
+        worker already sent to the shared dupefilter, as Scrapy's and scrapy-redis's schedulers
+        return for one their dupefilter filters (the engine sends ``request_dropped``); a duplicate
+        only Redis knows of is found when the batch reaches it (:meth:`_dropped` sends
+        ``request_dropped`` then)."""
         stage = stage_of(request, self.settings, self.spider)
-        fingerprint = None if request.dont_filter else self.crawler.request_fingerprinter.fingerprint(request)
+        fingerprint = (
+            None if request.dont_filter else self.crawler.request_fingerprinter.fingerprint(request)
+        )
         if fingerprint is not None and fingerprint in self.known:
             self._filtered(request, stage)
             return False
@@ -329,7 +410,12 @@ class StageWorkerScheduler(BaseScheduler):
             return True
         if stage not in self.stages:
             self.stats.inc_value("redislock/workers/unknown_stage")
-            logger.error("Dropped %s: stage %r is not one of the worker stages %s", request, stage, list(self.stages))
+            logger.error(
+                "Dropped %s: stage %r is not one of the worker stages %s",
+                request,
+                stage,
+                list(self.stages),
+            )
             return False
         try:
             data = self.encode(request)
@@ -339,12 +425,15 @@ class StageWorkerScheduler(BaseScheduler):
             return False
         self._know(fingerprint)
         self.outbox.append((stage, hex_fingerprint, data, request.priority, request))
-        if self.flusher is None:  # one task sends everything enqueued meanwhile, in one script call per batch
+        if (
+            self.flusher is None
+        ):  # one task sends everything enqueued meanwhile, in one script call per batch
             self.flusher = self._push_task(self._flush())
         return True
 
     def _know(self, fingerprint: bytes | None) -> None:
-        """Remember a fingerprint sent to the shared dupefilter (the newest KNOWN_FINGERPRINTS of them)."""
+        """Remember a fingerprint sent to the shared dupefilter (the newest KNOWN_FINGERPRINTS of
+        them)."""
         if fingerprint is None:
             return
         self.known[fingerprint] = None
@@ -352,32 +441,41 @@ class StageWorkerScheduler(BaseScheduler):
             del self.known[next(iter(self.known))]
 
     def _filtered(self, request: Request, stage: str | None) -> None:
-        """A duplicate: counted and logged as Scrapy's dupefilter does (``df.log``: the first one at DEBUG, every one
-        with DUPEFILTER_DEBUG), and in the stage's ``duplicates``."""
+        """A duplicate: counted and logged as Scrapy's dupefilter does (``df.log``: the first one at
+        DEBUG, every one with DUPEFILTER_DEBUG), and in the stage's ``duplicates``."""
         self.stats.inc_value("dupefilter/filtered")
-        self.stats.inc_value(f"redislock/workers/{stage if stage is not None else 'no_stage'}/duplicates")
+        self.stats.inc_value(
+            f"redislock/workers/{stage if stage is not None else 'no_stage'}/duplicates"
+        )
         if self.dupefilter_debug:
             referer = request.headers.get("Referer")
             logger.debug(
                 "Filtered duplicate request: %(request)s (referer: %(referer)s)",
-                {"request": request, "referer": referer.decode("utf-8", "replace") if referer else None},
+                {
+                    "request": request,
+                    "referer": referer.decode("utf-8", "replace") if referer else None,
+                },
             )
         elif self.log_dupes:
             logger.debug(
-                "Filtered duplicate request: %(request)s - no more duplicates will be shown (see DUPEFILTER_DEBUG to "
+                "Filtered duplicate request: %(request)s - no more duplicates will be shown (see "
+                "DUPEFILTER_DEBUG to "
                 "show all duplicates)",
                 {"request": request},
             )
             self.log_dupes = False
 
     def _dropped(self, request: Request, stage: str | None) -> None:
-        """A duplicate found in Redis after ``enqueue_request`` returned True: filtered, and ``request_dropped`` sent
-        as the engine sends it for a request the scheduler refuses."""
+        """A duplicate found in Redis after ``enqueue_request`` returned True: filtered, and
+        ``request_dropped`` sent as the engine sends it for a request the scheduler refuses."""
         self._filtered(request, stage)
-        self.crawler.signals.send_catch_log(signal=signals.request_dropped, request=request, spider=self.spider)
+        self.crawler.signals.send_catch_log(
+            signal=signals.request_dropped, request=request, spider=self.spider
+        )
 
     def encode(self, request: Request) -> bytes:
-        """The request as its queue stores it (SCHEDULER_SERIALIZER, by default the safe JSON format)."""
+        """The request as its queue stores it (SCHEDULER_SERIALIZER, by default the safe JSON
+        format)."""
         return encode(request, self.serializer, self.spider)
 
     def next_request(self) -> Request | None:
@@ -386,25 +484,30 @@ class StageWorkerScheduler(BaseScheduler):
             return self.local.popleft()
         request = None
         if self.buffer and time.monotonic() - self.beat_at > 0.8 * self.grace:
-            # No beat for most of what the last one promised (this process stalled): the others may have requeued
-            # what we took ahead.
-            # Hand nothing out until the next beat says whether they did (then the buffer is dropped).
+            # No beat for most of what the last one promised (this process stalled): the others may
+            # have requeued what we took ahead. Hand nothing out until the next beat says whether
+            # they did (then the buffer is dropped).
             self._wake()
             return None
         if self.buffer:
             request, inflight_id = self.buffer.popleft()
             self.handed[request] = inflight_id
         if self.current is not None and len(self.buffer) < self.concurrency:
-            # Top up before the buffer runs dry, or leave a drained stage. Without a stage the engine's polls
-            # cost Redis nothing: the worker waits in Redis for a signal.
+            # Top up before the buffer runs dry, or leave a drained stage. Without a stage the
+            # engine's polls cost Redis nothing: the worker waits in Redis for a signal.
             self._wake()
         return request
 
     def may_close(self) -> bool:
-        """For the spider's idle handler: no work anywhere in the cluster for REDISLOCK_IDLE_CLOSE seconds."""
-        if self.failing:  # Redis cannot be asked (down, failing over): the queues may well hold work
+        """For the spider's idle handler: no work anywhere in the cluster for REDISLOCK_IDLE_CLOSE
+        seconds."""
+        if (
+            self.failing
+        ):  # Redis cannot be asked (down, failing over): the queues may well hold work
             return False
-        if self.work_seen or self.current is not None:  # work somewhere, paused or full: wait for it, never close
+        if (
+            self.work_seen or self.current is not None
+        ):  # work somewhere, paused or full: wait for it, never close
             return False
         return self.idle_close is not None and time.monotonic() - self.busy_at >= self.idle_close
 
@@ -412,7 +515,7 @@ class StageWorkerScheduler(BaseScheduler):
         if self.wakeup is not None:
             self.wakeup.set()
 
-    # -- requests in and out of Redis ---------------------------------------------------------------
+    # -- requests in and out of Redis --------------------------------------------------------------
 
     def _push_task(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -426,13 +529,17 @@ class StageWorkerScheduler(BaseScheduler):
         while True:
             try:
                 result = await call()
-            except OUTAGE_ERRORS as exc:  # down, or failing over: one warning per outage (OutageLog)
+            except (
+                OUTAGE_ERRORS
+            ) as exc:  # down, or failing over: one warning per outage (OutageLog)
                 self.stats.inc_value("redislock/workers/redis_errors")
                 delay = backoff.next()
                 self.outage.failed(what, exc, delay)
                 await asyncio.sleep(delay)
                 continue
-            if self.outage.down:  # the end of an outage: the loop need not wait out its own back-off
+            if (
+                self.outage.down
+            ):  # the end of an outage: the loop need not wait out its own back-off
                 self.retry_at = 0.0
                 self._wake()
             self.outage.answered()
@@ -444,13 +551,28 @@ class StageWorkerScheduler(BaseScheduler):
             await asyncio.sleep(0)  # let the rest of a callback's output join this batch
             while self.outbox:
                 batch = [self.outbox.popleft() for _ in range(min(PUSH_BATCH, len(self.outbox)))]
-                entries = [(stage, fingerprint, data, priority) for stage, fingerprint, data, priority, _ in batch]
+                entries = [
+                    (stage, fingerprint, data, priority)
+                    for stage, fingerprint, data, priority, _ in batch
+                ]
                 try:
-                    queued = await self._retrying("Queueing requests", lambda e=entries: self.queues.push_many(e))
-                except redis.exceptions.RedisError as exc:  # not an outage: Redis refused them (e.g. out of memory)
+                    queued = await self._retrying(
+                        "Queueing requests", lambda e=entries: self.queues.push_many(e)
+                    )
+                except (
+                    redis.exceptions.RedisError
+                ) as exc:  # not an outage: Redis refused them (e.g. out of memory)
                     self.stats.inc_value("redislock/workers/unqueueable", len(batch))
-                    logger.error("Dropped %d requests: Redis refused to queue them (%s)", len(batch), exc)
-                    for _, fingerprint, _, _, _ in batch:  # Redis may not have them: not known duplicates here
+                    logger.error(
+                        "Dropped %d requests: Redis refused to queue them (%s)", len(batch), exc
+                    )
+                    for (
+                        _,
+                        fingerprint,
+                        _,
+                        _,
+                        _,
+                    ) in batch:  # Redis may not have them: not known duplicates here
                         self.known.pop(bytes.fromhex(fingerprint), None)
                     continue
                 for (stage, _, _, _, request), new in zip(batch, queued, strict=True):
@@ -459,20 +581,25 @@ class StageWorkerScheduler(BaseScheduler):
                         continue
                     self.stats.inc_value(f"redislock/workers/{stage}/enqueued")
                     if stage == self.current and stage in self.empty:
-                        self.empty.discard(stage)  # our own stage has work again: pop it when the engine asks
+                        self.empty.discard(
+                            stage
+                        )  # our own stage has work again: pop it when the engine asks
                         self._wake()
         finally:
             self.flusher = None
 
     async def _keep_local(self, request: Request, fingerprint: str) -> None:
-        if fingerprint and await self._retrying("Checking the dupefilter", lambda: self.queues.seen(fingerprint)):
+        if fingerprint and await self._retrying(
+            "Checking the dupefilter", lambda: self.queues.seen(fingerprint)
+        ):
             self._dropped(request, None)
             return
         self.local.append(request)
         wake_engine(self.crawler)
 
     def _ack_finished(self) -> None:
-        """Drop from the in-flight record every handed-out request the engine has completely handled."""
+        """Drop from the in-flight record every handed-out request the engine has completely
+        handled."""
         if not self.handed:
             return
         unfinished = in_progress(self.crawler) or set()
@@ -489,8 +616,8 @@ class StageWorkerScheduler(BaseScheduler):
         self._wake()  # the last ack of a drained stage: leave it now
 
     async def _ack_soon(self) -> None:
-        """One script call for the requests finished meanwhile. Not later than that: a finished request still in
-        the in-flight record when its worker dies would be fetched again."""
+        """One script call for the requests finished meanwhile. Not later than that: a finished
+        request still in the in-flight record when its worker dies would be fetched again."""
         await asyncio.sleep(0)  # the other requests finished in this loop iteration join
         while self.acks:
             ids, self.acks = self.acks, []
@@ -498,16 +625,21 @@ class StageWorkerScheduler(BaseScheduler):
             await self._ack(ids, set(self.pushes))
 
     async def _ack(self, ids: list[str], pushes: set[asyncio.Task[Any]]) -> None:
-        if pushes:  # what the callbacks yielded is in Redis before their parents leave the in-flight record
+        if (
+            pushes
+        ):  # what the callbacks yielded is in Redis before their parents leave the in-flight record
             await asyncio.wait(pushes)
         try:
             dropped = await self._retrying("Acknowledging requests", lambda: self.queues.ack(ids))
             self.own -= dropped  # not "self.own -= await ...": that reads self.own before the await
             self.acking.difference_update(ids)
-        except redis.exceptions.RedisError as exc:  # they stay in the record: requeued (fetched again) at close
+        except (
+            redis.exceptions.RedisError
+        ) as exc:  # they stay in the record: requeued (fetched again) at close
             logger.error("Could not acknowledge %d requests (%s)", len(ids), exc)
 
-    # -- the worker loop: one step when woken (the engine wants requests, a signal, an ack), else at the beat ------
+    # -- the worker loop: one step when woken (the engine wants requests, a signal, an ack), else at
+    # the beat ------
 
     def _interval(self) -> float:
         if self.closing:
@@ -534,7 +666,9 @@ class StageWorkerScheduler(BaseScheduler):
             elif now >= self.pulse_due and self._working():
                 await self._pulse()
             if self.quiet_since is not None and self.idle_close is not None:
-                self.look_due |= now >= self.quiet_since + self.idle_close  # still quiet? then close
+                self.look_due |= (
+                    now >= self.quiet_since + self.idle_close
+                )  # still quiet? then close
             await self._check_lost()
             await self._check_limit()
             self._ack_finished()
@@ -548,18 +682,23 @@ class StageWorkerScheduler(BaseScheduler):
         except REDIS_ERRORS as exc:
             self.stats.inc_value("redislock/workers/redis_errors")
             self.failing = True
-            self.streak_since = None  # the others may not reach Redis either: reap nobody until beats run again
+            self.streak_since = (
+                None  # the others may not reach Redis either: reap nobody until beats run again
+            )
             if not self._outage_step(exc):
                 raise  # not an outage (Redis refused a command): logged with its traceback by the loop, retried
             return not self.closing
-        if self.failing:  # Redis answers again: idle time counts from now, not from before the outage
+        if (
+            self.failing
+        ):  # Redis answers again: idle time counts from now, not from before the outage
             self.failing = False
             self.busy_at = time.monotonic()
             self._outage_over()
         return not self.closing
 
     async def _work(self) -> None:
-        """On a stage: pop when the engine runs short; leave the stage once it is drained here and in Redis."""
+        """On a stage: pop when the engine runs short; leave the stage once it is drained here and
+        in Redis."""
         stage = self.current
         assert stage is not None
         if self.leaving:
@@ -573,11 +712,16 @@ class StageWorkerScheduler(BaseScheduler):
             await self._fill(pass_on=woken)
             if stage in self.empty and stage in self.start_stages:
                 await self._feed(None)  # its queue ran empty: the start URLs may have more for it
-        if self.current == stage and stage in self.empty and not (self.buffer or self.handed or self.tasks):
+        if (
+            self.current == stage
+            and stage in self.empty
+            and not (self.buffer or self.handed or self.tasks)
+        ):
             await self._leave_stage()
 
     async def _look(self) -> None:
-        """With no stage: read the feed, look at every queue and the cluster's in-flight counter, take a stage."""
+        """With no stage: read the feed, look at every queue and the cluster's in-flight counter,
+        take a stage."""
         self.look_due = False
         await self._feed(None)
         self.lengths, in_flight = await self.queues.look()
@@ -589,23 +733,35 @@ class StageWorkerScheduler(BaseScheduler):
                 break
             self.full.add(stage)
         for stage in self.signalled & self.full:
-            await self.queues.signal(stage)  # a token for a stage with no free slot: its holders' (they may wait)
+            await self.queues.signal(
+                stage
+            )  # a token for a stage with no free slot: its holders' (they may wait)
         self.signalled.clear()
         busy = any(self.lengths.values()) or self.buffer or self.handed or self.local or self.pushes
-        self.work_seen = bool(busy or in_flight > self.own)  # a paused stage's queue is work: wait, never close
+        self.work_seen = bool(
+            busy or in_flight > self.own
+        )  # a paused stage's queue is work: wait, never close
         if busy or in_flight > self.own:
             self.busy_at = time.monotonic()
             self.quiet_since = None
             return
-        self.quiet_since = self.busy_at  # look again when it has been quiet for REDISLOCK_IDLE_CLOSE
+        self.quiet_since = (
+            self.busy_at
+        )  # look again when it has been quiet for REDISLOCK_IDLE_CLOSE
         if self.may_close():
-            self.quiet_since = None  # the engine's idle check (every 5 s) closes the spider from here
-            wake_engine(self.crawler)  # the engine checks for idleness at its next round, not in 5 s
+            self.quiet_since = (
+                None  # the engine's idle check (every 5 s) closes the spider from here
+            )
+            wake_engine(
+                self.crawler
+            )  # the engine checks for idleness at its next round, not in 5 s
 
     async def _move_up(self) -> None:
-        """From an uncapped stage, take a preferred capped stage that has work and a free slot (at each beat).
+        """From an uncapped stage, take a preferred capped stage that has work and a free slot (at
+        each beat).
 
-        Requests of the uncapped stage already taken finish here (no cap to break); no new ones are taken.
+        Requests of the uncapped stage already taken finish here (no cap to break); no new ones are
+        taken.
         """
         current = self.current
         if current is None or current in self.policy.capped or current == self.preference[0]:
@@ -616,7 +772,7 @@ class StageWorkerScheduler(BaseScheduler):
             if await self._take(stage):
                 return
 
-    # -- blocking in Redis until there is work ---------------------------------------------------------------
+    # -- blocking in Redis until there is work -----------------------------------------------------
 
     def _listen_keys(self) -> list[str]:
         if self.closing:
@@ -629,7 +785,8 @@ class StageWorkerScheduler(BaseScheduler):
         return [*keys, feed_key] if feed_key else keys
 
     def _listen(self) -> None:
-        """Block in Redis (in a task) on the signal lists the policy names, unless a wait on them already runs."""
+        """Block in Redis (in a task) on the signal lists the policy names, unless a wait on them
+        already runs."""
         keys = self._listen_keys()
         running = self.listener is not None and not self.listener.done()
         if running and (keys == self.listening or not keys):
@@ -643,16 +800,23 @@ class StageWorkerScheduler(BaseScheduler):
             self.listener = asyncio.get_running_loop().create_task(self._wait_for_work(keys))
 
     async def _wait_for_work(self, keys: list[str]) -> None:
-        """Block until a token or entry arrives, or until the heartbeat is due; then wake the loop (one BLPOP per
-        heartbeat period while nothing happens)."""
+        """Block until a token or entry arrives, or until the heartbeat is due; then wake the loop
+        (one BLPOP per heartbeat period while nothing happens)."""
         queue_keys = self.queues.keys
         try:
-            # Just past the beat: a wait that ended a moment before it would find nothing due and wait again.
-            reply = await self.queues.wait_signal(keys, max(0.0, self.beat_due - time.monotonic()) + BEAT_MARGIN)
+            # Just past the beat: a wait that ended a moment before it would find nothing due and
+            # wait again.
+            reply = await self.queues.wait_signal(
+                keys, max(0.0, self.beat_due - time.monotonic()) + BEAT_MARGIN
+            )
         except REDIS_ERRORS as exc:
             # Not woken: the loop's next step (at the beat, or after its back-off) waits again.
-            logger.debug("Waiting for work: Redis error (%s); the loop waits again at its next step", exc)
-            self.streak_since = None  # the others may not reach Redis either: reap nobody until beats run again
+            logger.debug(
+                "Waiting for work: Redis error (%s); the loop waits again at its next step", exc
+            )
+            self.streak_since = (
+                None  # the others may not reach Redis either: reap nobody until beats run again
+            )
             return
         if reply is not None:
             key, value = reply
@@ -670,7 +834,7 @@ class StageWorkerScheduler(BaseScheduler):
                     self.signalled.add(stage)
         self._wake()
 
-    # -- heartbeat, stage slots ---------------------------------------------------------------------------------
+    # -- heartbeat, stage slots --------------------------------------------------------------------
 
     async def _beat(self, stage: str | None, pulse: bool = False) -> list[str]:
         sent = time.monotonic()
@@ -680,20 +844,23 @@ class StageWorkerScheduler(BaseScheduler):
         self.beat_at = sent
         if not pulse:
             self.beat_due = sent + self.beat_interval
-        if new and await self._queues_lost():  # Redis lost the crawl state: not taken for dead (see _queues_lost)
+        if (
+            new and await self._queues_lost()
+        ):  # Redis lost the crawl state: not taken for dead (see _queues_lost)
             new = False
         if not new and not pulse and holds > len(known := self._known_ids()):
             await self._reclaim(known)
         if new and self.own:
-            # Silent for a TTL (a stall: CPU starvation, a debugger, SIGSTOP, a long blocking call): the others
-            # put this worker's in-flight requests back in the queues. The unstarted ones are dropped here; the
-            # ones already in the engine (downloads, at most CONCURRENT_REQUESTS, and responses waiting for their
-            # callback) get fetched twice.
+            # Silent for a TTL (a stall: CPU starvation, a debugger, SIGSTOP, a long blocking call):
+            # the others put this worker's in-flight requests back in the queues. The unstarted ones
+            # are dropped here; the ones already in the engine (downloads, at most
+            # CONCURRENT_REQUESTS, and responses waiting for their callback) get fetched twice.
             dropped = len(self.buffer)
             self.buffer.clear()
             self.stats.inc_value("redislock/workers/presumed_dead")
             logger.warning(
-                "Worker %s was silent for the TTL and taken for dead: dropped %d requests taken ahead (the others "
+                "Worker %s was silent for the TTL and taken for dead: dropped %d requests taken "
+                "ahead (the others "
                 "have them), %d in progress here may get fetched twice",
                 self.worker,
                 dropped,
@@ -704,18 +871,25 @@ class StageWorkerScheduler(BaseScheduler):
         return dead
 
     def _known_ids(self) -> list[str]:
-        """The in-flight ids this worker knows it holds: taken ahead, in the engine, finished and being acked."""
-        return [*(inflight_id for _, inflight_id in self.buffer), *self.handed.values(), *self.acks, *self.acking]
+        """The in-flight ids this worker knows it holds: taken ahead, in the engine, finished and
+        being acked."""
+        return [
+            *(inflight_id for _, inflight_id in self.buffer),
+            *self.handed.values(),
+            *self.acks,
+            *self.acking,
+        ]
 
     async def _reclaim(self, known: list[str]) -> None:
-        """The in-flight record holds more than this worker knows of: a pop ran in Redis but its reply was lost (a
-        connection cut, a failover; a cluster client may also have run it again). Those requests go back to the
-        front of their queues, for whichever worker comes first."""
+        """The in-flight record holds more than this worker knows of: a pop ran in Redis but its
+        reply was lost (a connection cut, a failover; a cluster client may also have run it again).
+        Those requests go back to the front of their queues, for whichever worker comes first."""
         moved = await self.queues.reclaim(known)
         if moved:
             self.stats.inc_value("redislock/workers/reclaimed", moved)
             logger.warning(
-                "Worker %s put %d requests back in their queues: popped by a call whose reply was lost",
+                "Worker %s put %d requests back in their queues: popped by a call whose reply was "
+                "lost",
                 self.worker,
                 moved,
             )
@@ -728,47 +902,64 @@ class StageWorkerScheduler(BaseScheduler):
         await self._read_limit_unseen()
         await self._move_up()
 
-    # -- liveness (pulses, reaping the dead) and a stage's limit lowered under its holders ---------------------------
+    # -- liveness (pulses, reaping the dead) and a stage's limit lowered under its holders ---------
 
     def _working(self, stage: str | None = None) -> bool:
-        """Whether this worker has work whose loss would cost time if it died: a stage, or requests in flight."""
-        return (stage or self.current) is not None or self.own > 0 or bool(self.buffer or self.handed)
+        """Whether this worker has work whose loss would cost time if it died: a stage, or requests
+        in flight."""
+        return (
+            (stage or self.current) is not None or self.own > 0 or bool(self.buffer or self.handed)
+        )
 
     def _beaten(self, sent: float, interval: float, grace: float) -> None:
-        """A beat sent at ``sent`` reached Redis, promising the next within ``grace``; the next is due after
-        ``interval``. Beats that keep coming without a gap make a streak (see :meth:`_reap`)."""
-        if self.streak_since is None or not keeps_streak(sent - self.replied_at, self.pulse_interval):
+        """A beat sent at ``sent`` reached Redis, promising the next within ``grace``; the next is
+        due after ``interval``. Beats that keep coming without a gap make a streak (see
+        :meth:`_reap`)."""
+        if self.streak_since is None or not keeps_streak(
+            sent - self.replied_at, self.pulse_interval
+        ):
             self.streak_since = sent
         self.replied_at = time.monotonic()
         self.grace, self.pulse_interval = grace, interval
         self.pulse_due = sent + interval
 
     async def _pulse(self) -> None:
-        """A worker with work beats at least every second (its promise is a few seconds: see policy.liveness), so
-        that a killed worker's requests are fetched again within seconds; the pulse also names the dead."""
+        """A worker with work beats at least every second (its promise is a few seconds: see
+        policy.liveness), so that a killed worker's requests are fetched again within seconds; the
+        pulse also names the dead."""
         await self._reap(await self._beat(self.current, pulse=True))
 
     async def _reap(self, dead: list[str]) -> None:
-        """Requeue the requests of the workers a beat named dead, once this worker's own beats have reached Redis
-        without a gap for a while (policy.may_reap): right after an outage or a stall of its own, the others may
-        not have beaten yet either."""
+        """Requeue the requests of the workers a beat named dead, once this worker's own beats have
+        reached Redis without a gap for a while (policy.may_reap): right after an outage or a stall
+        of its own, the others may not have beaten yet either."""
         if not dead or self.streak_since is None:
             return
         if not may_reap(time.monotonic() - self.streak_since, self.settings.ttl):
             return
         reaped = await self.queues.reap(dead)
         for worker, moved in reaped.items():
-            logger.warning("Worker %s stopped beating: put %d of its requests back in the queues", worker, moved)
+            logger.warning(
+                "Worker %s stopped beating: put %d of its requests back in the queues",
+                worker,
+                moved,
+            )
             self.stats.inc_value("redislock/workers/requeued", moved)
 
     def _limit_seen(self, stage: str, limit: int) -> None:
-        """A renewal of a slot reported the stage's limit (WorkerSlots): look at it now if it changed."""
+        """A renewal of a slot reported the stage's limit (WorkerSlots): look at it now if it
+        changed."""
         permit = self.permit
-        if stage == self.current and permit is not None and self.limit_checked != (limit, permit.grant):
+        if (
+            stage == self.current
+            and permit is not None
+            and self.limit_checked != (limit, permit.grant)
+        ):
             self._wake()
 
     async def _read_limit_unseen(self) -> None:
-        """At a heartbeat: if no renewal reported the stage's limit since the last one, read it (one HGET)."""
+        """At a heartbeat: if no renewal reported the stage's limit since the last one, read it (one
+        HGET)."""
         stage = self.current
         if stage is None or self.permit is None:
             return
@@ -779,9 +970,9 @@ class StageWorkerScheduler(BaseScheduler):
                 self.locks.limits_seen[stage] = (limit, time.monotonic())
 
     async def _check_limit(self) -> None:
-        """Leave a capped stage whose limit was lowered under its holders (or set to 0: paused) if this worker's
-        slot is one of the newest (policy.keeps_slot). One XPENDING each time the limit a renewal reported changes
-        (and once after taking the stage); nothing otherwise."""
+        """Leave a capped stage whose limit was lowered under its holders (or set to 0: paused) if
+        this worker's slot is one of the newest (policy.keeps_slot). One XPENDING each time the
+        limit a renewal reported changes (and once after taking the stage); nothing otherwise."""
         stage, permit = self.current, self.permit
         if stage is None or permit is None or self.leaving or permit.lost:
             return
@@ -793,12 +984,17 @@ class StageWorkerScheduler(BaseScheduler):
             return
         oldest = await self.locks.oldest_grants(stage, limit)
         self.limit_checked = (limit, permit.grant)
-        if not keeps_slot(permit.grant, oldest, limit) and self.current == stage and self.permit is permit:
+        if (
+            not keeps_slot(permit.grant, oldest, limit)
+            and self.current == stage
+            and self.permit is permit
+        ):
             await self._start_leaving(stage, limit)
 
     async def _start_leaving(self, stage: str, limit: int) -> None:
-        """Over the limit: give back what was taken ahead (to the front of the queue), take nothing new; the slot is
-        freed once what is in progress here has finished (:meth:`_finish_leaving`)."""
+        """Over the limit: give back what was taken ahead (to the front of the queue), take nothing
+        new; the slot is freed once what is in progress here has finished
+        (:meth:`_finish_leaving`)."""
         self.leaving = True
         ids = [inflight_id for _, inflight_id in self.buffer]
         self.buffer.clear()
@@ -806,7 +1002,8 @@ class StageWorkerScheduler(BaseScheduler):
         self.own -= returned
         self.stats.inc_value(f"redislock/workers/{stage}/yielded")
         logger.info(
-            "Worker %s leaves stage %r: its limit is %d now and this slot is one of the newest; gave %d unstarted "
+            "Worker %s leaves stage %r: its limit is %d now and this slot is one of the newest; "
+            "gave %d unstarted "
             "requests back, %d in progress finish first",
             self.worker,
             stage,
@@ -817,7 +1014,8 @@ class StageWorkerScheduler(BaseScheduler):
         self._wake()
 
     async def _finish_leaving(self, stage: str) -> None:
-        """Leaving: once nothing of the stage is in progress here, free the slot (then take another stage or wait)."""
+        """Leaving: once nothing of the stage is in progress here, free the slot (then take another
+        stage or wait)."""
         if stage in self.signalled:  # a token for the stage taken meanwhile: the next holder's
             self.signalled.discard(stage)
             await self.queues.signal(stage)
@@ -842,24 +1040,30 @@ class StageWorkerScheduler(BaseScheduler):
                 self.start_stages.add(stage)
             self.stats.inc_value("redislock/workers/start_urls")
             self.crawler.engine.crawl(request)
-        await asyncio.gather(*set(self.pushes))  # in their queues before this step looks at the lengths
+        await asyncio.gather(
+            *set(self.pushes)
+        )  # in their queues before this step looks at the lengths
         self.busy_at = time.monotonic()
         self.quiet_since = None
         self.empty.clear()
         self.look_due = True
 
     async def _check_lost(self) -> None:
-        """A lost slot lease (stalled longer than the TTL, or an operator's reset): leave the stage at once."""
+        """A lost slot lease (stalled longer than the TTL, or an operator's reset): leave the stage
+        at once."""
         permit = self.permit
         if permit is None or not permit.lost or self.current is None:
             return
         stage = self.current
         ids = [inflight_id for _, inflight_id in self.buffer]
         self.buffer.clear()
-        returned = await self.queues.give_back(ids)  # StageLocks counted it: redislock/workers/<stage>/lost
+        returned = await self.queues.give_back(
+            ids
+        )  # StageLocks counted it: redislock/workers/<stage>/lost
         self.own -= returned
         logger.warning(
-            "Worker %s lost its slot of stage %r; gave %d unstarted requests back, %d in progress finish here",
+            "Worker %s lost its slot of stage %r; gave %d unstarted requests back, %d in progress "
+            "finish here",
             self.worker,
             stage,
             returned,
@@ -871,11 +1075,14 @@ class StageWorkerScheduler(BaseScheduler):
 
     async def _take(self, stage: str) -> bool:
         if self.locks.is_capped(stage):
-            # The worker front runs on one Redis (masters are refused in __init__): its slots are plain Permits.
+            # The worker front runs on one Redis (masters are refused in __init__): its slots are
+            # plain Permits.
             permit = cast("Permit | None", await self.locks.locks[stage].try_acquire())
             if permit is None:
                 return False
-            if self.permit is not None:  # moving up from a capped stage does not happen; be safe anyway
+            if (
+                self.permit is not None
+            ):  # moving up from a capped stage does not happen; be safe anyway
                 await self.locks.release(self.permit)
             self.permit = permit
         previous, self.current = self.current, stage
@@ -883,7 +1090,12 @@ class StageWorkerScheduler(BaseScheduler):
         self.leaving, self.limit_checked, self.taken_at = False, None, time.monotonic()
         await self._beat(stage)
         self.stats.inc_value(f"redislock/workers/{stage}/taken")
-        logger.info("Worker %s works on stage %r%s", self.worker, stage, f" (was {previous!r})" if previous else "")
+        logger.info(
+            "Worker %s works on stage %r%s",
+            self.worker,
+            stage,
+            f" (was {previous!r})" if previous else "",
+        )
         return True
 
     async def _leave_stage(self, why: str = "no work left there") -> None:
@@ -904,9 +1116,13 @@ class StageWorkerScheduler(BaseScheduler):
         self._ack_finished()
         want = 2 * self.concurrency - len(self.buffer) - len(self.handed)
         if want <= 0 or (want < self.concurrency // 2 and self.buffer):
-            return 0  # pop in batches of at least half CONCURRENT_REQUESTS: fewer, fuller script calls
+            return (
+                0  # pop in batches of at least half CONCURRENT_REQUESTS: fewer, fuller script calls
+            )
         popped = await self.queues.pop(stage, want, pass_on=pass_on)
-        if popped is None:  # taken for dead since the last beat: the beat says so and drops the buffer, then pop
+        if (
+            popped is None
+        ):  # taken for dead since the last beat: the beat says so and drops the buffer, then pop
             await self._beat(stage)
             popped = await self.queues.pop(stage, want, pass_on=pass_on) or []
         if len(popped) < want:
@@ -916,9 +1132,12 @@ class StageWorkerScheduler(BaseScheduler):
         if scored and self.order != "priority" and stage not in self.mixed_orders:
             self.mixed_orders.add(stage)
             logger.warning(
-                "Worker %s (SCHEDULER_QUEUE_CLASS in %s order) took %d requests of stage %r from %s: they were queued "
-                "in priority order (scrapy-redis's PriorityQueue, the default), by other workers of this spider or "
-                "before a change of SCHEDULER_QUEUE_CLASS; they are fetched, but give every worker of a spider the "
+                "Worker %s (SCHEDULER_QUEUE_CLASS in %s order) took %d requests of stage %r from "
+                "%s: they were queued "
+                "in priority order (scrapy-redis's PriorityQueue, the default), by other workers "
+                "of this spider or "
+                "before a change of SCHEDULER_QUEUE_CLASS; they are fetched, but give every worker "
+                "of a spider the "
                 "same SCHEDULER_QUEUE_CLASS",
                 self.worker,
                 self.order.upper(),
@@ -930,8 +1149,12 @@ class StageWorkerScheduler(BaseScheduler):
         for inflight_id, data in popped:
             try:
                 request = decode(data, self.serializer, self.spider)
-            except Exception as exc:  # whatever the entry made the loader raise: never retried, kept for people
-                unloadable.append((inflight_id, self._dead_letter_note(data, exc, inflight_id in scored)))
+            except (
+                Exception
+            ) as exc:  # whatever the entry made the loader raise: never retried, kept for people
+                unloadable.append(
+                    (inflight_id, self._dead_letter_note(data, exc, inflight_id in scored))
+                )
                 continue
             self.buffer.append((request, inflight_id))
         if unloadable:
@@ -946,8 +1169,8 @@ class StageWorkerScheduler(BaseScheduler):
         return len(popped)
 
     def _dead_letter_note(self, data: bytes, exc: Exception, scored: bool = False) -> str:
-        """Log an entry that cannot be loaded, once; the note that goes with it to the dead-letter list. ``scored``:
-        it came from the stage's sorted set, not its list."""
+        """Log an entry that cannot be loaded, once; the note that goes with it to the dead-letter
+        list. ``scored``: it came from the stage's sorted set, not its list."""
         keys, stage = self.queues.keys, self.current or ""
         queue = keys.scored(stage) if scored else keys.queue(stage)
         excerpt = repr(data[:EXCERPT]) + ("..." if len(data) > EXCERPT else "")
@@ -960,21 +1183,29 @@ class StageWorkerScheduler(BaseScheduler):
             len(data),
             excerpt,
         )
-        note = {"time": round(time.time(), 3), "worker": self.worker, "queue": queue, "error": error}
+        note = {
+            "time": round(time.time(), 3),
+            "worker": self.worker,
+            "queue": queue,
+            "error": error,
+        }
         return json.dumps(note)
 
-    # -- Redis paused, restarted or gone: never close on paused work; say once what an outage or a loss costs -----
+    # -- Redis paused, restarted or gone: never close on paused work; say once what an outage or a
+    # loss costs -----
 
     @property
     def close_reason(self) -> str | None:
-        """The finish reason of an idle close (the mixin's idle handler): ``redislock_queue_lost`` once Redis lost the
-        crawl state while this worker knew of work (:meth:`_queues_lost`); None: Scrapy's own (``finished``)."""
+        """The finish reason of an idle close (the mixin's idle handler): ``redislock_queue_lost``
+        once Redis lost the crawl state while this worker knew of work (:meth:`_queues_lost`); None:
+        Scrapy's own (``finished``)."""
         return "redislock_queue_lost" if self.lost else None
 
     def _outage_step(self, exc: BaseException) -> bool:
-        """A step failed on a Redis error. An outage (down, paused, restarting, failing over): one WARNING for the
-        whole outage (:class:`~scrapy_redislock.workers.outage.OutageLog`), the next step after a back-off; True.
-        Anything else (Redis refused a command): False, for the loop to log with its traceback."""
+        """A step failed on a Redis error. An outage (down, paused, restarting, failing over): one
+        WARNING for the whole outage (:class:`~scrapy_redislock.workers.outage.OutageLog`), the next
+        step after a back-off; True. Anything else (Redis refused a command): False, for the loop to
+        log with its traceback."""
         if isinstance(exc, REFUSED) or not isinstance(exc, OUTAGE_ERRORS):
             return False
         delay = self.retry_backoff.next()
@@ -989,20 +1220,23 @@ class StageWorkerScheduler(BaseScheduler):
         self.outage.answered()
 
     def _knows_of_work(self) -> bool:
-        """Whether this worker knew of queued or in-flight work: its own (popped, in progress, taken ahead), its
-        stage's queue not yet found empty, or work anywhere at its last look (paused and full stages included)."""
+        """Whether this worker knew of queued or in-flight work: its own (popped, in progress, taken
+        ahead), its stage's queue not yet found empty, or work anywhere at its last look (paused and
+        full stages included)."""
         on_stage = self.current is not None and self.current not in self.empty
         return bool(self.own or self.buffer or self.handed or on_stage or self.work_seen)
 
     async def _queues_lost(self) -> bool:
-        """After a beat that found this worker unregistered (its first beat, taken for dead, or Redis lost the crawl
-        state): read the queues' epoch (one script, only then). Another epoch than the one seen before means the
-        crawl state is gone, not that the others took this worker for dead: every request queued in any stage and
-        in flight in any worker, the dupefilter, the registry.
+        """After a beat that found this worker unregistered (its first beat, taken for dead, or
+        Redis lost the crawl state): read the queues' epoch (one script, only then). Another epoch
+        than the one seen before means the crawl state is gone, not that the others took this worker
+        for dead: every request queued in any stage and in flight in any worker, the dupefilter, the
+        registry.
 
-        Said loudly when this worker knew of work: ERROR once, stat ``redislock/workers/queue_lost``, and its idle
-        close finishes as ``redislock_queue_lost``. What it still holds is kept: the requests it had taken ahead go
-        back to the (new) queues, the ones in progress finish here and queue what they yield. True if lost."""
+        Said loudly when this worker knew of work: ERROR once, stat
+        ``redislock/workers/queue_lost``, and its idle close finishes as ``redislock_queue_lost``.
+        What it still holds is kept: the requests it had taken ahead go back to the (new) queues,
+        the ones in progress finish here and queue what they yield. True if lost."""
         epoch = await self.queues.epoch()
         seen, self.epoch = self.epoch, epoch
         if seen is None or seen == epoch:
@@ -1012,14 +1246,18 @@ class StageWorkerScheduler(BaseScheduler):
         self.buffer.clear()
         self.known.clear()  # the shared dupefilter went with the rest: what this worker sent is no longer there
         for request in ahead:
-            self.enqueue_request(request)  # into the new queues (their in-flight record is gone with the rest)
+            self.enqueue_request(
+                request
+            )  # into the new queues (their in-flight record is gone with the rest)
         self.own = 0
         self.empty.clear()
         self.look_due = True
         if not knew:
             logger.warning(
-                "Worker %s: the worker queues of spider %r were emptied in Redis (a restart without persistence, or "
-                "FLUSHALL); this worker knew of no queued or in-flight work. The dupefilter went with them: pages "
+                "Worker %s: the worker queues of spider %r were emptied in Redis (a restart "
+                "without persistence, or "
+                "FLUSHALL); this worker knew of no queued or in-flight work. The dupefilter went "
+                "with them: pages "
                 "fetched before may be fetched again",
                 self.worker,
                 self.crawler.spidercls.name,
@@ -1028,11 +1266,16 @@ class StageWorkerScheduler(BaseScheduler):
         self.lost = True
         self.stats.inc_value("redislock/workers/queue_lost")
         logger.error(
-            "Worker %s: Redis lost the worker queues of spider %r (restarted without persistence, flushed, or a "
-            "replica without them promoted): every request queued in any stage (%d at this worker's last look) and "
-            "in flight in any other worker is gone, the dupefilter with them; they cannot be recovered. This worker "
-            "queues again the %d requests it had taken ahead and finishes the %d in progress; once idle it closes "
-            "as redislock_queue_lost (REDISLOCK_IDLE_CLOSE). Keep the queues with Redis persistence (appendonly "
+            "Worker %s: Redis lost the worker queues of spider %r (restarted without persistence, "
+            "flushed, or a "
+            "replica without them promoted): every request queued in any stage (%d at this "
+            "worker's last look) and "
+            "in flight in any other worker is gone, the dupefilter with them; they cannot be "
+            "recovered. This worker "
+            "queues again the %d requests it had taken ahead and finishes the %d in progress; once "
+            "idle it closes "
+            "as redislock_queue_lost (REDISLOCK_IDLE_CLOSE). Keep the queues with Redis "
+            "persistence (appendonly "
             "yes), or use the request front, whose queue lives in each process",
             self.worker,
             self.crawler.spidercls.name,
@@ -1043,15 +1286,20 @@ class StageWorkerScheduler(BaseScheduler):
         return True
 
     async def _clear_if_finished(self) -> None:
-        """SCHEDULER_PERSIST = False at close: the last worker out clears the crawl state, but only a finished crawl.
-        While any stage holds work (a paused one too) or anything is in flight, nothing is deleted."""
+        """SCHEDULER_PERSIST = False at close: the last worker out clears the crawl state, but only
+        a finished crawl. While any stage holds work (a paused one too) or anything is in flight,
+        nothing is deleted."""
         cleared = await self._bounded("clearing the queues", self.queues.clear_if_finished())
         if cleared == 1:
-            logger.info("SCHEDULER_PERSIST is False and this was the last worker: cleared the queues")
+            logger.info(
+                "SCHEDULER_PERSIST is False and this was the last worker: cleared the queues"
+            )
         elif cleared == -1:
             logger.warning(
-                "SCHEDULER_PERSIST is False and this was the last worker, but work is left in Redis (queued in a "
-                "stage, a paused one included, or in flight): the queues are kept for the next worker "
+                "SCHEDULER_PERSIST is False and this was the last worker, but work is left in "
+                "Redis (queued in a "
+                "stage, a paused one included, or in flight): the queues are kept for the next "
+                "worker "
                 "(SCHEDULER_FLUSH_ON_START = True starts afresh)"
             )
 

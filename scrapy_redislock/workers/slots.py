@@ -1,13 +1,14 @@
-"""The worker front's stage slots: :class:`~scrapy_redislock.crawl.stagelocks.StageLocks` that also learn each
-stage's limit from the lock's own renewals, so that lowering a worker stage's limit (or pausing it: limit 0) moves
-workers off it within a renewal interval, at no cost in Redis commands.
+"""The worker front's stage slots: :class:`~scrapy_redislock.crawl.stagelocks.StageLocks` that also
+learn each stage's limit from the lock's own renewals, so that lowering a worker stage's limit (or
+pausing it: limit 0) moves workers off it within a renewal interval, at no cost in Redis commands.
 
-The process's renewal loop maintains every held slot every ttl/3 (at most every second); the reply of the lock's
-``maintain`` script carries the stage's limit. :class:`WorkerSlots` reads it there and calls ``on_limit(stage,
-limit)`` (the scheduler wakes up when the limit of the stage it holds changed). The scheduler then reads the
-stage's oldest grants (:meth:`WorkerSlots.oldest_grants`: one XPENDING, only when the limit changed) and leaves
-the stage if its slot is not among the ``limit`` oldest (:func:`~scrapy_redislock.workers.policy.keeps_slot`):
-the newest holders leave, exactly as many as the stage is over its limit.
+The process's renewal loop maintains every held slot every ttl/3 (at most every second); the reply
+of the lock's ``maintain`` script carries the stage's limit. :class:`WorkerSlots` reads it there and
+calls ``on_limit(stage, limit)`` (the scheduler wakes up when the limit of the stage it holds
+changed). The scheduler then reads the stage's oldest grants (:meth:`WorkerSlots.oldest_grants`: one
+XPENDING, only when the limit changed) and leaves the stage if its slot is not among the ``limit``
+oldest (:func:`~scrapy_redislock.workers.policy.keeps_slot`): the newest holders leave, exactly as
+many as the stage is over its limit.
 
 Reads no settings; imports no Twisted.
 """
@@ -27,9 +28,10 @@ from scrapy_redislock.lock.protocol import Command, RunScript
 
 
 class LimitWatch:
-    """Wraps a lock's command runner: passes every command on unchanged, and hands the limit in each reply of the
-    ``maintain`` script (``{lost, limit, lease, freed, adopted}``) to ``seen``. A reply it cannot read is passed
-    on as it is (the scheduler then reads the limit itself at its heartbeat)."""
+    """Wraps a lock's command runner: passes every command on unchanged, and hands the limit in each
+    reply of the ``maintain`` script (``{lost, limit, lease, freed, adopted}``) to ``seen``. A reply
+    it cannot read is passed on as it is (the scheduler then reads the limit itself at its
+    heartbeat)."""
 
     def __init__(self, runner: Callable[[Command], Any], seen: Callable[[int], None]) -> None:
         self.runner = runner
@@ -55,16 +57,21 @@ class LimitWatch:
 
 
 class WorkerSlots(StageLocks):
-    """StageLocks of the worker slots (``workers:<stage>``) that watch each stage's limit (module docstring)."""
+    """StageLocks of the worker slots (``workers:<stage>``) that watch each stage's limit (module
+    docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.limits_seen: dict[str, tuple[int, float]] = {}  # stage -> (limit, time.monotonic() when seen)
+        self.limits_seen: dict[
+            str, tuple[int, float]
+        ] = {}  # stage -> (limit, time.monotonic() when seen)
         self.on_limit: Callable[[str, int], None] | None = None
         super().__init__(*args, **kwargs)
 
     def _make_lock(self, name: str, limit: int) -> StageLock:
         lock = super()._make_lock(name, limit)
-        if isinstance(lock, AsyncCountingLock):  # the worker front runs on one Redis (no quorum lock)
+        if isinstance(
+            lock, AsyncCountingLock
+        ):  # the worker front runs on one Redis (no quorum lock)
             stage = name.removeprefix(self.lock_prefix)
             lock._command = LimitWatch(lock._command, functools.partial(self._seen, stage))
         return lock

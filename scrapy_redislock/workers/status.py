@@ -1,11 +1,13 @@
-"""Read-only inspection of the worker mixin's shared state per spider: queues, workers, dead letters.
+"""Read-only inspection of the worker mixin's shared state per spider: queues, workers, dead
+letters.
 
-Each spider is read in one MULTI/EXEC (its keys share a hash tag): queue lengths per stage (a queue's list, and its
-sorted set where a SCAN found one: requests of another priority than 0), and each registered
-worker's last beat (Redis's clock), the deadline that beat promised for the next one (past it the worker is dead:
-the live ones requeue its requests), stage and requests in flight; and the queues' dead-letter lists
-(:func:`dead_letters`: entries no worker could load, e.g. a payload someone pushed by hand). Nothing here writes to
-Redis; imports neither Scrapy nor Twisted; reads no settings.
+Each spider is read in one MULTI/EXEC (its keys share a hash tag): queue lengths per stage (a
+queue's list, and its sorted set where a SCAN found one: requests of another priority than 0), and
+each registered worker's last beat (Redis's clock), the deadline that beat promised for the next one
+(past it the worker is dead: the live ones requeue its requests), stage and requests in flight; and
+the queues' dead-letter lists (:func:`dead_letters`: entries no worker could load, e.g. a payload
+someone pushed by hand). Nothing here writes to Redis; imports neither Scrapy nor Twisted; reads no
+settings.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ class WorkerStatus:
     stage: str | None  # the stage it works on, as of its last beat
     in_flight: int  # requests it popped and has not finished (requeued if it dies)
     alive: bool  # its deadline has not passed; the other workers requeue a dead one's requests
-    # seconds its last beat (or pop) left before its deadline as of this read (negative: past, it is dead); None
-    # for a worker that set none (an older version: dead after the ttl)
+    # seconds its last beat (or pop) left before its deadline as of this read (negative: past, it is
+    # dead); None for a worker that set none (an older version: dead after the ttl)
     deadline_in: float | None = None
-    grace: float | None = None  # deadline - last beat: the silence its last beat promised, or more after a pop
+    grace: float | None = (
+        None  # deadline - last beat: the silence its last beat promised, or more after a pop
+    )
 
     @property
     def host(self) -> str:
@@ -64,14 +68,17 @@ class SpiderStatus:
 
     @property
     def dead(self) -> int:
-        """Registered workers past their deadline (silent for the ttl if they set none), not yet reaped."""
+        """Registered workers past their deadline (silent for the ttl if they set none), not yet
+        reaped."""
         return sum(1 for worker in self.workers if not worker.alive)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         for worker, raw in zip(self.workers, data["workers"], strict=True):
             raw.update(host=worker.host, pid=worker.pid)
-        data.update(alive=self.alive, dead=self.dead, in_flight=sum(w.in_flight for w in self.workers))
+        data.update(
+            alive=self.alive, dead=self.dead, in_flight=sum(w.in_flight for w in self.workers)
+        )
         return data
 
 
@@ -80,13 +87,16 @@ class SpiderKeys:
     """What a SCAN found of one spider's queue keys."""
 
     queues: set[str] = field(default_factory=set)  # stages with a non-empty queue (either part)
-    scored: set[str] = field(default_factory=set)  # stages whose queue has a sorted set (requests of priority != 0)
+    scored: set[str] = field(
+        default_factory=set
+    )  # stages whose queue has a sorted set (requests of priority != 0)
     inflight: set[str] = field(default_factory=set)  # workers with a non-empty in-flight hash
     registered: bool = False  # an alive zset or working hash exists
 
 
 def spiders_in(tagged: dict[str, set[str]]) -> dict[str, SpiderKeys]:
-    """The spiders among scanned ``{tag: {rest of key}}`` (none of a lock's keys looks like a spider's)."""
+    """The spiders among scanned ``{tag: {rest of key}}`` (none of a lock's keys looks like a
+    spider's)."""
     spiders: dict[str, SpiderKeys] = {}
     for tag, rests in tagged.items():
         keys = SpiderKeys()
@@ -146,25 +156,37 @@ def dead_letters(client: RedisClient, prefix: str) -> list[DeadLetters]:
     """Every non-empty ``<prefix>:{<spider>}:deadletter`` list, by spider."""
     head, tail = f"{prefix}:{{", "}:deadletter"
     found = []
-    for key in sorted(text(k) for k in client.scan_iter(match=f"{glob_escape(head)}*{glob_escape(tail)}")):
+    for key in sorted(
+        text(k) for k in client.scan_iter(match=f"{glob_escape(head)}*{glob_escape(tail)}")
+    ):
         count = int(client.llen(key))
-        # Raw bytes even on a client that decodes replies: an entry may be anything (e.g. a pickle payload).
-        newest = client.execute_command("LRANGE", key, 0, DEAD_LETTERS_LISTED - 1, **{NEVER_DECODE: []})
+        # Raw bytes even on a client that decodes replies: an entry may be anything (e.g. a pickle
+        # payload).
+        newest = client.execute_command(
+            "LRANGE", key, 0, DEAD_LETTERS_LISTED - 1, **{NEVER_DECODE: []}
+        )
         if count:
-            found.append(DeadLetters(key[len(head) : -len(tail)], key, count, [_dead_letter(r) for r in newest]))
+            found.append(
+                DeadLetters(
+                    key[len(head) : -len(tail)], key, count, [_dead_letter(r) for r in newest]
+                )
+            )
     return found
 
 
 def worker_ttl(stages: list[StageStatus], default: float) -> float:
-    """The silence that makes a worker dead: the ttl of the worker slot locks (``workers:<stage>``), else ``default``
-    (a spider whose stages are all uncapped has no slot lock)."""
+    """The silence that makes a worker dead: the ttl of the worker slot locks (``workers:<stage>``),
+    else ``default`` (a spider whose stages are all uncapped has no slot lock)."""
     ttls = [s.ttl for s in stages if s.stage.startswith(WORKER_LOCK_PREFIX) and s.ttl is not None]
     return max(ttls) if ttls else default
 
 
-def spider_status(client: RedisClient, prefix: str, spider: str, ttl: float, found: SpiderKeys) -> SpiderStatus:
-    """One spider's queues and workers as Redis holds them now (one MULTI/EXEC: its keys share a hash tag);
-    ``found``: its keys that a SCAN saw (queues and in-flight records that are not empty)."""
+def spider_status(
+    client: RedisClient, prefix: str, spider: str, ttl: float, found: SpiderKeys
+) -> SpiderStatus:
+    """One spider's queues and workers as Redis holds them now (one MULTI/EXEC: its keys share a
+    hash tag); ``found``: its keys that a SCAN saw (queues and in-flight records that are not
+    empty)."""
     keys = QueueKeys.of(prefix, spider)
     with client.pipeline(transaction=True) as pipe:
         pipe.time()
@@ -180,7 +202,13 @@ def spider_status(client: RedisClient, prefix: str, spider: str, ttl: float, fou
         replies = pipe.execute()
     (seconds, micros), beats, dues, working = replies[:4]
     now_ms = int(seconds) * 1000 + int(micros) // 1000
-    in_flight = dict(zip(sorted(found.inflight), (int(n) for n in replies[4 : 4 + len(found.inflight)]), strict=True))
+    in_flight = dict(
+        zip(
+            sorted(found.inflight),
+            (int(n) for n in replies[4 : 4 + len(found.inflight)]),
+            strict=True,
+        )
+    )
     listed = replies[4 + len(found.inflight) : 4 + len(found.inflight) + len(found.queues)]
     queues = dict(zip(sorted(found.queues), (int(n) for n in listed), strict=True))
     scored = replies[4 + len(found.inflight) + len(found.queues) :]
@@ -189,7 +217,9 @@ def spider_status(client: RedisClient, prefix: str, spider: str, ttl: float, fou
     due_of = {str(text(name)): int(score) for name, score in dues}
     stage_of = {str(text(k)): str(text(v)) for k, v in (working or {}).items()}
     for stage in stage_of.values():
-        queues.setdefault(stage, 0)  # an empty queue is no key in Redis; the stage a worker is on still counts
+        queues.setdefault(
+            stage, 0
+        )  # an empty queue is no key in Redis; the stage a worker is on still counts
     workers = []
     for name, beat in beats:
         name = str(text(name))
@@ -199,6 +229,14 @@ def spider_status(client: RedisClient, prefix: str, spider: str, ttl: float, fou
         grace = None if due is None else round(max(0, due - int(beat)) / 1000, 3)
         alive = silence < ttl if deadline_in is None else deadline_in >= 0
         workers.append(
-            WorkerStatus(name, round(silence, 3), stage_of.get(name), in_flight.get(name, 0), alive, deadline_in, grace)
+            WorkerStatus(
+                name,
+                round(silence, 3),
+                stage_of.get(name),
+                in_flight.get(name, 0),
+                alive,
+                deadline_in,
+                grace,
+            )
         )
     return SpiderStatus(spider, ttl, dict(sorted(queues.items())), workers)

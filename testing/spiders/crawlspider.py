@@ -1,15 +1,16 @@
 """A test spider and test components, run with ``scrapy runspider`` by :mod:`testing.crawlproc`.
 
-``-a plan=detail:300,comments:300`` yields that many requests per stage, in that order, to
-``-a base=http://127.0.0.1:PORT/<stage>/<n>``. An entry may carry a query: ``detail:2:sleep=5`` (the test site
-sleeps that long), ``detail:2:drop=late`` (see :class:`LateOutcomes`); ``detail@slow:2`` puts requests of stage
-``detail`` at ``/slow/<n>`` (the site counts them apart). A stage named ``free`` gets
-``dont_redislock``. ``-a via=meta`` (default) names the stage in meta; ``via=decorator`` and ``via=callback`` leave
-meta alone and use the callback's ``@stage`` or REDISLOCK_CALLBACK_STAGES (callback ``parse_<stage>``).
-``-a direct=N``: the first response also downloads N ``detail`` pages with ``engine.download_async`` (as media
-pipelines do), bypassing the scheduler. ``-a hosts=N`` spreads the requests over N host names, request ``n`` of
-each plan entry to 127.0.0.<1 + n % N> (base's port; see :class:`testing.site.CrawlSite`'s ``hosts``);
-``-a first=K`` numbers the pages from K (processes sharing the pages of one stage without fetching any twice).
+``-a plan=detail:300,comments:300`` yields that many requests per stage, in that order, to ``-a
+base=http://127.0.0.1:PORT/<stage>/<n>``. An entry may carry a query: ``detail:2:sleep=5`` (the test
+site sleeps that long), ``detail:2:drop=late`` (see :class:`LateOutcomes`); ``detail@slow:2`` puts
+requests of stage ``detail`` at ``/slow/<n>`` (the site counts them apart). A stage named ``free``
+gets ``dont_redislock``. ``-a via=meta`` (default) names the stage in meta; ``via=decorator`` and
+``via=callback`` leave meta alone and use the callback's ``@stage`` or REDISLOCK_CALLBACK_STAGES
+(callback ``parse_<stage>``). ``-a direct=N``: the first response also downloads N ``detail`` pages
+with ``engine.download_async`` (as media pipelines do), bypassing the scheduler. ``-a hosts=N``
+spreads the requests over N host names, request ``n`` of each plan entry to 127.0.0.<1 + n % N>
+(base's port; see :class:`testing.site.CrawlSite`'s ``hosts``); ``-a first=K`` numbers the pages
+from K (processes sharing the pages of one stage without fetching any twice).
 :func:`path_key` and :func:`failing_key` are REDISLOCK_STAGE_KEY functions for the key tests.
 """
 
@@ -72,12 +73,16 @@ class PlanSpider(scrapy.Spider):
                 if self.hosts > 1:
                     base = base.replace("127.0.0.1", f"127.0.0.{1 + n % self.hosts}", 1)
                 url = f"{base}/{path or name}/{n}{suffix}"
-                yield scrapy.Request(url, meta=meta, callback=callback, errback=self.failed, dont_filter=True)
+                yield scrapy.Request(
+                    url, meta=meta, callback=callback, errback=self.failed, dont_filter=True
+                )
 
     async def parse(self, response: scrapy.http.Response) -> AsyncIterator[dict[str, str]]:
         while self.direct > 0:
             self.direct -= 1
-            request = scrapy.Request(f"{self.base}/direct/{self.direct}", meta={"redislock_stage": "detail"})
+            request = scrapy.Request(
+                f"{self.base}/direct/{self.direct}", meta={"redislock_stage": "detail"}
+            )
             await self.crawler.engine.download_async(request)
         yield {"url": response.url}
 
@@ -86,7 +91,9 @@ class PlanSpider(scrapy.Spider):
         yield {"url": response.url}
 
     async def parse_list(self, response: scrapy.http.Response) -> AsyncIterator[dict[str, str]]:
-        yield {"url": response.url}  # no decorator: REDISLOCK_CALLBACK_STAGES = {"parse_list": "list"}
+        yield {
+            "url": response.url
+        }  # no decorator: REDISLOCK_CALLBACK_STAGES = {"parse_list": "list"}
 
     def failed(self, failure: Any) -> None:
         self.crawler.stats.inc_value(f"test/errback/{type(failure.value).__name__}")
@@ -99,15 +106,17 @@ def path_key(request: scrapy.Request, spider: Any) -> str | None:
 
 
 def failing_key(request: scrapy.Request, spider: Any) -> str | None:
-    """The host name, but raises for pages under ``/bad/`` (a key function's bug hits only those requests)."""
+    """The host name, but raises for pages under ``/bad/`` (a key function's bug hits only those
+    requests)."""
     if "/bad/" in request.url:
         raise RuntimeError("no key for this one")
     return urlsplit(request.url).hostname
 
 
 class BookedStartHeader:
-    """After StageLockMiddleware (order > 950): tells the site the start a delayed request booked, so that the
-    site can check that no request reaches it before its booked moment (:data:`testing.site.BOOKED_HEADER`)."""
+    """After StageLockMiddleware (order > 950): tells the site the start a delayed request booked,
+    so that the site can check that no request reaches it before its booked moment
+    (:data:`testing.site.BOOKED_HEADER`)."""
 
     def process_request(self, request: scrapy.Request, spider: scrapy.Spider | None = None) -> None:
         start = request.meta.get("redislock_start_at")
@@ -116,11 +125,14 @@ class BookedStartHeader:
 
 
 class Outcomes:
-    """Answers (``answer=<where>``) or drops (``drop=<where>``) requests whose query says so, for release tests."""
+    """Answers (``answer=<where>``) or drops (``drop=<where>``) requests whose query says so, for
+    release tests."""
 
     where = ""
 
-    def process_request(self, request: scrapy.Request, spider: scrapy.Spider | None = None) -> HtmlResponse | None:
+    def process_request(
+        self, request: scrapy.Request, spider: scrapy.Spider | None = None
+    ) -> HtmlResponse | None:
         query = parse_qs(urlsplit(request.url).query)
         if query.get("drop") == [self.where]:
             raise IgnoreRequest(f"dropped by the {self.where} test middleware")
@@ -130,23 +142,26 @@ class Outcomes:
 
 
 class EarlyOutcomes(Outcomes):
-    """Before StageLockMiddleware (order < 950), like a cache or robots.txt: it never sees these requests."""
+    """Before StageLockMiddleware (order < 950), like a cache or robots.txt: it never sees these
+    requests."""
 
     where = "early"
 
 
 class LateOutcomes(Outcomes):
-    """After StageLockMiddleware (order > 950): the request holds a slot when it is answered or dropped."""
+    """After StageLockMiddleware (order > 950): the request holds a slot when it is answered or
+    dropped."""
 
     where = "late"
 
 
 class StatsFile:
-    """Writes the crawl's stats as JSON to the STATS_JSON setting's path: at spider_closed, and again when the
-    engine has stopped, after the spider_closed handlers (ours included) have all finished.
+    """Writes the crawl's stats as JSON to the STATS_JSON setting's path: at spider_closed, and
+    again when the engine has stopped, after the spider_closed handlers (ours included) have all
+    finished.
 
-    At engine stop it also records ``test/pending_at_engine_stop``: grants still held in Redis under the crawl's
-    key prefix (by any process), which StageLocks.close() must have freed by then.
+    At engine stop it also records ``test/pending_at_engine_stop``: grants still held in Redis under
+    the crawl's key prefix (by any process), which StageLocks.close() must have freed by then.
     """
 
     def __init__(self, crawler: Any) -> None:
@@ -167,7 +182,9 @@ class StatsFile:
     async def engine_stopped(self) -> None:
         url = self.crawler.settings.get("REDISLOCK_URL") or self.crawler.settings.get("REDIS_URL")
         prefix = self.crawler.settings.get("REDISLOCK_KEY_PREFIX", "redislock")
-        client = parse_url(url, "REDISLOCK_URL").async_client(socket_connect_timeout=2) if url else None
+        client = (
+            parse_url(url, "REDISLOCK_URL").async_client(socket_connect_timeout=2) if url else None
+        )
         try:
             if client is not None:
                 pending = 0

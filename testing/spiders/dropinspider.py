@@ -1,27 +1,30 @@
 """A mixed-priority crawl and two probes, for StageScheduler's drop-in figures (``bench/dropin.py``,
 ``tests/requests/test_shared_queue.py``).
 
-:class:`MixedSpider` (``scrapy runspider``, ``-a base=<site>``): ``-a lists=L`` list pages (stage ``list``, priority
-0), each yielding ``-a details=D`` detail pages (stage ``detail``) and ``-a comments=C`` comment pages (stage
-``comments``, left uncapped by the caller) of priorities spread over -5..5, and, from every ``-a urgent=U``-th list
-page, one request of priority 100 (``/urgent/<i>``, alternately of stage ``detail`` and ``comments``): what a
-crawl yields mid-way when something must go next. Every URL is unique; the stage is in meta.
+:class:`MixedSpider` (``scrapy runspider``, ``-a base=<site>``): ``-a lists=L`` list pages (stage
+``list``, priority 0), each yielding ``-a details=D`` detail pages (stage ``detail``) and ``-a
+comments=C`` comment pages (stage ``comments``, left uncapped by the caller) of priorities spread
+over -5..5, and, from every ``-a urgent=U``-th list page, one request of priority 100
+(``/urgent/<i>``, alternately of stage ``detail`` and ``comments``): what a crawl yields mid-way
+when something must go next. Every URL is unique; the stage is in meta.
 
-:class:`OrderLog` (extension and downloader middleware at order 1, ``ORDER_JSON`` = the output path): records,
-per request, when it was queued (``request_scheduled``), when it left the scheduler (the first downloader
-middleware sees it at once: ``Downloader.fetch`` runs the chain right after ``next_request``) and when it reached
-the downloader (``request_reached_downloader``: after every middleware, so after the wait for a slot). Written as
-JSON at ``spider_closed``.
+:class:`OrderLog` (extension and downloader middleware at order 1, ``ORDER_JSON`` = the output
+path): records, per request, when it was queued (``request_scheduled``), when it left the scheduler
+(the first downloader middleware sees it at once: ``Downloader.fetch`` runs the chain right after
+``next_request``) and when it reached the downloader (``request_reached_downloader``: after every
+middleware, so after the wait for a slot). Written as JSON at ``spider_closed``.
 
-:class:`HeldProbe` (extension and downloader middleware at order 1, ``HELD_PROBE_FILE`` = the output path): what
-this process holds out of the scheduler, as JSON lines, written and flushed as they come (a process killed with
-SIGKILL leaves every line but the one being written): ``{"opened": t}`` at ``spider_opened``, then a sample at
-every request leaving the scheduler (right after the pop: the peaks) and every ``HELD_PROBE_INTERVAL`` s (default
-0.05): ``popped`` (the scheduler's ``scheduler/dequeued/redis`` stat, ``scheduler/dequeued`` over Scrapy's own:
-taken from the queue), ``reached`` (``request_reached_downloader``: past every middleware, so holding a slot when
-capped), ``left`` (``request_left_downloader``: done) and ``active`` (``len(downloader.active)``). Held = popped -
-left; waiting for a slot (or on its way through the middlewares) = popped - reached. Times are
-``time.monotonic()``, the clock of :class:`testing.site.CrawlSite` (one clock for every process of a machine).
+:class:`HeldProbe` (extension and downloader middleware at order 1, ``HELD_PROBE_FILE`` = the output
+path): what this process holds out of the scheduler, as JSON lines, written and flushed as they come
+(a process killed with SIGKILL leaves every line but the one being written): ``{"opened": t}`` at
+``spider_opened``, then a sample at every request leaving the scheduler (right after the pop: the
+peaks) and every ``HELD_PROBE_INTERVAL`` s (default 0.05): ``popped`` (the scheduler's
+``scheduler/dequeued/redis`` stat, ``scheduler/dequeued`` over Scrapy's own: taken from the queue),
+``reached`` (``request_reached_downloader``: past every middleware, so holding a slot when capped),
+``left`` (``request_left_downloader``: done) and ``active`` (``len(downloader.active)``). Held =
+popped - left; waiting for a slot (or on its way through the middlewares) = popped - reached. Times
+are ``time.monotonic()``, the clock of :class:`testing.site.CrawlSite` (one clock for every process
+of a machine).
 """
 
 from __future__ import annotations
@@ -41,11 +44,22 @@ class MixedSpider(scrapy.Spider):
     name = "mixed"
 
     def __init__(
-        self, base: str = "", lists: str = "12", details: str = "12", comments: str = "4", urgent: str = "3", **kw: Any
+        self,
+        base: str = "",
+        lists: str = "12",
+        details: str = "12",
+        comments: str = "4",
+        urgent: str = "3",
+        **kw: Any,
     ) -> None:
         super().__init__(**kw)
         self.base = base
-        self.lists, self.details, self.comments, self.urgent = int(lists), int(details), int(comments), int(urgent)
+        self.lists, self.details, self.comments, self.urgent = (
+            int(lists),
+            int(details),
+            int(comments),
+            int(urgent),
+        )
 
     async def start(self) -> AsyncIterator[scrapy.Request]:
         for i in range(self.lists):
@@ -53,7 +67,9 @@ class MixedSpider(scrapy.Spider):
 
     def request(self, path: str, stage: str, priority: int, callback: Any = None) -> scrapy.Request:
         meta = {"redislock_stage": stage}
-        return scrapy.Request(self.base + path, meta=meta, priority=priority, callback=callback or self.parse_leaf)
+        return scrapy.Request(
+            self.base + path, meta=meta, priority=priority, callback=callback or self.parse_leaf
+        )
 
     def parse_list(self, response: scrapy.http.Response) -> Iterator[scrapy.Request]:
         i = int(response.url.rsplit("/", 1)[1])
@@ -70,9 +86,9 @@ class MixedSpider(scrapy.Spider):
 
 
 def on_pop(crawler: Any, callback: Any) -> None:
-    """Call ``callback(request or None)`` each time the engine takes a request from the scheduler (in the
-    ``next_request`` call itself: the moment it leaves). Wraps the scheduler's ``next_request``; from
-    ``spider_opened``, when the engine has built its scheduler."""
+    """Call ``callback(request or None)`` each time the engine takes a request from the scheduler
+    (in the ``next_request`` call itself: the moment it leaves). Wraps the scheduler's
+    ``next_request``; from ``spider_opened``, when the engine has built its scheduler."""
     scheduler = crawler.engine._slot.scheduler
     inner = scheduler.next_request
 
@@ -85,14 +101,17 @@ def on_pop(crawler: Any, callback: Any) -> None:
 
 
 class OrderLog:
-    """The order requests are queued, leave the scheduler and reach the downloader (see the module's docstring)."""
+    """The order requests are queued, leave the scheduler and reach the downloader (see the module's
+    docstring)."""
 
     def __init__(self, crawler: Any) -> None:
         self.crawler = crawler
         self.path = crawler.settings.get("ORDER_JSON")
         self.records: dict[str, dict[str, Any]] = {}
         self.counts = {"queued": 0, "left": 0, "reached": 0}
-        self.asks: list[tuple[float, str | None, int]] = []  # (instant, URL or None, requests active) per ask
+        self.asks: list[
+            tuple[float, str | None, int]
+        ] = []  # (instant, URL or None, requests active) per ask
         crawler.signals.connect(self.opened, signal=signals.spider_opened)
         crawler.signals.connect(self.queued, signal=signals.request_scheduled)
         crawler.signals.connect(self.reached, signal=signals.request_reached_downloader)
@@ -108,7 +127,11 @@ class OrderLog:
     def _mark(self, request: scrapy.Request, what: str) -> None:
         record = self.records.setdefault(
             request.url,
-            {"url": request.url, "priority": request.priority, "stage": request.meta.get("redislock_stage")},
+            {
+                "url": request.url,
+                "priority": request.priority,
+                "stage": request.meta.get("redislock_stage"),
+            },
         )
         if what not in record:
             record[what] = self.counts[what]
@@ -120,7 +143,11 @@ class OrderLog:
 
     def left(self, request: scrapy.Request | None) -> None:
         self.asks.append(
-            (time.monotonic(), None if request is None else request.url, len(self.crawler.engine.downloader.active))
+            (
+                time.monotonic(),
+                None if request is None else request.url,
+                len(self.crawler.engine.downloader.active),
+            )
         )
         if request is not None:
             self._mark(request, "left")
@@ -167,7 +194,13 @@ class HeldProbe:
         engine = self.crawler.engine
         active = len(engine.downloader.active) if engine is not None else 0
         self._line(
-            {"t": time.monotonic(), "popped": popped, "reached": self.reached_n, "left": self.left_n, "active": active}
+            {
+                "t": time.monotonic(),
+                "popped": popped,
+                "reached": self.reached_n,
+                "left": self.left_n,
+                "active": active,
+            }
         )
 
     def opened(self) -> None:

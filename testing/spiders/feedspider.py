@@ -1,7 +1,9 @@
-"""An XMLFeedSpider, for ``scrapy runspider``: the feed ``<base>/feed/0`` lists ``/detail/<n>`` URLs.
+"""An XMLFeedSpider, for ``scrapy runspider``: the feed ``<base>/feed/0`` lists ``/detail/<n>``
+URLs.
 
-``parse_node`` (the spider's default callback, through XMLFeedSpider.parse) carries ``@stage("feed")``, so the
-feed download itself is capped; the detail requests it yields go to ``parse_detail``, ``@stage("detail")``.
+``parse_node`` (the spider's default callback, through XMLFeedSpider.parse) carries
+``@stage("feed")``, so the feed download itself is capped; the detail requests it yields go to
+``parse_detail``, ``@stage("detail")``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A spider whose items carry ``file_urls`` for Scrapy's FilesPipeline, for ``scrapy runspider``.
 
-``-a plan=N:M``: N uncapped list pages ``/list/<n>``, each giving one item with M files ``/files/<n>-<m>``. The
-file downloads (media requests, ``engine.download_async``) get their stage from REDISLOCK_DEFAULT_STAGE.
+``-a plan=N:M``: N uncapped list pages ``/list/<n>``, each giving one item with M files
+``/files/<n>-<m>``. The file downloads (media requests, ``engine.download_async``) get their stage
+from REDISLOCK_DEFAULT_STAGE.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ class FilesSpider(scrapy.Spider):
 
     async def start(self) -> AsyncIterator[scrapy.Request]:
         for n in range(self.pages):
-            yield scrapy.Request(f"{self.base}/list/{n}", meta={"dont_redislock": True}, cb_kwargs={"n": n})
+            yield scrapy.Request(
+                f"{self.base}/list/{n}", meta={"dont_redislock": True}, cb_kwargs={"n": n}
+            )
 
     def parse(self, response: scrapy.http.Response, n: int) -> Iterator[dict[str, Any]]:
         yield {"page": n, "file_urls": [f"{self.base}/files/{n}-{m}" for m in range(self.files)]}

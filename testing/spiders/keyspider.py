@@ -1,9 +1,10 @@
 """A spider over many "domains" on one local site, for the key benchmark (bench/keys.py).
 
-``-a base=http://127.0.0.1:PORT -a pages=2000 -a domains=100 -a part=0 -a parts=3``: this process fetches pages
-``part, part + parts, ...`` of ``pages``; page ``n`` belongs to domain ``d<n % domains>``, is fetched at
-``/d<k>/<n>`` (the site counts each domain as a stage) and carries ``meta["download_slot"] = "d<k>"``, so
-Scrapy's per-domain settings and REDISLOCK_STAGE_KEY = "download_slot" both treat each as a domain of its own.
+``-a base=http://127.0.0.1:PORT -a pages=2000 -a domains=100 -a part=0 -a parts=3``: this process
+fetches pages ``part, part + parts, ...`` of ``pages``; page ``n`` belongs to domain ``d<n %
+domains>``, is fetched at ``/d<k>/<n>`` (the site counts each domain as a stage) and carries
+``meta["download_slot"] = "d<k>"``, so Scrapy's per-domain settings and REDISLOCK_STAGE_KEY =
+"download_slot" both treat each as a domain of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ class KeySpider(scrapy.Spider):
     name = "keys"
 
     def __init__(
-        self, base: str = "", pages: str = "100", domains: str = "10", part: str = "0", parts: str = "1", **kw: Any
+        self,
+        base: str = "",
+        pages: str = "100",
+        domains: str = "10",
+        part: str = "0",
+        parts: str = "1",
+        **kw: Any,
     ) -> None:
         super().__init__(**kw)
         self.base, self.pages, self.domains = base, int(pages), int(domains)
@@ -28,7 +35,9 @@ class KeySpider(scrapy.Spider):
         for n in range(self.part, self.pages, self.parts):
             domain = f"d{n % self.domains}"
             meta = {"download_slot": domain}
-            yield scrapy.Request(f"{self.base}/{domain}/{n}", meta=meta, callback=self.parse, dont_filter=True)
+            yield scrapy.Request(
+                f"{self.base}/{domain}/{n}", meta=meta, callback=self.parse, dont_filter=True
+            )
 
     def parse(self, response: scrapy.http.Response) -> None:
         self.crawler.stats.inc_value("test/pages")

@@ -1,9 +1,10 @@
 """A Scrapy extension for the tests: counts blocking redis-py commands sent from the reactor thread.
 
-Enabled with ``EXTENSIONS = {"testing.spiders.reactoraudit.ReactorThreadAudit": 0}`` and ``REACTOR_AUDIT_FILE``;
-at spider close it writes ``{"blocking_calls": N, "commands": [...]}`` there. It wraps the *sync* client's command and
-pipeline methods (redis.asyncio's are separate classes and untouched), so N counts exactly what would stall
-every download of the process while Redis answers.
+Enabled with ``EXTENSIONS = {"testing.spiders.reactoraudit.ReactorThreadAudit": 0}`` and
+``REACTOR_AUDIT_FILE``; at spider close it writes ``{"blocking_calls": N, "commands": [...]}``
+there. It wraps the *sync* client's command and pipeline methods (redis.asyncio's are separate
+classes and untouched), so N counts exactly what would stall every download of the process while
+Redis answers.
 """
 
 from __future__ import annotations
@@ -43,4 +44,6 @@ class ReactorThreadAudit:
         return cls(crawler)
 
     def spider_closed(self, spider: Any) -> None:
-        self.path.write_text(json.dumps({"blocking_calls": len(self.commands), "commands": self.commands[:20]}))
+        self.path.write_text(
+            json.dumps({"blocking_calls": len(self.commands), "commands": self.commands[:20]})
+        )

@@ -1,9 +1,11 @@
-"""A worker spider whose requests carry every field ``Request.to_dict`` has, for the request-format crawl test.
+"""A worker spider whose requests carry every field ``Request.to_dict`` has, for the request-format
+crawl test.
 
-Run with ``scrapy runspider testing/spiders/roundtripspider.py -a base=http://127.0.0.1:PORT``. Every request goes
-through the worker queue in Redis (the worker mixin queues even start requests); the callback or errback compares the
-request it got back with the one it yielded and counts ``test/roundtrip/{same,different}`` (a difference is
-logged). One request has a meta value that is not plain data: it must be refused when it is queued.
+Run with ``scrapy runspider testing/spiders/roundtripspider.py -a base=http://127.0.0.1:PORT``.
+Every request goes through the worker queue in Redis (the worker mixin queues even start requests);
+the callback or errback compares the request it got back with the one it yielded and counts
+``test/roundtrip/{same,different}`` (a difference is logged). One request has a meta value that is
+not plain data: it must be refused when it is queued.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from scrapy.http import FormRequest, JsonRequest
 
 from scrapy_redislock import StageWorkerMixin
 
-# Fields downloader middlewares add to or change on the way (headers, meta): compared as "what we set is there".
+# Fields downloader middlewares add to or change on the way (headers, meta): compared as "what we
+# set is there".
 SUPERSETS = ("headers", "meta")
 
 
@@ -55,10 +58,23 @@ class RoundTripSpider(StageWorkerMixin, scrapy.Spider):
                 flags=["mine"],
                 cb_kwargs={"page": 3, "seen": (1, 2), "label": b"bytes"},
             ),
-            FormRequest(f"{self.base}/a/form", formdata={"q": "shoes"}, meta=meta, callback=self.check),
-            JsonRequest(f"{self.base}/a/json", data={"q": [1, 2]}, meta=meta, callback=self.check, priority=5),
-            scrapy.Request("http://127.0.0.1:1/a/refused", meta=meta, errback=self.failed, cb_kwargs={"k": 1}),
-            scrapy.Request(f"{self.base}/a/bad", meta={"redislock_stage": "a", "when": datetime.datetime(2024, 1, 1)}),
+            FormRequest(
+                f"{self.base}/a/form", formdata={"q": "shoes"}, meta=meta, callback=self.check
+            ),
+            JsonRequest(
+                f"{self.base}/a/json",
+                data={"q": [1, 2]},
+                meta=meta,
+                callback=self.check,
+                priority=5,
+            ),
+            scrapy.Request(
+                "http://127.0.0.1:1/a/refused", meta=meta, errback=self.failed, cb_kwargs={"k": 1}
+            ),
+            scrapy.Request(
+                f"{self.base}/a/bad",
+                meta={"redislock_stage": "a", "when": datetime.datetime(2024, 1, 1)},
+            ),
         ]
 
     async def start(self) -> AsyncIterator[scrapy.Request]:
@@ -77,7 +93,9 @@ class RoundTripSpider(StageWorkerMixin, scrapy.Spider):
         if cb_kwargs != sent["cb_kwargs"]:
             different.append("the callback's keyword arguments")
         if different:
-            self.logger.error("Round trip changed %s of %s: %r != %r", different, request.url, got, sent)
+            self.logger.error(
+                "Round trip changed %s of %s: %r != %r", different, request.url, got, sent
+            )
         self.crawler.stats.inc_value(f"test/roundtrip/{'different' if different else 'same'}")
 
     def check(self, response: scrapy.http.Response, **cb_kwargs: Any) -> Iterator[dict[str, Any]]:

@@ -1,9 +1,11 @@
-"""A CrawlSpider whose stages come only from its Rule callbacks, run by ``scrapy runspider`` (testing.crawlproc).
+"""A CrawlSpider whose stages come only from its Rule callbacks, run by ``scrapy runspider``
+(testing.crawlproc).
 
-The start page ``<base>/list/0`` links to ``/detail/<n>`` and ``/comments/<n>`` (see test_fail_closed). Rule
-callbacks are given by name, as CrawlSpider users do: ``parse_detail`` carries ``@stage("detail")``,
-``parse_comment`` is mapped by REDISLOCK_CALLBACK_STAGES; ``parse_start_url`` (CrawlSpider's default callback)
-carries ``@stage("list")``. Nothing sets ``meta``.
+The start page ``<base>/list/0`` links to ``/detail/<n>`` and ``/comments/<n>`` (see
+test_fail_closed). Rule callbacks are given by name, as CrawlSpider users do: ``parse_detail``
+carries ``@stage("detail")``, ``parse_comment`` is mapped by REDISLOCK_CALLBACK_STAGES;
+``parse_start_url`` (CrawlSpider's default callback) carries ``@stage("list")``. Nothing sets
+``meta``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ class RuleSpider(CrawlSpider):
         self.start_urls = [f"{base}/list/0"]
 
     @stage("list")
-    def parse_start_url(self, response: scrapy.http.Response, **kwargs: Any) -> Iterator[dict[str, str]]:
+    def parse_start_url(
+        self, response: scrapy.http.Response, **kwargs: Any
+    ) -> Iterator[dict[str, str]]:
         yield {"list": response.url}
 
     @stage("detail")

@@ -1,7 +1,7 @@
-"""A spider that crawls the test shop (:class:`testing.site.ShopSite`) the way a user's would: list pages give
-detail pages, detail pages give comment pages; stages come from ``@stage`` on the callbacks. Run by
-``scrapy runspider`` (testing.crawlproc) with ``-a base=<site> -a plan=<list page numbers, comma-separated>``, so that
-several processes can share the shop's list pages.
+"""A spider that crawls the test shop (:class:`testing.site.ShopSite`) the way a user's would: list
+pages give detail pages, detail pages give comment pages; stages come from ``@stage`` on the
+callbacks. Run by ``scrapy runspider`` (testing.crawlproc) with ``-a base=<site> -a plan=<list page
+numbers, comma-separated>``, so that several processes can share the shop's list pages.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A SitemapSpider whose stages come from its sitemap_rules callbacks (by name), for ``scrapy runspider``.
+"""A SitemapSpider whose stages come from its sitemap_rules callbacks (by name), for ``scrapy
+runspider``.
 
 ``<base>/sitemap.xml`` lists ``/detail/<n>`` pages (see test_fail_closed); ``parse_detail`` carries
 ``@stage("detail")``. Nothing sets ``meta``.

@@ -1,8 +1,10 @@
-"""A plain ``scrapy.Spider`` with StageWorkerMixin, for the worker crawl tests (run with ``scrapy runspider``).
+"""A plain ``scrapy.Spider`` with StageWorkerMixin, for the worker crawl tests (run with ``scrapy
+runspider``).
 
-``-a base=http://127.0.0.1:PORT -a plan=a:10,b:5`` yields GET <base>/<stage>/<n> for each stage of the plan in
-``start()`` (every worker yields them; the shared dupefilter lets one copy of each through). Stages and caps come
-from REDISLOCK_WORKER_STAGES, the order from REDISLOCK_STAGE_PREFERENCE.
+``-a base=http://127.0.0.1:PORT -a plan=a:10,b:5`` yields GET <base>/<stage>/<n> for each stage of
+the plan in ``start()`` (every worker yields them; the shared dupefilter lets one copy of each
+through). Stages and caps come from REDISLOCK_WORKER_STAGES, the order from
+REDISLOCK_STAGE_PREFERENCE.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ class StagedSpider(StageWorkerMixin, scrapy.Spider):
     def __init__(self, base: str = "", plan: str = "", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.base = base
-        self.plan = [(part.split(":")[0], int(part.split(":")[1])) for part in plan.split(",") if part]
+        self.plan = [
+            (part.split(":")[0], int(part.split(":")[1])) for part in plan.split(",") if part
+        ]
 
     async def start(self) -> AsyncIterator[scrapy.Request]:
         for stage, count in self.plan:

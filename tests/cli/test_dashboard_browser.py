@@ -1,5 +1,6 @@
-"""The dashboard in a real headless Chromium (Debian's chromium and chromium-driver, which .ci/run installs), against
-a live crawl of the example project: 3 ``scrapy crawl shop`` workers over the shop site.
+"""The dashboard in a real headless Chromium (Debian's chromium and chromium-driver, which .ci/run
+installs), against a live crawl of the example project: 3 ``scrapy crawl shop`` workers over the
+shop site.
 
 Set REDISLOCK_DASHBOARD_SCREENSHOT=docs/dashboard.png to keep the screenshot for the documentation.
 """
@@ -40,14 +41,16 @@ pytestmark = [
     pytest.mark.crawl,
     pytest.mark.skipif(
         not (CHROMIUM and CHROMEDRIVER),
-        reason="no headless browser: Debian's chromium and chromium-driver are not installed (.ci/run installs them: "
+        reason="no headless browser: Debian's chromium and chromium-driver are not installed "
+        "(.ci/run installs them: "
         "apt-get install chromium chromium-driver)",
     ),
 ]
 
 
 def wait_for(condition: Callable[[], T], timeout: float, what: str) -> T:
-    """Poll until ``condition()`` is truthy (page elements may be re-rendered meanwhile); its value."""
+    """Poll until ``condition()`` is truthy (page elements may be re-rendered meanwhile); its
+    value."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -77,8 +80,11 @@ def browser() -> Iterator[webdriver.Chrome]:
 
 
 @pytest.fixture
-def crawl(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """The example project's shop crawl with stage slots, running: 3 workers, slow pages, no idle close."""
+def crawl(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The example project's shop crawl with stage slots, running: 3 workers, slow pages, no idle
+    close."""
     args = arguments(["--workers", "3", "--ttl", str(TTL), "--idle-close", "600", "--delay", "0.3"])
     with ShopSite(lists=6, details=40, comments=2, delay=args.delay) as site:
         seed(redis_client, SLOTS, site)
@@ -101,7 +107,8 @@ def crawl(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> Iterator
 
 
 def fresh(read: Callable[..., T]) -> Callable[..., T]:
-    """Read the page again if it re-rendered the elements while they were read (it refreshes every second)."""
+    """Read the page again if it re-rendered the elements while they were read (it refreshes every
+    second)."""
 
     def again(*args: Any) -> T:
         for _ in range(20):
@@ -116,7 +123,9 @@ def fresh(read: Callable[..., T]) -> Callable[..., T]:
 
 @fresh
 def stage_cell(driver: webdriver.Chrome, stage: str, field: str) -> str | None:
-    cells = driver.find_elements(By.CSS_SELECTOR, f'#stages tr[data-stage="{stage}"] td[data-field="{field}"]')
+    cells = driver.find_elements(
+        By.CSS_SELECTOR, f'#stages tr[data-stage="{stage}"] td[data-field="{field}"]'
+    )
     return cells[0].text if cells else None
 
 
@@ -141,9 +150,14 @@ def set_limit_on_the_page(driver: webdriver.Chrome, stage: str, limit: int) -> N
 
 
 def severe_errors(driver: webdriver.Chrome) -> list[dict[str, Any]]:
-    """Errors in the browser's console, less the refusal the test asked for (Chromium logs every 403)."""
+    """Errors in the browser's console, less the refusal the test asked for (Chromium logs every
+    403)."""
     refused = "/api/set-limit - Failed to load resource: the server responded with a status of 403"
-    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and refused not in e["message"]]
+    return [
+        e
+        for e in driver.get_log("browser")
+        if e["level"] == "SEVERE" and refused not in e["message"]
+    ]
 
 
 def test_the_dashboard_follows_a_live_crawl(
@@ -151,18 +165,31 @@ def test_the_dashboard_follows_a_live_crawl(
     tmp_path: Path,
 ) -> None:  # fmt: skip
     meta = lambda stage: LockKeys.of("redislock", stage).meta  # noqa: E731
-    with DashboardProcess(redis_url, "--allow-control", "--interval", "0.5", "--history", "30") as dashboard:
+    with DashboardProcess(
+        redis_url, "--allow-control", "--interval", "0.5", "--history", "30"
+    ) as dashboard:
         # The page shows the stages of the running crawl, and its workers, all alive.
         browser.get(dashboard.url + "/")
-        wait_for(lambda: stage_cell(browser, "workers:detail", "limit") == "3", 60, "the detail stage on the page")
+        wait_for(
+            lambda: stage_cell(browser, "workers:detail", "limit") == "3",
+            60,
+            "the detail stage on the page",
+        )
         assert stage_cell(browser, "workers:list", "limit") == "1"
         pids = {str(worker.pid) for worker in crawl}
         wait_for(
-            lambda: {w.split(":")[-2] for w, s in worker_states(browser).items() if s == "alive"} == pids,
+            lambda: (
+                {w.split(":")[-2] for w, s in worker_states(browser).items() if s == "alive"}
+                == pids
+            ),
             60,
             "the 3 workers alive on the page",
         )
-        wait_for(lambda: int(stage_cell(browser, "workers:detail", "held") or 0) >= 1, 60, "a detail slot held")
+        wait_for(
+            lambda: int(stage_cell(browser, "workers:detail", "held") or 0) >= 1,
+            60,
+            "a detail slot held",
+        )
 
         # Control is refused without the token: the page says so, and Redis keeps its limit.
         set_limit_on_the_page(browser, "workers:detail", 1)
@@ -172,7 +199,9 @@ def test_the_dashboard_follows_a_live_crawl(
 
         # With the token (the link the dashboard printed), the page steers.
         browser.get(f"{dashboard.url}/#token={dashboard.token}")
-        wait_for(lambda: stage_cell(browser, "workers:detail", "limit") == "3", 30, "the page again")
+        wait_for(
+            lambda: stage_cell(browser, "workers:detail", "limit") == "3", 30, "the page again"
+        )
         assert "#token" not in browser.current_url  # taken off the address bar at once
         set_limit_on_the_page(browser, "workers:detail", 2)
         wait_for(lambda: "limit 3 -> 2" in message(browser), 10, "the page's set-limit to succeed")
@@ -182,20 +211,31 @@ def test_the_dashboard_follows_a_live_crawl(
         code, _, err = call("set-limit", "workers:detail", "3", "--url", redis_url)
         assert code == 0, err
         changed = time.monotonic()
-        wait_for(lambda: stage_cell(browser, "workers:detail", "limit") == "3", 10, "the CLI's limit on the page")
+        wait_for(
+            lambda: stage_cell(browser, "workers:detail", "limit") == "3",
+            10,
+            "the CLI's limit on the page",
+        )
         shown_after = time.monotonic() - changed
         assert shown_after <= 2.0, f"the page showed the new limit after {shown_after:.2f} s"
 
-        # A worker killed with SIGKILL shows as dead once it has been silent for the TTL (it beats every TTL/3).
+        # A worker killed with SIGKILL shows as dead once it has been silent for the TTL (it beats
+        # every TTL/3).
         victim = crawl[0]
         victim_id = next(w for w in worker_states(browser) if w.split(":")[-2] == str(victim.pid))
         killed = time.monotonic()  # before: the lower bound below must not gain the signal's time
         victim.send_signal(signal.SIGKILL)
         victim.wait()
         assert worker_states(browser)[victim_id] == "alive"
-        wait_for(lambda: worker_states(browser).get(victim_id) == "dead", TTL + 15, "the killed worker dead")
+        wait_for(
+            lambda: worker_states(browser).get(victim_id) == "dead",
+            TTL + 15,
+            "the killed worker dead",
+        )
         dead_after = time.monotonic() - killed
-        assert dead_after >= TTL * 2 / 3 - 0.1, f"shown dead {dead_after:.2f} s after the kill, before its TTL"
+        assert dead_after >= TTL * 2 / 3 - 0.1, (
+            f"shown dead {dead_after:.2f} s after the kill, before its TTL"
+        )
         others = {w: s for w, s in worker_states(browser).items() if w != victim_id}
         assert list(others.values()) == ["alive", "alive"], others
 
@@ -204,10 +244,15 @@ def test_the_dashboard_follows_a_live_crawl(
         assert browser.find_elements(By.CSS_SELECTOR, "#chart-queues polyline")
         assert severe_errors(browser) == []
         shot = tmp_path / "dashboard.png"
-        page = browser.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
+        page = browser.execute_cdp_cmd(
+            "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}
+        )
         shot.write_bytes(base64.b64decode(page["data"]))
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         keep = os.environ.get("REDISLOCK_DASHBOARD_SCREENSHOT")
         if keep:
             shutil.copyfile(shot, keep)
-        print(f"[dashboard] CLI set-limit shown after {shown_after:.2f} s; killed worker dead after {dead_after:.2f} s")
+        print(
+            f"[dashboard] CLI set-limit shown after {shown_after:.2f} s; killed worker dead after "
+            f"{dead_after:.2f} s"
+        )

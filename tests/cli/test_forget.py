@@ -1,7 +1,7 @@
-"""``python -m scrapy_redislock forget STAGE`` against a real redis-server (issue 26, item 10c): it deletes a stage
-nobody uses, in one script (``lock/scripts/retire.lua`` through ``LockCore.retire``), and refuses, naming who and
-changing nothing, while a grant is held (a dead holder's too) or an owner was seen within 3 leases; ``--force``
-frees and forgets them first."""
+"""``python -m scrapy_redislock forget STAGE`` against a real redis-server (issue 26, item 10c): it
+deletes a stage nobody uses, in one script (``lock/scripts/retire.lua`` through
+``LockCore.retire``), and refuses, naming who and changing nothing, while a grant is held (a dead
+holder's too) or an owner was seen within 3 leases; ``--force`` frees and forgets them first."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def keys_of(client: redis.Redis, stage: str) -> list[bytes]:
 
 
 def state(client: redis.Redis) -> dict[bytes, Any]:
-    """Every key and what it holds (streams by entries and group), to show that a refusal wrote nothing."""
+    """Every key and what it holds (streams by entries and group), to show that a refusal wrote
+    nothing."""
     found: dict[bytes, Any] = {}
     for key in sorted(client.scan_iter()):
         kind = client.type(key)
@@ -58,13 +59,18 @@ def state(client: redis.Redis) -> dict[bytes, Any]:
             found[key] = client.zrange(key, 0, -1)
         elif kind == b"stream":
             groups = client.xinfo_groups(key)
-            found[key] = (client.xrange(key), [(g["name"], g["last-delivered-id"], g["pending"]) for g in groups])
+            found[key] = (
+                client.xrange(key),
+                [(g["name"], g["last-delivered-id"], g["pending"]) for g in groups],
+            )
         else:
             found[key] = kind
     return found
 
 
-def test_forget_deletes_a_stage_nobody_uses_and_workers_stages_too(redis_url: str, redis_client: redis.Redis) -> None:
+def test_forget_deletes_a_stage_nobody_uses_and_workers_stages_too(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     for stage in ("detial", "workers:detail"):
         assert call("set-limit", stage, "2", "--create", "--url", redis_url)[0] == 0
         assert keys_of(redis_client, stage)
@@ -85,13 +91,16 @@ def test_forget_deletes_a_stage_nobody_uses_and_workers_stages_too(redis_url: st
 def test_forget_refuses_a_stage_in_use_naming_who_and_changes_nothing(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """A live holder, a holder SIGKILLed a moment ago (its lease runs), and an owner that holds nothing but was seen
-    within 3 leases: each is named, and Redis is left exactly as it was. --force frees and forgets them, then
-    deletes."""
+    """A live holder, a holder SIGKILLed a moment ago (its lease runs), and an owner that holds
+    nothing but was seen within 3 leases: each is named, and Redis is left exactly as it was.
+    --force frees and forgets them, then deletes."""
     lock = CountingLock(redis_client, "seen", limit=2, ttl=30, identity={"spider": "plan"})
     lock.release(lock.acquire())  # registered and seen just now; holds nothing
     process = subprocess.Popen(
-        [sys.executable, "-c", HOLDER_SCRIPT, redis_url, "held"], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLDER_SCRIPT, redis_url, "held"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert process.stdout is not None
@@ -103,12 +112,18 @@ def test_forget_refuses_a_stage_in_use_naming_who_and_changes_nothing(
     code, _, err = call("forget", "held", "--yes", "--url", redis_url)
     assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert (
-        f"stage 'held' is in use, nothing was deleted: 1 slot(s) held by {owner} (host {HOST}, pid {process.pid}" in err
+        f"stage 'held' is in use, nothing was deleted: 1 slot(s) held by {owner} (host {HOST}, pid "
+        f"{process.pid}" in err
     )
     assert "lease left" in err and "pass --force" in err
     code, _, err = call("forget", "seen", "--yes", "--url", redis_url)
-    assert code == 1 and f"registered {lock.owner} (host {HOST}, pid {os.getpid()}, spider plan), seen" in err, err
-    code, _, err = call("forget", "seen", "--url", redis_url)  # no terminal, no --yes: refused before asking
+    assert (
+        code == 1
+        and f"registered {lock.owner} (host {HOST}, pid {os.getpid()}, spider plan), seen" in err
+    ), err
+    code, _, err = call(
+        "forget", "seen", "--url", redis_url
+    )  # no terminal, no --yes: refused before asking
     assert code == 1 and "in use" in err
     assert state(redis_client) == before
 
@@ -117,7 +132,10 @@ def test_forget_refuses_a_stage_in_use_naming_who_and_changes_nothing(
     assert state(redis_client) == before
     code, out, err = call("forget", "held", "--force", "--yes", "--url", redis_url)
     assert code == 0, err
-    assert out.strip() == "held: forgotten: its keys are deleted from Redis (limit 2); freed 1 held slot(s) first"
+    assert (
+        out.strip()
+        == "held: forgotten: its keys are deleted from Redis (limit 2); freed 1 held slot(s) first"
+    )
     assert keys_of(redis_client, "held") == []
     assert call("forget", "seen", "--force", "--yes", "--url", redis_url)[0] == 0
     assert redis_client.dbsize() == 0

@@ -1,5 +1,6 @@
-"""The operator's command line against a real redis-server: in-process (``main(argv)``) and as real processes
-(``python -m scrapy_redislock``, ``scrapy redislock``), including ACL, TLS, a terminal prompt and a live crawl."""
+"""The operator's command line against a real redis-server: in-process (``main(argv)``) and as real
+processes (``python -m scrapy_redislock``, ``scrapy redislock``), including ACL, TLS, a terminal
+prompt and a live crawl."""
 
 from __future__ import annotations
 
@@ -36,10 +37,14 @@ from testing.site import CrawlSite
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = socket.gethostname()
-CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in {"REDISLOCK_URL", "REDIS_URL", "REDISLOCK_KEY_PREFIX"}}
+CLEAN_ENV = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in {"REDISLOCK_URL", "REDIS_URL", "REDISLOCK_KEY_PREFIX"}
+}
 
 
-# -- helpers -------------------------------------------------------------------------------------------------------
+# -- helpers ---------------------------------------------------------------------------------------
 
 
 class Tty(io.StringIO):
@@ -49,10 +54,18 @@ class Tty(io.StringIO):
         return True
 
 
-def call(*argv: str, stdin: io.StringIO | None = None, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+def call(
+    *argv: str, stdin: io.StringIO | None = None, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
     """Run the command line in this process; (exit status, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), env={} if env is None else env, stdin=stdin or io.StringIO(), stdout=out, stderr=err)
+    code = main(
+        list(argv),
+        env={} if env is None else env,
+        stdin=stdin or io.StringIO(),
+        stdout=out,
+        stderr=err,
+    )
     return code, out.getvalue(), err.getvalue()
 
 
@@ -95,13 +108,23 @@ def redis_state(client: redis.Redis) -> dict[bytes, Any]:
             state[key] = client.hgetall(key)
         elif kind == b"stream":
             groups = client.xinfo_groups(key)
-            state[key] = (client.xrange(key), [(g["name"], g["last-delivered-id"], g["pending"]) for g in groups])
+            state[key] = (
+                client.xrange(key),
+                [(g["name"], g["last-delivered-id"], g["pending"]) for g in groups],
+            )
         else:
             state[key] = kind
     return state
 
 
-def holder(locks: list[CountingLock], client: redis.Redis, name: str, limit: int | None, ttl: float = 30, **ident: Any):
+def holder(
+    locks: list[CountingLock],
+    client: redis.Redis,
+    name: str,
+    limit: int | None,
+    ttl: float = 30,
+    **ident: Any,
+):
     lock = CountingLock(client, name, limit=limit, ttl=ttl, identity=ident or None)
     locks.append(lock)
     return lock
@@ -119,7 +142,9 @@ time.sleep(3600)
 """
 
 
-def holder_process(url: str, name: str, limit: int, ttl: float) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+def holder_process(
+    url: str, name: str, limit: int, ttl: float
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     """A separate process that takes one slot and holds it until killed."""
     process = subprocess.Popen(
         [sys.executable, "-c", HOLDER_SCRIPT, url, name, str(limit), str(ttl)],
@@ -131,11 +156,17 @@ def holder_process(url: str, name: str, limit: int, ttl: float) -> tuple[subproc
     return process, json.loads(process.stdout.readline())
 
 
-# -- pure rendering ------------------------------------------------------------------------------------------------
+# -- pure rendering --------------------------------------------------------------------------------
 
 
 def test_durations_are_short_and_readable() -> None:
-    assert [seconds(v) for v in (0.25, 3.0, 42.4, 303, 7500)] == ["0.25s", "3.0s", "42s", "5m03s", "2h05m"]
+    assert [seconds(v) for v in (0.25, 3.0, 42.4, 303, 7500)] == [
+        "0.25s",
+        "3.0s",
+        "42s",
+        "5m03s",
+        "2h05m",
+    ]
     assert seconds(None) == "-"
 
 
@@ -150,9 +181,14 @@ def test_render_shows_holders_waiters_and_expired_leases() -> None:
         debt=0,
         waiters=7,
         fence=41,
-        grants=[Grant("h1:11:aa", "0-40", 40, 1.5, 28.5), Grant("h2:22:bb", "0-41", 41, 31.0, -1.0)],
+        grants=[
+            Grant("h1:11:aa", "0-40", 40, 1.5, 28.5),
+            Grant("h2:22:bb", "0-41", 41, 31.0, -1.0),
+        ],
         processes=[
-            Process("h1:11:aa", 1, 2, {"host": "h1", "pid": 11, "spider": "shop", "started": 1000.0}),
+            Process(
+                "h1:11:aa", 1, 2, {"host": "h1", "pid": 11, "spider": "shop", "started": 1000.0}
+            ),
             Process("h2:22:bb", 1, 0, {"host": "h2", "pid": 22}),
             Process("h3:33:cc", 0, 5, {"host": "h3", "pid": 33, "label": "lister"}),
             Process("h4:44:dd", 0, 0, {"host": "h4", "pid": 44}),
@@ -171,7 +207,7 @@ def test_render_shows_holders_waiters_and_expired_leases() -> None:
     assert "h4:44:dd" not in rows and "+ 1 registered process(es) holding nothing" in text
 
 
-# -- status ----------------------------------------------------------------------------------------------------------
+# -- status ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.integration
@@ -203,7 +239,11 @@ def test_status_shows_every_stage_with_holders_and_waiters(
 
     code, out, err = call("status", "--url", redis_url)
     assert code == 0, err
-    summary = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("detail ", "list "))}
+    summary = {
+        line.split()[0]: line.split()
+        for line in out.splitlines()
+        if line.startswith(("detail ", "list "))
+    }
     assert summary["detail"][:8] == ["detail", "3", "3", "0", "0", "5", str(d["fence"]), "20s"]
     assert out.count(detail.owner) == 2 and out.count(other.owner) == 1 and str(os.getpid()) in out
 
@@ -212,8 +252,8 @@ def test_status_shows_every_stage_with_holders_and_waiters(
 def test_status_groups_keys_busiest_first_and_filters_them(
     redis_url: str, redis_client: redis.Redis, locks: list[CountingLock]
 ) -> None:
-    """Locks of keys met at run time (``key:<key>``) are listed apart from the stages, busiest first;
-    ``--stage-key PATTERN`` keeps the keys matching a glob."""
+    """Locks of keys met at run time (``key:<key>``) are listed apart from the stages, busiest
+    first; ``--stage-key PATTERN`` keeps the keys matching a glob."""
     holder(locks, redis_client, "detail", 2).acquire()
     busy = holder(locks, redis_client, "key:shop.example.com", 3, spider="shop")
     busy.acquire(), busy.acquire()
@@ -226,7 +266,9 @@ def test_status_groups_keys_busiest_first_and_filters_them(
     assert code == 0, err
     head, _, keys = out.partition("KEYS (REDISLOCK_STAGE_KEY): 3 in use, busiest first")
     assert "detail" in head and "key:" not in head  # the stages' part shows no key
-    rows = [line.split() for line in keys.splitlines() if line.startswith("  ") and "KEY" not in line]
+    rows = [
+        line.split() for line in keys.splitlines() if line.startswith("  ") and "KEY" not in line
+    ]
     assert [row[0] for row in rows] == ["shop.example.com", "a.example.com", "other.org"]
     assert rows[0][1:5] == ["3", "2", "2", "1"]  # limit, held, waiting, processes
 
@@ -240,22 +282,30 @@ def test_status_groups_keys_busiest_first_and_filters_them(
 
 
 @pytest.mark.integration
-def test_status_of_an_empty_prefix_and_prefix_sources(redis_url: str, redis_client: redis.Redis, locks: list) -> None:
+def test_status_of_an_empty_prefix_and_prefix_sources(
+    redis_url: str, redis_client: redis.Redis, locks: list
+) -> None:
     holder(locks, redis_client, "detail", 2).acquire()
     other = CountingLock(redis_client, "detail", limit=5, key_prefix="other")
     locks.append(other)
     other.acquire()
     assert status_json(redis_url)["detail"]["limit"] == 2
     assert status_json(redis_url, "--prefix", "other")["detail"]["limit"] == 5
-    code, out, _ = call("status", "--json", env={"REDISLOCK_URL": redis_url, "REDISLOCK_KEY_PREFIX": "other"})
+    code, out, _ = call(
+        "status", "--json", env={"REDISLOCK_URL": redis_url, "REDISLOCK_KEY_PREFIX": "other"}
+    )
     assert code == 0 and json.loads(out)["stages"][0]["limit"] == 5
     code, out, _ = call("status", "--url", redis_url, "--prefix", "nothing-here")
     assert code == 0 and "no stage locks under prefix 'nothing-here'" in out
 
 
 @pytest.mark.integration
-def test_url_comes_from_the_option_then_redislock_url_then_redis_url(redis_url: str, redis_client: redis.Redis) -> None:
-    redis_client.hset(LockKeys.of("redislock", "detail").meta, mapping={"limit": 1})  # a stage whose stream is lost
+def test_url_comes_from_the_option_then_redislock_url_then_redis_url(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    redis_client.hset(
+        LockKeys.of("redislock", "detail").meta, mapping={"limit": 1}
+    )  # a stage whose stream is lost
     dead = f"redis://127.0.0.1:{free_port()}/0"
     code, out, _ = call("status", env={"REDIS_URL": redis_url})
     assert code == 0 and "detail" in out and "stream is missing" in out
@@ -266,7 +316,9 @@ def test_url_comes_from_the_option_then_redislock_url_then_redis_url(redis_url: 
 
 
 @pytest.mark.integration
-def test_watch_refreshes_until_count_or_ctrl_c(redis_url: str, redis_client: redis.Redis, locks: list) -> None:
+def test_watch_refreshes_until_count_or_ctrl_c(
+    redis_url: str, redis_client: redis.Redis, locks: list
+) -> None:
     holder(locks, redis_client, "detail", 2).acquire()
     code, out, _ = call("status", "--url", redis_url, "--watch", "0.05", "--count", "3", "--json")
     frames = [json.loads(line) for line in out.splitlines()]
@@ -289,10 +341,15 @@ def test_watch_refreshes_until_count_or_ctrl_c(redis_url: str, redis_client: red
             seen += 1
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=10)
-    assert seen == 2 and process.returncode == 0 and "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert (
+        seen == 2
+        and process.returncode == 0
+        and "Traceback" not in err
+        and "KeyboardInterrupt" not in err
+    )
 
 
-# -- set-limit --------------------------------------------------------------------------------------------------------
+# -- set-limit -------------------------------------------------------------------------------------
 
 
 @pytest.mark.integration
@@ -311,7 +368,9 @@ def test_set_limit_reaches_running_holders_without_restart(
     assert all(isinstance(p, Permit) for p in taken) and second.try_acquire() is None
 
     code, out, _ = call("set-limit", "detail", "1", "--url", redis_url)
-    assert code == 0 and "limit 3 -> 1" in out and "3 slots are held now; lowering revokes none" in out
+    assert (
+        code == 0 and "limit 3 -> 1" in out and "3 slots are held now; lowering revokes none" in out
+    )
     assert status_json(redis_url)["detail"]["debt"] == 2
     first.release(held)
     second.release(taken[0])
@@ -321,15 +380,24 @@ def test_set_limit_reaches_running_holders_without_restart(
 
 
 @pytest.mark.integration
-def test_set_limit_of_an_unknown_stage_needs_create(redis_url: str, redis_client: redis.Redis, locks: list) -> None:
+def test_set_limit_of_an_unknown_stage_needs_create(
+    redis_url: str, redis_client: redis.Redis, locks: list
+) -> None:
     holder(locks, redis_client, "detail", 2).acquire()
     before = redis_state(redis_client)
     code, _, err = call("set-limit", "detial", "4", "--url", redis_url)
     line = one_line_error(err)
-    assert code == 1 and "unknown stage 'detial'" in line and "stages there: detail" in line and "--create" in line
+    assert (
+        code == 1
+        and "unknown stage 'detial'" in line
+        and "stages there: detail" in line
+        and "--create" in line
+    )
     assert redis_state(redis_client) == before
 
-    code, out, err = call("set-limit", "pages", "4", "--create", "--ttl", "12.5", "--url", redis_url)
+    code, out, err = call(
+        "set-limit", "pages", "4", "--create", "--ttl", "12.5", "--url", redis_url
+    )
     assert code == 0, err
     assert out.strip() == "pages: created with limit 4 (ttl 12.5s)"
     meta = redis_client.hgetall(LockKeys.of("redislock", "pages").meta)
@@ -345,7 +413,11 @@ def test_set_limit_of_an_unknown_stage_needs_create(redis_url: str, redis_client
         (["set-limit", "detail", "1.5"], 2, "N must be an integer >= 0, got '1.5'"),
         (["set-limit", "detail", "three"], 2, "got 'three'"),
         (["set-limit", "de{tail}", "2"], 2, "STAGE must be a non-empty string without braces"),
-        (["set-limit", "detail", "2", "--create", "--ttl", "-3"], 2, "--ttl must be a number of seconds"),
+        (
+            ["set-limit", "detail", "2", "--create", "--ttl", "-3"],
+            2,
+            "--ttl must be a number of seconds",
+        ),
         (["set-limit", "detail"], 2, "the following arguments are required: N"),
         (["status", "--watch", "0"], 2, "--watch takes a number of seconds > 0, got '0'"),
         (["status", "--count", "2"], 2, "--count needs --watch"),
@@ -357,7 +429,12 @@ def test_set_limit_of_an_unknown_stage_needs_create(redis_url: str, redis_client
     ],
 )
 def test_bad_input_is_one_line_and_changes_nothing(
-    redis_url: str, redis_client: redis.Redis, locks: list, argv: list[str], code: int, expected: str
+    redis_url: str,
+    redis_client: redis.Redis,
+    locks: list,
+    argv: list[str],
+    code: int,
+    expected: str,
 ) -> None:
     holder(locks, redis_client, "detail", 2).acquire()
     before = redis_state(redis_client)
@@ -371,24 +448,35 @@ def test_bad_input_is_one_line_and_changes_nothing(
 def test_unreachable_redis_and_bad_urls_fail_in_one_line(redis_url: str) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
     result = cli("status", "--url", dead)
-    assert result.returncode == 1 and one_line_error(result.stderr).startswith("redislock: error: cannot reach Redis")
+    assert result.returncode == 1 and one_line_error(result.stderr).startswith(
+        "redislock: error: cannot reach Redis"
+    )
     result = cli("set-limit", "detail", "3", "--url", dead)
-    assert result.returncode == 1 and "cannot reach Redis at " + dead in one_line_error(result.stderr)
-    for url, words in [("http://localhost:6379", "not a valid redis URL"), ("redis://h:port/0", "valid redis URL")]:
+    assert result.returncode == 1 and "cannot reach Redis at " + dead in one_line_error(
+        result.stderr
+    )
+    for url, words in [
+        ("http://localhost:6379", "not a valid redis URL"),
+        ("redis://h:port/0", "valid redis URL"),
+    ]:
         result = cli("status", "--url", url)
         assert result.returncode == 2 and words in one_line_error(result.stderr)
 
 
-# -- release and reset -----------------------------------------------------------------------------------------------
+# -- release and reset -----------------------------------------------------------------------------
 
 
 @pytest.mark.integration
-def test_release_frees_a_dead_workers_slot_at_once(redis_url: str, redis_client: redis.Redis, locks: list) -> None:
+def test_release_frees_a_dead_workers_slot_at_once(
+    redis_url: str, redis_client: redis.Redis, locks: list
+) -> None:
     process, record = holder_process(redis_url, "detail", 1, ttl=60)
     process.kill()  # SIGKILL: its slot stays held until the 60 s lease runs out
     process.communicate()
     stage = status_json(redis_url)["detail"]
-    assert [(g["holder"], g["pid"], g["spider"]) for g in stage["grants"]] == [(record["owner"], process.pid, "worker")]
+    assert [(g["holder"], g["pid"], g["spider"]) for g in stage["grants"]] == [
+        (record["owner"], process.pid, "worker")
+    ]
 
     waiter = holder(locks, redis_client, "detail", None)
     got: list[Permit] = []
@@ -400,7 +488,8 @@ def test_release_frees_a_dead_workers_slot_at_once(redis_url: str, redis_client:
     assert result.returncode == 0, result.stderr
     assert (
         result.stdout.strip()
-        == f"detail: released 1 slot(s) of {record['owner']} (host {HOST}, pid {process.pid}, spider worker)"
+        == f"detail: released 1 slot(s) of {record['owner']} (host {HOST}, pid {process.pid}, "
+        "spider worker)"
     )
     assert "warning" not in result.stderr  # the process is dead: no warning
     thread.join(5)
@@ -446,7 +535,10 @@ def test_reset_frees_every_slot_keeps_the_limit_and_fences_increase(
 
     result = cli("reset", "detail", "--yes", "--url", redis_url)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "detail: reset: freed 2 held slot(s); limit 1 kept, 1 fresh slot(s) for the waiters"
+    assert (
+        result.stdout.strip()
+        == "detail: reset: freed 2 held slot(s); limit 1 kept, 1 fresh slot(s) for the waiters"
+    )
     thread.join(5)
     assert got and got[0].fence > max(p.fence for p in permits)
     stage = status_json(redis_url)["detail"]
@@ -467,7 +559,9 @@ def test_release_and_reset_refuse_without_a_terminal_or_yes(
     for args in (["reset", "detail"], ["release", "detail", lock.owner]):
         result = cli(*args, "--url", redis_url)
         line = one_line_error(
-            result.stderr.replace(f"warning: process {os.getpid()} of {lock.owner} is running on this machine\n", "")
+            result.stderr.replace(
+                f"warning: process {os.getpid()} of {lock.owner} is running on this machine\n", ""
+            )
         )
         assert result.returncode == 1 and "standard input is not a terminal; pass --yes" in line
     # In process: a terminal that answers no, then yes.
@@ -475,11 +569,17 @@ def test_release_and_reset_refuse_without_a_terminal_or_yes(
     assert code == 1 and "[y/N]" in err and "aborted; nothing was changed" in err
     assert redis_state(redis_client) == before
     code, out, err = call("reset", "detail", "--url", redis_url, stdin=Tty("yes\n"))
-    assert code == 0 and "Reset stage 'detail': free 1 held slot(s) of 1 holder(s)" in err and "freed 1" in out
+    assert (
+        code == 0
+        and "Reset stage 'detail': free 1 held slot(s) of 1 holder(s)" in err
+        and "freed 1" in out
+    )
 
 
 @pytest.mark.integration
-def test_confirmation_prompt_on_a_real_terminal(redis_url: str, redis_client: redis.Redis, locks: list) -> None:
+def test_confirmation_prompt_on_a_real_terminal(
+    redis_url: str, redis_client: redis.Redis, locks: list
+) -> None:
     lock = holder(locks, redis_client, "detail", 2)
     lock.acquire()
 
@@ -487,7 +587,16 @@ def test_confirmation_prompt_on_a_real_terminal(redis_url: str, redis_client: re
         master, slave = pty.openpty()
         try:
             process = subprocess.Popen(
-                [sys.executable, "-m", "scrapy_redislock", "release", "detail", lock.owner, "--url", redis_url],
+                [
+                    sys.executable,
+                    "-m",
+                    "scrapy_redislock",
+                    "release",
+                    "detail",
+                    lock.owner,
+                    "--url",
+                    redis_url,
+                ],
                 cwd=ROOT,
                 env=CLEAN_ENV,
                 stdin=slave,
@@ -510,7 +619,7 @@ def test_confirmation_prompt_on_a_real_terminal(redis_url: str, redis_client: re
     assert status_json(redis_url)["detail"]["held"] == 0
 
 
-# -- ACL and TLS -------------------------------------------------------------------------------------------------------
+# -- ACL and TLS -----------------------------------------------------------------------------------
 
 
 @pytest.mark.integration
@@ -519,7 +628,9 @@ def test_acl_user_and_password_in_the_url_are_used_and_never_printed(
 ) -> None:
     password = "s3cr#t/pw"  # needs percent-encoding in a URL
     encoded = "s3cr%23t%2Fpw"
-    redis_client.acl_setuser("operator", enabled=True, passwords=[f"+{password}"], keys=["*"], commands=["+@all"])
+    redis_client.acl_setuser(
+        "operator", enabled=True, passwords=[f"+{password}"], keys=["*"], commands=["+@all"]
+    )
     try:
         holder(locks, redis_client, "detail", 2).acquire()
         port_part = redis_url.split("//", 1)[1]
@@ -532,10 +643,13 @@ def test_acl_user_and_password_in_the_url_are_used_and_never_printed(
         bad = f"redis://operator:wrong{encoded}@{port_part}"
         result = cli("status", "--url", bad)
         line = one_line_error(result.stderr)
-        assert result.returncode == 1 and "refused the credentials" in line and "operator:***@" in line
+        assert (
+            result.returncode == 1 and "refused the credentials" in line and "operator:***@" in line
+        )
         for output in (result.stdout, result.stderr):
             assert password not in output and encoded not in output and "wrong" not in output
-        # A read-only user may look, not change: status works, set-limit is refused by Redis in one line.
+        # A read-only user may look, not change: status works, set-limit is refused by Redis in one
+        # line.
         redis_client.acl_setuser(
             "viewer", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@read", "+@connection", "+multi",
             "+exec", "+xinfo"],
@@ -545,7 +659,12 @@ def test_acl_user_and_password_in_the_url_are_used_and_never_printed(
         before = redis_state(redis_client)
         code, _, err = call("set-limit", "detail", "5", "--url", viewer)
         line = one_line_error(err)
-        assert code == 1 and "refused the command (ACL)" in line and "evalsha" in line and "viewer:***@" in line
+        assert (
+            code == 1
+            and "refused the command (ACL)" in line
+            and "evalsha" in line
+            and "viewer:***@" in line
+        )
         assert redis_state(redis_client) == before
     finally:
         redis_client.acl_deluser("operator", "viewer")
@@ -553,7 +672,8 @@ def test_acl_user_and_password_in_the_url_are_used_and_never_printed(
 
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RedisServer, int, Path]]:
-    """A redis-server with a TLS port and a self-signed certificate (skipped if openssl or TLS support is missing)."""
+    """A redis-server with a TLS port and a self-signed certificate (skipped if openssl or TLS
+    support is missing)."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
     folder = tmp_path_factory.mktemp("tls")
@@ -578,7 +698,9 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Redis
 
 
 @pytest.mark.integration
-def test_tls_urls_work_and_tls_failures_are_one_clear_line(tls_server: tuple[RedisServer, int, Path]) -> None:
+def test_tls_urls_work_and_tls_failures_are_one_clear_line(
+    tls_server: tuple[RedisServer, int, Path],
+) -> None:
     server, tls_port, cert = tls_server
     plain = redis.Redis.from_url(server.url)
     plain.flushdb()
@@ -599,13 +721,17 @@ def test_tls_urls_work_and_tls_failures_are_one_clear_line(tls_server: tuple[Red
         not_tls = f"rediss://127.0.0.1:{server.port}/0?socket_connect_timeout=1&socket_timeout=1"
         result = cli("status", "--url", not_tls)
         line = one_line_error(result.stderr)
-        assert result.returncode == 1 and "cannot reach Redis" in line and "does the server speak TLS" in line
+        assert (
+            result.returncode == 1
+            and "cannot reach Redis" in line
+            and "does the server speak TLS" in line
+        )
     finally:
         lock.close()
         plain.close()
 
 
-# -- as a Scrapy command -------------------------------------------------------------------------------------------
+# -- as a Scrapy command ---------------------------------------------------------------------------
 
 
 @pytest.mark.integration
@@ -621,7 +747,8 @@ def test_scrapy_command_reads_the_project_settings(
     (package / "__init__.py").write_text("")
     settings = package / "settings.py"
     settings.write_text(
-        f"REDISLOCK_URL = {redis_url!r}\nREDISLOCK_KEY_PREFIX = 'shop'\nREDISLOCK_STAGES = {{'detail': 2}}\n"
+        f"REDISLOCK_URL = {redis_url!r}\nREDISLOCK_KEY_PREFIX = 'shop'\nREDISLOCK_STAGES = "
+        f"{{'detail': 2}}\n"
         "COMMANDS_MODULE = 'scrapy_redislock.commands'\n"
     )
 
@@ -639,7 +766,8 @@ def test_scrapy_command_reads_the_project_settings(
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         "detail: limit 2 -> 5, live for every process",
-        "note: this project's REDISLOCK_STAGES says 'detail': 2; a crawl process started from now on writes that "
+        "note: this project's REDISLOCK_STAGES says 'detail': 2; a crawl process started from now "
+        "on writes that "
         "limit back",
     ]
     result = scrapy("-s", "REDISLOCK_KEY_PREFIX=elsewhere", "status")
@@ -649,17 +777,26 @@ def test_scrapy_command_reads_the_project_settings(
 
     settings.write_text(f"REDISLOCK_URL = {redis_url!r}\nREDISLOCK_STAGES = {{'detail': -1}}\n")
     result = scrapy("status")
-    assert result.returncode == 2 and "REDISLOCK_STAGES['detail'] must be an integer" in one_line_error(result.stderr)
+    assert (
+        result.returncode == 2
+        and "REDISLOCK_STAGES['detail'] must be an integer" in one_line_error(result.stderr)
+    )
 
 
-# -- a live crawl ------------------------------------------------------------------------------------------------------
+# -- a live crawl ----------------------------------------------------------------------------------
 
 
 @pytest.mark.integration
 @pytest.mark.crawl
-def test_set_limit_during_a_live_crawl_changes_what_the_server_sees(redis_url: str, redis_client: redis.Redis) -> None:
+def test_set_limit_during_a_live_crawl_changes_what_the_server_sees(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     with CrawlSite(delay=0.15) as site:
-        settings = {"REDISLOCK_URL": redis_url, "REDISLOCK_STAGES": {"detail": 2}, "CONCURRENT_REQUESTS": 16}
+        settings = {
+            "REDISLOCK_URL": redis_url,
+            "REDISLOCK_STAGES": {"detail": 2},
+            "CONCURRENT_REQUESTS": 16,
+        }
         crawl = start_crawl(site.url, "detail:400", settings)
         try:
             deadline = time.monotonic() + 30
@@ -677,7 +814,9 @@ def test_set_limit_during_a_live_crawl_changes_what_the_server_sees(redis_url: s
 
             stage = status_json(redis_url)["detail"]
             assert stage["limit"] == 6 and stage["held"] >= 1
-            assert {(g["pid"], g["spider"], g["host"]) for g in stage["grants"]} == {(crawl.pid, "plan", HOST)}
+            assert {(g["pid"], g["spider"], g["host"]) for g in stage["grants"]} == {
+                (crawl.pid, "plan", HOST)
+            }
 
             code, out, _ = call("set-limit", "detail", "1", "--url", redis_url)
             assert code == 0 and "limit 6 -> 1" in out
@@ -685,7 +824,9 @@ def test_set_limit_during_a_live_crawl_changes_what_the_server_sees(redis_url: s
             time.sleep(1.6)
             assert site.max_in_flight_between("detail", lowered + 0.6, time.monotonic()) == 1
 
-            assert cli("set-limit", "detail", "16", "--url", redis_url).returncode == 0  # let it finish
+            assert (
+                cli("set-limit", "detail", "16", "--url", redis_url).returncode == 0
+            )  # let it finish
             output, _ = crawl.communicate(timeout=60)
         finally:
             if crawl.poll() is None:
@@ -697,7 +838,7 @@ def test_set_limit_during_a_live_crawl_changes_what_the_server_sees(redis_url: s
     assert stage["held"] == 0 and stage["processes"] == []
 
 
-# -- requeue: a dead worker's in-flight requests back in their queues now (issue 26, item 3) ---------------------------
+# -- requeue: a dead worker's in-flight requests back in their queues now (issue 26, item 3) -------
 
 
 def test_requeue_puts_a_workers_in_flight_requests_back_and_refuses_what_it_cannot_name(
@@ -710,7 +851,9 @@ def test_requeue_puts_a_workers_in_flight_requests_back_and_refuses_what_it_cann
             queues = StageQueues(client, "shop", ["list", "detail"], worker=name)
             await queues.beat("detail")
             made.append(queues.worker)
-        await queues.push_many([("detail", f"d{n}", f"r{n}".encode()) for n in range(3)] + [("list", "l", b"x")])
+        await queues.push_many(
+            [("detail", f"d{n}", f"r{n}".encode()) for n in range(3)] + [("list", "l", b"x")]
+        )
         await queues.pop("detail", 2)
         await queues.pop("list", 1)
         await client.aclose()
@@ -724,20 +867,33 @@ def test_requeue_puts_a_workers_in_flight_requests_back_and_refuses_what_it_cann
     assert dead in err and alive in err
     code, _, err = call("requeue", "h1", "--yes", "--url", redis_url)
     assert code == 1 and "worker 'h1' is ambiguous" in one_line_error(err)
-    code, _, err = call("requeue", "h1:12", "--url", redis_url)  # not confirmed: stdin is not a terminal
+    code, _, err = call(
+        "requeue", "h1:12", "--url", redis_url
+    )  # not confirmed: stdin is not a terminal
     assert code == 1 and "--yes" in one_line_error(err)
     assert redis_client.hlen(keys.inflight(dead)) == 3
     code, out, err = call("requeue", "h1:12", "--yes", "--url", redis_url)
     assert code == 0 and err == "", err
     assert out.strip() == (
-        f"shop: requeued 3 in-flight request(s) of worker {dead} (stage detail) at the front of their queues; it is "
+        f"shop: requeued 3 in-flight request(s) of worker {dead} (stage detail) at the front of "
+        "their queues; it is "
         "unregistered"
     )
-    assert redis_client.lrange(keys.queue("detail"), 0, -1) == [b"r2", b"r1", b"r0"]  # r0 is popped first again
+    assert redis_client.lrange(keys.queue("detail"), 0, -1) == [
+        b"r2",
+        b"r1",
+        b"r0",
+    ]  # r0 is popped first again
     assert redis_client.lrange(keys.queue("list"), 0, -1) == [b"x"]
-    assert not redis_client.exists(keys.inflight(dead)) and redis_client.zscore(keys.alive, dead) is None
-    assert redis_client.zscore(keys.due, dead) is None and int(redis_client.get(keys.in_flight)) == 0
-    # A worker that still beats: done as asked, with a warning (what it has in progress is fetched twice).
+    assert (
+        not redis_client.exists(keys.inflight(dead))
+        and redis_client.zscore(keys.alive, dead) is None
+    )
+    assert (
+        redis_client.zscore(keys.due, dead) is None and int(redis_client.get(keys.in_flight)) == 0
+    )
+    # A worker that still beats: done as asked, with a warning (what it has in progress is fetched
+    # twice).
     code, out, err = call("requeue", alive, "--yes", "--url", redis_url)
     assert code == 0 and "requeued 0 in-flight request(s)" in out
     assert err.startswith(f"warning: worker {alive} beat") and "fetched twice" in err

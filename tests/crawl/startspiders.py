@@ -1,7 +1,8 @@
-"""Spiders for tests/crawl/test_start_checks.py, run with ``scrapy runspider`` (the file's last spider class).
+"""Spiders for tests/crawl/test_start_checks.py, run with ``scrapy runspider`` (the file's last
+spider class).
 
-:class:`CommentsWorkerSpider` is the worker test spider (:mod:`testing.spiders.workerspider`) with a callback staged
-``@stage("comments")``: its requests name no stage in ``meta``, the decorator does.
+:class:`CommentsWorkerSpider` is the worker test spider (:mod:`testing.spiders.workerspider`) with a
+callback staged ``@stage("comments")``: its requests name no stage in ``meta``, the decorator does.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""Fail closed, never silent, in real crawls (`scrapy runspider` processes) against a local site and a real
-redis-server: stages from CrawlSpider rules, SitemapSpider and XMLFeedSpider callbacks; a misspelled setting;
-cache hits and robots.txt refusals that take no slot; media downloads at close; a forced shutdown; why a crawl
-waits; AcquireTimeout and retries; a refused password's exit status."""
+"""Fail closed, never silent, in real crawls (`scrapy runspider` processes) against a local site and
+a real redis-server: stages from CrawlSpider rules, SitemapSpider and XMLFeedSpider callbacks; a
+misspelled setting; cache hits and robots.txt refusals that take no slot; media downloads at close;
+a forced shutdown; why a crawl waits; AcquireTimeout and retries; a refused password's exit
+status."""
 
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ from testing.site import CrawlSite, links_page, most_at_once, served
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 TESTS = ROOT / "testing" / "spiders"
 FILES = TESTS / "filesspider.py"
-BOTH = ("scrapy_redislock.StageScheduler", None)  # with the stage-aware scheduler, and the middleware alone
+BOTH = (
+    "scrapy_redislock.StageScheduler",
+    None,
+)  # with the stage-aware scheduler, and the middleware alone
 
 
 def settings(redis_url: str, **extra: Any) -> dict[str, Any]:
@@ -32,7 +36,8 @@ def settings(redis_url: str, **extra: Any) -> dict[str, Any]:
 
 
 def hold_every_slot(client: redis.Redis, stage: str, limit: int) -> CountingLock:
-    """An outsider process's worth of grants: every slot of ``stage`` held (and renewed) until closed."""
+    """An outsider process's worth of grants: every slot of ``stage`` held (and renewed) until
+    closed."""
     outsider = CountingLock(client, stage, limit=limit, ttl=3, auto_renew=True)
     outsider.set_limit(limit)
     for _ in range(limit):
@@ -40,23 +45,31 @@ def hold_every_slot(client: redis.Redis, stage: str, limit: int) -> CountingLock
     return outsider
 
 
-# -- stages from CrawlSpider rules, SitemapSpider and XMLFeedSpider -----------------------------------------------
+# -- stages from CrawlSpider rules, SitemapSpider and XMLFeedSpider --------------------------------
 
 
 def test_crawlspider_rule_callbacks_are_capped_over_three_processes(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """@stage on a Rule callback and REDISLOCK_CALLBACK_STAGES for another cap the rules' requests (three
-    processes, two with StageScheduler, one with the middleware alone); CrawlSpider's default callback
-    (parse_start_url) too. The spider sets no meta."""
+    """@stage on a Rule callback and REDISLOCK_CALLBACK_STAGES for another cap the rules' requests
+    (three processes, two with StageScheduler, one with the middleware alone); CrawlSpider's default
+    callback (parse_start_url) too. The spider sets no meta."""
     site.delay = 0.1
-    site.routes["/list/0"] = links_page([f"/detail/{n}" for n in range(30)] + [f"/comments/{n}" for n in range(20)])
+    site.routes["/list/0"] = links_page(
+        [f"/detail/{n}" for n in range(30)] + [f"/comments/{n}" for n in range(20)]
+    )
     extra = {
         "REDISLOCK_STAGES": {"list": 1, "detail": 3, "comments": 2},
         "REDISLOCK_CALLBACK_STAGES": {"parse_comment": "comments"},
     }
     crawls = [
-        Crawl(site.url, "", settings(redis_url, SCHEDULER=s, **extra), tmp_path, spider=TESTS / "rulespider.py")
+        Crawl(
+            site.url,
+            "",
+            settings(redis_url, SCHEDULER=s, **extra),
+            tmp_path,
+            spider=TESTS / "rulespider.py",
+        )
         for s in (*BOTH, BOTH[0])
     ]
     for crawl in crawls:
@@ -77,18 +90,27 @@ def test_crawlspider_rule_callbacks_are_capped_over_three_processes(
 def test_sitemap_and_xmlfeed_callbacks_are_capped(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """SitemapSpider's sitemap_rules callback (a name) and XMLFeedSpider's parse_node carry the stage."""
+    """SitemapSpider's sitemap_rules callback (a name) and XMLFeedSpider's parse_node carry the
+    stage."""
     site.delay = 0.1
     urls = "".join(f"<url><loc>{site.url}/detail/{n}</loc></url>" for n in range(20))
     site.routes["/sitemap.xml"] = (
         "application/xml",
-        f'<?xml version="1.0"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{urls}</urlset>',
+        '<?xml version="1.0"?><urlset '
+        f'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{urls}</urlset>',
     )
     items = "".join(f"<item><link>{site.url}/detail/f{n}</link></item>" for n in range(20))
-    site.routes["/feed/0"] = ("application/xml", f'<?xml version="1.0"?><rss><channel>{items}</channel></rss>')
+    site.routes["/feed/0"] = (
+        "application/xml",
+        f'<?xml version="1.0"?><rss><channel>{items}</channel></rss>',
+    )
     extra = {"REDISLOCK_STAGES": {"detail": 2, "feed": 1}}
-    sitemap = Crawl(site.url, "", settings(redis_url, **extra), tmp_path, spider=TESTS / "sitemapspider.py").start()
-    feed = Crawl(site.url, "", settings(redis_url, **extra), tmp_path, spider=TESTS / "feedspider.py").start()
+    sitemap = Crawl(
+        site.url, "", settings(redis_url, **extra), tmp_path, spider=TESTS / "sitemapspider.py"
+    ).start()
+    feed = Crawl(
+        site.url, "", settings(redis_url, **extra), tmp_path, spider=TESTS / "feedspider.py"
+    ).start()
     for crawl in (sitemap, feed):
         crawl.wait()
         assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
@@ -99,19 +121,27 @@ def test_sitemap_and_xmlfeed_callbacks_are_capped(
     assert leftover(redis_client) == 0
 
 
-# -- fail closed ------------------------------------------------------------------------------------------------------
+# -- fail closed -----------------------------------------------------------------------------------
 
 
-def test_misspelled_or_missing_stages_stop_the_crawl(redis_url: str, site: CrawlSite, tmp_path: Path) -> None:
-    """A REDISLOCK_* name that does not exist, or the middleware with no stage: ConfigError at start, exit 1,
-    nothing fetched (before: a warning, and the crawl ran unthrottled with exit code 0)."""
+def test_misspelled_or_missing_stages_stop_the_crawl(
+    redis_url: str, site: CrawlSite, tmp_path: Path
+) -> None:
+    """A REDISLOCK_* name that does not exist, or the middleware with no stage: ConfigError at
+    start, exit 1, nothing fetched (before: a warning, and the crawl ran unthrottled with exit code
+    0)."""
     cases = [
-        ({"REDISLOCK_STAGE": {"detail": 3}}, "REDISLOCK_STAGE is not a scrapy_redislock setting (did you mean "
+        ({"REDISLOCK_STAGE": {"detail": 3}}, "REDISLOCK_STAGE is not a scrapy_redislock setting "
+                                             "(did you mean "
          "REDISLOCK_STAGES?)"),
-        ({"REDISLOCK_STAGES": {"detail": 3}, "REDISLOCK_WAIT_TIMOUT": 5}, "did you mean REDISLOCK_WAIT_TIMEOUT?"),
+        ({"REDISLOCK_STAGES": {"detail": 3}, "REDISLOCK_WAIT_TIMOUT": 5}, "did you mean "
+                                                                          "REDISLOCK_WAIT_TIMEOUT?"),
         ({}, "StageLockMiddleware is enabled but REDISLOCK_STAGES is empty"),
     ]  # fmt: skip
-    crawls = [(Crawl(site.url, "detail:3", settings(redis_url, **bad), tmp_path), named) for bad, named in cases]
+    crawls = [
+        (Crawl(site.url, "detail:3", settings(redis_url, **bad), tmp_path), named)
+        for bad, named in cases
+    ]
     for crawl, _ in crawls:
         crawl.start()
     for crawl, named in crawls:
@@ -124,46 +154,78 @@ def test_misspelled_or_missing_stages_stop_the_crawl(redis_url: str, site: Crawl
 def test_disabled_throttling_fails_requests_that_have_a_stage(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """REDISLOCK_ENABLED = False: the crawl runs (no Redis needed), requests without a stage go out, requests with
-    one fail with ThrottlingDisabled, counted: never unthrottled."""
-    extra = {"REDISLOCK_ENABLED": False, "REDISLOCK_STAGES": {"detail": 3}, "REDISLOCK_URL": "redis://127.0.0.1:1/0"}
+    """REDISLOCK_ENABLED = False: the crawl runs (no Redis needed), requests without a stage go out,
+    requests with one fail with ThrottlingDisabled, counted: never unthrottled."""
+    extra = {
+        "REDISLOCK_ENABLED": False,
+        "REDISLOCK_STAGES": {"detail": 3},
+        "REDISLOCK_URL": "redis://127.0.0.1:1/0",
+    }
     for scheduler in BOTH:
-        crawl = Crawl(site.url, "detail:10,free:5", settings(redis_url, SCHEDULER=scheduler, **extra), tmp_path).run()
+        crawl = Crawl(
+            site.url,
+            "detail:10,free:5",
+            settings(redis_url, SCHEDULER=scheduler, **extra),
+            tmp_path,
+        ).run()
         assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
         assert crawl.stats["redislock/throttling_off"] == 10
         assert crawl.stats["test/errback/ThrottlingDisabled"] == 10
-        assert "REDISLOCK_ENABLED is False: requests that have a stage fail with ThrottlingDisabled" in crawl.output
+        assert (
+            "REDISLOCK_ENABLED is False: requests that have a stage fail with ThrottlingDisabled"
+            in crawl.output
+        )
     assert site.count("detail") == 0 and site.count("free") == 10
 
 
-# -- cache hits and robots.txt refusals take no slot -------------------------------------------------------------------
+# -- cache hits and robots.txt refusals take no slot -----------------------------------------------
 
 
 def test_cache_hits_and_robots_refusals_take_no_slot(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """A fully cached crawl (HTTPCACHE_ENABLED) and requests robots.txt forbids finish without a grant while
-    another process holds every slot of their stage, with StageScheduler and with the middleware alone.
+    """A fully cached crawl (HTTPCACHE_ENABLED) and requests robots.txt forbids finish without a
+    grant while another process holds every slot of their stage, with StageScheduler and with the
+    middleware alone.
 
     The forbidden requests come from a CrawlSpider rule, after robots.txt is known: Scrapy 2.19's
-    RobotsTxtMiddleware lets through requests that arrive while robots.txt is still downloading (only the first
-    of them gets the parser), and those then wait for their slot like any allowed request.
+    RobotsTxtMiddleware lets through requests that arrive while robots.txt is still downloading
+    (only the first of them gets the parser), and those then wait for their slot like any allowed
+    request.
     """
-    cache = {"HTTPCACHE_ENABLED": True, "HTTPCACHE_DIR": str(tmp_path / "cache"), "REDISLOCK_STAGES": {"detail": 3}}
+    cache = {
+        "HTTPCACHE_ENABLED": True,
+        "HTTPCACHE_DIR": str(tmp_path / "cache"),
+        "REDISLOCK_STAGES": {"detail": 3},
+    }
     first = Crawl(site.url, "detail:15", settings(redis_url, **cache), tmp_path).run()
-    assert first.stats["finish_reason"] == "finished" and first.stats["httpcache/miss"] == 15, first.tail()
+    assert first.stats["finish_reason"] == "finished" and first.stats["httpcache/miss"] == 15, (
+        first.tail()
+    )
     assert site.count("detail") == 15
 
     site.routes["/robots.txt"] = ("text/plain", "User-agent: *\nDisallow: /detail/\n")
     site.routes["/list/0"] = links_page([f"/detail/r{n}" for n in range(10)])
-    robots = {"ROBOTSTXT_OBEY": True, "REDISLOCK_STAGES": {"list": None, "detail": 3, "comments": None}}
+    robots = {
+        "ROBOTSTXT_OBEY": True,
+        "REDISLOCK_STAGES": {"list": None, "detail": 3, "comments": None},
+    }
     outsider = hold_every_slot(redis_client, "detail", 3)
     try:
         cached = [
-            Crawl(site.url, "detail:15", settings(redis_url, SCHEDULER=s, **cache), tmp_path).start() for s in BOTH
+            Crawl(
+                site.url, "detail:15", settings(redis_url, SCHEDULER=s, **cache), tmp_path
+            ).start()
+            for s in BOTH
         ]
         refused = [
-            Crawl(site.url, "", settings(redis_url, SCHEDULER=s, **robots), tmp_path, spider=TESTS / "rulespider.py")
+            Crawl(
+                site.url,
+                "",
+                settings(redis_url, SCHEDULER=s, **robots),
+                tmp_path,
+                spider=TESTS / "rulespider.py",
+            )
             for s in BOTH
         ]
         for crawl in refused:
@@ -180,7 +242,7 @@ def test_cache_hits_and_robots_refusals_take_no_slot(
     assert leftover(redis_client) == 0
 
 
-# -- media downloads at close -----------------------------------------------------------------------------------------
+# -- media downloads at close ----------------------------------------------------------------------
 
 
 def files_settings(redis_url: str, tmp_path: Path, **extra: Any) -> dict[str, Any]:
@@ -201,13 +263,20 @@ def exported(tmp_path: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("scheduler", BOTH, ids=["scheduler", "middleware-alone"])
 def test_media_downloads_complete_at_close(
-    scheduler: str | None, redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+    scheduler: str | None,
+    redis_url: str,
+    redis_client: redis.Redis,
+    site: CrawlSite,
+    tmp_path: Path,
 ) -> None:
-    """FilesPipeline downloads still waiting for their slot when CLOSESPIDER_TIMEOUT closes the spider keep their
-    place in line and are all stored, as plain Scrapy stores them; the cap holds."""
+    """FilesPipeline downloads still waiting for their slot when CLOSESPIDER_TIMEOUT closes the
+    spider keep their place in line and are all stored, as plain Scrapy stores them; the cap
+    holds."""
     site.delays["files"] = 0.15
     extra = {"SCHEDULER": scheduler}
-    crawl = Crawl(site.url, "8:3", files_settings(redis_url, tmp_path, **extra), tmp_path, spider=FILES).run()
+    crawl = Crawl(
+        site.url, "8:3", files_settings(redis_url, tmp_path, **extra), tmp_path, spider=FILES
+    ).run()
     stats = crawl.stats
     assert stats["finish_reason"] == "closespider_timeout", crawl.tail()
     items = exported(tmp_path)
@@ -221,37 +290,47 @@ def test_media_downloads_complete_at_close(
 def test_media_downloads_of_a_paused_stage_are_dropped_at_close_with_a_warning(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """A stage limit of 0 (paused) says so at start and while requests wait; at close the downloads waiting for it
-    are dropped, logged at WARNING with counts and counted; status shows the same reason."""
+    """A stage limit of 0 (paused) says so at start and while requests wait; at close the downloads
+    waiting for it are dropped, logged at WARNING with counts and counted; status shows the same
+    reason."""
     extra = {"REDISLOCK_STAGES": {"files": 0}, "CLOSESPIDER_TIMEOUT": 10}
-    crawl = Crawl(site.url, "3:2", files_settings(redis_url, tmp_path, **extra), tmp_path, spider=FILES).start()
-    assert crawl.wait_for_output("Stage 'files' has no free slot at start: paused: limit 0 in Redis, set by")
+    crawl = Crawl(
+        site.url, "3:2", files_settings(redis_url, tmp_path, **extra), tmp_path, spider=FILES
+    ).start()
+    assert crawl.wait_for_output(
+        "Stage 'files' has no free slot at start: paused: limit 0 in Redis, set by"
+    )
     assert crawl.wait_for_output("s of waiting: paused: limit 0 in Redis, set by"), crawl.tail()
     status = subprocess.run(
         [sys.executable, "-m", "scrapy_redislock", "status", "--url", redis_url],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
     why = "a request waits because: paused: limit 0 in Redis, set by"
-    assert why in status.stdout and f"pid {crawl.process.pid} (its REDISLOCK_STAGES)" in status.stdout, status.stdout
+    assert (
+        why in status.stdout and f"pid {crawl.process.pid} (its REDISLOCK_STAGES)" in status.stdout
+    ), status.stdout
     crawl.wait()
     stats = crawl.stats
     assert stats["finish_reason"] == "closespider_timeout", crawl.tail()
     assert stats["redislock/files/dropped_at_close"] == 6
-    assert "WARNING: Spider closing: dropped 6 request(s) waiting for a slot of stage 'files' (paused" in crawl.output
+    assert (
+        "WARNING: Spider closing: dropped 6 request(s) waiting for a slot of stage 'files' (paused"
+        in crawl.output
+    )
     assert site.count("files") == 0 and len(exported(tmp_path)) == 3
     host = socket.gethostname()
     assert f"set by {host} pid {crawl.process.pid} (its REDISLOCK_STAGES)" in crawl.output
     assert leftover(redis_client) == 0
 
 
-# -- a forced shutdown, and why a crawl waits -------------------------------------------------------------------
+# -- a forced shutdown, and why a crawl waits ------------------------------------------------------
 
 
 def test_double_sigint_frees_the_slots_before_exiting(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """Ctrl-C twice (unclean shutdown): the process frees its slots before exiting, so the next crawl does not
-    wait for the TTL (30 s here)."""
+    """Ctrl-C twice (unclean shutdown): the process frees its slots before exiting, so the next
+    crawl does not wait for the TTL (30 s here)."""
     site.delay = 5.0
     extra = {"REDISLOCK_STAGES": {"detail": 3}, "REDISLOCK_TTL": 30}
     crawl = Crawl(site.url, "detail:20", settings(redis_url, **extra), tmp_path).start()
@@ -268,16 +347,18 @@ def test_double_sigint_frees_the_slots_before_exiting(
 def test_a_dead_holder_is_named_while_the_crawl_waits(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """After a SIGKILL, the next crawl's log says who holds the slots, that they are no longer renewed and when
-    their lease ends, then gets them."""
+    """After a SIGKILL, the next crawl's log says who holds the slots, that they are no longer
+    renewed and when their lease ends, then gets them."""
     site.delay = 5.0
     extra = {"REDISLOCK_STAGES": {"detail": 2}, "REDISLOCK_TTL": 9}
     victim = Crawl(site.url, "detail:4", settings(redis_url, **extra), tmp_path).start()
     assert site.wait_for(lambda: leftover(redis_client) == 2, timeout=30)
-    # The next crawl is waiting (its start-up is over) before the holder dies: it then waits most of a TTL (9 s),
-    # longer than the first report (5 s), whatever the machine's load.
+    # The next crawl is waiting (its start-up is over) before the holder dies: it then waits most of
+    # a TTL (9 s), longer than the first report (5 s), whatever the machine's load.
     crawl = Crawl(site.url, "detail:2", settings(redis_url, **extra), tmp_path).start()
-    assert crawl.wait_for_output("Stage 'detail' has no free slot at start: all 2 slots held: 2 by"), crawl.tail()
+    assert crawl.wait_for_output(
+        "Stage 'detail' has no free slot at start: all 2 slots held: 2 by"
+    ), crawl.tail()
     victim.signal(signal.SIGKILL)
     victim.wait()
     site.delay = 0.05
@@ -291,13 +372,16 @@ def test_a_dead_holder_is_named_while_the_crawl_waits(
 
 @pytest.mark.faults
 def test_recovery_window_after_a_data_loss_is_logged(site: CrawlSite, tmp_path: Path) -> None:
-    """Redis restarted empty: the slots are reserved for one TTL for the holders that survived. Here the holders
-    are a silent process that never renews nor releases (a survivor that gives its slot back, by a release or a
-    renewal, ends the wait sooner), so the crawl waits the TTL, and the log says so and until when."""
+    """Redis restarted empty: the slots are reserved for one TTL for the holders that survived. Here
+    the holders are a silent process that never renews nor releases (a survivor that gives its slot
+    back, by a release or a renewal, ends the wait sooner), so the crawl waits the TTL, and the log
+    says so and until when."""
     site.delay = 0.05
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
-        silent = CountingLock(redis.Redis.from_url(server.url), "detail", limit=2, ttl=9, maintain_loop=False)
+        silent = CountingLock(
+            redis.Redis.from_url(server.url), "detail", limit=2, ttl=9, maintain_loop=False
+        )
         for _ in range(2):
             silent.acquire(timeout=5)
         extra = {"REDISLOCK_STAGES": {"detail": 2}, "REDISLOCK_TTL": 9}
@@ -307,7 +391,9 @@ def test_recovery_window_after_a_data_loss_is_logged(site: CrawlSite, tmp_path: 
         server.start()
         crawl.wait(timeout=120)
         assert crawl.stats["finish_reason"] == "finished", crawl.tail()
-        assert "recovery window after a Redis data loss: 2 of 2 slots reserved" in crawl.output, crawl.tail()
+        assert "recovery window after a Redis data loss: 2 of 2 slots reserved" in crawl.output, (
+            crawl.tail()
+        )
         assert len(site.hits) == 10 and site.max_in_flight["detail"] <= 2
         silent.close()
         assert leftover(client) == 0
@@ -318,10 +404,11 @@ def test_recovery_window_after_a_data_loss_is_logged(site: CrawlSite, tmp_path: 
 def test_a_redis_back_from_its_last_snapshot_mid_crawl_keeps_the_cap_and_every_page_once(
     site: CrawlSite, tmp_path: Path
 ) -> None:
-    """Three crawls share a cap of 2. Redis's last snapshot (RDB) holds the lock with both slots free; Redis is
-    SIGKILLed mid-crawl while two requests are in flight and comes back from that snapshot, where their slots look
-    free. The first script after the restart reserves every slot for a lease, the holders re-adopt theirs, and the site
-    never sees more than 2 requests in flight. Every page is fetched exactly once, and nothing is left held."""
+    """Three crawls share a cap of 2. Redis's last snapshot (RDB) holds the lock with both slots
+    free; Redis is SIGKILLed mid-crawl while two requests are in flight and comes back from that
+    snapshot, where their slots look free. The first script after the restart reserves every slot
+    for a lease, the holders re-adopt theirs, and the site never sees more than 2 requests in
+    flight. Every page is fetched exactly once, and nothing is left held."""
     site.delay = 1.0
     pages, ttl = 12, 6
     paths = ("detail", "d2", "d3")
@@ -331,7 +418,9 @@ def test_a_redis_back_from_its_last_snapshot_mid_crawl_keeps_the_cap_and_every_p
         client.save()  # the last snapshot: the lock, both slots free
         extra = {"REDISLOCK_STAGES": {"detail": 2}, "REDISLOCK_TTL": ttl, "CONCURRENT_REQUESTS": 4}
         crawls = [
-            Crawl(site.url, f"detail{path}:{pages}", settings(server.url, **extra), tmp_path).start()
+            Crawl(
+                site.url, f"detail{path}:{pages}", settings(server.url, **extra), tmp_path
+            ).start()
             for path in ("", "@d2", "@d3")
         ]
         assert site.wait_for(lambda: sum(site.done(p) for p in paths) >= 4, timeout=60)
@@ -345,26 +434,38 @@ def test_a_redis_back_from_its_last_snapshot_mid_crawl_keeps_the_cap_and_every_p
             assert crawl.stats["item_scraped_count"] == pages
         assert len(site.hits) == 3 * pages and set(site.hits.values()) == {1}  # every page once
         most, above = most_at_once(served(site, *paths), 2)
-        assert most <= 2, f"{most} requests in flight at once after the restart (above the cap for {above:.2f} s)"
+        assert most <= 2, (
+            f"{most} requests in flight at once after the restart (above the cap for {above:.2f} s)"
+        )
         assert leftover(client) == 0
         client.close()
 
 
-# -- AcquireTimeout and retries ------------------------------------------------------------------------------------
+# -- AcquireTimeout and retries --------------------------------------------------------------------
 
 
 def test_acquire_timeout_is_not_retried_unless_asked(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """REDISLOCK_WAIT_TIMEOUT bounds the wait: RetryMiddleware does not retry AcquireTimeout (an OSError) unless
-    RETRY_EXCEPTIONS names it, then it is (RETRY_TIMES + 1) waits."""
-    base = {"REDISLOCK_STAGES": {"detail": 1}, "REDISLOCK_WAIT_TIMEOUT": 0.5, "RETRY_ENABLED": True, "RETRY_TIMES": 2}
-    asked = {"RETRY_EXCEPTIONS": "scrapy_redislock.AcquireTimeout"}  # -s takes a comma-separated list
+    """REDISLOCK_WAIT_TIMEOUT bounds the wait: RetryMiddleware does not retry AcquireTimeout (an
+    OSError) unless RETRY_EXCEPTIONS names it, then it is (RETRY_TIMES + 1) waits."""
+    base = {
+        "REDISLOCK_STAGES": {"detail": 1},
+        "REDISLOCK_WAIT_TIMEOUT": 0.5,
+        "RETRY_ENABLED": True,
+        "RETRY_TIMES": 2,
+    }
+    asked = {
+        "RETRY_EXCEPTIONS": "scrapy_redislock.AcquireTimeout"
+    }  # -s takes a comma-separated list
     outsider = hold_every_slot(redis_client, "detail", 1)
     try:
         crawls = {
             (scheduler, bool(retry)): Crawl(
-                site.url, "detail:3", settings(redis_url, SCHEDULER=scheduler, **base, **retry), tmp_path
+                site.url,
+                "detail:3",
+                settings(redis_url, SCHEDULER=scheduler, **base, **retry),
+                tmp_path,
             ).start()
             for scheduler in BOTH
             for retry in ({}, asked)
@@ -382,22 +483,29 @@ def test_acquire_timeout_is_not_retried_unless_asked(
     assert leftover(redis_client) == 0
 
 
-# -- Redis refusing the password ---------------------------------------------------------------------------------------
+# -- Redis refusing the password -------------------------------------------------------------------
 
 
 def test_refused_password_and_unreachable_redis_exit_1_without_a_traceback(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """Crawls (both modes) and a worker (StageWorkerMixin): exit status 1, the log says which failure it was."""
+    """Crawls (both modes) and a worker (StageWorkerMixin): exit status 1, the log says which
+    failure it was."""
     redis_client.execute_command("ACL", "SETUSER", "crawler", "on", ">right", "~*", "&*", "+@all")
     try:
         port = redis_client.connection_pool.connection_kwargs["port"]
         wrong = f"redis://crawler:wrong@127.0.0.1:{port}/0"
         cases = [(wrong, s, "redislock_redis_auth_failed") for s in BOTH]
         cases += [("redis://127.0.0.1:1/0", s, "redislock_redis_unavailable") for s in BOTH]
-        stages = {"REDISLOCK_STAGES": {"detail": 3}, "REDISLOCK_CONNECT_TIMEOUT": 0}  # close at once
+        stages = {
+            "REDISLOCK_STAGES": {"detail": 3},
+            "REDISLOCK_CONNECT_TIMEOUT": 0,
+        }  # close at once
         crawls = [
-            (Crawl(site.url, "detail:3", settings(url, SCHEDULER=s, **stages), tmp_path).start(), why)
+            (
+                Crawl(site.url, "detail:3", settings(url, SCHEDULER=s, **stages), tmp_path).start(),
+                why,
+            )
             for url, s, why in cases
         ]
         for crawl, why in crawls:
@@ -406,13 +514,20 @@ def test_refused_password_and_unreachable_redis_exit_1_without_a_traceback(
             assert crawl.stats["finish_reason"] == why
             assert "Traceback" not in crawl.output, crawl.tail()
         auth_error = f"Redis at redis://crawler:***@127.0.0.1:{port}/0 (REDISLOCK_URL) refused the credentials"
-        assert all(auth_error in crawl.output and "wrong@" not in crawl.output for crawl, _ in crawls[:2])
+        assert all(
+            auth_error in crawl.output and "wrong@" not in crawl.output for crawl, _ in crawls[:2]
+        )
         unreachable = "Cannot reach Redis at redis://127.0.0.1:1/0 (REDISLOCK_URL)"
         assert all(unreachable in crawl.output for crawl, _ in crawls[2:])
-        worker = staged_worker(wrong, site.url, "detail:3", {"REDISLOCK_WORKER_STAGES": {"detail": 1}})
+        worker = staged_worker(
+            wrong, site.url, "detail:3", {"REDISLOCK_WORKER_STAGES": {"detail": 1}}
+        )
         output = worker.communicate(timeout=60)[0]
         assert worker.returncode == 1 and "Traceback" not in output, output[-3000:]
-        assert f"Redis at redis://crawler:***@127.0.0.1:{port}/0 (REDIS_URL) refused the credentials" in output
+        assert (
+            f"Redis at redis://crawler:***@127.0.0.1:{port}/0 (REDIS_URL) refused the credentials"
+            in output
+        )
     finally:
         redis_client.execute_command("ACL", "DELUSER", "crawler")
     assert not site.hits

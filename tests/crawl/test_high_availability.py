@@ -1,9 +1,11 @@
-"""High availability of the Scrapy glue: Redis URLs for Sentinel and Cluster, a master SIGKILLed in the middle of a
-crawl (both fronts, real ``redis-server --sentinel`` processes), and processes that start while Redis is down.
+"""High availability of the Scrapy glue: Redis URLs for Sentinel and Cluster, a master SIGKILLed in
+the middle of a crawl (both fronts, real ``redis-server --sentinel`` processes), and processes that
+start while Redis is down.
 
-Every crawl here is a real ``scrapy runspider`` process against the local site (:class:`testing.site.CrawlSite`),
-which records each request's arrival and answer on the shared monotonic clock: caps are measured there, as the most
-requests (request front) or workers (worker front) in flight at one instant, and the seconds spent above the cap.
+Every crawl here is a real ``scrapy runspider`` process against the local site
+(:class:`testing.site.CrawlSite`), which records each request's arrival and answer on the shared
+monotonic clock: caps are measured there, as the most requests (request front) or workers (worker
+front) in flight at one instant, and the seconds spent above the cap.
 """
 
 from __future__ import annotations
@@ -38,11 +40,12 @@ FRONTS = {  # how each front is set up on top of testing.crawlproc.BASE_SETTINGS
 TTL = 6.0  # longer than a failover (2-3 s here), so that no lease expires while there is no master
 
 
-# -- URLs -------------------------------------------------------------------------------------------------------------
+# -- URLs ------------------------------------------------------------------------------------------
 
 
 def test_url_forms_are_parsed_in_one_place() -> None:
-    """Server, Sentinel and Cluster URLs: hosts, service, db, the master's credentials apart from the sentinels'."""
+    """Server, Sentinel and Cluster URLs: hosts, service, db, the master's credentials apart from
+    the sentinels'."""
     one = parse_url("redis://u:p%40ss@h:6380/2", "REDISLOCK_URL")
     assert one.kind == "server" and one.url == "redis://u:p%40ss@h:6380/2"
     sentinel = parse_url(
@@ -52,9 +55,17 @@ def test_url_forms_are_parsed_in_one_place() -> None:
     )
     assert sentinel.kind == "sentinel" and sentinel.service == "mymaster"
     assert sentinel.hosts == (("s1", 26379), ("s2", 26379), ("::1", 26381))
-    assert sentinel.options == {"username": "app", "password": "secret", "db": 3, "socket_timeout": 4.0, "ssl": True}
+    assert sentinel.options == {
+        "username": "app",
+        "password": "secret",
+        "db": 3,
+        "socket_timeout": 4.0,
+        "ssl": True,
+    }
     assert sentinel.sentinel_options == {"username": "watch", "password": "s3cret"}
-    assert sentinel._sentinel_kwargs({"socket_connect_timeout": 10, "health_check_interval": 30}) == {
+    assert sentinel._sentinel_kwargs(
+        {"socket_connect_timeout": 10, "health_check_interval": 30}
+    ) == {
         "socket_connect_timeout": 10,
         "socket_timeout": 4.0,
         "ssl": True,
@@ -62,7 +73,11 @@ def test_url_forms_are_parsed_in_one_place() -> None:
         "password": "s3cret",
     }
     cluster = parse_url("redis+cluster://h1:7000,h2:7001", "--url")
-    assert cluster.kind == "cluster" and cluster.hosts == (("h1", 7000), ("h2", 7001)) and cluster.options["db"] == 0
+    assert (
+        cluster.kind == "cluster"
+        and cluster.hosts == (("h1", 7000), ("h2", 7001))
+        and cluster.options["db"] == 0
+    )
     assert parse_url("redis+cluster://h1", "x").hosts == (("h1", 6379),)
 
 
@@ -75,28 +90,38 @@ def test_url_forms_are_parsed_in_one_place() -> None:
         ("redis+sentinel://:pw@h1:port/mymaster", "bad host 'h1:port'"),
         ("redis+sentinel://:pw@h1:26379,,h2/mymaster", "bad host ''"),
         ("redis+cluster://:pw@h1:7000/1", "Redis Cluster has only database 0"),
-        ("redis+cluster://:pw@h1:7000?sentinel_password=x", "sentinel_password only applies to Sentinel URLs"),
+        (
+            "redis+cluster://:pw@h1:7000?sentinel_password=x",
+            "sentinel_password only applies to Sentinel URLs",
+        ),
         ("redis+sentinel://:pw@h1/m?socket_timeout=soon", "Invalid value for 'socket_timeout'"),
         ("redis://:pw@h:port/0", "Port could not be cast"),
     ],
 )
-def test_bad_urls_name_the_setting_and_the_value_with_the_password_masked(url: str, says: str) -> None:
+def test_bad_urls_name_the_setting_and_the_value_with_the_password_masked(
+    url: str, says: str
+) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_url(url, "REDISLOCK_URL")
     message = str(caught.value)
-    assert message.startswith("REDISLOCK_URL is not a valid redis URL (") and says in message, message
+    assert message.startswith("REDISLOCK_URL is not a valid redis URL (") and says in message, (
+        message
+    )
     assert ":***@" in message and ":pw@" not in message
 
 
 def test_passwords_are_masked_and_scrubbed() -> None:
     url = "redis+sentinel://app:p%2Fw@h1:1,h2:2/m?sentinel_password=top&socket_timeout=1"
-    assert mask_url(url) == "redis+sentinel://app:***@h1:1,h2:2/m?sentinel_password=***&socket_timeout=1"
+    assert (
+        mask_url(url)
+        == "redis+sentinel://app:***@h1:1,h2:2/m?sentinel_password=***&socket_timeout=1"
+    )
     assert parse_url(url, "x").scrub("auth p/w p%2Fw top failed") == "auth *** *** *** failed"
     with pytest.raises(ConfigError, match="must be a redis URL such as"):
         parse_url(None, "REDISLOCK_URL")
 
 
-# -- Sentinel: a failover in the middle of a crawl ---------------------------------------------------------------------
+# -- Sentinel: a failover in the middle of a crawl -------------------------------------------------
 
 
 @pytest.fixture
@@ -107,7 +132,8 @@ def sentinels() -> Iterator[RedisSentinelServers]:
 
 
 def scrapy_redis_inner(url: str) -> dict[str, Any]:
-    """StageScheduler over scrapy-redis's scheduler, whose own client takes our URL forms (RedisClient)."""
+    """StageScheduler over scrapy-redis's scheduler, whose own client takes our URL forms
+    (RedisClient)."""
     return {
         "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
         "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
@@ -139,13 +165,15 @@ def report(what: str, **figures: Any) -> None:
 def test_request_front_follows_a_sentinel_failover_every_page_once(
     sentinels: RedisSentinelServers, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """Three crawls share a cap of 3 through Sentinel (StageScheduler over Scrapy's scheduler, StageScheduler over
-    scrapy-redis's, the middleware alone); the master is SIGKILLed mid-crawl. All follow the promoted replica without
-    a restart, log warnings, and finish with exit 0. With Scrapy's scheduler every page is fetched exactly once: the
-    requests wait in each process's memory (Redis holds only slots, and a wait that meets a Redis error is retried,
-    never failed). scrapy-redis's queue is in Redis and stays there (shared): its pops go on after the failover, and
-    none is lost (its pushes, all before the kill here, had reached the replica); a pop the replica had not received
-    comes back (at-least-once, as plain scrapy-redis). Nothing is left held."""
+    """Three crawls share a cap of 3 through Sentinel (StageScheduler over Scrapy's scheduler,
+    StageScheduler over scrapy-redis's, the middleware alone); the master is SIGKILLed mid-crawl.
+    All follow the promoted replica without a restart, log warnings, and finish with exit 0. With
+    Scrapy's scheduler every page is fetched exactly once: the requests wait in each process's
+    memory (Redis holds only slots, and a wait that meets a Redis error is retried, never failed).
+    scrapy-redis's queue is in Redis and stays there (shared): its pops go on after the failover,
+    and none is lost (its pushes, all before the kill here, had reached the replica); a pop the
+    replica had not received comes back (at-least-once, as plain scrapy-redis). Nothing is left
+    held."""
     site.delay = 0.1
     pages = 120
     common = {
@@ -156,16 +184,26 @@ def test_request_front_follows_a_sentinel_failover_every_page_once(
     }
     scrapy_redis = scrapy_redis_inner(sentinels.url())
     crawls = [
-        Crawl(site.url, f"detail:{pages}", {**common, **FRONTS["StageScheduler"]}, tmp_path).start(),
-        Crawl(site.url, f"detail@d2:{pages}", {**common, **FRONTS["middleware alone"]}, tmp_path).start(),
+        Crawl(
+            site.url, f"detail:{pages}", {**common, **FRONTS["StageScheduler"]}, tmp_path
+        ).start(),
+        Crawl(
+            site.url, f"detail@d2:{pages}", {**common, **FRONTS["middleware alone"]}, tmp_path
+        ).start(),
         Crawl(site.url, f"detail@d3:{pages}", {**common, **scrapy_redis}, tmp_path).start(),
     ]
     for crawl in crawls:
         assert crawl.wait_for_output("Stage slots in Redis at redis+sentinel://"), crawl.tail()
-    assert site.wait_for(lambda: min(site.done(path) for path in ("detail", "d2", "d3")) >= 15, timeout=60)
-    with master_client(sentinels) as client:  # scrapy-redis's queue: still in Redis, in the stage's key
+    assert site.wait_for(
+        lambda: min(site.done(path) for path in ("detail", "d2", "d3")) >= 15, timeout=60
+    )
+    with master_client(
+        sentinels
+    ) as client:  # scrapy-redis's queue: still in Redis, in the stage's key
         assert client.zcard("plan:requests:detail") > 0
-    assert all(crawl.process is not None and crawl.process.poll() is None for crawl in crawls)  # mid-crawl, all
+    assert all(
+        crawl.process is not None and crawl.process.poll() is None for crawl in crawls
+    )  # mid-crawl, all
     promoted, promoted_after = sentinels.fail_over()
     finish(crawls)
     for crawl in crawls[:2]:
@@ -173,25 +211,39 @@ def test_request_front_follows_a_sentinel_failover_every_page_once(
         assert "Waiting for stage 'detail': Redis error" in crawl.output, crawl.tail()
     shared = crawls[2]
     assert shared.stats["item_scraped_count"] >= pages
-    # Its pops during the outage (if it made any: its line may have been waiting for slots the whole time) are one
-    # warning, then one INFO line; no error, no traceback.
-    assert "Traceback" not in shared.output and not shared.stats.get("log_count/ERROR"), shared.tail()
-    assert "Redis error" in shared.output or "Shared queue in Redis unreachable" in shared.output, shared.tail()
+    # Its pops during the outage (if it made any: its line may have been waiting for slots the whole
+    # time) are one warning, then one INFO line; no error, no traceback.
+    assert "Traceback" not in shared.output and not shared.stats.get("log_count/ERROR"), (
+        shared.tail()
+    )
+    assert "Redis error" in shared.output or "Shared queue in Redis unreachable" in shared.output, (
+        shared.tail()
+    )
     if "Shared queue in Redis unreachable" in shared.output:
         assert "Shared queue in Redis reachable again" in shared.output, shared.tail()
     assert len(site.hits) == 3 * pages  # none lost
-    assert {n for path, n in site.hits.items() if not path.startswith("/d3/")} == {1}  # exactly once
+    assert {n for path, n in site.hits.items() if not path.startswith("/d3/")} == {
+        1
+    }  # exactly once
     records = served(site, "detail", "d2", "d3")
     stall = longest_pause(records)
     most, above = most_at_once(records, 3)
     lost = sum(crawl.stats.get("redislock/detail/lost", 0) for crawl in crawls)
-    report("request front, Sentinel failover", promoted_after=promoted_after, longest_pause=stall, most=most,
+    report("request front, Sentinel "
+           "failover", promoted_after=promoted_after, longest_pause=stall, most=most,
            above_cap_s=above, lost=lost)  # fmt: skip
-    assert most <= 3 or above <= TTL / 3, (most, above)  # only a grant lost with the master can overlap
+    assert most <= 3 or above <= TTL / 3, (
+        most,
+        above,
+    )  # only a grant lost with the master can overlap
     with redis.Redis(port=promoted.port) as client:
         assert leftover(client) == 0
-        assert not list(client.scan_iter("plan:*"))  # scrapy-redis's queue and dupefilter, flushed at close
-    assert status_stages(sentinels.url()) == {"detail": 3}  # the command line reads the new master too
+        assert not list(
+            client.scan_iter("plan:*")
+        )  # scrapy-redis's queue and dupefilter, flushed at close
+    assert status_stages(sentinels.url()) == {
+        "detail": 3
+    }  # the command line reads the new master too
 
 
 def status_stages(url: str) -> dict[str, int | None]:
@@ -210,11 +262,12 @@ def status_stages(url: str) -> dict[str, int | None]:
 def test_worker_front_follows_a_sentinel_failover_every_page_at_least_once(
     sentinels: RedisSentinelServers, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """Two StageWorkerMixin workers, one worker slot per stage, through Sentinel; the master is SIGKILLed mid-crawl.
-    Both follow the promoted replica, log warnings and exit 0; every page is fetched at least once: a pop or an
-    acknowledgement that the replica had not yet received when the master died is undone by the failover, so that
-    request is fetched again (a push not yet replicated would be lost: here every push was made, and replicated,
-    before the kill). The queues, dupefilter and slots are gone from Redis at the end."""
+    """Two StageWorkerMixin workers, one worker slot per stage, through Sentinel; the master is
+    SIGKILLed mid-crawl. Both follow the promoted replica, log warnings and exit 0; every page is
+    fetched at least once: a pop or an acknowledgement that the replica had not yet received when
+    the master died is undone by the failover, so that request is fetched again (a push not yet
+    replicated would be lost: here every push was made, and replicated, before the kill). The
+    queues, dupefilter and slots are gone from Redis at the end."""
     site.delay = 0.1
     plan = {"detail": 60, "comments": 60}
     common = {
@@ -227,16 +280,26 @@ def test_worker_front_follows_a_sentinel_failover_every_page_at_least_once(
     }
     text = ",".join(f"{stage}:{n}" for stage, n in plan.items())
     workers = [
-        Crawl(site.url, text, {**common, "USER_AGENT": f"w{n}"}, tmp_path, spider=WORKER_SPIDER).start()
+        Crawl(
+            site.url, text, {**common, "USER_AGENT": f"w{n}"}, tmp_path, spider=WORKER_SPIDER
+        ).start()
         for n in range(2)
     ]
     for worker in workers:
         assert worker.wait_for_output("queues under redislock:{staged}"), worker.tail()
-    assert site.wait_for(lambda: site.done("detail") >= 15 and site.done("comments") >= 15, timeout=60)
-    with master_client(sentinels) as client:  # every request pushed (the workers yield them as the crawl goes)
-        assert wait_until(lambda: client.scard("redislock:{staged}:dupefilter") == sum(plan.values()))
+    assert site.wait_for(
+        lambda: site.done("detail") >= 15 and site.done("comments") >= 15, timeout=60
+    )
+    with master_client(
+        sentinels
+    ) as client:  # every request pushed (the workers yield them as the crawl goes)
+        assert wait_until(
+            lambda: client.scard("redislock:{staged}:dupefilter") == sum(plan.values())
+        )
     sentinels.wait_synced()  # every push is on the replica; pops, acks and grants go on while it dies
-    assert all(worker.process is not None and worker.process.poll() is None for worker in workers)  # mid-crawl
+    assert all(
+        worker.process is not None and worker.process.poll() is None for worker in workers
+    )  # mid-crawl
     promoted, promoted_after = sentinels.fail_over()
     finish(workers)
     for worker in workers:
@@ -254,7 +317,9 @@ def test_worker_front_follows_a_sentinel_failover_every_page_at_least_once(
         figures |= {f"{stage}_most_workers": most, f"{stage}_above_cap_s": above}
         assert most <= 1 or above <= TTL / 3, (stage, most, above)
     report("worker front, Sentinel failover", **figures)
-    assert again <= 2 * 2 * len(workers)  # at most what the workers had popped and not yet acknowledged
+    assert again <= 2 * 2 * len(
+        workers
+    )  # at most what the workers had popped and not yet acknowledged
     with redis.Redis(port=promoted.port) as client:
         assert leftover(client) == 0
         assert not list(client.scan_iter("redislock:{staged}:*"))
@@ -262,33 +327,53 @@ def test_worker_front_follows_a_sentinel_failover_every_page_at_least_once(
 
 @pytest.mark.integration
 @pytest.mark.crawl
-def test_the_sentinels_credentials_are_kept_apart_from_the_masters(site: CrawlSite, tmp_path: Path) -> None:
-    """Master and replica need one password, the sentinels another: the URL's user:password@ goes to the master,
-    ?sentinel_password= to the sentinels. A crawl and ``status`` work; neither password is ever printed; each
-    password given to the wrong side is refused."""
+def test_the_sentinels_credentials_are_kept_apart_from_the_masters(
+    site: CrawlSite, tmp_path: Path
+) -> None:
+    """Master and replica need one password, the sentinels another: the URL's user:password@ goes to
+    the master, ?sentinel_password= to the sentinels. A crawl and ``status`` work; neither password
+    is ever printed; each password given to the wrong side is refused."""
     with RedisSentinelServers(password="data-pw", sentinel_password="watch-pw") as sentinels:
         url = sentinels.url(auth=":data-pw@", query="sentinel_password=watch-pw")
-        crawl = Crawl(site.url, "detail:5", {"REDISLOCK_URL": url, "REDISLOCK_STAGES": {"detail": 2}}, tmp_path).run()
+        crawl = Crawl(
+            site.url,
+            "detail:5",
+            {"REDISLOCK_URL": url, "REDISLOCK_STAGES": {"detail": 2}},
+            tmp_path,
+        ).run()
         assert crawl.code == 0 and crawl.stats["item_scraped_count"] == 5, crawl.tail()
         assert "data-pw" not in crawl.output and "watch-pw" not in crawl.output
-        assert "redis+sentinel://:***@127.0.0.1:" in crawl.output and "sentinel_password=***" in crawl.output
+        assert (
+            "redis+sentinel://:***@127.0.0.1:" in crawl.output
+            and "sentinel_password=***" in crawl.output
+        )
         assert status_stages(url) == {"detail": 2}
         wrong = [
             # the sentinels' password given to the master: the sentinels answer, the master refuses
-            (sentinels.url(auth=":watch-pw@", query="sentinel_password=watch-pw"), redis.AuthenticationError),
-            # the master's password given to the sentinels: every sentinel refuses (redis-py retries for some 12 s)
-            (sentinels.url(auth=":data-pw@", query="sentinel_password=data-pw"), redis.sentinel.MasterNotFoundError),
+            (
+                sentinels.url(auth=":watch-pw@", query="sentinel_password=watch-pw"),
+                redis.AuthenticationError,
+            ),
+            # the master's password given to the sentinels: every sentinel refuses (redis-py retries
+            # for some 12 s)
+            (
+                sentinels.url(auth=":data-pw@", query="sentinel_password=data-pw"),
+                redis.sentinel.MasterNotFoundError,
+            ),
         ]
         for bad, refused in wrong:
             with parse_url(bad, "REDISLOCK_URL").client() as client, pytest.raises(refused):
                 client.ping()
 
 
-# -- starting while Redis is down -----------------------------------------------------------------------------------
+# -- starting while Redis is down ------------------------------------------------------------------
 
 
-def every_front(site: CrawlSite, plan: str, settings: dict[str, Any], folder: Path) -> dict[str, Crawl]:
-    """One process per front, started, with the same plan and settings (the worker: one slot per stage)."""
+def every_front(
+    site: CrawlSite, plan: str, settings: dict[str, Any], folder: Path
+) -> dict[str, Crawl]:
+    """One process per front, started, with the same plan and settings (the worker: one slot per
+    stage)."""
     crawls = {}
     for front, extra in FRONTS.items():
         merged = {**settings, **extra}
@@ -302,27 +387,38 @@ def every_front(site: CrawlSite, plan: str, settings: dict[str, Any], folder: Pa
 @pytest.mark.integration
 @pytest.mark.crawl
 @pytest.mark.faults
-def test_processes_started_while_redis_is_down_wait_then_run(site: CrawlSite, tmp_path: Path) -> None:
-    """Each front started with Redis down: it logs a warning per try (back-off) and fetches nothing; Redis comes up
-    some 5 s later; each then runs its crawl to the end, exit 0."""
+def test_processes_started_while_redis_is_down_wait_then_run(
+    site: CrawlSite, tmp_path: Path
+) -> None:
+    """Each front started with Redis down: it logs a warning per try (back-off) and fetches nothing;
+    Redis comes up some 5 s later; each then runs its crawl to the end, exit 0."""
     server = RedisServer()  # its free port, nothing listening yet
     site.delay = 0.02
     common = {"REDISLOCK_URL": server.url, "REDISLOCK_STAGES": {"detail": 2}}
     started = time.monotonic()
     crawls = every_front(site, "detail:10", common, tmp_path)
     try:
-        for crawl in crawls.values():  # five tries each: 0.25 + 0.5 + 1 + 2 s of back-off, and start-up
+        for (
+            crawl
+        ) in crawls.values():  # five tries each: 0.25 + 0.5 + 1 + 2 s of back-off, and start-up
             assert wait_count(crawl, "is not reachable yet", 5, timeout=60), crawl.tail()
         down = time.monotonic() - started
         assert not site.hits
-        up = time.monotonic()  # before start(): a crawl may get through before start() has seen the server ready
+        up = (
+            time.monotonic()
+        )  # before start(): a crawl may get through before start() has seen the server ready
         server.start()
         for front, crawl in crawls.items():
             crawl.wait(timeout=90)
-            assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", (front, crawl.tail())
+            assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", (
+                front,
+                crawl.tail(),
+            )
             assert f"Redis at {server.url} (REDISLOCK_URL) is not reachable yet" in crawl.output
             assert "Traceback" not in crawl.output, crawl.tail()
-        assert len(site.hits) == 10 and set(site.hits.values()) == {len(crawls)}  # each crawl fetched every page
+        assert len(site.hits) == 10 and set(site.hits.values()) == {
+            len(crawls)
+        }  # each crawl fetched every page
         assert min(record.arrived for record in site.served) >= up
         report("start with Redis down", down_s=down)
         with redis.Redis(port=server.port) as client:
@@ -340,11 +436,18 @@ def test_processes_close_cleanly_when_redis_stays_down_past_the_connect_timeout(
     """REDISLOCK_CONNECT_TIMEOUT = 2 and no Redis: each front retries for 2 s, then closes with
     redislock_redis_unavailable and exit status 1, without a traceback, having fetched nothing."""
     server = RedisServer()  # a free port: nothing listens there
-    common = {"REDISLOCK_URL": server.url, "REDISLOCK_STAGES": {"detail": 2}, "REDISLOCK_CONNECT_TIMEOUT": 2}
+    common = {
+        "REDISLOCK_URL": server.url,
+        "REDISLOCK_STAGES": {"detail": 2},
+        "REDISLOCK_CONNECT_TIMEOUT": 2,
+    }
     crawls = every_front(site, "detail:5", common, tmp_path)
     for front, crawl in crawls.items():
         crawl.wait(timeout=60)
-        assert crawl.code == 1 and crawl.stats["finish_reason"] == "redislock_redis_unavailable", (front, crawl.tail())
+        assert crawl.code == 1 and crawl.stats["finish_reason"] == "redislock_redis_unavailable", (
+            front,
+            crawl.tail(),
+        )
         assert "is not reachable yet" in crawl.output
         assert f"Cannot reach Redis at {server.url} (REDISLOCK_URL)" in crawl.output
         assert "waited 2 s (REDISLOCK_CONNECT_TIMEOUT)" in crawl.output
@@ -355,10 +458,12 @@ def test_processes_close_cleanly_when_redis_stays_down_past_the_connect_timeout(
 @pytest.mark.integration
 @pytest.mark.crawl
 @pytest.mark.faults
-def test_a_crawl_started_while_sentinel_fails_over_waits_for_the_new_master(site: CrawlSite, tmp_path: Path) -> None:
-    """The master is killed, then a crawl starts before the replica is promoted (the sentinels wait 5 s before they
-    take a master for down): they still name the dead master, so the crawl waits, with warnings, then crawls on the
-    promoted replica."""
+def test_a_crawl_started_while_sentinel_fails_over_waits_for_the_new_master(
+    site: CrawlSite, tmp_path: Path
+) -> None:
+    """The master is killed, then a crawl starts before the replica is promoted (the sentinels wait
+    5 s before they take a master for down): they still name the dead master, so the crawl waits,
+    with warnings, then crawls on the promoted replica."""
     with RedisSentinelServers(down_after_ms=5000) as sentinels:
         dead = sentinels.master()
         dead.kill()
@@ -383,7 +488,8 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30) -> bool:
 
 
 def wait_count(crawl: Crawl, text: str, count: int, timeout: float) -> bool:
-    """Wait until the process has written ``text`` ``count`` times (or exited, or ``timeout`` passed)."""
+    """Wait until the process has written ``text`` ``count`` times (or exited, or ``timeout``
+    passed)."""
     assert crawl.process is not None
     deadline = time.monotonic() + timeout
     while crawl.output.count(text) < count:
@@ -393,7 +499,7 @@ def wait_count(crawl: Crawl, text: str, count: int, timeout: float) -> bool:
     return True
 
 
-# -- Redis Cluster: both fronts and the CLI ---------------------------------------------------------------------------
+# -- Redis Cluster: both fronts and the CLI --------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -424,10 +530,13 @@ def clean_cluster(nodes: RedisClusterServers) -> None:
 @pytest.mark.integration
 @pytest.mark.crawl
 @pytest.mark.cluster
-def test_both_fronts_and_the_cli_on_a_cluster(cluster: RedisClusterServers, site: CrawlSite, tmp_path: Path) -> None:
-    """REDISLOCK_URL = redis+cluster://...: request crawls (StageScheduler over Scrapy's scheduler and over
-    scrapy-redis's, with scrapy-redis's own client from RedisClient; the middleware alone) and two workers hold
-    their caps with stages on all three masters; ``status`` lists the stages of every master; nothing is left."""
+def test_both_fronts_and_the_cli_on_a_cluster(
+    cluster: RedisClusterServers, site: CrawlSite, tmp_path: Path
+) -> None:
+    """REDISLOCK_URL = redis+cluster://...: request crawls (StageScheduler over Scrapy's scheduler
+    and over scrapy-redis's, with scrapy-redis's own client from RedisClient; the middleware alone)
+    and two workers hold their caps with stages on all three masters; ``status`` lists the stages of
+    every master; nothing is left."""
     clean_cluster(cluster)
     site.delay = 0.05
     url = cluster_url(cluster)
@@ -442,16 +551,29 @@ def test_both_fronts_and_the_cli_on_a_cluster(cluster: RedisClusterServers, site
         Crawl(site.url, plan, {**common, **FRONTS["middleware alone"]}, tmp_path).start(),
         Crawl(site.url, plan, {**common, **scrapy_redis}, tmp_path).start(),
     ]
-    worker_settings = {**WORKER, "REDIS_URL": url, "REDISLOCK_WORKER_STAGES": {"w": 1}, "CONCURRENT_REQUESTS": 2}
+    worker_settings = {
+        **WORKER,
+        "REDIS_URL": url,
+        "REDISLOCK_WORKER_STAGES": {"w": 1},
+        "CONCURRENT_REQUESTS": 2,
+    }
     workers = [
-        Crawl(site.url, "w:30", {**worker_settings, "USER_AGENT": f"w{n}"}, tmp_path, spider=WORKER_SPIDER).start()
+        Crawl(
+            site.url,
+            "w:30",
+            {**worker_settings, "USER_AGENT": f"w{n}"},
+            tmp_path,
+            spider=WORKER_SPIDER,
+        ).start()
         for n in range(2)
     ]
     for crawl in crawls:
         crawl.wait(timeout=120)
         assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
         assert crawl.stats["item_scraped_count"] == 70
-    assert crawls[2].stats["scheduler/dequeued/redis"] == 70  # through scrapy-redis's queue on the cluster
+    assert (
+        crawls[2].stats["scheduler/dequeued/redis"] == 70
+    )  # through scrapy-redis's queue on the cluster
     for worker in workers:
         worker.wait(timeout=120)
         assert worker.code == 0 and worker.stats["finish_reason"] == "finished", worker.tail()
@@ -464,7 +586,9 @@ def test_both_fronts_and_the_cli_on_a_cluster(cluster: RedisClusterServers, site
     with cluster_client(cluster) as client:
         assert leftover(client) == 0
         assert not list(client.scan_iter("redislock:{staged}:*"))
-        assert not list(client.scan_iter("plan:*"))  # scrapy-redis's queue and dupefilter, flushed at close
+        assert not list(
+            client.scan_iter("plan:*")
+        )  # scrapy-redis's queue and dupefilter, flushed at close
 
 
 @pytest.mark.integration
@@ -472,12 +596,12 @@ def test_both_fronts_and_the_cli_on_a_cluster(cluster: RedisClusterServers, site
 @pytest.mark.cluster
 @pytest.mark.faults
 def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) -> None:
-    """A fresh cluster; the master serving the request stage's lock, the worker stage's lock and the workers' queues
-    (all three on one master) is SIGKILLed mid-crawl, under three request crawls (StageScheduler over Scrapy's and
-    over scrapy-redis's scheduler, the middleware alone) and two workers. Its replica takes over; every process
-    follows it without a restart and exits 0; the request crawls fetch every page exactly once, the workers at
-    least once; the caps hold except while a grant the replica never received overlaps (measured); nothing is
-    left."""
+    """A fresh cluster; the master serving the request stage's lock, the worker stage's lock and the
+    workers' queues (all three on one master) is SIGKILLed mid-crawl, under three request crawls
+    (StageScheduler over Scrapy's and over scrapy-redis's scheduler, the middleware alone) and two
+    workers. Its replica takes over; every process follows it without a restart and exits 0; the
+    request crawls fetch every page exactly once, the workers at least once; the caps hold except
+    while a grant the replica never received overlaps (measured); nothing is left."""
     reason = RedisClusterServers.unavailable()
     if reason:
         pytest.skip(f"no local Redis Cluster: {reason}")
@@ -488,12 +612,24 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
         assert nodes.node_serving("redislock:{workers:x}:slots") is victim
         assert nodes.node_serving("redislock:{staged}:alive") is victim
         url = "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in nodes.live())
-        stages = {"list": 3, "detail": None}  # the test spider's @stage("detail") callback must name a stage
-        common = {"REDISLOCK_URL": url, "REDISLOCK_STAGES": stages, "REDISLOCK_TTL": TTL, "CONCURRENT_REQUESTS": 2}
+        stages = {
+            "list": 3,
+            "detail": None,
+        }  # the test spider's @stage("detail") callback must name a stage
+        common = {
+            "REDISLOCK_URL": url,
+            "REDISLOCK_STAGES": stages,
+            "REDISLOCK_TTL": TTL,
+            "CONCURRENT_REQUESTS": 2,
+        }
         scrapy_redis = scrapy_redis_inner(url)
         crawls = [
-            Crawl(site.url, f"list:{pages}", {**common, **FRONTS["StageScheduler"]}, tmp_path).start(),
-            Crawl(site.url, f"list@l2:{pages}", {**common, **FRONTS["middleware alone"]}, tmp_path).start(),
+            Crawl(
+                site.url, f"list:{pages}", {**common, **FRONTS["StageScheduler"]}, tmp_path
+            ).start(),
+            Crawl(
+                site.url, f"list@l2:{pages}", {**common, **FRONTS["middleware alone"]}, tmp_path
+            ).start(),
             Crawl(site.url, f"list@l3:{pages}", {**common, **scrapy_redis}, tmp_path).start(),
         ]
         worker_settings = {
@@ -505,16 +641,28 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
             "CONCURRENT_REQUESTS": 2,
         }
         workers = [
-            Crawl(site.url, "x:60", {**worker_settings, "USER_AGENT": f"w{n}"}, tmp_path, spider=WORKER_SPIDER).start()
+            Crawl(
+                site.url,
+                "x:60",
+                {**worker_settings, "USER_AGENT": f"w{n}"},
+                tmp_path,
+                spider=WORKER_SPIDER,
+            ).start()
             for n in range(2)
         ]
-        assert site.wait_for(lambda: min(site.done(p) for p in ("list", "l2", "l3", "x")) >= 10, timeout=60)
+        assert site.wait_for(
+            lambda: min(site.done(p) for p in ("list", "l2", "l3", "x")) >= 10, timeout=60
+        )
         with redis.Redis(port=victim.port) as client:  # every request pushed, and on the replica
-            assert wait_until(lambda: client.scard("redislock:{staged}:dupefilter") == 60, timeout=90)
+            assert wait_until(
+                lambda: client.scard("redislock:{staged}:dupefilter") == 60, timeout=90
+            )
         with cluster_client(nodes) as client:
             assert client.exists("plan:requests") == 0
         nodes.wait_synced(victim)
-        assert all(p.process is not None and p.process.poll() is None for p in (*crawls, *workers))  # mid-crawl
+        assert all(
+            p.process is not None and p.process.poll() is None for p in (*crawls, *workers)
+        )  # mid-crawl
         victim.kill()
         killed = time.monotonic()
         nodes.wait_failover("redislock:{list}:slots", victim)
@@ -523,15 +671,21 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
         for crawl in crawls:
             errors = [line for line in crawl.lines if "ERROR" in line or "errback" in line]
             assert crawl.stats["item_scraped_count"] == pages, (crawl.stats, errors)
-        # No assertion on a warning here: the cluster client retries a command on a moved or dead node by itself,
-        # so a process may get through the failover without seeing an error (one clean-clone run: none of the three
-        # did). The Sentinel tests, where every connection to the dead master fails, check the warnings.
+        # No assertion on a warning here: the cluster client retries a command on a moved or dead
+        # node by itself, so a process may get through the failover without seeing an error (one
+        # clean-clone run: none of the three did). The Sentinel tests, where every connection to the
+        # dead master fails, check the warnings.
         assert {path for path in site.hits if not path.startswith("/x/")} == {
             f"/{path}/{n}" for path in ("list", "l2", "l3") for n in range(pages)
         }
-        assert all(count == 1 for path, count in site.hits.items() if not path.startswith("/x/"))  # exactly once
+        assert all(
+            count == 1 for path, count in site.hits.items() if not path.startswith("/x/")
+        )  # exactly once
         missing = {f"/x/{n}" for n in range(60)} - set(site.hits)
-        assert not missing, (sorted(missing), [line for w in workers for line in w.lines if "ERROR" in line])
+        assert not missing, (
+            sorted(missing),
+            [line for w in workers for line in w.lines if "ERROR" in line],
+        )
         again = sum(count for path, count in site.hits.items() if path.startswith("/x/")) - 60
         most, above = most_at_once(served(site, "list", "l2", "l3"), 3)
         most_workers, workers_above = most_at_once(served(site, "x"), 1, who="worker")
@@ -547,7 +701,7 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
             assert not list(client.scan_iter("plan:*"))
 
 
-# -- the window of a lost grant ---------------------------------------------------------------------------------------
+# -- the window of a lost grant --------------------------------------------------------------------
 
 
 @pytest.mark.integration
@@ -556,18 +710,23 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
 def test_a_lost_grant_overlaps_only_while_its_request_is_in_flight(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """Cap 1, TTL 2. Process A's only request R (10 s at the site) holds the slot; A is frozen (SIGSTOP) until its
-    lease has run out and process B, waiting, reaped it and sent its first request; then A goes on (SIGCONT).
-    A notices the loss at its first renewal tick (within ttl/3 of waking), logs it and counts redislock/detail/lost;
-    R, already at the site, finishes: the cap is exceeded exactly while R is still in flight after B's grant (the
-    documented window) and never after R ends. Both exit 0, nothing is left in Redis."""
+    """Cap 1, TTL 2. Process A's only request R (10 s at the site) holds the slot; A is frozen
+    (SIGSTOP) until its lease has run out and process B, waiting, reaped it and sent its first
+    request; then A goes on (SIGCONT). A notices the loss at its first renewal tick (within ttl/3 of
+    waking), logs it and counts redislock/detail/lost; R, already at the site, finishes: the cap is
+    exceeded exactly while R is still in flight after B's grant (the documented window) and never
+    after R ends. Both exit 0, nothing is left in Redis."""
     ttl = 2.0
     common = {"REDISLOCK_URL": redis_url, "REDISLOCK_STAGES": {"detail": 1}, "REDISLOCK_TTL": ttl}
-    holder = Crawl(site.url, "detail:1:sleep=10", common, tmp_path).start()  # R outlasts the waiter's start-up
+    holder = Crawl(
+        site.url, "detail:1:sleep=10", common, tmp_path
+    ).start()  # R outlasts the waiter's start-up
     assert site.wait_for(lambda: site.count("detail") == 1, timeout=60), holder.tail()
     waiter = Crawl(site.url, "detail@b:5", common, tmp_path).start()
     assert waiter.wait_for_output("Stage slots in Redis at"), waiter.tail()
-    stopped_at = time.monotonic()  # before: the lower bound on B's grant below must not gain the signal's time
+    stopped_at = (
+        time.monotonic()
+    )  # before: the lower bound on B's grant below must not gain the signal's time
     holder.signal(signal.SIGSTOP)
     try:
         assert site.wait_for(lambda: site.count("b") >= 1, timeout=30), waiter.tail()
@@ -577,17 +736,23 @@ def test_a_lost_grant_overlaps_only_while_its_request_is_in_flight(
     assert holder.wait_for_output("was lost", timeout=10), holder.tail()
     noticed_at = time.monotonic()
     finish([holder, waiter])
-    assert holder.stats.get("redislock/detail/lost") == 1 and holder.stats["item_scraped_count"] == 1
+    assert (
+        holder.stats.get("redislock/detail/lost") == 1 and holder.stats["item_scraped_count"] == 1
+    )
     assert "lease of " in holder.output
     records = served(site, "detail", "b")
     (lost,) = [r for r in records if r.stage == "detail"]
     first_b = min(r.arrived for r in records if r.stage == "b")
     most, above = most_at_once(records, 1)
     window = lost.answered - first_b  # the rest of R's download after B was granted its slot
-    report("lost grant (SIGSTOP past the TTL)", frozen_s=woke_at - stopped_at, granted_after_stop=first_b - stopped_at,
+    report("lost grant (SIGSTOP past the "
+           "TTL)", frozen_s=woke_at - stopped_at, granted_after_stop=first_b - stopped_at,
            noticed_after_waking=noticed_at - woke_at, above_cap_s=above, rest_of_lost_request=window)  # fmt: skip
     assert first_b - stopped_at >= ttl - ttl / 3 - 0.05  # not before the lease could have run out
     assert most == 2 and 0 < above <= window + 0.01  # over the cap only while R was in flight ...
-    assert most_at_once([r for r in records if r is not lost], 1) == (1, 0.0)  # ... and never without R
+    assert most_at_once([r for r in records if r is not lost], 1) == (
+        1,
+        0.0,
+    )  # ... and never without R
     assert noticed_at - woke_at <= ttl / 3 + 0.5
     assert leftover(redis_client) == 0

@@ -1,4 +1,5 @@
-"""Keys and delays, pure parts: REDISLOCK_STAGE_KEY and its kinds, the key settings and their errors, the gap."""
+"""Keys and delays, pure parts: REDISLOCK_STAGE_KEY and its kinds, the key settings and their
+errors, the gap."""
 
 from __future__ import annotations
 
@@ -26,7 +27,10 @@ def test_kinds() -> None:
     assert download_slot(Request("https://a.com/", meta={"download_slot": "pool-1"})) == "pool-1"
     assert domain(Request("data:,hello")) is None
     assert key_function(None) is None and key_function("") is None
-    assert key_function("testing.spiders.crawlspider.path_key")(Request("http://h/x/7"), None) == "page-7"
+    assert (
+        key_function("testing.spiders.crawlspider.path_key")(Request("http://h/x/7"), None)
+        == "page-7"
+    )
     assert key_function(len) is len  # an object works as well as its path
 
 
@@ -51,13 +55,22 @@ def test_bad_stage_key(value: Any, message: str) -> None:
         ({"REDISLOCK_KEY_LIMIT": 0}, "REDISLOCK_KEY_LIMIT must be an integer >= 1 or None"),
         ({"REDISLOCK_KEY_LIMIT": "two"}, "REDISLOCK_KEY_LIMIT must be an integer"),
         ({"REDISLOCK_KEY_LIMITS": {"a.com": -2}}, "REDISLOCK_KEY_LIMITS['a.com']"),
-        ({"REDISLOCK_KEY_LIMITS": {"a.com": 0}}, "REDISLOCK_KEY_LIMITS['a.com'] must be an integer >= 1"),
+        (
+            {"REDISLOCK_KEY_LIMITS": {"a.com": 0}},
+            "REDISLOCK_KEY_LIMITS['a.com'] must be an integer >= 1",
+        ),
         ({"REDISLOCK_KEY_LIMITS": "{nope"}, "REDISLOCK_KEY_LIMITS must be a dict"),
         ({"REDISLOCK_DELAY": -1}, "REDISLOCK_DELAY must be a number of seconds >= 0, got -1"),
         ({"REDISLOCK_DELAY": float("inf")}, "REDISLOCK_DELAY must be a number of seconds >= 0"),
         ({"REDISLOCK_DELAY": True}, "REDISLOCK_DELAY must be a number of seconds >= 0, got True"),
-        ({"REDISLOCK_DELAYS": {"a.com": "soon"}}, "REDISLOCK_DELAYS['a.com'] must be a number of seconds"),
-        ({"REDISLOCK_DELAYS": {"{x}": 1}}, "REDISLOCK_DELAYS: names must be non-empty strings without braces"),
+        (
+            {"REDISLOCK_DELAYS": {"a.com": "soon"}},
+            "REDISLOCK_DELAYS['a.com'] must be a number of seconds",
+        ),
+        (
+            {"REDISLOCK_DELAYS": {"{x}": 1}},
+            "REDISLOCK_DELAYS: names must be non-empty strings without braces",
+        ),
         ({"REDISLOCK_RANDOMIZE_DELAY": "maybe"}, "REDISLOCK_RANDOMIZE_DELAY must be True or False"),
     ],
 )
@@ -67,13 +80,21 @@ def test_bad_key_settings_name_the_setting(given: dict[str, Any], message: str) 
 
 
 def test_key_settings_need_a_stage_key() -> None:
-    for given in ({"REDISLOCK_KEY_LIMIT": 2}, {"REDISLOCK_KEY_LIMITS": {"a.com": 1}}, {"REDISLOCK_DELAY": 1.0}):
+    for given in (
+        {"REDISLOCK_KEY_LIMIT": 2},
+        {"REDISLOCK_KEY_LIMITS": {"a.com": 1}},
+        {"REDISLOCK_DELAY": 1.0},
+    ):
         name = next(iter(given))
         with pytest.raises(ConfigError, match=f"{name} is set but REDISLOCK_STAGE_KEY is not"):
             read(**given)
-    with pytest.raises(ConfigError, match=r"REDISLOCK_DELAYS names \['a.com'\], which are not stages"):
+    with pytest.raises(
+        ConfigError, match=r"REDISLOCK_DELAYS names \['a.com'\], which are not stages"
+    ):
         read(REDISLOCK_STAGES={"detail": 2}, REDISLOCK_DELAYS={"a.com": 1})
-    assert read(REDISLOCK_STAGES={"detail": 2}, REDISLOCK_DELAYS={"detail": 1}).keyed  # a stage delay alone
+    assert read(
+        REDISLOCK_STAGES={"detail": 2}, REDISLOCK_DELAYS={"detail": 1}
+    ).keyed  # a stage delay alone
 
 
 def test_limits_and_delays_per_key_and_stage() -> None:
@@ -86,14 +107,23 @@ def test_limits_and_delays_per_key_and_stage() -> None:
         REDISLOCK_DELAYS={"slow.com": 3, "detail": 0.25},
     )
     assert checked.key_limit == 2
-    assert (checked.limit_of_key("a.com"), checked.limit_of_key("big.com"), checked.limit_of_key("free.com")) == (
+    assert (
+        checked.limit_of_key("a.com"),
+        checked.limit_of_key("big.com"),
+        checked.limit_of_key("free.com"),
+    ) == (
         2,
         10,
         None,
     )
     assert checked.delay_of("a.com") == 0.5 and checked.delay_of("slow.com") == 3
-    assert checked.delay_of("detail", stage=True) == 0.25 and checked.delay_of("other", stage=True) == 0
-    assert checked.delay_of("detail") == 0.5  # a key named like a stage gets the default: the stage's entry is not it
+    assert (
+        checked.delay_of("detail", stage=True) == 0.25
+        and checked.delay_of("other", stage=True) == 0
+    )
+    assert (
+        checked.delay_of("detail") == 0.5
+    )  # a key named like a stage gets the default: the stage's entry is not it
     plain = read(REDISLOCK_STAGES={"detail": 3})
     assert plain.stage_key is None and not plain.keyed
 
@@ -112,5 +142,7 @@ def test_key_of_fails_one_request_with_the_reason() -> None:
 
 def test_gap_and_gate() -> None:
     assert gap_of(2.0, False) == 2.0
-    assert gap_of(2.0, True, rng=lambda: 0.0) == 1.0 and gap_of(2.0, True, rng=lambda: 0.999) == pytest.approx(2.998)
+    assert gap_of(2.0, True, rng=lambda: 0.0) == 1.0 and gap_of(
+        2.0, True, rng=lambda: 0.999
+    ) == pytest.approx(2.998)
     assert gate_key("redislock", "key:a.com") == "redislock:{key:a.com}:gate"

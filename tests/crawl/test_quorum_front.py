@@ -1,6 +1,7 @@
-"""The request front on a quorum of independent masters (REDISLOCK_URL as a list), in-process with get_crawler and
-three real redis-servers: settings errors, the permit hand-off, the start with a master down, why a stage waits,
-and close freeing every grant on every master. The real crawls are in test_quorum_crawl.py."""
+"""The request front on a quorum of independent masters (REDISLOCK_URL as a list), in-process with
+get_crawler and three real redis-servers: settings errors, the permit hand-off, the start with a
+master down, why a stage waits, and close freeing every grant on every master. The real crawls are
+in test_quorum_crawl.py."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def held_on(servers: list[RedisServer]) -> list[int]:
     return counts
 
 
-# -- settings ---------------------------------------------------------------------------------------------------------
+# -- settings --------------------------------------------------------------------------------------
 
 URLS = ["redis://127.0.0.1:7001/0", "redis://127.0.0.1:7002/0", "redis://127.0.0.1:7003/0"]
 
@@ -54,9 +55,15 @@ def test_a_list_of_masters_is_read_with_its_quorum() -> None:
     checked = read_settings(Settings({"REDISLOCK_URL": URLS, "REDISLOCK_STAGES": {"detail": 1}}))
     assert checked.masters == tuple(URLS) and checked.quorum is None
     assert checked.safe_url == "[" + ", ".join(URLS) + "]"
-    as_json = read_settings(Settings({"REDISLOCK_URL": '["redis://a:1/0", "redis://b:2/0"]', "REDISLOCK_QUORUM": "2"}))
-    assert as_json.masters == ("redis://a:1/0", "redis://b:2/0") and as_json.quorum == 2  # as -s gives them
-    assert read_settings(Settings({"REDISLOCK_URL": URLS[:1]})).masters == ()  # one master: the plain lock
+    as_json = read_settings(
+        Settings({"REDISLOCK_URL": '["redis://a:1/0", "redis://b:2/0"]', "REDISLOCK_QUORUM": "2"})
+    )
+    assert (
+        as_json.masters == ("redis://a:1/0", "redis://b:2/0") and as_json.quorum == 2
+    )  # as -s gives them
+    assert (
+        read_settings(Settings({"REDISLOCK_URL": URLS[:1]})).masters == ()
+    )  # one master: the plain lock
     with pytest.raises(ConfigError, match="this needs one Redis"):
         checked.async_client()
 
@@ -66,21 +73,28 @@ def test_a_list_of_masters_is_read_with_its_quorum() -> None:
     [
         ({"REDISLOCK_QUORUM": 2, "REDISLOCK_STAGES": {"detail": 3}},
          "REDISLOCK_QUORUM = 2 is below the safe quorum 3 of stage 'detail'"),
-        ({"REDISLOCK_QUORUM": 4}, "REDISLOCK_QUORUM must be an integer from 1 to 3 (the masters), got 4"),
-        ({"REDISLOCK_QUORUM": "two"}, "REDISLOCK_QUORUM must be an integer from 1 to 3 (the masters), got 'two'"),
+        ({"REDISLOCK_QUORUM": 4}, "REDISLOCK_QUORUM must be an integer from 1 to 3 (the masters), "
+                                  "got 4"),
+        ({"REDISLOCK_QUORUM": "two"}, "REDISLOCK_QUORUM must be an integer from 1 to 3 (the "
+                                      "masters), got 'two'"),
         ({"REDISLOCK_QUORUM": True}, "REDISLOCK_QUORUM must be an integer"),
         ({"REDISLOCK_URL": "redis://h:1/0", "REDISLOCK_QUORUM": 2},
          "REDISLOCK_QUORUM is set (2) but REDISLOCK_URL names one Redis"),
-        ({"REDISLOCK_URL": [*URLS[:2], "redis+cluster://h1:7000,h2:7001"]}, "REDISLOCK_URL lists a Redis Cluster"),
-        ({"REDISLOCK_URL": [URLS[0], URLS[0]]}, "REDISLOCK_URL lists 'redis://127.0.0.1:7001/0' twice"),
+        ({"REDISLOCK_URL": [*URLS[:2], "redis+cluster://h1:7000,h2:7001"]}, "REDISLOCK_URL lists a "
+                                                                            "Redis Cluster"),
+        ({"REDISLOCK_URL": [URLS[0], URLS[0]]}, "REDISLOCK_URL lists 'redis://127.0.0.1:7001/0' "
+                                                "twice"),
         ({"REDISLOCK_URL": [URLS[0], "http://x"]}, "REDISLOCK_URL is not a valid redis URL"),
         ({"REDISLOCK_URL": "[not json"}, "REDISLOCK_URL must be a redis URL or a list of them"),
         ({"REDISLOCK_URL": None, "REDIS_URL": URLS}, "REDIS_URL must be one redis URL"),
-        ({"REDISLOCK_STAGE_KEY": "domain"}, "REDISLOCK_URL lists 3 masters (a quorum lock) but REDISLOCK_STAGE_KEY"),
+        ({"REDISLOCK_STAGE_KEY": "domain"}, "REDISLOCK_URL lists 3 masters (a quorum lock) but "
+                                            "REDISLOCK_STAGE_KEY"),
         ({"REDISLOCK_DELAYS": {"detail": 1}}, "but REDISLOCK_DELAYS is set"),
     ],
 )  # fmt: skip
-def test_bad_quorum_settings_name_the_setting_and_the_value(settings: dict[str, Any], says: str) -> None:
+def test_bad_quorum_settings_name_the_setting_and_the_value(
+    settings: dict[str, Any], says: str
+) -> None:
     merged = {"REDISLOCK_URL": URLS, "REDISLOCK_STAGES": {"detail": 1}, **settings}
     with pytest.raises(ConfigError) as caught:
         read_settings(Settings({k: v for k, v in merged.items() if v is not None}))
@@ -94,17 +108,22 @@ class WorkerSpider(StageWorkerMixin, Spider):
 
 def test_the_worker_front_refuses_a_list_of_masters() -> None:
     crawler = get_crawler(WorkerSpider, {"REDISLOCK_URL": URLS})
-    with pytest.raises(ConfigError, match=r"the worker front needs one Redis \(its queues live there\); a list of"):
+    with pytest.raises(
+        ConfigError, match=r"the worker front needs one Redis \(its queues live there\); a list of"
+    ):
         StageWorkerScheduler(crawler)
 
 
-# -- in-process, on three real masters --------------------------------------------------------------------------------
+# -- in-process, on three real masters -------------------------------------------------------------
 
 
 @pytest.mark.integration
-def test_quorum_permits_flow_through_the_hand_off_and_close_frees_every_master(masters: list[RedisServer]) -> None:
-    """L=2 over 3 masters (safe quorum 3): a stage lock is a quorum lock; its permit is handed, taken, passed on to a
-    queued request locally (no Redis command) and released; close frees every grant on every master."""
+def test_quorum_permits_flow_through_the_hand_off_and_close_frees_every_master(
+    masters: list[RedisServer],
+) -> None:
+    """L=2 over 3 masters (safe quorum 3): a stage lock is a quorum lock; its permit is handed,
+    taken, passed on to a queued request locally (no Redis command) and released; close frees every
+    grant on every master."""
 
     async def scenario() -> None:
         async with front(urls(masters), {"detail": 2}) as f:
@@ -130,7 +149,9 @@ def test_quorum_permits_flow_through_the_hand_off_and_close_frees_every_master(m
             assert held_on(masters) == [2, 2, 2]
             f.middleware.process_response(second, None)  # type: ignore[arg-type]
             await until(lambda: held_on(masters) == [1, 1, 1])
-            await asyncio.sleep(1.2)  # a renewal tick (ttl 3: every second) renews the quorum permit
+            await asyncio.sleep(
+                1.2
+            )  # a renewal tick (ttl 3: every second) renews the quorum permit
             assert not permit.lost
         assert held_on(masters) == [0, 0, 0]
 
@@ -141,7 +162,8 @@ def test_quorum_permits_flow_through_the_hand_off_and_close_frees_every_master(m
 def test_the_start_needs_a_quorum_of_masters_and_names_those_that_do_not_answer(
     masters: list[RedisServer], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """L=1 over 3 masters (q=2): one master unreachable, the front starts and says which; two, it cannot start."""
+    """L=1 over 3 masters (q=2): one master unreachable, the front starts and says which; two, it
+    cannot start."""
     dead = f"redis://127.0.0.1:{free_port()}/0"
 
     async def scenario() -> None:
@@ -152,13 +174,18 @@ def test_the_start_needs_a_quorum_of_masters_and_names_those_that_do_not_answer(
 
     with caplog.at_level(logging.WARNING):
         asyncio.run(scenario())
-    assert f"Quorum lock: 2 of 3 masters answer, 2 needed; not answering: master 2 ({dead}): " in caplog.text
+    assert (
+        f"Quorum lock: 2 of 3 masters answer, 2 needed; not answering: master 2 ({dead}): "
+        in caplog.text
+    )
     assert held_on(masters[:2]) == [0, 0]
 
     async def too_few() -> None:
         crawler_urls = [masters[0].url, dead, f"redis://127.0.0.1:{free_port()}/0"]
         with pytest.raises(AssertionError):
-            async with front(crawler_urls, {"detail": 1}, scheduler=False, REDISLOCK_CONNECT_TIMEOUT=1):
+            async with front(
+                crawler_urls, {"detail": 1}, scheduler=False, REDISLOCK_CONNECT_TIMEOUT=1
+            ):
                 pass
 
     caplog.clear()
@@ -170,14 +197,17 @@ def test_the_start_needs_a_quorum_of_masters_and_names_those_that_do_not_answer(
 
 @pytest.mark.integration
 def test_why_a_quorum_stage_waits_is_said_per_master(masters: list[RedisServer]) -> None:
-    """L=1 over 3 masters, the slot held: the report names each master's holder, or that it is unreachable."""
+    """L=1 over 3 masters, the slot held: the report names each master's holder, or that it is
+    unreachable."""
 
     async def scenario() -> None:
         async with front(urls(masters), {"detail": 1}, scheduler=False) as f:
             assert await f.locks._why("detail") == ""
             permit = await f.locks.acquire("detail", 5)
             why = await f.locks._why("detail")
-            assert why.startswith("0 of 3 masters have a free slot, 2 needed; master 0 (redis://"), why
+            assert why.startswith(
+                "0 of 3 masters have a free slot, 2 needed; master 0 (redis://"
+            ), why
             assert why.count("all 1 slots held: 1 by ") == 3, why
             masters[2].kill()
             why = await f.locks._why("detail")
@@ -192,18 +222,27 @@ def test_why_a_quorum_stage_waits_is_said_per_master(masters: list[RedisServer])
 
 
 def test_the_command_line_refuses_a_list_of_masters_clearly() -> None:
-    """status / set-limit / release / reset work on one Redis: a list from the settings or the environment is
-    refused with exit status 2 and what to do; --url of one master still works."""
+    """status / set-limit / release / reset work on one Redis: a list from the settings or the
+    environment is refused with exit status 2 and what to do; --url of one master still works."""
     no_url = argparse.Namespace(url=None, prefix=None)
-    for settings, env in ((Settings({"REDISLOCK_URL": URLS}), {}), (None, {"REDISLOCK_URL": json.dumps(URLS)})):
+    for settings, env in (
+        (Settings({"REDISLOCK_URL": URLS}), {}),
+        (None, {"REDISLOCK_URL": json.dumps(URLS)}),
+    ):
         with pytest.raises(CliError) as caught:
             resolve_target(no_url, env, settings)
         assert caught.value.code == 2
-        assert "(a quorum lock): the command line works on one Redis at a time; give --url" in str(caught.value)
-    one = resolve_target(argparse.Namespace(url=URLS[1], prefix=None), {}, Settings({"REDISLOCK_URL": URLS}))
+        assert "(a quorum lock): the command line works on one Redis at a time; give --url" in str(
+            caught.value
+        )
+    one = resolve_target(
+        argparse.Namespace(url=URLS[1], prefix=None), {}, Settings({"REDISLOCK_URL": URLS})
+    )
     assert one.url == URLS[1]
     done = subprocess.run(
         [sys.executable, "-m", "scrapy_redislock", "status"],
         env={**os.environ, "REDISLOCK_URL": json.dumps(URLS)}, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert done.returncode == 2 and "lists several masters (a quorum lock)" in done.stderr, done.stderr
+    assert done.returncode == 2 and "lists several masters (a quorum lock)" in done.stderr, (
+        done.stderr
+    )

@@ -1,4 +1,5 @@
-"""The safe request format of the worker queues (pure code: no Redis, no crawl; those are in test_workers_safety)."""
+"""The safe request format of the worker queues (pure code: no Redis, no crawl; those are in
+test_workers_safety)."""
 
 from __future__ import annotations
 
@@ -74,20 +75,29 @@ def test_every_to_dict_field_round_trips_exactly() -> None:
     back = request_from_data(data, requestformat, spider)
     assert_same(request, back, spider)
     assert type(back.meta["tags"]) is tuple and type(back.meta["by_id"][(2, 3)][2]) is bool
-    assert back.meta["looks_tagged"] == {"$b": "not bytes"}  # a user's dict that looks like a tag stays a dict
+    assert back.meta["looks_tagged"] == {
+        "$b": "not bytes"
+    }  # a user's dict that looks like a tag stays a dict
     json.loads(data)  # plain JSON, readable by any tool
 
 
 @pytest.mark.parametrize("cls", [FormRequest, JsonRequest])
 def test_request_subclasses_round_trip(cls: type[scrapy.Request]) -> None:
     spider = Spider()
-    request = cls("http://shop.test/form", method="POST", body=b'{"q": 1}', callback=spider.parse_item)
+    request = cls(
+        "http://shop.test/form", method="POST", body=b'{"q": 1}', callback=spider.parse_item
+    )
     back = request_from_data(dumps(request.to_dict(spider=spider)), requestformat, spider)
     assert_same(request, back, spider)
 
 
 plain = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text() | st.binary(),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text()
+    | st.binary(),
     lambda inner: (
         st.lists(inner, max_size=4)
         | st.lists(inner, max_size=4).map(tuple)
@@ -113,7 +123,9 @@ def test_any_plain_meta_round_trips_with_its_exact_types(meta: dict[str, Any]) -
         ({"path": Path("/tmp")}, "meta['path'] is a pathlib."),
     ],
 )
-def test_what_is_not_plain_data_is_refused_naming_the_field(meta: dict[str, Any], field: str) -> None:
+def test_what_is_not_plain_data_is_refused_naming_the_field(
+    meta: dict[str, Any], field: str
+) -> None:
     request = scrapy.Request("http://shop.test/", meta=meta)
     with pytest.raises(RequestFormatError, match="not plain data") as error:
         dumps(request.to_dict())
@@ -137,8 +149,14 @@ def evil_payload(target: Path) -> bytes:
         (b'{"meta": {}}', "not a request"),
         (b'{"url": "http://x.test/", "body": {"$b64": "***"}}', "not the JSON request format"),
         (b'{"url": "http://x.test/", "meta": {"$eval": "os.system"}}', "unknown or malformed tag"),
-        (b'{"url": "http://x.test/", "_class": "os.system"}', "_class 'os.system' is not an imported Request"),
-        (b'{"url": "http://x.test/", "_class": "antigravity.Request"}', "is not an imported Request subclass"),
+        (
+            b'{"url": "http://x.test/", "_class": "os.system"}',
+            "_class 'os.system' is not an imported Request",
+        ),
+        (
+            b'{"url": "http://x.test/", "_class": "antigravity.Request"}',
+            "is not an imported Request subclass",
+        ),
         (b'{"url": "http://x.test/", "meta": {"$d": [[[1], 2]]}}', "not the JSON request format"),
     ],
 )
@@ -176,7 +194,12 @@ def test_scheduler_serializer_is_honoured_and_checked() -> None:
     assert serializer_of(None) is requestformat
     assert serializer_of("scrapy_redis.picklecompat") is picklecompat
     assert serializer_of(json) is json
-    with pytest.raises(ConfigError, match=r"SCHEDULER_SERIALIZER 'no\.such\.module' cannot be imported"):
+    with pytest.raises(
+        ConfigError, match=r"SCHEDULER_SERIALIZER 'no\.such\.module' cannot be imported"
+    ):
         serializer_of("no.such.module")
-    with pytest.raises(ConfigError, match=r"SCHEDULER_SERIALIZER 'datetime' must be a module .* with loads and dumps"):
+    with pytest.raises(
+        ConfigError,
+        match=r"SCHEDULER_SERIALIZER 'datetime' must be a module .* with loads and dumps",
+    ):
         serializer_of("datetime")

@@ -1,4 +1,5 @@
-"""Bad input, fuzzed: every REDISLOCK_* setting and the lock constructor give a clear error or a valid config."""
+"""Bad input, fuzzed: every REDISLOCK_* setting and the lock constructor give a clear error or a
+valid config."""
 
 from __future__ import annotations
 
@@ -39,33 +40,60 @@ SETTINGS = [
     "REDISLOCK_QUORUM",
 ]
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**6), st.floats(allow_nan=True), st.text(max_size=12))
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-10, 10**6),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
+)
 values = st.recursive(
     scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 
 
 @given(name=st.sampled_from(SETTINGS), value=values)
-@example(name="REDISLOCK_ENABLED", value=float("inf"))  # found by a CI run: Scrapy's getbool raised OverflowError
+@example(
+    name="REDISLOCK_ENABLED", value=float("inf")
+)  # found by a CI run: Scrapy's getbool raised OverflowError
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_any_setting_value_is_accepted_or_named(name: str, value: Any) -> None:
     try:
         read_settings(Settings({name: value}))
     except ConfigError as exc:
-        assert name in str(exc) or name.replace("REDISLOCK_", "") in str(exc), (name, value, str(exc))
+        assert name in str(exc) or name.replace("REDISLOCK_", "") in str(exc), (
+            name,
+            value,
+            str(exc),
+        )
 
 
-SCHEMES = ["redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster", "http"]
+SCHEMES = [
+    "redis",
+    "rediss",
+    "unix",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+    "http",
+]
 url_parts = st.text(alphabet="abc:@/,?&=[]%0123456789.", max_size=24)
 
 
-@given(url=st.one_of(st.text(max_size=30), st.builds("{}://{}".format, st.sampled_from(SCHEMES), url_parts)))
+@given(
+    url=st.one_of(
+        st.text(max_size=30), st.builds("{}://{}".format, st.sampled_from(SCHEMES), url_parts)
+    )
+)
 @settings(max_examples=400, deadline=None)
 def test_any_url_is_accepted_or_named(url: str) -> None:
-    """Every URL form (server, Sentinel, Cluster) is parsed by one function: accepted, or refused naming the
-    setting."""
+    """Every URL form (server, Sentinel, Cluster) is parsed by one function: accepted, or refused
+    naming the setting."""
     try:
         read_settings(Settings({"REDISLOCK_URL": url}))
     except ConfigError as exc:
@@ -87,14 +115,18 @@ def test_stage_limits_are_checked_one_by_one(stages: dict[str, Any]) -> None:
 
 @pytest.mark.integration
 @given(name=values, limit=values, ttl=values, prefix=values)
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 def test_lock_constructor_names_the_bad_argument_and_writes_nothing(
     redis_client: redis.Redis, name: Any, limit: Any, ttl: Any, prefix: Any
 ) -> None:
     try:
         lock = CountingLock(redis_client, name, limit=limit, ttl=ttl, key_prefix=prefix)
     except InvalidArgument as exc:
-        assert any(arg in str(exc) for arg in ("name", "limit", "ttl", "key_prefix", "reentrant")), str(exc)
+        assert any(
+            arg in str(exc) for arg in ("name", "limit", "ttl", "key_prefix", "reentrant")
+        ), str(exc)
         assert redis_client.dbsize() == 0  # a rejected construction leaves nothing in Redis
         return
     assert lock.name == name
@@ -110,13 +142,16 @@ def test_local_reuse_is_seconds_at_least_zero() -> None:
 
 
 def test_a_removed_setting_is_named_with_why() -> None:
-    with pytest.raises(ConfigError, match=r"REDISLOCK_PARK_LIMIT was removed: StageScheduler no longer parks"):
+    with pytest.raises(
+        ConfigError, match=r"REDISLOCK_PARK_LIMIT was removed: StageScheduler no longer parks"
+    ):
         read_settings(Settings({"REDISLOCK_PARK_LIMIT": 1000}))
 
 
 @pytest.mark.parametrize("spelled", [None, "None", "none", "null", "", " None "])
 def test_none_is_spelled_the_same_for_every_optional_setting(spelled: Any) -> None:
-    """``-s NAME=None`` (or an empty value) means None for each setting whose documented default or choice is None."""
+    """``-s NAME=None`` (or an empty value) means None for each setting whose documented default or
+    choice is None."""
     read = read_settings(
         Settings(
             {
@@ -128,4 +163,9 @@ def test_none_is_spelled_the_same_for_every_optional_setting(spelled: Any) -> No
             }
         )
     )
-    assert (read.wait_timeout, read.idle_close, read.key_limit, read.quorum) == (None, None, None, None)
+    assert (read.wait_timeout, read.idle_close, read.key_limit, read.quorum) == (
+        None,
+        None,
+        None,
+        None,
+    )

@@ -1,5 +1,6 @@
-"""StageLocks in-process (scrapy.utils.test.get_crawler, a real Redis): the permit hand-off from the scheduler to the
-middleware, the one left-the-downloader sweep, and the local hand-off of a freed slot with its fairness bound."""
+"""StageLocks in-process (scrapy.utils.test.get_crawler, a real Redis): the permit hand-off from the
+scheduler to the middleware, the one left-the-downloader sweep, and the local hand-off of a freed
+slot with its fairness bound."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ pytestmark = pytest.mark.integration
 
 
 def test_hand_take_finish(redis_url: str, redis_client: redis.Redis) -> None:
-    """A slot handed with a request stays held while the request has it; an error is given once; finish frees it."""
+    """A slot handed with a request stays held while the request has it; an error is given once;
+    finish frees it."""
 
     async def scenario() -> None:
         async with front(redis_url, {"detail": 2}, scheduler=False) as f:
@@ -32,7 +34,9 @@ def test_hand_take_finish(redis_url: str, redis_client: redis.Redis) -> None:
             assert f.locks.take(two) is None  # an error is given once
             assert held(redis_client, "detail") == [permit.grant]
             f.locks.finish(one)
-            f.locks.finish(one)  # a second finish (process_response after request_left) does nothing
+            f.locks.finish(
+                one
+            )  # a second finish (process_response after request_left) does nothing
             await until(lambda: leftover(redis_client) == 0)
             assert f.crawler.stats.get_value("redislock/detail/reused") is None
 
@@ -48,7 +52,8 @@ def test_the_sweep_frees_a_request_gone_from_the_downloader_at_two_ticks(
             f.locks.hand(inside, await f.locks.acquire("detail", None))
             f.locks.hand(gone, await f.locks.acquire("detail", None))
             f.active.add(inside)
-            # No await from here to the second sweep: no renewal tick of the process can run in between.
+            # No await from here to the second sweep: no renewal tick of the process can run in
+            # between.
             f.locks.sweep()
             assert f.locks.take(gone) is not None  # one tick out of the downloader is not enough
             f.locks.sweep()
@@ -63,8 +68,8 @@ def test_the_sweep_frees_a_request_gone_from_the_downloader_at_two_ticks(
 def test_a_freed_slot_passes_to_a_taker_without_redis_and_keeps_its_grant(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """Within REDISLOCK_LOCAL_REUSE the slot goes to the taker in the finish call itself (no await: no Redis round
-    trip), the same grant stays held in Redis, and the fence is the grant's."""
+    """Within REDISLOCK_LOCAL_REUSE the slot goes to the taker in the finish call itself (no await:
+    no Redis round trip), the same grant stays held in Redis, and the fence is the grant's."""
 
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, scheduler=False, REDISLOCK_LOCAL_REUSE=30) as f:
@@ -84,11 +89,16 @@ def test_a_freed_slot_passes_to_a_taker_without_redis_and_keeps_its_grant(
     asyncio.run(scenario())
 
 
-def test_an_older_slot_goes_back_to_redis_and_a_refusing_taker_too(redis_url: str, redis_client: redis.Redis) -> None:
-    """Past REDISLOCK_LOCAL_REUSE since Redis's grant, or when no taker wants it, the slot is released to Redis."""
+def test_an_older_slot_goes_back_to_redis_and_a_refusing_taker_too(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Past REDISLOCK_LOCAL_REUSE since Redis's grant, or when no taker wants it, the slot is
+    released to Redis."""
 
     async def scenario() -> None:
-        async with front(redis_url, {"detail": 1}, scheduler=False, REDISLOCK_LOCAL_REUSE=0.05) as f:
+        async with front(
+            redis_url, {"detail": 1}, scheduler=False, REDISLOCK_LOCAL_REUSE=0.05
+        ) as f:
             wanted = [True]
             taken: list[Permit] = []
 
@@ -115,8 +125,9 @@ def test_an_older_slot_goes_back_to_redis_and_a_refusing_taker_too(redis_url: st
 
 
 def test_a_slot_past_its_lease_is_not_taken(redis_url: str, redis_client: redis.Redis) -> None:
-    """Its lease ran out unrenewed on this process's clock (a stall, a partition): take() drops it (back to Redis)
-    and the request waits for another. No await between the clock check and take(): no renewal can move it."""
+    """Its lease ran out unrenewed on this process's clock (a stall, a partition): take() drops it
+    (back to Redis) and the request waits for another. No await between the clock check and take():
+    no renewal can move it."""
 
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, scheduler=False) as f:

@@ -1,8 +1,8 @@
-"""Waiters are reported for as long as they wait (issue 26, item 5), in a real crawl (`scrapy runspider`) against a
-real redis-server: once a process's waits for a stage end, ``status --json`` (``processes[].waiting``,
-``stages[].waiters``, what the ``/metrics`` gauge ``redislock_stage_waiters`` reads) shows 0 within a renewal
-interval, while the process goes on running. Before, the last ``waiting=N`` stayed in Redis until the process
-exited."""
+"""Waiters are reported for as long as they wait (issue 26, item 5), in a real crawl (`scrapy
+runspider`) against a real redis-server: once a process's waits for a stage end, ``status --json``
+(``processes[].waiting``, ``stages[].waiters``, what the ``/metrics`` gauge
+``redislock_stage_waiters`` reads) shows 0 within a renewal interval, while the process goes on
+running. Before, the last ``waiting=N`` stayed in Redis until the process exited."""
 
 from __future__ import annotations
 
@@ -49,15 +49,19 @@ def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
 def test_waiters_are_reported_until_their_waits_end_not_until_the_process_exits(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """An outsider holds the only slot of 'list': the crawl's 3 list requests wait (reported). It frees the slot,
-    the crawl fetches them, and its reported waiters drop to 0 within a renewal interval (1 s; 3 s allowed) while
-    a slow uncapped page keeps the process running for seconds more."""
+    """An outsider holds the only slot of 'list': the crawl's 3 list requests wait (reported). It
+    frees the slot, the crawl fetches them, and its reported waiters drop to 0 within a renewal
+    interval (1 s; 3 s allowed) while a slow uncapped page keeps the process running for seconds
+    more."""
     outsider = CountingLock(redis_client, "list", limit=1, ttl=30, auto_renew=True)
     outsider.set_limit(1)
     permit = outsider.acquire()
     settings = {
         "REDISLOCK_URL": redis_url,
-        "REDISLOCK_STAGES": {"list": 1, "detail": None},  # the test spider's @stage("detail") callback
+        "REDISLOCK_STAGES": {
+            "list": 1,
+            "detail": None,
+        },  # the test spider's @stage("detail") callback
         "REDISLOCK_TTL": 30,  # renewals every second; an owner is forgotten only 3 leases (90 s) after its last one
         "CONCURRENT_REQUESTS": 8,
     }
@@ -72,7 +76,9 @@ def test_waiters_are_reported_until_their_waits_end_not_until_the_process_exits(
             crawl.tail(),
         )
         print(f"waiters shown as 0 {time.monotonic() - done:.2f} s after the last list page")
-        assert crawl.process is not None and crawl.process.poll() is None  # still running: not its exit that did it
+        assert (
+            crawl.process is not None and crawl.process.poll() is None
+        )  # still running: not its exit that did it
         assert crawl_waiting(redis_url, "list") == 0
     finally:
         outsider.close()

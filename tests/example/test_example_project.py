@@ -35,7 +35,11 @@ def test_the_shop_links_list_to_details_to_comments() -> None:
         status, body = get(f"{site.url}/list/1")
         assert status == 200 and body.count('class="detail"') == 3 and 'href="/detail/1-2"' in body
         status, body = get(f"{site.url}/detail/1-2")
-        assert status == 200 and body.count('class="comments"') == 2 and 'href="/comments/1-2/1"' in body
+        assert (
+            status == 200
+            and body.count('class="comments"') == 2
+            and 'href="/comments/1-2/1"' in body
+        )
         assert get(f"{site.url}/comments/1-2/1")[0] == 200
         assert get(f"{site.url}/list/2")[0] == 404  # only 2 list pages
         assert get(f"{site.url}/nothing")[0] == 404
@@ -43,7 +47,8 @@ def test_the_shop_links_list_to_details_to_comments() -> None:
         assert status == 200 and body.count('class="list"') == 2 and 'href="/list/1"' in body
         assert site.totals == {"list": 2, "detail": 6, "comments": 12}
         assert len(site.expected_paths()) == 20 and "/comments/0-0/0" in site.expected_paths()
-        # A page counts as done once its handler has finished, a moment after the client has the whole response.
+        # A page counts as done once its handler has finished, a moment after the client has the
+        # whole response.
         deadline = time.monotonic() + 5
         while site.done("index") < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -54,10 +59,14 @@ def test_the_shop_links_list_to_details_to_comments() -> None:
 
 
 def test_the_shop_sees_how_many_workers_have_a_stage_in_flight() -> None:
-    """Three clients, two of them the same worker (User-Agent), hit detail pages at the same time."""
+    """Three clients, two of them the same worker (User-Agent), hit detail pages at the same
+    time."""
     with ShopSite(delay=0.3) as site:
         agents = ["worker-1", "worker-1", "worker-2"]
-        threads = [threading.Thread(target=get, args=(f"{site.url}/detail/0-{n}", a)) for n, a in enumerate(agents)]
+        threads = [
+            threading.Thread(target=get, args=(f"{site.url}/detail/0-{n}", a))
+            for n, a in enumerate(agents)
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -91,7 +100,9 @@ def test_the_live_view_redraws_in_place_on_a_terminal_and_prints_lines_on_a_pipe
     screen.show(["title", "  list ..."], force=True)
     screen.show(["title", "  list ###"], force=True)
     out = terminal.getvalue()
-    assert out.count("\x1b[2K") == 4 and "\x1b[2F" in out  # second frame: two lines up, each line cleared
+    assert (
+        out.count("\x1b[2K") == 4 and "\x1b[2F" in out
+    )  # second frame: two lines up, each line cleared
     pipe = io.StringIO()
     monkeypatch.setattr(sys, "stdout", pipe)
     screen = Screen(enabled=True)
@@ -107,7 +118,8 @@ def test_the_live_view_redraws_in_place_on_a_terminal_and_prints_lines_on_a_pipe
 @pytest.mark.integration
 @pytest.mark.crawl
 def test_the_demo_command_starts_everything_and_reports(tmp_path: Path) -> None:
-    """`python -m example_project.run` on a small shop: its own Redis, the site, 3 workers, both runs, the report."""
+    """`python -m example_project.run` on a small shop: its own Redis, the site, 3 workers, both
+    runs, the report."""
     command = [
         sys.executable,
         "-m",
@@ -119,7 +131,9 @@ def test_the_demo_command_starts_everything_and_reports(tmp_path: Path) -> None:
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
-    assert "with stage slots:" in out and "without (scrapy-redis):" in out  # the view, as lines on a pipe
+    assert (
+        "with stage slots:" in out and "without (scrapy-redis):" in out
+    )  # the view, as lines on a pipe
     assert "\x1b[" not in out
     assert "first comment" in out and "sooner with stage slots" in out
     assert out.count("[ok]") == 5 and "FAILED" not in out
@@ -130,4 +144,7 @@ def test_the_demo_command_starts_everything_and_reports(tmp_path: Path) -> None:
     assert slots["duplicates"] == baseline["duplicates"] == 0
     assert slots["max_workers_site"]["list"] <= 1 and slots["max_workers_site"]["detail"] <= 3
     assert slots["first_item"]["comments"] > 0 and baseline["first_item"]["comments"] > 0
-    assert len(list(tmp_path.glob("shop-*.jsonl"))) == 3 and len(list(tmp_path.glob("shop_baseline-*.log"))) == 3
+    assert (
+        len(list(tmp_path.glob("shop-*.jsonl"))) == 3
+        and len(list(tmp_path.glob("shop_baseline-*.log"))) == 3
+    )

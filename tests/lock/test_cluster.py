@@ -1,8 +1,10 @@
-"""The counting lock on a real local Redis Cluster (3 masters, 3 replicas), including a failover of a lock's master.
+"""The counting lock on a real local Redis Cluster (3 masters, 3 replicas), including a failover of
+a lock's master.
 
-A lock's keys share the hash tag ``{name}``, so each lock lives on one master and every script sees all its keys;
-different locks spread over the masters. Both fronts take the cluster clients (``redis.RedisCluster``,
-``redis.asyncio.RedisCluster``), which route every command by key and refresh the topology after a failover.
+A lock's keys share the hash tag ``{name}``, so each lock lives on one master and every script sees
+all its keys; different locks spread over the masters. Both fronts take the cluster clients
+(``redis.RedisCluster``, ``redis.asyncio.RedisCluster``), which route every command by key and
+refresh the topology after a failover.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ pytestmark = [
     pytest.mark.skipif(UNAVAILABLE is not None, reason=f"no local Redis Cluster: {UNAVAILABLE}"),
 ]
 
-# Names chosen to land on all three masters of a fresh cluster (slots 0-5460, 5461-10922, 10923-16383).
+# Names chosen to land on all three masters of a fresh cluster (slots 0-5460, 5461-10922,
+# 10923-16383).
 NAMES = ["list", "detail", "comments", "a", "b", "c"]
 
 
@@ -51,7 +54,9 @@ def slots_key(name: str) -> str:
 def direct(node: RedisServer) -> redis.Redis:
     """A plain connection to one node; READONLY so a replica answers reads of its master's slots."""
     client = redis.Redis(port=node.port, socket_timeout=5)
-    with contextlib.suppress(redis.ResponseError):  # outside a cluster, a replica serves reads anyway
+    with contextlib.suppress(
+        redis.ResponseError
+    ):  # outside a cluster, a replica serves reads anyway
         client.execute_command("READONLY")
     return client
 
@@ -68,7 +73,8 @@ def wait_calls(node: RedisServer) -> int:
 
 
 def retrying(action: Callable[[], Any], seconds: float = 20.0) -> tuple[Any, int]:
-    """Run ``action`` until it stops raising redis errors (a client finding the new master); (result, errors)."""
+    """Run ``action`` until it stops raising redis errors (a client finding the new master);
+    (result, errors)."""
     errors, deadline = 0, time.monotonic() + seconds
     while True:
         try:
@@ -80,7 +86,9 @@ def retrying(action: Callable[[], Any], seconds: float = 20.0) -> tuple[Any, int
             time.sleep(0.1)
 
 
-def test_the_locks_keys_share_a_slot_and_the_names_spread_over_the_masters(cluster: RedisClusterServers) -> None:
+def test_the_locks_keys_share_a_slot_and_the_names_spread_over_the_masters(
+    cluster: RedisClusterServers,
+) -> None:
     client = cluster_client(cluster)
     masters = set()
     for name in NAMES:
@@ -116,18 +124,24 @@ def test_each_lock_keeps_its_limit_on_its_master(cluster: RedisClusterServers) -
     client.close()
 
 
-def test_a_release_hands_the_slot_to_a_thread_blocked_in_acquire(cluster: RedisClusterServers) -> None:
+def test_a_release_hands_the_slot_to_a_thread_blocked_in_acquire(
+    cluster: RedisClusterServers,
+) -> None:
     holder = CountingLock(cluster_client(cluster), "handoff", limit=1, ttl=10)
     waiter = CountingLock(cluster_client(cluster), "handoff", limit=1, ttl=10)
     master = cluster.node_serving(holder.keys.slots)
     permit = holder.acquire(timeout=5)
     got: list[tuple[Permit, float]] = []
-    thread = threading.Thread(target=lambda: got.append((waiter.acquire(timeout=20), time.monotonic())))
+    thread = threading.Thread(
+        target=lambda: got.append((waiter.acquire(timeout=20), time.monotonic()))
+    )
     thread.start()
     with direct(master) as node:
         deadline = time.monotonic() + 10
         while int(node.info("clients")["blocked_clients"]) < 1:
-            assert time.monotonic() < deadline, "the waiter never blocked in XREADGROUP on the lock's master"
+            assert time.monotonic() < deadline, (
+                "the waiter never blocked in XREADGROUP on the lock's master"
+            )
             time.sleep(0.01)
     assert not got
     released = time.monotonic()
@@ -164,9 +178,10 @@ def test_the_asyncio_front_on_several_masters(cluster: RedisClusterServers) -> N
 
     async def scenario() -> list[float]:
         client = redis.asyncio.RedisCluster(host="127.0.0.1", port=cluster.port)
-        # redis-py 8.1's asyncio cluster client can break connections when several tasks make its very first
-        # commands at once (its topology set-up disconnects connections in the background: about 1 run in 10 here
-        # fails with "Connection lost"/"Connection closed by server"); discovering the cluster first avoids it.
+        # redis-py 8.1's asyncio cluster client can break connections when several tasks make its
+        # very first commands at once (its topology set-up disconnects connections in the
+        # background: about 1 run in 10 here fails with "Connection lost"/"Connection closed by
+        # server"); discovering the cluster first avoids it.
         await client.initialize()
         try:
             return list(await asyncio.gather(*(one_lock(client, f"aio-{n}") for n in NAMES)))
@@ -174,7 +189,10 @@ def test_the_asyncio_front_on_several_masters(cluster: RedisClusterServers) -> N
             await client.aclose()
 
     handoffs = asyncio.run(scenario())
-    print(f"[cluster] asyncio hand-offs on {len(NAMES)} locks at once: max {1000 * max(handoffs):.1f} ms")
+    print(
+        f"[cluster] asyncio hand-offs on {len(NAMES)} locks at once: max "
+        f"{1000 * max(handoffs):.1f} ms"
+    )
     assert max(handoffs) < 2.0
     for name in NAMES:
         assert pending(cluster.node_serving(slots_key(f"aio-{name}")), f"aio-{name}") == 0
@@ -187,7 +205,8 @@ def test_replicas_is_checked() -> None:
 
 
 def test_acknowledged_grants_and_releases(cluster: RedisClusterServers) -> None:
-    """replicas=1: a grant is on the replica when acquire returns; WAIT runs on the lock's master."""
+    """replicas=1: a grant is on the replica when acquire returns; WAIT runs on the lock's
+    master."""
     name = "acked"
     master = cluster.node_serving(slots_key(name))
     replica = cluster.replica_of(master)
@@ -217,8 +236,12 @@ def test_acknowledged_grants_and_releases(cluster: RedisClusterServers) -> None:
 
 
 def test_replicas_with_a_standalone_master_and_its_replica() -> None:
-    """The same option on plain clients: grants wait on the main pool while blocked reads use the waiting pool."""
-    with RedisServer(extra_args=["--repl-diskless-sync-delay", "0"]) as master, RedisServer() as replica:
+    """The same option on plain clients: grants wait on the main pool while blocked reads use the
+    waiting pool."""
+    with (
+        RedisServer(extra_args=["--repl-diskless-sync-delay", "0"]) as master,
+        RedisServer() as replica,
+    ):
         with redis.Redis(port=replica.port) as client:
             client.replicaof("127.0.0.1", master.port)
             deadline = time.monotonic() + 10
@@ -251,7 +274,8 @@ def test_replicas_with_a_standalone_master_and_its_replica() -> None:
 
 
 def cut_replication(master: RedisServer, replica: RedisServer) -> None:
-    """Disconnect the replica from its master and keep it from reconnecting (a bad masterauth fails its handshake)."""
+    """Disconnect the replica from its master and keep it from reconnecting (a bad masterauth fails
+    its handshake)."""
     with direct(replica) as client:
         client.config_set("masterauth", "not-the-password")
     with direct(master) as client:
@@ -265,11 +289,12 @@ def cut_replication(master: RedisServer, replica: RedisServer) -> None:
 def test_failover_of_the_locks_master() -> None:
     """SIGKILL of the master serving a lock; its replica takes over.
 
-    A promoted replica is another server run: the first script there notices it and reserves every slot for one
-    lease, because the replica may lag (here it does: a grant made while it was cut off never reached it). Both old
-    holders re-adopt a reserved slot at their next renewal, the acknowledged one and the one the replica never saw,
-    and a newcomer gets nothing meanwhile: no two processes ever believe they hold one slot, and fences go on above
-    every fence the old master handed out.
+    A promoted replica is another server run: the first script there notices it and reserves every
+    slot for one lease, because the replica may lag (here it does: a grant made while it was cut off
+    never reached it). Both old holders re-adopt a reserved slot at their next renewal, the
+    acknowledged one and the one the replica never saw, and a newcomer gets nothing meanwhile: no
+    two processes ever believe they hold one slot, and fences go on above every fence the old master
+    handed out.
     """
     name, limit = "failover", 2
     key = slots_key(name)
@@ -279,7 +304,11 @@ def test_failover_of_the_locks_master() -> None:
         safe = CountingLock(cluster_client(nodes), name, limit=limit, ttl=10, replicas=1)
         lost_at: list[float] = []
         racy = CountingLock(
-            cluster_client(nodes), name, ttl=10, auto_renew=True, on_lost=lambda p: lost_at.append(time.monotonic())
+            cluster_client(nodes),
+            name,
+            ttl=10,
+            auto_renew=True,
+            on_lost=lambda p: lost_at.append(time.monotonic()),
         )
         acked = safe.acquire(timeout=5)  # on the replica too
 
@@ -289,7 +318,9 @@ def test_failover_of_the_locks_master() -> None:
             safe.try_acquire()
         refused_after = time.monotonic() - started
         assert pending(master, name) == 1, "the unacknowledged grant was not given back"
-        unacked = racy.acquire(timeout=5)  # replicas=0: granted by the master alone, never replicated
+        unacked = racy.acquire(
+            timeout=5
+        )  # replicas=0: granted by the master alone, never replicated
         assert pending(master, name) == 2 and pending(replica, name) == 1
         fences = (acked.fence, unacked.fence)
 
@@ -301,16 +332,22 @@ def test_failover_of_the_locks_master() -> None:
         assert promoted.port == replica.port
 
         newcomer = CountingLock(cluster_client(nodes), name, ttl=10)
-        assert newcomer.try_acquire() is None, "a slot was handed out by the promoted replica before a lease passed"
+        assert newcomer.try_acquire() is None, (
+            "a slot was handed out by the promoted replica before a lease passed"
+        )
         assert pending(promoted, name) == limit  # every slot reserved
 
         # The old holders' clients meet the dead master first, then find the new one, and re-adopt.
         survivors, safe_errors = retrying(safe.maintain)
-        assert survivors == [] and not acked.lost and acked.fence > max(fences), "the holder did not re-adopt"
+        assert survivors == [] and not acked.lost and acked.fence > max(fences), (
+            "the holder did not re-adopt"
+        )
         deadline = time.monotonic() + 15
         while unacked.fence in fences and not lost_at and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not unacked.lost and not lost_at and unacked.fence > max(fences), "the unreplicated holder was cut off"
+        assert not unacked.lost and not lost_at and unacked.fence > max(fences), (
+            "the unreplicated holder was cut off"
+        )
         readopted_after = time.monotonic() - promoted_at
         assert newcomer.try_acquire() is None and pending(promoted, name) == limit
 
@@ -325,7 +362,8 @@ def test_failover_of_the_locks_master() -> None:
         assert got and got[0].fence > unacked.fence
         assert pending(promoted, name) == limit
 
-        # The promoted master has no replica yet: replicas=1 refuses, until the old master is back as its replica.
+        # The promoted master has no replica yet: replicas=1 refuses, until the old master is back
+        # as its replica.
         with pytest.raises(NotReplicated, match=r"release of .* done, but acknowledged by 0 of 1"):
             safe.release(acked)  # done on the master all the same
         assert pending(promoted, name) == 1
@@ -336,16 +374,24 @@ def test_failover_of_the_locks_master() -> None:
         rejoined = time.monotonic()
         nodes.wait_ok(30, synced=True)
         rejoin_s = time.monotonic() - rejoined
-        assert nodes.node_serving(key).port == promoted.port and nodes.info(master, "replication")["role"] == "slave"
+        assert (
+            nodes.node_serving(key).port == promoted.port
+            and nodes.info(master, "replication")["role"] == "slave"
+        )
         again = safe.try_acquire()
-        assert again is not None and pending(master, name) == 2  # the old master, now a replica, has it
+        assert (
+            again is not None and pending(master, name) == 2
+        )  # the old master, now a replica, has it
 
         assert racy.close() == 0 and safe.close() == 1 and newcomer.close() == 1
         assert pending(promoted, name) == 0
         print(
             f"[cluster] failover: replica promoted {failover_s:.2f} s after SIGKILL of the master; "
-            f"replicas=1 refused a grant while the replica was cut off ({refused_after:.2f} s, given back); "
-            f"both holders re-adopted a reserved slot {readopted_after:.2f} s after the promotion (the acknowledged "
-            f"one after {safe_errors} errors; the one the replica never saw too); a newcomer got none meanwhile; "
+            f"replicas=1 refused a grant while the replica was cut off ({refused_after:.2f} s, "
+            "given back); "
+            f"both holders re-adopted a reserved slot {readopted_after:.2f} s after the promotion "
+            "(the acknowledged "
+            f"one after {safe_errors} errors; the one the replica never saw too); a newcomer got "
+            "none meanwhile; "
             f"old master restarted and in sync as its replica {rejoin_s:.2f} s later"
         )

@@ -1,4 +1,5 @@
-"""Pure unit tests of the sans-IO core (no Redis): validation, keys, and the command protocol driven by hand."""
+"""Pure unit tests of the sans-IO core (no Redis): validation, keys, and the command protocol driven
+by hand."""
 
 from __future__ import annotations
 
@@ -14,12 +15,27 @@ import redis.asyncio
 import redis.exceptions
 from redis.crc import key_slot
 
-from scrapy_redislock import AsyncCountingLock, CountingLock, InvalidArgument, LockConnectionError, LockError, LockLost
+from scrapy_redislock import (
+    AsyncCountingLock,
+    CountingLock,
+    InvalidArgument,
+    LockConnectionError,
+    LockError,
+    LockLost,
+)
 from scrapy_redislock._redis import text
 from scrapy_redislock.lock.core import SCRIPT_NAMES, LockCore, LockKeys, Permit, fence_of
-from scrapy_redislock.lock.protocol import Call, ReadGrant, RunScript, WaitReplicas, adrive, drive, translate_error
+from scrapy_redislock.lock.protocol import (
+    Call,
+    ReadGrant,
+    RunScript,
+    WaitReplicas,
+    adrive,
+    drive,
+    translate_error,
+)
 
-# -- validation -------------------------------------------------------------------------------------------------
+# -- validation ------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -47,7 +63,9 @@ from scrapy_redislock.lock.protocol import Call, ReadGrant, RunScript, WaitRepli
         ({"reentrant": True, "limit": None}, "reentrant", "limit=None"),
     ],
 )
-def test_bad_arguments_name_the_argument_and_the_value(kwargs: dict[str, Any], named: str, shown: str) -> None:
+def test_bad_arguments_name_the_argument_and_the_value(
+    kwargs: dict[str, Any], named: str, shown: str
+) -> None:
     args: dict[str, Any] = {"name": "detail", "limit": 3, "ttl": 30.0} | kwargs
     with pytest.raises(InvalidArgument) as info:
         LockCore.create(args.pop("name"), args.pop("limit"), args.pop("ttl"), **args)
@@ -60,10 +78,16 @@ def test_bad_arguments_name_the_argument_and_the_value(kwargs: dict[str, Any], n
 @pytest.mark.parametrize("front", [CountingLock, AsyncCountingLock])
 def test_the_fronts_validate_before_touching_redis(front: type) -> None:
     client = redis.Redis(port=1) if front is CountingLock else redis.asyncio.Redis(port=1)
-    for kwargs, named in [({"limit": -1}, "limit"), ({"limit": "three"}, "limit"), ({"ttl": 0}, "ttl")]:
+    for kwargs, named in [
+        ({"limit": -1}, "limit"),
+        ({"limit": "three"}, "limit"),
+        ({"ttl": 0}, "ttl"),
+    ]:
         with pytest.raises(InvalidArgument, match=named):
             front(client, "detail", **kwargs)
-    with pytest.raises(InvalidArgument, match="name must be a non-empty string without braces, got ''"):
+    with pytest.raises(
+        InvalidArgument, match="name must be a non-empty string without braces, got ''"
+    ):
         front(client, "")
 
 
@@ -81,7 +105,9 @@ def test_client_type_is_checked() -> None:
 @pytest.mark.parametrize("timeout", [-1, -0.001, math.nan, "5", True])
 def test_bad_timeout_is_named_before_any_command(timeout: object) -> None:
     core = LockCore.create("detail", 1, 10.0)
-    with pytest.raises(InvalidArgument, match=f"timeout must be None or a number >= 0, got {timeout!r}"):
+    with pytest.raises(
+        InvalidArgument, match=f"timeout must be None or a number >= 0, got {timeout!r}"
+    ):
         next(core.acquire(timeout))  # type: ignore[arg-type]
 
 
@@ -93,10 +119,12 @@ def test_bad_limit_and_permit_are_named_before_any_command() -> None:
         next(core.release("0-1"))  # type: ignore[arg-type]
 
 
-# -- keys, fences, scripts ---------------------------------------------------------------------------------------
+# -- keys, fences, scripts -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("prefix", "name"), [("redislock", "detail"), ("crawl:a", "list-pages"), ("p", "x.y")])
+@pytest.mark.parametrize(
+    ("prefix", "name"), [("redislock", "detail"), ("crawl:a", "list-pages"), ("p", "x.y")]
+)
 def test_keys_share_one_hash_tag(prefix: str, name: str) -> None:
     keys = LockKeys.of(prefix, name)
     all_keys = (keys.slots, keys.meta, keys.owners, keys.holds)
@@ -121,7 +149,9 @@ def test_text_decodes_nested_replies() -> None:
 @pytest.mark.parametrize("part", ["scrapy_redislock.lock", "scrapy_redislock.workers"])
 def test_every_script_opens_with_a_keys_argv_returns_header(part: str) -> None:
     folder = resources.files(part) / "scripts"
-    names = sorted(f.name[:-4] for f in folder.iterdir() if f.name.endswith(".lua") and f.name != "_lib.lua")
+    names = sorted(
+        f.name[:-4] for f in folder.iterdir() if f.name.endswith(".lua") and f.name != "_lib.lua"
+    )
     assert names
     if part.endswith("lock"):
         assert set(SCRIPT_NAMES) == set(names)
@@ -131,7 +161,7 @@ def test_every_script_opens_with_a_keys_argv_returns_header(part: str) -> None:
         assert "KEYS[1]" in head and "ARGV[1]" in head and "Returns" in head, name
 
 
-# -- the generator protocol, driven by hand ------------------------------------------------------------------------
+# -- the generator protocol, driven by hand --------------------------------------------------------
 
 
 def finish(op: Any, reply: Any) -> Any:
@@ -165,7 +195,11 @@ def granted(core: LockCore, grant: str = "0-3") -> Permit:
     core.registered_at = core.clock()
     op = core.acquire(None, blocking=False)
     command = next(op)
-    assert command.name == "take" and command.keys == (core.keys.slots, core.keys.meta, core.keys.holds)
+    assert command.name == "take" and command.keys == (
+        core.keys.slots,
+        core.keys.meta,
+        core.keys.holds,
+    )
     return finish(op, grant.encode())
 
 
@@ -175,22 +209,33 @@ def wait_of(core: LockCore, n: int) -> str:
 
 
 def read_grant(core: LockCore, consumer: str, block_ms: int) -> ReadGrant:
-    """The blocking read of one wait, with what its guard needs (the lock's meta key; not durable)."""
+    """The blocking read of one wait, with what its guard needs (the lock's meta key; not
+    durable)."""
     return ReadGrant(core.keys.slots, consumer, block_ms, core.keys.meta, False)
 
 
-def maintain_reply(lost: tuple[str, ...] = (), adopted: tuple[str, ...] = (), lease_ms: int = 10000) -> list[Any]:
+def maintain_reply(
+    lost: tuple[str, ...] = (), adopted: tuple[str, ...] = (), lease_ms: int = 10000
+) -> list[Any]:
     return [[g.encode() for g in lost], 2, lease_ms, 0, [g.encode() for g in adopted]]
 
 
 @pytest.mark.parametrize("shape", [resp2, resp3])
-def test_acquire_sets_up_then_blocks_for_what_is_left_of_the_timeout(shape: Callable[[str], Any]) -> None:
+def test_acquire_sets_up_then_blocks_for_what_is_left_of_the_timeout(
+    shape: Callable[[str], Any],
+) -> None:
     clock = Ticks()
     core = LockCore.create("detail", 2, 10.0, clock=clock)
     op = core.acquire(timeout=5.0)
     command = next(op)
     assert isinstance(command, RunScript) and command.name == "setup"
-    assert command.keys == (core.keys.slots, core.keys.meta, core.keys.owners, core.keys.ttls, core.keys.seen)
+    assert command.keys == (
+        core.keys.slots,
+        core.keys.meta,
+        core.keys.owners,
+        core.keys.ttls,
+        core.keys.seen,
+    )
     assert command.args[:3] == (2, 10000, core.owner) and command.args[4] == "0"
     command = op.send([1, 2, 10000])
     assert command == read_grant(core, wait_of(core, 1), 5000)
@@ -199,7 +244,12 @@ def test_acquire_sets_up_then_blocks_for_what_is_left_of_the_timeout(shape: Call
     assert command == read_grant(core, wait_of(core, 1), 4500)
     clock.now += 0.2
     permit = finish(op, shape("0-7"))
-    assert (permit.fence, permit.grant, permit.owner, permit.acquired_at) == (7, "0-7", core.owner, 100.7)
+    assert (permit.fence, permit.grant, permit.owner, permit.acquired_at) == (
+        7,
+        "0-7",
+        core.owner,
+        100.7,
+    )
     assert permit.token == f"{core.owner}/0-7" and permit.consumer == wait_of(core, 1)
     assert core.held == {"0-7": permit} and core.waits_in_flight == 0 and not core.abandoned
     # set up once: the next acquire goes straight to the read, on a consumer of its own
@@ -207,7 +257,8 @@ def test_acquire_sets_up_then_blocks_for_what_is_left_of_the_timeout(shape: Call
 
 
 def test_registration_is_refreshed_after_a_quiet_spell() -> None:
-    """An owner forgotten by the garbage collector (3 leases unseen) registers again before it waits."""
+    """An owner forgotten by the garbage collector (3 leases unseen) registers again before it
+    waits."""
     clock = Ticks()
     core = LockCore.create("detail", 2, 10.0, clock=clock)
     core.set_up, core.registered_at = True, clock.now
@@ -224,13 +275,17 @@ def test_acquire_times_out_after_one_last_look() -> None:
     op = core.acquire(timeout=0.25)
     assert next(op).block_ms == 250
     clock.now += 0.25
-    command = op.send(None)  # deadline passed: one look without blocking, by a script that checks for a restart
+    command = op.send(
+        None
+    )  # deadline passed: one look without blocking, by a script that checks for a restart
     assert command.name == "take" and command.args[0] == wait_of(core, 1)
     with pytest.raises(LockError, match=r"lock 'detail': no slot within 0.25 s") as info:
         op.send(None)
     assert type(info.value).__name__ == "AcquireTimeout" and isinstance(info.value, TimeoutError)
     assert core.held == {} and core.waits_in_flight == 0
-    assert core.idle_consumers == [wait_of(core, 1)]  # nothing was delivered to it: the next wait reuses it
+    assert core.idle_consumers == [
+        wait_of(core, 1)
+    ]  # nothing was delivered to it: the next wait reuses it
     assert next(core.acquire(None)).consumer == wait_of(core, 1)
 
 
@@ -243,7 +298,11 @@ def test_acquire_timeout_zero_tries_once_and_try_acquire_never_blocks() -> None:
         op.send(None)
     op = core.acquire(None, blocking=False)
     command = next(op)
-    assert command.name == "take" and command.args == (wait_of(core, 1), 1000, "0")  # reaps at most once a renewal
+    assert command.name == "take" and command.args == (
+        wait_of(core, 1),
+        1000,
+        "0",
+    )  # reaps at most once a renewal
     assert finish(op, None) is None and core.idle_consumers == [wait_of(core, 1)]
 
 
@@ -251,7 +310,9 @@ def test_max_block_caps_each_wait() -> None:
     clock = Ticks()
     core = LockCore.create("detail", 1, 10.0, clock=clock, max_block=4.0)
     core.set_up, core.registered_at = True, clock.now
-    assert next(core.acquire(None)).block_ms == 4000  # never "forever" on a client with a read timeout
+    assert (
+        next(core.acquire(None)).block_ms == 4000
+    )  # never "forever" on a client with a read timeout
     op = core.acquire(timeout=10)
     assert next(op).block_ms == 4000
     clock.now += 8
@@ -263,7 +324,9 @@ def test_limit_none_on_a_missing_lock_is_a_clear_error() -> None:
     op = core.acquire(None)
     command = next(op)
     assert command.name == "setup" and command.args[0] == ""
-    with pytest.raises(LockError, match="lock 'ghost' does not exist in Redis and no limit was given"):
+    with pytest.raises(
+        LockError, match="lock 'ghost' does not exist in Redis and no limit was given"
+    ):
         op.throw(redis.exceptions.ResponseError("NOLOCK lock has no limit in Redis yet"))
 
 
@@ -272,7 +335,9 @@ def test_limit_none_learns_the_limit_from_redis() -> None:
     op = core.setup()
     next(op)
     assert finish(op, [0, 4, 20000]) == (False, 4)
-    assert core.limit == 4 and core.ttl == 20.0  # the lease in force: the longest ttl of the live owners
+    assert (
+        core.limit == 4 and core.ttl == 20.0
+    )  # the lease in force: the longest ttl of the live owners
 
 
 def test_a_lock_that_vanished_while_waiting_is_recreated_in_recovery_mode() -> None:
@@ -280,7 +345,9 @@ def test_a_lock_that_vanished_while_waiting_is_recreated_in_recovery_mode() -> N
     op = core.acquire(None)
     next(op)
     op.send([1, 2, 10000])
-    command = op.throw(redis.exceptions.ResponseError("NOGROUP No such key 'x' or consumer group 'holders'"))
+    command = op.throw(
+        redis.exceptions.ResponseError("NOGROUP No such key 'x' or consumer group 'holders'")
+    )
     assert command.name == "setup" and command.args[4] == "1"  # recover: slots start in limbo
     assert op.send([1, 2, 10000]) == read_grant(core, wait_of(core, 1), 0)
     assert finish(op, resp2("0-1")).fence == 1
@@ -297,7 +364,8 @@ def test_other_response_errors_propagate() -> None:
 
 
 def test_an_interrupted_wait_is_abandoned_by_its_consumer_and_freed_by_the_next_maintains() -> None:
-    """A wait that never saw its reply may have been handed a slot: its consumer's grants are freed, by name."""
+    """A wait that never saw its reply may have been handed a slot: its consumer's grants are freed,
+    by name."""
     core = LockCore.create("detail", 2, 10.0)
     core.set_up, core.registered_at = True, core.clock()
     kept = granted(core, "0-2")
@@ -306,13 +374,21 @@ def test_an_interrupted_wait_is_abandoned_by_its_consumer_and_freed_by_the_next_
     assert core.waits_in_flight == 1
     op.close()  # cancelled (asyncio) or interrupted while blocked
     assert core.waits_in_flight == 0 and core.abandoned == {wait_of(core, 2): 2}
-    for _ in range(2):  # the second pass frees a grant Redis delivered late (it saw the disconnect late)
+    for _ in range(
+        2
+    ):  # the second pass frees a grant Redis delivered late (it saw the disconnect late)
         op = core.maintain()
         command = next(op)
-        assert command.args[5:] == (1, wait_of(core, 2), "0-2")  # the consumer to free, then the grants to renew
+        assert command.args[5:] == (
+            1,
+            wait_of(core, 2),
+            "0-2",
+        )  # the consumer to free, then the grants to renew
         assert finish(op, maintain_reply()) == []
     assert not core.abandoned and next(core.maintain()).args[5:] == (0, "0-2")
-    assert kept.consumer == core.owner and core.idle_consumers == [wait_of(core, 1)]  # emptied by the renewal
+    assert kept.consumer == core.owner and core.idle_consumers == [
+        wait_of(core, 1)
+    ]  # emptied by the renewal
     assert next(core.acquire(None)).consumer == wait_of(core, 1)
     assert next(core.acquire(None)).consumer == wait_of(core, 3)
 
@@ -326,7 +402,11 @@ def test_renew_lists_only_its_permit_and_frees_nothing_else() -> None:
     op.close()
     op = core.renew(p1)
     command = next(op)
-    assert command.args[5:] == (1, wait_of(core, 3), "0-1")  # p2 is not listed, and nothing says "free the rest"
+    assert command.args[5:] == (
+        1,
+        wait_of(core, 3),
+        "0-1",
+    )  # p2 is not listed, and nothing says "free the rest"
     assert finish(op, maintain_reply()) is None
     assert not p1.lost and not p2.lost and set(core.held) == {"0-1", "0-2"}
 
@@ -337,7 +417,9 @@ def test_a_grant_waiting_for_replicas_is_abandoned_by_its_consumer_when_cancelle
     op = core.acquire(None)
     next(op)
     assert isinstance(op.send(resp2("0-4")), WaitReplicas)
-    assert core.held == {}  # not renewed by anybody while it waits: abandoning its consumer frees exactly it
+    assert (
+        core.held == {}
+    )  # not renewed by anybody while it waits: abandoning its consumer frees exactly it
     op.close()
     assert core.abandoned == {wait_of(core, 1): 2}
 
@@ -350,9 +432,13 @@ def test_reentrant_acquire_and_release_protocol() -> None:
     permit = finish(op, resp2("0-4"))
     op = core.acquire(None, holder="thread-1")
     command = next(op)
-    assert command == RunScript("hold_again", (core.keys.slots, core.keys.holds), (core.owner, "0-4"))
+    assert command == RunScript(
+        "hold_again", (core.keys.slots, core.keys.holds), (core.owner, "0-4")
+    )
     assert finish(op, 2) is permit and permit.holds == 2
-    assert permit.consumer == core.owner and core.idle_consumers == [wait_of(core, 1)]  # moved by hold_again
+    assert permit.consumer == core.owner and core.idle_consumers == [
+        wait_of(core, 1)
+    ]  # moved by hold_again
     assert next(core.acquire(None, holder="thread-2")).block_ms == 0  # another holder waits
     op = core.release(permit)
     assert next(op).args == (core.owner, "0-4", "1")
@@ -380,10 +466,14 @@ def test_release_replies(reply: int, result: bool, lost: bool) -> None:
     permit = granted(core)
     op = core.release(permit)
     command = next(op)
-    assert command == RunScript("release", (core.keys.slots, core.keys.holds, core.keys.meta), (core.owner, "0-3", "0"))
+    assert command == RunScript(
+        "release", (core.keys.slots, core.keys.holds, core.keys.meta), (core.owner, "0-3", "0")
+    )
     assert finish(op, reply) is result
     assert permit.lost is lost and permit.released and core.held == {}
-    assert core.idle_consumers == [wait_of(core, 1)]  # its one grant is gone: the name is free for the next wait
+    assert core.idle_consumers == [
+        wait_of(core, 1)
+    ]  # its one grant is gone: the name is free for the next wait
 
 
 def test_maintain_protocol_lost_adopted_and_lease() -> None:
@@ -400,7 +490,9 @@ def test_maintain_protocol_lost_adopted_and_lease() -> None:
     assert lost == [b] and b.lost and not a.lost and not c.lost
     assert (c.grant, c.fence) == ("0-8", 8)  # re-adopted after a data loss
     assert set(core.held) == {"0-1", "0-8"}
-    assert core.ttl == 20.0 and core.renew_interval == 1.0  # leases last 20 s; this object renews on its own ttl
+    assert (
+        core.ttl == 20.0 and core.renew_interval == 1.0
+    )  # leases last 20 s; this object renews on its own ttl
     assert a.consumer == c.consumer == core.owner  # renewed grants sit under the owner's own name
 
 
@@ -415,7 +507,8 @@ def test_readoption_map_is_applied_as_a_whole() -> None:
 
 
 def test_a_permit_released_while_the_renewal_ran_gives_its_adopted_slot_back() -> None:
-    """Finding 5: a release that reached Redis first makes the renewal adopt a limbo slot for nobody."""
+    """Finding 5: a release that reached Redis first makes the renewal adopt a limbo slot for
+    nobody."""
     core = LockCore.create("detail", 2, 10.0)
     permit = granted(core, "0-5")
     op = core.maintain()
@@ -423,7 +516,9 @@ def test_a_permit_released_while_the_renewal_ran_gives_its_adopted_slot_back() -
     core._forget(permit)
     permit.released = True  # the release ran meanwhile
     command = op.send(maintain_reply(adopted=("0-5", "0-9")))
-    assert command == RunScript("release", (core.keys.slots, core.keys.holds, core.keys.meta), (core.owner, "0-9", "0"))
+    assert command == RunScript(
+        "release", (core.keys.slots, core.keys.holds, core.keys.meta), (core.owner, "0-9", "0")
+    )
     assert finish(op, 1) == [] and core.held == {} and permit.grant == "0-5"
 
 
@@ -475,7 +570,9 @@ def test_renew_raises_lock_lost() -> None:
 def test_set_limit_get_limit_and_release_all() -> None:
     core = LockCore.create("detail", 1, 10.0)
     op = core.set_limit(4)
-    assert next(op) == RunScript("set_limit", (core.keys.slots, core.keys.meta), (4, 10000, "0", "0"))
+    assert next(op) == RunScript(
+        "set_limit", (core.keys.slots, core.keys.meta), (4, 10000, "0", "0")
+    )
     assert finish(op, -1) is None and core.limit == 4
     op = core.set_limit(2)
     next(op)
@@ -493,7 +590,7 @@ def test_set_limit_get_limit_and_release_all() -> None:
     assert all(p.lost for p in permits) and core.held == {} and not core.set_up
 
 
-# -- drive / adrive ----------------------------------------------------------------------------------------------
+# -- drive / adrive --------------------------------------------------------------------------------
 
 
 class Executor:
@@ -518,12 +615,18 @@ def test_drive_runs_an_operation() -> None:
     assert permit.fence == 1 and [type(c) for c in execute.seen] == [RunScript, ReadGrant]
 
 
-@pytest.mark.parametrize("error", [redis.exceptions.ConnectionError("refused"), redis.exceptions.TimeoutError("t/o")])
+@pytest.mark.parametrize(
+    "error", [redis.exceptions.ConnectionError("refused"), redis.exceptions.TimeoutError("t/o")]
+)
 def test_drive_names_the_lock_in_connection_errors(error: Exception) -> None:
     core = LockCore.create("detail", 1, 10.0)
-    with pytest.raises(LockConnectionError, match=rf"redis lock 'detail': {type(error).__name__}: ") as info:
+    with pytest.raises(
+        LockConnectionError, match=rf"redis lock 'detail': {type(error).__name__}: "
+    ) as info:
         drive(core.acquire(None), Executor(iter([error])), core.name)
-    assert info.value.__cause__ is error and isinstance(info.value, redis.exceptions.ConnectionError)
+    assert info.value.__cause__ is error and isinstance(
+        info.value, redis.exceptions.ConnectionError
+    )
     assert not core.set_up and core.held == {}
 
 
@@ -535,7 +638,8 @@ def test_translate_error_leaves_other_errors_alone() -> None:
 
 
 def test_drive_interrupted_mid_wait_abandons_the_wait_at_once() -> None:
-    """KeyboardInterrupt while blocked: the operation's cleanup runs before drive returns, not at GC."""
+    """KeyboardInterrupt while blocked: the operation's cleanup runs before drive returns, not at
+    GC."""
     core = LockCore.create("detail", 1, 10.0)
     execute = Executor(iter([[1, 1, 10000], KeyboardInterrupt()]))
     with pytest.raises(KeyboardInterrupt):

@@ -1,4 +1,5 @@
-"""Fault injection on the lock: real worker processes (testing/faultproc.py) against a real redis-server per test.
+"""Fault injection on the lock: real worker processes (testing/faultproc.py) against a real
+redis-server per test.
 
 After every scenario the test checks, from what the processes recorded themselves (hold intervals on
 time.monotonic, the clock all processes on one machine share) and from Redis:
@@ -8,7 +9,8 @@ time.monotonic, the clock all processes on one machine share) and from Redis:
 - leaked permits: nothing left in the group's pending list (XPENDING) once every worker closed;
 - recovery time: from the fault until the slots are handed out again.
 
-Each prints one ``[faults]`` line with its figures (``pytest -s``); REDISLOCK_FAULTS_REPORT=file collects them.
+Each prints one ``[faults]`` line with its figures (``pytest -s``); REDISLOCK_FAULTS_REPORT=file
+collects them.
 """
 
 from __future__ import annotations
@@ -27,7 +29,15 @@ import redis
 from scrapy_redislock import CountingLock
 from scrapy_redislock.lock.core import LockKeys
 from testing import lockstate
-from testing.faultproc import StartLine, Worker, jain, max_overlap, overlap_seconds, percentile, report
+from testing.faultproc import (
+    StartLine,
+    Worker,
+    jain,
+    max_overlap,
+    overlap_seconds,
+    percentile,
+    report,
+)
 from testing.redis_server import RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -72,10 +82,15 @@ def pending_by_consumer(client: redis.Redis, name: str) -> dict[str, int]:
 
 def leaked(client: redis.Redis) -> int:
     """Grants still held in Redis over every lock (after every worker closed: leaked permits)."""
-    return sum(int(client.xpending(key, "holders")["pending"]) for key in client.scan_iter("redislock:*:slots"))
+    return sum(
+        int(client.xpending(key, "holders")["pending"])
+        for key in client.scan_iter("redislock:*:slots")
+    )
 
 
-def wait_until(predicate: Callable[[], object], timeout: float, what: str, step: float = 0.002) -> float:
+def wait_until(
+    predicate: Callable[[], object], timeout: float, what: str, step: float = 0.002
+) -> float:
     """Poll until ``predicate()``; returns the instant it first held."""
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -98,10 +113,17 @@ def intervals(records: list[dict]) -> list[tuple[float, float]]:
 
 
 def loopers(
-    url: str, name: str, limit: int, ttl: float, count: int, seconds: float, hold_ms: float, *extra: object
+    url: str,
+    name: str,
+    limit: int,
+    ttl: float,
+    count: int,
+    seconds: float,
+    hold_ms: float,
+    *extra: object,
 ) -> list[Worker]:
-    """``count`` loop workers, alternately on the blocking and the asyncio front, started together once all are
-    ready."""
+    """``count`` loop workers, alternately on the blocking and the asyncio front, started together
+    once all are ready."""
     line = StartLine(Path(tempfile.gettempdir()))
     started = [
         Worker(
@@ -139,11 +161,14 @@ def test_killed_holders_slots_come_back_within_ttl_and_a_renewal(
     grants = [w.wait_for("acquired") for w in held]
     owners = [w.wait_for("ready")["owner"] for w in held]
     before_kill = 1.5 + 2 * ttl  # many renewals of the victims' leases while others contend
-    # The loopers wait (and so reap) well past the kill: a dead holder's slot comes back to whoever waits for it.
+    # The loopers wait (and so reap) well past the kill: a dead holder's slot comes back to whoever
+    # waits for it.
     live = loopers(server.url, name, limit, ttl, 4, before_kill + 3 * ttl + 1.0, 20)
     workers.extend(live)
     time.sleep(before_kill)
-    assert all(pending_by_consumer(client, name).get(o) == 1 for o in owners), "a live lease was reaped"
+    assert all(pending_by_consumer(client, name).get(o) == 1 for o in owners), (
+        "a live lease was reaped"
+    )
     kill_sent = time.monotonic()
     for worker in held:
         worker.signal(signal.SIGKILL)
@@ -151,15 +176,18 @@ def test_killed_holders_slots_come_back_within_ttl_and_a_renewal(
     for worker in held:
         worker.kill()
     back = {
-        owner: wait_until(lambda o=owner: not pending_by_consumer(client, name).get(o), 5, "slot back")
+        owner: wait_until(
+            lambda o=owner: not pending_by_consumer(client, name).get(o), 5, "slot back"
+        )
         for owner in owners
     }
     for worker in live:
         worker.finish()
     recovery = max(back.values()) - killed
     ri = renew_interval(ttl)
-    # the last renewal was at most ri before the kill; a live process reaps every ri (the holders died between
-    # kill_sent and killed: the lower bound is checked from the first, the upper from the second)
+    # the last renewal was at most ri before the kill; a live process reaps every ri (the holders
+    # died between kill_sent and killed: the lower bound is checked from the first, the upper from
+    # the second)
     assert max(back.values()) - kill_sent >= ttl - ri - SLACK, max(back.values()) - kill_sent
     assert recovery <= ttl + ri + SLACK, recovery
     records = hold_records(live)
@@ -168,7 +196,9 @@ def test_killed_holders_slots_come_back_within_ttl_and_a_renewal(
     assert cap <= limit
     after = [(s, e) for s, e in intervals(records) if s >= max(back.values())]
     assert max_overlap(after) == limit  # the slots were really handed out again
-    assert min(r["fence"] for r in records if r["hold"][0] >= max(back.values())) > max(g["fence"] for g in grants)
+    assert min(r["fence"] for r in records if r["hold"][0] >= max(back.values())) > max(
+        g["fence"] for g in grants
+    )
     lost = sum(1 for r in records if r["lost"] or not r["released"])
     assert lost == 0
     assert leaked(client) == 0
@@ -187,7 +217,8 @@ def test_killed_holders_slots_come_back_within_ttl_and_a_renewal(
 def test_a_paused_holder_loses_its_lease_notices_at_its_next_renewal_and_the_cap_holds(
     server: RedisServer, workers: list[Worker]
 ) -> None:
-    """SIGSTOP past the TTL: others get the slot only after expiry; on SIGCONT the holder stops within a renewal."""
+    """SIGSTOP past the TTL: others get the slot only after expiry; on SIGCONT the holder stops
+    within a renewal."""
     limit, ttl, name = 1, 0.6, "stop"
     ri = renew_interval(ttl)
     client = client_of(server)
@@ -199,8 +230,8 @@ def test_a_paused_holder_loses_its_lease_notices_at_its_next_renewal_and_the_cap
     wait_until(lambda: blocked(client) == 2, 10, "both others waiting")
     time.sleep(2 * ttl)  # renewals keep the lease: nobody else got in
     assert not hold_records(others)
-    # Each signal lands between the clock reads around it; every bound below uses the read that cannot fail it
-    # spuriously (a lower bound the earlier, an upper bound the later).
+    # Each signal lands between the clock reads around it; every bound below uses the read that
+    # cannot fail it spuriously (a lower bound the earlier, an upper bound the later).
     stop_sent = time.monotonic()
     holder.signal(signal.SIGSTOP)  # a GC pause, a frozen VM: the connection stays open
     stopped = time.monotonic()
@@ -209,25 +240,36 @@ def test_a_paused_holder_loses_its_lease_notices_at_its_next_renewal_and_the_cap
     holder.signal(signal.SIGCONT)
     continued = time.monotonic()
     noticed = holder.wait_for("noticed_lost", timeout=5)
-    assert holder.wait_for("released")["released"] is False  # the stale release frees nothing of anybody else
+    assert (
+        holder.wait_for("released")["released"] is False
+    )  # the stale release frees nothing of anybody else
     holder.finish()
     for worker in others:
         worker.finish()
     records = hold_records(others)
     first_other = min(r["hold"][0] for r in records)
     taken_after = first_other - stopped
-    assert first_other - stop_sent >= ttl - ri - SLACK, first_other - stop_sent  # only after the lease expired
+    assert first_other - stop_sent >= ttl - ri - SLACK, (
+        first_other - stop_sent
+    )  # only after the lease expired
     assert taken_after <= ttl + ri + SLACK, taken_after
     stale = noticed["noticed_lost"] - continuing
-    assert stale >= 0 and noticed["noticed_lost"] - continued <= ri + SLACK, stale  # at its next renewal after SIGCONT
+    assert stale >= 0 and noticed["noticed_lost"] - continued <= ri + SLACK, (
+        stale
+    )  # at its next renewal after SIGCONT
     stale_work = [t for t in noticed["work"] if t >= continuing]
-    assert not [t for t in noticed["work"] if stopped + 0.02 < t < continuing]  # no work while stopped, of course
-    # The cap, counting the holder as holding from its grant until it stopped, and again from SIGCONT until it
-    # noticed: during the pause the cap holds; after SIGCONT it overlapped the new holder for `stale` seconds at
-    # most, which is what fencing tokens are for: the new holder's fence is higher.
+    assert not [
+        t for t in noticed["work"] if stopped + 0.02 < t < continuing
+    ]  # no work while stopped, of course
+    # The cap, counting the holder as holding from its grant until it stopped, and again from
+    # SIGCONT until it noticed: during the pause the cap holds; after SIGCONT it overlapped the new
+    # holder for `stale` seconds at most, which is what fencing tokens are for: the new holder's
+    # fence is higher.
     spans = intervals(records)
     assert max_overlap([*spans, (held["acquired"], stopped)]) == limit
-    overlap = overlap_seconds([*spans, (held["acquired"], stopped), (continuing, noticed["noticed_lost"])], limit)
+    overlap = overlap_seconds(
+        [*spans, (held["acquired"], stopped), (continuing, noticed["noticed_lost"])], limit
+    )
     assert overlap <= stale
     assert all(r["fence"] > held["fence"] for r in records)
     assert not any(r["lost"] for r in records) and all(r["released"] for r in records)
@@ -250,11 +292,13 @@ def test_a_paused_holder_loses_its_lease_notices_at_its_next_renewal_and_the_cap
 
 @pytest.mark.parametrize("persistence", ["none", "aof"])
 def test_redis_restart_mid_run(workers: list[Worker], persistence: str) -> None:
-    """kill -9 of redis-server, back 0.3 s later on the same port: workers reconnect, the cap holds throughout.
+    """kill -9 of redis-server, back 0.3 s later on the same port: workers reconnect, the cap holds
+    throughout.
 
-    Without persistence the lock is gone: the first worker that had used it recreates it in recovery mode (every
-    slot held by ``__limbo__``), holders re-adopt slots at their next renewal, unclaimed ones come free after one
-    TTL. With AOF (fsync always) the lock comes back as it was; the leases aged by the downtime (Redis's clock).
+    Without persistence the lock is gone: the first worker that had used it recreates it in recovery
+    mode (every slot held by ``__limbo__``), holders re-adopt slots at their next renewal, unclaimed
+    ones come free after one TTL. With AOF (fsync always) the lock comes back as it was; the leases
+    aged by the downtime (Redis's clock).
     """
     limit, ttl, name = 2, 1.0, "restart"
     ri = renew_interval(ttl)
@@ -274,7 +318,9 @@ def test_redis_restart_mid_run(workers: list[Worker], persistence: str) -> None:
         records = hold_records(live)
         held_at_crash = sum(1 for r in records if r["hold"][0] <= down <= r["hold"][1])
         after = [r for r in records if r["hold"][0] > up]
-        assert all(any(r["hold"][0] > up for r in w.all("hold")) for w in live), "every worker got slots again"
+        assert all(any(r["hold"][0] > up for r in w.all("hold")) for w in live), (
+            "every worker got slots again"
+        )
         recovery = min(r["hold"][0] for r in after) - up
         assert recovery <= ttl + ri + SLACK, recovery
         cap = max_overlap(intervals(records))
@@ -300,9 +346,10 @@ def test_redis_restart_mid_run(workers: list[Worker], persistence: str) -> None:
 
 
 def test_redis_restart_then_a_newcomer_the_documented_window(workers: list[Worker]) -> None:
-    """The one unsafe case: Redis loses its data and a process that never saw the lock creates it afresh before
-    the survivors renewed. Survivors learn of it at their next renewal (at most ttl/3, at most 1 s, later): their
-    leases are reported lost and they stop. The overlap is bounded by that renewal interval."""
+    """The one unsafe case: Redis loses its data and a process that never saw the lock creates it
+    afresh before the survivors renewed. Survivors learn of it at their next renewal (at most ttl/3,
+    at most 1 s, later): their leases are reported lost and they stop. The overlap is bounded by
+    that renewal interval."""
     limit, ttl, name = 1, 3.0, "window"
     ri = renew_interval(ttl)
     with RedisServer() as server:
@@ -310,7 +357,9 @@ def test_redis_restart_then_a_newcomer_the_documented_window(workers: list[Worke
         survivor = Worker("hold", server.url, name, limit, ttl)
         workers.append(survivor)
         held = survivor.wait_for("acquired")
-        keys = LockKeys.of("redislock", name)  # the newcomer has a whole renewal interval to come first:
+        keys = LockKeys.of(
+            "redislock", name
+        )  # the newcomer has a whole renewal interval to come first:
         lockstate.after_a_renewal(client, keys, lockstate.pending_grants(client, keys)[0])
         server.kill()
         server.start()
@@ -322,7 +371,9 @@ def test_redis_restart_then_a_newcomer_the_documented_window(workers: list[Worke
         survivor.finish()
         window = noticed["noticed_lost"] - granted
         assert window <= ri + SLACK, window
-        assert permit.fence > held["fence"]  # ids start at Redis's clock: fences never go back, even after a loss
+        assert (
+            permit.fence > held["fence"]
+        )  # ids start at Redis's clock: fences never go back, even after a loss
         assert newcomer.release(permit) is True
         newcomer.close()
         assert leaked(client) == 0
@@ -338,7 +389,8 @@ def test_redis_restart_then_a_newcomer_the_documented_window(workers: list[Worke
 
 
 def test_redis_paused_waiters_wait_and_work_resumes(workers: list[Worker]) -> None:
-    """SIGSTOP of redis-server for 3 s (longer than the TTL): waits wait, nothing crashes, grants go on after."""
+    """SIGSTOP of redis-server for 3 s (longer than the TTL): waits wait, nothing crashes, grants go
+    on after."""
     limit, ttl, name, pause = 2, 1.0, "pause", 3.0
     ri = renew_interval(ttl)
     with RedisServer() as server:
@@ -351,13 +403,15 @@ def test_redis_paused_waiters_wait_and_work_resumes(workers: list[Worker]) -> No
         os.kill(server.process.pid, signal.SIGSTOP)
         paused = time.monotonic()
         time.sleep(pause)
-        resumed = time.monotonic()  # before SIGCONT: Redis may answer, and a worker note a grant, before kill returns
+        resumed = (
+            time.monotonic()
+        )  # before SIGCONT: Redis may answer, and a worker note a grant, before kill returns
         os.kill(server.process.pid, signal.SIGCONT)
         for worker in live:
             worker.finish()  # exit 0: nothing crashed
         records = hold_records(live)
-        # A hold that a worker notes after the stop began was granted before it (Redis is frozen): allow for the
-        # worker being scheduled late on a loaded machine.
+        # A hold that a worker notes after the stop began was granted before it (Redis is frozen):
+        # allow for the worker being scheduled late on a loaded machine.
         during = [r for r in records if paused + SLACK < r["hold"][0] < resumed]
         assert not during, (paused, resumed)  # no grant while Redis was frozen
         after = [r for r in records if r["hold"][0] >= resumed]
@@ -366,8 +420,9 @@ def test_redis_paused_waiters_wait_and_work_resumes(workers: list[Worker]) -> No
         assert recovery <= ri + SLACK, recovery
         cap = max_overlap(intervals(records))
         assert cap <= limit
-        # Leases of slots held across the pause aged past the TTL on Redis's clock: a release that reached Redis
-        # after a reaper's maintain found the grant reaped and returned False (the work itself had ended).
+        # Leases of slots held across the pause aged past the TTL on Redis's clock: a release that
+        # reached Redis after a reaper's maintain found the grant reaped and returned False (the
+        # work itself had ended).
         stale_releases = sum(1 for r in records if not r["released"])
         lost = sum(1 for r in records if r["lost"])
         assert lost == 0  # no hold had work going on when its lease was found gone
@@ -388,8 +443,8 @@ def test_redis_paused_waiters_wait_and_work_resumes(workers: list[Worker]) -> No
 
 
 def test_skewed_wall_clocks_change_nothing(server: RedisServer, workers: list[Worker]) -> None:
-    """Wall clocks an hour ahead and behind, blocking and asyncio fronts, all reaping; a skewed holder is killed
-    and its slot comes back on Redis's clock, not on any client's."""
+    """Wall clocks an hour ahead and behind, blocking and asyncio fronts, all reaping; a skewed
+    holder is killed and its slot comes back on Redis's clock, not on any client's."""
     limit, ttl, name = 2, 0.6, "skew"
     ri = renew_interval(ttl)
     client = client_of(server)
@@ -419,14 +474,18 @@ def test_skewed_wall_clocks_change_nothing(server: RedisServer, workers: list[Wo
     ]
     workers.extend(live)
     for worker, skew in zip(live, skews, strict=True):
-        assert abs(worker.wait_for("ready")["wall"] - (time.time() + skew)) < 60  # the clock really is off
+        assert (
+            abs(worker.wait_for("ready")["wall"] - (time.time() + skew)) < 60
+        )  # the clock really is off
     line.go(live)
     live[0].wait_for("hold")
     time.sleep(1.0)
     killed = victim.kill()  # the instant before SIGKILL
     reaped = time.monotonic()  # and after it was reaped: the victim died in between
     owner = victim.wait_for("ready")["owner"]
-    back = wait_until(lambda: not pending_by_consumer(client, name).get(owner), 5, "skewed victim's slot back")
+    back = wait_until(
+        lambda: not pending_by_consumer(client, name).get(owner), 5, "skewed victim's slot back"
+    )
     for worker in live:
         worker.finish()
     records = hold_records(live)
@@ -437,20 +496,42 @@ def test_skewed_wall_clocks_change_nothing(server: RedisServer, workers: list[Wo
     recovery = back - killed
     assert recovery >= ttl - ri - SLACK and back - reaped <= ttl + ri + SLACK, recovery
     assert leaked(client) == 0
-    report("clocks skewed +-1 h", cap=cap, limit=limit, lost=lost, leaked=0, recovery_s=recovery, ttl=ttl)
+    report(
+        "clocks skewed +-1 h",
+        cap=cap,
+        limit=limit,
+        lost=lost,
+        leaked=0,
+        recovery_s=recovery,
+        ttl=ttl,
+    )
 
 
 # -- many waiters --
 
 
-def test_200_waiters_in_20_processes_are_served_in_arrival_order(server: RedisServer, workers: list[Worker]) -> None:
+def test_200_waiters_in_20_processes_are_served_in_arrival_order(
+    server: RedisServer, workers: list[Worker]
+) -> None:
     processes, threads, name = 20, 10, "fifo200"
     total = processes * threads
     client = client_of(server)
     gate = CountingLock(client, name, limit=1, ttl=30)
     held = gate.acquire(timeout=5)
     pool = [
-        Worker("waiters", server.url, name, 1, 30, "--threads", threads, "--fifo", "--hold-ms", 1, stdin=True)
+        Worker(
+            "waiters",
+            server.url,
+            name,
+            1,
+            30,
+            "--threads",
+            threads,
+            "--fifo",
+            "--hold-ms",
+            1,
+            stdin=True,
+        )
         for _ in range(processes)
     ]
     workers.extend(pool)
@@ -484,9 +565,9 @@ def test_200_waiters_in_20_processes_are_served_in_arrival_order(server: RedisSe
 
 
 def test_200_looping_waiters_no_starvation(server: RedisServer, workers: list[Worker]) -> None:
-    """200 threads in 20 processes loop acquire/hold/release on a limit of 3 for 3 s. FIFO: while one waits, at
-    most the 199 others can be served before it (plus the grants already on their way when it asked, and the
-    grants made while its thread waited for the GIL to send or record)."""
+    """200 threads in 20 processes loop acquire/hold/release on a limit of 3 for 3 s. FIFO: while
+    one waits, at most the 199 others can be served before it (plus the grants already on their way
+    when it asked, and the grants made while its thread waited for the GIL to send or record)."""
     processes, threads, limit, name, seconds = 20, 10, 3, "loop200", 3.0
     total = processes * threads
     client = client_of(server)
@@ -519,12 +600,15 @@ def test_200_looping_waiters_no_starvation(server: RedisServer, workers: list[Wo
     assert min(counts) >= 1, "a waiter starved"
     waits = [(asked, at) for r in per_thread for asked, at in r["waits"]]
     granted = sorted(at for _, at in waits)
-    overtaken = [bisect.bisect_left(granted, at) - bisect.bisect_right(granted, asked) for asked, at in waits]
+    overtaken = [
+        bisect.bisect_left(granted, at) - bisect.bisect_right(granted, asked) for asked, at in waits
+    ]
     worst_overtaken = max(overtaken)
-    # FIFO in Redis: at most the 199 others are served before a waiter. The instants are taken in Python, though,
-    # around the call: with 10 threads a process sharing one GIL on 2 cores, "asked" can precede the command
-    # reaching Redis by tens of ms, and grants made meanwhile count as overtaking. A quarter of a round covers
-    # that; an unfair lock overtakes a waiter by several rounds (redis-py's Lock: thousands).
+    # FIFO in Redis: at most the 199 others are served before a waiter. The instants are taken in
+    # Python, though, around the call: with 10 threads a process sharing one GIL on 2 cores, "asked"
+    # can precede the command reaching Redis by tens of ms, and grants made meanwhile count as
+    # overtaking. A quarter of a round covers that; an unfair lock overtakes a waiter by several
+    # rounds (redis-py's Lock: thousands).
     assert worst_overtaken <= (total - 1) * 1.25 + 2 * limit, worst_overtaken
     durations = [at - asked for asked, at in waits]
     fairness = jain(counts)

@@ -1,22 +1,25 @@
-"""Property-based test: random operations by several lock objects on one lock, against a simple model.
+"""Property-based test: random operations by several lock objects on one lock, against a simple
+model.
 
-The model: ``limit`` slots; a grant is possible while fewer than ``limit`` slots are taken, by live permits,
-by grants Redis handed to waits that were abandoned before their reply was read ("ghosts"), or by slots
-reserved after a data loss ("limbo"); lowering the limit revokes nothing. A permit stops being live when it
-is released, reaped after its lease expired, or its object is closed; a ghost is freed by its owner's next
-maintain (or close, or the reaper). Checked after every step against Redis itself: the live grants and the
-ghosts are exactly the group's pending entries outside limbo, each under its owner; every permit an object
-believes it holds is live or not yet told it was lost; no grant ever made holders exceed the limit; fences
-strictly increase, across a data loss too.
+The model: ``limit`` slots; a grant is possible while fewer than ``limit`` slots are taken, by live
+permits, by grants Redis handed to waits that were abandoned before their reply was read ("ghosts"),
+or by slots reserved after a data loss ("limbo"); lowering the limit revokes nothing. A permit stops
+being live when it is released, reaped after its lease expired, or its object is closed; a ghost is
+freed by its owner's next maintain (or close, or the reaper). Checked after every step against Redis
+itself: the live grants and the ghosts are exactly the group's pending entries outside limbo, each
+under its owner; every permit an object believes it holds is live or not yet told it was lost; no
+grant ever made holders exceed the limit; fences strictly increase, across a data loss too.
 
-Interleavings are forced through the sans-IO core: a wait whose reply is lost (``cancel_wait``), a grant made
-between a renewal's decision and its script (``grant_during_maintain``), a release that reaches Redis before
-a renewal tick (``release_during_maintain``), partial renewals (``renew`` of one permit) and a data loss with
-re-adoption (``data_loss``, then any operation recreates the lock in limbo).
+Interleavings are forced through the sans-IO core: a wait whose reply is lost (``cancel_wait``), a
+grant made between a renewal's decision and its script (``grant_during_maintain``), a release that
+reaches Redis before a renewal tick (``release_during_maintain``), partial renewals (``renew`` of
+one permit) and a data loss with re-adoption (``data_loss``, then any operation recreates the lock
+in limbo).
 
 Lease expiry is made to happen without waiting: the lease's idle time in Redis is set past the ttl
-(``XCLAIM ... IDLE``, the clock the lock reads) and then the real reaper runs (another object's maintain), or
-the owner's own renew notices. Expiry in real time is covered by tests/lock/test_sync.py.
+(``XCLAIM ... IDLE``, the clock the lock reads) and then the real reaper runs (another object's
+maintain), or the owner's own renew notices. Expiry in real time is covered by
+tests/lock/test_sync.py.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ AGED_MS = int(TTL * 1000) + 1000
 
 
 def run_to_end(lock: CountingLock, op: Operation, command: Any) -> Any:
-    """Carry an operation's commands to Redis from ``command`` on (the first one already taken by the caller)."""
+    """Carry an operation's commands to Redis from ``command`` on (the first one already taken by
+    the caller)."""
     while True:
         try:
             reply, error = lock._command(command), None
@@ -74,28 +78,38 @@ class LockMachine(RuleBasedStateMachine):
         self.client = redis.Redis.from_url(self.url)
         self.client.flushdb()
         # No loops of their own: every maintain of the run is one the machine chose.
-        self.locks = [CountingLock(self.client, NAME, 1, TTL, maintain_loop=False) for _ in range(OWNERS)]
+        self.locks = [
+            CountingLock(self.client, NAME, 1, TTL, maintain_loop=False) for _ in range(OWNERS)
+        ]
         self.reaper = CountingLock(self.client, NAME, 1, TTL, maintain_loop=False)
         self.everyone = [*self.locks, self.reaper]
         self.by_owner = {lock.owner: lock for lock in self.everyone}
-        self.known_limit = {lock.owner: 1 for lock in self.everyone}  # what each object recreates the lock with
+        self.known_limit = {
+            lock.owner: 1 for lock in self.everyone
+        }  # what each object recreates the lock with
         self.limit: int | None = 0  # None: Redis lost the lock and nobody recreated it yet
         self.live: dict[str, Permit] = {}  # grant id -> permit
         self.unnoticed: dict[str, Permit] = {}  # reaped, and its object has not been told yet
-        self.orphans: dict[str, Permit] = {}  # believed held when Redis lost its data; not re-adopted yet
+        self.orphans: dict[
+            str, Permit
+        ] = {}  # believed held when Redis lost its data; not re-adopted yet
         self.ghosts: dict[str, str] = {}  # grant id -> owner: handed to a wait nobody will read
         self.release_called: set[str] = set()
         self.last_fence = 0
         self.fence_at_loss = 0
-        self.snapshot: dict[str, bytes | None] | None = None  # DUMPs of the lock's keys, as an RDB file keeps them
+        self.snapshot: dict[str, bytes | None] | None = (
+            None  # DUMPs of the lock's keys, as an RDB file keeps them
+        )
         self.snapshot_limit: int | None = None
 
-    # -- helpers ------------------------------------------------------------------------------------------------
+    # -- helpers -----------------------------------------------------------------------------------
 
     def limbo(self) -> int:
         if not self.client.exists(self.reaper.keys.slots):
             return 0
-        return len(self.client.xpending_range(self.reaper.keys.slots, "holders", "-", "+", 100, LIMBO))
+        return len(
+            self.client.xpending_range(self.reaper.keys.slots, "holders", "-", "+", 100, LIMBO)
+        )
 
     def free(self) -> int:
         if self.limit is None:
@@ -106,7 +120,9 @@ class LockMachine(RuleBasedStateMachine):
         assert permit.owner == lock.owner and permit.grant not in self.live
         self.fence_seen(permit)
         self.live[permit.grant] = permit
-        assert self.limit is not None and len(self.live) <= self.limit, "a grant made holders exceed the limit"
+        assert self.limit is not None and len(self.live) <= self.limit, (
+            "a grant made holders exceed the limit"
+        )
         return permit
 
     def fence_seen(self, permit: Permit) -> None:
@@ -124,19 +140,24 @@ class LockMachine(RuleBasedStateMachine):
         lockstate.age_grant(self.client, self.reaper.keys, grant, AGED_MS)
 
     def touched(self, lock: CountingLock, creates: bool = True) -> None:
-        """An operation of ``lock`` reaches Redis: after a data loss it recreates the lock, every slot in limbo."""
+        """An operation of ``lock`` reaches Redis: after a data loss it recreates the lock, every
+        slot in limbo."""
         if self.limit is None and creates:
             self.limit = self.known_limit[lock.owner]
 
-    def maintained(self, lock: CountingLock, listed: list[Permit], lost: list[Permit], old: dict[int, str]) -> None:
-        """Account for one maintain of ``lock`` that listed ``listed`` (their grants before it ran in ``old``)."""
+    def maintained(
+        self, lock: CountingLock, listed: list[Permit], lost: list[Permit], old: dict[int, str]
+    ) -> None:
+        """Account for one maintain of ``lock`` that listed ``listed`` (their grants before it ran
+        in ``old``)."""
         self.ghosts_freed(lock)
         for permit in listed:
             before = old[id(permit)]
             if permit.grant != before:  # re-adopted a limbo slot after a data loss
                 assert before in self.orphans, before
                 del self.orphans[before]
-                # above every fence before the loss; grants made since (a raised limit) may have higher ones
+                # above every fence before the loss; grants made since (a raised limit) may have
+                # higher ones
                 assert permit.fence > self.fence_at_loss, (permit.fence, self.fence_at_loss)
                 self.last_fence = max(self.last_fence, permit.fence)
                 self.live[permit.grant] = permit
@@ -161,14 +182,16 @@ class LockMachine(RuleBasedStateMachine):
         self.maintained(lock, listed, lost, old)
         return lost
 
-    # -- rules ----------------------------------------------------------------------------------------------------
+    # -- rules -------------------------------------------------------------------------------------
 
     @initialize(limit=st.integers(0, 3))
     def create(self, limit: int) -> None:
         assert self.locks[0].set_limit(limit) is None  # new lock
         self.limit = limit
         self.known_limit[self.locks[0].owner] = limit
-        for lock in self.everyone:  # each object has seen the lock: after a data loss it recreates it in limbo
+        for lock in (
+            self.everyone
+        ):  # each object has seen the lock: after a data loss it recreates it in limbo
             lock.maintain()
 
     @rule(target=permits, index=st.integers(0, OWNERS - 1))
@@ -196,7 +219,8 @@ class LockMachine(RuleBasedStateMachine):
 
     @rule(index=st.integers(0, OWNERS - 1), delivered=st.booleans())
     def cancel_wait(self, index: int, delivered: bool) -> None:
-        """A wait is cancelled, or its connection dies, after Redis handed it a slot (or before anything came)."""
+        """A wait is cancelled, or its connection dies, after Redis handed it a slot (or before
+        anything came)."""
         lock = self.locks[index]
         if self.limit is None:
             return
@@ -214,7 +238,8 @@ class LockMachine(RuleBasedStateMachine):
 
     @rule(index=st.integers(0, OWNERS - 1))
     def grant_during_maintain(self, index: int) -> None:
-        """Finding 2: a wait of the same object is granted after the renewal decided what to send, before it runs."""
+        """Finding 2: a wait of the same object is granted after the renewal decided what to send,
+        before it runs."""
         lock = self.locks[index]
         if self.limit is None or not self.free():
             return
@@ -230,7 +255,9 @@ class LockMachine(RuleBasedStateMachine):
     @rule(permit=permits)
     def release(self, permit: Permit) -> None:
         expected = self.is_live(permit)
-        assert self.owner_of(permit).release(permit) is expected  # a stale permit: False, never an error
+        assert (
+            self.owner_of(permit).release(permit) is expected
+        )  # a stale permit: False, never an error
         self.forget(permit)
 
     def forget(self, permit: Permit) -> None:
@@ -241,7 +268,8 @@ class LockMachine(RuleBasedStateMachine):
 
     @rule(permit=permits)
     def release_during_maintain(self, permit: Permit) -> None:
-        """Finding 5: a release reaches Redis between a renewal's decision and its script (limbo or not)."""
+        """Finding 5: a release reaches Redis between a renewal's decision and its script (limbo or
+        not)."""
         lock = self.owner_of(permit)
         if self.limit is None or permit not in lock.held:
             return
@@ -271,7 +299,9 @@ class LockMachine(RuleBasedStateMachine):
         lock = self.owner_of(permit)
         if permit.grant in self.release_called:
             self.touched(lock)
-            lock.renew(permit)  # a released permit: nothing to say (abandoned waits are freed all the same)
+            lock.renew(
+                permit
+            )  # a released permit: nothing to say (abandoned waits are freed all the same)
             self.maintained(lock, [], [], {})
             return
         if permit not in lock.held:
@@ -287,7 +317,8 @@ class LockMachine(RuleBasedStateMachine):
 
     @rule(index=st.integers(0, OWNERS))
     def maintain(self, index: int) -> None:
-        """Renews the object's live permits and reports exactly its lost ones it was not told of yet."""
+        """Renews the object's live permits and reports exactly its lost ones it was not told of
+        yet."""
         self.maintain_of(self.everyone[index])
 
     @precondition(lambda self: self.limit is not None)
@@ -338,10 +369,13 @@ class LockMachine(RuleBasedStateMachine):
 
     @rule()
     def data_loss(self) -> None:
-        """Redis restarts empty: every believed-held permit waits for re-adoption into a limbo slot."""
+        """Redis restarts empty: every believed-held permit waits for re-adoption into a limbo
+        slot."""
         self.client.flushdb()
         self.orphans.update(self.live)
-        self.orphans.update(self.unnoticed)  # reaped before the loss, its object not told: believed held too
+        self.orphans.update(
+            self.unnoticed
+        )  # reaped before the loss, its object not told: believed held too
         self.unnoticed.clear()
         self.live.clear()
         self.fence_at_loss = self.last_fence
@@ -360,18 +394,23 @@ class LockMachine(RuleBasedStateMachine):
 
     @rule()
     def back_from_an_older_snapshot(self) -> None:
-        """Redis comes back from its last snapshot (RDB; AOF everysec after a crash; a replica that lagged): the
-        lock's state rolls back, and the server is another run. Grants made since are forgotten and their slots look
-        free: the first script must reserve every slot for re-adoption, with fences above every earlier one."""
+        """Redis comes back from its last snapshot (RDB; AOF everysec after a crash; a replica that
+        lagged): the lock's state rolls back, and the server is another run. Grants made since are
+        forgotten and their slots look free: the first script must reserve every slot for
+        re-adoption, with fences above every earlier one."""
         if self.snapshot is None:
             return
         self.client.delete(*self.lock_keys())
         for key, dumped in self.snapshot.items():
             if dumped is not None:
                 self.client.restore(key, 0, dumped, replace=True)
-        lock_kept = self.client.exists(self.reaper.keys.slots) and self.client.hexists(self.reaper.keys.meta, "limit")
+        lock_kept = self.client.exists(self.reaper.keys.slots) and self.client.hexists(
+            self.reaper.keys.meta, "limit"
+        )
         if lock_kept:
-            self.client.hset(self.reaper.keys.meta, "run", "f" * 40)  # what the server's previous run wrote
+            self.client.hset(
+                self.reaper.keys.meta, "run", "f" * 40
+            )  # what the server's previous run wrote
         self.orphans.update(self.live)
         self.orphans.update(self.unnoticed)
         self.unnoticed.clear()
@@ -395,7 +434,7 @@ class LockMachine(RuleBasedStateMachine):
         for grant in ghosts:
             del self.ghosts[grant]
 
-    # -- invariants -----------------------------------------------------------------------------------------------
+    # -- invariants --------------------------------------------------------------------------------
 
     @invariant()
     def redis_agrees(self) -> None:

@@ -1,7 +1,8 @@
-"""Many processes on one lock: the cap, kill -9, SIGSTOP, FIFO across processes, clock skew, dead waiters.
+"""Many processes on one lock: the cap, kill -9, SIGSTOP, FIFO across processes, clock skew, dead
+waiters.
 
-Workers are ``python -m testing.lockproc`` subprocesses (see testing/lockproc.py); hold intervals are
-time.monotonic readings, comparable across processes on one machine.
+Workers are ``python -m testing.lockproc`` subprocesses (see testing/lockproc.py); hold intervals
+are time.monotonic readings, comparable across processes on one machine.
 """
 
 from __future__ import annotations
@@ -75,14 +76,33 @@ def test_never_more_holders_than_the_limit(
     assert pending(redis_client, "cap") == 0
 
 
-def test_clock_skew_does_not_break_the_cap(redis_url: str, redis_client: redis.Redis, procs: list[Proc]) -> None:
-    """Wall clocks an hour ahead and behind, all reaping: no live lease is reaped and the cap holds."""
+def test_clock_skew_does_not_break_the_cap(
+    redis_url: str, redis_client: redis.Redis, procs: list[Proc]
+) -> None:
+    """Wall clocks an hour ahead and behind, all reaping: no live lease is reaped and the cap
+    holds."""
     limit, ttl = 2, 0.5
     lost: list[Permit] = []
-    mine = CountingLock(redis_client, "skew", limit=limit, ttl=ttl, auto_renew=True, on_lost=lost.append)
+    mine = CountingLock(
+        redis_client, "skew", limit=limit, ttl=ttl, auto_renew=True, on_lost=lost.append
+    )
     skews = [3600, -3600, 3600, -3600]
     for skew in skews:
-        procs.append(Proc(redis_url, "skew", limit, ttl, "--skew", skew, "--hold-ms", 3, "--loop", 2.0, "--reap"))
+        procs.append(
+            Proc(
+                redis_url,
+                "skew",
+                limit,
+                ttl,
+                "--skew",
+                skew,
+                "--hold-ms",
+                3,
+                "--loop",
+                2.0,
+                "--reap",
+            )
+        )
     for proc, skew in zip(procs, skews, strict=True):
         ready = proc.wait_for("ready")
         assert abs(ready["wall"] - (time.time() + skew)) < 60  # the worker's clock really is off
@@ -102,7 +122,9 @@ def test_clock_skew_does_not_break_the_cap(redis_url: str, redis_client: redis.R
     intervals = [(r["hold"][0], r["hold"][1]) for r in records] + [(start, end)]
     assert max_overlap(intervals) == limit
     during = [iv for iv in intervals[:-1] if iv[0] < end and iv[1] > start]
-    assert during and max_overlap(during) == 1  # one slot left for the workers while the test held one
+    assert (
+        during and max_overlap(during) == 1
+    )  # one slot left for the workers while the test held one
 
 
 @pytest.mark.faults
@@ -114,7 +136,9 @@ def test_killed_holder_slot_returns_within_ttl_and_a_third(
     holder = Proc(redis_url, "kill", 1, ttl, "--auto-renew", "--once")
     procs.append(holder)
     holder.wait_for("acquired")
-    survivor = Proc(redis_url, "kill", 1, ttl, "--auto-renew", "--hold-ms", 10, "--once")  # it reaps while waiting
+    survivor = Proc(
+        redis_url, "kill", 1, ttl, "--auto-renew", "--hold-ms", 10, "--once"
+    )  # it reaps while waiting
     procs.append(survivor)
     wait_blocked(redis_client, 1)
     time.sleep(2 * ttl)
@@ -122,8 +146,9 @@ def test_killed_holder_slot_returns_within_ttl_and_a_third(
     kill_sent = holder.kill()
     reaped = time.monotonic()
     acquired = survivor.wait_for("acquired", timeout=5)
-    # the last renewal was at most ttl/3 before the kill; the reaper runs every ttl/3 (the holder died between
-    # kill_sent and reaped: each bound is checked against the instant that cannot make it fail spuriously)
+    # the last renewal was at most ttl/3 before the kill; the reaper runs every ttl/3 (the holder
+    # died between kill_sent and reaped: each bound is checked against the instant that cannot make
+    # it fail spuriously)
     assert acquired["acquired"] - kill_sent >= 2 * ttl / 3 - 0.1, acquired["acquired"] - kill_sent
     assert acquired["acquired"] - reaped <= ttl + ttl / 3 + 0.25, acquired["acquired"] - reaped
     assert acquired["fence"] > holder.wait_for("acquired")["fence"]
@@ -148,12 +173,17 @@ def test_stopped_holder_loses_its_lease_and_hears_of_it_on_continue(
     continued_at = time.monotonic()
     lost = holder.wait_for("lost", timeout=5)
     assert time.monotonic() - continued_at < ttl / 3 + 0.5  # its next renewal tick reports it
-    assert lost == {"lost": held["fence"], "release": False}  # and its stale release changes nothing
+    assert lost == {
+        "lost": held["fence"],
+        "release": False,
+    }  # and its stale release changes nothing
     assert pending(redis_client, "stop") == 1 and waiter.release(permit) is True
     waiter.close()
 
 
-def test_fifo_across_processes(redis_url: str, redis_client: redis.Redis, procs: list[Proc]) -> None:
+def test_fifo_across_processes(
+    redis_url: str, redis_client: redis.Redis, procs: list[Proc]
+) -> None:
     lock = CountingLock(redis_client, "fifo", limit=1, ttl=30)
     held = lock.acquire(timeout=5)
     for i in range(5):
@@ -168,12 +198,16 @@ def test_fifo_across_processes(redis_url: str, redis_client: redis.Redis, procs:
     assert [g["acquired"] for g in grants] == sorted(g["acquired"] for g in grants)  # arrival order
     assert [g["fence"] for g in grants] == sorted(g["fence"] for g in grants)
     assert all(r["released"] for r in releases)
-    assert all(g["acquired"] >= r["at"] for g, r in zip(grants[1:], releases, strict=False))  # one at a time
+    assert all(
+        g["acquired"] >= r["at"] for g, r in zip(grants[1:], releases, strict=False)
+    )  # one at a time
     assert pending(redis_client, "fifo") == 0
     lock.close()
 
 
-def test_a_dead_waiter_leaves_the_queue(redis_url: str, redis_client: redis.Redis, procs: list[Proc]) -> None:
+def test_a_dead_waiter_leaves_the_queue(
+    redis_url: str, redis_client: redis.Redis, procs: list[Proc]
+) -> None:
     lock = CountingLock(redis_client, "waiters", limit=1, ttl=30)
     held = lock.acquire(timeout=5)
     for i in range(3):
@@ -185,7 +219,9 @@ def test_a_dead_waiter_leaves_the_queue(redis_url: str, redis_client: redis.Redi
     released_at = time.monotonic()
     lock.release(held)
     granted = second.wait_for("acquired", timeout=5)
-    assert granted["acquired"] - released_at < 0.5  # handed to the next live waiter, not lost with the dead one
+    assert (
+        granted["acquired"] - released_at < 0.5
+    )  # handed to the next live waiter, not lost with the dead one
     assert third.wait_for("acquired", timeout=5)["fence"] > granted["fence"] > held.fence
     second.finish()
     third.finish()

@@ -1,6 +1,8 @@
-"""The quorum lock (q of N independent masters) against N real redis-servers, killed and restarted by the tests.
+"""The quorum lock (q of N independent masters) against N real redis-servers, killed and restarted
+by the tests.
 
-A master one lock object cannot reach is a client to a port nobody listens on: that object's own partition.
+A master one lock object cannot reach is a client to a port nobody listens on: that object's own
+partition.
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ import redis
 import redis.asyncio
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    invariant,
+    multiple,
+    rule,
+    run_state_machine_as_test,
+)
 
 from scrapy_redislock import (
     AcquireTimeout,
@@ -38,8 +47,9 @@ pytestmark = pytest.mark.integration
 
 MASTERS = 5
 OPTIONS = master_options()
-# The model test kills masters (refused at once) but never pauses one: a longer socket timeout keeps a busy machine's
-# slow answer from counting as a master failure (a release that times out leaves its grant until the lease runs out).
+# The model test kills masters (refused at once) but never pauses one: a longer socket timeout keeps
+# a busy machine's slow answer from counting as a master failure (a release that times out leaves
+# its grant until the lease runs out).
 MACHINE_OPTIONS = {**OPTIONS, "socket_timeout": 5.0}
 
 
@@ -65,7 +75,8 @@ def client_of(server: RedisServer | None, made: list[Any]) -> redis.Redis:
 
 
 def qlock(made: list[Any], *args: Any, **kwargs: Any) -> QuorumCountingLock:
-    """A lock object closed at the end of the test (its per-master locks stop their threads then)."""
+    """A lock object closed at the end of the test (its per-master locks stop their threads
+    then)."""
     lock = QuorumCountingLock(*args, **kwargs)
     made.append(lock)
     return lock
@@ -78,7 +89,8 @@ def made_lock(made: list[Any], factory: QuorumLockFactory, *args: Any, **kwargs:
 
 
 def create_everywhere(servers: list[RedisServer], made: list[Any], limit: int) -> None:
-    """The lock exists on every master (a master without it is then one that lost it: it rejoins after a ttl)."""
+    """The lock exists on every master (a master without it is then one that lost it: it rejoins
+    after a ttl)."""
     lock = qlock(made, view(servers, set(range(len(servers))), made), "q", limit, 10.0)
     lock.release(lock.acquire(timeout=1))
     lock.close()
@@ -107,7 +119,7 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> No
         time.sleep(0.005)
 
 
-# -- the quorum ------------------------------------------------------------------------------------------------
+# -- the quorum ------------------------------------------------------------------------------------
 
 
 def test_safe_quorum_is_more_than_a_majority_for_a_counting_lock() -> None:
@@ -120,7 +132,9 @@ def test_safe_quorum_is_more_than_a_majority_for_a_counting_lock() -> None:
             assert q == 1 or n * limit // (q - 1) > limit  # and it is the smallest such q
 
 
-def test_bad_arguments_name_the_argument_and_write_nothing(masters: list[RedisServer], made: list[Any]) -> None:
+def test_bad_arguments_name_the_argument_and_write_nothing(
+    masters: list[RedisServer], made: list[Any]
+) -> None:
     clients = view(masters[:3], {0, 1, 2}, made)
     cases: list[tuple[dict[str, Any], str]] = [
         ({"limit": None}, "limit"),
@@ -153,14 +167,19 @@ def test_bad_arguments_name_the_argument_and_write_nothing(masters: list[RedisSe
 def test_a_majority_admits_limit_plus_one_holders_the_safe_quorum_never(
     masters: list[RedisServer], made: list[Any]
 ) -> None:
-    """N=3, L=2: three holders each see a different pair of masters; a majority (2) grants all three."""
+    """N=3, L=2: three holders each see a different pair of masters; a majority (2) grants all
+    three."""
     three = masters[:3]
     create_everywhere(three, made, 2)
     pairs = [{0, 1}, {1, 2}, {0, 2}]
     majority = [qlock(made, view(three, pair, made), "q", 2, 10.0, quorum=2) for pair in pairs]
     permits = [lock.try_acquire() for lock in majority]
     assert all(permits), "each holder got 2 of 3 masters"
-    assert [held_on(s) for s in three] == [2, 2, 2]  # every master within its limit, and 3 holders > limit 2
+    assert [held_on(s) for s in three] == [
+        2,
+        2,
+        2,
+    ]  # every master within its limit, and 3 holders > limit 2
     for lock in majority:
         lock.close()
     assert [held_on(s) for s in three] == [0, 0, 0]
@@ -189,7 +208,9 @@ def test_random_partitions_never_exceed_the_limit_with_the_safe_quorum(
                 with admin(server) as client:
                     client.flushall()
             create_everywhere(masters, made, 2)
-            locks = [qlock(made, view(masters, v, made), "q", 2, 10.0, quorum=quorum) for v in views]
+            locks = [
+                qlock(made, view(masters, v, made), "q", 2, 10.0, quorum=quorum) for v in views
+            ]
             holders = sum(1 for lock in locks if lock.try_acquire() is not None)
             if quorum is None:
                 assert holders <= 2, f"views {views}"
@@ -198,10 +219,12 @@ def test_random_partitions_never_exceed_the_limit_with_the_safe_quorum(
     assert exceeded_by_majority > 0  # the views do include the dangerous ones
 
 
-# -- masters failing -------------------------------------------------------------------------------------------
+# -- masters failing -------------------------------------------------------------------------------
 
 
-def test_n3_mutex_goes_on_with_one_master_killed(masters: list[RedisServer], made: list[Any]) -> None:
+def test_n3_mutex_goes_on_with_one_master_killed(
+    masters: list[RedisServer], made: list[Any]
+) -> None:
     factory = QuorumLockFactory([s.url for s in masters[:3]], **OPTIONS)
     made.append(factory)
     first, second = made_lock(made, factory, "q", 1, 2.0), made_lock(made, factory, "q", 1, 2.0)
@@ -220,7 +243,9 @@ def test_n3_mutex_goes_on_with_one_master_killed(masters: list[RedisServer], mad
     assert [held_on(s) for s in masters[1:3]] == [0, 0]
 
 
-def test_n5_limit3_goes_on_with_one_master_down_and_stops_with_two(masters: list[RedisServer], made: list[Any]) -> None:
+def test_n5_limit3_goes_on_with_one_master_down_and_stops_with_two(
+    masters: list[RedisServer], made: list[Any]
+) -> None:
     factory = QuorumLockFactory([s.url for s in masters], **OPTIONS)
     made.append(factory)
     lost: list[QuorumPermit] = []
@@ -238,7 +263,8 @@ def test_n5_limit3_goes_on_with_one_master_down_and_stops_with_two(masters: list
     assert locks[0].try_acquire() is None
     with pytest.raises(AcquireTimeout, match="4 of 5 masters"):
         locks[0].acquire(timeout=0.3)
-    # Holders renew on 3 of their 4 masters: fewer than the quorum, so every permit is lost and given back.
+    # Holders renew on 3 of their 4 masters: fewer than the quorum, so every permit is lost and
+    # given back.
     for lock, permit in zip(locks[1:], permits[1:] + permits[:1], strict=True):
         with pytest.raises(LockLost):
             lock.renew(permit)
@@ -252,7 +278,8 @@ def test_a_master_restarted_empty_does_not_rejoin_while_the_holder_renews(
 ) -> None:
     """N=3, L=1: A holds on masters 0 and 1 (it cannot reach 2); master 0 restarts empty.
 
-    A fresh B sees masters 0 and 2 free: without the reservation it would hold too. It must not while A renews.
+    A fresh B sees masters 0 and 2 free: without the reservation it would hold too. It must not
+    while A renews.
     """
     three = masters[:3]
     holder = qlock(made, view(three, {0, 1}, made), "q", 1, 1.0)
@@ -276,7 +303,8 @@ def test_a_master_restarted_empty_does_not_rejoin_while_the_holder_renews(
 def test_a_master_restarted_empty_rejoins_only_after_the_holders_validity(
     masters: list[RedisServer], made: list[Any]
 ) -> None:
-    """As above, but A stops renewing (paused): B gets the lock only once A's permit is no longer valid."""
+    """As above, but A stops renewing (paused): B gets the lock only once A's permit is no longer
+    valid."""
     three = masters[:3]
     holder = qlock(made, view(three, {0, 1}, made), "q", 1, 1.0)
     permit = holder.acquire(timeout=1)
@@ -293,12 +321,17 @@ def test_a_master_restarted_empty_rejoins_only_after_the_holders_validity(
         assert granted.fences[0] > old_fence  # fences never go back, across the restart too
 
 
-def test_a_round_slower_than_the_validity_gives_everything_back(masters: list[RedisServer], made: list[Any]) -> None:
-    """Clock drift: the validity is ttl - elapsed - (ttl * drift_factor + 2 ms); a round past it is no grant."""
+def test_a_round_slower_than_the_validity_gives_everything_back(
+    masters: list[RedisServer], made: list[Any]
+) -> None:
+    """Clock drift: the validity is ttl - elapsed - (ttl * drift_factor + 2 ms); a round past it is
+    no grant."""
     now = [0.0]
     clock_jump = [0.0]
 
-    def clock() -> float:  # each look at the clock moves it on by clock_jump: a slow round, or a fast clock
+    def clock() -> (
+        float
+    ):  # each look at the clock moves it on by clock_jump: a slow round, or a fast clock
         now[0] += clock_jump[0]
         return time.monotonic() + now[0]
 
@@ -308,7 +341,9 @@ def test_a_round_slower_than_the_validity_gives_everything_back(masters: list[Re
     assert permit is not None
     assert permit.valid_until - permit.acquired_at <= 2.0 - 0.5 - 0.002
     lock.release(permit)
-    clock_jump[0] = 0.4  # a round now looks at the clock more than 4 times: it "takes" longer than 1.5 s
+    clock_jump[0] = (
+        0.4  # a round now looks at the clock more than 4 times: it "takes" longer than 1.5 s
+    )
     assert lock.try_acquire() is None
     assert "too late" in lock._core.last_round
     assert [held_on(s) for s in three] == [0, 0, 0]
@@ -316,9 +351,12 @@ def test_a_round_slower_than_the_validity_gives_everything_back(masters: list[Re
     assert lock.try_acquire() is not None
 
 
-def test_clients_whose_clocks_run_apart_never_overlap(masters: list[RedisServer], made: list[Any]) -> None:
-    """Two holders whose clocks run 10% fast and 10% slow, with drift_factor 0.15: each uses its permit until its
-    own ``valid_until`` and never releases (the lease has to expire); their holds never overlap in real time."""
+def test_clients_whose_clocks_run_apart_never_overlap(
+    masters: list[RedisServer], made: list[Any]
+) -> None:
+    """Two holders whose clocks run 10% fast and 10% slow, with drift_factor 0.15: each uses its
+    permit until its own ``valid_until`` and never releases (the lease has to expire); their holds
+    never overlap in real time."""
     base = time.monotonic()
     intervals: list[tuple[float, float]] = []
 
@@ -326,7 +364,9 @@ def test_clients_whose_clocks_run_apart_never_overlap(masters: list[RedisServer]
         def clock() -> float:
             return base + (time.monotonic() - base) * rate
 
-        lock = qlock(made, view(masters[:3], {0, 1, 2}, made), "q", 1, 0.3, drift_factor=0.15, clock=clock)
+        lock = qlock(
+            made, view(masters[:3], {0, 1, 2}, made), "q", 1, 0.3, drift_factor=0.15, clock=clock
+        )
         for _ in range(3):
             got = None
             while got is None:
@@ -334,7 +374,8 @@ def test_clients_whose_clocks_run_apart_never_overlap(masters: list[RedisServer]
             start = time.monotonic()
             while clock() < got.valid_until:
                 time.sleep(0.002)
-            # its use ends when its own clock reads valid_until (read now, the end would be late by a GIL hand-off)
+            # its use ends when its own clock reads valid_until (read now, the end would be late by
+            # a GIL hand-off)
             intervals.append((start, base + (got.valid_until - base) / rate))
 
     threads = [threading.Thread(target=holder, args=(rate,)) for rate in (1.1, 0.9)]
@@ -346,10 +387,12 @@ def test_clients_whose_clocks_run_apart_never_overlap(masters: list[RedisServer]
     assert max_overlap(intervals) == 1
 
 
-# -- the API ---------------------------------------------------------------------------------------------------
+# -- the API ---------------------------------------------------------------------------------------
 
 
-def test_threads_with_their_own_objects_never_exceed_the_limit(masters: list[RedisServer], made: list[Any]) -> None:
+def test_threads_with_their_own_objects_never_exceed_the_limit(
+    masters: list[RedisServer], made: list[Any]
+) -> None:
     factory = QuorumLockFactory([s.url for s in masters[:3]])
     made.append(factory)
     intervals: list[tuple[float, float]] = []
@@ -378,7 +421,9 @@ def test_threads_with_their_own_objects_never_exceed_the_limit(masters: list[Red
     assert [held_on(s) for s in masters[:3]] == [0, 0, 0]
 
 
-def test_fences_order_successive_holders_of_a_mutex(masters: list[RedisServer], made: list[Any]) -> None:
+def test_fences_order_successive_holders_of_a_mutex(
+    masters: list[RedisServer], made: list[Any]
+) -> None:
     factory = QuorumLockFactory([s.url for s in masters])
     made.append(factory)
     first, second = made_lock(made, factory, "q", 1, 5.0), made_lock(made, factory, "q", 1, 5.0)
@@ -410,11 +455,16 @@ def test_reentrant_holds_count_per_thread(masters: list[RedisServer], made: list
     assert permit.released
 
 
-def test_auto_renew_keeps_a_permit_past_its_ttl(masters: list[RedisServer], made: list[Any]) -> None:
+def test_auto_renew_keeps_a_permit_past_its_ttl(
+    masters: list[RedisServer], made: list[Any]
+) -> None:
     factory = QuorumLockFactory([s.url for s in masters[:3]])
     made.append(factory)
     ttl = 1.0  # a live lease outlasts a busy machine's stall of its renewals by well over 0.5 s
-    holder, other = made_lock(made, factory, "q", 1, ttl, auto_renew=True), made_lock(made, factory, "q", 1, ttl)
+    holder, other = (
+        made_lock(made, factory, "q", 1, ttl, auto_renew=True),
+        made_lock(made, factory, "q", 1, ttl),
+    )
     permit = holder.acquire(timeout=1)
     first_validity = permit.valid_until
     deadline = time.monotonic() + 2 * ttl
@@ -435,10 +485,14 @@ def test_a_factory_shares_its_connections(masters: list[RedisServer], made: list
     assert all(lock._masters == factory.clients for lock in locks)
     with admin(masters[0]) as client:
         clients = client.client_list()
-    assert len(clients) <= 3  # the factory's command and waiting connections (and this one), not some per lock
+    assert (
+        len(clients) <= 3
+    )  # the factory's command and waiting connections (and this one), not some per lock
 
 
-def test_asyncio_lock_caps_holders_and_goes_on_with_a_master_killed(masters: list[RedisServer]) -> None:
+def test_asyncio_lock_caps_holders_and_goes_on_with_a_master_killed(
+    masters: list[RedisServer],
+) -> None:
     intervals: list[tuple[float, float]] = []
 
     async def main() -> None:
@@ -486,7 +540,8 @@ def test_asyncio_cancelled_acquires_leave_nothing_held(masters: list[RedisServer
             except asyncio.CancelledError:
                 outcomes["cancelled"] += 1
         assert lock.held == []
-        # What Redis handed to a cancelled wait is freed by the lock's own maintenance, the lock staying open.
+        # What Redis handed to a cancelled wait is freed by the lock's own maintenance, the lock
+        # staying open.
         deadline = time.monotonic() + 4 * lock.renew_interval
         while [held_on(s) for s in masters] != [0] * MASTERS:
             assert time.monotonic() < deadline, [held_on(s) for s in masters]
@@ -501,7 +556,8 @@ def test_asyncio_cancelled_acquires_leave_nothing_held(masters: list[RedisServer
 def test_waiters_are_served_in_arrival_order_while_the_lead_master_is_up(
     masters: list[RedisServer], made: list[Any]
 ) -> None:
-    """They queue in the first master's FIFO; its slot is released last, so the first in line finds the others free."""
+    """They queue in the first master's FIFO; its slot is released last, so the first in line finds
+    the others free."""
     factory = QuorumLockFactory([s.url for s in masters[:3]])
     made.append(factory)
     holder = made_lock(made, factory, "q", 1, 5.0)
@@ -521,26 +577,31 @@ def test_waiters_are_served_in_arrival_order_while_the_lead_master_is_up(
             thread.start()
             threads.append(thread)
             queued = index + 1
-            wait_until(lambda: lead.info("clients")["blocked_clients"] == queued, 10, f"waiter {index} queued")  # noqa: B023
+            wait_until(
+                lambda queued=queued: lead.info("clients")["blocked_clients"] == queued,
+                10,
+                f"waiter {index} queued",
+            )
     holder.release(permit)
     for thread in threads:
         thread.join(30)
     assert order == list(range(6))
 
 
-# -- random operations against a model, N masters ------------------------------------------------------------------
+# -- random operations against a model, N masters --------------------------------------------------
 
 
 class QuorumMachine(RuleBasedStateMachine):
-    """Random acquires, releases, renewals, objects replaced, and masters killed, started empty, restarted, on a
-    quorum lock over 3 masters (L=1: q=2; L=2: q=3). Master 2 is never restarted: with every master's data lost at
-    once, nothing remembers a permit, and no quorum can help that (documented).
+    """Random acquires, releases, renewals, objects replaced, and masters killed, started empty,
+    restarted, on a quorum lock over 3 masters (L=1: q=2; L=2: q=3). Master 2 is never restarted:
+    with every master's data lost at once, nothing remembers a permit, and no quorum can help that
+    (documented).
 
-    Checked after every step: no more permits valid now (not released, not found lost, ``valid_until`` not
-    passed) than the limit, however they were obtained: the quorum lock's whole promise; and every grant Redis
-    holds on a master that is up (reservations after a restart aside) belongs to a permit not released, closed or
-    found lost: partial grants are all given back. The ttl is short (1 s) so that leases and reservations run out
-    within a run.
+    Checked after every step: no more permits valid now (not released, not found lost,
+    ``valid_until`` not passed) than the limit, however they were obtained: the quorum lock's whole
+    promise; and every grant Redis holds on a master that is up (reservations after a restart aside)
+    belongs to a permit not released, closed or found lost: partial grants are all given back. The
+    ttl is short (1 s) so that leases and reservations run out within a run.
     """
 
     servers: list[RedisServer] = []
@@ -641,7 +702,9 @@ class QuorumMachine(RuleBasedStateMachine):
                 continue
             with admin(server) as client:
                 try:
-                    entries = client.xpending_range(LockKeys.of("redislock", "m").slots, GROUP, "-", "+", 100)
+                    entries = client.xpending_range(
+                        LockKeys.of("redislock", "m").slots, GROUP, "-", "+", 100
+                    )
                 except redis.ResponseError:
                     continue  # the lock is not there (yet)
             for entry in entries:
@@ -663,9 +726,10 @@ def test_quorum_lock_against_the_model(masters: list[RedisServer], limit: int) -
         stateful_step_count=30,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-        # Real servers and real time: a step's outcome (a grant, a lease running out) depends on timing, so a
-        # failing run cannot be replayed to shrink it (Hypothesis reports FlakyStrategyDefinition and hides the
-        # failure). Report the first failing run as it happened, and replay nothing from an earlier session.
+        # Real servers and real time: a step's outcome (a grant, a lease running out) depends on
+        # timing, so a failing run cannot be replayed to shrink it (Hypothesis reports
+        # FlakyStrategyDefinition and hides the failure). Report the first failing run as it
+        # happened, and replay nothing from an earlier session.
         phases=[Phase.generate],
         database=None,
     )

@@ -1,10 +1,13 @@
-"""The quorum lock when one master restarts empty under a newcomer, or freezes under its queued waiters: three real
-redis-servers, restarted (SIGKILL, no persistence) or paused (SIGSTOP, always resumed) by the tests.
+"""The quorum lock when one master restarts empty under a newcomer, or freezes under its queued
+waiters: three real redis-servers, restarted (SIGKILL, no persistence) or paused (SIGSTOP, always
+resumed) by the tests.
 
-* A master that lost the lock (restarted empty) must not hand its slots to a newcomer while another master still has
-  the lock, whatever the newcomer writes first: ``set_limit`` (the request front's start) included.
-* A waiter queued in a lead master that stops answering moves on to the other masters (it would otherwise wait as
-  long as the lead is frozen), and a waiter at a lead that answers keeps its place in that master's FIFO.
+* A master that lost the lock (restarted empty) must not hand its slots to a newcomer while another
+  master still has the lock, whatever the newcomer writes first: ``set_limit`` (the request front's
+  start) included.
+* A waiter queued in a lead master that stops answering moves on to the other masters (it would
+  otherwise wait as long as the lead is frozen), and a waiter at a lead that answers keeps its place
+  in that master's FIFO.
 """
 
 from __future__ import annotations
@@ -22,7 +25,12 @@ import pytest
 import redis
 import redis.asyncio
 
-from scrapy_redislock import AcquireTimeout, AsyncQuorumCountingLock, QuorumLockFactory, QuorumPermit
+from scrapy_redislock import (
+    AcquireTimeout,
+    AsyncQuorumCountingLock,
+    QuorumLockFactory,
+    QuorumPermit,
+)
 from scrapy_redislock.lock.core import GROUP, LIMBO, LockKeys
 from scrapy_redislock.lock.quorum import master_options
 from testing.inprocess import front
@@ -81,7 +89,8 @@ async def until(predicate: Callable[[], object], timeout: float, what: str) -> N
 
 @contextlib.contextmanager
 def paused(server: RedisServer) -> Iterator[None]:
-    """SIGSTOP the server (a frozen VM: connections stay open, nothing answers); SIGCONT however the block ends."""
+    """SIGSTOP the server (a frozen VM: connections stay open, nothing answers); SIGCONT however the
+    block ends."""
     assert server.process is not None
     os.kill(server.process.pid, signal.SIGSTOP)
     try:
@@ -91,23 +100,29 @@ def paused(server: RedisServer) -> Iterator[None]:
 
 
 def async_view(servers: list[RedisServer], reachable: set[int]) -> list[redis.asyncio.Redis]:
-    """One object's asyncio clients to every master, those outside ``reachable`` pointing at a port nobody serves."""
+    """One object's asyncio clients to every master, those outside ``reachable`` pointing at a port
+    nobody serves."""
     return [
         redis.asyncio.Redis(
-            host="127.0.0.1", port=s.port if i in reachable else free_port(), **master_options(asyncio=True)
+            host="127.0.0.1",
+            port=s.port if i in reachable else free_port(),
+            **master_options(asyncio=True),
         )
         for i, s in enumerate(servers)
     ]
 
 
-# -- a master restarted empty under a newcomer's set_limit (the request front's start) ---------------------------
+# -- a master restarted empty under a newcomer's set_limit (the request front's start) -------------
 
 
-def test_a_newcomers_set_limit_recreates_a_master_that_lost_the_lock_in_limbo(masters: list[RedisServer]) -> None:
-    """N=3, L=1 (q=2). A cannot reach master 2: its set_limit creates the lock on 0 and 1 with free slots (no master
-    had it) and it holds {0, 1}. Master 0 restarts empty. A newcomer B calls set_limit first, as every new process of
-    the request front does: master 0 (lost it) and master 2 (never had it; B cannot tell) get the lock with every slot
-    reserved for one lease, so B cannot take A's slot on master 0; A re-adopts it at its next renewal."""
+def test_a_newcomers_set_limit_recreates_a_master_that_lost_the_lock_in_limbo(
+    masters: list[RedisServer],
+) -> None:
+    """N=3, L=1 (q=2). A cannot reach master 2: its set_limit creates the lock on 0 and 1 with free
+    slots (no master had it) and it holds {0, 1}. Master 0 restarts empty. A newcomer B calls
+    set_limit first, as every new process of the request front does: master 0 (lost it) and master 2
+    (never had it; B cannot tell) get the lock with every slot reserved for one lease, so B cannot
+    take A's slot on master 0; A re-adopts it at its next renewal."""
     three = masters[:3]
 
     async def main() -> None:
@@ -117,28 +132,40 @@ def test_a_newcomers_set_limit_recreates_a_master_that_lost_the_lock_in_limbo(ma
         try:
             previous, failed = await a.set_limit(1)
             assert previous is None and sorted(failed) == [2]
-            assert [held_on(s, limbo=True) for s in three[:2]] == [0, 0]  # a new lock: free slots, no reservation
+            assert [held_on(s, limbo=True) for s in three[:2]] == [
+                0,
+                0,
+            ]  # a new lock: free slots, no reservation
             permit = await a.acquire(timeout=1)
             assert sorted(permit.grants) == [0, 1]
 
             three[0].restart()  # no persistence: A's grant there is gone
             previous, failed = await b.set_limit(1)
             assert previous == 1 and failed == {}  # master 1 had it
-            assert [held_on(s, limbo=True) for s in three] == [1, 1, 1]  # 0 and 2 in limbo; 1 is A's grant
+            assert [held_on(s, limbo=True) for s in three] == [
+                1,
+                1,
+                1,
+            ]  # 0 and 2 in limbo; 1 is A's grant
             assert [held_on(s) for s in three] == [0, 1, 0]
             assert await b.try_acquire() is None
             with pytest.raises(AcquireTimeout, match="2 of 3 masters"):
                 await b.acquire(timeout=0.3)
             assert permit.usable(time.monotonic())
 
-            # The restart broke A's pooled connection to master 0, and an asyncio client without retries fails the
-            # first command on it (a renewal loop would try again at its next tick): use it up first.
+            # The restart broke A's pooled connection to master 0, and an asyncio client without
+            # retries fails the first command on it (a renewal loop would try again at its next
+            # tick): use it up first.
             with contextlib.suppress(redis.ConnectionError):
                 await a_clients[0].ping()
-            assert await a.maintain([permit]) == []  # A's renewal re-adopts its grant out of master 0's reservation
+            assert (
+                await a.maintain([permit]) == []
+            )  # A's renewal re-adopts its grant out of master 0's reservation
             assert sorted(permit.grants) == [0, 1] and held_on(three[0]) == 1
             assert await a.release(permit)
-            got = await b.acquire(timeout=2)  # master 1 freed: B gets it with master 0 (A's re-adopted slot, freed)
+            got = await b.acquire(
+                timeout=2
+            )  # master 1 freed: B gets it with master 0 (A's re-adopted slot, freed)
             assert sorted(got.grants) == [0, 1]
             await b.release(got)
         finally:
@@ -153,8 +180,9 @@ def test_a_newcomers_set_limit_recreates_a_master_that_lost_the_lock_in_limbo(ma
 def test_a_new_request_front_cannot_take_a_restarted_masters_slot_from_a_live_holder(
     masters: list[RedisServer],
 ) -> None:
-    """The same through the request front: StageLocks.start() publishes the limit (set_limit) before anything else;
-    with A holding {0, 1} and master 0 restarted empty, the new front's stage lock gets no quorum."""
+    """The same through the request front: StageLocks.start() publishes the limit (set_limit) before
+    anything else; with A holding {0, 1} and master 0 restarted empty, the new front's stage lock
+    gets no quorum."""
     three = masters[:3]
 
     async def main() -> None:
@@ -170,7 +198,9 @@ def test_a_new_request_front_cannot_take_a_restarted_masters_slot_from_a_live_ho
             async with front([s.url for s in three], {"detail": 1}, scheduler=False) as f:
                 lock = f.locks.locks["detail"]
                 assert isinstance(lock, AsyncQuorumCountingLock)
-                assert await lock.try_acquire() is None  # without the reservation: masters 0 and 2, A's slot on 0
+                assert (
+                    await lock.try_acquire() is None
+                )  # without the reservation: masters 0 and 2, A's slot on 0
                 assert [held_on(s, "detail", limbo=True) for s in three] == [1, 1, 1]
                 assert permit.usable(time.monotonic())
             assert await a.maintain([permit]) == []
@@ -183,13 +213,14 @@ def test_a_new_request_front_cannot_take_a_restarted_masters_slot_from_a_live_ho
     asyncio.run(main())
 
 
-# -- a lead master that freezes under its queued waiters ------------------------------------------------------------
+# -- a lead master that freezes under its queued waiters -------------------------------------------
 
 
 def test_asyncio_waiter_queued_at_a_paused_lead_moves_on(masters: list[RedisServer]) -> None:
-    """N=3, L=1 (q=2), ttl 3 s. W waits in master 0's FIFO behind H; master 0 freezes (SIGSTOP); H releases (masters
-    1 and 2 confirm). W does not wait for master 0: it finds it silent within about ttl/3 plus a PING's timeout and
-    gets masters 1 and 2. After SIGCONT, whatever master 0 handed the given-up wait is freed by the lock itself."""
+    """N=3, L=1 (q=2), ttl 3 s. W waits in master 0's FIFO behind H; master 0 freezes (SIGSTOP); H
+    releases (masters 1 and 2 confirm). W does not wait for master 0: it finds it silent within
+    about ttl/3 plus a PING's timeout and gets masters 1 and 2. After SIGCONT, whatever master 0
+    handed the given-up wait is freed by the lock itself."""
     three = masters[:3]
 
     async def main() -> None:
@@ -204,12 +235,16 @@ def test_asyncio_waiter_queued_at_a_paused_lead_moves_on(masters: list[RedisServ
                 try:
                     got: QuorumPermit = await asyncio.wait_for(asyncio.shield(wait), 10)
                 except TimeoutError:
-                    raise AssertionError("W still waits on the paused master 0 with masters 1 and 2 free") from None
+                    raise AssertionError(
+                        "W still waits on the paused master 0 with masters 1 and 2 free"
+                    ) from None
                 assert sorted(got.grants) == [1, 2]
                 assert got.usable(time.monotonic())
             await w.release(got)
             await until(
-                lambda: [held_on(s) for s in three] == [0, 0, 0], 10, "every grant freed, the given-up wait's too"
+                lambda: [held_on(s) for s in three] == [0, 0, 0],
+                10,
+                "every grant freed, the given-up wait's too",
             )
         finally:
             if not wait.done():
@@ -241,7 +276,11 @@ def test_blocking_waiter_queued_at_a_paused_lead_moves_on(masters: list[RedisSer
             assert sorted(got[0].grants) == [1, 2]
             assert got[0].usable(time.monotonic())
         w.release(got[0])
-        wait_until(lambda: [held_on(s) for s in three] == [0, 0, 0], 10, "every grant freed, the given-up wait's too")
+        wait_until(
+            lambda: [held_on(s) for s in three] == [0, 0, 0],
+            10,
+            "every grant freed, the given-up wait's too",
+        )
     finally:
         thread.join(30)
         for lock in (h, w):
@@ -251,9 +290,9 @@ def test_blocking_waiter_queued_at_a_paused_lead_moves_on(masters: list[RedisSer
 
 
 def test_waiters_keep_their_place_at_a_lead_that_answers(masters: list[RedisServer]) -> None:
-    """Waiters queued at a healthy lead for several renewal intervals: each interval without a grant their lock
-    makes sure the lead answers (a PING), and their blocked reads stay as they are (same connections, same place):
-    they are served in arrival order."""
+    """Waiters queued at a healthy lead for several renewal intervals: each interval without a grant
+    their lock makes sure the lead answers (a PING), and their blocked reads stay as they are (same
+    connections, same place): they are served in arrival order."""
     three = masters[:3]
 
     async def main() -> None:
@@ -275,7 +314,11 @@ def test_waiters_keep_their_place_at_a_lead_that_answers(masters: list[RedisServ
                 await until(lambda: blocked(three[0]) == len(tasks), 10, f"waiter {index} queued")
             queued = blocked_ids(three[0])
             before = pings(three[0])
-            await until(lambda: pings(three[0]) >= before + 2 * len(waiters), 15, "each waiter checked the lead twice")
+            await until(
+                lambda: pings(three[0]) >= before + 2 * len(waiters),
+                15,
+                "each waiter checked the lead twice",
+            )
             assert blocked_ids(three[0]) == queued  # no wait was given up or sent again
             assert await holder.release(held)
             await asyncio.wait_for(asyncio.gather(*tasks), 15)
@@ -291,9 +334,12 @@ def test_waiters_keep_their_place_at_a_lead_that_answers(masters: list[RedisServ
     asyncio.run(main())
 
 
-def test_a_wait_cancelled_while_its_paused_lead_is_checked_leaves_nothing_held(masters: list[RedisServer]) -> None:
-    """W is cancelled while it asks its frozen lead whether it answers (the PING in flight): the cancel ends it at
-    once, and what master 0 may hand the cancelled wait after SIGCONT is freed by the lock itself."""
+def test_a_wait_cancelled_while_its_paused_lead_is_checked_leaves_nothing_held(
+    masters: list[RedisServer],
+) -> None:
+    """W is cancelled while it asks its frozen lead whether it answers (the PING in flight): the
+    cancel ends it at once, and what master 0 may hand the cancelled wait after SIGCONT is freed by
+    the lock itself."""
     three = masters[:3]
 
     async def main() -> None:
@@ -304,13 +350,21 @@ def test_a_wait_cancelled_while_its_paused_lead_is_checked_leaves_nothing_held(m
             wait = asyncio.create_task(w.acquire(timeout=30))
             await until(lambda: blocked(three[0]) == 1, 10, "W queued at master 0")
             with paused(three[0]):
-                await until(lambda: any(not ping.done() for ping in w._pings.values()), 10, "W checks its lead")
+                await until(
+                    lambda: any(not ping.done() for ping in w._pings.values()),
+                    10,
+                    "W checks its lead",
+                )
                 wait.cancel()
                 await asyncio.wait_for(asyncio.gather(wait, return_exceptions=True), 2)
                 assert wait.cancelled()
                 assert w.held == []
             assert await h.release(held)
-            await until(lambda: [held_on(s) for s in three] == [0, 0, 0], 10, "nothing held, the cancelled wait's too")
+            await until(
+                lambda: [held_on(s) for s in three] == [0, 0, 0],
+                10,
+                "nothing held, the cancelled wait's too",
+            )
         finally:
             for lock in (h, w):
                 await lock.aclose()

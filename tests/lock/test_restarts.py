@@ -1,9 +1,11 @@
-"""The lock across restarts of Redis that keep some state: a snapshot (RDB), and what each promise costs.
+"""The lock across restarts of Redis that keep some state: a snapshot (RDB), and what each promise
+costs.
 
-A restart empty is covered in test_sync.py and test_model.py (data loss); here Redis comes back with an *older*
-state than the processes saw, which looks like a healthy lock. Each test restarts a real redis-server from its RDB
-file. Also here: the renewal bookkeeping that keeps a lease honest (late grants, cancelled late grants), what a
-renewal costs as owners grow, and the stream after lowering and raising a limit.
+A restart empty is covered in test_sync.py and test_model.py (data loss); here Redis comes back with
+an *older* state than the processes saw, which looks like a healthy lock. Each test restarts a real
+redis-server from its RDB file. Also here: the renewal bookkeeping that keeps a lease honest (late
+grants, cancelled late grants), what a renewal costs as owners grow, and the stream after lowering
+and raising a limit.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ TTL = 3.0
 
 @pytest.fixture
 def rdb_server() -> Iterator[RedisServer]:
-    """A redis-server that writes an RDB snapshot only when told (SAVE) and loads it when started again."""
+    """A redis-server that writes an RDB snapshot only when told (SAVE) and loads it when started
+    again."""
     with RedisServer() as server:
         yield server
 
@@ -51,8 +54,9 @@ def lock(server: RedisServer, **kwargs: object) -> CountingLock:
 def test_a_redis_back_from_an_older_snapshot_reserves_every_slot_and_never_repeats_a_fence(
     rdb_server: RedisServer,
 ) -> None:
-    """e02: A's grant is released and B holds the next one after the snapshot; Redis comes back from it. C must not
-    get B's slot (nor B's fence): every slot is reserved for a lease, B re-adopts one with a higher fence."""
+    """e02: A's grant is released and B holds the next one after the snapshot; Redis comes back from
+    it. C must not get B's slot (nor B's fence): every slot is reserved for a lease, B re-adopts one
+    with a higher fence."""
     a, b, c = lock(rdb_server), lock(rdb_server), lock(rdb_server)
     admin = redis.Redis.from_url(rdb_server.url)
     first = a.acquire(timeout=1)
@@ -66,7 +70,9 @@ def test_a_redis_back_from_an_older_snapshot_reserves_every_slot_and_never_repea
     with pytest.raises(AcquireTimeout):
         c.acquire(timeout=0.3)  # the blocking read too: its connection is new, the guard runs first
     assert b.maintain() == [] and not held.lost, "the holder did not re-adopt its slot"
-    assert held.fence > first.fence + 1, "the re-adopted slot's fence is not above every earlier fence"
+    assert held.fence > first.fence + 1, (
+        "the re-adopted slot's fence is not above every earlier fence"
+    )
     assert lockstate.pending_grants(admin, b.keys) == [held.grant]
     assert b.release(held)
     again = c.acquire(timeout=1)
@@ -76,9 +82,12 @@ def test_a_redis_back_from_an_older_snapshot_reserves_every_slot_and_never_repea
     admin.close()
 
 
-def test_a_waiting_connection_made_before_the_restart_is_guarded_again(rdb_server: RedisServer) -> None:
-    """An object set up before the restart waits without a setup: its first command to the new run is the blocking
-    read itself, on a connection its pool makes anew. The guard goes first on that connection."""
+def test_a_waiting_connection_made_before_the_restart_is_guarded_again(
+    rdb_server: RedisServer,
+) -> None:
+    """An object set up before the restart waits without a setup: its first command to the new run
+    is the blocking read itself, on a connection its pool makes anew. The guard goes first on that
+    connection."""
     holder, waiter = lock(rdb_server), lock(rdb_server)
     admin = redis.Redis.from_url(rdb_server.url)
     first = holder.acquire(timeout=1)
@@ -88,8 +97,12 @@ def test_a_waiting_connection_made_before_the_restart_is_guarded_again(rdb_serve
     snapshot(admin)  # the slot free
     held = holder.acquire(timeout=1)
     restart_from_snapshot(rdb_server)
-    waiter._core.registered_at = time.monotonic()  # registered recently: the next acquire goes straight to the read
-    for _ in range(3):  # the pool's old connection is dead: redis-py makes a new one (or the first read breaks)
+    waiter._core.registered_at = (
+        time.monotonic()
+    )  # registered recently: the next acquire goes straight to the read
+    for _ in range(
+        3
+    ):  # the pool's old connection is dead: redis-py makes a new one (or the first read breaks)
         try:
             permit = waiter.acquire(timeout=0.3)
         except AcquireTimeout:
@@ -102,8 +115,9 @@ def test_a_waiting_connection_made_before_the_restart_is_guarded_again(rdb_serve
 
 
 def test_a_durable_deployment_keeps_the_lock_across_a_restart(rdb_server: RedisServer) -> None:
-    """durable=True: the operator vouches that Redis loses no acknowledged write (AOF with appendfsync always); a
-    restart then costs nothing: the lock is as it was, no slot is reserved."""
+    """durable=True: the operator vouches that Redis loses no acknowledged write (AOF with
+    appendfsync always); a restart then costs nothing: the lock is as it was, no slot is
+    reserved."""
     admin = redis.Redis.from_url(rdb_server.url)
     holder = lock(rdb_server, durable=True)
     held = holder.acquire(timeout=1)
@@ -128,7 +142,9 @@ def test_a_restart_costs_a_stage_one_lease_then_grants_resume(rdb_server: RedisS
     started = time.monotonic()
     permit = newcomer.acquire(timeout=3 * TTL)
     waited = time.monotonic() - started
-    assert waited >= TTL * 0.9, f"granted after {waited:.2f} s, before the reservation's lease of {TTL} s ran out"
+    assert waited >= TTL * 0.9, (
+        f"granted after {waited:.2f} s, before the reservation's lease of {TTL} s ran out"
+    )
     assert newcomer.release(permit)
     first.close(), newcomer.close(), admin.close()
 
@@ -144,8 +160,8 @@ class Clock:
 def test_a_wait_cancelled_while_its_late_grant_is_renewed_gives_the_slot_back_at_once(
     redis_client: redis.Redis,
 ) -> None:
-    """e05: the renewal of a late grant has moved it to the owner's consumer when the cancel comes; the next
-    maintain must free it by its id, not leave it for the reaper (a whole lease)."""
+    """e05: the renewal of a late grant has moved it to the owner's consumer when the cancel comes;
+    the next maintain must free it by its id, not leave it for the reaper (a whole lease)."""
     clock = Clock()
     core = LockCore.create("detail", 1, TTL, clock=clock)
     other = CountingLock(redis_client, "detail", limit=1, ttl=TTL, maintain_loop=False)
@@ -167,10 +183,13 @@ def test_a_wait_cancelled_while_its_late_grant_is_renewed_gives_the_slot_back_at
 
 
 def test_renewal_is_due_an_interval_after_the_ask_not_the_reply(redis_client: redis.Redis) -> None:
-    """e06: a grant whose reply took 40% of the ttl started its lease at the ask: the renewal comes one interval
-    after the ask, so the lease never runs out under a live holder however the ticks fall."""
+    """e06: a grant whose reply took 40% of the ttl started its lease at the ask: the renewal comes
+    one interval after the ask, so the lease never runs out under a live holder however the ticks
+    fall."""
     clock = Clock()
-    holder = CountingLock(redis_client, "detail", limit=1, ttl=TTL, maintain_loop=False, clock=clock)
+    holder = CountingLock(
+        redis_client, "detail", limit=1, ttl=TTL, maintain_loop=False, clock=clock
+    )
     op = holder._core.acquire(None)
     runner = holder._command
     command = next(op)
@@ -190,21 +209,28 @@ def test_renewal_is_due_an_interval_after_the_ask_not_the_reply(redis_client: re
 
 
 def test_a_renewal_reads_no_owner_list(redis_client: redis.Redis) -> None:
-    """e07: the lease in force is kept in meta; a renewal does not read every owner's ttl (HVALS), however many."""
-    locks = [CountingLock(redis_client, "detail", limit=1, ttl=TTL, maintain_loop=False) for _ in range(50)]
+    """e07: the lease in force is kept in meta; a renewal does not read every owner's ttl (HVALS),
+    however many."""
+    locks = [
+        CountingLock(redis_client, "detail", limit=1, ttl=TTL, maintain_loop=False)
+        for _ in range(50)
+    ]
     for each in locks:
         each.maintain()
     redis_client.config_resetstat()
     for each in locks:
         each.maintain()
     stats = redis_client.info("commandstats")
-    assert "cmdstat_hvals" not in stats or stats["cmdstat_hvals"]["calls"] <= 1  # the once-a-lease garbage pass
+    assert (
+        "cmdstat_hvals" not in stats or stats["cmdstat_hvals"]["calls"] <= 1
+    )  # the once-a-lease garbage pass
     for each in locks:
         each.close()
 
 
 def test_lowering_then_raising_the_limit_leaves_no_dead_entry(redis_client: redis.Redis) -> None:
-    """e08: every stream entry is a free or a held slot, whatever the lowering and raising in between."""
+    """e08: every stream entry is a free or a held slot, whatever the lowering and raising in
+    between."""
     holder = CountingLock(redis_client, "detail", limit=3, ttl=30, maintain_loop=False)
     held = [holder.acquire(timeout=1) for _ in range(3)]
     for _ in range(20):
@@ -221,10 +247,12 @@ def test_lowering_then_raising_the_limit_leaves_no_dead_entry(redis_client: redi
     holder.close()
 
 
-def test_a_survivor_that_releases_before_it_renews_gives_a_reserved_slot_back(rdb_server: RedisServer) -> None:
-    """A holder whose request ends before its first renewal after the restart releases a grant Redis forgot, within
-    its lease: it re-adopts a reserved slot and gives it straight back, so the slot comes back at once instead of
-    after the reservation's lease."""
+def test_a_survivor_that_releases_before_it_renews_gives_a_reserved_slot_back(
+    rdb_server: RedisServer,
+) -> None:
+    """A holder whose request ends before its first renewal after the restart releases a grant Redis
+    forgot, within its lease: it re-adopts a reserved slot and gives it straight back, so the slot
+    comes back at once instead of after the reservation's lease."""
     admin = redis.Redis.from_url(rdb_server.url)
     holder, newcomer = lock(rdb_server), lock(rdb_server)
     holder.maintain()
@@ -232,16 +260,21 @@ def test_a_survivor_that_releases_before_it_renews_gives_a_reserved_slot_back(rd
     held = holder.acquire(timeout=1)
     restart_from_snapshot(rdb_server)
     assert newcomer.try_acquire() is None  # reserved
-    assert holder.release(held) is False  # not held in Redis any more: it gave back the slot it re-adopted
+    assert (
+        holder.release(held) is False
+    )  # not held in Redis any more: it gave back the slot it re-adopted
     permit = newcomer.try_acquire()
     assert permit is not None and permit.fence > held.fence
     assert newcomer.try_acquire() is None  # one slot: the cap holds
     holder.close(), newcomer.close(), admin.close()
 
 
-def test_a_stale_holder_neither_re_adopts_nor_gives_back_a_reserved_slot(rdb_server: RedisServer) -> None:
-    """A permit whose lease ran out on its holder's clock (a stall) may have had its slot reaped and given to another
-    process before the restart: after the restart it must not take a reserved slot, nor free one by releasing."""
+def test_a_stale_holder_neither_re_adopts_nor_gives_back_a_reserved_slot(
+    rdb_server: RedisServer,
+) -> None:
+    """A permit whose lease ran out on its holder's clock (a stall) may have had its slot reaped and
+    given to another process before the restart: after the restart it must not take a reserved slot,
+    nor free one by releasing."""
     admin = redis.Redis.from_url(rdb_server.url)
     stale, newcomer = lock(rdb_server), lock(rdb_server)
     stale.maintain()

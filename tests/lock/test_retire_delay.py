@@ -1,6 +1,6 @@
-"""The two lock-layer primitives behind keys met at run time, against a real redis-server: ``retire`` (a key's
-lock leaves Redis once nobody holds, waits or is registered) and the delay gate (starts booked on Redis's clock,
-first come, first served)."""
+"""The two lock-layer primitives behind keys met at run time, against a real redis-server:
+``retire`` (a key's lock leaves Redis once nobody holds, waits or is registered) and the delay gate
+(starts booked on Redis's clock, first come, first served)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ def keys_of(client: redis.Redis, name: str = "key:a.com") -> list[bytes]:
     return sorted(client.scan_iter(f"redislock:{{{name}}}*"))
 
 
-def test_retire_deletes_only_when_nobody_uses_the_lock(admin_url: str, redis_client: redis.Redis) -> None:
+def test_retire_deletes_only_when_nobody_uses_the_lock(
+    admin_url: str, redis_client: redis.Redis
+) -> None:
     async def main() -> None:
         client = redis.asyncio.Redis.from_url(admin_url)
         a = AsyncCountingLock(client, "key:a.com", 1, 30.0, maintain_loop=False)
@@ -42,7 +44,9 @@ def test_retire_deletes_only_when_nobody_uses_the_lock(admin_url: str, redis_cli
         await b.release(permit_b)
         assert await b.aclose(retire=True) == 0
         assert keys_of(redis_client) == []  # nobody holds, waits or is registered: gone
-        c = AsyncCountingLock(client, "key:a.com", 2, 30.0, maintain_loop=False)  # made anew, with its own limit
+        c = AsyncCountingLock(
+            client, "key:a.com", 2, 30.0, maintain_loop=False
+        )  # made anew, with its own limit
         again = await c.acquire(timeout=1)
         assert again.fence > permit_b.fence  # fences keep growing (ids start at Redis's clock)
         assert await c.aclose(retire=True) == 1
@@ -52,8 +56,11 @@ def test_retire_deletes_only_when_nobody_uses_the_lock(admin_url: str, redis_cli
     asyncio.run(main())
 
 
-def test_retire_ignores_owners_gone_for_three_leases(admin_url: str, redis_client: redis.Redis) -> None:
-    """A process that registered and died (no release, no retire) does not keep the lock alive for ever."""
+def test_retire_ignores_owners_gone_for_three_leases(
+    admin_url: str, redis_client: redis.Redis
+) -> None:
+    """A process that registered and died (no release, no retire) does not keep the lock alive for
+    ever."""
 
     async def main() -> None:
         client = redis.asyncio.Redis.from_url(admin_url)
@@ -76,7 +83,9 @@ def test_retire_ignores_owners_gone_for_three_leases(admin_url: str, redis_clien
     asyncio.run(main())
 
 
-def test_delay_gate_books_starts_in_order_on_redis_clock(admin_url: str, redis_client: redis.Redis) -> None:
+def test_delay_gate_books_starts_in_order_on_redis_clock(
+    admin_url: str, redis_client: redis.Redis
+) -> None:
     async def main() -> None:
         client = redis.asyncio.Redis.from_url(admin_url)
         runner = CommandRunner(client)
@@ -84,8 +93,9 @@ def test_delay_gate_books_starts_in_order_on_redis_clock(admin_url: str, redis_c
         booked: list[float] = []
 
         async def book(gap: float) -> tuple[float, float, float]:
-            """The moment booked on Redis's clock, and on this process's clock no earlier than the first and no
-            later than the second (Redis counted its wait at some instant between sending and reading the reply)."""
+            """The moment booked on Redis's clock, and on this process's clock no earlier than the
+            first and no later than the second (Redis counted its wait at some instant between
+            sending and reading the reply)."""
             sent = time.monotonic()
             wait, start = await adrive(book_start(gate, gap), runner, "gate")
             read = time.monotonic()
@@ -93,15 +103,19 @@ def test_delay_gate_books_starts_in_order_on_redis_clock(admin_url: str, redis_c
             return start, sent + wait, read + wait
 
         first = [await book(0.1) for _ in range(5)]
-        # Each booking is 0.1 s after the one before: 0, 0.1, 0.2 ... from the first (on this process's clock, up to
-        # the reply's jitter).
+        # Each booking is 0.1 s after the one before: 0, 0.1, 0.2 ... from the first (on this
+        # process's clock, up to the reply's jitter).
         for (_, earliest, _), (_, _, latest) in itertools.pairwise(first):
             assert latest - earliest >= 0.1 - JITTER, first
         assert first[-1][1] - first[0][2] <= 0.4 + JITTER
         ttl = redis_client.pttl(gate)
         assert 0 < ttl <= 500
-        concurrent = sorted(await asyncio.gather(*(book(0.1) for _ in range(10))))  # in the order Redis booked them
-        assert concurrent[0][2] >= first[-1][1] + 0.1 - JITTER  # after the last booking, in the order they came
+        concurrent = sorted(
+            await asyncio.gather(*(book(0.1) for _ in range(10)))
+        )  # in the order Redis booked them
+        assert (
+            concurrent[0][2] >= first[-1][1] + 0.1 - JITTER
+        )  # after the last booking, in the order they came
         for (_, earliest, _), (_, _, latest) in itertools.pairwise(concurrent):
             assert latest - earliest >= 0.1 - JITTER, concurrent
         # On Redis's clock the booked moments are exactly 0.1 s apart.

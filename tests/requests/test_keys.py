@@ -1,15 +1,18 @@
-"""Caps per key (REDISLOCK_STAGE_KEY) and the cluster-wide delay, in real crawls: 3 `scrapy runspider` processes
-against a local site answering on several host names (127.0.0.1 to 127.0.0.4) and a real redis-server.
+"""Caps per key (REDISLOCK_STAGE_KEY) and the cluster-wide delay, in real crawls: 3 `scrapy
+runspider` processes against a local site answering on several host names (127.0.0.1 to 127.0.0.4)
+and a real redis-server.
 
-The site counts, per host, requests in flight (from request line read to just before the response is written)
-and when each request arrived. For the delay, a test middleware after ours sends each request's booked start (on
-Redis's clock) in a header, and the site notes its arrival on the same machine's wall clock (the clock Redis's TIME
-reads): the tests check that the bookings of one host are at least the delay apart (exactly, on Redis's clock) and
-that no request arrives before its booked moment, less CLOCK_TOLERANCE (two reads of one clock by two processes).
-What the site sees between two arrivals is then at least the delay less the lateness of the earlier request after
-its booked moment (the reply's way back, event-loop lag, the connection, the site's thread): a few ms on an idle
-machine (smallest gap for a 0.3 s delay: 0.292 s), over 100 ms while other crawls kept this 2-core machine's load
-average near 12 (0.187 s). No client-side scheme removes that: the site alone knows when a request arrived.
+The site counts, per host, requests in flight (from request line read to just before the response is
+written) and when each request arrived. For the delay, a test middleware after ours sends each
+request's booked start (on Redis's clock) in a header, and the site notes its arrival on the same
+machine's wall clock (the clock Redis's TIME reads): the tests check that the bookings of one host
+are at least the delay apart (exactly, on Redis's clock) and that no request arrives before its
+booked moment, less CLOCK_TOLERANCE (two reads of one clock by two processes). What the site sees
+between two arrivals is then at least the delay less the lateness of the earlier request after its
+booked moment (the reply's way back, event-loop lag, the connection, the site's thread): a few ms on
+an idle machine (smallest gap for a 0.3 s delay: 0.292 s), over 100 ms while other crawls kept this
+2-core machine's load average near 12 (0.187 s). No client-side scheme removes that: the site alone
+knows when a request arrived.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from testing.site import CrawlSite
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 HOSTS = 4
 PROCESSES = 3
-CLOCK_TOLERANCE = 0.002  # seconds: Redis's TIME and the site's time.time(), read by two processes of one machine
+CLOCK_TOLERANCE = (
+    0.002  # seconds: Redis's TIME and the site's time.time(), read by two processes of one machine
+)
 BOTH = ("scrapy_redislock.StageScheduler", None)
 WITH_HEADER = {
     "scrapy_redislock.StageLockMiddleware": 950,
@@ -39,23 +44,32 @@ def settings(redis_url: str, **extra: Any) -> dict[str, Any]:
     return {
         "REDISLOCK_URL": redis_url,
         "REDISLOCK_STAGE_KEY": "domain",
-        "REDISLOCK_STAGES": {"detail": None},  # the test spider names a stage: unlimited unless a test caps it
+        "REDISLOCK_STAGES": {
+            "detail": None
+        },  # the test spider names a stage: unlimited unless a test caps it
         "CONCURRENT_REQUESTS": 16,
         "DOWNLOAD_DELAY": 0,
         **extra,
     }
 
 
-def crawl_all(site: CrawlSite, plan: str, pages: int, extra: dict[str, Any], folder: Path) -> list[Crawl]:
-    """PROCESSES crawls, each of ``pages`` pages of its own (numbered apart), spread over the HOSTS host names."""
+def crawl_all(
+    site: CrawlSite, plan: str, pages: int, extra: dict[str, Any], folder: Path
+) -> list[Crawl]:
+    """PROCESSES crawls, each of ``pages`` pages of its own (numbered apart), spread over the HOSTS
+    host names."""
     crawls = [
-        Crawl(site.url, plan, extra, folder, args={"hosts": str(HOSTS), "first": str(1000 * i)}).start()
+        Crawl(
+            site.url, plan, extra, folder, args={"hosts": str(HOSTS), "first": str(1000 * i)}
+        ).start()
         for i in range(PROCESSES)
     ]
     for crawl in crawls:
         crawl.wait(timeout=120)
         assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
-    assert len(site.hits) == PROCESSES * pages and set(site.hits.values()) == {1}  # every page, once
+    assert len(site.hits) == PROCESSES * pages and set(site.hits.values()) == {
+        1
+    }  # every page, once
     return crawls
 
 
@@ -67,8 +81,11 @@ def key_locks_left(client: redis.Redis) -> list[bytes]:
 def test_per_host_cap_and_stage_cap_hold_across_processes(
     scheduler: str | None, redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
-    """Each host at most 2 in flight across 3 processes while the stage holds at most 5; both caps are reached."""
-    extra = settings(redis_url, SCHEDULER=scheduler, REDISLOCK_STAGES={"detail": 5}, REDISLOCK_KEY_LIMIT=2)
+    """Each host at most 2 in flight across 3 processes while the stage holds at most 5; both caps
+    are reached."""
+    extra = settings(
+        redis_url, SCHEDULER=scheduler, REDISLOCK_STAGES={"detail": 5}, REDISLOCK_KEY_LIMIT=2
+    )
     with CrawlSite(delay=0.1, hosts=HOSTS) as site:
         crawls = crawl_all(site, "detail:40", 40, extra, tmp_path)
         assert len(site.max_host_in_flight) == HOSTS
@@ -81,24 +98,30 @@ def test_per_host_cap_and_stage_cap_hold_across_processes(
 
 
 def test_per_key_limit_overrides(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
-    """REDISLOCK_KEY_LIMITS: one host capped at 1, another uncapped, the rest at REDISLOCK_KEY_LIMIT."""
+    """REDISLOCK_KEY_LIMITS: one host capped at 1, another uncapped, the rest at
+    REDISLOCK_KEY_LIMIT."""
     limits = {"127.0.0.2": 1, "127.0.0.3": None}
     extra = settings(redis_url, REDISLOCK_KEY_LIMIT=2, REDISLOCK_KEY_LIMITS=limits)
     with CrawlSite(delay=0.1, hosts=HOSTS) as site:
         crawl_all(site, "detail:40", 40, extra, tmp_path)
         assert site.max_host_in_flight["127.0.0.2"] == 1
         assert site.max_host_in_flight["127.0.0.3"] > 2  # uncapped: 3 processes x their concurrency
-        assert site.max_host_in_flight["127.0.0.1"] == 2 and site.max_host_in_flight["127.0.0.4"] == 2
+        assert (
+            site.max_host_in_flight["127.0.0.1"] == 2 and site.max_host_in_flight["127.0.0.4"] == 2
+        )
     assert key_locks_left(redis_client) == []
 
 
 def test_delay_between_starts_of_a_host_across_processes(
     redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
-    """REDISLOCK_DELAY = 0.3 s: the starts of one host, booked by any process, are at least that far apart on
-    Redis's clock, no request reaches the site before its booked start, and the delay is what paces the crawl."""
+    """REDISLOCK_DELAY = 0.3 s: the starts of one host, booked by any process, are at least that far
+    apart on Redis's clock, no request reaches the site before its booked start, and the delay is
+    what paces the crawl."""
     delay = 0.3
-    extra = settings(redis_url, SCHEDULER=None, REDISLOCK_DELAY=delay, DOWNLOADER_MIDDLEWARES=WITH_HEADER)
+    extra = settings(
+        redis_url, SCHEDULER=None, REDISLOCK_DELAY=delay, DOWNLOADER_MIDDLEWARES=WITH_HEADER
+    )
     with CrawlSite(delay=0.05, hosts=HOSTS) as site:
         crawls = crawl_all(site, "detail:12", 12, extra, tmp_path)
         gaps = [gap for host in site.host_arrivals for gap in site.gaps(host)]
@@ -111,8 +134,9 @@ def test_delay_between_starts_of_a_host_across_processes(
 
 
 def check_bookings(site: CrawlSite, delay: float, floor: float | None = None) -> None:
-    """Per host: booked starts at least ``floor`` (default: the delay) apart, none arrived before its booking, so
-    every gap the site saw is at least the delay less the lateness of the earlier request."""
+    """Per host: booked starts at least ``floor`` (default: the delay) apart, none arrived before
+    its booking, so every gap the site saw is at least the delay less the lateness of the earlier
+    request."""
     floor = delay if floor is None else floor
     assert len(site.booked_starts) == HOSTS
     for host, starts in site.booked_starts.items():
@@ -127,9 +151,11 @@ def check_bookings(site: CrawlSite, delay: float, floor: float | None = None) ->
             assert next_arrived - arrived >= floor - (arrived - start) - CLOCK_TOLERANCE
 
 
-def test_key_cap_with_delay_and_randomized_delay(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
-    """Cap 1 and a randomized delay of 0.2 s per host: one at a time per host, bookings at least half the delay
-    apart (as RANDOMIZE_DOWNLOAD_DELAY: 0.5 to 1.5 times), and not all equal."""
+def test_key_cap_with_delay_and_randomized_delay(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """Cap 1 and a randomized delay of 0.2 s per host: one at a time per host, bookings at least
+    half the delay apart (as RANDOMIZE_DOWNLOAD_DELAY: 0.5 to 1.5 times), and not all equal."""
     extra = settings(
         redis_url,
         REDISLOCK_KEY_LIMIT=1,
@@ -148,7 +174,8 @@ def test_key_cap_with_delay_and_randomized_delay(redis_url: str, redis_client: r
 
 
 def test_stage_delay(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
-    """REDISLOCK_DELAYS names a stage: its starts are spaced across processes, whatever the host; no key set."""
+    """REDISLOCK_DELAYS names a stage: its starts are spaced across processes, whatever the host; no
+    key set."""
     extra = {
         "REDISLOCK_URL": redis_url,
         "REDISLOCK_STAGES": {"detail": None},
@@ -165,9 +192,11 @@ def test_stage_delay(redis_url: str, redis_client: redis.Redis, tmp_path: Path) 
     assert min(arrived - start for arrived, start in starts) >= -CLOCK_TOLERANCE
 
 
-def test_many_keys_leave_nothing_in_redis(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> None:
-    """A key per page (300 keys, each used once, by 3 processes): keys are retired while the crawl goes on, once
-    idle for two renewal ticks, and every key's lock is gone at the end."""
+def test_many_keys_leave_nothing_in_redis(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """A key per page (300 keys, each used once, by 3 processes): keys are retired while the crawl
+    goes on, once idle for two renewal ticks, and every key's lock is gone at the end."""
     extra = settings(
         redis_url,
         REDISLOCK_STAGE_KEY="testing.spiders.crawlspider.path_key",
@@ -178,7 +207,9 @@ def test_many_keys_leave_nothing_in_redis(redis_url: str, redis_client: redis.Re
         crawls = crawl_all(site, "detail:100", 100, extra, tmp_path)
     assert sum(crawl.stats["redislock/keys/acquired"] for crawl in crawls) == 300
     for crawl in crawls:
-        assert crawl.stats["redislock/keys/retired_idle"] > 0  # retired while crawling, not only at close
+        assert (
+            crawl.stats["redislock/keys/retired_idle"] > 0
+        )  # retired while crawling, not only at close
     assert key_locks_left(redis_client) == []
     assert list(redis_client.scan_iter("redislock:*")) == []
 

@@ -1,8 +1,9 @@
-"""A slot that is no longer held under a valid lease never goes out with a request (in-process, a real Redis): one
-lost while StageScheduler kept it for a queued request (an operator reset), one whose lease ran out while this
-process could not renew it (a partition: another process gets the slot), one lost between the scheduler and the
-middleware, one lost while its request waited for its key slot. Each is dropped, counted as
-``redislock/<stage>/unusable``, and its request waits for a fresh slot."""
+"""A slot that is no longer held under a valid lease never goes out with a request (in-process, a
+real Redis): one lost while StageScheduler kept it for a queued request (an operator reset), one
+whose lease ran out while this process could not renew it (a partition: another process gets the
+slot), one lost between the scheduler and the middleware, one lost while its request waited for its
+key slot. Each is dropped, counted as ``redislock/<stage>/unusable``, and its request waits for a
+fresh slot."""
 
 from __future__ import annotations
 
@@ -26,27 +27,32 @@ pytestmark = pytest.mark.integration
 
 
 def reset(client: redis.Redis, stage: str) -> None:
-    """What ``redislock reset`` does: every grant of the stage freed in Redis, its holders not told."""
+    """What ``redislock reset`` does: every grant of the stage freed in Redis, its holders not
+    told."""
     drive(reset_lock(LockKeys.of("redislock", stage)), CommandRunner(client), stage)
 
 
 async def queued_with_a_ready_slot(f: Front) -> tuple[Request, Permit]:
-    """A request queued in StageScheduler with a slot in hand for it (passed on by a finished request of the same
-    stage; the engine has not asked yet)."""
+    """A request queued in StageScheduler with a slot in hand for it (passed on by a finished
+    request of the same stage; the engine has not asked yet)."""
     assert f.scheduler is not None
     first, queued = request("detail", 0), request("detail", 1)
     f.scheduler.enqueue_request(first)
     assert f.scheduler.next_request() is first
     await f.send(first)
     f.scheduler.enqueue_request(queued)
-    f.middleware.request_left(first, f.crawler.spider)  # done: its slot is kept for the queued request
+    f.middleware.request_left(
+        first, f.crawler.spider
+    )  # done: its slot is kept for the queued request
     f.active.discard(first)
     (permit,) = f.scheduler.ready["detail"]
     assert isinstance(permit, Permit)
     return queued, permit
 
 
-async def goes_out_with_a_fresh_slot(f: Front, client: redis.Redis, sent: Request, old: Permit) -> Permit:
+async def goes_out_with_a_fresh_slot(
+    f: Front, client: redis.Redis, sent: Request, old: Permit
+) -> Permit:
     assert f.locks.take(sent) is None  # the unusable slot was dropped: it goes in line, without one
     await asyncio.wait_for(f.send(sent), 20)
     fresh = f.locks.take(sent)
@@ -56,7 +62,9 @@ async def goes_out_with_a_fresh_slot(f: Front, client: redis.Redis, sent: Reques
     return fresh
 
 
-def test_a_slot_lost_in_the_ready_queue_is_not_handed_out(redis_url: str, redis_client: redis.Redis) -> None:
+def test_a_slot_lost_in_the_ready_queue_is_not_handed_out(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, REDISLOCK_LOCAL_REUSE=30) as f:
             assert f.scheduler is not None
@@ -75,9 +83,11 @@ def test_a_slot_lost_in_the_ready_queue_is_not_handed_out(redis_url: str, redis_
     asyncio.run(scenario())
 
 
-def test_a_ready_slot_past_its_lease_is_not_handed_out(redis_url: str, redis_client: redis.Redis) -> None:
-    """Renewals fail (this process is cut off), the lease runs out in Redis and another process takes the slot: this
-    process cannot know it is lost, but its clock says the lease is over."""
+def test_a_ready_slot_past_its_lease_is_not_handed_out(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Renewals fail (this process is cut off), the lease runs out in Redis and another process
+    takes the slot: this process cannot know it is lost, but its clock says the lease is over."""
 
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, REDISLOCK_LOCAL_REUSE=30) as f:
@@ -94,7 +104,9 @@ def test_a_ready_slot_past_its_lease_is_not_handed_out(redis_url: str, redis_cli
                 rival_permit = await asyncio.to_thread(rival.acquire, 20)
                 assert not permit.usable(time.monotonic())
                 sent = f.scheduler.next_request()
-                assert sent is queued and f.locks.take(sent) is None  # the stale slot stays here; it waits in line
+                assert (
+                    sent is queued and f.locks.take(sent) is None
+                )  # the stale slot stays here; it waits in line
                 del lock.maintain  # reachable again
                 assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
                 assert held(redis_client, "detail") == [rival_permit.grant]
@@ -134,7 +146,8 @@ def test_a_slot_lost_on_its_way_to_the_middleware_makes_the_request_wait_there(
 def test_a_stage_slot_lost_while_its_request_waits_for_its_key_is_taken_again(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """The key slot comes after the stage slot, so the request gives the key slot back and takes both again."""
+    """The key slot comes after the stage slot, so the request gives the key slot back and takes
+    both again."""
 
     async def scenario() -> None:
         settings = {"REDISLOCK_STAGE_KEY": "domain", "REDISLOCK_KEY_LIMIT": 1}
@@ -146,7 +159,9 @@ def test_a_stage_slot_lost_while_its_request_waits_for_its_key_is_taken_again(
             assert through is not None
             await through
             waiting = asyncio.ensure_future(mw.process_request(second))  # type: ignore[arg-type]
-            await until(lambda: sum(mw.gate.waiting.values()) == 1)  # holds its stage slot, waits for the key
+            await until(
+                lambda: sum(mw.gate.waiting.values()) == 1
+            )  # holds its stage slot, waits for the key
             permit = f.locks.take(second)
             assert isinstance(permit, Permit)
             reset(redis_client, "detail")
@@ -157,7 +172,9 @@ def test_a_stage_slot_lost_while_its_request_waits_for_its_key_is_taken_again(
             assert isinstance(fresh, Permit) and fresh is not permit
             assert held(redis_client, "detail") == [fresh.grant]
             assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
-            assert f.crawler.stats.get_value("redislock/keys/acquired") == 3  # the second took its key twice
+            assert (
+                f.crawler.stats.get_value("redislock/keys/acquired") == 3
+            )  # the second took its key twice
             mw.process_response(second, Response(second.url, request=second))
             await until(lambda: leftover(redis_client) == 0)
 

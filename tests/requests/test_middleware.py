@@ -1,6 +1,6 @@
-"""StageLockMiddleware in real crawls (`scrapy runspider` processes) against a local HTTP server and a real
-redis-server: caps on its own, release on every outcome, close / SIGTERM / SIGKILL, Redis outages, bad settings,
-reactors, scheduler bypass."""
+"""StageLockMiddleware in real crawls (`scrapy runspider` processes) against a local HTTP server and
+a real redis-server: caps on its own, release on every outcome, close / SIGTERM / SIGKILL, Redis
+outages, bad settings, reactors, scheduler bypass."""
 
 from __future__ import annotations
 
@@ -22,23 +22,35 @@ from testing.site import CrawlSite
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 STAGES = {"detail": 3, "comments": None}
-BOTH = ("scrapy_redislock.StageScheduler", None)  # with the stage-aware scheduler, and the middleware alone
+BOTH = (
+    "scrapy_redislock.StageScheduler",
+    None,
+)  # with the stage-aware scheduler, and the middleware alone
 
 
 def settings(redis_url: str, **extra: Any) -> dict[str, Any]:
-    return {"REDISLOCK_URL": redis_url, "REDISLOCK_STAGES": STAGES, "CONCURRENT_REQUESTS": 16, **extra}
+    return {
+        "REDISLOCK_URL": redis_url,
+        "REDISLOCK_STAGES": STAGES,
+        "CONCURRENT_REQUESTS": 16,
+        **extra,
+    }
 
 
 def test_middleware_alone_caps_but_a_full_stage_holds_up_the_others(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """Without StageScheduler the caps hold, and the price is head-of-line blocking (why the scheduler exists)."""
-    crawl = Crawl(site.url, "detail:150,comments:50", settings(redis_url, SCHEDULER=None), tmp_path).run()
+    """Without StageScheduler the caps hold, and the price is head-of-line blocking (why the
+    scheduler exists)."""
+    crawl = Crawl(
+        site.url, "detail:150,comments:50", settings(redis_url, SCHEDULER=None), tmp_path
+    ).run()
     assert crawl.stats["finish_reason"] == "finished", crawl.tail()
     assert site.max_in_flight["detail"] == 3
     assert crawl.stats["redislock/detail/acquired"] == 150
     first_comment = min(site.arrivals["comments"]) - min(site.arrivals["detail"])
-    # 150 - 16 details must finish (3 at a time, 50 ms each) before a comment gets a downloader slot: > 2 s.
+    # 150 - 16 details must finish (3 at a time, 50 ms each) before a comment gets a downloader
+    # slot: > 2 s.
     assert first_comment > 2.0, first_comment
     assert crawl.stats["test/pending_at_engine_stop"] == 0
     assert leftover(redis_client) == 0
@@ -46,10 +58,15 @@ def test_middleware_alone_caps_but_a_full_stage_holds_up_the_others(
 
 @pytest.mark.parametrize("scheduler", BOTH, ids=["scheduler", "middleware-alone"])
 def test_slot_released_on_every_outcome(
-    scheduler: str | None, redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+    scheduler: str | None,
+    redis_url: str,
+    redis_client: redis.Redis,
+    site: CrawlSite,
+    tmp_path: Path,
 ) -> None:
-    """Response, download timeout (retried: the copy gets its own slot), IgnoreRequest or a response from a later
-    middleware, and requests an earlier middleware answers or drops (the scheduler's slot came with them)."""
+    """Response, download timeout (retried: the copy gets its own slot), IgnoreRequest or a response
+    from a later middleware, and requests an earlier middleware answers or drops (the scheduler's
+    slot came with them)."""
     plan = ",".join(
         [
             "detail:6",
@@ -76,17 +93,25 @@ def test_slot_released_on_every_outcome(
     crawl = Crawl(site.url, plan, settings(redis_url, **extra), tmp_path).run()
     stats = crawl.stats
     assert stats["finish_reason"] == "finished", crawl.tail()
-    # (The server goes on with a timed-out request after the client gave it up, so it counts those apart.)
+    # (The server goes on with a timed-out request after the client gave it up, so it counts those
+    # apart.)
     assert site.max_in_flight["detail"] <= 2
     # Scrapy 2.19 raises DownloadTimeoutError; older ones Twisted's TimeoutError.
-    timeouts = stats.get("test/errback/DownloadTimeoutError", 0) + stats.get("test/errback/TimeoutError", 0)
+    timeouts = stats.get("test/errback/DownloadTimeoutError", 0) + stats.get(
+        "test/errback/TimeoutError", 0
+    )
     assert stats["retry/count"] == 3 and timeouts == 3
     assert stats["test/errback/IgnoreRequest"] == 4
     assert sum(n for path, n in site.hits.items() if path.startswith("/detail/")) == 12
-    assert sum(n for path, n in site.hits.items() if path.startswith("/slow/")) == 6  # each timed out twice
-    reached = 12 + 6 + 4  # everything that got to the middleware: plain, slow and retried, late outcomes
-    # With the scheduler, those dropped or answered before our middleware took a slot only when they left the
-    # scheduler with one in hand (a slot passed on by a finished request); the others went in line without one.
+    assert (
+        sum(n for path, n in site.hits.items() if path.startswith("/slow/")) == 6
+    )  # each timed out twice
+    reached = (
+        12 + 6 + 4
+    )  # everything that got to the middleware: plain, slow and retried, late outcomes
+    # With the scheduler, those dropped or answered before our middleware took a slot only when they
+    # left the scheduler with one in hand (a slot passed on by a finished request); the others went
+    # in line without one.
     early = 0 if scheduler is None else 4
     assert reached <= stats["redislock/detail/acquired"] <= reached + early
     assert stats["test/pending_at_engine_stop"] == 0
@@ -96,14 +121,20 @@ def test_slot_released_on_every_outcome(
 def test_close_and_sigterm_do_not_hang(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """CLOSESPIDER_TIMEOUT and SIGTERM while requests wait (in the middleware or parked): the spider closes at
-    once, every slot and waiter of the process is freed before the spider_closed handlers finish."""
+    """CLOSESPIDER_TIMEOUT and SIGTERM while requests wait (in the middleware or parked): the spider
+    closes at once, every slot and waiter of the process is freed before the spider_closed handlers
+    finish."""
     site.delay = 0.3
     timed = {
         scheduler: Crawl(
             site.url,
             "detail:200,comments:5",
-            settings(redis_url, SCHEDULER=scheduler, REDISLOCK_STAGES={"detail": 1}, CLOSESPIDER_TIMEOUT=2),
+            settings(
+                redis_url,
+                SCHEDULER=scheduler,
+                REDISLOCK_STAGES={"detail": 1},
+                CLOSESPIDER_TIMEOUT=2,
+            ),
             tmp_path,
         ).start()
         for scheduler in BOTH
@@ -117,7 +148,9 @@ def test_close_and_sigterm_do_not_hang(
     assert leftover(redis_client) == 0
 
     for scheduler in BOTH:
-        crawl = Crawl(site.url, "detail:100,comments:5", settings(redis_url, SCHEDULER=scheduler), tmp_path).start()
+        crawl = Crawl(
+            site.url, "detail:100,comments:5", settings(redis_url, SCHEDULER=scheduler), tmp_path
+        ).start()
         assert site.wait_for(lambda: leftover(redis_client) == 3, timeout=30)
         time.sleep(0.5)
         stopped = time.monotonic()
@@ -146,7 +179,8 @@ def test_killed_crawler_slots_return_after_the_ttl(
     survivor.wait()
     assert survivor.stats["finish_reason"] == "finished", survivor.tail()
     first_after = site.arrivals["detail"][before]
-    # The dead crawler's slots come back after the ttl + a renew interval; the survivor asks once it is up.
+    # The dead crawler's slots come back after the ttl + a renew interval; the survivor asks once it
+    # is up.
     assert first_after - max(killed + 1.5 + 0.5, ready) < 3.0
     assert leftover(redis_client) == 0
 
@@ -173,21 +207,29 @@ def test_lost_lease_is_logged_and_counted(
 
 @pytest.mark.faults
 def test_redis_outage_mid_crawl(site: CrawlSite, tmp_path: Path) -> None:
-    """Redis killed for 2 s and restarted empty: requests wait (caps hold), warnings with back-off, the crawl
-    resumes by itself, every page is fetched exactly once and nothing is left in Redis."""
+    """Redis killed for 2 s and restarted empty: requests wait (caps hold), warnings with back-off,
+    the crawl resumes by itself, every page is fetched exactly once and nothing is left in Redis."""
     site.delay = 0.1
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
         crawls = [
-            Crawl(site.url, "detail:40,comments:20", settings(server.url, SCHEDULER=scheduler), tmp_path).start()
+            Crawl(
+                site.url,
+                "detail:40,comments:20",
+                settings(server.url, SCHEDULER=scheduler),
+                tmp_path,
+            ).start()
             for scheduler in BOTH
         ]
-        for crawl in crawls:  # both connected before the fault (else one closes with redislock_redis_unavailable)
+        for crawl in (
+            crawls
+        ):  # both connected before the fault (else one closes with redislock_redis_unavailable)
             assert crawl.wait_for_output("Stage slots in Redis at", timeout=60), crawl.tail()
         assert site.wait_for(lambda: site.count("detail") >= 6, timeout=30)
         server.kill()
-        # What was in flight finishes, and a slot held may still pass to a parked request of its process within
-        # REDISLOCK_LOCAL_REUSE (0.25 s) of its grant; then nothing new starts until Redis is back.
+        # What was in flight finishes, and a slot held may still pass to a parked request of its
+        # process within REDISLOCK_LOCAL_REUSE (0.25 s) of its grant; then nothing new starts until
+        # Redis is back.
         time.sleep(1)
         settled = site.count("detail")
         time.sleep(1)
@@ -204,7 +246,9 @@ def test_redis_outage_mid_crawl(site: CrawlSite, tmp_path: Path) -> None:
 
 
 @pytest.mark.faults
-def test_redis_paused_mid_crawl(redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path) -> None:
+def test_redis_paused_mid_crawl(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
     """Redis frozen (SIGSTOP) for 3 s: waiting requests wait, nothing crashes, the cap holds."""
     pid = int(redis_client.info("server")["process_id"])
     crawl = Crawl(site.url, "detail:60,comments:20", settings(redis_url), tmp_path).start()
@@ -223,20 +267,39 @@ def test_redis_paused_mid_crawl(redis_url: str, redis_client: redis.Redis, site:
 
 def test_bad_configuration_stops_the_crawl(redis_url: str, site: CrawlSite, tmp_path: Path) -> None:
     cases = [
-        ({"REDISLOCK_STAGES": {"detail": -1}}, "REDISLOCK_STAGES['detail'] must be an integer >= 0"),
+        (
+            {"REDISLOCK_STAGES": {"detail": -1}},
+            "REDISLOCK_STAGES['detail'] must be an integer >= 0",
+        ),
         ({"REDISLOCK_STAGES": {"detail": "three"}}, "'three'"),
         ({"REDISLOCK_STAGES": ["detail"]}, "REDISLOCK_STAGES must be a dict"),
         ({"REDISLOCK_URL": "http://nope"}, "REDISLOCK_URL"),
         ({"TWISTED_REACTOR": "twisted.internet.selectreactor.SelectReactor"}, "TWISTED_REACTOR"),
-        ({"TWISTED_REACTOR": "twisted.internet.selectreactor.SelectReactor", "SCHEDULER": None}, "TWISTED_REACTOR"),
-        ({"REDISLOCK_STAGE_KEY": "domian"}, "REDISLOCK_STAGE_KEY must be 'domain', 'download_slot'"),
+        (
+            {"TWISTED_REACTOR": "twisted.internet.selectreactor.SelectReactor", "SCHEDULER": None},
+            "TWISTED_REACTOR",
+        ),
+        (
+            {"REDISLOCK_STAGE_KEY": "domian"},
+            "REDISLOCK_STAGE_KEY must be 'domain', 'download_slot'",
+        ),
         ({"REDISLOCK_STAGE_KEY": "nowhere.key_of"}, "REDISLOCK_STAGE_KEY cannot be loaded"),
-        ({"REDISLOCK_STAGE_KEY": "domain", "REDISLOCK_KEY_LIMIT": -1}, "REDISLOCK_KEY_LIMIT must be an integer"),
-        ({"REDISLOCK_STAGE_KEY": "domain", "REDISLOCK_DELAY": -0.5}, "REDISLOCK_DELAY must be a number of seconds"),
-        ({"REDISLOCK_DELAYS": {"detail": "soon"}}, "REDISLOCK_DELAYS['detail'] must be a number of seconds"),
+        (
+            {"REDISLOCK_STAGE_KEY": "domain", "REDISLOCK_KEY_LIMIT": -1},
+            "REDISLOCK_KEY_LIMIT must be an integer",
+        ),
+        (
+            {"REDISLOCK_STAGE_KEY": "domain", "REDISLOCK_DELAY": -0.5},
+            "REDISLOCK_DELAY must be a number of seconds",
+        ),
+        (
+            {"REDISLOCK_DELAYS": {"detail": "soon"}},
+            "REDISLOCK_DELAYS['detail'] must be a number of seconds",
+        ),
     ]
     crawls = [
-        (Crawl(site.url, "detail:3", settings(redis_url, **bad), tmp_path).start(), named) for bad, named in cases
+        (Crawl(site.url, "detail:3", settings(redis_url, **bad), tmp_path).start(), named)
+        for bad, named in cases
     ]
     for crawl, named in crawls:
         crawl.wait(timeout=60)
@@ -250,7 +313,9 @@ def test_unreachable_redis_closes_the_spider(site: CrawlSite, tmp_path: Path) ->
         Crawl(
             site.url,
             "detail:3,comments:3",
-            settings("redis://127.0.0.1:1/0", SCHEDULER=s, REDISLOCK_CONNECT_TIMEOUT=0),  # 0: close at once
+            settings(
+                "redis://127.0.0.1:1/0", SCHEDULER=s, REDISLOCK_CONNECT_TIMEOUT=0
+            ),  # 0: close at once
             tmp_path,
         ).start()
         for s in BOTH
@@ -289,9 +354,11 @@ def test_limits_are_written_at_start_and_a_change_is_logged(
 def test_requests_bypassing_the_scheduler_are_counted(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """engine.download_async (media pipelines) passes the middleware: counted in its stage, in both modes.
+    """engine.download_async (media pipelines) passes the middleware: counted in its stage, in both
+    modes.
 
-    robots.txt is exempt even with a default stage (capped requests wait for it in RobotsTxtMiddleware).
+    robots.txt is exempt even with a default stage (capped requests wait for it in
+    RobotsTxtMiddleware).
     """
     robots = Crawl(
         site.url,
@@ -300,7 +367,9 @@ def test_requests_bypassing_the_scheduler_are_counted(
         tmp_path,
     ).start()
     direct = [
-        Crawl(site.url, "detail:4", settings(redis_url, SCHEDULER=s), tmp_path, args={"direct": "3"}).start()
+        Crawl(
+            site.url, "detail:4", settings(redis_url, SCHEDULER=s), tmp_path, args={"direct": "3"}
+        ).start()
         for s in BOTH
     ]
     robots.wait()
@@ -316,12 +385,16 @@ def test_requests_bypassing_the_scheduler_are_counted(
     assert leftover(redis_client) == 0
 
 
-def test_without_a_twisted_reactor(redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path) -> None:
+def test_without_a_twisted_reactor(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
     """TWISTED_REACTOR_ENABLED = False (asyncio only, Scrapy's aiohttp handler): works the same."""
     extra = {"TWISTED_REACTOR_ENABLED": False, "LOG_LEVEL": "DEBUG"}
     crawl = Crawl(site.url, "detail:40,comments:40", settings(redis_url, **extra), tmp_path).run()
     assert crawl.stats["finish_reason"] == "finished", crawl.tail()
     assert "Not using a Twisted reactor" in crawl.output
-    assert site.max_in_flight["detail"] == 3 and site.max_in_flight["comments"] > 3  # comments: uncapped
+    assert (
+        site.max_in_flight["detail"] == 3 and site.max_in_flight["comments"] > 3
+    )  # comments: uncapped
     assert crawl.stats["redislock/detail/acquired"] == 40
     assert leftover(redis_client) == 0

@@ -1,5 +1,6 @@
-"""StageLockMiddleware in-process (scrapy.utils.test.get_crawler, as Scrapy's own middleware tests; a real Redis):
-what it waits for, what it releases on each outcome, what it refuses. The real crawls are in test_middleware.py."""
+"""StageLockMiddleware in-process (scrapy.utils.test.get_crawler, as Scrapy's own middleware tests;
+a real Redis): what it waits for, what it releases on each outcome, what it refuses. The real crawls
+are in test_middleware.py."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from testing.inprocess import front, held, request, until
 pytestmark = pytest.mark.integration
 
 
-def test_uncapped_and_stageless_requests_pass_without_a_coroutine(redis_url: str, redis_client: redis.Redis) -> None:
+def test_uncapped_and_stageless_requests_pass_without_a_coroutine(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1, "comments": None}, scheduler=False) as f:
             assert f.middleware.process_request(request("comments")) is None
@@ -37,7 +40,8 @@ def test_uncapped_and_stageless_requests_pass_without_a_coroutine(redis_url: str
 def test_a_request_waits_here_holds_its_slot_and_every_outcome_releases_it(
     redis_url: str, redis_client: redis.Redis, outcome: str
 ) -> None:
-    """Without the scheduler: the second request of a stage capped at 1 waits in Redis until the first is done."""
+    """Without the scheduler: the second request of a stage capped at 1 waits in Redis until the
+    first is done."""
 
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, scheduler=False) as f:
@@ -53,7 +57,9 @@ def test_a_request_waits_here_holds_its_slot_and_every_outcome_releases_it(
                 mw.process_exception(first, IgnoreRequest("dropped"))
             else:
                 mw.request_left(first, f.crawler.spider)
-                mw.process_response(first, Response(first.url, request=first))  # after it: nothing more
+                mw.process_response(
+                    first, Response(first.url, request=first)
+                )  # after it: nothing more
             await asyncio.wait_for(waiting, 10)
             assert mw.waiting["detail"] == 0
             mw.process_response(second, Response(second.url, request=second))
@@ -66,7 +72,8 @@ def test_a_request_waits_here_holds_its_slot_and_every_outcome_releases_it(
 def test_a_slot_handed_with_a_request_is_released_though_the_request_never_reached_it(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """An earlier middleware answered it (a cache hit): only process_response sees it, and frees its slot."""
+    """An earlier middleware answered it (a cache hit): only process_response sees it, and frees its
+    slot."""
 
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, scheduler=False) as f:
@@ -88,7 +95,9 @@ def test_an_acquire_timeout_from_the_scheduler_fails_the_request_unretried(
             with pytest.raises(AcquireTimeout):
                 f.middleware.process_request(late)
             assert late.meta["dont_retry"] is True
-        async with front(redis_url, {"detail": 1}, scheduler=False, RETRY_EXCEPTIONS=[AcquireTimeout]) as f:
+        async with front(
+            redis_url, {"detail": 1}, scheduler=False, RETRY_EXCEPTIONS=[AcquireTimeout]
+        ) as f:
             late = request("detail", 2)
             f.locks.hand(late, AcquireTimeout("no slot"))
             with pytest.raises(AcquireTimeout):

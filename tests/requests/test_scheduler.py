@@ -1,6 +1,6 @@
-"""StageScheduler + StageLockMiddleware in real crawls (`scrapy runspider` processes) against a local HTTP server
-and a real redis-server: no head-of-line blocking, prompt use of freed slots, caps across processes, timeouts,
-scrapy-redis as the inner scheduler, nothing left in Redis."""
+"""StageScheduler + StageLockMiddleware in real crawls (`scrapy runspider` processes) against a
+local HTTP server and a real redis-server: no head-of-line blocking, prompt use of freed slots, caps
+across processes, timeouts, scrapy-redis as the inner scheduler, nothing left in Redis."""
 
 from __future__ import annotations
 
@@ -23,17 +23,29 @@ STAGES = {"detail": 3, "comments": None}
 
 
 def settings(redis_url: str, **extra: Any) -> dict[str, Any]:
-    return {"REDISLOCK_URL": redis_url, "REDISLOCK_STAGES": STAGES, "CONCURRENT_REQUESTS": 16, **extra}
+    return {
+        "REDISLOCK_URL": redis_url,
+        "REDISLOCK_STAGES": STAGES,
+        "CONCURRENT_REQUESTS": 16,
+        **extra,
+    }
 
 
 def owners(client: redis.Redis, stage: str) -> list[dict[str, Any]]:
     """The identities the crawl processes registered for a stage (what the status CLI shows)."""
-    return [json.loads(raw) for raw in client.hgetall(LockKeys.of("redislock", stage).owners).values()]
+    return [
+        json.loads(raw) for raw in client.hgetall(LockKeys.of("redislock", stage).owners).values()
+    ]
 
 
-def test_no_head_of_line_blocking(redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path) -> None:
-    """300 capped detail requests queued before 300 uncapped comments: comments still fill the free slots."""
-    site.delays["comments"] = 0.3  # long enough for 13 requests to be sent while the first is answered, under load
+def test_no_head_of_line_blocking(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
+    """300 capped detail requests queued before 300 uncapped comments: comments still fill the free
+    slots."""
+    site.delays["comments"] = (
+        0.3  # long enough for 13 requests to be sent while the first is answered, under load
+    )
     crawl = Crawl(site.url, "detail:300,comments:300", settings(redis_url), tmp_path).start()
     waiting_seen = 0
     while crawl.process is not None and crawl.process.poll() is None:
@@ -51,23 +63,30 @@ def test_no_head_of_line_blocking(redis_url: str, redis_client: redis.Redis, sit
     first_comment = min(site.arrivals["comments"]) - min(site.arrivals["detail"])
     assert first_comment < 1.0, first_comment  # not after the details (300 / 3 * 50 ms = 5 s)
     assert stats["redislock/detail/acquired"] == 300
-    assert waiting_seen > 100, waiting_seen  # queued detail requests are reported as waiting (the status CLI)
-    assert stats["test/pending_at_engine_stop"] == 0  # freed before the spider_closed handlers finished
+    assert waiting_seen > 100, (
+        waiting_seen
+    )  # queued detail requests are reported as waiting (the status CLI)
+    assert (
+        stats["test/pending_at_engine_stop"] == 0
+    )  # freed before the spider_closed handlers finished
     assert leftover(redis_client) == 0
 
 
 def test_scrapy_redis_as_the_inner_scheduler(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """The same over scrapy-redis's scheduler (its queue in Redis); with SCHEDULER_PERSIST the requests not fetched
-    when the spider closes are still in the shared queue (they never left it), so none is lost."""
+    """The same over scrapy-redis's scheduler (its queue in Redis); with SCHEDULER_PERSIST the
+    requests not fetched when the spider closes are still in the shared queue (they never left it),
+    so none is lost."""
     extra = {
         "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
         "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",  # scrapy-redis needs its own
         "REDIS_URL": redis_url,
         "SCHEDULER_PERSIST": True,
     }
-    site.delays["comments"] = 0.3  # long enough for 13 requests to be sent while the first is answered, under load
+    site.delays["comments"] = (
+        0.3  # long enough for 13 requests to be sent while the first is answered, under load
+    )
     crawl = Crawl(site.url, "detail:150,comments:150", settings(redis_url, **extra), tmp_path).run()
     assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
     assert site.max_in_flight["detail"] == 3 and site.max_in_flight["comments"] >= 12
@@ -79,17 +98,28 @@ def test_scrapy_redis_as_the_inner_scheduler(
     site.hits.clear()
     site.delays.clear()
     site.delay = 0.2
-    crawl = Crawl(site.url, "detail:100", settings(redis_url, CLOSESPIDER_TIMEOUT=1.5, **extra), tmp_path).run()
+    crawl = Crawl(
+        site.url, "detail:100", settings(redis_url, CLOSESPIDER_TIMEOUT=1.5, **extra), tmp_path
+    ).run()
     assert crawl.stats["finish_reason"] == "closespider_timeout", crawl.tail()
     fetched = sum(site.hits.values())
     assert 0 < fetched < 100
-    # What was not fetched stayed in the shared queue: the spider's key, and one key per capped stage next to it.
-    assert sum(redis_client.zcard(key) for key in redis_client.scan_iter("plan:requests*")) == 100 - fetched
+    # What was not fetched stayed in the shared queue: the spider's key, and one key per capped
+    # stage next to it.
+    assert (
+        sum(redis_client.zcard(key) for key in redis_client.scan_iter("plan:requests*"))
+        == 100 - fetched
+    )
     assert leftover(redis_client) == 0
 
 
-def test_caps_hold_across_processes(redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path) -> None:
-    crawls = [Crawl(site.url, "detail:60,comments:30", settings(redis_url), tmp_path).start() for _ in range(3)]
+def test_caps_hold_across_processes(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
+    crawls = [
+        Crawl(site.url, "detail:60,comments:30", settings(redis_url), tmp_path).start()
+        for _ in range(3)
+    ]
     for crawl in crawls:
         crawl.wait()
         assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
@@ -102,13 +132,18 @@ def test_caps_hold_across_processes(redis_url: str, redis_client: redis.Redis, s
 def test_slot_freed_by_another_process_is_used_at_once(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """A crawl whose requests are queued waits in Redis; each slot an outsider frees reaches the server at once."""
-    site.delay = 2.0  # the crawl's own requests do not finish (and free slots) during the measurement
+    """A crawl whose requests are queued waits in Redis; each slot an outsider frees reaches the
+    server at once."""
+    site.delay = (
+        2.0  # the crawl's own requests do not finish (and free slots) during the measurement
+    )
     outsider = CountingLock(redis_client, "detail", limit=3, auto_renew=True)
     held = [outsider.acquire() for _ in range(3)]
     crawl = Crawl(site.url, "detail:3", settings(redis_url), tmp_path).start()
     try:
-        assert site.wait_for(lambda: any(i.get("waiting") for i in owners(redis_client, "detail")), timeout=30)
+        assert site.wait_for(
+            lambda: any(i.get("waiting") for i in owners(redis_client, "detail")), timeout=30
+        )
         time.sleep(0.5)
         assert site.count("detail") == 0
         delays = []
@@ -123,7 +158,9 @@ def test_slot_freed_by_another_process_is_used_at_once(
         crawl.wait()
         outsider.close()
     print("hand-off delays (ms):", [round(d * 1000, 1) for d in delays])
-    assert statistics.median(delays) < 0.1 and max(delays) < 0.5  # the engine's heartbeat would be 5 s
+    assert (
+        statistics.median(delays) < 0.1 and max(delays) < 0.5
+    )  # the engine's heartbeat would be 5 s
     assert crawl.stats["finish_reason"] == "finished"
     assert leftover(redis_client) == 0
 
@@ -131,12 +168,15 @@ def test_slot_freed_by_another_process_is_used_at_once(
 def test_wait_timeout_fails_waiting_requests_promptly(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    """REDISLOCK_WAIT_TIMEOUT: requests that waited that long for a slot fail with AcquireTimeout, with StageScheduler
-    (in line) and with the middleware alone, at the deadline rather than at the engine's next heartbeat."""
+    """REDISLOCK_WAIT_TIMEOUT: requests that waited that long for a slot fail with AcquireTimeout,
+    with StageScheduler (in line) and with the middleware alone, at the deadline rather than at the
+    engine's next heartbeat."""
     site.delay = 3.0
     extra = {"REDISLOCK_STAGES": {"detail": 1}, "REDISLOCK_WAIT_TIMEOUT": 1.0}
     crawls = {
-        scheduler: Crawl(site.url, "detail:4", settings(redis_url, SCHEDULER=scheduler, **extra), tmp_path).start()
+        scheduler: Crawl(
+            site.url, "detail:4", settings(redis_url, SCHEDULER=scheduler, **extra), tmp_path
+        ).start()
         for scheduler in ("scrapy_redislock.StageScheduler", None)
     }
     started = time.monotonic()
@@ -152,24 +192,43 @@ def test_wait_timeout_fails_waiting_requests_promptly(
     assert leftover(redis_client) == 0
 
 
-def test_stage_from_the_callback(redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path) -> None:
-    """No meta: the @stage decorator and REDISLOCK_CALLBACK_STAGES name the stage; caps hold the same."""
-    extra = {"REDISLOCK_STAGES": {"detail": 2, "list": 1}, "REDISLOCK_CALLBACK_STAGES": {"parse_list": "list"}}
-    crawl = Crawl(site.url, "detail:20,list:10", settings(redis_url, **extra), tmp_path, args={"via": "callback"})
+def test_stage_from_the_callback(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
+    """No meta: the @stage decorator and REDISLOCK_CALLBACK_STAGES name the stage; caps hold the
+    same."""
+    extra = {
+        "REDISLOCK_STAGES": {"detail": 2, "list": 1},
+        "REDISLOCK_CALLBACK_STAGES": {"parse_list": "list"},
+    }
+    crawl = Crawl(
+        site.url,
+        "detail:20,list:10",
+        settings(redis_url, **extra),
+        tmp_path,
+        args={"via": "callback"},
+    )
     crawl.run()
     assert crawl.stats["finish_reason"] == "finished", crawl.tail()
-    assert crawl.stats["redislock/detail/acquired"] == 20 and crawl.stats["redislock/list/acquired"] == 10
+    assert (
+        crawl.stats["redislock/detail/acquired"] == 20
+        and crawl.stats["redislock/list/acquired"] == 10
+    )
     assert site.max_in_flight["detail"] == 2 and site.max_in_flight["list"] == 1
     assert leftover(redis_client) == 0
 
 
-def test_disabled_or_without_the_middleware(redis_url: str, site: CrawlSite, tmp_path: Path) -> None:
-    """REDISLOCK_ENABLED = False with the middleware removed crawls unthrottled on purpose (the scheduler is its
-    inner one; with the middleware in place, requests that have a stage fail instead: test_fail_closed); the
-    scheduler alone is refused."""
+def test_disabled_or_without_the_middleware(
+    redis_url: str, site: CrawlSite, tmp_path: Path
+) -> None:
+    """REDISLOCK_ENABLED = False with the middleware removed crawls unthrottled on purpose (the
+    scheduler is its inner one; with the middleware in place, requests that have a stage fail
+    instead: test_fail_closed); the scheduler alone is refused."""
     unthrottled = settings(redis_url, REDISLOCK_ENABLED=False, DOWNLOADER_MIDDLEWARES={})
     off = Crawl(site.url, "detail:30", unthrottled, tmp_path).start()
-    alone = Crawl(site.url, "detail:3", settings(redis_url, DOWNLOADER_MIDDLEWARES={}), tmp_path).start()
+    alone = Crawl(
+        site.url, "detail:3", settings(redis_url, DOWNLOADER_MIDDLEWARES={}), tmp_path
+    ).start()
     off.wait()
     alone.wait()
     assert off.stats["finish_reason"] == "finished", off.tail()

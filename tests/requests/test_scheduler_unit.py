@@ -1,7 +1,8 @@
-"""StageScheduler in-process (scrapy.utils.test.get_crawler, a real Redis, no crawl): capped requests stay in the
-inner scheduler, in its order, until they can go; at most REDISLOCK_WAITERS_PER_STAGE per stage wait in line in the
-middleware; the local hand-off of a freed slot and its fairness bound; scrapy-redis's queue stays shared and is not
-polled while empty. The real crawls are in test_scheduler.py."""
+"""StageScheduler in-process (scrapy.utils.test.get_crawler, a real Redis, no crawl): capped
+requests stay in the inner scheduler, in its order, until they can go; at most
+REDISLOCK_WAITERS_PER_STAGE per stage wait in line in the middleware; the local hand-off of a freed
+slot and its fairness bound; scrapy-redis's queue stays shared and is not polled while empty. The
+real crawls are in test_scheduler.py."""
 
 from __future__ import annotations
 
@@ -39,23 +40,37 @@ def prioritized(stage: str | None, n: int, priority: int) -> Request:
     return r.replace(priority=priority)
 
 
-def test_capped_requests_wait_in_the_scheduler_in_its_order(redis_url: str, redis_client: redis.Redis) -> None:
-    """A full stage's requests stay queued (pending, counted by len) while other stages' go past them; the one in
-    line waits in the middleware; the next leaves only when it has got its slot; priority order throughout."""
+def test_capped_requests_wait_in_the_scheduler_in_its_order(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A full stage's requests stay queued (pending, counted by len) while other stages' go past
+    them; the one in line waits in the middleware; the next leaves only when it has got its slot;
+    priority order throughout."""
 
     async def scenario() -> None:
-        async with front(redis_url, {"detail": 1, "comments": None}, REDISLOCK_WAITERS_PER_STAGE=1) as f:
+        async with front(
+            redis_url, {"detail": 1, "comments": None}, REDISLOCK_WAITERS_PER_STAGE=1
+        ) as f:
             scheduler = f.scheduler
             assert scheduler is not None
-            d0, d1, free, urgent = request("detail", 0), request("detail", 1), request(None, 0), None
+            d0, d1, free, urgent = (
+                request("detail", 0),
+                request("detail", 1),
+                request(None, 0),
+                None,
+            )
             for r in (d0, d1, free):
                 scheduler.enqueue_request(r)
             urgent = prioritized("detail", 2, 5)
             scheduler.enqueue_request(urgent)
-            assert scheduler.next_request() is urgent  # the highest priority, in line without a slot
+            assert (
+                scheduler.next_request() is urgent
+            )  # the highest priority, in line without a slot
             assert f.locks.take(urgent) is None
             first = f.send(urgent)
-            assert scheduler.next_request() is free  # detail has one in line: the uncapped request goes past
+            assert (
+                scheduler.next_request() is free
+            )  # detail has one in line: the uncapped request goes past
             assert scheduler.next_request() is None
             assert scheduler.has_pending_requests() and len(scheduler) == 2
             await until(first.done)  # the one in line got its slot: the next may go in line
@@ -63,10 +78,14 @@ def test_capped_requests_wait_in_the_scheduler_in_its_order(redis_url: str, redi
             assert isinstance(permit, Permit) and held(redis_client, "detail") == [permit.grant]
             assert scheduler.next_request() is d0
             second = f.send(d0)
-            assert scheduler.next_request() is None  # cap 1: d0 waits in Redis's line, d1 in the scheduler
+            assert (
+                scheduler.next_request() is None
+            )  # cap 1: d0 waits in Redis's line, d1 in the scheduler
             f.middleware.process_response(urgent, None)  # type: ignore[arg-type]
             f.active.discard(urgent)
-            await until(second.done)  # through Redis: d0 was first in line, the slot was not passed past it
+            await until(
+                second.done
+            )  # through Redis: d0 was first in line, the slot was not passed past it
             again = f.locks.take(d0)
             assert isinstance(again, Permit) and again.fence > permit.fence
             assert f.crawler.stats.get_value("redislock/detail/reused") is None
@@ -83,11 +102,13 @@ def test_capped_requests_wait_in_the_scheduler_in_its_order(redis_url: str, redi
 
 
 def test_priority_order_within_and_across_stages(redis_url: str) -> None:
-    """A cap that never binds changes nothing in the order: priority first, across stages too; equal priorities in
-    the queue's order (FIFO here)."""
+    """A cap that never binds changes nothing in the order: priority first, across stages too; equal
+    priorities in the queue's order (FIFO here)."""
 
     async def scenario() -> None:
-        async with front(redis_url, {"detail": 64, "comments": 64}, REDISLOCK_WAITERS_PER_STAGE=8) as f:
+        async with front(
+            redis_url, {"detail": 64, "comments": 64}, REDISLOCK_WAITERS_PER_STAGE=8
+        ) as f:
             scheduler = f.scheduler
             assert scheduler is not None
             wanted = [
@@ -115,10 +136,13 @@ def test_priority_order_within_and_across_stages(redis_url: str) -> None:
 def test_a_freed_slot_goes_to_the_next_queued_request_in_the_same_call(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """No await between the finish and the next request: no Redis round trip; the grant (and fence) stay."""
+    """No await between the finish and the next request: no Redis round trip; the grant (and fence)
+    stay."""
 
     async def scenario() -> None:
-        async with front(redis_url, {"detail": 1}, REDISLOCK_LOCAL_REUSE=30, REDISLOCK_WAITERS_PER_STAGE=1) as f:
+        async with front(
+            redis_url, {"detail": 1}, REDISLOCK_LOCAL_REUSE=30, REDISLOCK_WAITERS_PER_STAGE=1
+        ) as f:
             assert f.scheduler is not None
             requests = [request("detail", n) for n in range(4)]
             for r in requests:
@@ -142,7 +166,9 @@ def test_a_freed_slot_goes_to_the_next_queued_request_in_the_same_call(
     asyncio.run(scenario())
 
 
-def test_without_local_reuse_every_slot_goes_back_to_redis(redis_url: str, redis_client: redis.Redis) -> None:
+def test_without_local_reuse_every_slot_goes_back_to_redis(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, REDISLOCK_LOCAL_REUSE=0) as f:
             assert f.scheduler is not None
@@ -155,18 +181,27 @@ def test_without_local_reuse_every_slot_goes_back_to_redis(redis_url: str, redis
             f.middleware.request_left(first, f.crawler.spider)
             f.active.discard(first)
             second = f.scheduler.next_request()
-            assert second is not None and f.locks.take(second) is None  # no slot in hand: it waits in line
+            assert (
+                second is not None and f.locks.take(second) is None
+            )  # no slot in hand: it waits in line
             await f.send(second)
             again = f.locks.take(second)
-            assert isinstance(grant, Permit) and isinstance(again, Permit) and again.fence > grant.fence
+            assert (
+                isinstance(grant, Permit)
+                and isinstance(again, Permit)
+                and again.fence > grant.fence
+            )
             assert f.crawler.stats.get_value("redislock/detail/reused") is None
             f.middleware.process_response(second, None)  # type: ignore[arg-type]
 
     asyncio.run(scenario())
 
 
-def test_past_the_reuse_bound_a_waiting_process_gets_the_slot(redis_url: str, redis_client: redis.Redis) -> None:
-    """Another process waits first in Redis's line: the slot passes on locally while young, then goes to it."""
+def test_past_the_reuse_bound_a_waiting_process_gets_the_slot(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Another process waits first in Redis's line: the slot passes on locally while young, then
+    goes to it."""
 
     async def scenario() -> None:
         bound = 1.0  # a stall of the test (a busy machine) before the local pass must not age the permit past it
@@ -182,21 +217,31 @@ def test_past_the_reuse_bound_a_waiting_process_gets_the_slot(redis_url: str, re
             other = AsyncCountingLock(other_client, "detail", limit=1, ttl=3)
             try:
                 other_wait = asyncio.ensure_future(other.acquire())
-                await until(lambda: blocked_waits(redis_client) == 1)  # the other is first in Redis's line
+                await until(
+                    lambda: blocked_waits(redis_client) == 1
+                )  # the other is first in Redis's line
                 for n in range(1, 4):
                     f.scheduler.enqueue_request(request("detail", n))
                 f.middleware.request_left(current, f.crawler.spider)
                 f.active.discard(current)
                 current = f.scheduler.next_request()
-                assert current is not None and f.locks.take(current) is permit  # young: passed on locally
+                assert (
+                    current is not None and f.locks.take(current) is permit
+                )  # young: passed on locally
                 assert not other_wait.done()
                 await until(lambda: time.monotonic() - permit.acquired_at > bound)
                 f.middleware.request_left(current, f.crawler.spider)
                 f.active.discard(current)
-                theirs = await asyncio.wait_for(other_wait, 10)  # old: back to Redis's line, where the other is first
+                theirs = await asyncio.wait_for(
+                    other_wait, 10
+                )  # old: back to Redis's line, where the other is first
                 assert theirs.fence > permit.fence
                 third = f.scheduler.next_request()
-                assert third is not None and third.url.endswith("/detail/2") and f.locks.take(third) is None
+                assert (
+                    third is not None
+                    and third.url.endswith("/detail/2")
+                    and f.locks.take(third) is None
+                )
                 waiting = f.send(third)
                 await other.release(theirs)
                 await asyncio.wait_for(waiting, 10)
@@ -210,17 +255,24 @@ def test_past_the_reuse_bound_a_waiting_process_gets_the_slot(redis_url: str, re
 
 def blocked_waits(client: redis.Redis) -> int:
     """Clients blocked in Redis waiting for a slot (XREADGROUP ... BLOCK)."""
-    return sum(1 for c in client.client_list() if c.get("cmd") == "xreadgroup" and "b" in c.get("flags", ""))
+    return sum(
+        1
+        for c in client.client_list()
+        if c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "")
+    )
 
 
 def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
     redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Over scrapy-redis's scheduler, a process takes from the shared queue only what can go (the rest stays in
-    Redis, split by stage); an empty sub-queue is not asked again for a pause that doubles while it stays empty, the
-    engine is woken at the pause's end if it asked meanwhile, and a request this process pushes ends the pause."""
+    """Over scrapy-redis's scheduler, a process takes from the shared queue only what can go (the
+    rest stays in Redis, split by stage); an empty sub-queue is not asked again for a pause that
+    doubles while it stays empty, the engine is woken at the pause's end if it asked meanwhile, and
+    a request this process pushes ends the pause."""
 
-    pause = 1.0  # long enough that a busy machine's stall cannot end it between two asks of the test
+    pause = (
+        1.0  # long enough that a busy machine's stall cannot end it between two asks of the test
+    )
     monkeypatch.setattr(stagequeue, "EMPTY_PAUSE", pause)
     monkeypatch.setattr(stagequeue, "EMPTY_PAUSE_MOST", 10 * pause)
     shared = {
@@ -240,7 +292,9 @@ def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
             first = scheduler.next_request()
             assert first is not None and first.url.endswith("/detail/0")
             waiting = f.send(first)
-            assert scheduler.next_request() is None  # the rest stays in Redis for every process to take
+            assert (
+                scheduler.next_request() is None
+            )  # the rest stays in Redis for every process to take
             assert redis_client.zcard("unit:requests:detail") == 4
             await waiting
             asks = {"n": 0}
@@ -252,15 +306,21 @@ def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
                 return pop(timeout)
 
             base.pop = counted
-            second = scheduler.next_request()  # detail may go (nothing in line): the next comes from Redis
+            second = (
+                scheduler.next_request()
+            )  # detail may go (nothing in line): the next comes from Redis
             assert second is not None and second.url.endswith("/detail/1")
             assert asks["n"] in (0, 1)  # the spider's own key is asked at most once before detail's
             f.send(second)
             asked = asks["n"]
-            for _ in range(50):  # the engine asks again and again: the empty key is not asked meanwhile
+            for _ in range(
+                50
+            ):  # the engine asks again and again: the empty key is not asked meanwhile
                 assert scheduler.next_request() is None
             assert asks["n"] <= asked + 1
-            await until(lambda: scheduler._wake_handle is None, timeout=10 * pause)  # woken at the pause's end
+            await until(
+                lambda: scheduler._wake_handle is None, timeout=10 * pause
+            )  # woken at the pause's end
             free = request(None, 1)
             scheduler.enqueue_request(free)
             again = scheduler.next_request()  # this process's own push ends the pause

@@ -1,7 +1,8 @@
-"""StageScheduler over scrapy-redis's scheduler, three real processes on one shared Redis queue: the queue stays
-shared. What a process has not started stays in Redis (a process started late gets work at once; all processes
-together hold out of Redis no more than the stage's cap plus REDISLOCK_WAITERS_PER_STAGE each), and a SIGKILL loses
-only what the killed process had taken: its requests in flight and its line."""
+"""StageScheduler over scrapy-redis's scheduler, three real processes on one shared Redis queue: the
+queue stays shared. What a process has not started stays in Redis (a process started late gets work
+at once; all processes together hold out of Redis no more than the stage's cap plus
+REDISLOCK_WAITERS_PER_STAGE each), and a SIGKILL loses only what the killed process had taken: its
+requests in flight and its line."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ WAITERS = 2  # REDISLOCK_WAITERS_PER_STAGE's default
 
 
 def seed(client: redis.Redis, base: str) -> None:
-    """Detail requests in the spider's queue (``plan:requests``), as a scrapy-redis producer pushes them."""
+    """Detail requests in the spider's queue (``plan:requests``), as a scrapy-redis producer pushes
+    them."""
     spider = PlanSpider(base=base)
     queue = PriorityQueue(client, spider, "%(spider)s:requests")
     for n in range(SEEDED):
@@ -44,7 +46,8 @@ def seed(client: redis.Redis, base: str) -> None:
 
 
 def queued(client: redis.Redis) -> int:
-    """Requests in the shared queue and its stages' queues, in one MULTI/EXEC (one moving is counted once)."""
+    """Requests in the shared queue and its stages' queues, in one MULTI/EXEC (one moving is counted
+    once)."""
     keys = sorted(client.scan_iter("plan:requests*"))
     pipe = client.pipeline(transaction=True)
     for key in keys:
@@ -54,7 +57,11 @@ def queued(client: redis.Redis) -> int:
 
 def pending(client: redis.Redis, slots: str) -> list[dict[str, Any]]:
     """The grants held on a lock's slots stream (its consumer group's pending entries)."""
-    return list(client.xpending_range(slots, "holders", "-", "+", 1000)) if client.exists(slots) else []
+    return (
+        list(client.xpending_range(slots, "holders", "-", "+", 1000))
+        if client.exists(slots)
+        else []
+    )
 
 
 def answered(site: CrawlSite, worker: str | None = None) -> int:
@@ -64,7 +71,10 @@ def answered(site: CrawlSite, worker: str | None = None) -> int:
 
 def reached(site: CrawlSite, worker: str) -> int:
     with site.lock:
-        return sum(1 for r in site.served if r.worker == worker) + site.workers_in_flight["detail"][worker]
+        return (
+            sum(1 for r in site.served if r.worker == worker)
+            + site.workers_in_flight["detail"][worker]
+        )
 
 
 def test_the_queue_stays_shared_and_a_kill_loses_only_what_the_process_held(
@@ -87,7 +97,10 @@ def test_the_queue_stays_shared_and_a_kill_loses_only_what_the_process_held(
             "SCHEDULER_PERSIST": True,
             "CONCURRENT_REQUESTS": 8,
             "USER_AGENT": name,
-            "EXTENSIONS": {"testing.spiders.crawlspider.StatsFile": 0, "testing.spiders.dropinspider.HeldProbe": 0},
+            "EXTENSIONS": {
+                "testing.spiders.crawlspider.StatsFile": 0,
+                "testing.spiders.dropinspider.HeldProbe": 0,
+            },
             "HELD_PROBE_FILE": str(probes[name]),
         }
         crawls[name] = Crawl(site.url, "", settings, tmp_path).start()
@@ -98,14 +111,17 @@ def test_the_queue_stays_shared_and_a_kill_loses_only_what_the_process_held(
     held_outside: list[int] = []
 
     def watch(condition: Any, timeout: float = 60) -> bool:
-        """Wait for ``condition``, sampling what all processes hold out of Redis (seeded - queued - answered)."""
+        """Wait for ``condition``, sampling what all processes hold out of Redis (seeded - queued -
+        answered)."""
         deadline = time.monotonic() + timeout
         while not condition():
             if time.monotonic() > deadline:
                 return False
             before = answered(site)
             in_redis = queued(redis_client)
-            if answered(site) == before:  # no answer while Redis was read: the figures of one instant
+            if (
+                answered(site) == before
+            ):  # no answer while Redis was read: the figures of one instant
                 held_outside.append(SEEDED - in_redis - before)
             time.sleep(0.02)
         return True
@@ -113,42 +129,65 @@ def test_the_queue_stays_shared_and_a_kill_loses_only_what_the_process_held(
     try:
         start("p1")
         start("p2")
-        assert watch(lambda: opened("p1") and opened("p2") and answered(site) >= 10), "p1, p2 did not start crawling"
+        assert watch(lambda: opened("p1") and opened("p2") and answered(site) >= 10), (
+            "p1, p2 did not start crawling"
+        )
         start("p3")
         assert watch(lambda: opened("p3")), crawls["p3"].tail()
         queued_when_p3_opened = queued(redis_client)
         assert watch(lambda: reached(site, "p3") > 0), "the late process got no work"
-        # It got work while most of the queue was still in Redis: p1 and p2 had not taken it into their memory.
+        # It got work while most of the queue was still in Redis: p1 and p2 had not taken it into
+        # their memory.
         assert queued_when_p3_opened >= SEEDED // 2, queued_when_p3_opened
         assert watch(lambda: reached(site, "p1") > 0)
         killed_at = time.monotonic()
         crawls["p1"].signal(signal.SIGKILL)
-        assert watch(lambda: all(c.process is not None and c.process.poll() is not None for c in crawls.values()), 120)
+        assert watch(
+            lambda: all(
+                c.process is not None and c.process.poll() is not None for c in crawls.values()
+            ),
+            120,
+        )
     finally:
         for crawl in crawls.values():
             if crawl.process is not None and crawl.process.poll() is None:
                 crawl.signal(signal.SIGKILL)
     for name in ("p2", "p3"):
         crawls[name].wait()
-        assert crawls[name].code == 0 and crawls[name].stats["finish_reason"] == "finished", crawls[name].tail()
-    assert site.wait_for(lambda: not site.in_flight, timeout=30)  # the killed process's last pages, answered
+        assert crawls[name].code == 0 and crawls[name].stats["finish_reason"] == "finished", crawls[
+            name
+        ].tail()
+    assert site.wait_for(
+        lambda: not site.in_flight, timeout=30
+    )  # the killed process's last pages, answered
 
-    # Out of Redis at any instant: the requests in flight (the cap, for all processes), each process's line, and
-    # each process's one request on its way from the spider's queue to its stage's (a pop, then a push).
+    # Out of Redis at any instant: the requests in flight (the cap, for all processes), each
+    # process's line, and each process's one request on its way from the spider's queue to its
+    # stage's (a pop, then a push).
     assert held_outside and max(held_outside) <= CAP + 3 * (WAITERS + 1), max(held_outside)
     with site.lock:
-        in_flight_at_kill = sum(1 for r in site.served if r.worker == "p1" and r.answered >= killed_at)
+        in_flight_at_kill = sum(
+            1 for r in site.served if r.worker == "p1" and r.answered >= killed_at
+        )
     never_fetched = SEEDED - len(site.hits)
-    # Lost: what p1 had taken: its requests at the site (their responses are lost) and its line, never sent.
+    # Lost: what p1 had taken: its requests at the site (their responses are lost) and its line,
+    # never sent.
     assert never_fetched <= WAITERS, never_fetched
     assert in_flight_at_kill + never_fetched <= CAP + WAITERS
     assert all(n == 1 for n in site.hits.values())  # nothing fetched twice
     assert queued(redis_client) == 0
     assert site.max_in_flight["detail"] <= CAP
-    # Held in Redis now: at most the killed process's slots (the next process to wait would reap them once their
-    # lease ran out); the others freed theirs.
+    # Held in Redis now: at most the killed process's slots (the next process to wait would reap
+    # them once their lease ran out); the others freed theirs.
     assert leftover(redis_client) <= CAP
     keys = LockKeys.of("redislock", "detail")
-    owners = {owner.decode(): json.loads(raw) for owner, raw in redis_client.hgetall(keys.owners).items()}
-    holders = {entry["consumer"].decode().rsplit("#", 1)[0] for entry in pending(redis_client, keys.slots)}
-    assert {owners[owner]["pid"] for owner in holders} <= {crawls["p1"].process.pid}, (holders, owners)
+    owners = {
+        owner.decode(): json.loads(raw) for owner, raw in redis_client.hgetall(keys.owners).items()
+    }
+    holders = {
+        entry["consumer"].decode().rsplit("#", 1)[0] for entry in pending(redis_client, keys.slots)
+    }
+    assert {owners[owner]["pid"] for owner in holders} <= {crawls["p1"].process.pid}, (
+        holders,
+        owners,
+    )

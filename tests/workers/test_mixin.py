@@ -1,7 +1,8 @@
-"""Worker slots per stage: real ``scrapy crawl`` / ``scrapy runspider`` workers against a real Redis and a local site.
+"""Worker slots per stage: real ``scrapy crawl`` / ``scrapy runspider`` workers against a real Redis
+and a local site.
 
-The acceptance scenario (the scaled-down use case) runs through the example project's runner, which watches
-Redis and the shop site from outside while five workers crawl.
+The acceptance scenario (the scaled-down use case) runs through the example project's runner, which
+watches Redis and the shop site from outside while five workers crawl.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ crawl = [pytest.mark.integration, pytest.mark.crawl]
 
 
 def demo_args(*extra: str) -> argparse.Namespace:
-    return arguments(["--workers", "5", "--concurrency", "2", "--quiet", "--timeout", "150", *extra])
+    return arguments(
+        ["--workers", "5", "--concurrency", "2", "--quiet", "--timeout", "150", *extra]
+    )
 
 
 def finish(process: subprocess.Popen[str], timeout: float = 60) -> str:
@@ -79,12 +82,14 @@ def held_slots(client: redis.Redis) -> int:
     return total
 
 
-# -- the acceptance scenario -------------------------------------------------------------------------------
+# -- the acceptance scenario -----------------------------------------------------------------------
 
 
 @pytest.mark.integration
 @pytest.mark.crawl
-def test_acceptance_caps_hold_every_page_once_workers_exit_0_nothing_left(redis_url: str, admin_url: str) -> None:
+def test_acceptance_caps_hold_every_page_once_workers_exit_0_nothing_left(
+    redis_url: str, admin_url: str
+) -> None:
     """10 list pages x 20 details x 5 comment pages, 30 ms pages, 5 workers, caps 1/3/None."""
     with ShopSite(lists=10, details=20, comments=5, delay=0.03) as site:
         args = demo_args("--ttl", "3", "--idle-close", "1.5")
@@ -93,8 +98,8 @@ def test_acceptance_caps_hold_every_page_once_workers_exit_0_nothing_left(redis_
         for stage, cap in CAPS.items():
             if cap is None:
                 continue
-            # From Redis (the slot holders and what each worker reports, sampled) and from the site (which
-            # workers had requests of the stage in flight at the same moment, exactly).
+            # From Redis (the slot holders and what each worker reports, sampled) and from the site
+            # (which workers had requests of the stage in flight at the same moment, exactly).
             assert 1 <= phase.max_workers_redis[stage] <= cap, phase.max_workers_redis
             assert 1 <= phase.max_workers_site[stage] <= cap, phase.max_workers_site
             assert phase.max_in_flight[stage] <= cap * 2, phase.max_in_flight
@@ -105,7 +110,8 @@ def test_acceptance_caps_hold_every_page_once_workers_exit_0_nothing_left(redis_
         assert sorted(set(site.hits.values())) == [1]
         assert phase.items == site.totals
         assert not any(phase.leftover.values()), phase.leftover
-        # All three kinds of data flow from the start: the first comment long before the details are done.
+        # All three kinds of data flow from the start: the first comment long before the details are
+        # done.
         assert phase.first_item["comments"] < phase.timeline["detail"][-1] / 2
 
 
@@ -121,19 +127,21 @@ def test_kill_9_a_detail_worker_slot_taken_over_within_ttl_plus_2_and_crawl_comp
         phase: Phase = run_phase("kill", "shop", admin_url, site, args, worker_url=redis_url)
         assert phase.victim is not None, "no worker held a detail slot to kill"
         assert phase.taken_over_after is not None, "the killed worker's slot never came back"
-        assert phase.taken_over_by == "live worker", "the detail work ran out before the takeover could be seen"
+        assert phase.taken_over_by == "live worker", (
+            "the detail work ran out before the takeover could be seen"
+        )
         assert phase.taken_over_after <= ttl + 2, phase.taken_over_after
         assert phase.exit_codes.count(-signal.SIGKILL) == 1
         assert sorted(c for c in phase.exit_codes if c != -signal.SIGKILL) == [0] * 4
-        # The crawl completed: every page fetched; the dead worker's popped requests were put back and fetched
-        # again by the others (at most what it had taken: twice CONCURRENT_REQUESTS).
+        # The crawl completed: every page fetched; the dead worker's popped requests were put back
+        # and fetched again by the others (at most what it had taken: twice CONCURRENT_REQUESTS).
         assert set(site.hits) == site.expected_paths()
         assert phase.duplicates <= 2 * 2, phase.duplicates
         assert phase.max_workers_site["detail"] <= 3 and phase.max_workers_site["list"] <= 1
         assert not any(phase.leftover.values()), phase.leftover
 
 
-# -- switching stages, preference, a plain scrapy.Spider --------------------------------------------------
+# -- switching stages, preference, a plain scrapy.Spider -------------------------------------------
 
 
 @pytest.mark.integration
@@ -143,8 +151,16 @@ def test_a_lone_worker_takes_stages_in_preference_order_and_switches_when_one_ru
     redis_url: str, redis_client: redis.Redis, preference: list[str]
 ) -> None:
     with CrawlSite(delay=0.02) as site:
-        seed(redis_url, "staged", ["a", "b"], {s: [f"{site.url}/{s}/{n}" for n in range(8)] for s in "ab"})
-        settings = {"REDISLOCK_WORKER_STAGES": {"a": 1, "b": 1}, "REDISLOCK_STAGE_PREFERENCE": preference}
+        seed(
+            redis_url,
+            "staged",
+            ["a", "b"],
+            {s: [f"{site.url}/{s}/{n}" for n in range(8)] for s in "ab"},
+        )
+        settings = {
+            "REDISLOCK_WORKER_STAGES": {"a": 1, "b": 1},
+            "REDISLOCK_STAGE_PREFERENCE": preference,
+        }
         output = finish(staged_worker(redis_url, site.url, "", settings))
         first, second = preference
         assert len(site.arrivals[first]) == len(site.arrivals[second]) == 8
@@ -160,14 +176,20 @@ def test_a_lone_worker_takes_stages_in_preference_order_and_switches_when_one_ru
 def test_plain_spiders_share_the_work_through_the_dupefilter_and_respect_the_caps(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """Three plain scrapy.Spider workers all yield the same start requests; each page is fetched once."""
+    """Three plain scrapy.Spider workers all yield the same start requests; each page is fetched
+    once."""
     with CrawlSite(delay=0.03) as site:
-        settings = {"REDISLOCK_WORKER_STAGES": {"a": 1, "b": 2, "c": None}, "REDISLOCK_IDLE_CLOSE": 1.5}
+        settings = {
+            "REDISLOCK_WORKER_STAGES": {"a": 1, "b": 2, "c": None},
+            "REDISLOCK_IDLE_CLOSE": 1.5,
+        }
         workers = [staged_worker(redis_url, site.url, "a:10,b:20,c:30", settings) for _ in range(3)]
         outputs = [finish(w) for w in workers]
         assert sorted(site.hits.values()) == [1] * 60
         assert site.max_in_flight["a"] <= 1 * 2 and site.max_in_flight["b"] <= 2 * 2
-        assert sum(stat(o, "redislock/workers/a/enqueued") for o in outputs) == 10  # one copy of each got in
+        assert (
+            sum(stat(o, "redislock/workers/a/enqueued") for o in outputs) == 10
+        )  # one copy of each got in
         assert sum(stat(o, "redislock/workers/a/duplicates") for o in outputs) == 20
         assert held_slots(redis_client) == 0
 
@@ -177,7 +199,8 @@ def test_plain_spiders_share_the_work_through_the_dupefilter_and_respect_the_cap
 def test_scheduler_persist_false_one_workers_close_keeps_the_others_queues(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """scrapy-redis deletes the shared queue and dupefilter when any worker closes; here the last one out does."""
+    """scrapy-redis deletes the shared queue and dupefilter when any worker closes; here the last
+    one out does."""
     with CrawlSite(delay=0.1) as site:
         settings = {"REDISLOCK_WORKER_STAGES": {"a": None}, "SCHEDULER_PERSIST": False}
         seed(redis_url, "staged", ["a"], {"a": [f"{site.url}/a/{n}" for n in range(80)]})
@@ -189,13 +212,17 @@ def test_scheduler_persist_false_one_workers_close_keeps_the_others_queues(
         early = staged_worker(redis_url, site.url, "", {**settings, "CLOSESPIDER_PAGECOUNT": 3})
         early_output = finish(early)
         assert "closespider_pagecount" in early_output
-        assert redis_client.llen("redislock:{staged}:queue:a") > 0, "the early worker's close deleted the queue"
+        assert redis_client.llen("redislock:{staged}:queue:a") > 0, (
+            "the early worker's close deleted the queue"
+        )
         finish(stayer)
         assert sorted(site.hits.values()) == [1] * 80
-        assert redis_client.keys("redislock:{staged}:*") == []  # the last worker out cleared the crawl state
+        assert (
+            redis_client.keys("redislock:{staged}:*") == []
+        )  # the last worker out cleared the crawl state
 
 
-# -- scrapy-redis on Scrapy 2.19: start URLs, idling, the reactor thread --------------------------------
+# -- scrapy-redis on Scrapy 2.19: start URLs, idling, the reactor thread ---------------------------
 
 
 def shop_worker(spider: str, redis_url: str, audit: Path, **settings: Any) -> subprocess.Popen[str]:
@@ -207,7 +234,9 @@ def shop_worker(spider: str, redis_url: str, audit: Path, **settings: Any) -> su
         **settings,
     }
     command = [sys.executable, "-m", "scrapy", "crawl", spider, *settings_args(merged)]
-    return subprocess.Popen(command, cwd=EXAMPLE, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        command, cwd=EXAMPLE, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 @pytest.fixture
@@ -229,11 +258,14 @@ def wait_for(condition: Any, timeout: float, what: str) -> float:
 def test_an_idle_worker_takes_start_urls_pushed_later_at_once_without_blocking_the_reactor(
     redis_url: str, redis_client: redis.Redis, small_shop: ShopSite, tmp_path: Path
 ) -> None:
-    """Idles like a RedisSpider (REDISLOCK_IDLE_CLOSE None: never closes by itself), but reads start URLs with
-    redis.asyncio as they come, not at the next idle signal (the engine's 5 s heartbeat when idle)."""
+    """Idles like a RedisSpider (REDISLOCK_IDLE_CLOSE None: never closes by itself), but reads start
+    URLs with redis.asyncio as they come, not at the next idle signal (the engine's 5 s heartbeat
+    when idle)."""
     redis_client.flushdb()
     audit = tmp_path / "audit.json"
-    worker = shop_worker("shop", redis_url, audit, REDISLOCK_IDLE_CLOSE="None", MAX_IDLE_TIME_BEFORE_CLOSE=0)
+    worker = shop_worker(
+        "shop", redis_url, audit, REDISLOCK_IDLE_CLOSE="None", MAX_IDLE_TIME_BEFORE_CLOSE=0
+    )
     try:
         wait_for(lambda: redis_client.zcard("redislock:{shop}:alive"), 60, "the worker to open")
         time.sleep(1.0)  # idle
@@ -243,7 +275,11 @@ def test_an_idle_worker_takes_start_urls_pushed_later_at_once_without_blocking_t
             redis_client.rpush("shop:start_urls", json.dumps({"url": small_shop.list_urls()[i]}))
             latency = wait_for(lambda i=i: f"/list/{i}" in small_shop.hits, 10, f"list page {i}")
             assert latency < 1.0, f"start URL {i} waited {latency:.2f} s"
-            wait_for(lambda p=pages: sum(small_shop.hits.values()) == p + 1 + 3 + 3, 10, "the list's pages")
+            wait_for(
+                lambda p=pages: sum(small_shop.hits.values()) == p + 1 + 3 + 3,
+                10,
+                "the list's pages",
+            )
             time.sleep(2.5 if i == 0 else 0)  # longer than scrapy-redis's idle timeouts: still open
             assert worker.poll() is None
     finally:
@@ -260,11 +296,14 @@ def test_an_idle_worker_takes_start_urls_pushed_later_at_once_without_blocking_t
 def test_control_plain_scrapy_redis_does_block_the_reactor(
     admin_url: str, redis_client: redis.Redis, small_shop: ShopSite, tmp_path: Path
 ) -> None:
-    """The audit of the test above does see blocking calls: plain scrapy-redis makes them on every idle signal."""
+    """The audit of the test above does see blocking calls: plain scrapy-redis makes them on every
+    idle signal."""
     redis_client.flushdb()
     audit = tmp_path / "audit.json"
     redis_client.rpush("shop_baseline:start_urls", json.dumps({"url": small_shop.list_urls()[0]}))
-    worker = shop_worker("shop_baseline", admin_url, audit, MAX_IDLE_TIME_BEFORE_CLOSE=1)  # plain scrapy-redis
+    worker = shop_worker(
+        "shop_baseline", admin_url, audit, MAX_IDLE_TIME_BEFORE_CLOSE=1
+    )  # plain scrapy-redis
     output, _ = worker.communicate(timeout=60)
     assert worker.returncode == 0, output[-3000:]
     assert len(small_shop.hits) == 1 + 3 + 3
@@ -272,7 +311,7 @@ def test_control_plain_scrapy_redis_does_block_the_reactor(
     assert calls["blocking_calls"] > 0, calls
 
 
-# -- faults and configuration -------------------------------------------------------------------------------
+# -- faults and configuration ----------------------------------------------------------------------
 
 
 @pytest.mark.integration
@@ -281,14 +320,26 @@ def test_control_plain_scrapy_redis_does_block_the_reactor(
 def test_a_worker_that_loses_its_slot_gives_its_unstarted_requests_back(
     redis_url: str, admin_url: str, redis_client: redis.Redis
 ) -> None:
-    """An operator's reset of the stage lock: the holder finds its lease lost at the next renewal, stops taking
-    requests of that stage, hands back what it had taken ahead, and takes a slot again; nothing is fetched twice."""
+    """An operator's reset of the stage lock: the holder finds its lease lost at the next renewal,
+    stops taking requests of that stage, hands back what it had taken ahead, and takes a slot again;
+    nothing is fetched twice."""
     with CrawlSite(delay=0.05) as site:
         seed(redis_url, "staged", ["a"], {"a": [f"{site.url}/a/{n}" for n in range(100)]})
-        worker = staged_worker(redis_url, site.url, "", {"REDISLOCK_WORKER_STAGES": {"a": 1}, "REDISLOCK_TTL": 1.5})
+        worker = staged_worker(
+            redis_url, site.url, "", {"REDISLOCK_WORKER_STAGES": {"a": 1}, "REDISLOCK_TTL": 1.5}
+        )
         wait_for(lambda: len(site.hits) >= 10, 60, "the crawl to start")
         reset = subprocess.run(
-            [sys.executable, "-m", "scrapy_redislock", "reset", "workers:a", "--yes", "--url", admin_url],
+            [
+                sys.executable,
+                "-m",
+                "scrapy_redislock",
+                "reset",
+                "workers:a",
+                "--yes",
+                "--url",
+                admin_url,
+            ],
             capture_output=True,
             text=True,
             timeout=30,
@@ -322,9 +373,21 @@ class BadCap(StagedSpider):
         (NoStages, {}, "needs worker_stages"),
         (BadPreference, {}, "REDISLOCK_STAGE_PREFERENCE names unknown stages ['z']"),
         (BadCap, {}, "REDISLOCK_WORKER_STAGES['a'] must be an integer >= 0 or None"),
-        (NoStages, {"REDISLOCK_WORKER_STAGES": {"a": 1}, "REDISLOCK_IDLE_CLOSE": "soon"}, "REDISLOCK_IDLE_CLOSE"),
-        (NoStages, {"REDISLOCK_WORKER_STAGES": {"a": 1}, "MAX_IDLE_TIME_BEFORE_CLOSE": "x"}, "MAX_IDLE_TIME"),
-        (NoStages, {"REDISLOCK_WORKER_STAGES": {"a": 1}, "SCHEDULER_QUEUE_CLASS": "x.Y"}, "QUEUE_CLASS = 'x.Y'"),
+        (
+            NoStages,
+            {"REDISLOCK_WORKER_STAGES": {"a": 1}, "REDISLOCK_IDLE_CLOSE": "soon"},
+            "REDISLOCK_IDLE_CLOSE",
+        ),
+        (
+            NoStages,
+            {"REDISLOCK_WORKER_STAGES": {"a": 1}, "MAX_IDLE_TIME_BEFORE_CLOSE": "x"},
+            "MAX_IDLE_TIME",
+        ),
+        (
+            NoStages,
+            {"REDISLOCK_WORKER_STAGES": {"a": 1}, "SCHEDULER_QUEUE_CLASS": "x.Y"},
+            "QUEUE_CLASS = 'x.Y'",
+        ),
     ],
 )
 def test_bad_configuration_is_refused_with_the_setting_named(
@@ -336,7 +399,9 @@ def test_bad_configuration_is_refused_with_the_setting_named(
     assert message in str(error.value)
 
 
-def test_the_mixin_sets_the_scheduler_and_its_attributes_are_settings_the_command_line_overrides() -> None:
+def test_the_mixin_sets_the_scheduler_and_its_attributes_are_settings_the_command_line_overrides() -> (
+    None
+):
     crawler = get_crawler(BadPreference, {"SCHEDULER": "scrapy.core.scheduler.Scheduler"})
     assert crawler.settings["SCHEDULER"] == "scrapy_redislock.StageWorkerScheduler"
     assert crawler.settings.getdict("REDISLOCK_WORKER_STAGES") == {"a": 1}
@@ -365,12 +430,19 @@ def test_without_the_asyncio_reactor_the_worker_refuses_to_start(redis_url: str)
 @pytest.mark.integration
 @pytest.mark.crawl
 @pytest.mark.faults
-def test_a_stalled_worker_is_taken_for_dead_then_goes_on(redis_url: str, redis_client: redis.Redis) -> None:
-    """SIGSTOP for longer than the TTL: the other worker requeues the stalled one's requests and uses its slot;
-    on SIGCONT the stalled worker learns it was taken for dead, drops what it had taken ahead and carries on."""
+def test_a_stalled_worker_is_taken_for_dead_then_goes_on(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """SIGSTOP for longer than the TTL: the other worker requeues the stalled one's requests and
+    uses its slot; on SIGCONT the stalled worker learns it was taken for dead, drops what it had
+    taken ahead and carries on."""
     with CrawlSite(delay=0.05) as site:
         seed(redis_url, "staged", ["a"], {"a": [f"{site.url}/a/{n}" for n in range(120)]})
-        settings = {"REDISLOCK_WORKER_STAGES": {"a": 2}, "REDISLOCK_TTL": 1.5, "REDISLOCK_IDLE_CLOSE": 2}
+        settings = {
+            "REDISLOCK_WORKER_STAGES": {"a": 2},
+            "REDISLOCK_TTL": 1.5,
+            "REDISLOCK_IDLE_CLOSE": 2,
+        }
         workers = [staged_worker(redis_url, site.url, "", settings) for _ in range(2)]
         wait_for(lambda: len(site.hits) >= 20, 60, "the crawl to start")
         workers[0].send_signal(signal.SIGSTOP)
@@ -380,8 +452,9 @@ def test_a_stalled_worker_is_taken_for_dead_then_goes_on(redis_url: str, redis_c
         assert "taken for dead" in stalled
         assert stat(other, "redislock/workers/requeued") >= 1
         assert set(site.hits) == {f"/a/{n}" for n in range(120)}
-        # Fetched twice: only what the engine had in progress when the worker stalled: its downloads (at most
-        # CONCURRENT_REQUESTS = 2) and responses still waiting for their callback (seen: 1). Taken ahead: dropped.
+        # Fetched twice: only what the engine had in progress when the worker stalled: its downloads
+        # (at most CONCURRENT_REQUESTS = 2) and responses still waiting for their callback (seen:
+        # 1). Taken ahead: dropped.
         assert sum(site.hits.values()) - 120 <= 2 * 2
         assert site.max_in_flight["a"] <= 2 * 2 + 2
         assert held_slots(redis_client) == 0 and redis_client.zcard("redislock:{staged}:alive") == 0
@@ -393,13 +466,17 @@ def test_a_stalled_worker_is_taken_for_dead_then_goes_on(redis_url: str, redis_c
 def test_requests_popped_by_a_call_whose_reply_was_lost_go_back_at_the_next_beat(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """A failover after the pop script ran (or a cluster client running it again) leaves requests in a worker's
-    in-flight record that it never received. Here the test runs that pop itself for the live worker and drops the
-    reply: the worker's next beat finds more in its record than it knows of and gives those back; every page is
-    fetched exactly once and the worker exits."""
+    """A failover after the pop script ran (or a cluster client running it again) leaves requests in
+    a worker's in-flight record that it never received. Here the test runs that pop itself for the
+    live worker and drops the reply: the worker's next beat finds more in its record than it knows
+    of and gives those back; every page is fetched exactly once and the worker exits."""
     with CrawlSite(delay=0.05) as site:
         seed(redis_url, "staged", ["a"], {"a": [f"{site.url}/a/{n}" for n in range(120)]})
-        settings = {"REDISLOCK_WORKER_STAGES": {"a": 1}, "REDISLOCK_TTL": 1.5, "REDISLOCK_IDLE_CLOSE": 2}
+        settings = {
+            "REDISLOCK_WORKER_STAGES": {"a": 1},
+            "REDISLOCK_TTL": 1.5,
+            "REDISLOCK_IDLE_CLOSE": 2,
+        }
         worker = staged_worker(redis_url, site.url, "", settings)
         wait_for(lambda: len(site.hits) >= 10, 60, "the crawl to start")
         (worker_id,) = [w.decode() for w in redis_client.zrange("redislock:{staged}:alive", 0, -1)]

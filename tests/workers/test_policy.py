@@ -6,7 +6,14 @@ import math
 
 import pytest
 
-from scrapy_redislock.workers.policy import StagePolicy, keeps_slot, keeps_streak, liveness, may_reap, next_wake
+from scrapy_redislock.workers.policy import (
+    StagePolicy,
+    keeps_slot,
+    keeps_streak,
+    liveness,
+    may_reap,
+    next_wake,
+)
 
 SHOP = StagePolicy.of({"list": 1, "detail": 3, "comments": None})
 
@@ -31,7 +38,9 @@ def test_a_worker_leaving_a_drained_stage_tries_every_stage_with_work() -> None:
     assert SHOP.to_try("detail", {"list": 3, "detail": 0, "comments": 4}) == ["list", "comments"]
 
 
-def test_from_an_uncapped_stage_a_worker_moves_up_only_to_preferred_capped_stages_with_work() -> None:
+def test_from_an_uncapped_stage_a_worker_moves_up_only_to_preferred_capped_stages_with_work() -> (
+    None
+):
     lengths = {"list": 2, "detail": 7, "comments": 50}
     assert SHOP.to_try("comments", lengths) == ["list", "detail"]
     assert SHOP.to_try("comments", {**lengths, "list": 0}) == ["detail"]
@@ -68,12 +77,13 @@ def test_the_next_look_is_the_heartbeat_or_the_idle_close_deadline(
     assert math.isclose(next_wake(100.0, 110.0, quiet_since, idle_close), expected)
 
 
-# -- a stage's limit lowered under its holders (issue 26, item 2) -----------------------------------------------------
+# -- a stage's limit lowered under its holders (issue 26, item 2) ----------------------------------
 
 
 def test_the_newest_holders_leave_exactly_as_many_as_the_stage_is_over_its_limit() -> None:
     held = ["0-10", "0-11", "0-12"]  # oldest first, as XPENDING lists them
-    # Lowered from 3 to 1: whichever holder decides first, the oldest stays and the two newest leave.
+    # Lowered from 3 to 1: whichever holder decides first, the oldest stays and the two newest
+    # leave.
     assert [keeps_slot(grant, held[:1], 1) for grant in held] == [True, False, False]
     # Once the newest has left, the middle one still sees itself beyond the limit: it leaves too.
     assert not keeps_slot("0-11", ["0-10"], 1)
@@ -91,17 +101,26 @@ def test_a_paused_stage_keeps_no_holder() -> None:
 
 def test_a_worker_leaving_its_stage_listens_to_nothing_until_it_has_left() -> None:
     assert SHOP.listens_to("detail", empty={"detail"}, full=set(), leaving=True) == []
-    assert SHOP.listens_to(None, empty=set(), full=set(), leaving=True) == ["list", "detail", "comments"]
+    assert SHOP.listens_to(None, empty=set(), full=set(), leaving=True) == [
+        "list",
+        "detail",
+        "comments",
+    ]
 
 
-# -- liveness: beats, deadlines, reaping (issue 26, item 3) ----------------------------------------------------------
+# -- liveness: beats, deadlines, reaping (issue 26, item 3) ----------------------------------------
 
 
 @pytest.mark.parametrize(
     ("ttl", "working", "interval", "grace"),
     [
         (30.0, True, 1.0, 5.0),  # with work: a pulse every second, dead after 5 s (not 30)
-        (30.0, False, 10.0, 30.0),  # idle: a beat every ttl/3, dead after the ttl (nothing to requeue)
+        (
+            30.0,
+            False,
+            10.0,
+            30.0,
+        ),  # idle: a beat every ttl/3, dead after the ttl (nothing to requeue)
         (3.0, True, 1.0, 3.0),  # a short ttl: never longer than before
         (1.5, True, 0.5, 1.5),
         (6.0, True, 1.0, 5.0),
@@ -117,11 +136,15 @@ def test_a_worker_with_work_beats_every_second_and_is_dead_after_a_few(
 
 def test_a_gap_in_a_workers_own_beats_breaks_its_streak() -> None:
     assert keeps_streak(1.0, 1.0) and keeps_streak(2.4, 1.0)
-    assert not keeps_streak(2.6, 1.0)  # this worker stalled, or Redis was slow or away: the others may be late too
+    assert not keeps_streak(
+        2.6, 1.0
+    )  # this worker stalled, or Redis was slow or away: the others may be late too
     assert keeps_streak(10.0, 10.0) and not keeps_streak(21.0, 10.0)
 
 
-def test_a_worker_back_from_an_outage_reaps_nobody_until_the_others_had_a_back_off_to_beat() -> None:
+def test_a_worker_back_from_an_outage_reaps_nobody_until_the_others_had_a_back_off_to_beat() -> (
+    None
+):
     assert not may_reap(0.0, 30.0) and not may_reap(5.9, 30.0)
     assert may_reap(6.0, 30.0)
     assert may_reap(1.5, 1.5)  # a short ttl: never waits longer than the ttl

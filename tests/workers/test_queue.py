@@ -1,4 +1,5 @@
-"""The per-stage Redis queues of the worker mixin (StageQueues) against a real redis-server, without Scrapy crawls."""
+"""The per-stage Redis queues of the worker mixin (StageQueues) against a real redis-server, without
+Scrapy crawls."""
 
 from __future__ import annotations
 
@@ -44,7 +45,14 @@ def run(url: str, scenario: Callable[[Callable[..., StageQueues]], Awaitable[Non
 
 def test_keys_share_the_spider_hash_tag() -> None:
     keys = QueueKeys.of("redislock", "shop")
-    for key in (keys.dupefilter, keys.alive, keys.working, keys.ids, keys.queue("detail"), keys.inflight("h:1:a")):
+    for key in (
+        keys.dupefilter,
+        keys.alive,
+        keys.working,
+        keys.ids,
+        keys.queue("detail"),
+        keys.inflight("h:1:a"),
+    ):
         assert key.startswith("redislock:{shop}:"), key
 
 
@@ -59,7 +67,8 @@ def test_a_queue_going_from_empty_to_non_empty_puts_one_token_on_its_signal(
         await a.push("detail", "", b"r2")  # not empty before: no second token
         assert redis_client.lrange(signal, 0, -1) == [b"1"]
         assert redis_client.llen(a.keys.signal("comments")) == 0
-        # A woken worker that pops a full batch hands the token on (the queue may hold more); a short pop does not.
+        # A woken worker that pops a full batch hands the token on (the queue may hold more); a
+        # short pop does not.
         redis_client.delete(signal)
         assert len(await a.pop("detail", 2, pass_on=True)) == 2
         assert redis_client.llen(signal) == 1
@@ -67,7 +76,9 @@ def test_a_queue_going_from_empty_to_non_empty_puts_one_token_on_its_signal(
         assert len(await a.pop("detail", 5, pass_on=True)) == 1
         assert redis_client.llen(signal) == 0
         # An idle worker blocked on the signals is served at once.
-        waiter = asyncio.ensure_future(a.wait_signal([signal, a.keys.signal("comments"), a.keys.wake], 30))
+        waiter = asyncio.ensure_future(
+            a.wait_signal([signal, a.keys.signal("comments"), a.keys.wake], 30)
+        )
         await asyncio.sleep(0.05)
         await a.push("comments", "", b"c0")
         assert await asyncio.wait_for(waiter, 5) == (a.keys.signal("comments"), b"1")
@@ -106,14 +117,17 @@ def test_the_ack_that_ends_the_crawl_wakes_every_worker_and_a_beat_names_the_dea
 def test_a_pop_whose_reply_was_lost_is_found_by_the_beat_and_given_back(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """A pop ran in Redis but its reply never reached the worker (a failover): the beat says the in-flight record
-    holds more than the worker knows of, and reclaim gives back exactly those, to the front of their queues, oldest
-    first; what the worker knows of stays, and the in-flight counter counts what is left."""
+    """A pop ran in Redis but its reply never reached the worker (a failover): the beat says the
+    in-flight record holds more than the worker knows of, and reclaim gives back exactly those, to
+    the front of their queues, oldest first; what the worker knows of stays, and the in-flight
+    counter counts what is left."""
 
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         a = worker("a")
         await a.beat(None)
-        await a.push_many([("detail", "", f"d{n}".encode()) for n in range(6)] + [("comments", "", b"c0")])
+        await a.push_many(
+            [("detail", "", f"d{n}".encode()) for n in range(6)] + [("comments", "", b"c0")]
+        )
         known = await a.pop("detail", 2)  # d0, d1: the worker has them
         assert (await a.heartbeat("detail")).holds == 2
         lost = await a.pop("detail", 2) + await a.pop("comments", 1)  # d2, d3, c0: replies "lost"
@@ -121,21 +135,33 @@ def test_a_pop_whose_reply_was_lost_is_found_by_the_beat_and_given_back(
         redis_client.delete(a.keys.signal("comments"))  # its token was taken
         assert await a.reclaim([i for i, _ in known]) == 3
         assert (await a.heartbeat("detail")).holds == 2 and await a.in_flight() == 2
-        assert [d for _, d in await a.pop("detail", 3)] == [b"d2", b"d3", b"d4"]  # back at the front, in order
+        assert [d for _, d in await a.pop("detail", 3)] == [
+            b"d2",
+            b"d3",
+            b"d4",
+        ]  # back at the front, in order
         assert [d for _, d in await a.pop("comments", 1)] == [b"c0"]
-        assert redis_client.llen(a.keys.signal("comments")) == 1  # its queue was empty: an idle worker is told
-        assert len(lost) == 3 and await a.reclaim([i for i, _ in known]) == 4  # nothing known but d0, d1
+        assert (
+            redis_client.llen(a.keys.signal("comments")) == 1
+        )  # its queue was empty: an idle worker is told
+        assert (
+            len(lost) == 3 and await a.reclaim([i for i, _ in known]) == 4
+        )  # nothing known but d0, d1
         assert await a.ack([i for i, _ in known]) == 2 and await a.in_flight() == 0
 
     run(redis_url, scenario)
 
 
-def test_the_dupefilter_is_shared_by_workers_and_stages(redis_url: str, redis_client: redis.Redis) -> None:
+def test_the_dupefilter_is_shared_by_workers_and_stages(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         a, b = worker("a"), worker("b")
         assert await a.push("detail", "fp1", b"r1")
         assert not await b.push("detail", "fp1", b"r1 again")  # another worker, same fingerprint
-        assert not await b.push("comments", "fp1", b"r1 elsewhere")  # another stage, same fingerprint
+        assert not await b.push(
+            "comments", "fp1", b"r1 elsewhere"
+        )  # another stage, same fingerprint
         assert await b.push("detail", "", b"unfiltered")
         assert await b.push("detail", "", b"unfiltered")  # dont_filter: queued every time
         assert await a.seen("fp1")
@@ -145,7 +171,9 @@ def test_the_dupefilter_is_shared_by_workers_and_stages(redis_url: str, redis_cl
     run(redis_url, scenario)
 
 
-def test_fifo_pop_into_the_in_flight_record_and_ack(redis_url: str, redis_client: redis.Redis) -> None:
+def test_fifo_pop_into_the_in_flight_record_and_ack(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         a = worker("a")
         for n in range(4):
@@ -157,7 +185,9 @@ def test_fifo_pop_into_the_in_flight_record_and_ack(redis_url: str, redis_client
         popped = await a.pop("detail", 3)
         assert [data for _, data in popped] == [b"r0", b"r1", b"r2"]
         assert redis_client.hlen(a.inflight_key) == 3
-        assert redis_client.zscore(a.keys.due, "a") > registered  # a pop is a sign of life: its deadline moves
+        assert (
+            redis_client.zscore(a.keys.due, "a") > registered
+        )  # a pop is a sign of life: its deadline moves
         assert await a.in_flight() == 3  # the scripts' counter, read instead of every worker's hash
         assert await a.ack([popped[0][0], popped[1][0]]) == 2
         assert await a.ack([popped[0][0]]) == 0
@@ -177,7 +207,11 @@ def test_a_silent_worker_is_reaped_by_the_others_and_a_beating_one_is_not(
 ) -> None:
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         ttl = 1.0  # a beating worker outlasts a busy machine's stall by well over 0.5 s
-        dead, alive, other = worker("dead", ttl=ttl), worker("alive", ttl=ttl), worker("other", ttl=ttl)
+        dead, alive, other = (
+            worker("dead", ttl=ttl),
+            worker("alive", ttl=ttl),
+            worker("other", ttl=ttl),
+        )
         for n in range(6):
             await other.push("detail" if n < 4 else "comments", f"fp{n}", f"r{n}".encode())
         for handle in (dead, alive, other):
@@ -202,12 +236,16 @@ def test_a_silent_worker_is_reaped_by_the_others_and_a_beating_one_is_not(
         await other.beat("detail")
         assert await other.reap() == {"alive": 1}  # stopped beating meanwhile
         assert await alive.beat("detail")  # it learns that it was taken for dead
-        assert [d for _, d in await alive.pop("detail", 1)] == [b"r2"]  # its request is back in the queue
+        assert [d for _, d in await alive.pop("detail", 1)] == [
+            b"r2"
+        ]  # its request is back in the queue
 
     run(redis_url, scenario)
 
 
-def test_leave_gives_back_the_unfinished_and_unregisters(redis_url: str, redis_client: redis.Redis) -> None:
+def test_leave_gives_back_the_unfinished_and_unregisters(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         a, b = worker("a"), worker("b")
         for n in range(3):
@@ -223,7 +261,9 @@ def test_leave_gives_back_the_unfinished_and_unregisters(redis_url: str, redis_c
     run(redis_url, scenario)
 
 
-def test_requests_of_a_stage_the_reaper_does_not_know_stay(redis_url: str, redis_client: redis.Redis) -> None:
+def test_requests_of_a_stage_the_reaper_does_not_know_stay(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         dead = worker("dead", ttl=0.2)
         await dead.beat(None)
@@ -234,13 +274,18 @@ def test_requests_of_a_stage_the_reaper_does_not_know_stay(redis_url: str, redis
         await asyncio.sleep(0.3)
         reaper = worker("reaper", stages=["list"], ttl=0.2)
         assert await reaper.reap() == {"dead": 1}
-        assert redis_client.hlen(dead.inflight_key) == 1  # not dropped: kept for a worker that knows "comments"
+        assert (
+            redis_client.hlen(dead.inflight_key) == 1
+        )  # not dropped: kept for a worker that knows "comments"
 
     run(redis_url, scenario)
 
 
-def test_clear_only_when_no_other_worker_is_alive(redis_url: str, redis_client: redis.Redis) -> None:
-    """SCHEDULER_PERSIST = False / SCHEDULER_FLUSH_ON_START: never delete what a live worker works on."""
+def test_clear_only_when_no_other_worker_is_alive(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """SCHEDULER_PERSIST = False / SCHEDULER_FLUSH_ON_START: never delete what a live worker works
+    on."""
 
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         ttl = 1.0  # "dead" still counts as alive for one TTL: long enough to outlast a busy machine's stall
@@ -252,22 +297,32 @@ def test_clear_only_when_no_other_worker_is_alive(redis_url: str, redis_client: 
         await a.beat("detail")
         await b.beat("detail")
         assert not await a.clear_if_alone()
-        assert redis_client.llen(a.keys.queue("detail")) == 1 and redis_client.scard(a.keys.dupefilter) == 2
+        assert (
+            redis_client.llen(a.keys.queue("detail")) == 1
+            and redis_client.scard(a.keys.dupefilter) == 2
+        )
         await b.leave()
         assert not await a.clear_if_alone()  # "dead" still counts as alive for one TTL
         await asyncio.sleep(ttl + 0.1)
         await a.beat(None)
         assert await a.clear_if_alone()
-        assert redis_client.keys("redislock:{shop}:*") == []  # queues, dupefilter, dead worker's record: all gone
+        assert (
+            redis_client.keys("redislock:{shop}:*") == []
+        )  # queues, dupefilter, dead worker's record: all gone
 
     run(redis_url, scenario)
 
 
-def test_the_stage_queues_are_scrapy_redis_fifo_queues(redis_url: str, redis_client: redis.Redis) -> None:
-    """Same layout as scrapy-redis: its FifoQueue class reads a stage queue (e.g. to inspect or migrate it), with
-    the safe request format as its SCHEDULER_SERIALIZER."""
+def test_the_stage_queues_are_scrapy_redis_fifo_queues(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Same layout as scrapy-redis: its FifoQueue class reads a stage queue (e.g. to inspect or
+    migrate it), with the safe request format as its SCHEDULER_SERIALIZER."""
     spider = scrapy.Spider(name="shop")
-    requests = [scrapy.Request(f"http://shop.test/detail/{n}", meta={"redislock_stage": "detail"}) for n in range(3)]
+    requests = [
+        scrapy.Request(f"http://shop.test/detail/{n}", meta={"redislock_stage": "detail"})
+        for n in range(3)
+    ]
 
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         a = worker("a")
@@ -283,7 +338,7 @@ def test_the_stage_queues_are_scrapy_redis_fifo_queues(redis_url: str, redis_cli
     assert popped[0].meta["redislock_stage"] == "detail"
 
 
-# -- a worker taken for dead that pops before it beats (issue 17, finding 11) ------------------------------------
+# -- a worker taken for dead that pops before it beats (issue 17, finding 11) ----------------------
 
 
 def stall(client: redis.Redis, queues: StageQueues) -> None:
@@ -292,7 +347,9 @@ def stall(client: redis.Redis, queues: StageQueues) -> None:
     client.zadd(queues.keys.due, {queues.worker: 0}, xx=True)
 
 
-def test_a_worker_taken_for_dead_cannot_pop_until_it_beats(redis_url: str, redis_client: redis.Redis) -> None:
+def test_a_worker_taken_for_dead_cannot_pop_until_it_beats(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         stalled, reaper = worker("stalled"), worker("reaper")
         for n in range(4):
@@ -302,13 +359,17 @@ def test_a_worker_taken_for_dead_cannot_pop_until_it_beats(redis_url: str, redis
         assert len(await stalled.pop("detail", 2) or []) == 2
         stall(redis_client, stalled)
         assert await reaper.reap() == {"stalled": 2}
-        # Resumed in its fill step, before its beat: refused, nothing moves into a record nobody watches.
+        # Resumed in its fill step, before its beat: refused, nothing moves into a record nobody
+        # watches.
         assert await stalled.pop("detail", 2) is None
         assert redis_client.exists(stalled.inflight_key) == 0 and await reaper.lengths() == {
             "list": 0, "detail": 4, "comments": 0,
         }  # fmt: skip
         assert await stalled.beat("detail")  # it learns it was taken for dead ...
-        assert [d for _, d in await stalled.pop("detail", 2) or []] == [b"r0", b"r1"]  # ... and pops again
+        assert [d for _, d in await stalled.pop("detail", 2) or []] == [
+            b"r0",
+            b"r1",
+        ]  # ... and pops again
 
     run(redis_url, scenario)
 
@@ -316,9 +377,10 @@ def test_a_worker_taken_for_dead_cannot_pop_until_it_beats(redis_url: str, redis
 def test_the_scheduler_strands_nothing_when_it_pops_just_after_being_taken_for_dead(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """The order of the review's reproduction, forced: the worker takes requests ahead, stalls, is reaped, then
-    its loop resumes in its fill step (which pops) before it beats. Every request must end up either in the queue
-    or in the worker's buffer with its in-flight id, never in an in-flight record nobody will requeue."""
+    """The order of the review's reproduction, forced: the worker takes requests ahead, stalls, is
+    reaped, then its loop resumes in its fill step (which pops) before it beats. Every request must
+    end up either in the queue or in the worker's buffer with its in-flight id, never in an
+    in-flight record nobody will requeue."""
     urls = [f"http://shop.test/a/{n}" for n in range(3)]
 
     async def main() -> None:
@@ -337,15 +399,22 @@ def test_the_scheduler_strands_nothing_when_it_pops_just_after_being_taken_for_d
                 await reaper.push("a", "", scheduler.encode(request))
             scheduler.current = "a"
             await scheduler.queues.beat("a")
-            assert await scheduler._fill() == 3  # taken ahead (room for 2 x CONCURRENT_REQUESTS = 4)
+            assert (
+                await scheduler._fill() == 3
+            )  # taken ahead (room for 2 x CONCURRENT_REQUESTS = 4)
             stall(redis_client, scheduler.queues)
             assert await reaper.reap() == {scheduler.worker: 3}
             await scheduler._fill()  # the loop resumes here, before its beat
             await scheduler._beat("a")
             buffered = {inflight_id: request.url for request, inflight_id in scheduler.buffer}
-            recorded = {str(k.decode()): v for k, v in redis_client.hgetall(scheduler.queues.inflight_key).items()}
+            recorded = {
+                str(k.decode()): v
+                for k, v in redis_client.hgetall(scheduler.queues.inflight_key).items()
+            }
             queued = redis_client.llen(scheduler.queues.keys.queue("a"))
-            assert set(recorded) == set(buffered), f"stranded in {scheduler.queues.inflight_key}: {recorded}"
+            assert set(recorded) == set(buffered), (
+                f"stranded in {scheduler.queues.inflight_key}: {recorded}"
+            )
             assert len(set(buffered.values())) + queued == len(urls)
         finally:
             await client.aclose()
@@ -353,18 +422,22 @@ def test_the_scheduler_strands_nothing_when_it_pops_just_after_being_taken_for_d
     asyncio.run(main())
 
 
-# -- batches of any size (review 2, finding e09: Lua's unpack stops at about 8000 values) --------------------------
+# -- batches of any size (review 2, finding e09: Lua's unpack stops at about 8000 values) ----------
 
 BIG = 10_000  # 2 x CONCURRENT_REQUESTS 5000: well over what one unpack takes (2 values per popped request)
 
 
-def test_one_pop_takes_10000_requests_and_records_every_one(redis_url: str, redis_client: redis.Redis) -> None:
+def test_one_pop_takes_10000_requests_and_records_every_one(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         a = worker("a")
         await a.beat("detail")
         await a.push_many([("detail", "", f"r{n}".encode()) for n in range(BIG)])
         popped = await a.pop("detail", BIG)
-        assert popped is not None and [d for _, d in popped] == [f"r{n}".encode() for n in range(BIG)]  # FIFO
+        assert popped is not None and [d for _, d in popped] == [
+            f"r{n}".encode() for n in range(BIG)
+        ]  # FIFO
         record = {k.decode(): v for k, v in redis_client.hgetall(a.inflight_key).items()}
         assert record == {i: b"detail\n" + d for i, d in popped}
         assert redis_client.llen(a.keys.queue("detail")) == 0 and await a.in_flight() == BIG
@@ -381,14 +454,19 @@ def test_one_ack_drops_10000_ids(redis_url: str, redis_client: redis.Redis) -> N
         assert len(ids) == BIG and redis_client.hlen(a.inflight_key) == BIG
         assert await a.ack(ids) == BIG
         assert redis_client.exists(a.inflight_key) == 0 and await a.in_flight() == 0
-        assert redis_client.llen(a.keys.wake) == 1  # the crawl has ended: the registered worker is told
+        assert (
+            redis_client.llen(a.keys.wake) == 1
+        )  # the crawl has ended: the registered worker is told
 
     run(redis_url, scenario)
 
 
-def test_a_pop_that_cannot_record_leaves_the_queue_as_it_was(redis_url: str, redis_client: redis.Redis) -> None:
-    """Redis keeps what a script wrote before it failed: a pop must not take requests off the queue before they
-    are in the in-flight record (here the record cannot be written: its key holds a string)."""
+def test_a_pop_that_cannot_record_leaves_the_queue_as_it_was(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Redis keeps what a script wrote before it failed: a pop must not take requests off the queue
+    before they are in the in-flight record (here the record cannot be written: its key holds a
+    string)."""
 
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         a = worker("a")
@@ -405,8 +483,11 @@ def test_a_pop_that_cannot_record_leaves_the_queue_as_it_was(redis_url: str, red
     run(redis_url, scenario)
 
 
-def test_clear_deletes_the_records_of_10000_registered_workers(redis_url: str, redis_client: redis.Redis) -> None:
-    """One key per registered worker's in-flight record: a clear of a spider with many silent workers."""
+def test_clear_deletes_the_records_of_10000_registered_workers(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """One key per registered worker's in-flight record: a clear of a spider with many silent
+    workers."""
 
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         a = worker("a")
@@ -420,13 +501,23 @@ def test_clear_deletes_the_records_of_10000_registered_workers(redis_url: str, r
     run(redis_url, scenario)
 
 
-# -- the order of a stage queue: scrapy-redis's SCHEDULER_QUEUE_CLASS (issue 27, item 6) ----------------------------
+# -- the order of a stage queue: scrapy-redis's SCHEDULER_QUEUE_CLASS (issue 27, item 6) -----------
 
 ORDERS = ["priority", "fifo", "lifo"]
 # (name, priority) in push order; pushed in two calls, so that ties span calls too.
-PUSHED = [("a0", 0), ("b5", 5), ("c-5", -5), ("d5", 5), ("e0", 0), ("f10", 10), ("g-5", -5), ("h0", 0)]
+PUSHED = [
+    ("a0", 0),
+    ("b5", 5),
+    ("c-5", -5),
+    ("d5", 5),
+    ("e0", 0),
+    ("f10", 10),
+    ("g-5", -5),
+    ("h0", 0),
+]
 EXPECTED = {
-    # scrapy-redis's PriorityQueue: higher priority first (score -priority); equal priorities in push order.
+    # scrapy-redis's PriorityQueue: higher priority first (score -priority); equal priorities in
+    # push order.
     "priority": ["f10", "b5", "d5", "a0", "e0", "h0", "c-5", "g-5"],
     "fifo": [name for name, _ in PUSHED],  # FifoQueue ignores priorities
     "lifo": [name for name, _ in reversed(PUSHED)],  # LifoQueue too
@@ -456,12 +547,20 @@ def test_each_order_pops_as_its_scrapy_redis_queue_and_counts_both_parts(
         assert (await a.look())[0]["detail"] == 8
         popped = names(await a.pop("detail", 3)) + names(await a.pop("detail", 10))
         assert popped == EXPECTED[order]
-        assert await a.in_flight() == 8 and await a.lengths() == {"list": 0, "detail": 0, "comments": 0}
+        assert await a.in_flight() == 8 and await a.lengths() == {
+            "list": 0,
+            "detail": 0,
+            "comments": 0,
+        }
 
     run(redis_url, scenario)
     keys = QueueKeys.of("redislock", "shop")
-    if order == "priority":  # the sorted set holds scrapy-redis's scores; priority 0 stays in the list
-        assert int(redis_client.get(keys.sequence)) == 5  # one order number per request of priority != 0
+    if (
+        order == "priority"
+    ):  # the sorted set holds scrapy-redis's scores; priority 0 stays in the list
+        assert (
+            int(redis_client.get(keys.sequence)) == 5
+        )  # one order number per request of priority != 0
 
 
 def test_priority_order_keeps_priority_0_in_the_list_and_scores_the_rest_as_scrapy_redis(
@@ -472,12 +571,18 @@ def test_priority_order_keeps_priority_0_in_the_list_and_scores_the_rest_as_scra
 
     run(redis_url, scenario)
     keys = QueueKeys.of("redislock", "shop")
-    assert redis_client.lrange(keys.queue("detail"), 0, -1) == [b"h0", b"e0", b"a0"]  # FifoQueue's orientation
+    assert redis_client.lrange(keys.queue("detail"), 0, -1) == [
+        b"h0",
+        b"e0",
+        b"a0",
+    ]  # FifoQueue's orientation
     scored = redis_client.zrange(keys.scored("detail"), 0, -1, withscores=True)
     assert [(member[16:], score) for member, score in scored] == [
         (b"f10", -10.0), (b"b5", -5.0), (b"d5", -5.0), (b"c-5", 5.0), (b"g-5", 5.0),
     ]  # fmt: skip
-    assert all(member[:16].isdigit() for member, _ in scored)  # the order number: ties in push order
+    assert all(
+        member[:16].isdigit() for member, _ in scored
+    )  # the order number: ties in push order
 
 
 @pytest.mark.parametrize("order", ORDERS)
@@ -485,9 +590,9 @@ def test_priority_order_keeps_priority_0_in_the_list_and_scores_the_rest_as_scra
 def test_requests_given_back_return_to_their_own_place_in_every_order(
     redis_url: str, redis_client: redis.Redis, order: str, how: str
 ) -> None:
-    """Whatever puts popped requests back (a lost slot, a lost reply, a dead worker, a close, an operator's requeue),
-    they are popped again exactly as if they had never left: the order is not disturbed, nothing is lost or doubled,
-    and the in-flight counter counts what is left."""
+    """Whatever puts popped requests back (a lost slot, a lost reply, a dead worker, a close, an
+    operator's requeue), they are popped again exactly as if they had never left: the order is not
+    disturbed, nothing is lost or doubled, and the in-flight counter counts what is left."""
 
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         a, other = worker("a", ttl=0.2 if how == "reap" else 30.0), worker("other")
@@ -531,12 +636,16 @@ def test_a_stage_that_goes_from_empty_to_non_empty_in_either_part_gets_one_token
         await a.push("detail", "", b"p5", priority=5)  # the sorted set: the stage was empty
         assert redis_client.lrange(signal, 0, -1) == [b"1"]
         redis_client.delete(signal)
-        await a.push("detail", "", b"p0")  # the list goes 0 -> 1, but the stage was not empty: no token
+        await a.push(
+            "detail", "", b"p0"
+        )  # the list goes 0 -> 1, but the stage was not empty: no token
         await a.push("detail", "", b"q5", priority=5)
         assert redis_client.llen(signal) == 0
         popped = await a.pop("detail", 3)
         assert names(popped) == ["p5", "q5", "p0"]
-        await a.give_back([i for i, _ in popped])  # back into an empty stage: an idle worker is told
+        await a.give_back(
+            [i for i, _ in popped]
+        )  # back into an empty stage: an idle worker is told
         assert redis_client.lrange(signal, 0, -1) == [b"1"]
         redis_client.delete(signal)
         assert await a.give_back([]) == 0
@@ -547,7 +656,9 @@ def test_a_stage_that_goes_from_empty_to_non_empty_in_either_part_gets_one_token
     run(redis_url, scenario)
 
 
-def test_the_crawl_has_not_ended_while_the_sorted_set_holds_work(redis_url: str, redis_client: redis.Redis) -> None:
+def test_the_crawl_has_not_ended_while_the_sorted_set_holds_work(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         a = worker("a")
         await a.beat("detail")
@@ -555,25 +666,35 @@ def test_the_crawl_has_not_ended_while_the_sorted_set_holds_work(redis_url: str,
         popped = await a.pop("detail", 1)
         await a.ack([i for i, _ in popped])
         assert redis_client.llen(a.keys.wake) == 0  # comments' sorted set still holds one
-        assert await a.clear_if_finished() == -1 and redis_client.zcard(a.keys.scored("comments")) == 1
+        assert (
+            await a.clear_if_finished() == -1 and redis_client.zcard(a.keys.scored("comments")) == 1
+        )
         popped = await a.pop("comments", 5)
         assert names(popped) == ["c-1"]
         await a.ack([i for i, _ in popped])
         assert redis_client.llen(a.keys.wake) == 1
         assert await a.clear_if_finished() == 1
-        assert redis_client.keys("redislock:{shop}:*") == []  # the sorted sets and the order counter too
+        assert (
+            redis_client.keys("redislock:{shop}:*") == []
+        )  # the sorted sets and the order counter too
 
     run(redis_url, scenario)
 
 
-def test_a_queue_of_the_previous_fifo_layout_is_read_as_priority_0(redis_url: str, redis_client: redis.Redis) -> None:
-    """Migration: the previous version kept each stage queue as one FIFO list (whatever the priorities), in-flight
-    values "<stage>\\n<request>". That list is the priority-0 part of the priority order: read as it was, after
-    what has a higher priority, before what has a lower one; an in-flight record of the previous version is given
-    back to it."""
+def test_a_queue_of_the_previous_fifo_layout_is_read_as_priority_0(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Migration: the previous version kept each stage queue as one FIFO list (whatever the
+    priorities), in-flight values "<stage>\\n<request>". That list is the priority-0 part of the
+    priority order: read as it was, after what has a higher priority, before what has a lower one;
+    an in-flight record of the previous version is given back to it."""
     keys = QueueKeys.of("redislock", "shop")
-    redis_client.lpush(keys.queue("detail"), b"old0", b"old1", b"old2")  # as the previous queue_push did
-    redis_client.hset(keys.inflight("gone"), "7", b"detail\nold-in-flight")  # a dead worker of the previous version
+    redis_client.lpush(
+        keys.queue("detail"), b"old0", b"old1", b"old2"
+    )  # as the previous queue_push did
+    redis_client.hset(
+        keys.inflight("gone"), "7", b"detail\nold-in-flight"
+    )  # a dead worker of the previous version
     redis_client.set(keys.in_flight, 1)
     redis_client.zadd(keys.alive, {"gone": 0})
 
@@ -581,8 +702,18 @@ def test_a_queue_of_the_previous_fifo_layout_is_read_as_priority_0(redis_url: st
         a = worker("a")
         await a.beat("detail")
         assert await a.reap(["gone"]) == {"gone": 1}  # back at the list's front
-        await a.push_many([("detail", "", b"new5", 5), ("detail", "", b"new-5", -5), ("detail", "", b"new0", 0)])
-        assert names(await a.pop("detail", 10)) == ["new5", "old-in-flight", "old0", "old1", "old2", "new0", "new-5"]
+        await a.push_many(
+            [("detail", "", b"new5", 5), ("detail", "", b"new-5", -5), ("detail", "", b"new0", 0)]
+        )
+        assert names(await a.pop("detail", 10)) == [
+            "new5",
+            "old-in-flight",
+            "old0",
+            "old1",
+            "old2",
+            "new0",
+            "new-5",
+        ]
 
     run(redis_url, scenario)
 
@@ -591,9 +722,9 @@ def test_a_queue_of_the_previous_fifo_layout_is_read_as_priority_0(redis_url: st
 def test_a_fifo_or_lifo_worker_takes_what_the_sorted_set_holds_once_its_list_is_empty(
     redis_url: str, redis_client: redis.Redis, order: str
 ) -> None:
-    """Workers with different SCHEDULER_QUEUE_CLASS (a misconfiguration, or a change between two runs): nothing is
-    stranded. A FIFO or LIFO worker pops its list first, then the sorted set in priority order, and says which ids
-    came from there (the scheduler warns once)."""
+    """Workers with different SCHEDULER_QUEUE_CLASS (a misconfiguration, or a change between two
+    runs): nothing is stranded. A FIFO or LIFO worker pops its list first, then the sorted set in
+    priority order, and says which ids came from there (the scheduler warns once)."""
 
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         writer, reader = worker("writer"), worker("reader")
@@ -632,11 +763,16 @@ def test_scheduler_queue_class_given_as_a_class_names_the_order_too() -> None:
     from scrapy_redis.queue import FifoQueue as Fifo
     from scrapy_redis.queue import LifoQueue, PriorityQueue
 
-    assert [queue_order(c) for c in (PriorityQueue, Fifo, LifoQueue)] == ["priority", "fifo", "lifo"]
+    assert [queue_order(c) for c in (PriorityQueue, Fifo, LifoQueue)] == [
+        "priority",
+        "fifo",
+        "lifo",
+    ]
 
 
 @pytest.mark.parametrize(
-    "queue_class", ["scrapy.squeues.FifoMemoryQueue", "scrapy_redis.queue.Base", "no.such.Queue", "Nonsense"]
+    "queue_class",
+    ["scrapy.squeues.FifoMemoryQueue", "scrapy_redis.queue.Base", "no.such.Queue", "Nonsense"],
 )
 def test_any_other_scheduler_queue_class_is_refused_naming_the_setting(queue_class: str) -> None:
     with pytest.raises(ConfigError) as refused:
@@ -658,8 +794,8 @@ def test_a_subclass_of_a_scrapy_redis_queue_is_refused_too() -> None:
 def test_one_pop_takes_10000_scored_requests_and_a_give_back_puts_them_all_back(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """The sorted set's writes are chunked as the list's are: one push of 10000 scored requests, one pop of all of
-    them (HSET and ZREM 1000 at a time), one give-back."""
+    """The sorted set's writes are chunked as the list's are: one push of 10000 scored requests, one
+    pop of all of them (HSET and ZREM 1000 at a time), one give-back."""
 
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         a = worker("a")
@@ -677,7 +813,9 @@ def test_one_pop_takes_10000_scored_requests_and_a_give_back_puts_them_all_back(
     run(redis_url, scenario)
 
 
-def test_a_pop_that_cannot_record_leaves_the_sorted_set_as_it_was(redis_url: str, redis_client: redis.Redis) -> None:
+def test_a_pop_that_cannot_record_leaves_the_sorted_set_as_it_was(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         a = worker("a")
         await a.beat("detail")
@@ -699,7 +837,9 @@ def test_status_counts_both_parts_and_shows_a_dead_letters_stage_without_its_mar
     async def scenario(worker: Callable[..., StageQueues]) -> None:
         a = worker("a")
         await a.beat("detail")
-        await a.push_many([("detail", "", b"r0", 0), ("detail", "", b"r1", 3), ("comments", "", b"c1", -2)])
+        await a.push_many(
+            [("detail", "", b"r0", 0), ("detail", "", b"r1", 3), ("comments", "", b"c1", -2)]
+        )
         popped = await a.pop("comments", 1)
         assert await a.bury([(popped[0][0], '{"error": "x"}')]) == 1
 

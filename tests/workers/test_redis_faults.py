@@ -1,8 +1,9 @@
-"""The worker front when a stage is paused and when Redis goes away: nothing queued is cleared or forgotten, a Redis
-that comes back empty is said loudly, an outage is one warning.
+"""The worker front when a stage is paused and when Redis goes away: nothing queued is cleared or
+forgotten, a Redis that comes back empty is said loudly, an outage is one warning.
 
-Real ``scrapy runspider`` workers (``testing/spiders/workerspider.py``) against a local site; the restart and
-outage tests run their own redis-server (``testing.redis_server.RedisServer``), which they kill and start again.
+Real ``scrapy runspider`` workers (``testing/spiders/workerspider.py``) against a local site; the
+restart and outage tests run their own redis-server (``testing.redis_server.RedisServer``), which
+they kill and start again.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ class Worker:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        with self.process.stdout:  # closed at the end of the output (an open pipe is a ResourceWarning)
+        with (
+            self.process.stdout
+        ):  # closed at the end of the output (an open pipe is a ResourceWarning)
             for line in self.process.stdout:
                 self.lines.append(line)
 
@@ -58,7 +61,9 @@ class Worker:
             self.process.kill()
             self.process.wait()
             self.reader.join()
-            raise AssertionError(f"the worker did not end within {timeout} s:\n{self.output[-3000:]}") from None
+            raise AssertionError(
+                f"the worker did not end within {timeout} s:\n{self.output[-3000:]}"
+            ) from None
         self.reader.join()
         assert self.process.returncode == 0, self.output[-3000:]
         return self.output
@@ -70,11 +75,15 @@ class Worker:
         self.reader.join()
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, worker: Worker | None = None) -> None:
+def wait_for(
+    condition: Callable[[], Any], timeout: float, what: str, worker: Worker | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if worker is not None and not worker.running():
-            raise AssertionError(f"the worker ended while waiting for {what}:\n{worker.output[-3000:]}")
+            raise AssertionError(
+                f"the worker ended while waiting for {what}:\n{worker.output[-3000:]}"
+            )
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
 
@@ -88,7 +97,7 @@ def finish_reason(output: str) -> str:
     return found.group(1) if found else ""
 
 
-# -- a paused stage is work: no idle close, no clear ---------------------------------------------------------------
+# -- a paused stage is work: no idle close, no clear -----------------------------------------------
 
 
 @pytest.mark.integration
@@ -97,22 +106,28 @@ def test_a_paused_stage_keeps_an_idle_close_worker_waiting_and_its_queue_then_ev
     redis_url: str, admin_url: str, redis_client: redis.Redis
 ) -> None:
     """Issue 26, item 1: a stage at limit 0 with 30 queued requests, REDISLOCK_IDLE_CLOSE 0.5 s and
-    SCHEDULER_PERSIST False (scrapy-redis's default). The worker must neither close as idle nor clear the queues:
-    the old code did both at the engine's first idle check (5 s in), its last look at the queues (at its previous
-    heartbeat, every ttl/3 = 6 s) being older than REDISLOCK_IDLE_CLOSE. Once the limit is raised it fetches every
-    page once."""
+    SCHEDULER_PERSIST False (scrapy-redis's default). The worker must neither close as idle nor
+    clear the queues: the old code did both at the engine's first idle check (5 s in), its last look
+    at the queues (at its previous heartbeat, every ttl/3 = 6 s) being older than
+    REDISLOCK_IDLE_CLOSE. Once the limit is raised it fetches every page once."""
     with CrawlSite(delay=0.02) as site:
         pages = {f"/a/{n}" for n in range(30)}
         seed(redis_url, "staged", ["a"], {"a": [site.url + page for page in sorted(pages)]})
-        settings = {"REDISLOCK_WORKER_STAGES": {"a": 0}, "REDISLOCK_TTL": 18, "REDISLOCK_IDLE_CLOSE": 0.5}
+        settings = {
+            "REDISLOCK_WORKER_STAGES": {"a": 0},
+            "REDISLOCK_TTL": 18,
+            "REDISLOCK_IDLE_CLOSE": 0.5,
+        }
         worker = Worker(redis_url, site, settings)
         try:
-            wait_for(lambda: redis_client.zcard(KEYS.alive) == 1, 60, "the worker to register", worker)
+            wait_for(
+                lambda: redis_client.zcard(KEYS.alive) == 1, 60, "the worker to register", worker
+            )
             (name,) = redis_client.zrange(KEYS.alive, 0, -1)
             first = redis_client.zscore(KEYS.alive, name)
             assert first is not None
-            # The engine's idle checks come every 5 s: wait for the worker's next heartbeat (6 s later on Redis's
-            # clock), after the first of them.
+            # The engine's idle checks come every 5 s: wait for the worker's next heartbeat (6 s
+            # later on Redis's clock), after the first of them.
             wait_for(
                 lambda: (redis_client.zscore(KEYS.alive, name) or 0) - first >= 5500,
                 60,
@@ -123,7 +138,16 @@ def test_a_paused_stage_keeps_an_idle_close_worker_waiting_and_its_queue_then_ev
             assert not site.hits
             assert "cleared the queues" not in worker.output
             raised = subprocess.run(
-                [sys.executable, "-m", "scrapy_redislock", "set-limit", "workers:a", "1", "--url", admin_url],
+                [
+                    sys.executable,
+                    "-m",
+                    "scrapy_redislock",
+                    "set-limit",
+                    "workers:a",
+                    "1",
+                    "--url",
+                    admin_url,
+                ],
                 capture_output=True,
                 text=True,
                 timeout=30,
@@ -134,13 +158,18 @@ def test_a_paused_stage_keeps_an_idle_close_worker_waiting_and_its_queue_then_ev
             worker.kill()
         assert finish_reason(output) == "finished"
         assert set(site.hits) == pages and set(site.hits.values()) == {1}
-        assert "cleared the queues" in output  # the crawl is finished now: the last worker out clears
+        assert (
+            "cleared the queues" in output
+        )  # the crawl is finished now: the last worker out clears
         assert redis_client.keys("redislock:{staged}:*") == []
 
 
-def test_the_last_worker_out_clears_only_a_finished_crawl(redis_url: str, redis_client: redis.Redis) -> None:
-    """SCHEDULER_PERSIST = False at close (StageQueues.clear_if_finished): nothing is deleted while a stage queue (a
-    paused one's too) or an in-flight record holds a request; a flush on start (clear_if_alone) still flushes."""
+def test_the_last_worker_out_clears_only_a_finished_crawl(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """SCHEDULER_PERSIST = False at close (StageQueues.clear_if_finished): nothing is deleted while
+    a stage queue (a paused one's too) or an in-flight record holds a request; a flush on start
+    (clear_if_alone) still flushes."""
 
     async def scenario() -> None:
         client = redis.asyncio.Redis.from_url(redis_url)
@@ -149,8 +178,12 @@ def test_the_last_worker_out_clears_only_a_finished_crawl(redis_url: str, redis_
             await last.beat(None)
             await last.epoch()
             await last.push("b", "fp0", b"r0")
-            assert await last.clear_if_finished() == -1  # queued (the stage may be paused: no matter)
-            assert redis_client.llen(KEYS.queue("b")) == 1 and redis_client.scard(KEYS.dupefilter) == 1
+            assert (
+                await last.clear_if_finished() == -1
+            )  # queued (the stage may be paused: no matter)
+            assert (
+                redis_client.llen(KEYS.queue("b")) == 1 and redis_client.scard(KEYS.dupefilter) == 1
+            )
             (popped,) = await last.pop("b", 5) or []
             assert await last.clear_if_finished() == -1  # in flight
             assert redis_client.hlen(KEYS.inflight("last")) == 1
@@ -159,7 +192,9 @@ def test_the_last_worker_out_clears_only_a_finished_crawl(redis_url: str, redis_
             assert redis_client.keys("redislock:{staged}:*") == []
             await last.beat(None)
             await last.push("a", "fp1", b"r1")
-            assert await last.clear_if_alone()  # SCHEDULER_FLUSH_ON_START: the operator asked for it
+            assert (
+                await last.clear_if_alone()
+            )  # SCHEDULER_FLUSH_ON_START: the operator asked for it
             assert redis_client.keys("redislock:{staged}:*") == []
         finally:
             await client.aclose()
@@ -167,7 +202,9 @@ def test_the_last_worker_out_clears_only_a_finished_crawl(redis_url: str, redis_
     asyncio.run(scenario())
 
 
-def test_the_queues_epoch_changes_only_when_the_crawl_state_is_gone(redis_url: str, redis_client: redis.Redis) -> None:
+def test_the_queues_epoch_changes_only_when_the_crawl_state_is_gone(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     async def scenario() -> None:
         client = redis.asyncio.Redis.from_url(redis_url)
         a, b = (StageQueues(client, "staged", ["a"], ttl=30, worker=name) for name in "ab")
@@ -185,18 +222,24 @@ def test_the_queues_epoch_changes_only_when_the_crawl_state_is_gone(redis_url: s
     asyncio.run(scenario())
 
 
-# -- Redis restarted empty, and an outage -----------------------------------------------------------------------
+# -- Redis restarted empty, and an outage ----------------------------------------------------------
 
 
 @pytest.mark.integration
 @pytest.mark.crawl
 @pytest.mark.faults
-def test_redis_restarted_empty_under_a_worker_is_one_error_a_stat_and_its_own_finish_reason() -> None:
-    """Issue 26, item 4: the queues vanish with a restart without persistence. The old code went on as if nothing
-    happened (at most a "taken for dead" warning) and finished as ``finished``."""
+def test_redis_restarted_empty_under_a_worker_is_one_error_a_stat_and_its_own_finish_reason() -> (
+    None
+):
+    """Issue 26, item 4: the queues vanish with a restart without persistence. The old code went on
+    as if nothing happened (at most a "taken for dead" warning) and finished as ``finished``."""
     with RedisServer() as server, CrawlSite(delay=0.05) as site:
         seed(server.url, "staged", ["a"], {"a": [f"{site.url}/a/{n}" for n in range(80)]})
-        settings = {"REDISLOCK_WORKER_STAGES": {"a": 1}, "REDISLOCK_TTL": 1.5, "REDISLOCK_IDLE_CLOSE": 1}
+        settings = {
+            "REDISLOCK_WORKER_STAGES": {"a": 1},
+            "REDISLOCK_TTL": 1.5,
+            "REDISLOCK_IDLE_CLOSE": 1,
+        }
         worker = Worker(server.url, site, settings)
         try:
             wait_for(lambda: len(site.hits) >= 5, 60, "the crawl to start", worker)
@@ -218,20 +261,30 @@ def test_redis_restarted_empty_under_a_worker_is_one_error_a_stat_and_its_own_fi
 @pytest.mark.integration
 @pytest.mark.crawl
 @pytest.mark.faults
-def test_a_redis_outage_is_one_warning_then_one_info_line_no_error_no_traceback_every_page_fetched() -> None:
-    """Issue 26, item 6: Redis killed mid-crawl and started again with its data (AOF, fsync always). The old code
-    logged ERROR "Worker loop failed; retrying" with a traceback at every retry of the loop."""
+def test_a_redis_outage_is_one_warning_then_one_info_line_no_error_no_traceback_every_page_fetched() -> (
+    None
+):
+    """Issue 26, item 6: Redis killed mid-crawl and started again with its data (AOF, fsync always).
+    The old code logged ERROR "Worker loop failed; retrying" with a traceback at every retry of the
+    loop."""
     aof = ["--appendonly", "yes", "--appendfsync", "always"]
     with RedisServer(extra_args=aof) as server, CrawlSite(delay=0.05) as site:
         pages = {f"/a/{n}" for n in range(100)}
         seed(server.url, "staged", ["a"], {"a": [site.url + page for page in sorted(pages)]})
-        settings = {"REDISLOCK_WORKER_STAGES": {"a": 1}, "REDISLOCK_TTL": 3, "REDISLOCK_IDLE_CLOSE": 1}
+        settings = {
+            "REDISLOCK_WORKER_STAGES": {"a": 1},
+            "REDISLOCK_TTL": 3,
+            "REDISLOCK_IDLE_CLOSE": 1,
+        }
         worker = Worker(server.url, site, settings)
         try:
             wait_for(lambda: len(site.hits) >= 10, 60, "the crawl to start", worker)
             server.kill()
             wait_for(
-                lambda: "Redis does not answer" in worker.output or "Worker loop failed" in worker.output,
+                lambda: (
+                    "Redis does not answer" in worker.output
+                    or "Worker loop failed" in worker.output
+                ),
                 30,
                 "the worker to see the outage",
                 worker,
@@ -247,7 +300,11 @@ def test_a_redis_outage_is_one_warning_then_one_info_line_no_error_no_traceback_
         back = [line for line in front if "Redis answers again" in line]
         assert len(down) == 1 and " WARNING: " in down[0], down
         assert len(back) == 1 and " INFO: " in back[0], back
-        assert not [line for line in front if "retrying in" in line and " DEBUG: " not in line], front
+        assert not [line for line in front if "retrying in" in line and " DEBUG: " not in line], (
+            front
+        )
         assert stat(output, "redislock/workers/redis_errors") >= 1
         assert finish_reason(output) == "finished"
-        assert set(site.hits) == pages  # nothing lost (at least once: a pop whose reply was cut may run twice)
+        assert (
+            set(site.hits) == pages
+        )  # nothing lost (at least once: a pop whose reply was cut may run twice)

@@ -1,9 +1,11 @@
-"""What an idle worker costs Redis does not grow with the number of workers: counted exactly, not timed.
+"""What an idle worker costs Redis does not grow with the number of workers: counted exactly, not
+timed.
 
-N idle ``scrapy runspider`` workers (nothing queued) run against the test Redis; MONITOR shows every command, and
-each worker's connections are told apart by their client name (REDISLOCK_PARAMS). A worker's heartbeat period runs
-from one of its ``queue_beat`` scripts to the next: the commands it sent in between (with what its scripts ran) are
-the cost of one idle tick. The same count with 2 and with 6 workers, and the same for every worker, is O(1).
+N idle ``scrapy runspider`` workers (nothing queued) run against the test Redis; MONITOR shows every
+command, and each worker's connections are told apart by their client name (REDISLOCK_PARAMS). A
+worker's heartbeat period runs from one of its ``queue_beat`` scripts to the next: the commands it
+sent in between (with what its scripts ran) are the cost of one idle tick. The same count with 2 and
+with 6 workers, and the same for every worker, is O(1).
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ PERIODS = 3  # heartbeat periods counted per worker
 
 
 def script_sha(name: str) -> str:
-    return hashlib.sha1(load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)[name].encode()).hexdigest()
+    return hashlib.sha1(
+        load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)[name].encode()
+    ).hexdigest()
 
 
 def wait_until(condition: object, timeout: float = 60.0, what: str = "") -> None:
@@ -55,7 +59,10 @@ def idle_workers(redis_url: str, prefix: str, count: int) -> list[subprocess.Pop
     }
     return [
         staged_worker(
-            redis_url, "http://127.0.0.1:9", "", {**settings, "REDISLOCK_PARAMS": {"client_name": f"{prefix}-{n}"}}
+            redis_url,
+            "http://127.0.0.1:9",
+            "",
+            {**settings, "REDISLOCK_PARAMS": {"client_name": f"{prefix}-{n}"}},
         )
         for n in range(count)
     ]
@@ -73,16 +80,25 @@ def stop(workers: list[subprocess.Popen[str]]) -> None:
 
 
 def names_by_address(client: redis.Redis, prefix: str) -> dict[str, str]:
-    return {str(c["addr"]): str(c["name"]) for c in client.client_list() if str(c.get("name", "")).startswith(prefix)}
+    return {
+        str(c["addr"]): str(c["name"])
+        for c in client.client_list()
+        if str(c.get("name", "")).startswith(prefix)
+    }
 
 
 def blocked(client: redis.Redis, prefix: str) -> int:
     """Connections of these workers blocked in BLPOP (each idle worker has one)."""
-    return sum(1 for c in client.client_list() if str(c.get("name", "")).startswith(prefix) and c["cmd"] == "blpop")
+    return sum(
+        1
+        for c in client.client_list()
+        if str(c.get("name", "")).startswith(prefix) and c["cmd"] == "blpop"
+    )
 
 
 def tick_costs(raw: bytes, names: dict[str, str]) -> dict[str, list[Counter[str]]]:
-    """Per worker, the commands of each full heartbeat period MONITOR saw (client commands and script commands)."""
+    """Per worker, the commands of each full heartbeat period MONITOR saw (client commands and
+    script commands)."""
     sha = script_sha("queue_beat")
     periods: dict[str, list[Counter[str]]] = {}
     current: dict[str, Counter[str] | None] = {}
@@ -109,26 +125,37 @@ def tick_costs(raw: bytes, names: dict[str, str]) -> dict[str, list[Counter[str]
 
 
 def measure(admin_url: str, count: int) -> dict[str, list[Counter[str]]]:
-    """The workers connect as the admin user: naming a connection (CLIENT SETNAME) is not in the crawler ACL."""
+    """The workers connect as the admin user: naming a connection (CLIENT SETNAME) is not in the
+    crawler ACL."""
     prefix = f"scale{uuid.uuid4().hex[:6]}"
     admin = redis.Redis.from_url(admin_url)
     workers = idle_workers(admin_url, prefix, count)
     try:
         keys = QueueKeys.of(prefix, "staged")
         wait_until(lambda: admin.zcard(keys.alive) == count, what=f"{count} workers registered")
-        wait_until(lambda: blocked(admin, prefix) == count, what=f"{count} workers blocked waiting for work")
+        wait_until(
+            lambda: blocked(admin, prefix) == count,
+            what=f"{count} workers blocked waiting for work",
+        )
         names = names_by_address(admin, prefix)
         assert len(set(names.values())) == count
-        host, port = admin.connection_pool.connection_kwargs["host"], admin.connection_pool.connection_kwargs["port"]
+        host, port = (
+            admin.connection_pool.connection_kwargs["host"],
+            admin.connection_pool.connection_kwargs["port"],
+        )
         monitor = Monitor(port, host)
 
         def enough() -> bool:
             found = tick_costs(bytes(monitor.data), names)
-            return len(found) == count and all(len(periods) >= PERIODS for periods in found.values())
+            return len(found) == count and all(
+                len(periods) >= PERIODS for periods in found.values()
+            )
 
         wait_until(enough, what=f"{PERIODS} heartbeat periods of every worker")
         raw = monitor.stop(admin)
-        names.update(names_by_address(admin, prefix))  # the same connections (an idle worker opens none)
+        names.update(
+            names_by_address(admin, prefix)
+        )  # the same connections (an idle worker opens none)
         return tick_costs(raw, names)
     finally:
         stop(workers)
@@ -140,16 +167,20 @@ def test_one_idle_tick_costs_the_same_commands_with_2_and_with_6_workers(admin_u
     seen: dict[int, set[tuple[tuple[str, int], ...]]] = {}
     for count, by_worker in costs.items():
         assert len(by_worker) == count
-        seen[count] = {tuple(sorted(period.items())) for periods in by_worker.values() for period in periods[:PERIODS]}
+        seen[count] = {
+            tuple(sorted(period.items()))
+            for periods in by_worker.values()
+            for period in periods[:PERIODS]
+        }
     # Every worker, every period, both cluster sizes: one and the same list of commands.
     assert seen[2] == seen[6], seen
     assert len(seen[2]) == 1, seen[2]
     (tick,) = seen[2]
     commands_per_tick = dict(tick)
-    # A heartbeat (the script and the 6 commands it runs: TIME, ZADD of the beat and of its deadline, HDEL, HLEN of
-    # its own in-flight record, ZRANGEBYSCORE ... LIMIT of the deadlines passed), one look at the queues and the
-    # in-flight counter (the queue_look script: LLEN + ZCARD per stage, GET), one blocking wait for work (BLPOP).
-    # No HLEN of other workers, no polling.
+    # A heartbeat (the script and the 6 commands it runs: TIME, ZADD of the beat and of its
+    # deadline, HDEL, HLEN of its own in-flight record, ZRANGEBYSCORE ... LIMIT of the deadlines
+    # passed), one look at the queues and the in-flight counter (the queue_look script: LLEN + ZCARD
+    # per stage, GET), one blocking wait for work (BLPOP). No HLEN of other workers, no polling.
     assert commands_per_tick == {
         "evalsha": 2,
         "lua:time": 1,
@@ -165,8 +196,8 @@ def test_one_idle_tick_costs_the_same_commands_with_2_and_with_6_workers(admin_u
 
 
 def test_an_idle_worker_takes_queued_work_at_once_not_at_its_next_heartbeat(admin_url: str) -> None:
-    """A worker blocked in Redis is woken by the push itself, not by its next heartbeat (every 10 s with
-    REDISLOCK_TTL 30) or a poll: it fetches the page before that heartbeat is due."""
+    """A worker blocked in Redis is woken by the push itself, not by its next heartbeat (every 10 s
+    with REDISLOCK_TTL 30) or a poll: it fetches the page before that heartbeat is due."""
     prefix = f"wake{uuid.uuid4().hex[:6]}"
     admin = redis.Redis.from_url(admin_url)
     keys = QueueKeys.of(prefix, "staged")
@@ -182,13 +213,19 @@ def test_an_idle_worker_takes_queued_work_at_once_not_at_its_next_heartbeat(admi
         worker = staged_worker(admin_url, site.url, "", settings)
         try:
             wait_until(lambda: admin.zcard(keys.alive) == 1, what="the worker registered")
-            wait_until(lambda: blocked(admin, prefix) == 1, what="the worker blocked waiting for work")
+            wait_until(
+                lambda: blocked(admin, prefix) == 1, what="the worker blocked waiting for work"
+            )
             names = names_by_address(admin, prefix)
             kwargs = admin.connection_pool.connection_kwargs
             monitor = Monitor(kwargs["port"], kwargs["host"])
             pushed = time.monotonic()
             seed_one(admin_url, prefix, f"{site.url}/a/0")
-            wait_until(lambda: site.hits["/a/0"] == 1, timeout=9, what="the page fetched before the next heartbeat")
+            wait_until(
+                lambda: site.hits["/a/0"] == 1,
+                timeout=9,
+                what="the page fetched before the next heartbeat",
+            )
             fetched_after = time.monotonic() - pushed
             raw = monitor.stop(admin)
         finally:
@@ -202,9 +239,11 @@ def test_an_idle_worker_takes_queued_work_at_once_not_at_its_next_heartbeat(admi
     ]
     assert pop in sent, sent
     before = sent[: sent.index(pop)]
-    # Woken by the BLPOP it was blocked in: one look at the queue, the stage taken (its slot, a beat naming the
-    # stage for people), the pop. No second wait, no heartbeat period went by.
-    assert "blpop" not in before and before.count(script_sha("queue_look")) == 1, f"{fetched_after:.2f} s: {before}"
+    # Woken by the BLPOP it was blocked in: one look at the queue, the stage taken (its slot, a beat
+    # naming the stage for people), the pop. No second wait, no heartbeat period went by.
+    assert "blpop" not in before and before.count(script_sha("queue_look")) == 1, (
+        f"{fetched_after:.2f} s: {before}"
+    )
 
 
 def seed_one(url: str, prefix: str, page: str) -> None:

@@ -1,8 +1,8 @@
 """The shop crawl in three stages: category list pages -> product details -> comment pages.
 
-Start URLs come from Redis, as with any RedisSpider: ``shop:start_urls`` holds ``{"url": ...}`` JSON (the
-runner pushes the category index, which links every list page). ``ShopBaselineSpider`` is the same crawl as
-plain scrapy-redis runs it (for the comparison in the demo and the benchmark).
+Start URLs come from Redis, as with any RedisSpider: ``shop:start_urls`` holds ``{"url": ...}`` JSON
+(the runner pushes the category index, which links every list page). ``ShopBaselineSpider`` is the
+same crawl as plain scrapy-redis runs it (for the comparison in the demo and the benchmark).
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class ShopSpider(ShopCallbacks, StageWorkerMixin, RedisSpider):
 
 
 class ShopBaselineSpider(ShopCallbacks, RedisSpider):
-    """The same crawl as scrapy-redis runs it: one FIFO queue, every worker goes through the stages in order."""
+    """The same crawl as scrapy-redis runs it: one FIFO queue, every worker goes through the stages
+    in order."""
 
     name = "shop_baseline"
     custom_settings = {
