@@ -66,9 +66,8 @@ def main() -> None:
                 crawl = Crawl(site.url, plan, {**base, "SCHEDULER": scheduler}, tmp).run()
                 took = time.monotonic() - started
                 sent = calls(client)
-                time.sleep(
-                    took
-                )  # the same interval with the outsider alone, to subtract its renewals
+                # the same interval with the outsider alone, to subtract its renewals
+                time.sleep(took)
                 idle = calls(client)
                 crawl_calls = sum(sent.values()) - (sum(idle.values()) - sum(sent.values()))
                 stats = crawl.stats

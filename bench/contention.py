@@ -173,9 +173,8 @@ def wait_quiet(limit_s: float) -> float:
         before = machine_cpu()[0]
         time.sleep(1.0)
         busy = machine_cpu()[0] - before
-        if (
-            not busy >= QUIET_CPUS or time.monotonic() >= deadline
-        ):  # "not >=": nan (no /proc) counts as quiet
+        # "not >=": nan (no /proc) counts as quiet
+        if not busy >= QUIET_CPUS or time.monotonic() >= deadline:
             return busy
 
 

@@ -442,9 +442,8 @@ class SharedRun:
                 raise RuntimeError(f"{self.label}: timed out waiting for {what}")
             before = answered(self.site)
             in_redis = queued(self.client)
-            if (
-                answered(self.site) == before
-            ):  # no answer while Redis was read: one instant's figures
+            # no answer while Redis was read: one instant's figures
+            if answered(self.site) == before:
                 self.outside.append(self.opts.queued - in_redis - before)
             time.sleep(0.05)
 
@@ -486,9 +485,8 @@ class SharedRun:
                     crawl.code != 0 or crawl.stats.get("finish_reason") != "finished"
                 ):
                     raise RuntimeError(f"{self.label}: {name} failed: {crawl.tail()}")
-            site.wait_for(
-                lambda: not site.in_flight, timeout=30
-            )  # the killed process's last pages, answered
+            # the killed process's last pages, answered
+            site.wait_for(lambda: not site.in_flight, timeout=30)
             with site.lock:
                 records = list(site.served)
                 hits = dict(site.hits)

@@ -23,9 +23,8 @@ from typing import Any
 
 from scrapy import signals
 
-PASSED_WITHIN = (
-    0.002  # s: a local pass this close after a request left the downloader was that request's slot
-)
+# s: a local pass this close after a request left the downloader was that request's slot
+PASSED_WITHIN = 0.002
 RECORDS: dict[str, list[Any]] = {
     "left": [],
     "reached": [],

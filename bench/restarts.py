@@ -50,9 +50,8 @@ def restart_costs(ttl: float) -> dict[str, float]:
     with RedisServer() as server:
         admin = redis.Redis.from_url(server.url)
 
-        def make() -> (
-            CountingLock
-        ):  # a waiter's own loop reaps the reservation once its lease is over
+        # a waiter's own loop reaps the reservation once its lease is over
+        def make() -> CountingLock:
             return CountingLock(redis.Redis.from_url(server.url), "detail", limit=1, ttl=ttl)
 
         out: dict[str, float] = {}

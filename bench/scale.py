@@ -207,12 +207,10 @@ class Traffic:
     """What MONITOR showed: client commands and commands inside scripts, by component, operation and
     phase."""
 
-    client: Counter[str] = field(
-        default_factory=Counter
-    )  # "component/operation" -> commands sent by clients
-    total: Counter[str] = field(
-        default_factory=Counter
-    )  # the same, with the commands their scripts ran
+    # "component/operation" -> commands sent by clients
+    client: Counter[str] = field(default_factory=Counter)
+    # the same, with the commands their scripts ran
+    total: Counter[str] = field(default_factory=Counter)
     in_scripts: Counter[str] = field(default_factory=Counter)  # command -> calls inside scripts
     phases: Counter[str] = field(default_factory=Counter)  # phase -> commands (client + in scripts)
     client_phases: Counter[str] = field(default_factory=Counter)
@@ -234,9 +232,8 @@ def parse_monitor(raw: bytes, spider: str, skip: set[str], window: tuple[float, 
     traffic = Traffic()
     current = "other/?"  # operation of the last EVALSHA: the lua lines that follow are its commands
     last_of: dict[str, str] = {}  # client -> its last operation (EXEC belongs to what it wrapped)
-    multi_open: Counter[str] = (
-        Counter()
-    )  # client -> MULTIs not yet attributed (they go to the next command)
+    # client -> MULTIs not yet attributed (they go to the next command)
+    multi_open: Counter[str] = Counter()
     addresses: set[str] = set()
     for stamp, source, args in commands(raw):
         name = command_name(args)
@@ -294,9 +291,8 @@ def settings_for(
             MAX_IDLE_TIME_BEFORE_CLOSE=0,  # a scrapy-redis worker idles until it is stopped
         )
     elif front == "scrapy-redis":
-        settings.update(
-            MAX_IDLE_TIME_BEFORE_CLOSE=0
-        )  # the example project's shop_baseline, nothing of ours
+        # the example project's shop_baseline, nothing of ours
+        settings.update(MAX_IDLE_TIME_BEFORE_CLOSE=0)
     else:
         settings.update(REDISLOCK_WORKER_STAGES=CAPS, REDISLOCK_IDLE_CLOSE=opts.idle_close)
     return settings
@@ -520,9 +516,8 @@ def idle_settings(
             "MAX_IDLE_TIME_BEFORE_CLOSE": 0,
         }
     settings = settings_for(front, index, redis_url, opts)
-    if (
-        front == "workers"
-    ):  # idles until stopped (the example project's settings close after 3 idle seconds)
+    # idles until stopped (the example project's settings close after 3 idle seconds)
+    if front == "workers":
         settings.update(REDISLOCK_IDLE_CLOSE="None", MAX_IDLE_TIME_BEFORE_CLOSE=0)
     return settings
 

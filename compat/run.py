@@ -54,9 +54,8 @@ KNOWN = ROOT / "compat" / "known_differences.toml"
 CAPS = (64, 1)  # 64: never binds (the tests have fewer requests in flight); 1: binds
 GOOD = ("passed", "xfailed")
 BAD = ("failed", "error", "killed", "not run")
-RESTARTS = (
-    8  # pytest runs per configuration at most (each after a test was killed by the time limit)
-)
+# pytest runs per configuration at most (each after a test was killed by the time limit)
+RESTARTS = 8
 KEEP_RESULTS = 10  # result directories kept in .compat-cache/results/ (one per pass)
 # This pass's logs and outcomes: a directory of its own, so that passes running at the same time do
 # not mix.
@@ -71,9 +70,8 @@ class Suite:
     config_file: str  # its pytest configuration, in the work directory
     targets: tuple[str, ...]
     fronts: tuple[str, ...]  # the configurations run by default
-    inner: str | None = (
-        None  # REDISLOCK_SCHEDULER_INNER when a test sets no SCHEDULER (stage front)
-    )
+    # REDISLOCK_SCHEDULER_INNER when a test sets no SCHEDULER (stage front)
+    inner: str | None = None
     nose_shim: bool = False
     pytest_args: tuple[str, ...] = ()
 
@@ -211,9 +209,8 @@ def sdist_tests(suite: Suite, python: str) -> tuple[str, Path]:
     with tarfile.open(archive) as tar:
         top = tar.getnames()[0].split("/")[0]
         if not (source / top).exists():
-            if hasattr(
-                tarfile, "data_filter"
-            ):  # Python >= 3.11.4: no path outside the target, no devices
+            # Python >= 3.11.4: no path outside the target, no devices
+            if hasattr(tarfile, "data_filter"):
                 tar.extractall(source, filter="data")
             else:
                 tar.extractall(source)
@@ -386,9 +383,8 @@ def run_config(
             finished, unfinished = read_events(events, run)
             if finished:
                 break
-            for (
-                nodeid
-            ) in unfinished:  # the test running when pytest-timeout (or a crash) ended the process
+            # the test running when pytest-timeout (or a crash) ended the process
+            for nodeid in unfinished:
                 why = (
                     "over the time limit"
                     if returncode is not None

@@ -46,20 +46,17 @@ class Phase:
     name: str
     spider: str
     seconds: float = math.nan  # first request at the site -> last page served
-    first_item: dict[str, float] = field(
-        default_factory=dict
-    )  # seconds after the first request at the site
+    # seconds after the first request at the site
+    first_item: dict[str, float] = field(default_factory=dict)
     items: dict[str, int] = field(default_factory=dict)
     pages: int = 0
     duplicates: int = 0
     duplicated: list[str] = field(default_factory=list)  # some of the pages fetched more than once
     missing: int = 0
-    max_workers_redis: dict[str, int] = field(
-        default_factory=dict
-    )  # holders of each stage's slots, sampled
-    max_workers_site: dict[str, int] = field(
-        default_factory=dict
-    )  # workers with requests in flight at once
+    # holders of each stage's slots, sampled
+    max_workers_redis: dict[str, int] = field(default_factory=dict)
+    # workers with requests in flight at once
+    max_workers_site: dict[str, int] = field(default_factory=dict)
     max_in_flight: dict[str, int] = field(default_factory=dict)
     exit_codes: list[int] = field(default_factory=list)
     victim: str | None = None
@@ -334,9 +331,8 @@ def run_phase(
             if now - started > args.timeout:
                 raise TimeoutError(f"{name}: workers still running after {args.timeout} s")
             if spider == SLOTS:
-                on_stage = working(
-                    client, spider
-                )  # as the workers report it (a dead one's until it is reaped)
+                # as the workers report it (a dead one's until it is reaped)
+                on_stage = working(client, spider)
                 for s in STAGES:  # capped stages: the slot holders, as the lock records them
                     held = len(slot_holders(client, s)) if CAPS[s] is not None else on_stage[s]
                     max_redis[s] = max(max_redis[s], held)

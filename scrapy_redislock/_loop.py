@@ -60,9 +60,8 @@ async def every(
             await asyncio.sleep(delay)
         else:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(
-                    delay
-                ):  # not wait_for: on 3.11 it can drop this task's cancellation
+                # not wait_for: on 3.11 it can drop this task's cancellation
+                async with asyncio.timeout(delay):
                     await wake.wait()
             wake.clear()
         try:

@@ -48,9 +48,8 @@ class DashboardProcess:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        with (
-            self.process.stdout
-        ):  # closed at the end of the output (an open pipe is a ResourceWarning)
+        # closed at the end of the output (an open pipe is a ResourceWarning)
+        with self.process.stdout:
             for line in self.process.stdout:
                 self.output.append(line)
                 self.lines.put(line)

@@ -85,9 +85,8 @@ def start_instant(path: str | None) -> float | None:
     without a path."""
     if path is None:
         return None
-    deadline = (
-        time.monotonic() + 300
-    )  # a test that failed before starting its workers: do not wait forever
+    # a test that failed before starting its workers: do not wait forever
+    deadline = time.monotonic() + 300
     while not os.path.exists(path):
         if time.monotonic() > deadline:
             raise SystemExit("never told to start")

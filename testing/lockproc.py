@@ -127,9 +127,8 @@ class Proc:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        with (
-            self.process.stdout
-        ):  # closed at the end of the output (an open pipe is a ResourceWarning)
+        # closed at the end of the output (an open pipe is a ResourceWarning)
+        with self.process.stdout:
             for line in self.process.stdout:
                 self.records.append(json.loads(line))
 

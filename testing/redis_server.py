@@ -62,9 +62,8 @@ class RedisServer:
         self.binary = binary or find_redis_server()
         self.port = port or free_port()
         self.extra_args = extra_args or []
-        self.config = (
-            config  # a config file given before the options (a sentinel's: it rewrites it)
-        )
+        # a config file given before the options (a sentinel's: it rewrites it)
+        self.config = config
         self.dir = tempfile.mkdtemp(prefix="redislock-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -100,9 +99,8 @@ class RedisServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
                     sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(
-                        (b"+PONG", b"-NOAUTH")
-                    ):  # up (with a password: refusing us)
+                    # up (with a password: refusing us)
+                    if sock.recv(16).startswith((b"+PONG", b"-NOAUTH")):
                         return self
             except OSError:
                 time.sleep(0.02)

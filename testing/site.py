@@ -86,30 +86,24 @@ class CrawlSite:
         self.hits: Counter[str] = Counter()  # path (without query) -> times requested
         self.arrivals: dict[str, list[float]] = defaultdict(list)  # stage -> arrival instants
         self.served: list[Served] = []  # one record per answered request
-        self.samples: list[
-            tuple[float, dict[str, int]]
-        ] = []  # (instant, in-flight counts) at every change
-        self.routes: dict[
-            str, tuple[str, str]
-        ] = {}  # path -> (content type, body) served instead of the default
+        # (instant, in-flight counts) at every change
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        # path -> (content type, body) served instead of the default
+        self.routes: dict[str, tuple[str, str]] = {}
         self.bodies: dict[str, bytes] = {}  # path -> body of the last POST there
-        self.workers_in_flight: dict[str, Counter[str]] = defaultdict(
-            Counter
-        )  # stage -> worker -> requests
-        self.max_workers: Counter[str] = (
-            Counter()
-        )  # stage -> most workers with a request in flight at once
+        # stage -> worker -> requests
+        self.workers_in_flight: dict[str, Counter[str]] = defaultdict(Counter)
+        # stage -> most workers with a request in flight at once
+        self.max_workers: Counter[str] = Counter()
         self.first_request: float | None = None  # wall clock (time.time()), for plots
         self.last_served: float | None = None
         site = self
 
         class Handler(BaseHTTPRequestHandler):
-            protocol_version = (
-                "HTTP/1.1"  # keep-alive, as real sites and Scrapy's connection pool use
-            )
-            disable_nagle_algorithm = (
-                True  # with keep-alive, Nagle + delayed ACK would add 40 ms to responses
-            )
+            # keep-alive, as real sites and Scrapy's connection pool use
+            protocol_version = "HTTP/1.1"
+            # with keep-alive, Nagle + delayed ACK would add 40 ms to responses
+            disable_nagle_algorithm = True
 
             def do_GET(self) -> None:
                 parts = urlsplit(self.path)
@@ -131,9 +125,8 @@ class CrawlSite:
                 body = text.encode()
                 status = "200 OK" if found else "404 Not Found"
                 head = f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n\r\n"
-                with contextlib.suppress(
-                    BrokenPipeError, ConnectionResetError
-                ):  # a worker killed mid-request
+                # a worker killed mid-request
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     self.wfile.write(head.encode() + body)  # one write: no small-packet delays
 
             def do_POST(self) -> None:
@@ -205,9 +198,8 @@ class CrawlSite:
             self.last_served = time.time()
             self.in_flight[stage] -= 1
             if not self.in_flight[stage]:
-                del self.in_flight[
-                    stage
-                ]  # only what is in flight: a sample copies it (thousands of stages)
+                # only what is in flight: a sample copies it (thousands of stages)
+                del self.in_flight[stage]
             self.served.append(Served(stage, path, arrived, now, worker))
             self.samples.append((now, dict(self.in_flight)))
 
@@ -336,9 +328,8 @@ class ShopSite(CrawlSite):
         self.lists, self.details, self.comments = lists, details, comments
 
     def stage_of(self, path: str) -> str:
-        return (
-            "index" if path == "/list/index" else super().stage_of(path)
-        )  # counted apart from the list pages
+        # counted apart from the list pages
+        return "index" if path == "/list/index" else super().stage_of(path)
 
     def content(self, path: str) -> tuple[str, str] | None:
         parts = path.strip("/").split("/")

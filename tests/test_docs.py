@@ -47,9 +47,8 @@ def _ext() -> Iterator[None]:
 
 
 with _ext():
-    settings_reference = importlib.import_module(
-        "settings_reference"
-    )  # docs/_ext/settings_reference.py
+    # docs/_ext/settings_reference.py
+    settings_reference = importlib.import_module("settings_reference")
 
 
 @pytest.fixture(scope="module")

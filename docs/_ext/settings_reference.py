@@ -83,9 +83,8 @@ def _text(value: str) -> str:
     """Plain text for a Markdown table cell: nothing in it is taken for markup (emphasis, HTML, a
     cell border)."""
     value = re.sub(r"([\\`*|<\[\]])", r"\\\1", value)
-    return re.sub(
-        r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", value
-    )  # _ inside a word is no emphasis anyway
+    # _ inside a word is no emphasis anyway
+    return re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", value)
 
 
 def markdown_table() -> str:

@@ -75,9 +75,8 @@ class SeenWorker:
     status: WorkerStatus
     ttl: float
     gone_at: float | None = None
-    state: str = (
-        "alive"  # alive, dead (past its beat deadline, or reaped by the others), left (closed)
-    )
+    # alive, dead (past its beat deadline, or reaped by the others), left (closed)
+    state: str = "alive"
 
 
 class Sampler:
@@ -232,9 +231,8 @@ class Sampler:
             self.wakeup.clear()
             try:
                 await self.sample()
-            except (
-                Exception
-            ):  # never let the loop die silently: the page would freeze on an old frame
+            # never let the loop die silently: the page would freeze on an old frame
+            except Exception:
                 logger.exception("Dashboard: reading Redis failed; retrying")
 
     def subscribe(self) -> asyncio.Queue[Frame | None]:
@@ -535,9 +533,8 @@ def serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
 
 async def _serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     sampler = Sampler(target, opts.interval, opts.history, control=opts.allow_control)
-    unreachable = await _first_read(
-        sampler
-    )  # refusing (credentials, ACL): the one-line error, exit 1
+    # refusing (credentials, ACL): the one-line error, exit 1
+    unreachable = await _first_read(sampler)
     token = secrets.token_urlsafe(24) if opts.allow_control else None
     dashboard = Dashboard(sampler, token, io)
     runner = web.AppRunner(dashboard.app(), access_log=None, handle_signals=False)

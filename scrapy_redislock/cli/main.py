@@ -343,9 +343,8 @@ def run(
     try:
         target = resolve_target(opts, os.environ if env is None else env, settings)
         return COMMANDS_WITH_DASHBOARD[opts.command](opts, target, io)
-    except (
-        BrokenPipeError
-    ):  # the reader of our output left (`status --watch | head`); not an error of ours
+    # the reader of our output left (`status --watch | head`); not an error of ours
+    except BrokenPipeError:
         raise
     except (CliError, *REDIS_ERRORS, OSError) as exc:
         message, code = failure(exc, target)

@@ -64,9 +64,8 @@ class Target:
     ttl: float
     params: dict[str, Any] = field(default_factory=dict)
     stages: Mapping[str, int | None] = field(default_factory=dict)
-    opened: list[Any] = field(
-        default_factory=list, repr=False, compare=False
-    )  # clients made, closed by close()
+    # clients made, closed by close()
+    opened: list[Any] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def safe_url(self) -> str:
@@ -93,9 +92,8 @@ class Target:
         sentinels')."""
         while self.opened:
             client = self.opened.pop()
-            with contextlib.suppress(
-                redis.exceptions.RedisError, OSError
-            ):  # closing never hides the command's result
+            # closing never hides the command's result
+            with contextlib.suppress(redis.exceptions.RedisError, OSError):
                 client.close()
 
     def scrub(self, message: str) -> str:

@@ -82,9 +82,8 @@ class RedisURL:
     kind: str = "server"  # "server", "sentinel" or "cluster"
     hosts: tuple[tuple[str, int], ...] = ()  # sentinels or cluster seed nodes
     service: str | None = None  # the Sentinel service (master) name
-    options: Mapping[str, Any] = field(
-        default_factory=dict
-    )  # data connections: user, password, db, ssl, query
+    # data connections: user, password, db, ssl, query
+    options: Mapping[str, Any] = field(default_factory=dict)
     sentinel_options: Mapping[str, Any] = field(default_factory=dict)  # the sentinels' connections
 
     @property
@@ -146,9 +145,8 @@ class RedisURL:
         kwargs = {**params, **self.options}
         if self.kind == "cluster":
             kwargs.pop("db", None)  # parse_url refuses a cluster URL with another db
-            kwargs.pop(
-                "health_check_interval", None
-            )  # the cluster clients check their nodes themselves
+            # the cluster clients check their nodes themselves
+            kwargs.pop("health_check_interval", None)
         return kwargs
 
     def _sentinel_kwargs(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -248,9 +246,11 @@ def parse_url(url: Any, setting: str) -> RedisURL:
     elif scheme in CLUSTER_SCHEMES:
         kind = "cluster"
     else:
-        raise bad("the scheme must be one of redis, rediss, unix, redis+sentinel, "
-                  "rediss+sentinel, redis+cluster, "
-                  f"rediss+cluster, got {scheme or 'none'!r}")  # fmt: skip
+        raise bad(
+            "the scheme must be one of redis, rediss, unix, redis+sentinel, "
+            "rediss+sentinel, redis+cluster, "
+            f"rediss+cluster, got {scheme or 'none'!r}"
+        )
 
     rest = url.split("://", 1)[1]
     rest, _, query = rest.partition("?")
@@ -265,9 +265,11 @@ def parse_url(url: Any, setting: str) -> RedisURL:
             raise bad("it names no service: add /service_name after the sentinels")
         service, names = names[0], names[1:]
     if len(names) > 1 or (names and not names[0].isdigit()):
-        raise bad(f"the path after the {'service name' if service else 'hosts'} must be a database "
-                  "number, "
-                  f"got {'/'.join(names)!r}")  # fmt: skip
+        raise bad(
+            f"the path after the {'service name' if service else 'hosts'} must be a database "
+            "number, "
+            f"got {'/'.join(names)!r}"
+        )
     db = int(names[0]) if names else 0
     if kind == "cluster" and db:
         raise bad("Redis Cluster has only database 0")

@@ -61,9 +61,8 @@ def _report_config_error(task: asyncio.Task[Any]) -> None:
         )
         return
     logger.error("ConfigError: %s", cause)
-    if (
-        cause is not error
-    ):  # raised while Scrapy cleaned up after it (RuntimeError: Engine slot not assigned)
+    # raised while Scrapy cleaned up after it (RuntimeError: Engine slot not assigned)
+    if cause is not error:
         logger.debug(
             "After the ConfigError, closing the engine raised %s: %s", type(error).__name__, error
         )
@@ -120,9 +119,8 @@ def engine_closing(crawler: Crawler) -> bool:
     if engine is None:
         return True
     if not engine.running:
-        return (
-            getattr(engine, "start_time", None) is not None
-        )  # stopped; before its start it is not closing
+        # stopped; before its start it is not closing
+        return getattr(engine, "start_time", None) is not None
     slot = getattr(engine, "_slot", None)
     return slot is None or getattr(slot, "closing", None) is not None
 
@@ -182,9 +180,8 @@ def check_reactor(crawler: Crawler, component: str) -> None:
     """
     try:
         available = is_asyncio_available()
-    except (
-        RuntimeError
-    ):  # no reactor and no running loop: nothing can run yet, let Scrapy report that
+    # no reactor and no running loop: nothing can run yet, let Scrapy report that
+    except RuntimeError:
         return
     if not available:
         raise ConfigError(

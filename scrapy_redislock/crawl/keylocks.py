@@ -64,9 +64,8 @@ class KeyLocks(StageLocks):
         )
         self._waiting = waiting_client(self.client)
         self._runner = CommandRunner(self.client)
-        self._idle: set[str] = (
-            set()
-        )  # keys seen idle at the last tick: retired at the next if still idle
+        # keys seen idle at the last tick: retired at the next if still idle
+        self._idle: set[str] = set()
         self._retiring: asyncio.Task[None] | None = None
 
     @classmethod
@@ -137,9 +136,8 @@ class KeyLocks(StageLocks):
             self.last_grant.pop(key, None)
             self._report_after.pop(key, None)
             self._progress.pop(key, None)
-            self._sent_waiting.pop(
-                key, None
-            )  # retiring unregisters this process: no waiting count left in Redis
+            # retiring unregisters this process: no waiting count left in Redis
+            self._sent_waiting.pop(key, None)
             retired.append(lock)
         self._idle = idle - self._idle
         if retired:  # in a task of its own: the renewal loop does not wait for it

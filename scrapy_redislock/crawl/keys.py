@@ -56,9 +56,8 @@ def key_function(value: Any, setting: str = "REDISLOCK_STAGE_KEY") -> KeyFunctio
             )
         try:
             value = load_object(value)
-        except (
-            Exception
-        ) as exc:  # ImportError, ValueError, ... whatever importing the module raises
+        # ImportError, ValueError, ... whatever importing the module raises
+        except Exception as exc:
             raise ConfigError(f"{setting} cannot be loaded: {value!r} ({exc})") from None
     if not callable(value):
         raise ConfigError(

@@ -84,9 +84,8 @@ class RedisLockSettings:
     callback_stages: Mapping[str, str] = field(default_factory=dict)
     wait_timeout: float | None = None
     stage_preference: tuple[str, ...] = ()
-    scheduler_inner: str | type = (
-        "scrapy.core.scheduler.Scheduler"  # a class, or its import path (crawl/inner.py)
-    )
+    # a class, or its import path (crawl/inner.py)
+    scheduler_inner: str | type = "scrapy.core.scheduler.Scheduler"
     waiters_per_stage: int = 2
     local_reuse: float = 0.25
     idle_close: float | None = None
@@ -97,9 +96,8 @@ class RedisLockSettings:
     delay: float = 0.0
     delays: Mapping[str, float] = field(default_factory=dict)
     randomize_delay: bool = False
-    masters: tuple[
-        str, ...
-    ] = ()  # REDISLOCK_URL as a list: the quorum lock's independent masters (else empty)
+    # REDISLOCK_URL as a list: the quorum lock's independent masters (else empty)
+    masters: tuple[str, ...] = ()
     quorum: int | None = None  # REDISLOCK_QUORUM (None: each stage's safe quorum)
 
     def limit_of_key(self, key: str) -> int | None:
@@ -577,9 +575,8 @@ class WorkerSettings:
     persist: bool = False
     flush_on_start: bool = False
     start_urls_as: str = "list"  # "list", "set" or "zset", as RedisSpider reads its start URLs
-    serializer: Any = (
-        None  # a module with loads and dumps (SCHEDULER_SERIALIZER); None: the safe JSON format
-    )
+    # a module with loads and dumps (SCHEDULER_SERIALIZER); None: the safe JSON format
+    serializer: Any = None
 
 
 def read_worker_settings(settings: BaseSettings, checked: RedisLockSettings) -> WorkerSettings:

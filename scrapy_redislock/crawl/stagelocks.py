@@ -128,12 +128,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CLOSE_TIMEOUT = (
-    5.0  # a close never waits longer than this for Redis (a paused server must not hang the crawl)
-)
-LATE_GRANT_PAUSE = (
-    0.02  # seconds for Redis to see cancelled waits' connections close before the last sweep
-)
+# a close never waits longer than this for Redis (a paused server must not hang the crawl)
+CLOSE_TIMEOUT = 5.0
+# seconds for Redis to see cancelled waits' connections close before the last sweep
+LATE_GRANT_PAUSE = 0.02
 # RedisClusterException is not a RedisError: a cluster client with no reachable node raises it.
 REDIS_ERRORS = (
     redis.exceptions.RedisError,
@@ -163,9 +161,8 @@ REFUSED = (
 START_BACKOFF = (0.25, 5.0)  # first and longest pause between tries to reach Redis at start
 REPORT_FIRST = 5.0  # seconds without a grant while requests wait before the log says why; doubled up to REPORT_MAX
 REPORT_MAX = 300.0
-UNCLEAN_CLOSE_TIMEOUT = (
-    3.0  # a forced shutdown waits at most this long for Redis to take the slots back
-)
+# a forced shutdown waits at most this long for Redis to take the slots back
+UNCLEAN_CLOSE_TIMEOUT = 3.0
 
 # What holds a stage's slots, and what a slot is: the one difference a quorum of masters makes.
 StageLock = AsyncCountingLock | AsyncQuorumCountingLock
@@ -295,12 +292,10 @@ class StageLocks:
     """The capped stages of one crawler, their permits and waits; see the module docstring for the
     API."""
 
-    retire_on_close = (
-        False  # close() deletes the locks from Redis when unused (locks of keys met at run time)
-    )
-    fan_out: int | None = (
-        None  # Redis calls at once when renewing or freeing every lock (None: all at once)
-    )
+    # close() deletes the locks from Redis when unused (locks of keys met at run time)
+    retire_on_close = False
+    # Redis calls at once when renewing or freeing every lock (None: all at once)
+    fan_out: int | None = None
 
     def __init__(
         self,
@@ -330,37 +325,29 @@ class StageLocks:
         self._waiting_sources: list[Callable[[str], int]] = []
         self._takers: list[Callable[[str, SlotPermit], bool]] = []
         self._hold_hooks: list[Callable[[Request], None]] = []
-        self._out: dict[
-            Request, SlotPermit | BaseException
-        ] = {}  # request -> the slot it goes with (or its error)
+        # request -> the slot it goes with (or its error)
+        self._out: dict[Request, SlotPermit | BaseException] = {}
         self._suspects: set[Request] = set()  # out of the downloader at the last tick
         self._tick_hooks: list[Callable[[], Awaitable[None]]] = []
-        self._waits: set[asyncio.Task[Any]] = (
-            set()
-        )  # acquire() calls in progress, cancelled on close
+        # acquire() calls in progress, cancelled on close
+        self._waits: set[asyncio.Task[Any]] = set()
         self._releasing: set[asyncio.Task[None]] = set()
-        self._unreleased: list[
-            SlotPermit
-        ] = []  # releases Redis did not take (outage); retried every tick
+        # releases Redis did not take (outage); retried every tick
+        self._unreleased: list[SlotPermit] = []
         self._starting: asyncio.Future[None] | None = None
         self._renewer: Renewer | None = None
         self._retry_at = 0.0
         self._backoff = Backoff()  # after a failed tick
-        self._wait_started: dict[
-            asyncio.Task[Any] | None, tuple[str, float]
-        ] = {}  # acquire() call -> stage, since
-        self.last_grant: dict[
-            str, float
-        ] = {}  # stage -> when this process last got a slot (monotonic)
-        self._report_after: dict[
-            str, float
-        ] = {}  # stage -> seconds without a grant at which to say why next
-        self._progress: dict[
-            str, tuple[Any, float]
-        ] = {}  # at close: stage -> (grants seen, since when)
-        self._sent_waiting: dict[
-            str, int
-        ] = {}  # stage -> the waiting count its last maintain told Redis
+        # acquire() call -> stage, since
+        self._wait_started: dict[asyncio.Task[Any] | None, tuple[str, float]] = {}
+        # stage -> when this process last got a slot (monotonic)
+        self.last_grant: dict[str, float] = {}
+        # stage -> seconds without a grant at which to say why next
+        self._report_after: dict[str, float] = {}
+        # at close: stage -> (grants seen, since when)
+        self._progress: dict[str, tuple[Any, float]] = {}
+        # stage -> the waiting count its last maintain told Redis
+        self._sent_waiting: dict[str, int] = {}
         self._shutdown_trigger: Any = None
         self.failure: CloseSpider | None = None
         self.started = False
@@ -555,9 +542,8 @@ class StageLocks:
         """PING, publish this process's limits, join the renewal loop; redis errors when Redis is
         unreachable."""
         if isinstance(self.client, redis.asyncio.RedisCluster):
-            await (
-                self.client.initialize()
-            )  # before concurrent first commands (see docs/failures.md, Redis Cluster)
+            # before concurrent first commands (see docs/failures.md, Redis Cluster)
+            await self.client.initialize()
         if self.quorum is None:
             await self.client.ping()
         else:
@@ -609,9 +595,8 @@ class StageLocks:
         for stage in self.locks:
             try:
                 await self._say_why(stage, "at start")
-            except (
-                REDIS_ERRORS
-            ) as exc:  # started: a report that cannot be read must not close the crawl
+            # started: a report that cannot be read must not close the crawl
+            except REDIS_ERRORS as exc:
                 logger.debug("Could not read why stage %r waits: %s", stage, exc)
 
     async def _reach_quorum(self) -> None:
@@ -622,9 +607,10 @@ class StageLocks:
             *(client.ping() for client in self.clients), return_exceptions=True
         )
         failed = {i: r for i, r in enumerate(replies) if isinstance(r, BaseException)}
+        # (all)
         quorum_locks = [
             lock for lock in self.locks.values() if isinstance(lock, AsyncQuorumCountingLock)
-        ]  # (all)
+        ]
         needed = max((lock.quorum for lock in quorum_locks), default=1)
         if len(self.clients) - len(failed) < needed:
             refused = [exc for exc in failed.values() if isinstance(exc, REFUSED)]
@@ -720,9 +706,8 @@ class StageLocks:
         except REDIS_ERRORS:
             return
         if why:
-            calm = (
-                "all " in why and "dead?" not in why and "unreachable" not in why
-            )  # all held by live holders
+            # all held by live holders
+            calm = "all " in why and "dead?" not in why and "unreachable" not in why
             logger.log(
                 logging.INFO if calm else logging.WARNING,
                 "Stage %r has no free slot %s: %s",

@@ -83,9 +83,8 @@ def effective_callback(request: Request, spider: Any) -> Any:
     if isinstance(callback, str):
         return getattr(spider, callback, callback)
     if _name_of(callback) == "_callback" and "rule" in request.meta:
-        rules: Any = getattr(
-            spider, "_rules", None
-        )  # CrawlSpider's compiled rules; anything else fails below
+        # CrawlSpider's compiled rules; anything else fails below
+        rules: Any = getattr(spider, "_rules", None)
         try:
             return rules[request.meta["rule"]].callback
         except (TypeError, IndexError, KeyError, AttributeError):
@@ -154,9 +153,8 @@ def decorated_callbacks(spidercls: type) -> dict[str, str]:
         function = getattr(member, "__func__", member)  # staticmethod, classmethod
         try:
             marked = getattr(function, STAGE_ATTRIBUTE, None)
-        except (
-            Exception
-        ):  # an object whose __getattr__ raises something odd: not a callback of ours
+        # an object whose __getattr__ raises something odd: not a callback of ours
+        except Exception:
             continue
         if isinstance(marked, str):
             found[name] = marked

@@ -98,13 +98,11 @@ class Permit:
     holds: int = 1
     lost: bool = False
     released: bool = False
-    consumer: str = (
-        ""  # the consumer the grant sits under in Redis: its wait's, or the owner's once renewed
-    )
+    # the consumer the grant sits under in Redis: its wait's, or the owner's once renewed
+    consumer: str = ""
     leased_at: float = -math.inf
-    valid_until: float = (
-        -math.inf
-    )  # set by the lock at each grant and renewal; a permit made by hand is not usable
+    # set by the lock at each grant and renewal; a permit made by hand is not usable
+    valid_until: float = -math.inf
 
     def usable(self, now: float) -> bool:
         """Held as far as this process knows: not lost, not released, its lease not run out by
@@ -156,9 +154,8 @@ def default_identity(label: str | None = None) -> dict[str, Any]:
     return identity
 
 
-ABANDONED_PASSES = (
-    2  # maintains that free an abandoned wait's consumer: the second catches a late delivery
-)
+# maintains that free an abandoned wait's consumer: the second catches a late delivery
+ABANDONED_PASSES = 2
 
 
 @dataclass
@@ -350,9 +347,8 @@ class LockCore:
         consumer = self._take_consumer()
         while True:
             block_ms = self._block_ms(deadline) if blocking else None
-            last_try = (
-                blocking and block_ms is None
-            )  # deadline passed: one last look without blocking
+            # deadline passed: one last look without blocking
+            last_try = blocking and block_ms is None
             self.waits_in_flight += 1
             finished = False
             asked_at = self.clock()
@@ -607,9 +603,8 @@ class LockCore:
         orphans: list[str] = []
         for permit, new in moved:
             if permit.released or permit.lost:
-                orphans.append(
-                    new
-                )  # released while the renewal ran: give the adopted slot straight back
+                # released while the renewal ran: give the adopted slot straight back
+                orphans.append(new)
                 continue
             self._idle(permit.consumer)
             permit.grant, permit.fence, permit.consumer = new, fence_of(new), self.owner
@@ -657,9 +652,8 @@ class LockCore:
             self._durable_flag,
         )
         self.limit = new
-        self.ever_set_up = (
-            True  # it exists now: after a data loss this object recreates it in limbo
-        )
+        # it exists now: after a data loss this object recreates it in limbo
+        self.ever_set_up = True
         previous = int(previous)
         return None if previous < 0 else previous
 

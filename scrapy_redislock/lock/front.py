@@ -43,9 +43,8 @@ KEEPALIVE_OPTIONS = {
 
 
 GUARDED = "redislock_guarded"  # on a waiting connection: the locks whose guard ran on it since it (re)connected
-GUARDED_MOST = (
-    10_000  # locks remembered per connection (a broad crawl meets many keys); past it, guard again
-)
+# locks remembered per connection (a broad crawl meets many keys); past it, guard again
+GUARDED_MOST = 10_000
 
 
 def _fresh(connection: Any) -> None:
@@ -98,9 +97,8 @@ def waiting_client(client: Any) -> Any:
     hook = _aon_connect if isinstance(pool, redis.asyncio.ConnectionPool) else _on_connect
     kwargs.update(redis_connect_func=hook(kwargs.get("redis_connect_func")))
     kwargs.update(connection_class=pool.connection_class, max_connections=pool.max_connections)
-    if hasattr(
-        pool, "sentinel_manager"
-    ):  # a Sentinel pool: it finds the master through the same sentinels
+    # a Sentinel pool: it finds the master through the same sentinels
+    if hasattr(pool, "sentinel_manager"):
         kwargs.pop("connection_pool", None)  # its own proxy, which the new pool sets to itself
         waiting_pool = type(pool)(
             pool.service_name, pool.sentinel_manager, is_master=pool.is_master, **kwargs
@@ -333,9 +331,8 @@ class LockFront:
         self.maintain_loop = maintain_loop
         self.on_lost: LostCallback = on_lost or log_lost
         self._idle_ticks = 0  # loop ticks in a row with nothing to do
-        self._callers = (
-            0  # acquire() calls in progress (a wait is served by the loop from its very start)
-        )
+        # acquire() calls in progress (a wait is served by the loop from its very start)
+        self._callers = 0
 
     @property
     def name(self) -> str:

@@ -215,9 +215,8 @@ class QuorumCore:
     by_holder: dict[object, QuorumPermit] = field(default_factory=dict)
     known: bool = False  # the lock was seen on some master: a master missing it lost it (restart)
     last_round: str = ""
-    down_until: list[float] = field(
-        default_factory=list
-    )  # per master: not the lead before this time
+    # per master: not the lead before this time
+    down_until: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.down_until = [0.0] * len(self.cores)
@@ -469,9 +468,8 @@ class QuorumCore:
             self.last_round += f"; validity {validity:.3f} s left: too late"
         partial = {i: p for i, p in grants.items() if lead is None or i != lead[0]}
         if partial:
-            yield Fanout(
-                {i: self.cores[i].release(p) for i, p in partial.items()}
-            )  # give every partial grant back
+            # give every partial grant back
+            yield Fanout({i: self.cores[i].release(p) for i, p in partial.items()})
         pending[:] = [(i, p) for i, p in pending if p not in partial.values()]
         return None
 
@@ -845,9 +843,8 @@ class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock])
         try:
             return self._run(self._core.acquire(timeout, blocking, threading.get_ident(), pending))
         except BaseException:
-            if (
-                pending
-            ):  # interrupted (KeyboardInterrupt) holding grants no permit owns: give them back
+            # interrupted (KeyboardInterrupt) holding grants no permit owns: give them back
+            if pending:
                 with contextlib.suppress(Exception):
                     self._run(self._core.sweep(pending))
             raise
@@ -939,9 +936,8 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
         self._context: dict[asyncio.Task[Any] | None, list[QuorumPermit]] = {}
         self._renewer: asyncio.Task[None] | None = None
         self._closed = False
-        self._pings: dict[
-            int, asyncio.Future[bool]
-        ] = {}  # master index -> the PING in flight (see _answers)
+        # master index -> the PING in flight (see _answers)
+        self._pings: dict[int, asyncio.Future[bool]] = {}
 
     async def _one(self, index: int, op: Operation[object]) -> object:
         try:
@@ -1177,9 +1173,8 @@ class QuorumLockFactory:
                 client = master
             self.clients.append(client)
         self.asyncio = isinstance(self.clients[0], redis.asyncio.Redis)
-        self.waiting = [
-            waiting_client(client) for client in self.clients
-        ]  # one blocking pool per master
+        # one blocking pool per master
+        self.waiting = [waiting_client(client) for client in self.clients]
 
     def lock(
         self, name: str, limit: int, ttl: float = 30.0, **kwargs: Any

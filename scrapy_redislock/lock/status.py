@@ -97,9 +97,8 @@ class StageStatus:
     ttl: float | None
     held: int
     free: int
-    debt: (
-        int  # grants still to be given back before a new one is granted (after lowering the limit)
-    )
+    # grants still to be given back before a new one is granted (after lowering the limit)
+    debt: int
     waiters: int  # sum of `waiting` over processes, as of each one's last renewal
     fence: int  # the last fencing token generated (the stream's last entry id)
     grants: list[Grant] = field(default_factory=list)
@@ -239,9 +238,8 @@ def _parse(stage: str, replies: list[Any]) -> StageStatus | None:
         )
 
     held_by: dict[str, int] = {}
-    for (
-        consumer
-    ) in consumers:  # an owner's grants sit under its own name and its waits' ('<owner>#<n>')
+    # an owner's grants sit under its own name and its waits' ('<owner>#<n>')
+    for consumer in consumers:
         owner = owner_of(str(text(consumer["name"])))
         held_by[owner] = held_by.get(owner, 0) + int(consumer.get("pending", 0))
     identities = {str(text(k)): parse_identity(v) for k, v in (owners or {}).items()}

@@ -123,9 +123,8 @@ class StageLockMiddleware:
             crawler.spidercls, self.settings, self.settings.stages, "REDISLOCK_STAGES"
         )
         self.locks = StageLocks.of(crawler, self.settings)
-        self.gate = (
-            KeyGate(crawler, self.settings) if self.settings.keyed else None
-        )  # keys and delays
+        # keys and delays
+        self.gate = KeyGate(crawler, self.settings) if self.settings.keyed else None
         self.locks.add_waiting_source(self.waiting.__getitem__)
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
@@ -165,15 +164,13 @@ class StageLockMiddleware:
         if self.locks is None:
             self._refuse_unthrottled(request)
             return None
-        handed = self.locks.take(
-            request
-        )  # None also for a slot no longer usable: the request waits here instead
+        # None also for a slot no longer usable: the request waits here instead
+        handed = self.locks.take(request)
         if isinstance(handed, SlotPermit):
             return self._keys(request, handed.name, slotted=True)
         if handed is not None:
-            self._fail_timeout(
-                request, handed
-            )  # the scheduler's verdict after REDISLOCK_WAIT_TIMEOUT
+            # the scheduler's verdict after REDISLOCK_WAIT_TIMEOUT
+            self._fail_timeout(request, handed)
         stage = stage_of(request, self.settings, self.crawler.spider)
         if stage is None:
             return self._keys(request, None)

@@ -212,16 +212,13 @@ class StageScheduler:
         }
         self.shared: SharedStageQueues | None = None  # over scrapy-redis's scheduler, from open()
         self.closing = False
-        self._early: tuple[Any, ...] | None = (
-            None  # cache and robots.txt middlewares before ours, found on first use
-        )
-        self._load: Counter[str] | None = (
-            None  # keys held or in line in this process, during one next_request()
-        )
+        # cache and robots.txt middlewares before ours, found on first use
+        self._early: tuple[Any, ...] | None = None
+        # keys held or in line in this process, during one next_request()
+        self._load: Counter[str] | None = None
         self._wake_handle: asyncio.TimerHandle | None = None
-        self.queues_split = (
-            True  # the inner scheduler's queues are split by stage (False: an unknown scheduler)
-        )
+        # the inner scheduler's queues are split by stage (False: an unknown scheduler)
+        self.queues_split = True
         if self.locks is not None:
             # Scrapy's BaseScheduler makes isinstance() duck-typed: look for the class itself.
             if ScrapyScheduler in type(self.inner).__mro__ and not _is_scrapy_redis(self.inner):
@@ -315,9 +312,8 @@ class StageScheduler:
         if inner_result is not None:
             await maybe_deferred_to_future(inner_result)
         assert self.locks is not None
-        await (
-            self.locks.close()
-        )  # unused slots, waits, anything a request left behind: one call per stage
+        # unused slots, waits, anything a request left behind: one call per stage
+        await self.locks.close()
 
     def has_pending_requests(self) -> bool:
         if self.shared is not None:

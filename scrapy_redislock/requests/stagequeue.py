@@ -151,9 +151,8 @@ class StagePriorityQueues:
         self.key = key
         self.start_queue_cls = start_queue_cls
         self.queues: dict[Route, Any] = {}
-        self._pushed: weakref.WeakKeyDictionary[Request, int] = (
-            weakref.WeakKeyDictionary()
-        )  # request -> push order
+        # request -> push order
+        self._pushed: weakref.WeakKeyDictionary[Request, int] = weakref.WeakKeyDictionary()
         self._pushes = itertools.count()
         self._callback_lifo = _is_lifo(downstream_queue_cls)
         self._start_lifo = (
@@ -164,9 +163,8 @@ class StagePriorityQueues:
         for route_id, prios in (startprios or {}).items():
             route = _route_of(route_id)
             self.queues[route] = self._new(route, prios)
-        if (
-            UNCAPPED not in self.queues
-        ):  # built at once, so that a priority queue refusing the settings says so now
+        # built at once, so that a priority queue refusing the settings says so now
+        if UNCAPPED not in self.queues:
             self.queues[UNCAPPED] = self._new(UNCAPPED)
 
     def _new(self, route: Route, startprios: Any = ()) -> Any:
@@ -304,9 +302,8 @@ class SharedStageQueues:
         self._outage = Backoff(first=EMPTY_PAUSE, most=OUTAGE_PAUSE_MOST)
         self._out_since: float | None = None  # when Redis stopped answering (None: it answers)
         self._known_length = 0
-        self.unpushed: deque[tuple[str | None, Request]] = (
-            deque()
-        )  # pushed while Redis did not answer
+        # pushed while Redis did not answer
+        self.unpushed: deque[tuple[str | None, Request]] = deque()
 
     @property
     def key(self) -> str:
@@ -344,9 +341,13 @@ class SharedStageQueues:
         delay = self._outage.next()
         if self._out_since is None:
             self._out_since = time.monotonic()
-            logger.warning("Shared queue in Redis unreachable (%s: %s); asking again in %.1f s, "
-                           "then backing off",
-                           type(exc).__name__, exc, delay)  # fmt: skip
+            logger.warning(
+                "Shared queue in Redis unreachable (%s: %s); asking again in %.1f s, "
+                "then backing off",
+                type(exc).__name__,
+                exc,
+                delay,
+            )
         return delay
 
     def pop(self, timeout: float = 0) -> Request | None:
@@ -398,9 +399,8 @@ class SharedStageQueues:
             if stage is None:
                 real = self.gate.route(request)[0]
                 if real in self.queues and real is not None and not self.gate.may_go((real, None)):
-                    self.queues[real].push(
-                        request
-                    )  # pushed by another producer: it waits in its stage's queue
+                    # pushed by another producer: it waits in its stage's queue
+                    self.queues[real].push(request)
                     continue
             return request
         if paused_until is not None:
@@ -427,9 +427,11 @@ class SharedStageQueues:
         """The queues live in Redis: only requests pushed while it did not answer, and never since,
         are lost."""
         if self.unpushed:
-            logger.error("%d request(s) pushed while Redis did not answer could not be queued "
-                         "before close: lost",
-                         len(self.unpushed))  # fmt: skip
+            logger.error(
+                "%d request(s) pushed while Redis did not answer could not be queued "
+                "before close: lost",
+                len(self.unpushed),
+            )
 
     def __len__(self) -> int:
         """The requests queued in Redis (the last length read, while Redis does not answer)."""

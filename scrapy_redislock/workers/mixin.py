@@ -53,9 +53,8 @@ from scrapy_redislock.workers.policy import idle_close_for
 
 SCHEDULER_PATH = "scrapy_redislock.StageWorkerScheduler"
 
-if (
-    TYPE_CHECKING
-):  # a mixin for spiders: type-checked as one (at run time its base is object, as before)
+# a mixin for spiders: type-checked as one (at run time its base is object, as before)
+if TYPE_CHECKING:
     from scrapy import Spider as _SpiderBase
 else:
     _SpiderBase = object
@@ -95,9 +94,8 @@ class StageWorkerMixin(_SpiderBase):
             check_stage_names(cls, checked, checked.worker_stages, "REDISLOCK_WORKER_STAGES")
         spider = super().from_crawler(crawler, *args, **kwargs)
         fallback = read_worker_settings(crawler.settings, checked).idle_close
-        idle_close_for(
-            checked.idle_close, getattr(spider, "max_idle_time", None), fallback
-        )  # a ConfigError now
+        # a ConfigError now
+        idle_close_for(checked.idle_close, getattr(spider, "max_idle_time", None), fallback)
         # RedisSpider.setup_redis connected spider.spider_idle, which is ours (below); a plain
         # Spider needs it too.
         if getattr(spider, "server", None) is None:

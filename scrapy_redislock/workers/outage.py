@@ -22,9 +22,8 @@ import time
 # one.
 STRAGGLERS = 2.0
 
-logger = logging.getLogger(
-    "scrapy_redislock.workers.scheduler"
-)  # the worker front's log lines, in one place
+# the worker front's log lines, in one place
+logger = logging.getLogger("scrapy_redislock.workers.scheduler")
 
 
 class OutageLog:
@@ -33,9 +32,8 @@ class OutageLog:
 
     def __init__(self, worker: str) -> None:
         self.worker = worker
-        self.since: float | None = (
-            None  # time.monotonic() of the first failure of the current outage
-        )
+        # time.monotonic() of the first failure of the current outage
+        self.since: float | None = None
         self.failures = 0  # failed calls in the current outage
         self.ended: float = -STRAGGLERS  # time.monotonic() when the last outage ended
 

@@ -253,20 +253,17 @@ class StageQueues:
         self.stages = [check_name(s, "stage") for s in stages]
         if order not in ORDERS:
             raise InvalidArgument(f"order must be one of {ORDERS}, got {order!r}")
-        self.order = (
-            order  # of the stage queues: scrapy-redis's SCHEDULER_QUEUE_CLASS (see queue_order)
-        )
+        # of the stage queues: scrapy-redis's SCHEDULER_QUEUE_CLASS (see queue_order)
+        self.order = order
         self.scored_ids: set[str] = set()  # of the last pop: the ids taken from a sorted set
         self.ttl = check_ttl(ttl)
         self.worker = worker or new_worker_id()
         sources = load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)
         self.scripts = {name: client.register_script(src) for name, src in sources.items()}
-        self._waiting: Any = (
-            None  # a client whose reads never time out, for BLPOP (made on first wait)
-        )
-        self.work_grace = (
-            self.ttl
-        )  # seconds within which a popping worker beats again (the scheduler sets it)
+        # a client whose reads never time out, for BLPOP (made on first wait)
+        self._waiting: Any = None
+        # seconds within which a popping worker beats again (the scheduler sets it)
+        self.work_grace = self.ttl
 
     @property
     def ttl_ms(self) -> int:

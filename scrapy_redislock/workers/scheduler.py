@@ -120,9 +120,8 @@ CLOSE_STEP_TIMEOUT = 10.0
 PUSH_BATCH = 500  # requests per queue_push call
 EXCERPT = 60  # bytes of an entry that cannot be loaded shown in the log and in the dead-letter note
 BEAT_MARGIN = 0.01  # seconds a blocked wait lasts past the due heartbeat (Redis's timeouts count whole milliseconds)
-WAIT_GRACE = (
-    1.0  # seconds the loop waits past a due heartbeat for the blocked wait to end (a fallback)
-)
+# seconds the loop waits past a due heartbeat for the blocked wait to end (a fallback)
+WAIT_GRACE = 1.0
 # Fingerprints a worker keeps of what it sent to the shared dupefilter, to drop a duplicate of them
 # at once (enqueue_request returns False); the oldest are forgotten (a duplicate of those is found
 # in Redis instead).
@@ -153,13 +152,11 @@ class StageWorkerScheduler(BaseScheduler):
         self.stages = stages
         self.settings = settings
         self.worker_settings = read_worker_settings(crawler.settings, settings)
-        self.order = queue_order(
-            crawler.settings.get("SCHEDULER_QUEUE_CLASS")
-        )  # of the stage queues
+        # of the stage queues
+        self.order = queue_order(crawler.settings.get("SCHEDULER_QUEUE_CLASS"))
         check_reactor(crawler, "StageWorkerMixin")
-        self.idle_close = (
-            self.worker_settings.idle_close
-        )  # open() decides with the spider's max_idle_time
+        # open() decides with the spider's max_idle_time
+        self.idle_close = self.worker_settings.idle_close
         self.idle_close_by = (
             "REDISLOCK_IDLE_CLOSE"
             if settings.idle_close is not None
@@ -181,90 +178,73 @@ class StageWorkerScheduler(BaseScheduler):
         self.queues.work_grace = liveness(settings.ttl, working=True).grace  # what a pop promises
         self.worker = self.queues.worker
         self.concurrency = max(1, crawler.settings.getint("CONCURRENT_REQUESTS"))
-        self.buffer: deque[tuple[Request, str]] = (
-            deque()
-        )  # popped from Redis, not handed to the engine yet
+        # popped from Redis, not handed to the engine yet
+        self.buffer: deque[tuple[Request, str]] = deque()
         self.handed: dict[Request, str] = {}  # handed to the engine, not acked yet -> in-flight id
         self.local: deque[Request] = deque()  # requests that name no stage: this worker's own
         self.current: str | None = None
         self.permit: Permit | None = None
         self.lengths: dict[str, int] = dict.fromkeys(stages, 0)
         self.empty: set[str] = set()  # stages whose queue this worker last found empty
-        self.full: set[str] = (
-            set()
-        )  # capped stages with work whose slots were all taken at the last look
-        self.signalled: set[str] = (
-            set()
-        )  # stages whose signal token this worker took: pass it on when popping
-        self.own = (
-            0  # requests in this worker's in-flight record in Redis (part of the cluster's counter)
-        )
+        # capped stages with work whose slots were all taken at the last look
+        self.full: set[str] = set()
+        # stages whose signal token this worker took: pass it on when popping
+        self.signalled: set[str] = set()
+        # requests in this worker's in-flight record in Redis (part of the cluster's counter)
+        self.own = 0
         self.start_stages: set[str] = set()  # stages that start URLs from Redis went to
         self.feed: StartUrlFeed | None = None
         self.fed: list[Any] = []  # start-URL entries a blocked wait took, to turn into requests
         # (stage, fingerprint, serialized request, priority, request) to queue in Redis
         self.outbox: deque[tuple[str, str, bytes, int, Request]] = deque()
-        self.known: dict[
-            bytes, None
-        ] = {}  # fingerprints sent to the shared dupefilter, oldest first (bounded)
+        # fingerprints sent to the shared dupefilter, oldest first (bounded)
+        self.known: dict[bytes, None] = {}
         self.dupefilter_debug = crawler.settings.getbool("DUPEFILTER_DEBUG")
-        self.log_dupes = (
-            True  # the first duplicate is logged (DEBUG), the others only with DUPEFILTER_DEBUG
-        )
-        self.mixed_orders: set[str] = (
-            set()
-        )  # stages whose sorted set a FIFO or LIFO worker found work in (warned)
+        # the first duplicate is logged (DEBUG), the others only with DUPEFILTER_DEBUG
+        self.log_dupes = True
+        # stages whose sorted set a FIFO or LIFO worker found work in (warned)
+        self.mixed_orders: set[str] = set()
         self.flusher: asyncio.Task[Any] | None = None
         self.pushes: set[asyncio.Task[Any]] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.acks: list[
-            str
-        ] = []  # in-flight ids of finished requests, acknowledged together after ACK_DELAY
-        self.acking: set[str] = (
-            set()
-        )  # in-flight ids in an ack call (or whose ack Redis refused: kept till close)
+        # in-flight ids of finished requests, acknowledged together after ACK_DELAY
+        self.acks: list[str] = []
+        # in-flight ids in an ack call (or whose ack Redis refused: kept till close)
+        self.acking: set[str] = set()
         self.acker: asyncio.Task[None] | None = None
         self.listener: asyncio.Task[None] | None = None
         self.listening: list[str] = []  # the keys the running listener blocks on
         self.busy_at = time.monotonic()
         self.failing = False  # the last loop step met a Redis error: never idle-close on what could not be read
-        self.quiet_since: float | None = (
-            None  # the cluster was found idle at the last look (for REDISLOCK_IDLE_CLOSE)
-        )
+        # the cluster was found idle at the last look (for REDISLOCK_IDLE_CLOSE)
+        self.quiet_since: float | None = None
         self.look_due = True  # look at the queues at the next step without a stage: woken, beat, or a stage left
         self.beat_at = time.monotonic()  # when the last beat that reached Redis was sent
         self.beat_due = 0.0
-        self.pulse_due = (
-            0.0  # the next pulse of a worker with work (a beat at least every second: see policy)
-        )
-        self.grace = (
-            settings.ttl
-        )  # the silence its last beat promised not to exceed (else it is dead)
+        # the next pulse of a worker with work (a beat at least every second: see policy)
+        self.pulse_due = 0.0
+        # the silence its last beat promised not to exceed (else it is dead)
+        self.grace = settings.ttl
         self.pulse_interval = settings.ttl / 3  # the interval its last beat set for the next one
-        self.streak_since: float | None = (
-            None  # since when its beats reach Redis without a gap (for reaping)
-        )
+        # since when its beats reach Redis without a gap (for reaping)
+        self.streak_since: float | None = None
         self.replied_at = 0.0  # when the last beat's reply came
         self.leaving = False  # its capped stage is over its limit: finish what is in progress, then free the slot
-        self.limit_checked: tuple[int, str] | None = (
-            None  # (limit, grant) its slot was last checked against
-        )
-        self.taken_at = (
-            0.0  # when it took its stage (a limit reported before then is not the stage's now)
-        )
+        # (limit, grant) its slot was last checked against
+        self.limit_checked: tuple[int, str] | None = None
+        # when it took its stage (a limit reported before then is not the stage's now)
+        self.taken_at = 0.0
         self.loop_task: asyncio.Task[None] | None = None
         self.wakeup: asyncio.Event | None = None
         self.closing = False
         self.spider: Spider | None = None
         # Pauses, restarts and outages of Redis (see _queues_lost, _outage_step, may_close):
         self.work_seen = False  # the last look found work somewhere (queued, paused or full stages too; in flight)
-        self.epoch: str | None = (
-            None  # the queues' epoch this worker saw (changes only when the crawl state is gone)
-        )
+        # the queues' epoch this worker saw (changes only when the crawl state is gone)
+        self.epoch: str | None = None
         self.lost = False  # Redis lost the crawl state while this worker knew of work: close as redislock_queue_lost
-        self.outage = OutageLog(
-            self.worker
-        )  # one WARNING per outage, one INFO when Redis answers again
+        # one WARNING per outage, one INFO when Redis answers again
+        self.outage = OutageLog(self.worker)
         self.retry_at = 0.0  # after a failed step: the loop's next try (its own back-off, logged once per outage)
         self.retry_backoff = Backoff()
 
@@ -425,9 +405,8 @@ class StageWorkerScheduler(BaseScheduler):
             return False
         self._know(fingerprint)
         self.outbox.append((stage, hex_fingerprint, data, request.priority, request))
-        if (
-            self.flusher is None
-        ):  # one task sends everything enqueued meanwhile, in one script call per batch
+        # one task sends everything enqueued meanwhile, in one script call per batch
+        if self.flusher is None:
             self.flusher = self._push_task(self._flush())
         return True
 
@@ -501,13 +480,11 @@ class StageWorkerScheduler(BaseScheduler):
     def may_close(self) -> bool:
         """For the spider's idle handler: no work anywhere in the cluster for REDISLOCK_IDLE_CLOSE
         seconds."""
-        if (
-            self.failing
-        ):  # Redis cannot be asked (down, failing over): the queues may well hold work
+        # Redis cannot be asked (down, failing over): the queues may well hold work
+        if self.failing:
             return False
-        if (
-            self.work_seen or self.current is not None
-        ):  # work somewhere, paused or full: wait for it, never close
+        # work somewhere, paused or full: wait for it, never close
+        if self.work_seen or self.current is not None:
             return False
         return self.idle_close is not None and time.monotonic() - self.busy_at >= self.idle_close
 
@@ -529,17 +506,15 @@ class StageWorkerScheduler(BaseScheduler):
         while True:
             try:
                 result = await call()
-            except (
-                OUTAGE_ERRORS
-            ) as exc:  # down, or failing over: one warning per outage (OutageLog)
+            # down, or failing over: one warning per outage (OutageLog)
+            except OUTAGE_ERRORS as exc:
                 self.stats.inc_value("redislock/workers/redis_errors")
                 delay = backoff.next()
                 self.outage.failed(what, exc, delay)
                 await asyncio.sleep(delay)
                 continue
-            if (
-                self.outage.down
-            ):  # the end of an outage: the loop need not wait out its own back-off
+            # the end of an outage: the loop need not wait out its own back-off
+            if self.outage.down:
                 self.retry_at = 0.0
                 self._wake()
             self.outage.answered()
@@ -559,9 +534,8 @@ class StageWorkerScheduler(BaseScheduler):
                     queued = await self._retrying(
                         "Queueing requests", lambda e=entries: self.queues.push_many(e)
                     )
-                except (
-                    redis.exceptions.RedisError
-                ) as exc:  # not an outage: Redis refused them (e.g. out of memory)
+                # not an outage: Redis refused them (e.g. out of memory)
+                except redis.exceptions.RedisError as exc:
                     self.stats.inc_value("redislock/workers/unqueueable", len(batch))
                     logger.error(
                         "Dropped %d requests: Redis refused to queue them (%s)", len(batch), exc
@@ -581,9 +555,8 @@ class StageWorkerScheduler(BaseScheduler):
                         continue
                     self.stats.inc_value(f"redislock/workers/{stage}/enqueued")
                     if stage == self.current and stage in self.empty:
-                        self.empty.discard(
-                            stage
-                        )  # our own stage has work again: pop it when the engine asks
+                        # our own stage has work again: pop it when the engine asks
+                        self.empty.discard(stage)
                         self._wake()
         finally:
             self.flusher = None
@@ -625,17 +598,15 @@ class StageWorkerScheduler(BaseScheduler):
             await self._ack(ids, set(self.pushes))
 
     async def _ack(self, ids: list[str], pushes: set[asyncio.Task[Any]]) -> None:
-        if (
-            pushes
-        ):  # what the callbacks yielded is in Redis before their parents leave the in-flight record
+        # what the callbacks yielded is in Redis before their parents leave the in-flight record
+        if pushes:
             await asyncio.wait(pushes)
         try:
             dropped = await self._retrying("Acknowledging requests", lambda: self.queues.ack(ids))
             self.own -= dropped  # not "self.own -= await ...": that reads self.own before the await
             self.acking.difference_update(ids)
-        except (
-            redis.exceptions.RedisError
-        ) as exc:  # they stay in the record: requeued (fetched again) at close
+        # they stay in the record: requeued (fetched again) at close
+        except redis.exceptions.RedisError as exc:
             logger.error("Could not acknowledge %d requests (%s)", len(ids), exc)
 
     # -- the worker loop: one step when woken (the engine wants requests, a signal, an ack), else at
@@ -666,9 +637,8 @@ class StageWorkerScheduler(BaseScheduler):
             elif now >= self.pulse_due and self._working():
                 await self._pulse()
             if self.quiet_since is not None and self.idle_close is not None:
-                self.look_due |= (
-                    now >= self.quiet_since + self.idle_close
-                )  # still quiet? then close
+                # still quiet? then close
+                self.look_due |= now >= self.quiet_since + self.idle_close
             await self._check_lost()
             await self._check_limit()
             self._ack_finished()
@@ -682,15 +652,13 @@ class StageWorkerScheduler(BaseScheduler):
         except REDIS_ERRORS as exc:
             self.stats.inc_value("redislock/workers/redis_errors")
             self.failing = True
-            self.streak_since = (
-                None  # the others may not reach Redis either: reap nobody until beats run again
-            )
+            # the others may not reach Redis either: reap nobody until beats run again
+            self.streak_since = None
             if not self._outage_step(exc):
                 raise  # not an outage (Redis refused a command): logged with its traceback by the loop, retried
             return not self.closing
-        if (
-            self.failing
-        ):  # Redis answers again: idle time counts from now, not from before the outage
+        # Redis answers again: idle time counts from now, not from before the outage
+        if self.failing:
             self.failing = False
             self.busy_at = time.monotonic()
             self._outage_over()
@@ -733,28 +701,23 @@ class StageWorkerScheduler(BaseScheduler):
                 break
             self.full.add(stage)
         for stage in self.signalled & self.full:
-            await self.queues.signal(
-                stage
-            )  # a token for a stage with no free slot: its holders' (they may wait)
+            # a token for a stage with no free slot: its holders' (they may wait)
+            await self.queues.signal(stage)
         self.signalled.clear()
         busy = any(self.lengths.values()) or self.buffer or self.handed or self.local or self.pushes
-        self.work_seen = bool(
-            busy or in_flight > self.own
-        )  # a paused stage's queue is work: wait, never close
+        # a paused stage's queue is work: wait, never close
+        self.work_seen = bool(busy or in_flight > self.own)
         if busy or in_flight > self.own:
             self.busy_at = time.monotonic()
             self.quiet_since = None
             return
-        self.quiet_since = (
-            self.busy_at
-        )  # look again when it has been quiet for REDISLOCK_IDLE_CLOSE
+        # look again when it has been quiet for REDISLOCK_IDLE_CLOSE
+        self.quiet_since = self.busy_at
         if self.may_close():
-            self.quiet_since = (
-                None  # the engine's idle check (every 5 s) closes the spider from here
-            )
-            wake_engine(
-                self.crawler
-            )  # the engine checks for idleness at its next round, not in 5 s
+            # the engine's idle check (every 5 s) closes the spider from here
+            self.quiet_since = None
+            # the engine checks for idleness at its next round, not in 5 s
+            wake_engine(self.crawler)
 
     async def _move_up(self) -> None:
         """From an uncapped stage, take a preferred capped stage that has work and a free slot (at
@@ -814,9 +777,8 @@ class StageWorkerScheduler(BaseScheduler):
             logger.debug(
                 "Waiting for work: Redis error (%s); the loop waits again at its next step", exc
             )
-            self.streak_since = (
-                None  # the others may not reach Redis either: reap nobody until beats run again
-            )
+            # the others may not reach Redis either: reap nobody until beats run again
+            self.streak_since = None
             return
         if reply is not None:
             key, value = reply
@@ -844,9 +806,8 @@ class StageWorkerScheduler(BaseScheduler):
         self.beat_at = sent
         if not pulse:
             self.beat_due = sent + self.beat_interval
-        if (
-            new and await self._queues_lost()
-        ):  # Redis lost the crawl state: not taken for dead (see _queues_lost)
+        # Redis lost the crawl state: not taken for dead (see _queues_lost)
+        if new and await self._queues_lost():
             new = False
         if not new and not pulse and holds > len(known := self._known_ids()):
             await self._reclaim(known)
@@ -1040,9 +1001,8 @@ class StageWorkerScheduler(BaseScheduler):
                 self.start_stages.add(stage)
             self.stats.inc_value("redislock/workers/start_urls")
             self.crawler.engine.crawl(request)
-        await asyncio.gather(
-            *set(self.pushes)
-        )  # in their queues before this step looks at the lengths
+        # in their queues before this step looks at the lengths
+        await asyncio.gather(*set(self.pushes))
         self.busy_at = time.monotonic()
         self.quiet_since = None
         self.empty.clear()
@@ -1057,9 +1017,8 @@ class StageWorkerScheduler(BaseScheduler):
         stage = self.current
         ids = [inflight_id for _, inflight_id in self.buffer]
         self.buffer.clear()
-        returned = await self.queues.give_back(
-            ids
-        )  # StageLocks counted it: redislock/workers/<stage>/lost
+        # StageLocks counted it: redislock/workers/<stage>/lost
+        returned = await self.queues.give_back(ids)
         self.own -= returned
         logger.warning(
             "Worker %s lost its slot of stage %r; gave %d unstarted requests back, %d in progress "
@@ -1080,9 +1039,8 @@ class StageWorkerScheduler(BaseScheduler):
             permit = cast("Permit | None", await self.locks.locks[stage].try_acquire())
             if permit is None:
                 return False
-            if (
-                self.permit is not None
-            ):  # moving up from a capped stage does not happen; be safe anyway
+            # moving up from a capped stage does not happen; be safe anyway
+            if self.permit is not None:
                 await self.locks.release(self.permit)
             self.permit = permit
         previous, self.current = self.current, stage
@@ -1116,13 +1074,11 @@ class StageWorkerScheduler(BaseScheduler):
         self._ack_finished()
         want = 2 * self.concurrency - len(self.buffer) - len(self.handed)
         if want <= 0 or (want < self.concurrency // 2 and self.buffer):
-            return (
-                0  # pop in batches of at least half CONCURRENT_REQUESTS: fewer, fuller script calls
-            )
+            # pop in batches of at least half CONCURRENT_REQUESTS: fewer, fuller script calls
+            return 0
         popped = await self.queues.pop(stage, want, pass_on=pass_on)
-        if (
-            popped is None
-        ):  # taken for dead since the last beat: the beat says so and drops the buffer, then pop
+        # taken for dead since the last beat: the beat says so and drops the buffer, then pop
+        if popped is None:
             await self._beat(stage)
             popped = await self.queues.pop(stage, want, pass_on=pass_on) or []
         if len(popped) < want:
@@ -1149,9 +1105,8 @@ class StageWorkerScheduler(BaseScheduler):
         for inflight_id, data in popped:
             try:
                 request = decode(data, self.serializer, self.spider)
-            except (
-                Exception
-            ) as exc:  # whatever the entry made the loader raise: never retried, kept for people
+            # whatever the entry made the loader raise: never retried, kept for people
+            except Exception as exc:
                 unloadable.append(
                     (inflight_id, self._dead_letter_note(data, exc, inflight_id in scored))
                 )
@@ -1246,9 +1201,8 @@ class StageWorkerScheduler(BaseScheduler):
         self.buffer.clear()
         self.known.clear()  # the shared dupefilter went with the rest: what this worker sent is no longer there
         for request in ahead:
-            self.enqueue_request(
-                request
-            )  # into the new queues (their in-flight record is gone with the rest)
+            # into the new queues (their in-flight record is gone with the rest)
+            self.enqueue_request(request)
         self.own = 0
         self.empty.clear()
         self.look_due = True

@@ -61,17 +61,15 @@ class WorkerSlots(StageLocks):
     docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.limits_seen: dict[
-            str, tuple[int, float]
-        ] = {}  # stage -> (limit, time.monotonic() when seen)
+        # stage -> (limit, time.monotonic() when seen)
+        self.limits_seen: dict[str, tuple[int, float]] = {}
         self.on_limit: Callable[[str, int], None] | None = None
         super().__init__(*args, **kwargs)
 
     def _make_lock(self, name: str, limit: int) -> StageLock:
         lock = super()._make_lock(name, limit)
-        if isinstance(
-            lock, AsyncCountingLock
-        ):  # the worker front runs on one Redis (no quorum lock)
+        # the worker front runs on one Redis (no quorum lock)
+        if isinstance(lock, AsyncCountingLock):
             stage = name.removeprefix(self.lock_prefix)
             lock._command = LimitWatch(lock._command, functools.partial(self._seen, stage))
         return lock

@@ -39,9 +39,8 @@ class WorkerStatus:
     # seconds its last beat (or pop) left before its deadline as of this read (negative: past, it is
     # dead); None for a worker that set none (an older version: dead after the ttl)
     deadline_in: float | None = None
-    grace: float | None = (
-        None  # deadline - last beat: the silence its last beat promised, or more after a pop
-    )
+    # deadline - last beat: the silence its last beat promised, or more after a pop
+    grace: float | None = None
 
     @property
     def host(self) -> str:
@@ -87,9 +86,8 @@ class SpiderKeys:
     """What a SCAN found of one spider's queue keys."""
 
     queues: set[str] = field(default_factory=set)  # stages with a non-empty queue (either part)
-    scored: set[str] = field(
-        default_factory=set
-    )  # stages whose queue has a sorted set (requests of priority != 0)
+    # stages whose queue has a sorted set (requests of priority != 0)
+    scored: set[str] = field(default_factory=set)
     inflight: set[str] = field(default_factory=set)  # workers with a non-empty in-flight hash
     registered: bool = False  # an alive zset or working hash exists
 
@@ -217,9 +215,8 @@ def spider_status(
     due_of = {str(text(name)): int(score) for name, score in dues}
     stage_of = {str(text(k)): str(text(v)) for k, v in (working or {}).items()}
     for stage in stage_of.values():
-        queues.setdefault(
-            stage, 0
-        )  # an empty queue is no key in Redis; the stage a worker is on still counts
+        # an empty queue is no key in Redis; the stage a worker is on still counts
+        queues.setdefault(stage, 0)
     workers = []
     for name, beat in beats:
         name = str(text(name))

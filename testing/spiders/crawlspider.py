@@ -91,9 +91,8 @@ class PlanSpider(scrapy.Spider):
         yield {"url": response.url}
 
     async def parse_list(self, response: scrapy.http.Response) -> AsyncIterator[dict[str, str]]:
-        yield {
-            "url": response.url
-        }  # no decorator: REDISLOCK_CALLBACK_STAGES = {"parse_list": "list"}
+        # no decorator: REDISLOCK_CALLBACK_STAGES = {"parse_list": "list"}
+        yield {"url": response.url}
 
     def failed(self, failure: Any) -> None:
         self.crawler.stats.inc_value(f"test/errback/{type(failure.value).__name__}")

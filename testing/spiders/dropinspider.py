@@ -109,9 +109,8 @@ class OrderLog:
         self.path = crawler.settings.get("ORDER_JSON")
         self.records: dict[str, dict[str, Any]] = {}
         self.counts = {"queued": 0, "left": 0, "reached": 0}
-        self.asks: list[
-            tuple[float, str | None, int]
-        ] = []  # (instant, URL or None, requests active) per ask
+        # (instant, URL or None, requests active) per ask
+        self.asks: list[tuple[float, str | None, int]] = []
         crawler.signals.connect(self.opened, signal=signals.spider_opened)
         crawler.signals.connect(self.queued, signal=signals.request_scheduled)
         crawler.signals.connect(self.reached, signal=signals.request_reached_downloader)

@@ -97,9 +97,8 @@ class CommandNames:
 
     def __exit__(self, *exc: Any) -> None:
         with redis.Redis.from_url(self.url) as client:
-            raw = self.monitor.stop(
-                client, timeout=60
-            )  # MONITOR lags under load: read up to its end mark
+            # MONITOR lags under load: read up to its end mark
+            raw = self.monitor.stop(client, timeout=60)
         assert b"monitor-end-" in raw, "MONITOR never showed the end mark"
         for _, source, args in commands(raw):
             name = args[0].decode().lower()
@@ -253,15 +252,13 @@ def test_the_watcher_may_look_the_operator_may_steer(
     assert redis_client.lrange(keys.queue("detail"), 0, -1) == [b"request"]
     operator = redis.Redis.from_url(users["operator"])
     try:
-        assert (
-            operator.delete("redislock:{shop}:deadletter") == 1
-        )  # dropping dead letters once looked at
+        # dropping dead letters once looked at
+        assert operator.delete("redislock:{shop}:deadletter") == 1
         with pytest.raises(redis.exceptions.NoPermissionError):
             operator.flushall()
         with pytest.raises(redis.exceptions.NoPermissionError):
-            operator.rpush(
-                "shop:start_urls", "http://x.test/"
-            )  # the crawl's feed is not the operator's
+            # the crawl's feed is not the operator's
+            operator.rpush("shop:start_urls", "http://x.test/")
     finally:
         operator.close()
 

@@ -131,9 +131,8 @@ def test_worker_spiders_are_read_with_their_queues_and_workers(
     redis_url: str, redis_client: redis.Redis, locks: list[CountingLock]
 ) -> None:
     worker = worker_spider(redis_url)
-    namesake = CountingLock(
-        redis_client, "shop", limit=1, ttl=30
-    )  # a lock named as the spider: both are found
+    # a lock named as the spider: both are found
+    namesake = CountingLock(redis_client, "shop", limit=1, ttl=30)
     locks.append(namesake)
     namesake.acquire()
     stages, spiders = read_all(redis_client, "redislock", 30.0)
@@ -321,9 +320,8 @@ def test_steering_needs_allow_control_and_the_token(
     lock = CountingLock(redis_client, "detail", limit=2, ttl=30)
     lock.acquire()
     limit = lambda: int(redis_client.hget(LockKeys.of("redislock", "detail").meta, "limit"))  # noqa: E731
-    with DashboardProcess(
-        redis_url
-    ) as dashboard:  # read-only: refused even with a token-looking header
+    # read-only: refused even with a token-looking header
+    with DashboardProcess(redis_url) as dashboard:
         assert dashboard.token is None
         code, reply = dashboard.post(
             "/api/set-limit", {"stage": "detail", "limit": 5}, token="anything"

@@ -121,9 +121,8 @@ def test_forget_refuses_a_stage_in_use_naming_who_and_changes_nothing(
         code == 1
         and f"registered {lock.owner} (host {HOST}, pid {os.getpid()}, spider plan), seen" in err
     ), err
-    code, _, err = call(
-        "forget", "seen", "--url", redis_url
-    )  # no terminal, no --yes: refused before asking
+    # no terminal, no --yes: refused before asking
+    code, _, err = call("forget", "seen", "--url", redis_url)
     assert code == 1 and "in use" in err
     assert state(redis_client) == before
 

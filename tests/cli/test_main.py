@@ -303,9 +303,8 @@ def test_status_of_an_empty_prefix_and_prefix_sources(
 def test_url_comes_from_the_option_then_redislock_url_then_redis_url(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    redis_client.hset(
-        LockKeys.of("redislock", "detail").meta, mapping={"limit": 1}
-    )  # a stage whose stream is lost
+    # a stage whose stream is lost
+    redis_client.hset(LockKeys.of("redislock", "detail").meta, mapping={"limit": 1})
     dead = f"redis://127.0.0.1:{free_port()}/0"
     code, out, _ = call("status", env={"REDIS_URL": redis_url})
     assert code == 0 and "detail" in out and "stream is missing" in out
@@ -824,9 +823,8 @@ def test_set_limit_during_a_live_crawl_changes_what_the_server_sees(
             time.sleep(1.6)
             assert site.max_in_flight_between("detail", lowered + 0.6, time.monotonic()) == 1
 
-            assert (
-                cli("set-limit", "detail", "16", "--url", redis_url).returncode == 0
-            )  # let it finish
+            # let it finish
+            assert cli("set-limit", "detail", "16", "--url", redis_url).returncode == 0
             output, _ = crawl.communicate(timeout=60)
         finally:
             if crawl.poll() is None:
@@ -867,9 +865,8 @@ def test_requeue_puts_a_workers_in_flight_requests_back_and_refuses_what_it_cann
     assert dead in err and alive in err
     code, _, err = call("requeue", "h1", "--yes", "--url", redis_url)
     assert code == 1 and "worker 'h1' is ambiguous" in one_line_error(err)
-    code, _, err = call(
-        "requeue", "h1:12", "--url", redis_url
-    )  # not confirmed: stdin is not a terminal
+    # not confirmed: stdin is not a terminal
+    code, _, err = call("requeue", "h1:12", "--url", redis_url)
     assert code == 1 and "--yes" in one_line_error(err)
     assert redis_client.hlen(keys.inflight(dead)) == 3
     code, out, err = call("requeue", "h1:12", "--yes", "--url", redis_url)

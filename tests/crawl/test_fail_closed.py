@@ -455,9 +455,8 @@ def test_acquire_timeout_is_not_retried_unless_asked(
         "RETRY_ENABLED": True,
         "RETRY_TIMES": 2,
     }
-    asked = {
-        "RETRY_EXCEPTIONS": "scrapy_redislock.AcquireTimeout"
-    }  # -s takes a comma-separated list
+    # -s takes a comma-separated list
+    asked = {"RETRY_EXCEPTIONS": "scrapy_redislock.AcquireTimeout"}
     outsider = hold_every_slot(redis_client, "detail", 1)
     try:
         crawls = {

@@ -197,13 +197,11 @@ def test_request_front_follows_a_sentinel_failover_every_page_once(
     assert site.wait_for(
         lambda: min(site.done(path) for path in ("detail", "d2", "d3")) >= 15, timeout=60
     )
-    with master_client(
-        sentinels
-    ) as client:  # scrapy-redis's queue: still in Redis, in the stage's key
+    # scrapy-redis's queue: still in Redis, in the stage's key
+    with master_client(sentinels) as client:
         assert client.zcard("plan:requests:detail") > 0
-    assert all(
-        crawl.process is not None and crawl.process.poll() is None for crawl in crawls
-    )  # mid-crawl, all
+    # mid-crawl, all
+    assert all(crawl.process is not None and crawl.process.poll() is None for crawl in crawls)
     promoted, promoted_after = sentinels.fail_over()
     finish(crawls)
     for crawl in crawls[:2]:
@@ -222,28 +220,30 @@ def test_request_front_follows_a_sentinel_failover_every_page_once(
     if "Shared queue in Redis unreachable" in shared.output:
         assert "Shared queue in Redis reachable again" in shared.output, shared.tail()
     assert len(site.hits) == 3 * pages  # none lost
-    assert {n for path, n in site.hits.items() if not path.startswith("/d3/")} == {
-        1
-    }  # exactly once
+    # exactly once
+    assert {n for path, n in site.hits.items() if not path.startswith("/d3/")} == {1}
     records = served(site, "detail", "d2", "d3")
     stall = longest_pause(records)
     most, above = most_at_once(records, 3)
     lost = sum(crawl.stats.get("redislock/detail/lost", 0) for crawl in crawls)
-    report("request front, Sentinel "
-           "failover", promoted_after=promoted_after, longest_pause=stall, most=most,
-           above_cap_s=above, lost=lost)  # fmt: skip
+    report(
+        "request front, Sentinel failover",
+        promoted_after=promoted_after,
+        longest_pause=stall,
+        most=most,
+        above_cap_s=above,
+        lost=lost,
+    )
     assert most <= 3 or above <= TTL / 3, (
         most,
         above,
     )  # only a grant lost with the master can overlap
     with redis.Redis(port=promoted.port) as client:
         assert leftover(client) == 0
-        assert not list(
-            client.scan_iter("plan:*")
-        )  # scrapy-redis's queue and dupefilter, flushed at close
-    assert status_stages(sentinels.url()) == {
-        "detail": 3
-    }  # the command line reads the new master too
+        # scrapy-redis's queue and dupefilter, flushed at close
+        assert not list(client.scan_iter("plan:*"))
+    # the command line reads the new master too
+    assert status_stages(sentinels.url()) == {"detail": 3}
 
 
 def status_stages(url: str) -> dict[str, int | None]:
@@ -290,16 +290,14 @@ def test_worker_front_follows_a_sentinel_failover_every_page_at_least_once(
     assert site.wait_for(
         lambda: site.done("detail") >= 15 and site.done("comments") >= 15, timeout=60
     )
-    with master_client(
-        sentinels
-    ) as client:  # every request pushed (the workers yield them as the crawl goes)
+    # every request pushed (the workers yield them as the crawl goes)
+    with master_client(sentinels) as client:
         assert wait_until(
             lambda: client.scard("redislock:{staged}:dupefilter") == sum(plan.values())
         )
     sentinels.wait_synced()  # every push is on the replica; pops, acks and grants go on while it dies
-    assert all(
-        worker.process is not None and worker.process.poll() is None for worker in workers
-    )  # mid-crawl
+    # mid-crawl
+    assert all(worker.process is not None and worker.process.poll() is None for worker in workers)
     promoted, promoted_after = sentinels.fail_over()
     finish(workers)
     for worker in workers:
@@ -317,9 +315,8 @@ def test_worker_front_follows_a_sentinel_failover_every_page_at_least_once(
         figures |= {f"{stage}_most_workers": most, f"{stage}_above_cap_s": above}
         assert most <= 1 or above <= TTL / 3, (stage, most, above)
     report("worker front, Sentinel failover", **figures)
-    assert again <= 2 * 2 * len(
-        workers
-    )  # at most what the workers had popped and not yet acknowledged
+    # at most what the workers had popped and not yet acknowledged
+    assert again <= 2 * 2 * len(workers)
     with redis.Redis(port=promoted.port) as client:
         assert leftover(client) == 0
         assert not list(client.scan_iter("redislock:{staged}:*"))
@@ -398,15 +395,13 @@ def test_processes_started_while_redis_is_down_wait_then_run(
     started = time.monotonic()
     crawls = every_front(site, "detail:10", common, tmp_path)
     try:
-        for (
-            crawl
-        ) in crawls.values():  # five tries each: 0.25 + 0.5 + 1 + 2 s of back-off, and start-up
+        # five tries each: 0.25 + 0.5 + 1 + 2 s of back-off, and start-up
+        for crawl in crawls.values():
             assert wait_count(crawl, "is not reachable yet", 5, timeout=60), crawl.tail()
         down = time.monotonic() - started
         assert not site.hits
-        up = (
-            time.monotonic()
-        )  # before start(): a crawl may get through before start() has seen the server ready
+        # before start(): a crawl may get through before start() has seen the server ready
+        up = time.monotonic()
         server.start()
         for front, crawl in crawls.items():
             crawl.wait(timeout=90)
@@ -416,9 +411,8 @@ def test_processes_started_while_redis_is_down_wait_then_run(
             )
             assert f"Redis at {server.url} (REDISLOCK_URL) is not reachable yet" in crawl.output
             assert "Traceback" not in crawl.output, crawl.tail()
-        assert len(site.hits) == 10 and set(site.hits.values()) == {
-            len(crawls)
-        }  # each crawl fetched every page
+        # each crawl fetched every page
+        assert len(site.hits) == 10 and set(site.hits.values()) == {len(crawls)}
         assert min(record.arrived for record in site.served) >= up
         report("start with Redis down", down_s=down)
         with redis.Redis(port=server.port) as client:
@@ -571,9 +565,8 @@ def test_both_fronts_and_the_cli_on_a_cluster(
         crawl.wait(timeout=120)
         assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
         assert crawl.stats["item_scraped_count"] == 70
-    assert (
-        crawls[2].stats["scheduler/dequeued/redis"] == 70
-    )  # through scrapy-redis's queue on the cluster
+    # through scrapy-redis's queue on the cluster
+    assert crawls[2].stats["scheduler/dequeued/redis"] == 70
     for worker in workers:
         worker.wait(timeout=120)
         assert worker.code == 0 and worker.stats["finish_reason"] == "finished", worker.tail()
@@ -586,9 +579,8 @@ def test_both_fronts_and_the_cli_on_a_cluster(
     with cluster_client(cluster) as client:
         assert leftover(client) == 0
         assert not list(client.scan_iter("redislock:{staged}:*"))
-        assert not list(
-            client.scan_iter("plan:*")
-        )  # scrapy-redis's queue and dupefilter, flushed at close
+        # scrapy-redis's queue and dupefilter, flushed at close
+        assert not list(client.scan_iter("plan:*"))
 
 
 @pytest.mark.integration
@@ -660,9 +652,8 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
         with cluster_client(nodes) as client:
             assert client.exists("plan:requests") == 0
         nodes.wait_synced(victim)
-        assert all(
-            p.process is not None and p.process.poll() is None for p in (*crawls, *workers)
-        )  # mid-crawl
+        # mid-crawl
+        assert all(p.process is not None and p.process.poll() is None for p in (*crawls, *workers))
         victim.kill()
         killed = time.monotonic()
         nodes.wait_failover("redislock:{list}:slots", victim)
@@ -678,9 +669,8 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
         assert {path for path in site.hits if not path.startswith("/x/")} == {
             f"/{path}/{n}" for path in ("list", "l2", "l3") for n in range(pages)
         }
-        assert all(
-            count == 1 for path, count in site.hits.items() if not path.startswith("/x/")
-        )  # exactly once
+        # exactly once
+        assert all(count == 1 for path, count in site.hits.items() if not path.startswith("/x/"))
         missing = {f"/x/{n}" for n in range(60)} - set(site.hits)
         assert not missing, (
             sorted(missing),
@@ -689,9 +679,16 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
         again = sum(count for path, count in site.hits.items() if path.startswith("/x/")) - 60
         most, above = most_at_once(served(site, "list", "l2", "l3"), 3)
         most_workers, workers_above = most_at_once(served(site, "x"), 1, who="worker")
-        report("both fronts, Cluster failover", promoted_after=promoted_after,
-               longest_pause=longest_pause(served(site, "list", "l2", "l3", "x")), most=most, above_cap_s=above,
-               most_workers=most_workers, workers_above_cap_s=workers_above, fetched_again=again)  # fmt: skip
+        report(
+            "both fronts, Cluster failover",
+            promoted_after=promoted_after,
+            longest_pause=longest_pause(served(site, "list", "l2", "l3", "x")),
+            most=most,
+            above_cap_s=above,
+            most_workers=most_workers,
+            workers_above_cap_s=workers_above,
+            fetched_again=again,
+        )
         assert most <= 3 or above <= TTL / 3, (most, above)
         assert most_workers <= 1 or workers_above <= TTL / 3, (most_workers, workers_above)
         assert again <= 2 * 2 * len(workers)
@@ -718,15 +715,13 @@ def test_a_lost_grant_overlaps_only_while_its_request_is_in_flight(
     after R ends. Both exit 0, nothing is left in Redis."""
     ttl = 2.0
     common = {"REDISLOCK_URL": redis_url, "REDISLOCK_STAGES": {"detail": 1}, "REDISLOCK_TTL": ttl}
-    holder = Crawl(
-        site.url, "detail:1:sleep=10", common, tmp_path
-    ).start()  # R outlasts the waiter's start-up
+    # R outlasts the waiter's start-up
+    holder = Crawl(site.url, "detail:1:sleep=10", common, tmp_path).start()
     assert site.wait_for(lambda: site.count("detail") == 1, timeout=60), holder.tail()
     waiter = Crawl(site.url, "detail@b:5", common, tmp_path).start()
     assert waiter.wait_for_output("Stage slots in Redis at"), waiter.tail()
-    stopped_at = (
-        time.monotonic()
-    )  # before: the lower bound on B's grant below must not gain the signal's time
+    # before: the lower bound on B's grant below must not gain the signal's time
+    stopped_at = time.monotonic()
     holder.signal(signal.SIGSTOP)
     try:
         assert site.wait_for(lambda: site.count("b") >= 1, timeout=30), waiter.tail()
@@ -745,9 +740,14 @@ def test_a_lost_grant_overlaps_only_while_its_request_is_in_flight(
     first_b = min(r.arrived for r in records if r.stage == "b")
     most, above = most_at_once(records, 1)
     window = lost.answered - first_b  # the rest of R's download after B was granted its slot
-    report("lost grant (SIGSTOP past the "
-           "TTL)", frozen_s=woke_at - stopped_at, granted_after_stop=first_b - stopped_at,
-           noticed_after_waking=noticed_at - woke_at, above_cap_s=above, rest_of_lost_request=window)  # fmt: skip
+    report(
+        "lost grant (SIGSTOP past the TTL)",
+        frozen_s=woke_at - stopped_at,
+        granted_after_stop=first_b - stopped_at,
+        noticed_after_waking=noticed_at - woke_at,
+        above_cap_s=above,
+        rest_of_lost_request=window,
+    )
     assert first_b - stopped_at >= ttl - ttl / 3 - 0.05  # not before the lease could have run out
     assert most == 2 and 0 < above <= window + 0.01  # over the cap only while R was in flight ...
     assert most_at_once([r for r in records if r is not lost], 1) == (

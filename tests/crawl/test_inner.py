@@ -108,9 +108,8 @@ def test_an_import_path_is_loaded_as_scrapy_loads_it() -> None:
     )
     assert checked.scheduler_inner == "scrapy.core.scheduler.Scheduler"
     assert load_inner_scheduler(checked.scheduler_inner) is Scheduler
-    assert (
-        read_settings(Settings({})).scheduler_inner == "scrapy.core.scheduler.Scheduler"
-    )  # the default
+    # the default
+    assert read_settings(Settings({})).scheduler_inner == "scrapy.core.scheduler.Scheduler"
 
 
 @pytest.mark.parametrize(

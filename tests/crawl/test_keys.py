@@ -92,9 +92,8 @@ def test_key_settings_need_a_stage_key() -> None:
         ConfigError, match=r"REDISLOCK_DELAYS names \['a.com'\], which are not stages"
     ):
         read(REDISLOCK_STAGES={"detail": 2}, REDISLOCK_DELAYS={"a.com": 1})
-    assert read(
-        REDISLOCK_STAGES={"detail": 2}, REDISLOCK_DELAYS={"detail": 1}
-    ).keyed  # a stage delay alone
+    # a stage delay alone
+    assert read(REDISLOCK_STAGES={"detail": 2}, REDISLOCK_DELAYS={"detail": 1}).keyed
 
 
 def test_limits_and_delays_per_key_and_stage() -> None:
@@ -121,9 +120,8 @@ def test_limits_and_delays_per_key_and_stage() -> None:
         checked.delay_of("detail", stage=True) == 0.25
         and checked.delay_of("other", stage=True) == 0
     )
-    assert (
-        checked.delay_of("detail") == 0.5
-    )  # a key named like a stage gets the default: the stage's entry is not it
+    # a key named like a stage gets the default: the stage's entry is not it
+    assert checked.delay_of("detail") == 0.5
     plain = read(REDISLOCK_STAGES={"detail": 3})
     assert plain.stage_key is None and not plain.keyed
 

@@ -120,9 +120,13 @@ def test_a_quorum_crawl_goes_on_with_two_of_three_masters_for_a_mutex(
     records = served(site, "detail", "d2")
     most, above = most_at_once(records, 1)
     after = [r for r in records if r.arrived >= killed_at]
-    report("quorum crawl, N=3 L=1, master 0 "
-           "killed", most=most, above_cap_s=above, longest_pause=longest_pause(records),
-           after_kill=len(after))  # fmt: skip
+    report(
+        "quorum crawl, N=3 L=1, master 0 killed",
+        most=most,
+        above_cap_s=above,
+        longest_pause=longest_pause(records),
+        after_kill=len(after),
+    )
     assert most == 1 and above == 0
     assert len(after) > 0
     assert held_on(masters[1:]) == [0, 0]
@@ -147,9 +151,8 @@ def test_a_quorum_stage_stops_with_a_master_down_and_resumes_one_ttl_after_it_is
     said = next(line for crawl in started for line in crawl.lines if unreachable in line)
     assert "has no free slot after " in said and "masters have a free slot, 3 needed" in said, said
     before = len(site.served)
-    back_at = (
-        time.monotonic()
-    )  # before start(): a crawl may reach the master before start() has seen it ready
+    # before start(): a crawl may reach the master before start() has seen it ready
+    back_at = time.monotonic()
     masters[1].start()  # empty: no persistence
     assert all(crawl.process is not None and crawl.process.poll() is None for crawl in started)
     finish(started)
@@ -160,9 +163,8 @@ def test_a_quorum_stage_stops_with_a_master_down_and_resumes_one_ttl_after_it_is
            "down", served_before_restart=before, down_s=back_at - killed_at,
            resumed_after_restart=resumed - back_at, longest_pause=longest_pause(records),
            lost=sum(c.stats.get("redislock/detail/lost", 0) for c in started))  # fmt: skip
-    assert stalled == [], [
-        s - back_at for s in stalled
-    ]  # nothing granted while down, nor for a TTL after
+    # nothing granted while down, nor for a TTL after
+    assert stalled == [], [s - back_at for s in stalled]
     assert len(site.hits) == 2 * pages and set(site.hits.values()) == {1}
     most, above = most_at_once(records, 3)
     assert most <= 3 and above == 0
@@ -192,20 +194,17 @@ def test_a_quorum_crawl_with_a_sentinel_service_as_one_master_follows_its_failov
         started = crawls(site, [service.url(), one.url, two.url], 1, pages, tmp_path)
         running(site, started)
         dead = service.master()
-        assert (
-            evalsha_calls(dead) > 0
-        )  # the crawl reached the service's master through the sentinels
-        site.delay = (
-            1.0  # a page a second until the replica is promoted: the crawl cannot end before
-        )
+        # the crawl reached the service's master through the sentinels
+        assert evalsha_calls(dead) > 0
+        # a page a second until the replica is promoted: the crawl cannot end before
+        site.delay = 1.0
         service.ask(dead, "CLIENT", "PAUSE", "10000", "WRITE")
         service.wait_synced()  # every grant and release is on the replica
         promoted, promoted_after = service.fail_over()
         used_before = evalsha_calls(promoted)
         site.delay = 0.1
-        assert all(
-            crawl.process is not None and crawl.process.poll() is None for crawl in started
-        )  # still crawling
+        # still crawling
+        assert all(crawl.process is not None and crawl.process.poll() is None for crawl in started)
         finish(started)
         assert len(site.hits) == 2 * pages and set(site.hits.values()) == {1}
         records = served(site, "detail", "d2")
@@ -215,7 +214,6 @@ def test_a_quorum_crawl_with_a_sentinel_service_as_one_master_follows_its_failov
                most=most, above_cap_s=above, longest_pause=longest_pause(records),
                promoted_scripts=evalsha_calls(promoted) - used_before)  # fmt: skip
         assert most == 1 and above == 0
-        assert (
-            evalsha_calls(promoted) > used_before
-        )  # the crawl followed the service to its promoted master
+        # the crawl followed the service to its promoted master
+        assert evalsha_calls(promoted) > used_before
         assert held_on([promoted, one, two]) == [0, 0, 0]

@@ -58,12 +58,10 @@ def test_a_list_of_masters_is_read_with_its_quorum() -> None:
     as_json = read_settings(
         Settings({"REDISLOCK_URL": '["redis://a:1/0", "redis://b:2/0"]', "REDISLOCK_QUORUM": "2"})
     )
-    assert (
-        as_json.masters == ("redis://a:1/0", "redis://b:2/0") and as_json.quorum == 2
-    )  # as -s gives them
-    assert (
-        read_settings(Settings({"REDISLOCK_URL": URLS[:1]})).masters == ()
-    )  # one master: the plain lock
+    # as -s gives them
+    assert as_json.masters == ("redis://a:1/0", "redis://b:2/0") and as_json.quorum == 2
+    # one master: the plain lock
+    assert read_settings(Settings({"REDISLOCK_URL": URLS[:1]})).masters == ()
     with pytest.raises(ConfigError, match="this needs one Redis"):
         checked.async_client()
 
@@ -149,9 +147,8 @@ def test_quorum_permits_flow_through_the_hand_off_and_close_frees_every_master(
             assert held_on(masters) == [2, 2, 2]
             f.middleware.process_response(second, None)  # type: ignore[arg-type]
             await until(lambda: held_on(masters) == [1, 1, 1])
-            await asyncio.sleep(
-                1.2
-            )  # a renewal tick (ttl 3: every second) renews the quorum permit
+            # a renewal tick (ttl 3: every second) renews the quorum permit
+            await asyncio.sleep(1.2)
             assert not permit.lost
         assert held_on(masters) == [0, 0, 0]
 

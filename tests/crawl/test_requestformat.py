@@ -75,9 +75,8 @@ def test_every_to_dict_field_round_trips_exactly() -> None:
     back = request_from_data(data, requestformat, spider)
     assert_same(request, back, spider)
     assert type(back.meta["tags"]) is tuple and type(back.meta["by_id"][(2, 3)][2]) is bool
-    assert back.meta["looks_tagged"] == {
-        "$b": "not bytes"
-    }  # a user's dict that looks like a tag stays a dict
+    # a user's dict that looks like a tag stays a dict
+    assert back.meta["looks_tagged"] == {"$b": "not bytes"}
     json.loads(data)  # plain JSON, readable by any tool
 
 

@@ -57,9 +57,8 @@ values = st.recursive(
 
 
 @given(name=st.sampled_from(SETTINGS), value=values)
-@example(
-    name="REDISLOCK_ENABLED", value=float("inf")
-)  # found by a CI run: Scrapy's getbool raised OverflowError
+# found by a CI run: Scrapy's getbool raised OverflowError
+@example(name="REDISLOCK_ENABLED", value=float("inf"))
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_any_setting_value_is_accepted_or_named(name: str, value: Any) -> None:
     try:

@@ -34,9 +34,8 @@ def test_hand_take_finish(redis_url: str, redis_client: redis.Redis) -> None:
             assert f.locks.take(two) is None  # an error is given once
             assert held(redis_client, "detail") == [permit.grant]
             f.locks.finish(one)
-            f.locks.finish(
-                one
-            )  # a second finish (process_response after request_left) does nothing
+            # a second finish (process_response after request_left) does nothing
+            f.locks.finish(one)
             await until(lambda: leftover(redis_client) == 0)
             assert f.crawler.stats.get_value("redislock/detail/reused") is None
 

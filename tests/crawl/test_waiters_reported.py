@@ -76,9 +76,8 @@ def test_waiters_are_reported_until_their_waits_end_not_until_the_process_exits(
             crawl.tail(),
         )
         print(f"waiters shown as 0 {time.monotonic() - done:.2f} s after the last list page")
-        assert (
-            crawl.process is not None and crawl.process.poll() is None
-        )  # still running: not its exit that did it
+        # still running: not its exit that did it
+        assert crawl.process is not None and crawl.process.poll() is None
         assert crawl_waiting(redis_url, "list") == 0
     finally:
         outsider.close()

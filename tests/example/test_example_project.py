@@ -100,9 +100,8 @@ def test_the_live_view_redraws_in_place_on_a_terminal_and_prints_lines_on_a_pipe
     screen.show(["title", "  list ..."], force=True)
     screen.show(["title", "  list ###"], force=True)
     out = terminal.getvalue()
-    assert (
-        out.count("\x1b[2K") == 4 and "\x1b[2F" in out
-    )  # second frame: two lines up, each line cleared
+    # second frame: two lines up, each line cleared
+    assert out.count("\x1b[2K") == 4 and "\x1b[2F" in out
     pipe = io.StringIO()
     monkeypatch.setattr(sys, "stdout", pipe)
     screen = Screen(enabled=True)
@@ -131,9 +130,8 @@ def test_the_demo_command_starts_everything_and_reports(tmp_path: Path) -> None:
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
-    assert (
-        "with stage slots:" in out and "without (scrapy-redis):" in out
-    )  # the view, as lines on a pipe
+    # the view, as lines on a pipe
+    assert "with stage slots:" in out and "without (scrapy-redis):" in out
     assert "\x1b[" not in out
     assert "first comment" in out and "sooner with stage slots" in out
     assert out.count("[ok]") == 5 and "FAILED" not in out

@@ -74,9 +74,8 @@ def run(url: str, sync: redis.Redis, scenario: Scenario) -> None:
     async def main() -> None:
         env = Env(url, sync)
         try:
-            await asyncio.wait_for(
-                scenario(env), 20
-            )  # a broken lock fails the test instead of hanging it
+            # a broken lock fails the test instead of hanging it
+            await asyncio.wait_for(scenario(env), 20)
         finally:
             await env.close()
 
@@ -294,9 +293,8 @@ def test_auto_renew_task_keeps_the_lease_and_reports_loss(
         assert lost == [third] and third.lost and lock.held == []
         assert await lock.release(third) is False
         renewer = lock._renewer
-        while (
-            renewer is not None and not renewer.done()
-        ):  # holds nothing, waits for nothing: the loop ends
+        # holds nothing, waits for nothing: the loop ends
+        while renewer is not None and not renewer.done():
             assert time.monotonic() - released_at < 3 * ttl, (
                 "the renewal task goes on with nothing to do"
             )
@@ -317,9 +315,8 @@ def test_cancelled_wait_that_was_granted_is_freed_by_the_next_maintain(
         lock = env.lock()
         waiter = asyncio.create_task(lock.acquire(timeout=5))
         await env.blocked(1)
-        holder.release(
-            held
-        )  # blocks this loop: Redis hands the slot to the waiter's connection meanwhile
+        # blocks this loop: Redis hands the slot to the waiter's connection meanwhile
+        holder.release(held)
         waiter.cancel()  # ... and the waiter is cancelled before it could read it
         with pytest.raises(asyncio.CancelledError):
             await waiter
@@ -349,17 +346,14 @@ def test_cancelled_wait_without_a_grant_leaks_nothing(
         waiter = asyncio.create_task(env.lock().acquire(timeout=5))
         await env.blocked(1)
         await holder.release(held)
-        granted = await asyncio.wait_for(
-            waiter, 5
-        )  # the next waiter gets it, not the cancelled one
+        # the next waiter gets it, not the cancelled one
+        granted = await asyncio.wait_for(waiter, 5)
         assert granted.fence > held.fence and env.pending() == 1
-        assert (
-            lock.held == [] and lock._core.abandoned
-        )  # the cancelled wait is remembered by its consumer
+        # the cancelled wait is remembered by its consumer
+        assert lock.held == [] and lock._core.abandoned
         assert await lock.maintain() == [] and await lock.maintain() == []
-        assert (
-            env.pending() == 1 and not lock._core.abandoned
-        )  # freeing it freed nobody else's slot
+        # freeing it freed nobody else's slot
+        assert env.pending() == 1 and not lock._core.abandoned
 
     run(redis_url, redis_client, scenario)
 
@@ -508,9 +502,8 @@ def test_a_cancel_the_client_drops_still_ends_the_call_and_its_grant_comes_back(
             redis_url, socket_timeout=5, connection_class=CancelWhenSent
         )
         lock = AsyncCountingLock(client, "detail", 1, 30.0)
-        await lock.release(
-            await lock.try_acquire()
-        )  # set up, scripts loaded: the next script is the take
+        # set up, scripts loaded: the next script is the take
+        await lock.release(await lock.try_acquire())
         call = asyncio.create_task(lock.try_acquire())
         CancelWhenSent.victim = call
         with pytest.raises(asyncio.CancelledError):
@@ -541,17 +534,15 @@ def test_a_grant_handed_to_a_cancelled_wait_comes_back_at_once(
         wait = asyncio.create_task(cancelled.acquire())
         await env.blocked(1)
         redis_client.script_flush()  # as after a restart or failover: every script runs NOSCRIPT first
-        assert sync_holder.release(
-            held
-        )  # blocking call: the loop cannot read the grant Redis hands over now
+        # blocking call: the loop cannot read the grant Redis hands over now
+        assert sync_holder.release(held)
         wait.cancel()  # ... and the wait is cancelled before it does
         with pytest.raises(asyncio.CancelledError):
             await wait
         permit = await next_in_line.acquire(timeout=5)
         assert permit.fence > held.fence and env.pending() == 1
-        assert (
-            await holder.try_acquire() is None
-        )  # the cancelled wait's cleanup freed its own grant only
+        # the cancelled wait's cleanup freed its own grant only
+        assert await holder.try_acquire() is None
         assert await next_in_line.release(permit)
         sync_holder.close()
 

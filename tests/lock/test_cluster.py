@@ -54,9 +54,8 @@ def slots_key(name: str) -> str:
 def direct(node: RedisServer) -> redis.Redis:
     """A plain connection to one node; READONLY so a replica answers reads of its master's slots."""
     client = redis.Redis(port=node.port, socket_timeout=5)
-    with contextlib.suppress(
-        redis.ResponseError
-    ):  # outside a cluster, a replica serves reads anyway
+    # outside a cluster, a replica serves reads anyway
+    with contextlib.suppress(redis.ResponseError):
         client.execute_command("READONLY")
     return client
 
@@ -318,9 +317,8 @@ def test_failover_of_the_locks_master() -> None:
             safe.try_acquire()
         refused_after = time.monotonic() - started
         assert pending(master, name) == 1, "the unacknowledged grant was not given back"
-        unacked = racy.acquire(
-            timeout=5
-        )  # replicas=0: granted by the master alone, never replicated
+        # replicas=0: granted by the master alone, never replicated
+        unacked = racy.acquire(timeout=5)
         assert pending(master, name) == 2 and pending(replica, name) == 1
         fences = (acked.fence, unacked.fence)
 
@@ -379,9 +377,8 @@ def test_failover_of_the_locks_master() -> None:
             and nodes.info(master, "replication")["role"] == "slave"
         )
         again = safe.try_acquire()
-        assert (
-            again is not None and pending(master, name) == 2
-        )  # the old master, now a replica, has it
+        # the old master, now a replica, has it
+        assert again is not None and pending(master, name) == 2
 
         assert racy.close() == 0 and safe.close() == 1 and newcomer.close() == 1
         assert pending(promoted, name) == 0

@@ -275,17 +275,15 @@ def test_acquire_times_out_after_one_last_look() -> None:
     op = core.acquire(timeout=0.25)
     assert next(op).block_ms == 250
     clock.now += 0.25
-    command = op.send(
-        None
-    )  # deadline passed: one look without blocking, by a script that checks for a restart
+    # deadline passed: one look without blocking, by a script that checks for a restart
+    command = op.send(None)
     assert command.name == "take" and command.args[0] == wait_of(core, 1)
     with pytest.raises(LockError, match=r"lock 'detail': no slot within 0.25 s") as info:
         op.send(None)
     assert type(info.value).__name__ == "AcquireTimeout" and isinstance(info.value, TimeoutError)
     assert core.held == {} and core.waits_in_flight == 0
-    assert core.idle_consumers == [
-        wait_of(core, 1)
-    ]  # nothing was delivered to it: the next wait reuses it
+    # nothing was delivered to it: the next wait reuses it
+    assert core.idle_consumers == [wait_of(core, 1)]
     assert next(core.acquire(None)).consumer == wait_of(core, 1)
 
 
@@ -310,9 +308,8 @@ def test_max_block_caps_each_wait() -> None:
     clock = Ticks()
     core = LockCore.create("detail", 1, 10.0, clock=clock, max_block=4.0)
     core.set_up, core.registered_at = True, clock.now
-    assert (
-        next(core.acquire(None)).block_ms == 4000
-    )  # never "forever" on a client with a read timeout
+    # never "forever" on a client with a read timeout
+    assert next(core.acquire(None)).block_ms == 4000
     op = core.acquire(timeout=10)
     assert next(op).block_ms == 4000
     clock.now += 8
@@ -335,9 +332,8 @@ def test_limit_none_learns_the_limit_from_redis() -> None:
     op = core.setup()
     next(op)
     assert finish(op, [0, 4, 20000]) == (False, 4)
-    assert (
-        core.limit == 4 and core.ttl == 20.0
-    )  # the lease in force: the longest ttl of the live owners
+    # the lease in force: the longest ttl of the live owners
+    assert core.limit == 4 and core.ttl == 20.0
 
 
 def test_a_lock_that_vanished_while_waiting_is_recreated_in_recovery_mode() -> None:
@@ -374,9 +370,8 @@ def test_an_interrupted_wait_is_abandoned_by_its_consumer_and_freed_by_the_next_
     assert core.waits_in_flight == 1
     op.close()  # cancelled (asyncio) or interrupted while blocked
     assert core.waits_in_flight == 0 and core.abandoned == {wait_of(core, 2): 2}
-    for _ in range(
-        2
-    ):  # the second pass frees a grant Redis delivered late (it saw the disconnect late)
+    # the second pass frees a grant Redis delivered late (it saw the disconnect late)
+    for _ in range(2):
         op = core.maintain()
         command = next(op)
         assert command.args[5:] == (
@@ -386,9 +381,8 @@ def test_an_interrupted_wait_is_abandoned_by_its_consumer_and_freed_by_the_next_
         )  # the consumer to free, then the grants to renew
         assert finish(op, maintain_reply()) == []
     assert not core.abandoned and next(core.maintain()).args[5:] == (0, "0-2")
-    assert kept.consumer == core.owner and core.idle_consumers == [
-        wait_of(core, 1)
-    ]  # emptied by the renewal
+    # emptied by the renewal
+    assert kept.consumer == core.owner and core.idle_consumers == [wait_of(core, 1)]
     assert next(core.acquire(None)).consumer == wait_of(core, 1)
     assert next(core.acquire(None)).consumer == wait_of(core, 3)
 
@@ -417,9 +411,8 @@ def test_a_grant_waiting_for_replicas_is_abandoned_by_its_consumer_when_cancelle
     op = core.acquire(None)
     next(op)
     assert isinstance(op.send(resp2("0-4")), WaitReplicas)
-    assert (
-        core.held == {}
-    )  # not renewed by anybody while it waits: abandoning its consumer frees exactly it
+    # not renewed by anybody while it waits: abandoning its consumer frees exactly it
+    assert core.held == {}
     op.close()
     assert core.abandoned == {wait_of(core, 1): 2}
 
@@ -436,9 +429,8 @@ def test_reentrant_acquire_and_release_protocol() -> None:
         "hold_again", (core.keys.slots, core.keys.holds), (core.owner, "0-4")
     )
     assert finish(op, 2) is permit and permit.holds == 2
-    assert permit.consumer == core.owner and core.idle_consumers == [
-        wait_of(core, 1)
-    ]  # moved by hold_again
+    # moved by hold_again
+    assert permit.consumer == core.owner and core.idle_consumers == [wait_of(core, 1)]
     assert next(core.acquire(None, holder="thread-2")).block_ms == 0  # another holder waits
     op = core.release(permit)
     assert next(op).args == (core.owner, "0-4", "1")
@@ -471,9 +463,8 @@ def test_release_replies(reply: int, result: bool, lost: bool) -> None:
     )
     assert finish(op, reply) is result
     assert permit.lost is lost and permit.released and core.held == {}
-    assert core.idle_consumers == [
-        wait_of(core, 1)
-    ]  # its one grant is gone: the name is free for the next wait
+    # its one grant is gone: the name is free for the next wait
+    assert core.idle_consumers == [wait_of(core, 1)]
 
 
 def test_maintain_protocol_lost_adopted_and_lease() -> None:
@@ -490,9 +481,8 @@ def test_maintain_protocol_lost_adopted_and_lease() -> None:
     assert lost == [b] and b.lost and not a.lost and not c.lost
     assert (c.grant, c.fence) == ("0-8", 8)  # re-adopted after a data loss
     assert set(core.held) == {"0-1", "0-8"}
-    assert (
-        core.ttl == 20.0 and core.renew_interval == 1.0
-    )  # leases last 20 s; this object renews on its own ttl
+    # leases last 20 s; this object renews on its own ttl
+    assert core.ttl == 20.0 and core.renew_interval == 1.0
     assert a.consumer == c.consumer == core.owner  # renewed grants sit under the owner's own name
 
 

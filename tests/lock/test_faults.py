@@ -240,27 +240,23 @@ def test_a_paused_holder_loses_its_lease_notices_at_its_next_renewal_and_the_cap
     holder.signal(signal.SIGCONT)
     continued = time.monotonic()
     noticed = holder.wait_for("noticed_lost", timeout=5)
-    assert (
-        holder.wait_for("released")["released"] is False
-    )  # the stale release frees nothing of anybody else
+    # the stale release frees nothing of anybody else
+    assert holder.wait_for("released")["released"] is False
     holder.finish()
     for worker in others:
         worker.finish()
     records = hold_records(others)
     first_other = min(r["hold"][0] for r in records)
     taken_after = first_other - stopped
-    assert first_other - stop_sent >= ttl - ri - SLACK, (
-        first_other - stop_sent
-    )  # only after the lease expired
+    # only after the lease expired
+    assert first_other - stop_sent >= ttl - ri - SLACK, first_other - stop_sent
     assert taken_after <= ttl + ri + SLACK, taken_after
     stale = noticed["noticed_lost"] - continuing
-    assert stale >= 0 and noticed["noticed_lost"] - continued <= ri + SLACK, (
-        stale
-    )  # at its next renewal after SIGCONT
+    # at its next renewal after SIGCONT
+    assert stale >= 0 and noticed["noticed_lost"] - continued <= ri + SLACK, stale
     stale_work = [t for t in noticed["work"] if t >= continuing]
-    assert not [
-        t for t in noticed["work"] if stopped + 0.02 < t < continuing
-    ]  # no work while stopped, of course
+    # no work while stopped, of course
+    assert not [t for t in noticed["work"] if stopped + 0.02 < t < continuing]
     # The cap, counting the holder as holding from its grant until it stopped, and again from
     # SIGCONT until it noticed: during the pause the cap holds; after SIGCONT it overlapped the new
     # holder for `stale` seconds at most, which is what fencing tokens are for: the new holder's
@@ -357,9 +353,8 @@ def test_redis_restart_then_a_newcomer_the_documented_window(workers: list[Worke
         survivor = Worker("hold", server.url, name, limit, ttl)
         workers.append(survivor)
         held = survivor.wait_for("acquired")
-        keys = LockKeys.of(
-            "redislock", name
-        )  # the newcomer has a whole renewal interval to come first:
+        # the newcomer has a whole renewal interval to come first:
+        keys = LockKeys.of("redislock", name)
         lockstate.after_a_renewal(client, keys, lockstate.pending_grants(client, keys)[0])
         server.kill()
         server.start()
@@ -371,9 +366,8 @@ def test_redis_restart_then_a_newcomer_the_documented_window(workers: list[Worke
         survivor.finish()
         window = noticed["noticed_lost"] - granted
         assert window <= ri + SLACK, window
-        assert (
-            permit.fence > held["fence"]
-        )  # ids start at Redis's clock: fences never go back, even after a loss
+        # ids start at Redis's clock: fences never go back, even after a loss
+        assert permit.fence > held["fence"]
         assert newcomer.release(permit) is True
         newcomer.close()
         assert leaked(client) == 0
@@ -403,9 +397,8 @@ def test_redis_paused_waiters_wait_and_work_resumes(workers: list[Worker]) -> No
         os.kill(server.process.pid, signal.SIGSTOP)
         paused = time.monotonic()
         time.sleep(pause)
-        resumed = (
-            time.monotonic()
-        )  # before SIGCONT: Redis may answer, and a worker note a grant, before kill returns
+        # before SIGCONT: Redis may answer, and a worker note a grant, before kill returns
+        resumed = time.monotonic()
         os.kill(server.process.pid, signal.SIGCONT)
         for worker in live:
             worker.finish()  # exit 0: nothing crashed
@@ -474,9 +467,8 @@ def test_skewed_wall_clocks_change_nothing(server: RedisServer, workers: list[Wo
     ]
     workers.extend(live)
     for worker, skew in zip(live, skews, strict=True):
-        assert (
-            abs(worker.wait_for("ready")["wall"] - (time.time() + skew)) < 60
-        )  # the clock really is off
+        # the clock really is off
+        assert abs(worker.wait_for("ready")["wall"] - (time.time() + skew)) < 60
     line.go(live)
     live[0].wait_for("hold")
     time.sleep(1.0)

@@ -84,22 +84,19 @@ class LockMachine(RuleBasedStateMachine):
         self.reaper = CountingLock(self.client, NAME, 1, TTL, maintain_loop=False)
         self.everyone = [*self.locks, self.reaper]
         self.by_owner = {lock.owner: lock for lock in self.everyone}
-        self.known_limit = {
-            lock.owner: 1 for lock in self.everyone
-        }  # what each object recreates the lock with
+        # what each object recreates the lock with
+        self.known_limit = {lock.owner: 1 for lock in self.everyone}
         self.limit: int | None = 0  # None: Redis lost the lock and nobody recreated it yet
         self.live: dict[str, Permit] = {}  # grant id -> permit
         self.unnoticed: dict[str, Permit] = {}  # reaped, and its object has not been told yet
-        self.orphans: dict[
-            str, Permit
-        ] = {}  # believed held when Redis lost its data; not re-adopted yet
+        # believed held when Redis lost its data; not re-adopted yet
+        self.orphans: dict[str, Permit] = {}
         self.ghosts: dict[str, str] = {}  # grant id -> owner: handed to a wait nobody will read
         self.release_called: set[str] = set()
         self.last_fence = 0
         self.fence_at_loss = 0
-        self.snapshot: dict[str, bytes | None] | None = (
-            None  # DUMPs of the lock's keys, as an RDB file keeps them
-        )
+        # DUMPs of the lock's keys, as an RDB file keeps them
+        self.snapshot: dict[str, bytes | None] | None = None
         self.snapshot_limit: int | None = None
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -189,9 +186,8 @@ class LockMachine(RuleBasedStateMachine):
         assert self.locks[0].set_limit(limit) is None  # new lock
         self.limit = limit
         self.known_limit[self.locks[0].owner] = limit
-        for lock in (
-            self.everyone
-        ):  # each object has seen the lock: after a data loss it recreates it in limbo
+        # each object has seen the lock: after a data loss it recreates it in limbo
+        for lock in self.everyone:
             lock.maintain()
 
     @rule(target=permits, index=st.integers(0, OWNERS - 1))
@@ -255,9 +251,8 @@ class LockMachine(RuleBasedStateMachine):
     @rule(permit=permits)
     def release(self, permit: Permit) -> None:
         expected = self.is_live(permit)
-        assert (
-            self.owner_of(permit).release(permit) is expected
-        )  # a stale permit: False, never an error
+        # a stale permit: False, never an error
+        assert self.owner_of(permit).release(permit) is expected
         self.forget(permit)
 
     def forget(self, permit: Permit) -> None:
@@ -299,9 +294,8 @@ class LockMachine(RuleBasedStateMachine):
         lock = self.owner_of(permit)
         if permit.grant in self.release_called:
             self.touched(lock)
-            lock.renew(
-                permit
-            )  # a released permit: nothing to say (abandoned waits are freed all the same)
+            # a released permit: nothing to say (abandoned waits are freed all the same)
+            lock.renew(permit)
             self.maintained(lock, [], [], {})
             return
         if permit not in lock.held:
@@ -373,9 +367,8 @@ class LockMachine(RuleBasedStateMachine):
         slot."""
         self.client.flushdb()
         self.orphans.update(self.live)
-        self.orphans.update(
-            self.unnoticed
-        )  # reaped before the loss, its object not told: believed held too
+        # reaped before the loss, its object not told: believed held too
+        self.orphans.update(self.unnoticed)
         self.unnoticed.clear()
         self.live.clear()
         self.fence_at_loss = self.last_fence
@@ -408,9 +401,8 @@ class LockMachine(RuleBasedStateMachine):
             self.reaper.keys.meta, "limit"
         )
         if lock_kept:
-            self.client.hset(
-                self.reaper.keys.meta, "run", "f" * 40
-            )  # what the server's previous run wrote
+            # what the server's previous run wrote
+            self.client.hset(self.reaper.keys.meta, "run", "f" * 40)
         self.orphans.update(self.live)
         self.orphans.update(self.unnoticed)
         self.unnoticed.clear()

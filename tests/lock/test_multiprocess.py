@@ -122,9 +122,8 @@ def test_clock_skew_does_not_break_the_cap(
     intervals = [(r["hold"][0], r["hold"][1]) for r in records] + [(start, end)]
     assert max_overlap(intervals) == limit
     during = [iv for iv in intervals[:-1] if iv[0] < end and iv[1] > start]
-    assert (
-        during and max_overlap(during) == 1
-    )  # one slot left for the workers while the test held one
+    # one slot left for the workers while the test held one
+    assert during and max_overlap(during) == 1
 
 
 @pytest.mark.faults
@@ -136,9 +135,8 @@ def test_killed_holder_slot_returns_within_ttl_and_a_third(
     holder = Proc(redis_url, "kill", 1, ttl, "--auto-renew", "--once")
     procs.append(holder)
     holder.wait_for("acquired")
-    survivor = Proc(
-        redis_url, "kill", 1, ttl, "--auto-renew", "--hold-ms", 10, "--once"
-    )  # it reaps while waiting
+    # it reaps while waiting
+    survivor = Proc(redis_url, "kill", 1, ttl, "--auto-renew", "--hold-ms", 10, "--once")
     procs.append(survivor)
     wait_blocked(redis_client, 1)
     time.sleep(2 * ttl)
@@ -198,9 +196,8 @@ def test_fifo_across_processes(
     assert [g["acquired"] for g in grants] == sorted(g["acquired"] for g in grants)  # arrival order
     assert [g["fence"] for g in grants] == sorted(g["fence"] for g in grants)
     assert all(r["released"] for r in releases)
-    assert all(
-        g["acquired"] >= r["at"] for g, r in zip(grants[1:], releases, strict=False)
-    )  # one at a time
+    # one at a time
+    assert all(g["acquired"] >= r["at"] for g, r in zip(grants[1:], releases, strict=False))
     assert pending(redis_client, "fifo") == 0
     lock.close()
 
@@ -219,9 +216,8 @@ def test_a_dead_waiter_leaves_the_queue(
     released_at = time.monotonic()
     lock.release(held)
     granted = second.wait_for("acquired", timeout=5)
-    assert (
-        granted["acquired"] - released_at < 0.5
-    )  # handed to the next live waiter, not lost with the dead one
+    # handed to the next live waiter, not lost with the dead one
+    assert granted["acquired"] - released_at < 0.5
     assert third.wait_for("acquired", timeout=5)["fence"] > granted["fence"] > held.fence
     second.finish()
     third.finish()

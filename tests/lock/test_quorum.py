@@ -329,9 +329,8 @@ def test_a_round_slower_than_the_validity_gives_everything_back(
     now = [0.0]
     clock_jump = [0.0]
 
-    def clock() -> (
-        float
-    ):  # each look at the clock moves it on by clock_jump: a slow round, or a fast clock
+    # each look at the clock moves it on by clock_jump: a slow round, or a fast clock
+    def clock() -> float:
         now[0] += clock_jump[0]
         return time.monotonic() + now[0]
 
@@ -341,9 +340,8 @@ def test_a_round_slower_than_the_validity_gives_everything_back(
     assert permit is not None
     assert permit.valid_until - permit.acquired_at <= 2.0 - 0.5 - 0.002
     lock.release(permit)
-    clock_jump[0] = (
-        0.4  # a round now looks at the clock more than 4 times: it "takes" longer than 1.5 s
-    )
+    # a round now looks at the clock more than 4 times: it "takes" longer than 1.5 s
+    clock_jump[0] = 0.4
     assert lock.try_acquire() is None
     assert "too late" in lock._core.last_round
     assert [held_on(s) for s in three] == [0, 0, 0]
@@ -485,9 +483,8 @@ def test_a_factory_shares_its_connections(masters: list[RedisServer], made: list
     assert all(lock._masters == factory.clients for lock in locks)
     with admin(masters[0]) as client:
         clients = client.client_list()
-    assert (
-        len(clients) <= 3
-    )  # the factory's command and waiting connections (and this one), not some per lock
+    # the factory's command and waiting connections (and this one), not some per lock
+    assert len(clients) <= 3
 
 
 def test_asyncio_lock_caps_holders_and_goes_on_with_a_master_killed(

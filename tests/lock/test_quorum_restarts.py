@@ -158,14 +158,12 @@ def test_a_newcomers_set_limit_recreates_a_master_that_lost_the_lock_in_limbo(
             # tick): use it up first.
             with contextlib.suppress(redis.ConnectionError):
                 await a_clients[0].ping()
-            assert (
-                await a.maintain([permit]) == []
-            )  # A's renewal re-adopts its grant out of master 0's reservation
+            # A's renewal re-adopts its grant out of master 0's reservation
+            assert await a.maintain([permit]) == []
             assert sorted(permit.grants) == [0, 1] and held_on(three[0]) == 1
             assert await a.release(permit)
-            got = await b.acquire(
-                timeout=2
-            )  # master 1 freed: B gets it with master 0 (A's re-adopted slot, freed)
+            # master 1 freed: B gets it with master 0 (A's re-adopted slot, freed)
+            got = await b.acquire(timeout=2)
             assert sorted(got.grants) == [0, 1]
             await b.release(got)
         finally:
@@ -198,9 +196,8 @@ def test_a_new_request_front_cannot_take_a_restarted_masters_slot_from_a_live_ho
             async with front([s.url for s in three], {"detail": 1}, scheduler=False) as f:
                 lock = f.locks.locks["detail"]
                 assert isinstance(lock, AsyncQuorumCountingLock)
-                assert (
-                    await lock.try_acquire() is None
-                )  # without the reservation: masters 0 and 2, A's slot on 0
+                # without the reservation: masters 0 and 2, A's slot on 0
+                assert await lock.try_acquire() is None
                 assert [held_on(s, "detail", limbo=True) for s in three] == [1, 1, 1]
                 assert permit.usable(time.monotonic())
             assert await a.maintain([permit]) == []

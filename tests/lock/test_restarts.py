@@ -97,12 +97,10 @@ def test_a_waiting_connection_made_before_the_restart_is_guarded_again(
     snapshot(admin)  # the slot free
     held = holder.acquire(timeout=1)
     restart_from_snapshot(rdb_server)
-    waiter._core.registered_at = (
-        time.monotonic()
-    )  # registered recently: the next acquire goes straight to the read
-    for _ in range(
-        3
-    ):  # the pool's old connection is dead: redis-py makes a new one (or the first read breaks)
+    # registered recently: the next acquire goes straight to the read
+    waiter._core.registered_at = time.monotonic()
+    # the pool's old connection is dead: redis-py makes a new one (or the first read breaks)
+    for _ in range(3):
         try:
             permit = waiter.acquire(timeout=0.3)
         except AcquireTimeout:
@@ -221,9 +219,8 @@ def test_a_renewal_reads_no_owner_list(redis_client: redis.Redis) -> None:
     for each in locks:
         each.maintain()
     stats = redis_client.info("commandstats")
-    assert (
-        "cmdstat_hvals" not in stats or stats["cmdstat_hvals"]["calls"] <= 1
-    )  # the once-a-lease garbage pass
+    # the once-a-lease garbage pass
+    assert "cmdstat_hvals" not in stats or stats["cmdstat_hvals"]["calls"] <= 1
     for each in locks:
         each.close()
 
@@ -260,9 +257,8 @@ def test_a_survivor_that_releases_before_it_renews_gives_a_reserved_slot_back(
     held = holder.acquire(timeout=1)
     restart_from_snapshot(rdb_server)
     assert newcomer.try_acquire() is None  # reserved
-    assert (
-        holder.release(held) is False
-    )  # not held in Redis any more: it gave back the slot it re-adopted
+    # not held in Redis any more: it gave back the slot it re-adopted
+    assert holder.release(held) is False
     permit = newcomer.try_acquire()
     assert permit is not None and permit.fence > held.fence
     assert newcomer.try_acquire() is None  # one slot: the cap holds

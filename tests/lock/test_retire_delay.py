@@ -44,9 +44,8 @@ def test_retire_deletes_only_when_nobody_uses_the_lock(
         await b.release(permit_b)
         assert await b.aclose(retire=True) == 0
         assert keys_of(redis_client) == []  # nobody holds, waits or is registered: gone
-        c = AsyncCountingLock(
-            client, "key:a.com", 2, 30.0, maintain_loop=False
-        )  # made anew, with its own limit
+        # made anew, with its own limit
+        c = AsyncCountingLock(client, "key:a.com", 2, 30.0, maintain_loop=False)
         again = await c.acquire(timeout=1)
         assert again.fence > permit_b.fence  # fences keep growing (ids start at Redis's clock)
         assert await c.aclose(retire=True) == 1
@@ -110,12 +109,10 @@ def test_delay_gate_books_starts_in_order_on_redis_clock(
         assert first[-1][1] - first[0][2] <= 0.4 + JITTER
         ttl = redis_client.pttl(gate)
         assert 0 < ttl <= 500
-        concurrent = sorted(
-            await asyncio.gather(*(book(0.1) for _ in range(10)))
-        )  # in the order Redis booked them
-        assert (
-            concurrent[0][2] >= first[-1][1] + 0.1 - JITTER
-        )  # after the last booking, in the order they came
+        # in the order Redis booked them
+        concurrent = sorted(await asyncio.gather(*(book(0.1) for _ in range(10))))
+        # after the last booking, in the order they came
+        assert concurrent[0][2] >= first[-1][1] + 0.1 - JITTER
         for (_, earliest, _), (_, _, latest) in itertools.pairwise(concurrent):
             assert latest - earliest >= 0.1 - JITTER, concurrent
         # On Redis's clock the booked moments are exactly 0.1 s apart.

@@ -436,9 +436,8 @@ def test_auto_renew_keeps_the_lease_and_on_lost_reports_an_operator_release(
     lock = make_lock(ttl=ttl, auto_renew=True, on_lost=lost.append)
     permit = lock.acquire(timeout=5)
     other = make_lock(ttl=ttl)
-    for _ in range(
-        3
-    ):  # 3 ttl: the renewal thread keeps it; other's maintain would reap an expired lease
+    # 3 ttl: the renewal thread keeps it; other's maintain would reap an expired lease
+    for _ in range(3):
         time.sleep(ttl)
         other.maintain()
         assert other.try_acquire() is None
@@ -510,9 +509,8 @@ def test_a_grant_whose_reply_came_after_its_lease_ran_out_is_not_used(
             waiter = Waiter(slow)
             wait_until(lambda: blocked(redis_client) == 1, what="waiter blocked")
             proxy.hold()
-            assert (
-                holder.release(held) is True
-            )  # Redis hands the slot to the waiter; the reply stays in the proxy
+            # Redis hands the slot to the waiter; the reply stays in the proxy
+            assert holder.release(held) is True
             grant = lockstate.pending_grants(redis_client, slow.keys)
             assert len(grant) == 1
             wait_until(
@@ -564,12 +562,10 @@ def test_data_loss_holder_readopts_its_slot(redis_client: redis.Redis, make_lock
     newcomer = make_lock(limit=2, ttl=ttl, auto_renew=True)
     assert newcomer.try_acquire() is None  # limbo: survivors may still re-adopt
     started = time.monotonic()
-    newcomer.acquire(
-        timeout=3
-    )  # the unclaimed reserved slot comes free one ttl after the lock was recreated
-    assert (
-        time.monotonic() - flushed >= ttl - 0.02
-    )  # recreated at the holder's renewal after the flush
+    # the unclaimed reserved slot comes free one ttl after the lock was recreated
+    newcomer.acquire(timeout=3)
+    # recreated at the holder's renewal after the flush
+    assert time.monotonic() - flushed >= ttl - 0.02
     assert time.monotonic() - started <= ttl + ttl / 3 + 0.3
     assert newcomer.try_acquire() is None  # never more than the limit
     assert holder.release(permit) is True
@@ -827,9 +823,8 @@ def test_a_shorter_ttl_never_cuts_a_longer_lease(
     old, newcomer = make_lock(ttl=30.0), make_lock(ttl=0.5)
     permit = old.acquire(timeout=1)
     assert newcomer.maintain() == [] and newcomer.ttl == 30.0
-    lockstate.age_grant(
-        redis_client, old.keys, permit.grant, 2000
-    )  # 4 of the newcomer's ttl, not renewed
+    # 4 of the newcomer's ttl, not renewed
+    lockstate.age_grant(redis_client, old.keys, permit.grant, 2000)
     redis_client.hdel(old.keys.meta, "reap_at")
     assert newcomer.maintain() == [] and newcomer.try_acquire() is None
     old.renew(permit)

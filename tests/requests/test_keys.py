@@ -30,9 +30,8 @@ from testing.site import CrawlSite
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 HOSTS = 4
 PROCESSES = 3
-CLOCK_TOLERANCE = (
-    0.002  # seconds: Redis's TIME and the site's time.time(), read by two processes of one machine
-)
+# seconds: Redis's TIME and the site's time.time(), read by two processes of one machine
+CLOCK_TOLERANCE = 0.002
 BOTH = ("scrapy_redislock.StageScheduler", None)
 WITH_HEADER = {
     "scrapy_redislock.StageLockMiddleware": 950,
@@ -67,9 +66,8 @@ def crawl_all(
     for crawl in crawls:
         crawl.wait(timeout=120)
         assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
-    assert len(site.hits) == PROCESSES * pages and set(site.hits.values()) == {
-        1
-    }  # every page, once
+    # every page, once
+    assert len(site.hits) == PROCESSES * pages and set(site.hits.values()) == {1}
     return crawls
 
 
@@ -207,9 +205,8 @@ def test_many_keys_leave_nothing_in_redis(
         crawls = crawl_all(site, "detail:100", 100, extra, tmp_path)
     assert sum(crawl.stats["redislock/keys/acquired"] for crawl in crawls) == 300
     for crawl in crawls:
-        assert (
-            crawl.stats["redislock/keys/retired_idle"] > 0
-        )  # retired while crawling, not only at close
+        # retired while crawling, not only at close
+        assert crawl.stats["redislock/keys/retired_idle"] > 0
     assert key_locks_left(redis_client) == []
     assert list(redis_client.scan_iter("redislock:*")) == []
 

@@ -41,9 +41,8 @@ async def queued_with_a_ready_slot(f: Front) -> tuple[Request, Permit]:
     assert f.scheduler.next_request() is first
     await f.send(first)
     f.scheduler.enqueue_request(queued)
-    f.middleware.request_left(
-        first, f.crawler.spider
-    )  # done: its slot is kept for the queued request
+    # done: its slot is kept for the queued request
+    f.middleware.request_left(first, f.crawler.spider)
     f.active.discard(first)
     (permit,) = f.scheduler.ready["detail"]
     assert isinstance(permit, Permit)
@@ -104,9 +103,8 @@ def test_a_ready_slot_past_its_lease_is_not_handed_out(
                 rival_permit = await asyncio.to_thread(rival.acquire, 20)
                 assert not permit.usable(time.monotonic())
                 sent = f.scheduler.next_request()
-                assert (
-                    sent is queued and f.locks.take(sent) is None
-                )  # the stale slot stays here; it waits in line
+                # the stale slot stays here; it waits in line
+                assert sent is queued and f.locks.take(sent) is None
                 del lock.maintain  # reachable again
                 assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
                 assert held(redis_client, "detail") == [rival_permit.grant]
@@ -159,9 +157,8 @@ def test_a_stage_slot_lost_while_its_request_waits_for_its_key_is_taken_again(
             assert through is not None
             await through
             waiting = asyncio.ensure_future(mw.process_request(second))  # type: ignore[arg-type]
-            await until(
-                lambda: sum(mw.gate.waiting.values()) == 1
-            )  # holds its stage slot, waits for the key
+            # holds its stage slot, waits for the key
+            await until(lambda: sum(mw.gate.waiting.values()) == 1)
             permit = f.locks.take(second)
             assert isinstance(permit, Permit)
             reset(redis_client, "detail")
@@ -172,9 +169,8 @@ def test_a_stage_slot_lost_while_its_request_waits_for_its_key_is_taken_again(
             assert isinstance(fresh, Permit) and fresh is not permit
             assert held(redis_client, "detail") == [fresh.grant]
             assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
-            assert (
-                f.crawler.stats.get_value("redislock/keys/acquired") == 3
-            )  # the second took its key twice
+            # the second took its key twice
+            assert f.crawler.stats.get_value("redislock/keys/acquired") == 3
             mw.process_response(second, Response(second.url, request=second))
             await until(lambda: leftover(redis_client) == 0)
 

@@ -103,12 +103,10 @@ def test_slot_released_on_every_outcome(
     assert stats["retry/count"] == 3 and timeouts == 3
     assert stats["test/errback/IgnoreRequest"] == 4
     assert sum(n for path, n in site.hits.items() if path.startswith("/detail/")) == 12
-    assert (
-        sum(n for path, n in site.hits.items() if path.startswith("/slow/")) == 6
-    )  # each timed out twice
-    reached = (
-        12 + 6 + 4
-    )  # everything that got to the middleware: plain, slow and retried, late outcomes
+    # each timed out twice
+    assert sum(n for path, n in site.hits.items() if path.startswith("/slow/")) == 6
+    # everything that got to the middleware: plain, slow and retried, late outcomes
+    reached = 12 + 6 + 4
     # With the scheduler, those dropped or answered before our middleware took a slot only when they
     # left the scheduler with one in hand (a slot passed on by a finished request); the others went
     # in line without one.
@@ -221,9 +219,8 @@ def test_redis_outage_mid_crawl(site: CrawlSite, tmp_path: Path) -> None:
             ).start()
             for scheduler in BOTH
         ]
-        for crawl in (
-            crawls
-        ):  # both connected before the fault (else one closes with redislock_redis_unavailable)
+        # both connected before the fault (else one closes with redislock_redis_unavailable)
+        for crawl in crawls:
             assert crawl.wait_for_output("Stage slots in Redis at", timeout=60), crawl.tail()
         assert site.wait_for(lambda: site.count("detail") >= 6, timeout=30)
         server.kill()
@@ -393,8 +390,7 @@ def test_without_a_twisted_reactor(
     crawl = Crawl(site.url, "detail:40,comments:40", settings(redis_url, **extra), tmp_path).run()
     assert crawl.stats["finish_reason"] == "finished", crawl.tail()
     assert "Not using a Twisted reactor" in crawl.output
-    assert (
-        site.max_in_flight["detail"] == 3 and site.max_in_flight["comments"] > 3
-    )  # comments: uncapped
+    # comments: uncapped
+    assert site.max_in_flight["detail"] == 3 and site.max_in_flight["comments"] > 3
     assert crawl.stats["redislock/detail/acquired"] == 40
     assert leftover(redis_client) == 0

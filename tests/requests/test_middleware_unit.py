@@ -57,9 +57,8 @@ def test_a_request_waits_here_holds_its_slot_and_every_outcome_releases_it(
                 mw.process_exception(first, IgnoreRequest("dropped"))
             else:
                 mw.request_left(first, f.crawler.spider)
-                mw.process_response(
-                    first, Response(first.url, request=first)
-                )  # after it: nothing more
+                # after it: nothing more
+                mw.process_response(first, Response(first.url, request=first))
             await asyncio.wait_for(waiting, 10)
             assert mw.waiting["detail"] == 0
             mw.process_response(second, Response(second.url, request=second))

@@ -43,9 +43,8 @@ def test_no_head_of_line_blocking(
 ) -> None:
     """300 capped detail requests queued before 300 uncapped comments: comments still fill the free
     slots."""
-    site.delays["comments"] = (
-        0.3  # long enough for 13 requests to be sent while the first is answered, under load
-    )
+    # long enough for 13 requests to be sent while the first is answered, under load
+    site.delays["comments"] = 0.3
     crawl = Crawl(site.url, "detail:300,comments:300", settings(redis_url), tmp_path).start()
     waiting_seen = 0
     while crawl.process is not None and crawl.process.poll() is None:
@@ -63,12 +62,10 @@ def test_no_head_of_line_blocking(
     first_comment = min(site.arrivals["comments"]) - min(site.arrivals["detail"])
     assert first_comment < 1.0, first_comment  # not after the details (300 / 3 * 50 ms = 5 s)
     assert stats["redislock/detail/acquired"] == 300
-    assert waiting_seen > 100, (
-        waiting_seen
-    )  # queued detail requests are reported as waiting (the status CLI)
-    assert (
-        stats["test/pending_at_engine_stop"] == 0
-    )  # freed before the spider_closed handlers finished
+    # queued detail requests are reported as waiting (the status CLI)
+    assert waiting_seen > 100, waiting_seen
+    # freed before the spider_closed handlers finished
+    assert stats["test/pending_at_engine_stop"] == 0
     assert leftover(redis_client) == 0
 
 
@@ -84,9 +81,8 @@ def test_scrapy_redis_as_the_inner_scheduler(
         "REDIS_URL": redis_url,
         "SCHEDULER_PERSIST": True,
     }
-    site.delays["comments"] = (
-        0.3  # long enough for 13 requests to be sent while the first is answered, under load
-    )
+    # long enough for 13 requests to be sent while the first is answered, under load
+    site.delays["comments"] = 0.3
     crawl = Crawl(site.url, "detail:150,comments:150", settings(redis_url, **extra), tmp_path).run()
     assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
     assert site.max_in_flight["detail"] == 3 and site.max_in_flight["comments"] >= 12
@@ -134,9 +130,8 @@ def test_slot_freed_by_another_process_is_used_at_once(
 ) -> None:
     """A crawl whose requests are queued waits in Redis; each slot an outsider frees reaches the
     server at once."""
-    site.delay = (
-        2.0  # the crawl's own requests do not finish (and free slots) during the measurement
-    )
+    # the crawl's own requests do not finish (and free slots) during the measurement
+    site.delay = 2.0
     outsider = CountingLock(redis_client, "detail", limit=3, auto_renew=True)
     held = [outsider.acquire() for _ in range(3)]
     crawl = Crawl(site.url, "detail:3", settings(redis_url), tmp_path).start()
@@ -158,9 +153,8 @@ def test_slot_freed_by_another_process_is_used_at_once(
         crawl.wait()
         outsider.close()
     print("hand-off delays (ms):", [round(d * 1000, 1) for d in delays])
-    assert (
-        statistics.median(delays) < 0.1 and max(delays) < 0.5
-    )  # the engine's heartbeat would be 5 s
+    # the engine's heartbeat would be 5 s
+    assert statistics.median(delays) < 0.1 and max(delays) < 0.5
     assert crawl.stats["finish_reason"] == "finished"
     assert leftover(redis_client) == 0
 

@@ -63,14 +63,12 @@ def test_capped_requests_wait_in_the_scheduler_in_its_order(
                 scheduler.enqueue_request(r)
             urgent = prioritized("detail", 2, 5)
             scheduler.enqueue_request(urgent)
-            assert (
-                scheduler.next_request() is urgent
-            )  # the highest priority, in line without a slot
+            # the highest priority, in line without a slot
+            assert scheduler.next_request() is urgent
             assert f.locks.take(urgent) is None
             first = f.send(urgent)
-            assert (
-                scheduler.next_request() is free
-            )  # detail has one in line: the uncapped request goes past
+            # detail has one in line: the uncapped request goes past
+            assert scheduler.next_request() is free
             assert scheduler.next_request() is None
             assert scheduler.has_pending_requests() and len(scheduler) == 2
             await until(first.done)  # the one in line got its slot: the next may go in line
@@ -78,14 +76,12 @@ def test_capped_requests_wait_in_the_scheduler_in_its_order(
             assert isinstance(permit, Permit) and held(redis_client, "detail") == [permit.grant]
             assert scheduler.next_request() is d0
             second = f.send(d0)
-            assert (
-                scheduler.next_request() is None
-            )  # cap 1: d0 waits in Redis's line, d1 in the scheduler
+            # cap 1: d0 waits in Redis's line, d1 in the scheduler
+            assert scheduler.next_request() is None
             f.middleware.process_response(urgent, None)  # type: ignore[arg-type]
             f.active.discard(urgent)
-            await until(
-                second.done
-            )  # through Redis: d0 was first in line, the slot was not passed past it
+            # through Redis: d0 was first in line, the slot was not passed past it
+            await until(second.done)
             again = f.locks.take(d0)
             assert isinstance(again, Permit) and again.fence > permit.fence
             assert f.crawler.stats.get_value("redislock/detail/reused") is None
@@ -181,9 +177,8 @@ def test_without_local_reuse_every_slot_goes_back_to_redis(
             f.middleware.request_left(first, f.crawler.spider)
             f.active.discard(first)
             second = f.scheduler.next_request()
-            assert (
-                second is not None and f.locks.take(second) is None
-            )  # no slot in hand: it waits in line
+            # no slot in hand: it waits in line
+            assert second is not None and f.locks.take(second) is None
             await f.send(second)
             again = f.locks.take(second)
             assert (
@@ -217,24 +212,21 @@ def test_past_the_reuse_bound_a_waiting_process_gets_the_slot(
             other = AsyncCountingLock(other_client, "detail", limit=1, ttl=3)
             try:
                 other_wait = asyncio.ensure_future(other.acquire())
-                await until(
-                    lambda: blocked_waits(redis_client) == 1
-                )  # the other is first in Redis's line
+                # the other is first in Redis's line
+                await until(lambda: blocked_waits(redis_client) == 1)
                 for n in range(1, 4):
                     f.scheduler.enqueue_request(request("detail", n))
                 f.middleware.request_left(current, f.crawler.spider)
                 f.active.discard(current)
                 current = f.scheduler.next_request()
-                assert (
-                    current is not None and f.locks.take(current) is permit
-                )  # young: passed on locally
+                # young: passed on locally
+                assert current is not None and f.locks.take(current) is permit
                 assert not other_wait.done()
                 await until(lambda: time.monotonic() - permit.acquired_at > bound)
                 f.middleware.request_left(current, f.crawler.spider)
                 f.active.discard(current)
-                theirs = await asyncio.wait_for(
-                    other_wait, 10
-                )  # old: back to Redis's line, where the other is first
+                # old: back to Redis's line, where the other is first
+                theirs = await asyncio.wait_for(other_wait, 10)
                 assert theirs.fence > permit.fence
                 third = f.scheduler.next_request()
                 assert (
@@ -270,9 +262,8 @@ def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
     doubles while it stays empty, the engine is woken at the pause's end if it asked meanwhile, and
     a request this process pushes ends the pause."""
 
-    pause = (
-        1.0  # long enough that a busy machine's stall cannot end it between two asks of the test
-    )
+    # long enough that a busy machine's stall cannot end it between two asks of the test
+    pause = 1.0
     monkeypatch.setattr(stagequeue, "EMPTY_PAUSE", pause)
     monkeypatch.setattr(stagequeue, "EMPTY_PAUSE_MOST", 10 * pause)
     shared = {
@@ -292,9 +283,8 @@ def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
             first = scheduler.next_request()
             assert first is not None and first.url.endswith("/detail/0")
             waiting = f.send(first)
-            assert (
-                scheduler.next_request() is None
-            )  # the rest stays in Redis for every process to take
+            # the rest stays in Redis for every process to take
+            assert scheduler.next_request() is None
             assert redis_client.zcard("unit:requests:detail") == 4
             await waiting
             asks = {"n": 0}
@@ -306,21 +296,18 @@ def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
                 return pop(timeout)
 
             base.pop = counted
-            second = (
-                scheduler.next_request()
-            )  # detail may go (nothing in line): the next comes from Redis
+            # detail may go (nothing in line): the next comes from Redis
+            second = scheduler.next_request()
             assert second is not None and second.url.endswith("/detail/1")
             assert asks["n"] in (0, 1)  # the spider's own key is asked at most once before detail's
             f.send(second)
             asked = asks["n"]
-            for _ in range(
-                50
-            ):  # the engine asks again and again: the empty key is not asked meanwhile
+            # the engine asks again and again: the empty key is not asked meanwhile
+            for _ in range(50):
                 assert scheduler.next_request() is None
             assert asks["n"] <= asked + 1
-            await until(
-                lambda: scheduler._wake_handle is None, timeout=10 * pause
-            )  # woken at the pause's end
+            # woken at the pause's end
+            await until(lambda: scheduler._wake_handle is None, timeout=10 * pause)
             free = request(None, 1)
             scheduler.enqueue_request(free)
             again = scheduler.next_request()  # this process's own push ends the pause

@@ -119,9 +119,8 @@ def test_the_queue_stays_shared_and_a_kill_loses_only_what_the_process_held(
                 return False
             before = answered(site)
             in_redis = queued(redis_client)
-            if (
-                answered(site) == before
-            ):  # no answer while Redis was read: the figures of one instant
+            # no answer while Redis was read: the figures of one instant
+            if answered(site) == before:
                 held_outside.append(SEEDED - in_redis - before)
             time.sleep(0.02)
         return True
@@ -157,9 +156,8 @@ def test_the_queue_stays_shared_and_a_kill_loses_only_what_the_process_held(
         assert crawls[name].code == 0 and crawls[name].stats["finish_reason"] == "finished", crawls[
             name
         ].tail()
-    assert site.wait_for(
-        lambda: not site.in_flight, timeout=30
-    )  # the killed process's last pages, answered
+    # the killed process's last pages, answered
+    assert site.wait_for(lambda: not site.in_flight, timeout=30)
 
     # Out of Redis at any instant: the requests in flight (the cap, for all processes), each
     # process's line, and each process's one request on its way from the spider's queue to its

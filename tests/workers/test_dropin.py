@@ -190,9 +190,8 @@ def test_a_worker_fetches_in_the_order_of_scheduler_queue_class(
             "Queue"
         ).lower()
         assert f"in {order} order (SCHEDULER_QUEUE_CLASS)" in output
-        assert (
-            redis_client.keys("redislock:{staged}:*") == []
-        )  # finished: the last worker out cleared, sorted sets too
+        # finished: the last worker out cleared, sorted sets too
+        assert redis_client.keys("redislock:{staged}:*") == []
         assert held_slots(redis_client) == 0
 
 
@@ -246,12 +245,10 @@ def test_what_another_layout_queued_is_fetched_exactly_once(
                 for n, u in enumerate(urls)
             ]
             entries = [requestformat.dumps(r.to_dict()) for r in requests]
-            redis_client.lpush(
-                KEYS.queue("a"), *entries[:9]
-            )  # the previous queue_push: LPUSH, whatever the priority
-            redis_client.hset(
-                KEYS.inflight("h:1:gone"), "1", b"a\n" + entries[9]
-            )  # its in-flight value format
+            # the previous queue_push: LPUSH, whatever the priority
+            redis_client.lpush(KEYS.queue("a"), *entries[:9])
+            # its in-flight value format
+            redis_client.hset(KEYS.inflight("h:1:gone"), "1", b"a\n" + entries[9])
             redis_client.set(KEYS.in_flight, 1)
             redis_client.zadd(KEYS.alive, {"h:1:gone": 0})
             redis_client.zadd(KEYS.due, {"h:1:gone": 0})
@@ -277,9 +274,8 @@ def test_what_another_layout_queued_is_fetched_exactly_once(
         assert len(warned) == 1 and " WARNING: " in warned[0], warned  # once per stage
         assert "give every worker of a spider the same SCHEDULER_QUEUE_CLASS" in output
     else:
-        assert (
-            stat(output, "redislock/workers/requeued") == 1
-        )  # the dead worker's request, back in the list
+        # the dead worker's request, back in the list
+        assert stat(output, "redislock/workers/requeued") == 1
     assert redis_client.keys("redislock:{staged}:*") == []
 
 
@@ -360,9 +356,8 @@ def test_a_redis_spider_closes_after_its_max_idle_time_argument(
             stderr=subprocess.STDOUT,
             text=True,
         )
-        output = finish(
-            worker, timeout=60
-        )  # MAX_IDLE_TIME_BEFORE_CLOSE would have kept it open 120 s
+        # MAX_IDLE_TIME_BEFORE_CLOSE would have kept it open 120 s
+        output = finish(worker, timeout=60)
         assert set(shop.hits) == shop.expected_paths() and set(shop.hits.values()) == {1}
     assert "idle close: after 1 s with no work anywhere (max_idle_time)" in output
     assert finish_reason(output) == "finished"
@@ -398,9 +393,8 @@ def test_a_plain_spider_worker_closes_as_the_winning_idle_setting_says(
         worker = staged_worker(
             redis_url, site.url, "a:5", {"REDISLOCK_WORKER_STAGES": {"a": 1}, **settings}, args
         )
-        output = finish(
-            worker, timeout=60
-        )  # the losing value (120 s) would have kept it open past the timeout
+        # the losing value (120 s) would have kept it open past the timeout
+        output = finish(worker, timeout=60)
         assert sorted(site.hits.values()) == [1] * 5
     assert f"idle close: after 1 s with no work anywhere ({said})" in output
     assert finish_reason(output) == "finished"
@@ -505,9 +499,8 @@ def test_enqueue_request_returns_false_for_a_known_duplicate_and_signals_one_onl
         def on_dropped(request: scrapy.Request, spider: scrapy.Spider) -> None:
             dropped.append(request.url)
 
-        crawler.signals.connect(
-            on_dropped, signal=signals.request_dropped
-        )  # a weak reference: kept alive here
+        # a weak reference: kept alive here
+        crawler.signals.connect(on_dropped, signal=signals.request_dropped)
         other = StageQueues(scheduler.queues.client, SPIDER, ["a"], worker="other")
         try:
 
@@ -526,9 +519,8 @@ def test_enqueue_request_returns_false_for_a_known_duplicate_and_signals_one_onl
                 assert dropped == []
                 while scheduler.pushes:
                     await asyncio.wait(set(scheduler.pushes))
-            assert dropped == [
-                "http://shop.test/a/1"
-            ]  # the scheduler sent it; for /a/0 the engine would
+            # the scheduler sent it; for /a/0 the engine would
+            assert dropped == ["http://shop.test/a/1"]
             assert not scheduler.enqueue_request(request(1))  # known now
             assert crawler.stats.get_value("dupefilter/filtered") == 3
             assert crawler.stats.get_value("redislock/workers/a/duplicates") == 3
@@ -543,9 +535,8 @@ def test_enqueue_request_returns_false_for_a_known_duplicate_and_signals_one_onl
                 "be shown (see "
                 "DUPEFILTER_DEBUG to show all duplicates)"
             ]
-            assert (
-                redis_client.llen(KEYS.queue("a")) == 3
-            )  # /a/0 twice (once unfiltered), the other worker's
+            # /a/0 twice (once unfiltered), the other worker's
+            assert redis_client.llen(KEYS.queue("a")) == 3
             for n in range(KNOWN_FINGERPRINTS + 10):
                 scheduler._know(n.to_bytes(8, "big"))
             assert (
@@ -651,9 +642,8 @@ def test_what_a_request_costs_redis_in_each_order(
             if after[name] != before.get(name, 0)
         }
 
-    asyncio.run(
-        run_once("fifo", lambda n: 0)
-    )  # loads the scripts (SCRIPT LOAD after a NOSCRIPT): not counted
+    # loads the scripts (SCRIPT LOAD after a NOSCRIPT): not counted
+    asyncio.run(run_once("fifo", lambda n: 0))
     costs = {
         "fifo": asyncio.run(run_once("fifo", lambda n: 0)),
         "priority, all 0": asyncio.run(run_once("priority", lambda n: 0)),

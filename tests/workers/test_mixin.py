@@ -187,9 +187,8 @@ def test_plain_spiders_share_the_work_through_the_dupefilter_and_respect_the_cap
         outputs = [finish(w) for w in workers]
         assert sorted(site.hits.values()) == [1] * 60
         assert site.max_in_flight["a"] <= 1 * 2 and site.max_in_flight["b"] <= 2 * 2
-        assert (
-            sum(stat(o, "redislock/workers/a/enqueued") for o in outputs) == 10
-        )  # one copy of each got in
+        # one copy of each got in
+        assert sum(stat(o, "redislock/workers/a/enqueued") for o in outputs) == 10
         assert sum(stat(o, "redislock/workers/a/duplicates") for o in outputs) == 20
         assert held_slots(redis_client) == 0
 
@@ -217,9 +216,8 @@ def test_scheduler_persist_false_one_workers_close_keeps_the_others_queues(
         )
         finish(stayer)
         assert sorted(site.hits.values()) == [1] * 80
-        assert (
-            redis_client.keys("redislock:{staged}:*") == []
-        )  # the last worker out cleared the crawl state
+        # the last worker out cleared the crawl state
+        assert redis_client.keys("redislock:{staged}:*") == []
 
 
 # -- scrapy-redis on Scrapy 2.19: start URLs, idling, the reactor thread ---------------------------
@@ -301,9 +299,8 @@ def test_control_plain_scrapy_redis_does_block_the_reactor(
     redis_client.flushdb()
     audit = tmp_path / "audit.json"
     redis_client.rpush("shop_baseline:start_urls", json.dumps({"url": small_shop.list_urls()[0]}))
-    worker = shop_worker(
-        "shop_baseline", admin_url, audit, MAX_IDLE_TIME_BEFORE_CLOSE=1
-    )  # plain scrapy-redis
+    # plain scrapy-redis
+    worker = shop_worker("shop_baseline", admin_url, audit, MAX_IDLE_TIME_BEFORE_CLOSE=1)
     output, _ = worker.communicate(timeout=60)
     assert worker.returncode == 0, output[-3000:]
     assert len(small_shop.hits) == 1 + 3 + 3

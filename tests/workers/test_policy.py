@@ -136,9 +136,8 @@ def test_a_worker_with_work_beats_every_second_and_is_dead_after_a_few(
 
 def test_a_gap_in_a_workers_own_beats_breaks_its_streak() -> None:
     assert keeps_streak(1.0, 1.0) and keeps_streak(2.4, 1.0)
-    assert not keeps_streak(
-        2.6, 1.0
-    )  # this worker stalled, or Redis was slow or away: the others may be late too
+    # this worker stalled, or Redis was slow or away: the others may be late too
+    assert not keeps_streak(2.6, 1.0)
     assert keeps_streak(10.0, 10.0) and not keeps_streak(21.0, 10.0)
 
 

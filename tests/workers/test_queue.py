@@ -141,12 +141,10 @@ def test_a_pop_whose_reply_was_lost_is_found_by_the_beat_and_given_back(
             b"d4",
         ]  # back at the front, in order
         assert [d for _, d in await a.pop("comments", 1)] == [b"c0"]
-        assert (
-            redis_client.llen(a.keys.signal("comments")) == 1
-        )  # its queue was empty: an idle worker is told
-        assert (
-            len(lost) == 3 and await a.reclaim([i for i, _ in known]) == 4
-        )  # nothing known but d0, d1
+        # its queue was empty: an idle worker is told
+        assert redis_client.llen(a.keys.signal("comments")) == 1
+        # nothing known but d0, d1
+        assert len(lost) == 3 and await a.reclaim([i for i, _ in known]) == 4
         assert await a.ack([i for i, _ in known]) == 2 and await a.in_flight() == 0
 
     run(redis_url, scenario)
@@ -159,9 +157,8 @@ def test_the_dupefilter_is_shared_by_workers_and_stages(
         a, b = worker("a"), worker("b")
         assert await a.push("detail", "fp1", b"r1")
         assert not await b.push("detail", "fp1", b"r1 again")  # another worker, same fingerprint
-        assert not await b.push(
-            "comments", "fp1", b"r1 elsewhere"
-        )  # another stage, same fingerprint
+        # another stage, same fingerprint
+        assert not await b.push("comments", "fp1", b"r1 elsewhere")
         assert await b.push("detail", "", b"unfiltered")
         assert await b.push("detail", "", b"unfiltered")  # dont_filter: queued every time
         assert await a.seen("fp1")
@@ -185,9 +182,8 @@ def test_fifo_pop_into_the_in_flight_record_and_ack(
         popped = await a.pop("detail", 3)
         assert [data for _, data in popped] == [b"r0", b"r1", b"r2"]
         assert redis_client.hlen(a.inflight_key) == 3
-        assert (
-            redis_client.zscore(a.keys.due, "a") > registered
-        )  # a pop is a sign of life: its deadline moves
+        # a pop is a sign of life: its deadline moves
+        assert redis_client.zscore(a.keys.due, "a") > registered
         assert await a.in_flight() == 3  # the scripts' counter, read instead of every worker's hash
         assert await a.ack([popped[0][0], popped[1][0]]) == 2
         assert await a.ack([popped[0][0]]) == 0
@@ -236,9 +232,8 @@ def test_a_silent_worker_is_reaped_by_the_others_and_a_beating_one_is_not(
         await other.beat("detail")
         assert await other.reap() == {"alive": 1}  # stopped beating meanwhile
         assert await alive.beat("detail")  # it learns that it was taken for dead
-        assert [d for _, d in await alive.pop("detail", 1)] == [
-            b"r2"
-        ]  # its request is back in the queue
+        # its request is back in the queue
+        assert [d for _, d in await alive.pop("detail", 1)] == [b"r2"]
 
     run(redis_url, scenario)
 
@@ -274,9 +269,8 @@ def test_requests_of_a_stage_the_reaper_does_not_know_stay(
         await asyncio.sleep(0.3)
         reaper = worker("reaper", stages=["list"], ttl=0.2)
         assert await reaper.reap() == {"dead": 1}
-        assert (
-            redis_client.hlen(dead.inflight_key) == 1
-        )  # not dropped: kept for a worker that knows "comments"
+        # not dropped: kept for a worker that knows "comments"
+        assert redis_client.hlen(dead.inflight_key) == 1
 
     run(redis_url, scenario)
 
@@ -306,9 +300,8 @@ def test_clear_only_when_no_other_worker_is_alive(
         await asyncio.sleep(ttl + 0.1)
         await a.beat(None)
         assert await a.clear_if_alone()
-        assert (
-            redis_client.keys("redislock:{shop}:*") == []
-        )  # queues, dupefilter, dead worker's record: all gone
+        # queues, dupefilter, dead worker's record: all gone
+        assert redis_client.keys("redislock:{shop}:*") == []
 
     run(redis_url, scenario)
 
@@ -363,8 +356,10 @@ def test_a_worker_taken_for_dead_cannot_pop_until_it_beats(
         # watches.
         assert await stalled.pop("detail", 2) is None
         assert redis_client.exists(stalled.inflight_key) == 0 and await reaper.lengths() == {
-            "list": 0, "detail": 4, "comments": 0,
-        }  # fmt: skip
+            "list": 0,
+            "detail": 4,
+            "comments": 0,
+        }
         assert await stalled.beat("detail")  # it learns it was taken for dead ...
         assert [d for _, d in await stalled.pop("detail", 2) or []] == [
             b"r0",
@@ -399,9 +394,8 @@ def test_the_scheduler_strands_nothing_when_it_pops_just_after_being_taken_for_d
                 await reaper.push("a", "", scheduler.encode(request))
             scheduler.current = "a"
             await scheduler.queues.beat("a")
-            assert (
-                await scheduler._fill() == 3
-            )  # taken ahead (room for 2 x CONCURRENT_REQUESTS = 4)
+            # taken ahead (room for 2 x CONCURRENT_REQUESTS = 4)
+            assert await scheduler._fill() == 3
             stall(redis_client, scheduler.queues)
             assert await reaper.reap() == {scheduler.worker: 3}
             await scheduler._fill()  # the loop resumes here, before its beat
@@ -435,9 +429,10 @@ def test_one_pop_takes_10000_requests_and_records_every_one(
         await a.beat("detail")
         await a.push_many([("detail", "", f"r{n}".encode()) for n in range(BIG)])
         popped = await a.pop("detail", BIG)
+        # FIFO
         assert popped is not None and [d for _, d in popped] == [
             f"r{n}".encode() for n in range(BIG)
-        ]  # FIFO
+        ]
         record = {k.decode(): v for k, v in redis_client.hgetall(a.inflight_key).items()}
         assert record == {i: b"detail\n" + d for i, d in popped}
         assert redis_client.llen(a.keys.queue("detail")) == 0 and await a.in_flight() == BIG
@@ -454,9 +449,8 @@ def test_one_ack_drops_10000_ids(redis_url: str, redis_client: redis.Redis) -> N
         assert len(ids) == BIG and redis_client.hlen(a.inflight_key) == BIG
         assert await a.ack(ids) == BIG
         assert redis_client.exists(a.inflight_key) == 0 and await a.in_flight() == 0
-        assert (
-            redis_client.llen(a.keys.wake) == 1
-        )  # the crawl has ended: the registered worker is told
+        # the crawl has ended: the registered worker is told
+        assert redis_client.llen(a.keys.wake) == 1
 
     run(redis_url, scenario)
 
@@ -555,12 +549,10 @@ def test_each_order_pops_as_its_scrapy_redis_queue_and_counts_both_parts(
 
     run(redis_url, scenario)
     keys = QueueKeys.of("redislock", "shop")
-    if (
-        order == "priority"
-    ):  # the sorted set holds scrapy-redis's scores; priority 0 stays in the list
-        assert (
-            int(redis_client.get(keys.sequence)) == 5
-        )  # one order number per request of priority != 0
+    # the sorted set holds scrapy-redis's scores; priority 0 stays in the list
+    if order == "priority":
+        # one order number per request of priority != 0
+        assert int(redis_client.get(keys.sequence)) == 5
 
 
 def test_priority_order_keeps_priority_0_in_the_list_and_scores_the_rest_as_scrapy_redis(
@@ -578,11 +570,14 @@ def test_priority_order_keeps_priority_0_in_the_list_and_scores_the_rest_as_scra
     ]  # FifoQueue's orientation
     scored = redis_client.zrange(keys.scored("detail"), 0, -1, withscores=True)
     assert [(member[16:], score) for member, score in scored] == [
-        (b"f10", -10.0), (b"b5", -5.0), (b"d5", -5.0), (b"c-5", 5.0), (b"g-5", 5.0),
-    ]  # fmt: skip
-    assert all(
-        member[:16].isdigit() for member, _ in scored
-    )  # the order number: ties in push order
+        (b"f10", -10.0),
+        (b"b5", -5.0),
+        (b"d5", -5.0),
+        (b"c-5", 5.0),
+        (b"g-5", 5.0),
+    ]
+    # the order number: ties in push order
+    assert all(member[:16].isdigit() for member, _ in scored)
 
 
 @pytest.mark.parametrize("order", ORDERS)
@@ -636,16 +631,14 @@ def test_a_stage_that_goes_from_empty_to_non_empty_in_either_part_gets_one_token
         await a.push("detail", "", b"p5", priority=5)  # the sorted set: the stage was empty
         assert redis_client.lrange(signal, 0, -1) == [b"1"]
         redis_client.delete(signal)
-        await a.push(
-            "detail", "", b"p0"
-        )  # the list goes 0 -> 1, but the stage was not empty: no token
+        # the list goes 0 -> 1, but the stage was not empty: no token
+        await a.push("detail", "", b"p0")
         await a.push("detail", "", b"q5", priority=5)
         assert redis_client.llen(signal) == 0
         popped = await a.pop("detail", 3)
         assert names(popped) == ["p5", "q5", "p0"]
-        await a.give_back(
-            [i for i, _ in popped]
-        )  # back into an empty stage: an idle worker is told
+        # back into an empty stage: an idle worker is told
+        await a.give_back([i for i, _ in popped])
         assert redis_client.lrange(signal, 0, -1) == [b"1"]
         redis_client.delete(signal)
         assert await a.give_back([]) == 0
@@ -674,9 +667,8 @@ def test_the_crawl_has_not_ended_while_the_sorted_set_holds_work(
         await a.ack([i for i, _ in popped])
         assert redis_client.llen(a.keys.wake) == 1
         assert await a.clear_if_finished() == 1
-        assert (
-            redis_client.keys("redislock:{shop}:*") == []
-        )  # the sorted sets and the order counter too
+        # the sorted sets and the order counter too
+        assert redis_client.keys("redislock:{shop}:*") == []
 
     run(redis_url, scenario)
 
@@ -689,12 +681,10 @@ def test_a_queue_of_the_previous_fifo_layout_is_read_as_priority_0(
     priority order: read as it was, after what has a higher priority, before what has a lower one;
     an in-flight record of the previous version is given back to it."""
     keys = QueueKeys.of("redislock", "shop")
-    redis_client.lpush(
-        keys.queue("detail"), b"old0", b"old1", b"old2"
-    )  # as the previous queue_push did
-    redis_client.hset(
-        keys.inflight("gone"), "7", b"detail\nold-in-flight"
-    )  # a dead worker of the previous version
+    # as the previous queue_push did
+    redis_client.lpush(keys.queue("detail"), b"old0", b"old1", b"old2")
+    # a dead worker of the previous version
+    redis_client.hset(keys.inflight("gone"), "7", b"detail\nold-in-flight")
     redis_client.set(keys.in_flight, 1)
     redis_client.zadd(keys.alive, {"gone": 0})
 

@@ -41,9 +41,8 @@ class Worker:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        with (
-            self.process.stdout
-        ):  # closed at the end of the output (an open pipe is a ResourceWarning)
+        # closed at the end of the output (an open pipe is a ResourceWarning)
+        with self.process.stdout:
             for line in self.process.stdout:
                 self.lines.append(line)
 
@@ -158,9 +157,8 @@ def test_a_paused_stage_keeps_an_idle_close_worker_waiting_and_its_queue_then_ev
             worker.kill()
         assert finish_reason(output) == "finished"
         assert set(site.hits) == pages and set(site.hits.values()) == {1}
-        assert (
-            "cleared the queues" in output
-        )  # the crawl is finished now: the last worker out clears
+        # the crawl is finished now: the last worker out clears
+        assert "cleared the queues" in output
         assert redis_client.keys("redislock:{staged}:*") == []
 
 
@@ -178,9 +176,8 @@ def test_the_last_worker_out_clears_only_a_finished_crawl(
             await last.beat(None)
             await last.epoch()
             await last.push("b", "fp0", b"r0")
-            assert (
-                await last.clear_if_finished() == -1
-            )  # queued (the stage may be paused: no matter)
+            # queued (the stage may be paused: no matter)
+            assert await last.clear_if_finished() == -1
             assert (
                 redis_client.llen(KEYS.queue("b")) == 1 and redis_client.scard(KEYS.dupefilter) == 1
             )
@@ -192,9 +189,8 @@ def test_the_last_worker_out_clears_only_a_finished_crawl(
             assert redis_client.keys("redislock:{staged}:*") == []
             await last.beat(None)
             await last.push("a", "fp1", b"r1")
-            assert (
-                await last.clear_if_alone()
-            )  # SCHEDULER_FLUSH_ON_START: the operator asked for it
+            # SCHEDULER_FLUSH_ON_START: the operator asked for it
+            assert await last.clear_if_alone()
             assert redis_client.keys("redislock:{staged}:*") == []
         finally:
             await client.aclose()
@@ -305,6 +301,5 @@ def test_a_redis_outage_is_one_warning_then_one_info_line_no_error_no_traceback_
         )
         assert stat(output, "redislock/workers/redis_errors") >= 1
         assert finish_reason(output) == "finished"
-        assert (
-            set(site.hits) == pages
-        )  # nothing lost (at least once: a pop whose reply was cut may run twice)
+        # nothing lost (at least once: a pop whose reply was cut may run twice)
+        assert set(site.hits) == pages

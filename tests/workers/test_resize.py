@@ -66,9 +66,8 @@ class Worker:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        with (
-            self.process.stdout
-        ):  # closed at the end of the output (an open pipe is a ResourceWarning)
+        # closed at the end of the output (an open pipe is a ResourceWarning)
+        with self.process.stdout:
             for line in self.process.stdout:
                 self.lines.append(line)
 
@@ -185,9 +184,8 @@ def test_lowering_a_worker_stage_moves_the_newest_workers_off_it_at_the_next_ren
     """3 workers on stage a (cap 3), lowered to 1: within about a renewal interval (ttl/3, at most 1
     s) only one worker fetches pages of a (the site sees it); raised to 3 again, the others come
     back; every page once."""
-    count = (
-        900  # 15 s of work for 3 workers: before issue 26 they all stayed on a until it was empty
-    )
+    # 15 s of work for 3 workers: before issue 26 they all stayed on a until it was empty
+    count = 900
     with CrawlSite(delay=DELAY) as site:
         seed(redis_url, SPIDER, ["a"], {"a": pages(site, count)})
         settings = {
@@ -226,9 +224,8 @@ def test_lowering_a_worker_stage_moves_the_newest_workers_off_it_at_the_next_ren
         assert stayer not in [
             w.name for w, o in zip(running, outputs, strict=True) if "leaves stage 'a'" in o
         ]
-        check_every_page_once(
-            site, count
-        )  # what the leavers had taken ahead went back to the front of the queue
+        # what the leavers had taken ahead went back to the front of the queue
+        check_every_page_once(site, count)
         assert held_slots(redis_client) == 0
 
 
@@ -275,9 +272,8 @@ def test_pausing_a_worker_stage_stops_its_fetching_at_the_next_renewal_and_loses
             )
             assert site.count("a") == fetched, "pages of a paused stage were fetched"
             assert int(redis_client.get(KEYS.in_flight) or 0) == 0
-            assert redis_client.llen(KEYS.queue("a")) == count - len(
-                site.hits
-            )  # nothing queued lost
+            # nothing queued lost
+            assert redis_client.llen(KEYS.queue("a")) == count - len(site.hits)
             set_limit(admin_url, 3)
             codes = [worker.finish() for worker in running]
         outputs = [worker.output for worker in running]
@@ -354,9 +350,8 @@ def test_a_killed_workers_requests_are_fetched_again_within_seconds_not_a_ttl(
         assert refetched_after <= min(ttl, 5.0) + 3.0, refetched_after
         assert sum(stat(o, "redislock/workers/requeued") for o in outputs) == len(lost)
         assert set(site.hits) == {f"/a/{n}" for n in range(count)}
-        assert sum(site.hits.values()) - count <= len(
-            lost
-        )  # at least once; twice only what it had taken
+        # at least once; twice only what it had taken
+        assert sum(site.hits.values()) - count <= len(lost)
 
 
 @pytest.mark.faults
@@ -396,9 +391,8 @@ def test_status_shows_killed_workers_dead_within_seconds_and_requeue_and_release
                 "\n[figure] ttl 30 s: both workers SIGKILLed, shown dead by status after "
                 f"{dead_after:.2f} s"
             )
-            assert dead_after <= 5.0 + 2.0, (
-                dead_after
-            )  # their deadline (5 s with work), not the ttl (30 s)
+            # their deadline (5 s with work), not the ttl (30 s)
+            assert dead_after <= 5.0 + 2.0, dead_after
             status = json.loads(run_cli(admin_url, "status", "--json"))
             (spider,) = status["spiders"]
             assert {(w["worker"], w["alive"]) for w in spider["workers"]} == {
@@ -429,9 +423,8 @@ def test_status_shows_killed_workers_dead_within_seconds_and_requeue_and_release
             assert redis_client.llen(KEYS.queue("a")) == queued + sum(in_flight.values())
             assert int(redis_client.get(KEYS.in_flight) or 0) == 0
             assert redis_client.zcard(KEYS.alive) == 0
-        with workers(redis_url, site, 1, settings) as (
-            last,
-        ):  # the requeued requests, and the rest
+        # the requeued requests, and the rest
+        with workers(redis_url, site, 1, settings) as (last,):
             assert last.finish() == 0, last.output
         assert set(site.hits) == {f"/a/{n}" for n in range(count)}
         assert sum(site.hits.values()) - count <= sum(in_flight.values())

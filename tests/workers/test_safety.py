@@ -62,9 +62,8 @@ def test_a_pickle_payload_pushed_by_hand_runs_nothing_and_lands_in_the_dead_lett
     with CrawlSite(delay=0.01) as site:
         urls = [f"{site.url}/a/{n}" for n in range(20)]
         good = safe_entries(urls, "a")
-        push_raw(
-            redis_client, "staged", "a", [*good[:10], payload, truncated, *good[10:]]
-        )  # queued in this order
+        # queued in this order
+        push_raw(redis_client, "staged", "a", [*good[:10], payload, truncated, *good[10:]])
         worker = staged_worker(redis_url, site.url, "", {"REDISLOCK_WORKER_STAGES": {"a": 1}})
         output = finish(worker)
     assert not target.exists(), "the payload ran in the worker"

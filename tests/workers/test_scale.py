@@ -153,9 +153,8 @@ def measure(admin_url: str, count: int) -> dict[str, list[Counter[str]]]:
 
         wait_until(enough, what=f"{PERIODS} heartbeat periods of every worker")
         raw = monitor.stop(admin)
-        names.update(
-            names_by_address(admin, prefix)
-        )  # the same connections (an idle worker opens none)
+        # the same connections (an idle worker opens none)
+        names.update(names_by_address(admin, prefix))
         return tick_costs(raw, names)
     finally:
         stop(workers)
