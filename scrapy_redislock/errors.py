@@ -47,6 +47,16 @@ class LockConnectionError(LockError, redis.exceptions.ConnectionError):
     """Redis could not be reached; the message names the lock, the cause is the redis error."""
 
 
+class QuorumNotReached(LockConnectionError):
+    """Fewer masters than the quorum answered a quorum lock's write or read; ``failed`` maps each
+    master index that failed to its error, ``needed`` is the quorum."""
+
+    def __init__(self, message: str, failed: dict[int, BaseException], needed: int) -> None:
+        super().__init__(message)
+        self.failed = failed
+        self.needed = needed
+
+
 class RequestFormatError(LockError, ValueError):
     """A request cannot be queued in the safe format (a field that is not plain data), or a queued
     entry is not a request in that format (pickle, garbage, truncated); the message names the field

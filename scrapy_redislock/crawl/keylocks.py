@@ -32,7 +32,6 @@ from scrapy_redislock.crawl.stagelocks import (
     Renewer,
     StageLock,
     StageLocks,
-    close_lock,
     gather_bounded,
 )
 from scrapy_redislock.lock.aio import AsyncCountingLock
@@ -117,8 +116,6 @@ class KeyLocks(StageLocks):
         """Keys serve many short requests: a permit younger than the renewal interval is renewed at
         the next tick (its lease lasts longer than that), so a key whose requests all end within an
         interval costs no renewal."""
-        if not isinstance(lock, AsyncCountingLock):  # (a key's lock always is one: see lock_for)
-            return super().renewal_due(stage, lock)
         return lock.renewal_due() or bool(self.waiting(stage))
 
     async def tick(self) -> None:
@@ -145,9 +142,7 @@ class KeyLocks(StageLocks):
             self._retiring = asyncio.get_running_loop().create_task(self._retire(retired))
 
     async def _retire(self, locks: list[StageLock]) -> None:
-        results = await gather_bounded(
-            [close_lock(lock, retire=True) for lock in locks], self.fan_out
-        )
+        results = await gather_bounded([lock.aclose(retire=True) for lock in locks], self.fan_out)
         failed = [
             lock.name
             for lock, result in zip(locks, results, strict=True)

@@ -112,10 +112,16 @@ from scrapy_redislock._loop import every, start_now
 from scrapy_redislock._redis import AsyncRedisClient, Backoff, text
 from scrapy_redislock.crawl.connection import mask_url
 from scrapy_redislock.crawl.engine import downloader_active
-from scrapy_redislock.errors import AcquireTimeout, LockConnectionError, UnknownStage
+from scrapy_redislock.errors import (
+    AcquireTimeout,
+    LockConnectionError,
+    QuorumNotReached,
+    UnknownStage,
+)
 from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.core import LockKeys, Permit, release_consumer
 from scrapy_redislock.lock.front import CommandRunner
+from scrapy_redislock.lock.interface import AsyncLock
 from scrapy_redislock.lock.protocol import adrive
 from scrapy_redislock.lock.quorum import AsyncQuorumCountingLock, QuorumLockFactory, QuorumPermit
 from scrapy_redislock.lock.status import StageStatus, astage_status, why_waiting
@@ -164,8 +170,9 @@ REPORT_MAX = 300.0
 # a forced shutdown waits at most this long for Redis to take the slots back
 UNCLEAN_CLOSE_TIMEOUT = 3.0
 
-# What holds a stage's slots, and what a slot is: the one difference a quorum of masters makes.
-StageLock = AsyncCountingLock | AsyncQuorumCountingLock
+# What holds a stage's slots (one interface for one Redis and a quorum of masters), and what a slot
+# is: a Permit, or a QuorumPermit on a quorum.
+StageLock = AsyncLock[Any]
 SlotPermit = Permit | QuorumPermit
 T = TypeVar("T")
 
@@ -185,22 +192,6 @@ class SystemEvents(Protocol):
     ) -> Any: ...
 
     def removeSystemEventTrigger(self, triggerID: Any) -> None: ...
-
-
-def release_on(lock: StageLock, permit: SlotPermit) -> Awaitable[bool]:
-    """``lock.release(permit)``, for a permit that ``lock`` granted (a quorum lock's permits are
-    QuorumPermits)."""
-    if isinstance(lock, AsyncQuorumCountingLock):
-        return lock.release(cast(QuorumPermit, permit))
-    return lock.release(cast(Permit, permit))
-
-
-def close_lock(lock: StageLock, retire: bool) -> Awaitable[int]:
-    """``lock.aclose()``; ``retire``: a single-Redis lock is deleted from Redis when unused (a key's
-    lock, see KeyLocks; keys never use a quorum lock, which has no retire)."""
-    if isinstance(lock, AsyncCountingLock):
-        return lock.aclose(retire=retire)
-    return lock.aclose()
 
 
 def _hget_limit(client: AsyncRedisClient, meta: str) -> Awaitable[Any]:
@@ -551,12 +542,10 @@ class StageLocks:
         for stage, lock in self.locks.items():
             limit = self.limits[stage]
             assert limit is not None
-            if isinstance(lock, AsyncQuorumCountingLock):
-                previous, failed = await lock.set_limit(limit)
-                if len(failed) > lock.masters - lock.quorum:
-                    raise self._no_quorum(failed, lock.quorum)
-            else:
+            try:
                 previous = await lock.set_limit(limit)
+            except QuorumNotReached as exc:
+                raise self._no_quorum(exc.failed, exc.needed) from None
             if previous is not None and previous != limit:
                 logger.warning(
                     "Limit of stage %r changed from %s to %s in Redis (the newest process's "
@@ -854,7 +843,7 @@ class StageLocks:
         if lock is None or permit.lost:
             return
         try:
-            await release_on(lock, permit)
+            await lock.release(permit)
         except REDIS_ERRORS as exc:
             if self.closed:
                 return  # close() frees every grant of this process in one call anyway
@@ -1022,7 +1011,7 @@ class StageLocks:
             if lock is None or permit.lost:
                 continue
             try:
-                await release_on(lock, permit)
+                await lock.release(permit)
             except REDIS_ERRORS:
                 self._unreleased.extend(pending[index:])
                 raise
@@ -1089,7 +1078,7 @@ class StageLocks:
             await asyncio.wait(pending, timeout=CLOSE_TIMEOUT)
 
         async def free(stage: str, lock: StageLock) -> None:
-            closing = close_lock(lock, retire=self.retire_on_close)
+            closing = lock.aclose(retire=self.retire_on_close)
             try:
                 await asyncio.wait_for(closing, CLOSE_TIMEOUT)
             except (TimeoutError, *REDIS_ERRORS) as exc:

@@ -37,7 +37,7 @@ class AsyncCountingLock(TaskContext[Permit], LockFront):
         self._closed = False
 
     async def _run(self, op: Operation[T]) -> T:
-        return await adrive(op, self._command, self.name)
+        return await adrive(op, self.runner, self.name)
 
     async def acquire(self, timeout: float | None = None) -> Permit:
         """Wait for a slot (first come, first served); AcquireTimeout after ``timeout`` s."""

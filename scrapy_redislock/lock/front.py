@@ -324,15 +324,20 @@ class LockFront:
             durable=durable,
         )
         self._client = client
-        # What drive() / adrive() send the commands through (the worker front wraps it:
-        # workers/slots.py).
-        self._command: Callable[[Command], Any] = CommandRunner(client, self._waiting_client)
+        #: What drive() / adrive() send the commands through; a caller may wrap it to watch
+        #: replies (the worker front does: workers/slots.py), the quorum lock drives it per master.
+        self.runner: Callable[[Command], Any] = CommandRunner(client, self._waiting_client)
         self.auto_renew = auto_renew
         self.maintain_loop = maintain_loop
         self.on_lost: LostCallback = on_lost or log_lost
         self._idle_ticks = 0  # loop ticks in a row with nothing to do
         # acquire() calls in progress (a wait is served by the loop from its very start)
         self._callers = 0
+
+    @property
+    def core(self) -> LockCore:
+        """The sans-IO state this front drives (the quorum lock drives one per master)."""
+        return self._core
 
     @property
     def name(self) -> str:

@@ -74,6 +74,7 @@ from scrapy_redislock.errors import (
     LockConnectionError,
     LockError,
     LockLost,
+    QuorumNotReached,
 )
 from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.core import Clock, LockCore, LockKeys, Permit, default_identity
@@ -301,12 +302,12 @@ class QuorumCore:
         if any(not isinstance(r, BaseException) and int(r) for r in replies.values()):
             self._known()
 
-    def set_limit(self, limit: int) -> QuorumOperation[tuple[int | None, dict[int, BaseException]]]:
-        """Write ``limit`` to every master: (the previous limit of the first master that had one,
-        the masters that failed: index -> error). A master that lacks the lock while another has it
-        gets it in limbo (every slot reserved for one lease: it lost the lock, and a holder may be
-        about to re-adopt its grant there); only a lock found on no master is created with free
-        slots."""
+    def set_limit(self, limit: int) -> QuorumOperation[int | None]:
+        """Write ``limit`` to every master: the previous limit of the first master that had one;
+        :class:`QuorumNotReached` when fewer than ``quorum`` masters took it. A master that lacks
+        the lock while another has it gets it in limbo (every slot reserved for one lease: it lost
+        the lock, and a holder may be about to re-adopt its grant there); only a lock found on no
+        master is created with free slots."""
         yield from self._probe()
         recover = self.known
         replies = yield Fanout(
@@ -321,8 +322,30 @@ class QuorumCore:
             elif previous is None:
                 previous = reply
         if len(failed) < len(replies):
-            self._known()  # the lock exists now: a master that later lacks it lost it (recreated in limbo)
-        return previous, failed
+            # the lock exists now: a master that later lacks it lost it (recreated in limbo)
+            self._known()
+        self._check_answers(failed, "set_limit")
+        return previous
+
+    def get_limit(self) -> QuorumOperation[int | None]:
+        """The limit most masters that answer hold (ties: the first master's); None where no
+        master has the lock. :class:`QuorumNotReached` when fewer than ``quorum`` answer."""
+        replies = yield Fanout({i: core.get_limit() for i, core in enumerate(self.cores)})
+        failed = {i: r for i, r in replies.items() if isinstance(r, BaseException)}
+        self._check_answers(failed, "get_limit")
+        limits: list[int | None] = [replies[i] for i in sorted(replies) if i not in failed]
+        return max(limits, key=limits.count)
+
+    def _check_answers(self, failed: Mapping[int, BaseException], what: str) -> None:
+        if len(self.cores) - len(failed) >= self.quorum:
+            return
+        said = "; ".join(f"master {i}: {error}" for i, error in sorted(failed.items()))
+        raise QuorumNotReached(
+            f"quorum lock {self.name!r}: {what}: {len(self.cores) - len(failed)} of "
+            f"{len(self.cores)} masters answered, {self.quorum} needed ({said})",
+            dict(failed),
+            self.quorum,
+        )
 
     def acquire(
         self,
@@ -645,14 +668,14 @@ class QuorumFront(Generic[F]):
             for client, each in zip(masters, shared, strict=True)
         ]
         self._core = QuorumCore.create(
-            [front._core for front in self._fronts],
+            [front.core for front in self._fronts],
             quorum=quorum,
             reentrant=reentrant,
             drift_factor=drift_factor,
             clock=clock,
         )
         self._masters = list(masters)
-        self._runners = [front._command for front in self._fronts]
+        self._runners = [front.runner for front in self._fronts]
         # Per master: (when, whether it answered) of the last PING a lead wait sent (see
         # LeadWait.watch).
         self._answered: dict[int, tuple[float, bool]] = {}
@@ -704,6 +727,19 @@ class QuorumFront(Generic[F]):
         """Holds, waits or has an abandoned wait to clean up on some master: what a maintain() is
         for."""
         return bool(self._core.held) or any(front.busy for front in self._fronts)
+
+    def renewal_due(self) -> bool:
+        """Whether a maintain() is needed now: something held, or a master's front busy (a quorum
+        permit's validity is counted from its round, so every tick renews it)."""
+        return self.busy
+
+    def _check_limit(self, limit: int) -> None:
+        if limit != self._core.limit:
+            raise InvalidArgument(
+                f"quorum lock {self.name!r}: set_limit({limit!r}) differs from the limit "
+                f"{self._core.limit} it was made with; its quorum depends on the limit: make a "
+                "new lock object"
+            )
 
     def annotate(self, **fields: Any) -> None:
         """Add fields to this owner's identity on every master (sent with the next maintain
@@ -885,9 +921,19 @@ class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock])
         self._report_lost(lost)
         return lost
 
-    def close(self) -> int:
+    def set_limit(self, limit: int) -> int | None:
+        """Write this object's limit to every master (see :meth:`AsyncQuorumCountingLock.set_limit`);
+        returns the previous limit."""
+        self._check_limit(limit)
+        return self._run(self._core.set_limit(limit))
+
+    def get_limit(self) -> int | None:
+        """The limit most answering masters hold; QuorumNotReached when fewer than q answer."""
+        return self._run(self._core.get_limit())
+
+    def close(self, retire: bool = False) -> int:
         """Stop renewing and free everything this object holds on every master; returns how many
-        permits."""
+        permits. ``retire=True``: each master deletes the lock when nobody else uses it there."""
         self._stop.set()
         renewer = self._renewer
         if renewer is not None and renewer is not threading.current_thread():
@@ -895,7 +941,7 @@ class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock])
         count = self._core.forget_all()
         for front in self._fronts:
             with contextlib.suppress(*MASTER_ERRORS):
-                front.close()
+                front.close(retire=retire)
         return count
 
     def _start_loop(self) -> None:
@@ -1082,31 +1128,29 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
         self._report_lost(lost)
         return lost
 
-    async def set_limit(self, limit: int) -> tuple[int | None, dict[int, BaseException]]:
+    async def set_limit(self, limit: int) -> int | None:
         """Write this object's limit to every master at once (the newest process's settings win):
-        (the previous limit of the first master that had one, the masters that failed: index ->
-        error). Only the limit the object was made with: its quorum was computed from it (another
-        limit needs a new object). A master missing then gets the lock with this limit when it is
-        first used.
+        the previous limit of the first master that had one; :class:`QuorumNotReached` (naming
+        the masters that failed) when fewer than q took it. Only the limit the object was made
+        with: its quorum was computed from it (another limit needs a new object). A master missing
+        then gets the lock with this limit when it is first used.
 
         Never creates free slots on a master that lost the lock while another has it: until this
         object has seen the lock, it first asks every master whether it has it (one EXISTS each),
         and a master without it gets it with every slot reserved for one lease (see
         :meth:`QuorumCore.set_limit`)."""
-        if limit != self._core.limit:
-            raise InvalidArgument(
-                f"quorum lock {self.name!r}: set_limit({limit!r}) differs from the limit "
-                f"{self._core.limit} it was "
-                "made with; its quorum depends on the limit: make a new lock object"
-            )
-        result: tuple[int | None, dict[int, BaseException]] = await self._run(
-            self._core.set_limit(limit)
-        )
-        return result
+        self._check_limit(limit)
+        previous: int | None = await self._run(self._core.set_limit(limit))
+        return previous
 
-    async def aclose(self) -> int:
+    async def get_limit(self) -> int | None:
+        """The limit most answering masters hold; QuorumNotReached when fewer than q answer."""
+        limit: int | None = await self._run(self._core.get_limit())
+        return limit
+
+    async def aclose(self, retire: bool = False) -> int:
         """Stop renewing and free everything this object holds on every master; returns how many
-        permits."""
+        permits. ``retire=True``: each master deletes the lock when nobody else uses it there."""
         self._closed = True
         if self._renewer is not None and self._renewer is not asyncio.current_task():
             await stop(self._renewer)
@@ -1114,7 +1158,9 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
         for ping in self._pings.values():
             ping.cancel()
         count = self._core.forget_all()
-        await asyncio.gather(*(front.aclose() for front in self._fronts), return_exceptions=True)
+        await asyncio.gather(
+            *(front.aclose(retire=retire) for front in self._fronts), return_exceptions=True
+        )
         return count
 
     def _start_loop(self) -> None:

@@ -43,7 +43,7 @@ class CountingLock(ThreadContext[Permit], LockFront):
         self._stop = threading.Event()
 
     def _run(self, op: Operation[T]) -> T:
-        return drive(op, self._command, self.name)
+        return drive(op, self.runner, self.name)
 
     def acquire(self, timeout: float | None = None) -> Permit:
         """Wait for a slot (first come, first served); AcquireTimeout after ``timeout`` s."""
@@ -88,8 +88,12 @@ class CountingLock(ThreadContext[Permit], LockFront):
         """The limit in Redis now."""
         return self._run(self._core.get_limit())
 
-    def close(self) -> int:
-        """Stop renewing and free every slot this object holds; returns how many."""
+    def close(self, retire: bool = False) -> int:
+        """Stop renewing and free every slot this object holds; returns how many.
+
+        ``retire=True`` also deletes the lock from Redis when nobody else uses it (see
+        :meth:`LockCore.retire <scrapy_redislock.lock.core.LockCore.retire>`).
+        """
         self._stop.set()
         self._wake.set()
         renewer = self._renewer
@@ -97,6 +101,9 @@ class CountingLock(ThreadContext[Permit], LockFront):
             renewer.join()
         self._renewer = None
         try:
+            if retire:
+                freed, _deleted = self._run(self._core.retire())
+                return int(freed)
             return int(self._run(self._core.release_all()))
         finally:  # its waiting connections are closed even when Redis could not be told (given ones: their owner's)
             if self._waiting_client is not None and self._owns_waiting_client:

@@ -71,7 +71,7 @@ class WorkerSlots(StageLocks):
         # the worker front runs on one Redis (no quorum lock)
         if isinstance(lock, AsyncCountingLock):
             stage = name.removeprefix(self.lock_prefix)
-            lock._command = LimitWatch(lock._command, functools.partial(self._seen, stage))
+            lock.runner = LimitWatch(lock.runner, functools.partial(self._seen, stage))
         return lock
 
     def _seen(self, stage: str, limit: int) -> None:

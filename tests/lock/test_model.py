@@ -60,7 +60,7 @@ def run_to_end(lock: CountingLock, op: Operation, command: Any) -> Any:
     the caller)."""
     while True:
         try:
-            reply, error = lock._command(command), None
+            reply, error = lock.runner(command), None
         except redis.exceptions.RedisError as exc:
             reply, error = None, exc
         try:
@@ -223,9 +223,9 @@ class LockMachine(RuleBasedStateMachine):
         op = lock._core.acquire(None)
         command = next(op)
         while command.__class__.__name__ != "ReadGrant":  # a setup first (data loss, quiet spell)
-            command = op.send(lock._command(command))
+            command = op.send(lock.runner(command))
         if delivered and self.free():
-            reply = lock._command(dataclasses.replace(command, block_ms=1))
+            reply = lock.runner(dataclasses.replace(command, block_ms=1))
             grant = lock._core._grant_from(reply)
             assert grant is not None
             self.ghosts[grant] = lock.owner

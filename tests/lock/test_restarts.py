@@ -189,7 +189,7 @@ def test_renewal_is_due_an_interval_after_the_ask_not_the_reply(redis_client: re
         redis_client, "detail", limit=1, ttl=TTL, maintain_loop=False, clock=clock
     )
     op = holder._core.acquire(None)
-    runner = holder._command
+    runner = holder.runner
     command = next(op)
     while command.__class__.__name__ != "ReadGrant":
         command = op.send(runner(command))

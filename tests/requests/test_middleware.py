@@ -194,7 +194,7 @@ def test_lost_lease_is_logged_and_counted(
     owners = [o.decode() for o in redis_client.hkeys(keys.owners)]
     assert len(owners) == 1
     scripts = CountingLock(redis_client, "detail")  # only to run the script through redis-py
-    freed = drive(release_consumer(keys, owners[0]), scripts._command, "detail")
+    freed = drive(release_consumer(keys, owners[0]), scripts.runner, "detail")
     assert freed == 3
     crawl.wait()
     assert crawl.stats["finish_reason"] == "finished", crawl.tail()
