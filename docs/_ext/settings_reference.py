@@ -1,6 +1,6 @@
-"""The settings table of ``docs/settings.md``, made from ``scrapy_redislock/crawl/defaults.py``
-itself (each assignment, its default, and the comment above it), so the reference cannot drift from
-the code.
+"""The settings table of ``docs/settings.md``, made from the table in
+``scrapy_redislock/crawl/defaults.py`` (each setting's name, default and description), the one that
+``read_settings`` reads, so the reference cannot drift from the code.
 
 The table is a plain Markdown table written *into* ``docs/settings.md`` between two HTML comments,
 so that it shows wherever the Markdown is read (GitHub, an editor) and not only in the Sphinx site.
@@ -34,49 +34,11 @@ BEGIN = (
 )
 END = "<!-- end of the generated settings table -->"
 BLOCK = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
-ASSIGNMENT = re.compile(r"^(REDISLOCK_[A-Z0-9_]+)\s*(?::[^=]+)?=")
-
-# Comments of defaults.py that say something the code does not do, and what the table says instead.
-# A correction applies only while defaults.py's comment reads exactly as quoted here;
-# tests/test_docs.py fails when a quoted comment is gone (fixed in defaults.py), so that its
-# correction is dropped here.
-CORRECTIONS: dict[str, tuple[str, str]] = {}
-
-
-def defaults_comments() -> dict[str, str]:
-    """The comment right above each setting in defaults.py, as it is there (before any
-    correction)."""
-    source = Path(defaults.__file__).read_text(encoding="utf-8").splitlines()
-    found: dict[str, str] = {}
-    comment: list[str] = []
-    for line in source:
-        if line.startswith("#"):
-            comment.append(line.lstrip("#").strip())
-            continue
-        match = ASSIGNMENT.match(line)
-        if match:
-            found[match.group(1)] = " ".join(comment)
-        comment = []  # a comment describes the one line below it
-    return found
 
 
 def documented_settings() -> list[tuple[str, Any, str]]:
-    """(name, default, description) in the order of defaults.py; the comment right above a setting
-    describes it."""
-    comments = defaults_comments()
-    missing = set(defaults.SETTINGS) - set(comments)
-    if missing:
-        raise ValueError(
-            "settings in defaults.SETTINGS but not assigned on a line of their own: "
-            f"{sorted(missing)}"
-        )
-    found = []
-    for name, description in comments.items():
-        stale, corrected = CORRECTIONS.get(name, (None, None))
-        found.append(
-            (name, defaults.SETTINGS[name], corrected if description == stale else description)
-        )
-    return found
+    """(name, default, description) of every setting, in the order of defaults.TABLE."""
+    return [(setting.name, setting.default, setting.doc) for setting in defaults.TABLE]
 
 
 def _text(value: str) -> str:
@@ -91,9 +53,7 @@ def markdown_table() -> str:
     """The table, one row per setting: `name` | `repr(default)` | description."""
     lines = ["| setting | default | meaning |", "|---|---|---|"]
     for name, default, description in documented_settings():
-        lines.append(
-            f"| `{name}` | `{default!r}` | {_text(description) or '(undocumented in defaults.py)'} |"
-        )
+        lines.append(f"| `{name}` | `{default!r}` | {_text(description)} |")
     return "\n".join(lines)
 
 

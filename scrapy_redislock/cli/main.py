@@ -120,7 +120,7 @@ def add_subcommands(
         "--prefix",
         default=argparse.SUPPRESS,
         help="key prefix of the locks (default: REDISLOCK_KEY_PREFIX, else "
-        f"{defaults.REDISLOCK_KEY_PREFIX!r})",
+        f"{defaults.SETTINGS['REDISLOCK_KEY_PREFIX']!r})",
     )
     if top_level:
         parser.add_argument("--url", default=None, help=argparse.SUPPRESS)

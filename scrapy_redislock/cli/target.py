@@ -110,7 +110,7 @@ def resolve_target(
     source = ""
     prefix: str | None = None
     prefix_source = ""
-    ttl = float(defaults.REDISLOCK_TTL)
+    ttl = float(defaults.SETTINGS["REDISLOCK_TTL"])
     params = dict(CLI_CLIENT_PARAMS)
     stages: Mapping[str, int | None] = {}
     if settings is not None:
@@ -153,7 +153,7 @@ def resolve_target(
         if env.get("REDISLOCK_KEY_PREFIX"):
             prefix, prefix_source = env["REDISLOCK_KEY_PREFIX"], "$REDISLOCK_KEY_PREFIX"
         else:
-            prefix, prefix_source = defaults.REDISLOCK_KEY_PREFIX, "the default prefix"
+            prefix, prefix_source = defaults.SETTINGS["REDISLOCK_KEY_PREFIX"], "the default prefix"
     try:
         check_name(prefix, prefix_source)
     except InvalidArgument as exc:

@@ -25,7 +25,7 @@ the same URLs with ``REDIS_PARAMS = {"redis_cls": "scrapy_redislock.RedisClient"
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode
@@ -39,6 +39,7 @@ import redis.sentinel
 from redis.connection import parse_url as redis_parse_url
 
 from scrapy_redislock.errors import ConfigError
+from scrapy_redislock.lock.quorum import master_options
 
 SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}  # scheme -> TLS
 CLUSTER_SCHEMES = {"redis+cluster": False, "rediss+cluster": True}
@@ -223,6 +224,18 @@ class RedisClient:
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> redis.Redis | redis.RedisCluster:
         return parse_url(url, "REDIS_URL").client(cluster_class=ScrapyRedisCluster, **kwargs)
+
+
+def async_clients(
+    url: str, setting: str, params: Mapping[str, Any], masters: Sequence[str] = ()
+) -> list[redis.asyncio.Redis | redis.asyncio.RedisCluster]:
+    """A crawl's redis.asyncio clients for the reactor thread: the one Redis of ``url``, or one per
+    master of a quorum (no retries, 1 s socket timeouts unless ``params`` says otherwise: a dead
+    master must not eat the validity time)."""
+    if not masters:
+        return [parse_url(url, setting).async_client(**params)]
+    merged = {**master_options(asyncio=True), **params}
+    return [parse_url(master, setting).async_client(**merged) for master in masters]
 
 
 def parse_url(url: Any, setting: str) -> RedisURL:

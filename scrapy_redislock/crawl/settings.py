@@ -1,4 +1,7 @@
-"""Read and check every REDISLOCK_* setting, in one place.
+"""Read and check every REDISLOCK_* setting, in one place: one loop over
+:data:`~scrapy_redislock.crawl.defaults.TABLE` (one parser per kind of value, :data:`PARSERS`), then
+a few rules across settings (the connection and its scrapy-redis fallbacks, stage names, the
+quorum, keys).
 
 Settings read: REDISLOCK_ENABLED, REDISLOCK_URL, REDISLOCK_PARAMS, REDISLOCK_STAGES,
 REDISLOCK_WORKER_STAGES, REDISLOCK_TTL, REDISLOCK_DURABLE, REDISLOCK_KEY_PREFIX,
@@ -27,22 +30,21 @@ import difflib
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import redis
-import redis.asyncio
 from scrapy.settings import BaseSettings
 
 from scrapy_redislock._redis import check_limit, check_name, check_ttl
 from scrapy_redislock.crawl import defaults
-from scrapy_redislock.crawl.connection import RedisURL, mask_url, parse_url
+from scrapy_redislock.crawl.connection import RedisURL, mask_url
+from scrapy_redislock.crawl.connection import parse_url as connection_url
 from scrapy_redislock.crawl.inner import check_inner_scheduler
 from scrapy_redislock.crawl.keys import KeyFunction, key_function
 from scrapy_redislock.crawl.requestformat import serializer_of
 from scrapy_redislock.crawl.stages import unknown_stage
 from scrapy_redislock.errors import ConfigError, InvalidArgument
-from scrapy_redislock.lock.quorum import master_options, safe_quorum
+from scrapy_redislock.lock.quorum import safe_quorum
 
 # Client keyword arguments that make sense for our connections (scrapy-redis's REDIS_PARAMS may hold
 # more).
@@ -67,45 +69,41 @@ CLIENT_PARAMS = {
 DEFAULT_CLIENT_PARAMS = {"socket_connect_timeout": 10, "health_check_interval": 30}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RedisLockSettings:
-    """The checked REDISLOCK_* settings of one crawler."""
+    """The checked REDISLOCK_* settings of one crawler (defaults: :mod:`.defaults`' table)."""
 
-    enabled: bool = True
-    url: str = "redis://localhost:6379/0"
-    url_setting: str = "REDISLOCK_URL"  # where the URL came from, for messages (or "the default")
-    params: Mapping[str, Any] = field(default_factory=dict)
-    stages: Mapping[str, int | None] = field(default_factory=dict)
-    worker_stages: Mapping[str, int | None] = field(default_factory=dict)
-    ttl: float = 30.0
-    durable: bool = False
-    key_prefix: str = "redislock"
-    default_stage: str | None = None
-    callback_stages: Mapping[str, str] = field(default_factory=dict)
-    wait_timeout: float | None = None
-    stage_preference: tuple[str, ...] = ()
-    # a class, or its import path (crawl/inner.py)
-    scheduler_inner: str | type = "scrapy.core.scheduler.Scheduler"
-    waiters_per_stage: int = 2
-    local_reuse: float = 0.25
-    idle_close: float | None = None
-    connect_timeout: float = 30.0
-    stage_key: KeyFunction | None = None
-    key_limit: int | None = None
-    key_limits: Mapping[str, int | None] = field(default_factory=dict)
-    delay: float = 0.0
-    delays: Mapping[str, float] = field(default_factory=dict)
-    randomize_delay: bool = False
-    # REDISLOCK_URL as a list: the quorum lock's independent masters (else empty)
-    masters: tuple[str, ...] = ()
-    quorum: int | None = None  # REDISLOCK_QUORUM (None: each stage's safe quorum)
+    enabled: bool
+    url: str
+    url_setting: str  # where the URL came from, for messages (or "the default URL")
+    params: Mapping[str, Any]
+    stages: Mapping[str, int | None]
+    worker_stages: Mapping[str, int | None]
+    ttl: float
+    durable: bool
+    key_prefix: str
+    default_stage: str | None
+    callback_stages: Mapping[str, str]
+    wait_timeout: float | None
+    stage_preference: tuple[str, ...]
+    scheduler_inner: str | type  # a class, or its import path (crawl/inner.py)
+    waiters_per_stage: int
+    local_reuse: float
+    idle_close: float | None
+    connect_timeout: float
+    stage_key: KeyFunction | None
+    key_limit: int | None
+    key_limits: Mapping[str, int | None]
+    delay: float
+    delays: Mapping[str, float]
+    randomize_delay: bool
+    masters: tuple[str, ...]  # REDISLOCK_URL as a list: the quorum lock's masters (else empty)
+    quorum: int | None  # REDISLOCK_QUORUM (None: each stage's safe quorum)
 
     def limit_of_key(self, key: str) -> int | None:
         """The cap of one key: its REDISLOCK_KEY_LIMITS entry, else REDISLOCK_KEY_LIMIT (None:
         uncapped)."""
-        return (
-            self.key_limits.get(key, self.key_limit) if key in self.key_limits else self.key_limit
-        )
+        return self.key_limits.get(key, self.key_limit)
 
     def delay_of(self, name: str, stage: bool = False) -> float:
         """Seconds between two starts of a stage (``stage=True``; 0 unless REDISLOCK_DELAYS names
@@ -123,28 +121,7 @@ class RedisLockSettings:
     @property
     def connection(self) -> RedisURL:
         """The parsed URL: a server, Sentinel or Cluster (checked by read_settings)."""
-        return parse_url(self.url, self.url_setting)
-
-    def async_client(self) -> redis.asyncio.Redis | redis.asyncio.RedisCluster:
-        """A redis.asyncio client for the reactor thread (asyncio reactor): the master found through
-        Sentinel, or a cluster client, when the URL says so. ConfigError for a list of masters (see
-        :meth:`async_clients`)."""
-        if self.masters:
-            raise ConfigError(
-                f"{self.url_setting} lists {len(self.masters)} masters: this needs one Redis (a "
-                "list of masters is "
-                "for the request front's quorum lock)"
-            )
-        return self.connection.async_client(**self.params)
-
-    def async_clients(self) -> list[redis.asyncio.Redis | redis.asyncio.RedisCluster]:
-        """One client per master of a quorum (no retries, 1 s socket timeouts unless
-        REDISLOCK_PARAMS says otherwise: a dead master must not eat the validity time), else the one
-        client."""
-        if not self.masters:
-            return [self.async_client()]
-        params = {**master_options(asyncio=True), **self.params}
-        return [parse_url(url, self.url_setting).async_client(**params) for url in self.masters]
+        return connection_url(self.url, self.url_setting)
 
     @property
     def safe_url(self) -> str:
@@ -153,38 +130,40 @@ class RedisLockSettings:
         return mask_url(self.url)
 
 
-def _loaded(settings: BaseSettings, name: str) -> Any:
-    """A setting's value; dict/list settings given as JSON strings (e.g. with -s) are decoded."""
-    value = settings.get(name, getattr(defaults, name))
-    if isinstance(value, str) and name in {
-        "REDISLOCK_STAGES",
-        "REDISLOCK_WORKER_STAGES",
-        "REDISLOCK_CALLBACK_STAGES",
-        "REDISLOCK_PARAMS",
-        "REDISLOCK_STAGE_PREFERENCE",
-        "REDISLOCK_KEY_LIMITS",
-        "REDISLOCK_DELAYS",
-    }:
+# -- one parser per kind of value: (raw value, setting name, whether None is allowed) -> value -----
+
+
+def _is_none(raw: Any) -> bool:
+    """Whether an optional setting's value means None: None itself, or how ``-s NAME=...`` spells it
+    ("None", "none", "null" or nothing), the same for every optional setting."""
+    return raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "null"))
+
+
+def _none_or(optional: bool) -> str:
+    return "None or " if optional else ""
+
+
+def _json(raw: Any, name: str, what: str) -> Any:
+    """A dict or list given as JSON (``-s NAME='{...}'``) decoded; anything else as it is."""
+    if isinstance(raw, BaseSettings):
+        return raw.copy_to_dict()
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be {what} (or JSON of one), got {raw!r}") from None
+
+
+def _number(raw: Any) -> Any:
+    """A number given as a string (``-s REDISLOCK_TTL=3``) as a float; anything else as it is, for
+    the check."""
+    if isinstance(raw, str):
         try:
-            value = json.loads(value)
+            return float(raw)
         except ValueError:
-            raise ConfigError(f"{name} must be a dict (or JSON of one), got {value!r}") from None
-    if isinstance(value, BaseSettings):
-        value = value.copy_to_dict()
-    return value
-
-
-def check_stage_limits(value: Any, setting: str) -> dict[str, int | None]:
-    """{stage: limit or None}; ConfigError naming the setting, the stage and the bad value."""
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{setting} must be a dict of stage -> limit, got {value!r}")
-    checked: dict[str, int | None] = {}
-    for stage, limit in value.items():
-        _checked(check_name, stage, f"{setting}: a stage name")
-        if limit is not None:
-            _checked(check_limit, limit, f"{setting}[{stage!r}]", or_none=True)
-        checked[stage] = limit
-    return checked
+            return raw
+    return raw
 
 
 def _checked(
@@ -199,23 +178,191 @@ def _checked(
         raise ConfigError(message) from None
 
 
-def check_url(url: Any, setting: str) -> str:
-    """The URL, checked (:func:`~scrapy_redislock.crawl.connection.parse_url`): ConfigError naming
-    the setting."""
-    return parse_url(url, setting).url
+def parse_bool(raw: Any, name: str, optional: bool = False) -> bool:
+    """True or False, as Scrapy's ``getbool`` reads them (1/0, "True"/"true", "False"/"false")."""
+    try:
+        return BaseSettings({name: raw}).getbool(name)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(float("inf"))
+        raise ConfigError(f"{name} must be True or False, got {raw!r}") from None
 
 
-def _url_list(raw: Any, setting: str) -> Any:
-    """A list given as JSON (``-s REDISLOCK_URL='["redis://a", "redis://b"]'``) as a list; anything
-    else as is."""
-    if isinstance(raw, str) and raw.lstrip().startswith("["):
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise ConfigError(
-                f"{setting} must be a redis URL or a list of them, got {raw!r}"
-            ) from None
+def parse_seconds(raw: Any, name: str, optional: bool = False) -> float:
+    """A finite number of seconds >= 0 (a string too, as -s gives it)."""
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = math.nan
+    if isinstance(raw, bool) or not value >= 0 or math.isinf(value):
+        raise ConfigError(
+            f"{name} must be {_none_or(optional)}a number of seconds >= 0, got {raw!r}"
+        )
+    return value
+
+
+def parse_positive_seconds(raw: Any, name: str, optional: bool = False) -> float:
+    """A number of seconds > 0 (infinity allowed: wait as long as it takes)."""
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = math.nan
+    if isinstance(raw, bool) or not value > 0:
+        raise ConfigError(
+            f"{name} must be {_none_or(optional)}a number of seconds > 0, got {raw!r}"
+        )
+    return value
+
+
+def _integer(raw: Any) -> int | None:
+    """An integer given as one, as an integral float, or as a string of either; else None."""
+    value = _number(raw)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, int) else None
+
+
+def parse_positive_int(raw: Any, name: str, optional: bool = False) -> int:
+    """An integer >= 1."""
+    value = _integer(raw)
+    if value is None or value < 1:
+        raise ConfigError(f"{name} must be {_none_or(optional)}an integer >= 1, got {raw!r}")
+    return value
+
+
+def parse_quorum(raw: Any, name: str, optional: bool = False) -> Any:
+    """An integer as an int; anything else as it is: the range depends on the masters (a rule
+    across settings checks it)."""
+    value = _integer(raw)
+    return raw if value is None else value
+
+
+def parse_key_limit(raw: Any, name: str, optional: bool = False) -> int:
+    """A cap per key: an integer >= 1 (0 would pause every key for good)."""
+    value = _integer(raw)
+    if value is None:
+        _checked(check_limit, _number(raw), name, or_none=True)
+        raise ConfigError(f"{name} must be an integer >= 1 or None (no cap per key), got {raw!r}")
+    if value == 0:
+        raise ConfigError(f"{name} must be an integer >= 1 or None (no cap per key), got 0")
+    return int(_checked(check_limit, value, name, or_none=True))
+
+
+def parse_ttl(raw: Any, name: str, optional: bool = False) -> float:
+    return float(_checked(check_ttl, _number(raw), name))
+
+
+def parse_name(raw: Any, name: str, optional: bool = False) -> str:
+    return str(_checked(check_name, raw, name))
+
+
+def parse_stage_name(raw: Any, name: str, optional: bool = False) -> str:
+    """A stage name (whether it is configured is a rule across settings)."""
+    if not isinstance(raw, str):
+        raise ConfigError(
+            f"{name} must be a stage name{' or None' if optional else ''}, got {raw!r}"
+        )
     return raw
+
+
+def parse_stage_limits(raw: Any, name: str, optional: bool = False) -> dict[str, int | None]:
+    """{stage: limit or None}; ConfigError naming the setting, the stage and the bad value."""
+    value = _json(raw, name, "a dict")
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{name} must be a dict of stage -> limit, got {value!r}")
+    checked: dict[str, int | None] = {}
+    for stage, limit in value.items():
+        _checked(check_name, stage, f"{name}: a stage name")
+        if limit is not None:
+            _checked(check_limit, limit, f"{name}[{stage!r}]", or_none=True)
+        checked[stage] = limit
+    return checked
+
+
+def parse_key_limits(raw: Any, name: str, optional: bool = False) -> dict[str, int | None]:
+    """{key: limit >= 1 or None}."""
+    checked = parse_stage_limits(raw, name)
+    for key, limit in checked.items():
+        if limit == 0:
+            raise ConfigError(f"{name}[{key!r}] must be an integer >= 1 or None (no cap), got 0")
+    return checked
+
+
+def parse_callback_stages(raw: Any, name: str, optional: bool = False) -> dict[str, str]:
+    value = _json(raw, name, "a dict")
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ConfigError(f"{name} must be a dict of callback name -> stage, got {value!r}")
+    return dict(value)
+
+
+def parse_stage_names(raw: Any, name: str, optional: bool = False) -> tuple[str, ...]:
+    value = _json(raw, name, "a list")
+    if not isinstance(value, list | tuple) or not all(isinstance(s, str) for s in value):
+        raise ConfigError(f"{name} must be a list of stage names, got {value!r}")
+    return tuple(value)
+
+
+def parse_delays(raw: Any, name: str, optional: bool = False) -> dict[str, float]:
+    value = _json(raw, name, "a dict")
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{name} must be a dict of stage or key -> seconds, got {value!r}")
+    checked: dict[str, float] = {}
+    for key, seconds in value.items():
+        if not isinstance(key, str) or not key or "{" in key or "}" in key:
+            raise ConfigError(
+                f"{name}: names must be non-empty strings without braces, got {key!r}"
+            )
+        checked[key] = parse_seconds(seconds, f"{name}[{key!r}]")
+    return checked
+
+
+def parse_client_params(raw: Any, name: str, optional: bool = False) -> dict[str, Any]:
+    value = _json(raw, name, "a dict")
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{name} must be a dict of redis client arguments, got {value!r}")
+    return dict(value)
+
+
+def parse_url(raw: Any, name: str, optional: bool = False) -> str | tuple[str, ...]:
+    """One URL (checked by :func:`~scrapy_redislock.crawl.connection.parse_url`), or a list of
+    independent masters (also as JSON: ``-s REDISLOCK_URL='["redis://a", "redis://b"]'``)."""
+    if isinstance(raw, str) and raw.lstrip().startswith("["):
+        raw = _json(raw, name, "a redis URL or a list of them")
+    if isinstance(raw, list | tuple):
+        return check_masters(raw, name)
+    return connection_url(raw, name).url
+
+
+def parse_scheduler(raw: Any, name: str, optional: bool = False) -> str | type:
+    return check_inner_scheduler(raw or defaults.SETTINGS[name])
+
+
+def parse_key_function(raw: Any, name: str, optional: bool = False) -> KeyFunction | None:
+    return key_function(raw, name)
+
+
+PARSERS: dict[str, Callable[[Any, str, bool], Any]] = {
+    "bool": parse_bool,
+    "seconds": parse_seconds,
+    "positive_seconds": parse_positive_seconds,
+    "quorum": parse_quorum,
+    "positive_int": parse_positive_int,
+    "key_limit": parse_key_limit,
+    "ttl": parse_ttl,
+    "name": parse_name,
+    "stage_name": parse_stage_name,
+    "stage_limits": parse_stage_limits,
+    "key_limits": parse_key_limits,
+    "callback_stages": parse_callback_stages,
+    "stage_names": parse_stage_names,
+    "delays": parse_delays,
+    "client_params": parse_client_params,
+    "url": parse_url,
+    "scheduler": parse_scheduler,
+    "key_function": parse_key_function,
+}
 
 
 def check_masters(raw: Any, setting: str) -> tuple[str, ...]:
@@ -226,12 +373,11 @@ def check_masters(raw: Any, setting: str) -> tuple[str, ...]:
         raise ConfigError(f"{setting} must be a redis URL or a non-empty list of them, got {raw!r}")
     masters = []
     for url in raw:
-        checked = parse_url(url, setting)
+        checked = connection_url(url, setting)
         if checked.kind == "cluster":
             raise ConfigError(
                 f"{setting} lists a Redis Cluster ({mask_url(checked.url)!r}): a quorum lock needs "
-                "independent "
-                "masters (plain redis:// servers or Sentinel services), not a cluster"
+                "independent masters (plain redis:// servers or Sentinel services), not a cluster"
             )
         if checked.url in masters:
             raise ConfigError(
@@ -239,85 +385,6 @@ def check_masters(raw: Any, setting: str) -> tuple[str, ...]:
             )
         masters.append(checked.url)
     return tuple(masters)
-
-
-def _connection(settings: BaseSettings) -> tuple[str, str, dict[str, Any], tuple[str, ...]]:
-    """URL, the setting it came from, client params, and the quorum's masters (REDISLOCK_URL as a
-    list, else empty): REDISLOCK_* first, then scrapy-redis's REDIS_* settings."""
-    masters: tuple[str, ...] = ()
-    if settings.get("REDISLOCK_URL"):
-        source = "REDISLOCK_URL"
-        raw = _url_list(settings.get("REDISLOCK_URL"), source)
-        if isinstance(raw, list | tuple):
-            masters = check_masters(raw, source)
-            url = masters[0]
-            if len(masters) == 1:
-                masters = ()  # one master: the plain lock (a quorum of one is that, at a higher cost)
-        else:
-            url = check_url(raw, source)
-    elif settings.get("REDIS_URL"):
-        source = "REDIS_URL"
-        raw = _url_list(settings.get("REDIS_URL"), source)
-        if isinstance(raw, list | tuple):
-            raise ConfigError(
-                "REDIS_URL must be one redis URL (scrapy-redis connects to one Redis), got a list "
-                f"{raw!r}; a list of "
-                "independent masters for the quorum lock goes in REDISLOCK_URL"
-            )
-        url = check_url(raw, source)
-    elif settings.get("REDIS_HOST") or settings.get("REDIS_PORT"):
-        source = "REDIS_HOST/REDIS_PORT"
-        host = settings.get("REDIS_HOST") or "localhost"
-        port = settings.get("REDIS_PORT") or 6379
-        db = settings.get("REDIS_DB") or 0
-        url = check_url(f"redis://{host}:{port}/{db}", source)
-    else:
-        source = "the default URL"
-        url = "redis://localhost:6379/0"
-    own = _loaded(settings, "REDISLOCK_PARAMS")
-    params = own if own is not None else settings.getdict("REDIS_PARAMS")
-    if not isinstance(params, Mapping):
-        raise ConfigError(
-            f"REDISLOCK_PARAMS must be a dict of redis client arguments, got {params!r}"
-        )
-    merged = {} if masters else dict(DEFAULT_CLIENT_PARAMS)  # a quorum's masters: see async_clients
-    merged.update({k: v for k, v in params.items() if k in CLIENT_PARAMS})
-    return url, source, merged, masters
-
-
-def check_quorum(
-    settings: BaseSettings, masters: tuple[str, ...], stages: Mapping[str, int | None]
-) -> int | None:
-    """REDISLOCK_QUORUM: None, or an integer from every capped stage's safe quorum to the number of
-    masters."""
-    raw = settings.get("REDISLOCK_QUORUM", defaults.REDISLOCK_QUORUM)
-    if _is_none(raw):
-        return None
-    if not masters:
-        raise ConfigError(
-            f"REDISLOCK_QUORUM is set ({raw!r}) but REDISLOCK_URL names one Redis: give "
-            "REDISLOCK_URL as a list of "
-            "independent masters for a quorum lock, or unset REDISLOCK_QUORUM"
-        )
-    value = _number(raw)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    count = len(masters)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= count:
-        raise ConfigError(
-            f"REDISLOCK_QUORUM must be an integer from 1 to {count} (the masters), got {raw!r}"
-        )
-    for stage, limit in stages.items():
-        if limit is not None and value < safe_quorum(count, limit):
-            raise ConfigError(
-                f"REDISLOCK_QUORUM = {raw!r} is below the safe quorum {safe_quorum(count, limit)} "
-                f"of stage {stage!r} "
-                f"(limit {limit}, {count} masters): up to {count * limit // value} requests could "
-                "hold it at once; "
-                "use None (each stage's safe quorum) or a value from the safe quorum to the number "
-                "of masters"
-            )
-    return value
 
 
 def check_names(settings: BaseSettings) -> None:
@@ -340,231 +407,139 @@ def check_names(settings: BaseSettings) -> None:
         )
 
 
+# -- the loop and the rules across settings --------------------------------------------------------
+
+
+def read_table(settings: BaseSettings) -> dict[str, Any]:
+    """Every setting of :data:`.defaults.TABLE` through its kind's parser, by field name."""
+    values: dict[str, Any] = {}
+    for setting in defaults.TABLE:
+        raw = settings.get(setting.name, setting.default)
+        optional = setting.default is None
+        if optional and _is_none(raw):
+            values[setting.field] = None
+        else:
+            values[setting.field] = PARSERS[setting.kind](raw, setting.name, optional)
+    return values
+
+
 def read_settings(settings: BaseSettings) -> RedisLockSettings:
     """All REDISLOCK_* settings, checked; ConfigError with a message naming the bad one."""
     check_names(settings)
-    enabled = _bool(settings, "REDISLOCK_ENABLED")
-    url, url_setting, params, masters = _connection(settings)
-    stages = check_stage_limits(_loaded(settings, "REDISLOCK_STAGES"), "REDISLOCK_STAGES")
-    quorum = check_quorum(settings, masters, stages)
-    worker_stages = check_stage_limits(
-        _loaded(settings, "REDISLOCK_WORKER_STAGES"), "REDISLOCK_WORKER_STAGES"
-    )
+    values = read_table(settings)
+    values.update(_connection(settings, values.pop("url"), values.pop("params")))
+    _check_stage_names(values)
+    _check_quorum(values)
+    _check_keys(values)
+    return RedisLockSettings(**values)
 
-    raw_ttl = settings.get("REDISLOCK_TTL", defaults.REDISLOCK_TTL)
-    ttl = _checked(check_ttl, _number(raw_ttl), "REDISLOCK_TTL")
 
-    raw_prefix = settings.get("REDISLOCK_KEY_PREFIX", defaults.REDISLOCK_KEY_PREFIX)
-    prefix = _checked(check_name, raw_prefix, "REDISLOCK_KEY_PREFIX")
+def _connection(settings: BaseSettings, url: Any, params: Any) -> dict[str, Any]:
+    """url, url_setting, params and masters (REDISLOCK_URL as a list, else empty): REDISLOCK_URL and
+    REDISLOCK_PARAMS first, then scrapy-redis's REDIS_* settings."""
+    masters: tuple[str, ...] = ()
+    if url is not None:
+        source = "REDISLOCK_URL"
+        if isinstance(url, tuple):
+            masters, url = url, url[0]
+            if len(masters) == 1:
+                masters = ()  # one master: the plain lock (a quorum of one is that, at a higher cost)
+    elif settings.get("REDIS_URL"):
+        source = "REDIS_URL"
+        url = parse_url(settings.get("REDIS_URL"), source)
+        if isinstance(url, tuple):
+            raise ConfigError(
+                "REDIS_URL must be one redis URL (scrapy-redis connects to one Redis), got a list "
+                f"{list(url)!r}; a list of independent masters for the quorum lock goes in "
+                "REDISLOCK_URL"
+            )
+    elif settings.get("REDIS_HOST") or settings.get("REDIS_PORT"):
+        source = "REDIS_HOST/REDIS_PORT"
+        host = settings.get("REDIS_HOST") or "localhost"
+        port = settings.get("REDIS_PORT") or 6379
+        db = settings.get("REDIS_DB") or 0
+        url = connection_url(f"redis://{host}:{port}/{db}", source).url
+    else:
+        source = "the default URL"
+        url = "redis://localhost:6379/0"
+    if params is None:
+        params = parse_client_params(settings.getdict("REDIS_PARAMS"), "REDIS_PARAMS")
+    merged = {} if masters else dict(DEFAULT_CLIENT_PARAMS)  # a quorum's masters: see async_clients
+    merged.update({k: v for k, v in params.items() if k in CLIENT_PARAMS})
+    return {"url": url, "url_setting": source, "params": merged, "masters": masters}
 
-    known = set(stages) | set(worker_stages)
+
+def _check_stage_names(values: Mapping[str, Any]) -> None:
+    """The default stage, the callbacks' stages and the preference name configured stages."""
+    known = set(values["stages"]) | set(values["worker_stages"])
     both = "REDISLOCK_STAGES or REDISLOCK_WORKER_STAGES"
-    default_stage = settings.get("REDISLOCK_DEFAULT_STAGE", defaults.REDISLOCK_DEFAULT_STAGE)
-    if default_stage is not None and not isinstance(default_stage, str):
-        raise ConfigError(
-            f"REDISLOCK_DEFAULT_STAGE must be a stage name or None, got {default_stage!r}"
-        )
+    default_stage = values["default_stage"]
     if default_stage is not None and default_stage not in known:
         raise unknown_stage("REDISLOCK_DEFAULT_STAGE", default_stage, known, both)
-
-    callback_stages = _loaded(settings, "REDISLOCK_CALLBACK_STAGES")
-    if not isinstance(callback_stages, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in callback_stages.items()
-    ):
-        raise ConfigError(
-            "REDISLOCK_CALLBACK_STAGES must be a dict of callback name -> stage, got "
-            f"{callback_stages!r}"
-        )
-    for callback, stage in sorted(callback_stages.items()):
+    for callback, stage in sorted(values["callback_stages"].items()):
         if stage not in known:
             raise unknown_stage(f"REDISLOCK_CALLBACK_STAGES[{callback!r}]", stage, known, both)
-
-    raw_timeout = settings.get("REDISLOCK_WAIT_TIMEOUT", defaults.REDISLOCK_WAIT_TIMEOUT)
-    wait_timeout: float | None = None
-    if not _is_none(raw_timeout):
-        try:
-            wait_timeout = float(raw_timeout)
-        except (TypeError, ValueError):
-            wait_timeout = math.nan
-        if isinstance(raw_timeout, bool) or not wait_timeout > 0:
-            raise ConfigError(
-                "REDISLOCK_WAIT_TIMEOUT must be None or a number of seconds > 0, got "
-                f"{raw_timeout!r}"
-            )
-
-    preference = _loaded(settings, "REDISLOCK_STAGE_PREFERENCE")
-    if not isinstance(preference, list | tuple) or not all(isinstance(s, str) for s in preference):
-        raise ConfigError(
-            f"REDISLOCK_STAGE_PREFERENCE must be a list of stage names, got {preference!r}"
-        )
-    stray = sorted(set(preference) - known)
+    stray = sorted(set(values["stage_preference"]) - known)
     if stray:
         raise ConfigError(
             f"REDISLOCK_STAGE_PREFERENCE names unknown stages {stray}; known: {sorted(known)}"
         )
 
-    inner = check_inner_scheduler(
-        settings.get("REDISLOCK_SCHEDULER_INNER") or defaults.REDISLOCK_SCHEDULER_INNER
-    )
-    waiters = _positive_int(settings, "REDISLOCK_WAITERS_PER_STAGE")
-    local_reuse = _seconds_of(settings, "REDISLOCK_LOCAL_REUSE")
-    raw_idle = settings.get("REDISLOCK_IDLE_CLOSE", defaults.REDISLOCK_IDLE_CLOSE)
-    idle_close = (
-        None if _is_none(raw_idle) else _seconds(raw_idle, "REDISLOCK_IDLE_CLOSE", or_none=True)
-    )
-    connect_timeout = _seconds_of(settings, "REDISLOCK_CONNECT_TIMEOUT")
 
-    keys = _read_keys(settings, stages)
-    if masters and (keys["stage_key"] is not None or keys["delays"]):
+def _check_quorum(values: Mapping[str, Any]) -> None:
+    """REDISLOCK_QUORUM: None, or from every capped stage's safe quorum to the number of masters;
+    caps per key and delays need one Redis."""
+    quorum, masters = values["quorum"], values["masters"]
+    if masters and (values["stage_key"] is not None or values["delays"]):
+        given = "REDISLOCK_STAGE_KEY" if values["stage_key"] is not None else "REDISLOCK_DELAYS"
         raise ConfigError(
-            f"REDISLOCK_URL lists {len(masters)} masters (a quorum lock) but "
-            f"{'REDISLOCK_STAGE_KEY' if keys['stage_key'] is not None else 'REDISLOCK_DELAYS'} is "
-            "set: caps per key "
-            "and delays need one Redis (give REDISLOCK_URL one URL)"
+            f"REDISLOCK_URL lists {len(masters)} masters (a quorum lock) but {given} is set: caps "
+            "per key and delays need one Redis (give REDISLOCK_URL one URL)"
         )
-    return RedisLockSettings(
-        **keys,
-        enabled=enabled,
-        url=url,
-        url_setting=url_setting,
-        params=params,
-        stages=stages,
-        worker_stages=worker_stages,
-        ttl=ttl,
-        durable=_bool(settings, "REDISLOCK_DURABLE"),
-        key_prefix=prefix,
-        default_stage=default_stage,
-        callback_stages=dict(callback_stages),
-        wait_timeout=wait_timeout,
-        stage_preference=tuple(preference),
-        scheduler_inner=inner,
-        waiters_per_stage=waiters,
-        local_reuse=local_reuse,
-        idle_close=idle_close,
-        connect_timeout=connect_timeout,
-        masters=masters,
-        quorum=quorum,
-    )
-
-
-def _number(raw: Any) -> Any:
-    """A number given as a string (``-s REDISLOCK_TTL=3``) as a float; anything else as it is, for
-    the check."""
-    if isinstance(raw, str):
-        try:
-            return float(raw)
-        except ValueError:
-            return raw
-    return raw
-
-
-def _is_none(raw: Any) -> bool:
-    """Whether an optional setting's value means None: None itself, or how ``-s NAME=...`` spells it
-    ("None", "none", "null" or nothing), the same for every optional setting."""
-    return raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "null"))
-
-
-def _seconds_of(settings: BaseSettings, name: str) -> float:
-    """A setting that is a number of seconds >= 0 (see :func:`_seconds`)."""
-    return _seconds(settings.get(name, getattr(defaults, name)), name)
-
-
-def _bool(settings: BaseSettings, name: str, default: bool | None = None) -> bool:
-    """A boolean setting (ours: its default from the defaults module); ConfigError naming it
-    otherwise."""
-    try:
-        return settings.getbool(name, getattr(defaults, name) if default is None else default)
-    except (TypeError, ValueError, OverflowError):  # OverflowError: int(float("inf"))
-        raise ConfigError(f"{name} must be True or False, got {settings.get(name)!r}") from None
-
-
-def _seconds(raw: Any, setting: str, *, or_none: bool = False) -> float:
-    """A finite number of seconds >= 0 (a string too, as -s gives it); ConfigError naming the
-    setting otherwise."""
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        value = math.nan
-    if isinstance(raw, bool) or not value >= 0 or math.isinf(value):
-        none = "None or " if or_none else ""
-        raise ConfigError(f"{setting} must be {none}a number of seconds >= 0, got {raw!r}")
-    return value
-
-
-def _read_keys(settings: BaseSettings, stages: Mapping[str, int | None]) -> dict[str, Any]:
-    """REDISLOCK_STAGE_KEY, the key caps, the delays; ConfigError naming the setting and the bad
-    value."""
-    stage_key = key_function(settings.get("REDISLOCK_STAGE_KEY", defaults.REDISLOCK_STAGE_KEY))
-    raw_limit = settings.get("REDISLOCK_KEY_LIMIT", defaults.REDISLOCK_KEY_LIMIT)
-    if isinstance(raw_limit, str):  # given with -s
-        raw_limit = None if _is_none(raw_limit) else _number(raw_limit)
-        if isinstance(raw_limit, float) and raw_limit.is_integer():
-            raw_limit = int(raw_limit)
-    if raw_limit is not None:
-        _checked(check_limit, raw_limit, "REDISLOCK_KEY_LIMIT", or_none=True)
-        if raw_limit == 0:
-            raise ConfigError(
-                "REDISLOCK_KEY_LIMIT must be an integer >= 1 or None (no cap per key), got 0"
-            )
-        raw_limit = int(raw_limit)
-    key_limits = check_stage_limits(
-        _loaded(settings, "REDISLOCK_KEY_LIMITS"), "REDISLOCK_KEY_LIMITS"
-    )
-    for key, limit in key_limits.items():
-        if limit == 0:
-            raise ConfigError(
-                f"REDISLOCK_KEY_LIMITS[{key!r}] must be an integer >= 1 or None (no cap), got 0"
-            )
-    delay = _seconds(settings.get("REDISLOCK_DELAY", defaults.REDISLOCK_DELAY), "REDISLOCK_DELAY")
-    delays = _loaded(settings, "REDISLOCK_DELAYS")
-    if not isinstance(delays, Mapping):
+    if quorum is None:
+        return
+    if not masters:
         raise ConfigError(
-            f"REDISLOCK_DELAYS must be a dict of stage or key -> seconds, got {delays!r}"
+            f"REDISLOCK_QUORUM is set ({quorum!r}) but REDISLOCK_URL names one Redis: give "
+            "REDISLOCK_URL as a list of independent masters for a quorum lock, or unset "
+            "REDISLOCK_QUORUM"
         )
-    checked_delays: dict[str, float] = {}
-    for name, value in delays.items():
-        if not isinstance(name, str) or not name or "{" in name or "}" in name:
+    count = len(masters)
+    if isinstance(quorum, bool) or not isinstance(quorum, int) or not 1 <= quorum <= count:
+        raise ConfigError(
+            f"REDISLOCK_QUORUM must be an integer from 1 to {count} (the masters), got {quorum!r}"
+        )
+    for stage, limit in values["stages"].items():
+        if limit is not None and quorum < safe_quorum(count, limit):
             raise ConfigError(
-                f"REDISLOCK_DELAYS: names must be non-empty strings without braces, got {name!r}"
+                f"REDISLOCK_QUORUM = {quorum!r} is below the safe quorum "
+                f"{safe_quorum(count, limit)} of stage {stage!r} (limit {limit}, {count} masters): "
+                f"up to {count * limit // quorum} requests could hold it at once; use None (each "
+                "stage's safe quorum) or a value from the safe quorum to the number of masters"
             )
-        checked_delays[name] = _seconds(value, f"REDISLOCK_DELAYS[{name!r}]")
-    if stage_key is None:
-        for setting, given in (
-            ("REDISLOCK_KEY_LIMIT", raw_limit is not None),
-            ("REDISLOCK_KEY_LIMITS", bool(key_limits)),
-            ("REDISLOCK_DELAY", delay > 0),
-        ):
-            if given:
-                raise ConfigError(
-                    f"{setting} is set but REDISLOCK_STAGE_KEY is not: set it to 'domain', "
-                    "'download_slot' or a function, or give stage delays in REDISLOCK_DELAYS"
-                )
-        strays = sorted(set(checked_delays) - set(stages))
-        if strays:
-            raise ConfigError(
-                f"REDISLOCK_DELAYS names {strays}, which are not stages of REDISLOCK_STAGES, and "
-                "REDISLOCK_STAGE_KEY is not set (no keys)"
-            )
-    randomize = _bool(settings, "REDISLOCK_RANDOMIZE_DELAY")
-    return {
-        "stage_key": stage_key,
-        "key_limit": raw_limit,
-        "key_limits": key_limits,
-        "delay": delay,
-        "delays": checked_delays,
-        "randomize_delay": randomize,
-    }
 
 
-def _positive_int(settings: BaseSettings, name: str) -> int:
-    raw = settings.get(name, getattr(defaults, name))
-    try:
-        value = int(raw)
-    except (TypeError, ValueError, OverflowError):
-        value = 0
-    if isinstance(raw, bool) or (isinstance(raw, float) and raw != value) or value < 1:
-        raise ConfigError(f"{name} must be an integer >= 1, got {raw!r}")
-    return value
+def _check_keys(values: Mapping[str, Any]) -> None:
+    """Caps per key and a delay per key need REDISLOCK_STAGE_KEY; without it REDISLOCK_DELAYS names
+    stages only."""
+    if values["stage_key"] is not None:
+        return
+    for setting, given in (
+        ("REDISLOCK_KEY_LIMIT", values["key_limit"] is not None),
+        ("REDISLOCK_KEY_LIMITS", bool(values["key_limits"])),
+        ("REDISLOCK_DELAY", values["delay"] > 0),
+    ):
+        if given:
+            raise ConfigError(
+                f"{setting} is set but REDISLOCK_STAGE_KEY is not: set it to 'domain', "
+                "'download_slot' or a function, or give stage delays in REDISLOCK_DELAYS"
+            )
+    strays = sorted(set(values["delays"]) - set(values["stages"]))
+    if strays:
+        raise ConfigError(
+            f"REDISLOCK_DELAYS names {strays}, which are not stages of REDISLOCK_STAGES, and "
+            "REDISLOCK_STAGE_KEY is not set (no keys)"
+        )
 
 
 @dataclass(frozen=True)
@@ -593,12 +568,16 @@ def read_worker_settings(settings: BaseSettings, checked: RedisLockSettings) -> 
                 f"MAX_IDLE_TIME_BEFORE_CLOSE must be a number of seconds, got {raw!r}"
             ) from None
         idle_close = seconds if seconds > 0 else None
-    as_set = _bool(settings, "REDIS_START_URLS_AS_SET", False)
-    as_zset = _bool(settings, "REDIS_START_URLS_AS_ZSET", False)
+    as_set = parse_bool(settings.get("REDIS_START_URLS_AS_SET", False), "REDIS_START_URLS_AS_SET")
+    as_zset = parse_bool(
+        settings.get("REDIS_START_URLS_AS_ZSET", False), "REDIS_START_URLS_AS_ZSET"
+    )
     return WorkerSettings(
         idle_close=idle_close,
-        persist=_bool(settings, "SCHEDULER_PERSIST", False),
-        flush_on_start=_bool(settings, "SCHEDULER_FLUSH_ON_START", False),
+        persist=parse_bool(settings.get("SCHEDULER_PERSIST", False), "SCHEDULER_PERSIST"),
+        flush_on_start=parse_bool(
+            settings.get("SCHEDULER_FLUSH_ON_START", False), "SCHEDULER_FLUSH_ON_START"
+        ),
         start_urls_as="set" if as_set else "zset" if as_zset else "list",
         serializer=serializer_of(settings.get("SCHEDULER_SERIALIZER")),
     )

@@ -110,7 +110,7 @@ from scrapy.utils.reactor import is_reactor_installed
 
 from scrapy_redislock._loop import every, start_now
 from scrapy_redislock._redis import AsyncRedisClient, Backoff, text
-from scrapy_redislock.crawl.connection import mask_url
+from scrapy_redislock.crawl.connection import async_clients, mask_url
 from scrapy_redislock.crawl.engine import downloader_active
 from scrapy_redislock.errors import (
     AcquireTimeout,
@@ -302,7 +302,10 @@ class StageLocks:
         self.limits = dict(limits)
         self.lock_prefix = lock_prefix
         self.stats_prefix = stats_prefix
-        self.clients = settings.async_clients()  # one, or one per master of a quorum
+        # one, or one per master of a quorum
+        self.clients = async_clients(
+            settings.url, settings.url_setting, settings.params, settings.masters
+        )
         self.client: AsyncRedisClient = self.clients[0]
         # A quorum's per-master waiting connections, shared by every stage.
         self.quorum = QuorumLockFactory(self.clients, asyncio=True) if settings.masters else None

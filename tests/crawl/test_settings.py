@@ -3,6 +3,7 @@ valid config."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -12,7 +13,13 @@ from hypothesis import strategies as st
 from scrapy.settings import Settings
 
 from scrapy_redislock import ConfigError, CountingLock, InvalidArgument
-from scrapy_redislock.crawl.settings import read_settings
+from scrapy_redislock.crawl import defaults
+from scrapy_redislock.crawl.settings import (
+    DEFAULT_CLIENT_PARAMS,
+    PARSERS,
+    RedisLockSettings,
+    read_settings,
+)
 
 SETTINGS = [
     "REDISLOCK_ENABLED",
@@ -149,22 +156,25 @@ def test_a_removed_setting_is_named_with_why() -> None:
 
 @pytest.mark.parametrize("spelled", [None, "None", "none", "null", "", " None "])
 def test_none_is_spelled_the_same_for_every_optional_setting(spelled: Any) -> None:
-    """``-s NAME=None`` (or an empty value) means None for each setting whose documented default or
-    choice is None."""
+    """``-s NAME=None`` (or an empty value) means None for each setting whose default is None."""
+    optional = [setting for setting in defaults.TABLE if setting.default is None]
+    assert len(optional) == 8
     read = read_settings(
-        Settings(
-            {
-                "REDISLOCK_STAGES": {"detail": 3},
-                "REDISLOCK_WAIT_TIMEOUT": spelled,
-                "REDISLOCK_IDLE_CLOSE": spelled,
-                "REDISLOCK_KEY_LIMIT": spelled,
-                "REDISLOCK_QUORUM": spelled,
-            }
-        )
+        Settings({"REDISLOCK_STAGES": {"detail": 3}} | {s.name: spelled for s in optional})
     )
-    assert (read.wait_timeout, read.idle_close, read.key_limit, read.quorum) == (
-        None,
-        None,
-        None,
-        None,
-    )
+    assert (read.url_setting, read.params) == ("the default URL", DEFAULT_CLIENT_PARAMS)
+    for setting in optional:
+        if setting.field not in ("url", "params"):
+            assert getattr(read, setting.field) is None, setting.name
+
+
+def test_the_table_has_a_parser_and_a_field_for_each_setting() -> None:
+    fields = {f.name for f in dataclasses.fields(RedisLockSettings)}
+    for setting in defaults.TABLE:
+        assert setting.kind in PARSERS, setting.name
+        assert setting.field in fields, setting.name
+        assert setting.doc.endswith("."), setting.name
+    # what read_settings adds from the rules across settings
+    assert fields - {s.field for s in defaults.TABLE} == {"url_setting", "masters"}
+    assert list(defaults.SETTINGS) == [s.name for s in defaults.TABLE]
+    assert read_settings(Settings()).ttl == defaults.SETTINGS["REDISLOCK_TTL"]
