@@ -1,32 +1,29 @@
-"""Lock contention benchmark: P processes loop acquire -> hold H ms -> release against one local
-redis-server.
+"""Lock contention benchmark: P processes loop acquire -> hold H ms -> release against one local redis-server.
 
-    ./run.sh bench contention [--processes 12] [--hold-ms 2] [--seconds 5] [--designs
-    ours3,ours1,...] [--quick]
+    ./run.sh bench contention [--processes 12] [--hold-ms 2] [--seconds 5] [--designs ours3,ours1,...] [--quick]
 
-Every design gets a fresh redis-server (testing.redis_server.RedisServer) and fresh spawned
-processes. Each process builds its lock, does one warm-up acquire/release (loads scripts, opens
-connections), reports ready; when all are ready the stats are reset (CONFIG RESETSTAT) and all start
-together at one moment on time.monotonic, which is the same clock in every process on one machine. A
-process stops asking at the end of the window; its last ask still completes, so load stays on until
-the window is over.
+Every design gets a fresh redis-server (testing.redis_server.RedisServer) and fresh spawned processes.
+Each process builds its lock, does one warm-up acquire/release (loads scripts, opens connections), reports
+ready; when all are ready the stats are reset (CONFIG RESETSTAT) and all start together at one moment on
+time.monotonic, which is the same clock in every process on one machine. A process stops asking at the end of
+the window; its last ask still completes, so load stays on until the window is over.
 
 Measured per design, over the window:
-  grants/s grants whose acquire returned inside the window, per second; utilization grants/s x H /
-  limit (1.0: the slots never idle; H is the nominal hold, time.sleep(H/1000)); cmds/grant sum of
-  ``calls`` in INFO commandstats (Redis counts the commands a Lua script runs too; the
+  grants/s       grants whose acquire returned inside the window, per second;
+  utilization    grants/s x H / limit (1.0: the slots never idle; H is the nominal hold, time.sleep(H/1000));
+  cmds/grant     sum of ``calls`` in INFO commandstats (Redis counts the commands a Lua script runs too; the
                  benchmark's own INFO and CONFIG calls are left out) / grants in the window;
-  wait p50/p99 time from asking to getting, of every ask made in the window; Jain Jain's fairness
-  index of the processes' grant counts (1.0: all equal); max overlap most hold intervals (got, done)
-  open at one instant; "cap exceeded" when above the limit; PING a plain round trip (PING, median),
-  measured by the parent process every PING_EVERY s during the
-                 window, i.e. under the same load; with one slot the hand-off (a holder's release
-                 call starts -> the next grant received) is also given as a multiple of it.
-And where a slot's time goes (second table): the real hold (time.sleep overshoots), the release
-call, the gap from a holder's release to the next grant, client and redis-server CPU per grant.
+  wait p50/p99   time from asking to getting, of every ask made in the window;
+  Jain           Jain's fairness index of the processes' grant counts (1.0: all equal);
+  max overlap    most hold intervals (got, done) open at one instant; "cap exceeded" when above the limit;
+  PING           a plain round trip (PING, median), measured by the parent process every PING_EVERY s during the
+                 window, i.e. under the same load; with one slot the hand-off (a holder's release call starts ->
+                 the next grant received) is also given as a multiple of it.
+And where a slot's time goes (second table): the real hold (time.sleep overshoots), the release call, the gap
+from a holder's release to the next grant, client and redis-server CPU per grant.
 
-Prints Markdown and writes <out>/contention.md, contention.json and contention.png. Nothing is
-hard-coded: every figure is measured in this run on this machine.
+Prints Markdown and writes <out>/contention.md, contention.json and contention.png. Nothing is hard-coded:
+every figure is measured in this run on this machine.
 """
 
 from __future__ import annotations

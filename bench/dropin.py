@@ -1,63 +1,54 @@
-"""StageScheduler as a drop-in: the order a mixed crawl's requests go in against Scrapy's own
-scheduler, and what a process holds out of a shared scrapy-redis queue (a process started late, a
-process killed with SIGKILL).
+"""StageScheduler as a drop-in: the order a mixed crawl's requests go in against Scrapy's own scheduler, and what a
+process holds out of a shared scrapy-redis queue (a process started late, a process killed with SIGKILL).
 
-    ./run.sh bench dropin [--order-requests 200] [--order-concurrency 1,8] [--queued 400]
-    [--concurrency 8] ./run.sh bench dropin --only order # or --only shared
+    ./run.sh bench dropin [--order-requests 200] [--order-concurrency 1,8] [--queued 400] [--concurrency 8]
+    ./run.sh bench dropin --only order            # or --only shared
 
-Real ``scrapy runspider`` processes against the local site (:class:`testing.site.CrawlSite`) and a
-fresh redis-server. Why: StageScheduler replaces the crawl's scheduler, so it must give the requests
-in the order Scrapy would wherever the caps let it, and over scrapy-redis it must leave the shared
-queue shared.
+Real ``scrapy runspider`` processes against the local site (:class:`testing.site.CrawlSite`) and a fresh
+redis-server. Why: StageScheduler replaces the crawl's scheduler, so it must give the requests in the order Scrapy
+would wherever the caps let it, and over scrapy-redis it must leave the shared queue shared.
 
-**Part 1, order** (one process, ``testing/spiders/dropinspider.py``'s MixedSpider: 12 list pages,
-each yielding 12 detail and 4 comment requests of priorities -5..5, and every third one a request of
-priority 100 mid-crawl, alternately of stage detail and of the uncapped stage comments; 208
-requests, ``--order-delay`` s a page). At each CONCURRENT_REQUESTS of ``--order-concurrency``, the
-crawl runs with Scrapy's own scheduler and no middleware (the reference), once more the same way
-(how far Scrapy differs from itself: the noise floor), with StageScheduler and caps that never bind
-(list, detail 64), and, where the concurrency exceeds the caps, with binding caps (list 1, detail
-3). :class:`~testing.spiders.dropinspider.OrderLog` records the order requests reach the downloader
-(``request_reached_downloader``, after the wait for a slot), when each was queued and when it left
-the scheduler. Against the reference, for the first ``--order-requests``: the identical prefix,
-Kendall's tau (over the reference's first N requests, their positions in both orders; 1 = same
-order), and where each priority-100 request went (its position in both orders, and how many requests
-left the scheduler between its queueing and its own departure). For every run, the **priority
-inversions** at the scheduler: departures of a request while a request of strictly higher priority
-was queued (queued before it left, left after it), split by what was passed over: one of the same
-stage (expected 0: within a stage the inner queue's order holds), an uncapped one (expected 0:
-uncapped requests can always go), one of another capped stage (expected only with binding caps: a
-full stage waits while the others go; that is the point of the scheduler).
+**Part 1, order** (one process, ``testing/spiders/dropinspider.py``'s MixedSpider: 12 list pages, each yielding 12
+detail and 4 comment requests of priorities -5..5, and every third one a request of priority 100 mid-crawl,
+alternately of stage detail and of the uncapped stage comments; 208 requests, ``--order-delay`` s a page). At each
+CONCURRENT_REQUESTS of ``--order-concurrency``, the crawl runs with Scrapy's own scheduler and no middleware (the
+reference), once more the same way (how far Scrapy differs from itself: the noise floor), with StageScheduler and
+caps that never bind (list, detail 64), and, where the concurrency exceeds the caps, with binding caps (list 1,
+detail 3). :class:`~testing.spiders.dropinspider.OrderLog` records the order requests reach the downloader
+(``request_reached_downloader``, after the wait for a slot), when each was queued and when it left the scheduler.
+Against the reference, for the first ``--order-requests``: the identical prefix, Kendall's tau (over the
+reference's first N requests, their positions in both orders; 1 = same order), and where each priority-100
+request went (its position in both orders, and how many requests left the scheduler between its queueing and its
+own departure). For every run, the **priority inversions** at the scheduler: departures of a request while a
+request of strictly higher priority was queued (queued before it left, left after it), split by what was passed
+over: one of the same stage (expected 0: within a stage the inner queue's order holds), an uncapped one (expected
+0: uncapped requests can always go), one of another capped stage (expected only with binding caps: a full stage
+waits while the others go; that is the point of the scheduler).
 
-**Part 2, the shared queue** (``testing/spiders/crawlspider.py``'s PlanSpider with no start
-requests, consuming ``--queued`` detail requests seeded in Redis in scrapy-redis's own format and
-queue, SCHEDULER_PERSIST on, CONCURRENT_REQUESTS ``--concurrency``). Three setups: plain
-scrapy-redis (its scheduler, no caps), scrapy-redis with StageLockMiddleware alone (detail capped at
-3: what one had before StageScheduler worked over scrapy-redis), StageScheduler over scrapy-redis
-(detail 3). The uncapped setup's pages take ``--delay`` x concurrency s, the capped ones'
-``--delay``, so that all three go at the same pages/s with three processes and the late start and
-the kill fall at the same point of the crawl. Two processes start at once; once both are ready and
-``--late-after`` pages were fetched, a third starts; once it has fetched a page, the first is killed
-with SIGKILL; the other two drain the queue and close by themselves. Measured:
+**Part 2, the shared queue** (``testing/spiders/crawlspider.py``'s PlanSpider with no start requests, consuming
+``--queued`` detail requests seeded in Redis in scrapy-redis's own format and queue, SCHEDULER_PERSIST on,
+CONCURRENT_REQUESTS ``--concurrency``). Three setups: plain scrapy-redis (its scheduler, no caps), scrapy-redis with
+StageLockMiddleware alone (detail capped at 3: what one had before StageScheduler worked over scrapy-redis),
+StageScheduler over scrapy-redis (detail 3). The uncapped setup's pages take ``--delay`` x concurrency s, the capped
+ones' ``--delay``, so that all three go at the same pages/s with three processes and the late start and the kill
+fall at the same point of the crawl. Two processes start at once; once both are ready and ``--late-after`` pages
+were fetched, a third starts; once it has fetched a page, the first is killed with SIGKILL; the other two drain the
+queue and close by themselves. Measured:
 
-- **held**: per process, requests taken from the Redis queue and not finished, from inside the
-  process (:class:`~testing.spiders.dropinspider.HeldProbe`): the scheduler's
-  ``scheduler/dequeued/redis`` stat (counted by scrapy-redis's scheduler at every request it hands
-  out, so exactly what was taken from Redis) less ``request_left_downloader`` signals (downloads
-  done), sampled right after every pop (the peaks) and every 50 ms; most and median (median over the
-  samples between its first and last pop), and the most waiting for a slot (taken, not yet past the
-  middlewares: popped less ``request_reached_downloader``). StageScheduler's bound: its requests in
-  flight plus REDISLOCK_WAITERS_PER_STAGE (2) per stage. From outside, the same for all processes
-  together: seeded - queued in Redis (one MULTI/EXEC over the queue's keys) - answered by the site,
-  sampled every 50 ms (a sample during which the site answered a request is dropped: it would count
-  that request twice);
-- **late start**: the third process's start-up (process start to ``spider_opened``) and the time
-  from ``spider_opened`` to its first request reaching the site; the requests still queued in Redis
-  then;
-- **SIGKILL**: the killed process's requests in flight at the site at the kill (answered after it:
-  their responses are lost), the requests it had taken from Redis that never reached the site, their
-  sum (the loss), what its last probe sample said it held; then pages fetched twice and left in
-  Redis after the others drained the queue.
+- **held**: per process, requests taken from the Redis queue and not finished, from inside the process
+  (:class:`~testing.spiders.dropinspider.HeldProbe`): the scheduler's ``scheduler/dequeued/redis`` stat (counted by
+  scrapy-redis's scheduler at every request it hands out, so exactly what was taken from Redis) less
+  ``request_left_downloader`` signals (downloads done), sampled right after every pop (the peaks) and every 50 ms;
+  most and median (median over the samples between its first and last pop), and the most waiting for a slot
+  (taken, not yet past the middlewares: popped less ``request_reached_downloader``). StageScheduler's bound: its
+  requests in flight plus REDISLOCK_WAITERS_PER_STAGE (2) per stage. From outside, the same for all processes
+  together: seeded - queued in Redis (one MULTI/EXEC over the queue's keys) - answered by the site, sampled every
+  50 ms (a sample during which the site answered a request is dropped: it would count that request twice);
+- **late start**: the third process's start-up (process start to ``spider_opened``) and the time from
+  ``spider_opened`` to its first request reaching the site; the requests still queued in Redis then;
+- **SIGKILL**: the killed process's requests in flight at the site at the kill (answered after it: their responses
+  are lost), the requests it had taken from Redis that never reached the site, their sum (the loss), what its
+  last probe sample said it held; then pages fetched twice and left in Redis after the others drained the queue.
 
 Prints what it measured; writes bench/results/dropin.md and dropin.json.
 """

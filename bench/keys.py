@@ -1,25 +1,22 @@
 """Caps per domain across processes: REDISLOCK_STAGE_KEY against Scrapy's per-process setting.
 
-    ./run.sh bench keys [--processes 3,10] [--domains 100,10000] [--pages 2000] [--cap-per-process
-    1]
+    ./run.sh bench keys [--processes 3,10] [--domains 100,10000] [--pages 2000] [--cap-per-process 1]
 
-Real ``scrapy runspider`` processes (testing/spiders/keyspider.py) against the local site and a
-fresh redis-server per run. Page ``n`` belongs to domain ``d<n % domains>``
-(``meta["download_slot"]``, so Scrapy's per-domain settings and REDISLOCK_STAGE_KEY =
-"download_slot" both see each as a domain); process ``i`` fetches pages ``i, i + P, ...``. For each
-number of processes P and of domains D, two crawls of the same pages:
+Real ``scrapy runspider`` processes (testing/spiders/keyspider.py) against the local site and a fresh
+redis-server per run. Page ``n`` belongs to domain ``d<n % domains>`` (``meta["download_slot"]``, so Scrapy's
+per-domain settings and REDISLOCK_STAGE_KEY = "download_slot" both see each as a domain); process ``i`` fetches
+pages ``i, i + P, ...``. For each number of processes P and of domains D, two crawls of the same pages:
 
-- **redislock**: REDISLOCK_STAGE_KEY = "download_slot", REDISLOCK_KEY_LIMIT = cap (= P x
-  --cap-per-process), held across every process, Scrapy's own per-domain limit out of the way;
-- **scrapy**: no redislock; CONCURRENT_REQUESTS_PER_DOMAIN = cap / P per process (what one sets
-  today to keep P processes under the cap).
+- **redislock**: REDISLOCK_STAGE_KEY = "download_slot", REDISLOCK_KEY_LIMIT = cap (= P x --cap-per-process),
+  held across every process, Scrapy's own per-domain limit out of the way;
+- **scrapy**: no redislock; CONCURRENT_REQUESTS_PER_DOMAIN = cap / P per process (what one sets today to keep P
+  processes under the cap).
 
-Measured: pages/s (pages over the time from the first request's arrival at the site to the last
-answer), the most requests of one domain in flight at once (seen by the site), Redis commands per
-page (INFO commandstats: every command, those run inside scripts included) and Redis memory at the
-end: the keys left and their bytes (MEMORY USAGE summed), and INFO memory used_memory less the empty
-server's (that includes the Lua scripts loaded and the Lua VM, which are not per key). Prints what
-it measured; writes bench/results/keys.md and keys.json.
+Measured: pages/s (pages over the time from the first request's arrival at the site to the last answer), the most
+requests of one domain in flight at once (seen by the site), Redis commands per page (INFO commandstats: every
+command, those run inside scripts included) and Redis memory at the end: the keys left and their bytes (MEMORY
+USAGE summed), and INFO memory used_memory less the empty server's (that includes the Lua scripts loaded and the
+Lua VM, which are not per key). Prints what it measured; writes bench/results/keys.md and keys.json.
 """
 
 from __future__ import annotations

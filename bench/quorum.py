@@ -1,18 +1,15 @@
-"""Quorum lock benchmark: the single-master lock against the quorum lock on N = 3 and 5 masters, in
-one run.
+"""Quorum lock benchmark: the single-master lock against the quorum lock on N = 3 and 5 masters, in one run.
 
-    ./run.sh bench quorum [--processes 6] [--limits 1,2] [--hold-ms 2] [--seconds 5] [--designs
-    single,quorum3,...]
+    ./run.sh bench quorum [--processes 6] [--limits 1,2] [--hold-ms 2] [--seconds 5] [--designs single,quorum3,...]
 
-Each design gets fresh redis-servers (testing.redis_server.RedisServer: one for ``single``, N for
-``quorumN``) and fresh spawned processes that loop acquire -> hold H ms -> release, as
-bench/contention.py does (same start protocol, same figures, its ``summarize`` and ``table``).
-Commands are summed over every master's INFO commandstats (Lua-internal commands included);
-cmds/grant divides them by the grants in the window, so the quorum's retried rounds (a lost round
-gives its partial grants back and backs off) count against it.
+Each design gets fresh redis-servers (testing.redis_server.RedisServer: one for ``single``, N for ``quorumN``) and
+fresh spawned processes that loop acquire -> hold H ms -> release, as bench/contention.py does (same start
+protocol, same figures, its ``summarize`` and ``table``). Commands are summed over every master's INFO
+commandstats (Lua-internal commands included); cmds/grant divides them by the grants in the window, so the
+quorum's retried rounds (a lost round gives its partial grants back and backs off) count against it.
 
-Prints Markdown and writes <out>/quorum.md and quorum.json. Nothing is hard-coded: every figure is
-measured in this run on this machine.
+Prints Markdown and writes <out>/quorum.md and quorum.json. Nothing is hard-coded: every figure is measured in
+this run on this machine.
 """
 
 from __future__ import annotations

@@ -72,6 +72,7 @@ from example_project.run import seed
 from scrapy_redislock._redis import load_scripts
 from scrapy_redislock.lock.core import lock_scripts
 from scrapy_redislock.workers.queue import QUEUE_SCRIPTS
+from testing.crawlproc import settings_args
 from testing.monitor import Monitor, commands
 from testing.redis_server import RedisServer
 from testing.site import STAGES, ShopSite, add_shop_arguments
@@ -299,10 +300,7 @@ def settings_for(
 
 
 def crawl_command(front: str, settings: dict[str, Any]) -> list[str]:
-    command = [sys.executable, "-m", "scrapy", "crawl", SPIDER[front]]
-    for key, value in settings.items():
-        command += ["-s", f"{key}={json.dumps(value) if isinstance(value, dict) else value}"]
-    return command
+    return [sys.executable, "-m", "scrapy", "crawl", SPIDER[front], *settings_args(settings)]
 
 
 def held_slots(client: redis.Redis, lock_names: list[str]) -> int:

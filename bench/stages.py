@@ -1,23 +1,19 @@
-"""Acceptance benchmark of the worker slots: the shop crawl with and without stage slots, and a kill
--9.
+"""Acceptance benchmark of the worker slots: the shop crawl with and without stage slots, and a kill -9.
 
-    ./run.sh bench stages [--workers 5 --lists 40 --details 15 --comments 3 --delay 0.05
-    --concurrency 2]
+    ./run.sh bench stages [--workers 5 --lists 40 --details 15 --comments 3 --delay 0.05 --concurrency 2]
 
-Real ``scrapy crawl`` workers (example_project) against the fake shop site and a fresh redis-server,
-all on this machine. Three runs, one after the other, same workers and site:
+Real ``scrapy crawl`` workers (example_project) against the fake shop site and a fresh redis-server, all on
+this machine. Three runs, one after the other, same workers and site:
 
 1. with stage slots (at most 1 worker on list pages, 3 on details, the rest on comments);
 2. without: plain scrapy-redis, one FIFO queue (so the stages run in order, as in the use case);
-3. with stage slots again, on a shop with a longer detail stage, SIGKILL one detail worker 1 s into
-   the crawl.
+3. with stage slots again, on a shop with a longer detail stage, SIGKILL one detail worker 1 s into the crawl.
 
-Reported (seconds since the first request reached the shop): the time to the first item of each
-stage and the total time of runs 1 and 2, with the targets "first comment at least 5x sooner" and
-"total at most 10% longer"; for run 3 the time until the killed worker's slot is held by a live
-worker again (target: within TTL + 2 s) and whether the crawl completed. Caps, exactly-once and
-leftovers are checked in every run. Prints what it measured; writes bench/results/stages.json,
-stages.md and stages.png.
+Reported (seconds since the first request reached the shop): the time to the first item of each stage and the
+total time of runs 1 and 2, with the targets "first comment at least 5x sooner" and "total at most 10% longer";
+for run 3 the time until the killed worker's slot is held by a live worker again (target: within TTL + 2 s)
+and whether the crawl completed. Caps, exactly-once and leftovers are checked in every run. Prints what it
+measured; writes bench/results/stages.json, stages.md and stages.png.
 """
 
 from __future__ import annotations

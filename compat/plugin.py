@@ -1,47 +1,40 @@
-"""pytest plugin of the compatibility pass: puts this project's components in place under a peer's
-own tests.
+"""pytest plugin of the compatibility pass: puts this project's components in place under a peer's own tests.
 
-Loaded with ``-p compat.plugin`` by ``compat/run.py`` (the project root first on PYTHONPATH), in
-every run, the baseline included: there it only records results. Configured by environment variables
-(run.py sets them):
+Loaded with ``-p compat.plugin`` by ``compat/run.py`` (the project root first on PYTHONPATH), in every run, the
+baseline included: there it only records results. Configured by environment variables (run.py sets them):
 
 ``COMPAT_FRONT``
-    ``none`` (baseline: nothing patched), ``stage`` (StageScheduler + StageLockMiddleware) or
-    ``worker`` (StageWorkerScheduler, and StageWorkerMixin under scrapy-redis's spiders).
+    ``none`` (baseline: nothing patched), ``stage`` (StageScheduler + StageLockMiddleware) or ``worker``
+    (StageWorkerScheduler, and StageWorkerMixin under scrapy-redis's spiders).
 ``COMPAT_CAP``
-    The cap of the one stage every request is in (``REDISLOCK_STAGES`` / ``REDISLOCK_WORKER_STAGES =
-    {"all": CAP}``).
+    The cap of the one stage every request is in (``REDISLOCK_STAGES`` / ``REDISLOCK_WORKER_STAGES = {"all": CAP}``).
 ``COMPAT_REDIS_URL``
     The redis-server run.py started for this run.
 ``COMPAT_INNER``
-    With the stage front: REDISLOCK_SCHEDULER_INNER when a test sets no SCHEDULER (Scrapy's
-    scheduler by default; scrapy-redis's for scrapy-redis's tests).
+    With the stage front: REDISLOCK_SCHEDULER_INNER when a test sets no SCHEDULER (Scrapy's scheduler by default;
+    scrapy-redis's for scrapy-redis's tests).
 ``COMPAT_SUBSTITUTE``
-    ``1`` (default): a test module's global ``Scheduler`` that is Scrapy's or scrapy-redis's class
-    is replaced, for the test, by a stand-in whose ``from_crawler`` builds ours (StageScheduler
-    wrapping that class, or StageWorkerScheduler); called without a crawler
-    (``Scheduler(dupefilter)``) it is the real class.
+    ``1`` (default): a test module's global ``Scheduler`` that is Scrapy's or scrapy-redis's class is replaced, for
+    the test, by a stand-in whose ``from_crawler`` builds ours (StageScheduler wrapping that class, or
+    StageWorkerScheduler); called without a crawler (``Scheduler(dupefilter)``) it is the real class.
 ``COMPAT_SPIDER_MIXIN``
-    ``1`` (default with the worker front): ``scrapy_redis.spiders.RedisSpider`` /
-    ``RedisCrawlSpider`` become ``StageWorkerMixin`` subclasses before the tests import them.
+    ``1`` (default with the worker front): ``scrapy_redis.spiders.RedisSpider`` / ``RedisCrawlSpider`` become
+    ``StageWorkerMixin`` subclasses before the tests import them.
 ``COMPAT_NOSE_SHIM``
-    ``1``: call nose-style ``setup()`` / ``teardown()`` methods of plain test classes, as pytest < 8
-    did (scrapy-redis 0.9.1's tests rely on it; its requirements pin pytest < 7). Applied to
-    baseline and patched runs.
+    ``1``: call nose-style ``setup()`` / ``teardown()`` methods of plain test classes, as pytest < 8 did
+    (scrapy-redis 0.9.1's tests rely on it; its requirements pin pytest < 7). Applied to baseline and patched runs.
 ``COMPAT_RESULTS``
     A file to write one JSON line per event (test start, test outcome, warning, session end).
 
 What it patches (front ``stage``/``worker`` only):
 
-- ``scrapy.settings.default_settings``: SCHEDULER (ours), DOWNLOADER_MIDDLEWARES_BASE (+
-  StageLockMiddleware at 950, stage front), REDISLOCK_STAGES or REDISLOCK_WORKER_STAGES ``{"all":
-  CAP}``, REDISLOCK_DEFAULT_STAGE ``"all"``, REDISLOCK_URL, and REDISLOCK_KEY_PREFIX (a new one
-  before each test, so no lock outlives its test); every ``Settings()`` made afterwards starts from
-  them.
-- ``scrapy.crawler.Crawler.__init__``: after Scrapy's own (which applies the spider's settings), a
-  SCHEDULER the test set itself (priority above ``default``) moves to REDISLOCK_SCHEDULER_INNER and
-  SCHEDULER becomes ours, at the same priority (stage front). With the worker front only
-  scrapy-redis's scheduler is replaced.
+- ``scrapy.settings.default_settings``: SCHEDULER (ours), DOWNLOADER_MIDDLEWARES_BASE (+ StageLockMiddleware at
+  950, stage front), REDISLOCK_STAGES or REDISLOCK_WORKER_STAGES ``{"all": CAP}``, REDISLOCK_DEFAULT_STAGE
+  ``"all"``, REDISLOCK_URL, and REDISLOCK_KEY_PREFIX (a new one before each test, so no lock outlives its test);
+  every ``Settings()`` made afterwards starts from them.
+- ``scrapy.crawler.Crawler.__init__``: after Scrapy's own (which applies the spider's settings), a SCHEDULER the
+  test set itself (priority above ``default``) moves to REDISLOCK_SCHEDULER_INNER and SCHEDULER becomes ours, at
+  the same priority (stage front). With the worker front only scrapy-redis's scheduler is replaced.
 """
 
 from __future__ import annotations

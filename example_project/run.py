@@ -29,6 +29,7 @@ import redis
 
 from scrapy_redislock.lock.core import GROUP, LockKeys
 from scrapy_redislock.workers.queue import QueueKeys
+from testing.crawlproc import settings_args
 from testing.redis_server import RedisServer
 from testing.site import STAGES, ShopSite, add_shop_arguments
 
@@ -129,10 +130,7 @@ def worker_command(
         "LOG_FILE": str(feed.with_suffix(".log")),
         "LOG_FILE_APPEND": False,
     }
-    command = [sys.executable, "-m", "scrapy", "crawl", spider]
-    for key, value in settings.items():
-        command += ["-s", f"{key}={value}"]
-    return command
+    return [sys.executable, "-m", "scrapy", "crawl", spider, *settings_args(settings)]
 
 
 # -- what Redis says -------------------------------------------------------------------------------

@@ -1,15 +1,13 @@
-"""Run :mod:`testing.spiders.crawlspider` as real ``scrapy runspider`` processes, and read what they
-left behind.
+"""Run :mod:`testing.spiders.crawlspider` as real ``scrapy runspider`` processes, and read what they left behind.
 
     crawl = Crawl(site.url, "detail:60,comments:30", {"REDISLOCK_URL": url, ...}, tmp_path)
-    crawl.start(); ...; crawl.wait() # or crawl.run() crawl.code, crawl.output, crawl.stats # exit
-    code, stdout+stderr, the stats dict (JSON, written at close) crawl.wait_for_output("Spider
-    opened") # while it runs: its output is read line by line as it comes
+    crawl.start(); ...; crawl.wait()      # or crawl.run()
+    crawl.code, crawl.output, crawl.stats  # exit code, stdout+stderr, the stats dict (JSON, written at close)
+    crawl.wait_for_output("Spider opened")  # while it runs: its output is read line by line as it comes
 
 ``spider=`` runs another spider file (``scrapy runspider`` takes the file's last spider class).
 
-Every setting is passed with ``-s`` (dicts and lists as JSON); ``None`` removes one of
-BASE_SETTINGS.
+Every setting is passed with ``-s`` (dicts and lists as JSON); ``None`` removes one of BASE_SETTINGS.
 """
 
 from __future__ import annotations

@@ -1,32 +1,28 @@
 """Subprocess workers for the fault-injection tests, and the tests' handles and measures on them.
 
-A worker is ``python -m testing.faultproc MODE URL NAME LIMIT TTL [options]``; it prints one JSON
-record a line on stdout. All instants are ``time.monotonic()`` (one clock for every process on one
-machine), so hold intervals from different processes can be laid side by side. Every worker prints
-``{"ready": ..., "owner": ..., "pid": ...}`` first. Modes:
+A worker is ``python -m testing.faultproc MODE URL NAME LIMIT TTL [options]``; it prints one JSON record a line on
+stdout. All instants are ``time.monotonic()`` (one clock for every process on one machine), so hold intervals
+from different processes can be laid side by side. Every worker prints ``{"ready": ..., "owner": ..., "pid": ...}``
+first. Modes:
 
 ``loop``    acquire -> hold ``--hold-ms`` -> release, for ``--seconds``; one record per grant:
-            ``{"hold": [start, end], "fence": n, "released": bool, "lost": bool}`` where ``end`` is
-            when the worker stopped treating the slot as held (it called release, or it noticed the
-            lease was lost mid-hold). Redis errors are retried (``{"error": ..., "at": t}``), as a
-            crawler would; a release Redis did not take is retried until it is taken or the permit
-            is reported lost. Last ``{"done": grants}``.
-``hold`` acquire once (``{"acquired": t, "fence": n}``) and "work" in 5 ms steps, checking
-``permit.lost``
-            after each step, until the lease is lost (``{"noticed_lost": t, "work": [step
-            instants]}``, then the stale release's result) or ``--hold-ms`` passed (then a normal
-            release). Without ``--hold-ms`` it works until killed.
-``waiters`` ``--threads`` threads sharing one lock object. ``--fifo``: each stdin line ``go ID``
-sends the next
-            thread into ``acquire()``; it records ``{"granted": ID, "asked": t, "at": t, "fence":
-            n}``, holds ``--hold-ms`` and releases. ``--seconds D``: every thread loops
-            acquire/hold/release for D seconds and reports ``{"thread": i, "grants": n, "waits":
-            [[asked, granted], ...]}``.
+            ``{"hold": [start, end], "fence": n, "released": bool, "lost": bool}`` where ``end`` is when the worker
+            stopped treating the slot as held (it called release, or it noticed the lease was lost mid-hold). Redis
+            errors are retried (``{"error": ..., "at": t}``), as a crawler would; a release Redis did not take is
+            retried until it is taken or the permit is reported lost. Last ``{"done": grants}``.
+``hold``    acquire once (``{"acquired": t, "fence": n}``) and "work" in 5 ms steps, checking ``permit.lost``
+            after each step, until the lease is lost (``{"noticed_lost": t, "work": [step instants]}``, then the
+            stale release's result) or ``--hold-ms`` passed (then a normal release). Without ``--hold-ms`` it works
+            until killed.
+``waiters`` ``--threads`` threads sharing one lock object. ``--fifo``: each stdin line ``go ID`` sends the next
+            thread into ``acquire()``; it records ``{"granted": ID, "asked": t, "at": t, "fence": n}``, holds
+            ``--hold-ms`` and releases. ``--seconds D``: every thread loops acquire/hold/release for D seconds and
+            reports ``{"thread": i, "grants": n, "waits": [[asked, granted], ...]}``.
 
-Options: ``--front sync|async`` (CountingLock or AsyncCountingLock, both with auto_renew), ``--skew
-S`` shifts this process's wall clock (``time.time``) by S seconds before anything is imported,
-``--start-file PATH`` waits, once ready, until PATH exists and then until the monotonic instant
-written in it (:class:`StartLine`: many workers start together, however long each took to start).
+Options: ``--front sync|async`` (CountingLock or AsyncCountingLock, both with auto_renew), ``--skew S`` shifts
+this process's wall clock (``time.time``) by S seconds before anything is imported, ``--start-file PATH`` waits,
+once ready, until PATH exists and then until the monotonic instant written in it (:class:`StartLine`: many workers
+start together, however long each took to start).
 """
 
 from __future__ import annotations

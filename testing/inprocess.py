@@ -1,12 +1,10 @@
-"""The request front built in-process, for unit tests: a crawler from
-``scrapy.utils.test.get_crawler`` with its spider and a real (not started) engine, so the middleware
-sits in the engine's real downloader chain, against a real Redis. No reactor: the test runs the
-coroutine with ``asyncio.run``.
+"""The request front built in-process, for unit tests: a crawler from ``scrapy.utils.test.get_crawler`` with its
+spider and a real (not started) engine, so the middleware sits in the engine's real downloader chain, against a
+real Redis. No reactor: the test runs the coroutine with ``asyncio.run``.
 
     async with front(redis_url, {"detail": 1}) as f:
-        f.scheduler.enqueue_request(request); request = await f.next_request(); await
-        f.send(request) f.middleware.process_request(request);
-        f.middleware.process_response(request, response)
+        f.scheduler.enqueue_request(request); request = await f.next_request(); await f.send(request)
+        f.middleware.process_request(request); f.middleware.process_response(request, response)
 
 ``f.active`` is the engine's ``downloader.active`` (what the left-the-downloader sweep looks at).
 """

@@ -3,16 +3,14 @@
 Usage: python -m testing.lockproc URL NAME LIMIT TTL [--skew S] [--auto-renew] [--hold-ms MS]
        (--loop SECONDS [--reap] | --once)
 
---loop: acquire -> hold MS -> release, for SECONDS; one {"hold": [start, end], "fence": n,
-"released": bool}
-        per grant (time.monotonic, comparable across processes on one machine), then {"done":
-        count}. --reap runs maintain() after every grant, so this process reaps expired leases too.
---once: acquire once and print {"acquired": t, "fence": n}; with --hold-ms hold that long, release,
-print
+--loop: acquire -> hold MS -> release, for SECONDS; one {"hold": [start, end], "fence": n, "released": bool}
+        per grant (time.monotonic, comparable across processes on one machine), then {"done": count}.
+        --reap runs maintain() after every grant, so this process reaps expired leases too.
+--once: acquire once and print {"acquired": t, "fence": n}; with --hold-ms hold that long, release, print
         {"released": bool, "at": t} and exit; without it hold until killed.
 Always prints {"ready": true, "owner": ...} first and {"waiting": t} right before acquiring; with
---auto-renew a lost lease is printed as {"lost": fence, "release": bool} (the stale release's
-result). --skew shifts this process's wall clock (time.time) by SECONDS: the lock must not care.
+--auto-renew a lost lease is printed as {"lost": fence, "release": bool} (the stale release's result).
+--skew shifts this process's wall clock (time.time) by SECONDS: the lock must not care.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""Read Redis's MONITOR stream: every command clients send, and (Redis 7) the commands Lua scripts
-run.
+"""Read Redis's MONITOR stream: every command clients send, and (Redis 7) the commands Lua scripts run.
 
-    monitor = Monitor(port) # a raw MONITOR connection, read by a thread into memory raw =
-    monitor.stop(client) # after a marker sent by ``client`` has shown up for stamp, source, args in
-    commands(raw): # source "127.0.0.1:53776", or "lua" for a script's commands
+    monitor = Monitor(port)                      # a raw MONITOR connection, read by a thread into memory
+    raw = monitor.stop(client)                   # after a marker sent by ``client`` has shown up
+    for stamp, source, args in commands(raw):    # source "127.0.0.1:53776", or "lua" for a script's commands
         ...
 
 Used by the scale benchmark and by the tests that count what an idle worker costs.
