@@ -25,7 +25,7 @@ the same URLs with ``REDIS_PARAMS = {"redis_cls": "scrapy_redislock.RedisClient"
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode
@@ -254,39 +254,33 @@ def parse_url(url: Any, setting: str) -> RedisURL:
         except (ValueError, TypeError) as exc:
             raise bad(str(exc)) from None
         return RedisURL(url, setting)
-    if scheme in SENTINEL_SCHEMES:
-        kind = "sentinel"
-    elif scheme in CLUSTER_SCHEMES:
-        kind = "cluster"
-    else:
-        raise bad(
-            "the scheme must be one of redis, rediss, unix, redis+sentinel, "
-            "rediss+sentinel, redis+cluster, "
-            f"rediss+cluster, got {scheme or 'none'!r}"
-        )
-
-    rest = url.split("://", 1)[1]
-    rest, _, query = rest.partition("?")
+    kind = _kind_of(scheme, bad)
+    rest, _, query = url.split("://", 1)[1].partition("?")
     netloc, _, path = rest.partition("/")
     userinfo, at, hostlist = netloc.rpartition("@")
     hosts = tuple(_host(part, DEFAULT_PORTS[kind], bad) for part in hostlist.split(","))
+    service, db = _service_and_db(path, kind, bad)
+    sentinel_options, data_query = _split_query(query, kind, bad)
+    options = _data_options(scheme, f"{userinfo}{at}", db, data_query, bad)
+    return RedisURL(url, setting, kind, hosts, service, options, sentinel_options)
 
-    names = [unquote(part) for part in path.split("/") if part]
-    service: str | None = None
-    if kind == "sentinel":
-        if not names:
-            raise bad("it names no service: add /service_name after the sentinels")
-        service, names = names[0], names[1:]
-    if len(names) > 1 or (names and not names[0].isdigit()):
-        raise bad(
-            f"the path after the {'service name' if service else 'hosts'} must be a database "
-            "number, "
-            f"got {'/'.join(names)!r}"
-        )
-    db = int(names[0]) if names else 0
-    if kind == "cluster" and db:
-        raise bad("Redis Cluster has only database 0")
 
+def _kind_of(scheme: str, bad: Callable[[str], ConfigError]) -> str:
+    """ "sentinel" or "cluster" for a URL that is not one server's."""
+    if scheme in SENTINEL_SCHEMES:
+        return "sentinel"
+    if scheme in CLUSTER_SCHEMES:
+        return "cluster"
+    raise bad(
+        "the scheme must be one of redis, rediss, unix, redis+sentinel, rediss+sentinel, "
+        f"redis+cluster, rediss+cluster, got {scheme or 'none'!r}"
+    )
+
+
+def _split_query(
+    query: str, kind: str, bad: Callable[[str], ConfigError]
+) -> tuple[dict[str, str], str]:
+    """The Sentinel options of a URL's query (for the sentinels' own connections), and the rest."""
     pairs = parse_qsl(query, keep_blank_values=True)
     sentinel_options = {SENTINEL_OPTIONS[k]: v for k, v in pairs if k in SENTINEL_OPTIONS}
     if sentinel_options and kind != "sentinel":
@@ -294,21 +288,46 @@ def parse_url(url: Any, setting: str) -> RedisURL:
             f"{', '.join(sorted(k for k, _ in pairs if k in SENTINEL_OPTIONS))} only applies to "
             "Sentinel URLs"
         )
-    data_query = urlencode([(k, v) for k, v in pairs if k not in SENTINEL_OPTIONS])
-    # redis-py's own parser for what is left (one host stands for all): the types of the query
-    # options, quoting.
-    single = (
-        f"{'rediss' if scheme.startswith('rediss') else 'redis'}://{userinfo}{at}localhost/{db}"
-    )
+    return sentinel_options, urlencode([(k, v) for k, v in pairs if k not in SENTINEL_OPTIONS])
+
+
+def _service_and_db(
+    path: str, kind: str, bad: Callable[[str], ConfigError]
+) -> tuple[str | None, int]:
+    """The Sentinel service name (None for a cluster) and the database number of a URL's path."""
+    names = [unquote(part) for part in path.split("/") if part]
+    service: str | None = None
+    if kind == "sentinel":
+        if not names:
+            raise bad("it names no service: add /service_name after the sentinels")
+        service, names = names[0], names[1:]
+    return service, _db_of(names, "service name" if service else "hosts", kind, bad)
+
+
+def _db_of(names: list[str], after: str, kind: str, bad: Callable[[str], ConfigError]) -> int:
+    if len(names) > 1 or (names and not names[0].isdigit()):
+        raise bad(f"the path after the {after} must be a database number, got {'/'.join(names)!r}")
+    db = int(names[0]) if names else 0
+    if kind == "cluster" and db:
+        raise bad("Redis Cluster has only database 0")
+    return db
+
+
+def _data_options(
+    scheme: str, credentials: str, db: int, query: str, bad: Callable[[str], ConfigError]
+) -> dict[str, Any]:
+    """Client options of the data connections, by redis-py's own parser (one host standing for all):
+    the types of the query options, quoting, TLS."""
+    single = f"{'rediss' if scheme.startswith('rediss') else 'redis'}://{credentials}localhost/{db}"
     try:
-        options = redis_parse_url(f"{single}?{data_query}" if data_query else single)
+        options = redis_parse_url(f"{single}?{query}" if query else single)
     except (ValueError, TypeError) as exc:
         raise bad(str(exc)) from None
     options.pop("host", None)
     options.pop("port", None)
     if options.pop("connection_class", None) is not None:
         options["ssl"] = True
-    return RedisURL(url, setting, kind, hosts, service, options, sentinel_options)
+    return options
 
 
 def _host(part: str, default_port: int, bad: Any) -> tuple[str, int]:
