@@ -124,7 +124,13 @@ from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.interface import AsyncLock
 from scrapy_redislock.lock.protocol import adrive
 from scrapy_redislock.lock.quorum import AsyncQuorumCountingLock, QuorumLockFactory, QuorumPermit
-from scrapy_redislock.lock.status import StageStatus, astage_status, why_waiting
+from scrapy_redislock.lock.status import (
+    StageStatus,
+    WaitReason,
+    astage_status,
+    wait_reason,
+    why_waiting,
+)
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -666,46 +672,48 @@ class StageLocks:
                 raise reply
         return list(replies)
 
-    async def _why(self, stage: str) -> str:
-        """Why a request of ``stage`` waits now, "" when a slot is free; a Redis error is left to
-        the caller.
+    async def _why(self, stage: str) -> WaitReason:
+        """Why a request of ``stage`` waits now (false when a slot is free); a Redis error is left
+        to the caller.
 
-        A quorum lock waits when fewer than q masters have a free slot: said master by master."""
+        A quorum lock waits when fewer than q masters have a free slot: said master by master, calm
+        only when every master without a free slot is held by live holders."""
         lock = self.locks[stage]
         if not isinstance(lock, AsyncQuorumCountingLock):
             found = await self.read_status(stage)
-            return "" if found is None else why_waiting(found)
+            return WaitReason("free") if found is None else wait_reason(found)
         said: dict[int, str] = {}
-        free = 0
+        calm = True
         for index, status in enumerate(await self.read_statuses(stage)):
             if isinstance(status, BaseException):
-                said[index] = f"unreachable ({status})"
+                said[index], calm = f"unreachable ({status})", False
                 continue
-            why = "" if status is None else why_waiting(status)
-            if why:
-                said[index] = why
-            else:
-                free += 1
+            reason = WaitReason("free") if status is None else wait_reason(status)
+            if reason:
+                said[index], calm = reason.text, calm and reason.calm
+        free = lock.masters - len(said)
         if free >= lock.quorum:
-            return ""
-        return f"{free} of {lock.masters} masters have a free slot, {lock.quorum} needed; {self._masters_said(said)}"
+            return WaitReason("free")
+        return WaitReason(
+            "held" if calm else "quorum",
+            f"{free} of {lock.masters} masters have a free slot, {lock.quorum} needed; "
+            f"{self._masters_said(said)}",
+        )
 
     async def _say_why(self, stage: str, when: str) -> None:
-        """Log why a request of ``stage`` waits (nothing when a slot is free); a Redis error is left
-        to the waits."""
+        """Log why a request of ``stage`` waits (nothing when a slot is free): INFO when every slot
+        is held by live holders, else a warning; a Redis error is left to the waits."""
         try:
-            why = await self._why(stage)
+            reason = await self._why(stage)
         except REDIS_ERRORS:
             return
-        if why:
-            # all held by live holders
-            calm = "all " in why and "dead?" not in why and "unreachable" not in why
+        if reason:
             logger.log(
-                logging.INFO if calm else logging.WARNING,
+                logging.INFO if reason.calm else logging.WARNING,
                 "Stage %r has no free slot %s: %s",
                 stage,
                 when,
-                why,
+                reason,
             )
 
     def _no_grant_for(self, stage: str, now: float) -> float | None:

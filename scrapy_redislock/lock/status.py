@@ -281,8 +281,36 @@ def _who(process: Process | None, holder: str) -> str:
     return f"{process.host} pid {process.pid}"
 
 
+@dataclass(frozen=True)
+class WaitReason:
+    """Why a request of a stage would wait now: ``kind`` is "free" (it would not), "missing",
+    "paused", "recovery" or "held"; ``stale`` counts holders that stopped renewing (dead?). False
+    when a slot is free; ``str()`` is the one-line text the log and the CLI show."""
+
+    kind: str
+    text: str = ""
+    stale: int = 0
+
+    @property
+    def calm(self) -> bool:
+        """Every slot held by live holders: the ordinary state of a capped stage (INFO, not a
+        warning)."""
+        return self.kind == "held" and not self.stale
+
+    def __bool__(self) -> bool:
+        return self.kind != "free"
+
+    def __str__(self) -> str:
+        return self.text
+
+
 def why_waiting(status: StageStatus, now: float | None = None) -> str:
-    """Why a request of this stage would wait now, in one line; "" when a slot is free.
+    """:func:`wait_reason` as its one line; "" when a slot is free."""
+    return wait_reason(status, now).text
+
+
+def wait_reason(status: StageStatus, now: float | None = None) -> WaitReason:
+    """Why a request of this stage would wait now.
 
     Paused (limit 0, and by whom when a registered process configured it), a recovery window after a
     Redis data loss (until when), debt after lowering the limit, or every slot held: by whom (host,
@@ -291,47 +319,60 @@ def why_waiting(status: StageStatus, now: float | None = None) -> str:
     """
     now = time.time() if now is None else now
     if not status.exists:
-        return "its lock is missing in Redis (data loss?); the next process to start or renew recreates it"
+        return WaitReason(
+            "missing",
+            "its lock is missing in Redis (data loss?); the next process to start or renew "
+            "recreates it",
+        )
     if status.limit == 0:
-        pausers = sorted(
-            _who(p, p.holder)
-            for p in status.processes
-            if p.identity.get("limit") == 0 and p.holder != LIMBO
-        )
-        by = (
-            f"by {', '.join(pausers)} (its REDISLOCK_STAGES)"
-            if pausers
-            else "by set-limit or a process gone since"
-        )
-        return f"paused: limit 0 in Redis, set {by}; nothing is granted until the limit is raised"
+        return WaitReason("paused", _paused(status))
     reserved = [g for g in status.grants if g.holder == LIMBO]
     if reserved:
         left = max(0.0, max(g.lease_left for g in reserved))
         until = time.strftime("%H:%M:%S", time.localtime(now + left))
-        return (
+        return WaitReason(
+            "recovery",
             f"recovery window after a Redis data loss: {len(reserved)} of {status.limit} slots "
-            "reserved for the "
-            f"holders that survived, until {until} (in {_short(left)})"
+            f"reserved for the holders that survived, until {until} (in {_short(left)})",
         )
     if status.free > 0:
-        return ""
-    ttl = status.ttl or 0.0
-    stale_after = min(ttl, 3.0)  # live holders renew every min(ttl/3, 1 s)
+        return WaitReason("free")
+    return _held(status)
+
+
+def _paused(status: StageStatus) -> str:
+    pausers = sorted(
+        _who(p, p.holder)
+        for p in status.processes
+        if p.identity.get("limit") == 0 and p.holder != LIMBO
+    )
+    by = (
+        f"by {', '.join(pausers)} (its REDISLOCK_STAGES)"
+        if pausers
+        else "by set-limit or a process gone since"
+    )
+    return f"paused: limit 0 in Redis, set {by}; nothing is granted until the limit is raised"
+
+
+def _held(status: StageStatus) -> WaitReason:
+    """Every slot held: by whom, lease left, and the holders that stopped renewing."""
+    stale_after = min(status.ttl or 0.0, 3.0)  # live holders renew every min(ttl/3, 1 s)
     by_owner: dict[str, list[Grant]] = {}
     for grant in status.grants:
         by_owner.setdefault(owner_of(grant.holder), []).append(grant)
     parts = []
+    stale = 0
     for owner, grants in sorted(by_owner.items(), key=lambda item: -len(item[1])):
         who = _who(status.process(owner), owner)
-        left = min(g.lease_left for g in grants)
+        left = _short(max(0.0, min(g.lease_left for g in grants)))
         oldest = max(g.age for g in grants)
         if oldest > stale_after:
+            stale += 1
             parts.append(
                 f"{len(grants)} by {who} (not renewed for {_short(oldest)}: dead? freed when its "
-                "lease ends in "
-                f"{_short(max(0.0, left))})"
+                f"lease ends in {left})"
             )
         else:
-            parts.append(f"{len(grants)} by {who} (lease left {_short(max(0.0, left))})")
+            parts.append(f"{len(grants)} by {who} (lease left {left})")
     debt = f", {status.debt} more to give back after the limit was lowered" if status.debt else ""
-    return f"all {status.limit} slots held{debt}: " + "; ".join(parts)
+    return WaitReason("held", f"all {status.limit} slots held{debt}: " + "; ".join(parts), stale)

@@ -197,18 +197,23 @@ def test_why_a_quorum_stage_waits_is_said_per_master(masters: list[RedisServer])
 
     async def scenario() -> None:
         async with front(urls(masters), {"detail": 1}, scheduler=False) as f:
-            assert await f.locks._why("detail") == ""
+            assert not await f.locks._why("detail")
             permit = await f.locks.acquire("detail", 5)
-            why = await f.locks._why("detail")
+            reason = await f.locks._why("detail")
+            why = str(reason)
             assert why.startswith(
                 "0 of 3 masters have a free slot, 2 needed; master 0 (redis://"
             ), why
             assert why.count("all 1 slots held: 1 by ") == 3, why
+            assert reason.calm  # held by a live holder on every master: said at INFO
             masters[2].kill()
-            why = await f.locks._why("detail")
+            reason = await f.locks._why("detail")
+            why = str(reason)
             assert "master 2 (" in why and "unreachable" in why, why
+            assert not reason.calm  # a master unreachable: a warning
             await f.locks.release(permit)
-            assert await f.locks._why("detail") == ""  # two masters free: a quorum
+            reason = await f.locks._why("detail")
+            assert not reason and reason.kind == "free"  # two masters free: a quorum
 
     try:
         asyncio.run(scenario())
