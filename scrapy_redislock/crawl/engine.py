@@ -138,18 +138,6 @@ def downloader_middlewares(crawler: Crawler) -> tuple[Any, ...]:
     return tuple(getattr(manager, "middlewares", ()))
 
 
-def left_twice(crawler: Crawler, held: Any, suspects: set[Any]) -> tuple[set[Any], set[Any]]:
-    """Of the requests in ``held``, those missing from the downloader now and at the last look
-    (``suspects``), and those missing now (the next look's suspects). The engine adds a request to
-    the downloader in the same call that takes it from the scheduler, so one look would do; two cost
-    nothing. (set(), set()) before the engine."""
-    active = downloader_active(crawler)
-    if active is None:
-        return set(), suspects
-    gone = {request for request in held if request not in active}
-    return gone & suspects, gone
-
-
 def engine_scheduler(crawler: Crawler) -> BaseScheduler | None:
     """The engine's scheduler: ``engine.scheduler`` (public since Scrapy 2.19), else the engine
     slot's."""

@@ -27,13 +27,9 @@ import logging
 from typing import TYPE_CHECKING
 
 from scrapy_redislock._redis import Backoff
-from scrapy_redislock.crawl.stagelocks import (
-    REDIS_ERRORS,
-    Renewer,
-    StageLock,
-    StageLocks,
-    gather_bounded,
-)
+from scrapy_redislock.crawl.reach import REDIS_ERRORS
+from scrapy_redislock.crawl.renewer import Renewer, gather_bounded
+from scrapy_redislock.crawl.stagelocks import StageLock, StageLocks
 from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.delay import book_start, gap_of, gate_key
 from scrapy_redislock.lock.front import CommandRunner, waiting_client
@@ -130,9 +126,7 @@ class KeyLocks(StageLocks):
             lock = self.locks.pop(key)
             self.limits.pop(key, None)
             self._stage_by_lock.pop(lock.name, None)
-            self.last_grant.pop(key, None)
-            self._report_after.pop(key, None)
-            self._progress.pop(key, None)
+            self.reports.forget(key)
             # retiring unregisters this process: no waiting count left in Redis
             self._sent_waiting.pop(key, None)
             retired.append(lock)

@@ -29,7 +29,7 @@ and the worker scheduler. API (all on the reactor thread, asyncio reactor)::
     locks.add_taker(fn)            # fn(stage, permit) -> True when it takes a freed slot for a parked request
     locks.add_waiting_source(fn)   # fn(stage) -> requests waiting for that stage (shown by the status CLI)
     locks.add_tick_hook(coro_fn)   # awaited at every renewal tick (leak sweeps)
-    await locks.stalled(stage, window)             # at close: why to give up waiting for the stage, or ""
+    await locks.reports.stalled(stage, window)     # at close: why to give up waiting for the stage, or ""
     await locks.close()            # cancel waits, then free every permit and waiter: one aclose() per stage
 
 The permit hand-off: a slot goes with its request object (never in ``meta``, which retries and
@@ -97,7 +97,6 @@ import contextlib
 import functools
 import logging
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
@@ -108,13 +107,23 @@ from scrapy.exceptions import CloseSpider
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.reactor import is_reactor_installed
 
-from scrapy_redislock._loop import every, start_now
+from scrapy_redislock._loop import start_now
 from scrapy_redislock._redis import AsyncRedisClient, Backoff, text
-from scrapy_redislock.crawl.connection import async_clients, mask_url
+from scrapy_redislock.crawl.connection import async_clients
 from scrapy_redislock.crawl.engine import downloader_active
+from scrapy_redislock.crawl.ledger import PermitLedger
+from scrapy_redislock.crawl.reach import (
+    OUTAGE_ERRORS,
+    REDIS_ERRORS,
+    REFUSED,
+    first_answer,
+    masters_said,
+    no_quorum,
+)
+from scrapy_redislock.crawl.renewer import Renewer, gather_bounded
+from scrapy_redislock.crawl.waitreports import WaitReports
 from scrapy_redislock.errors import (
     AcquireTimeout,
-    LockConnectionError,
     QuorumNotReached,
     UnknownStage,
 )
@@ -124,13 +133,6 @@ from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.interface import AsyncLock
 from scrapy_redislock.lock.protocol import adrive
 from scrapy_redislock.lock.quorum import AsyncQuorumCountingLock, QuorumLockFactory, QuorumPermit
-from scrapy_redislock.lock.status import (
-    StageStatus,
-    WaitReason,
-    astage_status,
-    wait_reason,
-    why_waiting,
-)
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -144,35 +146,7 @@ logger = logging.getLogger(__name__)
 CLOSE_TIMEOUT = 5.0
 # seconds for Redis to see cancelled waits' connections close before the last sweep
 LATE_GRANT_PAUSE = 0.02
-# RedisClusterException is not a RedisError: a cluster client with no reachable node raises it.
-REDIS_ERRORS = (
-    redis.exceptions.RedisError,
-    redis.exceptions.RedisClusterException,
-    LockConnectionError,
-    OSError,
-)
-# Errors of an outage or a failover, which waiting cures (Redis down, no master yet, a cluster slot
-# moving).
-OUTAGE_ERRORS = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.ClusterDownError,
-    redis.exceptions.TryAgainError,
-    redis.exceptions.RedisClusterException,
-    LockConnectionError,
-    OSError,
-)
-# Errors that waiting cannot cure (some are ConnectionErrors): closed at start at once.
-REFUSED = (
-    redis.exceptions.AuthenticationError,
-    redis.exceptions.AuthorizationError,
-    redis.exceptions.AuthenticationWrongNumberOfArgsError,
-    redis.exceptions.NoPermissionError,
-)
 START_BACKOFF = (0.25, 5.0)  # first and longest pause between tries to reach Redis at start
-REPORT_FIRST = 5.0  # seconds without a grant while requests wait before the log says why; doubled up to REPORT_MAX
-REPORT_MAX = 300.0
 # a forced shutdown waits at most this long for Redis to take the slots back
 UNCLEAN_CLOSE_TIMEOUT = 3.0
 
@@ -207,79 +181,6 @@ def _hget_limit(client: AsyncRedisClient, meta: str) -> Awaitable[Any]:
 def slot_id(permit: SlotPermit) -> str:
     """How the log names a slot: its grant id (a quorum permit: its token, a grant per master)."""
     return permit.grant if isinstance(permit, Permit) else permit.token
-
-
-# -- the renewal loop: one per process (per event loop) --------------------------------------------
-
-
-class Renewer:
-    """The process's one renewal loop: runs the tick of every StageLocks that joined, all at
-    once."""
-
-    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Renewer] = (
-        weakref.WeakKeyDictionary()
-    )
-
-    def __init__(self) -> None:
-        self.members: set[StageLocks] = set()
-        self.task: asyncio.Task[None] | None = None
-
-    @classmethod
-    def current(cls) -> Renewer:
-        loop = asyncio.get_running_loop()
-        renewer = cls._by_loop.get(loop)
-        if renewer is None:
-            renewer = cls._by_loop[loop] = cls()
-        return renewer
-
-    def join(self, member: StageLocks) -> None:
-        self.members.add(member)
-        if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(
-                self._run(), name="redislock-renewer"
-            )
-
-    def leave(self, member: StageLocks) -> None:
-        self.members.discard(member)
-        if not self.members and self.task is not None:
-            self.task.cancel()
-            self.task = None
-
-    def _interval(self) -> float:
-        return min((m.renew_interval for m in self.members), default=1.0)
-
-    async def _tick(self) -> bool:
-        if not self.members:
-            return False
-        await asyncio.gather(*(m.tick() for m in list(self.members)), return_exceptions=True)
-        return bool(self.members)
-
-    async def _run(self) -> None:
-        try:
-            await every(self._interval, self._tick, what="renewing stage locks")
-        except asyncio.CancelledError:
-            # Cancelled with members still open: the loop is being torn down (a forced shutdown
-            # without a Twisted reactor cancels every task). Free their slots now; the TTL would
-            # keep them for others otherwise.
-            self.task = None  # their close() must not cancel this task again
-            await asyncio.gather(
-                *(m.close_unclean() for m in list(self.members)), return_exceptions=True
-            )
-            raise
-
-
-async def gather_bounded(coros: list[Awaitable[Any]], limit: int | None) -> list[Any]:
-    """Await all, at most ``limit`` at once (a client's connection pool is finite); exceptions are
-    returned."""
-    if limit is None:
-        return await asyncio.gather(*coros, return_exceptions=True)
-    gate = asyncio.Semaphore(limit)
-
-    async def one(coro: Awaitable[Any]) -> Any:
-        async with gate:
-            return await coro
-
-    return await asyncio.gather(*(one(coro) for coro in coros), return_exceptions=True)
 
 
 # -- one crawler's stage locks ---------------------------------------------------------------------
@@ -326,8 +227,9 @@ class StageLocks:
         self._takers: list[Callable[[str, SlotPermit], bool]] = []
         self._hold_hooks: list[Callable[[Request], None]] = []
         # request -> the slot it goes with (or its error)
-        self._out: dict[Request, SlotPermit | BaseException] = {}
-        self._suspects: set[Request] = set()  # out of the downloader at the last tick
+        self.ledger: PermitLedger[SlotPermit] = PermitLedger(
+            min(settings.local_reuse, settings.ttl / 2)
+        )
         self._tick_hooks: list[Callable[[], Awaitable[None]]] = []
         # acquire() calls in progress, cancelled on close
         self._waits: set[asyncio.Task[Any]] = set()
@@ -338,14 +240,7 @@ class StageLocks:
         self._renewer: Renewer | None = None
         self._retry_at = 0.0
         self._backoff = Backoff()  # after a failed tick
-        # acquire() call -> stage, since
-        self._wait_started: dict[asyncio.Task[Any] | None, tuple[str, float]] = {}
-        # stage -> when this process last got a slot (monotonic)
-        self.last_grant: dict[str, float] = {}
-        # stage -> seconds without a grant at which to say why next
-        self._report_after: dict[str, float] = {}
-        # at close: stage -> (grants seen, since when)
-        self._progress: dict[str, tuple[Any, float]] = {}
+        self.reports = WaitReports(self)
         # stage -> the waiting count its last maintain told Redis
         self._sent_waiting: dict[str, int] = {}
         self._shutdown_trigger: Any = None
@@ -554,7 +449,7 @@ class StageLocks:
             try:
                 previous = await lock.set_limit(limit)
             except QuorumNotReached as exc:
-                raise self._no_quorum(exc.failed, exc.needed) from None
+                raise no_quorum(self.settings.masters, exc.failed, exc.needed) from None
             if previous is not None and previous != limit:
                 logger.warning(
                     "Limit of stage %r changed from %s to %s in Redis (the newest process's "
@@ -567,7 +462,7 @@ class StageLocks:
             # Unlimited here; say so when other processes cap it, since their cap does not hold for
             # this one.
             meta = LockKeys.of(self.settings.key_prefix, f"{self.lock_prefix}{stage}").meta
-            other = await self._first_answer(functools.partial(_hget_limit, meta=meta))
+            other = await first_answer(self.clients, functools.partial(_hget_limit, meta=meta))
             if other is not None:
                 logger.warning(
                     "Stage %r is unlimited in this process but capped at %s in Redis by other "
@@ -592,7 +487,7 @@ class StageLocks:
         )
         for stage in self.locks:
             try:
-                await self._say_why(stage, "at start")
+                await self.reports.say_why(stage, "at start")
             # started: a report that cannot be read must not close the crawl
             except REDIS_ERRORS as exc:
                 logger.debug("Could not read why stage %r waits: %s", stage, exc)
@@ -612,159 +507,15 @@ class StageLocks:
         needed = max((lock.quorum for lock in quorum_locks), default=1)
         if len(self.clients) - len(failed) < needed:
             refused = [exc for exc in failed.values() if isinstance(exc, REFUSED)]
-            raise refused[0] if refused else self._no_quorum(failed, needed)
+            raise refused[0] if refused else no_quorum(self.settings.masters, failed, needed)
         if failed:
             logger.warning(
                 "Quorum lock: %d of %d masters answer, %d needed; not answering: %s",
                 len(self.clients) - len(failed),
                 len(self.clients),
                 needed,
-                self._masters_said(failed),
+                masters_said(self.settings.masters, failed),
             )
-
-    def _masters_said(self, replies: Mapping[int, Any]) -> str:
-        """``master 1 (redis://...): what``, for each master index in ``replies``."""
-        return "; ".join(
-            f"master {i} ({mask_url(self.settings.masters[i])}): {reply}"
-            for i, reply in sorted(replies.items())
-        )
-
-    def _no_quorum(self, failed: Mapping[int, BaseException], needed: int) -> LockConnectionError:
-        answered = len(self.clients) - len(failed)
-        return LockConnectionError(
-            f"{answered} of {len(self.clients)} masters answer, {needed} needed; "
-            f"{self._masters_said(failed)}"
-        )
-
-    async def _first_answer(self, ask: Callable[[AsyncRedisClient], Awaitable[T]]) -> T:
-        """``ask(client)`` of the first master that answers (the one Redis without a quorum); its
-        error if none."""
-        error: BaseException | None = None
-        for client in self.clients:
-            try:
-                return await ask(client)
-            except REDIS_ERRORS as exc:
-                error = error or exc
-        assert error is not None
-        raise error
-
-    # -- why requests wait -------------------------------------------------------------------------
-
-    async def read_status(self, stage: str) -> StageStatus | None:
-        """The stage's lock as Redis holds it now (read-only); None when it is not there. Of a
-        quorum: as the first master that answers holds it (:meth:`read_statuses` reads every
-        master)."""
-        name = f"{self.lock_prefix}{stage}"
-        return await self._first_answer(
-            lambda client: astage_status(client, self.settings.key_prefix, name)
-        )
-
-    async def read_statuses(self, stage: str) -> list[StageStatus | BaseException | None]:
-        """The stage's lock on every master (a quorum), at once: its status, None, or the master's
-        error."""
-        name = f"{self.lock_prefix}{stage}"
-        replies = await asyncio.gather(
-            *(astage_status(client, self.settings.key_prefix, name) for client in self.clients),
-            return_exceptions=True,
-        )
-        for reply in replies:
-            if isinstance(reply, BaseException) and not isinstance(reply, REDIS_ERRORS):
-                raise reply
-        return list(replies)
-
-    async def _why(self, stage: str) -> WaitReason:
-        """Why a request of ``stage`` waits now (false when a slot is free); a Redis error is left
-        to the caller.
-
-        A quorum lock waits when fewer than q masters have a free slot: said master by master, calm
-        only when every master without a free slot is held by live holders."""
-        lock = self.locks[stage]
-        if not isinstance(lock, AsyncQuorumCountingLock):
-            found = await self.read_status(stage)
-            return WaitReason("free") if found is None else wait_reason(found)
-        said: dict[int, str] = {}
-        calm = True
-        for index, status in enumerate(await self.read_statuses(stage)):
-            if isinstance(status, BaseException):
-                said[index], calm = f"unreachable ({status})", False
-                continue
-            reason = WaitReason("free") if status is None else wait_reason(status)
-            if reason:
-                said[index], calm = reason.text, calm and reason.calm
-        free = lock.masters - len(said)
-        if free >= lock.quorum:
-            return WaitReason("free")
-        return WaitReason(
-            "held" if calm else "quorum",
-            f"{free} of {lock.masters} masters have a free slot, {lock.quorum} needed; "
-            f"{self._masters_said(said)}",
-        )
-
-    async def _say_why(self, stage: str, when: str) -> None:
-        """Log why a request of ``stage`` waits (nothing when a slot is free): INFO when every slot
-        is held by live holders, else a warning; a Redis error is left to the waits."""
-        try:
-            reason = await self._why(stage)
-        except REDIS_ERRORS:
-            return
-        if reason:
-            logger.log(
-                logging.INFO if reason.calm else logging.WARNING,
-                "Stage %r has no free slot %s: %s",
-                stage,
-                when,
-                reason,
-            )
-
-    def _no_grant_for(self, stage: str, now: float) -> float | None:
-        """Seconds since this process's waits for ``stage`` last saw a grant; None when none
-        waits."""
-        starts = [since for waited, since in self._wait_started.values() if waited == stage]
-        if not starts:
-            return None
-        return now - max(min(starts), self.last_grant.get(stage, 0.0))
-
-    async def _report_waits(self) -> None:
-        """Say why, for each stage whose waits have had no grant for REPORT_FIRST s, then with
-        back-off."""
-        now = time.monotonic()
-        for stage in list(self.locks):  # keys may come and go meanwhile (KeyLocks)
-            idle = self._no_grant_for(stage, now)
-            if idle is None or idle < REPORT_FIRST:
-                self._report_after.pop(stage, None)
-                continue
-            due = self._report_after.get(stage, REPORT_FIRST)
-            if idle >= due:
-                self._report_after[stage] = due * 2 if due * 2 <= REPORT_MAX else idle + REPORT_MAX
-                await self._say_why(stage, f"after {idle:.0f} s of waiting")
-
-    async def stalled(self, stage: str, window: float) -> str:
-        """At close: why to give up the waits for ``stage`` (paused, or no slot freed anywhere for
-        ``window`` s), else "". Progress is a grant to this process, or any change in the stage's
-        grants in Redis."""
-        now = time.monotonic()
-        try:
-            statuses = await self.read_statuses(stage)
-        except REDIS_ERRORS:
-            statuses = []
-        lock = self.locks[stage]
-        needed = lock.quorum if isinstance(lock, AsyncQuorumCountingLock) else 1
-        live = [status for status in statuses if isinstance(status, StageStatus)]
-        paused = [status for status in live if status.limit == 0]
-        if paused and len(statuses) - len(paused) < needed:
-            return why_waiting(paused[0])
-        seen = [
-            None if not isinstance(s, StageStatus) else sorted(g.grant for g in s.grants)
-            for s in statuses
-        ] or None
-        previous, since = self._progress.get(stage, (seen, now))
-        if seen != previous or stage not in self._progress:
-            since = now
-        since = max(since, self.last_grant.get(stage, 0.0))
-        self._progress[stage] = (seen, since)
-        if now - since > window:
-            return f"no slot of the stage was freed anywhere for {window:.0f} s"
-        return ""
 
     # -- an unclean shutdown -----------------------------------------------------------------------
 
@@ -806,7 +557,7 @@ class StageLocks:
         task = asyncio.current_task()
         if task is not None:
             self._waits.add(task)
-        self._wait_started[task] = (stage, time.monotonic())
+        self.reports.wait_began(task, stage)
         deadline = None if timeout is None else time.monotonic() + timeout
         backoff = Backoff()
         try:
@@ -814,7 +565,7 @@ class StageLocks:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
                     permit = await lock.acquire(timeout=left)
-                    self.last_grant[stage] = time.monotonic()
+                    self.reports.granted(stage)
                     return permit
                 except AcquireTimeout:
                     self.stats.inc_value(f"{self.stats_prefix}/{stage}/timeouts")
@@ -837,7 +588,7 @@ class StageLocks:
                     self.stats.inc_value(f"{self.stats_prefix}/redis_errors")
                     await asyncio.sleep(delay)
         finally:
-            self._wait_started.pop(task, None)
+            self.reports.wait_ended(task)
             if task is not None:
                 self._waits.discard(task)
 
@@ -882,19 +633,19 @@ class StageLocks:
     def hand(self, request: Request, outcome: SlotPermit | BaseException) -> None:
         """StageScheduler lets ``request`` go with this slot (or fails it with this error at the
         middleware)."""
-        self._out[request] = outcome
+        self.ledger.hand(request, outcome)
 
     def take(self, request: Request) -> SlotPermit | BaseException | None:
         """What ``request`` came with from the scheduler: its slot (held until :meth:`finish`), an
         error (given once), or None. A slot that is no longer usable is dropped and None returned:
         the request must wait for another rather than start without a valid lease."""
-        outcome = self._out.get(request)
+        outcome = self.ledger.peek(request)
         if outcome is None:
             return None
-        if not isinstance(outcome, SlotPermit):
-            del self._out[request]
+        if isinstance(outcome, BaseException):
+            self.ledger.forget(request)
         elif not self.usable(outcome):
-            del self._out[request]
+            self.ledger.forget(request)
             self.release_soon(outcome)
             return None
         return outcome
@@ -902,29 +653,27 @@ class StageLocks:
     def hold(self, request: Request, permit: SlotPermit) -> None:
         """``request`` holds ``permit`` (it waited for it in the middleware) until
         :meth:`finish`."""
-        self._out[request] = permit
+        self.ledger.hold(request, permit)
         for hook in self._hold_hooks:
             hook(request)
 
     def has_slot(self, request: Request) -> bool:
         """Whether ``request`` holds a slot now (handed one by the scheduler, or got one in the
         middleware)."""
-        return isinstance(self._out.get(request), SlotPermit)
+        return self.ledger.has_slot(request)
 
     def holding(self) -> list[Request]:
         """The requests of this process that hold a slot now (handed out by the scheduler or waited
         for in the middleware, and not finished): StageScheduler counts their keys
         (REDISLOCK_STAGE_KEY) before a hand-out."""
-        return [
-            request for request, outcome in self._out.items() if isinstance(outcome, SlotPermit)
-        ]
+        return cast("list[Request]", self.ledger.holding())
 
     def finish(self, request: Request) -> None:
         """``request`` is done with its slot (download over, answered, dropped); nothing when it has
         none."""
-        outcome = self._out.pop(request, None)
-        if isinstance(outcome, SlotPermit):
-            self.free(outcome)
+        permit = self.ledger.finish(request)
+        if permit is not None:
+            self.free(permit)
 
     def free(self, permit: SlotPermit) -> None:
         """Pass a slot on to a parked request of this process (see the module docstring), else
@@ -962,10 +711,9 @@ class StageLocks:
         stage = self._stage_by_lock.get(permit.name)
         if stage is None or self.closed or not self._takers:
             return False
-        if time.monotonic() - permit.acquired_at >= min(
-            self.settings.local_reuse, self.settings.ttl / 2
-        ):
-            return False  # back to Redis's line, where other processes may wait (and never near the lease's end)
+        if not self.ledger.young(permit, time.monotonic()):
+            # back to Redis's line, where other processes may wait (and never near the lease's end)
+            return False
         if not self.usable(permit):
             return False
         for taker in self._takers:
@@ -978,14 +726,11 @@ class StageLocks:
         """Free the slots of requests that left the downloader without finishing here (missing from
         ``downloader.active`` at two ticks in a row: the engine adds a request to it in the same
         call that takes it from the scheduler, so one tick would do; two cost nothing)."""
-        active = downloader_active(self.crawler)
-        if active is None:
-            return
-        gone = {request for request in self._out if request not in active}
-        for request in gone & self._suspects:
-            logger.debug("Freeing the slot of %s, which left the downloader unseen", request)
-            self.finish(request)
-        self._suspects = gone
+        for permit in self.ledger.sweep(downloader_active(self.crawler)):
+            logger.debug(
+                "Freeing slot %s, whose request left the downloader unseen", slot_id(permit)
+            )
+            self.free(permit)
 
     # -- renewal -----------------------------------------------------------------------------------
 
@@ -1006,7 +751,7 @@ class StageLocks:
         try:
             await self._retry_releases()
             await self.renew_once()
-            await self._report_waits()
+            await self.reports.report()
         except REDIS_ERRORS as exc:
             delay = self._backoff.next()
             logger.warning("Renewing stage slots failed (%s); retrying in %.1f s", exc, delay)
@@ -1072,7 +817,7 @@ class StageLocks:
         if self.closed:
             return
         self.closed = True
-        self._out.clear()  # every slot of this process is freed below, one call per stage
+        self.ledger.clear()  # every slot of this process is freed below, one call per stage
         if self._shutdown_trigger is not None:
             from twisted.internet import reactor
 

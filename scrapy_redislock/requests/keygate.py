@@ -40,9 +40,10 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.exceptions import IgnoreRequest
 
-from scrapy_redislock.crawl.engine import left_twice
+from scrapy_redislock.crawl.engine import downloader_active
 from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, KeyLocks
 from scrapy_redislock.crawl.keys import request_key
+from scrapy_redislock.crawl.ledger import PermitLedger
 from scrapy_redislock.errors import KeyFunctionError
 
 START_META = "redislock_start_at"  # the booked start, on Redis's clock (seconds since the epoch)
@@ -62,9 +63,8 @@ class KeyGate:
         self.crawler = crawler
         self.settings = settings
         self.locks = KeyLocks.of(crawler, settings)
-        self.permits: dict[Request, SlotPermit] = {}
+        self.permits: PermitLedger[SlotPermit] = PermitLedger()
         self.waiting: Counter[str] = Counter()
-        self._suspects: set[Request] = set()
         self.locks.add_waiting_source(self.waiting.__getitem__)
         self.locks.add_tick_hook(self.sweep)
 
@@ -115,7 +115,7 @@ class KeyGate:
             self.waiting[key] -= 1
             if not self.waiting[key]:
                 del self.waiting[key]
-        self.permits[request] = permit
+        self.permits.hold(request, permit)
         waited = time.monotonic() - started
         stats = self.crawler.stats
         stats.inc_value("redislock/keys/acquired")
@@ -133,26 +133,23 @@ class KeyGate:
         """Whether the request's key slot, if it has one, may still go with it (see
         ``StageLocks.usable``); one that may not is dropped (released, in case Redis still holds
         it)."""
-        permit = self.permits.get(request)
+        permit = self.permits.permit_of(request)
         if permit is None or self.locks.usable(permit):
             return True
-        del self.permits[request]
+        self.permits.forget(request)
         self.locks.release_soon(permit)
         return False
 
     def release(self, request: Request) -> None:
-        permit = self.permits.pop(request, None)
+        permit = self.permits.finish(request)
         if permit is not None:
             self.locks.release_soon(permit)
 
     async def sweep(self) -> None:
         """At every renewal tick: free key slots of requests gone from the downloader at two ticks
         in a row."""
-        gone, self._suspects = left_twice(self.crawler, self.permits, self._suspects)
-        for request in gone:
-            permit = self.permits.pop(request, None)
-            if permit is not None:
-                await self.locks.release(permit)
+        for permit in self.permits.sweep(downloader_active(self.crawler)):
+            await self.locks.release(permit)
 
     async def close(self) -> None:
         await self.locks.close()

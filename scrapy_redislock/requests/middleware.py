@@ -287,7 +287,7 @@ class StageLockMiddleware:
             self._drop(set(self._waits.values()), "the stage slots were closed")
         elif self._waits and engine_closing(self.crawler):
             for stage in sorted(set(self._waits.values())):
-                why = await self.locks.stalled(stage, self.stall_window)
+                why = await self.locks.reports.stalled(stage, self.stall_window)
                 if why:
                     self._drop({stage}, why)
         return bool(self._waits) and not self.locks.closed

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from scrapy.utils.misc import build_from_crawler
 
 from scrapy_redislock._redis import Backoff
-from scrapy_redislock.crawl.stagelocks import OUTAGE_ERRORS, REFUSED
+from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REFUSED
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable

@@ -89,8 +89,8 @@ from scrapy.utils.defer import deferred_from_coro
 from scrapy_redislock._loop import every
 from scrapy_redislock._redis import Backoff
 from scrapy_redislock.crawl.engine import check_reactor, in_progress, wake_engine
+from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REDIS_ERRORS, REFUSED
 from scrapy_redislock.crawl.settings import read_settings, read_worker_settings
-from scrapy_redislock.crawl.stagelocks import OUTAGE_ERRORS, REDIS_ERRORS, REFUSED
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.workers.feed import StartUrlFeed

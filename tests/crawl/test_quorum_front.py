@@ -197,9 +197,9 @@ def test_why_a_quorum_stage_waits_is_said_per_master(masters: list[RedisServer])
 
     async def scenario() -> None:
         async with front(urls(masters), {"detail": 1}, scheduler=False) as f:
-            assert not await f.locks._why("detail")
+            assert not await f.locks.reports.why("detail")
             permit = await f.locks.acquire("detail", 5)
-            reason = await f.locks._why("detail")
+            reason = await f.locks.reports.why("detail")
             why = str(reason)
             assert why.startswith(
                 "0 of 3 masters have a free slot, 2 needed; master 0 (redis://"
@@ -207,12 +207,12 @@ def test_why_a_quorum_stage_waits_is_said_per_master(masters: list[RedisServer])
             assert why.count("all 1 slots held: 1 by ") == 3, why
             assert reason.calm  # held by a live holder on every master: said at INFO
             masters[2].kill()
-            reason = await f.locks._why("detail")
+            reason = await f.locks.reports.why("detail")
             why = str(reason)
             assert "master 2 (" in why and "unreachable" in why, why
             assert not reason.calm  # a master unreachable: a warning
             await f.locks.release(permit)
-            reason = await f.locks._why("detail")
+            reason = await f.locks.reports.why("detail")
             assert not reason and reason.kind == "free"  # two masters free: a quorum
 
     try:

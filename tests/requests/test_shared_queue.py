@@ -131,9 +131,9 @@ def test_the_queue_stays_shared_and_a_kill_loses_only_what_the_process_held(
         assert watch(lambda: opened("p1") and opened("p2") and answered(site) >= 10), (
             "p1, p2 did not start crawling"
         )
-        # Slow pages until the late process has work, so that a loaded machine's slow start of p3
-        # still finds work in Redis.
-        site.delay = 0.3
+        # Slow pages while the late process starts, so that a loaded machine's slow start of p3
+        # still finds work in Redis (the queue drains at 1.5 pages/s meanwhile).
+        site.delay = 2.0
         start("p3")
         assert watch(lambda: opened("p3")), crawls["p3"].tail()
         while True:  # one instant's figures: no answer while Redis was read
@@ -141,8 +141,8 @@ def test_the_queue_stays_shared_and_a_kill_loses_only_what_the_process_held(
             queued_when_p3_opened = queued(redis_client)
             if answered(site) == answered_then:
                 break
-        assert watch(lambda: reached(site, "p3") > 0), "the late process got no work"
         site.delay = 0.1
+        assert watch(lambda: reached(site, "p3") > 0), "the late process got no work"
         # It got work from what was still in Redis: p1 and p2 had taken no more than their requests
         # in flight and their lines (and one in transit each) into their memory.
         assert queued_when_p3_opened > 0

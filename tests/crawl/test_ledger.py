@@ -1,0 +1,68 @@
+"""The permit ledger: the hand-off's bookkeeping, pure (no Redis, no crawler)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scrapy_redislock.crawl.ledger import PermitLedger
+
+
+@dataclass
+class FakePermit:
+    """Stands in for a Permit: the ledger reads only ``acquired_at``."""
+
+    acquired_at: float
+
+
+def test_a_handed_slot_is_held_until_finished_and_an_error_is_no_slot() -> None:
+    ledger: PermitLedger[FakePermit] = PermitLedger()
+    permit, error = FakePermit(0.0), ValueError("no slot")
+    ledger.hand("a", permit)
+    ledger.hand("b", error)
+    assert ledger.has_slot("a") and not ledger.has_slot("b") and not ledger.has_slot("c")
+    assert ledger.peek("b") is error and ledger.permit_of("b") is None
+    assert ledger.holding() == ["a"]
+    assert ledger.finish("b") is None  # an error is no slot to free
+    assert ledger.finish("a") is permit
+    assert ledger.finish("a") is None  # freed once
+    assert len(ledger) == 0
+
+
+def test_hold_and_forget() -> None:
+    ledger: PermitLedger[FakePermit] = PermitLedger()
+    permit = FakePermit(0.0)
+    ledger.hold("a", permit)
+    assert ledger.permit_of("a") is permit
+    ledger.forget("a")
+    assert ledger.finish("a") is None
+
+
+def test_sweep_finishes_a_request_missing_from_the_downloader_twice_in_a_row() -> None:
+    ledger: PermitLedger[FakePermit] = PermitLedger()
+    gone, back, stays = FakePermit(1.0), FakePermit(2.0), FakePermit(3.0)
+    ledger.hold("gone", gone)
+    ledger.hold("back", back)
+    ledger.hold("stays", stays)
+    assert ledger.sweep(None) == []  # no downloader yet: nothing is judged
+    assert ledger.sweep({"stays"}) == []  # missing once: a suspect
+    assert ledger.sweep({"stays", "back"}) == [gone]  # missing twice
+    assert ledger.holding() == ["back", "stays"]
+    assert ledger.sweep({"stays"}) == []  # "back" is missing once more: a suspect again, not gone
+    assert ledger.sweep({"stays"}) == [back]
+    assert ledger.holding() == ["stays"]
+
+
+def test_only_a_young_slot_may_pass_on_locally() -> None:
+    ledger: PermitLedger[FakePermit] = PermitLedger(reuse_for=0.25)
+    assert ledger.young(FakePermit(10.0), now=10.2)
+    assert not ledger.young(FakePermit(10.0), now=10.25)
+    assert not PermitLedger[FakePermit]().young(FakePermit(10.0), now=10.0)  # 0: never
+
+
+def test_clear_forgets_slots_and_suspects() -> None:
+    ledger: PermitLedger[FakePermit] = PermitLedger()
+    ledger.hold("a", FakePermit(0.0))
+    ledger.sweep(set())
+    ledger.clear()
+    ledger.hold("a", FakePermit(0.0))
+    assert ledger.sweep(set()) == []  # the old suspicion went with clear()
