@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from scrapy_redislock._redis import Backoff
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
-from scrapy_redislock.crawl.renewer import Renewer, gather_bounded
+from scrapy_redislock.crawl.renewer import gather_bounded
 from scrapy_redislock.crawl.stagelocks import StageLock, StageLocks
 from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.delay import book_start, gap_of, gate_key
@@ -77,10 +77,8 @@ class KeyLocks(StageLocks):
         """PING and join the renewal loop; keys have no limits to publish (each is set when its lock
         is made)."""
         await self.client.ping()
-        self._renewer = Renewer.current()
-        self._renewer.join(self)
-        self._hook_shutdown()
-        self.started = True
+        self.lifecycle.join_renewal()
+        self.lifecycle.started = True
 
     def limit(self, key: str) -> int | None:
         return self.settings.limit_of_key(key)

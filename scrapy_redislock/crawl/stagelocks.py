@@ -98,29 +98,25 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis.asyncio
 import redis.exceptions
-from scrapy import signals
-from scrapy.exceptions import CloseSpider
-from scrapy.utils.defer import deferred_from_coro
-from scrapy.utils.reactor import is_reactor_installed
 
 from scrapy_redislock._loop import start_now
 from scrapy_redislock._redis import AsyncRedisClient, Backoff, text
 from scrapy_redislock.crawl.connection import async_clients
 from scrapy_redislock.crawl.engine import downloader_active
 from scrapy_redislock.crawl.ledger import PermitLedger
+from scrapy_redislock.crawl.lifecycle import Lifecycle
 from scrapy_redislock.crawl.reach import (
-    OUTAGE_ERRORS,
     REDIS_ERRORS,
     REFUSED,
     first_answer,
     masters_said,
     no_quorum,
 )
-from scrapy_redislock.crawl.renewer import Renewer, gather_bounded
+from scrapy_redislock.crawl.renewer import gather_bounded
 from scrapy_redislock.crawl.waitreports import WaitReports
 from scrapy_redislock.errors import (
     AcquireTimeout,
@@ -146,7 +142,6 @@ logger = logging.getLogger(__name__)
 CLOSE_TIMEOUT = 5.0
 # seconds for Redis to see cancelled waits' connections close before the last sweep
 LATE_GRANT_PAUSE = 0.02
-START_BACKOFF = (0.25, 5.0)  # first and longest pause between tries to reach Redis at start
 # a forced shutdown waits at most this long for Redis to take the slots back
 UNCLEAN_CLOSE_TIMEOUT = 3.0
 
@@ -155,23 +150,6 @@ UNCLEAN_CLOSE_TIMEOUT = 3.0
 StageLock = AsyncLock[Any]
 SlotPermit = Permit | QuorumPermit
 T = TypeVar("T")
-
-
-class SystemEvents(Protocol):
-    """The system event triggers of Twisted's IReactorCore, which every reactor provides. (Twisted's
-    interfaces declare their methods without ``self``, for the mypy-zope plugin: without it mypy
-    reads each argument one place off.)"""
-
-    def addSystemEventTrigger(
-        self,
-        phase: str,
-        eventType: str,
-        callable: Callable[..., Any],
-        *args: object,
-        **kwargs: object,
-    ) -> Any: ...
-
-    def removeSystemEventTrigger(self, triggerID: Any) -> None: ...
 
 
 def _hget_limit(client: AsyncRedisClient, meta: str) -> Awaitable[Any]:
@@ -236,18 +214,13 @@ class StageLocks:
         self._releasing: set[asyncio.Task[None]] = set()
         # releases Redis did not take (outage); retried every tick
         self._unreleased: list[SlotPermit] = []
-        self._starting: asyncio.Future[None] | None = None
-        self._renewer: Renewer | None = None
         self._retry_at = 0.0
         self._backoff = Backoff()  # after a failed tick
         self.reports = WaitReports(self)
         # stage -> the waiting count its last maintain told Redis
         self._sent_waiting: dict[str, int] = {}
-        self._shutdown_trigger: Any = None
-        self.failure: CloseSpider | None = None
-        self.started = False
         self.closed = False
-        crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
+        self.lifecycle = Lifecycle(self)
 
     def _make_lock(self, name: str, limit: int) -> StageLock:
         """A stage's lock: the single-Redis lock, or the quorum lock over the masters of
@@ -331,107 +304,13 @@ class StageLocks:
     # -- start -------------------------------------------------------------------------------------
 
     async def start_once(self) -> bool:
-        """start(), once, however many components ask; False when Redis cannot be reached or refuses
-        us.
+        """:meth:`start`, once, however many components ask (see :class:`Lifecycle`); False when
+        Redis cannot be reached or refuses us."""
+        return await self.lifecycle.start_once()
 
-        The failure is logged once, saying which of the two it was. The spider_opened signal then
-        closes the spider (a scheduler must not raise CloseSpider from open(): Scrapy would skip
-        opening its scraper and log a traceback at close), and the crawl exits with status 1.
-        """
-        if self._starting is None:
-            self._starting = asyncio.ensure_future(self._start_retrying())
-        try:
-            await asyncio.shield(self._starting)
-        except REDIS_ERRORS as exc:
-            self._start_failed(exc)
-        return self.failure is None
-
-    async def _start_retrying(self) -> None:
-        """start(), tried again with back-off while Redis is unreachable, up to
-        REDISLOCK_CONNECT_TIMEOUT seconds.
-
-        A process started during a failover, or just before Redis, waits instead of closing at once;
-        credentials or an ACL refused are not retried.
-        """
-        timeout = self.settings.connect_timeout
-        deadline = time.monotonic() + timeout
-        backoff = Backoff(*START_BACKOFF)
-        while True:
-            try:
-                await self.start()
-                return
-            except REDIS_ERRORS as exc:
-                left = deadline - time.monotonic()
-                if (
-                    not isinstance(exc, OUTAGE_ERRORS)
-                    or isinstance(exc, REFUSED)
-                    or self.closed
-                    or left <= 0
-                ):
-                    raise
-                delay = min(backoff.next(), left)
-                logger.warning(
-                    "Redis at %s (%s) is not reachable yet (%s); trying again in %.1f s, for %.0f "
-                    "s more "
-                    "(REDISLOCK_CONNECT_TIMEOUT = %g)",
-                    self.settings.safe_url,
-                    self.settings.url_setting,
-                    exc,
-                    delay,
-                    left,
-                    timeout,
-                )
-                self.stats.inc_value(f"{self.stats_prefix}/redis_errors")
-                await asyncio.sleep(delay)
-
-    def _start_failed(self, exc: BaseException) -> None:
-        if self.failure is not None:
-            return
-        source = self.settings.url_setting
-        if isinstance(exc, redis.exceptions.NoPermissionError):
-            logger.error(
-                "Redis at %s (%s) refused a command to this user (ACL): %s; the crawl needs the "
-                "crawler role "
-                "(python -m scrapy_redislock.cli.acl crawler); closing the spider rather than "
-                "crawl unthrottled",
-                self.settings.safe_url,
-                source,
-                exc,
-            )
-            self.failure = CloseSpider("redislock_redis_refused")
-        elif isinstance(exc, redis.exceptions.AuthenticationError):
-            logger.error(
-                "Redis at %s (%s) refused the credentials: %s Check the password or ACL user in "
-                "the URL or in "
-                "REDISLOCK_PARAMS; closing the spider rather than crawl unthrottled",
-                self.settings.safe_url,
-                source,
-                exc,
-            )
-            self.failure = CloseSpider("redislock_redis_auth_failed")
-        else:
-            logger.error(
-                "Cannot reach Redis at %s (%s): %s; waited %g s (REDISLOCK_CONNECT_TIMEOUT); "
-                "closing the spider "
-                "rather than crawl unthrottled",
-                self.settings.safe_url,
-                source,
-                exc,
-                self.settings.connect_timeout,
-            )
-            self.failure = CloseSpider("redislock_redis_unavailable")
-        # Connected now, so that it runs after every other spider_closed handler: the crawl did not
-        # really start, and Scrapy's commands exit with status 1 only for a crawler without a spider
-        # ("bootstrap failed").
-        self.crawler.signals.connect(self._mark_failed, signal=signals.spider_closed)
-
-    async def _spider_opened(self, spider: Any) -> None:
-        if not await self.start_once():
-            assert self.failure is not None
-            raise self.failure
-
-    def _mark_failed(self, spider: Any) -> None:
-        self.crawler.spider = None
+    @property
+    def started(self) -> bool:
+        return self.lifecycle.started
 
     async def start(self) -> None:
         """PING, publish this process's limits, join the renewal loop; redis errors when Redis is
@@ -474,10 +353,8 @@ class StageLocks:
             # One renewal now registers this process's identity, so that the reports below can name
             # it.
             await asyncio.gather(*(lock.maintain() for lock in self.locks.values()))
-            self._renewer = Renewer.current()
-            self._renewer.join(self)
-            self._hook_shutdown()
-        self.started = True
+            self.lifecycle.join_renewal()
+        self.lifecycle.started = True
         logger.info(
             "Stage slots in Redis at %s (prefix %r, ttl %s s): %s",
             self.settings.safe_url,
@@ -516,22 +393,6 @@ class StageLocks:
                 needed,
                 masters_said(self.settings.masters, failed),
             )
-
-    # -- an unclean shutdown -----------------------------------------------------------------------
-
-    def _hook_shutdown(self) -> None:
-        if is_reactor_installed():
-            from twisted.internet import reactor
-
-            self._shutdown_trigger = cast(SystemEvents, reactor).addSystemEventTrigger(
-                "before", "shutdown", self._reactor_stopping
-            )
-
-    def _reactor_stopping(self) -> Any:
-        self._shutdown_trigger = None
-        if self.closed:
-            return None
-        return deferred_from_coro(self.close_unclean())
 
     async def close_unclean(self) -> None:
         """The process is going away without closing the spider (a second Ctrl-C): free its slots
@@ -818,14 +679,7 @@ class StageLocks:
             return
         self.closed = True
         self.ledger.clear()  # every slot of this process is freed below, one call per stage
-        if self._shutdown_trigger is not None:
-            from twisted.internet import reactor
-
-            with contextlib.suppress(ValueError, KeyError):
-                cast(SystemEvents, reactor).removeSystemEventTrigger(self._shutdown_trigger)
-            self._shutdown_trigger = None
-        if self._renewer is not None:
-            self._renewer.leave(self)
+        self.lifecycle.leave_renewal()
         waits = [task for task in self._waits if task is not asyncio.current_task()]
         for task in waits:
             task.cancel()
@@ -846,7 +700,7 @@ class StageLocks:
                     lock.ttl,
                 )
 
-        if self.started:  # else nothing was ever acquired (Redis unreachable at start)
+        if self.lifecycle.started:  # else nothing was ever acquired (Redis unreachable at start)
             await gather_bounded([free(s, lock) for s, lock in self.locks.items()], self.fan_out)
             with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
                 await asyncio.wait_for(self._free_late_grants(), CLOSE_TIMEOUT)

@@ -1,0 +1,202 @@
+"""Start-up and shut-down of one :class:`~scrapy_redislock.crawl.stagelocks.StageLocks`.
+
+Start: :meth:`Lifecycle.start_once` runs the locks' ``start()`` once, however many components
+ask, retried with back-off and a warning each time while Redis is unreachable (down, or failing
+over) for up to REDISLOCK_CONNECT_TIMEOUT s; credentials or an ACL refused are not retried. When it
+stays unreachable, or refuses us, the failure is logged once, saying which: the spider_opened
+signal then closes the spider (a scheduler must not raise CloseSpider from open(): Scrapy would
+skip opening its scraper and log a traceback at close), and the crawl exits with status 1.
+
+Shut-down: a started StageLocks joins the process's renewal loop and, under a Twisted reactor, a
+"before shutdown" trigger, so that an unclean shutdown (a second Ctrl-C) frees its slots before the
+process exits (without a reactor, the renewal loop being cancelled does the same).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import redis.exceptions
+from scrapy import signals
+from scrapy.exceptions import CloseSpider
+from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.reactor import is_reactor_installed
+
+from scrapy_redislock._redis import Backoff
+from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REDIS_ERRORS, REFUSED
+from scrapy_redislock.crawl.renewer import Renewer
+
+if TYPE_CHECKING:
+    from scrapy_redislock.crawl.stagelocks import StageLocks
+
+logger = logging.getLogger(__name__)
+
+START_BACKOFF = (0.25, 5.0)  # first and longest pause between tries to reach Redis at start
+
+
+class SystemEvents(Protocol):
+    """The system event triggers of Twisted's IReactorCore, which every reactor provides. (Twisted's
+    interfaces declare their methods without ``self``, for the mypy-zope plugin: without it mypy
+    reads each argument one place off.)"""
+
+    def addSystemEventTrigger(
+        self,
+        phase: str,
+        eventType: str,
+        callable: Callable[..., Any],
+        *args: object,
+        **kwargs: object,
+    ) -> Any: ...
+
+    def removeSystemEventTrigger(self, triggerID: Any) -> None: ...
+
+
+class Lifecycle:
+    """Start once, join and leave the renewal loop, and the reactor's shutdown trigger."""
+
+    def __init__(self, locks: StageLocks) -> None:
+        self.locks = locks
+        self.failure: CloseSpider | None = None
+        self.started = False
+        self._starting: asyncio.Future[None] | None = None
+        self._renewer: Renewer | None = None
+        self._shutdown_trigger: Any = None
+        locks.crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
+
+    async def start_once(self) -> bool:
+        """start(), once, however many components ask; False when Redis cannot be reached or refuses
+        us.
+
+        The failure is logged once, saying which of the two it was. The spider_opened signal then
+        closes the spider (a scheduler must not raise CloseSpider from open(): Scrapy would skip
+        opening its scraper and log a traceback at close), and the crawl exits with status 1.
+        """
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start_retrying())
+        try:
+            await asyncio.shield(self._starting)
+        except REDIS_ERRORS as exc:
+            self._start_failed(exc)
+        return self.failure is None
+
+    async def _start_retrying(self) -> None:
+        """start(), tried again with back-off while Redis is unreachable, up to
+        REDISLOCK_CONNECT_TIMEOUT seconds.
+
+        A process started during a failover, or just before Redis, waits instead of closing at once;
+        credentials or an ACL refused are not retried.
+        """
+        timeout = self.locks.settings.connect_timeout
+        deadline = time.monotonic() + timeout
+        backoff = Backoff(*START_BACKOFF)
+        while True:
+            try:
+                await self.locks.start()
+                return
+            except REDIS_ERRORS as exc:
+                left = deadline - time.monotonic()
+                if (
+                    not isinstance(exc, OUTAGE_ERRORS)
+                    or isinstance(exc, REFUSED)
+                    or self.locks.closed
+                    or left <= 0
+                ):
+                    raise
+                delay = min(backoff.next(), left)
+                logger.warning(
+                    "Redis at %s (%s) is not reachable yet (%s); trying again in %.1f s, for %.0f "
+                    "s more "
+                    "(REDISLOCK_CONNECT_TIMEOUT = %g)",
+                    self.locks.settings.safe_url,
+                    self.locks.settings.url_setting,
+                    exc,
+                    delay,
+                    left,
+                    timeout,
+                )
+                self.locks.stats.inc_value(f"{self.locks.stats_prefix}/redis_errors")
+                await asyncio.sleep(delay)
+
+    def _start_failed(self, exc: BaseException) -> None:
+        if self.failure is not None:
+            return
+        source = self.locks.settings.url_setting
+        if isinstance(exc, redis.exceptions.NoPermissionError):
+            logger.error(
+                "Redis at %s (%s) refused a command to this user (ACL): %s; the crawl needs the "
+                "crawler role "
+                "(python -m scrapy_redislock.cli.acl crawler); closing the spider rather than "
+                "crawl unthrottled",
+                self.locks.settings.safe_url,
+                source,
+                exc,
+            )
+            self.failure = CloseSpider("redislock_redis_refused")
+        elif isinstance(exc, redis.exceptions.AuthenticationError):
+            logger.error(
+                "Redis at %s (%s) refused the credentials: %s Check the password or ACL user in "
+                "the URL or in "
+                "REDISLOCK_PARAMS; closing the spider rather than crawl unthrottled",
+                self.locks.settings.safe_url,
+                source,
+                exc,
+            )
+            self.failure = CloseSpider("redislock_redis_auth_failed")
+        else:
+            logger.error(
+                "Cannot reach Redis at %s (%s): %s; waited %g s (REDISLOCK_CONNECT_TIMEOUT); "
+                "closing the spider "
+                "rather than crawl unthrottled",
+                self.locks.settings.safe_url,
+                source,
+                exc,
+                self.locks.settings.connect_timeout,
+            )
+            self.failure = CloseSpider("redislock_redis_unavailable")
+        # Connected now, so that it runs after every other spider_closed handler: the crawl did not
+        # really start, and Scrapy's commands exit with status 1 only for a crawler without a spider
+        # ("bootstrap failed").
+        self.locks.crawler.signals.connect(self._mark_failed, signal=signals.spider_closed)
+
+    async def _spider_opened(self, spider: Any) -> None:
+        if not await self.start_once():
+            assert self.failure is not None
+            raise self.failure
+
+    def _mark_failed(self, spider: Any) -> None:
+        self.locks.crawler.spider = None
+
+    def join_renewal(self) -> None:
+        """Join the process's renewal loop, and free the slots if the reactor shuts down first."""
+        self._renewer = Renewer.current()
+        self._renewer.join(self.locks)
+        if is_reactor_installed():
+            from twisted.internet import reactor
+
+            self._shutdown_trigger = cast(SystemEvents, reactor).addSystemEventTrigger(
+                "before", "shutdown", self._reactor_stopping
+            )
+
+    def leave_renewal(self) -> None:
+        if self._shutdown_trigger is not None:
+            from twisted.internet import reactor
+
+            with contextlib.suppress(ValueError, KeyError):
+                cast(SystemEvents, reactor).removeSystemEventTrigger(self._shutdown_trigger)
+            self._shutdown_trigger = None
+        if self._renewer is not None:
+            self._renewer.leave(self.locks)
+
+    def _reactor_stopping(self) -> Any:
+        self._shutdown_trigger = None
+        if self.locks.closed:
+            return None
+        return deferred_from_coro(self.locks.close_unclean())
+
+
+__all__ = ["Lifecycle", "SystemEvents"]
