@@ -1,6 +1,8 @@
 """One crawler's stage locks: an AsyncCountingLock per capped stage (an AsyncQuorumCountingLock when
-REDISLOCK_URL lists independent masters), the process's single renewal loop, and release of
-everything on close.
+REDISLOCK_URL lists independent masters), acquire and release, the permit hand-off, renewal, and
+release of everything on close. Composed of the permit ledger (:mod:`.ledger`: which request holds
+which slot), start-up and shut-down (:mod:`.lifecycle`), why requests wait (:mod:`.waitreports`),
+and the process's one renewal loop (:mod:`.renewer`).
 
 Shared by :class:`~scrapy_redislock.StageLockMiddleware`, :class:`~scrapy_redislock.StageScheduler`
 and the worker scheduler. API (all on the reactor thread, asyncio reactor)::
@@ -55,7 +57,7 @@ hand-off and StageScheduler's hand-out drop it (released, in case Redis still ho
 request waits for another slot. A local check, no Redis command. Counted as
 ``<stats_prefix>/<stage>/unusable``.
 
-Renewal: every StageLocks of the process joins one loop (:class:`Renewer`, one per event loop),
+Renewal: every StageLocks of the process joins one loop (:class:`.renewer.Renewer`, one per event loop),
 which every ``ttl/3`` (at most 1 s) runs each member's tick at once: tick hooks, retried releases,
 then ``maintain()`` of every stage lock concurrently (each renews all of this process's permits of
 that stage and reaps expired leases of dead processes), after ``lock.annotate(waiting=...,
@@ -66,11 +68,7 @@ waits is maintained, so when a stage's waits end and it goes idle, its last anno
 the tick after the waits end sends one more maintain with ``waiting=0`` (one EVALSHA per wait-end,
 none per request), so the waiters shown lag the truth by at most a renewal interval.
 
-Why a crawl waits: at start, and whenever a stage's waits have had no grant for 5 s (then 10, 20,
-... at most every 5 min), the stage's lock is read
-(:func:`~scrapy_redislock.lock.status.astage_status`, read-only, one MULTI/EXEC) and
-:func:`~scrapy_redislock.lock.status.why_waiting` logged: held by whom and lease left, paused (limit
-0), or a recovery window after a data loss, and until when.
+Why a crawl waits: said by :mod:`.waitreports` at start and while waits see no grant.
 
 Unclean shutdown (a second Ctrl-C): a reactor "before shutdown" trigger (or, without a Twisted
 reactor, the renewal task being cancelled) frees this process's slots, one aclose() per stage at
