@@ -12,7 +12,13 @@ from scrapy_redislock.cli.target import (
     Target,
 )
 from scrapy_redislock.lock.core import LIMBO
-from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, StageStatus, why_waiting
+from scrapy_redislock.lock.status import (
+    KEY_LOCK_PREFIX,
+    Grant,
+    Process,
+    StageStatus,
+    why_waiting,
+)
 from scrapy_redislock.workers.status import DeadLetters, SpiderStatus
 
 # -- rendering -------------------------------------------------------------------------------------
@@ -63,95 +69,104 @@ def render_status(
 ) -> str:
     now = time.time() if now is None else now
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
-    lines = [f"{target.safe_url}  prefix {target.prefix!r}  {stamp}", ""]
-    for spider in spiders:
-        queued = ", ".join(f"{stage} {n}" for stage, n in spider.queues.items()) or "none"
-        lines.append(
-            f"spider {spider.spider}: {spider.alive} worker(s) alive, {spider.dead} dead (past the "
-            "beat they "
-            f"promised); queued: {queued}"
-        )
-        lines += render_dead_workers(spider)
-    if spiders:
-        lines.append("")
+    lines = [f"{target.safe_url}  prefix {target.prefix!r}  {stamp}", "", *_spider_lines(spiders)]
     if not stages:
         if not keys:
             lines.append(f"no stage locks under prefix {target.prefix!r}")
         return "\n".join(lines) + "\n"
-    rows = [
-        [
-            s.stage,
-            s.limit,
-            s.held,
-            s.free,
-            s.debt,
-            s.waiters,
-            s.fence,
-            seconds(s.ttl),
-            len(s.processes),
-        ]
-        if s.exists
-        else [s.stage, s.limit, None, None, None, None, None, seconds(s.ttl), None]
-        for s in stages
-    ]
     header = ["STAGE", "LIMIT", "HELD", "FREE", "DEBT", "WAITERS", "FENCE", "TTL", "PROCESSES"]
-    lines += table(header, rows, numeric={1, 2, 3, 4, 5, 6, 7, 8})
-    limbo = False
+    lines += table(header, [_summary_row(s) for s in stages], numeric={1, 2, 3, 4, 5, 6, 7, 8})
     for s in stages:
         lines.append("")
-        if not s.exists:
-            lines.append(
-                f"{s.stage}: its stream is missing in Redis (data loss?); the next process to "
-                "start or"
-            )
-            lines.append("  renew recreates it")
-            continue
-        waiting = [p for p in s.processes if p.held == 0 and p.waiting > 0]
-        idle = [p for p in s.processes if p.held == 0 and p.waiting == 0]
-        lines.append(f"{s.stage}: {s.held} held of {s.limit}, {s.waiters} waiting")
-        why = why_waiting(s, now)
-        if why:
-            lines.append(f"  a request waits because: {why}")
-        if not s.grants and not waiting:
-            lines.append("  no holders")
-        else:
-            holder_rows = []
-            for g in s.grants:
-                p = s.process(g.holder)
-                limbo = limbo or g.holder == LIMBO
-                left = "expired" if g.lease_left < 0 else seconds(g.lease_left)
-                who = (
-                    [p.host, p.pid, p.spider, clock_time(p.started, now)]
-                    if p
-                    else [None, None, None, None]
-                )
-                holder_rows.append([g.holder, *who, g.fence, seconds(g.age), left, p and p.waiting])
-            for p in waiting:
-                who = [p.host, p.pid, p.spider, clock_time(p.started, now)]
-                holder_rows.append([p.holder, *who, None, None, None, p.waiting])
-            header = [
-                "HOLDER",
-                "HOST",
-                "PID",
-                "SPIDER",
-                "STARTED",
-                "GRANT",
-                "AGE",
-                "LEASE LEFT",
-                "WAITING",
-            ]
-            lines += table(header, holder_rows, numeric={2, 5, 6, 7, 8}, indent="  ")
-        if idle:
-            lines.append(f"  + {len(idle)} registered process(es) holding nothing and not waiting")
+        lines += _stage_lines(s, now)
     lines.append("")
     lines.append("GRANT: fencing token; AGE: since the grant or its last renewal (Redis's clock);")
     lines.append("WAITING: as each process last reported it (at its renewals, every ttl/3)")
-    if limbo:
+    if any(g.holder == LIMBO for s in stages if s.exists for g in s.grants):
         lines.append(
             f"{LIMBO}: slots reserved after a Redis data loss for surviving holders; free after "
             "one ttl"
         )
     return "\n".join(lines) + "\n"
+
+
+def _spider_lines(spiders: Sequence[SpiderStatus]) -> list[str]:
+    """The worker front's spiders: workers alive and dead, what is queued per stage."""
+    lines = []
+    for spider in spiders:
+        queued = ", ".join(f"{stage} {n}" for stage, n in spider.queues.items()) or "none"
+        lines.append(
+            f"spider {spider.spider}: {spider.alive} worker(s) alive, {spider.dead} dead (past the "
+            f"beat they promised); queued: {queued}"
+        )
+        lines += render_dead_workers(spider)
+    return [*lines, ""] if spiders else []
+
+
+def _summary_row(s: StageStatus) -> list[object]:
+    if not s.exists:
+        return [s.stage, s.limit, None, None, None, None, None, seconds(s.ttl), None]
+    return [
+        s.stage,
+        s.limit,
+        s.held,
+        s.free,
+        s.debt,
+        s.waiters,
+        s.fence,
+        seconds(s.ttl),
+        len(s.processes),
+    ]
+
+
+HOLDER_HEADER = [
+    "HOLDER",
+    "HOST",
+    "PID",
+    "SPIDER",
+    "STARTED",
+    "GRANT",
+    "AGE",
+    "LEASE LEFT",
+    "WAITING",
+]
+
+
+def _stage_lines(s: StageStatus, now: float) -> list[str]:
+    """One stage: held of limit, why a request waits, its holders and waiting processes."""
+    if not s.exists:
+        return [
+            f"{s.stage}: its stream is missing in Redis (data loss?); the next process to start or",
+            "  renew recreates it",
+        ]
+    waiting = [p for p in s.processes if p.held == 0 and p.waiting > 0]
+    idle = [p for p in s.processes if p.held == 0 and p.waiting == 0]
+    lines = [f"{s.stage}: {s.held} held of {s.limit}, {s.waiters} waiting"]
+    why = why_waiting(s, now)
+    if why:
+        lines.append(f"  a request waits because: {why}")
+    lines += _holders(s, waiting, now)
+    if idle:
+        lines.append(f"  + {len(idle)} registered process(es) holding nothing and not waiting")
+    return lines
+
+
+def _holders(s: StageStatus, waiting: list[Process], now: float) -> list[str]:
+    if not s.grants and not waiting:
+        return ["  no holders"]
+    rows = [_grant_row(s, g, now) for g in s.grants]
+    rows += [[p.holder, *_who(p, now), None, None, None, p.waiting] for p in waiting]
+    return table(HOLDER_HEADER, rows, numeric={2, 5, 6, 7, 8}, indent="  ")
+
+
+def _who(p: Process | None, now: float) -> list[object]:
+    return [p.host, p.pid, p.spider, clock_time(p.started, now)] if p else [None] * 4
+
+
+def _grant_row(s: StageStatus, g: Grant, now: float) -> list[object]:
+    p = s.process(g.holder)
+    left = "expired" if g.lease_left < 0 else seconds(g.lease_left)
+    return [g.holder, *_who(p, now), g.fence, seconds(g.age), left, p and p.waiting]
 
 
 def render_dead_workers(spider: SpiderStatus) -> list[str]:
