@@ -200,43 +200,70 @@ async def astage_status(client: AsyncRedisClient, prefix: str, stage: str) -> St
 
 
 def _parse(stage: str, replies: list[Any]) -> StageStatus | None:
-    meta, stream, groups, pending, consumers, owners = replies
-    for reply in (meta, owners):
+    raw_meta, stream, groups, pending, consumers, owners = replies
+    for reply in (raw_meta, owners):
         if isinstance(reply, Exception):
             raise reply
-    meta = {text(k): text(v) for k, v in (meta or {}).items()}
+    meta = {text(k): text(v) for k, v in (raw_meta or {}).items()}
     if "limit" not in meta:
         return None
     limit = int(meta["limit"])
     ttl = int(meta["ttl"]) / 1000 if "ttl" in meta else None
-    broken = [r for r in (stream, groups, pending, consumers) if isinstance(r, Exception)]
+    if _stream_lost(stream, groups, pending, consumers):
+        # No stream or no group: Redis lost it; the next process to start or renew recreates it.
+        return StageStatus(stage, False, limit, ttl, held=0, free=0, debt=0, waiters=0, fence=0)
+    stream_last = _seq(stream["last-generated-id"])
+    group_last, held = _group_figures(groups)
+    processes = _processes(consumers, owners)
+    return StageStatus(
+        stage=stage,
+        exists=True,
+        limit=limit,
+        ttl=ttl,
+        held=held,
+        free=max(0, stream_last - group_last),
+        debt=max(0, group_last - stream_last),
+        waiters=sum(p.waiting for p in processes),
+        fence=stream_last,
+        grants=[_grant(entry, ttl) for entry in pending],
+        processes=processes,
+        delivered=group_last - int(meta.get("base", 0)),
+    )
+
+
+def _group_figures(groups: Any) -> tuple[int, int]:
+    """The holders' group (XINFO GROUPS): the sequence it delivered last, and its grants held."""
+    group = next((g for g in groups if text(g.get("name")) == GROUP), None)
+    if group is None:
+        return 0, 0
+    return _seq(group["last-delivered-id"]), int(group["pending"])
+
+
+def _stream_lost(*replies: Any) -> bool:
+    """Whether the stream or its group is missing (their reads answered a ResponseError); any
+    other error, or an ACL refusal, is raised."""
+    broken = [r for r in replies if isinstance(r, Exception)]
     for error in broken:
         if not isinstance(error, redis.exceptions.ResponseError) or str(error).startswith("NOPERM"):
             raise error
-    if broken:
-        # No stream or no group: Redis lost it; the next process to start or renew recreates it.
-        return StageStatus(stage, False, limit, ttl, held=0, free=0, debt=0, waiters=0, fence=0)
+    return bool(broken)
 
-    stream_last = _seq(stream["last-generated-id"])
-    group = next((g for g in groups if text(g.get("name")) == GROUP), None)
-    group_last = _seq(group["last-delivered-id"]) if group else 0
-    held = int(group["pending"]) if group else 0
 
-    grants = []
-    for entry in pending:
-        grant = str(text(entry["message_id"]))
-        age = int(entry["time_since_delivered"]) / 1000
-        left = round(ttl - age, 3) if ttl is not None else 0.0
-        grants.append(
-            Grant(
-                holder=owner_of(str(text(entry["consumer"]))),  # a wait's consumer name is a detail
-                grant=grant,
-                fence=fence_of(grant),
-                age=age,
-                lease_left=left,
-            )
-        )
+def _grant(entry: Any, ttl: float | None) -> Grant:
+    """One pending entry of the group (XPENDING) as a held slot."""
+    grant = str(text(entry["message_id"]))
+    age = int(entry["time_since_delivered"]) / 1000
+    return Grant(
+        holder=owner_of(str(text(entry["consumer"]))),  # a wait's consumer name is a detail
+        grant=grant,
+        fence=fence_of(grant),
+        age=age,
+        lease_left=round(ttl - age, 3) if ttl is not None else 0.0,
+    )
 
+
+def _processes(consumers: Any, owners: Any) -> list[Process]:
+    """Every registered owner and every consumer holding grants, with what it told Redis."""
     held_by: dict[str, int] = {}
     # an owner's grants sit under its own name and its waits' ('<owner>#<n>')
     for consumer in consumers:
@@ -255,20 +282,7 @@ def _parse(stage: str, replies: list[Any]) -> StageStatus | None:
                 identity=identity,
             )
         )
-    return StageStatus(
-        stage=stage,
-        exists=True,
-        limit=limit,
-        ttl=ttl,
-        held=held,
-        free=max(0, stream_last - group_last),
-        debt=max(0, group_last - stream_last),
-        waiters=sum(p.waiting for p in processes),
-        fence=stream_last,
-        grants=grants,
-        processes=processes,
-        delivered=group_last - int(meta.get("base", 0)),
-    )
+    return processes
 
 
 def _short(value: float) -> str:
