@@ -438,35 +438,39 @@ def _connection(settings: BaseSettings, url: Any, params: Any) -> dict[str, Any]
     """url, url_setting, params and masters (REDISLOCK_URL as a list, else empty): REDISLOCK_URL and
     REDISLOCK_PARAMS first, then scrapy-redis's REDIS_* settings."""
     masters: tuple[str, ...] = ()
-    if url is not None:
+    if url is None:
+        url, source = _scrapy_redis_url(settings)
+    else:
         source = "REDISLOCK_URL"
+        # one master: the plain lock (a quorum of one is that, at a higher cost)
         if isinstance(url, tuple):
-            masters, url = url, url[0]
-            if len(masters) == 1:
-                masters = ()  # one master: the plain lock (a quorum of one is that, at a higher cost)
-    elif settings.get("REDIS_URL"):
-        source = "REDIS_URL"
-        url = parse_url(settings.get("REDIS_URL"), source)
+            masters, url = (url if len(url) > 1 else ()), url[0]
+    if params is None:
+        params = parse_client_params(settings.getdict("REDIS_PARAMS"), "REDIS_PARAMS")
+    merged = {} if masters else dict(DEFAULT_CLIENT_PARAMS)  # a quorum's masters: see async_clients
+    merged.update({k: v for k, v in params.items() if k in CLIENT_PARAMS})
+    return {"url": url, "url_setting": source, "params": merged, "masters": masters}
+
+
+def _scrapy_redis_url(settings: BaseSettings) -> tuple[str, str]:
+    """The URL of scrapy-redis's settings (REDIS_URL, else REDIS_HOST / REDIS_PORT / REDIS_DB), or
+    the default; and where it came from."""
+    if settings.get("REDIS_URL"):
+        url = parse_url(settings.get("REDIS_URL"), "REDIS_URL")
         if isinstance(url, tuple):
             raise ConfigError(
                 "REDIS_URL must be one redis URL (scrapy-redis connects to one Redis), got a list "
                 f"{list(url)!r}; a list of independent masters for the quorum lock goes in "
                 "REDISLOCK_URL"
             )
-    elif settings.get("REDIS_HOST") or settings.get("REDIS_PORT"):
+        return url, "REDIS_URL"
+    if settings.get("REDIS_HOST") or settings.get("REDIS_PORT"):
         source = "REDIS_HOST/REDIS_PORT"
         host = settings.get("REDIS_HOST") or "localhost"
         port = settings.get("REDIS_PORT") or 6379
         db = settings.get("REDIS_DB") or 0
-        url = connection_url(f"redis://{host}:{port}/{db}", source).url
-    else:
-        source = "the default URL"
-        url = "redis://localhost:6379/0"
-    if params is None:
-        params = parse_client_params(settings.getdict("REDIS_PARAMS"), "REDIS_PARAMS")
-    merged = {} if masters else dict(DEFAULT_CLIENT_PARAMS)  # a quorum's masters: see async_clients
-    merged.update({k: v for k, v in params.items() if k in CLIENT_PARAMS})
-    return {"url": url, "url_setting": source, "params": merged, "masters": masters}
+        return connection_url(f"redis://{host}:{port}/{db}", source).url, source
+    return "redis://localhost:6379/0", "the default URL"
 
 
 def _check_stage_names(values: Mapping[str, Any]) -> None:
@@ -504,12 +508,16 @@ def _check_quorum(values: Mapping[str, Any]) -> None:
             "REDISLOCK_URL as a list of independent masters for a quorum lock, or unset "
             "REDISLOCK_QUORUM"
         )
-    count = len(masters)
+    _check_quorum_size(quorum, len(masters), values["stages"])
+
+
+def _check_quorum_size(quorum: Any, count: int, stages: Mapping[str, int | None]) -> None:
+    """From 1 to the number of masters, and at least each capped stage's safe quorum."""
     if isinstance(quorum, bool) or not isinstance(quorum, int) or not 1 <= quorum <= count:
         raise ConfigError(
             f"REDISLOCK_QUORUM must be an integer from 1 to {count} (the masters), got {quorum!r}"
         )
-    for stage, limit in values["stages"].items():
+    for stage, limit in stages.items():
         if limit is not None and quorum < safe_quorum(count, limit):
             raise ConfigError(
                 f"REDISLOCK_QUORUM = {quorum!r} is below the safe quorum "
