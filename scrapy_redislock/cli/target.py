@@ -106,59 +106,73 @@ def resolve_target(
 ) -> Target:
     """--url/--prefix, else the project's settings (Scrapy command), else environment variables,
     else defaults."""
-    url: str | None = None
-    source = ""
-    prefix: str | None = None
-    prefix_source = ""
-    ttl = float(defaults.SETTINGS["REDISLOCK_TTL"])
-    params = dict(CLI_CLIENT_PARAMS)
-    stages: Mapping[str, int | None] = {}
-    if settings is not None:
-        try:
-            configured = read_settings(settings)
-        except ConfigError as exc:
-            raise CliError(f"project settings: {exc}", EXIT_USAGE) from None
-        ttl, stages = configured.ttl, configured.stages
-        params = {**CLI_CLIENT_PARAMS, **configured.params}
-        if configured.masters and not getattr(opts, "url", None):
-            raise CliError(
-                QUORUM_REFUSED.format(count=len(configured.masters), urls=configured.safe_url),
-                EXIT_USAGE,
-            )
-        if any(
-            settings.get(name)
-            for name in ("REDISLOCK_URL", "REDIS_URL", "REDIS_HOST", "REDIS_PORT")
-        ):
-            url, source = configured.url, "the project's settings (REDISLOCK_URL / REDIS_URL)"
-        if settings.get("REDISLOCK_KEY_PREFIX") is not None:
-            prefix, prefix_source = configured.key_prefix, "REDISLOCK_KEY_PREFIX"
+    project = _from_project(opts, settings) if settings is not None else {}
     if getattr(opts, "url", None):
         url, source = opts.url, "--url"
-    elif url is None:
-        for name in ("REDISLOCK_URL", "REDIS_URL"):
-            if env.get(name):
-                url, source = env[name], f"${name}"
-                if url.lstrip().startswith("["):
-                    raise CliError(QUORUM_REFUSED.format(count="several", urls=url), EXIT_USAGE)
-                break
-        else:
-            url, source = DEFAULT_URL, "the default URL"
+    elif "url" in project:
+        url, source = project["url"]
+    else:
+        url, source = _url_from_env(env)
     try:
         parse_url(url, source)
     except ConfigError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     if getattr(opts, "prefix", None) is not None:
         prefix, prefix_source = opts.prefix, "--prefix"
-    elif prefix is None:
-        if env.get("REDISLOCK_KEY_PREFIX"):
-            prefix, prefix_source = env["REDISLOCK_KEY_PREFIX"], "$REDISLOCK_KEY_PREFIX"
-        else:
-            prefix, prefix_source = defaults.SETTINGS["REDISLOCK_KEY_PREFIX"], "the default prefix"
+    elif "prefix" in project:
+        prefix, prefix_source = project["prefix"]
+    elif env.get("REDISLOCK_KEY_PREFIX"):
+        prefix, prefix_source = env["REDISLOCK_KEY_PREFIX"], "$REDISLOCK_KEY_PREFIX"
+    else:
+        prefix, prefix_source = defaults.SETTINGS["REDISLOCK_KEY_PREFIX"], "the default prefix"
     try:
         check_name(prefix, prefix_source)
     except InvalidArgument as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
-    return Target(url=url, source=source, prefix=prefix, ttl=ttl, params=params, stages=stages)
+    return Target(
+        url=url,
+        source=source,
+        prefix=prefix,
+        ttl=project.get("ttl", float(defaults.SETTINGS["REDISLOCK_TTL"])),
+        params=project.get("params", dict(CLI_CLIENT_PARAMS)),
+        stages=project.get("stages", {}),
+    )
+
+
+def _from_project(opts: argparse.Namespace, settings: Any) -> dict[str, Any]:
+    """What the project's settings say: ttl, params and stages always; the URL and the prefix (each
+    with where it came from) when the settings set them."""
+    try:
+        configured = read_settings(settings)
+    except ConfigError as exc:
+        raise CliError(f"project settings: {exc}", EXIT_USAGE) from None
+    if configured.masters and not getattr(opts, "url", None):
+        raise CliError(
+            QUORUM_REFUSED.format(count=len(configured.masters), urls=configured.safe_url),
+            EXIT_USAGE,
+        )
+    found: dict[str, Any] = {
+        "ttl": configured.ttl,
+        "stages": configured.stages,
+        "params": {**CLI_CLIENT_PARAMS, **configured.params},
+    }
+    if any(
+        settings.get(name) for name in ("REDISLOCK_URL", "REDIS_URL", "REDIS_HOST", "REDIS_PORT")
+    ):
+        found["url"] = (configured.url, "the project's settings (REDISLOCK_URL / REDIS_URL)")
+    if settings.get("REDISLOCK_KEY_PREFIX") is not None:
+        found["prefix"] = (configured.key_prefix, "REDISLOCK_KEY_PREFIX")
+    return found
+
+
+def _url_from_env(env: Mapping[str, str]) -> tuple[str, str]:
+    for name in ("REDISLOCK_URL", "REDIS_URL"):
+        if env.get(name):
+            url = env[name]
+            if url.lstrip().startswith("["):
+                raise CliError(QUORUM_REFUSED.format(count="several", urls=url), EXIT_USAGE)
+            return url, f"${name}"
+    return DEFAULT_URL, "the default URL"
 
 
 # -- running scripts -------------------------------------------------------------------------------
