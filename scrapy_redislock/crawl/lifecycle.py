@@ -32,7 +32,31 @@ from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REDIS_ERRORS, REFUSED
 from scrapy_redislock.crawl.renewer import Renewer
 
 if TYPE_CHECKING:
-    from scrapy_redislock.crawl.stagelocks import StageLocks
+    from scrapy.crawler import Crawler
+
+    from scrapy_redislock.crawl.settings import RedisLockSettings
+
+
+class Locks(Protocol):
+    """What the lifecycle drives: a StageLocks."""
+
+    crawler: Crawler
+    settings: RedisLockSettings
+    stats_prefix: str
+    closed: bool
+
+    @property
+    def stats(self) -> Any: ...
+
+    @property
+    def renew_interval(self) -> float: ...
+
+    async def start(self) -> None: ...
+
+    async def tick(self) -> None: ...
+
+    async def close_unclean(self) -> None: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +83,7 @@ class SystemEvents(Protocol):
 class Lifecycle:
     """Start once, join and leave the renewal loop, and the reactor's shutdown trigger."""
 
-    def __init__(self, locks: StageLocks) -> None:
+    def __init__(self, locks: Locks) -> None:
         self.locks = locks
         self.failure: CloseSpider | None = None
         self.started = False

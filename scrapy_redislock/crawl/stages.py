@@ -4,15 +4,15 @@
 callbacks of the spider class, REDISLOCK_CALLBACK_STAGES and REDISLOCK_DEFAULT_STAGE against the
 stages of one front.
 
-Reads no settings itself; :class:`scrapy_redislock.crawl.settings.RedisLockSettings` is passed in.
+Reads no settings itself; the checked settings are passed in (:class:`StageSettings`).
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from scrapy_redislock._redis import check_name
@@ -21,7 +21,16 @@ from scrapy_redislock.errors import ConfigError
 if TYPE_CHECKING:
     from scrapy import Request
 
-    from scrapy_redislock.crawl.settings import RedisLockSettings
+
+class StageSettings(Protocol):
+    """What finding a request's stage reads of the checked settings (a RedisLockSettings)."""
+
+    @property
+    def callback_stages(self) -> Mapping[str, str]: ...
+
+    @property
+    def default_stage(self) -> str | None: ...
+
 
 STAGE_META = "redislock_stage"
 DONT_META = "dont_redislock"
@@ -45,7 +54,7 @@ def stage(name: str) -> Callable[[F], F]:
     return mark
 
 
-def stage_of(request: Request, settings: RedisLockSettings, spider: Any = None) -> str | None:
+def stage_of(request: Request, settings: StageSettings, spider: Any = None) -> str | None:
     """The request's stage, or None when it is not throttled.
 
     robots.txt downloads are never throttled: RobotsTxtMiddleware holds capped requests until
@@ -162,7 +171,7 @@ def decorated_callbacks(spidercls: type) -> dict[str, str]:
 
 
 def check_stage_names(
-    spidercls: type, settings: RedisLockSettings, stages: Collection[str], setting: str
+    spidercls: type, settings: StageSettings, stages: Collection[str], setting: str
 ) -> None:
     """ConfigError when a stage name known before any request is not one of ``stages`` (``setting``:
     REDISLOCK_STAGES for the request front, REDISLOCK_WORKER_STAGES for the worker front): a

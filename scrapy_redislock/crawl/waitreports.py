@@ -17,14 +17,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
+from scrapy_redislock._redis import AsyncRedisClient
 from scrapy_redislock.crawl.reach import REDIS_ERRORS, first_answer, masters_said
+from scrapy_redislock.lock.interface import AsyncLock
 from scrapy_redislock.lock.quorum import AsyncQuorumCountingLock
 from scrapy_redislock.lock.status import StageStatus, WaitReason, astage_status, wait_reason
 
 if TYPE_CHECKING:
-    from scrapy_redislock.crawl.stagelocks import StageLocks
+    from scrapy_redislock.crawl.settings import RedisLockSettings
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +35,26 @@ REPORT_FIRST = 5.0  # seconds without a grant while requests wait before the log
 REPORT_MAX = 300.0  # the pause between two reports doubles up to this
 
 
+class Locks(Protocol):
+    """What the reports read of their StageLocks."""
+
+    @property
+    def settings(self) -> RedisLockSettings: ...
+
+    @property
+    def lock_prefix(self) -> str: ...
+
+    @property
+    def clients(self) -> Sequence[AsyncRedisClient]: ...
+
+    @property
+    def locks(self) -> Mapping[str, AsyncLock[Any]]: ...
+
+
 class WaitReports:
     """The waits of one StageLocks: when each began, the last grant per stage, and what to say."""
 
-    def __init__(self, locks: StageLocks) -> None:
+    def __init__(self, locks: Locks) -> None:
         self.locks = locks
         # wait (the acquire() call's task) -> stage, since
         self.started: dict[Any, tuple[str, float]] = {}
