@@ -70,8 +70,8 @@ import scrapy_redis
 
 from example_project.run import seed
 from scrapy_redislock._redis import load_scripts
-from scrapy_redislock.lock.core import lock_scripts
-from scrapy_redislock.workers.queue import QUEUE_SCRIPTS
+from scrapy_redislock.lock.core import GROUP, LockKeys, lock_scripts
+from scrapy_redislock.workers.queue import QUEUE_SCRIPTS, QueueKeys
 from testing.crawlproc import settings_args
 from testing.monitor import Monitor, commands
 from testing.redis_server import RedisServer
@@ -307,7 +307,7 @@ def held_slots(client: redis.Redis, lock_names: list[str]) -> int:
     held = 0
     for name in lock_names:
         with contextlib.suppress(redis.ResponseError):
-            held += int(client.xpending(f"{PREFIX}:{{{name}}}:slots", "holders")["pending"])
+            held += int(client.xpending(LockKeys.of(PREFIX, name).slots, GROUP)["pending"])
     return held
 
 
@@ -323,12 +323,16 @@ def leftovers(client: redis.Redis, front: str) -> dict[str, int]:
         }
     if front == "scrapy-redis":
         return {"queued": int(client.llen(f"{spider}:requests"))}
-    base = f"{PREFIX}:{{{spider}}}"
+    keys = QueueKeys.of(PREFIX, spider)
+    queued = sum(
+        int(client.zcard(keys.scored(stage))) + int(client.llen(keys.queue(stage)))
+        for stage in STAGES
+    )
     return {
         "held slots": held_slots(client, [f"workers:{stage}" for stage in capped]),
-        "queued": sum(int(client.llen(f"{base}:queue:{stage}")) for stage in STAGES),
-        "in flight": sum(int(client.hlen(key)) for key in client.scan_iter(f"{base}:inflight:*")),
-        "workers": int(client.zcard(f"{base}:alive")),
+        "queued": queued,
+        "in flight": sum(int(client.hlen(key)) for key in client.scan_iter(keys.inflight("*"))),
+        "workers": int(client.zcard(keys.alive)),
     }
 
 
