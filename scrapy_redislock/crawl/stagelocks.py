@@ -98,20 +98,15 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-import redis.asyncio
-import redis.exceptions
-
 from scrapy_redislock._loop import start_now
 from scrapy_redislock._redis import AsyncRedisClient, Backoff, text
-from scrapy_redislock.crawl.connection import async_clients
+from scrapy_redislock.crawl.deployment import deployment_of
 from scrapy_redislock.crawl.engine import downloader_active
 from scrapy_redislock.crawl.ledger import PermitLedger
 from scrapy_redislock.crawl.lifecycle import Lifecycle
 from scrapy_redislock.crawl.reach import (
     REDIS_ERRORS,
-    REFUSED,
     first_answer,
-    masters_said,
     no_quorum,
 )
 from scrapy_redislock.crawl.renewer import gather_bounded
@@ -121,12 +116,11 @@ from scrapy_redislock.errors import (
     QuorumNotReached,
     UnknownStage,
 )
-from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.core import LockKeys, Permit, release_consumer
 from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.interface import AsyncLock
 from scrapy_redislock.lock.protocol import adrive
-from scrapy_redislock.lock.quorum import AsyncQuorumCountingLock, QuorumLockFactory, QuorumPermit
+from scrapy_redislock.lock.quorum import QuorumPermit
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -185,13 +179,10 @@ class StageLocks:
         self.limits = dict(limits)
         self.lock_prefix = lock_prefix
         self.stats_prefix = stats_prefix
-        # one, or one per master of a quorum
-        self.clients = async_clients(
-            settings.url, settings.url_setting, settings.params, settings.masters
-        )
+        # one Redis, or a quorum of masters: the clients (one, or one per master) and the locks
+        self.deployment = deployment_of(settings)
+        self.clients = self.deployment.clients
         self.client: AsyncRedisClient = self.clients[0]
-        # A quorum's per-master waiting connections, shared by every stage.
-        self.quorum = QuorumLockFactory(self.clients, asyncio=True) if settings.masters else None
         self.spider_name = getattr(crawler.spidercls, "name", None)
         self.locks: dict[str, StageLock] = {
             stage: self._make_lock(f"{lock_prefix}{stage}", limit)
@@ -224,30 +215,7 @@ class StageLocks:
         """A stage's lock: the single-Redis lock, or the quorum lock over the masters of
         REDISLOCK_URL."""
         identity = {"spider": self.spider_name, "waiting": 0, "limit": limit}
-        if self.quorum is not None:
-            # The factory's masters are redis.asyncio clients: its locks are
-            # AsyncQuorumCountingLocks.
-            return cast(
-                AsyncQuorumCountingLock,
-                self.quorum.lock(
-                    name,
-                    limit,
-                    self.settings.ttl,
-                    key_prefix=self.settings.key_prefix,
-                    quorum=self.settings.quorum,
-                    identity=identity,
-                ),
-            )
-        return AsyncCountingLock(
-            self.client,
-            name,
-            limit=limit,
-            ttl=self.settings.ttl,
-            key_prefix=self.settings.key_prefix,
-            identity=identity,
-            durable=self.settings.durable,
-            maintain_loop=False,  # the process's one Renewer maintains every lock
-        )
+        return self.deployment.make_lock(name, limit, identity)
 
     @classmethod
     def of(
@@ -313,13 +281,7 @@ class StageLocks:
     async def start(self) -> None:
         """PING, publish this process's limits, join the renewal loop; redis errors when Redis is
         unreachable."""
-        if isinstance(self.client, redis.asyncio.RedisCluster):
-            # before concurrent first commands (see docs/failures.md, Redis Cluster)
-            await self.client.initialize()
-        if self.quorum is None:
-            await self.client.ping()
-        else:
-            await self._reach_quorum()
+        await self.deployment.reach(self.locks)
         for stage, lock in self.locks.items():
             limit = self.limits[stage]
             assert limit is not None
@@ -366,31 +328,6 @@ class StageLocks:
             # started: a report that cannot be read must not close the crawl
             except REDIS_ERRORS as exc:
                 logger.debug("Could not read why stage %r waits: %s", stage, exc)
-
-    async def _reach_quorum(self) -> None:
-        """PING every master of the quorum: enough of them must answer for every stage's quorum; a
-        warning names those that do not (a quorum lock goes on without them). LockConnectionError
-        (retried) otherwise."""
-        replies = await asyncio.gather(
-            *(client.ping() for client in self.clients), return_exceptions=True
-        )
-        failed = {i: r for i, r in enumerate(replies) if isinstance(r, BaseException)}
-        # (all)
-        quorum_locks = [
-            lock for lock in self.locks.values() if isinstance(lock, AsyncQuorumCountingLock)
-        ]
-        needed = max((lock.quorum for lock in quorum_locks), default=1)
-        if len(self.clients) - len(failed) < needed:
-            refused = [exc for exc in failed.values() if isinstance(exc, REFUSED)]
-            raise refused[0] if refused else no_quorum(self.settings.masters, failed, needed)
-        if failed:
-            logger.warning(
-                "Quorum lock: %d of %d masters answer, %d needed; not answering: %s",
-                len(self.clients) - len(failed),
-                len(self.clients),
-                needed,
-                masters_said(self.settings.masters, failed),
-            )
 
     async def close_unclean(self) -> None:
         """The process is going away without closing the spider (a second Ctrl-C): free its slots
@@ -702,11 +639,8 @@ class StageLocks:
             await gather_bounded([free(s, lock) for s, lock in self.locks.items()], self.fan_out)
             with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
                 await asyncio.wait_for(self._free_late_grants(), CLOSE_TIMEOUT)
-        closing = [client.aclose() for client in self.clients]
-        if self.quorum is not None:
-            closing.append(self.quorum.aclose())  # the masters' waiting connections
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), CLOSE_TIMEOUT)
+            await asyncio.wait_for(self.deployment.aclose(), CLOSE_TIMEOUT)
 
     async def _free_late_grants(self) -> None:
         """Free a grant Redis handed to a cancelled wait after aclose() (it may see the wait's

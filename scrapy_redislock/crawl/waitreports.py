@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from scrapy_redislock._redis import AsyncRedisClient
 from scrapy_redislock.crawl.reach import REDIS_ERRORS, first_answer, masters_said
 from scrapy_redislock.lock.interface import AsyncLock
-from scrapy_redislock.lock.quorum import AsyncQuorumCountingLock
 from scrapy_redislock.lock.status import StageStatus, WaitReason, astage_status, wait_reason
 
 if TYPE_CHECKING:
+    from scrapy_redislock.crawl.deployment import Deployment
     from scrapy_redislock.crawl.settings import RedisLockSettings
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,9 @@ class Locks(Protocol):
 
     @property
     def locks(self) -> Mapping[str, AsyncLock[Any]]: ...
+
+    @property
+    def deployment(self) -> Deployment: ...
 
 
 class WaitReports:
@@ -111,7 +114,7 @@ class WaitReports:
         A quorum lock waits when fewer than q masters have a free slot: said master by master, calm
         only when every master without a free slot is held by live holders."""
         lock = self.locks.locks[stage]
-        if not isinstance(lock, AsyncQuorumCountingLock):
+        if len(self.locks.clients) == 1:
             found = await self.read_status(stage)
             return WaitReason("free") if found is None else wait_reason(found)
         said: dict[int, str] = {}
@@ -123,12 +126,13 @@ class WaitReports:
             reason = WaitReason("free") if status is None else wait_reason(status)
             if reason:
                 said[index], calm = reason.text, calm and reason.calm
-        free = lock.masters - len(said)
-        if free >= lock.quorum:
+        masters, needed = len(self.locks.clients), self.locks.deployment.needed(lock)
+        free = masters - len(said)
+        if free >= needed:
             return WaitReason("free")
         return WaitReason(
             "held" if calm else "quorum",
-            f"{free} of {lock.masters} masters have a free slot, {lock.quorum} needed; "
+            f"{free} of {masters} masters have a free slot, {needed} needed; "
             f"{masters_said(self.locks.settings.masters, said)}",
         )
 
@@ -179,8 +183,7 @@ class WaitReports:
             statuses = await self.read_statuses(stage)
         except REDIS_ERRORS:
             statuses = []
-        lock = self.locks.locks[stage]
-        needed = lock.quorum if isinstance(lock, AsyncQuorumCountingLock) else 1
+        needed = self.locks.deployment.needed(self.locks.locks[stage])
         live = [status for status in statuses if isinstance(status, StageStatus)]
         paused = [status for status in live if status.limit == 0]
         if paused and len(statuses) - len(paused) < needed:

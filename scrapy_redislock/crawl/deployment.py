@@ -1,0 +1,127 @@
+"""Where a crawl's stage locks live: one Redis (a server, Sentinel or Cluster), or a quorum of
+independent masters (REDISLOCK_URL as a list: the request front's quorum lock). The one difference
+between the two, in one place: how a stage's lock is made, what "Redis answers" means at start, how
+many masters a slot needs, and what closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+import redis.asyncio
+
+from scrapy_redislock._redis import AsyncRedisClient
+from scrapy_redislock.crawl.connection import async_clients
+from scrapy_redislock.crawl.reach import REFUSED, masters_said, no_quorum
+from scrapy_redislock.lock.aio import AsyncCountingLock
+from scrapy_redislock.lock.interface import AsyncLock
+from scrapy_redislock.lock.quorum import AsyncQuorumCountingLock, QuorumLockFactory
+
+if TYPE_CHECKING:
+    from scrapy_redislock.crawl.settings import RedisLockSettings
+
+logger = logging.getLogger(__name__)
+
+
+class OneRedis:
+    """Every lock on one Redis deployment, through one client."""
+
+    def __init__(self, settings: RedisLockSettings) -> None:
+        self.settings = settings
+        self.clients: list[AsyncRedisClient] = async_clients(
+            settings.url, settings.url_setting, settings.params
+        )
+
+    def make_lock(self, name: str, limit: int, identity: Mapping[str, Any]) -> AsyncLock[Any]:
+        return AsyncCountingLock(
+            self.clients[0],
+            name,
+            limit=limit,
+            ttl=self.settings.ttl,
+            key_prefix=self.settings.key_prefix,
+            identity=identity,
+            durable=self.settings.durable,
+            maintain_loop=False,  # the process's one Renewer maintains every lock
+        )
+
+    async def reach(self, locks: Mapping[str, AsyncLock[Any]]) -> None:
+        """PING; redis errors when Redis is unreachable."""
+        client = self.clients[0]
+        if isinstance(client, redis.asyncio.RedisCluster):
+            # before concurrent first commands (see docs/failures.md, Redis Cluster)
+            await client.initialize()
+        await client.ping()
+
+    def needed(self, lock: AsyncLock[Any]) -> int:
+        """Masters with a free slot that a grant needs."""
+        return 1
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(c.aclose() for c in self.clients), return_exceptions=True)
+
+
+class QuorumOfMasters:
+    """Each lock on a quorum of independent masters (one client per master, and one factory sharing
+    the masters' waiting connections between the stages)."""
+
+    def __init__(self, settings: RedisLockSettings) -> None:
+        self.settings = settings
+        self.clients = async_clients(
+            settings.url, settings.url_setting, settings.params, settings.masters
+        )
+        self.factory = QuorumLockFactory(self.clients, asyncio=True)
+
+    def make_lock(self, name: str, limit: int, identity: Mapping[str, Any]) -> AsyncLock[Any]:
+        # The factory's masters are redis.asyncio clients: its locks are AsyncQuorumCountingLocks.
+        return cast(
+            AsyncQuorumCountingLock,
+            self.factory.lock(
+                name,
+                limit,
+                self.settings.ttl,
+                key_prefix=self.settings.key_prefix,
+                quorum=self.settings.quorum,
+                identity=identity,
+            ),
+        )
+
+    async def reach(self, locks: Mapping[str, AsyncLock[Any]]) -> None:
+        """PING every master: enough of them must answer for every stage's quorum; a warning names
+        those that do not (a quorum lock goes on without them). LockConnectionError otherwise."""
+        replies = await asyncio.gather(
+            *(client.ping() for client in self.clients), return_exceptions=True
+        )
+        failed = {i: r for i, r in enumerate(replies) if isinstance(r, BaseException)}
+        needed = max((self.needed(lock) for lock in locks.values()), default=1)
+        if len(self.clients) - len(failed) < needed:
+            refused = [exc for exc in failed.values() if isinstance(exc, REFUSED)]
+            raise refused[0] if refused else no_quorum(self.settings.masters, failed, needed)
+        if failed:
+            logger.warning(
+                "Quorum lock: %d of %d masters answer, %d needed; not answering: %s",
+                len(self.clients) - len(failed),
+                len(self.clients),
+                needed,
+                masters_said(self.settings.masters, failed),
+            )
+
+    def needed(self, lock: AsyncLock[Any]) -> int:
+        return cast(AsyncQuorumCountingLock, lock).quorum
+
+    async def aclose(self) -> None:
+        closing = [client.aclose() for client in self.clients]
+        closing.append(self.factory.aclose())  # the masters' waiting connections
+        await asyncio.gather(*closing, return_exceptions=True)
+
+
+Deployment = OneRedis | QuorumOfMasters
+
+
+def deployment_of(settings: RedisLockSettings) -> Deployment:
+    return QuorumOfMasters(settings) if settings.masters else OneRedis(settings)
+
+
+__all__ = ["Deployment", "OneRedis", "QuorumOfMasters", "deployment_of"]
