@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 import redis.asyncio
+import redis.exceptions
 
 from scrapy_redislock.errors import InvalidArgument
 
@@ -78,6 +79,36 @@ def load_scripts(package: str, names: tuple[str, ...], lib: str | None = None) -
     folder = resources.files(package) / "scripts"
     prelude = (folder / f"{lib}.lua").read_text(encoding="utf-8") + "\n" if lib else ""
     return {name: prelude + (folder / f"{name}.lua").read_text(encoding="utf-8") for name in names}
+
+
+# Where redis-py's and asyncio's connection internals live: an AttributeError or TypeError raised
+# there is a connection closed under a command by another task (redis-py races during a failover,
+# e.g. "'NoneType' object has no attribute 'writelines'"; redis-py issue 3546), not a bug of ours.
+_CONNECTION_CODE = (
+    "/redis/connection.py",
+    "/redis/asyncio/connection.py",
+    "/redis/asyncio/cluster.py",
+    "/redis/cluster.py",
+    "/asyncio/streams.py",
+    "/asyncio/selector_events.py",
+)
+
+
+def as_connection_error(exc: BaseException) -> redis.exceptions.ConnectionError | None:
+    """A ConnectionError standing for ``exc`` when it is an AttributeError or TypeError raised
+    inside a connection's code (a connection closed under the command); None for any other
+    error."""
+    if not isinstance(exc, AttributeError | TypeError):
+        return None
+    tb, innermost = exc.__traceback__, None
+    while tb is not None:
+        innermost, tb = tb, tb.tb_next
+    path = "" if innermost is None else innermost.tb_frame.f_code.co_filename.replace("\\", "/")
+    if not path.endswith(_CONNECTION_CODE):
+        return None
+    error = redis.exceptions.ConnectionError(f"the connection closed under the command ({exc!r})")
+    error.__cause__ = exc
+    return error
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 
 import redis.exceptions
 
+from scrapy_redislock._redis import as_connection_error
 from scrapy_redislock.errors import LockConnectionError, LockError
 
 
@@ -134,6 +135,10 @@ def drive(op: Operation[T], execute: Callable[[Command], Any], name: str) -> T:
                 reply = execute(command)
             except redis.exceptions.RedisError as exc:
                 error = exc
+            except (AttributeError, TypeError) as exc:
+                error = as_connection_error(exc)
+                if error is None:
+                    raise
     finally:
         op.close()  # interrupted mid-command: run the operation's cleanup now, not at garbage collection
 
@@ -161,6 +166,10 @@ async def adrive(op: Operation[T], execute: Callable[[Command], Awaitable[Any]],
                 reply = await execute(command)
             except redis.exceptions.RedisError as exc:
                 error = exc
+            except (AttributeError, TypeError) as exc:
+                error = as_connection_error(exc)
+                if error is None:
+                    raise
             if task is not None and task.cancelling() > cancels:
                 raise asyncio.CancelledError(f"lock {name!r}: cancelled while a command was out")
     finally:
