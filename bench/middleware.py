@@ -230,10 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         name: {f: [] for f in CAPPED_FIGURES} for name in variants
     }
     mixed: dict[str, list[float]] = {name: [] for name in [*variants, "middleware alone"]}
-    ratios: dict[str, list[float]] = {
-        "capped": [],
-        "mixed": [],
-    }  # StageScheduler / the ceiling, per round
+    # StageScheduler / the ceiling, per round
+    ratios: dict[str, list[float]] = {"capped": [], "mixed": []}
     steps: dict[str, list[float]] = {}
     with RedisServer() as server, tempfile.TemporaryDirectory() as folder:
         for i in range(args.repeat):

@@ -23,12 +23,8 @@ import redis
 from scrapy_redislock import CountingLock
 from testing.redis_server import RedisServer
 
-CLIENT_COMMANDS = {
-    "evalsha",
-    "eval",
-    "xreadgroup",
-    "script|load",
-}  # what the client sends; the rest run in scripts
+# what the client sends; the rest run in scripts
+CLIENT_COMMANDS = {"evalsha", "eval", "xreadgroup", "script|load"}
 
 
 def calls(client: redis.Redis) -> Counter[str]:

@@ -83,16 +83,10 @@ PROJECT = ROOT / "example_project"
 PREFIX = "redislock"
 CAPS: dict[str, int | None] = {"list": 1, "detail": 3, "comments": None}
 SPIDER = {"middleware": "shop_baseline", "workers": "shop", "scrapy-redis": "shop_baseline"}
-FRONTS = (
-    "scrapy-redis",
-    "middleware",
-    "workers",
-)  # plain scrapy-redis (no caps): the yardstick of the crawls
-IDLE_FRONTS = (
-    "scrapy-redis",
-    "middleware",
-    "workers",
-)  # plain scrapy-redis: the yardstick of the idle phase
+# plain scrapy-redis (no caps): the yardstick of the crawls
+FRONTS = ("scrapy-redis", "middleware", "workers")
+# plain scrapy-redis: the yardstick of the idle phase
+IDLE_FRONTS = ("scrapy-redis", "middleware", "workers")
 OWN_COMMANDS = ("config|resetstat", "info")  # the benchmark's own, left out of the idle counts
 RUN_TIMEOUT = 300.0  # seconds a run may take before its processes are killed
 COMPONENTS = (

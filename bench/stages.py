@@ -87,12 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         server = RedisServer().start()
         url = server.url
     shop = (opts.lists, opts.details, opts.comments, opts.delay)
-    kill_shop = (
-        10,
-        40,
-        1,
-        0.1,
-    )  # a detail stage of seconds, so the takeover happens while it has work
+    # a detail stage of seconds, so the takeover happens while it has work
+    kill_shop = (10, 40, 1, 0.1)
     print(
         f"{opts.workers} workers x CONCURRENT_REQUESTS {opts.concurrency}; shop {opts.lists} lists x "
         f"{opts.details} products x {opts.comments} comment pages, {opts.delay * 1000:.0f} ms a "

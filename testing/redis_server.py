@@ -338,11 +338,8 @@ class RedisClusterServers(ServerGroup):
                     self.info(n, "cluster").get("cluster_state") == "ok" for n in self.live()
                 ):
                     return serving
-            except (
-                redis.RedisError,
-                RuntimeError,
-                StopIteration,
-            ):  # nodes still changing their minds
+            # nodes still changing their minds
+            except (redis.RedisError, RuntimeError, StopIteration):
                 pass
             time.sleep(0.05)
         raise RuntimeError(f"no replica took over {key!r} within {timeout} s")

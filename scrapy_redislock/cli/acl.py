@@ -42,10 +42,8 @@ ROLES = ("crawler", "operator", "watcher")
 # What redis-py sends on connect, beside AUTH and HELLO, to a server that knows it: CLIENT SETINFO
 # (lib-name, lib-ver) since Redis 7.2. Every role's clients connect with redis-py.
 CONNECT_COMMANDS = ("client|setinfo",)
-SETINFO_SINCE = (
-    7,
-    2,
-)  # Redis 7.2 added CLIENT SETINFO (Valkey forked 7.2.4 and reports that redis_version)
+# Redis 7.2 added CLIENT SETINFO (Valkey forked 7.2.4 and reports that redis_version)
+SETINFO_SINCE = (7, 2)
 OLDEST = (7, 0)  # read-only key patterns (%R~) and the ACL selectors of Redis 7
 
 # status: one MULTI/EXEC per stage (meta, stream, group, pending list, consumers, owners), SCAN for
@@ -91,10 +89,8 @@ OPERATOR_SCRIPTS = (
     "queue_requeue",
 )
 
-SCRIPT_PARTS = (
-    "scrapy_redislock.lock",
-    "scrapy_redislock.workers",
-)  # the packages with a scripts/ folder
+# the packages with a scripts/ folder
+SCRIPT_PARTS = ("scrapy_redislock.lock", "scrapy_redislock.workers")
 SUBCOMMAND_OF = {"XGROUP", "XINFO", "CLIENT", "SCRIPT", "CONFIG", "OBJECT"}
 CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'(?:\s*,\s*'([A-Za-z]+)')?")
 

@@ -499,10 +499,8 @@ UNREACHABLE = (
     redis.exceptions.RedisClusterException,
     OSError,
 )
-REFUSED = (
-    redis.exceptions.AuthenticationError,
-    redis.exceptions.AuthorizationError,
-)  # ConnectionErrors too
+# ConnectionErrors too
+REFUSED = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
 
 
 async def _first_read(sampler: Sampler) -> str:

@@ -201,5 +201,5 @@ SETTINGS: dict[str, Any] = {setting.name: setting.default for setting in TABLE}
 REMOVED = {
     "REDISLOCK_PARK_LIMIT": "StageScheduler no longer parks requests in memory: they wait in the "
     "inner scheduler, in its order, and at most REDISLOCK_WAITERS_PER_STAGE per stage wait for a "
-    "slot in the downloader",
+    "slot in the downloader"
 }

@@ -57,16 +57,17 @@ hand-off and StageScheduler's hand-out drop it (released, in case Redis still ho
 request waits for another slot. A local check, no Redis command. Counted as
 ``<stats_prefix>/<stage>/unusable``.
 
-Renewal: every StageLocks of the process joins one loop (:class:`.renewer.Renewer`, one per event loop),
-which every ``ttl/3`` (at most 1 s) runs each member's tick at once: tick hooks, retried releases,
-then ``maintain()`` of every stage lock concurrently (each renews all of this process's permits of
-that stage and reaps expired leases of dead processes), after ``lock.annotate(waiting=...,
-spider=...)``. A lost lease is logged as a warning and counted as ``<stats_prefix>/<stage>/lost``.
-Redis errors are logged as warnings with back-off; nothing is given up. Only a stage that holds or
-waits is maintained, so when a stage's waits end and it goes idle, its last annotation (say
-``waiting=3``) would stay in Redis, shown by ``status`` and ``/metrics``, until the process exits:
-the tick after the waits end sends one more maintain with ``waiting=0`` (one EVALSHA per wait-end,
-none per request), so the waiters shown lag the truth by at most a renewal interval.
+Renewal: every StageLocks of the process joins one loop (:class:`.renewer.Renewer`, one per event
+loop), which every ``ttl/3`` (at most 1 s) runs each member's tick at once: tick hooks, retried
+releases, then ``maintain()`` of every stage lock concurrently (each renews all of this process's
+permits of that stage and reaps expired leases of dead processes), after
+``lock.annotate(waiting=..., spider=...)``. A lost lease is logged as a warning and counted as
+``<stats_prefix>/<stage>/lost``. Redis errors are logged as warnings with back-off; nothing is given
+up. Only a stage that holds or waits is maintained, so when a stage's waits end and it goes idle,
+its last annotation (say ``waiting=3``) would stay in Redis, shown by ``status`` and ``/metrics``,
+until the process exits: the tick after the waits end sends one more maintain with ``waiting=0``
+(one EVALSHA per wait-end, none per request), so the waiters shown lag the truth by at most a
+renewal interval.
 
 Why a crawl waits: said by :mod:`.waitreports` at start and while waits see no grant.
 
@@ -104,18 +105,10 @@ from scrapy_redislock.crawl.deployment import deployment_of
 from scrapy_redislock.crawl.engine import downloader_active
 from scrapy_redislock.crawl.ledger import PermitLedger
 from scrapy_redislock.crawl.lifecycle import Lifecycle
-from scrapy_redislock.crawl.reach import (
-    REDIS_ERRORS,
-    first_answer,
-    no_quorum,
-)
+from scrapy_redislock.crawl.reach import REDIS_ERRORS, first_answer, no_quorum
 from scrapy_redislock.crawl.renewer import gather_bounded
 from scrapy_redislock.crawl.waitreports import WaitReports
-from scrapy_redislock.errors import (
-    AcquireTimeout,
-    QuorumNotReached,
-    UnknownStage,
-)
+from scrapy_redislock.errors import AcquireTimeout, QuorumNotReached, UnknownStage
 from scrapy_redislock.lock.core import LockKeys, Permit, release_consumer
 from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.interface import AsyncLock

@@ -104,11 +104,8 @@ def effective_callback(request: Request, spider: Any) -> Any:
 def _default_callback(spider: Any) -> Any:
     if spider is None:
         return "parse"
-    from scrapy.spiders import (
-        CrawlSpider,
-        CSVFeedSpider,
-        XMLFeedSpider,
-    )  # Scrapy only when a crawl asks
+    # Scrapy only when a crawl asks
+    from scrapy.spiders import CrawlSpider, CSVFeedSpider, XMLFeedSpider
 
     for kind, method in (
         (CrawlSpider, "parse_start_url"),

@@ -91,11 +91,8 @@ DRIFT_FACTOR = 0.01  # as Redlock: clocks may run 1% apart over a ttl
 DRIFT_MS = 2  # plus this much for the rounding of Redis's millisecond clock
 RETRY_FIRST = 0.005  # s, first back-off after a lost round; doubles up to RETRY_MOST
 RETRY_MOST = 0.05
-MASTER_ERRORS = (
-    redis.exceptions.RedisError,
-    LockError,
-    OSError,
-)  # one master failing is an answer, not a failure
+# one master failing is an answer, not a failure
+MASTER_ERRORS = (redis.exceptions.RedisError, LockError, OSError)
 ANSWER_WITHIN = 1.0  # s: a lead master that does not answer a PING within this (or its socket timeout) is silent
 
 
@@ -922,8 +919,8 @@ class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock])
         return lost
 
     def set_limit(self, limit: int) -> int | None:
-        """Write this object's limit to every master (see :meth:`AsyncQuorumCountingLock.set_limit`);
-        returns the previous limit."""
+        """Write this object's limit to every master (see
+        :meth:`AsyncQuorumCountingLock.set_limit`); returns the previous limit."""
         self._check_limit(limit)
         return self._run(self._core.set_limit(limit))
 

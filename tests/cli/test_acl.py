@@ -141,10 +141,8 @@ def test_both_fronts_crawl_as_the_crawler_user_and_redis_refuses_them_nothing(
     assert redis_client.execute_command("ACL", "LOG") == []
     assert held_slots(redis_client) == 0
     allowed = set(commands_of("crawler", redis_version(redis_client)))
-    client_commands = monitor.commands("client") - {
-        "hello",
-        "auth",
-    }  # connection set-up: no ACL rule needed
+    # connection set-up: no ACL rule needed
+    client_commands = monitor.commands("client") - {"hello", "auth"}
     assert client_commands <= allowed, (
         f"not in the crawler role: {sorted(client_commands - allowed)}"
     )

@@ -876,11 +876,8 @@ def test_requeue_puts_a_workers_in_flight_requests_back_and_refuses_what_it_cann
         "their queues; it is "
         "unregistered"
     )
-    assert redis_client.lrange(keys.queue("detail"), 0, -1) == [
-        b"r2",
-        b"r1",
-        b"r0",
-    ]  # r0 is popped first again
+    # r0 is popped first again
+    assert redis_client.lrange(keys.queue("detail"), 0, -1) == [b"r2", b"r1", b"r0"]
     assert redis_client.lrange(keys.queue("list"), 0, -1) == [b"x"]
     assert (
         not redis_client.exists(keys.inflight(dead))

@@ -25,10 +25,8 @@ from testing.site import CrawlSite, links_page, most_at_once, served
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 TESTS = ROOT / "testing" / "spiders"
 FILES = TESTS / "filesspider.py"
-BOTH = (
-    "scrapy_redislock.StageScheduler",
-    None,
-)  # with the stage-aware scheduler, and the middleware alone
+# with the stage-aware scheduler, and the middleware alone
+BOTH = ("scrapy_redislock.StageScheduler", None)
 
 
 def settings(redis_url: str, **extra: Any) -> dict[str, Any]:
@@ -495,10 +493,8 @@ def test_refused_password_and_unreachable_redis_exit_1_without_a_traceback(
         wrong = f"redis://crawler:wrong@127.0.0.1:{port}/0"
         cases = [(wrong, s, "redislock_redis_auth_failed") for s in BOTH]
         cases += [("redis://127.0.0.1:1/0", s, "redislock_redis_unavailable") for s in BOTH]
-        stages = {
-            "REDISLOCK_STAGES": {"detail": 3},
-            "REDISLOCK_CONNECT_TIMEOUT": 0,
-        }  # close at once
+        # close at once
+        stages = {"REDISLOCK_STAGES": {"detail": 3}, "REDISLOCK_CONNECT_TIMEOUT": 0}
         crawls = [
             (
                 Crawl(site.url, "detail:3", settings(url, SCHEDULER=s, **stages), tmp_path).start(),

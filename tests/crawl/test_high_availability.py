@@ -234,10 +234,8 @@ def test_request_front_follows_a_sentinel_failover_every_page_once(
         above_cap_s=above,
         lost=lost,
     )
-    assert most <= 3 or above <= TTL / 3, (
-        most,
-        above,
-    )  # only a grant lost with the master can overlap
+    # only a grant lost with the master can overlap
+    assert most <= 3 or above <= TTL / 3, (most, above)
     with redis.Redis(port=promoted.port) as client:
         assert leftover(client) == 0
         # scrapy-redis's queue and dupefilter, flushed at close
@@ -604,10 +602,8 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
         assert nodes.node_serving("redislock:{workers:x}:slots") is victim
         assert nodes.node_serving("redislock:{staged}:alive") is victim
         url = "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in nodes.live())
-        stages = {
-            "list": 3,
-            "detail": None,
-        }  # the test spider's @stage("detail") callback must name a stage
+        # the test spider's @stage("detail") callback must name a stage
+        stages = {"list": 3, "detail": None}
         common = {
             "REDISLOCK_URL": url,
             "REDISLOCK_STAGES": stages,
@@ -750,9 +746,7 @@ def test_a_lost_grant_overlaps_only_while_its_request_is_in_flight(
     )
     assert first_b - stopped_at >= ttl - ttl / 3 - 0.05  # not before the lease could have run out
     assert most == 2 and 0 < above <= window + 0.01  # over the cap only while R was in flight ...
-    assert most_at_once([r for r in records if r is not lost], 1) == (
-        1,
-        0.0,
-    )  # ... and never without R
+    # ... and never without R
+    assert most_at_once([r for r in records if r is not lost], 1) == (1, 0.0)
     assert noticed_at - woke_at <= ttl / 3 + 0.5
     assert leftover(redis_client) == 0

@@ -110,11 +110,7 @@ def test_limits_and_delays_per_key_and_stage() -> None:
         checked.limit_of_key("a.com"),
         checked.limit_of_key("big.com"),
         checked.limit_of_key("free.com"),
-    ) == (
-        2,
-        10,
-        None,
-    )
+    ) == (2, 10, None)
     assert checked.delay_of("a.com") == 0.5 and checked.delay_of("slow.com") == 3
     assert (
         checked.delay_of("detail", stage=True) == 0.25

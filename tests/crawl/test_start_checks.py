@@ -29,11 +29,8 @@ HERE = Path(__file__).resolve().parent
 WORKER_SPIDER = ROOT / "testing" / "spiders" / "workerspider.py"
 COMMENTS_WORKER = HERE / "startspiders.py"
 RULES = ROOT / "testing" / "spiders" / "rulespider.py"
-WORKER = {
-    "SCHEDULER": None,
-    "DOWNLOADER_MIDDLEWARES": None,
-    "REDISLOCK_IDLE_CLOSE": 1,
-}  # the mixin sets its own
+# the mixin sets its own
+WORKER = {"SCHEDULER": None, "DOWNLOADER_MIDDLEWARES": None, "REDISLOCK_IDLE_CLOSE": 1}
 
 
 def request_front(redis_url: str, **extra: Any) -> dict[str, Any]:

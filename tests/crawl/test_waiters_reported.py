@@ -56,12 +56,10 @@ def test_waiters_are_reported_until_their_waits_end_not_until_the_process_exits(
     outsider = CountingLock(redis_client, "list", limit=1, ttl=30, auto_renew=True)
     outsider.set_limit(1)
     permit = outsider.acquire()
+    # the test spider's @stage("detail") callback
     settings = {
         "REDISLOCK_URL": redis_url,
-        "REDISLOCK_STAGES": {
-            "list": 1,
-            "detail": None,
-        },  # the test spider's @stage("detail") callback
+        "REDISLOCK_STAGES": {"list": 1, "detail": None},
         "REDISLOCK_TTL": 30,  # renewals every second; an owner is forgotten only 3 leases (90 s) after its last one
         "CONCURRENT_REQUESTS": 8,
     }

@@ -296,11 +296,8 @@ def test_acquire_timeout_zero_tries_once_and_try_acquire_never_blocks() -> None:
         op.send(None)
     op = core.acquire(None, blocking=False)
     command = next(op)
-    assert command.name == "take" and command.args == (
-        wait_of(core, 1),
-        1000,
-        "0",
-    )  # reaps at most once a renewal
+    # reaps at most once a renewal
+    assert command.name == "take" and command.args == (wait_of(core, 1), 1000, "0")
     assert finish(op, None) is None and core.idle_consumers == [wait_of(core, 1)]
 
 
@@ -374,11 +371,8 @@ def test_an_interrupted_wait_is_abandoned_by_its_consumer_and_freed_by_the_next_
     for _ in range(2):
         op = core.maintain()
         command = next(op)
-        assert command.args[5:] == (
-            1,
-            wait_of(core, 2),
-            "0-2",
-        )  # the consumer to free, then the grants to renew
+        # the consumer to free, then the grants to renew
+        assert command.args[5:] == (1, wait_of(core, 2), "0-2")
         assert finish(op, maintain_reply()) == []
     assert not core.abandoned and next(core.maintain()).args[5:] == (0, "0-2")
     # emptied by the renewal
@@ -396,11 +390,8 @@ def test_renew_lists_only_its_permit_and_frees_nothing_else() -> None:
     op.close()
     op = core.renew(p1)
     command = next(op)
-    assert command.args[5:] == (
-        1,
-        wait_of(core, 3),
-        "0-1",
-    )  # p2 is not listed, and nothing says "free the rest"
+    # p2 is not listed, and nothing says "free the rest"
+    assert command.args[5:] == (1, wait_of(core, 3), "0-1")
     assert finish(op, maintain_reply()) is None
     assert not p1.lost and not p2.lost and set(core.held) == {"0-1", "0-2"}
 

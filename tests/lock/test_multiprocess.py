@@ -171,10 +171,8 @@ def test_stopped_holder_loses_its_lease_and_hears_of_it_on_continue(
     continued_at = time.monotonic()
     lost = holder.wait_for("lost", timeout=5)
     assert time.monotonic() - continued_at < ttl / 3 + 0.5  # its next renewal tick reports it
-    assert lost == {
-        "lost": held["fence"],
-        "release": False,
-    }  # and its stale release changes nothing
+    # and its stale release changes nothing
+    assert lost == {"lost": held["fence"], "release": False}
     assert pending(redis_client, "stop") == 1 and waiter.release(permit) is True
     waiter.close()
 

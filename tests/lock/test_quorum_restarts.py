@@ -131,20 +131,15 @@ def test_a_newcomers_set_limit_recreates_a_master_that_lost_the_lock_in_limbo(
         b = AsyncQuorumCountingLock(b_clients, "q", 1, 10.0)
         try:
             assert await a.set_limit(1) is None  # master 2 unreachable: 2 of 3 is the quorum
-            assert [held_on(s, limbo=True) for s in three[:2]] == [
-                0,
-                0,
-            ]  # a new lock: free slots, no reservation
+            # a new lock: free slots, no reservation
+            assert [held_on(s, limbo=True) for s in three[:2]] == [0, 0]
             permit = await a.acquire(timeout=1)
             assert sorted(permit.grants) == [0, 1]
 
             three[0].restart()  # no persistence: A's grant there is gone
             assert await b.set_limit(1) == 1  # master 1 had it
-            assert [held_on(s, limbo=True) for s in three] == [
-                1,
-                1,
-                1,
-            ]  # 0 and 2 in limbo; 1 is A's grant
+            # 0 and 2 in limbo; 1 is A's grant
+            assert [held_on(s, limbo=True) for s in three] == [1, 1, 1]
             assert [held_on(s) for s in three] == [0, 1, 0]
             assert await b.try_acquire() is None
             with pytest.raises(AcquireTimeout, match="2 of 3 masters"):

@@ -264,10 +264,8 @@ def test_with_statement_releases_and_hands_off_at_once(
     assert granted.fence > permit.fence and permit.released
     assert waiter.at - released_at < AT_ONCE  # no polling interval between release and grant
     waiter.lock.release(granted)
-    with (
-        pytest.raises(RuntimeError, match="boom"),
-        make_lock("list", limit=1),
-    ):  # released on error too
+    # released on error too
+    with pytest.raises(RuntimeError, match="boom"), make_lock("list", limit=1):
         raise RuntimeError("boom")
     assert pending(redis_client, lock) == 0
     outer_lock = make_lock("two", limit=2)
@@ -554,10 +552,8 @@ def test_data_loss_holder_readopts_its_slot(redis_client: redis.Redis, make_lock
         return {c["name"].decode(): c["pending"] for c in summary["consumers"]}
 
     wait_until(lambda: consumers().get(holder.owner) == 1, timeout=2, what="re-adoption")
-    assert consumers() == {
-        holder.owner: 1,
-        "__limbo__": 1,
-    }  # one adopted, one reserved for other survivors
+    # one adopted, one reserved for other survivors
+    assert consumers() == {holder.owner: 1, "__limbo__": 1}
     assert not lost and not permit.lost and holder.held == [permit]
     newcomer = make_lock(limit=2, ttl=ttl, auto_renew=True)
     assert newcomer.try_acquire() is None  # limbo: survivors may still re-adopt

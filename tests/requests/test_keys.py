@@ -33,19 +33,19 @@ PROCESSES = 3
 # seconds: Redis's TIME and the site's time.time(), read by two processes of one machine
 CLOCK_TOLERANCE = 0.002
 BOTH = ("scrapy_redislock.StageScheduler", None)
+# with the stage-aware scheduler, and the middleware alone
 WITH_HEADER = {
     "scrapy_redislock.StageLockMiddleware": 950,
     "testing.spiders.crawlspider.BookedStartHeader": 960,  # after ours: the booked start, for the site
-}  # with the stage-aware scheduler, and the middleware alone
+}
 
 
 def settings(redis_url: str, **extra: Any) -> dict[str, Any]:
+    # the test spider names a stage: unlimited unless a test caps it
     return {
         "REDISLOCK_URL": redis_url,
         "REDISLOCK_STAGE_KEY": "domain",
-        "REDISLOCK_STAGES": {
-            "detail": None
-        },  # the test spider names a stage: unlimited unless a test caps it
+        "REDISLOCK_STAGES": {"detail": None},
         "CONCURRENT_REQUESTS": 16,
         "DOWNLOAD_DELAY": 0,
         **extra,

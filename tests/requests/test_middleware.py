@@ -22,10 +22,8 @@ from testing.site import CrawlSite
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 STAGES = {"detail": 3, "comments": None}
-BOTH = (
-    "scrapy_redislock.StageScheduler",
-    None,
-)  # with the stage-aware scheduler, and the middleware alone
+# with the stage-aware scheduler, and the middleware alone
+BOTH = ("scrapy_redislock.StageScheduler", None)
 
 
 def settings(redis_url: str, **extra: Any) -> dict[str, Any]:
@@ -306,13 +304,12 @@ def test_bad_configuration_stops_the_crawl(redis_url: str, site: CrawlSite, tmp_
 
 
 def test_unreachable_redis_closes_the_spider(site: CrawlSite, tmp_path: Path) -> None:
+    # 0: close at once
     crawls = [
         Crawl(
             site.url,
             "detail:3,comments:3",
-            settings(
-                "redis://127.0.0.1:1/0", SCHEDULER=s, REDISLOCK_CONNECT_TIMEOUT=0
-            ),  # 0: close at once
+            settings("redis://127.0.0.1:1/0", SCHEDULER=s, REDISLOCK_CONNECT_TIMEOUT=0),
             tmp_path,
         ).start()
         for s in BOTH

@@ -141,10 +141,9 @@ def seed_requests(redis_url: str, entries: list[tuple[str, int]], order: str = "
 # -- SCHEDULER_QUEUE_CLASS: the order of the stage queues ------------------------------------------
 
 COUNT = 12
+# unset: PriorityQueue
 ORDERED = {
-    None: [
-        n for p in (5, 0, -5) for n in range(COUNT) if PRIORITY_OF[n % 3] == p
-    ],  # unset: PriorityQueue
+    None: [n for p in (5, 0, -5) for n in range(COUNT) if PRIORITY_OF[n % 3] == p],
     "scrapy_redis.queue.PriorityQueue": [
         n for p in (5, 0, -5) for n in range(COUNT) if PRIORITY_OF[n % 3] == p
     ],
@@ -282,15 +281,11 @@ def test_what_another_layout_queued_is_fetched_exactly_once(
 # -- max_idle_time, as a RedisSpider honours it ----------------------------------------------------
 
 
+# nothing set: idle for ever, as a RedisSpider
 @pytest.mark.parametrize(
     ("redislock", "max_idle_time", "fallback", "expected"),
     [
-        (
-            None,
-            None,
-            None,
-            (None, "MAX_IDLE_TIME_BEFORE_CLOSE"),
-        ),  # nothing set: idle for ever, as a RedisSpider
+        (None, None, None, (None, "MAX_IDLE_TIME_BEFORE_CLOSE")),
         (None, None, 3.0, (3.0, "MAX_IDLE_TIME_BEFORE_CLOSE")),
         (None, "2", 3.0, (2.0, "max_idle_time")),  # -a max_idle_time=2 (a string) beats the setting
         (None, 7, None, (7.0, "max_idle_time")),  # the spider's attribute

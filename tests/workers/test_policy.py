@@ -111,16 +111,12 @@ def test_a_worker_leaving_its_stage_listens_to_nothing_until_it_has_left() -> No
 # -- liveness: beats, deadlines, reaping (issue 26, item 3) ----------------------------------------
 
 
+# idle: a beat every ttl/3, dead after the ttl (nothing to requeue)
 @pytest.mark.parametrize(
     ("ttl", "working", "interval", "grace"),
     [
         (30.0, True, 1.0, 5.0),  # with work: a pulse every second, dead after 5 s (not 30)
-        (
-            30.0,
-            False,
-            10.0,
-            30.0,
-        ),  # idle: a beat every ttl/3, dead after the ttl (nothing to requeue)
+        (30.0, False, 10.0, 30.0),
         (3.0, True, 1.0, 3.0),  # a short ttl: never longer than before
         (1.5, True, 0.5, 1.5),
         (6.0, True, 1.0, 5.0),

@@ -135,11 +135,8 @@ def test_a_pop_whose_reply_was_lost_is_found_by_the_beat_and_given_back(
         redis_client.delete(a.keys.signal("comments"))  # its token was taken
         assert await a.reclaim([i for i, _ in known]) == 3
         assert (await a.heartbeat("detail")).holds == 2 and await a.in_flight() == 2
-        assert [d for _, d in await a.pop("detail", 3)] == [
-            b"d2",
-            b"d3",
-            b"d4",
-        ]  # back at the front, in order
+        # back at the front, in order
+        assert [d for _, d in await a.pop("detail", 3)] == [b"d2", b"d3", b"d4"]
         assert [d for _, d in await a.pop("comments", 1)] == [b"c0"]
         # its queue was empty: an idle worker is told
         assert redis_client.llen(a.keys.signal("comments")) == 1
@@ -361,10 +358,8 @@ def test_a_worker_taken_for_dead_cannot_pop_until_it_beats(
             "comments": 0,
         }
         assert await stalled.beat("detail")  # it learns it was taken for dead ...
-        assert [d for _, d in await stalled.pop("detail", 2) or []] == [
-            b"r0",
-            b"r1",
-        ]  # ... and pops again
+        # ... and pops again
+        assert [d for _, d in await stalled.pop("detail", 2) or []] == [b"r0", b"r1"]
 
     run(redis_url, scenario)
 
@@ -563,11 +558,8 @@ def test_priority_order_keeps_priority_0_in_the_list_and_scores_the_rest_as_scra
 
     run(redis_url, scenario)
     keys = QueueKeys.of("redislock", "shop")
-    assert redis_client.lrange(keys.queue("detail"), 0, -1) == [
-        b"h0",
-        b"e0",
-        b"a0",
-    ]  # FifoQueue's orientation
+    # FifoQueue's orientation
+    assert redis_client.lrange(keys.queue("detail"), 0, -1) == [b"h0", b"e0", b"a0"]
     scored = redis_client.zrange(keys.scored("detail"), 0, -1, withscores=True)
     assert [(member[16:], score) for member, score in scored] == [
         (b"f10", -10.0),
