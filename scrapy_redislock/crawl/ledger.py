@@ -27,52 +27,53 @@ class Granted(Protocol):
     acquired_at: float
 
 
+R = TypeVar("R", bound=Hashable)
 P = TypeVar("P", bound=Granted)
 
 
-class PermitLedger(Generic[P]):
+class PermitLedger(Generic[R, P]):
     """Request -> the slot it goes with (or the error it fails with); see the module docstring."""
 
     def __init__(self, reuse_for: float = 0.0) -> None:
         self.reuse_for = reuse_for
-        self._out: dict[Hashable, P | BaseException] = {}
-        self._suspects: set[Hashable] = set()
+        self._out: dict[R, P | BaseException] = {}
+        self._suspects: set[R] = set()
 
     def __len__(self) -> int:
         return len(self._out)
 
-    def hand(self, request: Hashable, outcome: P | BaseException) -> None:
+    def hand(self, request: R, outcome: P | BaseException) -> None:
         """The scheduler lets ``request`` go with this slot (or fails it with this error)."""
         self._out[request] = outcome
 
-    def hold(self, request: Hashable, permit: P) -> None:
+    def hold(self, request: R, permit: P) -> None:
         """``request`` got ``permit`` itself (it waited in the middleware)."""
         self._out[request] = permit
 
-    def peek(self, request: Hashable) -> P | BaseException | None:
+    def peek(self, request: R) -> P | BaseException | None:
         return self._out.get(request)
 
-    def forget(self, request: Hashable) -> None:
+    def forget(self, request: R) -> None:
         self._out.pop(request, None)
 
-    def permit_of(self, request: Hashable) -> P | None:
+    def permit_of(self, request: R) -> P | None:
         outcome = self._out.get(request)
         return None if outcome is None or isinstance(outcome, BaseException) else outcome
 
-    def has_slot(self, request: Hashable) -> bool:
+    def has_slot(self, request: R) -> bool:
         return self.permit_of(request) is not None
 
-    def holding(self) -> list[Hashable]:
+    def holding(self) -> list[R]:
         """The requests that hold a slot now."""
         return [r for r, outcome in self._out.items() if not isinstance(outcome, BaseException)]
 
-    def finish(self, request: Hashable) -> P | None:
+    def finish(self, request: R) -> P | None:
         """``request`` is done: the slot it held, to be freed by the caller (None if it held
         none)."""
         outcome = self._out.pop(request, None)
         return None if outcome is None or isinstance(outcome, BaseException) else outcome
 
-    def sweep(self, active: Collection[Hashable] | None) -> list[P]:
+    def sweep(self, active: Collection[R] | None) -> list[P]:
         """Finish the requests missing from ``active`` (the downloader's requests) now and at the
         last sweep; their slots, to be freed by the caller. Nothing while there is no downloader
         (None)."""

@@ -97,7 +97,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 from scrapy_redislock._loop import start_now
 from scrapy_redislock._redis import AsyncRedisClient, Backoff, text
@@ -134,7 +134,6 @@ UNCLEAN_CLOSE_TIMEOUT = 3.0
 # is: a Permit, or a QuorumPermit on a quorum.
 StageLock = AsyncLock[Any]
 SlotPermit = Permit | QuorumPermit
-T = TypeVar("T")
 
 
 def _hget_limit(client: AsyncRedisClient, meta: str) -> Awaitable[Any]:
@@ -187,7 +186,7 @@ class StageLocks:
         self._takers: list[Callable[[str, SlotPermit], bool]] = []
         self._hold_hooks: list[Callable[[Request], None]] = []
         # request -> the slot it goes with (or its error)
-        self.ledger: PermitLedger[SlotPermit] = PermitLedger(
+        self.ledger: PermitLedger[Request, SlotPermit] = PermitLedger(
             min(settings.local_reuse, settings.ttl / 2)
         )
         self._tick_hooks: list[Callable[[], Awaitable[None]]] = []
@@ -455,7 +454,7 @@ class StageLocks:
         """The requests of this process that hold a slot now (handed out by the scheduler or waited
         for in the middleware, and not finished): StageScheduler counts their keys
         (REDISLOCK_STAGE_KEY) before a hand-out."""
-        return cast("list[Request]", self.ledger.holding())
+        return self.ledger.holding()
 
     def finish(self, request: Request) -> None:
         """``request`` is done with its slot (download over, answered, dropped); nothing when it has

@@ -63,7 +63,7 @@ class KeyGate:
         self.crawler = crawler
         self.settings = settings
         self.locks = KeyLocks.of(crawler, settings)
-        self.permits: PermitLedger[SlotPermit] = PermitLedger()
+        self.permits: PermitLedger[Request, SlotPermit] = PermitLedger()
         self.waiting: Counter[str] = Counter()
         self.locks.add_waiting_source(self.waiting.__getitem__)
         self.locks.add_tick_hook(self.sweep)

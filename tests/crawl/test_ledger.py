@@ -15,7 +15,7 @@ class FakePermit:
 
 
 def test_a_handed_slot_is_held_until_finished_and_an_error_is_no_slot() -> None:
-    ledger: PermitLedger[FakePermit] = PermitLedger()
+    ledger: PermitLedger[str, FakePermit] = PermitLedger()
     permit, error = FakePermit(0.0), ValueError("no slot")
     ledger.hand("a", permit)
     ledger.hand("b", error)
@@ -29,7 +29,7 @@ def test_a_handed_slot_is_held_until_finished_and_an_error_is_no_slot() -> None:
 
 
 def test_hold_and_forget() -> None:
-    ledger: PermitLedger[FakePermit] = PermitLedger()
+    ledger: PermitLedger[str, FakePermit] = PermitLedger()
     permit = FakePermit(0.0)
     ledger.hold("a", permit)
     assert ledger.permit_of("a") is permit
@@ -38,7 +38,7 @@ def test_hold_and_forget() -> None:
 
 
 def test_sweep_finishes_a_request_missing_from_the_downloader_twice_in_a_row() -> None:
-    ledger: PermitLedger[FakePermit] = PermitLedger()
+    ledger: PermitLedger[str, FakePermit] = PermitLedger()
     gone, back, stays = FakePermit(1.0), FakePermit(2.0), FakePermit(3.0)
     ledger.hold("gone", gone)
     ledger.hold("back", back)
@@ -53,14 +53,14 @@ def test_sweep_finishes_a_request_missing_from_the_downloader_twice_in_a_row() -
 
 
 def test_only_a_young_slot_may_pass_on_locally() -> None:
-    ledger: PermitLedger[FakePermit] = PermitLedger(reuse_for=0.25)
+    ledger: PermitLedger[str, FakePermit] = PermitLedger(reuse_for=0.25)
     assert ledger.young(FakePermit(10.0), now=10.2)
     assert not ledger.young(FakePermit(10.0), now=10.25)
-    assert not PermitLedger[FakePermit]().young(FakePermit(10.0), now=10.0)  # 0: never
+    assert not PermitLedger[str, FakePermit]().young(FakePermit(10.0), now=10.0)  # 0: never
 
 
 def test_clear_forgets_slots_and_suspects() -> None:
-    ledger: PermitLedger[FakePermit] = PermitLedger()
+    ledger: PermitLedger[str, FakePermit] = PermitLedger()
     ledger.hold("a", FakePermit(0.0))
     ledger.sweep(set())
     ledger.clear()
