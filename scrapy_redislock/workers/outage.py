@@ -7,15 +7,24 @@ acknowledgements. Each of them retries with back-off and loses nothing, so an ou
 error: :class:`OutageLog` says so once, as a WARNING, with the first error; the failures after it
 (every retry of every caller) go to DEBUG; the first call that gets an answer logs one INFO line
 with how long it lasted. The callers count every failure (``redislock/workers/redis_errors``). An
-ERROR is kept for what loses work (see the scheduler).
+ERROR is kept for what loses work (see the scheduler). :meth:`OutageLog.retrying` is the one retry
+loop those callers share.
 
 Imports neither Scrapy nor Twisted; reads no settings.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from scrapy_redislock._redis import Backoff
+from scrapy_redislock.crawl.reach import OUTAGE_ERRORS
+
+T = TypeVar("T")
 
 # A call sent before Redis came back can fail just after another call's answer ended the outage:
 # within this many seconds of the end, a failure is a straggler of that outage (DEBUG), not a new
@@ -30,8 +39,15 @@ class OutageLog:
     """The state of one worker's view of Redis: answering, or in an outage since when (see the
     module docstring)."""
 
-    def __init__(self, worker: str) -> None:
+    def __init__(
+        self,
+        worker: str,
+        on_failure: Callable[[], None] | None = None,
+        on_back: Callable[[], None] | None = None,
+    ) -> None:
         self.worker = worker
+        self.on_failure = on_failure  # every failed call of :meth:`retrying` (to count it)
+        self.on_back = on_back  # the call of :meth:`retrying` that ended an outage
         # time.monotonic() of the first failure of the current outage
         self.since: float | None = None
         self.failures = 0  # failed calls in the current outage
@@ -81,6 +97,25 @@ class OutageLog:
             lasted,
             failures,
         )
+
+    async def retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Retry a call until Redis answers: a request yielded by a callback must not be dropped.
+        Only an outage is retried; Redis refusing the command is raised."""
+        backoff = Backoff()
+        while True:
+            try:
+                result = await call()
+            except OUTAGE_ERRORS as exc:
+                if self.on_failure is not None:
+                    self.on_failure()
+                delay = backoff.next()
+                self.failed(what, exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            if self.down and self.on_back is not None:
+                self.on_back()
+            self.answered()
+            return result
 
 
 __all__ = ["OutageLog"]

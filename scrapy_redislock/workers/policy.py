@@ -175,6 +175,49 @@ def may_reap(beating_for: float, ttl: float) -> bool:
     return beating_for >= min(ttl, RECOVERY)
 
 
+class BeatClock:
+    """When a worker beat, when its next beat and pulse are due, and since when its beats have
+    reached Redis without a gap (a streak, for :func:`may_reap`). Times are ``time.monotonic()``."""
+
+    def __init__(self, ttl: float, now: float) -> None:
+        self.ttl = ttl
+        self.beat_at = now  # when the last beat that reached Redis was sent
+        self.beat_due = 0.0  # the next heartbeat (every ttl/3)
+        self.pulse_due = 0.0  # the next pulse of a worker with work
+        self.grace = ttl  # the silence its last beat promised not to exceed (else it is dead)
+        self.pulse_interval = ttl / 3  # the interval its last beat set for the next one
+        self.streak_since: float | None = None  # since when its beats reach Redis without a gap
+        self.replied_at = 0.0  # when the last beat's reply came
+
+    def beaten(self, sent: float, replied: float, plan: Liveness, pulse: bool = False) -> None:
+        """A beat sent at ``sent`` reached Redis (its reply came at ``replied``), promising the next
+        within ``plan.grace``; the next pulse is due after ``plan.interval``, the next heartbeat
+        (unless this was a pulse) after ttl/3."""
+        if self.streak_since is None or not keeps_streak(
+            sent - self.replied_at, self.pulse_interval
+        ):
+            self.streak_since = sent
+        self.replied_at = replied
+        self.grace, self.pulse_interval = plan.grace, plan.interval
+        self.pulse_due = sent + plan.interval
+        self.beat_at = sent
+        if not pulse:
+            self.beat_due = sent + self.ttl / 3
+
+    def broken(self) -> None:
+        """A call to Redis failed: the others may not reach it either, the streak starts again."""
+        self.streak_since = None
+
+    def stalled(self, now: float) -> bool:
+        """No beat for most of what the last one promised: this process stalled, and the others may
+        have requeued what it took ahead."""
+        return now - self.beat_at > 0.8 * self.grace
+
+    def may_reap(self, now: float) -> bool:
+        """Whether this worker's streak is long enough to take others for dead (:func:`may_reap`)."""
+        return self.streak_since is not None and may_reap(now - self.streak_since, self.ttl)
+
+
 def keeps_slot(grant: str, oldest: Sequence[str], limit: int) -> bool:
     """Whether the holder of ``grant`` keeps its slot of a stage whose ``limit`` may have been
     lowered: ``oldest`` are the stage's held grants, oldest first (grant ids grow with every grant),

@@ -30,9 +30,10 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_redislock.crawl import requestformat
 from scrapy_redislock.errors import ConfigError
+from scrapy_redislock.workers.outbox import KNOWN_FINGERPRINTS
 from scrapy_redislock.workers.policy import idle_close_for
 from scrapy_redislock.workers.queue import QueueKeys, StageQueues, queued
-from scrapy_redislock.workers.scheduler import KNOWN_FINGERPRINTS, StageWorkerScheduler
+from scrapy_redislock.workers.scheduler import StageWorkerScheduler
 from testing.crawlproc import ROOT, settings_args, staged_worker
 from testing.site import CrawlSite, ShopSite
 from testing.spiders.workerspider import StagedSpider
@@ -512,8 +513,7 @@ def test_enqueue_request_returns_false_for_a_known_duplicate_and_signals_one_onl
                 assert scheduler.enqueue_request(request(0, dont_filter=True))
                 assert scheduler.enqueue_request(request(1))  # only Redis knows it
                 assert dropped == []
-                while scheduler.pushes:
-                    await asyncio.wait(set(scheduler.pushes))
+                await scheduler.outbox.sent()
             # the scheduler sent it; for /a/0 the engine would
             assert dropped == ["http://shop.test/a/1"]
             assert not scheduler.enqueue_request(request(1))  # known now
@@ -533,10 +533,10 @@ def test_enqueue_request_returns_false_for_a_known_duplicate_and_signals_one_onl
             # /a/0 twice (once unfiltered), the other worker's
             assert redis_client.llen(KEYS.queue("a")) == 3
             for n in range(KNOWN_FINGERPRINTS + 10):
-                scheduler._know(n.to_bytes(8, "big"))
+                scheduler.outbox.know(n.to_bytes(8, "big"))
             assert (
-                len(scheduler.known) == KNOWN_FINGERPRINTS
-                and (0).to_bytes(8, "big") not in scheduler.known
+                len(scheduler.outbox.known) == KNOWN_FINGERPRINTS
+                and (0).to_bytes(8, "big") not in scheduler.outbox.known
             )
         finally:
             await scheduler.queues.client.aclose()
@@ -576,13 +576,13 @@ def test_the_scheduler_queues_each_request_with_its_priority(
                     f"http://shop.test/a/{name}", priority=priority, meta={"redislock_stage": "a"}
                 )
                 assert scheduler.enqueue_request(request)
-            while scheduler.pushes:
-                await asyncio.wait(set(scheduler.pushes))
+            await scheduler.outbox.sent()
             await scheduler.queues.beat("a")
-            scheduler.current = "a"
-            assert await scheduler._fill() == 6
+            scheduler.state.current = "a"
+            assert await scheduler.loop.fill() == 6
             got = [
-                (request.url.rsplit("/", 1)[1], request.priority) for request, _ in scheduler.buffer
+                (request.url.rsplit("/", 1)[1], request.priority)
+                for request, _ in scheduler.inflight.buffer
             ]
             assert got == [(name, dict(pushed)[name]) for name in expected]
         finally:

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from scrapy_redislock.workers.policy import (
+    BeatClock,
     StagePolicy,
     keeps_slot,
     keeps_streak,
@@ -143,3 +144,32 @@ def test_a_worker_back_from_an_outage_reaps_nobody_until_the_others_had_a_back_o
     assert not may_reap(0.0, 30.0) and not may_reap(5.9, 30.0)
     assert may_reap(6.0, 30.0)
     assert may_reap(1.5, 1.5)  # a short ttl: never waits longer than the ttl
+
+
+def test_the_beat_clock_schedules_the_next_beat_and_pulse_from_when_a_beat_was_sent() -> None:
+    clock = BeatClock(ttl=30.0, now=100.0)
+    clock.beaten(sent=100.0, replied=100.01, plan=liveness(30.0, working=True))
+    assert (clock.beat_due, clock.pulse_due, clock.grace) == (110.0, 101.0, 5.0)
+    clock.beaten(sent=101.0, replied=101.01, plan=liveness(30.0, working=True), pulse=True)
+    assert (clock.beat_due, clock.pulse_due) == (110.0, 102.0)  # a pulse moves no heartbeat
+    assert clock.beat_at == 101.0
+
+
+def test_the_beat_clock_keeps_a_streak_only_while_beats_come_without_a_gap() -> None:
+    clock = BeatClock(ttl=30.0, now=0.0)
+    plan = liveness(30.0, working=True)
+    clock.beaten(sent=0.0, replied=0.0, plan=plan)
+    for second in range(1, 7):
+        clock.beaten(sent=float(second), replied=float(second), plan=plan)
+    assert clock.streak_since == 0.0 and clock.may_reap(6.0)
+    clock.beaten(sent=10.0, replied=10.0, plan=plan)  # 4 s after the last reply: a gap
+    assert clock.streak_since == 10.0 and not clock.may_reap(11.0)
+    clock.broken()  # a call failed: nobody is reaped until a new streak is long enough
+    assert not clock.may_reap(100.0)
+
+
+def test_the_beat_clock_says_a_process_stalled_past_most_of_its_promise() -> None:
+    clock = BeatClock(ttl=30.0, now=0.0)
+    clock.beaten(sent=0.0, replied=0.0, plan=liveness(30.0, working=True))  # promises 5 s
+    assert not clock.stalled(4.0)
+    assert clock.stalled(4.1)

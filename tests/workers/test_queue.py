@@ -387,15 +387,17 @@ def test_the_scheduler_strands_nothing_when_it_pops_just_after_being_taken_for_d
             for url in urls:
                 request = scrapy.Request(url, meta={"redislock_stage": "a"})
                 await reaper.push("a", "", scheduler.encode(request))
-            scheduler.current = "a"
+            scheduler.state.current = "a"
             await scheduler.queues.beat("a")
             # taken ahead (room for 2 x CONCURRENT_REQUESTS = 4)
-            assert await scheduler._fill() == 3
+            assert await scheduler.loop.fill() == 3
             stall(redis_client, scheduler.queues)
             assert await reaper.reap() == {scheduler.worker: 3}
-            await scheduler._fill()  # the loop resumes here, before its beat
-            await scheduler._beat("a")
-            buffered = {inflight_id: request.url for request, inflight_id in scheduler.buffer}
+            await scheduler.loop.fill()  # the loop resumes here, before its beat
+            await scheduler.heartbeat.beat("a")
+            buffered = {
+                inflight_id: request.url for request, inflight_id in scheduler.inflight.buffer
+            }
             recorded = {
                 str(k.decode()): v
                 for k, v in redis_client.hgetall(scheduler.queues.inflight_key).items()

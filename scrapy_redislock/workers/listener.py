@@ -1,0 +1,110 @@
+"""SignalListener: a worker with nothing to pop blocks in Redis until there is work.
+
+It blocks (BLPOP, on its own connection) on the signal lists the policy names
+(:meth:`~scrapy_redislock.workers.policy.StagePolicy.listens_to`), the crawl's wake list and the
+start-URL feed's key, until a token or entry arrives or until its heartbeat is due; then it wakes
+the loop. One BLPOP per heartbeat period while nothing happens. Reads no settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from scrapy_redislock.crawl.reach import REDIS_ERRORS
+
+if TYPE_CHECKING:
+    from scrapy_redislock.workers.feed import StartUrlFeed
+    from scrapy_redislock.workers.policy import BeatClock, StagePolicy
+    from scrapy_redislock.workers.queue import StageQueues
+    from scrapy_redislock.workers.state import WorkerState
+
+logger = logging.getLogger("scrapy_redislock.workers.scheduler")
+
+# seconds a blocked wait lasts past the due heartbeat (Redis's timeouts count whole milliseconds)
+BEAT_MARGIN = 0.01
+
+
+class SignalListener:
+    """The one blocked wait of a worker (see the module docstring)."""
+
+    def __init__(
+        self, queues: StageQueues, state: WorkerState, policy: StagePolicy, clock: BeatClock
+    ) -> None:
+        self.queues = queues
+        self.state = state
+        self.policy = policy
+        self.clock = clock
+        self.feed: StartUrlFeed | None = None  # set when the spider opens
+        self.task: asyncio.Task[None] | None = None
+        self.listening: list[str] = []  # the keys the running wait blocks on
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+    def _keys(self, leaving: bool) -> list[str]:
+        state = self.state
+        if state.closing:
+            return []
+        stages = self.policy.listens_to(state.current, state.empty, state.full, leaving=leaving)
+        if not stages:
+            return []
+        keys = [self.queues.keys.signal(stage) for stage in stages] + [self.queues.keys.wake]
+        feed_key = self.feed.blocking_key if self.feed is not None else None
+        return [*keys, feed_key] if feed_key else keys
+
+    def listen(self) -> None:
+        """Block in Redis (in a task) on the signal lists the policy names, unless a wait on them
+        already runs."""
+        keys = self._keys(self.state.leaving)
+        if self.running and (keys == self.listening or not keys):
+            return  # a wait no longer needed ends at its timeout; a token it takes meanwhile is handled or put back
+        if self.running:
+            self.cancel()  # a stage change: the old wait's keys are stale (costs a reconnect)
+        self.listening = keys
+        self.task = None
+        if keys:
+            self.task = asyncio.get_running_loop().create_task(self._wait_for_work(keys))
+
+    async def _wait_for_work(self, keys: list[str]) -> None:
+        """Block until a token or entry arrives, or until the heartbeat is due; then wake the loop
+        (one BLPOP per heartbeat period while nothing happens)."""
+        state, queue_keys = self.state, self.queues.keys
+        try:
+            # Just past the beat: a wait that ended a moment before it would find nothing due and
+            # wait again.
+            timeout = max(0.0, self.clock.beat_due - time.monotonic()) + BEAT_MARGIN
+            reply = await self.queues.wait_signal(keys, timeout)
+        except REDIS_ERRORS as exc:
+            # Not woken: the loop's next step (at the beat, or after its back-off) waits again.
+            logger.debug(
+                "Waiting for work: Redis error (%s); the loop waits again at its next step", exc
+            )
+            self.clock.broken()  # the others may not reach Redis either: reap nobody until beats run again
+            return
+        if reply is not None:
+            key, value = reply
+            state.look_due = True
+            if key == queue_keys.wake:
+                state.busy_at = time.monotonic()  # the crawl has just ended: idle from now
+            elif self.feed is not None and key == self.feed.key:
+                state.fed.append(value)
+            else:
+                stage = next(s for s in self.policy.preference if queue_keys.signal(s) == key)
+                if state.current is not None and stage != state.current:
+                    with contextlib.suppress(*REDIS_ERRORS):
+                        await self.queues.signal(stage)  # not for us any more: the next worker's
+                else:
+                    state.signalled.add(stage)
+        state.wake()
+
+
+__all__ = ["BEAT_MARGIN", "SignalListener"]
