@@ -104,12 +104,17 @@ def script_commands(names: Iterable[str] | None = None) -> set[str]:
     for path in paths:
         if not path.name.endswith(".lua") or (wanted is not None and path.name[:-4] not in wanted):
             continue
-        for command, sub in CALL.findall(path.read_text(encoding="utf-8")):
-            command = command.upper()
-            found.add(
-                f"{command}|{sub}".lower() if command in SUBCOMMAND_OF and sub else command.lower()
-            )
+        found.update(
+            _acl_name(command, sub) for command, sub in CALL.findall(path.read_text("utf-8"))
+        )
     return found
+
+
+def _acl_name(command: str, sub: str) -> str:
+    """``('XINFO', 'GROUPS')`` -> ``xinfo|groups`` for a command ACLs split by subcommand, else the
+    command alone."""
+    command = command.upper()
+    return f"{command}|{sub}".lower() if command in SUBCOMMAND_OF and sub else command.lower()
 
 
 def version_tuple(version: str | Sequence[int] | None) -> tuple[int, int]:

@@ -379,14 +379,10 @@ def _users(client: RedisClient, target: Target, status: StageStatus) -> list[str
         if now_ms is not None
         else []
     )
-    used: list[str] = []
     held: dict[str, list[float]] = {}
     for grant in status.grants:
         held.setdefault(grant.holder, []).append(grant.lease_left)
-    for owner, lefts in sorted(held.items()):
-        left = min(lefts)
-        lease = f"lease left {left:.0f}s" if left >= 0 else "lease expired, not reaped yet"
-        used.append(f"{len(lefts)} slot(s) held by {_describe(status, owner)} ({lease})")
+    used = [_holding(status, owner, lefts) for owner, lefts in sorted(held.items())]
     for owner, score in seen:
         name = str(owner)
         ago = (now_ms - score) / 1000 if now_ms is not None else 0.0
@@ -394,6 +390,13 @@ def _users(client: RedisClient, target: Target, status: StageStatus) -> list[str
             continue
         used.append(f"registered {_describe(status, name)}, seen {ago:.1f}s ago")
     return used
+
+
+def _holding(status: StageStatus, owner: str, lefts: list[float]) -> str:
+    """``2 slot(s) held by vm pid 7 (lease left 12s)``: what one owner holds, for ``forget``."""
+    left = min(lefts)
+    lease = f"lease left {left:.0f}s" if left >= 0 else "lease expired, not reaped yet"
+    return f"{len(lefts)} slot(s) held by {_describe(status, owner)} ({lease})"
 
 
 def cmd_forget(opts: argparse.Namespace, target: Target, io: Streams) -> int:

@@ -124,16 +124,8 @@ class WorkerLoop:
         return not state.closing
 
     async def _run(self) -> None:
-        state, heartbeat = self.state, self.heartbeat
-        now = time.monotonic()
-        if now >= heartbeat.clock.beat_due:
-            state.look_due = True  # at each heartbeat (a token lost on the way is found so)
-            await self._beat_and_reap()
-        elif now >= heartbeat.clock.pulse_due and heartbeat.working():
-            await heartbeat.pulse()
-        if state.quiet_since is not None and self.idle_close is not None:
-            # still quiet? then close
-            state.look_due |= now >= state.quiet_since + self.idle_close
+        state = self.state
+        await self._beat_if_due(time.monotonic())
         await self.slot.check_lost()
         await self.slot.check_limit()
         self.inflight.ack_finished()
@@ -144,6 +136,19 @@ class WorkerLoop:
         if state.current is None and state.look_due and not state.closing:
             await self._look()
         self.listener.listen()
+
+    async def _beat_if_due(self, now: float) -> None:
+        """The heartbeat (then look at the queues: a token lost on the way is found so), else a
+        pulse of a worker with work; and the idle-close deadline, which makes the step look again."""
+        state, heartbeat = self.state, self.heartbeat
+        if now >= heartbeat.clock.beat_due:
+            state.look_due = True
+            await self._beat_and_reap()
+        elif now >= heartbeat.clock.pulse_due and heartbeat.working():
+            await heartbeat.pulse()
+        if state.quiet_since is not None and self.idle_close is not None:
+            # still quiet? then close
+            state.look_due |= now >= state.quiet_since + self.idle_close
 
     async def _beat_and_reap(self) -> None:
         dead = await self.heartbeat.beat(self.state.current)

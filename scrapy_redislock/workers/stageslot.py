@@ -108,14 +108,8 @@ class StageSlot:
         this worker's slot is one of the newest (policy.keeps_slot). One XPENDING each time the
         limit a renewal reported changes (and once after taking the stage); nothing otherwise."""
         state = self.state
-        stage, permit = state.current, state.permit
-        if stage is None or permit is None or state.leaving or permit.lost:
-            return
-        seen = self.locks.limits_seen.get(stage)
-        if seen is None or seen[1] < state.taken_at:
-            return  # not reported since the stage was taken: the grant was made under the limit of then
-        limit = seen[0]
-        if state.limit_checked == (limit, permit.grant):
+        stage, permit, limit = state.current, state.permit, self._limit_to_check()
+        if stage is None or permit is None or limit is None:
             return
         oldest = await self.locks.oldest_grants(stage, limit)
         state.limit_checked = (limit, permit.grant)
@@ -125,6 +119,21 @@ class StageSlot:
             and state.permit is permit
         ):
             await self._start_leaving(stage, limit)
+
+    def _limit_to_check(self) -> int | None:
+        """The stage's limit as a renewal last reported it, if this slot was not checked against it
+        yet; None: nothing to check (no capped stage held, leaving already, the lease lost, or not
+        reported since the stage was taken: the grant was made under the limit of then)."""
+        state = self.state
+        stage, permit = state.current, state.permit
+        if stage is None or permit is None or state.leaving or permit.lost:
+            return None
+        seen = self.locks.limits_seen.get(stage)
+        if seen is None or seen[1] < state.taken_at:
+            return None
+        if state.limit_checked == (seen[0], permit.grant):
+            return None
+        return seen[0]
 
     async def _start_leaving(self, stage: str, limit: int) -> None:
         """Over the limit: give back what was taken ahead (to the front of the queue), take nothing
