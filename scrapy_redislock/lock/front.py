@@ -126,8 +126,9 @@ def _get_connection(pool: Any) -> Any:
 
 
 class CommandRunner:
-    """Carries lock commands to one redis-py client: the one executor of :func:`drive` and
-    :func:`adrive`.
+    """Carries lock commands to one redis-py client: the one executor of
+    :func:`~scrapy_redislock.lock.protocol.drive` and
+    :func:`~scrapy_redislock.lock.protocol.adrive`.
 
     Called with a command, it starts the redis-py call and returns its result (blocking client) or
     an awaitable (asyncio client). Scripts are registered on first use (EVALSHA, falling back to

@@ -1,10 +1,12 @@
 """One interface for the four lock classes: what code above the lock layer may rely on.
 
-:class:`CountingLock` and :class:`QuorumCountingLock` are :class:`BlockingLock`\\ s,
-:class:`AsyncCountingLock` and :class:`AsyncQuorumCountingLock` are :class:`AsyncLock`\\ s; their
-permits are :class:`LockPermit`\\ s. mypy checks the four classes against these protocols (see
-the end of :mod:`scrapy_redislock.lock`), and ``tests/lock/test_interface.py`` compares their
-signatures at run time, so a method added to one lock and not the others fails the build.
+:class:`~scrapy_redislock.lock.sync.CountingLock` and
+:class:`~scrapy_redislock.lock.quorum.QuorumCountingLock` are :class:`BlockingLock`\\ s,
+:class:`~scrapy_redislock.lock.aio.AsyncCountingLock` and
+:class:`~scrapy_redislock.lock.quorum.AsyncQuorumCountingLock` are :class:`AsyncLock`\\ s; their
+permits are :class:`LockPermit`\\ s. mypy checks the four classes against these protocols (see the
+end of :mod:`scrapy_redislock.lock`), and ``tests/lock/test_interface.py`` compares their signatures
+at run time, so a method added to one lock and not the others fails the build.
 """
 
 from __future__ import annotations

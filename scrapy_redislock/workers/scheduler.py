@@ -63,9 +63,10 @@ and Scrapy's ``dupefilter/filtered``.
 
 A duplicate is dropped as Scrapy's and scrapy-redis's schedulers drop one: ``enqueue_request``
 returns False (the engine sends ``request_dropped``) for a request whose fingerprint this worker
-already sent to the shared dupefilter (the last :data:`KNOWN_FINGERPRINTS` of them are kept in
-memory); one that only the shared dupefilter knows (another worker queued it) is found when the
-batch reaches Redis, and the scheduler sends ``request_dropped`` itself then.
+already sent to the shared dupefilter (the last
+:data:`~scrapy_redislock.workers.outbox.KNOWN_FINGERPRINTS` of them are kept in memory); one that
+only the shared dupefilter knows (another worker queued it) is found when the batch reaches Redis,
+and the scheduler sends ``request_dropped`` itself then.
 
 Redis going away is not an error: an outage or failover is one WARNING per outage and one INFO when
 Redis answers again, every call retried with back-off. Redis coming back *empty* is: the queues'

@@ -4,10 +4,11 @@ counting lock).
 Each master keeps an ordinary counting lock (a :class:`~scrapy_redislock.lock.sync.CountingLock` or
 :class:`~scrapy_redislock.lock.aio.AsyncCountingLock` per master, their Lua scripts unchanged); a
 quorum permit is a grant on at least ``q`` of them, obtained within the validity time. No new Lua:
-:class:`QuorumCore` is a sans-IO generator, like ``LockCore``, that yields :class:`Fanout` (one lock
-operation per master), :class:`LeadWait` and
-:class:`Pause`; :class:`QuorumCountingLock` runs a fanout's operations one master after the other,
-:class:`AsyncQuorumCountingLock` all at once.
+:class:`QuorumCore` is a sans-IO generator, like ``LockCore``, that yields
+:class:`~scrapy_redislock.lock.quorum.core.Fanout` (one lock operation per master),
+:class:`~scrapy_redislock.lock.quorum.core.LeadWait` and
+:class:`~scrapy_redislock.lock.quorum.core.Pause`; :class:`QuorumCountingLock` runs a fanout's
+operations one master after the other, :class:`AsyncQuorumCountingLock` all at once.
 
 Why not a majority: each master admits ``limit`` (L) holders and each holder needs q masters, so up
 to floor(N*L/q) holders fit at once. The safe quorum is the smallest q with q > N*L/(L+1)

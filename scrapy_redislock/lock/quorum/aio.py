@@ -195,7 +195,7 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
 
     async def set_limit(self, limit: int) -> int | None:
         """Write this object's limit to every master at once (the newest process's settings win):
-        the previous limit of the first master that had one; :class:`QuorumNotReached` (naming
+        the previous limit of the first master that had one; :class:`~scrapy_redislock.errors.QuorumNotReached` (naming
         the masters that failed) when fewer than q took it. Only the limit the object was made
         with: its quorum was computed from it (another limit needs a new object). A master missing
         then gets the lock with this limit when it is first used.
@@ -203,7 +203,7 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
         Never creates free slots on a master that lost the lock while another has it: until this
         object has seen the lock, it first asks every master whether it has it (one EXISTS each),
         and a master without it gets it with every slot reserved for one lease (see
-        :meth:`QuorumCore.set_limit`)."""
+        :meth:`~scrapy_redislock.lock.quorum.core.QuorumCore.set_limit`)."""
         self._check_limit(limit)
         previous: int | None = await self._run(self._core.set_limit(limit))
         return previous

@@ -36,10 +36,11 @@ T = TypeVar("T")
 
 class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock]):
     """A counting lock held on a safe quorum of N independent ``redis.Redis`` masters, for blocking
-    code.
+        code.
 
-    Masters are asked one after the other; give the clients a socket timeout well below ``ttl`` and
-    no retries (:class:`QuorumLockFactory` does), or a hung or dead master eats the validity time.
+    Masters are asked one after the other; give the clients a socket timeout well below ``ttl`` and no
+        retries (:class:`~scrapy_redislock.lock.quorum.QuorumLockFactory` does), or a hung or dead
+        master eats the validity time.
     """
 
     client_types = (redis.Redis,)
@@ -185,7 +186,7 @@ class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock])
 
     def set_limit(self, limit: int) -> int | None:
         """Write this object's limit to every master (see
-        :meth:`AsyncQuorumCountingLock.set_limit`); returns the previous limit."""
+        :meth:`~scrapy_redislock.lock.quorum.AsyncQuorumCountingLock.set_limit`); returns the previous limit."""
         self._check_limit(limit)
         return self._run(self._core.set_limit(limit))
 
