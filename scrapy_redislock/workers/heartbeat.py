@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
 
@@ -48,6 +48,7 @@ class Heartbeat:
         requeue: Callable[[Request], bool],
     ) -> None:
         self.crawler = crawler
+        self.stats: Any = crawler.stats
         self.queues = queues
         self.state = state
         self.inflight = inflight
@@ -89,7 +90,7 @@ class Heartbeat:
         # dropped here; the ones already in the engine (downloads, at most CONCURRENT_REQUESTS, and
         # responses waiting for their callback) get fetched twice.
         dropped = len(self.inflight.drop_ahead())
-        self._stats_inc("redislock/workers/presumed_dead")
+        self.stats.inc_value("redislock/workers/presumed_dead")
         logger.warning(
             "Worker %s was silent for the TTL and taken for dead: dropped %d requests taken ahead "
             "(the others have them), %d in progress here may get fetched twice",
@@ -110,7 +111,7 @@ class Heartbeat:
         Those requests go back to the front of their queues, for whichever worker comes first."""
         moved = await self.queues.reclaim(known)
         if moved:
-            self._stats_inc("redislock/workers/reclaimed", moved)
+            self.stats.inc_value("redislock/workers/reclaimed", moved)
             logger.warning(
                 "Worker %s put %d requests back in their queues: popped by a call whose reply was "
                 "lost",
@@ -132,7 +133,7 @@ class Heartbeat:
                 worker,
                 moved,
             )
-            self._stats_inc("redislock/workers/requeued", moved)
+            self.stats.inc_value("redislock/workers/requeued", moved)
 
     def knows_of_work(self) -> bool:
         """Whether this worker knew of queued or in-flight work: its own (popped, in progress, taken
@@ -181,7 +182,7 @@ class Heartbeat:
             )
             return True
         self.lost = True
-        self._stats_inc("redislock/workers/queue_lost")
+        self.stats.inc_value("redislock/workers/queue_lost")
         logger.error(
             "Worker %s: Redis lost the worker queues of spider %r (restarted without persistence, "
             "flushed, or a replica without them promoted): every request queued in any stage (%d "
@@ -197,11 +198,6 @@ class Heartbeat:
             len(self.inflight.handed),
         )
         return True
-
-    def _stats_inc(self, key: str, count: int = 1) -> None:
-        stats = self.crawler.stats
-        assert stats is not None
-        stats.inc_value(key, count)
 
 
 __all__ = ["Heartbeat"]

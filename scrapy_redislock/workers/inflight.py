@@ -56,6 +56,7 @@ class InFlight:
         order: str,
     ) -> None:
         self.crawler = crawler
+        self.stats: Any = crawler.stats
         self.queues = queues
         self.state = state
         self.outbox = outbox
@@ -166,9 +167,7 @@ class InFlight:
         if unloadable:
             moved = await self.queues.bury(unloadable)
             self.own -= moved
-            stats = self.crawler.stats
-            assert stats is not None
-            stats.inc_value("redislock/workers/dead_letters", moved)
+            self.stats.inc_value("redislock/workers/dead_letters", moved)
         return len(popped)
 
     def _dead_letter_note(self, stage: str, data: bytes, exc: Exception, scored: bool) -> str:

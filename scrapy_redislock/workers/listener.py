@@ -50,11 +50,13 @@ class SignalListener:
         if self.task is not None:
             self.task.cancel()
 
-    def _keys(self, leaving: bool) -> list[str]:
+    def _keys(self) -> list[str]:
         state = self.state
         if state.closing:
             return []
-        stages = self.policy.listens_to(state.current, state.empty, state.full, leaving=leaving)
+        stages = self.policy.listens_to(
+            state.current, state.empty, state.full, leaving=state.leaving
+        )
         if not stages:
             return []
         keys = [self.queues.keys.signal(stage) for stage in stages] + [self.queues.keys.wake]
@@ -64,7 +66,7 @@ class SignalListener:
     def listen(self) -> None:
         """Block in Redis (in a task) on the signal lists the policy names, unless a wait on them
         already runs."""
-        keys = self._keys(self.state.leaving)
+        keys = self._keys()
         if self.running and (keys == self.listening or not keys):
             return  # a wait no longer needed ends at its timeout; a token it takes meanwhile is handled or put back
         if self.running:

@@ -58,6 +58,7 @@ class WorkerLoop:
         outage: OutageLog,
     ) -> None:
         self.crawler = crawler
+        self.stats: Any = crawler.stats
         self.settings = settings
         self.policy = policy
         self.queues = queues
@@ -68,10 +69,6 @@ class WorkerLoop:
             0.0  # after a failed step: the next try (its own back-off, logged once per outage)
         )
         self.retry_backoff = Backoff()
-
-    @property
-    def stats(self) -> Any:
-        return self.crawler.stats
 
     def may_close(self) -> bool:
         """No work anywhere in the cluster for REDISLOCK_IDLE_CLOSE seconds."""

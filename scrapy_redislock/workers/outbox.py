@@ -55,6 +55,7 @@ class Outbox:
         on_queued: Callable[[str], None],
     ) -> None:
         self.crawler = crawler
+        self.stats: Any = crawler.stats
         self.queues = queues
         self.outage = outage
         self.on_queued = on_queued  # a request reached its stage's queue (the stage)
@@ -108,10 +109,8 @@ class Outbox:
     def filtered(self, request: Request, stage: str | None) -> None:
         """A duplicate: counted and logged as Scrapy's dupefilter does (``df.log``: the first one at
         DEBUG, every one with DUPEFILTER_DEBUG), and in the stage's ``duplicates``."""
-        stats = self.crawler.stats
-        assert stats is not None
-        stats.inc_value("dupefilter/filtered")
-        stats.inc_value(
+        self.stats.inc_value("dupefilter/filtered")
+        self.stats.inc_value(
             f"redislock/workers/{stage if stage is not None else 'no_stage'}/duplicates"
         )
         if self.dupefilter_debug:
@@ -150,8 +149,6 @@ class Outbox:
             self.flusher = None
 
     async def _push(self, batch: list[Entry]) -> None:
-        stats = self.crawler.stats
-        assert stats is not None
         entries = [
             (stage, fingerprint, data, priority) for stage, fingerprint, data, priority, _ in batch
         ]
@@ -161,7 +158,7 @@ class Outbox:
             )
         # not an outage: Redis refused them (e.g. out of memory)
         except redis.exceptions.RedisError as exc:
-            stats.inc_value("redislock/workers/unqueueable", len(batch))
+            self.stats.inc_value("redislock/workers/unqueueable", len(batch))
             logger.error("Dropped %d requests: Redis refused to queue them (%s)", len(batch), exc)
             # Redis may not have them: not known duplicates here
             for _, fingerprint, *_ in batch:
@@ -171,7 +168,7 @@ class Outbox:
             if not new:
                 self._dropped(request, stage)
                 continue
-            stats.inc_value(f"redislock/workers/{stage}/enqueued")
+            self.stats.inc_value(f"redislock/workers/{stage}/enqueued")
             self.on_queued(stage)
 
     async def _keep_local(self, request: Request, fingerprint: str) -> None:

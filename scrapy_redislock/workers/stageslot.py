@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from scrapy_redislock.workers.policy import keeps_slot
 
@@ -41,7 +41,7 @@ class StageSlot:
         inflight: InFlight,
         heartbeat: Heartbeat,
     ) -> None:
-        self.crawler = crawler
+        self.stats: Any = crawler.stats
         self.locks = locks
         self.state = state
         self.inflight = inflight
@@ -63,7 +63,7 @@ class StageSlot:
                 await self.locks.release(state.permit)
         previous = state.took(stage, permit)
         await self.heartbeat.beat(stage)
-        self._stats_inc(f"redislock/workers/{stage}/taken")
+        self.stats.inc_value(f"redislock/workers/{stage}/taken")
         logger.info(
             "Worker %s works on stage %r%s",
             self.worker,
@@ -140,7 +140,7 @@ class StageSlot:
         new; the slot is freed once what is in progress here has finished (:meth:`finish_leaving`)."""
         self.state.leaving = True
         returned = await self.inflight.give_back_ahead()
-        self._stats_inc(f"redislock/workers/{stage}/yielded")
+        self.stats.inc_value(f"redislock/workers/{stage}/yielded")
         logger.info(
             "Worker %s leaves stage %r: its limit is %d now and this slot is one of the newest; "
             "gave %d unstarted requests back, %d in progress finish first",
@@ -184,11 +184,6 @@ class StageSlot:
         state.permit, state.current = None, None
         state.look_due = True
         await self.heartbeat.beat(None)
-
-    def _stats_inc(self, key: str) -> None:
-        stats = self.crawler.stats
-        assert stats is not None
-        stats.inc_value(key)
 
 
 __all__ = ["StageSlot"]

@@ -8,14 +8,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-import redis
 import redis.asyncio
-import redis.exceptions
 
 from scrapy_redislock._loop import every, stop
-from scrapy_redislock.errors import (
-    LockLost,
-)
+from scrapy_redislock.errors import LockLost
 from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.core import Permit
 from scrapy_redislock.lock.front import TaskContext

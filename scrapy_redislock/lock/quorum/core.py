@@ -11,8 +11,6 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import redis
-import redis.asyncio
 import redis.exceptions
 
 from scrapy_redislock._redis import Backoff, check_timeout

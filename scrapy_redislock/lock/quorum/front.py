@@ -8,9 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from scrapy_redislock._redis import check_limit
-from scrapy_redislock.errors import (
-    InvalidArgument,
-)
+from scrapy_redislock.errors import InvalidArgument
 from scrapy_redislock.lock.core import Clock, LockKeys
 from scrapy_redislock.lock.front import LockFront
 from scrapy_redislock.lock.quorum.core import (

@@ -10,12 +10,8 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import redis
-import redis.asyncio
-import redis.exceptions
 
-from scrapy_redislock.errors import (
-    LockLost,
-)
+from scrapy_redislock.errors import LockLost
 from scrapy_redislock.lock.core import Permit
 from scrapy_redislock.lock.front import ThreadContext
 from scrapy_redislock.lock.protocol import Operation, drive
