@@ -70,7 +70,8 @@ import scrapy_redis
 
 from example_project.run import seed
 from scrapy_redislock._redis import load_scripts
-from scrapy_redislock.lock.core import GROUP, LockKeys, lock_scripts
+from scrapy_redislock.lock.core import lock_scripts
+from scrapy_redislock.lock.permit import GROUP, LockKeys
 from scrapy_redislock.workers.queue import QUEUE_SCRIPTS, QueueKeys
 from testing.crawlproc import settings_args
 from testing.monitor import Monitor, commands

@@ -27,7 +27,7 @@ from typing import Any
 
 import redis
 
-from scrapy_redislock.lock.core import GROUP, LockKeys
+from scrapy_redislock.lock.permit import GROUP, LockKeys
 from scrapy_redislock.workers.queue import QueueKeys
 from testing.crawlproc import settings_args
 from testing.redis_server import RedisServer

@@ -25,7 +25,7 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.test import get_crawler
 
 from scrapy_redislock.crawl.stagelocks import StageLocks
-from scrapy_redislock.lock.core import LockKeys
+from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.requests.middleware import StageLockMiddleware
 from scrapy_redislock.requests.scheduler import StageScheduler
 from testing.lockstate import pending_grants

@@ -9,8 +9,9 @@ from typing import Any
 
 import redis
 
-from scrapy_redislock.lock.core import GROUP, LockKeys, release_consumer
+from scrapy_redislock.lock.core import release_consumer
 from scrapy_redislock.lock.front import CommandRunner
+from scrapy_redislock.lock.permit import GROUP, LockKeys
 from scrapy_redislock.lock.protocol import drive
 
 # A hand-off "at once" reaches the waiter within this many seconds: no polling interval (the lock's

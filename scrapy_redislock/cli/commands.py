@@ -22,7 +22,8 @@ from scrapy_redislock.cli.render import Streams, render_dead_letters, render_key
 from scrapy_redislock.cli.status import read_all, snapshot, split_keys
 from scrapy_redislock.cli.target import EXIT_OK, EXIT_USAGE, CliError, Target, run_operation
 from scrapy_redislock.errors import InvalidArgument
-from scrapy_redislock.lock.core import LockCore, LockKeys, release_consumer, reset_lock
+from scrapy_redislock.lock.core import LockCore, release_consumer, reset_lock
+from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.status import StageStatus, find_stages, stage_status
 from scrapy_redislock.workers.queue import QueueKeys, requeue_now
 from scrapy_redislock.workers.status import (

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from scrapy_redislock.cli.target import Target
-from scrapy_redislock.lock.core import LIMBO
+from scrapy_redislock.lock.permit import LIMBO
 from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, Grant, Process, StageStatus, why_waiting
 from scrapy_redislock.workers.status import DeadLetters, SpiderStatus
 

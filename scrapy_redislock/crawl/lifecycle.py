@@ -10,6 +10,9 @@ skip opening its scraper and log a traceback at close), and the crawl exits with
 Shut-down: a started StageLocks joins the process's renewal loop and, under a Twisted reactor, a
 "before shutdown" trigger, so that an unclean shutdown (a second Ctrl-C) frees its slots before the
 process exits (without a reactor, the renewal loop being cancelled does the same).
+:meth:`Lifecycle.close` cancels the waits in progress, then frees every permit and waiter of this
+process, one ``aclose()`` per lock, and then any grant Redis handed a cancelled wait late; no step
+waits on Redis for longer than CLOSE_TIMEOUT.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import redis.exceptions
@@ -27,13 +30,19 @@ from scrapy.exceptions import CloseSpider
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.reactor import is_reactor_installed
 
-from scrapy_redislock._redis import Backoff
+from scrapy_redislock._redis import AsyncRedisClient, Backoff
 from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REDIS_ERRORS, REFUSED
-from scrapy_redislock.crawl.renewer import Renewer
+from scrapy_redislock.crawl.renewer import Renewer, gather_bounded
+from scrapy_redislock.lock.core import release_consumer
+from scrapy_redislock.lock.front import CommandRunner
+from scrapy_redislock.lock.interface import AsyncLock
+from scrapy_redislock.lock.protocol import adrive
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
+    from scrapy_redislock.crawl.deployment import Deployment
+    from scrapy_redislock.crawl.requestslots import RequestSlots
     from scrapy_redislock.crawl.settings import RedisLockSettings
 
 
@@ -44,6 +53,16 @@ class Locks(Protocol):
     settings: RedisLockSettings
     stats_prefix: str
     closed: bool
+    retire_on_close: bool
+    fan_out: int | None
+    deployment: Deployment
+    slots: RequestSlots
+
+    @property
+    def locks(self) -> Mapping[str, AsyncLock[Any]]: ...
+
+    @property
+    def clients(self) -> Sequence[AsyncRedisClient]: ...
 
     @property
     def stats(self) -> Any: ...
@@ -57,10 +76,18 @@ class Locks(Protocol):
 
     async def close_unclean(self) -> None: ...
 
+    async def close(self) -> None: ...
+
 
 logger = logging.getLogger(__name__)
 
 START_BACKOFF = (0.25, 5.0)  # first and longest pause between tries to reach Redis at start
+# a close never waits longer than this for Redis (a paused server must not hang the crawl)
+CLOSE_TIMEOUT = 5.0
+# seconds for Redis to see cancelled waits' connections close before the last sweep
+LATE_GRANT_PAUSE = 0.02
+# a forced shutdown waits at most this long for Redis to take the slots back
+UNCLEAN_CLOSE_TIMEOUT = 3.0
 
 
 class SystemEvents(Protocol):
@@ -81,7 +108,7 @@ class SystemEvents(Protocol):
 
 
 class Lifecycle:
-    """Start once, join and leave the renewal loop, and the reactor's shutdown trigger."""
+    """Start once, join and leave the renewal loop and the reactor's shutdown trigger, close."""
 
     def __init__(self, locks: Locks) -> None:
         self.locks = locks
@@ -90,6 +117,8 @@ class Lifecycle:
         self._starting: asyncio.Future[None] | None = None
         self._renewer: Renewer | None = None
         self._shutdown_trigger: Any = None
+        # acquire() calls in progress, cancelled on close
+        self.waits: set[asyncio.Task[Any]] = set()
         locks.crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
 
     async def start_once(self) -> bool:
@@ -221,6 +250,79 @@ class Lifecycle:
         if self.locks.closed:
             return None
         return deferred_from_coro(self.locks.close_unclean())
+
+    # -- close -------------------------------------------------------------------------------------
+
+    async def close_unclean(self) -> None:
+        """The process is going away without closing the spider (a second Ctrl-C): free its slots
+        now."""
+        if self.locks.closed:
+            return
+        logger.warning(
+            "Forced shutdown: freeing this process's stage slots in Redis before exiting"
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.locks.close(), UNCLEAN_CLOSE_TIMEOUT)
+
+    async def close(self) -> None:
+        """Cancel every wait, then free every permit and waiter of this process: one aclose() per
+        stage."""
+        if self.locks.closed:
+            return
+        self.locks.closed = True
+        # every slot of this process is freed below, one call per lock
+        self.locks.slots.ledger.clear()
+        self.leave_renewal()
+        waits = [task for task in self.waits if task is not asyncio.current_task()]
+        for task in waits:
+            task.cancel()
+        pending = set(waits) | set(self.locks.slots.releasing)
+        if pending:
+            await asyncio.wait(pending, timeout=CLOSE_TIMEOUT)
+
+        async def free(stage: str, lock: AsyncLock[Any]) -> None:
+            closing = lock.aclose(retire=self.locks.retire_on_close)
+            try:
+                await asyncio.wait_for(closing, CLOSE_TIMEOUT)
+            except (TimeoutError, *REDIS_ERRORS) as exc:
+                logger.warning(
+                    "Could not free the slots of stage %r on close (%s); they come back after the "
+                    "TTL (%s s)",
+                    stage,
+                    exc or "timeout",
+                    lock.ttl,
+                )
+
+        if self.started:  # else nothing was ever acquired (Redis unreachable at start)
+            await gather_bounded(
+                [free(s, lock) for s, lock in self.locks.locks.items()], self.locks.fan_out
+            )
+            with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
+                await asyncio.wait_for(self._free_late_grants(), CLOSE_TIMEOUT)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.locks.deployment.aclose(), CLOSE_TIMEOUT)
+
+    async def _free_late_grants(self) -> None:
+        """Free a grant Redis handed to a cancelled wait after aclose() (it may see the wait's
+        connection close only after serving it a slot freed by aclose() itself); without this it
+        would wait for the TTL. On every master of a quorum (one owner name on all)."""
+        if not self.locks.locks:
+            return
+        await asyncio.sleep(LATE_GRANT_PAUSE)
+
+        async def on(client: AsyncRedisClient) -> None:
+            runner = CommandRunner(client)
+            for lock in self.locks.locks.values():
+                freed = await adrive(release_consumer(lock.keys, lock.owner), runner, lock.name)
+                if freed:
+                    logger.debug("Freed %d late grant(s) of %r on close", freed, lock.name)
+
+        results = await asyncio.gather(
+            *(on(client) for client in self.locks.clients), return_exceptions=True
+        )
+        errors = [result for result in results if isinstance(result, BaseException)]
+        if len(errors) == len(results):
+            raise errors[0]
 
 
 __all__ = ["Lifecycle", "SystemEvents"]

@@ -1,8 +1,8 @@
 """One crawler's stage locks: an AsyncCountingLock per capped stage (an AsyncQuorumCountingLock when
 REDISLOCK_URL lists independent masters), acquire and release, the permit hand-off, renewal, and
-release of everything on close. Composed of the permit ledger (:mod:`.ledger`: which request holds
-which slot), start-up and shut-down (:mod:`.lifecycle`), why requests wait (:mod:`.waitreports`),
-and the process's one renewal loop (:mod:`.renewer`).
+release of everything on close. Composed of the slots that go with requests (:mod:`.requestslots`,
+over the pure permit ledger of :mod:`.ledger`), start-up and shut-down (:mod:`.lifecycle`), why
+requests wait (:mod:`.waitreports`), and the process's one renewal loop (:mod:`.renewer`).
 
 Shared by :class:`~scrapy_redislock.StageLockMiddleware`, :class:`~scrapy_redislock.StageScheduler`
 and the worker scheduler. API (all on the reactor thread, asyncio reactor)::
@@ -19,24 +19,24 @@ and the worker scheduler. API (all on the reactor thread, asyncio reactor)::
     locks.is_capped(stage)         # True / False (None = unlimited); UnknownStage naming the known stages
     permit = await locks.acquire(stage, timeout)   # FIFO across processes; Redis errors are retried with back-off
     locks.record_grant(stage, waited)              # stats: acquired, wait_time_total, wait_time_max
-    await locks.release(permit)    # never raises; a release Redis did not take is retried at every renewal tick
-    locks.release_soon(permit)     # the same from plain code, in a tracked task
-    locks.hand(request, permit_or_error)           # StageScheduler: the request leaves with this slot (or error)
-    locks.take(request)            # StageLockMiddleware: what came with it (an error only once), or None (also
+    await locks.slots.release(permit)    # never raises; a release Redis did not take is retried at every renewal tick
+    locks.slots.release_soon(permit)     # the same from plain code, in a tracked task
+    locks.slots.hand(request, permit_or_error)     # StageScheduler: the request leaves with this slot (or error)
+    locks.slots.take(request)      # StageLockMiddleware: what came with it (an error only once), or None (also
                                    # when its slot is no longer usable: dropped, see below)
-    locks.usable(permit)           # may this slot go with a request now (counted and logged when not)
-    locks.hold(request, permit)    # StageLockMiddleware: a slot it waited for itself
-    locks.holding()                # the requests that hold a slot now (StageScheduler counts their keys)
-    locks.finish(request)          # the request is done with its slot: passed on locally (see below) or released
-    locks.add_taker(fn)            # fn(stage, permit) -> True when it takes a freed slot for a parked request
+    locks.slots.usable(permit)     # may this slot go with a request now (counted and logged when not)
+    locks.slots.hold(request, permit)    # StageLockMiddleware: a slot it waited for itself
+    locks.slots.holding()          # the requests that hold a slot now (StageScheduler counts their keys)
+    locks.slots.finish(request)    # the request is done with its slot: passed on locally (see below) or released
+    locks.slots.add_taker(fn)      # fn(stage, permit) -> True when it takes a freed slot for a parked request
     locks.add_waiting_source(fn)   # fn(stage) -> requests waiting for that stage (shown by the status CLI)
     locks.add_tick_hook(coro_fn)   # awaited at every renewal tick (leak sweeps)
     await locks.reports.stalled(stage, window)     # at close: why to give up waiting for the stage, or ""
     await locks.close()            # cancel waits, then free every permit and waiter: one aclose() per stage
 
 The permit hand-off: a slot goes with its request object (never in ``meta``, which retries and
-redirects copy) from the scheduler (:meth:`hand`) or the middleware's own wait (:meth:`hold`) until
-:meth:`finish`. The one sweep of requests that left the downloader without passing back through the
+redirects copy) from the scheduler (``slots.hand``) or the middleware's own wait (``slots.hold``) until
+``slots.finish``. The one sweep of requests that left the downloader without passing back through the
 middleware (another middleware replaced or dropped them) runs at every renewal tick: a request
 missing from ``downloader.active`` at two ticks in a row has its slot freed.
 
@@ -52,7 +52,7 @@ unreachable (a held slot may then still pass on within that bound; nothing new i
 as ``<stats_prefix>/<stage>/reused``.
 
 A slot found lost, or past the end of its lease on this process's clock (``permit.usable``: renewals
-failed for a lease, a stall, a partition), never goes with a request: :meth:`take`, the local
+failed for a lease, a stall, a partition), never goes with a request: ``slots.take``, the local
 hand-off and StageScheduler's hand-out drop it (released, in case Redis still holds it), and its
 request waits for another slot. A local check, no Redis command. Counted as
 ``<stats_prefix>/<stage>/unusable``.
@@ -92,57 +92,37 @@ internals is in :mod:`scrapy_redislock.crawl.engine`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from scrapy_redislock._loop import start_now
 from scrapy_redislock._redis import AsyncRedisClient, Backoff, text
 from scrapy_redislock.crawl.deployment import deployment_of
-from scrapy_redislock.crawl.engine import downloader_active
-from scrapy_redislock.crawl.ledger import PermitLedger
 from scrapy_redislock.crawl.lifecycle import Lifecycle
 from scrapy_redislock.crawl.reach import REDIS_ERRORS, first_answer, no_quorum
 from scrapy_redislock.crawl.renewer import gather_bounded
+from scrapy_redislock.crawl.requestslots import RequestSlots, SlotPermit
 from scrapy_redislock.crawl.waitreports import WaitReports
 from scrapy_redislock.errors import AcquireTimeout, QuorumNotReached, UnknownStage
-from scrapy_redislock.lock.core import LockKeys, Permit, release_consumer
-from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.interface import AsyncLock
-from scrapy_redislock.lock.protocol import adrive
-from scrapy_redislock.lock.quorum import QuorumPermit
+from scrapy_redislock.lock.permit import LockKeys
 
 if TYPE_CHECKING:
-    from scrapy import Request
     from scrapy.crawler import Crawler
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
 
 logger = logging.getLogger(__name__)
 
-# a close never waits longer than this for Redis (a paused server must not hang the crawl)
-CLOSE_TIMEOUT = 5.0
-# seconds for Redis to see cancelled waits' connections close before the last sweep
-LATE_GRANT_PAUSE = 0.02
-# a forced shutdown waits at most this long for Redis to take the slots back
-UNCLEAN_CLOSE_TIMEOUT = 3.0
-
 # What holds a stage's slots (one interface for one Redis and a quorum of masters), and what a slot
 # is: a Permit, or a QuorumPermit on a quorum.
 StageLock = AsyncLock[Any]
-SlotPermit = Permit | QuorumPermit
 
 
 def _hget_limit(client: AsyncRedisClient, meta: str) -> Awaitable[Any]:
     return client.hget(meta, "limit")
-
-
-def slot_id(permit: SlotPermit) -> str:
-    """How the log names a slot: its grant id (a quorum permit: its token, a grant per master)."""
-    return permit.grant if isinstance(permit, Permit) else permit.token
 
 
 # -- one crawler's stage locks ---------------------------------------------------------------------
@@ -174,7 +154,6 @@ class StageLocks:
         # one Redis, or a quorum of masters: the clients (one, or one per master) and the locks
         self.deployment = deployment_of(settings)
         self.clients = self.deployment.clients
-        self.client: AsyncRedisClient = self.clients[0]
         self.spider_name = getattr(crawler.spidercls, "name", None)
         self.locks: dict[str, StageLock] = {
             stage: self._make_lock(f"{lock_prefix}{stage}", limit)
@@ -183,18 +162,7 @@ class StageLocks:
         }
         self._stage_by_lock = {lock.name: stage for stage, lock in self.locks.items()}
         self._waiting_sources: list[Callable[[str], int]] = []
-        self._takers: list[Callable[[str, SlotPermit], bool]] = []
-        self._hold_hooks: list[Callable[[Request], None]] = []
-        # request -> the slot it goes with (or its error)
-        self.ledger: PermitLedger[Request, SlotPermit] = PermitLedger(
-            min(settings.local_reuse, settings.ttl / 2)
-        )
         self._tick_hooks: list[Callable[[], Awaitable[None]]] = []
-        # acquire() calls in progress, cancelled on close
-        self._waits: set[asyncio.Task[Any]] = set()
-        self._releasing: set[asyncio.Task[None]] = set()
-        # releases Redis did not take (outage); retried every tick
-        self._unreleased: list[SlotPermit] = []
         self._retry_at = 0.0
         self._backoff = Backoff()  # after a failed tick
         self.reports = WaitReports(self)
@@ -202,6 +170,7 @@ class StageLocks:
         self._sent_waiting: dict[str, int] = {}
         self.closed = False
         self.lifecycle = Lifecycle(self)
+        self.slots = RequestSlots(self)
 
     def _make_lock(self, name: str, limit: int) -> StageLock:
         """A stage's lock: the single-Redis lock, or the quorum lock over the masters of
@@ -220,6 +189,11 @@ class StageLocks:
             existing = cls(crawler, settings, settings.stages)
             setattr(crawler, attr, existing)
         return existing
+
+    @property
+    def client(self) -> AsyncRedisClient:
+        """The one Redis (a quorum: the first master)."""
+        return self.clients[0]
 
     @property
     def stats(self) -> Any:
@@ -244,16 +218,6 @@ class StageLocks:
         """Register ``source(stage) -> int``: requests waiting for a slot of that stage, summed for
         the status CLI."""
         self._waiting_sources.append(source)
-
-    def add_taker(self, taker: Callable[[str, SlotPermit], bool]) -> None:
-        """Register ``taker(stage, permit) -> bool``: True when it keeps a freed slot for a queued
-        request."""
-        self._takers.append(taker)
-
-    def add_hold_hook(self, hook: Callable[[Request], None]) -> None:
-        """Register ``hook(request)``, called when a request that waited in the middleware got its
-        slot."""
-        self._hold_hooks.append(hook)
 
     def add_tick_hook(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Register a coroutine function awaited at every renewal tick, before the renewals."""
@@ -324,13 +288,7 @@ class StageLocks:
     async def close_unclean(self) -> None:
         """The process is going away without closing the spider (a second Ctrl-C): free its slots
         now."""
-        if self.closed:
-            return
-        logger.warning(
-            "Forced shutdown: freeing this process's stage slots in Redis before exiting"
-        )
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.close(), UNCLEAN_CLOSE_TIMEOUT)
+        await self.lifecycle.close_unclean()
 
     # -- acquire and release -----------------------------------------------------------------------
 
@@ -344,7 +302,7 @@ class StageLocks:
         lock = self.locks[stage]
         task = asyncio.current_task()
         if task is not None:
-            self._waits.add(task)
+            self.lifecycle.waits.add(task)
         self.reports.wait_began(task, stage)
         deadline = None if timeout is None else time.monotonic() + timeout
         backoff = Backoff()
@@ -378,7 +336,7 @@ class StageLocks:
         finally:
             self.reports.wait_ended(task)
             if task is not None:
-                self._waits.discard(task)
+                self.lifecycle.waits.discard(task)
 
     def record_grant(self, stage: str, waited: float) -> None:
         """Count one request that got a slot of ``stage`` after waiting ``waited`` seconds."""
@@ -386,139 +344,14 @@ class StageLocks:
         self.stats.inc_value(f"{self.stats_prefix}/{stage}/wait_time_total", waited)
         self.stats.max_value(f"{self.stats_prefix}/{stage}/wait_time_max", waited)
 
-    async def release(self, permit: SlotPermit) -> None:
-        """Give a slot back; a Redis error leaves it for the next tick to retry (it stays renewed
-        until then)."""
-        lock = self.lock_of(permit)
-        if lock is None or permit.lost:
-            return
-        try:
-            await lock.release(permit)
-        except REDIS_ERRORS as exc:
-            if self.closed:
-                return  # close() frees every grant of this process in one call anyway
-            logger.warning(
-                "Could not release a slot of %r (%s); retrying at the next renewal",
-                permit.name,
-                exc,
-            )
-            self._unreleased.append(permit)
-
-    def release_soon(self, permit: SlotPermit) -> None:
-        """release() in a task kept until done (so plain callbacks can release without awaiting);
-        the command is sent in this call where asyncio allows it (see
-        :func:`~scrapy_redislock._loop.start_now`)."""
-        task = start_now(self.release(permit))
-        self._releasing.add(task)
-        task.add_done_callback(self._releasing.discard)
-
     def lock_of(self, permit: SlotPermit) -> StageLock | None:
-        stage = self._stage_by_lock.get(permit.name)
+        stage = self.stage_of(permit)
         return None if stage is None else self.locks[stage]
 
-    # -- the permit hand-off: scheduler -> middleware -> next request ------------------------------
-
-    def hand(self, request: Request, outcome: SlotPermit | BaseException) -> None:
-        """StageScheduler lets ``request`` go with this slot (or fails it with this error at the
-        middleware)."""
-        self.ledger.hand(request, outcome)
-
-    def take(self, request: Request) -> SlotPermit | BaseException | None:
-        """What ``request`` came with from the scheduler: its slot (held until :meth:`finish`), an
-        error (given once), or None. A slot that is no longer usable is dropped and None returned:
-        the request must wait for another rather than start without a valid lease."""
-        outcome = self.ledger.peek(request)
-        if outcome is None:
-            return None
-        if isinstance(outcome, BaseException):
-            self.ledger.forget(request)
-        elif not self.usable(outcome):
-            self.ledger.forget(request)
-            self.release_soon(outcome)
-            return None
-        return outcome
-
-    def hold(self, request: Request, permit: SlotPermit) -> None:
-        """``request`` holds ``permit`` (it waited for it in the middleware) until
-        :meth:`finish`."""
-        self.ledger.hold(request, permit)
-        for hook in self._hold_hooks:
-            hook(request)
-
-    def has_slot(self, request: Request) -> bool:
-        """Whether ``request`` holds a slot now (handed one by the scheduler, or got one in the
-        middleware)."""
-        return self.ledger.has_slot(request)
-
-    def holding(self) -> list[Request]:
-        """The requests of this process that hold a slot now (handed out by the scheduler or waited
-        for in the middleware, and not finished): StageScheduler counts their keys
-        (REDISLOCK_STAGE_KEY) before a hand-out."""
-        return self.ledger.holding()
-
-    def finish(self, request: Request) -> None:
-        """``request`` is done with its slot (download over, answered, dropped); nothing when it has
-        none."""
-        permit = self.ledger.finish(request)
-        if permit is not None:
-            self.free(permit)
-
-    def free(self, permit: SlotPermit) -> None:
-        """Pass a slot on to a parked request of this process (see the module docstring), else
-        release it now."""
-        if not self._pass_on(permit):
-            self.release_soon(permit)
-
-    def usable(self, permit: SlotPermit) -> bool:
-        """Whether ``permit`` may go with a request now: held under a valid lease as far as this
-        process knows (``permit.usable`` on the lock's clock, monotonic). When not, it is counted
-        and logged; the caller drops it.
-
-        A local check: a slot waiting for a request (StageScheduler's ready queue, a finished
-        request's slot) may have been lost, or its lease may have run out while Redis was out of
-        reach, and another process may hold it by now."""
-        now = time.monotonic()
-        if permit.usable(now):
-            return True
-        stage = self._stage_by_lock.get(permit.name, permit.name)
-        self.stats.inc_value(f"{self.stats_prefix}/{stage}/unusable")
-        if permit.lost or permit.released:
-            logger.info("Slot %s of %r was lost: no request starts with it", slot_id(permit), stage)
-        else:
-            logger.warning(
-                "Slot %s of %r: its lease ran out %.1f s ago unrenewed (Redis out of reach, or a "
-                "stall); no request "
-                "starts with it",
-                slot_id(permit),
-                stage,
-                now - permit.valid_until,
-            )
-        return False
-
-    def _pass_on(self, permit: SlotPermit) -> bool:
-        stage = self._stage_by_lock.get(permit.name)
-        if stage is None or self.closed or not self._takers:
-            return False
-        if not self.ledger.young(permit, time.monotonic()):
-            # back to Redis's line, where other processes may wait (and never near the lease's end)
-            return False
-        if not self.usable(permit):
-            return False
-        for taker in self._takers:
-            if taker(stage, permit):
-                self.stats.inc_value(f"{self.stats_prefix}/{stage}/reused")
-                return True
-        return False
-
-    def sweep(self) -> None:
-        """Free the slots of requests that left the downloader without finishing here (missing from
-        ``downloader.active`` at two ticks in a row: the engine adds a request to it in the same
-        call that takes it from the scheduler, so one tick would do; two cost nothing)."""
-        for permit in self.ledger.sweep(downloader_active(self.crawler)):
-            logger.debug(
-                "Freeing slot %s, whose request left the downloader unseen", slot_id(permit)
-            )
-            self.free(permit)
+    def stage_of(self, permit: SlotPermit) -> str | None:
+        """The stage (or key) whose lock granted ``permit``; None for a lock this object does not
+        have (any more)."""
+        return self._stage_by_lock.get(permit.name)
 
     # -- renewal -----------------------------------------------------------------------------------
 
@@ -530,14 +363,14 @@ class StageLocks:
         raises."""
         if self.closed or time.monotonic() < self._retry_at:
             return
-        self.sweep()
+        self.slots.sweep()
         for hook in list(self._tick_hooks):
             try:
                 await hook()
             except Exception:
                 logger.exception("redislock tick hook %r failed", hook)
         try:
-            await self._retry_releases()
+            await self.slots.retry_releases()
             await self.renew_once()
             await self.reports.report()
         except REDIS_ERRORS as exc:
@@ -547,18 +380,6 @@ class StageLocks:
             self._retry_at = time.monotonic() + delay
         else:
             self._backoff.reset()
-
-    async def _retry_releases(self) -> None:
-        pending, self._unreleased = self._unreleased, []
-        for index, permit in enumerate(pending):
-            lock = self.lock_of(permit)
-            if lock is None or permit.lost:
-                continue
-            try:
-                await lock.release(permit)
-            except REDIS_ERRORS:
-                self._unreleased.extend(pending[index:])
-                raise
 
     def renewal_due(self, stage: str, lock: StageLock) -> bool:
         """Whether this tick maintains the stage's lock: it holds or waits for something."""
@@ -601,57 +422,5 @@ class StageLocks:
 
     async def close(self) -> None:
         """Cancel every wait, then free every permit and waiter of this process: one aclose() per
-        stage."""
-        if self.closed:
-            return
-        self.closed = True
-        self.ledger.clear()  # every slot of this process is freed below, one call per stage
-        self.lifecycle.leave_renewal()
-        waits = [task for task in self._waits if task is not asyncio.current_task()]
-        for task in waits:
-            task.cancel()
-        pending = set(waits) | set(self._releasing)
-        if pending:
-            await asyncio.wait(pending, timeout=CLOSE_TIMEOUT)
-
-        async def free(stage: str, lock: StageLock) -> None:
-            closing = lock.aclose(retire=self.retire_on_close)
-            try:
-                await asyncio.wait_for(closing, CLOSE_TIMEOUT)
-            except (TimeoutError, *REDIS_ERRORS) as exc:
-                logger.warning(
-                    "Could not free the slots of stage %r on close (%s); they come back after the "
-                    "TTL (%s s)",
-                    stage,
-                    exc or "timeout",
-                    lock.ttl,
-                )
-
-        if self.lifecycle.started:  # else nothing was ever acquired (Redis unreachable at start)
-            await gather_bounded([free(s, lock) for s, lock in self.locks.items()], self.fan_out)
-            with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
-                await asyncio.wait_for(self._free_late_grants(), CLOSE_TIMEOUT)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.deployment.aclose(), CLOSE_TIMEOUT)
-
-    async def _free_late_grants(self) -> None:
-        """Free a grant Redis handed to a cancelled wait after aclose() (it may see the wait's
-        connection close only after serving it a slot freed by aclose() itself); without this it
-        would wait for the TTL. On every master of a quorum (one owner name on all)."""
-        if not self.locks:
-            return
-        await asyncio.sleep(LATE_GRANT_PAUSE)
-
-        async def on(client: AsyncRedisClient) -> None:
-            runner = CommandRunner(client)
-            for lock in self.locks.values():
-                freed = await adrive(release_consumer(lock.keys, lock.owner), runner, lock.name)
-                if freed:
-                    logger.debug("Freed %d late grant(s) of %r on close", freed, lock.name)
-
-        results = await asyncio.gather(
-            *(on(client) for client in self.clients), return_exceptions=True
-        )
-        errors = [result for result in results if isinstance(result, BaseException)]
-        if len(errors) == len(results):
-            raise errors[0]
+        stage (see :meth:`Lifecycle.close <scrapy_redislock.crawl.lifecycle.Lifecycle.close>`)."""
+        await self.lifecycle.close()

@@ -11,8 +11,8 @@ holds one lock on q of N independent masters (:class:`QuorumCountingLock`,
 from typing import TYPE_CHECKING
 
 from scrapy_redislock.lock.aio import AsyncCountingLock
-from scrapy_redislock.lock.core import LockKeys, Permit
 from scrapy_redislock.lock.interface import AsyncLock, BlockingLock, LockPermit
+from scrapy_redislock.lock.permit import LockKeys, Permit
 from scrapy_redislock.lock.quorum import (
     AsyncQuorumCountingLock,
     QuorumCountingLock,

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 import redis.asyncio
 
 from scrapy_redislock._loop import every, stop
-from scrapy_redislock.lock.core import Permit
 from scrapy_redislock.lock.front import LockFront, TaskContext
+from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.lock.protocol import Operation, adrive
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class AsyncCountingLock(TaskContext[Permit], LockFront):
             return await self._run(self._core.acquire(timeout, holder=asyncio.current_task()))
         finally:
             self._callers -= 1
-            if self._core.abandoned and self._wake is not None:
+            if self._core.consumers.abandoned and self._wake is not None:
                 self._wake.set()  # free what the cancelled wait may have been handed now, not in a lease
 
     async def try_acquire(self) -> Permit | None:

@@ -21,7 +21,7 @@ import random
 from collections.abc import Callable
 
 from scrapy_redislock._redis import check_name, text
-from scrapy_redislock.lock.core import LockKeys
+from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.protocol import Operation, RunScript
 
 

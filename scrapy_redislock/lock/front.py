@@ -21,7 +21,8 @@ import redis.asyncio
 import redis.exceptions
 
 from scrapy_redislock.errors import InvalidArgument
-from scrapy_redislock.lock.core import GROUP, Clock, LockCore, LockKeys, Permit, lock_scripts
+from scrapy_redislock.lock.core import Clock, LockCore, lock_scripts
+from scrapy_redislock.lock.permit import GROUP, LockKeys, Permit
 from scrapy_redislock.lock.protocol import Call, Command, ReadGrant, WaitReplicas
 
 logger = logging.getLogger(__name__)
@@ -380,7 +381,7 @@ class LockFront:
         can come late). A younger lease lasts at least two more intervals: the next tick renews it,
         so requests shorter than an interval cost no renewal at all."""
         core = self._core
-        if self._callers or core.waits_in_flight or core.abandoned:
+        if self._callers or core.waits_in_flight or core.consumers.abandoned:
             return True
         oldest = core.clock() - core.renew_interval
         return any(permit.leased_at <= oldest for permit in core.held.values())
@@ -401,7 +402,7 @@ class LockFront:
         needed = (
             self._callers
             or core.waits_in_flight
-            or core.abandoned
+            or core.consumers.abandoned
             or (self.auto_renew and core.held)
         )
         return self.maintain_loop and bool(needed)

@@ -14,13 +14,13 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-from scrapy_redislock.lock.core import LockKeys
+from scrapy_redislock.lock.permit import LockKeys
 
 P = TypeVar("P", bound="LockPermit")
 
 
 class LockPermit(Protocol):
-    """A granted slot, on one Redis (:class:`~scrapy_redislock.lock.core.Permit`) or on a quorum
+    """A granted slot, on one Redis (:class:`~scrapy_redislock.lock.permit.Permit`) or on a quorum
     of masters (:class:`~scrapy_redislock.lock.quorum.QuorumPermit`)."""
 
     name: str

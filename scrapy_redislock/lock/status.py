@@ -7,7 +7,7 @@ group's pending list (consumer, entry id = fencing token, idle time on Redis's c
 each process registered (``:owners``: host, pid, started, spider/label, and ``waiting`` as of its
 last renewal), and the stream's counters, from which follow the free slots and the debt left by
 lowering the limit (see ``scripts/_lib.lua``). A pending-list consumer may be one wait of an owner
-(``<owner>#<n>``): it counts for the owner (:func:`~scrapy_redislock.lock.core.owner_of`).
+(``<owner>#<n>``): it counts for the owner (:func:`~scrapy_redislock.lock.permit.owner_of`).
 :func:`why_waiting` says in one line why a request of a stage would wait now (held by whom, paused,
 a recovery window); the crawl's log and ``redislock status`` both use it.
 :func:`astage_status` is the same read for ``redis.asyncio`` clients. Imports neither Scrapy nor
@@ -27,7 +27,7 @@ import redis.asyncio
 import redis.exceptions
 
 from scrapy_redislock._redis import AsyncRedisClient, RedisClient, text
-from scrapy_redislock.lock.core import GROUP, LIMBO, LockKeys, fence_of, owner_of
+from scrapy_redislock.lock.permit import GROUP, LIMBO, LockKeys, fence_of, owner_of
 
 MAX_LISTED = 10_000
 

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 import redis
 
 from scrapy_redislock.errors import AcquireTimeout
-from scrapy_redislock.lock.core import Permit
 from scrapy_redislock.lock.front import LockFront, ThreadContext
+from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.lock.protocol import Operation, drive
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class CountingLock(ThreadContext[Permit], LockFront):
         finally:
             with self._loop_lock:
                 self._callers -= 1
-            if self._core.abandoned:
+            if self._core.consumers.abandoned:
                 self._wake.set()  # free what the broken wait may have been handed now, not in a lease
 
     def try_acquire(self) -> Permit | None:

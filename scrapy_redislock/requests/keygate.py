@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
 
+    from scrapy_redislock.crawl.requestslots import SlotPermit
     from scrapy_redislock.crawl.settings import RedisLockSettings
-    from scrapy_redislock.crawl.stagelocks import SlotPermit
 
 
 class KeyGate:
@@ -134,22 +134,22 @@ class KeyGate:
         ``StageLocks.usable``); one that may not is dropped (released, in case Redis still holds
         it)."""
         permit = self.permits.permit_of(request)
-        if permit is None or self.locks.usable(permit):
+        if permit is None or self.locks.slots.usable(permit):
             return True
         self.permits.forget(request)
-        self.locks.release_soon(permit)
+        self.locks.slots.release_soon(permit)
         return False
 
     def release(self, request: Request) -> None:
         permit = self.permits.finish(request)
         if permit is not None:
-            self.locks.release_soon(permit)
+            self.locks.slots.release_soon(permit)
 
     async def sweep(self) -> None:
         """At every renewal tick: free key slots of requests gone from the downloader at two ticks
         in a row."""
         for permit in self.permits.sweep(downloader_active(self.crawler)):
-            await self.locks.release(permit)
+            await self.locks.slots.release(permit)
 
     async def close(self) -> None:
         await self.locks.close()

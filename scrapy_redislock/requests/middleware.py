@@ -62,8 +62,9 @@ from scrapy.utils.misc import load_object
 from scrapy_redislock._loop import every
 from scrapy_redislock.crawl.early import EARLY_TYPES, MIDDLEWARE_PATH, middlewares_after
 from scrapy_redislock.crawl.engine import check_reactor, engine_closing, one_line_config_errors
+from scrapy_redislock.crawl.requestslots import SlotPermit
 from scrapy_redislock.crawl.settings import read_settings
-from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks
+from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.crawl.stages import check_stage_names, stage_of
 from scrapy_redislock.errors import AcquireTimeout, ConfigError, ThrottlingDisabled, UnknownStage
 from scrapy_redislock.requests.keygate import KeyGate
@@ -165,7 +166,7 @@ class StageLockMiddleware:
             self._refuse_unthrottled(request)
             return None
         # None also for a slot no longer usable: the request waits here instead
-        handed = self.locks.take(request)
+        handed = self.locks.slots.take(request)
         if isinstance(handed, SlotPermit):
             return self._keys(request, handed.name, slotted=True)
         if handed is not None:
@@ -203,7 +204,7 @@ class StageLockMiddleware:
             self._fail_timeout(request, exc)
         assert self.gate is not None and self.locks is not None
         key_usable = self.gate.usable(request)
-        if slotted and stage is not None and self.locks.take(request) is None:
+        if slotted and stage is not None and self.locks.slots.take(request) is None:
             self.gate.release(request)
             await self._wait_here(request, stage)
         elif not key_usable:
@@ -237,10 +238,10 @@ class StageLockMiddleware:
         assert self.locks is not None
         started = time.monotonic()
         permit = await self._wait_for_slot(request, stage)
-        while not self.locks.usable(permit):
-            self.locks.release_soon(permit)
+        while not self.locks.slots.usable(permit):
+            self.locks.slots.release_soon(permit)
             permit = await self._wait_for_slot(request, stage)
-        self.locks.hold(request, permit)
+        self.locks.slots.hold(request, permit)
         self.locks.record_grant(stage, time.monotonic() - started)
         after = self._keys(request, stage, slotted=True)
         if after is not None:
@@ -333,7 +334,7 @@ class StageLockMiddleware:
             return
         if self.gate is not None:
             self.gate.release(request)
-        self.locks.finish(request)
+        self.locks.slots.finish(request)
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         """Free every permit and waiter of this process (one call per stage) before spider_closed

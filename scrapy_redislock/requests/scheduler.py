@@ -54,8 +54,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
-from collections import Counter, deque
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from scrapy.core.scheduler import Scheduler as ScrapyScheduler
@@ -71,19 +70,17 @@ from scrapy_redislock.crawl.early import (
 )
 from scrapy_redislock.crawl.engine import (
     check_reactor,
-    downloader_active,
     engine_closing,
     one_line_config_errors,
     wake_engine,
 )
 from scrapy_redislock.crawl.inner import inner_name, load_inner_scheduler
-from scrapy_redislock.crawl.keys import request_key
+from scrapy_redislock.crawl.requestslots import SlotPermit
 from scrapy_redislock.crawl.settings import read_settings
-from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks
-from scrapy_redislock.crawl.stages import stage_of
-from scrapy_redislock.errors import ConfigError, KeyFunctionError, UnknownStage
+from scrapy_redislock.crawl.stagelocks import StageLocks
+from scrapy_redislock.errors import ConfigError
+from scrapy_redislock.requests.gate import StageGate
 from scrapy_redislock.requests.stagequeue import (
-    Route,
     SharedStageQueues,
     StagePriorityQueues,
     StageQueueFactory,
@@ -194,37 +191,24 @@ class StageScheduler:
                     f"DOWNLOADER_MIDDLEWARES = {{{MIDDLEWARE_PATH!r}: 950}}"
                 )
         self.inner = _build_inner(inner_cls, crawler)
-        self.waiters_per_stage = self.settings.waiters_per_stage
         self.locks = StageLocks.of(crawler, self.settings) if self.enabled else None
         capped = list(self.locks.locks) if self.locks is not None else []
-        self.key_capped = self.settings.stage_key is not None and (
-            self.settings.key_limit is not None
-            or any(v is not None for v in self.settings.key_limits.values())
-        )
-        self._routes: weakref.WeakKeyDictionary[Request, Route] = weakref.WeakKeyDictionary()
         # Slots in hand (passed on by finished requests of this process), for the next queued
         # request of the stage.
         self.ready: dict[str, deque[SlotPermit]] = {stage: deque() for stage in capped}
-        # Requests let go without a slot: they wait for one in the middleware, first in this
-        # process's line.
-        self.in_line: dict[str, weakref.WeakSet[Request]] = {
-            stage: weakref.WeakSet() for stage in capped
-        }
+        self.gate: StageGate | None = None
         self.shared: SharedStageQueues | None = None  # over scrapy-redis's scheduler, from open()
         self.closing = False
         # cache and robots.txt middlewares before ours, found on first use
         self._early: tuple[Any, ...] | None = None
-        # keys held or in line in this process, during one next_request()
-        self._load: Counter[str] | None = None
         self._wake_handle: asyncio.TimerHandle | None = None
-        # the inner scheduler's queues are split by stage (False: an unknown scheduler)
-        self.queues_split = True
         if self.locks is not None:
+            self.gate = StageGate(crawler, self.settings, self.locks, self.ready)
             # Scrapy's BaseScheduler makes isinstance() duck-typed: look for the class itself.
             if ScrapyScheduler in type(self.inner).__mro__ and not _is_scrapy_redis(self.inner):
-                self.inner.pqclass = StageQueueFactory(self.inner.pqclass, self)
+                self.inner.pqclass = StageQueueFactory(self.inner.pqclass, self.gate)
             elif not _is_scrapy_redis(self.inner):
-                self.queues_split = False
+                self.gate.queues_split = False
                 logger.info(
                     "REDISLOCK_SCHEDULER_INNER = %r is neither Scrapy's scheduler nor "
                     "scrapy-redis's (nor a subclass): "
@@ -234,9 +218,9 @@ class StageScheduler:
                     inner_name(self.settings.scheduler_inner),
                 )
             self.locks.add_waiting_source(self._queued)
-            self.locks.add_taker(self._take_slot)
+            self.locks.slots.add_taker(self._take_slot)
             self.locks.add_tick_hook(self.tick)
-            self.locks.add_hold_hook(self._got_slot)
+            self.locks.slots.add_hold_hook(self._got_slot)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> StageScheduler:
@@ -287,7 +271,10 @@ class StageScheduler:
         if not _is_scrapy_redis(self.inner) or self.inner.queue is self.shared:
             return
         base = self.inner.queue
-        self.shared = SharedStageQueues(base, self.ready, self, asked_while_paused=self._wake_later)
+        assert self.gate is not None
+        self.shared = SharedStageQueues(
+            base, self.ready, self.gate, asked_while_paused=self._wake_later
+        )
         self.inner.queue = self.shared
         if getattr(self.inner, "flush_on_start", False):
             self.shared.clear()
@@ -327,107 +314,27 @@ class StageScheduler:
         return bool(self.inner.enqueue_request(request))
 
     def next_request(self) -> Request | None:
-        if self.locks is None:
+        if self.locks is None or self.gate is None:
             return self.inner.next_request()
-        self._load = None
-        request = self.inner.next_request()  # from a sub-queue that may_go() lets go
+        self.gate.new_pass()
+        request = self.inner.next_request()  # from a sub-queue that the gate lets go
         if request is None:
             self._free_ready()
             return None
-        stage, key = self.route(request)
+        stage, key = self.gate.route(request)
         if stage is None or self._settled_early(request):
             return request
-        if key is not None:
-            self._key_load()[key] += 1
+        self.gate.let_go(key)
         ready = self.ready[stage]
         while ready:
             permit = ready.popleft()
-            if self.locks.usable(permit):
-                self.locks.hand(request, permit)
+            if self.locks.slots.usable(permit):
+                self.locks.slots.hand(request, permit)
                 self.locks.record_grant(stage, 0.0)
                 return request
-            self.locks.release_soon(permit)
-        self.in_line[stage].add(request)
+            self.locks.slots.release_soon(permit)
+        self.gate.join_line(request, stage)
         return request
-
-    # -- the gate the sub-queues ask (stagequeue.Gate) ---------------------------------------------
-
-    def route(self, request: Request) -> Route:
-        """The sub-queue of ``request``: its stage when capped, and its key when keys are capped;
-        computed once."""
-        try:
-            return self._routes[request]
-        except KeyError:
-            pass
-        assert self.locks is not None
-        stage = stage_of(request, self.settings, self.crawler.spider)
-        try:
-            capped = stage is not None and self.locks.is_capped(stage)
-        except UnknownStage:
-            capped = False  # the middleware fails it, naming the stage and counting it
-        route: Route = (
-            (stage, self._key(request) if self.key_capped else None) if capped else (None, None)
-        )
-        self._routes[request] = route
-        return route
-
-    def may_go(self, route: Route) -> bool:
-        """A request of this sub-queue may leave now: not capped; or its stage has a slot in hand
-        here, or fewer than REDISLOCK_WAITERS_PER_STAGE of its requests wait in line; and its key
-        (if capped) has room here."""
-        stage, key = route
-        if stage is None:
-            return True
-        if not self.ready[stage] and self._line_is_full(stage):
-            return False
-        if key is None:
-            return True
-        limit = self.settings.limit_of_key(key)
-        return limit is None or self._key_load()[key] < limit
-
-    def _line_is_full(self, stage: str) -> bool:
-        """The line bounds what waits for a slot in the downloader, where it takes one of
-        CONCURRENT_REQUESTS; with no downloader to watch (a scheduler driven by hand, as in Scrapy's
-        own scheduler tests) or an inner scheduler whose queues are not split by stage, there is
-        nothing to bound."""
-        if not self.queues_split or downloader_active(self.crawler) is None:
-            return False
-        return self._in_line(stage) >= self.waiters_per_stage
-
-    def _in_line(self, stage: str) -> int:
-        """Requests of ``stage`` let go without a slot that still wait for one (not yet holding one,
-        not gone)."""
-        assert self.locks is not None
-        line = self.in_line[stage]
-        active = downloader_active(self.crawler)
-        for request in list(line):
-            if self.locks.has_slot(request) or (active is not None and request not in active):
-                line.discard(request)
-        return len(line)
-
-    def _key_load(self) -> Counter[str]:
-        """Requests of this process per key that hold a slot or wait in line: a key has room while
-        fewer than its limit do. Other processes' are not seen (that would cost a read per request):
-        a key busy elsewhere still lets requests go here up to its limit, and they wait for the key
-        in the middleware."""
-        if self._load is None:
-            assert self.locks is not None
-            requests = set(self.locks.holding())
-            for stage, line in self.in_line.items():
-                self._in_line(stage)  # forget those that got their slot or are gone
-                requests.update(line)
-            self._load = Counter(
-                key for key in (self.route(r)[1] for r in requests) if key is not None
-            )
-        return self._load
-
-    def _key(self, request: Request) -> str | None:
-        """The request's key (REDISLOCK_STAGE_KEY); None also when its function fails for it (the
-        middleware then fails the request, naming the error)."""
-        try:
-            return request_key(request, self.crawler.spider, self.settings.stage_key)
-        except KeyFunctionError:
-            return None
 
     def _settled_early(self, request: Request) -> bool:
         if self._early is None:
@@ -460,7 +367,7 @@ class StageScheduler:
             self.closing
             or stage not in self.ready
             or engine_closing(self.crawler)
-            or self._in_line(stage)
+            or (self.gate is not None and self.gate.waiting_in_line(stage))
         ):
             return False
         if self._could_use(stage) <= len(self.ready[stage]):
@@ -472,8 +379,8 @@ class StageScheduler:
     def _got_slot(self, request: Request) -> None:
         """A request waiting in line got its slot in the middleware: the next of its stage may
         go."""
-        for line in self.in_line.values():
-            line.discard(request)
+        if self.gate is not None:
+            self.gate.got_slot(request)
         if not self.closing:
             wake_engine(self.crawler)
 
@@ -482,7 +389,7 @@ class StageScheduler:
         for name, permits in self.ready.items():
             if stage is None or name == stage:
                 while permits:
-                    self.locks.release_soon(permits.popleft())
+                    self.locks.slots.release_soon(permits.popleft())
 
     def _wake_later(self, delay: float) -> None:
         """The engine asked while every sub-queue worth asking was in its pause: ask again when the
@@ -511,11 +418,11 @@ class StageScheduler:
                 kept = [
                     permit
                     for permit in permits
-                    if self._could_use(stage) and self.locks.usable(permit)
+                    if self._could_use(stage) and self.locks.slots.usable(permit)
                 ]
                 for permit in permits:
                     if permit not in kept:
-                        self.locks.release_soon(permit)
+                        self.locks.slots.release_soon(permit)
                 permits.clear()
                 permits.extend(kept)
 

@@ -84,7 +84,7 @@ class SignalListener:
             # Just past the beat: a wait that ended a moment before it would find nothing due and
             # wait again.
             timeout = max(0.0, self.clock.beat_due - time.monotonic()) + BEAT_MARGIN
-            reply = await self.queues.wait_signal(keys, timeout)
+            reply = await self.queues.blocking.wait(keys, timeout)
         except REDIS_ERRORS as exc:
             # Not woken: the loop's next step (at the beat, or after its back-off) waits again.
             logger.debug(

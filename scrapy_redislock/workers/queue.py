@@ -234,6 +234,32 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
+class BlockingWait:
+    """The one blocked read of a worker, on a connection of its own (made on first wait)."""
+
+    def __init__(self, client: AsyncRedisClient) -> None:
+        self.client = client
+        # a client whose reads never time out, for BLPOP
+        self._waiting: Any = None
+
+    async def wait(self, keys: list[str], timeout: float) -> tuple[str, bytes] | None:
+        """Block in Redis (BLPOP) until one of ``keys`` (signal lists, the wake list, a start-URL
+        list) has an entry, at most ``timeout`` s; (key, entry) or None. On a connection of its own
+        whose reads never time out, so that a long block is never cut into pieces."""
+        if self._waiting is None:
+            self._waiting = waiting_client(self.client) or self.client
+        # BLPOP counts in hundredths here; rounded up, so that it never ends before ``timeout``.
+        reply = await self._waiting.blpop(keys, timeout=max(0.01, math.ceil(timeout * 100) / 100))
+        if reply is None:
+            return None
+        key, value = reply
+        return str(text(key)), bytes(value) if not isinstance(value, str) else value.encode()
+
+    async def aclose(self) -> None:
+        if self._waiting is not None and self._waiting is not self.client:
+            await self._waiting.aclose()
+
+
 class StageQueues:
     """One worker's handle on a spider's stage queues (see the module docstring)."""
 
@@ -260,8 +286,7 @@ class StageQueues:
         self.worker = worker or new_worker_id()
         sources = load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)
         self.scripts = {name: client.register_script(src) for name, src in sources.items()}
-        # a client whose reads never time out, for BLPOP (made on first wait)
-        self._waiting: Any = None
+        self.blocking = BlockingWait(client)
         # seconds within which a popping worker beats again (the scheduler sets it)
         self.work_grace = self.ttl
 
@@ -458,15 +483,12 @@ class StageQueues:
         )
         return int(moved), int(left)
 
-    async def server_ms(self) -> int:
-        seconds, micros = await self.client.time()
-        return int(seconds) * 1000 + int(micros) // 1000
-
     async def reap(self, silent: Iterable[str] | None = None) -> dict[str, int]:
         """Requeue the in-flight requests of every worker past its deadline (default: look them up;
         a worker passes those its :meth:`heartbeat` named); {worker: requests requeued}."""
         if silent is None:
-            now = await self.server_ms()
+            seconds, micros = await self.client.time()
+            now = int(seconds) * 1000 + int(micros) // 1000
             silent = [
                 str(text(w))
                 for w in await self.client.zrangebyscore(self.keys.due, "-inf", f"({now}")
@@ -496,10 +518,6 @@ class StageQueues:
         )
         return {str(text(w)): int(score) for w, score in pairs}
 
-    async def lengths(self) -> dict[str, int]:
-        """Pending requests per stage (both parts of each queue)."""
-        return (await self.look())[0]
-
     async def look(self) -> tuple[dict[str, int], int]:
         """Pending requests per stage (both parts of each queue: LLEN and ZCARD), and requests in
         flight in every worker: one read-only script (``queue_look``)."""
@@ -513,27 +531,13 @@ class StageQueues:
         counter."""
         return int(await self.client.get(self.keys.in_flight) or 0)
 
-    async def wait_signal(self, keys: list[str], timeout: float) -> tuple[str, bytes] | None:
-        """Block in Redis (BLPOP) until one of ``keys`` (signal lists, the wake list, a start-URL
-        list) has an entry, at most ``timeout`` s; (key, entry) or None. On a connection of its own
-        whose reads never time out, so that a long block is never cut into pieces."""
-        if self._waiting is None:
-            self._waiting = waiting_client(self.client) or self.client
-        # BLPOP counts in hundredths here; rounded up, so that it never ends before ``timeout``.
-        reply = await self._waiting.blpop(keys, timeout=max(0.01, math.ceil(timeout * 100) / 100))
-        if reply is None:
-            return None
-        key, value = reply
-        return str(text(key)), bytes(value) if not isinstance(value, str) else value.encode()
-
     async def signal(self, stage: str) -> None:
         """Put a token back on a stage's signal list (taken by a worker that could not take the
         stage)."""
         await self.client.lpush(self.keys.signal(stage), "1")
 
     async def aclose(self) -> None:
-        if self._waiting is not None and self._waiting is not self.client:
-            await self._waiting.aclose()
+        await self.blocking.aclose()
 
     async def clear_if_alone(self) -> bool:
         """Delete the spider's whole crawl state if no other worker is alive; True if it did

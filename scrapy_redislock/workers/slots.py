@@ -23,7 +23,7 @@ from typing import Any
 from scrapy_redislock._redis import text
 from scrapy_redislock.crawl.stagelocks import StageLock, StageLocks
 from scrapy_redislock.lock.aio import AsyncCountingLock
-from scrapy_redislock.lock.core import GROUP
+from scrapy_redislock.lock.permit import GROUP
 from scrapy_redislock.lock.protocol import Command, RunScript
 
 

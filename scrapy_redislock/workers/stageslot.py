@@ -21,7 +21,7 @@ from scrapy_redislock.workers.policy import keeps_slot
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
-    from scrapy_redislock.lock.core import Permit
+    from scrapy_redislock.lock.permit import Permit
     from scrapy_redislock.workers.heartbeat import Heartbeat
     from scrapy_redislock.workers.inflight import InFlight
     from scrapy_redislock.workers.slots import WorkerSlots
@@ -60,7 +60,7 @@ class StageSlot:
                 return False
             # moving up from a capped stage does not happen; be safe anyway
             if state.permit is not None:
-                await self.locks.release(state.permit)
+                await self.locks.slots.release(state.permit)
         previous = state.took(stage, permit)
         await self.heartbeat.beat(stage)
         self.stats.inc_value(f"redislock/workers/{stage}/taken")
@@ -75,7 +75,7 @@ class StageSlot:
     async def leave(self, why: str = "no work left there") -> None:
         stage, permit = self.state.left()
         if permit is not None:
-            await self.locks.release(permit)
+            await self.locks.slots.release(permit)
         await self.heartbeat.beat(None)
         logger.info("Worker %s left stage %r (%s)", self.worker, stage, why)
 

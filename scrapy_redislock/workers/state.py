@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from scrapy_redislock.lock.core import Permit
+    from scrapy_redislock.lock.permit import Permit
 
 
 class WorkerState:

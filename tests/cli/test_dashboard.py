@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scrapy_redislock import CountingLock
 from scrapy_redislock.cli.status import read_all
-from scrapy_redislock.lock.core import GROUP, LockKeys, owner_of
+from scrapy_redislock.lock.permit import GROUP, LockKeys, owner_of
 from scrapy_redislock.lock.status import stage_status
 from scrapy_redislock.workers.queue import QueueKeys, StageQueues
 from testing.dashboardproc import DashboardProcess

@@ -26,7 +26,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
 from example_project.run import HERE, SLOTS, arguments, seed, worker_command
-from scrapy_redislock.lock.core import LockKeys
+from scrapy_redislock.lock.permit import LockKeys
 from testing.dashboardproc import DashboardProcess
 from testing.site import ShopSite
 from tests.cli.test_main import call

@@ -28,7 +28,7 @@ from scrapy_redislock import CountingLock, Permit
 from scrapy_redislock.cli.main import main
 from scrapy_redislock.cli.render import render_status, seconds
 from scrapy_redislock.cli.target import Target
-from scrapy_redislock.lock.core import LockKeys
+from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.status import Grant, Process, StageStatus
 from scrapy_redislock.workers.queue import QueueKeys, StageQueues
 from testing.crawlproc import start_crawl

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from scrapy_redislock.errors import AcquireTimeout
-from scrapy_redislock.lock.core import Permit
+from scrapy_redislock.lock.permit import Permit
 from testing.crawlproc import leftover
 from testing.inprocess import front, held, request, until
 
@@ -26,16 +26,18 @@ def test_hand_take_finish(redis_url: str, redis_client: redis.Redis) -> None:
         async with front(redis_url, {"detail": 2}, scheduler=False) as f:
             permit = await f.locks.acquire("detail", None)
             one, two = request("detail", 1), request("detail", 2)
-            f.locks.hand(one, permit)
-            f.locks.hand(two, AcquireTimeout("no slot"))
-            assert f.locks.take(one) is permit
-            assert f.locks.take(one) is permit  # still held: the request has it until it finishes
-            assert isinstance(f.locks.take(two), AcquireTimeout)
-            assert f.locks.take(two) is None  # an error is given once
+            f.locks.slots.hand(one, permit)
+            f.locks.slots.hand(two, AcquireTimeout("no slot"))
+            assert f.locks.slots.take(one) is permit
+            assert (
+                f.locks.slots.take(one) is permit
+            )  # still held: the request has it until it finishes
+            assert isinstance(f.locks.slots.take(two), AcquireTimeout)
+            assert f.locks.slots.take(two) is None  # an error is given once
             assert held(redis_client, "detail") == [permit.grant]
-            f.locks.finish(one)
+            f.locks.slots.finish(one)
             # a second finish (process_response after request_left) does nothing
-            f.locks.finish(one)
+            f.locks.slots.finish(one)
             await until(lambda: leftover(redis_client) == 0)
             assert f.crawler.stats.get_value("redislock/detail/reused") is None
 
@@ -48,16 +50,18 @@ def test_the_sweep_frees_a_request_gone_from_the_downloader_at_two_ticks(
     async def scenario() -> None:
         async with front(redis_url, {"detail": 2}, scheduler=False) as f:
             inside, gone = request("detail", 1), request("detail", 2)
-            f.locks.hand(inside, await f.locks.acquire("detail", None))
-            f.locks.hand(gone, await f.locks.acquire("detail", None))
+            f.locks.slots.hand(inside, await f.locks.acquire("detail", None))
+            f.locks.slots.hand(gone, await f.locks.acquire("detail", None))
             f.active.add(inside)
             # No await from here to the second sweep: no renewal tick of the process can run in
             # between.
-            f.locks.sweep()
-            assert f.locks.take(gone) is not None  # one tick out of the downloader is not enough
-            f.locks.sweep()
-            assert f.locks.take(gone) is None
-            assert f.locks.take(inside) is not None
+            f.locks.slots.sweep()
+            assert (
+                f.locks.slots.take(gone) is not None
+            )  # one tick out of the downloader is not enough
+            f.locks.slots.sweep()
+            assert f.locks.slots.take(gone) is None
+            assert f.locks.slots.take(inside) is not None
             await until(lambda: leftover(redis_client) == 1)
             f.active.discard(inside)
 
@@ -73,16 +77,16 @@ def test_a_freed_slot_passes_to_a_taker_without_redis_and_keeps_its_grant(
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, scheduler=False, REDISLOCK_LOCAL_REUSE=30) as f:
             taken: list[tuple[str, Permit]] = []
-            f.locks.add_taker(lambda stage, permit: taken.append((stage, permit)) is None)
+            f.locks.slots.add_taker(lambda stage, permit: taken.append((stage, permit)) is None)
             permit = await f.locks.acquire("detail", None)
             one = request("detail", 1)
-            f.locks.hand(one, permit)
-            f.locks.finish(one)
+            f.locks.slots.hand(one, permit)
+            f.locks.slots.finish(one)
             assert taken == [("detail", permit)]
             assert held(redis_client, "detail") == [permit.grant]
             assert permit.fence == int(permit.grant.split("-")[1])
             assert f.crawler.stats.get_value("redislock/detail/reused") == 1
-            await f.locks.release(permit)
+            await f.locks.slots.release(permit)
             assert leftover(redis_client) == 0
 
     asyncio.run(scenario())
@@ -106,16 +110,16 @@ def test_an_older_slot_goes_back_to_redis_and_a_refusing_taker_too(
                     taken.append(permit)
                 return wanted[0]
 
-            f.locks.add_taker(taker)
+            f.locks.slots.add_taker(taker)
             permit = await f.locks.acquire("detail", None)
             await until(lambda: time.monotonic() - permit.acquired_at > 0.05)
-            f.locks.free(permit)
+            f.locks.slots.free(permit)
             assert taken == []
             await until(lambda: leftover(redis_client) == 0)
 
             wanted[0] = False
             permit = await f.locks.acquire("detail", None)
-            f.locks.free(permit)
+            f.locks.slots.free(permit)
             assert taken == []
             await until(lambda: leftover(redis_client) == 0)
             assert f.crawler.stats.get_value("redislock/detail/reused") is None
@@ -132,10 +136,10 @@ def test_a_slot_past_its_lease_is_not_taken(redis_url: str, redis_client: redis.
         async with front(redis_url, {"detail": 1}, scheduler=False) as f:
             permit = await f.locks.acquire("detail", None)
             one = request("detail", 1)
-            f.locks.hand(one, permit)
+            f.locks.slots.hand(one, permit)
             permit.valid_until = time.monotonic()
-            assert f.locks.take(one) is None
-            assert f.locks.take(one) is None  # dropped, not handed later
+            assert f.locks.slots.take(one) is None
+            assert f.locks.slots.take(one) is None  # dropped, not handed later
             assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
             await until(lambda: leftover(redis_client) == 0)
 
@@ -146,12 +150,12 @@ def test_a_slot_past_its_lease_is_not_passed_on(redis_url: str, redis_client: re
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, scheduler=False, REDISLOCK_LOCAL_REUSE=30) as f:
             taken: list[Permit] = []
-            f.locks.add_taker(lambda stage, permit: taken.append(permit) is None)
+            f.locks.slots.add_taker(lambda stage, permit: taken.append(permit) is None)
             permit = await f.locks.acquire("detail", None)
             one = request("detail", 1)
-            f.locks.hold(one, permit)
+            f.locks.slots.hold(one, permit)
             permit.valid_until = time.monotonic()
-            f.locks.finish(one)
+            f.locks.slots.finish(one)
             assert taken == []
             assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
             assert f.crawler.stats.get_value("redislock/detail/reused") is None

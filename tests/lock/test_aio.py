@@ -24,7 +24,7 @@ from scrapy_redislock import (
     LockError,
     LockLost,
 )
-from scrapy_redislock.lock.core import GROUP, LockKeys, Permit
+from scrapy_redislock.lock.permit import GROUP, LockKeys, Permit
 from testing import lockstate
 from testing.lockstate import AT_ONCE
 from testing.redis_server import RedisServer, find_redis_server, free_port
@@ -350,10 +350,10 @@ def test_cancelled_wait_without_a_grant_leaks_nothing(
         granted = await asyncio.wait_for(waiter, 5)
         assert granted.fence > held.fence and env.pending() == 1
         # the cancelled wait is remembered by its consumer
-        assert lock.held == [] and lock._core.abandoned
+        assert lock.held == [] and lock._core.consumers.abandoned
         assert await lock.maintain() == [] and await lock.maintain() == []
         # freeing it freed nobody else's slot
-        assert env.pending() == 1 and not lock._core.abandoned
+        assert env.pending() == 1 and not lock._core.consumers.abandoned
 
     run(redis_url, redis_client, scenario)
 

@@ -21,7 +21,7 @@ import redis
 import redis.asyncio
 
 from scrapy_redislock import AsyncCountingLock, CountingLock, InvalidArgument, NotReplicated, Permit
-from scrapy_redislock.lock.core import LockKeys
+from scrapy_redislock.lock.permit import LockKeys
 from testing.redis_server import RedisClusterServers, RedisServer
 
 UNAVAILABLE = RedisClusterServers.unavailable()

@@ -24,7 +24,8 @@ from scrapy_redislock import (
     LockLost,
 )
 from scrapy_redislock._redis import text
-from scrapy_redislock.lock.core import SCRIPT_NAMES, LockCore, LockKeys, Permit, fence_of
+from scrapy_redislock.lock.core import SCRIPT_NAMES, LockCore
+from scrapy_redislock.lock.permit import LockKeys, Permit, fence_of
 from scrapy_redislock.lock.protocol import (
     Call,
     ReadGrant,
@@ -191,8 +192,7 @@ class Ticks:
 
 def granted(core: LockCore, grant: str = "0-3") -> Permit:
     """A permit obtained through a non-blocking acquire (the take script) on a set-up core."""
-    core.set_up = True
-    core.registered_at = core.clock()
+    core.registration.done(core.clock())
     op = core.acquire(None, blocking=False)
     command = next(op)
     assert command.name == "take" and command.keys == (
@@ -251,7 +251,9 @@ def test_acquire_sets_up_then_blocks_for_what_is_left_of_the_timeout(
         100.7,
     )
     assert permit.token == f"{core.owner}/0-7" and permit.consumer == wait_of(core, 1)
-    assert core.held == {"0-7": permit} and core.waits_in_flight == 0 and not core.abandoned
+    assert (
+        core.held == {"0-7": permit} and core.waits_in_flight == 0 and not core.consumers.abandoned
+    )
     # set up once: the next acquire goes straight to the read, on a consumer of its own
     assert next(core.acquire(None)) == read_grant(core, wait_of(core, 2), 0)
 
@@ -261,7 +263,7 @@ def test_registration_is_refreshed_after_a_quiet_spell() -> None:
     waits."""
     clock = Ticks()
     core = LockCore.create("detail", 2, 10.0, clock=clock)
-    core.set_up, core.registered_at = True, clock.now
+    core.registration.done(clock.now)
     clock.now += 10.0
     assert isinstance(next(core.acquire(None)), ReadGrant)
     clock.now += 0.1
@@ -271,7 +273,7 @@ def test_registration_is_refreshed_after_a_quiet_spell() -> None:
 def test_acquire_times_out_after_one_last_look() -> None:
     clock = Ticks()
     core = LockCore.create("detail", 1, 10.0, clock=clock)
-    core.set_up, core.registered_at = True, clock.now
+    core.registration.done(clock.now)
     op = core.acquire(timeout=0.25)
     assert next(op).block_ms == 250
     clock.now += 0.25
@@ -283,13 +285,13 @@ def test_acquire_times_out_after_one_last_look() -> None:
     assert type(info.value).__name__ == "AcquireTimeout" and isinstance(info.value, TimeoutError)
     assert core.held == {} and core.waits_in_flight == 0
     # nothing was delivered to it: the next wait reuses it
-    assert core.idle_consumers == [wait_of(core, 1)]
+    assert core.consumers.idle == [wait_of(core, 1)]
     assert next(core.acquire(None)).consumer == wait_of(core, 1)
 
 
 def test_acquire_timeout_zero_tries_once_and_try_acquire_never_blocks() -> None:
     core = LockCore.create("detail", 1, 10.0, clock=Ticks())
-    core.set_up, core.registered_at = True, core.clock()
+    core.registration.done(core.clock())
     op = core.acquire(timeout=0)
     assert next(op).name == "take"
     with pytest.raises(LockError, match="no slot"):
@@ -298,13 +300,13 @@ def test_acquire_timeout_zero_tries_once_and_try_acquire_never_blocks() -> None:
     command = next(op)
     # reaps at most once a renewal
     assert command.name == "take" and command.args == (wait_of(core, 1), 1000, "0")
-    assert finish(op, None) is None and core.idle_consumers == [wait_of(core, 1)]
+    assert finish(op, None) is None and core.consumers.idle == [wait_of(core, 1)]
 
 
 def test_max_block_caps_each_wait() -> None:
     clock = Ticks()
     core = LockCore.create("detail", 1, 10.0, clock=clock, max_block=4.0)
-    core.set_up, core.registered_at = True, clock.now
+    core.registration.done(clock.now)
     # never "forever" on a client with a read timeout
     assert next(core.acquire(None)).block_ms == 4000
     op = core.acquire(timeout=10)
@@ -348,25 +350,27 @@ def test_a_lock_that_vanished_while_waiting_is_recreated_in_recovery_mode() -> N
 
 def test_other_response_errors_propagate() -> None:
     core = LockCore.create("detail", 2, 10.0)
-    core.set_up, core.registered_at = True, core.clock()
+    core.registration.done(core.clock())
     op = core.acquire(None)
     next(op)
     with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
         op.throw(redis.exceptions.ResponseError("WRONGTYPE Operation against a key"))
-    assert core.waits_in_flight == 0 and not core.abandoned  # an error reply: nothing was delivered
+    assert (
+        core.waits_in_flight == 0 and not core.consumers.abandoned
+    )  # an error reply: nothing was delivered
 
 
 def test_an_interrupted_wait_is_abandoned_by_its_consumer_and_freed_by_the_next_maintains() -> None:
     """A wait that never saw its reply may have been handed a slot: its consumer's grants are freed,
     by name."""
     core = LockCore.create("detail", 2, 10.0)
-    core.set_up, core.registered_at = True, core.clock()
+    core.registration.done(core.clock())
     kept = granted(core, "0-2")
     op = core.acquire(None)
     assert next(op).consumer == wait_of(core, 2)
     assert core.waits_in_flight == 1
     op.close()  # cancelled (asyncio) or interrupted while blocked
-    assert core.waits_in_flight == 0 and core.abandoned == {wait_of(core, 2): 2}
+    assert core.waits_in_flight == 0 and core.consumers.abandoned == {wait_of(core, 2): 2}
     # the second pass frees a grant Redis delivered late (it saw the disconnect late)
     for _ in range(2):
         op = core.maintain()
@@ -374,9 +378,9 @@ def test_an_interrupted_wait_is_abandoned_by_its_consumer_and_freed_by_the_next_
         # the consumer to free, then the grants to renew
         assert command.args[5:] == (1, wait_of(core, 2), "0-2")
         assert finish(op, maintain_reply()) == []
-    assert not core.abandoned and next(core.maintain()).args[5:] == (0, "0-2")
+    assert not core.consumers.abandoned and next(core.maintain()).args[5:] == (0, "0-2")
     # emptied by the renewal
-    assert kept.consumer == core.owner and core.idle_consumers == [wait_of(core, 1)]
+    assert kept.consumer == core.owner and core.consumers.idle == [wait_of(core, 1)]
     assert next(core.acquire(None)).consumer == wait_of(core, 1)
     assert next(core.acquire(None)).consumer == wait_of(core, 3)
 
@@ -398,19 +402,19 @@ def test_renew_lists_only_its_permit_and_frees_nothing_else() -> None:
 
 def test_a_grant_waiting_for_replicas_is_abandoned_by_its_consumer_when_cancelled() -> None:
     core = LockCore.create("detail", 2, 10.0, replicas=1)
-    core.set_up, core.registered_at = True, core.clock()
+    core.registration.done(core.clock())
     op = core.acquire(None)
     next(op)
     assert isinstance(op.send(resp2("0-4")), WaitReplicas)
     # not renewed by anybody while it waits: abandoning its consumer frees exactly it
     assert core.held == {}
     op.close()
-    assert core.abandoned == {wait_of(core, 1): 2}
+    assert core.consumers.abandoned == {wait_of(core, 1): 2}
 
 
 def test_reentrant_acquire_and_release_protocol() -> None:
     core = LockCore.create("mutex", 1, 10.0, reentrant=True)
-    core.set_up, core.registered_at = True, core.clock()
+    core.registration.done(core.clock())
     op = core.acquire(None, holder="thread-1")
     next(op)
     permit = finish(op, resp2("0-4"))
@@ -421,7 +425,7 @@ def test_reentrant_acquire_and_release_protocol() -> None:
     )
     assert finish(op, 2) is permit and permit.holds == 2
     # moved by hold_again
-    assert permit.consumer == core.owner and core.idle_consumers == [wait_of(core, 1)]
+    assert permit.consumer == core.owner and core.consumers.idle == [wait_of(core, 1)]
     assert next(core.acquire(None, holder="thread-2")).block_ms == 0  # another holder waits
     op = core.release(permit)
     assert next(op).args == (core.owner, "0-4", "1")
@@ -438,7 +442,9 @@ def test_reentrant_acquire_of_a_lost_grant_waits_for_a_new_one() -> None:
     core.by_holder["t"] = old
     op = core.acquire(None, holder="t")
     assert next(op).name == "hold_again"
-    assert op.send(0) == read_grant(core, wait_of(core, 2), 0)  # gone: wait like anybody else
+    assert op.send(0) == read_grant(
+        core, wait_of(core, 1), 0
+    )  # gone: wait like anybody else, on the freed consumer
     new = finish(op, resp2("0-9"))
     assert new is not old and core.by_holder == {"t": new} and core.held == {"0-9": new}
 
@@ -455,7 +461,7 @@ def test_release_replies(reply: int, result: bool, lost: bool) -> None:
     assert finish(op, reply) is result
     assert permit.lost is lost and permit.released and core.held == {}
     # its one grant is gone: the name is free for the next wait
-    assert core.idle_consumers == [wait_of(core, 1)]
+    assert core.consumers.idle == [wait_of(core, 1)]
 
 
 def test_maintain_protocol_lost_adopted_and_lease() -> None:
@@ -494,7 +500,7 @@ def test_a_permit_released_while_the_renewal_ran_gives_its_adopted_slot_back() -
     permit = granted(core, "0-5")
     op = core.maintain()
     next(op)
-    core._forget(permit)
+    core.let_go(permit)
     permit.released = True  # the release ran meanwhile
     command = op.send(maintain_reply(adopted=("0-5", "0-9")))
     assert command == RunScript(
@@ -516,7 +522,7 @@ def test_maintain_does_not_report_a_permit_released_meanwhile() -> None:
 def test_maintain_recreates_a_vanished_lock_then_runs_again() -> None:
     core = LockCore.create("detail", 2, 10.0)
     granted(core, "0-5")
-    core.ever_set_up = True
+    core.registration.ever = True
     op = core.maintain()
     next(op)
     command = op.throw(redis.exceptions.ResponseError("NOLOCK lock is gone from Redis"))
@@ -568,7 +574,7 @@ def test_set_limit_get_limit_and_release_all() -> None:
     op = core.release_all()
     assert next(op).args == (core.owner,)
     assert finish(op, 2) == 2
-    assert all(p.lost for p in permits) and core.held == {} and not core.set_up
+    assert all(p.lost for p in permits) and core.held == {} and not core.registration.current
 
 
 # -- drive / adrive --------------------------------------------------------------------------------
@@ -608,7 +614,7 @@ def test_drive_names_the_lock_in_connection_errors(error: Exception) -> None:
     assert info.value.__cause__ is error and isinstance(
         info.value, redis.exceptions.ConnectionError
     )
-    assert not core.set_up and core.held == {}
+    assert not core.registration.current and core.held == {}
 
 
 def test_translate_error_leaves_other_errors_alone() -> None:
@@ -625,7 +631,7 @@ def test_drive_interrupted_mid_wait_abandons_the_wait_at_once() -> None:
     execute = Executor(iter([[1, 1, 10000], KeyboardInterrupt()]))
     with pytest.raises(KeyboardInterrupt):
         drive(core.acquire(None), execute, core.name)
-    assert core.waits_in_flight == 0 and core.abandoned == {f"{core.owner}#1": 2}
+    assert core.waits_in_flight == 0 and core.consumers.abandoned == {f"{core.owner}#1": 2}
 
 
 def test_adrive_cancelled_mid_wait_abandons_the_wait_at_once() -> None:
@@ -646,7 +652,7 @@ def test_adrive_cancelled_mid_wait_abandons_the_wait_at_once() -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         # the task (and its traceback) are still referenced here: cleanup must not wait for GC
-        assert core.waits_in_flight == 0 and core.abandoned == {f"{core.owner}#1": 2}
+        assert core.waits_in_flight == 0 and core.consumers.abandoned == {f"{core.owner}#1": 2}
 
     asyncio.run(scenario())
 

@@ -27,7 +27,7 @@ import pytest
 import redis
 
 from scrapy_redislock import CountingLock
-from scrapy_redislock.lock.core import LockKeys
+from scrapy_redislock.lock.permit import LockKeys
 from testing import lockstate
 from testing.faultproc import (
     StartLine,

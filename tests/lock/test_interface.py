@@ -21,8 +21,8 @@ from scrapy_redislock import (
     QuorumCountingLock,
     QuorumNotReached,
 )
-from scrapy_redislock.lock.core import LockKeys
 from scrapy_redislock.lock.interface import LockView
+from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.quorum import master_options
 from testing.redis_server import RedisServer, free_port
 

@@ -43,8 +43,9 @@ from hypothesis.stateful import (
 )
 
 from scrapy_redislock import AcquireTimeout, CountingLock, LockLost, Permit
-from scrapy_redislock.lock.core import LIMBO, owner_of
+from scrapy_redislock.lock.permit import LIMBO, owner_of
 from scrapy_redislock.lock.protocol import Operation
+from scrapy_redislock.lock.wait import grant_from
 from testing import lockstate
 
 pytestmark = pytest.mark.integration
@@ -226,11 +227,11 @@ class LockMachine(RuleBasedStateMachine):
             command = op.send(lock.runner(command))
         if delivered and self.free():
             reply = lock.runner(dataclasses.replace(command, block_ms=1))
-            grant = lock._core._grant_from(reply)
+            grant = grant_from(reply)
             assert grant is not None
             self.ghosts[grant] = lock.owner
         op.close()  # the reply is never read
-        assert lock._core.abandoned
+        assert lock._core.consumers.abandoned
 
     @rule(index=st.integers(0, OWNERS - 1))
     def grant_during_maintain(self, index: int) -> None:

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from scrapy_redislock import CountingLock, Permit
-from scrapy_redislock.lock.core import GROUP, LockKeys
+from scrapy_redislock.lock.permit import GROUP, LockKeys
 from testing.faultproc import max_overlap
 from testing.lockproc import Proc
 

@@ -38,7 +38,7 @@ from scrapy_redislock import (
     QuorumPermit,
     safe_quorum,
 )
-from scrapy_redislock.lock.core import GROUP, LIMBO, LockKeys
+from scrapy_redislock.lock.permit import GROUP, LIMBO, LockKeys
 from scrapy_redislock.lock.quorum import master_options
 from testing.faultproc import max_overlap
 from testing.redis_server import RedisServer, free_port

@@ -31,7 +31,7 @@ from scrapy_redislock import (
     QuorumLockFactory,
     QuorumPermit,
 )
-from scrapy_redislock.lock.core import GROUP, LIMBO, LockKeys
+from scrapy_redislock.lock.permit import GROUP, LIMBO, LockKeys
 from scrapy_redislock.lock.quorum import master_options
 from testing.inprocess import front
 from testing.redis_server import RedisServer, free_port

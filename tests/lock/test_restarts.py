@@ -98,7 +98,7 @@ def test_a_waiting_connection_made_before_the_restart_is_guarded_again(
     held = holder.acquire(timeout=1)
     restart_from_snapshot(rdb_server)
     # registered recently: the next acquire goes straight to the read
-    waiter._core.registered_at = time.monotonic()
+    waiter._core.registration.at = time.monotonic()
     # the pool's old connection is dead: redis-py makes a new one (or the first read breaks)
     for _ in range(3):
         try:

@@ -3,7 +3,7 @@ hand)."""
 
 from __future__ import annotations
 
-from scrapy_redislock.lock.core import LIMBO
+from scrapy_redislock.lock.permit import LIMBO
 from scrapy_redislock.lock.status import Grant, Process, StageStatus, wait_reason, why_waiting
 
 OWNER_A = "redislock:host-a:1:abc"

@@ -24,7 +24,7 @@ from scrapy_redislock import (
     LockLost,
     Permit,
 )
-from scrapy_redislock.lock.core import LockKeys
+from scrapy_redislock.lock.permit import LockKeys
 from testing import lockstate
 from testing.lockstate import AT_ONCE
 from testing.redis_server import RedisServer, find_redis_server, free_port

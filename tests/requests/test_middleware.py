@@ -14,7 +14,8 @@ import pytest
 import redis
 
 from scrapy_redislock.lock import CountingLock
-from scrapy_redislock.lock.core import LockKeys, release_consumer
+from scrapy_redislock.lock.core import release_consumer
+from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.protocol import drive
 from testing.crawlproc import Crawl, leftover
 from testing.redis_server import RedisServer

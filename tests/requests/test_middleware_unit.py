@@ -77,7 +77,7 @@ def test_a_slot_handed_with_a_request_is_released_though_the_request_never_reach
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, scheduler=False) as f:
             answered = request("detail", 1)
-            f.locks.hand(answered, await f.locks.acquire("detail", None))
+            f.locks.slots.hand(answered, await f.locks.acquire("detail", None))
             f.middleware.process_response(answered, Response(answered.url, request=answered))
             await until(lambda: leftover(redis_client) == 0)
 
@@ -90,7 +90,7 @@ def test_an_acquire_timeout_from_the_scheduler_fails_the_request_unretried(
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, scheduler=False) as f:
             late = request("detail", 1)
-            f.locks.hand(late, AcquireTimeout("stage 'detail': no slot within 1 s"))
+            f.locks.slots.hand(late, AcquireTimeout("stage 'detail': no slot within 1 s"))
             with pytest.raises(AcquireTimeout):
                 f.middleware.process_request(late)
             assert late.meta["dont_retry"] is True
@@ -98,7 +98,7 @@ def test_an_acquire_timeout_from_the_scheduler_fails_the_request_unretried(
             redis_url, {"detail": 1}, scheduler=False, RETRY_EXCEPTIONS=[AcquireTimeout]
         ) as f:
             late = request("detail", 2)
-            f.locks.hand(late, AcquireTimeout("no slot"))
+            f.locks.slots.hand(late, AcquireTimeout("no slot"))
             with pytest.raises(AcquireTimeout):
                 f.middleware.process_request(late)
             assert "dont_retry" not in late.meta

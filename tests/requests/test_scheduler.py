@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from scrapy_redislock import CountingLock
-from scrapy_redislock.lock.core import LockKeys
+from scrapy_redislock.lock.permit import LockKeys
 from testing.crawlproc import Crawl, leftover
 from testing.site import CrawlSite
 

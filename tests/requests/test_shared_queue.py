@@ -18,7 +18,7 @@ import redis
 import scrapy
 from scrapy_redis.queue import PriorityQueue
 
-from scrapy_redislock.lock.core import LockKeys
+from scrapy_redislock.lock.permit import LockKeys
 from testing.crawlproc import Crawl, leftover
 from testing.site import CrawlSite
 from testing.spiders.crawlspider import PlanSpider

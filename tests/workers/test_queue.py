@@ -77,7 +77,7 @@ def test_a_queue_going_from_empty_to_non_empty_puts_one_token_on_its_signal(
         assert redis_client.llen(signal) == 0
         # An idle worker blocked on the signals is served at once.
         waiter = asyncio.ensure_future(
-            a.wait_signal([signal, a.keys.signal("comments"), a.keys.wake], 30)
+            a.blocking.wait([signal, a.keys.signal("comments"), a.keys.wake], 30)
         )
         await asyncio.sleep(0.05)
         await a.push("comments", "", b"c0")
@@ -160,7 +160,7 @@ def test_the_dupefilter_is_shared_by_workers_and_stages(
         assert await b.push("detail", "", b"unfiltered")  # dont_filter: queued every time
         assert await a.seen("fp1")
         assert not await a.seen("fp2") and await a.seen("fp2")  # seen() records the fingerprint
-        assert await a.lengths() == {"list": 0, "detail": 3, "comments": 0}
+        assert (await a.look())[0] == {"list": 0, "detail": 3, "comments": 0}
 
     run(redis_url, scenario)
 
@@ -352,7 +352,7 @@ def test_a_worker_taken_for_dead_cannot_pop_until_it_beats(
         # Resumed in its fill step, before its beat: refused, nothing moves into a record nobody
         # watches.
         assert await stalled.pop("detail", 2) is None
-        assert redis_client.exists(stalled.inflight_key) == 0 and await reaper.lengths() == {
+        assert redis_client.exists(stalled.inflight_key) == 0 and (await reaper.look())[0] == {
             "list": 0,
             "detail": 4,
             "comments": 0,
@@ -534,11 +534,11 @@ def test_each_order_pops_as_its_scrapy_redis_queue_and_counts_both_parts(
         a.order = order
         await a.beat("detail")
         await push_pushed(a)
-        assert await a.lengths() == {"list": 0, "detail": 8, "comments": 0}
+        assert (await a.look())[0] == {"list": 0, "detail": 8, "comments": 0}
         assert (await a.look())[0]["detail"] == 8
         popped = names(await a.pop("detail", 3)) + names(await a.pop("detail", 10))
         assert popped == EXPECTED[order]
-        assert await a.in_flight() == 8 and await a.lengths() == {
+        assert await a.in_flight() == 8 and (await a.look())[0] == {
             "list": 0,
             "detail": 0,
             "comments": 0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from scrapy_redislock.lock.core import Permit
+from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.workers.state import WorkerState
 
 

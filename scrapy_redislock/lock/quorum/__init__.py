@@ -5,9 +5,9 @@ Each master keeps an ordinary counting lock (a :class:`~scrapy_redislock.lock.sy
 :class:`~scrapy_redislock.lock.aio.AsyncCountingLock` per master, their Lua scripts unchanged); a
 quorum permit is a grant on at least ``q`` of them, obtained within the validity time. No new Lua:
 :class:`QuorumCore` is a sans-IO generator, like ``LockCore``, that yields
-:class:`~scrapy_redislock.lock.quorum.core.Fanout` (one lock operation per master),
-:class:`~scrapy_redislock.lock.quorum.core.LeadWait` and
-:class:`~scrapy_redislock.lock.quorum.core.Pause`; :class:`QuorumCountingLock` runs a fanout's
+:class:`~scrapy_redislock.lock.quorum.protocol.Fanout` (one lock operation per master),
+:class:`~scrapy_redislock.lock.quorum.protocol.LeadWait` and
+:class:`~scrapy_redislock.lock.quorum.protocol.Pause`; :class:`QuorumCountingLock` runs a fanout's
 operations one master after the other, :class:`AsyncQuorumCountingLock` all at once.
 
 Why not a majority: each master admits ``limit`` (L) holders and each holder needs q masters, so up
@@ -49,9 +49,10 @@ What it promises and what it does not:
 """
 
 from scrapy_redislock.lock.quorum.aio import AsyncQuorumCountingLock
-from scrapy_redislock.lock.quorum.core import LeadSilent, QuorumCore, QuorumPermit, safe_quorum
+from scrapy_redislock.lock.quorum.core import QuorumCore, safe_quorum
 from scrapy_redislock.lock.quorum.factory import QuorumLockFactory, master_options
 from scrapy_redislock.lock.quorum.front import QuorumFront
+from scrapy_redislock.lock.quorum.protocol import LeadSilent, QuorumPermit
 from scrapy_redislock.lock.quorum.sync import QuorumCountingLock
 
 __all__ = [

@@ -13,19 +13,21 @@ import redis.asyncio
 from scrapy_redislock._loop import every, stop
 from scrapy_redislock.errors import LockLost
 from scrapy_redislock.lock.aio import AsyncCountingLock
-from scrapy_redislock.lock.core import Permit
 from scrapy_redislock.lock.front import TaskContext
+from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.lock.protocol import Operation, adrive
 from scrapy_redislock.lock.quorum.core import (
     ANSWER_WITHIN,
     MASTER_ERRORS,
+)
+from scrapy_redislock.lock.quorum.front import QuorumFront
+from scrapy_redislock.lock.quorum.protocol import (
     LeadWait,
     Pause,
     Pending,
     QuorumOperation,
     QuorumPermit,
 )
-from scrapy_redislock.lock.quorum.front import QuorumFront
 
 logger = logging.getLogger("scrapy_redislock.lock.quorum")
 T = TypeVar("T")

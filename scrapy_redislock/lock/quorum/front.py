@@ -9,13 +9,16 @@ from typing import Any, Generic, TypeVar
 
 from scrapy_redislock._redis import check_limit
 from scrapy_redislock.errors import InvalidArgument
-from scrapy_redislock.lock.core import Clock, LockKeys
+from scrapy_redislock.lock.core import Clock
 from scrapy_redislock.lock.front import LockFront
+from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.quorum.core import (
     ANSWER_WITHIN,
     DRIFT_FACTOR,
-    LeadSilent,
     QuorumCore,
+)
+from scrapy_redislock.lock.quorum.protocol import (
+    LeadSilent,
     QuorumPermit,
 )
 

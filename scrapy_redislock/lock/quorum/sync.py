@@ -12,18 +12,20 @@ from typing import Any, TypeVar
 import redis
 
 from scrapy_redislock.errors import LockLost
-from scrapy_redislock.lock.core import Permit
 from scrapy_redislock.lock.front import ThreadContext
+from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.lock.protocol import Operation, drive
 from scrapy_redislock.lock.quorum.core import (
     MASTER_ERRORS,
+)
+from scrapy_redislock.lock.quorum.front import QuorumFront
+from scrapy_redislock.lock.quorum.protocol import (
     LeadWait,
     Pause,
     Pending,
     QuorumOperation,
     QuorumPermit,
 )
-from scrapy_redislock.lock.quorum.front import QuorumFront
 from scrapy_redislock.lock.sync import CountingLock
 
 logger = logging.getLogger("scrapy_redislock.lock.quorum")

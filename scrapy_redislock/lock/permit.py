@@ -1,0 +1,104 @@
+"""What a lock is in Redis and what holding it means: its keys, a granted slot, and the names in
+its consumer group.
+
+Data only; the logic that hands out and renews slots is :mod:`scrapy_redislock.lock.core`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+GROUP = "holders"
+LIMBO = "__limbo__"
+
+
+@dataclass
+class Permit:
+    """One granted slot. ``fence`` increases strictly with every grant of the lock.
+
+    ``leased_at`` is when its lease began at the latest, on the lock's clock: the moment the wait
+    that got it asked, then the moment each renewal that confirmed it was sent (Redis restarts a
+    lease when it grants or renews, never before it is asked). ``valid_until`` is that plus the
+    lease: past it, Redis may have given the slot to another process, even if this one could not
+    hear about it (a stall, a partition).
+    """
+
+    name: str
+    owner: str
+    grant: str
+    fence: int
+    acquired_at: float
+    holds: int = 1
+    lost: bool = False
+    released: bool = False
+    # the consumer the grant sits under in Redis: its wait's, or the owner's once renewed
+    consumer: str = ""
+    leased_at: float = -math.inf
+    # set by the lock at each grant and renewal; a permit made by hand is not usable
+    valid_until: float = -math.inf
+
+    def leased(self, since: float, ttl: float) -> None:
+        """Redis (re)started the lease no earlier than ``since``: it lasts at least ``ttl`` from
+        then."""
+        self.leased_at = max(self.leased_at, since)
+        self.valid_until = self.leased_at + ttl
+
+    def usable(self, now: float) -> bool:
+        """Held as far as this process knows: not lost, not released, its lease not run out by
+        ``now``."""
+        return not self.lost and not self.released and now < self.valid_until
+
+    @property
+    def token(self) -> str:
+        """The owner token: who holds it and which grant it is."""
+        return f"{self.owner}/{self.grant}"
+
+
+@dataclass(frozen=True)
+class LockKeys:
+    """Redis keys of one lock; they share a hash tag so Redis Cluster keeps them together."""
+
+    slots: str
+    meta: str
+    owners: str
+    holds: str
+    ttls: str
+    seen: str
+    gate: str  # the delay gate of the stage or key (lock/delay.py): a string, only while a start is booked
+
+    @classmethod
+    def of(cls, prefix: str, name: str) -> LockKeys:
+        base = f"{prefix}:{{{name}}}"
+        return cls(
+            *(
+                f"{base}:{part}"
+                for part in ("slots", "meta", "owners", "holds", "ttls", "seen", "gate")
+            )
+        )
+
+
+def fence_of(grant: str) -> int:
+    return int(grant.rsplit("-", 1)[1])
+
+
+def default_identity(label: str | None = None) -> dict[str, Any]:
+    """What status shows about a holder; nothing in it is secret."""
+    identity: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": round(time.time(), 3),
+    }
+    if label:
+        identity["label"] = label
+    return identity
+
+
+def owner_of(consumer: str) -> str:
+    """The owner of a consumer name: ``<owner>#<n>`` (one wait's consumer) -> ``<owner>``."""
+    head, sep, tail = consumer.rpartition("#")
+    return head if sep and head and tail.isdigit() else consumer

@@ -1,0 +1,154 @@
+"""Which sub-queue of :class:`~scrapy_redislock.StageScheduler` may let a request go now.
+
+The sub-queues (:mod:`.stagequeue`) ask it two things: a request's route (its capped stage, and its
+key when keys are capped; computed once per request) and whether a request of a route may leave
+the scheduler now. A capped stage's request may leave when the stage has a slot in hand here, or
+while fewer than REDISLOCK_WAITERS_PER_STAGE of its requests wait for a slot in the downloader; a
+capped key's, while fewer than the key's limit of this process's requests hold or wait for it.
+Reads REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT and
+REDISLOCK_KEY_LIMITS from the checked settings it is given.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter, deque
+from typing import TYPE_CHECKING
+
+from scrapy_redislock.crawl.engine import downloader_active
+from scrapy_redislock.crawl.keys import request_key
+from scrapy_redislock.crawl.requestslots import SlotPermit
+from scrapy_redislock.crawl.stages import stage_of
+from scrapy_redislock.errors import KeyFunctionError, UnknownStage
+from scrapy_redislock.requests.stagequeue import Route
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+    from scrapy_redislock.crawl.settings import RedisLockSettings
+    from scrapy_redislock.crawl.stagelocks import StageLocks
+
+
+class StageGate:
+    """The routes of requests, the line of each capped stage, and the load of each capped key."""
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        settings: RedisLockSettings,
+        locks: StageLocks,
+        ready: dict[str, deque[SlotPermit]],
+    ) -> None:
+        self.crawler = crawler
+        self.settings = settings
+        self.locks = locks
+        # the scheduler's slots in hand per stage: a stage with one lets a request go
+        self.ready = ready
+        self.key_capped = settings.stage_key is not None and (
+            settings.key_limit is not None
+            or any(v is not None for v in settings.key_limits.values())
+        )
+        # the inner scheduler's queues are split by stage (False: an unknown scheduler)
+        self.queues_split = True
+        self._routes: weakref.WeakKeyDictionary[Request, Route] = weakref.WeakKeyDictionary()
+        # Requests let go without a slot: they wait for one in the middleware, first in this
+        # process's line.
+        self.in_line: dict[str, weakref.WeakSet[Request]] = {
+            stage: weakref.WeakSet() for stage in ready
+        }
+        # keys held or in line in this process, during one next_request()
+        self._load: Counter[str] | None = None
+
+    def route(self, request: Request) -> Route:
+        """The sub-queue of ``request``: its stage when capped, and its key when keys are capped;
+        computed once."""
+        try:
+            return self._routes[request]
+        except KeyError:
+            pass
+        stage = stage_of(request, self.settings, self.crawler.spider)
+        try:
+            capped = stage is not None and self.locks.is_capped(stage)
+        except UnknownStage:
+            capped = False  # the middleware fails it, naming the stage and counting it
+        route: Route = (
+            (stage, self._key(request) if self.key_capped else None) if capped else (None, None)
+        )
+        self._routes[request] = route
+        return route
+
+    def may_go(self, route: Route) -> bool:
+        """A request of this sub-queue may leave now: not capped; or its stage has a slot in hand
+        here, or fewer than REDISLOCK_WAITERS_PER_STAGE of its requests wait in line; and its key
+        (if capped) has room here."""
+        stage, key = route
+        if stage is None:
+            return True
+        if not self.ready[stage] and self._line_is_full(stage):
+            return False
+        if key is None:
+            return True
+        limit = self.settings.limit_of_key(key)
+        return limit is None or self.key_load()[key] < limit
+
+    def let_go(self, key: str | None) -> None:
+        """A request of ``key`` leaves the scheduler: one more of this process holds or waits for
+        the key."""
+        if key is not None:
+            self.key_load()[key] += 1
+
+    def join_line(self, request: Request, stage: str) -> None:
+        """``request`` left without a slot: it waits for one in the middleware, in this line."""
+        self.in_line[stage].add(request)
+
+    def new_pass(self) -> None:
+        """The engine asks for the next request: the key loads are counted again."""
+        self._load = None
+
+    def got_slot(self, request: Request) -> None:
+        """A request waiting in line got its slot in the middleware."""
+        for line in self.in_line.values():
+            line.discard(request)
+
+    def _line_is_full(self, stage: str) -> bool:
+        """The line bounds what waits for a slot in the downloader, where it takes one of
+        CONCURRENT_REQUESTS; with no downloader to watch (a scheduler driven by hand, as in Scrapy's
+        own scheduler tests) or an inner scheduler whose queues are not split by stage, there is
+        nothing to bound."""
+        if not self.queues_split or downloader_active(self.crawler) is None:
+            return False
+        return self.waiting_in_line(stage) >= self.settings.waiters_per_stage
+
+    def waiting_in_line(self, stage: str) -> int:
+        """Requests of ``stage`` let go without a slot that still wait for one (not yet holding one,
+        not gone)."""
+        line = self.in_line[stage]
+        active = downloader_active(self.crawler)
+        for request in list(line):
+            if self.locks.slots.has_slot(request) or (active is not None and request not in active):
+                line.discard(request)
+        return len(line)
+
+    def key_load(self) -> Counter[str]:
+        """Requests of this process per key that hold a slot or wait in line: a key has room while
+        fewer than its limit do. Other processes' are not seen (that would cost a read per request):
+        a key busy elsewhere still lets requests go here up to its limit, and they wait for the key
+        in the middleware."""
+        if self._load is None:
+            requests = set(self.locks.slots.holding())
+            for stage, line in self.in_line.items():
+                self.waiting_in_line(stage)  # forget those that got their slot or are gone
+                requests.update(line)
+            self._load = Counter(
+                key for key in (self.route(r)[1] for r in requests) if key is not None
+            )
+        return self._load
+
+    def _key(self, request: Request) -> str | None:
+        """The request's key (REDISLOCK_STAGE_KEY); None also when its function fails for it (the
+        middleware then fails the request, naming the error)."""
+        try:
+            return request_key(request, self.crawler.spider, self.settings.stage_key)
+        except KeyFunctionError:
+            return None
