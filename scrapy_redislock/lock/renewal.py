@@ -18,13 +18,13 @@ from scrapy_redislock.lock.permit import Permit, fence_of
 from scrapy_redislock.lock.protocol import Operation, RunScript, is_missing_lock
 
 if TYPE_CHECKING:
-    from scrapy_redislock.lock.core import LockCore
+    from scrapy_redislock.lock.parts import Core
 
 
 class Renewal:
     """Renew exactly ``permits`` (None: every permit held) in one ``maintain`` script."""
 
-    def __init__(self, core: LockCore, permits: list[Permit] | None) -> None:
+    def __init__(self, core: Core, permits: list[Permit] | None) -> None:
         self.core = core
         self.permits = permits
         self.targets = list(core.held.values()) if permits is None else list(permits)

@@ -19,7 +19,7 @@ from scrapy_redislock.lock.permit import Permit, fence_of
 from scrapy_redislock.lock.protocol import Operation, ReadGrant, is_missing_lock
 
 if TYPE_CHECKING:
-    from scrapy_redislock.lock.core import LockCore
+    from scrapy_redislock.lock.parts import Core
 
 
 def block_ms(deadline: float | None, now: float, max_block: float | None) -> int | None:
@@ -51,7 +51,7 @@ def grant_from(reply: Any) -> str | None:
 class GrantWait:
     """One acquire's wait, from its first look to a permit held (or a timeout)."""
 
-    def __init__(self, core: LockCore, timeout: float | None, blocking: bool) -> None:
+    def __init__(self, core: Core, timeout: float | None, blocking: bool) -> None:
         self.core = core
         self.timeout = timeout
         self.blocking = blocking

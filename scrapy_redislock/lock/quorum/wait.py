@@ -9,7 +9,7 @@ long as the acquire.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scrapy_redislock._redis import Backoff
 from scrapy_redislock.errors import AcquireTimeout, LockError
@@ -25,7 +25,34 @@ from scrapy_redislock.lock.quorum.protocol import (
 )
 
 if TYPE_CHECKING:
-    from scrapy_redislock.lock.quorum.core import QuorumCore
+    from collections.abc import Callable
+
+    from scrapy_redislock.lock.core import LockCore
+
+
+class Core(Protocol):
+    """What one acquire needs of its :class:`~scrapy_redislock.lock.quorum.core.QuorumCore` (this
+    module imports it never, so imports run one way)."""
+
+    name: str
+    owner: str
+    quorum: int
+    cores: list[LockCore]
+    down_until: list[float]
+    last_round: str
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
+    @property
+    def renew_interval(self) -> float: ...
+
+    def validity(self, started: float) -> float: ...
+
+    def known_somewhere(self) -> None: ...
+
+    def probe(self, skip: int | None = None) -> QuorumOperation[None]: ...
+
 
 RETRY_FIRST = 0.005  # s, first back-off after a lost round; doubles up to RETRY_MOST
 RETRY_MOST = 0.05
@@ -35,7 +62,7 @@ class QuorumWait:
     """One acquire on a quorum of masters; ``pending`` lists the grants it holds that no permit
     owns yet, so that a caller can give them back if the acquire is cut short."""
 
-    def __init__(self, core: QuorumCore, timeout: float | None, pending: Pending) -> None:
+    def __init__(self, core: Core, timeout: float | None, pending: Pending) -> None:
         self.core = core
         self.timeout = timeout
         self.pending = pending
