@@ -146,20 +146,22 @@ def _from_project(opts: argparse.Namespace, settings: Any) -> dict[str, Any]:
         configured = read_settings(settings)
     except ConfigError as exc:
         raise CliError(f"project settings: {exc}", EXIT_USAGE) from None
-    if configured.masters and not getattr(opts, "url", None):
+    if configured.redis.masters and not getattr(opts, "url", None):
         raise CliError(
-            QUORUM_REFUSED.format(count=len(configured.masters), urls=configured.safe_url),
+            QUORUM_REFUSED.format(
+                count=len(configured.redis.masters), urls=configured.redis.safe_url
+            ),
             EXIT_USAGE,
         )
     found: dict[str, Any] = {
         "ttl": configured.ttl,
         "stages": configured.stages,
-        "params": {**CLI_CLIENT_PARAMS, **configured.params},
+        "params": {**CLI_CLIENT_PARAMS, **configured.redis.params},
     }
     if any(
         settings.get(name) for name in ("REDISLOCK_URL", "REDIS_URL", "REDIS_HOST", "REDIS_PORT")
     ):
-        found["url"] = (configured.url, "the project's settings (REDISLOCK_URL / REDIS_URL)")
+        found["url"] = (configured.redis.url, "the project's settings (REDISLOCK_URL / REDIS_URL)")
     if settings.get("REDISLOCK_KEY_PREFIX") is not None:
         found["prefix"] = (configured.key_prefix, "REDISLOCK_KEY_PREFIX")
     return found

@@ -32,7 +32,7 @@ class OneRedis:
     def __init__(self, settings: RedisLockSettings) -> None:
         self.settings = settings
         self.clients: list[AsyncRedisClient] = async_clients(
-            settings.url, settings.url_setting, settings.params
+            settings.redis.url, settings.redis.url_setting, settings.redis.params
         )
 
     def make_lock(self, name: str, limit: int, identity: Mapping[str, Any]) -> AsyncLock[Any]:
@@ -70,7 +70,10 @@ class QuorumOfMasters:
     def __init__(self, settings: RedisLockSettings) -> None:
         self.settings = settings
         self.clients = async_clients(
-            settings.url, settings.url_setting, settings.params, settings.masters
+            settings.redis.url,
+            settings.redis.url_setting,
+            settings.redis.params,
+            settings.redis.masters,
         )
         self.factory = QuorumLockFactory(self.clients, asyncio=True)
 
@@ -83,7 +86,7 @@ class QuorumOfMasters:
                 limit,
                 self.settings.ttl,
                 key_prefix=self.settings.key_prefix,
-                quorum=self.settings.quorum,
+                quorum=self.settings.redis.quorum,
                 identity=identity,
             ),
         )
@@ -98,14 +101,14 @@ class QuorumOfMasters:
         needed = max((self.needed(lock) for lock in locks.values()), default=1)
         if len(self.clients) - len(failed) < needed:
             refused = [exc for exc in failed.values() if isinstance(exc, REFUSED)]
-            raise refused[0] if refused else no_quorum(self.settings.masters, failed, needed)
+            raise refused[0] if refused else no_quorum(self.settings.redis.masters, failed, needed)
         if failed:
             logger.warning(
                 "Quorum lock: %d of %d masters answer, %d needed; not answering: %s",
                 len(self.clients) - len(failed),
                 len(self.clients),
                 needed,
-                masters_said(self.settings.masters, failed),
+                masters_said(self.settings.redis.masters, failed),
             )
 
     def needed(self, lock: AsyncLock[Any]) -> int:
@@ -121,7 +124,7 @@ Deployment = OneRedis | QuorumOfMasters
 
 
 def deployment_of(settings: RedisLockSettings) -> Deployment:
-    return QuorumOfMasters(settings) if settings.masters else OneRedis(settings)
+    return QuorumOfMasters(settings) if settings.redis.masters else OneRedis(settings)
 
 
 __all__ = ["Deployment", "OneRedis", "QuorumOfMasters", "deployment_of"]

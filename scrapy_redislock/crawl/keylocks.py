@@ -81,7 +81,7 @@ class KeyLocks(StageLocks):
         self.lifecycle.started = True
 
     def limit(self, key: str) -> int | None:
-        return self.settings.limit_of_key(key)
+        return self.settings.keys.limit_of(key)
 
     def lock_for(self, key: str) -> str:
         """Make the key's lock object if this process has none (no Redis command: it is set up on
@@ -161,7 +161,7 @@ class KeyLocks(StageLocks):
         one, across every process (first come, first served), and sleep until it; returns (seconds
         slept, the booked moment on Redis's clock, seconds since the epoch). Redis errors are logged
         and retried with back-off (a start is never let through without its booking)."""
-        gap = gap_of(delay, self.settings.randomize_delay)
+        gap = gap_of(delay, self.settings.keys.randomize_delay)
         gate = gate_key(self.settings.key_prefix, name)
         backoff = Backoff()
         while True:

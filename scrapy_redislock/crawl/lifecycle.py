@@ -144,7 +144,7 @@ class Lifecycle:
         A process started during a failover, or just before Redis, waits instead of closing at once;
         credentials or an ACL refused are not retried.
         """
-        timeout = self.locks.settings.connect_timeout
+        timeout = self.locks.settings.redis.connect_timeout
         deadline = time.monotonic() + timeout
         backoff = Backoff(*START_BACKOFF)
         while True:
@@ -165,8 +165,8 @@ class Lifecycle:
                     "Redis at %s (%s) is not reachable yet (%s); trying again in %.1f s, for %.0f "
                     "s more "
                     "(REDISLOCK_CONNECT_TIMEOUT = %g)",
-                    self.locks.settings.safe_url,
-                    self.locks.settings.url_setting,
+                    self.locks.settings.redis.safe_url,
+                    self.locks.settings.redis.url_setting,
                     exc,
                     delay,
                     left,
@@ -178,14 +178,14 @@ class Lifecycle:
     def _start_failed(self, exc: BaseException) -> None:
         if self.failure is not None:
             return
-        source = self.locks.settings.url_setting
+        source = self.locks.settings.redis.url_setting
         if isinstance(exc, redis.exceptions.NoPermissionError):
             logger.error(
                 "Redis at %s (%s) refused a command to this user (ACL): %s; the crawl needs the "
                 "crawler role "
                 "(python -m scrapy_redislock.cli.acl crawler); closing the spider rather than "
                 "crawl unthrottled",
-                self.locks.settings.safe_url,
+                self.locks.settings.redis.safe_url,
                 source,
                 exc,
             )
@@ -195,7 +195,7 @@ class Lifecycle:
                 "Redis at %s (%s) refused the credentials: %s Check the password or ACL user in "
                 "the URL or in "
                 "REDISLOCK_PARAMS; closing the spider rather than crawl unthrottled",
-                self.locks.settings.safe_url,
+                self.locks.settings.redis.safe_url,
                 source,
                 exc,
             )
@@ -205,10 +205,10 @@ class Lifecycle:
                 "Cannot reach Redis at %s (%s): %s; waited %g s (REDISLOCK_CONNECT_TIMEOUT); "
                 "closing the spider "
                 "rather than crawl unthrottled",
-                self.locks.settings.safe_url,
+                self.locks.settings.redis.safe_url,
                 source,
                 exc,
-                self.locks.settings.connect_timeout,
+                self.locks.settings.redis.connect_timeout,
             )
             self.failure = CloseSpider("redislock_redis_unavailable")
         # Connected now, so that it runs after every other spider_closed handler: the crawl did not

@@ -70,13 +70,65 @@ DEFAULT_CLIENT_PARAMS = {"socket_connect_timeout": 10, "health_check_interval": 
 
 
 @dataclass(frozen=True, kw_only=True)
-class RedisLockSettings:
-    """The checked REDISLOCK_* settings of one crawler (defaults: :mod:`.defaults`' table)."""
+class ConnectionSettings:
+    """Where the locks live: one Redis (a server, Sentinel or Cluster URL) or a quorum of
+    independent masters."""
 
-    enabled: bool
     url: str
     url_setting: str  # where the URL came from, for messages (or "the default URL")
     params: Mapping[str, Any]
+    masters: tuple[str, ...]  # REDISLOCK_URL as a list: the quorum lock's masters (else empty)
+    quorum: int | None  # REDISLOCK_QUORUM (None: each stage's safe quorum)
+    connect_timeout: float
+
+    @property
+    def parsed(self) -> RedisURL:
+        """The parsed URL: a server, Sentinel or Cluster (checked by read_settings)."""
+        return connection_url(self.url, self.url_setting)
+
+    @property
+    def safe_url(self) -> str:
+        if self.masters:
+            return "[" + ", ".join(mask_url(url) for url in self.masters) + "]"
+        return mask_url(self.url)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeySettings:
+    """Caps and delays per key (REDISLOCK_STAGE_KEY and what it enables) and delays per stage."""
+
+    stage_key: KeyFunction | None
+    key_limit: int | None
+    key_limits: Mapping[str, int | None]
+    delay: float
+    delays: Mapping[str, float]  # stages' and keys' names
+    randomize_delay: bool
+
+    def limit_of(self, key: str) -> int | None:
+        """The cap of one key: its REDISLOCK_KEY_LIMITS entry, else REDISLOCK_KEY_LIMIT (None:
+        uncapped)."""
+        return self.key_limits.get(key, self.key_limit)
+
+    @property
+    def capped(self) -> bool:
+        """Whether any key has a cap."""
+        return self.stage_key is not None and (
+            self.key_limit is not None or any(v is not None for v in self.key_limits.values())
+        )
+
+
+CONNECTION_FIELDS = ("url", "url_setting", "params", "masters", "quorum", "connect_timeout")
+KEY_FIELDS = ("stage_key", "key_limit", "key_limits", "delay", "delays", "randomize_delay")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RedisLockSettings:
+    """The checked REDISLOCK_* settings of one crawler (defaults: :mod:`.defaults`' table), with
+    the connection's and the keys' settings as groups of their own."""
+
+    enabled: bool
+    redis: ConnectionSettings
+    keys: KeySettings
     stages: Mapping[str, int | None]
     worker_stages: Mapping[str, int | None]
     ttl: float
@@ -90,44 +142,22 @@ class RedisLockSettings:
     waiters_per_stage: int
     local_reuse: float
     idle_close: float | None
-    connect_timeout: float
-    stage_key: KeyFunction | None
-    key_limit: int | None
-    key_limits: Mapping[str, int | None]
-    delay: float
-    delays: Mapping[str, float]
-    randomize_delay: bool
-    masters: tuple[str, ...]  # REDISLOCK_URL as a list: the quorum lock's masters (else empty)
-    quorum: int | None  # REDISLOCK_QUORUM (None: each stage's safe quorum)
-
-    def limit_of_key(self, key: str) -> int | None:
-        """The cap of one key: its REDISLOCK_KEY_LIMITS entry, else REDISLOCK_KEY_LIMIT (None:
-        uncapped)."""
-        return self.key_limits.get(key, self.key_limit)
 
     def delay_of(self, name: str, stage: bool = False) -> float:
         """Seconds between two starts of a stage (``stage=True``; 0 unless REDISLOCK_DELAYS names
         it) or a key."""
+        delays, delay = self.keys.delays, self.keys.delay
         if stage:
-            return self.delays.get(name, 0.0) if name in self.stages else 0.0
-        return self.delays.get(name, self.delay) if name not in self.stages else self.delay
+            return delays.get(name, 0.0) if name in self.stages else 0.0
+        return delays.get(name, delay) if name not in self.stages else delay
 
     @property
     def keyed(self) -> bool:
         """Whether anything per key or per-stage delay is configured (the middleware then has work
         per request)."""
-        return self.stage_key is not None or any(self.delay_of(s, stage=True) for s in self.stages)
-
-    @property
-    def connection(self) -> RedisURL:
-        """The parsed URL: a server, Sentinel or Cluster (checked by read_settings)."""
-        return connection_url(self.url, self.url_setting)
-
-    @property
-    def safe_url(self) -> str:
-        if self.masters:
-            return "[" + ", ".join(mask_url(url) for url in self.masters) + "]"
-        return mask_url(self.url)
+        return self.keys.stage_key is not None or any(
+            self.delay_of(s, stage=True) for s in self.stages
+        )
 
 
 # -- one parser per kind of value: (raw value, setting name, whether None is allowed) -> value -----
@@ -431,7 +461,9 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     _check_stage_names(values)
     _check_quorum(values)
     _check_keys(values)
-    return RedisLockSettings(**values)
+    redis = ConnectionSettings(**{name: values.pop(name) for name in CONNECTION_FIELDS})
+    keys = KeySettings(**{name: values.pop(name) for name in KEY_FIELDS})
+    return RedisLockSettings(redis=redis, keys=keys, **values)
 
 
 def _connection(settings: BaseSettings, url: Any, params: Any) -> dict[str, Any]:

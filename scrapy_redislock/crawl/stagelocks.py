@@ -244,7 +244,7 @@ class StageLocks:
             try:
                 previous = await lock.set_limit(limit)
             except QuorumNotReached as exc:
-                raise no_quorum(self.settings.masters, exc.failed, exc.needed) from None
+                raise no_quorum(self.settings.redis.masters, exc.failed, exc.needed) from None
             if previous is not None and previous != limit:
                 logger.warning(
                     "Limit of stage %r changed from %s to %s in Redis (the newest process's "
@@ -273,7 +273,7 @@ class StageLocks:
         self.lifecycle.started = True
         logger.info(
             "Stage slots in Redis at %s (prefix %r, ttl %s s): %s",
-            self.settings.safe_url,
+            self.settings.redis.safe_url,
             self.settings.key_prefix,
             self.settings.ttl,
             {stage: self.limits[stage] for stage in self.limits},

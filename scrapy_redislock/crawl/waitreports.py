@@ -133,7 +133,7 @@ class WaitReports:
         return WaitReason(
             "held" if calm else "quorum",
             f"{free} of {masters} masters have a free slot, {needed} needed; "
-            f"{masters_said(self.locks.settings.masters, said)}",
+            f"{masters_said(self.locks.settings.redis.masters, said)}",
         )
 
     async def say_why(self, stage: str, when: str) -> None:

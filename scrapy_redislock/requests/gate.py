@@ -45,10 +45,7 @@ class StageGate:
         self.locks = locks
         # the scheduler's slots in hand per stage: a stage with one lets a request go
         self.ready = ready
-        self.key_capped = settings.stage_key is not None and (
-            settings.key_limit is not None
-            or any(v is not None for v in settings.key_limits.values())
-        )
+        self.key_capped = settings.keys.capped
         # the inner scheduler's queues are split by stage (False: an unknown scheduler)
         self.queues_split = True
         self._routes: weakref.WeakKeyDictionary[Request, Route] = weakref.WeakKeyDictionary()
@@ -89,7 +86,7 @@ class StageGate:
             return False
         if key is None:
             return True
-        limit = self.settings.limit_of_key(key)
+        limit = self.settings.keys.limit_of(key)
         return limit is None or self.key_load()[key] < limit
 
     def let_go(self, key: str | None) -> None:
@@ -149,6 +146,6 @@ class StageGate:
         """The request's key (REDISLOCK_STAGE_KEY); None also when its function fails for it (the
         middleware then fails the request, naming the error)."""
         try:
-            return request_key(request, self.crawler.spider, self.settings.stage_key)
+            return request_key(request, self.crawler.spider, self.settings.keys.stage_key)
         except KeyFunctionError:
             return None

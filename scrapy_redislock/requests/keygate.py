@@ -72,11 +72,11 @@ class KeyGate:
         """A coroutine taking the request's key slot and waiting its delays; None when it has none
         of them. KeyFunctionError (counted) when REDISLOCK_STAGE_KEY's function fails for it."""
         try:
-            key = request_key(request, self.crawler.spider, self.settings.stage_key)
+            key = request_key(request, self.crawler.spider, self.settings.keys.stage_key)
         except KeyFunctionError:
             self.crawler.stats.inc_value("redislock/key_errors")
             raise
-        capped = key is not None and self.settings.limit_of_key(key) is not None
+        capped = key is not None and self.settings.keys.limit_of(key) is not None
         stage_delay = self.settings.delay_of(stage, stage=True) if stage is not None else 0.0
         key_delay = self.settings.delay_of(key) if key is not None else 0.0
         if not (capped or stage_delay or key_delay):

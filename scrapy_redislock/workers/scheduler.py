@@ -126,9 +126,9 @@ CLOSE_STEP_TIMEOUT = 10.0
 
 def worker_stages(crawler: Crawler, settings: RedisLockSettings) -> dict[str, int | None]:
     """The spider's worker stages (stage -> max workers), checked: the worker front needs one Redis."""
-    if settings.masters:
+    if settings.redis.masters:
         raise ConfigError(
-            f"REDISLOCK_URL lists {len(settings.masters)} masters: the worker front needs one "
+            f"REDISLOCK_URL lists {len(settings.redis.masters)} masters: the worker front needs one "
             "Redis (its queues live there); a list of masters is for the request front's "
             "quorum lock"
         )

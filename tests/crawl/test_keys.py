@@ -105,11 +105,11 @@ def test_limits_and_delays_per_key_and_stage() -> None:
         REDISLOCK_DELAY="0.5",
         REDISLOCK_DELAYS={"slow.com": 3, "detail": 0.25},
     )
-    assert checked.key_limit == 2
+    assert checked.keys.key_limit == 2
     assert (
-        checked.limit_of_key("a.com"),
-        checked.limit_of_key("big.com"),
-        checked.limit_of_key("free.com"),
+        checked.keys.limit_of("a.com"),
+        checked.keys.limit_of("big.com"),
+        checked.keys.limit_of("free.com"),
     ) == (2, 10, None)
     assert checked.delay_of("a.com") == 0.5 and checked.delay_of("slow.com") == 3
     assert (
@@ -119,7 +119,7 @@ def test_limits_and_delays_per_key_and_stage() -> None:
     # a key named like a stage gets the default: the stage's entry is not it
     assert checked.delay_of("detail") == 0.5
     plain = read(REDISLOCK_STAGES={"detail": 3})
-    assert plain.stage_key is None and not plain.keyed
+    assert plain.keys.stage_key is None and not plain.keyed
 
 
 def test_key_of_fails_one_request_with_the_reason() -> None:

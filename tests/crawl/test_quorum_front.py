@@ -53,15 +53,15 @@ URLS = ["redis://127.0.0.1:7001/0", "redis://127.0.0.1:7002/0", "redis://127.0.0
 
 def test_a_list_of_masters_is_read_with_its_quorum() -> None:
     checked = read_settings(Settings({"REDISLOCK_URL": URLS, "REDISLOCK_STAGES": {"detail": 1}}))
-    assert checked.masters == tuple(URLS) and checked.quorum is None
-    assert checked.safe_url == "[" + ", ".join(URLS) + "]"
+    assert checked.redis.masters == tuple(URLS) and checked.redis.quorum is None
+    assert checked.redis.safe_url == "[" + ", ".join(URLS) + "]"
     as_json = read_settings(
         Settings({"REDISLOCK_URL": '["redis://a:1/0", "redis://b:2/0"]', "REDISLOCK_QUORUM": "2"})
     )
     # as -s gives them
-    assert as_json.masters == ("redis://a:1/0", "redis://b:2/0") and as_json.quorum == 2
+    assert as_json.redis.masters == ("redis://a:1/0", "redis://b:2/0") and as_json.redis.quorum == 2
     # one master: the plain lock
-    assert read_settings(Settings({"REDISLOCK_URL": URLS[:1]})).masters == ()
+    assert read_settings(Settings({"REDISLOCK_URL": URLS[:1]})).redis.masters == ()
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,8 @@ from scrapy_redislock.crawl import defaults
 from scrapy_redislock.crawl.settings import (
     DEFAULT_CLIENT_PARAMS,
     PARSERS,
+    ConnectionSettings,
+    KeySettings,
     RedisLockSettings,
     read_settings,
 )
@@ -162,14 +164,23 @@ def test_none_is_spelled_the_same_for_every_optional_setting(spelled: Any) -> No
     read = read_settings(
         Settings({"REDISLOCK_STAGES": {"detail": 3}} | {s.name: spelled for s in optional})
     )
-    assert (read.url_setting, read.params) == ("the default URL", DEFAULT_CLIENT_PARAMS)
+    assert (read.redis.url_setting, read.redis.params) == ("the default URL", DEFAULT_CLIENT_PARAMS)
     for setting in optional:
         if setting.field not in ("url", "params"):
-            assert getattr(read, setting.field) is None, setting.name
+            assert field_of(read, setting.field) is None, setting.name
+
+
+def field_of(read: RedisLockSettings, field: str) -> Any:
+    """A field of the checked settings, in whichever group it sits."""
+    for group in (read, read.redis, read.keys):
+        if hasattr(group, field):
+            return getattr(group, field)
+    raise AttributeError(field)
 
 
 def test_the_table_has_a_parser_and_a_field_for_each_setting() -> None:
-    fields = {f.name for f in dataclasses.fields(RedisLockSettings)}
+    groups = (RedisLockSettings, ConnectionSettings, KeySettings)
+    fields = {f.name for group in groups for f in dataclasses.fields(group)} - {"redis", "keys"}
     for setting in defaults.TABLE:
         assert setting.kind in PARSERS, setting.name
         assert setting.field in fields, setting.name
