@@ -16,7 +16,16 @@ Measured: pages/s (pages over the time from the first request's arrival at the s
 requests of one domain in flight at once (seen by the site), Redis commands per page (INFO commandstats: every
 command, those run inside scripts included) and Redis memory at the end: the keys left and their bytes (MEMORY
 USAGE summed), and INFO memory used_memory less the empty server's (that includes the Lua scripts loaded and the
-Lua VM, which are not per key). Prints what it measured; writes bench/results/keys.md and keys.json.
+Lua VM, which are not per key).
+
+Then the delay as the site sees it (``--gap-*``): 3 processes, 8 host names x 90 pages, REDISLOCK_KEY_LIMIT = 3,
+REDISLOCK_DELAY = 0.1 s, once on a quiet machine and once beside two CPU burners (``python -c "while True:
+pass"``): the smallest and the 1st-percentile gap between two request starts of one host as the site saw them, the
+gaps under 95 % of the delay, and what a start cost in Redis (EVALSHA per start: 1 when its key was free, 2 when it
+waited; "held back" counts the confirmations that had to wait behind a late start).
+
+Prints what it measured; writes bench/results/keys.md and keys.json. ``--only caps`` or ``--only gaps`` runs one
+part.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -56,6 +66,16 @@ def options(argv: list[str] | None) -> argparse.Namespace:
         "--concurrency", type=int, default=16, help="CONCURRENT_REQUESTS per process"
     )
     parser.add_argument("--delay", type=float, default=0.02, help="seconds the site takes per page")
+    parser.add_argument("--only", choices=("caps", "gaps"), help="run one part of the benchmark")
+    parser.add_argument("--gap-processes", type=int, default=3, help="processes of the gap runs")
+    parser.add_argument("--gap-hosts", type=int, default=8, help="host names of the gap runs")
+    parser.add_argument("--gap-pages", type=int, default=90, help="pages per host of the gap runs")
+    parser.add_argument(
+        "--gap-delay", type=float, default=0.1, help="REDISLOCK_DELAY of the gap runs"
+    )
+    parser.add_argument(
+        "--gap-cap", type=int, default=3, help="REDISLOCK_KEY_LIMIT of the gap runs"
+    )
     return parser.parse_args(argv)
 
 
@@ -134,6 +154,86 @@ def run(
     }
 
 
+def gap_run(burners: int, opts: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """One crawl with the delay, beside ``burners`` CPU burners: the gaps between request starts
+    of one host as the site saw them."""
+    processes, hosts = opts.gap_processes, opts.gap_hosts
+    per_process = opts.gap_pages * hosts // processes
+    burning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(burners)]
+    try:
+        with RedisServer() as server, CrawlSite(delay=0.01, hosts=hosts) as site:
+            client = redis.Redis.from_url(server.url)
+            settings = {
+                "REDISLOCK_URL": server.url,
+                "REDISLOCK_STAGE_KEY": "domain",
+                "REDISLOCK_KEY_LIMIT": opts.gap_cap,
+                "REDISLOCK_DELAY": opts.gap_delay,
+                "REDISLOCK_STAGES": {"detail": None},  # the test spider's stage, uncapped
+                "SCHEDULER": None,
+                "CONCURRENT_REQUESTS": 16,
+                "DOWNLOAD_DELAY": 0,
+                "LOG_LEVEL": "WARNING",
+            }
+            before = commandstats(client)
+            crawls = [
+                Crawl(
+                    site.url,
+                    f"detail:{per_process}",
+                    settings,
+                    folder,
+                    args={"hosts": str(hosts), "first": str(100_000 * i)},
+                ).start()
+                for i in range(processes)
+            ]
+            for crawl in crawls:
+                crawl.wait(timeout=1800)
+                assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
+            after = commandstats(client)
+            gaps = sorted(gap for host in list(site.host_arrivals) for gap in site.gaps(host))
+            client.close()
+    finally:
+        for burner in burning:
+            burner.kill()
+            burner.wait()
+    starts = processes * per_process
+    held_back = sum(crawl.stats.get("redislock/delay/held_back", 0) for crawl in crawls)
+    return {
+        "burners": burners,
+        "processes": processes,
+        "hosts": hosts,
+        "starts": starts,
+        "delay": opts.gap_delay,
+        "gaps": len(gaps),
+        "smallest_gap_ms": round(gaps[0] * 1000, 1),
+        "p1_gap_ms": round(gaps[len(gaps) // 100] * 1000, 1),
+        "median_gap_ms": round(gaps[len(gaps) // 2] * 1000, 1),
+        "gaps_under_95pct": sum(1 for gap in gaps if gap < 0.95 * opts.gap_delay),
+        "evalsha_per_start": round(
+            (after.get("evalsha", 0) - before.get("evalsha", 0)) / starts, 2
+        ),
+        "held_back": held_back,
+    }
+
+
+def gap_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "",
+        "## The delay as the site sees it",
+        "",
+        "| CPU burners | processes | hosts | starts | delay | smallest gap | 1st percentile | median | "
+        "gaps < 95 % of the delay | EVALSHA per start (keys and delays) | held back |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['burners']} | {r['processes']} | {r['hosts']} | {r['starts']} | "
+            f"{r['delay'] * 1000:.0f} ms | {r['smallest_gap_ms']} ms | {r['p1_gap_ms']} ms | "
+            f"{r['median_gap_ms']} ms | {r['gaps_under_95pct']} of {r['gaps']} | "
+            f"{r['evalsha_per_start']} | {r['held_back']} |"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     opts = options(argv)
     RESULTS.mkdir(exist_ok=True)
@@ -149,20 +249,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     started = time.time()
     rows = []
-    for processes in (int(p) for p in opts.processes.split(",")):
+    for processes in (int(p) for p in opts.processes.split(",")) if opts.only != "gaps" else ():
         for domains in (int(d) for d in opts.domains.split(",")):
             for mode in ("redislock", "scrapy"):
                 row = run(mode, processes, domains, opts, folder)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-    lines = [
-        "## Caps per domain across processes: `./run.sh bench keys`",
-        "",
-        "| processes | domains | pages | cap | how | pages/s | most in flight per domain | "
-        "commands/page | "
-        "keys left (bytes) | used_memory change |",
-        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
-    ]
+    gap_rows = []
+    for burners in (0, 2) if opts.only != "caps" else ():
+        gap_rows.append(gap_run(burners, opts, folder))
+        print(json.dumps(gap_rows[-1]), flush=True)
+    lines = (
+        []
+        if not rows
+        else [
+            "## Caps per domain across processes: `./run.sh bench keys`",
+            "",
+            "| processes | domains | pages | cap | how | pages/s | most in flight per domain | "
+            "commands/page | "
+            "keys left (bytes) | used_memory change |",
+            "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+        ]
+    )
     for r in rows:
         how = (
             "redislock key cap"
@@ -176,12 +284,16 @@ def main(argv: list[str] | None = None) -> int:
             f"({r['redis_key_bytes_end']} B) | {r['redis_used_memory_change_bytes'] / 1024:+.0f} "
             "KiB |"
         )
+    if gap_rows:
+        lines += gap_table(gap_rows)
     lines.append(f"\nbenchmark wall time {time.time() - started:.0f} s")
     text = "\n".join(lines)
     print()
     print(text)
     (RESULTS / "keys.md").write_text(text + "\n")
-    (RESULTS / "keys.json").write_text(json.dumps({"options": vars(opts), "runs": rows}, indent=2))
+    (RESULTS / "keys.json").write_text(
+        json.dumps({"options": vars(opts), "runs": rows, "gaps": gap_rows}, indent=2)
+    )
     return 0
 
 

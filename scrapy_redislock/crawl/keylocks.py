@@ -17,23 +17,33 @@ work as for stages. What differs:
 - on close every key is retired, not only released.
 
 Delays (:mod:`scrapy_redislock.lock.delay`): :meth:`wait_start` books the next start of a stage or
-key and sleeps until it; one EVALSHA per start. Reads no settings itself.
+key, sleeps until it and confirms it against the previous confirmed start; one EVALSHA per start
+while the key is free, two when it waited. Reads no settings itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 from scrapy_redislock._redis import Backoff
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.renewer import gather_bounded
 from scrapy_redislock.crawl.stagelocks import StageLock, StageLocks
 from scrapy_redislock.lock.aio import AsyncCountingLock
-from scrapy_redislock.lock.delay import book_start, gap_of, gate_key
+from scrapy_redislock.lock.delay import (
+    book_start,
+    confirm_start,
+    delay_keys,
+    gap_of,
+    push_start,
+)
 from scrapy_redislock.lock.front import CommandRunner, waiting_client
-from scrapy_redislock.lock.protocol import adrive
+from scrapy_redislock.lock.protocol import Operation, adrive
 from scrapy_redislock.lock.status import KEY_LOCK_PREFIX
 
 if TYPE_CHECKING:
@@ -42,8 +52,26 @@ if TYPE_CHECKING:
     from scrapy_redislock.crawl.settings import RedisLockSettings
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+# seconds from a start's confirmation to its request reaching the downloader beyond which the key's
+# next start is moved back (one more script): a few loop iterations on an idle process
+LATE_SEND = 0.001
 
-__all__ = ["KEY_LOCK_PREFIX", "KeyLocks"]
+
+@dataclass(frozen=True)
+class ConfirmedStart:
+    """A start confirmed on Redis's clock: of ``name``, at ``at`` (seconds since the epoch), keeping
+    ``gap`` after it, after ``waited`` seconds of sleep; ``confirmed`` is when the confirmation came
+    back, on this process's monotonic clock."""
+
+    name: str
+    at: float
+    gap: float
+    waited: float
+    confirmed: float
+
+
+__all__ = ["KEY_LOCK_PREFIX", "ConfirmedStart", "KeyLocks"]
 
 
 class KeyLocks(StageLocks):
@@ -59,6 +87,7 @@ class KeyLocks(StageLocks):
         )
         self._waiting = waiting_client(self.client)
         self._runner = CommandRunner(self.client)
+        self._pushes: set[asyncio.Task[bool]] = set()  # late starts' corrections under way
         # keys seen idle at the last tick: retired at the next if still idle
         self._idle: set[str] = set()
         self._retiring: asyncio.Task[None] | None = None
@@ -146,6 +175,8 @@ class KeyLocks(StageLocks):
             )
 
     async def close(self) -> None:
+        for push in list(self._pushes):
+            push.cancel()
         if self._retiring is not None:
             await asyncio.wait({self._retiring}, timeout=5.0)
         try:
@@ -156,18 +187,52 @@ class KeyLocks(StageLocks):
 
     # -- delays ------------------------------------------------------------------------------------
 
-    async def wait_start(self, name: str, delay: float) -> tuple[float, float]:
+    async def wait_start(self, name: str, delay: float) -> ConfirmedStart:
         """Book the next start of ``name`` (a stage, or ``key:<key>``) ``delay`` after the previous
-        one, across every process (first come, first served), and sleep until it; returns (seconds
-        slept, the booked moment on Redis's clock, seconds since the epoch). Redis errors are logged
-        and retried with back-off (a start is never let through without its booking)."""
+        one, across every process (first come, first served), sleep until it and confirm it against
+        the previous confirmed start (:mod:`scrapy_redislock.lock.delay`). Redis errors are logged
+        and retried with back-off (a start is never let through unconfirmed)."""
         gap = gap_of(delay, self.settings.keys.randomize_delay)
-        gate = gate_key(self.settings.key_prefix, name)
+        keys = delay_keys(self.settings.key_prefix, name)
+        booking = await self._delay_command(lambda: book_start(keys, gap), name)
+        waited, wait, at = 0.0, booking.wait, booking.at
+        while not booking.confirmed:
+            if wait > 0:
+                await asyncio.sleep(wait)
+                waited += wait
+            wait, at = await self._delay_command(lambda: confirm_start(keys, gap), name)
+            if not wait:
+                break
+            self.stats.inc_value("redislock/delay/held_back")
+        return ConfirmedStart(name, at, gap, waited, time.monotonic())
+
+    def went_out(self, start: ConfirmedStart) -> None:
+        """The request of ``start`` reached Scrapy's downloader now: if that is more than
+        :data:`LATE_SEND` after its confirmation came back, the key's next start keeps the gap after
+        now (one script, in a task of its own; a failure only loses the correction)."""
+        lateness = time.monotonic() - start.confirmed
+        self.stats.max_value("redislock/delay/send_lag_max", lateness)
+        if lateness <= LATE_SEND or self.closed:
+            return
+        self.stats.inc_value("redislock/delay/late_sends")
+        keys = delay_keys(self.settings.key_prefix, start.name)
+        task = asyncio.get_running_loop().create_task(
+            adrive(push_start(keys, start.at, lateness, start.gap), self._runner, start.name)
+        )
+        self._pushes.add(task)
+        task.add_done_callback(self._pushed)
+
+    def _pushed(self, task: asyncio.Task[bool]) -> None:
+        self._pushes.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.debug("Could not move a late start's next start: %s", task.exception())
+
+    async def _delay_command(self, make: Callable[[], Operation[T]], name: str) -> T:
+        """One delay operation, retried with back-off on Redis errors until the spider closes."""
         backoff = Backoff()
         while True:
             try:
-                wait, start = await adrive(book_start(gate, gap), self._runner, name)
-                break
+                return await adrive(make(), self._runner, name)
             except REDIS_ERRORS as exc:
                 if self.closed:
                     raise
@@ -177,6 +242,3 @@ class KeyLocks(StageLocks):
                 )
                 self.stats.inc_value("redislock/redis_errors")
                 await asyncio.sleep(pause)
-        if wait > 0:
-            await asyncio.sleep(wait)
-        return wait, start

@@ -69,6 +69,8 @@ SCRIPT_NAMES = (
     "reset",
     "retire",
     "delay",
+    "start",
+    "late_start",
 )
 
 

@@ -1,24 +1,33 @@
 """A cluster-wide delay between two starts of one key (a stage, or a request key such as a domain).
 
-Each start books the earliest free moment of the key's gate, ``<prefix>:{<name>}:gate``, in one
-script (``scripts/delay.lua``) on Redis's clock: the booking is at least ``gap`` after the previous
-one, and bookings are served in the order they reach Redis (first come, first served across every
-process). The caller then sleeps for the wait the script returned and starts. Nothing polls: one
-EVALSHA per start. The gate is a string that expires once its moment has passed, so an idle key
-leaves nothing in Redis.
+A start is booked, then confirmed. The booking (``scripts/delay.lua``) takes the earliest free
+moment of the key's gate, ``<prefix>:{<name>}:gate``, on Redis's clock: at least ``gap`` after the
+previous booking, in the order bookings reach Redis (first come, first served across every process).
+The caller sleeps until it, then confirms the start (``scripts/start.lua``) against the previous
+*confirmed* start, ``<prefix>:{<name>}:started``: a start less than that start's gap after it is
+told to wait the rest and confirm again. So confirmed starts of one key are at least their gap apart
+on Redis's clock even when a process wakes late for its booking (CPU load, event-loop lag) and the
+next one wakes on time: the booking gives the order, the confirmation the gap. A booking that can
+start at once (nobody else used the key within the gap) is confirmed in the same script. A start
+that goes out later than its confirmation came back (measured by the caller, on its own clock, up
+to the moment the request reaches Scrapy's downloader) moves the next free start back by its
+lateness (``scripts/late_start.lua``), so the next start keeps the whole gap after it.
 
-What the gap holds between: the bookings, exactly, on Redis's clock. Between the starts seen by a
-server it holds up to the difference of the two callers' lateness after their booked moment (the
-reply's way back, event-loop lag): that is the clock tolerance to allow for. A booking abandoned
-(its request cancelled) leaves a longer gap, never a shorter one.
+Cost: one EVALSHA per start while the key is free, two when the start had to wait, one more when
+it had to wait again behind a late one or went out late. Both strings expire once their moment has
+passed, so an idle key leaves nothing in Redis. What a server sees between two starts is the gap
+less the difference between the two callers' delays from confirmation to sending (the reply's way
+back, the downloader): the tolerance docs/key-caps.md states. A booking abandoned (its request
+cancelled) leaves a longer gap, never a shorter one.
 
-No Scrapy, no Twisted, no I/O: an operation for :func:`~scrapy_redislock.lock.protocol.adrive`.
+No Scrapy, no Twisted, no I/O: operations for :func:`~scrapy_redislock.lock.protocol.adrive`.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from scrapy_redislock._redis import check_name, text
 from scrapy_redislock.lock.permit import LockKeys
@@ -28,7 +37,22 @@ from scrapy_redislock.lock.protocol import Operation, RunScript
 def gate_key(prefix: str, name: str) -> str:
     """The gate's key (:class:`LockKeys` ``gate``): under the lock's hash tag, on the lock's Redis
     Cluster node."""
-    return LockKeys.of(check_name(prefix, "key_prefix"), check_name(name)).gate
+    return delay_keys(prefix, name).gate
+
+
+def delay_keys(prefix: str, name: str) -> LockKeys:
+    """The keys of ``name`` (its ``gate`` and ``started`` are the delay's)."""
+    return LockKeys.of(check_name(prefix, "key_prefix"), check_name(name))
+
+
+@dataclass(frozen=True)
+class Booking:
+    """A booked start: ``wait`` seconds to sleep before confirming it (unless ``confirmed``), the
+    booked moment (seconds since the epoch, Redis's clock)."""
+
+    wait: float
+    at: float
+    confirmed: bool
 
 
 def gap_of(delay: float, randomize: bool, rng: Callable[[], float] = random.random) -> float:
@@ -37,8 +61,27 @@ def gap_of(delay: float, randomize: bool, rng: Callable[[], float] = random.rand
     return delay * (0.5 + rng()) if randomize else delay
 
 
-def book_start(gate: str, gap: float) -> Operation[tuple[float, float]]:
-    """Book the next start of ``gate``, keeping ``gap`` seconds after it; returns (seconds to wait
-    first, the booked moment in seconds since the epoch on Redis's clock)."""
-    wait, start = text((yield RunScript("delay", (gate,), (max(0, round(gap * 1_000_000)),))))
-    return int(wait) / 1_000_000, int(start) / 1_000_000
+def book_start(keys: LockKeys, gap: float) -> Operation[Booking]:
+    """Book the next start of a key, keeping ``gap`` seconds after it (confirmed at once when it may
+    start now)."""
+    reply = yield RunScript("delay", (keys.gate, keys.started), (_micros(gap),))
+    wait, at = text(reply[:2])
+    return Booking(int(wait) / 1_000_000, int(at) / 1_000_000, bool(reply[2]))
+
+
+def confirm_start(keys: LockKeys, gap: float) -> Operation[tuple[float, float]]:
+    """Confirm a start now, keeping ``gap`` seconds after it; returns (seconds to wait before
+    confirming again, 0 when confirmed; now in seconds since the epoch on Redis's clock)."""
+    wait, now = text((yield RunScript("start", (keys.started,), (_micros(gap),))))
+    return int(wait) / 1_000_000, int(now) / 1_000_000
+
+
+def push_start(keys: LockKeys, at: float, lateness: float, gap: float) -> Operation[bool]:
+    """A start confirmed at ``at`` (Redis's clock) went out ``lateness`` seconds after its
+    confirmation came back: the next start keeps ``gap`` after that (whether the moment moved)."""
+    reply = yield RunScript("late_start", (keys.started,), (_micros(at + lateness + gap),))
+    return bool(reply)
+
+
+def _micros(seconds: float) -> int:
+    return max(0, round(seconds * 1_000_000))

@@ -70,6 +70,7 @@ class LockKeys:
     ttls: str
     seen: str
     gate: str  # the delay gate of the stage or key (lock/delay.py): a string, only while a start is booked
+    started: str  # the next free confirmed start of the stage or key (lock/delay.py), as the gate
 
     @classmethod
     def of(cls, prefix: str, name: str) -> LockKeys:
@@ -77,7 +78,7 @@ class LockKeys:
         return cls(
             *(
                 f"{base}:{part}"
-                for part in ("slots", "meta", "owners", "holds", "ttls", "seen", "gate")
+                for part in ("slots", "meta", "owners", "holds", "ttls", "seen", "gate", "started")
             )
         )
 

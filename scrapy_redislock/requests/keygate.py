@@ -6,8 +6,11 @@ order:
 1. the slot of its key (the domain, ...) when the key is capped (REDISLOCK_KEY_LIMIT,
    REDISLOCK_KEY_LIMITS), waited for in Redis's FIFO like a stage's;
 2. its stage's delay (REDISLOCK_DELAYS[stage]), then its key's (REDISLOCK_DELAY,
-   REDISLOCK_DELAYS[key]): each a booking of the next start on Redis's clock and a sleep until it
-   (:mod:`scrapy_redislock.lock.delay`).
+   REDISLOCK_DELAYS[key]): each a booking of the next start on Redis's clock, a sleep until it and
+   a confirmation against the previous confirmed start (:mod:`scrapy_redislock.lock.delay`). When
+   the request reaches Scrapy's downloader (``request_reached_downloader``) more than
+   ``LATE_SEND`` after a confirmation came back, the next start of that stage or key is moved back
+   by the lateness.
 
 Why this order cannot deadlock: a key slot is the last slot a request takes, so a request holding
 one waits for no other slot (only for bounded delays and its download), and always ends and frees
@@ -20,14 +23,14 @@ The key slot is kept by request object and given back on the same paths as the s
 exception, request_left_downloader, a sweep at every renewal tick for requests gone from the
 downloader, spider close). A key slot lost, or past its lease on this process's clock, by the end of
 the delays is dropped (:meth:`KeyGate.usable`) and taken again: a request never starts with a slot
-another process may hold by now. A request that waited for a delay carries its booked start in
-``meta["redislock_start_at"]`` (seconds since the epoch, Redis's clock; the key's booking when it
-had a stage delay too). A key function that raises fails that request with
+another process may hold by now. A request that waited for a delay carries its confirmed start in
+``meta["redislock_start_at"]`` (seconds since the epoch, Redis's clock; the key's when it had a
+stage delay too). A key function that raises fails that request with
 :class:`~scrapy_redislock.errors.KeyFunctionError` (stat ``redislock/key_errors``), not the crawl.
 
 Stats: redislock/keys/{acquired,wait_time_total,wait_time_max,retired_idle},
 redislock/keys/<key>/{timeouts,lost,unusable},
-redislock/delay/{waits,wait_time_total}, redislock/key_errors.
+redislock/delay/{waits,wait_time_total,held_back,late_sends,send_lag_max}, redislock/key_errors.
 """
 
 from __future__ import annotations
@@ -37,16 +40,18 @@ import time
 from collections import Counter
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
+from scrapy import signals
 from scrapy.exceptions import IgnoreRequest
 
 from scrapy_redislock.crawl.engine import downloader_active
-from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, KeyLocks
+from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, ConfirmedStart, KeyLocks
 from scrapy_redislock.crawl.keys import request_key
 from scrapy_redislock.crawl.ledger import PermitLedger
 from scrapy_redislock.errors import KeyFunctionError
 
-START_META = "redislock_start_at"  # the booked start, on Redis's clock (seconds since the epoch)
+START_META = "redislock_start_at"  # the confirmed start, on Redis's clock (seconds since the epoch)
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -67,6 +72,9 @@ class KeyGate:
         self.waiting: Counter[str] = Counter()
         self.locks.add_waiting_source(self.waiting.__getitem__)
         self.locks.add_tick_hook(self.sweep)
+        # confirmed starts of requests not yet in Scrapy's downloader (gone with their request)
+        self.starts: WeakKeyDictionary[Request, list[ConfirmedStart]] = WeakKeyDictionary()
+        crawler.signals.connect(self.reached_downloader, signal=signals.request_reached_downloader)
 
     def prepare(self, request: Request, stage: str | None) -> Coroutine[Any, Any, None] | None:
         """A coroutine taking the request's key slot and waiting its delays; None when it has none
@@ -124,10 +132,16 @@ class KeyGate:
         stats.max_value("redislock/keys/wait_time_max", waited)
 
     async def _delay(self, request: Request, name: str, delay: float) -> None:
-        waited, start = await self.locks.wait_start(name, delay)
-        request.meta[START_META] = start
+        start = await self.locks.wait_start(name, delay)
+        request.meta[START_META] = start.at
+        self.starts.setdefault(request, []).append(start)
         self.crawler.stats.inc_value("redislock/delay/waits")
-        self.crawler.stats.inc_value("redislock/delay/wait_time_total", waited)  # type: ignore[arg-type]  # (as above)
+        self.crawler.stats.inc_value("redislock/delay/wait_time_total", start.waited)  # type: ignore[arg-type]  # (as above)
+
+    def reached_downloader(self, request: Request) -> None:
+        """The request's confirmed starts went out now (a late one moves its key's next start)."""
+        for start in self.starts.pop(request, ()):
+            self.locks.went_out(start)
 
     def usable(self, request: Request) -> bool:
         """Whether the request's key slot, if it has one, may still go with it (see

@@ -17,6 +17,7 @@ from K (processes sharing the pages of one stage without fetching any twice).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -26,6 +27,7 @@ import scrapy
 from scrapy import signals
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http import HtmlResponse
+from twisted.internet import task
 
 from scrapy_redislock import stage
 from scrapy_redislock.crawl.connection import parse_url
@@ -113,14 +115,38 @@ def failing_key(request: scrapy.Request, spider: Any) -> str | None:
 
 
 class BookedStartHeader:
-    """After StageLockMiddleware (order > 950): tells the site the start a delayed request booked,
-    so that the site can check that no request reaches it before its booked moment
+    """After StageLockMiddleware (order > 950): tells the site the start a delayed request had
+    confirmed, so that the site can check that no request reaches it before that moment
     (:data:`testing.site.BOOKED_HEADER`)."""
 
     def process_request(self, request: scrapy.Request, spider: scrapy.Spider | None = None) -> None:
         start = request.meta.get("redislock_start_at")
         if start is not None:
             request.headers["X-Booked-Start"] = repr(start)
+
+
+class LoopStall:
+    """Blocks the process's event loop for ``TEST_LOOP_STALL = (seconds, every)``: a wake-up due
+    meanwhile comes late, as under CPU load (the delay's confirmation must hold the next start
+    back)."""
+
+    def __init__(self, crawler: Any) -> None:
+        self.seconds, self.every = crawler.settings.getlist("TEST_LOOP_STALL") or (0, 0)
+        self.call = task.LoopingCall(time.sleep, float(self.seconds))
+        crawler.signals.connect(self.opened, signal=signals.spider_opened)
+        crawler.signals.connect(self.closed, signal=signals.spider_closed)
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> LoopStall:
+        return cls(crawler)
+
+    def opened(self) -> None:
+        if float(self.every) > 0:
+            self.call.start(float(self.every), now=False)
+
+    def closed(self) -> None:
+        if self.call.running:
+            self.call.stop()
 
 
 class Outcomes:

@@ -13,7 +13,7 @@ import redis
 import redis.asyncio
 
 from scrapy_redislock import AsyncCountingLock
-from scrapy_redislock.lock.delay import book_start, gate_key
+from scrapy_redislock.lock.delay import book_start, confirm_start, delay_keys, gate_key
 from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.protocol import adrive
 
@@ -88,7 +88,8 @@ def test_delay_gate_books_starts_in_order_on_redis_clock(
     async def main() -> None:
         client = redis.asyncio.Redis.from_url(admin_url)
         runner = CommandRunner(client)
-        gate = gate_key("redislock", "key:a.com")
+        keys = delay_keys("redislock", "key:a.com")
+        gate = keys.gate
         booked: list[float] = []
 
         async def book(gap: float) -> tuple[float, float, float]:
@@ -96,10 +97,10 @@ def test_delay_gate_books_starts_in_order_on_redis_clock(
             first and no later than the second (Redis counted its wait at some instant between
             sending and reading the reply)."""
             sent = time.monotonic()
-            wait, start = await adrive(book_start(gate, gap), runner, "gate")
+            booking = await adrive(book_start(keys, gap), runner, "gate")
             read = time.monotonic()
-            booked.append(start)
-            return start, sent + wait, read + wait
+            booked.append(booking.at)
+            return booking.at, sent + booking.wait, read + booking.wait
 
         first = [await book(0.1) for _ in range(5)]
         # Each booking is 0.1 s after the one before: 0, 0.1, 0.2 ... from the first (on this
@@ -126,3 +127,51 @@ def test_delay_gate_books_starts_in_order_on_redis_clock(
     while redis_client.exists(gate_key("redislock", "key:a.com")) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not redis_client.exists(gate_key("redislock", "key:a.com"))  # idle: nothing left
+
+
+def redis_micros(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+def evalsha_calls(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def test_starts_are_confirmed_against_the_previous_confirmed_start(
+    admin_url: str, redis_client: redis.Redis
+) -> None:
+    """The booking gives the order, the confirmation the gap: a start confirmed late pushes the next
+    one back by the whole gap from its own confirmed moment, on Redis's clock (exact to the µs); a
+    free key's start is confirmed by its booking alone (one EVALSHA)."""
+
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(admin_url)
+        runner = CommandRunner(client)
+        keys = delay_keys("redislock", "key:b.com")
+        before = evalsha_calls(redis_client)
+        first = await adrive(book_start(keys, 0.2), runner, "gate")
+        assert first.confirmed and first.wait == 0
+        assert evalsha_calls(redis_client) - before == 1  # nothing else for a free key
+        second = await adrive(book_start(keys, 0.2), runner, "gate")
+        assert not second.confirmed and second.at == pytest.approx(first.at + 0.2, abs=1e-6)
+        # too soon (before the first start's gap has passed): told how long to wait, not recorded
+        wait, now = await adrive(confirm_start(keys, 0.2), runner, "gate")
+        assert wait > 0 and now + wait == pytest.approx(first.at + 0.2, abs=1e-6)
+        # late: confirmed whenever it comes after the gap ...
+        while redis_micros(redis_client) < round((first.at + 0.25) * 1_000_000):
+            await asyncio.sleep(0.005)
+        wait, late = await adrive(confirm_start(keys, 0.2), runner, "gate")
+        assert wait == 0 and late >= first.at + 0.25
+        # ... and the next start, although booked at first.at + 0.4, waits the gap after it
+        third = await adrive(book_start(keys, 0.2), runner, "gate")
+        assert third.at == pytest.approx(first.at + 0.4, abs=1e-6)
+        wait, now = await adrive(confirm_start(keys, 0.2), runner, "gate")
+        assert wait > 0 and now + wait == pytest.approx(late + 0.2, abs=1e-6)
+        await client.aclose()
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 5
+    while keys_of(redis_client, "key:b.com") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert keys_of(redis_client, "key:b.com") == []  # idle: both strings expired

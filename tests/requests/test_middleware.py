@@ -136,11 +136,12 @@ def test_close_and_sigterm_do_not_hang(
         ).start()
         for scheduler in BOTH
     }
-    started = time.monotonic()
     for crawl in timed.values():
         crawl.wait(timeout=60)
         assert crawl.stats["finish_reason"] == "closespider_timeout", crawl.tail()
-    assert time.monotonic() - started < 15
+        # from the engine's start to its stop (not the interpreter's start-up, which a busy machine
+        # stretches): 2 s and the close, where waiting for the queued requests would take 60 s
+        assert crawl.stats["elapsed_time_seconds"] < 12, crawl.stats["elapsed_time_seconds"]
     assert site.max_in_flight["detail"] == 1
     assert leftover(redis_client) == 0
 
@@ -153,7 +154,7 @@ def test_close_and_sigterm_do_not_hang(
         stopped = time.monotonic()
         crawl.signal(signal.SIGTERM)
         crawl.wait(timeout=30)
-        assert time.monotonic() - stopped < 5
+        assert time.monotonic() - stopped < 12  # waiting for the queued requests would take 30 s
         assert crawl.stats["finish_reason"] == "shutdown", crawl.tail()
         assert crawl.stats["test/pending_at_engine_stop"] == 0
         assert leftover(redis_client) == 0
