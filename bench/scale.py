@@ -48,14 +48,11 @@ either way.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
 import platform
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -71,10 +68,10 @@ import scrapy_redis
 from example_project.run import seed
 from scrapy_redislock._redis import load_scripts
 from scrapy_redislock.lock.core import lock_scripts
-from scrapy_redislock.lock.permit import GROUP, LockKeys
-from scrapy_redislock.workers.queue import QUEUE_SCRIPTS, QueueKeys
-from testing.crawlproc import settings_args
+from scrapy_redislock.workers.queue import QUEUE_SCRIPTS
+from testing.lockstate import request_leftovers, worker_leftovers
 from testing.monitor import Monitor, commands
+from testing.processes import CrawlProcesses
 from testing.redis_server import RedisServer
 from testing.site import STAGES, ShopSite, add_shop_arguments
 
@@ -294,47 +291,13 @@ def settings_for(
     return settings
 
 
-def crawl_command(front: str, settings: dict[str, Any]) -> list[str]:
-    return [sys.executable, "-m", "scrapy", "crawl", SPIDER[front], *settings_args(settings)]
-
-
-def held_slots(client: redis.Redis, lock_names: list[str]) -> int:
-    held = 0
-    for name in lock_names:
-        with contextlib.suppress(redis.ResponseError):
-            held += int(client.xpending(LockKeys.of(PREFIX, name).slots, GROUP)["pending"])
-    return held
-
-
 def leftovers(client: redis.Redis, front: str) -> dict[str, int]:
     """What the finished crawl left in Redis: held slots, queued and in-flight requests, registered
     workers."""
-    spider = SPIDER[front]
+    if front == "workers":
+        return worker_leftovers(client, PREFIX, SPIDER[front], STAGES)
     capped = [stage for stage, cap in CAPS.items() if cap is not None]
-    if front == "middleware":
-        return {
-            "held slots": held_slots(client, capped),
-            "queued": int(client.llen(f"{spider}:requests")),
-        }
-    if front == "scrapy-redis":
-        return {"queued": int(client.llen(f"{spider}:requests"))}
-    keys = QueueKeys.of(PREFIX, spider)
-    queued = sum(
-        int(client.zcard(keys.scored(stage))) + int(client.llen(keys.queue(stage)))
-        for stage in STAGES
-    )
-    return {
-        "held slots": held_slots(client, [f"workers:{stage}" for stage in capped]),
-        "queued": queued,
-        "in flight": sum(int(client.hlen(key)) for key in client.scan_iter(keys.inflight("*"))),
-        "workers": int(client.zcard(keys.alive)),
-    }
-
-
-def pages_of(log: str) -> int:
-    """Pages one process downloaded (its stats dump at close)."""
-    found = re.search(r"'downloader/response_count': (\d+)", log)
-    return int(found.group(1)) if found else 0
+    return request_leftovers(client, PREFIX, SPIDER[front], capped if front == "middleware" else [])
 
 
 def run(front: str, processes: int, opts: argparse.Namespace) -> dict[str, Any]:
@@ -354,46 +317,29 @@ def run(front: str, processes: int, opts: argparse.Namespace) -> dict[str, Any]:
         monitor = Monitor(server.port)
         client.config_resetstat()
         expected = site.expected_paths()
-        log_paths = [logs / f"{n}.log" for n in range(processes)]
-        started: list[float] = []
-        procs: list[subprocess.Popen[bytes]] = []
         launched = time.time()
-        for n, path in enumerate(log_paths):
-            with path.open("wb") as out:
-                command = crawl_command(front, settings_for(front, n, server.url, opts))
-                procs.append(
-                    subprocess.Popen(command, cwd=PROJECT, stdout=out, stderr=subprocess.STDOUT)
-                )
-            started.append(time.time())
-        exited: dict[int, float] = {}
         stopped = False
-        try:
-            while len(exited) < processes:
-                now = time.time()
-                for n, proc in enumerate(procs):
-                    if n not in exited and proc.poll() is not None:
-                        exited[n] = now
-                if now - launched > RUN_TIMEOUT:
+        with CrawlProcesses(cwd=PROJECT) as crawlers:  # killed on the way out, on error too
+            for n in range(processes):
+                settings = settings_for(front, n, server.url, opts)
+                crawlers.start_crawl(SPIDER[front], settings, log=logs / f"{n}.log")
+            while crawlers.running:
+                if time.time() - launched > RUN_TIMEOUT:
                     raise TimeoutError(
                         f"{front} x {processes}: processes still running after {RUN_TIMEOUT:.0f} s"
                     )
+                # every process has opened its spider (one still starting up would die of a
+                # SIGTERM), or has exited
                 if (
                     front != "workers"
                     and not stopped
                     and crawl_done(site, expected)
-                    and all_open(log_paths, exited)
+                    and not crawlers.starting()
                 ):
                     time.sleep(0.5)  # the last callbacks (they only yield items)
-                    for proc in procs:
-                        if proc.poll() is None:
-                            proc.send_signal(signal.SIGTERM)
+                    crawlers.terminate()
                     stopped = True
                 time.sleep(0.05)
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
         ended = time.time()
         stats = client.info("commandstats")
         raw = monitor.stop(client)
@@ -410,10 +356,8 @@ def run(front: str, processes: int, opts: argparse.Namespace) -> dict[str, Any]:
     traffic = parse_monitor(raw, SPIDER[front], {own}, (first, last))
     total = sum(calls.values())
     fetched = sum(hits.values())
-    per_process = [pages_of(path.read_text(errors="replace")) for path in log_paths]
-    checks = verdicts(
-        front, expected, hits, max_in_flight, max_workers, [p.returncode for p in procs], left
-    )
+    per_process = [crawler.logged_count("downloader/response_count") for crawler in crawlers]
+    checks = verdicts(front, expected, hits, max_in_flight, max_workers, crawlers.codes, left)
     return {
         "front": front,
         "processes": processes,
@@ -422,7 +366,7 @@ def run(front: str, processes: int, opts: argparse.Namespace) -> dict[str, Any]:
         "wall_s": ended - launched,
         "crawl_s": last - first,
         "first_page_after_s": first - launched,
-        "process_s": sum(exited.get(n, ended) - started[n] for n in range(processes)),
+        "process_s": sum((c.exited_at or ended) - c.started_at for c in crawlers),
         "commands": total,
         "evalsha": calls.get("evalsha", 0),
         "client_commands": sum(traffic.client.values()),
@@ -442,19 +386,13 @@ def run(front: str, processes: int, opts: argparse.Namespace) -> dict[str, Any]:
         "processes_with_pages": sum(1 for n in per_process if n),
         "max_in_flight": max_in_flight,
         "max_workers": max_workers,
-        "exit_codes": [p.returncode for p in procs],
+        "exit_codes": crawlers.codes,
         "leftovers": left,
         "checks": checks,
         "ok": all(ok for _, ok in checks),
         "load_before": load,
         "load_after": os.getloadavg()[0],
     }
-
-
-def all_open(logs: list[Path], exited: dict[int, float]) -> bool:
-    """Every process has opened its spider (one still starting up would die of a SIGTERM), or has
-    exited."""
-    return all(n in exited or b"Spider opened" in path.read_bytes() for n, path in enumerate(logs))
 
 
 def crawl_done(site: ShopSite, expected: set[str]) -> bool:
@@ -519,44 +457,6 @@ def idle_settings(
     return settings
 
 
-def wait_opened(logs: list[Path], procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
-    """Until every process logged "Spider opened"; RuntimeError naming the first that exited or
-    never did."""
-    deadline = time.monotonic() + timeout
-    while True:
-        pending = [n for n, path in enumerate(logs) if b"Spider opened" not in path.read_bytes()]
-        if not pending:
-            return
-        dead = [n for n in pending if procs[n].poll() is not None]
-        if dead:
-            raise RuntimeError(
-                f"idle process {dead[0]} exited with {procs[dead[0]].returncode}; see "
-                f"{logs[dead[0]]}"
-            )
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"{len(pending)} idle processes not open after {timeout:.0f} s, e.g. "
-                f"{logs[pending[0]]}"
-            )
-        time.sleep(0.2)
-
-
-def stop_all(procs: list[subprocess.Popen[bytes]], timeout: float = 60.0) -> list[int | None]:
-    """SIGTERM (Scrapy's graceful shutdown), then SIGKILL what is still there after ``timeout``
-    s."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(max(0.1, deadline - time.monotonic()))
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return [proc.returncode for proc in procs]
-
-
 def idle_ramp(front: str, counts: list[int], opts: argparse.Namespace) -> list[dict[str, Any]]:
     """Idle processes of ``front`` on one fresh Redis, started in waves of ``--wave`` up to each
     count in turn; at each count, every command Redis runs over ``--idle-window`` s (INFO
@@ -565,27 +465,15 @@ def idle_ramp(front: str, counts: list[int], opts: argparse.Namespace) -> list[d
     shutil.rmtree(logs_dir, ignore_errors=True)
     logs_dir.mkdir(parents=True)
     rows: list[dict[str, Any]] = []
-    procs: list[subprocess.Popen[bytes]] = []
-    logs: list[Path] = []
-    with RedisServer() as server:
+    with RedisServer() as server, CrawlProcesses(cwd=PROJECT) as crawlers:
         client = redis.Redis.from_url(server.url)
         try:
             for target in sorted(counts):
-                while len(procs) < target:
-                    wave = range(len(procs), min(target, len(procs) + opts.wave))
-                    for n in wave:
-                        path = logs_dir / f"{n}.log"
-                        with path.open("wb") as out:
-                            command = crawl_command(
-                                front, idle_settings(front, n, server.url, opts)
-                            )
-                            procs.append(
-                                subprocess.Popen(
-                                    command, cwd=PROJECT, stdout=out, stderr=subprocess.STDOUT
-                                )
-                            )
-                        logs.append(path)
-                    wait_opened(logs, procs, RUN_TIMEOUT)
+                while len(crawlers) < target:
+                    for n in range(len(crawlers), min(target, len(crawlers) + opts.wave)):
+                        settings = idle_settings(front, n, server.url, opts)
+                        crawlers.start_crawl(SPIDER[front], settings, log=logs_dir / f"{n}.log")
+                    crawlers.wait_opened(RUN_TIMEOUT)
                 time.sleep(opts.settle)  # the last start-ups' own commands are not idle cost
                 client.config_resetstat()
                 began = time.monotonic()
@@ -618,7 +506,7 @@ def idle_ramp(front: str, counts: list[int], opts: argparse.Namespace) -> list[d
                     flush=True,
                 )
         finally:
-            codes = stop_all(procs)
+            codes = crawlers.stop()  # SIGTERM, then SIGKILL after 60 s
             client.close()
     for row in rows:
         row["exit_codes"] = dict(Counter(str(c) for c in codes))

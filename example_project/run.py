@@ -18,7 +18,6 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -27,9 +26,16 @@ from typing import Any
 
 import redis
 
-from scrapy_redislock.lock.permit import GROUP, LockKeys
 from scrapy_redislock.workers.queue import QueueKeys
-from testing.crawlproc import settings_args
+from testing.lockstate import (
+    request_leftovers,
+    requests_key,
+    slot_holders,
+    start_urls_key,
+    worker_leftovers,
+    worker_lock,
+)
+from testing.processes import CrawlProcesses, scrapy_crawl
 from testing.redis_server import RedisServer
 from testing.site import STAGES, ShopSite, add_shop_arguments
 
@@ -59,7 +65,7 @@ class Phase:
     # workers with requests in flight at once
     max_workers_site: dict[str, int] = field(default_factory=dict)
     max_in_flight: dict[str, int] = field(default_factory=dict)
-    exit_codes: list[int] = field(default_factory=list)
+    exit_codes: list[int | None] = field(default_factory=list)
     victim: str | None = None
     killed_at: float | None = None
     taken_over_after: float | None = None
@@ -130,21 +136,15 @@ def worker_command(
         "LOG_FILE": str(feed.with_suffix(".log")),
         "LOG_FILE_APPEND": False,
     }
-    return [sys.executable, "-m", "scrapy", "crawl", spider, *settings_args(settings)]
+    return scrapy_crawl(spider, settings)
 
 
 # -- what Redis says -------------------------------------------------------------------------------
 
 
-def slot_holders(client: redis.Redis, stage: str) -> list[str]:
+def holders(client: redis.Redis, stage: str) -> list[str]:
     """Consumers holding a slot of the stage's worker lock."""
-    try:
-        pending = client.xpending_range(
-            LockKeys.of(PREFIX, f"workers:{stage}").slots, GROUP, "-", "+", 1000
-        )
-    except redis.ResponseError:
-        return []
-    return [entry["consumer"].decode() for entry in pending]
+    return slot_holders(client, PREFIX, worker_lock(stage))
 
 
 def working(client: redis.Redis, spider: str) -> dict[str, int]:
@@ -159,32 +159,27 @@ def working(client: redis.Redis, spider: str) -> dict[str, int]:
 def queue_lengths(client: redis.Redis, spider: str) -> dict[str, int]:
     if spider == SLOTS:
         return {s: int(client.llen(QueueKeys.of(PREFIX, spider).queue(s))) for s in STAGES}
-    return {"all": int(client.llen(f"{spider}:requests"))}
+    return {"all": int(client.llen(requests_key(spider)))}
 
 
 def leftovers(client: redis.Redis, spider: str) -> dict[str, int]:
     """What a finished crawl left behind: held slots, in-flight records, queued requests, registered
     workers."""
     if spider != SLOTS:
-        return {"queued": int(client.llen(f"{spider}:requests"))}
-    keys = QueueKeys.of(PREFIX, spider)
-    inflight = sum(int(client.hlen(key)) for key in client.scan_iter(keys.inflight("*")))
-    return {
-        "held slots": sum(len(slot_holders(client, s)) for s in STAGES),
-        "in-flight": inflight,
-        "queued": sum(queue_lengths(client, spider).values()),
-        "workers": int(client.zcard(keys.alive)),
-    }
+        return request_leftovers(client, PREFIX, spider, [])
+    left = worker_leftovers(client, PREFIX, spider, STAGES)
+    left["in-flight"] = left.pop("in flight")  # the demo's label, as docs/figures.md shows it
+    return dict(sorted(left.items()))
 
 
-def kill_a_detail_worker(client: redis.Redis, workers: list[subprocess.Popen[bytes]]) -> str | None:
+def kill_a_detail_worker(client: redis.Redis, workers: CrawlProcesses) -> str | None:
     """SIGKILL a worker holding a detail slot; its holder name, or None when nobody holds one
     yet."""
-    for owner in slot_holders(client, "detail"):
+    for owner in holders(client, "detail"):
         pid = int(owner.split(":")[1])
-        for worker in workers:
-            if worker.pid == pid and worker.poll() is None:
-                worker.send_signal(signal.SIGKILL)
+        for worker in workers.running:
+            if worker.pid == pid:
+                worker.signal(signal.SIGKILL)
                 return owner
     return None
 
@@ -192,10 +187,10 @@ def kill_a_detail_worker(client: redis.Redis, workers: list[subprocess.Popen[byt
 def taken_over(client: redis.Redis, victim: str) -> str:
     """Whether the dead worker's detail slot is back with a live worker ("live worker"), or no
     longer needed ("no detail work left"); "" while neither."""
-    holders = slot_holders(client, "detail")
-    if victim in holders:
+    detail = holders(client, "detail")
+    if victim in detail:
         return ""
-    if len(holders) >= (CAPS["detail"] or 0):
+    if len(detail) >= (CAPS["detail"] or 0):
         return "live worker"
     return "" if client.llen(QueueKeys.of(PREFIX, SLOTS).queue("detail")) else "no detail work left"
 
@@ -212,9 +207,9 @@ def live_view(phase: Phase, site: ShopSite, client: redis.Redis, started: float)
     totals = site.totals
     queues = queue_lengths(client, phase.spider)
     on_stage = working(client, phase.spider) if phase.spider == SLOTS else None
-    waiting = int(client.llen(f"{phase.spider}:start_urls"))
+    waiting = int(client.llen(start_urls_key(phase.spider)))
     up = (
-        f"; workers up {client.zcard(f'{PREFIX}:{{{phase.spider}}}:alive')}"
+        f"; workers up {client.zcard(QueueKeys.of(PREFIX, phase.spider).alive)}"
         if on_stage is not None
         else ""
     )
@@ -279,14 +274,14 @@ def seed(client: redis.Redis, spider: str, site: ShopSite) -> None:
     """
     if spider == SLOTS:
         client.rpush(
-            f"{spider}:start_urls", *[json.dumps({"url": url}) for url in site.list_urls()]
+            start_urls_key(spider), *[json.dumps({"url": url}) for url in site.list_urls()]
         )
         return
     from scrapy import Request
     from scrapy_redis import picklecompat
 
     for url in site.list_urls():  # FifoQueue: LPUSH in, RPOP out
-        client.lpush(f"{spider}:requests", picklecompat.dumps(Request(url).to_dict()))
+        client.lpush(requests_key(spider), picklecompat.dumps(Request(url).to_dict()))
 
 
 def run_phase(
@@ -313,18 +308,12 @@ def run_phase(
         feed.unlink(missing_ok=True)
     screen = Screen(not args.quiet)
     started = time.time()
-    workers = [
-        subprocess.Popen(
-            worker_command(spider, n, worker_url or redis_url, args, feed),
-            cwd=HERE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for n, feed in enumerate(feeds)
-    ]
     max_redis = dict.fromkeys(STAGES, 0)
-    try:
-        while any(w.poll() is None for w in workers):
+    with CrawlProcesses(cwd=HERE) as workers:  # killed on the way out, on error too
+        for n, feed in enumerate(feeds):
+            command = worker_command(spider, n, worker_url or redis_url, args, feed)
+            workers.start(command, feed.with_suffix(".log"), logs_itself=True)  # its LOG_FILE
+        while workers.running:
             now = time.time()
             if now - started > args.timeout:
                 raise TimeoutError(f"{name}: workers still running after {args.timeout} s")
@@ -332,7 +321,7 @@ def run_phase(
                 # as the workers report it (a dead one's until it is reaped)
                 on_stage = working(client, spider)
                 for s in STAGES:  # capped stages: the slot holders, as the lock records them
-                    held = len(slot_holders(client, s)) if CAPS[s] is not None else on_stage[s]
+                    held = len(holders(client, s)) if CAPS[s] is not None else on_stage[s]
                     max_redis[s] = max(max_redis[s], held)
                 phase.workers_timeline.append((now, on_stage))
                 crawling = now - (site.first_request or now)
@@ -352,12 +341,7 @@ def run_phase(
             time.sleep(0.1)
         screen.show(live_view(phase, site, client, started), force=True)
         screen.done()
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
-    phase.exit_codes = [w.returncode for w in workers]
+    phase.exit_codes = workers.codes
     measure(phase, site, feeds, client, max_redis)
     client.close()
     return phase

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import redis
+from scrapy_redislock._redis import RedisClient
+from testing.lockstate import held_slots
 
 ROOT = Path(__file__).resolve().parent.parent
 SPIDER = ROOT / "testing" / "spiders" / "crawlspider.py"
@@ -223,10 +224,7 @@ def run_crawl(
     return process.returncode, output
 
 
-def leftover(client: redis.Redis, prefix: str = "redislock") -> int:
-    """Grants still held in Redis (entries in the consumer groups' pending lists), over every
-    lock."""
-    total = 0
-    for key in client.scan_iter(f"{prefix}:*:slots"):
-        total += int(client.xpending(key, "holders")["pending"])
-    return total
+def leftover(client: RedisClient, prefix: str = "redislock") -> int:
+    """Grants still held over every lock: the tests' check that a crawl gave every slot back
+    (:func:`testing.lockstate.held_slots`)."""
+    return held_slots(client, prefix)

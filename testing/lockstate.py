@@ -1,18 +1,31 @@
-"""What tests do to a lock from outside its objects: an operator's release, the lock's keys, forced
-lease ages."""
+"""What tests, benchmarks and the demo see of Redis, and do to it, from outside the crawl's objects.
+
+A lock: an operator's release, its keys, forced lease ages. A crawl: the slots held of given locks
+(or of every lock) and their holders, and what a finished crawl left behind, for the request front
+(StageLockMiddleware over scrapy-redis's queue) and for the worker front (StageWorkerMixin's stage
+queues). Every key comes from the package's key classes (:class:`LockKeys`, :class:`QueueKeys`), or
+from scrapy-redis's own key templates.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import redis
+from scrapy_redis import defaults as scrapy_redis_defaults
 
+from scrapy_redislock._redis import RedisClient, text
 from scrapy_redislock.lock.core import release_consumer
 from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.permit import GROUP, LockKeys
 from scrapy_redislock.lock.protocol import drive
+from scrapy_redislock.lock.status import tagged_keys
+from scrapy_redislock.workers.queue import QueueKeys, queued
+from scrapy_redislock.workers.status import WORKER_LOCK_PREFIX
 
 # A hand-off "at once" reaches the waiter within this many seconds: no polling interval (the lock's
 # loops run every ttl/3, 10 s for the tests' 30 s leases), but room for a busy machine to schedule
@@ -41,8 +54,7 @@ def age_grant(client: redis.Redis, keys: LockKeys, grant: str, idle_ms: int) -> 
 def pending_grants(client: redis.Redis, keys: LockKeys) -> list[str]:
     """The grants Redis counts as held, oldest first."""
     return [
-        str(e["message_id"].decode())
-        for e in client.xpending_range(keys.slots, GROUP, "-", "+", 100)
+        str(text(e["message_id"])) for e in client.xpending_range(keys.slots, GROUP, "-", "+", 100)
     ]
 
 
@@ -70,3 +82,77 @@ def after_a_renewal(client: redis.Redis, keys: LockKeys, grant: str) -> None:
         last = age
         time.sleep(0.002)
     raise AssertionError(f"no renewal of grant {grant} seen")
+
+
+# -- a crawl's state ------------------------------------------------------------------------------
+
+
+def requests_key(spider: str) -> str:
+    """scrapy-redis's request queue of a spider (its SCHEDULER_QUEUE_KEY default)."""
+    return str(scrapy_redis_defaults.SCHEDULER_QUEUE_KEY % {"spider": spider})
+
+
+def start_urls_key(spider: str) -> str:
+    """A RedisSpider's start-URL feed (scrapy-redis's START_URLS_KEY default)."""
+    return str(scrapy_redis_defaults.START_URLS_KEY % {"name": spider})
+
+
+def worker_lock(stage: str) -> str:
+    """The name of the lock that caps StageWorkerMixin's workers on a stage."""
+    return f"{WORKER_LOCK_PREFIX}{stage}"
+
+
+def locks_in(client: RedisClient, prefix: str) -> list[str]:
+    """Every lock under ``prefix`` with its slots stream in Redis (one SCAN, as ``status`` finds
+    them)."""
+    return sorted(tagged_keys(client, prefix, ":slots"))
+
+
+def held_slots(
+    client: RedisClient, prefix: str = "redislock", locks: Iterable[str] | None = None
+) -> int:
+    """Grants Redis counts as held (the holders' pending entries) over ``locks``, every lock under
+    the prefix if None; a lock that is not in Redis holds none."""
+    held = 0
+    for name in locks_in(client, prefix) if locks is None else locks:
+        with contextlib.suppress(redis.ResponseError):  # no stream, or no group: nothing held
+            held += int(client.xpending(LockKeys.of(prefix, name).slots, GROUP)["pending"])
+    return held
+
+
+def slot_holders(client: RedisClient, prefix: str, lock: str) -> list[str]:
+    """The consumers holding a slot of ``lock``, one per grant (none when the lock is not in
+    Redis)."""
+    try:
+        pending = client.xpending_range(LockKeys.of(prefix, lock).slots, GROUP, "-", "+", 1000)
+    except redis.ResponseError:
+        return []
+    return [str(text(entry["consumer"])) for entry in pending]
+
+
+def request_leftovers(
+    client: RedisClient, prefix: str, spider: str, locks: Iterable[str]
+) -> dict[str, int]:
+    """What a finished request-front crawl left in Redis: slots held of ``locks`` and requests
+    queued in scrapy-redis's queue; plain scrapy-redis (no ``locks``): only the queue."""
+    locks = list(locks)
+    queued_requests = int(client.llen(requests_key(spider)))
+    if not locks:
+        return {"queued": queued_requests}
+    return {"held slots": held_slots(client, prefix, locks), "queued": queued_requests}
+
+
+def worker_leftovers(
+    client: RedisClient, prefix: str, spider: str, stages: Iterable[str]
+) -> dict[str, int]:
+    """What a finished worker-front crawl left in Redis: worker slots held, requests queued (both
+    parts of each stage queue) and in flight (every worker's record, registered or not), and
+    workers still registered."""
+    stages = list(stages)
+    keys = QueueKeys.of(prefix, spider)
+    return {
+        "held slots": held_slots(client, prefix, [worker_lock(stage) for stage in stages]),
+        "queued": sum(queued(client, keys, stage) for stage in stages),
+        "in flight": sum(int(client.hlen(key)) for key in client.scan_iter(keys.inflight("*"))),
+        "workers": int(client.zcard(keys.alive)),
+    }
