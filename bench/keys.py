@@ -79,6 +79,13 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def finish_all(crawls: list[Crawl]) -> None:
+    """Until every crawl has ended; AssertionError with its log's tail for one that did not finish."""
+    for crawl in crawls:
+        crawl.wait(timeout=1800)
+        assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
+
+
 def run(
     mode: str, processes: int, domains: int, opts: argparse.Namespace, folder: Path
 ) -> dict[str, Any]:
@@ -121,9 +128,7 @@ def run(
             ).start()
             for i in range(processes)
         ]
-        for crawl in crawls:
-            crawl.wait(timeout=1800)
-            assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
+        finish_all(crawls)
         after = commandstats(client)
         commands = sum(after.values()) - sum(before.values()) - 1  # less our INFO
         delta = {name: after[name] - before.get(name, 0) for name in after}
@@ -185,9 +190,7 @@ def gap_run(burners: int, opts: argparse.Namespace, folder: Path) -> dict[str, A
                 ).start()
                 for i in range(processes)
             ]
-            for crawl in crawls:
-                crawl.wait(timeout=1800)
-                assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
+            finish_all(crawls)
             after = commandstats(client)
             gaps = sorted(gap for host in list(site.host_arrivals) for gap in site.gaps(host))
             client.close()
