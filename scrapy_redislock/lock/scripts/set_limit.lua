@@ -15,33 +15,4 @@ if not lock_exists(slots, meta) then
   if ARGV[3] == '1' then reserve_all(slots, meta) end
   return -1
 end
-local previous = tonumber(redis.call('HGET', meta, 'limit'))
-local stream_last, group_last, held = stream_state(slots)
--- Entries at or below the last delivered id that nobody holds can never be handed out: a lowered limit
--- skipped them. Delete them now, before a raise moves the group's position and forgets which they were.
-for _, entry in ipairs(redis.call('XRANGE', slots, '-', id_of(group_last))) do
-  if not pending_of(slots, entry[1]) then redis.call('XDEL', slots, entry[1]) end
-end
-local free = math.max(0, stream_last - group_last)
-local debt = math.max(0, group_last - stream_last)
-local delta = new - (held + free - debt)
-local target = group_last
-if delta < 0 then
-  target = group_last - delta
-  local skipped = redis.call('XRANGE', slots, id_of(group_last + 1), id_of(math.min(target, stream_last)))
-  for _, entry in ipairs(skipped) do redis.call('XDEL', slots, entry[1]) end
-elseif delta > 0 then
-  local cancel = math.min(debt, delta)
-  target = group_last - cancel
-  for _ = 1, delta - cancel do add_slot(slots) end
-end
-if target ~= group_last then
-  redis.call('XGROUP', 'SETID', slots, GROUP, id_of(target))
-end
-if target > stream_last then
-  redis.call('HSET', meta, 'skip_until', string.format('%.0f', target))
-else
-  redis.call('HDEL', meta, 'skip_until')
-end
-redis.call('HSET', meta, 'limit', new)
-return previous
+return change_limit(slots, meta, new)
