@@ -86,7 +86,8 @@ class KeyLocks(StageLocks):
             crawler, settings, {}, lock_prefix=KEY_LOCK_PREFIX, stats_prefix="redislock/keys"
         )
         self._waiting = waiting_client(self.client)
-        self._runner = CommandRunner(self.client)
+        # one runner for every key's lock and the delays (its scripts registered once)
+        self._runner = CommandRunner(self.client, self._waiting)
         self._pushes: set[asyncio.Task[bool]] = set()  # late starts' corrections under way
         # keys seen idle at the last tick: retired at the next if still idle
         self._idle: set[str] = set()
@@ -129,6 +130,8 @@ class KeyLocks(StageLocks):
                 durable=self.settings.durable,
                 maintain_loop=False,
                 waiting=self._waiting,
+                light=True,
+                runner=self._runner,
             )
             self.locks[key] = lock
             self._stage_by_lock[lock.name] = key

@@ -313,6 +313,8 @@ class Lifecycle:
         async def on(client: AsyncRedisClient) -> None:
             runner = CommandRunner(client)
             for lock in self.locks.locks.values():
+                if not lock.queued:
+                    continue  # only light grants (released above): no wait, nothing in its stream
                 freed = await adrive(release_consumer(lock.keys, lock.owner), runner, lock.name)
                 if freed:
                     logger.debug("Freed %d late grant(s) of %r on close", freed, lock.name)

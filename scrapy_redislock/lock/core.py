@@ -46,6 +46,7 @@ from scrapy_redislock.errors import (
     NotReplicated,
 )
 from scrapy_redislock.lock.consumers import Consumers, Registration
+from scrapy_redislock.lock.light import FULL, LightGrants
 from scrapy_redislock.lock.permit import LockKeys, Permit, default_identity
 from scrapy_redislock.lock.protocol import (
     Call,
@@ -71,6 +72,9 @@ SCRIPT_NAMES = (
     "delay",
     "start",
     "late_start",
+    "light_take",
+    "light_release",
+    "light_renew",
 )
 
 
@@ -104,6 +108,8 @@ class LockCore:
     replicas: int = 0
     # Redis loses no acknowledged write: a restart keeps the lock (no one-lease reservation)
     durable: bool = False
+    # grants are light (lock/light.py) while nobody waits: a lock made for a key met at run time
+    light: bool = False
     owner: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     )
@@ -112,9 +118,11 @@ class LockCore:
     registration: Registration = field(default_factory=Registration)
     waits_in_flight: int = 0
     consumers: Consumers = field(init=False)
+    lights: LightGrants = field(init=False)
 
     def __post_init__(self) -> None:
         self.consumers = Consumers(self.owner)
+        self.lights = LightGrants(self)
 
     def rename(self, owner: str) -> None:
         """Take this owner name (before any wait): the quorum lock uses one name on every master."""
@@ -135,6 +143,7 @@ class LockCore:
         max_block: float | None = None,
         replicas: object = 0,
         durable: bool = False,
+        light: bool = False,
     ) -> LockCore:
         name = check_name(name)
         prefix = check_name(key_prefix, "key_prefix")
@@ -142,6 +151,12 @@ class LockCore:
         checked_ttl = check_ttl(ttl)
         if reentrant and checked_limit != 1:
             raise InvalidArgument(f"reentrant=True needs limit=1 (a mutex), got limit={limit!r}")
+        if check_flag(light, "light") and (reentrant or checked_limit is None or replicas):
+            raise InvalidArgument(
+                "light=True is for locks met at run time: it needs a limit, and neither reentrant "
+                f"nor replicas (got limit={limit!r}, reentrant={reentrant!r}, "
+                f"replicas={replicas!r})"
+            )
         ident = default_identity()
         ident.update(identity or {})
         return cls(
@@ -156,6 +171,7 @@ class LockCore:
             configured_ttl=checked_ttl,
             replicas=check_limit(replicas, "replicas"),
             durable=check_flag(durable, "durable"),
+            light=light,
         )
 
     @property
@@ -187,7 +203,7 @@ class LockCore:
         k = self.keys
         reply = yield self._script(
             "setup",
-            (k.slots, k.meta, k.owners, k.ttls, k.seen),
+            (k.slots, k.meta, k.owners, k.ttls, k.seen, *self._light_keys),
             "" if self.limit is None else self.limit,
             self.ttl_ms,
             self.owner,
@@ -201,6 +217,11 @@ class LockCore:
         if self.limit is None:
             self.limit = int(limit)  # what to recreate the lock with if Redis loses it
         return bool(created), int(limit)
+
+    @property
+    def _light_keys(self) -> tuple[str, ...]:
+        """The light path's keys, for the scripts that escalate it or end it (none without)."""
+        return (self.keys.light, self.keys.migrated) if self.light else ()
 
     def ensure_setup(self) -> Operation[None]:
         """Set up (again after a quiet spell: the owner may have been forgotten, and its ttl with
@@ -245,6 +266,14 @@ class LockCore:
                 permit.consumer = self.owner
                 return permit
             self.let_go(permit)
+        if self.light and not self.registration.current:
+            assert self.limit is not None
+            taken = yield from self.lights.take(self.limit)
+            if isinstance(taken, Permit):
+                self.held[taken.grant] = taken
+                return taken
+            if taken == FULL and not blocking:
+                return None
         yield from self.ensure_setup()
         granted = yield from GrantWait(self, timeout, blocking).run()
         if granted is not None:
@@ -275,6 +304,12 @@ class LockCore:
         """True if the permit was held and is now given back; False for a stale permit."""
         if not isinstance(permit, Permit):
             raise InvalidArgument(f"permit must be a Permit, got {permit!r}")
+        if permit.light:
+            permit.released = True
+            released = yield from self.lights.release([permit])
+            self.let_go(permit)
+            permit.lost = not released
+            return bool(released)
         usable = permit.owner == self.owner and permit.usable(self.clock())
         permit.released = permit.holds <= 1
         reply = yield self._script(
@@ -320,7 +355,18 @@ class LockCore:
         """Renew exactly ``permits`` (default: all held), free abandoned waits' grants, reap expired
         leases; returns the permits found lost (see
         :class:`~scrapy_redislock.lock.renewal.Renewal`)."""
-        return (yield from Renewal(self, permits).run())
+        if not self.light:
+            return (yield from Renewal(self, permits).run())
+        targets = list(self.held.values()) if permits is None else list(permits)
+        light = [p for p in targets if p.light]
+        lost = (yield from self.lights.renew(light)) if light else []
+        for permit in lost:
+            permit.lost = True
+            self.let_go(permit)
+        stream = [p for p in targets if not p.light and not p.lost]
+        if stream or self.registration.ever or self.waits_in_flight or self.consumers.abandoned:
+            lost += yield from Renewal(self, stream).run()
+        return lost
 
     def renew(self, permit: Permit) -> Operation[None]:
         """Extend one permit's lease; LockLost if it is gone. Other permits are not touched."""
@@ -353,9 +399,15 @@ class LockCore:
 
     def release_all(self) -> Operation[int]:
         """Free every grant of this owner (every consumer of it) and unregister it (on close)."""
-        freed = yield from release_consumer(self.keys, self.owner)
+        freed = yield from self._release_light()
+        if not self.light or self.registration.ever:
+            freed += yield from release_consumer(self.keys, self.owner)
         self._drop_all()
         return int(freed)
+
+    def _release_light(self) -> Operation[int]:
+        light = [p for p in self.held.values() if p.light]
+        return (yield from self.lights.release(light)) if light else 0
 
     def retire(self) -> Operation[tuple[int, bool]]:
         """Like :meth:`release_all`, and delete the lock from Redis when nobody else holds, waits or
@@ -366,11 +418,15 @@ class LockCore:
         loss only). Returns (grants freed, whether the lock was deleted).
         """
         k = self.keys
-        freed, deleted = yield RunScript(
-            "retire",
-            (k.slots, k.meta, k.owners, k.holds, k.ttls, k.seen),
-            (self.owner, self.durable_flag),
-        )
+        freed = yield from self._release_light()
+        deleted = 0
+        if not self.light or self.registration.ever:
+            stream_freed, deleted = yield RunScript(
+                "retire",
+                (k.slots, k.meta, k.owners, k.holds, k.ttls, k.seen, *self._light_keys),
+                (self.owner, self.durable_flag),
+            )
+            freed += int(stream_freed)
         self._drop_all()
         return int(freed), bool(int(deleted))
 

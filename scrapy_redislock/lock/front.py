@@ -302,6 +302,8 @@ class LockFront:
         replicas: int = 0,
         durable: bool = False,
         waiting: Any = None,
+        light: bool = False,
+        runner: CommandRunner | None = None,
     ) -> None:
         if not isinstance(client, self.client_types):
             expected = " or ".join(f"{t.__module__}.{t.__qualname__}" for t in self.client_types)
@@ -324,11 +326,16 @@ class LockFront:
             max_block=None if not socket_timeout else float(socket_timeout) * 0.8,
             replicas=replicas,
             durable=durable,
+            light=light,
         )
         self._client = client
         #: What drive() / adrive() send the commands through; a caller may wrap it to watch
         #: replies (the worker front does: workers/slots.py), the quorum lock drives it per master.
-        self.runner: Callable[[Command], Any] = CommandRunner(client, self._waiting_client)
+        #: ``runner``: one shared by many locks of one client and waiting client (the locks of keys
+        #: met at run time: each would register every script again).
+        self.runner: Callable[[Command], Any] = runner or CommandRunner(
+            client, self._waiting_client
+        )
         self.auto_renew = auto_renew
         self.maintain_loop = maintain_loop
         self.on_lost: LostCallback = on_lost or log_lost
@@ -374,6 +381,13 @@ class LockFront:
     def busy(self) -> bool:
         """Holds, waits or has an abandoned wait to clean up: what a maintain() is for."""
         return self._callers > 0 or self._core.busy
+
+    @property
+    def queued(self) -> bool:
+        """Whether this object ever set the lock up or registered in Redis (a light grant does
+        neither: lock/light.py): only then can it have a wait's late grant, or a registration, to
+        free."""
+        return self._core.registration.ever
 
     def renewal_due(self) -> bool:
         """Whether a maintain() is needed now: a wait or a clean-up in progress, or a permit whose

@@ -41,6 +41,9 @@ class Permit:
     leased_at: float = -math.inf
     # set by the lock at each grant and renewal; a permit made by hand is not usable
     valid_until: float = -math.inf
+    # granted on the light path (lock/light.py): ``grant`` is ``L<n>``, the fence 0, until a renewal
+    # finds it moved into the stream
+    light: bool = False
 
     def leased(self, since: float, ttl: float) -> None:
         """Redis (re)started the lease no earlier than ``since``: it lasts at least ``ttl`` from
@@ -71,6 +74,8 @@ class LockKeys:
     seen: str
     gate: str  # the delay gate of the stage or key (lock/delay.py): a string, only while a start is booked
     started: str  # the next free confirmed start of the stage or key (lock/delay.py), as the gate
+    light: str  # grants of the light path (lock/light.py): a zset, only while the lock is in use
+    migrated: str  # light grants moved into the stream when the lock escalated: token -> grant id
 
     @classmethod
     def of(cls, prefix: str, name: str) -> LockKeys:
@@ -78,7 +83,18 @@ class LockKeys:
         return cls(
             *(
                 f"{base}:{part}"
-                for part in ("slots", "meta", "owners", "holds", "ttls", "seen", "gate", "started")
+                for part in (
+                    "slots",
+                    "meta",
+                    "owners",
+                    "holds",
+                    "ttls",
+                    "seen",
+                    "gate",
+                    "started",
+                    "light",
+                    "migrated",
+                )
             )
         )
 

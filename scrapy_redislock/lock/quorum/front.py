@@ -151,6 +151,11 @@ class QuorumFront(Generic[F]):
         for."""
         return bool(self._core.held) or any(front.busy for front in self._fronts)
 
+    @property
+    def queued(self) -> bool:
+        """Whether this object ever set the lock up or registered on some master."""
+        return any(front.queued for front in self._fronts)
+
     def renewal_due(self) -> bool:
         """Whether a maintain() is needed now: something held, or a master's front busy (a quorum
         permit's validity is counted from its round, so every tick renews it)."""

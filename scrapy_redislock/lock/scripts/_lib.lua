@@ -289,3 +289,57 @@ local function change_limit(slots, meta, new)
   redis.call('HSET', meta, 'limit', new)
   return previous
 end
+
+-- The light path of a lock met at run time (a request key; see lock/light.py). While nobody waits for the lock,
+-- its grants are the members of one zset, 'light', scored by the end of their lease (ms, Redis's clock), and the
+-- lock has no stream; with no grant the zset is gone (Redis deletes an empty zset). Two more members, scored
+-- below LEASE_FLOOR: LIMIT_MEMBER (scored by the limit) when an operator set the lock's limit, and STREAM_MEMBER
+-- (scored -1) while the lock's stream is in use: the first caller that finds every slot held sets the stream up,
+-- which escalates the lock (each live light grant moves into the stream as a held grant of its owner, hash
+-- 'migrated': token -> grant id); later takers see STREAM_MEMBER and queue there, first come, first served.
+local LIMIT_MEMBER = '#limit'
+local STREAM_MEMBER = '~stream'
+local LEASE_FLOOR = 1000000000000  -- scores at or above are lease ends (ms since the epoch), below: the limit
+
+-- The owner of a light token '<owner>/L<n>'.
+local function token_owner(token)
+  return string.match(token, '^(.+)/L%d+$') or token
+end
+
+-- Make a key live at least until `deadline` (ms since the epoch); a key without expiry keeps none.
+local function extend_expiry(key, deadline)
+  if redis.REDIS_VERSION_NUM and redis.REDIS_VERSION_NUM >= 0x070000 then
+    redis.call('PEXPIREAT', key, deadline, 'GT')  -- Redis 7+
+    return
+  end
+  local left = tonumber(redis.call('PTTL', key))
+  if left >= 0 and left < deadline - now_ms() then redis.call('PEXPIREAT', key, deadline) end
+end
+
+-- Move the live light grants into the lock's stream (which must exist), each held by its owner's consumer with
+-- the rest of its lease, and mark the stream in use; the limit stays what it was. Idempotent.
+local function escalate(light, migrated, slots, meta)
+  if redis.call('ZSCORE', light, STREAM_MEMBER) then return end
+  local now = now_ms()
+  local lease = lease_of(meta)
+  local live = redis.call('ZRANGEBYSCORE', light, '(' .. now, '+inf', 'WITHSCORES')
+  redis.call('ZREMRANGEBYSCORE', light, LEASE_FLOOR, '+inf')
+  local limit = tonumber(redis.call('HGET', meta, 'limit'))
+  for i = 1, #live, 2 do
+    local token, owner = live[i], token_owner(live[i])
+    add_slot(slots)
+    local reply = redis.call('XREADGROUP', 'GROUP', GROUP, owner, 'COUNT', 1, 'STREAMS', slots, '>')
+    local id = reply[1][2][1][1]
+    local idle = math.max(0, lease - (tonumber(live[i + 1]) - now))
+    redis.call('XCLAIM', slots, GROUP, owner, 0, id, 'IDLE', idle, 'JUSTID')
+    redis.call('HSET', migrated, token, id)
+  end
+  if #live > 0 then change_limit(slots, meta, limit) end
+  redis.call('ZADD', light, -1, STREAM_MEMBER)
+  redis.call('PERSIST', light)
+end
+
+-- The lock's light path is over (its stream is deleted): the light zset and the migrated grants go too.
+local function end_stream(light, migrated)
+  redis.call('DEL', light, migrated)
+end

@@ -4,12 +4,14 @@
 -- or is a registered owner seen within 3 leases (every waiter registers before it blocks and renews its
 -- registration every renewal interval, so a blocked waiter's lock is never deleted under it).
 -- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash, KEYS[4] holds hash,
--- KEYS[5] ttls hash, KEYS[6] seen zset
+-- KEYS[5] ttls hash, KEYS[6] seen zset, KEYS[7] light zset and KEYS[8] migrated hash of a lock with a light path
+-- (deleted with the lock: its next taker starts on the light path again)
 -- ARGV[1] owner name, ARGV[2] '1' if Redis loses no acknowledged write (see check_restart)
 -- Returns {grants freed, 1 if the lock was deleted else 0}.
 local slots, meta, owners, holds, ttls, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 if redis.call('EXISTS', slots) == 0 then
   redis.call('DEL', meta, owners, holds, ttls, seen)
+  if KEYS[7] then end_stream(KEYS[7], KEYS[8]) end
   return {0, 1}
 end
 if check_restart(slots, meta, ARGV[2]) then
@@ -23,4 +25,5 @@ if held > 0 or redis.call('ZCOUNT', seen, now_ms() - 3 * lease, '+inf') > 0 then
   return {freed, 0}
 end
 redis.call('DEL', slots, meta, owners, holds, ttls, seen)
+if KEYS[7] then end_stream(KEYS[7], KEYS[8]) end
 return {freed, 1}

@@ -1,5 +1,7 @@
 -- setup: create the lock if it does not exist, register the caller.
--- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash, KEYS[4] ttls hash, KEYS[5] seen zset
+-- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash, KEYS[4] ttls hash, KEYS[5] seen zset,
+-- KEYS[6] light zset and KEYS[7] migrated hash for a lock with a light path (see _lib.lua): its limit is the light
+-- path's when it has one, and its live light grants move into the stream (escalate)
 -- ARGV[1] limit to create with ('' = the lock must exist already)
 -- ARGV[2] the caller's lease ttl in ms
 -- ARGV[3] owner name, ARGV[4] owner identity (JSON)
@@ -16,9 +18,11 @@ if not lock_exists(slots, meta) then
     return redis.error_reply('NOLOCK lock has no limit in Redis yet')
   end
   local limit = tonumber(ARGV[1])
+  if KEYS[6] then limit = tonumber(redis.call('ZSCORE', KEYS[6], LIMIT_MEMBER)) or limit end
   create_lock(slots, meta, limit, ARGV[2])
   if ARGV[5] == '1' then reserve_all(slots, meta) end
   created = 1
 end
+if KEYS[6] then escalate(KEYS[6], KEYS[7], slots, meta) end
 local lease = register(meta, owners, ttls, seen, ARGV[3], ARGV[4], ARGV[2], now_ms())
 return {created, tonumber(redis.call('HGET', meta, 'limit')), lease}
