@@ -22,9 +22,9 @@ from scrapy_redislock.cli.render import Streams, render_dead_letters, render_key
 from scrapy_redislock.cli.status import read_all, snapshot, split_keys
 from scrapy_redislock.cli.target import EXIT_OK, EXIT_USAGE, CliError, Target, run_operation
 from scrapy_redislock.errors import InvalidArgument
-from scrapy_redislock.lock.core import LockCore, release_consumer, reset_lock
+from scrapy_redislock.lock.core import LockCore, forget_lock, release_consumer, reset_lock
 from scrapy_redislock.lock.permit import LockKeys
-from scrapy_redislock.lock.status import StageStatus, find_stages, stage_status
+from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, StageStatus, find_stages, stage_status
 from scrapy_redislock.workers.queue import QueueKeys, requeue_now
 from scrapy_redislock.workers.status import (
     WORKER_LOCK_PREFIX,
@@ -49,6 +49,12 @@ def _limit_arg(value: str) -> int:
         return check_limit(int(value, 10), "N")
     except (ValueError, InvalidArgument):
         raise CliError(f"N must be an integer >= 0, got {value!r}", EXIT_USAGE) from None
+
+
+def _is_key(stage: str) -> bool:
+    """A lock of a key met at run time (``key:<key>``): it may be on its light path
+    (:mod:`scrapy_redislock.lock.light`), which the operator's scripts then cover too."""
+    return stage.startswith(KEY_LOCK_PREFIX)
 
 
 def _require_stage(client: RedisClient, target: Target, stage: str) -> StageStatus:
@@ -157,7 +163,7 @@ def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
             f"{', '.join(known) if known else 'none'}); pass --create to create it with limit "
             f"{limit}"
         )
-    core = LockCore.create(stage, None, ttl, key_prefix=target.prefix)
+    core = LockCore.create(stage, None, ttl, key_prefix=target.prefix, light=_is_key(stage))
     previous = run_operation(client, core.set_limit(limit), stage)
     if previous is None:
         io.say(f"{stage}: created with limit {limit} (ttl {ttl:g}s)")
@@ -252,7 +258,9 @@ def cmd_release(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         io.err.write(f"warning: process {process.pid} of {holder} is running on this machine\n")
     _confirm(f"Release {held} slot(s) of stage {stage!r} held by {described}?", opts, io)
     freed = run_operation(
-        client, release_consumer(LockKeys.of(target.prefix, stage), holder), stage
+        client,
+        release_consumer(LockKeys.of(target.prefix, stage), holder, _is_key(stage)),
+        stage,
     )
     io.say(f"{stage}: released {freed} slot(s) of {described}")
     if stage.startswith(WORKER_LOCK_PREFIX):
@@ -348,17 +356,22 @@ def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         io,
     )
     try:
-        freed, limit = run_operation(client, reset_lock(LockKeys.of(target.prefix, stage)), stage)
+        freed, limit = run_operation(
+            client, reset_lock(LockKeys.of(target.prefix, stage), _is_key(stage)), stage
+        )
     except redis.exceptions.ResponseError as exc:
         if "NOLOCK" in str(exc):
             raise CliError(
                 f"stage {stage!r} vanished from Redis before the reset; nothing was changed"
             ) from None
         raise
-    io.say(
-        f"{stage}: reset: freed {freed} held slot(s); limit {limit} kept, {limit} fresh slot(s) "
-        "for the waiters"
-    )
+    if limit is None:  # a key on its light path: nobody waits, each process keeps its own limit
+        io.say(f"{stage}: reset: freed {freed} held slot(s)")
+    else:
+        io.say(
+            f"{stage}: reset: freed {freed} held slot(s); limit {limit} kept, {limit} fresh "
+            "slot(s) for the waiters"
+        )
     return EXIT_OK
 
 
@@ -422,12 +435,11 @@ def cmd_forget(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     freed = 0
     if opts.force and status.exists and (status.grants or status.processes):
         try:
-            freed, _ = run_operation(client, reset_lock(keys), stage)
+            freed, _ = run_operation(client, reset_lock(keys, _is_key(stage)), stage)
         except redis.exceptions.ResponseError as exc:
             if "NOLOCK" not in str(exc):  # gone meanwhile: the retire below deletes what is left
                 raise
-    core = LockCore.create(stage, None, status.ttl or target.ttl, key_prefix=target.prefix)
-    _, deleted = run_operation(client, core.retire(), stage)
+    deleted = run_operation(client, forget_lock(keys, _is_key(stage)), stage)
     if not deleted:
         after = stage_status(client, target.prefix, stage)
         now_used = _users(client, target, after) if after is not None else []

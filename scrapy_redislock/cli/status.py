@@ -34,7 +34,7 @@ def read_all(
     found = (
         stage_status(client, prefix, tag)
         for tag, rests in sorted(tagged.items())
-        if ":meta" in rests
+        if ":meta" in rests or ":light" in rests
     )
     stages = [status for status in found if status is not None]
     ttl = worker_ttl(stages, default_ttl)

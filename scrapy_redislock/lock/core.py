@@ -151,11 +151,10 @@ class LockCore:
         checked_ttl = check_ttl(ttl)
         if reentrant and checked_limit != 1:
             raise InvalidArgument(f"reentrant=True needs limit=1 (a mutex), got limit={limit!r}")
-        if check_flag(light, "light") and (reentrant or checked_limit is None or replicas):
+        if check_flag(light, "light") and (reentrant or replicas):
             raise InvalidArgument(
-                "light=True is for locks met at run time: it needs a limit, and neither reentrant "
-                f"nor replicas (got limit={limit!r}, reentrant={reentrant!r}, "
-                f"replicas={replicas!r})"
+                "light=True is for locks met at run time: neither reentrant nor replicas (got "
+                f"reentrant={reentrant!r}, replicas={replicas!r})"
             )
         ident = default_identity()
         ident.update(identity or {})
@@ -267,7 +266,8 @@ class LockCore:
                 return permit
             self.let_go(permit)
         if self.light and not self.registration.current:
-            assert self.limit is not None
+            if self.limit is None:
+                raise LockError(f"lock {self.name!r}: light=True needs a limit to acquire")
             taken = yield from self.lights.take(self.limit)
             if isinstance(taken, Permit):
                 self.held[taken.grant] = taken
@@ -381,7 +381,7 @@ class LockCore:
         new = check_limit(limit)
         previous = yield self._script(
             "set_limit",
-            (self.keys.slots, self.keys.meta),
+            (self.keys.slots, self.keys.meta, *self._light_keys[:1]),
             new,
             self.ttl_ms,
             "1" if recover else "0",
@@ -442,21 +442,38 @@ class LockCore:
 # -- operator actions (the command line); they work on any lock, not on one lock object ------------
 
 
-def release_consumer(keys: LockKeys, owner: str) -> Operation[int]:
-    """Free every grant of one owner (all its consumers) and forget it: an operator freeing a dead
-    worker."""
+def release_consumer(keys: LockKeys, owner: str, light: bool = False) -> Operation[int]:
+    """Free every grant of one owner (all its consumers; its light grants too with ``light``) and
+    forget it: an operator freeing a dead worker."""
     freed = yield RunScript(
         "release_owner",
-        (keys.slots, keys.meta, keys.owners, keys.holds, keys.ttls, keys.seen),
+        (keys.slots, keys.meta, keys.owners, keys.holds, keys.ttls, keys.seen)
+        + ((keys.light,) if light else ()),
         (owner,),
     )
     return int(freed)
 
 
-def reset_lock(keys: LockKeys) -> Operation[tuple[int, int]]:
-    """Free every grant and forget every consumer; the limit stays. Returns (grants freed,
-    limit)."""
-    freed, limit = yield RunScript(
-        "reset", (keys.slots, keys.meta, keys.owners, keys.holds, keys.ttls, keys.seen), ()
+def forget_lock(keys: LockKeys, light: bool = False) -> Operation[bool]:
+    """Delete a lock from Redis when nobody holds, waits or is registered (``retire.lua`` for no
+    owner of its own; its light path too with ``light``): an operator's ``forget``. Returns whether
+    it was deleted."""
+    _freed, deleted = yield RunScript(
+        "retire",
+        (keys.slots, keys.meta, keys.owners, keys.holds, keys.ttls, keys.seen)
+        + ((keys.light, keys.migrated) if light else ()),
+        ("", "0"),
     )
-    return int(freed), int(limit)
+    return bool(int(deleted))
+
+
+def reset_lock(keys: LockKeys, light: bool = False) -> Operation[tuple[int, int | None]]:
+    """Free every grant (the light ones too with ``light``) and forget every consumer; the limit
+    stays. Returns (grants freed, limit; None for a light-path lock with no limit in Redis)."""
+    freed, limit = yield RunScript(
+        "reset",
+        (keys.slots, keys.meta, keys.owners, keys.holds, keys.ttls, keys.seen)
+        + ((keys.light,) if light else ()),
+        (),
+    )
+    return int(freed), None if int(limit) < 0 else int(limit)

@@ -30,6 +30,9 @@ from scrapy_redislock._redis import AsyncRedisClient, RedisClient, text
 from scrapy_redislock.lock.permit import GROUP, LIMBO, LockKeys, fence_of, owner_of
 
 MAX_LISTED = 10_000
+# the light path's members that are not grants (scripts/_lib.lua)
+LIGHT_LIMIT = "#limit"
+LIGHT_STREAM = "~stream"
 
 
 @dataclass
@@ -183,6 +186,8 @@ def _queue_reads(pipe: Any, keys: LockKeys) -> None:
     pipe.xpending_range(keys.slots, GROUP, "-", "+", MAX_LISTED)
     pipe.xinfo_consumers(keys.slots, GROUP)
     pipe.hgetall(keys.owners)
+    # the light path of a key's lock (lock/light.py)
+    pipe.zrange(keys.light, 0, MAX_LISTED, withscores=True)
 
 
 def stage_status(client: RedisClient, prefix: str, stage: str) -> StageStatus | None:
@@ -200,13 +205,13 @@ async def astage_status(client: AsyncRedisClient, prefix: str, stage: str) -> St
 
 
 def _parse(stage: str, replies: list[Any]) -> StageStatus | None:
-    raw_meta, stream, groups, pending, consumers, owners = replies
-    for reply in (raw_meta, owners):
+    raw_meta, stream, groups, pending, consumers, owners, light = replies
+    for reply in (raw_meta, owners, light):
         if isinstance(reply, Exception):
             raise reply
     meta = {text(k): text(v) for k, v in (raw_meta or {}).items()}
     if "limit" not in meta:
-        return None
+        return _light(stage, light)
     limit = int(meta["limit"])
     ttl = int(meta["ttl"]) / 1000 if "ttl" in meta else None
     if _stream_lost(stream, groups, pending, consumers):
@@ -228,6 +233,43 @@ def _parse(stage: str, replies: list[Any]) -> StageStatus | None:
         grants=[_grant(entry, ttl) for entry in pending],
         processes=processes,
         delivered=group_last - int(meta.get("base", 0)),
+    )
+
+
+def _light(stage: str, members: Any) -> StageStatus | None:
+    """A key's lock on its light path (no stream: lock/light.py), or None when there is none.
+
+    Its grants are the zset's members (``<owner>/L<n>``) with their lease ends (lease left is
+    counted on this machine's clock: a read-only reader may not run TIME); the limit is there only
+    when an operator set one (else each process counts against its own REDISLOCK_KEY_LIMITS).
+    Nobody waits on the light path, and a light grant has no fence and no renewal age."""
+    if not members:
+        return None
+    now_ms = time.time() * 1000
+    scores = {str(text(member)): float(score) for member, score in members}
+    limit = scores.pop(LIGHT_LIMIT, None)
+    scores.pop(LIGHT_STREAM, None)
+    grants = []
+    for token, ends in sorted(scores.items()):
+        owner, _, grant = token.rpartition("/")
+        grants.append(Grant(owner, grant, 0, 0.0, round((ends - now_ms) / 1000, 3)))
+    held = sum(1 for g in grants if not g.expired)
+    limit_of = None if limit is None else int(limit)
+    return StageStatus(
+        stage,
+        True,
+        limit_of,
+        None,
+        held=held,
+        free=0 if limit_of is None else max(0, limit_of - held),
+        debt=0,
+        waiters=0,
+        fence=0,
+        grants=grants,
+        processes=[
+            Process(owner, sum(1 for g in grants if g.holder == owner), 0)
+            for owner in sorted({g.holder for g in grants})
+        ],
     )
 
 

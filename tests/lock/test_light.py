@@ -13,7 +13,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from scrapy_redislock import AsyncCountingLock, CountingLock, InvalidArgument
+from scrapy_redislock import AsyncCountingLock, CountingLock, InvalidArgument, LockError
 from scrapy_redislock.lock.permit import LockKeys
 
 pytestmark = pytest.mark.integration
@@ -182,10 +182,13 @@ def test_an_asyncio_lock_on_the_light_path(admin_url: str, redis_client: redis.R
     asyncio.run(main())
 
 
-@pytest.mark.parametrize(
-    "kwargs", [{"reentrant": True, "limit": 1}, {"limit": None}, {"replicas": 1, "limit": 2}]
-)
-def test_light_needs_a_plain_capped_lock(redis_client: redis.Redis, kwargs: dict) -> None:
+@pytest.mark.parametrize("kwargs", [{"reentrant": True, "limit": 1}, {"replicas": 1, "limit": 2}])
+def test_light_is_for_a_plain_lock(redis_client: redis.Redis, kwargs: dict) -> None:
     limit = kwargs.pop("limit")
     with pytest.raises(InvalidArgument, match="light=True"):
         CountingLock(redis_client, NAME, limit, 30.0, light=True, **kwargs)
+
+
+def test_light_acquires_need_a_limit(redis_client: redis.Redis) -> None:
+    with pytest.raises(LockError, match="needs a limit"):
+        CountingLock(redis_client, NAME, None, 30.0, light=True).acquire()

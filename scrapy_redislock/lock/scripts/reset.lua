@@ -4,11 +4,19 @@
 -- lock is as new, but its entry ids, the fencing tokens, go on increasing. Consumers blocked in
 -- XREADGROUP stay blocked and are served the new slots first come, first served.
 -- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash, KEYS[4] holds hash,
--- KEYS[5] ttls hash, KEYS[6] seen zset
+-- KEYS[5] ttls hash, KEYS[6] seen zset, KEYS[7] light zset of a lock met at run time (its light grants are dropped;
+-- without a stream that is the whole reset, and the limit is the one an operator set there, else -1)
 -- ARGV[1] none (takes no arguments). A restart of Redis not noticed yet is noticed first, so the new slots' fences start above every
 -- fence the old stream could have handed out.
 -- Returns {grants freed, limit}, or error 'NOLOCK ...' when the lock does not exist (nothing written).
 local slots, meta, owners, holds, ttls, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local light_freed = 0
+if KEYS[7] then
+  light_freed = redis.call('ZREMRANGEBYSCORE', KEYS[7], LEASE_FLOOR, '+inf')
+  if not lock_exists(slots, meta) then
+    return {light_freed, tonumber(redis.call('ZSCORE', KEYS[7], LIMIT_MEMBER) or '-1')}
+  end
+end
 if not lock_exists(slots, meta) then
   return redis.error_reply('NOLOCK lock does not exist')
 end
@@ -32,4 +40,4 @@ local stream_last = stream_state(slots)
 redis.call('XGROUP', 'SETID', slots, GROUP, id_of(stream_last))
 redis.call('XTRIM', slots, 'MINID', id_of(stream_last + 1))
 for _ = 1, limit do add_slot(slots) end
-return {freed, limit}
+return {freed + light_freed, limit}

@@ -10,6 +10,9 @@
 -- Returns {grants freed, 1 if the lock was deleted else 0}.
 local slots, meta, owners, holds, ttls, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 if redis.call('EXISTS', slots) == 0 then
+  if KEYS[7] and #redis.call('ZRANGEBYSCORE', KEYS[7], '(' .. now_ms(), '+inf', 'LIMIT', 0, 1) > 0 then
+    return {0, 0}  -- a light grant is held: the lock is in use on its light path
+  end
   redis.call('DEL', meta, owners, holds, ttls, seen)
   if KEYS[7] then end_stream(KEYS[7], KEYS[8]) end
   return {0, 1}
