@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, TypeVar
 from scrapy_redislock._redis import Backoff
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.renewer import gather_bounded
+from scrapy_redislock.crawl.requestslots import SlotPermit
 from scrapy_redislock.crawl.stagelocks import StageLock, StageLocks
 from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.delay import (
@@ -137,6 +138,16 @@ class KeyLocks(StageLocks):
             self._stage_by_lock[lock.name] = key
         self._idle.discard(key)
         return key
+
+    async def try_take(self, key: str) -> SlotPermit | None:
+        """A slot of ``key`` if one is free now and nobody queues for it, else None (one script
+        while the key is on its light path: lock/light.py)."""
+        return await self.locks[self.lock_for(key)].try_acquire()
+
+    async def acquire_key(self, key: str, timeout: float | None) -> SlotPermit:
+        """Wait for a slot of ``key`` (:meth:`acquire`, first come, first served across
+        processes)."""
+        return await self.acquire(self.lock_for(key), timeout)
 
     def renewal_due(self, stage: str, lock: StageLock) -> bool:
         """Keys serve many short requests: a permit younger than the renewal interval is renewed at

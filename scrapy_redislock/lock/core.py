@@ -46,7 +46,7 @@ from scrapy_redislock.errors import (
     NotReplicated,
 )
 from scrapy_redislock.lock.consumers import Consumers, Registration
-from scrapy_redislock.lock.light import FULL, LightGrants
+from scrapy_redislock.lock.light import LightGrants
 from scrapy_redislock.lock.permit import LockKeys, Permit, default_identity
 from scrapy_redislock.lock.protocol import (
     Call,
@@ -272,8 +272,8 @@ class LockCore:
             if isinstance(taken, Permit):
                 self.held[taken.grant] = taken
                 return taken
-            if taken == FULL and not blocking:
-                return None
+            if not blocking:
+                return None  # every slot held, or others queue for one: no try jumps the line
         yield from self.ensure_setup()
         granted = yield from GrantWait(self, timeout, blocking).run()
         if granted is not None:

@@ -20,7 +20,7 @@ from scrapy_redislock.crawl.keys import request_key
 from scrapy_redislock.crawl.requestslots import SlotPermit
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import KeyFunctionError, UnknownStage
-from scrapy_redislock.requests.stagequeue import Route
+from scrapy_redislock.requests.stagequeue import UNCAPPED, Route
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
     from scrapy_redislock.crawl.stagelocks import StageLocks
+    from scrapy_redislock.requests.keyline import KeyLine
 
 
 class StageGate:
@@ -56,6 +57,8 @@ class StageGate:
         }
         # keys held or in line in this process, during one next_request()
         self._load: Counter[str] | None = None
+        # key slots got in the scheduler, for requests of no capped stage (StageScheduler sets it)
+        self.keyline: KeyLine | None = None
 
     def route(self, request: Request) -> Route:
         """The sub-queue of ``request``: its stage when capped, and its key when keys are capped;
@@ -75,13 +78,33 @@ class StageGate:
         self._routes[request] = route
         return route
 
+    def queue_route(self, request: Request) -> Route:
+        """The sub-queue ``request`` goes into now: its route; a request of no capped stage whose
+        key is blocked here (:meth:`KeyLine.blocked
+        <scrapy_redislock.requests.keyline.KeyLine.blocked>`) goes into its key's."""
+        route = self.route(request)
+        if route[0] is None and self.keyline is not None:
+            key = self.keyline.key_of(request)
+            if key is not None and self.keyline.blocked(key):
+                return None, key
+        return route
+
+    def divert(self, request: Request, route: Route) -> Route | None:
+        """A request popped from the main sub-queue whose key got blocked since it was queued
+        waits in its key's sub-queue instead."""
+        if route != UNCAPPED or self.keyline is None:
+            return None
+        key = self.keyline.key_of(request)
+        return (None, key) if key is not None and self.keyline.blocked(key) else None
+
     def may_go(self, route: Route) -> bool:
         """A request of this sub-queue may leave now: not capped; or its stage has a slot in hand
         here, or fewer than REDISLOCK_WAITERS_PER_STAGE of its requests wait in line; and its key
-        (if capped) has room here."""
+        (if capped) has room here. A key's own sub-queue (no capped stage) while the key may go
+        (:meth:`KeyLine.may_go <scrapy_redislock.requests.keyline.KeyLine.may_go>`)."""
         stage, key = route
         if stage is None:
-            return True
+            return key is None or self.keyline is None or self.keyline.may_go(key)
         if not self.ready[stage] and self._line_is_full(stage):
             return False
         if key is None:
@@ -102,6 +125,8 @@ class StageGate:
     def new_pass(self) -> None:
         """The engine asks for the next request: the key loads are counted again."""
         self._load = None
+        if self.keyline is not None:
+            self.keyline.new_pass()
 
     def got_slot(self, request: Request) -> None:
         """A request waiting in line got its slot in the middleware."""

@@ -28,7 +28,7 @@ another process may hold by now. A request that waited for a delay carries its c
 stage delay too). A key function that raises fails that request with
 :class:`~scrapy_redislock.errors.KeyFunctionError` (stat ``redislock/key_errors``), not the crawl.
 
-Stats: redislock/keys/{acquired,wait_time_total,wait_time_max,retired_idle},
+Stats: redislock/keys/{acquired,wait_time_total,wait_time_max,retired_idle,taken_in_downloader},
 redislock/keys/<key>/{timeouts,lost,unusable},
 redislock/delay/{waits,wait_time_total,held_back,late_sends,send_lag_max}, redislock/key_errors.
 """
@@ -63,6 +63,17 @@ if TYPE_CHECKING:
 
 class KeyGate:
     """Key slots and delays of the requests of one crawler (see the module docstring)."""
+
+    @classmethod
+    def of(
+        cls, crawler: Crawler, settings: RedisLockSettings, *, attr: str = "_redislock_key_gate"
+    ) -> KeyGate:
+        """The crawler's one instance (the middleware and StageScheduler share it)."""
+        existing = getattr(crawler, attr, None)
+        if existing is None:
+            existing = cls(crawler, settings)
+            setattr(crawler, attr, existing)
+        return existing
 
     def __init__(self, crawler: Crawler, settings: RedisLockSettings) -> None:
         self.crawler = crawler
@@ -107,7 +118,34 @@ class KeyGate:
         if key_delay and key is not None:
             await self._delay(request, f"{KEY_LOCK_PREFIX}{key}", key_delay)
 
+    def hand(self, request: Request, permit: SlotPermit) -> None:
+        """StageScheduler got ``request``'s key slot before letting it go (see
+        :mod:`~scrapy_redislock.requests.keyline`): the middleware takes this one."""
+        self.permits.hand(request, permit)
+
+    def key_of(self, request: Request) -> str | None:
+        """The request's key when it is capped (None also when REDISLOCK_STAGE_KEY's function fails
+        for it: the middleware fails the request then, naming the error)."""
+        try:
+            key = request_key(request, self.crawler.spider, self.settings.keys.stage_key)
+        except KeyFunctionError:
+            return None
+        return key if key is not None and self.settings.keys.limit_of(key) is not None else None
+
+    def record(self, waited: float) -> None:
+        """Count one key slot got after ``waited`` seconds."""
+        stats = self.crawler.stats
+        stats.inc_value("redislock/keys/acquired")
+        # Scrapy annotates inc_value's count as an int; stats add up floats alike (seconds waited).
+        stats.inc_value("redislock/keys/wait_time_total", waited)  # type: ignore[arg-type]
+        stats.max_value("redislock/keys/wait_time_max", waited)
+
     async def _take_slot(self, request: Request, key: str) -> None:
+        if self.permits.peek(request) is not None:
+            return  # handed by StageScheduler (a lost or late one is dropped by usable())
+        # taken here, holding one of CONCURRENT_REQUESTS meanwhile (StageScheduler takes it before
+        # a request of no capped stage leaves: keyline.py)
+        self.crawler.stats.inc_value("redislock/keys/taken_in_downloader")
         started = time.monotonic()
         self.locks.lock_for(key)
         self.waiting[key] += 1
@@ -124,12 +162,7 @@ class KeyGate:
             if not self.waiting[key]:
                 del self.waiting[key]
         self.permits.hold(request, permit)
-        waited = time.monotonic() - started
-        stats = self.crawler.stats
-        stats.inc_value("redislock/keys/acquired")
-        # Scrapy annotates inc_value's count as an int; stats add up floats alike (seconds waited).
-        stats.inc_value("redislock/keys/wait_time_total", waited)  # type: ignore[arg-type]
-        stats.max_value("redislock/keys/wait_time_max", waited)
+        self.record(time.monotonic() - started)
 
     async def _delay(self, request: Request, name: str, delay: float) -> None:
         start = await self.locks.wait_start(name, delay)

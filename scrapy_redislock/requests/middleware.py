@@ -125,7 +125,7 @@ class StageLockMiddleware:
         )
         self.locks = StageLocks.of(crawler, self.settings)
         # keys and delays
-        self.gate = KeyGate(crawler, self.settings) if self.settings.keyed else None
+        self.gate = KeyGate.of(crawler, self.settings) if self.settings.keyed else None
         self.locks.add_waiting_source(self.waiting.__getitem__)
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)

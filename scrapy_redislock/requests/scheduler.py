@@ -80,6 +80,8 @@ from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.requests.gate import StageGate
+from scrapy_redislock.requests.keygate import KeyGate
+from scrapy_redislock.requests.keyline import KeyLine
 from scrapy_redislock.requests.stagequeue import (
     SharedStageQueues,
     StagePriorityQueues,
@@ -197,6 +199,8 @@ class StageScheduler:
         # request of the stage.
         self.ready: dict[str, deque[SlotPermit]] = {stage: deque() for stage in capped}
         self.gate: StageGate | None = None
+        # key slots got here for requests of no capped stage (over Scrapy's scheduler)
+        self.keyline: KeyLine | None = None
         self.shared: SharedStageQueues | None = None  # over scrapy-redis's scheduler, from open()
         self.closing = False
         # cache and robots.txt middlewares before ours, found on first use
@@ -207,6 +211,14 @@ class StageScheduler:
             # Scrapy's BaseScheduler makes isinstance() duck-typed: look for the class itself.
             if ScrapyScheduler in type(self.inner).__mro__ and not _is_scrapy_redis(self.inner):
                 self.inner.pqclass = StageQueueFactory(self.inner.pqclass, self.gate)
+                if self.settings.keys.capped:
+                    self.keyline = self.gate.keyline = KeyLine(
+                        crawler,
+                        self.settings,
+                        KeyGate.of(crawler, self.settings),
+                        self._queued_for_key,
+                        self._requeue,
+                    )
             elif not _is_scrapy_redis(self.inner):
                 self.gate.queues_split = False
                 logger.info(
@@ -285,6 +297,7 @@ class StageScheduler:
     def close(self, reason: str) -> Deferred[None] | None:
         """The inner scheduler closes at once (as it would alone: scrapy-redis flushes its queue
         here unless SCHEDULER_PERSIST); the slots are freed after."""
+        self._queue_back()
         result = self.inner.close(reason) if hasattr(self.inner, "close") else None
         if self.locks is None:
             return result
@@ -294,6 +307,15 @@ class StageScheduler:
         for permits in self.ready.values():
             permits.clear()  # freed with everything else of this process by locks.close()
         return deferred_from_coro(self._close(result))
+
+    def _queue_back(self) -> None:
+        """Requests out of the inner scheduler for their key slot go back into it, before it
+        closes (JOBDIR keeps them)."""
+        if self.keyline is not None:
+            for request in self.keyline.close():
+                key = self.keyline.key_of(request)
+                if key is not None:
+                    self._requeue(request, key)
 
     async def _close(self, inner_result: Any) -> None:
         if inner_result is not None:
@@ -305,10 +327,12 @@ class StageScheduler:
     def has_pending_requests(self) -> bool:
         if self.shared is not None:
             return self.shared.has_requests()  # stops at the first sub-queue with a request
+        if self.keyline is not None and self.keyline.pending():
+            return True
         return bool(self.inner.has_pending_requests())
 
     def __len__(self) -> int:
-        return len(self.inner)
+        return len(self.inner) + (self.keyline.pending() if self.keyline is not None else 0)
 
     def enqueue_request(self, request: Request) -> bool:
         return bool(self.inner.enqueue_request(request))
@@ -316,11 +340,33 @@ class StageScheduler:
     def next_request(self) -> Request | None:
         if self.locks is None or self.gate is None:
             return self.inner.next_request()
+        if self.keyline is not None:
+            ready = self.keyline.next_ready()
+            if ready is not None:
+                return ready
         self.gate.new_pass()
-        request = self.inner.next_request()  # from a sub-queue that the gate lets go
-        if request is None:
-            self._free_ready()
-            return None
+        while True:
+            if self.keyline is not None and self.keyline.full():
+                return None  # woken when a take in Redis comes back
+            request = self.inner.next_request()  # from a sub-queue that the gate lets go
+            if request is None:
+                self._free_ready()
+                return None
+            if not self._held_for_key(request):
+                return self._with_stage_slot(request)
+
+    def _held_for_key(self, request: Request) -> bool:
+        """Whether ``request`` (of no capped stage) stays here while its key slot is taken in
+        Redis (:mod:`~scrapy_redislock.requests.keyline`)."""
+        assert self.gate is not None
+        if self.keyline is None or self.gate.route(request)[0] is not None:
+            return False
+        return not self._settled_early(request) and self.keyline.holds_back(request)
+
+    def _with_stage_slot(self, request: Request) -> Request:
+        """``request`` leaves: with a slot of its capped stage in hand, or to wait for one in
+        line."""
+        assert self.gate is not None and self.locks is not None
         stage, key = self.gate.route(request)
         if stage is None or self._settled_early(request):
             return request
@@ -344,6 +390,28 @@ class StageScheduler:
         )
 
     # -- slots -------------------------------------------------------------------------------------
+
+    def _queued_for_key(self, key: str) -> int:
+        """Requests of ``key`` (of no capped stage) in its sub-queue of the inner scheduler."""
+        queues = [getattr(self.inner, name, None) for name in ("mqs", "dqs")]
+        return sum(
+            queue.count_route((None, key))
+            for queue in queues
+            if isinstance(queue, StagePriorityQueues)
+        )
+
+    def _requeue(self, request: Request, key: str) -> None:
+        """Put ``request`` back into its key's sub-queue of the inner scheduler (on disk with
+        JOBDIR, as Scrapy's scheduler would: in memory if it cannot be serialized); no stats, no
+        dupefilter: it was queued once already."""
+        dqs = getattr(self.inner, "dqs", None)
+        if isinstance(dqs, StagePriorityQueues):
+            try:
+                dqs.push_to((None, key), request)
+                return
+            except ValueError:
+                pass
+        self.inner.mqs.push_to((None, key), request)
 
     def _queued(self, stage: str) -> int:
         """Requests of ``stage`` waiting in the inner scheduler (for the status CLI); 0 over
@@ -409,7 +477,11 @@ class StageScheduler:
         if engine_closing(self.crawler):
             self.closing = True
             self._free_ready()
+            if self.keyline is not None:
+                self.keyline.stand_down()
             return
+        if self.keyline is not None:
+            self.keyline.tick()
         now = time.monotonic()
         for stage, permits in self.ready.items():
             if not permits:

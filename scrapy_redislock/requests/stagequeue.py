@@ -75,6 +75,14 @@ class Gate(Protocol):
     def may_go(self, route: Route) -> bool:
         """Whether a request of this sub-queue can leave the scheduler now."""
 
+    def queue_route(self, request: Request) -> Route:
+        """The sub-queue to push ``request`` into now: its route, or its key's while that key is
+        blocked (:mod:`~scrapy_redislock.requests.keyline`)."""
+
+    def divert(self, request: Request, route: Route) -> Route | None:
+        """Where a request just popped from ``route`` waits instead of leaving (its key's sub-queue,
+        the key being blocked now), or None: it leaves."""
+
 
 def _route_id(route: Route) -> str:
     return json.dumps(list(route))
@@ -178,11 +186,16 @@ class StagePriorityQueues:
         )
 
     def push(self, request: Request) -> None:
-        route = self.gate.route(request)
+        self.push_to(self.gate.queue_route(request), request)
+
+    def push_to(self, route: Route, request: Request) -> None:
+        """Push into the sub-queue ``route`` (made if needed); a request pushed again keeps its first
+        push order."""
         queue = self.queues.get(route)
         if queue is None:
             queue = self.queues[route] = self._new(route)
-        self._pushed[request] = next(self._pushes)
+        if request not in self._pushed:
+            self._pushed[request] = next(self._pushes)
         queue.push(request)
 
     def _next(self) -> Route | None:
@@ -217,9 +230,17 @@ class StagePriorityQueues:
         return -order if lifo else order
 
     def pop(self) -> Request | None:
-        route = self._next()
-        if route is None:
-            return None
+        while True:
+            route = self._next()
+            if route is None:
+                return None
+            request = self._pop(route)
+            to = None if request is None else self.gate.divert(request, route)
+            if request is None or to is None:
+                return request
+            self.push_to(to, request)  # its key is blocked: it waits in its key's sub-queue
+
+    def _pop(self, route: Route) -> Request | None:
         queue = self.queues[route]
         request = queue.pop()
         self._turn += 1
@@ -245,6 +266,11 @@ class StagePriorityQueues:
     def count(self, stage: str) -> int:
         """Requests of ``stage`` queued here."""
         return sum(len(queue) for route, queue in self.queues.items() if route[0] == stage)
+
+    def count_route(self, route: Route) -> int:
+        """Requests queued in the sub-queue ``route``."""
+        queue = self.queues.get(route)
+        return 0 if queue is None else len(queue)
 
     def __len__(self) -> int:
         return sum(len(queue) for queue in self.queues.values())

@@ -1,0 +1,88 @@
+"""A key at its cap waits in StageScheduler, not in the downloader (requests/keyline.py), in real
+crawls: 2 `scrapy runspider` processes against a local site and a real redis-server.
+
+Two slow keys (0.5 s a page, capped at 1 across the processes) are queued first, then a fast one.
+With StageScheduler a request of no capped stage leaves the scheduler only with its key slot: the
+slow keys' requests wait there, taking none of CONCURRENT_REQUESTS (3), and the fast key's pages
+all go while the slow keys are still busy. With the middleware alone (no StageScheduler) the same
+requests take their key slot in the downloader, where the waiting ones hold its places.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+
+from testing.crawlproc import Crawl, leftover
+from testing.site import CrawlSite
+
+pytestmark = [pytest.mark.integration, pytest.mark.crawl]
+PROCESSES = 2
+SLOW = 8  # pages per slow key and process: 16 x 0.5 s, one at a time, is 8 s at least
+
+
+def section_key(request: Any, spider: Any) -> str | None:
+    """REDISLOCK_STAGE_KEY for the test: the first path segment (``/a/7`` -> ``a``)."""
+    return urlsplit(request.url).path.strip("/").split("/")[0] or None
+
+
+def crawl(site: CrawlSite, redis_url: str, tmp_path: Path, scheduler: str | None) -> list[Crawl]:
+    settings = {
+        "REDISLOCK_URL": redis_url,
+        "SCHEDULER": scheduler,
+        "CONCURRENT_REQUESTS": 3,
+        "REDISLOCK_STAGES": {"detail": None},
+        "REDISLOCK_STAGE_KEY": f"{__name__}.section_key",
+        "REDISLOCK_KEY_LIMIT": 4,
+        "REDISLOCK_KEY_LIMITS": {"a": 1, "b": 1},
+    }
+    plan = f"detail@a:{SLOW},detail@b:{SLOW},detail@f:40"
+    crawls = [
+        Crawl(site.url, plan, settings, tmp_path, args={"first": str(1000 * i)}).start()
+        for i in range(PROCESSES)
+    ]
+    for one in crawls:
+        one.wait(timeout=120)
+        assert one.stats.get("finish_reason") == "finished", one.tail()
+    assert site.count("a") == site.count("b") == PROCESSES * SLOW
+    assert site.count("f") == PROCESSES * 40 and set(site.hits.values()) == {1}
+    assert site.max_in_flight["a"] == 1 and site.max_in_flight["b"] == 1  # the caps held
+    assert site.max_in_flight["f"] <= 4
+    return crawls
+
+
+@pytest.fixture
+def slow_site() -> Any:
+    with CrawlSite(delay=0.02, delays={"a": 0.5, "b": 0.5}) as site:
+        yield site
+
+
+def test_a_busy_key_waits_in_the_scheduler(
+    slow_site: CrawlSite, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    crawls = crawl(slow_site, redis_url, tmp_path, "scrapy_redislock.StageScheduler")
+    for one in crawls:
+        # every key slot was taken before its request left the scheduler
+        assert one.stats.get("redislock/keys/taken_in_downloader", 0) == 0
+        assert one.stats["redislock/keys/acquired"] == 2 * SLOW + 40
+    # the fast key went past the slow ones: all its pages before the slow keys were half done
+    slow_end = min(max(slow_site.arrivals["a"]), max(slow_site.arrivals["b"]))
+    slow_start = min(min(slow_site.arrivals["a"]), min(slow_site.arrivals["b"]))
+    assert max(slow_site.arrivals["f"]) < slow_start + (slow_end - slow_start) / 2
+    assert leftover(redis_client) == 0
+    assert not list(redis_client.scan_iter("redislock:{key:*"))
+
+
+def test_with_the_middleware_alone_keys_are_taken_in_the_downloader(
+    slow_site: CrawlSite, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """The contrast: the same crawl without StageScheduler takes every key slot in the downloader
+    (where a request waiting for a busy key holds one of CONCURRENT_REQUESTS)."""
+    crawls = crawl(slow_site, redis_url, tmp_path, None)
+    for one in crawls:
+        assert one.stats["redislock/keys/taken_in_downloader"] == 2 * SLOW + 40
+    assert leftover(redis_client) == 0
