@@ -66,7 +66,15 @@ def options(argv: list[str] | None) -> argparse.Namespace:
         "--concurrency", type=int, default=16, help="CONCURRENT_REQUESTS per process"
     )
     parser.add_argument("--delay", type=float, default=0.02, help="seconds the site takes per page")
-    parser.add_argument("--only", choices=("caps", "gaps"), help="run one part of the benchmark")
+    parser.add_argument(
+        "--only", choices=("caps", "slow", "gaps"), help="run one part of the benchmark"
+    )
+    parser.add_argument("--slow-processes", default="3", help="processes of the slow-domain runs")
+    parser.add_argument("--slow-domains", type=int, default=5, help="slow domains (cap 1 each)")
+    parser.add_argument("--slow-delay", type=float, default=1.0, help="seconds a slow page takes")
+    parser.add_argument("--slow-pages", type=int, default=8, help="pages per slow domain")
+    parser.add_argument("--fast-domains", type=int, default=1000, help="fast domains beside them")
+    parser.add_argument("--fast-pages", type=int, default=6000, help="pages of the fast domains")
     parser.add_argument("--gap-processes", type=int, default=3, help="processes of the gap runs")
     parser.add_argument("--gap-hosts", type=int, default=8, help="host names of the gap runs")
     parser.add_argument("--gap-pages", type=int, default=90, help="pages per host of the gap runs")
@@ -159,6 +167,84 @@ def run(
     }
 
 
+def slow_run(
+    processes: int, slow: bool, scheduler: str | None, opts: argparse.Namespace, folder: Path
+) -> dict[str, Any]:
+    """One crawl of the fast domains (cap P each), with or without the slow domains (cap 1,
+    ``--slow-delay`` a page) queued first: the fast domains' pages/s over their own span."""
+    slow_domains = opts.slow_domains if slow else 0
+    delays = {f"s{k}": opts.slow_delay for k in range(slow_domains)}
+    with RedisServer() as server, CrawlSite(delay=opts.delay, delays=delays) as site:
+        settings = {
+            "REDISLOCK_URL": server.url,
+            "REDISLOCK_STAGE_KEY": "download_slot",
+            "REDISLOCK_KEY_LIMIT": processes,
+            "REDISLOCK_KEY_LIMITS": dict.fromkeys(delays, 1),
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 1000,
+            "CONCURRENT_REQUESTS": opts.concurrency,
+            "SCHEDULER": scheduler,
+            "DOWNLOAD_DELAY": 0,
+            "LOG_LEVEL": "WARNING",
+        }
+        args = {
+            "pages": str(opts.fast_pages),
+            "domains": str(opts.fast_domains),
+            "slow": str(slow_domains),
+            "slow_pages": str(opts.slow_pages),
+            "parts": str(processes),
+        }
+        crawls = [
+            Crawl(site.url, "", settings, folder, args={**args, "part": str(i)}, spider=SPIDER)
+            for i in range(processes)
+        ]
+        for crawl in crawls:
+            crawl.start()
+        finish_all(crawls)
+        with site.lock:
+            fast = [r for r in site.served if r.stage.startswith("d")]
+            slowest = [r for r in site.served if r.stage.startswith("s")]
+        taken_in_downloader = sum(
+            crawl.stats.get("redislock/keys/taken_in_downloader", 0) for crawl in crawls
+        )
+    span = max(r.answered for r in fast) - min(r.arrived for r in fast)
+    return {
+        "processes": processes,
+        "scheduler": "StageScheduler" if scheduler else "middleware alone",
+        "slow_domains": slow_domains,
+        "slow_pages": len(slowest),
+        "fast_pages": len(fast),
+        "fast_pages_per_s": round(len(fast) / span, 1),
+        "max_in_flight_slow": max((site.max_in_flight[d] for d in delays), default=0),
+        "taken_in_downloader": taken_in_downloader,
+    }
+
+
+def slow_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "",
+        "## Slow domains among fast ones",
+        "",
+        "| processes | scheduler | slow domains (cap 1) | slow pages | fast pages | fast pages/s | "
+        "ratio to no slow domains | most in flight of a slow domain | key slots taken in the "
+        "downloader |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    alone = {
+        (r["processes"], r["scheduler"]): r["fast_pages_per_s"]
+        for r in rows
+        if not r["slow_domains"]
+    }
+    for r in rows:
+        base = alone.get((r["processes"], r["scheduler"]))
+        ratio = f"{r['fast_pages_per_s'] / base:.2f}" if base else ""
+        lines.append(
+            f"| {r['processes']} | {r['scheduler']} | {r['slow_domains']} | {r['slow_pages']} | "
+            f"{r['fast_pages']} | {r['fast_pages_per_s']} | {ratio} | {r['max_in_flight_slow']} | "
+            f"{r['taken_in_downloader']} |"
+        )
+    return lines
+
+
 def gap_run(burners: int, opts: argparse.Namespace, folder: Path) -> dict[str, Any]:
     """One crawl with the delay, beside ``burners`` CPU burners: the gaps between request starts
     of one host as the site saw them."""
@@ -193,6 +279,9 @@ def gap_run(burners: int, opts: argparse.Namespace, folder: Path) -> dict[str, A
             finish_all(crawls)
             after = commandstats(client)
             gaps = sorted(gap for host in list(site.host_arrivals) for gap in site.gaps(host))
+            wire = sorted(
+                gap for host in list(site.host_arrivals) for gap in site.gaps(host, kernel=True)
+            )
             client.close()
     finally:
         for burner in burning:
@@ -211,6 +300,10 @@ def gap_run(burners: int, opts: argparse.Namespace, folder: Path) -> dict[str, A
         "p1_gap_ms": round(gaps[len(gaps) // 100] * 1000, 1),
         "median_gap_ms": round(gaps[len(gaps) // 2] * 1000, 1),
         "gaps_under_95pct": sum(1 for gap in gaps if gap < 0.95 * opts.gap_delay),
+        "wire_gaps": len(wire),
+        "wire_smallest_gap_ms": round(wire[0] * 1000, 1) if wire else None,
+        "wire_p1_gap_ms": round(wire[len(wire) // 100] * 1000, 1) if wire else None,
+        "wire_gaps_under_95pct": sum(1 for gap in wire if gap < 0.95 * opts.gap_delay),
         "evalsha_per_start": round(
             (after.get("evalsha", 0) - before.get("evalsha", 0)) / starts, 2
         ),
@@ -252,14 +345,36 @@ def main(argv: list[str] | None = None) -> int:
     )
     started = time.time()
     rows = []
-    for processes in (int(p) for p in opts.processes.split(",")) if opts.only != "gaps" else ():
+    for processes in (
+        (int(p) for p in opts.processes.split(","))
+        if opts.only
+        in (
+            None,
+            "caps",
+        )
+        else ()
+    ):
         for domains in (int(d) for d in opts.domains.split(",")):
             for mode in ("redislock", "scrapy"):
                 row = run(mode, processes, domains, opts, folder)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
+    slow_rows = []
+    for processes in (
+        (int(p) for p in opts.slow_processes.split(","))
+        if opts.only
+        in (
+            None,
+            "slow",
+        )
+        else ()
+    ):
+        for scheduler in ("scrapy_redislock.StageScheduler", None):
+            for slow in (False, True):
+                slow_rows.append(slow_run(processes, slow, scheduler, opts, folder))
+                print(json.dumps(slow_rows[-1]), flush=True)
     gap_rows = []
-    for burners in (0, 2) if opts.only != "caps" else ():
+    for burners in (0, 2) if opts.only in (None, "gaps") else ():
         gap_rows.append(gap_run(burners, opts, folder))
         print(json.dumps(gap_rows[-1]), flush=True)
     lines = (
@@ -287,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
             f"({r['redis_key_bytes_end']} B) | {r['redis_used_memory_change_bytes'] / 1024:+.0f} "
             "KiB |"
         )
+    if slow_rows:
+        lines += slow_table(slow_rows)
     if gap_rows:
         lines += gap_table(gap_rows)
     lines.append(f"\nbenchmark wall time {time.time() - started:.0f} s")
@@ -295,7 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     (RESULTS / "keys.md").write_text(text + "\n")
     (RESULTS / "keys.json").write_text(
-        json.dumps({"options": vars(opts), "runs": rows, "gaps": gap_rows}, indent=2)
+        json.dumps(
+            {"options": vars(opts), "runs": rows, "slow": slow_rows, "gaps": gap_rows}, indent=2
+        )
     )
     return 0
 

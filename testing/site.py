@@ -21,8 +21,10 @@ site.max_in_flight["detail"]``.
 
 Several host names: ``CrawlSite(hosts=4)`` answers on 127.0.0.1 to 127.0.0.4 (one port; Linux routes
 all of 127/8 to the loopback), ``site.url_of(i)``; per host it counts requests in flight
-(``max_host_in_flight``) and when each arrived (``host_arrivals``; :meth:`gaps` are the intervals
-between request starts of one host), and for requests carrying ``X-Booked-Start`` (a delay's booked
+(``max_host_in_flight``) and when each arrived (``host_arrivals``, as its handler thread saw it, and
+``host_kernel_arrivals``, when the kernel received the request's bytes, before any thread of the
+site ran: what a site's network sees; :meth:`gaps` are the intervals between request starts of one
+host, by either), and for requests carrying ``X-Booked-Start`` (a delay's booked
 start) when they arrived (``booked_starts``). ``python -m testing.site`` serves the shop alone.
 ``site.routes["/robots.txt"] = ("text/plain", "User-agent: *\nDisallow: /detail/")`` serves a fixed
 body at a path (counted like any page, after the same delay); :func:`links_page` makes an HTML page
@@ -34,6 +36,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import socket
+import struct
 import threading
 import time
 from collections import Counter, defaultdict
@@ -42,6 +46,27 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import NamedTuple
 from urllib.parse import parse_qs, urlsplit
+
+# Linux: the receive time of a socket's data as ancillary data (struct timespec, CLOCK_REALTIME)
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+
+
+def kernel_arrival(connection: socket.socket) -> float | None:
+    """When the kernel received the data waiting on ``connection`` (seconds since the epoch),
+    without reading it; waits for data. None at the end of the connection or without the
+    timestamp."""
+    try:
+        data, ancillary, _flags, _address = connection.recvmsg(
+            1, socket.CMSG_SPACE(16), socket.MSG_PEEK
+        )
+    except OSError:
+        return None
+    for level, kind, raw in ancillary:
+        if data and level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= 16:
+            seconds, nanos = struct.unpack("qq", raw[:16])
+            return seconds + nanos / 1e9
+    return None
+
 
 BOOKED_HEADER = "X-Booked-Start"  # the start a request booked (seconds since the epoch), set by a test middleware
 
@@ -76,9 +101,14 @@ class CrawlSite:
         self.host_in_flight: Counter[str] = Counter()
         self.max_host_in_flight: Counter[str] = Counter()
         self.host_arrivals: dict[str, list[float]] = defaultdict(list)  # host -> arrival instants
+        # host -> when the kernel received each request's first bytes (wall clock; SO_TIMESTAMPNS):
+        # what the site's network sees, before its own threads run
+        self.host_kernel_arrivals: dict[str, list[float]] = defaultdict(list)
         # host -> (arrival, booked start) for requests carrying BOOKED_HEADER, both wall clock
         # (time.time(): the clock Redis's TIME reads on this machine)
         self.booked_starts: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        # the same with the kernel's receive time (host_kernel_arrivals) as the arrival
+        self.kernel_booked_starts: dict[str, list[tuple[float, float]]] = defaultdict(list)
         self.delays: dict[str, float] = dict(delays or {})
         self.lock = threading.Lock()
         self.in_flight: Counter[str] = Counter()
@@ -105,6 +135,15 @@ class CrawlSite:
             # with keep-alive, Nagle + delayed ACK would add 40 ms to responses
             disable_nagle_algorithm = True
 
+            def setup(self) -> None:
+                super().setup()
+                with contextlib.suppress(OSError):
+                    self.connection.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+
+            def handle_one_request(self) -> None:
+                self.kernel_arrived = kernel_arrival(self.connection)
+                super().handle_one_request()
+
             def do_GET(self) -> None:
                 parts = urlsplit(self.path)
                 stage = site.stage_of(parts.path)
@@ -112,10 +151,17 @@ class CrawlSite:
                 worker = self.headers.get("User-Agent", "")
                 host = str(self.server.server_address[0])
                 arrived = site.arrive(stage, parts.path, worker, host)
+                if self.kernel_arrived is not None:
+                    with site.lock:
+                        site.host_kernel_arrivals[host].append(self.kernel_arrived)
                 booked = self.headers.get(BOOKED_HEADER)
                 if booked:
                     with site.lock:
                         site.booked_starts[host].append((time.time(), float(booked)))
+                        if self.kernel_arrived is not None:
+                            site.kernel_booked_starts[host].append(
+                                (self.kernel_arrived, float(booked))
+                            )
                 try:
                     time.sleep(float(sleep[0]) if sleep else site.delays.get(stage, site.delay))
                 finally:
@@ -215,10 +261,11 @@ class CrawlSite:
         """The site's URL on host name number ``host`` (1 is 127.0.0.1, the same as ``url``)."""
         return f"http://127.0.0.{host}:{self.port}"
 
-    def gaps(self, host: str) -> list[float]:
-        """Seconds between consecutive request starts (arrivals) of one host."""
+    def gaps(self, host: str, kernel: bool = False) -> list[float]:
+        """Seconds between consecutive request starts (arrivals) of one host: as the handler
+        thread saw them, or (``kernel``) as the kernel received them."""
         with self.lock:
-            arrivals = sorted(self.host_arrivals[host])
+            arrivals = sorted((self.host_kernel_arrivals if kernel else self.host_arrivals)[host])
         return [later - earlier for earlier, later in itertools.pairwise(arrivals)]
 
     def count(self, stage: str) -> int:
@@ -245,6 +292,7 @@ class CrawlSite:
             self.host_in_flight.clear()
             self.max_host_in_flight.clear()
             self.host_arrivals.clear()
+            self.host_kernel_arrivals.clear()
             self.booked_starts.clear()
             self.arrivals.clear()
             self.served.clear()

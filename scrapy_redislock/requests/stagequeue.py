@@ -32,7 +32,7 @@ import math
 import re
 import time
 import weakref
-from collections import deque
+from collections import Counter, deque
 from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -159,6 +159,9 @@ class StagePriorityQueues:
         self.key = key
         self.start_queue_cls = start_queue_cls
         self.queues: dict[Route, Any] = {}
+        # requests per sub-queue, kept here: len() of Scrapy's DownloaderAwarePriorityQueue walks
+        # every download slot's queue
+        self._sizes: Counter[Route] = Counter()
         # request -> push order
         self._pushed: weakref.WeakKeyDictionary[Request, int] = weakref.WeakKeyDictionary()
         self._pushes = itertools.count()
@@ -171,6 +174,7 @@ class StagePriorityQueues:
         for route_id, prios in (startprios or {}).items():
             route = _route_of(route_id)
             self.queues[route] = self._new(route, prios)
+            self._sizes[route] = len(self.queues[route])
         # built at once, so that a priority queue refusing the settings says so now
         if UNCAPPED not in self.queues:
             self.queues[UNCAPPED] = self._new(UNCAPPED)
@@ -197,14 +201,16 @@ class StagePriorityQueues:
         if request not in self._pushed:
             self._pushed[request] = next(self._pushes)
         queue.push(request)
+        self._sizes[route] += 1
 
     def _next(self) -> Route | None:
+        ready = [route for route in self.queues if self._sizes[route] and self.gate.may_go(route)]
+        if len(ready) < 2:
+            return ready[0] if ready else None  # no head to compare (peek can cost a scan)
         best: tuple[int, int] | None = None
         tied: list[Route] = []
-        for route, queue in self.queues.items():
-            if not len(queue) or not self.gate.may_go(route):
-                continue
-            rank = _head_rank(queue)
+        for route in ready:
+            rank = _head_rank(self.queues[route])
             if best is None or rank < best:
                 best, tied = rank, [route]
             elif rank == best:
@@ -243,10 +249,13 @@ class StagePriorityQueues:
     def _pop(self, route: Route) -> Request | None:
         queue = self.queues[route]
         request = queue.pop()
+        # a queue that had nothing to give after all (a disk entry that could not be read) is
+        # counted again
+        self._sizes[route] = self._sizes[route] - 1 if request is not None else len(queue)
         self._turn += 1
         self._turns[route] = self._turn
-        if len(queue) == 0 and route != UNCAPPED:
-            del self.queues[route]
+        if not self._sizes[route] and route != UNCAPPED:
+            del self.queues[route], self._sizes[route]
             self._turns.pop(route, None)
             queue.close()
             if self.key:  # reclaim the sub-queue's directory; rmdir leaves it alone if files remain
@@ -261,19 +270,19 @@ class StagePriorityQueues:
     def close(self) -> dict[str, Any]:
         state = {_route_id(route): queue.close() for route, queue in self.queues.items()}
         self.queues.clear()
+        self._sizes.clear()
         return state
 
     def count(self, stage: str) -> int:
         """Requests of ``stage`` queued here."""
-        return sum(len(queue) for route, queue in self.queues.items() if route[0] == stage)
+        return sum(size for route, size in self._sizes.items() if route[0] == stage)
 
     def count_route(self, route: Route) -> int:
         """Requests queued in the sub-queue ``route``."""
-        queue = self.queues.get(route)
-        return 0 if queue is None else len(queue)
+        return self._sizes[route]
 
     def __len__(self) -> int:
-        return sum(len(queue) for queue in self.queues.values())
+        return sum(self._sizes.values())
 
 
 def _is_lifo(queue_cls: Any) -> bool:

@@ -4,7 +4,9 @@
 fetches pages ``part, part + parts, ...`` of ``pages``; page ``n`` belongs to domain ``d<n %
 domains>``, is fetched at ``/d<k>/<n>`` (the site counts each domain as a stage) and carries
 ``meta["download_slot"] = "d<k>"``, so Scrapy's per-domain settings and REDISLOCK_STAGE_KEY =
-"download_slot" both treat each as a domain of its own.
+"download_slot" both treat each as a domain of its own. ``-a slow=5 -a slow_pages=20`` first yields
+``slow_pages`` pages of each of ``slow`` more domains ``s0, s1, ...`` (``/s<k>/<n>``), shared out
+between the processes the same way (the site can be told to answer those slowly).
 """
 
 from __future__ import annotations
@@ -25,13 +27,24 @@ class KeySpider(scrapy.Spider):
         domains: str = "10",
         part: str = "0",
         parts: str = "1",
+        slow: str = "0",
+        slow_pages: str = "0",
         **kw: Any,
     ) -> None:
         super().__init__(**kw)
         self.base, self.pages, self.domains = base, int(pages), int(domains)
         self.part, self.parts = int(part), int(parts)
+        self.slow, self.slow_pages = int(slow), int(slow_pages)
 
     async def start(self) -> AsyncIterator[scrapy.Request]:
+        for n in range(self.part, self.slow * self.slow_pages, self.parts):
+            domain = f"s{n % self.slow}"
+            yield scrapy.Request(
+                f"{self.base}/{domain}/{n}",
+                meta={"download_slot": domain},
+                callback=self.parse,
+                dont_filter=True,
+            )
         for n in range(self.part, self.pages, self.parts):
             domain = f"d{n % self.domains}"
             meta = {"download_slot": domain}
