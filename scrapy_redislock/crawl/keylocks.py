@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -92,6 +93,7 @@ class KeyLocks(StageLocks):
         self._pushes: set[asyncio.Task[bool]] = set()  # late starts' corrections under way
         # keys seen idle at the last tick: retired at the next if still idle
         self._idle: set[str] = set()
+        self._taking: Counter[str] = Counter()  # try_take() calls under way, per key
         self._retiring: asyncio.Task[None] | None = None
 
     @classmethod
@@ -142,7 +144,13 @@ class KeyLocks(StageLocks):
     async def try_take(self, key: str) -> SlotPermit | None:
         """A slot of ``key`` if one is free now and nobody queues for it, else None (one script
         while the key is on its light path: lock/light.py)."""
-        return await self.locks[self.lock_for(key)].try_acquire()
+        self._taking[key] += 1
+        try:
+            return await self.locks[self.lock_for(key)].try_acquire()
+        finally:
+            self._taking[key] -= 1
+            if not self._taking[key]:
+                del self._taking[key]
 
     async def acquire_key(self, key: str, timeout: float | None) -> SlotPermit:
         """Wait for a slot of ``key`` (:meth:`acquire`, first come, first served across
@@ -161,20 +169,47 @@ class KeyLocks(StageLocks):
         await super().tick()
         if self.closed or (self._retiring is not None and not self._retiring.done()):
             return  # the last batch is still being retired: look again at the next tick
-        idle = {key for key, lock in self.locks.items() if not lock.busy and not self.waiting(key)}
-        retired = []
-        for key in idle & self._idle:
-            lock = self.locks.pop(key)
-            self.limits.pop(key, None)
-            self._stage_by_lock.pop(lock.name, None)
-            self.reports.forget(key)
-            # retiring unregisters this process: no waiting count left in Redis
-            self._sent_waiting.pop(key, None)
-            retired.append(lock)
+        idle = {
+            key
+            for key, lock in self.locks.items()
+            if not lock.busy and not self.waiting(key) and key not in self._taking
+        }
+        retired = [self._forget(key) for key in idle & self._idle]
         self._idle = idle - self._idle
         if retired:  # in a task of its own: the renewal loop does not wait for it
             self.stats.inc_value(f"{self.stats_prefix}/retired_idle", len(retired))
             self._retiring = asyncio.get_running_loop().create_task(self._retire(retired))
+
+    def _forget(self, key: str) -> StageLock:
+        """This process is done with ``key``'s lock object (its retirement in Redis, if any, is the
+        caller's)."""
+        lock = self.locks.pop(key)
+        self.limits.pop(key, None)
+        self._stage_by_lock.pop(lock.name, None)
+        self.reports.forget(key)
+        # retiring unregisters this process: no waiting count left in Redis
+        self._sent_waiting.pop(key, None)
+        self._idle.discard(key)
+        return lock
+
+    def released(self, permit: SlotPermit) -> None:
+        """A slot went back: a key's lock that only ever had light grants (no stream set up, no
+        registration: nothing in Redis to retire) and now holds and waits for nothing is dropped at
+        once, not two ticks later (a broad crawl meets each domain once or a few times: objects that
+        live for a tick or two grow the garbage collector's oldest generation)."""
+        key = self._stage_by_lock.get(permit.name)
+        if key is None:
+            return
+        lock = self.locks.get(key)
+        if (
+            lock is not None
+            and not lock.busy
+            and not lock.queued
+            and not self.waiting(key)
+            and key not in self._taking
+        ):
+            self._forget(key)
+            self.stats.inc_value(f"{self.stats_prefix}/retired_idle")
 
     async def _retire(self, locks: list[StageLock]) -> None:
         results = await gather_bounded([lock.aclose(retire=True) for lock in locks], self.fan_out)

@@ -51,6 +51,8 @@ class Locks(Protocol):
 
     def stage_of(self, permit: SlotPermit) -> str | None: ...
 
+    def released(self, permit: SlotPermit) -> None: ...
+
 
 def slot_id(permit: SlotPermit) -> str:
     """How the log names a slot: its grant id (a quorum permit: its token, a grant per master)."""
@@ -106,6 +108,8 @@ class RequestSlots:
                 exc,
             )
             self._unreleased.append(permit)
+        else:
+            self.locks.released(permit)
 
     def release_soon(self, permit: SlotPermit) -> None:
         """release() in a task kept until done (so plain callbacks can release without awaiting);

@@ -344,6 +344,9 @@ class StageLocks:
         self.stats.inc_value(f"{self.stats_prefix}/{stage}/wait_time_total", waited)
         self.stats.max_value(f"{self.stats_prefix}/{stage}/wait_time_max", waited)
 
+    def released(self, permit: SlotPermit) -> None:
+        """``permit`` went back to Redis (the locks of keys drop an idle lock object here)."""
+
     def lock_of(self, permit: SlotPermit) -> StageLock | None:
         stage = self.stage_of(permit)
         return None if stage is None else self.locks[stage]
@@ -403,17 +406,20 @@ class StageLocks:
 
         async def renew(stage: str, lock: StageLock) -> None:
             waiting = self.waiting(stage)
-            if not self.renewal_due(stage, lock) and not self.waiting_stale(stage, lock):
-                return  # holds nothing, waits for nothing, and Redis knows it: costs Redis nothing
             lock.annotate(waiting=waiting, spider=self.spider_name)
             lost = await lock.maintain()  # logs each lost lease as a warning
             self._sent_waiting[stage] = waiting
             if lost:
                 self.stats.inc_value(f"{self.stats_prefix}/{stage}/lost", len(lost))
 
-        results = await gather_bounded(
-            [renew(s, lock) for s, lock in self.locks.items()], self.fan_out
-        )
+        # a lock that holds nothing, waits for nothing, and that Redis knows so costs nothing (not
+        # even a coroutine: a broad crawl has thousands of keys' locks between two retirements)
+        due = [
+            (stage, lock)
+            for stage, lock in self.locks.items()
+            if self.renewal_due(stage, lock) or self.waiting_stale(stage, lock)
+        ]
+        results = await gather_bounded([renew(s, lock) for s, lock in due], self.fan_out)
         for result in results:
             if isinstance(result, BaseException):
                 raise result

@@ -49,6 +49,7 @@ from scrapy_redislock.crawl.engine import downloader_active
 from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, ConfirmedStart, KeyLocks
 from scrapy_redislock.crawl.keys import request_key
 from scrapy_redislock.crawl.ledger import PermitLedger
+from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.errors import KeyFunctionError
 
 START_META = "redislock_start_at"  # the confirmed start, on Redis's clock (seconds since the epoch)
@@ -118,6 +119,15 @@ class KeyGate:
         if key_delay and key is not None:
             await self._delay(request, f"{KEY_LOCK_PREFIX}{key}", key_delay)
 
+    async def _take_now(self, key: str) -> SlotPermit | None:
+        """One look (a free key's slot in one script: lock/light.py); None to wait for one (in
+        :meth:`KeyLocks.acquire <scrapy_redislock.crawl.keylocks.KeyLocks.acquire>`, which retries
+        Redis errors)."""
+        try:
+            return await self.locks.try_take(key)
+        except REDIS_ERRORS:
+            return None
+
     def hand(self, request: Request, permit: SlotPermit) -> None:
         """StageScheduler got ``request``'s key slot before letting it go (see
         :mod:`~scrapy_redislock.requests.keyline`): the middleware takes this one."""
@@ -147,7 +157,11 @@ class KeyGate:
         # a request of no capped stage leaves: keyline.py)
         self.crawler.stats.inc_value("redislock/keys/taken_in_downloader")
         started = time.monotonic()
-        self.locks.lock_for(key)
+        taken = await self._take_now(key)
+        if taken is not None:
+            self.permits.hold(request, taken)
+            self.record(time.monotonic() - started)
+            return
         self.waiting[key] += 1
         try:
             permit = await self.locks.acquire(key, self.settings.wait_timeout)
