@@ -71,6 +71,8 @@ SCRIPT_NAMES = (
     "delay",
     "start",
     "late_start",
+    "adapt_report",
+    "adapt_commit",
 )
 
 

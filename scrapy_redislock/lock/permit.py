@@ -10,7 +10,7 @@ import math
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 GROUP = "holders"
@@ -71,16 +71,14 @@ class LockKeys:
     seen: str
     gate: str  # the delay gate of the stage or key (lock/delay.py): a string, only while a start is booked
     started: str  # the next free confirmed start of the stage or key (lock/delay.py), as the gate
+    adapt: str  # the adaptive limit's controller (lock/adaptive.py): a hash, while reports come
+    adapt_log: str  # its history: a list of one record per window, newest first, bounded
 
     @classmethod
     def of(cls, prefix: str, name: str) -> LockKeys:
+        """The keys of lock ``name``: ``<prefix>:{<name>}:<field name>``."""
         base = f"{prefix}:{{{name}}}"
-        return cls(
-            *(
-                f"{base}:{part}"
-                for part in ("slots", "meta", "owners", "holds", "ttls", "seen", "gate", "started")
-            )
-        )
+        return cls(*(f"{base}:{part.name}" for part in fields(cls)))
 
 
 def fence_of(grant: str) -> int:
