@@ -81,6 +81,8 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -174,11 +176,11 @@ class Sample:
 
     ``responses``: answers that were not overload answers, their download latencies summed in
     ``latency_sum`` (seconds, as AutoThrottle measures) and their squares in ``latency_sq_sum``
-    (so a window knows how noisy its mean is); ``overloads``: 429 and 503 answers;
-    ``errors``: timeouts and connection errors; ``in_use_sum`` / ``in_use_count``: observations of
-    how many of the lock's slots were in use across the cluster. A process only knows its own, so
-    it may leave them at 0: every report adds one observation of the lock's held slots, taken by
-    the script in Redis.
+    (so a window knows how noisy its mean is); ``overloads``: 429 and 503 answers; ``errors``:
+    timeouts and connection errors; ``in_use_sum`` / ``in_use_count``: observations of how many
+    of the lock's slots were in use across the cluster. A process only knows its own, so it may
+    leave them at 0: every report adds one observation of the lock's held slots, taken by the
+    script in Redis.
     """
 
     responses: int = 0
@@ -204,21 +206,42 @@ class Sample:
 
 
 @dataclass(frozen=True)
-class Window(Sample):
+class Window:
     """The samples of every process merged over one period, from ``start_ms`` to ``end_ms`` on
-    Redis's clock (ms since the epoch)."""
+    Redis's clock (ms since the epoch).
 
+    Counts are floats: a sample that began before the window did is clipped to it, assuming its
+    outcomes were spread evenly over the time it covers (so a window after a limit change holds
+    what was measured under that limit only, whichever process reports when).
+    """
+
+    responses: float = 0.0
+    latency_sum: float = 0.0
+    latency_sq_sum: float = 0.0
+    overloads: float = 0.0
+    errors: float = 0.0
+    in_use_sum: float = 0.0
+    in_use_count: float = 0.0
     start_ms: int = 0
     end_ms: int = 0
 
-    @classmethod
-    def of(cls, sample: Sample, start_ms: int = 0, end_ms: int = 0) -> Window:
-        counts = {f.name: getattr(sample, f.name) for f in fields(Sample)}
-        return cls(**counts, start_ms=start_ms, end_ms=end_ms)
+    def merged(self, sample: Sample, share: float = 1.0) -> Window:
+        """This window with ``share`` of ``sample`` added (what adapt_report.lua does)."""
+        return replace(
+            self,
+            **{
+                f.name: getattr(self, f.name) + share * getattr(sample, f.name)
+                for f in fields(Sample)
+            },
+        )
+
+    @property
+    def outcomes(self) -> float:
+        return self.responses + self.overloads + self.errors
 
     @property
     def mean_latency(self) -> float | None:
-        return self.latency_sum / self.responses if self.responses else None
+        return self.latency_sum / self.responses if self.responses > 0 else None
 
     @property
     def latency_error(self) -> float:
@@ -231,23 +254,28 @@ class Window(Sample):
 
     @property
     def mean_in_flight(self) -> float | None:
-        return self.in_use_sum / self.in_use_count if self.in_use_count else None
+        return self.in_use_sum / self.in_use_count if self.in_use_count > 0 else None
 
     @property
     def overload_rate(self) -> float:
-        return self.overloads / self.outcomes if self.outcomes else 0.0
+        return self.overloads / self.outcomes if self.outcomes > 0 else 0.0
 
     @property
     def error_rate(self) -> float:
-        return self.errors / self.outcomes if self.outcomes else 0.0
+        return self.errors / self.outcomes if self.outcomes > 0 else 0.0
 
 
 @dataclass
 class Recorder:
     """A process's running :class:`Sample` of one lock: record each outcome, :meth:`take` it at
-    each report."""
+    each report with the seconds it covers (on ``clock``)."""
 
+    clock: Callable[[], float] = time.monotonic
     sample: Sample = field(default_factory=Sample)
+    since: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.since = self.clock()
 
     def response(self, latency: float, overload: bool = False) -> None:
         s = self.sample
@@ -269,10 +297,13 @@ class Recorder:
         s = self.sample
         self.sample = replace(s, in_use_sum=s.in_use_sum + slots, in_use_count=s.in_use_count + 1)
 
-    def take(self) -> Sample:
-        """What was recorded since the last take; the recorder starts afresh."""
-        sample, self.sample = self.sample, Sample()
-        return sample
+    def take(self) -> tuple[Sample, float]:
+        """What was recorded since the last take and the seconds that covers (the ``span`` to
+        report it with); the recorder starts afresh."""
+        now = self.clock()
+        sample, span = self.sample, now - self.since
+        self.sample, self.since = Sample(), now
+        return sample, span
 
 
 @dataclass(frozen=True)
@@ -409,9 +440,12 @@ class LogRecord:
     in_flight: float | None
 
 
-def report(keys: LockKeys, sample: Sample, params: AdaptiveParams) -> Operation[Due | None]:
-    """Merge ``sample`` into the lock's current window; the window, state and version when the
-    window is due (then compute :func:`next_state` and :func:`commit` it), else None."""
+def report(
+    keys: LockKeys, sample: Sample, params: AdaptiveParams, span: float = 0.0
+) -> Operation[Due | None]:
+    """Merge ``sample``, measured over the last ``span`` seconds (0: unknown, merged whole), into
+    the lock's current window; the window, state and version when the window is due (then compute
+    :func:`next_state` and :func:`commit` it), else None."""
     reply = yield RunScript(
         "adapt_report",
         (keys.adapt, keys.slots, keys.meta),
@@ -423,6 +457,7 @@ def report(keys: LockKeys, sample: Sample, params: AdaptiveParams) -> Operation[
             sample.errors,
             sample.in_use_sum,
             sample.in_use_count,
+            max(0, round(span * 1000)),
             params.window_ms,
             params.min_samples,
             params.minimum,
@@ -436,13 +471,13 @@ def report(keys: LockKeys, sample: Sample, params: AdaptiveParams) -> Operation[
     version, start, end, responses, latency, latency_sq, overloads, errors = values[:8]
     in_use, count, limit, applied, noload, noload_error, since_probe, probe, lock = values[8:]
     window = Window(
-        int(responses),
+        float(responses),
         float(latency),
         float(latency_sq),
-        int(overloads),
-        int(errors),
-        int(in_use),
-        int(count),
+        float(overloads),
+        float(errors),
+        float(in_use),
+        float(count),
         start_ms=int(start),
         end_ms=int(end),
     )
@@ -497,11 +532,16 @@ def commit(
 
 
 def update(
-    keys: LockKeys, sample: Sample, params: AdaptiveParams, durable: bool = False
+    keys: LockKeys,
+    sample: Sample,
+    params: AdaptiveParams,
+    span: float = 0.0,
+    durable: bool = False,
 ) -> Operation[ControllerState | None]:
-    """Report ``sample``; when the window is due, compute and commit the next state. Returns the
-    state this call committed, None when the window was not due or another process was first."""
-    due = yield from report(keys, sample, params)
+    """Report ``sample`` (measured over ``span`` seconds); when the window is due, compute and
+    commit the next state. Returns the state this call committed, None when the window was not
+    due or another process was first."""
+    due = yield from report(keys, sample, params, span)
     if due is None:
         return None
     new = next_state(due.state, due.window, params)
