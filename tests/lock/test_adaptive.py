@@ -190,7 +190,7 @@ def test_a_noisy_window_is_no_queue() -> None:
 def test_noisy_latencies_settle_near_the_capacity() -> None:
     """Latencies scattered as much as they are on real sites (log-normal, a coefficient of
     variation of 0.5; a seeded generator): the limit stays near K + 1 (a mean of 9.2 here, 4 at
-    the lowest, 11 at the highest; 9.0 to 9.9 over other seeds)."""
+    the lowest, 11 at the highest; means of 9.2 to 10.0 over other seeds)."""
     rng = random.Random(7)
     site, state = FluidSite(8), ControllerState.initial(1)
     seen = []
@@ -204,7 +204,7 @@ def test_noisy_latencies_settle_near_the_capacity() -> None:
         if state.probe == NOT_PROBING:
             seen.append(state.applied)
     settled = seen[30:]
-    assert 8.5 <= sum(settled) / len(settled) <= 10
+    assert 8.5 <= sum(settled) / len(settled) <= 10.5
     assert min(settled) >= 4 and max(settled) <= 11
 
 
