@@ -255,7 +255,10 @@ class Window:
 
     @property
     def mean_latency(self) -> float | None:
-        return self.latency_sum / self.responses if self.responses > 0 else None
+        """None without responses, or when they took no time (cached ones): nothing to learn."""
+        if self.responses <= 0 or self.latency_sum <= 0:
+            return None
+        return self.latency_sum / self.responses
 
     @property
     def latency_error(self) -> float:
@@ -553,8 +556,8 @@ def update(
     durable: bool = False,
 ) -> Operation[ControllerState | None]:
     """Report ``sample`` (measured over ``span`` seconds); when the window is due, compute and
-    commit the next state. Returns the state this call committed, None when the window was not
-    due or another process was first."""
+    commit the next state. Returns the state this call committed (a pinned controller stored the
+    pin instead), None when the window was not due or another process was first."""
     due = yield from report(keys, sample, params, span)
     if due is None:
         return None

@@ -175,6 +175,15 @@ def test_the_integer_limit_is_the_floor_of_the_float() -> None:
     assert (state.limit, state.applied) == (6.75, 6)
 
 
+def test_a_window_without_latencies_holds() -> None:
+    """Responses that took no time (a cache) or none at all: nothing to learn, nothing moves."""
+    state = ControllerState(10.0, 10, noload=0.1, since_probe=1)
+    cached = Sample(responses=20, in_use_sum=10, in_use_count=1)
+    for window in (window_of(cached), Window()):
+        after = next_state(state, window, PARAMS)
+        assert (after.limit, after.noload, after.version) == (10.0, 0.1, 1)
+
+
 def test_a_noisy_window_is_no_queue() -> None:
     """A queue must stand out of the window's own noise (``confidence`` standard errors): the same
     mean latency shrinks the limit when every response took it, not when they scatter widely."""
