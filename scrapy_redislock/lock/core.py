@@ -75,6 +75,8 @@ SCRIPT_NAMES = (
     "light_take",
     "light_release",
     "light_renew",
+    "adapt_report",
+    "adapt_commit",
 )
 
 

@@ -10,7 +10,7 @@ import math
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 GROUP = "holders"
@@ -76,27 +76,19 @@ class LockKeys:
     started: str  # the next free confirmed start of the stage or key (lock/delay.py), as the gate
     light: str  # grants of the light path (lock/light.py): a zset, only while the lock is in use
     migrated: str  # light grants moved into the stream when the lock escalated: token -> grant id
+    adapt: str  # the adaptive limit's controller (lock/adaptive.py): a hash, while reports come
+    adapt_log: str  # its history: a list of one record per window, newest first, bounded
 
     @classmethod
     def of(cls, prefix: str, name: str) -> LockKeys:
+        """The keys of lock ``name``: ``<prefix>:{<name>}:<field name>``."""
         base = f"{prefix}:{{{name}}}"
-        return cls(
-            *(
-                f"{base}:{part}"
-                for part in (
-                    "slots",
-                    "meta",
-                    "owners",
-                    "holds",
-                    "ttls",
-                    "seen",
-                    "gate",
-                    "started",
-                    "light",
-                    "migrated",
-                )
-            )
-        )
+        return cls(*(f"{base}:{part}" for part in _PARTS))
+
+
+# LockKeys' field names, which are the keys' suffixes (read once: fields() is slow, and a key met
+# at run time makes its LockKeys per use)
+_PARTS = tuple(part.name for part in fields(LockKeys))
 
 
 def fence_of(grant: str) -> int:

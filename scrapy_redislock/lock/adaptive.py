@@ -1,0 +1,585 @@
+"""An adaptive limit: one controller per lock for the whole cluster, its state in Redis beside the
+lock, the limit it sets the lock's own (meta ``limit``), so everything that reads limits keeps working.
+
+**Who runs it.** Nobody in particular. Every process reports a :class:`Sample` of what it saw of
+the lock's requests (:func:`report`, about once a second per lock). ``scripts/adapt_report.lua``
+merges it into the one current :class:`Window` of the lock (the ``adapt`` hash, on Redis's clock)
+and, when that window is due (``window`` seconds old and ``min_samples`` outcomes), hands it with
+the :class:`ControllerState` and its version to the process that happened to report. That process
+computes :func:`next_state` (pure, deterministic) and commits it (:func:`commit`,
+``scripts/adapt_commit.lua``): the version must still match, so of several processes that got the
+same window exactly one applies its result; the window restarts with fresh counters and the
+lock's limit moves (``change_limit`` of ``_lib.lua``). No leader, nothing to elect: a process that
+dies between report and commit leaves the window due, and the next report of anyone takes it. An
+idle controller's hash expires ``idle_windows`` windows after the last report; the next report
+starts again from the lock's limit.
+
+**The algorithm** (per window; inspired by Netflix concurrency-limits' Vegas limit and Envoy's
+adaptive concurrency). ``rtt`` is the window's mean latency (download latency of the responses
+that were not overload answers), ``noload`` the estimate of the latency with no queue at the site,
+``in_flight`` the mean number of the lock's slots in use:
+
+1. Overload first (AIMD): when 429/503 answers plus errors (timeouts, connection errors) are more
+   than ``overload_threshold`` (1%) of the window's outcomes, ``limit = limit * backoff`` (0.75).
+2. Else Vegas: ``queue = in_flight * (1 - noload / rtt)``, the requests waiting at the site. Below
+   ``alpha`` (0.5) the limit grows by 1, unless it was not used ("app limited": mean in-flight
+   below ``app_limited`` (0.5) of the limit applied): a limit nobody fills says nothing about the
+   site. When the queue is above ``beta`` (1.5) by more than ``confidence`` (2) standard errors
+   (the window knows its own: it sums the squares of the latencies too), it shrinks by
+   ``max(1, shrink_gain * excess)`` (gain 0.5: a big queue is halved towards ``beta`` in one
+   window, a small one costs one slot), at most down to ``limit * backoff``. Else it holds. With
+   exact latencies the error is 0 and this is Vegas as is; with real, noisy ones a single slow
+   window is no queue (without it, in a simulation whose latencies scattered with a coefficient of
+   variation of 1, the limit stayed near 6 whatever the capacity, from 8 to 60).
+3. ``noload`` is the minimum window latency since the last *probe*, where a window lowers it
+   only when it is lower by more than ``confidence`` standard errors (of the difference): the
+   plain minimum of noisy means sits 10 to 15% below the truth after a few dozen windows, which
+   inflates the queue estimate in proportion to the limit, so that in a simulation growth stalled
+   at 15 to 30 for a capacity of 60. Every ``probe_every`` (30)
+   windows the applied limit drops to ``probe_fraction`` (0.5) of the limit for two windows (the
+   first drains the site's queue, the second measures), and the second window's latency *replaces*
+   ``noload``: so it can rise again, and a site that got slower is re-measured (Envoy re-measures
+   its minimum latency at low concurrency the same way). A minimum that merely rises slowly would
+   creep: held at ``K + 1``, every window shows ``base * (K + 1) / K``, the minimum rises to it,
+   the queue estimate falls below ``alpha`` and the limit grows by one each time it caught up. A
+   probe costs at most 2 windows in 30 at half the limit. A controller with no ``noload`` yet
+   (new, or its hash expired) probes first; one at a limit no higher than a probe's measures in
+   place.
+4. Clamped to ``[minimum, maximum]``. The limit is kept as a float; the lock gets its floor
+   (``floor(limit)``: never more than the controller decided), or the probe's limit while probing.
+
+**What it converges to.** Against a site serving K requests at once, each in ``base``, the rest
+waiting FIFO (latency ``base * in_flight / K`` past K) and 503 past 2K: with ``noload = base`` the
+queue estimate is ``in_flight * (1 - K / in_flight) = in_flight - K`` past K, and 0 up to K. So the
+limit grows by one a window up to K + 1, where ``queue = 1`` lies between ``alpha`` and ``beta``
+and it holds; at K + 2 (``queue = 2 > beta``) it would shrink back. It settles at K + 1 (K when a
+decrease left a fraction below K + 1: floor), one request waiting at the site: the site's best
+throughput, a latency ``1 / K`` above ``base``. From the minimum 1 to K + 1 takes K windows (the
+first window, at the minimum, is its own no-load measurement). When K drops from 8 to 4, 9 in
+flight is past 2K: 503s, ``* 0.75`` to 6.75 (6 applied, queue 2), a shrink to 5.75 (5, queue 1):
+back at K + 1 in 2 windows; when K rises again, the latency falls to ``base`` and the limit grows
+by one a window (tests/lock/test_adaptive.py). Growth is additive: K windows to find K, from the
+minimum.
+
+**With noisy latencies** (simulated log-normal, a coefficient of variation of 0.5 to 1; 5 seeds,
+300 windows each), the median limit is K + 1 to K + 7 for K from 4 to 60 with 100 ms pages, and
+overload windows are rare (2 in 2,500 at K = 4). With 1 s pages a window holds ten times fewer
+latencies and the spread widens (K = 60: medians 36 to 70): a longer ``window`` is the remedy.
+
+**Why many processes do not make it unstable.** Their samples are merged into ONE window per
+period (the counters add up in Redis), so the controller sees the window it would see from one
+process doing all the work; there is one update per window whoever reports, and the version check
+makes concurrent commits idempotent (the second of two commits of one version is refused and
+changes nothing). What more processes could add is lag: a process reporting once a second, just
+after another committed a new limit, sends what it measured mostly under the previous one. So a
+report says how long its sample covers (``span``) and the script keeps only the share of it that
+falls within the current window. In the simulation of the tests (2 to 32 processes reporting once
+a second at spread instants, a site of K = 8, then 4), the limit reaches 9 after 8 s, holds 9,
+falls to 5 within 2 s of the drop and never goes above 9: exactly as with one process; without
+the clipping, 16 processes went to 10.
+
+**What it costs** (Redis 7.0, counted with INFO commandstats, checked by the tests): a report runs
+5 commands (TIME, HMGET, XINFO GROUPS for the lock's slots in use, HSET, PEXPIRE), 6 when the
+window is due (HGET of the lock's limit) and one more HGET for a new controller. A commit refused
+as stale runs 1 (HMGET); one that leaves the lock's limit as it is 8 (HMGET, TIME, HSET, PEXPIRE,
+HGET of the lock's limit, LPUSH, LTRIM, PEXPIRE of the log; 5 without a log). Moving the limit
+adds the restart check (EXISTS, HEXISTS, INFO, HGET) and ``change_limit``'s commands: 6, one
+XPENDING per slot held, and one XADD per slot added, or XRANGE, XGROUP SETID and one XDEL per
+free slot skipped (+1 with one slot held: 20 in all). About once a second per lock, whoever
+reports.
+
+No Scrapy, no Twisted, no I/O: operations for :func:`~scrapy_redislock.lock.protocol.adrive`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from scrapy_redislock._redis import text
+from scrapy_redislock.errors import InvalidArgument
+from scrapy_redislock.lock.permit import LockKeys
+from scrapy_redislock.lock.protocol import Call, Operation, RunScript
+
+# Probe phases of ControllerState.probe.
+NOT_PROBING, DRAINING, MEASURING = 0, 1, 2
+
+
+def _number(
+    name: str,
+    value: object,
+    *,
+    low: float,
+    high: float = math.inf,
+    open_low: bool = False,
+    open_high: bool = False,
+) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidArgument(f"adaptive {name} must be a finite number, got {value!r}")
+    too_low = value <= low if open_low else value < low
+    too_high = value >= high if open_high else value > high
+    if too_low or too_high:
+        left, right = "(" if open_low else "[", ")" if open_high else "]"
+        raise InvalidArgument(
+            f"adaptive {name} must be in {left}{low}, {high}{right}, got {value!r}"
+        )
+
+
+def _integer(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InvalidArgument(f"adaptive {name} must be an integer >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class AdaptiveParams:
+    """What one adaptive limit may do and how fast; checked at construction (InvalidArgument names
+    the field and the value)."""
+
+    minimum: int = 1  # never below: a limit of 0 could never measure its way back up
+    maximum: int = 64
+    window: float = 1.0  # seconds (on Redis's clock) of one window, at least
+    min_samples: int = 10  # outcomes a window needs before it is due (a slow site's are longer)
+    alpha: float = 0.5  # grow while fewer requests than this wait at the site
+    beta: float = 1.5  # shrink while more than this wait
+    confidence: float = 2.0  # shrink only on a queue this many standard errors above beta
+    shrink_gain: float = 0.5  # shrink by max(1, shrink_gain * the queue's excess)
+    backoff: float = 0.75  # limit * backoff on overload; also the most one Vegas step may cut
+    overload_threshold: float = 0.01  # (overloads + errors) / outcomes above this: overload
+    app_limited: float = 0.5  # mean in-flight below this share of the limit: do not grow
+    probe_every: int = 30  # windows between two no-load measurements
+    probe_fraction: float = 0.5  # share of the limit applied while probing
+    idle_windows: int = 5  # the controller's hash expires this many windows after the last report
+    log_length: int = 600  # history records kept (adapt_log); 0: none
+
+    def __post_init__(self) -> None:
+        _integer("minimum", self.minimum, 1)
+        _integer("maximum", self.maximum, 1)
+        if self.maximum < self.minimum:
+            raise InvalidArgument(
+                f"adaptive maximum must be >= minimum ({self.minimum}), got {self.maximum!r}"
+            )
+        _number("window", self.window, low=0.001)
+        _integer("min_samples", self.min_samples, 1)
+        _number("alpha", self.alpha, low=0.0)
+        _number("beta", self.beta, low=self.alpha, open_low=True)
+        _number("confidence", self.confidence, low=0.0)
+        _number("shrink_gain", self.shrink_gain, low=0.0, open_low=True)
+        _number("backoff", self.backoff, low=0.0, high=1.0, open_low=True, open_high=True)
+        _number("overload_threshold", self.overload_threshold, low=0.0, high=1.0, open_high=True)
+        _number("app_limited", self.app_limited, low=0.0, high=1.0)
+        _integer("probe_every", self.probe_every, 3)
+        _number("probe_fraction", self.probe_fraction, low=0.0, high=1.0, open_low=True)
+        _integer("idle_windows", self.idle_windows, 2)
+        _integer("log_length", self.log_length, 0)
+
+    @property
+    def window_ms(self) -> int:
+        return max(1, round(self.window * 1000))
+
+    def clamp(self, limit: float) -> float:
+        return min(float(self.maximum), max(float(self.minimum), limit))
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What a process saw of a lock's requests since its last report.
+
+    ``responses``: answers that were not overload answers, their download latencies summed in
+    ``latency_sum`` (seconds, as AutoThrottle measures) and their squares in ``latency_sq_sum``
+    (so a window knows how noisy its mean is); ``overloads``: 429 and 503 answers; ``errors``:
+    timeouts and connection errors; ``in_use_sum`` / ``in_use_count``: observations of how many
+    of the lock's slots were in use across the cluster. A process only knows its own, so it may
+    leave them at 0: every report adds one observation of the lock's held slots, taken by the
+    script in Redis.
+    """
+
+    responses: int = 0
+    latency_sum: float = 0.0
+    latency_sq_sum: float = 0.0
+    overloads: int = 0
+    errors: int = 0
+    in_use_sum: int = 0
+    in_use_count: int = 0
+
+    def __add__(self, other: Sample) -> Sample:
+        return Sample(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(Sample)))
+
+    @property
+    def outcomes(self) -> int:
+        """Requests that ended: answered, overloaded or failed."""
+        return self.responses + self.overloads + self.errors
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to report."""
+        return not self.outcomes and not self.in_use_count
+
+
+@dataclass(frozen=True)
+class Window:
+    """The samples of every process merged over one period, from ``start_ms`` to ``end_ms`` on
+    Redis's clock (ms since the epoch).
+
+    Counts are floats: a sample that began before the window did is clipped to it, assuming its
+    outcomes were spread evenly over the time it covers (so a window after a limit change holds
+    what was measured under that limit only, whichever process reports when).
+    """
+
+    responses: float = 0.0
+    latency_sum: float = 0.0
+    latency_sq_sum: float = 0.0
+    overloads: float = 0.0
+    errors: float = 0.0
+    in_use_sum: float = 0.0
+    in_use_count: float = 0.0
+    start_ms: int = 0
+    end_ms: int = 0
+
+    def merged(self, sample: Sample, share: float = 1.0) -> Window:
+        """This window with ``share`` of ``sample`` added (what adapt_report.lua does)."""
+        return replace(
+            self,
+            **{
+                f.name: getattr(self, f.name) + share * getattr(sample, f.name)
+                for f in fields(Sample)
+            },
+        )
+
+    @property
+    def outcomes(self) -> float:
+        return self.responses + self.overloads + self.errors
+
+    @property
+    def mean_latency(self) -> float | None:
+        """None without responses, or when they took no time (cached ones): nothing to learn."""
+        if self.responses <= 0 or self.latency_sum <= 0:
+            return None
+        return self.latency_sum / self.responses
+
+    @property
+    def latency_error(self) -> float:
+        """The standard error of :attr:`mean_latency` (0 with fewer than two responses)."""
+        if self.responses < 2:
+            return 0.0
+        mean = self.latency_sum / self.responses
+        variance = max(0.0, self.latency_sq_sum / self.responses - mean * mean)
+        return math.sqrt(variance / (self.responses - 1))
+
+    @property
+    def mean_in_flight(self) -> float | None:
+        return self.in_use_sum / self.in_use_count if self.in_use_count > 0 else None
+
+    @property
+    def overload_rate(self) -> float:
+        return self.overloads / self.outcomes if self.outcomes > 0 else 0.0
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.outcomes if self.outcomes > 0 else 0.0
+
+
+@dataclass
+class Recorder:
+    """A process's running :class:`Sample` of one lock: record each outcome, :meth:`take` it at
+    each report with the seconds it covers (on ``clock``)."""
+
+    clock: Callable[[], float] = time.monotonic
+    sample: Sample = field(default_factory=Sample)
+    since: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.since = self.clock()
+
+    def response(self, latency: float, overload: bool = False) -> None:
+        s = self.sample
+        if overload:
+            self.sample = replace(s, overloads=s.overloads + 1)
+        else:
+            self.sample = replace(
+                s,
+                responses=s.responses + 1,
+                latency_sum=s.latency_sum + latency,
+                latency_sq_sum=s.latency_sq_sum + latency * latency,
+            )
+
+    def error(self) -> None:
+        self.sample = replace(self.sample, errors=self.sample.errors + 1)
+
+    def in_use(self, slots: int) -> None:
+        """An observation of the lock's slots in use across the cluster (only if it is known)."""
+        s = self.sample
+        self.sample = replace(s, in_use_sum=s.in_use_sum + slots, in_use_count=s.in_use_count + 1)
+
+    def take(self) -> tuple[Sample, float]:
+        """What was recorded since the last take and the seconds that covers (the ``span`` to
+        report it with); the recorder starts afresh."""
+        now = self.clock()
+        sample, span = self.sample, now - self.since
+        self.sample, self.since = Sample(), now
+        return sample, span
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    """The controller of one lock.
+
+    ``limit``: the float the algorithm moves; ``applied``: the integer limit the lock gets (floor of
+    ``limit``, or the probe's); ``noload``: the no-load latency estimate in seconds (0: not measured
+    yet) and ``noload_error`` its standard error; ``since_probe``: windows since it was last
+    measured at low load; ``probe``: 0 not probing, 1 draining, 2 measuring; ``version``: commits
+    so far.
+    """
+
+    limit: float
+    applied: int
+    noload: float = 0.0
+    noload_error: float = 0.0
+    since_probe: int = 0
+    probe: int = NOT_PROBING
+    version: int = 0
+
+    @classmethod
+    def initial(cls, limit: int) -> ControllerState:
+        """A controller that has measured nothing yet, at ``limit``."""
+        return cls(float(limit), limit)
+
+
+def next_state(state: ControllerState, window: Window, params: AdaptiveParams) -> ControllerState:
+    """The controller after one window (pure: the same inputs give the same state in every
+    process). The version is the next one."""
+    rtt, error = window.mean_latency, window.latency_error
+    limit, probe = state.limit, state.probe
+    noload, noload_error, since_probe = state.noload, state.noload_error, state.since_probe + 1
+    drops = window.overloads + window.errors
+    overloaded = window.outcomes > 0 and drops > params.overload_threshold * window.outcomes
+    if rtt is not None:
+        low_load = probe == MEASURING or (probe == NOT_PROBING and _at_probe_level(state, params))
+        if low_load and not overloaded:
+            # measured at low load: replaces the estimate, up or down
+            noload, noload_error, since_probe = rtt, error, 0
+        elif noload <= 0 or rtt + params.confidence * math.hypot(error, noload_error) < noload:
+            noload, noload_error = rtt, error  # significantly lower: the site got faster
+    if overloaded:
+        limit *= params.backoff
+        probe = NOT_PROBING  # a probe under overload measured nothing: it starts over, lower
+    elif probe != NOT_PROBING:
+        probe = MEASURING if probe == DRAINING else NOT_PROBING
+    elif rtt is not None and (state.noload > 0 or since_probe == 0):
+        in_flight = window.mean_in_flight
+        used = float(state.applied) if in_flight is None else in_flight
+        limit = _vegas(state, used, Estimate(noload, noload_error, rtt, error), params)
+    limit = params.clamp(limit)
+    unmeasured = state.noload <= 0 and since_probe > 0  # what it learnt came from a loaded window
+    if probe == NOT_PROBING and (unmeasured or since_probe >= params.probe_every):
+        probe = DRAINING
+    applied = _probe_limit(limit, params) if probe != NOT_PROBING else _floor(limit, params)
+    return ControllerState(
+        limit, applied, noload, noload_error, since_probe, probe, state.version + 1
+    )
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The latencies one Vegas step compares, each with its standard error (seconds)."""
+
+    noload: float
+    noload_error: float
+    rtt: float
+    rtt_error: float
+
+    def queue(self, in_flight: float) -> tuple[float, float]:
+        """Requests waiting at the site, ``in_flight * (1 - noload / rtt)``, and its standard
+        error (both latencies' errors propagated)."""
+        queue = in_flight * (1 - self.noload / self.rtt)
+        error = in_flight * math.hypot(
+            self.noload * self.rtt_error / self.rtt**2, self.noload_error / self.rtt
+        )
+        return queue, error
+
+
+def _vegas(
+    state: ControllerState, used: float, estimate: Estimate, params: AdaptiveParams
+) -> float:
+    """Grow by one on no queue (unless app limited), shrink on a queue significantly above
+    ``beta``, else hold."""
+    queue, error = estimate.queue(used)
+    excess = queue - params.confidence * error - params.beta
+    limit = state.limit
+    if excess > 0:
+        return max(limit - max(1.0, params.shrink_gain * excess), limit * params.backoff)
+    if queue < params.alpha and used >= params.app_limited * state.applied:
+        return limit + 1
+    return limit
+
+
+def _at_probe_level(state: ControllerState, params: AdaptiveParams) -> bool:
+    """A probe is due and the window ran no higher than a probe would: it is the measurement (a
+    controller at its minimum never lowers its limit to measure)."""
+    due = state.noload <= 0 or state.since_probe + 1 >= params.probe_every
+    return due and state.applied <= _probe_limit(state.limit, params)
+
+
+def _floor(limit: float, params: AdaptiveParams) -> int:
+    return max(params.minimum, math.floor(limit + 1e-9))
+
+
+def _probe_limit(limit: float, params: AdaptiveParams) -> int:
+    return max(params.minimum, math.floor(limit * params.probe_fraction + 1e-9))
+
+
+# -- in Redis ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Due:
+    """A window that is due, the state it applies to (its version is the one to commit against),
+    and the lock's limit in Redis (None when the lock is not there)."""
+
+    window: Window
+    state: ControllerState
+    lock_limit: int | None
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One window of the history (``adapt_log``, newest first)."""
+
+    at_ms: int
+    limit: int
+    latency_ms: float | None
+    noload_ms: float
+    overload_rate: float
+    error_rate: float
+    in_flight: float | None
+
+
+def report(
+    keys: LockKeys, sample: Sample, params: AdaptiveParams, span: float = 0.0
+) -> Operation[Due | None]:
+    """Merge ``sample``, measured over the last ``span`` seconds (0: unknown, merged whole), into
+    the lock's current window; the window, state and version when the window is due (then compute
+    :func:`next_state` and :func:`commit` it), else None."""
+    reply = yield RunScript(
+        "adapt_report",
+        (keys.adapt, keys.slots, keys.meta),
+        (
+            sample.responses,
+            repr(float(sample.latency_sum)),
+            repr(float(sample.latency_sq_sum)),
+            sample.overloads,
+            sample.errors,
+            sample.in_use_sum,
+            sample.in_use_count,
+            max(0, round(span * 1000)),
+            params.window_ms,
+            params.min_samples,
+            params.minimum,
+            params.maximum,
+            params.window_ms * params.idle_windows,
+        ),
+    )
+    if not isinstance(reply, list):
+        return None
+    values = text(reply)
+    version, start, end, responses, latency, latency_sq, overloads, errors = values[:8]
+    in_use, count, limit, applied, noload, noload_error, since_probe, probe, lock = values[8:]
+    window = Window(
+        float(responses),
+        float(latency),
+        float(latency_sq),
+        float(overloads),
+        float(errors),
+        float(in_use),
+        float(count),
+        start_ms=int(start),
+        end_ms=int(end),
+    )
+    state = ControllerState(
+        float(limit),
+        int(applied),
+        float(noload),
+        float(noload_error),
+        int(since_probe),
+        int(probe),
+        int(version),
+    )
+    return Due(window, state, int(lock) if lock else None)
+
+
+def commit(
+    keys: LockKeys,
+    version: int,
+    new_state: ControllerState,
+    window: Window,
+    params: AdaptiveParams,
+    durable: bool = False,
+) -> Operation[bool]:
+    """Store ``new_state`` if the controller is still at ``version``, apply its limit to the lock
+    (unless an operator pinned it) and log ``window``; False when another process committed this
+    version first (nothing changed). ``durable`` as the lock's (a restarted Redis is noticed
+    before the limit moves)."""
+    latency, in_flight = window.mean_latency, window.mean_in_flight
+    applied = yield RunScript(
+        "adapt_commit",
+        (keys.adapt, keys.adapt_log, keys.slots, keys.meta),
+        (
+            version,
+            repr(new_state.limit),
+            new_state.applied,
+            repr(new_state.noload),
+            repr(new_state.noload_error),
+            new_state.since_probe,
+            new_state.probe,
+            "" if latency is None else _rounded(latency * 1000),
+            _rounded(new_state.noload * 1000),
+            _rounded(window.overload_rate),
+            _rounded(window.error_rate),
+            "" if in_flight is None else _rounded(in_flight),
+            params.log_length,
+            params.window_ms * max(params.log_length, params.idle_windows),
+            params.window_ms * params.idle_windows,
+            "1" if durable else "0",
+        ),
+    )
+    return bool(applied)
+
+
+def update(
+    keys: LockKeys,
+    sample: Sample,
+    params: AdaptiveParams,
+    span: float = 0.0,
+    durable: bool = False,
+) -> Operation[ControllerState | None]:
+    """Report ``sample`` (measured over ``span`` seconds); when the window is due, compute and
+    commit the next state. Returns the state this call committed (a pinned controller stored the
+    pin instead), None when the window was not due or another process was first."""
+    due = yield from report(keys, sample, params, span)
+    if due is None:
+        return None
+    new = next_state(due.state, due.window, params)
+    done = yield from commit(keys, due.state.version, new, due.window, params, durable)
+    return new if done else None
+
+
+def history(keys: LockKeys, count: int = 600) -> Operation[list[LogRecord]]:
+    """The last ``count`` history records of a lock's controller, newest first."""
+    raw = yield Call(("LRANGE", keys.adapt_log, 0, max(0, count - 1)))
+    records = []
+    for entry in text(raw):
+        at, limit, latency, noload, overload, errors, in_flight = json.loads(entry)
+        records.append(LogRecord(int(at), int(limit), _optional(latency), float(noload),
+                                 float(overload), float(errors), _optional(in_flight)))  # fmt: skip
+    return records
+
+
+def _rounded(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def _optional(value: Any) -> float | None:
+    return None if value is None or value == "" else float(value)

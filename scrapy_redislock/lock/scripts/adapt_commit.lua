@@ -1,0 +1,45 @@
+-- adapt_commit: store the next state of a lock's adaptive limit (lock/adaptive.py), computed from the window
+-- adapt_report.lua handed over, if the controller is still at the version it was computed from: of several
+-- processes that got the same window, exactly one commits (the others' commits change nothing). The window
+-- restarts with fresh counters on Redis's clock, the lock gets the new integer limit (change_limit: lowering
+-- never revokes a grant) when it is in Redis and its limit differs, and one history record is pushed to the
+-- log, which is bounded and expires. A controller an operator pinned (hash field 'pinned' = a limit) follows
+-- the pin and applies nothing.
+-- KEYS[1] adapt hash, KEYS[2] adapt_log list, KEYS[3] the lock's slots stream, KEYS[4] the lock's meta hash
+-- ARGV[1] the version the state was computed from, ARGV[2] limit (float), ARGV[3] applied (integer limit),
+-- ARGV[4] noload (s), ARGV[5] noload_error (s), ARGV[6] since_probe, ARGV[7] probe,
+-- ARGV[8] the window's mean latency in ms ('' when none), ARGV[9] noload in ms, ARGV[10] overload rate,
+-- ARGV[11] error rate, ARGV[12] mean slots in use ('' when none), ARGV[13] log length (0: no log),
+-- ARGV[14] ms to keep the log, ARGV[15] ms to keep the hash, ARGV[16] '1' if Redis loses no acknowledged write
+-- (see check_restart)
+-- Returns 1 when committed, 0 when the version is stale (or the controller expired).
+local adapt, log, slots, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local current = redis.call('HMGET', adapt, 'version', 'pinned')
+if not current[1] or tonumber(current[1]) ~= tonumber(ARGV[1]) then return 0 end
+local now = now_ms()
+local limit, applied, probe = ARGV[2], tonumber(ARGV[3]), ARGV[7]
+local pinned = tonumber(current[2] or '')
+if pinned then
+  pinned = math.floor(pinned)
+  limit, applied, probe = pinned, pinned, '0'
+end
+redis.call('HSET', adapt, 'version', string.format('%.0f', tonumber(ARGV[1]) + 1), 'start', string.format('%.0f', now),
+  'responses', 0, 'latency', 0, 'latency_sq', 0, 'overloads', 0, 'errors', 0, 'in_use', 0, 'observations', 0,
+  'limit', limit, 'applied', applied, 'noload', ARGV[4], 'noload_error', ARGV[5], 'since_probe', ARGV[6],
+  'probe', probe)
+redis.call('PEXPIRE', adapt, ARGV[15])
+if not pinned then
+  local previous = tonumber(redis.call('HGET', meta, 'limit') or '')
+  if previous and previous ~= applied and lock_exists(slots, meta) then
+    check_restart(slots, meta, ARGV[16])  -- a restarted Redis: the lock is recreated (in limbo) before it moves
+    change_limit(slots, meta, applied)
+  end
+end
+if tonumber(ARGV[13]) > 0 then
+  local function optional(value) if value == '' then return cjson.null end return tonumber(value) end
+  redis.call('LPUSH', log, cjson.encode({now, applied, optional(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]),
+    tonumber(ARGV[11]), optional(ARGV[12])}))
+  redis.call('LTRIM', log, 0, tonumber(ARGV[13]) - 1)
+  redis.call('PEXPIRE', log, ARGV[14])
+end
+return 1

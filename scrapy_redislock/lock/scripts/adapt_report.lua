@@ -1,0 +1,72 @@
+-- adapt_report: merge one process's sample of a lock's requests into the current window of the lock's adaptive
+-- limit (lock/adaptive.py), on Redis's clock, and hand the window over when it is due. Every process reports;
+-- whoever reports when the window is due computes the next state and commits it (adapt_commit.lua) against the
+-- version returned here: no leader, and nobody whose death stops adaptation. A missing controller (new, or
+-- expired: every report keeps the hash ARGV[13] ms longer) starts at the lock's limit (else the minimum),
+-- clamped to [minimum, maximum], with nothing measured yet, its window starting where the sample does.
+-- A sample that began before the window (it covers ARGV[8] ms up to now) is clipped to it: only the share of it
+-- that falls within the window is added, as if its outcomes were spread evenly, so that a window after a limit
+-- change holds what was measured under that limit only, whoever reports when.
+-- Besides the caller's observations of slots in use, every report adds one of its own: the lock's held grants
+-- (its group's pending count) now, across the cluster, which no process knows.
+-- KEYS[1] adapt hash, KEYS[2] the lock's slots stream, KEYS[3] the lock's meta hash
+-- ARGV[1] responses, ARGV[2] their latencies summed (s), ARGV[3] their squares summed,
+-- ARGV[4] overloads (429/503), ARGV[5] errors, ARGV[6] observations of slots in use summed, ARGV[7] their count,
+-- ARGV[8] ms the sample covers up to now (0: unknown, added whole), ARGV[9] window ms,
+-- ARGV[10] outcomes (responses + overloads + errors) a due window needs at least,
+-- ARGV[11] minimum limit, ARGV[12] maximum limit, ARGV[13] ms to keep the hash after this report
+-- Returns 0 when the window is not due, else (all strings) {version, window start ms, now ms, responses,
+-- latency sum, latency square sum, overloads, errors, in-use sum, in-use count, limit, applied, noload,
+-- noload_error, since_probe, probe, the lock's limit ('' when the lock is not in Redis)}.
+local adapt, slots, meta = KEYS[1], KEYS[2], KEYS[3]
+local COUNTERS = {'responses', 'latency', 'latency_sq', 'overloads', 'errors', 'in_use', 'observations'}
+local STATE = {'limit', 'applied', 'noload', 'noload_error', 'since_probe', 'probe'}
+local now = now_ms()
+local span = tonumber(ARGV[8])
+local names = {'version', 'start'}
+for _, name in ipairs(COUNTERS) do names[#names + 1] = name end
+for _, name in ipairs(STATE) do names[#names + 1] = name end
+local values = redis.call('HMGET', adapt, unpack(names))
+local got = {}
+for i, name in ipairs(names) do got[name] = values[i] end
+local write = {}
+if not got.version then
+  local minimum, maximum = tonumber(ARGV[11]), tonumber(ARGV[12])
+  local limit = math.min(math.max(tonumber(redis.call('HGET', meta, 'limit') or minimum), minimum), maximum)
+  got = {version = '0', start = string.format('%.0f', now - span), limit = limit, applied = limit, noload = '0',
+         noload_error = '0', since_probe = '0', probe = '0'}
+  for _, name in ipairs({'version', 'start', unpack(STATE)}) do
+    write[#write + 1] = name
+    write[#write + 1] = got[name]
+  end
+end
+local share = 1
+if span > 0 then share = math.min(1, math.max(0, now - tonumber(got.start)) / span) end
+local add = {}
+for i = 1, 7 do add[i] = share * tonumber(ARGV[i]) end
+-- the lock's slots in use now (no such stream: the lock is not in Redis, nothing to observe)
+local groups = redis.pcall('XINFO', 'GROUPS', slots)
+if type(groups) == 'table' and not groups.err then
+  for _, g in ipairs(groups) do
+    if info_field(g, 'name') == GROUP then
+      add[6] = add[6] + tonumber(info_field(g, 'pending'))
+      add[7] = add[7] + 1
+    end
+  end
+end
+for i, name in ipairs(COUNTERS) do
+  got[name] = string.format('%.17g', tonumber(got[name] or '0') + add[i])
+  write[#write + 1] = name
+  write[#write + 1] = got[name]
+end
+redis.call('HSET', adapt, unpack(write))
+redis.call('PEXPIRE', adapt, ARGV[13])
+local outcomes = tonumber(got.responses) + tonumber(got.overloads) + tonumber(got.errors)
+if now - tonumber(got.start) < tonumber(ARGV[9]) or outcomes < tonumber(ARGV[10]) then
+  return 0
+end
+local reply = {tostring(got.version), tostring(got.start), string.format('%.0f', now)}
+for _, name in ipairs(COUNTERS) do reply[#reply + 1] = got[name] end
+for _, name in ipairs(STATE) do reply[#reply + 1] = tostring(got[name]) end
+reply[#reply + 1] = redis.call('HGET', meta, 'limit') or ''
+return reply

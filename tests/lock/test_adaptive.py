@@ -1,0 +1,751 @@
+"""The adaptive limit (lock/adaptive.py): its arithmetic against a simulated site of capacity K
+(pure and deterministic), several processes feeding one controller, and the two scripts
+(adapt_report.lua, adapt_commit.lua) against a real redis-server."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import pytest
+import redis
+
+from scrapy_redislock import CountingLock
+from scrapy_redislock._redis import text
+from scrapy_redislock.errors import InvalidArgument
+from scrapy_redislock.lock.adaptive import (
+    DRAINING,
+    MEASURING,
+    NOT_PROBING,
+    AdaptiveParams,
+    ControllerState,
+    Due,
+    Recorder,
+    Sample,
+    Window,
+    commit,
+    history,
+    next_state,
+    report,
+    update,
+)
+from scrapy_redislock.lock.front import CommandRunner
+from scrapy_redislock.lock.permit import LockKeys, Permit
+from scrapy_redislock.lock.protocol import drive
+
+PARAMS = AdaptiveParams()
+
+
+# -- a site of capacity K, as testing/capacity.py serves it, in exact (fluid) numbers ------------
+
+
+@dataclass
+class FluidSite:
+    """At most ``capacity`` requests served at once, each in ``base`` seconds; more wait FIFO, so
+    the latency is ``base * in_flight / capacity`` past it; past twice the capacity, the rest are
+    answered 503 at once (a tenth of ``base``)."""
+
+    capacity: int
+    base: float = 0.1
+
+    def latency(self, in_flight: float) -> float:
+        return self.base * max(1.0, min(in_flight, 2 * self.capacity) / self.capacity)
+
+    def sample(self, in_flight: int, seconds: float = 1.0) -> Sample:
+        """What the crawl sees in ``seconds`` with ``in_flight`` requests out all along (rounded
+        to whole responses), with one observation of the slots in use."""
+        served = min(in_flight, 2 * self.capacity)
+        latency = self.latency(in_flight)
+        responses = round(served * seconds / latency)
+        overloads = round((in_flight - served) * seconds / (self.base / 10))
+        return Sample(
+            responses=responses,
+            latency_sum=responses * latency,
+            latency_sq_sum=responses * latency * latency,
+            overloads=overloads,
+            in_use_sum=in_flight,
+            in_use_count=1,
+        )
+
+
+def window_of(sample: Sample) -> Window:
+    return Window().merged(sample)
+
+
+def run(
+    site: FluidSite,
+    windows: int,
+    params: AdaptiveParams = PARAMS,
+    state: ControllerState | None = None,
+    demand: int | None = None,
+) -> list[ControllerState]:
+    """One process, one window a second: the states after each window."""
+    state = state or ControllerState.initial(params.minimum)
+    trace = []
+    for _ in range(windows):
+        in_flight = state.applied if demand is None else min(state.applied, demand)
+        state = next_state(state, window_of(site.sample(in_flight)), params)
+        trace.append(state)
+    return trace
+
+
+def limits(trace: list[ControllerState]) -> list[int]:
+    return [state.applied for state in trace]
+
+
+# -- the arithmetic ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("capacity", [2, 5, 8, 20])
+def test_converges_from_the_minimum_to_k_plus_one_in_k_windows(capacity: int) -> None:
+    """One more a window up to K + 1 (queue estimate in_flight - K = 1: between alpha and beta),
+    then it holds, but for the probes' two windows at half the limit every probe_every windows."""
+    trace = run(FluidSite(capacity), 3 * PARAMS.probe_every)
+    assert limits(trace)[:capacity] == list(range(2, capacity + 2))
+    settled = trace[capacity - 1 :]
+    assert {s.applied for s in settled if s.probe == NOT_PROBING} == {capacity + 1}
+    assert {s.limit for s in settled} == {capacity + 1.0}
+    probing = [s.applied for s in settled if s.probe != NOT_PROBING]
+    assert set(probing) == {max(1, (capacity + 1) // 2)} and len(probing) == 2 * 2
+    assert all(s.noload == pytest.approx(0.1) for s in trace)
+
+
+def test_reconverges_when_the_capacity_drops_and_comes_back() -> None:
+    """K 8 -> 4: 9 in flight is past 2K (503s): * 0.75 -> 6 (queue 2), -1 -> 5 (queue 1), in 2
+    windows; K 4 -> 8: no queue at 5, one more a window up to 9, in 4."""
+    site = FluidSite(8)
+    state = run(site, 10)[-1]
+    assert state.applied == 9
+    site.capacity = 4
+    dropped = run(site, 10, state=state)
+    assert limits(dropped)[:2] == [6, 5]
+    assert dropped[0].limit == pytest.approx(9 * 0.75)
+    assert set(limits(dropped)[1:]) == {5}
+    site.capacity = 8
+    risen = run(site, 10, state=dropped[-1])
+    assert limits(risen)[:4] == [6, 7, 8, 9]
+    assert set(limits(risen)[3:]) == {9}
+
+
+def test_overload_decreases_multiplicatively_down_to_the_minimum() -> None:
+    state = ControllerState(20.0, 20, noload=0.1, since_probe=1)
+    calm = Sample(responses=99, latency_sum=9.9, latency_sq_sum=0.99, in_use_sum=20, in_use_count=1)
+    one_in_a_hundred = next_state(state, window_of(calm + Sample(overloads=1)), PARAMS)
+    assert one_in_a_hundred.limit == 21.0  # 1%: not above the threshold, no queue: it grows
+    overloaded = next_state(state, window_of(calm + Sample(overloads=5)), PARAMS)
+    assert (overloaded.limit, overloaded.applied) == (15.0, 15)
+    timeouts = next_state(state, window_of(calm + Sample(errors=5)), PARAMS)
+    assert timeouts.limit == 15.0  # timeouts and connection errors count as overload
+    limit = 20.0
+    for _ in range(20):
+        state = next_state(replace(state, limit=limit), window_of(Sample(overloads=10)), PARAMS)
+        limit = state.limit
+    assert (state.limit, state.applied) == (1.0, 1)
+    floor = AdaptiveParams(minimum=3)
+    low = next_state(ControllerState(3.5, 3, 0.1), window_of(Sample(overloads=10)), floor)
+    assert (low.limit, low.applied) == (3.0, 3)
+
+
+def test_a_limit_nobody_fills_does_not_grow() -> None:
+    """App limited: only 3 requests to send. It grows while 3 is at least half the limit (to 7),
+    never beyond; and a full-enough window at the same latency grows."""
+    trace = run(FluidSite(8), 40, demand=3)
+    assert max(limits(trace)) == 7
+    assert limits(trace)[-1] == 7
+    state = ControllerState(10.0, 10, noload=0.1, since_probe=1)
+    idle = Sample(responses=40, latency_sum=4.0, latency_sq_sum=0.4, in_use_sum=4, in_use_count=1)
+    assert next_state(state, window_of(idle), PARAMS).limit == 10.0
+    busy = replace(idle, in_use_sum=5)
+    assert next_state(state, window_of(busy), PARAMS).limit == 11.0
+
+
+def test_clamped_to_the_maximum_and_the_minimum() -> None:
+    capped = run(FluidSite(20), 30, AdaptiveParams(maximum=6))
+    assert max(limits(capped)) == 6 and limits(capped)[5:] == [6] * 25
+    floor = AdaptiveParams(minimum=4, maximum=10)
+    trace = run(FluidSite(2), 30, floor, state=ControllerState.initial(4))
+    assert min(limits(trace)) == 4 and limits(trace)[-1] == 4  # K = 2: the queue asks for less
+
+
+def test_the_integer_limit_is_the_floor_of_the_float() -> None:
+    state = next_state(ControllerState(9.0, 9, 0.1), window_of(Sample(overloads=10)), PARAMS)
+    assert (state.limit, state.applied) == (6.75, 6)
+
+
+def test_a_window_without_latencies_holds() -> None:
+    """Responses that took no time (a cache) or none at all: nothing to learn, nothing moves."""
+    state = ControllerState(10.0, 10, noload=0.1, since_probe=1)
+    cached = Sample(responses=20, in_use_sum=10, in_use_count=1)
+    for window in (window_of(cached), Window()):
+        after = next_state(state, window, PARAMS)
+        assert (after.limit, after.noload, after.version) == (10.0, 0.1, 1)
+
+
+def test_a_noisy_window_is_no_queue() -> None:
+    """A queue must stand out of the window's own noise (``confidence`` standard errors): the same
+    mean latency shrinks the limit when every response took it, not when they scatter widely."""
+    state = ControllerState(10.0, 10, noload=0.1, since_probe=1)
+    latencies = [0.12] * 50
+    exact = Sample(50, sum(latencies), sum(x * x for x in latencies), in_use_sum=10, in_use_count=1)
+    assert next_state(state, window_of(exact), PARAMS).limit == 9.0  # queue 1.67 > 1.5
+    scattered = [0.02, 0.22] * 25  # the same mean, 0.1 s either side
+    noisy = replace(exact, latency_sq_sum=sum(x * x for x in scattered))
+    assert next_state(state, window_of(noisy), PARAMS).limit == 10.0
+
+
+def test_noisy_latencies_settle_near_the_capacity() -> None:
+    """Latencies scattered as much as they are on real sites (log-normal, a coefficient of
+    variation of 0.5; a seeded generator): the limit stays near K + 1 (a mean of 9.2 here, 4 at
+    the lowest, 11 at the highest; means of 9.2 to 10.0 over other seeds)."""
+    rng = random.Random(7)
+    site, state = FluidSite(8), ControllerState.initial(1)
+    seen = []
+    for _ in range(300):
+        exact = site.sample(state.applied)
+        sigma = math.sqrt(math.log(1 + 0.5**2))
+        mu = math.log(site.latency(state.applied)) - sigma**2 / 2
+        drawn = [rng.lognormvariate(mu, sigma) for _ in range(exact.responses)]
+        noisy = replace(exact, latency_sum=sum(drawn), latency_sq_sum=sum(x * x for x in drawn))
+        state = next_state(state, window_of(noisy), PARAMS)
+        if state.probe == NOT_PROBING:
+            seen.append(state.applied)
+    settled = seen[30:]
+    assert 8.5 <= sum(settled) / len(settled) <= 10.5
+    assert min(settled) >= 4 and max(settled) <= 11
+
+
+def test_a_site_that_got_slower_is_measured_again_by_the_probe() -> None:
+    """Twice slower from one moment on: it looks like a queue, the limit shrinks; the next probe
+    measures the new no-load latency (it can rise), and the limit comes back to K + 1."""
+    site = FluidSite(8)
+    trace = run(site, 12)
+    assert trace[-1].applied == 9
+    site.base = 0.2
+    slower = run(site, PARAMS.probe_every + 15, state=trace[-1])
+    assert min(limits(slower)) < 5
+    measured = next(i for i, s in enumerate(slower) if s.noload == pytest.approx(0.2))
+    # the probe was due PARAMS.probe_every windows after the last one (window 1)
+    assert measured <= PARAMS.probe_every
+    assert slower[measured - 1].probe == MEASURING and slower[measured - 2].probe == DRAINING
+    back = next(i for i, s in enumerate(slower) if i > measured and s.applied == 9)
+    assert back - measured <= 9
+    assert set(limits(slower)[back:]) == {9}
+
+
+def test_a_controller_at_a_high_limit_that_measured_nothing_probes_first() -> None:
+    """Re-initialised from a lock's limit of 20 against K = 8: 20 in flight is past 2K (503s:
+    * 0.75 -> 15), and what it learnt came from a queue, so it probes at half (7 <= K: the true
+    no-load latency), then the Vegas queue (15 - 8 = 7) brings it down: 12, 11, 10, 9."""
+    trace = run(FluidSite(8), 2 * PARAMS.probe_every + 5, state=ControllerState.initial(20))
+    assert (trace[0].limit, trace[0].applied, trace[0].probe) == (15.0, 7, DRAINING)
+    assert trace[1].probe == MEASURING and trace[2].noload == pytest.approx(0.1)
+    assert limits(trace)[2:7] == [15, 12, 11, 10, 9]
+    assert {s.applied for s in trace[6:] if s.probe == NOT_PROBING} == {9}
+
+
+def test_params_are_checked_with_the_field_and_the_value() -> None:
+    cases = {
+        "adaptive minimum must be an integer >= 1, got 0": {"minimum": 0},
+        "adaptive maximum must be >= minimum (5), got 4": {"minimum": 5, "maximum": 4},
+        "adaptive window must be in [0.001, inf], got 0": {"window": 0},
+        "adaptive window must be a finite number, got nan": {"window": float("nan")},
+        "adaptive beta must be in (0.5, inf], got 0.5": {"beta": 0.5},
+        "adaptive backoff must be in (0.0, 1.0), got 1.0": {"backoff": 1.0},
+        "adaptive min_samples must be an integer >= 1, got True": {"min_samples": True},
+        "adaptive probe_every must be an integer >= 3, got 2": {"probe_every": 2},
+        "adaptive probe_fraction must be in (0.0, 1.0], got 0": {"probe_fraction": 0},
+        "adaptive overload_threshold must be a finite number, got '1%'": {
+            "overload_threshold": "1%"
+        },
+        "adaptive log_length must be an integer >= 0, got -1": {"log_length": -1},
+    }
+    for message, kwargs in cases.items():
+        with pytest.raises(InvalidArgument) as raised:
+            AdaptiveParams(**kwargs)  # type: ignore[arg-type]
+        assert str(raised.value) == message
+        assert isinstance(raised.value, ValueError)
+
+
+def test_the_recorder_takes_what_came_since_the_last_take() -> None:
+    now = [10.0]
+    recorder = Recorder(clock=lambda: now[0])
+    recorder.response(0.2)
+    recorder.response(0.4)
+    recorder.response(0.01, overload=True)
+    recorder.error()
+    recorder.in_use(3)
+    now[0] = 11.5
+    sample, span = recorder.take()
+    assert replace(sample, latency_sum=0.0, latency_sq_sum=0.0) == Sample(2, 0.0, 0.0, 1, 1, 3, 1)
+    assert (sample.latency_sum, sample.latency_sq_sum) == (pytest.approx(0.6), pytest.approx(0.2))
+    assert span == 1.5 and sample.outcomes == 4
+    now[0] = 12.0
+    assert recorder.take() == (Sample(), 0.5)
+    window = window_of(sample)
+    assert window.mean_latency == pytest.approx(0.3)
+    assert window.latency_error == pytest.approx(0.1)  # two responses 0.1 from their mean
+    assert (window.overload_rate, window.error_rate, window.mean_in_flight) == (0.25, 0.25, 3.0)
+
+
+# -- several processes, one controller -----------------------------------------------------------
+
+
+@dataclass
+class SharedController:
+    """What adapt_report.lua and adapt_commit.lua keep and decide, in memory, on a simulated clock
+    (ms): samples merged into one window (clipped to it), due after ``window`` with enough
+    outcomes, a commit only against the current version. The scripts themselves are tested against
+    Redis below."""
+
+    params: AdaptiveParams
+    state: ControllerState
+    window: Window = field(default_factory=Window)
+    commits: int = 0
+    refused: int = 0
+
+    def report(self, now: int, sample: Sample, span: int, held: int) -> Window | None:
+        share = min(1.0, (now - self.window.start_ms) / span) if span else 1.0
+        self.window = self.window.merged(sample, share).merged(
+            Sample(in_use_sum=held, in_use_count=1)
+        )
+        due = now - self.window.start_ms >= self.params.window_ms
+        if due and self.window.outcomes >= self.params.min_samples:
+            return replace(self.window, end_ms=now)
+        return None
+
+    def commit(self, now: int, version: int, new: ControllerState) -> bool:
+        if version != self.state.version:
+            self.refused += 1
+            return False
+        self.state, self.window = new, Window(start_ms=now)
+        self.commits += 1
+        return True
+
+
+def simulate(
+    processes: int, capacity_at: dict[float, int], seconds: float, same_instant: bool = False
+) -> tuple[list[tuple[float, ControllerState]], SharedController]:
+    """``processes`` crawl processes share the lock's slots (as evenly as they can) against one
+    site, each reporting once a second (at offsets spread over the second, or all at the same
+    instant), on a 100 ms tick. Every report whose window is due computes the next state from
+    what it got; the first to commit wins."""
+    site = FluidSite(capacity_at[0.0])
+    shared = SharedController(PARAMS, ControllerState.initial(PARAMS.minimum))
+    tick, period = 100, 1000
+    # spread over the second, to the tick (several processes may share one)
+    offsets = [
+        0 if same_instant else p * period // processes // tick * tick for p in range(processes)
+    ]
+    pending = [Sample()] * processes
+    carry = [0.0] * processes
+    last = [0] * processes
+    trace = []
+    for step in range(round(seconds * 1000 / tick)):
+        now = (step + 1) * tick
+        site.capacity = capacity_at.get(step * tick / 1000, site.capacity)
+        total = shared.state.applied
+        for p in range(processes):
+            mine = total // processes + (1 if p < total % processes else 0)
+            whole = site.sample(total, tick / 1000) if total else Sample()
+            # this process's share of what the site did, whole responses carried over
+            carry[p] += whole.responses * mine / total if total else 0.0
+            responses = int(carry[p])
+            carry[p] -= responses
+            latency = site.latency(total)
+            overloads = round(whole.overloads * mine / total) if total else 0
+            pending[p] = pending[p] + Sample(
+                responses, responses * latency, responses * latency**2, overloads
+            )
+        due = []
+        for p in range(processes):
+            if (now - offsets[p]) % period == 0:
+                sample, pending[p] = pending[p], Sample()
+                window = shared.report(now, sample, now - last[p], total)
+                last[p] = now
+                if window is not None:
+                    due.append((window, shared.state))
+        for window, state in due:
+            shared.commit(now, state.version, next_state(state, window, PARAMS))
+        trace.append((now / 1000, shared.state))
+    return trace, shared
+
+
+@pytest.mark.parametrize("processes", [2, 4, 16, 32])
+def test_many_processes_overshoot_no_more_than_one(processes: int) -> None:
+    """Samples merged into one window per period, one update per window: the same convergence
+    (K + 1 = 9 after 8 s), the same band (9; 5 within 2 s after K drops to 4 at 20 s), the same
+    most (9) as one process, with every window committed once. Without clipping each sample to
+    the window (the first report of each process after a change was measured partly under the
+    previous limit), 16 processes went to 10."""
+    capacity = {0.0: 8, 20.0: 4}
+    alone, _ = simulate(1, capacity, 60)
+    trace, shared = simulate(processes, capacity, 60)
+
+    def summary(run: list[tuple[float, ControllerState]]) -> tuple[object, ...]:
+        steady = [s.applied for t, s in run if s.probe == NOT_PROBING]
+        first = next(t for t, s in run if s.applied == 9)
+        before = {s.applied for t, s in run if 9 <= t < 20 and s.probe == NOT_PROBING}
+        after = {s.applied for t, s in run if t >= 22 and s.probe == NOT_PROBING}
+        return max(steady), round(first), before, after
+
+    assert summary(alone) == (9, 8, {9}, {5})
+    assert summary(trace) == summary(alone)
+    assert shared.commits == len({s.version for _, s in trace}) - 1
+
+
+def test_processes_that_get_the_same_window_commit_it_once() -> None:
+    """8 processes report at the same instant: each gets the due window (same version) and
+    computes; one commit applies, 7 are refused, and the limit moves as with one process."""
+    alone, _ = simulate(1, {0.0: 8}, 20)
+    trace, shared = simulate(8, {0.0: 8}, 20, same_instant=True)
+    assert shared.refused == 7 * shared.commits
+    assert [s.applied for _, s in trace] == [s.applied for _, s in alone]
+
+
+# -- the scripts, against Redis -----------------------------------------------------------------
+
+KEYS = LockKeys.of("redislock", "detail")
+NEVER = AdaptiveParams(window=3600)  # a window that is never due in a test
+
+
+def calls(client: redis.Redis) -> dict[str, int]:
+    return {name[8:]: int(stat["calls"]) for name, stat in client.info("commandstats").items()}
+
+
+def commands_of(client: redis.Redis, action: Callable[[], object]) -> int:
+    """Redis commands an action ran, its scripts' included (not the EVALSHA itself, nor the
+    INFO that read the counts before)."""
+    before = calls(client)
+    action()
+    after = calls(client)
+    spent = {name: after[name] - before.get(name, 0) for name in after}
+    return sum(spent.values()) - spent.get("evalsha", 0) - 1
+
+
+def wait_due(runner: CommandRunner, keys: LockKeys, params: AdaptiveParams) -> Due:
+    """Report nothing until the window's time is up (Redis's clock): its Due."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        due = drive(report(keys, Sample(), params), runner, "detail")
+        if due is not None:
+            return due
+    raise AssertionError("the window never came due")
+
+
+def stored(client: redis.Redis) -> dict[str, str]:
+    """The controller's hash as it is in Redis."""
+    return {text(k): text(v) for k, v in client.hgetall(KEYS.adapt).items()}
+
+
+@pytest.fixture
+def runner(redis_client: redis.Redis) -> CommandRunner:
+    return CommandRunner(redis_client)
+
+
+@pytest.mark.integration
+def test_samples_of_several_processes_merge_into_one_window(
+    redis_client: redis.Redis, admin_url: str, locks: list[CountingLock]
+) -> None:
+    """Three processes (clients) report; the window holds the sum, plus one observation per
+    report of the lock's slots in use, taken in Redis."""
+    lock = CountingLock(redis_client, "detail", 3, 30.0, maintain_loop=False)
+    locks.append(lock)
+    held = [lock.acquire(), lock.acquire()]
+    samples = [
+        Sample(5, 0.5, 0.05, 1, 0),
+        Sample(3, 0.6, 0.14, 0, 1, in_use_sum=4, in_use_count=2),
+        Sample(2, 0.2, 0.02),
+    ]
+    clients = [redis.Redis.from_url(admin_url) for _ in samples]
+    try:
+        for client, sample in zip(clients, samples, strict=True):
+            assert drive(report(KEYS, sample, NEVER), CommandRunner(client), "detail") is None
+    finally:
+        for client in clients:
+            client.close()
+    hashed = stored(redis_client)
+    assert (hashed["responses"], hashed["overloads"], hashed["errors"]) == ("10", "1", "1")
+    assert float(hashed["latency"]) == pytest.approx(1.3)
+    assert float(hashed["latency_sq"]) == pytest.approx(0.21)
+    # 4 from the second process's two observations, 2 held at each of the 3 reports
+    assert (hashed["in_use"], hashed["observations"]) == ("10", "5")
+    assert (hashed["limit"], hashed["applied"], hashed["version"]) == ("3", "3", "0")
+    for permit in held:
+        lock.release(permit)
+
+
+@pytest.mark.integration
+def test_a_window_is_due_after_its_time_with_enough_outcomes(
+    redis_client: redis.Redis, runner: CommandRunner
+) -> None:
+    params = AdaptiveParams(window=0.05, min_samples=5)
+    assert drive(report(KEYS, Sample(2, 0.2, 0.02), params), runner, "x") is None
+    start = int(redis_client.hget(KEYS.adapt, "start") or 0)
+    assert abs(start - time.time() * 1000) < 5000  # Redis's clock, ms
+    while True:  # the window's time is up, but 2 outcomes of 5: not due
+        seconds, micros = redis_client.time()
+        if seconds * 1000 + micros // 1000 >= start + 50:
+            break
+    assert drive(report(KEYS, Sample(), params), runner, "x") is None
+    due = drive(report(KEYS, Sample(3, 0.3, 0.03), params), runner, "x")
+    assert due is not None
+    assert (due.window.responses, due.window.latency_sum) == (5, pytest.approx(0.5))
+    assert due.window.start_ms == start and due.window.end_ms >= start + 50
+    assert due.state == ControllerState(1.0, 1)  # no lock: the minimum
+    assert due.lock_limit is None
+    # still due for whoever reports next, with the same version, until somebody commits
+    again = drive(report(KEYS, Sample(1, 0.1, 0.01), params), runner, "x")
+    assert again is not None and again.state.version == 0 and again.window.responses == 6
+
+
+@pytest.mark.integration
+def test_two_commits_of_one_version_one_applies(
+    redis_client: redis.Redis, runner: CommandRunner, locks: list[CountingLock]
+) -> None:
+    lock = CountingLock(redis_client, "detail", 2, 30.0, maintain_loop=False)
+    locks.append(lock)
+    lock.set_limit(2)
+    params = AdaptiveParams(window=0.01, min_samples=1)
+    drive(report(KEYS, Sample(4, 0.4, 0.04), params), runner, "x")
+    due = wait_due(runner, KEYS, params)
+    first = replace(due.state, limit=5.0, applied=5, version=1)
+    second = replace(due.state, limit=3.0, applied=3, version=1)
+    assert drive(commit(KEYS, 0, first, due.window, params), runner, "x") is True
+    assert drive(commit(KEYS, 0, second, due.window, params), runner, "x") is False
+    hashed = stored(redis_client)
+    assert (hashed["version"], hashed["limit"], hashed["applied"]) == ("1", "5.0", "5")
+    assert hashed["responses"] == hashed["observations"] == "0"  # a fresh window
+    assert int(hashed["start"]) >= due.window.end_ms
+    assert lock.get_limit() == 5
+
+
+@pytest.mark.integration
+def test_a_commit_moves_the_locks_limit_live(
+    redis_client: redis.Redis, runner: CommandRunner, locks: list[CountingLock]
+) -> None:
+    """Raised: more slots to take at once. Lowered: nobody loses a grant, and the freed slots are
+    not handed out again until the lock is under its new limit."""
+    lock = CountingLock(redis_client, "detail", 3, 30.0, maintain_loop=False)
+    locks.append(lock)
+    held = [lock.acquire(), lock.acquire()]
+    params = AdaptiveParams(window=3600)
+    due = drive(report(KEYS, Sample(1, 0.1, 0.01), params), runner, "x")
+    assert due is None
+    state = ControllerState(3.0, 3)
+    window = Window()
+    for version, applied in enumerate([6, 2]):
+        state = replace(state, limit=float(applied), applied=applied, version=version + 1)
+        assert drive(commit(KEYS, version, state, window, params), runner, "x")
+        assert lock.get_limit() == applied
+        if applied == 6:
+            more = [lock.try_acquire() for _ in range(4)]
+            held += [p for p in more if p is not None]
+            assert lock.try_acquire() is None
+    assert len(held) == 6
+    for permit in held[:4]:  # 6 held under a limit of 2: releasing 4 frees nothing
+        lock.release(permit)
+        assert lock.try_acquire() is None
+    lock.release(held[4])  # 1 held of 2: one slot free
+    again = lock.try_acquire()
+    assert again is not None and lock.try_acquire() is None
+    lock.release(again)
+    lock.release(held[5])
+
+
+@pytest.mark.integration
+def test_a_new_controller_starts_at_the_locks_limit(
+    redis_client: redis.Redis, runner: CommandRunner, locks: list[CountingLock]
+) -> None:
+    lock = CountingLock(redis_client, "detail", 7, 30.0, maintain_loop=False)
+    locks.append(lock)
+    lock.set_limit(7)
+    params = AdaptiveParams(window=0.001, min_samples=1)
+    due = drive(report(KEYS, Sample(1, 0.1, 0.01), params, span=0.5), runner, "x")
+    # its window starts where the sample does (0.5 s ago): due at once, nothing clipped
+    assert due is not None and due.window.responses == 1
+    assert due.window.end_ms - due.window.start_ms >= 500
+    assert due.state == ControllerState(7.0, 7) and due.lock_limit == 7
+    redis_client.delete(KEYS.adapt)
+    capped = replace(params, maximum=5)
+    due = drive(report(KEYS, Sample(1, 0.1, 0.01), capped, span=0.5), runner, "x")
+    assert due is not None and due.state == ControllerState(5.0, 5)
+
+
+@pytest.mark.integration
+def test_a_sample_older_than_the_window_is_clipped_to_it(
+    redis_client: redis.Redis, runner: CommandRunner
+) -> None:
+    """A sample covering 1 s, reported into a window that began 0.1 s ago (and no later than the
+    report), counts for its share of about a tenth."""
+    drive(report(KEYS, Sample(), NEVER), runner, "x")
+    start = int(redis_client.hget(KEYS.adapt, "start") or 0)
+    while True:
+        seconds, micros = redis_client.time()
+        if seconds * 1000 + micros // 1000 >= start + 100:
+            break
+    drive(report(KEYS, Sample(100, 10.0, 1.0, 10), NEVER, span=1.0), runner, "x")
+    hashed = {name: float(value) for name, value in stored(redis_client).items()}
+    share = hashed["responses"] / 100
+    assert 0.1 <= share <= 0.5
+    assert hashed["latency"] == pytest.approx(10 * share)
+    assert hashed["overloads"] == pytest.approx(10 * share)
+
+
+@pytest.mark.integration
+def test_a_pinned_controller_follows_the_pin_and_applies_nothing(
+    redis_client: redis.Redis, runner: CommandRunner, locks: list[CountingLock]
+) -> None:
+    lock = CountingLock(redis_client, "detail", 3, 30.0, maintain_loop=False)
+    locks.append(lock)
+    lock.set_limit(3)
+    drive(report(KEYS, Sample(1, 0.1, 0.01), NEVER), runner, "x")
+    redis_client.hset(KEYS.adapt, "pinned", 4)  # the operator's override
+    grown = ControllerState(9.0, 9, 0.1, version=1)
+    assert drive(commit(KEYS, 0, grown, Window(), NEVER), runner, "x")
+    hashed = stored(redis_client)
+    assert (hashed["limit"], hashed["applied"], hashed["version"]) == ("4", "4", "1")
+    assert lock.get_limit() == 3
+    redis_client.hdel(KEYS.adapt, "pinned")
+    assert drive(commit(KEYS, 1, replace(grown, version=2), Window(), NEVER), runner, "x")
+    assert lock.get_limit() == 9
+
+
+@pytest.mark.integration
+def test_the_history_is_bounded_and_newest_first(
+    redis_client: redis.Redis, runner: CommandRunner
+) -> None:
+    params = AdaptiveParams(window=3600, log_length=5)
+    drive(report(KEYS, Sample(), params), runner, "x")
+    window = Window(responses=9, latency_sum=0.9, overloads=1, in_use_sum=12, in_use_count=2)
+    for version in range(8):
+        state = ControllerState(float(version + 1), version + 1, 0.08, version=version + 1)
+        assert drive(commit(KEYS, version, state, window, params), runner, "x")
+    assert redis_client.llen(KEYS.adapt_log) == 5
+    records = drive(history(KEYS), runner, "x")
+    assert [r.limit for r in records] == [8, 7, 6, 5, 4]
+    newest = records[0]
+    assert (newest.latency_ms, newest.noload_ms) == (100.0, 80.0)
+    assert (newest.overload_rate, newest.error_rate, newest.in_flight) == (0.1, 0.0, 6.0)
+    assert abs(newest.at_ms - time.time() * 1000) < 5000
+    assert 0 < redis_client.pttl(KEYS.adapt_log) <= 3600 * 1000 * 5
+    empty = drive(commit(KEYS, 8, replace(state, version=9), Window(), params), runner, "x")
+    assert empty and drive(history(KEYS, 1), runner, "x")[0].latency_ms is None
+    silent = replace(params, log_length=0)
+    assert drive(commit(KEYS, 9, replace(state, version=10), window, silent), runner, "x")
+    assert redis_client.llen(KEYS.adapt_log) == 5
+
+
+@pytest.mark.integration
+def test_an_idle_controller_expires_and_starts_again_from_the_locks_limit(
+    redis_client: redis.Redis, runner: CommandRunner, locks: list[CountingLock]
+) -> None:
+    lock = CountingLock(redis_client, "detail", 3, 30.0, maintain_loop=False)
+    locks.append(lock)
+    lock.set_limit(3)
+    params = AdaptiveParams(window=0.05, idle_windows=2, min_samples=1)
+    drive(report(KEYS, Sample(1, 0.1, 0.01), params), runner, "x")
+    assert 0 < redis_client.pttl(KEYS.adapt) <= 100
+    due = wait_due(runner, KEYS, params)
+    state = ControllerState(6.0, 6, 0.1, version=1)
+    assert drive(commit(KEYS, due.state.version, state, due.window, params), runner, "x")
+    assert 0 < redis_client.pttl(KEYS.adapt) <= 100
+    deadline = time.monotonic() + 5
+    while redis_client.exists(KEYS.adapt) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not redis_client.exists(KEYS.adapt)
+    assert lock.get_limit() == 6  # the limit it set stays the lock's
+    again = drive(report(KEYS, Sample(1, 0.1, 0.01), replace(params, window=3600)), runner, "x")
+    assert again is None
+    hashed = stored(redis_client)
+    assert (hashed["limit"], hashed["noload"], hashed["version"]) == ("6", "0", "0")
+
+
+@pytest.mark.integration
+def test_what_a_report_and_a_commit_cost(
+    redis_client: redis.Redis, runner: CommandRunner, locks: list[CountingLock]
+) -> None:
+    """The numbers in lock/adaptive.py's docstring, from INFO commandstats."""
+    lock = CountingLock(redis_client, "detail", 3, 30.0, maintain_loop=False)
+    locks.append(lock)
+    permit = lock.acquire()
+    params = AdaptiveParams(window=0.01, min_samples=1)
+    drive(report(KEYS, Sample(1, 0.1, 0.01), NEVER), runner, "x")  # scripts loaded, hash made
+    assert not drive(commit(KEYS, 99, ControllerState(1.0, 1), Window(), params), runner, "x")
+    assert commands_of(redis_client, lambda: drive(report(KEYS, Sample(), NEVER), runner, "x")) == 5
+    due = wait_due(runner, KEYS, params)
+    assert (
+        commands_of(redis_client, lambda: drive(report(KEYS, Sample(), params), runner, "x")) == 6
+    )
+    same = replace(due.state, version=1)
+    assert (
+        commands_of(
+            redis_client, lambda: drive(commit(KEYS, 0, same, due.window, params), runner, "x")
+        )
+        == 8
+    )
+    assert (
+        commands_of(
+            redis_client, lambda: drive(commit(KEYS, 0, same, due.window, params), runner, "x")
+        )
+        == 1
+    )
+    raised = replace(same, limit=4.0, applied=4, version=2)
+    assert (
+        commands_of(
+            redis_client, lambda: drive(commit(KEYS, 1, raised, due.window, params), runner, "x")
+        )
+        == 20
+    )
+    assert lock.get_limit() == 4
+    lock.release(permit)
+
+
+@pytest.mark.integration
+def test_three_processes_through_redis_find_the_capacity(
+    redis_client: redis.Redis, admin_url: str, locks: list[CountingLock]
+) -> None:
+    """The whole loop through the real scripts: three processes, each holding its share of the
+    lock's slots (taken from Redis), report what a capacity-4 site gives them (update(): report,
+    and next_state + commit when due); the lock's limit goes 1 -> 5 and stays."""
+    site = FluidSite(4)
+    lock = CountingLock(redis_client, "detail", 1, 30.0, maintain_loop=False)
+    locks.append(lock)
+    lock.set_limit(1)
+    params = AdaptiveParams(window=0.02, min_samples=1)
+    clients = [redis.Redis.from_url(admin_url) for _ in range(3)]
+    runners = [CommandRunner(client) for client in clients]
+    held: list[Permit] = []
+    seen = []
+    try:
+        for _ in range(12):
+            limit = lock.get_limit()
+            assert limit is not None
+            seen.append(limit)
+            while len(held) < limit and (permit := lock.try_acquire()) is not None:
+                held.append(permit)
+            while len(held) > limit:
+                lock.release(held.pop())
+            # a second of crawling against the site, shared out among the three
+            whole = site.sample(len(held))
+            latency = site.latency(len(held))
+            counts = [whole.responses // 3 + (i < whole.responses % 3) for i in range(3)]
+            parts = [Sample(n, n * latency, n * latency**2) for n in counts]
+            committed = [
+                drive(update(KEYS, part, params), r, "x")
+                for part, r in zip(parts, runners, strict=True)
+            ]
+            deadline = time.monotonic() + 5
+            while not any(committed) and time.monotonic() < deadline:
+                committed = [drive(update(KEYS, Sample(), params), runners[0], "x")]
+    finally:
+        for permit in held:
+            lock.release(permit)
+        for client in clients:
+            client.close()
+    assert seen[:6] == [1, 2, 3, 4, 5, 5]
+    assert set(seen[5:]) == {5}
+    records = drive(history(KEYS), runners[0], "x")
+    assert [r.limit for r in reversed(records)][:5] == [2, 3, 4, 5, 5]
