@@ -34,6 +34,17 @@ class ThrottlingDisabled(LockError):
     """
 
 
+class Paused(LockError):
+    """The lock's starts are paused (a Retry-After: :func:`scrapy_redislock.lock.delay.pause_starts`)
+    until ``until`` (seconds since the epoch, Redis's clock), ``wait`` seconds from when Redis said
+    so. A light lock's acquire and try_acquire raise it; try again after ``wait``."""
+
+    def __init__(self, message: str, until: float, wait: float) -> None:
+        super().__init__(message)
+        self.until = until
+        self.wait = wait
+
+
 class LockLost(LockError):
     """A permit's lease is gone (expired, reset by an operator, or lost with Redis's data)."""
 

@@ -45,6 +45,8 @@ class Host:
     waiting: deque[object] = field(default_factory=deque)  # tickets, first come first served
     serving: int = 0
     refuse: dict[int, float] = field(default_factory=dict)  # arrival number -> Retry-After (s)
+    refused: list[float] = field(default_factory=list)  # arrivals answered 429
+    rejected: list[float] = field(default_factory=list)  # arrivals answered 503
 
     @property
     def in_flight(self) -> int:
@@ -118,9 +120,11 @@ class CapacitySite:
             retry_after = host.refuse.pop(len(host.arrivals), None)
             if retry_after is not None:
                 host.answers[429] += 1
+                host.refused.append(now)
                 return 429, {"Retry-After": f"{retry_after:g}"}
             if host.in_flight >= 2 * host.capacity or self.closed:
                 host.answers[503] += 1
+                host.rejected.append(now)
                 return 503, {}
             host.waiting.append(ticket)
             host.note(now)

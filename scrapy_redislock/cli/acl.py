@@ -88,6 +88,7 @@ OPERATOR_SCRIPTS = (
     "reset",
     "retire",
     "queue_requeue",
+    "adapt_unpin",
 )
 
 # the packages with a scripts/ folder

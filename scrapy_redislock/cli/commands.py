@@ -22,6 +22,7 @@ from scrapy_redislock.cli.render import Streams, render_dead_letters, render_key
 from scrapy_redislock.cli.status import read_all, snapshot, split_keys
 from scrapy_redislock.cli.target import EXIT_OK, EXIT_USAGE, CliError, Target, run_operation
 from scrapy_redislock.errors import InvalidArgument
+from scrapy_redislock.lock.adaptive import unpin
 from scrapy_redislock.lock.core import LockCore, forget_lock, release_consumer, reset_lock
 from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, StageStatus, find_stages, stage_status
@@ -147,7 +148,21 @@ def _status_frame(client: RedisClient, opts: argparse.Namespace, target: Target)
 
 
 def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
-    stage, limit = _stage_arg(opts.stage), _limit_arg(opts.limit)
+    stage = _stage_arg(opts.stage)
+    if opts.adaptive:
+        if opts.limit is not None:
+            raise CliError("set-limit: give N or --adaptive, not both", EXIT_USAGE)
+        keys = LockKeys.of(target.prefix, stage)
+        lifted = run_operation(target.client(), unpin(keys), stage)
+        io.say(
+            f"{stage}: its adaptive controller moves the limit again (from the pinned one)"
+            if lifted
+            else f"{stage}: no pin to lift (no adaptive controller, or not pinned)"
+        )
+        return EXIT_OK
+    if opts.limit is None:
+        raise CliError("set-limit: N is missing (or --adaptive to lift a pin)", EXIT_USAGE)
+    limit = _limit_arg(opts.limit)
     ttl = target.ttl
     if opts.ttl is not None:
         try:
@@ -169,6 +184,11 @@ def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         io.say(f"{stage}: created with limit {limit} (ttl {ttl:g}s)")
     else:
         io.say(f"{stage}: limit {previous} -> {limit}, live for every process")
+    if client.exists(LockKeys.of(target.prefix, stage).adapt):
+        io.say(
+            f"{stage}: its adaptive controller is pinned to {limit} (`set-limit {stage} "
+            "--adaptive` lets it move the limit again)"
+        )
     after = stage_status(client, target.prefix, stage)
     if after is not None and after.held > limit and stage.startswith(WORKER_LOCK_PREFIX):
         io.say(

@@ -463,6 +463,7 @@ class Dashboard:
             worker=str(body.get("worker", "")),
             create=False,
             ttl=None,
+            adaptive=False,
             yes=True,
         )
         code, message = await asyncio.to_thread(self.run_command, opts)

@@ -180,7 +180,17 @@ def add_subcommands(
     )
     set_limit.add_argument("stage", metavar="STAGE")
     set_limit.add_argument(
-        "limit", metavar="N", help="the new limit, an integer >= 0 (0 pauses the stage)"
+        "limit",
+        metavar="N",
+        nargs="?",
+        help="the new limit, an integer >= 0 (0 pauses the stage); on an adaptive stage or key "
+        "(REDISLOCK_ADAPTIVE) it pins the limit while the controller lives",
+    )
+    set_limit.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="instead of N: lift the pin of an adaptive stage or key, its controller moves the "
+        "limit again",
     )
     set_limit.add_argument(
         "--create",

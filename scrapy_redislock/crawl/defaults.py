@@ -191,6 +191,43 @@ TABLE: tuple[Setting, ...] = (
         "bool",
         "Each gap a random 0.5 to 1.5 times the delay, as Scrapy's RANDOMIZE_DOWNLOAD_DELAY does.",
     ),
+    Setting(
+        "REDISLOCK_ADAPTIVE",
+        (),
+        "adaptive",
+        "Limits that follow the site, one controller per lock for the whole cluster "
+        '(docs/adaptive.md): capped stages by name, and/or "keys" for every key of '
+        "REDISLOCK_STAGE_KEY; True = every capped stage and the keys. The configured cap is the "
+        "ceiling.",
+    ),
+    Setting(
+        "REDISLOCK_ADAPTIVE_MIN",
+        1,
+        "positive_int",
+        "The lowest limit an adaptive stage or key goes to, and where a new one starts.",
+    ),
+    Setting(
+        "REDISLOCK_ADAPTIVE_WINDOW",
+        1.0,
+        "positive_seconds",
+        "Seconds of one adaptive window (on Redis's clock): every process's observations of a "
+        "lock are merged over it, then its limit moves once.",
+    ),
+    Setting(
+        "REDISLOCK_RETRY_AFTER",
+        False,
+        "bool",
+        "A 429 or 503 answer with Retry-After pauses the request's key (else its capped stage) "
+        "for every process until then, on Redis's clock; a 429 without it for "
+        "REDISLOCK_RETRY_AFTER_DEFAULT (docs/adaptive.md).",
+    ),
+    Setting(
+        "REDISLOCK_RETRY_AFTER_DEFAULT",
+        5.0,
+        "seconds",
+        "Seconds a 429 without Retry-After pauses its key or stage (0: no pause); a 503 without it "
+        "pauses nothing (the adaptive limit backs off).",
+    ),
 )
 
 #: name -> default, in the table's order.

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from scrapy_redislock._redis import Backoff
+from scrapy_redislock.crawl.adaptive import Adaptation
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.renewer import gather_bounded
 from scrapy_redislock.crawl.requestslots import SlotPermit
@@ -94,6 +95,11 @@ class KeyLocks(StageLocks):
         # keys seen idle at the last tick: retired at the next if still idle
         self._idle: set[str] = set()
         self._taking: Counter[str] = Counter()  # try_take() calls under way, per key
+        if settings.adaptive.needed:
+            self.adaptation = Adaptation(
+                self.client, settings, self._key_ceiling, light=True, stats=self.stats
+            )
+            self.add_tick_hook(self.adaptation.tick)
         self._retiring: asyncio.Task[None] | None = None
 
     @classmethod
@@ -114,7 +120,19 @@ class KeyLocks(StageLocks):
         self.lifecycle.started = True
 
     def limit(self, key: str) -> int | None:
-        return self.settings.keys.limit_of(key)
+        """The key's limit as this process takes it on its light path: its cap, or an adaptive
+        key's minimum (where its controller starts; the controller's limit, once it has one, is in
+        Redis and wins)."""
+        cap = self.settings.keys.limit_of(key)
+        if cap is not None and self.settings.adaptive.keys:
+            return min(cap, self.settings.adaptive.minimum)
+        return cap
+
+    def _key_ceiling(self, name: str) -> int | None:
+        """The configured cap of an adaptive key's lock ``key:<key>``: its controller's maximum."""
+        if not self.settings.adaptive.keys or not name.startswith(KEY_LOCK_PREFIX):
+            return None
+        return self.settings.keys.limit_of(name[len(KEY_LOCK_PREFIX) :])
 
     def lock_for(self, key: str) -> str:
         """Make the key's lock object if this process has none (no Redis command: it is set up on

@@ -117,6 +117,43 @@ class KeySettings:
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class AdaptiveSettings:
+    """Limits that follow the site (REDISLOCK_ADAPTIVE*) and pauses on Retry-After
+    (REDISLOCK_RETRY_AFTER*)."""
+
+    adaptive: frozenset[str]  # the capped stages whose limit adapts, and "keys" for every key's
+    adaptive_min: int
+    adaptive_window: float
+    retry_after: bool
+    retry_after_default: float
+
+    @property
+    def stages(self) -> frozenset[str]:
+        return self.adaptive - {"keys"}
+
+    @property
+    def keys(self) -> bool:
+        return "keys" in self.adaptive
+
+    @property
+    def minimum(self) -> int:
+        return self.adaptive_min
+
+    @property
+    def window(self) -> float:
+        return self.adaptive_window
+
+    def adapts(self, stage: str | None = None, key: str | None = None) -> bool:
+        """Whether this stage's (or, with ``key``, the keys') limit adapts."""
+        return self.keys if key is not None else stage in self.stages
+
+    @property
+    def needed(self) -> bool:
+        """Whether anything adapts or pauses (a process then has an Adaptation)."""
+        return bool(self.stages) or self.keys or self.retry_after
+
+
 CONNECTION_FIELDS = ("url", "url_setting", "params", "masters", "quorum", "connect_timeout")
 KEY_FIELDS = ("stage_key", "key_limit", "key_limits", "delay", "delays", "randomize_delay")
 
@@ -129,6 +166,7 @@ class RedisLockSettings:
     enabled: bool
     redis: ConnectionSettings
     keys: KeySettings
+    adaptive: AdaptiveSettings
     stages: Mapping[str, int | None]
     worker_stages: Mapping[str, int | None]
     ttl: float
@@ -155,8 +193,10 @@ class RedisLockSettings:
     def keyed(self) -> bool:
         """Whether anything per key or per-stage delay is configured (the middleware then has work
         per request)."""
-        return self.keys.stage_key is not None or any(
-            self.delay_of(s, stage=True) for s in self.stages
+        return (
+            self.keys.stage_key is not None
+            or self.adaptive.retry_after
+            or any(self.delay_of(s, stage=True) for s in self.stages)
         )
 
 
@@ -348,6 +388,22 @@ def parse_delays(raw: Any, name: str, optional: bool = False) -> dict[str, float
     return checked
 
 
+def parse_adaptive(raw: Any, name: str, optional: bool = False) -> tuple[str, ...] | bool:
+    """True (every capped stage and the keys), False, or names: stages, and ``"keys"`` (a list, or
+    a comma-separated string as ``-s`` gives it); each name is checked against the stages
+    later."""
+    if isinstance(raw, bool) or raw in ("True", "true", "False", "false", "1", "0"):
+        return parse_bool(raw, name)
+    if isinstance(raw, str) and raw.lstrip().startswith("["):
+        raw = _json(raw, name, "a list")
+    names = [part.strip() for part in raw.split(",")] if isinstance(raw, str) else raw
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(
+            f"{name} must be True, False, or a list of capped stages and/or 'keys', got {raw!r}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
 def parse_client_params(raw: Any, name: str, optional: bool = False) -> dict[str, Any]:
     value = _json(raw, name, "a dict")
     if not isinstance(value, Mapping):
@@ -392,6 +448,7 @@ PARSERS: dict[str, Callable[[Any, str, bool], Any]] = {
     "url": parse_url,
     "scheduler": parse_scheduler,
     "key_function": parse_key_function,
+    "adaptive": parse_adaptive,
 }
 
 
@@ -461,9 +518,60 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     _check_stage_names(values)
     _check_quorum(values)
     _check_keys(values)
+    adaptive = _adaptive(values)
     redis = ConnectionSettings(**{name: values.pop(name) for name in CONNECTION_FIELDS})
     keys = KeySettings(**{name: values.pop(name) for name in KEY_FIELDS})
-    return RedisLockSettings(redis=redis, keys=keys, **values)
+    return RedisLockSettings(redis=redis, keys=keys, adaptive=adaptive, **values)
+
+
+def _adaptive(values: dict[str, Any]) -> AdaptiveSettings:
+    """REDISLOCK_ADAPTIVE's names are capped stages or "keys" (with capped keys), and the minimum
+    is no higher than any cap it applies to; a quorum of masters has no adaptive limit."""
+    named = values.pop("adaptive")
+    capped = {stage for stage, limit in values["stages"].items() if limit is not None}
+    key_capped = values["stage_key"] is not None and (
+        values["key_limit"] is not None or any(v is not None for v in values["key_limits"].values())
+    )
+    if named is True:
+        named = (*sorted(capped), *(("keys",) if key_capped else ()))
+    elif named is False:
+        named = ()
+    for name in named:
+        if name == "keys" and not key_capped:
+            raise ConfigError(
+                "REDISLOCK_ADAPTIVE names 'keys' but no key is capped: set REDISLOCK_STAGE_KEY "
+                "and REDISLOCK_KEY_LIMIT (the ceiling of every key's adaptive limit)"
+            )
+        if name != "keys" and name not in capped:
+            raise ConfigError(
+                f"REDISLOCK_ADAPTIVE names {name!r}, which is not a capped stage of "
+                f"REDISLOCK_STAGES (capped: {sorted(capped)}; 'keys' for the keys): its cap is the "
+                "ceiling of its adaptive limit"
+            )
+    minimum = values.pop("adaptive_min")
+    ceilings = {f"stage {n!r}": values["stages"][n] for n in named if n != "keys"}
+    if "keys" in named:
+        ceilings.update({f"key {k!r}": v for k, v in values["key_limits"].items() if v})
+        if values["key_limit"] is not None:
+            ceilings["REDISLOCK_KEY_LIMIT"] = values["key_limit"]
+    for what, ceiling in sorted(ceilings.items()):
+        if ceiling is not None and ceiling < minimum:
+            raise ConfigError(
+                f"REDISLOCK_ADAPTIVE_MIN = {minimum} is above the cap of {what} ({ceiling}), the "
+                "ceiling of its adaptive limit"
+            )
+    if named and values["masters"]:
+        raise ConfigError(
+            "REDISLOCK_ADAPTIVE is not available with a quorum of masters (REDISLOCK_URL a list): "
+            "its limit would have to move on every master at once"
+        )
+    return AdaptiveSettings(
+        adaptive=frozenset(named),
+        adaptive_min=minimum,
+        adaptive_window=values.pop("adaptive_window"),
+        retry_after=values.pop("retry_after"),
+        retry_after_default=values.pop("retry_after_default"),
+    )
 
 
 def _connection(settings: BaseSettings, url: Any, params: Any) -> dict[str, Any]:

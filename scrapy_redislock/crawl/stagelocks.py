@@ -99,13 +99,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from scrapy_redislock._redis import AsyncRedisClient, Backoff, text
+from scrapy_redislock.crawl.adaptive import Adaptation
 from scrapy_redislock.crawl.deployment import deployment_of
 from scrapy_redislock.crawl.lifecycle import Lifecycle
 from scrapy_redislock.crawl.reach import REDIS_ERRORS, first_answer, no_quorum
 from scrapy_redislock.crawl.renewer import gather_bounded
 from scrapy_redislock.crawl.requestslots import RequestSlots, SlotPermit
 from scrapy_redislock.crawl.waitreports import WaitReports
-from scrapy_redislock.errors import AcquireTimeout, QuorumNotReached, UnknownStage
+from scrapy_redislock.errors import AcquireTimeout, Paused, QuorumNotReached, UnknownStage
 from scrapy_redislock.lock.interface import AsyncLock
 from scrapy_redislock.lock.permit import LockKeys
 
@@ -171,6 +172,16 @@ class StageLocks:
         self.closed = False
         self.lifecycle = Lifecycle(self)
         self.slots = RequestSlots(self)
+        # adaptive limits and Retry-After pauses (REDISLOCK_ADAPTIVE, REDISLOCK_RETRY_AFTER)
+        self.adaptation: Adaptation | None = None
+        if settings.adaptive.needed and not lock_prefix:  # request stages (not workers: stages)
+            self.adaptation = Adaptation(self.client, settings, self._ceiling, stats=self.stats)
+            self.add_tick_hook(self.adaptation.tick)
+
+    def _ceiling(self, name: str) -> int | None:
+        """The configured cap of an adaptive stage: its controller's maximum (None: not
+        adaptive)."""
+        return self.limits.get(name) if self.settings.adaptive.adapts(stage=name) else None
 
     def _make_lock(self, name: str, limit: int) -> StageLock:
         """A stage's lock: the single-Redis lock, or the quorum lock over the masters of
@@ -241,6 +252,11 @@ class StageLocks:
         for stage, lock in self.locks.items():
             limit = self.limits[stage]
             assert limit is not None
+            if self.settings.adaptive.adapts(stage=stage):
+                # its controller moves the limit: made at the minimum, never reset by a start
+                if await lock.get_limit() is None:
+                    await lock.set_limit(min(limit, self.settings.adaptive.minimum))
+                continue
             try:
                 previous = await lock.set_limit(limit)
             except QuorumNotReached as exc:
@@ -316,6 +332,13 @@ class StageLocks:
                 except AcquireTimeout:
                     self.stats.inc_value(f"{self.stats_prefix}/{stage}/timeouts")
                     raise
+                except Paused as paused:  # a Retry-After paused a key's starts: wait it out
+                    if deadline is not None and time.monotonic() + paused.wait > deadline:
+                        self.stats.inc_value(f"{self.stats_prefix}/{stage}/timeouts")
+                        raise AcquireTimeout(
+                            f"stage {stage!r}: paused beyond the wait's {timeout} s"
+                        ) from paused
+                    await asyncio.sleep(paused.wait)
                 except REDIS_ERRORS as exc:
                     if self.closed:
                         raise
@@ -429,4 +452,6 @@ class StageLocks:
     async def close(self) -> None:
         """Cancel every wait, then free every permit and waiter of this process: one aclose() per
         stage (see :meth:`Lifecycle.close <scrapy_redislock.crawl.lifecycle.Lifecycle.close>`)."""
+        if self.adaptation is not None:
+            self.adaptation.close()
         await self.lifecycle.close()

@@ -21,21 +21,23 @@ that were not overload answers), ``noload`` the estimate of the latency with no 
 
 1. Overload first (AIMD): when 429/503 answers plus errors (timeouts, connection errors) are more
    than ``overload_threshold`` (1%) of the window's outcomes, ``limit = limit * backoff`` (0.75).
-2. Else Vegas: ``queue = in_flight * (1 - noload / rtt)``, the requests waiting at the site. Below
-   ``alpha`` (0.5) the limit grows by 1, unless it was not used ("app limited": mean in-flight
-   below ``app_limited`` (0.5) of the limit applied): a limit nobody fills says nothing about the
-   site. When the queue is above ``beta`` (1.5) by more than ``confidence`` (2) standard errors
-   (the window knows its own: it sums the squares of the latencies too), it shrinks by
-   ``max(1, shrink_gain * excess)`` (gain 0.5: a big queue is halved towards ``beta`` in one
-   window, a small one costs one slot), at most down to ``limit * backoff``. Else it holds. With
-   exact latencies the error is 0 and this is Vegas as is; with real, noisy ones a single slow
-   window is no queue (without it, in a simulation whose latencies scattered with a coefficient of
-   variation of 1, the limit stayed near 6 whatever the capacity, from 8 to 60).
+2. Else Vegas: ``queue = in_flight * (1 - noload / rtt)``, the requests waiting at the site.
+   Below ``alpha`` (0.3) the limit grows by 1, unless it was not used ("app limited": mean
+   in-flight below ``app_limited`` (0.5) of the limit applied): a limit nobody fills says nothing
+   about the site. When the queue is above ``beta`` (0.6) by more than ``confidence`` (2)
+   standard errors (the window knows its own: it sums the squares of the latencies too), it
+   shrinks by ``max(1, shrink_gain * excess)`` (gain 0.5: a big queue is halved towards ``beta``
+   in one window, a small one costs one slot), at most down to ``limit * backoff``. Else it holds.
+   With exact latencies the error is 0 and this is Vegas as is; with real, noisy ones a single
+   slow window is no queue (without it, in a simulation whose latencies scattered with a
+   coefficient of variation of 1, the limit stayed near 6 whatever the capacity, from 8 to 60).
 3. ``noload`` is the minimum window latency since the last *probe*, where a window lowers it
-   only when it is lower by more than ``confidence`` standard errors (of the difference): the
-   plain minimum of noisy means sits 10 to 15% below the truth after a few dozen windows, which
-   inflates the queue estimate in proportion to the limit, so that in a simulation growth stalled
-   at 15 to 30 for a capacity of 60. Every ``probe_every`` (30)
+   only when it is lower by more than ``confidence`` standard errors (of the difference), or lower
+   and measured more precisely (a first window of a few requests, some opening connections, is no
+   estimate: in a real crawl one such window kept ``noload`` 20% high, and the limit 3 above K,
+   until the next probe): the plain minimum of noisy means sits 10 to 15% below the truth after a
+   few dozen windows, which inflates the queue estimate in proportion to the limit, so that in a
+   simulation growth stalled at 15 to 30 for a capacity of 60. Every ``probe_every`` (30)
    windows the applied limit drops to ``probe_fraction`` (0.5) of the limit for two windows (the
    first drains the site's queue, the second measures), and the second window's latency *replaces*
    ``noload``: so it can rise again, and a site that got slower is re-measured (Envoy re-measures
@@ -51,20 +53,25 @@ that were not overload answers), ``noload`` the estimate of the latency with no 
 **What it converges to.** Against a site serving K requests at once, each in ``base``, the rest
 waiting FIFO (latency ``base * in_flight / K`` past K) and 503 past 2K: with ``noload = base`` the
 queue estimate is ``in_flight * (1 - K / in_flight) = in_flight - K`` past K, and 0 up to K. So the
-limit grows by one a window up to K + 1, where ``queue = 1`` lies between ``alpha`` and ``beta``
-and it holds; at K + 2 (``queue = 2 > beta``) it would shrink back. It settles at K + 1 (K when a
-decrease left a fraction below K + 1: floor), one request waiting at the site: the site's best
-throughput, a latency ``1 / K`` above ``base``. From the minimum 1 to K + 1 takes K windows (the
-first window, at the minimum, is its own no-load measurement). When K drops from 8 to 4, 9 in
-flight is past 2K: 503s, ``* 0.75`` to 6.75 (6 applied, queue 2), a shrink to 5.75 (5, queue 1):
-back at K + 1 in 2 windows; when K rises again, the latency falls to ``base`` and the limit grows
-by one a window (tests/lock/test_adaptive.py). Growth is additive: K windows to find K, from the
-minimum.
+limit grows by one a window up to K + 1; there ``queue = 1`` is above ``beta`` and it goes back to
+K, where the queue is 0, below ``alpha``: it moves between K and K + 1, the site full, at most one
+request waiting (tests/lock/test_adaptive.py). ``alpha`` and ``beta`` are well below Vegas's usual
+3 and 6: the goal here is the site's capacity itself, which real crawls of bench/adaptive.py's
+capacity site (K = 8) show: with ``beta`` 1.5 the limit held at K + 2 and the site's in flight at
+K + 1.3 on average, with ``beta`` 1.0 at K + 2 too (a queue estimate of 1.1 to 1.2, not
+significantly above 1); with 0.3 / 0.6 at K + 1, the site's in flight at K + 0.7. From the
+minimum 1 to K + 1 takes K windows (the first window, at the minimum, is its own no-load
+measurement). When K drops from 8 to 4, 9 in flight is past 2K: 503s, ``* 0.75`` to 6.75 (6
+applied, queue 2), then shrinks: back at K or K + 1 in 2 windows; when K rises again, the latency
+falls to ``base`` and the limit grows by one a window. Growth is additive: K windows to find K,
+from the minimum.
 
-**With noisy latencies** (simulated log-normal, a coefficient of variation of 0.5 to 1; 5 seeds,
-300 windows each), the median limit is K + 1 to K + 7 for K from 4 to 60 with 100 ms pages, and
-overload windows are rare (2 in 2,500 at K = 4). With 1 s pages a window holds ten times fewer
-latencies and the spread widens (K = 60: medians 36 to 70): a longer ``window`` is the remedy.
+**With noisy latencies** (simulated log-normal; 5 seeds, 300 windows each, the medians of each
+run's limit after 60 windows): with 100 ms pages and a coefficient of variation of 0.5, medians of
+4-5 for K = 4, 8-9 for K = 8, 15-17 for K = 16, but 16-38 for K = 60; with a coefficient of 1,
+8-9 for K = 8 and 11-26 for K = 60; with 1 s pages (ten times fewer latencies a window) and a
+coefficient of 1, 1-6 whatever K. The noisier the site and the fewer its answers per window, the
+lower the limit stays: a longer ``window`` (REDISLOCK_ADAPTIVE_WINDOW) is the remedy.
 
 **Why many processes do not make it unstable.** Their samples are merged into ONE window per
 period (the counters add up in Redis), so the controller sees the window it would see from one
@@ -143,8 +150,8 @@ class AdaptiveParams:
     maximum: int = 64
     window: float = 1.0  # seconds (on Redis's clock) of one window, at least
     min_samples: int = 10  # outcomes a window needs before it is due (a slow site's are longer)
-    alpha: float = 0.5  # grow while fewer requests than this wait at the site
-    beta: float = 1.5  # shrink while more than this wait
+    alpha: float = 0.3  # grow while fewer requests than this wait at the site
+    beta: float = 0.6  # shrink while more than this wait
     confidence: float = 2.0  # shrink only on a queue this many standard errors above beta
     shrink_gain: float = 0.5  # shrink by max(1, shrink_gain * the queue's excess)
     backoff: float = 0.75  # limit * backoff on overload; also the most one Vegas step may cut
@@ -361,8 +368,14 @@ def next_state(state: ControllerState, window: Window, params: AdaptiveParams) -
         if low_load and not overloaded:
             # measured at low load: replaces the estimate, up or down
             noload, noload_error, since_probe = rtt, error, 0
-        elif noload <= 0 or rtt + params.confidence * math.hypot(error, noload_error) < noload:
-            noload, noload_error = rtt, error  # significantly lower: the site got faster
+        elif (
+            noload <= 0
+            or rtt + params.confidence * math.hypot(error, noload_error) < noload
+            or (rtt < noload and error < noload_error)
+        ):
+            # significantly lower (the site got faster), or lower and measured more precisely (a
+            # first window of a few requests, some of them opening connections, is no estimate)
+            noload, noload_error = rtt, error
     if overloaded:
         limit *= params.backoff
         probe = NOT_PROBING  # a probe under overload measured nothing: it starts over, lower
@@ -404,10 +417,12 @@ class Estimate:
 def _vegas(
     state: ControllerState, used: float, estimate: Estimate, params: AdaptiveParams
 ) -> float:
-    """Grow by one on no queue (unless app limited), shrink on a queue significantly above
-    ``beta``, else hold."""
+    """Grow by one on a queue below ``alpha`` that is also significantly below ``beta`` (unless
+    app limited), shrink on one significantly above ``beta``, else hold: a noisy window moves the
+    limit down only on a clear queue, and up only where it cannot be one past ``beta``."""
     queue, error = estimate.queue(used)
-    excess = queue - params.confidence * error - params.beta
+    margin = params.confidence * error
+    excess = queue - margin - params.beta
     limit = state.limit
     if excess > 0:
         return max(limit - max(1.0, params.shrink_gain * excess), limit * params.backoff)
@@ -458,14 +473,15 @@ class LogRecord:
 
 
 def report(
-    keys: LockKeys, sample: Sample, params: AdaptiveParams, span: float = 0.0
+    keys: LockKeys, sample: Sample, params: AdaptiveParams, span: float = 0.0, light: bool = False
 ) -> Operation[Due | None]:
     """Merge ``sample``, measured over the last ``span`` seconds (0: unknown, merged whole), into
     the lock's current window; the window, state and version when the window is due (then compute
-    :func:`next_state` and :func:`commit` it), else None."""
+    :func:`next_state` and :func:`commit` it), else None. ``light``: a key's lock, which may be on
+    its light path (lock/light.py)."""
     reply = yield RunScript(
         "adapt_report",
-        (keys.adapt, keys.slots, keys.meta),
+        (keys.adapt, keys.slots, keys.meta, *((keys.light,) if light else ())),
         (
             sample.responses,
             repr(float(sample.latency_sum)),
@@ -517,6 +533,7 @@ def commit(
     window: Window,
     params: AdaptiveParams,
     durable: bool = False,
+    light: bool = False,
 ) -> Operation[bool]:
     """Store ``new_state`` if the controller is still at ``version``, apply its limit to the lock
     (unless an operator pinned it) and log ``window``; False when another process committed this
@@ -525,7 +542,7 @@ def commit(
     latency, in_flight = window.mean_latency, window.mean_in_flight
     applied = yield RunScript(
         "adapt_commit",
-        (keys.adapt, keys.adapt_log, keys.slots, keys.meta),
+        (keys.adapt, keys.adapt_log, keys.slots, keys.meta, *((keys.light,) if light else ())),
         (
             version,
             repr(new_state.limit),
@@ -554,16 +571,23 @@ def update(
     params: AdaptiveParams,
     span: float = 0.0,
     durable: bool = False,
+    light: bool = False,
 ) -> Operation[ControllerState | None]:
     """Report ``sample`` (measured over ``span`` seconds); when the window is due, compute and
     commit the next state. Returns the state this call committed (a pinned controller stored the
     pin instead), None when the window was not due or another process was first."""
-    due = yield from report(keys, sample, params, span)
+    due = yield from report(keys, sample, params, span, light)
     if due is None:
         return None
     new = next_state(due.state, due.window, params)
-    done = yield from commit(keys, due.state.version, new, due.window, params, durable)
+    done = yield from commit(keys, due.state.version, new, due.window, params, durable, light)
     return new if done else None
+
+
+def unpin(keys: LockKeys) -> Operation[bool]:
+    """Let the lock's controller move its limit again after ``set-limit`` pinned it; whether there
+    was a pin."""
+    return bool((yield RunScript("adapt_unpin", (keys.adapt,), ())))
 
 
 def history(keys: LockKeys, count: int = 600) -> Operation[list[LogRecord]]:

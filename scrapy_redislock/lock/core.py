@@ -72,6 +72,8 @@ SCRIPT_NAMES = (
     "delay",
     "start",
     "late_start",
+    "pause",
+    "adapt_unpin",
     "light_take",
     "light_release",
     "light_renew",
@@ -383,7 +385,7 @@ class LockCore:
         new = check_limit(limit)
         previous = yield self._script(
             "set_limit",
-            (self.keys.slots, self.keys.meta, *self._light_keys[:1]),
+            (self.keys.slots, self.keys.meta, self.keys.adapt, *self._light_keys[:1]),
             new,
             self.ttl_ms,
             "1" if recover else "0",

@@ -83,5 +83,18 @@ def push_start(keys: LockKeys, at: float, lateness: float, gap: float) -> Operat
     return bool(reply)
 
 
+def pause_starts(keys: LockKeys, seconds: float, light: bool = False) -> Operation[float]:
+    """No start of the stage or key before ``seconds`` from now on Redis's clock, for every process
+    (a site's Retry-After): its gate and next confirmed start move there, and with ``light`` its
+    light path (lock/light.py) refuses takes until then. Returns the end of the pause (seconds
+    since the epoch, Redis's clock): this one, or a later one already in place."""
+    reply = yield RunScript(
+        "pause",
+        (keys.gate, keys.started, *((keys.light,) if light else ())),
+        (_micros(seconds),),
+    )
+    return int(text(reply)) / 1_000_000
+
+
 def _micros(seconds: float) -> int:
     return max(0, round(seconds * 1_000_000))

@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from scrapy_redislock._redis import text
+from scrapy_redislock.errors import Paused
 from scrapy_redislock.lock.permit import Permit, fence_of
 from scrapy_redislock.lock.protocol import Operation, RunScript
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 # is held.
 STREAM = "stream"
 FULL = "full"
+PAUSED = "paused"  # a Retry-After paused the key's starts (lock/delay.py: pause_starts)
 
 
 class LightGrants:
@@ -55,9 +57,14 @@ class LightGrants:
         self.made += 1
         sent_at = core.clock()
         permit = Permit(core.name, core.owner, f"L{self.made}", 0, sent_at, light=True)
-        granted, why = text(
+        granted, why, *paused = text(
             (yield RunScript("light_take", (core.keys.light,), (limit, permit.token, core.ttl_ms)))
         )
+        if why == PAUSED:
+            until, now = (int(value) / 1000 for value in paused)
+            raise Paused(
+                f"lock {core.name!r}: starts paused for {until - now:.3f} s", until, until - now
+            )
         if not int(granted):
             return str(why)
         permit.leased(sent_at, core.ttl_ms / 1000)

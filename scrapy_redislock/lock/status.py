@@ -33,6 +33,7 @@ MAX_LISTED = 10_000
 # the light path's members that are not grants (scripts/_lib.lua)
 LIGHT_LIMIT = "#limit"
 LIGHT_STREAM = "~stream"
+LIGHT_PAUSE = "~pause"
 
 
 @dataclass
@@ -249,6 +250,7 @@ def _light(stage: str, members: Any) -> StageStatus | None:
     scores = {str(text(member)): float(score) for member, score in members}
     limit = scores.pop(LIGHT_LIMIT, None)
     scores.pop(LIGHT_STREAM, None)
+    scores.pop(LIGHT_PAUSE, None)
     grants = []
     for token, ends in sorted(scores.items()):
         owner, _, grant = token.rpartition("/")

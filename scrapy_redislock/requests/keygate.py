@@ -50,7 +50,7 @@ from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, ConfirmedStart, Key
 from scrapy_redislock.crawl.keys import request_key
 from scrapy_redislock.crawl.ledger import PermitLedger
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
-from scrapy_redislock.errors import KeyFunctionError
+from scrapy_redislock.errors import KeyFunctionError, Paused
 
 START_META = "redislock_start_at"  # the confirmed start, on Redis's clock (seconds since the epoch)
 
@@ -99,7 +99,8 @@ class KeyGate:
         capped = key is not None and self.settings.keys.limit_of(key) is not None
         stage_delay = self.settings.delay_of(stage, stage=True) if stage is not None else 0.0
         key_delay = self.settings.delay_of(key) if key is not None else 0.0
-        if not (capped or stage_delay or key_delay):
+        paused_stage = self._pausable_stage(stage)
+        if not (capped or stage_delay or key_delay or paused_stage):
             return None
         return self._through(request, stage, key if capped else None, stage_delay, key, key_delay)
 
@@ -116,8 +117,34 @@ class KeyGate:
             await self._take_slot(request, capped)
         if stage_delay and stage is not None:
             await self._delay(request, stage, stage_delay)
+        elif stage is not None and self._pausable_stage(stage):
+            await self._pause_check(stage)
         if key_delay and key is not None:
             await self._delay(request, f"{KEY_LOCK_PREFIX}{key}", key_delay)
+        elif capped is not None and self._queued_key(request):
+            await self._pause_check(f"{KEY_LOCK_PREFIX}{capped}")
+
+    def _pausable_stage(self, stage: str | None) -> bool:
+        """A capped stage's starts may be paused by a Retry-After (REDISLOCK_RETRY_AFTER)."""
+        return (
+            self.settings.adaptive.retry_after
+            and stage is not None
+            and self.settings.stages.get(stage) is not None
+        )
+
+    def _queued_key(self, request: Request) -> bool:
+        """The request's key slot came from the key's stream (not its light path, whose take
+        checks a pause itself), and Retry-After pauses are on."""
+        permit = self.permits.permit_of(request)
+        light = getattr(permit, "light", False)  # a QuorumPermit never is
+        return self.settings.adaptive.retry_after and permit is not None and not light
+
+    async def _pause_check(self, name: str) -> None:
+        """Wait while a Retry-After pauses the starts of ``name`` (a start with no gap: one script
+        of 4 commands when nothing is paused)."""
+        start = await self.locks.wait_start(name, 0.0)
+        if start.waited:
+            self.crawler.stats.inc_value("redislock/retry_after/waits")
 
     async def _take_now(self, key: str) -> SlotPermit | None:
         """One look (a free key's slot in one script: lock/light.py); None to wait for one (in
@@ -125,7 +152,7 @@ class KeyGate:
         Redis errors)."""
         try:
             return await self.locks.try_take(key)
-        except REDIS_ERRORS:
+        except (*REDIS_ERRORS, Paused):  # the wait below retries, or waits the pause out
             return None
 
     def hand(self, request: Request, permit: SlotPermit) -> None:

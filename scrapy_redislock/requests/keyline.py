@@ -15,6 +15,8 @@ scheduler:
   stay queued and take none of CONCURRENT_REQUESTS, while other keys' requests go past them. A slot
   the wait gets is kept for the key's next request, which the sub-queue then lets go; the wait goes
   on while the key has more requests queued than slots kept.
+- A key whose starts a site's Retry-After paused (the take says so: lock/delay.py's pause_starts)
+  keeps its requests queued until the pause ends, then takes again.
 - A slot kept for a key whose requests are gone, or that is no longer usable, goes back to Redis at
   the next renewal tick; a wait that runs out of REDISLOCK_WAIT_TIMEOUT fails the key's next
   request with AcquireTimeout, as a wait in the middleware would.
@@ -41,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy_redislock.crawl.engine import downloader_active, wake_engine
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
-from scrapy_redislock.errors import AcquireTimeout
+from scrapy_redislock.errors import AcquireTimeout, Paused
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -78,6 +80,8 @@ class KeyLine:
         self.ready: deque[Request] = deque()  # got their slot meanwhile: the engine's next
         self.kept: dict[str, deque[SlotPermit | BaseException]] = {}  # per key: for its next
         self.waits: dict[str, asyncio.Task[None]] = {}  # one wait per key, while it has a queue
+        # keys whose starts a Retry-After paused: until the timer ends it
+        self.paused: dict[str, asyncio.TimerHandle] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         # waits under way at once: each blocks one connection
         self.connections = asyncio.Semaphore(max(1, self.room))
@@ -97,6 +101,8 @@ class KeyLine:
     def blocked(self, key: str) -> bool:
         """No request of ``key`` may leave for a take now: a wait for it is under way here and
         keeps nothing yet, or this process already holds or takes the key's limit of it."""
+        if key in self.paused:
+            return True
         if self.kept.get(key):
             return False
         limit = self.settings.keys.limit_of(key)
@@ -169,11 +175,14 @@ class KeyLine:
         """One take in Redis for ``request``: it goes with the slot, or back to its key's queue
         while a wait for the key starts."""
         started = time.monotonic()
+        paused: Paused | None = None
         try:
             permit = await self.locks.try_take(key)
         except REDIS_ERRORS as exc:
             logger.warning("Taking a slot of key %r: Redis error (%s); it waits", key, exc)
             permit = None
+        except Paused as exc:
+            permit, paused = None, exc
         finally:
             self.looking.pop(request, None)
             self._load = None
@@ -186,9 +195,24 @@ class KeyLine:
             self.gate.record(time.monotonic() - started)
             self.gate.hand(request, permit)
             self.ready.append(request)
+        elif paused is not None:
+            self.requeue(request, key)
+            self._pause(key, paused.wait)
         else:
             self.requeue(request, key)
             self._wait_for(key)
+        wake_engine(self.crawler)
+
+    def _pause(self, key: str, seconds: float) -> None:
+        """A Retry-After paused the key's starts: its requests stay queued until then."""
+        if key in self.paused:
+            return
+        loop = asyncio.get_running_loop()
+        self.paused[key] = loop.call_later(seconds, self._unpause, key)
+
+    def _unpause(self, key: str) -> None:
+        self.paused.pop(key, None)
+        self._load = None
         wake_engine(self.crawler)
 
     def _wait_for(self, key: str) -> None:
@@ -253,6 +277,9 @@ class KeyLine:
         self.closed = True
         for task in list(self.tasks):
             task.cancel()
+        for timer in self.paused.values():
+            timer.cancel()
+        self.paused.clear()
         for kept in self.kept.values():
             for outcome in kept:
                 if not isinstance(outcome, BaseException):

@@ -68,6 +68,7 @@ from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.crawl.stages import check_stage_names, stage_of
 from scrapy_redislock.errors import AcquireTimeout, ConfigError, ThrottlingDisabled, UnknownStage
 from scrapy_redislock.requests.keygate import KeyGate
+from scrapy_redislock.requests.outcomes import Outcomes
 
 if TYPE_CHECKING:
     from typing import Self
@@ -126,6 +127,8 @@ class StageLockMiddleware:
         self.locks = StageLocks.of(crawler, self.settings)
         # keys and delays
         self.gate = KeyGate.of(crawler, self.settings) if self.settings.keyed else None
+        # what the adaptive limits learn from answers, and the pauses Retry-After asks for
+        self.outcomes = Outcomes(crawler, self.settings, self.locks, self.gate)
         self.locks.add_waiting_source(self.waiting.__getitem__)
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
@@ -312,12 +315,16 @@ class StageLockMiddleware:
     def process_response(
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Response:
+        if self.locks is not None:
+            self.outcomes.response(request, response)
         self._release(request)
         return response
 
     def process_exception(
         self, request: Request, exception: Exception, spider: Spider | None = None
     ) -> None:
+        if self.locks is not None:
+            self.outcomes.exception(request, exception)
         self._release(request)
 
     def request_left(self, request: Request, spider: Spider) -> None:
@@ -332,6 +339,7 @@ class StageLockMiddleware:
         from a cache, or raised IgnoreRequest)."""
         if self.locks is None:
             return
+        self.outcomes.releasing(request)
         if self.gate is not None:
             self.gate.release(request)
         self.locks.slots.finish(request)

@@ -417,7 +417,7 @@ def test_set_limit_of_an_unknown_stage_needs_create(
             2,
             "--ttl must be a number of seconds",
         ),
-        (["set-limit", "detail"], 2, "the following arguments are required: N"),
+        (["set-limit", "detail"], 2, "N is missing (or --adaptive to lift a pin)"),
         (["status", "--watch", "0"], 2, "--watch takes a number of seconds > 0, got '0'"),
         (["status", "--count", "2"], 2, "--count needs --watch"),
         (["release", "nope", "someone", "--yes"], 1, "unknown stage 'nope'"),

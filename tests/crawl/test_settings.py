@@ -17,6 +17,7 @@ from scrapy_redislock.crawl import defaults
 from scrapy_redislock.crawl.settings import (
     DEFAULT_CLIENT_PARAMS,
     PARSERS,
+    AdaptiveSettings,
     ConnectionSettings,
     KeySettings,
     RedisLockSettings,
@@ -179,7 +180,7 @@ def field_of(read: RedisLockSettings, field: str) -> Any:
 
 
 def test_the_table_has_a_parser_and_a_field_for_each_setting() -> None:
-    groups = (RedisLockSettings, ConnectionSettings, KeySettings)
+    groups = (RedisLockSettings, ConnectionSettings, KeySettings, AdaptiveSettings)
     fields = {f.name for group in groups for f in dataclasses.fields(group)} - {"redis", "keys"}
     for setting in defaults.TABLE:
         assert setting.kind in PARSERS, setting.name

@@ -101,33 +101,37 @@ def limits(trace: list[ControllerState]) -> list[int]:
 
 @pytest.mark.parametrize("capacity", [2, 5, 8, 20])
 def test_converges_from_the_minimum_to_k_plus_one_in_k_windows(capacity: int) -> None:
-    """One more a window up to K + 1 (queue estimate in_flight - K = 1: between alpha and beta),
-    then it holds, but for the probes' two windows at half the limit every probe_every windows."""
+    """One more a window up to K + 1 (no queue below it), then between K and K + 1 (the queue
+    estimate in_flight - K is 1 at K + 1: above beta, one less; 0 at K: below alpha, one more),
+    but for the probes' two windows at half the limit every probe_every windows."""
     trace = run(FluidSite(capacity), 3 * PARAMS.probe_every)
     assert limits(trace)[:capacity] == list(range(2, capacity + 2))
     settled = trace[capacity - 1 :]
-    assert {s.applied for s in settled if s.probe == NOT_PROBING} == {capacity + 1}
-    assert {s.limit for s in settled} == {capacity + 1.0}
+    held = {s.applied for s in settled if s.probe == NOT_PROBING}
+    assert held == {capacity, capacity + 1}
     probing = [s.applied for s in settled if s.probe != NOT_PROBING]
-    assert set(probing) == {max(1, (capacity + 1) // 2)} and len(probing) == 2 * 2
+    assert set(probing) <= {max(1, capacity // 2), max(1, (capacity + 1) // 2)}
+    assert len(probing) == 2 * 2
     assert all(s.noload == pytest.approx(0.1) for s in trace)
 
 
 def test_reconverges_when_the_capacity_drops_and_comes_back() -> None:
-    """K 8 -> 4: 9 in flight is past 2K (503s): * 0.75 -> 6 (queue 2), -1 -> 5 (queue 1), in 2
-    windows; K 4 -> 8: no queue at 5, one more a window up to 9, in 4."""
+    """K 8 -> 4: 9 in flight is past 2K (503s): * 0.75 -> 6 (queue 2), -1 -> 5, in 2 windows,
+    then between 4 and 5; K 4 -> 8: no queue, one more a window up to 9, in 4 or 5."""
     site = FluidSite(8)
     state = run(site, 10)[-1]
-    assert state.applied == 9
+    assert state.applied in (8, 9)
+    state = replace(state, limit=9.0, applied=9)  # from K + 1: the 503s of 9 past 2K = 8
     site.capacity = 4
     dropped = run(site, 10, state=state)
     assert limits(dropped)[:2] == [6, 5]
     assert dropped[0].limit == pytest.approx(9 * 0.75)
-    assert set(limits(dropped)[1:]) == {5}
+    assert set(limits(dropped)[1:]) == {4, 5}
     site.capacity = 8
     risen = run(site, 10, state=dropped[-1])
-    assert limits(risen)[:4] == [6, 7, 8, 9]
-    assert set(limits(risen)[3:]) == {9}
+    up = limits(risen)
+    assert up[: up.index(9) + 1] == list(range(up[0], 10)) and up.index(9) <= 4
+    assert set(up[up.index(9) :]) == {8, 9}
 
 
 def test_overload_decreases_multiplicatively_down_to_the_minimum() -> None:
@@ -198,8 +202,9 @@ def test_a_noisy_window_is_no_queue() -> None:
 
 def test_noisy_latencies_settle_near_the_capacity() -> None:
     """Latencies scattered as much as they are on real sites (log-normal, a coefficient of
-    variation of 0.5; a seeded generator): the limit stays near K + 1 (a mean of 9.2 here, 4 at
-    the lowest, 11 at the highest; means of 9.2 to 10.0 over other seeds)."""
+    variation of 0.5; a seeded generator): the limit stays near K to K + 1 (a mean of 8.6 here,
+    96% of the windows in [K - 2, K + 1], 10 at the highest and 2 once, after a window that
+    looked like a queue; means of 8.4 to 8.7 over seeds 1 to 4)."""
     rng = random.Random(7)
     site, state = FluidSite(8), ControllerState.initial(1)
     seen = []
@@ -213,8 +218,9 @@ def test_noisy_latencies_settle_near_the_capacity() -> None:
         if state.probe == NOT_PROBING:
             seen.append(state.applied)
     settled = seen[30:]
-    assert 8.5 <= sum(settled) / len(settled) <= 10.5
-    assert min(settled) >= 4 and max(settled) <= 11
+    assert 8 <= sum(settled) / len(settled) <= 9.5
+    assert sum(1 for limit in settled if 6 <= limit <= 9) >= 0.9 * len(settled)
+    assert max(settled) <= 10
 
 
 def test_a_site_that_got_slower_is_measured_again_by_the_probe() -> None:
@@ -222,28 +228,28 @@ def test_a_site_that_got_slower_is_measured_again_by_the_probe() -> None:
     measures the new no-load latency (it can rise), and the limit comes back to K + 1."""
     site = FluidSite(8)
     trace = run(site, 12)
-    assert trace[-1].applied == 9
+    assert trace[-1].applied in (8, 9)
     site.base = 0.2
     slower = run(site, PARAMS.probe_every + 15, state=trace[-1])
     assert min(limits(slower)) < 5
     measured = next(i for i, s in enumerate(slower) if s.noload == pytest.approx(0.2))
-    # the probe was due PARAMS.probe_every windows after the last one (window 1)
+    # the probe was due PARAMS.probe_every windows after the last one (window 1): a probe, or, at a
+    # limit as low as a probe's, a window measured in place
     assert measured <= PARAMS.probe_every
-    assert slower[measured - 1].probe == MEASURING and slower[measured - 2].probe == DRAINING
     back = next(i for i, s in enumerate(slower) if i > measured and s.applied == 9)
     assert back - measured <= 9
-    assert set(limits(slower)[back:]) == {9}
+    assert set(limits(slower)[back:]) == {8, 9}
 
 
 def test_a_controller_at_a_high_limit_that_measured_nothing_probes_first() -> None:
     """Re-initialised from a lock's limit of 20 against K = 8: 20 in flight is past 2K (503s:
     * 0.75 -> 15), and what it learnt came from a queue, so it probes at half (7 <= K: the true
-    no-load latency), then the Vegas queue (15 - 8 = 7) brings it down: 12, 11, 10, 9."""
+    no-load latency), then the Vegas queue (15 - 8 = 7) brings it down: 11, 10, 9."""
     trace = run(FluidSite(8), 2 * PARAMS.probe_every + 5, state=ControllerState.initial(20))
     assert (trace[0].limit, trace[0].applied, trace[0].probe) == (15.0, 7, DRAINING)
     assert trace[1].probe == MEASURING and trace[2].noload == pytest.approx(0.1)
-    assert limits(trace)[2:7] == [15, 12, 11, 10, 9]
-    assert {s.applied for s in trace[6:] if s.probe == NOT_PROBING} == {9}
+    assert limits(trace)[2:6] == [15, 11, 10, 9]
+    assert {s.applied for s in trace[6:] if s.probe == NOT_PROBING} == {8, 9}
 
 
 def test_params_are_checked_with_the_field_and_the_value() -> None:
@@ -252,7 +258,7 @@ def test_params_are_checked_with_the_field_and_the_value() -> None:
         "adaptive maximum must be >= minimum (5), got 4": {"minimum": 5, "maximum": 4},
         "adaptive window must be in [0.001, inf], got 0": {"window": 0},
         "adaptive window must be a finite number, got nan": {"window": float("nan")},
-        "adaptive beta must be in (0.5, inf], got 0.5": {"beta": 0.5},
+        "adaptive beta must be in (0.3, inf], got 0.3": {"beta": 0.3},
         "adaptive backoff must be in (0.0, 1.0), got 1.0": {"backoff": 1.0},
         "adaptive min_samples must be an integer >= 1, got True": {"min_samples": True},
         "adaptive probe_every must be an integer >= 3, got 2": {"probe_every": 2},
@@ -376,7 +382,7 @@ def simulate(
 @pytest.mark.parametrize("processes", [2, 4, 16, 32])
 def test_many_processes_overshoot_no_more_than_one(processes: int) -> None:
     """Samples merged into one window per period, one update per window: the same convergence
-    (K + 1 = 9 after 8 s), the same band (9; 5 within 2 s after K drops to 4 at 20 s), the same
+    (K + 1 = 9 after 8 s), the same band (9; 4 or 5 within 2 s after K drops to 4 at 20 s), the same
     most (9) as one process, with every window committed once. Without clipping each sample to
     the window (the first report of each process after a change was measured partly under the
     previous limit), 16 processes went to 10."""
@@ -391,8 +397,10 @@ def test_many_processes_overshoot_no_more_than_one(processes: int) -> None:
         after = {s.applied for t, s in run if t >= 22 and s.probe == NOT_PROBING}
         return max(steady), round(first), before, after
 
-    assert summary(alone) == (9, 8, {9}, {5})
-    assert summary(trace) == summary(alone)
+    for run_ in (alone, trace):
+        most, first, before, after = summary(run_)
+        assert (most, first, before) == (9, 8, {8, 9})  # K or K + 1
+        assert after and after <= {4, 5}
     assert shared.commits == len({s.version for _, s in trace}) - 1
 
 
@@ -709,7 +717,7 @@ def test_three_processes_through_redis_find_the_capacity(
 ) -> None:
     """The whole loop through the real scripts: three processes, each holding its share of the
     lock's slots (taken from Redis), report what a capacity-4 site gives them (update(): report,
-    and next_state + commit when due); the lock's limit goes 1 -> 5 and stays."""
+    and next_state + commit when due); the lock's limit goes 1 -> 5 and stays at 4 or 5."""
     site = FluidSite(4)
     lock = CountingLock(redis_client, "detail", 1, 30.0, maintain_loop=False)
     locks.append(lock)
@@ -745,7 +753,7 @@ def test_three_processes_through_redis_find_the_capacity(
             lock.release(permit)
         for client in clients:
             client.close()
-    assert seen[:6] == [1, 2, 3, 4, 5, 5]
-    assert set(seen[5:]) == {5}
+    assert seen[:5] == [1, 2, 3, 4, 5]
+    assert set(seen[4:]) == {4, 5}
     records = drive(history(KEYS), runners[0], "x")
-    assert [r.limit for r in reversed(records)][:5] == [2, 3, 4, 5, 5]
+    assert [r.limit for r in reversed(records)][:4] == [2, 3, 4, 5]

@@ -299,6 +299,7 @@ end
 -- 'migrated': token -> grant id); later takers see STREAM_MEMBER and queue there, first come, first served.
 local LIMIT_MEMBER = '#limit'
 local STREAM_MEMBER = '~stream'
+local PAUSE_MEMBER = '~pause'  -- scored by the end of a pause of the key's starts (pause.lua), ms
 local LEASE_FLOOR = 1000000000000  -- scores at or above are lease ends (ms since the epoch), below: the limit
 
 -- The owner of a light token '<owner>/L<n>'.
@@ -322,17 +323,21 @@ local function escalate(light, migrated, slots, meta)
   if redis.call('ZSCORE', light, STREAM_MEMBER) then return end
   local now = now_ms()
   local lease = lease_of(meta)
+  local pause = redis.call('ZSCORE', light, PAUSE_MEMBER)
   local live = redis.call('ZRANGEBYSCORE', light, '(' .. now, '+inf', 'WITHSCORES')
   redis.call('ZREMRANGEBYSCORE', light, LEASE_FLOOR, '+inf')
+  if pause then redis.call('ZADD', light, pause, PAUSE_MEMBER) end
   local limit = tonumber(redis.call('HGET', meta, 'limit'))
   for i = 1, #live, 2 do
     local token, owner = live[i], token_owner(live[i])
-    add_slot(slots)
-    local reply = redis.call('XREADGROUP', 'GROUP', GROUP, owner, 'COUNT', 1, 'STREAMS', slots, '>')
-    local id = reply[1][2][1][1]
-    local idle = math.max(0, lease - (tonumber(live[i + 1]) - now))
-    redis.call('XCLAIM', slots, GROUP, owner, 0, id, 'IDLE', idle, 'JUSTID')
-    redis.call('HSET', migrated, token, id)
+    if token ~= PAUSE_MEMBER then
+      add_slot(slots)
+      local reply = redis.call('XREADGROUP', 'GROUP', GROUP, owner, 'COUNT', 1, 'STREAMS', slots, '>')
+      local id = reply[1][2][1][1]
+      local idle = math.max(0, lease - (tonumber(live[i + 1]) - now))
+      redis.call('XCLAIM', slots, GROUP, owner, 0, id, 'IDLE', idle, 'JUSTID')
+      redis.call('HSET', migrated, token, id)
+    end
   end
   if #live > 0 then change_limit(slots, meta, limit) end
   redis.call('ZADD', light, -1, STREAM_MEMBER)

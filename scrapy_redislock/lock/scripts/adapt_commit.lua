@@ -5,7 +5,9 @@
 -- never revokes a grant) when it is in Redis and its limit differs, and one history record is pushed to the
 -- log, which is bounded and expires. A controller an operator pinned (hash field 'pinned' = a limit) follows
 -- the pin and applies nothing.
--- KEYS[1] adapt hash, KEYS[2] adapt_log list, KEYS[3] the lock's slots stream, KEYS[4] the lock's meta hash
+-- KEYS[1] adapt hash, KEYS[2] adapt_log list, KEYS[3] the lock's slots stream, KEYS[4] the lock's meta hash,
+-- KEYS[5] a key's light zset (optional: the limit is written there too, as the light path's limit, kept while the
+-- controller lives; see _lib.lua)
 -- ARGV[1] the version the state was computed from, ARGV[2] limit (float), ARGV[3] applied (integer limit),
 -- ARGV[4] noload (s), ARGV[5] noload_error (s), ARGV[6] since_probe, ARGV[7] probe,
 -- ARGV[8] the window's mean latency in ms ('' when none), ARGV[9] noload in ms, ARGV[10] overload rate,
@@ -28,6 +30,12 @@ redis.call('HSET', adapt, 'version', string.format('%.0f', tonumber(ARGV[1]) + 1
   'limit', limit, 'applied', applied, 'noload', ARGV[4], 'noload_error', ARGV[5], 'since_probe', ARGV[6],
   'probe', probe)
 redis.call('PEXPIRE', adapt, ARGV[15])
+local light = KEYS[5]
+if light and not pinned then
+  local fresh = redis.call('EXISTS', light) == 0
+  redis.call('ZADD', light, applied, LIMIT_MEMBER)
+  if fresh then redis.call('PEXPIRE', light, ARGV[15]) else extend_expiry(light, now + tonumber(ARGV[15])) end
+end
 if not pinned then
   local previous = tonumber(redis.call('HGET', meta, 'limit') or '')
   if previous and previous ~= applied and lock_exists(slots, meta) then

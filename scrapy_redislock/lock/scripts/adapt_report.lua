@@ -9,7 +9,8 @@
 -- change holds what was measured under that limit only, whoever reports when.
 -- Besides the caller's observations of slots in use, every report adds one of its own: the lock's held grants
 -- (its group's pending count) now, across the cluster, which no process knows.
--- KEYS[1] adapt hash, KEYS[2] the lock's slots stream, KEYS[3] the lock's meta hash
+-- KEYS[1] adapt hash, KEYS[2] the lock's slots stream, KEYS[3] the lock's meta hash, KEYS[4] a key's light zset
+-- (optional: a key on its light path has no stream, its live light grants are its slots in use)
 -- ARGV[1] responses, ARGV[2] their latencies summed (s), ARGV[3] their squares summed,
 -- ARGV[4] overloads (429/503), ARGV[5] errors, ARGV[6] observations of slots in use summed, ARGV[7] their count,
 -- ARGV[8] ms the sample covers up to now (0: unknown, added whole), ARGV[9] window ms,
@@ -46,7 +47,12 @@ local add = {}
 for i = 1, 7 do add[i] = share * tonumber(ARGV[i]) end
 -- the lock's slots in use now (no such stream: the lock is not in Redis, nothing to observe)
 local groups = redis.pcall('XINFO', 'GROUPS', slots)
-if type(groups) == 'table' and not groups.err then
+if KEYS[4] and (type(groups) ~= 'table' or groups.err) then
+  local live = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
+  local pause = tonumber(redis.call('ZSCORE', KEYS[4], PAUSE_MEMBER) or '0')
+  add[6] = add[6] + live - ((pause > now) and 1 or 0)
+  add[7] = add[7] + 1
+elseif type(groups) == 'table' and not groups.err then
   for _, g in ipairs(groups) do
     if info_field(g, 'name') == GROUP then
       add[6] = add[6] + tonumber(info_field(g, 'pending'))

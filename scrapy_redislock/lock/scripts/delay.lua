@@ -14,11 +14,15 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local start = math.max(now, tonumber(redis.call('GET', gate) or '0'))
 local gap = tonumber(ARGV[1])
 local next_start = start + gap
-redis.call('SET', gate, string.format('%.0f', next_start), 'PX', math.max(1, math.ceil((next_start - now) / 1000)))
+if gap > 0 then  -- a gap of 0 only looks (a start checked against a pause: pause.lua)
+    redis.call('SET', gate, string.format('%.0f', next_start), 'PX', math.max(1, math.ceil((next_start - now) / 1000)))
+end
 if start == now then
     local free = tonumber(redis.call('GET', started) or '0')
     if free <= now then
-        redis.call('SET', started, string.format('%.0f', now + gap), 'PX', math.max(1, math.ceil(gap / 1000)))
+        if gap > 0 then
+            redis.call('SET', started, string.format('%.0f', now + gap), 'PX', math.max(1, math.ceil(gap / 1000)))
+        end
         return {'0', string.format('%.0f', now), 1}
     end
     return {string.format('%.0f', free - now), string.format('%.0f', start), 0}

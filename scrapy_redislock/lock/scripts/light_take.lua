@@ -6,7 +6,8 @@
 -- KEYS[1] light zset
 -- ARGV[1] the caller's limit, ARGV[2] the holder's token ('<owner>/L<n>'), ARGV[3] lease ms
 -- Returns {1, lease end (ms since the epoch, Redis's clock)} when granted, {0, 'stream'} when the lock's stream
--- is in use (queue there), {0, 'full'} when every slot is held.
+-- is in use (queue there), {0, 'full'} when every slot is held, {0, 'paused', until (ms), now (ms)} while its
+-- starts are paused (pause.lua).
 -- Costs 5 commands when nobody holds the lock (EVALSHA, TIME, ZCARD, ZADD, PEXPIREAT), 6 when others do.
 local light, token = KEYS[1], ARGV[2]
 local now = now_ms()
@@ -22,7 +23,14 @@ local function grant(first)
 end
 local count = redis.call('ZCARD', light)
 if count == 0 then return grant(true) end
-local marks = redis.call('ZMSCORE', light, LIMIT_MEMBER, STREAM_MEMBER)
+local marks = redis.call('ZMSCORE', light, LIMIT_MEMBER, STREAM_MEMBER, PAUSE_MEMBER)
+local pause = tonumber(marks[3])
+if pause then
+  if pause > now then return {0, 'paused', string.format('%.0f', pause), now} end
+  redis.call('ZREM', light, PAUSE_MEMBER)  -- over: dropped, so that it is not counted as a grant
+  count = count - 1
+  if count == 0 then return grant(true) end
+end
 if marks[2] then return {0, 'stream'} end
 local limit = tonumber(marks[1]) or tonumber(ARGV[1])
 local others = marks[1] and 1 or 0

@@ -2,15 +2,18 @@
 -- it does not exist. Lowering never revokes a grant: surplus free slots are
 -- skipped (and deleted), and the slots of the next releases are not handed out
 -- again (meta 'skip_until' marks them for deletion as they come).
--- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] light zset of a lock met at run time (a key: see _lib.lua):
---   the limit is written there (the zset then lasts until the lock is forgotten), and into the stream when it is
---   in use; the stream is never created here (its first waiter sets it up)
+-- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] the lock's adaptive controller (lock/adaptive.py): while it
+--   lives, the new limit pins it (it measures on, and applies the pin until adapt_unpin.lua),
+-- KEYS[4] light zset of a lock met at run time (a key: see _lib.lua): the limit is written there (the zset then
+--   lasts until the lock is forgotten), and into the stream when it is in use; the stream is never created here
+--   (its first waiter sets it up)
 -- ARGV[1] new limit (integer >= 0), ARGV[2] ttl in ms to create with,
 -- ARGV[3] '1' to create a missing lock in recovery mode (every slot reserved for one lease: see setup.lua),
 -- ARGV[4] '1' if Redis loses no acknowledged write (see check_restart)
 -- Returns the previous limit (-1 if the lock did not exist, or had no limit in Redis).
-local slots, meta, light = KEYS[1], KEYS[2], KEYS[3]
+local slots, meta, adapt, light = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local new = tonumber(ARGV[1])
+if adapt and redis.call('EXISTS', adapt) == 1 then redis.call('HSET', adapt, 'pinned', new) end
 if light then
   local previous = tonumber(redis.call('ZSCORE', light, LIMIT_MEMBER) or '-1')
   redis.call('ZADD', light, new, LIMIT_MEMBER)

@@ -14,5 +14,7 @@ if free > now then
     return {string.format('%.0f', free - now), string.format('%.0f', now)}
 end
 local gap = tonumber(ARGV[1])
-redis.call('SET', started, string.format('%.0f', now + gap), 'PX', math.max(1, math.ceil(gap / 1000)))
+if gap > 0 then
+    redis.call('SET', started, string.format('%.0f', now + gap), 'PX', math.max(1, math.ceil(gap / 1000)))
+end
 return {'0', string.format('%.0f', now)}

@@ -1,0 +1,150 @@
+"""Outcomes: what StageLockMiddleware tells the adaptive limits about each answer, and the pauses a
+site's Retry-After asks for.
+
+- An answer of a request that held a slot of an adaptive stage or key (REDISLOCK_ADAPTIVE) is one
+  observation for that lock's controller: its download latency (``meta["download_latency"]``, as
+  Scrapy's AutoThrottle reads it), and whether it was an overload answer (429, 503); a failed
+  download (a timeout, a connection error; not IgnoreRequest nor one of ours) is an error
+  (:class:`~scrapy_redislock.crawl.adaptive.Adaptation`).
+- With REDISLOCK_RETRY_AFTER, a 429 or 503 answer with ``Retry-After`` (seconds, or an HTTP date,
+  read against the answer's own ``Date``) pauses the starts of the request's key (else of its
+  capped stage) in every process until then; a 429 without it, for
+  REDISLOCK_RETRY_AFTER_DEFAULT seconds; a 503 without it pauses nothing (it is overload: the
+  adaptive limit backs off). Counted as ``redislock/retry_after/pauses``.
+
+Reads, through the checked settings, REDISLOCK_ADAPTIVE, REDISLOCK_RETRY_AFTER,
+REDISLOCK_RETRY_AFTER_DEFAULT.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+from scrapy.exceptions import IgnoreRequest
+
+from scrapy_redislock.crawl.keys import request_key
+from scrapy_redislock.crawl.stages import stage_of
+from scrapy_redislock.errors import LockError
+from scrapy_redislock.lock.status import KEY_LOCK_PREFIX
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+
+    from scrapy_redislock.crawl.adaptive import Adaptation
+    from scrapy_redislock.crawl.settings import RedisLockSettings
+    from scrapy_redislock.crawl.stagelocks import StageLocks
+    from scrapy_redislock.requests.keygate import KeyGate
+
+OVERLOAD = (429, 503)
+
+
+def retry_after(response: Response) -> float | None:
+    """Seconds the answer's ``Retry-After`` asks to wait (a number, or an HTTP date read against
+    the answer's ``Date``, else this machine's clock); None without one, or one that is neither."""
+    raw = response.headers.get(b"Retry-After")
+    if not raw:
+        return None
+    value = raw.decode("latin-1").strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    date = response.headers.get(b"Date")
+    try:
+        now = email.utils.parsedate_to_datetime(date.decode("latin-1")) if date else None
+    except (TypeError, ValueError):
+        now = None
+    if now is None or when.tzinfo is None or now.tzinfo is None:
+        return max(0.0, when.timestamp() - time.time())
+    return max(0.0, (when - now).total_seconds())
+
+
+class Outcomes:
+    """Answers and failures of one crawler's requests, for the adaptive limits and Retry-After."""
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        settings: RedisLockSettings,
+        locks: StageLocks,
+        gate: KeyGate | None,
+    ) -> None:
+        self.crawler = crawler
+        self.settings = settings
+        self.locks = locks
+        self.gate = gate
+        # the adaptive locks a request held, noted when its slots go back (request_left_downloader
+        # comes before process_response), until its answer or failure is seen
+        self.held: weakref.WeakKeyDictionary[Request, list[tuple[Adaptation, str]]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def releasing(self, request: Request) -> None:
+        """The request's slots are about to go back: note its adaptive locks for its outcome."""
+        found = self._adaptive(request)
+        if found:
+            self.held[request] = found
+
+    def _adaptive(self, request: Request) -> list[tuple[Adaptation, str]]:
+        """(adaptation, lock name) of the adaptive locks whose slot the request holds (or held,
+        noted by :meth:`releasing`)."""
+        noted = self.held.pop(request, None)
+        if noted is not None:
+            return noted
+        found = []
+        adaptive = self.settings.adaptive
+        permit = self.locks.slots.ledger.permit_of(request)
+        stages = self.locks.adaptation
+        if permit is not None and stages is not None and adaptive.adapts(stage=permit.name):
+            found.append((stages, permit.name))
+        if self.gate is not None and adaptive.keys and self.gate.locks.adaptation is not None:
+            key_permit = self.gate.permits.permit_of(request)
+            if key_permit is not None:
+                found.append((self.gate.locks.adaptation, key_permit.name))
+        return found
+
+    def response(self, request: Request, response: Response) -> None:
+        overload = getattr(response, "status", None) in OVERLOAD
+        latency = request.meta.get("download_latency")
+        for adaptation, name in self._adaptive(request):
+            adaptation.response(name, latency, overload)
+        if overload and self.settings.adaptive.retry_after:
+            self._pause(request, response)
+
+    def exception(self, request: Request, exception: BaseException) -> None:
+        if isinstance(exception, IgnoreRequest | LockError):
+            return
+        for adaptation, name in self._adaptive(request):
+            adaptation.error(name)
+
+    def _pause(self, request: Request, response: Response) -> None:
+        seconds = retry_after(response)
+        if seconds is None:
+            if response.status != 429:
+                return
+            seconds = self.settings.adaptive.retry_after_default
+        if seconds <= 0:
+            return
+        key = self._capped_key(request)
+        if key is not None and self.gate is not None and self.gate.locks.adaptation is not None:
+            self.gate.locks.adaptation.pause(f"{KEY_LOCK_PREFIX}{key}", seconds)
+            return
+        stage = stage_of(request, self.settings, self.crawler.spider)
+        if stage is not None and stage in self.locks.locks and self.locks.adaptation is not None:
+            self.locks.adaptation.pause(stage, seconds)
+
+    def _capped_key(self, request: Request) -> str | None:
+        if self.settings.keys.stage_key is None:
+            return None
+        try:
+            key = request_key(request, self.crawler.spider, self.settings.keys.stage_key)
+        except LockError:
+            return None
+        return key if key is not None and self.settings.keys.limit_of(key) is not None else None

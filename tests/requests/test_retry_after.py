@@ -1,0 +1,71 @@
+"""A site's Retry-After pauses that host for every process (REDISLOCK_RETRY_AFTER), in real crawls:
+3 `scrapy runspider` processes against a local site answering on 2 host names and a real
+redis-server.
+
+Once all three crawl, the site answers one request of host 1 ``429 Too Many Requests`` with
+``Retry-After: 3``. The process that gets it pauses host 1's starts in Redis until 3 s later on
+Redis's clock; every process's next request of host 1 (its take of the key's slot is refused, or
+its start is held) waits until then. The site sees no request of host 1 during the pause, except
+those already on their way when the 429 was answered; host 2 goes on; host 1 resumes after it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from testing.capacity import CapacitySite
+from testing.crawlproc import Crawl, leftover
+
+pytestmark = [pytest.mark.integration, pytest.mark.crawl]
+PROCESSES = 3
+PAUSE = 3.0
+# requests of host 1 already on their way when the 429 was answered (sent before the pause reached
+# Redis) may still arrive this long after it
+ON_THEIR_WAY = 0.25
+
+
+@pytest.mark.parametrize("scheduler", ["scrapy_redislock.StageScheduler", None])
+def test_a_retry_after_pauses_the_host_for_every_process(
+    scheduler: str | None, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    settings: dict[str, Any] = {
+        "REDISLOCK_URL": redis_url,
+        "SCHEDULER": scheduler,
+        "REDISLOCK_STAGES": {"detail": None},
+        "REDISLOCK_STAGE_KEY": "domain",
+        "REDISLOCK_KEY_LIMIT": 4,
+        "REDISLOCK_RETRY_AFTER": True,
+        "CONCURRENT_REQUESTS": 8,
+    }
+    with CapacitySite(hosts=2, capacity=16, base=0.05) as site:
+        crawls = [
+            Crawl(site.url_of(1), "detail:200", settings, tmp_path, args={"hosts": "2", "first": str(1000 * i)})
+            for i in range(PROCESSES)
+        ]  # fmt: skip
+        for crawl in crawls:
+            crawl.start()
+        host1, host2 = site.hosts["127.0.0.1"], site.hosts["127.0.0.2"]
+        # every process crawls host 1 before the 429 is set up
+        assert site.wait_for(lambda: len(host1.arrivals) >= 40, timeout=60)
+        site.too_many("127.0.0.1", PAUSE)
+        assert site.wait_for(lambda: host1.answers[429] == 1, timeout=30)
+        for crawl in crawls:
+            crawl.wait(timeout=120)
+            assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
+        with site.condition:
+            refused_at = host1.refused[0]
+            during = [t - refused_at for t in host1.arrivals if refused_at < t < refused_at + PAUSE]
+            after = [t for t in host1.arrivals if t > refused_at + PAUSE]
+            other = [t for t in host2.arrivals if refused_at < t < refused_at + PAUSE]
+    stragglers = [t for t in during if t > ON_THEIR_WAY]
+    print(f"arrivals at host 1 during the pause: {[round(t, 3) for t in during]}")
+    assert stragglers == [], during
+    assert after, "host 1 never resumed"
+    assert len(other) > 10  # host 2 went on meanwhile
+    paused = sum(crawl.stats.get("redislock/retry_after/pauses", 0) for crawl in crawls)
+    assert paused == 1
+    assert leftover(redis_client) == 0
