@@ -51,7 +51,7 @@ OLDEST = (7, 0)  # read-only key patterns (%R~) and the ACL selectors of Redis 7
 # stages and dead-letter lists, which it reads with LLEN/LRANGE.
 WATCHER_COMMANDS = (
     "ping", "scan", "multi", "exec", "hgetall", "xinfo|stream", "xinfo|groups",
-    "xinfo|consumers", "xpending", "llen", "lrange", "zrange",
+    "xinfo|consumers", "xpending", "llen", "lrange", "zrange", "lindex",
 )  # fmt: skip
 # Sent by crawl processes themselves (not by scripts): running scripts, the lock's blocking wait,
 # the worker queues' reads (lengths, the in-flight counter, registered workers before a flush, a
@@ -63,6 +63,7 @@ CRAWLER_CLIENT_COMMANDS = (
     "xreadgroup", "hget", "hset", "wait", "llen", "get", "zrange", "hkeys", "blpop", "lpush",
     "lpop", "spop", "zpopmax",
     "multi", "exec", "hgetall", "xinfo|stream", "xinfo|groups", "xinfo|consumers", "xpending",
+    "zrange", "lindex",
 )  # fmt: skip
 # set-limit, release, reset, requeue are scripts; DEL drops a dead-letter list once looked at;
 # requeue reads the worker's in-flight record (HVALS: the stages of its requests) and the workers

@@ -116,11 +116,25 @@ class Sampler:
         spider_rows += [
             self._spider(SpiderStatus(name, 0.0, {}), now) for name in self._gone_spiders(present)
         ]
+        adapted = [stage for stage in stages if stage.adaptive is not None]
         point = {
             "t": now,
             "grants": {name: rate for name, rate in rates.items() if rate is not None},
             "queues": {
                 f"{s['spider']}/{stage}": n for s in spider_rows for stage, n in s["queues"].items()
+            },
+            # adaptive limits (REDISLOCK_ADAPTIVE): the limit of each lock's last window beside
+            # its latency and its share of overload answers and errors
+            "limits": {s.stage: s.adaptive.limit for s in adapted if s.adaptive},
+            "latency": {
+                s.stage: round(s.adaptive.latency * 1000, 1)
+                for s in adapted
+                if s.adaptive and s.adaptive.latency is not None
+            },
+            "errors": {
+                s.stage: round(100 * (s.adaptive.overload_rate + s.adaptive.error_rate), 2)
+                for s in adapted
+                if s.adaptive
             },
         }
         return {
@@ -326,6 +340,33 @@ def stage_metrics(stages: list[StageStatus]) -> Iterator[Metric]:
         ):
             metric.add_metric(labels, value)
     yield from (limit, held, free, debt, waiters, expired, processes, ttl, fence, present, grants)
+    yield from adaptive_metrics(stages)
+
+
+def adaptive_metrics(stages: list[StageStatus]) -> Iterator[Metric]:
+    """The last window of each adaptive limit (REDISLOCK_ADAPTIVE): its limit, latencies, and the
+    shares of overload answers and errors."""
+
+    def family(name: str, doc: str) -> GaugeMetricFamily:
+        return GaugeMetricFamily(f"redislock_adaptive_{name}", doc, labels=["stage"])
+
+    limit = family("limit", "The limit the stage's or key's adaptive controller applied last")
+    latency = family("latency_seconds", "Mean download latency of its last window")
+    noload = family("noload_latency_seconds", "Its estimate of the latency with no queue")
+    overload = family("overload_ratio", "429 and 503 answers per outcome in its last window")
+    errors = family("error_ratio", "Timeouts and connection errors per outcome in its last window")
+    for s in stages:
+        window = s.adaptive
+        if window is None:
+            continue
+        labels = [s.stage]
+        limit.add_metric(labels, window.limit)
+        if window.latency is not None:
+            latency.add_metric(labels, window.latency)
+        noload.add_metric(labels, window.noload)
+        overload.add_metric(labels, window.overload_rate)
+        errors.add_metric(labels, window.error_rate)
+    yield from (limit, latency, noload, overload, errors)
 
 
 def spider_metrics(spiders: list[SpiderStatus]) -> Iterator[Metric]:

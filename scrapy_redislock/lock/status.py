@@ -92,6 +92,35 @@ class Process:
 
 
 @dataclass
+class AdaptiveStatus:
+    """The last window of a lock's adaptive limit (its ``adapt_log``'s newest record)."""
+
+    at: float  # when it closed, seconds since the epoch (Redis's clock)
+    limit: int  # the limit it applied
+    latency: float | None  # mean latency of the window, seconds (None: no answer)
+    noload: float  # the no-load latency estimate, seconds
+    overload_rate: float  # 429/503 answers per outcome
+    error_rate: float  # timeouts and connection errors per outcome
+    in_flight: float | None  # mean slots in use
+
+    @classmethod
+    def of(cls, raw: Any) -> AdaptiveStatus | None:
+        try:
+            at, limit, latency, noload, overload, errors, in_flight = json.loads(text(raw))
+            return cls(
+                at / 1000,
+                int(limit),
+                None if latency is None else latency / 1000,
+                noload / 1000,
+                float(overload),
+                float(errors),
+                None if in_flight is None else float(in_flight),
+            )
+        except (TypeError, ValueError):
+            return None
+
+
+@dataclass
 class StageStatus:
     """One lock (stage) as Redis holds it now."""
 
@@ -111,6 +140,7 @@ class StageStatus:
     # lock was created, plus the slots withdrawn by lowering the limit (they are skipped, never
     # granted). Only grows, so a rate of it is grants per second.
     delivered: int = 0
+    adaptive: AdaptiveStatus | None = None  # its adaptive limit's last window, if it adapts
 
     def process(self, holder: str) -> Process | None:
         """The registered process of a holder (an owner, or one of its consumers)."""
@@ -189,6 +219,8 @@ def _queue_reads(pipe: Any, keys: LockKeys) -> None:
     pipe.hgetall(keys.owners)
     # the light path of a key's lock (lock/light.py)
     pipe.zrange(keys.light, 0, MAX_LISTED, withscores=True)
+    # the adaptive limit's last window (lock/adaptive.py), if it adapts
+    pipe.lindex(keys.adapt_log, 0)
 
 
 def stage_status(client: RedisClient, prefix: str, stage: str) -> StageStatus | None:
@@ -206,10 +238,26 @@ async def astage_status(client: AsyncRedisClient, prefix: str, stage: str) -> St
 
 
 def _parse(stage: str, replies: list[Any]) -> StageStatus | None:
-    raw_meta, stream, groups, pending, consumers, owners, light = replies
-    for reply in (raw_meta, owners, light):
+    raw_meta, stream, groups, pending, consumers, owners, light, adapted = replies
+    for reply in (raw_meta, owners, light, adapted):
         if isinstance(reply, Exception):
             raise reply
+    status = _lock(stage, raw_meta, stream, groups, pending, consumers, owners, light)
+    if status is not None and adapted:
+        status.adaptive = AdaptiveStatus.of(adapted)
+    return status
+
+
+def _lock(
+    stage: str,
+    raw_meta: Any,
+    stream: Any,
+    groups: Any,
+    pending: Any,
+    consumers: Any,
+    owners: Any,
+    light: Any,
+) -> StageStatus | None:
     meta = {text(k): text(v) for k, v in (raw_meta or {}).items()}
     if "limit" not in meta:
         return _light(stage, light)

@@ -424,3 +424,39 @@ def test_scrapy_redislock_dashboard_reads_the_project_settings(
     code, err = dashboard.stop()
     assert code == 0 and "Traceback" not in err, err
     assert dashboard.output[-1].strip() == "dashboard: stopped"
+
+
+def test_adaptive_limits_are_charted_and_exported(
+    redis_url: str, redis_client: redis.Redis, locks: list[CountingLock]
+) -> None:
+    """A stage whose limit adapts (lock/adaptive.py): the frame's point carries its limit, latency
+    and error share for the dashboard's charts, and /metrics exports its last window."""
+    from scrapy_redislock.lock.adaptive import AdaptiveParams, Sample, update
+    from scrapy_redislock.lock.front import CommandRunner
+    from scrapy_redislock.lock.permit import LockKeys
+    from scrapy_redislock.lock.protocol import drive
+
+    lock = CountingLock(redis_client, "detail", limit=4, ttl=30)
+    locks.append(lock)
+    lock.acquire()
+    keys, runner = LockKeys.of("redislock", "detail"), CommandRunner(redis_client)
+    params = AdaptiveParams(window=0.5, min_samples=1, maximum=8)
+    sample = Sample(responses=20, latency_sum=2.0, latency_sq_sum=0.2, overloads=1)
+    # a new controller's window starts where the sample does: a second ago, so it is due and commits
+    assert drive(update(keys, sample, params, span=1.0), runner, "detail") is not None
+    with DashboardProcess(redis_url) as dashboard:
+        _, data = first_event(dashboard)
+        scraped = metrics(dashboard)
+    (stage,) = data["frame"]["stages"]
+    window = stage["adaptive"]
+    assert window["latency"] == pytest.approx(0.1) and window["overload_rate"] == pytest.approx(
+        1 / 21
+    )
+    point = data["frame"]["point"]
+    assert point["limits"] == {"detail": window["limit"]}
+    assert point["latency"] == {"detail": 100.0}
+    assert point["errors"]["detail"] == pytest.approx(100 / 21, abs=0.01)
+    labels = (("stage", "detail"),)
+    assert scraped[("redislock_adaptive_limit", labels)] == window["limit"]
+    assert scraped[("redislock_adaptive_latency_seconds", labels)] == pytest.approx(0.1)
+    assert scraped[("redislock_adaptive_overload_ratio", labels)] == pytest.approx(1 / 21)
