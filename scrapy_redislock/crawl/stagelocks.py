@@ -92,23 +92,22 @@ internals is in :mod:`scrapy_redislock.crawl.engine`.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from scrapy_redislock._redis import AsyncRedisClient, Backoff, text
+from scrapy_redislock._redis import AsyncRedisClient, Backoff
 from scrapy_redislock.crawl.adaptive import Adaptation
 from scrapy_redislock.crawl.deployment import deployment_of
 from scrapy_redislock.crawl.lifecycle import Lifecycle
-from scrapy_redislock.crawl.reach import REDIS_ERRORS, first_answer, no_quorum
+from scrapy_redislock.crawl.limits import publish_limits
+from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.renewer import gather_bounded
 from scrapy_redislock.crawl.requestslots import RequestSlots, SlotPermit
 from scrapy_redislock.crawl.waitreports import WaitReports
-from scrapy_redislock.errors import AcquireTimeout, Paused, QuorumNotReached, UnknownStage
+from scrapy_redislock.errors import AcquireTimeout, Paused, UnknownStage
 from scrapy_redislock.lock.interface import AsyncLock
-from scrapy_redislock.lock.permit import LockKeys
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -120,10 +119,6 @@ logger = logging.getLogger(__name__)
 # What holds a stage's slots (one interface for one Redis and a quorum of masters), and what a slot
 # is: a Permit, or a QuorumPermit on a quorum.
 StageLock = AsyncLock[Any]
-
-
-def _hget_limit(client: AsyncRedisClient, meta: str) -> Awaitable[Any]:
-    return client.hget(meta, "limit")
 
 
 # -- one crawler's stage locks ---------------------------------------------------------------------
@@ -154,8 +149,6 @@ class StageLocks:
         self.stats_prefix = stats_prefix
         # one Redis, or a quorum of masters: the clients (one, or one per master) and the locks
         self.deployment = deployment_of(settings)
-        self.clients = self.deployment.clients
-        self.spider_name = getattr(crawler.spidercls, "name", None)
         self.locks: dict[str, StageLock] = {
             stage: self._make_lock(f"{lock_prefix}{stage}", limit)
             for stage, limit in self.limits.items()
@@ -175,13 +168,12 @@ class StageLocks:
         # adaptive limits and Retry-After pauses (REDISLOCK_ADAPTIVE, REDISLOCK_RETRY_AFTER)
         self.adaptation: Adaptation | None = None
         if settings.adaptive.needed and not lock_prefix:  # request stages (not workers: stages)
-            self.adaptation = Adaptation(self.client, settings, self._ceiling, stats=self.stats)
+            # an adaptive stage's configured cap is its controller's maximum
+            ceiling = {
+                s: cap for s, cap in self.limits.items() if settings.adaptive.adapts(stage=s)
+            }
+            self.adaptation = Adaptation(self.client, settings, ceiling.get, stats=self.stats)
             self.add_tick_hook(self.adaptation.tick)
-
-    def _ceiling(self, name: str) -> int | None:
-        """The configured cap of an adaptive stage: its controller's maximum (None: not
-        adaptive)."""
-        return self.limits.get(name) if self.settings.adaptive.adapts(stage=name) else None
 
     def _make_lock(self, name: str, limit: int) -> StageLock:
         """A stage's lock: the single-Redis lock, or the quorum lock over the masters of
@@ -200,6 +192,15 @@ class StageLocks:
             existing = cls(crawler, settings, settings.stages)
             setattr(crawler, attr, existing)
         return existing
+
+    @property
+    def clients(self) -> list[AsyncRedisClient]:
+        """One, or one per master of a quorum."""
+        return self.deployment.clients
+
+    @property
+    def spider_name(self) -> str | None:
+        return getattr(self.crawler.spidercls, "name", None)
 
     @property
     def client(self) -> AsyncRedisClient:
@@ -249,38 +250,7 @@ class StageLocks:
         """PING, publish this process's limits, join the renewal loop; redis errors when Redis is
         unreachable."""
         await self.deployment.reach(self.locks)
-        for stage, lock in self.locks.items():
-            limit = self.limits[stage]
-            assert limit is not None
-            if self.settings.adaptive.adapts(stage=stage):
-                # its controller moves the limit: made at the minimum, never reset by a start
-                if await lock.get_limit() is None:
-                    await lock.set_limit(min(limit, self.settings.adaptive.minimum))
-                continue
-            try:
-                previous = await lock.set_limit(limit)
-            except QuorumNotReached as exc:
-                raise no_quorum(self.settings.redis.masters, exc.failed, exc.needed) from None
-            if previous is not None and previous != limit:
-                logger.warning(
-                    "Limit of stage %r changed from %s to %s in Redis (the newest process's "
-                    "settings win)",
-                    stage,
-                    previous,
-                    limit,
-                )
-        for stage in sorted(set(self.limits) - set(self.locks)):
-            # Unlimited here; say so when other processes cap it, since their cap does not hold for
-            # this one.
-            meta = LockKeys.of(self.settings.key_prefix, f"{self.lock_prefix}{stage}").meta
-            other = await first_answer(self.clients, functools.partial(_hget_limit, meta=meta))
-            if other is not None:
-                logger.warning(
-                    "Stage %r is unlimited in this process but capped at %s in Redis by other "
-                    "processes",
-                    stage,
-                    text(other),
-                )
+        await publish_limits(self)
         if self.locks:
             # One renewal now registers this process's identity, so that the reports below can name
             # it.
@@ -371,8 +341,7 @@ class StageLocks:
         """``permit`` went back to Redis (the locks of keys drop an idle lock object here)."""
 
     def lock_of(self, permit: SlotPermit) -> StageLock | None:
-        stage = self.stage_of(permit)
-        return None if stage is None else self.locks[stage]
+        return self.locks.get(self.stage_of(permit) or "")
 
     def stage_of(self, permit: SlotPermit) -> str | None:
         """The stage (or key) whose lock granted ``permit``; None for a lock this object does not

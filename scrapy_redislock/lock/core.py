@@ -43,7 +43,6 @@ from scrapy_redislock.errors import (
     InvalidArgument,
     LockError,
     LockLost,
-    NotReplicated,
 )
 from scrapy_redislock.lock.consumers import Consumers, Registration
 from scrapy_redislock.lock.light import LightGrants
@@ -55,6 +54,7 @@ from scrapy_redislock.lock.protocol import (
     WaitReplicas,
     is_missing_lock,
 )
+from scrapy_redislock.lock.release import release_grant
 from scrapy_redislock.lock.renewal import Renewal
 from scrapy_redislock.lock.wait import GrantWait
 
@@ -270,14 +270,9 @@ class LockCore:
                 return permit
             self.let_go(permit)
         if self.light and not self.registration.current:
-            if self.limit is None:
-                raise LockError(f"lock {self.name!r}: light=True needs a limit to acquire")
-            taken = yield from self.lights.take(self.limit)
-            if isinstance(taken, Permit):
-                self.held[taken.grant] = taken
+            done, taken = yield from self.lights.acquire(self.limit, blocking)
+            if done:
                 return taken
-            if not blocking:
-                return None  # every slot held, or others queue for one: no try jumps the line
         yield from self.ensure_setup()
         granted = yield from GrantWait(self, timeout, blocking).run()
         if granted is not None:
@@ -309,43 +304,8 @@ class LockCore:
         if not isinstance(permit, Permit):
             raise InvalidArgument(f"permit must be a Permit, got {permit!r}")
         if permit.light:
-            permit.released = True
-            released = yield from self.lights.release([permit])
-            self.let_go(permit)
-            permit.lost = not released
-            return bool(released)
-        usable = permit.owner == self.owner and permit.usable(self.clock())
-        permit.released = permit.holds <= 1
-        reply = yield self._script(
-            "release",
-            (self.keys.slots, self.keys.holds, self.keys.meta),
-            permit.owner,
-            permit.grant,
-            "1" if self.reentrant else "0",
-        )
-        result = int(reply)
-        if result == 2:
-            permit.holds -= 1
-            return True
-        if result == 3:
-            result = 0
-            if usable and permit.released:
-                # Within its lease, and Redis forgot it in a restart: a renewal re-adopts a reserved
-                # slot for it and, as it was released meanwhile, gives that straight back: the slot
-                # need not wait out the reservation.
-                yield from self.maintain([permit])
-        self.let_go(permit)
-        if result == 0:
-            permit.lost = True
-        if result == 1 and confirm and self.replicas:
-            acked = yield from self.wait_replicas()
-            if acked < self.replicas:
-                raise NotReplicated(
-                    f"lock {self.name!r}: release of {permit.grant} done, but acknowledged by "
-                    f"{acked} of {self.replicas} replica(s): a failover before they have it brings "
-                    "the slot back held for a lease"
-                )
-        return result == 1
+            return (yield from self.lights.give_back(permit))
+        return (yield from release_grant(self, permit, confirm))
 
     def let_go(self, permit: Permit) -> None:
         """The permit's grant is gone (released or lost): forget it; its consumer holds nothing."""
@@ -359,18 +319,9 @@ class LockCore:
         """Renew exactly ``permits`` (default: all held), free abandoned waits' grants, reap expired
         leases; returns the permits found lost (see
         :class:`~scrapy_redislock.lock.renewal.Renewal`)."""
-        if not self.light:
-            return (yield from Renewal(self, permits).run())
-        targets = list(self.held.values()) if permits is None else list(permits)
-        light = [p for p in targets if p.light]
-        lost = (yield from self.lights.renew(light)) if light else []
-        for permit in lost:
-            permit.lost = True
-            self.let_go(permit)
-        stream = [p for p in targets if not p.light and not p.lost]
-        if stream or self.registration.ever or self.waits_in_flight or self.consumers.abandoned:
-            lost += yield from Renewal(self, stream).run()
-        return lost
+        if self.light:
+            return (yield from self.lights.maintain(permits))
+        return (yield from Renewal(self, permits).run())
 
     def renew(self, permit: Permit) -> Operation[None]:
         """Extend one permit's lease; LockLost if it is gone. Other permits are not touched."""
@@ -403,15 +354,11 @@ class LockCore:
 
     def release_all(self) -> Operation[int]:
         """Free every grant of this owner (every consumer of it) and unregister it (on close)."""
-        freed = yield from self._release_light()
+        freed = yield from self.lights.release_held()
         if not self.light or self.registration.ever:
             freed += yield from release_consumer(self.keys, self.owner)
         self._drop_all()
         return int(freed)
-
-    def _release_light(self) -> Operation[int]:
-        light = [p for p in self.held.values() if p.light]
-        return (yield from self.lights.release(light)) if light else 0
 
     def retire(self) -> Operation[tuple[int, bool]]:
         """Like :meth:`release_all`, and delete the lock from Redis when nobody else holds, waits or
@@ -422,7 +369,7 @@ class LockCore:
         loss only). Returns (grants freed, whether the lock was deleted).
         """
         k = self.keys
-        freed = yield from self._release_light()
+        freed = yield from self.lights.release_held()
         deleted = 0
         if not self.light or self.registration.ever:
             stream_freed, deleted = yield RunScript(

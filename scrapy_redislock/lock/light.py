@@ -29,9 +29,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from scrapy_redislock._redis import text
-from scrapy_redislock.errors import Paused
+from scrapy_redislock.errors import LockError, Paused
 from scrapy_redislock.lock.permit import Permit, fence_of
 from scrapy_redislock.lock.protocol import Operation, RunScript
+from scrapy_redislock.lock.renewal import Renewal
 
 if TYPE_CHECKING:
     from scrapy_redislock.lock.parts import Core
@@ -69,6 +70,48 @@ class LightGrants:
             return str(why)
         permit.leased(sent_at, core.ttl_ms / 1000)
         return permit
+
+    def acquire(self, limit: int | None, blocking: bool) -> Operation[tuple[bool, Permit | None]]:
+        """The light path's part of an acquire: (True, a permit) when granted; (True, None) when
+        ``blocking`` is off and the lock has no free slot or others queue for one (no try jumps
+        the line); (False, None) to queue in the stream."""
+        core = self.core
+        if limit is None:
+            raise LockError(f"lock {core.name!r}: light=True needs a limit to acquire")
+        taken = yield from self.take(limit)
+        if isinstance(taken, Permit):
+            core.held[taken.grant] = taken
+            return True, taken
+        return not blocking, None
+
+    def give_back(self, permit: Permit) -> Operation[bool]:
+        """Release one light grant; True if it was still held."""
+        permit.released = True
+        released = yield from self.release([permit])
+        self.core.let_go(permit)
+        permit.lost = not released
+        return bool(released)
+
+    def release_held(self) -> Operation[int]:
+        """Release every light grant this object holds (on close); how many were still held."""
+        light = [p for p in self.core.held.values() if p.light]
+        return (yield from self.release(light)) if light else 0
+
+    def maintain(self, permits: list[Permit] | None) -> Operation[list[Permit]]:
+        """A renewal pass of a lock with a light path: its light grants here (one that moved into
+        the stream becomes a stream grant), then the stream's renewal for the stream grants, only
+        when this object uses the stream (it set it up, waits, or holds a grant there)."""
+        core = self.core
+        targets = list(core.held.values()) if permits is None else list(permits)
+        light = [p for p in targets if p.light]
+        lost = (yield from self.renew(light)) if light else []
+        for permit in lost:
+            permit.lost = True
+            core.let_go(permit)
+        stream = [p for p in targets if not p.light and not p.lost]
+        if stream or core.registration.ever or core.waits_in_flight or core.consumers.abandoned:
+            lost += yield from Renewal(core, stream).run()
+        return lost
 
     def release(self, permits: list[Permit]) -> Operation[int]:
         """Give light grants back (one that moved into the stream is freed there); returns how many

@@ -23,6 +23,7 @@ class Core(Protocol):
     ttl: float
     durable: bool
     replicas: int
+    reentrant: bool
     max_block: float | None
     held: dict[str, Permit]
     waits_in_flight: int

@@ -38,12 +38,13 @@ import logging
 import time
 import weakref
 from collections import Counter, deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from scrapy_redislock.crawl.engine import downloader_active, wake_engine
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.errors import AcquireTimeout, Paused
+from scrapy_redislock.requests.stagequeue import StagePriorityQueues
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -64,16 +65,13 @@ class KeyLine:
         crawler: Crawler,
         settings: RedisLockSettings,
         gate: KeyGate,
-        queued: Callable[[str], int],
-        requeue: Callable[[Request, str], None],
+        inner: Any,
     ) -> None:
         self.crawler = crawler
         self.settings = settings
         self.gate = gate
         self.locks = gate.locks  # the KeyLocks
-        # requests of a key queued in its sub-queue, and putting one back there (the scheduler's)
-        self.queued = queued
-        self.requeue = requeue
+        self.inner = inner  # Scrapy's scheduler, its queues split by StagePriorityQueues
         self.room = crawler.settings.getint("CONCURRENT_REQUESTS")
         self.keys: weakref.WeakKeyDictionary[Request, str | None] = weakref.WeakKeyDictionary()
         self.looking: dict[Request, str] = {}  # held back for one take in Redis
@@ -87,6 +85,30 @@ class KeyLine:
         self.connections = asyncio.Semaphore(max(1, self.room))
         self.closed = False
         self._load: Counter[str] | None = None
+
+    # -- the keys' sub-queues in the inner scheduler ------------------------------------------------
+
+    def queued(self, key: str) -> int:
+        """Requests of ``key`` in its sub-queue of the inner scheduler."""
+        queues = [getattr(self.inner, name, None) for name in ("mqs", "dqs")]
+        return sum(
+            queue.count_route((None, key))
+            for queue in queues
+            if isinstance(queue, StagePriorityQueues)
+        )
+
+    def requeue(self, request: Request, key: str) -> None:
+        """Put ``request`` back into its key's sub-queue of the inner scheduler (on disk with
+        JOBDIR, as Scrapy's scheduler would; in memory if it cannot be serialized); no stats, no
+        dupefilter: it was queued once already."""
+        dqs = getattr(self.inner, "dqs", None)
+        if isinstance(dqs, StagePriorityQueues):
+            try:
+                dqs.push_to((None, key), request)
+                return
+            except ValueError:
+                pass
+        self.inner.mqs.push_to((None, key), request)
 
     # -- what the gate and the queues ask ----------------------------------------------------------
 
@@ -286,8 +308,9 @@ class KeyLine:
                     self.locks.slots.release_soon(outcome)
         self.kept.clear()
 
-    def close(self) -> list[Request]:
-        """Stand down and return the requests out of the inner scheduler here, to queue back."""
+    def close(self) -> None:
+        """Stand down and queue back the requests out of the inner scheduler here, before it
+        closes (JOBDIR keeps them)."""
         self.stand_down()
         back = [*self.ready, *self.looking]
         for request in self.ready:
@@ -296,4 +319,7 @@ class KeyLine:
                 self.locks.slots.release_soon(permit)
         self.ready.clear()
         self.looking.clear()
-        return back
+        for request in back:
+            key = self.key_of(request)
+            if key is not None:
+                self.requeue(request, key)

@@ -88,6 +88,8 @@ class Outcomes:
 
     def releasing(self, request: Request) -> None:
         """The request's slots are about to go back: note its adaptive locks for its outcome."""
+        if not self.settings.adaptive.adaptive:
+            return  # nothing adapts: no work per request
         found = self._adaptive(request)
         if found:
             self.held[request] = found
@@ -112,14 +114,15 @@ class Outcomes:
 
     def response(self, request: Request, response: Response) -> None:
         overload = getattr(response, "status", None) in OVERLOAD
-        latency = request.meta.get("download_latency")
-        for adaptation, name in self._adaptive(request):
-            adaptation.response(name, latency, overload)
+        if self.settings.adaptive.adaptive:
+            latency = request.meta.get("download_latency")
+            for adaptation, name in self._adaptive(request):
+                adaptation.response(name, latency, overload)
         if overload and self.settings.adaptive.retry_after:
             self._pause(request, response)
 
     def exception(self, request: Request, exception: BaseException) -> None:
-        if isinstance(exception, IgnoreRequest | LockError):
+        if isinstance(exception, IgnoreRequest | LockError) or not self.settings.adaptive.adaptive:
             return
         for adaptation, name in self._adaptive(request):
             adaptation.error(name)

@@ -213,11 +213,7 @@ class StageScheduler:
                 self.inner.pqclass = StageQueueFactory(self.inner.pqclass, self.gate)
                 if self.settings.keys.capped:
                     self.keyline = self.gate.keyline = KeyLine(
-                        crawler,
-                        self.settings,
-                        KeyGate.of(crawler, self.settings),
-                        self._queued_for_key,
-                        self._requeue,
+                        crawler, self.settings, KeyGate.of(crawler, self.settings), self.inner
                     )
             elif not _is_scrapy_redis(self.inner):
                 self.gate.queues_split = False
@@ -297,7 +293,8 @@ class StageScheduler:
     def close(self, reason: str) -> Deferred[None] | None:
         """The inner scheduler closes at once (as it would alone: scrapy-redis flushes its queue
         here unless SCHEDULER_PERSIST); the slots are freed after."""
-        self._queue_back()
+        if self.keyline is not None:
+            self.keyline.close()  # requests held back for their key slot go back first (JOBDIR)
         result = self.inner.close(reason) if hasattr(self.inner, "close") else None
         if self.locks is None:
             return result
@@ -307,15 +304,6 @@ class StageScheduler:
         for permits in self.ready.values():
             permits.clear()  # freed with everything else of this process by locks.close()
         return deferred_from_coro(self._close(result))
-
-    def _queue_back(self) -> None:
-        """Requests out of the inner scheduler for their key slot go back into it, before it
-        closes (JOBDIR keeps them)."""
-        if self.keyline is not None:
-            for request in self.keyline.close():
-                key = self.keyline.key_of(request)
-                if key is not None:
-                    self._requeue(request, key)
 
     async def _close(self, inner_result: Any) -> None:
         if inner_result is not None:
@@ -390,28 +378,6 @@ class StageScheduler:
         )
 
     # -- slots -------------------------------------------------------------------------------------
-
-    def _queued_for_key(self, key: str) -> int:
-        """Requests of ``key`` (of no capped stage) in its sub-queue of the inner scheduler."""
-        queues = [getattr(self.inner, name, None) for name in ("mqs", "dqs")]
-        return sum(
-            queue.count_route((None, key))
-            for queue in queues
-            if isinstance(queue, StagePriorityQueues)
-        )
-
-    def _requeue(self, request: Request, key: str) -> None:
-        """Put ``request`` back into its key's sub-queue of the inner scheduler (on disk with
-        JOBDIR, as Scrapy's scheduler would: in memory if it cannot be serialized); no stats, no
-        dupefilter: it was queued once already."""
-        dqs = getattr(self.inner, "dqs", None)
-        if isinstance(dqs, StagePriorityQueues):
-            try:
-                dqs.push_to((None, key), request)
-                return
-            except ValueError:
-                pass
-        self.inner.mqs.push_to((None, key), request)
 
     def _queued(self, stage: str) -> int:
         """Requests of ``stage`` waiting in the inner scheduler (for the status CLI); 0 over

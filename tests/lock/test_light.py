@@ -87,6 +87,7 @@ def test_a_dead_holders_lease_runs_out(redis_client: redis.Redis) -> None:
     deadline = time.monotonic() + 5
     permit = None
     while permit is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # polls until the dead holder's lease has run out
         permit = other.try_acquire()
     assert permit is not None and permit.light
 

@@ -1,8 +1,9 @@
 """The adaptive limit of a key in real crawls (REDISLOCK_ADAPTIVE): 3 `scrapy runspider` processes
 against a site that serves 4 requests at once (testing/capacity.py: the rest wait, 503 past 8) and a
-real redis-server. One controller for the three: its limit starts at 1, grows while the site has
-room, and settles at the site's capacity, K or K + 1, whatever the cap (16) allows; every window is
-committed once, by whichever process reported when it was due. Counts and orders, not speed."""
+real redis-server. One controller for the three: its limit starts at 1, doubles while the site has
+room (slow start), probes, and settles at the site's capacity, K or K + 1, whatever the cap (16)
+allows; every window is committed once, by whichever process reported when it was due. Counts and
+orders, not speed."""
 
 from __future__ import annotations
 
