@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy.utils.asyncio import is_asyncio_available
 
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 _watched: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
+T = TypeVar("T")
 
 
 def one_line_config_errors() -> None:
@@ -81,6 +84,16 @@ def config_error_in(error: BaseException) -> ConfigError | None:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None
+
+
+def one_per_crawler(crawler: Crawler, attr: str, make: Callable[[], T]) -> T:
+    """The crawler's one instance of a part its components share (kept on the crawler as
+    ``attr``), made by ``make()`` on first use."""
+    existing: T | None = getattr(crawler, attr, None)
+    if existing is None:
+        existing = make()
+        setattr(crawler, attr, existing)
+    return existing
 
 
 def engine_of(crawler: Crawler) -> Any:

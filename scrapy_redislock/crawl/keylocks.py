@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from scrapy_redislock._redis import Backoff
 from scrapy_redislock.crawl.adaptive import Adaptation
+from scrapy_redislock.crawl.engine import one_per_crawler
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.renewer import gather_bounded
 from scrapy_redislock.crawl.requestslots import SlotPermit
@@ -106,11 +107,7 @@ class KeyLocks(StageLocks):
     def of(
         cls, crawler: Crawler, settings: RedisLockSettings, *, attr: str = "_redislock_key_locks"
     ) -> KeyLocks:
-        existing = getattr(crawler, attr, None)
-        if existing is None:
-            existing = cls(crawler, settings)
-            setattr(crawler, attr, existing)
-        return existing
+        return one_per_crawler(crawler, attr, lambda: cls(crawler, settings))
 
     async def start(self) -> None:
         """PING and join the renewal loop; keys have no limits to publish (each is set when its lock

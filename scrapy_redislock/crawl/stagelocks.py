@@ -100,6 +100,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy_redislock._redis import AsyncRedisClient, Backoff
 from scrapy_redislock.crawl.adaptive import Adaptation
 from scrapy_redislock.crawl.deployment import deployment_of
+from scrapy_redislock.crawl.engine import one_per_crawler
 from scrapy_redislock.crawl.lifecycle import Lifecycle
 from scrapy_redislock.crawl.limits import publish_limits
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
@@ -187,11 +188,7 @@ class StageLocks:
     ) -> StageLocks:
         """The crawler's shared instance for the request stages (REDISLOCK_STAGES), created on first
         use."""
-        existing = getattr(crawler, attr, None)
-        if existing is None:
-            existing = cls(crawler, settings, settings.stages)
-            setattr(crawler, attr, existing)
-        return existing
+        return one_per_crawler(crawler, attr, lambda: cls(crawler, settings, settings.stages))
 
     @property
     def clients(self) -> list[AsyncRedisClient]:

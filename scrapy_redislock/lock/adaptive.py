@@ -427,14 +427,13 @@ class Estimate:
     rtt: float
     rtt_error: float
 
-    def queue(self, in_flight: float) -> tuple[float, float]:
-        """Requests waiting at the site, ``in_flight * (1 - noload / rtt)``, and its standard
-        error (both latencies' errors propagated)."""
+    def queue(self, in_flight: float) -> tuple[float, float, float]:
+        """Requests waiting at the site, ``in_flight * (1 - noload / rtt)``; its standard error
+        (both latencies' errors propagated); and its error from this window's latencies alone."""
         queue = in_flight * (1 - self.noload / self.rtt)
-        error = in_flight * math.hypot(
-            self.noload * self.rtt_error / self.rtt**2, self.noload_error / self.rtt
-        )
-        return queue, error
+        window = in_flight * self.noload * self.rtt_error / self.rtt**2
+        error = math.hypot(window, in_flight * self.noload_error / self.rtt)
+        return queue, error, window
 
 
 def _room(
@@ -448,7 +447,7 @@ def _room(
     slow start's doubling (``doubled``): the limit was used so much that twice it would be, and
     the queue is not *significantly* above ``alpha`` (a noisy window at a low limit, where the
     crawling processes' own delays weigh most, must not end it)."""
-    queue, error = estimate.queue(used)
+    queue, error, _window = estimate.queue(used)
     if doubled:
         below = queue - params.confidence * error < params.alpha
         return below and used >= params.app_limited * 2 * state.applied
@@ -458,12 +457,16 @@ def _room(
 def _vegas(
     state: ControllerState, used: float, estimate: Estimate, params: AdaptiveParams
 ) -> float:
-    """Grow by one on a queue below ``alpha`` that is also significantly below ``beta`` (unless
-    app limited), shrink on one significantly above ``beta``, else hold: a noisy window moves the
-    limit down only on a clear queue, and up only where it cannot be one past ``beta``."""
-    queue, error = estimate.queue(used)
-    margin = params.confidence * error
-    excess = queue - margin - params.beta
+    """Grow by one on a queue below ``alpha`` (unless app limited); shrink on one significantly
+    above ``beta`` counting both latencies' errors, or significantly above twice ``beta`` counting
+    this window's alone (the no-load estimate's error is the same in every window until the next
+    probe: waiting cannot make a queue significant against it, and in real crawls a probe of few
+    answers held the limit at K + 2, its queue of 1.1 to 1.5 never significant); else hold."""
+    queue, error, window = estimate.queue(used)
+    excess = max(
+        queue - params.confidence * error - params.beta,
+        queue - params.confidence * window - 2 * params.beta,
+    )
     limit = state.limit
     if excess > 0:
         return max(limit - max(1.0, params.shrink_gain * excess), limit * params.backoff)

@@ -45,7 +45,7 @@ from weakref import WeakKeyDictionary
 from scrapy import signals
 from scrapy.exceptions import IgnoreRequest
 
-from scrapy_redislock.crawl.engine import downloader_active
+from scrapy_redislock.crawl.engine import downloader_active, one_per_crawler
 from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, ConfirmedStart, KeyLocks
 from scrapy_redislock.crawl.keys import request_key
 from scrapy_redislock.crawl.ledger import PermitLedger
@@ -70,11 +70,7 @@ class KeyGate:
         cls, crawler: Crawler, settings: RedisLockSettings, *, attr: str = "_redislock_key_gate"
     ) -> KeyGate:
         """The crawler's one instance (the middleware and StageScheduler share it)."""
-        existing = getattr(crawler, attr, None)
-        if existing is None:
-            existing = cls(crawler, settings)
-            setattr(crawler, attr, existing)
-        return existing
+        return one_per_crawler(crawler, attr, lambda: cls(crawler, settings))
 
     def __init__(self, crawler: Crawler, settings: RedisLockSettings) -> None:
         self.crawler = crawler
