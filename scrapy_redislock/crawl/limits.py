@@ -11,16 +11,31 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scrapy_redislock._redis import AsyncRedisClient, text
 from scrapy_redislock.crawl.reach import first_answer, no_quorum
 from scrapy_redislock.errors import QuorumNotReached
+from scrapy_redislock.lock.interface import AsyncLock
 from scrapy_redislock.lock.permit import LockKeys
 
 if TYPE_CHECKING:
-    from scrapy_redislock.crawl.stagelocks import StageLocks
+    from scrapy_redislock.crawl.settings import RedisLockSettings
+
+
+class Locks(Protocol):
+    """What this needs of a crawler's StageLocks (seen through this, so imports run one way)."""
+
+    settings: RedisLockSettings
+    limits: dict[str, int | None]
+    lock_prefix: str
+
+    @property
+    def locks(self) -> Mapping[str, AsyncLock[Any]]: ...
+
+    @property
+    def clients(self) -> list[AsyncRedisClient]: ...
 
 logger = logging.getLogger("scrapy_redislock.crawl.stagelocks")
 
@@ -29,7 +44,7 @@ def _hget_limit(client: AsyncRedisClient, meta: str) -> Awaitable[Any]:
     return client.hget(meta, "limit")
 
 
-async def publish_limits(locks: StageLocks) -> None:
+async def publish_limits(locks: Locks) -> None:
     """Write this process's limits (see the module docstring); redis errors when Redis cannot be
     reached, a ConfigError naming the masters when a quorum does not answer."""
     settings = locks.settings
