@@ -37,6 +37,7 @@ class Locks(Protocol):
     @property
     def clients(self) -> list[AsyncRedisClient]: ...
 
+
 logger = logging.getLogger("scrapy_redislock.crawl.stagelocks")
 
 
