@@ -25,7 +25,7 @@ that were not overload answers), ``noload`` the estimate of the latency with no 
    Below ``alpha`` (0.3) the limit grows by 1, unless it was not used ("app limited": mean
    in-flight below ``app_limited`` (0.5) of the limit applied): a limit nobody fills says nothing
    about the site. When the queue is above ``beta`` (0.6) by more than ``confidence`` (2)
-   standard errors (the window knows its own: it sums the squares of the latencies too), it
+   standard errors of the window's own latencies (it sums their squares too), it
    shrinks by ``max(1, shrink_gain * excess)`` (gain 0.5: a big queue is halved towards ``beta``
    in one window, a small one costs one slot), at most down to ``limit * backoff``. Else it holds.
    With exact latencies the error is 0 and this is Vegas as is; with real, noisy ones a single
@@ -458,15 +458,12 @@ def _vegas(
     state: ControllerState, used: float, estimate: Estimate, params: AdaptiveParams
 ) -> float:
     """Grow by one on a queue below ``alpha`` (unless app limited); shrink on one significantly
-    above ``beta`` counting both latencies' errors, or significantly above twice ``beta`` counting
-    this window's alone (the no-load estimate's error is the same in every window until the next
-    probe: waiting cannot make a queue significant against it, and in real crawls a probe of few
-    answers held the limit at K + 2, its queue of 1.1 to 1.5 never significant); else hold."""
-    queue, error, window = estimate.queue(used)
-    excess = max(
-        queue - params.confidence * error - params.beta,
-        queue - params.confidence * window - 2 * params.beta,
-    )
+    above ``beta`` (by this window's own error: the no-load estimate's is the same in every window
+    until the next probe, so waiting cannot make a queue significant against it, and in real
+    crawls counting it held the limit at K + 2 to K + 3, its queue of 1.1 to 1.5 never
+    significant); else hold."""
+    queue, _error, window = estimate.queue(used)
+    excess = queue - params.confidence * window - params.beta
     limit = state.limit
     if excess > 0:
         return max(limit - max(1.0, params.shrink_gain * excess), limit * params.backoff)

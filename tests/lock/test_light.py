@@ -193,3 +193,50 @@ def test_light_is_for_a_plain_lock(redis_client: redis.Redis, kwargs: dict) -> N
 def test_light_acquires_need_a_limit(redis_client: redis.Redis) -> None:
     with pytest.raises(LockError, match="needs a limit"):
         CountingLock(redis_client, NAME, None, 30.0, light=True).acquire()
+
+
+def test_a_pause_refuses_light_takes_until_it_ends(redis_client: redis.Redis) -> None:
+    """pause_starts (a site's Retry-After): a light take is refused with Paused, saying how long is
+    left, on Redis's clock; after it, the key is taken again, and a later, shorter pause does not
+    shorten it."""
+    from scrapy_redislock import Paused
+    from scrapy_redislock.lock.delay import pause_starts
+    from scrapy_redislock.lock.front import CommandRunner
+    from scrapy_redislock.lock.protocol import drive
+
+    runner = CommandRunner(redis_client)
+    until = drive(pause_starts(KEYS, 0.5, light=True), runner, NAME)
+    assert drive(pause_starts(KEYS, 0.1, light=True), runner, NAME) == until  # only ever later
+    lock = light_lock(redis_client)
+    with pytest.raises(Paused) as paused:
+        lock.try_acquire()
+    assert 0 < paused.value.wait <= 0.5 and paused.value.until == pytest.approx(until, abs=0.002)
+    with pytest.raises(Paused):
+        lock.acquire()
+    deadline = time.monotonic() + 5
+    permit = None
+    while permit is None and time.monotonic() < deadline:
+        try:
+            permit = lock.try_acquire()
+        except Paused as again:
+            time.sleep(again.wait)
+    assert permit is not None and permit.light
+    lock.release(permit)
+    assert redis_client.zscore(KEYS.light, "~pause") is None  # an ended pause is dropped
+
+
+def test_a_start_checked_with_no_gap_waits_out_a_pause(redis_client: redis.Redis) -> None:
+    """A stage, or a key queueing in its stream, checks its start against a pause: a booking with
+    a gap of 0 waits until the pause ends and writes nothing when there is none."""
+    from scrapy_redislock.lock.delay import book_start, pause_starts
+    from scrapy_redislock.lock.front import CommandRunner
+    from scrapy_redislock.lock.protocol import drive
+
+    runner = CommandRunner(redis_client)
+    free = drive(book_start(KEYS, 0.0), runner, NAME)
+    assert free.confirmed and free.wait == 0
+    assert not redis_client.exists(KEYS.gate) and not redis_client.exists(KEYS.started)
+    until = drive(pause_starts(KEYS, 0.3), runner, NAME)
+    held = drive(book_start(KEYS, 0.0), runner, NAME)
+    assert not held.confirmed and 0 < held.wait <= 0.3
+    assert held.at == pytest.approx(until, abs=0.001)
