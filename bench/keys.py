@@ -1,6 +1,6 @@
 """Caps per domain across processes: REDISLOCK_STAGE_KEY against Scrapy's per-process setting.
 
-    ./run.sh bench keys [--processes 3,10] [--domains 100,10000] [--pages 2000] [--cap-per-process 1]
+    ./run.sh bench keys [--processes 3,10] [--domains 100,10000] [--pages 2000] [--cap-per-process 1] [--rounds 3]
 
 Real ``scrapy runspider`` processes (testing/spiders/keyspider.py) against the local site and a fresh
 redis-server per run. Page ``n`` belongs to domain ``d<n % domains>`` (``meta["download_slot"]``, so Scrapy's
@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -68,6 +69,12 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--delay", type=float, default=0.02, help="seconds the site takes per page")
     parser.add_argument(
         "--only", choices=("caps", "slow", "gaps"), help="run one part of the benchmark"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of the caps part (the two modes take turns; medians are reported)",
     )
     parser.add_argument("--slow-processes", default="3", help="processes of the slow-domain runs")
     parser.add_argument("--slow-domains", type=int, default=5, help="slow domains (cap 1 each)")
@@ -165,6 +172,51 @@ def run(
         "redis_key_bytes_end": key_bytes,
         "commands_per_page_by_name": {name: round(count / pages, 2) for name, count in top.items()},
     }
+
+
+def caps_table(rows: list[dict[str, Any]], rounds: int) -> list[str]:
+    """One line per processes, domains and mode: medians over the rounds; the ratio is the median
+    of each round's key cap pages/s over Scrapy's in the same round; the rest is the worst round
+    (most in flight, commands, keys left)."""
+    lines = [
+        "## Caps per domain across processes: `./run.sh bench keys`",
+        "",
+        f"Medians of {rounds} rounds (the two modes take turns in each).",
+        "",
+        "| processes | domains | pages | cap | how | pages/s (median) | ratio (median of rounds) | "
+        "most in flight per domain | commands/page | keys left (bytes) | used_memory change |",
+        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    groups = sorted({(r["processes"], r["domains"]) for r in rows})
+    for processes, domains in groups:
+        mine = [r for r in rows if (r["processes"], r["domains"]) == (processes, domains)]
+        ours = [r for r in mine if r["mode"] == "redislock"]
+        theirs = {r["round"]: r for r in mine if r["mode"] == "scrapy"}
+        ratios = [
+            r["pages_per_s"] / theirs[r["round"]]["pages_per_s"]
+            for r in ours
+            if r["round"] in theirs
+        ]
+        for mode, group in (("redislock", ours), ("scrapy", list(theirs.values()))):
+            if not group:
+                continue
+            first = group[0]
+            how = (
+                "redislock key cap"
+                if mode == "redislock"
+                else f"Scrapy per process {max(1, first['cap'] // processes)}"
+            )
+            ratio = f"{statistics.median(ratios):.2f}" if mode == "redislock" and ratios else ""
+            lines.append(
+                f"| {processes} | {domains} | {first['pages']} | {first['cap']} | {how} | "
+                f"{statistics.median(r['pages_per_s'] for r in group):.1f} | {ratio} | "
+                f"{max(r['max_in_flight_per_domain'] for r in group)} | "
+                f"{max(r['commands_per_page'] for r in group)} | "
+                f"{max(r['redis_keys_end'] for r in group)} "
+                f"({max(r['redis_key_bytes_end'] for r in group)} B) | "
+                f"{max(r['redis_used_memory_change_bytes'] for r in group) / 1024:+.0f} KiB |"
+            )
+    return lines
 
 
 def slow_run(
@@ -355,10 +407,11 @@ def main(argv: list[str] | None = None) -> int:
         else ()
     ):
         for domains in (int(d) for d in opts.domains.split(",")):
-            for mode in ("redislock", "scrapy"):
-                row = run(mode, processes, domains, opts, folder)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+            for round_ in range(opts.rounds):
+                for mode in ("redislock", "scrapy"):
+                    row = {**run(mode, processes, domains, opts, folder), "round": round_}
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
     slow_rows = []
     for processes in (
         (int(p) for p in opts.slow_processes.split(","))
@@ -377,31 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     for burners in (0, 2) if opts.only in (None, "gaps") else ():
         gap_rows.append(gap_run(burners, opts, folder))
         print(json.dumps(gap_rows[-1]), flush=True)
-    lines = (
-        []
-        if not rows
-        else [
-            "## Caps per domain across processes: `./run.sh bench keys`",
-            "",
-            "| processes | domains | pages | cap | how | pages/s | most in flight per domain | "
-            "commands/page | "
-            "keys left (bytes) | used_memory change |",
-            "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
-        ]
-    )
-    for r in rows:
-        how = (
-            "redislock key cap"
-            if r["mode"] == "redislock"
-            else f"Scrapy per process {max(1, r['cap'] // r['processes'])}"
-        )
-        lines.append(
-            f"| {r['processes']} | {r['domains']} | {r['pages']} | {r['cap']} | {how} | "
-            f"{r['pages_per_s']} | "
-            f"{r['max_in_flight_per_domain']} | {r['commands_per_page']} | {r['redis_keys_end']} "
-            f"({r['redis_key_bytes_end']} B) | {r['redis_used_memory_change_bytes'] / 1024:+.0f} "
-            "KiB |"
-        )
+    lines = caps_table(rows, opts.rounds) if rows else []
     if slow_rows:
         lines += slow_table(slow_rows)
     if gap_rows:
