@@ -152,14 +152,7 @@ def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     if opts.adaptive:
         if opts.limit is not None:
             raise CliError("set-limit: give N or --adaptive, not both", EXIT_USAGE)
-        keys = LockKeys.of(target.prefix, stage)
-        lifted = run_operation(target.client(), unpin(keys), stage)
-        io.say(
-            f"{stage}: its adaptive controller moves the limit again (from the pinned one)"
-            if lifted
-            else f"{stage}: no pin to lift (no adaptive controller, or not pinned)"
-        )
-        return EXIT_OK
+        return _lift_pin(stage, target, io)
     if opts.limit is None:
         raise CliError("set-limit: N is missing (or --adaptive to lift a pin)", EXIT_USAGE)
     limit = _limit_arg(opts.limit)
@@ -184,6 +177,25 @@ def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         io.say(f"{stage}: created with limit {limit} (ttl {ttl:g}s)")
     else:
         io.say(f"{stage}: limit {previous} -> {limit}, live for every process")
+    _set_limit_notes(stage, limit, client, target, io)
+    return EXIT_OK
+
+
+def _lift_pin(stage: str, target: Target, io: Streams) -> int:
+    """set-limit --adaptive: the stage's adaptive controller moves its limit again."""
+    keys = LockKeys.of(target.prefix, stage)
+    lifted = run_operation(target.client(), unpin(keys), stage)
+    io.say(
+        f"{stage}: its adaptive controller moves the limit again (from the pinned one)"
+        if lifted
+        else f"{stage}: no pin to lift (no adaptive controller, or not pinned)"
+    )
+    return EXIT_OK
+
+
+def _set_limit_notes(stage: str, limit: int, client: Any, target: Target, io: Streams) -> None:
+    """What a new limit means now: a pinned controller, holders above it, a project setting that
+    a new process writes back."""
     if client.exists(LockKeys.of(target.prefix, stage).adapt):
         io.say(
             f"{stage}: its adaptive controller is pinned to {limit} (`set-limit {stage} "
@@ -210,7 +222,6 @@ def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
             "crawl process "
             "started from now on writes that limit back"
         )
-    return EXIT_OK
 
 
 def _holder_of(status: StageStatus, given: str) -> str:

@@ -527,35 +527,10 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
 def _adaptive(values: dict[str, Any]) -> AdaptiveSettings:
     """REDISLOCK_ADAPTIVE's names are capped stages or "keys" (with capped keys), and the minimum
     is no higher than any cap it applies to; a quorum of masters has no adaptive limit."""
-    named = values.pop("adaptive")
-    capped = {stage for stage, limit in values["stages"].items() if limit is not None}
-    key_capped = values["stage_key"] is not None and (
-        values["key_limit"] is not None or any(v is not None for v in values["key_limits"].values())
-    )
-    if named is True:
-        named = (*sorted(capped), *(("keys",) if key_capped else ()))
-    elif named is False:
-        named = ()
-    for name in named:
-        if name == "keys" and not key_capped:
-            raise ConfigError(
-                "REDISLOCK_ADAPTIVE names 'keys' but no key is capped: set REDISLOCK_STAGE_KEY "
-                "and REDISLOCK_KEY_LIMIT (the ceiling of every key's adaptive limit)"
-            )
-        if name != "keys" and name not in capped:
-            raise ConfigError(
-                f"REDISLOCK_ADAPTIVE names {name!r}, which is not a capped stage of "
-                f"REDISLOCK_STAGES (capped: {sorted(capped)}; 'keys' for the keys): its cap is the "
-                "ceiling of its adaptive limit"
-            )
+    named = _adaptive_names(values, values.pop("adaptive"))
     minimum = values.pop("adaptive_min")
-    ceilings = {f"stage {n!r}": values["stages"][n] for n in named if n != "keys"}
-    if "keys" in named:
-        ceilings.update({f"key {k!r}": v for k, v in values["key_limits"].items() if v})
-        if values["key_limit"] is not None:
-            ceilings["REDISLOCK_KEY_LIMIT"] = values["key_limit"]
-    for what, ceiling in sorted(ceilings.items()):
-        if ceiling is not None and ceiling < minimum:
+    for what, ceiling in sorted(_adaptive_ceilings(values, named).items()):
+        if ceiling < minimum:
             raise ConfigError(
                 f"REDISLOCK_ADAPTIVE_MIN = {minimum} is above the cap of {what} ({ceiling}), the "
                 "ceiling of its adaptive limit"
@@ -572,6 +547,45 @@ def _adaptive(values: dict[str, Any]) -> AdaptiveSettings:
         retry_after=values.pop("retry_after"),
         retry_after_default=values.pop("retry_after_default"),
     )
+
+
+def _adaptive_names(values: dict[str, Any], named: Any) -> tuple[str, ...]:
+    """True: every capped stage and the keys if any is capped; each name given must be capped."""
+    capped = {stage for stage, limit in values["stages"].items() if limit is not None}
+    key_capped = values["stage_key"] is not None and (
+        values["key_limit"] is not None or any(v is not None for v in values["key_limits"].values())
+    )
+    if named is True:
+        return (*sorted(capped), *(("keys",) if key_capped else ()))
+    if named is False:
+        return ()
+    for name in named:
+        _check_adaptive_name(name, capped, key_capped)
+    return tuple(named)
+
+
+def _check_adaptive_name(name: str, capped: set[str], key_capped: bool) -> None:
+    if name == "keys" and not key_capped:
+        raise ConfigError(
+            "REDISLOCK_ADAPTIVE names 'keys' but no key is capped: set REDISLOCK_STAGE_KEY "
+            "and REDISLOCK_KEY_LIMIT (the ceiling of every key's adaptive limit)"
+        )
+    if name != "keys" and name not in capped:
+        raise ConfigError(
+            f"REDISLOCK_ADAPTIVE names {name!r}, which is not a capped stage of "
+            f"REDISLOCK_STAGES (capped: {sorted(capped)}; 'keys' for the keys): its cap is the "
+            "ceiling of its adaptive limit"
+        )
+
+
+def _adaptive_ceilings(values: dict[str, Any], named: tuple[str, ...]) -> dict[str, int]:
+    """The caps an adaptive limit may not exceed, by what the error message calls them."""
+    ceilings = {f"stage {n!r}": values["stages"][n] for n in named if n != "keys"}
+    if "keys" in named:
+        ceilings.update({f"key {k!r}": v for k, v in values["key_limits"].items() if v})
+        if values["key_limit"] is not None:
+            ceilings["REDISLOCK_KEY_LIMIT"] = values["key_limit"]
+    return {what: ceiling for what, ceiling in ceilings.items() if ceiling is not None}
 
 
 def _connection(settings: BaseSettings, url: Any, params: Any) -> dict[str, Any]:
