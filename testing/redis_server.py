@@ -49,6 +49,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class _PortTaken(Exception):
+    """The server could not bind its port: another process took it first."""
+
+
 class RedisServer:
     """One redis-server process on a free loopback port, no persistence unless asked."""
 
@@ -60,7 +64,11 @@ class RedisServer:
         config: str | None = None,
     ):
         self.binary = binary or find_redis_server()
-        self.port = port or free_port()
+        self._port = port or free_port()
+        # a port picked here may be taken by another process before the server binds it: start()
+        # then picks another, unless the port was given or already read (a test that points
+        # crawls at a server it starts later)
+        self._port_fixed = port is not None
         self.extra_args = extra_args or []
         # a config file given before the options (a sentinel's: it rewrites it)
         self.config = config
@@ -68,15 +76,30 @@ class RedisServer:
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
+    def port(self) -> int:
+        self._port_fixed = True
+        return self._port
+
+    @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        for _ in range(5):
+            try:
+                return self._start_once(timeout)
+            except _PortTaken:
+                if self._port_fixed:
+                    raise RuntimeError(f"port {self._port} is taken: {self._log_tail()}") from None
+                self._port = free_port()
+        raise RuntimeError(f"redis-server found no free port: {self._log_tail()}")
+
+    def _start_once(self, timeout: float) -> RedisServer:
         args = [
             self.binary,
             *([self.config] if self.config else []),
             "--port",
-            str(self.port),
+            str(self._port),
             "--bind",
             "127.0.0.1",
             "--save",
@@ -89,22 +112,37 @@ class RedisServer:
             "no",
             *self.extra_args,
         ]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        with open(self._log_path, "wb") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                if "already in use" in self._log_tail():
+                    raise _PortTaken
                 raise RuntimeError(
-                    f"redis-server exited with {self.process.returncode}: {' '.join(args)}"
+                    f"redis-server exited with {self.process.returncode}: {' '.join(args)}: "
+                    f"{self._log_tail()}"
                 )
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                with socket.create_connection(("127.0.0.1", self._port), timeout=0.2) as sock:
                     sock.sendall(b"PING\r\n")
                     # up (with a password: refusing us)
                     if sock.recv(16).startswith((b"+PONG", b"-NOAUTH")):
                         return self
             except OSError:
                 time.sleep(0.02)
-        raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout} s")
+        raise RuntimeError(f"redis-server did not answer on port {self._port} within {timeout} s")
+
+    @property
+    def _log_path(self) -> str:
+        return os.path.join(self.dir, "server.log")
+
+    def _log_tail(self) -> str:
+        try:
+            with open(self._log_path, "rb") as log:
+                return log.read()[-500:].decode("utf-8", "replace").strip()
+        except OSError:
+            return "(no log)"
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
@@ -235,11 +273,10 @@ class RedisClusterServers(ServerGroup):
         """A live node's port, to start a cluster client from."""
         return self.live()[0].port
 
-    def start(self, timeout: float = 30.0) -> RedisClusterServers:
-        reason = self.unavailable()
-        if reason:
-            raise RuntimeError(reason)
-        for _ in range(2 * self.masters):
+    def _start_node(self, attempts: int = 5) -> RedisServer:
+        """One cluster node on a free port pair (its own and its bus port): another is picked
+        when a process takes either before the node binds it."""
+        for attempt in range(attempts):
             node = RedisServer(port=cluster_port(), binary=self.binary)
             conf = f"{node.dir}/nodes-{node.port}.conf"
             node.extra_args = ["--cluster-enabled", "yes", "--cluster-config-file", conf]
@@ -249,8 +286,20 @@ class RedisClusterServers(ServerGroup):
                 "--repl-diskless-sync-delay",
                 "0",
             ]
-            self.nodes.append(node)
-            node.start()
+            try:
+                return node.start()
+            except RuntimeError as exc:
+                node.stop()
+                if "already in use" not in str(exc) or attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def start(self, timeout: float = 30.0) -> RedisClusterServers:
+        reason = self.unavailable()
+        if reason:
+            raise RuntimeError(reason)
+        for _ in range(2 * self.masters):
+            self.nodes.append(self._start_node())
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
         create = [
             str(find_redis_cli()),
