@@ -2,8 +2,8 @@
 against a site that serves 4 requests at once (testing/capacity.py: the rest wait, 503 past 8) and a
 real redis-server. One controller for the three: its limit starts at 1, doubles while the site has
 room (slow start), probes, and settles at the site's capacity, K or K + 1 (K + 2 in some windows
-on a starved CPU), whatever the cap (16) allows; every window is committed once, by whichever process reported when it was due. Counts and
-orders, not speed."""
+on a starved CPU), whatever the cap (16) allows; every window is committed once, by whichever
+process reported when it was due. Counts and orders, not speed."""
 
 from __future__ import annotations
 
