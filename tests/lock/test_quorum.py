@@ -8,6 +8,7 @@ partition.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 import time
@@ -20,10 +21,8 @@ import redis.asyncio
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    Bundle,
     RuleBasedStateMachine,
     invariant,
-    multiple,
     rule,
     run_state_machine_as_test,
 )
@@ -613,50 +612,55 @@ class QuorumMachine(RuleBasedStateMachine):
         self.factory = QuorumLockFactory([s.url for s in self.servers], **MACHINE_OPTIONS)
         self.objects = [self.factory.lock("m", self.limit, self.TTL) for _ in range(3)]
         self.live: list[QuorumPermit] = []
+        # every permit handed out, live or not: rules pick from it by a drawn index, not from a
+        # Bundle, whose size depends on which acquires were granted (timing): Hypothesis must
+        # draw the same choices whatever the servers answered
+        self.issued: list[QuorumPermit] = []
 
     def up(self, index: int) -> bool:
         process = self.servers[index].process
         return process is not None and process.poll() is None
 
-    permits = Bundle("permits")
+    def handed(self, permit: QuorumPermit | None) -> None:
+        if permit is not None:
+            self.live.append(permit)
+            self.issued.append(permit)
 
-    @rule(target=permits, index=st.integers(0, 2))
-    def try_acquire(self, index: int) -> Any:
-        permit = self.objects[index].try_acquire()
-        if permit is None:
-            return multiple()
-        self.live.append(permit)
-        return permit
+    @rule(index=st.integers(0, 2))
+    def try_acquire(self, index: int) -> None:
+        self.handed(self.objects[index].try_acquire())
 
-    @rule(target=permits, index=st.integers(0, 2))
-    def acquire(self, index: int) -> Any:
-        try:
-            permit = self.objects[index].acquire(timeout=0.05)
-        except AcquireTimeout:
-            return multiple()
-        self.live.append(permit)
-        return permit
+    @rule(index=st.integers(0, 2))
+    def acquire(self, index: int) -> None:
+        with contextlib.suppress(AcquireTimeout):
+            self.handed(self.objects[index].acquire(timeout=0.05))
 
-    def owner_if_live(self, permit: QuorumPermit) -> Any:
+    def live_pick(self, pick: int) -> tuple[QuorumPermit, Any] | None:
+        """The issued permit ``pick`` names and its owner, if it is still live."""
+        if not self.issued:
+            return None
+        permit = self.issued[pick % len(self.issued)]
         if not any(p is permit for p in self.live):
             return None
-        return next(o for o in self.objects if o.owner == permit.owner)
+        return permit, next(o for o in self.objects if o.owner == permit.owner)
 
     def forget(self, permit: QuorumPermit) -> None:
         self.live = [p for p in self.live if p is not permit]
 
-    @rule(permit=permits)
-    def release(self, permit: QuorumPermit) -> None:
-        owner = self.owner_if_live(permit)
-        if owner is not None:
+    @rule(pick=st.integers(0, 15))
+    def release(self, pick: int) -> None:
+        picked = self.live_pick(pick)
+        if picked is not None:
+            permit, owner = picked
             owner.release(permit)
             self.forget(permit)
 
-    @rule(permit=permits)
-    def renew(self, permit: QuorumPermit) -> None:
-        owner = self.owner_if_live(permit)
-        if owner is None:
+    @rule(pick=st.integers(0, 15))
+    def renew(self, pick: int) -> None:
+        picked = self.live_pick(pick)
+        if picked is None:
             return
+        permit, owner = picked
         try:
             owner.renew(permit)
         except LockLost:
