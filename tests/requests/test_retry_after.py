@@ -6,7 +6,8 @@ Once all three crawl, the site answers one request of host 1 ``429 Too Many Requ
 ``Retry-After: 3``. The process that gets it pauses host 1's starts in Redis until 3 s later on
 Redis's clock; every process's next request of host 1 (its take of the key's slot is refused, or
 its start is held) waits until then. The site sees no request of host 1 during the pause, except
-those already on their way when the 429 was answered; host 2 goes on; host 1 resumes after it.
+those already on their way when the 429 was answered; host 2 goes on (under StageScheduler, where
+host 1's requests wait queued); host 1 resumes after it.
 """
 
 from __future__ import annotations
@@ -65,7 +66,10 @@ def test_a_retry_after_pauses_the_host_for_every_process(
     print(f"arrivals at host 1 during the pause: {[round(t, 3) for t in during]}")
     assert stragglers == [], during
     assert after, "host 1 never resumed"
-    assert len(other) > 10  # host 2 went on meanwhile
+    if scheduler:
+        # host 2 went on meanwhile; with the middleware alone host 1's held requests wait in the
+        # downloader and may take all of CONCURRENT_REQUESTS (docs/key-caps.md)
+        assert len(other) > 10
     paused = sum(crawl.stats.get("redislock/retry_after/pauses", 0) for crawl in crawls)
     assert paused == 1
     assert leftover(redis_client) == 0
