@@ -144,11 +144,15 @@ def test_the_queue_stays_shared_and_a_kill_loses_only_what_the_process_held(
                 break
         site.delay = 0.1
         assert watch(lambda: reached(site, "p3") > 0), "the late process got no work"
-        # It got work from what was still in Redis: p1 and p2 had taken no more than their requests
-        # in flight and their lines (and one in transit each) into their memory.
+        # It got work from what was still in Redis: the processes had taken no more than their
+        # requests in flight and their lines (and one in transit each) into their memory. p3 may
+        # have taken its own by the time its probe says it opened: it counts as one of them.
         assert queued_when_p3_opened > 0
-        held_by_p1_p2 = SEEDED - queued_when_p3_opened - answered_then
-        assert held_by_p1_p2 <= CAP + 2 * (WAITERS + 1), (held_by_p1_p2, queued_when_p3_opened)
+        held_outside_redis = SEEDED - queued_when_p3_opened - answered_then
+        assert held_outside_redis <= CAP + 3 * (WAITERS + 1), (
+            held_outside_redis,
+            queued_when_p3_opened,
+        )
         assert watch(lambda: reached(site, "p1") > 0)
         killed_at = time.monotonic()
         crawls["p1"].signal(signal.SIGKILL)
