@@ -6,27 +6,40 @@ Once all three crawl, the site answers one request of host 1 ``429 Too Many Requ
 ``Retry-After: 3``. The process that gets it pauses host 1's starts in Redis until 3 s later on
 Redis's clock; every process's next request of host 1 (its take of the key's slot is refused, or
 its start is held) waits until then. The site sees no request of host 1 during the pause, except
-those already on their way when the 429 was answered; host 2 goes on (under StageScheduler, where
+those already on their way when the pause reached Redis; host 2 goes on (under StageScheduler, where
 host 1's requests wait queued); host 1 resumes after it.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
+from scrapy_redislock.lock.delay import gate_key
 from testing.capacity import CapacitySite
 from testing.crawlproc import Crawl, leftover
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 PROCESSES = 3
 PAUSE = 3.0
-# requests of host 1 already on their way when the 429 was answered (sent before the pause reached
-# Redis) may still arrive this long after it
+# requests of host 1 already on their way when the pause reached Redis (their slots taken before)
+# may still arrive this long after it
 ON_THEIR_WAY = 0.25
+
+
+def pause_landed(client: redis.Redis, timeout: float = 30) -> float:
+    """When the pause of host 1's key reached Redis, on this process's ``time.monotonic()`` (the
+    site's clock): the gate holds the pause's end on Redis's clock, which is this machine's."""
+    gate = gate_key("redislock", "key:127.0.0.1")
+    deadline = time.monotonic() + timeout
+    while (until := client.get(gate)) is None:
+        assert time.monotonic() < deadline, "no pause reached Redis"
+        time.sleep(0.01)
+    return int(until) / 1e6 - PAUSE - (time.time() - time.monotonic())
 
 
 @pytest.mark.parametrize("scheduler", ["scrapy_redislock.StageScheduler", None])
@@ -54,16 +67,20 @@ def test_a_retry_after_pauses_the_host_for_every_process(
         assert site.wait_for(lambda: len(host1.arrivals) >= 40, timeout=60)
         site.too_many("127.0.0.1", PAUSE)
         assert site.wait_for(lambda: host1.answers[429] == 1, timeout=30)
+        landed = pause_landed(redis_client)
         for crawl in crawls:
             crawl.wait(timeout=120)
             assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
         with site.condition:
             refused_at = host1.refused[0]
-            during = [t - refused_at for t in host1.arrivals if refused_at < t < refused_at + PAUSE]
-            after = [t for t in host1.arrivals if t > refused_at + PAUSE]
+            during = [t - refused_at for t in host1.arrivals if refused_at < t < landed + PAUSE]
+            after = [t for t in host1.arrivals if t > landed + PAUSE]
             other = [t for t in host2.arrivals if refused_at < t < refused_at + PAUSE]
-    stragglers = [t for t in during if t > ON_THEIR_WAY]
-    print(f"arrivals at host 1 during the pause: {[round(t, 3) for t in during]}")
+    stragglers = [t for t in during if t > landed - refused_at + ON_THEIR_WAY]
+    print(
+        f"the pause reached Redis {landed - refused_at:.3f} s after the 429; arrivals at host 1"
+        f" from the 429 to the pause's end: {[round(t, 3) for t in during]}"
+    )
     assert stragglers == [], during
     assert after, "host 1 never resumed"
     if scheduler:
