@@ -16,6 +16,7 @@ from scrapy_redislock import AsyncCountingLock
 from scrapy_redislock.lock.delay import book_start, confirm_start, delay_keys, gate_key
 from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.protocol import adrive
+from testing.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 JITTER = 0.02  # seconds of rounding between Redis's clock and this process's, at most
@@ -138,17 +139,25 @@ def evalsha_calls(client: redis.Redis) -> int:
     return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
 
 
-def test_starts_are_confirmed_against_the_previous_confirmed_start(
-    admin_url: str, redis_client: redis.Redis
-) -> None:
+def test_starts_are_confirmed_against_the_previous_confirmed_start() -> None:
     """The booking gives the order, the confirmation the gap: a start confirmed late pushes the next
     one back by the whole gap from its own confirmed moment, on Redis's clock (exact to the µs); a
-    free key's start is confirmed by its booking alone (one EVALSHA)."""
+    free key's start is confirmed by its booking alone (one EVALSHA, counted on a server of its
+    own, whatever ran before)."""
+    with RedisServer() as server, redis.Redis.from_url(server.url) as redis_client:
+        asyncio.run(confirmed_starts(server.url, redis_client))
+        deadline = time.monotonic() + 5
+        while keys_of(redis_client, "key:b.com") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert keys_of(redis_client, "key:b.com") == []  # idle: both strings expired
 
-    async def main() -> None:
-        client = redis.asyncio.Redis.from_url(admin_url)
+
+async def confirmed_starts(url: str, redis_client: redis.Redis) -> None:
+    async with redis.asyncio.Redis.from_url(url) as client:
         runner = CommandRunner(client)
         keys = delay_keys("redislock", "key:b.com")
+        # the script loaded first (a NOSCRIPT EVALSHA and its retry on a server that has not seen it)
+        await adrive(book_start(delay_keys("redislock", "key:warm.com"), 0.2), runner, "gate")
         before = evalsha_calls(redis_client)
         first = await adrive(book_start(keys, 0.2), runner, "gate")
         assert first.confirmed and first.wait == 0
@@ -168,10 +177,3 @@ def test_starts_are_confirmed_against_the_previous_confirmed_start(
         assert third.at == pytest.approx(first.at + 0.4, abs=1e-6)
         wait, now = await adrive(confirm_start(keys, 0.2), runner, "gate")
         assert wait > 0 and now + wait == pytest.approx(late + 0.2, abs=1e-6)
-        await client.aclose()
-
-    asyncio.run(main())
-    deadline = time.monotonic() + 5
-    while keys_of(redis_client, "key:b.com") and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert keys_of(redis_client, "key:b.com") == []  # idle: both strings expired
