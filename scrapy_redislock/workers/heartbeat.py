@@ -87,16 +87,17 @@ class Heartbeat:
     def _taken_for_dead(self) -> None:
         # Silent for a TTL (a stall: CPU starvation, a debugger, SIGSTOP, a long blocking call): the
         # others put this worker's in-flight requests back in the queues. The unstarted ones are
-        # dropped here; the ones already in the engine (downloads, at most CONCURRENT_REQUESTS, and
-        # responses waiting for their callback) get fetched twice.
-        dropped = len(self.inflight.drop_ahead())
+        # dropped here; the ones already started (downloads, at most CONCURRENT_REQUESTS, responses
+        # waiting for their callback, finished ones not acknowledged yet) get fetched twice.
+        inflight = self.inflight
+        dropped = len(inflight.drop_ahead())
         self.stats.inc_value("redislock/workers/presumed_dead")
         logger.warning(
             "Worker %s was silent for the TTL and taken for dead: dropped %d requests taken ahead "
-            "(the others have them), %d in progress here may get fetched twice",
+            "(the others have them), %d started here may get fetched twice",
             self.queues.worker,
             dropped,
-            len(self.inflight.handed),
+            len(inflight.handed) + len(inflight.acks) + len(inflight.acking),
         )
 
     async def pulse(self) -> None:

@@ -43,10 +43,11 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("P
 crawl = [pytest.mark.integration, pytest.mark.crawl]
 
 
-def demo_args(*extra: str) -> argparse.Namespace:
-    return arguments(
-        ["--workers", "5", "--concurrency", "2", "--quiet", "--timeout", "150", *extra]
-    )
+def demo_args(output: Path, *extra: str) -> argparse.Namespace:
+    """The example's arguments; its feeds and logs go to ``output``, one directory per test (two
+    crawls sharing the example's output directory would overwrite each other's feeds)."""
+    fixed = ["--workers", "5", "--concurrency", "2", "--quiet", "--timeout", "150"]
+    return arguments([*fixed, "--output", str(output), *extra])
 
 
 def finish(process: subprocess.Popen[str], timeout: float = 60) -> str:
@@ -88,11 +89,11 @@ def held_slots(client: redis.Redis) -> int:
 @pytest.mark.integration
 @pytest.mark.crawl
 def test_acceptance_caps_hold_every_page_once_workers_exit_0_nothing_left(
-    redis_url: str, admin_url: str
+    redis_url: str, admin_url: str, tmp_path: Path
 ) -> None:
     """10 list pages x 20 details x 5 comment pages, 30 ms pages, 5 workers, caps 1/3/None."""
     with ShopSite(lists=10, details=20, comments=5, delay=0.03) as site:
-        args = demo_args("--ttl", "3", "--idle-close", "1.5")
+        args = demo_args(tmp_path, "--ttl", "3", "--idle-close", "1.5")
         phase = run_phase("slots", "shop", admin_url, site, args, worker_url=redis_url)
         assert phase.exit_codes == [0] * 5
         for stage, cap in CAPS.items():
@@ -119,11 +120,13 @@ def test_acceptance_caps_hold_every_page_once_workers_exit_0_nothing_left(
 @pytest.mark.crawl
 @pytest.mark.faults
 def test_kill_9_a_detail_worker_slot_taken_over_within_ttl_plus_2_and_crawl_completes(
-    redis_url: str, admin_url: str
+    redis_url: str, admin_url: str, tmp_path: Path
 ) -> None:
     ttl = 2.0
     with ShopSite(lists=6, details=40, comments=2, delay=0.1) as site:
-        args = demo_args("--ttl", str(ttl), "--idle-close", "1.5", "--kill-one-after", "0.8")
+        args = demo_args(
+            tmp_path, "--ttl", str(ttl), "--idle-close", "1.5", "--kill-one-after", "0.8"
+        )
         phase: Phase = run_phase("kill", "shop", admin_url, site, args, worker_url=redis_url)
         assert phase.victim is not None, "no worker held a detail slot to kill"
         assert phase.taken_over_after is not None, "the killed worker's slot never came back"
@@ -203,14 +206,13 @@ def test_scheduler_persist_false_one_workers_close_keeps_the_others_queues(
     with CrawlSite(delay=0.1) as site:
         settings = {"REDISLOCK_WORKER_STAGES": {"a": None}, "SCHEDULER_PERSIST": False}
         seed(redis_url, "staged", ["a"], {"a": [f"{site.url}/a/{n}" for n in range(80)]})
+        # Started together, so that a loaded machine slows both start-ups alike: the staying worker
+        # needs 8 s for the 80 pages, the early one a few pages' time after its start-up.
         stayer = staged_worker(redis_url, site.url, "", {**settings, "CONCURRENT_REQUESTS": 1})
-        deadline = time.monotonic() + 30
-        while not site.hits:  # the staying worker is crawling: the early one will not be alone
-            assert time.monotonic() < deadline and stayer.poll() is None
-            time.sleep(0.05)
         early = staged_worker(redis_url, site.url, "", {**settings, "CLOSESPIDER_PAGECOUNT": 3})
         early_output = finish(early)
         assert "closespider_pagecount" in early_output
+        assert "cleared the queues" not in early_output
         assert redis_client.llen("redislock:{staged}:queue:a") > 0, (
             "the early worker's close deleted the queue"
         )
@@ -320,12 +322,13 @@ def test_a_worker_that_loses_its_slot_gives_its_unstarted_requests_back(
     """An operator's reset of the stage lock: the holder finds its lease lost at the next renewal,
     stops taking requests of that stage, hands back what it had taken ahead, and takes a slot again;
     nothing is fetched twice."""
-    with CrawlSite(delay=0.05) as site:
+    # 10 s of pages: work is left after the reset command's start-up (seconds on a loaded machine)
+    with CrawlSite(delay=0.2) as site:
         seed(redis_url, "staged", ["a"], {"a": [f"{site.url}/a/{n}" for n in range(100)]})
         worker = staged_worker(
             redis_url, site.url, "", {"REDISLOCK_WORKER_STAGES": {"a": 1}, "REDISLOCK_TTL": 1.5}
         )
-        wait_for(lambda: len(site.hits) >= 10, 60, "the crawl to start")
+        wait_for(lambda: len(site.hits) >= 4, 60, "the crawl to start")
         reset = subprocess.run(
             [
                 sys.executable,
@@ -342,6 +345,7 @@ def test_a_worker_that_loses_its_slot_gives_its_unstarted_requests_back(
             timeout=30,
         )
         assert reset.returncode == 0, reset.stderr
+        assert len(site.hits) < 100, "the crawl ended before the reset"
         output = finish(worker)
         assert "lost its slot of stage 'a'" in output
         assert stat(output, "redislock/workers/a/taken") >= 2
@@ -449,10 +453,16 @@ def test_a_stalled_worker_is_taken_for_dead_then_goes_on(
         assert "taken for dead" in stalled
         assert stat(other, "redislock/workers/requeued") >= 1
         assert set(site.hits) == {f"/a/{n}" for n in range(120)}
-        # Fetched twice: only what the engine had in progress when the worker stalled: its downloads
-        # (at most CONCURRENT_REQUESTS = 2) and responses still waiting for their callback (seen:
-        # 1). Taken ahead: dropped.
-        assert sum(site.hits.values()) - 120 <= 2 * 2
+        # Fetched twice: exactly what the stalled worker had started (downloads, responses waiting
+        # for their callback, finished requests not yet acknowledged: under a starved CPU, more
+        # than CONCURRENT_REQUESTS); what it had only taken ahead it dropped. On a starved CPU a
+        # worker may also miss its TTL on its own, at the same cost: counted from both logs.
+        requeued = stat(stalled, "redislock/workers/requeued") + stat(
+            other, "redislock/workers/requeued"
+        )
+        dropped = sum(map(int, re.findall(r"dropped (\d+) requests taken ahead", stalled + other)))
+        warnings = [line for line in (stalled + other).splitlines() if "WARNING" in line]
+        assert sum(site.hits.values()) - 120 == requeued - dropped, warnings
         assert site.max_in_flight["a"] <= 2 * 2 + 2
         assert held_slots(redis_client) == 0 and redis_client.zcard("redislock:{staged}:alive") == 0
 
