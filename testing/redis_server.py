@@ -276,7 +276,8 @@ class RedisClusterServers(ServerGroup):
     def _start_node(self, attempts: int = 5) -> RedisServer:
         """One cluster node on a free port pair (its own and its bus port): another is picked
         when a process takes either before the node binds it."""
-        for attempt in range(attempts):
+        attempt = 1
+        while True:
             node = RedisServer(port=cluster_port(), binary=self.binary)
             conf = f"{node.dir}/nodes-{node.port}.conf"
             node.extra_args = ["--cluster-enabled", "yes", "--cluster-config-file", conf]
@@ -290,9 +291,9 @@ class RedisClusterServers(ServerGroup):
                 return node.start()
             except RuntimeError as exc:
                 node.stop()
-                if "already in use" not in str(exc) or attempt == attempts - 1:
+                if "already in use" not in str(exc) or attempt >= attempts:
                     raise
-        raise AssertionError("unreachable")
+                attempt += 1
 
     def start(self, timeout: float = 30.0) -> RedisClusterServers:
         reason = self.unavailable()
