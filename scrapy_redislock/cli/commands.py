@@ -172,7 +172,7 @@ def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
             f"{limit}"
         )
     core = LockCore.create(stage, None, ttl, key_prefix=target.prefix, light=_is_key(stage))
-    previous = run_operation(client, core.set_limit(limit), stage)
+    previous = run_operation(client, core.set_limit(limit, pin=True), stage)
     if previous is None:
         io.say(f"{stage}: created with limit {limit} (ttl {ttl:g}s)")
     else:

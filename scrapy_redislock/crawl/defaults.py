@@ -92,6 +92,15 @@ TABLE: tuple[Setting, ...] = (
         "before anybody new gets one (docs/failures.md).",
     ),
     Setting(
+        "REDISLOCK_ALLOW_EVICTION",
+        False,
+        "bool",
+        "True to run on a Redis whose maxmemory-policy may evict keys (volatile-* or allkeys-*). "
+        "By default the crawl refuses to start on one: an evicted lock key gives a slot twice. "
+        "Set maxmemory-policy noeviction, or keep the locks on a Redis of their own "
+        "(docs/failures.md).",
+    ),
+    Setting(
         "REDISLOCK_KEY_PREFIX",
         "redislock",
         "name",

@@ -16,7 +16,9 @@ import redis.asyncio
 from scrapy_redislock._redis import AsyncRedisClient
 from scrapy_redislock.crawl.connection import async_clients
 from scrapy_redislock.crawl.reach import REFUSED, masters_said, no_quorum
+from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.lock.aio import AsyncCountingLock
+from scrapy_redislock.lock.front import eviction_policy
 from scrapy_redislock.lock.interface import AsyncLock
 from scrapy_redislock.lock.quorum import AsyncQuorumCountingLock, QuorumLockFactory
 
@@ -24,6 +26,34 @@ if TYPE_CHECKING:
     from scrapy_redislock.crawl.settings import RedisLockSettings
 
 logger = logging.getLogger(__name__)
+
+
+async def check_eviction(client: AsyncRedisClient, settings: RedisLockSettings, where: str) -> None:
+    """Refuse a Redis whose maxmemory-policy may evict keys (a lock key evicted gives a slot
+    twice) unless REDISLOCK_ALLOW_EVICTION; where INFO is refused (a managed Redis), say that
+    noeviction was assumed. INFO, not CONFIG GET: the crawler ACL role reads INFO already, and
+    CONFIG GET would show it every setting."""
+    try:
+        policy = eviction_policy(await client.info("memory"))
+    except redis.exceptions.ResponseError as exc:
+        logger.warning(
+            "Could not read the maxmemory-policy of Redis at %s (%s): assumed noeviction, which the locks need (docs/failures.md)",  # noqa: E501
+            where,
+            exc,
+        )
+        return
+    if policy == "noeviction":
+        return
+    if settings.allow_eviction:
+        logger.warning(
+            "Redis at %s may evict keys (maxmemory-policy %s), accepted by REDISLOCK_ALLOW_EVICTION: an evicted lock key gives a slot twice",  # noqa: E501
+            where,
+            policy,
+        )
+        return
+    raise ConfigError(
+        f"Redis at {where} has maxmemory-policy {policy}, which may evict the locks' keys and give a slot twice: set maxmemory-policy noeviction, keep the locks on a Redis of their own (REDISLOCK_URL), or set REDISLOCK_ALLOW_EVICTION = True to accept it"  # noqa: E501
+    )
 
 
 class OneRedis:
@@ -54,6 +84,7 @@ class OneRedis:
             # before concurrent first commands (see docs/failures.md, Redis Cluster)
             await client.initialize()
         await client.ping()
+        await check_eviction(client, self.settings, self.settings.redis.safe_url)
 
     def needed(self, lock: AsyncLock[Any]) -> int:
         """Masters with a free slot that a grant needs."""
@@ -102,6 +133,9 @@ class QuorumOfMasters:
         if len(self.clients) - len(failed) < needed:
             refused = [exc for exc in failed.values() if isinstance(exc, REFUSED)]
             raise refused[0] if refused else no_quorum(self.settings.redis.masters, failed, needed)
+        for i, client in enumerate(self.clients):
+            if i not in failed:
+                await check_eviction(client, self.settings, f"master {i + 1} of REDISLOCK_URL")
         if failed:
             logger.warning(
                 "Quorum lock: %d of %d masters answer, %d needed; not answering: %s",

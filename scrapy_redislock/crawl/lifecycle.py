@@ -33,6 +33,7 @@ from scrapy.utils.reactor import is_reactor_installed
 from scrapy_redislock._redis import AsyncRedisClient, Backoff
 from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REDIS_ERRORS, REFUSED
 from scrapy_redislock.crawl.renewer import Renewer, gather_bounded
+from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.lock.core import release_consumer
 from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.interface import AsyncLock
@@ -133,7 +134,7 @@ class Lifecycle:
             self._starting = asyncio.ensure_future(self._start_retrying())
         try:
             await asyncio.shield(self._starting)
-        except REDIS_ERRORS as exc:
+        except (*REDIS_ERRORS, ConfigError) as exc:
             self._start_failed(exc)
         return self.failure is None
 
@@ -179,7 +180,10 @@ class Lifecycle:
         if self.failure is not None:
             return
         source = self.locks.settings.redis.url_setting
-        if isinstance(exc, redis.exceptions.NoPermissionError):
+        if isinstance(exc, ConfigError):
+            logger.error("%s; closing the spider rather than crawl unthrottled", exc)
+            self.failure = CloseSpider("redislock_config_error")
+        elif isinstance(exc, redis.exceptions.NoPermissionError):
             logger.error(
                 "Redis at %s (%s) refused a command to this user (ACL): %s; the crawl needs the "
                 "crawler role "

@@ -93,13 +93,15 @@ the clipping, 16 processes went to 10.
 
 **What it costs** (Redis 7.0, counted with INFO commandstats, checked by the tests): a report runs
 5 commands (TIME, HMGET, XINFO GROUPS for the lock's slots in use, HSET, PEXPIRE), 6 when the
-window is due (HGET of the lock's limit) and one more HGET for a new controller. A commit refused
-as stale runs 1 (HMGET); one that leaves the lock's limit as it is 8 (HMGET, TIME, HSET, PEXPIRE,
-HGET of the lock's limit, LPUSH, LTRIM, PEXPIRE of the log; 5 without a log). Moving the limit
-adds the restart check (EXISTS, HEXISTS, INFO, HGET) and ``change_limit``'s commands: 6, one
-XPENDING per slot held, and one XADD per slot added, or XRANGE, XGROUP SETID and one XDEL per
-free slot skipped (+1 with one slot held: 20 in all). About once a second per lock, whoever
-reports.
+window is due (HGET of the lock's limit) and two more HGETs for a new controller (the lock's limit
+and pin). A commit refused as stale runs 1 (HGET); one that leaves the lock's limit as it is 9
+(HGET, TIME, HMGET of the pin in the lock's record, HSET, PEXPIRE, HGET of the lock's limit,
+LPUSH, LTRIM, PEXPIRE of the log; 6 without a log). Moving the limit adds the restart check
+(EXISTS, HEXISTS, INFO, HGET) and ``change_limit``'s commands: 6, one XPENDING per slot held, and
+one XADD per slot added, or XRANGE, XGROUP SETID and one XDEL per free slot skipped (+1 with one
+slot held: 21 in all). About once a second per lock, whoever reports. The pin lives in the lock's
+record (a stage's meta, a key's light zset: ``scripts/set_limit.lua``), so it outlives the
+controller's hash.
 
 No Scrapy, no Twisted, no I/O: operations for :func:`~scrapy_redislock.lock.protocol.adrive`.
 """
@@ -628,7 +630,7 @@ def update(
 def unpin(keys: LockKeys) -> Operation[bool]:
     """Let the lock's controller move its limit again after ``set-limit`` pinned it; whether there
     was a pin."""
-    return bool((yield RunScript("adapt_unpin", (keys.adapt,), ())))
+    return bool((yield RunScript("adapt_unpin", (keys.meta, keys.light), ())))
 
 
 def history(keys: LockKeys, count: int = 600) -> Operation[list[LogRecord]]:

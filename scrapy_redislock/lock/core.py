@@ -49,6 +49,7 @@ from scrapy_redislock.lock.light import LightGrants
 from scrapy_redislock.lock.permit import LockKeys, Permit, default_identity
 from scrapy_redislock.lock.protocol import (
     Call,
+    MayEvict,
     Operation,
     RunScript,
     WaitReplicas,
@@ -120,6 +121,9 @@ class LockCore:
     held: dict[str, Permit] = field(default_factory=dict)
     by_holder: dict[Any, Permit] = field(default_factory=dict)
     registration: Registration = field(default_factory=Registration)
+    # a light lock takes light grants only once the server is known not to evict keys (MayEvict):
+    # a light grant's zset expires, and an evicted one is a slot given twice
+    light_path: bool | None = None
     waits_in_flight: int = 0
     consumers: Consumers = field(init=False)
     lights: LightGrants = field(init=False)
@@ -260,16 +264,18 @@ class LockCore:
         timeout = check_timeout(timeout)
         if self.reentrant and holder is not None and holder in self.by_holder:
             permit = self.by_holder[holder]
-            count = yield self._script(
-                "hold_again", (self.keys.slots, self.keys.holds), self.owner, permit.grant
-            )
-            if int(count):
-                permit.holds = int(count)
+            # The hold count is this process's (it follows the permit through a re-adoption after a
+            # restart); Redis is asked only whether the grant is still held, and renews it.
+            held = yield self._script("hold_again", (self.keys.slots,), self.owner, permit.grant)
+            if int(held):
+                permit.holds += 1
                 self.consumers.free(permit.consumer)
                 permit.consumer = self.owner
                 return permit
             self.let_go(permit)
-        if self.light and not self.registration.current:
+        if self.light and self.light_path is None:
+            self.light_path = not (yield MayEvict())
+        if self.light_path and not self.registration.current:
             done, taken = yield from self.lights.acquire(self.limit, blocking)
             if done:
                 return taken
@@ -285,9 +291,7 @@ class LockCore:
         """The ``take`` script: one look for a free slot, without blocking."""
         k = self.keys
         interval_ms = max(1, round(self.renew_interval * 1000))
-        return self._script(
-            "take", (k.slots, k.meta, k.holds), consumer, interval_ms, self.durable_flag
-        )
+        return self._script("take", (k.slots, k.meta), consumer, interval_ms, self.durable_flag)
 
     def wait_replicas(self) -> Operation[int]:
         """How many replicas acknowledged everything this lock's master did so far (waits up to
@@ -330,9 +334,12 @@ class LockCore:
             raise LockLost(f"lock {self.name!r}: lease of permit {permit.token} is gone")
         return None
 
-    def set_limit(self, limit: object, recover: bool = False) -> Operation[int | None]:
+    def set_limit(
+        self, limit: object, recover: bool = False, pin: bool = False
+    ) -> Operation[int | None]:
         """Change the cluster-wide limit live; returns the previous one (None if new). A missing
-        lock is created, with every slot reserved for one lease when ``recover``."""
+        lock is created, with every slot reserved for one lease when ``recover``. ``pin``: an
+        operator's word, which an adaptive controller follows until it is unpinned."""
         new = check_limit(limit)
         previous = yield self._script(
             "set_limit",
@@ -341,6 +348,7 @@ class LockCore:
             self.ttl_ms,
             "1" if recover else "0",
             self.durable_flag,
+            "1" if pin else "0",
         )
         self.limit = new
         # it exists now: after a data loss this object recreates it in limbo
@@ -374,7 +382,7 @@ class LockCore:
         if not self.light or self.registration.ever:
             stream_freed, deleted = yield RunScript(
                 "retire",
-                (k.slots, k.meta, k.owners, k.holds, k.ttls, k.seen, *self._light_keys),
+                (k.slots, k.meta, k.owners, k.ttls, k.seen, *self._light_keys),
                 (self.owner, self.durable_flag),
             )
             freed += int(stream_freed)
@@ -398,7 +406,7 @@ def release_consumer(keys: LockKeys, owner: str, light: bool = False) -> Operati
     forget it: an operator freeing a dead worker."""
     freed = yield RunScript(
         "release_owner",
-        (keys.slots, keys.meta, keys.owners, keys.holds, keys.ttls, keys.seen)
+        (keys.slots, keys.meta, keys.owners, keys.ttls, keys.seen)
         + ((keys.light,) if light else ()),
         (owner,),
     )
@@ -411,7 +419,7 @@ def forget_lock(keys: LockKeys, light: bool = False) -> Operation[bool]:
     it was deleted."""
     _freed, deleted = yield RunScript(
         "retire",
-        (keys.slots, keys.meta, keys.owners, keys.holds, keys.ttls, keys.seen)
+        (keys.slots, keys.meta, keys.owners, keys.ttls, keys.seen)
         + ((keys.light, keys.migrated) if light else ()),
         ("", "0"),
     )
@@ -423,7 +431,7 @@ def reset_lock(keys: LockKeys, light: bool = False) -> Operation[tuple[int, int 
     stays. Returns (grants freed, limit; None for a light-path lock with no limit in Redis)."""
     freed, limit = yield RunScript(
         "reset",
-        (keys.slots, keys.meta, keys.owners, keys.holds, keys.ttls, keys.seen)
+        (keys.slots, keys.meta, keys.owners, keys.ttls, keys.seen)
         + ((keys.light,) if light else ()),
         (),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import threading
 import time
@@ -20,10 +21,11 @@ from typing import Any, Generic, TypeVar
 import redis.asyncio
 import redis.exceptions
 
+from scrapy_redislock._redis import text
 from scrapy_redislock.errors import InvalidArgument
 from scrapy_redislock.lock.core import Clock, LockCore, lock_scripts
 from scrapy_redislock.lock.permit import GROUP, LockKeys, Permit
-from scrapy_redislock.lock.protocol import Call, Command, ReadGrant, WaitReplicas
+from scrapy_redislock.lock.protocol import Call, Command, MayEvict, ReadGrant, WaitReplicas
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +116,20 @@ def waiting_client(client: Any) -> Any:
     return waiting
 
 
+def eviction_policy(info: Any) -> str:
+    """``maxmemory_policy`` of an ``INFO memory`` reply (a cluster client's: one per node, the
+    first that evicts); ``noeviction`` when it is not there."""
+    if isinstance(info, bytes | str):
+        found = re.search(r"maxmemory_policy:(\S+)", text(info))
+        return found.group(1) if found else "noeviction"
+    if isinstance(info, dict) and "maxmemory_policy" in info:
+        return str(text(info["maxmemory_policy"]))
+    if isinstance(info, dict):  # per node
+        policies = [eviction_policy(node) for node in info.values()]
+        return next((p for p in policies if p != "noeviction"), "noeviction")
+    return "noeviction"
+
+
 def _read_args(command: ReadGrant) -> tuple[Any, ...]:
     return ("XREADGROUP", "GROUP", GROUP, command.consumer, "COUNT", 1, "BLOCK", command.block_ms, "STREAMS",
             command.key, ">")  # fmt: skip
@@ -145,6 +161,54 @@ class CommandRunner:
         self.asyncio = isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster)
         self.scripts: dict[str, Any] = {}
         self.guard_unloaded = True  # cluster reads: SCRIPT LOAD the guard before the first pipeline
+        self.may_evict: bool | None = None  # the server's maxmemory-policy evicts keys (read once)
+
+    def _evicts(self) -> Any:
+        """Answer :class:`MayEvict`: ``INFO memory``'s ``maxmemory_policy`` once per runner."""
+        if self.may_evict is not None:
+            return self._answer(self.may_evict)
+        args = ("INFO", "memory")
+        if self.asyncio:
+
+            async def read() -> bool:
+                try:
+                    reply = await self.client.execute_command(*args)
+                except redis.exceptions.ResponseError as exc:
+                    return self._policy_of(None, exc)
+                return self._policy_of(reply, None)
+
+            return read()
+        try:
+            reply = self.client.execute_command(*args)
+        except redis.exceptions.ResponseError as exc:
+            return self._policy_of(None, exc)
+        return self._policy_of(reply, None)
+
+    def _answer(self, value: Any) -> Any:
+        if not self.asyncio:
+            return value
+
+        async def now() -> Any:
+            return value
+
+        return now()
+
+    def _policy_of(self, reply: Any, error: Exception | None) -> bool:
+        if error is not None:
+            logger.warning(
+                "Could not read Redis's maxmemory-policy (%s): assumed noeviction (docs/failures.md)",
+                error,
+            )
+            self.may_evict = False
+            return False
+        policy = eviction_policy(reply)
+        self.may_evict = policy != "noeviction"
+        if self.may_evict:
+            logger.warning(
+                "Redis may evict keys (maxmemory-policy %s): key locks skip their light path (docs/failures.md)",
+                policy,
+            )
+        return self.may_evict
 
     def _registered(self, name: str) -> Any:
         script = self.scripts.get(name)
@@ -269,6 +333,8 @@ class CommandRunner:
             return self._read(command)
         if isinstance(command, Call):
             return client.execute_command(*command.args)
+        if isinstance(command, MayEvict):
+            return self._evicts()
         if isinstance(command, WaitReplicas):
             # One connection for both (WAIT counts what its connection wrote); on a cluster, the
             # key's master.

@@ -69,7 +69,6 @@ class LockKeys:
     slots: str
     meta: str
     owners: str
-    holds: str
     ttls: str
     seen: str
     gate: str  # the delay gate of the stage or key (lock/delay.py): a string, only while a start is booked

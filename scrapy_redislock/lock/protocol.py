@@ -71,7 +71,13 @@ class WaitReplicas:
     timeout_ms: int
 
 
-Command = RunScript | ReadGrant | Call | WaitReplicas
+@dataclass(frozen=True)
+class MayEvict:
+    """Whether the server may evict keys (``maxmemory-policy`` other than ``noeviction``): asked
+    once per client (the runner keeps the answer). Replies a bool."""
+
+
+Command = RunScript | ReadGrant | Call | WaitReplicas | MayEvict
 T = TypeVar("T")
 # An operation yields commands, is sent their replies (whatever redis-py decoded: Any) and returns
 # its result.

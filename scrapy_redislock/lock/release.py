@@ -18,24 +18,22 @@ if TYPE_CHECKING:
     from scrapy_redislock.lock.permit import Permit
 
 # release.lua's replies
-RELEASED, HOLD_DROPPED, NOT_HELD_RESTARTED = 1, 2, 3
+RELEASED, NOT_HELD_RESTARTED = 1, 3
 
 
 def release_grant(core: Core, permit: Permit, confirm: bool) -> Operation[bool]:
-    """True if ``permit`` was held and is now given back (one reentrant hold dropped counts);
-    False for a stale permit. NotReplicated when ``confirm`` and fewer replicas than asked have
-    the release."""
-    usable = permit.owner == core.owner and permit.usable(core.clock())
-    permit.released = permit.holds <= 1
-    reply = yield RunScript(
-        "release",
-        (core.keys.slots, core.keys.holds, core.keys.meta),
-        (permit.owner, permit.grant, "1" if core.reentrant else "0"),
-    )
-    result = int(reply)
-    if result == HOLD_DROPPED:
+    """True if ``permit`` was held and is now given back (one reentrant hold dropped counts: the
+    count is this process's, Redis sees only the last release); False for a stale permit.
+    NotReplicated when ``confirm`` and fewer replicas than asked have the release."""
+    if core.reentrant and permit.holds > 1 and not permit.lost:
         permit.holds -= 1
         return True
+    usable = permit.owner == core.owner and permit.usable(core.clock())
+    permit.released = True
+    reply = yield RunScript(
+        "release", (core.keys.slots, core.keys.meta), (permit.owner, permit.grant)
+    )
+    result = int(reply)
     if result == NOT_HELD_RESTARTED:
         result = 0
         if usable and permit.released:

@@ -38,7 +38,7 @@ class Renewal:
         try:
             reply = yield RunScript(
                 "maintain",
-                (k.slots, k.meta, k.owners, k.holds, k.ttls, k.seen),
+                (k.slots, k.meta, k.owners, k.ttls, k.seen),
                 (
                     core.owner,
                     json.dumps(core.identity),
@@ -66,7 +66,7 @@ class Renewal:
         renamed = dict(zip(adopted[::2], adopted[1::2], strict=True))
         self._renewed(set(lost_ids), renamed, sent_at)
         for grant in self._adopt(renamed):
-            yield RunScript("release", (k.slots, k.holds, k.meta), (core.owner, grant, "0"))
+            yield RunScript("release", (k.slots, k.meta), (core.owner, grant))
         # A permit released meanwhile (by another thread or task) is not "lost".
         by_grant = {p.grant: p for p in self.targets}
         lost = [by_grant[g] for g in lost_ids if g in by_grant and not by_grant[g].released]

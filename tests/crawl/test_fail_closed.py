@@ -525,3 +525,30 @@ def test_refused_password_and_unreachable_redis_exit_1_without_a_traceback(
     finally:
         redis_client.execute_command("ACL", "DELUSER", "crawler")
     assert not site.hits
+
+
+# -- Redis that may evict the locks' keys ----------------------------------------------------------
+
+
+def test_a_redis_that_may_evict_keys_is_refused_at_start_unless_accepted(
+    site: CrawlSite, tmp_path: Path
+) -> None:
+    """maxmemory-policy volatile-lru (a managed Redis's default): the crawl closes at start with
+    one line naming the policy and the fix; REDISLOCK_ALLOW_EVICTION = True lets it crawl."""
+    with RedisServer(extra_args=["--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru"]) as s:
+        stages = {"REDISLOCK_STAGES": {"detail": 3}, "REDISLOCK_CONNECT_TIMEOUT": 0}
+        refused = Crawl(site.url, "detail:3", settings(s.url, **stages), tmp_path).start()
+        accepted = Crawl(
+            site.url,
+            "detail:3",
+            settings(s.url, REDISLOCK_ALLOW_EVICTION=True, **stages),
+            tmp_path,
+        ).start()
+        refused.wait(timeout=60)
+        accepted.wait(timeout=90)
+    assert refused.code == 1, refused.tail()
+    assert refused.stats["finish_reason"] == "redislock_config_error"
+    assert "has maxmemory-policy volatile-lru, which may evict the locks' keys" in refused.output
+    assert "Traceback" not in refused.output, refused.tail()
+    assert accepted.stats["finish_reason"] == "finished", accepted.tail()
+    assert "accepted by REDISLOCK_ALLOW_EVICTION" in accepted.output

@@ -30,6 +30,7 @@ from scrapy_redislock.lock.adaptive import (
     history,
     next_state,
     report,
+    unpin,
     update,
 )
 from scrapy_redislock.lock.front import CommandRunner
@@ -619,13 +620,16 @@ def test_a_pinned_controller_follows_the_pin_and_applies_nothing(
     locks.append(lock)
     lock.set_limit(3)
     drive(report(KEYS, Sample(1, 0.1, 0.01), NEVER), runner, "x")
-    redis_client.hset(KEYS.adapt, "pinned", 4)  # the operator's override
+    assert lock.set_limit(4) == 3  # the operator's override, while the controller lives: a pin
+    assert (
+        redis_client.hget(KEYS.meta, "pinned") == b"1"
+    )  # in the lock's record, not the controller's
     grown = ControllerState(9.0, 9, 0.1, version=1)
     assert drive(commit(KEYS, 0, grown, Window(), NEVER), runner, "x")
     hashed = stored(redis_client)
     assert (hashed["limit"], hashed["applied"], hashed["version"]) == ("4", "4", "1")
-    assert lock.get_limit() == 3
-    redis_client.hdel(KEYS.adapt, "pinned")
+    assert lock.get_limit() == 4
+    assert drive(unpin(KEYS), runner, "x")
     assert drive(commit(KEYS, 1, replace(grown, version=2), Window(), NEVER), runner, "x")
     assert lock.get_limit() == 9
 
@@ -701,7 +705,7 @@ def test_what_a_report_and_a_commit_cost(
         commands_of(
             redis_client, lambda: drive(commit(KEYS, 0, same, due.window, params), runner, "x")
         )
-        == 8
+        == 9  # one more than before the pin moved into the lock's record (its HMGET)
     )
     assert (
         commands_of(
@@ -714,7 +718,7 @@ def test_what_a_report_and_a_commit_cost(
         commands_of(
             redis_client, lambda: drive(commit(KEYS, 1, raised, due.window, params), runner, "x")
         )
-        == 20
+        == 21
     )
     assert lock.get_limit() == 4
     lock.release(permit)

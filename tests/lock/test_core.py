@@ -128,13 +128,13 @@ def test_bad_limit_and_permit_are_named_before_any_command() -> None:
 )
 def test_keys_share_one_hash_tag(prefix: str, name: str) -> None:
     keys = LockKeys.of(prefix, name)
-    all_keys = (keys.slots, keys.meta, keys.owners, keys.holds)
+    all_keys = (keys.slots, keys.meta, keys.owners, keys.ttls)
     assert len(set(all_keys)) == 4
     assert {k[k.index("{") : k.index("}") + 1] for k in all_keys} == {f"{{{name}}}"}
     assert all(k.startswith(f"{prefix}:") for k in all_keys)
     assert len({key_slot(k.encode()) for k in all_keys}) == 1  # one Redis Cluster slot
     other = LockKeys.of(prefix, name + "2")
-    assert not set(all_keys) & {other.slots, other.meta, other.owners, other.holds}
+    assert not set(all_keys) & {other.slots, other.meta, other.owners, other.ttls}
 
 
 def test_fence_is_the_entry_sequence() -> None:
@@ -196,11 +196,7 @@ def granted(core: LockCore, grant: str = "0-3") -> Permit:
     core.registration.done(core.clock())
     op = core.acquire(None, blocking=False)
     command = next(op)
-    assert command.name == "take" and command.keys == (
-        core.keys.slots,
-        core.keys.meta,
-        core.keys.holds,
-    )
+    assert command.name == "take" and command.keys == (core.keys.slots, core.keys.meta)
     return finish(op, grant.encode())
 
 
@@ -421,19 +417,16 @@ def test_reentrant_acquire_and_release_protocol() -> None:
     permit = finish(op, resp2("0-4"))
     op = core.acquire(None, holder="thread-1")
     command = next(op)
-    assert command == RunScript(
-        "hold_again", (core.keys.slots, core.keys.holds), (core.owner, "0-4")
-    )
-    assert finish(op, 2) is permit and permit.holds == 2
+    assert command == RunScript("hold_again", (core.keys.slots,), (core.owner, "0-4"))
+    assert finish(op, 1) is permit and permit.holds == 2  # the count is the process's
     # moved by hold_again
     assert permit.consumer == core.owner and core.consumers.idle == [wait_of(core, 1)]
     assert next(core.acquire(None, holder="thread-2")).block_ms == 0  # another holder waits
     op = core.release(permit)
-    assert next(op).args == (core.owner, "0-4", "1")
-    assert finish(op, 2) is True and permit.holds == 1 and not permit.released
+    assert finish(op, None) is True and permit.holds == 1 and not permit.released  # no Redis
     assert core.held == {"0-4": permit}
     op = core.release(permit)
-    next(op)
+    assert next(op).args == (core.owner, "0-4")
     assert finish(op, 1) is True and permit.released and core.held == {} and core.by_holder == {}
 
 
@@ -456,9 +449,7 @@ def test_release_replies(reply: int, result: bool, lost: bool) -> None:
     permit = granted(core)
     op = core.release(permit)
     command = next(op)
-    assert command == RunScript(
-        "release", (core.keys.slots, core.keys.holds, core.keys.meta), (core.owner, "0-3", "0")
-    )
+    assert command == RunScript("release", (core.keys.slots, core.keys.meta), (core.owner, "0-3"))
     assert finish(op, reply) is result
     assert permit.lost is lost and permit.released and core.held == {}
     # its one grant is gone: the name is free for the next wait
@@ -472,7 +463,7 @@ def test_maintain_protocol_lost_adopted_and_lease() -> None:
     command = next(op)
     assert command.name == "maintain"
     k = core.keys
-    assert command.keys == (k.slots, k.meta, k.owners, k.holds, k.ttls, k.seen)
+    assert command.keys == (k.slots, k.meta, k.owners, k.ttls, k.seen)
     assert command.args[0] == core.owner and command.args[2:6] == (10000, 1000, "0", 0)
     assert set(command.args[6:]) == {"0-1", "0-2", "0-3"}
     lost = finish(op, maintain_reply(lost=("0-2",), adopted=("0-3", "0-8"), lease_ms=20000))
@@ -504,9 +495,7 @@ def test_a_permit_released_while_the_renewal_ran_gives_its_adopted_slot_back() -
     core.let_go(permit)
     permit.released = True  # the release ran meanwhile
     command = op.send(maintain_reply(adopted=("0-5", "0-9")))
-    assert command == RunScript(
-        "release", (core.keys.slots, core.keys.holds, core.keys.meta), (core.owner, "0-9", "0")
-    )
+    assert command == RunScript("release", (core.keys.slots, core.keys.meta), (core.owner, "0-9"))
     assert finish(op, 1) == [] and core.held == {} and permit.grant == "0-5"
 
 
@@ -559,7 +548,7 @@ def test_set_limit_get_limit_and_release_all() -> None:
     core = LockCore.create("detail", 1, 10.0)
     op = core.set_limit(4)
     assert next(op) == RunScript(
-        "set_limit", (core.keys.slots, core.keys.meta, core.keys.adapt), (4, 10000, "0", "0")
+        "set_limit", (core.keys.slots, core.keys.meta, core.keys.adapt), (4, 10000, "0", "0", "0")
     )
     assert finish(op, -1) is None and core.limit == 4
     op = core.set_limit(2)

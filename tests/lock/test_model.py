@@ -378,7 +378,7 @@ class LockMachine(RuleBasedStateMachine):
 
     def lock_keys(self) -> list[str]:
         k = self.reaper.keys
-        return [k.slots, k.meta, k.owners, k.holds, k.ttls, k.seen]
+        return [k.slots, k.meta, k.owners, k.ttls, k.seen]
 
     @rule()
     def save_snapshot(self) -> None:

@@ -45,9 +45,15 @@ local function owner_of(consumer)
   return string.match(consumer, '^(.+)#%d+$') or consumer
 end
 
--- The run id of this redis-server process: new at every start, and another on a promoted replica.
+-- Which dataset this server serves: INFO's run_id (new at every start, another on a promoted replica) and, on Redis
+-- 7+, the key counts of the run's last load, which a DEBUG RELOAD changes within one run (it replaces the dataset
+-- with the last snapshot). Not told apart: a DEBUG RELOAD that loads exactly as many keys, loaded and expired, as
+-- the run's previous load, and any reload on Redis 6.2 (INFO takes one section there).
 local function run_id()
-  return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+  if not redis.REDIS_VERSION_NUM then return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') end
+  local info = redis.call('INFO', 'server', 'persistence')
+  return string.match(info, 'run_id:(%x+)') .. '/' .. (string.match(info, 'rdb_last_load_keys_loaded:(%d+)') or '')
+    .. '/' .. (string.match(info, 'rdb_last_load_keys_expired:(%d+)') or '')
 end
 
 -- Redis's clock in milliseconds.
@@ -74,9 +80,8 @@ local function add_slot(slots)
 end
 
 -- Free a held grant: acknowledge it, delete its entry, put a new slot in its place.
-local function free_grant(slots, holds, id)
+local function free_grant(slots, id)
   if redis.call('XACK', slots, GROUP, id) == 1 then
-    if holds then redis.call('HDEL', holds, id) end
     redis.call('XDEL', slots, id)
     add_slot(slots)
     return 1
@@ -85,12 +90,12 @@ local function free_grant(slots, holds, id)
 end
 
 -- Free every grant of one consumer; returns how many.
-local function free_consumer(slots, holds, consumer)
+local function free_consumer(slots, consumer)
   local freed = 0
   while true do
     local batch = redis.call('XPENDING', slots, GROUP, '-', '+', 1000, consumer)
     if #batch == 0 then return freed end
-    for _, p in ipairs(batch) do freed = freed + free_grant(slots, holds, p[1]) end
+    for _, p in ipairs(batch) do freed = freed + free_grant(slots, p[1]) end
   end
 end
 
@@ -198,7 +203,7 @@ end
 -- Free leases that expired (holders that died or stalled), following the
 -- XAUTOCLAIM cursor through the whole pending list. Runs at most once per
 -- `interval` ms across all processes (meta 'reap_at'); returns how many were freed.
-local function reap(slots, meta, holds, lease, interval, now)
+local function reap(slots, meta, lease, interval, now)
   local due = tonumber(redis.call('HGET', meta, 'reap_at') or '0')
   if now < due then return 0 end
   redis.call('HSET', meta, 'reap_at', now + interval)
@@ -206,7 +211,7 @@ local function reap(slots, meta, holds, lease, interval, now)
   repeat
     local claimed = redis.call('XAUTOCLAIM', slots, GROUP, REAPER, lease, cursor, 'COUNT', 100, 'JUSTID')
     cursor = claimed[1]
-    for _, id in ipairs(claimed[2]) do freed = freed + free_grant(slots, holds, id) end
+    for _, id in ipairs(claimed[2]) do freed = freed + free_grant(slots, id) end
   until cursor == '0-0'
   redis.call('XGROUP', 'DELCONSUMER', slots, GROUP, REAPER)
   delete_skipped(slots, meta)
@@ -237,12 +242,12 @@ end
 
 -- Free every grant of one owner (all its consumers) and forget it; with a consumer name '<owner>#<n>',
 -- that consumer only. Returns the number of grants freed. The stream must exist.
-local function release_owner(slots, owners, holds, ttls, seen, target)
+local function release_owner(slots, owners, ttls, seen, target)
   local freed = 0
   for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', slots, GROUP)) do
     local name = info_field(c, 'name')
     if name == target or (owner_of(name) == target and name ~= owner_of(name)) then
-      freed = freed + free_consumer(slots, holds, name)
+      freed = freed + free_consumer(slots, name)
       redis.call('XGROUP', 'DELCONSUMER', slots, GROUP, name)
     end
   end
@@ -292,15 +297,24 @@ end
 
 -- The light path of a lock met at run time (a request key; see lock/light.py). While nobody waits for the lock,
 -- its grants are the members of one zset, 'light', scored by the end of their lease (ms, Redis's clock), and the
--- lock has no stream; with no grant the zset is gone (Redis deletes an empty zset). Two more members, scored
--- below LEASE_FLOOR: LIMIT_MEMBER (scored by the limit) when an operator set the lock's limit, and STREAM_MEMBER
--- (scored -1) while the lock's stream is in use: the first caller that finds every slot held sets the stream up,
--- which escalates the lock (each live light grant moves into the stream as a held grant of its owner, hash
--- 'migrated': token -> grant id); later takers see STREAM_MEMBER and queue there, first come, first served.
+-- lock has no stream. The same zset is the key's record: marks that every path reads and that no transition
+-- (escalation, the stream's end, a retire, an operator's reset, a restart's recovery) erases while they have effect:
+--   LIMIT_MEMBER  '#limit'  scored by the limit every process obeys (an operator's, or the adaptive controller's)
+--   PIN_MEMBER    '#pinned' scored 1 while the operator's limit stands (set-limit; the controller applies nothing)
+--   PAUSE_MEMBER  '~pause'  scored by the end of a Retry-After pause of the key's starts (pause.lua), ms
+--   STREAM_MEMBER '~stream' scored -1 while the lock's stream is in use
+-- The first caller that finds every slot held sets the stream up, which escalates the lock (each live light grant
+-- moves into the stream as a held grant of its owner, hash 'migrated': token -> grant id); later takers see
+-- STREAM_MEMBER and queue there, first come, first served. Lifetime (keep_record): no expiry while pinned or while
+-- the stream is in use; else until its last lease, pause or controller's limit ends; gone with nothing left.
 local LIMIT_MEMBER = '#limit'
+local PIN_MEMBER = '#pinned'
 local STREAM_MEMBER = '~stream'
-local PAUSE_MEMBER = '~pause'  -- scored by the end of a pause of the key's starts (pause.lua), ms
+local PAUSE_MEMBER = '~pause'
 local LEASE_FLOOR = 1000000000000  -- scores at or above are lease ends (ms since the epoch), below: the limit
+-- How long a key's record keeps the adaptive controller's limit once the key has no lease nor stream (ms): the
+-- controller writes it again at its next commit.
+local ADAPTED_KEEP = 60000
 
 -- The owner of a light token '<owner>/L<n>'.
 local function token_owner(token)
@@ -317,8 +331,30 @@ local function extend_expiry(key, deadline)
   if left >= 0 and left < deadline - now_ms() then redis.call('PEXPIREAT', key, deadline) end
 end
 
+-- Give a key's record (its light zset) the lifetime its members need: none while pinned or while the stream is in
+-- use, else until its last lease or pause ends (and ADAPTED_KEEP for a controller's limit); deleted when nothing in
+-- it has effect any more.
+local function keep_record(light, now)
+  local marks = redis.call('ZMSCORE', light, PIN_MEMBER, STREAM_MEMBER, LIMIT_MEMBER, PAUSE_MEMBER)
+  if marks[1] or marks[2] then
+    redis.call('PERSIST', light)
+    return
+  end
+  local pause = tonumber(marks[4] or '0')
+  if marks[4] and pause <= now then redis.call('ZREM', light, PAUSE_MEMBER) end
+  local deadline = 0
+  local top = redis.call('ZREVRANGEBYSCORE', light, '+inf', '(' .. now, 'WITHSCORES', 'LIMIT', 0, 1)
+  if #top > 0 then deadline = tonumber(top[2]) end
+  if marks[3] then deadline = math.max(deadline, now + ADAPTED_KEEP) end
+  if deadline <= now then
+    redis.call('DEL', light)
+  else
+    redis.call('PEXPIREAT', light, deadline)
+  end
+end
+
 -- Move the live light grants into the lock's stream (which must exist), each held by its owner's consumer with
--- the rest of its lease, and mark the stream in use; the limit stays what it was. Idempotent.
+-- the rest of its lease, and mark the stream in use; the limit stays what it was, the record's marks stay. Idempotent.
 local function escalate(light, migrated, slots, meta)
   if redis.call('ZSCORE', light, STREAM_MEMBER) then return end
   local now = now_ms()
@@ -344,7 +380,16 @@ local function escalate(light, migrated, slots, meta)
   redis.call('PERSIST', light)
 end
 
--- The lock's light path is over (its stream is deleted): the light zset and the migrated grants go too.
+-- The lock's stream is over (deleted): the light grants that moved into it go, and so does STREAM_MEMBER; the
+-- record's marks stay for as long as they have effect (keep_record), so that an operator's limit or a site's pause
+-- holds on the light path too. Leases left in the zset have run out (a live light grant keeps a lock from being
+-- retired), a pause that has not is kept.
 local function end_stream(light, migrated)
-  redis.call('DEL', light, migrated)
+  redis.call('DEL', migrated)
+  local now = now_ms()
+  local pause = redis.call('ZSCORE', light, PAUSE_MEMBER)
+  redis.call('ZREMRANGEBYSCORE', light, LEASE_FLOOR, '+inf')
+  if pause and tonumber(pause) > now then redis.call('ZADD', light, pause, PAUSE_MEMBER) end
+  redis.call('ZREM', light, STREAM_MEMBER)
+  keep_record(light, now)
 end

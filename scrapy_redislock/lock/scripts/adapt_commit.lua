@@ -3,8 +3,8 @@
 -- processes that got the same window, exactly one commits (the others' commits change nothing). The window
 -- restarts with fresh counters on Redis's clock, the lock gets the new integer limit (change_limit: lowering
 -- never revokes a grant) when it is in Redis and its limit differs, and one history record is pushed to the
--- log, which is bounded and expires. A controller an operator pinned (hash field 'pinned' = a limit) follows
--- the pin and applies nothing.
+-- log, which is bounded and expires. A controller an operator pinned (set_limit.lua: the pin is in the lock's
+-- record, a stage's meta or a key's light zset, so it outlives this hash) follows the pin and applies nothing.
 -- KEYS[1] adapt hash, KEYS[2] adapt_log list, KEYS[3] the lock's slots stream, KEYS[4] the lock's meta hash,
 -- KEYS[5] a key's light zset (optional: the limit is written there too, as the light path's limit, kept while the
 -- controller lives; see _lib.lua)
@@ -16,11 +16,19 @@
 -- (see check_restart)
 -- Returns 1 when committed, 0 when the version is stale (or the controller expired).
 local adapt, log, slots, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local current = redis.call('HMGET', adapt, 'version', 'pinned')
-if not current[1] or tonumber(current[1]) ~= tonumber(ARGV[1]) then return 0 end
+local version = redis.call('HGET', adapt, 'version')
+if not version or tonumber(version) ~= tonumber(ARGV[1]) then return 0 end
 local now = now_ms()
 local limit, applied, probe = ARGV[2], tonumber(ARGV[3]), ARGV[7]
-local pinned = tonumber(current[2] or '')
+local light = KEYS[5]
+local pinned
+if light then
+  local marks = redis.call('ZMSCORE', light, LIMIT_MEMBER, PIN_MEMBER)
+  if marks[2] then pinned = tonumber(marks[1]) end
+else
+  local record = redis.call('HMGET', meta, 'pinned', 'limit')
+  if record[1] then pinned = tonumber(record[2] or '') end
+end
 if pinned then
   pinned = math.floor(pinned)
   limit, applied, probe = pinned, pinned, '0'

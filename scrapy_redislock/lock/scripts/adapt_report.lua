@@ -2,8 +2,9 @@
 -- limit (lock/adaptive.py), on Redis's clock, and hand the window over when it is due. Every process reports;
 -- whoever reports when the window is due computes the next state and commits it (adapt_commit.lua) against the
 -- version returned here: no leader, and nobody whose death stops adaptation. A missing controller (new, or
--- expired: every report keeps the hash ARGV[13] ms longer) starts at the lock's limit (else the minimum),
--- clamped to [minimum, maximum], with nothing measured yet, its window starting where the sample does.
+-- expired: every report keeps the hash ARGV[13] ms longer) starts at the lock's limit (a key's record's, else the
+-- stream's, else the minimum), clamped to [minimum, maximum] unless an operator pinned it (the pin lives in the
+-- lock's record, not in this hash), with nothing measured yet, its window starting where the sample does.
 -- A sample that began before the window (it covers ARGV[8] ms up to now) is clipped to it: only the share of it
 -- that falls within the window is added, as if its outcomes were spread evenly, so that a window after a limit
 -- change holds what was measured under that limit only, whoever reports when.
@@ -33,7 +34,14 @@ for i, name in ipairs(names) do got[name] = values[i] end
 local write = {}
 if not got.version then
   local minimum, maximum = tonumber(ARGV[11]), tonumber(ARGV[12])
-  local limit = math.min(math.max(tonumber(redis.call('HGET', meta, 'limit') or minimum), minimum), maximum)
+  local light = KEYS[4]
+  local known, pinned = redis.call('HGET', meta, 'limit'), redis.call('HGET', meta, 'pinned')
+  if light then
+    local marks = redis.call('ZMSCORE', light, LIMIT_MEMBER, PIN_MEMBER)
+    known, pinned = marks[1] or known, marks[2]
+  end
+  local limit = tonumber(known or minimum)
+  if not (pinned and known) then limit = math.min(math.max(limit, minimum), maximum) end
   got = {version = '0', start = string.format('%.0f', now - span), limit = limit, applied = limit, noload = '0',
          noload_error = '0', since_probe = '0', probe = '0'}
   for _, name in ipairs({'version', 'start', unpack(STATE)}) do

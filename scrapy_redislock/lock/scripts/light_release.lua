@@ -15,7 +15,7 @@ for _, token in ipairs(ARGV) do
       redis.call('HDEL', migrated, token)
       local ok, consumer = pcall(pending_of, slots, id)
       if ok and consumer and owner_of(consumer) == token_owner(token) then
-        released = released + free_grant(slots, nil, id)
+        released = released + free_grant(slots, id)
       end
     end
   end

@@ -3,8 +3,7 @@
 -- listed), frees the grants of the caller's abandoned waits, re-adopts limbo
 -- slots after a data loss, registers the caller, and (at most once per
 -- interval across all processes) frees expired leases and forgets the dead.
--- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash, KEYS[4] holds hash,
--- KEYS[5] ttls hash, KEYS[6] seen zset
+-- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash, KEYS[4] ttls hash, KEYS[5] seen zset
 -- ARGV[1] owner name, ARGV[2] owner identity (JSON), ARGV[3] its lease ttl in ms,
 -- ARGV[4] its renewal interval in ms (how often it reaps at most),
 -- ARGV[5] '1' if Redis loses no acknowledged write (see check_restart),
@@ -19,7 +18,7 @@
 -- are listed grants no longer held by the caller (lease expired, whether reaped yet or not
 -- (then it is freed now), reset, released by an operator, or a data loss); adopted pairs map a lost grant to the limbo slot it took over.
 -- Returns error 'NOLOCK' when the lock is gone from Redis (nothing written).
-local slots, meta, owners, holds, ttls, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local slots, meta, owners, ttls, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me = ARGV[1]
 if redis.call('EXISTS', slots) == 0 then
   return redis.error_reply('NOLOCK lock is gone from Redis')
@@ -35,9 +34,9 @@ for i = 7, 6 + abandoned do
   local what = ARGV[i]
   if string.match(what, '^%d+%-%d+$') then
     local consumer = pending_of(slots, what)
-    if consumer and owner_of(consumer) == me then freed = freed + free_grant(slots, holds, what) end
+    if consumer and owner_of(consumer) == me then freed = freed + free_grant(slots, what) end
   elseif owner_of(what) == me and what ~= me then
-    freed = freed + free_consumer(slots, holds, what)
+    freed = freed + free_consumer(slots, what)
     redis.call('XGROUP', 'DELCONSUMER', slots, GROUP, what)
   end
 end
@@ -54,7 +53,7 @@ for i = 7 + abandoned, #ARGV do
     table.insert(renew, id)
   else
     -- expired (anybody may have reaped it already) or gone: lost either way
-    if consumer and owner_of(consumer) == me then freed = freed + free_grant(slots, holds, id) end
+    if consumer and owner_of(consumer) == me then freed = freed + free_grant(slots, id) end
     table.insert(lost, id)
   end
 end
@@ -85,6 +84,6 @@ for i = 1, #renew, 100 do
   redis.call('XCLAIM', slots, GROUP, me, 0, unpack(chunk))
 end
 
-freed = freed + reap(slots, meta, holds, lease, tonumber(ARGV[4]), now)
+freed = freed + reap(slots, meta, lease, tonumber(ARGV[4]), now)
 collect_garbage(slots, meta, owners, ttls, seen, lease, now)
 return {lost, limit, lease, freed, adopted}

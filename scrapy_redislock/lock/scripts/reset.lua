@@ -3,18 +3,24 @@
 -- them returns 'not held'), free slots and debt are dropped, and `limit` new free slots are added: the
 -- lock is as new, but its entry ids, the fencing tokens, go on increasing. Consumers blocked in
 -- XREADGROUP stay blocked and are served the new slots first come, first served.
--- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash, KEYS[4] holds hash,
--- KEYS[5] ttls hash, KEYS[6] seen zset, KEYS[7] light zset of a lock met at run time (its light grants are dropped;
--- without a stream that is the whole reset, and the limit is the one an operator set there, else -1)
+-- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash, KEYS[4] ttls hash, KEYS[5] seen zset,
+-- KEYS[6] light zset of a lock met at run time (its light grants are dropped, its record's marks stay: a limit and a
+-- site's pause still hold; without a stream that is the whole reset, and the limit is the record's, else -1)
 -- ARGV[1] none (takes no arguments). A restart of Redis not noticed yet is noticed first, so the new slots' fences start above every
 -- fence the old stream could have handed out.
 -- Returns {grants freed, limit}, or error 'NOLOCK ...' when the lock does not exist (nothing written).
-local slots, meta, owners, holds, ttls, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local slots, meta, owners, ttls, seen, light = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local light_freed = 0
-if KEYS[7] then
-  light_freed = redis.call('ZREMRANGEBYSCORE', KEYS[7], LEASE_FLOOR, '+inf')
+if light then
+  local pause = redis.call('ZSCORE', light, PAUSE_MEMBER)
+  light_freed = redis.call('ZREMRANGEBYSCORE', light, LEASE_FLOOR, '+inf')
+  if pause then
+    redis.call('ZADD', light, pause, PAUSE_MEMBER)
+    light_freed = light_freed - 1
+  end
+  keep_record(light, now_ms())
   if not lock_exists(slots, meta) then
-    return {light_freed, tonumber(redis.call('ZSCORE', KEYS[7], LIMIT_MEMBER) or '-1')}
+    return {light_freed, tonumber(redis.call('ZSCORE', light, LIMIT_MEMBER) or '-1')}
   end
 end
 if not lock_exists(slots, meta) then
@@ -33,7 +39,7 @@ end
 for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', slots, GROUP)) do
   redis.call('XGROUP', 'DELCONSUMER', slots, GROUP, info_field(c, 'name'))
 end
-redis.call('DEL', owners, holds, ttls, seen)
+redis.call('DEL', owners, ttls, seen)
 redis.call('HDEL', meta, 'skip_until')
 -- No free slot, no debt: the group has been delivered everything generated so far.
 local stream_last = stream_state(slots)

@@ -20,6 +20,9 @@ if not lock_exists(slots, meta) then
   local limit = tonumber(ARGV[1])
   if KEYS[6] then limit = tonumber(redis.call('ZSCORE', KEYS[6], LIMIT_MEMBER)) or limit end
   create_lock(slots, meta, limit, ARGV[2])
+  -- Live light grants move in before the reservation: a newcomer's grant after a data loss is a held slot, and
+  -- the survivors re-adopt only what is left of the limit (or learn they lost theirs).
+  if KEYS[6] then escalate(KEYS[6], KEYS[7], slots, meta) end
   if ARGV[5] == '1' then reserve_all(slots, meta) end
   created = 1
 end

@@ -1,12 +1,12 @@
 -- take: a slot if one is free now (a non-blocking acquire); frees expired
 -- leases first when none is free and a reap is due, so a dead holder's slot
 -- comes back to whoever asks, not only to processes that renew.
--- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] holds hash
+-- KEYS[1] slots stream, KEYS[2] meta hash
 -- ARGV[1] consumer to deliver to ('<owner>#<n>'), ARGV[2] the caller's renewal interval in ms,
 -- ARGV[3] '1' if Redis loses no acknowledged write (see check_restart)
 -- Returns the granted entry id, or false when every slot is held.
 -- Returns error 'NOLOCK' when the lock is gone from Redis (nothing written).
-local slots, meta, holds = KEYS[1], KEYS[2], KEYS[3]
+local slots, meta = KEYS[1], KEYS[2]
 if redis.call('EXISTS', slots) == 0 then
   return redis.error_reply('NOLOCK lock is gone from Redis')
 end
@@ -18,5 +18,5 @@ local function read()
 end
 local id = read()
 if id then return id end
-if reap(slots, meta, holds, lease_of(meta), tonumber(ARGV[2]), now_ms()) > 0 then return read() end
+if reap(slots, meta, lease_of(meta), tonumber(ARGV[2]), now_ms()) > 0 then return read() end
 return false
