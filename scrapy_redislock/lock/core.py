@@ -83,6 +83,14 @@ SCRIPT_NAMES = (
 )
 
 
+# Scripts that only renew or give back: they run even while Redis is out of memory (Redis 7+'s
+# ``allow-oom`` flag; they free memory or rewrite what is there), so that a full Redis refuses new
+# grants but never strands a slot or lets a held lease run out.
+ALLOW_OOM = frozenset(
+    ("maintain", "release", "hold_again", "light_renew", "light_release", "release_owner", "retire")
+)
+
+
 def lock_scripts() -> dict[str, str]:
     """The lock's Lua sources by name, each with ``scripts/_lib.lua`` in front of it."""
     return load_scripts("scrapy_redislock.lock", SCRIPT_NAMES, "_lib")

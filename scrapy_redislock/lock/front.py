@@ -23,9 +23,16 @@ import redis.exceptions
 
 from scrapy_redislock._redis import text
 from scrapy_redislock.errors import InvalidArgument
-from scrapy_redislock.lock.core import Clock, LockCore, lock_scripts
+from scrapy_redislock.lock.core import ALLOW_OOM, Clock, LockCore, lock_scripts
 from scrapy_redislock.lock.permit import GROUP, LockKeys, Permit
-from scrapy_redislock.lock.protocol import Call, Command, MayEvict, ReadGrant, WaitReplicas
+from scrapy_redislock.lock.protocol import (
+    Call,
+    Command,
+    MayEvict,
+    ReadGrant,
+    RunScript,
+    WaitReplicas,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +169,8 @@ class CommandRunner:
         self.scripts: dict[str, Any] = {}
         self.guard_unloaded = True  # cluster reads: SCRIPT LOAD the guard before the first pipeline
         self.may_evict: bool | None = None  # the server's maxmemory-policy evicts keys (read once)
+        # the server takes Lua flags (Redis 7+): ALLOW_OOM's scripts carry ``allow-oom``
+        self.flags = True
 
     def _evicts(self) -> Any:
         """Answer :class:`MayEvict`: ``INFO memory``'s ``maxmemory_policy`` once per runner."""
@@ -213,8 +222,44 @@ class CommandRunner:
     def _registered(self, name: str) -> Any:
         script = self.scripts.get(name)
         if script is None:
-            script = self.scripts[name] = self.client.register_script(lock_scripts()[name])
+            source = lock_scripts()[name]
+            if self.flags and name in ALLOW_OOM:
+                source = "#!lua flags=allow-oom\n" + source
+            script = self.scripts[name] = self.client.register_script(source)
         return script
+
+    def _unflagged(self, name: str, exc: redis.exceptions.ResponseError) -> bool:
+        """Whether ``exc`` is a server that cannot compile Lua flags (Redis 6.2): its scripts are
+        registered again without them, and the call may be made again."""
+        if not (self.flags and name in ALLOW_OOM and "compiling" in str(exc)):
+            return False
+        self.flags = False
+        for flagged in ALLOW_OOM:
+            self.scripts.pop(flagged, None)
+        return True
+
+    def _script(self, command: RunScript) -> Any:
+        def call() -> Any:
+            script = self._registered(command.name)
+            return script(keys=list(command.keys), args=list(command.args))
+
+        if self.asyncio:
+
+            async def run() -> Any:
+                try:
+                    return await call()
+                except redis.exceptions.ResponseError as exc:
+                    if not self._unflagged(command.name, exc):
+                        raise
+                return await call()
+
+            return run()
+        try:
+            return call()
+        except redis.exceptions.ResponseError as exc:
+            if not self._unflagged(command.name, exc):
+                raise
+        return call()
 
     def _guard_args(self, command: ReadGrant) -> tuple[Any, ...]:
         sha = self._registered("guard").sha
@@ -343,7 +388,7 @@ class CommandRunner:
             pipe.hset(command.key, command.field, command.value)
             pipe.execute_command("WAIT", command.replicas, command.timeout_ms, **route)
             return pipe.execute()
-        return self._registered(command.name)(keys=list(command.keys), args=list(command.args))
+        return self._script(command)
 
 
 class LockFront:

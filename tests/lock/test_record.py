@@ -216,3 +216,30 @@ def test_an_operators_pause_of_an_adaptive_stage_outlives_its_controller(
     drive(commit(keys, due.state.version, grown, Window(), params), runner, "detail")
     assert lock.get_limit() == 0
     assert lock.try_acquire() is None
+
+
+def test_a_full_redis_refuses_new_grants_but_renews_and_takes_back_held_ones() -> None:
+    """f06's end: Redis out of memory (maxmemory reached, nothing it may evict). A holder's renewal
+    and release still run (their scripts carry ``allow-oom`` on Redis 7+): a full Redis never lets a
+    lease run out or strands a slot."""
+    with RedisServer(extra_args=["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"]) as s:
+        if not s.version().startswith(("7", "8", "9")):
+            pytest.skip("Lua flags (allow-oom) need Redis 7")
+        client = redis.Redis.from_url(s.url)
+        a = CountingLock(client, "detail", 1, 3.0, maintain_loop=False)
+        b = CountingLock(client, "detail", 1, 3.0, maintain_loop=False)
+        b.release(b.acquire())  # B's set-up is done before Redis is full
+        held = a.acquire()
+        n = 0
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            while n < 1_000_000:
+                client.sadd("shop:dupefilter", *(f"{n + i:040x}" for i in range(500)))
+                n += 500
+        assert a.maintain() == []
+        assert held.usable(time.monotonic())
+        assert b.try_acquire() is None
+        assert a.release(held)
+        assert client.xpending(KEYS_OF_DETAIL.slots, "holders")["pending"] == 0
+
+
+KEYS_OF_DETAIL = LockKeys.of("redislock", "detail")
