@@ -159,7 +159,7 @@ def test_escalation_keeps_the_cap_with_several_light_holders(redis_client: redis
     while redis_client.hlen(KEYS.migrated) < 3:
         time.sleep(0.001)
     info = redis_client.xinfo_groups(KEYS.slots)[0]
-    assert info["pending"] == 3 and info["lag"] == 0
+    assert info["pending"] == 3 and info.get("lag", 0) == 0  # "lag" is Redis 7's
     time.sleep(0.1)
     assert not got  # nothing free: the waiter waits
     holders[1].release(permits[1])

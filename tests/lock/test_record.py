@@ -163,9 +163,10 @@ def test_reentrant_holds_follow_their_slot_through_a_readoption(kind: str) -> No
 
 def test_a_debug_reload_of_an_older_snapshot_is_a_restart() -> None:
     """f05: DEBUG RELOAD NOSAVE keeps the run id; the lock still notices the dataset went back."""
-    with RedisServer(extra_args=["--enable-debug-command", "yes", "--save", "3600 1"]) as server:
-        if not server.version().startswith(("7", "8", "9")):
-            pytest.skip("Redis 6.2's INFO takes one section: a reload in one run is not told apart")
+    server = RedisServer(extra_args=["--enable-debug-command", "yes", "--save", "3600 1"])
+    if not server.version().startswith(("7", "8", "9")):
+        pytest.skip("Redis 6.2's INFO takes one section: a reload in one run is not told apart")
+    with server:
         client = redis.Redis.from_url(server.url)
         a = CountingLock(client, "mutex", 1, 3.0, maintain_loop=False)
         c = CountingLock(client, "mutex", 1, 3.0, maintain_loop=False)
