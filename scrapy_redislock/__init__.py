@@ -34,6 +34,10 @@ from scrapy_redislock.lock import (
 
 def __getattr__(name: str) -> object:
     """Scrapy glue is imported on first use, so the lock alone needs no Scrapy import."""
+    if name == "Addon":
+        from scrapy_redislock.requests.addon import Addon
+
+        return Addon
     if name == "StageLockMiddleware":
         from scrapy_redislock.requests.middleware import StageLockMiddleware
 
@@ -59,6 +63,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AcquireTimeout",
+    "Addon",
     "AsyncCountingLock",
     "AsyncLock",
     "AsyncQuorumCountingLock",
