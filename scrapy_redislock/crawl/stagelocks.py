@@ -92,6 +92,7 @@ internals is in :mod:`scrapy_redislock.crawl.engine`.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -219,8 +220,10 @@ class StageLocks:
             return True
         if stage in self.limits:
             return False
+        close = difflib.get_close_matches(stage, list(self.limits), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
         raise UnknownStage(
-            f"stage {stage!r} is not configured; known stages: {sorted(self.limits)}"
+            f"stage {stage!r} is not configured ({hint}REDISLOCK_STAGES has {sorted(self.limits)})"
         )
 
     def add_waiting_source(self, source: Callable[[str], int]) -> None:

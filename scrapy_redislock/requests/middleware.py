@@ -100,6 +100,7 @@ class StageLockMiddleware:
         self._dropped: set[asyncio.Task[SlotPermit]] = set()
         self._watcher: asyncio.Task[None] | None = None
         self._closing = False
+        self.unknown: Counter[str] = Counter()  # requests dropped per unknown stage
         self.retry_timeouts = _names_acquire_timeout(crawler.settings.getlist("RETRY_EXCEPTIONS"))
         self.stall_window = self.settings.ttl + crawler.settings.getfloat("DOWNLOAD_TIMEOUT", 180)
         if not self.settings.enabled:
@@ -180,9 +181,8 @@ class StageLockMiddleware:
             return self._keys(request, None)
         try:
             capped = self.locks.is_capped(stage)
-        except UnknownStage:
-            self.crawler.stats.inc_value("redislock/unknown_stage")
-            raise
+        except UnknownStage as exc:
+            self._drop_unknown(request, stage, exc)
         if not capped:
             return self._keys(request, stage)
         return self._wait_here(request, stage)
@@ -226,6 +226,33 @@ class StageLockMiddleware:
             f"(remove {MIDDLEWARE_PATH} from DOWNLOADER_MIDDLEWARES to crawl unthrottled on "
             "purpose)"
         )
+
+    def _drop_unknown(self, request: Request, stage: str, exc: UnknownStage) -> None:
+        """A request of a stage nobody configured is dropped, never sent uncapped: said once per
+        stage at ERROR, counted, and the crawl then finishes as ``redislock_unknown_stage``."""
+        self.crawler.stats.inc_value("redislock/unknown_stage")
+        if not self.unknown:
+            # connected now, so that it runs after every other spider_closed handler
+            self.crawler.signals.connect(self._unclean_finish, signal=signals.spider_closed)
+        if stage not in self.unknown:
+            logger.error(
+                "Request %s: %s. It is dropped, as is every request of that stage (counted as redislock/unknown_stage), and the crawl will finish as redislock_unknown_stage: add the stage to REDISLOCK_STAGES (None for no cap) or fix its name",  # noqa: E501
+                request,
+                exc,
+            )
+        self.unknown[stage] += 1
+        raise IgnoreRequest(str(exc))
+
+    def _unclean_finish(self, spider: Spider) -> None:
+        """Requests were dropped: not a clean finish. The reason CoreStats set is replaced, and
+        Scrapy's commands exit with status 1 for a crawler left without a spider (as after a failed
+        start)."""
+        logger.error(
+            "Dropped requests of unknown stages: %s; the crawl finishes as redislock_unknown_stage",
+            dict(self.unknown),
+        )
+        self.crawler.stats.set_value("finish_reason", "redislock_unknown_stage")
+        self.crawler.spider = None
 
     def _fail_timeout(self, request: Request, error: BaseException) -> None:
         """Raise the error; an AcquireTimeout is not retried unless RETRY_EXCEPTIONS names

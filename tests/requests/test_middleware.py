@@ -323,15 +323,22 @@ def test_unreachable_redis_closes_the_spider(site: CrawlSite, tmp_path: Path) ->
     assert not site.hits
 
 
-def test_unknown_stage_fails_the_request(
+def test_an_unknown_stage_drops_its_requests_says_so_once_and_is_no_clean_finish(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
-    crawl = Crawl(site.url, "detail:2,nosuch:2", settings(redis_url), tmp_path).run()
-    assert crawl.stats["finish_reason"] == "finished", crawl.tail()
+    """A typo in a stage name: its requests are dropped, never sent uncapped; one ERROR names the
+    stage and the nearest known one, no traceback; the crawl finishes as redislock_unknown_stage,
+    exit status 1 (the other stages are crawled)."""
+    crawl = Crawl(site.url, "detail:2,details:2", settings(redis_url), tmp_path).run()
+    assert crawl.stats["finish_reason"] == "redislock_unknown_stage", crawl.tail()
+    assert crawl.code == 1
     assert crawl.stats["redislock/unknown_stage"] == 2
-    assert crawl.stats["test/errback/UnknownStage"] == 2
-    assert "stage 'nosuch' is not configured; known stages: ['comments', 'detail']" in crawl.output
-    assert not [path for path in site.hits if "nosuch" in path]
+    assert crawl.stats["test/errback/IgnoreRequest"] == 2
+    said = "stage 'details' is not configured (did you mean 'detail'? REDISLOCK_STAGES has ['comments', 'detail']). It is dropped"
+    assert crawl.output.count(said) == 1  # once, whatever the number of requests
+    assert "Traceback" not in crawl.output, crawl.tail()
+    assert not [path for path in site.hits if "details" in path]
+    assert site.count("detail") == 2
 
 
 def test_limits_are_written_at_start_and_a_change_is_logged(

@@ -14,7 +14,7 @@ from scrapy.http import Response
 from scrapy.utils.test import get_crawler
 
 from scrapy_redislock import StageLockMiddleware
-from scrapy_redislock.errors import AcquireTimeout, ThrottlingDisabled, UnknownStage
+from scrapy_redislock.errors import AcquireTimeout, ThrottlingDisabled
 from testing.crawlproc import leftover
 from testing.inprocess import front, held, request, until
 
@@ -28,7 +28,7 @@ def test_uncapped_and_stageless_requests_pass_without_a_coroutine(
         async with front(redis_url, {"detail": 1, "comments": None}, scheduler=False) as f:
             assert f.middleware.process_request(request("comments")) is None
             assert f.middleware.process_request(request(None)) is None
-            with pytest.raises(UnknownStage, match="'nope'"):
+            with pytest.raises(IgnoreRequest, match="'nope' is not configured"):
                 f.middleware.process_request(request("nope"))
             assert f.crawler.stats.get_value("redislock/unknown_stage") == 1
             assert leftover(redis_client) == 0
