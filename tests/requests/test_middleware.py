@@ -334,7 +334,7 @@ def test_an_unknown_stage_drops_its_requests_says_so_once_and_is_no_clean_finish
     assert crawl.code == 1
     assert crawl.stats["redislock/unknown_stage"] == 2
     assert crawl.stats["test/errback/IgnoreRequest"] == 2
-    said = "stage 'details' is not configured (did you mean 'detail'? REDISLOCK_STAGES has ['comments', 'detail']). It is dropped"
+    said = "stage 'details' is not configured (did you mean 'detail'? REDISLOCK_STAGES has ['comments', 'detail']). It is dropped"  # noqa: E501
     assert crawl.output.count(said) == 1  # once, whatever the number of requests
     assert "Traceback" not in crawl.output, crawl.tail()
     assert not [path for path in site.hits if "details" in path]
