@@ -17,6 +17,7 @@ from typing import Any
 import redis
 import redis.asyncio
 import redis.exceptions
+from redis.backoff import EqualJitterBackoff
 
 from scrapy_redislock.errors import InvalidArgument
 
@@ -113,24 +114,22 @@ def as_connection_error(exc: BaseException) -> redis.exceptions.ConnectionError 
 
 @dataclass
 class Backoff:
-    """Seconds to wait before the next retry after an error: ``first``, doubled each failure up to
-    ``most``.
+    """Seconds to wait before the next retry after an error: about ``first``, doubled each failure
+    up to ``most``, with redis-py's equal jitter (each delay between half and all of that), so that
+    the workers an outage stopped together do not all retry in the same instant.
 
     One object per thing that retries; :meth:`reset` after a success.
     """
 
     first: float = 0.1
     most: float = 5.0
-    current: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.current = self.first
+    failures: int = 0
 
     def next(self) -> float:
-        """The delay to wait now; the following one is twice as long (at most ``most``)."""
-        delay = self.current
-        self.current = min(self.current * 2, self.most)
-        return delay
+        """The delay to wait now; the following one is about twice as long (at most ``most``)."""
+        delay = EqualJitterBackoff(self.most, self.first).compute(self.failures)
+        self.failures = min(self.failures + 1, 64)  # 2 ** 64 * first is past any ``most``
+        return float(delay)
 
     def reset(self) -> None:
-        self.current = self.first
+        self.failures = 0

@@ -1,11 +1,11 @@
-"""A connection closed under a command by another task is an outage, not a bug: pure tests of the
-helper that tells them apart, and of the driver that retries it as a connection error."""
+"""Pure tests of the shared helpers: the one back-off; a connection closed under a command by another task is an outage, not a bug (the
+helper that tells them apart, and the driver that retries it as a connection error)."""
 
 from __future__ import annotations
 
 import redis.exceptions
 
-from scrapy_redislock._redis import as_connection_error
+from scrapy_redislock._redis import Backoff, as_connection_error
 from scrapy_redislock.lock.core import LockCore
 from scrapy_redislock.lock.protocol import drive
 
@@ -69,3 +69,16 @@ def test_the_driver_hands_the_operation_a_connection_error() -> None:
         assert str(exc) == "ours"
     else:
         raise AssertionError("no error")
+
+
+def test_the_back_off_doubles_with_jitter_up_to_its_most_and_resets() -> None:
+    """Each delay lies between half and all of first * 2**failures (at most ``most``): workers an
+    outage stopped together spread their retries."""
+    backoff = Backoff(first=0.1, most=1.0)
+    delays = [backoff.next() for _ in range(8)]
+    for failures, delay in enumerate(delays):
+        ceiling = min(1.0, 0.1 * 2**failures)
+        assert ceiling / 2 <= delay <= ceiling
+    assert len({round(Backoff(0.1, 1.0).next(), 9) for _ in range(20)}) > 1  # not in lockstep
+    backoff.reset()
+    assert backoff.next() <= 0.1
