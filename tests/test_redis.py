@@ -1,5 +1,6 @@
-"""Pure tests of the shared helpers: the one back-off; a connection closed under a command by another task is an outage, not a bug (the
-helper that tells them apart, and the driver that retries it as a connection error)."""
+"""Pure tests of the shared helpers: the one back-off; a connection closed under a command by
+another task is an outage, not a bug (the helper that tells them apart, and the driver that retries
+it as a connection error)."""
 
 from __future__ import annotations
 
