@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -35,15 +36,44 @@ def text(value: Any) -> Any:
     return value
 
 
+# C0 and C1 controls, DEL, and the Unicode marks that reorder or hide text (bidi overrides, line
+# separators): what a name read from Redis must not carry to a terminal or a log.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
+
+
+def printable(value: object, keep: str = "") -> str:
+    """``str(value)`` with every control character escaped (ESC as ``\\x1b``), but those in
+    ``keep`` (e.g. "\\n" for whole lines of output): anything a crawler wrote to Redis (a stage,
+    holder, host, spider, worker or queue name, a dead letter) may carry terminal escape sequences;
+    everything printed to a terminal or a log goes through here."""
+    return _CONTROLS.sub(
+        lambda m: m.group() if m.group() in keep else m.group().encode("unicode_escape").decode(),
+        str(value),
+    )
+
+
 def check_name(name: object, what: str = "name") -> str:
     if not isinstance(name, str) or not name or "{" in name or "}" in name:
         raise InvalidArgument(f"{what} must be a non-empty string without braces, got {name!r}")
     return name
 
 
+# The most slots a lock (stage, key, worker stage) may have. A lock is one Redis stream entry per slot
+# and a resize adds or deletes one entry per slot, inside one script that blocks the whole server: at
+# 1000, a resize from 3 to the maximum and back holds a concurrent PING up about 10 ms at worst (measured
+# on a loaded 2-core machine, docs/security.md); 10,000 held it over 100 ms. A stage that needs more
+# concurrency than this is not capped (limit None). The Lua scripts refuse more too (MAX_LIMIT in
+# lock/scripts/_lib.lua, kept equal by a test).
+MAX_LIMIT = 1000
+
+
 def check_limit(limit: object, what: str = "limit") -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise InvalidArgument(f"{what} must be an integer >= 0, got {limit!r}")
+    """A limit: an integer from 0 to MAX_LIMIT; InvalidArgument naming ``what`` and the value."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
+        shown = (
+            repr(limit) if not isinstance(limit, int) or abs(limit) < 10**40 else "a huge integer"
+        )
+        raise InvalidArgument(f"{what} must be an integer from 0 to {MAX_LIMIT}, got {shown}")
     return limit
 
 

@@ -17,13 +17,26 @@ from typing import Any, cast
 import redis
 import redis.exceptions
 
-from scrapy_redislock._redis import RedisClient, check_limit, check_name, check_ttl
+from scrapy_redislock._redis import (
+    MAX_LIMIT,
+    RedisClient,
+    check_limit,
+    check_name,
+    check_ttl,
+    printable,
+)
 from scrapy_redislock.cli.render import Streams, render_dead_letters, render_keys, render_status
 from scrapy_redislock.cli.status import read_all, snapshot, split_keys
 from scrapy_redislock.cli.target import EXIT_OK, EXIT_USAGE, CliError, Target, run_operation
 from scrapy_redislock.errors import InvalidArgument
 from scrapy_redislock.lock.adaptive import unpin
-from scrapy_redislock.lock.core import LockCore, forget_lock, release_consumer, reset_lock
+from scrapy_redislock.lock.core import (
+    NO_VALID_LIMIT,
+    LockCore,
+    forget_lock,
+    release_consumer,
+    reset_lock,
+)
 from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, StageStatus, find_stages, stage_status
 from scrapy_redislock.workers.queue import QueueKeys, requeue_now
@@ -47,9 +60,14 @@ def _stage_arg(value: str) -> str:
 
 def _limit_arg(value: str) -> int:
     try:
+        if len(value) > 20:  # int() of a huge string takes a while
+            raise ValueError(value)
         return check_limit(int(value, 10), "N")
     except (ValueError, InvalidArgument):
-        raise CliError(f"N must be an integer >= 0, got {value!r}", EXIT_USAGE) from None
+        shown = value[:40] + ("..." if len(value) > 40 else "")
+        raise CliError(
+            f"N must be an integer from 0 to {MAX_LIMIT}, got {shown!r}", EXIT_USAGE
+        ) from None
 
 
 def _is_key(stage: str) -> bool:
@@ -77,7 +95,7 @@ def _confirm(question: str, opts: argparse.Namespace, io: Streams) -> None:
             f"{opts.command}: not confirmed: standard input is not a terminal; pass --yes to "
             "confirm"
         )
-    io.err.write(f"{question} [y/N] ")
+    io.err.write(printable(f"{question} [y/N] "))
     io.err.flush()
     answer = io.stdin.readline().strip().lower()
     if answer not in {"y", "yes"}:
@@ -286,7 +304,7 @@ def cmd_release(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     described = _describe(status, holder)
     process = status.process(holder)
     if process is not None and _alive_here(status, holder):  # (alive here: it has a process)
-        io.err.write(f"warning: process {process.pid} of {holder} is running on this machine\n")
+        io.warn(f"warning: process {process.pid} of {holder} is running on this machine")
     _confirm(f"Release {held} slot(s) of stage {stage!r} held by {described}?", opts, io)
     freed = run_operation(
         client,
@@ -358,10 +376,10 @@ def cmd_requeue(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         left = (
             "" if worker.deadline_in is None else f", {worker.deadline_in:.1f}s before its deadline"
         )
-        io.err.write(
+        io.warn(
             f"warning: worker {worker.worker} beat {worker.silence:.1f}s ago{left}: if it is "
             "alive, the requests it "
-            "has in progress are fetched twice\n"
+            "has in progress are fetched twice"
         )
     _confirm(
         f"Requeue the {worker.in_flight} in-flight request(s) of worker {worker.worker} (spider "
@@ -379,13 +397,17 @@ def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     client = target.client()
     status = _require_stage(client, target, stage)
     holders = len({g.holder for g in status.grants})
-    _confirm(
+    question = (
         f"Reset stage {stage!r}: free {status.held} held slot(s) of {holders} holder(s), forget "
         f"{len(status.processes)} registered process(es), keep limit {status.limit}? Live holders "
-        "lose their slots.",
-        opts,
-        io,
+        "lose their slots."
     )
+    if status.error:
+        question = (
+            f"Reset stage {stage!r}, whose state in Redis is unreadable ({status.error}): free "
+            "every held slot and forget every registered process? Live holders lose their slots."
+        )
+    _confirm(question, opts, io)
     try:
         freed, limit = run_operation(
             client, reset_lock(LockKeys.of(target.prefix, stage), _is_key(stage)), stage
@@ -398,6 +420,11 @@ def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         raise
     if limit is None:  # a key on its light path: nobody waits, each process keeps its own limit
         io.say(f"{stage}: reset: freed {freed} held slot(s)")
+    elif limit == NO_VALID_LIMIT:
+        io.say(
+            f"{stage}: reset: freed {freed} held slot(s); its limit in Redis is not a valid limit, "
+            f"so no slot is free: `set-limit {stage} N` repairs it"
+        )
     else:
         io.say(
             f"{stage}: reset: freed {freed} held slot(s); limit {limit} kept, {limit} fresh "
@@ -464,7 +491,7 @@ def cmd_forget(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     _confirm(f"Delete stage {stage!r} (limit {status.limit}) from Redis{freeing}?", opts, io)
     keys = LockKeys.of(target.prefix, stage)
     freed = 0
-    if opts.force and status.exists and (status.grants or status.processes):
+    if opts.force and (status.error or (status.exists and (status.grants or status.processes))):
         try:
             freed, _ = run_operation(client, reset_lock(keys, _is_key(stage)), stage)
         except redis.exceptions.ResponseError as exc:

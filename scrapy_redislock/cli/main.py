@@ -13,7 +13,7 @@ sub-commands).
 - ``reset STAGE [--yes]``: free every slot of a stage and forget its holders; the limit stays.
 - ``forget STAGE [--force] [--yes]``: delete a stage nobody uses from Redis (refused, naming who,
   while in use).
-- ``dashboard [--host H] [--port P] [--allow-control]``: a live web page and ``/metrics`` (see
+- ``dashboard [--host H] [--port P] [--allowed-host NAME] [--allow-control]``: a live web page and ``/metrics`` (see
   :mod:`scrapy_redislock.cli.dashboard`).
 
 Blocking code with the sync redis client: it never runs on a reactor. Reads (``python -m``) the
@@ -295,6 +295,14 @@ def add_subcommands(
         default=600.0,
         metavar="SECONDS",
         help="seconds the charts span (600)",
+    )
+    dashboard.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name the page may be reached by (the Host header; repeatable), e.g. behind a "
+        "reverse proxy; by default only the address it listens on ('*': any, no check)",
     )
     dashboard.add_argument(
         "--allow-control",

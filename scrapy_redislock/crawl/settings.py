@@ -300,6 +300,12 @@ def parse_positive_int(raw: Any, name: str, optional: bool = False) -> int:
     return value
 
 
+def parse_positive_limit(raw: Any, name: str, optional: bool = False) -> int:
+    """A limit >= 1: an integer from 1 to MAX_LIMIT."""
+    value = parse_positive_int(raw, name, optional)
+    return int(_checked(check_limit, value, name))
+
+
 def parse_quorum(raw: Any, name: str, optional: bool = False) -> Any:
     """An integer as an int; anything else as it is: the range depends on the masters (a rule
     across settings checks it)."""
@@ -435,6 +441,7 @@ PARSERS: dict[str, Callable[[Any, str, bool], Any]] = {
     "positive_seconds": parse_positive_seconds,
     "quorum": parse_quorum,
     "positive_int": parse_positive_int,
+    "positive_limit": parse_positive_limit,
     "key_limit": parse_key_limit,
     "ttl": parse_ttl,
     "name": parse_name,

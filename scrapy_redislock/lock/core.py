@@ -418,13 +418,19 @@ def forget_lock(keys: LockKeys, light: bool = False) -> Operation[bool]:
     return bool(int(deleted))
 
 
+# reset_lock's limit when the one in Redis is no valid limit (written by hand?): no slot was added
+NO_VALID_LIMIT = -2
+
+
 def reset_lock(keys: LockKeys, light: bool = False) -> Operation[tuple[int, int | None]]:
     """Free every grant (the light ones too with ``light``) and forget every consumer; the limit
-    stays. Returns (grants freed, limit; None for a light-path lock with no limit in Redis)."""
+    stays. Returns (grants freed, limit; None for a light-path lock with no limit in Redis,
+    NO_VALID_LIMIT when the limit in Redis is not one: set_limit repairs it)."""
     freed, limit = yield RunScript(
         "reset",
         (keys.slots, keys.meta, keys.owners, keys.holds, keys.ttls, keys.seen)
         + ((keys.light,) if light else ()),
         (),
     )
-    return int(freed), None if int(limit) < 0 else int(limit)
+    limit = int(limit)
+    return int(freed), None if limit == -1 else limit
