@@ -47,11 +47,12 @@ SETINFO_SINCE = (7, 2)
 OLDEST = (7, 0)  # read-only key patterns (%R~) and the ACL selectors of Redis 7
 
 # status: one MULTI/EXEC per stage (meta, stream, group, pending list, consumers, owners, a key's light
-# path), SCAN for
-# stages and dead-letter lists, which it reads with LLEN/LRANGE.
+# path) and per worker spider (TIME, its workers' beats and deadlines, in-flight counts, queue lengths),
+# SCAN for stages and dead-letter lists, which it reads with LLEN, MEMORY USAGE (a bound) and LRANGE.
 WATCHER_COMMANDS = (
     "ping", "scan", "multi", "exec", "hgetall", "xinfo|stream", "xinfo|groups",
-    "xinfo|consumers", "xpending", "llen", "lrange", "zrange", "lindex",
+    "xinfo|consumers", "xpending", "llen", "lrange", "zrange", "lindex", "time", "hlen", "zcard",
+    "memory|usage",
 )  # fmt: skip
 # Sent by crawl processes themselves (not by scripts): running scripts, the lock's blocking wait,
 # the worker queues' reads (lengths, the in-flight counter, registered workers before a flush, a

@@ -297,8 +297,18 @@ local function change_limit(slots, meta, new)
   local stream_last, group_last, held = stream_state(slots)
   -- Entries at or below the last delivered id that nobody holds can never be handed out: a lowered limit
   -- skipped them. Delete them now, before a raise moves the group's position and forgets which they were.
-  for _, entry in ipairs(redis.call('XRANGE', slots, '-', id_of(group_last))) do
-    if not pending_of(slots, entry[1]) then redis.call('XDEL', slots, entry[1]) end
+  -- (one XPENDING for them all: one per entry made a resize of a lock whose slots are held twice as long)
+  local below = redis.call('XRANGE', slots, '-', id_of(group_last))
+  if #below > 0 then
+    local held_ids = {}
+    for _, p in ipairs(redis.call('XPENDING', slots, GROUP, '-', id_of(group_last), #below)) do
+      held_ids[p[1]] = true
+    end
+    local unheld = {}
+    for _, entry in ipairs(below) do
+      if not held_ids[entry[1]] then unheld[#unheld + 1] = entry end
+    end
+    delete_entries(slots, unheld)
   end
   local free = math.max(0, stream_last - group_last)
   local debt = math.max(0, group_last - stream_last)

@@ -26,9 +26,9 @@ local freed = 0
 while true do
   local batch = redis.call('XPENDING', slots, GROUP, '-', '+', 1000)
   if #batch == 0 then break end
-  for _, p in ipairs(batch) do
-    freed = freed + redis.call('XACK', slots, GROUP, p[1])
-  end
+  local ids = {}
+  for _, p in ipairs(batch) do ids[#ids + 1] = p[1] end
+  freed = freed + redis.call('XACK', slots, GROUP, unpack(ids))  -- one XACK a batch
 end
 for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', slots, GROUP)) do
   redis.call('XGROUP', 'DELCONSUMER', slots, GROUP, info_field(c, 'name'))
