@@ -118,6 +118,13 @@ TABLE: tuple[Setting, ...] = (
         "forever.",
     ),
     Setting(
+        "REDISLOCK_ALLOWED_SCHEMES",
+        ["http", "https"],
+        "schemes",
+        "URL schemes a worker fetches from its queue (StageWorkerMixin); a queued request of another "
+        "scheme (file:, data:, s3:, ...) goes to the dead-letter list.",
+    ),
+    Setting(
         "REDISLOCK_STAGE_PREFERENCE",
         [],
         "stage_names",

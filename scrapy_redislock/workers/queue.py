@@ -196,10 +196,16 @@ def encode(request: Request, serializer: Any, spider: Spider | None) -> bytes:
     return data.encode("utf-8") if isinstance(data, str) else bytes(data)
 
 
-def decode(data: bytes, serializer: Any, spider: Spider | None) -> Request:
-    """A queued entry back as a request; raises whatever the format raises for an entry it cannot
-    load."""
-    return request_from_data(data, serializer, spider)
+def decode(
+    data: bytes,
+    serializer: Any,
+    spider: Spider | None,
+    schemes: tuple[str, ...] = ("http", "https"),
+) -> Request:
+    """A queued entry back as a request, if its URL has one of ``schemes``
+    (REDISLOCK_ALLOWED_SCHEMES); raises whatever the format raises for an entry it cannot load or
+    refuses."""
+    return request_from_data(data, serializer, spider, schemes)
 
 
 def split_value(value: bytes) -> tuple[str, bytes, bytes]:
