@@ -119,10 +119,11 @@ TABLE: tuple[Setting, ...] = (
     ),
     Setting(
         "REDISLOCK_ALLOWED_SCHEMES",
-        ["http", "https"],
+        "http,https",
         "schemes",
-        "URL schemes a worker fetches from its queue (StageWorkerMixin); a queued request of another "
-        "scheme (file:, data:, s3:, ...) goes to the dead-letter list.",
+        "URL schemes a worker fetches from its queue (StageWorkerMixin): a list, or names separated by "
+        "commas; a queued request of another scheme (file:, data:, s3:, ...) goes to the dead-letter "
+        "list.",
     ),
     Setting(
         "REDISLOCK_STAGE_PREFERENCE",
