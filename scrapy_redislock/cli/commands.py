@@ -18,12 +18,16 @@ import redis
 import redis.exceptions
 
 from scrapy_redislock._redis import (
+    FUNCTION_PREFIX,
     MAX_LIMIT,
     RedisClient,
     check_limit,
     check_name,
     check_ttl,
+    function_library,
+    load_scripts,
     printable,
+    text,
 )
 from scrapy_redislock.cli.render import Streams, render_dead_letters, render_keys, render_status
 from scrapy_redislock.cli.status import read_all, snapshot, split_keys
@@ -34,12 +38,13 @@ from scrapy_redislock.lock.core import (
     NO_VALID_LIMIT,
     LockCore,
     forget_lock,
+    lock_scripts,
     release_consumer,
     reset_lock,
 )
 from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, StageStatus, find_stages, stage_status
-from scrapy_redislock.workers.queue import QueueKeys, requeue_now
+from scrapy_redislock.workers.queue import QUEUE_SCRIPTS, QueueKeys, requeue_now
 from scrapy_redislock.workers.status import (
     WORKER_LOCK_PREFIX,
     SpiderStatus,
@@ -48,6 +53,7 @@ from scrapy_redislock.workers.status import (
 )
 
 DEFAULT_WATCH = 2.0
+WORKER_SCRIPTS = "scrapy_redislock.workers"  # the package of the worker queues' scripts
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 
@@ -513,6 +519,58 @@ def cmd_forget(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     return EXIT_OK
 
 
+def project_library() -> tuple[str, str, int]:
+    """(library name, FUNCTION LOAD text, number of functions) of every script of the project."""
+    sources = {*lock_scripts().values(), *load_scripts(WORKER_SCRIPTS, QUEUE_SCRIPTS).values()}
+    library, code = function_library(sources)
+    return library, code, len(sources)
+
+
+def cmd_load_functions(opts: argparse.Namespace, target: Target, io: Streams) -> int:
+    """FUNCTION LOAD REPLACE the project's scripts as one library (every primary of a cluster),
+    and name the libraries of other versions still loaded."""
+    library, code, count = project_library()
+    client = target.client()
+    route = (
+        {"target_nodes": redis.RedisCluster.PRIMARIES}
+        if isinstance(client, redis.RedisCluster)
+        else {}
+    )
+    try:
+        client.execute_command("FUNCTION", "LOAD", "REPLACE", code, **route)
+    except redis.exceptions.ResponseError as exc:
+        if "unknown command" in str(exc):
+            raise CliError(
+                f"Redis at {target.safe_url} has no functions (Redis 7.0 or later has): its "
+                "clients run the scripts with EVALSHA, and the least-privilege roles need 7.0"
+            ) from None
+        raise
+    io.say(
+        f"loaded {library}: {count} functions at {target.safe_url}; the crawler and "
+        "operator roles run these (FCALL)"
+    )
+    listed = client.execute_command("FUNCTION", "LIST", "LIBRARYNAME", FUNCTION_PREFIX)
+    others = sorted(_library_names(listed) - {library})
+    if others:
+        io.say(
+            f"also loaded, of other versions: {', '.join(others)} (`FUNCTION DELETE <name>` once no "
+            "process of that version runs)"
+        )
+    return EXIT_OK
+
+
+def _library_names(listed: Any) -> set[str]:
+    """The library names of a FUNCTION LIST reply (flat lists, or dicts in RESP3)."""
+    names = set()
+    for entry in listed or []:
+        if isinstance(entry, dict):
+            entry = [part for pair in entry.items() for part in pair]
+        fields = [text(part) for part in entry] if isinstance(entry, list) else []
+        if "library_name" in fields[:-1]:
+            names.add(str(fields[fields.index("library_name") + 1]))
+    return names
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Target, Streams], int]] = {
     "status": cmd_status,
     "set-limit": cmd_set_limit,
@@ -520,4 +578,5 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Target, Streams], int]] = {
     "reset": cmd_reset,
     "requeue": cmd_requeue,
     "forget": cmd_forget,
+    "load-functions": cmd_load_functions,
 }

@@ -13,6 +13,8 @@ sub-commands).
 - ``reset STAGE [--yes]``: free every slot of a stage and forget its holders; the limit stays.
 - ``forget STAGE [--force] [--yes]``: delete a stage nobody uses from Redis (refused, naming who,
   while in use).
+- ``load-functions``: an admin's step: the project's scripts as Redis functions, which the
+  least-privilege roles run (FCALL) instead of scripts of their own.
 - ``dashboard [--host H] [--port P] [--allowed-host NAME] [--allow-control]``: a live web page and ``/metrics`` (see
   :mod:`scrapy_redislock.cli.dashboard`).
 
@@ -263,6 +265,18 @@ def add_subcommands(
         "--force", action="store_true", help="free and forget the stage's holders first"
     )
     forget.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+
+    sub.add_parser(
+        "load-functions",
+        parents=[common],
+        help="load the project's scripts into Redis as functions (an admin's step, once per "
+        "version)",
+        description="FUNCTION LOAD the project's Lua scripts as one library of Redis 7 functions, "
+        "which Redis keeps in RDB and AOF and replicates. The least-privilege crawler and operator "
+        "roles (python -m scrapy_redislock.cli.acl) may run only these (FCALL), no script of "
+        "their own; run it with an admin's URL, on every primary of a cluster, after each "
+        "upgrade.",
+    )
 
     dashboard = sub.add_parser(
         "dashboard",

@@ -73,7 +73,9 @@ from scrapy.utils.misc import load_object
 
 from scrapy_redislock._redis import (
     AsyncRedisClient,
+    ProjectScript,
     RedisClient,
+    ScriptMode,
     check_name,
     check_ttl,
     load_scripts,
@@ -291,7 +293,8 @@ class StageQueues:
         self.ttl = check_ttl(ttl)
         self.worker = worker or new_worker_id()
         sources = load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)
-        self.scripts = {name: client.register_script(src) for name, src in sources.items()}
+        mode = ScriptMode()  # EVALSHA, or FCALL of the functions an admin loaded (see _redis.py)
+        self.scripts = {name: ProjectScript(client, src, mode) for name, src in sources.items()}
         self.blocking = BlockingWait(client)
         # seconds within which a popping worker beats again (the scheduler sets it)
         self.work_grace = self.ttl
@@ -581,8 +584,10 @@ def requeue_now(client: RedisClient, keys: QueueKeys, worker: str) -> tuple[int,
     script_keys = [keys.alive, keys.inflight(worker), keys.working, keys.in_flight]
     script_keys += [*(keys.queue(s) for s in stages), *(keys.scored(s) for s in stages)]
     script_keys += [*(keys.signal(s) for s in stages), keys.due]
-    script = client.register_script(
-        load_scripts("scrapy_redislock.workers", ("queue_requeue",))["queue_requeue"]
+    script = ProjectScript(
+        client,
+        load_scripts("scrapy_redislock.workers", ("queue_requeue",))["queue_requeue"],
+        ScriptMode(),
     )
     moved, left = script(keys=script_keys, args=[worker, 0, *stages])
     return int(moved), int(left)
