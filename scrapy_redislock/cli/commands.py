@@ -187,7 +187,8 @@ def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         except InvalidArgument as exc:
             raise CliError(str(exc), EXIT_USAGE) from None
     client = target.client()
-    if stage_status(client, target.prefix, stage) is None and not opts.create:
+    before = stage_status(client, target.prefix, stage)
+    if before is None and not opts.create:
         known = find_stages(client, target.prefix)
         raise CliError(
             f"unknown stage {stage!r} under prefix {target.prefix!r} at {target.safe_url} (stages "
@@ -197,7 +198,9 @@ def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         )
     core = LockCore.create(stage, None, ttl, key_prefix=target.prefix, light=_is_key(stage))
     previous = run_operation(client, core.set_limit(limit), stage)
-    if previous is None:
+    if previous is None and before is not None and before.error:
+        io.say(f"{stage}: limit (not a valid one in Redis) -> {limit}, live for every process")
+    elif previous is None:
         io.say(f"{stage}: created with limit {limit} (ttl {ttl:g}s)")
     else:
         io.say(f"{stage}: limit {previous} -> {limit}, live for every process")

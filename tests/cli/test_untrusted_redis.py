@@ -64,6 +64,8 @@ def test_a_corrupted_stage_is_shown_as_such_and_the_tools_still_work(
     assert code == 0, err
     code, out, err = call("set-limit", "detail", "4", "--url", redis_url)
     assert code == 0, err
+    if corrupt == "limit abc":
+        assert out.startswith("detail: limit (not a valid one in Redis) -> 4"), out
     assert redis_client.hget(DETAIL.meta, "limit") == b"4"
     code, out, err = call("forget", "detail", "--force", "--yes", "--url", redis_url)
     assert code == 0, err
