@@ -9,7 +9,10 @@ part loads only its own.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -36,15 +39,44 @@ def text(value: Any) -> Any:
     return value
 
 
+# C0 and C1 controls, DEL, and the Unicode marks that reorder or hide text (bidi overrides, line
+# separators): what a name read from Redis must not carry to a terminal or a log.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
+
+
+def printable(value: object, keep: str = "") -> str:
+    """``str(value)`` with every control character escaped (ESC as ``\\x1b``), but those in
+    ``keep`` (e.g. "\\n" for whole lines of output): anything a crawler wrote to Redis (a stage,
+    holder, host, spider, worker or queue name, a dead letter) may carry terminal escape sequences;
+    everything printed to a terminal or a log goes through here."""
+    return _CONTROLS.sub(
+        lambda m: m.group() if m.group() in keep else m.group().encode("unicode_escape").decode(),
+        str(value),
+    )
+
+
 def check_name(name: object, what: str = "name") -> str:
     if not isinstance(name, str) or not name or "{" in name or "}" in name:
         raise InvalidArgument(f"{what} must be a non-empty string without braces, got {name!r}")
     return name
 
 
+# The most slots a lock (stage, key, worker stage) may have. A lock is one Redis stream entry per slot
+# and a resize adds or deletes one entry per slot, inside one script that blocks the whole server: at
+# 1000, a resize from 3 to the maximum and back holds a concurrent PING up about 10 ms at worst (measured
+# on a loaded 2-core machine, docs/security.md); 10,000 held it over 100 ms. A stage that needs more
+# concurrency than this is not capped (limit None). The Lua scripts refuse more too (MAX_LIMIT in
+# lock/scripts/_lib.lua, kept equal by a test).
+MAX_LIMIT = 1000
+
+
 def check_limit(limit: object, what: str = "limit") -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise InvalidArgument(f"{what} must be an integer >= 0, got {limit!r}")
+    """A limit: an integer from 0 to MAX_LIMIT; InvalidArgument naming ``what`` and the value."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
+        shown = (
+            repr(limit) if not isinstance(limit, int) or abs(limit) < 10**40 else "a huge integer"
+        )
+        raise InvalidArgument(f"{what} must be an integer from 0 to {MAX_LIMIT}, got {shown}")
     return limit
 
 
@@ -80,6 +112,208 @@ def load_scripts(package: str, names: tuple[str, ...], lib: str | None = None) -
     folder = resources.files(package) / "scripts"
     prelude = (folder / f"{lib}.lua").read_text(encoding="utf-8") + "\n" if lib else ""
     return {name: prelude + (folder / f"{name}.lua").read_text(encoding="utf-8") for name in names}
+
+
+# -- scripts as Redis functions ---------------------------------------------------------------------
+# A role that may SCRIPT LOAD may run any Lua (SCRIPT LOAD "while true do end", then EVALSHA): the
+# least-privilege roles (cli/acl.py) have neither, only FCALL of the functions an admin loaded
+# (``load-functions``: FUNCTION LOAD of :func:`function_library`, which Redis keeps in RDB and AOF and
+# replicates, as it does not keep scripts). A client runs EVALSHA as before, and FCALL once EVALSHA is
+# refused to its user (:class:`ProjectScript`): no command more for anyone else.
+
+FUNCTION_PREFIX = "redislock_"
+LOAD_FUNCTIONS = "python -m scrapy_redislock load-functions --url <an admin's URL>"
+
+
+def function_name(source: str) -> str:
+    """The function that runs one script: ``redislock_<sha1 of its source>``, the sha EVALSHA uses,
+    so a function is exactly its source (another version of the project has other names)."""
+    return FUNCTION_PREFIX + hashlib.sha1(source.encode("utf-8")).hexdigest()
+
+
+# A script's first line may give Redis 7's script flags (``allow-oom``: it runs while Redis is out of
+# memory); Redis 6.2 cannot compile it, and its callers run the script without it (without_flags).
+FLAGS_LINE = "#!lua flags="
+
+
+def script_flags(source: str) -> list[str]:
+    """The flags of a script's first line (none without one)."""
+    if not source.startswith(FLAGS_LINE):
+        return []
+    return source[len(FLAGS_LINE) : source.index("\n")].split(",")
+
+
+def without_flags(source: str) -> str:
+    """The script without its flags line (for Redis 6.2)."""
+    return source[source.index("\n") + 1 :] if source.startswith(FLAGS_LINE) else source
+
+
+def function_library(sources: Iterable[str]) -> tuple[str, str]:
+    """(library name, FUNCTION LOAD text) of the scripts: one function per script, its body the
+    script's (KEYS and ARGV as the function's arguments) and its flags the script's; the library is
+    named after them all."""
+    named = sorted({function_name(source): source for source in sources}.items())
+    tag = hashlib.sha1("".join(name for name, _ in named).encode()).hexdigest()[:16]
+    library = f"{FUNCTION_PREFIX}{tag}"
+    parts = [f"#!lua name={library}"]
+    for name, source in named:
+        flags = ", ".join(f"'{flag}'" for flag in script_flags(source))
+        parts.append(
+            f"redis.register_function{{function_name='{name}', callback=function(KEYS, ARGV)\n"
+            f"{without_flags(source)}\nend, flags={{{flags}}}}}"
+        )
+    return library, "\n".join(parts) + "\n"
+
+
+def script_refused(exc: BaseException) -> bool:
+    """EVALSHA or SCRIPT LOAD refused to this user (ACL)."""
+    message = str(exc)
+    return isinstance(exc, redis.exceptions.NoPermissionError) and (
+        "'evalsha'" in message or "'script|load'" in message or "'script'" in message
+    )
+
+
+def function_missing(exc: BaseException) -> bool:
+    """FCALL of a function Redis does not have (not loaded, flushed, a server before 7.0)."""
+    message = str(exc)
+    return isinstance(exc, redis.exceptions.ResponseError) and (
+        "Function not found" in message or "unknown command" in message
+    )
+
+
+def _fcall_refused(exc: BaseException) -> bool:
+    return isinstance(exc, redis.exceptions.NoPermissionError) and "'fcall'" in str(exc)
+
+
+def _not_loaded(
+    refused: BaseException, missing: BaseException
+) -> redis.exceptions.NoPermissionError:
+    return redis.exceptions.NoPermissionError(
+        f"this user may not load scripts ({refused}) and the project's functions are not loaded "
+        f"({missing}): an admin loads them with `{LOAD_FUNCTIONS}`"
+    )
+
+
+class ScriptMode:
+    """How one client runs the project's scripts: ``functions`` True once EVALSHA was refused and
+    FCALL worked (then FCALL only, until a function is missing)."""
+
+    def __init__(self) -> None:
+        self.functions = False
+
+
+class ProjectScript:
+    """One of the project's scripts on one client, called like redis-py's Script
+    (``script(keys=..., args=...)``; an awaitable on an asyncio client): EVALSHA; after NOSCRIPT,
+    FCALL of its function when an admin loaded them (``mode``, shared by the client's scripts, then
+    says FCALL from the start), else SCRIPT LOAD and EVALSHA again.
+
+    A user that may not SCRIPT LOAD (the least-privilege roles) thus runs the functions, and gets
+    a clear error naming ``load-functions`` when they are missing; an admin's client pays one FCALL
+    more than before at a script's first run on a server, none after."""
+
+    def __init__(self, client: Any, source: str, mode: ScriptMode) -> None:
+        self.client = client
+        self.script = source
+        self.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
+        self.function = function_name(source)
+        self.mode = mode
+        self.cluster = hasattr(client, "get_node_from_key")
+        self.asyncio = isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster)
+
+    def fcall_args(self, keys: list[Any], args: list[Any]) -> tuple[Any, ...]:
+        return ("FCALL", self.function, len(keys), *keys, *args)
+
+    def _fcall(self, keys: list[Any], args: list[Any]) -> Any:
+        # a cluster client would ask the server for FCALL's keys (COMMAND GETKEYS) at every call
+        route = (
+            {"target_nodes": self.client.get_node_from_key(keys[0])}
+            if self.cluster and keys
+            else {}
+        )
+        return self.client.execute_command(*self.fcall_args(keys, args), **route)
+
+    def _evalsha(self, keys: list[Any], args: list[Any]) -> Any:
+        return self.client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def __call__(self, keys: Iterable[Any] = (), args: Iterable[Any] = ()) -> Any:
+        keys, args = list(keys), list(args)
+        if self.asyncio:
+            return self._acall(keys, args)
+        if self.mode.functions:
+            try:
+                return self._fcall(keys, args)
+            except redis.exceptions.ResponseError as exc:
+                if not function_missing(exc):
+                    raise
+                self.mode.functions = False  # flushed, or a restart without persistence
+        refused: BaseException | None = None
+        try:
+            return self._evalsha(keys, args)
+        except redis.exceptions.NoScriptError:
+            pass
+        except redis.exceptions.NoPermissionError as exc:
+            if not script_refused(exc):
+                raise
+            refused = exc
+        try:
+            reply = self._fcall(keys, args)
+        except redis.exceptions.ResponseError as exc:
+            missing = self._no_function(exc, refused)
+        else:
+            self.mode.functions = True
+            return reply
+        try:
+            self.client.script_load(self.script)
+        except redis.exceptions.NoPermissionError as exc:
+            if script_refused(exc):
+                raise _not_loaded(exc, missing) from None
+            raise
+        return self._evalsha(keys, args)
+
+    async def _acall(self, keys: list[Any], args: list[Any]) -> Any:
+        if self.mode.functions:
+            try:
+                return await self._fcall(keys, args)
+            except redis.exceptions.ResponseError as exc:
+                if not function_missing(exc):
+                    raise
+                self.mode.functions = False
+        refused: BaseException | None = None
+        try:
+            return await self._evalsha(keys, args)
+        except redis.exceptions.NoScriptError:
+            pass
+        except redis.exceptions.NoPermissionError as exc:
+            if not script_refused(exc):
+                raise
+            refused = exc
+        try:
+            reply = await self._fcall(keys, args)
+        except redis.exceptions.ResponseError as exc:
+            missing = self._no_function(exc, refused)
+        else:
+            self.mode.functions = True
+            return reply
+        try:
+            await self.client.script_load(self.script)
+        except redis.exceptions.NoPermissionError as exc:
+            if script_refused(exc):
+                raise _not_loaded(exc, missing) from None
+            raise
+        return await self._evalsha(keys, args)
+
+    @staticmethod
+    def _no_function(exc: redis.exceptions.ResponseError, refused: BaseException | None) -> Any:
+        """The FCALL after a NOSCRIPT or a refused EVALSHA failed: ``exc`` when the function is
+        missing or FCALL refused and loading the script is left to try; else what to raise."""
+        if _fcall_refused(exc) and refused is not None:
+            raise refused from None  # this user may run neither: the first refusal names it
+        if not (function_missing(exc) or _fcall_refused(exc)):
+            raise exc
+        if refused is not None:
+            raise _not_loaded(refused, exc) from None
+        return exc
 
 
 # Where redis-py's and asyncio's connection internals live: an AttributeError or TypeError raised

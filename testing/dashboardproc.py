@@ -72,15 +72,22 @@ class DashboardProcess:
                 return self
         raise AssertionError(f"the dashboard did not start: {''.join(self.output)}{self.stop()[1]}")
 
-    def get(self, path: str) -> tuple[int, str]:
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+        request = urllib.request.Request(self.url + path, headers=headers or {})
         try:
-            with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            with urllib.request.urlopen(request, timeout=10) as response:
                 return response.status, response.read().decode()
         except urllib.error.HTTPError as error:
             return error.code, error.read().decode()
 
-    def post(self, path: str, body: Any, token: str | None = None) -> tuple[int, dict[str, Any]]:
-        headers = {"Content-Type": "application/json"}
+    def post(
+        self,
+        path: str,
+        body: Any,
+        token: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, dict[str, Any]]:
+        headers = {"Content-Type": "application/json", **(headers or {})}
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         data = body if isinstance(body, bytes) else json.dumps(body).encode()

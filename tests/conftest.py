@@ -20,6 +20,7 @@ import redis
 
 from scrapy_redislock import CountingLock
 from scrapy_redislock.cli.acl import OLDEST, acl_rules, redis_version
+from scrapy_redislock.cli.commands import project_library
 from testing.redis_server import RedisServer
 from testing.site import CrawlSite
 
@@ -61,6 +62,8 @@ def redis_url(admin_url: str) -> str:
             )
         rules = acl_rules("crawler", keys=TEST_ACL_KEYS, server_version=version)
         admin.execute_command("ACL", "SETUSER", "test-crawler", *rules, ">test-pw")
+        # the admin's step: the crawler role runs the project's functions, no script of its own
+        admin.function_load(project_library()[1], replace=True)
     return admin_url.replace("redis://", "redis://test-crawler:test-pw@", 1)
 
 

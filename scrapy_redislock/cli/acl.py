@@ -3,12 +3,14 @@
 ::
 
     python -m scrapy_redislock.cli.acl crawler --prefix redislock --key 'shop:start_urls'
-    # -> ACL SETUSER crawler reset on >PASSWORD resetchannels ~redislock:* ~shop:start_urls -@all +evalsha ...
+    # -> ACL SETUSER crawler reset on >PASSWORD resetchannels ~redislock:* ~shop:start_urls -@all +fcall ...
 
 - ``crawler``: what crawl processes send, both fronts (middleware/scheduler and worker mixin), and
   nothing else: its keys are the prefix's (locks, queues) and the RedisSpider feed keys given with
   ``--key``. Redis checks the commands a script runs against the caller's ACL too, so the list holds
-  every command of ``scripts/*.lua``.
+  every command of ``scripts/*.lua``. It runs the project's scripts as the functions an admin loaded
+  (``load-functions``; FCALL), or scripts an admin loaded (EVALSHA), and may load none: no Lua of
+  its own (no ``SCRIPT LOAD``, no ``EVAL``, no ``FUNCTION LOAD``).
 - ``operator``: the command line, ``status`` and the ones that steer (``set-limit``, ``release``,
   ``reset``), plus reading and deleting dead letters; the prefix's keys only.
 - ``watcher``: ``status`` only, read-only access (``%R~``) to the prefix's keys.
@@ -47,31 +49,34 @@ SETINFO_SINCE = (7, 2)
 OLDEST = (7, 0)  # read-only key patterns (%R~) and the ACL selectors of Redis 7
 
 # status: one MULTI/EXEC per stage (meta, stream, group, pending list, consumers, owners, a key's light
-# path), SCAN for
-# stages and dead-letter lists, which it reads with LLEN/LRANGE.
+# path) and per worker spider (TIME, its workers' beats and deadlines, in-flight counts, queue lengths),
+# SCAN for stages and dead-letter lists, which it reads with LLEN, MEMORY USAGE (a bound) and LRANGE.
 WATCHER_COMMANDS = (
     "ping", "scan", "multi", "exec", "hgetall", "xinfo|stream", "xinfo|groups",
-    "xinfo|consumers", "xpending", "llen", "lrange", "zrange", "lindex",
+    "xinfo|consumers", "xpending", "llen", "lrange", "zrange", "lindex", "time", "hlen", "zcard",
+    "memory|usage",
 )  # fmt: skip
-# Sent by crawl processes themselves (not by scripts): running scripts, the lock's blocking wait,
+# Sent by crawl processes themselves (not by scripts): running the project's functions (FCALL: an
+# admin loads them, `load-functions`; a client's first EVALSHA answers NOSCRIPT, then FCALL), the
+# lock's blocking wait,
 # the worker queues' reads (lengths, the in-flight counter, registered workers before a flush, a
 # worker's own in-flight ids after a lost reply), an idle worker's blocking wait for work (BLPOP)
 # and the token it hands on (LPUSH), the RedisSpider feed (list, set or zset); HSET + WAIT for
 # replicas=N; the status reads (MULTI/EXEC) with which a crawl logs why a stage waits.
 CRAWLER_CLIENT_COMMANDS = (
-    "evalsha", "script|load", "ping",
+    "evalsha", "fcall", "ping",
     "xreadgroup", "hget", "hset", "wait", "llen", "get", "zrange", "hkeys", "blpop", "lpush",
     "lpop", "spop", "zpopmax",
     "multi", "exec", "hgetall", "xinfo|stream", "xinfo|groups", "xinfo|consumers", "xpending",
     "zrange", "lindex",
 )  # fmt: skip
-# set-limit, release, reset, requeue are scripts; DEL drops a dead-letter list once looked at;
+# set-limit, release, reset, requeue are the project's functions (FCALL); DEL drops a dead-letter list once looked at;
 # requeue reads the worker's in-flight record (HVALS: the stages of its requests) and the workers
 # (TIME, ZRANGE, HGETALL, HLEN).
 OPERATOR_COMMANDS = (
     *WATCHER_COMMANDS,
     "evalsha",
-    "script|load",
+    "fcall",
     "del",
     "hvals",
     "time",

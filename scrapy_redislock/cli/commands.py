@@ -17,16 +17,34 @@ from typing import Any, cast
 import redis
 import redis.exceptions
 
-from scrapy_redislock._redis import RedisClient, check_limit, check_name, check_ttl
+from scrapy_redislock._redis import (
+    FUNCTION_PREFIX,
+    MAX_LIMIT,
+    RedisClient,
+    check_limit,
+    check_name,
+    check_ttl,
+    function_library,
+    load_scripts,
+    printable,
+    text,
+)
 from scrapy_redislock.cli.render import Streams, render_dead_letters, render_keys, render_status
 from scrapy_redislock.cli.status import read_all, snapshot, split_keys
 from scrapy_redislock.cli.target import EXIT_OK, EXIT_USAGE, CliError, Target, run_operation
 from scrapy_redislock.errors import InvalidArgument
 from scrapy_redislock.lock.adaptive import unpin
-from scrapy_redislock.lock.core import LockCore, forget_lock, release_consumer, reset_lock
+from scrapy_redislock.lock.core import (
+    NO_VALID_LIMIT,
+    LockCore,
+    forget_lock,
+    lock_scripts,
+    release_consumer,
+    reset_lock,
+)
 from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, StageStatus, find_stages, stage_status
-from scrapy_redislock.workers.queue import QueueKeys, requeue_now
+from scrapy_redislock.workers.queue import QUEUE_SCRIPTS, QueueKeys, requeue_now
 from scrapy_redislock.workers.status import (
     WORKER_LOCK_PREFIX,
     SpiderStatus,
@@ -35,6 +53,7 @@ from scrapy_redislock.workers.status import (
 )
 
 DEFAULT_WATCH = 2.0
+WORKER_SCRIPTS = "scrapy_redislock.workers"  # the package of the worker queues' scripts
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 
@@ -47,9 +66,14 @@ def _stage_arg(value: str) -> str:
 
 def _limit_arg(value: str) -> int:
     try:
+        if len(value) > 20:  # int() of a huge string takes a while
+            raise ValueError(value)
         return check_limit(int(value, 10), "N")
     except (ValueError, InvalidArgument):
-        raise CliError(f"N must be an integer >= 0, got {value!r}", EXIT_USAGE) from None
+        shown = value[:40] + ("..." if len(value) > 40 else "")
+        raise CliError(
+            f"N must be an integer from 0 to {MAX_LIMIT}, got {shown!r}", EXIT_USAGE
+        ) from None
 
 
 def _is_key(stage: str) -> bool:
@@ -77,7 +101,7 @@ def _confirm(question: str, opts: argparse.Namespace, io: Streams) -> None:
             f"{opts.command}: not confirmed: standard input is not a terminal; pass --yes to "
             "confirm"
         )
-    io.err.write(f"{question} [y/N] ")
+    io.err.write(printable(f"{question} [y/N] "))
     io.err.flush()
     answer = io.stdin.readline().strip().lower()
     if answer not in {"y", "yes"}:
@@ -163,7 +187,8 @@ def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         except InvalidArgument as exc:
             raise CliError(str(exc), EXIT_USAGE) from None
     client = target.client()
-    if stage_status(client, target.prefix, stage) is None and not opts.create:
+    before = stage_status(client, target.prefix, stage)
+    if before is None and not opts.create:
         known = find_stages(client, target.prefix)
         raise CliError(
             f"unknown stage {stage!r} under prefix {target.prefix!r} at {target.safe_url} (stages "
@@ -173,7 +198,9 @@ def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         )
     core = LockCore.create(stage, None, ttl, key_prefix=target.prefix, light=_is_key(stage))
     previous = run_operation(client, core.set_limit(limit, pin=True), stage)
-    if previous is None:
+    if previous is None and before is not None and before.error:
+        io.say(f"{stage}: limit (not a valid one in Redis) -> {limit}, live for every process")
+    elif previous is None:
         io.say(f"{stage}: created with limit {limit} (ttl {ttl:g}s)")
     else:
         io.say(f"{stage}: limit {previous} -> {limit}, live for every process")
@@ -286,7 +313,7 @@ def cmd_release(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     described = _describe(status, holder)
     process = status.process(holder)
     if process is not None and _alive_here(status, holder):  # (alive here: it has a process)
-        io.err.write(f"warning: process {process.pid} of {holder} is running on this machine\n")
+        io.warn(f"warning: process {process.pid} of {holder} is running on this machine")
     _confirm(f"Release {held} slot(s) of stage {stage!r} held by {described}?", opts, io)
     freed = run_operation(
         client,
@@ -358,10 +385,10 @@ def cmd_requeue(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         left = (
             "" if worker.deadline_in is None else f", {worker.deadline_in:.1f}s before its deadline"
         )
-        io.err.write(
+        io.warn(
             f"warning: worker {worker.worker} beat {worker.silence:.1f}s ago{left}: if it is "
             "alive, the requests it "
-            "has in progress are fetched twice\n"
+            "has in progress are fetched twice"
         )
     _confirm(
         f"Requeue the {worker.in_flight} in-flight request(s) of worker {worker.worker} (spider "
@@ -379,13 +406,17 @@ def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     client = target.client()
     status = _require_stage(client, target, stage)
     holders = len({g.holder for g in status.grants})
-    _confirm(
+    question = (
         f"Reset stage {stage!r}: free {status.held} held slot(s) of {holders} holder(s), forget "
         f"{len(status.processes)} registered process(es), keep limit {status.limit}? Live holders "
-        "lose their slots.",
-        opts,
-        io,
+        "lose their slots."
     )
+    if status.error:
+        question = (
+            f"Reset stage {stage!r}, whose state in Redis is unreadable ({status.error}): free "
+            "every held slot and forget every registered process? Live holders lose their slots."
+        )
+    _confirm(question, opts, io)
     try:
         freed, limit = run_operation(
             client, reset_lock(LockKeys.of(target.prefix, stage), _is_key(stage)), stage
@@ -398,6 +429,11 @@ def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         raise
     if limit is None:  # a key on its light path: nobody waits, each process keeps its own limit
         io.say(f"{stage}: reset: freed {freed} held slot(s)")
+    elif limit == NO_VALID_LIMIT:
+        io.say(
+            f"{stage}: reset: freed {freed} held slot(s); its limit in Redis is not a valid limit, "
+            f"so no slot is free: `set-limit {stage} N` repairs it"
+        )
     else:
         io.say(
             f"{stage}: reset: freed {freed} held slot(s); limit {limit} kept, {limit} fresh "
@@ -464,7 +500,7 @@ def cmd_forget(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     _confirm(f"Delete stage {stage!r} (limit {status.limit}) from Redis{freeing}?", opts, io)
     keys = LockKeys.of(target.prefix, stage)
     freed = 0
-    if opts.force and status.exists and (status.grants or status.processes):
+    if opts.force and (status.error or (status.exists and (status.grants or status.processes))):
         try:
             freed, _ = run_operation(client, reset_lock(keys, _is_key(stage)), stage)
         except redis.exceptions.ResponseError as exc:
@@ -486,6 +522,58 @@ def cmd_forget(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     return EXIT_OK
 
 
+def project_library() -> tuple[str, str, int]:
+    """(library name, FUNCTION LOAD text, number of functions) of every script of the project."""
+    sources = {*lock_scripts().values(), *load_scripts(WORKER_SCRIPTS, QUEUE_SCRIPTS).values()}
+    library, code = function_library(sources)
+    return library, code, len(sources)
+
+
+def cmd_load_functions(opts: argparse.Namespace, target: Target, io: Streams) -> int:
+    """FUNCTION LOAD REPLACE the project's scripts as one library (every primary of a cluster),
+    and name the libraries of other versions still loaded."""
+    library, code, count = project_library()
+    client = target.client()
+    route = (
+        {"target_nodes": redis.RedisCluster.PRIMARIES}
+        if isinstance(client, redis.RedisCluster)
+        else {}
+    )
+    try:
+        client.execute_command("FUNCTION", "LOAD", "REPLACE", code, **route)
+    except redis.exceptions.ResponseError as exc:
+        if "unknown command" in str(exc):
+            raise CliError(
+                f"Redis at {target.safe_url} has no functions (Redis 7.0 or later has): its "
+                "clients run the scripts with EVALSHA, and the least-privilege roles need 7.0"
+            ) from None
+        raise
+    io.say(
+        f"loaded {library}: {count} functions at {target.safe_url}; the crawler and "
+        "operator roles run these (FCALL)"
+    )
+    listed = client.execute_command("FUNCTION", "LIST", "LIBRARYNAME", FUNCTION_PREFIX)
+    others = sorted(_library_names(listed) - {library})
+    if others:
+        io.say(
+            f"also loaded, of other versions: {', '.join(others)} (`FUNCTION DELETE <name>` once no "
+            "process of that version runs)"
+        )
+    return EXIT_OK
+
+
+def _library_names(listed: Any) -> set[str]:
+    """The library names of a FUNCTION LIST reply (flat lists, or dicts in RESP3)."""
+    names = set()
+    for entry in listed or []:
+        if isinstance(entry, dict):
+            entry = [part for pair in entry.items() for part in pair]
+        fields = [text(part) for part in entry] if isinstance(entry, list) else []
+        if "library_name" in fields[:-1]:
+            names.add(str(fields[fields.index("library_name") + 1]))
+    return names
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Target, Streams], int]] = {
     "status": cmd_status,
     "set-limit": cmd_set_limit,
@@ -493,4 +581,5 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Target, Streams], int]] = {
     "reset": cmd_reset,
     "requeue": cmd_requeue,
     "forget": cmd_forget,
+    "load-functions": cmd_load_functions,
 }

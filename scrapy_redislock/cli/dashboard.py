@@ -30,10 +30,12 @@ import asyncio
 import contextlib
 import hmac
 import io
+import ipaddress
 import json
 import logging
 import secrets
 import signal
+import socket
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -59,6 +61,8 @@ from scrapy_redislock.workers.status import SpiderStatus, WorkerStatus
 logger = logging.getLogger(__name__)
 
 HEARTBEAT = 15.0  # seconds between keep-alive comments on an idle event stream
+MAX_BODY = 16 * 1024  # bytes of a control request's JSON body (a few names and a number)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_HOLDERS_SHOWN = 200  # grants per stage sent to the page; the counts stay exact
 CONTROL_COMMANDS = ("set-limit", "release", "reset", "requeue")
 Frame = dict[str, Any]
@@ -319,8 +323,15 @@ def stage_metrics(stages: list[StageStatus]) -> Iterator[Metric]:
         "Slots granted since the lock was created (and slots withdrawn by lowering the limit)",
         CounterMetricFamily,
     )
+    unreadable = family(
+        "stage_unreadable",
+        "1 if the stage's state in Redis holds a value its scripts never write (status says which)",
+    )
     for s in stages:
         labels = [s.stage]
+        unreadable.add_metric(labels, 1 if s.error else 0)
+        if s.error:
+            continue
         if s.limit is not None:
             limit.add_metric(labels, s.limit)
         if s.ttl is not None:
@@ -340,6 +351,7 @@ def stage_metrics(stages: list[StageStatus]) -> Iterator[Metric]:
         ):
             metric.add_metric(labels, value)
     yield from (limit, held, free, debt, waiters, expired, processes, ttl, fence, present, grants)
+    yield unreadable
     yield from adaptive_metrics(stages)
 
 
@@ -388,13 +400,19 @@ def spider_metrics(spiders: list[SpiderStatus]) -> Iterator[Metric]:
         "Requests popped by workers and not finished yet",
         labels=["spider"],
     )
+    unreadable = GaugeMetricFamily(
+        "redislock_spider_unreadable",
+        "1 if the spider's state in Redis holds a value its scripts never write (status says which)",
+        labels=["spider"],
+    )
     for spider in spiders:
+        unreadable.add_metric([spider.spider], 1 if spider.error else 0)
         for stage, length in spider.queues.items():
             queue.add_metric([spider.spider, stage], length)
         alive.add_metric([spider.spider], spider.alive)
         dead.add_metric([spider.spider], spider.dead)
         in_flight.add_metric([spider.spider], sum(w.in_flight for w in spider.workers))
-    yield from (queue, alive, dead, in_flight)
+    yield from (queue, alive, dead, in_flight, unreadable)
 
 
 # -- the web application ---------------------------------------------------------------------------
@@ -404,18 +422,79 @@ def _event(name: str, data: Any) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-class Dashboard:
-    """The routes; ``token`` None means read-only."""
+def allowed_hosts(host: str, given: list[str]) -> frozenset[str] | None:
+    """The host names the page may be reached by (the Host header's name, lower case; None: any):
+    the address it listens on (loopback: every loopback name; every address: this machine's names)
+    and the ``--allowed-host`` names. A DNS-rebinding page reaches the dashboard under its own
+    name, which is none of these."""
+    if "*" in given:
+        return None
+    names = {host.lower(), *(name.lower() for name in given)}
+    if host in LOOPBACK:
+        names.update(LOOPBACK)
+    if host in ("0.0.0.0", "::", ""):
+        names.update({*LOOPBACK, socket.gethostname().lower(), socket.getfqdn().lower()})
+    return frozenset(names)
 
-    def __init__(self, sampler: Sampler, token: str | None, io: Streams) -> None:
+
+def _ip_literal(name: str) -> bool:
+    """An address, not a name: no DNS answer can rebind it to another site, so a Host that is one
+    is always answered (e.g. Prometheus scraping ``10.0.0.5:8030``)."""
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _host_name(header: str) -> str:
+    """The name of a Host header or an Origin's host, without the port: ``[::1]:80`` -> ``::1``."""
+    if header.startswith("["):
+        return header[1:].partition("]")[0].lower()
+    return header.rpartition(":")[0].lower() if header.count(":") == 1 else header.lower()
+
+
+class Dashboard:
+    """The routes; ``token`` None means read-only; ``hosts``: the Host names it answers (None:
+    any)."""
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        token: str | None,
+        io: Streams,
+        hosts: frozenset[str] | None = None,
+    ) -> None:
         self.sampler = sampler
         self.token = token
         self.io = io
+        self.hosts = hosts
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(RedisCollector(sampler))
 
+    @web.middleware
+    async def check_host(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Refuse (421) a request whose Host is not a name the dashboard answers, and (403) a POST
+        whose Origin is another site's: a page under the attacker's name (DNS rebinding) must not
+        read the status or the metrics."""
+        if self.hosts is not None:
+            host = _host_name(request.headers.get("Host", ""))
+            if host not in self.hosts and not _ip_literal(host):
+                return web.json_response(
+                    {"ok": False, "error": "wrong Host: start the dashboard with --allowed-host"},
+                    status=421,
+                )
+            origin = request.headers.get("Origin")
+            if request.method != "GET" and origin is not None:
+                scheme, _, rest = origin.partition("://")
+                if scheme not in ("http", "https") or _host_name(rest) not in self.hosts:
+                    return web.json_response(
+                        {"ok": False, "error": "cross-origin request refused"}, status=403
+                    )
+        return await handler(request)
+
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self.check_host], client_max_size=MAX_BODY)
         app.router.add_get("/", self.page)
         app.router.add_get("/events", self.events)
         app.router.add_get("/api/status", self.status)
@@ -488,10 +567,7 @@ class Dashboard:
         refused = self._refused(request)
         if refused:
             return web.json_response({"ok": False, "error": refused}, status=403)
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
+        body = await _json_body(request)
         if not isinstance(body, dict):
             return web.json_response(
                 {"ok": False, "error": "the body must be a JSON object"}, status=400
@@ -508,8 +584,8 @@ class Dashboard:
             yes=True,
         )
         code, message = await asyncio.to_thread(self.run_command, opts)
-        self.io.say(
-            f"control from {request.remote}: {command} {body.get('stage', '')!s}: {message}"
+        self.io.say(  # say() escapes control characters: the stage is the caller's text
+            f"control from {request.remote}: {command} {str(body.get('stage', ''))[:200]}: {message}"
         )
         self.sampler.wakeup.set()  # show the result at once
         if code != EXIT_OK:
@@ -529,6 +605,18 @@ class Dashboard:
             message, code = failure(exc, self.sampler.target)
             return code, message
         return code, (out.getvalue() + err.getvalue()).strip()
+
+
+async def _json_body(request: web.Request) -> Any:
+    """The request's JSON body; None when it is not JSON, nests deeper than Python parses, or is
+    over MAX_BODY bytes (the caller answers 400)."""
+    raw = await request.content.read(MAX_BODY + 1)
+    if len(raw) > MAX_BODY:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
 
 
 # Redis is down or out of reach: the dashboard and /metrics start anyway and say so (an exporter
@@ -576,7 +664,7 @@ async def _serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     # refusing (credentials, ACL): the one-line error, exit 1
     unreachable = await _first_read(sampler)
     token = secrets.token_urlsafe(24) if opts.allow_control else None
-    dashboard = Dashboard(sampler, token, io)
+    dashboard = Dashboard(sampler, token, io, allowed_hosts(opts.host, opts.allowed_host))
     runner = web.AppRunner(dashboard.app(), access_log=None, handle_signals=False)
     await runner.setup()
     try:

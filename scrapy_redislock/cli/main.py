@@ -13,7 +13,9 @@ sub-commands).
 - ``reset STAGE [--yes]``: free every slot of a stage and forget its holders; the limit stays.
 - ``forget STAGE [--force] [--yes]``: delete a stage nobody uses from Redis (refused, naming who,
   while in use).
-- ``dashboard [--host H] [--port P] [--allow-control]``: a live web page and ``/metrics`` (see
+- ``load-functions``: an admin's step: the project's scripts as Redis functions, which the
+  least-privilege roles run (FCALL) instead of scripts of their own.
+- ``dashboard [--host H] [--port P] [--allowed-host NAME] [--allow-control]``: a live web page and ``/metrics`` (see
   :mod:`scrapy_redislock.cli.dashboard`).
 
 Blocking code with the sync redis client: it never runs on a reactor. Reads (``python -m``) the
@@ -264,6 +266,18 @@ def add_subcommands(
     )
     forget.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
+    sub.add_parser(
+        "load-functions",
+        parents=[common],
+        help="load the project's scripts into Redis as functions (an admin's step, once per "
+        "version)",
+        description="FUNCTION LOAD the project's Lua scripts as one library of Redis 7 functions, "
+        "which Redis keeps in RDB and AOF and replicates. The least-privilege crawler and operator "
+        "roles (python -m scrapy_redislock.cli.acl) may run only these (FCALL), no script of "
+        "their own; run it with an admin's URL, on every primary of a cluster, after each "
+        "upgrade.",
+    )
+
     dashboard = sub.add_parser(
         "dashboard",
         parents=[common],
@@ -295,6 +309,14 @@ def add_subcommands(
         default=600.0,
         metavar="SECONDS",
         help="seconds the charts span (600)",
+    )
+    dashboard.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name the page may be reached by (the Host header; repeatable), e.g. behind a "
+        "reverse proxy; by default only the address it listens on ('*': any, no check)",
     )
     dashboard.add_argument(
         "--allow-control",

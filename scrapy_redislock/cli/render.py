@@ -3,11 +3,13 @@ letters."""
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO
 
+from scrapy_redislock._redis import printable
 from scrapy_redislock.cli.target import Target
 from scrapy_redislock.lock.permit import LIMBO
 from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, Grant, Process, StageStatus, why_waiting
@@ -40,7 +42,7 @@ def clock_time(moment: float | None, now: float) -> str:
 def table(
     header: Sequence[str], rows: Sequence[Sequence[object]], numeric: set[int], indent: str = ""
 ) -> list[str]:
-    cells = [list(header)] + [["-" if c is None else str(c) for c in row] for row in rows]
+    cells = [list(header)] + [["-" if c is None else printable(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = []
     for row in cells:
@@ -65,7 +67,7 @@ def render_status(
     if not stages:
         if not keys:
             lines.append(f"no stage locks under prefix {target.prefix!r}")
-        return "\n".join(lines) + "\n"
+        return printable("\n".join(lines), keep="\n") + "\n"
     header = ["STAGE", "LIMIT", "HELD", "FREE", "DEBT", "WAITERS", "FENCE", "TTL", "PROCESSES"]
     lines += table(header, [_summary_row(s) for s in stages], numeric={1, 2, 3, 4, 5, 6, 7, 8})
     for s in stages:
@@ -79,13 +81,18 @@ def render_status(
             f"{LIMBO}: slots reserved after a Redis data loss for surviving holders; free after "
             "one ttl"
         )
-    return "\n".join(lines) + "\n"
+    return printable("\n".join(lines), keep="\n") + "\n"
 
 
 def _spider_lines(spiders: Sequence[SpiderStatus]) -> list[str]:
     """The worker front's spiders: workers alive and dead, what is queued per stage."""
     lines = []
     for spider in spiders:
+        if spider.error:
+            lines.append(
+                f"spider {spider.spider}: its state in Redis is unreadable: {spider.error}"
+            )
+            continue
         queued = ", ".join(f"{stage} {n}" for stage, n in spider.queues.items()) or "none"
         lines.append(
             f"spider {spider.spider}: {spider.alive} worker(s) alive, {spider.dead} dead (past the "
@@ -96,6 +103,8 @@ def _spider_lines(spiders: Sequence[SpiderStatus]) -> list[str]:
 
 
 def _summary_row(s: StageStatus) -> list[object]:
+    if s.error:
+        return [s.stage, "unreadable", None, None, None, None, None, None, None]
     if not s.exists:
         return [s.stage, s.limit, None, None, None, None, None, seconds(s.ttl), None]
     return [
@@ -126,6 +135,11 @@ HOLDER_HEADER = [
 
 def _stage_lines(s: StageStatus, now: float) -> list[str]:
     """One stage: held of limit, why a request waits, its holders and waiting processes."""
+    if s.error:
+        return [
+            f"{s.stage}: its state in Redis is unreadable: {s.error}",
+            "  (`reset` or `forget --force` still clear it; `set-limit` rewrites its limit)",
+        ]
     if not s.exists:
         return [
             f"{s.stage}: its stream is missing in Redis (data loss?); the next process to start or",
@@ -166,6 +180,9 @@ def render_dead_workers(spider: SpiderStatus) -> list[str]:
     ``requeue`` does it now)."""
     lines = []
     for worker in spider.workers:
+        if worker.error:
+            lines.append(f"  unreadable: worker {worker.worker}: {worker.error}")
+            continue
         if worker.alive:
             continue
         late = (
@@ -176,8 +193,8 @@ def render_dead_workers(spider: SpiderStatus) -> list[str]:
         lines.append(
             f"  dead: {worker.worker} (stage {worker.stage or '-'}, {worker.in_flight} request(s) "
             "in flight, "
-            f"last beat {seconds(worker.silence)} ago{late}); `requeue {worker.worker}` puts its "
-            "requests back now"
+            f"last beat {seconds(worker.silence)} ago{late}); `requeue {shlex.quote(worker.worker)}` "
+            "puts its requests back now"
         )
     return lines
 
@@ -189,8 +206,14 @@ class Streams:
     err: IO[str]
 
     def say(self, message: str) -> None:
-        self.out.write(message + "\n")
+        """One message, its control characters escaped (names in it may come from Redis)."""
+        self.out.write(printable(message, keep="\n") + "\n")
         self.out.flush()
+
+    def warn(self, message: str) -> None:
+        """A warning on the error stream, escaped as :meth:`say`."""
+        self.err.write(printable(message, keep="\n") + "\n")
+        self.err.flush()
 
 
 def render_dead_letters(found: Sequence[DeadLetters], now: float | None = None) -> str:
@@ -205,6 +228,12 @@ def render_dead_letters(found: Sequence[DeadLetters], now: float | None = None) 
         "DEL to drop)",
     ]
     for spider in found:
+        if spider.unread_bytes is not None:
+            lines.append(
+                f"{spider.spider}: {spider.count} in {spider.key}, not read here: the list holds "
+                f"about {spider.unread_bytes} bytes (`LRANGE {spider.key} 0 0` reads the newest)"
+            )
+            continue
         lines.append(f"{spider.spider}: {spider.count} in {spider.key}, newest first:")
         rows = [
             [d.stage, clock_time(d.time, now), d.worker, d.size, d.error[:60], d.excerpt]
@@ -213,7 +242,7 @@ def render_dead_letters(found: Sequence[DeadLetters], now: float | None = None) 
         lines += table(
             ["STAGE", "WHEN", "WORKER", "BYTES", "ERROR", "START"], rows, numeric={3}, indent="  "
         )
-    return "\n".join(lines) + "\n"
+    return printable("\n".join(lines), keep="\n") + "\n"
 
 
 KEY_ROWS = 50  # keys listed at most (busiest first); --stage-key narrows the list
@@ -228,6 +257,8 @@ def render_keys(keys: Sequence[StageStatus], pattern: str | None = None) -> str:
     lines = ["", f"KEYS (REDISLOCK_STAGE_KEY): {len(keys)} in use{matching}, busiest first"]
     rows = [
         [k.stage[len(KEY_LOCK_PREFIX) :], k.limit, k.held, k.waiters, len(k.processes), k.expired]
+        if not k.error
+        else [k.stage[len(KEY_LOCK_PREFIX) :], "unreadable", None, None, None, None]
         for k in keys[:KEY_ROWS]
     ]
     if rows:
@@ -236,4 +267,4 @@ def render_keys(keys: Sequence[StageStatus], pattern: str | None = None) -> str:
         )
     if len(keys) > KEY_ROWS:
         lines.append(f"  ... and {len(keys) - KEY_ROWS} more (narrow with --stage-key PATTERN)")
-    return "\n".join(lines) + "\n"
+    return printable("\n".join(lines), keep="\n") + "\n"

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import redis
 import redis.exceptions
 
-from scrapy_redislock._redis import RedisClient, check_name
+from scrapy_redislock._redis import RedisClient, check_name, printable
 from scrapy_redislock.crawl import defaults
 from scrapy_redislock.crawl.connection import RedisURL, mask_url, parse_url
 from scrapy_redislock.crawl.settings import read_settings
@@ -212,10 +212,11 @@ def _redis_failure(exc: BaseException, target: Target) -> str:
 
 def failure(exc: BaseException, target: Target | None) -> tuple[str, int]:
     """The one line (no password in it) and the exit status that report a failed sub-command."""
+    # printable: a message may name a stage, holder or worker that a crawler wrote to Redis
     if isinstance(exc, CliError):
-        return str(exc), exc.code
+        return printable(exc), exc.code
     if isinstance(exc, REDIS_ERRORS):
         assert target is not None
-        return _redis_failure(exc, target), EXIT_ERROR
+        return printable(_redis_failure(exc, target)), EXIT_ERROR
     message = target.scrub(str(exc)) if target else str(exc)  # e.g. an unreadable ssl_ca_certs file
-    return f"cannot use the connection: {message}", EXIT_ERROR
+    return printable(f"cannot use the connection: {message}"), EXIT_ERROR

@@ -72,13 +72,14 @@ TABLE: tuple[Setting, ...] = (
         "REDISLOCK_STAGES",
         {},
         "stage_limits",
-        "Max requests in flight per stage, cluster-wide; None = unlimited.",
+        "Max requests in flight per stage, cluster-wide (at most 1000, MAX_LIMIT); None = unlimited.",
     ),
     Setting(
         "REDISLOCK_WORKER_STAGES",
         {},
         "stage_limits",
-        "Max workers per stage, cluster-wide (StageWorkerMixin); None = unlimited.",
+        "Max workers per stage, cluster-wide (StageWorkerMixin; at most 1000, MAX_LIMIT); None = "
+        "unlimited.",
     ),
     Setting("REDISLOCK_TTL", 30.0, "ttl", "Lease seconds; renewed every third of it while held."),
     Setting(
@@ -124,6 +125,14 @@ TABLE: tuple[Setting, ...] = (
         "positive_seconds",
         "Seconds a request may wait for a slot before it fails with AcquireTimeout; None = "
         "forever.",
+    ),
+    Setting(
+        "REDISLOCK_ALLOWED_SCHEMES",
+        "http,https",
+        "schemes",
+        "URL schemes a worker fetches from its queue (StageWorkerMixin): a list, or names separated by "
+        "commas; a queued request of another scheme (file:, data:, s3:, ...) goes to the dead-letter "
+        "list.",
     ),
     Setting(
         "REDISLOCK_STAGE_PREFERENCE",
@@ -172,7 +181,8 @@ TABLE: tuple[Setting, ...] = (
         "REDISLOCK_KEY_LIMIT",
         None,
         "key_limit",
-        "Max requests in flight per key, cluster-wide; None = no cap (a delay alone).",
+        "Max requests in flight per key, cluster-wide (at most 1000, MAX_LIMIT); None = no cap (a "
+        "delay alone).",
     ),
     Setting(
         "REDISLOCK_KEY_LIMITS",
@@ -212,7 +222,7 @@ TABLE: tuple[Setting, ...] = (
     Setting(
         "REDISLOCK_ADAPTIVE_MIN",
         1,
-        "positive_int",
+        "positive_limit",
         "The lowest limit an adaptive stage or key goes to, and where a new one starts.",
     ),
     Setting(

@@ -147,26 +147,47 @@ def request_class(path: Any) -> type[Request]:
     return found
 
 
-def request_from_data(data: bytes, serializer: Any, spider: Any) -> Request:
-    """A queued entry back into a Request: ``serializer.loads``, then ``_class`` and the callbacks
-    checked (an imported Request subclass; methods of the spider), then Scrapy's
-    ``request_from_dict``."""
+def request_from_data(
+    data: bytes, serializer: Any, spider: Any, schemes: tuple[str, ...] = ("http", "https")
+) -> Request:
+    """A queued entry back into a Request: ``serializer.loads``, then ``_class``, the URL's scheme
+    and the callbacks checked (an imported Request subclass; one of ``schemes``, the
+    REDISLOCK_ALLOWED_SCHEMES; public methods of the spider), then Scrapy's ``request_from_dict``.
+
+    Whoever can push to a queue chooses these: a ``file:`` URL would read the worker's files
+    (Scrapy's file handler is on by default), a private method or a classmethod as a callback
+    (``_set_crawler``) would rewire the spider."""
     loaded = serializer.loads(data)
     if not isinstance(loaded, dict):
         raise RequestFormatError(f"not a request dict: a {type(loaded).__name__}")
     if "_class" in loaded:
         request_class(loaded["_class"])
+    url = loaded.get("url")
+    scheme = url.partition(":")[0].strip().lower() if isinstance(url, str) and ":" in url else ""
+    if scheme not in schemes:
+        raise RequestFormatError(
+            f"url {_short(url)} has a scheme that is not in REDISLOCK_ALLOWED_SCHEMES "
+            f"({', '.join(schemes)})"
+        )
     for field in ("callback", "errback"):
         name = loaded.get(field)
         if name is None:
             continue
-        if (
-            not isinstance(name, str)
-            or name.startswith("__")
-            or not inspect.ismethod(getattr(spider, name, None))
-        ):
-            raise RequestFormatError(f"{field} {_short(name)} is not a method of the spider")
+        if not _public_method(spider, name):
+            raise RequestFormatError(
+                f"{field} {_short(name)} is not a public method of the spider (no leading "
+                "underscore, not a class or static method)"
+            )
     return request_from_dict(loaded, spider=spider)
+
+
+def _public_method(spider: Any, name: Any) -> bool:
+    """Whether ``name`` is a method of the spider object itself: no leading underscore, bound to
+    the spider (a classmethod is bound to its class; a staticmethod is no method)."""
+    if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+        return False
+    method = getattr(spider, name, None)
+    return inspect.ismethod(method) and method.__self__ is spider
 
 
 def serializer_of(value: Any) -> Any:

@@ -6,7 +6,7 @@ quorum, keys).
 Settings read: REDISLOCK_ENABLED, REDISLOCK_URL, REDISLOCK_PARAMS, REDISLOCK_STAGES,
 REDISLOCK_WORKER_STAGES, REDISLOCK_TTL, REDISLOCK_DURABLE, REDISLOCK_ALLOW_EVICTION, REDISLOCK_KEY_PREFIX,
 REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT,
-REDISLOCK_STAGE_PREFERENCE, REDISLOCK_SCHEDULER_INNER, REDISLOCK_WAITERS_PER_STAGE,
+REDISLOCK_STAGE_PREFERENCE, REDISLOCK_ALLOWED_SCHEMES, REDISLOCK_SCHEDULER_INNER, REDISLOCK_WAITERS_PER_STAGE,
 REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE, REDISLOCK_CONNECT_TIMEOUT, REDISLOCK_STAGE_KEY,
 REDISLOCK_KEY_LIMIT, REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS,
 REDISLOCK_RANDOMIZE_DELAY, REDISLOCK_QUORUM; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT,
@@ -29,6 +29,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -177,6 +178,7 @@ class RedisLockSettings:
     callback_stages: Mapping[str, str]
     wait_timeout: float | None
     stage_preference: tuple[str, ...]
+    allowed_schemes: tuple[str, ...]
     scheduler_inner: str | type  # a class, or its import path (crawl/inner.py)
     waiters_per_stage: int
     local_reuse: float
@@ -301,6 +303,12 @@ def parse_positive_int(raw: Any, name: str, optional: bool = False) -> int:
     return value
 
 
+def parse_positive_limit(raw: Any, name: str, optional: bool = False) -> int:
+    """A limit >= 1: an integer from 1 to MAX_LIMIT."""
+    value = parse_positive_int(raw, name, optional)
+    return int(_checked(check_limit, value, name))
+
+
 def parse_quorum(raw: Any, name: str, optional: bool = False) -> Any:
     """An integer as an int; anything else as it is: the range depends on the masters (a rule
     across settings checks it)."""
@@ -375,6 +383,22 @@ def parse_stage_names(raw: Any, name: str, optional: bool = False) -> tuple[str,
     return tuple(value)
 
 
+def parse_schemes(raw: Any, name: str, optional: bool = False) -> tuple[str, ...]:
+    """URL schemes, lower case (``["http", "https"]``, or ``"http,https"`` on the command line)."""
+    value = _json(raw, name, "a list") if not (isinstance(raw, str) and "[" not in raw) else raw
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if (
+        not isinstance(value, list | tuple)
+        or not value
+        or not all(
+            isinstance(s, str) and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", s) for s in value
+        )
+    ):
+        raise ConfigError(f"{name} must be a non-empty list of URL schemes, got {value!r}")
+    return tuple(s.lower() for s in value)
+
+
 def parse_delays(raw: Any, name: str, optional: bool = False) -> dict[str, float]:
     value = _json(raw, name, "a dict")
     if not isinstance(value, Mapping):
@@ -436,6 +460,7 @@ PARSERS: dict[str, Callable[[Any, str, bool], Any]] = {
     "positive_seconds": parse_positive_seconds,
     "quorum": parse_quorum,
     "positive_int": parse_positive_int,
+    "positive_limit": parse_positive_limit,
     "key_limit": parse_key_limit,
     "ttl": parse_ttl,
     "name": parse_name,
@@ -444,6 +469,7 @@ PARSERS: dict[str, Callable[[Any, str, bool], Any]] = {
     "key_limits": parse_key_limits,
     "callback_stages": parse_callback_stages,
     "stage_names": parse_stage_names,
+    "schemes": parse_schemes,
     "delays": parse_delays,
     "client_params": parse_client_params,
     "url": parse_url,

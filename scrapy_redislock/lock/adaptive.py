@@ -115,7 +115,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from scrapy_redislock._redis import text
+from scrapy_redislock._redis import MAX_LIMIT, text
 from scrapy_redislock.errors import InvalidArgument
 from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.protocol import Call, Operation, RunScript
@@ -175,6 +175,10 @@ class AdaptiveParams:
     def __post_init__(self) -> None:
         _integer("minimum", self.minimum, 1)
         _integer("maximum", self.maximum, 1)
+        if self.maximum > MAX_LIMIT:
+            raise InvalidArgument(
+                f"adaptive maximum must be at most MAX_LIMIT ({MAX_LIMIT}), got {self.maximum!r}"
+            )
         if self.maximum < self.minimum:
             raise InvalidArgument(
                 f"adaptive maximum must be >= minimum ({self.minimum}), got {self.maximum!r}"

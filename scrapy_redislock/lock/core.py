@@ -19,6 +19,7 @@ number is the fencing token.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -31,6 +32,7 @@ from typing import Any, Literal, overload
 import redis.exceptions
 
 from scrapy_redislock._redis import (
+    FLAGS_LINE,
     check_flag,
     check_limit,
     check_name,
@@ -91,9 +93,15 @@ ALLOW_OOM = frozenset(
 )
 
 
+@functools.cache
 def lock_scripts() -> dict[str, str]:
-    """The lock's Lua sources by name, each with ``scripts/_lib.lua`` in front of it."""
-    return load_scripts("scrapy_redislock.lock", SCRIPT_NAMES, "_lib")
+    """The lock's Lua sources by name, each with ``scripts/_lib.lua`` in front of it (and the
+    ``allow-oom`` flag before that for :data:`ALLOW_OOM`'s)."""
+    sources = load_scripts("scrapy_redislock.lock", SCRIPT_NAMES, "_lib")
+    return {
+        name: (f"{FLAGS_LINE}allow-oom\n" if name in ALLOW_OOM else "") + source
+        for name, source in sources.items()
+    }
 
 
 Clock = Callable[[], float]
@@ -434,13 +442,19 @@ def forget_lock(keys: LockKeys, light: bool = False) -> Operation[bool]:
     return bool(int(deleted))
 
 
+# reset_lock's limit when the one in Redis is no valid limit (written by hand?): no slot was added
+NO_VALID_LIMIT = -2
+
+
 def reset_lock(keys: LockKeys, light: bool = False) -> Operation[tuple[int, int | None]]:
     """Free every grant (the light ones too with ``light``) and forget every consumer; the limit
-    stays. Returns (grants freed, limit; None for a light-path lock with no limit in Redis)."""
+    stays. Returns (grants freed, limit; None for a light-path lock with no limit in Redis,
+    NO_VALID_LIMIT when the limit in Redis is not one: set_limit repairs it)."""
     freed, limit = yield RunScript(
         "reset",
         (keys.slots, keys.meta, keys.owners, keys.ttls, keys.seen)
         + ((keys.light,) if light else ()),
         (),
     )
-    return int(freed), None if int(limit) < 0 else int(limit)
+    limit = int(limit)
+    return int(freed), None if limit == -1 else limit

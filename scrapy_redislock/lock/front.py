@@ -21,7 +21,14 @@ from typing import Any, Generic, TypeVar
 import redis.asyncio
 import redis.exceptions
 
-from scrapy_redislock._redis import text
+from scrapy_redislock._redis import (
+    ProjectScript,
+    ScriptMode,
+    function_missing,
+    script_refused,
+    text,
+    without_flags,
+)
 from scrapy_redislock.errors import InvalidArgument
 from scrapy_redislock.lock.core import ALLOW_OOM, Clock, LockCore, lock_scripts
 from scrapy_redislock.lock.permit import GROUP, LockKeys, Permit
@@ -166,7 +173,10 @@ class CommandRunner:
         self.waiting = waiting
         self.cluster = hasattr(client, "get_node_from_key")
         self.asyncio = isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster)
-        self.scripts: dict[str, Any] = {}
+        self.scripts: dict[str, ProjectScript] = {}
+        self.mode = (
+            ScriptMode()
+        )  # EVALSHA, or FCALL of the functions an admin loaded (see _redis.py)
         self.guard_unloaded = True  # cluster reads: SCRIPT LOAD the guard before the first pipeline
         self.may_evict: bool | None = None  # the server's maxmemory-policy evicts keys (read once)
         # the server takes Lua flags (Redis 7+): ALLOW_OOM's scripts carry ``allow-oom``
@@ -219,13 +229,13 @@ class CommandRunner:
             )
         return self.may_evict
 
-    def _registered(self, name: str) -> Any:
+    def _registered(self, name: str) -> ProjectScript:
         script = self.scripts.get(name)
         if script is None:
             source = lock_scripts()[name]
-            if self.flags and name in ALLOW_OOM:
-                source = "#!lua flags=allow-oom\n" + source
-            script = self.scripts[name] = self.client.register_script(source)
+            if not self.flags:
+                source = without_flags(source)
+            script = self.scripts[name] = ProjectScript(self.client, source, self.mode)
         return script
 
     def _unflagged(self, name: str, exc: redis.exceptions.ResponseError) -> bool:
@@ -262,13 +272,31 @@ class CommandRunner:
         return call()
 
     def _guard_args(self, command: ReadGrant) -> tuple[Any, ...]:
-        sha = self._registered("guard").sha
-        return ("EVALSHA", sha, 2, command.key, command.meta, "1" if command.durable else "0")
+        guard = self._registered("guard")
+        keys, args = [command.key, command.meta], ["1" if command.durable else "0"]
+        if self.mode.functions:
+            return guard.fcall_args(keys, args)
+        return ("EVALSHA", guard.sha, len(keys), *keys, *args)
+
+    def _guard_here(self, command: ReadGrant) -> Any:
+        """The guard through the client (EVALSHA, or FCALL once EVALSHA is refused: this finds
+        which); the guard on the waiting connection follows in that mode."""
+        return self._registered("guard")(
+            keys=[command.key, command.meta], args=["1" if command.durable else "0"]
+        )
 
     def _load_guard(self) -> tuple[Any, ...]:
         """SCRIPT LOAD, as redis-py's scripts do after NOSCRIPT (the crawler ACL role has no
         EVAL)."""
         return ("SCRIPT", "LOAD", self._registered("guard").script)
+
+    def _mode_changed(self, exc: BaseException) -> bool:
+        """The guard on a waiting connection failed for the way scripts run: EVALSHA refused to
+        this user, or its function gone (then the mode is found again through the client)."""
+        if self.mode.functions and function_missing(exc):
+            self.mode.functions = False
+            return True
+        return not self.mode.functions and script_refused(exc)
 
     @staticmethod
     def _needs_guard(connection: Any, command: ReadGrant) -> bool:
@@ -292,8 +320,19 @@ class CommandRunner:
                     connection.send_command(*self._guard_args(command))
                     connection.read_response()
                 except redis.exceptions.NoScriptError:
-                    connection.send_command(*self._load_guard())
+                    try:
+                        connection.send_command(*self._load_guard())
+                        connection.read_response()
+                    except redis.exceptions.NoPermissionError as exc:
+                        if not script_refused(exc):
+                            raise
+                        self._guard_here(command)  # FCALL, or the error naming load-functions
+                    connection.send_command(*self._guard_args(command))
                     connection.read_response()
+                except redis.exceptions.ResponseError as exc:
+                    if not self._mode_changed(exc):
+                        raise
+                    self._guard_here(command)
                     connection.send_command(*self._guard_args(command))
                     connection.read_response()
                 getattr(connection, GUARDED).add(command.key)
@@ -321,8 +360,19 @@ class CommandRunner:
                     await connection.send_command(*self._guard_args(command))
                     await connection.read_response()
                 except redis.exceptions.NoScriptError:
-                    await connection.send_command(*self._load_guard())
+                    try:
+                        await connection.send_command(*self._load_guard())
+                        await connection.read_response()
+                    except redis.exceptions.NoPermissionError as exc:
+                        if not script_refused(exc):
+                            raise
+                        await self._guard_here(command)  # FCALL, or the error naming load-functions
+                    await connection.send_command(*self._guard_args(command))
                     await connection.read_response()
+                except redis.exceptions.ResponseError as exc:
+                    if not self._mode_changed(exc):
+                        raise
+                    await self._guard_here(command)
                     await connection.send_command(*self._guard_args(command))
                     await connection.read_response()
                 getattr(connection, GUARDED).add(command.key)
@@ -352,23 +402,39 @@ class CommandRunner:
             guard, reply = replies
             if isinstance(guard, Exception):
                 self.guard_unloaded = isinstance(guard, redis.exceptions.NoScriptError)
+                if self._mode_changed(guard):
+                    self.guard_unloaded = True  # found again before the next try
                 raise redis.exceptions.ConnectionError(f"guard before the read failed: {guard}")
             if isinstance(reply, Exception):
                 raise reply
             return reply
 
+        # Before the first pipeline (and after a NOSCRIPT): SCRIPT LOAD the guard, or, when this
+        # user may not, run it through the client once (which finds that it runs FCALL).
         source = self._registered("guard").script
         if self.asyncio:
 
             async def run() -> Any:
                 if self.guard_unloaded:
-                    await self.client.script_load(source)
+                    try:
+                        if not self.mode.functions:
+                            await self.client.script_load(source)
+                    except redis.exceptions.NoPermissionError as exc:
+                        if not script_refused(exc):
+                            raise
+                        await self._guard_here(command)
                     self.guard_unloaded = False
                 return check(await pipeline().execute(raise_on_error=False))
 
             return run()
         if self.guard_unloaded:
-            self.client.script_load(source)
+            try:
+                if not self.mode.functions:
+                    self.client.script_load(source)
+            except redis.exceptions.NoPermissionError as exc:
+                if not script_refused(exc):
+                    raise
+                self._guard_here(command)
             self.guard_unloaded = False
         return check(pipeline().execute(raise_on_error=False))
 

@@ -17,6 +17,7 @@ Twisted; reads no settings.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,10 +27,58 @@ import redis
 import redis.asyncio
 import redis.exceptions
 
-from scrapy_redislock._redis import AsyncRedisClient, RedisClient, text
+from scrapy_redislock._redis import AsyncRedisClient, RedisClient, printable, text
 from scrapy_redislock.lock.permit import GROUP, LIMBO, LockKeys, fence_of, owner_of
 
 MAX_LISTED = 10_000
+# What parsing a value that is not what the scripts write raises (a crawler may write anything to its
+# prefix): the stage, spider or worker is shown as unreadable, and the others as usual.
+BAD_VALUE = (
+    ValueError,
+    TypeError,
+    KeyError,
+    AttributeError,
+    IndexError,
+    OverflowError,
+    RecursionError,
+)
+MAX_DIGITS = (
+    20  # an integer read from Redis has at most this many digits (int() of 4000 takes long)
+)
+
+
+def read_int(value: Any, what: str) -> int:
+    """An integer written as digits (``-`` allowed), at most MAX_DIGITS of them; ValueError naming
+    ``what`` and the value (escaped, cut) otherwise."""
+    raw = text(value)
+    if isinstance(raw, int) and not isinstance(raw, bool) and abs(raw) < 10**MAX_DIGITS:
+        return raw
+    if isinstance(raw, str) and re.fullmatch(rf"-?[0-9]{{1,{MAX_DIGITS}}}", raw):
+        return int(raw)
+    raise ValueError(f"{what} is not an integer: {shown(raw)}")
+
+
+def read_float(value: Any, what: str) -> float:
+    """A finite number (an int, a float, or its text); ValueError naming ``what`` otherwise."""
+    raw = text(value)
+    try:
+        if isinstance(raw, bool) or not isinstance(raw, int | float | str) or len(str(raw)) > 40:
+            raise ValueError
+        number = float(raw)
+    except (ValueError, OverflowError):
+        number = math.nan
+    if not math.isfinite(number):
+        raise ValueError(f"{what} is not a finite number: {shown(raw)}")
+    return number
+
+
+def shown(value: Any, most: int = 40) -> str:
+    """A value read from Redis as an error message shows it: repr, control characters escaped,
+    cut to ``most`` characters."""
+    raw = repr(value)
+    return printable(raw[:most] + ("..." if len(raw) > most else ""))
+
+
 # the light path's members that are not grants (scripts/_lib.lua)
 LIGHT_LIMIT = "#limit"
 LIGHT_STREAM = "~stream"
@@ -73,17 +122,18 @@ class Process:
     @property
     def pid(self) -> int | None:
         pid = self.identity.get("pid")
-        return pid if isinstance(pid, int) else None
+        return (
+            pid if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2**31 else None
+        )
 
     @property
     def started(self) -> float | None:
-        """When the process started (its own wall clock, seconds since the epoch)."""
-        started = self.identity.get("started")
-        return (
-            float(started)
-            if isinstance(started, int | float) and not isinstance(started, bool)
-            else None
-        )
+        """When the process started (its own wall clock, seconds since the epoch); None when it
+        is no number a clock can show."""
+        try:
+            return read_float(self.identity.get("started"), "started")
+        except ValueError:
+            return None
 
     @property
     def spider(self) -> str | None:
@@ -105,18 +155,20 @@ class AdaptiveStatus:
 
     @classmethod
     def of(cls, raw: Any) -> AdaptiveStatus | None:
+        """The record adapt_commit.lua writes; None for anything else (no non-finite number in
+        it: a JSON reader of ``status --json`` or the dashboard's frames would choke on one)."""
         try:
-            at, limit, latency, noload, overload, errors, in_flight = json.loads(text(raw))
+            at, limit, latency, noload, overload, errors, in_flight = read_json(raw, 1000)
             return cls(
-                at / 1000,
-                int(limit),
-                None if latency is None else latency / 1000,
-                noload / 1000,
-                float(overload),
-                float(errors),
-                None if in_flight is None else float(in_flight),
+                read_float(at, "at") / 1000,
+                read_int(limit, "limit"),
+                None if latency is None else read_float(latency, "latency") / 1000,
+                read_float(noload, "noload") / 1000,
+                read_float(overload, "overload"),
+                read_float(errors, "errors"),
+                None if in_flight is None else read_float(in_flight, "in_flight"),
             )
-        except (TypeError, ValueError):
+        except BAD_VALUE:
             return None
 
 
@@ -141,6 +193,13 @@ class StageStatus:
     # granted). Only grows, so a rate of it is grants per second.
     delivered: int = 0
     adaptive: AdaptiveStatus | None = None  # its adaptive limit's last window, if it adapts
+    # why its state in Redis could not be read (a value the scripts never write, e.g. written by
+    # hand or by a compromised crawler); then nothing else of it is known (``exists`` False)
+    error: str | None = None
+
+    @classmethod
+    def unreadable(cls, stage: str, error: str) -> StageStatus:
+        return cls(stage, False, None, None, 0, 0, 0, 0, 0, error=error)
 
     def process(self, holder: str) -> Process | None:
         """The registered process of a holder (an owner, or one of its consumers)."""
@@ -202,12 +261,51 @@ def _seq(stream_id: Any) -> int:
     return fence_of(str(text(stream_id)))
 
 
+def _finite(number: str) -> float:
+    value = float(number)
+    if not math.isfinite(value):
+        raise ValueError(f"not a finite number: {number[:40]}")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"not a finite number: {name}")
+
+
+def read_json(raw: Any, most: int = 100_000) -> Any:
+    """JSON read from Redis: at most ``most`` characters, no number that is not finite (1e999,
+    NaN: a JSON reader of our own output would choke on it); one of BAD_VALUE otherwise (deep
+    nesting is a RecursionError)."""
+    raw = text(raw)
+    if not isinstance(raw, str) or len(raw) > most:
+        raise ValueError(f"not a JSON text of at most {most} characters")
+    return json.loads(raw, parse_float=_finite, parse_constant=_no_constant)
+
+
 def parse_identity(raw: Any) -> dict[str, Any]:
+    """A JSON object as a process wrote it; {} for anything else (deep nesting, not JSON, too
+    long, a number that is not finite)."""
     try:
-        value = json.loads(text(raw))
-    except (TypeError, ValueError):
+        value = read_json(raw)
+    except BAD_VALUE:
         return {}
-    return value if isinstance(value, dict) else {}
+    return value if isinstance(value, dict) and _shallow(value, 8) else {}
+
+
+def _shallow(value: Any, most: int) -> bool:
+    """Whether ``value`` nests lists and dicts at most ``most`` deep (what status copies and
+    prints of an identity is copied recursively)."""
+    level = [value]
+    for _ in range(most + 1):
+        level = [
+            child
+            for item in level
+            if isinstance(item, dict | list)
+            for child in (item.values() if isinstance(item, dict) else item)
+        ]
+        if not level:
+            return True
+    return False
 
 
 def _queue_reads(pipe: Any, keys: LockKeys) -> None:
@@ -238,14 +336,27 @@ async def astage_status(client: AsyncRedisClient, prefix: str, stage: str) -> St
 
 
 def _parse(stage: str, replies: list[Any]) -> StageStatus | None:
+    """The stage from its replies; unreadable (its ``error`` says why) when a value in Redis is not
+    one the scripts write."""
     raw_meta, stream, groups, pending, consumers, owners, light, adapted = replies
     for reply in (raw_meta, owners, light, adapted):
         if isinstance(reply, Exception):
-            raise reply
-    status = _lock(stage, raw_meta, stream, groups, pending, consumers, owners, light)
-    if status is not None and adapted:
-        status.adaptive = AdaptiveStatus.of(adapted)
+            if _refused(reply):
+                raise reply
+            return StageStatus.unreadable(stage, f"a key has the wrong type ({reply})")
+    try:
+        status = _lock(stage, raw_meta, stream, groups, pending, consumers, owners, light)
+        if status is not None and adapted:
+            status.adaptive = AdaptiveStatus.of(adapted)
+    except BAD_VALUE as exc:
+        message = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        return StageStatus.unreadable(stage, printable(message[:200]))
     return status
+
+
+def _refused(error: Exception) -> bool:
+    """An error that is not about the value read: the connection, an ACL refusal."""
+    return not isinstance(error, redis.exceptions.ResponseError) or str(error).startswith("NOPERM")
 
 
 def _lock(
@@ -261,8 +372,8 @@ def _lock(
     meta = {text(k): text(v) for k, v in (raw_meta or {}).items()}
     if "limit" not in meta:
         return _light(stage, light)
-    limit = int(meta["limit"])
-    ttl = int(meta["ttl"]) / 1000 if "ttl" in meta else None
+    limit = read_int(meta["limit"], "its limit")
+    ttl = read_float(meta["ttl"], "its ttl") / 1000 if "ttl" in meta else None
     if _stream_lost(stream, groups, pending, consumers):
         # No stream or no group: Redis lost it; the next process to start or renew recreates it.
         return StageStatus(stage, False, limit, ttl, held=0, free=0, debt=0, waiters=0, fence=0)
@@ -281,7 +392,7 @@ def _lock(
         fence=stream_last,
         grants=[_grant(entry, ttl) for entry in pending],
         processes=processes,
-        delivered=group_last - int(meta.get("base", 0)),
+        delivered=group_last - read_int(meta.get("base", 0), "its base"),
     )
 
 
@@ -295,7 +406,7 @@ def _light(stage: str, members: Any) -> StageStatus | None:
     if not members:
         return None
     now_ms = time.time() * 1000
-    scores = {str(text(member)): float(score) for member, score in members}
+    scores = {str(text(member)): read_float(score, "a light score") for member, score in members}
     limit = scores.pop(LIGHT_LIMIT, None)
     scores.pop(LIGHT_STREAM, None)
     scores.pop(LIGHT_PAUSE, None)
@@ -304,7 +415,7 @@ def _light(stage: str, members: Any) -> StageStatus | None:
         owner, _, grant = token.rpartition("/")
         grants.append(Grant(owner, grant, 0, 0.0, round((ends - now_ms) / 1000, 3)))
     held = sum(1 for g in grants if not g.expired)
-    limit_of = None if limit is None else int(limit)
+    limit_of = None if limit is None else read_int(round(limit), "its light limit")
     return StageStatus(
         stage,
         True,
@@ -328,7 +439,7 @@ def _group_figures(groups: Any) -> tuple[int, int]:
     group = next((g for g in groups if text(g.get("name")) == GROUP), None)
     if group is None:
         return 0, 0
-    return _seq(group["last-delivered-id"]), int(group["pending"])
+    return _seq(group["last-delivered-id"]), read_int(group["pending"], "pending")
 
 
 def _stream_lost(*replies: Any) -> bool:
@@ -336,7 +447,7 @@ def _stream_lost(*replies: Any) -> bool:
     other error, or an ACL refusal, is raised."""
     broken = [r for r in replies if isinstance(r, Exception)]
     for error in broken:
-        if not isinstance(error, redis.exceptions.ResponseError) or str(error).startswith("NOPERM"):
+        if _refused(error):
             raise error
     return bool(broken)
 
@@ -370,7 +481,7 @@ def _processes(consumers: Any, owners: Any) -> list[Process]:
             Process(
                 holder=holder,
                 held=held_by.get(holder, 0),
-                waiting=waiting if isinstance(waiting, int) and waiting > 0 else 0,
+                waiting=waiting if isinstance(waiting, int) and 0 < waiting < 10**9 else 0,
                 identity=identity,
             )
         )
@@ -389,8 +500,8 @@ def _who(process: Process | None, holder: str) -> str:
 
 @dataclass(frozen=True)
 class WaitReason:
-    """Why a request of a stage would wait now: ``kind`` is "free" (it would not), "missing",
-    "paused", "recovery" or "held"; ``stale`` counts holders that stopped renewing (dead?). False
+    """Why a request of a stage would wait now: ``kind`` is "free" (it would not), "unreadable",
+    "missing", "paused", "recovery" or "held"; ``stale`` counts holders that stopped renewing (dead?). False
     when a slot is free; ``str()`` is the one-line text the log and the CLI show."""
 
     kind: str
@@ -424,6 +535,8 @@ def wait_reason(status: StageStatus, now: float | None = None) -> WaitReason:
     come back when the lease ends).
     """
     now = time.time() if now is None else now
+    if status.error:
+        return WaitReason("unreadable", f"its state in Redis is unreadable: {status.error}")
     if not status.exists:
         return WaitReason(
             "missing",
@@ -431,7 +544,7 @@ def wait_reason(status: StageStatus, now: float | None = None) -> WaitReason:
             "recreates it",
         )
     if status.limit == 0:
-        return WaitReason("paused", _paused(status))
+        return WaitReason("paused", printable(_paused(status)))
     reserved = [g for g in status.grants if g.holder == LIMBO]
     if reserved:
         left = max(0.0, max(g.lease_left for g in reserved))
@@ -443,7 +556,8 @@ def wait_reason(status: StageStatus, now: float | None = None) -> WaitReason:
         )
     if status.free > 0:
         return WaitReason("free")
-    return _held(status)
+    held = _held(status)  # it names holders and hosts, as processes wrote them to Redis
+    return WaitReason(held.kind, printable(held.text), held.stale)
 
 
 def _paused(status: StageStatus) -> str:

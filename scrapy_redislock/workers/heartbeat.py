@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
 
+from scrapy_redislock._redis import printable
 from scrapy_redislock.workers.policy import BeatClock, liveness
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ class Heartbeat:
         for worker, moved in reaped.items():
             logger.warning(
                 "Worker %s stopped beating: put %d of its requests back in the queues",
-                worker,
+                printable(worker),  # a name read from Redis: any writer chose it
                 moved,
             )
             self.stats.inc_value("redislock/workers/requeued", moved)

@@ -8,8 +8,8 @@ counter) while it is taken ahead (:attr:`InFlight.buffer`), handed to the engine
 the finished ones are acknowledged together, in one script call, as soon as the loop iteration that
 finished them is over. An entry that cannot be loaded is moved to the spider's dead-letter list.
 
-Reads no settings (the scheduler passes CONCURRENT_REQUESTS, SCHEDULER_SERIALIZER and the queue
-order). Stats: ``redislock/workers/dead_letters``.
+Reads no settings (the scheduler passes CONCURRENT_REQUESTS, SCHEDULER_SERIALIZER,
+REDISLOCK_ALLOWED_SCHEMES and the queue order). Stats: ``redislock/workers/dead_letters``.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class InFlight:
         concurrency: int,
         serializer: Any,
         order: str,
+        schemes: tuple[str, ...] = ("http", "https"),
     ) -> None:
         self.crawler = crawler
         self.stats: Any = crawler.stats
@@ -63,6 +64,7 @@ class InFlight:
         self.outage = outage
         self.concurrency = concurrency
         self.serializer = serializer
+        self.schemes = schemes  # REDISLOCK_ALLOWED_SCHEMES: a queued request of another goes to the dead letters
         self.order = order
         self.buffer: deque[tuple[Request, str]] = deque()  # popped, not handed to the engine yet
         self.handed: dict[Request, str] = {}  # handed to the engine, not acked yet -> in-flight id
@@ -157,7 +159,7 @@ class InFlight:
         unloadable: list[tuple[str, str]] = []
         for inflight_id, data in popped:
             try:
-                request = decode(data, self.serializer, self.crawler.spider)
+                request = decode(data, self.serializer, self.crawler.spider, self.schemes)
             # whatever the entry made the loader raise: never retried, kept for people
             except Exception as exc:
                 note = self._dead_letter_note(stage, data, exc, inflight_id in scored)

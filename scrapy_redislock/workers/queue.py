@@ -73,7 +73,9 @@ from scrapy.utils.misc import load_object
 
 from scrapy_redislock._redis import (
     AsyncRedisClient,
+    ProjectScript,
     RedisClient,
+    ScriptMode,
     check_name,
     check_ttl,
     load_scripts,
@@ -196,10 +198,16 @@ def encode(request: Request, serializer: Any, spider: Spider | None) -> bytes:
     return data.encode("utf-8") if isinstance(data, str) else bytes(data)
 
 
-def decode(data: bytes, serializer: Any, spider: Spider | None) -> Request:
-    """A queued entry back as a request; raises whatever the format raises for an entry it cannot
-    load."""
-    return request_from_data(data, serializer, spider)
+def decode(
+    data: bytes,
+    serializer: Any,
+    spider: Spider | None,
+    schemes: tuple[str, ...] = ("http", "https"),
+) -> Request:
+    """A queued entry back as a request, if its URL has one of ``schemes``
+    (REDISLOCK_ALLOWED_SCHEMES); raises whatever the format raises for an entry it cannot load or
+    refuses."""
+    return request_from_data(data, serializer, spider, schemes)
 
 
 def split_value(value: bytes) -> tuple[str, bytes, bytes]:
@@ -285,7 +293,8 @@ class StageQueues:
         self.ttl = check_ttl(ttl)
         self.worker = worker or new_worker_id()
         sources = load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)
-        self.scripts = {name: client.register_script(src) for name, src in sources.items()}
+        mode = ScriptMode()  # EVALSHA, or FCALL of the functions an admin loaded (see _redis.py)
+        self.scripts = {name: ProjectScript(client, src, mode) for name, src in sources.items()}
         self.blocking = BlockingWait(client)
         # seconds within which a popping worker beats again (the scheduler sets it)
         self.work_grace = self.ttl
@@ -575,8 +584,10 @@ def requeue_now(client: RedisClient, keys: QueueKeys, worker: str) -> tuple[int,
     script_keys = [keys.alive, keys.inflight(worker), keys.working, keys.in_flight]
     script_keys += [*(keys.queue(s) for s in stages), *(keys.scored(s) for s in stages)]
     script_keys += [*(keys.signal(s) for s in stages), keys.due]
-    script = client.register_script(
-        load_scripts("scrapy_redislock.workers", ("queue_requeue",))["queue_requeue"]
+    script = ProjectScript(
+        client,
+        load_scripts("scrapy_redislock.workers", ("queue_requeue",))["queue_requeue"],
+        ScriptMode(),
     )
     moved, left = script(keys=script_keys, args=[worker, 0, *stages])
     return int(moved), int(left)

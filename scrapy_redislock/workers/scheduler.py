@@ -190,6 +190,7 @@ class StageWorkerScheduler(BaseScheduler):
             concurrency=max(1, crawler.settings.getint("CONCURRENT_REQUESTS")),
             serializer=self.worker_settings.serializer,
             order=self.order,
+            schemes=settings.allowed_schemes,
         )
         self.heartbeat = Heartbeat(
             crawler,

@@ -16,12 +16,25 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from redis.client import NEVER_DECODE
+from redis.exceptions import ResponseError
 
-from scrapy_redislock._redis import RedisClient, text
-from scrapy_redislock.lock.status import StageStatus, glob_escape, parse_identity
+from scrapy_redislock._redis import RedisClient, printable, text
+from scrapy_redislock.lock.status import (
+    BAD_VALUE,
+    StageStatus,
+    glob_escape,
+    parse_identity,
+    read_float,
+    read_int,
+)
 from scrapy_redislock.workers.queue import QueueKeys, split_value
 
 DEAD_LETTERS_LISTED = 5  # newest dead letters shown per spider; the count is exact
+# Dead letters are read only when MEMORY USAGE (sampling the list's first 5 nodes, O(1)) estimates
+# the list at most this size: that estimate bounds what LRANGE of the newest 5 returns (they lie in
+# the sampled nodes, and the estimate is their mean size times the number of nodes). A list entry
+# has no GETRANGE, and a reader that may not run scripts has no other bounded read.
+DEAD_LETTERS_READ_BYTES = 4 * 1024 * 1024
 
 
 WORKER_LOCK_PREFIX = "workers:"  # StageWorkerMixin's slot locks are named workers:<stage>
@@ -41,6 +54,9 @@ class WorkerStatus:
     deadline_in: float | None = None
     # deadline - last beat: the silence its last beat promised, or more after a pop
     grace: float | None = None
+    # why its record in Redis could not be read (its beat or deadline is not a number); it counts
+    # neither alive nor dead
+    error: str | None = None
 
     @property
     def host(self) -> str:
@@ -61,6 +77,10 @@ class SpiderStatus:
     queues: dict[str, int]  # stage -> requests waiting in its queue
     workers: list[WorkerStatus] = field(default_factory=list)
 
+    # why its state in Redis could not be read (a value its scripts never write); then its queues
+    # and workers are unknown
+    error: str | None = None
+
     @property
     def alive(self) -> int:
         return sum(1 for worker in self.workers if worker.alive)
@@ -69,7 +89,7 @@ class SpiderStatus:
     def dead(self) -> int:
         """Registered workers past their deadline (silent for the ttl if they set none), not yet
         reaped."""
-        return sum(1 for worker in self.workers if not worker.alive)
+        return sum(1 for worker in self.workers if not worker.alive and not worker.error)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -133,18 +153,26 @@ class DeadLetters:
     key: str
     count: int
     newest: list[DeadLetter] = field(default_factory=list)
+    # bytes MEMORY USAGE estimated for the list when it was too large to read (newest then empty)
+    unread_bytes: int | None = None
 
 
 def _dead_letter(raw: bytes) -> DeadLetter:
     note_line, _, rest = raw.partition(b"\n")
-    stage, _, data = split_value(rest)  # the in-flight value as it was: "<stage><mark>\n<data>"
-    note = parse_identity(note_line)
-    when = note.get("time")
+    try:
+        stage, _, data = split_value(rest)  # the in-flight value as it was: "<stage><mark>\n<data>"
+    except BAD_VALUE:
+        stage, data = "?", rest
+    note = parse_identity(note_line[:10_000])
+    try:
+        when: float | None = read_float(note.get("time"), "time")
+    except ValueError:
+        when = None
     return DeadLetter(
-        stage=stage,
-        error=str(note.get("error", "?")),
-        worker=str(note.get("worker", "?")),
-        time=float(when) if isinstance(when, int | float) and not isinstance(when, bool) else None,
+        stage=printable(str(stage)[:200]),
+        error=printable(str(note.get("error", "?"))[:500]),
+        worker=printable(str(note.get("worker", "?"))[:200]),
+        time=when,
         size=len(data),
         excerpt=repr(data[:40]) + ("..." if len(data) > 40 else ""),
     )
@@ -158,17 +186,19 @@ def dead_letters(client: RedisClient, prefix: str) -> list[DeadLetters]:
         text(k) for k in client.scan_iter(match=f"{glob_escape(head)}*{glob_escape(tail)}")
     ):
         count = int(client.llen(key))
+        if not count:
+            continue
+        spider = printable(key[len(head) : -len(tail)])
+        size = client.memory_usage(key, samples=DEAD_LETTERS_LISTED)
+        if size is None or int(size) > DEAD_LETTERS_READ_BYTES:
+            found.append(DeadLetters(spider, printable(key), count, unread_bytes=int(size or 0)))
+            continue
         # Raw bytes even on a client that decodes replies: an entry may be anything (e.g. a pickle
         # payload).
         newest = client.execute_command(
             "LRANGE", key, 0, DEAD_LETTERS_LISTED - 1, **{NEVER_DECODE: []}
         )
-        if count:
-            found.append(
-                DeadLetters(
-                    key[len(head) : -len(tail)], key, count, [_dead_letter(r) for r in newest]
-                )
-            )
+        found.append(DeadLetters(spider, printable(key), count, [_dead_letter(r) for r in newest]))
     return found
 
 
@@ -197,7 +227,24 @@ def spider_status(
             pipe.llen(keys.queue(stage))
         for stage in sorted(found.scored):
             pipe.zcard(keys.scored(stage))
-        replies = pipe.execute()
+        replies = pipe.execute(raise_on_error=False)
+    for reply in replies:
+        if isinstance(reply, Exception):
+            if not isinstance(reply, ResponseError) or str(reply).startswith("NOPERM"):
+                raise reply
+            return SpiderStatus(
+                spider, ttl, {}, error=printable(f"a key has the wrong type ({reply})")
+            )
+    try:
+        return _spider(spider, ttl, found, replies)
+    except BAD_VALUE as exc:
+        message = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        return SpiderStatus(spider, ttl, {}, error=printable(message[:200]))
+
+
+def _spider(spider: str, ttl: float, found: SpiderKeys, replies: list[Any]) -> SpiderStatus:
+    """One spider from the replies of :func:`spider_status`'s reads; a bad value of one worker makes
+    that worker unreadable, any other raises (one of BAD_VALUE)."""
     (seconds, micros), beats, dues, working = replies[:4]
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     in_flight = dict(
@@ -212,18 +259,24 @@ def spider_status(
     scored = replies[4 + len(found.inflight) + len(found.queues) :]
     for stage, count in zip(sorted(found.scored), scored, strict=True):
         queues[stage] += int(count)
-    due_of = {str(text(name)): int(score) for name, score in dues}
+    due_of = {str(text(name)): score for name, score in dues}
     stage_of = {str(text(k)): str(text(v)) for k, v in (working or {}).items()}
     for stage in stage_of.values():
         # an empty queue is no key in Redis; the stage a worker is on still counts
         queues.setdefault(stage, 0)
     workers = []
-    for name, beat in beats:
+    for name, raw_beat in beats:
         name = str(text(name))
-        silence = max(0.0, (now_ms - int(beat)) / 1000)
-        due = due_of.get(name)
+        try:
+            beat = read_int(round(read_float(raw_beat, "its beat")), "its beat")
+            raw_due = due_of.get(name)
+            due = None if raw_due is None else read_float(raw_due, "its deadline")
+        except ValueError as exc:
+            workers.append(WorkerStatus(name, 0.0, None, 0, False, error=printable(str(exc))))
+            continue
+        silence = max(0.0, (now_ms - beat) / 1000)
         deadline_in = None if due is None else round((due - now_ms) / 1000, 3)
-        grace = None if due is None else round(max(0, due - int(beat)) / 1000, 3)
+        grace = None if due is None else round(max(0, due - beat) / 1000, 3)
         alive = silence < ttl if deadline_in is None else deadline_in >= 0
         workers.append(
             WorkerStatus(

@@ -20,6 +20,7 @@ import pytest
 import redis
 import redis.exceptions
 
+from scrapy_redislock import CountingLock
 from scrapy_redislock.cli.acl import (
     CRAWLER_CLIENT_COMMANDS,
     ROLES,
@@ -29,12 +30,13 @@ from scrapy_redislock.cli.acl import (
     redis_version,
     script_commands,
 )
+from scrapy_redislock.cli.commands import project_library
 from scrapy_redislock.workers.queue import QueueKeys
 from testing.crawlproc import ROOT, run_crawl, staged_worker
 from testing.monitor import Monitor, commands
 from testing.redis_server import RedisServer
 from testing.site import CrawlSite, ShopSite
-from tests.cli.test_main import tls_server  # noqa: F401  (a fixture)
+from tests.cli.test_main import call, tls_server  # noqa: F401  (a fixture)
 from tests.workers.test_mixin import finish, held_slots, shop_worker, stat
 
 pytestmark = pytest.mark.integration
@@ -73,6 +75,7 @@ def make_user(client: redis.Redis, name: str, role: str, keys: tuple[str, ...] =
 
 @pytest.fixture
 def users(redis_client: redis.Redis) -> Iterator[dict[str, str]]:
+    redis_client.function_load(project_library()[1], replace=True)  # the admin's step
     urls = {
         "crawler": make_user(redis_client, "crawler", "crawler", keys=("shop:start_urls",)),
         "operator": make_user(redis_client, "operator", "operator"),
@@ -179,14 +182,25 @@ def test_a_forbidden_command_is_refused_by_redis_with_a_clear_error(
             redis.exceptions.NoPermissionError, match="no permissions to run the 'eval'"
         ):
             crawler.eval("return redis.call('FLUSHALL')", 0)  # EVAL itself is not even allowed ...
-        script = crawler.register_script("return redis.call('FLUSHALL')")
+        # ... nor SCRIPT LOAD, nor FUNCTION LOAD (issue 41: SCRIPT LOAD "while true do end" then
+        # EVALSHA answered every other client BUSY): it runs the project's functions only
+        for command in (
+            ("SCRIPT", "LOAD", "while true do end"),
+            ("FUNCTION", "LOAD", "#!lua name=x\nredis.register_function('x', function() end)"),
+            ("FUNCTION", "DELETE", project_library()[0]),
+            ("FUNCTION", "FLUSH"),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError, match="no permissions to run"):
+                crawler.execute_command(*command)
+        # a script an admin loaded runs under the caller's rules: its FLUSHALL is refused inside it
+        sha = redis_client.script_load("return redis.call('FLUSHALL')")
         # "The user executing the script can't run this command" (Redis 7.0), "ACL failure in
         # script: ..." (Valkey)
         refused_in_script = (
             r"(?i)user executing the script can't run this|no permissions to run the 'flushall'"
         )
         with pytest.raises(redis.exceptions.ResponseError, match=refused_in_script):
-            script()  # ... and a loaded script's FLUSHALL is refused inside it
+            crawler.evalsha(sha, 0)
         assert redis_client.get("other-team:secret") == b"x"
     finally:
         crawler.close()
@@ -324,6 +338,7 @@ def test_a_worker_crawls_over_tls_as_the_crawler_user(
     admin.flushdb()
     rules = acl_rules("crawler", server_version=redis_version(admin))
     admin.execute_command("ACL", "SETUSER", "crawler", *rules, f">{PASSWORD}")
+    admin.function_load(project_library()[1], replace=True)  # the admin's step
     url = f"rediss://crawler:{PASSWORD}@127.0.0.1:{tls_port}/0?ssl_ca_certs={cert}"
     try:
         with CrawlSite(delay=0.01) as site:
@@ -339,3 +354,32 @@ def test_a_worker_crawls_over_tls_as_the_crawler_user(
     finally:
         admin.execute_command("ACL", "DELUSER", "crawler")
         admin.close()
+
+
+def test_the_crawler_runs_the_functions_an_admin_loaded_and_says_when_they_are_missing(
+    redis_client: redis.Redis, users: dict[str, str], admin_url: str
+) -> None:
+    """Issue 41, point 2: the crawler and operator roles run the project's scripts as the Redis
+    functions an admin loaded (``load-functions``), FCALL; missing (flushed, or a restart without
+    persistence) they stop with an error naming the admin's command, and work again once loaded."""
+    crawler = redis.Redis.from_url(users["crawler"])
+    try:
+        lock = CountingLock(crawler, "detail", limit=2, ttl=30)
+        lock.release(lock.acquire())
+        lock.close()
+        assert int(redis_client.info("commandstats")["cmdstat_fcall"]["calls"]) > 0
+        redis_client.function_flush()
+        redis_client.script_flush()
+        with pytest.raises(redis.exceptions.NoPermissionError) as missing:
+            CountingLock(crawler, "detail", limit=2, ttl=30).acquire()
+        assert "python -m scrapy_redislock load-functions --url" in str(missing.value)
+        code, out, err = call("load-functions", "--url", admin_url)
+        assert code == 0, err
+        assert out.startswith(f"loaded {project_library()[0]}: ")
+        operator = cli(users["operator"], "set-limit", "detail", "3")
+        assert operator.returncode == 0, operator.stderr
+        lock = CountingLock(crawler, "detail", limit=3, ttl=30)
+        lock.release(lock.acquire())
+        lock.close()
+    finally:
+        crawler.close()

@@ -351,7 +351,7 @@ def test_steering_needs_allow_control_and_the_token(
         code, reply = dashboard.post(
             "/api/set-limit", {"stage": "detail", "limit": "-1"}, token=dashboard.token
         )
-        assert code == 400 and reply["error"] == "N must be an integer >= 0, got '-1'"
+        assert code == 400 and reply["error"] == "N must be an integer from 0 to 1000, got '-1'"
         code, reply = dashboard.post("/api/set-limit", b"not json", token=dashboard.token)
         assert code == 400 and "JSON object" in reply["error"]
         code, reply = dashboard.post(

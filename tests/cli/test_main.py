@@ -408,8 +408,8 @@ def test_set_limit_of_an_unknown_stage_needs_create(
 @pytest.mark.parametrize(
     ("argv", "code", "expected"),
     [
-        (["set-limit", "detail", "-1"], 2, "N must be an integer >= 0, got '-1'"),
-        (["set-limit", "detail", "1.5"], 2, "N must be an integer >= 0, got '1.5'"),
+        (["set-limit", "detail", "-1"], 2, "N must be an integer from 0 to 1000, got '-1'"),
+        (["set-limit", "detail", "1.5"], 2, "N must be an integer from 0 to 1000, got '1.5'"),
         (["set-limit", "detail", "three"], 2, "got 'three'"),
         (["set-limit", "de{tail}", "2"], 2, "STAGE must be a non-empty string without braces"),
         (

@@ -32,6 +32,11 @@ class Spider(scrapy.Spider):
 
     not_a_method = "parse"
 
+    def _private(self, response: Any) -> None: ...
+
+    @staticmethod
+    def helper(response: Any) -> None: ...
+
 
 def rich_request(spider: Spider) -> scrapy.Request:
     """Every field Request.to_dict carries, with values the format must keep exactly."""
@@ -177,16 +182,42 @@ def test_a_pickle_payload_is_refused_without_running_it(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"callback": "not_a_method"}, "callback 'not_a_method' is not a method of the spider"),
-        ({"callback": "__init__"}, "callback '__init__' is not a method"),
-        ({"errback": "nowhere"}, "errback 'nowhere' is not a method"),
-        ({"callback": ["parse"]}, "callback ['parse'] is not a method"),
+        (
+            {"callback": "not_a_method"},
+            "callback 'not_a_method' is not a public method of the spider (no leading underscore, "
+            "not a class or static method)",
+        ),
+        ({"callback": "__init__"}, "callback '__init__' is not a public method"),
+        ({"errback": "nowhere"}, "errback 'nowhere' is not a public method"),
+        ({"callback": ["parse"]}, "callback ['parse'] is not a public method"),
+        # issue 41: '_set_crawler' replaced spider.crawler with a Response
+        ({"callback": "_set_crawler"}, "callback '_set_crawler' is not a public method"),
+        ({"callback": "_private"}, "callback '_private' is not a public method"),
+        ({"callback": "from_crawler"}, "callback 'from_crawler' is not a public method"),
+        ({"errback": "update_settings"}, "errback 'update_settings' is not a public method"),
+        ({"callback": "helper"}, "callback 'helper' is not a public method"),
     ],
 )
-def test_callbacks_must_be_methods_of_the_spider(fields: dict[str, Any], message: str) -> None:
+def test_callbacks_must_be_public_methods_of_the_spider(
+    fields: dict[str, Any], message: str
+) -> None:
     with pytest.raises(RequestFormatError) as error:
         request_from_data(dumps({"url": "http://x.test/", **fields}), requestformat, Spider())
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["file:///etc/passwd", "data:text/plain,hello", "FILE:///etc/passwd", "s3://b/k", "x"]
+)
+def test_only_the_allowed_schemes_are_fetched(url: str) -> None:
+    """Scrapy's file and data handlers are on by default: whoever can push to a queue must not make
+    a worker read its files (issue 41)."""
+    with pytest.raises(RequestFormatError) as error:
+        request_from_data(dumps({"url": url}), requestformat, Spider())
+    assert "has a scheme that is not in REDISLOCK_ALLOWED_SCHEMES (http, https)" in str(error.value)
+    if url.startswith("s3"):
+        back = request_from_data(dumps({"url": url}), requestformat, Spider(), ("http", "s3"))
+        assert back.url == url
 
 
 def test_scheduler_serializer_is_honoured_and_checked() -> None:

@@ -190,3 +190,19 @@ def test_the_table_has_a_parser_and_a_field_for_each_setting() -> None:
     assert fields - {s.field for s in defaults.TABLE} == {"url_setting", "masters"}
     assert list(defaults.SETTINGS) == [s.name for s in defaults.TABLE]
     assert read_settings(Settings()).ttl == defaults.SETTINGS["REDISLOCK_TTL"]
+
+
+def test_allowed_schemes_are_a_list_of_url_schemes() -> None:
+    """REDISLOCK_ALLOWED_SCHEMES (issue 41): http and https by default; a list, or commas on the
+    command line; anything else named."""
+    assert read_settings(Settings()).allowed_schemes == ("http", "https")
+    assert read_settings(Settings({"REDISLOCK_ALLOWED_SCHEMES": "HTTPS,s3"})).allowed_schemes == (
+        "https",
+        "s3",
+    )
+    assert read_settings(
+        Settings({"REDISLOCK_ALLOWED_SCHEMES": '["http", "ftp"]'})
+    ).allowed_schemes == ("http", "ftp")
+    for bad in ([], "", ["http://"], [1], "file:"):
+        with pytest.raises(ConfigError, match="REDISLOCK_ALLOWED_SCHEMES must be a non-empty list"):
+            read_settings(Settings({"REDISLOCK_ALLOWED_SCHEMES": bad}))

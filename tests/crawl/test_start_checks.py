@@ -155,7 +155,7 @@ def test_configuration_errors_end_the_crawl_in_one_line_with_exit_status_1(
     the spider (the schedulers, after which Scrapy's own clean-up raised ``RuntimeError: Engine slot
     not assigned``), the log has the ConfigError's message as one line and no traceback (before: ~30
     lines of ``Task exception was never retrieved``)."""
-    bad_cap = "REDISLOCK_STAGES['detail'] must be an integer >= 0 or None (unlimited), got 'three'"
+    bad_cap = "REDISLOCK_STAGES['detail'] must be an integer from 0 to 1000 or None (unlimited), got 'three'"
     cases: list[tuple[Crawl, tuple[str, ...]]] = [
         (
             Crawl(
@@ -185,7 +185,7 @@ def test_configuration_errors_end_the_crawl_in_one_line_with_exit_status_1(
                 tmp_path,
                 spider=WORKER_SPIDER,
             ),
-            ("REDISLOCK_WORKER_STAGES['a'] must be an integer >= 0 or None",),
+            ("REDISLOCK_WORKER_STAGES['a'] must be an integer from 0 to 1000 or None",),
         ),
         (
             Crawl(site.url, "a:2", worker_front(redis_url), tmp_path, spider=WORKER_SPIDER),

@@ -114,7 +114,7 @@ def test_bad_timeout_is_named_before_any_command(timeout: object) -> None:
 
 def test_bad_limit_and_permit_are_named_before_any_command() -> None:
     core = LockCore.create("detail", 1, 10.0)
-    with pytest.raises(InvalidArgument, match="limit must be an integer >= 0, got 'x'"):
+    with pytest.raises(InvalidArgument, match="limit must be an integer from 0 to 1000, got 'x'"):
         next(core.set_limit("x"))
     with pytest.raises(InvalidArgument, match="permit must be a Permit, got '0-1'"):
         next(core.release("0-1"))  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ from scrapy_redislock import (
     LockLost,
     Permit,
 )
+from scrapy_redislock._redis import MAX_LIMIT
 from scrapy_redislock.lock.permit import LockKeys
 from testing import lockstate
 from testing.lockstate import AT_ONCE
@@ -797,16 +798,17 @@ def test_the_stream_holds_only_free_and_held_slots(
 def test_reaping_follows_the_cursor_and_renewal_is_chunked(
     redis_client: redis.Redis, make_lock: MakeLock
 ) -> None:
-    """Finding 8: 8,000 live grants of one owner are renewed in one maintain, and a dead grant
-    behind them reaped."""
-    many = 8000
+    """Finding 8: the most live grants one owner can have (MAX_LIMIT - 1 beside one dead grant)
+    are renewed in one maintain, and a dead grant behind them reaped (the reaper's cursor goes
+    through 100 at a time). (8,000 before the limit had a maximum.)"""
+    many = MAX_LIMIT - 1
     live, dead = make_lock(limit=many + 1), make_lock(limit=many + 1)
     held = [live.try_acquire() for _ in range(many)]
     assert all(held)
     gone = dead.try_acquire()
     assert gone is not None
     lockstate.age_grant(redis_client, dead.keys, gone.grant, 31_000)
-    assert live.maintain() == []  # renews all 8,000, and the reaper walks the whole pending list
+    assert live.maintain() == []  # renews them all, and the reaper walks the whole pending list
     assert pending(redis_client, live) == many and dead.release(gone) is False
 
 

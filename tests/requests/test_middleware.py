@@ -266,7 +266,7 @@ def test_bad_configuration_stops_the_crawl(redis_url: str, site: CrawlSite, tmp_
     cases = [
         (
             {"REDISLOCK_STAGES": {"detail": -1}},
-            "REDISLOCK_STAGES['detail'] must be an integer >= 0",
+            "REDISLOCK_STAGES['detail'] must be an integer from 0 to 1000",
         ),
         ({"REDISLOCK_STAGES": {"detail": "three"}}, "'three'"),
         ({"REDISLOCK_STAGES": ["detail"]}, "REDISLOCK_STAGES must be a dict"),

@@ -376,7 +376,7 @@ class BadCap(StagedSpider):
     [
         (NoStages, {}, "needs worker_stages"),
         (BadPreference, {}, "REDISLOCK_STAGE_PREFERENCE names unknown stages ['z']"),
-        (BadCap, {}, "REDISLOCK_WORKER_STAGES['a'] must be an integer >= 0 or None"),
+        (BadCap, {}, "REDISLOCK_WORKER_STAGES['a'] must be an integer from 0 to 1000 or None"),
         (
             NoStages,
             {"REDISLOCK_WORKER_STAGES": {"a": 1}, "REDISLOCK_IDLE_CLOSE": "soon"},

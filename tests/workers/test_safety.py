@@ -189,3 +189,33 @@ def test_a_bad_scheduler_serializer_stops_the_worker_naming_the_setting(redis_ur
     assert re.search(r"SCHEDULER_SERIALIZER 'no_such_module' cannot be imported", output), output[
         -2000:
     ]
+
+
+def test_a_file_url_or_a_private_callback_pushed_by_hand_lands_in_the_dead_letter_list(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """Issue 41: whoever can push to a queue must make a worker neither read its files (Scrapy's
+    file handler is on by default) nor call a private method or classmethod of the spider
+    (``_set_crawler`` replaced spider.crawler with a Response)."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("contents-no-worker-may-read")
+    entry = lambda **fields: requestformat.dumps({"meta": {"redislock_stage": "a"}, **fields})  # noqa: E731
+    bad = [
+        entry(url=secret.as_uri()),
+        entry(url="data:text/plain,hello"),
+        entry(url="http://shop.test/a/private", callback="_set_crawler"),
+        entry(url="http://shop.test/a/cls", callback="from_crawler"),
+    ]
+    with CrawlSite(delay=0.01) as site:
+        good = safe_entries([f"{site.url}/a/{n}" for n in range(5)], "a")
+        push_raw(redis_client, "staged", "a", [*good[:2], *bad, *good[2:]])
+        worker = staged_worker(redis_url, site.url, "", {"REDISLOCK_WORKER_STAGES": {"a": 1}})
+        output = finish(worker)
+    assert sorted(site.hits) == sorted(f"/a/{n}" for n in range(5))
+    assert stat(output, "redislock/workers/dead_letters") == 4
+    letters = redis_client.lrange(QueueKeys.of("redislock", "staged").deadletter, 0, -1)
+    errors = sorted(json.loads(letter.split(b"\n", 1)[0])["error"] for letter in letters)
+    assert [e.split(" ", 2)[1] for e in errors] == ["callback", "callback", "url", "url"], errors
+    assert all("REDISLOCK_ALLOWED_SCHEMES (http, https)" in e for e in errors[2:]), errors
+    assert all("is not a public method of the spider" in e for e in errors[:2]), errors
+    assert "contents-no-worker-may-read" not in output

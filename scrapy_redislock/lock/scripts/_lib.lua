@@ -27,6 +27,9 @@
 --           recomputed when owners are forgotten), so mixed ttls never cut a lease short
 --   seen    zset owner -> Redis time (ms) of its last setup or maintain
 local GROUP = 'holders'
+-- The most slots a lock may have: scrapy_redislock._redis.MAX_LIMIT (tests/lock/test_max_limit.py checks they agree).
+-- A lock costs Redis one stream entry per slot, and a resize one command per slot added or removed.
+local MAX_LIMIT = 1000
 local LIMBO = '__limbo__'
 local REAPER = '__reaper__'
 
@@ -68,6 +71,23 @@ local function info_field(reply, name)
     if reply[i] == name then return reply[i + 1] end
   end
   return nil
+end
+
+-- A limit as a number: an integer from 0 to MAX_LIMIT; else nil.
+local function valid_limit(value)
+  local n = tonumber(value)
+  if not n or n ~= math.floor(n) or n < 0 or n > MAX_LIMIT then return nil end
+  return n
+end
+
+-- A limit as a number, else a script error 'BADLIMIT ...' naming the bad value (raised before anything is written).
+local function checked_limit(value)
+  local n = valid_limit(value)
+  if not n then
+    error({err = 'BADLIMIT limit must be an integer from 0 to ' .. MAX_LIMIT .. ', got ' ..
+      string.sub(tostring(value), 1, 40)})
+  end
+  return n
 end
 
 -- Add one free slot (hands off to the first blocked waiter, if any); returns its id.
@@ -124,6 +144,7 @@ end
 -- Ids start at Redis's clock in microseconds, and above any id the old stream generated: fences never
 -- repeat and never go back, even after a data loss or a restart from an older snapshot.
 local function create_lock(slots, meta, limit, ttl)
+  limit = checked_limit(limit)
   local floor = 0
   if redis.call('EXISTS', slots) == 1 then
     floor = seq_of(info_field(redis.call('XINFO', 'STREAM', slots), 'last-generated-id')) + 1
@@ -259,16 +280,40 @@ local function release_owner(slots, owners, ttls, seen, target)
   return freed
 end
 
+-- XDEL the entries of an XRANGE reply, a bounded batch of ids per call (one call per entry costs twice the time).
+local function delete_entries(slots, entries)
+  local ids = {}
+  for _, entry in ipairs(entries) do
+    ids[#ids + 1] = entry[1]
+    if #ids == 500 then
+      redis.call('XDEL', slots, unpack(ids))
+      ids = {}
+    end
+  end
+  if #ids > 0 then redis.call('XDEL', slots, unpack(ids)) end
+end
+
 -- Change the limit of an existing lock, live. Lowering never revokes a grant: surplus free slots are skipped
 -- (and deleted), and the slots of the next releases are not handed out again (meta 'skip_until' marks them
 -- for deletion as they come). Returns the previous limit.
 local function change_limit(slots, meta, new)
-  local previous = tonumber(redis.call('HGET', meta, 'limit'))
+  new = checked_limit(new)
+  local previous = valid_limit(redis.call('HGET', meta, 'limit')) or -1  -- -1: not a limit (written by hand?)
   local stream_last, group_last, held = stream_state(slots)
   -- Entries at or below the last delivered id that nobody holds can never be handed out: a lowered limit
   -- skipped them. Delete them now, before a raise moves the group's position and forgets which they were.
-  for _, entry in ipairs(redis.call('XRANGE', slots, '-', id_of(group_last))) do
-    if not pending_of(slots, entry[1]) then redis.call('XDEL', slots, entry[1]) end
+  -- (one XPENDING for them all: one per entry made a resize of a lock whose slots are held twice as long)
+  local below = redis.call('XRANGE', slots, '-', id_of(group_last))
+  if #below > 0 then
+    local held_ids = {}
+    for _, p in ipairs(redis.call('XPENDING', slots, GROUP, '-', id_of(group_last), #below)) do
+      held_ids[p[1]] = true
+    end
+    local unheld = {}
+    for _, entry in ipairs(below) do
+      if not held_ids[entry[1]] then unheld[#unheld + 1] = entry end
+    end
+    delete_entries(slots, unheld)
   end
   local free = math.max(0, stream_last - group_last)
   local debt = math.max(0, group_last - stream_last)
@@ -277,7 +322,7 @@ local function change_limit(slots, meta, new)
   if delta < 0 then
     target = group_last - delta
     local skipped = redis.call('XRANGE', slots, id_of(group_last + 1), id_of(math.min(target, stream_last)))
-    for _, entry in ipairs(skipped) do redis.call('XDEL', slots, entry[1]) end
+    delete_entries(slots, skipped)
   elseif delta > 0 then
     local cancel = math.min(debt, delta)
     target = group_last - cancel

@@ -8,7 +8,7 @@
 -- site's pause still hold; without a stream that is the whole reset, and the limit is the record's, else -1)
 -- ARGV[1] none (takes no arguments). A restart of Redis not noticed yet is noticed first, so the new slots' fences start above every
 -- fence the old stream could have handed out.
--- Returns {grants freed, limit}, or error 'NOLOCK ...' when the lock does not exist (nothing written).
+-- Returns {grants freed, limit} (limit -2: the one in Redis is no valid limit, and no slot was added), or error 'NOLOCK ...' when the lock does not exist (nothing written).
 local slots, meta, owners, ttls, seen, light = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local light_freed = 0
 if light then
@@ -27,14 +27,14 @@ if not lock_exists(slots, meta) then
   return redis.error_reply('NOLOCK lock does not exist')
 end
 check_restart(slots, meta, '0')
-local limit = tonumber(redis.call('HGET', meta, 'limit'))
+local limit = valid_limit(redis.call('HGET', meta, 'limit'))  -- nil: not a limit (written by hand?): no fresh slots
 local freed = 0
 while true do
   local batch = redis.call('XPENDING', slots, GROUP, '-', '+', 1000)
   if #batch == 0 then break end
-  for _, p in ipairs(batch) do
-    freed = freed + redis.call('XACK', slots, GROUP, p[1])
-  end
+  local ids = {}
+  for _, p in ipairs(batch) do ids[#ids + 1] = p[1] end
+  freed = freed + redis.call('XACK', slots, GROUP, unpack(ids))  -- one XACK a batch
 end
 for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', slots, GROUP)) do
   redis.call('XGROUP', 'DELCONSUMER', slots, GROUP, info_field(c, 'name'))
@@ -45,5 +45,5 @@ redis.call('HDEL', meta, 'skip_until')
 local stream_last = stream_state(slots)
 redis.call('XGROUP', 'SETID', slots, GROUP, id_of(stream_last))
 redis.call('XTRIM', slots, 'MINID', id_of(stream_last + 1))
-for _ = 1, limit do add_slot(slots) end
-return {freed + light_freed, limit}
+for _ = 1, limit or 0 do add_slot(slots) end
+return {freed + light_freed, limit or -2}

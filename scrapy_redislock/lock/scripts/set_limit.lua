@@ -9,14 +9,14 @@
 -- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] the lock's adaptive controller hash,
 -- KEYS[4] light zset of a lock met at run time (a key: see _lib.lua): the limit is written there, and into the
 --   stream when it is in use; the stream is never created here (its first waiter sets it up)
--- ARGV[1] new limit (integer >= 0), ARGV[2] ttl in ms to create with,
+-- ARGV[1] new limit (integer from 0 to MAX_LIMIT, else error 'BADLIMIT ...'), ARGV[2] ttl in ms to create with,
 -- ARGV[3] '1' to create a missing lock in recovery mode (every slot reserved for one lease: see setup.lua),
 -- ARGV[4] '1' if Redis loses no acknowledged write (see check_restart),
 -- ARGV[5] '1' when an operator sets it (pins it; a key's limit is always pinned); else a stage is pinned only while
 --   its adaptive controller lives
--- Returns the previous limit (-1 if the lock did not exist, or had no limit in Redis).
+-- Returns the previous limit (-1 if the lock did not exist, or had no valid limit in Redis).
 local slots, meta, adapt, light = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local new = tonumber(ARGV[1])
+local new = checked_limit(ARGV[1])  -- 'BADLIMIT ...' for anything but an integer from 0 to MAX_LIMIT
 if light then
   local previous = tonumber(redis.call('ZSCORE', light, LIMIT_MEMBER) or '-1')
   redis.call('ZADD', light, new, LIMIT_MEMBER, 1, PIN_MEMBER)
