@@ -97,7 +97,10 @@ class Heartbeat:
             "(the others have them), %d started here may get fetched twice",
             self.queues.worker,
             dropped,
-            len(inflight.handed) + len(inflight.acks) + len(inflight.acking),
+            len(inflight.handed)
+            + len(inflight.unstaged)
+            + len(inflight.acks)
+            + len(inflight.acking),
         )
 
     async def pulse(self) -> None:
