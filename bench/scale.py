@@ -108,7 +108,16 @@ CONNECTION = {"hello", "ping", "script", "client", "select", "auth", "quit", "ec
 # What makes an operation happen: a request, the clock (renewals, heartbeats, looks at the queues),
 # or a process starting, closing or changing stage. By command or script name; XREADGROUP is the
 # middleware's wait for a slot for one request, but the worker mixin's look for a free stage slot.
-PER_REQUEST = {"release", "queue_pop", "queue_ack", "queue_push", "rpop", "lpush", "sadd"}
+PER_REQUEST = {
+    "release",
+    "queue_pop",
+    "queue_ack",
+    "queue_push",
+    "queue_keep",
+    "rpop",
+    "lpush",
+    "sadd",
+}
 PERIODIC = {
     "maintain",
     "queue_beat",

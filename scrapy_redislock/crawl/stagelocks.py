@@ -112,6 +112,7 @@ from scrapy_redislock.errors import AcquireTimeout, Paused, UnknownStage
 from scrapy_redislock.lock.interface import AsyncLock
 
 if TYPE_CHECKING:
+    from scrapy import Request
     from scrapy.crawler import Crawler
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
@@ -158,6 +159,11 @@ class StageLocks:
         }
         self._stage_by_lock = {lock.name: stage for stage, lock in self.locks.items()}
         self._waiting_sources: list[Callable[[str], int]] = []
+        # StageScheduler's: whether a request left it, and the way back into its inner scheduler
+        # for one that never went out (waiting for a slot in the middleware when the spider
+        # closes); None without it
+        self.left_scheduler: Callable[[Request], bool] | None = None
+        self.give_back: Callable[[Request], bool] | None = None
         self._tick_hooks: list[Callable[[], Awaitable[None]]] = []
         self._retry_at = 0.0
         self._backoff = Backoff()  # after a failed tick

@@ -21,7 +21,9 @@ middleware, one of CONCURRENT_REQUESTS) meanwhile.
 
 The key slot is kept by request object and given back on the same paths as the stage slot (response,
 exception, request_left_downloader, a sweep at every renewal tick for requests gone from the
-downloader, spider close). A key slot lost, or past its lease on this process's clock, by the end of
+downloader, spider close). When the spider closes, a request that left StageScheduler and waits
+here for its key's slot goes back to the scheduler's queue (StageLockMiddleware's close watch
+cancels the wait: :attr:`KeyGate.key_waits`). A key slot lost, or past its lease on this process's clock, by the end of
 the delays is dropped (:meth:`KeyGate.usable`) and taken again: a request never starts with a slot
 another process may hold by now. A request that waited for a delay carries its confirmed start in
 ``meta["redislock_start_at"]`` (seconds since the epoch, Redis's clock; the key's when it had a
@@ -38,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
@@ -78,6 +80,12 @@ class KeyGate:
         self.locks = KeyLocks.of(crawler, settings)
         self.permits: PermitLedger[Request, SlotPermit] = PermitLedger()
         self.waiting: Counter[str] = Counter()
+        # waits for a key slot in progress -> their request; those cancelled to go back to the
+        # scheduler when the spider closes (StageLockMiddleware's close watch does both)
+        self.key_waits: dict[asyncio.Task[SlotPermit], Request] = {}
+        self.given_back: set[asyncio.Task[SlotPermit]] = set()
+        self.on_wait: Callable[[], None] | None = None  # a key wait started
+        self.give_back: Callable[[Request, str], None] | None = None  # raises IgnoreRequest
         self.locks.add_waiting_source(self.waiting.__getitem__)
         self.locks.add_tick_hook(self.sweep)
         # confirmed starts of requests not yet in Scrapy's downloader (gone with their request)
@@ -186,15 +194,23 @@ class KeyGate:
             self.record(time.monotonic() - started)
             return
         self.waiting[key] += 1
+        wait = asyncio.ensure_future(self.locks.acquire(key, self.settings.wait_timeout))
+        self.key_waits[wait] = request
+        if self.on_wait is not None:
+            self.on_wait()
         try:
-            permit = await self.locks.acquire(key, self.settings.wait_timeout)
+            permit = await wait
         except asyncio.CancelledError:
+            if wait in self.given_back and self.give_back is not None:
+                self.give_back(request, key)  # the spider closes: back to the scheduler
             if self.locks.closed:
                 raise IgnoreRequest(
                     f"spider closed while waiting for a slot of key {key!r}"
                 ) from None
             raise
         finally:
+            self.key_waits.pop(wait, None)
+            self.given_back.discard(wait)
             self.waiting[key] -= 1
             if not self.waiting[key]:
                 del self.waiting[key]

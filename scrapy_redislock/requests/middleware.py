@@ -17,10 +17,16 @@ With :class:`~scrapy_redislock.StageScheduler` the slot was granted before the r
 scheduler and is picked up here (``StageLocks.take``). Without it, and for requests that bypass the
 scheduler (``engine.download_async``: media pipelines), the request waits here, in Redis's FIFO:
 caps hold, but a waiting request occupies one of CONCURRENT_REQUESTS (so a saturated stage slows the
-others). When the spider closes, requests waiting here keep their place in line, as Scrapy finishes
-what its downloader holds, while their stage makes progress; those of a stage that is paused (limit
-0) or frees no slot anywhere for REDISLOCK_TTL + DOWNLOAD_TIMEOUT are dropped (IgnoreRequest),
-logged at WARNING with counts and counted as ``redislock/<stage>/dropped_at_close``.
+others). When the spider closes, a request waiting here for its stage's slot never went out: with
+StageScheduler it goes back into the scheduler's queue at once (its inner scheduler's: scrapy-redis's
+queue in Redis, Scrapy's JOBDIR disk queues), so SCHEDULER_PERSIST or JOBDIR keep it for the next
+run, as they keep what never left the scheduler; it leaves the downloader with IgnoreRequest (its
+errback, if any, gets that), logged at INFO with counts and counted as
+``redislock/<stage>/given_back_at_close``. Without StageScheduler (nothing to give it back to) it
+keeps its place in line, as Scrapy finishes what its downloader holds, while its stage makes
+progress; those of a stage that is paused (limit 0) or frees no slot anywhere for REDISLOCK_TTL +
+DOWNLOAD_TIMEOUT are dropped (IgnoreRequest), logged at WARNING with counts and counted as
+``redislock/<stage>/dropped_at_close``.
 
 A request never starts with a slot that is lost or past its lease on this process's clock (Redis out
 of reach, a stall: another process may hold it by now; see ``StageLocks.usable``). Such a slot is
@@ -42,7 +48,7 @@ REDISLOCK_LOCAL_REUSE, and for keys and delays (:mod:`~scrapy_redislock.requests
 stage slot, the key slot, then the delays) REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT,
 REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS, REDISLOCK_RANDOMIZE_DELAY; Scrapy's
 RETRY_EXCEPTIONS and DOWNLOAD_TIMEOUT. Stats:
-redislock/<stage>/{acquired,wait_time_total,wait_time_max,lost,unusable,timeouts,dropped_at_close,reused},
+redislock/<stage>/{acquired,wait_time_total,wait_time_max,lost,unusable,timeouts,dropped_at_close,given_back_at_close,reused},
 redislock/unknown_stage, redislock/throttling_off, redislock/redis_errors.
 """
 
@@ -53,7 +59,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from scrapy import Request, Spider, signals
 from scrapy.exceptions import IgnoreRequest
@@ -97,7 +103,9 @@ class StageLockMiddleware:
         self.settings = read_settings(crawler.settings)
         self.waiting: Counter[str] = Counter()  # requests waiting here, per stage
         self._waits: dict[asyncio.Task[SlotPermit], str] = {}  # wait -> stage
+        self._waiters: dict[asyncio.Task[SlotPermit], Request] = {}  # wait -> its request
         self._dropped: set[asyncio.Task[SlotPermit]] = set()
+        self._given_back: set[asyncio.Task[SlotPermit]] = set()  # to the scheduler, at close
         self._watcher: asyncio.Task[None] | None = None
         self._closing = False
         self.unknown: Counter[str] = Counter()  # requests dropped per unknown stage
@@ -128,6 +136,9 @@ class StageLockMiddleware:
         self.locks = StageLocks.of(crawler, self.settings)
         # keys and delays
         self.gate = KeyGate.of(crawler, self.settings) if self.settings.keyed else None
+        if self.gate is not None:
+            self.gate.on_wait = self._watch_close
+            self.gate.give_back = self._give_back_for_key
         # what the adaptive limits learn from answers, and the pauses Retry-After asks for
         self.outcomes = Outcomes(crawler, self.settings, self.locks, self.gate)
         self.locks.add_waiting_source(self.waiting.__getitem__)
@@ -281,11 +292,14 @@ class StageLockMiddleware:
         assert self.locks is not None
         wait = asyncio.ensure_future(self.locks.acquire(stage, self.settings.wait_timeout))
         self._waits[wait] = stage
+        self._waiters[wait] = request
         self.waiting[stage] += 1
         self._watch_close()
         try:
             permit = await wait
         except asyncio.CancelledError:
+            if wait in self._given_back:
+                self._give_back(request, stage)
             if wait in self._dropped or (self._closing and wait.cancelled()):
                 raise IgnoreRequest(
                     f"spider closing while waiting for a slot of stage {stage!r}"
@@ -295,7 +309,9 @@ class StageLockMiddleware:
             self._fail_timeout(request, exc)
         finally:
             self._waits.pop(wait, None)
+            self._waiters.pop(wait, None)
             self._dropped.discard(wait)
+            self._given_back.discard(wait)
             self.waiting[stage] -= 1
         return permit
 
@@ -314,19 +330,87 @@ class StageLockMiddleware:
 
     async def _close_tick(self) -> bool:
         assert self.locks is not None
+        key_waits = self.gate is not None and bool(self.gate.key_waits)
+        closing = engine_closing(self.crawler)
         if self._waits and self.locks.closed:
             self._drop(set(self._waits.values()), "the stage slots were closed")
-        elif self._waits and engine_closing(self.crawler):
-            for stage in sorted(set(self._waits.values())):
+        elif (self._waits or key_waits) and closing:
+            if self.locks.give_back is not None:
+                self._hand_back_waits()
+            left = {s for wait, s in self._waits.items() if wait not in self._given_back}
+            for stage in sorted(left):  # requests that bypassed the scheduler (media downloads)
                 why = await self.locks.reports.stalled(stage, self.stall_window)
                 if why:
                     self._drop({stage}, why)
-        return bool(self._waits) and not self.locks.closed
+        return bool(self._waits or key_waits) and not self.locks.closed
+
+    def _hand_back_waits(self) -> None:
+        """The engine closes: every request that left StageScheduler and waits here for a slot (of
+        its stage, or of its key) goes back to the scheduler's queue (see :meth:`_hand_back`)
+        instead of waiting for a slot it would take only to be fetched during the close. Requests
+        that bypassed the scheduler (media downloads: an item waits for them) keep waiting."""
+        left = self.locks.left_scheduler if self.locks is not None else None
+        if left is None:
+            return
+        handing: Counter[str] = Counter()
+        for wait, stage in list(self._waits.items()):
+            if wait in self._dropped or wait in self._given_back or not left(self._waiters[wait]):
+                continue
+            if wait.cancel():
+                self._given_back.add(wait)
+                handing[f"stage {stage!r}"] += 1
+        gate = self.gate
+        if gate is not None:
+            for key_wait, request in list(gate.key_waits.items()):
+                if key_wait not in gate.given_back and left(request) and key_wait.cancel():
+                    gate.given_back.add(key_wait)
+                    handing["their key"] += 1
+        for what, count in sorted(handing.items()):
+            logger.info(
+                "Spider closing: %d request(s) waiting for a slot of %s go back to the scheduler's queue",
+                count,
+                what,
+            )
+
+    def _give_back(self, request: Request, stage: str) -> NoReturn:
+        """``request`` waited for a slot of its stage when the spider closed: see
+        :meth:`_hand_back`."""
+        self._hand_back(request, f"stage {stage!r}", f"redislock/{stage}")
+
+    def _give_back_for_key(self, request: Request, key: str) -> NoReturn:
+        """``request`` waited for a slot of its key when the spider closed: see
+        :meth:`_hand_back`."""
+        self._hand_back(request, f"key {key!r}", "redislock/keys")
+
+    def _hand_back(self, request: Request, what: str, stats: str) -> NoReturn:
+        """Back into the scheduler's queue, and out of the downloader with IgnoreRequest (its slots
+        are released as for any exception); if the scheduler cannot take it, it is dropped as
+        before, said at WARNING."""
+        assert self.locks is not None and self.locks.give_back is not None
+        try:
+            given = self.locks.give_back(request)
+        except Exception as exc:  # the queue's own error (Redis refused, a serializer)
+            logger.warning(
+                "Spider closing: could not give %s back to the scheduler: %s", request, exc
+            )
+            given = False
+        if given:
+            self.crawler.stats.inc_value(f"{stats}/given_back_at_close")
+            raise IgnoreRequest(
+                f"spider closing: given back to the scheduler while waiting for a slot of {what}"
+            )
+        self.crawler.stats.inc_value(f"{stats}/dropped_at_close")
+        logger.warning(
+            "Spider closing: dropped %s, waiting for a slot of %s: the scheduler could not take it back",
+            request,
+            what,
+        )
+        raise IgnoreRequest(f"spider closing while waiting for a slot of {what}")
 
     def _drop(self, stages: set[str], why: str) -> None:
         dropped: Counter[str] = Counter()
         for wait, stage in list(self._waits.items()):
-            if stage in stages and wait not in self._dropped:
+            if stage in stages and wait not in self._dropped and wait not in self._given_back:
                 self._dropped.add(wait)
                 wait.cancel()
                 dropped[stage] += 1

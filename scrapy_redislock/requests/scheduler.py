@@ -38,7 +38,11 @@ reached) is used as it is, said at INFO: each request leaves it in its order, an
 for its slot in the downloader.
 
 On close, unused slots are freed; the queued requests are the inner scheduler's (JOBDIR or
-SCHEDULER_PERSIST keep them, unchanged). With REDISLOCK_ENABLED = False it is the inner scheduler
+SCHEDULER_PERSIST keep them, unchanged), and so is every request that left it but never went out:
+those held back for their key slot (:meth:`KeyLine.close
+<scrapy_redislock.requests.keyline.KeyLine.close>`) and those waiting for their stage's slot in the
+middleware when the spider closes (given back by :meth:`StageScheduler._give_back`, before the inner
+scheduler closes). With REDISLOCK_ENABLED = False it is the inner scheduler
 and nothing more; enabled with no stage in REDISLOCK_STAGES it is a ConfigError (nothing would be
 capped).
 
@@ -54,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -203,6 +208,9 @@ class StageScheduler:
         self.keyline: KeyLine | None = None
         self.shared: SharedStageQueues | None = None  # over scrapy-redis's scheduler, from open()
         self.closing = False
+        self.inner_closed = False  # requests can no longer be given back to it
+        # requests that left this scheduler (not those that bypassed it: media downloads)
+        self.sent: weakref.WeakSet[Request] = weakref.WeakSet()
         # cache and robots.txt middlewares before ours, found on first use
         self._early: tuple[Any, ...] | None = None
         self._wake_handle: asyncio.TimerHandle | None = None
@@ -229,6 +237,9 @@ class StageScheduler:
             self.locks.slots.add_taker(self._take_slot)
             self.locks.add_tick_hook(self.tick)
             self.locks.slots.add_hold_hook(self._got_slot)
+            if ScrapyScheduler in type(self.inner).__mro__ or _is_scrapy_redis(self.inner):
+                self.locks.left_scheduler = self.sent.__contains__
+                self.locks.give_back = self._give_back
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> StageScheduler:
@@ -295,6 +306,7 @@ class StageScheduler:
         here unless SCHEDULER_PERSIST); the slots are freed after."""
         if self.keyline is not None:
             self.keyline.close()  # requests held back for their key slot go back first (JOBDIR)
+        self.inner_closed = True
         result = self.inner.close(reason) if hasattr(self.inner, "close") else None
         if self.locks is None:
             return result
@@ -312,6 +324,27 @@ class StageScheduler:
         # unused slots, waits, anything a request left behind: one call per stage
         await self.locks.close()
 
+    def _give_back(self, request: Request) -> bool:
+        """A request that left but never went out (it waited for its slot in the middleware when the
+        spider closed): back into the inner scheduler's queue, without its dupefilter or stats (it
+        was queued once already), so that SCHEDULER_PERSIST (scrapy-redis's queue in Redis, its
+        stage's part included) or JOBDIR (Scrapy's disk queues; memory for a request they cannot
+        store, as Scrapy's scheduler does) keep it. False once the inner scheduler has closed."""
+        if self.inner_closed:
+            return False
+        if _is_scrapy_redis(self.inner):
+            (self.shared if self.shared is not None else self.inner.queue).push(request)
+            return True
+        dqs = getattr(self.inner, "dqs", None)
+        if dqs is not None:
+            try:
+                dqs.push(request)
+                return True
+            except ValueError:  # it cannot be serialized: memory, as Scrapy's scheduler does
+                pass
+        self.inner.mqs.push(request)
+        return True
+
     def has_pending_requests(self) -> bool:
         if self.shared is not None:
             return self.shared.has_requests()  # stops at the first sub-queue with a request
@@ -326,6 +359,12 @@ class StageScheduler:
         return bool(self.inner.enqueue_request(request))
 
     def next_request(self) -> Request | None:
+        request = self._next_request()
+        if request is not None and self.locks is not None:
+            self.sent.add(request)  # given back if it waits for a slot when the spider closes
+        return request
+
+    def _next_request(self) -> Request | None:
         if self.locks is None or self.gate is None:
             return self.inner.next_request()
         if self.keyline is not None:

@@ -77,8 +77,8 @@ class Heartbeat:
         # Redis lost the crawl state: not taken for dead (see queues_lost)
         if new and await self.queues_lost():
             new = False
-        if not new and not pulse and holds > len(known := self.inflight.known_ids()):
-            await self._reclaim(known)
+        if not new and not pulse and holds > len(self.inflight.known_ids()):
+            await self._reclaim()
         if new and self.inflight.own:
             self._taken_for_dead()
         if new:
@@ -98,7 +98,10 @@ class Heartbeat:
             "(the others have them), %d started here may get fetched twice",
             self.queues.worker,
             dropped,
-            len(inflight.handed) + len(inflight.acks) + len(inflight.acking),
+            len(inflight.handed)
+            + len(inflight.unstaged)
+            + len(inflight.acks)
+            + len(inflight.acking),
         )
 
     async def pulse(self) -> None:
@@ -107,10 +110,18 @@ class Heartbeat:
         pulse also names the dead."""
         await self.reap(await self.beat(self.state.current, pulse=True))
 
-    async def _reclaim(self, known: list[str]) -> None:
-        """The in-flight record holds more than this worker knows of: a pop ran in Redis but its
-        reply was lost (a connection cut, a failover; a cluster client may also have run it again).
-        Those requests go back to the front of their queues, for whichever worker comes first."""
+    async def _reclaim(self) -> None:
+        """The in-flight record holds more than this worker knows of: a pop (or a keep of requests
+        with no stage) ran in Redis but its reply was lost (a connection cut, a failover; a cluster
+        client may also have run it again). Those requests go back to the front of their queues,
+        for whichever worker comes first. Not while a keep awaits its reply (its entries are in the
+        record, not known yet): the next beat looks again."""
+
+        def known() -> list[str] | None:
+            return None if self.outbox.keeping else self.inflight.known_ids()
+
+        if self.outbox.keeping:
+            return
         moved = await self.queues.reclaim(known)
         if moved:
             self.stats.inc_value("redislock/workers/reclaimed", moved)

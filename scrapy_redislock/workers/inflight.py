@@ -3,7 +3,10 @@
 A popped request is in the worker's in-flight record in Redis (part of the cluster's in-flight
 counter) while it is taken ahead (:attr:`InFlight.buffer`), handed to the engine
 (:attr:`InFlight.handed`), and finished but not yet acknowledged (:attr:`InFlight.acks`,
-:attr:`InFlight.acking`). A request is finished when it has left the engine's in-progress set
+:attr:`InFlight.acking`). So is a request with no stage that this worker's callbacks yielded (kept
+in the record by the outbox, see :mod:`~scrapy_redislock.workers.outbox`) from its keep until it
+is handled (:attr:`InFlight.unstaged` once handed to the engine); it does not hold the worker on
+its stage. A request is finished when it has left the engine's in-progress set
 (download, redirects, callback or errback, and every request the callback yielded queued in Redis);
 the finished ones are acknowledged together, in one script call, as soon as the loop iteration that
 finished them is over. An entry that cannot be loaded is moved to the spider's dead-letter list.
@@ -68,6 +71,8 @@ class InFlight:
         self.order = order
         self.buffer: deque[tuple[Request, str]] = deque()  # popped, not handed to the engine yet
         self.handed: dict[Request, str] = {}  # handed to the engine, not acked yet -> in-flight id
+        # requests with no stage kept in the record, handed to the engine, not acked yet -> id
+        self.unstaged: dict[Request, str] = {}
         self.acks: list[str] = []  # in-flight ids of finished requests, acknowledged together
         # in-flight ids in an ack call (or whose ack Redis refused: kept till close)
         self.acking: set[str] = set()
@@ -99,6 +104,16 @@ class InFlight:
         self.handed[request] = inflight_id
         return request
 
+    def hand_unstaged(self) -> Request | None:
+        """The next request with no stage this worker's callbacks yielded, handed to the engine
+        now (acknowledged like a popped one once handled, if it is in the in-flight record)."""
+        if not self.outbox.local:
+            return None
+        request, inflight_id = self.outbox.local.popleft()
+        if inflight_id is not None:
+            self.unstaged[request] = str(inflight_id)
+        return request
+
     def wanted(self) -> int:
         """How many to pop so that about twice CONCURRENT_REQUESTS are taken; 0: not yet (pops come
         in batches of at least half CONCURRENT_REQUESTS: fewer, fuller script calls)."""
@@ -108,9 +123,15 @@ class InFlight:
         return want
 
     def drop_ahead(self) -> list[Request]:
-        """Forget the requests taken ahead (the others have them, or they are queued again)."""
+        """Forget the requests taken ahead, and the kept requests with no stage not handed out yet
+        (the others have them, or they are queued again); those only in memory stay."""
         ahead = [request for request, _ in self.buffer]
         self.buffer.clear()
+        local = self.outbox.local
+        ahead += [request for request, inflight_id in local if inflight_id is not None]
+        memory_only = [entry for entry in local if entry[1] is None]
+        local.clear()
+        local.extend(memory_only)
         return ahead
 
     async def give_back_ahead(self) -> int:
@@ -127,6 +148,8 @@ class InFlight:
         return [
             *(inflight_id for _, inflight_id in self.buffer),
             *self.handed.values(),
+            *(str(inflight_id) for _, inflight_id in self.outbox.local if inflight_id is not None),
+            *self.unstaged.values(),
             *self.acks,
             *self.acking,
         ]
@@ -200,16 +223,17 @@ class InFlight:
     def ack_finished(self) -> None:
         """Drop from the in-flight record every handed-out request the engine has completely
         handled."""
-        if not self.handed:
+        if not (self.handed or self.unstaged):
             return
         unfinished = in_progress(self.crawler) or set()
         done = [request for request in self.handed if request not in unfinished]
-        if done:
-            self.acks += [self.handed.pop(request) for request in done]
-            if self.acker is None or self.acker.done():
-                self.acker = asyncio.get_running_loop().create_task(self._ack_soon())
-                self.tasks.add(self.acker)
-                self.acker.add_done_callback(self._acked)
+        self.acks += [self.handed.pop(request) for request in done]
+        unstaged = [request for request in self.unstaged if request not in unfinished]
+        self.acks += [self.unstaged.pop(request) for request in unstaged]
+        if (done or unstaged) and (self.acker is None or self.acker.done()):
+            self.acker = asyncio.get_running_loop().create_task(self._ack_soon())
+            self.tasks.add(self.acker)
+            self.acker.add_done_callback(self._acked)
 
     def _acked(self, task: asyncio.Task[Any]) -> None:
         self.tasks.discard(task)

@@ -5,12 +5,17 @@ here meanwhile, :data:`PUSH_BATCH` requests per script call, retrying through an
 request is never dropped for one). A duplicate is dropped as Scrapy's and scrapy-redis's schedulers
 drop one: at once for a fingerprint this worker already sent to the shared dupefilter (the last
 :data:`KNOWN_FINGERPRINTS` of them are kept), else when the batch reaches Redis, with
-``request_dropped`` sent then. A request that names no stage is this worker's own and stays in
-memory (:attr:`Outbox.local`), after a look at the shared dupefilter.
+``request_dropped`` sent then. A request that names no stage is this worker's own: its fingerprint
+goes to the shared dupefilter together with the request into this worker's in-flight record in
+Redis (``queue_keep``, batched as the pushes are), and it is handed out from
+:attr:`Outbox.local`; a worker that dies or closes before it has handled one gives it back to the
+front of its home stage's queue (the stage the worker was on when it was yielded) like a popped
+request, so a SIGKILL loses none. Only one that the request format cannot store (SCHEDULER_SERIALIZER
+refuses it) lives in memory alone, said at WARNING.
 
 Reads Scrapy's DUPEFILTER_DEBUG (how duplicates are logged, as Scrapy's dupefilter logs them).
-Stats: ``redislock/workers/<stage>/{enqueued,duplicates}``, ``redislock/workers/unqueueable`` and
-Scrapy's ``dupefilter/filtered``.
+Stats: ``redislock/workers/<stage>/{enqueued,duplicates}``, ``redislock/workers/unqueueable``,
+``redislock/workers/no_stage/{kept,memory_only}`` and Scrapy's ``dupefilter/filtered``.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ KNOWN_FINGERPRINTS = 100_000
 
 # (stage, hex fingerprint, serialized request, priority, request)
 Entry = tuple[str, str, bytes, int, Request]
+# A request with no stage: (home stage, hex fingerprint, mark, serialized request or b"", request)
+Keep = tuple[str, str, str, bytes, Request]
 
 
 class Outbox:
@@ -53,14 +60,21 @@ class Outbox:
         queues: StageQueues,
         outage: OutageLog,
         on_queued: Callable[[str], None],
+        on_kept: Callable[[int], None],
     ) -> None:
         self.crawler = crawler
         self.stats: Any = crawler.stats
         self.queues = queues
         self.outage = outage
         self.on_queued = on_queued  # a request reached its stage's queue (the stage)
+        self.on_kept = on_kept  # requests with no stage entered this worker's in-flight record
         self.entries: deque[Entry] = deque()
-        self.local: deque[Request] = deque()  # requests that name no stage: this worker's own
+        self.keeps: deque[Keep] = deque()  # requests with no stage on their way to Redis
+        # requests that name no stage: this worker's own, with their in-flight id (None: memory
+        # only)
+        self.local: deque[tuple[Request, int | None]] = deque()
+        self.keeper: asyncio.Task[Any] | None = None
+        self.keeping = 0  # queue_keep calls awaiting their reply
         # fingerprints sent to the shared dupefilter, oldest first (bounded)
         self.known: dict[bytes, None] = {}
         self.flusher: asyncio.Task[Any] | None = None
@@ -90,10 +104,18 @@ class Outbox:
         if self.flusher is None:
             self.flusher = self.spawn(self._flush())
 
-    def keep_local(self, request: Request, fingerprint: str) -> None:
-        """A request that names no stage: handed out by this worker, unless the shared dupefilter
-        knows it."""
-        self.spawn(self._keep_local(request, fingerprint))
+    def keep_local(self, entry: Keep) -> None:
+        """A request that names no stage: into this worker's in-flight record with its fingerprint
+        (with the others put meanwhile), then handed out by this worker; dropped if the shared
+        dupefilter knows it."""
+        _, fingerprint, _, data, request = entry
+        if not fingerprint and not data:  # nothing Redis could keep or filter
+            self.local.append((request, None))
+            wake_engine(self.crawler)
+            return
+        self.keeps.append(entry)
+        if self.keeper is None:
+            self.keeper = self.spawn(self._keep())
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -171,16 +193,56 @@ class Outbox:
             self.stats.inc_value(f"redislock/workers/{stage}/enqueued")
             self.on_queued(stage)
 
-    async def _keep_local(self, request: Request, fingerprint: str) -> None:
-        if fingerprint:
-            seen: bool = await self.outage.retrying(
-                "Checking the dupefilter", lambda: self.queues.seen(fingerprint)
+    async def _keep(self) -> None:
+        """Record the requests with no stage in Redis, PUSH_BATCH per script call (one call per home
+        stage), until none is left."""
+        try:
+            await asyncio.sleep(0)  # let the rest of a callback's output join this batch
+            while self.keeps:
+                home = self.keeps[0][0]
+                batch: list[Keep] = []
+                while self.keeps and self.keeps[0][0] == home and len(batch) < PUSH_BATCH:
+                    batch.append(self.keeps.popleft())
+                await self._keep_batch(home, batch)
+        finally:
+            self.keeper = None
+
+    async def _keep_batch(self, home: str, batch: list[Keep]) -> None:
+        entries = [(fingerprint, mark, data) for _, fingerprint, mark, data, _ in batch]
+        self.keeping += 1
+        try:
+            replies = await self.outage.retrying(
+                "Keeping requests with no stage", lambda: self.queues.keep(home, entries)
             )
-            if seen:
+        # not an outage: Redis refused them (e.g. out of memory)
+        except redis.exceptions.RedisError as exc:
+            self.stats.inc_value("redislock/workers/unqueueable", len(batch))
+            logger.error(
+                "Dropped %d requests with no stage: Redis refused to keep them (%s)",
+                len(batch),
+                exc,
+            )
+            for _, fingerprint, *_ in batch:
+                if fingerprint:
+                    self.known.pop(bytes.fromhex(fingerprint), None)
+            return
+        finally:
+            self.keeping -= 1
+        kept = 0
+        for (_, _, _, _, request), reply in zip(batch, replies, strict=True):
+            if reply == 0:
                 self._dropped(request, None)
-                return
-        self.local.append(request)
-        wake_engine(self.crawler)
+            elif reply == -2:  # this worker was taken for dead: queued in its home stage's queue
+                self.stats.inc_value(f"redislock/workers/{home}/enqueued")
+                self.on_queued(home)
+            else:
+                self.local.append((request, reply if reply > 0 else None))
+                kept += reply > 0
+        if kept:
+            self.stats.inc_value("redislock/workers/no_stage/kept", kept)
+            self.on_kept(kept)
+        if self.local:
+            wake_engine(self.crawler)
 
 
-__all__ = ["KNOWN_FINGERPRINTS", "PUSH_BATCH", "Outbox"]
+__all__ = ["KNOWN_FINGERPRINTS", "PUSH_BATCH", "Keep", "Outbox"]

@@ -19,7 +19,8 @@ Keys, all under the hash tag of the spider name so that Redis Cluster keeps them
     <prefix>:{<spider>}:inflight:<worker>   hash: id -> "<stage><mark>\\n<request>" popped by that worker, not done
                                             yet; the mark says where it goes back to: '' the list's right end,
                                             '{L}' its left end, '{P<score>:<order number>}' its place in the
-                                            sorted set
+                                            sorted set; also the requests with no stage its callbacks yielded
+                                            (queue_keep), under their home stage, until it has handled them
     <prefix>:{<spider>}:inflight_total      counter: requests in every worker's in-flight hash (kept by the scripts)
     <prefix>:{<spider>}:alive               zset: worker -> last beat (ms, Redis's clock)
     <prefix>:{<spider>}:due                 zset: worker -> the moment (ms, Redis's clock) by which it promised to
@@ -64,7 +65,7 @@ import math
 import os
 import socket
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -101,6 +102,7 @@ QUEUE_SCRIPTS = (
     "queue_bury",
     "queue_epoch",
     "queue_look",
+    "queue_keep",
 )
 
 ORDERS = ("priority", "fifo", "lifo")
@@ -366,6 +368,31 @@ class StageQueues:
             0
         ]
 
+    def mark(self, priority: int) -> str:
+        """Where a request of ``priority`` goes back to at the front of its queue (an in-flight
+        value's mark, see the module docstring): '' the list's right end, '{L}' its left end (LIFO
+        order), '{P<score>:0000000000000000}' the head of its priority in the sorted set."""
+        score = self.score(priority)
+        if score:
+            return f"{{P{score}:{0:016d}}}"
+        return "{L}" if self.order == "lifo" else ""
+
+    async def keep(self, home: str, requests: Sequence[tuple[str, str, bytes]]) -> list[int]:
+        """Requests that name no stage, fetched by this worker: (fingerprint, mark, data) each; one
+        ``queue_keep`` script records each fingerprint in the shared dupefilter together with the
+        request in this worker's in-flight record (from where a dead or closing worker's requests go
+        back to the front of ``home``'s queue). One integer each: its in-flight id (> 0), 0 a
+        duplicate, -1 only its fingerprint recorded (no data), -2 queued in ``home``'s queue (this
+        worker was taken for dead: nobody would requeue its record)."""
+        self._check_stage(home)
+        keys = [self.keys.dupefilter, self.inflight_key, self.keys.ids, self.keys.in_flight]
+        keys += [self.keys.alive, self.keys.queue(home), self.keys.scored(home)]
+        keys.append(self.keys.signal(home))
+        args: list[Any] = [self.worker, home]
+        for fingerprint, mark, data in requests:
+            args += [fingerprint, mark, data]
+        return [int(n) for n in await self.scripts["queue_keep"](keys=keys, args=args)]
+
     async def pop(
         self, stage: str, count: int, *, pass_on: bool = False
     ) -> list[tuple[str, bytes]] | None:
@@ -464,13 +491,17 @@ class StageQueues:
         is gone, not that it was taken for dead."""
         return str(text(await self.scripts["queue_epoch"](keys=[self.keys.epoch], args=[])))
 
-    async def reclaim(self, known: Iterable[str]) -> int:
+    async def reclaim(self, known: Iterable[str] | Callable[[], Iterable[str] | None]) -> int:
         """Put every entry of this worker's in-flight record that is not ``known`` back at the front
-        of its queue (popped by a call whose reply was lost); returns how many. Only the worker
-        itself pops into its record, so nothing it does not know of can appear between the read and
-        :meth:`give_back`."""
-        unknown = {str(text(i)) for i in await self.client.hkeys(self.inflight_key)} - set(known)
-        return await self.give_back(sorted(unknown, key=int))  # oldest first
+        of its queue (popped or kept by a call whose reply was lost); returns how many. A callable
+        is asked once the record is read: None when a call that adds to the record awaits its reply
+        (its entries are not known yet: nothing is given back). Only the worker itself adds to its
+        record, so nothing it does not know of can appear between the read and :meth:`give_back`."""
+        listed = {str(text(i)) for i in await self.client.hkeys(self.inflight_key)}
+        ids = known() if callable(known) else known
+        if ids is None:
+            return 0
+        return await self.give_back(sorted(listed - set(ids), key=int))  # oldest first
 
     async def leave(self) -> int:
         """On close: give every request still in this worker's in-flight record back, and

@@ -37,8 +37,11 @@ it (the engine's in-progress set: download, redirects, callback or errback, and 
 callback yielded queued in Redis); a worker that stops beating has its in-flight requests put back
 at the front of their queues by the next worker to beat once its deadline has passed (each beat
 promises the next within 5 s while the worker has work, within the ttl while it has none: see
-policy.liveness). So a SIGKILL loses no request; the few the dead worker had in flight are fetched
-again within seconds. Every Redis call is ``redis.asyncio`` on the reactor thread, nothing blocks
+policy.liveness). A request with no stage that a callback yields is fetched by this worker, but is
+kept in its in-flight record too, together with its fingerprint (see
+:mod:`~scrapy_redislock.workers.outbox`), and goes back to its home stage's queue like a popped one.
+So a SIGKILL loses no request; the few the dead worker had in flight are fetched again within
+seconds. Every Redis call is ``redis.asyncio`` on the reactor thread, nothing blocks
 it.
 
 A worker learns its stage's limit from its slot's renewals (see
@@ -180,7 +183,9 @@ class StageWorkerScheduler(BaseScheduler):
             on_failure=lambda: self.stats.inc_value("redislock/workers/redis_errors"),
             on_back=self._redis_back,
         )
-        self.outbox = Outbox(crawler, queues, self.outage, on_queued=self._queued)
+        self.outbox = Outbox(
+            crawler, queues, self.outage, on_queued=self._queued, on_kept=self._kept
+        )
         self.inflight = InFlight(
             crawler,
             queues,
@@ -207,6 +212,7 @@ class StageWorkerScheduler(BaseScheduler):
         self.loop = WorkerLoop(crawler, settings, self.policy, queues, parts, self.outage)
         self.loop.idle_close = self.worker_settings.idle_close
         self.loop_task: asyncio.Task[None] | None = None
+        self.warned_memory_only = False
         self.spider: Spider | None = None
 
     @classmethod
@@ -233,6 +239,10 @@ class StageWorkerScheduler(BaseScheduler):
         if stage == state.current and stage in state.empty:
             state.empty.discard(stage)
             state.wake()
+
+    def _kept(self, count: int) -> None:
+        """Requests with no stage entered this worker's in-flight record."""
+        self.inflight.own += count
 
     def _redis_back(self) -> None:
         """A retried call got an answer after an outage: the loop need not wait out its back-off."""
@@ -314,19 +324,22 @@ class StageWorkerScheduler(BaseScheduler):
             await self._bounded(
                 "acknowledging the last requests", asyncio.wait(set(inflight.tasks))
             )
-        if outbox.local:
+        memory_only = sum(1 for _, inflight_id in outbox.local if inflight_id is None)
+        if memory_only:
             logger.warning(
-                "Closing with %d requests that name no stage unfetched; they are lost",
-                len(outbox.local),
+                "Closing with %d requests that name no stage unfetched and that the request format "
+                "could not store in Redis; they are lost",
+                memory_only,
             )
-        # Whatever is still in the in-flight record was popped but never started: back to the front
-        # of its queue.
+        # Whatever is still in the in-flight record was popped (or, with no stage, kept) but never
+        # started: back to the front of its queue.
         moved = await self._bounded(
             "giving back this worker's unstarted requests", self.queues.leave()
         )
         if moved:
             self.stats.inc_value("redislock/workers/returned", moved)
         inflight.buffer.clear()
+        outbox.local.clear()
         if not self.worker_settings.persist:
             await self._clear_if_finished()
         await self._bounded("closing the waiting connection", self.queues.aclose())
@@ -365,8 +378,17 @@ class StageWorkerScheduler(BaseScheduler):
             return False
         hex_fingerprint = "" if fingerprint is None else fingerprint.hex()
         if stage is None:
+            # this worker fetches it, but it is in Redis with its fingerprint: a SIGKILL loses none
+            home = self.state.current or self.policy.preference[0]
+            try:
+                data = self.encode(request)
+            except Exception as exc:  # the format's refusal, or a SCHEDULER_SERIALIZER's
+                data = b""
+                self._memory_only(request, exc)
             outbox.know(fingerprint)
-            outbox.keep_local(request, hex_fingerprint)
+            outbox.keep_local(
+                (home, hex_fingerprint, self.queues.mark(request.priority), data, request)
+            )
             return True
         if stage not in self.stages:
             self.stats.inc_value("redislock/workers/unknown_stage")
@@ -387,6 +409,23 @@ class StageWorkerScheduler(BaseScheduler):
         outbox.put((stage, hex_fingerprint, data, request.priority, request))
         return True
 
+    def _memory_only(self, request: Request, exc: Exception) -> None:
+        """A request with no stage that the request format cannot store: fetched by this worker
+        from memory alone (as before issue 39), so a SIGKILL of this worker loses it; said once at
+        WARNING, each one at DEBUG, counted."""
+        self.stats.inc_value("redislock/workers/no_stage/memory_only")
+        level = logging.DEBUG if self.warned_memory_only else logging.WARNING
+        self.warned_memory_only = True
+        logger.log(
+            level,
+            "%s names no stage and cannot be stored in Redis (%s): this worker fetches it from "
+            "memory only, and loses it if it is killed first (give it a callback the request "
+            "format can store, or a stage); further ones at DEBUG, counted in "
+            "redislock/workers/no_stage/memory_only",
+            request,
+            exc,
+        )
+
     def encode(self, request: Request) -> bytes:
         """The request as its queue stores it (SCHEDULER_SERIALIZER, by default the safe JSON
         format)."""
@@ -396,7 +435,7 @@ class StageWorkerScheduler(BaseScheduler):
         inflight = self.inflight
         inflight.ack_finished()
         if self.outbox.local:
-            return self.outbox.local.popleft()
+            return inflight.hand_unstaged()
         if inflight.buffer and self.heartbeat.clock.stalled(time.monotonic()):
             # No beat for most of what the last one promised (this process stalled): the others may
             # have requeued what we took ahead. Hand nothing out until the next beat says whether

@@ -470,6 +470,43 @@ def test_a_stalled_worker_is_taken_for_dead_then_goes_on(
         assert held_slots(redis_client) == 0 and redis_client.zcard("redislock:{staged}:alive") == 0
 
 
+def answered(site: CrawlSite, path: str) -> int:
+    """Requests for ``path`` the site answered in full."""
+    with site.lock:
+        return sum(1 for record in site.served if record.path.startswith(path))
+
+
+@pytest.mark.integration
+@pytest.mark.crawl
+@pytest.mark.faults
+def test_a_request_with_no_stage_survives_a_sigkill_of_the_worker_that_yielded_it(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Issue 39 (f08): a request that names no stage is fetched by the worker whose callback yielded
+    it, but it is in Redis with its fingerprint (that worker's in-flight record). SIGKILLed while
+    fetching it, its worker loses nothing: the next worker gives it back to its home stage's queue
+    and fetches it. Before the fix its fingerprint was in the shared dupefilter, the request only
+    in the dead worker's memory, its parent acknowledged: nobody fetched it again."""
+    with CrawlSite(delay=0.05) as site:
+        settings = {"REDISLOCK_WORKER_STAGES": {"a": 1}, "REDISLOCK_IDLE_CLOSE": 2}
+        args = {"unstaged": "/other/1?sleep=4"}
+        first = staged_worker(redis_url, site.url, "a:1", settings, args)
+        wait_for(lambda: site.hits["/other/1"] >= 1, 60, "the request with no stage to start")
+        first.kill()
+        first.communicate()
+        assert site.hits["/a/0"] == 1 and not answered(site, "/other/1")
+        # its fingerprint is in the shared dupefilter, the request in the dead worker's record
+        records = list(redis_client.scan_iter("redislock:{staged}:inflight:*"))
+        assert [redis_client.hlen(record) for record in records] == [1], "not in Redis"
+        second = staged_worker(redis_url, site.url, "a:1", settings, args)
+        output = finish(second, timeout=90)
+        assert stat(output, "redislock/workers/requeued") == 1
+        assert site.hits["/a/0"] == 1  # the parent: acknowledged, filtered as a duplicate
+        assert site.hits["/other/1"] == 2  # fetched again by the second worker
+        assert redis_client.keys("redislock:{staged}:inflight*") == []
+        assert held_slots(redis_client) == 0
+
+
 @pytest.mark.integration
 @pytest.mark.crawl
 @pytest.mark.faults

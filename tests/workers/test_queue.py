@@ -165,6 +165,37 @@ def test_the_dupefilter_is_shared_by_workers_and_stages(
     run(redis_url, scenario)
 
 
+def test_a_kept_request_with_no_stage_is_in_the_record_with_its_fingerprint_and_goes_home(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """queue_keep (issue 39): a request with no stage enters the worker's in-flight record together
+    with its fingerprint; a dead worker's kept requests go to the front of their home stage's queue
+    (at their priority's head in the sorted set); an unregistered worker's go there at once."""
+    keys = QueueKeys.of("redislock", "shop")
+
+    async def scenario(worker: Callable[..., StageQueues]) -> None:
+        a, b = worker("a", ttl=0.05), worker("b")
+        await a.beat("detail")
+        await a.push("detail", "", b"queued before")
+        marks = [a.mark(0), a.mark(5)]
+        assert marks == ["", "{P-5:0000000000000000}"]
+        ids = await a.keep("detail", [("fp1", marks[0], b"r1"), ("fp2", marks[1], b"r2")])
+        assert all(n > 0 for n in ids) and await a.in_flight() == 2
+        assert await b.keep("list", [("fp1", "", b"r1 again"), ("fp3", "", b"")]) == [0, -1]
+        assert await b.seen("fp3")  # recorded, though only in memory
+        assert (await a.look())[0]["detail"] == 1
+        await asyncio.sleep(0.1)
+        assert await b.reap([a.worker]) == {a.worker: 2}
+        popped = await b.pop("detail", 3) if await b.beat("detail") else None
+        assert [data for _, data in popped or []] == [b"r2", b"r1", b"queued before"]
+        # a worker taken for dead (not registered) queues them in its home stage at once
+        assert await a.keep("list", [("fp4", "", b"r4")]) == [-2]
+        assert redis_client.lrange(keys.queue("list"), 0, -1) == [b"r4"]
+        assert redis_client.llen(keys.signal("list")) == 1
+
+    run(redis_url, scenario)
+
+
 def test_fifo_pop_into_the_in_flight_record_and_ack(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
