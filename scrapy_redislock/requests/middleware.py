@@ -254,15 +254,16 @@ class StageLockMiddleware:
         self.unknown[stage] += 1
         raise IgnoreRequest(str(exc))
 
-    def _unclean_finish(self, spider: Spider) -> None:
-        """Requests were dropped: not a clean finish. The reason CoreStats set is replaced, and
-        Scrapy's commands exit with status 1 for a crawler left without a spider (as after a failed
-        start)."""
+    def _unclean_finish(self, spider: Spider, reason: str) -> None:
+        """Requests were dropped: not a clean finish. A reason of ``finished`` that CoreStats set
+        is replaced (another reason, a timeout or a shutdown, is kept), and Scrapy's commands exit
+        with status 1 for a crawler left without a spider (as after a failed start)."""
         logger.error(
             "Dropped requests of unknown stages: %s; the crawl finishes as redislock_unknown_stage",
             dict(self.unknown),
         )
-        self.crawler.stats.set_value("finish_reason", "redislock_unknown_stage")
+        if reason == "finished":
+            self.crawler.stats.set_value("finish_reason", "redislock_unknown_stage")
         self.crawler.spider = None
 
     def _fail_timeout(self, request: Request, error: BaseException) -> None:

@@ -299,7 +299,7 @@ class StageScheduler:
             self.shared.clear()
         elif not len(base) and (queued := len(self.shared)):
             # scrapy-redis said so only for its own key: the requests of capped stages are in theirs
-            self.inner.spider.log(f"Resuming crawl ({queued} requests scheduled)")
+            logger.info("Resuming crawl (%d requests scheduled)", queued)
 
     def close(self, reason: str) -> Deferred[None] | None:
         """The inner scheduler closes at once (as it would alone: scrapy-redis flushes its queue

@@ -129,7 +129,7 @@ def test_close_and_sigterm_do_not_hang(
             settings(
                 redis_url,
                 SCHEDULER=scheduler,
-                REDISLOCK_STAGES={"detail": 1},
+                REDISLOCK_STAGES={"detail": 1, "comments": None},
                 CLOSESPIDER_TIMEOUT=2,
             ),
             tmp_path,
