@@ -142,8 +142,16 @@ def test_the_acl_lines_in_the_docs_are_what_the_acl_command_prints() -> None:
 
 # -- every file and test the docs cite -------------------------------------------------------------
 
-ROOTS = ("scrapy_redislock", "tests", "testing", "bench", "example_project", "docs", ".ci")
-ROOTS += ("deploy",)
+ROOTS = (
+    "scrapy_redislock",
+    "tests",
+    "testing",
+    "bench",
+    "example_project",
+    "docs",
+    ".ci",
+    "deploy",
+)
 NOT_AFTER = r"(?<![\w./~:=@-])"  # not inside a URL, another path, a Redis key or a stat name
 ROOTED = re.compile(
     NOT_AFTER + r"((?:" + "|".join(re.escape(r) for r in ROOTS) + r")/[\w./*-]*)(?:::(\w+))?"
