@@ -311,8 +311,11 @@ def test_prometheus_scrapes_the_dashboard_and_loads_the_rules(
     assert set(config["rule_files"]) == {"alerts.yml", "scaling.yml"}
     (job,) = config["scrape_configs"]
     assert job["job_name"] == "redislock"  # RedislockExporterDown watches up{job="redislock"}
-    port = cli.build_parser().parse_args(services["dashboard"]["command"][3:]).port
-    assert job["static_configs"] == [{"targets": [f"dashboard:{port}"]}]
+    opts = cli.build_parser().parse_args(services["dashboard"]["command"][3:])
+    assert job["static_configs"] == [{"targets": [f"dashboard:{opts.port}"]}]
+    # the Host Prometheus sends is one the dashboard answers (else 421)
+    hosts = dashboard.allowed_hosts(opts.host, opts.allowed_host)
+    assert hosts is None or "dashboard" in hosts
     tests = load(PROMETHEUS / "tests.yml")
     assert set(tests["rule_files"]) == set(config["rule_files"])
 
