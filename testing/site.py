@@ -25,7 +25,8 @@ all of 127/8 to the loopback), ``site.url_of(i)``; per host it counts requests i
 ``host_kernel_arrivals``, when the kernel received the request's bytes, before any thread of the
 site ran: what a site's network sees; :meth:`gaps` are the intervals between request starts of one
 host, by either), and for requests carrying ``X-Booked-Start`` (a delay's booked
-start) when they arrived (``booked_starts``). ``python -m testing.site`` serves the shop alone.
+start) when they arrived (``booked_starts``). ``python -m testing.site`` serves the shop alone
+(``--host 0.0.0.0`` in a container).
 ``site.routes["/robots.txt"] = ("text/plain", "User-agent: *\nDisallow: /detail/")`` serves a fixed
 body at a path (counted like any page, after the same delay); :func:`links_page` makes an HTML page
 of links.
@@ -96,6 +97,7 @@ class CrawlSite:
         delays: dict[str, float] | None = None,
         port: int = 0,
         hosts: int = 1,
+        address: str = "127.0.0.1",
     ) -> None:
         self.delay = delay
         self.host_in_flight: Counter[str] = Counter()
@@ -188,7 +190,7 @@ class CrawlSite:
             def handle_error(self, request: object, client_address: object) -> None:
                 pass  # a client that gave up (download timeout, killed crawl): nothing to report
 
-        self.server = Server(("127.0.0.1", port), Handler)
+        self.server = Server((address, port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.more_servers = [
@@ -371,8 +373,9 @@ class ShopSite(CrawlSite):
         comments: int = 5,
         delay: float = 0.03,
         port: int = 0,
+        address: str = "127.0.0.1",
     ) -> None:
-        super().__init__(delay, port=port)
+        super().__init__(delay, port=port, address=address)
         self.lists, self.details, self.comments = lists, details, comments
 
     def stage_of(self, path: str) -> str:
@@ -508,17 +511,31 @@ def served(site: CrawlSite, *paths: str) -> list[Served]:
         return [record for record in site.served if record.stage in paths]
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """``python -m testing.site``'s options (deploy/docker-compose.yml's shop service uses them;
+    tests/test_deploy.py parses its command with this parser)."""
     parser = argparse.ArgumentParser(
         prog="python -m testing.site", description="Serve the fake shop."
     )
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0 in a container)",
+    )
     add_shop_arguments(parser)
-    args = parser.parse_args()
-    with ShopSite(args.lists, args.details, args.comments, args.delay, args.port) as site:
-        print(f"shop at {site.start_url}; Ctrl-C to stop", flush=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = arguments().parse_args(argv)
+    shop = ShopSite(
+        args.lists, args.details, args.comments, args.delay, args.port, address=args.host
+    )
+    with shop:
+        print(f"shop at {shop.start_url} (listening on {args.host}); Ctrl-C to stop", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
-            site.thread.join()
+            shop.thread.join()
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ PAGES = [
     "worker-caps",
     "lock",
     "operating",
+    "deploy",
     "security",
     "failures",
     "high-availability",
@@ -141,7 +142,16 @@ def test_the_acl_lines_in_the_docs_are_what_the_acl_command_prints() -> None:
 
 # -- every file and test the docs cite -------------------------------------------------------------
 
-ROOTS = ("scrapy_redislock", "tests", "testing", "bench", "example_project", "docs", ".ci")
+ROOTS = (
+    "scrapy_redislock",
+    "tests",
+    "testing",
+    "bench",
+    "example_project",
+    "docs",
+    ".ci",
+    "deploy",
+)
 NOT_AFTER = r"(?<![\w./~:=@-])"  # not inside a URL, another path, a Redis key or a stat name
 ROOTED = re.compile(
     NOT_AFTER + r"((?:" + "|".join(re.escape(r) for r in ROOTS) + r")/[\w./*-]*)(?:::(\w+))?"
@@ -180,7 +190,7 @@ def broken_citations(texts: dict[str, str], root: Path = ROOT) -> list[str]:
     The rule:
 
     - a *repository path* is a word starting with ``scrapy_redislock/``, ``tests/``, ``testing/``,
-      ``bench/``, ``example_project/``, ``docs/`` or ``.ci/`` (not inside a URL, a longer path, a
+      ``bench/``, ``example_project/``, ``docs/``, ``.ci/`` or ``deploy/`` (not inside a URL, a longer path, a
       Redis key or a stat name). It must exist: a file, a folder when it ends with ``/``, at least
       one file when it is a glob (``*.lua``). Paths under a folder .gitignore names by path
       (``docs/_build/``, ``example_project/output/``) are what commands write, and are not checked;
