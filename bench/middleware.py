@@ -48,6 +48,8 @@ from testing.site import CrawlSite, ShopSite
 RESULTS = Path(__file__).resolve().parent / "results"
 SHOP_SPIDER = ROOT / "testing" / "spiders" / "shopspider.py"
 PROCESSES = 3
+# s trimmed at each end of a crawl's window (the processes' start-up and last requests); --smoke: less
+TRIM = {"full": 1.0, "smoke": 0.25}
 CEILING = "Scrapy alone, no lock (1 in flight per process: its ceiling)"
 # The stage held at 1 in flight per process by an in-process semaphore: what Scrapy gives with no
 # Redis at all.
@@ -110,7 +112,7 @@ def check_cap(site: CrawlSite, stage: str, cap: int) -> None:
 
 
 def utilization_run(
-    redis_url: str, per_process: int, folder: Path, extra: dict[str, Any]
+    redis_url: str, per_process: int, folder: Path, extra: dict[str, Any], trim: float
 ) -> tuple[float, float, float, dict[str, float], dict[str, int]]:
     """Mean in flight at the site, Jain, longest starvation, the median of each step of a hand-off
     (see bench/handoff_probe.py), and the slots passed on locally / granted by Redis."""
@@ -141,7 +143,7 @@ def utilization_run(
         client.close()
         check_cap(site, "detail", 3)
         arrivals = sorted(site.arrivals["detail"])
-        start, end = arrivals[0] + 1.0, arrivals[-1] - 1.0
+        start, end = arrivals[0] + trim, arrivals[-1] - trim
         jain_index, starved = fairness(site, "detail")
         passed = {
             "reused": sum(c.stats.get("redislock/detail/reused", 0) for c in crawls),
@@ -155,7 +157,12 @@ def utilization_run(
 
 
 def mixed_run(
-    redis_url: str, lists: int, with_scheduler: bool, folder: Path, extra: dict[str, Any]
+    redis_url: str,
+    lists: int,
+    with_scheduler: bool,
+    folder: Path,
+    extra: dict[str, Any],
+    trim: float,
 ) -> float:
     """Mean detail requests in flight at the shop while detail has work (1 s trimmed at each
     end)."""
@@ -188,7 +195,7 @@ def mixed_run(
                 f"comments: {len(site.arrivals['comments'])} of {site.totals['comments']}"
             )
         arrivals = sorted(site.arrivals["detail"])
-        return site.mean_in_flight("detail", arrivals[0] + 1.0, arrivals[-1] - 1.0)
+        return site.mean_in_flight("detail", arrivals[0] + trim, arrivals[-1] - trim)
 
 
 def spread(values: list[float], digits: int = 2) -> str:
@@ -218,7 +225,16 @@ def main(argv: list[str] | None = None) -> int:
         help="also run the capped and mixed parts with REDISLOCK_LOCAL_REUSE = 0, in the same "
         "rounds",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one short round of every part (seconds, not minutes): it runs and prints its tables; "
+        "its figures are not the benchmark's",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.repeat, args.pages, args.per_process, args.lists = 1, 300, 40, 3
+    trim = TRIM["smoke" if args.smoke else "full"]
     parts = {p.strip() for p in args.only.split(",") if p.strip()}
     variants: dict[str, dict[str, Any]] = {"StageScheduler": {}}
     if args.baseline:
@@ -246,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             if "capped" in parts:
                 for name in order:
                     mean, jain_index, longest, medians, passed = utilization_run(
-                        server.url, args.per_process, Path(folder), variants[name]
+                        server.url, args.per_process, Path(folder), variants[name], trim
                     )
                     got = figures[name]
                     got["mean"].append(mean)
@@ -269,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                     scheduler = name != "middleware alone"
                     extra = variants.get(name, {})
                     mixed[name].append(
-                        mixed_run(server.url, args.lists, scheduler, Path(folder), extra)
+                        mixed_run(server.url, args.lists, scheduler, Path(folder), extra, trim)
                     )
                 ratios["mixed"].append(mixed["StageScheduler"][-1] / mixed[CEILING][-1])
     result: dict[str, Any] = {"rounds": args.repeat}
