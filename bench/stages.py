@@ -25,13 +25,11 @@ import os
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 
+from bench import RESULTS
 from example_project.run import STAGES, Phase, arguments, checks, plot, run_phase
 from testing.redis_server import RedisServer
 from testing.site import ShopSite, add_shop_arguments
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def options(argv: list[str] | None) -> argparse.Namespace:
@@ -46,7 +44,16 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--url", default=os.environ.get("REDISLOCK_URL"), help="an existing Redis (it is FLUSHED)"
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
+        "are not the benchmark's",
+    )
+    opts = parser.parse_args(argv)
+    if opts.smoke:
+        opts.workers, opts.lists, opts.details, opts.comments = 2, 3, 3, 1
+    return opts
 
 
 def demo_args(opts: argparse.Namespace, run: int, *extra: str) -> argparse.Namespace:

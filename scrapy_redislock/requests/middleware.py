@@ -252,7 +252,7 @@ class StageLockMiddleware:
 
     async def _wait_for_slot(self, request: Request, stage: str) -> SlotPermit:
         assert self.locks is not None
-        wait = asyncio.ensure_future(self.locks.acquire(stage, self.settings.wait_timeout))
+        wait = asyncio.ensure_future(self.locks.slots.wait(stage, self.settings.wait_timeout))
         self._waits[wait] = stage
         self.waiting[stage] += 1
         self._watch_close()
