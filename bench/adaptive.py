@@ -71,7 +71,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     )
     opts = parser.parse_args(argv)
     if opts.smoke:
-        opts.processes, opts.phase, opts.fixed = "2", 3.0, "4"
+        opts.processes, opts.phase, opts.fixed = "2", 2.0, "4"
     return opts
 
 

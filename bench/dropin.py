@@ -124,8 +124,9 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     )
     opts = parser.parse_args(argv)
     if opts.smoke:
-        opts.order_requests, opts.order_concurrency, opts.queued = 20, "1", 30
-        opts.delay, opts.late_after = 0.05, 5
+        opts.order_requests, opts.order_concurrency, opts.queued = 20, "1", 100
+        # the queue must last until the late process starts (a few seconds on a busy machine)
+        opts.delay, opts.concurrency, opts.late_after = 0.3, 4, 5
     return opts
 
 

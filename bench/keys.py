@@ -99,7 +99,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     )
     opts = parser.parse_args(argv)
     if opts.smoke:
-        opts.processes, opts.domains, opts.pages, opts.rounds = "2", "10", 40, 1
+        opts.processes, opts.domains, opts.pages, opts.rounds = "1", "10", 40, 1
         opts.slow_processes, opts.slow_domains, opts.slow_delay, opts.slow_pages = "1", 2, 0.2, 2
         opts.fast_domains, opts.fast_pages = 10, 40
         opts.gap_processes, opts.gap_hosts, opts.gap_pages = 1, 2, 5
@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
                 slow_rows.append(slow_run(processes, slow, scheduler, opts, folder))
                 print(json.dumps(slow_rows[-1]), flush=True)
     gap_rows = []
-    for burners in (0, 2) if opts.only in (None, "gaps") else ():
+    for burners in ((0,) if opts.smoke else (0, 2)) if opts.only in (None, "gaps") else ():
         gap_rows.append(gap_run(burners, opts, folder))
         print(json.dumps(gap_rows[-1]), flush=True)
     lines = caps_table(rows, opts.rounds) if rows else []

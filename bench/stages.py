@@ -53,6 +53,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     opts = parser.parse_args(argv)
     if opts.smoke:
         opts.workers, opts.lists, opts.details, opts.comments = 2, 3, 3, 1
+        opts.kill_after = 0.5
     return opts
 
 
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         url = server.url
     shop = (opts.lists, opts.details, opts.comments, opts.delay)
     # a detail stage of seconds, so the takeover happens while it has work
-    kill_shop = (10, 40, 1, 0.1)
+    kill_shop = (3, 12, 1, 0.1) if opts.smoke else (10, 40, 1, 0.1)
     print(
         f"{opts.workers} workers x CONCURRENT_REQUESTS {opts.concurrency}; shop {opts.lists} lists x "
         f"{opts.details} products x {opts.comments} comment pages, {opts.delay * 1000:.0f} ms a "

@@ -16,15 +16,15 @@ pytestmark = [pytest.mark.bench, pytest.mark.integration, pytest.mark.crawl]
 
 # bench -> a line of the table it prints (its header or a row's label)
 TABLES = {
-    "adaptive": "| mode |",
+    "adaptive": "| processes | control | pages/s |",
     "cache_hits": "cached crawl, StageScheduler, every slot held by another process",
     "contention": "| design |",
     "dashboard": "Redis commands per read:",
     "dropin": "## StageScheduler as a drop-in",
-    "keys": "| processes |",
+    "keys": "| processes | domains | pages | cap | how |",
     "middleware": "mean detail requests in flight, StageScheduler:",
     "quorum": "| design |",
-    "requestformat": "| shape |",
+    "requestformat": "bare GET: json/pickle size",
     "restarts": "per grant",
     "scale": "## Idle: Redis commands per second with nothing to crawl",
     "stages": "| run | first list | first detail | first comment | total | pages |",
