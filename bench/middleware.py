@@ -1,7 +1,8 @@
 """Middleware benchmark: overhead on an uncapped stage, how fully a capped stage's slots are used,
 and how fairly.
 
-    ./run.sh bench middleware [--repeat 5] [--only overhead,capped,mixed] [--baseline]
+    ./run.sh bench middleware [--repeat 5] [--only overhead,capped,mixed] [--baseline] [--delay-ms 1,5,20]
+    ./run.sh bench middleware --smoke     # one short round of each part: it runs (not its figures)
 
 1. Overhead: the same crawl of an uncapped stage (20 ms pages, CONCURRENT_REQUESTS 32) with and
    without StageLockMiddleware + StageScheduler; pages/s measured at the server. The two run back to
@@ -19,8 +20,9 @@ and how fairly.
    StageScheduler and with the middleware alone.
 Real `scrapy runspider` processes against a local HTTP server and a fresh redis-server; prints what
 it measured. With --baseline, parts 2 and 3 also run with REDISLOCK_LOCAL_REUSE = 0 (every slot back
-to Redis) in the same rounds, in alternating order. Every figure is the median over the rounds of
-one run.
+to Redis) in the same rounds, in alternating order. With --delay-ms, parts 2 and 3 also run
+StageScheduler with that round trip added to Redis (a testing/netproxy.py LatencyProxy per process);
+the ceiling stays on loopback. Every figure is the median over the rounds of one run.
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ class LatencyProxy:
         self.up = delay if up is None else up  # s, client -> server
         self.down = delay if down is None else down  # s, server -> client
         self.connections = 0  # accepted so far
+        self.accepted: list[float] = []  # when each was accepted, on time.monotonic
         self.forwarded = {"up": 0, "down": 0}  # bytes written on
         self._loop = asyncio.new_event_loop()
         self._open: asyncio.Event | None = None
@@ -123,6 +124,7 @@ class LatencyProxy:
         self, client_reader: asyncio.StreamReader, client: asyncio.StreamWriter
     ) -> None:
         self.connections += 1
+        self.accepted.append(time.monotonic())
         self._writers.add(client)
         task = asyncio.current_task()
         assert task is not None

@@ -27,6 +27,7 @@ TABLES = {
     "requestformat": "bare GET: json/pickle size",
     "restarts": "per grant",
     "scale": "## Idle: Redis commands per second with nothing to crawl",
+    "startup": "| round trip added |",
     "stages": "| run | first list | first detail | first comment | total | pages |",
 }
 

@@ -17,6 +17,7 @@ from scrapy_redislock._redis import AsyncRedisClient
 from scrapy_redislock.crawl.connection import async_clients
 from scrapy_redislock.crawl.reach import REFUSED, masters_said, no_quorum
 from scrapy_redislock.lock.aio import AsyncCountingLock
+from scrapy_redislock.lock.core import lock_scripts
 from scrapy_redislock.lock.interface import AsyncLock
 from scrapy_redislock.lock.quorum import AsyncQuorumCountingLock, QuorumLockFactory
 
@@ -24,6 +25,15 @@ if TYPE_CHECKING:
     from scrapy_redislock.crawl.settings import RedisLockSettings
 
 logger = logging.getLogger(__name__)
+
+# The scripts a crawl process runs on its way to its first grant and release (its limits, its first
+# renewal, the guard before a wait, a release), loaded with the first PING (about 18 KB each).
+START_SCRIPTS = ("set_limit", "maintain", "guard", "release")
+
+
+def _waiting_of(lock: AsyncLock[Any]) -> Any:
+    """The client a lock's blocking waits go through (its own pool), or None."""
+    return getattr(getattr(lock, "runner", None), "waiting", None)
 
 
 class OneRedis:
@@ -48,12 +58,33 @@ class OneRedis:
         )
 
     async def reach(self, locks: Mapping[str, AsyncLock[Any]]) -> None:
-        """PING; redis errors when Redis is unreachable."""
+        """PING; redis errors when Redis is unreachable.
+
+        In the same round trip (one Redis, not a Cluster, with capped stages): SCRIPT LOAD of the
+        scripts on a process's way to its first grant (:data:`START_SCRIPTS`; on a Redis that does
+        not have them yet each would cost a NOSCRIPT and a load, in turn, on that way; a load
+        refused is left to that fallback), and the locks' waiting connections opened at once beside
+        it, not at the first wait."""
         client = self.clients[0]
         if isinstance(client, redis.asyncio.RedisCluster):
             # before concurrent first commands (see docs/failures.md, Redis Cluster)
             await client.initialize()
-        await client.ping()
+            await client.ping()
+            return
+        if not locks:
+            await client.ping()
+            return
+        pipe = client.pipeline(transaction=False)
+        pipe.ping()
+        sources = lock_scripts()
+        for name in START_SCRIPTS:
+            pipe.script_load(sources[name])
+        waiting = {id(w): w for lock in locks.values() if (w := _waiting_of(lock)) is not None}
+        replies, *_ = await asyncio.gather(
+            pipe.execute(raise_on_error=False), *(w.ping() for w in waiting.values())
+        )
+        if isinstance(replies[0], BaseException):
+            raise replies[0]
 
     def needed(self, lock: AsyncLock[Any]) -> int:
         """Masters with a free slot that a grant needs."""
