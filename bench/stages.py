@@ -53,7 +53,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     opts = parser.parse_args(argv)
     if opts.smoke:
         opts.workers, opts.lists, opts.details, opts.comments = 2, 3, 3, 1
-        opts.kill_after = 0.5
+        opts.kill_after, opts.ttl = 0.5, 1.0  # the killed worker's lease runs out within the run
     return opts
 
 
