@@ -40,6 +40,7 @@ from typing import Any
 
 import redis
 
+from bench import RESULTS
 from scrapy_redislock.lock.adaptive import history
 from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.permit import LockKeys
@@ -48,7 +49,6 @@ from testing.capacity import CapacitySite
 from testing.crawlproc import Crawl
 from testing.redis_server import RedisServer
 
-RESULTS = Path(__file__).resolve().parent / "results"
 HOST = "127.0.0.1"
 
 
@@ -63,7 +63,16 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ceiling", type=int, default=32, help="the adaptive limit's ceiling")
     parser.add_argument("--concurrency", type=int, default=16, help="CONCURRENT_REQUESTS")
     parser.add_argument("--only", help="comma-separated modes: adaptive, fixed, autothrottle, none")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
+        "are not the benchmark's",
+    )
+    opts = parser.parse_args(argv)
+    if opts.smoke:
+        opts.processes, opts.phase, opts.fixed = "2", 2.0, "4"
+    return opts
 
 
 def mode_settings(mode: str, cap: int, redis_url: str, opts: argparse.Namespace) -> dict[str, Any]:

@@ -33,7 +33,15 @@ def calls(client: redis.Redis) -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=15)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
+        "are not the benchmark's",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.pages = 3
     plan = f"detail:{args.pages}"
     with (
         RedisServer() as server,

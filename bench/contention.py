@@ -47,11 +47,11 @@ from typing import Any
 
 import redis
 
+from bench import RESULTS
 from bench.peers import DESIGNS, Options, available, clock_offset, make_locker
 from testing.faultproc import jain, max_overlap
 from testing.redis_server import RedisServer
 
-RESULTS = Path(__file__).resolve().parent / "results"
 READY_TIMEOUT = 90.0  # s for all processes to start, import and warm up
 START_DELAY = 0.1  # s between "all ready" and the start of the window
 BUSY_WARNING = 0.2  # CPUs of other work during a window that earn a warning
@@ -519,14 +519,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"before each design wait up to S s for a second with < {QUIET_CPUS} CPUs busy "
         "(shared machines)",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
+        "are not the benchmark's",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.processes, args.seconds = 3, 0.3
     if args.processes < 1 or args.hold_ms < 0 or args.seconds <= 0:
         parser.error("--processes must be >= 1, --hold-ms >= 0 and --seconds > 0")
     args.keys = [d.strip() for d in args.designs.split(",") if d.strip()]
     unknown = [d for d in args.keys if d not in DESIGNS]
     if unknown:
         parser.error(f"unknown designs {unknown}; known: {', '.join(DESIGNS)}")
-    if args.quick:
+    if args.quick and not args.smoke:
         args.seconds = 1.0
     return args
 

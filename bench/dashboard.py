@@ -54,7 +54,15 @@ def main() -> None:
     parser.add_argument("--spiders", type=int, default=1)
     parser.add_argument("--workers", type=int, default=5)
     parser.add_argument("--reads", type=int, default=50)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
+        "are not the benchmark's",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.stages, args.workers, args.reads = 2, 2, 3
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url, decode_responses=True)
         locks = []

@@ -71,13 +71,13 @@ import redis
 import scrapy
 from scrapy_redis.queue import PriorityQueue
 
+from bench import RESULTS
 from testing.crawlproc import ROOT, Crawl
 from testing.redis_server import RedisServer
 from testing.site import CrawlSite
 from testing.spiders.crawlspider import PlanSpider
 from testing.spiders.dropinspider import held_samples
 
-RESULTS = Path(__file__).resolve().parent / "results"
 MIXED = ROOT / "testing" / "spiders" / "dropinspider.py"
 ORDER_LOG = "testing.spiders.dropinspider.OrderLog"
 HELD_PROBE = "testing.spiders.dropinspider.HeldProbe"
@@ -116,7 +116,18 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--late-after", type=int, default=20, help="pages fetched before the third process starts"
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
+        "are not the benchmark's",
+    )
+    opts = parser.parse_args(argv)
+    if opts.smoke:
+        opts.order_requests, opts.order_concurrency, opts.queued = 20, "1", 100
+        # the queue must last until the late process starts (a few seconds on a busy machine)
+        opts.delay, opts.concurrency, opts.late_after = 0.3, 4, 5
+    return opts
 
 
 # -- part 1: order ---------------------------------------------------------------------------------

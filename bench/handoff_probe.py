@@ -3,9 +3,10 @@ bench/middleware.py.
 
 Enabled with ``EXTENSIONS = {"bench.handoff_probe.HandoffProbe": 0}`` and ``HANDOFF_PROBE_DIR``. It
 records, on ``time.monotonic`` (one clock for every process on the machine), when each request
-leaves the downloader (the download is over), when a release of a slot returns, when a waiter gets a
-slot, when the scheduler hands a request out with its slot, and when a request reaches the
-downloader; at spider close it writes them as JSON.
+leaves the downloader (the download is over), when a release of a slot returns, when a wait in Redis
+gets a slot, when a slot passes on locally, when a request gets its slot (the scheduler hands it out
+with one, or it got one waiting in the middleware), and when a request reaches the downloader; at
+spider close it writes them as JSON.
 :func:`breakdown` lays them beside the test site's own arrival and answer instants. A diagnostic: it
 wraps methods of the classes it measures, in the crawler process only.
 """
@@ -36,19 +37,23 @@ RECORDS: dict[str, list[Any]] = {
 
 
 def _wrap_classes() -> None:
+    """Wrap, once per process, where a slot changes hands (crawl/requestslots.py holds the hand-off,
+    crawl/stagelocks.py the waits in Redis)."""
+    from scrapy_redislock.crawl.requestslots import RequestSlots
     from scrapy_redislock.crawl.stagelocks import StageLocks
-    from scrapy_redislock.requests.scheduler import StageScheduler
 
-    release, acquire, hand_out = StageLocks.release, StageLocks.acquire, StageScheduler._hand_out
-    pass_on = StageLocks._pass_on
+    if getattr(RequestSlots, "_probed", False):
+        return
+    release, acquire = RequestSlots.release, StageLocks.acquire
+    hand, hold, pass_on = RequestSlots.hand, RequestSlots.hold, RequestSlots._pass_on
 
-    def timed_pass_on(self: StageLocks, permit: Any) -> bool:
+    def timed_pass_on(self: RequestSlots, permit: Any) -> bool:
         passed = pass_on(self, permit)
         if passed:
             RECORDS["passed"].append(time.monotonic())
         return passed
 
-    async def timed_release(self: StageLocks, permit: Any) -> None:
+    async def timed_release(self: RequestSlots, permit: Any) -> None:
         await release(self, permit)
         RECORDS["released"].append(time.monotonic())
 
@@ -57,15 +62,21 @@ def _wrap_classes() -> None:
         RECORDS["granted"].append(time.monotonic())
         return permit
 
-    def timed_hand_out(self: StageScheduler) -> Any:
-        request = hand_out(self)
-        if request is not None:
+    def timed_hand(self: RequestSlots, request: Any, outcome: Any) -> None:
+        hand(self, request, outcome)
+        if not isinstance(outcome, BaseException):  # the scheduler lets it go with its slot
             RECORDS["handed"].append((time.monotonic(), request.url))
-        return request
 
-    StageLocks.release, StageLocks.acquire = timed_release, timed_acquire  # type: ignore[method-assign]
-    StageScheduler._hand_out = timed_hand_out  # type: ignore[method-assign]
-    StageLocks._pass_on = timed_pass_on  # type: ignore[method-assign]
+    def timed_hold(self: RequestSlots, request: Any, permit: Any) -> None:
+        hold(self, request, permit)  # a request that waited in the middleware got its slot
+        RECORDS["handed"].append((time.monotonic(), request.url))
+
+    RequestSlots.release = timed_release  # type: ignore[method-assign]
+    RequestSlots.hand = timed_hand  # type: ignore[method-assign]
+    RequestSlots.hold = timed_hold  # type: ignore[method-assign]
+    RequestSlots._pass_on = timed_pass_on  # type: ignore[method-assign]
+    StageLocks.acquire = timed_acquire  # type: ignore[method-assign]
+    RequestSlots._probed = True  # type: ignore[attr-defined]
 
 
 class HandoffProbe:

@@ -42,12 +42,12 @@ from typing import Any
 
 import redis
 
+from bench import RESULTS
 from bench.dashboard import commandstats
 from testing.crawlproc import ROOT, Crawl
 from testing.redis_server import RedisServer
 from testing.site import CrawlSite
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SPIDER = ROOT / "testing" / "spiders" / "keyspider.py"
 
 
@@ -91,7 +91,19 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--gap-cap", type=int, default=3, help="REDISLOCK_KEY_LIMIT of the gap runs"
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
+        "are not the benchmark's",
+    )
+    opts = parser.parse_args(argv)
+    if opts.smoke:
+        opts.processes, opts.domains, opts.pages, opts.rounds = "1", "10", 40, 1
+        opts.slow_processes, opts.slow_domains, opts.slow_delay, opts.slow_pages = "1", 2, 0.2, 2
+        opts.fast_domains, opts.fast_pages = 10, 40
+        opts.gap_processes, opts.gap_hosts, opts.gap_pages = 1, 2, 5
+    return opts
 
 
 def finish_all(crawls: list[Crawl]) -> None:
@@ -427,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
                 slow_rows.append(slow_run(processes, slow, scheduler, opts, folder))
                 print(json.dumps(slow_rows[-1]), flush=True)
     gap_rows = []
-    for burners in (0, 2) if opts.only in (None, "gaps") else ():
+    for burners in ((0,) if opts.smoke else (0, 2)) if opts.only in (None, "gaps") else ():
         gap_rows.append(gap_run(burners, opts, folder))
         print(json.dumps(gap_rows[-1]), flush=True)
     lines = caps_table(rows, opts.rounds) if rows else []

@@ -1,7 +1,8 @@
 """Middleware benchmark: overhead on an uncapped stage, how fully a capped stage's slots are used,
 and how fairly.
 
-    ./run.sh bench middleware [--repeat 5] [--only overhead,capped,mixed] [--baseline]
+    ./run.sh bench middleware [--repeat 5] [--only overhead,capped,mixed] [--baseline] [--delay-ms 1,5,20]
+    ./run.sh bench middleware --smoke     # one short round of each part: it runs (not its figures)
 
 1. Overhead: the same crawl of an uncapped stage (20 ms pages, CONCURRENT_REQUESTS 32) with and
    without StageLockMiddleware + StageScheduler; pages/s measured at the server. The two run back to
@@ -19,13 +20,15 @@ and how fairly.
    StageScheduler and with the middleware alone.
 Real `scrapy runspider` processes against a local HTTP server and a fresh redis-server; prints what
 it measured. With --baseline, parts 2 and 3 also run with REDISLOCK_LOCAL_REUSE = 0 (every slot back
-to Redis) in the same rounds, in alternating order. Every figure is the median over the rounds of
-one run.
+to Redis) in the same rounds, in alternating order. With --delay-ms, parts 2 and 3 also run
+StageScheduler with that round trip added to Redis (a testing/netproxy.py LatencyProxy per process);
+the ceiling stays on loopback. Every figure is the median over the rounds of one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -33,21 +36,28 @@ import statistics
 import sys
 import tempfile
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 
+from bench import RESULTS
 from bench.ceiling import LocalCap
 from bench.handoff_probe import breakdown
 from testing.crawlproc import ROOT, Crawl, run_crawl
 from testing.faultproc import jain
+from testing.netproxy import LatencyProxy
 from testing.redis_server import RedisServer
 from testing.site import CrawlSite, ShopSite
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SHOP_SPIDER = ROOT / "testing" / "spiders" / "shopspider.py"
 PROCESSES = 3
+# s trimmed at each end of a crawl's window (the processes' start-up and last requests); --smoke: less
+TRIM = {"full": 1.0, "smoke": 0.25}
+# a variant's added round trip to Redis, ms (not a setting: each process gets a LatencyProxy)
+DELAY_MS = "delay_ms"
 CEILING = "Scrapy alone, no lock (1 in flight per process: its ceiling)"
 # The stage held at 1 in flight per process by an in-process semaphore: what Scrapy gives with no
 # Redis at all.
@@ -109,12 +119,34 @@ def check_cap(site: CrawlSite, stage: str, cap: int) -> None:
         raise RuntimeError(f"cap of {stage} exceeded: {site.max_in_flight[stage]} > {cap}")
 
 
+@contextlib.contextmanager
+def redis_urls(redis_url: str, extra: dict[str, Any]) -> Iterator[tuple[list[str], dict[str, Any]]]:
+    """Each process's REDISLOCK_URL (Redis itself, or with a variant's DELAY_MS a LatencyProxy of
+    its own adding that round trip, half each way), and the variant's settings without DELAY_MS."""
+    extra = dict(extra)
+    delay_ms = extra.pop(DELAY_MS, 0)
+    if not delay_ms:
+        yield [redis_url] * PROCESSES, extra
+        return
+    port = urlsplit(redis_url).port
+    assert port is not None
+    with contextlib.ExitStack() as stack:
+        proxies = [
+            stack.enter_context(LatencyProxy(port, delay=delay_ms / 2000)) for _ in range(PROCESSES)
+        ]
+        yield [proxy.url for proxy in proxies], extra
+
+
 def utilization_run(
-    redis_url: str, per_process: int, folder: Path, extra: dict[str, Any]
+    redis_url: str, per_process: int, folder: Path, variant: dict[str, Any], trim: float
 ) -> tuple[float, float, float, dict[str, float], dict[str, int]]:
     """Mean in flight at the site, Jain, longest starvation, the median of each step of a hand-off
     (see bench/handoff_probe.py), and the slots passed on locally / granted by Redis."""
-    with CrawlSite(delay=0.05) as site, tempfile.TemporaryDirectory() as probe_dir:
+    with (
+        CrawlSite(delay=0.05) as site,
+        tempfile.TemporaryDirectory() as probe_dir,
+        redis_urls(redis_url, variant) as (urls, extra),
+    ):
         settings = {
             "CONCURRENT_REQUESTS": 16,
             "REDISLOCK_URL": redis_url,
@@ -129,7 +161,12 @@ def utilization_run(
         if "CEILING_STAGE" in extra:
             settings["REDISLOCK_STAGES"] = {"detail": None}
         crawls = [
-            Crawl(site.url, f"detail:{per_process}", {**settings, "USER_AGENT": f"p{i}"}, folder)
+            Crawl(
+                site.url,
+                f"detail:{per_process}",
+                {**settings, "USER_AGENT": f"p{i}", "REDISLOCK_URL": urls[i]},
+                folder,
+            )
             for i in range(PROCESSES)
         ]
         client = redis.Redis.from_url(redis_url)
@@ -141,7 +178,7 @@ def utilization_run(
         client.close()
         check_cap(site, "detail", 3)
         arrivals = sorted(site.arrivals["detail"])
-        start, end = arrivals[0] + 1.0, arrivals[-1] - 1.0
+        start, end = arrivals[0] + trim, arrivals[-1] - trim
         jain_index, starved = fairness(site, "detail")
         passed = {
             "reused": sum(c.stats.get("redislock/detail/reused", 0) for c in crawls),
@@ -155,15 +192,24 @@ def utilization_run(
 
 
 def mixed_run(
-    redis_url: str, lists: int, with_scheduler: bool, folder: Path, extra: dict[str, Any]
-) -> float:
-    """Mean detail requests in flight at the shop while detail has work (1 s trimmed at each
-    end)."""
-    with ShopSite(lists=lists, details=20, comments=5, delay=0.05) as site:
+    redis_url: str,
+    lists: int,
+    with_scheduler: bool,
+    folder: Path,
+    variant: dict[str, Any],
+    trim: float,
+) -> tuple[float, float]:
+    """Mean detail requests in flight at the shop while detail has work (``trim`` s trimmed at each
+    end), and the share of detail slots passed on locally."""
+    with (
+        ShopSite(lists=lists, details=20, comments=5, delay=0.05) as site,
+        redis_urls(redis_url, variant) as (urls, extra),
+    ):
         settings: dict[str, Any] = {
             "CONCURRENT_REQUESTS": 16,
             "REDISLOCK_URL": redis_url,
             "REDISLOCK_STAGES": {"list": 1, "detail": 3, "comments": None},
+            "EXTENSIONS": {"testing.spiders.crawlspider.StatsFile": 0},
             **extra,
         }
         if not with_scheduler:
@@ -174,7 +220,7 @@ def mixed_run(
             Crawl(
                 site.url,
                 ",".join(map(str, range(i, lists, PROCESSES))),
-                settings,
+                {**settings, "REDISLOCK_URL": urls[i]},
                 folder,
                 spider=SHOP_SPIDER,
             )
@@ -188,7 +234,10 @@ def mixed_run(
                 f"comments: {len(site.arrivals['comments'])} of {site.totals['comments']}"
             )
         arrivals = sorted(site.arrivals["detail"])
-        return site.mean_in_flight("detail", arrivals[0] + 1.0, arrivals[-1] - 1.0)
+        reused = sum(c.stats.get("redislock/detail/reused", 0) for c in crawls)
+        acquired = sum(c.stats.get("redislock/detail/acquired", 0) for c in crawls)
+        mean = site.mean_in_flight("detail", arrivals[0] + trim, arrivals[-1] - trim)
+        return mean, reused / max(1, acquired)
 
 
 def spread(values: list[float], digits: int = 2) -> str:
@@ -218,9 +267,35 @@ def main(argv: list[str] | None = None) -> int:
         help="also run the capped and mixed parts with REDISLOCK_LOCAL_REUSE = 0, in the same "
         "rounds",
     )
+    parser.add_argument(
+        "--delay-ms",
+        default="0",
+        help="comma list of round trips added to Redis, ms (each crawl process through a "
+        "LatencyProxy of its own, half each way): the capped and mixed parts run StageScheduler at "
+        "each (Scrapy's ceiling and the middleware alone on loopback)",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one short round of every part (seconds, not minutes): it runs and prints its tables; "
+        "its figures are not the benchmark's",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.repeat, args.pages, args.per_process, args.lists = 1, 300, 40, 3
+    trim = TRIM["smoke" if args.smoke else "full"]
     parts = {p.strip() for p in args.only.split(",") if p.strip()}
-    variants: dict[str, dict[str, Any]] = {"StageScheduler": {}}
+    try:
+        delays = sorted({0.0, *(float(d) for d in args.delay_ms.split(",") if d.strip())})
+    except ValueError:
+        delays = [-1.0]
+    if delays[0] < 0:
+        parser.error(f"--delay-ms: a comma list of numbers >= 0, got {args.delay_ms!r}")
+    variants: dict[str, dict[str, Any]] = {
+        ("StageScheduler" if not d else f"StageScheduler, +{d:g} ms a round trip"): {DELAY_MS: d}
+        for d in delays
+    }
+    schedulers = list(variants)
     if args.baseline:
         variants["StageScheduler, REDISLOCK_LOCAL_REUSE 0"] = {"REDISLOCK_LOCAL_REUSE": 0}
     variants[CEILING] = CEILING_SETTINGS
@@ -230,8 +305,11 @@ def main(argv: list[str] | None = None) -> int:
         name: {f: [] for f in CAPPED_FIGURES} for name in variants
     }
     mixed: dict[str, list[float]] = {name: [] for name in [*variants, "middleware alone"]}
-    # StageScheduler / the ceiling, per round
-    ratios: dict[str, list[float]] = {"capped": [], "mixed": []}
+    mixed_reused: dict[str, list[float]] = {name: [] for name in mixed}
+    # each StageScheduler variant / the ceiling, per round
+    ratios: dict[str, dict[str, list[float]]] = {
+        part: {name: [] for name in schedulers} for part in ("capped", "mixed")
+    }
     steps: dict[str, list[float]] = {}
     with RedisServer() as server, tempfile.TemporaryDirectory() as folder:
         for i in range(args.repeat):
@@ -246,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             if "capped" in parts:
                 for name in order:
                     mean, jain_index, longest, medians, passed = utilization_run(
-                        server.url, args.per_process, Path(folder), variants[name]
+                        server.url, args.per_process, Path(folder), variants[name], trim
                     )
                     got = figures[name]
                     got["mean"].append(mean)
@@ -259,19 +337,23 @@ def main(argv: list[str] | None = None) -> int:
                     if name == "StageScheduler":
                         for step, ms in medians.items():
                             steps.setdefault(step, []).append(ms)
-                ratios["capped"].append(
-                    figures["StageScheduler"]["mean"][-1] / figures[CEILING]["mean"][-1]
-                )
+                for name in schedulers:
+                    ratios["capped"][name].append(
+                        figures[name]["mean"][-1] / figures[CEILING]["mean"][-1]
+                    )
             if "mixed" in parts:
                 for name in (
                     [*order, "middleware alone"] if i % 2 == 0 else ["middleware alone", *order]
                 ):
                     scheduler = name != "middleware alone"
                     extra = variants.get(name, {})
-                    mixed[name].append(
-                        mixed_run(server.url, args.lists, scheduler, Path(folder), extra)
+                    mean, reused = mixed_run(
+                        server.url, args.lists, scheduler, Path(folder), extra, trim
                     )
-                ratios["mixed"].append(mixed["StageScheduler"][-1] / mixed[CEILING][-1])
+                    mixed[name].append(mean)
+                    mixed_reused[name].append(reused)
+                for name in schedulers:
+                    ratios["mixed"][name].append(mixed[name][-1] / mixed[CEILING][-1])
     result: dict[str, Any] = {"rounds": args.repeat}
     text = ""
     if plain:
@@ -315,7 +397,10 @@ def main(argv: list[str] | None = None) -> int:
                 "start-up, renewals "
                 f"and close included): {spread(got['per_request'], 1)}\n"
             )
-        text += f"  StageScheduler / Scrapy's ceiling, per round: {spread(ratios['capped'], 3)}\n"
+        text += "".join(
+            f"  {name} / Scrapy's ceiling, per round: {spread(values, 3)}\n"
+            for name, values in ratios["capped"].items()
+        )
         text += "  where a slot idles between two requests (StageScheduler; median ms per step, one value per round):\n"
         text += "".join(
             f"    {step:<48} {[round(x, 2) for x in values]}\n" for step, values in steps.items()
@@ -330,8 +415,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"  mean detail requests in flight, {name}: {spread(v)}\n"
                 for name, v in mixed.items()
             )
-            + f"  StageScheduler / Scrapy's ceiling, per round: {spread(ratios['mixed'], 3)}\n"
+            + "".join(
+                f"  share of detail slots passed on locally, {name}: {spread(v)}\n"
+                for name, v in mixed_reused.items()
+                if name != CEILING
+            )
+            + "".join(
+                f"  {name} / Scrapy's ceiling, per round: {spread(values, 3)}\n"
+                for name, values in ratios["mixed"].items()
+            )
         )
+        result["mixed_share_reused"] = mixed_reused
         result["mixed_over_ceiling"] = ratios["mixed"]
     text += f"Load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n"
     print(text)

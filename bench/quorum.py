@@ -143,7 +143,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--designs", default=",".join(DESIGNS), help=f"comma-separated, from {','.join(DESIGNS)}"
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
+        "are not the benchmark's",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.processes, args.seconds, args.limits = 2, 0.3, "1"
     args.designs = [d for d in args.designs.split(",") if d]
     unknown = [d for d in args.designs if d not in DESIGNS]
     if unknown:

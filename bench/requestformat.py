@@ -20,7 +20,6 @@ import platform
 import statistics
 import timeit
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import scrapy
@@ -28,10 +27,9 @@ from scrapy.http import FormRequest
 from scrapy.utils.request import request_from_dict
 from scrapy_redis import picklecompat
 
+from bench import RESULTS
 from scrapy_redislock.crawl import requestformat
 from scrapy_redislock.crawl.requestformat import request_from_data
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 class ShopSpider(scrapy.Spider):
@@ -158,7 +156,15 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=7, help="timed runs; the median is reported (default 7)"
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
+        "are not the benchmark's",
+    )
     opts = parser.parse_args()
+    if opts.smoke:
+        opts.number, opts.repeat = 100, 1
     rows = measure(opts.number, opts.repeat)
     print(
         f"Python {platform.python_version()}, Scrapy {scrapy.__version__}; median of {opts.repeat} "

@@ -129,7 +129,15 @@ def main() -> None:
     parser.add_argument(
         "--commands-only", action="store_true", help="part 2 only (e.g. to compare two versions)"
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
+        "are not the benchmark's",
+    )
     opts = parser.parse_args()
+    if opts.smoke:
+        opts.ttl, opts.rounds = 1.0, 10
     if not opts.commands_only:
         for name, value in restart_costs(opts.ttl).items():
             print(f"{name}: {value:.2f}  (ttl {opts.ttl} s)")

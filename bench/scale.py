@@ -65,6 +65,7 @@ import redis
 import scrapy
 import scrapy_redis
 
+from bench import RESULTS
 from example_project.run import seed
 from scrapy_redislock._redis import load_scripts
 from scrapy_redislock.lock.core import lock_scripts
@@ -76,7 +77,6 @@ from testing.redis_server import RedisServer
 from testing.site import STAGES, ShopSite, add_shop_arguments
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 PROJECT = ROOT / "example_project"
 PREFIX = "redislock"
 CAPS: dict[str, int | None] = {"list": 1, "detail": 3, "comments": None}
@@ -855,8 +855,18 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--plot", type=Path, default=ROOT / "docs" / "scale-idle.png", help="the idle phase's plot"
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
+        "are not the benchmark's",
+    )
     opts = parser.parse_args(argv)
-    if opts.quick:
+    if opts.smoke:
+        opts.processes, opts.lists, opts.details, opts.comments = "1", 2, 3, 1
+        opts.idle, opts.idle_window, opts.settle, opts.wave = "1", 1.0, 0.5, 1
+        opts.plot = opts.out / "scale-idle.png"  # not the docs' plot
+    elif opts.quick:
         opts.processes, opts.lists, opts.details = "1,5", 5, 10
         opts.idle = "1,5"
     unknown = set(filter(None, opts.fronts.split(","))) - set(FRONTS)

@@ -25,13 +25,11 @@ import os
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 
+from bench import RESULTS
 from example_project.run import STAGES, Phase, arguments, checks, plot, run_phase
 from testing.redis_server import RedisServer
 from testing.site import ShopSite, add_shop_arguments
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def options(argv: list[str] | None) -> argparse.Namespace:
@@ -46,7 +44,17 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--url", default=os.environ.get("REDISLOCK_URL"), help="an existing Redis (it is FLUSHED)"
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
+        "are not the benchmark's",
+    )
+    opts = parser.parse_args(argv)
+    if opts.smoke:
+        opts.workers, opts.lists, opts.details, opts.comments = 2, 3, 3, 1
+        opts.kill_after, opts.ttl = 0.5, 1.0  # the killed worker's lease runs out within the run
+    return opts
 
 
 def demo_args(opts: argparse.Namespace, run: int, *extra: str) -> argparse.Namespace:
@@ -88,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         url = server.url
     shop = (opts.lists, opts.details, opts.comments, opts.delay)
     # a detail stage of seconds, so the takeover happens while it has work
-    kill_shop = (10, 40, 1, 0.1)
+    kill_shop = (3, 12, 1, 0.1) if opts.smoke else (10, 40, 1, 0.1)
     print(
         f"{opts.workers} workers x CONCURRENT_REQUESTS {opts.concurrency}; shop {opts.lists} lists x "
         f"{opts.details} products x {opts.comments} comment pages, {opts.delay * 1000:.0f} ms a "

@@ -158,8 +158,8 @@ TABLE: tuple[Setting, ...] = (
         "REDISLOCK_LOCAL_REUSE",
         0.25,
         "seconds",
-        "Seconds a slot granted by Redis may pass straight from a finished request to a queued one "
-        "of the same stage in the same process (StageScheduler), before it goes back to Redis's "
+        "Seconds a slot granted by Redis may pass straight from a finished request to a waiting or "
+        "queued one of the same stage in the same process, before it goes back to Redis's "
         "first-come-first-served line; 0 = always to Redis.",
     ),
     Setting(

@@ -18,6 +18,7 @@ from scrapy_redislock.crawl.connection import async_clients
 from scrapy_redislock.crawl.reach import REFUSED, masters_said, no_quorum
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.lock.aio import AsyncCountingLock
+from scrapy_redislock.lock.core import lock_scripts
 from scrapy_redislock.lock.front import eviction_policy
 from scrapy_redislock.lock.interface import AsyncLock
 from scrapy_redislock.lock.quorum import AsyncQuorumCountingLock, QuorumLockFactory
@@ -27,21 +28,38 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# The scripts a crawl process runs on its way to its first grant and release (its limits, its first
+# renewal, the guard before a wait, a release), loaded with the first PING (about 18 KB each).
+START_SCRIPTS = ("set_limit", "maintain", "guard", "release")
+
+
+def _waiting_of(lock: AsyncLock[Any]) -> Any:
+    """The client a lock's blocking waits go through (its own pool), or None."""
+    return getattr(getattr(lock, "runner", None), "waiting", None)
+
 
 async def check_eviction(client: AsyncRedisClient, settings: RedisLockSettings, where: str) -> None:
-    """Refuse a Redis whose maxmemory-policy may evict keys (a lock key evicted gives a slot
-    twice) unless REDISLOCK_ALLOW_EVICTION; where INFO is refused (a managed Redis), say that
-    noeviction was assumed. INFO, not CONFIG GET: the crawler ACL role reads INFO already, and
-    CONFIG GET would show it every setting."""
+    """Refuse a Redis whose maxmemory-policy may evict keys (see :func:`judge_eviction`)."""
     try:
-        policy = eviction_policy(await client.info("memory"))
+        info: Any = await client.info("memory")
     except redis.exceptions.ResponseError as exc:
+        info = exc
+    judge_eviction(info, settings, where)
+
+
+def judge_eviction(info: Any, settings: RedisLockSettings, where: str) -> None:
+    """ConfigError for an ``INFO memory`` reply whose maxmemory-policy may evict keys (a lock key
+    evicted gives a slot twice) unless REDISLOCK_ALLOW_EVICTION; where INFO was refused (``info``
+    the error: a managed Redis), say that noeviction was assumed. INFO, not CONFIG GET: the crawler
+    ACL role reads INFO already, and CONFIG GET would show it every setting."""
+    if isinstance(info, BaseException):
         logger.warning(
             "Could not read the maxmemory-policy of Redis at %s (%s): assumed noeviction, which the locks need (docs/failures.md)",  # noqa: E501
             where,
-            exc,
+            info,
         )
         return
+    policy = eviction_policy(info)
     if policy == "noeviction":
         return
     if settings.allow_eviction:
@@ -54,6 +72,14 @@ async def check_eviction(client: AsyncRedisClient, settings: RedisLockSettings, 
     raise ConfigError(
         f"Redis at {where} has maxmemory-policy {policy}, which may evict the locks' keys and give a slot twice: set maxmemory-policy noeviction, keep the locks on a Redis of their own (REDISLOCK_URL), or set REDISLOCK_ALLOW_EVICTION = True to accept it"  # noqa: E501
     )
+
+
+def _loads_scripts(client: AsyncRedisClient) -> bool:
+    """Whether the start pipeline may SCRIPT LOAD: for Redis's default user only. A named user is
+    an ACL role, which may not (its first calls run the functions an admin loaded) and whose
+    refusals would fill the ACL log, or an admin, whose first calls load what they need."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    return kwargs.get("username") in (None, "default")
 
 
 class OneRedis:
@@ -78,13 +104,35 @@ class OneRedis:
         )
 
     async def reach(self, locks: Mapping[str, AsyncLock[Any]]) -> None:
-        """PING; redis errors when Redis is unreachable."""
+        """PING; redis errors when Redis is unreachable; a ConfigError when it may evict keys.
+
+        In the same round trip (one Redis, not a Cluster): its maxmemory-policy (INFO memory), and
+        with capped stages, for Redis's default user, SCRIPT LOAD of the
+        scripts on a process's way to its first grant (:data:`START_SCRIPTS`; on a Redis that does
+        not have them yet each would cost a NOSCRIPT and a load, in turn, on that way; a load
+        refused is left to that fallback), and the locks' waiting connections opened at once beside
+        it, not at the first wait."""
         client = self.clients[0]
         if isinstance(client, redis.asyncio.RedisCluster):
             # before concurrent first commands (see docs/failures.md, Redis Cluster)
             await client.initialize()
-        await client.ping()
-        await check_eviction(client, self.settings, self.settings.redis.safe_url)
+            await client.ping()
+            await check_eviction(client, self.settings, self.settings.redis.safe_url)
+            return
+        pipe = client.pipeline(transaction=False)
+        pipe.ping()
+        pipe.info("memory")
+        if locks and _loads_scripts(client):
+            sources = lock_scripts()
+            for name in START_SCRIPTS:
+                pipe.script_load(sources[name])
+        waiting = {id(w): w for lock in locks.values() if (w := _waiting_of(lock)) is not None}
+        replies, *_ = await asyncio.gather(
+            pipe.execute(raise_on_error=False), *(w.ping() for w in waiting.values())
+        )
+        if isinstance(replies[0], BaseException):
+            raise replies[0]
+        judge_eviction(replies[1], self.settings, self.settings.redis.safe_url)
 
     def needed(self, lock: AsyncLock[Any]) -> int:
         """Masters with a free slot that a grant needs."""

@@ -1,6 +1,7 @@
 """Which request goes with which slot, from the scheduler or the middleware's own wait until the
-request is done; the local hand-off of a finished request's slot; releases, retried until Redis
-takes them.
+request is done; the local hand-off of a finished request's slot (to a request of this process
+waiting in the middleware first, in its stage's :class:`~scrapy_redislock.crawl.stageline.StageLine`,
+then to one queued in StageScheduler); releases, retried until Redis takes them.
 
 Part of :class:`~scrapy_redislock.crawl.stagelocks.StageLocks` (its ``slots``); see that module's
 docstring for the hand-off's rules. The bookkeeping itself is the pure
@@ -20,6 +21,7 @@ from scrapy_redislock._loop import start_now
 from scrapy_redislock.crawl.engine import downloader_active
 from scrapy_redislock.crawl.ledger import PermitLedger
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
+from scrapy_redislock.crawl.stageline import StageLine
 from scrapy_redislock.lock.interface import AsyncLock
 from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.lock.quorum import QuorumPermit
@@ -53,6 +55,8 @@ class Locks(Protocol):
 
     def released(self, permit: SlotPermit) -> None: ...
 
+    async def acquire(self, stage: str, timeout: float | None) -> SlotPermit: ...
+
 
 def slot_id(permit: SlotPermit) -> str:
     """How the log names a slot: its grant id (a quorum permit: its token, a grant per master)."""
@@ -71,23 +75,62 @@ class RequestSlots:
             min(settings.local_reuse, settings.ttl / 2)
         )
         self._takers: list[Callable[[str, SlotPermit], bool]] = []
+        self._lenders: list[Callable[[str], SlotPermit | None]] = []
         self._hold_hooks: list[Callable[[Request], None]] = []
         self.releasing: set[asyncio.Task[None]] = set()
         # releases Redis did not take (outage); retried every tick
         self._unreleased: list[SlotPermit] = []
+        # stage -> the requests of this process waiting for its slots in the middleware
+        self.lines: dict[str, StageLine] = {}
 
     def add_taker(self, taker: Callable[[str, SlotPermit], bool]) -> None:
         """Register ``taker(stage, permit) -> bool``: True when it keeps a freed slot for a queued
         request."""
         self._takers.append(taker)
 
+    def add_lender(self, lender: Callable[[str], SlotPermit | None]) -> None:
+        """Register ``lender(stage) -> permit or None``: a slot it keeps for a queued request, which
+        a request of the stage that arrives to wait in the middleware takes instead (it left the
+        scheduler before the slot was freed: it is older)."""
+        self._lenders.append(lender)
+
     def add_hold_hook(self, hook: Callable[[Request], None]) -> None:
         """Register ``hook(request)``, called when a request that waited in the middleware got its
         slot."""
         self._hold_hooks.append(hook)
 
-    def _count(self, stage: str, what: str) -> None:
+    def count(self, stage: str, what: str) -> None:
         self.locks.stats.inc_value(f"{self.locks.stats_prefix}/{stage}/{what}")
+
+    # -- waiting in the middleware -----------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.locks.closed
+
+    async def acquire(self, stage: str, timeout: float | None) -> SlotPermit:
+        """One wait in Redis's line (for a :class:`StageLine`)."""
+        return await self.locks.acquire(stage, timeout)
+
+    async def wait(self, stage: str, timeout: float | None) -> SlotPermit:
+        """A slot for a request waiting in the middleware: one a lender keeps (at once), else from
+        this process's line for the stage (a slot freed here, or a grant to one of its waits in
+        Redis); AcquireTimeout after ``timeout`` s."""
+        for lender in self._lenders:
+            permit = lender(stage)
+            if permit is not None:
+                return permit
+        line = self.lines.get(stage)
+        if line is None:
+            line = self.lines[stage] = StageLine(self, stage)
+        return await line.wait(timeout)
+
+    def place(self, permit: SlotPermit) -> None:
+        """A slot granted with no request waiting for it here: to a taker (a queued request of its
+        stage) if one wants it, else back to Redis. Not counted as reused: Redis granted it just
+        now."""
+        if not self._pass_on(permit, local=False):
+            self.release_soon(permit)
 
     # -- release -----------------------------------------------------------------------------------
 
@@ -198,7 +241,7 @@ class RequestSlots:
         if permit.usable(now):
             return True
         stage = self.locks.stage_of(permit) or permit.name
-        self._count(stage, "unusable")
+        self.count(stage, "unusable")
         if permit.lost or permit.released:
             logger.info("Slot %s of %r was lost: no request starts with it", slot_id(permit), stage)
         else:
@@ -211,18 +254,27 @@ class RequestSlots:
             )
         return False
 
-    def _pass_on(self, permit: SlotPermit) -> bool:
+    def _pass_on(self, permit: SlotPermit, local: bool = True) -> bool:
+        """Give a freed slot (``local``) or a fresh grant to a request of this process: first to
+        the oldest waiting in the middleware (in Redis's line too: its wait there stays for the
+        next request), then to a taker (StageScheduler's queued requests)."""
         stage = self.locks.stage_of(permit)
-        if stage is None or self.locks.closed or not self._takers:
+        line = self.lines.get(stage or "")
+        if stage is None or self.locks.closed or (not self._takers and not line):
             return False
         if not self.ledger.young(permit, time.monotonic()):
             # back to Redis's line, where other processes may wait (and never near the lease's end)
             return False
         if not self.usable(permit):
             return False
+        if line is not None and line.offer(permit):
+            if local:
+                self.count(stage, "reused")
+            return True
         for taker in self._takers:
             if taker(stage, permit):
-                self._count(stage, "reused")
+                if local:
+                    self.count(stage, "reused")
                 return True
         return False
 

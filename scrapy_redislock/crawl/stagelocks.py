@@ -9,15 +9,18 @@ and the worker scheduler. API (all on the reactor thread, asyncio reactor)::
 
     locks = StageLocks.of(crawler, settings)          # the crawler's registry for request stages (created once)
     locks = StageLocks(crawler, settings, limits, lock_prefix="workers:", stats_prefix="redislock/workers")
-    await locks.start_once()       # PING, write the limits (newest process wins, a change is logged), join the
-                                   # renewal loop, say why a stage has no free slot. Redis unreachable (down, or
-                                   # failing over): retried with back-off and a warning each time, for up to
-                                   # REDISLOCK_CONNECT_TIMEOUT s. False if it stays unreachable, or refuses the
-                                   # credentials (logged once, saying which: the spider_opened signal then closes
-                                   # the spider, and the crawl exits with status 1)
+    await locks.start_once()       # PING (+ the scripts on the way to a first grant, the waiting connections), write
+                                   # the limits (newest process wins, a change is logged), join the renewal loop;
+                                   # then, beside the first requests, say why a stage has no free slot. Redis
+                                   # unreachable (down, or failing over): retried with back-off and a warning
+                                   # each time, for up to REDISLOCK_CONNECT_TIMEOUT s. False if it stays
+                                   # unreachable, or refuses the credentials (logged once, saying which: the
+                                   # spider_opened signal then closes the spider, and the crawl exits with status 1)
                                    # ("redislock_redis_refused" when its ACL refuses this user a command)
     locks.is_capped(stage)         # True / False (None = unlimited); UnknownStage naming the known stages
     permit = await locks.acquire(stage, timeout)   # FIFO across processes; Redis errors are retried with back-off
+    permit = await locks.slots.wait(stage, timeout)  # StageLockMiddleware: a slot from this process's line (a slot
+                                   # freed here, or a grant to one of its waits in Redis; see crawl/stageline.py)
     locks.record_grant(stage, waited)              # stats: acquired, wait_time_total, wait_time_max
     await locks.slots.release(permit)    # never raises; a release Redis did not take is retried at every renewal tick
     locks.slots.release_soon(permit)     # the same from plain code, in a tracked task
@@ -29,6 +32,8 @@ and the worker scheduler. API (all on the reactor thread, asyncio reactor)::
     locks.slots.holding()          # the requests that hold a slot now (StageScheduler counts their keys)
     locks.slots.finish(request)    # the request is done with its slot: passed on locally (see below) or released
     locks.slots.add_taker(fn)      # fn(stage, permit) -> True when it takes a freed slot for a parked request
+    locks.slots.add_lender(fn)     # fn(stage) -> a slot it keeps for a queued request, which a request arriving to
+                                   # wait in the middleware takes instead (it is older)
     locks.add_waiting_source(fn)   # fn(stage) -> requests waiting for that stage (shown by the status CLI)
     locks.add_tick_hook(coro_fn)   # awaited at every renewal tick (leak sweeps)
     await locks.reports.stalled(stage, window)     # at close: why to give up waiting for the stage, or ""
@@ -40,8 +45,10 @@ redirects copy) from the scheduler (``slots.hand``) or the middleware's own wait
 middleware (another middleware replaced or dropped them) runs at every renewal tick: a request
 missing from ``downloader.active`` at two ticks in a row has its slot freed.
 
-Local hand-off: when a request finishes and a taker (StageScheduler) has a parked request of the
-same stage, the slot passes to it at once, in the same call, with no Redis command: the grant stays
+Local hand-off: when a request finishes and this process has a request of the same stage waiting
+for a slot in the middleware (the oldest goes first: its wait in Redis's line stays, for the next
+request, see :mod:`.stageline`) or queued in a taker (StageScheduler), the slot passes to it at
+once, in the same call, with no Redis command: the grant stays
 held, its lease goes on (renewed with the others), and the fencing token stays the grant's (two
 requests of one process in a row may carry the same fence; it still grows with every grant Redis
 makes). So that no other process starves, a slot passes on this way only while it is younger than
@@ -171,6 +178,7 @@ class StageLocks:
         # stage -> the waiting count its last maintain told Redis
         self._sent_waiting: dict[str, int] = {}
         self.closed = False
+        self._start_report: asyncio.Task[None] | None = None  # why a stage waits, said at start
         self.lifecycle = Lifecycle(self)
         self.slots = RequestSlots(self)
         # adaptive limits and Retry-After pauses (REDISLOCK_ADAPTIVE, REDISLOCK_RETRY_AFTER)
@@ -253,8 +261,9 @@ class StageLocks:
         return self.lifecycle.started
 
     async def start(self) -> None:
-        """PING, publish this process's limits, join the renewal loop; redis errors when Redis is
-        unreachable."""
+        """PING (with the scripts on the way to a first grant, and the waiting connections opened
+        beside it), publish this process's limits, join the renewal loop, then say why a stage has
+        no free slot in a task of its own; redis errors when Redis is unreachable."""
         await self.deployment.reach(self.locks)
         await publish_limits(self)
         if self.locks:
@@ -270,7 +279,12 @@ class StageLocks:
             self.settings.ttl,
             {stage: self.limits[stage] for stage in self.limits},
         )
-        for stage in self.locks:
+        if self.locks:
+            # beside the first requests, not in front of them (a read per stage)
+            self._start_report = asyncio.ensure_future(self._say_why_at_start())
+
+    async def _say_why_at_start(self) -> None:
+        for stage in list(self.locks):
             try:
                 await self.reports.say_why(stage, "at start")
             # started: a report that cannot be read must not close the crawl
@@ -429,4 +443,6 @@ class StageLocks:
         stage (see :meth:`Lifecycle.close <scrapy_redislock.crawl.lifecycle.Lifecycle.close>`)."""
         if self.adaptation is not None:
             self.adaptation.close()
+        if self._start_report is not None and not self._start_report.done():
+            self._start_report.cancel()
         await self.lifecycle.close()

@@ -10,22 +10,24 @@ a later middleware, a request dropped on the way (found by a sweep at every rene
 Permits are kept by request object in the crawler's
 :class:`~scrapy_redislock.crawl.stagelocks.StageLocks`, never in ``meta``, so retries and redirects
 (which copy meta) never carry one. When the request is done with its slot, the slot passes straight
-on to a request of the same stage parked in StageScheduler (within REDISLOCK_LOCAL_REUSE), else goes
-back to Redis at once.
+on (within REDISLOCK_LOCAL_REUSE) to a request of the same stage of this process waiting here, else to
+one queued in StageScheduler, else goes back to Redis at once.
 
 With :class:`~scrapy_redislock.StageScheduler` the slot was granted before the request left the
 scheduler and is picked up here (``StageLocks.take``). Without it, and for requests that bypass the
-scheduler (``engine.download_async``: media pipelines), the request waits here, in Redis's FIFO:
-caps hold, but a waiting request occupies one of CONCURRENT_REQUESTS (so a saturated stage slows the
-others). When the spider closes, a request waiting here for its stage's slot never went out: with
-StageScheduler it goes back into the scheduler's queue at once (its inner scheduler's: scrapy-redis's
-queue in Redis, Scrapy's JOBDIR disk queues), so SCHEDULER_PERSIST or JOBDIR keep it for the next
-run, as they keep what never left the scheduler; it leaves the downloader with IgnoreRequest (its
-errback, if any, gets that), logged at INFO with counts and counted as
-``redislock/<stage>/given_back_at_close``. Without StageScheduler (nothing to give it back to) it
-keeps its place in line, as Scrapy finishes what its downloader holds, while its stage makes
-progress; those of a stage that is paused (limit 0) or frees no slot anywhere for REDISLOCK_TTL +
-DOWNLOAD_TIMEOUT are dropped (IgnoreRequest), logged at WARNING with counts and counted as
+scheduler (``engine.download_async``: media pipelines), the request waits here, in this process's
+line for the stage (:mod:`~scrapy_redislock.crawl.stageline`: a slot freed here, or a grant to one
+of its waits in Redis's FIFO): caps hold, but a waiting request occupies one of CONCURRENT_REQUESTS
+(so a saturated stage slows the others). When the spider closes, a request waiting here for its
+stage's slot never went out: with StageScheduler it goes back into the scheduler's queue at once (its
+inner scheduler's: scrapy-redis's queue in Redis, Scrapy's JOBDIR disk queues), so SCHEDULER_PERSIST
+or JOBDIR keep it for the next run, as they keep what never left the scheduler; it leaves the
+downloader with IgnoreRequest (its errback, if any, gets that), logged at INFO with counts and
+counted as ``redislock/<stage>/given_back_at_close``. Without StageScheduler (nothing to give it
+back to) it keeps its place in line, as Scrapy finishes what its downloader holds, while its stage
+makes progress; those of a stage that is paused (limit 0) or frees no slot anywhere for
+REDISLOCK_TTL + DOWNLOAD_TIMEOUT are dropped (IgnoreRequest), logged at WARNING with counts and
+counted as
 ``redislock/<stage>/dropped_at_close``.
 
 A request never starts with a slot that is lost or past its lease on this process's clock (Redis out
@@ -291,7 +293,7 @@ class StageLockMiddleware:
 
     async def _wait_for_slot(self, request: Request, stage: str) -> SlotPermit:
         assert self.locks is not None
-        wait = asyncio.ensure_future(self.locks.acquire(stage, self.settings.wait_timeout))
+        wait = asyncio.ensure_future(self.locks.slots.wait(stage, self.settings.wait_timeout))
         self._waits[wait] = stage
         self._waiters[wait] = request
         self.waiting[stage] += 1

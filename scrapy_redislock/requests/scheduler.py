@@ -21,11 +21,11 @@ stay in the inner scheduler, in its order, and the other stages' requests go pas
   keys (REDISLOCK_STAGE_KEY with a key limit) the sub-queues are per stage and key, and a key at its
   limit in this process waits in the scheduler too (Scrapy's scheduler; over scrapy-redis keys wait
   in the middleware).
-- A slot freed by a finished request of this process goes straight to the next queued request of its
-  stage (:meth:`StageScheduler._take_slot`, called by ``StageLocks.finish``): no Redis round trip;
-  within REDISLOCK_LOCAL_REUSE seconds of Redis's grant, so that other processes waiting in Redis's
-  line get their turn, and only while no request of this process waits in that line (it is older,
-  and goes first).
+- A slot freed by a finished request of this process goes straight to the oldest request of its
+  stage waiting in the middleware (whose wait in Redis's line stays, for the next), else to the next
+  queued request of its stage (:meth:`StageScheduler._take_slot`, called by ``StageLocks.finish``):
+  no Redis round trip; within REDISLOCK_LOCAL_REUSE seconds of Redis's grant, so that other
+  processes waiting in Redis's line get their turn.
 - A slot in hand that is lost or outlived its lease on this process's clock is dropped, never handed
   out (``StageLocks.usable``); a capped request that a middleware before StageLockMiddleware settles
   without a download (a fresh HTTPCACHE hit, a URL robots.txt forbids) goes without a slot when its
@@ -235,6 +235,7 @@ class StageScheduler:
                 )
             self.locks.add_waiting_source(self._queued)
             self.locks.slots.add_taker(self._take_slot)
+            self.locks.slots.add_lender(self._lend_slot)
             self.locks.add_tick_hook(self.tick)
             self.locks.slots.add_hold_hook(self._got_slot)
             if ScrapyScheduler in type(self.inner).__mro__ or _is_scrapy_redis(self.inner):
@@ -432,22 +433,29 @@ class StageScheduler:
         return self._queued(stage)
 
     def _take_slot(self, stage: str, permit: SlotPermit) -> bool:
-        """A slot freed by a finished request of this process (``StageLocks.finish``): keep it for
-        the next queued request of its stage and wake the engine; False (back to Redis) when none
-        could use it, or when a request of this process already waits in Redis's line for the stage
-        (it is older)."""
-        if (
-            self.closing
-            or stage not in self.ready
-            or engine_closing(self.crawler)
-            or (self.gate is not None and self.gate.waiting_in_line(stage))
-        ):
+        """A slot freed by a finished request of this process (``StageLocks.finish``; none of its
+        stage waits in the middleware, those go first), or granted to a wait in Redis that no
+        request waits for any more: keep it for the next queued request of its stage and wake the
+        engine; False (back to Redis) when none could use it."""
+        if self.closing or stage not in self.ready or engine_closing(self.crawler):
             return False
         if self._could_use(stage) <= len(self.ready[stage]):
             return False
         self.ready[stage].append(permit)
         wake_engine(self.crawler)
         return True
+
+    def _lend_slot(self, stage: str) -> SlotPermit | None:
+        """A slot in hand for a request of ``stage`` that arrives to wait in the middleware: it left
+        without one before the slot was freed (it is older than the queued requests)."""
+        assert self.locks is not None
+        ready = self.ready.get(stage)
+        while ready:
+            permit = ready.popleft()
+            if self.locks.slots.usable(permit):
+                return permit
+            self.locks.slots.release_soon(permit)
+        return None
 
     def _got_slot(self, request: Request) -> None:
         """A request waiting in line got its slot in the middleware: the next of its stage may

@@ -16,6 +16,7 @@ import redis
 from scrapy_redislock import CountingLock
 from scrapy_redislock.lock.permit import LockKeys
 from testing.crawlproc import Crawl, leftover
+from testing.faultproc import jain
 from testing.site import CrawlSite
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
@@ -156,6 +157,52 @@ def test_slot_freed_by_another_process_is_used_at_once(
     # the engine's heartbeat would be 5 s
     assert statistics.median(delays) < 0.1 and max(delays) < 0.5
     assert crawl.stats["finish_reason"] == "finished"
+    assert leftover(redis_client) == 0
+
+
+def test_slots_pass_on_locally_under_a_backlog_and_stay_fair(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
+    """3 processes, each with a backlog on a stage capped at 3, so that each always has a request
+    waiting in Redis's line: most slots still pass on inside a process (the waiting request takes
+    its own process's freed slot, its wait in Redis stays for the next), and no process gets more
+    than its share (Jain's index of the requests each sent while all had a backlog)."""
+    site.delay = 0.05
+    # the bound is the reuse's, not a speed: 50 ms pages pass on several times within it
+    extra = {"REDISLOCK_LOCAL_REUSE": 1.0}
+    # every slot held until the three wait (their start-ups differ by seconds on a busy machine)
+    outsider = CountingLock(redis_client, "detail", limit=3, auto_renew=True)
+    held = [outsider.acquire() for _ in range(3)]
+    crawls = [
+        Crawl(
+            site.url, "detail:60", settings(redis_url, USER_AGENT=f"p{i}", **extra), tmp_path
+        ).start()
+        for i in range(3)
+    ]
+    try:
+        assert site.wait_for(
+            lambda: sum(1 for i in owners(redis_client, "detail") if i.get("waiting")) == 3,
+            timeout=60,
+        )
+        for permit in held:
+            outsider.release(permit)
+    finally:
+        for crawl in crawls:
+            crawl.wait()
+        outsider.close()
+    for crawl in crawls:
+        assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
+    reused = sum(c.stats.get("redislock/detail/reused", 0) for c in crawls)
+    acquired = sum(c.stats["redislock/detail/acquired"] for c in crawls)
+    assert acquired == 180 and reused >= acquired / 2, (reused, acquired)
+    arrivals: dict[str, list[float]] = {}
+    for record in site.served:
+        arrivals.setdefault(record.worker, []).append(record.arrived)
+    start = max(min(t) for t in arrivals.values())
+    end = min(max(t) for t in arrivals.values())
+    counts = [sum(1 for t in found if start <= t <= end) for found in arrivals.values()]
+    assert len(counts) == 3 and jain(counts) >= 0.9, counts
+    assert site.max_in_flight["detail"] <= 3
     assert leftover(redis_client) == 0
 
 
