@@ -84,8 +84,10 @@ end
 local function checked_limit(value)
   local n = valid_limit(value)
   if not n then
-    error({err = 'BADLIMIT limit must be an integer from 0 to ' .. MAX_LIMIT .. ', got ' ..
-      string.sub(tostring(value), 1, 40)})
+    local message = 'BADLIMIT limit must be an integer from 0 to ' .. MAX_LIMIT .. ', got ' ..
+      string.sub(tostring(value), 1, 40)
+    if not redis.REDIS_VERSION_NUM then error(message) end  -- Redis 6.2 raises strings only
+    error({err = message})
   end
   return n
 end
