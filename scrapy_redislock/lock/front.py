@@ -241,11 +241,12 @@ class CommandRunner:
     def _unflagged(self, name: str, exc: redis.exceptions.ResponseError) -> bool:
         """Whether ``exc`` is a server that cannot compile Lua flags (Redis 6.2): its scripts are
         registered again without them, and the call may be made again."""
-        if not (self.flags and name in ALLOW_OOM and "compiling" in str(exc)):
+        if not (name in ALLOW_OOM and "compiling" in str(exc)):
             return False
-        self.flags = False
-        for flagged in ALLOW_OOM:
-            self.scripts.pop(flagged, None)
+        if self.flags:  # once: calls already under way fail the same way and are made again too
+            self.flags = False
+            for flagged in ALLOW_OOM:
+                self.scripts.pop(flagged, None)
         return True
 
     def _script(self, command: RunScript) -> Any:
