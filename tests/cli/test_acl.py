@@ -7,6 +7,7 @@ The worker front's whole test suite also runs as the crawler user: ``REDISLOCK_T
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -40,6 +41,18 @@ from tests.cli.test_main import call, tls_server  # noqa: F401  (a fixture)
 from tests.workers.test_mixin import finish, held_slots, shop_worker, stat
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def no_library_left(admin_url: str) -> Iterator[None]:
+    """The functions a test here loads (the admin's step) go with it: a library left in the
+    server would switch every later test's clients to FCALL."""
+    yield
+    with (
+        redis.Redis.from_url(admin_url) as admin,
+        contextlib.suppress(redis.exceptions.ResponseError),
+    ):
+        admin.function_flush()
 
 
 @pytest.fixture(autouse=True)

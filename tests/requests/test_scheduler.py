@@ -61,7 +61,9 @@ def test_no_head_of_line_blocking(
     assert site.max_in_flight["comments"] >= 12  # of CONCURRENT_REQUESTS = 16, 3 go to detail
     assert sum(site.hits.values()) == 600
     first_comment = min(site.arrivals["comments"]) - min(site.arrivals["detail"])
-    assert first_comment < 1.0, first_comment  # not after the details (300 / 3 * 50 ms = 5 s)
+    # not after the details (300 / 3 * 50 ms = 5 s); on a loaded machine the spider takes a while
+    # to yield the 300 details before its first comment, whatever the scheduler does
+    assert first_comment < 2.5, first_comment
     assert stats["redislock/detail/acquired"] == 300
     # queued detail requests are reported as waiting (the status CLI)
     assert waiting_seen > 100, waiting_seen
