@@ -203,7 +203,9 @@ def test_slots_pass_on_locally_under_a_backlog_and_stay_fair(
     start = max(min(t) for t in arrivals.values())
     end = min(max(t) for t in arrivals.values())
     counts = [sum(1 for t in found if start <= t <= end) for found in arrivals.values()]
-    assert len(counts) == 3 and jain(counts) >= 0.9, counts
+    # 1.0 on a quiet machine; a CPU-starved process sends its next request late and keeps fewer
+    # (0.85 seen in CI's conditions); a process left out would be 0.67
+    assert len(counts) == 3 and jain(counts) >= 0.8, counts
     assert site.max_in_flight["detail"] <= 3
     assert leftover(redis_client) == 0
 
