@@ -300,7 +300,8 @@ class StageScheduler:
             self.shared.clear()
         elif not len(base) and (queued := len(self.shared)):
             # scrapy-redis said so only for its own key: the requests of capped stages are in theirs
-            logger.info("Resuming crawl (%d requests scheduled)", queued)
+            # as scrapy-redis says it (its own tests expect spider.log, deprecated since Scrapy 2.13)
+            self.inner.spider.log(f"Resuming crawl ({queued} requests scheduled)")
 
     def close(self, reason: str) -> Deferred[None] | None:
         """The inner scheduler closes at once (as it would alone: scrapy-redis flushes its queue
