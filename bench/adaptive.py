@@ -40,7 +40,7 @@ from typing import Any
 
 import redis
 
-from bench import RESULTS
+from bench import RESULTS, add_smoke
 from scrapy_redislock.lock.adaptive import history
 from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.permit import LockKeys
@@ -63,12 +63,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ceiling", type=int, default=32, help="the adaptive limit's ceiling")
     parser.add_argument("--concurrency", type=int, default=16, help="CONCURRENT_REQUESTS")
     parser.add_argument("--only", help="comma-separated modes: adaptive, fixed, autothrottle, none")
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
-        "are not the benchmark's",
-    )
+    add_smoke(parser)
     opts = parser.parse_args(argv)
     if opts.smoke:
         opts.processes, opts.phase, opts.fixed = "2", 2.0, "4"

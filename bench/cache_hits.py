@@ -20,6 +20,7 @@ from pathlib import Path
 
 import redis
 
+from bench import add_smoke
 from scrapy_redislock import CountingLock
 from testing.crawlproc import Crawl
 from testing.redis_server import RedisServer
@@ -33,12 +34,7 @@ def calls(client: redis.Redis) -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=15)
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
-        "are not the benchmark's",
-    )
+    add_smoke(parser)
     args = parser.parse_args()
     if args.smoke:
         args.pages = 3

@@ -47,7 +47,7 @@ from typing import Any
 
 import redis
 
-from bench import RESULTS
+from bench import RESULTS, add_smoke
 from bench.peers import DESIGNS, Options, available, clock_offset, make_locker
 from testing.faultproc import jain, max_overlap
 from testing.redis_server import RedisServer
@@ -519,12 +519,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"before each design wait up to S s for a second with < {QUIET_CPUS} CPUs busy "
         "(shared machines)",
     )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
-        "are not the benchmark's",
-    )
+    add_smoke(parser)
     args = parser.parse_args(argv)
     if args.smoke:
         args.processes, args.seconds = 3, 0.3

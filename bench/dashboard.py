@@ -21,6 +21,7 @@ import time
 import redis
 import redis.asyncio
 
+from bench import add_smoke
 from scrapy_redislock import CountingLock
 from scrapy_redislock.cli.status import read_all
 from scrapy_redislock.workers.queue import StageQueues
@@ -54,12 +55,7 @@ def main() -> None:
     parser.add_argument("--spiders", type=int, default=1)
     parser.add_argument("--workers", type=int, default=5)
     parser.add_argument("--reads", type=int, default=50)
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
-        "are not the benchmark's",
-    )
+    add_smoke(parser)
     args = parser.parse_args()
     if args.smoke:
         args.stages, args.workers, args.reads = 2, 2, 3

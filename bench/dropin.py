@@ -71,7 +71,7 @@ import redis
 import scrapy
 from scrapy_redis.queue import PriorityQueue
 
-from bench import RESULTS
+from bench import RESULTS, add_smoke
 from testing.crawlproc import ROOT, Crawl
 from testing.redis_server import RedisServer
 from testing.site import CrawlSite
@@ -116,12 +116,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--late-after", type=int, default=20, help="pages fetched before the third process starts"
     )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
-        "are not the benchmark's",
-    )
+    add_smoke(parser)
     opts = parser.parse_args(argv)
     if opts.smoke:
         opts.order_requests, opts.order_concurrency, opts.queued = 20, "1", 100

@@ -42,7 +42,7 @@ from typing import Any
 
 import redis
 
-from bench import RESULTS
+from bench import RESULTS, add_smoke
 from bench.dashboard import commandstats
 from testing.crawlproc import ROOT, Crawl
 from testing.redis_server import RedisServer
@@ -91,12 +91,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--gap-cap", type=int, default=3, help="REDISLOCK_KEY_LIMIT of the gap runs"
     )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
-        "are not the benchmark's",
-    )
+    add_smoke(parser)
     opts = parser.parse_args(argv)
     if opts.smoke:
         opts.processes, opts.domains, opts.pages, opts.rounds = "1", "10", 40, 1

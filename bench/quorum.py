@@ -27,6 +27,7 @@ from typing import Any
 
 import redis
 
+from bench import add_smoke
 from bench.contention import (
     READY_TIMEOUT,
     RESULTS,
@@ -143,12 +144,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--designs", default=",".join(DESIGNS), help=f"comma-separated, from {','.join(DESIGNS)}"
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
-        "are not the benchmark's",
-    )
+    add_smoke(parser)
     args = parser.parse_args(argv)
     if args.smoke:
         args.processes, args.seconds, args.limits = 2, 0.3, "1"

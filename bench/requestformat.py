@@ -27,7 +27,7 @@ from scrapy.http import FormRequest
 from scrapy.utils.request import request_from_dict
 from scrapy_redis import picklecompat
 
-from bench import RESULTS
+from bench import RESULTS, add_smoke
 from scrapy_redislock.crawl import requestformat
 from scrapy_redislock.crawl.requestformat import request_from_data
 
@@ -156,12 +156,7 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=7, help="timed runs; the median is reported (default 7)"
     )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
-        "are not the benchmark's",
-    )
+    add_smoke(parser)
     opts = parser.parse_args()
     if opts.smoke:
         opts.number, opts.repeat = 100, 1

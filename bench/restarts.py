@@ -20,6 +20,7 @@ from typing import Any
 
 import redis
 
+from bench import add_smoke
 from scrapy_redislock import CountingLock
 from testing.redis_server import RedisServer
 
@@ -129,12 +130,7 @@ def main() -> None:
     parser.add_argument(
         "--commands-only", action="store_true", help="part 2 only (e.g. to compare two versions)"
     )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
-        "are not the benchmark's",
-    )
+    add_smoke(parser)
     opts = parser.parse_args()
     if opts.smoke:
         opts.ttl, opts.rounds = 1.0, 10

@@ -65,7 +65,7 @@ import redis
 import scrapy
 import scrapy_redis
 
-from bench import RESULTS
+from bench import RESULTS, add_smoke
 from example_project.run import seed
 from scrapy_redislock._redis import load_scripts
 from scrapy_redislock.lock.core import lock_scripts
@@ -855,12 +855,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--plot", type=Path, default=ROOT / "docs" / "scale-idle.png", help="the idle phase's plot"
     )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
-        "are not the benchmark's",
-    )
+    add_smoke(parser)
     opts = parser.parse_args(argv)
     if opts.smoke:
         opts.processes, opts.lists, opts.details, opts.comments = "1", 2, 3, 1

@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from bench import RESULTS
+from bench import RESULTS, add_smoke
 from example_project.run import STAGES, Phase, arguments, checks, plot, run_phase
 from testing.redis_server import RedisServer
 from testing.site import ShopSite, add_shop_arguments
@@ -44,12 +44,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--url", default=os.environ.get("REDISLOCK_URL"), help="an existing Redis (it is FLUSHED)"
     )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a short run of every part (seconds, not minutes) that prints its tables; its figures "
-        "are not the benchmark's",
-    )
+    add_smoke(parser)
     opts = parser.parse_args(argv)
     if opts.smoke:
         opts.workers, opts.lists, opts.details, opts.comments = 2, 3, 3, 1
