@@ -539,6 +539,14 @@ class RedisSentinelServers(ServerGroup):
             time.sleep(0.05)
         raise RuntimeError(f"no sentinel promoted the replica within {timeout} s")
 
+    def force_failover(self) -> None:
+        """``SENTINEL FAILOVER`` on the first live sentinel: promote the replica now, with no
+        agreement and whatever ``down_after_ms`` says (a test that needs the sentinels to go on
+        naming a dead master for as long as it likes starts them with a long one)."""
+        answer = self.ask(self.live(self.sentinels)[0], "SENTINEL", "FAILOVER", self.service)
+        if answer is None:
+            raise RuntimeError("the sentinel refused SENTINEL FAILOVER")
+
     def fail_over(self, timeout: float = 30.0) -> tuple[RedisServer, float]:
         """SIGKILL the master, wait for the sentinels to promote the replica: (the new master,
         seconds it took)."""

@@ -453,15 +453,18 @@ def test_processes_close_cleanly_when_redis_stays_down_past_the_connect_timeout(
 def test_a_crawl_started_while_sentinel_fails_over_waits_for_the_new_master(
     site: CrawlSite, tmp_path: Path
 ) -> None:
-    """The master is killed, then a crawl starts before the replica is promoted (the sentinels wait
-    5 s before they take a master for down): they still name the dead master, so the crawl waits,
-    with warnings, then crawls on the promoted replica."""
-    with RedisSentinelServers(down_after_ms=5000) as sentinels:
+    """The master is killed, then a crawl starts before the replica is promoted: the sentinels still
+    name the dead master, so the crawl waits, with warnings, then crawls on the promoted replica.
+
+    The sentinels would take minutes to call the master down by themselves; the test promotes the
+    replica once the crawl has said it waits, so a slow crawl start cannot miss the window."""
+    with RedisSentinelServers(down_after_ms=600_000) as sentinels:
         dead = sentinels.master()
         dead.kill()
         settings = {"REDISLOCK_URL": sentinels.url(), "REDISLOCK_STAGES": {"detail": 2}}
         crawl = Crawl(site.url, "detail:10", settings, tmp_path).start()
         assert crawl.wait_for_output("is not reachable yet"), crawl.tail()
+        sentinels.force_failover()
         promoted = sentinels.wait_failover(dead)
         crawl.wait(timeout=90)
         assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
