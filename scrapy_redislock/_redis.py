@@ -12,7 +12,7 @@ import functools
 import hashlib
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -194,6 +194,13 @@ def _not_loaded(
     )
 
 
+def is_default_user(client: Any) -> bool:
+    """Whether ``client`` connects as Redis's default user (no ``username``, or "default"): one that
+    may load scripts unless an admin said otherwise; a named user is an ACL role (or an admin)."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    return kwargs.get("username") in (None, "default")
+
+
 class ScriptMode:
     """How one client runs the project's scripts: ``functions`` True once EVALSHA was refused and
     FCALL worked (then FCALL only, until a function is missing)."""
@@ -205,12 +212,14 @@ class ScriptMode:
 class ProjectScript:
     """One of the project's scripts on one client, called like redis-py's Script
     (``script(keys=..., args=...)``; an awaitable on an asyncio client): EVALSHA; after NOSCRIPT,
-    FCALL of its function when an admin loaded them (``mode``, shared by the client's scripts, then
-    says FCALL from the start), else SCRIPT LOAD and EVALSHA again.
+    SCRIPT LOAD and EVALSHA again; when this user may not run or load scripts, FCALL of its
+    function, which an admin loaded (``mode``, shared by the client's scripts, then says FCALL from
+    the start).
 
     A user that may not SCRIPT LOAD (the least-privilege roles) thus runs the functions, and gets
-    a clear error naming ``load-functions`` when they are missing; an admin's client pays one FCALL
-    more than before at a script's first run on a server, none after."""
+    a clear error naming ``load-functions`` when they are missing; the default user pays one load
+    at a script's first run on a server, as with redis-py's Script (a named admin one FCALL more). The steps are one
+    generator (:meth:`_steps`) that a blocking and an asyncio driver run."""
 
     def __init__(self, client: Any, source: str, mode: ScriptMode) -> None:
         self.client = client
@@ -236,84 +245,89 @@ class ProjectScript:
     def _evalsha(self, keys: list[Any], args: list[Any]) -> Any:
         return self.client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
-    def __call__(self, keys: Iterable[Any] = (), args: Iterable[Any] = ()) -> Any:
-        keys, args = list(keys), list(args)
-        if self.asyncio:
-            return self._acall(keys, args)
+    def _load(self) -> Any:
+        return self.client.script_load(self.script)
+
+    def _steps(self, keys: list[Any], args: list[Any]) -> Generator[Callable[[], Any], Any, Any]:
+        """Yields each command to send (a call that sends it); gets its reply, or its
+        ResponseError thrown in; returns the script's reply. After a NOSCRIPT, Redis's default user
+        loads the script first, a named user (an ACL role, whose refusals would fill the ACL log)
+        tries the functions first."""
         if self.mode.functions:
             try:
-                return self._fcall(keys, args)
+                return (yield functools.partial(self._fcall, keys, args))
             except redis.exceptions.ResponseError as exc:
                 if not function_missing(exc):
                     raise
                 self.mode.functions = False  # flushed, or a restart without persistence
         refused: BaseException | None = None
+        missing: BaseException | None = None
+        loads_first = is_default_user(self.client)
         try:
-            return self._evalsha(keys, args)
+            return (yield functools.partial(self._evalsha, keys, args))
         except redis.exceptions.NoScriptError:
-            pass
+            if loads_first:
+                try:
+                    yield self._load
+                    return (yield functools.partial(self._evalsha, keys, args))
+                except redis.exceptions.NoPermissionError as exc:
+                    if not script_refused(exc):
+                        raise
+                    refused = exc
         except redis.exceptions.NoPermissionError as exc:
             if not script_refused(exc):
                 raise
             refused = exc
         try:
-            reply = self._fcall(keys, args)
+            reply = yield functools.partial(self._fcall, keys, args)
         except redis.exceptions.ResponseError as exc:
-            missing = self._no_function(exc, refused)
+            if _fcall_refused(exc) and refused is not None:
+                raise refused from None  # this user may run neither: the first refusal names it
+            if not (function_missing(exc) or _fcall_refused(exc)):
+                raise
+            if refused is not None:
+                raise _not_loaded(refused, exc) from None
+            missing = exc
         else:
             self.mode.functions = True
             return reply
         try:
-            self.client.script_load(self.script)
+            yield self._load
         except redis.exceptions.NoPermissionError as exc:
             if script_refused(exc):
                 raise _not_loaded(exc, missing) from None
             raise
-        return self._evalsha(keys, args)
+        return (yield functools.partial(self._evalsha, keys, args))
 
-    async def _acall(self, keys: list[Any], args: list[Any]) -> Any:
-        if self.mode.functions:
-            try:
-                return await self._fcall(keys, args)
-            except redis.exceptions.ResponseError as exc:
-                if not function_missing(exc):
-                    raise
-                self.mode.functions = False
-        refused: BaseException | None = None
+    def __call__(self, keys: Iterable[Any] = (), args: Iterable[Any] = ()) -> Any:
+        steps = self._steps(list(keys), list(args))
+        if self.asyncio:
+            return self._adrive(steps)
         try:
-            return await self._evalsha(keys, args)
-        except redis.exceptions.NoScriptError:
-            pass
-        except redis.exceptions.NoPermissionError as exc:
-            if not script_refused(exc):
-                raise
-            refused = exc
-        try:
-            reply = await self._fcall(keys, args)
-        except redis.exceptions.ResponseError as exc:
-            missing = self._no_function(exc, refused)
-        else:
-            self.mode.functions = True
-            return reply
-        try:
-            await self.client.script_load(self.script)
-        except redis.exceptions.NoPermissionError as exc:
-            if script_refused(exc):
-                raise _not_loaded(exc, missing) from None
-            raise
-        return await self._evalsha(keys, args)
+            step = next(steps)
+            while True:
+                try:
+                    reply = step()
+                except redis.exceptions.ResponseError as exc:
+                    step = steps.throw(exc)
+                else:
+                    step = steps.send(reply)
+        except StopIteration as done:
+            return done.value
 
     @staticmethod
-    def _no_function(exc: redis.exceptions.ResponseError, refused: BaseException | None) -> Any:
-        """The FCALL after a NOSCRIPT or a refused EVALSHA failed: ``exc`` when the function is
-        missing or FCALL refused and loading the script is left to try; else what to raise."""
-        if _fcall_refused(exc) and refused is not None:
-            raise refused from None  # this user may run neither: the first refusal names it
-        if not (function_missing(exc) or _fcall_refused(exc)):
-            raise exc
-        if refused is not None:
-            raise _not_loaded(refused, exc) from None
-        return exc
+    async def _adrive(steps: Generator[Callable[[], Any], Any, Any]) -> Any:
+        try:
+            step = next(steps)
+            while True:
+                try:
+                    reply = await step()
+                except redis.exceptions.ResponseError as exc:
+                    step = steps.throw(exc)
+                else:
+                    step = steps.send(reply)
+        except StopIteration as done:
+            return done.value
 
 
 # Where redis-py's and asyncio's connection internals live: an AttributeError or TypeError raised

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -157,15 +158,26 @@ class Crawl:
         """Everything the process wrote so far (stdout and stderr)."""
         return "".join(self.lines)
 
-    def wait_for_output(self, text: str, timeout: float = 60) -> bool:
+    def wait_for_output(
+        self,
+        text: str,
+        timeout: float = 60,
+        meanwhile: Callable[[], object] | None = None,
+        every: float = 0.5,
+    ) -> bool:
         """Wait until the process has written ``text`` (or exited, or ``timeout`` passed); whether
-        it did."""
+        it did. ``meanwhile`` is called every ``every`` seconds while it waits (e.g. a holder that
+        must keep its lease until the crawl has seen it, however slowly the crawl starts)."""
         deadline = time.monotonic() + timeout
+        due = time.monotonic()
         while text not in self.output:
             if time.monotonic() > deadline or (
                 self.reader is not None and not self.reader.is_alive()
             ):
                 return text in self.output
+            if meanwhile is not None and time.monotonic() >= due:
+                meanwhile()
+                due = time.monotonic() + every
             time.sleep(0.01)
         return True
 

@@ -1,14 +1,18 @@
-"""Pure tests of the shared helpers: the one back-off; a connection closed under a command by
-another task is an outage, not a bug (the helper that tells them apart, and the driver that retries
-it as a connection error)."""
+"""Tests of the shared helpers: the one back-off; a connection closed under a command by another
+task is an outage, not a bug (the helper that tells them apart, and the driver that retries it as a
+connection error), pure; and how a project script is run after a NOSCRIPT, on a real
+redis-server."""
 
 from __future__ import annotations
 
+import pytest
+import redis
 import redis.exceptions
 
-from scrapy_redislock._redis import Backoff, as_connection_error
+from scrapy_redislock._redis import Backoff, ProjectScript, ScriptMode, as_connection_error
 from scrapy_redislock.lock.core import LockCore
 from scrapy_redislock.lock.protocol import drive
+from testing.monitor import Monitor, commands
 
 
 def raised_in(filename: str, error: str) -> BaseException:
@@ -83,3 +87,24 @@ def test_the_back_off_doubles_with_jitter_up_to_its_most_and_resets() -> None:
     assert len({round(Backoff(0.1, 1.0).next(), 9) for _ in range(20)}) > 1  # not in lockstep
     backoff.reset()
     assert backoff.next() <= 0.1
+
+
+# -- the project's scripts on a real redis-server ---------------------------------------------------
+
+
+@pytest.mark.integration
+def test_the_default_user_loads_a_missing_script_without_trying_the_functions(
+    redis_client: redis.Redis,
+) -> None:
+    """After a NOSCRIPT, Redis's default user loads the script and runs it again (one load, as
+    redis-py's Script): no FCALL of functions it never needed on the way."""
+    redis_client.script_flush()
+    source = "return ARGV[1]"
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    monitor = Monitor(port)
+    with redis.Redis(port=port, protocol=2) as client:
+        assert ProjectScript(client, source, ScriptMode())(keys=["k"], args=["x"]) == b"x"
+    raw = monitor.stop(redis_client)
+    sent = [(source, args[0].decode().lower()) for _, source, args in commands(raw)]
+    ours = next(source for source, name in sent if name == "evalsha")
+    assert [name for source, name in sent if source == ours] == ["evalsha", "script", "evalsha"]

@@ -24,6 +24,7 @@ the same URLs with ``REDIS_PARAMS = {"redis_cls": "scrapy_redislock.RedisClient"
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -127,9 +128,10 @@ class RedisURL:
         return _owning(client, sentinel)
 
     def async_client(self, **params: Any) -> redis.asyncio.Redis | redis.asyncio.RedisCluster:
-        """A redis.asyncio client for the reactor thread (asyncio reactor)."""
+        """A redis.asyncio client for the reactor thread (asyncio reactor); a server's or a
+        Sentinel master's skips the health check on a connection it has just opened."""
         if self.kind == "server":
-            return redis.asyncio.Redis.from_url(self.url, **params)
+            return _healthy_when_fresh(redis.asyncio.Redis.from_url(self.url, **params))
         if self.kind == "cluster":
             nodes = [redis.asyncio.cluster.ClusterNode(host, port) for host, port in self.hosts]
             return redis.asyncio.RedisCluster(startup_nodes=nodes, **self._data_kwargs(params))
@@ -140,7 +142,7 @@ class RedisURL:
         client = sentinel.master_for(
             self.service, redis_class=AsyncSentinelMaster, **self._data_kwargs(params)
         )
-        return _owning(client, sentinel)
+        return _owning(_healthy_when_fresh(client), sentinel)
 
     def _data_kwargs(self, params: Mapping[str, Any]) -> dict[str, Any]:
         kwargs = {**params, **self.options}
@@ -158,6 +160,34 @@ class RedisURL:
         kwargs.setdefault("socket_timeout", SENTINEL_SOCKET_TIMEOUT)
         kwargs.update(self.sentinel_options)
         return kwargs
+
+
+class _FreshIsHealthy:
+    """Mixed in front of a pool's redis.asyncio connection class: a connection just opened is
+    healthy, so its first health-check PING is due one ``health_check_interval`` later. redis-py
+    checks a new connection's health before its first command, a round trip on a crawl's way to its
+    first request (and its waiting connection's)."""
+
+    health_check_interval: float
+    next_health_check: float
+
+    async def _connect(self) -> None:
+        await super()._connect()  # type: ignore[misc]
+        self.next_health_check = asyncio.get_running_loop().time() + self.health_check_interval
+
+
+_FRESH_CLASSES: dict[type, type] = {}
+
+
+def _healthy_when_fresh(client: Any) -> Any:
+    """``client`` with its pool's connection class behind :class:`_FreshIsHealthy` (the class the
+    URL chose: TCP, TLS, a Unix socket or a Sentinel's)."""
+    pool = client.connection_pool
+    base = pool.connection_class
+    if base not in _FRESH_CLASSES:
+        _FRESH_CLASSES[base] = type(f"FreshIsHealthy{base.__name__}", (_FreshIsHealthy, base), {})
+    pool.connection_class = _FRESH_CLASSES[base]
+    return client
 
 
 def _owning(client: Any, sentinel: Any) -> Any:

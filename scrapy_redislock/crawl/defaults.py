@@ -66,7 +66,8 @@ TABLE: tuple[Setting, ...] = (
         "REDISLOCK_PARAMS",
         None,
         "client_params",
-        "Extra keyword arguments for the redis client (when unset: scrapy-redis's REDIS_PARAMS).",
+        "Extra keyword arguments for the redis client (when unset: scrapy-redis's REDIS_PARAMS), "
+        "over our own: socket_connect_timeout 10, health_check_interval 30, protocol 2.",
     ),
     Setting(
         "REDISLOCK_STAGES",

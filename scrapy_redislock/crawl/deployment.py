@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import redis.asyncio
 
-from scrapy_redislock._redis import AsyncRedisClient
+from scrapy_redislock._redis import AsyncRedisClient, is_default_user
 from scrapy_redislock.crawl.connection import async_clients
 from scrapy_redislock.crawl.reach import REFUSED, masters_said, no_quorum
 from scrapy_redislock.errors import ConfigError
@@ -74,14 +74,6 @@ def judge_eviction(info: Any, settings: RedisLockSettings, where: str) -> None:
     )
 
 
-def _loads_scripts(client: AsyncRedisClient) -> bool:
-    """Whether the start pipeline may SCRIPT LOAD: for Redis's default user only. A named user is
-    an ACL role, which may not (its first calls run the functions an admin loaded) and whose
-    refusals would fill the ACL log, or an admin, whose first calls load what they need."""
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
-    return kwargs.get("username") in (None, "default")
-
-
 class OneRedis:
     """Every lock on one Redis deployment, through one client."""
 
@@ -122,7 +114,7 @@ class OneRedis:
         pipe = client.pipeline(transaction=False)
         pipe.ping()
         pipe.info("memory")
-        if locks and _loads_scripts(client):
+        if locks and is_default_user(client):
             sources = lock_scripts()
             for name in START_SCRIPTS:
                 pipe.script_load(sources[name])

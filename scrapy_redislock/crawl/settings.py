@@ -66,8 +66,9 @@ CLIENT_PARAMS = {
     "protocol",
 }
 # Blocking waits must outlast the socket timeout; scrapy-redis's 30 s default would cut them into
-# pieces.
-DEFAULT_CLIENT_PARAMS = {"socket_connect_timeout": 10, "health_check_interval": 30}
+# pieces. RESP2: redis-py 8 opens each connection with HELLO 3 and a maintenance-notifications
+# handshake (two round trips before the first command; we use nothing of RESP3).
+DEFAULT_CLIENT_PARAMS = {"socket_connect_timeout": 10, "health_check_interval": 30, "protocol": 2}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -383,7 +383,12 @@ def test_recovery_window_after_a_data_loss_is_logged(site: CrawlSite, tmp_path: 
             silent.acquire(timeout=5)
         extra = {"REDISLOCK_STAGES": {"detail": 2}, "REDISLOCK_TTL": 9}
         crawl = Crawl(site.url, "detail:10", settings(server.url, **extra), tmp_path).start()
-        assert crawl.wait_for_output("Stage 'detail' has no free slot at start"), crawl.tail()
+        # the holders renew until the crawl has seen them (a crawl slow to start must not find
+        # their leases run out), then fall silent
+        waits = crawl.wait_for_output(
+            "Stage 'detail' has no free slot at start", meanwhile=silent.maintain
+        )
+        assert waits, crawl.tail()
         server.kill()
         server.start()
         crawl.wait(timeout=120)
