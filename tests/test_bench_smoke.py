@@ -23,6 +23,7 @@ TABLES = {
     "dropin": "## StageScheduler as a drop-in",
     "keys": "| processes | domains | pages | cap | how |",
     "middleware": "mean detail requests in flight, StageScheduler:",
+    "partition": "| healthy processes' detail pages/s before the cut |",
     "quorum": "| design |",
     "requestformat": "bare GET: json/pickle size",
     "restarts": "per grant",
