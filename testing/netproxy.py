@@ -6,13 +6,15 @@ per direction, and a blackhole on demand. No root, no kernel netem.
         ...
         proxy.blackhole()     # nothing goes through any more, either way; connections stay open
         proxy.heal()          # what was held goes on, in order (as TCP delivers after a partition)
+        proxy.blackhole("down")   # only the replies held back: commands still reach Redis and run
 
 Each chunk read from one side is written to the other ``delay`` seconds after it arrived (``up``:
-client to server, ``down``: server to client; both by default), in order. While blackholed, nothing
-is written either way and a new client's connection is accepted but not carried on to the server
-until healed: the peers see a silent network, not a closed connection (as a switch failing, a VM
-paused, a link saturated). One asyncio loop in a daemon thread serves every connection; give each
-process its own proxy to cut one process off while the others carry on.
+client to server, ``down``: server to client; both by default), in order. While a direction is
+blackholed (both by default), nothing is written that way; while ``up`` is, a new client's
+connection is accepted but not carried on to the server until healed. The peers see a silent
+network, not a closed connection (as a switch failing, a VM paused, a link saturated). One asyncio
+loop in a daemon thread serves every connection; give each process its own proxy to cut one process
+off while the others carry on.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class LatencyProxy:
         self.accepted: list[float] = []  # when each was accepted, on time.monotonic
         self.forwarded = {"up": 0, "down": 0}  # bytes written on
         self._loop = asyncio.new_event_loop()
-        self._open: asyncio.Event | None = None
+        self._open: dict[str, asyncio.Event] = {}  # direction -> set while it forwards
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -75,7 +77,8 @@ class LatencyProxy:
 
     @property
     def blackholed(self) -> bool:
-        return self._open is not None and not self._open.is_set()
+        """Whether a direction is blackholed now."""
+        return any(not event.is_set() for event in self._open.values())
 
     def set_delay(self, delay: float) -> None:
         """The delay of both directions from now on, s (chunks already read keep theirs)."""
@@ -83,13 +86,29 @@ class LatencyProxy:
             raise ValueError(f"LatencyProxy.set_delay: delay must be >= 0 s, got {delay}")
         self.up = self.down = delay
 
-    def blackhole(self) -> None:
-        """Stop forwarding, both ways; connections stay open (until :meth:`heal`)."""
-        self._call(lambda: self._opened().clear())
+    def blackhole(self, *directions: str) -> None:
+        """Stop forwarding ``directions`` ("up", "down"; both when none is named); connections stay
+        open (until :meth:`heal`)."""
+        unknown = set(directions) - {"up", "down"}
+        if unknown:
+            raise ValueError(
+                f"LatencyProxy.blackhole: directions are 'up' and 'down', got {unknown}"
+            )
+
+        def close() -> None:
+            for direction in directions or ("up", "down"):
+                self._opened(direction).clear()
+
+        self._call(close)
 
     def heal(self) -> None:
-        """Forward again: what was held goes on, in order."""
-        self._call(lambda: self._opened().set())
+        """Forward again, both ways: what was held goes on, in order."""
+
+        def reopen() -> None:
+            for direction in ("up", "down"):
+                self._opened(direction).set()
+
+        self._call(reopen)
 
     def close(self) -> None:
         """Close the listener and every connection; stop the thread."""
@@ -109,14 +128,14 @@ class LatencyProxy:
 
         asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
 
-    def _opened(self) -> asyncio.Event:
-        if self._open is None:
-            self._open = asyncio.Event()
-            self._open.set()
-        return self._open
+    def _opened(self, direction: str) -> asyncio.Event:
+        if direction not in self._open:
+            self._open[direction] = asyncio.Event()
+            self._open[direction].set()
+        return self._open[direction]
 
     async def _listen(self) -> int:
-        self._opened()
+        self._opened("up"), self._opened("down")
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         return int(self._server.sockets[0].getsockname()[1])
 
@@ -131,7 +150,7 @@ class LatencyProxy:
         self._tasks.add(task)
         server: asyncio.StreamWriter | None = None
         try:
-            await self._opened().wait()  # a partition: the connection goes no further
+            await self._opened("up").wait()  # a partition: the connection goes no further
             try:
                 server_reader, server = await asyncio.open_connection(*self.target)
             except OSError:
@@ -161,7 +180,7 @@ class LatencyProxy:
                 wait = due - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
-                await self._opened().wait()
+                await self._opened(direction).wait()
                 if not data:
                     with contextlib.suppress(OSError):
                         writer.write_eof()

@@ -1,6 +1,6 @@
 """The latency harness (testing/netproxy.py) against a real redis-server: bytes pass unchanged and in
-order, each direction waits its delay, and a blackhole holds everything (new connections included)
-with the connections left open until healed."""
+order, each direction waits its delay, and a blackhole holds everything (new connections included),
+or only the replies, with the connections left open until healed."""
 
 from __future__ import annotations
 
@@ -72,6 +72,31 @@ def test_a_blackhole_holds_everything_and_keeps_connections_open(
             late.close()
         finally:
             held.close()
+
+
+def test_a_blackhole_of_the_replies_lets_the_commands_run(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """``blackhole("down")``: a reply held back (a slow network, a paused Redis's reply) while the
+    command still reaches Redis and runs there."""
+    with LatencyProxy(port_of(redis_url)) as proxy:
+        held = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        try:
+            proxy.blackhole("down")
+            held.sendall(b"SET netproxy:down yes\r\n")
+            deadline = time.monotonic() + 5
+            while redis_client.get("netproxy:down") != b"yes" and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert redis_client.get("netproxy:down") == b"yes"  # it ran
+            held.settimeout(0.3)
+            with pytest.raises(TimeoutError):
+                held.recv(64)  # its reply did not come
+            proxy.heal()
+            held.settimeout(5)
+            assert held.recv(64) == b"+OK\r\n"
+        finally:
+            held.close()
+            redis_client.delete("netproxy:down")
 
 
 def test_bad_delays_are_refused_by_name() -> None:

@@ -28,8 +28,8 @@ from scrapy_redislock._redis import MAX_LIMIT
 from scrapy_redislock.lock.permit import LockKeys
 from testing import lockstate
 from testing.lockstate import AT_ONCE
+from testing.netproxy import LatencyProxy
 from testing.redis_server import RedisServer, find_redis_server, free_port
-from testing.replyproxy import ReplyProxy
 
 pytestmark = pytest.mark.integration
 
@@ -500,13 +500,13 @@ def test_a_grant_whose_reply_came_after_its_lease_ran_out_is_not_used(
     ttl = 1.0
     holder = make_lock(limit=1, ttl=ttl)
     held = holder.acquire(timeout=5)
-    with ReplyProxy(redis_client.connection_pool.connection_kwargs["port"]) as proxy:
+    with LatencyProxy(redis_client.connection_pool.connection_kwargs["port"]) as proxy:
         slow_client = redis.Redis(port=proxy.port)
         slow = CountingLock(slow_client, "detail", 1, ttl, maintain_loop=False)
         try:
             waiter = Waiter(slow)
             wait_until(lambda: blocked(redis_client) == 1, what="waiter blocked")
-            proxy.hold()
+            proxy.blackhole("down")  # Redis's replies held back, commands go on
             # Redis hands the slot to the waiter; the reply stays in the proxy
             assert holder.release(held) is True
             grant = lockstate.pending_grants(redis_client, slow.keys)
@@ -520,7 +520,7 @@ def test_a_grant_whose_reply_came_after_its_lease_ran_out_is_not_used(
             other.maintain()  # reaps the waiter's expired lease
             taken = other.try_acquire()
             assert taken is not None and taken.fence > held.fence
-            proxy.let_go()
+            proxy.heal()
             wait_until(lambda: blocked(redis_client) == 1, what="the waiter back in line")
             assert waiter.result is None  # it did not take the reaped grant for a permit
             assert other.release(taken) is True
