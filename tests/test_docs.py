@@ -6,6 +6,7 @@ and test it cites exists."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import html
 import importlib
 import io
@@ -20,6 +21,8 @@ import pytest
 
 from scrapy_redislock.cli import acl
 from scrapy_redislock.crawl import defaults
+from scrapy_redislock.lock.permit import LockKeys
+from scrapy_redislock.workers.queue import QueueKeys
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -307,3 +310,37 @@ def test_the_citation_check_finds_what_is_missing() -> None:
     for text, says in bad.items():
         found = broken_citations({"doc": f"see `{text}` here"})
         assert len(found) == 1 and found[0].startswith(f"doc:1: {says}"), (text, found)
+
+
+def test_the_architecture_names_every_module_script_and_key() -> None:
+    """docs/architecture.md is the map: every module of the package, every Lua script and every
+    key the key classes make is named there (the other tests check that what it names exists)."""
+    doc = (DOCS / "architecture.md").read_text()
+    package = ROOT / "scrapy_redislock"
+    modules = [
+        path.relative_to(package)
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "__init__.py"
+    ]
+    missing = [str(m) for m in modules if f"`{m.name}`" not in doc and str(m) not in doc]
+    scripts = [
+        f"{path.parent.parent.name}/scripts/{path.name}"
+        for path in sorted(package.glob("*/scripts/*.lua"))
+        if path.name != "_lib.lua"
+    ]
+    missing += [script for script in scripts if f"`{script}`" not in doc]
+    missing += [
+        f"LockKeys.{field.name}"
+        for field in dataclasses.fields(LockKeys)
+        if f"}}:{field.name}`" not in doc
+    ]
+    keys = QueueKeys("B")
+    made = [
+        getattr(keys, name)
+        for name, value in vars(QueueKeys).items()
+        if isinstance(value, property)
+    ]
+    made += [keys.queue("<stage>"), keys.scored("<stage>"), keys.signal("<stage>")]
+    made += [keys.inflight("<worker>")]
+    missing += [key for key in made if f"{{<spider>}}{key[1:]}`" not in doc]
+    assert not missing, f"docs/architecture.md does not name: {missing}"

@@ -252,11 +252,3 @@ TABLE: tuple[Setting, ...] = (
 
 #: name -> default, in the table's order.
 SETTINGS: dict[str, Any] = {setting.name: setting.default for setting in TABLE}
-
-#: Settings of earlier versions, and why they went: named in the error a crawl that still sets one
-#: gets.
-REMOVED = {
-    "REDISLOCK_PARK_LIMIT": "StageScheduler no longer parks requests in memory: they wait in the "
-    "inner scheduler, in its order, and at most REDISLOCK_WAITERS_PER_STAGE per stage wait for a "
-    "slot in the downloader"
-}

@@ -41,7 +41,6 @@ from scrapy.utils.request import request_from_dict
 
 from scrapy_redislock.errors import ConfigError, RequestFormatError
 
-TAGS = ("$b", "$b64", "$t", "$d")
 SCALARS = (type(None), bool, int, float, str)
 
 

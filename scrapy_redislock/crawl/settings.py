@@ -38,7 +38,7 @@ from scrapy.settings import BaseSettings
 
 from scrapy_redislock._redis import check_limit, check_name, check_ttl
 from scrapy_redislock.crawl import defaults
-from scrapy_redislock.crawl.connection import RedisURL, mask_url
+from scrapy_redislock.crawl.connection import mask_url
 from scrapy_redislock.crawl.connection import parse_url as connection_url
 from scrapy_redislock.crawl.inner import check_inner_scheduler
 from scrapy_redislock.crawl.keys import KeyFunction, key_function
@@ -82,11 +82,6 @@ class ConnectionSettings:
     masters: tuple[str, ...]  # REDISLOCK_URL as a list: the quorum lock's masters (else empty)
     quorum: int | None  # REDISLOCK_QUORUM (None: each stage's safe quorum)
     connect_timeout: float
-
-    @property
-    def parsed(self) -> RedisURL:
-        """The parsed URL: a server, Sentinel or Cluster (checked by read_settings)."""
-        return connection_url(self.url, self.url_setting)
 
     @property
     def safe_url(self) -> str:
@@ -508,10 +503,6 @@ def check_names(settings: BaseSettings) -> None:
     for name in settings:
         if not isinstance(name, str):
             continue
-        if name in defaults.REMOVED:
-            raise ConfigError(
-                f"{name} was removed: {defaults.REMOVED[name]}; delete it from the settings"
-            )
         folded = name.upper().replace("REDIS_LOCK", "REDISLOCK", 1)
         if not folded.startswith("REDISLOCK") or name in defaults.SETTINGS:
             continue

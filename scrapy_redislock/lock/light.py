@@ -37,11 +37,10 @@ from scrapy_redislock.lock.renewal import Renewal
 if TYPE_CHECKING:
     from scrapy_redislock.lock.parts import Core
 
-# Why a light take did not grant: the lock's stream is in use (callers queue there), or every slot
-# is held.
-STREAM = "stream"
-FULL = "full"
-PAUSED = "paused"  # a Retry-After paused the key's starts (lock/delay.py: pause_starts)
+# Why a light take did not grant, besides "stream" (the lock's stream is in use: callers queue
+# there) and "full" (every slot is held): a Retry-After paused the key's starts
+# (lock/delay.py: pause_starts).
+PAUSED = "paused"
 
 
 class LightGrants:
@@ -53,7 +52,7 @@ class LightGrants:
 
     def take(self, limit: int) -> Operation[Permit | str]:
         """A light grant if the lock has no stream in use and a free slot; else why not
-        (:data:`STREAM` or :data:`FULL`). ``limit`` is written when the lock is idle in Redis."""
+        ("stream", "full" or :data:`PAUSED`). ``limit`` is written when the lock is idle in Redis."""
         core = self.core
         self.made += 1
         sent_at = core.clock()

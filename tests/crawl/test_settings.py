@@ -150,13 +150,6 @@ def test_local_reuse_is_seconds_at_least_zero() -> None:
             read_settings(Settings({"REDISLOCK_LOCAL_REUSE": bad}))
 
 
-def test_a_removed_setting_is_named_with_why() -> None:
-    with pytest.raises(
-        ConfigError, match=r"REDISLOCK_PARK_LIMIT was removed: StageScheduler no longer parks"
-    ):
-        read_settings(Settings({"REDISLOCK_PARK_LIMIT": 1000}))
-
-
 @pytest.mark.parametrize("spelled", [None, "None", "none", "null", "", " None "])
 def test_none_is_spelled_the_same_for_every_optional_setting(spelled: Any) -> None:
     """``-s NAME=None`` (or an empty value) means None for each setting whose default is None."""
