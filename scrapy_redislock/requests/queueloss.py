@@ -5,9 +5,8 @@ back empty: every request queued in the shared queue, and scrapy-redis's dupefil
 scrapy-redis cannot tell: the crawl went on with what the processes had in flight and then ended as
 ``finished``, exit status 0, after a fraction of the pages. Each process reads the queue's epoch
 (``<REDISLOCK_KEY_PREFIX>:shared:{<the spider's queue key>}:epoch``, made when missing by
-``scripts/shared_queue_epoch.lua``) at
-start and at every renewal tick, with the lengths of the queue's keys (one pipeline, in a thread:
-scrapy-redis's client blocks). Another epoch than the one seen before means the data is gone:
+``scripts/shared_queue_epoch.lua``) at start and at every renewal tick, with the lengths of the
+queue's keys (in a thread: scrapy-redis's client blocks). Another epoch than the one seen before means the data is gone:
 
 - when this process knew of queued work (the queue held requests at its previous look, or it pushed
   or took one since): ERROR once, naming what was lost and what to do, stat ``redislock/queue_lost``,
