@@ -105,14 +105,16 @@ def test_a_survivor_that_has_not_reported_keeps_its_slots_reserved(server: Redis
 def test_a_survivor_that_releases_reports_too(server: RedisServer) -> None:
     """The awaited survivor closes (gives everything back) instead of renewing: the recovery ends
     all the same."""
-    a, b = lock(server), lock(server)
+    a, b = lock(server, renews=True), lock(server)
     pa = a.acquire(timeout=1)
     b.acquire(timeout=1)
     a.maintain(), b.maintain()
     server.restart()
     assert a.maintain() == []
     b.close()  # release_owner: reported
+    started = time.monotonic()
     granted = a.acquire(timeout=WAIT)
+    assert time.monotonic() - started < WAIT - 1  # a's renewals end the recovery
     assert a.try_acquire() is None
     assert a.release(granted) and a.release(pa)
     a.close()
