@@ -48,17 +48,19 @@ def test_redis_restarted_empty_mid_crawl_is_no_clean_finish(
         crawl = Crawl(
             site.url, "detail:300", shared(server.url), tmp_path, args={"follow": "comments"}
         ).start()
-        assert crawl.wait_for_output("Stage slots in Redis at", timeout=60), crawl.tail()
-        assert site.wait_for(lambda: site.count("detail") >= 20, timeout=60), crawl.tail()
-        client = redis.Redis.from_url(server.url)
-        assert client.get(SharedQueueKeys.of("redislock", "plan:requests").epoch) is not None
-        client.close()
-        assert site.wait_for(lambda: site.in_flight["detail"] > 0, timeout=30)
-        server.kill()
-        # what was in flight answers, and its callback schedules a comments request: kept in memory
-        assert crawl.wait_for_output("are kept in memory", timeout=30), crawl.tail()
-        server.start()
-        crawl.wait(timeout=120)
+        try:
+            assert crawl.wait_for_output("Stage slots in Redis at", timeout=60), crawl.tail()
+            assert site.wait_for(lambda: site.count("detail") >= 20, timeout=60), crawl.tail()
+            client = redis.Redis.from_url(server.url)
+            assert client.get(SharedQueueKeys.of("redislock", "plan:requests").epoch) is not None
+            client.close()
+            assert site.wait_for(lambda: site.in_flight["detail"] > 0, timeout=30)
+            server.kill()
+            # what was in flight answers, and its callback schedules a comments request: kept in memory
+            assert crawl.wait_for_output("are kept in memory", timeout=30), crawl.tail()
+            server.start()
+        finally:
+            crawl.wait(timeout=120)  # killed if it does not end: no crawl left behind
     stats = crawl.stats
     assert stats["finish_reason"] == "redislock_queue_lost", crawl.tail()
     assert crawl.code == 1, crawl.tail()

@@ -67,18 +67,20 @@ def test_a_dupefilter_left_by_a_killed_crawl_is_cleared_when_not_persisting(
     settings = {**SETTINGS, "SCHEDULER_PERSIST": False}
     with CrawlSite() as site:
         first = staged_worker(server.url, site.url, f"a:{PAGES}", settings)
-        wait_until(lambda: site.count("a") == PAGES, 60, "the first crawl's pages")
-        # every request handled and acknowledged: nothing queued or in flight, only the dupefilter
-        wait_until(
-            lambda: (
-                int(client.get(f"{BASE}:inflight_total") or 0) == 0
-                and not client.llen(f"{BASE}:queue:a")
-            ),
-            30,
-            "the first crawl's acknowledgements",
-        )
-        first.send_signal(signal.SIGKILL)
-        finish(first)
+        try:
+            wait_until(lambda: site.count("a") == PAGES, 60, "the first crawl's pages")
+            # every request handled and acknowledged: nothing queued or in flight, only the dupefilter
+            wait_until(
+                lambda: (
+                    int(client.get(f"{BASE}:inflight_total") or 0) == 0
+                    and not client.llen(f"{BASE}:queue:a")
+                ),
+                30,
+                "the first crawl's acknowledgements",
+            )
+        finally:
+            first.send_signal(signal.SIGKILL)  # before its close: the dupefilter stays
+            finish(first)
         assert client.scard(f"{BASE}:dupefilter") == PAGES
         wait_until(lambda: nobody_alive(client, 2000), 30, "the killed worker's beat to lapse")
         code, output = finish(staged_worker(server.url, site.url, f"a:{PAGES}", settings))
@@ -120,7 +122,12 @@ def test_a_second_worker_of_a_live_crawl_clears_nothing(server: RedisServer) -> 
         first = staged_worker(
             server.url, site.url, f"a:{PAGES}", {**settings, "CONCURRENT_REQUESTS": 1}
         )
-        wait_until(lambda: site.count("a") >= 2, 60, "the first worker's pages")
+        try:
+            wait_until(lambda: site.count("a") >= 2, 60, "the first worker's pages")
+        except AssertionError:
+            first.kill()
+            finish(first)
+            raise
         second = staged_worker(server.url, site.url, f"a:{PAGES}", settings)
         code, output = finish(second)
         assert code == 0 and "earlier crawl" not in output, output[-3000:]
