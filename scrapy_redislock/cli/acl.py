@@ -60,13 +60,14 @@ WATCHER_COMMANDS = (
 # admin loads them, `load-functions`; a client's first EVALSHA answers NOSCRIPT, then FCALL), the
 # lock's blocking wait,
 # the worker queues' reads (lengths, the in-flight counter, registered workers before a flush, a
-# worker's own in-flight ids after a lost reply), an idle worker's blocking wait for work (BLPOP)
-# and the token it hands on (LPUSH), the RedisSpider feed (list, set or zset); HSET + WAIT for
-# replicas=N; the status reads (MULTI/EXEC) with which a crawl logs why a stage waits.
+# worker's own in-flight ids after a lost reply, the dupefilter's size at start: SCARD), an idle
+# worker's blocking wait for work (BLPOP) and the token it hands on (LPUSH), the RedisSpider feed
+# (list, set or zset); HSET + WAIT for replicas=N; the status reads (MULTI/EXEC) with which a
+# crawl logs why a stage waits.
 CRAWLER_CLIENT_COMMANDS = (
     "evalsha", "fcall", "ping",
     "xreadgroup", "hget", "hset", "wait", "llen", "get", "zrange", "hkeys", "blpop", "lpush",
-    "lpop", "spop", "zpopmax",
+    "lpop", "spop", "zpopmax", "scard",
     "multi", "exec", "hgetall", "xinfo|stream", "xinfo|groups", "xinfo|consumers", "xpending",
     "zrange", "lindex",
 )  # fmt: skip
@@ -98,7 +99,7 @@ OPERATOR_SCRIPTS = (
 )
 
 # the packages with a scripts/ folder
-SCRIPT_PARTS = ("scrapy_redislock.lock", "scrapy_redislock.workers")
+SCRIPT_PARTS = ("scrapy_redislock.lock", "scrapy_redislock.workers", "scrapy_redislock.requests")
 SUBCOMMAND_OF = {"XGROUP", "XINFO", "CLIENT", "SCRIPT", "CONFIG", "OBJECT"}
 CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'(?:\s*,\s*'([A-Za-z]+)')?")
 

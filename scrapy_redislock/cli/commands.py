@@ -44,6 +44,7 @@ from scrapy_redislock.lock.core import (
 )
 from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, StageStatus, find_stages, stage_status
+from scrapy_redislock.requests.queueloss import REQUEST_SCRIPTS
 from scrapy_redislock.workers.queue import QUEUE_SCRIPTS, QueueKeys, requeue_now
 from scrapy_redislock.workers.status import (
     WORKER_LOCK_PREFIX,
@@ -54,6 +55,7 @@ from scrapy_redislock.workers.status import (
 
 DEFAULT_WATCH = 2.0
 WORKER_SCRIPTS = "scrapy_redislock.workers"  # the package of the worker queues' scripts
+REQUEST_SCRIPTS_PACKAGE = "scrapy_redislock.requests"  # the shared queue's epoch
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 
@@ -524,7 +526,11 @@ def cmd_forget(opts: argparse.Namespace, target: Target, io: Streams) -> int:
 
 def project_library() -> tuple[str, str, int]:
     """(library name, FUNCTION LOAD text, number of functions) of every script of the project."""
-    sources = {*lock_scripts().values(), *load_scripts(WORKER_SCRIPTS, QUEUE_SCRIPTS).values()}
+    sources = {
+        *lock_scripts().values(),
+        *load_scripts(WORKER_SCRIPTS, QUEUE_SCRIPTS).values(),
+        *load_scripts(REQUEST_SCRIPTS_PACKAGE, REQUEST_SCRIPTS).values(),
+    }
     library, code = function_library(sources)
     return library, code, len(sources)
 

@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from scrapy import signals
 from scrapy.utils.asyncio import is_asyncio_available
 
 from scrapy_redislock.errors import ConfigError
@@ -192,3 +193,26 @@ def check_reactor(crawler: Crawler, component: str) -> None:
             "TWISTED_REACTOR_ENABLED = False. Redis is only called with redis.asyncio, so that the "
             "reactor never blocks"
         )
+
+
+def finish_uncleanly(crawler: Crawler, reason: str, last_word: Callable[[], None]) -> None:
+    """The crawl lost or dropped requests: it must not end as a clean finish. Once per crawler and
+    reason, a spider_closed handler (connected now, so that it runs after CoreStats's) calls
+    ``last_word`` (the closing ERROR line), replaces a finish reason of ``finished`` with ``reason``
+    (another reason, a timeout or a shutdown, is kept) and leaves the crawler without a spider, for
+    which Scrapy's commands exit with status 1 (as after a failed start)."""
+    done: set[str] = crawler.__dict__.setdefault("_redislock_unclean", set())
+    if reason in done:
+        return
+    done.add(reason)
+
+    def closed(spider: Any, reason: str) -> None:
+        last_word()
+        if crawler.stats.get_value("finish_reason", reason) == "finished":
+            crawler.stats.set_value("finish_reason", unclean)
+        crawler.spider = None
+
+    unclean = reason
+    # a strong reference: signals keep weak ones, and this closure has no other owner
+    crawler.__dict__.setdefault("_redislock_unclean_handlers", []).append(closed)
+    crawler.signals.connect(closed, signal=signals.spider_closed)

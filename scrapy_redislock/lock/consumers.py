@@ -59,6 +59,11 @@ class Consumers:
         self.abandoned.clear()
 
 
+# The most owners a renewal names back: ROSTER_MAX in _lib.lua
+# (tests/lock/test_recovery.py checks they agree).
+ROSTER_MAX = 32
+
+
 @dataclass
 class Registration:
     """Whether this owner is registered with the lock in Redis now, and whether it ever saw the
@@ -71,10 +76,26 @@ class Registration:
     current: bool = False
     ever: bool = False
     at: float = -math.inf
+    # the owners alive at this owner's last renewal (maintain's roster; None: more than ROSTER_MAX)
+    roster: list[str] | None = None
+    roster_at: float = -math.inf
 
     def done(self, now: float) -> None:
         self.current = self.ever = True
         self.at = now
+
+    def saw(self, roster: list[str], now: float) -> None:
+        """A renewal named the owners alive (see maintain.lua)."""
+        self.roster = roster if len(roster) <= ROSTER_MAX else None
+        self.roster_at = now
+
+    def survivors(self, owner: str, now: float, lease: float) -> list[str] | None:
+        """Whom a recovery after a data loss waits for (setup.lua, ``await_survivors``): the owners
+        alive at this owner's last renewal, if that was within the lease (an owner quiet for longer
+        cannot tell who may hold); None: unknown, the recovery waits out its lease."""
+        if self.roster is None or now - self.roster_at > lease:
+            return None
+        return sorted({*self.roster, owner})
 
     def due(self, now: float, ttl: float) -> bool:
         """Set up (again) before the next wait: never done, lost, or quiet for over ``ttl``."""

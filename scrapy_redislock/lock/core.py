@@ -224,6 +224,9 @@ class LockCore:
     def setup(self, recover: bool = False) -> Operation[tuple[bool, int]]:
         """Create the lock in Redis if needed and register this owner."""
         k = self.keys
+        survivors = (
+            self.registration.survivors(self.owner, self.clock(), self.ttl) if recover else None
+        )
         reply = yield self._script(
             "setup",
             (k.slots, k.meta, k.owners, k.ttls, k.seen, *self._light_keys),
@@ -233,6 +236,7 @@ class LockCore:
             json.dumps(self.identity),
             "1" if recover else "0",
             self.durable_flag,
+            *(("0",) if survivors is None else ("1", *survivors)),
         )
         created, limit, lease_ms = text(reply)
         self.registration.done(self.clock())

@@ -80,6 +80,7 @@ from scrapy_redislock.crawl.engine import (
     wake_engine,
 )
 from scrapy_redislock.crawl.inner import inner_name, load_inner_scheduler
+from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REFUSED
 from scrapy_redislock.crawl.requestslots import SlotPermit
 from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import StageLocks
@@ -87,6 +88,7 @@ from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.requests.gate import StageGate
 from scrapy_redislock.requests.keygate import KeyGate
 from scrapy_redislock.requests.keyline import KeyLine
+from scrapy_redislock.requests.queueloss import QueueWatch, unqueued_at_close
 from scrapy_redislock.requests.stagequeue import (
     SharedStageQueues,
     StagePriorityQueues,
@@ -207,6 +209,8 @@ class StageScheduler:
         # key slots got here for requests of no capped stage (over Scrapy's scheduler)
         self.keyline: KeyLine | None = None
         self.shared: SharedStageQueues | None = None  # over scrapy-redis's scheduler, from open()
+        self.watch: QueueWatch | None = None  # notices a shared queue that Redis lost
+        self._look: asyncio.Task[None] | None = None
         self.closing = False
         self.inner_closed = False  # requests can no longer be given back to it
         # requests that left this scheduler (not those that bypassed it: media downloads)
@@ -282,6 +286,8 @@ class StageScheduler:
             await maybe_deferred_to_future(inner_result)
             self._share_queue()
         assert self.locks is not None
+        if self.watch is not None:
+            await self.watch.look()  # the queue's epoch, to tell a loss from now on
         await self.locks.start_once()
 
     def _share_queue(self) -> None:
@@ -296,6 +302,9 @@ class StageScheduler:
             base, self.ready, self.gate, asked_while_paused=self._wake_later
         )
         self.inner.queue = self.shared
+        self.shared.enqueue = self.inner.enqueue_request
+        self.watch = QueueWatch(self.crawler, self.shared, self.settings.key_prefix)
+        self.shared.check = self.watch.look_now
         if getattr(self.inner, "flush_on_start", False):
             self.shared.clear()
         elif not len(base) and (queued := len(self.shared)):
@@ -310,6 +319,8 @@ class StageScheduler:
             self.keyline.close()  # requests held back for their key slot go back first (JOBDIR)
         self.inner_closed = True
         result = self.inner.close(reason) if hasattr(self.inner, "close") else None
+        if self.shared is not None:
+            unqueued_at_close(self.crawler, self.shared.close())
         if self.locks is None:
             return result
         self.closing = True
@@ -358,7 +369,19 @@ class StageScheduler:
         return len(self.inner) + (self.keyline.pending() if self.keyline is not None else 0)
 
     def enqueue_request(self, request: Request) -> bool:
-        return bool(self.inner.enqueue_request(request))
+        if self.shared is None:
+            return bool(self.inner.enqueue_request(request))
+        try:
+            return bool(self.inner.enqueue_request(request))
+        except OUTAGE_ERRORS as exc:
+            if isinstance(exc, REFUSED):
+                raise
+            # scrapy-redis's dupefilter did not answer (its queue's push is kept by SharedStageQueues):
+            # raised here, it ended a task of Scrapy's nobody awaits ("Task exception was never
+            # retrieved") and the request was lost
+            self.crawler.stats.inc_value("redislock/queue_held")
+            self.shared.hold(request, exc)
+            return True
 
     def next_request(self) -> Request | None:
         request = self._next_request()
@@ -496,6 +519,9 @@ class StageScheduler:
             return
         if self.keyline is not None:
             self.keyline.tick()
+        if self.watch is not None and (self._look is None or self._look.done()):
+            self._look = asyncio.get_running_loop().create_task(self.watch.look())
+            self._look.add_done_callback(_retrieved)
         now = time.monotonic()
         for stage, permits in self.ready.items():
             if not permits:
@@ -511,6 +537,13 @@ class StageScheduler:
                         self.locks.slots.release_soon(permit)
                 permits.clear()
                 permits.extend(kept)
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """A look at the shared queue that failed otherwise than by a Redis error: logged, not left to
+    asyncio's "Task exception was never retrieved"."""
+    if not task.cancelled() and (error := task.exception()) is not None:
+        logger.error("Looking at the shared queue in Redis failed: %r", error, exc_info=error)
 
 
 def _is_scrapy_redis(inner: Any) -> bool:

@@ -339,6 +339,13 @@ class SharedStageQueues:
         self._known_length = 0
         # pushed while Redis did not answer
         self.unpushed: deque[tuple[str | None, Request]] = deque()
+        # scheduled while Redis did not answer (scrapy-redis's dupefilter could not be asked): given
+        # to ``enqueue`` (the inner scheduler's enqueue_request) again at the next pop
+        self.held: deque[Request] = deque()
+        self.enqueue: Callable[[Request], Any] | None = None
+        self.moved = 0  # requests pushed or taken by this process (QueueWatch: it knew of work)
+        # QueueWatch.look_now: when Redis answers again after an outage, and when the queue is empty
+        self.check: Callable[[], None] | None = None
 
     @property
     def key(self) -> str:
@@ -367,8 +374,25 @@ class SharedStageQueues:
             self._went_out(exc)
             self.unpushed.append((stage, request))
             return
+        self.moved += 1
         self._ask_at[stage] = 0.0
         self._pauses[stage].reset()
+
+    def hold(self, request: Request, exc: BaseException) -> None:
+        """``request`` could not be scheduled (the dupefilter or the queue did not answer): kept in
+        memory and scheduled again at the next pop, never dropped."""
+        self._went_out(exc)
+        if not self.held:
+            logger.info(
+                "Requests scheduled while Redis does not answer are kept in memory, and queued "
+                "once it answers (redislock/queue_held)"
+            )
+        self.held.append(request)
+
+    @property
+    def in_memory(self) -> int:
+        """Requests kept in memory while Redis did not answer."""
+        return len(self.held) + len(self.unpushed)
 
     def _went_out(self, exc: BaseException) -> float:
         """Note an outage (one warning when it starts); the seconds to wait before asking Redis
@@ -394,6 +418,9 @@ class SharedStageQueues:
         after a back-off: one warning when the outage starts, one INFO line when it ends, no
         traceback (plain scrapy-redis raises from the engine's loop at every attempt)."""
         try:
+            while self.held and self.enqueue is not None:
+                self.enqueue(self.held[0])  # filtered and pushed (or kept in unpushed)
+                self.held.popleft()
             while self.unpushed:
                 stage, unpushed = self.unpushed[0]
                 self.queues[stage].push(unpushed)
@@ -413,6 +440,8 @@ class SharedStageQueues:
             )
             self._out_since = None
             self._outage.reset()
+            if self.check is not None:
+                self.check()  # a restart may have emptied it
         return request
 
     def _pop(self) -> Request | None:
@@ -429,6 +458,7 @@ class SharedStageQueues:
                 self._ask_at[stage] = now + self._pauses[stage].next()
                 continue
             self._pauses[stage].reset()
+            self.moved += 1
             self._turn += 1
             self._turns[stage] = self._turn
             if stage is None:
@@ -450,26 +480,27 @@ class SharedStageQueues:
         """Whether any sub-queue holds a request: one command per sub-queue until one does. True
         while Redis does not answer: the crawl does not close on a queue it cannot see."""
         try:
-            return bool(self.unpushed) or any(len(queue) > 0 for queue in self.queues.values())
+            found = bool(self.in_memory) or any(len(queue) > 0 for queue in self.queues.values())
         except OUTAGE_ERRORS:
             return True
+        if not found and self.check is not None:
+            self.check()  # empty, or emptied by Redis (said before the engine closes the spider)
+        return found
 
     def clear(self) -> None:
         for queue in self.queues.values():
             queue.clear()
 
-    def close(self) -> None:
-        """The queues live in Redis: only requests pushed while it did not answer, and never since,
-        are lost."""
-        if self.unpushed:
-            logger.error(
-                "%d request(s) pushed while Redis did not answer could not be queued "
-                "before close: lost",
-                len(self.unpushed),
-            )
+    def close(self) -> int:
+        """The queues live in Redis: only requests scheduled while it did not answer, and never
+        queued since, are lost; how many (StageScheduler reports them)."""
+        lost = self.in_memory
+        self.held.clear()
+        self.unpushed.clear()
+        return lost
 
     def __len__(self) -> int:
         """The requests queued in Redis (the last length read, while Redis does not answer)."""
         with suppress(*OUTAGE_ERRORS):
             self._known_length = sum(len(queue) for queue in self.queues.values())
-        return self._known_length + len(self.unpushed)
+        return self._known_length + self.in_memory

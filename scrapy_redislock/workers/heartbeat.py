@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request
 
 from scrapy_redislock._redis import printable
+from scrapy_redislock.crawl.engine import finish_uncleanly
 from scrapy_redislock.workers.policy import BeatClock, liveness
 
 if TYPE_CHECKING:
@@ -168,7 +169,8 @@ class Heartbeat:
         registry.
 
         Said loudly when this worker knew of work: ERROR once, stat
-        ``redislock/workers/queue_lost``, and its idle close finishes as ``redislock_queue_lost``.
+        ``redislock/workers/queue_lost``, and its idle close finishes as ``redislock_queue_lost``
+        (another finish reason is kept), exit status 1.
         What it still holds is kept: the requests it had taken ahead go back to the (new) queues,
         the ones in progress finish here and queue what they yield. True if lost."""
         epoch = await self.queues.epoch()
@@ -196,6 +198,8 @@ class Heartbeat:
             return True
         self.lost = True
         self.stats.inc_value("redislock/workers/queue_lost")
+        # exit status 1 (the idle close's reason is redislock_queue_lost; another is kept)
+        finish_uncleanly(self.crawler, "redislock_queue_lost", lambda: None)
         logger.error(
             "Worker %s: Redis lost the worker queues of spider %r (restarted without persistence, "
             "flushed, or a replica without them promoted): every request queued in any stage (%d "

@@ -584,20 +584,26 @@ class StageQueues:
         (SCHEDULER_FLUSH_ON_START: queued work goes too)."""
         return await self._clear(finished_only=False) == 1
 
-    async def clear_if_finished(self) -> int:
+    async def clear_if_finished(self, dry: bool = False) -> int:
         """Delete the spider's whole crawl state if no other worker is alive and no work is left
         anywhere (nothing queued in any stage, a paused one's included, nothing in flight in any
-        worker's record): SCHEDULER_PERSIST = False at close. 1 cleared, 0 another worker is alive,
-        -1 work is left (nothing deleted)."""
-        return await self._clear(finished_only=True)
+        worker's record): SCHEDULER_PERSIST = False at close, and at start over what a crawl that
+        did not close cleanly left. 1 cleared, 0 another worker is alive, -1 work is left (nothing
+        deleted). ``dry``: delete nothing, only tell (1: it would clear)."""
+        return await self._clear(finished_only=True, dry=dry)
 
-    async def _clear(self, *, finished_only: bool) -> int:
+    async def dupefilter_size(self) -> int:
+        """Fingerprints in the shared dupefilter (SCARD)."""
+        return int(await self.client.scard(self.keys.dupefilter))
+
+    async def _clear(self, *, finished_only: bool, dry: bool = False) -> int:
         registered = await self.workers()
         keys: list[Any] = [self.keys.alive, self.keys.working, self.keys.dupefilter, self.keys.ids]
         keys += [self.keys.in_flight, self.keys.wake, *self._queue_keys(), *self._signal_keys()]
         keys += [self.keys.inflight(w) for w in {*registered, self.worker}]
         keys += [self.keys.epoch, self.keys.due, self.keys.sequence]
-        args: list[Any] = [self.worker, self.ttl_ms, *(["finished"] if finished_only else [])]
+        args: list[Any] = [self.worker, self.ttl_ms, "finished" if finished_only else ""]
+        args += ["dry"] if dry else []
         return int(await self.scripts["queue_clear"](keys=keys, args=args))
 
 

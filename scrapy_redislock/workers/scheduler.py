@@ -61,7 +61,7 @@ scrapy-redis's SCHEDULER_QUEUE_CLASS (the order of the stage queues:
 :func:`~scrapy_redislock.workers.queue.queue_order`), Scrapy's CONCURRENT_REQUESTS (how many
 requests a worker takes ahead); DUPEFILTER_DEBUG is read by the outbox. Stats:
 ``redislock/workers/<stage>/{enqueued,duplicates,dequeued,taken,lost}``,
-``redislock/workers/{requeued,returned,start_urls,unqueueable,dead_letters,redis_errors,queue_lost}``,
+``redislock/workers/{requeued,returned,start_urls,unqueueable,dead_letters,redis_errors,queue_lost,leftover_dupefilter_cleared}``,
 and Scrapy's ``dupefilter/filtered``.
 
 A duplicate is dropped as Scrapy's and scrapy-redis's schedulers drop one: ``enqueue_request``
@@ -75,7 +75,10 @@ Redis going away is not an error: an outage or failover is one WARNING per outag
 Redis answers again, every call retried with back-off. Redis coming back *empty* is: the queues'
 epoch key tells a lost crawl state from being taken for dead, and a worker that knew of work logs
 one ERROR, counts ``queue_lost`` and finishes its idle close as ``redislock_queue_lost``. A paused
-or full stage's queue is work: no idle close, no clear.
+or full stage's queue is work: no idle close, no clear. A dupefilter an earlier crawl left (no work
+queued or in flight, no worker alive) is cleared at start without SCHEDULER_PERSIST (that crawl was
+killed before its close), said at WARNING; kept with it, and a run it filters entirely finishes as
+``redislock_all_filtered``, exit status 1 (:meth:`StageWorkerScheduler._leftover_dupefilter`).
 
 A queued entry that cannot be loaded (garbage, a pickle payload, a truncated entry, a ``_class`` or
 callback that is not what ``to_dict`` makes) is logged once with its queue and a short escaped
@@ -97,7 +100,7 @@ from scrapy.utils.defer import deferred_from_coro
 
 from scrapy_redislock._loop import every
 from scrapy_redislock._redis import Backoff
-from scrapy_redislock.crawl.engine import check_reactor
+from scrapy_redislock.crawl.engine import check_reactor, finish_uncleanly
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.settings import read_settings, read_worker_settings
 from scrapy_redislock.crawl.stages import stage_of
@@ -214,6 +217,9 @@ class StageWorkerScheduler(BaseScheduler):
         self.loop_task: asyncio.Task[None] | None = None
         self.warned_memory_only = False
         self.spider: Spider | None = None
+        # fingerprints of a dupefilter kept from an earlier crawl, found at start (0: none)
+        self.leftover = 0
+        self.said_all_filtered = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> StageWorkerScheduler:
@@ -273,6 +279,8 @@ class StageWorkerScheduler(BaseScheduler):
                 logger.info("SCHEDULER_FLUSH_ON_START: flushed the queues (no other worker alive)")
             else:
                 logger.info("SCHEDULER_FLUSH_ON_START: other workers are alive, nothing flushed")
+        else:
+            await self._leftover_dupefilter()
         await self.heartbeat.beat(None)
         idle_close = self.loop.idle_close
         idle = "never" if idle_close is None else f"after {idle_close:g} s with no work anywhere"
@@ -458,9 +466,66 @@ class StageWorkerScheduler(BaseScheduler):
     def close_reason(self) -> str | None:
         """The finish reason of an idle close (the mixin's idle handler): ``redislock_queue_lost``
         once Redis lost the crawl state while this worker knew of work
-        (:meth:`~scrapy_redislock.workers.heartbeat.Heartbeat.queues_lost`); None: Scrapy's own
-        (``finished``)."""
-        return "redislock_queue_lost" if self.heartbeat.lost else None
+        (:meth:`~scrapy_redislock.workers.heartbeat.Heartbeat.queues_lost`);
+        ``redislock_all_filtered`` when a dupefilter kept from an earlier crawl filtered all this
+        run was given and it fetched nothing; None: Scrapy's own (``finished``)."""
+        if self.heartbeat.lost:
+            return "redislock_queue_lost"
+        return "redislock_all_filtered" if self._all_filtered() else None
+
+    async def _leftover_dupefilter(self) -> None:
+        """At start, before this worker's first beat: a dupefilter with no queued or in-flight work
+        and no other worker alive is what an earlier crawl left. With SCHEDULER_PERSIST = False its
+        last worker would have cleared it at close, had it closed cleanly (a SIGKILL, a second
+        Ctrl-C): cleared now, said at WARNING. Kept (SCHEDULER_PERSIST = True): said at WARNING, and
+        remembered, so that a run it filters entirely does not finish as a clean ``finished``
+        (:meth:`close_reason`)."""
+        try:
+            found = await self.queues.dupefilter_size()
+            if not found:
+                return
+            persist = self.worker_settings.persist
+            if await self.queues.clear_if_finished(dry=persist) != 1:
+                return  # other workers alive, or work left: the dupefilter is that crawl's
+        except REDIS_ERRORS as exc:
+            logger.warning("Could not look for a dupefilter left by an earlier crawl: %s", exc)
+            return
+        spider = self.crawler.spidercls.name
+        if not persist:
+            self.stats.set_value("redislock/workers/leftover_dupefilter_cleared", found)
+            logger.warning(
+                "Worker %s: found the dupefilter of an earlier crawl of spider %r (%d fingerprints) with no queued or in-flight work and no worker alive: that crawl did not close cleanly (killed, or stopped twice), else its last worker would have cleared it (SCHEDULER_PERSIST = False). Cleared it, with the rest of that crawl's state, so that this run's requests are not filtered as duplicates of its pages",  # noqa: E501
+                self.worker,
+                spider,
+                found,
+            )
+            return
+        self.leftover = found
+        logger.warning(
+            "Worker %s: the dupefilter of an earlier crawl of spider %r is kept (SCHEDULER_PERSIST = True, %d fingerprints; no queued or in-flight work, no worker alive): this run's requests for pages that crawl fetched are filtered as duplicates. To crawl them again, start with SCHEDULER_FLUSH_ON_START = True",  # noqa: E501
+            self.worker,
+            spider,
+            found,
+        )
+
+    def _all_filtered(self) -> bool:
+        """This run found a kept dupefilter at start, fetched nothing and filtered what it was
+        given: said at WARNING, and the crawl finishes as ``redislock_all_filtered`` with exit
+        status 1, not as a clean ``finished``."""
+        stats = self.stats
+        filtered = int(stats.get_value("dupefilter/filtered", 0) or 0)
+        if not self.leftover or stats.get_value("response_received_count") or not filtered:
+            return False
+        if not self.said_all_filtered:
+            self.said_all_filtered = True
+            logger.warning(
+                "Worker %s fetched nothing: the %d request(s) it was given were all filtered as duplicates by the dupefilter kept from an earlier crawl (%d fingerprints at start, SCHEDULER_PERSIST = True); the crawl finishes as redislock_all_filtered. Start with SCHEDULER_FLUSH_ON_START = True to crawl those pages again",  # noqa: E501
+                self.worker,
+                filtered,
+                self.leftover,
+            )
+            finish_uncleanly(self.crawler, "redislock_all_filtered", lambda: None)
+        return True
 
     async def _clear_if_finished(self) -> None:
         """SCHEDULER_PERSIST = False at close: the last worker out clears the crawl state, but only

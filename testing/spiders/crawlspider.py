@@ -10,7 +10,9 @@ gets ``dont_redislock``. ``-a via=meta`` (default) names the stage in meta; ``vi
 with ``engine.download_async`` (as media pipelines do), bypassing the scheduler. ``-a hosts=N``
 spreads the requests over N host names, request ``n`` of each plan entry to 127.0.0.<1 + n % N>
 (base's port; see :class:`testing.site.CrawlSite`'s ``hosts``); ``-a first=K`` numbers the pages
-from K (processes sharing the pages of one stage without fetching any twice).
+from K (processes sharing the pages of one stage without fetching any twice). ``-a follow=STAGE``: each
+response of another stage yields one request of STAGE (``/<STAGE>/<n>``, the same n), through the
+dupefilter (the start requests have ``dont_filter``).
 :func:`path_key` and :func:`failing_key` are REDISLOCK_STAGE_KEY functions for the key tests.
 """
 
@@ -44,11 +46,13 @@ class PlanSpider(scrapy.Spider):
         via: str = "meta",
         hosts: str = "1",
         first: str = "0",
+        follow: str = "",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.hosts = int(hosts)
         self.first = int(first)
+        self.follow = follow
         self.direct = int(direct)
         self.base = base
         self.via = via
@@ -79,7 +83,15 @@ class PlanSpider(scrapy.Spider):
                     url, meta=meta, callback=callback, errback=self.failed, dont_filter=True
                 )
 
-    async def parse(self, response: scrapy.http.Response) -> AsyncIterator[dict[str, str]]:
+    async def parse(self, response: scrapy.http.Response) -> AsyncIterator[Any]:
+        if self.follow and f"/{self.follow}/" not in response.url:
+            n = urlsplit(response.url).path.rsplit("/", 1)[-1]
+            yield scrapy.Request(
+                f"{self.base}/{self.follow}/{n}",
+                meta={"redislock_stage": self.follow},
+                callback=self.parse,
+                errback=self.failed,
+            )
         while self.direct > 0:
             self.direct -= 1
             request = scrapy.Request(

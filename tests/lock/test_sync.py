@@ -558,10 +558,12 @@ def test_data_loss_holder_readopts_its_slot(redis_client: redis.Redis, make_lock
     newcomer = make_lock(limit=2, ttl=ttl, auto_renew=True)
     assert newcomer.try_acquire() is None  # limbo: survivors may still re-adopt
     started = time.monotonic()
-    # the unclaimed reserved slot comes free one ttl after the lock was recreated
+    # the unclaimed reserved slot comes free two renewal intervals after the lock was recreated
+    # when the holder had renewed before the flush (it then knew it was the only owner alive: see
+    # tests/lock/test_recovery.py), else one ttl after
     newcomer.acquire(timeout=3)
     # recreated at the holder's renewal after the flush
-    assert time.monotonic() - flushed >= ttl - 0.02
+    assert time.monotonic() - flushed >= 2 * ttl / 3 - 0.02
     assert time.monotonic() - started <= ttl + ttl / 3 + 0.3
     assert newcomer.try_acquire() is None  # never more than the limit
     assert holder.release(permit) is True

@@ -159,7 +159,7 @@ local function create_lock(slots, meta, limit, ttl)
   redis.call('XGROUP', 'CREATE', slots, GROUP, id_of(base))
   for _ = 1, limit do add_slot(slots) end
   redis.call('HSET', meta, 'limit', limit, 'ttl', ttl, 'base', string.format('%.0f', base), 'run', run_id())
-  redis.call('HDEL', meta, 'skip_until', 'reap_at', 'gc_at')
+  redis.call('HDEL', meta, 'skip_until', 'reap_at', 'gc_at', 'awaiting', 'recover_floor')
 end
 
 -- True when the lock's stream and limit are both in Redis.
@@ -212,6 +212,37 @@ local function lease_of(meta)
   return tonumber(redis.call('HGET', meta, 'ttl') or '30000')
 end
 
+-- The most owners a renewal names back (maintain's roster); with more, a recovery waits out its lease.
+local ROSTER_MAX = 32
+
+-- The owners seen within the lease (which alone can hold a live grant), for the caller to name the survivors
+-- should Redis lose the lock (setup in recovery mode); ROSTER_MAX + 1 names at most (too many to name).
+local function roster(seen, lease, now)
+  return redis.call('ZRANGEBYSCORE', seen, now - lease, '+inf', 'LIMIT', 0, ROSTER_MAX + 1)
+end
+
+-- A lock recreated in limbo by a survivor that named the owners alive at its last renewal (ARGV[first..]):
+-- the reservation ends early once each of them has reported (setup, maintain or release_owner, after re-adopting
+-- what it held) and two renewal intervals (the longest a live holder waits between renewals, three times over
+-- at most) have passed since, for holders that started after that renewal; else after its lease, as before.
+local function await_survivors(meta, argv, first, now)
+  local names = {}
+  for i = first, #argv do names[#names + 1] = argv[i] end
+  local interval = math.min(lease_of(meta), 3000) / 3
+  redis.call('HSET', meta, 'awaiting', table.concat(names, '\n'), 'recover_floor', string.format('%.0f', now + 2 * interval))
+end
+
+-- An owner reported after a data loss (it re-registered, re-adopted or released): no longer awaited.
+local function survivor_reported(meta, owner)
+  local awaiting = redis.call('HGET', meta, 'awaiting')
+  if not awaiting or awaiting == '' then return end
+  local left = {}
+  for name in string.gmatch(awaiting, '[^\n]+') do
+    if name ~= owner then left[#left + 1] = name end
+  end
+  redis.call('HSET', meta, 'awaiting', table.concat(left, '\n'))
+end
+
 -- Delete the entries a lowered limit skipped (never to be delivered); the
 -- entries at or below 'skip_until' that are still pending are held grants.
 local function delete_skipped(slots, meta)
@@ -223,6 +254,17 @@ local function delete_skipped(slots, meta)
   if stream_state(slots) >= tonumber(skip) then redis.call('HDEL', meta, 'skip_until') end
 end
 
+-- End a recovery window early (see await_survivors): every survivor named has reported and the floor passed; the
+-- slots still reserved are freed (handed to waiters at once). Returns how many.
+local function end_recovery(slots, meta, now)
+  local state = redis.call('HMGET', meta, 'awaiting', 'recover_floor')
+  if not state[1] or state[1] ~= '' or now < tonumber(state[2]) then return 0 end
+  redis.call('HDEL', meta, 'awaiting', 'recover_floor')
+  local freed = free_consumer(slots, LIMBO)
+  redis.call('XGROUP', 'DELCONSUMER', slots, GROUP, LIMBO)
+  return freed
+end
+
 -- Free leases that expired (holders that died or stalled), following the
 -- XAUTOCLAIM cursor through the whole pending list. Runs at most once per
 -- `interval` ms across all processes (meta 'reap_at'); returns how many were freed.
@@ -230,7 +272,7 @@ local function reap(slots, meta, lease, interval, now)
   local due = tonumber(redis.call('HGET', meta, 'reap_at') or '0')
   if now < due then return 0 end
   redis.call('HSET', meta, 'reap_at', now + interval)
-  local freed, cursor = 0, '0-0'
+  local freed, cursor = end_recovery(slots, meta, now), '0-0'
   repeat
     local claimed = redis.call('XAUTOCLAIM', slots, GROUP, REAPER, lease, cursor, 'COUNT', 100, 'JUSTID')
     cursor = claimed[1]

@@ -14,9 +14,11 @@
 -- ARGV[7+A..] grant ids the caller holds and wants renewed; '!<id>' for one whose lease ran out on the caller's clock
 --   (a stalled holder): renewed if Redis still has it, never re-adopted after a data loss (its slot may be another's).
 -- Renewed grants move to the consumer named like the owner.
--- Returns {lost ids, limit, lease ms, freed count, adopted (old, new, old, new ...)}: lost ids
+-- Returns {lost ids, limit, lease ms, freed count, adopted (old, new, old, new ...), roster}: lost ids
 -- are listed grants no longer held by the caller (lease expired, whether reaped yet or not
--- (then it is freed now), reset, released by an operator, or a data loss); adopted pairs map a lost grant to the limbo slot it took over.
+-- (then it is freed now), reset, released by an operator, or a data loss); adopted pairs map a lost grant to the limbo slot it took over;
+-- roster: the owners seen within the lease (at most ROSTER_MAX + 1), whom the caller names as the survivors should
+-- Redis lose the lock (setup). The caller reports as a survivor (see await_survivors) once it has re-adopted.
 -- Returns error 'NOLOCK' when the lock is gone from Redis (nothing written).
 local slots, meta, owners, ttls, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me = ARGV[1]
@@ -84,6 +86,7 @@ for i = 1, #renew, 100 do
   redis.call('XCLAIM', slots, GROUP, me, 0, unpack(chunk))
 end
 
+survivor_reported(meta, me)
 freed = freed + reap(slots, meta, lease, tonumber(ARGV[4]), now)
 collect_garbage(slots, meta, owners, ttls, seen, lease, now)
-return {lost, limit, lease, freed, adopted}
+return {lost, limit, lease, freed, adopted, roster(seen, lease, now)}

@@ -5,7 +5,8 @@
 -- owner are dropped too)
 -- ARGV[1] owner name (or one of its consumers '<owner>#<n>': then that consumer only)
 -- Returns the number of grants freed.
-local slots, meta, owners, ttls, seen, light = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local slots, owners, ttls, seen, light = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local meta = KEYS[2]
 local freed = 0
 if light then
   for _, token in ipairs(redis.call('ZRANGEBYSCORE', light, LEASE_FLOOR, '+inf')) do
@@ -13,4 +14,6 @@ if light then
   end
 end
 if redis.call('EXISTS', slots) == 0 then return freed end
-return freed + release_owner(slots, owners, ttls, seen, ARGV[1])
+freed = freed + release_owner(slots, owners, ttls, seen, ARGV[1])
+survivor_reported(meta, ARGV[1])  -- it holds nothing now: not awaited after a data loss
+return freed

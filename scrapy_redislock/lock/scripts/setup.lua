@@ -8,6 +8,9 @@
 -- ARGV[5] '1' to create in recovery mode: every slot starts held by the
 --         consumer '__limbo__' for one lease, so holders that survived a Redis
 --         data loss can re-adopt them before anybody new is granted one.
+-- ARGV[6] '1' if Redis loses no acknowledged write (see check_restart)
+-- ARGV[7] '1' when ARGV[5] is '1' and the caller names the owners alive at its last renewal (ARGV[8..], itself
+--         among them): the reservation then ends once each has reported (see await_survivors); else its lease
 -- Returns {created (0/1), limit, lease ttl in force (ms)}, or an error reply
 -- 'NOLOCK ...' when the lock does not exist and no limit was given (nothing is written).
 local slots, meta, owners, ttls, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -23,9 +26,13 @@ if not lock_exists(slots, meta) then
   -- Live light grants move in before the reservation: a newcomer's grant after a data loss is a held slot, and
   -- the survivors re-adopt only what is left of the limit (or learn they lost theirs).
   if KEYS[6] then escalate(KEYS[6], KEYS[7], slots, meta) end
-  if ARGV[5] == '1' then reserve_all(slots, meta) end
+  if ARGV[5] == '1' then
+    reserve_all(slots, meta)
+    if ARGV[7] == '1' then await_survivors(meta, ARGV, 8, now_ms()) end
+  end
   created = 1
 end
 if KEYS[6] then escalate(KEYS[6], KEYS[7], slots, meta) end
 local lease = register(meta, owners, ttls, seen, ARGV[3], ARGV[4], ARGV[2], now_ms())
+survivor_reported(meta, ARGV[3])
 return {created, tonumber(redis.call('HGET', meta, 'limit')), lease}

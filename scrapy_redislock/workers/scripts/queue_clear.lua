@@ -10,8 +10,9 @@
 -- KEYS[1] alive zset, KEYS[2] working hash, KEYS[3] dupefilter, KEYS[4] id counter, KEYS[5] in-flight counter,
 -- KEYS[6] wake list, KEYS[7..] stage lists and sorted sets, their signal lists and the in-flight hashes of the
 -- registered workers, and any other key of the crawl state (the epoch, the due zset, the order counter)
--- ARGV[1] caller's worker id, ARGV[2] ms within which a beat counts as alive, ARGV[3] 'finished' (optional)
--- Returns 1 cleared, 0 another worker is alive, -1 work is left (nothing deleted in either case).
+-- ARGV[1] caller's worker id, ARGV[2] ms within which a beat counts as alive, ARGV[3] 'finished' (optional),
+-- ARGV[4] 'dry' (optional): only tell whether it would clear (a worker that keeps a leftover dupefilter asks)
+-- Returns 1 cleared (or would clear), 0 another worker is alive, -1 work is left (nothing deleted in either case).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], now - tonumber(ARGV[2]), '+inf')
@@ -31,6 +32,7 @@ if ARGV[3] == 'finished' then
     end
   end
 end
+if ARGV[4] == 'dry' then return 1 end
 -- 1000 keys per DEL: Lua's unpack stops at about 8000 values (many registered workers, each with its record).
 for first = 1, #KEYS, 1000 do
   redis.call('DEL', unpack(KEYS, first, math.min(first + 999, #KEYS)))

@@ -1,0 +1,166 @@
+"""QueueWatch: StageScheduler over scrapy-redis's queue notices when Redis lost the shared queue.
+
+A Redis restarted without persistence (or flushed, or a replica without the queue promoted) comes
+back empty: every request queued in the shared queue, and scrapy-redis's dupefilter, are gone.
+scrapy-redis cannot tell: the crawl went on with what the processes had in flight and then ended as
+``finished``, exit status 0, after a fraction of the pages. Each process reads the queue's epoch
+(``<REDISLOCK_KEY_PREFIX>:shared:{<the spider's queue key>}:epoch``, made when missing by
+``scripts/shared_queue_epoch.lua``) at start and at every renewal tick, with the lengths of the
+queue's keys (in a thread: scrapy-redis's client blocks). Another epoch than the one seen before means the data is gone:
+
+- when this process knew of queued work (the queue held requests at its previous look, or it pushed
+  or took one since): ERROR once, naming what was lost and what to do, stat ``redislock/queue_lost``,
+  and the crawl ends with finish reason ``redislock_queue_lost`` (only in place of ``finished``)
+  and exit status 1 (:func:`~scrapy_redislock.crawl.engine.finish_uncleanly`);
+- else a WARNING (the dupefilter went with it: pages may be fetched again).
+
+What this process still holds goes on: requests in flight finish and queue what their callbacks
+yield (in the new queue); requests kept in memory while Redis did not answer are queued there.
+
+The epoch is also read (alone) when the queue answers again after an outage and when it is found
+empty: a Redis restarted quickly leaves an empty queue, which the engine would take for the end of
+the crawl before the next tick.
+
+Reads no settings (StageScheduler builds it over scrapy-redis's queue). Redis cost per process: at
+every renewal tick one EVALSHA (a GET) plus one ZCARD or LLEN per key of the shared queue (the
+spider's and one per capped stage), in a thread; one EVALSHA each time the queue is found empty
+(``has_pending_requests``) or answers again after an outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from scrapy_redislock._redis import ProjectScript, ScriptMode, load_scripts, text
+from scrapy_redislock.crawl.engine import finish_uncleanly
+from scrapy_redislock.crawl.reach import REDIS_ERRORS
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
+    from scrapy_redislock.requests.stagequeue import SharedStageQueues
+
+logger = logging.getLogger(__name__)
+
+EPOCH_SCRIPT = "shared_queue_epoch"
+REQUEST_SCRIPTS = (EPOCH_SCRIPT,)  # the request front's scripts (``scripts/<name>.lua``)
+LOST_REASON = "redislock_queue_lost"
+
+__all__ = ["LOST_REASON", "REQUEST_SCRIPTS", "QueueWatch", "SharedQueueKeys"]
+
+
+class QueueWatch:
+    """Reads the shared queue's epoch and length at every tick; says so when Redis lost it."""
+
+    def __init__(self, crawler: Crawler, shared: SharedStageQueues, prefix: str) -> None:
+        self.crawler = crawler
+        self.shared = shared
+        self.key = SharedQueueKeys.of(prefix, shared.key).epoch
+        source = load_scripts("scrapy_redislock.requests", REQUEST_SCRIPTS)[EPOCH_SCRIPT]
+        self.script = ProjectScript(shared.server, source, ScriptMode())
+        self.epoch: str | None = None  # the epoch seen (None: not read yet)
+        self.queued = 0  # requests in the shared queue at the last look
+        self.looked_at = 0.0
+        self.moved = 0  # shared.moved at the last look
+        self.losses = 0  # losses with work this process knew of
+        self._looking = False
+
+    def _look(self, lengths: bool = True) -> tuple[str, int | None]:
+        """(epoch, requests queued or None when not asked): scrapy-redis's client blocks, so a tick
+        runs it in a thread."""
+        epoch = text(self.script(keys=[self.key], args=[]))
+        if not lengths:
+            return str(epoch), None
+        return str(epoch), sum(len(queue) for queue in self.shared.queues.values())
+
+    async def look(self) -> None:
+        """One look at a renewal tick, in a thread (skipped while the last one runs; nothing while
+        Redis does not answer: the shared queue says so)."""
+        if self._looking:
+            return
+        self._looking = True
+        moved = self.shared.moved
+        try:
+            epoch, queued = await asyncio.to_thread(self._look)
+        except REDIS_ERRORS:
+            return
+        finally:
+            self._looking = False
+        self._judge(epoch, queued, moved)
+
+    def look_now(self) -> None:
+        """The epoch only, on the reactor thread as scrapy-redis's own calls: when the shared queue
+        answers again after an outage, and when it is found empty (the engine would close the
+        spider before the next tick)."""
+        moved = self.shared.moved
+        try:
+            epoch, queued = self._look(lengths=False)
+        except REDIS_ERRORS:
+            return
+        self._judge(epoch, queued, moved)
+
+    def _judge(self, epoch: str, queued: int | None, moved: int) -> None:
+        seen, self.epoch = self.epoch, epoch
+        if seen is not None and seen != epoch:
+            self._lost(knew=bool(self.queued) or self.moved != moved or bool(self.shared.in_memory))
+        if queued is not None:
+            self.queued, self.looked_at = queued, time.monotonic()
+        self.moved = self.shared.moved
+
+    def _lost(self, knew: bool) -> None:
+        spider = self.crawler.spidercls.name
+        if not knew:
+            logger.warning(
+                "Redis lost the shared queue of spider %r at %s (a restart without persistence, FLUSHALL, or a replica without it promoted); this process knew of no queued request, but scrapy-redis's dupefilter went with it: pages fetched before may be fetched again",  # noqa: E501
+                spider,
+                self.shared.key,
+            )
+            return
+        self.losses += 1
+        self.crawler.stats.inc_value("redislock/queue_lost")
+        logger.error(
+            "Redis lost the shared queue of spider %r at %s (restarted without persistence, flushed, or a replica without it promoted): the %d request(s) queued there at this process's last look (%.1f s before) and any other process had not started, and scrapy-redis's dupefilter, are gone and cannot be recovered. This process finishes what it has in flight and queues what that yields; the crawl will finish as redislock_queue_lost (exit status 1). Keep the queue with Redis persistence (appendonly yes), and run the crawl again to fetch what was lost",  # noqa: E501
+            spider,
+            self.shared.key,
+            self.queued,
+            time.monotonic() - self.looked_at,
+        )
+        finish_uncleanly(self.crawler, LOST_REASON, self._last_word)
+
+    def _last_word(self) -> None:
+        logger.info(
+            "Redis lost the shared queue %d time(s) during this crawl (redislock/queue_lost): it "
+            "finishes as %s",
+            self.losses,
+            LOST_REASON,
+        )
+
+
+def unqueued_at_close(crawler: Crawler, count: int) -> None:
+    """Requests kept in memory while Redis did not answer, never queued before the close: lost.
+    ERROR once, stat ``redislock/queue_unqueued``, and no clean finish."""
+    if not count:
+        return
+    crawler.stats.inc_value("redislock/queue_unqueued", count)
+    logger.error(
+        "%d request(s) scheduled while the shared queue in Redis did not answer could not be queued before the spider closed: they are lost (redislock/queue_unqueued), and the crawl finishes as redislock_queue_lost. Run the crawl again to fetch them",  # noqa: E501
+        count,
+    )
+    finish_uncleanly(crawler, LOST_REASON, lambda: None)
+
+
+@dataclass(frozen=True)
+class SharedQueueKeys:
+    """Redis keys the request front keeps beside a shared scrapy-redis queue (in the queue's Redis,
+    under REDISLOCK_KEY_PREFIX, so that a scan of the queue's own keys never meets them)."""
+
+    epoch: str  # the queue's epoch (scripts/shared_queue_epoch.lua)
+
+    @classmethod
+    def of(cls, prefix: str, queue_key: str) -> SharedQueueKeys:
+        """``<prefix>:shared:{<the spider's queue key>}:epoch``."""
+        return cls(epoch=f"{prefix}:shared:{{{queue_key}}}:epoch")
