@@ -118,7 +118,9 @@ def test_a_second_worker_of_a_live_crawl_clears_nothing(server: RedisServer) -> 
     """Not a leftover: a worker that starts while another works (its dupefilter, its queue) clears
     nothing and says nothing of it; every page once."""
     settings = {**SETTINGS, "SCHEDULER_PERSIST": False}
-    with CrawlSite(delay=0.3) as site:  # the first worker is still at work when the second starts
+    # the first worker alone would take 20 s: still at work when the second has started, however
+    # slowly
+    with CrawlSite(delay=1.0) as site:
         first = staged_worker(
             server.url, site.url, f"a:{PAGES}", {**settings, "CONCURRENT_REQUESTS": 1}
         )
