@@ -161,6 +161,10 @@ class LatencyProxy:
                 self._pump(server_reader, client, "down"),
                 return_exceptions=True,
             )
+        except asyncio.CancelledError:
+            # closed with the connection open: end quietly (Python 3.11's start_server callback
+            # reads a cancelled task's exception and reports it as unraisable)
+            return
         finally:
             self._tasks.discard(task)
             for writer in (client, server):

@@ -11,10 +11,11 @@ Threaded (a thread per connection, HTTP/1.1 keep-alive), so it never limits conc
 page takes ``delay`` seconds (``delays[stage]`` overrides it per stage; ``?sleep=<s>`` per request).
 
 A request counts as in flight from the moment its request line and headers have been read until just
-*before* its response is written: the client cannot have the response, and so cannot have freed its
-slot, while the server still counts the request. The count therefore never exceeds the slots held (a
-count taken after writing would race with the client's next request, and show one request too many
-when a thread is slow to resume).
+*before* its response is written (or, with ``site.watch_disconnects = True``, until its client closes
+the connection: a download timeout; counted in ``site.abandoned``): the client cannot have the
+response, and so cannot have freed its slot, while the server still counts the request. The count
+therefore never exceeds the slots held (a count taken after writing would race with the client's
+next request, and show one request too many when a thread is slow to resume).
 
 Reusable by any test: ``with CrawlSite(delay=0.05) as site: ... site.url,
 site.max_in_flight["detail"]``.
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import select
 import socket
 import struct
 import threading
@@ -127,6 +129,10 @@ class CrawlSite:
         self.workers_in_flight: dict[str, Counter[str]] = defaultdict(Counter)
         # stage -> most workers with a request in flight at once
         self.max_workers: Counter[str] = Counter()
+        # True: a request whose client closed the connection before its page was ready stops
+        # counting as in flight at once (counted in ``abandoned``), as a site's own load would
+        self.watch_disconnects = False
+        self.abandoned: Counter[str] = Counter()  # stage -> requests whose client gave up
         self.first_request: float | None = None  # wall clock (time.time()), for plots
         self.last_served: float | None = None
         site = self
@@ -165,9 +171,16 @@ class CrawlSite:
                                 (self.kernel_arrived, float(booked))
                             )
                 try:
-                    time.sleep(float(sleep[0]) if sleep else site.delays.get(stage, site.delay))
+                    stayed = self.serve_for(
+                        float(sleep[0]) if sleep else site.delays.get(stage, site.delay)
+                    )
                 finally:
                     site.leave(stage, parts.path, arrived, worker, host)
+                if not stayed:
+                    with site.lock:
+                        site.abandoned[stage] += 1
+                    self.close_connection = True
+                    return
                 found = site.content(parts.path)
                 kind, text = found or ("text/html", "")
                 body = text.encode()
@@ -176,6 +189,25 @@ class CrawlSite:
                 # a worker killed mid-request
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     self.wfile.write(head.encode() + body)  # one write: no small-packet delays
+
+            def serve_for(self, seconds: float) -> bool:
+                """Take ``seconds`` over the page; with ``watch_disconnects``, False as soon as
+                the client closed the connection (it gave up: a download timeout)."""
+                if not site.watch_disconnects:
+                    time.sleep(seconds)
+                    return True
+                end = time.monotonic() + seconds
+                while (left := end - time.monotonic()) > 0:
+                    ready, _, _ = select.select([self.connection], [], [], min(left, 0.01))
+                    if ready:
+                        try:
+                            data = self.connection.recv(1, socket.MSG_PEEK)
+                        except OSError:
+                            return False
+                        if not data:
+                            return False
+                        time.sleep(min(left, 0.01))  # bytes of a next request: not a close
+                return True
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -289,6 +321,7 @@ class CrawlSite:
                 self.workers_in_flight,
                 self.max_workers,
                 self.hits,
+                self.abandoned,
             ):
                 seen.clear()
             self.host_in_flight.clear()

@@ -58,6 +58,23 @@ class Locks(Protocol):
     async def acquire(self, stage: str, timeout: float | None) -> SlotPermit: ...
 
 
+# the meta key that keeps a request's own download timeout while a slot's lease bounds it
+OWN_TIMEOUT = "redislock_download_timeout"
+
+
+def within_lease(request: Request, left: float, default: float) -> bool:
+    """Bound ``request``'s download to ``left`` seconds (what is left of its slot's lease as last
+    confirmed, less a margin): Scrapy aborts it then (``download_timeout``: TimeoutError, retried
+    like any). The request's own timeout (``download_timeout`` in meta, else ``default``, Scrapy's
+    DOWNLOAD_TIMEOUT) is kept in ``meta["redislock_download_timeout"]``, so that a retry, which
+    copies meta, starts from it again. True when the lease is the shorter."""
+    meta = request.meta
+    own = float(meta.setdefault(OWN_TIMEOUT, meta.get("download_timeout", default)))
+    # never 0: Scrapy reads a 0 timeout as none
+    meta["download_timeout"] = max(0.001, min(own, left))
+    return left < own
+
+
 def slot_id(permit: SlotPermit) -> str:
     """How the log names a slot: its grant id (a quorum permit: its token, a grant per master)."""
     return permit.grant if isinstance(permit, Permit) else permit.token
@@ -204,6 +221,10 @@ class RequestSlots:
         self.ledger.hold(request, permit)
         for hook in self._hold_hooks:
             hook(request)
+
+    def permit_of(self, request: Request) -> SlotPermit | None:
+        """The slot ``request`` holds now, if any."""
+        return self.ledger.permit_of(request)
 
     def has_slot(self, request: Request) -> bool:
         """Whether ``request`` holds a slot now (handed one by the scheduler, or got one in the

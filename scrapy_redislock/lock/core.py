@@ -112,9 +112,10 @@ class LockCore:
     """State and logic of one lock object; the fronts drive its generator methods.
 
     What it promises (the scripts keep it): a grant is freed only by its holder's release, by the
-    reaper once its lease (the longest ttl of the live owners) expired, by an operator, or because
-    the wait it was delivered to was abandoned (that wait's consumer name is never reused) -- never
-    because a renewal did not list it.
+    reaper once its lease (the longest ttl of the live owners) expired, by an operator, because
+    the wait it was delivered to was abandoned (that wait's consumer name is never reused), or
+    because nobody confirmed it within a renewal interval of its delivery to a blocked wait (the
+    wait confirms it at once: :mod:`.wait`) -- never because a renewal did not list it.
     """
 
     name: str

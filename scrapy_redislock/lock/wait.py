@@ -16,7 +16,7 @@ import redis.exceptions
 from scrapy_redislock._redis import text
 from scrapy_redislock.errors import AcquireTimeout, NotReplicated
 from scrapy_redislock.lock.permit import Permit, fence_of
-from scrapy_redislock.lock.protocol import Operation, ReadGrant, is_missing_lock
+from scrapy_redislock.lock.protocol import Operation, ReadGrant, RunScript, is_missing_lock
 
 if TYPE_CHECKING:
     from scrapy_redislock.lock.parts import Core
@@ -76,9 +76,11 @@ class GrantWait:
                     core.name, core.owner, grant, fence_of(grant), core.clock(), consumer=consumer
                 )
                 permit.leased(asked_at, core.ttl)
+                if wait_ms is not None and not (yield from self._confirmed(permit)):
+                    continue  # reclaimed before our word came: wait again (the consumer is empty)
                 if core.replicas:
                     yield from self._confirm_replicated(permit)
-                if core.clock() - asked_at >= core.ttl / 2 and not (
+                if core.clock() - permit.leased_at >= core.ttl / 2 and not (
                     yield from self._still_granted(permit)
                 ):
                     consumer = core.consumers.take()
@@ -127,6 +129,33 @@ class GrantWait:
                 # will see.
                 core.consumers.abandon(consumer)
 
+    def _confirmed(self, permit: Permit) -> Operation[bool]:
+        """Confirm a grant a blocked wait was handed; False if Redis reclaimed it meanwhile.
+
+        Redis hands a freed slot to the first blocked wait whether or not its process can still
+        hear: a process cut off (a partition, a VM pause) keeps its waits in the line. So a grant
+        handed to a wait stays unconfirmed until its owner says it got it, and Redis frees one
+        left unconfirmed for a renewal interval (``reclaim_unconfirmed`` in ``_lib.lua``): a silent
+        process costs the others about that long, not a lease. This is the owner's word: one round
+        trip (``hold_again``: still ours? then it moves to the owner's consumer, its lease begun
+        again). A grant reclaimed before the word arrived (the reply came late) is not used, and
+        the wait goes on.
+        """
+        core = self.core
+        sent_at = core.clock()
+        try:
+            held = yield RunScript("hold_again", (core.keys.slots,), (core.owner, permit.grant))
+        except BaseException:
+            core.consumers.abandon(permit.consumer)
+            core.consumers.abandon(permit.grant)
+            raise
+        if not int(held):
+            return False
+        core.consumers.free(permit.consumer)
+        permit.consumer = core.owner
+        permit.leased(sent_at, core.ttl)
+        return True
+
     def _still_granted(self, permit: Permit) -> Operation[bool]:
         """Renew a grant whose reply came late; False if its lease was already reaped.
 
@@ -147,12 +176,19 @@ class GrantWait:
             raise
         return not lost
 
+    def _abandon(self, permit: Permit) -> None:
+        """Nobody will use ``permit``: its grant is freed by the next renewals, under its wait's
+        consumer or (confirmed) by its id."""
+        if permit.consumer != self.core.owner:
+            self.core.consumers.abandon(permit.consumer)
+        self.core.consumers.abandon(permit.grant)
+
     def _confirm_replicated(self, permit: Permit) -> Operation[None]:
         """With ``replicas``: the grant is on that many replicas, or it is given back and
         NotReplicated raised.
 
-        The permit is not held yet, so it stays under its wait's consumer: if this is cancelled,
-        abandoning that consumer frees exactly this grant.
+        The permit is not held yet: if this is cancelled, abandoning its grant id (and its wait's
+        consumer, for a grant not confirmed) frees exactly this grant.
         """
         core = self.core
         acked, error = -1, None
@@ -161,14 +197,14 @@ class GrantWait:
         except redis.exceptions.RedisError as exc:
             error = exc
         except BaseException:
-            core.consumers.abandon(permit.consumer)
+            self._abandon(permit)
             raise
         if acked >= core.replicas:
             return
         try:
             yield from core.release(permit, confirm=False)
         except BaseException as exc:
-            core.consumers.abandon(permit.consumer)
+            self._abandon(permit)
             if not isinstance(exc, redis.exceptions.RedisError):
                 raise
         seen = f"{type(error).__name__}: {error}" if error else f"{acked} acknowledged"

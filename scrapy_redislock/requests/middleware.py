@@ -33,7 +33,9 @@ counted as
 A request never starts with a slot that is lost or past its lease on this process's clock (Redis out
 of reach, a stall: another process may hold it by now; see ``StageLocks.usable``). Such a slot is
 dropped when the request picks it up here, or when the request is through its key slot and delays,
-and the request waits here for another (counted as ``redislock/<stage>/unusable``).
+and the request waits here for another (counted as ``redislock/<stage>/unusable``). Nor does its download
+outlive the slot's lease as last confirmed: its ``download_timeout`` ends before it (see
+:meth:`StageLockMiddleware._within_lease`).
 
 Fail closed: enabled with no stage is a ConfigError, and so is a stage name known at start (a
 ``@stage`` callback of the spider class, REDISLOCK_CALLBACK_STAGES, REDISLOCK_DEFAULT_STAGE) that
@@ -50,7 +52,7 @@ REDISLOCK_LOCAL_REUSE, and for keys and delays (:mod:`~scrapy_redislock.requests
 stage slot, the key slot, then the delays) REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT,
 REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS, REDISLOCK_RANDOMIZE_DELAY; Scrapy's
 RETRY_EXCEPTIONS and DOWNLOAD_TIMEOUT. Stats:
-redislock/<stage>/{acquired,wait_time_total,wait_time_max,lost,unusable,timeouts,dropped_at_close,given_back_at_close,reused},
+redislock/<stage>/{acquired,wait_time_total,wait_time_max,lost,unusable,timeouts,dropped_at_close,given_back_at_close,reused,lease_bounded},
 redislock/unknown_stage, redislock/throttling_off, redislock/redis_errors.
 """
 
@@ -70,7 +72,7 @@ from scrapy.utils.misc import load_object
 from scrapy_redislock._loop import every
 from scrapy_redislock.crawl.early import EARLY_TYPES, MIDDLEWARE_PATH, middlewares_after
 from scrapy_redislock.crawl.engine import check_reactor, engine_closing, one_line_config_errors
-from scrapy_redislock.crawl.requestslots import SlotPermit
+from scrapy_redislock.crawl.requestslots import SlotPermit, within_lease
 from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.crawl.stages import check_stage_names, stage_of
@@ -112,7 +114,8 @@ class StageLockMiddleware:
         self._closing = False
         self.unknown: Counter[str] = Counter()  # requests dropped per unknown stage
         self.retry_timeouts = _names_acquire_timeout(crawler.settings.getlist("RETRY_EXCEPTIONS"))
-        self.stall_window = self.settings.ttl + crawler.settings.getfloat("DOWNLOAD_TIMEOUT", 180)
+        self.download_timeout = crawler.settings.getfloat("DOWNLOAD_TIMEOUT", 180)
+        self.stall_window = self.settings.ttl + self.download_timeout
         if not self.settings.enabled:
             logger.warning(
                 "REDISLOCK_ENABLED is False: requests that have a stage fail with "
@@ -136,6 +139,12 @@ class StageLockMiddleware:
             crawler.spidercls, self.settings, self.settings.stages, "REDISLOCK_STAGES"
         )
         self.locks = StageLocks.of(crawler, self.settings)
+        if self.settings.stages and self.download_timeout > self.settings.ttl:
+            logger.info(
+                "A capped request's download is cut where its slot's lease (REDISLOCK_TTL %s s) would end, unrenewed, so that it never runs on past a slot Redis may have given away: DOWNLOAD_TIMEOUT %s s is longer; raise REDISLOCK_TTL above the longest download of a capped stage",  # noqa: E501
+                self.settings.ttl,
+                self.download_timeout,
+            )
         # keys and delays
         self.gate = KeyGate.of(crawler, self.settings) if self.settings.keyed else None
         if self.gate is not None:
@@ -177,8 +186,43 @@ class StageLockMiddleware:
         wait here.
 
         A plain method keeps uncapped requests, and requests whose slot came with them from the
-        scheduler, free of any coroutine round trip.
+        scheduler, free of any coroutine round trip. A request that goes with a slot goes with a
+        download timeout that ends within the slot's lease (:meth:`_within_lease`).
         """
+        through = self._through(request)
+        if self.locks is None:
+            return through
+        if through is None:
+            self._within_lease(request)
+            return None
+        return self._then_within_lease(through, request)
+
+    async def _then_within_lease(
+        self, through: Coroutine[Any, Any, None], request: Request
+    ) -> None:
+        await through
+        self._within_lease(request)
+
+    def _within_lease(self, request: Request) -> None:
+        """Bound the download of a request that holds a slot by the slot's lease, as last
+        confirmed: Scrapy aborts it (``download_timeout``: TimeoutError, retried as usual) half a
+        renewal interval before Redis could give the slot to another process, whatever happens to
+        this process's link to Redis meanwhile. A renewal extends the lease but not a download
+        already under way: a download longer than the lease is cut (the log says so at start-up
+        when DOWNLOAD_TIMEOUT is longer than REDISLOCK_TTL); counted as
+        ``redislock/<stage>/lease_bounded`` when the lease is shorter than the request's own
+        timeout."""
+        assert self.locks is not None
+        permit = self.locks.slots.permit_of(request)
+        if permit is None:
+            return
+        left = permit.valid_until - time.monotonic() - self.locks.renew_interval / 2
+        if within_lease(request, left, self.download_timeout):
+            self.locks.slots.count(self.locks.stage_of(permit) or permit.name, "lease_bounded")
+
+    def _through(self, request: Request) -> Coroutine[Any, Any, None] | None:
+        """What ``request`` waits for here before it may go: a coroutine, or None when it may go
+        now."""
         if self.locks is None:
             self._refuse_unthrottled(request)
             return None

@@ -47,7 +47,11 @@ it.
 A worker learns its stage's limit from its slot's renewals (see
 :mod:`~scrapy_redislock.workers.slots`): when the limit is lowered under the stage's holders, or set
 to 0 (paused), the newest holders give back what they took ahead, let what is in progress finish,
-free the slot and take another stage or wait.
+free the slot and take another stage or wait. A request handed to the engine goes with a
+``download_timeout`` that ends before its slot's lease, as last confirmed, can run out, and while
+that lease has less than a renewal interval left (its renewal did not come: Redis out of reach, a
+stall) nothing taken ahead is handed out: cut off from Redis, a worker is never in flight at the site
+past its slot (:func:`~scrapy_redislock.crawl.requestslots.within_lease`).
 
 Settings read (via :mod:`scrapy_redislock.crawl.settings`): REDISLOCK_WORKER_STAGES (or the spider's
 ``worker_stages``), REDISLOCK_STAGE_PREFERENCE (or the spider's ``stage_preference``),
@@ -59,7 +63,8 @@ _AS_ZSET, SCHEDULER_SERIALIZER (the request format: by default
 :mod:`~scrapy_redislock.crawl.requestformat`, which cannot run code on load). Read here:
 scrapy-redis's SCHEDULER_QUEUE_CLASS (the order of the stage queues:
 :func:`~scrapy_redislock.workers.queue.queue_order`), Scrapy's CONCURRENT_REQUESTS (how many
-requests a worker takes ahead); DUPEFILTER_DEBUG is read by the outbox. Stats:
+requests a worker takes ahead), DOWNLOAD_TIMEOUT (a request's own, which its slot's lease may
+shorten); DUPEFILTER_DEBUG is read by the outbox. Stats:
 ``redislock/workers/<stage>/{enqueued,duplicates,dequeued,taken,lost}``,
 ``redislock/workers/{requeued,returned,start_urls,unqueueable,dead_letters,redis_errors,queue_lost,leftover_dupefilter_cleared}``,
 and Scrapy's ``dupefilter/filtered``.
@@ -102,6 +107,7 @@ from scrapy_redislock._loop import every
 from scrapy_redislock._redis import Backoff
 from scrapy_redislock.crawl.engine import check_reactor, finish_uncleanly
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
+from scrapy_redislock.crawl.requestslots import within_lease
 from scrapy_redislock.crawl.settings import read_settings, read_worker_settings
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import ConfigError
@@ -220,6 +226,7 @@ class StageWorkerScheduler(BaseScheduler):
         # fingerprints of a dupefilter kept from an earlier crawl, found at start (0: none)
         self.leftover = 0
         self.said_all_filtered = False
+        self.download_timeout = crawler.settings.getfloat("DOWNLOAD_TIMEOUT", 180)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> StageWorkerScheduler:
@@ -450,7 +457,18 @@ class StageWorkerScheduler(BaseScheduler):
             # they did (then the buffer is dropped).
             self.state.wake()
             return None
+        permit, now = self.state.permit, time.monotonic()
+        margin = self.locks.renew_interval
+        if inflight.buffer and permit is not None and not permit.usable(now + margin):
+            # The stage's slot was not renewed in time (Redis out of reach, a stall): another worker
+            # may hold it soon. Start nothing more of the stage; the slot's renewal, or its loss,
+            # decides what happens to what was taken ahead (StageSlot.check_lost gives it back).
+            self.state.wake()
+            return None
         request = inflight.hand()
+        if request is not None and permit is not None:
+            # its download ends before the slot's lease, as last confirmed, can run out
+            within_lease(request, permit.valid_until - now - margin / 2, self.download_timeout)
         if self.state.current is not None and len(inflight.buffer) < inflight.concurrency:
             # Top up before the buffer runs dry, or leave a drained stage. Without a stage the
             # engine's polls cost Redis nothing: the worker waits in Redis for a signal.

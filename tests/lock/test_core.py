@@ -211,6 +211,18 @@ def read_grant(core: LockCore, consumer: str, block_ms: int) -> ReadGrant:
     return ReadGrant(core.keys.slots, consumer, block_ms, core.keys.meta, False)
 
 
+def confirm(core: LockCore, grant: str) -> RunScript:
+    """The owner's word on a grant its blocked wait was handed (``hold_again``)."""
+    return RunScript("hold_again", (core.keys.slots,), (core.owner, grant))
+
+
+def confirmed(core: LockCore, op: Any, reply: Any, grant: str) -> Any:
+    """Send a read's reply carrying ``grant``; the wait confirms it; return the operation's
+    result."""
+    assert op.send(reply) == confirm(core, grant)
+    return finish(op, 1)
+
+
 def maintain_reply(
     lost: tuple[str, ...] = (), adopted: tuple[str, ...] = (), lease_ms: int = 10000
 ) -> list[Any]:
@@ -240,19 +252,36 @@ def test_acquire_sets_up_then_blocks_for_what_is_left_of_the_timeout(
     command = op.send(None)  # the server-side block ended without a grant: the same wait goes on
     assert command == read_grant(core, wait_of(core, 1), 4500)
     clock.now += 0.2
-    permit = finish(op, shape("0-7"))
+    assert op.send(shape("0-7")) == confirm(core, "0-7")  # handed to a blocked wait: confirmed
+    clock.now += 0.1
+    permit = finish(op, 1)
     assert (permit.fence, permit.grant, permit.owner, permit.acquired_at) == (
         7,
         "0-7",
         core.owner,
         100.7,
     )
-    assert permit.token == f"{core.owner}/0-7" and permit.consumer == wait_of(core, 1)
+    # the lease begins again with the confirmation (which moved it to the owner's consumer)
+    assert permit.leased_at == 100.7 and permit.valid_until == 110.7
+    assert permit.token == f"{core.owner}/0-7" and permit.consumer == core.owner
     assert (
         core.held == {"0-7": permit} and core.waits_in_flight == 0 and not core.consumers.abandoned
     )
-    # set up once: the next acquire goes straight to the read, on a consumer of its own
-    assert next(core.acquire(None)) == read_grant(core, wait_of(core, 2), 0)
+    # set up once: the next acquire goes straight to the read, on the freed consumer
+    assert next(core.acquire(None)) == read_grant(core, wait_of(core, 1), 0)
+
+
+def test_a_grant_reclaimed_before_its_confirmation_is_not_used_and_the_wait_goes_on() -> None:
+    """A blocked wait's reply that came after Redis took the grant back (the owner was silent for
+    a renewal interval): hold_again says 0, and the same wait blocks again."""
+    core = LockCore.create("detail", 2, 10.0)
+    core.registration.done(core.clock())
+    op = core.acquire(None)
+    assert next(op) == read_grant(core, wait_of(core, 1), 0)
+    assert op.send(resp2("0-7")) == confirm(core, "0-7")
+    assert op.send(0) == read_grant(core, wait_of(core, 1), 0)
+    permit = confirmed(core, op, resp2("0-9"), "0-9")
+    assert permit.grant == "0-9" and core.held == {"0-9": permit}
 
 
 def test_registration_is_refreshed_after_a_quiet_spell() -> None:
@@ -342,7 +371,7 @@ def test_a_lock_that_vanished_while_waiting_is_recreated_in_recovery_mode() -> N
     )
     assert command.name == "setup" and command.args[4] == "1"  # recover: slots start in limbo
     assert op.send([1, 2, 10000]) == read_grant(core, wait_of(core, 1), 0)
-    assert finish(op, resp2("0-1")).fence == 1
+    assert confirmed(core, op, resp2("0-1"), "0-1").fence == 1
 
 
 def test_other_response_errors_propagate() -> None:
@@ -402,11 +431,12 @@ def test_a_grant_waiting_for_replicas_is_abandoned_by_its_consumer_when_cancelle
     core.registration.done(core.clock())
     op = core.acquire(None)
     next(op)
-    assert isinstance(op.send(resp2("0-4")), WaitReplicas)
-    # not renewed by anybody while it waits: abandoning its consumer frees exactly it
+    assert op.send(resp2("0-4")) == confirm(core, "0-4")
+    assert isinstance(op.send(1), WaitReplicas)
+    # confirmed (under the owner's consumer) but not held yet: abandoning its id frees exactly it
     assert core.held == {}
     op.close()
-    assert core.consumers.abandoned == {wait_of(core, 1): 2}
+    assert core.consumers.abandoned == {"0-4": 2}
 
 
 def test_reentrant_acquire_and_release_protocol() -> None:
@@ -414,7 +444,7 @@ def test_reentrant_acquire_and_release_protocol() -> None:
     core.registration.done(core.clock())
     op = core.acquire(None, holder="thread-1")
     next(op)
-    permit = finish(op, resp2("0-4"))
+    permit = confirmed(core, op, resp2("0-4"), "0-4")
     op = core.acquire(None, holder="thread-1")
     command = next(op)
     assert command == RunScript("hold_again", (core.keys.slots,), (core.owner, "0-4"))
@@ -439,7 +469,7 @@ def test_reentrant_acquire_of_a_lost_grant_waits_for_a_new_one() -> None:
     assert op.send(0) == read_grant(
         core, wait_of(core, 1), 0
     )  # gone: wait like anybody else, on the freed consumer
-    new = finish(op, resp2("0-9"))
+    new = confirmed(core, op, resp2("0-9"), "0-9")
     assert new is not old and core.by_holder == {"t": new} and core.held == {"0-9": new}
 
 
@@ -587,9 +617,13 @@ class Executor:
 
 def test_drive_runs_an_operation() -> None:
     core = LockCore.create("detail", 1, 10.0)
-    execute = Executor(iter([[1, 1, 10000], resp3("0-1")]))
+    execute = Executor(iter([[1, 1, 10000], resp3("0-1"), 1]))
     permit = drive(core.acquire(None), execute, core.name)
-    assert permit.fence == 1 and [type(c) for c in execute.seen] == [RunScript, ReadGrant]
+    assert permit.fence == 1 and [type(c) for c in execute.seen] == [
+        RunScript,
+        ReadGrant,
+        RunScript,
+    ]
 
 
 @pytest.mark.parametrize(

@@ -168,10 +168,10 @@ def test_a_wait_cancelled_while_its_late_grant_is_renewed_gives_the_slot_back_at
     command = next(op)
     while command.__class__.__name__ != "ReadGrant":
         command = op.send(runner(command))
-    clock.now += TTL / 2  # the reply comes late: the grant is renewed before use
+    clock.now += TTL / 2  # the reply comes late: the grant is confirmed (renewed) before use
     command = op.send(runner(command))
-    assert command.name == "maintain"
-    runner(command)  # the renewal ran in Redis (the grant moved to the owner's consumer) ...
+    assert command.name == "hold_again"
+    runner(command)  # the confirmation ran in Redis (the grant moved to the owner's consumer) ...
     op.close()  # ... and the wait was cancelled before its reply was read
     assert other.try_acquire() is None
     drive(core.maintain(), runner, "detail")
@@ -180,10 +180,12 @@ def test_a_wait_cancelled_while_its_late_grant_is_renewed_gives_the_slot_back_at
     other.close()
 
 
-def test_renewal_is_due_an_interval_after_the_ask_not_the_reply(redis_client: redis.Redis) -> None:
-    """e06: a grant whose reply took 40% of the ttl started its lease at the ask: the renewal comes
-    one interval after the ask, so the lease never runs out under a live holder however the ticks
-    fall."""
+def test_renewal_is_due_an_interval_after_the_confirmation_not_its_reply(
+    redis_client: redis.Redis,
+) -> None:
+    """e06: a grant whose reply took 40% of the ttl is confirmed, which starts its lease again at
+    the confirmation's send: the renewal comes one interval after that, so the lease never runs out
+    under a live holder however the ticks fall."""
     clock = Clock()
     holder = CountingLock(
         redis_client, "detail", limit=1, ttl=TTL, maintain_loop=False, clock=clock
@@ -193,16 +195,19 @@ def test_renewal_is_due_an_interval_after_the_ask_not_the_reply(redis_client: re
     command = next(op)
     while command.__class__.__name__ != "ReadGrant":
         command = op.send(runner(command))
-    asked = clock.now
     clock.now += 0.4 * TTL  # < ttl/2: used without a renewal
+    command = op.send(runner(command))
+    assert command.name == "hold_again"
+    asked = clock.now
     reply = runner(command)
+    clock.now += 0.1 * TTL  # the confirmation's reply is slow too
     try:
         op.send(reply)
     except StopIteration as stop:
         permit = stop.value
     assert permit.leased_at == asked and permit.valid_until == asked + TTL
     clock.now = asked + holder.renew_interval
-    assert holder.renewal_due(), "not due one interval after the ask"
+    assert holder.renewal_due(), "not due one interval after the confirmation"
     holder.close()
 
 

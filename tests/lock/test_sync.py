@@ -739,11 +739,13 @@ def test_smoke_a_long_waiter_survives_being_forgotten(
 
 
 def test_commands_per_grant(versioned: tuple[redis.Redis, int, MakeLock]) -> None:
-    """Steady state (lock exists): acquire + release costs 6 commands on Redis 7, 7 on 6.2.
+    """Steady state (lock exists): acquire + release costs 9 commands on Redis 7, 10 on 6.2.
 
-    XREADGROUP, then EVALSHA of release: XPENDING (the grant is the caller's), XACK, XDEL (the
-    stream holds only free and held entries: it never grows), XADD (the slot back); Redis 6.2 adds
-    XINFO STREAM for the next id.
+    XREADGROUP, then the owner's word that it got the grant (EVALSHA of hold_again: XPENDING, XCLAIM;
+    a grant handed to a wait and not confirmed is taken back after a renewal interval, see
+    test_partition.py), then EVALSHA of release: XPENDING (the grant is the caller's), XACK, XDEL
+    (the stream holds only free and held entries: it never grows), XADD (the slot back); Redis 6.2
+    adds XINFO STREAM for the next id.
     """
     client, major, make = versioned
     lock = make(limit=2)
@@ -757,10 +759,10 @@ def test_commands_per_grant(versioned: tuple[redis.Redis, int, MakeLock]) -> Non
         v["calls"] for k, v in stats.items() if not k.startswith(("cmdstat_config", "cmdstat_info"))
     )
     per_grant = calls / grants
-    assert per_grant == (6 if major >= 7 else 7), (major, per_grant, stats)
+    assert per_grant == (9 if major >= 7 else 10), (major, per_grant, stats)
     assert (
         stats["cmdstat_xreadgroup"]["calls"] == grants
-        and stats["cmdstat_evalsha"]["calls"] == grants
+        and stats["cmdstat_evalsha"]["calls"] == 2 * grants
     )
 
 

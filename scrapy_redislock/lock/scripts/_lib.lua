@@ -283,6 +283,30 @@ local function reap(slots, meta, lease, interval, now)
   return freed
 end
 
+-- How long a grant handed to a blocked wait may go unconfirmed (ms): one renewal interval of the lease in force
+-- (a third of it, at most 1 s; never shorter than any owner's own interval, since the lease is the longest ttl).
+local function confirm_window(lease)
+  return math.max(1, math.floor(math.min(lease, 3000) / 3))
+end
+
+-- Free the grants that Redis handed to a blocked wait ('<owner>#<n>', delivered once) and that their owner has not
+-- confirmed within confirm_window: a live owner confirms at once (hold_again, one round trip after the reply); a
+-- process whose connections went silent (a partition, a VM pause) cannot, and without this its waits would keep
+-- every slot freed meanwhile for a whole lease. Grants taken by take.lua are marked confirmed (delivery count 2),
+-- grants renewed sit under the owner's own consumer: neither is touched. Returns how many were freed.
+local function reclaim_unconfirmed(slots, lease)
+  local freed, start = 0, '-'
+  local window = confirm_window(lease)
+  while true do
+    local batch = redis.call('XPENDING', slots, GROUP, 'IDLE', window, start, '+', 100)
+    for _, p in ipairs(batch) do
+      if tonumber(p[4]) == 1 and owner_of(p[2]) ~= p[2] then freed = freed + free_grant(slots, p[1]) end
+    end
+    if #batch < 100 then return freed end
+    start = '(' .. batch[#batch][1]
+  end
+end
+
 -- Forget consumers with nothing held that have been idle for 3 leases, and owners
 -- not seen for 3 leases; recompute the lease from the owners left. Runs at most once per lease across all processes (meta 'gc_at').
 local function collect_garbage(slots, meta, owners, ttls, seen, lease, now)

@@ -1,8 +1,10 @@
 -- maintain: one renewal tick of one owner for one lock.
 -- Renews exactly the grants listed (never frees a grant because it is not
 -- listed), frees the grants of the caller's abandoned waits, re-adopts limbo
--- slots after a data loss, registers the caller, and (at most once per
--- interval across all processes) frees expired leases and forgets the dead.
+-- slots after a data loss, registers the caller, frees the grants handed to
+-- blocked waits that their owners did not confirm in time (reclaim_unconfirmed),
+-- and (at most once per interval across all processes) frees expired leases and
+-- forgets the dead.
 -- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash, KEYS[4] ttls hash, KEYS[5] seen zset
 -- ARGV[1] owner name, ARGV[2] owner identity (JSON), ARGV[3] its lease ttl in ms,
 -- ARGV[4] its renewal interval in ms (how often it reaps at most),
@@ -87,6 +89,6 @@ for i = 1, #renew, 100 do
 end
 
 survivor_reported(meta, me)
-freed = freed + reap(slots, meta, lease, tonumber(ARGV[4]), now)
+freed = freed + reclaim_unconfirmed(slots, lease) + reap(slots, meta, lease, tonumber(ARGV[4]), now)
 collect_garbage(slots, meta, owners, ttls, seen, lease, now)
 return {lost, limit, lease, freed, adopted, roster(seen, lease, now)}

@@ -1,0 +1,217 @@
+"""Request front, one crawl process cut off from Redis (its REDISLOCK_URL goes through a
+testing/netproxy.py LatencyProxy that blackholes it; Redis, the site and the other processes carry
+on). Real crawls (``scrapy runspider``), counted at the site:
+
+- the healthy processes get back the slots Redis hands to the silent process's waits within about
+  a renewal interval, not a lease, and keep the stage going;
+- no capped request is in flight at the site past its slot's lease: the cut-off process's downloads
+  end before Redis gives their slots to the others.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+
+from scrapy_redislock import CountingLock
+from scrapy_redislock.lock.permit import GROUP, LockKeys
+from testing.crawlproc import Crawl
+from testing.netproxy import LatencyProxy
+from testing.site import CrawlSite
+
+pytestmark = [pytest.mark.integration, pytest.mark.crawl]
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str) -> float:
+    """Seconds until ``condition()`` is true; fails after ``timeout``."""
+    began = time.monotonic()
+    while not condition():
+        if time.monotonic() - began > timeout:
+            pytest.fail(f"not within {timeout} s: {what}")
+        time.sleep(0.02)
+    return time.monotonic() - began
+
+
+def settings(url: str, name: str, **more: Any) -> dict[str, Any]:
+    return {
+        "REDISLOCK_URL": url,
+        "REDISLOCK_STAGES": {"detail": 3},
+        "CONCURRENT_REQUESTS": 16,
+        "USER_AGENT": name,  # the site counts each process's requests apart
+        **more,
+    }
+
+
+def blocked_reads(client: redis.Redis) -> int:
+    """Waits blocked in Redis's line (XREADGROUP ... BLOCK)."""
+    return sum(
+        1 for c in client.client_list() if c.get("cmd") == "xreadgroup" and "b" in c["flags"]
+    )
+
+
+def served_by(site: CrawlSite, who: set[str]) -> int:
+    with site.lock:
+        return sum(1 for r in site.served if r.stage == "detail" and r.worker in who)
+
+
+def in_flight_of(site: CrawlSite, who: set[str]) -> int:
+    with site.lock:
+        return sum(n for w, n in site.workers_in_flight["detail"].items() if w in who)
+
+
+def confirmed_grants(client: redis.Redis, pid: int) -> int:
+    """Grants of the process ``pid`` that Redis counts as confirmed: renewed (under its owner's own
+    consumer) or taken at once (delivery count 2); not those handed to its waits since."""
+    keys = LockKeys.of("redislock", "detail")
+    count = 0
+    for entry in client.xpending_range(keys.slots, GROUP, "-", "+", 100):
+        consumer = entry["consumer"].decode()
+        if f":{pid}:" in consumer and ("#" not in consumer or entry["times_delivered"] > 1):
+            count += 1
+    return count
+
+
+def unconfirmed_grants(client: redis.Redis, pid: int) -> int:
+    """Grants Redis handed to the waits of the process ``pid`` that it has not confirmed."""
+    keys = LockKeys.of("redislock", "detail")
+    return sum(
+        1
+        for entry in client.xpending_range(keys.slots, GROUP, "-", "+", 100)
+        if f":{pid}:" in entry["consumer"].decode()
+        and "#" in entry["consumer"].decode()
+        and entry["times_delivered"] == 1
+    )
+
+
+@pytest.fixture
+def proxy(redis_url: str) -> Iterator[LatencyProxy]:
+    port = urlsplit(redis_url).port
+    assert port is not None
+    with LatencyProxy(port) as made:
+        yield made
+        made.heal()
+
+
+def test_the_healthy_processes_get_the_silent_one_s_waits_slots_back_and_go_on(
+    redis_url: str, redis_client: redis.Redis, proxy: LatencyProxy, tmp_path: Path
+) -> None:
+    """TTL 30 s (a renewal interval of 1 s); before the fix, the two healthy processes started no
+    detail request for up to a lease after the cut."""
+    with CrawlSite(delay=0.2) as site:
+        common = {"REDISLOCK_TTL": 30}
+        silent = Crawl(site.url, "detail:150", settings(proxy.url, "c", **common), tmp_path).start()
+        healthy = [
+            Crawl(
+                site.url, f"detail:150:p={name}", settings(redis_url, name, **common), tmp_path
+            ).start()
+            for name in ("a", "b")
+        ]
+        crawls = [silent, *healthy]
+        try:
+            wait_for(lambda: served_by(site, {"a", "b", "c"}) >= 30, 60, "all three crawling")
+            assert silent.process is not None
+            # cut it while it holds at most one slot (its share; what it holds stays its own for
+            # the lease: it may be downloading with it)
+            wait_for(
+                lambda: confirmed_grants(redis_client, silent.process.pid) <= 1,  # type: ignore[union-attr]
+                30,
+                "the silent process holds one slot at most",
+            )
+            proxy.blackhole()
+            cut = time.monotonic()
+            kept = confirmed_grants(redis_client, silent.process.pid)
+            before = served_by(site, {"a", "b"})
+            # the slots freed since go first to its waits (they stay in Redis's line), which cannot
+            # confirm them: Redis takes each back after about a renewal interval, and the healthy
+            # ones get them (before the fix: each was lost for the lease, 30 s)
+            wait_for(
+                lambda: unconfirmed_grants(redis_client, silent.process.pid) >= 1,  # type: ignore[union-attr]
+                10,
+                "a slot handed to a wait of the silent process",
+            )
+            wait_for(
+                lambda: (
+                    unconfirmed_grants(redis_client, silent.process.pid) == 0  # type: ignore[union-attr]
+                    and blocked_reads(redis_client) <= 4  # a's and b's waits only
+                    and in_flight_of(site, {"a", "b"}) >= 3 - kept
+                ),
+                10,
+                f"the healthy processes hold the {3 - kept} slots the silent one does not keep",
+            )
+            back = time.monotonic() - cut
+            wait_for(
+                lambda: served_by(site, {"a", "b"}) >= before + 40,
+                30,
+                "the healthy processes go on crawling",
+            )
+            print(
+                f"cut holding {kept}; every slot handed to its waits back and the healthy "
+                f"processes holding {3 - kept} {back:.2f} s after the cut"
+            )
+            assert site.max_in_flight["detail"] <= 3
+        finally:
+            proxy.heal()
+            for crawl in crawls:
+                crawl.wait(120)
+        for crawl in crawls:
+            assert crawl.code == 0, crawl.tail()
+        assert site.max_in_flight["detail"] <= 3
+        assert {f"/detail/{n}" for n in range(150)} <= set(site.hits)
+
+
+def test_a_cut_off_holder_s_downloads_end_before_its_slots_go_to_others(
+    redis_url: str, redis_client: redis.Redis, proxy: LatencyProxy, tmp_path: Path
+) -> None:
+    """TTL 3 s, 6 s pages: before the fix, the cut-off holder's downloads ran on after Redis had
+    given their slots to the others (5 in flight at the site, cap 3). Now every capped download
+    ends within its slot's lease as last confirmed: here each is cut (a page longer than a lease)."""
+    with CrawlSite(delay=6) as site:
+        site.watch_disconnects = True  # an aborted download leaves the site's count at once
+        common = {"REDISLOCK_TTL": 3, "DOWNLOAD_TIMEOUT": 20, "REDISLOCK_WAITERS_PER_STAGE": 3}
+        # a rival holds every slot until all three processes wait in Redis's line, the holder first
+        rival = CountingLock(
+            redis.Redis.from_url(redis_url), "detail", limit=3, ttl=3, auto_renew=True
+        )
+        held = [rival.acquire(timeout=10) for _ in range(3)]
+        holder = Crawl(site.url, "detail:3", settings(proxy.url, "c", **common), tmp_path).start()
+        others: list[Crawl] = []
+        try:
+            wait_for(lambda: blocked_reads(redis_client) >= 2, 60, "the holder waits")
+            others = [
+                Crawl(
+                    site.url, f"detail:3:p={name}", settings(redis_url, name, **common), tmp_path
+                ).start()
+                for name in ("a", "b")
+            ]
+            wait_for(lambda: blocked_reads(redis_client) >= 4, 60, "the others wait behind it")
+            for permit in held:
+                rival.release(permit)
+            wait_for(lambda: in_flight_of(site, {"c"}) >= 2, 30, "the holder downloads")
+            proxy.blackhole()  # cut off while holding: its leases run out unrenewed
+            # the others get the slots once the holder's leases ran out; by then its downloads
+            # were aborted
+            wait_for(lambda: in_flight_of(site, {"c"}) == 0, 30, "the holder's downloads over")
+            wait_for(lambda: served_by(site, {"a", "b"}) >= 6, 60, "the others' downloads over")
+            assert site.max_in_flight["detail"] <= 3, site.samples
+        finally:
+            proxy.heal()
+            rival.close()
+            for crawl in (holder, *others):
+                crawl.wait(120)
+        assert site.max_in_flight["detail"] <= 3
+        for crawl in (holder, *others):
+            stats = crawl.stats
+            # every download was longer than a lease: each was cut by its download timeout
+            cut = sum(
+                v
+                for k, v in stats.items()
+                if k.startswith("downloader/exception_type_count/") and "Timeout" in k
+            )
+            assert cut == stats.get("redislock/detail/lease_bounded") == 3, stats
+        print(f"most detail requests in flight at the site: {site.max_in_flight['detail']} (cap 3)")
