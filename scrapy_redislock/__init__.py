@@ -95,4 +95,4 @@ __all__ = [
     "safe_quorum",
     "stage",
 ]
-__version__ = "0.1.0"
+__version__ = "1.0.0"

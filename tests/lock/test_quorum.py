@@ -278,22 +278,29 @@ def test_a_master_restarted_empty_does_not_rejoin_while_the_holder_renews(
     while A renews.
     """
     three = masters[:3]
-    holder = qlock(made, view(three, {0, 1}, made), "q", 1, 1.0)
-    permit = holder.acquire(timeout=1)
+    # A 4 s lease: a restart and a renewal on a starved machine fit in it (with 1 s, a late renewal
+    # lost the lease under load, and B then rightly got the lock).
+    ttl = 4.0
+    holder = qlock(made, view(three, {0, 1}, made), "q", 1, ttl)
+    permit = holder.acquire(timeout=5)
     three[0].restart()
-    other = qlock(made, view(three, {0, 1, 2}, made), "q", 1, 1.0)
-    deadline = time.monotonic() + 3 * holder.ttl
+    restarted = time.monotonic()
+    other = qlock(made, view(three, {0, 1, 2}, made), "q", 1, ttl)
+    renewals = 0
     renew_at = time.monotonic()
-    while time.monotonic() < deadline:
+    # B tries until past the lease that was running at the restart (the reservation on master 0
+    # lasts one lease) and A has renewed three times since
+    while renewals < 3 or time.monotonic() < restarted + 1.25 * ttl:
         assert other.try_acquire() is None
         if time.monotonic() >= renew_at:
             holder.renew(permit)  # re-adopts its grant on the restarted master
+            renewals += 1
             renew_at = time.monotonic() + holder.renew_interval
         time.sleep(0.02)
     assert sorted(permit.grants) == [0, 1]
     assert held_on(three[0]) == 1  # A's grant, re-adopted out of the reservation
     holder.release(permit)
-    assert other.acquire(timeout=2) is not None
+    assert other.acquire(timeout=5) is not None
 
 
 def test_a_master_restarted_empty_rejoins_only_after_the_holders_validity(

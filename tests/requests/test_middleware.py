@@ -4,6 +4,7 @@ outages, bad settings, reactors, scheduler bypass."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import time
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 import redis
+import scrapy
 
 from scrapy_redislock.lock import CountingLock
 from scrapy_redislock.lock.core import release_consumer
@@ -391,6 +393,20 @@ def test_requests_bypassing_the_scheduler_are_counted(
     assert leftover(redis_client) == 0
 
 
+def _no_reactorless_handler() -> bool:
+    """Scrapy 2.19 downloads without a Twisted reactor with aiohttp (a test dependency); Scrapy
+    2.18, the floor, with httpx, which the project does not install."""
+    return not any(
+        importlib.util.find_spec(name)
+        for name in ("scrapy.core.downloader.handlers._aiohttp", "httpx2", "httpx")
+    )
+
+
+@pytest.mark.skipif(
+    _no_reactorless_handler(),
+    reason=f"Scrapy {scrapy.__version__} downloads without a Twisted reactor with httpx, not "
+    "installed (Scrapy 2.19 uses aiohttp)",
+)
 def test_without_a_twisted_reactor(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:

@@ -188,6 +188,10 @@ def test_plain_spiders_share_the_work_through_the_dupefilter_and_respect_the_cap
         settings = {
             "REDISLOCK_WORKER_STAGES": {"a": 1, "b": 2, "c": None},
             "REDISLOCK_IDLE_CLOSE": 1.5,
+            # a worker that a loaded machine starts after the others have finished still finds their
+            # dupefilter (with scrapy-redis's default, False, the last one out had cleared it, and
+            # the late worker fetched every page again)
+            "SCHEDULER_PERSIST": True,
         }
         workers = [staged_worker(redis_url, site.url, "a:10,b:20,c:30", settings) for _ in range(3)]
         outputs = [finish(w) for w in workers]
