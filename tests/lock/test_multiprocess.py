@@ -99,7 +99,7 @@ def test_clock_skew_does_not_break_the_cap(
                 "--hold-ms",
                 3,
                 "--loop",
-                2.0,
+                8.0,  # still looping after the slowest of the four has started, under any load
                 "--reap",
             )
         )
