@@ -67,9 +67,11 @@ def staged_worker(
     plan: str,
     settings: dict[str, Any],
     args: dict[str, str] | None = None,
+    spider: Path = ROOT / "testing" / "spiders" / "workerspider.py",
 ) -> subprocess.Popen[str]:
     """A ``scrapy runspider testing/spiders/workerspider.py`` worker (a plain scrapy.Spider with the
-    worker mixin), with spider arguments ``args`` besides ``base`` and ``plan``."""
+    worker mixin; ``spider``: another file), with spider arguments ``args`` besides ``base`` and
+    ``plan``."""
     merged = {
         "REDIS_URL": redis_url,
         "CONCURRENT_REQUESTS": 2,
@@ -85,7 +87,7 @@ def staged_worker(
         "-m",
         "scrapy",
         "runspider",
-        str(ROOT / "testing" / "spiders" / "workerspider.py"),
+        str(spider),
     ]
     command += ["-a", f"base={base}", "-a", f"plan={plan}"]
     for name, value in (args or {}).items():

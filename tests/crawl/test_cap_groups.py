@@ -1,8 +1,9 @@
 """Caps belong to their spider (REDISLOCK_GROUP): real crawls of two spiders with the same stage
-names side by side against one site and one redis-server. By default each keeps its own cap; with
-one group named in both, they share one cap, and the process whose limit was overwritten says so in
-its log. The site counts what is in flight (spider ``plan`` fetches ``/shopfull/...``, spider
-``othershop`` ``/othershop/...``)."""
+names side by side against one site and one redis-server, on both fronts. By default each keeps its
+own cap; with one group named in both, they share one cap, and the process whose limit was
+overwritten says so in its log. The site counts what is in flight (request front: spider ``plan``
+fetches ``/shopfull/...``, spider ``othershop`` ``/othershop/...``; worker front: spider ``staged``
+``/detail/...``, spider ``otherstaged`` ``/other/detail/...``)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import redis
 
 from scrapy_redislock._redis import text
 from scrapy_redislock.lock.permit import LockKeys, group_prefix
-from testing.crawlproc import ROOT, Crawl, leftover
+from testing.crawlproc import ROOT, Crawl, leftover, staged_worker
 from testing.site import CrawlSite, most_at_once, served
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 OTHER_SHOP = ROOT / "testing" / "spiders" / "othershopspider.py"
+OTHER_WORKER = ROOT / "testing" / "spiders" / "otherworkerspider.py"
 FIRST_PAGES = 90  # at 3 in flight and 0.25 s a page: about 7.5 s, so the second starts beside it
 
 
@@ -109,4 +111,35 @@ def test_one_group_named_by_both_spiders_shares_one_cap_and_both_say_the_change(
     assert limit_in_redis(redis_client, "shops", "detail") == 10
     assert limit_in_redis(redis_client, "plan", "detail") is None
     assert limit_in_redis(redis_client, "othershop", "detail") is None
+    assert leftover(redis_client) == 0
+
+
+@pytest.mark.parametrize("group", [None, "shops"], ids=["own caps", "one shared cap"])
+def test_worker_spiders_with_the_same_stage_names_share_worker_slots_only_in_one_group(
+    redis_url: str, redis_client: redis.Redis, group: str | None
+) -> None:
+    """Worker front: one worker of spider ``staged`` and one of ``otherstaged``, each spider's
+    ``detail`` capped at 1 worker (one request at a time each). Each spider has its own queues
+    (scrapy-redis's per-spider keys); the worker slots follow the group: by default both work on
+    ``detail`` at once, in one group only one of them does at a time."""
+    settings = {
+        "REDISLOCK_WORKER_STAGES": {"detail": 1},
+        "CONCURRENT_REQUESTS": 1,
+        "REDISLOCK_IDLE_CLOSE": 1,
+        "REDISLOCK_GROUP": group,
+    }
+    with CrawlSite(delay=0.1) as site:
+        first = staged_worker(redis_url, site.url, "detail:80", settings)
+        assert site.wait_for(lambda: site.in_flight["detail"] > 0, timeout=60)
+        second = staged_worker(
+            redis_url, f"{site.url}/other", "detail:30", settings, spider=OTHER_WORKER
+        )
+        outputs = [process.communicate(timeout=120)[0] for process in (first, second)]
+        both = served(site, "detail", "other")
+    assert [first.returncode, second.returncode] == [0, 0], [o[-3000:] for o in outputs]
+    assert len(both) == 80 + 30
+    most, _ = most_at_once(both, 1)
+    assert most == (2 if group is None else 1), outputs[1][-3000:]
+    if group is None:
+        assert "group 'staged'" in outputs[0] and "group 'otherstaged'" in outputs[1]
     assert leftover(redis_client) == 0
