@@ -384,8 +384,8 @@ def _liveness(status: StageStatus, holder: str) -> str | None:
     as Redis can tell while a slot of it has lease left (it renewed within its lease)."""
     process = status.process(holder)
     here = None if process is None else _alive_here(process)
-    if here is not None:
-        return f"process {process.pid} of {holder} is running on this machine" if here else None  # type: ignore[union-attr]
+    if process is not None and here is not None:
+        return f"process {process.pid} of {holder} is running on this machine" if here else None
     owner = owner_of(holder)
     leased = [g for g in status.grants if g.owner == owner and not g.expired]
     if not leased:
@@ -506,9 +506,10 @@ def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     holders = sorted({g.owner for g in status.grants})
     live = [why for owner in holders if (why := _liveness(status, owner))]
     if live:
+        cap = "its cap" if status.limit is None else f"the cap of {status.limit}"
         overrun = (
             f"until their requests end, the site may see up to {status.held} request(s) in flight "
-            f"beyond the cap of {status.limit} (their slots are free to others at once)"
+            f"beyond {cap} (their slots are free to others at once)"
         )
         if not opts.force:
             raise CliError(

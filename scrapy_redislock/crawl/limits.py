@@ -99,11 +99,11 @@ async def publish_limits(locks: Locks) -> None:
         locks.limits_known[stage] = limit
         if previous is not None and previous != limit:
             logger.warning(
-                "Limit of stage %r (group %r) changed from %s to %s in Redis (the newest process's settings win; the other processes of the group log it at their next renewal)",  # noqa: E501
+                "Limit of stage %r changed from %s to %s in Redis (group %r; the newest process's settings win; the other processes of the group log it at their next renewal)",  # noqa: E501
                 f"{locks.lock_prefix}{stage}",
-                locks.group,
                 previous,
                 limit,
+                locks.group,
             )
     for stage in sorted(set(locks.limits) - set(locks.locks)):
         meta = LockKeys.of(locks.key_prefix, f"{locks.lock_prefix}{stage}").meta

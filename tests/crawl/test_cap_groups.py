@@ -104,7 +104,7 @@ def test_one_group_named_by_both_spiders_shares_one_cap_and_both_say_the_change(
     most, above = most_at_once(both, 10)  # one cap of 10 over both spiders' requests
     assert most <= 10 and above == 0.0
     assert (
-        "Limit of stage 'detail' (group 'shops') changed from 3 to 10 in Redis (the newest "
+        "Limit of stage 'detail' changed from 3 to 10 in Redis (group 'shops'; the newest "
         "process's settings win" in second.output
     )
     assert first.output.count("changed in Redis from 3 to 10") == 1  # once per change
