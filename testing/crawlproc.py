@@ -7,7 +7,8 @@
 
 ``spider=`` runs another spider file (``scrapy runspider`` takes the file's last spider class).
 
-Every setting is passed with ``-s`` (dicts and lists as JSON); ``None`` removes one of BASE_SETTINGS.
+Every setting is passed with ``-s`` (dicts and lists as JSON); ``None`` removes one of BASE_SETTINGS
+or HARNESS_SETTINGS.
 """
 
 from __future__ import annotations
@@ -42,10 +43,17 @@ BASE_SETTINGS: dict[str, Any] = {
 }
 
 
+# What every crawl process of the harness runs with unless a test says otherwise: the locks' key names
+# of no cap group (REDISLOCK_GROUP ''), which the tests that read Redis by key expect; a test of
+# the default (the spider's name) passes "REDISLOCK_GROUP": None (left out) or its own group.
+HARNESS_SETTINGS: dict[str, Any] = {"REDISLOCK_GROUP": ""}
+
+
 def settings_args(settings: dict[str, Any]) -> list[str]:
-    """``-s NAME=VALUE`` arguments (dicts and lists as JSON; None left out)."""
+    """``-s NAME=VALUE`` arguments (dicts and lists as JSON; None left out), over
+    :data:`HARNESS_SETTINGS`."""
     args: list[str] = []
-    for key, value in settings.items():
+    for key, value in {**HARNESS_SETTINGS, **settings}.items():
         if value is not None:
             args += [
                 "-s",
@@ -60,9 +68,11 @@ def staged_worker(
     plan: str,
     settings: dict[str, Any],
     args: dict[str, str] | None = None,
+    spider: Path = ROOT / "testing" / "spiders" / "workerspider.py",
 ) -> subprocess.Popen[str]:
     """A ``scrapy runspider testing/spiders/workerspider.py`` worker (a plain scrapy.Spider with the
-    worker mixin), with spider arguments ``args`` besides ``base`` and ``plan``."""
+    worker mixin; ``spider``: another file), with spider arguments ``args`` besides ``base`` and
+    ``plan``."""
     merged = {
         "REDIS_URL": redis_url,
         "CONCURRENT_REQUESTS": 2,
@@ -78,7 +88,7 @@ def staged_worker(
         "-m",
         "scrapy",
         "runspider",
-        str(ROOT / "testing" / "spiders" / "workerspider.py"),
+        str(spider),
     ]
     command += ["-a", f"base={base}", "-a", f"plan={plan}"]
     for name, value in (args or {}).items():

@@ -21,9 +21,9 @@ from scrapy_redis import defaults as scrapy_redis_defaults
 from scrapy_redislock._redis import RedisClient, text
 from scrapy_redislock.lock.core import release_consumer
 from scrapy_redislock.lock.front import CommandRunner
-from scrapy_redislock.lock.permit import GROUP, LockKeys
+from scrapy_redislock.lock.permit import GROUP, LockKeys, group_prefix
 from scrapy_redislock.lock.protocol import drive
-from scrapy_redislock.lock.status import tagged_keys
+from scrapy_redislock.lock.status import grouped_keys, tagged_keys
 from scrapy_redislock.workers.queue import QueueKeys, queued
 from scrapy_redislock.workers.status import WORKER_LOCK_PREFIX
 
@@ -114,9 +114,16 @@ def held_slots(
     """Grants Redis counts as held (the holders' pending entries) over ``locks``, every lock under
     the prefix if None; a lock that is not in Redis holds none."""
     held = 0
-    for name in locks_in(client, prefix) if locks is None else locks:
+    # every lock of every cap group (REDISLOCK_GROUP), or the named ones of no group
+    places = (
+        sorted(grouped_keys(client, prefix, ":slots"))
+        if locks is None
+        else [("", name) for name in locks]
+    )
+    for group, name in places:
+        slots = LockKeys.of(group_prefix(prefix, group), name).slots
         with contextlib.suppress(redis.ResponseError):  # no stream, or no group: nothing held
-            held += int(client.xpending(LockKeys.of(prefix, name).slots, GROUP)["pending"])
+            held += int(client.xpending(slots, GROUP)["pending"])
     return held
 
 

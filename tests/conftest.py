@@ -29,6 +29,18 @@ from testing.site import CrawlSite
 TEST_ACL_KEYS = ("*:start_urls",)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_cap_group() -> Iterator[None]:
+    """In-process crawlers of the tests use the key names of no cap group (REDISLOCK_GROUP ''), as
+    the harness's crawl processes do (testing/crawlproc.py: HARNESS_SETTINGS), unless a test sets
+    REDISLOCK_GROUP itself."""
+    from scrapy.settings import default_settings
+
+    default_settings.REDISLOCK_GROUP = ""  # type: ignore[attr-defined]
+    yield
+    del default_settings.REDISLOCK_GROUP  # type: ignore[attr-defined]
+
+
 @pytest.fixture(scope="session")
 def admin_url() -> Iterator[str]:
     external = os.environ.get("REDISLOCK_TEST_URL")

@@ -42,8 +42,14 @@ from scrapy_redislock.lock.core import (
     release_consumer,
     reset_lock,
 )
-from scrapy_redislock.lock.permit import LockKeys
-from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, StageStatus, find_stages, stage_status
+from scrapy_redislock.lock.permit import LockKeys, group_prefix, owner_of
+from scrapy_redislock.lock.status import (
+    KEY_LOCK_PREFIX,
+    Process,
+    StageStatus,
+    find_stages,
+    stage_status,
+)
 from scrapy_redislock.requests.queueloss import REQUEST_SCRIPTS
 from scrapy_redislock.workers.queue import QUEUE_SCRIPTS, QueueKeys, requeue_now
 from scrapy_redislock.workers.status import (
@@ -84,15 +90,77 @@ def _is_key(stage: str) -> bool:
     return stage.startswith(KEY_LOCK_PREFIX)
 
 
-def _require_stage(client: RedisClient, target: Target, stage: str) -> StageStatus:
-    found = stage_status(client, target.prefix, stage)
-    if found is None:
-        known = find_stages(client, target.prefix)
+def _named(places: list[tuple[str, str]]) -> str:
+    """``detail (group shop), list``: locks as an operator reads them."""
+    return ", ".join(f"{name} (group {group})" if group else name for group, name in places)
+
+
+def _group_arg(opts: argparse.Namespace) -> str | None:
+    group = getattr(opts, "group", None)
+    if group and ("{" in group or "}" in group):
+        raise CliError(f"--group must be a name without braces, got {group!r}", EXIT_USAGE)
+    return group
+
+
+def _group_of(client: RedisClient, target: Target, stage: str, group: str | None) -> str | None:
+    """The cap group STAGE is in: ``--group`` when given, else the only group under the prefix that
+    has a lock of that name (None: none has); CliError naming the groups when several have."""
+    if group is not None:
+        return group
+    found = find_stages(client, target.prefix)
+    groups = [g for g, name in found if name == stage]
+    if len(groups) > 1:
+        listed = ", ".join(repr(g) for g in groups)
         raise CliError(
-            f"unknown stage {stage!r} under prefix {target.prefix!r} at {target.safe_url}; "
-            f"stages there: {', '.join(known) if known else 'none'}"
+            f"stage {stage!r} is in {len(groups)} groups under prefix {target.prefix!r}: {listed}; "
+            "name one with --group GROUP ('' for the keys of no group)"
         )
+    return groups[0] if groups else None
+
+
+def _unknown(client: RedisClient, target: Target, stage: str, group: str | None) -> str:
+    known = find_stages(client, target.prefix)
+    where = "" if group is None else f" in group {group!r}"
+    return (
+        f"unknown stage {stage!r}{where} under prefix {target.prefix!r} at {target.safe_url}; "
+        f"stages there: {_named(known) if known else 'none'}"
+    )
+
+
+def _require_stage(
+    client: RedisClient, target: Target, stage: str, group: str | None = None
+) -> StageStatus:
+    """The stage's status, in ``group`` or the only group that has it; CliError otherwise."""
+    group = _group_of(client, target, stage, group)
+    found = None if group is None else stage_status(client, target.prefix, stage, group)
+    if found is None:
+        raise CliError(_unknown(client, target, stage, group))
     return found
+
+
+def _keys(target: Target, status: StageStatus) -> LockKeys:
+    """The Redis keys of a stage found under the target's prefix, in its group."""
+    return LockKeys.of(group_prefix(target.prefix, status.group), status.stage)
+
+
+def _held_elsewhere(client: RedisClient, target: Target, status: StageStatus) -> str:
+    """When a command freed nothing: the other locks of the same stage name that hold slots (the
+    worker slots ``workers:<stage>`` beside a request stage, the same stage of another cap group),
+    which ``status`` showed held and the operator may have meant; "" when there are none."""
+    base = status.stage.removeprefix(WORKER_LOCK_PREFIX)
+    others = []
+    for group, name in find_stages(client, target.prefix):
+        if name.removeprefix(WORKER_LOCK_PREFIX) != base or (group, name) == (
+            status.group,
+            status.stage,
+        ):
+            continue
+        other = stage_status(client, target.prefix, name, group)
+        if other is not None and other.held:
+            others.append(f"{other.label!r} has {other.held} held")
+    if not others:
+        return ""
+    return f"; note: {', '.join(others)} (a lock of its own: name it to act on it)"
 
 
 def _confirm(question: str, opts: argparse.Namespace, io: Streams) -> None:
@@ -178,7 +246,7 @@ def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     if opts.adaptive:
         if opts.limit is not None:
             raise CliError("set-limit: give N or --adaptive, not both", EXIT_USAGE)
-        return _lift_pin(stage, target, io)
+        return _lift_pin(stage, _group_arg(opts), target, io)
     if opts.limit is None:
         raise CliError("set-limit: N is missing (or --adaptive to lift a pin)", EXIT_USAGE)
     limit = _limit_arg(opts.limit)
@@ -189,48 +257,53 @@ def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         except InvalidArgument as exc:
             raise CliError(str(exc), EXIT_USAGE) from None
     client = target.client()
-    before = stage_status(client, target.prefix, stage)
+    group = _group_of(client, target, stage, _group_arg(opts))
+    before = None if group is None else stage_status(client, target.prefix, stage, group)
     if before is None and not opts.create:
-        known = find_stages(client, target.prefix)
         raise CliError(
-            f"unknown stage {stage!r} under prefix {target.prefix!r} at {target.safe_url} (stages "
-            "there: "
-            f"{', '.join(known) if known else 'none'}); pass --create to create it with limit "
-            f"{limit}"
+            f"{_unknown(client, target, stage, group)}; pass --create to create it with limit "
+            f"{limit} (--group GROUP: in that group)"
         )
-    core = LockCore.create(stage, None, ttl, key_prefix=target.prefix, light=_is_key(stage))
+    group = group or ""
+    where = f" (group {group})" if group else ""
+    prefix = group_prefix(target.prefix, group)
+    core = LockCore.create(stage, None, ttl, key_prefix=prefix, light=_is_key(stage))
     previous = run_operation(client, core.set_limit(limit, pin=True), stage)
     if previous is None and before is not None and before.error:
-        io.say(f"{stage}: limit (not a valid one in Redis) -> {limit}, live for every process")
+        io.say(
+            f"{stage}{where}: limit (not a valid one in Redis) -> {limit}, live for every process"
+        )
     elif previous is None:
-        io.say(f"{stage}: created with limit {limit} (ttl {ttl:g}s)")
+        io.say(f"{stage}{where}: created with limit {limit} (ttl {ttl:g}s)")
     else:
-        io.say(f"{stage}: limit {previous} -> {limit}, live for every process")
-    _set_limit_notes(stage, limit, client, target, io)
+        io.say(f"{stage}{where}: limit {previous} -> {limit}, live for every process")
+    _set_limit_notes(stage, group, limit, client, target, io)
     return EXIT_OK
 
 
-def _lift_pin(stage: str, target: Target, io: Streams) -> int:
+def _lift_pin(stage: str, group: str | None, target: Target, io: Streams) -> int:
     """set-limit --adaptive: the stage's adaptive controller moves its limit again."""
-    keys = LockKeys.of(target.prefix, stage)
-    lifted = run_operation(target.client(), unpin(keys), stage)
+    status = _require_stage(target.client(), target, stage, group)
+    lifted = run_operation(target.client(), unpin(_keys(target, status)), stage)
     io.say(
-        f"{stage}: its adaptive controller moves the limit again (from the pinned one)"
+        f"{status.label}: its adaptive controller moves the limit again (from the pinned one)"
         if lifted
-        else f"{stage}: no pin to lift (no adaptive controller, or not pinned)"
+        else f"{status.label}: no pin to lift (no adaptive controller, or not pinned)"
     )
     return EXIT_OK
 
 
-def _set_limit_notes(stage: str, limit: int, client: Any, target: Target, io: Streams) -> None:
+def _set_limit_notes(
+    stage: str, group: str, limit: int, client: Any, target: Target, io: Streams
+) -> None:
     """What a new limit means now: a pinned controller, holders above it, a project setting that
     a new process writes back."""
-    if client.exists(LockKeys.of(target.prefix, stage).adapt):
+    if client.exists(LockKeys.of(group_prefix(target.prefix, group), stage).adapt):
         io.say(
             f"{stage}: its adaptive controller is pinned to {limit} (`set-limit {stage} "
             "--adaptive` lets it move the limit again)"
         )
-    after = stage_status(client, target.prefix, stage)
+    after = stage_status(client, target.prefix, stage, group)
     if after is not None and after.held > limit and stage.startswith(WORKER_LOCK_PREFIX):
         io.say(
             f"{stage}: {after.held} slots are held now; the {after.held - limit} newest holder(s) "
@@ -254,11 +327,13 @@ def _set_limit_notes(stage: str, limit: int, client: Any, target: Target, io: St
 
 
 def _holder_of(status: StageStatus, given: str) -> str:
-    """The consumer name HOLDER means: the exact name, else the only one starting with HOLDER +
-    ':'."""
-    names = sorted({g.holder for g in status.grants} | {p.holder for p in status.processes})
-    if given in names:
-        return given
+    """The owner (a process's lock object) HOLDER means: its exact name, or one of its consumers'
+    (``<owner>#<n>``, as status lists a grant made to a wait: a renewal moves the grant to the owner
+    since, so releasing that consumer alone freed 0), else the only owner starting with HOLDER +
+    ':', or of that host:pid."""
+    names = sorted({g.owner for g in status.grants} | {p.holder for p in status.processes})
+    if owner_of(given) in names:
+        return owner_of(given)
     matches = [
         name
         for name in names
@@ -291,12 +366,11 @@ def _describe(status: StageStatus, holder: str) -> str:
     return f"{holder} ({', '.join(facts)})"
 
 
-def _alive_here(status: StageStatus, holder: str) -> bool:
-    """True when the holder's process runs on this machine and is alive (so probably not dead at
-    all)."""
-    process = status.process(holder)
-    if process is None or process.pid is None or process.host != socket.gethostname():
-        return False
+def _alive_here(process: Process) -> bool | None:
+    """Whether the process runs on this machine and is alive; None when it is not of this machine
+    (or named no pid)."""
+    if process.pid is None or process.host != socket.gethostname():
+        return None
     try:
         os.kill(process.pid, 0)
     except ProcessLookupError:
@@ -306,23 +380,44 @@ def _alive_here(status: StageStatus, holder: str) -> bool:
     return True
 
 
+def _liveness(status: StageStatus, holder: str) -> str | None:
+    """Why the holder may be alive (``release`` warns, ``reset`` refuses), None when it looks dead:
+    a process of this machine is alive or not; one of another machine (or unknown) is alive as far
+    as Redis can tell while a slot of it has lease left (it renewed within its lease)."""
+    process = status.process(holder)
+    here = None if process is None else _alive_here(process)
+    if process is not None and here is not None:
+        return f"process {process.pid} of {holder} is running on this machine" if here else None
+    owner = owner_of(holder)
+    leased = [g for g in status.grants if g.owner == owner and not g.expired]
+    if not leased:
+        return None
+    newest = min(leased, key=lambda g: g.age)
+    host = f" on host {process.host}" if process is not None and process.host else ""
+    return f"{owner}{host} renewed a slot {newest.age:.1f}s ago ({newest.lease_left:.0f}s of lease left)"
+
+
 def cmd_release(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     stage = _stage_arg(opts.stage)
     client = target.client()
-    status = _require_stage(client, target, stage)
+    status = _require_stage(client, target, stage, _group_arg(opts))
     holder = _holder_of(status, opts.holder)
-    held = sum(1 for g in status.grants if g.holder == holder)
+    held = sum(1 for g in status.grants if g.owner == holder)
     described = _describe(status, holder)
-    process = status.process(holder)
-    if process is not None and _alive_here(status, holder):  # (alive here: it has a process)
-        io.warn(f"warning: process {process.pid} of {holder} is running on this machine")
-    _confirm(f"Release {held} slot(s) of stage {stage!r} held by {described}?", opts, io)
+    alive = _liveness(status, holder)
+    if alive:
+        io.warn(f"warning: {alive}")
+    _confirm(f"Release {held} slot(s) of stage {status.label!r} held by {described}?", opts, io)
     freed = run_operation(
-        client,
-        release_consumer(LockKeys.of(target.prefix, stage), holder, _is_key(stage)),
-        stage,
+        client, release_consumer(_keys(target, status), holder, _is_key(stage)), stage
     )
-    io.say(f"{stage}: released {freed} slot(s) of {described}")
+    gone = (
+        f" (Redis had none of its {held} when the release ran: released or reaped meanwhile)"
+        if held and not freed
+        else ""
+    )
+    elsewhere = _held_elsewhere(client, target, status) if not freed else ""
+    io.say(f"{status.label}: released {freed} slot(s) of {described}{gone}{elsewhere}")
     if stage.startswith(WORKER_LOCK_PREFIX):
         _requeue_workers_of(client, target, status, holder, io)
     return EXIT_OK
@@ -404,41 +499,64 @@ def cmd_requeue(opts: argparse.Namespace, target: Target, io: Streams) -> int:
 
 
 def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
+    """Free every slot of a stage and forget its holders; refused while a holder looks alive
+    (:func:`_liveness`, as ``release`` judges it) unless ``--force``, which says what the site may
+    see."""
     stage = _stage_arg(opts.stage)
     client = target.client()
-    status = _require_stage(client, target, stage)
-    holders = len({g.holder for g in status.grants})
+    status = _require_stage(client, target, stage, _group_arg(opts))
+    holders = sorted({g.owner for g in status.grants})
+    live = [why for owner in holders if (why := _liveness(status, owner))]
+    if live:
+        cap = "its cap" if status.limit is None else f"the cap of {status.limit}"
+        overrun = (
+            f"until their requests end, the site may see up to {status.held} request(s) in flight "
+            f"beyond {cap} (their slots are free to others at once)"
+        )
+        if not opts.force:
+            raise CliError(
+                f"stage {status.label!r} has live holders, nothing was changed: {'; '.join(live)}; "
+                f"{overrun}; pass --force to reset anyway, or `release` a holder known to be dead"
+            )
+        io.warn(f"warning: resetting live holders ({'; '.join(live)}): {overrun}")
     question = (
-        f"Reset stage {stage!r}: free {status.held} held slot(s) of {holders} holder(s), forget "
-        f"{len(status.processes)} registered process(es), keep limit {status.limit}? Live holders "
-        "lose their slots."
+        f"Reset stage {status.label!r}: free {status.held} held slot(s) of {len(holders)} "
+        f"holder(s), forget {len(status.processes)} registered process(es), keep limit "
+        f"{status.limit}? Live holders lose their slots."
     )
     if status.error:
         question = (
-            f"Reset stage {stage!r}, whose state in Redis is unreadable ({status.error}): free "
-            "every held slot and forget every registered process? Live holders lose their slots."
+            f"Reset stage {status.label!r}, whose state in Redis is unreadable ({status.error}): "
+            "free every held slot and forget every registered process? Live holders lose their "
+            "slots."
         )
     _confirm(question, opts, io)
     try:
         freed, limit = run_operation(
-            client, reset_lock(LockKeys.of(target.prefix, stage), _is_key(stage)), stage
+            client, reset_lock(_keys(target, status), _is_key(stage)), stage
         )
     except redis.exceptions.ResponseError as exc:
         if "NOLOCK" in str(exc):
             raise CliError(
-                f"stage {stage!r} vanished from Redis before the reset; nothing was changed"
+                f"stage {status.label!r} vanished from Redis before the reset; nothing was changed"
             ) from None
         raise
+    name = status.label
+    if not freed:
+        name_note = _held_elsewhere(client, target, status)
+        if name_note:
+            io.say(f"{name}: reset: freed 0 held slot(s){name_note}")
+            return EXIT_OK
     if limit is None:  # a key on its light path: nobody waits, each process keeps its own limit
-        io.say(f"{stage}: reset: freed {freed} held slot(s)")
+        io.say(f"{name}: reset: freed {freed} held slot(s)")
     elif limit == NO_VALID_LIMIT:
         io.say(
-            f"{stage}: reset: freed {freed} held slot(s); its limit in Redis is not a valid limit, "
+            f"{name}: reset: freed {freed} held slot(s); its limit in Redis is not a valid limit, "
             f"so no slot is free: `set-limit {stage} N` repairs it"
         )
     else:
         io.say(
-            f"{stage}: reset: freed {freed} held slot(s); limit {limit} kept, {limit} fresh "
+            f"{name}: reset: freed {freed} held slot(s); limit {limit} kept, {limit} fresh "
             "slot(s) for the waiters"
         )
     return EXIT_OK
@@ -451,7 +569,7 @@ def _users(client: RedisClient, target: Target, status: StageStatus) -> list[str
     """Who uses the stage, as ``forget`` (``retire.lua``) judges it: held grants (a dead holder's
     too, until reaped) and registered owners seen within FORGET_LEASES leases; one phrase each, e.g.
     ``2 slot(s) held by vm pid 7``."""
-    keys = LockKeys.of(target.prefix, status.stage)
+    keys = _keys(target, status)
     lease_ms = round((status.ttl or target.ttl) * 1000)
     reply = client.time()
     now_ms = reply[0] * 1000 + reply[1] // 1000 if isinstance(reply, list | tuple) else None
@@ -490,7 +608,7 @@ def cmd_forget(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     slot) makes it refuse all the same."""
     stage = _stage_arg(opts.stage)
     client = target.client()
-    status = _require_stage(client, target, stage)
+    status = _require_stage(client, target, stage, _group_arg(opts))
     users = _users(client, target, status)
     if users and not opts.force:
         raise CliError(
@@ -499,8 +617,8 @@ def cmd_forget(opts: argparse.Namespace, target: Target, io: Streams) -> int:
             "them first (a live process among them recreates the stage at its next renewal)"
         )
     freeing = f", freeing what they hold ({'; '.join(users)})" if users else ""
-    _confirm(f"Delete stage {stage!r} (limit {status.limit}) from Redis{freeing}?", opts, io)
-    keys = LockKeys.of(target.prefix, stage)
+    _confirm(f"Delete stage {status.label!r} (limit {status.limit}) from Redis{freeing}?", opts, io)
+    keys = _keys(target, status)
     freed = 0
     if opts.force and (status.error or (status.exists and (status.grants or status.processes))):
         try:
@@ -510,7 +628,7 @@ def cmd_forget(opts: argparse.Namespace, target: Target, io: Streams) -> int:
                 raise
     deleted = run_operation(client, forget_lock(keys, _is_key(stage)), stage)
     if not deleted:
-        after = stage_status(client, target.prefix, stage)
+        after = stage_status(client, target.prefix, stage, status.group)
         now_used = _users(client, target, after) if after is not None else []
         why = "; ".join(now_used) or (
             "Redis restarted since the stage was last written: its slots are reserved for one "
@@ -520,7 +638,7 @@ def cmd_forget(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         raise CliError(f"stage {stage!r} was not deleted, it is in use: {why}")
     limit = "" if status.limit is None else f" (limit {status.limit})"
     extra = f"; freed {freed} held slot(s) first" if freed else ""
-    io.say(f"{stage}: forgotten: its keys are deleted from Redis{limit}{extra}")
+    io.say(f"{status.label}: forgotten: its keys are deleted from Redis{limit}{extra}")
     return EXIT_OK
 
 

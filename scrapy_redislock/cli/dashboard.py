@@ -113,7 +113,7 @@ class Sampler:
             row = stage.to_json()
             row["grants_more"] = max(0, len(row["grants"]) - MAX_HOLDERS_SHOWN)
             row["grants"] = row["grants"][:MAX_HOLDERS_SHOWN]
-            row["grants_per_second"] = rates.get(stage.stage)
+            row["grants_per_second"] = rates.get(stage.label)
             stage_rows.append(row)
         spider_rows = [self._spider(spider, now) for spider in spiders]
         present = {spider.spider for spider in spiders}
@@ -129,14 +129,14 @@ class Sampler:
             },
             # adaptive limits (REDISLOCK_ADAPTIVE): the limit of each lock's last window beside
             # its latency and its share of overload answers and errors
-            "limits": {s.stage: s.adaptive.limit for s in adapted if s.adaptive},
+            "limits": {s.label: s.adaptive.limit for s in adapted if s.adaptive},
             "latency": {
-                s.stage: round(s.adaptive.latency * 1000, 1)
+                s.label: round(s.adaptive.latency * 1000, 1)
                 for s in adapted
                 if s.adaptive and s.adaptive.latency is not None
             },
             "errors": {
-                s.stage: round(100 * (s.adaptive.overload_rate + s.adaptive.error_rate), 2)
+                s.label: round(100 * (s.adaptive.overload_rate + s.adaptive.error_rate), 2)
                 for s in adapted
                 if s.adaptive
             },
@@ -165,7 +165,7 @@ class Sampler:
 
     def _rates(self, stages: list[StageStatus], now: float) -> dict[str, float | None]:
         """Grants per second since the last read (None for a stage seen for the first time)."""
-        delivered = {s.stage: s.delivered for s in stages if s.exists}
+        delivered = {s.label: s.delivered for s in stages if s.exists}
         previous = self.delivered
         self.delivered = (now, delivered)
         rates: dict[str, float | None] = dict.fromkeys(delivered)
@@ -297,7 +297,7 @@ def stage_metrics(stages: list[StageStatus]) -> Iterator[Metric]:
     def family(
         name: str, doc: str, kind: type[GaugeMetricFamily | CounterMetricFamily] = GaugeMetricFamily
     ) -> GaugeMetricFamily | CounterMetricFamily:
-        return kind(f"redislock_{name}", doc, labels=["stage"])
+        return kind(f"redislock_{name}", doc, labels=["stage", "group"])
 
     limit = family("stage_limit", "Slots of the stage, cluster-wide")
     held = family("stage_held", "Slots held now")
@@ -328,7 +328,7 @@ def stage_metrics(stages: list[StageStatus]) -> Iterator[Metric]:
         "1 if the stage's state in Redis holds a value its scripts never write (status says which)",
     )
     for s in stages:
-        labels = [s.stage]
+        labels = [s.stage, s.group]
         unreadable.add_metric(labels, 1 if s.error else 0)
         if s.error:
             continue
@@ -360,7 +360,7 @@ def adaptive_metrics(stages: list[StageStatus]) -> Iterator[Metric]:
     shares of overload answers and errors."""
 
     def family(name: str, doc: str) -> GaugeMetricFamily:
-        return GaugeMetricFamily(f"redislock_adaptive_{name}", doc, labels=["stage"])
+        return GaugeMetricFamily(f"redislock_adaptive_{name}", doc, labels=["stage", "group"])
 
     limit = family("limit", "The limit the stage's or key's adaptive controller applied last")
     latency = family("latency_seconds", "Mean download latency of its last window")
@@ -371,7 +371,7 @@ def adaptive_metrics(stages: list[StageStatus]) -> Iterator[Metric]:
         window = s.adaptive
         if window is None:
             continue
-        labels = [s.stage]
+        labels = [s.stage, s.group]
         limit.add_metric(labels, window.limit)
         if window.latency is not None:
             latency.add_metric(labels, window.latency)
@@ -578,6 +578,8 @@ class Dashboard:
             limit=str(body.get("limit", "")),
             holder=str(body.get("holder", "")),
             worker=str(body.get("worker", "")),
+            group=None if body.get("group") is None else str(body.get("group")),
+            force=False,  # a reset of live holders is refused here: the command line's --force
             create=False,
             ttl=None,
             adaptive=False,

@@ -6,11 +6,14 @@ sub-commands).
   those matching PATTERN.
 - ``set-limit STAGE N [--create [--ttl SECONDS]]``: change a stage's cap for the whole cluster,
   live.
+- ``--group GROUP`` (set-limit, release, reset, forget): the stage's cap group (REDISLOCK_GROUP),
+  needed only when several groups have a stage of that name.
 - ``release STAGE HOLDER [--yes]``: free the slots of one holder (a worker known to be dead); a
   worker slot's holder also has its worker's in-flight requests put back in their queues.
 - ``requeue WORKER [--yes]``: put a dead worker's in-flight requests back in their queues now, and
   unregister it.
-- ``reset STAGE [--yes]``: free every slot of a stage and forget its holders; the limit stays.
+- ``reset STAGE [--force] [--yes]``: free every slot of a stage and forget its holders; the limit
+  stays; refused while a holder looks alive unless ``--force``.
 - ``forget STAGE [--force] [--yes]``: delete a stage nobody uses from Redis (refused, naming who,
   while in use).
 - ``load-functions``: an admin's step: the project's scripts as Redis functions, which the
@@ -182,6 +185,13 @@ def add_subcommands(
     )
     set_limit.add_argument("stage", metavar="STAGE")
     set_limit.add_argument(
+        "--group",
+        default=None,
+        metavar="GROUP",
+        help="the stage's cap group (REDISLOCK_GROUP; by default each spider's name), needed when "
+        "several groups have a stage of that name; '' for the keys of no group (0.x)",
+    )
+    set_limit.add_argument(
         "limit",
         metavar="N",
         nargs="?",
@@ -214,6 +224,13 @@ def add_subcommands(
         "process also has its in-flight requests put back in their queues (as `requeue` does).",
     )
     release.add_argument("stage", metavar="STAGE")
+    release.add_argument(
+        "--group",
+        default=None,
+        metavar="GROUP",
+        help="the stage's cap group (REDISLOCK_GROUP; by default each spider's name), needed when "
+        "several groups have a stage of that name; '' for the keys of no group (0.x)",
+    )
     release.add_argument("holder", metavar="HOLDER")
     release.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
@@ -239,13 +256,26 @@ def add_subcommands(
         parents=[common],
         help="free every slot of a stage and forget its holders (the limit stays)",
         description="Free every held slot of STAGE, forget every registered process, drop pending "
-        "debt, and "
-        "start again with LIMIT free slots. Fencing tokens keep increasing. Live holders find "
-        "their slots "
-        "lost at their next renewal; until their requests end, the stage may briefly run over its "
-        "cap.",
+        "debt, and start again with LIMIT free slots. Fencing tokens keep increasing. Refused "
+        "while a holder looks alive (its process runs on this machine, or, on another, a slot of "
+        "it has lease left), as `release` judges it: live holders find their slots lost only at "
+        "their next renewal, and until their requests end the site sees more requests in flight "
+        "than the cap. --force resets anyway.",
     )
     reset.add_argument("stage", metavar="STAGE")
+    reset.add_argument(
+        "--group",
+        default=None,
+        metavar="GROUP",
+        help="the stage's cap group (REDISLOCK_GROUP; by default each spider's name), needed when "
+        "several groups have a stage of that name; '' for the keys of no group (0.x)",
+    )
+    reset.add_argument(
+        "--force",
+        action="store_true",
+        help="reset although holders look alive (the site may then see more requests in flight "
+        "than the cap until theirs end)",
+    )
     reset.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
     forget = sub.add_parser(
@@ -261,6 +291,13 @@ def add_subcommands(
         "`reset` does); a process that registers again meanwhile still makes it refuse.",
     )
     forget.add_argument("stage", metavar="STAGE")
+    forget.add_argument(
+        "--group",
+        default=None,
+        metavar="GROUP",
+        help="the stage's cap group (REDISLOCK_GROUP; by default each spider's name), needed when "
+        "several groups have a stage of that name; '' for the keys of no group (0.x)",
+    )
     forget.add_argument(
         "--force", action="store_true", help="free and forget the stage's holders first"
     )

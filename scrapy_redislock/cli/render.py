@@ -69,7 +69,13 @@ def render_status(
             lines.append(f"no stage locks under prefix {target.prefix!r}")
         return printable("\n".join(lines), keep="\n") + "\n"
     header = ["STAGE", "LIMIT", "HELD", "FREE", "DEBT", "WAITERS", "FENCE", "TTL", "PROCESSES"]
-    lines += table(header, [_summary_row(s) for s in stages], numeric={1, 2, 3, 4, 5, 6, 7, 8})
+    rows = [_summary_row(s) for s in stages]
+    numeric = {1, 2, 3, 4, 5, 6, 7, 8}
+    if any(s.group for s in stages):  # cap groups (REDISLOCK_GROUP): which spiders share the cap
+        header.insert(1, "GROUP")
+        rows = [[row[0], s.group or "-", *row[1:]] for s, row in zip(stages, rows, strict=True)]
+        numeric = {i + 1 for i in numeric}
+    lines += table(header, rows, numeric=numeric)
     for s in stages:
         lines.append("")
         lines += _stage_lines(s, now)
@@ -137,17 +143,17 @@ def _stage_lines(s: StageStatus, now: float) -> list[str]:
     """One stage: held of limit, why a request waits, its holders and waiting processes."""
     if s.error:
         return [
-            f"{s.stage}: its state in Redis is unreadable: {s.error}",
+            f"{s.label}: its state in Redis is unreadable: {s.error}",
             "  (`reset` or `forget --force` still clear it; `set-limit` rewrites its limit)",
         ]
     if not s.exists:
         return [
-            f"{s.stage}: its stream is missing in Redis (data loss?); the next process to start or",
+            f"{s.label}: its stream is missing in Redis (data loss?); the next process to start or",
             "  renew recreates it",
         ]
     waiting = [p for p in s.processes if p.held == 0 and p.waiting > 0]
     idle = [p for p in s.processes if p.held == 0 and p.waiting == 0]
-    lines = [f"{s.stage}: {s.held} held of {s.limit}, {s.waiters} waiting"]
+    lines = [f"{s.label}: {s.held} held of {s.limit}, {s.waiters} waiting"]
     why = why_waiting(s, now)
     if why:
         lines.append(f"  a request waits because: {why}")
@@ -261,10 +267,13 @@ def render_keys(keys: Sequence[StageStatus], pattern: str | None = None) -> str:
         else [k.stage[len(KEY_LOCK_PREFIX) :], "unreadable", None, None, None, None]
         for k in keys[:KEY_ROWS]
     ]
+    header, numeric = ["KEY", "LIMIT", "HELD", "WAITING", "PROCESSES", "EXPIRED"], {1, 2, 3, 4, 5}
+    if any(k.group for k in keys):
+        header.insert(1, "GROUP")
+        rows = [[row[0], k.group or "-", *row[1:]] for k, row in zip(keys, rows, strict=False)]
+        numeric = {i + 1 for i in numeric}
     if rows:
-        lines += table(
-            ["KEY", "LIMIT", "HELD", "WAITING", "PROCESSES", "EXPIRED"], rows, {1, 2, 3, 4, 5}, "  "
-        )
+        lines += table(header, rows, numeric, "  ")
     if len(keys) > KEY_ROWS:
         lines.append(f"  ... and {len(keys) - KEY_ROWS} more (narrow with --stage-key PATTERN)")
     return printable("\n".join(lines), keep="\n") + "\n"

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from typing import Any
 
 from scrapy_redislock._redis import RedisClient
-from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, StageStatus, stage_status, tagged_keys
+from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, StageStatus, grouped_keys, stage_status
 from scrapy_redislock.workers.status import (
     DeadLetters,
     SpiderStatus,
@@ -25,22 +25,24 @@ from scrapy_redislock.workers.status import (
 def read_all(
     client: RedisClient, prefix: str, default_ttl: float
 ) -> tuple[list[StageStatus], list[SpiderStatus]]:
-    """Every stage lock and every StageWorkerMixin spider under the prefix, found with one SCAN.
+    """Every stage lock (of every cap group) and every StageWorkerMixin spider under the prefix,
+    found with one SCAN.
 
     ``default_ttl`` makes a worker dead when no worker slot lock says its ttl (see
     :func:`worker_ttl`).
     """
-    tagged = tagged_keys(client, prefix, "*")
+    grouped = grouped_keys(client, prefix, "*")
     found = (
-        stage_status(client, prefix, tag)
-        for tag, rests in sorted(tagged.items())
+        stage_status(client, prefix, tag, group)
+        for (group, tag), rests in sorted(grouped.items())
         if ":meta" in rests or ":light" in rests
     )
     stages = [status for status in found if status is not None]
     ttl = worker_ttl(stages, default_ttl)
+    ungrouped = {tag: rests for (group, tag), rests in grouped.items() if not group}
     spiders = [
         spider_status(client, prefix, name, ttl, keys)
-        for name, keys in sorted(spiders_in(tagged).items())
+        for name, keys in sorted(spiders_in(ungrouped).items())
     ]
     return stages, spiders
 
@@ -57,7 +59,7 @@ def split_keys(
         if s.stage.startswith(KEY_LOCK_PREFIX)
         and (pattern is None or fnmatch.fnmatchcase(s.stage[len(KEY_LOCK_PREFIX) :], pattern))
     ]
-    keys.sort(key=lambda s: (-(s.held + s.waiters), s.stage))
+    keys.sort(key=lambda s: (-(s.held + s.waiters), s.stage, s.group))
     return stages, keys
 
 

@@ -55,10 +55,12 @@ class Adaptation:
         settings: RedisLockSettings,
         ceiling: Callable[[str], int | None],
         *,
+        key_prefix: str,
         light: bool = False,
         stats: Any = None,
     ) -> None:
         self.settings = settings
+        self.key_prefix = key_prefix  # the cap group's (lock/permit.py: group_prefix)
         self.ceiling = ceiling  # lock name -> its configured cap (the controller's maximum)
         self.light = light  # the locks of keys: they may be on their light path (lock/light.py)
         self.stats = stats
@@ -105,7 +107,7 @@ class Adaptation:
             sample, span = recorder.take()
             if params is None or sample.empty:
                 continue
-            keys = LockKeys.of(self.settings.key_prefix, name)
+            keys = LockKeys.of(self.key_prefix, name)
             operation = update(keys, sample, params, span, self.settings.durable, light=self.light)
             try:
                 state = await adrive(operation, self.runner, name)
@@ -124,7 +126,7 @@ class Adaptation:
         """No start of lock ``name`` (a stage, or ``key:<key>``) for ``seconds`` from now, in every
         process (capped at :data:`MOST_PAUSE`); sent in a task of its own."""
         seconds = min(max(0.0, seconds), MOST_PAUSE)
-        keys = LockKeys.of(self.settings.key_prefix, name)
+        keys = LockKeys.of(self.key_prefix, name)
         operation = pause_starts(keys, seconds, light=self.light)
         task = asyncio.get_running_loop().create_task(adrive(operation, self.runner, name))
         self.pausing.add(task)

@@ -109,6 +109,16 @@ TABLE: tuple[Setting, ...] = (
         "Prefix of every Redis key of the locks and the worker queues.",
     ),
     Setting(
+        "REDISLOCK_GROUP",
+        "%(spider)s",
+        "group",
+        "The cap group of this crawl's locks (stage caps, worker slots, key caps): processes share "
+        "a cap only within one group. Default: the spider's name, so two spiders with the same "
+        "stage names keep their own caps; the same name in several spiders' settings makes them "
+        "share (%(spider)s is replaced by the spider's name). '' = no group: the key names of 0.x, "
+        "shared by every spider that sets '' (docs/request-caps.md, coming from 0.x).",
+    ),
+    Setting(
         "REDISLOCK_DEFAULT_STAGE",
         None,
         "stage_name",

@@ -75,10 +75,12 @@ def judge_eviction(info: Any, settings: RedisLockSettings, where: str) -> None:
 
 
 class OneRedis:
-    """Every lock on one Redis deployment, through one client."""
+    """Every lock on one Redis deployment, through one client; ``key_prefix``: the locks' (the cap
+    group's, :func:`~scrapy_redislock.lock.permit.group_prefix`)."""
 
-    def __init__(self, settings: RedisLockSettings) -> None:
+    def __init__(self, settings: RedisLockSettings, key_prefix: str) -> None:
         self.settings = settings
+        self.key_prefix = key_prefix
         self.clients: list[AsyncRedisClient] = async_clients(
             settings.redis.url, settings.redis.url_setting, settings.redis.params
         )
@@ -89,7 +91,7 @@ class OneRedis:
             name,
             limit=limit,
             ttl=self.settings.ttl,
-            key_prefix=self.settings.key_prefix,
+            key_prefix=self.key_prefix,
             identity=identity,
             durable=self.settings.durable,
             maintain_loop=False,  # the process's one Renewer maintains every lock
@@ -138,8 +140,9 @@ class QuorumOfMasters:
     """Each lock on a quorum of independent masters (one client per master, and one factory sharing
     the masters' waiting connections between the stages)."""
 
-    def __init__(self, settings: RedisLockSettings) -> None:
+    def __init__(self, settings: RedisLockSettings, key_prefix: str) -> None:
         self.settings = settings
+        self.key_prefix = key_prefix
         self.clients = async_clients(
             settings.redis.url,
             settings.redis.url_setting,
@@ -156,7 +159,7 @@ class QuorumOfMasters:
                 name,
                 limit,
                 self.settings.ttl,
-                key_prefix=self.settings.key_prefix,
+                key_prefix=self.key_prefix,
                 quorum=self.settings.redis.quorum,
                 identity=identity,
             ),
@@ -197,8 +200,10 @@ class QuorumOfMasters:
 Deployment = OneRedis | QuorumOfMasters
 
 
-def deployment_of(settings: RedisLockSettings) -> Deployment:
-    return QuorumOfMasters(settings) if settings.redis.masters else OneRedis(settings)
+def deployment_of(settings: RedisLockSettings, key_prefix: str) -> Deployment:
+    """Where the locks with ``key_prefix`` live (see :func:`~scrapy_redislock.lock.permit.group_prefix`)."""
+    kind = QuorumOfMasters if settings.redis.masters else OneRedis
+    return kind(settings, key_prefix)
 
 
 __all__ = ["Deployment", "OneRedis", "QuorumOfMasters", "deployment_of"]

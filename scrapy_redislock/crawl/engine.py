@@ -9,8 +9,11 @@ the downloader's set from
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
+import time
 import weakref
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -216,3 +219,74 @@ def finish_uncleanly(crawler: Crawler, reason: str, last_word: Callable[[], None
     # a strong reference: signals keep weak ones, and this closure has no other owner
     crawler.__dict__.setdefault("_redislock_unclean_handlers", []).append(closed)
     crawler.signals.connect(closed, signal=signals.spider_closed)
+
+
+class StartLogCount(logging.Handler):
+    """The log records of a crawler's start that Scrapy's log counter does not see.
+
+    Scrapy 2.14 and later count records (``log_count/<LEVEL>``) only from the spider_opened signal
+    on (the LogCount extension), and CoreStats times the crawl from then too; the redislock start
+    (reaching Redis, retried for up to REDISLOCK_CONNECT_TIMEOUT s with a warning each try) runs
+    before it, in the scheduler's ``open()``. So a start that fails would dump stats with no
+    warning or error counted and an elapsed time of milliseconds. This handler counts, at the
+    crawler's LOG_LEVEL and up, what is logged from the start's beginning (when it began before
+    spider_opened) until :meth:`hand_over` adds it to the stats; :meth:`timed_from_start` makes a
+    failed start's ``start_time`` and ``elapsed_time_seconds`` span that wait. With an older Scrapy,
+    whose counter is installed with the crawler, :func:`count_start_logs` installs none.
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(level=crawler.settings.get("LOG_LEVEL") or logging.NOTSET)
+        self.crawler = crawler
+        self.counts: Counter[str] = Counter()
+        self.began = datetime.datetime.now(tz=datetime.UTC)
+        self.began_monotonic = time.monotonic()
+        self.installed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.counts[record.levelname] += 1
+
+    def install(self) -> None:
+        if not self.installed:
+            logging.root.addHandler(self)
+            self.installed = True
+
+    def hand_over(self) -> None:
+        """Stop counting (Scrapy's counter runs now) and add what was counted to the stats."""
+        if not self.installed:
+            return
+        logging.root.removeHandler(self)
+        self.installed = False
+        for level, count in sorted(self.counts.items()):
+            self.crawler.stats.inc_value(f"log_count/{level}", count)
+        self.counts.clear()
+
+    def timed_from_start(self) -> None:
+        """A failed start's stats: timed from when the start began (CoreStats timed them from
+        spider_opened, after the wait for Redis); called after CoreStats' spider_closed."""
+        stats = self.crawler.stats
+        stats.set_value("start_time", self.began)
+        stats.set_value("elapsed_time_seconds", time.monotonic() - self.began_monotonic)
+
+
+def _scrapy_counts_early(crawler: Crawler) -> bool:
+    """Whether Scrapy's own log counter of this crawler is installed already (Scrapy < 2.14
+    installs it with the crawler)."""
+    from scrapy.utils.log import LogCounterHandler
+
+    return any(
+        isinstance(handler, LogCounterHandler) and getattr(handler, "crawler", None) is crawler
+        for handler in logging.root.handlers
+    )
+
+
+def count_start_logs(crawler: Crawler) -> StartLogCount:
+    """The crawler's one :class:`StartLogCount`, counting from now unless Scrapy already does."""
+
+    def make() -> StartLogCount:
+        counter = StartLogCount(crawler)
+        if not _scrapy_counts_early(crawler):
+            counter.install()
+        return counter
+
+    return one_per_crawler(crawler, "_redislock_start_logs", make)

@@ -98,7 +98,12 @@ class KeyLocks(StageLocks):
         self._taking: Counter[str] = Counter()  # try_take() calls under way, per key
         if settings.adaptive.needed:
             self.adaptation = Adaptation(
-                self.client, settings, self._key_ceiling, light=True, stats=self.stats
+                self.client,
+                settings,
+                self._key_ceiling,
+                key_prefix=self.key_prefix,
+                light=True,
+                stats=self.stats,
             )
             self.add_tick_hook(self.adaptation.tick)
         self._retiring: asyncio.Task[None] | None = None
@@ -143,7 +148,7 @@ class KeyLocks(StageLocks):
                 f"{KEY_LOCK_PREFIX}{key}",
                 limit=limit,
                 ttl=self.settings.ttl,
-                key_prefix=self.settings.key_prefix,
+                key_prefix=self.key_prefix,
                 identity={"spider": self.spider_name, "waiting": 0, "limit": limit},
                 durable=self.settings.durable,
                 maintain_loop=False,
@@ -257,7 +262,7 @@ class KeyLocks(StageLocks):
         the previous confirmed start (:mod:`scrapy_redislock.lock.delay`). Redis errors are logged
         and retried with back-off (a start is never let through unconfirmed)."""
         gap = gap_of(delay, self.settings.keys.randomize_delay)
-        keys = delay_keys(self.settings.key_prefix, name)
+        keys = delay_keys(self.key_prefix, name)
         booking = await self._delay_command(lambda: book_start(keys, gap), name)
         waited, wait, at = 0.0, booking.wait, booking.at
         while not booking.confirmed:
@@ -279,7 +284,7 @@ class KeyLocks(StageLocks):
         if lateness <= LATE_SEND or self.closed:
             return
         self.stats.inc_value("redislock/delay/late_sends")
-        keys = delay_keys(self.settings.key_prefix, start.name)
+        keys = delay_keys(self.key_prefix, start.name)
         task = asyncio.get_running_loop().create_task(
             adrive(push_start(keys, start.at, lateness, start.gap), self._runner, start.name)
         )

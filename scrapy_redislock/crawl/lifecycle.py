@@ -31,6 +31,7 @@ from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.reactor import is_reactor_installed
 
 from scrapy_redislock._redis import AsyncRedisClient, Backoff
+from scrapy_redislock.crawl.engine import StartLogCount, count_start_logs
 from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REDIS_ERRORS, REFUSED
 from scrapy_redislock.crawl.renewer import Renewer, gather_bounded
 from scrapy_redislock.errors import ConfigError
@@ -120,7 +121,11 @@ class Lifecycle:
         self._shutdown_trigger: Any = None
         # acquire() calls in progress, cancelled on close
         self.waits: set[asyncio.Task[Any]] = set()
+        # what the start logs before Scrapy counts (Scrapy >= 2.14 counts from spider_opened)
+        self.start_logs: StartLogCount | None = None
+        self.opened = False  # the spider_opened signal came
         locks.crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
+        locks.crawler.signals.connect(self._engine_stopped, signal=signals.engine_stopped)
 
     async def start_once(self) -> bool:
         """start(), once, however many components ask; False when Redis cannot be reached or refuses
@@ -131,6 +136,8 @@ class Lifecycle:
         opening its scraper and log a traceback at close), and the crawl exits with status 1.
         """
         if self._starting is None:
+            if not self.opened:
+                self.start_logs = count_start_logs(self.locks.crawler)
             self._starting = asyncio.ensure_future(self._start_retrying())
         try:
             await asyncio.shield(self._starting)
@@ -221,11 +228,22 @@ class Lifecycle:
         self.locks.crawler.signals.connect(self._mark_failed, signal=signals.spider_closed)
 
     async def _spider_opened(self, spider: Any) -> None:
+        self.opened = True
+        if self.start_logs is not None:
+            self.start_logs.hand_over()
         if not await self.start_once():
             assert self.failure is not None
             raise self.failure
 
+    def _engine_stopped(self) -> None:
+        if self.start_logs is not None:  # a crawl that never opened its spider: stop counting
+            self.start_logs.hand_over()
+
     def _mark_failed(self, spider: Any) -> None:
+        # the stats of a start that failed span its wait for Redis (CoreStats timed them from
+        # spider_opened) and count its warnings and error (see crawl/engine.py: StartLogCount)
+        if self.start_logs is not None:
+            self.start_logs.timed_from_start()
         self.locks.crawler.spider = None
 
     def join_renewal(self) -> None:

@@ -5,7 +5,7 @@ quorum, keys).
 
 Settings read: REDISLOCK_ENABLED, REDISLOCK_URL, REDISLOCK_PARAMS, REDISLOCK_STAGES,
 REDISLOCK_WORKER_STAGES, REDISLOCK_TTL, REDISLOCK_DURABLE, REDISLOCK_ALLOW_EVICTION, REDISLOCK_KEY_PREFIX,
-REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT,
+REDISLOCK_GROUP, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT,
 REDISLOCK_STAGE_PREFERENCE, REDISLOCK_ALLOWED_SCHEMES, REDISLOCK_SCHEDULER_INNER, REDISLOCK_WAITERS_PER_STAGE,
 REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE, REDISLOCK_CONNECT_TIMEOUT, REDISLOCK_STAGE_KEY,
 REDISLOCK_KEY_LIMIT, REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS,
@@ -170,6 +170,7 @@ class RedisLockSettings:
     durable: bool
     allow_eviction: bool
     key_prefix: str
+    group: str  # a template: group_of() gives a spider's group
     default_stage: str | None
     callback_stages: Mapping[str, str]
     wait_timeout: float | None
@@ -331,6 +332,40 @@ def parse_name(raw: Any, name: str, optional: bool = False) -> str:
     return str(_checked(check_name, raw, name))
 
 
+def parse_group(raw: Any, name: str, optional: bool = False) -> str:
+    """A cap group: a name without braces, in which ``%(spider)s`` stands for the spider's name;
+    '' for none (the key names of 0.x)."""
+    if not isinstance(raw, str):
+        raise ConfigError(f"{name} must be a string (a group name, or '' for none), got {raw!r}")
+    try:
+        expanded = raw % {"spider": "spider"}
+    except (KeyError, ValueError, TypeError):
+        raise ConfigError(
+            f"{name} may contain %(spider)s and no other % placeholder (%% for a '%'), got {raw!r}"
+        ) from None
+    if "{" in expanded or "}" in expanded:
+        raise ConfigError(f"{name} must be a name without braces, got {raw!r}")
+    return raw
+
+
+def group_of(settings: RedisLockSettings, spider: str | None) -> str:
+    """The cap group of a crawl of ``spider`` (REDISLOCK_GROUP with %(spider)s replaced); '' means
+    no group. ConfigError naming the setting when the spider's name cannot be part of a key."""
+    group = settings.group
+    if "%(spider)" not in group:
+        return group % {}
+    if not spider:
+        raise ConfigError(
+            f"REDISLOCK_GROUP is {group!r} but the spider has no name: set REDISLOCK_GROUP to a name"
+        )
+    if "{" in spider or "}" in spider:
+        raise ConfigError(
+            f"REDISLOCK_GROUP is {group!r} but the spider's name {spider!r} has braces, which a "
+            "Redis key's group cannot: set REDISLOCK_GROUP to a name"
+        )
+    return group % {"spider": spider}
+
+
 def parse_stage_name(raw: Any, name: str, optional: bool = False) -> str:
     """A stage name (whether it is configured is a rule across settings)."""
     if not isinstance(raw, str):
@@ -460,6 +495,7 @@ PARSERS: dict[str, Callable[[Any, str, bool], Any]] = {
     "key_limit": parse_key_limit,
     "ttl": parse_ttl,
     "name": parse_name,
+    "group": parse_group,
     "stage_name": parse_stage_name,
     "stage_limits": parse_stage_limits,
     "key_limits": parse_key_limits,

@@ -100,6 +100,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -110,13 +111,16 @@ from scrapy_redislock.crawl.adaptive import Adaptation
 from scrapy_redislock.crawl.deployment import deployment_of
 from scrapy_redislock.crawl.engine import one_per_crawler
 from scrapy_redislock.crawl.lifecycle import Lifecycle
-from scrapy_redislock.crawl.limits import publish_limits
+from scrapy_redislock.crawl.limits import LimitWatch, publish_limits
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.renewer import gather_bounded
 from scrapy_redislock.crawl.requestslots import RequestSlots, SlotPermit
+from scrapy_redislock.crawl.settings import group_of
 from scrapy_redislock.crawl.waitreports import WaitReports
 from scrapy_redislock.errors import AcquireTimeout, Paused, UnknownStage
+from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.interface import AsyncLock
+from scrapy_redislock.lock.permit import group_prefix
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -157,8 +161,16 @@ class StageLocks:
         self.limits = dict(limits)
         self.lock_prefix = lock_prefix
         self.stats_prefix = stats_prefix
+        # the cap group (REDISLOCK_GROUP) and the prefix of its locks' keys
+        self.group = group_of(settings, self.spider_name)
+        self.key_prefix = group_prefix(settings.key_prefix, self.group)
+        # stage -> (its limit as a renewal last reported it, time.monotonic() then)
+        self.limits_seen: dict[str, tuple[int, float]] = {}
+        # stage -> the limit this process last knew Redis to hold (written at start, or logged)
+        self.limits_known: dict[str, int] = {}
+        self.on_limit: Callable[[str, int], None] | None = None
         # one Redis, or a quorum of masters: the clients (one, or one per master) and the locks
-        self.deployment = deployment_of(settings)
+        self.deployment = deployment_of(settings, self.key_prefix)
         self.locks: dict[str, StageLock] = {
             stage: self._make_lock(f"{lock_prefix}{stage}", limit)
             for stage, limit in self.limits.items()
@@ -188,14 +200,49 @@ class StageLocks:
             ceiling = {
                 s: cap for s, cap in self.limits.items() if settings.adaptive.adapts(stage=s)
             }
-            self.adaptation = Adaptation(self.client, settings, ceiling.get, stats=self.stats)
+            self.adaptation = Adaptation(
+                self.client, settings, ceiling.get, key_prefix=self.key_prefix, stats=self.stats
+            )
             self.add_tick_hook(self.adaptation.tick)
 
     def _make_lock(self, name: str, limit: int) -> StageLock:
         """A stage's lock: the single-Redis lock, or the quorum lock over the masters of
-        REDISLOCK_URL."""
-        identity = {"spider": self.spider_name, "waiting": 0, "limit": limit}
-        return self.deployment.make_lock(name, limit, identity)
+        REDISLOCK_URL. On one Redis, the limit in each reply of its renewals goes to
+        :meth:`limit_seen` (no command of its own)."""
+        identity = {"spider": self.spider_name, "group": self.group, "waiting": 0, "limit": limit}
+        lock = self.deployment.make_lock(name, limit, identity)
+        if isinstance(lock, AsyncCountingLock):
+            stage = name.removeprefix(self.lock_prefix)
+            lock.runner = LimitWatch(lock.runner, functools.partial(self.limit_seen, stage))
+        return lock
+
+    @property
+    def limits_setting(self) -> str:
+        """The setting this process's limits come from."""
+        return "REDISLOCK_WORKER_STAGES" if self.lock_prefix else "REDISLOCK_STAGES"
+
+    def limit_seen(self, stage: str, limit: int) -> None:
+        """A renewal reported the stage's limit in Redis: a change from what this process knew
+        (another process's settings, an operator's ``set-limit``) is logged once, here too; an
+        adaptive stage's controller moves its limit itself, unlogged."""
+        self.limits_seen[stage] = (limit, time.monotonic())
+        known = self.limits_known.get(stage)
+        self.limits_known[stage] = limit
+        adapts = self.adaptation is not None and self.settings.adaptive.adapts(stage=stage)
+        if known is not None and known != limit and not adapts:
+            configured = self.limits.get(stage)
+            logger.log(
+                logging.WARNING if limit != configured else logging.INFO,
+                "Limit of stage %r (group %r) changed in Redis from %s to %s by another process or an operator; it holds for this process too (its %s says %s)",  # noqa: E501
+                f"{self.lock_prefix}{stage}",
+                self.group,
+                known,
+                limit,
+                self.limits_setting,
+                configured,
+            )
+        if self.on_limit is not None:
+            self.on_limit(stage, limit)
 
     @classmethod
     def of(
@@ -273,9 +320,10 @@ class StageLocks:
             self.lifecycle.join_renewal()
         self.lifecycle.started = True
         logger.info(
-            "Stage slots in Redis at %s (prefix %r, ttl %s s): %s",
+            "Stage slots in Redis at %s (prefix %r, group %r, ttl %s s): %s",
             self.settings.redis.safe_url,
             self.settings.key_prefix,
+            self.group,
             self.settings.ttl,
             {stage: self.limits[stage] for stage in self.limits},
         )

@@ -45,6 +45,9 @@ class Locks(Protocol):
     def lock_prefix(self) -> str: ...
 
     @property
+    def key_prefix(self) -> str: ...
+
+    @property
     def clients(self) -> Sequence[AsyncRedisClient]: ...
 
     @property
@@ -88,7 +91,7 @@ class WaitReports:
         quorum: as the first master that answers holds it (:meth:`read_statuses` reads every
         master)."""
         name = f"{self.locks.lock_prefix}{stage}"
-        prefix = self.locks.settings.key_prefix
+        prefix = self.locks.key_prefix
         return await first_answer(
             self.locks.clients, lambda client: astage_status(client, prefix, name)
         )
@@ -97,7 +100,7 @@ class WaitReports:
         """The stage's lock on every master (a quorum), at once: its status, None, or the master's
         error."""
         name = f"{self.locks.lock_prefix}{stage}"
-        prefix = self.locks.settings.key_prefix
+        prefix = self.locks.key_prefix
         replies = await asyncio.gather(
             *(astage_status(client, prefix, name) for client in self.locks.clients),
             return_exceptions=True,

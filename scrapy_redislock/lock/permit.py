@@ -80,9 +80,32 @@ class LockKeys:
 
     @classmethod
     def of(cls, prefix: str, name: str) -> LockKeys:
-        """The keys of lock ``name``: ``<prefix>:{<name>}:<field name>``."""
+        """The keys of lock ``name``: ``<prefix>:{<name>}:<field name>``; ``prefix`` is a
+        :func:`group_prefix` for the locks of a cap group."""
         base = f"{prefix}:{{{name}}}"
         return cls(*(f"{base}:{part}" for part in _PARTS))
+
+
+def group_prefix(prefix: str, group: str) -> str:
+    """The prefix of a cap group's locks (REDISLOCK_GROUP): ``<prefix>:<group>``, so that its keys
+    are ``<prefix>:<group>:{<lock>}:...``; ``group`` empty: ``<prefix>`` itself, the key names of
+    0.x, shared by every spider that names no group."""
+    return f"{prefix}:{group}" if group else prefix
+
+
+def split_group(prefix: str, key: str) -> tuple[str, str, str] | None:
+    """``(group, tag, rest)`` of a key ``<prefix>:[<group>:]{<tag>}<rest>`` (group "" for the 0.x
+    names without one); None for a key of another shape."""
+    head = f"{prefix}:"
+    if not key.startswith(head):
+        return None
+    middle, brace, tagged = key[len(head) :].partition("{")
+    tag, closing, rest = tagged.partition("}")
+    if not brace or not closing or not tag or "{" in tag:
+        return None
+    if middle and (middle == ":" or not middle.endswith(":")):
+        return None
+    return middle[:-1], tag, rest
 
 
 # LockKeys' field names, which are the keys' suffixes (read once: fields() is slow, and a key met

@@ -28,7 +28,15 @@ import redis.asyncio
 import redis.exceptions
 
 from scrapy_redislock._redis import AsyncRedisClient, RedisClient, printable, text
-from scrapy_redislock.lock.permit import GROUP, LIMBO, LockKeys, fence_of, owner_of
+from scrapy_redislock.lock.permit import (
+    GROUP,
+    LIMBO,
+    LockKeys,
+    fence_of,
+    group_prefix,
+    owner_of,
+    split_group,
+)
 
 MAX_LISTED = 10_000
 # What parsing a value that is not what the scripts write raises (a crawler may write anything to its
@@ -196,6 +204,13 @@ class StageStatus:
     # why its state in Redis could not be read (a value the scripts never write, e.g. written by
     # hand or by a compromised crawler); then nothing else of it is known (``exists`` False)
     error: str | None = None
+    # its cap group (REDISLOCK_GROUP): the spider's name by default; "" for the 0.x keys of no group
+    group: str = ""
+
+    @property
+    def label(self) -> str:
+        """How an operator reads the stage: ``detail (group shop)``, or ``detail`` without one."""
+        return f"{self.stage} (group {self.group})" if self.group else self.stage
 
     @classmethod
     def unreadable(cls, stage: str, error: str) -> StageStatus:
@@ -238,23 +253,35 @@ def glob_escape(value: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", value)
 
 
-def tagged_keys(client: RedisClient, prefix: str, pattern: str) -> dict[str, set[str]]:
-    """``{tag: {what follows the tag}}`` for the keys ``<prefix>:{<tag>}<pattern>`` (one SCAN)."""
-    head = f"{prefix}:{{"
-    found: dict[str, set[str]] = {}
-    for key in client.scan_iter(match=f"{glob_escape(head)}*}}{pattern}", count=1000):
-        tag, sep, rest = text(key)[len(head) :].partition("}")
-        if sep and tag and "{" not in tag:
-            found.setdefault(tag, set()).add(rest)
+def grouped_keys(client: RedisClient, prefix: str, pattern: str) -> dict[tuple[str, str], set[str]]:
+    """``{(group, tag): {what follows the tag}}`` for the keys ``<prefix>:[<group>:]{<tag>}<pattern>``
+    (one SCAN; group "" for the keys of no group, :func:`~scrapy_redislock.lock.permit.split_group`)."""
+    found: dict[tuple[str, str], set[str]] = {}
+    for key in client.scan_iter(match=f"{glob_escape(prefix)}:*{{*}}{pattern}", count=1000):
+        parts = split_group(prefix, str(text(key)))
+        if parts is not None:
+            found.setdefault(parts[:2], set()).add(parts[2])
     return found
+
+
+def tagged_keys(client: RedisClient, prefix: str, pattern: str) -> dict[str, set[str]]:
+    """``{tag: {what follows the tag}}`` for the keys ``<prefix>:{<tag>}<pattern>`` of no group (the
+    worker queues' spiders, the 0.x locks): one SCAN."""
+    return {
+        tag: rests
+        for (group, tag), rests in grouped_keys(client, prefix, pattern).items()
+        if not group
+    }
 
 
 KEY_LOCK_PREFIX = "key:"  # locks of keys met at run time (REDISLOCK_STAGE_KEY) are named key:<key>
 
 
-def find_stages(client: RedisClient, prefix: str) -> list[str]:
-    """Names of every lock under ``prefix`` (SCAN for ``<prefix>:{*}:meta``), sorted."""
-    return sorted(tagged_keys(client, prefix, ":meta"))
+def find_stages(client: RedisClient, prefix: str) -> list[tuple[str, str]]:
+    """``(group, name)`` of every lock under ``prefix`` (one SCAN for its ``:meta`` and ``:light``
+    keys), sorted."""
+    found = grouped_keys(client, prefix, "*")
+    return sorted(place for place, rests in found.items() if ":meta" in rests or ":light" in rests)
 
 
 def _seq(stream_id: Any) -> int:
@@ -321,18 +348,28 @@ def _queue_reads(pipe: Any, keys: LockKeys) -> None:
     pipe.lindex(keys.adapt_log, 0)
 
 
-def stage_status(client: RedisClient, prefix: str, stage: str) -> StageStatus | None:
-    """The stage's lock as Redis holds it now; None when there is no such lock under the prefix."""
+def stage_status(
+    client: RedisClient, prefix: str, stage: str, group: str = ""
+) -> StageStatus | None:
+    """The stage's lock (of cap group ``group``) as Redis holds it now; None when there is no such
+    lock under the prefix."""
     with client.pipeline(transaction=True) as pipe:
-        _queue_reads(pipe, LockKeys.of(prefix, stage))
-        return _parse(stage, pipe.execute(raise_on_error=False))
+        _queue_reads(pipe, LockKeys.of(group_prefix(prefix, group), stage))
+        return _grouped(_parse(stage, pipe.execute(raise_on_error=False)), group)
 
 
 async def astage_status(client: AsyncRedisClient, prefix: str, stage: str) -> StageStatus | None:
-    """:func:`stage_status` for a redis.asyncio client (one MULTI/EXEC, read-only)."""
+    """:func:`stage_status` for a redis.asyncio client (one MULTI/EXEC, read-only); ``prefix`` is
+    the group's (:func:`~scrapy_redislock.lock.permit.group_prefix`)."""
     async with client.pipeline(transaction=True) as pipe:
         _queue_reads(pipe, LockKeys.of(prefix, stage))
         return _parse(stage, await pipe.execute(raise_on_error=False))
+
+
+def _grouped(status: StageStatus | None, group: str) -> StageStatus | None:
+    if status is not None:
+        status.group = group
+    return status
 
 
 def _parse(stage: str, replies: list[Any]) -> StageStatus | None:

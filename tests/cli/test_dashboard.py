@@ -174,7 +174,7 @@ def test_metrics_match_status_json(
     status = status_json(redis_url)
     assert [s["stage"] for s in status["stages"]] == ["detail", "list"]
     for stage in status["stages"]:
-        labels = (("stage", stage["stage"]),)
+        labels = (("group", ""), ("stage", stage["stage"]))
         for field, name in [
             ("limit", "redislock_stage_limit"),
             ("held", "redislock_stage_held"),
@@ -188,9 +188,9 @@ def test_metrics_match_status_json(
         ]:
             assert scraped[(name, labels)] == stage[field], (name, labels)
         assert scraped[("redislock_stage_processes", labels)] == len(stage["processes"])
-    assert scraped[("redislock_stage_held", (("stage", "detail"),))] == 2
-    assert scraped[("redislock_stage_debt", (("stage", "list"),))] == 1
-    assert scraped[("redislock_grants_total", (("stage", "detail"),))] == 2
+    assert scraped[("redislock_stage_held", (("group", ""), ("stage", "detail")))] == 2
+    assert scraped[("redislock_stage_debt", (("group", ""), ("stage", "list")))] == 1
+    assert scraped[("redislock_grants_total", (("group", ""), ("stage", "detail")))] == 2
     (spider,) = status["spiders"]
     for stage, length in spider["queues"].items():
         assert scraped[("redislock_queue_length", (("spider", "shop"), ("stage", stage)))] == length
@@ -260,7 +260,12 @@ def test_the_dashboard_and_metrics_start_while_redis_is_down_say_so_and_recover(
                 while metrics(dashboard).get(("redislock_up", ())) != 1:
                     assert time.monotonic() < wait, "/metrics never saw Redis come back"
                     time.sleep(0.05)
-                assert metrics(dashboard)[("redislock_stage_held", (("stage", "detail"),))] == 1
+                assert (
+                    metrics(dashboard)[
+                        ("redislock_stage_held", (("group", ""), ("stage", "detail")))
+                    ]
+                    == 1
+                )
                 # The page shows the frame sampled last: one taken after Redis came back but before
                 # the lock was taken has no error and nothing held; wait for one taken after.
                 while (frame := json.loads(dashboard.get("/api/status")[1]))[
@@ -419,7 +424,9 @@ def test_scrapy_redislock_dashboard_reads_the_project_settings(
     )
     with dashboard:
         assert "prefix 'staging'" in dashboard.output[0]
-        assert metrics(dashboard)[("redislock_stage_limit", (("stage", "pages"),))] == 4
+        assert (
+            metrics(dashboard)[("redislock_stage_limit", (("group", ""), ("stage", "pages")))] == 4
+        )
     lock.close()
     code, err = dashboard.stop()
     assert code == 0 and "Traceback" not in err, err
@@ -456,7 +463,7 @@ def test_adaptive_limits_are_charted_and_exported(
     assert point["limits"] == {"detail": window["limit"]}
     assert point["latency"] == {"detail": 100.0}
     assert point["errors"]["detail"] == pytest.approx(100 / 21, abs=0.01)
-    labels = (("stage", "detail"),)
+    labels = (("group", ""), ("stage", "detail"))
     assert scraped[("redislock_adaptive_limit", labels)] == window["limit"]
     assert scraped[("redislock_adaptive_latency_seconds", labels)] == pytest.approx(0.1)
     assert scraped[("redislock_adaptive_overload_ratio", labels)] == pytest.approx(1 / 21)

@@ -75,6 +75,8 @@ def test_release_reset_and_forget(redis_url: str, redis_client: redis.Redis) -> 
     code, out, err = call("forget", KEY, "--url", redis_url, "--yes")
     assert code == 1 and "in use" in err
     code, out, err = call("reset", KEY, "--url", redis_url, "--yes")
+    assert code == 1 and f"{live.owner} renewed a slot" in err and "beyond its cap" in err
+    code, out, err = call("reset", KEY, "--url", redis_url, "--yes", "--force")
     assert code == 0 and "freed 1 held slot" in out, err
     assert not redis_client.exists(KEYS.light)
     live.acquire()

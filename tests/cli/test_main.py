@@ -28,7 +28,7 @@ from scrapy_redislock import CountingLock, Permit
 from scrapy_redislock.cli.main import main
 from scrapy_redislock.cli.render import render_status, seconds
 from scrapy_redislock.cli.target import Target
-from scrapy_redislock.lock.permit import LockKeys
+from scrapy_redislock.lock.permit import LockKeys, group_prefix
 from scrapy_redislock.lock.status import Grant, Process, StageStatus
 from scrapy_redislock.workers.queue import QueueKeys, StageQueues
 from testing.crawlproc import start_crawl
@@ -533,11 +533,14 @@ def test_reset_frees_every_slot_keeps_the_limit_and_fences_increase(
     assert (stage["held"], stage["debt"], stage["limit"]) == (2, 1, 1)
 
     result = cli("reset", "detail", "--yes", "--url", redis_url)
+    assert result.returncode == 1 and "has live holders, nothing was changed" in result.stderr
+    result = cli("reset", "detail", "--force", "--yes", "--url", redis_url)
     assert result.returncode == 0, result.stderr
     assert (
         result.stdout.strip()
         == "detail: reset: freed 2 held slot(s); limit 1 kept, 1 fresh slot(s) for the waiters"
     )
+    assert "warning: resetting live holders" in result.stderr
     thread.join(5)
     assert got and got[0].fence > max(p.fence for p in permits)
     stage = status_json(redis_url)["detail"]
@@ -549,25 +552,137 @@ def test_reset_frees_every_slot_keeps_the_limit_and_fences_increase(
 
 
 @pytest.mark.integration
+def test_reset_refuses_live_holders_without_force_and_says_what_the_site_may_see(
+    redis_url: str, redis_client: redis.Redis, locks: list
+) -> None:
+    """A holder whose process runs on this machine, or one of another machine with lease left, is
+    live (as ``release`` judges it): ``reset`` changes nothing without --force. A holder whose
+    process here is dead is not: the reset goes on."""
+    here = holder(locks, redis_client, "detail", 5)
+    here.acquire()
+    before = redis_state(redis_client)
+    code, _, err = call("reset", "detail", "--yes", "--url", redis_url)
+    assert code == 1 and redis_state(redis_client) == before
+    assert one_line_error(err) == (
+        f"redislock: error: stage 'detail' has live holders, nothing was changed: process "
+        f"{os.getpid()} of {here.owner} is running on this machine; until their requests end, the "
+        "site may see up to 1 request(s) in flight beyond the cap of 5 (their slots are free to "
+        "others at once); pass --force to reset anyway, or `release` a holder known to be dead"
+    )
+    here.close()
+    remote = holder(locks, redis_client, "detail", 5, host="crawler-7")
+    remote.acquire()
+    code, _, err = call("reset", "detail", "--yes", "--url", redis_url)
+    assert code == 1 and f"{remote.owner} on host crawler-7 renewed a slot" in err
+    assert "s of lease left" in err
+    remote.close()
+    process, _ = holder_process(redis_url, "detail", 5, ttl=60)
+    process.kill()  # SIGKILL: its slot stays held for the 60 s lease, but it is dead
+    process.communicate()
+    assert status_json(redis_url)["detail"]["held"] == 1
+    code, out, err = call("reset", "detail", "--yes", "--url", redis_url)
+    assert (code, err) == (0, "")
+    assert (
+        out
+        == "detail: reset: freed 1 held slot(s); limit 5 kept, 5 fresh slot(s) for the waiters\n"
+    )
+
+
+@pytest.mark.integration
+def test_a_command_that_frees_nothing_names_the_lock_of_the_same_stage_that_holds(
+    redis_url: str, redis_client: redis.Redis, locks: list
+) -> None:
+    """Seen in a trial: "freed 0" while ``status`` showed 4-5 held: the slots were the worker slots
+    (``workers:detail``) beside the request stage ``detail``, which held none. Now the command names
+    where the held slots are."""
+    holder(locks, redis_client, "detail", 3).set_limit(3)  # the request stage: idle
+    process, record = holder_process(redis_url, "workers:detail", 5, ttl=60)
+    process.kill()
+    process.communicate()
+    assert status_json(redis_url)["workers:detail"]["held"] == 1
+    code, out, _ = call("reset", "detail", "--yes", "--url", redis_url)
+    assert (code, out) == (
+        0,
+        "detail: reset: freed 0 held slot(s); note: 'workers:detail' has 1 held (a lock of its "
+        "own: name it to act on it)\n",
+    )
+    code, out, _ = call("release", "detail", f"{HOST}:{process.pid}", "--yes", "--url", redis_url)
+    assert code == 1  # not a holder of 'detail'
+    code, out, _ = call("reset", "workers:detail", "--yes", "--url", redis_url)
+    assert code == 0 and out.startswith("workers:detail: reset: freed 1 held slot(s)")
+    assert record["owner"]
+
+
+@pytest.mark.integration
+def test_stages_of_several_groups_are_shown_apart_and_addressed_by_group(
+    redis_url: str, redis_client: redis.Redis, locks: list
+) -> None:
+    """Two spiders' ``detail`` (cap groups ``shopfull`` and ``othershop``) and one of no group (the
+    0.x names): status shows each with its group; a command on ``detail`` alone is refused naming
+    the groups, ``--group`` picks one."""
+    for group, limit in (("shopfull", 3), ("othershop", 10)):
+        lock = CountingLock(
+            redis_client, "detail", limit=limit, key_prefix=group_prefix("redislock", group)
+        )
+        locks.append(lock)
+        lock.acquire()
+    holder(locks, redis_client, "list", 2).acquire()
+    code, out, _ = call("status", "--json", "--url", redis_url)
+    assert code == 0
+    found = sorted((s["group"], s["stage"], s["limit"]) for s in json.loads(out)["stages"])
+    assert found == [("", "list", 2), ("othershop", "detail", 10), ("shopfull", "detail", 3)]
+    code, out, _ = call("status", "--url", redis_url)
+    header = next(line for line in out.splitlines() if line.startswith("STAGE"))
+    assert header.split()[:3] == ["STAGE", "GROUP", "LIMIT"]
+    assert "detail (group shopfull): 1 held of 3, 0 waiting" in out
+    assert "detail (group othershop): 1 held of 10, 0 waiting" in out
+    assert "\nlist: 1 held of 2, 0 waiting" in out
+
+    before = redis_state(redis_client)
+    for args in (["set-limit", "detail", "5"], ["reset", "detail", "--yes"], ["forget", "detail"]):
+        code, _, err = call(*args, "--url", redis_url)
+        assert code == 1 and one_line_error(err) == (
+            "redislock: error: stage 'detail' is in 2 groups under prefix 'redislock': "
+            "'othershop', 'shopfull'; name one with --group GROUP ('' for the keys of no group)"
+        )
+    assert redis_state(redis_client) == before
+    code, out, _ = call("set-limit", "detail", "5", "--group", "othershop", "--url", redis_url)
+    assert (code, out) == (0, "detail (group othershop): limit 10 -> 5, live for every process\n")
+    code, _, err = call("set-limit", "detail", "5", "--group", "nope", "--url", redis_url)
+    assert code == 1 and "unknown stage 'detail' in group 'nope' under prefix 'redislock'" in err
+    assert "stages there: list, detail (group othershop), detail (group shopfull)" in err
+    code, out, _ = call("set-limit", "list", "4", "--url", redis_url)  # in one group only
+    assert (code, out) == (0, "list: limit 2 -> 4, live for every process\n")
+    stages = json.loads(call("status", "--json", "--url", redis_url)[1])["stages"]
+    assert sorted((s["group"], s["stage"], s["limit"]) for s in stages) == [
+        ("", "list", 4),
+        ("othershop", "detail", 5),
+        ("shopfull", "detail", 3),
+    ]
+
+
+@pytest.mark.integration
 def test_release_and_reset_refuse_without_a_terminal_or_yes(
     redis_url: str, redis_client: redis.Redis, locks: list
 ) -> None:
     lock = holder(locks, redis_client, "detail", 2)
     lock.acquire()
     before = redis_state(redis_client)
-    for args in (["reset", "detail"], ["release", "detail", lock.owner]):
+    for args in (["reset", "detail", "--force"], ["release", "detail", lock.owner]):
         result = cli(*args, "--url", redis_url)
-        line = one_line_error(
-            result.stderr.replace(
-                f"warning: process {os.getpid()} of {lock.owner} is running on this machine\n", ""
-            )
-        )
+        warnings = [
+            f"warning: process {os.getpid()} of {lock.owner} is running on this machine\n",
+            f"warning: resetting live holders (process {os.getpid()} of {lock.owner} is running "
+            "on this machine): until their requests end, the site may see up to 1 request(s) in "
+            "flight beyond the cap of 2 (their slots are free to others at once)\n",
+        ]
+        line = one_line_error(result.stderr.replace(warnings[0], "").replace(warnings[1], ""))
         assert result.returncode == 1 and "standard input is not a terminal; pass --yes" in line
     # In process: a terminal that answers no, then yes.
-    code, _, err = call("reset", "detail", "--url", redis_url, stdin=Tty("n\n"))
+    code, _, err = call("reset", "detail", "--force", "--url", redis_url, stdin=Tty("n\n"))
     assert code == 1 and "[y/N]" in err and "aborted; nothing was changed" in err
     assert redis_state(redis_client) == before
-    code, out, err = call("reset", "detail", "--url", redis_url, stdin=Tty("yes\n"))
+    code, out, err = call("reset", "detail", "--force", "--url", redis_url, stdin=Tty("yes\n"))
     assert (
         code == 0
         and "Reset stage 'detail': free 1 held slot(s) of 1 holder(s)" in err
@@ -771,8 +886,9 @@ def test_scrapy_command_reads_the_project_settings(
     ]
     result = scrapy("-s", "REDISLOCK_KEY_PREFIX=elsewhere", "status")
     assert result.returncode == 0 and "no stage locks under prefix 'elsewhere'" in result.stdout
-    result = scrapy("reset", "detail")
-    assert result.returncode == 1 and "pass --yes" in one_line_error(result.stderr)
+    result = scrapy("reset", "detail", "--force")
+    warning, error = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and "pass --yes" in error and "resetting live holders" in warning
 
     settings.write_text(f"REDISLOCK_URL = {redis_url!r}\nREDISLOCK_STAGES = {{'detail': -1}}\n")
     result = scrapy("status")

@@ -59,8 +59,8 @@ def test_a_corrupted_stage_is_shown_as_such_and_the_tools_still_work(
     if corrupt == "meta of the wrong type":
         redis_client.delete(DETAIL.meta)
         redis_client.hset(DETAIL.meta, "limit", "abc")
-    # the operator repairs it with the command line
-    code, out, err = call("reset", "detail", "--yes", "--url", redis_url)
+    # the operator repairs it with the command line (its holder, this process, is alive: --force)
+    code, out, err = call("reset", "detail", "--force", "--yes", "--url", redis_url)
     assert code == 0, err
     code, out, err = call("set-limit", "detail", "4", "--url", redis_url)
     assert code == 0, err
@@ -168,8 +168,8 @@ def test_the_dashboard_answers_only_its_own_host_names_and_bounded_bodies(
         )
         assert code == 400 and "from 0 to 1000" in reply["error"]
         found = metrics(dashboard)  # a 200, with the corrupted stage flagged
-        assert found[("redislock_stage_unreadable", (("stage", "detail"),))] == 1
-        assert found[("redislock_stage_held", (("stage", "list"),))] == 1
+        assert found[("redislock_stage_unreadable", (("group", ""), ("stage", "detail")))] == 1
+        assert found[("redislock_stage_held", (("group", ""), ("stage", "list")))] == 1
     with DashboardProcess(redis_url, "--allowed-host", "dash.example.com") as dashboard:
         code, _ = dashboard.get("/metrics", headers={"Host": "dash.example.com"})
         assert code == 200

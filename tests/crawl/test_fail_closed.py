@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import signal
 import socket
 from pathlib import Path
@@ -19,7 +20,7 @@ import redis
 from scrapy_redislock import CountingLock
 from scrapy_redislock.cli.main import main as cli_main
 from testing.crawlproc import ROOT, Crawl, leftover, staged_worker
-from testing.redis_server import RedisServer
+from testing.redis_server import RedisServer, free_port
 from testing.site import CrawlSite, links_page, most_at_once, served
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
@@ -529,6 +530,45 @@ def test_refused_password_and_unreachable_redis_exit_1_without_a_traceback(
         )
     finally:
         redis_client.execute_command("ACL", "DELUSER", "crawler")
+    assert not site.hits
+
+
+def dumped_stats(output: str) -> dict[str, str]:
+    """The numbers of the stats Scrapy dumps in its log at close (``'name': value`` lines)."""
+    dump = output.split("Dumping Scrapy stats:", 1)[1]
+    return dict(re.findall(r"'([^']+)': ([0-9.]+)[,}]", dump))
+
+
+def test_a_start_that_cannot_reach_redis_dumps_its_warnings_error_and_wait_in_the_stats(
+    site: CrawlSite, tmp_path: Path
+) -> None:
+    """Redis unreachable for the whole REDISLOCK_CONNECT_TIMEOUT: exit 1 as before, and the stats
+    dumped at close count the warning of each try and the error, and their elapsed time spans the
+    wait (Scrapy counts and times from spider_opened, which comes after the start's wait)."""
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    wait = {"REDISLOCK_CONNECT_TIMEOUT": 1.5}
+    crawls = [
+        Crawl(
+            site.url,
+            "detail:3",
+            settings(unreachable, SCHEDULER=s, REDISLOCK_STAGES={"detail": 3}, **wait),
+            tmp_path,
+        ).start()
+        for s in BOTH
+    ]
+    worker = staged_worker(
+        unreachable, site.url, "detail:3", {"REDISLOCK_WORKER_STAGES": {"detail": 1}, **wait}
+    )
+    outputs = [crawl.wait(timeout=60).output for crawl in crawls]
+    outputs.append(worker.communicate(timeout=60)[0])
+    assert [crawl.code for crawl in crawls] + [worker.returncode] == [1, 1, 1], outputs
+    for output in outputs:
+        stats = dumped_stats(output)
+        tries = output.count("is not reachable yet")
+        assert tries >= 1 and "Cannot reach Redis at" in output, output[-3000:]
+        assert stats["log_count/ERROR"] == "1", output[-3000:]
+        assert int(stats["log_count/WARNING"]) >= tries, output[-3000:]
+        assert float(stats["elapsed_time_seconds"]) >= 1.5, output[-3000:]
     assert not site.hits
 
 

@@ -4,13 +4,14 @@ valid config."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import pytest
 import redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from scrapy.settings import Settings
+from scrapy.settings import BaseSettings, Settings
 
 from scrapy_redislock import ConfigError, CountingLock, InvalidArgument
 from scrapy_redislock.crawl import defaults
@@ -21,6 +22,7 @@ from scrapy_redislock.crawl.settings import (
     ConnectionSettings,
     KeySettings,
     RedisLockSettings,
+    group_of,
     read_settings,
 )
 
@@ -48,6 +50,7 @@ SETTINGS = [
     "REDISLOCK_DELAYS",
     "REDISLOCK_RANDOMIZE_DELAY",
     "REDISLOCK_QUORUM",
+    "REDISLOCK_GROUP",
 ]
 
 scalars = st.one_of(
@@ -199,3 +202,27 @@ def test_allowed_schemes_are_a_list_of_url_schemes() -> None:
     for bad in ([], "", ["http://"], [1], "file:"):
         with pytest.raises(ConfigError, match="REDISLOCK_ALLOWED_SCHEMES must be a non-empty list"):
             read_settings(Settings({"REDISLOCK_ALLOWED_SCHEMES": bad}))
+
+
+def test_the_cap_group_is_the_spiders_name_unless_set_and_bad_ones_are_named() -> None:
+    def group(value: Any = None, spider: str | None = "shop") -> str:
+        raw = {} if value is None else {"REDISLOCK_GROUP": value}
+        # BaseSettings: without Scrapy's defaults, where tests/conftest.py puts the harness's ''
+        return group_of(read_settings(BaseSettings(raw)), spider)
+
+    assert group() == "shop"  # the default: caps belong to their spider
+    assert group("shops") == "shops"  # several spiders share by naming one group
+    assert group("") == ""  # the 0.x key names, shared by every spider that sets ''
+    assert group("%(spider)s-v2") == "shop-v2"
+    assert group("100%%") == "100%"
+    for bad, words in [
+        ("{shops}", "REDISLOCK_GROUP must be a name without braces, got '{shops}'"),
+        ("%(name)s", "REDISLOCK_GROUP may contain %(spider)s and no other % placeholder"),
+        (3, "REDISLOCK_GROUP must be a string (a group name, or '' for none), got 3"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            group(bad)
+    with pytest.raises(ConfigError, match=re.escape("the spider's name 'a{b}' has braces")):
+        group(spider="a{b}")
+    with pytest.raises(ConfigError, match="but the spider has no name"):
+        group(spider=None)
