@@ -150,7 +150,7 @@ def _resize_cycle(lock: CountingLock, url: str) -> None:
     assert all(permits) and lock.try_acquire() is None
     for limit in (3, MAX_LIMIT, 3):
         lock.set_limit(limit)
-    assert call("reset", "detail", "--yes", "--url", url)[0] == 0
+    assert call("reset", "detail", "--force", "--yes", "--url", url)[0] == 0  # its holders live
     lock.set_limit(MAX_LIMIT)
     assert lock.get_limit() == MAX_LIMIT
     lock.set_limit(3)

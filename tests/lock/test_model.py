@@ -252,8 +252,13 @@ class LockMachine(RuleBasedStateMachine):
     @rule(permit=permits)
     def release(self, permit: Permit) -> None:
         expected = self.is_live(permit)
+        lock = self.owner_of(permit)
         # a stale permit: False, never an error
-        assert self.owner_of(permit).release(permit) is expected
+        assert lock.release(permit) is expected
+        if not lock._core.consumers.abandoned:
+            # a release that found Redis restarted ran a maintain (release.py), which freed the
+            # grants of this object's abandoned waits
+            self.ghosts_freed(lock)
         self.forget(permit)
 
     def forget(self, permit: Permit) -> None:

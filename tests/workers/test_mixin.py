@@ -343,6 +343,7 @@ def test_a_worker_that_loses_its_slot_gives_its_unstarted_requests_back(
                 "scrapy_redislock",
                 "reset",
                 "workers:a",
+                "--force",  # its holder is alive: that is the point
                 "--yes",
                 "--url",
                 admin_url,
