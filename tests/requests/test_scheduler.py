@@ -89,7 +89,10 @@ def test_scrapy_redis_as_the_inner_scheduler(
     crawl = Crawl(site.url, "detail:150,comments:150", settings(redis_url, **extra), tmp_path).run()
     assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
     assert site.max_in_flight["detail"] == 3 and site.max_in_flight["comments"] >= 12
-    assert min(site.arrivals["comments"]) - min(site.arrivals["detail"]) < 1.0
+    # comments are not held behind the capped stage: the first went out before a tenth of the
+    # details had (a bound in requests, not seconds, holds on a loaded machine)
+    details = sorted(site.arrivals["detail"])
+    assert min(site.arrivals["comments"]) < details[len(details) // 10]
     assert sum(site.hits.values()) == 300
     assert crawl.stats["scheduler/dequeued/redis"] == 300
     assert leftover(redis_client) == 0
