@@ -224,5 +224,4 @@ def test_the_cap_group_is_the_spiders_name_unless_set_and_bad_ones_are_named() -
             group(bad)
     with pytest.raises(ConfigError, match=re.escape("the spider's name 'a{b}' has braces")):
         group(spider="a{b}")
-    with pytest.raises(ConfigError, match="but the spider has no name"):
-        group(spider=None)
+    assert group(spider=None) == ""  # a spider with no name: no group
