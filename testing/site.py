@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import json
 import select
 import socket
 import struct
@@ -71,6 +72,7 @@ def kernel_arrival(connection: socket.socket) -> float | None:
     return None
 
 
+STARTS_HEADER = "X-Starts"  # JSON {stage, key:<key> or key:<scope>: confirmed start}, set by a test middleware
 BOOKED_HEADER = "X-Booked-Start"  # the start a request booked (seconds since the epoch), set by a test middleware
 
 
@@ -113,6 +115,9 @@ class CrawlSite:
         self.booked_starts: dict[str, list[tuple[float, float]]] = defaultdict(list)
         # the same with the kernel's receive time (host_kernel_arrivals) as the arrival
         self.kernel_booked_starts: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        # (arrival, {name: confirmed start}) for requests carrying STARTS_HEADER (their delays' and
+        # rate windows' confirmed starts on Redis's clock, by stage, key or scope)
+        self.scope_starts: list[tuple[float, dict[str, float]]] = []
         self.delays: dict[str, float] = dict(delays or {})
         self.lock = threading.Lock()
         self.in_flight: Counter[str] = Counter()
@@ -162,6 +167,10 @@ class CrawlSite:
                 if self.kernel_arrived is not None:
                     with site.lock:
                         site.host_kernel_arrivals[host].append(self.kernel_arrived)
+                starts = self.headers.get(STARTS_HEADER)
+                if starts:
+                    with site.lock:
+                        site.scope_starts.append((time.time(), json.loads(starts)))
                 booked = self.headers.get(BOOKED_HEADER)
                 if booked:
                     with site.lock:
@@ -329,6 +338,7 @@ class CrawlSite:
             self.host_arrivals.clear()
             self.host_kernel_arrivals.clear()
             self.booked_starts.clear()
+            self.scope_starts.clear()
             self.arrivals.clear()
             self.served.clear()
             self.samples.clear()

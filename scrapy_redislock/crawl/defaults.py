@@ -222,6 +222,29 @@ TABLE: tuple[Setting, ...] = (
         "Each gap a random 0.5 to 1.5 times the delay, as Scrapy's RANDOMIZE_DOWNLOAD_DELAY does.",
     ),
     Setting(
+        "REDISLOCK_SCOPES",
+        {},
+        "scopes",
+        "Throttling scopes (docs/scopes.md): {scope name or glob pattern: {'limit': N, 'delay': "
+        "seconds, 'rate': 'N/T'}}, each held for the whole cluster; a request's scopes are its "
+        "key, meta['redislock_scopes'] and what REDISLOCK_SCOPES_OF gives.",
+    ),
+    Setting(
+        "REDISLOCK_SCOPES_OF",
+        None,
+        "scope_function",
+        '"proxy" (proxy:<host>:<port> of meta["proxy"]) or a function (request, spider) -> scope '
+        "names (an object or its dotted path): scopes of every request beside its stage and key.",
+    ),
+    Setting(
+        "REDISLOCK_CRAWL_DELAY",
+        False,
+        "bool",
+        "Obey robots.txt Crawl-delay for the whole cluster: a site's key keeps at least its "
+        "Crawl-delay between two starts (needs ROBOTSTXT_OBEY; the key is the domain unless "
+        "REDISLOCK_STAGE_KEY says otherwise).",
+    ),
+    Setting(
         "REDISLOCK_ADAPTIVE",
         (),
         "adaptive",

@@ -24,8 +24,10 @@ while the key is free, two when it waited. Reads no settings itself.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +47,7 @@ from scrapy_redislock.lock.delay import (
     delay_keys,
     gap_of,
     push_start,
+    take_rate,
 )
 from scrapy_redislock.lock.front import CommandRunner, waiting_client
 from scrapy_redislock.lock.protocol import Operation, adrive
@@ -107,6 +110,12 @@ class KeyLocks(StageLocks):
             )
             self.add_tick_hook(self.adaptation.tick)
         self._retiring: asyncio.Task[None] | None = None
+        # one wait per rate-limited scope and process (the others line up here, first come first
+        # served); members of rate logs: this process's token and a count
+        self._rate_lines: dict[str, asyncio.Lock] = {}
+        self._rate_users: Counter[str] = Counter()
+        self._rate_token = uuid.uuid4().hex[:12]
+        self._rate_count = 0
 
     @classmethod
     def of(
@@ -126,13 +135,18 @@ class KeyLocks(StageLocks):
         key's minimum (where its controller starts; the controller's limit, once it has one, is in
         Redis and wins)."""
         cap = self.settings.keys.limit_of(key)
-        if cap is not None and self.settings.adaptive.keys:
+        if cap is not None and self._adapts(key):
             return min(cap, self.settings.adaptive.minimum)
         return cap
 
+    def _adapts(self, key: str) -> bool:
+        """REDISLOCK_ADAPTIVE "keys" adapts the keys capped by the short forms
+        (REDISLOCK_KEY_LIMIT(S)); a scope with a REDISLOCK_SCOPES policy keeps its limit."""
+        return self.settings.adaptive.keys and self.settings.keys.scopes.match(key) is None
+
     def _key_ceiling(self, name: str) -> int | None:
         """The configured cap of an adaptive key's lock ``key:<key>``: its controller's maximum."""
-        if not self.settings.adaptive.keys or not name.startswith(KEY_LOCK_PREFIX):
+        if not name.startswith(KEY_LOCK_PREFIX) or not self._adapts(name[len(KEY_LOCK_PREFIX) :]):
             return None
         return self.settings.keys.limit_of(name[len(KEY_LOCK_PREFIX) :])
 
@@ -274,6 +288,34 @@ class KeyLocks(StageLocks):
                 break
             self.stats.inc_value("redislock/delay/held_back")
         return ConfirmedStart(name, at, gap, waited, time.monotonic())
+
+    async def wait_rate(self, name: str, count: int, window: float) -> tuple[float, float]:
+        """Start once fewer than ``count`` starts of ``name`` (``key:<scope>``) lie in the last
+        ``window`` seconds on Redis's clock, across every process (``lock/scripts/rate.lua``): one
+        script per try, one try per freed place; returns (the start, seconds since the epoch on
+        Redis's clock; seconds waited). One wait per scope in this process: its other requests line
+        up behind it."""
+        keys = delay_keys(self.key_prefix, name)
+        line = self._rate_lines.setdefault(name, asyncio.Lock())
+        self._rate_users[name] += 1
+        waited = 0.0
+        try:
+            async with line:
+                while True:
+                    self._rate_count += 1
+                    member = f"{self._rate_token}:{self._rate_count}"
+                    wait, now = await self._delay_command(
+                        functools.partial(take_rate, keys, count, window, member), name
+                    )
+                    if not wait:
+                        return now, waited
+                    await asyncio.sleep(wait)
+                    waited += wait
+        finally:
+            self._rate_users[name] -= 1
+            if not self._rate_users[name]:
+                del self._rate_users[name]
+                del self._rate_lines[name]
 
     def went_out(self, start: ConfirmedStart) -> None:
         """The request of ``start`` reached Scrapy's downloader now: if that is more than

@@ -24,7 +24,8 @@ from typing import Generic, Protocol, TypeVar
 class Granted(Protocol):
     """What the ledger reads of a permit: when Redis granted it."""
 
-    acquired_at: float
+    @property
+    def acquired_at(self) -> float: ...
 
 
 R = TypeVar("R", bound=Hashable)

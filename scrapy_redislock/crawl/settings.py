@@ -9,7 +9,8 @@ REDISLOCK_GROUP, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_W
 REDISLOCK_STAGE_PREFERENCE, REDISLOCK_ALLOWED_SCHEMES, REDISLOCK_SCHEDULER_INNER, REDISLOCK_WAITERS_PER_STAGE,
 REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE, REDISLOCK_CONNECT_TIMEOUT, REDISLOCK_STAGE_KEY,
 REDISLOCK_KEY_LIMIT, REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS,
-REDISLOCK_RANDOMIZE_DELAY, REDISLOCK_QUORUM; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT,
+REDISLOCK_RANDOMIZE_DELAY, REDISLOCK_SCOPES, REDISLOCK_SCOPES_OF, REDISLOCK_CRAWL_DELAY,
+REDISLOCK_QUORUM; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT,
 REDIS_DB, REDIS_PARAMS as fallbacks for the connection (URLs are parsed by
 :mod:`scrapy_redislock.crawl.connection`). Defaults live in :mod:`scrapy_redislock.crawl.defaults`.
 For the worker scheduler (:func:`read_worker_settings`) also scrapy-redis's SCHEDULER_PERSIST,
@@ -41,8 +42,10 @@ from scrapy_redislock.crawl import defaults
 from scrapy_redislock.crawl.connection import mask_url
 from scrapy_redislock.crawl.connection import parse_url as connection_url
 from scrapy_redislock.crawl.inner import check_inner_scheduler
-from scrapy_redislock.crawl.keys import KeyFunction, key_function
+from scrapy_redislock.crawl.keys import KeyFunction, domain, key_function
 from scrapy_redislock.crawl.requestformat import serializer_of
+from scrapy_redislock.crawl.scopes import ScopeFunction, ScopeTable, scope_function
+from scrapy_redislock.crawl.scopes import parse_scopes as scope_table
 from scrapy_redislock.crawl.stages import unknown_stage
 from scrapy_redislock.errors import ConfigError, InvalidArgument
 from scrapy_redislock.lock.quorum import safe_quorum
@@ -100,18 +103,30 @@ class KeySettings:
     delay: float
     delays: Mapping[str, float]  # stages' and keys' names
     randomize_delay: bool
+    scopes: ScopeTable
+    scopes_of: ScopeFunction | None
+    crawl_delay: bool
 
     def limit_of(self, key: str) -> int | None:
-        """The cap of one key: its REDISLOCK_KEY_LIMITS entry, else REDISLOCK_KEY_LIMIT (None:
-        uncapped)."""
+        """The cap of one key or scope: its REDISLOCK_SCOPES entry, else its REDISLOCK_KEY_LIMITS
+        entry, else REDISLOCK_KEY_LIMIT (None: uncapped)."""
+        policy = self.scopes.match(key)
+        if policy is not None:
+            return policy.limit
         return self.key_limits.get(key, self.key_limit)
+
+    def rate_of(self, key: str) -> tuple[int, float] | None:
+        """The rate window of one key or scope (REDISLOCK_SCOPES only): (starts, seconds)."""
+        policy = self.scopes.match(key)
+        return None if policy is None else policy.rate
 
     @property
     def capped(self) -> bool:
-        """Whether any key has a cap."""
-        return self.stage_key is not None and (
-            self.key_limit is not None or any(v is not None for v in self.key_limits.values())
-        )
+        """Whether any key or scope has a cap."""
+        return (
+            self.stage_key is not None
+            and (self.key_limit is not None or any(v is not None for v in self.key_limits.values()))
+        ) or any(policy.limit is not None for policy in self.scopes.policies)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,7 +167,17 @@ class AdaptiveSettings:
 
 
 CONNECTION_FIELDS = ("url", "url_setting", "params", "masters", "quorum", "connect_timeout")
-KEY_FIELDS = ("stage_key", "key_limit", "key_limits", "delay", "delays", "randomize_delay")
+KEY_FIELDS = (
+    "stage_key",
+    "key_limit",
+    "key_limits",
+    "delay",
+    "delays",
+    "randomize_delay",
+    "scopes",
+    "scopes_of",
+    "crawl_delay",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,6 +212,9 @@ class RedisLockSettings:
         delays, delay = self.keys.delays, self.keys.delay
         if stage:
             return delays.get(name, 0.0) if name in self.stages else 0.0
+        policy = self.keys.scopes.match(name)
+        if policy is not None:
+            return policy.delay
         return delays.get(name, delay) if name not in self.stages else delay
 
     @property
@@ -195,6 +223,8 @@ class RedisLockSettings:
         per request)."""
         return (
             self.keys.stage_key is not None
+            or bool(self.keys.scopes)
+            or self.keys.scopes_of is not None
             or self.adaptive.retry_after
             or any(self.delay_of(s, stage=True) for s in self.stages)
         )
@@ -485,6 +515,14 @@ def parse_key_function(raw: Any, name: str, optional: bool = False) -> KeyFuncti
     return key_function(raw, name)
 
 
+def parse_scopes(raw: Any, name: str, optional: bool = False) -> ScopeTable:
+    return scope_table(_json(raw, name, "a dict"), name)
+
+
+def parse_scope_function(raw: Any, name: str, optional: bool = False) -> ScopeFunction | None:
+    return scope_function(raw, name)
+
+
 PARSERS: dict[str, Callable[[Any, str, bool], Any]] = {
     "bool": parse_bool,
     "seconds": parse_seconds,
@@ -507,6 +545,8 @@ PARSERS: dict[str, Callable[[Any, str, bool], Any]] = {
     "url": parse_url,
     "scheduler": parse_scheduler,
     "key_function": parse_key_function,
+    "scopes": parse_scopes,
+    "scope_function": parse_scope_function,
     "adaptive": parse_adaptive,
 }
 
@@ -736,10 +776,14 @@ def _check_quorum_size(quorum: Any, count: int, stages: Mapping[str, int | None]
             )
 
 
-def _check_keys(values: Mapping[str, Any]) -> None:
+def _check_keys(values: dict[str, Any]) -> None:
     """Caps per key and a delay per key need REDISLOCK_STAGE_KEY; without it REDISLOCK_DELAYS names
-    stages only."""
+    stages only. REDISLOCK_CRAWL_DELAY without a key makes the domain the key (a site's
+    Crawl-delay is the site's)."""
     if values["stage_key"] is not None:
+        return
+    if values["crawl_delay"]:
+        values["stage_key"] = domain
         return
     for setting, given in (
         ("REDISLOCK_KEY_LIMIT", values["key_limit"] is not None),

@@ -75,6 +75,7 @@ SCRIPT_NAMES = (
     "delay",
     "start",
     "late_start",
+    "rate",
     "pause",
     "adapt_unpin",
     "light_take",

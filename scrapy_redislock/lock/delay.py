@@ -83,6 +83,17 @@ def push_start(keys: LockKeys, at: float, lateness: float, gap: float) -> Operat
     return bool(reply)
 
 
+def take_rate(
+    keys: LockKeys, count: int, window: float, member: str
+) -> Operation[tuple[float, float]]:
+    """A start under a rate window of ``count`` starts in any ``window`` seconds (``scripts/rate.lua``,
+    a sliding log on Redis's clock): (seconds to wait before asking again, 0 when started; now,
+    seconds since the epoch on Redis's clock)."""
+    reply = yield RunScript("rate", (keys.rate,), (count, _micros(window), member))
+    wait, now = text(reply)
+    return int(wait) / 1_000_000, int(now) / 1_000_000
+
+
 def pause_starts(keys: LockKeys, seconds: float, light: bool = False) -> Operation[float]:
     """No start of the stage or key before ``seconds`` from now on Redis's clock, for every process
     (a site's Retry-After): its gate and next confirmed start move there, and with ``light`` its

@@ -73,6 +73,7 @@ class LockKeys:
     seen: str
     gate: str  # the delay gate of the stage or key (lock/delay.py): a string, only while a start is booked
     started: str  # the next free confirmed start of the stage or key (lock/delay.py), as the gate
+    rate: str  # the starts of a scope's last rate window (lock/delay.py): a zset, expires when idle
     light: str  # grants of the light path (lock/light.py): a zset, only while the lock is in use
     migrated: str  # light grants moved into the stream when the lock escalated: token -> grant id
     adapt: str  # the adaptive limit's controller (lock/adaptive.py): a hash, while reports come

@@ -38,9 +38,11 @@ redislock/delay/{waits,wait_time_total,held_back,late_sends,send_lag_max}, redis
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
@@ -49,19 +51,34 @@ from scrapy.exceptions import IgnoreRequest
 
 from scrapy_redislock.crawl.engine import downloader_active, one_per_crawler
 from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, ConfirmedStart, KeyLocks
-from scrapy_redislock.crawl.keys import request_key
+from scrapy_redislock.crawl.keys import domain, request_key
 from scrapy_redislock.crawl.ledger import PermitLedger
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
+from scrapy_redislock.crawl.requestslots import SlotPermit
+from scrapy_redislock.crawl.scopes import request_scopes
 from scrapy_redislock.errors import KeyFunctionError, Paused
-
-START_META = "redislock_start_at"  # the confirmed start, on Redis's clock (seconds since the epoch)
 
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
 
-    from scrapy_redislock.crawl.requestslots import SlotPermit
     from scrapy_redislock.crawl.settings import RedisLockSettings
+
+
+START_META = "redislock_start_at"  # the confirmed start, on Redis's clock (seconds since the epoch)
+STARTS_META = "redislock_starts"  # every confirmed start of the request: {stage or key:<name>: at}
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ScopeHolds:
+    """The slots a request holds of its scopes beside its key, in the order taken."""
+
+    permits: list[SlotPermit]
+
+    @property
+    def acquired_at(self) -> float:
+        return min(permit.acquired_at for permit in self.permits)
 
 
 class KeyGate:
@@ -79,6 +96,8 @@ class KeyGate:
         self.settings = settings
         self.locks = KeyLocks.of(crawler, settings)
         self.permits: PermitLedger[Request, SlotPermit] = PermitLedger()
+        # slots of the request's other scopes (meta["redislock_scopes"], REDISLOCK_SCOPES_OF)
+        self.scope_permits: PermitLedger[Request, ScopeHolds] = PermitLedger()
         self.waiting: Counter[str] = Counter()
         # waits for a key slot in progress -> their request; those cancelled to go back to the
         # scheduler when the spider closes (StageLockMiddleware's close watch does both)
@@ -91,22 +110,79 @@ class KeyGate:
         # confirmed starts of requests not yet in Scrapy's downloader (gone with their request)
         self.starts: WeakKeyDictionary[Request, list[ConfirmedStart]] = WeakKeyDictionary()
         crawler.signals.connect(self.reached_downloader, signal=signals.request_reached_downloader)
+        # robots.txt Crawl-delay per host (REDISLOCK_CRAWL_DELAY), as this process parsed it
+        self.crawl_delays: dict[str, float] = {}
+        if settings.keys.crawl_delay:
+            crawler.signals.connect(self.robots_parsed, signal=signals.robots_parsed)
+            if not crawler.settings.getbool("ROBOTSTXT_OBEY"):
+                logger.warning(
+                    "REDISLOCK_CRAWL_DELAY is on but ROBOTSTXT_OBEY is off: no robots.txt is read, so no Crawl-delay applies"  # noqa: E501
+                )
+
+    def robots_parsed(self, robotparser: Any, request: Request) -> None:
+        """A site's robots.txt was parsed here: its Crawl-delay (for our user agent) becomes the
+        least delay of the site's key, for every process (each parses it before its first request
+        of the site goes out)."""
+        settings = self.crawler.settings
+        agent = settings.get("ROBOTSTXT_USER_AGENT") or settings.get("USER_AGENT") or "Scrapy"
+        try:
+            delay = robotparser.crawl_delay(agent)
+        except Exception as exc:  # a parser of the user's (ROBOTSTXT_PARSER) may fail
+            logger.warning("Could not read the Crawl-delay of %s: %s", request.url, exc)
+            return
+        host = domain(request)
+        if delay and host is not None and float(delay) > 0:
+            self.crawl_delays[host] = float(delay)
+            self.crawler.stats.inc_value("redislock/crawl_delay/sites")
+            logger.info(
+                "robots.txt of %s asks for a Crawl-delay of %s s: the whole cluster keeps it",
+                host,
+                delay,
+            )
 
     def prepare(self, request: Request, stage: str | None) -> Coroutine[Any, Any, None] | None:
-        """A coroutine taking the request's key slot and waiting its delays; None when it has none
-        of them. KeyFunctionError (counted) when REDISLOCK_STAGE_KEY's function fails for it."""
+        """A coroutine taking the request's key and scope slots and waiting its delays and rate
+        windows; None when it has none of them. KeyFunctionError (counted) when
+        REDISLOCK_STAGE_KEY's or REDISLOCK_SCOPES_OF's function fails for it, or a scope of it
+        matches no entry of REDISLOCK_SCOPES."""
+        keys = self.settings.keys
         try:
-            key = request_key(request, self.crawler.spider, self.settings.keys.stage_key)
+            key = request_key(request, self.crawler.spider, keys.stage_key)
+            scopes = self._scopes(request, key)
         except KeyFunctionError:
             self.crawler.stats.inc_value("redislock/key_errors")
             raise
-        capped = key is not None and self.settings.keys.limit_of(key) is not None
+        capped = key is not None and keys.limit_of(key) is not None
         stage_delay = self.settings.delay_of(stage, stage=True) if stage is not None else 0.0
-        key_delay = self.settings.delay_of(key) if key is not None else 0.0
+        key_delay = self._key_delay(request, key) if key is not None else 0.0
         paused_stage = self._pausable_stage(stage)
-        if not (capped or stage_delay or key_delay or paused_stage):
+        rated = key is not None and keys.rate_of(key) is not None
+        if not (capped or stage_delay or key_delay or paused_stage or scopes or rated):
             return None
-        return self._through(request, stage, key if capped else None, stage_delay, key, key_delay)
+        return self._through(
+            request, stage, key if capped else None, stage_delay, key, key_delay, scopes
+        )
+
+    def _scopes(self, request: Request, key: str | None) -> tuple[str, ...]:
+        """The request's scopes beside its stage and key, each with a policy of REDISLOCK_SCOPES
+        (KeyFunctionError naming one that has none)."""
+        scopes = request_scopes(request, self.crawler.spider, self.settings.keys.scopes_of)
+        for scope in scopes:
+            if self.settings.keys.scopes.match(scope) is None:
+                raise KeyFunctionError(
+                    f"scope {scope!r} of {request.url} matches no entry of REDISLOCK_SCOPES: give it a policy there (a name or a glob pattern such as 'proxy:*')"  # noqa: E501
+                )
+        return tuple(scope for scope in scopes if scope != key)
+
+    def _key_delay(self, request: Request, key: str) -> float:
+        """The key's delay: the configured one, or the site's robots.txt Crawl-delay when
+        longer."""
+        delay = self.settings.delay_of(key)
+        if self.crawl_delays:
+            host = domain(request)
+            if host is not None:
+                delay = max(delay, self.crawl_delays.get(host, 0.0))
+        return delay
 
     async def _through(
         self,
@@ -116,9 +192,16 @@ class KeyGate:
         stage_delay: float,
         key: str | None,
         key_delay: float,
+        scopes: tuple[str, ...] = (),
     ) -> None:
+        """In one global order (docs/scopes.md): the slots (the stage's came before: the key's,
+        then the other scopes' by name), then the delays, then the rate windows."""
+        keys = self.settings.keys
         if capped is not None:
             await self._take_slot(request, capped)
+        for scope in scopes:
+            if keys.limit_of(scope) is not None:
+                await self._take_slot(request, scope, scoped=True)
         if stage_delay and stage is not None:
             await self._delay(request, stage, stage_delay)
         elif stage is not None and self._pausable_stage(stage):
@@ -127,6 +210,24 @@ class KeyGate:
             await self._delay(request, f"{KEY_LOCK_PREFIX}{key}", key_delay)
         elif capped is not None and self._queued_key(request):
             await self._pause_check(f"{KEY_LOCK_PREFIX}{capped}")
+        for scope in scopes:
+            delay = self.settings.delay_of(scope)
+            if delay:
+                await self._delay(request, f"{KEY_LOCK_PREFIX}{scope}", delay)
+        for name in (key, *scopes) if key is not None else scopes:
+            rate = keys.rate_of(name)
+            if rate is not None:
+                await self._rate(request, name, rate)
+
+    async def _rate(self, request: Request, name: str, rate: tuple[int, float]) -> None:
+        at, waited = await self.locks.wait_rate(f"{KEY_LOCK_PREFIX}{name}", *rate)
+        request.meta[START_META] = at
+        request.meta.setdefault(STARTS_META, {})[f"{KEY_LOCK_PREFIX}{name}"] = at
+        stats = self.crawler.stats
+        stats.inc_value("redislock/rate/starts")
+        if waited:
+            stats.inc_value("redislock/rate/waits")
+            stats.inc_value("redislock/rate/wait_time_total", waited)  # type: ignore[arg-type]  # (as below)
 
     def _pausable_stage(self, stage: str | None) -> bool:
         """A capped stage's starts may be paused by a Retry-After (REDISLOCK_RETRY_AFTER)."""
@@ -181,8 +282,16 @@ class KeyGate:
         stats.inc_value("redislock/keys/wait_time_total", waited)  # type: ignore[arg-type]
         stats.max_value("redislock/keys/wait_time_max", waited)
 
-    async def _take_slot(self, request: Request, key: str) -> None:
-        if self.permits.peek(request) is not None:
+    async def _take_slot(self, request: Request, key: str, scoped: bool = False) -> None:
+        """Take a slot of ``key`` (``scoped``: one of the request's other scopes) for the request:
+        one look, else a wait in the key's first-come-first-served line."""
+        if scoped:
+            holds = self.scope_permits.permit_of(request)
+            if holds is not None and any(
+                p.name == f"{KEY_LOCK_PREFIX}{key}" for p in holds.permits
+            ):
+                return  # taken before a lost slot of another scope made the request start again
+        elif self.permits.peek(request) is not None:
             return  # handed by StageScheduler (a lost or late one is dropped by usable())
         # taken here, holding one of CONCURRENT_REQUESTS meanwhile (StageScheduler takes it before
         # a request of no capped stage leaves: keyline.py)
@@ -190,7 +299,7 @@ class KeyGate:
         started = time.monotonic()
         taken = await self._take_now(key)
         if taken is not None:
-            self.permits.hold(request, taken)
+            self._hold(request, taken, scoped)
             self.record(time.monotonic() - started)
             return
         self.waiting[key] += 1
@@ -214,12 +323,23 @@ class KeyGate:
             self.waiting[key] -= 1
             if not self.waiting[key]:
                 del self.waiting[key]
-        self.permits.hold(request, permit)
+        self._hold(request, permit, scoped)
         self.record(time.monotonic() - started)
+
+    def _hold(self, request: Request, permit: SlotPermit, scoped: bool) -> None:
+        if not scoped:
+            self.permits.hold(request, permit)
+            return
+        holds = self.scope_permits.permit_of(request)
+        if holds is None:
+            self.scope_permits.hold(request, ScopeHolds([permit]))
+        else:
+            holds.permits.append(permit)
 
     async def _delay(self, request: Request, name: str, delay: float) -> None:
         start = await self.locks.wait_start(name, delay)
         request.meta[START_META] = start.at
+        request.meta.setdefault(STARTS_META, {})[name] = start.at
         self.starts.setdefault(request, []).append(start)
         self.crawler.stats.inc_value("redislock/delay/waits")
         self.crawler.stats.inc_value("redislock/delay/wait_time_total", start.waited)  # type: ignore[arg-type]  # (as above)
@@ -230,27 +350,39 @@ class KeyGate:
             self.locks.went_out(start)
 
     def usable(self, request: Request) -> bool:
-        """Whether the request's key slot, if it has one, may still go with it (see
-        ``StageLocks.usable``); one that may not is dropped (released, in case Redis still holds
-        it)."""
+        """Whether the request's key and scope slots, if any, may still go with it (see
+        ``StageLocks.usable``); when one may not, all of them are dropped (released, in case Redis
+        still holds them) and taken again in their order."""
         permit = self.permits.permit_of(request)
-        if permit is None or self.locks.slots.usable(permit):
+        holds = self.scope_permits.permit_of(request)
+        held = ([permit] if permit is not None else []) + (holds.permits if holds else [])
+        if all(self.locks.slots.usable(p) for p in held):
             return True
         self.permits.forget(request)
-        self.locks.slots.release_soon(permit)
+        self.scope_permits.forget(request)
+        for p in held:
+            self.locks.slots.release_soon(p)
         return False
 
     def release(self, request: Request) -> None:
         permit = self.permits.finish(request)
         if permit is not None:
             self.locks.slots.release_soon(permit)
+        holds = self.scope_permits.finish(request)
+        for p in holds.permits if holds is not None else ():
+            self.locks.slots.release_soon(p)
 
     async def sweep(self) -> None:
-        """At every renewal tick: free key slots of requests gone from the downloader at two ticks
-        in a row."""
-        for permit in self.permits.sweep(downloader_active(self.crawler)):
+        """At every renewal tick: free key and scope slots of requests gone from the downloader at
+        two ticks in a row."""
+        active = downloader_active(self.crawler)
+        for permit in self.permits.sweep(active):
             await self.locks.slots.release(permit)
+        for holds in self.scope_permits.sweep(active):
+            for permit in holds.permits:
+                await self.locks.slots.release(permit)
 
     async def close(self) -> None:
         await self.locks.close()
         self.permits.clear()
+        self.scope_permits.clear()

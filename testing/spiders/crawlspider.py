@@ -12,7 +12,8 @@ spreads the requests over N host names, request ``n`` of each plan entry to 127.
 (base's port; see :class:`testing.site.CrawlSite`'s ``hosts``); ``-a first=K`` numbers the pages
 from K (processes sharing the pages of one stage without fetching any twice). ``-a follow=STAGE``: each
 response of another stage yields one request of STAGE (``/<STAGE>/<n>``, the same n), through the
-dupefilter (the start requests have ``dont_filter``).
+dupefilter (the start requests have ``dont_filter``). ``-a scopes=proxy:p1,render`` puts those scopes in
+every start request's ``meta["redislock_scopes"]``.
 :func:`path_key` and :func:`failing_key` are REDISLOCK_STAGE_KEY functions for the key tests.
 """
 
@@ -47,12 +48,14 @@ class PlanSpider(scrapy.Spider):
         hosts: str = "1",
         first: str = "0",
         follow: str = "",
+        scopes: str = "",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.hosts = int(hosts)
         self.first = int(first)
         self.follow = follow
+        self.scopes = [scope for scope in scopes.split(",") if scope]
         self.direct = int(direct)
         self.base = base
         self.via = via
@@ -68,6 +71,8 @@ class PlanSpider(scrapy.Spider):
             suffix = f"?{query}" if query else ""
             for n in range(self.first, self.first + count):
                 meta: dict[str, Any] = {}
+                if self.scopes:
+                    meta["redislock_scopes"] = self.scopes
                 callback = self.parse
                 if name == "free":
                     meta["dont_redislock"] = True
@@ -135,6 +140,9 @@ class BookedStartHeader:
         start = request.meta.get("redislock_start_at")
         if start is not None:
             request.headers["X-Booked-Start"] = repr(start)
+        starts = request.meta.get("redislock_starts")
+        if starts:
+            request.headers["X-Starts"] = json.dumps(starts)
 
 
 class LoopStall:

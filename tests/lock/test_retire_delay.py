@@ -13,7 +13,7 @@ import redis
 import redis.asyncio
 
 from scrapy_redislock import AsyncCountingLock
-from scrapy_redislock.lock.delay import book_start, confirm_start, delay_keys, gate_key
+from scrapy_redislock.lock.delay import book_start, confirm_start, delay_keys, gate_key, take_rate
 from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.protocol import adrive
 from testing.redis_server import RedisServer
@@ -177,3 +177,50 @@ async def confirmed_starts(url: str, redis_client: redis.Redis) -> None:
         assert third.at == pytest.approx(first.at + 0.4, abs=1e-6)
         wait, now = await adrive(confirm_start(keys, 0.2), runner, "gate")
         assert wait > 0 and now + wait == pytest.approx(late + 0.2, abs=1e-6)
+
+
+def test_rate_window_lets_n_starts_in_any_window_on_redis_clock(
+    admin_url: str, redis_client: redis.Redis
+) -> None:
+    """A rate of 5 starts per 0.3 s, asked by 3 concurrent askers as fast as they may: the starts
+    let through are never more than 5 in any window (t - 0.3, t] on Redis's clock, each refused
+    asker is told to wait exactly until the 5th newest start is a window old, and an idle scope's
+    log expires."""
+    count, window = 5, 0.3
+    keys = delay_keys("redislock", "key:proxy:p1")
+    starts: list[float] = []
+    refusals: list[tuple[float, float]] = []
+
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(admin_url)
+        runner = CommandRunner(client)
+        serial = itertools.count()
+
+        async def asker() -> None:
+            while len(starts) < 20:
+                member = f"t:{next(serial)}"
+                wait, now = await adrive(take_rate(keys, count, window, member), runner, "rate")
+                if not wait:
+                    starts.append(now)
+                    continue
+                refusals.append((now, wait))
+                await asyncio.sleep(wait)
+
+        await asyncio.gather(*(asker() for _ in range(3)))
+        await client.aclose()
+
+    asyncio.run(main())
+    starts.sort()
+    assert len(starts) >= 20 and refusals
+    for now, wait in refusals:  # told to wait until the 5th newest start is a window old
+        fifth = [start for start in starts if start <= now][-count]
+        assert now + wait == pytest.approx(fifth + window, abs=2e-6)
+    for i, start in enumerate(starts):
+        in_window = [s for s in starts[: i + 1] if s > start - window]
+        assert len(in_window) <= count, (start, in_window)
+    # paced by the window: 20 starts at 5 per 0.3 s span at least 3 windows
+    assert starts[19] - starts[0] >= 3 * window - 1e-6
+    deadline = time.monotonic() + 5
+    while redis_client.exists(keys.rate) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not redis_client.exists(keys.rate)  # idle: nothing left

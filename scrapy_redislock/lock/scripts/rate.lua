@@ -1,0 +1,23 @@
+-- rate: a start under a rate window (a scope's 'rate', REDISLOCK_SCOPES: N starts in any T seconds), exact on
+-- Redis's clock. The key's log holds the starts of the last window (a sliding log, not a token bucket or GCRA: those
+-- let up to 2N through in some window of T); a start is let through and logged when fewer than N logged starts lie
+-- in (now - T, now], else it is told to wait until the oldest of the last N is a whole window old, and to ask again
+-- then (the caller's one wait per scope and process asks; other processes may win the freed place first). The log
+-- expires one window after its newest start, so an idle scope leaves nothing behind.
+-- KEYS[1] the key's rate log (zset: member -> start, Redis time in µs)
+-- ARGV[1] N, ARGV[2] T in µs, ARGV[3] this start's member (unique: the caller's token)
+-- Returns {µs to wait before asking again (0: started now), now (Redis time, µs)}.
+local log = KEYS[1]
+local count = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+redis.call('ZREMRANGEBYSCORE', log, '-inf', string.format('%.0f', now - window))
+if redis.call('ZCARD', log) >= count then
+    local nth = redis.call('ZREVRANGE', log, count - 1, count - 1, 'WITHSCORES')
+    local wait = tonumber(nth[2]) + window - now
+    return {string.format('%.0f', math.max(1, wait)), string.format('%.0f', now)}
+end
+redis.call('ZADD', log, string.format('%.0f', now), ARGV[3])
+redis.call('PEXPIREAT', log, string.format('%.0f', math.ceil((now + window) / 1000)))
+return {'0', string.format('%.0f', now)}
