@@ -129,3 +129,44 @@ def test_a_scope_without_a_policy_fails_its_requests_by_name(
         "scope 'prxy:p1' of" in crawl.output
         and "matches no entry of REDISLOCK_SCOPES" in crawl.output
     )
+
+
+def test_robots_crawl_delay_holds_for_the_whole_cluster(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """REDISLOCK_CRAWL_DELAY with a robots.txt saying ``Crawl-delay: 1``, 3 processes, no
+    REDISLOCK_STAGE_KEY (the domain is the key then): the site's page starts, confirmed by any
+    process, at least 1 s apart on Redis's clock, and at the site at least 1 s less the earlier
+    request's lateness after its confirmation."""
+    pages = 3
+    extra = {
+        "REDISLOCK_URL": redis_url,
+        "REDISLOCK_STAGES": {"detail": None},
+        "REDISLOCK_CRAWL_DELAY": True,
+        "ROBOTSTXT_OBEY": True,
+        "CONCURRENT_REQUESTS": 16,
+        "DOWNLOAD_DELAY": 0,
+        "DOWNLOADER_MIDDLEWARES": WITH_HEADER,
+    }
+    with CrawlSite(delay=0.01) as site:
+        site.routes["/robots.txt"] = ("text/plain", "User-agent: *\nCrawl-delay: 1\n")
+        crawls = [
+            Crawl(site.url, f"detail:{pages}", extra, tmp_path, args={"first": str(1000 * i)})
+            for i in range(PROCESSES)
+        ]
+        for crawl in crawls:
+            crawl.start()
+        for crawl in crawls:
+            crawl.wait(timeout=120)
+            assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
+            assert crawl.stats["redislock/crawl_delay/sites"] == 1
+        pages_hit = {path: n for path, n in site.hits.items() if path != "/robots.txt"}
+        assert len(pages_hit) == PROCESSES * pages and set(pages_hit.values()) == {1}
+        pairs = sorted(
+            ((arrived, starts["key:127.0.0.1"]) for arrived, starts in site.scope_starts),
+            key=lambda pair: pair[1],
+        )
+    assert len(pairs) == PROCESSES * pages
+    for (arrived, start), (next_arrived, next_start) in itertools.pairwise(pairs):
+        assert next_start - start >= 1.0 - 1e-6, pairs
+        assert next_arrived - arrived >= 1.0 - (arrived - start) - CLOCK_TOLERANCE, pairs

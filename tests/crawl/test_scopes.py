@@ -1,0 +1,110 @@
+"""REDISLOCK_SCOPES, REDISLOCK_SCOPES_OF and a request's scopes: pure code, no Redis."""
+
+from __future__ import annotations
+
+import pytest
+from scrapy import Request
+from scrapy.settings import Settings
+
+from scrapy_redislock.crawl.scopes import ScopePolicy, parse_rate, proxy, request_scopes
+from scrapy_redislock.crawl.settings import read_settings
+from scrapy_redislock.errors import ConfigError, KeyFunctionError
+
+
+@pytest.mark.parametrize(
+    ("raw", "rate"),
+    [("10/s", (10, 1.0)), ("100/60s", (100, 60.0)), ("600/m", (600, 60.0)), ("5/0.5", (5, 0.5)),
+     ([3, 2], (3, 2.0)), ("1/h", (1, 3600.0))],
+)  # fmt: skip
+def test_rates(raw: object, rate: tuple[int, float]) -> None:
+    assert parse_rate(raw, "R") == rate
+
+
+@pytest.mark.parametrize(
+    ("scopes", "message"),
+    [
+        ({"a": {"rate": "ten/s"}}, "REDISLOCK_SCOPES['a']['rate'] must be a rate 'N/T'"),
+        ({"a": {"rate": "0/s"}}, "must be an integer from 1 to 1000, got 0"),
+        (
+            {"a": {"rate": [1, 0]}},
+            "the window must be a number of seconds from 0.001 to 86400, got 0",
+        ),
+        (
+            {"a": {"limit": 0}},
+            "REDISLOCK_SCOPES['a']['limit'] must be an integer from 1 to 1000 or None",
+        ),
+        ({"a": {"delay": "1"}}, "REDISLOCK_SCOPES['a']['delay'] must be a number of seconds"),
+        ({"a": {"limt": 1}}, "REDISLOCK_SCOPES['a'] has unknown field(s) ['limt']"),
+        ({"a": 3}, "REDISLOCK_SCOPES['a'] must be a dict of limit, delay, rate, got 3"),
+        ({"a{b}": {}}, "a scope name must be a non-empty string"),
+        (["a"], "REDISLOCK_SCOPES must be a dict"),
+    ],
+)
+def test_bad_scopes_are_refused_by_name(scopes: object, message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        read_settings(Settings({"REDISLOCK_SCOPES": scopes}))
+    assert message in str(raised.value)
+
+
+def test_policies_exact_then_patterns_then_short_forms() -> None:
+    settings = read_settings(
+        Settings(
+            {
+                "REDISLOCK_STAGE_KEY": "domain",
+                "REDISLOCK_KEY_LIMIT": 4,
+                "REDISLOCK_DELAY": 0.5,
+                "REDISLOCK_KEY_LIMITS": {"b.com": 1},
+                "REDISLOCK_SCOPES": {
+                    "proxy:*": {"rate": "10/s"},
+                    "proxy:slow": {"limit": 1, "delay": 2},
+                    "*.shop.com": {"limit": 2},
+                },
+            }
+        )
+    )
+    keys = settings.keys
+    assert keys.scopes.match("proxy:slow") == ScopePolicy(limit=1, delay=2.0)
+    assert (keys.limit_of("proxy:p1"), keys.rate_of("proxy:p1")) == (None, (10, 1.0))
+    assert (
+        settings.delay_of("proxy:p1") == 0.0
+    )  # a policy's missing field is none, not a short form
+    assert (keys.limit_of("x.shop.com"), settings.delay_of("x.shop.com")) == (2, 0.0)
+    assert (keys.limit_of("b.com"), keys.limit_of("c.com"), settings.delay_of("c.com")) == (
+        1,
+        4,
+        0.5,
+    )
+    assert keys.rate_of("c.com") is None and keys.capped and settings.keyed
+
+
+def test_crawl_delay_makes_the_domain_the_key() -> None:
+    settings = read_settings(Settings({"REDISLOCK_CRAWL_DELAY": True}))
+    assert settings.keys.stage_key is not None
+    assert settings.keys.stage_key(Request("https://a.example.com/x"), None) == "a.example.com"
+    assert settings.keys.limit_of("a.example.com") is None  # no cap: a delay only
+
+
+def test_a_requests_scopes() -> None:
+    request = Request(
+        "https://a.com/x",
+        meta={"redislock_scopes": ["render", "api:k1", "render"], "proxy": "http://u:p@p1:8080"},
+    )
+    assert request_scopes(request, None, proxy) == ("api:k1", "proxy:p1:8080", "render")
+    assert request_scopes(Request("https://a.com/"), None, proxy) == ()
+    assert request_scopes(Request("https://a.com/", meta={"dont_redislock": True,
+                                                          "redislock_scopes": ["x"]}), None, None) == ()  # fmt: skip
+    with pytest.raises(KeyFunctionError, match=r"meta\['redislock_scopes'\] must be a list"):
+        request_scopes(Request("https://a.com/", meta={"redislock_scopes": "render"}), None, None)
+    with pytest.raises(KeyFunctionError, match="returned the string 'x'"):
+        request_scopes(Request("https://a.com/"), None, lambda request, spider: "x")
+    with pytest.raises(KeyFunctionError, match="raised ZeroDivisionError"):
+        request_scopes(Request("https://a.com/"), None, lambda request, spider: 1 / 0)
+    with pytest.raises(KeyFunctionError, match="is not a scope name"):
+        request_scopes(Request("https://a.com/", meta={"redislock_scopes": ["a{b}"]}), None, None)
+
+
+def test_scopes_of_refuses_what_is_not_a_function() -> None:
+    with pytest.raises(ConfigError, match="REDISLOCK_SCOPES_OF must be 'proxy' or the dotted path"):
+        read_settings(Settings({"REDISLOCK_SCOPES_OF": "proxies"}))
+    with pytest.raises(ConfigError, match="REDISLOCK_SCOPES_OF cannot be loaded"):
+        read_settings(Settings({"REDISLOCK_SCOPES_OF": "no.such.function"}))
