@@ -157,7 +157,7 @@ def test_local_reuse_is_seconds_at_least_zero() -> None:
 def test_none_is_spelled_the_same_for_every_optional_setting(spelled: Any) -> None:
     """``-s NAME=None`` (or an empty value) means None for each setting whose default is None."""
     optional = [setting for setting in defaults.TABLE if setting.default is None]
-    assert len(optional) == 8
+    assert len(optional) == 9
     read = read_settings(
         Settings({"REDISLOCK_STAGES": {"detail": 3}} | {s.name: spelled for s in optional})
     )

@@ -14,7 +14,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 redis.call('ZREMRANGEBYSCORE', log, '-inf', string.format('%.0f', now - window))
 if redis.call('ZCARD', log) >= count then
-    local nth = redis.call('ZREVRANGE', log, count - 1, count - 1, 'WITHSCORES')
+    local nth = redis.call('ZRANGE', log, -count, -count, 'WITHSCORES')
     local wait = tonumber(nth[2]) + window - now
     return {string.format('%.0f', math.max(1, wait)), string.format('%.0f', now)}
 end
