@@ -72,7 +72,9 @@ def kernel_arrival(connection: socket.socket) -> float | None:
     return None
 
 
-STARTS_HEADER = "X-Starts"  # JSON {stage, key:<key> or key:<scope>: confirmed start}, set by a test middleware
+STARTS_HEADER = (
+    "X-Starts"  # JSON {stage, key:<key> or key:<scope>: confirmed start}, set by a test middleware
+)
 BOOKED_HEADER = "X-Booked-Start"  # the start a request booked (seconds since the epoch), set by a test middleware
 
 
