@@ -71,6 +71,12 @@ def options(argv: list[str] | None) -> argparse.Namespace:
         "--only", choices=("caps", "slow", "gaps"), help="run one part of the benchmark"
     )
     parser.add_argument(
+        "--stage",
+        action="store_true",
+        help="every request also names a stage (REDISLOCK_STAGES = {'page': None}) and goes "
+        "through StageScheduler: a stage and a domain scope per request",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=3,
@@ -124,6 +130,9 @@ def run(
                 "CONCURRENT_REQUESTS_PER_DOMAIN": 1000,
                 "SCHEDULER": None,
             }
+            if opts.stage:
+                settings["REDISLOCK_STAGES"] = {"page": None}
+                settings["SCHEDULER"] = "scrapy_redislock.StageScheduler"
         else:
             settings = {
                 "DOWNLOADER_MIDDLEWARES": {},
@@ -145,6 +154,7 @@ def run(
                     "domains": str(domains),
                     "part": str(i),
                     "parts": str(processes),
+                    **({"stage": "page"} if opts.stage else {}),
                 },
                 spider=SPIDER,
             ).start()

@@ -260,7 +260,10 @@ def render_keys(keys: Sequence[StageStatus], pattern: str | None = None) -> str:
     if not keys and pattern is None:
         return ""
     matching = f" matching {pattern!r}" if pattern is not None else ""
-    lines = ["", f"KEYS (REDISLOCK_STAGE_KEY): {len(keys)} in use{matching}, busiest first"]
+    lines = [
+        "",
+        f"KEYS AND SCOPES (REDISLOCK_STAGE_KEY, REDISLOCK_SCOPES): {len(keys)} in use{matching}, busiest first",  # noqa: E501
+    ]
     rows = [
         [k.stage[len(KEY_LOCK_PREFIX) :], k.limit, k.held, k.waiters, len(k.processes), k.expired]
         if not k.error
@@ -276,4 +279,10 @@ def render_keys(keys: Sequence[StageStatus], pattern: str | None = None) -> str:
         lines += table(header, rows, numeric, "  ")
     if len(keys) > KEY_ROWS:
         lines.append(f"  ... and {len(keys) - KEY_ROWS} more (narrow with --stage-key PATTERN)")
+    for k in keys:  # requests that can never go until an operator acts, with why
+        if not k.error and k.limit == 0 and k.waiters:
+            name = k.stage[len(KEY_LOCK_PREFIX) :]
+            lines.append(
+                f"  paused: {k.waiters} request(s) wait for {name!r}, whose limit is 0: they go only after `set-limit {k.stage} N` with N >= 1"  # noqa: E501
+            )
     return printable("\n".join(lines), keep="\n") + "\n"

@@ -94,18 +94,18 @@ class SignalListener:
             return
         if reply is not None:
             key, value = reply
-            state.look_due = True
+            state.look_soon()
             if key == queue_keys.wake:
-                state.busy_at = time.monotonic()  # the crawl has just ended: idle from now
+                state.idle_from_now()  # the crawl has just ended
             elif self.feed is not None and key == self.feed.key:
-                state.fed.append(value)
+                state.fed_by_wait(value)
             else:
                 stage = next(s for s in self.policy.preference if queue_keys.signal(s) == key)
                 if state.current is not None and stage != state.current:
                     with contextlib.suppress(*REDIS_ERRORS):
                         await self.queues.signal(stage)  # not for us any more: the next worker's
                 else:
-                    state.signalled.add(stage)
+                    state.signal_came(stage)
         state.wake()
 
 

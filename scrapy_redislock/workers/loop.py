@@ -107,16 +107,14 @@ class WorkerLoop:
             await self._run()
         except REDIS_ERRORS as exc:
             self.stats.inc_value("redislock/workers/redis_errors")
-            state.failing = True
+            state.failed()
             # the others may not reach Redis either: reap nobody until beats run again
             self.heartbeat.clock.broken()
             if not self._outage_step(exc):
                 raise  # not an outage (Redis refused a command): logged with its traceback by the loop, retried
             return not state.closing
         # Redis answers again: idle time counts from now, not from before the outage
-        if state.failing:
-            state.failing = False
-            state.busy_at = time.monotonic()
+        if state.answered():
             self._outage_over()
         return not state.closing
 
@@ -127,7 +125,7 @@ class WorkerLoop:
         await self.slot.check_limit()
         self.inflight.ack_finished()
         if state.fed:
-            await self.feed(state.fed)
+            await self.feed(state.take_fed())
         if state.current is not None:
             await self._work()
         if state.current is None and state.look_due and not state.closing:
@@ -139,13 +137,11 @@ class WorkerLoop:
         pulse of a worker with work; and the idle-close deadline, which makes the step look again."""
         state, heartbeat = self.state, self.heartbeat
         if now >= heartbeat.clock.beat_due:
-            state.look_due = True
+            state.look_soon()
             await self._beat_and_reap()
         elif now >= heartbeat.clock.pulse_due and heartbeat.working():
             await heartbeat.pulse()
-        if state.quiet_since is not None and self.idle_close is not None:
-            # still quiet? then close
-            state.look_due |= now >= state.quiet_since + self.idle_close
+        state.idle_due(now, self.idle_close)  # still quiet? then close
 
     async def _beat_and_reap(self) -> None:
         dead = await self.heartbeat.beat(self.state.current)
@@ -162,10 +158,7 @@ class WorkerLoop:
         if state.leaving:
             await self.slot.finish_leaving(stage)
             return
-        woken = stage in state.signalled
-        if woken:
-            state.signalled.discard(stage)
-            state.empty.discard(stage)
+        woken = state.take_signal(stage)
         if stage not in state.empty:
             await self.fill(pass_on=woken)
             if stage in state.empty and stage in state.start_stages:
@@ -177,7 +170,7 @@ class WorkerLoop:
         """With no stage: read the feed, look at every queue and the cluster's in-flight counter,
         take a stage."""
         state, inflight = self.state, self.inflight
-        state.look_due = False
+        state.looking()
         await self.feed(None)
         lengths, in_flight = await self.queues.look()
         state.looked(lengths)
@@ -185,22 +178,20 @@ class WorkerLoop:
             if await self.slot.take(stage):
                 await self.fill(pass_on=stage in state.signalled)
                 break
-            state.full.add(stage)
+            state.found_full(stage)
         for stage in state.signalled & state.full:
             # a token for a stage with no free slot: its holders' (they may wait)
             await self.queues.signal(stage)
-        state.signalled.clear()
+        state.tokens_passed()
         busy = any(lengths.values()) or inflight.holding or self.outbox.local or self.outbox.pushes
         # a paused stage's queue is work: wait, never close
-        state.work_seen = bool(busy or in_flight > inflight.own)
+        state.saw_work(bool(busy or in_flight > inflight.own))
         if state.work_seen:
-            state.busy()
             return
-        # look again when it has been quiet for REDISLOCK_IDLE_CLOSE
-        state.quiet_since = state.busy_at
+        # looks again when it has been quiet for REDISLOCK_IDLE_CLOSE
         if self.may_close():
             # the engine's idle check (every 5 s) closes the spider from here
-            state.quiet_since = None
+            state.idle_reported()
             # the engine checks for idleness at its next round, not in 5 s
             wake_engine(self.crawler)
 
@@ -215,7 +206,7 @@ class WorkerLoop:
         if current is None or current in self.policy.capped or current == self.policy.preference[0]:
             return
         lengths, _ = await self.queues.look()
-        self.state.lengths = lengths
+        self.state.saw_lengths(lengths)
         for stage in self.policy.to_try(current, lengths, self.inflight.holding):
             if await self.slot.take(stage):
                 return
@@ -236,7 +227,7 @@ class WorkerLoop:
             await self.heartbeat.beat(stage)
             popped = await inflight.pop(stage, want, pass_on) or 0
         if popped < want:
-            state.empty.add(stage)
+            state.ran_empty(stage)
         if popped:
             self.stats.inc_value(f"redislock/workers/{stage}/dequeued", popped)
             state.busy()
@@ -250,14 +241,12 @@ class WorkerLoop:
             return
         if entries is None:
             entries = await feed.read()
-        else:
-            state.fed = []
         if not entries:
             return
         for request in feed.requests(entries):
             stage = stage_of(request, self.settings, self.crawler.spider)
             if stage is not None:
-                state.start_stages.add(stage)
+                state.start_urls_to(stage)
             self.stats.inc_value("redislock/workers/start_urls")
             self.crawler.engine.crawl(request)
         # in their queues before this step looks at the lengths

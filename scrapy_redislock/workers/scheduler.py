@@ -248,10 +248,7 @@ class StageWorkerScheduler(BaseScheduler):
     def _queued(self, stage: str) -> None:
         """A request reached its stage's queue: if that is this worker's own, drained stage, pop it
         when the engine asks."""
-        state = self.state
-        if stage == state.current and stage in state.empty:
-            state.empty.discard(stage)
-            state.wake()
+        self.state.queued_again(stage)
 
     def _kept(self, count: int) -> None:
         """Requests with no stage entered this worker's in-flight record."""
@@ -302,9 +299,7 @@ class StageWorkerScheduler(BaseScheduler):
             idle,
             self.idle_close_by,
         )
-        self.state.busy_at = time.monotonic()
-        wakeup = self.state.wakeup = asyncio.Event()
-        wakeup.set()  # the first look at once
+        wakeup = self.state.opened()  # the first look at once
         loop = every(
             self.loop.interval, self.loop.step, what="Worker loop", wake=wakeup, backoff=Backoff()
         )
@@ -315,7 +310,7 @@ class StageWorkerScheduler(BaseScheduler):
 
     async def _close(self) -> None:
         """Hand back what this worker holds; every step is bounded, so a close never hangs."""
-        self.state.closing = True
+        self.state.begin_close()
         if not self.locks.started:  # it never got to Redis: nothing to hand back
             await self.locks.close()
             return

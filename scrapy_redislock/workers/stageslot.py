@@ -112,7 +112,7 @@ class StageSlot:
         if stage is None or permit is None or limit is None:
             return
         oldest = await self.locks.oldest_grants(stage, limit)
-        state.limit_checked = (limit, permit.grant)
+        state.checked_limit(limit, permit.grant)
         if (
             not keeps_slot(permit.grant, oldest, limit)
             and state.current == stage
@@ -138,7 +138,7 @@ class StageSlot:
     async def _start_leaving(self, stage: str, limit: int) -> None:
         """Over the limit: give back what was taken ahead (to the front of the queue), take nothing
         new; the slot is freed once what is in progress here has finished (:meth:`finish_leaving`)."""
-        self.state.leaving = True
+        self.state.leave_when_done()
         returned = await self.inflight.give_back_ahead()
         self.stats.inc_value(f"redislock/workers/{stage}/yielded")
         logger.info(
@@ -155,10 +155,7 @@ class StageSlot:
     async def finish_leaving(self, stage: str) -> None:
         """Leaving: once nothing of the stage is in progress here, free the slot (then take another
         stage or wait)."""
-        if (
-            stage in self.state.signalled
-        ):  # a token for the stage taken meanwhile: the next holder's
-            self.state.signalled.discard(stage)
+        if self.state.give_up_signal(stage):  # a token taken meanwhile: the next holder's
             await self.inflight.queues.signal(stage)
         if not self.inflight.settled:
             return
@@ -181,8 +178,7 @@ class StageSlot:
             returned,
             len(self.inflight.handed),
         )
-        state.permit, state.current = None, None
-        state.look_due = True
+        state.left()
         await self.heartbeat.beat(None)
 
 

@@ -6,7 +6,8 @@ domains>``, is fetched at ``/d<k>/<n>`` (the site counts each domain as a stage)
 ``meta["download_slot"] = "d<k>"``, so Scrapy's per-domain settings and REDISLOCK_STAGE_KEY =
 "download_slot" both treat each as a domain of its own. ``-a slow=5 -a slow_pages=20`` first yields
 ``slow_pages`` pages of each of ``slow`` more domains ``s0, s1, ...`` (``/s<k>/<n>``), shared out
-between the processes the same way (the site can be told to answer those slowly).
+between the processes the same way (the site can be told to answer those slowly). ``-a stage=page``
+names that stage in every request's meta (a request carrying a stage and a domain scope).
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ class KeySpider(scrapy.Spider):
         parts: str = "1",
         slow: str = "0",
         slow_pages: str = "0",
+        stage: str = "",
         **kw: Any,
     ) -> None:
         super().__init__(**kw)
         self.base, self.pages, self.domains = base, int(pages), int(domains)
         self.part, self.parts = int(part), int(parts)
         self.slow, self.slow_pages = int(slow), int(slow_pages)
+        self.stage = stage
 
     async def start(self) -> AsyncIterator[scrapy.Request]:
         for n in range(self.part, self.slow * self.slow_pages, self.parts):
@@ -48,6 +51,8 @@ class KeySpider(scrapy.Spider):
         for n in range(self.part, self.pages, self.parts):
             domain = f"d{n % self.domains}"
             meta = {"download_slot": domain}
+            if self.stage:
+                meta["redislock_stage"] = self.stage
             yield scrapy.Request(
                 f"{self.base}/{domain}/{n}", meta=meta, callback=self.parse, dont_filter=True
             )

@@ -264,7 +264,9 @@ def test_status_groups_keys_busiest_first_and_filters_them(
 
     code, out, err = call("status", "--url", redis_url)
     assert code == 0, err
-    head, _, keys = out.partition("KEYS (REDISLOCK_STAGE_KEY): 3 in use, busiest first")
+    head, _, keys = out.partition(
+        "KEYS AND SCOPES (REDISLOCK_STAGE_KEY, REDISLOCK_SCOPES): 3 in use, busiest first"
+    )
     assert "detail" in head and "key:" not in head  # the stages' part shows no key
     rows = [
         line.split() for line in keys.splitlines() if line.startswith("  ") and "KEY" not in line
@@ -279,6 +281,30 @@ def test_status_groups_keys_busiest_first_and_filters_them(
     document = json.loads(out)
     assert [s["stage"] for s in document["keys"]] == ["key:other.org"]
     assert [s["stage"] for s in document["stages"]] == ["detail"]
+
+
+@pytest.mark.integration
+def test_status_says_why_requests_of_a_paused_scope_never_go(
+    redis_url: str, redis_client: redis.Redis, locks: list[CountingLock]
+) -> None:
+    """A scope paused at 0 (``set-limit key:<scope> 0``) with requests waiting for it: status says
+    they wait for it and what lets them go."""
+    proxy = holder(locks, redis_client, "key:proxy:p1", 2)
+    proxy.acquire()
+    code, out, err = call("set-limit", "key:proxy:p1", "0", "--url", redis_url)
+    assert code == 0, err
+    proxy.annotate(waiting=2)
+    proxy.maintain()
+    code, out, err = call("status", "--url", redis_url)
+    assert code == 0, err
+    assert (
+        "paused: 2 request(s) wait for 'proxy:p1', whose limit is 0: they go only after "
+        "`set-limit key:proxy:p1 N` with N >= 1"
+    ) in out
+    code, out, err = call("set-limit", "key:proxy:p1", "1", "--url", redis_url)
+    assert code == 0, err
+    code, out, err = call("status", "--url", redis_url)
+    assert "paused:" not in out
 
 
 @pytest.mark.integration

@@ -1,4 +1,4 @@
-"""The worker's shared state: its named transitions, pure (no Redis, no Scrapy)."""
+"""The worker's shared state: its named transitions, pure (no Redis, no Scrapy), with a fake clock."""
 
 from __future__ import annotations
 
@@ -53,3 +53,80 @@ def test_seeing_work_restarts_the_idle_clock() -> None:
     state.quiet_since, state.busy_at = 1.0, 1.0
     state.busy()
     assert state.quiet_since is None and state.busy_at > 1.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_idle_time_counts_from_the_last_work_seen_and_from_an_outage_end() -> None:
+    clock = Clock()
+    state = WorkerState(["list", "detail"], clock=clock)
+    state.looking()
+    clock.now = 105.0
+    state.saw_work(False)  # quiet since the last work seen (at 100)
+    assert state.quiet_since == 100.0 and not state.look_due
+    state.idle_due(now=109.0, idle_close=10.0)
+    assert not state.look_due
+    state.idle_due(now=110.0, idle_close=10.0)  # quiet for REDISLOCK_IDLE_CLOSE: look (and close)
+    assert state.look_due
+    state.failed()
+    clock.now = 130.0
+    assert state.answered() and state.busy_at == 130.0  # idle from the outage's end
+    assert not state.answered()  # answered once
+    state.saw_work(True)
+    assert state.quiet_since is None and state.work_seen
+
+
+def test_a_stage_taken_checked_and_left() -> None:
+    clock = Clock()
+    state = WorkerState(["list"], clock=clock)
+    state.looked({"list": 0})
+    assert state.empty == {"list"}
+    assert state.took("list", None) is None and state.current == "list"
+    assert "list" not in state.empty and state.taken_at == 100.0
+    state.checked_limit(3, "g-1")
+    state.leave_when_done()
+    assert state.leaving and state.limit_checked == (3, "g-1")
+    assert state.left() == ("list", None)
+    assert state.current is None and not state.leaving and state.look_due
+
+
+def test_signal_tokens_are_used_once_or_passed_on() -> None:
+    state = WorkerState(["list", "detail"])
+    state.took("list", None)
+    state.ran_empty("list")
+    state.signal_came("list")
+    assert state.take_signal("list") and "list" not in state.empty  # work again
+    assert not state.take_signal("list")
+    state.signal_came("list")
+    assert state.give_up_signal("list") and not state.give_up_signal("list")
+    state.signal_came("detail")
+    state.found_full("detail")
+    assert state.signalled & state.full == {"detail"}
+    state.tokens_passed()
+    assert not state.signalled
+
+
+def test_a_drained_stage_wakes_the_loop_when_work_comes_back() -> None:
+    async def main() -> None:
+        state = WorkerState(["list"])
+        wakeup = state.opened()
+        assert wakeup.is_set()
+        wakeup.clear()
+        state.took("list", None)
+        state.queued_again("list")  # not drained: nothing to do
+        assert not wakeup.is_set()
+        state.ran_empty("list")
+        state.queued_again("list")
+        assert wakeup.is_set() and "list" not in state.empty
+        state.fed_by_wait(b"url")
+        assert state.take_fed() == [b"url"] and state.fed == []
+        state.begin_close()
+        assert state.closing
+
+    asyncio.run(main())
