@@ -52,7 +52,7 @@ from prometheus_client.registry import Collector
 
 from scrapy_redislock._redis import RedisClient
 from scrapy_redislock.cli.commands import COMMANDS
-from scrapy_redislock.cli.render import Streams
+from scrapy_redislock.cli.render import Streams, never_goes
 from scrapy_redislock.cli.status import read_all
 from scrapy_redislock.cli.target import EXIT_OK, EXIT_USAGE, REDIS_ERRORS, CliError, Target, failure
 from scrapy_redislock.lock.status import StageStatus
@@ -114,6 +114,7 @@ class Sampler:
             row["grants_more"] = max(0, len(row["grants"]) - MAX_HOLDERS_SHOWN)
             row["grants"] = row["grants"][:MAX_HOLDERS_SHOWN]
             row["grants_per_second"] = rates.get(stage.label)
+            row["never_goes"] = never_goes(stage, stage.label)  # paused at 0 with requests waiting
             stage_rows.append(row)
         spider_rows = [self._spider(spider, now) for spider in spiders]
         present = {spider.spider for spider in spiders}

@@ -251,6 +251,14 @@ def render_dead_letters(found: Sequence[DeadLetters], now: float | None = None) 
     return printable("\n".join(lines), keep="\n") + "\n"
 
 
+def never_goes(lock: StageStatus, name: str) -> str | None:
+    """Why requests waiting for a stage or scope can never go until an operator acts, if they
+    cannot: its limit is 0 (paused). ``name`` is how the operator reads it."""
+    if lock.error or lock.limit != 0 or not lock.waiters:
+        return None
+    return f"paused: {lock.waiters} request(s) wait for {name!r}, whose limit is 0: they go only after `set-limit {lock.stage} N` with N >= 1"  # noqa: E501
+
+
 KEY_ROWS = 50  # keys listed at most (busiest first); --stage-key narrows the list
 
 
@@ -262,7 +270,7 @@ def render_keys(keys: Sequence[StageStatus], pattern: str | None = None) -> str:
     matching = f" matching {pattern!r}" if pattern is not None else ""
     lines = [
         "",
-        f"KEYS AND SCOPES (REDISLOCK_STAGE_KEY, REDISLOCK_SCOPES): {len(keys)} in use{matching}, busiest first",  # noqa: E501
+        f"KEYS AND SCOPES (REDISLOCK_STAGE_KEY, REDISLOCK_SCOPES): {len(keys)} in use{matching}, busiest first",
     ]
     rows = [
         [k.stage[len(KEY_LOCK_PREFIX) :], k.limit, k.held, k.waiters, len(k.processes), k.expired]
@@ -279,10 +287,5 @@ def render_keys(keys: Sequence[StageStatus], pattern: str | None = None) -> str:
         lines += table(header, rows, numeric, "  ")
     if len(keys) > KEY_ROWS:
         lines.append(f"  ... and {len(keys) - KEY_ROWS} more (narrow with --stage-key PATTERN)")
-    for k in keys:  # requests that can never go until an operator acts, with why
-        if not k.error and k.limit == 0 and k.waiters:
-            name = k.stage[len(KEY_LOCK_PREFIX) :]
-            lines.append(
-                f"  paused: {k.waiters} request(s) wait for {name!r}, whose limit is 0: they go only after `set-limit {k.stage} N` with N >= 1"  # noqa: E501
-            )
+    lines += [f"  {why}" for k in keys if (why := never_goes(k, k.stage[len(KEY_LOCK_PREFIX) :]))]
     return printable("\n".join(lines), keep="\n") + "\n"

@@ -467,3 +467,23 @@ def test_adaptive_limits_are_charted_and_exported(
     assert scraped[("redislock_adaptive_limit", labels)] == window["limit"]
     assert scraped[("redislock_adaptive_latency_seconds", labels)] == pytest.approx(0.1)
     assert scraped[("redislock_adaptive_overload_ratio", labels)] == pytest.approx(1 / 21)
+
+
+def test_a_paused_scope_with_waiting_requests_says_why_on_the_page(
+    redis_url: str, redis_client: redis.Redis, locks: list[CountingLock]
+) -> None:
+    """A scope set to 0 (paused) while requests wait for it: the dashboard's frame says why they
+    never go and what lets them go; a stage with a free slot says nothing."""
+    proxy = CountingLock(redis_client, "key:proxy:p1", limit=2, ttl=30)
+    locks.append(proxy)
+    proxy.acquire()
+    proxy.set_limit(0)
+    proxy.annotate(waiting=3)
+    proxy.maintain()
+    with DashboardProcess(redis_url) as dashboard:
+        _, data = first_event(dashboard)
+    (row,) = data["frame"]["stages"]
+    assert row["never_goes"] == (
+        "paused: 3 request(s) wait for 'key:proxy:p1', whose limit is 0: they go only after "
+        "`set-limit key:proxy:p1 N` with N >= 1"
+    )
