@@ -99,7 +99,7 @@ OPERATOR_SCRIPTS = (
 )
 
 # the packages with a scripts/ folder
-SCRIPT_PARTS = ("scrapy_redislock.lock", "scrapy_redislock.workers", "scrapy_redislock.requests")
+SCRIPT_PARTS = ("scrapy_redislock.lock", "scrapy_redislock.crawl", "scrapy_redislock.workers")
 SUBCOMMAND_OF = {"XGROUP", "XINFO", "CLIENT", "SCRIPT", "CONFIG", "OBJECT"}
 CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'(?:\s*,\s*'([A-Za-z]+)')?")
 

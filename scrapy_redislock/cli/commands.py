@@ -32,6 +32,7 @@ from scrapy_redislock._redis import (
 from scrapy_redislock.cli.render import Streams, render_dead_letters, render_keys, render_status
 from scrapy_redislock.cli.status import read_all, snapshot, split_keys
 from scrapy_redislock.cli.target import EXIT_OK, EXIT_USAGE, CliError, Target, run_operation
+from scrapy_redislock.crawl.epoch import crawl_scripts
 from scrapy_redislock.errors import InvalidArgument
 from scrapy_redislock.lock.adaptive import unpin
 from scrapy_redislock.lock.core import (
@@ -50,7 +51,6 @@ from scrapy_redislock.lock.status import (
     find_stages,
     stage_status,
 )
-from scrapy_redislock.requests.queueloss import REQUEST_SCRIPTS
 from scrapy_redislock.workers.queue import QUEUE_SCRIPTS, QueueKeys, requeue_now
 from scrapy_redislock.workers.status import (
     WORKER_LOCK_PREFIX,
@@ -61,7 +61,6 @@ from scrapy_redislock.workers.status import (
 
 DEFAULT_WATCH = 2.0
 WORKER_SCRIPTS = "scrapy_redislock.workers"  # the package of the worker queues' scripts
-REQUEST_SCRIPTS_PACKAGE = "scrapy_redislock.requests"  # the shared queue's epoch
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 
@@ -647,7 +646,7 @@ def project_library() -> tuple[str, str, int]:
     sources = {
         *lock_scripts().values(),
         *load_scripts(WORKER_SCRIPTS, QUEUE_SCRIPTS).values(),
-        *load_scripts(REQUEST_SCRIPTS_PACKAGE, REQUEST_SCRIPTS).values(),
+        *crawl_scripts().values(),
     }
     library, code = function_library(sources)
     return library, code, len(sources)

@@ -82,6 +82,7 @@ from scrapy_redislock._redis import (
     load_scripts,
     text,
 )
+from scrapy_redislock.crawl.epoch import EPOCH_SCRIPT, crawl_scripts
 from scrapy_redislock.crawl.requestformat import request_from_data
 from scrapy_redislock.errors import ConfigError, InvalidArgument
 from scrapy_redislock.lock.front import waiting_client
@@ -100,7 +101,6 @@ QUEUE_SCRIPTS = (
     "queue_return",
     "queue_clear",
     "queue_bury",
-    "queue_epoch",
     "queue_look",
     "queue_keep",
 )
@@ -294,7 +294,8 @@ class StageQueues:
         self.scored_ids: set[str] = set()  # of the last pop: the ids taken from a sorted set
         self.ttl = check_ttl(ttl)
         self.worker = worker or new_worker_id()
-        sources = load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)
+        # the epoch script is both fronts' (crawl/scripts/)
+        sources = {**load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS), **crawl_scripts()}
         mode = ScriptMode()  # EVALSHA, or FCALL of the functions an admin loaded (see _redis.py)
         self.scripts = {name: ProjectScript(client, src, mode) for name, src in sources.items()}
         self.blocking = BlockingWait(client)
@@ -489,7 +490,7 @@ class StageQueues:
         reads it only when a beat says it was not registered (its first beat, taken for dead, or
         Redis lost the crawl state): an epoch other than the one it saw before means the crawl state
         is gone, not that it was taken for dead."""
-        return str(text(await self.scripts["queue_epoch"](keys=[self.keys.epoch], args=[])))
+        return str(text(await self.scripts[EPOCH_SCRIPT](keys=[self.keys.epoch], args=[])))
 
     async def reclaim(self, known: Iterable[str] | Callable[[], Iterable[str] | None]) -> int:
         """Put every entry of this worker's in-flight record that is not ``known`` back at the front
