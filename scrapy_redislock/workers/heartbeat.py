@@ -1,6 +1,7 @@
 """Heartbeat: a worker's beats in Redis, what they tell it, and requeueing the dead.
 
-Each beat is one script (see ``scripts/queue_heartbeat.lua``) that promises the next beat within a
+Each beat is one script (``scripts/queue_beat.lua``, its reply a
+:class:`~scrapy_redislock.workers.queue.BeatReply`) that promises the next beat within a
 grace (:func:`~scrapy_redislock.workers.policy.liveness`), names the workers past their promise and
 tells this worker whether it was registered. A worker that finds itself unregistered was taken for
 dead after a stall (it drops what it took ahead: the others have it), or Redis lost the crawl state
@@ -36,7 +37,7 @@ logger = logging.getLogger("scrapy_redislock.workers.scheduler")
 
 
 class Heartbeat:
-    """One worker's beats (see the module docstring)."""
+    """One worker's beats and what it does with their replies (see the module docstring)."""
 
     def __init__(
         self,

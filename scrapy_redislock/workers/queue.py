@@ -230,10 +230,11 @@ def queued(client: RedisClient, keys: QueueKeys, stage: str) -> int:
     return int(listed) + int(scored)
 
 
-class Heartbeat(NamedTuple):
-    """What a beat learns: ``new`` (the worker was not registered: first beat, or taken for dead and
-    reaped), how many entries its in-flight record ``holds`` (0 for a pulse), and workers past their
-    deadline (``dead``, to reap)."""
+class BeatReply(NamedTuple):
+    """What one beat learns (the reply of ``queue_beat.lua``; the worker that beats is
+    :class:`~scrapy_redislock.workers.heartbeat.Heartbeat`): ``new`` (the worker was not registered:
+    first beat, or taken for dead and reaped), how many entries its in-flight record ``holds`` (0 for
+    a pulse), and workers past their deadline (``dead``, to reap)."""
 
     new: bool
     holds: int
@@ -474,7 +475,7 @@ class StageQueues:
         *,
         grace: float | None = None,
         pulse: bool = False,
-    ) -> Heartbeat:
+    ) -> BeatReply:
         """:meth:`beat`, how many entries this worker's in-flight record holds, and up to
         ``dead_max`` workers past their deadline (for :meth:`reap`): one script call. The worker
         promises its next beat within ``grace`` seconds (default the ttl). A ``pulse`` only beats
@@ -483,7 +484,7 @@ class StageQueues:
         grace_ms = self.ttl_ms if grace is None else max(1, round(grace * 1000))
         args: list[int | str] = [self.worker, stage or "", grace_ms, dead_max, int(pulse)]
         reply = await self.scripts["queue_beat"](keys=keys, args=args)
-        return Heartbeat(bool(reply[1]), int(reply[2]), [str(text(w)) for w in reply[3:]])
+        return BeatReply(bool(reply[1]), int(reply[2]), [str(text(w)) for w in reply[3:]])
 
     async def epoch(self) -> str:
         """The queues' epoch, made now if missing (one script: GET, and SET when missing). A worker
