@@ -145,13 +145,7 @@ def queue_order(queue_class: Any) -> str:
         if found is cls:
             return order
     raise ConfigError(
-        f"SCHEDULER_QUEUE_CLASS = {queue_class!r} cannot order the worker queues: StageWorkerMixin "
-        "keeps its stage "
-        "queues in Redis itself, in the order of one of scrapy-redis's queues; accepted: "
-        "scrapy_redis.queue.PriorityQueue (the default when unset: higher request.priority first), "
-        "scrapy_redis.queue.FifoQueue, scrapy_redis.queue.LifoQueue (or their aliases "
-        "SpiderPriorityQueue, "
-        "SpiderQueue, SpiderStack)"
+        f"SCHEDULER_QUEUE_CLASS = {queue_class!r} cannot order the worker queues: StageWorkerMixin keeps its stage queues in Redis itself, in the order of one of scrapy-redis's queues; accepted: scrapy_redis.queue.PriorityQueue (the default when unset: higher request.priority first), scrapy_redis.queue.FifoQueue, scrapy_redis.queue.LifoQueue (or their aliases SpiderPriorityQueue, SpiderQueue, SpiderStack)"  # noqa: E501
     )
 
 
