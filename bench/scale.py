@@ -68,6 +68,7 @@ import scrapy_redis
 from bench import RESULTS, add_smoke
 from example_project.run import seed
 from scrapy_redislock._redis import load_scripts
+from scrapy_redislock.crawl.epoch import crawl_scripts
 from scrapy_redislock.lock.core import lock_scripts
 from scrapy_redislock.workers.queue import QUEUE_SCRIPTS
 from testing.lockstate import request_leftovers, worker_leftovers
@@ -153,7 +154,11 @@ CONTAINERS = {
 def script_names() -> dict[str, str]:
     """EVALSHA sha -> script name, for every script of the package (redis-py hashes the source as
     sent)."""
-    sources = {**lock_scripts(), **load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)}
+    sources = {
+        **lock_scripts(),
+        **crawl_scripts(),
+        **load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS),
+    }
     return {hashlib.sha1(src.encode()).hexdigest(): name for name, src in sources.items()}
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,16 +70,6 @@ class Front:
         waiting = self.middleware.process_request(request)
         if waiting is not None:
             await waiting
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Wait (letting the loop run) until ``condition()`` holds; AssertionError after ``timeout``
-    s."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
 
 
 def held(client: redis.Redis, stage: str) -> list[str]:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -21,6 +22,7 @@ import redis
 from scrapy_redislock import CountingLock
 from scrapy_redislock.cli.acl import OLDEST, acl_rules, redis_version
 from scrapy_redislock.cli.commands import project_library
+from testing.netproxy import LatencyProxy
 from testing.redis_server import RedisServer
 from testing.site import CrawlSite
 
@@ -107,6 +109,25 @@ def site() -> Iterator[CrawlSite]:
     """The local shop site the crawl tests fetch from (50 ms pages)."""
     with CrawlSite(delay=0.05) as running:
         yield running
+
+
+@pytest.fixture
+def redis_proxy(redis_url: str) -> Iterator[Callable[[], LatencyProxy]]:
+    """Makes proxies in front of the tests' Redis (:class:`testing.netproxy.LatencyProxy`): a process
+    given one's URL can be cut off (``blackhole()``) while Redis and the others carry on. Each is
+    healed and closed after the test."""
+    port = urlsplit(redis_url).port
+    assert port is not None
+    made: list[LatencyProxy] = []
+
+    def make() -> LatencyProxy:
+        made.append(LatencyProxy(port))
+        return made[-1]
+
+    yield make
+    for proxy in made:
+        proxy.heal()
+        proxy.close()
 
 
 @pytest.fixture(scope="module")

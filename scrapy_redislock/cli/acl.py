@@ -99,7 +99,7 @@ OPERATOR_SCRIPTS = (
 )
 
 # the packages with a scripts/ folder
-SCRIPT_PARTS = ("scrapy_redislock.lock", "scrapy_redislock.workers", "scrapy_redislock.requests")
+SCRIPT_PARTS = ("scrapy_redislock.lock", "scrapy_redislock.crawl", "scrapy_redislock.workers")
 SUBCOMMAND_OF = {"XGROUP", "XINFO", "CLIENT", "SCRIPT", "CONFIG", "OBJECT"}
 CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'(?:\s*,\s*'([A-Za-z]+)')?")
 
@@ -140,8 +140,7 @@ def version_tuple(version: str | Sequence[int] | None) -> tuple[int, int]:
         found = (int(version[0]), int(version[1]) if len(version) > 1 else 0)
     if found < OLDEST:
         raise ValueError(
-            f"the ACL roles need Redis {OLDEST[0]}.{OLDEST[1]} or later (read-only key patterns), "
-            f"got {version!r}"
+            f"the ACL roles need Redis {OLDEST[0]}.{OLDEST[1]} or later (read-only key patterns), got {version!r}"
         )
     return found
 

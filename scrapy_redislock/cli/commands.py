@@ -32,6 +32,7 @@ from scrapy_redislock._redis import (
 from scrapy_redislock.cli.render import Streams, render_dead_letters, render_keys, render_status
 from scrapy_redislock.cli.status import read_all, snapshot, split_keys
 from scrapy_redislock.cli.target import EXIT_OK, EXIT_USAGE, CliError, Target, run_operation
+from scrapy_redislock.crawl.epoch import crawl_scripts
 from scrapy_redislock.errors import InvalidArgument
 from scrapy_redislock.lock.adaptive import unpin
 from scrapy_redislock.lock.core import (
@@ -50,7 +51,6 @@ from scrapy_redislock.lock.status import (
     find_stages,
     stage_status,
 )
-from scrapy_redislock.requests.queueloss import REQUEST_SCRIPTS
 from scrapy_redislock.workers.queue import QUEUE_SCRIPTS, QueueKeys, requeue_now
 from scrapy_redislock.workers.status import (
     WORKER_LOCK_PREFIX,
@@ -61,7 +61,6 @@ from scrapy_redislock.workers.status import (
 
 DEFAULT_WATCH = 2.0
 WORKER_SCRIPTS = "scrapy_redislock.workers"  # the package of the worker queues' scripts
-REQUEST_SCRIPTS_PACKAGE = "scrapy_redislock.requests"  # the shared queue's epoch
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 
@@ -112,8 +111,7 @@ def _group_of(client: RedisClient, target: Target, stage: str, group: str | None
     if len(groups) > 1:
         listed = ", ".join(repr(g) for g in groups)
         raise CliError(
-            f"stage {stage!r} is in {len(groups)} groups under prefix {target.prefix!r}: {listed}; "
-            "name one with --group GROUP ('' for the keys of no group)"
+            f"stage {stage!r} is in {len(groups)} groups under prefix {target.prefix!r}: {listed}; name one with --group GROUP ('' for the keys of no group)"  # noqa: E501
         )
     return groups[0] if groups else None
 
@@ -121,10 +119,7 @@ def _group_of(client: RedisClient, target: Target, stage: str, group: str | None
 def _unknown(client: RedisClient, target: Target, stage: str, group: str | None) -> str:
     known = find_stages(client, target.prefix)
     where = "" if group is None else f" in group {group!r}"
-    return (
-        f"unknown stage {stage!r}{where} under prefix {target.prefix!r} at {target.safe_url}; "
-        f"stages there: {_named(known) if known else 'none'}"
-    )
+    return f"unknown stage {stage!r}{where} under prefix {target.prefix!r} at {target.safe_url}; stages there: {_named(known) if known else 'none'}"  # noqa: E501
 
 
 def _require_stage(
@@ -168,8 +163,7 @@ def _confirm(question: str, opts: argparse.Namespace, io: Streams) -> None:
         return
     if not io.stdin.isatty():
         raise CliError(
-            f"{opts.command}: not confirmed: standard input is not a terminal; pass --yes to "
-            "confirm"
+            f"{opts.command}: not confirmed: standard input is not a terminal; pass --yes to confirm"
         )
     io.err.write(printable(f"{question} [y/N] "))
     io.err.flush()
@@ -261,8 +255,7 @@ def cmd_set_limit(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     before = None if group is None else stage_status(client, target.prefix, stage, group)
     if before is None and not opts.create:
         raise CliError(
-            f"{_unknown(client, target, stage, group)}; pass --create to create it with limit "
-            f"{limit} (--group GROUP: in that group)"
+            f"{_unknown(client, target, stage, group)}; pass --create to create it with limit {limit} (--group GROUP: in that group)"  # noqa: E501
         )
     group = group or ""
     where = f" (group {group})" if group else ""
@@ -300,29 +293,20 @@ def _set_limit_notes(
     a new process writes back."""
     if client.exists(LockKeys.of(group_prefix(target.prefix, group), stage).adapt):
         io.say(
-            f"{stage}: its adaptive controller is pinned to {limit} (`set-limit {stage} "
-            "--adaptive` lets it move the limit again)"
+            f"{stage}: its adaptive controller is pinned to {limit} (`set-limit {stage} --adaptive` lets it move the limit again)"  # noqa: E501
         )
     after = stage_status(client, target.prefix, stage, group)
     if after is not None and after.held > limit and stage.startswith(WORKER_LOCK_PREFIX):
         io.say(
-            f"{stage}: {after.held} slots are held now; the {after.held - limit} newest holder(s) "
-            "leave the stage at "
-            "their next renewal (within ttl/3, at most a second): they give back what they took "
-            "ahead, finish what "
-            "is in progress and free their slot"
+            f"{stage}: {after.held} slots are held now; the {after.held - limit} newest holder(s) leave the stage at their next renewal (within ttl/3, at most a second): they give back what they took ahead, finish what is in progress and free their slot"  # noqa: E501
         )
     elif after is not None and after.held > limit:
         io.say(
-            f"{stage}: {after.held} slots are held now; lowering revokes none: new grants wait "
-            "until fewer "
-            f"than {limit} are held"
+            f"{stage}: {after.held} slots are held now; lowering revokes none: new grants wait until fewer than {limit} are held"  # noqa: E501
         )
     if stage in target.stages and target.stages[stage] != limit:
         io.say(
-            f"note: this project's REDISLOCK_STAGES says {stage!r}: {target.stages[stage]}; a "
-            "crawl process "
-            "started from now on writes that limit back"
+            f"note: this project's REDISLOCK_STAGES says {stage!r}: {target.stages[stage]}; a crawl process started from now on writes that limit back"  # noqa: E501
         )
 
 
@@ -345,8 +329,7 @@ def _holder_of(status: StageStatus, given: str) -> str:
         listed = ", ".join(names) if names else "none"
         raise CliError(f"no holder {given!r} in stage {status.stage!r}; holders there: {listed}")
     raise CliError(
-        f"holder {given!r} is ambiguous in stage {status.stage!r}: {', '.join(matches)}; give the "
-        "full name"
+        f"holder {given!r} is ambiguous in stage {status.stage!r}: {', '.join(matches)}; give the full name"
     )
 
 
@@ -446,13 +429,11 @@ def _requeue(
 ) -> None:
     moved, left = requeue_now(client, QueueKeys.of(target.prefix, spider.spider), worker.worker)
     io.say(
-        f"{spider.spider}: requeued {moved} in-flight request(s) of worker {worker.worker} (stage "
-        f"{worker.stage or '-'}) at the front of their queues; it is unregistered"
+        f"{spider.spider}: requeued {moved} in-flight request(s) of worker {worker.worker} (stage {worker.stage or '-'}) at the front of their queues; it is unregistered"  # noqa: E501
     )
     if left:
         io.say(
-            f"{spider.spider}: {left} request(s) of stages this command does not know stay in its "
-            "record"
+            f"{spider.spider}: {left} request(s) of stages this command does not know stay in its record"
         )
 
 
@@ -483,14 +464,10 @@ def cmd_requeue(opts: argparse.Namespace, target: Target, io: Streams) -> int:
             "" if worker.deadline_in is None else f", {worker.deadline_in:.1f}s before its deadline"
         )
         io.warn(
-            f"warning: worker {worker.worker} beat {worker.silence:.1f}s ago{left}: if it is "
-            "alive, the requests it "
-            "has in progress are fetched twice"
+            f"warning: worker {worker.worker} beat {worker.silence:.1f}s ago{left}: if it is alive, the requests it has in progress are fetched twice"  # noqa: E501
         )
     _confirm(
-        f"Requeue the {worker.in_flight} in-flight request(s) of worker {worker.worker} (spider "
-        f"{spider.spider}, "
-        f"stage {worker.stage or '-'}) and unregister it?",
+        f"Requeue the {worker.in_flight} in-flight request(s) of worker {worker.worker} (spider {spider.spider}, stage {worker.stage or '-'}) and unregister it?",  # noqa: E501
         opts,
         io,
     )
@@ -509,27 +486,15 @@ def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     live = [why for owner in holders if (why := _liveness(status, owner))]
     if live:
         cap = "its cap" if status.limit is None else f"the cap of {status.limit}"
-        overrun = (
-            f"until their requests end, the site may see up to {status.held} request(s) in flight "
-            f"beyond {cap} (their slots are free to others at once)"
-        )
+        overrun = f"until their requests end, the site may see up to {status.held} request(s) in flight beyond {cap} (their slots are free to others at once)"  # noqa: E501
         if not opts.force:
             raise CliError(
-                f"stage {status.label!r} has live holders, nothing was changed: {'; '.join(live)}; "
-                f"{overrun}; pass --force to reset anyway, or `release` a holder known to be dead"
+                f"stage {status.label!r} has live holders, nothing was changed: {'; '.join(live)}; {overrun}; pass --force to reset anyway, or `release` a holder known to be dead"  # noqa: E501
             )
         io.warn(f"warning: resetting live holders ({'; '.join(live)}): {overrun}")
-    question = (
-        f"Reset stage {status.label!r}: free {status.held} held slot(s) of {len(holders)} "
-        f"holder(s), forget {len(status.processes)} registered process(es), keep limit "
-        f"{status.limit}? Live holders lose their slots."
-    )
+    question = f"Reset stage {status.label!r}: free {status.held} held slot(s) of {len(holders)} holder(s), forget {len(status.processes)} registered process(es), keep limit {status.limit}? Live holders lose their slots."  # noqa: E501
     if status.error:
-        question = (
-            f"Reset stage {status.label!r}, whose state in Redis is unreadable ({status.error}): "
-            "free every held slot and forget every registered process? Live holders lose their "
-            "slots."
-        )
+        question = f"Reset stage {status.label!r}, whose state in Redis is unreadable ({status.error}): free every held slot and forget every registered process? Live holders lose their slots."  # noqa: E501
     _confirm(question, opts, io)
     try:
         freed, limit = run_operation(
@@ -551,13 +516,11 @@ def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         io.say(f"{name}: reset: freed {freed} held slot(s)")
     elif limit == NO_VALID_LIMIT:
         io.say(
-            f"{name}: reset: freed {freed} held slot(s); its limit in Redis is not a valid limit, "
-            f"so no slot is free: `set-limit {stage} N` repairs it"
+            f"{name}: reset: freed {freed} held slot(s); its limit in Redis is not a valid limit, so no slot is free: `set-limit {stage} N` repairs it"  # noqa: E501
         )
     else:
         io.say(
-            f"{name}: reset: freed {freed} held slot(s); limit {limit} kept, {limit} fresh "
-            "slot(s) for the waiters"
+            f"{name}: reset: freed {freed} held slot(s); limit {limit} kept, {limit} fresh slot(s) for the waiters"
         )
     return EXIT_OK
 
@@ -612,9 +575,7 @@ def cmd_forget(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     users = _users(client, target, status)
     if users and not opts.force:
         raise CliError(
-            f"stage {stage!r} is in use, nothing was deleted: {'; '.join(users)}; pass --force to "
-            "free and forget "
-            "them first (a live process among them recreates the stage at its next renewal)"
+            f"stage {stage!r} is in use, nothing was deleted: {'; '.join(users)}; pass --force to free and forget them first (a live process among them recreates the stage at its next renewal)"  # noqa: E501
         )
     freeing = f", freeing what they hold ({'; '.join(users)})" if users else ""
     _confirm(f"Delete stage {status.label!r} (limit {status.limit}) from Redis{freeing}?", opts, io)
@@ -631,9 +592,7 @@ def cmd_forget(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         after = stage_status(client, target.prefix, stage, status.group)
         now_used = _users(client, target, after) if after is not None else []
         why = "; ".join(now_used) or (
-            "Redis restarted since the stage was last written: its slots are reserved for one "
-            "lease, for holders "
-            "that survived to re-adopt them; try again after the lease"
+            "Redis restarted since the stage was last written: its slots are reserved for one lease, for holders that survived to re-adopt them; try again after the lease"  # noqa: E501
         )
         raise CliError(f"stage {stage!r} was not deleted, it is in use: {why}")
     limit = "" if status.limit is None else f" (limit {status.limit})"
@@ -647,7 +606,7 @@ def project_library() -> tuple[str, str, int]:
     sources = {
         *lock_scripts().values(),
         *load_scripts(WORKER_SCRIPTS, QUEUE_SCRIPTS).values(),
-        *load_scripts(REQUEST_SCRIPTS_PACKAGE, REQUEST_SCRIPTS).values(),
+        *crawl_scripts().values(),
     }
     library, code = function_library(sources)
     return library, code, len(sources)
@@ -668,20 +627,17 @@ def cmd_load_functions(opts: argparse.Namespace, target: Target, io: Streams) ->
     except redis.exceptions.ResponseError as exc:
         if "unknown command" in str(exc):
             raise CliError(
-                f"Redis at {target.safe_url} has no functions (Redis 7.0 or later has): its "
-                "clients run the scripts with EVALSHA, and the least-privilege roles need 7.0"
+                f"Redis at {target.safe_url} has no functions (Redis 7.0 or later has): its clients run the scripts with EVALSHA, and the least-privilege roles need 7.0"  # noqa: E501
             ) from None
         raise
     io.say(
-        f"loaded {library}: {count} functions at {target.safe_url}; the crawler and "
-        "operator roles run these (FCALL)"
+        f"loaded {library}: {count} functions at {target.safe_url}; the crawler and operator roles run these (FCALL)"
     )
     listed = client.execute_command("FUNCTION", "LIST", "LIBRARYNAME", FUNCTION_PREFIX)
     others = sorted(_library_names(listed) - {library})
     if others:
         io.say(
-            f"also loaded, of other versions: {', '.join(others)} (`FUNCTION DELETE <name>` once no "
-            "process of that version runs)"
+            f"also loaded, of other versions: {', '.join(others)} (`FUNCTION DELETE <name>` once no process of that version runs)"  # noqa: E501
         )
     return EXIT_OK
 

@@ -683,14 +683,12 @@ async def _serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     port = runner.addresses[0][1] if runner.addresses else opts.port
     url = f"http://{_address(opts.host, port)}/"
     io.say(
-        f"dashboard: {url}  (Redis {target.safe_url}, prefix {target.prefix!r}, read every "
-        f"{opts.interval:g}s)"
+        f"dashboard: {url}  (Redis {target.safe_url}, prefix {target.prefix!r}, read every {opts.interval:g}s)"
     )
     io.say(f"metrics: {url}metrics")
     if unreachable:
         io.say(
-            f"note: {unreachable}; serving anyway (redislock_up 0), reading it again every "
-            f"{opts.interval:g}s"
+            f"note: {unreachable}; serving anyway (redislock_up 0), reading it again every {opts.interval:g}s"
         )
     if token:
         io.say(f"control: on; token {token}")

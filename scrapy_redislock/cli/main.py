@@ -380,8 +380,7 @@ def cmd_dashboard(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         from scrapy_redislock.cli.dashboard import serve
     except ImportError as exc:
         raise CliError(
-            f"the dashboard needs the 'dashboard' extra ({exc}): pip install "
-            "'scrapy-redislock[dashboard]'"
+            f"the dashboard needs the 'dashboard' extra ({exc}): pip install 'scrapy-redislock[dashboard]'"
         ) from None
     return serve(opts, target, io)
 

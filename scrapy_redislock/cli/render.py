@@ -84,8 +84,7 @@ def render_status(
     lines.append("WAITING: as each process last reported it (at its renewals, every ttl/3)")
     if any(g.holder == LIMBO for s in stages if s.exists for g in s.grants):
         lines.append(
-            f"{LIMBO}: slots reserved after a Redis data loss for surviving holders; free after "
-            "one ttl"
+            f"{LIMBO}: slots reserved after a Redis data loss for surviving holders; free after one ttl"
         )
     return printable("\n".join(lines), keep="\n") + "\n"
 
@@ -101,8 +100,7 @@ def _spider_lines(spiders: Sequence[SpiderStatus]) -> list[str]:
             continue
         queued = ", ".join(f"{stage} {n}" for stage, n in spider.queues.items()) or "none"
         lines.append(
-            f"spider {spider.spider}: {spider.alive} worker(s) alive, {spider.dead} dead (past the "
-            f"beat they promised); queued: {queued}"
+            f"spider {spider.spider}: {spider.alive} worker(s) alive, {spider.dead} dead (past the beat they promised); queued: {queued}"  # noqa: E501
         )
         lines += render_dead_workers(spider)
     return [*lines, ""] if spiders else []
@@ -197,10 +195,7 @@ def render_dead_workers(spider: SpiderStatus) -> list[str]:
             else f", {seconds(-worker.deadline_in)} past its deadline"
         )
         lines.append(
-            f"  dead: {worker.worker} (stage {worker.stage or '-'}, {worker.in_flight} request(s) "
-            "in flight, "
-            f"last beat {seconds(worker.silence)} ago{late}); `requeue {shlex.quote(worker.worker)}` "
-            "puts its requests back now"
+            f"  dead: {worker.worker} (stage {worker.stage or '-'}, {worker.in_flight} request(s) in flight, last beat {seconds(worker.silence)} ago{late}); `requeue {shlex.quote(worker.worker)}` puts its requests back now"  # noqa: E501
         )
     return lines
 
@@ -230,14 +225,12 @@ def render_dead_letters(found: Sequence[DeadLetters], now: float | None = None) 
     now = time.time() if now is None else now
     lines = [
         "",
-        "DEAD LETTERS: worker queue entries no worker could load, kept for you (LRANGE to read, "
-        "DEL to drop)",
+        "DEAD LETTERS: worker queue entries no worker could load, kept for you (LRANGE to read, DEL to drop)",
     ]
     for spider in found:
         if spider.unread_bytes is not None:
             lines.append(
-                f"{spider.spider}: {spider.count} in {spider.key}, not read here: the list holds "
-                f"about {spider.unread_bytes} bytes (`LRANGE {spider.key} 0 0` reads the newest)"
+                f"{spider.spider}: {spider.count} in {spider.key}, not read here: the list holds about {spider.unread_bytes} bytes (`LRANGE {spider.key} 0 0` reads the newest)"  # noqa: E501
             )
             continue
         lines.append(f"{spider.spider}: {spider.count} in {spider.key}, newest first:")

@@ -33,11 +33,7 @@ DEFAULT_URL = "redis://localhost:6379/0"
 CLI_CLIENT_PARAMS: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 5}
 # A quorum's masters (REDISLOCK_URL as a list) are not one Redis: the commands read and change one
 # lock in one place.
-QUORUM_REFUSED = (
-    "REDISLOCK_URL lists {count} masters (a quorum lock): the command line works on one Redis at a "
-    "time; give "
-    "--url of one master to look at or change that master's copy of the locks ({urls})"
-)
+QUORUM_REFUSED = "REDISLOCK_URL lists {count} masters (a quorum lock): the command line works on one Redis at a time; give --url of one master to look at or change that master's copy of the locks ({urls})"  # noqa: E501
 # What a client raises when Redis cannot serve it (a cluster client with no reachable node: not a
 # RedisError).
 REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)

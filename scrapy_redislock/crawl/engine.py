@@ -224,15 +224,14 @@ def finish_uncleanly(crawler: Crawler, reason: str, last_word: Callable[[], None
 class StartLogCount(logging.Handler):
     """The log records of a crawler's start that Scrapy's log counter does not see.
 
-    Scrapy 2.14 and later count records (``log_count/<LEVEL>``) only from the spider_opened signal
-    on (the LogCount extension), and CoreStats times the crawl from then too; the redislock start
+    Scrapy counts records (``log_count/<LEVEL>``) only from the spider_opened signal on (the
+    LogCount extension), and CoreStats times the crawl from then too; the redislock start
     (reaching Redis, retried for up to REDISLOCK_CONNECT_TIMEOUT s with a warning each try) runs
     before it, in the scheduler's ``open()``. So a start that fails would dump stats with no
     warning or error counted and an elapsed time of milliseconds. This handler counts, at the
     crawler's LOG_LEVEL and up, what is logged from the start's beginning (when it began before
     spider_opened) until :meth:`hand_over` adds it to the stats; :meth:`timed_from_start` makes a
-    failed start's ``start_time`` and ``elapsed_time_seconds`` span that wait. With an older Scrapy,
-    whose counter is installed with the crawler, :func:`count_start_logs` installs none.
+    failed start's ``start_time`` and ``elapsed_time_seconds`` span that wait.
     """
 
     def __init__(self, crawler: Crawler) -> None:
@@ -269,24 +268,12 @@ class StartLogCount(logging.Handler):
         stats.set_value("elapsed_time_seconds", time.monotonic() - self.began_monotonic)
 
 
-def _scrapy_counts_early(crawler: Crawler) -> bool:
-    """Whether Scrapy's own log counter of this crawler is installed already (Scrapy < 2.14
-    installs it with the crawler)."""
-    from scrapy.utils.log import LogCounterHandler
-
-    return any(
-        isinstance(handler, LogCounterHandler) and getattr(handler, "crawler", None) is crawler
-        for handler in logging.root.handlers
-    )
-
-
 def count_start_logs(crawler: Crawler) -> StartLogCount:
-    """The crawler's one :class:`StartLogCount`, counting from now unless Scrapy already does."""
+    """The crawler's one :class:`StartLogCount`, counting from now."""
 
     def make() -> StartLogCount:
         counter = StartLogCount(crawler)
-        if not _scrapy_counts_early(crawler):
-            counter.install()
+        counter.install()
         return counter
 
     return one_per_crawler(crawler, "_redislock_start_logs", make)

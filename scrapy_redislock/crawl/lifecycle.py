@@ -121,7 +121,7 @@ class Lifecycle:
         self._shutdown_trigger: Any = None
         # acquire() calls in progress, cancelled on close
         self.waits: set[asyncio.Task[Any]] = set()
-        # what the start logs before Scrapy counts (Scrapy >= 2.14 counts from spider_opened)
+        # what the start logs before Scrapy counts (it counts from spider_opened)
         self.start_logs: StartLogCount | None = None
         self.opened = False  # the spider_opened signal came
         locks.crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)

@@ -179,8 +179,7 @@ class LockCore:
             raise InvalidArgument(f"reentrant=True needs limit=1 (a mutex), got limit={limit!r}")
         if check_flag(light, "light") and (reentrant or replicas):
             raise InvalidArgument(
-                "light=True is for locks met at run time: neither reentrant nor replicas (got "
-                f"reentrant={reentrant!r}, replicas={replicas!r})"
+                f"light=True is for locks met at run time: neither reentrant nor replicas (got reentrant={reentrant!r}, replicas={replicas!r})"  # noqa: E501
             )
         ident = default_identity()
         ident.update(identity or {})

@@ -48,8 +48,6 @@ def release_grant(core: Core, permit: Permit, confirm: bool) -> Operation[bool]:
         acked = yield from core.wait_replicas()
         if acked < core.replicas:
             raise NotReplicated(
-                f"lock {core.name!r}: release of {permit.grant} done, but acknowledged by "
-                f"{acked} of {core.replicas} replica(s): a failover before they have it brings "
-                "the slot back held for a lease"
+                f"lock {core.name!r}: release of {permit.grant} done, but acknowledged by {acked} of {core.replicas} replica(s): a failover before they have it brings the slot back held for a lease"  # noqa: E501
             )
     return result == RELEASED

@@ -577,8 +577,7 @@ def wait_reason(status: StageStatus, now: float | None = None) -> WaitReason:
     if not status.exists:
         return WaitReason(
             "missing",
-            "its lock is missing in Redis (data loss?); the next process to start or renew "
-            "recreates it",
+            "its lock is missing in Redis (data loss?); the next process to start or renew recreates it",
         )
     if status.limit == 0:
         return WaitReason("paused", printable(_paused(status)))
@@ -588,8 +587,7 @@ def wait_reason(status: StageStatus, now: float | None = None) -> WaitReason:
         until = time.strftime("%H:%M:%S", time.localtime(now + left))
         return WaitReason(
             "recovery",
-            f"recovery window after a Redis data loss: {len(reserved)} of {status.limit} slots "
-            f"reserved for the holders that survived, until {until} (in {_short(left)})",
+            f"recovery window after a Redis data loss: {len(reserved)} of {status.limit} slots reserved for the holders that survived, until {until} (in {_short(left)})",  # noqa: E501
         )
     if status.free > 0:
         return WaitReason("free")
@@ -626,8 +624,7 @@ def _held(status: StageStatus) -> WaitReason:
         if oldest > stale_after:
             stale += 1
             parts.append(
-                f"{len(grants)} by {who} (not renewed for {_short(oldest)}: dead? freed when its "
-                f"lease ends in {left})"
+                f"{len(grants)} by {who} (not renewed for {_short(oldest)}: dead? freed when its lease ends in {left})"
             )
         else:
             parts.append(f"{len(grants)} by {who} (lease left {left})")

@@ -209,6 +209,5 @@ class GrantWait:
                 raise
         seen = f"{type(error).__name__}: {error}" if error else f"{acked} acknowledged"
         raise NotReplicated(
-            f"lock {core.name!r}: grant {permit.grant} not acknowledged by {core.replicas} "
-            f"replica(s) ({seen}); given back"
+            f"lock {core.name!r}: grant {permit.grant} not acknowledged by {core.replicas} replica(s) ({seen}); given back"  # noqa: E501
         ) from error

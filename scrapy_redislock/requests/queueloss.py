@@ -5,8 +5,9 @@ back empty: every request queued in the shared queue, and scrapy-redis's dupefil
 scrapy-redis cannot tell: the crawl went on with what the processes had in flight and then ended as
 ``finished``, exit status 0, after a fraction of the pages. Each process reads the queue's epoch
 (``<REDISLOCK_KEY_PREFIX>:shared:{<the spider's queue key>}:epoch``, made when missing by
-``scripts/shared_queue_epoch.lua``) at start and at every renewal tick, with the lengths of the
-queue's keys (in a thread: scrapy-redis's client blocks). Another epoch than the one seen before means the data is gone:
+``crawl/scripts/queue_epoch.lua``, the worker front's too) at start and at every renewal tick, with
+the lengths of the queue's keys (in a thread: scrapy-redis's client blocks). Another epoch than the
+one seen before means the data is gone:
 
 - when this process knew of queued work (the queue held requests at its previous look, or it pushed
   or took one since): ERROR once, naming what was lost and what to do, stat ``redislock/queue_lost``,
@@ -35,8 +36,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scrapy_redislock._redis import ProjectScript, ScriptMode, load_scripts, text
+from scrapy_redislock._redis import ProjectScript, ScriptMode, text
 from scrapy_redislock.crawl.engine import finish_uncleanly
+from scrapy_redislock.crawl.epoch import EPOCH_SCRIPT, crawl_scripts
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 
 if TYPE_CHECKING:
@@ -46,11 +48,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-EPOCH_SCRIPT = "shared_queue_epoch"
-REQUEST_SCRIPTS = (EPOCH_SCRIPT,)  # the request front's scripts (``scripts/<name>.lua``)
 LOST_REASON = "redislock_queue_lost"
 
-__all__ = ["LOST_REASON", "REQUEST_SCRIPTS", "QueueWatch", "SharedQueueKeys"]
+__all__ = ["LOST_REASON", "QueueWatch", "SharedQueueKeys"]
 
 
 class QueueWatch:
@@ -60,7 +60,7 @@ class QueueWatch:
         self.crawler = crawler
         self.shared = shared
         self.key = SharedQueueKeys.of(prefix, shared.key).epoch
-        source = load_scripts("scrapy_redislock.requests", REQUEST_SCRIPTS)[EPOCH_SCRIPT]
+        source = crawl_scripts()[EPOCH_SCRIPT]
         self.script = ProjectScript(shared.server, source, ScriptMode())
         self.epoch: str | None = None  # the epoch seen (None: not read yet)
         self.queued = 0  # requests in the shared queue at the last look
@@ -158,7 +158,7 @@ class SharedQueueKeys:
     """Redis keys the request front keeps beside a shared scrapy-redis queue (in the queue's Redis,
     under REDISLOCK_KEY_PREFIX, so that a scan of the queue's own keys never meets them)."""
 
-    epoch: str  # the queue's epoch (scripts/shared_queue_epoch.lua)
+    epoch: str  # the queue's epoch (crawl/scripts/queue_epoch.lua)
 
     @classmethod
     def of(cls, prefix: str, queue_key: str) -> SharedQueueKeys:

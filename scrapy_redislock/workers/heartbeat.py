@@ -1,6 +1,7 @@
 """Heartbeat: a worker's beats in Redis, what they tell it, and requeueing the dead.
 
-Each beat is one script (see ``scripts/queue_heartbeat.lua``) that promises the next beat within a
+Each beat is one script (``scripts/queue_beat.lua``, its reply a
+:class:`~scrapy_redislock.workers.queue.BeatReply`) that promises the next beat within a
 grace (:func:`~scrapy_redislock.workers.policy.liveness`), names the workers past their promise and
 tells this worker whether it was registered. A worker that finds itself unregistered was taken for
 dead after a stall (it drops what it took ahead: the others have it), or Redis lost the crawl state
@@ -36,7 +37,7 @@ logger = logging.getLogger("scrapy_redislock.workers.scheduler")
 
 
 class Heartbeat:
-    """One worker's beats (see the module docstring)."""
+    """One worker's beats and what it does with their replies (see the module docstring)."""
 
     def __init__(
         self,
@@ -95,8 +96,7 @@ class Heartbeat:
         dropped = len(inflight.drop_ahead())
         self.stats.inc_value("redislock/workers/presumed_dead")
         logger.warning(
-            "Worker %s was silent for the TTL and taken for dead: dropped %d requests taken ahead "
-            "(the others have them), %d started here may get fetched twice",
+            "Worker %s was silent for the TTL and taken for dead: dropped %d requests taken ahead (the others have them), %d started here may get fetched twice",  # noqa: E501
             self.queues.worker,
             dropped,
             len(inflight.handed)
@@ -127,8 +127,7 @@ class Heartbeat:
         if moved:
             self.stats.inc_value("redislock/workers/reclaimed", moved)
             logger.warning(
-                "Worker %s put %d requests back in their queues: popped by a call whose reply was "
-                "lost",
+                "Worker %s put %d requests back in their queues: popped by a call whose reply was lost",
                 self.queues.worker,
                 moved,
             )
@@ -189,9 +188,7 @@ class Heartbeat:
         spider = self.crawler.spidercls.name
         if not knew:
             logger.warning(
-                "Worker %s: the worker queues of spider %r were emptied in Redis (a restart "
-                "without persistence, or FLUSHALL); this worker knew of no queued or in-flight "
-                "work. The dupefilter went with them: pages fetched before may be fetched again",
+                "Worker %s: the worker queues of spider %r were emptied in Redis (a restart without persistence, or FLUSHALL); this worker knew of no queued or in-flight work. The dupefilter went with them: pages fetched before may be fetched again",  # noqa: E501
                 self.queues.worker,
                 spider,
             )
@@ -201,13 +198,7 @@ class Heartbeat:
         # exit status 1 (the idle close's reason is redislock_queue_lost; another is kept)
         finish_uncleanly(self.crawler, "redislock_queue_lost", lambda: None)
         logger.error(
-            "Worker %s: Redis lost the worker queues of spider %r (restarted without persistence, "
-            "flushed, or a replica without them promoted): every request queued in any stage (%d "
-            "at this worker's last look) and in flight in any other worker is gone, the "
-            "dupefilter with them; they cannot be recovered. This worker queues again the %d "
-            "requests it had taken ahead and finishes the %d in progress; once idle it closes as "
-            "redislock_queue_lost (REDISLOCK_IDLE_CLOSE). Keep the queues with Redis persistence "
-            "(appendonly yes), or use the request front, whose queue lives in each process",
+            "Worker %s: Redis lost the worker queues of spider %r (restarted without persistence, flushed, or a replica without them promoted): every request queued in any stage (%d at this worker's last look) and in flight in any other worker is gone, the dupefilter with them; they cannot be recovered. This worker queues again the %d requests it had taken ahead and finishes the %d in progress; once idle it closes as redislock_queue_lost (REDISLOCK_IDLE_CLOSE). Keep the queues with Redis persistence (appendonly yes), or use the request front, whose queue lives in each process",  # noqa: E501
             self.queues.worker,
             spider,
             queued,

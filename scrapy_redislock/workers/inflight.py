@@ -168,11 +168,7 @@ class InFlight:
         if scored and self.order != "priority" and stage not in self.mixed_orders:
             self.mixed_orders.add(stage)
             logger.warning(
-                "Worker %s (SCHEDULER_QUEUE_CLASS in %s order) took %d requests of stage %r from "
-                "%s: they were queued in priority order (scrapy-redis's PriorityQueue, the "
-                "default), by other workers of this spider or before a change of "
-                "SCHEDULER_QUEUE_CLASS; they are fetched, but give every worker of a spider the "
-                "same SCHEDULER_QUEUE_CLASS",
+                "Worker %s (SCHEDULER_QUEUE_CLASS in %s order) took %d requests of stage %r from %s: they were queued in priority order (scrapy-redis's PriorityQueue, the default), by other workers of this spider or before a change of SCHEDULER_QUEUE_CLASS; they are fetched, but give every worker of a spider the same SCHEDULER_QUEUE_CLASS",  # noqa: E501
                 self.queues.worker,
                 self.order.upper(),
                 len(scored),

@@ -75,8 +75,7 @@ class OutageLog:
         if self.since is None:
             self.since = time.monotonic()
             logger.warning(
-                "Worker %s: Redis does not answer (%s, %s); waiting for it, retrying with back-off "
-                "(nothing is dropped; the crawl goes on when it answers)",
+                "Worker %s: Redis does not answer (%s, %s); waiting for it, retrying with back-off (nothing is dropped; the crawl goes on when it answers)",  # noqa: E501
                 self.worker,
                 what,
                 error,

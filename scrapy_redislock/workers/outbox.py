@@ -146,8 +146,7 @@ class Outbox:
             )
         elif self.log_dupes:
             logger.debug(
-                "Filtered duplicate request: %(request)s - no more duplicates will be shown (see "
-                "DUPEFILTER_DEBUG to show all duplicates)",
+                "Filtered duplicate request: %(request)s - no more duplicates will be shown (see DUPEFILTER_DEBUG to show all duplicates)",  # noqa: E501
                 {"request": request},
             )
             self.log_dupes = False

@@ -115,9 +115,7 @@ def idle_close_for(
         seconds = math.nan
     if isinstance(max_idle_time, bool) or not seconds >= 0 or math.isinf(seconds):
         raise ConfigError(
-            "max_idle_time (the spider's attribute or -a max_idle_time=N, as scrapy-redis's "
-            "RedisSpider reads it) "
-            f"must be a number of seconds >= 0 (0 = never close), got {max_idle_time!r}"
+            f"max_idle_time (the spider's attribute or -a max_idle_time=N, as scrapy-redis's RedisSpider reads it) must be a number of seconds >= 0 (0 = never close), got {max_idle_time!r}"  # noqa: E501
         )
     return (seconds if seconds > 0 else None), "max_idle_time"
 

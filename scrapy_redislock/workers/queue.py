@@ -82,6 +82,7 @@ from scrapy_redislock._redis import (
     load_scripts,
     text,
 )
+from scrapy_redislock.crawl.epoch import EPOCH_SCRIPT, crawl_scripts
 from scrapy_redislock.crawl.requestformat import request_from_data
 from scrapy_redislock.errors import ConfigError, InvalidArgument
 from scrapy_redislock.lock.front import waiting_client
@@ -100,7 +101,6 @@ QUEUE_SCRIPTS = (
     "queue_return",
     "queue_clear",
     "queue_bury",
-    "queue_epoch",
     "queue_look",
     "queue_keep",
 )
@@ -145,13 +145,7 @@ def queue_order(queue_class: Any) -> str:
         if found is cls:
             return order
     raise ConfigError(
-        f"SCHEDULER_QUEUE_CLASS = {queue_class!r} cannot order the worker queues: StageWorkerMixin "
-        "keeps its stage "
-        "queues in Redis itself, in the order of one of scrapy-redis's queues; accepted: "
-        "scrapy_redis.queue.PriorityQueue (the default when unset: higher request.priority first), "
-        "scrapy_redis.queue.FifoQueue, scrapy_redis.queue.LifoQueue (or their aliases "
-        "SpiderPriorityQueue, "
-        "SpiderQueue, SpiderStack)"
+        f"SCHEDULER_QUEUE_CLASS = {queue_class!r} cannot order the worker queues: StageWorkerMixin keeps its stage queues in Redis itself, in the order of one of scrapy-redis's queues; accepted: scrapy_redis.queue.PriorityQueue (the default when unset: higher request.priority first), scrapy_redis.queue.FifoQueue, scrapy_redis.queue.LifoQueue (or their aliases SpiderPriorityQueue, SpiderQueue, SpiderStack)"  # noqa: E501
     )
 
 
@@ -230,10 +224,11 @@ def queued(client: RedisClient, keys: QueueKeys, stage: str) -> int:
     return int(listed) + int(scored)
 
 
-class Heartbeat(NamedTuple):
-    """What a beat learns: ``new`` (the worker was not registered: first beat, or taken for dead and
-    reaped), how many entries its in-flight record ``holds`` (0 for a pulse), and workers past their
-    deadline (``dead``, to reap)."""
+class BeatReply(NamedTuple):
+    """What one beat learns (the reply of ``queue_beat.lua``; the worker that beats is
+    :class:`~scrapy_redislock.workers.heartbeat.Heartbeat`): ``new`` (the worker was not registered:
+    first beat, or taken for dead and reaped), how many entries its in-flight record ``holds`` (0 for
+    a pulse), and workers past their deadline (``dead``, to reap)."""
 
     new: bool
     holds: int
@@ -294,7 +289,8 @@ class StageQueues:
         self.scored_ids: set[str] = set()  # of the last pop: the ids taken from a sorted set
         self.ttl = check_ttl(ttl)
         self.worker = worker or new_worker_id()
-        sources = load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)
+        # the epoch script is both fronts' (crawl/scripts/)
+        sources = {**load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS), **crawl_scripts()}
         mode = ScriptMode()  # EVALSHA, or FCALL of the functions an admin loaded (see _redis.py)
         self.scripts = {name: ProjectScript(client, src, mode) for name, src in sources.items()}
         self.blocking = BlockingWait(client)
@@ -473,7 +469,7 @@ class StageQueues:
         *,
         grace: float | None = None,
         pulse: bool = False,
-    ) -> Heartbeat:
+    ) -> BeatReply:
         """:meth:`beat`, how many entries this worker's in-flight record holds, and up to
         ``dead_max`` workers past their deadline (for :meth:`reap`): one script call. The worker
         promises its next beat within ``grace`` seconds (default the ttl). A ``pulse`` only beats
@@ -482,14 +478,14 @@ class StageQueues:
         grace_ms = self.ttl_ms if grace is None else max(1, round(grace * 1000))
         args: list[int | str] = [self.worker, stage or "", grace_ms, dead_max, int(pulse)]
         reply = await self.scripts["queue_beat"](keys=keys, args=args)
-        return Heartbeat(bool(reply[1]), int(reply[2]), [str(text(w)) for w in reply[3:]])
+        return BeatReply(bool(reply[1]), int(reply[2]), [str(text(w)) for w in reply[3:]])
 
     async def epoch(self) -> str:
         """The queues' epoch, made now if missing (one script: GET, and SET when missing). A worker
         reads it only when a beat says it was not registered (its first beat, taken for dead, or
         Redis lost the crawl state): an epoch other than the one it saw before means the crawl state
         is gone, not that it was taken for dead."""
-        return str(text(await self.scripts["queue_epoch"](keys=[self.keys.epoch], args=[])))
+        return str(text(await self.scripts[EPOCH_SCRIPT](keys=[self.keys.epoch], args=[])))
 
     async def reclaim(self, known: Iterable[str] | Callable[[], Iterable[str] | None]) -> int:
         """Put every entry of this worker's in-flight record that is not ``known`` back at the front

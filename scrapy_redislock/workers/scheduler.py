@@ -140,15 +140,12 @@ def worker_stages(crawler: Crawler, settings: RedisLockSettings) -> dict[str, in
     """The spider's worker stages (stage -> max workers), checked: the worker front needs one Redis."""
     if settings.redis.masters:
         raise ConfigError(
-            f"REDISLOCK_URL lists {len(settings.redis.masters)} masters: the worker front needs one "
-            "Redis (its queues live there); a list of masters is for the request front's "
-            "quorum lock"
+            f"REDISLOCK_URL lists {len(settings.redis.masters)} masters: the worker front needs one Redis (its queues live there); a list of masters is for the request front's quorum lock"  # noqa: E501
         )
     stages = dict(settings.worker_stages)
     if not stages:
         raise ConfigError(
-            f"{crawler.spidercls.__name__} needs worker_stages (a dict stage -> max workers "
-            "cluster-wide, None = unlimited) or REDISLOCK_WORKER_STAGES"
+            f"{crawler.spidercls.__name__} needs worker_stages (a dict stage -> max workers cluster-wide, None = unlimited) or REDISLOCK_WORKER_STAGES"  # noqa: E501
         )
     return stages
 
@@ -289,8 +286,7 @@ class StageWorkerScheduler(BaseScheduler):
         idle_close = self.loop.idle_close
         idle = "never" if idle_close is None else f"after {idle_close:g} s with no work anywhere"
         logger.info(
-            "Worker %s: stages %s (preference %s), queues under %s in %s order "
-            "(SCHEDULER_QUEUE_CLASS); idle close: %s (%s)",
+            "Worker %s: stages %s (preference %s), queues under %s in %s order (SCHEDULER_QUEUE_CLASS); idle close: %s (%s)",  # noqa: E501
             self.worker,
             self.stages,
             list(self.policy.preference),
@@ -337,8 +333,7 @@ class StageWorkerScheduler(BaseScheduler):
         memory_only = sum(1 for _, inflight_id in outbox.local if inflight_id is None)
         if memory_only:
             logger.warning(
-                "Closing with %d requests that name no stage unfetched and that the request format "
-                "could not store in Redis; they are lost",
+                "Closing with %d requests that name no stage unfetched and that the request format could not store in Redis; they are lost",  # noqa: E501
                 memory_only,
             )
         # Whatever is still in the in-flight record was popped (or, with no stage, kept) but never
@@ -428,10 +423,7 @@ class StageWorkerScheduler(BaseScheduler):
         self.warned_memory_only = True
         logger.log(
             level,
-            "%s names no stage and cannot be stored in Redis (%s): this worker fetches it from "
-            "memory only, and loses it if it is killed first (give it a callback the request "
-            "format can store, or a stage); further ones at DEBUG, counted in "
-            "redislock/workers/no_stage/memory_only",
+            "%s names no stage and cannot be stored in Redis (%s): this worker fetches it from memory only, and loses it if it is killed first (give it a callback the request format can store, or a stage); further ones at DEBUG, counted in redislock/workers/no_stage/memory_only",  # noqa: E501
             request,
             exc,
         )
@@ -551,9 +543,7 @@ class StageWorkerScheduler(BaseScheduler):
             )
         elif cleared == -1:
             logger.warning(
-                "SCHEDULER_PERSIST is False and this was the last worker, but work is left in "
-                "Redis (queued in a stage, a paused one included, or in flight): the queues are "
-                "kept for the next worker (SCHEDULER_FLUSH_ON_START = True starts afresh)"
+                "SCHEDULER_PERSIST is False and this was the last worker, but work is left in Redis (queued in a stage, a paused one included, or in flight): the queues are kept for the next worker (SCHEDULER_FLUSH_ON_START = True starts afresh)"  # noqa: E501
             )
 
 

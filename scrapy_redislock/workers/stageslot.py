@@ -142,8 +142,7 @@ class StageSlot:
         returned = await self.inflight.give_back_ahead()
         self.stats.inc_value(f"redislock/workers/{stage}/yielded")
         logger.info(
-            "Worker %s leaves stage %r: its limit is %d now and this slot is one of the newest; "
-            "gave %d unstarted requests back, %d in progress finish first",
+            "Worker %s leaves stage %r: its limit is %d now and this slot is one of the newest; gave %d unstarted requests back, %d in progress finish first",  # noqa: E501
             self.worker,
             stage,
             limit,
@@ -171,8 +170,7 @@ class StageSlot:
         # StageLocks counted it: redislock/workers/<stage>/lost
         returned = await self.inflight.give_back_ahead()
         logger.warning(
-            "Worker %s lost its slot of stage %r; gave %d unstarted requests back, %d in progress "
-            "finish here",
+            "Worker %s lost its slot of stage %r; gave %d unstarted requests back, %d in progress finish here",
             self.worker,
             stage,
             returned,

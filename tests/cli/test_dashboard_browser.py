@@ -8,6 +8,7 @@ Set REDISLOCK_DASHBOARD_SCREENSHOT=docs/dashboard.png to keep the screenshot for
 from __future__ import annotations
 
 import base64
+import functools
 import os
 import shutil
 import signal
@@ -29,6 +30,7 @@ from example_project.run import HERE, SLOTS, arguments, seed, worker_command
 from scrapy_redislock.lock.permit import LockKeys
 from testing.dashboardproc import DashboardProcess
 from testing.site import ShopSite
+from testing.waiting import wait_until
 from tests.cli.test_main import call
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -46,22 +48,6 @@ pytestmark = [
         "apt-get install chromium chromium-driver)",
     ),
 ]
-
-
-def wait_for(condition: Callable[[], T], timeout: float, what: str) -> T:
-    """Poll until ``condition()`` is truthy (page elements may be re-rendered meanwhile); its
-    value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = condition()
-        except StaleElementReferenceException:
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -104,6 +90,10 @@ def crawl(
                 if worker.poll() is None:
                     worker.kill()
                 worker.wait()
+
+
+# The page re-renders its elements every second: one gone stale while it was read is "not yet".
+wait_on_page = functools.partial(wait_until, step=0.05, ignore=(StaleElementReferenceException,))
 
 
 def fresh(read: Callable[..., T]) -> Callable[..., T]:
@@ -170,14 +160,14 @@ def test_the_dashboard_follows_a_live_crawl(
     ) as dashboard:
         # The page shows the stages of the running crawl, and its workers, all alive.
         browser.get(dashboard.url + "/")
-        wait_for(
+        wait_on_page(
             lambda: stage_cell(browser, "workers:detail", "limit") == "3",
             60,
             "the detail stage on the page",
         )
         assert stage_cell(browser, "workers:list", "limit") == "1"
         pids = {str(worker.pid) for worker in crawl}
-        wait_for(
+        wait_on_page(
             lambda: (
                 {w.split(":")[-2] for w, s in worker_states(browser).items() if s == "alive"}
                 == pids
@@ -185,7 +175,7 @@ def test_the_dashboard_follows_a_live_crawl(
             60,
             "the 3 workers alive on the page",
         )
-        wait_for(
+        wait_on_page(
             lambda: int(stage_cell(browser, "workers:detail", "held") or 0) >= 1,
             60,
             "a detail slot held",
@@ -193,25 +183,27 @@ def test_the_dashboard_follows_a_live_crawl(
 
         # Control is refused without the token: the page says so, and Redis keeps its limit.
         set_limit_on_the_page(browser, "workers:detail", 1)
-        wait_for(lambda: message(browser).startswith("refused:"), 10, "the refusal on the page")
+        wait_on_page(lambda: message(browser).startswith("refused:"), 10, "the refusal on the page")
         assert "token" in message(browser)
         assert redis_client.hget(meta("workers:detail"), "limit") == b"3"
 
         # With the token (the link the dashboard printed), the page steers.
         browser.get(f"{dashboard.url}/#token={dashboard.token}")
-        wait_for(
+        wait_on_page(
             lambda: stage_cell(browser, "workers:detail", "limit") == "3", 30, "the page again"
         )
         assert "#token" not in browser.current_url  # taken off the address bar at once
         set_limit_on_the_page(browser, "workers:detail", 2)
-        wait_for(lambda: "limit 3 -> 2" in message(browser), 10, "the page's set-limit to succeed")
+        wait_on_page(
+            lambda: "limit 3 -> 2" in message(browser), 10, "the page's set-limit to succeed"
+        )
         assert redis_client.hget(meta("workers:detail"), "limit") == b"2"
 
         # A set-limit from the command line shows on the page within 2 s.
         code, _, err = call("set-limit", "workers:detail", "3", "--url", redis_url)
         assert code == 0, err
         changed = time.monotonic()
-        wait_for(
+        wait_on_page(
             lambda: stage_cell(browser, "workers:detail", "limit") == "3",
             10,
             "the CLI's limit on the page",
@@ -227,7 +219,7 @@ def test_the_dashboard_follows_a_live_crawl(
         victim.send_signal(signal.SIGKILL)
         victim.wait()
         assert worker_states(browser)[victim_id] == "alive"
-        wait_for(
+        wait_on_page(
             lambda: worker_states(browser).get(victim_id) == "dead",
             TTL + 15,
             "the killed worker dead",

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from scrapy_redislock.errors import ConfigError
 from testing.crawlproc import ROOT, SPIDER, Crawl, leftover
 from testing.redis_server import RedisClusterServers, RedisSentinelServers, RedisServer
 from testing.site import CrawlSite, longest_pause, most_at_once, served
+from testing.waiting import wait_until
 
 WORKER_SPIDER = ROOT / "testing" / "spiders" / "workerspider.py"
 # The mixin sets its own scheduler; a worker closes after 1 s with no work anywhere.
@@ -290,8 +291,10 @@ def test_worker_front_follows_a_sentinel_failover_every_page_at_least_once(
     )
     # every request pushed (the workers yield them as the crawl goes)
     with master_client(sentinels) as client:
-        assert wait_until(
-            lambda: client.scard("redislock:{staged}:dupefilter") == sum(plan.values())
+        wait_until(
+            lambda: client.scard("redislock:{staged}:dupefilter") == sum(plan.values()),
+            30,
+            "every request pushed",
         )
     sentinels.wait_synced()  # every push is on the replica; pops, acks and grants go on while it dies
     # mid-crawl
@@ -473,15 +476,6 @@ def test_a_crawl_started_while_sentinel_fails_over_waits_for_the_new_master(
             assert leftover(client) == 0
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def wait_count(crawl: Crawl, text: str, count: int, timeout: float) -> bool:
     """Wait until the process has written ``text`` ``count`` times (or exited, or ``timeout``
     passed)."""
@@ -645,8 +639,10 @@ def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) 
             lambda: min(site.done(p) for p in ("list", "l2", "l3", "x")) >= 10, timeout=60
         )
         with redis.Redis(port=victim.port) as client:  # every request pushed, and on the replica
-            assert wait_until(
-                lambda: client.scard("redislock:{staged}:dupefilter") == 60, timeout=90
+            wait_until(
+                lambda: client.scard("redislock:{staged}:dupefilter") == 60,
+                90,
+                "every request pushed",
             )
         with cluster_client(nodes) as client:
             assert client.exists("plan:requests") == 0

@@ -27,8 +27,9 @@ from scrapy_redislock.lock.quorum import AsyncQuorumCountingLock, QuorumPermit
 from scrapy_redislock.workers.mixin import StageWorkerMixin
 from scrapy_redislock.workers.scheduler import StageWorkerScheduler
 from testing.crawlproc import leftover
-from testing.inprocess import front, request, until
+from testing.inprocess import front, request
 from testing.redis_server import RedisServer, free_port
+from testing.waiting import until
 
 MASTERS = 3
 

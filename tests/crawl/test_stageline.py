@@ -16,7 +16,8 @@ from scrapy_redislock import AsyncCountingLock
 from scrapy_redislock.errors import AcquireTimeout
 from scrapy_redislock.lock.permit import Permit
 from testing.crawlproc import leftover
-from testing.inprocess import Front, front, held, request, until
+from testing.inprocess import Front, front, held, request
+from testing.waiting import until
 
 pytestmark = pytest.mark.integration
 

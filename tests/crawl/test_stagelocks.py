@@ -13,7 +13,8 @@ import redis
 from scrapy_redislock.errors import AcquireTimeout
 from scrapy_redislock.lock.permit import Permit
 from testing.crawlproc import leftover
-from testing.inprocess import front, held, request, until
+from testing.inprocess import front, held, request
+from testing.waiting import until
 
 pytestmark = pytest.mark.integration
 

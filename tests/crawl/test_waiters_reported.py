@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from scrapy_redislock import CountingLock
 from scrapy_redislock.cli.main import main
 from testing.crawlproc import Crawl, leftover
 from testing.site import CrawlSite
+from testing.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 
@@ -35,15 +35,6 @@ def stage_status(url: str, stage: str) -> dict[str, Any]:
 def crawl_waiting(url: str, stage: str) -> int:
     """What the crawl process (spider ``plan``) reports waiting for the stage."""
     return sum(p["waiting"] for p in stage_status(url, stage)["processes"] if p["spider"] == "plan")
-
-
-def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def test_waiters_are_reported_until_their_waits_end_not_until_the_process_exits(
@@ -65,13 +56,17 @@ def test_waiters_are_reported_until_their_waits_end_not_until_the_process_exits(
     }
     crawl = Crawl(site.url, "list:3,free:1:sleep=12", settings, tmp_path).start()
     try:
-        assert wait_until(lambda: crawl_waiting(redis_url, "list") > 0, timeout=60), crawl.tail()
+        wait_until(
+            lambda: crawl_waiting(redis_url, "list") > 0, 60, "waiters reported", detail=crawl.tail
+        )
         outsider.release(permit)
         assert site.wait_for(lambda: site.done("list") == 3, timeout=30), crawl.tail()
         done = time.monotonic()
-        assert wait_until(lambda: stage_status(redis_url, "list")["waiters"] == 0, timeout=3), (
-            stage_status(redis_url, "list"),
-            crawl.tail(),
+        wait_until(
+            lambda: stage_status(redis_url, "list")["waiters"] == 0,
+            3,
+            "no waiters reported",
+            detail=lambda: (stage_status(redis_url, "list"), crawl.tail()),
         )
         print(f"waiters shown as 0 {time.monotonic() - done:.2f} s after the last list page")
         # still running: not its exit that did it

@@ -147,7 +147,9 @@ def test_text_decodes_nested_replies() -> None:
     assert text([b"a", [b"0-1", 2], None, "s"]) == ["a", ["0-1", 2], None, "s"]
 
 
-@pytest.mark.parametrize("part", ["scrapy_redislock.lock", "scrapy_redislock.workers"])
+@pytest.mark.parametrize(
+    "part", ["scrapy_redislock.lock", "scrapy_redislock.crawl", "scrapy_redislock.workers"]
+)
 def test_every_script_opens_with_a_keys_argv_returns_header(part: str) -> None:
     folder = resources.files(part) / "scripts"
     names = sorted(

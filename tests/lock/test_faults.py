@@ -20,7 +20,7 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,6 +39,7 @@ from testing.faultproc import (
     report,
 )
 from testing.redis_server import RedisServer
+from testing.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -86,18 +87,6 @@ def leaked(client: redis.Redis) -> int:
         int(client.xpending(key, "holders")["pending"])
         for key in client.scan_iter("redislock:*:slots")
     )
-
-
-def wait_until(
-    predicate: Callable[[], object], timeout: float, what: str, step: float = 0.002
-) -> float:
-    """Poll until ``predicate()``; returns the instant it first held."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(step)
-    return time.monotonic()
 
 
 def blocked(client: redis.Redis) -> int:
@@ -175,12 +164,12 @@ def test_killed_holders_slots_come_back_within_ttl_and_a_renewal(
     killed = time.monotonic()
     for worker in held:
         worker.kill()
-    back = {
-        owner: wait_until(
-            lambda o=owner: not pending_by_consumer(client, name).get(o), 5, "slot back"
+    back = {}  # owner -> the instant its slot was back
+    for owner in owners:
+        wait_until(
+            lambda o=owner: not pending_by_consumer(client, name).get(o), 5, "slot back", step=0.002
         )
-        for owner in owners
-    }
+        back[owner] = time.monotonic()
     for worker in live:
         worker.finish()
     recovery = max(back.values()) - killed
@@ -475,9 +464,13 @@ def test_skewed_wall_clocks_change_nothing(server: RedisServer, workers: list[Wo
     killed = victim.kill()  # the instant before SIGKILL
     reaped = time.monotonic()  # and after it was reaped: the victim died in between
     owner = victim.wait_for("ready")["owner"]
-    back = wait_until(
-        lambda: not pending_by_consumer(client, name).get(owner), 5, "skewed victim's slot back"
+    wait_until(
+        lambda: not pending_by_consumer(client, name).get(owner),
+        5,
+        "skewed victim's slot back",
+        step=0.002,
     )
+    back = time.monotonic()
     for worker in live:
         worker.finish()
     records = hold_records(live)

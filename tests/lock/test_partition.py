@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from urllib.parse import urlsplit
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -15,20 +14,11 @@ import redis
 from scrapy_redislock import CountingLock
 from scrapy_redislock.lock.permit import GROUP, LockKeys, owner_of
 from testing.netproxy import LatencyProxy
+from testing.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 TTL = 30.0  # a lease; the renewal interval is 1 s
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str) -> float:
-    """Seconds until ``condition()`` is true; fails after ``timeout``."""
-    began = time.monotonic()
-    while not condition():
-        if time.monotonic() - began > timeout:
-            pytest.fail(f"not within {timeout} s: {what}")
-        time.sleep(0.01)
-    return time.monotonic() - began
 
 
 def blocked_reads(admin: redis.Redis) -> int:
@@ -45,21 +35,11 @@ def held_by(admin: redis.Redis, name: str) -> dict[str, int]:
     return held
 
 
-@pytest.fixture
-def proxies(redis_url: str) -> Iterator[list[LatencyProxy]]:
-    port = urlsplit(redis_url).port
-    assert port is not None
-    made = [LatencyProxy(port) for _ in range(3)]
-    yield made
-    for proxy in made:
-        proxy.heal()
-        proxy.close()
-
-
 def test_a_silent_process_s_waits_cost_the_others_a_renewal_interval_not_a_lease(
-    redis_client: redis.Redis, proxies: list[LatencyProxy]
+    redis_client: redis.Redis, redis_proxy: Callable[[], LatencyProxy]
 ) -> None:
     name = "partition"
+    proxies = [redis_proxy() for _ in range(3)]
     a, b, c = (
         CountingLock(redis.Redis.from_url(p.url), name, limit=3, ttl=TTL, auto_renew=True)
         for p in proxies
@@ -78,13 +58,13 @@ def test_a_silent_process_s_waits_cost_the_others_a_renewal_interval_not_a_lease
         for _ in range(2):  # c's two waits are first in Redis's line
             threads.append(threading.Thread(target=wait_in, args=(c,), daemon=True))
             threads[-1].start()
-        wait_for(lambda: blocked_reads(redis_client) == 2, 10, "c's two waits blocked in Redis")
+        wait_until(lambda: blocked_reads(redis_client) == 2, 10, "c's two waits blocked in Redis")
         proxies[2].blackhole()  # c goes silent: its waits stay in the line
         cut = time.monotonic()
 
         # a frees its slot: Redis hands it to c's first wait, which cannot confirm it
         assert held[0] is not None and a.release(held[0])
-        wait_for(lambda: held_by(redis_client, name).get(c.owner) == 2, 5, "c's wait handed a")
+        wait_until(lambda: held_by(redis_client, name).get(c.owner) == 2, 5, "c's wait handed a")
         permit = a.acquire(timeout=20)  # fails before the fix: a's slot stays c's for the lease
         taken = time.monotonic() - cut
         # both of c's waits were handed a slot in turn, neither confirmed: a got it back
@@ -96,7 +76,7 @@ def test_a_silent_process_s_waits_cost_the_others_a_renewal_interval_not_a_lease
         # between live processes the hand-off is still at once, in line order
         b_wait = threading.Thread(target=wait_in, args=(b,), daemon=True)
         b_wait.start()
-        wait_for(lambda: blocked_reads(redis_client) == 1, 10, "b waits")
+        wait_until(lambda: blocked_reads(redis_client) == 1, 10, "b waits")
         a.release(permit)
         b_wait.join(10)
         assert len(got) == 1

@@ -12,7 +12,7 @@ import contextlib
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -41,6 +41,7 @@ from scrapy_redislock.lock.permit import GROUP, LIMBO, LockKeys
 from scrapy_redislock.lock.quorum import master_options
 from testing.faultproc import max_overlap
 from testing.redis_server import RedisServer, free_port
+from testing.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -108,14 +109,6 @@ def held_on(server: RedisServer, name: str = "q", limbo: bool = False) -> int:
         except redis.ResponseError:
             return 0
     return sum(int(c["pending"]) for c in consumers if limbo or c["name"].decode() != LIMBO)
-
-
-def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.005)
 
 
 # -- the quorum ------------------------------------------------------------------------------------

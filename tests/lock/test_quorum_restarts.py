@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -35,6 +35,7 @@ from scrapy_redislock.lock.permit import GROUP, LIMBO, LockKeys
 from scrapy_redislock.lock.quorum import master_options
 from testing.inprocess import front
 from testing.redis_server import RedisServer, free_port
+from testing.waiting import until, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -69,22 +70,6 @@ def blocked_ids(server: RedisServer) -> set[str]:
 def pings(server: RedisServer) -> int:
     with admin(server) as client:
         return int(client.info("commandstats").get("cmdstat_ping", {}).get("calls", 0))
-
-
-def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.005)
-
-
-async def until(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.005)
 
 
 @contextlib.contextmanager

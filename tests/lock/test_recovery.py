@@ -19,6 +19,7 @@ import redis
 from scrapy_redislock import CountingLock
 from scrapy_redislock.lock.consumers import ROSTER_MAX
 from testing.redis_server import RedisServer
+from testing.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -42,13 +43,6 @@ def lock(server: RedisServer, limit: int = 2, renews: bool = False) -> CountingL
 def redis_ms(client: redis.Redis) -> int:
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
-
-
-def wait_until(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def test_the_roster_bound_agrees_with_the_scripts() -> None:

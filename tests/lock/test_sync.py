@@ -30,6 +30,7 @@ from testing import lockstate
 from testing.lockstate import AT_ONCE
 from testing.netproxy import LatencyProxy
 from testing.redis_server import RedisServer, find_redis_server, free_port
+from testing.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -49,16 +50,6 @@ def pending(client: redis.Redis, lock: CountingLock, name: str | None = None) ->
 
 def blocked(client: redis.Redis) -> int:
     return int(client.info("clients")["blocked_clients"])
-
-
-def wait_until(
-    predicate: Callable[[], object], timeout: float = 5.0, what: str = "condition"
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        time.sleep(0.005)
 
 
 def grab_all(lock: CountingLock) -> list[Permit]:
@@ -257,7 +248,7 @@ def test_with_statement_releases_and_hands_off_at_once(
     with lock as permit:
         assert pending(redis_client, lock) == 1
         waiter = Waiter(make_lock("list"))
-        wait_until(lambda: blocked(redis_client) == 1, what="waiter blocked")
+        wait_until(lambda: blocked(redis_client) == 1, 5, "waiter blocked")
         time.sleep(0.1)
         assert waiter.result is None
         released_at = time.monotonic()
@@ -281,7 +272,7 @@ def test_reentrant_mutex(redis_client: redis.Redis, make_lock: MakeLock) -> None
     assert lock.acquire(timeout=1) is first and first.holds == 2
     assert lock.try_acquire() is first and first.holds == 3
     waiter = Waiter(lock)  # another thread of the same object must wait
-    wait_until(lambda: blocked(redis_client) == 1, what="other thread blocked")
+    wait_until(lambda: blocked(redis_client) == 1, 5, "other thread blocked")
     assert lock.release(first) is True and first.holds == 2
     assert lock.release(first) is True and first.holds == 1
     time.sleep(0.1)
@@ -305,7 +296,7 @@ def test_raising_the_limit_lets_blocked_waiters_in_at_once(
     waiters = []
     for n in range(1, 4):  # one at a time: Redis serves blocked waiters in the order they blocked
         waiters.append(Waiter(make_lock(limit=1)))
-        wait_until(lambda n=n: blocked(redis_client) == n, what=f"{n} waiter(s) blocked")
+        wait_until(lambda n=n: blocked(redis_client) == n, 5, f"{n} waiter(s) blocked")
     time.sleep(0.05)
     raised_at = time.monotonic()
     assert make_lock(limit=1).set_limit(3) == 1
@@ -357,7 +348,7 @@ def test_limit_zero_blocks_until_raised(redis_client: redis.Redis, make_lock: Ma
     with pytest.raises(AcquireTimeout):
         lock.acquire(timeout=0.2)
     waiter = Waiter(lock)
-    wait_until(lambda: blocked(redis_client) == 1, what="waiter blocked")
+    wait_until(lambda: blocked(redis_client) == 1, 5, "waiter blocked")
     lock.set_limit(1)
     assert waiter.permit().fence >= 1
 
@@ -388,12 +379,12 @@ def test_an_abandoned_lease_expires_and_a_waiter_gets_the_slot(
     stale = stalled.acquire(timeout=5)
     waiter = Waiter(make_lock(ttl=ttl))
     reaper = make_lock(ttl=ttl)
-    wait_until(lambda: blocked(redis_client) == 1, what="waiter blocked")
+    wait_until(lambda: blocked(redis_client) == 1, 5, "waiter blocked")
     reaper.maintain()  # a young lease is not reaped
     time.sleep(ttl / 2)
     reaper.maintain()
     assert waiter.result is None and pending(redis_client, reaper) == 1
-    wait_until(lambda: time.monotonic() - acquired_at > ttl + 0.02)
+    wait_until(lambda: time.monotonic() - acquired_at > ttl + 0.02, 5, "the lease to expire")
     reaped_at = time.monotonic()
     reaper.maintain()
     granted = waiter.permit()
@@ -442,7 +433,7 @@ def test_auto_renew_keeps_the_lease_and_on_lost_reports_an_operator_release(
     assert not lost and not permit.lost
     assert operator_release(redis_client, lock) == 1  # e.g. `release STAGE HOLDER`
     released_at = time.monotonic()
-    wait_until(lambda: lost, timeout=2, what="on_lost")
+    wait_until(lambda: lost, 2, "on_lost")
     assert time.monotonic() - released_at < ttl / 3 + 0.2  # reported by the next renewal tick
     assert lost == [permit] and permit.lost and lock.held == []
     assert lock.release(permit) is False
@@ -505,7 +496,7 @@ def test_a_grant_whose_reply_came_after_its_lease_ran_out_is_not_used(
         slow = CountingLock(slow_client, "detail", 1, ttl, maintain_loop=False)
         try:
             waiter = Waiter(slow)
-            wait_until(lambda: blocked(redis_client) == 1, what="waiter blocked")
+            wait_until(lambda: blocked(redis_client) == 1, 5, "waiter blocked")
             proxy.blackhole("down")  # Redis's replies held back, commands go on
             # Redis hands the slot to the waiter; the reply stays in the proxy
             assert holder.release(held) is True
@@ -521,7 +512,7 @@ def test_a_grant_whose_reply_came_after_its_lease_ran_out_is_not_used(
             taken = other.try_acquire()
             assert taken is not None and taken.fence > held.fence
             proxy.heal()
-            wait_until(lambda: blocked(redis_client) == 1, what="the waiter back in line")
+            wait_until(lambda: blocked(redis_client) == 1, 5, "the waiter back in line")
             assert waiter.result is None  # it did not take the reaped grant for a permit
             assert other.release(taken) is True
             mine = waiter.permit()
@@ -551,7 +542,7 @@ def test_data_loss_holder_readopts_its_slot(redis_client: redis.Redis, make_lock
         summary = redis_client.xpending(holder.keys.slots, "holders")
         return {c["name"].decode(): c["pending"] for c in summary["consumers"]}
 
-    wait_until(lambda: consumers().get(holder.owner) == 1, timeout=2, what="re-adoption")
+    wait_until(lambda: consumers().get(holder.owner) == 1, 2, "re-adoption")
     # one adopted, one reserved for other survivors
     assert consumers() == {holder.owner: 1, "__limbo__": 1}
     assert not lost and not permit.lost and holder.held == [permit]
@@ -581,7 +572,7 @@ def test_data_loss_then_a_newcomer_first_reports_the_lease_lost(
     lockstate.after_a_renewal(redis_client, holder.keys, permit.grant)
     redis_client.flushdb()
     taken = newcomer.acquire(timeout=0)  # recreated fresh, before the holder's next renewal
-    wait_until(lambda: lost, timeout=5, what="on_lost")
+    wait_until(lambda: lost, 5, "on_lost")
     assert lost == [permit] and pending(redis_client, holder) == 1
     assert holder.release(permit) is False
     assert newcomer.release(taken) is True
@@ -729,7 +720,7 @@ def test_smoke_a_long_waiter_survives_being_forgotten(
     holder = make(ttl=ttl, auto_renew=True)
     held = holder.acquire(timeout=5)
     waiter = Waiter(make(ttl=ttl))
-    wait_until(lambda: blocked(client) == 1, what="waiter blocked")
+    wait_until(lambda: blocked(client) == 1, 5, "waiter blocked")
     time.sleep(4 * ttl)
     consumers = {c["name"].decode() for c in client.xinfo_consumers(holder.keys.slots, "holders")}
     assert waiter.lock.owner not in consumers  # forgotten while blocked

@@ -22,7 +22,8 @@ from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.permit import LockKeys, Permit
 from scrapy_redislock.lock.protocol import drive
 from testing.crawlproc import leftover
-from testing.inprocess import Front, front, held, request, until
+from testing.inprocess import Front, front, held, request
+from testing.waiting import until
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,8 @@ from scrapy.utils.test import get_crawler
 from scrapy_redislock import StageLockMiddleware
 from scrapy_redislock.errors import AcquireTimeout, ThrottlingDisabled
 from testing.crawlproc import leftover
-from testing.inprocess import front, held, request, until
+from testing.inprocess import front, held, request
+from testing.waiting import until
 
 pytestmark = pytest.mark.integration
 

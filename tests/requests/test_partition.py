@@ -11,10 +11,9 @@ on). Real crawls (``scrapy runspider``), counted at the site:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -24,18 +23,9 @@ from scrapy_redislock.lock.permit import GROUP, LockKeys
 from testing.crawlproc import Crawl
 from testing.netproxy import LatencyProxy
 from testing.site import CrawlSite
+from testing.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str) -> float:
-    """Seconds until ``condition()`` is true; fails after ``timeout``."""
-    began = time.monotonic()
-    while not condition():
-        if time.monotonic() - began > timeout:
-            pytest.fail(f"not within {timeout} s: {what}")
-        time.sleep(0.02)
-    return time.monotonic() - began
 
 
 def settings(url: str, name: str, **more: Any) -> dict[str, Any]:
@@ -89,20 +79,15 @@ def unconfirmed_grants(client: redis.Redis, pid: int) -> int:
     )
 
 
-@pytest.fixture
-def proxy(redis_url: str) -> Iterator[LatencyProxy]:
-    port = urlsplit(redis_url).port
-    assert port is not None
-    with LatencyProxy(port) as made:
-        yield made
-        made.heal()
-
-
 def test_the_healthy_processes_get_the_silent_one_s_waits_slots_back_and_go_on(
-    redis_url: str, redis_client: redis.Redis, proxy: LatencyProxy, tmp_path: Path
+    redis_url: str,
+    redis_client: redis.Redis,
+    redis_proxy: Callable[[], LatencyProxy],
+    tmp_path: Path,
 ) -> None:
     """TTL 30 s (a renewal interval of 1 s); before the fix, the two healthy processes started no
     detail request for up to a lease after the cut."""
+    proxy = redis_proxy()
     with CrawlSite(delay=0.2) as site:
         common = {"REDISLOCK_TTL": 30}
         silent = Crawl(site.url, "detail:150", settings(proxy.url, "c", **common), tmp_path).start()
@@ -114,11 +99,11 @@ def test_the_healthy_processes_get_the_silent_one_s_waits_slots_back_and_go_on(
         ]
         crawls = [silent, *healthy]
         try:
-            wait_for(lambda: served_by(site, {"a", "b", "c"}) >= 30, 60, "all three crawling")
+            wait_until(lambda: served_by(site, {"a", "b", "c"}) >= 30, 60, "all three crawling")
             assert silent.process is not None
             # cut it while it holds at most one slot (its share; what it holds stays its own for
             # the lease: it may be downloading with it)
-            wait_for(
+            wait_until(
                 lambda: confirmed_grants(redis_client, silent.process.pid) <= 1,  # type: ignore[union-attr]
                 30,
                 "the silent process holds one slot at most",
@@ -130,12 +115,12 @@ def test_the_healthy_processes_get_the_silent_one_s_waits_slots_back_and_go_on(
             # the slots freed since go first to its waits (they stay in Redis's line), which cannot
             # confirm them: Redis takes each back after about a renewal interval, and the healthy
             # ones get them (before the fix: each was lost for the lease, 30 s)
-            wait_for(
+            wait_until(
                 lambda: unconfirmed_grants(redis_client, silent.process.pid) >= 1,  # type: ignore[union-attr]
                 10,
                 "a slot handed to a wait of the silent process",
             )
-            wait_for(
+            wait_until(
                 lambda: (
                     unconfirmed_grants(redis_client, silent.process.pid) == 0  # type: ignore[union-attr]
                     and blocked_reads(redis_client) <= 4  # a's and b's waits only
@@ -145,7 +130,7 @@ def test_the_healthy_processes_get_the_silent_one_s_waits_slots_back_and_go_on(
                 f"the healthy processes hold the {3 - kept} slots the silent one does not keep",
             )
             back = time.monotonic() - cut
-            wait_for(
+            wait_until(
                 lambda: served_by(site, {"a", "b"}) >= before + 40,
                 30,
                 "the healthy processes go on crawling",
@@ -166,11 +151,15 @@ def test_the_healthy_processes_get_the_silent_one_s_waits_slots_back_and_go_on(
 
 
 def test_a_cut_off_holder_s_downloads_end_before_its_slots_go_to_others(
-    redis_url: str, redis_client: redis.Redis, proxy: LatencyProxy, tmp_path: Path
+    redis_url: str,
+    redis_client: redis.Redis,
+    redis_proxy: Callable[[], LatencyProxy],
+    tmp_path: Path,
 ) -> None:
     """TTL 3 s, 6 s pages: before the fix, the cut-off holder's downloads ran on after Redis had
     given their slots to the others (5 in flight at the site, cap 3). Now every capped download
     ends within its slot's lease as last confirmed: here each is cut (a page longer than a lease)."""
+    proxy = redis_proxy()
     with CrawlSite(delay=6) as site:
         site.watch_disconnects = True  # an aborted download leaves the site's count at once
         common = {"REDISLOCK_TTL": 3, "DOWNLOAD_TIMEOUT": 20, "REDISLOCK_WAITERS_PER_STAGE": 3}
@@ -182,22 +171,22 @@ def test_a_cut_off_holder_s_downloads_end_before_its_slots_go_to_others(
         holder = Crawl(site.url, "detail:3", settings(proxy.url, "c", **common), tmp_path).start()
         others: list[Crawl] = []
         try:
-            wait_for(lambda: blocked_reads(redis_client) >= 2, 60, "the holder waits")
+            wait_until(lambda: blocked_reads(redis_client) >= 2, 60, "the holder waits")
             others = [
                 Crawl(
                     site.url, f"detail:3:p={name}", settings(redis_url, name, **common), tmp_path
                 ).start()
                 for name in ("a", "b")
             ]
-            wait_for(lambda: blocked_reads(redis_client) >= 4, 60, "the others wait behind it")
+            wait_until(lambda: blocked_reads(redis_client) >= 4, 60, "the others wait behind it")
             for permit in held:
                 rival.release(permit)
-            wait_for(lambda: in_flight_of(site, {"c"}) >= 2, 30, "the holder downloads")
+            wait_until(lambda: in_flight_of(site, {"c"}) >= 2, 30, "the holder downloads")
             proxy.blackhole()  # cut off while holding: its leases run out unrenewed
             # the others get the slots once the holder's leases ran out; by then its downloads
             # were aborted
-            wait_for(lambda: in_flight_of(site, {"c"}) == 0, 30, "the holder's downloads over")
-            wait_for(lambda: served_by(site, {"a", "b"}) >= 6, 60, "the others' downloads over")
+            wait_until(lambda: in_flight_of(site, {"c"}) == 0, 30, "the holder's downloads over")
+            wait_until(lambda: served_by(site, {"a", "b"}) >= 6, 60, "the others' downloads over")
             assert site.max_in_flight["detail"] <= 3, site.samples
         finally:
             proxy.heal()

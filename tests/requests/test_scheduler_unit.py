@@ -21,7 +21,8 @@ from scrapy_redislock import AsyncCountingLock
 from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.requests import stagequeue
 from testing.crawlproc import leftover
-from testing.inprocess import front, held, request, until
+from testing.inprocess import front, held, request
+from testing.waiting import until
 
 pytestmark = pytest.mark.integration
 PACKAGE = Path(__file__).resolve().parents[2] / "scrapy_redislock"

@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -37,6 +36,7 @@ from scrapy_redislock.workers.scheduler import StageWorkerScheduler
 from testing.crawlproc import ROOT, settings_args, staged_worker
 from testing.site import CrawlSite, ShopSite
 from testing.spiders.workerspider import StagedSpider
+from testing.waiting import wait_until
 from tests.workers.test_mixin import ENV, EXAMPLE, finish, held_slots, stat
 from tests.workers.test_redis_faults import finish_reason
 
@@ -89,17 +89,11 @@ class DroppedCount:
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def wait_for(
-    condition: Callable[[], Any], timeout: float, what: str, worker: subprocess.Popen[str]
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if worker.poll() is not None:
-            raise AssertionError(
-                f"the worker ended while waiting for {what}:\n{worker.communicate()[0][-3000:]}"
-            )
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+def ended(worker: subprocess.Popen[str]) -> Callable[[], str | None]:
+    """For wait_until: that the worker ended, with its last output."""
+    return lambda: (
+        None if worker.poll() is None else f"the worker ended:\n{worker.communicate()[0][-3000:]}"
+    )
 
 
 def set_limit(admin_url: str, limit: int) -> None:
@@ -172,11 +166,11 @@ def test_a_worker_fetches_in_the_order_of_scheduler_queue_class(
         }
         worker = staged_worker(redis_url, site.url, f"a:{COUNT}", settings)
         try:
-            wait_for(
+            wait_until(
                 lambda: queued(redis_client, KEYS, "a") == COUNT,
                 60,
                 "every start request queued",
-                worker,
+                ended=ended(worker),
             )
             assert not site.hits
             set_limit(admin_url, 1)
@@ -417,8 +411,11 @@ def test_max_idle_time_0_idles_for_ever_as_in_scrapy_redis(
             target=lambda: lines.extend(iter(worker.stdout.readline, "")), daemon=True
         )
         reader.start()
-        wait_for(
-            lambda: len(site.hits) == 3 and site.last_served is not None, 60, "the pages", worker
+        wait_until(
+            lambda: len(site.hits) == 3 and site.last_served is not None,
+            60,
+            "the pages",
+            ended=ended(worker),
         )
         assert site.last_served is not None
         idle_from_ms = (site.last_served + 3.0) * 1000  # wall clock, as Redis's on this machine
@@ -427,7 +424,7 @@ def test_max_idle_time_0_idles_for_ever_as_in_scrapy_redis(
             beats = redis_client.zrange(KEYS.alive, 0, -1, withscores=True)
             return bool(beats) and beats[0][1] > idle_from_ms
 
-        wait_for(beat_after, 30, "a heartbeat 3 s after the last page", worker)
+        wait_until(beat_after, 30, "a heartbeat 3 s after the last page", ended=ended(worker))
         assert worker.poll() is None
         worker.send_signal(signal.SIGINT)
         worker.wait(timeout=60)

@@ -8,9 +8,7 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis
@@ -18,6 +16,7 @@ import redis
 from testing.crawlproc import staged_worker
 from testing.redis_server import RedisServer
 from testing.site import CrawlSite
+from testing.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 PAGES = 20
@@ -38,13 +37,6 @@ def finish(process: subprocess.Popen[str], timeout: float = 90) -> tuple[int, st
 def finish_reason(output: str) -> str | None:
     found = re.search(r"'finish_reason': '([^']+)'", output)
     return found.group(1) if found else None
-
-
-def wait_until(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def nobody_alive(client: redis.Redis, ttl_ms: int) -> bool:

@@ -35,6 +35,7 @@ from scrapy_redislock.workers.scheduler import StageWorkerScheduler
 from testing.crawlproc import settings_args, staged_worker
 from testing.site import CrawlSite, ShopSite
 from testing.spiders.workerspider import StagedSpider
+from testing.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "example_project"
@@ -252,14 +253,6 @@ def small_shop() -> Iterator[ShopSite]:
         yield site
 
 
-def wait_for(condition: Any, timeout: float, what: str) -> float:
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, f"timed out waiting for {what}"
-        time.sleep(0.02)
-    return time.monotonic() - started
-
-
 @pytest.mark.integration
 @pytest.mark.crawl
 def test_an_idle_worker_takes_start_urls_pushed_later_at_once_without_blocking_the_reactor(
@@ -274,15 +267,15 @@ def test_an_idle_worker_takes_start_urls_pushed_later_at_once_without_blocking_t
         "shop", redis_url, audit, REDISLOCK_IDLE_CLOSE="None", MAX_IDLE_TIME_BEFORE_CLOSE=0
     )
     try:
-        wait_for(lambda: redis_client.zcard("redislock:{shop}:alive"), 60, "the worker to open")
+        wait_until(lambda: redis_client.zcard("redislock:{shop}:alive"), 60, "the worker to open")
         time.sleep(1.0)  # idle
         assert worker.poll() is None and not small_shop.hits
         for i in range(2):
             pages = sum(small_shop.hits.values())
             redis_client.rpush("shop:start_urls", json.dumps({"url": small_shop.list_urls()[i]}))
-            latency = wait_for(lambda i=i: f"/list/{i}" in small_shop.hits, 10, f"list page {i}")
+            latency = wait_until(lambda i=i: f"/list/{i}" in small_shop.hits, 10, f"list page {i}")
             assert latency < 1.0, f"start URL {i} waited {latency:.2f} s"
-            wait_for(
+            wait_until(
                 lambda p=pages: sum(small_shop.hits.values()) == p + 1 + 3 + 3,
                 10,
                 "the list's pages",
@@ -335,7 +328,7 @@ def test_a_worker_that_loses_its_slot_gives_its_unstarted_requests_back(
         worker = staged_worker(
             redis_url, site.url, "", {"REDISLOCK_WORKER_STAGES": {"a": 1}, "REDISLOCK_TTL": 1.5}
         )
-        wait_for(lambda: len(site.hits) >= 4, 60, "the crawl to start")
+        wait_until(lambda: len(site.hits) >= 4, 60, "the crawl to start")
         reset = subprocess.run(
             [
                 sys.executable,
@@ -453,7 +446,7 @@ def test_a_stalled_worker_is_taken_for_dead_then_goes_on(
             "REDISLOCK_IDLE_CLOSE": 2,
         }
         workers = [staged_worker(redis_url, site.url, "", settings) for _ in range(2)]
-        wait_for(lambda: len(site.hits) >= 20, 60, "the crawl to start")
+        wait_until(lambda: len(site.hits) >= 20, 60, "the crawl to start")
         workers[0].send_signal(signal.SIGSTOP)
         time.sleep(1.5 + 1.5)
         workers[0].send_signal(signal.SIGCONT)
@@ -504,7 +497,7 @@ def test_a_request_with_no_stage_survives_a_sigkill_of_the_worker_that_yielded_i
         }
         args = {"unstaged": "/other/1?sleep=4"}
         first = staged_worker(redis_url, site.url, "a:1", settings, args)
-        wait_for(lambda: site.hits["/other/1"] >= 1, 60, "the request with no stage to start")
+        wait_until(lambda: site.hits["/other/1"] >= 1, 60, "the request with no stage to start")
         first.kill()
         first.communicate()
         assert site.hits["/a/0"] == 1 and not answered(site, "/other/1")
@@ -538,7 +531,7 @@ def test_requests_popped_by_a_call_whose_reply_was_lost_go_back_at_the_next_beat
             "REDISLOCK_IDLE_CLOSE": 2,
         }
         worker = staged_worker(redis_url, site.url, "", settings)
-        wait_for(lambda: len(site.hits) >= 10, 60, "the crawl to start")
+        wait_until(lambda: len(site.hits) >= 10, 60, "the crawl to start")
         (worker_id,) = [w.decode() for w in redis_client.zrange("redislock:{staged}:alive", 0, -1)]
 
         async def lost_pop() -> int:

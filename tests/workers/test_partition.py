@@ -8,27 +8,16 @@ from __future__ import annotations
 
 import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterator
-from urllib.parse import urlsplit
+from collections.abc import Callable
 
 import pytest
 
 from testing.crawlproc import staged_worker
 from testing.netproxy import LatencyProxy
 from testing.site import CrawlSite
+from testing.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str) -> float:
-    """Seconds until ``condition()`` is true; fails after ``timeout``."""
-    began = time.monotonic()
-    while not condition():
-        if time.monotonic() - began > timeout:
-            pytest.fail(f"not within {timeout} s: {what}")
-        time.sleep(0.02)
-    return time.monotonic() - began
 
 
 class Worker:
@@ -59,20 +48,12 @@ def in_flight_of(site: CrawlSite, who: str) -> int:
         return site.workers_in_flight["detail"].get(who, 0)
 
 
-@pytest.fixture
-def proxy(redis_url: str) -> Iterator[LatencyProxy]:
-    port = urlsplit(redis_url).port
-    assert port is not None
-    with LatencyProxy(port) as made:
-        yield made
-        made.heal()
-
-
 def test_a_cut_off_worker_s_downloads_end_before_its_slot_goes_to_another(
-    redis_url: str, proxy: LatencyProxy
+    redis_url: str, redis_proxy: Callable[[], LatencyProxy]
 ) -> None:
     """TTL 3 s, 6 s pages, detail capped at 3 workers, 4 workers: before the fix the cut-off
     worker's downloads ran on after the fourth had taken its slot (4 workers in flight)."""
+    proxy = redis_proxy()
     with CrawlSite(delay=6) as site:
         site.watch_disconnects = True  # an aborted download leaves the site's count at once
         settings = {
@@ -86,20 +67,20 @@ def test_a_cut_off_worker_s_downloads_end_before_its_slot_goes_to_another(
         cut = Worker(staged_worker(proxy.url, site.url, plan, {**settings, "USER_AGENT": "w1"}))
         workers = [cut]
         try:
-            wait_for(lambda: in_flight_of(site, "w1") >= 1, 60, "the first worker downloads")
+            wait_until(lambda: in_flight_of(site, "w1") >= 1, 60, "the first worker downloads")
             workers += [
                 Worker(staged_worker(redis_url, site.url, plan, {**settings, "USER_AGENT": name}))
                 for name in ("w2", "w3", "w4")
             ]
-            wait_for(
+            wait_until(
                 lambda: len(site.workers_in_flight["detail"]) == 3, 60, "three workers download"
             )
-            wait_for(lambda: in_flight_of(site, "w1") >= 1, 30, "the first one downloads")
+            wait_until(lambda: in_flight_of(site, "w1") >= 1, 30, "the first one downloads")
             proxy.blackhole()  # cut off while downloading: its slot's lease runs out unrenewed
-            wait_for(lambda: in_flight_of(site, "w1") == 0, 30, "its downloads over")
+            wait_until(lambda: in_flight_of(site, "w1") == 0, 30, "its downloads over")
             # the worker that had no slot takes it once the lease ran out in Redis
             takers = {"w2", "w3", "w4"}
-            wait_for(
+            wait_until(
                 lambda: len(takers & set(site.workers_in_flight["detail"])) == 3,
                 30,
                 "the other three download",

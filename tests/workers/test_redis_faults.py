@@ -13,8 +13,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,6 +23,7 @@ from scrapy_redislock.workers.queue import QueueKeys, StageQueues
 from testing.crawlproc import staged_worker
 from testing.redis_server import RedisServer
 from testing.site import CrawlSite
+from testing.waiting import wait_until
 from tests.workers.test_mixin import seed, stat
 
 KEYS = QueueKeys.of("redislock", "staged")
@@ -53,6 +52,10 @@ class Worker:
     def running(self) -> bool:
         return self.process.poll() is None
 
+    def ended(self) -> str | None:
+        """For wait_until: that the worker ended, with its last output."""
+        return None if self.running() else f"the worker ended:\n{self.output[-3000:]}"
+
     def finish(self, timeout: float = 90, code: int = 0) -> str:
         try:
             self.process.wait(timeout=timeout)
@@ -72,19 +75,6 @@ class Worker:
             self.process.kill()
         self.process.wait()
         self.reader.join()
-
-
-def wait_for(
-    condition: Callable[[], Any], timeout: float, what: str, worker: Worker | None = None
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if worker is not None and not worker.running():
-            raise AssertionError(
-                f"the worker ended while waiting for {what}:\n{worker.output[-3000:]}"
-            )
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def lines_with(output: str, text: str) -> list[str]:
@@ -119,19 +109,22 @@ def test_a_paused_stage_keeps_an_idle_close_worker_waiting_and_its_queue_then_ev
         }
         worker = Worker(redis_url, site, settings)
         try:
-            wait_for(
-                lambda: redis_client.zcard(KEYS.alive) == 1, 60, "the worker to register", worker
+            wait_until(
+                lambda: redis_client.zcard(KEYS.alive) == 1,
+                60,
+                "the worker to register",
+                ended=worker.ended,
             )
             (name,) = redis_client.zrange(KEYS.alive, 0, -1)
             first = redis_client.zscore(KEYS.alive, name)
             assert first is not None
             # The engine's idle checks come every 5 s: wait for the worker's next heartbeat (6 s
             # later on Redis's clock), after the first of them.
-            wait_for(
+            wait_until(
                 lambda: (redis_client.zscore(KEYS.alive, name) or 0) - first >= 5500,
                 60,
                 "the worker's next heartbeat while the stage is paused",
-                worker,
+                ended=worker.ended,
             )
             assert redis_client.llen(KEYS.queue("a")) == 30, "the paused stage's queue was touched"
             assert not site.hits
@@ -238,7 +231,7 @@ def test_redis_restarted_empty_under_a_worker_is_one_error_a_stat_and_its_own_fi
         }
         worker = Worker(server.url, site, settings)
         try:
-            wait_for(lambda: len(site.hits) >= 5, 60, "the crawl to start", worker)
+            wait_until(lambda: len(site.hits) >= 5, 60, "the crawl to start", ended=worker.ended)
             server.kill()
             server.start()  # empty: no persistence
             output = worker.finish(code=1)  # lost work is no clean exit
@@ -274,16 +267,16 @@ def test_a_redis_outage_is_one_warning_then_one_info_line_no_error_no_traceback_
         }
         worker = Worker(server.url, site, settings)
         try:
-            wait_for(lambda: len(site.hits) >= 10, 60, "the crawl to start", worker)
+            wait_until(lambda: len(site.hits) >= 10, 60, "the crawl to start", ended=worker.ended)
             server.kill()
-            wait_for(
+            wait_until(
                 lambda: (
                     "Redis does not answer" in worker.output
                     or "Worker loop failed" in worker.output
                 ),
                 30,
                 "the worker to see the outage",
-                worker,
+                ended=worker.ended,
             )
             server.start()  # its data back from the AOF
             output = worker.finish()

@@ -40,6 +40,7 @@ from scrapy_redislock.cli.status import read_all
 from scrapy_redislock.workers.queue import QueueKeys
 from testing.crawlproc import staged_worker
 from testing.site import CrawlSite
+from testing.waiting import wait_until
 from tests.workers.test_mixin import held_slots, seed, stat
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
@@ -113,16 +114,6 @@ def workers(
                 worker.process.wait()
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, step: float = 0.01) -> float:
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, (
-            f"timed out after {timeout} s waiting for {what}"
-        )
-        time.sleep(step)
-    return time.monotonic() - started
-
-
 def set_limit(url: str, limit: int) -> None:
     out, err = io.StringIO(), io.StringIO()
     assert cli(["set-limit", "workers:a", str(limit), "--url", url], stdout=out, stderr=err) == 0, (
@@ -194,16 +185,16 @@ def test_lowering_a_worker_stage_moves_the_newest_workers_off_it_at_the_next_ren
             "REDISLOCK_IDLE_CLOSE": 2,
         }
         with workers(redis_url, site, 3, settings) as running:
-            wait_for(all_fetching(site, 3), 90, "3 workers fetching pages of stage a")
+            wait_until(all_fetching(site, 3), 90, "3 workers fetching pages of stage a")
             lowered = time.monotonic()
             set_limit(admin_url, 1)
-            wait_for(lambda: one_worker_since(site, lowered), 30, "one worker alone on stage a")
+            wait_until(lambda: one_worker_since(site, lowered), 30, "one worker alone on stage a")
             stayer, cut = one_worker_since(site, lowered)  # type: ignore[misc]
             took_effect = cut - lowered
-            wait_for(lambda: held_slots(redis_client) == 1, 10, "one slot held")
+            wait_until(lambda: held_slots(redis_client) == 1, 10, "one slot held")
             raised = time.monotonic()
             set_limit(admin_url, 3)
-            wait_for(
+            wait_until(
                 lambda: len(site.workers_in_flight["a"]) >= 2,
                 ttl / 3 + 10,
                 "a second worker back on a",
@@ -245,10 +236,10 @@ def test_pausing_a_worker_stage_stops_its_fetching_at_the_next_renewal_and_loses
             "REDISLOCK_IDLE_CLOSE": 2,
         }
         with workers(redis_url, site, 3, settings) as running:
-            wait_for(all_fetching(site, 3), 90, "3 workers fetching pages of stage a")
+            wait_until(all_fetching(site, 3), 90, "3 workers fetching pages of stage a")
             paused = time.monotonic()
             set_limit(admin_url, 0)
-            wait_for(
+            wait_until(
                 lambda: (
                     held_slots(redis_client) == 0 and stage_a_quiet_since(site, paused) is not None
                 ),
@@ -261,7 +252,7 @@ def test_pausing_a_worker_stage_stops_its_fetching_at_the_next_renewal_and_loses
             quiet_ms = int(seconds) * 1000 + int(micros) // 1000
             # Still paused after every worker has beaten (and looked at the queues) again at its own
             # pace since then.
-            wait_for(
+            wait_until(
                 lambda: (
                     len(beats := redis_client.zrange(KEYS.alive, 0, -1, withscores=True)) == 3
                     and all(score > quiet_ms + ttl / 3 * 1000 / 2 for _, score in beats)
@@ -318,7 +309,7 @@ def test_a_killed_workers_requests_are_fetched_again_within_seconds_not_a_ttl(
             "REDISLOCK_IDLE_CLOSE": 2,
         }
         with workers(redis_url, site, 3, settings) as running:
-            wait_for(all_fetching(site, 3), 90, "3 workers fetching pages of stage a")
+            wait_until(all_fetching(site, 3), 90, "3 workers fetching pages of stage a")
             victim = running[0]
             victim_id = victim.worker_id(redis_client)
             assert victim_id is not None
@@ -337,7 +328,7 @@ def test_a_killed_workers_requests_are_fetched_again_within_seconds_not_a_ttl(
                     }
                 return max(again[p] for p in lost) if lost <= set(again) else None
 
-            wait_for(fetched_again, 3 * ttl, "the killed worker's requests fetched again")
+            wait_until(fetched_again, 3 * ttl, "the killed worker's requests fetched again")
             refetched_after = fetched_again() - killed  # type: ignore[operator]
             codes = [worker.finish() for worker in running[1:]]
         outputs = [worker.output for worker in running[1:]]
@@ -371,7 +362,7 @@ def test_status_shows_killed_workers_dead_within_seconds_and_requeue_and_release
             "REDISLOCK_IDLE_CLOSE": 2,
         }
         with workers(redis_url, site, 2, settings) as running:
-            wait_for(all_fetching(site, 2), 90, "2 workers fetching pages of stage a")
+            wait_until(all_fetching(site, 2), 90, "2 workers fetching pages of stage a")
             ids = [worker.worker_id(redis_client) for worker in running]
             for worker in running:
                 worker.kill()
@@ -385,7 +376,7 @@ def test_status_shows_killed_workers_dead_within_seconds_and_requeue_and_release
                 (spider,) = read_all(redis_client, "redislock", 30.0)[1]
                 return spider.dead == 2 and spider.alive == 0
 
-            wait_for(shown_dead, 30, "status to show both workers dead")
+            wait_until(shown_dead, 30, "status to show both workers dead")
             dead_after = time.monotonic() - killed
             print(
                 "\n[figure] ttl 30 s: both workers SIGKILLed, shown dead by status after "
@@ -534,16 +525,16 @@ def test_what_an_idle_and_a_working_worker_cost_redis_per_second() -> None:
             "DOWNLOAD_TIMEOUT": 600,
         }
         with workers(server.url, site, 1, settings) as (worker,):
-            wait_for(lambda: worker.worker_id(client), 60, "the worker to register")
+            wait_until(lambda: worker.worker_id(client), 60, "the worker to register")
             worker_id = str(worker.worker_id(client))
-            wait_for(
+            wait_until(
                 lambda: any(c["cmd"] == "blpop" for c in client.client_list()),
                 30,
                 "the worker to wait for work",
             )
             idle, idle_by = cost_per_second(client, worker_id)
             seed(server.url, SPIDER, ["a"], {"a": pages(site, 10)})
-            wait_for(
+            wait_until(
                 lambda: site.in_flight.get("a") == CONCURRENCY,
                 30,
                 "the worker fetching pages that never end",

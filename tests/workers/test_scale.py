@@ -28,6 +28,7 @@ from scrapy_redislock.workers.queue import QUEUE_SCRIPTS, QueueKeys, StageQueues
 from testing.crawlproc import staged_worker
 from testing.monitor import Monitor, commands
 from testing.site import CrawlSite
+from testing.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 
@@ -39,14 +40,6 @@ def script_sha(name: str) -> str:
     return hashlib.sha1(
         load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)[name].encode()
     ).hexdigest()
-
-
-def wait_until(condition: object, timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def idle_workers(redis_url: str, prefix: str, count: int) -> list[subprocess.Popen[str]]:
@@ -132,10 +125,9 @@ def measure(admin_url: str, count: int) -> dict[str, list[Counter[str]]]:
     workers = idle_workers(admin_url, prefix, count)
     try:
         keys = QueueKeys.of(prefix, "staged")
-        wait_until(lambda: admin.zcard(keys.alive) == count, what=f"{count} workers registered")
+        wait_until(lambda: admin.zcard(keys.alive) == count, 60, f"{count} workers registered")
         wait_until(
-            lambda: blocked(admin, prefix) == count,
-            what=f"{count} workers blocked waiting for work",
+            lambda: blocked(admin, prefix) == count, 60, f"{count} workers blocked waiting for work"
         )
         names = names_by_address(admin, prefix)
         assert len(set(names.values())) == count
@@ -151,7 +143,7 @@ def measure(admin_url: str, count: int) -> dict[str, list[Counter[str]]]:
                 len(periods) >= PERIODS for periods in found.values()
             )
 
-        wait_until(enough, what=f"{PERIODS} heartbeat periods of every worker")
+        wait_until(enough, 60, f"{PERIODS} heartbeat periods of every worker")
         raw = monitor.stop(admin)
         # the same connections (an idle worker opens none)
         names.update(names_by_address(admin, prefix))
@@ -211,9 +203,9 @@ def test_an_idle_worker_takes_queued_work_at_once_not_at_its_next_heartbeat(admi
         }
         worker = staged_worker(admin_url, site.url, "", settings)
         try:
-            wait_until(lambda: admin.zcard(keys.alive) == 1, what="the worker registered")
+            wait_until(lambda: admin.zcard(keys.alive) == 1, 60, "the worker registered")
             wait_until(
-                lambda: blocked(admin, prefix) == 1, what="the worker blocked waiting for work"
+                lambda: blocked(admin, prefix) == 1, 60, "the worker blocked waiting for work"
             )
             names = names_by_address(admin, prefix)
             kwargs = admin.connection_pool.connection_kwargs

@@ -181,8 +181,7 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
         """Renew on every master; LockLost when fewer than ``quorum`` renewed."""
         if await self.maintain([permit]):
             raise LockLost(
-                f"quorum lock {self.name!r}: fewer than {self.quorum} masters renewed "
-                f"{permit.token}"
+                f"quorum lock {self.name!r}: fewer than {self.quorum} masters renewed {permit.token}"
             )
 
     async def maintain(self, permits: list[QuorumPermit] | None = None) -> list[QuorumPermit]:

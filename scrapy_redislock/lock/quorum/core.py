@@ -100,9 +100,7 @@ class QuorumCore:
             )
         elif quorum < safe:
             logger.warning(
-                "quorum lock %r: quorum=%d is below the safe quorum %d for %d masters and limit "
-                "%d: up to %d holders"
-                " can hold it at once",
+                "quorum lock %r: quorum=%d is below the safe quorum %d for %d masters and limit %d: up to %d holders can hold it at once",  # noqa: E501
                 name,
                 quorum,
                 safe,
@@ -192,8 +190,7 @@ class QuorumCore:
             return
         said = "; ".join(f"master {i}: {error}" for i, error in sorted(failed.items()))
         raise QuorumNotReached(
-            f"quorum lock {self.name!r}: {what}: {len(self.cores) - len(failed)} of "
-            f"{len(self.cores)} masters answered, {self.quorum} needed ({said})",
+            f"quorum lock {self.name!r}: {what}: {len(self.cores) - len(failed)} of {len(self.cores)} masters answered, {self.quorum} needed ({said})",  # noqa: E501
             dict(failed),
             self.quorum,
         )

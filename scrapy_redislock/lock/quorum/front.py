@@ -164,9 +164,7 @@ class QuorumFront(Generic[F]):
     def _check_limit(self, limit: int) -> None:
         if limit != self._core.limit:
             raise InvalidArgument(
-                f"quorum lock {self.name!r}: set_limit({limit!r}) differs from the limit "
-                f"{self._core.limit} it was made with; its quorum depends on the limit: make a "
-                "new lock object"
+                f"quorum lock {self.name!r}: set_limit({limit!r}) differs from the limit {self._core.limit} it was made with; its quorum depends on the limit: make a new lock object"  # noqa: E501
             )
 
     def annotate(self, **fields: Any) -> None:
@@ -192,9 +190,7 @@ class QuorumFront(Generic[F]):
 
     def _silent(self, index: int, cause: BaseException | None = None) -> LeadSilent:
         error = LeadSilent(
-            f"quorum lock {self.name!r}: master {index} did not answer within {ANSWER_WITHIN} s "
-            "while a wait was "
-            "queued there; the wait was given up"
+            f"quorum lock {self.name!r}: master {index} did not answer within {ANSWER_WITHIN} s while a wait was queued there; the wait was given up"  # noqa: E501
         )
         error.__cause__ = cause
         return error

@@ -171,8 +171,7 @@ class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock])
         back)."""
         if self.maintain([permit]):
             raise LockLost(
-                f"quorum lock {self.name!r}: fewer than {self.quorum} masters renewed "
-                f"{permit.token}"
+                f"quorum lock {self.name!r}: fewer than {self.quorum} masters renewed {permit.token}"
             )
 
     def maintain(self, permits: list[QuorumPermit] | None = None) -> list[QuorumPermit]:

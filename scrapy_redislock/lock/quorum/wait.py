@@ -195,6 +195,5 @@ class QuorumWait:
     def _timed_out(self) -> AcquireTimeout:
         core = self.core
         return AcquireTimeout(
-            f"quorum lock {core.name!r}: no quorum ({core.quorum} of {len(core.cores)} masters) "
-            f"within {self.timeout} s; last: {core.last_round}"
+            f"quorum lock {core.name!r}: no quorum ({core.quorum} of {len(core.cores)} masters) within {self.timeout} s; last: {core.last_round}"  # noqa: E501
         )

@@ -1,0 +1,20 @@
+"""The epoch of a crawl's queue in Redis, one script for both fronts (``scripts/queue_epoch.lua``):
+made when missing, so that a process that reads another epoch than the one it saw knows Redis lost
+the queue. The request front reads it beside a shared scrapy-redis queue
+(:mod:`scrapy_redislock.requests.queueloss`), the worker front beside its stage queues
+(:mod:`scrapy_redislock.workers.queue`). Reads no settings.
+"""
+
+from __future__ import annotations
+
+from scrapy_redislock._redis import load_scripts
+
+EPOCH_SCRIPT = "queue_epoch"
+CRAWL_SCRIPTS = (EPOCH_SCRIPT,)  # the scripts of ``crawl/scripts/``
+
+__all__ = ["CRAWL_SCRIPTS", "EPOCH_SCRIPT", "crawl_scripts"]
+
+
+def crawl_scripts() -> dict[str, str]:
+    """The Lua sources of ``crawl/scripts/`` by name (both fronts run them)."""
+    return load_scripts("scrapy_redislock.crawl", CRAWL_SCRIPTS)
