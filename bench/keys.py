@@ -14,7 +14,8 @@ pages ``i, i + P, ...``. For each number of processes P and of domains D, two cr
 
 Measured: pages/s (pages over the time from the first request's arrival at the site to the last answer), the most
 requests of one domain in flight at once (seen by the site), Redis commands per page (INFO commandstats: every
-command, those run inside scripts included) and Redis memory at the end: the keys left and their bytes (MEMORY
+command, those run inside scripts included), the crawl processes' CPU seconds per 1,000 pages (their rusage: a
+cost the machine's load does not change, where pages/s on a shared machine moves with it) and Redis memory at the end: the keys left and their bytes (MEMORY
 USAGE summed), and INFO memory used_memory less the empty server's (that includes the Lua scripts loaded and the
 Lua VM, which are not per key).
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -143,6 +145,7 @@ def run(
             {"CONCURRENT_REQUESTS": opts.concurrency, "DOWNLOAD_DELAY": 0, "LOG_LEVEL": "WARNING"}
         )
         before = commandstats(client)
+        cpu_before = _children_cpu()
         crawls = [
             Crawl(
                 site.url,
@@ -161,6 +164,7 @@ def run(
             for i in range(processes)
         ]
         finish_all(crawls)
+        cpu = _children_cpu() - cpu_before  # the crawl processes', reaped by finish_all
         after = commandstats(client)
         commands = sum(after.values()) - sum(before.values()) - 1  # less our INFO
         delta = {name: after[name] - before.get(name, 0) for name in after}
@@ -184,11 +188,19 @@ def run(
         "pages_per_s": round(pages / (last - first), 1),
         "max_in_flight_per_domain": max(site.max_in_flight.values()),
         "commands_per_page": round(commands / pages, 2),
+        "crawl_cpu_s_per_1000_pages": round(1000 * cpu / pages, 2),
         "redis_used_memory_change_bytes": memory,
         "redis_keys_end": keys,
         "redis_key_bytes_end": key_bytes,
         "commands_per_page_by_name": {name: round(count / pages, 2) for name, count in top.items()},
     }
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's reaped children: the crawl processes' own CPU,
+    a cost the machine's load does not change (pages/s on a shared machine it does)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def caps_table(rows: list[dict[str, Any]], rounds: int) -> list[str]:
@@ -201,8 +213,9 @@ def caps_table(rows: list[dict[str, Any]], rounds: int) -> list[str]:
         f"Medians of {rounds} rounds (the two modes take turns in each).",
         "",
         "| processes | domains | pages | cap | how | pages/s (median) | ratio (median of rounds) | "
-        "most in flight per domain | commands/page | keys left (bytes) | used_memory change |",
-        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "most in flight per domain | commands/page | crawl CPU s per 1000 pages | keys left (bytes) | "
+        "used_memory change |",
+        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     groups = sorted({(r["processes"], r["domains"]) for r in rows})
     for processes, domains in groups:
@@ -229,6 +242,7 @@ def caps_table(rows: list[dict[str, Any]], rounds: int) -> list[str]:
                 f"{statistics.median(r['pages_per_s'] for r in group):.1f} | {ratio} | "
                 f"{max(r['max_in_flight_per_domain'] for r in group)} | "
                 f"{max(r['commands_per_page'] for r in group)} | "
+                f"{statistics.median(r.get('crawl_cpu_s_per_1000_pages', 0) for r in group):.2f} | "
                 f"{max(r['redis_keys_end'] for r in group)} "
                 f"({max(r['redis_key_bytes_end'] for r in group)} B) | "
                 f"{max(r['redis_used_memory_change_bytes'] for r in group) / 1024:+.0f} KiB |"
