@@ -77,6 +77,7 @@ from scrapy_redislock.crawl.early import (
 from scrapy_redislock.crawl.engine import (
     check_reactor,
     engine_closing,
+    engine_of,
     one_line_config_errors,
     wake_engine,
 )
@@ -280,6 +281,9 @@ class StageScheduler:
     # -- the scheduler interface -------------------------------------------------------------------
 
     def open(self, spider: Spider) -> Deferred[None] | None:
+        if self.queue_thread is not None:
+            # an engine's scheduler (a test may drive one synchronously, with a reactor running)
+            self.queue_thread.engine = engine_of(self.crawler) is not None
         if self.queue_thread is not None and self.queue_thread.on_reactor():
             # scrapy-redis's open() reads the queue's length (and flushes it on
             # SCHEDULER_FLUSH_ON_START): in the queue thread

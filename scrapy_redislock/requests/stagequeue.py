@@ -324,17 +324,20 @@ class QueueThread:
     thread each one stalled the whole crawl for a round trip to Redis. They run here instead, one
     job at a time in the order they were given (a push before the pop that follows it, a request
     given back before the queue is flushed), with the same queue classes, serializer and dupefilter:
-    scrapy-redis stays the spec of the shared queue. Called where no event loop runs (a caller
-    driving the scheduler synchronously, as scrapy-redis's own tests do), the callers make their
-    calls at once instead (:meth:`on_reactor`): there is no reactor to stall."""
+    scrapy-redis stays the spec of the shared queue. A scheduler driven by no engine (a caller
+    calling it synchronously, as scrapy-redis's own tests do), and the queue thread itself, make
+    their calls at once instead (:meth:`on_reactor`): there is no reactor to stall."""
 
     def __init__(self) -> None:
         self._executor: ThreadPoolExecutor | None = None
         self.jobs = 0  # given and not finished (a request may be on its way to Redis)
+        self.engine = False  # an engine drives the scheduler (set at its open())
 
-    @staticmethod
-    def on_reactor() -> bool:
-        """Whether an event loop runs in this thread (the reactor's)."""
+    def on_reactor(self) -> bool:
+        """Whether calls are to go to the queue thread: an engine drives the scheduler and this
+        thread runs its event loop (the reactor's)."""
+        if not self.engine:
+            return False
         try:
             asyncio.get_running_loop()
         except RuntimeError:
