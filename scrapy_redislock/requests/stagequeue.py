@@ -760,7 +760,7 @@ class SharedStageQueues:
         self.ahead = (real, request, stage == real)
         self.wake()
 
-    def may_have(self, stage: str) -> bool:
+    def may_have(self, stage: str | None) -> bool:
         """Whether ``stage``'s queue may hold a request: not found empty within its pause."""
         return stage in self._ask_at and time.monotonic() >= self._ask_at[stage]
 

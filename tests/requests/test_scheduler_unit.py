@@ -281,10 +281,10 @@ def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
             scheduler = f.scheduler
             assert scheduler is not None and scheduler.shared is not None
             for n in range(5):
-                scheduler.enqueue_request(request("detail", n))
-            assert redis_client.zcard("unit:requests:detail") == 5
-            first = scheduler.next_request()
-            assert first is not None and first.url.endswith("/detail/0")
+                scheduler.enqueue_request(request("detail", n))  # pushed in the queue thread
+            await until(lambda: redis_client.zcard("unit:requests:detail") == 5)
+            first = await f.next_request()
+            assert first.url.endswith("/detail/0")
             waiting = f.send(first)
             # the rest stays in Redis for every process to take
             assert scheduler.next_request() is None
@@ -300,8 +300,8 @@ def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
 
             base.pop = counted
             # detail may go (nothing in line): the next comes from Redis
-            second = scheduler.next_request()
-            assert second is not None and second.url.endswith("/detail/1")
+            second = await f.next_request()
+            assert second.url.endswith("/detail/1")
             assert asks["n"] in (0, 1)  # the spider's own key is asked at most once before detail's
             f.send(second)
             asked = asks["n"]
@@ -313,8 +313,11 @@ def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
             await until(lambda: scheduler._wake_handle is None, timeout=10 * pause)
             free = request(None, 1)
             scheduler.enqueue_request(free)
-            again = scheduler.next_request()  # this process's own push ends the pause
-            assert again is not None and again.url == free.url
+            # this process's own push ends the pause (in the queue thread, after its push)
+            await until(lambda: scheduler.shared is not None and not scheduler.shared.thread.jobs)
+            assert scheduler.shared.may_have(None)
+            again = await f.next_request()
+            assert again.url == free.url
             for r in list(f.locks.slots.holding()):
                 f.middleware.process_response(r, None)  # type: ignore[arg-type]
 
