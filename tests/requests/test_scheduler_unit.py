@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
-from scrapy import Request
+from scrapy import Request, signals
 
 from scrapy_redislock import AsyncCountingLock
 from scrapy_redislock.lock.permit import Permit
@@ -322,3 +322,49 @@ def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
                 f.middleware.process_response(r, None)  # type: ignore[arg-type]
 
     asyncio.run(scenario())
+
+
+def test_over_scrapy_redis_the_request_fetched_ahead_goes_back_and_refused_ones_are_dropped(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Over scrapy-redis's scheduler with an engine, its calls run in the queue thread: a request
+    its dupefilter refuses gets Scrapy's request_dropped signal (enqueue_request answered True), and
+    the request fetched ahead of the engine, never taken, is back in its place in Redis when the
+    spider closes (SCHEDULER_PERSIST): the queue is as it was."""
+    settings = {
+        "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
+        "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+        "REDIS_URL": redis_url,
+        "SCHEDULER_PERSIST": True,
+    }
+    key = "unit:requests:detail"
+    before: list[bytes] = []
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}, **settings) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.shared is not None
+            shared = scheduler.shared
+            assert shared.thread is not None
+            dropped: list[Request] = []
+
+            def on_dropped(request: Request, spider: Any) -> None:
+                dropped.append(request)
+
+            f.crawler.signals.connect(on_dropped, signal=signals.request_dropped)
+            twice = Request("http://127.0.0.1:9/detail/twice", meta={"redislock_stage": "detail"})
+            assert scheduler.enqueue_request(twice)
+            assert scheduler.enqueue_request(twice.copy())  # seen by scrapy-redis's dupefilter
+            for n in range(3):
+                scheduler.enqueue_request(request("detail", n))
+            await until(lambda: not shared.thread.jobs)
+            assert dropped and dropped[0].url == twice.url and len(dropped) == 1
+            assert redis_client.zcard(key) == 4
+            before.extend(redis_client.zrange(key, 0, -1))
+            assert scheduler.next_request() is None  # fetched in the queue thread
+            await until(lambda: shared.ahead is not None)
+            assert redis_client.zcard(key) == 3
+
+    asyncio.run(scenario())
+    assert redis_client.zrange(key, 0, -1) == before
+    redis_client.delete(key, "unit:requests", "unit:dupefilter")
