@@ -32,6 +32,11 @@ stay in the inner scheduler, in its order, and the other stages' requests go pas
   turn comes.
 - ``has_pending_requests()``, ``len()`` and the scheduler's stats are the inner scheduler's: a
   request waiting for a slot is pending, and is counted once.
+- Over scrapy-redis's scheduler nothing blocks the reactor thread: its queue, dupefilter, open() and
+  close() (redis-py's blocking client) run in one queue thread, in order
+  (:class:`~scrapy_redislock.requests.stagequeue.QueueThread`); next_request() answers from one
+  request fetched ahead, given back to its place in Redis at close; a request the dupefilter
+  refuses gets Scrapy's request_dropped signal when the queue thread says so.
 
 Another inner scheduler (not Scrapy's, not scrapy-redis's, nor a subclass: its queues cannot be
 reached) is used as it is, said at INFO: each request leaves it in its order, and a capped one waits

@@ -19,7 +19,9 @@ waited longest.
   per capped stage, at ``<the spider's queue key>:<stage>``; the spider's own key keeps the requests
   of no capped stage and takes whatever other producers push (a capped request found there that
   cannot go yet moves to its stage's key). The queue stays shared: what a process has not started
-  stays in Redis, visible to and takeable by every process.
+  stays in Redis, visible to and takeable by every process. scrapy-redis's classes (redis-py's
+  blocking client) are called in :class:`QueueThread`, never on the reactor thread: the engine's
+  next_request takes the one request fetched ahead there.
 """
 
 from __future__ import annotations
@@ -809,7 +811,9 @@ class SharedStageQueues:
     async def _look_now(self) -> None:
         assert self.look is not None
         try:
-            await self.look()
+            await self.look()  # skipped while a tick's look runs: that one answers, once drained
+            if self.thread is not None:
+                await self.thread.drain()
         finally:
             self._looking = None
             self.wake()
