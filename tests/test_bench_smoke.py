@@ -25,6 +25,7 @@ TABLES = {
     "middleware": "mean detail requests in flight, StageScheduler:",
     "partition": "| healthy processes' detail pages/s before the cut |",
     "quorum": "| design |",
+    "reactorlag": "| round | delay each way |",
     "requestformat": "bare GET: json/pickle size",
     "restarts": "per grant",
     "scale": "## Idle: Redis commands per second with nothing to crawl",

@@ -6,8 +6,9 @@ scrapy-redis cannot tell: the crawl went on with what the processes had in fligh
 ``finished``, exit status 0, after a fraction of the pages. Each process reads the queue's epoch
 (``<REDISLOCK_KEY_PREFIX>:shared:{<the spider's queue key>}:epoch``, made when missing by
 ``crawl/scripts/queue_epoch.lua``, the worker front's too) at start and at every renewal tick, with
-the lengths of the queue's keys (in a thread: scrapy-redis's client blocks). Another epoch than the
-one seen before means the data is gone:
+the lengths of the queue's keys (in the shared queue's thread,
+:class:`~scrapy_redislock.requests.stagequeue.QueueThread`: scrapy-redis's client blocks). Another
+epoch than the one seen before means the data is gone:
 
 - when this process knew of queued work (the queue held requests at its previous look, or it pushed
   or took one since): ERROR once, naming what was lost and what to do, stat ``redislock/queue_lost``,
@@ -18,14 +19,20 @@ one seen before means the data is gone:
 What this process still holds goes on: requests in flight finish and queue what their callbacks
 yield (in the new queue); requests kept in memory while Redis did not answer are queued there.
 
-The epoch is also read (alone) when the queue answers again after an outage and when it is found
-empty: a Redis restarted quickly leaves an empty queue, which the engine would take for the end of
-the crawl before the next tick.
+The epoch is also read when the queue answers again after an outage and when it is found empty: a
+Redis restarted quickly leaves an empty queue, which the engine would take for the end of the crawl
+before the next tick. While the reactor runs, that is the same look (epoch and lengths) in the queue
+thread, which ``has_pending_requests`` waits for before it says the queue is empty
+(:meth:`SharedStageQueues.has_requests
+<scrapy_redislock.requests.stagequeue.SharedStageQueues.has_requests>`); driven without a
+reactor (synchronously), the epoch alone, at once.
 
 Reads no settings (StageScheduler builds it over scrapy-redis's queue). Redis cost per process: at
 every renewal tick one EVALSHA (a GET) plus one ZCARD or LLEN per key of the shared queue (the
-spider's and one per capped stage), in a thread; one EVALSHA each time the queue is found empty
-(``has_pending_requests``) or answers again after an outage.
+spider's and one per capped stage), in the queue thread; the same each time the engine asks
+``has_pending_requests`` with nothing on its way and the last look older than 0.5 s (an idle engine
+asks at its 5 s heartbeat), or the queue answers again after an outage. Nothing on the reactor
+thread.
 """
 
 from __future__ import annotations
@@ -78,14 +85,19 @@ class QueueWatch:
         return str(epoch), sum(len(queue) for queue in self.shared.queues.values())
 
     async def look(self) -> None:
-        """One look at a renewal tick, in a thread (skipped while the last one runs; nothing while
-        Redis does not answer: the shared queue says so)."""
+        """One look, in the shared queue's thread (after what was given to it before), else in a
+        thread of asyncio's: at a renewal tick, and when the shared queue needs its length (skipped
+        while the last one runs; nothing while Redis does not answer: the shared queue says so)."""
         if self._looking:
             return
         self._looking = True
         moved = self.shared.moved
+        thread = self.shared.thread
         try:
-            epoch, queued = await asyncio.to_thread(self._look)
+            if thread is not None:
+                epoch, queued = await thread.run(self._look)
+            else:
+                epoch, queued = await asyncio.to_thread(self._look)
         except REDIS_ERRORS:
             return
         finally:
@@ -93,9 +105,9 @@ class QueueWatch:
         self._judge(epoch, queued, moved)
 
     def look_now(self) -> None:
-        """The epoch only, on the reactor thread as scrapy-redis's own calls: when the shared queue
-        answers again after an outage, and when it is found empty (the engine would close the
-        spider before the next tick)."""
+        """The epoch only, at once, where no reactor runs (the scheduler driven synchronously): when
+        the shared queue answers again after an outage, and when it is found empty (the engine
+        would close the spider before the next tick)."""
         moved = self.shared.moved
         try:
             epoch, queued = self._look(lengths=False)
@@ -109,6 +121,7 @@ class QueueWatch:
             self._lost(knew=bool(self.queued) or self.moved != moved or bool(self.shared.in_memory))
         if queued is not None:
             self.queued, self.looked_at = queued, time.monotonic()
+            self.shared.looked(queued)
         self.moved = self.shared.moved
 
     def _lost(self, knew: bool) -> None:

@@ -32,6 +32,11 @@ stay in the inner scheduler, in its order, and the other stages' requests go pas
   turn comes.
 - ``has_pending_requests()``, ``len()`` and the scheduler's stats are the inner scheduler's: a
   request waiting for a slot is pending, and is counted once.
+- Over scrapy-redis's scheduler nothing blocks the reactor thread: its queue, dupefilter, open() and
+  close() (redis-py's blocking client) run in one queue thread, in order
+  (:class:`~scrapy_redislock.requests.stagequeue.QueueThread`); next_request() answers from one
+  request fetched ahead, given back to its place in Redis at close; a request the dupefilter
+  refuses gets Scrapy's request_dropped signal when the queue thread says so.
 
 Another inner scheduler (not Scrapy's, not scrapy-redis's, nor a subclass: its queues cannot be
 reached) is used as it is, said at INFO: each request leaves it in its order, and a capped one waits
@@ -62,6 +67,7 @@ import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from scrapy import signals
 from scrapy.core.scheduler import Scheduler as ScrapyScheduler
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
@@ -76,6 +82,7 @@ from scrapy_redislock.crawl.early import (
 from scrapy_redislock.crawl.engine import (
     check_reactor,
     engine_closing,
+    engine_of,
     one_line_config_errors,
     wake_engine,
 )
@@ -90,6 +97,7 @@ from scrapy_redislock.requests.keygate import KeyGate
 from scrapy_redislock.requests.keyline import KeyLine
 from scrapy_redislock.requests.queueloss import QueueWatch, unqueued_at_close
 from scrapy_redislock.requests.stagequeue import (
+    QueueThread,
     SharedStageQueues,
     StagePriorityQueues,
     StageQueueFactory,
@@ -209,6 +217,8 @@ class StageScheduler:
         # key slots got here for requests of no capped stage (over Scrapy's scheduler)
         self.keyline: KeyLine | None = None
         self.shared: SharedStageQueues | None = None  # over scrapy-redis's scheduler, from open()
+        # over scrapy-redis's scheduler: where its blocking calls run while the reactor does
+        self.queue_thread: QueueThread | None = None
         self.watch: QueueWatch | None = None  # notices a shared queue that Redis lost
         self._look: asyncio.Task[None] | None = None
         self.closing = False
@@ -245,6 +255,8 @@ class StageScheduler:
             if ScrapyScheduler in type(self.inner).__mro__ or _is_scrapy_redis(self.inner):
                 self.locks.left_scheduler = self.sent.__contains__
                 self.locks.give_back = self._give_back
+            if _is_scrapy_redis(self.inner):
+                self.queue_thread = QueueThread()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> StageScheduler:
@@ -274,15 +286,29 @@ class StageScheduler:
     # -- the scheduler interface -------------------------------------------------------------------
 
     def open(self, spider: Spider) -> Deferred[None] | None:
+        if self.queue_thread is not None:
+            # an engine's scheduler (a test may drive one synchronously, with a reactor running)
+            self.queue_thread.engine = engine_of(self.crawler) is not None
+        if self.queue_thread is not None and self.queue_thread.on_reactor():
+            # scrapy-redis's open() reads the queue's length (and flushes it on
+            # SCHEDULER_FLUSH_ON_START): in the queue thread
+            return deferred_from_coro(self._open(self.queue_thread.run(self.inner.open, spider)))
         result = self.inner.open(spider) if hasattr(self.inner, "open") else None
         if self.locks is None:
             return result
         if result is None:
             self._share_queue()  # at once, as scrapy-redis's own open() does its work
+            if self.shared is not None:
+                self._resume()
         return deferred_from_coro(self._open(result))
 
     async def _open(self, inner_result: Any) -> None:
-        if inner_result is not None:
+        if isinstance(inner_result, asyncio.Future):  # scrapy-redis's open() in the queue thread
+            await inner_result
+            self._share_queue()
+            assert self.queue_thread is not None and self.shared is not None
+            await self.queue_thread.run(self._resume)
+        elif inner_result is not None:
             await maybe_deferred_to_future(inner_result)
             self._share_queue()
         assert self.locks is not None
@@ -299,15 +325,32 @@ class StageScheduler:
         base = self.inner.queue
         assert self.gate is not None
         self.shared = SharedStageQueues(
-            base, self.ready, self.gate, asked_while_paused=self._wake_later
+            base,
+            self.ready,
+            self.gate,
+            asked_while_paused=self._wake_later,
+            thread=self.queue_thread,
+            wake=self._wake,
         )
         self.inner.queue = self.shared
         self.shared.enqueue = self.inner.enqueue_request
+        self.shared.on_held = self._hold
+        self.shared.dropped = self._dropped
         self.watch = QueueWatch(self.crawler, self.shared, self.settings.key_prefix)
         self.shared.check = self.watch.look_now
+        self.shared.look = self.watch.look
+
+    def _resume(self) -> None:
+        """After scrapy-redis's open(), at once: the sub-queues flushed on SCHEDULER_FLUSH_ON_START,
+        else the requests of capped stages said as scrapy-redis says its own."""
+        assert self.shared is not None
         if getattr(self.inner, "flush_on_start", False):
             self.shared.clear()
-        elif not len(base) and (queued := len(self.shared)):
+        elif not len(self.shared.base):
+            self._resuming(len(self.shared))
+
+    def _resuming(self, queued: int) -> None:
+        if queued:
             # scrapy-redis said so only for its own key: the requests of capped stages are in theirs
             # as scrapy-redis says it (its own tests expect spider.log, deprecated since Scrapy 2.13)
             self.inner.spider.log(f"Resuming crawl ({queued} requests scheduled)")
@@ -318,11 +361,16 @@ class StageScheduler:
         if self.keyline is not None:
             self.keyline.close()  # requests held back for their key slot go back first (JOBDIR)
         self.inner_closed = True
-        result = self.inner.close(reason) if hasattr(self.inner, "close") else None
-        if self.shared is not None:
+        threaded = self.queue_thread is not None and self.queue_thread.on_reactor()
+        result = None
+        if threaded:
+            result = self._close_shared(reason)  # scrapy-redis's close() in the queue thread
+        elif hasattr(self.inner, "close"):
+            result = self.inner.close(reason)
+        if self.shared is not None and not threaded:
             unqueued_at_close(self.crawler, self.shared.close())
-        if self.locks is None:
-            return result
+        if self.locks is None:  # no shared queue either
+            return None if asyncio.iscoroutine(result) else result
         self.closing = True
         if self._wake_handle is not None:
             self._wake_handle.cancel()
@@ -330,8 +378,24 @@ class StageScheduler:
             permits.clear()  # freed with everything else of this process by locks.close()
         return deferred_from_coro(self._close(result))
 
+    async def _close_shared(self, reason: str) -> None:
+        """The shared queue settles (the request fetched ahead back to its place in Redis, every
+        request given to the queue thread pushed), then scrapy-redis's close() (its flush unless
+        SCHEDULER_PERSIST), in the queue thread."""
+        assert self.queue_thread is not None
+        try:
+            if self.shared is not None:
+                await self.shared.settle()
+            await self.queue_thread.run(self.inner.close, reason)
+        finally:
+            if self.shared is not None:
+                unqueued_at_close(self.crawler, self.shared.close())
+            self.queue_thread.close()
+
     async def _close(self, inner_result: Any) -> None:
-        if inner_result is not None:
+        if asyncio.iscoroutine(inner_result):
+            await inner_result
+        elif inner_result is not None:
             await maybe_deferred_to_future(inner_result)
         assert self.locks is not None
         # unused slots, waits, anything a request left behind: one call per stage
@@ -346,7 +410,10 @@ class StageScheduler:
         if self.inner_closed:
             return False
         if _is_scrapy_redis(self.inner):
-            (self.shared if self.shared is not None else self.inner.queue).push(request)
+            if self.shared is not None:
+                self.shared.give_back(request)  # in the queue thread while the reactor runs
+            else:
+                self.inner.queue.push(request)
             return True
         dqs = getattr(self.inner, "dqs", None)
         if dqs is not None:
@@ -369,19 +436,36 @@ class StageScheduler:
         return len(self.inner) + (self.keyline.pending() if self.keyline is not None else 0)
 
     def enqueue_request(self, request: Request) -> bool:
+        """Over scrapy-redis while the reactor runs, its enqueue_request (dupefilter, push) runs in
+        the queue thread: True here, and a request its dupefilter refuses is dropped when it says so
+        (Scrapy's request_dropped signal, as the engine sends it on False)."""
         if self.shared is None:
             return bool(self.inner.enqueue_request(request))
+        if self.queue_thread is not None and self.queue_thread.on_reactor():
+            self.shared.schedule(request)
+            return True
         try:
             return bool(self.inner.enqueue_request(request))
         except OUTAGE_ERRORS as exc:
             if isinstance(exc, REFUSED):
                 raise
-            # scrapy-redis's dupefilter did not answer (its queue's push is kept by SharedStageQueues):
-            # raised here, it ended a task of Scrapy's nobody awaits ("Task exception was never
-            # retrieved") and the request was lost
-            self.crawler.stats.inc_value("redislock/queue_held")
-            self.shared.hold(request, exc)
+            self._hold(request, exc)
             return True
+
+    def _hold(self, request: Request, exc: BaseException) -> None:
+        """scrapy-redis's dupefilter did not answer (its queue's push is kept by SharedStageQueues):
+        raised from enqueue_request, it ended a task of Scrapy's nobody awaits ("Task exception was
+        never retrieved") and the request was lost; kept in memory instead."""
+        assert self.shared is not None
+        self.crawler.stats.inc_value("redislock/queue_held")
+        self.shared.hold(request, exc)
+
+    def _dropped(self, request: Request) -> None:
+        """scrapy-redis's dupefilter refused ``request`` (in the queue thread): the signal the
+        engine sends for a request the scheduler did not take."""
+        self.crawler.signals.send_catch_log(
+            signals.request_dropped, request=request, spider=self.crawler.spider
+        )
 
     def next_request(self) -> Request | None:
         request = self._next_request()
@@ -506,6 +590,11 @@ class StageScheduler:
         self._wake_handle = None
         wake_engine(self.crawler)
 
+    def _wake(self) -> None:
+        """The shared queue has news (a request fetched, the queue read): the engine asks again."""
+        if not self.closing:
+            wake_engine(self.crawler)
+
     async def tick(self) -> None:
         """At every renewal tick: stand down once the engine closes (unused slots back to Redis);
         drop slots in hand that can no longer go with a request, or that no queued request could
@@ -519,6 +608,8 @@ class StageScheduler:
             return
         if self.keyline is not None:
             self.keyline.tick()
+        if self.shared is not None:
+            self.shared.tick()
         if self.watch is not None and (self._look is None or self._look.done()):
             self._look = asyncio.get_running_loop().create_task(self.watch.look())
             self._look.add_done_callback(_retrieved)

@@ -19,11 +19,15 @@ waited longest.
   per capped stage, at ``<the spider's queue key>:<stage>``; the spider's own key keeps the requests
   of no capped stage and takes whatever other producers push (a capped request found there that
   cannot go yet moves to its stage's key). The queue stays shared: what a process has not started
-  stays in Redis, visible to and takeable by every process.
+  stays in Redis, visible to and takeable by every process. scrapy-redis's classes (redis-py's
+  blocking client) are called in :class:`QueueThread`, never on the reactor thread: the engine's
+  next_request takes the one request fetched ahead there.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import itertools
 import json
@@ -33,17 +37,19 @@ import re
 import time
 import weakref
 from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from scrapy.utils.misc import build_from_crawler
+from scrapy_redis.queue import FifoQueue
 
 from scrapy_redislock._redis import Backoff
 from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REFUSED
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Awaitable, Callable, Iterable
 
     from scrapy import Request
     from scrapy.crawler import Crawler
@@ -62,7 +68,15 @@ OUTAGE_PAUSE_MOST = 2.0  # seconds between attempts at most while Redis does not
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Gate", "SharedStageQueues", "StagePriorityQueues", "StageQueueFactory"]
+T = TypeVar("T")
+
+__all__ = [
+    "Gate",
+    "QueueThread",
+    "SharedStageQueues",
+    "StagePriorityQueues",
+    "StageQueueFactory",
+]
 
 
 class Gate(Protocol):
@@ -305,9 +319,85 @@ def _head_rank(queue: Any) -> tuple[int, int]:
     return curprio, 0 if curprio in getattr(queue, "queues", {curprio: None}) else 1
 
 
+class QueueThread:
+    """The one thread that talks to scrapy-redis's queue and dupefilter while the reactor runs.
+
+    scrapy-redis's classes send their commands with redis-py's blocking client: on the reactor
+    thread each one stalled the whole crawl for a round trip to Redis. They run here instead, one
+    job at a time in the order they were given (a push before the pop that follows it, a request
+    given back before the queue is flushed), with the same queue classes, serializer and dupefilter:
+    scrapy-redis stays the spec of the shared queue. A scheduler driven by no engine (a caller
+    calling it synchronously, as scrapy-redis's own tests do), and the queue thread itself, make
+    their calls at once instead (:meth:`on_reactor`): there is no reactor to stall."""
+
+    def __init__(self) -> None:
+        self._executor: ThreadPoolExecutor | None = None
+        self.jobs = 0  # given and not finished (a request may be on its way to Redis)
+        self.engine = False  # an engine drives the scheduler (set at its open())
+
+    def on_reactor(self) -> bool:
+        """Whether calls are to go to the queue thread: an engine drives the scheduler and this
+        thread runs its event loop (the reactor's)."""
+        if not self.engine:
+            return False
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return True
+
+    def run(self, job: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """``job(*args)`` in the queue thread, after every job given before; its future (whose
+        callbacks run on the reactor thread)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="redislock-shared-queue"
+            )
+        self.jobs += 1
+        future = asyncio.wrap_future(self._executor.submit(job, *args))
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, _: asyncio.Future[Any]) -> None:
+        self.jobs -= 1
+
+    async def drain(self) -> None:
+        """Once every job given so far is done."""
+        if self._executor is not None:
+            await self.run(_nothing)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+
+
+def _nothing() -> None:
+    return None
+
+
+def _return_to(queue: Any, request: Request) -> None:
+    """``request``, just popped from ``queue``, back where it was: scrapy-redis's PriorityQueue
+    (same score, same member) and LifoQueue put it back at the head with a push; its FifoQueue pops
+    from the right, so it goes back on the right. Another queue class: pushed."""
+    kind = type(queue)
+    if kind.push is FifoQueue.push and kind.pop is FifoQueue.pop:
+        queue.server.rpush(queue.key, queue._encode_request(request))
+    else:
+        queue.push(request)
+
+
 class SharedStageQueues:
     """scrapy-redis's queue, split by capped stage in Redis; takes the place of its scheduler's
-    ``queue``."""
+    ``queue``.
+
+    On the reactor thread it sends nothing to Redis itself: pushes and pops go to the
+    :class:`QueueThread`. ``pop`` answers from one request fetched ahead (``ahead``), taken from
+    Redis in the queue thread for a sub-queue that could go when the engine last asked, and starts
+    the next fetch; the engine is woken when it arrives. A process holds out of Redis at most that
+    one request besides what left the scheduler (never more: the next is fetched only once it is
+    taken), and it goes back to its place in Redis (:func:`_return_to`) when its stage cannot take
+    it any more, or when the spider closes (:meth:`settle`)."""
 
     def __init__(
         self,
@@ -316,10 +406,14 @@ class SharedStageQueues:
         gate: Gate,
         *,
         asked_while_paused: Callable[[float], None],
+        thread: QueueThread | None = None,
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
         self.base = base
         self.gate = gate
         self.asked_while_paused = asked_while_paused
+        self.thread = thread
+        self.wake = wake  # the engine asks again (a request arrived, or the queue was read)
         self.queues: dict[str | None, Any] = {None: base}
         for stage in stages:
             self.queues[stage] = type(base)(
@@ -346,6 +440,21 @@ class SharedStageQueues:
         self.moved = 0  # requests pushed or taken by this process (QueueWatch: it knew of work)
         # QueueWatch.look_now: when Redis answers again after an outage, and when the queue is empty
         self.check: Callable[[], None] | None = None
+        # QueueWatch.look (the epoch and the lengths, in the queue thread): for has_requests()
+        self.look: Callable[[], Awaitable[None]] | None = None
+        # StageScheduler's: a request that could not be scheduled (Redis did not answer) is held
+        self.on_held: Callable[[Request, BaseException], None] = self.hold
+        # a request scrapy-redis's dupefilter refused (Scrapy's request_dropped signal)
+        self.dropped: Callable[[Request], None] = lambda request: None
+        # with a QueueThread:
+        # (its stage, the request, whether it was popped from its stage's own key) from Redis
+        self.ahead: tuple[str | None, Request, bool] | None = None
+        self._fetch: asyncio.Future[Any] | None = None
+        self._error: BaseException | None = None  # raised at the next pop (as scrapy-redis would)
+        self._length: int | None = None  # requests in Redis at the last look (None: unknown)
+        self._length_at = 0.0
+        self._looking: asyncio.Task[None] | None = None
+        self.closing = False
 
     @property
     def key(self) -> str:
@@ -360,14 +469,72 @@ class SharedStageQueues:
         ...}``)."""
         return f"{self.base.key}:{stage}".replace("%", "%%")
 
+    def _threaded(self) -> bool:
+        """Whether Redis is to be asked in the queue thread (the reactor runs in this one)."""
+        return self.thread is not None and self.thread.on_reactor()
+
+    def _stage_of(self, request: Request) -> str | None:
+        stage = self.gate.route(request)[0]
+        return stage if stage in self.queues else None
+
+    # -- pushes ------------------------------------------------------------------------------------
+
+    def schedule(self, request: Request) -> None:
+        """The inner scheduler's enqueue_request (scrapy-redis's dupefilter, then :meth:`push`), in
+        the queue thread; a request its dupefilter refused is dropped then (``dropped``: Scrapy's
+        request_dropped signal), one it could not ask is held (``on_held``)."""
+        assert self.thread is not None
+        self._stage_of(request)  # its route, worked out here (the queue thread only reads it)
+        self._length = None
+        future = self.thread.run(self._enqueue_now, request)
+        future.add_done_callback(lambda done: self._scheduled(request, done))
+
+    def _enqueue_now(self, request: Request) -> bool | BaseException:
+        assert self.enqueue is not None
+        try:
+            return bool(self.enqueue(request))
+        except OUTAGE_ERRORS as exc:
+            if isinstance(exc, REFUSED):
+                raise
+            return exc
+
+    def _scheduled(self, request: Request, done: asyncio.Future[bool | BaseException]) -> None:
+        self._length = None
+        try:
+            result = done.result()
+        except Exception as exc:  # whatever scrapy-redis raised: said here
+            self._failed(exc, request)
+            return
+        if isinstance(result, BaseException):
+            self.on_held(request, result)
+        elif not result:
+            self.dropped(request)
+
+    def _failed(self, exc: BaseException, request: Request | None = None) -> None:
+        """A job failed otherwise than by an outage: logged; a refusal (credentials) is raised from
+        the engine's next ask, as scrapy-redis's own call would have raised it."""
+        if isinstance(exc, REFUSED):
+            self._error = exc
+            self.wake()
+        logger.error(
+            "scrapy-redis's queue in Redis failed on %s: %r",
+            request if request is not None else "a pop",
+            exc,
+            exc_info=exc,
+        )
+
     def push(self, request: Request) -> None:
         """Into its stage's queue; kept in memory while Redis does not answer, and pushed at the
-        next pop."""
-        stage = self.gate.route(request)[0]
-        if stage not in self.queues:
-            stage = None
+        next pop. Called by scrapy-redis's enqueue_request: in the queue thread while the reactor
+        runs."""
+        self._push_now(self._stage_of(request), request)
+
+    def _push_now(self, stage: str | None, request: Request, *, back: bool = False) -> None:
         try:
-            self.queues[stage].push(request)
+            if back:
+                _return_to(self.queues[stage], request)
+            else:
+                self.queues[stage].push(request)
         except OUTAGE_ERRORS as exc:
             if isinstance(exc, REFUSED):
                 raise
@@ -377,6 +544,23 @@ class SharedStageQueues:
         self.moved += 1
         self._ask_at[stage] = 0.0
         self._pauses[stage].reset()
+
+    def give_back(self, request: Request, *, back: bool = False) -> None:
+        """Push ``request`` (one that left but never went out, or, ``back``, one fetched ahead to
+        its place): in the queue thread while the reactor runs, after what was given before."""
+        stage = self._stage_of(request)
+        if not self._threaded():
+            self._push_now(stage, request, back=back)
+            return
+        assert self.thread is not None
+        self._length = None
+        future = self.thread.run(functools.partial(self._push_now, stage, request, back=back))
+        future.add_done_callback(lambda done: self._pushed(request, done))
+
+    def _pushed(self, request: Request, done: asyncio.Future[None]) -> None:
+        self._length = None
+        if (exc := done.exception()) is not None:
+            self._failed(exc, request)
 
     def hold(self, request: Request, exc: BaseException) -> None:
         """``request`` could not be scheduled (the dupefilter or the queue did not answer): kept in
@@ -409,22 +593,49 @@ class SharedStageQueues:
             )
         return delay
 
+    def _answers(self) -> None:
+        """Redis answered: one INFO line if it did not before."""
+        if self._out_since is not None:
+            logger.info(
+                "Shared queue in Redis reachable again after %.1f s",
+                time.monotonic() - self._out_since,
+            )
+            self._out_since = None
+            self._outage.reset()
+            if self._threaded():
+                self._length = None  # a restart may have emptied it: looked at by has_requests()
+                self.wake()
+            elif self.check is not None:
+                self.check()  # a restart may have emptied it
+
+    # -- pops --------------------------------------------------------------------------------------
+
     def pop(self, timeout: float = 0) -> Request | None:
         """The next request that can go, from the sub-queue whose turn it is; never blocks
         (``timeout`` is scrapy-redis's SCHEDULER_IDLE_BEFORE_CLOSE: a blocking pop on the reactor
-        thread would stall the crawl).
+        thread would stall the crawl). While the reactor runs: the request fetched ahead if its
+        stage can take it (else it goes back to its place in Redis), and the next fetch starts.
 
         While Redis does not answer (an outage, a Sentinel failover) it answers None and asks again
         after a back-off: one warning when the outage starts, one INFO line when it ends, no
         traceback (plain scrapy-redis raises from the engine's loop at every attempt)."""
+        if not self._threaded():
+            return self._pop_here()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        if self.ahead is not None:
+            stage, request, own = self.ahead
+            self.ahead = None
+            if self.gate.may_go((stage, None)):
+                return request
+            self.give_back(request, back=own)  # its stage cannot take it now: back in its place
+        self._start_fetch()
+        return None
+
+    def _pop_here(self) -> Request | None:
         try:
-            while self.held and self.enqueue is not None:
-                self.enqueue(self.held[0])  # filtered and pushed (or kept in unpushed)
-                self.held.popleft()
-            while self.unpushed:
-                stage, unpushed = self.unpushed[0]
-                self.queues[stage].push(unpushed)
-                self.unpushed.popleft()
+            self._requeue()
             request = self._pop()
         except OUTAGE_ERRORS as exc:
             if isinstance(exc, REFUSED):
@@ -433,19 +644,22 @@ class SharedStageQueues:
             self._ask_at = dict.fromkeys(self.queues, time.monotonic() + delay)
             self.asked_while_paused(delay)
             return None
-        if self._out_since is not None:
-            logger.info(
-                "Shared queue in Redis reachable again after %.1f s",
-                time.monotonic() - self._out_since,
-            )
-            self._out_since = None
-            self._outage.reset()
-            if self.check is not None:
-                self.check()  # a restart may have emptied it
+        self._answers()
         return request
 
-    def _pop(self) -> Request | None:
-        now = time.monotonic()
+    def _requeue(self) -> None:
+        """Requests kept in memory while Redis did not answer: scheduled again, pushed again."""
+        while self.held and self.enqueue is not None:
+            self.enqueue(self.held[0])  # filtered and pushed (or kept in unpushed)
+            self.held.popleft()
+        while self.unpushed:
+            stage, unpushed = self.unpushed[0]
+            self.queues[stage].push(unpushed)
+            self.unpushed.popleft()
+
+    def _candidates(self, now: float) -> tuple[list[str | None], float | None]:
+        """The sub-queues to ask now, in turn order, and when the first paused one may be asked."""
+        asked: list[str | None] = []
         paused_until = None
         for stage in sorted(self.queues, key=self._turns.__getitem__):
             if not self.gate.may_go((stage, None)):
@@ -453,17 +667,21 @@ class SharedStageQueues:
             if now < self._ask_at[stage]:
                 paused_until = min(paused_until or self._ask_at[stage], self._ask_at[stage])
                 continue
+            asked.append(stage)
+        return asked, paused_until
+
+    def _pop(self) -> Request | None:
+        now = time.monotonic()
+        asked, paused_until = self._candidates(now)
+        for stage in asked:
             request = self.queues[stage].pop()
             if request is None:
                 self._ask_at[stage] = now + self._pauses[stage].next()
                 continue
-            self._pauses[stage].reset()
-            self.moved += 1
-            self._turn += 1
-            self._turns[stage] = self._turn
+            self._took(stage)
             if stage is None:
-                real = self.gate.route(request)[0]
-                if real in self.queues and real is not None and not self.gate.may_go((real, None)):
+                real = self._stage_of(request)
+                if real is not None and not self.gate.may_go((real, None)):
                     # pushed by another producer: it waits in its stage's queue
                     self.queues[real].push(request)
                     continue
@@ -472,13 +690,111 @@ class SharedStageQueues:
             self.asked_while_paused(paused_until - now)
         return None
 
-    def may_have(self, stage: str) -> bool:
+    def _took(self, stage: str | None) -> None:
+        self._pauses[stage].reset()
+        self.moved += 1
+        self._turn += 1
+        self._turns[stage] = self._turn
+
+    def _start_fetch(self) -> None:
+        """Fetch the next request that can go, in the queue thread (one fetch at a time, and only
+        while none is ahead)."""
+        if self._fetch is not None or self.ahead is not None or self.closing:
+            return
+        assert self.thread is not None
+        now = time.monotonic()
+        asked, paused_until = self._candidates(now)
+        if not asked and not self.in_memory:
+            if paused_until is not None:
+                self.asked_while_paused(paused_until - now)
+            return
+        self._fetch = self.thread.run(self._fetch_now, asked)
+        self._fetch.add_done_callback(self._fetched)
+
+    def _fetch_now(
+        self, asked: list[str | None]
+    ) -> tuple[str | None, Request | None, list[str | None]]:
+        """In the queue thread: what was kept in memory goes to Redis first, then one pop per
+        sub-queue in turn until one gives a request: (its sub-queue, it, the sub-queues found
+        empty)."""
+        self._requeue()
+        empty: list[str | None] = []
+        for stage in asked:
+            request = self.queues[stage].pop()
+            if request is not None:
+                return stage, request, empty
+            empty.append(stage)
+        return None, None, empty
+
+    def _fetched(self, done: asyncio.Future[Any]) -> None:
+        self._fetch = None
+        now = time.monotonic()
+        try:
+            stage, request, empty = done.result()
+        except OUTAGE_ERRORS as exc:
+            if isinstance(exc, REFUSED):
+                self._failed(exc)
+                return
+            delay = self._went_out(exc)
+            self._ask_at = dict.fromkeys(self.queues, now + delay)
+            self.asked_while_paused(delay)
+            return
+        except Exception as exc:  # raised from the engine's next ask
+            self._error = exc
+            self.wake()
+            return
+        self._answers()
+        for name in empty:
+            self._ask_at[name] = now + self._pauses[name].next()
+        if request is None:
+            self.wake()  # the engine may be idle now: it looks again (paused sub-queues wait)
+            return
+        self._took(stage)
+        real = self._stage_of(request) if stage is None else stage
+        if self.closing:
+            self.give_back(request, back=stage == real)
+            return
+        if stage is None and real is not None and not self.gate.may_go((real, None)):
+            # pushed by another producer: it waits in its stage's queue
+            self.give_back(request)
+            self._start_fetch()
+            return
+        self.ahead = (real, request, stage == real)
+        self.wake()
+
+    def may_have(self, stage: str | None) -> bool:
         """Whether ``stage``'s queue may hold a request: not found empty within its pause."""
         return stage in self._ask_at and time.monotonic() >= self._ask_at[stage]
 
+    def tick(self) -> None:
+        """At every renewal tick: a request fetched ahead that its stage could not take since goes
+        back to its place in Redis (what a process has not started stays shared)."""
+        if self.ahead is not None and not self.gate.may_go((self.ahead[0], None)):
+            _, request, own = self.ahead
+            self.ahead = None
+            self.give_back(request, back=own)
+
+    # -- the queue as a whole ----------------------------------------------------------------------
+
     def has_requests(self) -> bool:
         """Whether any sub-queue holds a request: one command per sub-queue until one does. True
-        while Redis does not answer: the crawl does not close on a queue it cannot see."""
+        while Redis does not answer: the crawl does not close on a queue it cannot see.
+
+        While the reactor runs this sends nothing: True while a request is ahead, in memory, or on
+        its way to or from Redis, or while the last look at Redis (epoch and lengths, in the queue
+        thread: :meth:`looked`) is unknown or older than EMPTY_PAUSE_MOST s, which starts a look
+        (the engine is woken when it comes back); else what that look saw."""
+        if self._threaded():
+            if self.in_memory or self.ahead is not None or self._out_since is not None:
+                return True
+            assert self.thread is not None
+            if self.thread.jobs or self._looking is not None:
+                return True
+            fresh = time.monotonic() - self._length_at < EMPTY_PAUSE_MOST
+            if self._length is None or not fresh:
+                self._look_soon()
+                return True
+            return self._length > 0
         try:
             found = bool(self.in_memory) or any(len(queue) > 0 for queue in self.queues.values())
         except OUTAGE_ERRORS:
@@ -487,20 +803,59 @@ class SharedStageQueues:
             self.check()  # empty, or emptied by Redis (said before the engine closes the spider)
         return found
 
+    def _look_soon(self) -> None:
+        if self.look is None or self._looking is not None:
+            return
+        self._looking = asyncio.get_running_loop().create_task(self._look_now())
+
+    async def _look_now(self) -> None:
+        assert self.look is not None
+        try:
+            await self.look()  # skipped while a tick's look runs: that one answers, once drained
+            if self.thread is not None:
+                await self.thread.drain()
+        finally:
+            self._looking = None
+            self.wake()
+
+    def looked(self, queued: int) -> None:
+        """QueueWatch read the lengths of the queue's keys (in the queue thread): ``queued``."""
+        self._length, self._length_at = queued, time.monotonic()
+        self._known_length = queued
+
     def clear(self) -> None:
         for queue in self.queues.values():
             queue.clear()
 
+    async def settle(self) -> None:
+        """At close, while the reactor runs: the fetch under way comes back, the request fetched
+        ahead goes back to its place in Redis (never dropped), and every job given before is
+        done."""
+        self.closing = True
+        if self._fetch is not None:
+            await asyncio.wait([self._fetch])
+        if self.ahead is not None:
+            _, request, own = self.ahead
+            self.ahead = None
+            self.give_back(request, back=own)
+        if self.thread is not None:
+            await self.thread.drain()
+
     def close(self) -> int:
         """The queues live in Redis: only requests scheduled while it did not answer, and never
         queued since, are lost; how many (StageScheduler reports them)."""
-        lost = self.in_memory
+        lost = self.in_memory + (self.ahead is not None)
         self.held.clear()
         self.unpushed.clear()
+        self.ahead = None
         return lost
 
     def __len__(self) -> int:
-        """The requests queued in Redis (the last length read, while Redis does not answer)."""
+        """The requests queued in Redis (the last length read, while Redis does not answer; the
+        last look's while the reactor runs), and those this process holds on their way there."""
+        if self._threaded():
+            ahead = int(self.ahead is not None)
+            return (self._length or 0) + ahead + self.in_memory
         with suppress(*OUTAGE_ERRORS):
             self._known_length = sum(len(queue) for queue in self.queues.values())
         return self._known_length + self.in_memory

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
-from scrapy import Request
+from scrapy import Request, signals
 
 from scrapy_redislock import AsyncCountingLock
 from scrapy_redislock.lock.permit import Permit
@@ -282,10 +282,10 @@ def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
             scheduler = f.scheduler
             assert scheduler is not None and scheduler.shared is not None
             for n in range(5):
-                scheduler.enqueue_request(request("detail", n))
-            assert redis_client.zcard("unit:requests:detail") == 5
-            first = scheduler.next_request()
-            assert first is not None and first.url.endswith("/detail/0")
+                scheduler.enqueue_request(request("detail", n))  # pushed in the queue thread
+            await until(lambda: redis_client.zcard("unit:requests:detail") == 5)
+            first = await f.next_request()
+            assert first.url.endswith("/detail/0")
             waiting = f.send(first)
             # the rest stays in Redis for every process to take
             assert scheduler.next_request() is None
@@ -301,8 +301,8 @@ def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
 
             base.pop = counted
             # detail may go (nothing in line): the next comes from Redis
-            second = scheduler.next_request()
-            assert second is not None and second.url.endswith("/detail/1")
+            second = await f.next_request()
+            assert second.url.endswith("/detail/1")
             assert asks["n"] in (0, 1)  # the spider's own key is asked at most once before detail's
             f.send(second)
             asked = asks["n"]
@@ -314,9 +314,58 @@ def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
             await until(lambda: scheduler._wake_handle is None, timeout=10 * pause)
             free = request(None, 1)
             scheduler.enqueue_request(free)
-            again = scheduler.next_request()  # this process's own push ends the pause
-            assert again is not None and again.url == free.url
+            # this process's own push ends the pause (in the queue thread, after its push)
+            await until(lambda: scheduler.shared is not None and not scheduler.shared.thread.jobs)
+            assert scheduler.shared.may_have(None)
+            again = await f.next_request()
+            assert again.url == free.url
             for r in list(f.locks.slots.holding()):
                 f.middleware.process_response(r, None)  # type: ignore[arg-type]
 
     asyncio.run(scenario())
+
+
+def test_over_scrapy_redis_the_request_fetched_ahead_goes_back_and_refused_ones_are_dropped(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Over scrapy-redis's scheduler with an engine, its calls run in the queue thread: a request
+    its dupefilter refuses gets Scrapy's request_dropped signal (enqueue_request answered True), and
+    the request fetched ahead of the engine, never taken, is back in its place in Redis when the
+    spider closes (SCHEDULER_PERSIST): the queue is as it was."""
+    settings = {
+        "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
+        "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+        "REDIS_URL": redis_url,
+        "SCHEDULER_PERSIST": True,
+    }
+    key = "unit:requests:detail"
+    before: list[bytes] = []
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}, **settings) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.shared is not None
+            shared = scheduler.shared
+            assert shared.thread is not None
+            dropped: list[Request] = []
+
+            def on_dropped(request: Request, spider: Any) -> None:
+                dropped.append(request)
+
+            f.crawler.signals.connect(on_dropped, signal=signals.request_dropped)
+            twice = Request("http://127.0.0.1:9/detail/twice", meta={"redislock_stage": "detail"})
+            assert scheduler.enqueue_request(twice)
+            assert scheduler.enqueue_request(twice.copy())  # seen by scrapy-redis's dupefilter
+            for n in range(3):
+                scheduler.enqueue_request(request("detail", n))
+            await until(lambda: not shared.thread.jobs)
+            assert dropped and dropped[0].url == twice.url and len(dropped) == 1
+            assert redis_client.zcard(key) == 4
+            before.extend(redis_client.zrange(key, 0, -1))
+            assert scheduler.next_request() is None  # fetched in the queue thread
+            await until(lambda: shared.ahead is not None)
+            assert redis_client.zcard(key) == 3
+
+    asyncio.run(scenario())
+    assert redis_client.zrange(key, 0, -1) == before
+    redis_client.delete(key, "unit:requests", "unit:dupefilter")

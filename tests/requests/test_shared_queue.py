@@ -12,6 +12,7 @@ import signal
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -20,6 +21,7 @@ from scrapy_redis.queue import PriorityQueue
 
 from scrapy_redislock.lock.permit import LockKeys
 from testing.crawlproc import Crawl, leftover
+from testing.netproxy import LatencyProxy
 from testing.site import CrawlSite
 from testing.spiders.crawlspider import PlanSpider
 from testing.spiders.dropinspider import held_samples
@@ -206,3 +208,55 @@ def test_the_queue_stays_shared_and_a_kill_loses_only_what_the_process_held(
         holders,
         owners,
     )
+
+
+def test_nothing_blocks_the_reactor_over_a_redis_a_few_ms_away(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
+    """Over scrapy-redis's queue with Redis 1 ms away each way (a LatencyProxy), no command of
+    scrapy-redis's blocking client leaves from the reactor thread (its queue, its dupefilter, the
+    queue's epoch: all in the queue thread), and the crawl is the same: every page fetched once,
+    callbacks' requests through the dupefilter; then closed mid-way (CLOSESPIDER_TIMEOUT,
+    SCHEDULER_PERSIST), every request not fetched is still in the shared queue, the one fetched
+    ahead of the engine included."""
+    port = urlsplit(redis_url).port
+    assert port is not None
+    site.delay = 0.02
+    with LatencyProxy(port, delay=0.001) as proxy:
+        url = redis_url.replace(f":{port}", f":{proxy.port}", 1)
+        extra: dict[str, Any] = {
+            "REDISLOCK_URL": url,
+            "REDIS_URL": url,
+            "REDISLOCK_STAGES": {"detail": CAP, "comments": None},
+            "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
+            "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+            "SCHEDULER_PERSIST": True,
+            "CONCURRENT_REQUESTS": 8,
+            "EXTENSIONS": {
+                "testing.spiders.crawlspider.StatsFile": 0,
+                "testing.reactorlag.BlockingRedisOnReactor": 0,
+            },
+        }
+        crawl = Crawl(site.url, "detail:40", extra, tmp_path, args={"follow": "comments"}).run()
+        stats = crawl.stats
+        assert crawl.code == 0 and stats["finish_reason"] == "finished", crawl.tail()
+        assert stats["test/redis_blocking_on_reactor"] == 0, stats.get(
+            "test/redis_blocking_on_reactor_sample"
+        )
+        assert site.count("detail") == 40 and site.count("comments") == 40
+        assert all(n == 1 for n in site.hits.values())
+        assert stats["scheduler/dequeued/redis"] == 80
+        assert site.max_in_flight["detail"] <= CAP
+
+        redis_client.delete("plan:dupefilter")
+        site.hits.clear()
+        site.delay = 0.2
+        crawl = Crawl(site.url, "detail:100", {**extra, "CLOSESPIDER_TIMEOUT": 1.5}, tmp_path).run()
+        stats = crawl.stats
+        assert stats["finish_reason"] == "closespider_timeout", crawl.tail()
+        assert stats["test/redis_blocking_on_reactor"] == 0, stats.get(
+            "test/redis_blocking_on_reactor_sample"
+        )
+    fetched = sum(site.hits.values())
+    assert 0 < fetched < 100
+    assert queued(redis_client) == 100 - fetched
