@@ -189,8 +189,7 @@ def _not_loaded(
     refused: BaseException, missing: BaseException
 ) -> redis.exceptions.NoPermissionError:
     return redis.exceptions.NoPermissionError(
-        f"this user may not load scripts ({refused}) and the project's functions are not loaded "
-        f"({missing}): an admin loads them with `{LOAD_FUNCTIONS}`"
+        f"this user may not load scripts ({refused}) and the project's functions are not loaded ({missing}): an admin loads them with `{LOAD_FUNCTIONS}`"  # noqa: E501
     )
 
 

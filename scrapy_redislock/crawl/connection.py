@@ -53,10 +53,7 @@ DEFAULT_PORTS = {"sentinel": 26379, "cluster": 6379}
 # A sentinel answers at once; one that does not (paused, cut off) is skipped after this long for the
 # next one.
 SENTINEL_SOCKET_TIMEOUT = 5.0
-EXAMPLE = (
-    "redis://host:6379/0, redis+sentinel://host1:26379,host2:26379/service_name "
-    "or redis+cluster://host1:7000,host2:7001"
-)
+EXAMPLE = "redis://host:6379/0, redis+sentinel://host1:26379,host2:26379/service_name or redis+cluster://host1:7000,host2:7001"
 
 
 def mask_url(url: str) -> str:
@@ -302,8 +299,7 @@ def _kind_of(scheme: str, bad: Callable[[str], ConfigError]) -> str:
     if scheme in CLUSTER_SCHEMES:
         return "cluster"
     raise bad(
-        "the scheme must be one of redis, rediss, unix, redis+sentinel, rediss+sentinel, "
-        f"redis+cluster, rediss+cluster, got {scheme or 'none'!r}"
+        f"the scheme must be one of redis, rediss, unix, redis+sentinel, rediss+sentinel, redis+cluster, rediss+cluster, got {scheme or 'none'!r}"  # noqa: E501
     )
 
 
@@ -315,8 +311,7 @@ def _split_query(
     sentinel_options = {SENTINEL_OPTIONS[k]: v for k, v in pairs if k in SENTINEL_OPTIONS}
     if sentinel_options and kind != "sentinel":
         raise bad(
-            f"{', '.join(sorted(k for k, _ in pairs if k in SENTINEL_OPTIONS))} only applies to "
-            "Sentinel URLs"
+            f"{', '.join(sorted(k for k, _ in pairs if k in SENTINEL_OPTIONS))} only applies to Sentinel URLs"
         )
     return sentinel_options, urlencode([(k, v) for k, v in pairs if k not in SENTINEL_OPTIONS])
 

@@ -190,11 +190,7 @@ def check_reactor(crawler: Crawler, component: str) -> None:
         return
     if not available:
         raise ConfigError(
-            f"{component} needs asyncio: TWISTED_REACTOR is "
-            f"{crawler.settings.get('TWISTED_REACTOR')!r}; use "
-            "'twisted.internet.asyncioreactor.AsyncioSelectorReactor' (Scrapy's default) or "
-            "TWISTED_REACTOR_ENABLED = False. Redis is only called with redis.asyncio, so that the "
-            "reactor never blocks"
+            f"{component} needs asyncio: TWISTED_REACTOR is {crawler.settings.get('TWISTED_REACTOR')!r}; use 'twisted.internet.asyncioreactor.AsyncioSelectorReactor' (Scrapy's default) or TWISTED_REACTOR_ENABLED = False. Redis is only called with redis.asyncio, so that the reactor never blocks"  # noqa: E501
         )
 
 

@@ -45,8 +45,7 @@ def check_inner_scheduler(value: Any) -> str | type:
     parts = value.split(".") if isinstance(value, str) else []
     if len(parts) < 2 or not all(part and part == "".join(part.split()) for part in parts):
         raise ConfigError(
-            f"{SETTING} must be a scheduler class or its import path (like SCHEDULER, e.g. "
-            f"'scrapy.core.scheduler.Scheduler'), got {value!r}"
+            f"{SETTING} must be a scheduler class or its import path (like SCHEDULER, e.g. 'scrapy.core.scheduler.Scheduler'), got {value!r}"  # noqa: E501
         )
     return value
 
@@ -66,9 +65,7 @@ def load_inner_scheduler(value: Any, outer: type | None = None) -> type:
     cls = _checked(loaded, value)
     if outer is not None and issubclass(cls, outer):
         raise ConfigError(
-            f"{SETTING} = {inner_name(value)!r} is {outer.__name__} itself, which wraps the inner "
-            "scheduler: name the "
-            "scheduler it should wrap (e.g. 'scrapy.core.scheduler.Scheduler')"
+            f"{SETTING} = {inner_name(value)!r} is {outer.__name__} itself, which wraps the inner scheduler: name the scheduler it should wrap (e.g. 'scrapy.core.scheduler.Scheduler')"  # noqa: E501
         )
     return cls
 
@@ -78,15 +75,12 @@ def _checked(loaded: Any, value: Any) -> type:
     BaseScheduler)``)."""
     if not isinstance(loaded, type):
         raise ConfigError(
-            f"{SETTING} must name a scheduler class, got {inner_name(value)!r}: a "
-            f"{type(loaded).__name__}"
+            f"{SETTING} must name a scheduler class, got {inner_name(value)!r}: a {type(loaded).__name__}"
         )
     missing = [name for name in REQUIRED_METHODS if not callable(getattr(loaded, name, None))]
     if missing or not issubclass(loaded, BaseScheduler):
         lacks = f" (it lacks {', '.join(missing)})" if missing else ""
         raise ConfigError(
-            f"{SETTING} = {inner_name(value)!r} is not a scheduler class{lacks}: Scrapy's "
-            "scheduler interface "
-            f"(scrapy.core.scheduler.BaseScheduler) needs callable {', '.join(REQUIRED_METHODS)}"
+            f"{SETTING} = {inner_name(value)!r} is not a scheduler class{lacks}: Scrapy's scheduler interface (scrapy.core.scheduler.BaseScheduler) needs callable {', '.join(REQUIRED_METHODS)}"  # noqa: E501
         )
     return loaded

@@ -51,8 +51,7 @@ def key_function(value: Any, setting: str = "REDISLOCK_STAGE_KEY") -> KeyFunctio
             return KINDS[value]
         if "." not in value:
             raise ConfigError(
-                f"{setting} must be 'domain', 'download_slot' or the dotted path of a function "
-                f"(request, spider) -> key, got {value!r}"
+                f"{setting} must be 'domain', 'download_slot' or the dotted path of a function (request, spider) -> key, got {value!r}"  # noqa: E501
             )
         try:
             value = load_object(value)
@@ -73,16 +72,13 @@ def key_of(request: Request, spider: Any, function: KeyFunction) -> str | None:
         key = function(request, spider)
     except Exception as exc:
         raise KeyFunctionError(
-            f"REDISLOCK_STAGE_KEY function {_name(function)} raised {type(exc).__name__}: {exc} "
-            f"for {request.url}"
+            f"REDISLOCK_STAGE_KEY function {_name(function)} raised {type(exc).__name__}: {exc} for {request.url}"
         ) from exc
     if key is None:
         return None
     if not isinstance(key, str) or not key or "{" in key or "}" in key or len(key) > KEY_MAX:
         raise KeyFunctionError(
-            f"REDISLOCK_STAGE_KEY function {_name(function)} returned {key!r} for {request.url}: a "
-            "key must be None "
-            f"or a non-empty string of at most {KEY_MAX} characters without braces"
+            f"REDISLOCK_STAGE_KEY function {_name(function)} returned {key!r} for {request.url}: a key must be None or a non-empty string of at most {KEY_MAX} characters without braces"  # noqa: E501
         )
     return key
 

@@ -170,9 +170,7 @@ class Lifecycle:
                     raise
                 delay = min(backoff.next(), left)
                 logger.warning(
-                    "Redis at %s (%s) is not reachable yet (%s); trying again in %.1f s, for %.0f "
-                    "s more "
-                    "(REDISLOCK_CONNECT_TIMEOUT = %g)",
+                    "Redis at %s (%s) is not reachable yet (%s); trying again in %.1f s, for %.0f s more (REDISLOCK_CONNECT_TIMEOUT = %g)",  # noqa: E501
                     self.locks.settings.redis.safe_url,
                     self.locks.settings.redis.url_setting,
                     exc,
@@ -192,10 +190,7 @@ class Lifecycle:
             self.failure = CloseSpider("redislock_config_error")
         elif isinstance(exc, redis.exceptions.NoPermissionError):
             logger.error(
-                "Redis at %s (%s) refused a command to this user (ACL): %s; the crawl needs the "
-                "crawler role "
-                "(python -m scrapy_redislock.cli.acl crawler); closing the spider rather than "
-                "crawl unthrottled",
+                "Redis at %s (%s) refused a command to this user (ACL): %s; the crawl needs the crawler role (python -m scrapy_redislock.cli.acl crawler); closing the spider rather than crawl unthrottled",  # noqa: E501
                 self.locks.settings.redis.safe_url,
                 source,
                 exc,
@@ -203,9 +198,7 @@ class Lifecycle:
             self.failure = CloseSpider("redislock_redis_refused")
         elif isinstance(exc, redis.exceptions.AuthenticationError):
             logger.error(
-                "Redis at %s (%s) refused the credentials: %s Check the password or ACL user in "
-                "the URL or in "
-                "REDISLOCK_PARAMS; closing the spider rather than crawl unthrottled",
+                "Redis at %s (%s) refused the credentials: %s Check the password or ACL user in the URL or in REDISLOCK_PARAMS; closing the spider rather than crawl unthrottled",  # noqa: E501
                 self.locks.settings.redis.safe_url,
                 source,
                 exc,
@@ -213,9 +206,7 @@ class Lifecycle:
             self.failure = CloseSpider("redislock_redis_auth_failed")
         else:
             logger.error(
-                "Cannot reach Redis at %s (%s): %s; waited %g s (REDISLOCK_CONNECT_TIMEOUT); "
-                "closing the spider "
-                "rather than crawl unthrottled",
+                "Cannot reach Redis at %s (%s): %s; waited %g s (REDISLOCK_CONNECT_TIMEOUT); closing the spider rather than crawl unthrottled",  # noqa: E501
                 self.locks.settings.redis.safe_url,
                 source,
                 exc,
@@ -308,8 +299,7 @@ class Lifecycle:
                 await asyncio.wait_for(closing, CLOSE_TIMEOUT)
             except (TimeoutError, *REDIS_ERRORS) as exc:
                 logger.warning(
-                    "Could not free the slots of stage %r on close (%s); they come back after the "
-                    "TTL (%s s)",
+                    "Could not free the slots of stage %r on close (%s); they come back after the TTL (%s s)",
                     stage,
                     exc or "timeout",
                     lock.ttl,

@@ -110,8 +110,7 @@ async def publish_limits(locks: Locks) -> None:
         other = await first_answer(locks.clients, functools.partial(_hget_limit, meta=meta))
         if other is not None:
             logger.warning(
-                "Stage %r is unlimited in this process but capped at %s in Redis by other "
-                "processes",
+                "Stage %r is unlimited in this process but capped at %s in Redis by other processes",
                 stage,
                 text(other),
             )

@@ -69,8 +69,7 @@ def no_quorum(
 ) -> LockConnectionError:
     """The error of a quorum start that fewer than ``needed`` masters answered."""
     return LockConnectionError(
-        f"{len(masters) - len(failed)} of {len(masters)} masters answer, {needed} needed; "
-        f"{masters_said(masters, failed)}"
+        f"{len(masters) - len(failed)} of {len(masters)} masters answer, {needed} needed; {masters_said(masters, failed)}"  # noqa: E501
     )
 
 

@@ -75,10 +75,7 @@ def _encode(value: Any, path: str) -> Any:
         return {"$d": [[_encode(key, f"{path} key {key!r}"), _encode(item, _path(path, key))] for key, item in
                        value.items()]}  # fmt: skip
     raise RequestFormatError(
-        f"{path} is a {kind.__module__}.{kind.__qualname__}, not plain data (None, bool, int, "
-        "float, str, bytes, "
-        "list, tuple, dict); store it elsewhere or as plain data, or choose SCHEDULER_SERIALIZER "
-        "knowingly"
+        f"{path} is a {kind.__module__}.{kind.__qualname__}, not plain data (None, bool, int, float, str, bytes, list, tuple, dict); store it elsewhere or as plain data, or choose SCHEDULER_SERIALIZER knowingly"  # noqa: E501
     )
 
 
@@ -165,8 +162,7 @@ def request_from_data(
     scheme = url.partition(":")[0].strip().lower() if isinstance(url, str) and ":" in url else ""
     if scheme not in schemes:
         raise RequestFormatError(
-            f"url {_short(url)} has a scheme that is not in REDISLOCK_ALLOWED_SCHEMES "
-            f"({', '.join(schemes)})"
+            f"url {_short(url)} has a scheme that is not in REDISLOCK_ALLOWED_SCHEMES ({', '.join(schemes)})"
         )
     for field in ("callback", "errback"):
         name = loaded.get(field)
@@ -174,8 +170,7 @@ def request_from_data(
             continue
         if not _public_method(spider, name):
             raise RequestFormatError(
-                f"{field} {_short(name)} is not a public method of the spider (no leading "
-                "underscore, not a class or static method)"
+                f"{field} {_short(name)} is not a public method of the spider (no leading underscore, not a class or static method)"  # noqa: E501
             )
     return request_from_dict(loaded, spider=spider)
 
@@ -204,8 +199,7 @@ def serializer_of(value: Any) -> Any:
             ) from None
     if not (callable(getattr(module, "loads", None)) and callable(getattr(module, "dumps", None))):
         raise ConfigError(
-            f"SCHEDULER_SERIALIZER {value!r} must be a module (or its import path) with loads and "
-            "dumps"
+            f"SCHEDULER_SERIALIZER {value!r} must be a module (or its import path) with loads and dumps"
         )
     return module
 

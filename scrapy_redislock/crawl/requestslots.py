@@ -267,8 +267,7 @@ class RequestSlots:
             logger.info("Slot %s of %r was lost: no request starts with it", slot_id(permit), stage)
         else:
             logger.warning(
-                "Slot %s of %r: its lease ran out %.1f s ago unrenewed (Redis out of reach, or a "
-                "stall); no request starts with it",
+                "Slot %s of %r: its lease ran out %.1f s ago unrenewed (Redis out of reach, or a stall); no request starts with it",  # noqa: E501
                 slot_id(permit),
                 stage,
                 now - permit.valid_until,

@@ -390,8 +390,7 @@ def group_of(settings: RedisLockSettings, spider: str | None) -> str:
         return ""
     if "{" in spider or "}" in spider:
         raise ConfigError(
-            f"REDISLOCK_GROUP is {group!r} but the spider's name {spider!r} has braces, which a "
-            "Redis key's group cannot: set REDISLOCK_GROUP to a name"
+            f"REDISLOCK_GROUP is {group!r} but the spider's name {spider!r} has braces, which a Redis key's group cannot: set REDISLOCK_GROUP to a name"  # noqa: E501
         )
     return group % {"spider": spider}
 
@@ -562,8 +561,7 @@ def check_masters(raw: Any, setting: str) -> tuple[str, ...]:
         checked = connection_url(url, setting)
         if checked.kind == "cluster":
             raise ConfigError(
-                f"{setting} lists a Redis Cluster ({mask_url(checked.url)!r}): a quorum lock needs "
-                "independent masters (plain redis:// servers or Sentinel services), not a cluster"
+                f"{setting} lists a Redis Cluster ({mask_url(checked.url)!r}): a quorum lock needs independent masters (plain redis:// servers or Sentinel services), not a cluster"  # noqa: E501
             )
         if checked.url in masters:
             raise ConfigError(
@@ -584,8 +582,7 @@ def check_names(settings: BaseSettings) -> None:
             continue
         closest = difflib.get_close_matches(folded, defaults.SETTINGS, n=1, cutoff=0.0)
         raise ConfigError(
-            f"{name} is not a scrapy_redislock setting (did you mean {closest[0]}?); "
-            f"known: {', '.join(sorted(defaults.SETTINGS))}"
+            f"{name} is not a scrapy_redislock setting (did you mean {closest[0]}?); known: {', '.join(sorted(defaults.SETTINGS))}"  # noqa: E501
         )
 
 
@@ -627,13 +624,11 @@ def _adaptive(values: dict[str, Any]) -> AdaptiveSettings:
     for what, ceiling in sorted(_adaptive_ceilings(values, named).items()):
         if ceiling < minimum:
             raise ConfigError(
-                f"REDISLOCK_ADAPTIVE_MIN = {minimum} is above the cap of {what} ({ceiling}), the "
-                "ceiling of its adaptive limit"
+                f"REDISLOCK_ADAPTIVE_MIN = {minimum} is above the cap of {what} ({ceiling}), the ceiling of its adaptive limit"  # noqa: E501
             )
     if named and values["masters"]:
         raise ConfigError(
-            "REDISLOCK_ADAPTIVE is not available with a quorum of masters (REDISLOCK_URL a list): "
-            "its limit would have to move on every master at once"
+            "REDISLOCK_ADAPTIVE is not available with a quorum of masters (REDISLOCK_URL a list): its limit would have to move on every master at once"  # noqa: E501
         )
     return AdaptiveSettings(
         adaptive=frozenset(named),
@@ -662,14 +657,11 @@ def _adaptive_names(values: dict[str, Any], named: Any) -> tuple[str, ...]:
 def _check_adaptive_name(name: str, capped: set[str], key_capped: bool) -> None:
     if name == "keys" and not key_capped:
         raise ConfigError(
-            "REDISLOCK_ADAPTIVE names 'keys' but no key is capped: set REDISLOCK_STAGE_KEY "
-            "and REDISLOCK_KEY_LIMIT (the ceiling of every key's adaptive limit)"
+            "REDISLOCK_ADAPTIVE names 'keys' but no key is capped: set REDISLOCK_STAGE_KEY and REDISLOCK_KEY_LIMIT (the ceiling of every key's adaptive limit)"  # noqa: E501
         )
     if name != "keys" and name not in capped:
         raise ConfigError(
-            f"REDISLOCK_ADAPTIVE names {name!r}, which is not a capped stage of "
-            f"REDISLOCK_STAGES (capped: {sorted(capped)}; 'keys' for the keys): its cap is the "
-            "ceiling of its adaptive limit"
+            f"REDISLOCK_ADAPTIVE names {name!r}, which is not a capped stage of REDISLOCK_STAGES (capped: {sorted(capped)}; 'keys' for the keys): its cap is the ceiling of its adaptive limit"  # noqa: E501
         )
 
 
@@ -708,9 +700,7 @@ def _scrapy_redis_url(settings: BaseSettings) -> tuple[str, str]:
         url = parse_url(settings.get("REDIS_URL"), "REDIS_URL")
         if isinstance(url, tuple):
             raise ConfigError(
-                "REDIS_URL must be one redis URL (scrapy-redis connects to one Redis), got a list "
-                f"{list(url)!r}; a list of independent masters for the quorum lock goes in "
-                "REDISLOCK_URL"
+                f"REDIS_URL must be one redis URL (scrapy-redis connects to one Redis), got a list {list(url)!r}; a list of independent masters for the quorum lock goes in REDISLOCK_URL"  # noqa: E501
             )
         return url, "REDIS_URL"
     if settings.get("REDIS_HOST") or settings.get("REDIS_PORT"):
@@ -746,16 +736,13 @@ def _check_quorum(values: Mapping[str, Any]) -> None:
     if masters and (values["stage_key"] is not None or values["delays"]):
         given = "REDISLOCK_STAGE_KEY" if values["stage_key"] is not None else "REDISLOCK_DELAYS"
         raise ConfigError(
-            f"REDISLOCK_URL lists {len(masters)} masters (a quorum lock) but {given} is set: caps "
-            "per key and delays need one Redis (give REDISLOCK_URL one URL)"
+            f"REDISLOCK_URL lists {len(masters)} masters (a quorum lock) but {given} is set: caps per key and delays need one Redis (give REDISLOCK_URL one URL)"  # noqa: E501
         )
     if quorum is None:
         return
     if not masters:
         raise ConfigError(
-            f"REDISLOCK_QUORUM is set ({quorum!r}) but REDISLOCK_URL names one Redis: give "
-            "REDISLOCK_URL as a list of independent masters for a quorum lock, or unset "
-            "REDISLOCK_QUORUM"
+            f"REDISLOCK_QUORUM is set ({quorum!r}) but REDISLOCK_URL names one Redis: give REDISLOCK_URL as a list of independent masters for a quorum lock, or unset REDISLOCK_QUORUM"  # noqa: E501
         )
     _check_quorum_size(quorum, len(masters), values["stages"])
 
@@ -769,10 +756,7 @@ def _check_quorum_size(quorum: Any, count: int, stages: Mapping[str, int | None]
     for stage, limit in stages.items():
         if limit is not None and quorum < safe_quorum(count, limit):
             raise ConfigError(
-                f"REDISLOCK_QUORUM = {quorum!r} is below the safe quorum "
-                f"{safe_quorum(count, limit)} of stage {stage!r} (limit {limit}, {count} masters): "
-                f"up to {count * limit // quorum} requests could hold it at once; use None (each "
-                "stage's safe quorum) or a value from the safe quorum to the number of masters"
+                f"REDISLOCK_QUORUM = {quorum!r} is below the safe quorum {safe_quorum(count, limit)} of stage {stage!r} (limit {limit}, {count} masters): up to {count * limit // quorum} requests could hold it at once; use None (each stage's safe quorum) or a value from the safe quorum to the number of masters"  # noqa: E501
             )
 
 
@@ -792,14 +776,12 @@ def _check_keys(values: dict[str, Any]) -> None:
     ):
         if given:
             raise ConfigError(
-                f"{setting} is set but REDISLOCK_STAGE_KEY is not: set it to 'domain', "
-                "'download_slot' or a function, or give stage delays in REDISLOCK_DELAYS"
+                f"{setting} is set but REDISLOCK_STAGE_KEY is not: set it to 'domain', 'download_slot' or a function, or give stage delays in REDISLOCK_DELAYS"  # noqa: E501
             )
     strays = sorted(set(values["delays"]) - set(values["stages"]))
     if strays:
         raise ConfigError(
-            f"REDISLOCK_DELAYS names {strays}, which are not stages of REDISLOCK_STAGES, and "
-            "REDISLOCK_STAGE_KEY is not set (no keys)"
+            f"REDISLOCK_DELAYS names {strays}, which are not stages of REDISLOCK_STAGES, and REDISLOCK_STAGE_KEY is not set (no keys)"  # noqa: E501
         )
 
 

@@ -142,8 +142,7 @@ def unknown_stage(what: str, stage: str, known: Collection[str], setting: str) -
     """The ConfigError for a stage name ``what`` gives that ``setting`` does not configure."""
     configured = ", ".join(repr(s) for s in sorted(known)) or "none"
     return ConfigError(
-        f"{what} names stage {stage!r}, which is not in {setting}{did_you_mean(stage, known)}; "
-        f"configured: {configured}"
+        f"{what} names stage {stage!r}, which is not in {setting}{did_you_mean(stage, known)}; configured: {configured}"
     )
 
 

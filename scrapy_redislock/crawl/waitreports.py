@@ -135,8 +135,7 @@ class WaitReports:
             return WaitReason("free")
         return WaitReason(
             "held" if calm else "quorum",
-            f"{free} of {masters} masters have a free slot, {needed} needed; "
-            f"{masters_said(self.locks.settings.redis.masters, said)}",
+            f"{free} of {masters} masters have a free slot, {needed} needed; {masters_said(self.locks.settings.redis.masters, said)}",  # noqa: E501
         )
 
     async def say_why(self, stage: str, when: str) -> None:

@@ -118,21 +118,14 @@ class StageLockMiddleware:
         self.stall_window = self.settings.ttl + self.download_timeout
         if not self.settings.enabled:
             logger.warning(
-                "REDISLOCK_ENABLED is False: requests that have a stage fail with "
-                "ThrottlingDisabled instead of "
-                "going out unthrottled; remove %s from DOWNLOADER_MIDDLEWARES to crawl them "
-                "unthrottled on purpose",
+                "REDISLOCK_ENABLED is False: requests that have a stage fail with ThrottlingDisabled instead of going out unthrottled; remove %s from DOWNLOADER_MIDDLEWARES to crawl them unthrottled on purpose",  # noqa: E501
                 MIDDLEWARE_PATH,
             )
             self.locks: StageLocks | None = None
             return
         if not self.settings.stages and not self.settings.keyed:
             raise ConfigError(
-                "StageLockMiddleware is enabled but REDISLOCK_STAGES is empty, so no request would "
-                "be capped; "
-                "set REDISLOCK_STAGES = {stage: limit, ...} or REDISLOCK_STAGE_KEY, or "
-                "REDISLOCK_ENABLED = False to "
-                "switch it off on purpose"
+                "StageLockMiddleware is enabled but REDISLOCK_STAGES is empty, so no request would be capped; set REDISLOCK_STAGES = {stage: limit, ...} or REDISLOCK_STAGE_KEY, or REDISLOCK_ENABLED = False to switch it off on purpose"  # noqa: E501
             )
         check_reactor(crawler, "StageLockMiddleware")
         check_stage_names(
@@ -171,9 +164,7 @@ class StageLockMiddleware:
         ]
         if late:
             logger.warning(
-                "%s run(s) after StageLockMiddleware: cache hits and robots.txt refusals then take "
-                "a slot; "
-                "give StageLockMiddleware a higher order (950)",
+                "%s run(s) after StageLockMiddleware: cache hits and robots.txt refusals then take a slot; give StageLockMiddleware a higher order (950)",  # noqa: E501
                 ", ".join(late),
             )
 
@@ -278,10 +269,7 @@ class StageLockMiddleware:
             return
         self.crawler.stats.inc_value("redislock/throttling_off")
         raise ThrottlingDisabled(
-            f"request of stage {stage!r} refused: REDISLOCK_ENABLED is False, and it must not go "
-            "out unthrottled "
-            f"(remove {MIDDLEWARE_PATH} from DOWNLOADER_MIDDLEWARES to crawl unthrottled on "
-            "purpose)"
+            f"request of stage {stage!r} refused: REDISLOCK_ENABLED is False, and it must not go out unthrottled (remove {MIDDLEWARE_PATH} from DOWNLOADER_MIDDLEWARES to crawl unthrottled on purpose)"  # noqa: E501
         )
 
     def _drop_unknown(self, request: Request, stage: str, exc: UnknownStage) -> None:
