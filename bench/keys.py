@@ -15,9 +15,9 @@ pages ``i, i + P, ...``. For each number of processes P and of domains D, two cr
 Measured: pages/s (pages over the time from the first request's arrival at the site to the last answer), the most
 requests of one domain in flight at once (seen by the site), Redis commands per page (INFO commandstats: every
 command, those run inside scripts included), the crawl processes' CPU seconds per 1,000 pages (their rusage: a
-cost the machine's load does not change, where pages/s on a shared machine moves with it) and Redis memory at the end: the keys left and their bytes (MEMORY
-USAGE summed), and INFO memory used_memory less the empty server's (that includes the Lua scripts loaded and the
-Lua VM, which are not per key).
+cost the machine's load does not change, where pages/s on a shared machine moves with it) and Redis memory at the
+end: the keys left and their bytes (MEMORY USAGE summed), and INFO memory used_memory less the empty server's
+(that includes the Lua scripts loaded and the Lua VM, which are not per key).
 
 Then the delay as the site sees it (``--gap-*``): 3 processes, 8 host names x 90 pages, REDISLOCK_KEY_LIMIT = 3,
 REDISLOCK_DELAY = 0.1 s, once on a quiet machine and once beside two CPU burners (``python -c "while True:
