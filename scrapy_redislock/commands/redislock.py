@@ -45,8 +45,7 @@ class Command(ScrapyCommand):
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         if args:
             raise UsageError(
-                f"unrecognized arguments: {' '.join(args)} (Scrapy's options such as -s go before "
-                "the sub-command)",
+                f"unrecognized arguments: {' '.join(args)} (Scrapy's options such as -s go before the sub-command)",
                 print_help=False,
             )
         self.exitcode = cli.run(opts, settings=self.settings, prog="scrapy redislock")

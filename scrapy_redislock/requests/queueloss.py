@@ -146,8 +146,7 @@ class QueueWatch:
 
     def _last_word(self) -> None:
         logger.info(
-            "Redis lost the shared queue %d time(s) during this crawl (redislock/queue_lost): it "
-            "finishes as %s",
+            "Redis lost the shared queue %d time(s) during this crawl (redislock/queue_lost): it finishes as %s",
             self.losses,
             LOST_REASON,
         )

@@ -163,22 +163,13 @@ def _scrapy_redis_settings(inner_cls: type, settings: Settings) -> Settings | No
         patched.set("DUPEFILTER_CLASS", SCRAPY_REDIS_DUPEFILTER, priority="default")
         patched.freeze()
         logger.info(
-            "REDISLOCK_SCHEDULER_INNER is scrapy-redis's scheduler and DUPEFILTER_CLASS is "
-            "Scrapy's default: it uses "
-            "scrapy-redis's dupefilter (%s), as scrapy-redis's settings say (set DUPEFILTER_CLASS "
-            "to choose another)",
+            "REDISLOCK_SCHEDULER_INNER is scrapy-redis's scheduler and DUPEFILTER_CLASS is Scrapy's default: it uses scrapy-redis's dupefilter (%s), as scrapy-redis's settings say (set DUPEFILTER_CLASS to choose another)",  # noqa: E501
             SCRAPY_REDIS_DUPEFILTER,
         )
         return patched
     if not (hasattr(dupefilter, "from_spider") or hasattr(dupefilter, "from_settings")):
         raise ConfigError(
-            f"DUPEFILTER_CLASS = {value!r} cannot be used by scrapy-redis's scheduler "
-            "(REDISLOCK_SCHEDULER_INNER = "
-            f"{settings.get('REDISLOCK_SCHEDULER_INNER')!r}): it builds its dupefilter with "
-            "from_spider() or "
-            "from_settings(), which this class lacks; use DUPEFILTER_CLASS = "
-            f"{SCRAPY_REDIS_DUPEFILTER!r}, "
-            "as scrapy-redis's documentation says"
+            f"DUPEFILTER_CLASS = {value!r} cannot be used by scrapy-redis's scheduler (REDISLOCK_SCHEDULER_INNER = {settings.get('REDISLOCK_SCHEDULER_INNER')!r}): it builds its dupefilter with from_spider() or from_settings(), which this class lacks; use DUPEFILTER_CLASS = {SCRAPY_REDIS_DUPEFILTER!r}, as scrapy-redis's documentation says"  # noqa: E501
         )
     return None
 
@@ -195,17 +186,13 @@ class StageScheduler:
         self.enabled = self.settings.enabled
         if self.enabled and not self.settings.stages and not self.settings.keyed:
             raise ConfigError(
-                "StageScheduler is enabled but REDISLOCK_STAGES is empty, so no request would be "
-                "capped; set "
-                "REDISLOCK_STAGES = {stage: limit, ...}, or REDISLOCK_ENABLED = False to switch it "
-                "off on purpose"
+                "StageScheduler is enabled but REDISLOCK_STAGES is empty, so no request would be capped; set REDISLOCK_STAGES = {stage: limit, ...}, or REDISLOCK_ENABLED = False to switch it off on purpose"  # noqa: E501
             )
         if self.enabled:
             check_reactor(crawler, "StageScheduler")
             if not middleware_configured(crawler):
                 raise ConfigError(
-                    f"SCHEDULER = 'scrapy_redislock.StageScheduler' needs the middleware too: "
-                    f"DOWNLOADER_MIDDLEWARES = {{{MIDDLEWARE_PATH!r}: 950}}"
+                    f"SCHEDULER = 'scrapy_redislock.StageScheduler' needs the middleware too: DOWNLOADER_MIDDLEWARES = {{{MIDDLEWARE_PATH!r}: 950}}"  # noqa: E501
                 )
         self.inner = _build_inner(inner_cls, crawler)
         self.locks = StageLocks.of(crawler, self.settings) if self.enabled else None
@@ -240,11 +227,7 @@ class StageScheduler:
             elif not _is_scrapy_redis(self.inner):
                 self.gate.queues_split = False
                 logger.info(
-                    "REDISLOCK_SCHEDULER_INNER = %r is neither Scrapy's scheduler nor "
-                    "scrapy-redis's (nor a subclass): "
-                    "StageScheduler cannot give it a queue per stage, so a capped request goes in "
-                    "its order and waits "
-                    "for its slot in the downloader (a full stage can then hold up the others)",
+                    "REDISLOCK_SCHEDULER_INNER = %r is neither Scrapy's scheduler nor scrapy-redis's (nor a subclass): StageScheduler cannot give it a queue per stage, so a capped request goes in its order and waits for its slot in the downloader (a full stage can then hold up the others)",  # noqa: E501
                     inner_name(self.settings.scheduler_inner),
                 )
             self.locks.add_waiting_source(self._queued)

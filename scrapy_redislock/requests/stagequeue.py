@@ -160,11 +160,7 @@ class StagePriorityQueues:
     ) -> None:
         if startprios and not isinstance(startprios, dict):
             raise ValueError(
-                f"the JOBDIR's scheduler state ({startprios!r}) was written without "
-                "StageScheduler's sub-queues "
-                "(SCHEDULER was Scrapy's own, or REDISLOCK_ENABLED was False); a crawl can only be "
-                "resumed with the "
-                "scheduler and priority queue it was started with"
+                f"the JOBDIR's scheduler state ({startprios!r}) was written without StageScheduler's sub-queues (SCHEDULER was Scrapy's own, or REDISLOCK_ENABLED was False); a crawl can only be resumed with the scheduler and priority queue it was started with"  # noqa: E501
             )
         self.crawler = crawler
         self.gate = gate
@@ -568,8 +564,7 @@ class SharedStageQueues:
         self._went_out(exc)
         if not self.held:
             logger.info(
-                "Requests scheduled while Redis does not answer are kept in memory, and queued "
-                "once it answers (redislock/queue_held)"
+                "Requests scheduled while Redis does not answer are kept in memory, and queued once it answers (redislock/queue_held)"  # noqa: E501
             )
         self.held.append(request)
 
@@ -585,8 +580,7 @@ class SharedStageQueues:
         if self._out_since is None:
             self._out_since = time.monotonic()
             logger.warning(
-                "Shared queue in Redis unreachable (%s: %s); asking again in %.1f s, "
-                "then backing off",
+                "Shared queue in Redis unreachable (%s: %s); asking again in %.1f s, then backing off",
                 type(exc).__name__,
                 exc,
                 delay,
