@@ -86,6 +86,7 @@ class KeyLocks(StageLocks):
     instance."""
 
     retire_on_close = True
+    watch_limits = False  # a key's limit is its own (KeyLocks.limit), never logged per key
     fan_out = 8  # renewals and retirements of many keys share the client's pool: a few at once
 
     def __init__(self, crawler: Crawler, settings: RedisLockSettings) -> None:

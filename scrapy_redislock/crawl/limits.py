@@ -1,20 +1,19 @@
 """What a crawl process writes of its stages' limits when it starts, what it says about them, and how
 it hears of a change made later.
 
-Each capped stage's limit is written to Redis (the newest process's settings win; a change is
-logged at WARNING, and every other process of the stage's group logs it too when its next renewal
-reports the new limit: :class:`LimitWatch`); an adaptive stage (REDISLOCK_ADAPTIVE) is only
-created, at the minimum, when its lock is not in Redis yet: its controller moves the limit from
-there, and a process starting must not write its ceiling over it. A stage unlimited in this
-process but capped in Redis by others is said at WARNING: their cap does not hold for this
-process. Reads no settings itself.
-"""
+Each capped stage's limit is written to Redis (the newest process's settings win; a change is logged
+at WARNING, and every other process of the stage's group logs it too when its next renewal reports
+the new limit: the lock's ``reported_limit``, read by ``StageLocks`` after each renewal); an
+adaptive stage (REDISLOCK_ADAPTIVE) is only created, at the minimum, when its lock is not in Redis
+yet: its controller moves the limit from there, and a process starting must not write its ceiling
+over it. A stage unlimited in this process but capped in Redis by others is said at WARNING: their
+cap does not hold for this process. Reads no settings itself."""
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from scrapy_redislock._redis import AsyncRedisClient, text
@@ -22,7 +21,6 @@ from scrapy_redislock.crawl.reach import first_answer, no_quorum
 from scrapy_redislock.errors import QuorumNotReached
 from scrapy_redislock.lock.interface import AsyncLock
 from scrapy_redislock.lock.permit import LockKeys
-from scrapy_redislock.lock.protocol import Command, RunScript
 
 if TYPE_CHECKING:
     from scrapy_redislock.crawl.settings import RedisLockSettings
@@ -46,35 +44,6 @@ class Locks(Protocol):
 
 
 logger = logging.getLogger("scrapy_redislock.crawl.stagelocks")
-
-
-class LimitWatch:
-    """Wraps a lock's command runner: passes every command on unchanged, and hands the limit in each
-    reply of the ``maintain`` script (``{lost, limit, lease, freed, adopted}``) to ``seen``: a
-    renewal tells every process of the lock's limit at no cost in Redis commands. A reply it cannot
-    read is passed on as it is."""
-
-    def __init__(self, runner: Callable[[Command], Any], seen: Callable[[int], None]) -> None:
-        self.runner = runner
-        self.seen = seen
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.runner, name)
-
-    def __call__(self, command: Command) -> Any:
-        result = self.runner(command)
-        if isinstance(command, RunScript) and command.name == "maintain":
-            return self._watch(result)
-        return result
-
-    async def _watch(self, result: Awaitable[Any]) -> Any:
-        reply = await result
-        try:
-            limit = int(reply[1])
-        except (TypeError, ValueError, IndexError, KeyError):
-            return reply
-        self.seen(limit)
-        return reply
 
 
 def _hget_limit(client: AsyncRedisClient, meta: str) -> Awaitable[Any]:

@@ -100,7 +100,6 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -111,14 +110,13 @@ from scrapy_redislock.crawl.adaptive import Adaptation
 from scrapy_redislock.crawl.deployment import deployment_of
 from scrapy_redislock.crawl.engine import one_per_crawler
 from scrapy_redislock.crawl.lifecycle import Lifecycle
-from scrapy_redislock.crawl.limits import LimitWatch, publish_limits
+from scrapy_redislock.crawl.limits import publish_limits
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.renewer import gather_bounded
 from scrapy_redislock.crawl.requestslots import RequestSlots, SlotPermit
 from scrapy_redislock.crawl.settings import group_of
 from scrapy_redislock.crawl.waitreports import WaitReports
 from scrapy_redislock.errors import AcquireTimeout, Paused, UnknownStage
-from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.interface import AsyncLock
 from scrapy_redislock.lock.permit import group_prefix
 
@@ -146,6 +144,8 @@ class StageLocks:
     retire_on_close = False
     # Redis calls at once when renewing or freeing every lock (None: all at once)
     fan_out: int | None = None
+    # the limit each renewal reports is seen (logged when it changed, read by the worker front)
+    watch_limits = True
 
     def __init__(
         self,
@@ -168,7 +168,6 @@ class StageLocks:
         self.limits_seen: dict[str, tuple[int, float]] = {}
         # stage -> the limit this process last knew Redis to hold (written at start, or logged)
         self.limits_known: dict[str, int] = {}
-        self.on_limit: Callable[[str, int], None] | None = None
         # one Redis, or a quorum of masters: the clients (one, or one per master) and the locks
         self.deployment = deployment_of(settings, self.key_prefix)
         self.locks: dict[str, StageLock] = {
@@ -210,11 +209,14 @@ class StageLocks:
         REDISLOCK_URL. On one Redis, the limit in each reply of its renewals goes to
         :meth:`limit_seen` (no command of its own)."""
         identity = {"spider": self.spider_name, "group": self.group, "waiting": 0, "limit": limit}
-        lock = self.deployment.make_lock(name, limit, identity)
-        if isinstance(lock, AsyncCountingLock):
-            stage = name.removeprefix(self.lock_prefix)
-            lock.runner = LimitWatch(lock.runner, functools.partial(self.limit_seen, stage))
-        return lock
+        return self.deployment.make_lock(name, limit, identity)
+
+    def _limit_reported(self, stage: str, lock: StageLock) -> None:
+        """The limit the lock's renewal reported (one Redis; a quorum lock reports none) is seen
+        (:meth:`limit_seen`); the keys' locks (KeyLocks) keep their own."""
+        limit = getattr(lock, "reported_limit", None)
+        if self.watch_limits and limit is not None:
+            self.limit_seen(stage, limit)
 
     @property
     def limits_setting(self) -> str:
@@ -241,8 +243,6 @@ class StageLocks:
                 self.limits_setting,
                 configured,
             )
-        if self.on_limit is not None:
-            self.on_limit(stage, limit)
 
     @classmethod
     def of(
@@ -317,6 +317,8 @@ class StageLocks:
             # One renewal now registers this process's identity, so that the reports below can name
             # it.
             await asyncio.gather(*(lock.maintain() for lock in self.locks.values()))
+            for stage, lock in self.locks.items():
+                self._limit_reported(stage, lock)
             self.lifecycle.join_renewal()
         self.lifecycle.started = True
         logger.info(
@@ -469,6 +471,7 @@ class StageLocks:
             lock.annotate(waiting=waiting, spider=self.spider_name)
             lost = await lock.maintain()  # logs each lost lease as a warning
             self._sent_waiting[stage] = waiting
+            self._limit_reported(stage, lock)
             if lost:
                 self.stats.inc_value(f"{self.stats_prefix}/{stage}/lost", len(lost))
 

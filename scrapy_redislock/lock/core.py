@@ -143,6 +143,9 @@ class LockCore:
     # a light grant's zset expires, and an evicted one is a slot given twice
     light_path: bool | None = None
     waits_in_flight: int = 0
+    # the limit in Redis as the last renewal's reply said it (maintain.lua returns it): what a
+    # caller reads to learn of another process's or an operator's change, at no command of its own
+    reported_limit: int | None = None
     consumers: Consumers = field(init=False)
     lights: LightGrants = field(init=False)
 

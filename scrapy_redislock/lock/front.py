@@ -507,8 +507,7 @@ class LockFront:
             light=light,
         )
         self._client = client
-        #: What drive() / adrive() send the commands through; a caller may wrap it to watch
-        #: replies (the worker front does: workers/slots.py), the quorum lock drives it per master.
+        #: What drive() / adrive() send the commands through; the quorum lock drives it per master.
         #: ``runner``: one shared by many locks of one client and waiting client (the locks of keys
         #: met at run time: each would register every script again).
         self.runner: Callable[[Command], Any] = runner or CommandRunner(
@@ -540,6 +539,11 @@ class LockFront:
     def ttl(self) -> float:
         """Lease seconds (as stored in Redis)."""
         return self._core.ttl
+
+    @property
+    def reported_limit(self) -> int | None:
+        """The lock's limit in Redis as its last renewal reported it (None before one)."""
+        return self._core.reported_limit
 
     @property
     def keys(self) -> LockKeys:

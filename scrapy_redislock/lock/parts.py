@@ -27,6 +27,7 @@ class Core(Protocol):
     max_block: float | None
     held: dict[str, Permit]
     waits_in_flight: int
+    reported_limit: int | None
     consumers: Consumers
     registration: Registration
 

@@ -61,8 +61,9 @@ class Renewal:
             return (yield from core.maintain(self.permits))
         core.registration.done(core.clock())  # maintain registers this owner as setup does
         core.consumers.cleaned(self.abandoned)
-        lost_ids, _limit, lease_ms, _freed, adopted, *roster = text(reply)
+        lost_ids, limit, lease_ms, _freed, adopted, *roster = text(reply)
         core.ttl = int(lease_ms) / 1000
+        core.reported_limit = int(limit) if str(limit).isdigit() else None
         if roster:  # the owners alive, named should Redis lose the lock (see maintain.lua)
             core.registration.saw(roster[0], sent_at)
         renamed = dict(zip(adopted[::2], adopted[1::2], strict=True))

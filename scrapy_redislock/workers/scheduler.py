@@ -45,7 +45,7 @@ seconds. Every Redis call is ``redis.asyncio`` on the reactor thread, nothing bl
 it.
 
 A worker learns its stage's limit from its slot's renewals (see
-:mod:`~scrapy_redislock.workers.slots`): when the limit is lowered under the stage's holders, or set
+:mod:`~scrapy_redislock.workers.stageslot`): when the limit is lowered under the stage's holders, or set
 to 0 (paused), the newest holders give back what they took ahead, let what is in progress finish,
 free the slot and take another stage or wait. A request handed to the engine goes with a
 ``download_timeout`` that ends before its slot's lease, as last confirmed, can run out, and while
@@ -109,6 +109,7 @@ from scrapy_redislock.crawl.engine import check_reactor, finish_uncleanly
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.requestslots import within_lease
 from scrapy_redislock.crawl.settings import read_settings, read_worker_settings
+from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.workers.feed import StartUrlFeed
@@ -120,7 +121,6 @@ from scrapy_redislock.workers.outage import OutageLog
 from scrapy_redislock.workers.outbox import Outbox
 from scrapy_redislock.workers.policy import StagePolicy, idle_close_for, liveness
 from scrapy_redislock.workers.queue import StageQueues, encode, queue_order
-from scrapy_redislock.workers.slots import WorkerSlots
 from scrapy_redislock.workers.stageslot import StageSlot
 from scrapy_redislock.workers.state import WorkerState
 
@@ -170,7 +170,7 @@ class StageWorkerScheduler(BaseScheduler):
             if settings.idle_close is not None
             else "MAX_IDLE_TIME_BEFORE_CLOSE"
         )
-        self.locks = WorkerSlots(
+        self.locks = StageLocks(
             crawler, self.settings, stages, lock_prefix="workers:", stats_prefix="redislock/workers"
         )
         queues = self.queues = StageQueues(

@@ -1,11 +1,15 @@
 """StageSlot: taking a stage (and its slot, if capped), leaving it, and obeying its limit.
 
 A worker holds the slot of one capped stage at a time (an AsyncCountingLock named
-``workers:<stage>``, see :mod:`~scrapy_redislock.workers.slots`); an uncapped stage needs none. It
-learns the stage's limit from its slot's renewals: when the limit is lowered under the stage's
-holders, or set to 0 (paused), the newest holders (:func:`~scrapy_redislock.workers.policy.keeps_slot`)
-give back what they took ahead, let what is in progress finish, free the slot and take another stage
-or wait. A lost lease (a stall longer than the TTL, an operator's reset) leaves the stage at once.
+``workers:<stage>`` of the process's :class:`~scrapy_redislock.crawl.stagelocks.StageLocks`); an
+uncapped stage needs none. It learns the stage's limit from its slot's renewals (the lock's own
+answer: each ``maintain`` reply carries the limit, ``StageLocks.limits_seen``), which the loop looks
+at every step (a working worker steps at least every renewal interval), and from one HGET at a beat
+when no renewal reported it: when the limit is lowered under the stage's holders, or set to 0
+(paused), the newest holders (:func:`~scrapy_redislock.workers.policy.keeps_slot`: one XPENDING,
+only when the limit changed) give back what they took ahead, let what is in progress finish, free
+the slot and take another stage or wait. A lost lease (a stall longer than the TTL, an operator's
+reset) leaves the stage at once.
 
 Reads no settings. Stats: ``redislock/workers/<stage>/{taken,yielded}``.
 """
@@ -16,15 +20,17 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, cast
 
+from scrapy_redislock._redis import text
+from scrapy_redislock.lock.permit import GROUP
 from scrapy_redislock.workers.policy import keeps_slot
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
+    from scrapy_redislock.crawl.stagelocks import StageLocks
     from scrapy_redislock.lock.permit import Permit
     from scrapy_redislock.workers.heartbeat import Heartbeat
     from scrapy_redislock.workers.inflight import InFlight
-    from scrapy_redislock.workers.slots import WorkerSlots
     from scrapy_redislock.workers.state import WorkerState
 
 logger = logging.getLogger("scrapy_redislock.workers.scheduler")
@@ -36,7 +42,7 @@ class StageSlot:
     def __init__(
         self,
         crawler: Crawler,
-        locks: WorkerSlots,
+        locks: StageLocks,
         state: WorkerState,
         inflight: InFlight,
         heartbeat: Heartbeat,
@@ -47,7 +53,6 @@ class StageSlot:
         self.inflight = inflight
         self.heartbeat = heartbeat
         self.worker = inflight.queues.worker
-        locks.on_limit = self.limit_seen
 
     async def take(self, stage: str) -> bool:
         """Work on ``stage`` if its slot (if capped) is free; False if it is not."""
@@ -79,17 +84,6 @@ class StageSlot:
         await self.heartbeat.beat(None)
         logger.info("Worker %s left stage %r (%s)", self.worker, stage, why)
 
-    def limit_seen(self, stage: str, limit: int) -> None:
-        """A renewal of a slot reported the stage's limit (WorkerSlots): look at it now if it
-        changed."""
-        state, permit = self.state, self.state.permit
-        if (
-            stage == state.current
-            and permit is not None
-            and state.limit_checked != (limit, permit.grant)
-        ):
-            state.wake()
-
     async def read_limit_unseen(self) -> None:
         """At a heartbeat: if no renewal reported the stage's limit since the last one, read it (one
         HGET)."""
@@ -99,9 +93,9 @@ class StageSlot:
         seen = self.locks.limits_seen.get(stage)
         since = max(self.state.taken_at, time.monotonic() - self.heartbeat.ttl / 3)
         if seen is None or seen[1] < since:
-            limit = await self.locks.read_limit(stage)
+            limit = await self._read_limit(stage)
             if limit is not None:
-                self.locks.limits_seen[stage] = (limit, time.monotonic())
+                self.locks.limit_seen(stage, limit)
 
     async def check_limit(self) -> None:
         """Leave a capped stage whose limit was lowered under its holders (or set to 0: paused) if
@@ -111,7 +105,7 @@ class StageSlot:
         stage, permit, limit = state.current, state.permit, self._limit_to_check()
         if stage is None or permit is None or limit is None:
             return
-        oldest = await self.locks.oldest_grants(stage, limit)
+        oldest = await self._oldest_grants(stage, limit)
         state.checked_limit(limit, permit.grant)
         if (
             not keeps_slot(permit.grant, oldest, limit)
@@ -119,6 +113,19 @@ class StageSlot:
             and state.permit is permit
         ):
             await self._start_leaving(stage, limit)
+
+    async def _oldest_grants(self, stage: str, count: int) -> list[str]:
+        """The ``count`` oldest grants held in the stage (ids, oldest first): one XPENDING."""
+        if count <= 0:
+            return []
+        keys = self.locks.locks[stage].keys
+        entries = await self.locks.client.xpending_range(keys.slots, GROUP, "-", "+", count)
+        return [str(text(entry["message_id"])) for entry in entries]
+
+    async def _read_limit(self, stage: str) -> int | None:
+        """The stage's limit in Redis now (one HGET), for when no renewal reported it."""
+        value = await self.locks.client.hget(self.locks.locks[stage].keys.meta, "limit")
+        return None if value is None else int(text(value))
 
     def _limit_to_check(self) -> int | None:
         """The stage's limit as a renewal last reported it, if this slot was not checked against it
