@@ -145,9 +145,10 @@ def run(
     mode: str, cap: int, processes: int, opts: argparse.Namespace, folder: Path
 ) -> dict[str, Any]:
     plan = f"detail:{100_000}"
-    with RedisServer() as server, CapacitySite(
-        capacity=opts.capacity, base=opts.base, refuse=opts.refuse
-    ) as site:
+    with (
+        RedisServer() as server,
+        CapacitySite(capacity=opts.capacity, base=opts.base, refuse=opts.refuse) as site,
+    ):
         settings = mode_settings(mode, cap, server.url, opts)
         crawls = [
             Crawl(site.url_of(1), plan, settings, folder, args={"first": str(1_000_000 * i)})

@@ -20,6 +20,7 @@ from scrapy_redislock.lock.adaptive import (
     DRAINING,
     MEASURING,
     NOT_PROBING,
+    STARTING,
     AdaptiveParams,
     ControllerState,
     Due,
@@ -46,19 +47,25 @@ PARAMS = AdaptiveParams()
 @dataclass
 class FluidSite:
     """At most ``capacity`` requests served at once, each in ``base`` seconds; more wait FIFO, so
-    the latency is ``base * in_flight / capacity`` past it; past twice the capacity, the rest are
-    answered 503 at once (a tenth of ``base``)."""
+    the latency is ``base * in_flight / capacity`` past it; past ``refuse`` times the capacity
+    (twice by default), the rest are answered 503 at once (a tenth of ``base``)."""
 
     capacity: int
     base: float = 0.1
+    refuse: float = 2.0
+
+    @property
+    def most(self) -> int:
+        """The most requests it takes at once (testing/capacity.py: 503 with this many in)."""
+        return math.ceil(self.refuse * self.capacity)
 
     def latency(self, in_flight: float) -> float:
-        return self.base * max(1.0, min(in_flight, 2 * self.capacity) / self.capacity)
+        return self.base * max(1.0, min(in_flight, self.most) / self.capacity)
 
     def sample(self, in_flight: int, seconds: float = 1.0) -> Sample:
         """What the crawl sees in ``seconds`` with ``in_flight`` requests out all along (rounded
         to whole responses), with one observation of the slots in use."""
-        served = min(in_flight, 2 * self.capacity)
+        served = min(in_flight, self.most)
         latency = self.latency(in_flight)
         responses = round(served * seconds / latency)
         overloads = round((in_flight - served) * seconds / (self.base / 10))
@@ -100,17 +107,27 @@ def limits(trace: list[ControllerState]) -> list[int]:
 # -- the arithmetic ------------------------------------------------------------------------------
 
 
+def start_limits(capacity: int) -> list[int]:
+    """A slow start's limits against a site of ``capacity`` with exact latencies: the float limit
+    times 1.5 a window from 1 (1, 1.5, 2.25, 3.375, ...), floored, up to the first one above K."""
+    grown, limit = [], 1.0
+    while not grown or grown[-1] <= capacity:
+        limit *= PARAMS.start_growth
+        grown.append(math.floor(limit + 1e-9))
+    return grown
+
+
 @pytest.mark.parametrize("capacity", [2, 5, 8, 20])
 def test_slow_start_then_k_or_k_plus_one(capacity: int) -> None:
-    """A new controller at the minimum doubles its limit while the site shows no queue (1, 2, 4,
-    ...), until the first window with one (a limit above K): then what the site served at once
-    (K), after a probe of two windows at half of it (the no-load latency measured again); from
-    there between K and K + 1 (the queue estimate in_flight - K is 1 at K + 1: above beta, one
-    less; 0 at K: below alpha, one more), but for the probes' two windows at half the limit every
-    probe_every windows."""
+    """A new controller at the minimum grows its limit by half a window while the site shows no
+    queue (1, 1, 2, 3, 5, 7, 11, ...), until the first window with one (a limit above K): then
+    what the site served at once (K), after a probe of two windows at half of it (the no-load
+    latency measured again); from there between K and K + 1 (the queue estimate in_flight - K is
+    1 at K + 1: above beta, one less; 0 at K: below alpha, one more), but for the probes' two
+    windows at half the limit every probe_every windows."""
     trace = run(FluidSite(capacity), 3 * PARAMS.probe_every)
-    doubled = capacity.bit_length()  # windows of doubling up to the first limit above K
-    assert limits(trace)[:doubled] == [2**i for i in range(1, doubled + 1)]
+    doubled = len(start_limits(capacity))  # windows of growth up to the first limit above K
+    assert limits(trace)[:doubled] == start_limits(capacity)
     probe = trace[doubled : doubled + 2]
     assert [s.probe for s in probe] == [DRAINING, MEASURING]
     assert {s.applied for s in probe} == {max(1, capacity // 2)}
@@ -122,6 +139,37 @@ def test_slow_start_then_k_or_k_plus_one(capacity: int) -> None:
     assert set(probing) <= {max(1, capacity // 2), max(1, (capacity + 1) // 2)}
     assert len(probing) == 2 * 2
     assert all(s.noload == pytest.approx(0.1) for s in trace)
+
+
+@pytest.mark.parametrize("capacity", range(1, 41))
+def test_the_slow_start_stays_within_one_and_a_half_times_the_capacity(capacity: int) -> None:
+    """A site that refuses past 1.5 K (a short queue): no window of the start, nor after, is sent
+    more than it takes, whatever K (doubling sent up to 2K: 16 for K = 8, refused 503 until the
+    next window). A limit at or below K shows no queue (the site answers in the same time), so
+    1.5 times it is the most one step of the start may go."""
+    site = FluidSite(capacity, refuse=1.5)
+    trace = run(site, 2 * PARAMS.probe_every)
+    assert max(limits(trace)) <= site.most
+    for state in trace:
+        assert site.sample(state.applied).overloads == 0
+
+
+def test_a_slow_start_whose_queue_shows_grows_by_one() -> None:
+    """A queue estimate at alpha or above but not significantly (noisy latencies): the slow start
+    goes on, by one slot instead of half the limit; a significant one ends it at what the site
+    served at once; a noisy window with no queue grows by half."""
+    starting = ControllerState(
+        9.0, 9, noload=0.1, noload_error=0.002, since_probe=3, probe=STARTING
+    )
+    exact = Sample(80, 80 * 0.11, 80 * 0.11**2, in_use_sum=9, in_use_count=1)  # queue 0.82
+    scattered = [0.01, 0.21] * 40  # the same mean, widely scattered
+    noisy = replace(exact, latency_sq_sum=sum(x * x for x in scattered))
+    assert next_state(starting, window_of(noisy), PARAMS).limit == 10.0
+    assert next_state(starting, window_of(noisy), PARAMS).probe == STARTING
+    ended = next_state(starting, window_of(exact), PARAMS)
+    assert ended.limit == pytest.approx(9 * 0.1 / 0.11) and ended.probe == DRAINING
+    calm = Sample(80, 80 * 0.1, sum(x * x for x in [0.0, 0.2] * 40), in_use_sum=9, in_use_count=1)
+    assert next_state(starting, window_of(calm), PARAMS).limit == 13.5
 
 
 def test_reconverges_when_the_capacity_drops_and_comes_back() -> None:
@@ -277,6 +325,7 @@ def test_params_are_checked_with_the_field_and_the_value() -> None:
             "overload_threshold": "1%"
         },
         "adaptive log_length must be an integer >= 0, got -1": {"log_length": -1},
+        "adaptive start_growth must be in (1.0, 4.0], got 1.0": {"start_growth": 1.0},
     }
     for message, kwargs in cases.items():
         with pytest.raises(InvalidArgument) as raised:
@@ -392,7 +441,7 @@ def simulate(
 @pytest.mark.parametrize("processes", [2, 4, 16, 32])
 def test_many_processes_overshoot_no_more_than_one(processes: int) -> None:
     """Samples merged into one window per period, one update per window: the same convergence
-    (K + 1 = 9 within 8 s), the same band (8 or 9; 4 or 5 within 4 s after K drops to 4 at 20 s), the same
+    (K + 1 = 9 within 10 s), the same band (8 or 9; 4 or 5 within 4 s after K drops to 4 at 20 s), the same
     most (9) as one process, with every window committed once. Without clipping each sample to
     the window (the first report of each process after a change was measured partly under the
     previous limit), 16 processes went to 10."""
@@ -409,7 +458,7 @@ def test_many_processes_overshoot_no_more_than_one(processes: int) -> None:
 
     for run_ in (alone, trace):
         most, first, before, after = summary(run_)
-        assert (most, before) == (9, {8, 9}) and first <= 8  # slow start, probe, K or K + 1
+        assert (most, before) == (9, {8, 9}) and first <= 10  # slow start, probe, K or K + 1
         assert after and after <= {4, 5}
     assert shared.commits == len({s.version for _, s in trace}) - 1
 
@@ -732,9 +781,9 @@ def test_three_processes_through_redis_find_the_capacity(
 ) -> None:
     """The whole loop through the real scripts: three processes, each holding its share of the
     lock's slots (taken from Redis), report what a capacity-4 site gives them (update(): report,
-    and next_state + commit when due); the lock's limit doubles from 1 (slow start) until the site
-    queues (8), probes at half what the site served at once (2, twice), then goes to it (4) and
-    stays at 4 or 5."""
+    and next_state + commit when due); the lock's limit grows by half from 1 (slow start: 1.5,
+    2.25, 3.375, 5.06, floored) until the site queues (5), probes at half what the site served at
+    once (2, twice), then goes to it (4) and stays at 4 or 5."""
     site = FluidSite(4)
     lock = CountingLock(redis_client, "detail", 1, 30.0, maintain_loop=False)
     locks.append(lock)
@@ -770,7 +819,7 @@ def test_three_processes_through_redis_find_the_capacity(
             lock.release(permit)
         for client in clients:
             client.close()
-    assert seen[:7] == [1, 2, 4, 8, 2, 2, 4]
-    assert set(seen[6:]) == {4, 5}
+    assert seen[:8] == [1, 1, 2, 3, 5, 2, 2, 4]
+    assert set(seen[7:]) == {4, 5}
     records = drive(history(KEYS), runners[0], "x")
-    assert [r.limit for r in reversed(records)][:6] == [2, 4, 8, 2, 2, 4]
+    assert [r.limit for r in reversed(records)][:7] == [1, 2, 3, 5, 2, 2, 4]
