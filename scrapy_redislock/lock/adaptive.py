@@ -417,8 +417,11 @@ def next_state(state: ControllerState, window: Window, params: AdaptiveParams) -
             # the first queue ends the slow start: what the site served at once (its capacity, as
             # the queue shows it), from where Vegas goes on; a probe follows at once, to measure
             # the no-load latency at about half the capacity (the slow start's windows ran at
-            # other loads, and the crawling processes' own delays grow with theirs)
-            limit, probe = used * noload / rtt, NOT_PROBING
+            # other loads, and the crawling processes' own delays grow with theirs). Never below
+            # the last step's limit, which showed no queue: on a busy CPU those delays grow with
+            # the crawl's rate, the latency with them, and the estimate alone fell to half of K
+            served = used * noload / rtt
+            limit, probe = max(served, limit / params.start_growth), NOT_PROBING
             since_probe = params.probe_every
         else:
             limit = _vegas(state, used, estimate, params)

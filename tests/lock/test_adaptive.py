@@ -172,6 +172,18 @@ def test_a_slow_start_whose_queue_shows_grows_by_one() -> None:
     assert next_state(starting, window_of(calm), PARAMS).limit == 13.5
 
 
+def test_a_slow_start_ends_no_lower_than_its_last_step() -> None:
+    """The first queue ends the slow start at what the site served at once, but not below the
+    limit of the step before (no queue there): a window whose latency doubled (the crawling
+    processes' own delays on a busy CPU) ends it at 6 from 9, not at 4.5."""
+    starting = ControllerState(
+        9.0, 9, noload=0.1, noload_error=0.001, since_probe=3, probe=STARTING
+    )
+    slow = Sample(45, 45 * 0.2, 45 * 0.2**2, in_use_sum=9, in_use_count=1)
+    ended = next_state(starting, window_of(slow), PARAMS)
+    assert ended.limit == pytest.approx(6.0) and ended.probe == DRAINING
+
+
 def test_reconverges_when_the_capacity_drops_and_comes_back() -> None:
     """K 8 -> 4: 9 in flight is past 2K (503s): * 0.75 -> 6 (queue 2), -1 -> 5, in 2 windows,
     then between 4 and 5; K 4 -> 8: no queue, one more a window up to 9, in 4 or 5."""
