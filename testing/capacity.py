@@ -56,6 +56,26 @@ class Host:
         self.samples.append((now, self.in_flight))
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
 
+    def mean_in_flight(self, start: float, stop: float) -> float:
+        """The time-weighted mean of requests in flight from ``start`` to ``stop`` (monotonic)."""
+        area, at, value = 0.0, start, 0
+        for instant, count in self.samples:
+            if instant <= start:
+                value = count
+                continue
+            if instant >= stop:
+                break
+            area += value * (instant - at)
+            at, value = instant, count
+        area += value * (stop - at)
+        return area / (stop - start)
+
+    @property
+    def refused_share(self) -> float:
+        """503 answers over every answer so far (0 before the first)."""
+        total = sum(self.answers.values())
+        return self.answers[503] / total if total else 0.0
+
 
 class CapacitySite:
     """The server and what it saw; times are ``time.monotonic()``."""
