@@ -24,8 +24,8 @@ K = 4
 PAGES = 200  # per process: the start, a probe and about ten windows settled
 
 
-def crawl_the_site(site: CapacitySite, redis_url: str, tmp_path: Path) -> Host:
-    """Three processes crawl ``PAGES`` pages each of the site's first host under one adaptive key
+def crawl_the_site(site: CapacitySite, redis_url: str, tmp_path: Path, pages: int = PAGES) -> Host:
+    """Three processes crawl ``pages`` pages each of the site's first host under one adaptive key
     limit (windows of 0.5 s, a cap of 16); what the host saw."""
     settings: dict[str, Any] = {
         "REDISLOCK_URL": redis_url,
@@ -37,7 +37,7 @@ def crawl_the_site(site: CapacitySite, redis_url: str, tmp_path: Path) -> Host:
         "CONCURRENT_REQUESTS": 16,
     }
     crawls = [
-        Crawl(site.url_of(1), f"detail:{PAGES}", settings, tmp_path, args={"first": str(1000 * i)})
+        Crawl(site.url_of(1), f"detail:{pages}", settings, tmp_path, args={"first": str(1000 * i)})
         for i in range(PROCESSES)
     ]
     for crawl in crawls:
@@ -65,13 +65,17 @@ def test_three_processes_find_the_sites_capacity(
         host = crawl_the_site(site, redis_url, tmp_path)
     limits = limits_by_window(redis_client)
     with site.condition:
-        last = host.arrivals[-1]
-        settled = host.mean_in_flight(last - 3.0, last)
+        # from the 60th to the 95th percent of the requests: every process still had some to send
+        # (a process that started late on a busy machine ends late, alone: the last arrivals are
+        # no measure of the limit)
+        count = len(host.arrivals)
+        settled = host.mean_in_flight(
+            host.arrivals[count * 6 // 10], host.arrivals[count * 95 // 100]
+        )
     print(f"limits by window: {limits}; answers {dict(host.answers)}; settled {settled:.2f}")
     assert len(limits) >= 10  # windows committed, each once (the log has one record per commit)
     assert limits[0] <= 2 and max(limits) >= K  # from the minimum up to the capacity
-    # the last 3 s before the last request (every process still had requests to send): the site
-    # full, about one request waiting, as docs/adaptive.md says it converges
+    # the site full, about one request waiting, as docs/adaptive.md says it converges
     assert K - 1 <= settled <= K + 1.5, (settled, limits)
     assert host.most_served <= K  # the site's own capacity (it queues the rest)
     assert leftover(redis_client) == 0
@@ -80,15 +84,17 @@ def test_three_processes_find_the_sites_capacity(
 def test_the_start_stays_below_what_a_site_with_a_short_queue_refuses(
     redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
-    """A site that answers 503 with 1.5 K in flight (6 for K = 4): fewer than 1% of all its answers
-    are refusals, over the whole run, the start included, counted at the site. The doubling slow
-    start went 1, 2, 4, 8: 8 in flight past 6, and each refusal, answered at once, freed its slot
-    for the next request until the next window cut the limit."""
-    with CapacitySite(capacity=K, base=0.1, refuse=1.5) as site:
-        host = crawl_the_site(site, redis_url, tmp_path)
+    """A site that serves 8 at once and answers 503 with 1.5 K = 12 in flight (bench/adaptive.py
+    --refuse 1.5): fewer than 1% of all its answers are refusals, over the whole run, the start
+    included, counted at the site. The doubling slow start went 1, 2, 4, 8, 16: past 12, and each
+    refusal, answered at once, freed its slot for the next request until the next window cut the
+    limit (22% of the answers for K = 4, refusing past 6)."""
+    capacity = 8
+    with CapacitySite(capacity=capacity, base=0.1, refuse=1.5) as site:
+        host = crawl_the_site(site, redis_url, tmp_path, pages=2 * PAGES)
     limits = limits_by_window(redis_client)
     print(f"limits by window: {limits}; answers {dict(host.answers)}")
-    assert host.answers[200] == PROCESSES * PAGES - host.answers[503]  # RETRY_ENABLED is off
+    assert host.answers[200] == PROCESSES * 2 * PAGES - host.answers[503]  # no retries
     assert host.refused_share < 0.01, (dict(host.answers), limits)
-    assert max(limits) >= K  # it did find the capacity
+    assert max(limits) >= capacity  # it did find the capacity
     assert leftover(redis_client) == 0
