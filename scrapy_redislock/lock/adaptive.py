@@ -49,7 +49,8 @@ that were not overload answers), ``noload`` the estimate of the latency with no 
    place.
 4. **Slow start**: a new controller at the minimum multiplies its limit by ``start_growth``
    (1.5) while the site shows no queue (and the limit was full), as TCP does with 2; once the
-   queue estimate reaches ``alpha`` without being significant yet, it grows by one instead; the
+   queue estimate reaches ``alpha`` without being significant yet, it multiplies what the site
+   served at once (the limit less the queue) instead; the
    first window with a significant queue ends it at what the site served at once, ``in_flight *
    noload / rtt`` (its capacity, as the queue shows it), and Vegas goes on from there, after a
    probe (the no-load latency measured again at about half the capacity, the load it will see).
@@ -470,16 +471,19 @@ def _slow_start(
     It grows by ``start_growth`` (1.5), not 2: a site that serves K at once answers in the same
     time up to K, so a limit at or below K carries no sign of K, and one step goes up to
     ``start_growth * K``; doubling sent twice the capacity (a site that refuses past 1.5 K answered
-    ~580 requests 503 in 2 s before the next window cut it). And once the queue shows (its estimate
-    at ``alpha`` or above, not yet significantly), it grows by one instead: a limit just past K,
-    its queue of one lost in the noise, must not take another multiplicative step."""
+    a burst of 503s until the next window cut it). Once the queue shows (its estimate at ``alpha``
+    or above, not yet significantly), it grows from what the site served at once (the limit less
+    the queue) instead of from the limit: a limit just past K, its queue of one lost in the noise,
+    goes to ``start_growth * K``, not past it; it never shrinks here."""
     queue, error, _window = estimate.queue(used)
     if queue - params.confidence * error >= params.alpha:
         return None
     if used < params.app_limited * params.start_growth * state.applied:
         return None
-    grown = state.limit * params.start_growth
-    return min(grown, state.limit + 1) if queue >= params.alpha else grown
+    if queue < params.alpha:
+        return state.limit * params.start_growth
+    served = min(state.limit, used - queue)
+    return max(state.limit, served * params.start_growth)
 
 
 def _vegas(

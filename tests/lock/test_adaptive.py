@@ -154,20 +154,21 @@ def test_the_slow_start_stays_within_one_and_a_half_times_the_capacity(capacity:
         assert site.sample(state.applied).overloads == 0
 
 
-def test_a_slow_start_whose_queue_shows_grows_by_one() -> None:
+def test_a_slow_start_whose_queue_shows_grows_from_what_the_site_served() -> None:
     """A queue estimate at alpha or above but not significantly (noisy latencies): the slow start
-    goes on, by one slot instead of half the limit; a significant one ends it at what the site
-    served at once; a noisy window with no queue grows by half."""
+    goes on from what the site served at once (the limit less the queue), so a limit of K + 1
+    whose queue of one hides in the noise goes to 1.5 K, not past it; a significant queue ends it
+    at what the site served at once; a noisy window with no queue grows by half."""
     starting = ControllerState(
         9.0, 9, noload=0.1, noload_error=0.002, since_probe=3, probe=STARTING
     )
-    exact = Sample(80, 80 * 0.11, 80 * 0.11**2, in_use_sum=9, in_use_count=1)  # queue 0.82
-    scattered = [0.01, 0.21] * 40  # the same mean, widely scattered
+    exact = Sample(80, 80 * 0.1125, 80 * 0.1125**2, in_use_sum=9, in_use_count=1)  # K = 8: queue 1
+    scattered = [0.0125, 0.2125] * 40  # the same mean, widely scattered
     noisy = replace(exact, latency_sq_sum=sum(x * x for x in scattered))
-    assert next_state(starting, window_of(noisy), PARAMS).limit == 10.0
-    assert next_state(starting, window_of(noisy), PARAMS).probe == STARTING
+    grown = next_state(starting, window_of(noisy), PARAMS)
+    assert grown.limit == pytest.approx(12.0) and grown.probe == STARTING  # 1.5 K, not 13.5
     ended = next_state(starting, window_of(exact), PARAMS)
-    assert ended.limit == pytest.approx(9 * 0.1 / 0.11) and ended.probe == DRAINING
+    assert ended.limit == pytest.approx(8.0) and ended.probe == DRAINING
     calm = Sample(80, 80 * 0.1, sum(x * x for x in [0.0, 0.2] * 40), in_use_sum=9, in_use_count=1)
     assert next_state(starting, window_of(calm), PARAMS).limit == 13.5
 
@@ -269,13 +270,10 @@ def test_a_noisy_window_is_no_queue() -> None:
     assert next_state(state, window_of(noisy), PARAMS).limit == 10.0
 
 
-def test_noisy_latencies_settle_near_the_capacity() -> None:
-    """Latencies scattered as much as they are on real sites (log-normal, a coefficient of
-    variation of 0.5; a seeded generator): the limit stays near K to K + 1 (a mean of 8.8 here,
-    75% of the windows in [K - 2, K + 1], 11 at the highest, 2 at the lowest: the slow start
-    ended at once on a first window that looked like a queue, and the limit grew by one from 1;
-    means of 8.7 to 9.0 over seeds 1 to 4, 74 to 94% in the band)."""
-    rng = random.Random(7)
+def noisy_settled(seed: int) -> list[int]:
+    """The limits (bar probes) of windows 30 to 300 against K = 8, with log-normal latencies of a
+    coefficient of variation of 0.5 drawn from ``random.Random(seed)``."""
+    rng = random.Random(seed)
     site, state = FluidSite(8), ControllerState.initial(1)
     seen = []
     for _ in range(300):
@@ -287,10 +285,26 @@ def test_noisy_latencies_settle_near_the_capacity() -> None:
         state = next_state(state, window_of(noisy), PARAMS)
         if state.probe == NOT_PROBING:
             seen.append(state.applied)
-    settled = seen[30:]
-    assert 8 <= sum(settled) / len(settled) <= 9.5
+    return seen[30:]
+
+
+@pytest.mark.parametrize("seed", range(1, 9))
+def test_noisy_latencies_settle_near_the_capacity(seed: int) -> None:
+    """Latencies scattered as much as they are on real sites (log-normal, a coefficient of
+    variation of 0.5; seeded generators): the limit stays near K to K + 1. Over seeds 1 to 8,
+    means of 7.3 to 8.7 (8.1 on average), 72 to 98% of the windows in [K - 2, K + 1], 10 at the
+    highest; with the slow start that doubled, 7.6 to 8.7 (8.2), 91 to 100%, 10. One seed alone
+    says little: a probe that drew a low no-load latency holds the limit low until the next."""
+    settled = noisy_settled(seed)
+    assert 7 <= sum(settled) / len(settled) <= 9.5
     assert sum(1 for limit in settled if 6 <= limit <= 9) >= 0.7 * len(settled)
     assert max(settled) <= 11
+
+
+def test_noisy_latencies_settle_near_the_capacity_on_average() -> None:
+    """The same over seeds 1 to 8 at once: a mean limit of 7.8 to 9.2 (8.1 measured)."""
+    means = [sum(s) / len(s) for s in map(noisy_settled, range(1, 9))]
+    assert 7.8 <= sum(means) / len(means) <= 9.2, means
 
 
 def test_a_site_that_got_slower_is_measured_again_by_the_probe() -> None:
