@@ -50,16 +50,17 @@ that were not overload answers), ``noload`` the estimate of the latency with no 
 4. **Slow start**: a new controller at the minimum multiplies its limit by ``start_growth``
    (1.5) while the site shows no queue (and the limit was full), as TCP does with 2; once the
    queue estimate reaches ``alpha`` without being significant yet, it multiplies what the site
-   served at once (the limit less the queue) instead; the
-   first window with a significant queue ends it at what the site served at once, ``in_flight *
-   noload / rtt`` (its capacity, as the queue shows it), and Vegas goes on from there, after a
-   probe (the no-load latency measured again at about half the capacity, the load it will see).
-   Not 2: a site that serves K at once answers in the same time up to K, so no window at or below
-   K tells how far K is, and one step from there reaches ``start_growth * K``: doubling sent 2K
-   in flight, which a site with a short queue (refusing past 1.5 K, bench/adaptive.py
-   ``--refuse 1.5``) answered with a burst of 503s until the next window. From 1 to K takes about
-   ``log1.5(K) + 3`` windows, not K (a capacity of 60 is found in 12 windows, not 60; with
-   doubling, in a simulation with noisy latencies the medians for K = 60 rose from 16-38 to 26-59).
+   served at once (the limit less the queue) instead. The first window with a significant queue
+   ends it at what the site served at once, ``in_flight * noload / rtt`` (its capacity, as the
+   queue shows it), but not below the step before (no queue there), and Vegas goes on from
+   there, after a probe (the no-load latency measured again at about half the capacity, the load
+   it will see). Not 2: a site that serves K at once answers in the same time up to K, so no
+   window at or below K tells how far K is, and one step from there reaches ``start_growth * K``:
+   doubling sent 2K in flight, which a site with a short queue (refusing past 1.5 K,
+   bench/adaptive.py ``--refuse 1.5``) answered with a burst of 503s until the next window. From
+   1 to K takes about ``log1.5(K) + 3`` windows, not K (a capacity of 60 is found in 12 windows,
+   not 60; with doubling, in a simulation with noisy latencies the medians for K = 60 rose from
+   16-38 to 26-59).
 5. Clamped to ``[minimum, maximum]``. The limit is kept as a float; the lock gets its floor
    (``floor(limit)``: never more than the controller decided), or the probe's limit while probing.
 
@@ -67,8 +68,8 @@ that were not overload answers), ``noload`` the estimate of the latency with no 
 waiting FIFO (latency ``base * in_flight / K`` past K) and 503 past 2K: with ``noload = base`` the
 queue estimate is ``in_flight * (1 - K / in_flight) = in_flight - K`` past K, and 0 up to K. So the
 slow start grows the limit by half until it passes K (never past 1.5 K), then sets it to K; there
-the queue is 0, below ``alpha``, and it grows to K + 1, where ``queue = 1`` is above ``beta`` and it goes back to K: it
-moves between K and K + 1, the site full, at most one request waiting
+the queue is 0, below ``alpha``, and it grows to K + 1, where ``queue = 1`` is above ``beta`` and
+it goes back to K: it moves between K and K + 1, the site full, at most one request waiting
 (tests/lock/test_adaptive.py). ``alpha`` and ``beta`` are well below Vegas's usual
 3 and 6: the goal here is the site's capacity itself, which real crawls of bench/adaptive.py's
 capacity site (K = 8) show: with ``beta`` 1.5 the limit held at K + 2 and the site's in flight at
