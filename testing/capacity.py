@@ -3,8 +3,8 @@
 Each host name (127.0.0.1 to 127.0.0.N, one port: Linux routes all of 127/8 to the loopback) serves
 at most ``capacity`` requests at once, each in ``base`` seconds; the next ones wait their turn,
 first come first served, so past the capacity the latency grows like ``base * in_flight /
-capacity``. With more than twice the capacity in flight at a host (served plus waiting), a request
-is answered 503 at once. :meth:`CapacitySite.set_capacity` changes the capacity live;
+capacity``. With ``refuse`` times the capacity in flight at a host (served plus waiting; twice by
+default), the next request is answered 503 at once. :meth:`CapacitySite.set_capacity` changes the capacity live;
 :meth:`CapacitySite.too_many` answers one chosen request of a host ``429`` with ``Retry-After``.
 
 What it saw, per host: arrivals (``time.monotonic()``), requests in flight at every change
@@ -56,14 +56,42 @@ class Host:
         self.samples.append((now, self.in_flight))
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
 
+    def mean_in_flight(self, start: float, stop: float) -> float:
+        """The time-weighted mean of requests in flight from ``start`` to ``stop`` (monotonic)."""
+        area, at, value = 0.0, start, 0
+        for instant, count in self.samples:
+            if instant <= start:
+                value = count
+                continue
+            if instant >= stop:
+                break
+            area += value * (instant - at)
+            at, value = instant, count
+        area += value * (stop - at)
+        return area / (stop - start)
+
+    @property
+    def refused_share(self) -> float:
+        """503 answers over every answer so far (0 before the first)."""
+        total = sum(self.answers.values())
+        return self.answers[503] / total if total else 0.0
+
 
 class CapacitySite:
     """The server and what it saw; times are ``time.monotonic()``."""
 
     def __init__(
-        self, hosts: int = 1, capacity: int = 4, base: float = 0.05, port: int = 0
+        self,
+        hosts: int = 1,
+        capacity: int = 4,
+        base: float = 0.05,
+        port: int = 0,
+        refuse: float = 2.0,
     ) -> None:
+        if not refuse >= 1.0:
+            raise ValueError(f"CapacitySite refuse must be at least 1.0, got {refuse!r}")
         self.base = base
+        self.refuse = refuse  # 503 once this many times the capacity is in flight
         self.condition = threading.Condition()
         self.closed = False
         names = [f"127.0.0.{i}" for i in range(1, hosts + 1)]
@@ -122,7 +150,7 @@ class CapacitySite:
                 host.answers[429] += 1
                 host.refused.append(now)
                 return 429, {"Retry-After": f"{retry_after:g}"}
-            if host.in_flight >= 2 * host.capacity or self.closed:
+            if host.in_flight >= self.refuse * host.capacity or self.closed:
                 host.answers[503] += 1
                 host.rejected.append(now)
                 return 503, {}

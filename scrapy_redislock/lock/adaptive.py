@@ -47,22 +47,29 @@ that were not overload answers), ``noload`` the estimate of the latency with no 
    probe costs at most 2 windows in 30 at half the limit. A controller with no ``noload`` yet
    (new, or its hash expired) probes first; one at a limit no higher than a probe's measures in
    place.
-4. **Slow start**: a new controller at the minimum doubles its limit while the site shows no
-   queue (and the limit was full), as TCP does; the first window with one ends it at what the
-   site served at once, ``in_flight * noload / rtt`` (its capacity, as the queue shows it), and
-   Vegas goes on from there, after a probe (the no-load latency measured again at about half the
-   capacity, the load it will see). From 1 to K takes about ``log2(K) + 2`` windows, not K (a capacity of
-   60 is found in 7 windows, not 60; in a simulation with noisy latencies the medians for K = 60
-   rose from 16-38 to 26-59).
+4. **Slow start**: a new controller at the minimum multiplies its limit by ``start_growth``
+   (1.5) while the site shows no queue (and the limit was full), as TCP does with 2; once the
+   queue estimate reaches ``alpha`` without being significant yet, it multiplies what the site
+   served at once (the limit less the queue) instead. The first window with a significant queue
+   ends it at what the site served at once, ``in_flight * noload / rtt`` (its capacity, as the
+   queue shows it), but not below the step before (no queue there), and Vegas goes on from
+   there, after a probe (the no-load latency measured again at about half the capacity, the load
+   it will see). Not 2: a site that serves K at once answers in the same time up to K, so no
+   window at or below K tells how far K is, and one step from there reaches ``start_growth * K``:
+   doubling sent 2K in flight, which a site with a short queue (refusing past 1.5 K,
+   bench/adaptive.py ``--refuse 1.5``) answered with a burst of 503s until the next window. From
+   1 to K takes about ``log1.5(K) + 3`` windows, not K (a capacity of 60 is found in 12 windows,
+   not 60; with doubling, in a simulation with noisy latencies the medians for K = 60 rose from
+   16-38 to 26-59).
 5. Clamped to ``[minimum, maximum]``. The limit is kept as a float; the lock gets its floor
    (``floor(limit)``: never more than the controller decided), or the probe's limit while probing.
 
 **What it converges to.** Against a site serving K requests at once, each in ``base``, the rest
 waiting FIFO (latency ``base * in_flight / K`` past K) and 503 past 2K: with ``noload = base`` the
 queue estimate is ``in_flight * (1 - K / in_flight) = in_flight - K`` past K, and 0 up to K. So the
-slow start doubles the limit until it passes K, then sets it to K; there the queue is 0, below
-``alpha``, and it grows to K + 1, where ``queue = 1`` is above ``beta`` and it goes back to K: it
-moves between K and K + 1, the site full, at most one request waiting
+slow start grows the limit by half until it passes K (never past 1.5 K), then sets it to K; there
+the queue is 0, below ``alpha``, and it grows to K + 1, where ``queue = 1`` is above ``beta`` and
+it goes back to K: it moves between K and K + 1, the site full, at most one request waiting
 (tests/lock/test_adaptive.py). ``alpha`` and ``beta`` are well below Vegas's usual
 3 and 6: the goal here is the site's capacity itself, which real crawls of bench/adaptive.py's
 capacity site (K = 8) show: with ``beta`` 1.5 the limit held at K + 2 and the site's in flight at
@@ -122,7 +129,8 @@ from scrapy_redislock.lock.protocol import Call, Operation, RunScript
 
 # Probe phases of ControllerState.probe.
 NOT_PROBING, DRAINING, MEASURING = 0, 1, 2
-# Not a probe: the slow start of a new controller (the limit doubles until the site first queues).
+# Not a probe: the slow start of a new controller (the limit grows by half a window until the site
+# first queues).
 STARTING = 3
 
 
@@ -167,6 +175,7 @@ class AdaptiveParams:
     backoff: float = 0.75  # limit * backoff on overload; also the most one Vegas step may cut
     overload_threshold: float = 0.01  # (overloads + errors) / outcomes above this: overload
     app_limited: float = 0.5  # mean in-flight below this share of the limit: do not grow
+    start_growth: float = 1.5  # a slow start's step: the limit times this while the site has room
     probe_every: int = 30  # windows between two no-load measurements
     probe_fraction: float = 0.5  # share of the limit applied while probing
     idle_windows: int = 5  # the controller's hash expires this many windows after the last report
@@ -192,6 +201,7 @@ class AdaptiveParams:
         _number("backoff", self.backoff, low=0.0, high=1.0, open_low=True, open_high=True)
         _number("overload_threshold", self.overload_threshold, low=0.0, high=1.0, open_high=True)
         _number("app_limited", self.app_limited, low=0.0, high=1.0)
+        _number("start_growth", self.start_growth, low=1.0, high=4.0, open_low=True)
         _integer("probe_every", self.probe_every, 3)
         _number("probe_fraction", self.probe_fraction, low=0.0, high=1.0, open_low=True)
         _integer("idle_windows", self.idle_windows, 2)
@@ -402,14 +412,18 @@ def next_state(state: ControllerState, window: Window, params: AdaptiveParams) -
         in_flight = window.mean_in_flight
         used = float(state.applied) if in_flight is None else in_flight
         estimate = Estimate(noload, noload_error, rtt, error)
-        if starting and _room(state, used, estimate, params, doubled=True):
-            limit, probe = limit * 2, STARTING  # slow start: no queue yet, double
+        grown = _slow_start(state, used, estimate, params) if starting else None
+        if grown is not None:
+            limit, probe = grown, STARTING  # slow start: no queue yet, grow
         elif starting:
             # the first queue ends the slow start: what the site served at once (its capacity, as
             # the queue shows it), from where Vegas goes on; a probe follows at once, to measure
             # the no-load latency at about half the capacity (the slow start's windows ran at
-            # other loads, and the crawling processes' own delays grow with theirs)
-            limit, probe = used * noload / rtt, NOT_PROBING
+            # other loads, and the crawling processes' own delays grow with theirs). Never below
+            # the last step's limit, which showed no queue: on a busy CPU those delays grow with
+            # the crawl's rate, the latency with them, and the estimate alone fell to half of K
+            served = used * noload / rtt
+            limit, probe = max(served, limit / params.start_growth), NOT_PROBING
             since_probe = params.probe_every
         else:
             limit = _vegas(state, used, estimate, params)
@@ -442,22 +456,35 @@ class Estimate:
         return queue, error, window
 
 
-def _room(
-    state: ControllerState,
-    used: float,
-    estimate: Estimate,
-    params: AdaptiveParams,
-    doubled: bool = False,
-) -> bool:
-    """No queue at the site (below ``alpha``), and the limit was used: it may grow by one. For a
-    slow start's doubling (``doubled``): the limit was used so much that twice it would be, and
-    the queue is not *significantly* above ``alpha`` (a noisy window at a low limit, where the
-    crawling processes' own delays weigh most, must not end it)."""
-    queue, error, _window = estimate.queue(used)
-    if doubled:
-        below = queue - params.confidence * error < params.alpha
-        return below and used >= params.app_limited * 2 * state.applied
+def _room(state: ControllerState, used: float, estimate: Estimate, params: AdaptiveParams) -> bool:
+    """No queue at the site (below ``alpha``), and the limit was used: it may grow by one."""
+    queue, _error, _window = estimate.queue(used)
     return queue < params.alpha and used >= params.app_limited * state.applied
+
+
+def _slow_start(
+    state: ControllerState, used: float, estimate: Estimate, params: AdaptiveParams
+) -> float | None:
+    """The next limit of a slow start, or None when it ends: the queue is *significantly* above
+    ``alpha`` (a noisy window at a low limit, where the crawling processes' own delays weigh most,
+    must not end it), or the limit was not used so much that ``start_growth`` times it would be.
+
+    It grows by ``start_growth`` (1.5), not 2: a site that serves K at once answers in the same
+    time up to K, so a limit at or below K carries no sign of K, and one step goes up to
+    ``start_growth * K``; doubling sent twice the capacity (a site that refuses past 1.5 K answered
+    a burst of 503s until the next window cut it). Once the queue shows (its estimate at ``alpha``
+    or above, not yet significantly), it grows from what the site served at once (the limit less
+    the queue) instead of from the limit: a limit just past K, its queue of one lost in the noise,
+    goes to ``start_growth * K``, not past it; it never shrinks here."""
+    queue, error, _window = estimate.queue(used)
+    if queue - params.confidence * error >= params.alpha:
+        return None
+    if used < params.app_limited * params.start_growth * state.applied:
+        return None
+    if queue < params.alpha:
+        return state.limit * params.start_growth
+    served = min(state.limit, used - queue)
+    return max(state.limit, served * params.start_growth)
 
 
 def _vegas(

@@ -20,6 +20,7 @@ from scrapy_redislock.lock.adaptive import (
     DRAINING,
     MEASURING,
     NOT_PROBING,
+    STARTING,
     AdaptiveParams,
     ControllerState,
     Due,
@@ -46,19 +47,25 @@ PARAMS = AdaptiveParams()
 @dataclass
 class FluidSite:
     """At most ``capacity`` requests served at once, each in ``base`` seconds; more wait FIFO, so
-    the latency is ``base * in_flight / capacity`` past it; past twice the capacity, the rest are
-    answered 503 at once (a tenth of ``base``)."""
+    the latency is ``base * in_flight / capacity`` past it; past ``refuse`` times the capacity
+    (twice by default), the rest are answered 503 at once (a tenth of ``base``)."""
 
     capacity: int
     base: float = 0.1
+    refuse: float = 2.0
+
+    @property
+    def most(self) -> int:
+        """The most requests it takes at once (testing/capacity.py: 503 with this many in)."""
+        return math.ceil(self.refuse * self.capacity)
 
     def latency(self, in_flight: float) -> float:
-        return self.base * max(1.0, min(in_flight, 2 * self.capacity) / self.capacity)
+        return self.base * max(1.0, min(in_flight, self.most) / self.capacity)
 
     def sample(self, in_flight: int, seconds: float = 1.0) -> Sample:
         """What the crawl sees in ``seconds`` with ``in_flight`` requests out all along (rounded
         to whole responses), with one observation of the slots in use."""
-        served = min(in_flight, 2 * self.capacity)
+        served = min(in_flight, self.most)
         latency = self.latency(in_flight)
         responses = round(served * seconds / latency)
         overloads = round((in_flight - served) * seconds / (self.base / 10))
@@ -100,17 +107,27 @@ def limits(trace: list[ControllerState]) -> list[int]:
 # -- the arithmetic ------------------------------------------------------------------------------
 
 
+def start_limits(capacity: int) -> list[int]:
+    """A slow start's limits against a site of ``capacity`` with exact latencies: the float limit
+    times 1.5 a window from 1 (1, 1.5, 2.25, 3.375, ...), floored, up to the first one above K."""
+    grown, limit = [], 1.0
+    while not grown or grown[-1] <= capacity:
+        limit *= PARAMS.start_growth
+        grown.append(math.floor(limit + 1e-9))
+    return grown
+
+
 @pytest.mark.parametrize("capacity", [2, 5, 8, 20])
 def test_slow_start_then_k_or_k_plus_one(capacity: int) -> None:
-    """A new controller at the minimum doubles its limit while the site shows no queue (1, 2, 4,
-    ...), until the first window with one (a limit above K): then what the site served at once
-    (K), after a probe of two windows at half of it (the no-load latency measured again); from
-    there between K and K + 1 (the queue estimate in_flight - K is 1 at K + 1: above beta, one
-    less; 0 at K: below alpha, one more), but for the probes' two windows at half the limit every
-    probe_every windows."""
+    """A new controller at the minimum grows its limit by half a window while the site shows no
+    queue (1, 1, 2, 3, 5, 7, 11, ...), until the first window with one (a limit above K): then
+    what the site served at once (K), after a probe of two windows at half of it (the no-load
+    latency measured again); from there between K and K + 1 (the queue estimate in_flight - K is
+    1 at K + 1: above beta, one less; 0 at K: below alpha, one more), but for the probes' two
+    windows at half the limit every probe_every windows."""
     trace = run(FluidSite(capacity), 3 * PARAMS.probe_every)
-    doubled = capacity.bit_length()  # windows of doubling up to the first limit above K
-    assert limits(trace)[:doubled] == [2**i for i in range(1, doubled + 1)]
+    doubled = len(start_limits(capacity))  # windows of growth up to the first limit above K
+    assert limits(trace)[:doubled] == start_limits(capacity)
     probe = trace[doubled : doubled + 2]
     assert [s.probe for s in probe] == [DRAINING, MEASURING]
     assert {s.applied for s in probe} == {max(1, capacity // 2)}
@@ -122,6 +139,50 @@ def test_slow_start_then_k_or_k_plus_one(capacity: int) -> None:
     assert set(probing) <= {max(1, capacity // 2), max(1, (capacity + 1) // 2)}
     assert len(probing) == 2 * 2
     assert all(s.noload == pytest.approx(0.1) for s in trace)
+
+
+@pytest.mark.parametrize("capacity", range(1, 41))
+def test_the_slow_start_stays_within_one_and_a_half_times_the_capacity(capacity: int) -> None:
+    """A site that refuses past 1.5 K (a short queue): no window of the start, nor after, is sent
+    more than it takes, whatever K (doubling sent up to 2K: 16 for K = 8, refused 503 until the
+    next window). A limit at or below K shows no queue (the site answers in the same time), so
+    1.5 times it is the most one step of the start may go."""
+    site = FluidSite(capacity, refuse=1.5)
+    trace = run(site, 2 * PARAMS.probe_every)
+    assert max(limits(trace)) <= site.most
+    for state in trace:
+        assert site.sample(state.applied).overloads == 0
+
+
+def test_a_slow_start_whose_queue_shows_grows_from_what_the_site_served() -> None:
+    """A queue estimate at alpha or above but not significantly (noisy latencies): the slow start
+    goes on from what the site served at once (the limit less the queue), so a limit of K + 1
+    whose queue of one hides in the noise goes to 1.5 K, not past it; a significant queue ends it
+    at what the site served at once; a noisy window with no queue grows by half."""
+    starting = ControllerState(
+        9.0, 9, noload=0.1, noload_error=0.002, since_probe=3, probe=STARTING
+    )
+    exact = Sample(80, 80 * 0.1125, 80 * 0.1125**2, in_use_sum=9, in_use_count=1)  # K = 8: queue 1
+    scattered = [0.0125, 0.2125] * 40  # the same mean, widely scattered
+    noisy = replace(exact, latency_sq_sum=sum(x * x for x in scattered))
+    grown = next_state(starting, window_of(noisy), PARAMS)
+    assert grown.limit == pytest.approx(12.0) and grown.probe == STARTING  # 1.5 K, not 13.5
+    ended = next_state(starting, window_of(exact), PARAMS)
+    assert ended.limit == pytest.approx(8.0) and ended.probe == DRAINING
+    calm = Sample(80, 80 * 0.1, sum(x * x for x in [0.0, 0.2] * 40), in_use_sum=9, in_use_count=1)
+    assert next_state(starting, window_of(calm), PARAMS).limit == 13.5
+
+
+def test_a_slow_start_ends_no_lower_than_its_last_step() -> None:
+    """The first queue ends the slow start at what the site served at once, but not below the
+    limit of the step before (no queue there): a window whose latency doubled (the crawling
+    processes' own delays on a busy CPU) ends it at 6 from 9, not at 4.5."""
+    starting = ControllerState(
+        9.0, 9, noload=0.1, noload_error=0.001, since_probe=3, probe=STARTING
+    )
+    slow = Sample(45, 45 * 0.2, 45 * 0.2**2, in_use_sum=9, in_use_count=1)
+    ended = next_state(starting, window_of(slow), PARAMS)
+    assert ended.limit == pytest.approx(6.0) and ended.probe == DRAINING
 
 
 def test_reconverges_when_the_capacity_drops_and_comes_back() -> None:
@@ -209,13 +270,10 @@ def test_a_noisy_window_is_no_queue() -> None:
     assert next_state(state, window_of(noisy), PARAMS).limit == 10.0
 
 
-def test_noisy_latencies_settle_near_the_capacity() -> None:
-    """Latencies scattered as much as they are on real sites (log-normal, a coefficient of
-    variation of 0.5; a seeded generator): the limit stays near K to K + 1 (a mean of 8.8 here,
-    75% of the windows in [K - 2, K + 1], 11 at the highest, 2 at the lowest: the slow start
-    ended at once on a first window that looked like a queue, and the limit grew by one from 1;
-    means of 8.7 to 9.0 over seeds 1 to 4, 74 to 94% in the band)."""
-    rng = random.Random(7)
+def noisy_settled(seed: int) -> list[int]:
+    """The limits (bar probes) of windows 30 to 300 against K = 8, with log-normal latencies of a
+    coefficient of variation of 0.5 drawn from ``random.Random(seed)``."""
+    rng = random.Random(seed)
     site, state = FluidSite(8), ControllerState.initial(1)
     seen = []
     for _ in range(300):
@@ -227,10 +285,26 @@ def test_noisy_latencies_settle_near_the_capacity() -> None:
         state = next_state(state, window_of(noisy), PARAMS)
         if state.probe == NOT_PROBING:
             seen.append(state.applied)
-    settled = seen[30:]
-    assert 8 <= sum(settled) / len(settled) <= 9.5
+    return seen[30:]
+
+
+@pytest.mark.parametrize("seed", range(1, 9))
+def test_noisy_latencies_settle_near_the_capacity(seed: int) -> None:
+    """Latencies scattered as much as they are on real sites (log-normal, a coefficient of
+    variation of 0.5; seeded generators): the limit stays near K to K + 1. Over seeds 1 to 8,
+    means of 7.3 to 8.7 (8.1 on average), 72 to 98% of the windows in [K - 2, K + 1], 10 at the
+    highest; with the slow start that doubled, 7.6 to 8.7 (8.2), 91 to 100%, 10. One seed alone
+    says little: a probe that drew a low no-load latency holds the limit low until the next."""
+    settled = noisy_settled(seed)
+    assert 7 <= sum(settled) / len(settled) <= 9.5
     assert sum(1 for limit in settled if 6 <= limit <= 9) >= 0.7 * len(settled)
     assert max(settled) <= 11
+
+
+def test_noisy_latencies_settle_near_the_capacity_on_average() -> None:
+    """The same over seeds 1 to 8 at once: a mean limit of 7.8 to 9.2 (8.1 measured)."""
+    means = [sum(s) / len(s) for s in map(noisy_settled, range(1, 9))]
+    assert 7.8 <= sum(means) / len(means) <= 9.2, means
 
 
 def test_a_site_that_got_slower_is_measured_again_by_the_probe() -> None:
@@ -277,6 +351,7 @@ def test_params_are_checked_with_the_field_and_the_value() -> None:
             "overload_threshold": "1%"
         },
         "adaptive log_length must be an integer >= 0, got -1": {"log_length": -1},
+        "adaptive start_growth must be in (1.0, 4.0], got 1.0": {"start_growth": 1.0},
     }
     for message, kwargs in cases.items():
         with pytest.raises(InvalidArgument) as raised:
@@ -392,7 +467,7 @@ def simulate(
 @pytest.mark.parametrize("processes", [2, 4, 16, 32])
 def test_many_processes_overshoot_no_more_than_one(processes: int) -> None:
     """Samples merged into one window per period, one update per window: the same convergence
-    (K + 1 = 9 within 8 s), the same band (8 or 9; 4 or 5 within 4 s after K drops to 4 at 20 s), the same
+    (K + 1 = 9 within 10 s), the same band (8 or 9; 4 or 5 within 4 s after K drops to 4 at 20 s), the same
     most (9) as one process, with every window committed once. Without clipping each sample to
     the window (the first report of each process after a change was measured partly under the
     previous limit), 16 processes went to 10."""
@@ -409,7 +484,7 @@ def test_many_processes_overshoot_no_more_than_one(processes: int) -> None:
 
     for run_ in (alone, trace):
         most, first, before, after = summary(run_)
-        assert (most, before) == (9, {8, 9}) and first <= 8  # slow start, probe, K or K + 1
+        assert (most, before) == (9, {8, 9}) and first <= 10  # slow start, probe, K or K + 1
         assert after and after <= {4, 5}
     assert shared.commits == len({s.version for _, s in trace}) - 1
 
@@ -732,9 +807,9 @@ def test_three_processes_through_redis_find_the_capacity(
 ) -> None:
     """The whole loop through the real scripts: three processes, each holding its share of the
     lock's slots (taken from Redis), report what a capacity-4 site gives them (update(): report,
-    and next_state + commit when due); the lock's limit doubles from 1 (slow start) until the site
-    queues (8), probes at half what the site served at once (2, twice), then goes to it (4) and
-    stays at 4 or 5."""
+    and next_state + commit when due); the lock's limit grows by half from 1 (slow start: 1.5,
+    2.25, 3.375, 5.06, floored) until the site queues (5), probes at half what the site served at
+    once (2, twice), then goes to it (4) and stays at 4 or 5."""
     site = FluidSite(4)
     lock = CountingLock(redis_client, "detail", 1, 30.0, maintain_loop=False)
     locks.append(lock)
@@ -770,7 +845,7 @@ def test_three_processes_through_redis_find_the_capacity(
             lock.release(permit)
         for client in clients:
             client.close()
-    assert seen[:7] == [1, 2, 4, 8, 2, 2, 4]
-    assert set(seen[6:]) == {4, 5}
+    assert seen[:8] == [1, 1, 2, 3, 5, 2, 2, 4]
+    assert set(seen[7:]) == {4, 5}
     records = drive(history(KEYS), runners[0], "x")
-    assert [r.limit for r in reversed(records)][:6] == [2, 4, 8, 2, 2, 4]
+    assert [r.limit for r in reversed(records)][:7] == [1, 2, 3, 5, 2, 2, 4]

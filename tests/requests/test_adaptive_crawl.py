@@ -1,30 +1,33 @@
 """The adaptive limit of a key in real crawls (REDISLOCK_ADAPTIVE): 3 `scrapy runspider` processes
-against a site that serves 4 requests at once (testing/capacity.py: the rest wait, 503 past 8) and a
-real redis-server. One controller for the three: its limit starts at 1, doubles while the site has
-room (slow start), probes, and settles at the site's capacity, K or K + 1 (K + 2 in some windows
-on a starved CPU), whatever the cap (16) allows; every window is committed once, by whichever
-process reported when it was due. Counts and orders, not speed."""
+against a site that serves 4 requests at once (testing/capacity.py: the rest wait, 503 past 8, or
+past 6 for a site with a short queue) and a real redis-server. One controller for the three: its
+limit starts at 1, grows by half a window while the site has room (slow start), probes, and
+settles where the site holds its capacity, K or K + 1 in flight, whatever the cap (16) allows;
+every window is committed once, by whichever process reported when it was due. Counts and orders,
+at the site and in Redis, not speed."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
-from testing.capacity import CapacitySite
+from testing.capacity import CapacitySite, Host
 from testing.crawlproc import Crawl, leftover
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 PROCESSES = 3
 K = 4
+PAGES = 200  # per process: the start, a probe and about ten windows settled
 
 
-def test_three_processes_find_the_sites_capacity(
-    redis_url: str, redis_client: redis.Redis, tmp_path: Path
-) -> None:
-    settings = {
+def crawl_the_site(site: CapacitySite, redis_url: str, tmp_path: Path, pages: int = PAGES) -> Host:
+    """Three processes crawl ``pages`` pages each of the site's first host under one adaptive key
+    limit (windows of 0.5 s, a cap of 16); what the host saw."""
+    settings: dict[str, Any] = {
         "REDISLOCK_URL": redis_url,
         "REDISLOCK_STAGES": {"detail": None},
         "REDISLOCK_STAGE_KEY": "domain",
@@ -33,30 +36,67 @@ def test_three_processes_find_the_sites_capacity(
         "REDISLOCK_ADAPTIVE_WINDOW": 0.5,
         "CONCURRENT_REQUESTS": 16,
     }
-    with CapacitySite(capacity=K, base=0.1) as site:
-        crawls = [
-            Crawl(site.url_of(1), "detail:150", settings, tmp_path, args={"first": str(1000 * i)})
-            for i in range(PROCESSES)
-        ]
-        for crawl in crawls:
-            crawl.start()
-        for crawl in crawls:
-            crawl.wait(timeout=180)
-            assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
-        host = site.hosts["127.0.0.1"]
-    log = [
-        json.loads(entry)
-        for entry in reversed(redis_client.lrange("redislock:{key:127.0.0.1}:adapt_log", 0, -1))
+    crawls = [
+        Crawl(site.url_of(1), f"detail:{pages}", settings, tmp_path, args={"first": str(1000 * i)})
+        for i in range(PROCESSES)
     ]
-    limits = [record[1] for record in log]
-    print(f"limits by window: {limits}; answers {dict(host.answers)}")
-    assert len(log) >= 10  # windows committed, each once (the log has one record per commit)
+    for crawl in crawls:
+        crawl.start()
+    for crawl in crawls:
+        crawl.wait(timeout=180)
+        assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
+    return site.hosts["127.0.0.1"]
+
+
+def limits_by_window(client: redis.Redis) -> list[int]:
+    log = client.lrange("redislock:{key:127.0.0.1}:adapt_log", 0, -1)
+    return [json.loads(entry)[1] for entry in reversed(log)]
+
+
+def test_three_processes_find_the_sites_capacity(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """Settled means the site holds K to K + 1 in flight, counted at the site. Not the limit: a
+    slot is held from its grant to the answer's handling, longer than the site has the request,
+    and the more so on a busy CPU; with two CPU burners beside it the limit held K + 2 = 6 while
+    the site had 5.0 in flight (K + 1, as on a quiet machine at a limit of 5), which the test's
+    old check of the limit (median of the last windows in K - 1 to K + 1) took for a failure."""
+    with CapacitySite(capacity=K, base=0.1) as site:
+        host = crawl_the_site(site, redis_url, tmp_path)
+    limits = limits_by_window(redis_client)
+    with site.condition:
+        # from the 60th to the 95th percent of the requests: every process still had some to send
+        # (a process that started late on a busy machine ends late, alone: the last arrivals are
+        # no measure of the limit)
+        count = len(host.arrivals)
+        settled = host.mean_in_flight(
+            host.arrivals[count * 6 // 10], host.arrivals[count * 95 // 100]
+        )
+    print(f"limits by window: {limits}; answers {dict(host.answers)}; settled {settled:.2f}")
+    assert len(limits) >= 10  # windows committed, each once (the log has one record per commit)
     assert limits[0] <= 2 and max(limits) >= K  # from the minimum up to the capacity
-    # settled: the last windows at K or K + 1, bar a probe's two windows at half; on a starved CPU
-    # the no-load estimate takes in the processes' own delays and hides a queue of one more
-    # (docs/adaptive.md), so one in the middle, none past K + 2
-    settled = sorted(limit for limit in limits[-6:] if limit > K // 2)
-    assert settled and settled[len(settled) // 2] in {K - 1, K, K + 1}, limits
-    assert settled[-1] <= K + 2, limits
+    # the site full, about one request waiting, as docs/adaptive.md says it converges; K - 2 as
+    # bench/adaptive.py's band: on a starved CPU the processes may not keep K out (3.7 and 4.7
+    # with two CPU burners beside it)
+    assert K - 2 <= settled <= K + 1.5, (settled, limits)
     assert host.most_served <= K  # the site's own capacity (it queues the rest)
+    assert leftover(redis_client) == 0
+
+
+def test_the_start_stays_below_what_a_site_with_a_short_queue_refuses(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """A site that serves 8 at once and answers 503 with 1.5 K = 12 in flight (bench/adaptive.py
+    --refuse 1.5): fewer than 1% of all its answers are refusals, over the whole run, the start
+    included, counted at the site. The doubling slow start went 1, 2, 4, 8, 16: past 12, and each
+    refusal, answered at once, freed its slot for the next request until the next window cut the
+    limit (5.8% of the answers here, 70 of 1,200; 22% for K = 4, refusing past 6)."""
+    capacity = 8
+    with CapacitySite(capacity=capacity, base=0.1, refuse=1.5) as site:
+        host = crawl_the_site(site, redis_url, tmp_path, pages=2 * PAGES)
+    limits = limits_by_window(redis_client)
+    print(f"limits by window: {limits}; answers {dict(host.answers)}")
+    assert host.answers[200] == PROCESSES * 2 * PAGES - host.answers[503]  # no retries
+    assert host.refused_share < 0.01, (dict(host.answers), limits)
+    assert max(limits) >= capacity  # it did find the capacity
     assert leftover(redis_client) == 0
