@@ -123,7 +123,9 @@ def test_quorum_permits_flow_through_the_hand_off_and_close_frees_every_master(
     grant on every master."""
 
     async def scenario() -> None:
-        async with front(urls(masters), {"detail": 2}) as f:
+        # the local hand-off of a slot younger than REDISLOCK_LOCAL_REUSE: 2 s, not the default
+        # 0.25, so that a loaded machine's slow steps below do not age the permit out of it
+        async with front(urls(masters), {"detail": 2}, REDISLOCK_LOCAL_REUSE=2.0) as f:
             lock = f.locks.locks["detail"]
             assert isinstance(lock, AsyncQuorumCountingLock) and lock.quorum == 3
             with pytest.raises(InvalidArgument, match="its quorum depends on the limit"):
