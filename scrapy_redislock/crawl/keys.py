@@ -10,8 +10,8 @@ settings itself:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from scrapy import Request
 
 KeyFunction = Callable[["Request", Any], Any]
+F = TypeVar("F", bound=Callable[..., Any])
 KEY_MAX = 256  # characters: a key names a Redis key, and status shows it
 
 
@@ -44,14 +45,24 @@ def key_function(value: Any, setting: str = "REDISLOCK_STAGE_KEY") -> KeyFunctio
     """The function behind a REDISLOCK_STAGE_KEY value: None, "domain", "download_slot", a dotted
     path to a function ``(request, spider) -> key or None``, or such a function; ConfigError naming
     the setting otherwise."""
+    return load_function(value, setting, KINDS, "key", "key or None")
+
+
+def load_function(
+    value: Any, setting: str, kinds: Mapping[str, F], returns: str, may_return: str
+) -> F | None:
+    """The function a setting names (REDISLOCK_STAGE_KEY, REDISLOCK_SCOPES_OF): None, one of
+    ``kinds`` by name, a dotted path to a function ``(request, spider) -> returns``, or such a
+    function; ConfigError naming the setting otherwise."""
     if value is None or value == "":
         return None
     if isinstance(value, str):
-        if value in KINDS:
-            return KINDS[value]
+        if value in kinds:
+            return kinds[value]
         if "." not in value:
+            named = ", ".join(repr(kind) for kind in kinds)
             raise ConfigError(
-                f"{setting} must be 'domain', 'download_slot' or the dotted path of a function (request, spider) -> key, got {value!r}"  # noqa: E501
+                f"{setting} must be {named} or the dotted path of a function (request, spider) -> {returns}, got {value!r}"  # noqa: E501
             )
         try:
             value = load_object(value)
@@ -60,9 +71,21 @@ def key_function(value: Any, setting: str = "REDISLOCK_STAGE_KEY") -> KeyFunctio
             raise ConfigError(f"{setting} cannot be loaded: {value!r} ({exc})") from None
     if not callable(value):
         raise ConfigError(
-            f"{setting} must be a function (request, spider) -> key or None, got {value!r}"
+            f"{setting} must be a function (request, spider) -> {may_return}, got {value!r}"
         )
-    return value
+    return cast("F", value)
+
+
+def is_key_name(name: Any) -> bool:
+    """A key or scope name: a non-empty string of at most KEY_MAX characters without braces (it
+    names Redis keys inside a hash tag, and status shows it)."""
+    return (
+        isinstance(name, str)
+        and bool(name)
+        and "{" not in name
+        and "}" not in name
+        and len(name) <= KEY_MAX
+    )
 
 
 def key_of(request: Request, spider: Any, function: KeyFunction) -> str | None:
@@ -72,13 +95,13 @@ def key_of(request: Request, spider: Any, function: KeyFunction) -> str | None:
         key = function(request, spider)
     except Exception as exc:
         raise KeyFunctionError(
-            f"REDISLOCK_STAGE_KEY function {_name(function)} raised {type(exc).__name__}: {exc} for {request.url}"
+            f"REDISLOCK_STAGE_KEY function {function_name(function)} raised {type(exc).__name__}: {exc} for {request.url}"  # noqa: E501
         ) from exc
     if key is None:
         return None
-    if not isinstance(key, str) or not key or "{" in key or "}" in key or len(key) > KEY_MAX:
+    if not is_key_name(key):
         raise KeyFunctionError(
-            f"REDISLOCK_STAGE_KEY function {_name(function)} returned {key!r} for {request.url}: a key must be None or a non-empty string of at most {KEY_MAX} characters without braces"  # noqa: E501
+            f"REDISLOCK_STAGE_KEY function {function_name(function)} returned {key!r} for {request.url}: a key must be None or a non-empty string of at most {KEY_MAX} characters without braces"  # noqa: E501
         )
     return key
 
@@ -92,5 +115,5 @@ def request_key(request: Request, spider: Any, function: KeyFunction | None) -> 
     return key_of(request, spider, function)
 
 
-def _name(function: Any) -> str:
+def function_name(function: Any) -> str:
     return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', repr(function))}"

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.httpobj import urlparse_cached
-from scrapy.utils.misc import load_object
 
 from scrapy_redislock._redis import MAX_LIMIT
-from scrapy_redislock.crawl.keys import KEY_MAX
+from scrapy_redislock.crawl.keys import KEY_MAX, function_name, is_key_name, load_function
 from scrapy_redislock.crawl.stages import DONT_META
 from scrapy_redislock.errors import ConfigError, KeyFunctionError
 
@@ -148,13 +147,7 @@ def parse_scopes(raw: Any, setting: str) -> ScopeTable:
     exact: dict[str, ScopePolicy] = {}
     patterns: list[tuple[str, re.Pattern[str], ScopePolicy]] = []
     for name, entry in raw.items():
-        if (
-            not isinstance(name, str)
-            or not name
-            or "{" in name
-            or "}" in name
-            or len(name) > KEY_MAX
-        ):
+        if not is_key_name(name):
             raise ConfigError(
                 f"{setting}: a scope name must be a non-empty string of at most {KEY_MAX} characters without braces, got {name!r}"  # noqa: E501
             )
@@ -182,25 +175,7 @@ KINDS: dict[str, ScopeFunction] = {"proxy": proxy}
 def scope_function(value: Any, setting: str = "REDISLOCK_SCOPES_OF") -> ScopeFunction | None:
     """The function behind a REDISLOCK_SCOPES_OF value: None, "proxy", or a function (or its dotted
     path) ``(request, spider) -> scope names``; ConfigError naming the setting otherwise."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, str):
-        if value in KINDS:
-            return KINDS[value]
-        if "." not in value:
-            raise ConfigError(
-                f"{setting} must be 'proxy' or the dotted path of a function (request, spider) -> scope names, got {value!r}"  # noqa: E501
-            )
-        try:
-            value = load_object(value)
-        # ImportError, ValueError, ... whatever importing the module raises
-        except Exception as exc:
-            raise ConfigError(f"{setting} cannot be loaded: {value!r} ({exc})") from None
-    if not callable(value):
-        raise ConfigError(
-            f"{setting} must be a function (request, spider) -> scope names, got {value!r}"
-        )
-    return value
+    return load_function(value, setting, KINDS, "scope names", "scope names")
 
 
 def request_scopes(
@@ -224,27 +199,17 @@ def request_scopes(
             given = function(request, spider)
         except Exception as exc:
             raise KeyFunctionError(
-                f"REDISLOCK_SCOPES_OF function {_name(function)} raised {type(exc).__name__}: {exc} for {request.url}"
+                f"REDISLOCK_SCOPES_OF function {function_name(function)} raised {type(exc).__name__}: {exc} for {request.url}"  # noqa: E501
             ) from exc
         if given:
             if isinstance(given, str):
                 raise KeyFunctionError(
-                    f"REDISLOCK_SCOPES_OF function {_name(function)} returned the string {given!r} for {request.url}: it must return a list of scope names"  # noqa: E501
+                    f"REDISLOCK_SCOPES_OF function {function_name(function)} returned the string {given!r} for {request.url}: it must return a list of scope names"  # noqa: E501
                 )
             names.extend(given)
     for name in names:
-        if (
-            not isinstance(name, str)
-            or not name
-            or "{" in name
-            or "}" in name
-            or len(name) > KEY_MAX
-        ):
+        if not is_key_name(name):
             raise KeyFunctionError(
                 f"scope {name!r} of {request.url} is not a scope name: a non-empty string of at most {KEY_MAX} characters without braces"  # noqa: E501
             )
     return tuple(sorted(set(names)))
-
-
-def _name(function: Any) -> str:
-    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', repr(function))}"
