@@ -46,7 +46,7 @@ import redis
 
 from bench import RESULTS, add_smoke
 from bench.dashboard import commandstats
-from testing.crawlproc import ROOT, Crawl
+from testing.crawlproc import ROOT, Crawl, finish_all
 from testing.redis_server import RedisServer
 from testing.site import CrawlSite
 
@@ -109,13 +109,6 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     return opts
 
 
-def finish_all(crawls: list[Crawl]) -> None:
-    """Until every crawl has ended; AssertionError with its log's tail for one that did not finish."""
-    for crawl in crawls:
-        crawl.wait(timeout=1800)
-        assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
-
-
 def run(
     mode: str, processes: int, domains: int, opts: argparse.Namespace, folder: Path
 ) -> dict[str, Any]:
@@ -163,7 +156,7 @@ def run(
             ).start()
             for i in range(processes)
         ]
-        finish_all(crawls)
+        finish_all(crawls, timeout=1800)
         cpu = _children_cpu() - cpu_before  # the crawl processes', reaped by finish_all
         after = commandstats(client)
         commands = sum(after.values()) - sum(before.values()) - 1  # less our INFO
@@ -282,7 +275,7 @@ def slow_run(
         ]
         for crawl in crawls:
             crawl.start()
-        finish_all(crawls)
+        finish_all(crawls, timeout=1800)
         with site.lock:
             fast = [r for r in site.served if r.stage.startswith("d")]
             slowest = [r for r in site.served if r.stage.startswith("s")]
@@ -359,7 +352,7 @@ def gap_run(burners: int, opts: argparse.Namespace, folder: Path) -> dict[str, A
                 ).start()
                 for i in range(processes)
             ]
-            finish_all(crawls)
+            finish_all(crawls, timeout=1800)
             after = commandstats(client)
             gaps = sorted(gap for host in list(site.host_arrivals) for gap in site.gaps(host))
             wire = sorted(

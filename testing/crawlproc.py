@@ -246,6 +246,18 @@ def run_crawl(
     return process.returncode, output
 
 
+def finish_all(crawls: list[Crawl], timeout: float = 120) -> list[Crawl]:
+    """Start the crawls not started yet, wait for every one, and fail (with its log's tail) on one
+    that did not finish as ``finished``."""
+    for crawl in crawls:
+        if crawl.process is None:
+            crawl.start()
+    for crawl in crawls:
+        crawl.wait(timeout=timeout)
+        assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
+    return crawls
+
+
 def leftover(client: RedisClient, prefix: str = "redislock") -> int:
     """Grants still held over every lock: the tests' check that a crawl gave every slot back
     (:func:`testing.lockstate.held_slots`)."""

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from testing.capacity import CapacitySite, Host
-from testing.crawlproc import Crawl, leftover
+from testing.crawlproc import Crawl, finish_all, leftover
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 PROCESSES = 3
@@ -36,15 +36,15 @@ def crawl_the_site(site: CapacitySite, redis_url: str, tmp_path: Path, pages: in
         "REDISLOCK_ADAPTIVE_WINDOW": 0.5,
         "CONCURRENT_REQUESTS": 16,
     }
-    crawls = [
-        Crawl(site.url_of(1), f"detail:{pages}", settings, tmp_path, args={"first": str(1000 * i)})
-        for i in range(PROCESSES)
-    ]
-    for crawl in crawls:
-        crawl.start()
-    for crawl in crawls:
-        crawl.wait(timeout=180)
-        assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
+    finish_all(
+        [
+            Crawl(
+                site.url_of(1), f"detail:{pages}", settings, tmp_path, args={"first": str(1000 * i)}
+            )
+            for i in range(PROCESSES)
+        ],
+        timeout=180,
+    )
     return site.hosts["127.0.0.1"]
 
 

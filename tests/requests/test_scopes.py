@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import redis
 
-from testing.crawlproc import Crawl, leftover
+from testing.crawlproc import Crawl, finish_all, leftover
 from testing.site import CrawlSite
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
@@ -35,19 +35,19 @@ WITH_HEADER = {
 
 
 def run(site: CrawlSite, extra: dict[str, Any], folder: Path, **args: str) -> list[Crawl]:
-    crawls = [
-        Crawl(
-            site.url,
-            f"detail:{PAGES}",
-            extra,
-            folder,
-            args={"hosts": str(HOSTS), "first": str(1000 * i), **args},
-        ).start()
-        for i in range(PROCESSES)
-    ]
-    for crawl in crawls:
-        crawl.wait(timeout=180)
-        assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
+    crawls = finish_all(
+        [
+            Crawl(
+                site.url,
+                f"detail:{PAGES}",
+                extra,
+                folder,
+                args={"hosts": str(HOSTS), "first": str(1000 * i), **args},
+            )
+            for i in range(PROCESSES)
+        ],
+        timeout=180,
+    )
     assert len(site.hits) == PROCESSES * PAGES and set(site.hits.values()) == {1}  # once each
     return crawls
 
@@ -150,15 +150,13 @@ def test_robots_crawl_delay_holds_for_the_whole_cluster(
     }
     with CrawlSite(delay=0.01) as site:
         site.routes["/robots.txt"] = ("text/plain", "User-agent: *\nCrawl-delay: 1\n")
-        crawls = [
-            Crawl(site.url, f"detail:{pages}", extra, tmp_path, args={"first": str(1000 * i)})
-            for i in range(PROCESSES)
-        ]
+        crawls = finish_all(
+            [
+                Crawl(site.url, f"detail:{pages}", extra, tmp_path, args={"first": str(1000 * i)})
+                for i in range(PROCESSES)
+            ]
+        )
         for crawl in crawls:
-            crawl.start()
-        for crawl in crawls:
-            crawl.wait(timeout=120)
-            assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
             assert crawl.stats["redislock/crawl_delay/sites"] == 1
         pages_hit = {path: n for path, n in site.hits.items() if path != "/robots.txt"}
         assert len(pages_hit) == PROCESSES * pages and set(pages_hit.values()) == {1}
