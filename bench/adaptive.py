@@ -45,7 +45,7 @@ import redis
 
 from bench import RESULTS, add_smoke
 from scrapy_redislock.lock.adaptive import history
-from scrapy_redislock.lock.front import CommandRunner
+from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.protocol import drive
 from testing.capacity import CapacitySite

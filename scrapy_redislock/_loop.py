@@ -5,7 +5,7 @@ until told to stop;
 
 A tick that raises is logged and the loop goes on (nothing is given up on a Redis error); with a
 :class:`~scrapy_redislock._redis.Backoff` the next tick after a failure comes after its delay
-instead of the interval. Imports neither Scrapy nor Twisted: the lock's asyncio front and the Scrapy
+instead of the interval. Imports neither Scrapy nor Twisted: the asyncio lock and the Scrapy
 glue both use it.
 """
 

@@ -231,7 +231,7 @@ async def main_async(args: argparse.Namespace) -> None:
     )
     emit({"ready": True, "owner": lock.owner, "pid": os.getpid(), "wall": time.time()})
     if args.mode != "loop":
-        raise SystemExit("the async front runs the loop mode only")
+        raise SystemExit("the asyncio lock runs the loop mode only")
 
     async def acquire() -> Permit:
         while True:

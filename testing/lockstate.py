@@ -19,8 +19,8 @@ import redis
 from scrapy_redis import defaults as scrapy_redis_defaults
 
 from scrapy_redislock._redis import RedisClient, text
+from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.core import release_consumer
-from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.permit import GROUP, LockKeys, group_prefix
 from scrapy_redislock.lock.protocol import drive
 from scrapy_redislock.lock.status import grouped_keys, tagged_keys

@@ -22,7 +22,7 @@ from scrapy_redislock.crawl import defaults
 from scrapy_redislock.crawl.connection import RedisURL, mask_url, parse_url
 from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.errors import ConfigError, InvalidArgument
-from scrapy_redislock.lock.front import CommandRunner
+from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.protocol import Operation, drive
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2

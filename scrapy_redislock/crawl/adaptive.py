@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.lock.adaptive import AdaptiveParams, Recorder, update
+from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.delay import pause_starts
-from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.protocol import adrive
 

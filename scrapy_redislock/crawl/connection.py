@@ -199,7 +199,7 @@ def _owning(client: Any, sentinel: Any) -> Any:
 class SentinelMaster(redis.Redis):
     """The blocking client of a Sentinel master: ``close()`` also closes the sentinels' connections
     (its own Sentinel's; a client made on another pool of the same Sentinel, as
-    :func:`~scrapy_redislock.lock.front.waiting_client` makes, closes only its own pool)."""
+    :func:`~scrapy_redislock.lock.base.waiting_client` makes, closes only its own pool)."""
 
     sentinels: Any = None
 

@@ -18,8 +18,8 @@ from scrapy_redislock.crawl.connection import async_clients
 from scrapy_redislock.crawl.reach import REFUSED, masters_said, no_quorum
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.lock.aio import AsyncCountingLock
+from scrapy_redislock.lock.base import eviction_policy
 from scrapy_redislock.lock.core import lock_scripts
-from scrapy_redislock.lock.front import eviction_policy
 from scrapy_redislock.lock.interface import AsyncLock
 from scrapy_redislock.lock.quorum import AsyncQuorumCountingLock, QuorumLockFactory
 

@@ -41,6 +41,7 @@ from scrapy_redislock.crawl.renewer import gather_bounded
 from scrapy_redislock.crawl.requestslots import SlotPermit
 from scrapy_redislock.crawl.stagelocks import StageLock, StageLocks
 from scrapy_redislock.lock.aio import AsyncCountingLock
+from scrapy_redislock.lock.base import CommandRunner, waiting_client
 from scrapy_redislock.lock.delay import (
     book_start,
     confirm_start,
@@ -49,7 +50,6 @@ from scrapy_redislock.lock.delay import (
     push_start,
     take_rate,
 )
-from scrapy_redislock.lock.front import CommandRunner, waiting_client
 from scrapy_redislock.lock.protocol import Operation, adrive
 from scrapy_redislock.lock.status import KEY_LOCK_PREFIX
 

@@ -35,8 +35,8 @@ from scrapy_redislock.crawl.engine import StartLogCount, count_start_logs
 from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REDIS_ERRORS, REFUSED
 from scrapy_redislock.crawl.renewer import Renewer, gather_bounded
 from scrapy_redislock.errors import ConfigError
+from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.core import release_consumer
-from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.interface import AsyncLock
 from scrapy_redislock.lock.protocol import adrive
 

@@ -1,6 +1,6 @@
 """The lock: a fair, leased counting lock in Redis, with no Scrapy and no Twisted.
 
-A sans-IO core (:mod:`.core`, :mod:`.protocol`) and two thin fronts over it: :class:`CountingLock`
+A sans-IO core (:mod:`.core`, :mod:`.protocol`) and two thin lock classes over it: :class:`CountingLock`
 (blocking, :mod:`.sync`) and :class:`AsyncCountingLock` (asyncio, :mod:`.aio`); :mod:`.quorum`
 holds one lock on q of N independent masters (:class:`QuorumCountingLock`,
 :class:`AsyncQuorumCountingLock`, :class:`QuorumLockFactory`). All four share one interface

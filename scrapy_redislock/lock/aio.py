@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import redis.asyncio
 
 from scrapy_redislock._loop import every, stop
-from scrapy_redislock.lock.front import LockFront, TaskContext
+from scrapy_redislock.lock.base import LockBase, TaskContext
 from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.lock.protocol import Operation, adrive
 
@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class AsyncCountingLock(TaskContext[Permit], LockFront):
+class AsyncCountingLock(TaskContext[Permit], LockBase):
     """A fair, leased counting lock (semaphore) in Redis, for asyncio code."""
 
     client_types = (redis.asyncio.Redis, redis.asyncio.RedisCluster)

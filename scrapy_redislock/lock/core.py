@@ -3,7 +3,7 @@
 Every lock operation is a generator that yields commands
 (:class:`~scrapy_redislock.lock.protocol.RunScript`,
 :class:`~scrapy_redislock.lock.protocol.ReadGrant`) and receives their replies, or has the redis
-error thrown in. The sync and asyncio fronts (``sync.py``, ``aio.py``) only carry commands to
+error thrown in. The blocking and asyncio locks (``sync.py``, ``aio.py``) only carry commands to
 Redis, so the lock's logic exists once. An acquire's wait is :mod:`.wait`, a renewal pass
 :mod:`.renewal`, the consumer names of waits :mod:`.consumers`, the data :mod:`.permit`. This
 module does no I/O and imports neither Scrapy nor Twisted.
@@ -110,7 +110,7 @@ Clock = Callable[[], float]
 
 @dataclass
 class LockCore:
-    """State and logic of one lock object; the fronts drive its generator methods.
+    """State and logic of one lock object; the lock classes drive its generator methods.
 
     What it promises (the scripts keep it): a grant is freed only by its holder's release, by the
     reaper once its lease (the longest ttl of the live owners) expired, by an operator, because

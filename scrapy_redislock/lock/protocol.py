@@ -3,7 +3,7 @@
 A lock operation (see :mod:`scrapy_redislock.lock.core`) is a generator that yields commands and
 receives their replies, or has the redis error thrown in. :func:`drive` carries them with a blocking
 executor,
-:func:`adrive` with a coroutine one; :class:`~scrapy_redislock.lock.front.CommandRunner` is the one
+:func:`adrive` with a coroutine one; :class:`~scrapy_redislock.lock.base.CommandRunner` is the one
 executor both use. No I/O here; imports neither Scrapy nor Twisted.
 """
 
@@ -128,7 +128,7 @@ def step(
 
 
 def drive(op: Operation[T], execute: Callable[[Command], Any], name: str) -> T:
-    """Run an operation with a blocking executor (the sync front)."""
+    """Run an operation with a blocking executor (the blocking lock)."""
     reply: Any = None
     error: BaseException | None = None
     try:
@@ -150,7 +150,7 @@ def drive(op: Operation[T], execute: Callable[[Command], Any], name: str) -> T:
 
 
 async def adrive(op: Operation[T], execute: Callable[[Command], Awaitable[Any]], name: str) -> T:
-    """Run an operation with a coroutine executor (the asyncio front).
+    """Run an operation with a coroutine executor (the asyncio lock).
 
     A cancellation that came while a command was out ends the operation even if the client returned
     a reply: on Python 3.11, ``asyncio.wait_for`` (which redis-py sends through when

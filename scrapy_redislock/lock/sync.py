@@ -1,8 +1,8 @@
 """The blocking counting lock: ``CountingLock`` over a ``redis.Redis`` client.
 
-Its logic is in :mod:`scrapy_redislock.lock.core`; this front only carries commands to Redis
+Its logic is in :mod:`scrapy_redislock.lock.core`; this class only carries commands to Redis
 (through
-:class:`~scrapy_redislock.lock.front.CommandRunner`) and runs the optional maintenance thread.
+:class:`~scrapy_redislock.lock.base.CommandRunner`) and runs the optional maintenance thread.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import redis
 
 from scrapy_redislock.errors import AcquireTimeout
-from scrapy_redislock.lock.front import LockFront, ThreadContext
+from scrapy_redislock.lock.base import LockBase, ThreadContext
 from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.lock.protocol import Operation, drive
 
@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class CountingLock(ThreadContext[Permit], LockFront):
+class CountingLock(ThreadContext[Permit], LockBase):
     """A fair, leased counting lock (semaphore) in Redis, for blocking code.
 
     ``limit`` slots are shared by every process using the same name and prefix; ``limit=1`` is a

@@ -85,7 +85,7 @@ from scrapy_redislock._redis import (
 from scrapy_redislock.crawl.epoch import EPOCH_SCRIPT, crawl_scripts
 from scrapy_redislock.crawl.requestformat import request_from_data
 from scrapy_redislock.errors import ConfigError, InvalidArgument
-from scrapy_redislock.lock.front import waiting_client
+from scrapy_redislock.lock.base import waiting_client
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider

@@ -439,7 +439,7 @@ def test_adaptive_limits_are_charted_and_exported(
     """A stage whose limit adapts (lock/adaptive.py): the frame's point carries its limit, latency
     and error share for the dashboard's charts, and /metrics exports its last window."""
     from scrapy_redislock.lock.adaptive import AdaptiveParams, Sample, update
-    from scrapy_redislock.lock.front import CommandRunner
+    from scrapy_redislock.lock.base import CommandRunner
     from scrapy_redislock.lock.permit import LockKeys
     from scrapy_redislock.lock.protocol import drive
 

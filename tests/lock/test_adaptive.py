@@ -34,7 +34,7 @@ from scrapy_redislock.lock.adaptive import (
     unpin,
     update,
 )
-from scrapy_redislock.lock.front import CommandRunner
+from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.permit import LockKeys, Permit
 from scrapy_redislock.lock.protocol import drive
 

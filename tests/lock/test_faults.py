@@ -111,7 +111,7 @@ def loopers(
     hold_ms: float,
     *extra: object,
 ) -> list[Worker]:
-    """``count`` loop workers, alternately on the blocking and the asyncio front, started together
+    """``count`` loop workers, alternately on the blocking and the asyncio lock, started together
     once all are ready."""
     line = StartLine(Path(tempfile.gettempdir()))
     started = [
@@ -425,7 +425,7 @@ def test_redis_paused_waiters_wait_and_work_resumes(workers: list[Worker]) -> No
 
 
 def test_skewed_wall_clocks_change_nothing(server: RedisServer, workers: list[Worker]) -> None:
-    """Wall clocks an hour ahead and behind, blocking and asyncio fronts, all reaping; a skewed
+    """Wall clocks an hour ahead and behind, blocking and asyncio locks, all reaping; a skewed
     holder is killed and its slot comes back on Redis's clock, not on any client's."""
     limit, ttl, name = 2, 0.6, "skew"
     ri = renew_interval(ttl)

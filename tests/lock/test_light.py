@@ -200,8 +200,8 @@ def test_a_pause_refuses_light_takes_until_it_ends(redis_client: redis.Redis) ->
     left, on Redis's clock; after it, the key is taken again, and a later, shorter pause does not
     shorten it."""
     from scrapy_redislock import Paused
+    from scrapy_redislock.lock.base import CommandRunner
     from scrapy_redislock.lock.delay import pause_starts
-    from scrapy_redislock.lock.front import CommandRunner
     from scrapy_redislock.lock.protocol import drive
 
     runner = CommandRunner(redis_client)
@@ -228,8 +228,8 @@ def test_a_pause_refuses_light_takes_until_it_ends(redis_client: redis.Redis) ->
 def test_a_start_checked_with_no_gap_waits_out_a_pause(redis_client: redis.Redis) -> None:
     """A stage, or a key queueing in its stream, checks its start against a pause: a booking with
     a gap of 0 waits until the pause ends and writes nothing when there is none."""
+    from scrapy_redislock.lock.base import CommandRunner
     from scrapy_redislock.lock.delay import book_start, pause_starts
-    from scrapy_redislock.lock.front import CommandRunner
     from scrapy_redislock.lock.protocol import drive
 
     runner = CommandRunner(redis_client)

@@ -14,9 +14,9 @@ import redis
 from scrapy_redislock import CountingLock, Paused
 from scrapy_redislock.lock.adaptive import AdaptiveParams, ControllerState, Sample, Window, commit
 from scrapy_redislock.lock.adaptive import report as adapt_report
+from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.core import forget_lock, reset_lock
 from scrapy_redislock.lock.delay import pause_starts
-from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.protocol import drive
 from testing.redis_server import RedisServer

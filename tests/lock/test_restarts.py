@@ -17,8 +17,8 @@ import pytest
 import redis
 
 from scrapy_redislock import AcquireTimeout, CountingLock
+from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.core import LockCore
-from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.protocol import drive
 from testing import lockstate
 from testing.redis_server import RedisServer

@@ -13,8 +13,8 @@ import redis
 import redis.asyncio
 
 from scrapy_redislock import AsyncCountingLock
+from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.delay import book_start, confirm_start, delay_keys, gate_key, take_rate
-from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.protocol import adrive
 from testing.redis_server import RedisServer
 

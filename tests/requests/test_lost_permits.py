@@ -17,8 +17,8 @@ from scrapy import Request
 from scrapy.http import Response
 
 from scrapy_redislock import CountingLock
+from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.core import reset_lock
-from scrapy_redislock.lock.front import CommandRunner
 from scrapy_redislock.lock.permit import LockKeys, Permit
 from scrapy_redislock.lock.protocol import drive
 from testing.crawlproc import leftover

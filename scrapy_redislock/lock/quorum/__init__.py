@@ -49,18 +49,18 @@ What it promises and what it does not:
 """
 
 from scrapy_redislock.lock.quorum.aio import AsyncQuorumCountingLock
+from scrapy_redislock.lock.quorum.base import QuorumBase
 from scrapy_redislock.lock.quorum.core import QuorumCore, safe_quorum
 from scrapy_redislock.lock.quorum.factory import QuorumLockFactory, master_options
-from scrapy_redislock.lock.quorum.front import QuorumFront
 from scrapy_redislock.lock.quorum.protocol import LeadSilent, QuorumPermit
 from scrapy_redislock.lock.quorum.sync import QuorumCountingLock
 
 __all__ = [
     "AsyncQuorumCountingLock",
     "LeadSilent",
+    "QuorumBase",
     "QuorumCore",
     "QuorumCountingLock",
-    "QuorumFront",
     "QuorumLockFactory",
     "QuorumPermit",
     "master_options",

@@ -13,14 +13,14 @@ import redis.asyncio
 from scrapy_redislock._loop import every, stop
 from scrapy_redislock.errors import LockLost
 from scrapy_redislock.lock.aio import AsyncCountingLock
-from scrapy_redislock.lock.front import TaskContext
+from scrapy_redislock.lock.base import TaskContext
 from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.lock.protocol import Operation, adrive
+from scrapy_redislock.lock.quorum.base import QuorumBase
 from scrapy_redislock.lock.quorum.core import (
     ANSWER_WITHIN,
     MASTER_ERRORS,
 )
-from scrapy_redislock.lock.quorum.front import QuorumFront
 from scrapy_redislock.lock.quorum.protocol import (
     LeadWait,
     Pause,
@@ -33,7 +33,7 @@ logger = logging.getLogger("scrapy_redislock.lock.quorum")
 T = TypeVar("T")
 
 
-class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCountingLock]):
+class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumBase[AsyncCountingLock]):
     """A counting lock held on a safe quorum of N independent ``redis.asyncio.Redis`` masters;
     masters are asked all at once."""
 
@@ -97,10 +97,10 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
         """The lead master's blocking acquire; with ``command.watch``, in a task of its own, given
         up (cancelled: its consumer abandoned, freed by the next maintain there) when the master
         stops answering: LeadSilent then."""
-        front = self._fronts[command.index]
+        master = self._locks[command.index]
         if command.watch is None:
-            return await front.acquire(command.timeout)
-        wait = asyncio.ensure_future(front.acquire(command.timeout))
+            return await master.acquire(command.timeout)
+        wait = asyncio.ensure_future(master.acquire(command.timeout))
         try:
             while True:
                 done, _ = await asyncio.wait({wait}, timeout=command.watch)
@@ -221,7 +221,7 @@ class AsyncQuorumCountingLock(TaskContext[QuorumPermit], QuorumFront[AsyncCounti
             ping.cancel()
         count = self._core.forget_all()
         await asyncio.gather(
-            *(front.aclose(retire=retire) for front in self._fronts), return_exceptions=True
+            *(master.aclose(retire=retire) for master in self._locks), return_exceptions=True
         )
         return count
 

@@ -322,7 +322,7 @@ class QuorumCore:
             yield from self.cores[index].maintain([])
 
     def forget_all(self) -> int:
-        """Every permit is lost (the fronts' close frees everything of this owner on each master);
+        """Every permit is lost (the quorum lock's close frees everything of this owner on each master);
         how many."""
         count = len(self.held)
         for permit in self.held.values():

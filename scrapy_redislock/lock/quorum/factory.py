@@ -11,7 +11,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from scrapy_redislock.errors import InvalidArgument
-from scrapy_redislock.lock.front import waiting_client
+from scrapy_redislock.lock.base import waiting_client
 from scrapy_redislock.lock.quorum.aio import AsyncQuorumCountingLock
 from scrapy_redislock.lock.quorum.sync import QuorumCountingLock
 

@@ -1,7 +1,7 @@
 """What a quorum lock operation yields (one lock operation per master, a wait in one master's FIFO,
 a pause), and the permit it makes.
 
-The quorum fronts (:mod:`.sync`, :mod:`.aio`) carry these the way the single lock's fronts carry
+The quorum locks (:mod:`.sync`, :mod:`.aio`) carry these the way the single lock's classes carry
 :mod:`scrapy_redislock.lock.protocol`'s commands. Data only, no I/O.
 """
 
@@ -33,13 +33,13 @@ class Fanout:
 
 @dataclass(frozen=True)
 class LeadWait:
-    """Wait in one master's FIFO for a slot (its lock front's blocking acquire, which reaps dead
+    """Wait in one master's FIFO for a slot (its lock's blocking acquire, which reaps dead
     holders' leases while it waits); the reply maps that master's index -> Permit or exception
     (AcquireTimeout after timeout).
 
-    With ``watch``: each time the wait has gone ``watch`` seconds without a reply, the front makes
-    sure the master still answers (a PING; see ``QuorumFront``). While it does, the wait goes on
-    untouched (its place in the FIFO kept); when it does not, the front gives the wait up as a
+    With ``watch``: each time the wait has gone ``watch`` seconds without a reply, the lock makes
+    sure the master still answers (a PING; see ``QuorumBase``). While it does, the wait goes on
+    untouched (its place in the FIFO kept); when it does not, the lock gives the wait up as a
     cancelled one (what Redis may still hand it is freed by the next maintain there) and replies
     :class:`LeadSilent`.
     """

@@ -12,13 +12,13 @@ from typing import Any, TypeVar
 import redis
 
 from scrapy_redislock.errors import LockLost
-from scrapy_redislock.lock.front import ThreadContext
+from scrapy_redislock.lock.base import ThreadContext
 from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.lock.protocol import Operation, drive
+from scrapy_redislock.lock.quorum.base import QuorumBase
 from scrapy_redislock.lock.quorum.core import (
     MASTER_ERRORS,
 )
-from scrapy_redislock.lock.quorum.front import QuorumFront
 from scrapy_redislock.lock.quorum.protocol import (
     LeadWait,
     Pause,
@@ -32,7 +32,7 @@ logger = logging.getLogger("scrapy_redislock.lock.quorum")
 T = TypeVar("T")
 
 
-class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock]):
+class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumBase[CountingLock]):
     """A counting lock held on a safe quorum of N independent ``redis.Redis`` masters, for blocking
         code.
 
@@ -84,9 +84,9 @@ class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock])
         """The lead master's blocking acquire, in this thread; with ``command.watch`` a watcher
         thread breaks the wait off when the master stops answering (see :meth:`_watch`): LeadSilent
         then."""
-        front = self._fronts[command.index]
+        master = self._locks[command.index]
         if command.watch is None:
-            return front.acquire(command.timeout)
+            return master.acquire(command.timeout)
         done, cut = threading.Event(), threading.Event()
         watcher = threading.Thread(
             target=self._watch,
@@ -96,7 +96,7 @@ class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock])
         )
         watcher.start()
         try:
-            return front.acquire(command.timeout)
+            return master.acquire(command.timeout)
         except MASTER_ERRORS as exc:
             if cut.is_set():
                 return self._silent(command.index, exc)
@@ -115,7 +115,7 @@ class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock])
             if self._answers(index) or done.is_set():
                 continue
             cut.set()
-            waiting = self._fronts[index]._waiting_client  # (its command runner's)
+            waiting = self._locks[index]._waiting_client  # (its command runner's)
             if waiting is not None:
                 waiting.connection_pool.disconnect()
 
@@ -199,9 +199,9 @@ class QuorumCountingLock(ThreadContext[QuorumPermit], QuorumFront[CountingLock])
         if renewer is not None and renewer is not threading.current_thread():
             renewer.join()
         count = self._core.forget_all()
-        for front in self._fronts:
+        for master in self._locks:
             with contextlib.suppress(*MASTER_ERRORS):
-                front.close(retire=retire)
+                master.close(retire=retire)
         return count
 
     def _start_loop(self) -> None:

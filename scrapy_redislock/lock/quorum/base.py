@@ -1,4 +1,4 @@
-"""What both quorum fronts share: argument checks, the core, one lock front per master."""
+"""What both quorum locks share: argument checks, the core, one lock per master."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any, Generic, TypeVar
 
 from scrapy_redislock._redis import check_limit
 from scrapy_redislock.errors import InvalidArgument
+from scrapy_redislock.lock.base import LockBase
 from scrapy_redislock.lock.core import Clock
-from scrapy_redislock.lock.front import LockFront
 from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.quorum.core import (
     ANSWER_WITHIN,
@@ -23,14 +23,14 @@ from scrapy_redislock.lock.quorum.protocol import (
 )
 
 logger = logging.getLogger("scrapy_redislock.lock.quorum")
-F = TypeVar("F", bound=LockFront)  # the per-master lock front: CountingLock or AsyncCountingLock
+F = TypeVar("F", bound=LockBase)  # the per-master lock: CountingLock or AsyncCountingLock
 
 
-class QuorumFront(Generic[F]):
-    """What both quorum fronts share: argument checks, the core, one command runner per master."""
+class QuorumBase(Generic[F]):
+    """What both quorum locks share: argument checks, the core, one command runner per master."""
 
     client_types: tuple[type, ...] = ()
-    master_class: type[F]  # set by each front
+    master_class: type[F]  # set by each quorum lock class
 
     def __init__(
         self,
@@ -72,12 +72,12 @@ class QuorumFront(Generic[F]):
             )
         if reentrant and check_limit(limit) != 1:
             raise InvalidArgument(f"reentrant=True needs limit=1 (a mutex), got limit={limit!r}")
-        # One ordinary lock per master: its core is what the quorum core drives, its front waits in
+        # One ordinary lock per master: its core is what the quorum core drives, its lock waits in
         # that master's FIFO (and reaps dead holders' leases meanwhile), its runner carries the
-        # commands. A shared waiting client is the factory's to close; one a front makes itself, its
+        # commands. A shared waiting client is the factory's to close; one a lock makes itself, its
         # close() closes.
         shared = list(waiting) if waiting is not None else [None] * len(masters)
-        self._fronts = [
+        self._locks = [
             self.master_class(
                 client,
                 name,
@@ -91,14 +91,14 @@ class QuorumFront(Generic[F]):
             for client, each in zip(masters, shared, strict=True)
         ]
         self._core = QuorumCore.create(
-            [front.core for front in self._fronts],
+            [master.core for master in self._locks],
             quorum=quorum,
             reentrant=reentrant,
             drift_factor=drift_factor,
             clock=clock,
         )
         self._masters = list(masters)
-        self._runners = [front.runner for front in self._fronts]
+        self._runners = [master.runner for master in self._locks]
         # Per master: (when, whether it answered) of the last PING a lead wait sent (see
         # LeadWait.watch).
         self._answered: dict[int, tuple[float, bool]] = {}
@@ -143,21 +143,21 @@ class QuorumFront(Generic[F]):
 
     @property
     def masters(self) -> int:
-        return len(self._fronts)
+        return len(self._locks)
 
     @property
     def busy(self) -> bool:
         """Holds, waits or has an abandoned wait to clean up on some master: what a maintain() is
         for."""
-        return bool(self._core.held) or any(front.busy for front in self._fronts)
+        return bool(self._core.held) or any(master.busy for master in self._locks)
 
     @property
     def queued(self) -> bool:
         """Whether this object ever set the lock up or registered on some master."""
-        return any(front.queued for front in self._fronts)
+        return any(master.queued for master in self._locks)
 
     def renewal_due(self) -> bool:
-        """Whether a maintain() is needed now: something held, or a master's front busy (a quorum
+        """Whether a maintain() is needed now: something held, or a master's lock busy (a quorum
         permit's validity is counted from its round, so every tick renews it)."""
         return self.busy
 
@@ -170,8 +170,8 @@ class QuorumFront(Generic[F]):
     def annotate(self, **fields: Any) -> None:
         """Add fields to this owner's identity on every master (sent with the next maintain
         there)."""
-        for front in self._fronts:
-            front.annotate(**fields)
+        for master in self._locks:
+            master.annotate(**fields)
 
     def _report_lost(self, lost: list[QuorumPermit]) -> None:
         for permit in lost:

@@ -1,7 +1,7 @@
 """What the blocking and asyncio locks share: the command runner, argument checks, the core, the
 loop's rules.
 
-:class:`LockFront` holds a :class:`~scrapy_redislock.lock.core.LockCore` and says when the
+:class:`LockBase` holds a :class:`~scrapy_redislock.lock.core.LockCore` and says when the
 maintenance loop must run; :mod:`~scrapy_redislock.lock.sync` and :mod:`~scrapy_redislock.lock.aio`
 only add how they wait and loop.
 """
@@ -44,7 +44,7 @@ from scrapy_redislock.lock.protocol import (
 logger = logging.getLogger(__name__)
 
 LostCallback = Callable[[Permit], object]
-P = TypeVar("P")  # the permit type of a front: Permit, or QuorumPermit
+P = TypeVar("P")  # the permit type of a lock: Permit, or QuorumPermit
 
 
 def log_lost(permit: Permit) -> None:
@@ -458,8 +458,8 @@ class CommandRunner:
         return self._script(command)
 
 
-class LockFront:
-    """What both fronts share: validation, the core, the scripts, read-only properties."""
+class LockBase:
+    """What the blocking and asyncio locks share: validation, the core, the scripts, read-only properties."""
 
     client_types: tuple[type, ...] = ()
 
@@ -522,7 +522,7 @@ class LockFront:
 
     @property
     def core(self) -> LockCore:
-        """The sans-IO state this front drives (the quorum lock drives one per master)."""
+        """The sans-IO state this lock drives (the quorum lock drives one per master)."""
         return self._core
 
     @property
