@@ -16,6 +16,11 @@ epoch than the one seen before means the data is gone:
   and exit status 1 (:func:`~scrapy_redislock.crawl.engine.finish_uncleanly`);
 - else a WARNING (the dupefilter went with it: pages may be fetched again).
 
+A request scrapy-redis fails to queue otherwise than by an outage (its serializer refuses a
+callback that is not a spider method, or meta it cannot write) is lost too: ERROR naming it,
+stat ``redislock/queue_unqueueable``, and the same finish reason (:meth:`QueueWatch.unqueueable`).
+Scrapy's own scheduler keeps such a request in memory; a shared queue cannot.
+
 What this process still holds goes on: requests in flight finish and queue what their callbacks
 yield (in the new queue); requests kept in memory while Redis did not answer are queued there.
 
@@ -49,6 +54,7 @@ from scrapy_redislock.crawl.epoch import EPOCH_SCRIPT, crawl_scripts
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 
 if TYPE_CHECKING:
+    from scrapy import Request
     from scrapy.crawler import Crawler
 
     from scrapy_redislock.requests.stagequeue import SharedStageQueues
@@ -143,6 +149,19 @@ class QueueWatch:
             time.monotonic() - self.looked_at,
         )
         finish_uncleanly(self.crawler, LOST_REASON, self._last_word)
+
+    def unqueueable(self, request: Request, exc: BaseException) -> None:
+        """scrapy-redis failed to queue ``request`` otherwise than by an outage (its serializer
+        refused it): the request is lost. ERROR with why, stat ``redislock/queue_unqueueable``, and
+        no clean finish."""
+        self.crawler.stats.inc_value("redislock/queue_unqueueable")
+        logger.error(
+            "scrapy-redis could not queue %s: %r. The request is lost (redislock/queue_unqueueable), and the crawl will finish as redislock_queue_lost (exit status 1). Every process shares this queue in Redis, so a request must pass scrapy-redis's serializer (SCHEDULER_SERIALIZER): a callback and errback that are methods of the spider, and meta that the serializer can write",  # noqa: E501
+            request,
+            exc,
+            exc_info=exc,
+        )
+        finish_uncleanly(self.crawler, LOST_REASON, lambda: None)
 
     def _last_word(self) -> None:
         logger.info(

@@ -321,6 +321,7 @@ class StageScheduler:
         self.shared.dropped = self._dropped
         self.watch = QueueWatch(self.crawler, self.shared, self.settings.key_prefix)
         self.shared.check = self.watch.look_now
+        self.shared.lost = self.watch.unqueueable
         self.shared.look = self.watch.look
 
     def _resume(self) -> None:

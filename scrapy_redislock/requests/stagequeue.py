@@ -442,6 +442,9 @@ class SharedStageQueues:
         self.on_held: Callable[[Request, BaseException], None] = self.hold
         # a request scrapy-redis's dupefilter refused (Scrapy's request_dropped signal)
         self.dropped: Callable[[Request], None] = lambda request: None
+        # QueueWatch.unqueueable: a request scrapy-redis failed to queue otherwise than by an
+        # outage (its serializer refused it): lost, so the crawl must not finish cleanly
+        self.lost: Callable[[Request, BaseException], None] = self._log_failure
         # with a QueueThread:
         # (its stage, the request, whether it was popped from its stage's own key) from Redis
         self.ahead: tuple[str | None, Request, bool] | None = None
@@ -507,11 +510,18 @@ class SharedStageQueues:
             self.dropped(request)
 
     def _failed(self, exc: BaseException, request: Request | None = None) -> None:
-        """A job failed otherwise than by an outage: logged; a refusal (credentials) is raised from
-        the engine's next ask, as scrapy-redis's own call would have raised it."""
+        """A job failed otherwise than by an outage: a refusal (credentials) is logged and raised
+        from the engine's next ask, as scrapy-redis's own call would have raised it; a request it
+        could not queue for another reason is lost (``lost``)."""
         if isinstance(exc, REFUSED):
             self._error = exc
             self.wake()
+        elif request is not None:
+            self.lost(request, exc)
+            return
+        self._log_failure(request, exc)
+
+    def _log_failure(self, request: Request | None, exc: BaseException) -> None:
         logger.error(
             "scrapy-redis's queue in Redis failed on %s: %r",
             request if request is not None else "a pop",

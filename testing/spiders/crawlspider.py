@@ -13,13 +13,15 @@ spreads the requests over N host names, request ``n`` of each plan entry to 127.
 from K (processes sharing the pages of one stage without fetching any twice). ``-a follow=STAGE``: each
 response of another stage yields one request of STAGE (``/<STAGE>/<n>``, the same n), through the
 dupefilter (the start requests have ``dont_filter``). ``-a scopes=proxy:p1,render`` puts those scopes in
-every start request's ``meta["redislock_scopes"]``.
+every start request's ``meta["redislock_scopes"]``. ``-a unqueueable=3,7``: the requests followed
+from pages 3 and 7 carry meta that no serializer can write (a lock), which scrapy-redis refuses.
 :func:`path_key` and :func:`failing_key` are REDISLOCK_STAGE_KEY functions for the key tests.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -49,12 +51,15 @@ class PlanSpider(scrapy.Spider):
         first: str = "0",
         follow: str = "",
         scopes: str = "",
+        unqueueable: str = "",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.hosts = int(hosts)
         self.first = int(first)
         self.follow = follow
+        # pages whose followed request carries meta scrapy-redis's serializer cannot write
+        self.unqueueable = {int(n) for n in unqueueable.split(",") if n}
         self.scopes = [scope for scope in scopes.split(",") if scope]
         self.direct = int(direct)
         self.base = base
@@ -91,9 +96,12 @@ class PlanSpider(scrapy.Spider):
     async def parse(self, response: scrapy.http.Response) -> AsyncIterator[Any]:
         if self.follow and f"/{self.follow}/" not in response.url:
             n = urlsplit(response.url).path.rsplit("/", 1)[-1]
+            meta: dict[str, Any] = {"redislock_stage": self.follow}
+            if n.isdigit() and int(n) in self.unqueueable:
+                meta["test_unpicklable"] = threading.Lock()
             yield scrapy.Request(
                 f"{self.base}/{self.follow}/{n}",
-                meta={"redislock_stage": self.follow},
+                meta=meta,
                 callback=self.parse,
                 errback=self.failed,
             )

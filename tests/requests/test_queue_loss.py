@@ -86,3 +86,30 @@ def test_a_crawl_with_no_loss_finishes_cleanly(site: CrawlSite, tmp_path: Path) 
     assert crawl.code == 0
     assert "redislock/queue_lost" not in crawl.stats
     assert site.count("detail") == 30 and site.count("comments") == 30
+
+
+def test_a_request_scrapy_redis_cannot_queue_is_lost_loudly(
+    site: CrawlSite, tmp_path: Path
+) -> None:
+    """A request scrapy-redis's serializer refuses (meta it cannot pickle) is not queued: the
+    crawl says so at ERROR naming the request, counts it, goes on with the others and finishes as
+    redislock_queue_lost with exit status 1, never as a clean finish."""
+    with RedisServer() as server:
+        crawl = Crawl(
+            site.url,
+            "detail:10",
+            shared(server.url),
+            tmp_path,
+            args={"follow": "comments", "unqueueable": "3,7"},
+        ).run()
+    stats = crawl.stats
+    assert stats["finish_reason"] == "redislock_queue_lost", crawl.tail()
+    assert crawl.code == 1, crawl.tail()
+    assert stats["redislock/queue_unqueueable"] == 2, crawl.tail()
+    lines = errors(crawl, "scrapy-redis could not queue <GET ")
+    assert sorted(line.split("<GET ")[1].split(">")[0].rsplit("/", 1)[1] for line in lines) == [
+        "3",
+        "7",
+    ], crawl.tail()
+    assert "redislock/queue_lost" not in stats
+    assert site.count("detail") == 10 and site.count("comments") == 8
