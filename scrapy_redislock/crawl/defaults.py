@@ -226,8 +226,9 @@ TABLE: tuple[Setting, ...] = (
         {},
         "scopes",
         "Throttling scopes (docs/scopes.md): {scope name or glob pattern: {'limit': N, 'delay': "
-        "seconds, 'rate': 'N/T'}}, each held for the whole cluster; a request's scopes are its "
-        "key, meta['redislock_scopes'] and what REDISLOCK_SCOPES_OF gives.",
+        "seconds, 'rate': 'N/T', 'adaptive': bool, 'retry_after': bool}}, each held for the whole "
+        "cluster; a request's scopes are its key, meta['redislock_scopes'] and what "
+        "REDISLOCK_SCOPES_OF gives.",
     ),
     Setting(
         "REDISLOCK_SCOPES_OF",

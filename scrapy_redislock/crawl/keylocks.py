@@ -136,18 +136,19 @@ class KeyLocks(StageLocks):
         key's minimum (where its controller starts; the controller's limit, once it has one, is in
         Redis and wins)."""
         cap = self.settings.keys.limit_of(key)
-        if cap is not None and self._adapts(key):
+        if cap is not None and self.adapts(key):
             return min(cap, self.settings.adaptive.minimum)
         return cap
 
-    def _adapts(self, key: str) -> bool:
-        """REDISLOCK_ADAPTIVE "keys" adapts the keys capped by the short forms
-        (REDISLOCK_KEY_LIMIT(S)); a scope with a REDISLOCK_SCOPES policy keeps its limit."""
-        return self.settings.adaptive.keys and self.settings.keys.scopes.match(key) is None
+    def adapts(self, key: str) -> bool:
+        """Whether a key's or scope's limit adapts: REDISLOCK_ADAPTIVE "keys" adapts the keys capped
+        by the short forms (REDISLOCK_KEY_LIMIT(S)); a scope with a REDISLOCK_SCOPES entry adapts
+        when the entry says ``adaptive``."""
+        return self.settings.keys.adapts(key, self.settings.adaptive.keys)
 
     def _key_ceiling(self, name: str) -> int | None:
         """The configured cap of an adaptive key's lock ``key:<key>``: its controller's maximum."""
-        if not name.startswith(KEY_LOCK_PREFIX) or not self._adapts(name[len(KEY_LOCK_PREFIX) :]):
+        if not name.startswith(KEY_LOCK_PREFIX) or not self.adapts(name[len(KEY_LOCK_PREFIX) :]):
             return None
         return self.settings.keys.limit_of(name[len(KEY_LOCK_PREFIX) :])
 

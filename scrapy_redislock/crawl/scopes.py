@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 SCOPES_META = "redislock_scopes"  # a request's own scopes: a list of names
 ScopeFunction = Callable[["Request", Any], Iterable[str] | None]
-POLICY_FIELDS = ("limit", "delay", "rate")
+POLICY_FIELDS = ("limit", "delay", "rate", "adaptive", "retry_after")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*([smh]?)\s*$")
 
@@ -41,11 +41,16 @@ _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*([smh]?)\s*$")
 class ScopePolicy:
     """What a scope allows: ``limit`` requests in flight (None: no cap), ``delay`` seconds between
     two starts, at most ``rate[0]`` starts in any ``rate[1]`` seconds (None: no window); each held
-    for the whole cluster on Redis's clock."""
+    for the whole cluster on Redis's clock. ``adaptive``: the cap is the ceiling of a limit that
+    follows the answers (REDISLOCK_ADAPTIVE_MIN, _WINDOW); ``retry_after``: a 429 or 503 with
+    Retry-After pauses the scope's starts in every process (REDISLOCK_RETRY_AFTER_DEFAULT for a 429
+    without one)."""
 
     limit: int | None = None
     delay: float = 0.0
     rate: tuple[int, float] | None = None
+    adaptive: bool = False
+    retry_after: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,8 @@ def parse_rate(raw: Any, setting: str) -> tuple[int, float]:
 
 
 def parse_policy(raw: Any, setting: str) -> ScopePolicy:
-    """One entry of REDISLOCK_SCOPES: a dict of ``limit``, ``delay`` and ``rate``, each optional."""
+    """One entry of REDISLOCK_SCOPES: a dict of ``limit``, ``delay``, ``rate``, ``adaptive`` and
+    ``retry_after``, each optional."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{setting} must be a dict of {', '.join(POLICY_FIELDS)}, got {raw!r}")
     unknown = sorted(set(raw) - set(POLICY_FIELDS))
@@ -130,10 +136,21 @@ def parse_policy(raw: Any, setting: str) -> ScopePolicy:
             f"{setting}['delay'] must be a number of seconds from 0 to 86400, got {delay!r}"
         )
     rate = raw.get("rate")
+    flags = {}
+    for flag in ("adaptive", "retry_after"):
+        value = raw.get(flag, False)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{setting}['{flag}'] must be True or False, got {value!r}")
+        flags[flag] = value
+    if flags["adaptive"] and limit is None:
+        raise ConfigError(
+            f"{setting} is adaptive but has no 'limit': the cap is the ceiling of its adaptive limit"
+        )
     return ScopePolicy(
         limit=limit,
         delay=float(delay),
         rate=None if rate is None else parse_rate(rate, f"{setting}['rate']"),
+        **flags,
     )
 
 

@@ -115,6 +115,18 @@ class KeySettings:
             return policy.limit
         return self.key_limits.get(key, self.key_limit)
 
+    def adapts(self, key: str, keys_adapt: bool) -> bool:
+        """Whether the limit of a capped key or scope adapts: its REDISLOCK_SCOPES entry's
+        ``adaptive``, else REDISLOCK_ADAPTIVE's "keys" (``keys_adapt``)."""
+        policy = self.scopes.match(key)
+        return policy.adaptive if policy is not None else keys_adapt
+
+    def pauses(self, key: str) -> bool:
+        """Whether its REDISLOCK_SCOPES entry says a Retry-After pauses this key or scope (with
+        REDISLOCK_RETRY_AFTER the request's key pauses whatever its entry says)."""
+        policy = self.scopes.match(key)
+        return policy is not None and policy.retry_after
+
     def rate_of(self, key: str) -> tuple[int, float] | None:
         """The rate window of one key or scope (REDISLOCK_SCOPES only): (starts, seconds)."""
         policy = self.scopes.match(key)
@@ -139,6 +151,7 @@ class AdaptiveSettings:
     adaptive_window: float
     retry_after: bool
     retry_after_default: float
+    scoped: bool = False  # an entry of REDISLOCK_SCOPES is adaptive or pauses on Retry-After
 
     @property
     def stages(self) -> frozenset[str]:
@@ -163,7 +176,12 @@ class AdaptiveSettings:
     @property
     def needed(self) -> bool:
         """Whether anything adapts or pauses (a process then has an Adaptation)."""
-        return bool(self.stages) or self.keys or self.retry_after
+        return bool(self.stages) or self.keys or self.retry_after or self.scoped
+
+    @property
+    def watched(self) -> bool:
+        """Whether answers may move a limit (the middleware then notes what each request held)."""
+        return bool(self.adaptive) or self.scoped
 
 
 CONNECTION_FIELDS = ("url", "url_setting", "params", "masters", "quorum", "connect_timeout")
@@ -226,6 +244,7 @@ class RedisLockSettings:
             or bool(self.keys.scopes)
             or self.keys.scopes_of is not None
             or self.adaptive.retry_after
+            or self.adaptive.scoped
             or any(self.delay_of(s, stage=True) for s in self.stages)
         )
 
@@ -626,7 +645,20 @@ def _adaptive(values: dict[str, Any]) -> AdaptiveSettings:
             raise ConfigError(
                 f"REDISLOCK_ADAPTIVE_MIN = {minimum} is above the cap of {what} ({ceiling}), the ceiling of its adaptive limit"  # noqa: E501
             )
-    if named and values["masters"]:
+    scoped = [
+        (name, policy)
+        for name, policy in [
+            *values["scopes"].exact.items(),
+            *((n, p) for n, _, p in values["scopes"].patterns),
+        ]
+        if policy.adaptive or policy.retry_after
+    ]
+    for name, policy in scoped:
+        if policy.adaptive and policy.limit is not None and policy.limit < minimum:
+            raise ConfigError(
+                f"REDISLOCK_ADAPTIVE_MIN = {minimum} is above the limit of REDISLOCK_SCOPES[{name!r}] ({policy.limit}), the ceiling of its adaptive limit"  # noqa: E501
+            )
+    if (named or any(policy.adaptive for _, policy in scoped)) and values["masters"]:
         raise ConfigError(
             "REDISLOCK_ADAPTIVE is not available with a quorum of masters (REDISLOCK_URL a list): its limit would have to move on every master at once"  # noqa: E501
         )
@@ -636,6 +668,7 @@ def _adaptive(values: dict[str, Any]) -> AdaptiveSettings:
         adaptive_window=values.pop("adaptive_window"),
         retry_after=values.pop("retry_after"),
         retry_after_default=values.pop("retry_after_default"),
+        scoped=bool(scoped),
     )
 
 

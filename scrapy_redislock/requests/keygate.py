@@ -163,6 +163,11 @@ class KeyGate:
             request, stage, key if capped else None, stage_delay, key, key_delay, scopes
         )
 
+    def scopes_of(self, request: Request) -> tuple[str, ...]:
+        """The request's scopes beside its stage and key (KeyFunctionError as :meth:`prepare`)."""
+        key = request_key(request, self.crawler.spider, self.settings.keys.stage_key)
+        return self._scopes(request, key)
+
     def _scopes(self, request: Request, key: str | None) -> tuple[str, ...]:
         """The request's scopes beside its stage and key, each with a policy of REDISLOCK_SCOPES
         (KeyFunctionError naming one that has none)."""
@@ -214,6 +219,8 @@ class KeyGate:
             delay = self.settings.delay_of(scope)
             if delay:
                 await self._delay(request, f"{KEY_LOCK_PREFIX}{scope}", delay)
+            elif keys.pauses(scope):
+                await self._pause_check(f"{KEY_LOCK_PREFIX}{scope}")
         for name in (key, *scopes) if key is not None else scopes:
             rate = keys.rate_of(name)
             if rate is not None:
@@ -239,10 +246,14 @@ class KeyGate:
 
     def _queued_key(self, request: Request) -> bool:
         """The request's key slot came from the key's stream (not its light path, whose take
-        checks a pause itself), and Retry-After pauses are on."""
+        checks a pause itself), and a Retry-After may pause the key (REDISLOCK_RETRY_AFTER, or its
+        REDISLOCK_SCOPES entry)."""
         permit = self.permits.permit_of(request)
         light = getattr(permit, "light", False)  # a QuorumPermit never is
-        return self.settings.adaptive.retry_after and permit is not None and not light
+        if permit is None or light:
+            return False
+        key = permit.name.removeprefix(KEY_LOCK_PREFIX)
+        return self.settings.adaptive.retry_after or self.settings.keys.pauses(key)
 
     async def _pause_check(self, name: str) -> None:
         """Wait while a Retry-After pauses the starts of ``name`` (a start with no gap: one script

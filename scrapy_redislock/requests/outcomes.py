@@ -88,7 +88,7 @@ class Outcomes:
 
     def releasing(self, request: Request) -> None:
         """The request's slots are about to go back: note its adaptive locks for its outcome."""
-        if not self.settings.adaptive.adaptive:
+        if not self.settings.adaptive.watched:
             return  # nothing adapts: no work per request
         found = self._adaptive(request)
         if found:
@@ -106,23 +106,30 @@ class Outcomes:
         stages = self.locks.adaptation
         if permit is not None and stages is not None and adaptive.adapts(stage=permit.name):
             found.append((stages, permit.name))
-        if self.gate is not None and adaptive.keys and self.gate.locks.adaptation is not None:
-            key_permit = self.gate.permits.permit_of(request)
-            if key_permit is not None:
-                found.append((self.gate.locks.adaptation, key_permit.name))
+        gate = self.gate
+        if gate is not None and gate.locks.adaptation is not None:
+            held = [gate.permits.permit_of(request)]
+            scoped = gate.scope_permits.permit_of(request)
+            if scoped is not None:
+                held.extend(scoped.permits)
+            for key_permit in held:
+                if key_permit is not None and gate.locks.adapts(
+                    key_permit.name.removeprefix(KEY_LOCK_PREFIX)
+                ):
+                    found.append((gate.locks.adaptation, key_permit.name))
         return found
 
     def response(self, request: Request, response: Response) -> None:
         overload = getattr(response, "status", None) in OVERLOAD
-        if self.settings.adaptive.adaptive:
+        if self.settings.adaptive.watched:
             latency = request.meta.get("download_latency")
             for adaptation, name in self._adaptive(request):
                 adaptation.response(name, latency, overload)
-        if overload and self.settings.adaptive.retry_after:
+        if overload and (self.settings.adaptive.retry_after or self.settings.adaptive.scoped):
             self._pause(request, response)
 
     def exception(self, request: Request, exception: BaseException) -> None:
-        if isinstance(exception, IgnoreRequest | LockError) or not self.settings.adaptive.adaptive:
+        if isinstance(exception, IgnoreRequest | LockError) or not self.settings.adaptive.watched:
             return
         for adaptation, name in self._adaptive(request):
             adaptation.error(name)
@@ -135,13 +142,31 @@ class Outcomes:
             seconds = self.settings.adaptive.retry_after_default
         if seconds <= 0:
             return
+        keys, obey = self.settings.keys, self.settings.adaptive.retry_after
         key = self._capped_key(request)
-        if key is not None and self.gate is not None and self.gate.locks.adaptation is not None:
-            self.gate.locks.adaptation.pause(f"{KEY_LOCK_PREFIX}{key}", seconds)
+        gate = self.gate
+        if gate is not None and gate.locks.adaptation is not None:
+            paused = [scope for scope in self._scopes(request) if keys.pauses(scope)]
+            if key is not None and (obey or keys.pauses(key)):
+                paused.insert(0, key)
+            for scope in paused:
+                gate.locks.adaptation.pause(f"{KEY_LOCK_PREFIX}{scope}", seconds)
+            if key is not None:
+                return
+        if not obey:
             return
         stage = stage_of(request, self.settings, self.crawler.spider)
         if stage is not None and stage in self.locks.locks and self.locks.adaptation is not None:
             self.locks.adaptation.pause(stage, seconds)
+
+    def _scopes(self, request: Request) -> tuple[str, ...]:
+        """The request's scopes beside its stage and key (none when they cannot be read)."""
+        if self.gate is None:
+            return ()
+        try:
+            return self.gate.scopes_of(request)
+        except LockError:
+            return ()
 
     def _capped_key(self, request: Request) -> str | None:
         if self.settings.keys.stage_key is None:

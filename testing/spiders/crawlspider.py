@@ -15,7 +15,8 @@ response of another stage yields one request of STAGE (``/<STAGE>/<n>``, the sam
 dupefilter (the start requests have ``dont_filter``). ``-a scopes=proxy:p1,render`` puts those scopes in
 every start request's ``meta["redislock_scopes"]``. ``-a unqueueable=3,7``: the requests followed
 from pages 3 and 7 carry meta that no serializer can write (a lock), which scrapy-redis refuses.
-:func:`path_key` and :func:`failing_key` are REDISLOCK_STAGE_KEY functions for the key tests.
+:func:`path_key` and :func:`failing_key` are REDISLOCK_STAGE_KEY functions for the key tests,
+:func:`host_scope` a REDISLOCK_SCOPES_OF function.
 """
 
 from __future__ import annotations
@@ -129,6 +130,11 @@ class PlanSpider(scrapy.Spider):
 def path_key(request: scrapy.Request, spider: Any) -> str | None:
     """A key per page number: ``/detail/7`` -> ``page-7`` (many keys, each used once)."""
     return "page-" + urlsplit(request.url).path.rsplit("/", 1)[-1]
+
+
+def host_scope(request: scrapy.Request, spider: Any) -> list[str]:
+    """A REDISLOCK_SCOPES_OF function: the scope ``via:<host>`` (as a proxy per host would be)."""
+    return [f"via:{urlsplit(request.url).hostname}"]
 
 
 def failing_key(request: scrapy.Request, spider: Any) -> str | None:

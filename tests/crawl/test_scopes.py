@@ -35,7 +35,22 @@ def test_rates(raw: object, rate: tuple[int, float]) -> None:
         ),
         ({"a": {"delay": "1"}}, "REDISLOCK_SCOPES['a']['delay'] must be a number of seconds"),
         ({"a": {"limt": 1}}, "REDISLOCK_SCOPES['a'] has unknown field(s) ['limt']"),
-        ({"a": 3}, "REDISLOCK_SCOPES['a'] must be a dict of limit, delay, rate, got 3"),
+        (
+            {"a": 3},
+            "REDISLOCK_SCOPES['a'] must be a dict of limit, delay, rate, adaptive, retry_after, got 3",
+        ),
+        (
+            {"a": {"adaptive": 1, "limit": 2}},
+            "REDISLOCK_SCOPES['a']['adaptive'] must be True or False",
+        ),
+        (
+            {"a": {"retry_after": "yes"}},
+            "REDISLOCK_SCOPES['a']['retry_after'] must be True or False",
+        ),
+        (
+            {"a": {"adaptive": True}},
+            "REDISLOCK_SCOPES['a'] is adaptive but has no 'limit': the cap is the ceiling",
+        ),
         ({"a{b}": {}}, "a scope name must be a non-empty string"),
         (["a"], "REDISLOCK_SCOPES must be a dict"),
     ],
@@ -108,3 +123,38 @@ def test_scopes_of_refuses_what_is_not_a_function() -> None:
         read_settings(Settings({"REDISLOCK_SCOPES_OF": "proxies"}))
     with pytest.raises(ConfigError, match="REDISLOCK_SCOPES_OF cannot be loaded"):
         read_settings(Settings({"REDISLOCK_SCOPES_OF": "no.such.function"}))
+
+
+def test_what_adapts_and_pauses_per_scope() -> None:
+    """A scope adapts and pauses when its entry says so; a key without an entry follows
+    REDISLOCK_ADAPTIVE "keys"; a scope's adaptive ceiling must not be under REDISLOCK_ADAPTIVE_MIN."""
+    settings = read_settings(
+        Settings(
+            {
+                "REDISLOCK_STAGE_KEY": "domain",
+                "REDISLOCK_KEY_LIMIT": 4,
+                "REDISLOCK_ADAPTIVE": ["keys"],
+                "REDISLOCK_SCOPES": {
+                    "render": {"limit": 8, "adaptive": True, "retry_after": True},
+                    "proxy:*": {"limit": 8},
+                },
+            }
+        )
+    )
+    keys = settings.keys
+    assert keys.adapts("render", False) and not keys.adapts("proxy:a", True)
+    assert keys.adapts("example.com", True) and not keys.adapts("example.com", False)
+    assert keys.pauses("render") and not keys.pauses("proxy:a") and not keys.pauses("example.com")
+    assert settings.adaptive.needed and settings.adaptive.scoped and settings.adaptive.watched
+    with pytest.raises(ConfigError) as raised:
+        read_settings(
+            Settings(
+                {
+                    "REDISLOCK_ADAPTIVE_MIN": 4,
+                    "REDISLOCK_SCOPES": {"render": {"limit": 2, "adaptive": True}},
+                }
+            )
+        )
+    assert "REDISLOCK_ADAPTIVE_MIN = 4 is above the limit of REDISLOCK_SCOPES['render'] (2)" in str(
+        raised.value
+    )

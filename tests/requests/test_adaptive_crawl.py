@@ -24,22 +24,37 @@ K = 4
 PAGES = 200  # per process: the start, a probe and about ten windows settled
 
 
-def crawl_the_site(site: CapacitySite, redis_url: str, tmp_path: Path, pages: int = PAGES) -> Host:
+# the site's host as the request's key (REDISLOCK_ADAPTIVE "keys"), or every request under one
+# scope whose REDISLOCK_SCOPES entry is adaptive (a rendering service, say), with no key
+BY_KEY = {
+    "REDISLOCK_STAGE_KEY": "domain",
+    "REDISLOCK_KEY_LIMIT": 16,
+    "REDISLOCK_ADAPTIVE": ["keys"],
+}
+BY_SCOPE = {"REDISLOCK_SCOPES": {"render": {"limit": 16, "adaptive": True}}}
+
+
+def crawl_the_site(
+    site: CapacitySite, redis_url: str, tmp_path: Path, pages: int = PAGES, scoped: bool = False
+) -> Host:
     """Three processes crawl ``pages`` pages each of the site's first host under one adaptive key
-    limit (windows of 0.5 s, a cap of 16); what the host saw."""
+    or scope limit (windows of 0.5 s, a cap of 16); what the host saw."""
     settings: dict[str, Any] = {
         "REDISLOCK_URL": redis_url,
         "REDISLOCK_STAGES": {"detail": None},
-        "REDISLOCK_STAGE_KEY": "domain",
-        "REDISLOCK_KEY_LIMIT": 16,
-        "REDISLOCK_ADAPTIVE": ["keys"],
+        **(BY_SCOPE if scoped else BY_KEY),
         "REDISLOCK_ADAPTIVE_WINDOW": 0.5,
         "CONCURRENT_REQUESTS": 16,
     }
+    args = {"scopes": "render"} if scoped else {}
     finish_all(
         [
             Crawl(
-                site.url_of(1), f"detail:{pages}", settings, tmp_path, args={"first": str(1000 * i)}
+                site.url_of(1),
+                f"detail:{pages}",
+                settings,
+                tmp_path,
+                args={"first": str(1000 * i), **args},
             )
             for i in range(PROCESSES)
         ],
@@ -48,13 +63,14 @@ def crawl_the_site(site: CapacitySite, redis_url: str, tmp_path: Path, pages: in
     return site.hosts["127.0.0.1"]
 
 
-def limits_by_window(client: redis.Redis) -> list[int]:
-    log = client.lrange("redislock:{key:127.0.0.1}:adapt_log", 0, -1)
+def limits_by_window(client: redis.Redis, name: str = "127.0.0.1") -> list[int]:
+    log = client.lrange(f"redislock:{{key:{name}}}:adapt_log", 0, -1)
     return [json.loads(entry)[1] for entry in reversed(log)]
 
 
+@pytest.mark.parametrize("scoped", [False, True], ids=["key", "scope"])
 def test_three_processes_find_the_sites_capacity(
-    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+    scoped: bool, redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     """Settled means the site holds K to K + 1 in flight, counted at the site. Not the limit: a
     slot is held from its grant to the answer's handling, longer than the site has the request,
@@ -62,8 +78,8 @@ def test_three_processes_find_the_sites_capacity(
     the site had 5.0 in flight (K + 1, as on a quiet machine at a limit of 5), which the test's
     old check of the limit (median of the last windows in K - 1 to K + 1) took for a failure."""
     with CapacitySite(capacity=K, base=0.1) as site:
-        host = crawl_the_site(site, redis_url, tmp_path)
-    limits = limits_by_window(redis_client)
+        host = crawl_the_site(site, redis_url, tmp_path, scoped=scoped)
+    limits = limits_by_window(redis_client, "render" if scoped else "127.0.0.1")
     with site.condition:
         # from the 60th to the 95th percent of the requests: every process still had some to send
         # (a process that started late on a busy machine ends late, alone: the last arrivals are

@@ -31,10 +31,11 @@ PAUSE = 3.0
 ON_THEIR_WAY = 0.25
 
 
-def pause_landed(client: redis.Redis, timeout: float = 30) -> float:
-    """When the pause of host 1's key reached Redis, on this process's ``time.monotonic()`` (the
-    site's clock): the gate holds the pause's end on Redis's clock, which is this machine's."""
-    gate = gate_key("redislock", "key:127.0.0.1")
+def pause_landed(client: redis.Redis, name: str, timeout: float = 30) -> float:
+    """When the pause of host 1's key or scope ``name`` reached Redis, on this process's
+    ``time.monotonic()`` (the site's clock): the gate holds the pause's end on Redis's clock, which
+    is this machine's."""
+    gate = gate_key("redislock", f"key:{name}")
     deadline = time.monotonic() + timeout
     while (until := client.get(gate)) is None:
         assert time.monotonic() < deadline, "no pause reached Redis"
@@ -42,17 +43,34 @@ def pause_landed(client: redis.Redis, timeout: float = 30) -> float:
     return int(until) / 1e6 - PAUSE - (time.time() - time.monotonic())
 
 
-@pytest.mark.parametrize("scheduler", ["scrapy_redislock.StageScheduler", None])
+BY_KEY = {"REDISLOCK_STAGE_KEY": "domain", "REDISLOCK_KEY_LIMIT": 4, "REDISLOCK_RETRY_AFTER": True}
+# the host as a scope of its own (as a proxy would be), with REDISLOCK_RETRY_AFTER off: the scope's
+# entry in REDISLOCK_SCOPES asks for the pause
+BY_SCOPE = {
+    "REDISLOCK_SCOPES": {"via:*": {"limit": 4, "retry_after": True}},
+    "REDISLOCK_SCOPES_OF": "testing.spiders.crawlspider.host_scope",
+}
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "scoped"),
+    [
+        ("scrapy_redislock.StageScheduler", False),
+        (None, False),
+        ("scrapy_redislock.StageScheduler", True),
+    ],
+    ids=["key-scheduler", "key-middleware", "scope"],
+)
 def test_a_retry_after_pauses_the_host_for_every_process(
-    scheduler: str | None, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+    scheduler: str | None, scoped: bool, redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
+    """The host's key pauses with REDISLOCK_RETRY_AFTER; a scope pauses when its REDISLOCK_SCOPES
+    entry says ``retry_after`` (the global setting off)."""
     settings: dict[str, Any] = {
         "REDISLOCK_URL": redis_url,
         "SCHEDULER": scheduler,
         "REDISLOCK_STAGES": {"detail": None},
-        "REDISLOCK_STAGE_KEY": "domain",
-        "REDISLOCK_KEY_LIMIT": 4,
-        "REDISLOCK_RETRY_AFTER": True,
+        **(BY_SCOPE if scoped else BY_KEY),
         "CONCURRENT_REQUESTS": 8,
     }
     with CapacitySite(hosts=2, capacity=16, base=0.05) as site:
@@ -67,7 +85,7 @@ def test_a_retry_after_pauses_the_host_for_every_process(
         assert site.wait_for(lambda: len(host1.arrivals) >= 40, timeout=60)
         site.too_many("127.0.0.1", PAUSE)
         assert site.wait_for(lambda: host1.answers[429] == 1, timeout=30)
-        landed = pause_landed(redis_client)
+        landed = pause_landed(redis_client, "via:127.0.0.1" if scoped else "127.0.0.1")
         for crawl in crawls:
             crawl.wait(timeout=120)
             assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
@@ -83,9 +101,10 @@ def test_a_retry_after_pauses_the_host_for_every_process(
     )
     assert stragglers == [], during
     assert after, "host 1 never resumed"
-    if scheduler:
+    if scheduler and not scoped:
         # host 2 went on meanwhile; with the middleware alone host 1's held requests wait in the
-        # downloader and may take all of CONCURRENT_REQUESTS (docs/key-caps.md)
+        # downloader and may take all of CONCURRENT_REQUESTS (docs/key-caps.md), as a request's
+        # other scopes do under StageScheduler too (docs/scopes.md)
         assert len(other) > 10
     paused = sum(crawl.stats.get("redislock/retry_after/pauses", 0) for crawl in crawls)
     assert paused == 1
