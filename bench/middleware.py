@@ -46,7 +46,7 @@ import redis
 from bench import RESULTS
 from bench.ceiling import LocalCap
 from bench.handoff_probe import breakdown
-from testing.crawlproc import ROOT, Crawl, run_crawl
+from testing.crawlproc import ROOT, Crawl, finish_all, run_crawl
 from testing.faultproc import jain
 from testing.netproxy import LatencyProxy
 from testing.redis_server import RedisServer
@@ -88,15 +88,6 @@ def overhead_run(redis_url: str, pages: int, with_middleware: bool) -> float:
         if code != 0 or len(site.arrivals["comments"]) != pages:
             raise RuntimeError(f"crawl failed: {output[-2000:]}")
         return pages_per_second(site, "comments")
-
-
-def run_all(crawls: list[Crawl], timeout: float = 600) -> None:
-    for crawl in crawls:
-        crawl.start()
-    for crawl in crawls:
-        crawl.wait(timeout)
-        if crawl.code != 0:
-            raise RuntimeError(f"crawl failed: {crawl.tail()}")
 
 
 def fairness(site: CrawlSite, stage: str) -> tuple[float, float]:
@@ -171,7 +162,7 @@ def utilization_run(
         ]
         client = redis.Redis.from_url(redis_url)
         client.config_resetstat()
-        run_all(crawls)
+        finish_all(crawls, timeout=600)
         calls = sum(
             int(v["calls"]) for k, v in client.info("commandstats").items() if k != "cmdstat_info"
         )
@@ -226,7 +217,7 @@ def mixed_run(
             )
             for i in range(PROCESSES)
         ]
-        run_all(crawls)
+        finish_all(crawls, timeout=600)
         for stage, cap in (("list", 1), ("detail", 3)):
             check_cap(site, stage, cap)
         if len(site.arrivals["comments"]) != site.totals["comments"]:

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import redis
 
-from testing.crawlproc import Crawl, leftover
+from testing.crawlproc import Crawl, finish_all, leftover
 from testing.site import CrawlSite
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
@@ -57,15 +57,12 @@ def crawl_all(
 ) -> list[Crawl]:
     """PROCESSES crawls, each of ``pages`` pages of its own (numbered apart), spread over the HOSTS
     host names."""
-    crawls = [
-        Crawl(
-            site.url, plan, extra, folder, args={"hosts": str(HOSTS), "first": str(1000 * i)}
-        ).start()
-        for i in range(PROCESSES)
-    ]
-    for crawl in crawls:
-        crawl.wait(timeout=120)
-        assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
+    crawls = finish_all(
+        [
+            Crawl(site.url, plan, extra, folder, args={"hosts": str(HOSTS), "first": str(1000 * i)})
+            for i in range(PROCESSES)
+        ]
+    )
     # every page, once
     assert len(site.hits) == PROCESSES * pages and set(site.hits.values()) == {1}
     return crawls
