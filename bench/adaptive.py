@@ -43,7 +43,7 @@ from typing import Any
 
 import redis
 
-from bench import RESULTS, add_smoke
+from bench import RESULTS, add_smoke, write_results
 from scrapy_redislock.lock.adaptive import history
 from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.permit import LockKeys
@@ -341,8 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join([*table(rows, opts), f"\nbenchmark wall time {time.time() - started:.0f} s"])
     print()
     print(text)
-    (RESULTS / "adaptive.md").write_text(text + "\n")
-    (RESULTS / "adaptive.json").write_text(json.dumps({"options": vars(opts), "runs": rows}))
+    write_results("adaptive", text, {"options": vars(opts), "runs": rows})
     plot(rows, opts, RESULTS / "adaptive.png")
     return 0
 

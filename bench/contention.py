@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import itertools
-import json
 import math
 import multiprocessing as mp
 import os
@@ -47,7 +46,7 @@ from typing import Any
 
 import redis
 
-from bench import RESULTS, add_smoke
+from bench import RESULTS, add_smoke, write_results
 from bench.peers import DESIGNS, Options, available, clock_offset, make_locker
 from testing.faultproc import jain, max_overlap
 from testing.redis_server import RedisServer
@@ -590,11 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     text = report(rows, meta)
     print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "contention.md").write_text(text)
-    (args.out / "contention.json").write_text(
-        json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n"
-    )
+    write_results("contention", text, {"meta": meta, "rows": rows}, args.out)
     title = (
         f"{args.processes} processes, hold {args.hold_ms:g} ms, {args.seconds:g} s per design, "
         f"redis-server {meta['redis']}, {meta['cpus']} CPUs"

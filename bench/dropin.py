@@ -71,7 +71,7 @@ import redis
 import scrapy
 from scrapy_redis.queue import PriorityQueue
 
-from bench import RESULTS, add_smoke
+from bench import RESULTS, add_smoke, write_results
 from testing.crawlproc import ROOT, Crawl
 from testing.redis_server import RedisServer
 from testing.site import CrawlSite
@@ -626,8 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines)
     print()
     print(text)
-    (RESULTS / "dropin.md").write_text(text + "\n")
-    (RESULTS / "dropin.json").write_text(json.dumps(data, indent=1, default=str))
+    write_results("dropin", text, data)
     print(f"\nwritten: {RESULTS / 'dropin.md'}, dropin.json")
     return 0
 

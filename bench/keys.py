@@ -44,7 +44,7 @@ from typing import Any
 
 import redis
 
-from bench import RESULTS, add_smoke
+from bench import RESULTS, add_smoke, write_results
 from bench.dashboard import commandstats
 from testing.crawlproc import ROOT, Crawl, finish_all
 from testing.redis_server import RedisServer
@@ -463,11 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines)
     print()
     print(text)
-    (RESULTS / "keys.md").write_text(text + "\n")
-    (RESULTS / "keys.json").write_text(
-        json.dumps(
-            {"options": vars(opts), "runs": rows, "slow": slow_rows, "gaps": gap_rows}, indent=2
-        )
+    write_results(
+        "keys", text, {"options": vars(opts), "runs": rows, "slow": slow_rows, "gaps": gap_rows}
     )
     return 0
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import json
 import os
 import statistics
 import sys
@@ -43,7 +42,7 @@ from urllib.parse import urlsplit
 
 import redis
 
-from bench import RESULTS
+from bench import write_results
 from bench.ceiling import LocalCap
 from bench.handoff_probe import breakdown
 from testing.crawlproc import ROOT, Crawl, finish_all, run_crawl
@@ -420,9 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         result["mixed_over_ceiling"] = ratios["mixed"]
     text += f"Load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n"
     print(text)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "middleware.md").write_text(text)
-    (RESULTS / "middleware.json").write_text(json.dumps(result, indent=2))
+    write_results("middleware", text, result)
     return 0
 
 

@@ -16,7 +16,6 @@ without an error).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -24,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import RESULTS, add_smoke
+from bench import add_smoke, write_results
 from testing.crawlproc import Crawl
 from testing.netproxy import LatencyProxy
 from testing.redis_server import RedisServer
@@ -151,9 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     text = "\n".join(lines)
     print(text)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "partition.md").write_text(text + "\n")
-    (RESULTS / "partition.json").write_text(json.dumps(rounds))
+    write_results("partition", text, rounds)
     return 0
 
 

@@ -15,7 +15,6 @@ this run on this machine.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -27,7 +26,7 @@ from typing import Any
 
 import redis
 
-from bench import add_smoke
+from bench import add_smoke, write_results
 from bench.contention import (
     READY_TIMEOUT,
     RESULTS,
@@ -193,11 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
     )
     print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "quorum.md").write_text(text + "\n", encoding="utf-8")
-    (args.out / "quorum.json").write_text(
-        json.dumps({"meta": meta, "rows": rows}, indent=1), encoding="utf-8"
-    )
+    write_results("quorum", text, {"meta": meta, "rows": rows}, args.out)
     return 0
 
 

@@ -18,14 +18,13 @@ per round; results in bench/results/reactorlag.{md,json}.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench import RESULTS, add_smoke
+from bench import add_smoke, write_results
 from testing.crawlproc import Crawl
 from testing.netproxy import LatencyProxy
 from testing.redis_server import RedisServer
@@ -106,9 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     if samples:
         text += f"\n\nblocking commands seen on the reactor thread (first of each run): {samples}"
     print(text)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "reactorlag.md").write_text(text + "\n")
-    (RESULTS / "reactorlag.json").write_text(json.dumps(rounds))
+    write_results("reactorlag", text, rounds)
     return 0
 
 

@@ -65,7 +65,7 @@ import redis
 import scrapy
 import scrapy_redis
 
-from bench import RESULTS, add_smoke
+from bench import RESULTS, add_smoke, write_results
 from example_project.run import seed
 from scrapy_redislock._redis import load_scripts
 from scrapy_redislock.crawl.epoch import crawl_scripts
@@ -914,8 +914,6 @@ def main(argv: list[str] | None = None) -> int:
         text += "\n" + "\n".join(idle_report(idle_rows, opts)) + "\n"
     text += f"\nBenchmark wall time {time.monotonic() - began:.0f} s.\n"
     print(text)
-    opts.out.mkdir(parents=True, exist_ok=True)
-    (opts.out / "scale.md").write_text(text)
     meta = {k: str(v) if isinstance(v, Path) else v for k, v in vars(opts).items()}
     machine = {
         "cpus": os.cpu_count(),
@@ -928,7 +926,7 @@ def main(argv: list[str] | None = None) -> int:
         "library": library_state(),
     }
     everything = {"options": meta, "machine": machine, "runs": rows, "idle": idle_rows}
-    (opts.out / "scale.json").write_text(json.dumps(everything, indent=2))
+    write_results("scale", text, everything, opts.out)
     print(
         f"written: {opts.out / 'scale.md'}, {opts.out / 'scale.json'}; logs in "
         f"{RESULTS / 'scale-logs'}"

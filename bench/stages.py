@@ -19,14 +19,13 @@ measured; writes bench/results/stages.json, stages.md and stages.png.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 import time
 from dataclasses import asdict
 
-from bench import RESULTS, add_smoke
+from bench import RESULTS, add_smoke, write_results
 from example_project.run import STAGES, Phase, arguments, checks, plot, run_phase
 from testing.redis_server import RedisServer
 from testing.site import ShopSite, add_shop_arguments
@@ -165,18 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines)
     print()
     print(text)
-    (RESULTS / "stages.md").write_text(text + "\n")
-    (RESULTS / "stages.json").write_text(
-        json.dumps(
-            {
-                "options": vars(opts),
-                "first_comment_sooner": round(sooner, 2) if math.isfinite(sooner) else None,
-                "total_time_change": round(longer, 4),
-                "takeover_seconds": takeover,
-                "phases": [asdict(p) for p in (slots, baseline, killed)],
-            },
-            indent=2,
-        )
+    write_results(
+        "stages",
+        text,
+        {
+            "options": vars(opts),
+            "first_comment_sooner": round(sooner, 2) if math.isfinite(sooner) else None,
+            "total_time_change": round(longer, 4),
+            "takeover_seconds": takeover,
+            "phases": [asdict(p) for p in (slots, baseline, killed)],
+        },
     )
     plot([slots, baseline], RESULTS / "stages.png")
     print(f"\nwritten: {RESULTS / 'stages.md'}, stages.json, stages.png")

@@ -16,7 +16,6 @@ command. Medians over `--repeat` rounds; prints what it measured.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from typing import Any
 
 import redis
 
-from bench import RESULTS
+from bench import write_results
 from testing.crawlproc import Crawl
 from testing.monitor import Monitor, commands
 from testing.netproxy import LatencyProxy
@@ -100,9 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     text = "\n".join(lines)
     print(text)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "startup.md").write_text(text + "\n")
-    (RESULTS / "startup.json").write_text(json.dumps({str(d): r for d, r in rows.items()}))
+    write_results("startup", text, {str(d): r for d, r in rows.items()})
     return 0
 
 
