@@ -142,6 +142,10 @@ class CrawlSite:
         self.abandoned: Counter[str] = Counter()  # stage -> requests whose client gave up
         self.first_request: float | None = None  # wall clock (time.time()), for plots
         self.last_served: float | None = None
+        # cleared: every request waits after its arrival until it is set again (or 60 s pass), so
+        # that a test can hold a crawl where it is while something else happens
+        self.open = threading.Event()
+        self.open.set()
         site = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -181,6 +185,7 @@ class CrawlSite:
                             site.kernel_booked_starts[host].append(
                                 (self.kernel_arrived, float(booked))
                             )
+                site.open.wait(timeout=60)
                 try:
                     stayed = self.serve_for(
                         float(sleep[0]) if sleep else site.delays.get(stage, site.delay)

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -72,10 +73,12 @@ class Twice:
 
 
 class DroppedCount:
-    """Extension: counts ``request_dropped`` signals in the stats (``dropin/request_dropped``)."""
+    """Extension: counts ``request_dropped`` signals in the stats (``dropin/request_dropped``),
+    and with the setting TEST_DROPPED_FILE one line each in that file (the test watches it)."""
 
     def __init__(self, crawler: Any) -> None:
         self.stats = crawler.stats
+        self.file = crawler.settings.get("TEST_DROPPED_FILE")
         crawler.signals.connect(self.dropped, signal=signals.request_dropped)
 
     @classmethod
@@ -84,6 +87,9 @@ class DroppedCount:
 
     def dropped(self, request: scrapy.Request, spider: scrapy.Spider) -> None:
         self.stats.inc_value("dropin/request_dropped")
+        if self.file:
+            with open(self.file, "a") as file:
+                file.write(f"{request.url}\n")
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -442,21 +448,41 @@ def test_max_idle_time_0_idles_for_ever_as_in_scrapy_redis(
 @pytest.mark.integration
 @pytest.mark.crawl
 def test_duplicates_send_request_dropped_whether_this_worker_or_redis_knows_them(
-    redis_url: str, redis_client: redis.Redis
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     """Two workers yield the same 10 start requests, each of them twice: the second copy is a
     duplicate the worker knows (enqueue_request returns False, the engine sends request_dropped); of
     the first copies, the 10 queued by the other worker first are duplicates only Redis knows (the
     scheduler sends request_dropped when the push says so). 30 duplicates, 30 signals, each counted
-    once as Scrapy counts them; every page fetched once."""
+    once as Scrapy counts them; every page fetched once. The site holds the first page until both
+    workers have yielded every copy: on a starved machine the second worker could start only after
+    the first had crawled everything and closed, which is another crawl."""
     with CrawlSite(delay=0.02) as site:
-        settings = {
-            "REDISLOCK_WORKER_STAGES": {"a": 1},
-            "SPIDER_MIDDLEWARES": {"tests.workers.test_dropin.Twice": 10},
-            "EXTENSIONS": {"tests.workers.test_dropin.DroppedCount": 0},
-            "REDISLOCK_IDLE_CLOSE": 1.5,
-        }
-        workers = [staged_worker(redis_url, site.url, "a:10", settings) for _ in range(2)]
+        files = [tmp_path / f"dropped-{n}" for n in range(2)]
+        site.open.clear()
+        workers = [
+            staged_worker(
+                redis_url,
+                site.url,
+                "a:10",
+                {
+                    "REDISLOCK_WORKER_STAGES": {"a": 1},
+                    "SPIDER_MIDDLEWARES": {"tests.workers.test_dropin.Twice": 10},
+                    "EXTENSIONS": {"tests.workers.test_dropin.DroppedCount": 0},
+                    "REDISLOCK_IDLE_CLOSE": 1.5,
+                    "TEST_DROPPED_FILE": str(file),
+                },
+            )
+            for file in files
+        ]
+
+        def dropped() -> int:
+            return sum(len(f.read_text().splitlines()) for f in files if f.exists())
+
+        try:
+            wait_until(lambda: dropped() == 30, 90, "every duplicate dropped")
+        finally:
+            site.open.set()
         outputs = [finish(w) for w in workers]
         assert sorted(site.hits.values()) == [1] * 10
     for output in outputs:

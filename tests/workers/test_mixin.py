@@ -350,7 +350,9 @@ def test_a_worker_that_loses_its_slot_gives_its_unstarted_requests_back(
         output = finish(worker)
         assert "lost its slot of stage 'a'" in output
         assert stat(output, "redislock/workers/a/taken") >= 2
-        assert sorted(site.hits.values()) == [1] * 100
+        twice = sorted(path for path, hits in site.hits.items() if hits > 1)
+        assert not twice, (twice, stat(output, "redislock/workers/presumed_dead"), output[-3000:])
+        assert len(site.hits) == 100
         assert held_slots(redis_client) == 0
 
 
