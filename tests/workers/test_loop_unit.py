@@ -3,11 +3,12 @@ scheduler built with ``scrapy.utils.test.get_crawler``, as Scrapy's own componen
 stepped by hand. What Redis answers is scripted (:class:`ScriptedQueues`: the replies of the beat
 and look scripts, which test_queue.py runs against a real redis-server), so these tests time the
 worker's own decisions: when it beats and pulses, when it may take others for dead, when it
-closes."""
+closes, and how it tells an outage."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -20,6 +21,7 @@ from scrapy_redislock.workers.heartbeat import Heartbeat
 from scrapy_redislock.workers.listener import SignalListener
 from scrapy_redislock.workers.loop import WAIT_GRACE, WorkerLoop
 from scrapy_redislock.workers.mixin import StageWorkerMixin
+from scrapy_redislock.workers.outage import STRAGGLERS, OutageLog
 from scrapy_redislock.workers.policy import liveness
 from scrapy_redislock.workers.queue import BeatReply, QueueKeys
 from scrapy_redislock.workers.scheduler import StageWorkerScheduler
@@ -316,3 +318,40 @@ def test_an_outage_never_closes_an_idle_worker_and_idle_time_counts_from_its_end
         assert await loop.step() and loop.may_close()
 
     run(test)
+
+
+# -- outages ---------------------------------------------------------------------------------------
+
+
+def test_an_outage_is_said_once_with_how_long_it_lasted_and_its_stragglers_are_not_a_new_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock(100.0)
+    outage = OutageLog("w1", clock=clock)
+    refused = redis.exceptions.ConnectionError("Error 111 connecting to localhost:6379.")
+
+    def said() -> list[tuple[int, str]]:
+        lines = [(r.levelno, r.getMessage()) for r in caplog.records]
+        caplog.clear()
+        return lines
+
+    with caplog.at_level(logging.DEBUG, logger="scrapy_redislock.workers.scheduler"):
+        outage.failed("the worker loop", refused, 0.1)  # 100: the outage starts
+        assert [level for level, _ in said()] == [logging.WARNING] and outage.since == 100.0
+        clock.advance(1.0)
+        outage.failed("an ack", refused, 0.2)  # the same outage: DEBUG
+        assert [level for level, _ in said()] == [logging.DEBUG]
+        clock.advance(6.5)  # 107.5: an answer ends it
+        outage.answered()
+        assert said() == [
+            (
+                logging.INFO,
+                "Worker w1: Redis answers again after 7.5 s (2 failed calls retried); going on",
+            )
+        ]
+        clock.advance(STRAGGLERS - 0.1)  # a call sent before the end fails just after it
+        outage.failed("a push", refused)
+        assert [level for level, _ in said()] == [logging.DEBUG] and not outage.down
+        clock.advance(0.1)  # STRAGGLERS after the end: a new outage
+        outage.failed("a push", refused)
+        assert [level for level, _ in said()] == [logging.WARNING] and outage.down
