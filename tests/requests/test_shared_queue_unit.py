@@ -1,8 +1,9 @@
-"""SharedStageQueues' pauses on a fake clock (testing/clock.py), with no Redis: a sub-queue found
-empty is not asked again within its pause, an outage pauses them all, and its end is said with how
-long it lasted. scrapy-redis's queue is stood in for by :class:`ListQueue` (a list; the real queue
+"""The shared queue over scrapy-redis on a fake clock (testing/clock.py), with no Redis:
+SharedStageQueues' pauses (a sub-queue found empty is not asked again within its pause, an outage
+pauses them all, and its end is said with how long it lasted) and QueueWatch's word on a queue Redis
+lost. scrapy-redis's queue is stood in for by :class:`ListQueue` (a list; the real queue
 over Redis is in test_queue_loss.py), driven synchronously (no reactor, no queue thread), so these
-tests time only the pauses."""
+tests time only what the clock decides."""
 
 from __future__ import annotations
 
@@ -10,10 +11,16 @@ import logging
 
 import pytest
 import redis.exceptions
-from scrapy import Request
+from scrapy import Request, Spider
+from scrapy.utils.test import get_crawler
 
+from scrapy_redislock.requests.queueloss import QueueWatch
 from scrapy_redislock.requests.stagequeue import EMPTY_PAUSE, Route, SharedStageQueues
 from testing.clock import FakeClock
+
+
+class ShopSpider(Spider):
+    name = "shop"
 
 
 class Server:
@@ -127,3 +134,43 @@ def test_an_outage_pauses_every_sub_queue_and_its_end_says_how_long_it_lasted(
     elapsed = clock.now - 100.0
     assert said == [f"Shared queue in Redis reachable again after {elapsed:.1f} s"]
     assert looks == [clock.now]  # a restart may have emptied it: the epoch is read at once
+
+
+# -- QueueWatch: a queue Redis lost --------------------------------------------------------------
+
+
+def test_a_lost_queue_is_said_with_what_the_last_look_saw_and_how_long_before(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock(100.0)
+    shared, _ = shared_queues(clock)
+    crawler = get_crawler(ShopSpider)
+    watch = QueueWatch(crawler, shared, "redislock", clock=clock)
+    with caplog.at_level(logging.WARNING, logger="scrapy_redislock.requests.queueloss"):
+        watch._judge("epoch-1", 3, shared.moved)  # 100: a look (a renewal tick) reads 3 queued
+        assert (watch.queued, watch.looked_at) == (3, 100.0) and not caplog.records
+        clock.advance(4.25)  # 104.25: the next look finds another epoch: Redis lost the queue
+        watch._judge("epoch-2", 0, shared.moved)
+    [error] = caplog.records
+    assert error.levelno == logging.ERROR
+    assert "the 3 request(s) queued there at this process's last look (4.2 s before)" in (
+        error.getMessage()
+    )
+    assert crawler.stats.get_value("redislock/queue_lost") == 1  # type: ignore[union-attr]
+    assert (watch.queued, watch.looked_at) == (0, 104.25)
+
+
+def test_a_lost_queue_this_process_knew_nothing_of_is_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock(100.0)
+    shared, _ = shared_queues(clock)
+    crawler = get_crawler(ShopSpider)
+    watch = QueueWatch(crawler, shared, "redislock", clock=clock)
+    with caplog.at_level(logging.WARNING, logger="scrapy_redislock.requests.queueloss"):
+        watch._judge("epoch-1", 0, shared.moved)
+        clock.advance(60.0)
+        watch._judge("epoch-2", 0, shared.moved)  # empty before, nothing pushed or taken since
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert crawler.stats.get_value("redislock/queue_lost") is None  # type: ignore[union-attr]
+    assert watch.losses == 0
