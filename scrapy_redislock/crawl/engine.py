@@ -230,12 +230,13 @@ class StartLogCount(logging.Handler):
     failed start's ``start_time`` and ``elapsed_time_seconds`` span that wait.
     """
 
-    def __init__(self, crawler: Crawler) -> None:
+    def __init__(self, crawler: Crawler, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(level=crawler.settings.get("LOG_LEVEL") or logging.NOTSET)
         self.crawler = crawler
+        self.clock = clock  # monotonic seconds: a failed start's elapsed time
         self.counts: Counter[str] = Counter()
         self.began = datetime.datetime.now(tz=datetime.UTC)
-        self.began_monotonic = time.monotonic()
+        self.began_monotonic = clock()
         self.installed = False
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -261,14 +262,17 @@ class StartLogCount(logging.Handler):
         spider_opened, after the wait for Redis); called after CoreStats' spider_closed."""
         stats = self.crawler.stats
         stats.set_value("start_time", self.began)
-        stats.set_value("elapsed_time_seconds", time.monotonic() - self.began_monotonic)
+        stats.set_value("elapsed_time_seconds", self.clock() - self.began_monotonic)
 
 
-def count_start_logs(crawler: Crawler) -> StartLogCount:
-    """The crawler's one :class:`StartLogCount`, counting from now."""
+def count_start_logs(
+    crawler: Crawler, clock: Callable[[], float] = time.monotonic
+) -> StartLogCount:
+    """The crawler's one :class:`StartLogCount`, counting from now (on the first caller's
+    ``clock``)."""
 
     def make() -> StartLogCount:
-        counter = StartLogCount(crawler)
+        counter = StartLogCount(crawler, clock)
         counter.install()
         return counter
 

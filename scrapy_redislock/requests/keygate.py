@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
+    from scrapy_redislock.lock.core import Clock
 
 
 START_META = "redislock_start_at"  # the confirmed start, on Redis's clock (seconds since the epoch)
@@ -86,13 +87,23 @@ class KeyGate:
 
     @classmethod
     def of(
-        cls, crawler: Crawler, settings: RedisLockSettings, *, attr: str = "_redislock_key_gate"
+        cls,
+        crawler: Crawler,
+        settings: RedisLockSettings,
+        *,
+        attr: str = "_redislock_key_gate",
+        clock: Clock = time.monotonic,
     ) -> KeyGate:
-        """The crawler's one instance (the middleware and StageScheduler share it)."""
-        return one_per_crawler(crawler, attr, lambda: cls(crawler, settings))
+        """The crawler's one instance (the middleware and StageScheduler share it; the first
+        caller's ``clock``)."""
+        return one_per_crawler(crawler, attr, lambda: cls(crawler, settings, clock=clock))
 
-    def __init__(self, crawler: Crawler, settings: RedisLockSettings) -> None:
+    def __init__(
+        self, crawler: Crawler, settings: RedisLockSettings, *, clock: Clock = time.monotonic
+    ) -> None:
         self.crawler = crawler
+        # monotonic seconds: how long a slot took to get (KeyLine, which goes with this gate, too)
+        self.clock = clock
         self.settings = settings
         self.locks = KeyLocks.of(crawler, settings)
         self.permits: PermitLedger[Request, SlotPermit] = PermitLedger()
@@ -307,11 +318,11 @@ class KeyGate:
         # taken here, holding one of CONCURRENT_REQUESTS meanwhile (StageScheduler takes it before
         # a request of no capped stage leaves: keyline.py)
         self.crawler.stats.inc_value("redislock/keys/taken_in_downloader")
-        started = time.monotonic()
+        started = self.clock()
         taken = await self._take_now(key)
         if taken is not None:
             self._hold(request, taken, scoped)
-            self.record(time.monotonic() - started)
+            self.record(self.clock() - started)
             return
         self.waiting[key] += 1
         wait = asyncio.ensure_future(self.locks.acquire(key, self.settings.wait_timeout))
@@ -335,7 +346,7 @@ class KeyGate:
             if not self.waiting[key]:
                 del self.waiting[key]
         self._hold(request, permit, scoped)
-        self.record(time.monotonic() - started)
+        self.record(self.clock() - started)
 
     def _hold(self, request: Request, permit: SlotPermit, scoped: bool) -> None:
         if not scoped:

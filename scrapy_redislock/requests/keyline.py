@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import weakref
 from collections import Counter, deque
 from collections.abc import Coroutine
@@ -70,6 +69,7 @@ class KeyLine:
         self.crawler = crawler
         self.settings = settings
         self.gate = gate
+        self.clock = gate.clock  # monotonic seconds: the gate's, whose records this line adds to
         self.locks = gate.locks  # the KeyLocks
         self.inner = inner  # Scrapy's scheduler, its queues split by StagePriorityQueues
         self.room = crawler.settings.getint("CONCURRENT_REQUESTS")
@@ -196,7 +196,7 @@ class KeyLine:
     async def _look(self, request: Request, key: str) -> None:
         """One take in Redis for ``request``: it goes with the slot, or back to its key's queue
         while a wait for the key starts."""
-        started = time.monotonic()
+        started = self.clock()
         paused: Paused | None = None
         try:
             permit = await self.locks.try_take(key)
@@ -214,7 +214,7 @@ class KeyLine:
             self.requeue(request, key)
             return
         if permit is not None:
-            self.gate.record(time.monotonic() - started)
+            self.gate.record(self.clock() - started)
             self.gate.hand(request, permit)
             self.ready.append(request)
         elif paused is not None:
@@ -247,7 +247,7 @@ class KeyLine:
         kept = self.kept.setdefault(key, deque())
         try:
             while not self.closed and self.queued(key) > len(kept):
-                started = time.monotonic()
+                started = self.clock()
                 try:
                     async with self.connections:
                         permit: SlotPermit | BaseException = await self.locks.acquire_key(
@@ -256,7 +256,7 @@ class KeyLine:
                 except AcquireTimeout as exc:
                     permit = exc
                 else:
-                    self.gate.record(time.monotonic() - started)
+                    self.gate.record(self.clock() - started)
                 kept.append(permit)
                 self._load = None
                 wake_engine(self.crawler)
@@ -279,7 +279,7 @@ class KeyLine:
     def tick(self) -> None:
         """At every renewal tick: give back kept slots that no queued request can use, or that can
         no longer go with a request."""
-        now = time.monotonic()
+        now = self.clock()
         for key, kept in list(self.kept.items()):
             keep = self.queued(key)
             for outcome in list(kept):

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
 
+    from scrapy_redislock.lock.core import Clock
     from scrapy_redislock.requests.stagequeue import SharedStageQueues
 
 logger = logging.getLogger(__name__)
@@ -69,8 +70,16 @@ __all__ = ["LOST_REASON", "QueueWatch", "SharedQueueKeys"]
 class QueueWatch:
     """Reads the shared queue's epoch and length at every tick; says so when Redis lost it."""
 
-    def __init__(self, crawler: Crawler, shared: SharedStageQueues, prefix: str) -> None:
+    def __init__(
+        self,
+        crawler: Crawler,
+        shared: SharedStageQueues,
+        prefix: str,
+        *,
+        clock: Clock = time.monotonic,
+    ) -> None:
         self.crawler = crawler
+        self.clock = clock  # monotonic seconds: how long before a loss the last look was
         self.shared = shared
         self.key = SharedQueueKeys.of(prefix, shared.key).epoch
         source = crawl_scripts()[EPOCH_SCRIPT]
@@ -126,7 +135,7 @@ class QueueWatch:
         if seen is not None and seen != epoch:
             self._lost(knew=bool(self.queued) or self.moved != moved or bool(self.shared.in_memory))
         if queued is not None:
-            self.queued, self.looked_at = queued, time.monotonic()
+            self.queued, self.looked_at = queued, self.clock()
             self.shared.looked(queued)
         self.moved = self.shared.moved
 
@@ -146,7 +155,7 @@ class QueueWatch:
             spider,
             self.shared.key,
             self.queued,
-            time.monotonic() - self.looked_at,
+            self.clock() - self.looked_at,
         )
         finish_uncleanly(self.crawler, LOST_REASON, self._last_word)
 

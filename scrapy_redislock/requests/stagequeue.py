@@ -54,6 +54,8 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
 
+    from scrapy_redislock.lock.core import Clock
+
 # A sub-queue: (capped stage or None, key or None).
 Route = tuple[str | None, str | None]
 UNCAPPED: Route = (None, None)
@@ -404,8 +406,10 @@ class SharedStageQueues:
         asked_while_paused: Callable[[float], None],
         thread: QueueThread | None = None,
         wake: Callable[[], None] = lambda: None,
+        clock: Clock = time.monotonic,
     ) -> None:
         self.base = base
+        self.clock = clock  # monotonic seconds: the sub-queues' pauses, the outage's length
         self.gate = gate
         self.asked_while_paused = asked_while_paused
         self.thread = thread
@@ -588,7 +592,7 @@ class SharedStageQueues:
         again."""
         delay = self._outage.next()
         if self._out_since is None:
-            self._out_since = time.monotonic()
+            self._out_since = self.clock()
             logger.warning(
                 "Shared queue in Redis unreachable (%s: %s); asking again in %.1f s, then backing off",
                 type(exc).__name__,
@@ -602,7 +606,7 @@ class SharedStageQueues:
         if self._out_since is not None:
             logger.info(
                 "Shared queue in Redis reachable again after %.1f s",
-                time.monotonic() - self._out_since,
+                self.clock() - self._out_since,
             )
             self._out_since = None
             self._outage.reset()
@@ -645,7 +649,7 @@ class SharedStageQueues:
             if isinstance(exc, REFUSED):
                 raise
             delay = self._went_out(exc)
-            self._ask_at = dict.fromkeys(self.queues, time.monotonic() + delay)
+            self._ask_at = dict.fromkeys(self.queues, self.clock() + delay)
             self.asked_while_paused(delay)
             return None
         self._answers()
@@ -675,7 +679,7 @@ class SharedStageQueues:
         return asked, paused_until
 
     def _pop(self) -> Request | None:
-        now = time.monotonic()
+        now = self.clock()
         asked, paused_until = self._candidates(now)
         for stage in asked:
             request = self.queues[stage].pop()
@@ -706,7 +710,7 @@ class SharedStageQueues:
         if self._fetch is not None or self.ahead is not None or self.closing:
             return
         assert self.thread is not None
-        now = time.monotonic()
+        now = self.clock()
         asked, paused_until = self._candidates(now)
         if not asked and not self.in_memory:
             if paused_until is not None:
@@ -732,7 +736,7 @@ class SharedStageQueues:
 
     def _fetched(self, done: asyncio.Future[Any]) -> None:
         self._fetch = None
-        now = time.monotonic()
+        now = self.clock()
         try:
             stage, request, empty = done.result()
         except OUTAGE_ERRORS as exc:
@@ -768,7 +772,7 @@ class SharedStageQueues:
 
     def may_have(self, stage: str | None) -> bool:
         """Whether ``stage``'s queue may hold a request: not found empty within its pause."""
-        return stage in self._ask_at and time.monotonic() >= self._ask_at[stage]
+        return stage in self._ask_at and self.clock() >= self._ask_at[stage]
 
     def tick(self) -> None:
         """At every renewal tick: a request fetched ahead that its stage could not take since goes
@@ -794,7 +798,7 @@ class SharedStageQueues:
             assert self.thread is not None
             if self.thread.jobs or self._looking is not None:
                 return True
-            fresh = time.monotonic() - self._length_at < EMPTY_PAUSE_MOST
+            fresh = self.clock() - self._length_at < EMPTY_PAUSE_MOST
             if self._length is None or not fresh:
                 self._look_soon()
                 return True
@@ -824,7 +828,7 @@ class SharedStageQueues:
 
     def looked(self, queued: int) -> None:
         """QueueWatch read the lengths of the queue's keys (in the queue thread): ``queued``."""
-        self._length, self._length_at = queued, time.monotonic()
+        self._length, self._length_at = queued, self.clock()
         self._known_length = queued
 
     def clear(self) -> None:

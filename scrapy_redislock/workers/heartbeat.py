@@ -15,7 +15,6 @@ Reads no settings (the scheduler passes REDISLOCK_TTL). Stats:
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,7 @@ from scrapy_redislock.workers.policy import BeatClock, liveness
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
+    from scrapy_redislock.lock.core import Clock
     from scrapy_redislock.workers.inflight import InFlight
     from scrapy_redislock.workers.outbox import Outbox
     from scrapy_redislock.workers.queue import StageQueues
@@ -49,6 +49,7 @@ class Heartbeat:
         *,
         ttl: float,
         requeue: Callable[[Request], bool],
+        clock: Clock,
     ) -> None:
         self.crawler = crawler
         self.stats: Any = crawler.stats
@@ -58,7 +59,8 @@ class Heartbeat:
         self.outbox = outbox
         self.ttl = ttl
         self.requeue = requeue  # queue a request in Redis again (the scheduler's enqueue_request)
-        self.clock = BeatClock(ttl, time.monotonic())
+        self.clock = clock  # monotonic seconds (the scheduler's: a fake one in unit tests)
+        self.beats = BeatClock(ttl, clock())
         # the queues' epoch this worker saw (changes only when the crawl state is gone)
         self.epoch: str | None = None
         # Redis lost the crawl state while this worker knew of work: close as redislock_queue_lost
@@ -72,10 +74,10 @@ class Heartbeat:
 
     async def beat(self, stage: str | None, pulse: bool = False) -> list[str]:
         """Beat (on ``stage``); the workers past their promise."""
-        sent = time.monotonic()
+        sent = self.clock()
         plan = liveness(self.ttl, self.working(stage))
         new, holds, dead = await self.queues.heartbeat(stage, grace=plan.grace, pulse=pulse)
-        self.clock.beaten(sent, time.monotonic(), plan, pulse)
+        self.beats.beaten(sent, self.clock(), plan, pulse)
         # Redis lost the crawl state: not taken for dead (see queues_lost)
         if new and await self.queues_lost():
             new = False
@@ -137,7 +139,7 @@ class Heartbeat:
         """Requeue the requests of the workers a beat named dead, once this worker's own beats have
         reached Redis without a gap for a while (policy.may_reap): right after an outage or a stall
         of its own, the others may not have beaten yet either."""
-        if not dead or not self.clock.may_reap(time.monotonic()):
+        if not dead or not self.beats.may_reap(self.clock()):
             return
         reaped = await self.queues.reap(dead)
         for worker, moved in reaped.items():

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from typing import TYPE_CHECKING
 
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 
 if TYPE_CHECKING:
+    from scrapy_redislock.lock.core import Clock
     from scrapy_redislock.workers.feed import StartUrlFeed
     from scrapy_redislock.workers.policy import BeatClock, StagePolicy
     from scrapy_redislock.workers.queue import StageQueues
@@ -32,12 +32,18 @@ class SignalListener:
     """The one blocked wait of a worker (see the module docstring)."""
 
     def __init__(
-        self, queues: StageQueues, state: WorkerState, policy: StagePolicy, clock: BeatClock
+        self,
+        queues: StageQueues,
+        state: WorkerState,
+        policy: StagePolicy,
+        beats: BeatClock,
+        clock: Clock,
     ) -> None:
         self.queues = queues
         self.state = state
         self.policy = policy
-        self.clock = clock
+        self.beats = beats  # the heartbeat's schedule: a wait lasts until the next beat is due
+        self.clock = clock  # monotonic seconds (the scheduler's: a fake one in unit tests)
         self.feed: StartUrlFeed | None = None  # set when the spider opens
         self.task: asyncio.Task[None] | None = None
         self.listening: list[str] = []  # the keys the running wait blocks on
@@ -83,14 +89,14 @@ class SignalListener:
         try:
             # Just past the beat: a wait that ended a moment before it would find nothing due and
             # wait again.
-            timeout = max(0.0, self.clock.beat_due - time.monotonic()) + BEAT_MARGIN
+            timeout = max(0.0, self.beats.beat_due - self.clock()) + BEAT_MARGIN
             reply = await self.queues.blocking.wait(keys, timeout)
         except REDIS_ERRORS as exc:
             # Not woken: the loop's next step (at the beat, or after its back-off) waits again.
             logger.debug(
                 "Waiting for work: Redis error (%s); the loop waits again at its next step", exc
             )
-            self.clock.broken()  # the others may not reach Redis either: reap nobody until beats run again
+            self.beats.broken()  # the others may not reach Redis either: reap nobody until beats run again
             return
         if reply is not None:
             key, value = reply

@@ -18,7 +18,6 @@ not read. Reads no settings (the scheduler passes what it read). Stats:
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING, Any
 
 from scrapy_redislock._redis import Backoff
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
+    from scrapy_redislock.lock.core import Clock
     from scrapy_redislock.workers.heartbeat import Heartbeat
     from scrapy_redislock.workers.inflight import InFlight
     from scrapy_redislock.workers.listener import SignalListener
@@ -56,6 +56,7 @@ class WorkerLoop:
         queues: StageQueues,
         parts: tuple[WorkerState, InFlight, Outbox, Heartbeat, StageSlot, SignalListener],
         outage: OutageLog,
+        clock: Clock,
     ) -> None:
         self.crawler = crawler
         self.stats: Any = crawler.stats
@@ -64,6 +65,7 @@ class WorkerLoop:
         self.queues = queues
         self.state, self.inflight, self.outbox, self.heartbeat, self.slot, self.listener = parts
         self.outage = outage
+        self.clock = clock  # monotonic seconds (the scheduler's: a fake one in unit tests)
         self.idle_close: float | None = None  # the scheduler decides when the spider opens
         self.retry_at = (
             0.0  # after a failed step: the next try (its own back-off, logged once per outage)
@@ -79,29 +81,30 @@ class WorkerLoop:
         # work somewhere, paused or full: wait for it, never close
         if state.work_seen or state.current is not None:
             return False
-        return self.idle_close is not None and time.monotonic() - state.busy_at >= self.idle_close
+        return self.idle_close is not None and self.clock() - state.busy_at >= self.idle_close
 
     def interval(self) -> float:
         """Seconds until the next step unless woken: the beat (or pulse), the idle close, or the
         back-off after a failed step."""
         if self.state.closing:
             return 0.0
-        if self.retry_at > time.monotonic():  # a step failed in an outage: its back-off first
-            return self.retry_at - time.monotonic()
-        clock = self.heartbeat.clock
-        beat_due = clock.beat_due
+        now = self.clock()
+        if self.retry_at > now:  # a step failed in an outage: its back-off first
+            return self.retry_at - now
+        beats = self.heartbeat.beats
+        beat_due = beats.beat_due
         if self.listener.running:
             beat_due += WAIT_GRACE  # the blocked wait ends at the beat and wakes the loop; this is a fallback
         if self.heartbeat.working():
-            beat_due = min(beat_due, clock.pulse_due)
-        return next_wake(time.monotonic(), beat_due, self.state.quiet_since, self.idle_close)
+            beat_due = min(beat_due, beats.pulse_due)
+        return next_wake(now, beat_due, self.state.quiet_since, self.idle_close)
 
     async def step(self) -> bool:
         """One step; False once the worker closes."""
         state = self.state
         if state.closing:
             return False
-        if time.monotonic() < self.retry_at:  # woken during the back-off of an outage: wait it out
+        if self.clock() < self.retry_at:  # woken during the back-off of an outage: wait it out
             return True
         try:
             await self._run()
@@ -109,7 +112,7 @@ class WorkerLoop:
             self.stats.inc_value("redislock/workers/redis_errors")
             state.failed()
             # the others may not reach Redis either: reap nobody until beats run again
-            self.heartbeat.clock.broken()
+            self.heartbeat.beats.broken()
             if not self._outage_step(exc):
                 raise  # not an outage (Redis refused a command): logged with its traceback by the loop, retried
             return not state.closing
@@ -120,7 +123,7 @@ class WorkerLoop:
 
     async def _run(self) -> None:
         state = self.state
-        await self._beat_if_due(time.monotonic())
+        await self._beat_if_due(self.clock())
         await self.slot.check_lost()
         await self.slot.check_limit()
         self.inflight.ack_finished()
@@ -136,10 +139,10 @@ class WorkerLoop:
         """The heartbeat (then look at the queues: a token lost on the way is found so), else a
         pulse of a worker with work; and the idle-close deadline, which makes the step look again."""
         state, heartbeat = self.state, self.heartbeat
-        if now >= heartbeat.clock.beat_due:
+        if now >= heartbeat.beats.beat_due:
             state.look_soon()
             await self._beat_and_reap()
-        elif now >= heartbeat.clock.pulse_due and heartbeat.working():
+        elif now >= heartbeat.beats.pulse_due and heartbeat.working():
             await heartbeat.pulse()
         state.idle_due(now, self.idle_close)  # still quiet? then close
 
@@ -262,7 +265,7 @@ class WorkerLoop:
         if isinstance(exc, REFUSED) or not isinstance(exc, OUTAGE_ERRORS):
             return False
         delay = self.retry_backoff.next()
-        self.retry_at = time.monotonic() + delay
+        self.retry_at = self.clock() + delay
         self.outage.failed("the worker loop", exc, delay)
         return True
 

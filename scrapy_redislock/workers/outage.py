@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from scrapy_redislock._redis import Backoff
 from scrapy_redislock.crawl.reach import OUTAGE_ERRORS
+
+if TYPE_CHECKING:
+    from scrapy_redislock.lock.core import Clock
 
 T = TypeVar("T")
 
@@ -44,14 +46,17 @@ class OutageLog:
         worker: str,
         on_failure: Callable[[], None] | None = None,
         on_back: Callable[[], None] | None = None,
+        *,
+        clock: Clock,
     ) -> None:
         self.worker = worker
+        self.clock = clock  # monotonic seconds (the scheduler's: a fake one in unit tests)
         self.on_failure = on_failure  # every failed call of :meth:`retrying` (to count it)
         self.on_back = on_back  # the call of :meth:`retrying` that ended an outage
-        # time.monotonic() of the first failure of the current outage
+        # when (on the clock) the first failure of the current outage came
         self.since: float | None = None
         self.failures = 0  # failed calls in the current outage
-        self.ended: float = -STRAGGLERS  # time.monotonic() when the last outage ended
+        self.ended: float = -STRAGGLERS  # when the last outage ended
 
     @property
     def down(self) -> bool:
@@ -63,7 +68,7 @@ class OutageLog:
         self.failures += 1
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         retry = f"; retrying in {retry_in:.1f} s" if retry_in is not None else ""
-        if self.since is None and time.monotonic() - self.ended < STRAGGLERS:
+        if self.since is None and self.clock() - self.ended < STRAGGLERS:
             logger.debug(
                 "Worker %s: %s failed just after Redis came back (%s)%s",
                 self.worker,
@@ -73,7 +78,7 @@ class OutageLog:
             )
             return
         if self.since is None:
-            self.since = time.monotonic()
+            self.since = self.clock()
             logger.warning(
                 "Worker %s: Redis does not answer (%s, %s); waiting for it, retrying with back-off (nothing is dropped; the crawl goes on when it answers)",  # noqa: E501
                 self.worker,
@@ -87,7 +92,7 @@ class OutageLog:
         """A call got an answer: the end of an outage, if one was going on (INFO, once)."""
         if self.since is None:
             return
-        self.ended = time.monotonic()
+        self.ended = self.clock()
         lasted, failures = self.ended - self.since, self.failures
         self.since, self.failures = None, 0
         logger.info(

@@ -175,7 +175,8 @@ def may_reap(beating_for: float, ttl: float) -> bool:
 
 class BeatClock:
     """When a worker beat, when its next beat and pulse are due, and since when its beats have
-    reached Redis without a gap (a streak, for :func:`may_reap`). Times are ``time.monotonic()``."""
+    reached Redis without a gap (a streak, for :func:`may_reap`). Times are monotonic seconds, passed
+    in (the worker's clock), so the schedule is unit-tested without waiting."""
 
     def __init__(self, ttl: float, now: float) -> None:
         self.ttl = ttl

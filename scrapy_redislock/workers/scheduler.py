@@ -130,6 +130,7 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
+    from scrapy_redislock.lock.core import Clock
 
 logger = logging.getLogger(__name__)
 
@@ -153,8 +154,11 @@ def worker_stages(crawler: Crawler, settings: RedisLockSettings) -> dict[str, in
 class StageWorkerScheduler(BaseScheduler):
     """The scheduler of a StageWorkerMixin spider (see the module docstring)."""
 
-    def __init__(self, crawler: Crawler) -> None:
+    def __init__(self, crawler: Crawler, clock: Clock = time.monotonic) -> None:
+        """``clock``: monotonic seconds, the one every part of the worker reads (unit tests pass a
+        fake one)."""
         self.crawler = crawler
+        self.clock = clock
         settings = read_settings(crawler.settings)  # the mixin put the spider's worker_stages there
         stages = worker_stages(crawler, settings)
         self.policy = StagePolicy.of(stages, settings.stage_preference)
@@ -183,11 +187,12 @@ class StageWorkerScheduler(BaseScheduler):
         )
         queues.work_grace = liveness(settings.ttl, working=True).grace  # what a pop promises
         self.worker = queues.worker
-        self.state = state = WorkerState(stages)
+        self.state = state = WorkerState(stages, clock)
         self.outage = OutageLog(
             self.worker,
             on_failure=lambda: self.stats.inc_value("redislock/workers/redis_errors"),
             on_back=self._redis_back,
+            clock=clock,
         )
         self.outbox = Outbox(
             crawler, queues, self.outage, on_queued=self._queued, on_kept=self._kept
@@ -211,11 +216,12 @@ class StageWorkerScheduler(BaseScheduler):
             self.outbox,
             ttl=settings.ttl,
             requeue=self.enqueue_request,
+            clock=clock,
         )
-        self.slot = StageSlot(crawler, self.locks, state, self.inflight, self.heartbeat)
-        self.listener = SignalListener(queues, state, self.policy, self.heartbeat.clock)
+        self.slot = StageSlot(crawler, self.locks, state, self.inflight, self.heartbeat, clock)
+        self.listener = SignalListener(queues, state, self.policy, self.heartbeat.beats, clock)
         parts = (state, self.inflight, self.outbox, self.heartbeat, self.slot, self.listener)
-        self.loop = WorkerLoop(crawler, settings, self.policy, queues, parts, self.outage)
+        self.loop = WorkerLoop(crawler, settings, self.policy, queues, parts, self.outage, clock)
         self.loop.idle_close = self.worker_settings.idle_close
         self.loop_task: asyncio.Task[None] | None = None
         self.warned_memory_only = False
@@ -438,13 +444,13 @@ class StageWorkerScheduler(BaseScheduler):
         inflight.ack_finished()
         if self.outbox.local:
             return inflight.hand_unstaged()
-        if inflight.buffer and self.heartbeat.clock.stalled(time.monotonic()):
+        if inflight.buffer and self.heartbeat.beats.stalled(self.clock()):
             # No beat for most of what the last one promised (this process stalled): the others may
             # have requeued what we took ahead. Hand nothing out until the next beat says whether
             # they did (then the buffer is dropped).
             self.state.wake()
             return None
-        permit, now = self.state.permit, time.monotonic()
+        permit, now = self.state.permit, self.clock()
         margin = self.locks.renew_interval
         if inflight.buffer and permit is not None and not permit.usable(now + margin):
             # The stage's slot was not renewed in time (Redis out of reach, a stall): another worker

@@ -17,7 +17,6 @@ Reads no settings. Stats: ``redislock/workers/<stage>/{taken,yielded}``.
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any, cast
 
 from scrapy_redislock._redis import text
@@ -28,6 +27,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from scrapy_redislock.crawl.stagelocks import StageLocks
+    from scrapy_redislock.lock.core import Clock
     from scrapy_redislock.lock.permit import Permit
     from scrapy_redislock.workers.heartbeat import Heartbeat
     from scrapy_redislock.workers.inflight import InFlight
@@ -46,7 +46,9 @@ class StageSlot:
         state: WorkerState,
         inflight: InFlight,
         heartbeat: Heartbeat,
+        clock: Clock,
     ) -> None:
+        self.clock = clock  # monotonic seconds (the scheduler's: a fake one in unit tests)
         self.stats: Any = crawler.stats
         self.locks = locks
         self.state = state
@@ -91,7 +93,7 @@ class StageSlot:
         if stage is None or self.state.permit is None:
             return
         seen = self.locks.limits_seen.get(stage)
-        since = max(self.state.taken_at, time.monotonic() - self.heartbeat.ttl / 3)
+        since = max(self.state.taken_at, self.clock() - self.heartbeat.ttl / 3)
         if seen is None or seen[1] < since:
             limit = await self._read_limit(stage)
             if limit is not None:

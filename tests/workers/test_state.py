@@ -6,6 +6,7 @@ import asyncio
 
 from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.workers.state import WorkerState
+from testing.clock import FakeClock
 
 
 def permit(grant: str) -> Permit:
@@ -55,16 +56,8 @@ def test_seeing_work_restarts_the_idle_clock() -> None:
     assert state.quiet_since is None and state.busy_at > 1.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_idle_time_counts_from_the_last_work_seen_and_from_an_outage_end() -> None:
-    clock = Clock()
+    clock = FakeClock()
     state = WorkerState(["list", "detail"], clock=clock)
     state.looking()
     clock.now = 105.0
@@ -83,7 +76,7 @@ def test_idle_time_counts_from_the_last_work_seen_and_from_an_outage_end() -> No
 
 
 def test_a_stage_taken_checked_and_left() -> None:
-    clock = Clock()
+    clock = FakeClock()
     state = WorkerState(["list"], clock=clock)
     state.looked({"list": 0})
     assert state.empty == {"list"}

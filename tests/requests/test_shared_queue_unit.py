@@ -1,0 +1,176 @@
+"""The shared queue over scrapy-redis on a fake clock (testing/clock.py), with no Redis:
+SharedStageQueues' pauses (a sub-queue found empty is not asked again within its pause, an outage
+pauses them all, and its end is said with how long it lasted) and QueueWatch's word on a queue Redis
+lost. scrapy-redis's queue is stood in for by :class:`ListQueue` (a list; the real queue
+over Redis is in test_queue_loss.py), driven synchronously (no reactor, no queue thread), so these
+tests time only what the clock decides."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import redis.exceptions
+from scrapy import Request, Spider
+from scrapy.utils.test import get_crawler
+
+from scrapy_redislock.requests.queueloss import QueueWatch
+from scrapy_redislock.requests.stagequeue import EMPTY_PAUSE, Route, SharedStageQueues
+from testing.clock import FakeClock
+
+
+class ShopSpider(Spider):
+    name = "shop"
+
+
+class Server:
+    """What the sub-queues share: whether Redis answers."""
+
+    def __init__(self) -> None:
+        self.down = False
+
+
+class ListQueue:
+    """scrapy-redis's queue as a list, on a shared :class:`Server`; counts its pops."""
+
+    def __init__(self, server: Server, spider: object, key: str, serializer: object) -> None:
+        self.server, self.spider, self.key, self.serializer = server, spider, key, serializer
+        self.requests: list[Request] = []
+        self.pops = 0
+
+    def _answer(self) -> None:
+        if self.server.down:
+            raise redis.exceptions.ConnectionError("Error 111 connecting to localhost:6379.")
+
+    def push(self, request: Request) -> None:
+        self._answer()
+        self.requests.append(request)
+
+    def pop(self, timeout: float = 0) -> Request | None:
+        self._answer()
+        self.pops += 1
+        return self.requests.pop(0) if self.requests else None
+
+    def __len__(self) -> int:
+        self._answer()
+        return len(self.requests)
+
+
+class OpenGate:
+    """Every sub-queue may go; a request's stage is its meta's ``stage``."""
+
+    def route(self, request: Request) -> Route:
+        return (request.meta.get("stage"), None)
+
+    def may_go(self, route: Route) -> bool:
+        return True
+
+    def queue_route(self, request: Request) -> Route:
+        return self.route(request)
+
+    def divert(self, request: Request, route: Route) -> Route | None:
+        return None
+
+
+def shared_queues(clock: FakeClock) -> tuple[SharedStageQueues, list[float]]:
+    """The shared queue with one capped stage, ``detail``, and the pauses it asked to be woken
+    after."""
+    base = ListQueue(Server(), spider=None, key="shop:requests", serializer=None)
+    paused: list[float] = []
+    shared = SharedStageQueues(
+        base, ["detail"], OpenGate(), asked_while_paused=paused.append, clock=clock
+    )
+    return shared, paused
+
+
+def pops(shared: SharedStageQueues) -> dict[str | None, int]:
+    return {stage: queue.pops for stage, queue in shared.queues.items()}
+
+
+def test_a_sub_queue_found_empty_is_asked_again_only_after_its_pause() -> None:
+    clock = FakeClock(100.0)
+    shared, paused = shared_queues(clock)
+    assert shared.pop() is None  # 100: both sub-queues asked, both empty
+    assert pops(shared) == {None: 1, "detail": 1}
+    assert not shared.may_have("detail") and paused == []
+
+    clock.advance(EMPTY_PAUSE / 4)  # within the pause (half to all of EMPTY_PAUSE): not asked
+    assert shared.pop() is None
+    assert pops(shared) == {None: 1, "detail": 1}
+    assert len(paused) == 1 and 0 < paused[0] <= EMPTY_PAUSE * 3 / 4  # woken when it ends
+
+    clock.advance(EMPTY_PAUSE)  # past it: asked again, empty again; the next pause is longer
+    assert shared.pop() is None
+    assert pops(shared) == {None: 2, "detail": 2}
+    clock.advance(EMPTY_PAUSE * 0.9)  # the second pause is half to all of 2 * EMPTY_PAUSE
+    assert shared.pop() is None and pops(shared) == {None: 2, "detail": 2}
+    clock.advance(EMPTY_PAUSE * 1.1)
+    assert shared.pop() is None and pops(shared) == {None: 3, "detail": 3}
+
+    request = Request("https://shop.test/1", meta={"stage": "detail"})
+    shared.push(request)  # pushed here: asked at once, whatever its pause
+    assert shared.may_have("detail") and shared.pop() is request
+
+
+def test_an_outage_pauses_every_sub_queue_and_its_end_says_how_long_it_lasted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock(100.0)
+    shared, paused = shared_queues(clock)
+    looks: list[float] = []
+    shared.check = lambda: looks.append(clock.now)  # QueueWatch.look_now
+    server = shared.base.server
+    server.down = True
+    with caplog.at_level(logging.INFO, logger="scrapy_redislock.requests.stagequeue"):
+        assert shared.pop() is None  # 100: Redis does not answer
+        assert len(paused) == 1 and EMPTY_PAUSE / 2 <= paused[0] <= EMPTY_PAUSE
+        assert not shared.may_have(None) and not shared.may_have("detail")
+        clock.advance(paused[0])  # the back-off is over: asked again, still down
+        assert shared.pop() is None and len(paused) == 2
+        server.down = False
+        clock.advance(7.5)  # 107.5 and more: Redis answers
+        shared.pop()
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    elapsed = clock.now - 100.0
+    assert said == [f"Shared queue in Redis reachable again after {elapsed:.1f} s"]
+    assert looks == [clock.now]  # a restart may have emptied it: the epoch is read at once
+
+
+# -- QueueWatch: a queue Redis lost --------------------------------------------------------------
+
+
+def test_a_lost_queue_is_said_with_what_the_last_look_saw_and_how_long_before(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock(100.0)
+    shared, _ = shared_queues(clock)
+    crawler = get_crawler(ShopSpider)
+    watch = QueueWatch(crawler, shared, "redislock", clock=clock)
+    with caplog.at_level(logging.WARNING, logger="scrapy_redislock.requests.queueloss"):
+        watch._judge("epoch-1", 3, shared.moved)  # 100: a look (a renewal tick) reads 3 queued
+        assert (watch.queued, watch.looked_at) == (3, 100.0) and not caplog.records
+        clock.advance(4.25)  # 104.25: the next look finds another epoch: Redis lost the queue
+        watch._judge("epoch-2", 0, shared.moved)
+    [error] = caplog.records
+    assert error.levelno == logging.ERROR
+    assert "the 3 request(s) queued there at this process's last look (4.2 s before)" in (
+        error.getMessage()
+    )
+    assert crawler.stats.get_value("redislock/queue_lost") == 1  # type: ignore[union-attr]
+    assert (watch.queued, watch.looked_at) == (0, 104.25)
+
+
+def test_a_lost_queue_this_process_knew_nothing_of_is_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock(100.0)
+    shared, _ = shared_queues(clock)
+    crawler = get_crawler(ShopSpider)
+    watch = QueueWatch(crawler, shared, "redislock", clock=clock)
+    with caplog.at_level(logging.WARNING, logger="scrapy_redislock.requests.queueloss"):
+        watch._judge("epoch-1", 0, shared.moved)
+        clock.advance(60.0)
+        watch._judge("epoch-2", 0, shared.moved)  # empty before, nothing pushed or taken since
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert crawler.stats.get_value("redislock/queue_lost") is None  # type: ignore[union-attr]
+    assert watch.losses == 0
