@@ -197,14 +197,21 @@ def test_fences_increase_strictly_across_grants_set_limit_and_expiry(
 
 
 def test_acquire_timeout_is_close_to_the_timeout(make_lock: MakeLock) -> None:
+    """Never before the timeout; after it by less than AT_ONCE in one of three tries (a starved CPU
+    can hold any one wake-up back by a second; a timeout late by design would be late each time)."""
     lock = make_lock("list")
     held = lock.acquire(timeout=5)
     for timeout in (0.3, 0.7):
-        started = time.monotonic()
-        with pytest.raises(AcquireTimeout, match=rf"lock 'list': no slot within {timeout} s"):
-            make_lock("list").acquire(timeout=timeout)
-        elapsed = time.monotonic() - started
-        assert timeout <= elapsed < timeout + AT_ONCE, (timeout, elapsed)
+        tries = []
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(AcquireTimeout, match=rf"lock 'list': no slot within {timeout} s"):
+                make_lock("list").acquire(timeout=timeout)
+            tries.append(time.monotonic() - started)
+            assert timeout <= tries[-1], (timeout, tries)
+            if tries[-1] < timeout + AT_ONCE:
+                break
+        assert min(tries) < timeout + AT_ONCE, (timeout, tries)
     started = time.monotonic()
     with pytest.raises(AcquireTimeout):
         lock.acquire(timeout=0)

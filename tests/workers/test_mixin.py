@@ -448,7 +448,17 @@ def test_a_stalled_worker_is_taken_for_dead_then_goes_on(
             "REDISLOCK_IDLE_CLOSE": 2,
         }
         workers = [staged_worker(redis_url, site.url, "", settings) for _ in range(2)]
-        wait_until(lambda: len(site.hits) >= 20, 60, "the crawl to start")
+
+        def both_working() -> bool:
+            # both registered and holding requests (on a starved machine one may still be starting
+            # when 20 pages are done: stopped then, it has nothing to be taken for dead with)
+            alive = redis_client.zrange("redislock:{staged}:alive", 0, -1)
+            return len(alive) == 2 and all(
+                redis_client.exists(f"redislock:{{staged}}:inflight:{name.decode()}")
+                for name in alive
+            )
+
+        wait_until(lambda: len(site.hits) >= 20 and both_working(), 60, "both workers to work")
         workers[0].send_signal(signal.SIGSTOP)
         time.sleep(1.5 + 1.5)
         workers[0].send_signal(signal.SIGCONT)
