@@ -37,23 +37,23 @@ RECORDS: dict[str, list[Any]] = {
 
 
 def _wrap_classes() -> None:
-    """Wrap, once per process, where a slot changes hands (crawl/requestslots.py holds the hand-off,
-    crawl/stagelocks.py the waits in Redis)."""
-    from scrapy_redislock.crawl.requestslots import RequestSlots
+    """Wrap, once per process, where a slot changes hands (requests/requestslots.py holds the
+    hand-off, crawl/stagelocks.py the waits in Redis and the releases)."""
     from scrapy_redislock.crawl.stagelocks import StageLocks
+    from scrapy_redislock.requests.requestslots import RequestSlots
 
     if getattr(RequestSlots, "_probed", False):
         return
-    release, acquire = RequestSlots.release, StageLocks.acquire
+    release, acquire = StageLocks.release, StageLocks.acquire
     hand, hold, pass_on = RequestSlots.hand, RequestSlots.hold, RequestSlots._pass_on
 
-    def timed_pass_on(self: RequestSlots, permit: Any) -> bool:
-        passed = pass_on(self, permit)
+    def timed_pass_on(self: RequestSlots, permit: Any, local: bool = True) -> bool:
+        passed = pass_on(self, permit, local)
         if passed:
             RECORDS["passed"].append(time.monotonic())
         return passed
 
-    async def timed_release(self: RequestSlots, permit: Any) -> None:
+    async def timed_release(self: StageLocks, permit: Any) -> None:
         await release(self, permit)
         RECORDS["released"].append(time.monotonic())
 
@@ -71,7 +71,7 @@ def _wrap_classes() -> None:
         hold(self, request, permit)  # a request that waited in the middleware got its slot
         RECORDS["handed"].append((time.monotonic(), request.url))
 
-    RequestSlots.release = timed_release  # type: ignore[method-assign]
+    StageLocks.release = timed_release  # type: ignore[method-assign]
     RequestSlots.hand = timed_hand  # type: ignore[method-assign]
     RequestSlots.hold = timed_hold  # type: ignore[method-assign]
     RequestSlots._pass_on = timed_pass_on  # type: ignore[method-assign]

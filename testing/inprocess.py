@@ -27,6 +27,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.requests.middleware import StageLockMiddleware
+from scrapy_redislock.requests.requestslots import RequestSlots
 from scrapy_redislock.requests.scheduler import StageScheduler
 from testing.lockstate import pending_grants
 
@@ -41,6 +42,7 @@ class Front:
     middleware: StageLockMiddleware
     scheduler: StageScheduler | None
     locks: StageLocks
+    slots: RequestSlots
 
     @property
     def active(self) -> Any:
@@ -105,13 +107,13 @@ async def front(
     chain = crawler.engine.downloader.middleware.middlewares
     middleware = next(mw for mw in chain if isinstance(mw, StageLockMiddleware))
     sched = StageScheduler.from_crawler(crawler) if scheduler else None
-    assert middleware.locks is not None
+    assert middleware.locks is not None and middleware.slots is not None
     try:  # closed also when the start fails: the clients, their connections
         if sched is not None:
             await maybe_deferred_to_future(sched.open(crawler.spider))
         else:
             assert await middleware.locks.start_once()
-        yield Front(crawler, middleware, sched, middleware.locks)
+        yield Front(crawler, middleware, sched, middleware.locks, middleware.slots)
     finally:
         if sched is not None:
             await maybe_deferred_to_future(sched.close("finished"))

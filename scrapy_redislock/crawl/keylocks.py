@@ -38,8 +38,7 @@ from scrapy_redislock.crawl.adaptive import Adaptation
 from scrapy_redislock.crawl.engine import one_per_crawler
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.renewer import gather_bounded
-from scrapy_redislock.crawl.requestslots import SlotPermit
-from scrapy_redislock.crawl.stagelocks import StageLock, StageLocks
+from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLock, StageLocks
 from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.base import CommandRunner, waiting_client
 from scrapy_redislock.lock.delay import (
@@ -128,8 +127,8 @@ class KeyLocks(StageLocks):
         """PING and join the renewal loop; keys have no limits to publish (each is set when its lock
         is made)."""
         await self.client.ping()
-        self.lifecycle.join_renewal()
-        self.lifecycle.started = True
+        self.join_renewal()
+        self.started = True
 
     def limit(self, key: str) -> int | None:
         """The key's limit as this process takes it on its light path: its cap, or an adaptive

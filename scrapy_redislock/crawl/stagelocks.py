@@ -1,11 +1,12 @@
-"""One crawler's stage locks: an AsyncCountingLock per capped stage (an AsyncQuorumCountingLock when
-REDISLOCK_URL lists independent masters), acquire and release, the permit hand-off, renewal, and
-release of everything on close. Composed of the slots that go with requests (:mod:`.requestslots`,
-over the pure permit ledger of :mod:`.ledger`), start-up and shut-down (:mod:`.lifecycle`), why
-requests wait (:mod:`.waitreports`), and the process's one renewal loop (:mod:`.renewer`).
+"""One crawler's stage locks, the part both fronts share: an AsyncCountingLock per capped stage (an
+AsyncQuorumCountingLock when REDISLOCK_URL lists independent masters), acquire, release (retried at
+every renewal tick until Redis takes it), renewal, start once and close. Why requests wait is said
+by :mod:`.waitreports` (given the locks it reads); the process's one renewal loop is
+:mod:`.renewer`.
 
-Shared by :class:`~scrapy_redislock.StageLockMiddleware`, :class:`~scrapy_redislock.StageScheduler`
-and the worker scheduler. API (all on the reactor thread, asyncio reactor)::
+Used by the request front (:class:`~scrapy_redislock.requests.requestslots.RequestSlots`, which
+owns the hand-off of slots between requests) and the worker front (lock prefix ``workers:``). API
+(all on the reactor thread, asyncio reactor)::
 
     locks = StageLocks.of(crawler, settings)          # the crawler's registry for request stages (created once)
     locks = StageLocks(crawler, settings, limits, lock_prefix="workers:", stats_prefix="redislock/workers")
@@ -19,50 +20,30 @@ and the worker scheduler. API (all on the reactor thread, asyncio reactor)::
                                    # ("redislock_redis_refused" when its ACL refuses this user a command)
     locks.is_capped(stage)         # True / False (None = unlimited); UnknownStage naming the known stages
     permit = await locks.acquire(stage, timeout)   # FIFO across processes; Redis errors are retried with back-off
-    permit = await locks.slots.wait(stage, timeout)  # StageLockMiddleware: a slot from this process's line (a slot
-                                   # freed here, or a grant to one of its waits in Redis; see crawl/stageline.py)
     locks.record_grant(stage, waited)              # stats: acquired, wait_time_total, wait_time_max
-    await locks.slots.release(permit)    # never raises; a release Redis did not take is retried at every renewal tick
-    locks.slots.release_soon(permit)     # the same from plain code, in a tracked task
-    locks.slots.hand(request, permit_or_error)     # StageScheduler: the request leaves with this slot (or error)
-    locks.slots.take(request)      # StageLockMiddleware: what came with it (an error only once), or None (also
-                                   # when its slot is no longer usable: dropped, see below)
-    locks.slots.usable(permit)     # may this slot go with a request now (counted and logged when not)
-    locks.slots.hold(request, permit)    # StageLockMiddleware: a slot it waited for itself
-    locks.slots.holding()          # the requests that hold a slot now (StageScheduler counts their keys)
-    locks.slots.finish(request)    # the request is done with its slot: passed on locally (see below) or released
-    locks.slots.add_taker(fn)      # fn(stage, permit) -> True when it takes a freed slot for a parked request
-    locks.slots.add_lender(fn)     # fn(stage) -> a slot it keeps for a queued request, which a request arriving to
-                                   # wait in the middleware takes instead (it is older)
+    await locks.release(permit)    # never raises; a release Redis did not take is retried at every renewal tick
+    locks.release_soon(permit)     # the same from plain code, in a tracked task
+    locks.usable(permit)           # may this slot go with a request now (counted and logged when not)
     locks.add_waiting_source(fn)   # fn(stage) -> requests waiting for that stage (shown by the status CLI)
     locks.add_tick_hook(coro_fn)   # awaited at every renewal tick (leak sweeps)
     await locks.reports.stalled(stage, window)     # at close: why to give up waiting for the stage, or ""
     await locks.close()            # cancel waits, then free every permit and waiter: one aclose() per stage
 
-The permit hand-off: a slot goes with its request object (never in ``meta``, which retries and
-redirects copy) from the scheduler (``slots.hand``) or the middleware's own wait (``slots.hold``) until
-``slots.finish``. The one sweep of requests that left the downloader without passing back through the
-middleware (another middleware replaced or dropped them) runs at every renewal tick: a request
-missing from ``downloader.active`` at two ticks in a row has its slot freed.
-
-Local hand-off: when a request finishes and this process has a request of the same stage waiting
-for a slot in the middleware (the oldest goes first: its wait in Redis's line stays, for the next
-request, see :mod:`.stageline`) or queued in a taker (StageScheduler), the slot passes to it at
-once, in the same call, with no Redis command: the grant stays
-held, its lease goes on (renewed with the others), and the fencing token stays the grant's (two
-requests of one process in a row may carry the same fence; it still grows with every grant Redis
-makes). So that no other process starves, a slot passes on this way only while it is younger than
-REDISLOCK_LOCAL_REUSE seconds (and half the lease) since Redis granted it; after that the next
-finish releases it to Redis's first-come-first-served line (where this process's own waiters queue
-too). A slot used locally is a slot held: its lease is valid, so the cap holds even while Redis is
-unreachable (a held slot may then still pass on within that bound; nothing new is granted). Counted
-as ``<stats_prefix>/<stage>/reused``.
+The permit hand-off and the local hand-off of a finished request's slot (REDISLOCK_LOCAL_REUSE) are
+the request front's: see :mod:`scrapy_redislock.requests.requestslots`. A slot used locally is a
+slot held here: its lease goes on (renewed with the others), so the cap holds.
 
 A slot found lost, or past the end of its lease on this process's clock (``permit.usable``: renewals
-failed for a lease, a stall, a partition), never goes with a request: ``slots.take``, the local
-hand-off and StageScheduler's hand-out drop it (released, in case Redis still holds it), and its
-request waits for another slot. A local check, no Redis command. Counted as
-``<stats_prefix>/<stage>/unusable``.
+failed for a lease, a stall, a partition), never goes with a request: :meth:`StageLocks.usable` says
+so (a local check, no Redis command), and the caller drops it (released, in case Redis still holds
+it). Counted as ``<stats_prefix>/<stage>/unusable``.
+
+Start: :meth:`StageLocks.start_once` runs ``start()`` once, however many components ask, retried
+with back-off and a warning each time while Redis is unreachable (down, or failing over) for up to
+REDISLOCK_CONNECT_TIMEOUT s; credentials or an ACL refused are not retried. When it stays
+unreachable, or refuses us, the failure is logged once, saying which: the spider_opened signal then
+closes the spider (a scheduler must not raise CloseSpider from open(): Scrapy would skip opening its
+scraper and log a traceback at close), and the crawl exits with status 1.
 
 Renewal: every StageLocks of the process joins one loop (:class:`.renewer.Renewer`, one per event
 loop), which every ``ttl/3`` (at most 1 s) runs each member's tick at once: tick hooks, retried
@@ -78,18 +59,19 @@ renewal interval.
 
 Why a crawl waits: said by :mod:`.waitreports` at start and while waits see no grant.
 
-Unclean shutdown (a second Ctrl-C): a reactor "before shutdown" trigger (or, without a Twisted
-reactor, the renewal task being cancelled) frees this process's slots, one aclose() per stage at
-once, before the process exits.
+Shut-down: :meth:`StageLocks.close` cancels the waits in progress, then frees every permit and
+waiter of this process, one ``aclose()`` per lock, and then any grant Redis handed a cancelled wait
+late; no step waits on Redis for longer than CLOSE_TIMEOUT. Unclean shutdown (a second Ctrl-C): a
+reactor "before shutdown" trigger (or, without a Twisted reactor, the renewal task being cancelled)
+frees this process's slots, one aclose() per stage at once, before the process exits.
 
 Quorum (REDISLOCK_URL a list of N masters, request front): each capped stage's lock is an
 :class:`~scrapy_redislock.lock.quorum.AsyncQuorumCountingLock` (REDISLOCK_QUORUM, else the stage's
 safe quorum), made by one :class:`~scrapy_redislock.lock.quorum.QuorumLockFactory` over one client
 per master; that is all that differs. Its :class:`~scrapy_redislock.lock.quorum.QuorumPermit` goes
-through hand/take/hold/finish and the local hand-off like a ``Permit``; the Renewer maintains it
-(lost when fewer than q masters renew: the same lost-permit path). The start succeeds once q masters
-answer (a warning names the others), why-a-stage-waits is said per master, and close frees every
-grant on every master.
+through the hand-off like a ``Permit``; the Renewer maintains it (lost when fewer than q masters
+renew: the same lost-permit path). The start succeeds once q masters answer (a warning names the
+others), why-a-stage-waits is said per master, and close frees every grant on every master.
 
 Reads no settings itself: it is given a checked
 :class:`~scrapy_redislock.crawl.settings.RedisLockSettings`. Every touch of Scrapy's engine
@@ -99,26 +81,36 @@ internals is in :mod:`scrapy_redislock.crawl.engine`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
+import redis.exceptions
+from scrapy import signals
+from scrapy.exceptions import CloseSpider
+from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.reactor import is_reactor_installed
+
+from scrapy_redislock._loop import start_now
 from scrapy_redislock._redis import AsyncRedisClient, Backoff
 from scrapy_redislock.crawl.adaptive import Adaptation
 from scrapy_redislock.crawl.deployment import deployment_of
-from scrapy_redislock.crawl.engine import one_per_crawler
-from scrapy_redislock.crawl.lifecycle import Lifecycle
+from scrapy_redislock.crawl.engine import StartLogCount, count_start_logs, one_per_crawler
 from scrapy_redislock.crawl.limits import publish_limits
-from scrapy_redislock.crawl.reach import REDIS_ERRORS
-from scrapy_redislock.crawl.renewer import gather_bounded
-from scrapy_redislock.crawl.requestslots import RequestSlots, SlotPermit
+from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REDIS_ERRORS, REFUSED
+from scrapy_redislock.crawl.renewer import Renewer, gather_bounded
 from scrapy_redislock.crawl.settings import group_of
 from scrapy_redislock.crawl.waitreports import WaitReports
-from scrapy_redislock.errors import AcquireTimeout, Paused, UnknownStage
+from scrapy_redislock.errors import AcquireTimeout, ConfigError, Paused, UnknownStage
+from scrapy_redislock.lock.base import CommandRunner
+from scrapy_redislock.lock.core import release_consumer
 from scrapy_redislock.lock.interface import AsyncLock
-from scrapy_redislock.lock.permit import group_prefix
+from scrapy_redislock.lock.permit import Permit, group_prefix
+from scrapy_redislock.lock.protocol import adrive
+from scrapy_redislock.lock.quorum import QuorumPermit
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -127,10 +119,59 @@ if TYPE_CHECKING:
     from scrapy_redislock.crawl.settings import RedisLockSettings
 
 logger = logging.getLogger(__name__)
+# start and close say what they say under the logger name they always had (LOG settings name it)
+lifecycle_logger = logging.getLogger("scrapy_redislock.crawl.lifecycle")
 
 # What holds a stage's slots (one interface for one Redis and a quorum of masters), and what a slot
 # is: a Permit, or a QuorumPermit on a quorum.
 StageLock = AsyncLock[Any]
+SlotPermit = Permit | QuorumPermit
+
+START_BACKOFF = (0.25, 5.0)  # first and longest pause between tries to reach Redis at start
+# a close never waits longer than this for Redis (a paused server must not hang the crawl)
+CLOSE_TIMEOUT = 5.0
+# seconds for Redis to see cancelled waits' connections close before the last sweep
+LATE_GRANT_PAUSE = 0.02
+# a forced shutdown waits at most this long for Redis to take the slots back
+UNCLEAN_CLOSE_TIMEOUT = 3.0
+
+# the meta key that keeps a request's own download timeout while a slot's lease bounds it
+OWN_TIMEOUT = "redislock_download_timeout"
+
+
+def within_lease(request: Request, left: float, default: float) -> bool:
+    """Bound ``request``'s download to ``left`` seconds (what is left of its slot's lease as last
+    confirmed, less a margin): Scrapy aborts it then (``download_timeout``: TimeoutError, retried
+    like any). The request's own timeout (``download_timeout`` in meta, else ``default``, Scrapy's
+    DOWNLOAD_TIMEOUT) is kept in ``meta["redislock_download_timeout"]``, so that a retry, which
+    copies meta, starts from it again. True when the lease is the shorter."""
+    meta = request.meta
+    own = float(meta.setdefault(OWN_TIMEOUT, meta.get("download_timeout", default)))
+    # never 0: Scrapy reads a 0 timeout as none
+    meta["download_timeout"] = max(0.001, min(own, left))
+    return left < own
+
+
+def slot_id(permit: SlotPermit) -> str:
+    """How the log names a slot: its grant id (a quorum permit: its token, a grant per master)."""
+    return permit.grant if isinstance(permit, Permit) else permit.token
+
+
+class SystemEvents(Protocol):
+    """The system event triggers of Twisted's IReactorCore, which every reactor provides. (Twisted's
+    interfaces declare their methods without ``self``, for the mypy-zope plugin: without it mypy
+    reads each argument one place off.)"""
+
+    def addSystemEventTrigger(
+        self,
+        phase: str,
+        eventType: str,
+        callable: Callable[..., Any],
+        *args: object,
+        **kwargs: object,
+    ) -> Any: ...
+
+    def removeSystemEventTrigger(self, triggerID: Any) -> None: ...
 
 
 # -- one crawler's stage locks ---------------------------------------------------------------------
@@ -177,21 +218,37 @@ class StageLocks:
         }
         self._stage_by_lock = {lock.name: stage for stage, lock in self.locks.items()}
         self._waiting_sources: list[Callable[[str], int]] = []
-        # StageScheduler's: whether a request left it, and the way back into its inner scheduler
-        # for one that never went out (waiting for a slot in the middleware when the spider
-        # closes); None without it
-        self.left_scheduler: Callable[[Request], bool] | None = None
-        self.give_back: Callable[[Request], bool] | None = None
         self._tick_hooks: list[Callable[[], Awaitable[None]]] = []
         self._retry_at = 0.0
         self._backoff = Backoff()  # after a failed tick
-        self.reports = WaitReports(self)
+        self.reports = WaitReports(
+            self.locks,
+            self.deployment,
+            settings,
+            lock_prefix=lock_prefix,
+            key_prefix=self.key_prefix,
+        )
         # stage -> the waiting count its last maintain told Redis
         self._sent_waiting: dict[str, int] = {}
         self.closed = False
         self._start_report: asyncio.Task[None] | None = None  # why a stage waits, said at start
-        self.lifecycle = Lifecycle(self)
-        self.slots = RequestSlots(self)
+        # releases under way (release_soon), and those Redis did not take (outage): retried every
+        # tick
+        self.releasing: set[asyncio.Task[None]] = set()
+        self._unreleased: list[SlotPermit] = []
+        # start and close
+        self.failure: CloseSpider | None = None
+        self.started = False
+        self._starting: asyncio.Future[None] | None = None
+        self._renewer: Renewer | None = None
+        self._shutdown_trigger: Any = None
+        # acquire() calls in progress, cancelled on close
+        self.waits: set[asyncio.Task[Any]] = set()
+        # what the start logs before Scrapy counts (it counts from spider_opened)
+        self.start_logs: StartLogCount | None = None
+        self.opened = False  # the spider_opened signal came
+        crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(self._engine_stopped, signal=signals.engine_stopped)
         # adaptive limits and Retry-After pauses (REDISLOCK_ADAPTIVE, REDISLOCK_RETRY_AFTER)
         self.adaptation: Adaptation | None = None
         if settings.adaptive.needed and not lock_prefix:  # request stages (not workers: stages)
@@ -299,13 +356,22 @@ class StageLocks:
     # -- start -------------------------------------------------------------------------------------
 
     async def start_once(self) -> bool:
-        """:meth:`start`, once, however many components ask (see :class:`Lifecycle`); False when
-        Redis cannot be reached or refuses us."""
-        return await self.lifecycle.start_once()
+        """:meth:`start`, once, however many components ask; False when Redis cannot be reached or
+        refuses us.
 
-    @property
-    def started(self) -> bool:
-        return self.lifecycle.started
+        The failure is logged once, saying which of the two it was. The spider_opened signal then
+        closes the spider (a scheduler must not raise CloseSpider from open(): Scrapy would skip
+        opening its scraper and log a traceback at close), and the crawl exits with status 1.
+        """
+        if self._starting is None:
+            if not self.opened:
+                self.start_logs = count_start_logs(self.crawler)
+            self._starting = asyncio.ensure_future(self._start_retrying())
+        try:
+            await asyncio.shield(self._starting)
+        except (*REDIS_ERRORS, ConfigError) as exc:
+            self._start_failed(exc)
+        return self.failure is None
 
     async def start(self) -> None:
         """PING (with the scripts on the way to a first grant, and the waiting connections opened
@@ -319,8 +385,8 @@ class StageLocks:
             await asyncio.gather(*(lock.maintain() for lock in self.locks.values()))
             for stage, lock in self.locks.items():
                 self._limit_reported(stage, lock)
-            self.lifecycle.join_renewal()
-        self.lifecycle.started = True
+            self.join_renewal()
+        self.started = True
         logger.info(
             "Stage slots in Redis at %s (prefix %r, group %r, ttl %s s): %s",
             self.settings.redis.safe_url,
@@ -341,10 +407,124 @@ class StageLocks:
             except REDIS_ERRORS as exc:
                 logger.debug("Could not read why stage %r waits: %s", stage, exc)
 
-    async def close_unclean(self) -> None:
-        """The process is going away without closing the spider (a second Ctrl-C): free its slots
-        now."""
-        await self.lifecycle.close_unclean()
+    async def _start_retrying(self) -> None:
+        """start(), tried again with back-off while Redis is unreachable, up to
+        REDISLOCK_CONNECT_TIMEOUT seconds.
+
+        A process started during a failover, or just before Redis, waits instead of closing at once;
+        credentials or an ACL refused are not retried.
+        """
+        timeout = self.settings.redis.connect_timeout
+        deadline = time.monotonic() + timeout
+        backoff = Backoff(*START_BACKOFF)
+        while True:
+            try:
+                await self.start()
+                return
+            except REDIS_ERRORS as exc:
+                left = deadline - time.monotonic()
+                if (
+                    not isinstance(exc, OUTAGE_ERRORS)
+                    or isinstance(exc, REFUSED)
+                    or self.closed
+                    or left <= 0
+                ):
+                    raise
+                delay = min(backoff.next(), left)
+                lifecycle_logger.warning(
+                    "Redis at %s (%s) is not reachable yet (%s); trying again in %.1f s, for %.0f s more (REDISLOCK_CONNECT_TIMEOUT = %g)",  # noqa: E501
+                    self.settings.redis.safe_url,
+                    self.settings.redis.url_setting,
+                    exc,
+                    delay,
+                    left,
+                    timeout,
+                )
+                self.stats.inc_value(f"{self.stats_prefix}/redis_errors")
+                await asyncio.sleep(delay)
+
+    def _start_failed(self, exc: BaseException) -> None:
+        if self.failure is not None:
+            return
+        source = self.settings.redis.url_setting
+        if isinstance(exc, ConfigError):
+            lifecycle_logger.error("%s; closing the spider rather than crawl unthrottled", exc)
+            self.failure = CloseSpider("redislock_config_error")
+        elif isinstance(exc, redis.exceptions.NoPermissionError):
+            lifecycle_logger.error(
+                "Redis at %s (%s) refused a command to this user (ACL): %s; the crawl needs the crawler role (python -m scrapy_redislock.cli.acl crawler); closing the spider rather than crawl unthrottled",  # noqa: E501
+                self.settings.redis.safe_url,
+                source,
+                exc,
+            )
+            self.failure = CloseSpider("redislock_redis_refused")
+        elif isinstance(exc, redis.exceptions.AuthenticationError):
+            lifecycle_logger.error(
+                "Redis at %s (%s) refused the credentials: %s Check the password or ACL user in the URL or in REDISLOCK_PARAMS; closing the spider rather than crawl unthrottled",  # noqa: E501
+                self.settings.redis.safe_url,
+                source,
+                exc,
+            )
+            self.failure = CloseSpider("redislock_redis_auth_failed")
+        else:
+            lifecycle_logger.error(
+                "Cannot reach Redis at %s (%s): %s; waited %g s (REDISLOCK_CONNECT_TIMEOUT); closing the spider rather than crawl unthrottled",  # noqa: E501
+                self.settings.redis.safe_url,
+                source,
+                exc,
+                self.settings.redis.connect_timeout,
+            )
+            self.failure = CloseSpider("redislock_redis_unavailable")
+        # Connected now, so that it runs after every other spider_closed handler: the crawl did not
+        # really start, and Scrapy's commands exit with status 1 only for a crawler without a spider
+        # ("bootstrap failed").
+        self.crawler.signals.connect(self._mark_failed, signal=signals.spider_closed)
+
+    async def _spider_opened(self, spider: Any) -> None:
+        self.opened = True
+        if self.start_logs is not None:
+            self.start_logs.hand_over()
+        if not await self.start_once():
+            assert self.failure is not None
+            raise self.failure
+
+    def _engine_stopped(self) -> None:
+        if self.start_logs is not None:  # a crawl that never opened its spider: stop counting
+            self.start_logs.hand_over()
+
+    def _mark_failed(self, spider: Any) -> None:
+        # the stats of a start that failed span its wait for Redis (CoreStats timed them from
+        # spider_opened) and count its warnings and error (see crawl/engine.py: StartLogCount)
+        if self.start_logs is not None:
+            self.start_logs.timed_from_start()
+        self.crawler.spider = None
+
+    def join_renewal(self) -> None:
+        """Join the process's renewal loop, and free the slots if the reactor shuts down first."""
+        self._renewer = Renewer.current()
+        self._renewer.join(self)
+        if is_reactor_installed():
+            from twisted.internet import reactor
+
+            self._shutdown_trigger = cast(SystemEvents, reactor).addSystemEventTrigger(
+                "before", "shutdown", self._reactor_stopping
+            )
+
+    def leave_renewal(self) -> None:
+        if self._shutdown_trigger is not None:
+            from twisted.internet import reactor
+
+            with contextlib.suppress(ValueError, KeyError):
+                cast(SystemEvents, reactor).removeSystemEventTrigger(self._shutdown_trigger)
+            self._shutdown_trigger = None
+        if self._renewer is not None:
+            self._renewer.leave(self)
+
+    def _reactor_stopping(self) -> Any:
+        self._shutdown_trigger = None
+        if self.closed:
+            return None
+        return deferred_from_coro(self.close_unclean())
 
     # -- acquire and release -----------------------------------------------------------------------
 
@@ -358,7 +538,7 @@ class StageLocks:
         lock = self.locks[stage]
         task = asyncio.current_task()
         if task is not None:
-            self.lifecycle.waits.add(task)
+            self.waits.add(task)
         self.reports.wait_began(task, stage)
         deadline = None if timeout is None else time.monotonic() + timeout
         backoff = Backoff()
@@ -399,7 +579,7 @@ class StageLocks:
         finally:
             self.reports.wait_ended(task)
             if task is not None:
-                self.lifecycle.waits.discard(task)
+                self.waits.discard(task)
 
     def record_grant(self, stage: str, waited: float) -> None:
         """Count one request that got a slot of ``stage`` after waiting ``waited`` seconds."""
@@ -418,6 +598,75 @@ class StageLocks:
         have (any more)."""
         return self._stage_by_lock.get(permit.name)
 
+    def count(self, stage: str, what: str) -> None:
+        self.stats.inc_value(f"{self.stats_prefix}/{stage}/{what}")
+
+    async def release(self, permit: SlotPermit) -> None:
+        """Give a slot back; a Redis error leaves it for the next tick to retry (it stays renewed
+        until then)."""
+        lock = self.lock_of(permit)
+        if lock is None or permit.lost:
+            return
+        try:
+            await lock.release(permit)
+        except REDIS_ERRORS as exc:
+            if self.closed:
+                return  # close() frees every grant of this process in one call anyway
+            logger.warning(
+                "Could not release a slot of %r (%s); retrying at the next renewal",
+                permit.name,
+                exc,
+            )
+            self._unreleased.append(permit)
+        else:
+            self.released(permit)
+
+    def release_soon(self, permit: SlotPermit) -> None:
+        """release() in a task kept until done (so plain callbacks can release without awaiting);
+        the command is sent in this call where asyncio allows it (see
+        :func:`~scrapy_redislock._loop.start_now`)."""
+        task = start_now(self.release(permit))
+        self.releasing.add(task)
+        task.add_done_callback(self.releasing.discard)
+
+    async def retry_releases(self) -> None:
+        """Send again the releases Redis did not take; raises the first Redis error (the tick backs
+        off)."""
+        pending, self._unreleased = self._unreleased, []
+        for index, permit in enumerate(pending):
+            lock = self.lock_of(permit)
+            if lock is None or permit.lost:
+                continue
+            try:
+                await lock.release(permit)
+            except REDIS_ERRORS:
+                self._unreleased.extend(pending[index:])
+                raise
+
+    def usable(self, permit: SlotPermit, now: float | None = None) -> bool:
+        """Whether ``permit`` may go with a request now: held under a valid lease as far as this
+        process knows (``permit.usable`` on the lock's clock, monotonic, unless ``now`` is given).
+        When not, it is counted and logged; the caller drops it.
+
+        A local check: a slot waiting for a request (StageScheduler's kept slots, a finished
+        request's slot) may have been lost, or its lease may have run out while Redis was out of
+        reach, and another process may hold it by now."""
+        now = time.monotonic() if now is None else now
+        if permit.usable(now):
+            return True
+        stage = self.stage_of(permit) or permit.name
+        self.count(stage, "unusable")
+        if permit.lost or permit.released:
+            logger.info("Slot %s of %r was lost: no request starts with it", slot_id(permit), stage)
+        else:
+            logger.warning(
+                "Slot %s of %r: its lease ran out %.1f s ago unrenewed (Redis out of reach, or a stall); no request starts with it",  # noqa: E501
+                slot_id(permit),
+                stage,
+                now - permit.valid_until,
+            )
+        return False
+
     # -- renewal -----------------------------------------------------------------------------------
 
     def waiting(self, stage: str) -> int:
@@ -428,14 +677,13 @@ class StageLocks:
         raises."""
         if self.closed or time.monotonic() < self._retry_at:
             return
-        self.slots.sweep()
         for hook in list(self._tick_hooks):
             try:
                 await hook()
             except Exception:
                 logger.exception("redislock tick hook %r failed", hook)
         try:
-            await self.slots.retry_releases()
+            await self.retry_releases()
             await self.renew_once()
             await self.reports.report()
         except REDIS_ERRORS as exc:
@@ -489,11 +737,87 @@ class StageLocks:
 
     # -- close -------------------------------------------------------------------------------------
 
+    async def close_unclean(self) -> None:
+        """The process is going away without closing the spider (a second Ctrl-C): free its slots
+        now."""
+        if self.closed:
+            return
+        lifecycle_logger.warning(
+            "Forced shutdown: freeing this process's stage slots in Redis before exiting"
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.close(), UNCLEAN_CLOSE_TIMEOUT)
+
     async def close(self) -> None:
         """Cancel every wait, then free every permit and waiter of this process: one aclose() per
-        stage (see :meth:`Lifecycle.close <scrapy_redislock.crawl.lifecycle.Lifecycle.close>`)."""
+        stage."""
+        if self.closed:
+            return
+        self.closed = True
         if self.adaptation is not None:
             self.adaptation.close()
         if self._start_report is not None and not self._start_report.done():
             self._start_report.cancel()
-        await self.lifecycle.close()
+        self.leave_renewal()
+        waits = [task for task in self.waits if task is not asyncio.current_task()]
+        for task in waits:
+            task.cancel()
+        pending = set(waits) | set(self.releasing)
+        if pending:
+            await asyncio.wait(pending, timeout=CLOSE_TIMEOUT)
+
+        async def free(stage: str, lock: StageLock) -> None:
+            closing = lock.aclose(retire=self.retire_on_close)
+            try:
+                await asyncio.wait_for(closing, CLOSE_TIMEOUT)
+            except (TimeoutError, *REDIS_ERRORS) as exc:
+                lifecycle_logger.warning(
+                    "Could not free the slots of stage %r on close (%s); they come back after the TTL (%s s)",
+                    stage,
+                    exc or "timeout",
+                    lock.ttl,
+                )
+
+        if self.started:  # else nothing was ever acquired (Redis unreachable at start)
+            await gather_bounded([free(s, lock) for s, lock in self.locks.items()], self.fan_out)
+            with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
+                await asyncio.wait_for(self._free_late_grants(), CLOSE_TIMEOUT)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.deployment.aclose(), CLOSE_TIMEOUT)
+
+    async def _free_late_grants(self) -> None:
+        """Free a grant Redis handed to a cancelled wait after aclose() (it may see the wait's
+        connection close only after serving it a slot freed by aclose() itself); without this it
+        would wait for the TTL. On every master of a quorum (one owner name on all)."""
+        if not self.locks:
+            return
+        await asyncio.sleep(LATE_GRANT_PAUSE)
+
+        async def on(client: AsyncRedisClient) -> None:
+            runner = CommandRunner(client)
+            for lock in self.locks.values():
+                if not lock.queued:
+                    continue  # only light grants (released above): no wait, nothing in its stream
+                freed = await adrive(release_consumer(lock.keys, lock.owner), runner, lock.name)
+                if freed:
+                    lifecycle_logger.debug(
+                        "Freed %d late grant(s) of %r on close", freed, lock.name
+                    )
+
+        results = await asyncio.gather(
+            *(on(client) for client in self.clients), return_exceptions=True
+        )
+        errors = [result for result in results if isinstance(result, BaseException)]
+        if len(errors) == len(results):
+            raise errors[0]
+
+
+__all__ = [
+    "OWN_TIMEOUT",
+    "SlotPermit",
+    "StageLock",
+    "StageLocks",
+    "SystemEvents",
+    "slot_id",
+    "within_lease",
+]

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from scrapy_redislock._redis import AsyncRedisClient
 from scrapy_redislock.crawl.reach import REDIS_ERRORS, first_answer, masters_said
@@ -35,33 +35,25 @@ REPORT_FIRST = 5.0  # seconds without a grant while requests wait before the log
 REPORT_MAX = 300.0  # the pause between two reports doubles up to this
 
 
-class Locks(Protocol):
-    """What the reports read of their StageLocks."""
-
-    @property
-    def settings(self) -> RedisLockSettings: ...
-
-    @property
-    def lock_prefix(self) -> str: ...
-
-    @property
-    def key_prefix(self) -> str: ...
-
-    @property
-    def clients(self) -> Sequence[AsyncRedisClient]: ...
-
-    @property
-    def locks(self) -> Mapping[str, AsyncLock[Any]]: ...
-
-    @property
-    def deployment(self) -> Deployment: ...
-
-
 class WaitReports:
-    """The waits of one StageLocks: when each began, the last grant per stage, and what to say."""
+    """The waits of one StageLocks: when each began, the last grant per stage, and what to say.
+    Given what it reads: the locks by stage (the registry's own mapping: keys' locks come and go in
+    it), the deployment (the clients, a quorum's needs), the settings and the names' prefixes."""
 
-    def __init__(self, locks: Locks) -> None:
-        self.locks = locks
+    def __init__(
+        self,
+        locks: Mapping[str, AsyncLock[Any]],
+        deployment: Deployment,
+        settings: RedisLockSettings,
+        *,
+        lock_prefix: str,
+        key_prefix: str,
+    ) -> None:
+        self.by_stage = locks
+        self.deployment = deployment
+        self.settings = settings
+        self.lock_prefix = lock_prefix
+        self.key_prefix = key_prefix
         # wait (the acquire() call's task) -> stage, since
         self.started: dict[Any, tuple[str, float]] = {}
         # stage -> when this process last got a slot (monotonic)
@@ -70,6 +62,10 @@ class WaitReports:
         self._report_after: dict[str, float] = {}
         # at close: stage -> (grants seen, since when)
         self._progress: dict[str, tuple[Any, float]] = {}
+
+    @property
+    def clients(self) -> Sequence[AsyncRedisClient]:
+        return self.deployment.clients
 
     def wait_began(self, wait: Any, stage: str) -> None:
         self.started[wait] = (stage, time.monotonic())
@@ -90,19 +86,17 @@ class WaitReports:
         """The stage's lock as Redis holds it now (read-only); None when it is not there. Of a
         quorum: as the first master that answers holds it (:meth:`read_statuses` reads every
         master)."""
-        name = f"{self.locks.lock_prefix}{stage}"
-        prefix = self.locks.key_prefix
-        return await first_answer(
-            self.locks.clients, lambda client: astage_status(client, prefix, name)
-        )
+        name = f"{self.lock_prefix}{stage}"
+        prefix = self.key_prefix
+        return await first_answer(self.clients, lambda client: astage_status(client, prefix, name))
 
     async def read_statuses(self, stage: str) -> list[StageStatus | BaseException | None]:
         """The stage's lock on every master (a quorum), at once: its status, None, or the master's
         error."""
-        name = f"{self.locks.lock_prefix}{stage}"
-        prefix = self.locks.key_prefix
+        name = f"{self.lock_prefix}{stage}"
+        prefix = self.key_prefix
         replies = await asyncio.gather(
-            *(astage_status(client, prefix, name) for client in self.locks.clients),
+            *(astage_status(client, prefix, name) for client in self.clients),
             return_exceptions=True,
         )
         for reply in replies:
@@ -116,8 +110,8 @@ class WaitReports:
 
         A quorum lock waits when fewer than q masters have a free slot: said master by master, calm
         only when every master without a free slot is held by live holders."""
-        lock = self.locks.locks[stage]
-        if len(self.locks.clients) == 1:
+        lock = self.by_stage[stage]
+        if len(self.clients) == 1:
             found = await self.read_status(stage)
             return WaitReason("free") if found is None else wait_reason(found)
         said: dict[int, str] = {}
@@ -129,13 +123,13 @@ class WaitReports:
             reason = WaitReason("free") if status is None else wait_reason(status)
             if reason:
                 said[index], calm = reason.text, calm and reason.calm
-        masters, needed = len(self.locks.clients), self.locks.deployment.needed(lock)
+        masters, needed = len(self.clients), self.deployment.needed(lock)
         free = masters - len(said)
         if free >= needed:
             return WaitReason("free")
         return WaitReason(
             "held" if calm else "quorum",
-            f"{free} of {masters} masters have a free slot, {needed} needed; {masters_said(self.locks.settings.redis.masters, said)}",  # noqa: E501
+            f"{free} of {masters} masters have a free slot, {needed} needed; {masters_said(self.settings.redis.masters, said)}",  # noqa: E501
         )
 
     async def say_why(self, stage: str, when: str) -> None:
@@ -166,7 +160,7 @@ class WaitReports:
         """Say why, for each stage whose waits have had no grant for REPORT_FIRST s, then with
         back-off."""
         now = time.monotonic()
-        for stage in list(self.locks.locks):  # keys may come and go meanwhile (KeyLocks)
+        for stage in list(self.by_stage):  # keys may come and go meanwhile (KeyLocks)
             idle = self._no_grant_for(stage, now)
             if idle is None or idle < REPORT_FIRST:
                 self._report_after.pop(stage, None)
@@ -185,7 +179,7 @@ class WaitReports:
             statuses = await self.read_statuses(stage)
         except REDIS_ERRORS:
             statuses = []
-        needed = self.locks.deployment.needed(self.locks.locks[stage])
+        needed = self.deployment.needed(self.by_stage[stage])
         live = [status for status in statuses if isinstance(status, StageStatus)]
         paused = [status for status in live if status.limit == 0]
         if paused and len(statuses) - len(paused) < needed:

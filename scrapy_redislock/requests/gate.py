@@ -12,12 +12,11 @@ REDISLOCK_KEY_LIMITS from the checked settings it is given.
 from __future__ import annotations
 
 import weakref
-from collections import Counter, deque
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from scrapy_redislock.crawl.engine import downloader_active
 from scrapy_redislock.crawl.keys import request_key
-from scrapy_redislock.crawl.requestslots import SlotPermit
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import KeyFunctionError, UnknownStage
 from scrapy_redislock.requests.stagequeue import UNCAPPED, Route
@@ -27,8 +26,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
-    from scrapy_redislock.crawl.stagelocks import StageLocks
     from scrapy_redislock.requests.keyline import KeyLine
+    from scrapy_redislock.requests.requestslots import RequestSlots
 
 
 class StageGate:
@@ -38,23 +37,17 @@ class StageGate:
         self,
         crawler: Crawler,
         settings: RedisLockSettings,
-        locks: StageLocks,
-        ready: dict[str, deque[SlotPermit]],
+        slots: RequestSlots,
     ) -> None:
         self.crawler = crawler
         self.settings = settings
-        self.locks = locks
-        # the scheduler's slots in hand per stage: a stage with one lets a request go
-        self.ready = ready
+        # the request front's slots: kept ones let a request of their stage go; its line of requests
+        # let go without one
+        self.slots = slots
         self.key_capped = settings.keys.capped
         # the inner scheduler's queues are split by stage (False: an unknown scheduler)
         self.queues_split = True
         self._routes: weakref.WeakKeyDictionary[Request, Route] = weakref.WeakKeyDictionary()
-        # Requests let go without a slot: they wait for one in the middleware, first in this
-        # process's line.
-        self.in_line: dict[str, weakref.WeakSet[Request]] = {
-            stage: weakref.WeakSet() for stage in ready
-        }
         # keys held or in line in this process, during one next_request()
         self._load: Counter[str] | None = None
         # key slots got in the scheduler, for requests of no capped stage (StageScheduler sets it)
@@ -69,7 +62,7 @@ class StageGate:
             pass
         stage = stage_of(request, self.settings, self.crawler.spider)
         try:
-            capped = stage is not None and self.locks.is_capped(stage)
+            capped = stage is not None and self.slots.locks.is_capped(stage)
         except UnknownStage:
             capped = False  # the middleware fails it, naming the stage and counting it
         route: Route = (
@@ -105,7 +98,7 @@ class StageGate:
         stage, key = route
         if stage is None:
             return key is None or self.keyline is None or self.keyline.may_go(key)
-        if not self.ready[stage] and self._line_is_full(stage):
+        if not self.slots.kept(stage) and self._line_is_full(stage):
             return False
         if key is None:
             return True
@@ -118,20 +111,11 @@ class StageGate:
         if key is not None:
             self.key_load()[key] += 1
 
-    def join_line(self, request: Request, stage: str) -> None:
-        """``request`` left without a slot: it waits for one in the middleware, in this line."""
-        self.in_line[stage].add(request)
-
     def new_pass(self) -> None:
         """The engine asks for the next request: the key loads are counted again."""
         self._load = None
         if self.keyline is not None:
             self.keyline.new_pass()
-
-    def got_slot(self, request: Request) -> None:
-        """A request waiting in line got its slot in the middleware."""
-        for line in self.in_line.values():
-            line.discard(request)
 
     def _line_is_full(self, stage: str) -> bool:
         """The line bounds what waits for a slot in the downloader, where it takes one of
@@ -140,17 +124,7 @@ class StageGate:
         nothing to bound."""
         if not self.queues_split or downloader_active(self.crawler) is None:
             return False
-        return self.waiting_in_line(stage) >= self.settings.waiters_per_stage
-
-    def waiting_in_line(self, stage: str) -> int:
-        """Requests of ``stage`` let go without a slot that still wait for one (not yet holding one,
-        not gone)."""
-        line = self.in_line[stage]
-        active = downloader_active(self.crawler)
-        for request in list(line):
-            if self.locks.slots.has_slot(request) or (active is not None and request not in active):
-                line.discard(request)
-        return len(line)
+        return self.slots.waiting_in_line(stage) >= self.settings.waiters_per_stage
 
     def key_load(self) -> Counter[str]:
         """Requests of this process per key that hold a slot or wait in line: a key has room while
@@ -158,10 +132,8 @@ class StageGate:
         a key busy elsewhere still lets requests go here up to its limit, and they wait for the key
         in the middleware."""
         if self._load is None:
-            requests = set(self.locks.slots.holding())
-            for stage, line in self.in_line.items():
-                self.waiting_in_line(stage)  # forget those that got their slot or are gone
-                requests.update(line)
+            requests = set(self.slots.holding())
+            requests.update(self.slots.in_line())
             self._load = Counter(
                 key for key in (self.route(r)[1] for r in requests) if key is not None
             )

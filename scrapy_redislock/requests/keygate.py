@@ -52,11 +52,11 @@ from scrapy.exceptions import IgnoreRequest
 from scrapy_redislock.crawl.engine import downloader_active, one_per_crawler
 from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, ConfirmedStart, KeyLocks
 from scrapy_redislock.crawl.keys import domain, request_key
-from scrapy_redislock.crawl.ledger import PermitLedger
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
-from scrapy_redislock.crawl.requestslots import SlotPermit
 from scrapy_redislock.crawl.scopes import request_scopes
+from scrapy_redislock.crawl.stagelocks import SlotPermit
 from scrapy_redislock.errors import KeyFunctionError, Paused
+from scrapy_redislock.requests.ledger import PermitLedger
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -378,31 +378,31 @@ class KeyGate:
         permit = self.permits.permit_of(request)
         holds = self.scope_permits.permit_of(request)
         held = ([permit] if permit is not None else []) + (holds.permits if holds else [])
-        if all(self.locks.slots.usable(p) for p in held):
+        if all(self.locks.usable(p) for p in held):
             return True
         self.permits.forget(request)
         self.scope_permits.forget(request)
         for p in held:
-            self.locks.slots.release_soon(p)
+            self.locks.release_soon(p)
         return False
 
     def release(self, request: Request) -> None:
         permit = self.permits.finish(request)
         if permit is not None:
-            self.locks.slots.release_soon(permit)
+            self.locks.release_soon(permit)
         holds = self.scope_permits.finish(request)
         for p in holds.permits if holds is not None else ():
-            self.locks.slots.release_soon(p)
+            self.locks.release_soon(p)
 
     async def sweep(self) -> None:
         """At every renewal tick: free key and scope slots of requests gone from the downloader at
         two ticks in a row."""
         active = downloader_active(self.crawler)
         for permit in self.permits.sweep(active):
-            await self.locks.slots.release(permit)
+            await self.locks.release(permit)
         for holds in self.scope_permits.sweep(active):
             for permit in holds.permits:
-                await self.locks.slots.release(permit)
+                await self.locks.release(permit)
 
     async def close(self) -> None:
         await self.locks.close()

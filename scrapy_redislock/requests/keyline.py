@@ -49,8 +49,8 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
 
-    from scrapy_redislock.crawl.requestslots import SlotPermit
     from scrapy_redislock.crawl.settings import RedisLockSettings
+    from scrapy_redislock.crawl.stagelocks import SlotPermit
     from scrapy_redislock.requests.keygate import KeyGate
 
 logger = logging.getLogger(__name__)
@@ -177,10 +177,10 @@ class KeyLine:
         kept = self.kept.get(key)
         while kept:
             outcome = kept.popleft()
-            if isinstance(outcome, BaseException) or self.locks.slots.usable(outcome):
+            if isinstance(outcome, BaseException) or self.locks.usable(outcome):
                 self._hand(request, outcome)
                 return False
-            self.locks.slots.release_soon(outcome)
+            self.locks.release_soon(outcome)
         self.looking[request] = key
         if self._load is not None:
             self._load[key] += 1
@@ -210,7 +210,7 @@ class KeyLine:
             self._load = None
         if self.closed:
             if permit is not None:
-                self.locks.slots.release_soon(permit)
+                self.locks.release_soon(permit)
             self.requeue(request, key)
             return
         if permit is not None:
@@ -287,7 +287,7 @@ class KeyLine:
                     continue
                 if keep <= 0 or not outcome.usable(now):
                     kept.remove(outcome)
-                    self.locks.slots.release_soon(outcome)
+                    self.locks.release_soon(outcome)
                 else:
                     keep -= 1
             if not kept and key not in self.waits:
@@ -305,7 +305,7 @@ class KeyLine:
         for kept in self.kept.values():
             for outcome in kept:
                 if not isinstance(outcome, BaseException):
-                    self.locks.slots.release_soon(outcome)
+                    self.locks.release_soon(outcome)
         self.kept.clear()
 
     def close(self) -> None:
@@ -316,7 +316,7 @@ class KeyLine:
         for request in self.ready:
             permit = self.gate.permits.finish(request)
             if permit is not None:
-                self.locks.slots.release_soon(permit)
+                self.locks.release_soon(permit)
         self.ready.clear()
         self.looking.clear()
         for request in back:

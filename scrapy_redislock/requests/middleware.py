@@ -6,17 +6,17 @@ out, and robots.txt is never throttled (see :func:`scrapy_redislock.crawl.stages
 capped request holds a slot of its stage from here until its download ends, and the slot is released
 on every outcome: response, exception (download timeout included), IgnoreRequest or a response from
 a later middleware, a request dropped on the way (found by a sweep at every renewal tick:
-:meth:`StageLocks.sweep <scrapy_redislock.crawl.stagelocks.StageLocks.sweep>`), the spider closing.
-Permits are kept by request object in the crawler's
-:class:`~scrapy_redislock.crawl.stagelocks.StageLocks`, never in ``meta``, so retries and redirects
+:meth:`RequestSlots.sweep <scrapy_redislock.requests.requestslots.RequestSlots.sweep>`), the spider
+closing. Permits are kept by request object in the crawler's
+:class:`~scrapy_redislock.requests.requestslots.RequestSlots`, never in ``meta``, so retries and redirects
 (which copy meta) never carry one. When the request is done with its slot, the slot passes straight
 on (within REDISLOCK_LOCAL_REUSE) to a request of the same stage of this process waiting here, else to
 one queued in StageScheduler, else goes back to Redis at once.
 
 With :class:`~scrapy_redislock.StageScheduler` the slot was granted before the request left the
-scheduler and is picked up here (``StageLocks.take``). Without it, and for requests that bypass the
+scheduler and is picked up here (``RequestSlots.take``). Without it, and for requests that bypass the
 scheduler (``engine.download_async``: media pipelines), the request waits here, in this process's
-line for the stage (:mod:`~scrapy_redislock.crawl.stageline`: a slot freed here, or a grant to one
+line for the stage (:mod:`~scrapy_redislock.requests.stageline`: a slot freed here, or a grant to one
 of its waits in Redis's FIFO): caps hold, but a waiting request occupies one of CONCURRENT_REQUESTS
 (so a saturated stage slows the others). When the spider closes, a request waiting here for its
 stage's slot never went out: with StageScheduler it goes back into the scheduler's queue at once (its
@@ -72,13 +72,13 @@ from scrapy.utils.misc import load_object
 from scrapy_redislock._loop import every
 from scrapy_redislock.crawl.early import EARLY_TYPES, MIDDLEWARE_PATH, middlewares_after
 from scrapy_redislock.crawl.engine import check_reactor, engine_closing, one_line_config_errors
-from scrapy_redislock.crawl.requestslots import SlotPermit, within_lease
 from scrapy_redislock.crawl.settings import read_settings
-from scrapy_redislock.crawl.stagelocks import StageLocks
+from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks, within_lease
 from scrapy_redislock.crawl.stages import check_stage_names, stage_of
 from scrapy_redislock.errors import AcquireTimeout, ConfigError, ThrottlingDisabled, UnknownStage
 from scrapy_redislock.requests.keygate import KeyGate
 from scrapy_redislock.requests.outcomes import Outcomes
+from scrapy_redislock.requests.requestslots import RequestSlots
 
 if TYPE_CHECKING:
     from typing import Self
@@ -105,7 +105,6 @@ class StageLockMiddleware:
         one_line_config_errors()  # a ConfigError below ends the crawl as one line, exit status 1
         self.crawler = crawler
         self.settings = read_settings(crawler.settings)
-        self.waiting: Counter[str] = Counter()  # requests waiting here, per stage
         self._waits: dict[asyncio.Task[SlotPermit], str] = {}  # wait -> stage
         self._waiters: dict[asyncio.Task[SlotPermit], Request] = {}  # wait -> its request
         self._dropped: set[asyncio.Task[SlotPermit]] = set()
@@ -122,6 +121,7 @@ class StageLockMiddleware:
                 MIDDLEWARE_PATH,
             )
             self.locks: StageLocks | None = None
+            self.slots: RequestSlots | None = None
             return
         if not self.settings.stages and not self.settings.keyed:
             raise ConfigError(
@@ -131,7 +131,8 @@ class StageLockMiddleware:
         check_stage_names(
             crawler.spidercls, self.settings, self.settings.stages, "REDISLOCK_STAGES"
         )
-        self.locks = StageLocks.of(crawler, self.settings)
+        self.slots = RequestSlots.of(crawler, self.settings)
+        self.locks = self.slots.locks
         if self.settings.stages and self.download_timeout > self.settings.ttl:
             logger.info(
                 "A capped request's download is cut where its slot's lease (REDISLOCK_TTL %s s) would end, unrenewed, so that it never runs on past a slot Redis may have given away: DOWNLOAD_TIMEOUT %s s is longer; raise REDISLOCK_TTL above the longest download of a capped stage",  # noqa: E501
@@ -144,8 +145,7 @@ class StageLockMiddleware:
             self.gate.on_wait = self._watch_close
             self.gate.give_back = self._give_back_for_key
         # what the adaptive limits learn from answers, and the pauses Retry-After asks for
-        self.outcomes = Outcomes(crawler, self.settings, self.locks, self.gate)
-        self.locks.add_waiting_source(self.waiting.__getitem__)
+        self.outcomes = Outcomes(crawler, self.settings, self.slots, self.gate)
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(self.request_left, signal=signals.request_left_downloader)
@@ -203,22 +203,22 @@ class StageLockMiddleware:
         when DOWNLOAD_TIMEOUT is longer than REDISLOCK_TTL); counted as
         ``redislock/<stage>/lease_bounded`` when the lease is shorter than the request's own
         timeout."""
-        assert self.locks is not None
-        permit = self.locks.slots.permit_of(request)
+        assert self.locks is not None and self.slots is not None
+        permit = self.slots.permit_of(request)
         if permit is None:
             return
         left = permit.valid_until - time.monotonic() - self.locks.renew_interval / 2
         if within_lease(request, left, self.download_timeout):
-            self.locks.slots.count(self.locks.stage_of(permit) or permit.name, "lease_bounded")
+            self.locks.count(self.locks.stage_of(permit) or permit.name, "lease_bounded")
 
     def _through(self, request: Request) -> Coroutine[Any, Any, None] | None:
         """What ``request`` waits for here before it may go: a coroutine, or None when it may go
         now."""
-        if self.locks is None:
+        if self.locks is None or self.slots is None:
             self._refuse_unthrottled(request)
             return None
         # None also for a slot no longer usable: the request waits here instead
-        handed = self.locks.slots.take(request)
+        handed = self.slots.take(request)
         if isinstance(handed, SlotPermit):
             return self._keys(request, handed.name, slotted=True)
         if handed is not None:
@@ -253,9 +253,9 @@ class StageLockMiddleware:
             await through
         except AcquireTimeout as exc:
             self._fail_timeout(request, exc)
-        assert self.gate is not None and self.locks is not None
+        assert self.gate is not None and self.slots is not None
         key_usable = self.gate.usable(request)
-        if slotted and stage is not None and self.locks.slots.take(request) is None:
+        if slotted and stage is not None and self.slots.take(request) is None:
             self.gate.release(request)
             await self._wait_here(request, stage)
         elif not key_usable:
@@ -311,24 +311,23 @@ class StageLockMiddleware:
     async def _wait_here(self, request: Request, stage: str) -> None:
         """Wait in Redis's FIFO (no StageScheduler, or a request that bypassed it); see the module
         docstring for what happens when the spider closes meanwhile."""
-        assert self.locks is not None
+        assert self.locks is not None and self.slots is not None
         started = time.monotonic()
         permit = await self._wait_for_slot(request, stage)
-        while not self.locks.slots.usable(permit):
-            self.locks.slots.release_soon(permit)
+        while not self.locks.usable(permit):
+            self.locks.release_soon(permit)
             permit = await self._wait_for_slot(request, stage)
-        self.locks.slots.hold(request, permit)
+        self.slots.hold(request, permit)
         self.locks.record_grant(stage, time.monotonic() - started)
         after = self._keys(request, stage, slotted=True)
         if after is not None:
             await after
 
     async def _wait_for_slot(self, request: Request, stage: str) -> SlotPermit:
-        assert self.locks is not None
-        wait = asyncio.ensure_future(self.locks.slots.wait(stage, self.settings.wait_timeout))
+        assert self.slots is not None
+        wait = asyncio.ensure_future(self.slots.wait(stage, self.settings.wait_timeout))
         self._waits[wait] = stage
         self._waiters[wait] = request
-        self.waiting[stage] += 1
         self._watch_close()
         try:
             permit = await wait
@@ -347,7 +346,6 @@ class StageLockMiddleware:
             self._waiters.pop(wait, None)
             self._dropped.discard(wait)
             self._given_back.discard(wait)
-            self.waiting[stage] -= 1
         return permit
 
     def _watch_close(self) -> None:
@@ -364,13 +362,13 @@ class StageLockMiddleware:
         return STALL_CHECK_INTERVAL if engine_closing(self.crawler) else CLOSE_CHECK_INTERVAL
 
     async def _close_tick(self) -> bool:
-        assert self.locks is not None
+        assert self.locks is not None and self.slots is not None
         key_waits = self.gate is not None and bool(self.gate.key_waits)
         closing = engine_closing(self.crawler)
         if self._waits and self.locks.closed:
             self._drop(set(self._waits.values()), "the stage slots were closed")
         elif (self._waits or key_waits) and closing:
-            if self.locks.give_back is not None:
+            if self.slots.give_back is not None:
                 self._hand_back_waits()
             left = {s for wait, s in self._waits.items() if wait not in self._given_back}
             for stage in sorted(left):  # requests that bypassed the scheduler (media downloads)
@@ -384,7 +382,7 @@ class StageLockMiddleware:
         its stage, or of its key) goes back to the scheduler's queue (see :meth:`_hand_back`)
         instead of waiting for a slot it would take only to be fetched during the close. Requests
         that bypassed the scheduler (media downloads: an item waits for them) keep waiting."""
-        left = self.locks.left_scheduler if self.locks is not None else None
+        left = self.slots.left_scheduler if self.slots is not None else None
         if left is None:
             return
         handing: Counter[str] = Counter()
@@ -421,9 +419,9 @@ class StageLockMiddleware:
         """Back into the scheduler's queue, and out of the downloader with IgnoreRequest (its slots
         are released as for any exception); if the scheduler cannot take it, it is dropped as
         before, said at WARNING."""
-        assert self.locks is not None and self.locks.give_back is not None
+        assert self.slots is not None and self.slots.give_back is not None
         try:
-            given = self.locks.give_back(request)
+            given = self.slots.give_back(request)
         except Exception as exc:  # the queue's own error (Redis refused, a serializer)
             logger.warning(
                 "Spider closing: could not give %s back to the scheduler: %s", request, exc
@@ -480,24 +478,24 @@ class StageLockMiddleware:
 
     def _release(self, request: Request) -> None:
         """The key slot goes back first, then the stage slot goes on to a parked request of its
-        stage, or back to Redis (see StageLocks.finish); this also frees a slot the scheduler handed
+        stage, or back to Redis (see RequestSlots.finish); this also frees a slot the scheduler handed
         out with a request that never reached process_request (an earlier middleware answered it
         from a cache, or raised IgnoreRequest)."""
-        if self.locks is None:
+        if self.slots is None:
             return
         self.outcomes.releasing(request)
         if self.gate is not None:
             self.gate.release(request)
-        self.locks.slots.finish(request)
+        self.slots.finish(request)
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         """Free every permit and waiter of this process (one call per stage) before spider_closed
         completes."""
-        assert self.locks is not None
+        assert self.slots is not None
         self._closing = True
         if self.gate is not None:
             await self.gate.close()
-        await self.locks.close()
+        await self.slots.close()
 
 
 def _names_acquire_timeout(exceptions: list[Any]) -> bool:

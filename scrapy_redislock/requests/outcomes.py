@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
     from scrapy_redislock.crawl.adaptive import Adaptation
     from scrapy_redislock.crawl.settings import RedisLockSettings
-    from scrapy_redislock.crawl.stagelocks import StageLocks
     from scrapy_redislock.requests.keygate import KeyGate
+    from scrapy_redislock.requests.requestslots import RequestSlots
 
 OVERLOAD = (429, 503)
 
@@ -73,12 +73,13 @@ class Outcomes:
         self,
         crawler: Crawler,
         settings: RedisLockSettings,
-        locks: StageLocks,
+        slots: RequestSlots,
         gate: KeyGate | None,
     ) -> None:
         self.crawler = crawler
         self.settings = settings
-        self.locks = locks
+        self.slots = slots
+        self.locks = slots.locks
         self.gate = gate
         # the adaptive locks a request held, noted when its slots go back (request_left_downloader
         # comes before process_response), until its answer or failure is seen
@@ -102,7 +103,7 @@ class Outcomes:
             return noted
         found = []
         adaptive = self.settings.adaptive
-        permit = self.locks.slots.ledger.permit_of(request)
+        permit = self.slots.ledger.permit_of(request)
         stages = self.locks.adaptation
         if permit is not None and stages is not None and adaptive.adapts(stage=permit.name):
             found.append((stages, permit.name))

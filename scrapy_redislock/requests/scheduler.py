@@ -23,7 +23,7 @@ stay in the inner scheduler, in its order, and the other stages' requests go pas
   in the middleware).
 - A slot freed by a finished request of this process goes straight to the oldest request of its
   stage waiting in the middleware (whose wait in Redis's line stays, for the next), else to the next
-  queued request of its stage (:meth:`StageScheduler._take_slot`, called by ``StageLocks.finish``):
+  queued request of its stage (kept for it by :class:`~scrapy_redislock.requests.requestslots.RequestSlots`):
   no Redis round trip; within REDISLOCK_LOCAL_REUSE seconds of Redis's grant, so that other
   processes waiting in Redis's line get their turn.
 - A slot in hand that is lost or outlived its lease on this process's clock is dropped, never handed
@@ -62,9 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import weakref
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
@@ -88,7 +86,6 @@ from scrapy_redislock.crawl.engine import (
 )
 from scrapy_redislock.crawl.inner import inner_name, load_inner_scheduler
 from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REFUSED
-from scrapy_redislock.crawl.requestslots import SlotPermit
 from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.errors import ConfigError
@@ -96,6 +93,7 @@ from scrapy_redislock.requests.gate import StageGate
 from scrapy_redislock.requests.keygate import KeyGate
 from scrapy_redislock.requests.keyline import KeyLine
 from scrapy_redislock.requests.queueloss import QueueWatch, unqueued_at_close
+from scrapy_redislock.requests.requestslots import RequestSlots
 from scrapy_redislock.requests.stagequeue import (
     QueueThread,
     SharedStageQueues,
@@ -195,11 +193,9 @@ class StageScheduler:
                     f"SCHEDULER = 'scrapy_redislock.StageScheduler' needs the middleware too: DOWNLOADER_MIDDLEWARES = {{{MIDDLEWARE_PATH!r}: 950}}"  # noqa: E501
                 )
         self.inner = _build_inner(inner_cls, crawler)
-        self.locks = StageLocks.of(crawler, self.settings) if self.enabled else None
-        capped = list(self.locks.locks) if self.locks is not None else []
-        # Slots in hand (passed on by finished requests of this process), for the next queued
-        # request of the stage.
-        self.ready: dict[str, deque[SlotPermit]] = {stage: deque() for stage in capped}
+        # the request front's slots (and the kept ones for queued requests), over the crawler's locks
+        self.slots = RequestSlots.of(crawler, self.settings) if self.enabled else None
+        self.locks: StageLocks | None = self.slots.locks if self.slots is not None else None
         self.gate: StageGate | None = None
         # key slots got here for requests of no capped stage (over Scrapy's scheduler)
         self.keyline: KeyLine | None = None
@@ -215,8 +211,8 @@ class StageScheduler:
         # cache and robots.txt middlewares before ours, found on first use
         self._early: tuple[Any, ...] | None = None
         self._wake_handle: asyncio.TimerHandle | None = None
-        if self.locks is not None:
-            self.gate = StageGate(crawler, self.settings, self.locks, self.ready)
+        if self.slots is not None:
+            self.gate = StageGate(crawler, self.settings, self.slots)
             # Scrapy's BaseScheduler makes isinstance() duck-typed: look for the class itself.
             if ScrapyScheduler in type(self.inner).__mro__ and not _is_scrapy_redis(self.inner):
                 self.inner.pqclass = StageQueueFactory(self.inner.pqclass, self.gate)
@@ -230,14 +226,14 @@ class StageScheduler:
                     "REDISLOCK_SCHEDULER_INNER = %r is neither Scrapy's scheduler nor scrapy-redis's (nor a subclass): StageScheduler cannot give it a queue per stage, so a capped request goes in its order and waits for its slot in the downloader (a full stage can then hold up the others)",  # noqa: E501
                     inner_name(self.settings.scheduler_inner),
                 )
-            self.locks.add_waiting_source(self._queued)
-            self.locks.slots.add_taker(self._take_slot)
-            self.locks.slots.add_lender(self._lend_slot)
-            self.locks.add_tick_hook(self.tick)
-            self.locks.slots.add_hold_hook(self._got_slot)
-            if ScrapyScheduler in type(self.inner).__mro__ or _is_scrapy_redis(self.inner):
-                self.locks.left_scheduler = self.sent.__contains__
-                self.locks.give_back = self._give_back
+            gives_back = ScrapyScheduler in type(self.inner).__mro__ or _is_scrapy_redis(self.inner)
+            self.slots.serve_scheduler(
+                queued=self._queued,
+                could_use=self._could_use,
+                left=self.sent.__contains__ if gives_back else None,
+                give_back=self._give_back if gives_back else None,
+            )
+            self.slots.locks.add_tick_hook(self.tick)
             if _is_scrapy_redis(self.inner):
                 self.queue_thread = QueueThread()
 
@@ -309,7 +305,7 @@ class StageScheduler:
         assert self.gate is not None
         self.shared = SharedStageQueues(
             base,
-            self.ready,
+            self.slots.stages if self.slots is not None else [],
             self.gate,
             asked_while_paused=self._wake_later,
             thread=self.queue_thread,
@@ -358,8 +354,8 @@ class StageScheduler:
         self.closing = True
         if self._wake_handle is not None:
             self._wake_handle.cancel()
-        for permits in self.ready.values():
-            permits.clear()  # freed with everything else of this process by locks.close()
+        if self.slots is not None:  # kept slots: freed with everything else by slots.close()
+            self.slots.stand_down(release=False)
         return deferred_from_coro(self._close(result))
 
     async def _close_shared(self, reason: str) -> None:
@@ -381,9 +377,9 @@ class StageScheduler:
             await inner_result
         elif inner_result is not None:
             await maybe_deferred_to_future(inner_result)
-        assert self.locks is not None
+        assert self.slots is not None
         # unused slots, waits, anything a request left behind: one call per stage
-        await self.locks.close()
+        await self.slots.close()
 
     def _give_back(self, request: Request) -> bool:
         """A request that left but never went out (it waited for its slot in the middleware when the
@@ -470,7 +466,8 @@ class StageScheduler:
                 return None  # woken when a take in Redis comes back
             request = self.inner.next_request()  # from a sub-queue that the gate lets go
             if request is None:
-                self._free_ready()
+                assert self.slots is not None
+                self.slots.free_kept()
                 return None
             if not self._held_for_key(request):
                 return self._with_stage_slot(request)
@@ -486,20 +483,17 @@ class StageScheduler:
     def _with_stage_slot(self, request: Request) -> Request:
         """``request`` leaves: with a slot of its capped stage in hand, or to wait for one in
         line."""
-        assert self.gate is not None and self.locks is not None
+        assert self.gate is not None and self.slots is not None
         stage, key = self.gate.route(request)
         if stage is None or self._settled_early(request):
             return request
         self.gate.let_go(key)
-        ready = self.ready[stage]
-        while ready:
-            permit = ready.popleft()
-            if self.locks.slots.usable(permit):
-                self.locks.slots.hand(request, permit)
-                self.locks.record_grant(stage, 0.0)
-                return request
-            self.locks.slots.release_soon(permit)
-        self.gate.join_line(request, stage)
+        permit = self.slots.take_kept(stage)
+        if permit is not None:
+            self.slots.hand(request, permit)
+            self.slots.locks.record_grant(stage, 0.0)
+            return request
+        self.slots.join_line(request, stage)
         return request
 
     def _settled_early(self, request: Request) -> bool:
@@ -524,46 +518,6 @@ class StageScheduler:
             return int(self.shared.may_have(stage))
         return self._queued(stage)
 
-    def _take_slot(self, stage: str, permit: SlotPermit) -> bool:
-        """A slot freed by a finished request of this process (``StageLocks.finish``; none of its
-        stage waits in the middleware, those go first), or granted to a wait in Redis that no
-        request waits for any more: keep it for the next queued request of its stage and wake the
-        engine; False (back to Redis) when none could use it."""
-        if self.closing or stage not in self.ready or engine_closing(self.crawler):
-            return False
-        if self._could_use(stage) <= len(self.ready[stage]):
-            return False
-        self.ready[stage].append(permit)
-        wake_engine(self.crawler)
-        return True
-
-    def _lend_slot(self, stage: str) -> SlotPermit | None:
-        """A slot in hand for a request of ``stage`` that arrives to wait in the middleware: it left
-        without one before the slot was freed (it is older than the queued requests)."""
-        assert self.locks is not None
-        ready = self.ready.get(stage)
-        while ready:
-            permit = ready.popleft()
-            if self.locks.slots.usable(permit):
-                return permit
-            self.locks.slots.release_soon(permit)
-        return None
-
-    def _got_slot(self, request: Request) -> None:
-        """A request waiting in line got its slot in the middleware: the next of its stage may
-        go."""
-        if self.gate is not None:
-            self.gate.got_slot(request)
-        if not self.closing:
-            wake_engine(self.crawler)
-
-    def _free_ready(self, stage: str | None = None) -> None:
-        assert self.locks is not None
-        for name, permits in self.ready.items():
-            if stage is None or name == stage:
-                while permits:
-                    self.locks.slots.release_soon(permits.popleft())
-
     def _wake_later(self, delay: float) -> None:
         """The engine asked while every sub-queue worth asking was in its pause: ask again when the
         first ends."""
@@ -581,12 +535,12 @@ class StageScheduler:
 
     async def tick(self) -> None:
         """At every renewal tick: stand down once the engine closes (unused slots back to Redis);
-        drop slots in hand that can no longer go with a request, or that no queued request could
+        drop slots kept that can no longer go with a request, or that no queued request could
         use."""
-        assert self.locks is not None
+        assert self.slots is not None
         if engine_closing(self.crawler):
             self.closing = True
-            self._free_ready()
+            self.slots.stand_down()
             if self.keyline is not None:
                 self.keyline.stand_down()
             return
@@ -597,21 +551,7 @@ class StageScheduler:
         if self.watch is not None and (self._look is None or self._look.done()):
             self._look = asyncio.get_running_loop().create_task(self.watch.look())
             self._look.add_done_callback(_retrieved)
-        now = time.monotonic()
-        for stage, permits in self.ready.items():
-            if not permits:
-                continue
-            if not all(permit.usable(now) for permit in permits) or not self._could_use(stage):
-                kept = [
-                    permit
-                    for permit in permits
-                    if self._could_use(stage) and self.locks.slots.usable(permit)
-                ]
-                for permit in permits:
-                    if permit not in kept:
-                        self.locks.slots.release_soon(permit)
-                permits.clear()
-                permits.extend(kept)
+        self.slots.prune_kept()
 
 
 def _retrieved(task: asyncio.Task[None]) -> None:

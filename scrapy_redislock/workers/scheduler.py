@@ -51,7 +51,7 @@ free the slot and take another stage or wait. A request handed to the engine goe
 ``download_timeout`` that ends before its slot's lease, as last confirmed, can run out, and while
 that lease has less than a renewal interval left (its renewal did not come: Redis out of reach, a
 stall) nothing taken ahead is handed out: cut off from Redis, a worker is never in flight at the site
-past its slot (:func:`~scrapy_redislock.crawl.requestslots.within_lease`).
+past its slot (:func:`~scrapy_redislock.crawl.stagelocks.within_lease`).
 
 Settings read (via :mod:`scrapy_redislock.crawl.settings`): REDISLOCK_WORKER_STAGES (or the spider's
 ``worker_stages``), REDISLOCK_STAGE_PREFERENCE (or the spider's ``stage_preference``),
@@ -107,9 +107,8 @@ from scrapy_redislock._loop import every
 from scrapy_redislock._redis import Backoff
 from scrapy_redislock.crawl.engine import check_reactor, finish_uncleanly
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
-from scrapy_redislock.crawl.requestslots import within_lease
 from scrapy_redislock.crawl.settings import read_settings, read_worker_settings
-from scrapy_redislock.crawl.stagelocks import StageLocks
+from scrapy_redislock.crawl.stagelocks import StageLocks, within_lease
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.workers.feed import StartUrlFeed

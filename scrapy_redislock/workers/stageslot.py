@@ -67,7 +67,7 @@ class StageSlot:
                 return False
             # moving up from a capped stage does not happen; be safe anyway
             if state.permit is not None:
-                await self.locks.slots.release(state.permit)
+                await self.locks.release(state.permit)
         previous = state.took(stage, permit)
         await self.heartbeat.beat(stage)
         self.stats.inc_value(f"redislock/workers/{stage}/taken")
@@ -82,7 +82,7 @@ class StageSlot:
     async def leave(self, why: str = "no work left there") -> None:
         stage, permit = self.state.left()
         if permit is not None:
-            await self.locks.slots.release(permit)
+            await self.locks.release(permit)
         await self.heartbeat.beat(None)
         logger.info("Worker %s left stage %r (%s)", self.worker, stage, why)
 

@@ -134,18 +134,16 @@ def test_quorum_permits_flow_through_the_hand_off_and_close_frees_every_master(
             for n in range(3):
                 f.scheduler.enqueue_request(request("detail", n))
             first = await f.next_request()
-            assert (
-                f.locks.slots.take(first) is None
-            )  # in line: it waits for its slot in the middleware
+            assert f.slots.take(first) is None  # in line: it waits for its slot in the middleware
             await f.send(first)
-            permit = f.locks.slots.take(first)
+            permit = f.slots.take(first)
             assert isinstance(permit, QuorumPermit) and len(permit.grants) == 3
             second = await f.next_request()
             await f.send(second)
             await until(lambda: held_on(masters) == [2, 2, 2])
             f.middleware.process_response(first, None)  # type: ignore[arg-type]
             third = f.scheduler.next_request()  # the freed slot passed on locally, in the same call
-            assert third is not None and f.locks.slots.take(third) is permit
+            assert third is not None and f.slots.take(third) is permit
             assert f.crawler.stats.get_value("redislock/detail/reused") == 1
             assert held_on(masters) == [2, 2, 2]
             f.middleware.process_response(second, None)  # type: ignore[arg-type]
@@ -170,7 +168,7 @@ def test_the_start_needs_a_quorum_of_masters_and_names_those_that_do_not_answer(
         async with front([*urls(masters[:2]), dead], {"detail": 1}, scheduler=False) as f:
             permit = await f.locks.acquire("detail", 5)
             assert isinstance(permit, QuorumPermit) and sorted(permit.grants) == [0, 1]
-            await f.locks.slots.release(permit)
+            await f.locks.release(permit)
 
     with caplog.at_level(logging.WARNING):
         asyncio.run(scenario())
@@ -216,7 +214,7 @@ def test_why_a_quorum_stage_waits_is_said_per_master(masters: list[RedisServer])
             why = str(reason)
             assert "master 2 (" in why and "unreachable" in why, why
             assert not reason.calm  # a master unreachable: a warning
-            await f.locks.slots.release(permit)
+            await f.locks.release(permit)
             reason = await f.locks.reports.why("detail")
             assert not reason and reason.kind == "free"  # two masters free: a quorum
 

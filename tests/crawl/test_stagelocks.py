@@ -1,6 +1,6 @@
-"""StageLocks in-process (scrapy.utils.test.get_crawler, a real Redis): the permit hand-off from the
-scheduler to the middleware, the one left-the-downloader sweep, and the local hand-off of a freed
-slot with its fairness bound."""
+"""The request front's slots over StageLocks in-process (scrapy.utils.test.get_crawler, a real
+Redis): the permit hand-off from the scheduler to the middleware, the one left-the-downloader sweep,
+and the local hand-off of a freed slot with its fairness bound."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 import redis
 
 from scrapy_redislock.errors import AcquireTimeout
-from scrapy_redislock.lock.permit import Permit
 from testing.crawlproc import leftover
 from testing.inprocess import front, held, request
 from testing.waiting import until
@@ -27,18 +26,16 @@ def test_hand_take_finish(redis_url: str, redis_client: redis.Redis) -> None:
         async with front(redis_url, {"detail": 2}, scheduler=False) as f:
             permit = await f.locks.acquire("detail", None)
             one, two = request("detail", 1), request("detail", 2)
-            f.locks.slots.hand(one, permit)
-            f.locks.slots.hand(two, AcquireTimeout("no slot"))
-            assert f.locks.slots.take(one) is permit
-            assert (
-                f.locks.slots.take(one) is permit
-            )  # still held: the request has it until it finishes
-            assert isinstance(f.locks.slots.take(two), AcquireTimeout)
-            assert f.locks.slots.take(two) is None  # an error is given once
+            f.slots.hand(one, permit)
+            f.slots.hand(two, AcquireTimeout("no slot"))
+            assert f.slots.take(one) is permit
+            assert f.slots.take(one) is permit  # still held: the request has it until it finishes
+            assert isinstance(f.slots.take(two), AcquireTimeout)
+            assert f.slots.take(two) is None  # an error is given once
             assert held(redis_client, "detail") == [permit.grant]
-            f.locks.slots.finish(one)
+            f.slots.finish(one)
             # a second finish (process_response after request_left) does nothing
-            f.locks.slots.finish(one)
+            f.slots.finish(one)
             await until(lambda: leftover(redis_client) == 0)
             assert f.crawler.stats.get_value("redislock/detail/reused") is None
 
@@ -51,77 +48,73 @@ def test_the_sweep_frees_a_request_gone_from_the_downloader_at_two_ticks(
     async def scenario() -> None:
         async with front(redis_url, {"detail": 2}, scheduler=False) as f:
             inside, gone = request("detail", 1), request("detail", 2)
-            f.locks.slots.hand(inside, await f.locks.acquire("detail", None))
-            f.locks.slots.hand(gone, await f.locks.acquire("detail", None))
+            f.slots.hand(inside, await f.locks.acquire("detail", None))
+            f.slots.hand(gone, await f.locks.acquire("detail", None))
             f.active.add(inside)
             # No await from here to the second sweep: no renewal tick of the process can run in
             # between.
-            f.locks.slots.sweep()
-            assert (
-                f.locks.slots.take(gone) is not None
-            )  # one tick out of the downloader is not enough
-            f.locks.slots.sweep()
-            assert f.locks.slots.take(gone) is None
-            assert f.locks.slots.take(inside) is not None
+            f.slots.sweep()
+            assert f.slots.take(gone) is not None  # one tick out of the downloader is not enough
+            f.slots.sweep()
+            assert f.slots.take(gone) is None
+            assert f.slots.take(inside) is not None
             await until(lambda: leftover(redis_client) == 1)
             f.active.discard(inside)
 
     asyncio.run(scenario())
 
 
-def test_a_freed_slot_passes_to_a_taker_without_redis_and_keeps_its_grant(
+def test_a_freed_slot_is_kept_for_a_queued_request_without_redis_and_keeps_its_grant(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """Within REDISLOCK_LOCAL_REUSE the slot goes to the taker in the finish call itself (no await:
-    no Redis round trip), the same grant stays held in Redis, and the fence is the grant's."""
+    """Within REDISLOCK_LOCAL_REUSE the slot is kept for a queued request in the finish call itself
+    (no await: no Redis round trip), the same grant stays held in Redis, and the fence is the
+    grant's."""
 
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, scheduler=False, REDISLOCK_LOCAL_REUSE=30) as f:
-            taken: list[tuple[str, Permit]] = []
-            f.locks.slots.add_taker(lambda stage, permit: taken.append((stage, permit)) is None)
+            f.slots.serve_scheduler(
+                queued=lambda stage: 1, could_use=lambda stage: 1, left=None, give_back=None
+            )
             permit = await f.locks.acquire("detail", None)
             one = request("detail", 1)
-            f.locks.slots.hand(one, permit)
-            f.locks.slots.finish(one)
-            assert taken == [("detail", permit)]
+            f.slots.hand(one, permit)
+            f.slots.finish(one)
+            assert f.slots.kept("detail") == 1
             assert held(redis_client, "detail") == [permit.grant]
             assert permit.fence == int(permit.grant.split("-")[1])
             assert f.crawler.stats.get_value("redislock/detail/reused") == 1
-            await f.locks.slots.release(permit)
+            assert f.slots.take_kept("detail") is permit
+            await f.locks.release(permit)
             assert leftover(redis_client) == 0
 
     asyncio.run(scenario())
 
 
-def test_an_older_slot_goes_back_to_redis_and_a_refusing_taker_too(
+def test_an_older_slot_goes_back_to_redis_and_one_no_queued_request_could_use_too(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """Past REDISLOCK_LOCAL_REUSE since Redis's grant, or when no taker wants it, the slot is
-    released to Redis."""
+    """Past REDISLOCK_LOCAL_REUSE since Redis's grant, or when no queued request could use it, the
+    slot is released to Redis."""
 
     async def scenario() -> None:
         async with front(
             redis_url, {"detail": 1}, scheduler=False, REDISLOCK_LOCAL_REUSE=0.05
         ) as f:
-            wanted = [True]
-            taken: list[Permit] = []
-
-            def taker(stage: str, permit: Permit) -> bool:
-                if wanted[0]:
-                    taken.append(permit)
-                return wanted[0]
-
-            f.locks.slots.add_taker(taker)
+            wanted = [1]
+            f.slots.serve_scheduler(
+                queued=lambda stage: 1, could_use=lambda stage: wanted[0], left=None, give_back=None
+            )
             permit = await f.locks.acquire("detail", None)
             await until(lambda: time.monotonic() - permit.acquired_at > 0.05)
-            f.locks.slots.free(permit)
-            assert taken == []
+            f.slots.free(permit)
+            assert f.slots.kept("detail") == 0
             await until(lambda: leftover(redis_client) == 0)
 
-            wanted[0] = False
+            wanted[0] = 0
             permit = await f.locks.acquire("detail", None)
-            f.locks.slots.free(permit)
-            assert taken == []
+            f.slots.free(permit)
+            assert f.slots.kept("detail") == 0
             await until(lambda: leftover(redis_client) == 0)
             assert f.crawler.stats.get_value("redislock/detail/reused") is None
 
@@ -137,10 +130,10 @@ def test_a_slot_past_its_lease_is_not_taken(redis_url: str, redis_client: redis.
         async with front(redis_url, {"detail": 1}, scheduler=False) as f:
             permit = await f.locks.acquire("detail", None)
             one = request("detail", 1)
-            f.locks.slots.hand(one, permit)
+            f.slots.hand(one, permit)
             permit.valid_until = time.monotonic()
-            assert f.locks.slots.take(one) is None
-            assert f.locks.slots.take(one) is None  # dropped, not handed later
+            assert f.slots.take(one) is None
+            assert f.slots.take(one) is None  # dropped, not handed later
             assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
             await until(lambda: leftover(redis_client) == 0)
 
@@ -150,14 +143,15 @@ def test_a_slot_past_its_lease_is_not_taken(redis_url: str, redis_client: redis.
 def test_a_slot_past_its_lease_is_not_passed_on(redis_url: str, redis_client: redis.Redis) -> None:
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, scheduler=False, REDISLOCK_LOCAL_REUSE=30) as f:
-            taken: list[Permit] = []
-            f.locks.slots.add_taker(lambda stage, permit: taken.append(permit) is None)
+            f.slots.serve_scheduler(
+                queued=lambda stage: 1, could_use=lambda stage: 1, left=None, give_back=None
+            )
             permit = await f.locks.acquire("detail", None)
             one = request("detail", 1)
-            f.locks.slots.hold(one, permit)
+            f.slots.hold(one, permit)
             permit.valid_until = time.monotonic()
-            f.locks.slots.finish(one)
-            assert taken == []
+            f.slots.finish(one)
+            assert f.slots.kept("detail") == 0
             assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
             assert f.crawler.stats.get_value("redislock/detail/reused") is None
             await until(lambda: leftover(redis_client) == 0)

@@ -46,7 +46,7 @@ async def queued_with_a_ready_slot(f: Front) -> tuple[Request, Permit]:
     # done: its slot is kept for the queued request
     f.middleware.request_left(first, f.crawler.spider)
     f.active.discard(first)
-    (permit,) = f.scheduler.ready["detail"]
+    (permit,) = f.slots.kept_permits("detail")
     assert isinstance(permit, Permit)
     return queued, permit
 
@@ -54,11 +54,9 @@ async def queued_with_a_ready_slot(f: Front) -> tuple[Request, Permit]:
 async def goes_out_with_a_fresh_slot(
     f: Front, client: redis.Redis, sent: Request, old: Permit
 ) -> Permit:
-    assert (
-        f.locks.slots.take(sent) is None
-    )  # the unusable slot was dropped: it goes in line, without one
+    assert f.slots.take(sent) is None  # the unusable slot was dropped: it goes in line, without one
     await asyncio.wait_for(f.send(sent), 20)
-    fresh = f.locks.slots.take(sent)
+    fresh = f.slots.take(sent)
     assert isinstance(fresh, Permit) and fresh is not old
     assert fresh.usable(time.monotonic())
     assert held(client, "detail") == [fresh.grant]
@@ -108,7 +106,7 @@ def test_a_ready_slot_past_its_lease_is_not_handed_out(
                 assert not permit.usable(time.monotonic())
                 sent = f.scheduler.next_request()
                 # the stale slot stays here; it waits in line
-                assert sent is queued and f.locks.slots.take(sent) is None
+                assert sent is queued and f.slots.take(sent) is None
                 del lock.maintain  # reachable again
                 assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
                 assert held(redis_client, "detail") == [rival_permit.grant]
@@ -129,13 +127,13 @@ def test_a_slot_lost_on_its_way_to_the_middleware_makes_the_request_wait_there(
         async with front(redis_url, {"detail": 1}, scheduler=False) as f:
             permit = await f.locks.acquire("detail", None)
             sent = request("detail", 1)
-            f.locks.slots.hand(sent, permit)
+            f.slots.hand(sent, permit)
             reset(redis_client, "detail")
             await until(lambda: permit.lost)
             waiting = f.middleware.process_request(sent)
             assert waiting is not None  # it waits for a slot instead of going out with the lost one
             await asyncio.wait_for(waiting, 10)
-            fresh = f.locks.slots.take(sent)
+            fresh = f.slots.take(sent)
             assert isinstance(fresh, Permit) and fresh is not permit
             assert held(redis_client, "detail") == [fresh.grant]
             assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
@@ -163,13 +161,13 @@ def test_a_stage_slot_lost_while_its_request_waits_for_its_key_is_taken_again(
             waiting = asyncio.ensure_future(mw.process_request(second))  # type: ignore[arg-type]
             # holds its stage slot, waits for the key
             await until(lambda: sum(mw.gate.waiting.values()) == 1)
-            permit = f.locks.slots.take(second)
+            permit = f.slots.take(second)
             assert isinstance(permit, Permit)
             reset(redis_client, "detail")
             await until(lambda: permit.lost)
             mw.process_response(first, Response(first.url, request=first))  # the key slot is free
             await asyncio.wait_for(waiting, 10)
-            fresh = f.locks.slots.take(second)
+            fresh = f.slots.take(second)
             assert isinstance(fresh, Permit) and fresh is not permit
             assert held(redis_client, "detail") == [fresh.grant]
             assert f.crawler.stats.get_value("redislock/detail/unusable") == 1

@@ -51,7 +51,7 @@ def test_a_request_waits_here_holds_its_slot_and_every_outcome_releases_it(
             await mw.process_request(first)
             assert len(held(redis_client, "detail")) == 1
             waiting = asyncio.ensure_future(mw.process_request(second))
-            await until(lambda: mw.waiting["detail"] == 1)
+            await until(lambda: f.slots.waiting["detail"] == 1)
             if outcome == "response":
                 mw.process_response(first, Response(first.url, request=first))
             elif outcome == "exception":
@@ -61,7 +61,7 @@ def test_a_request_waits_here_holds_its_slot_and_every_outcome_releases_it(
                 # after it: nothing more
                 mw.process_response(first, Response(first.url, request=first))
             await asyncio.wait_for(waiting, 10)
-            assert mw.waiting["detail"] == 0
+            assert f.slots.waiting["detail"] == 0
             mw.process_response(second, Response(second.url, request=second))
             await until(lambda: leftover(redis_client) == 0)
             assert f.crawler.stats.get_value("redislock/detail/acquired") == 2
@@ -78,7 +78,7 @@ def test_a_slot_handed_with_a_request_is_released_though_the_request_never_reach
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, scheduler=False) as f:
             answered = request("detail", 1)
-            f.locks.slots.hand(answered, await f.locks.acquire("detail", None))
+            f.slots.hand(answered, await f.locks.acquire("detail", None))
             f.middleware.process_response(answered, Response(answered.url, request=answered))
             await until(lambda: leftover(redis_client) == 0)
 
@@ -91,7 +91,7 @@ def test_an_acquire_timeout_from_the_scheduler_fails_the_request_unretried(
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, scheduler=False) as f:
             late = request("detail", 1)
-            f.locks.slots.hand(late, AcquireTimeout("stage 'detail': no slot within 1 s"))
+            f.slots.hand(late, AcquireTimeout("stage 'detail': no slot within 1 s"))
             with pytest.raises(AcquireTimeout):
                 f.middleware.process_request(late)
             assert late.meta["dont_retry"] is True
@@ -99,7 +99,7 @@ def test_an_acquire_timeout_from_the_scheduler_fails_the_request_unretried(
             redis_url, {"detail": 1}, scheduler=False, RETRY_EXCEPTIONS=[AcquireTimeout]
         ) as f:
             late = request("detail", 2)
-            f.locks.slots.hand(late, AcquireTimeout("no slot"))
+            f.slots.hand(late, AcquireTimeout("no slot"))
             with pytest.raises(AcquireTimeout):
                 f.middleware.process_request(late)
             assert "dont_retry" not in late.meta
@@ -124,7 +124,7 @@ def test_a_request_waiting_here_when_the_spider_closes_is_dropped_and_every_slot
             first, second = request("detail", 1), request("detail", 2)
             await f.middleware.process_request(first)
             waiting = asyncio.ensure_future(f.middleware.process_request(second))
-            await until(lambda: f.middleware.waiting["detail"] == 1)
+            await until(lambda: f.slots.waiting["detail"] == 1)
             await f.middleware.spider_closed(f.crawler.spider, "finished")
             with pytest.raises(IgnoreRequest, match="closing"):
                 await asyncio.wait_for(waiting, 10)

@@ -66,28 +66,26 @@ def test_capped_requests_wait_in_the_scheduler_in_its_order(
             scheduler.enqueue_request(urgent)
             # the highest priority, in line without a slot
             assert scheduler.next_request() is urgent
-            assert f.locks.slots.take(urgent) is None
+            assert f.slots.take(urgent) is None
             first = f.send(urgent)
             # detail has one in line: the uncapped request goes past
             assert scheduler.next_request() is free
             assert scheduler.next_request() is None
             assert scheduler.has_pending_requests() and len(scheduler) == 2
             await until(first.done)  # the one in line got its slot: the next may go in line
-            permit = f.locks.slots.take(urgent)
+            permit = f.slots.take(urgent)
             assert isinstance(permit, Permit) and held(redis_client, "detail") == [permit.grant]
             assert scheduler.next_request() is d0
             second = f.send(d0)
             # cap 1: d0 waits in Redis's line, d1 in the scheduler
             assert scheduler.next_request() is None
-            await until(
-                lambda: len(f.locks.slots.lines["detail"]) == 1
-            )  # d0 waits in the middleware
+            await until(lambda: len(f.slots.lines["detail"]) == 1)  # d0 waits in the middleware
             f.middleware.process_response(urgent, None)  # type: ignore[arg-type]
             f.active.discard(urgent)
             # d0 was first in this process's line: the freed slot went to it, not past it, with no
             # round trip (same grant)
             await until(second.done)
-            assert f.locks.slots.take(d0) is permit
+            assert f.slots.take(d0) is permit
             assert f.crawler.stats.get_value("redislock/detail/reused") == 1
             assert scheduler.next_request() is d1
             f.middleware.process_response(d0, None)  # type: ignore[arg-type]
@@ -126,8 +124,8 @@ def test_priority_order_within_and_across_stages(redis_url: str) -> None:
                 order.append(int(r.url.rsplit("/", 1)[1]))
                 f.send(r)
             assert order == [3, 5, 1, 0, 2, 4]
-            await until(lambda: len(f.locks.slots.holding()) == 5)
-            for r in list(f.locks.slots.holding()):
+            await until(lambda: len(f.slots.holding()) == 5)
+            for r in list(f.slots.holding()):
                 f.middleware.process_response(r, None)  # type: ignore[arg-type]
 
     asyncio.run(scenario())
@@ -150,13 +148,13 @@ def test_a_freed_slot_goes_to_the_next_queued_request_in_the_same_call(
             current = f.scheduler.next_request()
             assert current is requests[0]
             await f.send(current)
-            permit = f.locks.slots.take(current)
+            permit = f.slots.take(current)
             assert isinstance(permit, Permit)
             for expected in requests[1:]:
                 f.middleware.request_left(current, f.crawler.spider)  # the download is over
                 current = f.scheduler.next_request()
                 assert current is expected
-                assert f.locks.slots.take(current) is permit  # same grant, same fence
+                assert f.slots.take(current) is permit  # same grant, same fence
             assert held(redis_client, "detail") == [permit.grant]
             assert f.crawler.stats.get_value("redislock/detail/reused") == 3
             assert f.crawler.stats.get_value("redislock/detail/acquired") == 4
@@ -177,14 +175,14 @@ def test_without_local_reuse_every_slot_goes_back_to_redis(
             first = f.scheduler.next_request()
             assert first is not None
             await f.send(first)
-            grant = f.locks.slots.take(first)
+            grant = f.slots.take(first)
             f.middleware.request_left(first, f.crawler.spider)
             f.active.discard(first)
             second = f.scheduler.next_request()
             # no slot in hand: it waits in line
-            assert second is not None and f.locks.slots.take(second) is None
+            assert second is not None and f.slots.take(second) is None
             await f.send(second)
-            again = f.locks.slots.take(second)
+            again = f.slots.take(second)
             assert (
                 isinstance(grant, Permit)
                 and isinstance(again, Permit)
@@ -210,7 +208,7 @@ def test_past_the_reuse_bound_a_waiting_process_gets_the_slot(
             current = f.scheduler.next_request()
             assert current is not None
             await f.send(current)
-            permit = f.locks.slots.take(current)
+            permit = f.slots.take(current)
             assert isinstance(permit, Permit)
             other_client = redis.asyncio.Redis.from_url(redis_url)
             other = AsyncCountingLock(other_client, "detail", limit=1, ttl=3)
@@ -224,7 +222,7 @@ def test_past_the_reuse_bound_a_waiting_process_gets_the_slot(
                 f.active.discard(current)
                 current = f.scheduler.next_request()
                 # young: passed on locally
-                assert current is not None and f.locks.slots.take(current) is permit
+                assert current is not None and f.slots.take(current) is permit
                 assert not other_wait.done()
                 await until(lambda: time.monotonic() - permit.acquired_at > bound)
                 f.middleware.request_left(current, f.crawler.spider)
@@ -236,7 +234,7 @@ def test_past_the_reuse_bound_a_waiting_process_gets_the_slot(
                 assert (
                     third is not None
                     and third.url.endswith("/detail/2")
-                    and f.locks.slots.take(third) is None
+                    and f.slots.take(third) is None
                 )
                 waiting = f.send(third)
                 await other.release(theirs)
@@ -319,7 +317,7 @@ def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
             assert scheduler.shared.may_have(None)
             again = await f.next_request()
             assert again.url == free.url
-            for r in list(f.locks.slots.holding()):
+            for r in list(f.slots.holding()):
                 f.middleware.process_response(r, None)  # type: ignore[arg-type]
 
     asyncio.run(scenario())

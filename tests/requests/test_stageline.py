@@ -1,4 +1,4 @@
-"""A process's line for a stage's slots (crawl/stageline.py), in-process with a real Redis: a slot
+"""A process's line for a stage's slots (requests/stageline.py), in-process with a real Redis: a slot
 freed here goes to the request of this process waiting in the middleware, in the same call (no Redis
 round trip), while its wait in Redis's line stays for the next request; the reuse bound still hands
 a slot to another process waiting first; a request that gives up withdraws a wait nobody needs."""
@@ -33,7 +33,7 @@ def blocked_waits(client: redis.Redis) -> int:
 
 def waiting_here(f: Front) -> int:
     """Requests waiting for a detail slot in the middleware."""
-    line = f.locks.slots.lines.get("detail")
+    line = f.slots.lines.get("detail")
     return 0 if line is None else len(line)
 
 
@@ -56,17 +56,17 @@ def test_a_freed_slot_goes_to_the_request_waiting_in_line_and_its_wait_stays(
             current = await f.next_request()
             assert current is requests[0]
             await f.send(current)
-            permit = f.locks.slots.take(current)
+            permit = f.slots.take(current)
             assert isinstance(permit, Permit)
             for n, expected in enumerate(requests[1:], start=1):
                 waiting = await f.next_request()
-                assert waiting is expected and f.locks.slots.take(waiting) is None
+                assert waiting is expected and f.slots.take(waiting) is None
                 served = f.send(waiting)  # in line: in the middleware, and in Redis
                 await until(lambda: waiting_here(f) == 1 and blocked_waits(redis_client) == 1)
                 f.middleware.request_left(current, f.crawler.spider)  # its download is over
                 f.active.discard(current)
                 await asyncio.wait_for(served, 10)
-                assert f.locks.slots.take(waiting) is permit  # same grant: no round trip
+                assert f.slots.take(waiting) is permit  # same grant: no round trip
                 assert f.crawler.stats.get_value("redislock/detail/reused") == n
                 assert blocked_waits(redis_client) == 1  # the wait in Redis stays, for the next
                 current = waiting
@@ -97,7 +97,7 @@ def test_past_the_reuse_bound_another_process_waiting_first_gets_the_slot(
                 f.scheduler.enqueue_request(request("detail", n))
             current = await f.next_request()
             await f.send(current)
-            permit = f.locks.slots.take(current)
+            permit = f.slots.take(current)
             assert isinstance(permit, Permit)
             other_client = redis.asyncio.Redis.from_url(redis_url)
             other = AsyncCountingLock(other_client, "detail", limit=1, ttl=3)
@@ -110,7 +110,7 @@ def test_past_the_reuse_bound_another_process_waiting_first_gets_the_slot(
                 f.middleware.request_left(current, f.crawler.spider)
                 f.active.discard(current)
                 await asyncio.wait_for(served, 10)  # young: passed on here
-                assert f.locks.slots.take(second) is permit and not other_wait.done()
+                assert f.slots.take(second) is permit and not other_wait.done()
                 third = await f.next_request()
                 waiting = f.send(third)
                 await until(lambda: waiting_here(f) == 1)
@@ -122,7 +122,7 @@ def test_past_the_reuse_bound_another_process_waiting_first_gets_the_slot(
                 assert theirs.fence > permit.fence and not waiting.done()
                 await other.release(theirs)
                 await asyncio.wait_for(waiting, 10)  # then this process's wait
-                again = f.locks.slots.take(third)
+                again = f.slots.take(third)
                 assert isinstance(again, Permit) and again.fence > theirs.fence
                 f.middleware.process_response(third, None)  # type: ignore[arg-type]
                 await until(lambda: leftover(redis_client) == 0)
@@ -143,13 +143,13 @@ def test_a_request_that_times_out_withdraws_the_wait_nobody_needs(
         async with front(
             redis_url, {"detail": 1}, scheduler=False, REDISLOCK_WAIT_TIMEOUT=0.3
         ) as f:
-            holder = f.locks.slots.wait("detail", None)
+            holder = f.slots.wait("detail", None)
             permit = await asyncio.wait_for(holder, 10)
             with pytest.raises(AcquireTimeout):
-                await f.locks.slots.wait("detail", 0.3)
+                await f.slots.wait("detail", 0.3)
             assert f.crawler.stats.get_value("redislock/detail/timeouts") == 1
             await until(lambda: blocked_waits(redis_client) == 0)
-            await f.locks.slots.release(permit)
+            await f.locks.release(permit)
             await until(lambda: leftover(redis_client) == 0)
 
     asyncio.run(scenario())

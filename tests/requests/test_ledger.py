@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scrapy_redislock.crawl.ledger import PermitLedger
+from scrapy_redislock.requests.ledger import PermitLedger
 
 
 @dataclass

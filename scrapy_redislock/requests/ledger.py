@@ -10,8 +10,9 @@ takes it from the scheduler, so one look would do; two cost nothing).
 
 :meth:`PermitLedger.young` is the local reuse bound: a finished request's slot may pass straight to
 another request of this process only while it is younger than ``reuse_for`` seconds since Redis
-granted it (and still usable: the caller checks, since it counts and logs an unusable slot). Used by
-:class:`~scrapy_redislock.crawl.stagelocks.StageLocks` (stage slots) and
+granted it (and still usable: the caller checks, since it counts and logs an unusable slot); the
+caller gives the time (its clock). Used by
+:class:`~scrapy_redislock.requests.requestslots.RequestSlots` (stage slots) and
 :class:`~scrapy_redislock.requests.keygate.KeyGate` (key slots); unit-tested without Redis.
 """
 

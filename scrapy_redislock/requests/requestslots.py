@@ -1,0 +1,445 @@
+"""The request front's slots: which request goes with which slot, from the scheduler or the
+middleware's own wait until the request is done; the local hand-off of a finished request's slot;
+the line of requests waiting in the middleware per stage (:class:`~.stageline.StageLine`); the slots
+kept for queued requests of StageScheduler; the sweep of requests that left the downloader.
+
+One :class:`RequestSlots` per crawler (``RequestSlots.of(crawler, settings)``), shared by
+StageLockMiddleware and StageScheduler; it uses the crawler's
+:class:`~scrapy_redislock.crawl.stagelocks.StageLocks` (the registry both fronts share: acquire,
+release, renewal) downward. The bookkeeping of who holds what is the pure
+:class:`~.ledger.PermitLedger`. API (all on the reactor thread)::
+
+    slots = RequestSlots.of(crawler, settings)     # slots.locks: the crawler's StageLocks
+    permit = await slots.wait(stage, timeout)      # StageLockMiddleware: a slot kept for a queued request (it is
+                                                   # older), else one from this process's line for the stage
+    slots.hand(request, permit_or_error)           # StageScheduler: the request leaves with this slot (or error)
+    slots.take(request)            # StageLockMiddleware: what came with it (an error only once), or None (also
+                                   # when its slot is no longer usable: dropped)
+    slots.hold(request, permit)    # StageLockMiddleware: a slot it waited for itself
+    slots.holding()                # the requests that hold a slot now (StageScheduler counts their keys)
+    slots.finish(request)          # the request is done with its slot: passed on locally (see below) or released
+    slots.serve_scheduler(queued=, could_use=, left=, give_back=)   # StageScheduler, once: what it has queued
+    slots.kept(stage) / slots.take_kept(stage)     # slots kept for the stage's queued requests
+    slots.join_line(request, stage) / slots.waiting_in_line(stage) # requests let go to wait in the middleware
+    slots.prune_kept() / slots.free_kept() / slots.stand_down()    # StageScheduler's tick, end and close
+    await slots.close()            # forget who holds what, then close the locks (one aclose() per stage)
+
+The permit hand-off: a slot goes with its request object (never in ``meta``, which retries and
+redirects copy) from the scheduler (``hand``) or the middleware's own wait (``hold``) until
+``finish``. The one sweep of requests that left the downloader without passing back through the
+middleware (another middleware replaced or dropped them) runs at every renewal tick: a request
+missing from ``downloader.active`` at two ticks in a row has its slot freed.
+
+Local hand-off: when a request finishes and this process has a request of the same stage waiting
+for a slot in the middleware (the oldest goes first: its wait in Redis's line stays, for the next
+request, see :mod:`.stageline`) or queued in StageScheduler, the slot passes to it at once, in the
+same call, with no Redis command: the grant stays held, its lease goes on (renewed with the
+others), and the fencing token stays the grant's (two requests of one process in a row may carry
+the same fence; it still grows with every grant Redis makes). So that no other process starves, a
+slot passes on this way only while it is younger than REDISLOCK_LOCAL_REUSE seconds (and half the
+lease) since Redis granted it; after that the next finish releases it to Redis's
+first-come-first-served line (where this process's own waiters queue too). A slot used locally is a
+slot held: its lease is valid, so the cap holds even while Redis is unreachable (a held slot may
+then still pass on within that bound; nothing new is granted). Counted as
+``redislock/<stage>/reused``.
+
+A slot found lost, or past the end of its lease (:meth:`StageLocks.usable
+<scrapy_redislock.crawl.stagelocks.StageLocks.usable>`), never goes with a request: ``take``, the
+local hand-off and the scheduler's hand-out drop it (released, in case Redis still holds it), and
+its request waits for another slot. Counted as ``redislock/<stage>/unusable``.
+
+Reads REDISLOCK_LOCAL_REUSE and REDISLOCK_TTL from the checked settings it is given. The clock (a
+``Callable[[], float]``, ``time.monotonic`` by default) times the local reuse bound and a kept
+slot's lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+import weakref
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from scrapy_redislock.crawl.engine import (
+    downloader_active,
+    engine_closing,
+    one_per_crawler,
+    wake_engine,
+)
+from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks, slot_id
+from scrapy_redislock.requests.ledger import PermitLedger
+from scrapy_redislock.requests.stageline import StageLine
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+    from scrapy_redislock.crawl.settings import RedisLockSettings
+
+logger = logging.getLogger("scrapy_redislock.crawl.stagelocks")
+
+Clock = Callable[[], float]
+
+
+class RequestSlots:
+    """The slots of one crawler's requests (see the module docstring)."""
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        settings: RedisLockSettings,
+        locks: StageLocks,
+        *,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.crawler = crawler
+        self.locks = locks
+        self.clock = clock
+        # request -> the slot it goes with (or its error)
+        self.ledger: PermitLedger[Request, SlotPermit] = PermitLedger(
+            min(settings.local_reuse, settings.ttl / 2)
+        )
+        # stage -> the requests of this process waiting for its slots in the middleware
+        self.lines: dict[str, StageLine] = {}
+        self.waiting: Counter[str] = Counter()  # requests waiting in the middleware, per stage
+        self.stages = list(locks.locks)  # the capped stages
+        # StageScheduler's (serve_scheduler): how many of a stage's requests it has queued, and how
+        # many slots they could use now; None without it
+        self._queued: Callable[[str], int] | None = None
+        self._could_use: Callable[[str], int] | None = None
+        # whether a request left StageScheduler, and the way back into its inner scheduler for one
+        # that never went out (waiting for a slot in the middleware when the spider closes); None
+        # without it
+        self.left_scheduler: Callable[[Request], bool] | None = None
+        self.give_back: Callable[[Request], bool] | None = None
+        # slots kept for the next queued request of their stage (a finished request's, or a grant
+        # no request waited for)
+        self._kept: dict[str, deque[SlotPermit]] = {}
+        # requests let go by the scheduler without a slot: they wait for one in the middleware
+        self._in_line: dict[str, weakref.WeakSet[Request]] = {}
+        self._standing_down = False  # the scheduler closes, or the engine does: keep nothing
+        locks.add_waiting_source(self._waiting_for)
+        locks.add_tick_hook(self.tick)
+
+    @classmethod
+    def of(
+        cls, crawler: Crawler, settings: RedisLockSettings, *, clock: Clock = time.monotonic
+    ) -> RequestSlots:
+        """The crawler's one instance, over its StageLocks for the request stages (created on first
+        use)."""
+        return one_per_crawler(
+            crawler,
+            "_redislock_request_slots",
+            lambda: cls(crawler, settings, StageLocks.of(crawler, settings), clock=clock),
+        )
+
+    def serve_scheduler(
+        self,
+        *,
+        queued: Callable[[str], int],
+        could_use: Callable[[str], int],
+        left: Callable[[Request], bool] | None,
+        give_back: Callable[[Request], bool] | None,
+    ) -> None:
+        """StageScheduler, once: ``queued(stage)``, its requests of the stage (for the status CLI);
+        ``could_use(stage)``, how many slots they could use now; ``left(request)`` and
+        ``give_back(request)`` (None for an inner scheduler it cannot give requests back to)."""
+        self._queued, self._could_use = queued, could_use
+        self.left_scheduler, self.give_back = left, give_back
+        self._kept = {stage: deque() for stage in self.stages}
+        self._in_line = {stage: weakref.WeakSet() for stage in self.stages}
+
+    def _waiting_for(self, stage: str) -> int:
+        """Requests of this process waiting for a slot of ``stage``: in the middleware, and queued
+        in the scheduler."""
+        return self.waiting[stage] + (0 if self._queued is None else self._queued(stage))
+
+    # -- waiting in the middleware -----------------------------------------------------------------
+
+    async def wait(self, stage: str, timeout: float | None) -> SlotPermit:
+        """A slot for a request waiting in the middleware: one kept for a queued request (at once:
+        this request left the scheduler before the slot was freed, it is older), else from this
+        process's line for the stage (a slot freed here, or a grant to one of its waits in Redis);
+        AcquireTimeout after ``timeout`` s (None: none), counted as ``<stage>/timeouts``."""
+        self.waiting[stage] += 1
+        try:
+            permit = self.take_kept(stage)
+            if permit is not None:
+                return permit
+            line = self.lines.get(stage)
+            if line is None:
+                line = self.lines[stage] = StageLine(stage)
+            return await self._wait_in(line, timeout)
+        finally:
+            self.waiting[stage] -= 1
+
+    async def _wait_in(self, line: StageLine, timeout: float | None) -> SlotPermit:
+        served = line.join()
+        loop = asyncio.get_running_loop()
+        timer = (
+            None
+            if timeout is None
+            else loop.call_later(timeout, self._expire, line, served, timeout)
+        )
+        self._ask(line)
+        given = False
+        try:
+            permit = await served
+            given = True
+            return permit
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if not given:
+                self._gave_up(line, served)
+
+    def _ask(self, line: StageLine) -> None:
+        """One wait in Redis per request waiting in ``line``."""
+        while line.short() > 0 and not self.locks.closed:
+            ask = asyncio.ensure_future(self.locks.acquire(line.stage, None))
+            line.asks.add(ask)
+            ask.add_done_callback(functools.partial(self._answered, line))
+
+    def _answered(self, line: StageLine, ask: asyncio.Future[SlotPermit]) -> None:
+        """A wait in Redis ended: its slot goes to the oldest request waiting in ``line``, else on."""
+        line.asks.discard(ask)
+        if ask.cancelled():
+            if self.locks.closed:
+                line.cancel()
+            else:
+                self._ask(
+                    line
+                )  # withdrawn as surplus (nothing to do), or cancelled by someone else
+            return
+        error = ask.exception()
+        if error is not None:
+            # what the request's own wait would have raised (a Redis error is retried inside)
+            line.fail_oldest(error)
+            self._ask(line)
+            return
+        permit = ask.result()
+        if not line.offer(permit):
+            self.place(permit)
+
+    def _expire(self, line: StageLine, served: asyncio.Future[SlotPermit], timeout: float) -> None:
+        if line.expire(served, timeout):
+            self.locks.count(line.stage, "timeouts")
+
+    def _gave_up(self, line: StageLine, served: asyncio.Future[SlotPermit]) -> None:
+        """A request stopped waiting without taking a slot (timeout, cancel): a slot it was handed
+        meanwhile goes on; a wait in Redis beyond the requests left is withdrawn."""
+        permit = line.leave(served)
+        if permit is not None and not line.offer(permit):
+            self.place(permit)
+        for ask in line.surplus():
+            ask.cancel()
+
+    def place(self, permit: SlotPermit) -> None:
+        """A slot granted with no request waiting for it here: kept for a queued request of its
+        stage if one could use it, else back to Redis. Not counted as reused: Redis granted it just
+        now."""
+        if not self._pass_on(permit, local=False):
+            self.locks.release_soon(permit)
+
+    # -- the hand-off: scheduler -> middleware -> next request -------------------------------------
+
+    def hand(self, request: Request, outcome: SlotPermit | BaseException) -> None:
+        """StageScheduler lets ``request`` go with this slot (or fails it with this error at the
+        middleware)."""
+        self.ledger.hand(request, outcome)
+
+    def take(self, request: Request) -> SlotPermit | BaseException | None:
+        """What ``request`` came with from the scheduler: its slot (held until :meth:`finish`), an
+        error (given once), or None. A slot that is no longer usable is dropped and None returned:
+        the request must wait for another rather than start without a valid lease. None once the
+        locks closed (they freed every slot)."""
+        if self.locks.closed:
+            return None
+        outcome = self.ledger.peek(request)
+        if outcome is None:
+            return None
+        if isinstance(outcome, BaseException):
+            self.ledger.forget(request)
+        elif not self.locks.usable(outcome, self.clock()):
+            self.ledger.forget(request)
+            self.locks.release_soon(outcome)
+            return None
+        return outcome
+
+    def hold(self, request: Request, permit: SlotPermit) -> None:
+        """``request`` holds ``permit`` (it waited for it in the middleware) until :meth:`finish`;
+        with StageScheduler, the next request of its stage may leave it."""
+        self.ledger.hold(request, permit)
+        if self._could_use is not None:
+            for line in self._in_line.values():
+                line.discard(request)
+            if not self._standing_down:
+                wake_engine(self.crawler)
+
+    def permit_of(self, request: Request) -> SlotPermit | None:
+        """The slot ``request`` holds now, if any."""
+        return self.ledger.permit_of(request)
+
+    def has_slot(self, request: Request) -> bool:
+        """Whether ``request`` holds a slot now (handed one by the scheduler, or got one in the
+        middleware)."""
+        return self.ledger.has_slot(request)
+
+    def holding(self) -> list[Request]:
+        """The requests of this process that hold a slot now (handed out by the scheduler or waited
+        for in the middleware, and not finished): StageScheduler counts their keys
+        (REDISLOCK_STAGE_KEY) before a hand-out."""
+        return self.ledger.holding()
+
+    def finish(self, request: Request) -> None:
+        """``request`` is done with its slot (download over, answered, dropped); nothing when it has
+        none, or once the locks closed (they freed every slot)."""
+        permit = self.ledger.finish(request)
+        if permit is not None and not self.locks.closed:
+            self.free(permit)
+
+    def free(self, permit: SlotPermit) -> None:
+        """Pass a slot on to a parked request of this process (see the module docstring), else
+        release it now."""
+        if not self._pass_on(permit):
+            self.locks.release_soon(permit)
+
+    def _pass_on(self, permit: SlotPermit, local: bool = True) -> bool:
+        """Give a freed slot (``local``) or a fresh grant to a request of this process: first to
+        the oldest waiting in the middleware (in Redis's line too: its wait there stays for the
+        next request), then to the scheduler's queued requests of its stage."""
+        stage = self.locks.stage_of(permit)
+        line = self.lines.get(stage or "")
+        if stage is None or self.locks.closed or (self._could_use is None and not line):
+            return False
+        now = self.clock()
+        if not self.ledger.young(permit, now):
+            # back to Redis's line, where other processes may wait (and never near the lease's end)
+            return False
+        if not self.locks.usable(permit, now):
+            return False
+        if (line is not None and line.offer(permit)) or self._keep(stage, permit):
+            if local:
+                self.locks.count(stage, "reused")
+            return True
+        return False
+
+    def sweep(self) -> None:
+        """Free the slots of requests that left the downloader without finishing here (missing from
+        ``downloader.active`` at two ticks in a row: the engine adds a request to it in the same
+        call that takes it from the scheduler, so one tick would do; two cost nothing)."""
+        for permit in self.ledger.sweep(downloader_active(self.crawler)):
+            logger.debug(
+                "Freeing slot %s, whose request left the downloader unseen", slot_id(permit)
+            )
+            self.free(permit)
+
+    async def tick(self) -> None:
+        """At every renewal tick (before the renewals): the sweep."""
+        self.sweep()
+
+    # -- slots kept for StageScheduler's queued requests -------------------------------------------
+
+    def _keep(self, stage: str, permit: SlotPermit) -> bool:
+        """Keep a slot for the next queued request of its stage and wake the engine; False (back to
+        Redis) when the scheduler stands down, or none of its queued requests could use it."""
+        if self._could_use is None or self._standing_down or stage not in self._kept:
+            return False
+        if engine_closing(self.crawler) or self._could_use(stage) <= len(self._kept[stage]):
+            return False
+        self._kept[stage].append(permit)
+        wake_engine(self.crawler)
+        return True
+
+    def kept(self, stage: str) -> int:
+        """Slots kept for queued requests of ``stage`` now."""
+        kept = self._kept.get(stage)
+        return 0 if kept is None else len(kept)
+
+    def kept_permits(self, stage: str) -> tuple[SlotPermit, ...]:
+        """The slots kept for ``stage``, oldest first (left in place)."""
+        return tuple(self._kept.get(stage, ()))
+
+    def take_kept(self, stage: str) -> SlotPermit | None:
+        """A slot kept for ``stage``, oldest first (unusable ones are dropped on the way); None when
+        there is none."""
+        kept = self._kept.get(stage)
+        while kept:
+            permit = kept.popleft()
+            if self.locks.usable(permit, self.clock()):
+                return permit
+            self.locks.release_soon(permit)
+        return None
+
+    def free_kept(self) -> None:
+        """Every kept slot back to Redis (the scheduler has nothing queued that could use one)."""
+        for permits in self._kept.values():
+            while permits:
+                self.locks.release_soon(permits.popleft())
+
+    def prune_kept(self) -> None:
+        """Drop kept slots that can no longer go with a request, or that no queued request could
+        use (back to Redis)."""
+        assert self._could_use is not None
+        now = self.clock()
+        for stage, permits in self._kept.items():
+            if not permits:
+                continue
+            if not all(permit.usable(now) for permit in permits) or not self._could_use(stage):
+                kept = [
+                    permit
+                    for permit in permits
+                    if self._could_use(stage) and self.locks.usable(permit, self.clock())
+                ]
+                for permit in permits:
+                    if permit not in kept:
+                        self.locks.release_soon(permit)
+                permits.clear()
+                permits.extend(kept)
+
+    def stand_down(self, *, release: bool = True) -> None:
+        """The scheduler closes, or the engine does: keep no slot from now on; the kept ones go back
+        to Redis (``release``), or are left to :meth:`close` (which frees every slot at once)."""
+        self._standing_down = True
+        if release:
+            self.free_kept()
+        else:
+            for permits in self._kept.values():
+                permits.clear()
+
+    # -- requests let go without a slot ------------------------------------------------------------
+
+    def join_line(self, request: Request, stage: str) -> None:
+        """``request`` left the scheduler without a slot: it waits for one in the middleware."""
+        self._in_line[stage].add(request)
+
+    def waiting_in_line(self, stage: str) -> int:
+        """Requests of ``stage`` let go without a slot that still wait for one (not yet holding one,
+        not gone)."""
+        line = self._in_line[stage]
+        active = downloader_active(self.crawler)
+        for request in list(line):
+            if self.has_slot(request) or (active is not None and request not in active):
+                line.discard(request)
+        return len(line)
+
+    def in_line(self) -> Iterator[Request]:
+        """Every request let go without a slot that still waits for one."""
+        for stage, line in self._in_line.items():
+            self.waiting_in_line(stage)  # forget those that got their slot or are gone
+            yield from line
+
+    # -- close -------------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Forget who holds what, then close the locks: every slot of this process is freed there,
+        one call per lock."""
+        self.ledger.clear()
+        await self.locks.close()
+
+
+__all__ = ["RequestSlots"]

@@ -1,0 +1,129 @@
+"""The local hand-off of the request front's slots (requests/requestslots.py), fast: a crawler from
+``scrapy.utils.test.get_crawler``, real Permit objects made by hand, a fake clock, no Redis (nothing
+here sends a command: a slot passed on locally costs none; the one that goes back to Redis is only
+started, and cancelled)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from scrapy import Request, Spider
+from scrapy.utils.test import get_crawler
+
+from scrapy_redislock.crawl.settings import read_settings
+from scrapy_redislock.crawl.stagelocks import StageLocks
+from scrapy_redislock.lock.permit import Permit
+from scrapy_redislock.requests.requestslots import RequestSlots
+from scrapy_redislock.requests.stageline import StageLine
+
+REUSE = 5.0  # REDISLOCK_LOCAL_REUSE
+
+
+class UnitSpider(Spider):
+    name = "unit"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def slots_of(clock: Clock) -> RequestSlots:
+    crawler = get_crawler(
+        UnitSpider,
+        {
+            "REDISLOCK_URL": "redis://127.0.0.1:1",  # never reached
+            "REDISLOCK_STAGES": {"detail": 1, "list": 1},
+            "REDISLOCK_TTL": 30,
+            "REDISLOCK_LOCAL_REUSE": REUSE,
+        },
+    )
+    settings = read_settings(crawler.settings)
+    return RequestSlots(
+        crawler, settings, StageLocks(crawler, settings, settings.stages), clock=clock
+    )
+
+
+def granted(stage: str, clock: Clock) -> Permit:
+    """A slot of ``stage`` as Redis grants it, now on ``clock``: leased for the TTL from now."""
+    permit = Permit(name=stage, owner="unit", grant="1-1", fence=1, acquired_at=clock())
+    permit.leased(clock(), 30.0)
+    return permit
+
+
+def waiting(slots: RequestSlots, stage: str, count: int) -> list[asyncio.Future[Permit]]:
+    """``count`` requests of ``stage`` waiting in the middleware, oldest first (their line's waits
+    in Redis are left out: no Redis here)."""
+    line = slots.lines.setdefault(stage, StageLine(stage))
+    return [line.join() for _ in range(count)]
+
+
+def test_a_finished_requests_slot_goes_to_the_oldest_waiter_of_its_stage_in_the_same_call() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        slots = slots_of(clock)
+        oldest, next_one = waiting(slots, "detail", 2)
+        (other_stage,) = waiting(slots, "list", 1)
+        permit = granted("detail", clock)
+        done = Request("http://example.com/1")
+        slots.hold(done, permit)
+        clock.now += REUSE - 0.1
+        slots.finish(done)  # no await: passed on in this call
+        assert oldest.done() and oldest.result() is permit
+        assert not next_one.done() and not other_stage.done()
+        assert not slots.has_slot(done)
+        assert not slots.locks.releasing  # nothing sent to Redis
+        assert slots.locks.stats.get_value("redislock/detail/reused") == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_slot_older_than_the_local_reuse_bound_goes_back_to_redis() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        slots = slots_of(clock)
+        (waiter,) = waiting(slots, "detail", 1)
+        permit = granted("detail", clock)
+        done = Request("http://example.com/1")
+        slots.hand(done, permit)
+        assert slots.take(done) is permit
+        clock.now += REUSE  # REDISLOCK_LOCAL_REUSE since Redis granted it: no longer young
+        slots.finish(done)
+        assert not waiter.done()
+        assert slots.locks.stats.get_value("redislock/detail/reused") is None
+        releasing = list(slots.locks.releasing)  # back to Redis's line: a release was started
+        assert len(releasing) == 1
+        for task in releasing:
+            task.cancel()
+        await asyncio.gather(*releasing, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_a_young_slot_past_its_lease_on_the_clock_is_not_passed_on() -> None:
+    """Its lease ran out unrenewed (a stall, Redis out of reach) while it is still young: dropped
+    (counted, back to Redis), never handed to the waiter."""
+
+    async def scenario() -> None:
+        clock = Clock()
+        slots = slots_of(clock)
+        (waiter,) = waiting(slots, "detail", 1)
+        permit = granted("detail", clock)
+        permit.valid_until = clock.now + 1.0  # its renewals stopped
+        done = Request("http://example.com/1")
+        slots.hold(done, permit)
+        clock.now += 1.0
+        slots.finish(done)
+        assert not waiter.done()
+        assert slots.locks.stats.get_value("redislock/detail/unusable") == 1
+        assert slots.locks.stats.get_value("redislock/detail/reused") is None
+        releasing = list(slots.locks.releasing)
+        assert len(releasing) == 1
+        for task in releasing:
+            task.cancel()
+        await asyncio.gather(*releasing, return_exceptions=True)
+
+    asyncio.run(scenario())
