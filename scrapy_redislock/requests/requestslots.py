@@ -339,7 +339,8 @@ class RequestSlots:
             self.free(permit)
 
     async def tick(self) -> None:
-        """At every renewal tick (before the renewals): the sweep."""
+        """At every renewal tick, before the renewals (a tick hook of the locks, after the adaptive
+        limits' and before StageScheduler's): the sweep."""
         self.sweep()
 
     # -- slots kept for StageScheduler's queued requests -------------------------------------------
