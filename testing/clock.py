@@ -1,5 +1,5 @@
 """A fake monotonic clock for unit tests: pass it where the package takes a ``clock`` (``LockCore``,
-``WorkerState``, ``StageWorkerScheduler``) and move time by hand, so a test of what happens after
+``WorkerState``, ``StageWorkerScheduler``, ``StageScheduler``, ``StageLockMiddleware``, ``RequestSlots``, ``StageLocks``) and move time by hand, so a test of what happens after
 seconds of silence runs in microseconds and never waits.
 
     clock = FakeClock()                                  # now = 100.0

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
+    from scrapy_redislock.lock.core import Clock
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -88,9 +89,19 @@ class KeyLocks(StageLocks):
     watch_limits = False  # a key's limit is its own (KeyLocks.limit), never logged per key
     fan_out = 8  # renewals and retirements of many keys share the client's pool: a few at once
 
-    def __init__(self, crawler: Crawler, settings: RedisLockSettings) -> None:
+    def __init__(
+        self,
+        crawler: Crawler,
+        settings: RedisLockSettings,
+        clock: Clock = time.monotonic,
+    ) -> None:
         super().__init__(
-            crawler, settings, {}, lock_prefix=KEY_LOCK_PREFIX, stats_prefix="redislock/keys"
+            crawler,
+            settings,
+            {},
+            lock_prefix=KEY_LOCK_PREFIX,
+            stats_prefix="redislock/keys",
+            clock=clock,
         )
         self._waiting = waiting_client(self.client)
         # one runner for every key's lock and the delays (its scripts registered once)
@@ -119,9 +130,14 @@ class KeyLocks(StageLocks):
 
     @classmethod
     def of(
-        cls, crawler: Crawler, settings: RedisLockSettings, *, attr: str = "_redislock_key_locks"
+        cls,
+        crawler: Crawler,
+        settings: RedisLockSettings,
+        *,
+        attr: str = "_redislock_key_locks",
+        clock: Clock = time.monotonic,
     ) -> KeyLocks:
-        return one_per_crawler(crawler, attr, lambda: cls(crawler, settings))
+        return one_per_crawler(crawler, attr, lambda: cls(crawler, settings, clock))
 
     async def start(self) -> None:
         """PING and join the renewal loop; keys have no limits to publish (each is set when its lock
@@ -288,7 +304,7 @@ class KeyLocks(StageLocks):
             if not wait:
                 break
             self.stats.inc_value("redislock/delay/held_back")
-        return ConfirmedStart(name, at, gap, waited, time.monotonic())
+        return ConfirmedStart(name, at, gap, waited, self.clock())
 
     async def wait_rate(self, name: str, count: int, window: float) -> tuple[float, float]:
         """Start once fewer than ``count`` starts of ``name`` (``key:<scope>``) lie in the last
@@ -322,7 +338,7 @@ class KeyLocks(StageLocks):
         """The request of ``start`` reached Scrapy's downloader now: if that is more than
         :data:`LATE_SEND` after its confirmation came back, the key's next start keeps the gap after
         now (one script, in a task of its own; a failure only loses the correction)."""
-        lateness = time.monotonic() - start.confirmed
+        lateness = self.clock() - start.confirmed
         self.stats.max_value("redislock/delay/send_lag_max", lateness)
         if lateness <= LATE_SEND or self.closed:
             return

@@ -117,6 +117,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
+    from scrapy_redislock.lock.core import Clock
 
 logger = logging.getLogger(__name__)
 # start and close say what they say under the logger name they always had (LOG settings name it)
@@ -196,16 +197,20 @@ class StageLocks:
         *,
         lock_prefix: str = "",
         stats_prefix: str = "redislock",
+        clock: Clock = time.monotonic,
     ) -> None:
         self.crawler = crawler
         self.settings = settings
+        self.clock = (
+            clock  # monotonic seconds: waits, back-offs, the limits seen (tests pass theirs)
+        )
         self.limits = dict(limits)
         self.lock_prefix = lock_prefix
         self.stats_prefix = stats_prefix
         # the cap group (REDISLOCK_GROUP) and the prefix of its locks' keys
         self.group = group_of(settings, self.spider_name)
         self.key_prefix = group_prefix(settings.key_prefix, self.group)
-        # stage -> (its limit as a renewal last reported it, time.monotonic() then)
+        # stage -> (its limit as a renewal last reported it, self.clock() then)
         self.limits_seen: dict[str, tuple[int, float]] = {}
         # stage -> the limit this process last knew Redis to hold (written at start, or logged)
         self.limits_known: dict[str, int] = {}
@@ -227,6 +232,7 @@ class StageLocks:
             settings,
             lock_prefix=lock_prefix,
             key_prefix=self.key_prefix,
+            clock=clock,
         )
         # stage -> the waiting count its last maintain told Redis
         self._sent_waiting: dict[str, int] = {}
@@ -284,7 +290,7 @@ class StageLocks:
         """A renewal reported the stage's limit in Redis: a change from what this process knew
         (another process's settings, an operator's ``set-limit``) is logged once, here too; an
         adaptive stage's controller moves its limit itself, unlogged."""
-        self.limits_seen[stage] = (limit, time.monotonic())
+        self.limits_seen[stage] = (limit, self.clock())
         known = self.limits_known.get(stage)
         self.limits_known[stage] = limit
         adapts = self.adaptation is not None and self.settings.adaptive.adapts(stage=stage)
@@ -303,11 +309,18 @@ class StageLocks:
 
     @classmethod
     def of(
-        cls, crawler: Crawler, settings: RedisLockSettings, *, attr: str = "_redislock_stage_locks"
+        cls,
+        crawler: Crawler,
+        settings: RedisLockSettings,
+        *,
+        attr: str = "_redislock_stage_locks",
+        clock: Clock = time.monotonic,
     ) -> StageLocks:
         """The crawler's shared instance for the request stages (REDISLOCK_STAGES), created on first
-        use."""
-        return one_per_crawler(crawler, attr, lambda: cls(crawler, settings, settings.stages))
+        use (on the first caller's ``clock``)."""
+        return one_per_crawler(
+            crawler, attr, lambda: cls(crawler, settings, settings.stages, clock=clock)
+        )
 
     @property
     def clients(self) -> list[AsyncRedisClient]:
@@ -365,7 +378,7 @@ class StageLocks:
         """
         if self._starting is None:
             if not self.opened:
-                self.start_logs = count_start_logs(self.crawler)
+                self.start_logs = count_start_logs(self.crawler, clock=self.clock)
             self._starting = asyncio.ensure_future(self._start_retrying())
         try:
             await asyncio.shield(self._starting)
@@ -415,14 +428,14 @@ class StageLocks:
         credentials or an ACL refused are not retried.
         """
         timeout = self.settings.redis.connect_timeout
-        deadline = time.monotonic() + timeout
+        deadline = self.clock() + timeout
         backoff = Backoff(*START_BACKOFF)
         while True:
             try:
                 await self.start()
                 return
             except REDIS_ERRORS as exc:
-                left = deadline - time.monotonic()
+                left = deadline - self.clock()
                 if (
                     not isinstance(exc, OUTAGE_ERRORS)
                     or isinstance(exc, REFUSED)
@@ -540,11 +553,11 @@ class StageLocks:
         if task is not None:
             self.waits.add(task)
         self.reports.wait_began(task, stage)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else self.clock() + timeout
         backoff = Backoff()
         try:
             while True:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                left = None if deadline is None else max(0.0, deadline - self.clock())
                 try:
                     permit = await lock.acquire(timeout=left)
                     self.reports.granted(stage)
@@ -553,7 +566,7 @@ class StageLocks:
                     self.stats.inc_value(f"{self.stats_prefix}/{stage}/timeouts")
                     raise
                 except Paused as paused:  # a Retry-After paused a key's starts: wait it out
-                    if deadline is not None and time.monotonic() + paused.wait > deadline:
+                    if deadline is not None and self.clock() + paused.wait > deadline:
                         self.stats.inc_value(f"{self.stats_prefix}/{stage}/timeouts")
                         raise AcquireTimeout(
                             f"stage {stage!r}: paused beyond the wait's {timeout} s"
@@ -563,7 +576,7 @@ class StageLocks:
                     if self.closed:
                         raise
                     delay = backoff.next()
-                    if deadline is not None and time.monotonic() + delay > deadline:
+                    if deadline is not None and self.clock() + delay > deadline:
                         self.stats.inc_value(f"{self.stats_prefix}/{stage}/timeouts")
                         raise AcquireTimeout(
                             f"stage {stage!r}: no slot within {timeout} s ({exc})"
@@ -651,7 +664,7 @@ class StageLocks:
         A local check: a slot waiting for a request (StageScheduler's kept slots, a finished
         request's slot) may have been lost, or its lease may have run out while Redis was out of
         reach, and another process may hold it by now."""
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         if permit.usable(now):
             return True
         stage = self.stage_of(permit) or permit.name
@@ -675,7 +688,7 @@ class StageLocks:
     async def tick(self) -> None:
         """One renewal round: hooks, retried releases, then every stage's maintain() at once. Never
         raises."""
-        if self.closed or time.monotonic() < self._retry_at:
+        if self.closed or self.clock() < self._retry_at:
             return
         for hook in list(self._tick_hooks):
             try:
@@ -690,7 +703,7 @@ class StageLocks:
             delay = self._backoff.next()
             logger.warning("Renewing stage slots failed (%s); retrying in %.1f s", exc, delay)
             self.stats.inc_value(f"{self.stats_prefix}/redis_errors")
-            self._retry_at = time.monotonic() + delay
+            self._retry_at = self.clock() + delay
         else:
             self._backoff.reset()
 

@@ -28,6 +28,7 @@ from scrapy_redislock.lock.status import StageStatus, WaitReason, astage_status,
 if TYPE_CHECKING:
     from scrapy_redislock.crawl.deployment import Deployment
     from scrapy_redislock.crawl.settings import RedisLockSettings
+    from scrapy_redislock.lock.core import Clock
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +49,10 @@ class WaitReports:
         *,
         lock_prefix: str,
         key_prefix: str,
+        clock: Clock = time.monotonic,
     ) -> None:
         self.by_stage = locks
+        self.clock = clock
         self.deployment = deployment
         self.settings = settings
         self.lock_prefix = lock_prefix
@@ -68,13 +71,13 @@ class WaitReports:
         return self.deployment.clients
 
     def wait_began(self, wait: Any, stage: str) -> None:
-        self.started[wait] = (stage, time.monotonic())
+        self.started[wait] = (stage, self.clock())
 
     def wait_ended(self, wait: Any) -> None:
         self.started.pop(wait, None)
 
     def granted(self, stage: str) -> None:
-        self.last_grant[stage] = time.monotonic()
+        self.last_grant[stage] = self.clock()
 
     def forget(self, stage: str) -> None:
         """A stage (a key's) that is gone: nothing more to report on it."""
@@ -159,7 +162,7 @@ class WaitReports:
     async def report(self) -> None:
         """Say why, for each stage whose waits have had no grant for REPORT_FIRST s, then with
         back-off."""
-        now = time.monotonic()
+        now = self.clock()
         for stage in list(self.by_stage):  # keys may come and go meanwhile (KeyLocks)
             idle = self._no_grant_for(stage, now)
             if idle is None or idle < REPORT_FIRST:
@@ -174,7 +177,7 @@ class WaitReports:
         """At close: why to give up the waits for ``stage`` (paused, or no slot freed anywhere for
         ``window`` s), else "". Progress is a grant to this process, or any change in the stage's
         grants in Redis."""
-        now = time.monotonic()
+        now = self.clock()
         try:
             statuses = await self.read_statuses(stage)
         except REDIS_ERRORS:

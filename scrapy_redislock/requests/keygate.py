@@ -105,7 +105,7 @@ class KeyGate:
         # monotonic seconds: how long a slot took to get (KeyLine, which goes with this gate, too)
         self.clock = clock
         self.settings = settings
-        self.locks = KeyLocks.of(crawler, settings)
+        self.locks = KeyLocks.of(crawler, settings, clock=clock)
         self.permits: PermitLedger[Request, SlotPermit] = PermitLedger()
         # slots of the request's other scopes (meta["redislock_scopes"], REDISLOCK_SCOPES_OF)
         self.scope_permits: PermitLedger[Request, ScopeHolds] = PermitLedger()

@@ -86,6 +86,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
 
+    from scrapy_redislock.lock.core import Clock
+
 logger = logging.getLogger(__name__)
 
 # How often requests waiting here check whether the engine is closing (its close waits for them).
@@ -101,9 +103,10 @@ class StageLockMiddleware:
 
     redislock_takes_slots = True  # how StageScheduler and crawl.early find it without importing it
 
-    def __init__(self, crawler: Crawler) -> None:
+    def __init__(self, crawler: Crawler, clock: Clock = time.monotonic) -> None:
         one_line_config_errors()  # a ConfigError below ends the crawl as one line, exit status 1
         self.crawler = crawler
+        self.clock = clock  # monotonic seconds, for the parts it makes too (tests pass theirs)
         self.settings = read_settings(crawler.settings)
         self._waits: dict[asyncio.Task[SlotPermit], str] = {}  # wait -> stage
         self._waiters: dict[asyncio.Task[SlotPermit], Request] = {}  # wait -> its request
@@ -131,7 +134,7 @@ class StageLockMiddleware:
         check_stage_names(
             crawler.spidercls, self.settings, self.settings.stages, "REDISLOCK_STAGES"
         )
-        self.slots = RequestSlots.of(crawler, self.settings)
+        self.slots = RequestSlots.of(crawler, self.settings, clock=clock)
         self.locks = self.slots.locks
         if self.settings.stages and self.download_timeout > self.settings.ttl:
             logger.info(
@@ -140,7 +143,7 @@ class StageLockMiddleware:
                 self.download_timeout,
             )
         # keys and delays
-        self.gate = KeyGate.of(crawler, self.settings) if self.settings.keyed else None
+        self.gate = KeyGate.of(crawler, self.settings, clock=clock) if self.settings.keyed else None
         if self.gate is not None:
             self.gate.on_wait = self._watch_close
             self.gate.give_back = self._give_back_for_key
@@ -207,7 +210,7 @@ class StageLockMiddleware:
         permit = self.slots.permit_of(request)
         if permit is None:
             return
-        left = permit.valid_until - time.monotonic() - self.locks.renew_interval / 2
+        left = permit.valid_until - self.clock() - self.locks.renew_interval / 2
         if within_lease(request, left, self.download_timeout):
             self.locks.count(self.locks.stage_of(permit) or permit.name, "lease_bounded")
 
@@ -312,13 +315,13 @@ class StageLockMiddleware:
         """Wait in Redis's FIFO (no StageScheduler, or a request that bypassed it); see the module
         docstring for what happens when the spider closes meanwhile."""
         assert self.locks is not None and self.slots is not None
-        started = time.monotonic()
+        started = self.clock()
         permit = await self._wait_for_slot(request, stage)
         while not self.locks.usable(permit):
             self.locks.release_soon(permit)
             permit = await self._wait_for_slot(request, stage)
         self.slots.hold(request, permit)
-        self.locks.record_grant(stage, time.monotonic() - started)
+        self.locks.record_grant(stage, self.clock() - started)
         after = self._keys(request, stage, slotted=True)
         if after is not None:
             await after

@@ -79,10 +79,9 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
+    from scrapy_redislock.lock.core import Clock
 
 logger = logging.getLogger("scrapy_redislock.crawl.stagelocks")
-
-Clock = Callable[[], float]
 
 
 class RequestSlots:
@@ -134,7 +133,9 @@ class RequestSlots:
         return one_per_crawler(
             crawler,
             "_redislock_request_slots",
-            lambda: cls(crawler, settings, StageLocks.of(crawler, settings), clock=clock),
+            lambda: cls(
+                crawler, settings, StageLocks.of(crawler, settings, clock=clock), clock=clock
+            ),
         )
 
     def serve_scheduler(

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -106,6 +107,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.settings import Settings
     from twisted.internet.defer import Deferred
+
+    from scrapy_redislock.lock.core import Clock
 
 logger = logging.getLogger(__name__)
 
@@ -176,9 +179,10 @@ class StageScheduler:
     """A scheduler whose capped requests leave it only when they can go, in the inner scheduler's
     order."""
 
-    def __init__(self, crawler: Crawler) -> None:
+    def __init__(self, crawler: Crawler, clock: Clock = time.monotonic) -> None:
         one_line_config_errors()  # a ConfigError below ends the crawl as one line, exit status 1
         self.crawler = crawler
+        self.clock = clock  # monotonic seconds, for the parts it makes too (tests pass theirs)
         self.settings = read_settings(crawler.settings)
         inner_cls = load_inner_scheduler(self.settings.scheduler_inner, outer=StageScheduler)
         self.enabled = self.settings.enabled
@@ -194,7 +198,7 @@ class StageScheduler:
                 )
         self.inner = _build_inner(inner_cls, crawler)
         # the request front's slots (and the kept ones for queued requests), over the crawler's locks
-        self.slots = RequestSlots.of(crawler, self.settings) if self.enabled else None
+        self.slots = RequestSlots.of(crawler, self.settings, clock=clock) if self.enabled else None
         self.locks: StageLocks | None = self.slots.locks if self.slots is not None else None
         self.gate: StageGate | None = None
         # key slots got here for requests of no capped stage (over Scrapy's scheduler)
@@ -218,7 +222,10 @@ class StageScheduler:
                 self.inner.pqclass = StageQueueFactory(self.inner.pqclass, self.gate)
                 if self.settings.keys.capped:
                     self.keyline = self.gate.keyline = KeyLine(
-                        crawler, self.settings, KeyGate.of(crawler, self.settings), self.inner
+                        crawler,
+                        self.settings,
+                        KeyGate.of(crawler, self.settings, clock=clock),
+                        self.inner,
                     )
             elif not _is_scrapy_redis(self.inner):
                 self.gate.queues_split = False
@@ -310,12 +317,15 @@ class StageScheduler:
             asked_while_paused=self._wake_later,
             thread=self.queue_thread,
             wake=self._wake,
+            clock=self.clock,
         )
         self.inner.queue = self.shared
         self.shared.enqueue = self.inner.enqueue_request
         self.shared.on_held = self._hold
         self.shared.dropped = self._dropped
-        self.watch = QueueWatch(self.crawler, self.shared, self.settings.key_prefix)
+        self.watch = QueueWatch(
+            self.crawler, self.shared, self.settings.key_prefix, clock=self.clock
+        )
         self.shared.check = self.watch.look_now
         self.shared.lost = self.watch.unqueueable
         self.shared.look = self.watch.look

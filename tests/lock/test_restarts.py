@@ -21,6 +21,7 @@ from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.core import LockCore
 from scrapy_redislock.lock.protocol import drive
 from testing import lockstate
+from testing.clock import FakeClock
 from testing.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -147,20 +148,12 @@ def test_a_restart_costs_a_stage_one_lease_then_grants_resume(rdb_server: RedisS
     first.close(), newcomer.close(), admin.close()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_wait_cancelled_while_its_late_grant_is_renewed_gives_the_slot_back_at_once(
     redis_client: redis.Redis,
 ) -> None:
     """e05: the renewal of a late grant has moved it to the owner's consumer when the cancel comes;
     the next maintain must free it by its id, not leave it for the reaper (a whole lease)."""
-    clock = Clock()
+    clock = FakeClock(1000.0)
     core = LockCore.create("detail", 1, TTL, clock=clock)
     other = CountingLock(redis_client, "detail", limit=1, ttl=TTL, maintain_loop=False)
     runner = CommandRunner(redis_client)
@@ -186,7 +179,7 @@ def test_renewal_is_due_an_interval_after_the_confirmation_not_its_reply(
     """e06: a grant whose reply took 40% of the ttl is confirmed, which starts its lease again at
     the confirmation's send: the renewal comes one interval after that, so the lease never runs out
     under a live holder however the ticks fall."""
-    clock = Clock()
+    clock = FakeClock(1000.0)
     holder = CountingLock(
         redis_client, "detail", limit=1, ttl=TTL, maintain_loop=False, clock=clock
     )

@@ -15,6 +15,7 @@ from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.requests.requestslots import RequestSlots
 from scrapy_redislock.requests.stageline import StageLine
+from testing.clock import FakeClock
 
 REUSE = 5.0  # REDISLOCK_LOCAL_REUSE
 
@@ -23,15 +24,7 @@ class UnitSpider(Spider):
     name = "unit"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def slots_of(clock: Clock) -> RequestSlots:
+def slots_of(clock: FakeClock) -> RequestSlots:
     crawler = get_crawler(
         UnitSpider,
         {
@@ -47,7 +40,7 @@ def slots_of(clock: Clock) -> RequestSlots:
     )
 
 
-def granted(stage: str, clock: Clock) -> Permit:
+def granted(stage: str, clock: FakeClock) -> Permit:
     """A slot of ``stage`` as Redis grants it, now on ``clock``: leased for the TTL from now."""
     permit = Permit(name=stage, owner="unit", grant="1-1", fence=1, acquired_at=clock())
     permit.leased(clock(), 30.0)
@@ -63,7 +56,7 @@ def waiting(slots: RequestSlots, stage: str, count: int) -> list[asyncio.Future[
 
 def test_a_finished_requests_slot_goes_to_the_oldest_waiter_of_its_stage_in_the_same_call() -> None:
     async def scenario() -> None:
-        clock = Clock()
+        clock = FakeClock(1000.0)
         slots = slots_of(clock)
         oldest, next_one = waiting(slots, "detail", 2)
         (other_stage,) = waiting(slots, "list", 1)
@@ -83,7 +76,7 @@ def test_a_finished_requests_slot_goes_to_the_oldest_waiter_of_its_stage_in_the_
 
 def test_a_slot_older_than_the_local_reuse_bound_goes_back_to_redis() -> None:
     async def scenario() -> None:
-        clock = Clock()
+        clock = FakeClock(1000.0)
         slots = slots_of(clock)
         (waiter,) = waiting(slots, "detail", 1)
         permit = granted("detail", clock)
@@ -108,7 +101,7 @@ def test_a_young_slot_past_its_lease_on_the_clock_is_not_passed_on() -> None:
     (counted, back to Redis), never handed to the waiter."""
 
     async def scenario() -> None:
-        clock = Clock()
+        clock = FakeClock(1000.0)
         slots = slots_of(clock)
         (waiter,) = waiting(slots, "detail", 1)
         permit = granted("detail", clock)
