@@ -1,6 +1,7 @@
 """A fake monotonic clock for unit tests: pass it where the package takes a ``clock`` (``LockCore``,
-``WorkerState``, ``StageWorkerScheduler``, ``StageScheduler``, ``StageLockMiddleware``, ``RequestSlots``, ``StageLocks``) and move time by hand, so a test of what happens after
-seconds of silence runs in microseconds and never waits.
+``WorkerState``, ``StageWorkerScheduler``, ``StageScheduler``, ``StageLockMiddleware``,
+``RequestSlots``, ``StageLocks``) and move time by hand, so a test of what happens after seconds of
+silence runs in microseconds and never waits.
 
     clock = FakeClock()                                  # now = 100.0
     scheduler = StageWorkerScheduler(crawler, clock=clock)

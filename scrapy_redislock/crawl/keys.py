@@ -108,7 +108,7 @@ def key_of(request: Request, spider: Any, function: KeyFunction) -> str | None:
 
 def request_key(request: Request, spider: Any, function: KeyFunction | None) -> str | None:
     """The request's key under REDISLOCK_STAGE_KEY (None: no function, or a request that opts out of
-    throttling); KeyFunctionError as :func:`key_of`. The one place the scheduler and the key gate
+    throttling); KeyFunctionError as :func:`key_of`. The one place the scheduler and the throttle
     find a request's key."""
     if function is None or request.meta.get(DONT_META):
         return None

@@ -8,7 +8,7 @@ scheduler:
 - A request of a key that is free here (no wait for it in progress, fewer than the key's limit of
   this process's requests holding or taking it) leaves the inner scheduler and is held back for one
   look in Redis (a take: lock/light.py). Granted, it goes on with its key slot
-  (:meth:`KeyGate.hand <scrapy_redislock.requests.keygate.KeyGate.hand>`), and the engine is woken.
+  (:meth:`ScopeThrottle.hand <scrapy_redislock.requests.throttle.ScopeThrottle.hand>`), and the engine is woken.
 - Refused (every slot of the key is held, here or elsewhere, or others queue for it), the request
   goes back into the inner scheduler, into a sub-queue of its key (on disk with JOBDIR), and one
   wait for a slot of the key starts here (first come, first served in Redis). The key's requests
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
     from scrapy_redislock.crawl.stagelocks import SlotPermit
-    from scrapy_redislock.requests.keygate import KeyGate
+    from scrapy_redislock.requests.throttle import ScopeThrottle
 
 logger = logging.getLogger(__name__)
 
@@ -63,14 +63,16 @@ class KeyLine:
         self,
         crawler: Crawler,
         settings: RedisLockSettings,
-        gate: KeyGate,
+        throttle: ScopeThrottle,
         inner: Any,
     ) -> None:
         self.crawler = crawler
         self.settings = settings
-        self.gate = gate
-        self.clock = gate.clock  # monotonic seconds: the gate's, whose records this line adds to
-        self.locks = gate.locks  # the KeyLocks
+        self.throttle = throttle
+        self.clock = (
+            throttle.clock
+        )  # monotonic seconds: the throttle's, whose records this line adds to
+        self.locks = throttle.locks  # the KeyLocks
         self.inner = inner  # Scrapy's scheduler, its queues split by StagePriorityQueues
         self.room = crawler.settings.getint("CONCURRENT_REQUESTS")
         self.keys: weakref.WeakKeyDictionary[Request, str | None] = weakref.WeakKeyDictionary()
@@ -110,14 +112,14 @@ class KeyLine:
                 pass
         self.inner.mqs.push_to((None, key), request)
 
-    # -- what the gate and the queues ask ----------------------------------------------------------
+    # -- what the throttle and the queues ask ----------------------------------------------------------
 
     def key_of(self, request: Request) -> str | None:
         """The request's capped key (computed once per request)."""
         try:
             return self.keys[request]
         except KeyError:
-            key = self.keys[request] = self.gate.key_of(request)
+            key = self.keys[request] = self.throttle.key_of(request)
             return key
 
     def blocked(self, key: str) -> bool:
@@ -143,7 +145,7 @@ class KeyLine:
         once per pass of the engine."""
         if self._load is None:
             load: Counter[str] = Counter(self.looking.values())
-            for request in self.gate.permits.holding():
+            for request in self.throttle.permits.holding():
                 key = self.key_of(request)
                 if key is not None:
                     load[key] += 1
@@ -189,9 +191,9 @@ class KeyLine:
 
     def _hand(self, request: Request, outcome: SlotPermit | BaseException) -> None:
         if isinstance(outcome, BaseException):
-            self.gate.permits.hand(request, outcome)
+            self.throttle.permits.hand(request, outcome)
         else:
-            self.gate.hand(request, outcome)
+            self.throttle.hand(request, outcome)
 
     async def _look(self, request: Request, key: str) -> None:
         """One take in Redis for ``request``: it goes with the slot, or back to its key's queue
@@ -214,8 +216,8 @@ class KeyLine:
             self.requeue(request, key)
             return
         if permit is not None:
-            self.gate.record(self.clock() - started)
-            self.gate.hand(request, permit)
+            self.throttle.record(self.clock() - started)
+            self.throttle.hand(request, permit)
             self.ready.append(request)
         elif paused is not None:
             self.requeue(request, key)
@@ -256,7 +258,7 @@ class KeyLine:
                 except AcquireTimeout as exc:
                     permit = exc
                 else:
-                    self.gate.record(self.clock() - started)
+                    self.throttle.record(self.clock() - started)
                 kept.append(permit)
                 self._load = None
                 wake_engine(self.crawler)
@@ -314,7 +316,7 @@ class KeyLine:
         self.stand_down()
         back = [*self.ready, *self.looking]
         for request in self.ready:
-            permit = self.gate.permits.finish(request)
+            permit = self.throttle.permits.finish(request)
             if permit is not None:
                 self.locks.release_soon(permit)
         self.ready.clear()

@@ -13,7 +13,7 @@ another request of this process only while it is younger than ``reuse_for`` seco
 granted it (and still usable: the caller checks, since it counts and logs an unusable slot); the
 caller gives the time (its clock). Used by
 :class:`~scrapy_redislock.requests.requestslots.RequestSlots` (stage slots) and
-:class:`~scrapy_redislock.requests.keygate.KeyGate` (key slots); unit-tested without Redis.
+:class:`~scrapy_redislock.requests.throttle.ScopeThrottle` (key slots); unit-tested without Redis.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ RetryMiddleware unless RETRY_EXCEPTIONS names it.
 Settings read (via :func:`scrapy_redislock.crawl.settings.read_settings`): REDISLOCK_ENABLED,
 REDISLOCK_URL (and the scrapy-redis fallbacks), REDISLOCK_PARAMS, REDISLOCK_STAGES, REDISLOCK_TTL,
 REDISLOCK_KEY_PREFIX, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT,
-REDISLOCK_LOCAL_REUSE, and for keys and delays (:mod:`~scrapy_redislock.requests.keygate`: after the
+REDISLOCK_LOCAL_REUSE, and for keys and delays (:mod:`~scrapy_redislock.requests.throttle`: after the
 stage slot, the key slot, then the delays) REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT,
 REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS, REDISLOCK_RANDOMIZE_DELAY; Scrapy's
 RETRY_EXCEPTIONS and DOWNLOAD_TIMEOUT. Stats:
@@ -76,9 +76,9 @@ from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks, within_lease
 from scrapy_redislock.crawl.stages import check_stage_names, stage_of
 from scrapy_redislock.errors import AcquireTimeout, ConfigError, ThrottlingDisabled, UnknownStage
-from scrapy_redislock.requests.keygate import KeyGate
 from scrapy_redislock.requests.outcomes import Outcomes
 from scrapy_redislock.requests.requestslots import RequestSlots
+from scrapy_redislock.requests.throttle import ScopeThrottle
 
 if TYPE_CHECKING:
     from typing import Self
@@ -143,12 +143,14 @@ class StageLockMiddleware:
                 self.download_timeout,
             )
         # keys and delays
-        self.gate = KeyGate.of(crawler, self.settings, clock=clock) if self.settings.keyed else None
-        if self.gate is not None:
-            self.gate.on_wait = self._watch_close
-            self.gate.give_back = self._give_back_for_key
+        self.throttle = (
+            ScopeThrottle.of(crawler, self.settings, clock=clock) if self.settings.keyed else None
+        )
+        if self.throttle is not None:
+            self.throttle.on_wait = self._watch_close
+            self.throttle.give_back = self._give_back_for_key
         # what the adaptive limits learn from answers, and the pauses Retry-After asks for
-        self.outcomes = Outcomes(crawler, self.settings, self.slots, self.gate)
+        self.outcomes = Outcomes(crawler, self.settings, self.slots, self.throttle)
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(self.request_left, signal=signals.request_left_downloader)
@@ -242,24 +244,24 @@ class StageLockMiddleware:
         self, request: Request, stage: str | None, slotted: bool = False
     ) -> Coroutine[Any, Any, None] | None:
         """After the stage slot (``slotted``: the request holds one): the key slot and the delays
-        (:mod:`~scrapy_redislock.requests.keygate`), if any."""
-        through = None if self.gate is None else self.gate.prepare(request, stage)
-        return None if through is None else self._through_gate(request, stage, slotted, through)
+        (:mod:`~scrapy_redislock.requests.throttle`), if any."""
+        through = None if self.throttle is None else self.throttle.prepare(request, stage)
+        return None if through is None else self._through_throttle(request, stage, slotted, through)
 
-    async def _through_gate(
+    async def _through_throttle(
         self, request: Request, stage: str | None, slotted: bool, through: Coroutine[Any, Any, None]
     ) -> None:
-        """The gate may take long (a busy key, delays): a slot that stopped being usable meanwhile
+        """The throttle may take long (a busy key, delays): a slot that stopped being usable meanwhile
         is dropped and taken again, the stage slot first (a key slot is always the last one
         taken)."""
         try:
             await through
         except AcquireTimeout as exc:
             self._fail_timeout(request, exc)
-        assert self.gate is not None and self.slots is not None
-        key_usable = self.gate.usable(request)
+        assert self.throttle is not None and self.slots is not None
+        key_usable = self.throttle.usable(request)
         if slotted and stage is not None and self.slots.take(request) is None:
-            self.gate.release(request)
+            self.throttle.release(request)
             await self._wait_here(request, stage)
         elif not key_usable:
             again = self._keys(request, stage, slotted)
@@ -366,7 +368,7 @@ class StageLockMiddleware:
 
     async def _close_tick(self) -> bool:
         assert self.locks is not None and self.slots is not None
-        key_waits = self.gate is not None and bool(self.gate.key_waits)
+        key_waits = self.throttle is not None and bool(self.throttle.key_waits)
         closing = engine_closing(self.crawler)
         if self._waits and self.locks.closed:
             self._drop(set(self._waits.values()), "the stage slots were closed")
@@ -395,11 +397,11 @@ class StageLockMiddleware:
             if wait.cancel():
                 self._given_back.add(wait)
                 handing[f"stage {stage!r}"] += 1
-        gate = self.gate
-        if gate is not None:
-            for key_wait, request in list(gate.key_waits.items()):
-                if key_wait not in gate.given_back and left(request) and key_wait.cancel():
-                    gate.given_back.add(key_wait)
+        throttle = self.throttle
+        if throttle is not None:
+            for key_wait, request in list(throttle.key_waits.items()):
+                if key_wait not in throttle.given_back and left(request) and key_wait.cancel():
+                    throttle.given_back.add(key_wait)
                     handing["their key"] += 1
         for what, count in sorted(handing.items()):
             logger.info(
@@ -487,8 +489,8 @@ class StageLockMiddleware:
         if self.slots is None:
             return
         self.outcomes.releasing(request)
-        if self.gate is not None:
-            self.gate.release(request)
+        if self.throttle is not None:
+            self.throttle.release(request)
         self.slots.finish(request)
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
@@ -496,8 +498,8 @@ class StageLockMiddleware:
         completes."""
         assert self.slots is not None
         self._closing = True
-        if self.gate is not None:
-            await self.gate.close()
+        if self.throttle is not None:
+            await self.throttle.close()
         await self.slots.close()
 
 

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
     from scrapy_redislock.crawl.adaptive import Adaptation
     from scrapy_redislock.crawl.settings import RedisLockSettings
-    from scrapy_redislock.requests.keygate import KeyGate
     from scrapy_redislock.requests.requestslots import RequestSlots
+    from scrapy_redislock.requests.throttle import ScopeThrottle
 
 OVERLOAD = (429, 503)
 
@@ -74,13 +74,13 @@ class Outcomes:
         crawler: Crawler,
         settings: RedisLockSettings,
         slots: RequestSlots,
-        gate: KeyGate | None,
+        throttle: ScopeThrottle | None,
     ) -> None:
         self.crawler = crawler
         self.settings = settings
         self.slots = slots
         self.locks = slots.locks
-        self.gate = gate
+        self.throttle = throttle
         # the adaptive locks a request held, noted when its slots go back (request_left_downloader
         # comes before process_response), until its answer or failure is seen
         self.held: weakref.WeakKeyDictionary[Request, list[tuple[Adaptation, str]]] = (
@@ -107,17 +107,17 @@ class Outcomes:
         stages = self.locks.adaptation
         if permit is not None and stages is not None and adaptive.adapts(stage=permit.name):
             found.append((stages, permit.name))
-        gate = self.gate
-        if gate is not None and gate.locks.adaptation is not None:
-            held = [gate.permits.permit_of(request)]
-            scoped = gate.scope_permits.permit_of(request)
+        throttle = self.throttle
+        if throttle is not None and throttle.locks.adaptation is not None:
+            held = [throttle.permits.permit_of(request)]
+            scoped = throttle.scope_permits.permit_of(request)
             if scoped is not None:
                 held.extend(scoped.permits)
             for key_permit in held:
-                if key_permit is not None and gate.locks.adapts(
+                if key_permit is not None and throttle.locks.adapts(
                     key_permit.name.removeprefix(KEY_LOCK_PREFIX)
                 ):
-                    found.append((gate.locks.adaptation, key_permit.name))
+                    found.append((throttle.locks.adaptation, key_permit.name))
         return found
 
     def response(self, request: Request, response: Response) -> None:
@@ -145,13 +145,13 @@ class Outcomes:
             return
         keys, obey = self.settings.keys, self.settings.adaptive.retry_after
         key = self._capped_key(request)
-        gate = self.gate
-        if gate is not None and gate.locks.adaptation is not None:
+        throttle = self.throttle
+        if throttle is not None and throttle.locks.adaptation is not None:
             paused = [scope for scope in self._scopes(request) if keys.pauses(scope)]
             if key is not None and (obey or keys.pauses(key)):
                 paused.insert(0, key)
             for scope in paused:
-                gate.locks.adaptation.pause(f"{KEY_LOCK_PREFIX}{scope}", seconds)
+                throttle.locks.adaptation.pause(f"{KEY_LOCK_PREFIX}{scope}", seconds)
             if key is not None:
                 return
         if not obey:
@@ -162,10 +162,10 @@ class Outcomes:
 
     def _scopes(self, request: Request) -> tuple[str, ...]:
         """The request's scopes beside its stage and key (none when they cannot be read)."""
-        if self.gate is None:
+        if self.throttle is None:
             return ()
         try:
-            return self.gate.scopes_of(request)
+            return self.throttle.scopes_of(request)
         except LockError:
             return ()
 

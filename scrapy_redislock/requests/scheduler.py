@@ -90,8 +90,7 @@ from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REFUSED
 from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.errors import ConfigError
-from scrapy_redislock.requests.gate import StageGate
-from scrapy_redislock.requests.keygate import KeyGate
+from scrapy_redislock.requests.admission import StageAdmission
 from scrapy_redislock.requests.keyline import KeyLine
 from scrapy_redislock.requests.queueloss import QueueWatch, unqueued_at_close
 from scrapy_redislock.requests.requestslots import RequestSlots
@@ -101,6 +100,7 @@ from scrapy_redislock.requests.stagequeue import (
     StagePriorityQueues,
     StageQueueFactory,
 )
+from scrapy_redislock.requests.throttle import ScopeThrottle
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -200,7 +200,7 @@ class StageScheduler:
         # the request front's slots (and the kept ones for queued requests), over the crawler's locks
         self.slots = RequestSlots.of(crawler, self.settings, clock=clock) if self.enabled else None
         self.locks: StageLocks | None = self.slots.locks if self.slots is not None else None
-        self.gate: StageGate | None = None
+        self.admission: StageAdmission | None = None
         # key slots got here for requests of no capped stage (over Scrapy's scheduler)
         self.keyline: KeyLine | None = None
         self.shared: SharedStageQueues | None = None  # over scrapy-redis's scheduler, from open()
@@ -216,19 +216,19 @@ class StageScheduler:
         self._early: tuple[Any, ...] | None = None
         self._wake_handle: asyncio.TimerHandle | None = None
         if self.slots is not None:
-            self.gate = StageGate(crawler, self.settings, self.slots)
+            self.admission = StageAdmission(crawler, self.settings, self.slots)
             # Scrapy's BaseScheduler makes isinstance() duck-typed: look for the class itself.
             if ScrapyScheduler in type(self.inner).__mro__ and not _is_scrapy_redis(self.inner):
-                self.inner.pqclass = StageQueueFactory(self.inner.pqclass, self.gate)
+                self.inner.pqclass = StageQueueFactory(self.inner.pqclass, self.admission)
                 if self.settings.keys.capped:
-                    self.keyline = self.gate.keyline = KeyLine(
+                    self.keyline = self.admission.keyline = KeyLine(
                         crawler,
                         self.settings,
-                        KeyGate.of(crawler, self.settings, clock=clock),
+                        ScopeThrottle.of(crawler, self.settings, clock=clock),
                         self.inner,
                     )
             elif not _is_scrapy_redis(self.inner):
-                self.gate.queues_split = False
+                self.admission.queues_split = False
                 logger.info(
                     "REDISLOCK_SCHEDULER_INNER = %r is neither Scrapy's scheduler nor scrapy-redis's (nor a subclass): StageScheduler cannot give it a queue per stage, so a capped request goes in its order and waits for its slot in the downloader (a full stage can then hold up the others)",  # noqa: E501
                     inner_name(self.settings.scheduler_inner),
@@ -309,11 +309,11 @@ class StageScheduler:
         if not _is_scrapy_redis(self.inner) or self.inner.queue is self.shared:
             return
         base = self.inner.queue
-        assert self.gate is not None
+        assert self.admission is not None
         self.shared = SharedStageQueues(
             base,
             self.slots.stages if self.slots is not None else [],
-            self.gate,
+            self.admission,
             asked_while_paused=self._wake_later,
             thread=self.queue_thread,
             wake=self._wake,
@@ -464,17 +464,17 @@ class StageScheduler:
         return request
 
     def _next_request(self) -> Request | None:
-        if self.locks is None or self.gate is None:
+        if self.locks is None or self.admission is None:
             return self.inner.next_request()
         if self.keyline is not None:
             ready = self.keyline.next_ready()
             if ready is not None:
                 return ready
-        self.gate.new_pass()
+        self.admission.new_pass()
         while True:
             if self.keyline is not None and self.keyline.full():
                 return None  # woken when a take in Redis comes back
-            request = self.inner.next_request()  # from a sub-queue that the gate lets go
+            request = self.inner.next_request()  # from a sub-queue that its admission lets go
             if request is None:
                 assert self.slots is not None
                 self.slots.free_kept()
@@ -485,19 +485,19 @@ class StageScheduler:
     def _held_for_key(self, request: Request) -> bool:
         """Whether ``request`` (of no capped stage) stays here while its key slot is taken in
         Redis (:mod:`~scrapy_redislock.requests.keyline`)."""
-        assert self.gate is not None
-        if self.keyline is None or self.gate.route(request)[0] is not None:
+        assert self.admission is not None
+        if self.keyline is None or self.admission.route(request)[0] is not None:
             return False
         return not self._settled_early(request) and self.keyline.holds_back(request)
 
     def _with_stage_slot(self, request: Request) -> Request:
         """``request`` leaves: with a slot of its capped stage in hand, or to wait for one in
         line."""
-        assert self.gate is not None and self.slots is not None
-        stage, key = self.gate.route(request)
+        assert self.admission is not None and self.slots is not None
+        stage, key = self.admission.route(request)
         if stage is None or self._settled_early(request):
             return request
-        self.gate.let_go(key)
+        self.admission.let_go(key)
         permit = self.slots.take_kept(stage)
         if permit is not None:
             self.slots.hand(request, permit)

@@ -4,7 +4,7 @@ can go.
 StageScheduler does not pull requests out of the inner scheduler to wait elsewhere (that lost their
 priority order, and drained a shared queue into one process's memory). It gives the inner scheduler
 queues that know each request's stage (and key, when keys are capped) and pop only from a sub-queue
-whose stage (and key) can take a request now, as the :class:`Gate` says. Within a sub-queue the
+whose stage (and key) can take a request now, as the :class:`Admission` says. Within a sub-queue the
 inner queue's own order holds (priority, LIFO/FIFO, callback requests before start requests); across
 sub-queues that can go, the head of highest priority goes first (a callback request before a start
 request of the same priority), then, among equal heads, the one the single queue would have given
@@ -73,7 +73,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 __all__ = [
-    "Gate",
+    "Admission",
     "QueueThread",
     "SharedStageQueues",
     "StagePriorityQueues",
@@ -81,7 +81,7 @@ __all__ = [
 ]
 
 
-class Gate(Protocol):
+class Admission(Protocol):
     """What the sub-queues ask StageScheduler."""
 
     def route(self, request: Request) -> Route:
@@ -120,9 +120,9 @@ class StageQueueFactory:
     """Stands in for SCHEDULER_PRIORITY_QUEUE in Scrapy's scheduler: builds
     :class:`StagePriorityQueues` over it."""
 
-    def __init__(self, pqclass: Any, gate: Gate) -> None:
+    def __init__(self, pqclass: Any, admission: Admission) -> None:
         self.pqclass = pqclass
-        self.gate = gate
+        self.admission = admission
         self.__qualname__ = f"StagePriorityQueues[{getattr(pqclass, '__qualname__', pqclass)}]"
 
     def from_crawler(
@@ -136,7 +136,7 @@ class StageQueueFactory:
     ) -> StagePriorityQueues:
         return StagePriorityQueues(
             crawler,
-            self.gate,
+            self.admission,
             self.pqclass,
             downstream_queue_cls,
             key,
@@ -147,12 +147,12 @@ class StageQueueFactory:
 
 class StagePriorityQueues:
     """One priority queue (the crawl's SCHEDULER_PRIORITY_QUEUE) per sub-queue; pops only where the
-    gate says go."""
+    admission says go."""
 
     def __init__(
         self,
         crawler: Crawler,
-        gate: Gate,
+        admission: Admission,
         pqclass: Any,
         downstream_queue_cls: type,
         key: str,
@@ -165,7 +165,7 @@ class StagePriorityQueues:
                 f"the JOBDIR's scheduler state ({startprios!r}) was written without StageScheduler's sub-queues (SCHEDULER was Scrapy's own, or REDISLOCK_ENABLED was False); a crawl can only be resumed with the scheduler and priority queue it was started with"  # noqa: E501
             )
         self.crawler = crawler
-        self.gate = gate
+        self.admission = admission
         self.pqclass = pqclass
         self.downstream_queue_cls = downstream_queue_cls
         self.key = key
@@ -202,7 +202,7 @@ class StagePriorityQueues:
         )
 
     def push(self, request: Request) -> None:
-        self.push_to(self.gate.queue_route(request), request)
+        self.push_to(self.admission.queue_route(request), request)
 
     def push_to(self, route: Route, request: Request) -> None:
         """Push into the sub-queue ``route`` (made if needed); a request pushed again keeps its first
@@ -216,7 +216,9 @@ class StagePriorityQueues:
         self._sizes[route] += 1
 
     def _next(self) -> Route | None:
-        ready = [route for route in self.queues if self._sizes[route] and self.gate.may_go(route)]
+        ready = [
+            route for route in self.queues if self._sizes[route] and self.admission.may_go(route)
+        ]
         if len(ready) < 2:
             return ready[0] if ready else None  # no head to compare (peek can cost a scan)
         best: tuple[int, int] | None = None
@@ -253,7 +255,7 @@ class StagePriorityQueues:
             if route is None:
                 return None
             request = self._pop(route)
-            to = None if request is None else self.gate.divert(request, route)
+            to = None if request is None else self.admission.divert(request, route)
             if request is None or to is None:
                 return request
             self.push_to(to, request)  # its key is blocked: it waits in its key's sub-queue
@@ -401,7 +403,7 @@ class SharedStageQueues:
         self,
         base: Any,
         stages: Iterable[str],
-        gate: Gate,
+        admission: Admission,
         *,
         asked_while_paused: Callable[[float], None],
         thread: QueueThread | None = None,
@@ -410,7 +412,7 @@ class SharedStageQueues:
     ) -> None:
         self.base = base
         self.clock = clock  # monotonic seconds: the sub-queues' pauses, the outage's length
-        self.gate = gate
+        self.admission = admission
         self.asked_while_paused = asked_while_paused
         self.thread = thread
         self.wake = wake  # the engine asks again (a request arrived, or the queue was read)
@@ -477,7 +479,7 @@ class SharedStageQueues:
         return self.thread is not None and self.thread.on_reactor()
 
     def _stage_of(self, request: Request) -> str | None:
-        stage = self.gate.route(request)[0]
+        stage = self.admission.route(request)[0]
         return stage if stage in self.queues else None
 
     # -- pushes ------------------------------------------------------------------------------------
@@ -635,7 +637,7 @@ class SharedStageQueues:
         if self.ahead is not None:
             stage, request, own = self.ahead
             self.ahead = None
-            if self.gate.may_go((stage, None)):
+            if self.admission.may_go((stage, None)):
                 return request
             self.give_back(request, back=own)  # its stage cannot take it now: back in its place
         self._start_fetch()
@@ -670,7 +672,7 @@ class SharedStageQueues:
         asked: list[str | None] = []
         paused_until = None
         for stage in sorted(self.queues, key=self._turns.__getitem__):
-            if not self.gate.may_go((stage, None)):
+            if not self.admission.may_go((stage, None)):
                 continue
             if now < self._ask_at[stage]:
                 paused_until = min(paused_until or self._ask_at[stage], self._ask_at[stage])
@@ -689,7 +691,7 @@ class SharedStageQueues:
             self._took(stage)
             if stage is None:
                 real = self._stage_of(request)
-                if real is not None and not self.gate.may_go((real, None)):
+                if real is not None and not self.admission.may_go((real, None)):
                     # pushed by another producer: it waits in its stage's queue
                     self.queues[real].push(request)
                     continue
@@ -762,7 +764,7 @@ class SharedStageQueues:
         if self.closing:
             self.give_back(request, back=stage == real)
             return
-        if stage is None and real is not None and not self.gate.may_go((real, None)):
+        if stage is None and real is not None and not self.admission.may_go((real, None)):
             # pushed by another producer: it waits in its stage's queue
             self.give_back(request)
             self._start_fetch()
@@ -777,7 +779,7 @@ class SharedStageQueues:
     def tick(self) -> None:
         """At every renewal tick: a request fetched ahead that its stage could not take since goes
         back to its place in Redis (what a process has not started stays shared)."""
-        if self.ahead is not None and not self.gate.may_go((self.ahead[0], None)):
+        if self.ahead is not None and not self.admission.may_go((self.ahead[0], None)):
             _, request, own = self.ahead
             self.ahead = None
             self.give_back(request, back=own)

@@ -153,14 +153,14 @@ def test_a_stage_slot_lost_while_its_request_waits_for_its_key_is_taken_again(
         settings = {"REDISLOCK_STAGE_KEY": "domain", "REDISLOCK_KEY_LIMIT": 1}
         async with front(redis_url, {"detail": 2}, scheduler=False, **settings) as f:
             mw = f.middleware
-            assert mw.gate is not None
+            assert mw.throttle is not None
             first, second = request("detail", 1), request("detail", 2)
             through = mw.process_request(first)
             assert through is not None
             await through
             waiting = asyncio.ensure_future(mw.process_request(second))  # type: ignore[arg-type]
             # holds its stage slot, waits for the key
-            await until(lambda: sum(mw.gate.waiting.values()) == 1)
+            await until(lambda: sum(mw.throttle.waiting.values()) == 1)
             permit = f.slots.take(second)
             assert isinstance(permit, Permit)
             reset(redis_client, "detail")

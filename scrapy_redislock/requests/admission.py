@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from scrapy_redislock.requests.requestslots import RequestSlots
 
 
-class StageGate:
+class StageAdmission:
     """The routes of requests, the line of each capped stage, and the load of each capped key."""
 
     def __init__(

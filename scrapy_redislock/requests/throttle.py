@@ -1,4 +1,5 @@
-"""KeyGate: what StageLockMiddleware adds per request for REDISLOCK_STAGE_KEY and the delays.
+"""ScopeThrottle: what StageLockMiddleware adds per request for its key and its other throttling
+scopes (REDISLOCK_STAGE_KEY, REDISLOCK_SCOPES; docs/scopes.md): their slots, delays and rate windows.
 
 After the request's stage slot (from StageScheduler, or waited for in the middleware), in this fixed
 order:
@@ -23,11 +24,11 @@ The key slot is kept by request object and given back on the same paths as the s
 exception, request_left_downloader, a sweep at every renewal tick for requests gone from the
 downloader, spider close). When the spider closes, a request that left StageScheduler and waits
 here for its key's slot goes back to the scheduler's queue (StageLockMiddleware's close watch
-cancels the wait: :attr:`KeyGate.key_waits`). A key slot lost, or past its lease on this process's clock, by the end of
-the delays is dropped (:meth:`KeyGate.usable`) and taken again: a request never starts with a slot
-another process may hold by now. A request that waited for a delay carries its confirmed start in
-``meta["redislock_start_at"]`` (seconds since the epoch, Redis's clock; the key's when it had a
-stage delay too). A key function that raises fails that request with
+cancels the wait: :attr:`ScopeThrottle.key_waits`). A key slot lost, or past its lease on this
+process's clock, by the end of the delays is dropped (:meth:`ScopeThrottle.usable`) and taken again:
+a request never starts with a slot another process may hold by now. A request that waited for a
+delay carries its confirmed start in ``meta["redislock_start_at"]`` (seconds since the epoch,
+Redis's clock; the key's when it had a stage delay too). A key function that raises fails that request with
 :class:`~scrapy_redislock.errors.KeyFunctionError` (stat ``redislock/key_errors``), not the crawl.
 
 Stats: redislock/keys/{acquired,wait_time_total,wait_time_max,retired_idle,taken_in_downloader},
@@ -82,7 +83,7 @@ class ScopeHolds:
         return min(permit.acquired_at for permit in self.permits)
 
 
-class KeyGate:
+class ScopeThrottle:
     """Key slots and delays of the requests of one crawler (see the module docstring)."""
 
     @classmethod
@@ -91,9 +92,9 @@ class KeyGate:
         crawler: Crawler,
         settings: RedisLockSettings,
         *,
-        attr: str = "_redislock_key_gate",
+        attr: str = "_redislock_throttle",
         clock: Clock = time.monotonic,
-    ) -> KeyGate:
+    ) -> ScopeThrottle:
         """The crawler's one instance (the middleware and StageScheduler share it; the first
         caller's ``clock``)."""
         return one_per_crawler(crawler, attr, lambda: cls(crawler, settings, clock=clock))
@@ -102,7 +103,7 @@ class KeyGate:
         self, crawler: Crawler, settings: RedisLockSettings, *, clock: Clock = time.monotonic
     ) -> None:
         self.crawler = crawler
-        # monotonic seconds: how long a slot took to get (KeyLine, which goes with this gate, too)
+        # monotonic seconds: how long a slot took to get (KeyLine, which goes with this throttle, too)
         self.clock = clock
         self.settings = settings
         self.locks = KeyLocks.of(crawler, settings, clock=clock)
