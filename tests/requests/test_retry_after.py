@@ -27,8 +27,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 PROCESSES = 3
 PAUSE = 3.0
 # requests of host 1 already on their way when the pause reached Redis (their slots taken before)
-# may still arrive this long after it
-ON_THEIR_WAY = 0.25
+# may still arrive this long after it: 0.25 s on a quiet machine; one arrived 0.40 s after it at a
+# load average of 11 on 2 cores. Past this bound, 2 of the pause's 3 s must see none.
+ON_THEIR_WAY = 1.0
 
 
 def pause_landed(client: redis.Redis, name: str, timeout: float = 30) -> float:
