@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -25,6 +26,7 @@ from scrapy_redislock.lock.quorum import AsyncQuorumCountingLock, QuorumLockFact
 
 if TYPE_CHECKING:
     from scrapy_redislock.crawl.settings import RedisLockSettings
+    from scrapy_redislock.lock.core import Clock
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +87,9 @@ class OneRedis:
             settings.redis.url, settings.redis.url_setting, settings.redis.params
         )
 
-    def make_lock(self, name: str, limit: int, identity: Mapping[str, Any]) -> AsyncLock[Any]:
+    def make_lock(
+        self, name: str, limit: int, identity: Mapping[str, Any], clock: Clock = time.monotonic
+    ) -> AsyncLock[Any]:
         return AsyncCountingLock(
             self.clients[0],
             name,
@@ -95,6 +99,7 @@ class OneRedis:
             identity=identity,
             durable=self.settings.durable,
             maintain_loop=False,  # the process's one Renewer maintains every lock
+            clock=clock,  # the registry's: a permit's lease and the usable() check on one clock
         )
 
     async def reach(self, locks: Mapping[str, AsyncLock[Any]]) -> None:
@@ -151,7 +156,9 @@ class QuorumOfMasters:
         )
         self.factory = QuorumLockFactory(self.clients, asyncio=True)
 
-    def make_lock(self, name: str, limit: int, identity: Mapping[str, Any]) -> AsyncLock[Any]:
+    def make_lock(
+        self, name: str, limit: int, identity: Mapping[str, Any], clock: Clock = time.monotonic
+    ) -> AsyncLock[Any]:
         # The factory's masters are redis.asyncio clients: its locks are AsyncQuorumCountingLocks.
         return cast(
             AsyncQuorumCountingLock,
@@ -162,6 +169,7 @@ class QuorumOfMasters:
                 key_prefix=self.key_prefix,
                 quorum=self.settings.redis.quorum,
                 identity=identity,
+                clock=clock,
             ),
         )
 

@@ -186,6 +186,7 @@ class KeyLocks(StageLocks):
                 waiting=self._waiting,
                 light=True,
                 runner=self._runner,
+                clock=self.clock,
             )
             self.locks[key] = lock
             self._stage_by_lock[lock.name] = key

@@ -74,8 +74,13 @@ class ScopeTable:
         return None
 
     @property
+    def entries(self) -> list[tuple[str, ScopePolicy]]:
+        """(name or pattern, policy) of every entry, as written."""
+        return [*self.exact.items(), *((name, policy) for name, _, policy in self.patterns)]
+
+    @property
     def policies(self) -> list[ScopePolicy]:
-        return [*self.exact.values(), *(policy for _, _, policy in self.patterns)]
+        return [policy for _, policy in self.entries]
 
 
 def parse_rate(raw: Any, setting: str) -> tuple[int, float]:

@@ -647,10 +647,7 @@ def _adaptive(values: dict[str, Any]) -> AdaptiveSettings:
             )
     scoped = [
         (name, policy)
-        for name, policy in [
-            *values["scopes"].exact.items(),
-            *((n, p) for n, _, p in values["scopes"].patterns),
-        ]
+        for name, policy in values["scopes"].entries
         if policy.adaptive or policy.retry_after
     ]
     for name, policy in scoped:

@@ -201,9 +201,8 @@ class StageLocks:
     ) -> None:
         self.crawler = crawler
         self.settings = settings
-        self.clock = (
-            clock  # monotonic seconds: waits, back-offs, the limits seen (tests pass theirs)
-        )
+        # monotonic seconds: waits, back-offs, leases (its locks share it), the limits seen
+        self.clock = clock
         self.limits = dict(limits)
         self.lock_prefix = lock_prefix
         self.stats_prefix = stats_prefix
@@ -272,7 +271,7 @@ class StageLocks:
         REDISLOCK_URL. On one Redis, the limit in each reply of its renewals goes to
         :meth:`limit_seen` (no command of its own)."""
         identity = {"spider": self.spider_name, "group": self.group, "waiting": 0, "limit": limit}
-        return self.deployment.make_lock(name, limit, identity)
+        return self.deployment.make_lock(name, limit, identity, self.clock)
 
     def _limit_reported(self, stage: str, lock: StageLock) -> None:
         """The limit the lock's renewal reported (one Redis; a quorum lock reports none) is seen
@@ -658,7 +657,8 @@ class StageLocks:
 
     def usable(self, permit: SlotPermit, now: float | None = None) -> bool:
         """Whether ``permit`` may go with a request now: held under a valid lease as far as this
-        process knows (``permit.usable`` on the lock's clock, monotonic, unless ``now`` is given).
+        process knows (``permit.usable`` on this registry's clock, which its locks share, unless
+        ``now`` is given).
         When not, it is counted and logged; the caller drops it.
 
         A local check: a slot waiting for a request (StageScheduler's kept slots, a finished

@@ -69,9 +69,8 @@ class KeyLine:
         self.crawler = crawler
         self.settings = settings
         self.throttle = throttle
-        self.clock = (
-            throttle.clock
-        )  # monotonic seconds: the throttle's, whose records this line adds to
+        # monotonic seconds: the throttle's, whose records this line adds to
+        self.clock = throttle.clock
         self.locks = throttle.locks  # the KeyLocks
         self.inner = inner  # Scrapy's scheduler, its queues split by StagePriorityQueues
         self.room = crawler.settings.getint("CONCURRENT_REQUESTS")

@@ -212,9 +212,8 @@ class RequestSlots:
             if self.locks.closed:
                 line.cancel()
             else:
-                self._ask(
-                    line
-                )  # withdrawn as surplus (nothing to do), or cancelled by someone else
+                # withdrawn as surplus (nothing to do), or cancelled by someone else
+                self._ask(line)
             return
         error = ask.exception()
         if error is not None:
