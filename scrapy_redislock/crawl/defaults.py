@@ -72,8 +72,10 @@ TABLE: tuple[Setting, ...] = (
     Setting(
         "REDISLOCK_STAGES",
         {},
-        "stage_limits",
-        "Max requests in flight per stage, cluster-wide (at most 1000, MAX_LIMIT); None = unlimited.",
+        "stage_policies",
+        "Max requests in flight per stage, cluster-wide (at most 1000, MAX_LIMIT); None = unlimited. "
+        "Or a stage's whole policy, as an entry of REDISLOCK_SCOPES: {'limit': N, 'delay': seconds, "
+        "'rate': 'N/T', 'adaptive': bool, 'retry_after': bool} (docs/scopes.md).",
     ),
     Setting(
         "REDISLOCK_WORKER_STAGES",

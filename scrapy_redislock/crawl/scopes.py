@@ -118,9 +118,9 @@ def parse_rate(raw: Any, setting: str) -> tuple[int, float]:
     return count, float(window)
 
 
-def parse_policy(raw: Any, setting: str) -> ScopePolicy:
-    """One entry of REDISLOCK_SCOPES: a dict of ``limit``, ``delay``, ``rate``, ``adaptive`` and
-    ``retry_after``, each optional."""
+def parse_policy(raw: Any, setting: str, lowest: int = 1) -> ScopePolicy:
+    """One entry of REDISLOCK_SCOPES (or a stage's of REDISLOCK_STAGES, whose cap may be 0: paused):
+    a dict of ``limit``, ``delay``, ``rate``, ``adaptive`` and ``retry_after``, each optional."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{setting} must be a dict of {', '.join(POLICY_FIELDS)}, got {raw!r}")
     unknown = sorted(set(raw) - set(POLICY_FIELDS))
@@ -130,10 +130,10 @@ def parse_policy(raw: Any, setting: str) -> ScopePolicy:
         )
     limit = raw.get("limit")
     if limit is not None and (
-        isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT
+        isinstance(limit, bool) or not isinstance(limit, int) or not lowest <= limit <= MAX_LIMIT
     ):
         raise ConfigError(
-            f"{setting}['limit'] must be an integer from 1 to {MAX_LIMIT} or None (no cap), got {limit!r}"
+            f"{setting}['limit'] must be an integer from {lowest} to {MAX_LIMIT} or None (no cap), got {limit!r}"
         )
     delay = raw.get("delay", 0.0)
     if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay <= 86400:

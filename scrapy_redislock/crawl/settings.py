@@ -44,7 +44,13 @@ from scrapy_redislock.crawl.connection import parse_url as connection_url
 from scrapy_redislock.crawl.inner import check_inner_scheduler
 from scrapy_redislock.crawl.keys import KeyFunction, domain, key_function
 from scrapy_redislock.crawl.requestformat import serializer_of
-from scrapy_redislock.crawl.scopes import ScopeFunction, ScopeTable, scope_function
+from scrapy_redislock.crawl.scopes import (
+    ScopeFunction,
+    ScopePolicy,
+    ScopeTable,
+    parse_policy,
+    scope_function,
+)
 from scrapy_redislock.crawl.scopes import parse_scopes as scope_table
 from scrapy_redislock.crawl.stages import unknown_stage
 from scrapy_redislock.errors import ConfigError, InvalidArgument
@@ -151,7 +157,10 @@ class AdaptiveSettings:
     adaptive_window: float
     retry_after: bool
     retry_after_default: float
-    scoped: bool = False  # an entry of REDISLOCK_SCOPES is adaptive or pauses on Retry-After
+    scoped: bool = (
+        False  # an entry of REDISLOCK_SCOPES (or of a stage) adapts or pauses on Retry-After
+    )
+    paused_stages: frozenset[str] = frozenset()  # stages whose own policy says retry_after
 
     @property
     def stages(self) -> frozenset[str]:
@@ -172,6 +181,10 @@ class AdaptiveSettings:
     def adapts(self, stage: str | None = None, key: str | None = None) -> bool:
         """Whether this stage's (or, with ``key``, the keys') limit adapts."""
         return self.keys if key is not None else stage in self.stages
+
+    def pauses(self, stage: str) -> bool:
+        """Whether a Retry-After pauses this stage: REDISLOCK_RETRY_AFTER, or its own policy."""
+        return self.retry_after or stage in self.paused_stages
 
     @property
     def needed(self) -> bool:
@@ -208,6 +221,9 @@ class RedisLockSettings:
     keys: KeySettings
     adaptive: AdaptiveSettings
     stages: Mapping[str, int | None]
+    stage_rates: Mapping[
+        str, tuple[int, float]
+    ]  # a stage's rate window (its REDISLOCK_STAGES policy)
     worker_stages: Mapping[str, int | None]
     ttl: float
     durable: bool
@@ -246,6 +262,7 @@ class RedisLockSettings:
             or self.adaptive.retry_after
             or self.adaptive.scoped
             or any(self.delay_of(s, stage=True) for s in self.stages)
+            or bool(self.stage_rates)
         )
 
 
@@ -437,6 +454,24 @@ def parse_stage_limits(raw: Any, name: str, optional: bool = False) -> dict[str,
     return checked
 
 
+def parse_stage_policies(raw: Any, name: str, optional: bool = False) -> dict[str, ScopePolicy]:
+    """REDISLOCK_STAGES: {stage: limit or None, or the stage's policy as a dict like an entry of
+    REDISLOCK_SCOPES (its limit may be 0, as a plain one may)}; read_settings unfolds it."""
+    value = _json(raw, name, "a dict")
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{name} must be a dict of stage -> limit or policy dict, got {value!r}")
+    policies: dict[str, ScopePolicy] = {}
+    for stage, entry in value.items():
+        _checked(check_name, stage, f"{name}: a stage name")
+        if isinstance(entry, Mapping):
+            policies[stage] = parse_policy(entry, f"{name}[{stage!r}]", lowest=0)
+            continue
+        if entry is not None:
+            _checked(check_limit, entry, f"{name}[{stage!r}]", or_none=True)
+        policies[stage] = ScopePolicy(limit=entry)
+    return policies
+
+
 def parse_key_limits(raw: Any, name: str, optional: bool = False) -> dict[str, int | None]:
     """{key: limit >= 1 or None}."""
     checked = parse_stage_limits(raw, name)
@@ -554,6 +589,7 @@ PARSERS: dict[str, Callable[[Any, str, bool], Any]] = {
     "group": parse_group,
     "stage_name": parse_stage_name,
     "stage_limits": parse_stage_limits,
+    "stage_policies": parse_stage_policies,
     "key_limits": parse_key_limits,
     "callback_stages": parse_callback_stages,
     "stage_names": parse_stage_names,
@@ -626,16 +662,50 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     check_names(settings)
     values = read_table(settings)
     values.update(_connection(settings, values.pop("url"), values.pop("params")))
+    paused_stages = _unfold_stages(values)
     _check_stage_names(values)
     _check_quorum(values)
     _check_keys(values)
-    adaptive = _adaptive(values)
+    adaptive = _adaptive(values, paused_stages)
     redis = ConnectionSettings(**{name: values.pop(name) for name in CONNECTION_FIELDS})
     keys = KeySettings(**{name: values.pop(name) for name in KEY_FIELDS})
     return RedisLockSettings(redis=redis, keys=keys, adaptive=adaptive, **values)
 
 
-def _adaptive(values: dict[str, Any]) -> AdaptiveSettings:
+def _unfold_stages(values: dict[str, Any]) -> frozenset[str]:
+    """REDISLOCK_STAGES' policies into the short forms: ``stages`` {stage: limit},
+    ``stage_rates``, a delay into REDISLOCK_DELAYS, ``adaptive`` into REDISLOCK_ADAPTIVE's names;
+    returns the stages whose policy says ``retry_after``. A delay given twice is an error."""
+    policies: dict[str, ScopePolicy] = values["stages"]
+    values["stages"] = {stage: policy.limit for stage, policy in policies.items()}
+    values["stage_rates"] = {
+        stage: policy.rate for stage, policy in policies.items() if policy.rate is not None
+    }
+    delays = dict(values["delays"])
+    for stage, policy in policies.items():
+        if not policy.delay:
+            continue
+        if stage in delays:
+            raise ConfigError(
+                f"REDISLOCK_STAGES[{stage!r}] gives a delay ({policy.delay}) and REDISLOCK_DELAYS[{stage!r}] gives one too ({delays[stage]}): give it in one place"  # noqa: E501
+            )
+        delays[stage] = policy.delay
+    values["delays"] = delays
+    for stage, policy in policies.items():
+        if policy.retry_after and policy.limit is None:
+            raise ConfigError(
+                f"REDISLOCK_STAGES[{stage!r}] pauses on Retry-After but has no 'limit': a stage's pause is its lock's, give it a cap"  # noqa: E501
+            )
+    adapting = [stage for stage, policy in policies.items() if policy.adaptive]
+    if adapting and values["adaptive"] is not True:
+        named = () if values["adaptive"] is False else tuple(values["adaptive"])
+        values["adaptive"] = (*named, *(stage for stage in adapting if stage not in named))
+    return frozenset(stage for stage, policy in policies.items() if policy.retry_after)
+
+
+def _adaptive(
+    values: dict[str, Any], paused_stages: frozenset[str] = frozenset()
+) -> AdaptiveSettings:
     """REDISLOCK_ADAPTIVE's names are capped stages or "keys" (with capped keys), and the minimum
     is no higher than any cap it applies to; a quorum of masters has no adaptive limit."""
     named = _adaptive_names(values, values.pop("adaptive"))
@@ -665,7 +735,8 @@ def _adaptive(values: dict[str, Any]) -> AdaptiveSettings:
         adaptive_window=values.pop("adaptive_window"),
         retry_after=values.pop("retry_after"),
         retry_after_default=values.pop("retry_after_default"),
-        scoped=bool(scoped),
+        scoped=bool(scoped) or bool(paused_stages),
+        paused_stages=paused_stages,
     )
 
 

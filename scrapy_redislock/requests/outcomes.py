@@ -8,7 +8,8 @@ site's Retry-After asks for.
   (:class:`~scrapy_redislock.crawl.adaptive.Adaptation`).
 - With REDISLOCK_RETRY_AFTER, a 429 or 503 answer with ``Retry-After`` (seconds, or an HTTP date,
   read against the answer's own ``Date``) pauses the starts of the request's key (else of its
-  capped stage) in every process until then; a 429 without it, for
+  capped stage; and a stage whose REDISLOCK_STAGES policy says ``retry_after``) in every process
+  until then; a 429 without it, for
   REDISLOCK_RETRY_AFTER_DEFAULT seconds; a 503 without it pauses nothing (it is overload: the
   adaptive limit backs off). Counted as ``redislock/retry_after/pauses``.
 
@@ -146,18 +147,22 @@ class Outcomes:
         keys, obey = self.settings.keys, self.settings.adaptive.retry_after
         key = self._capped_key(request)
         throttle = self.throttle
+        key_paused = False
         if throttle is not None and throttle.locks.adaptation is not None:
+            key_paused = key is not None
             paused = [scope for scope in self._scopes(request) if keys.pauses(scope)]
             if key is not None and (obey or keys.pauses(key)):
                 paused.insert(0, key)
             for scope in paused:
                 throttle.locks.adaptation.pause(f"{KEY_LOCK_PREFIX}{scope}", seconds)
-            if key is not None:
-                return
-        if not obey:
+        paused_stages = self.settings.adaptive.paused_stages
+        # REDISLOCK_RETRY_AFTER pauses the key, else the capped stage; a stage's own policy, the stage
+        if not (paused_stages or (obey and not key_paused)):
             return
         stage = stage_of(request, self.settings, self.crawler.spider)
-        if stage is not None and stage in self.locks.locks and self.locks.adaptation is not None:
+        if stage is None or not (stage in paused_stages or (obey and not key_paused)):
+            return
+        if stage in self.locks.locks and self.locks.adaptation is not None:
             self.locks.adaptation.pause(stage, seconds)
 
     def _scopes(self, request: Request) -> tuple[str, ...]:

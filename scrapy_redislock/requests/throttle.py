@@ -11,7 +11,9 @@ order:
    a confirmation against the previous confirmed start (:mod:`scrapy_redislock.lock.delay`). When
    the request reaches Scrapy's downloader (``request_reached_downloader``) more than
    ``LATE_SEND`` after a confirmation came back, the next start of that stage or key is moved back
-   by the lateness.
+   by the lateness;
+3. the rate windows (a sliding log on Redis's clock): the stage's (its REDISLOCK_STAGES policy),
+   the key's, then the other scopes' by name.
 
 Why this order cannot deadlock: a key slot is the last slot a request takes, so a request holding
 one waits for no other slot (only for bounded delays and its download), and always ends and frees
@@ -168,7 +170,9 @@ class ScopeThrottle:
         stage_delay = self.settings.delay_of(stage, stage=True) if stage is not None else 0.0
         key_delay = self._key_delay(request, key) if key is not None else 0.0
         paused_stage = self._pausable_stage(stage)
-        rated = key is not None and keys.rate_of(key) is not None
+        rated = (key is not None and keys.rate_of(key) is not None) or (
+            stage is not None and stage in self.settings.stage_rates
+        )
         if not (capped or stage_delay or key_delay or paused_stage or scopes or rated):
             return None
         return self._through(
@@ -233,15 +237,19 @@ class ScopeThrottle:
                 await self._delay(request, f"{KEY_LOCK_PREFIX}{scope}", delay)
             elif keys.pauses(scope):
                 await self._pause_check(f"{KEY_LOCK_PREFIX}{scope}")
+        stage_rate = self.settings.stage_rates.get(stage) if stage is not None else None
+        if stage_rate is not None and stage is not None:
+            await self._rate(request, stage, stage_rate)
         for name in (key, *scopes) if key is not None else scopes:
             rate = keys.rate_of(name)
             if rate is not None:
-                await self._rate(request, name, rate)
+                await self._rate(request, f"{KEY_LOCK_PREFIX}{name}", rate)
 
     async def _rate(self, request: Request, name: str, rate: tuple[int, float]) -> None:
-        at, waited = await self.locks.wait_rate(f"{KEY_LOCK_PREFIX}{name}", *rate)
+        """Wait for a place in the rate window of ``name`` (a stage, or ``key:<scope>``)."""
+        at, waited = await self.locks.wait_rate(name, *rate)
         request.meta[START_META] = at
-        request.meta.setdefault(STARTS_META, {})[f"{KEY_LOCK_PREFIX}{name}"] = at
+        request.meta.setdefault(STARTS_META, {})[name] = at
         stats = self.crawler.stats
         stats.inc_value("redislock/rate/starts")
         if waited:
@@ -249,10 +257,11 @@ class ScopeThrottle:
             stats.inc_value("redislock/rate/wait_time_total", waited)  # type: ignore[arg-type]  # (as below)
 
     def _pausable_stage(self, stage: str | None) -> bool:
-        """A capped stage's starts may be paused by a Retry-After (REDISLOCK_RETRY_AFTER)."""
+        """A capped stage's starts may be paused by a Retry-After (REDISLOCK_RETRY_AFTER, or the
+        stage's policy in REDISLOCK_STAGES)."""
         return (
-            self.settings.adaptive.retry_after
-            and stage is not None
+            stage is not None
+            and self.settings.adaptive.pauses(stage)
             and self.settings.stages.get(stage) is not None
         )
 

@@ -158,3 +158,56 @@ def test_what_adapts_and_pauses_per_scope() -> None:
     assert "REDISLOCK_ADAPTIVE_MIN = 4 is above the limit of REDISLOCK_SCOPES['render'] (2)" in str(
         raised.value
     )
+
+
+def test_a_stages_policy_unfolds_into_the_short_forms() -> None:
+    """REDISLOCK_STAGES takes a stage's whole policy, like an entry of REDISLOCK_SCOPES: its cap
+    (0 allowed: paused), delay, rate window, adaptive limit and Retry-After pause."""
+    settings = read_settings(
+        Settings(
+            {
+                "REDISLOCK_STAGES": {
+                    "list": 1,
+                    "detail": {"limit": 3, "rate": "10/s", "delay": 0.2, "adaptive": True},
+                    "comments": {"limit": 0, "retry_after": True},
+                    "images": None,
+                },
+                "REDISLOCK_DELAYS": {"list": 1.0},
+            }
+        )
+    )
+    assert settings.stages == {"list": 1, "detail": 3, "comments": 0, "images": None}
+    assert settings.stage_rates == {"detail": (10, 1.0)}
+    assert settings.delay_of("detail", stage=True) == 0.2
+    assert settings.delay_of("list", stage=True) == 1.0
+    assert settings.adaptive.stages == {"detail"}
+    assert settings.adaptive.pauses("comments") and not settings.adaptive.pauses("detail")
+    assert settings.adaptive.needed and settings.keyed
+    plain = read_settings(Settings({"REDISLOCK_STAGES": {"detail": 3}}))
+    assert plain.stage_rates == {} and not plain.keyed and not plain.adaptive.needed
+
+
+@pytest.mark.parametrize(
+    ("stages", "extra", "message"),
+    [
+        ({"detail": {"limit": 3, "rate": "ten"}}, {},
+         "REDISLOCK_STAGES['detail']['rate'] must be a rate 'N/T'"),
+        ({"detail": {"limit": -1}}, {},
+         "REDISLOCK_STAGES['detail']['limit'] must be an integer from 0 to 1000 or None (no cap), got -1"),
+        ({"detail": {"limt": 3}}, {}, "REDISLOCK_STAGES['detail'] has unknown field(s) ['limt']"),
+        ({"detail": {"delay": 0.5}}, {"REDISLOCK_DELAYS": {"detail": 1}},
+         "REDISLOCK_STAGES['detail'] gives a delay (0.5) and REDISLOCK_DELAYS['detail'] gives one too (1"),
+        ({"detail": {"retry_after": True}}, {},
+         "REDISLOCK_STAGES['detail'] pauses on Retry-After but has no 'limit'"),
+        ({"detail": {"adaptive": True}}, {},
+         "REDISLOCK_STAGES['detail'] is adaptive but has no 'limit'"),
+        ({"detail": {"limit": 2, "adaptive": True}}, {"REDISLOCK_ADAPTIVE_MIN": 3},
+         "REDISLOCK_ADAPTIVE_MIN = 3 is above the cap of stage 'detail' (2)"),
+    ],
+)  # fmt: skip
+def test_a_bad_stage_policy_is_refused_by_name(
+    stages: object, extra: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        read_settings(Settings({"REDISLOCK_STAGES": stages, **extra}))
+    assert message in str(raised.value)

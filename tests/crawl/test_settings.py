@@ -183,7 +183,9 @@ def test_the_table_has_a_parser_and_a_field_for_each_setting() -> None:
         assert setting.field in fields, setting.name
         assert setting.doc.endswith("."), setting.name
     # what read_settings adds from the rules across settings
-    assert fields - {s.field for s in defaults.TABLE} == {"url_setting", "masters", "scoped"}
+    assert fields - {s.field for s in defaults.TABLE} == {
+        "url_setting", "masters", "scoped", "stage_rates", "paused_stages"
+    }  # fmt: skip
     assert list(defaults.SETTINGS) == [s.name for s in defaults.TABLE]
     assert read_settings(Settings()).ttl == defaults.SETTINGS["REDISLOCK_TTL"]
 

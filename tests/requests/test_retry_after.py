@@ -33,10 +33,10 @@ ON_THEIR_WAY = 1.0
 
 
 def pause_landed(client: redis.Redis, name: str, timeout: float = 30) -> float:
-    """When the pause of host 1's key or scope ``name`` reached Redis, on this process's
+    """When the pause of ``name`` (host 1's key or scope, ``key:<name>``, or the stage) reached Redis, on this process's
     ``time.monotonic()`` (the site's clock): the gate holds the pause's end on Redis's clock, which
     is this machine's."""
-    gate = gate_key("redislock", f"key:{name}")
+    gate = gate_key("redislock", name)
     deadline = time.monotonic() + timeout
     while (until := client.get(gate)) is None:
         assert time.monotonic() < deadline, "no pause reached Redis"
@@ -47,6 +47,7 @@ def pause_landed(client: redis.Redis, name: str, timeout: float = 30) -> float:
 BY_KEY = {"REDISLOCK_STAGE_KEY": "domain", "REDISLOCK_KEY_LIMIT": 4, "REDISLOCK_RETRY_AFTER": True}
 # the host as a scope of its own (as a proxy would be), with REDISLOCK_RETRY_AFTER off: the scope's
 # entry in REDISLOCK_SCOPES asks for the pause
+BY_STAGE = {"REDISLOCK_STAGES": {"detail": {"limit": 8, "retry_after": True}}}
 BY_SCOPE = {
     "REDISLOCK_SCOPES": {"via:*": {"limit": 4, "retry_after": True}},
     "REDISLOCK_SCOPES_OF": "testing.spiders.crawlspider.host_scope",
@@ -54,24 +55,26 @@ BY_SCOPE = {
 
 
 @pytest.mark.parametrize(
-    ("scheduler", "scoped"),
+    ("scheduler", "paused"),
     [
-        ("scrapy_redislock.StageScheduler", False),
-        (None, False),
-        ("scrapy_redislock.StageScheduler", True),
+        ("scrapy_redislock.StageScheduler", "key"),
+        (None, "key"),
+        ("scrapy_redislock.StageScheduler", "scope"),
+        ("scrapy_redislock.StageScheduler", "stage"),
     ],
-    ids=["key-scheduler", "key-middleware", "scope"],
+    ids=["key-scheduler", "key-middleware", "scope", "stage"],
 )
 def test_a_retry_after_pauses_the_host_for_every_process(
-    scheduler: str | None, scoped: bool, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+    scheduler: str | None, paused: str, redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     """The host's key pauses with REDISLOCK_RETRY_AFTER; a scope pauses when its REDISLOCK_SCOPES
-    entry says ``retry_after`` (the global setting off)."""
+    entry says ``retry_after``, a stage when its REDISLOCK_STAGES policy does (the global setting
+    off): then both hosts pause, the stage being theirs."""
     settings: dict[str, Any] = {
         "REDISLOCK_URL": redis_url,
         "SCHEDULER": scheduler,
         "REDISLOCK_STAGES": {"detail": None},
-        **(BY_SCOPE if scoped else BY_KEY),
+        **{"key": BY_KEY, "scope": BY_SCOPE, "stage": BY_STAGE}[paused],
         "CONCURRENT_REQUESTS": 8,
     }
     with CapacitySite(hosts=2, capacity=16, base=0.05) as site:
@@ -86,7 +89,8 @@ def test_a_retry_after_pauses_the_host_for_every_process(
         assert site.wait_for(lambda: len(host1.arrivals) >= 40, timeout=60)
         site.too_many("127.0.0.1", PAUSE)
         assert site.wait_for(lambda: host1.answers[429] == 1, timeout=30)
-        landed = pause_landed(redis_client, "via:127.0.0.1" if scoped else "127.0.0.1")
+        name = {"key": "key:127.0.0.1", "scope": "key:via:127.0.0.1", "stage": "detail"}[paused]
+        landed = pause_landed(redis_client, name)
         for crawl in crawls:
             crawl.wait(timeout=120)
             assert crawl.stats.get("finish_reason") == "finished", crawl.tail()
@@ -95,6 +99,9 @@ def test_a_retry_after_pauses_the_host_for_every_process(
             during = [t - refused_at for t in host1.arrivals if refused_at < t < landed + PAUSE]
             after = [t for t in host1.arrivals if t > landed + PAUSE]
             other = [t for t in host2.arrivals if refused_at < t < refused_at + PAUSE]
+            other_during = [
+                t - refused_at for t in host2.arrivals if refused_at < t < landed + PAUSE
+            ]
     stragglers = [t for t in during if t > landed - refused_at + ON_THEIR_WAY]
     print(
         f"the pause reached Redis {landed - refused_at:.3f} s after the 429; arrivals at host 1"
@@ -102,7 +109,9 @@ def test_a_retry_after_pauses_the_host_for_every_process(
     )
     assert stragglers == [], during
     assert after, "host 1 never resumed"
-    if scheduler and not scoped:
+    if paused == "stage":  # host 2's requests are of the paused stage too
+        assert [t for t in other_during if t > landed - refused_at + ON_THEIR_WAY] == []
+    elif scheduler and paused == "key":
         # host 2 went on meanwhile; with the middleware alone host 1's held requests wait in the
         # downloader and may take all of CONCURRENT_REQUESTS (docs/key-caps.md), as a request's
         # other scopes do under StageScheduler too (docs/scopes.md)

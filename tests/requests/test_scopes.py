@@ -110,6 +110,44 @@ def test_stage_domain_and_proxy_scopes_hold_together(
     ), list(redis_client.scan_iter("redislock:*"))
 
 
+def test_a_stages_rate_window_holds_for_the_cluster(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """A stage's policy in REDISLOCK_STAGES with a cap of 3 and a rate window of 10 starts per
+    second, 3 processes, no key: never over the cap, never more than 10 of the stage's starts in
+    any second on Redis's clock, none at the site before its confirmed start, every page once,
+    the stage's rate log gone once idle."""
+    count, window = 10, 1.0
+    extra = {
+        "REDISLOCK_URL": redis_url,
+        "SCHEDULER": "scrapy_redislock.StageScheduler",
+        "REDISLOCK_STAGES": {"detail": {"limit": 3, "rate": f"{count}/s"}},
+        "CONCURRENT_REQUESTS": 16,
+        "DOWNLOAD_DELAY": 0,
+        "DOWNLOADER_MIDDLEWARES": WITH_HEADER,
+    }
+    with CrawlSite(delay=0.05, hosts=HOSTS) as site:
+        crawls = run(site, extra, tmp_path)
+        assert site.max_in_flight["detail"] <= 3, site.max_in_flight
+        arrivals = list(site.scope_starts)
+    assert len(arrivals) == PROCESSES * PAGES  # every request carried its confirmed start
+    starts = []
+    for arrived, booked in arrivals:
+        assert set(booked) == {"detail"}, booked
+        assert arrived >= booked["detail"] - CLOCK_TOLERANCE, (arrived, booked)  # never early
+        starts.append(booked["detail"])
+    starts.sort()
+    for i, start in enumerate(starts):  # at most 10 in any window (t - 1 s, t]
+        assert i + 1 - bisect.bisect_right(starts, start - window) <= count, starts
+    assert starts[-1] - starts[0] >= (len(starts) / count - 1) * window - 1e-6  # paced by the rate
+    for crawl in crawls:
+        assert crawl.stats["redislock/rate/starts"] == PAGES
+    assert leftover(redis_client) == 0
+    assert site.wait_for(
+        lambda: not list(redis_client.scan_iter("redislock:*:rate")), timeout=10
+    ), list(redis_client.scan_iter("redislock:*"))
+
+
 def test_a_scope_without_a_policy_fails_its_requests_by_name(
     redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
