@@ -1,5 +1,6 @@
 """What the blocking and asyncio locks share: the command runner, argument checks, the core, the
-loop's rules.
+loop's rules; and what all four locks share: the properties read off the core
+(:class:`LockShared`), ``with`` and ``async with``.
 
 :class:`LockBase` holds a :class:`~scrapy_redislock.lock.core.LockCore` and says when the
 maintenance loop must run; :mod:`~scrapy_redislock.lock.sync` and :mod:`~scrapy_redislock.lock.aio`
@@ -16,7 +17,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import redis.asyncio
 import redis.exceptions
@@ -45,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 LostCallback = Callable[[Permit], object]
 P = TypeVar("P")  # the permit type of a lock: Permit, or QuorumPermit
+P_co = TypeVar("P_co", covariant=True)
 
 
 def log_lost(permit: Permit) -> None:
@@ -458,10 +460,81 @@ class CommandRunner:
         return self._script(command)
 
 
-class LockBase:
-    """What the blocking and asyncio locks share: validation, the core, the scripts, read-only properties."""
+class CoreState(Protocol[P_co]):
+    """What :class:`LockShared` reads of a core: a ``LockCore``, or a ``QuorumCore``."""
+
+    name: str
+    owner: str
+    ttl: float
+
+    @property
+    def renew_interval(self) -> float: ...
+
+    @property
+    def keys(self) -> LockKeys: ...
+
+    @property
+    def held(self) -> Mapping[Any, P_co]: ...
+
+
+class LockShared(Generic[P]):
+    """What all four lock classes read off their core, and how they tell ``on_lost``; a subclass sets
+    ``_core``, ``on_lost`` and ``auto_renew``, and names its logger and the whole message logged
+    when ``on_lost`` fails."""
+
+    _core: CoreState[P]
+    on_lost: Callable[[P], object]
+    auto_renew: bool
+    _logger: ClassVar[logging.Logger]
+    _callback_failed: ClassVar[str]
+
+    @property
+    def name(self) -> str:
+        """The lock's name (the stage)."""
+        return self._core.name
+
+    @property
+    def owner(self) -> str:
+        """This object's owner token in Redis (a quorum lock's is the same on every master)."""
+        return self._core.owner
+
+    @property
+    def ttl(self) -> float:
+        """Lease seconds (as stored in Redis; a quorum lock's, on each master)."""
+        return self._core.ttl
+
+    @property
+    def renew_interval(self) -> float:
+        """ttl/3, at most 1 s."""
+        return self._core.renew_interval
+
+    @property
+    def keys(self) -> LockKeys:
+        """The lock's Redis keys (a quorum lock's are the same on every master)."""
+        return self._core.keys
+
+    @property
+    def held(self) -> list[P]:
+        """Permits this object holds now."""
+        return list(self._core.held.values())
+
+    def _report_lost(self, lost: list[P]) -> None:
+        """Call ``on_lost`` for each lost permit; one that raises is logged, the rest still called."""
+        for permit in lost:
+            try:
+                self.on_lost(permit)
+            except Exception:
+                self._logger.exception(self._callback_failed, self.name)
+
+
+class LockBase(LockShared[Permit]):
+    """What the blocking and asyncio locks share: validation, the core, the scripts, the loop's
+    rules (what all four locks share is :class:`LockShared`'s)."""
 
     client_types: tuple[type, ...] = ()
+    _core: LockCore
+    _logger = logger
+    _callback_failed = "on_lost callback of lock %r failed"
 
     def __init__(
         self,
@@ -515,7 +588,7 @@ class LockBase:
         )
         self.auto_renew = auto_renew
         self.maintain_loop = maintain_loop
-        self.on_lost: LostCallback = on_lost or log_lost
+        self.on_lost = on_lost or log_lost
         self._idle_ticks = 0  # loop ticks in a row with nothing to do
         # acquire() calls in progress (a wait is served by the loop from its very start)
         self._callers = 0
@@ -526,33 +599,9 @@ class LockBase:
         return self._core
 
     @property
-    def name(self) -> str:
-        """The lock's name (the stage)."""
-        return self._core.name
-
-    @property
-    def owner(self) -> str:
-        """This object's owner token in Redis."""
-        return self._core.owner
-
-    @property
-    def ttl(self) -> float:
-        """Lease seconds (as stored in Redis)."""
-        return self._core.ttl
-
-    @property
     def reported_limit(self) -> int | None:
         """The lock's limit in Redis as its last renewal reported it (None before one)."""
         return self._core.reported_limit
-
-    @property
-    def keys(self) -> LockKeys:
-        """The lock's Redis keys."""
-        return self._core.keys
-
-    @property
-    def renew_interval(self) -> float:
-        return self._core.renew_interval
 
     def annotate(self, **fields: Any) -> None:
         """Add fields to this owner's identity in Redis (sent with the next maintain), e.g.
@@ -581,11 +630,6 @@ class LockBase:
             return True
         oldest = core.clock() - core.renew_interval
         return any(permit.leased_at <= oldest for permit in core.held.values())
-
-    @property
-    def held(self) -> list[Permit]:
-        """Permits this object holds now."""
-        return list(self._core.held.values())
 
     def _loop_needed(self) -> bool:
         """The maintenance loop runs while this object waits, has abandoned waits to clean, or
@@ -616,13 +660,6 @@ class LockBase:
         """What a loop tick renews: every held permit with auto_renew, else none (the caller renews
         its own)."""
         return None if self.auto_renew else []
-
-    def _report_lost(self, lost: list[Permit]) -> None:
-        for permit in lost:
-            try:
-                self.on_lost(permit)
-            except Exception:
-                logger.exception("on_lost callback of lock %r failed", self.name)
 
 
 class ThreadContext(Generic[P]):

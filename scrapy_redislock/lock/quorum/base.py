@@ -9,9 +9,8 @@ from typing import Any, Generic, TypeVar
 
 from scrapy_redislock._redis import check_limit
 from scrapy_redislock.errors import InvalidArgument
-from scrapy_redislock.lock.base import LockBase
+from scrapy_redislock.lock.base import LockBase, LockShared
 from scrapy_redislock.lock.core import Clock
-from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.quorum.core import (
     ANSWER_WITHIN,
     DRIFT_FACTOR,
@@ -26,11 +25,15 @@ logger = logging.getLogger("scrapy_redislock.lock.quorum")
 F = TypeVar("F", bound=LockBase)  # the per-master lock: CountingLock or AsyncCountingLock
 
 
-class QuorumBase(Generic[F]):
-    """What both quorum locks share: argument checks, the core, one command runner per master."""
+class QuorumBase(LockShared[QuorumPermit], Generic[F]):
+    """What both quorum locks share: argument checks, the core, one command runner per master (what
+    all four locks share is :class:`~scrapy_redislock.lock.base.LockShared`'s)."""
 
     client_types: tuple[type, ...] = ()
     master_class: type[F]  # set by each quorum lock class
+    _core: QuorumCore
+    _logger = logger
+    _callback_failed = "on_lost callback of quorum lock %r failed"
 
     def __init__(
         self,
@@ -108,38 +111,9 @@ class QuorumBase(Generic[F]):
         )
 
     @property
-    def name(self) -> str:
-        """The lock's name."""
-        return self._core.name
-
-    @property
-    def owner(self) -> str:
-        """This object's owner name on every master."""
-        return self._core.owner
-
-    @property
     def quorum(self) -> int:
         """Masters a permit needs."""
         return self._core.quorum
-
-    @property
-    def ttl(self) -> float:
-        """Lease seconds on each master."""
-        return self._core.ttl
-
-    @property
-    def renew_interval(self) -> float:
-        """ttl/3, at most 1 s."""
-        return self._core.renew_interval
-
-    @property
-    def keys(self) -> LockKeys:
-        """The lock's Redis keys (the same on every master)."""
-        return self._core.cores[0].keys
-
-    @property
-    def held(self) -> list[QuorumPermit]:
-        return list(self._core.held.values())
 
     @property
     def masters(self) -> int:
@@ -172,13 +146,6 @@ class QuorumBase(Generic[F]):
         there)."""
         for master in self._locks:
             master.annotate(**fields)
-
-    def _report_lost(self, lost: list[QuorumPermit]) -> None:
-        for permit in lost:
-            try:
-                self.on_lost(permit)
-            except Exception:
-                logger.exception("on_lost callback of quorum lock %r failed", self.name)
 
     def _recent_answer(self, index: int) -> bool | None:
         """Whether master ``index`` answered the last PING, if that was less than a renewal interval

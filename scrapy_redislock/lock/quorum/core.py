@@ -19,7 +19,7 @@ from scrapy_redislock.errors import (
     QuorumNotReached,
 )
 from scrapy_redislock.lock.core import Clock, LockCore
-from scrapy_redislock.lock.permit import Permit, default_identity
+from scrapy_redislock.lock.permit import LockKeys, Permit, default_identity
 from scrapy_redislock.lock.protocol import Call, Operation
 from scrapy_redislock.lock.quorum.protocol import (
     Fanout,
@@ -126,6 +126,11 @@ class QuorumCore:
     @property
     def renew_interval(self) -> float:
         return self.cores[0].renew_interval
+
+    @property
+    def keys(self) -> LockKeys:
+        """The lock's Redis keys, the same on every master."""
+        return self.cores[0].keys
 
     def validity(self, started: float) -> float:
         """Seconds a grant made by a round that started at ``started`` is still safe to use."""
