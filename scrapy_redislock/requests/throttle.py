@@ -323,8 +323,13 @@ class ScopeThrottle:
                 p.name == f"{KEY_LOCK_PREFIX}{key}" for p in holds.permits
             ):
                 return  # taken before a lost slot of another scope made the request start again
-        elif self.permits.peek(request) is not None:
-            return  # handed by StageScheduler (a lost or late one is dropped by usable())
+        else:
+            handed = self.permits.peek(request)
+            if isinstance(handed, BaseException):
+                self.permits.forget(request)
+                raise handed  # StageScheduler's wait ran out of REDISLOCK_WAIT_TIMEOUT
+            if handed is not None:
+                return  # handed by StageScheduler (a lost or late one is dropped by usable())
         # taken here, holding one of CONCURRENT_REQUESTS meanwhile (StageScheduler takes it before
         # a request of no capped stage leaves: keyline.py)
         self.crawler.stats.inc_value("redislock/keys/taken_in_downloader")

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from testing.crawlproc import Crawl, leftover
+from testing.crawlproc import Crawl, finish_all, leftover
 from testing.site import CrawlSite
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
@@ -92,4 +92,41 @@ def test_with_the_middleware_alone_keys_are_taken_in_the_downloader(
     crawls = crawl(slow_site, redis_url, tmp_path, None)
     for one in crawls:
         assert one.stats["redislock/keys/taken_in_downloader"] == 2 * SLOW + 40
+    assert leftover(redis_client) == 0
+
+
+def test_a_key_wait_that_runs_out_fails_its_request_and_never_goes_over_the_cap(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """A key capped at 1 whose pages take 1.5 s, 2 processes, REDISLOCK_WAIT_TIMEOUT 0.3 s: a
+    StageScheduler's wait for the key (the other process holds it) runs out and fails the key's next
+    request with AcquireTimeout, as a wait in the middleware would; that request never goes without
+    its slot (it once did: the middleware took the handed error for a slot), so the site never sees
+    two at once."""
+    settings = {
+        "REDISLOCK_URL": redis_url,
+        "SCHEDULER": "scrapy_redislock.StageScheduler",
+        "CONCURRENT_REQUESTS": 4,
+        "REDISLOCK_STAGES": {"detail": None},
+        "REDISLOCK_STAGE_KEY": f"{__name__}.section_key",
+        "REDISLOCK_KEY_LIMITS": {"a": 1},
+        "REDISLOCK_WAIT_TIMEOUT": 0.3,
+    }
+    with CrawlSite(delay=0.02, delays={"a": 1.5}) as site:
+        crawls = [
+            Crawl(site.url, "detail@a:3", settings, tmp_path, args={"first": str(1000 * i)})
+            for i in range(PROCESSES)
+        ]
+        for one in finish_all(crawls, timeout=120):
+            assert one.stats.get("finish_reason") == "finished", one.tail()
+        assert site.max_in_flight["a"] == 1, site.max_in_flight  # the cap held
+    timeouts = sum(
+        one.stats.get("downloader/exception_type_count/scrapy_redislock.errors.AcquireTimeout", 0)
+        for one in crawls
+    )
+    assert timeouts >= 1, [one.stats for one in crawls]
+    assert site.count("a") + timeouts == PROCESSES * 3, (
+        site.count("a"),
+        timeouts,
+    )  # went or failed
     assert leftover(redis_client) == 0
