@@ -73,22 +73,22 @@ class StageAdmission:
 
     def queue_route(self, request: Request) -> Route:
         """The sub-queue ``request`` goes into now: its route; a request of no capped stage whose
-        key is blocked here (:meth:`KeyLine.blocked
-        <scrapy_redislock.requests.keyline.KeyLine.blocked>`) goes into its key's."""
+        key or other scope is blocked here (:meth:`KeyLine.blocked
+        <scrapy_redislock.requests.keyline.KeyLine.blocked>`) goes into the first such name's."""
         route = self.route(request)
         if route[0] is None and self.keyline is not None:
-            key = self.keyline.key_of(request)
-            if key is not None and self.keyline.blocked(key):
-                return None, key
+            name = self.keyline.blocked_name(request)
+            if name is not None:
+                return None, name
         return route
 
     def divert(self, request: Request, route: Route) -> Route | None:
-        """A request popped from the main sub-queue whose key got blocked since it was queued
-        waits in its key's sub-queue instead."""
+        """A request popped from the main sub-queue whose key or scope got blocked since it was
+        queued waits in that name's sub-queue instead."""
         if route != UNCAPPED or self.keyline is None:
             return None
-        key = self.keyline.key_of(request)
-        return (None, key) if key is not None and self.keyline.blocked(key) else None
+        name = self.keyline.blocked_name(request)
+        return None if name is None else (None, name)
 
     def may_go(self, route: Route) -> bool:
         """A request of this sub-queue may leave now: not capped; or its stage has a slot in hand

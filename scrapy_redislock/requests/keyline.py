@@ -1,34 +1,38 @@
-"""KeyLine: StageScheduler gets a request's key slot before the request leaves it, so that a key
-at its cap waits in the scheduler, not in the downloader.
+"""KeyLine: StageScheduler gets a request's key and scope slots before the request leaves it, so
+that a key or scope at its cap waits in the scheduler, not in the downloader.
 
-For requests whose key is capped (REDISLOCK_STAGE_KEY with REDISLOCK_KEY_LIMIT or
-REDISLOCK_KEY_LIMITS) and whose stage is not (a broad crawl: domains, no stages), over Scrapy's
-scheduler:
+For requests whose key or other scopes are capped (REDISLOCK_STAGE_KEY with REDISLOCK_KEY_LIMIT or
+REDISLOCK_KEY_LIMITS; REDISLOCK_SCOPES entries with a ``limit``) and whose stage is not (a broad
+crawl: domains, proxies, no stages), over Scrapy's scheduler. A request's capped names are its key,
+then its other scopes by name (the order slots are taken in everywhere: docs/scopes.md).
 
-- A request of a key that is free here (no wait for it in progress, fewer than the key's limit of
-  this process's requests holding or taking it) leaves the inner scheduler and is held back for one
-  look in Redis (a take: lock/light.py). Granted, it goes on with its key slot
-  (:meth:`ScopeThrottle.hand <scrapy_redislock.requests.throttle.ScopeThrottle.hand>`), and the engine is woken.
-- Refused (every slot of the key is held, here or elsewhere, or others queue for it), the request
-  goes back into the inner scheduler, into a sub-queue of its key (on disk with JOBDIR), and one
-  wait for a slot of the key starts here (first come, first served in Redis). The key's requests
-  stay queued and take none of CONCURRENT_REQUESTS, while other keys' requests go past them. A slot
-  the wait gets is kept for the key's next request, which the sub-queue then lets go; the wait goes
-  on while the key has more requests queued than slots kept.
-- A key whose starts a site's Retry-After paused (the take says so: lock/delay.py's pause_starts)
+- A request none of whose names is blocked here (no wait for it in progress, fewer than the
+  name's limit of this process's requests holding or taking it) leaves the inner scheduler and is
+  held back for one look in Redis per name it has no kept slot of (a take: lock/light.py). All
+  granted, it goes on with its slots
+  (:meth:`ScopeThrottle.hand <scrapy_redislock.requests.throttle.ScopeThrottle.hand>`,
+  :meth:`~scrapy_redislock.requests.throttle.ScopeThrottle.hand_scopes`), and the engine is woken.
+- One refused (every slot of it is held, here or elsewhere, or others queue for it), the slots
+  it got go back (a kept one is kept again, a fresh one returns to Redis: a request holds no slot
+  while it waits), the request goes back into the inner scheduler, into a sub-queue of the refused
+  name (on disk with JOBDIR), and one wait for a slot of that name starts here (first come, first
+  served in Redis). Those requests stay queued and take none of CONCURRENT_REQUESTS, while other
+  names' requests go past them. A slot the wait gets is kept for the name's next request, which the
+  sub-queue then lets go; the wait goes on while the name has more requests queued than slots kept.
+- A name whose starts a site's Retry-After paused (the take says so: lock/delay.py's pause_starts)
   keeps its requests queued until the pause ends, then takes again.
-- A slot kept for a key whose requests are gone, or that is no longer usable, goes back to Redis at
-  the next renewal tick; a wait that runs out of REDISLOCK_WAIT_TIMEOUT fails the key's next
+- A slot kept for a name whose requests are gone, or that is no longer usable, goes back to Redis
+  at the next renewal tick; a wait that runs out of REDISLOCK_WAIT_TIMEOUT fails the name's next
   request with AcquireTimeout, as a wait in the middleware would.
 
 Looks in Redis under way are bounded by the downloader's free room (CONCURRENT_REQUESTS less what
 it has and what is ready); waits by CONCURRENT_REQUESTS (each blocks one connection). Requests with a
-capped stage take their key slot in the middleware, after their stage slot (the order that cannot
-deadlock with requests that bypass the scheduler: docs/key-caps.md); so do all requests over
-scrapy-redis's scheduler, whose queue is shared in Redis and not split by key.
+capped stage take their key and scope slots in the middleware, after their stage slot (the order
+that cannot deadlock with requests that bypass the scheduler: docs/key-caps.md); so do all requests
+over scrapy-redis's scheduler, whose queue is shared in Redis and not split by key.
 
-Reads CONCURRENT_REQUESTS and, through the checked settings, REDISLOCK_WAIT_TIMEOUT and the key
-settings.
+Reads CONCURRENT_REQUESTS and, through the checked settings, REDISLOCK_WAIT_TIMEOUT and the key and
+scope settings.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import logging
 import weakref
 from collections import Counter, deque
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scrapy_redislock.crawl.engine import downloader_active, wake_engine
@@ -56,8 +61,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Taken:
+    """A slot got for a request still here: of which name, and whether it was a kept one."""
+
+    name: str
+    permit: SlotPermit
+    kept: bool
+
+
 class KeyLine:
-    """The key slots StageScheduler gets before letting requests go (see the module docstring)."""
+    """The key and scope slots StageScheduler gets before letting requests go (see the module
+    docstring)."""
 
     def __init__(
         self,
@@ -74,8 +89,11 @@ class KeyLine:
         self.locks = throttle.locks  # the KeyLocks
         self.inner = inner  # Scrapy's scheduler, its queues split by StagePriorityQueues
         self.room = crawler.settings.getint("CONCURRENT_REQUESTS")
-        self.keys: weakref.WeakKeyDictionary[Request, str | None] = weakref.WeakKeyDictionary()
-        self.looking: dict[Request, str] = {}  # held back for one take in Redis
+        # per request: its capped key (or None) and every capped name, the key then its scopes
+        self.names: weakref.WeakKeyDictionary[Request, tuple[str | None, tuple[str, ...]]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.looking: dict[Request, tuple[str, ...]] = {}  # held back for takes in Redis
         self.ready: deque[Request] = deque()  # got their slot meanwhile: the engine's next
         self.kept: dict[str, deque[SlotPermit | BaseException]] = {}  # per key: for its next
         self.waits: dict[str, asyncio.Task[None]] = {}  # one wait per key, while it has a queue
@@ -113,13 +131,26 @@ class KeyLine:
 
     # -- what the throttle and the queues ask ----------------------------------------------------------
 
-    def key_of(self, request: Request) -> str | None:
-        """The request's capped key (computed once per request)."""
+    def names_of(self, request: Request) -> tuple[str, ...]:
+        """The request's capped names, in the order their slots are taken: its key, then its other
+        scopes by name (computed once per request)."""
+        return self._names(request)[1]
+
+    def _names(self, request: Request) -> tuple[str | None, tuple[str, ...]]:
         try:
-            return self.keys[request]
+            return self.names[request]
         except KeyError:
-            key = self.keys[request] = self.throttle.key_of(request)
-            return key
+            key, scopes = self.throttle.capped_names(request)
+            found = self.names[request] = (key, ((key,) if key is not None else ()) + scopes)
+            return found
+
+    def blocked_name(self, request: Request) -> str | None:
+        """The first of the request's capped names that is blocked here, if any: the request
+        waits in that name's sub-queue."""
+        for name in self.names_of(request):
+            if self.blocked(name):
+                return name
+        return None
 
     def blocked(self, key: str) -> bool:
         """No request of ``key`` may leave for a take now: a wait for it is under way here and
@@ -143,11 +174,10 @@ class KeyLine:
         """Requests of this process per key that hold a slot, take one, or have one kept: counted
         once per pass of the engine."""
         if self._load is None:
-            load: Counter[str] = Counter(self.looking.values())
-            for request in self.throttle.permits.holding():
-                key = self.key_of(request)
-                if key is not None:
-                    load[key] += 1
+            load: Counter[str] = Counter()
+            holding = {*self.throttle.permits.holding(), *self.throttle.scope_permits.holding()}
+            for request in (*self.looking, *holding):
+                load.update(self.names_of(request))
             for key, kept in self.kept.items():
                 load[key] += len(kept)
             self._load = load
@@ -170,60 +200,103 @@ class KeyLine:
         return self.ready.popleft() if self.ready else None
 
     def holds_back(self, request: Request) -> bool:
-        """Whether ``request`` (just out of the inner scheduler) waits here for its key slot; False
-        when it goes now: no capped key, or a slot (or error) kept for its key goes with it."""
-        key = self.key_of(request)
-        if key is None:
+        """Whether ``request`` (just out of the inner scheduler) waits here for its slots; False
+        when it goes now: no capped name, or a slot (or an error) kept for each of its names goes
+        with it."""
+        key, names = self._names(request)
+        if not names:
             return False
-        kept = self.kept.get(key)
+        got: list[Taken] = []
+        for name in names:
+            outcome = self._kept_for(name)
+            if outcome is None:
+                continue
+            if isinstance(outcome, BaseException):  # a wait that ran out: the request fails with it
+                self._give_back(got)
+                self.throttle.permits.hand(request, outcome)
+                return False
+            got.append(Taken(name, outcome, kept=True))
+        if len(got) == len(names):
+            self._hand(request, key, got)
+            return False
+        self.looking[request] = names
+        if self._load is not None:
+            self._load.update(names)
+        self._start(self._look(request, key, names, got))
+        return True
+
+    def _kept_for(self, name: str) -> SlotPermit | BaseException | None:
+        """A usable slot (or a wait's error) kept for ``name``; None when none is."""
+        kept = self.kept.get(name)
         while kept:
             outcome = kept.popleft()
             if isinstance(outcome, BaseException) or self.locks.usable(outcome):
-                self._hand(request, outcome)
-                return False
+                return outcome
             self.locks.release_soon(outcome)
-        self.looking[request] = key
-        if self._load is not None:
-            self._load[key] += 1
-        self._start(self._look(request, key))
-        return True
+        return None
 
-    def _hand(self, request: Request, outcome: SlotPermit | BaseException) -> None:
-        if isinstance(outcome, BaseException):
-            self.throttle.permits.hand(request, outcome)
-        else:
-            self.throttle.hand(request, outcome)
+    def _give_back(self, got: list[Taken]) -> None:
+        """Slots taken for a request that does not go now: a kept one is kept again (first), a
+        fresh one goes back to Redis (its other holders' waiters get it at once)."""
+        for taken in reversed(got):
+            if taken.kept and not self.closed:
+                self.kept.setdefault(taken.name, deque()).appendleft(taken.permit)
+            else:
+                self.locks.release_soon(taken.permit)
 
-    async def _look(self, request: Request, key: str) -> None:
-        """One take in Redis for ``request``: it goes with the slot, or back to its key's queue
-        while a wait for the key starts."""
+    def _hand(self, request: Request, key: str | None, got: list[Taken]) -> None:
+        """The request goes with a slot of each of its capped names (the middleware takes them)."""
+        scoped = [taken.permit for taken in got if taken.name != key]
+        for taken in got:
+            if taken.name == key:
+                self.throttle.hand(request, taken.permit)
+        if scoped:
+            self.throttle.hand_scopes(request, scoped)
+
+    async def _look(
+        self, request: Request, key: str | None, names: tuple[str, ...], got: list[Taken]
+    ) -> None:
+        """One take in Redis for each name the request has no kept slot of, in order: it goes
+        with them all, or back to the queue of the first name refused (its other slots given back:
+        it holds none while it waits) while a wait for that name starts."""
         started = self.clock()
         paused: Paused | None = None
+        refused: str | None = None
         try:
-            permit = await self.locks.try_take(key)
-        except REDIS_ERRORS as exc:
-            logger.warning("Taking a slot of key %r: Redis error (%s); it waits", key, exc)
-            permit = None
-        except Paused as exc:
-            permit, paused = None, exc
+            have = {taken.name for taken in got}
+            for name in (name for name in names if name not in have):
+                try:
+                    permit = await self.locks.try_take(name)
+                except REDIS_ERRORS as exc:
+                    logger.warning("Taking a slot of key %r: Redis error (%s); it waits", name, exc)
+                    permit = None
+                except Paused as exc:
+                    permit, paused = None, exc
+                if permit is None:
+                    refused = name
+                    break
+                got.append(Taken(name, permit, kept=False))
+        except BaseException:
+            self._give_back(got)  # cancelled (the engine closes): close() queues the request back
+            raise
         finally:
             self.looking.pop(request, None)
             self._load = None
         if self.closed:
-            if permit is not None:
-                self.locks.release_soon(permit)
-            self.requeue(request, key)
+            self._give_back(got)
+            self.requeue(request, names[0])
             return
-        if permit is not None:
+        if refused is None:
             self.throttle.record(self.clock() - started)
-            self.throttle.hand(request, permit)
+            self._hand(request, key, got)
             self.ready.append(request)
-        elif paused is not None:
-            self.requeue(request, key)
-            self._pause(key, paused.wait)
         else:
-            self.requeue(request, key)
-            self._wait_for(key)
+            self._give_back(got)
+            self.requeue(request, refused)
+            if paused is not None:
+                self._pause(refused, paused.wait)
+            else:
+                self._wait_for(refused)
         wake_engine(self.crawler)
 
     def _pause(self, key: str, seconds: float) -> None:
@@ -315,12 +388,10 @@ class KeyLine:
         self.stand_down()
         back = [*self.ready, *self.looking]
         for request in self.ready:
-            permit = self.throttle.permits.finish(request)
-            if permit is not None:
-                self.locks.release_soon(permit)
+            self.throttle.release(request)
         self.ready.clear()
         self.looking.clear()
         for request in back:
-            key = self.key_of(request)
-            if key is not None:
-                self.requeue(request, key)
+            names = self.names_of(request)
+            if names:
+                self.requeue(request, names[0])

@@ -218,6 +218,10 @@ class ScopeThrottle:
         """In one global order (docs/scopes.md): the slots (the stage's came before: the key's,
         then the other scopes' by name), then the delays, then the rate windows."""
         keys = self.settings.keys
+        handed = self.permits.peek(request)
+        if isinstance(handed, BaseException):
+            self.permits.forget(request)
+            raise handed  # StageScheduler's wait for one of its slots ran out of REDISLOCK_WAIT_TIMEOUT
         if capped is not None:
             await self._take_slot(request, capped)
         for scope in scopes:
@@ -297,14 +301,23 @@ class ScopeThrottle:
         :mod:`~scrapy_redislock.requests.keyline`): the middleware takes this one."""
         self.permits.hand(request, permit)
 
-    def key_of(self, request: Request) -> str | None:
-        """The request's key when it is capped (None also when REDISLOCK_STAGE_KEY's function fails
-        for it: the middleware fails the request then, naming the error)."""
+    def capped_names(self, request: Request) -> tuple[str | None, tuple[str, ...]]:
+        """The request's capped key (or None) and its other capped scopes, sorted: the slots
+        StageScheduler takes before it lets a request of no capped stage go (none when a key or
+        scope function fails for it: the middleware fails the request then, naming the error)."""
+        keys = self.settings.keys
         try:
-            key = request_key(request, self.crawler.spider, self.settings.keys.stage_key)
+            key = request_key(request, self.crawler.spider, keys.stage_key)
+            scopes = self._scopes(request, key)
         except KeyFunctionError:
-            return None
-        return key if key is not None and self.settings.keys.limit_of(key) is not None else None
+            return None, ()
+        capped = key if key is not None and keys.limit_of(key) is not None else None
+        return capped, tuple(scope for scope in scopes if keys.limit_of(scope) is not None)
+
+    def hand_scopes(self, request: Request, permits: list[SlotPermit]) -> None:
+        """StageScheduler got ``request``'s other scopes' slots before letting it go: the middleware
+        takes these."""
+        self.scope_permits.hand(request, ScopeHolds(permits))
 
     def record(self, waited: float) -> None:
         """Count one key slot got after ``waited`` seconds."""
@@ -323,13 +336,8 @@ class ScopeThrottle:
                 p.name == f"{KEY_LOCK_PREFIX}{key}" for p in holds.permits
             ):
                 return  # taken before a lost slot of another scope made the request start again
-        else:
-            handed = self.permits.peek(request)
-            if isinstance(handed, BaseException):
-                self.permits.forget(request)
-                raise handed  # StageScheduler's wait ran out of REDISLOCK_WAIT_TIMEOUT
-            if handed is not None:
-                return  # handed by StageScheduler (a lost or late one is dropped by usable())
+        elif self.permits.peek(request) is not None:
+            return  # handed by StageScheduler (a lost or late one is dropped by usable())
         # taken here, holding one of CONCURRENT_REQUESTS meanwhile (StageScheduler takes it before
         # a request of no capped stage leaves: keyline.py)
         self.crawler.stats.inc_value("redislock/keys/taken_in_downloader")

@@ -10,6 +10,7 @@ requests take their key slot in the downloader, where the waiting ones hold its 
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -93,6 +94,55 @@ def test_with_the_middleware_alone_keys_are_taken_in_the_downloader(
     for one in crawls:
         assert one.stats["redislock/keys/taken_in_downloader"] == 2 * SLOW + 40
     assert leftover(redis_client) == 0
+
+
+def render_scope(request: Any, spider: Any) -> list[str]:
+    """REDISLOCK_SCOPES_OF for the test: the slow sections' pages go through a shared service."""
+    return ["render"] if section_key(request, spider) in ("a", "b") else []
+
+
+def test_a_busy_scope_waits_in_the_scheduler(
+    slow_site: CrawlSite, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """A request's other scopes wait in StageScheduler too: the slow sections' pages each hold the
+    scope ``render`` (capped at 1 across the processes) besides their key. None is taken in the
+    downloader; the fast section's pages all go while the slow ones wait for the scope."""
+    settings = {
+        "REDISLOCK_URL": redis_url,
+        "SCHEDULER": "scrapy_redislock.StageScheduler",
+        "CONCURRENT_REQUESTS": 3,
+        "REDISLOCK_STAGES": {"detail": None},
+        "REDISLOCK_STAGE_KEY": f"{__name__}.section_key",
+        "REDISLOCK_KEY_LIMIT": 4,
+        "REDISLOCK_SCOPES": {"render": {"limit": 1}},
+        "REDISLOCK_SCOPES_OF": f"{__name__}.render_scope",
+    }
+    plan = f"detail@a:{SLOW},detail@b:{SLOW},detail@f:40"
+    crawls = finish_all(
+        [
+            Crawl(slow_site.url, plan, settings, tmp_path, args={"first": str(1000 * i)})
+            for i in range(PROCESSES)
+        ],
+        timeout=120,
+    )
+    for one in crawls:
+        assert one.stats.get("finish_reason") == "finished", one.tail()
+        assert one.stats.get("redislock/keys/taken_in_downloader", 0) == 0
+    site = slow_site
+    assert site.count("a") == site.count("b") == PROCESSES * SLOW
+    assert site.count("f") == PROCESSES * 40 and set(site.hits.values()) == {1}
+    with site.lock:
+        served = list(site.served)
+    slow = sorted((r.arrived, r.answered) for r in served if r.stage in ("a", "b"))
+    for (_, answered), (arrived, _) in itertools.pairwise(slow):
+        assert arrived >= answered, slow  # one at a time: the scope's cap held across a and b
+    for i in range(PROCESSES):
+        mine = [r for r in served if int(r.path.rsplit("/", 1)[1]) // 1000 == i]
+        slow_mine = sorted(r.arrived for r in mine if r.stage in ("a", "b"))
+        fast = [r.arrived for r in mine if r.stage == "f"]
+        assert max(fast) < slow_mine[len(slow_mine) // 2], (i, max(fast), slow_mine)
+    assert leftover(redis_client) == 0
+    assert site.wait_for(lambda: not list(redis_client.scan_iter("redislock:{key:*")), timeout=10)
 
 
 def test_a_key_wait_that_runs_out_fails_its_request_and_never_goes_over_the_cap(
