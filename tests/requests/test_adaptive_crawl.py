@@ -1,7 +1,7 @@
 """The adaptive limit of a key in real crawls (REDISLOCK_ADAPTIVE): 3 `scrapy runspider` processes
 against a site that serves 4 requests at once (testing/capacity.py: the rest wait, 503 past 8, or
 past 6 for a site with a short queue) and a real redis-server. One controller for the three: its
-limit starts at 1, grows by half a window while the site has room (slow start), probes, and
+limit starts at 1, grows by up to half a window while the site has room (slow start), probes, and
 settles where the site holds its capacity, K or K + 1 in flight, whatever the cap (16) allows;
 every window is committed once, by whichever process reported when it was due. Counts and orders,
 at the site and in Redis, not speed."""
@@ -106,7 +106,9 @@ def test_the_start_stays_below_what_a_site_with_a_short_queue_refuses(
     --refuse 1.5): fewer than 1% of all its answers are refusals, over the whole run, the start
     included, counted at the site. The doubling slow start went 1, 2, 4, 8, 16: past 12, and each
     refusal, answered at once, freed its slot for the next request until the next window cut the
-    limit (5.8% of the answers here, 70 of 1,200; 22% for K = 4, refusing past 6)."""
+    limit (5.8% of the answers here, 70 of 1,200; 22% for K = 4, refusing past 6). Growing by half
+    from the limit went 1, 2, 3, 5, 7, 9, 14 once at a load average of 11 (a queue read at 7, none
+    read at 9 = K + 1: 5.25% refused); the start now grows from what the site surely served."""
     capacity = 8
     with CapacitySite(capacity=capacity, base=0.1, refuse=1.5) as site:
         host = crawl_the_site(site, redis_url, tmp_path, pages=2 * PAGES)
