@@ -277,7 +277,11 @@ class KeyLine:
                     break
                 got.append(Taken(name, permit, kept=False))
         except BaseException:
-            self._give_back(got)  # cancelled (the engine closes): close() queues the request back
+            self._give_back(got)
+            # cancelled (the engine closes: stand_down) or failed otherwise: back to its first
+            # name's queue, unless close() put it back already
+            if self.looking.pop(request, None) is not None:
+                self.requeue(request, names[0])
             raise
         finally:
             self.looking.pop(request, None)
@@ -369,7 +373,8 @@ class KeyLine:
         self._load = None
 
     def stand_down(self) -> None:
-        """The engine closes: no more takes or waits; what is kept goes back to Redis."""
+        """The engine closes: no more takes or waits (a request whose takes are cancelled goes
+        back to its queue); what is kept goes back to Redis."""
         self.closed = True
         for task in list(self.tasks):
             task.cancel()
