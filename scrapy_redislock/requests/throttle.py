@@ -28,8 +28,10 @@ downloader, spider close). When the spider closes, a request that left StageSche
 here for its key's slot goes back to the scheduler's queue (StageLockMiddleware's close watch
 cancels the wait: :attr:`ScopeThrottle.key_waits`). A key slot lost, or past its lease on this
 process's clock, by the end of the delays is dropped (:meth:`ScopeThrottle.usable`) and taken again:
-a request never starts with a slot another process may hold by now. A request that waited for a
-delay carries its confirmed start in ``meta["redislock_start_at"]`` (seconds since the epoch,
+a request never starts with a slot another process may hold by now. Nor with a slot StageScheduler
+took for the key the request had in the scheduler, when a middleware before this one changed what
+REDISLOCK_STAGE_KEY's function reads: that slot goes back and the request's own key's is taken. A
+request that waited for a delay carries its confirmed start in ``meta["redislock_start_at"]`` (seconds since the epoch,
 Redis's clock; the key's when it had a stage delay too). A key function that raises fails that request with
 :class:`~scrapy_redislock.errors.KeyFunctionError` (stat ``redislock/key_errors``), not the crawl.
 
@@ -336,8 +338,15 @@ class ScopeThrottle:
                 p.name == f"{KEY_LOCK_PREFIX}{key}" for p in holds.permits
             ):
                 return  # taken before a lost slot of another scope made the request start again
-        elif self.permits.peek(request) is not None:
-            return  # handed by StageScheduler (a lost or late one is dropped by usable())
+        else:
+            handed = self.permits.permit_of(request)
+            if handed is not None and handed.name == f"{KEY_LOCK_PREFIX}{key}":
+                return  # handed by StageScheduler (a lost or late one is dropped by usable())
+            if handed is not None:
+                # of the key the request had in the scheduler: a middleware before this one changed
+                # what REDISLOCK_STAGE_KEY's function reads; that slot goes back, this key's is taken
+                self.permits.forget(request)
+                self.locks.release_soon(handed)
         # taken here, holding one of CONCURRENT_REQUESTS meanwhile (StageScheduler takes it before
         # a request of no capped stage leaves: keyline.py)
         self.crawler.stats.inc_value("redislock/keys/taken_in_downloader")

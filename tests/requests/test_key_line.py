@@ -180,3 +180,48 @@ def test_a_key_wait_that_runs_out_fails_its_request_and_never_goes_over_the_cap(
         timeouts,
     )  # went or failed
     assert leftover(redis_client) == 0
+
+
+def shard_key(request: Any, spider: Any) -> str | None:
+    """REDISLOCK_STAGE_KEY for the test: ``meta["shard"]`` once a middleware set it, else the first
+    path segment."""
+    return request.meta.get("shard") or section_key(request, spider)
+
+
+class OneShard:
+    """A downloader middleware before StageLockMiddleware that changes what the key function reads
+    (as a proxy middleware changes ``meta["proxy"]`` of a retried request): every request is of
+    key ``x`` from here on."""
+
+    def process_request(self, request: Any, spider: Any = None) -> None:
+        request.meta["shard"] = "x"
+
+
+def test_a_key_slot_handed_for_another_key_is_not_taken_for_the_requests_own(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """StageScheduler takes the slot of the key a request has in the scheduler (a, b, c: each capped
+    at 1); a middleware before StageLockMiddleware then gives every request key x (capped at 1).
+    The handed slot is of another key: it goes back, and the request takes a slot of x (it once
+    went with the other key's slot: 3 in flight at x)."""
+    settings = {
+        "REDISLOCK_URL": redis_url,
+        "SCHEDULER": "scrapy_redislock.StageScheduler",
+        "DOWNLOADER_MIDDLEWARES": {
+            f"{__name__}.OneShard": 500,
+            "scrapy_redislock.StageLockMiddleware": 950,
+        },
+        "CONCURRENT_REQUESTS": 6,
+        "REDISLOCK_STAGES": {"detail": None},
+        "REDISLOCK_STAGE_KEY": f"{__name__}.shard_key",
+        "REDISLOCK_KEY_LIMIT": 1,
+    }
+    with CrawlSite(delay=0.02, delays={"a": 0.3, "b": 0.3, "c": 0.3}) as site:
+        one = Crawl(site.url, "detail@a:3,detail@b:3,detail@c:3", settings, tmp_path).start()
+        one.wait(timeout=120)
+        assert one.stats.get("finish_reason") == "finished", one.tail()
+        assert site.count("a") == site.count("b") == site.count("c") == 3
+        # every request is of key x at the download: one at a time
+        assert site.max_host_in_flight["127.0.0.1"] == 1, site.max_host_in_flight
+    assert leftover(redis_client) == 0
+    assert not list(redis_client.scan_iter("redislock:{key:*"))
