@@ -34,8 +34,8 @@ A request never starts with a slot that is lost or past its lease on this proces
 of reach, a stall: another process may hold it by now; see ``StageLocks.usable``). Such a slot is
 dropped when the request picks it up here, or when the request is through its key slot and delays,
 and the request waits here for another (counted as ``redislock/<stage>/unusable``). Nor does its download
-outlive the slot's lease as last confirmed: its ``download_timeout`` ends before it (see
-:meth:`StageLockMiddleware._within_lease`).
+outlive the slot's lease as last confirmed, nor its key's or scopes' slots' leases: its
+``download_timeout`` ends before the first of them (see :meth:`StageLockMiddleware._within_lease`).
 
 Fail closed: enabled with no stage is a ConfigError, and so is a stage name known at start (a
 ``@stage`` callback of the spider class, REDISLOCK_CALLBACK_STAGES, REDISLOCK_DEFAULT_STAGE) that
@@ -136,7 +136,8 @@ class StageLockMiddleware:
         )
         self.slots = RequestSlots.of(crawler, self.settings, clock=clock)
         self.locks = self.slots.locks
-        if self.settings.stages and self.download_timeout > self.settings.ttl:
+        capped = bool(self.settings.stages) or self.settings.keys.capped
+        if capped and self.download_timeout > self.settings.ttl:
             logger.info(
                 "A capped request's download is cut where its slot's lease (REDISLOCK_TTL %s s) would end, unrenewed, so that it never runs on past a slot Redis may have given away: DOWNLOAD_TIMEOUT %s s is longer; raise REDISLOCK_TTL above the longest download of a capped stage",  # noqa: E501
                 self.settings.ttl,
@@ -200,21 +201,28 @@ class StageLockMiddleware:
         self._within_lease(request)
 
     def _within_lease(self, request: Request) -> None:
-        """Bound the download of a request that holds a slot by the slot's lease, as last
-        confirmed: Scrapy aborts it (``download_timeout``: TimeoutError, retried as usual) half a
-        renewal interval before Redis could give the slot to another process, whatever happens to
-        this process's link to Redis meanwhile. A renewal extends the lease but not a download
-        already under way: a download longer than the lease is cut (the log says so at start-up
-        when DOWNLOAD_TIMEOUT is longer than REDISLOCK_TTL); counted as
-        ``redislock/<stage>/lease_bounded`` when the lease is shorter than the request's own
-        timeout."""
+        """Bound the download of a request that holds slots (of its stage, key, scopes) by the
+        lease that ends first, as last confirmed: Scrapy aborts it (``download_timeout``:
+        TimeoutError, retried as usual) half a renewal interval before Redis could give the slot
+        to another process, whatever happens to this process's link to Redis meanwhile. A renewal
+        extends the lease but not a download already under way: a download longer than the lease
+        is cut (the log says so at start-up when DOWNLOAD_TIMEOUT is longer than REDISLOCK_TTL);
+        counted as ``redislock/<stage>/lease_bounded`` (``redislock/keys/<key>/lease_bounded``)
+        when the lease is shorter than the request's own timeout."""
         assert self.locks is not None and self.slots is not None
+        held: list[tuple[StageLocks, SlotPermit]] = []
         permit = self.slots.permit_of(request)
-        if permit is None:
+        if permit is not None:
+            held.append((self.locks, permit))
+        if self.throttle is not None:
+            # its key's and scopes' slots too: the cap of a broad crawl is its key's
+            held.extend((self.throttle.locks, p) for p in self.throttle.held(request))
+        if not held:
             return
-        left = permit.valid_until - self.clock() - self.locks.renew_interval / 2
+        locks, permit = min(held, key=lambda one: one[1].valid_until - one[0].renew_interval / 2)
+        left = permit.valid_until - self.clock() - locks.renew_interval / 2
         if within_lease(request, left, self.download_timeout):
-            self.locks.count(self.locks.stage_of(permit) or permit.name, "lease_bounded")
+            locks.count(locks.stage_of(permit) or permit.name, "lease_bounded")
 
     def _through(self, request: Request) -> Coroutine[Any, Any, None] | None:
         """What ``request`` waits for here before it may go: a coroutine, or None when it may go

@@ -36,7 +36,8 @@ Redis's clock; the key's when it had a stage delay too). A key function that rai
 :class:`~scrapy_redislock.errors.KeyFunctionError` (stat ``redislock/key_errors``), not the crawl.
 
 Stats: redislock/keys/{acquired,wait_time_total,wait_time_max,retired_idle,taken_in_downloader},
-redislock/keys/<key>/{timeouts,lost,unusable},
+redislock/keys/<key>/{timeouts,lost,unusable,lease_bounded} (a download cut where its key's or
+scope's slot's lease ends, as StageLockMiddleware cuts it where a stage slot's ends),
 redislock/delay/{waits,wait_time_total,held_back,late_sends,send_lag_max}, redislock/key_errors.
 """
 
@@ -403,13 +404,17 @@ class ScopeThrottle:
         for start in self.starts.pop(request, ()):
             self.locks.went_out(start)
 
+    def held(self, request: Request) -> list[SlotPermit]:
+        """The request's key and scope slots held now, in the order taken."""
+        permit = self.permits.permit_of(request)
+        holds = self.scope_permits.permit_of(request)
+        return ([permit] if permit is not None else []) + (holds.permits if holds else [])
+
     def usable(self, request: Request) -> bool:
         """Whether the request's key and scope slots, if any, may still go with it (see
         ``StageLocks.usable``); when one may not, all of them are dropped (released, in case Redis
         still holds them) and taken again in their order."""
-        permit = self.permits.permit_of(request)
-        holds = self.scope_permits.permit_of(request)
-        held = ([permit] if permit is not None else []) + (holds.permits if holds else [])
+        held = self.held(request)
         if all(self.locks.usable(p) for p in held):
             return True
         self.permits.forget(request)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -204,3 +205,58 @@ def test_a_cut_off_holder_s_downloads_end_before_its_slots_go_to_others(
             )
             assert cut == stats.get("redislock/detail/lease_bounded") == 3, stats
         print(f"most detail requests in flight at the site: {site.max_in_flight['detail']} (cap 3)")
+
+
+def section_key(request: Any, spider: Any) -> str | None:
+    """REDISLOCK_STAGE_KEY for the test: the first path segment (``/a/7`` -> ``a``)."""
+    return urlsplit(request.url).path.strip("/").split("/")[0] or None
+
+
+def test_a_cut_off_holder_s_download_ends_before_its_key_slot_goes_to_another(
+    redis_url: str,
+    redis_client: redis.Redis,
+    redis_proxy: Callable[[], LatencyProxy],
+    tmp_path: Path,
+) -> None:
+    """A broad crawl's cap is its key's (no capped stage): TTL 3 s, a 6 s page of key a (capped
+    at 1). Its holder is cut off from Redis; another process takes the key's slot once the lease
+    ran out. The holder's download ends within the key slot's lease as last confirmed, as a capped
+    stage's does (it once ran on: 2 in flight at a key capped at 1)."""
+    proxy = redis_proxy()
+    common = {
+        "REDISLOCK_STAGES": {"detail": None},
+        "REDISLOCK_STAGE_KEY": f"{__name__}.section_key",
+        "REDISLOCK_KEY_LIMITS": {"a": 1},
+        "REDISLOCK_TTL": 3,
+        "DOWNLOAD_TIMEOUT": 20,
+    }
+    with CrawlSite(delay=0.02, delays={"a": 6}) as site:
+        site.watch_disconnects = True  # an aborted download leaves the site's count at once
+        holder = Crawl(site.url, "detail@a:1", settings(proxy.url, "c", **common), tmp_path).start()
+        other: Crawl | None = None
+        try:
+            wait_until(lambda: site.in_flight["a"] >= 1, 60, "the holder downloads")
+            proxy.blackhole()  # cut off while holding: its lease runs out unrenewed
+            other = Crawl(
+                site.url,
+                "detail@a:1",
+                settings(redis_url, "a", **common),
+                tmp_path,
+                args={"first": "1000"},
+            ).start()
+            other.wait(120)
+            assert other.stats.get("finish_reason") == "finished", other.tail()
+            assert site.max_in_flight["a"] == 1, site.samples
+        finally:
+            proxy.heal()
+            holder.wait(120)
+            if other is not None:
+                other.wait(120)
+        assert site.max_in_flight["a"] == 1
+        stats = holder.stats
+        cut = sum(
+            v
+            for k, v in stats.items()
+            if k.startswith("downloader/exception_type_count/") and "Timeout" in k
+        )
+        assert cut == stats.get("redislock/keys/a/lease_bounded") == 1, stats
