@@ -23,7 +23,8 @@ then its other scopes by name (the order slots are taken in everywhere: docs/sco
   keeps its requests queued until the pause ends, then takes again.
 - A slot kept for a name whose requests are gone, or that is no longer usable, goes back to Redis
   at the next renewal tick; a wait that runs out of REDISLOCK_WAIT_TIMEOUT fails the name's next
-  request with AcquireTimeout, as a wait in the middleware would.
+  request with AcquireTimeout, as a wait in the middleware would (forgotten at the next renewal
+  tick if no request of the name is queued any more).
 
 Looks in Redis under way are bounded by the downloader's free room (CONCURRENT_REQUESTS less what
 it has and what is ready); waits by CONCURRENT_REQUESTS (each blocks one connection). Requests with a
@@ -356,12 +357,14 @@ class KeyLine:
 
     def tick(self) -> None:
         """At every renewal tick: give back kept slots that no queued request can use, or that can
-        no longer go with a request."""
+        no longer go with a request; forget a kept error no queued request is left to fail with."""
         now = self.clock()
         for key, kept in list(self.kept.items()):
-            keep = self.queued(key)
+            keep = queued = self.queued(key)
             for outcome in list(kept):
                 if isinstance(outcome, BaseException):
+                    if not queued:  # a wait's AcquireTimeout: no request of the key left to fail
+                        kept.remove(outcome)
                     continue
                 if keep <= 0 or not outcome.usable(now):
                     kept.remove(outcome)

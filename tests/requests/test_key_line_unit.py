@@ -7,9 +7,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+from scrapy.downloadermiddlewares.httpcache import HttpCacheMiddleware
+from scrapy.http import HtmlResponse
 
+from scrapy_redislock.crawl.engine import downloader_middlewares
+from scrapy_redislock.errors import AcquireTimeout
 from testing.inprocess import front, request
 from testing.netproxy import LatencyProxy
 from testing.waiting import until
@@ -49,5 +54,57 @@ def test_a_request_held_back_for_a_take_when_the_engine_closes_stays_queued(
             assert scheduler.has_pending_requests() and len(scheduler) == 1, len(scheduler)
             assert not line.looking and not line.ready
             proxy.heal()
+
+    asyncio.run(scenario())
+
+
+def test_a_timeout_kept_for_a_key_with_nothing_queued_fails_no_later_request(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A wait for a key ran out (REDISLOCK_WAIT_TIMEOUT 0.3 s) and its AcquireTimeout is kept for the
+    key's next request; the one queued request then leaves without it (a fresh cache hit needs no
+    slot). The error goes at the next renewal tick, as an unused slot does: the key's next request,
+    queued once the key is free, goes with a slot (it once got the stale error: failed, unretried,
+    without a wait of its own)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": None},
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_KEY_LIMIT=1,
+            REDISLOCK_WAIT_TIMEOUT=0.3,
+            HTTPCACHE_ENABLED=True,
+            HTTPCACHE_DIR=str(tmp_path / "cache"),
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.keyline is not None
+            line = scheduler.keyline
+            key = "127.0.0.1"
+            blocker = await line.locks.acquire_key(key, None)  # the key's only slot, held
+            first = request(None, 0)
+            scheduler.enqueue_request(first)
+            assert scheduler.next_request() is None  # a take, refused: a wait starts
+            await until(lambda: bool(line.kept.get(key)), timeout=10)  # ran out: its error kept
+            assert isinstance(line.kept[key][0], AcquireTimeout)
+            cache = next(
+                mw
+                for mw in downloader_middlewares(f.crawler)
+                if isinstance(mw, HttpCacheMiddleware)
+            )
+            cache.storage.open_spider(f.crawler.spider)  # as the engine's spider_opened would
+            cache.storage.store_response(
+                f.crawler.spider, first, HtmlResponse(first.url, body=b"cached", request=first)
+            )
+            assert scheduler.next_request() is first  # a fresh cache hit: goes without a slot
+            assert line.throttle.permits.peek(first) is None
+            await scheduler.tick()  # nothing of the key queued: what is kept for it goes
+            await line.locks.release(blocker)
+            second = request(None, 1)
+            scheduler.enqueue_request(second)
+            got = await f.next_request()
+            assert got is second
+            handed = line.throttle.permits.peek(second)
+            assert handed is not None and not isinstance(handed, BaseException), handed
 
     asyncio.run(scenario())
