@@ -214,6 +214,7 @@ class KeyLine:
                 continue
             if isinstance(outcome, BaseException):  # a wait that ran out: the request fails with it
                 self._give_back(got)
+                self.throttle.release(request)  # what it still holds (see _hand)
                 self.throttle.permits.hand(request, outcome)
                 return False
             got.append(Taken(name, outcome, kept=True))
@@ -246,7 +247,10 @@ class KeyLine:
                 self.locks.release_soon(taken.permit)
 
     def _hand(self, request: Request, key: str | None, got: list[Taken]) -> None:
-        """The request goes with a slot of each of its capped names (the middleware takes them)."""
+        """The request goes with a slot of each of its capped names (the middleware takes them).
+        Slots it still holds go back first: it came back to the scheduler unseen by the middleware
+        (one before it returned the request itself)."""
+        self.throttle.release(request)
         scoped = [taken.permit for taken in got if taken.name != key]
         for taken in got:
             if taken.name == key:

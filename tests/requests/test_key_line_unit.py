@@ -10,11 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 from scrapy.downloadermiddlewares.httpcache import HttpCacheMiddleware
 from scrapy.http import HtmlResponse
 
 from scrapy_redislock.crawl.engine import downloader_middlewares
 from scrapy_redislock.errors import AcquireTimeout
+from testing.crawlproc import leftover
 from testing.inprocess import front, request
 from testing.netproxy import LatencyProxy
 from testing.waiting import until
@@ -106,5 +108,45 @@ def test_a_timeout_kept_for_a_key_with_nothing_queued_fails_no_later_request(
             assert got is second
             handed = line.throttle.permits.peek(second)
             assert handed is not None and not isinstance(handed, BaseException), handed
+
+    asyncio.run(scenario())
+
+
+def light_grants(client: redis.Redis) -> int:
+    """Grants held on the light path of the keys' locks (lock/light.py: one zset member each)."""
+    return sum(int(client.zcard(key)) for key in client.scan_iter("redislock:*:light"))
+
+
+def test_a_request_back_in_the_scheduler_with_its_key_slot_does_not_leak_it(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A request left StageScheduler with its key slot, and a middleware before StageLockMiddleware
+    sent it straight back (it returned the request itself: Scrapy schedules it again); it leaves
+    again with a new slot. The slot it came back with goes back to Redis (it once was dropped
+    unreleased and renewed until the spider closed: 1 of the key's 2 slots held by nobody)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url, {"detail": None}, REDISLOCK_STAGE_KEY="domain", REDISLOCK_KEY_LIMIT=2
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.keyline is not None
+            line = scheduler.keyline
+            again = request(None, 0)
+            scheduler.enqueue_request(again)
+            assert await f.next_request() is again  # with its key slot
+            first = line.throttle.permits.permit_of(again)
+            assert first is not None
+            scheduler.enqueue_request(again)  # back, unseen by the middleware
+            assert await f.next_request() is again  # with a new slot
+            second = line.throttle.permits.permit_of(again)
+            assert second is not None and second is not first
+            await f.send(again)
+            f.middleware.process_response(again, None)  # type: ignore[arg-type]
+            await until(lambda: not line.locks.releasing)  # the releases sent are done
+            # at once, not at the end of a lease (a key's grants: its light path's zset members)
+            assert first.released and second.released
+            assert light_grants(redis_client) == 0
+            assert leftover(redis_client) == 0
 
     asyncio.run(scenario())
