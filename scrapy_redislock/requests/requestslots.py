@@ -249,7 +249,9 @@ class RequestSlots:
 
     def hand(self, request: Request, outcome: SlotPermit | BaseException) -> None:
         """StageScheduler lets ``request`` go with this slot (or fails it with this error at the
-        middleware)."""
+        middleware). A slot the request still holds is freed first: it came back to the scheduler
+        unseen by the middleware (one before it returned the request itself)."""
+        self.finish(request)
         self.ledger.hand(request, outcome)
 
     def take(self, request: Request) -> SlotPermit | BaseException | None:

@@ -164,6 +164,47 @@ def test_a_freed_slot_goes_to_the_next_queued_request_in_the_same_call(
     asyncio.run(scenario())
 
 
+def test_a_request_back_in_the_scheduler_with_its_stage_slot_does_not_leak_it(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Cap 2. A request left with a slot passed on by a finished request, and a middleware before
+    StageLockMiddleware sent it straight back (it returned the request itself: Scrapy schedules it
+    again); it leaves again with the next freed slot. The slot it came back with is freed (it once
+    was dropped unreleased: held by nobody, 1 of the stage's 2 slots, until the spider closed)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url, {"detail": 2}, REDISLOCK_LOCAL_REUSE=30, REDISLOCK_WAITERS_PER_STAGE=2
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            holders = [request("detail", 0), request("detail", 1)]
+            for r in holders:
+                scheduler.enqueue_request(r)
+            for r in holders:
+                assert scheduler.next_request() is r
+                await f.send(r)  # waited for its slot in the middleware: both slots held
+            again = request("detail", 2)
+            scheduler.enqueue_request(again)
+            f.middleware.process_response(holders[0], None)  # type: ignore[arg-type]
+            f.active.discard(holders[0])
+            assert scheduler.next_request() is again  # with the slot passed on
+            first = f.slots.permit_of(again)
+            assert first is not None
+            scheduler.enqueue_request(again)  # back, unseen by the middleware
+            f.middleware.process_response(holders[1], None)  # type: ignore[arg-type]
+            f.active.discard(holders[1])
+            assert scheduler.next_request() is again  # with the other slot
+            second = f.slots.permit_of(again)
+            assert second is not None and second is not first
+            await f.send(again)
+            f.middleware.process_response(again, None)  # type: ignore[arg-type]
+            await until(lambda: not f.locks.releasing)
+            assert held(redis_client, "detail") == [], (first.grant, second.grant)
+
+    asyncio.run(scenario())
+
+
 def test_without_local_reuse_every_slot_goes_back_to_redis(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
