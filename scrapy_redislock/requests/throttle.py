@@ -345,9 +345,9 @@ class ScopeThrottle:
                 return  # handed by StageScheduler (a lost or late one is dropped by usable())
             if handed is not None:
                 # of the key the request had in the scheduler: a middleware before this one changed
-                # what REDISLOCK_STAGE_KEY's function reads; that slot goes back, this key's is taken
-                self.permits.forget(request)
-                self.locks.release_soon(handed)
+                # what REDISLOCK_STAGE_KEY's function reads; that slot goes back, this key's is taken,
+                # and so do the scopes' handed with it (taken again after the key, in the one order)
+                self.release(request)
         # taken here, holding one of CONCURRENT_REQUESTS meanwhile (StageScheduler takes it before
         # a request of no capped stage leaves: keyline.py)
         self.crawler.stats.inc_value("redislock/keys/taken_in_downloader")
