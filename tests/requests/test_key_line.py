@@ -31,6 +31,16 @@ def section_key(request: Any, spider: Any) -> str | None:
     return urlsplit(request.url).path.strip("/").split("/")[0] or None
 
 
+def by_section(redis_url: str) -> dict[str, Any]:
+    """StageScheduler, an uncapped stage and the section as the key: what these crawls share."""
+    return {
+        "REDISLOCK_URL": redis_url,
+        "SCHEDULER": "scrapy_redislock.StageScheduler",
+        "REDISLOCK_STAGES": {"detail": None},
+        "REDISLOCK_STAGE_KEY": f"{__name__}.section_key",
+    }
+
+
 def crawl(site: CrawlSite, redis_url: str, tmp_path: Path, scheduler: str | None) -> list[Crawl]:
     settings = {
         "REDISLOCK_URL": redis_url,
@@ -108,11 +118,8 @@ def test_a_busy_scope_waits_in_the_scheduler(
     scope ``render`` (capped at 1 across the processes) besides their key. None is taken in the
     downloader; the fast section's pages all go while the slow ones wait for the scope."""
     settings = {
-        "REDISLOCK_URL": redis_url,
-        "SCHEDULER": "scrapy_redislock.StageScheduler",
+        **by_section(redis_url),
         "CONCURRENT_REQUESTS": 3,
-        "REDISLOCK_STAGES": {"detail": None},
-        "REDISLOCK_STAGE_KEY": f"{__name__}.section_key",
         "REDISLOCK_KEY_LIMIT": 4,
         "REDISLOCK_SCOPES": {"render": {"limit": 1}},
         "REDISLOCK_SCOPES_OF": f"{__name__}.render_scope",
@@ -154,11 +161,8 @@ def test_a_key_wait_that_runs_out_fails_its_request_and_never_goes_over_the_cap(
     its slot (it once did: the middleware took the handed error for a slot), so the site never sees
     two at once."""
     settings = {
-        "REDISLOCK_URL": redis_url,
-        "SCHEDULER": "scrapy_redislock.StageScheduler",
+        **by_section(redis_url),
         "CONCURRENT_REQUESTS": 4,
-        "REDISLOCK_STAGES": {"detail": None},
-        "REDISLOCK_STAGE_KEY": f"{__name__}.section_key",
         "REDISLOCK_KEY_LIMITS": {"a": 1},
         "REDISLOCK_WAIT_TIMEOUT": 0.3,
     }

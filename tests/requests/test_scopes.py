@@ -52,6 +52,17 @@ def run(site: CrawlSite, extra: dict[str, Any], folder: Path, **args: str) -> li
     return crawls
 
 
+def held_to_the_rate(starts: list[float], count: int, window: float, crawls: list[Crawl]) -> None:
+    """At most ``count`` of the confirmed ``starts`` (Redis's clock) in any window ``(t - window,
+    t]``, paced by the rate, and every page of each crawl through the window."""
+    starts = sorted(starts)
+    for i, start in enumerate(starts):
+        assert i + 1 - bisect.bisect_right(starts, start - window) <= count, starts
+    assert starts[-1] - starts[0] >= (len(starts) / count - 1) * window - 1e-6  # paced by the rate
+    for crawl in crawls:
+        assert crawl.stats["redislock/rate/starts"] == PAGES
+
+
 def test_stage_domain_and_proxy_scopes_hold_together(
     redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
@@ -96,13 +107,7 @@ def test_stage_domain_and_proxy_scopes_hold_together(
             assert next_start - start >= delay - 1e-6, (name, pairs)  # exact on Redis's clock
             # at the site: the delay less the earlier request's lateness after its confirmation
             assert next_arrived - arrived >= delay - (arrived - start) - CLOCK_TOLERANCE
-    proxy.sort()
-    count, window = rate
-    for i, start in enumerate(proxy):  # at most 10 in any window (t - 1 s, t]
-        assert i + 1 - bisect.bisect_right(proxy, start - window) <= count, proxy
-    assert proxy[-1] - proxy[0] >= (len(proxy) / count - 1) * window - 1e-6  # paced by the rate
-    for crawl in crawls:
-        assert crawl.stats["redislock/rate/starts"] == PAGES
+    held_to_the_rate(proxy, *rate, crawls)
     assert leftover(redis_client) == 0
     # the keys' and the proxy's locks, gates and rate logs all gone once idle (the stage's lock stays)
     assert site.wait_for(
@@ -136,12 +141,7 @@ def test_a_stages_rate_window_holds_for_the_cluster(
         assert set(booked) == {"detail"}, booked
         assert arrived >= booked["detail"] - CLOCK_TOLERANCE, (arrived, booked)  # never early
         starts.append(booked["detail"])
-    starts.sort()
-    for i, start in enumerate(starts):  # at most 10 in any window (t - 1 s, t]
-        assert i + 1 - bisect.bisect_right(starts, start - window) <= count, starts
-    assert starts[-1] - starts[0] >= (len(starts) / count - 1) * window - 1e-6  # paced by the rate
-    for crawl in crawls:
-        assert crawl.stats["redislock/rate/starts"] == PAGES
+    held_to_the_rate(starts, count, window, crawls)
     assert leftover(redis_client) == 0
     assert site.wait_for(
         lambda: not list(redis_client.scan_iter("redislock:*:rate")), timeout=10
