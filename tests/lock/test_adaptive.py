@@ -170,8 +170,9 @@ def scattered(in_flight: int, mean: float, seconds: float = 0.5, cv: float = 0.5
 
 def test_a_slow_start_grows_from_what_the_site_surely_served() -> None:
     """The step is start_growth times the share of the limit the site surely served at once
-    (noload over the window's latency plus two standard errors), by one at least while 1.5 times
-    the share it served allows: a precise window with no queue grows by half; a noisy one less; a
+    (one less the queue estimate's upper bound over the limit used: two standard errors of both
+    latencies), by one at least while 1.5 times the share it served allows: a precise window with
+    no queue and a known no-load latency grows by half; with an uncertain one, or noisy, less; a
     queue of one (K = 8 at 9) that hides in the noise grows to 10, not to 1.5 K = 12 (the rule
     that grew from what the site served went there) nor 13.5; the same queue measured exactly is
     significant and ends the start at what the site served at once."""
@@ -179,7 +180,10 @@ def test_a_slow_start_grows_from_what_the_site_surely_served() -> None:
         9.0, 9, noload=0.1, noload_error=0.002, since_probe=3, probe=STARTING
     )
     precise = Sample(80, 80 * 0.1, 80 * 0.1**2, in_use_sum=9, in_use_count=1)
-    assert next_state(starting, window_of(precise), PARAMS).limit == 13.5
+    known = ControllerState(9.0, 9, noload=0.1, noload_error=0.0, since_probe=3, probe=STARTING)
+    assert next_state(known, window_of(precise), PARAMS).limit == 13.5
+    # the no-load latency's own error counts too: the share surely served is a little less
+    assert 12.5 < next_state(starting, window_of(precise), PARAMS).limit < 13.5
     calm = scattered(9, 0.1, seconds=0.9, cv=1.0)  # 81 latencies of 0 and 0.2: no queue, noisy
     grown = next_state(starting, window_of(calm), PARAMS)
     assert 10 < grown.limit < 12 and grown.probe == STARTING
