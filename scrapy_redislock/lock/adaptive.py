@@ -4,7 +4,8 @@ lock, the limit it sets the lock's own (meta ``limit``), so everything that read
 **Who runs it.** Nobody in particular. Every process reports a :class:`Sample` of what it saw of
 the lock's requests (:func:`report`, about once a second per lock). ``scripts/adapt_report.lua``
 merges it into the one current :class:`Window` of the lock (the ``adapt`` hash, on Redis's clock)
-and, when that window is due (``window`` seconds old and ``min_samples`` outcomes), hands it with
+and, when that window is due (``window`` seconds old and ``min_samples`` outcomes; a quarter of
+that old when more than ``overload_threshold`` of them are overloads or errors), hands it with
 the :class:`ControllerState` and its version to the process that happened to report. That process
 computes :func:`next_state` (pure, deterministic) and commits it (:func:`commit`,
 ``scripts/adapt_commit.lua``): the version must still match, so of several processes that got the
@@ -602,6 +603,7 @@ def report(
             params.minimum,
             params.maximum,
             params.window_ms * params.idle_windows,
+            repr(float(params.overload_threshold)),
         ),
     )
     if not isinstance(reply, list):

@@ -481,7 +481,12 @@ class SharedController:
         self.window = self.window.merged(sample, share).merged(
             Sample(in_use_sum=held, in_use_count=1)
         )
-        due = now - self.window.start_ms >= self.params.window_ms
+        age, window = now - self.window.start_ms, self.window
+        drops = window.overloads + window.errors
+        overloaded = age * 4 >= self.params.window_ms and (
+            drops > self.params.overload_threshold * window.outcomes
+        )
+        due = age >= self.params.window_ms or overloaded
         if due and self.window.outcomes >= self.params.min_samples:
             return replace(self.window, end_ms=now)
         return None
@@ -671,6 +676,41 @@ def test_a_window_is_due_after_its_time_with_enough_outcomes(
     # still due for whoever reports next, with the same version, until somebody commits
     again = drive(report(KEYS, Sample(1, 0.1, 0.01), params), runner, "x")
     assert again is not None and again.state.version == 0 and again.window.responses == 6
+
+
+def redis_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+@pytest.mark.integration
+def test_an_overloaded_window_is_due_at_a_quarter_of_its_time(
+    redis_client: redis.Redis, runner: CommandRunner
+) -> None:
+    """A window whose outcomes are more than 1% overloads or errors is due once a quarter of its
+    time is up (a refusal frees its slot at once: waiting out the window let one step too far
+    draw refusals for all of it); not before; one with no overload, or too few outcomes, not."""
+    params = AdaptiveParams(window=4.0, min_samples=10)
+    calm, few = LockKeys.of("redislock", "calm"), LockKeys.of("redislock", "few")
+    first = {
+        KEYS: Sample(9, 0.9, 0.09, overloads=3),
+        calm: Sample(20, 2.0, 0.2),
+        few: Sample(2, 0.2, 0.02, overloads=3),
+    }
+    for keys, sample in first.items():
+        assert drive(report(keys, sample, params), runner, "x") is None
+    start = int(redis_client.hget(KEYS.adapt, "start") or 0)
+    if redis_ms(redis_client) < start + 1000:  # (unless the machine stalled for a second)
+        assert drive(report(KEYS, Sample(), params), runner, "x") is None  # too young
+    latest = max(int(redis_client.hget(keys.adapt, "start") or 0) for keys in first)
+    while redis_ms(redis_client) < latest + 1000:
+        pass
+    # a quarter of the window: 12 outcomes, 3 of them refused: due, 3 s before its time
+    due = drive(report(KEYS, Sample(), params), runner, "x")
+    assert due is not None and due.window.end_ms < start + 4000
+    assert (due.window.responses, due.window.overloads) == (9, 3)
+    assert drive(report(calm, Sample(), params), runner, "x") is None  # no overload: its time
+    assert drive(report(few, Sample(), params), runner, "x") is None  # 5 outcomes of 10
 
 
 @pytest.mark.integration

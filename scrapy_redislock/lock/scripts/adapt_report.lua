@@ -8,6 +8,9 @@
 -- A sample that began before the window (it covers ARGV[8] ms up to now) is clipped to it: only the share of it
 -- that falls within the window is added, as if its outcomes were spread evenly, so that a window after a limit
 -- change holds what was measured under that limit only, whoever reports when.
+-- An overloaded window is due early: once a quarter of its length old, with enough outcomes and more than ARGV[14]
+-- of them overloads or errors (a refusal comes back at once and frees its slot for the next request, so a limit
+-- one step past what the site takes drew refusals at the rate the site answered them until the window's end).
 -- Besides the caller's observations of slots in use, every report adds one of its own: the lock's held grants
 -- (its group's pending count) now, across the cluster, which no process knows.
 -- KEYS[1] adapt hash, KEYS[2] the lock's slots stream, KEYS[3] the lock's meta hash, KEYS[4] a key's light zset
@@ -16,7 +19,8 @@
 -- ARGV[4] overloads (429/503), ARGV[5] errors, ARGV[6] observations of slots in use summed, ARGV[7] their count,
 -- ARGV[8] ms the sample covers up to now (0: unknown, added whole), ARGV[9] window ms,
 -- ARGV[10] outcomes (responses + overloads + errors) a due window needs at least,
--- ARGV[11] minimum limit, ARGV[12] maximum limit, ARGV[13] ms to keep the hash after this report
+-- ARGV[11] minimum limit, ARGV[12] maximum limit, ARGV[13] ms to keep the hash after this report,
+-- ARGV[14] the share of overloads and errors among a window's outcomes that makes it due early
 -- Returns 0 when the window is not due, else (all strings) {version, window start ms, now ms, responses,
 -- latency sum, latency square sum, overloads, errors, in-use sum, in-use count, limit, applied, noload,
 -- noload_error, since_probe, probe, the lock's limit ('' when the lock is not in Redis)}.
@@ -75,8 +79,11 @@ for i, name in ipairs(COUNTERS) do
 end
 redis.call('HSET', adapt, unpack(write))
 redis.call('PEXPIRE', adapt, ARGV[13])
-local outcomes = tonumber(got.responses) + tonumber(got.overloads) + tonumber(got.errors)
-if now - tonumber(got.start) < tonumber(ARGV[9]) or outcomes < tonumber(ARGV[10]) then
+local drops = tonumber(got.overloads) + tonumber(got.errors)
+local outcomes = tonumber(got.responses) + drops
+local age, length = now - tonumber(got.start), tonumber(ARGV[9])
+local overloaded = age * 4 >= length and drops > tonumber(ARGV[14]) * outcomes
+if outcomes < tonumber(ARGV[10]) or (age < length and not overloaded) then
   return 0
 end
 local reply = {tostring(got.version), tostring(got.start), string.format('%.0f', now)}
