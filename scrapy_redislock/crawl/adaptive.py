@@ -87,9 +87,9 @@ class Adaptation:
         if params is None:
             adaptive = self.settings.adaptive
             params = self._params[ceiling] = AdaptiveParams(
-                minimum=min(adaptive.minimum, ceiling),
+                minimum=min(adaptive.adaptive_min, ceiling),
                 maximum=ceiling,
-                window=adaptive.window,
+                window=adaptive.adaptive_window,
             )
         return params
 

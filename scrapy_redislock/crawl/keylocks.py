@@ -152,7 +152,7 @@ class KeyLocks(StageLocks):
         Redis and wins)."""
         cap = self.settings.keys.limit_of(key)
         if cap is not None and self.adapts(key):
-            return min(cap, self.settings.adaptive.minimum)
+            return min(cap, self.settings.adaptive.adaptive_min)
         return cap
 
     def adapts(self, key: str) -> bool:

@@ -41,10 +41,12 @@ def download_slot(request: Request, spider: Any = None) -> str | None:
 KINDS: dict[str, KeyFunction] = {"domain": domain, "download_slot": download_slot}
 
 
-def key_function(value: Any, setting: str = "REDISLOCK_STAGE_KEY") -> KeyFunction | None:
+def key_function(
+    value: Any, setting: str = "REDISLOCK_STAGE_KEY", optional: bool = False
+) -> KeyFunction | None:
     """The function behind a REDISLOCK_STAGE_KEY value: None, "domain", "download_slot", a dotted
     path to a function ``(request, spider) -> key or None``, or such a function; ConfigError naming
-    the setting otherwise."""
+    the setting otherwise. Its parser in :mod:`~scrapy_redislock.crawl.settings`."""
     return load_function(value, setting, KINDS, "key", "key or None")
 
 

@@ -59,7 +59,7 @@ async def publish_limits(locks: Locks) -> None:
         assert limit is not None
         if settings.adaptive.adapts(stage=stage):
             if await lock.get_limit() is None:
-                await lock.set_limit(min(limit, settings.adaptive.minimum))
+                await lock.set_limit(min(limit, settings.adaptive.adaptive_min))
             continue
         try:
             previous = await lock.set_limit(limit)

@@ -194,9 +194,12 @@ def proxy(request: Request, spider: Any = None) -> list[str]:
 KINDS: dict[str, ScopeFunction] = {"proxy": proxy}
 
 
-def scope_function(value: Any, setting: str = "REDISLOCK_SCOPES_OF") -> ScopeFunction | None:
+def scope_function(
+    value: Any, setting: str = "REDISLOCK_SCOPES_OF", optional: bool = False
+) -> ScopeFunction | None:
     """The function behind a REDISLOCK_SCOPES_OF value: None, "proxy", or a function (or its dotted
-    path) ``(request, spider) -> scope names``; ConfigError naming the setting otherwise."""
+    path) ``(request, spider) -> scope names``; ConfigError naming the setting otherwise. Its
+    parser in :mod:`~scrapy_redislock.crawl.settings`."""
     return load_function(value, setting, KINDS, "scope names", "scope names")
 
 

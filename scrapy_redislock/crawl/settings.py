@@ -32,8 +32,8 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
 
 from scrapy.settings import BaseSettings
 
@@ -42,16 +42,17 @@ from scrapy_redislock.crawl import defaults
 from scrapy_redislock.crawl.connection import mask_url
 from scrapy_redislock.crawl.connection import parse_url as connection_url
 from scrapy_redislock.crawl.inner import check_inner_scheduler
-from scrapy_redislock.crawl.keys import KeyFunction, domain, key_function
+from scrapy_redislock.crawl.keys import KeyFunction, domain
+from scrapy_redislock.crawl.keys import key_function as parse_key_function  # noqa: F401 (PARSERS)
 from scrapy_redislock.crawl.requestformat import serializer_of
 from scrapy_redislock.crawl.scopes import (
     ScopeFunction,
     ScopePolicy,
     ScopeTable,
     parse_policy,
-    scope_function,
 )
 from scrapy_redislock.crawl.scopes import parse_scopes as scope_table
+from scrapy_redislock.crawl.scopes import scope_function as parse_scope_function  # noqa: F401 (PARSERS)
 from scrapy_redislock.crawl.stages import unknown_stage
 from scrapy_redislock.errors import ConfigError, InvalidArgument
 from scrapy_redislock.lock.quorum import safe_quorum
@@ -157,10 +158,8 @@ class AdaptiveSettings:
     adaptive_window: float
     retry_after: bool
     retry_after_default: float
-    scoped: bool = (
-        False  # an entry of REDISLOCK_SCOPES (or of a stage) adapts or pauses on Retry-After
-    )
-    paused_stages: frozenset[str] = frozenset()  # stages whose own policy says retry_after
+    scoped: bool  # an entry of REDISLOCK_SCOPES (or of a stage) adapts or pauses on Retry-After
+    paused_stages: frozenset[str]  # stages whose own policy says retry_after
 
     @property
     def stages(self) -> frozenset[str]:
@@ -170,17 +169,9 @@ class AdaptiveSettings:
     def keys(self) -> bool:
         return "keys" in self.adaptive
 
-    @property
-    def minimum(self) -> int:
-        return self.adaptive_min
-
-    @property
-    def window(self) -> float:
-        return self.adaptive_window
-
-    def adapts(self, stage: str | None = None, key: str | None = None) -> bool:
-        """Whether this stage's (or, with ``key``, the keys') limit adapts."""
-        return self.keys if key is not None else stage in self.stages
+    def adapts(self, stage: str) -> bool:
+        """Whether this stage's limit adapts."""
+        return stage in self.stages
 
     def pauses(self, stage: str) -> bool:
         """Whether a Retry-After pauses this stage: REDISLOCK_RETRY_AFTER, or its own policy."""
@@ -189,26 +180,12 @@ class AdaptiveSettings:
     @property
     def needed(self) -> bool:
         """Whether anything adapts or pauses (a process then has an Adaptation)."""
-        return bool(self.stages) or self.keys or self.retry_after or self.scoped
+        return self.watched or self.retry_after
 
     @property
     def watched(self) -> bool:
         """Whether answers may move a limit (the middleware then notes what each request held)."""
         return bool(self.adaptive) or self.scoped
-
-
-CONNECTION_FIELDS = ("url", "url_setting", "params", "masters", "quorum", "connect_timeout")
-KEY_FIELDS = (
-    "stage_key",
-    "key_limit",
-    "key_limits",
-    "delay",
-    "delays",
-    "randomize_delay",
-    "scopes",
-    "scopes_of",
-    "crawl_delay",
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,7 +243,7 @@ class RedisLockSettings:
         )
 
 
-# -- one parser per kind of value: (raw value, setting name, whether None is allowed) -> value -----
+# -- parse_<kind>, one per kind of value: (raw value, setting name, whether None allowed) -> value
 
 
 def _is_none(raw: Any) -> bool:
@@ -564,44 +541,13 @@ def parse_scheduler(raw: Any, name: str, optional: bool = False) -> str | type:
     return check_inner_scheduler(raw or defaults.SETTINGS[name])
 
 
-def parse_key_function(raw: Any, name: str, optional: bool = False) -> KeyFunction | None:
-    return key_function(raw, name)
-
-
 def parse_scopes(raw: Any, name: str, optional: bool = False) -> ScopeTable:
     return scope_table(_json(raw, name, "a dict"), name)
 
 
-def parse_scope_function(raw: Any, name: str, optional: bool = False) -> ScopeFunction | None:
-    return scope_function(raw, name)
-
-
+#: kind -> its parser: ``parse_<kind>`` of this module, for each kind the table names.
 PARSERS: dict[str, Callable[[Any, str, bool], Any]] = {
-    "bool": parse_bool,
-    "seconds": parse_seconds,
-    "positive_seconds": parse_positive_seconds,
-    "quorum": parse_quorum,
-    "positive_int": parse_positive_int,
-    "positive_limit": parse_positive_limit,
-    "key_limit": parse_key_limit,
-    "ttl": parse_ttl,
-    "name": parse_name,
-    "group": parse_group,
-    "stage_name": parse_stage_name,
-    "stage_limits": parse_stage_limits,
-    "stage_policies": parse_stage_policies,
-    "key_limits": parse_key_limits,
-    "callback_stages": parse_callback_stages,
-    "stage_names": parse_stage_names,
-    "schemes": parse_schemes,
-    "delays": parse_delays,
-    "client_params": parse_client_params,
-    "url": parse_url,
-    "scheduler": parse_scheduler,
-    "key_function": parse_key_function,
-    "scopes": parse_scopes,
-    "scope_function": parse_scope_function,
-    "adaptive": parse_adaptive,
+    setting.kind: globals()[f"parse_{setting.kind}"] for setting in defaults.TABLE
 }
 
 
@@ -662,14 +608,25 @@ def read_settings(settings: BaseSettings) -> RedisLockSettings:
     check_names(settings)
     values = read_table(settings)
     values.update(_connection(settings, values.pop("url"), values.pop("params")))
-    paused_stages = _unfold_stages(values)
+    values["paused_stages"] = _unfold_stages(values)
     _check_stage_names(values)
     _check_quorum(values)
     _check_keys(values)
-    adaptive = _adaptive(values, paused_stages)
-    redis = ConnectionSettings(**{name: values.pop(name) for name in CONNECTION_FIELDS})
-    keys = KeySettings(**{name: values.pop(name) for name in KEY_FIELDS})
-    return RedisLockSettings(redis=redis, keys=keys, adaptive=adaptive, **values)
+    _check_adaptive(values)
+    return RedisLockSettings(
+        redis=_group(ConnectionSettings, values),
+        keys=_group(KeySettings, values),
+        adaptive=_group(AdaptiveSettings, values),
+        **values,
+    )
+
+
+Group = TypeVar("Group", ConnectionSettings, KeySettings, AdaptiveSettings)
+
+
+def _group(cls: type[Group], values: dict[str, Any]) -> Group:
+    """A group of settings (its fields taken out of ``values``)."""
+    return cls(**{field.name: values.pop(field.name) for field in fields(cls)})
 
 
 def _unfold_stages(values: dict[str, Any]) -> frozenset[str]:
@@ -703,13 +660,11 @@ def _unfold_stages(values: dict[str, Any]) -> frozenset[str]:
     return frozenset(stage for stage, policy in policies.items() if policy.retry_after)
 
 
-def _adaptive(
-    values: dict[str, Any], paused_stages: frozenset[str] = frozenset()
-) -> AdaptiveSettings:
+def _check_adaptive(values: dict[str, Any]) -> None:
     """REDISLOCK_ADAPTIVE's names are capped stages or "keys" (with capped keys), and the minimum
     is no higher than any cap it applies to; a quorum of masters has no adaptive limit."""
-    named = _adaptive_names(values, values.pop("adaptive"))
-    minimum = values.pop("adaptive_min")
+    named = _adaptive_names(values, values["adaptive"])
+    minimum = values["adaptive_min"]
     for what, ceiling in sorted(_adaptive_ceilings(values, named).items()):
         if ceiling < minimum:
             raise ConfigError(
@@ -729,15 +684,8 @@ def _adaptive(
         raise ConfigError(
             "REDISLOCK_ADAPTIVE is not available with a quorum of masters (REDISLOCK_URL a list): its limit would have to move on every master at once"  # noqa: E501
         )
-    return AdaptiveSettings(
-        adaptive=frozenset(named),
-        adaptive_min=minimum,
-        adaptive_window=values.pop("adaptive_window"),
-        retry_after=values.pop("retry_after"),
-        retry_after_default=values.pop("retry_after_default"),
-        scoped=bool(scoped) or bool(paused_stages),
-        paused_stages=paused_stages,
-    )
+    values["adaptive"] = frozenset(named)
+    values["scoped"] = bool(scoped) or bool(values["paused_stages"])
 
 
 def _adaptive_names(values: dict[str, Any], named: Any) -> tuple[str, ...]:
