@@ -5,7 +5,7 @@ A key is a stage met at run time: each key gets a lock of its own in Redis (``ke
 on first use and removed once idle (:class:`~scrapy_redislock.crawl.keylocks.KeyLocks`). Reads no
 settings itself:
 :func:`key_function` turns the REDISLOCK_STAGE_KEY value into a function once, at start-up
-(:mod:`scrapy_redislock.crawl.settings`), and :func:`key_of` calls it per request.
+(:mod:`scrapy_redislock.crawl.settings`), and :func:`request_key` calls it per request.
 """
 
 from __future__ import annotations
@@ -90,9 +90,12 @@ def is_key_name(name: Any) -> bool:
     )
 
 
-def key_of(request: Request, spider: Any, function: KeyFunction) -> str | None:
-    """The request's key, or None (no key: no key cap, no key delay); KeyFunctionError for this
-    request only."""
+def request_key(request: Request, spider: Any, function: KeyFunction | None) -> str | None:
+    """The request's key under REDISLOCK_STAGE_KEY, or None (no function, a request that opts out of
+    throttling, or none from the function: no key cap, no key delay); KeyFunctionError for this
+    request only. The one place the scheduler and the throttle find a request's key."""
+    if function is None or request.meta.get(DONT_META):
+        return None
     try:
         key = function(request, spider)
     except Exception as exc:
@@ -106,15 +109,6 @@ def key_of(request: Request, spider: Any, function: KeyFunction) -> str | None:
             f"REDISLOCK_STAGE_KEY function {function_name(function)} returned {key!r} for {request.url}: a key must be None or a non-empty string of at most {KEY_MAX} characters without braces"  # noqa: E501
         )
     return key
-
-
-def request_key(request: Request, spider: Any, function: KeyFunction | None) -> str | None:
-    """The request's key under REDISLOCK_STAGE_KEY (None: no function, or a request that opts out of
-    throttling); KeyFunctionError as :func:`key_of`. The one place the scheduler and the throttle
-    find a request's key."""
-    if function is None or request.meta.get(DONT_META):
-        return None
-    return key_of(request, spider, function)
 
 
 def function_name(function: Any) -> str:

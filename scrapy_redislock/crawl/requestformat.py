@@ -117,12 +117,8 @@ def loads(data: bytes | str) -> dict[str, Any]:
     (pickle, garbage, a truncated entry, a ``_class`` that is not an imported Request subclass)."""
     try:
         decoded = _decode(json.loads(data))
-    except (
-        ValueError,
-        TypeError,
-        binascii.Error,
-        RecursionError,
-    ) as exc:  # UnicodeDecodeError is a ValueError
+    # UnicodeDecodeError is a ValueError
+    except (ValueError, TypeError, binascii.Error, RecursionError) as exc:
         raise RequestFormatError(
             f"not the JSON request format ({type(exc).__name__}: {str(exc)[:80]})"
         ) from None
@@ -204,8 +200,4 @@ def serializer_of(value: Any) -> Any:
     return module
 
 
-def is_safe(serializer: Any) -> bool:
-    return serializer is sys.modules[__name__]
-
-
-__all__ = ["dumps", "is_safe", "loads", "request_class", "request_from_data", "serializer_of"]
+__all__ = ["dumps", "loads", "request_class", "request_from_data", "serializer_of"]

@@ -88,12 +88,8 @@ def parse_rate(raw: Any, setting: str) -> tuple[int, float]:
     1.0]``; ConfigError naming the setting otherwise."""
     count: Any
     window: Any
-    if isinstance(raw, str):
-        found = _RATE.match(raw)
-        if found is None:
-            raise ConfigError(
-                f"{setting} must be a rate 'N/T' (N starts per T seconds: '10/s', '100/60s', '600/m') or [N, T], got {raw!r}"  # noqa: E501
-            )
+    found = _RATE.match(raw) if isinstance(raw, str) else None
+    if found is not None:
         count, seconds, unit = found.groups()
         window = (float(seconds) if seconds not in ("", ".") else 1.0) * _UNITS[unit]
         count = int(count)

@@ -131,18 +131,14 @@ def _is_robots_txt(request: Request) -> bool:
 # -- the stage names a crawl can be checked for at start -------------------------------------------
 
 
-def did_you_mean(name: str, known: Collection[str]) -> str:
-    """`` (did you mean 'x'?)`` naming the closest of ``known``, as the setting-name check does; ""
-    when none."""
-    closest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.0)
-    return f" (did you mean {closest[0]!r}?)" if closest else ""
-
-
 def unknown_stage(what: str, stage: str, known: Collection[str], setting: str) -> ConfigError:
-    """The ConfigError for a stage name ``what`` gives that ``setting`` does not configure."""
+    """The ConfigError for a stage name ``what`` gives that ``setting`` does not configure, naming
+    the closest configured stage (as the setting-name check does)."""
+    closest = difflib.get_close_matches(stage, sorted(known), n=1, cutoff=0.0)
+    hint = f" (did you mean {closest[0]!r}?)" if closest else ""
     configured = ", ".join(repr(s) for s in sorted(known)) or "none"
     return ConfigError(
-        f"{what} names stage {stage!r}, which is not in {setting}{did_you_mean(stage, known)}; configured: {configured}"
+        f"{what} names stage {stage!r}, which is not in {setting}{hint}; configured: {configured}"
     )
 
 

@@ -17,11 +17,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from scrapy_redislock._redis import AsyncRedisClient
-from scrapy_redislock.crawl.reach import REDIS_ERRORS, first_answer, masters_said
+from scrapy_redislock.crawl.reach import REDIS_ERRORS, masters_said
 from scrapy_redislock.lock.interface import AsyncLock
 from scrapy_redislock.lock.status import StageStatus, WaitReason, astage_status, wait_reason
 
@@ -66,10 +65,6 @@ class WaitReports:
         # at close: stage -> (grants seen, since when)
         self._progress: dict[str, tuple[Any, float]] = {}
 
-    @property
-    def clients(self) -> Sequence[AsyncRedisClient]:
-        return self.deployment.clients
-
     def wait_began(self, wait: Any, stage: str) -> None:
         self.started[wait] = (stage, self.clock())
 
@@ -85,21 +80,13 @@ class WaitReports:
         self._report_after.pop(stage, None)
         self._progress.pop(stage, None)
 
-    async def read_status(self, stage: str) -> StageStatus | None:
-        """The stage's lock as Redis holds it now (read-only); None when it is not there. Of a
-        quorum: as the first master that answers holds it (:meth:`read_statuses` reads every
-        master)."""
-        name = f"{self.lock_prefix}{stage}"
-        prefix = self.key_prefix
-        return await first_answer(self.clients, lambda client: astage_status(client, prefix, name))
-
     async def read_statuses(self, stage: str) -> list[StageStatus | BaseException | None]:
-        """The stage's lock on every master (a quorum), at once: its status, None, or the master's
-        error."""
+        """The stage's lock as each master (or the one Redis) holds it now, at once (read-only): its
+        status, None when it is not there, or the master's error."""
         name = f"{self.lock_prefix}{stage}"
         prefix = self.key_prefix
         replies = await asyncio.gather(
-            *(astage_status(client, prefix, name) for client in self.clients),
+            *(astage_status(client, prefix, name) for client in self.deployment.clients),
             return_exceptions=True,
         )
         for reply in replies:
@@ -114,19 +101,21 @@ class WaitReports:
         A quorum lock waits when fewer than q masters have a free slot: said master by master, calm
         only when every master without a free slot is held by live holders."""
         lock = self.by_stage[stage]
-        if len(self.clients) == 1:
-            found = await self.read_status(stage)
-            return WaitReason("free") if found is None else wait_reason(found)
+        statuses = await self.read_statuses(stage)
+        if len(statuses) == 1:
+            if isinstance(statuses[0], BaseException):
+                raise statuses[0]
+            return WaitReason("free") if statuses[0] is None else wait_reason(statuses[0])
         said: dict[int, str] = {}
         calm = True
-        for index, status in enumerate(await self.read_statuses(stage)):
+        for index, status in enumerate(statuses):
             if isinstance(status, BaseException):
                 said[index], calm = f"unreachable ({status})", False
                 continue
             reason = WaitReason("free") if status is None else wait_reason(status)
             if reason:
                 said[index], calm = reason.text, calm and reason.calm
-        masters, needed = len(self.clients), self.deployment.needed(lock)
+        masters, needed = len(statuses), self.deployment.needed(lock)
         free = masters - len(said)
         if free >= needed:
             return WaitReason("free")

@@ -10,7 +10,7 @@ from scrapy import Request
 from scrapy.settings import Settings
 
 from scrapy_redislock import ConfigError, KeyFunctionError
-from scrapy_redislock.crawl.keys import domain, download_slot, key_function, key_of
+from scrapy_redislock.crawl.keys import domain, download_slot, key_function, request_key
 from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.lock.delay import gap_of, gate_key
 
@@ -122,16 +122,16 @@ def test_limits_and_delays_per_key_and_stage() -> None:
     assert plain.keys.stage_key is None and not plain.keyed
 
 
-def test_key_of_fails_one_request_with_the_reason() -> None:
+def test_request_key_fails_one_request_with_the_reason() -> None:
     def broken(request: Request, spider: Any) -> str:
         raise LookupError("no table")
 
     with pytest.raises(KeyFunctionError, match=r"raised LookupError: no table for http://a.com/x"):
-        key_of(Request("http://a.com/x"), None, broken)
+        request_key(Request("http://a.com/x"), None, broken)
     for bad in ("", "a{b}", 7, "x" * 300):
         with pytest.raises(KeyFunctionError, match="a key must be None or a non-empty string"):
-            key_of(Request("http://a.com/x"), None, lambda request, spider, bad=bad: bad)
-    assert key_of(Request("http://a.com/x"), None, lambda request, spider: None) is None
+            request_key(Request("http://a.com/x"), None, lambda request, spider, bad=bad: bad)
+    assert request_key(Request("http://a.com/x"), None, lambda request, spider: None) is None
 
 
 def test_gap_and_gate() -> None:
