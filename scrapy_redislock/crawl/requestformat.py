@@ -50,10 +50,6 @@ def _short(value: Any) -> str:
     return text if len(text) <= 100 else text[:97] + "..."
 
 
-def _path(path: str, key: Any) -> str:
-    return f"{path}[{key!r}]"
-
-
 def _encode(value: Any, path: str) -> Any:
     kind = type(value)
     if kind in SCALARS:
@@ -64,16 +60,16 @@ def _encode(value: Any, path: str) -> Any:
         except UnicodeDecodeError:
             return {"$b64": base64.b64encode(value).decode("ascii")}
     if kind is list:
-        return [_encode(item, _path(path, n)) for n, item in enumerate(value)]
+        return [_encode(item, f"{path}[{n!r}]") for n, item in enumerate(value)]
     if kind is tuple:
-        return {"$t": [_encode(item, _path(path, n)) for n, item in enumerate(value)]}
+        return {"$t": [_encode(item, f"{path}[{n!r}]") for n, item in enumerate(value)]}
     if kind is dict:
         if all(type(key) is str for key in value) and not (
             len(value) == 1 and next(iter(value)).startswith("$")
         ):
-            return {key: _encode(item, _path(path, key)) for key, item in value.items()}
-        return {"$d": [[_encode(key, f"{path} key {key!r}"), _encode(item, _path(path, key))] for key, item in
-                       value.items()]}  # fmt: skip
+            return {key: _encode(item, f"{path}[{key!r}]") for key, item in value.items()}
+        return {"$d": [[_encode(key, f"{path} key {key!r}"), _encode(item, f"{path}[{key!r}]")]
+                       for key, item in value.items()]}  # fmt: skip
     raise RequestFormatError(
         f"{path} is a {kind.__module__}.{kind.__qualname__}, not plain data (None, bool, int, float, str, bytes, list, tuple, dict); store it elsewhere or as plain data, or choose SCHEDULER_SERIALIZER knowingly"  # noqa: E501
     )

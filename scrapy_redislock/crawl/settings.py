@@ -10,7 +10,8 @@ REDISLOCK_STAGE_PREFERENCE, REDISLOCK_ALLOWED_SCHEMES, REDISLOCK_SCHEDULER_INNER
 REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE, REDISLOCK_CONNECT_TIMEOUT, REDISLOCK_STAGE_KEY,
 REDISLOCK_KEY_LIMIT, REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS,
 REDISLOCK_RANDOMIZE_DELAY, REDISLOCK_SCOPES, REDISLOCK_SCOPES_OF, REDISLOCK_CRAWL_DELAY,
-REDISLOCK_QUORUM; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT,
+REDISLOCK_QUORUM, REDISLOCK_ADAPTIVE, REDISLOCK_ADAPTIVE_MIN, REDISLOCK_ADAPTIVE_WINDOW,
+REDISLOCK_RETRY_AFTER, REDISLOCK_RETRY_AFTER_DEFAULT; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT,
 REDIS_DB, REDIS_PARAMS as fallbacks for the connection (URLs are parsed by
 :mod:`scrapy_redislock.crawl.connection`). Defaults live in :mod:`scrapy_redislock.crawl.defaults`.
 For the worker scheduler (:func:`read_worker_settings`) also scrapy-redis's SCHEDULER_PERSIST,
@@ -198,9 +199,8 @@ class RedisLockSettings:
     keys: KeySettings
     adaptive: AdaptiveSettings
     stages: Mapping[str, int | None]
-    stage_rates: Mapping[
-        str, tuple[int, float]
-    ]  # a stage's rate window (its REDISLOCK_STAGES policy)
+    # a stage's rate window (its REDISLOCK_STAGES policy)
+    stage_rates: Mapping[str, tuple[int, float]]
     worker_stages: Mapping[str, int | None]
     ttl: float
     durable: bool
@@ -663,7 +663,7 @@ def _unfold_stages(values: dict[str, Any]) -> frozenset[str]:
 def _check_adaptive(values: dict[str, Any]) -> None:
     """REDISLOCK_ADAPTIVE's names are capped stages or "keys" (with capped keys), and the minimum
     is no higher than any cap it applies to; a quorum of masters has no adaptive limit."""
-    named = _adaptive_names(values, values["adaptive"])
+    named = _adaptive_names(values)
     minimum = values["adaptive_min"]
     for what, ceiling in sorted(_adaptive_ceilings(values, named).items()):
         if ceiling < minimum:
@@ -688,8 +688,10 @@ def _check_adaptive(values: dict[str, Any]) -> None:
     values["scoped"] = bool(scoped) or bool(values["paused_stages"])
 
 
-def _adaptive_names(values: dict[str, Any], named: Any) -> tuple[str, ...]:
-    """True: every capped stage and the keys if any is capped; each name given must be capped."""
+def _adaptive_names(values: dict[str, Any]) -> tuple[str, ...]:
+    """REDISLOCK_ADAPTIVE's names. True: every capped stage and the keys if any is capped; each
+    name given must be capped."""
+    named = values["adaptive"]
     capped = {stage for stage, limit in values["stages"].items() if limit is not None}
     key_capped = values["stage_key"] is not None and (
         values["key_limit"] is not None or any(v is not None for v in values["key_limits"].values())
@@ -699,19 +701,15 @@ def _adaptive_names(values: dict[str, Any], named: Any) -> tuple[str, ...]:
     if named is False:
         return ()
     for name in named:
-        _check_adaptive_name(name, capped, key_capped)
+        if name == "keys" and not key_capped:
+            raise ConfigError(
+                "REDISLOCK_ADAPTIVE names 'keys' but no key is capped: set REDISLOCK_STAGE_KEY and REDISLOCK_KEY_LIMIT (the ceiling of every key's adaptive limit)"  # noqa: E501
+            )
+        if name != "keys" and name not in capped:
+            raise ConfigError(
+                f"REDISLOCK_ADAPTIVE names {name!r}, which is not a capped stage of REDISLOCK_STAGES (capped: {sorted(capped)}; 'keys' for the keys): its cap is the ceiling of its adaptive limit"  # noqa: E501
+            )
     return tuple(named)
-
-
-def _check_adaptive_name(name: str, capped: set[str], key_capped: bool) -> None:
-    if name == "keys" and not key_capped:
-        raise ConfigError(
-            "REDISLOCK_ADAPTIVE names 'keys' but no key is capped: set REDISLOCK_STAGE_KEY and REDISLOCK_KEY_LIMIT (the ceiling of every key's adaptive limit)"  # noqa: E501
-        )
-    if name != "keys" and name not in capped:
-        raise ConfigError(
-            f"REDISLOCK_ADAPTIVE names {name!r}, which is not a capped stage of REDISLOCK_STAGES (capped: {sorted(capped)}; 'keys' for the keys): its cap is the ceiling of its adaptive limit"  # noqa: E501
-        )
 
 
 def _adaptive_ceilings(values: dict[str, Any], named: tuple[str, ...]) -> dict[str, int]:
