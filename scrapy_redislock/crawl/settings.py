@@ -791,16 +791,12 @@ def _check_quorum(values: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"REDISLOCK_QUORUM is set ({quorum!r}) but REDISLOCK_URL names one Redis: give REDISLOCK_URL as a list of independent masters for a quorum lock, or unset REDISLOCK_QUORUM"  # noqa: E501
         )
-    _check_quorum_size(quorum, len(masters), values["stages"])
-
-
-def _check_quorum_size(quorum: Any, count: int, stages: Mapping[str, int | None]) -> None:
-    """From 1 to the number of masters, and at least each capped stage's safe quorum."""
+    count = len(masters)
     if isinstance(quorum, bool) or not isinstance(quorum, int) or not 1 <= quorum <= count:
         raise ConfigError(
             f"REDISLOCK_QUORUM must be an integer from 1 to {count} (the masters), got {quorum!r}"
         )
-    for stage, limit in stages.items():
+    for stage, limit in values["stages"].items():
         if limit is not None and quorum < safe_quorum(count, limit):
             raise ConfigError(
                 f"REDISLOCK_QUORUM = {quorum!r} is below the safe quorum {safe_quorum(count, limit)} of stage {stage!r} (limit {limit}, {count} masters): up to {count * limit // quorum} requests could hold it at once; use None (each stage's safe quorum) or a value from the safe quorum to the number of masters"  # noqa: E501

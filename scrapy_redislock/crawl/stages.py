@@ -4,15 +4,16 @@
 callbacks of the spider class, REDISLOCK_CALLBACK_STAGES and REDISLOCK_DEFAULT_STAGE against the
 stages of one front.
 
-Reads no settings itself; the checked settings are passed in (:class:`StageSettings`).
+Reads no settings itself; the checked settings are passed in (their REDISLOCK_CALLBACK_STAGES and
+REDISLOCK_DEFAULT_STAGE).
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Callable, Collection, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from scrapy_redislock._redis import check_name
@@ -21,15 +22,7 @@ from scrapy_redislock.errors import ConfigError
 if TYPE_CHECKING:
     from scrapy import Request
 
-
-class StageSettings(Protocol):
-    """What finding a request's stage reads of the checked settings (a RedisLockSettings)."""
-
-    @property
-    def callback_stages(self) -> Mapping[str, str]: ...
-
-    @property
-    def default_stage(self) -> str | None: ...
+    from scrapy_redislock.crawl.settings import RedisLockSettings
 
 
 STAGE_META = "redislock_stage"
@@ -54,7 +47,7 @@ def stage(name: str) -> Callable[[F], F]:
     return mark
 
 
-def stage_of(request: Request, settings: StageSettings, spider: Any = None) -> str | None:
+def stage_of(request: Request, settings: RedisLockSettings, spider: Any = None) -> str | None:
     """The request's stage, or None when it is not throttled.
 
     robots.txt downloads are never throttled: RobotsTxtMiddleware holds capped requests until
@@ -163,7 +156,7 @@ def decorated_callbacks(spidercls: type) -> dict[str, str]:
 
 
 def check_stage_names(
-    spidercls: type, settings: StageSettings, stages: Collection[str], setting: str
+    spidercls: type, settings: RedisLockSettings, stages: Collection[str], setting: str
 ) -> None:
     """ConfigError when a stage name known before any request is not one of ``stages`` (``setting``:
     REDISLOCK_STAGES for the request front, REDISLOCK_WORKER_STAGES for the worker front): a
