@@ -46,12 +46,7 @@ from scrapy_redislock.crawl.inner import check_inner_scheduler
 from scrapy_redislock.crawl.keys import KeyFunction, domain
 from scrapy_redislock.crawl.keys import key_function as parse_key_function  # noqa: F401 (PARSERS)
 from scrapy_redislock.crawl.requestformat import serializer_of
-from scrapy_redislock.crawl.scopes import (
-    ScopeFunction,
-    ScopePolicy,
-    ScopeTable,
-    parse_policy,
-)
+from scrapy_redislock.crawl.scopes import ScopeFunction, ScopePolicy, ScopeTable, parse_policy
 from scrapy_redislock.crawl.scopes import parse_scopes as scope_table
 from scrapy_redislock.crawl.scopes import scope_function as parse_scope_function  # noqa: F401 (PARSERS)
 from scrapy_redislock.crawl.stages import unknown_stage
