@@ -4,20 +4,20 @@ a few rules across settings (the connection and its scrapy-redis fallbacks, stag
 quorum, keys).
 
 Settings read: REDISLOCK_ENABLED, REDISLOCK_URL, REDISLOCK_PARAMS, REDISLOCK_STAGES,
-REDISLOCK_WORKER_STAGES, REDISLOCK_TTL, REDISLOCK_DURABLE, REDISLOCK_ALLOW_EVICTION, REDISLOCK_KEY_PREFIX,
-REDISLOCK_GROUP, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES, REDISLOCK_WAIT_TIMEOUT,
-REDISLOCK_STAGE_PREFERENCE, REDISLOCK_ALLOWED_SCHEMES, REDISLOCK_SCHEDULER_INNER, REDISLOCK_WAITERS_PER_STAGE,
-REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE, REDISLOCK_CONNECT_TIMEOUT, REDISLOCK_STAGE_KEY,
-REDISLOCK_KEY_LIMIT, REDISLOCK_KEY_LIMITS, REDISLOCK_DELAY, REDISLOCK_DELAYS,
-REDISLOCK_RANDOMIZE_DELAY, REDISLOCK_SCOPES, REDISLOCK_SCOPES_OF, REDISLOCK_CRAWL_DELAY,
-REDISLOCK_QUORUM, REDISLOCK_ADAPTIVE, REDISLOCK_ADAPTIVE_MIN, REDISLOCK_ADAPTIVE_WINDOW,
-REDISLOCK_RETRY_AFTER, REDISLOCK_RETRY_AFTER_DEFAULT; and scrapy-redis's REDIS_URL, REDIS_HOST, REDIS_PORT,
-REDIS_DB, REDIS_PARAMS as fallbacks for the connection (URLs are parsed by
-:mod:`scrapy_redislock.crawl.connection`). Defaults live in :mod:`scrapy_redislock.crawl.defaults`.
-For the worker scheduler (:func:`read_worker_settings`) also scrapy-redis's SCHEDULER_PERSIST,
-SCHEDULER_FLUSH_ON_START, MAX_IDLE_TIME_BEFORE_CLOSE (fallback of REDISLOCK_IDLE_CLOSE),
-REDIS_START_URLS_AS_SET, REDIS_START_URLS_AS_ZSET, SCHEDULER_SERIALIZER (the request format of the
-queues: :mod:`scrapy_redislock.crawl.requestformat` when unset).
+REDISLOCK_WORKER_STAGES, REDISLOCK_TTL, REDISLOCK_DURABLE, REDISLOCK_ALLOW_EVICTION,
+REDISLOCK_KEY_PREFIX, REDISLOCK_GROUP, REDISLOCK_DEFAULT_STAGE, REDISLOCK_CALLBACK_STAGES,
+REDISLOCK_WAIT_TIMEOUT, REDISLOCK_STAGE_PREFERENCE, REDISLOCK_ALLOWED_SCHEMES,
+REDISLOCK_SCHEDULER_INNER, REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_LOCAL_REUSE, REDISLOCK_IDLE_CLOSE,
+REDISLOCK_CONNECT_TIMEOUT, REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT, REDISLOCK_KEY_LIMITS,
+REDISLOCK_DELAY, REDISLOCK_DELAYS, REDISLOCK_RANDOMIZE_DELAY, REDISLOCK_SCOPES, REDISLOCK_SCOPES_OF,
+REDISLOCK_CRAWL_DELAY, REDISLOCK_QUORUM, REDISLOCK_ADAPTIVE, REDISLOCK_ADAPTIVE_MIN,
+REDISLOCK_ADAPTIVE_WINDOW, REDISLOCK_RETRY_AFTER, REDISLOCK_RETRY_AFTER_DEFAULT; and scrapy-redis's
+REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_DB, REDIS_PARAMS as fallbacks for the connection (URLs are
+parsed by :mod:`scrapy_redislock.crawl.connection`). Defaults live in
+:mod:`scrapy_redislock.crawl.defaults`. For the worker scheduler (:func:`read_worker_settings`) also
+scrapy-redis's SCHEDULER_PERSIST, SCHEDULER_FLUSH_ON_START, MAX_IDLE_TIME_BEFORE_CLOSE (fallback of
+REDISLOCK_IDLE_CLOSE), REDIS_START_URLS_AS_SET, REDIS_START_URLS_AS_ZSET, SCHEDULER_SERIALIZER (the
+request format of the queues: :mod:`scrapy_redislock.crawl.requestformat` when unset).
 
 Bad values raise :class:`~scrapy_redislock.errors.ConfigError` naming the setting and the value, so
 a crawl with a broken configuration stops at start-up instead of running unthrottled (Scrapy would
@@ -44,11 +44,11 @@ from scrapy_redislock.crawl.connection import mask_url
 from scrapy_redislock.crawl.connection import parse_url as connection_url
 from scrapy_redislock.crawl.inner import check_inner_scheduler
 from scrapy_redislock.crawl.keys import KeyFunction, domain
-from scrapy_redislock.crawl.keys import key_function as parse_key_function  # noqa: F401 (PARSERS)
+from scrapy_redislock.crawl.keys import key_function as parse_key_function  # noqa: F401
 from scrapy_redislock.crawl.requestformat import serializer_of
 from scrapy_redislock.crawl.scopes import ScopeFunction, ScopePolicy, ScopeTable, parse_policy
 from scrapy_redislock.crawl.scopes import parse_scopes as scope_table
-from scrapy_redislock.crawl.scopes import scope_function as parse_scope_function  # noqa: F401 (PARSERS)
+from scrapy_redislock.crawl.scopes import scope_function as parse_scope_function  # noqa: F401
 from scrapy_redislock.crawl.stages import unknown_stage
 from scrapy_redislock.errors import ConfigError, InvalidArgument
 from scrapy_redislock.lock.quorum import safe_quorum
@@ -540,7 +540,8 @@ def parse_scopes(raw: Any, name: str, optional: bool = False) -> ScopeTable:
     return scope_table(_json(raw, name, "a dict"), name)
 
 
-#: kind -> its parser: ``parse_<kind>`` of this module, for each kind the table names.
+#: kind -> its parser: ``parse_<kind>`` of this module (parse_key_function and parse_scope_function
+#: imported as such), for each kind the table names.
 PARSERS: dict[str, Callable[[Any, str, bool], Any]] = {
     setting.kind: globals()[f"parse_{setting.kind}"] for setting in defaults.TABLE
 }
