@@ -102,6 +102,8 @@ class StageAdmission:
             return False
         if key is None:
             return True
+        if self.keyline is not None and not self.keyline.may_go(key):
+            return False  # waited for here (with a stage's slot), paused, or at its limit here
         limit = self.settings.keys.limit_of(key)
         return limit is None or self.key_load()[key] < limit
 

@@ -2,9 +2,11 @@
 that a key or scope at its cap waits in the scheduler, not in the downloader.
 
 For requests whose key or other scopes are capped (REDISLOCK_STAGE_KEY with REDISLOCK_KEY_LIMIT or
-REDISLOCK_KEY_LIMITS; REDISLOCK_SCOPES entries with a ``limit``) and whose stage is not (a broad
-crawl: domains, proxies, no stages), over Scrapy's scheduler. A request's capped names are its key,
-then its other scopes by name (the order slots are taken in everywhere: docs/scopes.md).
+REDISLOCK_KEY_LIMITS; REDISLOCK_SCOPES entries with a ``limit``), over Scrapy's scheduler. A
+request's capped names are its key, then its other scopes by name, after its stage (the order slots
+are taken in everywhere: docs/scopes.md).
+
+**Requests of no capped stage** (a broad crawl: domains, proxies, no stages):
 
 - A request none of whose names is blocked here (no wait for it in progress, fewer than the
   name's limit of this process's requests holding or taking it) leaves the inner scheduler and is
@@ -26,11 +28,19 @@ then its other scopes by name (the order slots are taken in everywhere: docs/sco
   request with AcquireTimeout, as a wait in the middleware would (forgotten at the next renewal
   tick if no request of the name is queued any more).
 
+**Requests of a capped stage** that leave with a slot of their stage in hand (one kept for it: a
+finished request's, passed on), while their key has room in this process: one look in Redis per
+name, as above; a name refused, the request waits here for it, in the name's line in Redis, with
+its stage's slot (a slot of a name is never held waiting for a stage's: that order could deadlock
+with the requests that wait for their key in the middleware holding their stage's), but with none
+of CONCURRENT_REQUESTS. A wait that runs out fails the request with AcquireTimeout; a pause (a
+Retry-After) sends the request back to its sub-queue, its stage's slot back to Redis.
+
 Looks in Redis under way are bounded by the downloader's free room (CONCURRENT_REQUESTS less what
-it has and what is ready); waits by CONCURRENT_REQUESTS (each blocks one connection). Requests with a
-capped stage take their key and scope slots in the middleware, after their stage slot (the order
-that cannot deadlock with requests that bypass the scheduler: docs/key-caps.md); so do all requests
-over scrapy-redis's scheduler, whose queue is shared in Redis and not split by key.
+it has and what is ready, and the looks not waiting); waits by CONCURRENT_REQUESTS (each blocks
+one connection). A request of a capped stage that leaves with no slot of it in hand waits for one in
+the middleware, and takes its key and scope slots there, after it; so do all requests over
+scrapy-redis's scheduler, whose queue is shared in Redis and not split by key.
 
 Reads CONCURRENT_REQUESTS and, through the checked settings, REDISLOCK_WAIT_TIMEOUT and the key and
 scope settings.
@@ -57,9 +67,14 @@ if TYPE_CHECKING:
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
     from scrapy_redislock.crawl.stagelocks import SlotPermit
+    from scrapy_redislock.requests.requestslots import RequestSlots
+    from scrapy_redislock.requests.stagequeue import Route
     from scrapy_redislock.requests.throttle import ScopeThrottle
 
 logger = logging.getLogger(__name__)
+
+# Seconds a name's requests of a capped stage stay queued after Redis failed a take of it.
+REDIS_RETRY = 1.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +84,16 @@ class Taken:
     name: str
     permit: SlotPermit
     kept: bool
+
+
+@dataclass(frozen=True)
+class InHand:
+    """A request of a capped stage leaving with a slot of it: the stage, the slot, and the
+    request's sub-queue (to go back to)."""
+
+    stage: str
+    permit: SlotPermit
+    route: Route
 
 
 class KeyLine:
@@ -81,10 +106,12 @@ class KeyLine:
         settings: RedisLockSettings,
         throttle: ScopeThrottle,
         inner: Any,
+        slots: RequestSlots,
     ) -> None:
         self.crawler = crawler
         self.settings = settings
         self.throttle = throttle
+        self.slots = slots  # the stage slots: a request goes with its stage's, or gives it back
         # monotonic seconds: the throttle's, whose records this line adds to
         self.clock = throttle.clock
         self.locks = throttle.locks  # the KeyLocks
@@ -95,6 +122,10 @@ class KeyLine:
             weakref.WeakKeyDictionary()
         )
         self.looking: dict[Request, tuple[str, ...]] = {}  # held back for takes in Redis
+        # of those, requests of a capped stage with their stage's slot in hand; and those of them
+        # waiting in a name's line
+        self.in_hand: dict[Request, InHand] = {}
+        self.waiting: set[Request] = set()
         self.ready: deque[Request] = deque()  # got their slot meanwhile: the engine's next
         self.kept: dict[str, deque[SlotPermit | BaseException]] = {}  # per key: for its next
         self.waits: dict[str, asyncio.Task[None]] = {}  # one wait per key, while it has a queue
@@ -118,17 +149,19 @@ class KeyLine:
         )
 
     def requeue(self, request: Request, key: str) -> None:
-        """Put ``request`` back into its key's sub-queue of the inner scheduler (on disk with
-        JOBDIR, as Scrapy's scheduler would; in memory if it cannot be serialized); no stats, no
-        dupefilter: it was queued once already."""
+        """Put ``request`` back into its key's sub-queue of the inner scheduler (its own, for a
+        request of a capped stage; on disk with JOBDIR, as Scrapy's scheduler would; in memory if it
+        cannot be serialized); no stats, no dupefilter: it was queued once already."""
+        in_hand = self.in_hand.pop(request, None)
+        route: Route = (None, key) if in_hand is None else in_hand.route
         dqs = getattr(self.inner, "dqs", None)
         if isinstance(dqs, StagePriorityQueues):
             try:
-                dqs.push_to((None, key), request)
+                dqs.push_to(route, request)
                 return
             except ValueError:
                 pass
-        self.inner.mqs.push_to((None, key), request)
+        self.inner.mqs.push_to(route, request)
 
     # -- what the throttle and the queues ask ----------------------------------------------------------
 
@@ -188,7 +221,8 @@ class KeyLine:
         """Enough is under way: the downloader has no room for more than what is ready or being
         looked for."""
         active = downloader_active(self.crawler)
-        busy = (0 if active is None else len(active)) + len(self.ready) + len(self.looking)
+        looking = len(self.looking) - len(self.waiting)
+        busy = (0 if active is None else len(active)) + len(self.ready) + looking
         return busy >= self.room
 
     def pending(self) -> int:
@@ -200,15 +234,17 @@ class KeyLine:
     def next_ready(self) -> Request | None:
         return self.ready.popleft() if self.ready else None
 
-    def holds_back(self, request: Request) -> bool:
-        """Whether ``request`` (just out of the inner scheduler) waits here for its slots; False
-        when it goes now: no capped name, or a slot (or an error) kept for each of its names goes
-        with it."""
+    def holds_back(self, request: Request, in_hand: InHand | None = None) -> bool:
+        """Whether ``request`` (just out of the inner scheduler; of a capped stage, with a slot of
+        it ``in_hand``) waits here for its slots; False when it goes now, with them all: no capped
+        name, or a slot (or an error) kept for each of its names (none is used for a request of a
+        capped stage: a kept slot of a name was got without a stage's)."""
         key, names = self._names(request)
         if not names:
+            self._hand_stage(request, in_hand)
             return False
         got: list[Taken] = []
-        for name in names:
+        for name in names if in_hand is None else ():
             outcome = self._kept_for(name)
             if outcome is None:
                 continue
@@ -222,10 +258,25 @@ class KeyLine:
             self._hand(request, key, got)
             return False
         self.looking[request] = names
+        if in_hand is not None:
+            self.in_hand[request] = in_hand
         if self._load is not None:
             self._load.update(names)
         self._start(self._look(request, key, names, got))
         return True
+
+    def _hand_stage(self, request: Request, in_hand: InHand | None) -> None:
+        """The request goes with its stage's slot (the middleware takes it)."""
+        if in_hand is not None:
+            self.slots.hand(request, in_hand.permit)
+            self.slots.locks.record_grant(in_hand.stage, 0.0)
+
+    def _drop_stage(self, request: Request) -> None:
+        """The stage's slot of a request that does not go now goes back to Redis, whose line hands
+        it to the next waiter anywhere."""
+        in_hand = self.in_hand.get(request)
+        if in_hand is not None:
+            self.slots.locks.release_soon(in_hand.permit)
 
     def _kept_for(self, name: str) -> SlotPermit | BaseException | None:
         """A usable slot (or a wait's error) kept for ``name``; None when none is."""
@@ -247,10 +298,11 @@ class KeyLine:
                 self.locks.release_soon(taken.permit)
 
     def _hand(self, request: Request, key: str | None, got: list[Taken]) -> None:
-        """The request goes with a slot of each of its capped names (the middleware takes them).
-        Slots it still holds go back first: it came back to the scheduler unseen by the middleware
-        (one before it returned the request itself)."""
+        """The request goes with a slot of each of its capped names, and of its stage if it came
+        with one (the middleware takes them). Slots it still holds go back first: it came back to
+        the scheduler unseen by the middleware (one before it returned the request itself)."""
         self.throttle.release(request)
+        self._hand_stage(request, self.in_hand.pop(request, None))
         scoped = [taken.permit for taken in got if taken.name != key]
         for taken in got:
             if taken.name == key:
@@ -263,50 +315,81 @@ class KeyLine:
     ) -> None:
         """One take in Redis for each name the request has no kept slot of, in order: it goes
         with them all, or back to the queue of the first name refused (its other slots given back:
-        it holds none while it waits) while a wait for that name starts."""
+        it holds none while it waits) while a wait for that name starts. A request of a capped
+        stage waits here for a refused name instead, with its stage's slot."""
         started = self.clock()
         paused: Paused | None = None
         refused: str | None = None
+        failed: AcquireTimeout | None = None
+        with_stage = request in self.in_hand
         try:
             have = {taken.name for taken in got}
             for name in (name for name in names if name not in have):
                 try:
                     permit = await self.locks.try_take(name)
+                    if permit is None and with_stage:
+                        permit = await self._wait_with_stage(request, name)
                 except REDIS_ERRORS as exc:
                     logger.warning("Taking a slot of key %r: Redis error (%s); it waits", name, exc)
                     permit = None
                 except Paused as exc:
                     permit, paused = None, exc
+                except AcquireTimeout as exc:
+                    permit, failed = None, exc
                 if permit is None:
                     refused = name
                     break
                 got.append(Taken(name, permit, kept=False))
         except BaseException:
             self._give_back(got)
+            self._drop_stage(request)
             # cancelled (the engine closes: stand_down) or failed otherwise: back to its first
             # name's queue, unless close() put it back already
             if self.looking.pop(request, None) is not None:
                 self.requeue(request, names[0])
+            self.in_hand.pop(request, None)
             raise
         finally:
             self.looking.pop(request, None)
             self._load = None
         if self.closed:
             self._give_back(got)
+            self._drop_stage(request)
             self.requeue(request, names[0])
             return
-        if refused is None:
+        if failed is not None:
+            # its wait ran out: it fails with the error in the middleware (which frees its stage's
+            # slot), as a wait there would have
+            self._give_back(got)
+            self.throttle.release(request)
+            self.throttle.permits.hand(request, failed)
+            self._hand_stage(request, self.in_hand.pop(request, None))
+            self.ready.append(request)
+        elif refused is None:
             self.throttle.record(self.clock() - started)
             self._hand(request, key, got)
             self.ready.append(request)
         else:
             self._give_back(got)
+            self._drop_stage(request)
             self.requeue(request, refused)
             if paused is not None:
                 self._pause(refused, paused.wait)
+            elif with_stage:
+                self._pause(refused, REDIS_RETRY)  # Redis failed it: not again at once
             else:
                 self._wait_for(refused)
         wake_engine(self.crawler)
+
+    async def _wait_with_stage(self, request: Request, name: str) -> SlotPermit:
+        """A request of a capped stage waits for a slot of ``name`` in its line in Redis, with its
+        stage's slot in hand (not one of CONCURRENT_REQUESTS: it is not counted as looking)."""
+        self.waiting.add(request)
+        try:
+            async with self.connections:
+                return await self.locks.acquire_key(name, self.settings.wait_timeout)
+        finally:
+            self.waiting.discard(request)
 
     def _pause(self, key: str, seconds: float) -> None:
         """A Retry-After paused the key's starts: its requests stay queued until then."""
@@ -401,6 +484,9 @@ class KeyLine:
         back = [*self.ready, *self.looking]
         for request in self.ready:
             self.throttle.release(request)
+            self.slots.finish(request)  # its stage's slot, if it came with one
+        for request in self.looking:
+            self._drop_stage(request)
         self.ready.clear()
         self.looking.clear()
         for request in back:

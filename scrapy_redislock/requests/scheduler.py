@@ -91,7 +91,7 @@ from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.requests.admission import StageAdmission
-from scrapy_redislock.requests.keyline import KeyLine
+from scrapy_redislock.requests.keyline import InHand, KeyLine
 from scrapy_redislock.requests.queueloss import QueueWatch, unqueued_at_close
 from scrapy_redislock.requests.requestslots import RequestSlots
 from scrapy_redislock.requests.stagequeue import (
@@ -226,6 +226,7 @@ class StageScheduler:
                         self.settings,
                         ScopeThrottle.of(crawler, self.settings, clock=clock),
                         self.inner,
+                        self.slots,
                     )
             elif not _is_scrapy_redis(self.inner):
                 self.admission.queues_split = False
@@ -479,8 +480,11 @@ class StageScheduler:
                 assert self.slots is not None
                 self.slots.free_kept()
                 return None
-            if not self._held_for_key(request):
-                return self._with_stage_slot(request)
+            if self._held_for_key(request):
+                continue
+            going = self._with_stage_slot(request)
+            if going is not None:
+                return going
 
     def _held_for_key(self, request: Request) -> bool:
         """Whether ``request`` (of no capped stage) stays here while its key slot is taken in
@@ -490,20 +494,25 @@ class StageScheduler:
             return False
         return not self._settled_early(request) and self.keyline.holds_back(request)
 
-    def _with_stage_slot(self, request: Request) -> Request:
-        """``request`` leaves: with a slot of its capped stage in hand, or to wait for one in
-        line."""
+    def _with_stage_slot(self, request: Request) -> Request | None:
+        """``request`` leaves: with a slot of its capped stage in hand (and of its key and scopes,
+        got here: None while it waits for them, :mod:`~scrapy_redislock.requests.keyline`), or to
+        wait for one in line."""
         assert self.admission is not None and self.slots is not None
-        stage, key = self.admission.route(request)
+        route = self.admission.route(request)
+        stage, key = route
         if stage is None or self._settled_early(request):
             return request
         self.admission.let_go(key)
         permit = self.slots.take_kept(stage)
-        if permit is not None:
+        if permit is None:
+            self.slots.join_line(request, stage)
+        elif self.keyline is not None:
+            if self.keyline.holds_back(request, InHand(stage, permit, route)):
+                return None
+        else:
             self.slots.hand(request, permit)
             self.slots.locks.record_grant(stage, 0.0)
-            return request
-        self.slots.join_line(request, stage)
         return request
 
     def _settled_early(self, request: Request) -> bool:

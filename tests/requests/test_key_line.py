@@ -229,3 +229,52 @@ def test_a_key_slot_handed_for_another_key_is_not_taken_for_the_requests_own(
         assert site.max_host_in_flight["127.0.0.1"] == 1, site.max_host_in_flight
     assert leftover(redis_client) == 0
     assert not list(redis_client.scan_iter("redislock:{key:*"))
+
+
+def test_a_busy_key_of_a_capped_stage_waits_in_the_scheduler_with_its_stage_slot(
+    slow_site: CrawlSite, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """With a capped stage (detail, 4 across the processes) a request that leaves with a slot of
+    its stage passed on in its process takes its key there too, and a busy key's request waits for
+    it there, its stage's slot in hand, holding none of CONCURRENT_REQUESTS (3): the caps hold,
+    every page once, and the fast key's pages all go before half of the slow ones. Only a request
+    that waits for its stage's slot in the middleware takes its key there, after it."""
+    settings = {
+        **by_section(redis_url),
+        "CONCURRENT_REQUESTS": 3,
+        "REDISLOCK_STAGES": {"detail": 4},
+        "REDISLOCK_KEY_LIMIT": 4,
+        "REDISLOCK_KEY_LIMITS": {"a": 1, "b": 1},
+    }
+    plan = f"detail@a:{SLOW},detail@b:{SLOW},detail@f:40"
+    crawls = finish_all(
+        [
+            Crawl(slow_site.url, plan, settings, tmp_path, args={"first": str(1000 * i)})
+            for i in range(PROCESSES)
+        ],
+        timeout=120,
+    )
+    site = slow_site
+    for one in crawls:
+        assert one.stats.get("finish_reason") == "finished", one.tail()
+        acquired = one.stats["redislock/keys/acquired"]
+        assert one.stats.get("redislock/keys/taken_in_downloader", 0) < acquired, one.stats
+    assert site.count("a") == site.count("b") == PROCESSES * SLOW
+    assert site.count("f") == PROCESSES * 40 and set(site.hits.values()) == {1}
+    assert site.max_in_flight["a"] == 1 and site.max_in_flight["b"] == 1  # the keys' caps
+    with site.lock:
+        served = list(site.served)
+    events = sorted(
+        [(r.arrived, 1) for r in served] + [(r.answered, -1) for r in served],
+        key=lambda event: (event[0], event[1]),
+    )
+    assert max(itertools.accumulate(change for _, change in events)) <= 4  # the stage's cap
+    for i in range(PROCESSES):
+        mine = [r for r in served if int(r.path.rsplit("/", 1)[1]) // 1000 == i]
+        slow = sorted(r.arrived for r in mine if r.stage in ("a", "b"))
+        fast = [r.arrived for r in mine if r.stage == "f"]
+        print(f"process {i}: last fast page at {max(fast) - slow[0]:.2f} s, slow pages at "
+              f"{[round(t - slow[0], 2) for t in slow]}")  # fmt: skip
+        assert max(fast) < slow[len(slow) // 2], (i, max(fast), slow)
+    assert leftover(redis_client) == 0
+    assert site.wait_for(lambda: not list(redis_client.scan_iter("redislock:{key:*")), timeout=10)
