@@ -198,9 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--redis-version",
-        help="the server's redis_version (INFO server), e.g. 7.0.15; default: Redis 7.2 or later, "
-        "or Valkey "
-        "(Redis 7.0 and 7.1 lack CLIENT SETINFO and refuse a rule naming it)",
+        help="the server's redis_version (INFO server), e.g. 7.0.15; default: Redis 7.2 or later, or Valkey (Redis 7.0 and 7.1 lack CLIENT SETINFO and refuse a rule naming it)",  # noqa: E501
     )
     opts = parser.parse_args(argv)
     try:
