@@ -50,9 +50,8 @@ BAD_VALUE = (
     OverflowError,
     RecursionError,
 )
-MAX_DIGITS = (
-    20  # an integer read from Redis has at most this many digits (int() of 4000 takes long)
-)
+# an integer read from Redis has at most this many digits (int() of 4000 takes long)
+MAX_DIGITS = 20
 
 
 def read_int(value: Any, what: str) -> int:
@@ -234,19 +233,17 @@ class StageStatus:
         data = asdict(self)
         data["why_waiting"] = why_waiting(self)
         for process, raw in zip(self.processes, data["processes"], strict=True):
-            raw.update(
-                host=process.host, pid=process.pid, spider=process.spider, started=process.started
-            )
+            raw.update(_identity_json(process))
         for raw in data["grants"]:
-            owner = self.process(raw["owner"])
-            raw.update(
-                host=owner.host if owner else None,
-                pid=owner.pid if owner else None,
-                spider=owner.spider if owner else None,
-                started=owner.started if owner else None,
-            )
+            raw.update(_identity_json(self.process(raw["owner"])))
         data["expired"] = self.expired
         return data
+
+
+def _identity_json(process: Process | None) -> dict[str, Any]:
+    """What ``status --json`` shows of a registered process beside a holder (None: unregistered)."""
+    names = ("host", "pid", "spider", "started")
+    return {name: getattr(process, name) if process else None for name in names}
 
 
 def glob_escape(value: str) -> str:
@@ -262,16 +259,6 @@ def grouped_keys(client: RedisClient, prefix: str, pattern: str) -> dict[tuple[s
         if parts is not None:
             found.setdefault(parts[:2], set()).add(parts[2])
     return found
-
-
-def tagged_keys(client: RedisClient, prefix: str, pattern: str) -> dict[str, set[str]]:
-    """``{tag: {what follows the tag}}`` for the keys ``<prefix>:{<tag>}<pattern>`` of no group (the
-    worker queues' spiders, the 0.x locks): one SCAN."""
-    return {
-        tag: rests
-        for (group, tag), rests in grouped_keys(client, prefix, pattern).items()
-        if not group
-    }
 
 
 KEY_LOCK_PREFIX = "key:"  # locks of keys met at run time (REDISLOCK_STAGE_KEY) are named key:<key>
@@ -355,7 +342,10 @@ def stage_status(
     lock under the prefix."""
     with client.pipeline(transaction=True) as pipe:
         _queue_reads(pipe, LockKeys.of(group_prefix(prefix, group), stage))
-        return _grouped(_parse(stage, pipe.execute(raise_on_error=False)), group)
+        status = _parse(stage, pipe.execute(raise_on_error=False))
+    if status is not None:
+        status.group = group
+    return status
 
 
 async def astage_status(client: AsyncRedisClient, prefix: str, stage: str) -> StageStatus | None:
@@ -366,23 +356,17 @@ async def astage_status(client: AsyncRedisClient, prefix: str, stage: str) -> St
         return _parse(stage, await pipe.execute(raise_on_error=False))
 
 
-def _grouped(status: StageStatus | None, group: str) -> StageStatus | None:
-    if status is not None:
-        status.group = group
-    return status
-
-
 def _parse(stage: str, replies: list[Any]) -> StageStatus | None:
     """The stage from its replies; unreadable (its ``error`` says why) when a value in Redis is not
     one the scripts write."""
-    raw_meta, stream, groups, pending, consumers, owners, light, adapted = replies
+    raw_meta, *_, owners, light, adapted = replies
     for reply in (raw_meta, owners, light, adapted):
         if isinstance(reply, Exception):
-            if _refused(reply):
+            if read_refused(reply):
                 raise reply
             return StageStatus.unreadable(stage, f"a key has the wrong type ({reply})")
     try:
-        status = _lock(stage, raw_meta, stream, groups, pending, consumers, owners, light)
+        status = _lock(stage, replies)
         if status is not None and adapted:
             status.adaptive = AdaptiveStatus.of(adapted)
     except BAD_VALUE as exc:
@@ -391,21 +375,13 @@ def _parse(stage: str, replies: list[Any]) -> StageStatus | None:
     return status
 
 
-def _refused(error: Exception) -> bool:
+def read_refused(error: Exception) -> bool:
     """An error that is not about the value read: the connection, an ACL refusal."""
     return not isinstance(error, redis.exceptions.ResponseError) or str(error).startswith("NOPERM")
 
 
-def _lock(
-    stage: str,
-    raw_meta: Any,
-    stream: Any,
-    groups: Any,
-    pending: Any,
-    consumers: Any,
-    owners: Any,
-    light: Any,
-) -> StageStatus | None:
+def _lock(stage: str, replies: list[Any]) -> StageStatus | None:
+    raw_meta, stream, groups, pending, consumers, owners, light, _ = replies
     meta = {text(k): text(v) for k, v in (raw_meta or {}).items()}
     if "limit" not in meta:
         return _light(stage, light)
@@ -484,7 +460,7 @@ def _stream_lost(*replies: Any) -> bool:
     other error, or an ACL refusal, is raised."""
     broken = [r for r in replies if isinstance(r, Exception)]
     for error in broken:
-        if _refused(error):
+        if read_refused(error):
             raise error
     return bool(broken)
 
