@@ -77,8 +77,7 @@ def render_status(
         numeric = {i + 1 for i in numeric}
     lines += table(header, rows, numeric=numeric)
     for s in stages:
-        lines.append("")
-        lines += _stage_lines(s, now)
+        lines += ["", *_stage_lines(s, now)]
     lines.append("")
     lines.append("GRANT: fencing token; AGE: since the grant or its last renewal (Redis's clock);")
     lines.append("WAITING: as each process last reported it (at its renewals, every ttl/3)")
