@@ -73,17 +73,8 @@ CRAWLER_CLIENT_COMMANDS = (
 )  # fmt: skip
 # set-limit, release, reset, requeue are the project's functions (FCALL); DEL drops a dead-letter list once looked at;
 # requeue reads the worker's in-flight record (HVALS: the stages of its requests) and the workers
-# (TIME, ZRANGE, HGETALL, HLEN).
-OPERATOR_COMMANDS = (
-    *WATCHER_COMMANDS,
-    "evalsha",
-    "fcall",
-    "del",
-    "hvals",
-    "time",
-    "zrange",
-    "hlen",
-)
+# (TIME, ZRANGE, HGETALL, HLEN: the watcher's too).
+OPERATOR_COMMANDS = (*WATCHER_COMMANDS, "evalsha", "fcall", "del", "hvals")
 
 # Scripts every role that runs scripts may run (the operator's set_limit/release_owner/reset/retire
 # (forget)/ queue_requeue; the crawler's all).

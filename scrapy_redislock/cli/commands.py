@@ -399,7 +399,7 @@ def cmd_release(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         if held and not freed
         else ""
     )
-    elsewhere = _held_elsewhere(client, target, status) if not freed else ""
+    elsewhere = "" if freed else _held_elsewhere(client, target, status)
     io.say(f"{status.label}: released {freed} slot(s) of {described}{gone}{elsewhere}")
     if stage.startswith(WORKER_LOCK_PREFIX):
         _requeue_workers_of(client, target, status, holder, io)
@@ -416,11 +416,10 @@ def _requeue_workers_of(
     if process is None or process.host is None or process.pid is None or not process.spider:
         return
     _, spiders = read_all(client, target.prefix, target.ttl)
+    its = (process.spider, process.host, process.pid)
     for spider in spiders:
-        if spider.spider != process.spider:
-            continue
         for worker in spider.workers:
-            if (worker.host, worker.pid) == (process.host, process.pid):
+            if (spider.spider, worker.host, worker.pid) == its:
                 _requeue(client, target, spider, worker, io)
 
 
@@ -507,13 +506,10 @@ def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
             ) from None
         raise
     name = status.label
-    if not freed:
-        name_note = _held_elsewhere(client, target, status)
-        if name_note:
-            io.say(f"{name}: reset: freed 0 held slot(s){name_note}")
-            return EXIT_OK
-    if limit is None:  # a key on its light path: nobody waits, each process keeps its own limit
-        io.say(f"{name}: reset: freed {freed} held slot(s)")
+    elsewhere = "" if freed else _held_elsewhere(client, target, status)
+    # limit None: a key on its light path, where nobody waits and each process keeps its own limit
+    if elsewhere or limit is None:
+        io.say(f"{name}: reset: freed {freed} held slot(s){elsewhere}")
     elif limit == NO_VALID_LIMIT:
         io.say(
             f"{name}: reset: freed {freed} held slot(s); its limit in Redis is not a valid limit, so no slot is free: `set-limit {stage} N` repairs it"  # noqa: E501

@@ -137,7 +137,6 @@ def add_subcommands(
         stage.add_argument("stage", metavar="STAGE")
         stage.add_argument(
             "--group",
-            default=None,
             metavar="GROUP",
             help="the stage's cap group (REDISLOCK_GROUP; by default each spider's name), needed when several groups have a stage of that name; '' for the keys of no group (0.x)",  # noqa: E501
         )
@@ -161,15 +160,10 @@ def add_subcommands(
         help=f"refresh every SECONDS (default {DEFAULT_WATCH:g}) until Ctrl-C",
     )
     status.add_argument(
-        "--count",
-        type=_count,
-        default=None,
-        metavar="N",
-        help="with --watch: stop after N refreshes",
+        "--count", type=_count, metavar="N", help="with --watch: stop after N refreshes"
     )
     status.add_argument(
         "--stage-key",
-        default=None,
         metavar="PATTERN",
         help="show only the keys (REDISLOCK_STAGE_KEY: domains, ...) matching this glob, e.g. '*.example.com'",
     )
@@ -195,7 +189,7 @@ def add_subcommands(
         action="store_true",
         help="create the stage if it does not exist (else that is an error)",
     )
-    set_limit.add_argument("--ttl", type=float, default=None, help="lease seconds for --create")
+    set_limit.add_argument("--ttl", type=float, help="lease seconds for --create")
 
     release = stage_command(
         "release",

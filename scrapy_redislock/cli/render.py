@@ -110,17 +110,8 @@ def _summary_row(s: StageStatus) -> list[object]:
         return [s.stage, "unreadable", None, None, None, None, None, None, None]
     if not s.exists:
         return [s.stage, s.limit, None, None, None, None, None, seconds(s.ttl), None]
-    return [
-        s.stage,
-        s.limit,
-        s.held,
-        s.free,
-        s.debt,
-        s.waiters,
-        s.fence,
-        seconds(s.ttl),
-        len(s.processes),
-    ]
+    counts = [s.held, s.free, s.debt, s.waiters, s.fence]
+    return [s.stage, s.limit, *counts, seconds(s.ttl), len(s.processes)]
 
 
 HOLDER_HEADER = [
