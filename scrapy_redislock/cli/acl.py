@@ -79,15 +79,8 @@ OPERATOR_COMMANDS = (*WATCHER_COMMANDS, "evalsha", "fcall", "del", "hvals")
 # Scripts every role that runs scripts may run (the operator's set_limit/release_owner/reset/retire
 # (forget)/ queue_requeue; the crawler's all).
 OPERATOR_SCRIPTS = (
-    "_lib",
-    "setup",
-    "set_limit",
-    "release_owner",
-    "reset",
-    "retire",
-    "queue_requeue",
-    "adapt_unpin",
-)
+    "_lib", "setup", "set_limit", "release_owner", "reset", "retire", "queue_requeue", "adapt_unpin",
+)  # fmt: skip
 
 # the packages with a scripts/ folder
 SCRIPT_PARTS = ("scrapy_redislock.lock", "scrapy_redislock.crawl", "scrapy_redislock.workers")

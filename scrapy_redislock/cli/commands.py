@@ -188,13 +188,10 @@ def cmd_status(opts: argparse.Namespace, target: Target, io: Streams) -> int:
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 if frames == 0:
                     raise
-                frame = (
-                    f"{target.safe_url}: cannot reach Redis ({target.scrub(str(exc))}); retrying\n"
-                )
+                error = target.scrub(str(exc))
+                frame = f"{target.safe_url}: cannot reach Redis ({error}); retrying\n"
                 if opts.json:
-                    frame = (
-                        json.dumps({"url": target.safe_url, "error": target.scrub(str(exc))}) + "\n"
-                    )
+                    frame = json.dumps({"url": target.safe_url, "error": error}) + "\n"
             io.out.write(
                 (CLEAR_SCREEN if clear else "") + frame + ("" if clear or opts.json else "\n")
             )

@@ -117,25 +117,24 @@ class Sampler:
         # spiders no longer in Redis whose workers the page still shows (as left or dead)
         gone = sorted({name for name, _ in self.workers} - {spider.spider for spider in spiders})
         spider_rows += [self._spider(SpiderStatus(name, 0.0, {}), now) for name in gone]
-        adapted = [stage for stage in stages if stage.adaptive is not None]
+        # adaptive limits (REDISLOCK_ADAPTIVE): the limit of each lock's last window beside its
+        # latency and its share of overload answers and errors
+        windows = {s.label: s.adaptive for s in stages if s.adaptive is not None}
         point = {
             "t": now,
             "grants": {name: rate for name, rate in rates.items() if rate is not None},
             "queues": {
                 f"{s['spider']}/{stage}": n for s in spider_rows for stage, n in s["queues"].items()
             },
-            # adaptive limits (REDISLOCK_ADAPTIVE): the limit of each lock's last window beside
-            # its latency and its share of overload answers and errors
-            "limits": {s.label: s.adaptive.limit for s in adapted if s.adaptive},
+            "limits": {label: w.limit for label, w in windows.items()},
             "latency": {
-                s.label: round(s.adaptive.latency * 1000, 1)
-                for s in adapted
-                if s.adaptive and s.adaptive.latency is not None
+                label: round(w.latency * 1000, 1)
+                for label, w in windows.items()
+                if w.latency is not None
             },
             "errors": {
-                s.label: round(100 * (s.adaptive.overload_rate + s.adaptive.error_rate), 2)
-                for s in adapted
-                if s.adaptive
+                label: round(100 * (w.overload_rate + w.error_rate), 2)
+                for label, w in windows.items()
             },
         }
         return {
@@ -459,17 +458,12 @@ class Dashboard:
         if self.hosts is not None:
             host = _host_name(request.headers.get("Host", ""))
             if host not in self.hosts and not _ip_literal(host):
-                return web.json_response(
-                    {"ok": False, "error": "wrong Host: start the dashboard with --allowed-host"},
-                    status=421,
-                )
+                return _failed("wrong Host: start the dashboard with --allowed-host", 421)
             origin = request.headers.get("Origin")
             if request.method != "GET" and origin is not None:
                 scheme, _, rest = origin.partition("://")
                 if scheme not in ("http", "https") or _host_name(rest) not in self.hosts:
-                    return web.json_response(
-                        {"ok": False, "error": "cross-origin request refused"}, status=403
-                    )
+                    return _failed("cross-origin request refused", 403)
         return await handler(request)
 
     def app(self) -> web.Application:
@@ -510,11 +504,8 @@ class Dashboard:
         await response.prepare(request)
         queue = self.sampler.subscribe()
         try:
-            await response.write(
-                _event(
-                    "history", {"points": list(self.sampler.points), "frame": self.sampler.latest}
-                )
-            )
+            history = {"points": list(self.sampler.points), "frame": self.sampler.latest}
+            await response.write(_event("history", history))
             while True:
                 try:
                     frame = await asyncio.wait_for(queue.get(), HEARTBEAT)
@@ -547,18 +538,14 @@ class Dashboard:
             raise web.HTTPNotFound()
         refused = self._refused(request)
         if refused:
-            return web.json_response({"ok": False, "error": refused}, status=403)
+            return _failed(refused, 403)
         body = await _json_body(request)
         if not isinstance(body, dict):
-            return web.json_response(
-                {"ok": False, "error": "the body must be a JSON object"}, status=400
-            )
+            return _failed("the body must be a JSON object", 400)
+        given = {name: str(body.get(name, "")) for name in ("stage", "limit", "holder", "worker")}
         opts = argparse.Namespace(
             command=command,
-            stage=str(body.get("stage", "")),
-            limit=str(body.get("limit", "")),
-            holder=str(body.get("holder", "")),
-            worker=str(body.get("worker", "")),
+            **given,
             group=None if body.get("group") is None else str(body.get("group")),
             force=False,  # a reset of live holders is refused here: the command line's --force
             create=False,
@@ -568,13 +555,11 @@ class Dashboard:
         )
         code, message = await asyncio.to_thread(self.run_command, opts)
         self.io.say(  # say() escapes control characters: the stage is the caller's text
-            f"control from {request.remote}: {command} {str(body.get('stage', ''))[:200]}: {message}"
+            f"control from {request.remote}: {command} {given['stage'][:200]}: {message}"
         )
         self.sampler.wakeup.set()  # show the result at once
         if code != EXIT_OK:
-            return web.json_response(
-                {"ok": False, "error": message}, status=400 if code == EXIT_USAGE else 409
-            )
+            return _failed(message, 400 if code == EXIT_USAGE else 409)
         return web.json_response({"ok": True, "message": message})
 
     def run_command(self, opts: argparse.Namespace) -> tuple[int, str]:
@@ -588,6 +573,11 @@ class Dashboard:
             message, code = failure(exc, self.sampler.target)
             return code, message
         return code, (out.getvalue() + err.getvalue()).strip()
+
+
+def _failed(error: str, status: int) -> web.Response:
+    """A refused or failed request, as the page reads it."""
+    return web.json_response({"ok": False, "error": error}, status=status)
 
 
 async def _json_body(request: web.Request) -> Any:

@@ -12,7 +12,7 @@ from typing import IO
 from scrapy_redislock._redis import printable
 from scrapy_redislock.cli.target import Target
 from scrapy_redislock.lock.permit import LIMBO
-from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, Grant, Process, StageStatus, why_waiting
+from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, Grant, Process, StageStatus, wait_reason
 from scrapy_redislock.workers.status import DeadLetters, SpiderStatus
 
 # -- rendering -------------------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def _stage_lines(s: StageStatus, now: float) -> list[str]:
     waiting = [p for p in s.processes if p.held == 0 and p.waiting > 0]
     idle = [p for p in s.processes if p.held == 0 and p.waiting == 0]
     lines = [f"{s.label}: {s.held} held of {s.limit}, {s.waiters} waiting"]
-    why = why_waiting(s, now)
+    why = wait_reason(s, now).text
     if why:
         lines.append(f"  a request waits because: {why}")
     lines += _holders(s, waiting, now)

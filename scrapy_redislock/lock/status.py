@@ -8,8 +8,8 @@ each process registered (``:owners``: host, pid, started, spider/label, and ``wa
 last renewal), and the stream's counters, from which follow the free slots and the debt left by
 lowering the limit (see ``scripts/_lib.lua``). A pending-list consumer may be one wait of an owner
 (``<owner>#<n>``): it counts for the owner (:func:`~scrapy_redislock.lock.permit.owner_of`).
-:func:`why_waiting` says in one line why a request of a stage would wait now (held by whom, paused,
-a recovery window); the crawl's log and ``redislock status`` both use it.
+:func:`wait_reason` says why a request of a stage would wait now (held by whom, paused, a recovery
+window), in one line; the crawl's log and ``redislock status`` both use it.
 :func:`astage_status` is the same read for ``redis.asyncio`` clients. Imports neither Scrapy nor
 Twisted; reads no settings.
 """
@@ -187,12 +187,12 @@ class StageStatus:
     exists: bool  # False: the limit is there but the stream is gone (data loss); the next process recreates it
     limit: int | None
     ttl: float | None
-    held: int
-    free: int
+    held: int = 0
+    free: int = 0
     # grants still to be given back before a new one is granted (after lowering the limit)
-    debt: int
-    waiters: int  # sum of `waiting` over processes, as of each one's last renewal
-    fence: int  # the last fencing token generated (the stream's last entry id)
+    debt: int = 0
+    waiters: int = 0  # sum of `waiting` over processes, as of each one's last renewal
+    fence: int = 0  # the last fencing token generated (the stream's last entry id)
     grants: list[Grant] = field(default_factory=list)
     processes: list[Process] = field(default_factory=list)
     # The group's last-delivered sequence less the lock's first id (``base``): every grant since the
@@ -213,7 +213,7 @@ class StageStatus:
 
     @classmethod
     def unreadable(cls, stage: str, error: str) -> StageStatus:
-        return cls(stage, False, None, None, 0, 0, 0, 0, 0, error=error)
+        return cls(stage, False, None, None, error=error)
 
     def process(self, holder: str) -> Process | None:
         """The registered process of a holder (an owner, or one of its consumers)."""
@@ -231,7 +231,7 @@ class StageStatus:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["why_waiting"] = why_waiting(self)
+        data["why_waiting"] = wait_reason(self).text
         for process, raw in zip(self.processes, data["processes"], strict=True):
             raw.update(_identity_json(process))
         for raw in data["grants"]:
@@ -389,7 +389,7 @@ def _lock(stage: str, replies: list[Any]) -> StageStatus | None:
     ttl = read_float(meta["ttl"], "its ttl") / 1000 if "ttl" in meta else None
     if _stream_lost(stream, groups, pending, consumers):
         # No stream or no group: Redis lost it; the next process to start or renew recreates it.
-        return StageStatus(stage, False, limit, ttl, held=0, free=0, debt=0, waiters=0, fence=0)
+        return StageStatus(stage, False, limit, ttl)
     stream_last = _seq(stream["last-generated-id"])
     group_last, held = _group_figures(groups)
     processes = _processes(consumers, owners)
@@ -436,9 +436,6 @@ def _light(stage: str, members: Any) -> StageStatus | None:
         None,
         held=held,
         free=0 if limit_of is None else max(0, limit_of - held),
-        debt=0,
-        waiters=0,
-        fence=0,
         grants=grants,
         processes=[
             Process(owner, sum(1 for g in grants if g.holder == owner), 0)
@@ -532,11 +529,6 @@ class WaitReason:
 
     def __str__(self) -> str:
         return self.text
-
-
-def why_waiting(status: StageStatus, now: float | None = None) -> str:
-    """:func:`wait_reason` as its one line; "" when a slot is free."""
-    return wait_reason(status, now).text
 
 
 def wait_reason(status: StageStatus, now: float | None = None) -> WaitReason:
