@@ -123,7 +123,7 @@ def _unknown(client: RedisClient, target: Target, stage: str, group: str | None)
 
 
 def _require_stage(
-    client: RedisClient, target: Target, stage: str, group: str | None = None
+    client: RedisClient, target: Target, stage: str, group: str | None
 ) -> StageStatus:
     """The stage's status, in ``group`` or the only group that has it; CliError otherwise."""
     group = _group_of(client, target, stage, group)
@@ -145,10 +145,8 @@ def _held_elsewhere(client: RedisClient, target: Target, status: StageStatus) ->
     base = status.stage.removeprefix(WORKER_LOCK_PREFIX)
     others = []
     for group, name in find_stages(client, target.prefix):
-        if name.removeprefix(WORKER_LOCK_PREFIX) != base or (group, name) == (
-            status.group,
-            status.stage,
-        ):
+        same_name = name.removeprefix(WORKER_LOCK_PREFIX) == base
+        if not same_name or (group, name) == (status.group, status.stage):
             continue
         other = stage_status(client, target.prefix, name, group)
         if other is not None and other.held:
@@ -462,11 +460,8 @@ def cmd_requeue(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         io.warn(
             f"warning: worker {worker.worker} beat {worker.silence:.1f}s ago{left}: if it is alive, the requests it has in progress are fetched twice"  # noqa: E501
         )
-    _confirm(
-        f"Requeue the {worker.in_flight} in-flight request(s) of worker {worker.worker} (spider {spider.spider}, stage {worker.stage or '-'}) and unregister it?",  # noqa: E501
-        opts,
-        io,
-    )
+    question = f"Requeue the {worker.in_flight} in-flight request(s) of worker {worker.worker} (spider {spider.spider}, stage {worker.stage or '-'}) and unregister it?"  # noqa: E501
+    _confirm(question, opts, io)
     _requeue(client, target, spider, worker, io)
     return EXIT_OK
 
@@ -527,25 +522,22 @@ def _users(client: RedisClient, target: Target, status: StageStatus) -> list[str
     ``2 slot(s) held by vm pid 7``."""
     keys = _keys(target, status)
     lease_ms = round((status.ttl or target.ttl) * 1000)
-    reply = client.time()
-    now_ms = reply[0] * 1000 + reply[1] // 1000 if isinstance(reply, list | tuple) else None
-    # withscores: (member, score) pairs (redis-py's return type is a union that also has plain
-    # members)
-    seen = (
-        cast(list[Sequence[Any]], client.zrange(keys.seen, 0, -1, withscores=True))
-        if now_ms is not None
-        else []
-    )
     held: dict[str, list[float]] = {}
     for grant in status.grants:
         held.setdefault(grant.holder, []).append(grant.lease_left)
     used = [_holding(status, owner, lefts) for owner, lefts in sorted(held.items())]
+    reply = client.time()
+    if not isinstance(reply, list | tuple):
+        return used
+    now_ms = reply[0] * 1000 + reply[1] // 1000
+    # withscores: (member, score) pairs (redis-py's return type is a union that also has plain
+    # members)
+    seen = cast(list[Sequence[Any]], client.zrange(keys.seen, 0, -1, withscores=True))
     for owner, score in seen:
         name = str(owner)
-        ago = (now_ms - score) / 1000 if now_ms is not None else 0.0
-        if name in held or ago > FORGET_LEASES * lease_ms / 1000:
-            continue
-        used.append(f"registered {_describe(status, name)}, seen {ago:.1f}s ago")
+        ago = (now_ms - score) / 1000
+        if name not in held and ago <= FORGET_LEASES * lease_ms / 1000:
+            used.append(f"registered {_describe(status, name)}, seen {ago:.1f}s ago")
     return used
 
 

@@ -208,7 +208,7 @@ class Sampler:
 
     # -- the loop ----------------------------------------------------------------------------------
 
-    async def sample(self) -> Frame:
+    async def sample(self) -> None:
         now = round(time.time(), 3)
         try:
             stages, spiders = await asyncio.to_thread(self.read)
@@ -219,7 +219,6 @@ class Sampler:
         else:
             frame = self.frame(stages, spiders, now)
         self.publish(frame)
-        return frame
 
     def publish(self, frame: Frame) -> None:
         self.latest = frame

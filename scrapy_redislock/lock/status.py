@@ -487,14 +487,9 @@ def _processes(consumers: Any, owners: Any) -> list[Process]:
     for holder in sorted(set(held_by) | set(identities)):
         identity = identities.get(holder, {})
         waiting = identity.get("waiting", 0)
-        processes.append(
-            Process(
-                holder=holder,
-                held=held_by.get(holder, 0),
-                waiting=waiting if isinstance(waiting, int) and 0 < waiting < 10**9 else 0,
-                identity=identity,
-            )
-        )
+        if not (isinstance(waiting, int) and 0 < waiting < 10**9):
+            waiting = 0
+        processes.append(Process(holder, held_by.get(holder, 0), waiting, identity))
     return processes
 
 
