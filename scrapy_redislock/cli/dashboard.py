@@ -625,13 +625,9 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
+async def serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     """Run the dashboard until SIGINT or SIGTERM; 0 then. A wrong URL or a busy port fails at once,
     in one line."""
-    return asyncio.run(_serve(opts, target, io))
-
-
-async def _serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     sampler = Sampler(target, opts.interval, opts.history, control=opts.allow_control)
     # refusing (credentials, ACL): the one-line error, exit 1
     unreachable = await _first_read(sampler)

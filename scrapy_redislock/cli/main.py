@@ -35,6 +35,7 @@ unreachable, unknown stage or holder, not confirmed), 2 bad input.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import sys
@@ -293,7 +294,7 @@ def cmd_dashboard(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         raise CliError(
             f"the dashboard needs the 'dashboard' extra ({exc}): pip install 'scrapy-redislock[dashboard]'"
         ) from None
-    return serve(opts, target, io)
+    return asyncio.run(serve(opts, target, io))
 
 
 COMMANDS_WITH_DASHBOARD: dict[str, Callable[[argparse.Namespace, Target, Streams], int]] = {
