@@ -35,7 +35,6 @@ unreachable, unknown stage or holder, not confirmed), 2 bad input.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
 import sys
@@ -287,22 +286,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cmd_dashboard(opts: argparse.Namespace, target: Target, io: Streams) -> int:
-    try:
-        from scrapy_redislock.cli.dashboard import serve
-    except ImportError as exc:
-        raise CliError(
-            f"the dashboard needs the 'dashboard' extra ({exc}): pip install 'scrapy-redislock[dashboard]'"
-        ) from None
-    return asyncio.run(serve(opts, target, io))
-
-
-COMMANDS_WITH_DASHBOARD: dict[str, Callable[[argparse.Namespace, Target, Streams], int]] = {
-    **COMMANDS,
-    "dashboard": cmd_dashboard,
-}
-
-
 # -- entry points ----------------------------------------------------------------------------------
 
 
@@ -322,7 +305,7 @@ def run(
     target: Target | None = None
     try:
         target = resolve_target(opts, os.environ if env is None else env, settings)
-        return COMMANDS_WITH_DASHBOARD[opts.command](opts, target, io)
+        return COMMANDS[opts.command](opts, target, io)
     # the reader of our output left (`status --watch | head`); not an error of ours
     except BrokenPipeError:
         raise
