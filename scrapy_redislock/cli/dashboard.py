@@ -436,11 +436,7 @@ class Dashboard:
     any)."""
 
     def __init__(
-        self,
-        sampler: Sampler,
-        token: str | None,
-        io: Streams,
-        hosts: frozenset[str] | None = None,
+        self, sampler: Sampler, token: str | None, io: Streams, hosts: frozenset[str] | None = None
     ) -> None:
         self.sampler = sampler
         self.token = token

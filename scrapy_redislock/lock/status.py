@@ -276,14 +276,11 @@ def _seq(stream_id: Any) -> int:
 
 
 def _finite(number: str) -> float:
+    """A JSON number, or constant (NaN, Infinity), that is finite; ValueError otherwise."""
     value = float(number)
     if not math.isfinite(value):
         raise ValueError(f"not a finite number: {number[:40]}")
     return value
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"not a finite number: {name}")
 
 
 def read_json(raw: Any, most: int = 100_000) -> Any:
@@ -293,7 +290,7 @@ def read_json(raw: Any, most: int = 100_000) -> Any:
     raw = text(raw)
     if not isinstance(raw, str) or len(raw) > most:
         raise ValueError(f"not a JSON text of at most {most} characters")
-    return json.loads(raw, parse_float=_finite, parse_constant=_no_constant)
+    return json.loads(raw, parse_float=_finite, parse_constant=_finite)
 
 
 def parse_identity(raw: Any) -> dict[str, Any]:
