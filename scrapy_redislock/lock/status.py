@@ -426,19 +426,10 @@ def _light(stage: str, members: Any) -> StageStatus | None:
         grants.append(Grant(owner, grant, 0, 0.0, round((ends - now_ms) / 1000, 3)))
     held = sum(1 for g in grants if not g.expired)
     limit_of = None if limit is None else read_int(round(limit), "its light limit")
-    return StageStatus(
-        stage,
-        True,
-        limit_of,
-        None,
-        held=held,
-        free=0 if limit_of is None else max(0, limit_of - held),
-        grants=grants,
-        processes=[
-            Process(owner, sum(1 for g in grants if g.holder == owner), 0)
-            for owner in sorted({g.holder for g in grants})
-        ],
-    )
+    free = 0 if limit_of is None else max(0, limit_of - held)
+    owners = sorted({g.holder for g in grants})
+    processes = [Process(owner, sum(1 for g in grants if g.holder == owner), 0) for owner in owners]
+    return StageStatus(stage, True, limit_of, None, held, free, grants=grants, processes=processes)
 
 
 def _group_figures(groups: Any) -> tuple[int, int]:

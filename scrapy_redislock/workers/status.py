@@ -271,15 +271,8 @@ def _spider(spider: str, ttl: float, found: SpiderKeys, replies: list[Any]) -> S
         deadline_in = None if due is None else round((due - now_ms) / 1000, 3)
         grace = None if due is None else round(max(0, due - beat) / 1000, 3)
         alive = silence < ttl if deadline_in is None else deadline_in >= 0
-        workers.append(
-            WorkerStatus(
-                name,
-                round(silence, 3),
-                stage_of.get(name),
-                in_flight.get(name, 0),
-                alive,
-                deadline_in,
-                grace,
-            )
-        )
+        on_stage = stage_of.get(name)
+        popped = in_flight.get(name, 0)
+        worker = WorkerStatus(name, round(silence, 3), on_stage, popped, alive, deadline_in, grace)
+        workers.append(worker)
     return SpiderStatus(spider, ttl, dict(sorted(queues.items())), workers)
