@@ -604,11 +604,8 @@ def cmd_load_functions(opts: argparse.Namespace, target: Target, io: Streams) ->
     and name the libraries of other versions still loaded."""
     library, code, count = project_library()
     client = target.client()
-    route = (
-        {"target_nodes": redis.RedisCluster.PRIMARIES}
-        if isinstance(client, redis.RedisCluster)
-        else {}
-    )
+    cluster = isinstance(client, redis.RedisCluster)
+    route = {"target_nodes": redis.RedisCluster.PRIMARIES} if cluster else {}
     try:
         client.execute_command("FUNCTION", "LOAD", "REPLACE", code, **route)
     except redis.exceptions.ResponseError as exc:

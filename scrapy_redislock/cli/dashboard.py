@@ -632,15 +632,13 @@ async def serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     runner = web.AppRunner(dashboard.app(), access_log=None, handle_signals=False)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, opts.host, opts.port)
-        await site.start()
+        await web.TCPSite(runner, opts.host, opts.port).start()
     except OSError as exc:
         await runner.cleanup()
         sampler.close()
+        where = _address(opts.host, opts.port)
         reason = exc.strerror or str(exc)
-        raise CliError(
-            f"cannot listen on {_address(opts.host, opts.port)} (--host/--port): {reason}"
-        ) from None
+        raise CliError(f"cannot listen on {where} (--host/--port): {reason}") from None
     port = runner.addresses[0][1] if runner.addresses else opts.port
     url = f"http://{_address(opts.host, port)}/"
     io.say(
