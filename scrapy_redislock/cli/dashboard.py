@@ -510,7 +510,7 @@ class Dashboard:
                 if frame is None:  # shutting down
                     break
                 await response.write(_event("frame", frame))
-        except (ConnectionResetError, ConnectionError):
+        except ConnectionError:  # ConnectionResetError too
             pass  # the page went away
         finally:
             self.sampler.subscribers.discard(queue)
@@ -519,11 +519,9 @@ class Dashboard:
     def _refused(self, request: web.Request) -> str | None:
         if self.token is None:
             return "control is off: start the dashboard with --allow-control to steer from the page"
-        given = request.headers.get("Authorization", "")
-        scheme, _, value = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            value.strip().encode(), self.token.encode()
-        ):
+        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+        given = value.strip().encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given, self.token.encode()):
             return "wrong or missing token: give the token the dashboard printed at start"
         return None
 

@@ -228,9 +228,8 @@ def render_dead_letters(found: Sequence[DeadLetters], now: float | None = None) 
             [d.stage, clock_time(d.time, now), d.worker, d.size, d.error[:60], d.excerpt]
             for d in spider.newest
         ]
-        lines += table(
-            ["STAGE", "WHEN", "WORKER", "BYTES", "ERROR", "START"], rows, numeric={3}, indent="  "
-        )
+        header = ["STAGE", "WHEN", "WORKER", "BYTES", "ERROR", "START"]
+        lines += table(header, rows, numeric={3}, indent="  ")
     return printable("\n".join(lines), keep="\n") + "\n"
 
 
