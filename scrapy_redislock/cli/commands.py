@@ -388,9 +388,8 @@ def cmd_release(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     if alive:
         io.warn(f"warning: {alive}")
     _confirm(f"Release {held} slot(s) of stage {status.label!r} held by {described}?", opts, io)
-    freed = run_operation(
-        client, release_consumer(_keys(target, status), holder, _is_key(stage)), stage
-    )
+    keys = _keys(target, status)
+    freed = run_operation(client, release_consumer(keys, holder, _is_key(stage)), stage)
     gone = (
         f" (Redis had none of its {held} when the release ran: released or reaped meanwhile)"
         if held and not freed
@@ -489,10 +488,9 @@ def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     if status.error:
         question = f"Reset stage {status.label!r}, whose state in Redis is unreadable ({status.error}): free every held slot and forget every registered process? Live holders lose their slots."  # noqa: E501
     _confirm(question, opts, io)
+    keys = _keys(target, status)
     try:
-        freed, limit = run_operation(
-            client, reset_lock(_keys(target, status), _is_key(stage)), stage
-        )
+        freed, limit = run_operation(client, reset_lock(keys, _is_key(stage)), stage)
     except redis.exceptions.ResponseError as exc:
         if "NOLOCK" in str(exc):
             raise CliError(
