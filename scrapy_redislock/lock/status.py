@@ -218,10 +218,7 @@ class StageStatus:
     def process(self, holder: str) -> Process | None:
         """The registered process of a holder (an owner, or one of its consumers)."""
         owner = owner_of(holder)
-        for process in self.processes:
-            if process.holder == owner:
-                return process
-        return None
+        return next((process for process in self.processes if process.holder == owner), None)
 
     @property
     def expired(self) -> int:
