@@ -23,7 +23,7 @@ from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.core import release_consumer
 from scrapy_redislock.lock.permit import GROUP, LockKeys, group_prefix
 from scrapy_redislock.lock.protocol import drive
-from scrapy_redislock.lock.status import grouped_keys, tagged_keys
+from scrapy_redislock.lock.status import grouped_keys
 from scrapy_redislock.workers.queue import QueueKeys, queued
 from scrapy_redislock.workers.status import WORKER_LOCK_PREFIX
 
@@ -105,7 +105,8 @@ def worker_lock(stage: str) -> str:
 def locks_in(client: RedisClient, prefix: str) -> list[str]:
     """Every lock under ``prefix`` with its slots stream in Redis (one SCAN, as ``status`` finds
     them)."""
-    return sorted(tagged_keys(client, prefix, ":slots"))
+    found = grouped_keys(client, prefix, ":slots")
+    return sorted(tag for group, tag in found if not group)  # the locks of no group (0.x keys)
 
 
 def held_slots(

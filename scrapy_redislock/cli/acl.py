@@ -73,30 +73,14 @@ CRAWLER_CLIENT_COMMANDS = (
 )  # fmt: skip
 # set-limit, release, reset, requeue are the project's functions (FCALL); DEL drops a dead-letter list once looked at;
 # requeue reads the worker's in-flight record (HVALS: the stages of its requests) and the workers
-# (TIME, ZRANGE, HGETALL, HLEN).
-OPERATOR_COMMANDS = (
-    *WATCHER_COMMANDS,
-    "evalsha",
-    "fcall",
-    "del",
-    "hvals",
-    "time",
-    "zrange",
-    "hlen",
-)
+# (TIME, ZRANGE, HGETALL, HLEN: the watcher's too).
+OPERATOR_COMMANDS = (*WATCHER_COMMANDS, "evalsha", "fcall", "del", "hvals")
 
 # Scripts every role that runs scripts may run (the operator's set_limit/release_owner/reset/retire
 # (forget)/ queue_requeue; the crawler's all).
 OPERATOR_SCRIPTS = (
-    "_lib",
-    "setup",
-    "set_limit",
-    "release_owner",
-    "reset",
-    "retire",
-    "queue_requeue",
-    "adapt_unpin",
-)
+    "_lib", "setup", "set_limit", "release_owner", "reset", "retire", "queue_requeue", "adapt_unpin",
+)  # fmt: skip
 
 # the packages with a scripts/ folder
 SCRIPT_PARTS = ("scrapy_redislock.lock", "scrapy_redislock.crawl", "scrapy_redislock.workers")
@@ -198,9 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--redis-version",
-        help="the server's redis_version (INFO server), e.g. 7.0.15; default: Redis 7.2 or later, "
-        "or Valkey "
-        "(Redis 7.0 and 7.1 lack CLIENT SETINFO and refuse a rule naming it)",
+        help="the server's redis_version (INFO server), e.g. 7.0.15; default: Redis 7.2 or later, or Valkey (Redis 7.0 and 7.1 lack CLIENT SETINFO and refuse a rule naming it)",  # noqa: E501
     )
     opts = parser.parse_args(argv)
     try:

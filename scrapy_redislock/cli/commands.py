@@ -1,10 +1,12 @@
-"""The sub-commands ``status``, ``set-limit``, ``release``, ``reset``, ``requeue`` and ``forget``:
-each takes parsed options, a target and streams, and returns an exit status. Every state change is a
-Lua script (set_limit, release_owner, reset, queue_requeue, retire)."""
+"""The sub-commands ``status``, ``set-limit``, ``release``, ``reset``, ``requeue``, ``forget``,
+``load-functions`` and ``dashboard`` (its extra imported only when it runs): each takes parsed
+options, a target and streams, and returns an exit status. Every state change is a Lua script
+(set_limit, release_owner, reset, queue_requeue, retire)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -123,7 +125,7 @@ def _unknown(client: RedisClient, target: Target, stage: str, group: str | None)
 
 
 def _require_stage(
-    client: RedisClient, target: Target, stage: str, group: str | None = None
+    client: RedisClient, target: Target, stage: str, group: str | None
 ) -> StageStatus:
     """The stage's status, in ``group`` or the only group that has it; CliError otherwise."""
     group = _group_of(client, target, stage, group)
@@ -145,10 +147,8 @@ def _held_elsewhere(client: RedisClient, target: Target, status: StageStatus) ->
     base = status.stage.removeprefix(WORKER_LOCK_PREFIX)
     others = []
     for group, name in find_stages(client, target.prefix):
-        if name.removeprefix(WORKER_LOCK_PREFIX) != base or (group, name) == (
-            status.group,
-            status.stage,
-        ):
+        same_name = name.removeprefix(WORKER_LOCK_PREFIX) == base
+        if not same_name or (group, name) == (status.group, status.stage):
             continue
         other = stage_status(client, target.prefix, name, group)
         if other is not None and other.held:
@@ -188,13 +188,10 @@ def cmd_status(opts: argparse.Namespace, target: Target, io: Streams) -> int:
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 if frames == 0:
                     raise
-                frame = (
-                    f"{target.safe_url}: cannot reach Redis ({target.scrub(str(exc))}); retrying\n"
-                )
+                error = target.scrub(str(exc))
+                frame = f"{target.safe_url}: cannot reach Redis ({error}); retrying\n"
                 if opts.json:
-                    frame = (
-                        json.dumps({"url": target.safe_url, "error": target.scrub(str(exc))}) + "\n"
-                    )
+                    frame = json.dumps({"url": target.safe_url, "error": error}) + "\n"
             io.out.write(
                 (CLEAR_SCREEN if clear else "") + frame + ("" if clear or opts.json else "\n")
             )
@@ -391,15 +388,14 @@ def cmd_release(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     if alive:
         io.warn(f"warning: {alive}")
     _confirm(f"Release {held} slot(s) of stage {status.label!r} held by {described}?", opts, io)
-    freed = run_operation(
-        client, release_consumer(_keys(target, status), holder, _is_key(stage)), stage
-    )
+    keys = _keys(target, status)
+    freed = run_operation(client, release_consumer(keys, holder, _is_key(stage)), stage)
     gone = (
         f" (Redis had none of its {held} when the release ran: released or reaped meanwhile)"
         if held and not freed
         else ""
     )
-    elsewhere = _held_elsewhere(client, target, status) if not freed else ""
+    elsewhere = "" if freed else _held_elsewhere(client, target, status)
     io.say(f"{status.label}: released {freed} slot(s) of {described}{gone}{elsewhere}")
     if stage.startswith(WORKER_LOCK_PREFIX):
         _requeue_workers_of(client, target, status, holder, io)
@@ -416,11 +412,10 @@ def _requeue_workers_of(
     if process is None or process.host is None or process.pid is None or not process.spider:
         return
     _, spiders = read_all(client, target.prefix, target.ttl)
+    its = (process.spider, process.host, process.pid)
     for spider in spiders:
-        if spider.spider != process.spider:
-            continue
         for worker in spider.workers:
-            if (worker.host, worker.pid) == (process.host, process.pid):
+            if (spider.spider, worker.host, worker.pid) == its:
                 _requeue(client, target, spider, worker, io)
 
 
@@ -466,11 +461,8 @@ def cmd_requeue(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         io.warn(
             f"warning: worker {worker.worker} beat {worker.silence:.1f}s ago{left}: if it is alive, the requests it has in progress are fetched twice"  # noqa: E501
         )
-    _confirm(
-        f"Requeue the {worker.in_flight} in-flight request(s) of worker {worker.worker} (spider {spider.spider}, stage {worker.stage or '-'}) and unregister it?",  # noqa: E501
-        opts,
-        io,
-    )
+    question = f"Requeue the {worker.in_flight} in-flight request(s) of worker {worker.worker} (spider {spider.spider}, stage {worker.stage or '-'}) and unregister it?"  # noqa: E501
+    _confirm(question, opts, io)
     _requeue(client, target, spider, worker, io)
     return EXIT_OK
 
@@ -496,10 +488,9 @@ def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     if status.error:
         question = f"Reset stage {status.label!r}, whose state in Redis is unreadable ({status.error}): free every held slot and forget every registered process? Live holders lose their slots."  # noqa: E501
     _confirm(question, opts, io)
+    keys = _keys(target, status)
     try:
-        freed, limit = run_operation(
-            client, reset_lock(_keys(target, status), _is_key(stage)), stage
-        )
+        freed, limit = run_operation(client, reset_lock(keys, _is_key(stage)), stage)
     except redis.exceptions.ResponseError as exc:
         if "NOLOCK" in str(exc):
             raise CliError(
@@ -507,13 +498,10 @@ def cmd_reset(opts: argparse.Namespace, target: Target, io: Streams) -> int:
             ) from None
         raise
     name = status.label
-    if not freed:
-        name_note = _held_elsewhere(client, target, status)
-        if name_note:
-            io.say(f"{name}: reset: freed 0 held slot(s){name_note}")
-            return EXIT_OK
-    if limit is None:  # a key on its light path: nobody waits, each process keeps its own limit
-        io.say(f"{name}: reset: freed {freed} held slot(s)")
+    elsewhere = "" if freed else _held_elsewhere(client, target, status)
+    # limit None: a key on its light path, where nobody waits and each process keeps its own limit
+    if elsewhere or limit is None:
+        io.say(f"{name}: reset: freed {freed} held slot(s){elsewhere}")
     elif limit == NO_VALID_LIMIT:
         io.say(
             f"{name}: reset: freed {freed} held slot(s); its limit in Redis is not a valid limit, so no slot is free: `set-limit {stage} N` repairs it"  # noqa: E501
@@ -534,25 +522,22 @@ def _users(client: RedisClient, target: Target, status: StageStatus) -> list[str
     ``2 slot(s) held by vm pid 7``."""
     keys = _keys(target, status)
     lease_ms = round((status.ttl or target.ttl) * 1000)
-    reply = client.time()
-    now_ms = reply[0] * 1000 + reply[1] // 1000 if isinstance(reply, list | tuple) else None
-    # withscores: (member, score) pairs (redis-py's return type is a union that also has plain
-    # members)
-    seen = (
-        cast(list[Sequence[Any]], client.zrange(keys.seen, 0, -1, withscores=True))
-        if now_ms is not None
-        else []
-    )
     held: dict[str, list[float]] = {}
     for grant in status.grants:
         held.setdefault(grant.holder, []).append(grant.lease_left)
     used = [_holding(status, owner, lefts) for owner, lefts in sorted(held.items())]
+    reply = client.time()
+    if not isinstance(reply, list | tuple):
+        return used
+    now_ms = reply[0] * 1000 + reply[1] // 1000
+    # withscores: (member, score) pairs (redis-py's return type is a union that also has plain
+    # members)
+    seen = cast(list[Sequence[Any]], client.zrange(keys.seen, 0, -1, withscores=True))
     for owner, score in seen:
         name = str(owner)
-        ago = (now_ms - score) / 1000 if now_ms is not None else 0.0
-        if name in held or ago > FORGET_LEASES * lease_ms / 1000:
-            continue
-        used.append(f"registered {_describe(status, name)}, seen {ago:.1f}s ago")
+        ago = (now_ms - score) / 1000
+        if name not in held and ago <= FORGET_LEASES * lease_ms / 1000:
+            used.append(f"registered {_describe(status, name)}, seen {ago:.1f}s ago")
     return used
 
 
@@ -617,11 +602,8 @@ def cmd_load_functions(opts: argparse.Namespace, target: Target, io: Streams) ->
     and name the libraries of other versions still loaded."""
     library, code, count = project_library()
     client = target.client()
-    route = (
-        {"target_nodes": redis.RedisCluster.PRIMARIES}
-        if isinstance(client, redis.RedisCluster)
-        else {}
-    )
+    cluster = isinstance(client, redis.RedisCluster)
+    route = {"target_nodes": redis.RedisCluster.PRIMARIES} if cluster else {}
     try:
         client.execute_command("FUNCTION", "LOAD", "REPLACE", code, **route)
     except redis.exceptions.ResponseError as exc:
@@ -654,6 +636,16 @@ def _library_names(listed: Any) -> set[str]:
     return names
 
 
+def cmd_dashboard(opts: argparse.Namespace, target: Target, io: Streams) -> int:
+    try:
+        from scrapy_redislock.cli.dashboard import serve
+    except ImportError as exc:
+        raise CliError(
+            f"the dashboard needs the 'dashboard' extra ({exc}): pip install 'scrapy-redislock[dashboard]'"
+        ) from None
+    return asyncio.run(serve(opts, target, io))
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Target, Streams], int]] = {
     "status": cmd_status,
     "set-limit": cmd_set_limit,
@@ -662,4 +654,5 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Target, Streams], int]] = {
     "requeue": cmd_requeue,
     "forget": cmd_forget,
     "load-functions": cmd_load_functions,
+    "dashboard": cmd_dashboard,
 }

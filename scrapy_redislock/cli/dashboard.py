@@ -66,10 +66,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_HOLDERS_SHOWN = 200  # grants per stage sent to the page; the counts stay exact
 CONTROL_COMMANDS = ("set-limit", "release", "reset", "requeue")
 Frame = dict[str, Any]
-
-
-def _page() -> bytes:
-    return (resources.files("scrapy_redislock.cli") / "dashboard.html").read_bytes()
+Family = GaugeMetricFamily | CounterMetricFamily
 
 
 @dataclass
@@ -117,29 +114,27 @@ class Sampler:
             row["never_goes"] = never_goes(stage, stage.label)  # paused at 0 with requests waiting
             stage_rows.append(row)
         spider_rows = [self._spider(spider, now) for spider in spiders]
-        present = {spider.spider for spider in spiders}
-        spider_rows += [
-            self._spider(SpiderStatus(name, 0.0, {}), now) for name in self._gone_spiders(present)
-        ]
-        adapted = [stage for stage in stages if stage.adaptive is not None]
+        # spiders no longer in Redis whose workers the page still shows (as left or dead)
+        gone = sorted({name for name, _ in self.workers} - {spider.spider for spider in spiders})
+        spider_rows += [self._spider(SpiderStatus(name, 0.0, {}), now) for name in gone]
+        # adaptive limits (REDISLOCK_ADAPTIVE): the limit of each lock's last window beside its
+        # latency and its share of overload answers and errors
+        windows = {s.label: s.adaptive for s in stages if s.adaptive is not None}
         point = {
             "t": now,
             "grants": {name: rate for name, rate in rates.items() if rate is not None},
             "queues": {
                 f"{s['spider']}/{stage}": n for s in spider_rows for stage, n in s["queues"].items()
             },
-            # adaptive limits (REDISLOCK_ADAPTIVE): the limit of each lock's last window beside
-            # its latency and its share of overload answers and errors
-            "limits": {s.label: s.adaptive.limit for s in adapted if s.adaptive},
+            "limits": {label: w.limit for label, w in windows.items()},
             "latency": {
-                s.label: round(s.adaptive.latency * 1000, 1)
-                for s in adapted
-                if s.adaptive and s.adaptive.latency is not None
+                label: round(w.latency * 1000, 1)
+                for label, w in windows.items()
+                if w.latency is not None
             },
             "errors": {
-                s.label: round(100 * (s.adaptive.overload_rate + s.adaptive.error_rate), 2)
-                for s in adapted
-                if s.adaptive
+                label: round(100 * (w.overload_rate + w.error_rate), 2)
+                for label, w in windows.items()
             },
         }
         return {
@@ -183,15 +178,12 @@ class Sampler:
         stages = self.queue_stages.setdefault(spider.spider, set())
         stages.update(spider.queues)
         row["queues"] = {stage: spider.queues.get(stage, 0) for stage in sorted(stages)}
-        present = set()
-        for worker in spider.workers:
-            present.add(worker.worker)
-            state = "alive" if worker.alive else "dead"
+        present = {worker.worker for worker in spider.workers}
+        for worker, raw in zip(spider.workers, row["workers"], strict=True):
+            raw["state"], raw["gone_at"] = ("alive" if worker.alive else "dead"), None
             self.workers[(spider.spider, worker.worker)] = SeenWorker(
-                worker, spider.ttl, state=state
+                worker, spider.ttl, state=raw["state"]
             )
-        for raw in row["workers"]:
-            raw["state"], raw["gone_at"] = ("alive" if raw["alive"] else "dead"), None
         for (name, worker_id), seen in sorted(self.workers.items()):
             if name != spider.spider or worker_id in present:
                 continue
@@ -214,13 +206,9 @@ class Sampler:
             )
         return row
 
-    def _gone_spiders(self, present: set[str]) -> list[str]:
-        """Spiders no longer in Redis whose workers the page should still show (as left or dead)."""
-        return sorted({name for name, _ in self.workers} - present)
-
     # -- the loop ----------------------------------------------------------------------------------
 
-    async def sample(self) -> Frame:
+    async def sample(self) -> None:
         now = round(time.time(), 3)
         try:
             stages, spiders = await asyncio.to_thread(self.read)
@@ -231,13 +219,16 @@ class Sampler:
         else:
             frame = self.frame(stages, spiders, now)
         self.publish(frame)
-        return frame
 
     def publish(self, frame: Frame) -> None:
         self.latest = frame
         self.points.append(frame["point"])
         while self.points and frame["time"] - self.points[0]["t"] > self.history:
             self.points.popleft()
+        self._send(frame)
+
+    def _send(self, frame: Frame | None) -> None:
+        """To every open page (None: the stream ends)."""
         for queue in self.subscribers:
             if queue.full():  # a page that does not keep up misses frames, not the newest
                 queue.get_nowait()
@@ -260,10 +251,7 @@ class Sampler:
         return queue
 
     def close(self) -> None:
-        for queue in self.subscribers:
-            if queue.full():
-                queue.get_nowait()
-            queue.put_nowait(None)
+        self._send(None)
         self.client.close()
 
 
@@ -294,118 +282,106 @@ class RedisCollector(Collector):
         )
 
 
+# Every stage metric (redislock_<name>) and its help, in the order /metrics lists them.
+STAGE_METRICS = {
+    "stage_limit": "Slots of the stage, cluster-wide",
+    "stage_held": "Slots held now",
+    "stage_free": "Slots free now",
+    "stage_debt": "Held slots to give back before a new grant (after lowering the limit)",
+    "stage_waiters": "Requests or workers waiting for a slot, as each process last reported",
+    "stage_expired_grants": "Held slots whose lease ran out (holder stopped renewing)",
+    "stage_processes": "Processes registered with the stage's lock",
+    "stage_ttl_seconds": "Lease of a slot",
+    "stage_fence": "Last fencing token generated",
+    "stage_present": "1 if the lock's stream is in Redis, 0 if it was lost (the next process recreates it)",
+    "grants": "Slots granted since the lock was created (and slots withdrawn by lowering the limit)",
+    "stage_unreadable": "1 if the stage's state in Redis holds a value its scripts never write (status says which)",
+}
+COUNTERS = {"grants"}  # only grow (Prometheus adds _total); the others are gauges
+# The last window of each adaptive limit (REDISLOCK_ADAPTIVE), as redislock_adaptive_<name>.
+ADAPTIVE_METRICS = {
+    "limit": "The limit the stage's or key's adaptive controller applied last",
+    "latency_seconds": "Mean download latency of its last window",
+    "noload_latency_seconds": "Its estimate of the latency with no queue",
+    "overload_ratio": "429 and 503 answers per outcome in its last window",
+    "error_ratio": "Timeouts and connection errors per outcome in its last window",
+}
+
+# Per StageWorkerMixin spider, beside redislock_queue_length (per spider and stage).
+SPIDER_METRICS = {
+    "workers_alive": "Workers whose last beat's deadline has not passed",
+    "workers_dead": "Registered workers past their beat deadline, not yet reaped",
+    "requests_in_flight": "Requests popped by workers and not finished yet",
+    "spider_unreadable": "1 if the spider's state in Redis holds a value its scripts never write (status says which)",
+}
+
+
+def _families(prefix: str, helps: dict[str, str], labels: list[str]) -> dict[str, Family]:
+    """One metric family per name of ``helps``, in its order."""
+    return {
+        name: (CounterMetricFamily if name in COUNTERS else GaugeMetricFamily)(
+            f"{prefix}{name}", doc, labels=labels
+        )
+        for name, doc in helps.items()
+    }
+
+
 def stage_metrics(stages: list[StageStatus]) -> Iterator[Metric]:
-    def family(
-        name: str, doc: str, kind: type[GaugeMetricFamily | CounterMetricFamily] = GaugeMetricFamily
-    ) -> GaugeMetricFamily | CounterMetricFamily:
-        return kind(f"redislock_{name}", doc, labels=["stage", "group"])
-
-    limit = family("stage_limit", "Slots of the stage, cluster-wide")
-    held = family("stage_held", "Slots held now")
-    free = family("stage_free", "Slots free now")
-    debt = family(
-        "stage_debt", "Held slots to give back before a new grant (after lowering the limit)"
-    )
-    waiters = family(
-        "stage_waiters", "Requests or workers waiting for a slot, as each process last reported"
-    )
-    expired = family(
-        "stage_expired_grants", "Held slots whose lease ran out (holder stopped renewing)"
-    )
-    processes = family("stage_processes", "Processes registered with the stage's lock")
-    ttl = family("stage_ttl_seconds", "Lease of a slot")
-    fence = family("stage_fence", "Last fencing token generated")
-    present = family(
-        "stage_present",
-        "1 if the lock's stream is in Redis, 0 if it was lost (the next process recreates it)",
-    )
-    grants = family(
-        "grants",
-        "Slots granted since the lock was created (and slots withdrawn by lowering the limit)",
-        CounterMetricFamily,
-    )
-    unreadable = family(
-        "stage_unreadable",
-        "1 if the stage's state in Redis holds a value its scripts never write (status says which)",
-    )
+    """STAGE_METRICS of every stage, then ADAPTIVE_METRICS of every stage that adapts."""
+    metrics = _families("redislock_", STAGE_METRICS, ["stage", "group"])
+    adaptive = _families("redislock_adaptive_", ADAPTIVE_METRICS, ["stage", "group"])
     for s in stages:
-        labels = [s.stage, s.group]
-        unreadable.add_metric(labels, 1 if s.error else 0)
-        if s.error:
-            continue
-        if s.limit is not None:
-            limit.add_metric(labels, s.limit)
-        if s.ttl is not None:
-            ttl.add_metric(labels, s.ttl)
-        present.add_metric(labels, 1 if s.exists else 0)
-        if not s.exists:
-            continue
-        for metric, value in (
-            (held, s.held),
-            (free, s.free),
-            (debt, s.debt),
-            (waiters, s.waiters),
-            (expired, s.expired),
-            (processes, len(s.processes)),
-            (fence, s.fence),
-            (grants, s.delivered),
-        ):
-            metric.add_metric(labels, value)
-    yield from (limit, held, free, debt, waiters, expired, processes, ttl, fence, present, grants)
-    yield unreadable
-    yield from adaptive_metrics(stages)
+        for family, values in ((metrics, _stage_values(s)), (adaptive, _adaptive_values(s))):
+            for name, value in values.items():
+                if value is not None:
+                    family[name].add_metric([s.stage, s.group], value)
+    yield from metrics.values()
+    yield from adaptive.values()
 
 
-def adaptive_metrics(stages: list[StageStatus]) -> Iterator[Metric]:
-    """The last window of each adaptive limit (REDISLOCK_ADAPTIVE): its limit, latencies, and the
-    shares of overload answers and errors."""
+def _stage_values(s: StageStatus) -> dict[str, float | None]:
+    """A stage's STAGE_METRICS (None: not reported): an unreadable stage says only that; one whose
+    stream was lost only its limit, ttl and that it is not present."""
+    if s.error:
+        return {"stage_unreadable": 1}
+    values = {"stage_limit": s.limit, "stage_ttl_seconds": s.ttl, "stage_present": int(s.exists)}
+    if not s.exists:
+        return {**values, "stage_unreadable": 0}
+    return {
+        **values,
+        "stage_held": s.held,
+        "stage_free": s.free,
+        "stage_debt": s.debt,
+        "stage_waiters": s.waiters,
+        "stage_expired_grants": s.expired,
+        "stage_processes": len(s.processes),
+        "stage_fence": s.fence,
+        "grants": s.delivered,
+        "stage_unreadable": 0,
+    }
 
-    def family(name: str, doc: str) -> GaugeMetricFamily:
-        return GaugeMetricFamily(f"redislock_adaptive_{name}", doc, labels=["stage", "group"])
 
-    limit = family("limit", "The limit the stage's or key's adaptive controller applied last")
-    latency = family("latency_seconds", "Mean download latency of its last window")
-    noload = family("noload_latency_seconds", "Its estimate of the latency with no queue")
-    overload = family("overload_ratio", "429 and 503 answers per outcome in its last window")
-    errors = family("error_ratio", "Timeouts and connection errors per outcome in its last window")
-    for s in stages:
-        window = s.adaptive
-        if window is None:
-            continue
-        labels = [s.stage, s.group]
-        limit.add_metric(labels, window.limit)
-        if window.latency is not None:
-            latency.add_metric(labels, window.latency)
-        noload.add_metric(labels, window.noload)
-        overload.add_metric(labels, window.overload_rate)
-        errors.add_metric(labels, window.error_rate)
-    yield from (limit, latency, noload, overload, errors)
+def _adaptive_values(s: StageStatus) -> dict[str, float | None]:
+    """A stage's ADAPTIVE_METRICS: its adaptive limit's last window; none when it does not adapt."""
+    window = s.adaptive
+    if window is None:
+        return {}
+    return {
+        "limit": window.limit,
+        "latency_seconds": window.latency,
+        "noload_latency_seconds": window.noload,
+        "overload_ratio": window.overload_rate,
+        "error_ratio": window.error_rate,
+    }
 
 
 def spider_metrics(spiders: list[SpiderStatus]) -> Iterator[Metric]:
     queue = GaugeMetricFamily(
         "redislock_queue_length", "Requests waiting in a stage queue", labels=["spider", "stage"]
     )
-    alive = GaugeMetricFamily(
-        "redislock_workers_alive",
-        "Workers whose last beat's deadline has not passed",
-        labels=["spider"],
-    )
-    dead = GaugeMetricFamily(
-        "redislock_workers_dead",
-        "Registered workers past their beat deadline, not yet reaped",
-        labels=["spider"],
-    )
-    in_flight = GaugeMetricFamily(
-        "redislock_requests_in_flight",
-        "Requests popped by workers and not finished yet",
-        labels=["spider"],
-    )
-    unreadable = GaugeMetricFamily(
-        "redislock_spider_unreadable",
-        "1 if the spider's state in Redis holds a value its scripts never write (status says which)",
-        labels=["spider"],
-    )
+    alive, dead, in_flight, unreadable = _families(
+        "redislock_", SPIDER_METRICS, ["spider"]
+    ).values()
     for spider in spiders:
         unreadable.add_metric([spider.spider], 1 if spider.error else 0)
         for stage, length in spider.queues.items():
@@ -460,11 +436,7 @@ class Dashboard:
     any)."""
 
     def __init__(
-        self,
-        sampler: Sampler,
-        token: str | None,
-        io: Streams,
-        hosts: frozenset[str] | None = None,
+        self, sampler: Sampler, token: str | None, io: Streams, hosts: frozenset[str] | None = None
     ) -> None:
         self.sampler = sampler
         self.token = token
@@ -481,17 +453,12 @@ class Dashboard:
         if self.hosts is not None:
             host = _host_name(request.headers.get("Host", ""))
             if host not in self.hosts and not _ip_literal(host):
-                return web.json_response(
-                    {"ok": False, "error": "wrong Host: start the dashboard with --allowed-host"},
-                    status=421,
-                )
+                return _failed("wrong Host: start the dashboard with --allowed-host", 421)
             origin = request.headers.get("Origin")
             if request.method != "GET" and origin is not None:
                 scheme, _, rest = origin.partition("://")
                 if scheme not in ("http", "https") or _host_name(rest) not in self.hosts:
-                    return web.json_response(
-                        {"ok": False, "error": "cross-origin request refused"}, status=403
-                    )
+                    return _failed("cross-origin request refused", 403)
         return await handler(request)
 
     def app(self) -> web.Application:
@@ -509,7 +476,9 @@ class Dashboard:
 
     async def page(self, request: web.Request) -> web.Response:
         return web.Response(
-            body=_page(), content_type="text/html", headers={"Cache-Control": "no-store"}
+            body=(resources.files("scrapy_redislock.cli") / "dashboard.html").read_bytes(),
+            content_type="text/html",
+            headers={"Cache-Control": "no-store"},
         )
 
     async def status(self, request: web.Request) -> web.Response:
@@ -530,11 +499,8 @@ class Dashboard:
         await response.prepare(request)
         queue = self.sampler.subscribe()
         try:
-            await response.write(
-                _event(
-                    "history", {"points": list(self.sampler.points), "frame": self.sampler.latest}
-                )
-            )
+            history = {"points": list(self.sampler.points), "frame": self.sampler.latest}
+            await response.write(_event("history", history))
             while True:
                 try:
                     frame = await asyncio.wait_for(queue.get(), HEARTBEAT)
@@ -544,7 +510,7 @@ class Dashboard:
                 if frame is None:  # shutting down
                     break
                 await response.write(_event("frame", frame))
-        except (ConnectionResetError, ConnectionError):
+        except ConnectionError:  # ConnectionResetError too
             pass  # the page went away
         finally:
             self.sampler.subscribers.discard(queue)
@@ -553,11 +519,9 @@ class Dashboard:
     def _refused(self, request: web.Request) -> str | None:
         if self.token is None:
             return "control is off: start the dashboard with --allow-control to steer from the page"
-        given = request.headers.get("Authorization", "")
-        scheme, _, value = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            value.strip().encode(), self.token.encode()
-        ):
+        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+        given = value.strip().encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given, self.token.encode()):
             return "wrong or missing token: give the token the dashboard printed at start"
         return None
 
@@ -567,18 +531,14 @@ class Dashboard:
             raise web.HTTPNotFound()
         refused = self._refused(request)
         if refused:
-            return web.json_response({"ok": False, "error": refused}, status=403)
+            return _failed(refused, 403)
         body = await _json_body(request)
         if not isinstance(body, dict):
-            return web.json_response(
-                {"ok": False, "error": "the body must be a JSON object"}, status=400
-            )
+            return _failed("the body must be a JSON object", 400)
+        given = {name: str(body.get(name, "")) for name in ("stage", "limit", "holder", "worker")}
         opts = argparse.Namespace(
             command=command,
-            stage=str(body.get("stage", "")),
-            limit=str(body.get("limit", "")),
-            holder=str(body.get("holder", "")),
-            worker=str(body.get("worker", "")),
+            **given,
             group=None if body.get("group") is None else str(body.get("group")),
             force=False,  # a reset of live holders is refused here: the command line's --force
             create=False,
@@ -588,13 +548,11 @@ class Dashboard:
         )
         code, message = await asyncio.to_thread(self.run_command, opts)
         self.io.say(  # say() escapes control characters: the stage is the caller's text
-            f"control from {request.remote}: {command} {str(body.get('stage', ''))[:200]}: {message}"
+            f"control from {request.remote}: {command} {given['stage'][:200]}: {message}"
         )
         self.sampler.wakeup.set()  # show the result at once
         if code != EXIT_OK:
-            return web.json_response(
-                {"ok": False, "error": message}, status=400 if code == EXIT_USAGE else 409
-            )
+            return _failed(message, 400 if code == EXIT_USAGE else 409)
         return web.json_response({"ok": True, "message": message})
 
     def run_command(self, opts: argparse.Namespace) -> tuple[int, str]:
@@ -608,6 +566,11 @@ class Dashboard:
             message, code = failure(exc, self.sampler.target)
             return code, message
         return code, (out.getvalue() + err.getvalue()).strip()
+
+
+def _failed(error: str, status: int) -> web.Response:
+    """A refused or failed request, as the page reads it."""
+    return web.json_response({"ok": False, "error": error}, status=status)
 
 
 async def _json_body(request: web.Request) -> Any:
@@ -656,13 +619,9 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
+async def serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     """Run the dashboard until SIGINT or SIGTERM; 0 then. A wrong URL or a busy port fails at once,
     in one line."""
-    return asyncio.run(_serve(opts, target, io))
-
-
-async def _serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     sampler = Sampler(target, opts.interval, opts.history, control=opts.allow_control)
     # refusing (credentials, ACL): the one-line error, exit 1
     unreachable = await _first_read(sampler)
@@ -671,15 +630,13 @@ async def _serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
     runner = web.AppRunner(dashboard.app(), access_log=None, handle_signals=False)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, opts.host, opts.port)
-        await site.start()
+        await web.TCPSite(runner, opts.host, opts.port).start()
     except OSError as exc:
         await runner.cleanup()
         sampler.close()
+        where = _address(opts.host, opts.port)
         reason = exc.strerror or str(exc)
-        raise CliError(
-            f"cannot listen on {_address(opts.host, opts.port)} (--host/--port): {reason}"
-        ) from None
+        raise CliError(f"cannot listen on {where} (--host/--port): {reason}") from None
     port = runner.addresses[0][1] if runner.addresses else opts.port
     url = f"http://{_address(opts.host, port)}/"
     io.say(
@@ -695,7 +652,7 @@ async def _serve(opts: argparse.Namespace, target: Target, io: Streams) -> int:
         io.say(f"  open {url}#token={token}")
     else:
         io.say("control: off (read-only; --allow-control lets the page steer)")
-    if opts.host not in ("127.0.0.1", "localhost", "::1"):
+    if opts.host not in LOOPBACK:
         io.say(f"note: listening on {opts.host}: whoever reaches this port sees the page")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -113,19 +113,12 @@ def add_subcommands(
     connection.add_argument(
         "--url",
         default=argparse.SUPPRESS,
-        help="Redis URL (redis://, rediss:// for TLS, user:password@ for ACL; ?ssl_ca_certs=FILE "
-        "for a private "
-        "CA; redis+sentinel://h1:26379,h2:26379/SERVICE[/DB] for Sentinel, "
-        "redis+cluster://h1:7000,h2:7001 for "
-        "a Cluster). Default: REDISLOCK_URL, else REDIS_URL (environment, or the project's "
-        "settings as a Scrapy "
-        f"command), else {DEFAULT_URL}",
+        help=f"Redis URL (redis://, rediss:// for TLS, user:password@ for ACL; ?ssl_ca_certs=FILE for a private CA; redis+sentinel://h1:26379,h2:26379/SERVICE[/DB] for Sentinel, redis+cluster://h1:7000,h2:7001 for a Cluster). Default: REDISLOCK_URL, else REDIS_URL (environment, or the project's settings as a Scrapy command), else {DEFAULT_URL}",  # noqa: E501
     )
     connection.add_argument(
         "--prefix",
         default=argparse.SUPPRESS,
-        help="key prefix of the locks (default: REDISLOCK_KEY_PREFIX, else "
-        f"{defaults.SETTINGS['REDISLOCK_KEY_PREFIX']!r})",
+        help=f"key prefix of the locks (default: REDISLOCK_KEY_PREFIX, else {defaults.SETTINGS['REDISLOCK_KEY_PREFIX']!r})",  # noqa: E501
     )
     if top_level:
         parser.add_argument("--url", default=None, help=argparse.SUPPRESS)
@@ -135,13 +128,24 @@ def add_subcommands(
     )
     sub.required = True
 
-    status = sub.add_parser(
+    def command(name: str, summary: str, description: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], help=summary, description=description)
+
+    def stage_command(name: str, summary: str, description: str) -> argparse.ArgumentParser:
+        """A sub-command on one STAGE, which ``--group`` tells apart when several groups have it."""
+        stage = command(name, summary, description)
+        stage.add_argument("stage", metavar="STAGE")
+        stage.add_argument(
+            "--group",
+            metavar="GROUP",
+            help="the stage's cap group (REDISLOCK_GROUP; by default each spider's name), needed when several groups have a stage of that name; '' for the keys of no group (0.x)",  # noqa: E501
+        )
+        return stage
+
+    status = command(
         "status",
-        parents=[common],
-        help="show every stage: limit, holders, waiters, fence counter",
-        description="Show every stage lock under the key prefix: limit, holders (host, pid, "
-        "spider, age, lease "
-        "left), waiters (as each process last reported), fence counter, free slots and debt.",
+        "show every stage: limit, holders, waiters, fence counter",
+        "Show every stage lock under the key prefix: limit, holders (host, pid, spider, age, lease left), waiters (as each process last reported), fence counter, free slots and debt.",  # noqa: E501
     )
     status.add_argument(
         "--json", action="store_true", help="print JSON (one document per refresh with --watch)"
@@ -156,174 +160,85 @@ def add_subcommands(
         help=f"refresh every SECONDS (default {DEFAULT_WATCH:g}) until Ctrl-C",
     )
     status.add_argument(
-        "--count",
-        type=_count,
-        default=None,
-        metavar="N",
-        help="with --watch: stop after N refreshes",
+        "--count", type=_count, metavar="N", help="with --watch: stop after N refreshes"
     )
     status.add_argument(
         "--stage-key",
-        default=None,
         metavar="PATTERN",
-        help="show only the keys (REDISLOCK_STAGE_KEY: domains, ...) matching this glob, e.g. "
-        "'*.example.com'",
+        help="show only the keys (REDISLOCK_STAGE_KEY: domains, ...) matching this glob, e.g. '*.example.com'",
     )
 
-    set_limit = sub.add_parser(
+    set_limit = stage_command(
         "set-limit",
-        parents=[common],
-        help="change a stage's cap for the whole cluster, live",
-        description="Change a stage's cap for every process at once, while they run (the limit "
-        "lives in Redis). "
-        "Lowering revokes nothing: held slots stay until released, and no new slot is granted "
-        "until fewer "
-        "than N are held; on a worker stage (workers:<stage>) the newest workers over the limit "
-        "leave it at "
-        "their next renewal. A process that starts later writes its own REDISLOCK_STAGES limit "
-        "again.",
-    )
-    set_limit.add_argument("stage", metavar="STAGE")
-    set_limit.add_argument(
-        "--group",
-        default=None,
-        metavar="GROUP",
-        help="the stage's cap group (REDISLOCK_GROUP; by default each spider's name), needed when "
-        "several groups have a stage of that name; '' for the keys of no group (0.x)",
+        "change a stage's cap for the whole cluster, live",
+        "Change a stage's cap for every process at once, while they run (the limit lives in Redis). Lowering revokes nothing: held slots stay until released, and no new slot is granted until fewer than N are held; on a worker stage (workers:<stage>) the newest workers over the limit leave it at their next renewal. A process that starts later writes its own REDISLOCK_STAGES limit again.",  # noqa: E501
     )
     set_limit.add_argument(
         "limit",
         metavar="N",
         nargs="?",
-        help="the new limit, an integer >= 0 (0 pauses the stage); on an adaptive stage or key "
-        "(REDISLOCK_ADAPTIVE) it pins the limit while the controller lives",
+        help="the new limit, an integer >= 0 (0 pauses the stage); on an adaptive stage or key (REDISLOCK_ADAPTIVE) it pins the limit while the controller lives",  # noqa: E501
     )
     set_limit.add_argument(
         "--adaptive",
         action="store_true",
-        help="instead of N: lift the pin of an adaptive stage or key, its controller moves the "
-        "limit again",
+        help="instead of N: lift the pin of an adaptive stage or key, its controller moves the limit again",
     )
     set_limit.add_argument(
         "--create",
         action="store_true",
         help="create the stage if it does not exist (else that is an error)",
     )
-    set_limit.add_argument("--ttl", type=float, default=None, help="lease seconds for --create")
+    set_limit.add_argument("--ttl", type=float, help="lease seconds for --create")
 
-    release = sub.add_parser(
+    release = stage_command(
         "release",
-        parents=[common],
-        help="free the slots of one holder (a worker known to be dead)",
-        description="Free every slot HOLDER holds in STAGE and forget it. HOLDER is a name from "
-        "`status` (or "
-        "host:pid, or any prefix of the name ending at a colon, if only one holder matches). A "
-        "live holder "
-        "finds its slots lost at its next renewal. For a worker slot (workers:<stage>), the worker "
-        "of that "
-        "process also has its in-flight requests put back in their queues (as `requeue` does).",
-    )
-    release.add_argument("stage", metavar="STAGE")
-    release.add_argument(
-        "--group",
-        default=None,
-        metavar="GROUP",
-        help="the stage's cap group (REDISLOCK_GROUP; by default each spider's name), needed when "
-        "several groups have a stage of that name; '' for the keys of no group (0.x)",
+        "free the slots of one holder (a worker known to be dead)",
+        "Free every slot HOLDER holds in STAGE and forget it. HOLDER is a name from `status` (or host:pid, or any prefix of the name ending at a colon, if only one holder matches). A live holder finds its slots lost at its next renewal. For a worker slot (workers:<stage>), the worker of that process also has its in-flight requests put back in their queues (as `requeue` does).",  # noqa: E501
     )
     release.add_argument("holder", metavar="HOLDER")
     release.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
-    requeue = sub.add_parser(
+    requeue = command(
         "requeue",
-        parents=[common],
-        help="put a dead worker's in-flight requests back in their queues now",
-        description="Put every request WORKER (a StageWorkerMixin worker, as `status` lists it: "
-        "its id, or "
-        "host:pid) had taken and not finished back at the front of its stage's queue, and "
-        "unregister the worker. "
-        "The live workers do it themselves once its beat deadline has passed (seconds while it had "
-        "work); this "
-        "does it now. A worker that is alive after all drops what it had taken ahead at its next "
-        "beat; what it "
-        "has in progress is fetched twice.",
+        "put a dead worker's in-flight requests back in their queues now",
+        "Put every request WORKER (a StageWorkerMixin worker, as `status` lists it: its id, or host:pid) had taken and not finished back at the front of its stage's queue, and unregister the worker. The live workers do it themselves once its beat deadline has passed (seconds while it had work); this does it now. A worker that is alive after all drops what it had taken ahead at its next beat; what it has in progress is fetched twice.",  # noqa: E501
     )
     requeue.add_argument("worker", metavar="WORKER")
     requeue.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
-    reset = sub.add_parser(
+    reset = stage_command(
         "reset",
-        parents=[common],
-        help="free every slot of a stage and forget its holders (the limit stays)",
-        description="Free every held slot of STAGE, forget every registered process, drop pending "
-        "debt, and start again with LIMIT free slots. Fencing tokens keep increasing. Refused "
-        "while a holder looks alive (its process runs on this machine, or, on another, a slot of "
-        "it has lease left), as `release` judges it: live holders find their slots lost only at "
-        "their next renewal, and until their requests end the site sees more requests in flight "
-        "than the cap. --force resets anyway.",
-    )
-    reset.add_argument("stage", metavar="STAGE")
-    reset.add_argument(
-        "--group",
-        default=None,
-        metavar="GROUP",
-        help="the stage's cap group (REDISLOCK_GROUP; by default each spider's name), needed when "
-        "several groups have a stage of that name; '' for the keys of no group (0.x)",
+        "free every slot of a stage and forget its holders (the limit stays)",
+        "Free every held slot of STAGE, forget every registered process, drop pending debt, and start again with LIMIT free slots. Fencing tokens keep increasing. Refused while a holder looks alive (its process runs on this machine, or, on another, a slot of it has lease left), as `release` judges it: live holders find their slots lost only at their next renewal, and until their requests end the site sees more requests in flight than the cap. --force resets anyway.",  # noqa: E501
     )
     reset.add_argument(
         "--force",
         action="store_true",
-        help="reset although holders look alive (the site may then see more requests in flight "
-        "than the cap until theirs end)",
+        help="reset although holders look alive (the site may then see more requests in flight than the cap until theirs end)",  # noqa: E501
     )
     reset.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
-    forget = sub.add_parser(
+    forget = stage_command(
         "forget",
-        parents=[common],
-        help="delete a stage nobody uses from Redis (its limit, slots and fence counter)",
-        description="Delete every key of STAGE (also workers:STAGE, key:KEY) from Redis, in one "
-        "script, when "
-        "nobody uses it: no slot held (a dead holder's too, until it is reaped) and no process "
-        "seen within 3 "
-        "leases. Otherwise refused, naming who. --force frees every slot and forgets every process "
-        "first (as "
-        "`reset` does); a process that registers again meanwhile still makes it refuse.",
-    )
-    forget.add_argument("stage", metavar="STAGE")
-    forget.add_argument(
-        "--group",
-        default=None,
-        metavar="GROUP",
-        help="the stage's cap group (REDISLOCK_GROUP; by default each spider's name), needed when "
-        "several groups have a stage of that name; '' for the keys of no group (0.x)",
+        "delete a stage nobody uses from Redis (its limit, slots and fence counter)",
+        "Delete every key of STAGE (also workers:STAGE, key:KEY) from Redis, in one script, when nobody uses it: no slot held (a dead holder's too, until it is reaped) and no process seen within 3 leases. Otherwise refused, naming who. --force frees every slot and forgets every process first (as `reset` does); a process that registers again meanwhile still makes it refuse.",  # noqa: E501
     )
     forget.add_argument(
         "--force", action="store_true", help="free and forget the stage's holders first"
     )
     forget.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
-    sub.add_parser(
+    command(
         "load-functions",
-        parents=[common],
-        help="load the project's scripts into Redis as functions (an admin's step, once per "
-        "version)",
-        description="FUNCTION LOAD the project's Lua scripts as one library of Redis 7 functions, "
-        "which Redis keeps in RDB and AOF and replicates. The least-privilege crawler and operator "
-        "roles (python -m scrapy_redislock.cli.acl) may run only these (FCALL), no script of "
-        "their own; run it with an admin's URL, on every primary of a cluster, after each "
-        "upgrade.",
+        "load the project's scripts into Redis as functions (an admin's step, once per version)",
+        "FUNCTION LOAD the project's Lua scripts as one library of Redis 7 functions, which Redis keeps in RDB and AOF and replicates. The least-privilege crawler and operator roles (python -m scrapy_redislock.cli.acl) may run only these (FCALL), no script of their own; run it with an admin's URL, on every primary of a cluster, after each upgrade.",  # noqa: E501
     )
 
-    dashboard = sub.add_parser(
+    dashboard = command(
         "dashboard",
-        parents=[common],
-        help="serve a live web page of every stage and worker, and Prometheus metrics at /metrics",
-        description="Serve one web page that shows every stage and worker live (server-sent "
-        "events), and "
-        "Prometheus metrics at /metrics. Read-only unless --allow-control. Needs the 'dashboard' "
-        "extra "
-        "(pip install 'scrapy-redislock[dashboard]').",
+        "serve a live web page of every stage and worker, and Prometheus metrics at /metrics",
+        "Serve one web page that shows every stage and worker live (server-sent events), and Prometheus metrics at /metrics. Read-only unless --allow-control. Needs the 'dashboard' extra (pip install 'scrapy-redislock[dashboard]').",  # noqa: E501
     )
     dashboard.add_argument(
         "--host",
@@ -352,43 +267,23 @@ def add_subcommands(
         action="append",
         default=[],
         metavar="NAME",
-        help="a host name the page may be reached by (the Host header; repeatable), e.g. behind a "
-        "reverse proxy; by default only the address it listens on ('*': any, no check)",
+        help="a host name the page may be reached by (the Host header; repeatable), e.g. behind a reverse proxy; by default only the address it listens on ('*': any, no check)",  # noqa: E501
     )
     dashboard.add_argument(
         "--allow-control",
         action="store_true",
-        help="let the page set limits, release holders and reset stages, with a token printed at "
-        "start",
+        help="let the page set limits, release holders and reset stages, with a token printed at start",
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog=PROG,
-        description="Show and steer the stage locks of a running crawl (python -m scrapy_redislock "
-        "...).",
-        epilog="Options go after the sub-command, e.g. `python -m scrapy_redislock status --url "
-        "rediss://...`.",
+        description="Show and steer the stage locks of a running crawl (python -m scrapy_redislock ...).",
+        epilog="Options go after the sub-command, e.g. `python -m scrapy_redislock status --url rediss://...`.",
     )
     add_subcommands(parser, top_level=True)
     return parser
-
-
-def cmd_dashboard(opts: argparse.Namespace, target: Target, io: Streams) -> int:
-    try:
-        from scrapy_redislock.cli.dashboard import serve
-    except ImportError as exc:
-        raise CliError(
-            f"the dashboard needs the 'dashboard' extra ({exc}): pip install 'scrapy-redislock[dashboard]'"
-        ) from None
-    return serve(opts, target, io)
-
-
-COMMANDS_WITH_DASHBOARD: dict[str, Callable[[argparse.Namespace, Target, Streams], int]] = {
-    **COMMANDS,
-    "dashboard": cmd_dashboard,
-}
 
 
 # -- entry points ----------------------------------------------------------------------------------
@@ -410,7 +305,7 @@ def run(
     target: Target | None = None
     try:
         target = resolve_target(opts, os.environ if env is None else env, settings)
-        return COMMANDS_WITH_DASHBOARD[opts.command](opts, target, io)
+        return COMMANDS[opts.command](opts, target, io)
     # the reader of our output left (`status --watch | head`); not an error of ours
     except BrokenPipeError:
         raise

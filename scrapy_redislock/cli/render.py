@@ -12,7 +12,7 @@ from typing import IO
 from scrapy_redislock._redis import printable
 from scrapy_redislock.cli.target import Target
 from scrapy_redislock.lock.permit import LIMBO
-from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, Grant, Process, StageStatus, why_waiting
+from scrapy_redislock.lock.status import KEY_LOCK_PREFIX, Grant, Process, StageStatus, wait_reason
 from scrapy_redislock.workers.status import DeadLetters, SpiderStatus
 
 # -- rendering -------------------------------------------------------------------------------------
@@ -77,8 +77,7 @@ def render_status(
         numeric = {i + 1 for i in numeric}
     lines += table(header, rows, numeric=numeric)
     for s in stages:
-        lines.append("")
-        lines += _stage_lines(s, now)
+        lines += ["", *_stage_lines(s, now)]
     lines.append("")
     lines.append("GRANT: fencing token; AGE: since the grant or its last renewal (Redis's clock);")
     lines.append("WAITING: as each process last reported it (at its renewals, every ttl/3)")
@@ -111,17 +110,8 @@ def _summary_row(s: StageStatus) -> list[object]:
         return [s.stage, "unreadable", None, None, None, None, None, None, None]
     if not s.exists:
         return [s.stage, s.limit, None, None, None, None, None, seconds(s.ttl), None]
-    return [
-        s.stage,
-        s.limit,
-        s.held,
-        s.free,
-        s.debt,
-        s.waiters,
-        s.fence,
-        seconds(s.ttl),
-        len(s.processes),
-    ]
+    counts = [s.held, s.free, s.debt, s.waiters, s.fence]
+    return [s.stage, s.limit, *counts, seconds(s.ttl), len(s.processes)]
 
 
 HOLDER_HEADER = [
@@ -152,7 +142,7 @@ def _stage_lines(s: StageStatus, now: float) -> list[str]:
     waiting = [p for p in s.processes if p.held == 0 and p.waiting > 0]
     idle = [p for p in s.processes if p.held == 0 and p.waiting == 0]
     lines = [f"{s.label}: {s.held} held of {s.limit}, {s.waiters} waiting"]
-    why = why_waiting(s, now)
+    why = wait_reason(s, now).text
     if why:
         lines.append(f"  a request waits because: {why}")
     lines += _holders(s, waiting, now)
@@ -238,9 +228,8 @@ def render_dead_letters(found: Sequence[DeadLetters], now: float | None = None) 
             [d.stage, clock_time(d.time, now), d.worker, d.size, d.error[:60], d.excerpt]
             for d in spider.newest
         ]
-        lines += table(
-            ["STAGE", "WHEN", "WORKER", "BYTES", "ERROR", "START"], rows, numeric={3}, indent="  "
-        )
+        header = ["STAGE", "WHEN", "WORKER", "BYTES", "ERROR", "START"]
+        lines += table(header, rows, numeric={3}, indent="  ")
     return printable("\n".join(lines), keep="\n") + "\n"
 
 

@@ -32,11 +32,10 @@ def read_all(
     :func:`worker_ttl`).
     """
     grouped = grouped_keys(client, prefix, "*")
-    found = (
-        stage_status(client, prefix, tag, group)
-        for (group, tag), rests in sorted(grouped.items())
-        if ":meta" in rests or ":light" in rests
+    locks = sorted(
+        place for place, rests in grouped.items() if ":meta" in rests or ":light" in rests
     )
+    found = (stage_status(client, prefix, tag, group) for group, tag in locks)
     stages = [status for status in found if status is not None]
     ttl = worker_ttl(stages, default_ttl)
     ungrouped = {tag: rests for (group, tag), rests in grouped.items() if not group}

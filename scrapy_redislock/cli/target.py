@@ -142,13 +142,10 @@ def _from_project(opts: argparse.Namespace, settings: Any) -> dict[str, Any]:
         configured = read_settings(settings)
     except ConfigError as exc:
         raise CliError(f"project settings: {exc}", EXIT_USAGE) from None
-    if configured.redis.masters and not getattr(opts, "url", None):
-        raise CliError(
-            QUORUM_REFUSED.format(
-                count=len(configured.redis.masters), urls=configured.redis.safe_url
-            ),
-            EXIT_USAGE,
-        )
+    masters = configured.redis.masters
+    if masters and not getattr(opts, "url", None):
+        refused = QUORUM_REFUSED.format(count=len(masters), urls=configured.redis.safe_url)
+        raise CliError(refused, EXIT_USAGE)
     found: dict[str, Any] = {
         "ttl": configured.ttl,
         "stages": configured.stages,

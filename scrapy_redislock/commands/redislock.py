@@ -30,13 +30,7 @@ class Command(ScrapyCommand):
         return "Show and steer the stage locks of a running crawl (status, set-limit, release, reset, dashboard)"
 
     def long_desc(self) -> str:
-        return (
-            "Show and steer the stage locks (scrapy_redislock) of a running crawl: status, "
-            "set-limit STAGE N, "
-            "release STAGE HOLDER, reset STAGE, dashboard (a live web page and /metrics). Connects "
-            "as the project's "
-            "settings say (REDISLOCK_URL ...); see `scrapy redislock COMMAND -h`."
-        )
+        return "Show and steer the stage locks (scrapy_redislock) of a running crawl: status, set-limit STAGE N, release STAGE HOLDER, reset STAGE, dashboard (a live web page and /metrics). Connects as the project's settings say (REDISLOCK_URL ...); see `scrapy redislock COMMAND -h`."  # noqa: E501
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)

@@ -8,8 +8,8 @@ each process registered (``:owners``: host, pid, started, spider/label, and ``wa
 last renewal), and the stream's counters, from which follow the free slots and the debt left by
 lowering the limit (see ``scripts/_lib.lua``). A pending-list consumer may be one wait of an owner
 (``<owner>#<n>``): it counts for the owner (:func:`~scrapy_redislock.lock.permit.owner_of`).
-:func:`why_waiting` says in one line why a request of a stage would wait now (held by whom, paused,
-a recovery window); the crawl's log and ``redislock status`` both use it.
+:func:`wait_reason` says why a request of a stage would wait now (held by whom, paused, a recovery
+window), in one line; the crawl's log and ``redislock status`` both use it.
 :func:`astage_status` is the same read for ``redis.asyncio`` clients. Imports neither Scrapy nor
 Twisted; reads no settings.
 """
@@ -50,9 +50,8 @@ BAD_VALUE = (
     OverflowError,
     RecursionError,
 )
-MAX_DIGITS = (
-    20  # an integer read from Redis has at most this many digits (int() of 4000 takes long)
-)
+# an integer read from Redis has at most this many digits (int() of 4000 takes long)
+MAX_DIGITS = 20
 
 
 def read_int(value: Any, what: str) -> int:
@@ -188,12 +187,12 @@ class StageStatus:
     exists: bool  # False: the limit is there but the stream is gone (data loss); the next process recreates it
     limit: int | None
     ttl: float | None
-    held: int
-    free: int
+    held: int = 0
+    free: int = 0
     # grants still to be given back before a new one is granted (after lowering the limit)
-    debt: int
-    waiters: int  # sum of `waiting` over processes, as of each one's last renewal
-    fence: int  # the last fencing token generated (the stream's last entry id)
+    debt: int = 0
+    waiters: int = 0  # sum of `waiting` over processes, as of each one's last renewal
+    fence: int = 0  # the last fencing token generated (the stream's last entry id)
     grants: list[Grant] = field(default_factory=list)
     processes: list[Process] = field(default_factory=list)
     # The group's last-delivered sequence less the lock's first id (``base``): every grant since the
@@ -214,15 +213,12 @@ class StageStatus:
 
     @classmethod
     def unreadable(cls, stage: str, error: str) -> StageStatus:
-        return cls(stage, False, None, None, 0, 0, 0, 0, 0, error=error)
+        return cls(stage, False, None, None, error=error)
 
     def process(self, holder: str) -> Process | None:
         """The registered process of a holder (an owner, or one of its consumers)."""
         owner = owner_of(holder)
-        for process in self.processes:
-            if process.holder == owner:
-                return process
-        return None
+        return next((process for process in self.processes if process.holder == owner), None)
 
     @property
     def expired(self) -> int:
@@ -232,21 +228,19 @@ class StageStatus:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["why_waiting"] = why_waiting(self)
+        data["why_waiting"] = wait_reason(self).text
         for process, raw in zip(self.processes, data["processes"], strict=True):
-            raw.update(
-                host=process.host, pid=process.pid, spider=process.spider, started=process.started
-            )
+            raw.update(_identity_json(process))
         for raw in data["grants"]:
-            owner = self.process(raw["owner"])
-            raw.update(
-                host=owner.host if owner else None,
-                pid=owner.pid if owner else None,
-                spider=owner.spider if owner else None,
-                started=owner.started if owner else None,
-            )
+            raw.update(_identity_json(self.process(raw["owner"])))
         data["expired"] = self.expired
         return data
+
+
+def _identity_json(process: Process | None) -> dict[str, Any]:
+    """What ``status --json`` shows of a registered process beside a holder (None: unregistered)."""
+    names = ("host", "pid", "spider", "started")
+    return {name: getattr(process, name) if process else None for name in names}
 
 
 def glob_escape(value: str) -> str:
@@ -264,16 +258,6 @@ def grouped_keys(client: RedisClient, prefix: str, pattern: str) -> dict[tuple[s
     return found
 
 
-def tagged_keys(client: RedisClient, prefix: str, pattern: str) -> dict[str, set[str]]:
-    """``{tag: {what follows the tag}}`` for the keys ``<prefix>:{<tag>}<pattern>`` of no group (the
-    worker queues' spiders, the 0.x locks): one SCAN."""
-    return {
-        tag: rests
-        for (group, tag), rests in grouped_keys(client, prefix, pattern).items()
-        if not group
-    }
-
-
 KEY_LOCK_PREFIX = "key:"  # locks of keys met at run time (REDISLOCK_STAGE_KEY) are named key:<key>
 
 
@@ -289,14 +273,11 @@ def _seq(stream_id: Any) -> int:
 
 
 def _finite(number: str) -> float:
+    """A JSON number, or constant (NaN, Infinity), that is finite; ValueError otherwise."""
     value = float(number)
     if not math.isfinite(value):
         raise ValueError(f"not a finite number: {number[:40]}")
     return value
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"not a finite number: {name}")
 
 
 def read_json(raw: Any, most: int = 100_000) -> Any:
@@ -306,7 +287,7 @@ def read_json(raw: Any, most: int = 100_000) -> Any:
     raw = text(raw)
     if not isinstance(raw, str) or len(raw) > most:
         raise ValueError(f"not a JSON text of at most {most} characters")
-    return json.loads(raw, parse_float=_finite, parse_constant=_no_constant)
+    return json.loads(raw, parse_float=_finite, parse_constant=_finite)
 
 
 def parse_identity(raw: Any) -> dict[str, Any]:
@@ -355,7 +336,10 @@ def stage_status(
     lock under the prefix."""
     with client.pipeline(transaction=True) as pipe:
         _queue_reads(pipe, LockKeys.of(group_prefix(prefix, group), stage))
-        return _grouped(_parse(stage, pipe.execute(raise_on_error=False)), group)
+        status = _parse(stage, pipe.execute(raise_on_error=False))
+    if status is not None:
+        status.group = group
+    return status
 
 
 async def astage_status(client: AsyncRedisClient, prefix: str, stage: str) -> StageStatus | None:
@@ -366,23 +350,17 @@ async def astage_status(client: AsyncRedisClient, prefix: str, stage: str) -> St
         return _parse(stage, await pipe.execute(raise_on_error=False))
 
 
-def _grouped(status: StageStatus | None, group: str) -> StageStatus | None:
-    if status is not None:
-        status.group = group
-    return status
-
-
 def _parse(stage: str, replies: list[Any]) -> StageStatus | None:
     """The stage from its replies; unreadable (its ``error`` says why) when a value in Redis is not
     one the scripts write."""
-    raw_meta, stream, groups, pending, consumers, owners, light, adapted = replies
+    raw_meta, *_, owners, light, adapted = replies
     for reply in (raw_meta, owners, light, adapted):
         if isinstance(reply, Exception):
-            if _refused(reply):
+            if read_refused(reply):
                 raise reply
             return StageStatus.unreadable(stage, f"a key has the wrong type ({reply})")
     try:
-        status = _lock(stage, raw_meta, stream, groups, pending, consumers, owners, light)
+        status = _lock(stage, replies)
         if status is not None and adapted:
             status.adaptive = AdaptiveStatus.of(adapted)
     except BAD_VALUE as exc:
@@ -391,21 +369,13 @@ def _parse(stage: str, replies: list[Any]) -> StageStatus | None:
     return status
 
 
-def _refused(error: Exception) -> bool:
+def read_refused(error: Exception) -> bool:
     """An error that is not about the value read: the connection, an ACL refusal."""
     return not isinstance(error, redis.exceptions.ResponseError) or str(error).startswith("NOPERM")
 
 
-def _lock(
-    stage: str,
-    raw_meta: Any,
-    stream: Any,
-    groups: Any,
-    pending: Any,
-    consumers: Any,
-    owners: Any,
-    light: Any,
-) -> StageStatus | None:
+def _lock(stage: str, replies: list[Any]) -> StageStatus | None:
+    raw_meta, stream, groups, pending, consumers, owners, light, _ = replies
     meta = {text(k): text(v) for k, v in (raw_meta or {}).items()}
     if "limit" not in meta:
         return _light(stage, light)
@@ -413,7 +383,7 @@ def _lock(
     ttl = read_float(meta["ttl"], "its ttl") / 1000 if "ttl" in meta else None
     if _stream_lost(stream, groups, pending, consumers):
         # No stream or no group: Redis lost it; the next process to start or renew recreates it.
-        return StageStatus(stage, False, limit, ttl, held=0, free=0, debt=0, waiters=0, fence=0)
+        return StageStatus(stage, False, limit, ttl)
     stream_last = _seq(stream["last-generated-id"])
     group_last, held = _group_figures(groups)
     processes = _processes(consumers, owners)
@@ -453,22 +423,10 @@ def _light(stage: str, members: Any) -> StageStatus | None:
         grants.append(Grant(owner, grant, 0, 0.0, round((ends - now_ms) / 1000, 3)))
     held = sum(1 for g in grants if not g.expired)
     limit_of = None if limit is None else read_int(round(limit), "its light limit")
-    return StageStatus(
-        stage,
-        True,
-        limit_of,
-        None,
-        held=held,
-        free=0 if limit_of is None else max(0, limit_of - held),
-        debt=0,
-        waiters=0,
-        fence=0,
-        grants=grants,
-        processes=[
-            Process(owner, sum(1 for g in grants if g.holder == owner), 0)
-            for owner in sorted({g.holder for g in grants})
-        ],
-    )
+    free = 0 if limit_of is None else max(0, limit_of - held)
+    owners = sorted({g.holder for g in grants})
+    processes = [Process(owner, sum(1 for g in grants if g.holder == owner), 0) for owner in owners]
+    return StageStatus(stage, True, limit_of, None, held, free, grants=grants, processes=processes)
 
 
 def _group_figures(groups: Any) -> tuple[int, int]:
@@ -484,7 +442,7 @@ def _stream_lost(*replies: Any) -> bool:
     other error, or an ACL refusal, is raised."""
     broken = [r for r in replies if isinstance(r, Exception)]
     for error in broken:
-        if _refused(error):
+        if read_refused(error):
             raise error
     return bool(broken)
 
@@ -514,14 +472,9 @@ def _processes(consumers: Any, owners: Any) -> list[Process]:
     for holder in sorted(set(held_by) | set(identities)):
         identity = identities.get(holder, {})
         waiting = identity.get("waiting", 0)
-        processes.append(
-            Process(
-                holder=holder,
-                held=held_by.get(holder, 0),
-                waiting=waiting if isinstance(waiting, int) and 0 < waiting < 10**9 else 0,
-                identity=identity,
-            )
-        )
+        if not (isinstance(waiting, int) and 0 < waiting < 10**9):
+            waiting = 0
+        processes.append(Process(holder, held_by.get(holder, 0), waiting, identity))
     return processes
 
 
@@ -556,11 +509,6 @@ class WaitReason:
 
     def __str__(self) -> str:
         return self.text
-
-
-def why_waiting(status: StageStatus, now: float | None = None) -> str:
-    """:func:`wait_reason` as its one line; "" when a slot is free."""
-    return wait_reason(status, now).text
 
 
 def wait_reason(status: StageStatus, now: float | None = None) -> WaitReason:

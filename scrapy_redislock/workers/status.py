@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from redis.client import NEVER_DECODE
-from redis.exceptions import ResponseError
 
 from scrapy_redislock._redis import RedisClient, printable, text
 from scrapy_redislock.lock.status import (
@@ -26,6 +25,7 @@ from scrapy_redislock.lock.status import (
     parse_identity,
     read_float,
     read_int,
+    read_refused,
 )
 from scrapy_redislock.workers.queue import QueueKeys, split_value
 
@@ -230,7 +230,7 @@ def spider_status(
         replies = pipe.execute(raise_on_error=False)
     for reply in replies:
         if isinstance(reply, Exception):
-            if not isinstance(reply, ResponseError) or str(reply).startswith("NOPERM"):
+            if read_refused(reply):
                 raise reply
             return SpiderStatus(
                 spider, ttl, {}, error=printable(f"a key has the wrong type ({reply})")
@@ -247,18 +247,11 @@ def _spider(spider: str, ttl: float, found: SpiderKeys, replies: list[Any]) -> S
     that worker unreadable, any other raises (one of BAD_VALUE)."""
     (seconds, micros), beats, dues, working = replies[:4]
     now_ms = int(seconds) * 1000 + int(micros) // 1000
-    in_flight = dict(
-        zip(
-            sorted(found.inflight),
-            (int(n) for n in replies[4 : 4 + len(found.inflight)]),
-            strict=True,
-        )
-    )
-    listed = replies[4 + len(found.inflight) : 4 + len(found.inflight) + len(found.queues)]
-    queues = dict(zip(sorted(found.queues), (int(n) for n in listed), strict=True))
-    scored = replies[4 + len(found.inflight) + len(found.queues) :]
-    for stage, count in zip(sorted(found.scored), scored, strict=True):
-        queues[stage] += int(count)
+    counts = iter(replies[4:])  # in the order spider_status queued their reads
+    in_flight = {worker: int(next(counts)) for worker in sorted(found.inflight)}
+    queues = {stage: int(next(counts)) for stage in sorted(found.queues)}
+    for stage in sorted(found.scored):
+        queues[stage] += int(next(counts))
     due_of = {str(text(name)): score for name, score in dues}
     stage_of = {str(text(k)): str(text(v)) for k, v in (working or {}).items()}
     for stage in stage_of.values():
@@ -278,15 +271,8 @@ def _spider(spider: str, ttl: float, found: SpiderKeys, replies: list[Any]) -> S
         deadline_in = None if due is None else round((due - now_ms) / 1000, 3)
         grace = None if due is None else round(max(0, due - beat) / 1000, 3)
         alive = silence < ttl if deadline_in is None else deadline_in >= 0
-        workers.append(
-            WorkerStatus(
-                name,
-                round(silence, 3),
-                stage_of.get(name),
-                in_flight.get(name, 0),
-                alive,
-                deadline_in,
-                grace,
-            )
-        )
+        on_stage = stage_of.get(name)
+        popped = in_flight.get(name, 0)
+        worker = WorkerStatus(name, round(silence, 3), on_stage, popped, alive, deadline_in, grace)
+        workers.append(worker)
     return SpiderStatus(spider, ttl, dict(sorted(queues.items())), workers)

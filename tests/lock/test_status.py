@@ -4,7 +4,7 @@ hand)."""
 from __future__ import annotations
 
 from scrapy_redislock.lock.permit import LIMBO
-from scrapy_redislock.lock.status import Grant, Process, StageStatus, wait_reason, why_waiting
+from scrapy_redislock.lock.status import Grant, Process, StageStatus, wait_reason
 
 OWNER_A = "redislock:host-a:1:abc"
 OWNER_B = "redislock:host-b:2:def"
@@ -64,7 +64,7 @@ def test_paused_recovery_and_missing_are_warnings_with_their_kind() -> None:
     assert missing.kind == "missing" and "data loss?" in missing.text
 
 
-def test_why_waiting_is_the_reasons_text() -> None:
+def test_why_waiting_in_json_is_the_reasons_text() -> None:
     held = status(grants=[grant(OWNER_A, 1, 0.5), grant(OWNER_B, 2, 1.0)], debt=1)
-    assert why_waiting(held) == wait_reason(held).text
-    assert ", 1 more to give back after the limit was lowered" in why_waiting(held)
+    assert held.to_json()["why_waiting"] == wait_reason(held).text
+    assert ", 1 more to give back after the limit was lowered" in wait_reason(held).text
