@@ -247,12 +247,15 @@ class ProjectScript:
     def _load(self) -> Any:
         return self.client.script_load(self.script)
 
-    def _steps(self, keys: list[Any], args: list[Any]) -> Generator[Callable[[], Any], Any, Any]:
+    def _steps(
+        self, keys: list[Any], args: list[Any], *, functions: bool = True
+    ) -> Generator[Callable[[], Any], Any, Any]:
         """Yields each command to send (a call that sends it); gets its reply, or its
         ResponseError thrown in; returns the script's reply. After a NOSCRIPT, Redis's default user
         loads the script first, a named user (an ACL role, whose refusals would fill the ACL log)
-        tries the functions first."""
-        if self.mode.functions:
+        tries the functions first. ``functions`` False: from the EVALSHA on, whatever the mode
+        (:meth:`_aevalsha` sent it already)."""
+        if functions and self.mode.functions:
             try:
                 return (yield functools.partial(self._fcall, keys, args))
             except redis.exceptions.ResponseError as exc:
@@ -299,9 +302,11 @@ class ProjectScript:
         return (yield functools.partial(self._evalsha, keys, args))
 
     def __call__(self, keys: Iterable[Any] = (), args: Iterable[Any] = ()) -> Any:
-        steps = self._steps(list(keys), list(args))
         if self.asyncio:
-            return self._adrive(steps)
+            if not self.mode.functions:
+                return self._aevalsha(list(keys), list(args))
+            return self._adrive(self._steps(list(keys), list(args)))
+        steps = self._steps(list(keys), list(args))
         try:
             step = next(steps)
             while True:
@@ -314,10 +319,25 @@ class ProjectScript:
         except StopIteration as done:
             return done.value
 
-    @staticmethod
-    async def _adrive(steps: Generator[Callable[[], Any], Any, Any]) -> Any:
+    async def _aevalsha(self, keys: list[Any], args: list[Any]) -> Any:
+        """The steps' first command (EVALSHA, outside the functions' mode) sent at once: a script
+        that Redis has, which is every call but a few, costs no generator; after a ResponseError
+        the steps go on from that EVALSHA as :meth:`_adrive` would have."""
         try:
-            step = next(steps)
+            return await self._evalsha(keys, args)
+        except redis.exceptions.ResponseError as exc:
+            steps = self._steps(keys, args, functions=False)
+            next(steps)  # the EVALSHA, sent above
+            return await self._adrive(steps, exc)
+
+    @staticmethod
+    async def _adrive(
+        steps: Generator[Callable[[], Any], Any, Any], thrown: BaseException | None = None
+    ) -> Any:
+        """Run the steps with an asyncio client; ``thrown``: the error of the command the steps
+        gave last, sent already."""
+        try:
+            step = next(steps) if thrown is None else steps.throw(thrown)
             while True:
                 try:
                     reply = await step()

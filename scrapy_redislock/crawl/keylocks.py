@@ -155,6 +155,13 @@ class KeyLocks(StageLocks):
             return min(cap, self.settings.adaptive.adaptive_min)
         return cap
 
+    @property
+    def renew_interval(self) -> float:
+        """The stages' minimum over the locks, without walking them: every key's lock is made with
+        REDISLOCK_TTL (:meth:`lock_for`), whose interval is a third of it, at most 1 s (the
+        middleware reads it for every request)."""
+        return min(self.settings.ttl, 3.0) / 3 if self.locks else 1.0
+
     def adapts(self, key: str) -> bool:
         """Whether a key's or scope's limit adapts: REDISLOCK_ADAPTIVE "keys" adapts the keys capped
         by the short forms (REDISLOCK_KEY_LIMIT(S)); a scope with a REDISLOCK_SCOPES entry adapts
@@ -188,6 +195,10 @@ class KeyLocks(StageLocks):
                 runner=self._runner,
                 clock=self.clock,
             )
+            if self._runner.may_evict is not None:
+                # what its first acquire would ask the runner (MayEvict), which knows it already:
+                # a driver step less for each key met
+                lock.core.light_path = not self._runner.may_evict
             self.locks[key] = lock
             self._stage_by_lock[lock.name] = key
         self._idle.discard(key)

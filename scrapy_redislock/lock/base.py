@@ -442,6 +442,8 @@ class CommandRunner:
         return check(pipeline().execute(raise_on_error=False))
 
     def __call__(self, command: Command) -> Any:
+        if type(command) is RunScript:  # nearly every command: no other check first
+            return self._script(command)
         client = self.client
         if isinstance(command, ReadGrant):
             return self._read(command)

@@ -24,7 +24,6 @@ import json
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
@@ -133,8 +132,9 @@ class LockCore:
     durable: bool = False
     # grants are light (lock/light.py) while nobody waits: a lock made for a key met at run time
     light: bool = False
+    # 8 random hex digits, as uuid4().hex[:8] gave, without building a UUID (a lock per key met)
     owner: str = field(
-        default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
     )
     held: dict[str, Permit] = field(default_factory=dict)
     by_holder: dict[Any, Permit] = field(default_factory=dict)
@@ -338,7 +338,8 @@ class LockCore:
     def let_go(self, permit: Permit) -> None:
         """The permit's grant is gone (released or lost): forget it; its consumer holds nothing."""
         self.held.pop(permit.grant, None)
-        self.by_holder = {h: held for h, held in self.by_holder.items() if held is not permit}
+        if self.by_holder:  # a reentrant lock's (no new dict per release of any other)
+            self.by_holder = {h: held for h, held in self.by_holder.items() if held is not permit}
         if permit.owner == self.owner:
             self.consumers.free(permit.consumer)
             permit.consumer = self.owner

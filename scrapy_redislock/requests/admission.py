@@ -56,10 +56,9 @@ class StageAdmission:
     def route(self, request: Request) -> Route:
         """The sub-queue of ``request``: its stage when capped, and its key when keys are capped;
         computed once."""
-        try:
-            return self._routes[request]
-        except KeyError:
-            pass
+        known = self._routes.get(request)  # no KeyError raised and caught per new request
+        if known is not None:
+            return known
         stage = stage_of(request, self.settings, self.crawler.spider)
         try:
             capped = stage is not None and self.slots.locks.is_capped(stage)

@@ -171,12 +171,11 @@ class KeyLine:
         return self._names(request)[1]
 
     def _names(self, request: Request) -> tuple[str | None, tuple[str, ...]]:
-        try:
-            return self.names[request]
-        except KeyError:
+        found = self.names.get(request)  # no KeyError raised and caught per new request
+        if found is None:
             key, scopes = self.throttle.capped_names(request)
             found = self.names[request] = (key, ((key,) if key is not None else ()) + scopes)
-            return found
+        return found
 
     def blocked_name(self, request: Request) -> str | None:
         """The first of the request's capped names that is blocked here, if any: the request
@@ -209,8 +208,10 @@ class KeyLine:
         once per pass of the engine."""
         if self._load is None:
             load: Counter[str] = Counter()
+            for names in self.looking.values():  # each looking request's names, kept with it
+                load.update(names)
             holding = {*self.throttle.permits.holding(), *self.throttle.scope_permits.holding()}
-            for request in (*self.looking, *holding):
+            for request in holding:
                 load.update(self.names_of(request))
             for key, kept in self.kept.items():
                 load[key] += len(kept)

@@ -219,8 +219,15 @@ class StageLockMiddleware:
             held.extend((self.throttle.locks, p) for p in self.throttle.held(request))
         if not held:
             return
-        locks, permit = min(held, key=lambda one: one[1].valid_until - one[0].renew_interval / 2)
-        left = permit.valid_until - self.clock() - locks.renew_interval / 2
+        # the slot whose lease ends first, less half its renewal interval (read once per slot: a
+        # registry's interval is a property over its locks)
+        locks, permit = held[0]
+        end = permit.valid_until - locks.renew_interval / 2
+        for other_locks, other in held[1:]:
+            other_end = other.valid_until - other_locks.renew_interval / 2
+            if other_end < end:
+                locks, permit, end = other_locks, other, other_end
+        left = end - self.clock()
         if within_lease(request, left, self.download_timeout):
             locks.count(locks.stage_of(permit) or permit.name, "lease_bounded")
 

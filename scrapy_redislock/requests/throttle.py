@@ -178,9 +178,26 @@ class ScopeThrottle:
         )
         if not (capped or stage_delay or key_delay or paused_stage or scopes or rated):
             return None
+        if (
+            capped
+            and not (stage_delay or key_delay or paused_stage or scopes or rated)
+            and self._handed_for(request, f"{KEY_LOCK_PREFIX}{key}")
+        ):
+            return None
         return self._through(
             request, stage, key if capped else None, stage_delay, key, key_delay, scopes
         )
+
+    def _handed_for(self, request: Request, name: str) -> bool:
+        """Whether StageScheduler handed ``request`` a usable slot of its key's lock ``name`` with
+        no pause to check (:meth:`_queued_key`), the request's key being all it waits for: then
+        :meth:`_through` would await nothing, and :meth:`prepare` makes no coroutine (a broad
+        crawl's every request). A slot no longer usable is dropped here, as :meth:`usable` drops
+        it, and :meth:`_through` takes another."""
+        handed = self.permits.peek(request)
+        if handed is None or isinstance(handed, BaseException) or handed.name != name:
+            return False
+        return not self._queued_key(request) and self.usable(request)
 
     def scopes_of(self, request: Request) -> tuple[str, ...]:
         """The request's scopes beside its stage and key (KeyFunctionError as :meth:`prepare`)."""
