@@ -84,7 +84,7 @@ class LockKeys:
         """The keys of lock ``name``: ``<prefix>:{<name>}:<field name>``; ``prefix`` is a
         :func:`group_prefix` for the locks of a cap group."""
         base = f"{prefix}:{{{name}}}"
-        return cls(*(f"{base}:{part}" for part in _PARTS))
+        return cls(*[f"{base}:{part}" for part in _PARTS])  # a list: no generator step per key
 
 
 def group_prefix(prefix: str, group: str) -> str:

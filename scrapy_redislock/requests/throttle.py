@@ -126,7 +126,9 @@ class ScopeThrottle:
         self.locks.add_tick_hook(self.sweep)
         # confirmed starts of requests not yet in Scrapy's downloader (gone with their request)
         self.starts: WeakKeyDictionary[Request, list[ConfirmedStart]] = WeakKeyDictionary()
-        crawler.signals.connect(self.reached_downloader, signal=signals.request_reached_downloader)
+        # request_reached_downloader is connected with the first confirmed start (:meth:`_delay`):
+        # a crawl without delays pays no signal receiver per request
+        self._watching_sends = False
         # robots.txt Crawl-delay per host (REDISLOCK_CRAWL_DELAY), as this process parsed it
         self.crawl_delays: dict[str, float] = {}
         if settings.keys.crawl_delay:
@@ -413,6 +415,11 @@ class ScopeThrottle:
         request.meta[START_META] = start.at
         request.meta.setdefault(STARTS_META, {})[name] = start.at
         self.starts.setdefault(request, []).append(start)
+        if not self._watching_sends:
+            self._watching_sends = True
+            self.crawler.signals.connect(
+                self.reached_downloader, signal=signals.request_reached_downloader
+            )
         self.crawler.stats.inc_value("redislock/delay/waits")
         self.crawler.stats.inc_value("redislock/delay/wait_time_total", start.waited)  # type: ignore[arg-type]  # (as above)
 
