@@ -254,25 +254,25 @@ class CommandRunner:
     def _script(self, command: RunScript) -> Any:
         def call() -> Any:
             script = self._registered(command.name)
-            return script(keys=list(command.keys), args=list(command.args))
+            return script(keys=command.keys, args=command.args)  # it makes its own lists
 
         if self.asyncio:
-
-            async def run() -> Any:
-                try:
-                    return await call()
-                except redis.exceptions.ResponseError as exc:
-                    if not self._unflagged(command.name, exc):
-                        raise
-                return await call()
-
-            return run()
+            return self._ascript(command)
         try:
             return call()
         except redis.exceptions.ResponseError as exc:
             if not self._unflagged(command.name, exc):
                 raise
         return call()
+
+    async def _ascript(self, command: RunScript) -> Any:
+        """:meth:`_script` on an asyncio client (a method, not a closure made per command)."""
+        try:
+            return await self._registered(command.name)(keys=command.keys, args=command.args)
+        except redis.exceptions.ResponseError as exc:
+            if not self._unflagged(command.name, exc):
+                raise
+        return await self._registered(command.name)(keys=command.keys, args=command.args)
 
     def _guard_args(self, command: ReadGrant) -> tuple[Any, ...]:
         guard = self._registered("guard")
