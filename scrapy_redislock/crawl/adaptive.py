@@ -126,6 +126,7 @@ class Adaptation:
             return
         task = asyncio.get_running_loop().create_task(self._report_early(name))
         self.reporting[name] = task
+        task.add_done_callback(_reported)
 
     async def _report_early(self, name: str) -> None:
         try:
@@ -178,3 +179,10 @@ class Adaptation:
     def close(self) -> None:
         for task in [*self.pausing, *self.reporting.values()]:
             task.cancel()
+
+
+def _reported(task: asyncio.Task[None]) -> None:
+    """An early report that failed otherwise than by a Redis error (which it logs itself): logged,
+    not left to asyncio's "Task exception was never retrieved"."""
+    if not task.cancelled() and (error := task.exception()) is not None:
+        logger.error("Reporting to an adaptive limit failed: %r", error, exc_info=error)
