@@ -184,8 +184,10 @@ def test_killed_crawler_slots_return_after_the_ttl(
     assert first_after - max(killed + 1.5 + 0.5, ready) < 3.0
     # all three come back: the survivor may finish its 5 pages on the slots it got before the dead
     # crawler's last lease ran out (a grant of its taken after the last renewal), and that grant is
-    # reclaimed by the next take, not by the survivor's close (CI's rehearsal, loaded: 1 left)
-    probe = CountingLock(redis_client, "detail", 3, 30.0, maintain_loop=False)
+    # reclaimed by the next take, not by the survivor's close (CI's rehearsal, loaded: 1 left). The
+    # probe's ttl is the crawlers': a lock's lease is its owners' longest ttl, so a probe of 30 s would
+    # hold that grant for 30 s (CI: not all three free after 10 s)
+    probe = CountingLock(redis_client, "detail", 3, 1.5, maintain_loop=False)
 
     def all_three_free() -> bool:
         permits = [probe.try_acquire() for _ in range(3)]
