@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy_redislock.crawl.reach import REDIS_ERRORS, masters_said
 from scrapy_redislock.lock.interface import AsyncLock
-from scrapy_redislock.lock.status import StageStatus, WaitReason, astage_status, wait_reason
+from scrapy_redislock.lock.status import (
+    KEY_LOCK_PREFIX,
+    StageStatus,
+    WaitReason,
+    astage_status,
+    wait_reason,
+)
 
 if TYPE_CHECKING:
     from scrapy_redislock.crawl.deployment import Deployment
@@ -134,7 +140,9 @@ class WaitReports:
         if reason:
             logger.log(
                 logging.INFO if reason.calm else logging.WARNING,
-                "Stage %r has no free slot %s: %s",
+                "Key %r has no free slot %s: %s"
+                if self.lock_prefix == KEY_LOCK_PREFIX
+                else "Stage %r has no free slot %s: %s",
                 stage,
                 when,
                 reason,
@@ -186,7 +194,7 @@ class WaitReports:
         since = max(since, self.last_grant.get(stage, 0.0))
         self._progress[stage] = (seen, since)
         if now - since > window:
-            return f"no slot of the stage was freed anywhere for {window:.0f} s"
+            return f"no slot was freed anywhere for {window:.0f} s"
         return ""
 
 

@@ -27,8 +27,9 @@ counted as ``redislock/<stage>/given_back_at_close``. Without StageScheduler (no
 back to) it keeps its place in line, as Scrapy finishes what its downloader holds, while its stage
 makes progress; those of a stage that is paused (limit 0) or frees no slot anywhere for
 REDISLOCK_TTL + DOWNLOAD_TIMEOUT are dropped (IgnoreRequest), logged at WARNING with counts and
-counted as
-``redislock/<stage>/dropped_at_close``.
+counted as ``redislock/<stage>/dropped_at_close``; so are those of such a key waiting here for its
+slot (``redislock/keys/dropped_at_close``: :meth:`ScopeThrottle.drop_waits
+<scrapy_redislock.requests.throttle.ScopeThrottle.drop_waits>`).
 
 A request never starts with a slot that is lost or past its lease on this process's clock (Redis out
 of reach, a stall: another process may hold it by now; see ``StageLocks.usable``). Such a slot is
@@ -395,6 +396,12 @@ class StageLockMiddleware:
                 why = await self.locks.reports.stalled(stage, self.stall_window)
                 if why:
                     self._drop({stage}, why)
+            if self.throttle is not None:  # and their keys
+                keys = self.throttle.locks
+                for key in sorted(self.throttle.waited_keys()):
+                    why = await keys.reports.stalled(key, self.stall_window)
+                    if why:
+                        self.throttle.drop_waits(key, why)
         return bool(self._waits or key_waits) and not self.locks.closed
 
     def _hand_back_waits(self) -> None:
@@ -414,7 +421,7 @@ class StageLockMiddleware:
                 handing[f"stage {stage!r}"] += 1
         throttle = self.throttle
         if throttle is not None:
-            for key_wait, request in list(throttle.key_waits.items()):
+            for key_wait, (request, _key) in list(throttle.key_waits.items()):
                 if key_wait not in throttle.given_back and left(request) and key_wait.cancel():
                     throttle.given_back.add(key_wait)
                     handing["their key"] += 1

@@ -35,7 +35,7 @@ request that waited for a delay carries its confirmed start in ``meta["redislock
 Redis's clock; the key's when it had a stage delay too). A key function that raises fails that request with
 :class:`~scrapy_redislock.errors.KeyFunctionError` (stat ``redislock/key_errors``), not the crawl.
 
-Stats: redislock/keys/{acquired,wait_time_total,wait_time_max,retired_idle,taken_in_downloader},
+Stats: redislock/keys/{acquired,wait_time_total,wait_time_max,retired_idle,taken_in_downloader,dropped_at_close},
 redislock/keys/<key>/{timeouts,lost,unusable,lease_bounded} (a download cut where its key's or
 scope's slot's lease ends, as StageLockMiddleware cuts it where a stage slot's ends),
 redislock/delay/{waits,wait_time_total,held_back,late_sends,send_lag_max}, redislock/key_errors.
@@ -116,10 +116,12 @@ class ScopeThrottle:
         # slots of the request's other scopes (meta["redislock_scopes"], REDISLOCK_SCOPES_OF)
         self.scope_permits: PermitLedger[Request, ScopeHolds] = PermitLedger()
         self.waiting: Counter[str] = Counter()
-        # waits for a key slot in progress -> their request; those cancelled to go back to the
-        # scheduler when the spider closes (StageLockMiddleware's close watch does both)
-        self.key_waits: dict[asyncio.Task[SlotPermit], Request] = {}
+        # waits for a key slot in progress -> their request and key; those cancelled to go back to
+        # the scheduler when the spider closes, and those given up then (a stalled key's waits of
+        # requests that bypassed the scheduler): StageLockMiddleware's close watch does all three
+        self.key_waits: dict[asyncio.Task[SlotPermit], tuple[Request, str]] = {}
         self.given_back: set[asyncio.Task[SlotPermit]] = set()
+        self.dropped: set[asyncio.Task[SlotPermit]] = set()
         self.on_wait: Callable[[], None] | None = None  # a key wait started
         self.give_back: Callable[[Request, str], None] | None = None  # raises IgnoreRequest
         self.locks.add_waiting_source(self.waiting.__getitem__)
@@ -378,7 +380,7 @@ class ScopeThrottle:
             return
         self.waiting[key] += 1
         wait = asyncio.ensure_future(self.locks.acquire(key, self.settings.wait_timeout))
-        self.key_waits[wait] = request
+        self.key_waits[wait] = (request, key)
         if self.on_wait is not None:
             self.on_wait()
         try:
@@ -390,15 +392,47 @@ class ScopeThrottle:
                 raise IgnoreRequest(
                     f"spider closed while waiting for a slot of key {key!r}"
                 ) from None
+            if wait in self.dropped:
+                raise IgnoreRequest(
+                    f"spider closing while waiting for a slot of key {key!r}"
+                ) from None
             raise
         finally:
             self.key_waits.pop(wait, None)
             self.given_back.discard(wait)
+            self.dropped.discard(wait)
             self.waiting[key] -= 1
             if not self.waiting[key]:
                 del self.waiting[key]
         self._hold(request, permit, scoped)
         self.record(self.clock() - started)
+
+    def waited_keys(self) -> set[str]:
+        """The keys requests wait for here that are neither given back nor dropped: at close, those
+        of requests that bypassed the scheduler (media downloads), which an item waits for."""
+        return {
+            key
+            for wait, (_request, key) in self.key_waits.items()
+            if wait not in self.given_back and wait not in self.dropped
+        }
+
+    def drop_waits(self, key: str, why: str) -> None:
+        """The spider closes and ``key`` is paused or stalled (``why``): its waits here are given
+        up, their requests fail with IgnoreRequest, so that the close never hangs for ever."""
+        dropped = 0
+        for wait, (_request, waited) in list(self.key_waits.items()):
+            if waited == key and wait not in self.given_back and wait not in self.dropped:
+                self.dropped.add(wait)
+                wait.cancel()
+                dropped += 1
+        if dropped:
+            self.crawler.stats.inc_value("redislock/keys/dropped_at_close", dropped)
+            logger.warning(
+                "Spider closing: dropped %d request(s) waiting for a slot of key %r (%s)",
+                dropped,
+                key,
+                why,
+            )
 
     def _hold(self, request: Request, permit: SlotPermit, scoped: bool) -> None:
         if not scoped:

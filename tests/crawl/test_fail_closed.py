@@ -321,6 +321,45 @@ def test_media_downloads_of_a_paused_stage_are_dropped_at_close_with_a_warning(
     assert leftover(redis_client) == 0
 
 
+def test_media_downloads_of_a_stalled_key_are_dropped_at_close_with_a_warning(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
+    """Media downloads wait for their key in the middleware (they bypass StageScheduler): at close,
+    the waits of a key no slot of which is freed anywhere (an outsider holds it and renews) are
+    dropped after REDISLOCK_TTL + DOWNLOAD_TIMEOUT, logged at WARNING and counted, as a stalled
+    stage's are; the close does not wait for ever."""
+    extra = {
+        "REDISLOCK_STAGES": {"files": None},
+        "REDISLOCK_STAGE_KEY": "domain",
+        "REDISLOCK_KEY_LIMIT": 1,
+        "REDISLOCK_TTL": 2,
+        "DOWNLOAD_TIMEOUT": 5,  # the waits are said at 5 s, given up at 7 s
+    }
+    # the key's one slot, held and renewed by another process (a key's lock as its crawls take it:
+    # on the light path while nobody queues)
+    outsider = CountingLock(
+        redis_client, "key:127.0.0.1", limit=1, ttl=3, auto_renew=True, light=True
+    )
+    outsider.acquire()
+    try:
+        crawl = Crawl(
+            site.url, "2:2", files_settings(redis_url, tmp_path, **extra), tmp_path, spider=FILES
+        ).start()
+        crawl.wait(timeout=60)
+    finally:
+        outsider.close()
+    stats = crawl.stats
+    assert stats["finish_reason"] == "closespider_timeout", crawl.tail()
+    assert stats["redislock/keys/dropped_at_close"] == 4, crawl.tail()
+    assert (
+        "WARNING: Spider closing: dropped 4 request(s) waiting for a slot of key '127.0.0.1' (no slot was freed anywhere for 7 s)"  # noqa: E501
+        in crawl.output
+    ), crawl.tail()
+    assert "Key '127.0.0.1' has no free slot after " in crawl.output, crawl.tail()
+    assert site.count("files") == 0 and len(exported(tmp_path)) == 2
+    assert leftover(redis_client) == 0
+
+
 # -- a forced shutdown, and why a crawl waits ------------------------------------------------------
 
 
