@@ -46,6 +46,9 @@ def test_no_head_of_line_blocking(
     slots."""
     # long enough for 13 requests to be sent while the first is answered, under load
     site.delays["comments"] = 0.3
+    # the details take 10 s at 3 in flight: a loaded machine's spider yields its 300 details (and
+    # only then its first comment) well within that
+    site.delays["detail"] = 0.1
     crawl = Crawl(site.url, "detail:300,comments:300", settings(redis_url), tmp_path).start()
     waiting_seen = 0
     while crawl.process is not None and crawl.process.poll() is None:
@@ -60,10 +63,13 @@ def test_no_head_of_line_blocking(
     assert site.max_in_flight["detail"] == 3
     assert site.max_in_flight["comments"] >= 12  # of CONCURRENT_REQUESTS = 16, 3 go to detail
     assert sum(site.hits.values()) == 600
-    first_comment = min(site.arrivals["comments"]) - min(site.arrivals["detail"])
-    # not after the details (300 / 3 * 50 ms = 5 s); on a loaded machine the spider takes a while
-    # to yield the 300 details before its first comment, whatever the scheduler does
-    assert first_comment < 2.5, first_comment
+    # Comments are not queued behind the details: a scheduler that let the details block them
+    # would send the first comment with at most CONCURRENT_REQUESTS (16) details left to send. An
+    # order, not a speed (a bound of 2.5 s after the first detail failed on a loaded machine, 3.3 s:
+    # the spider took that long to yield its 300 details, whatever the scheduler does).
+    first_comment = min(site.arrivals["comments"])
+    details_after = sum(1 for arrival in site.arrivals["detail"] if arrival > first_comment)
+    assert details_after > 100, details_after
     assert stats["redislock/detail/acquired"] == 300
     # queued detail requests are reported as waiting (the status CLI)
     assert waiting_seen > 100, waiting_seen
@@ -86,6 +92,9 @@ def test_scrapy_redis_as_the_inner_scheduler(
     }
     # long enough for 13 requests to be sent while the first is answered, under load
     site.delays["comments"] = 0.3
+    # the details take 10 s at 3 in flight: a loaded machine's spider yields its 300 details (and
+    # only then its first comment) well within that
+    site.delays["detail"] = 0.1
     crawl = Crawl(site.url, "detail:150,comments:150", settings(redis_url, **extra), tmp_path).run()
     assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
     assert site.max_in_flight["detail"] == 3 and site.max_in_flight["comments"] >= 12
