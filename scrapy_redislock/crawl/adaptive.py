@@ -13,9 +13,9 @@ and the pauses a site's Retry-After asks for.
   a window closes; nothing for a lock this process did not use since the last tick. An overload
   answer (429, 503) or an error is reported at once instead, in a task of its own (one at a time
   per lock, at most one a quarter window: 4 scripts a window and lock while a site refuses, at
-  most): an overloaded window is due early
-  (``scripts/adapt_report.lua``), so a limit past what the site takes is cut within a few of its
-  answers, not at the next tick; a refusal comes back at once and frees its slot for the next
+  most): an overloaded window is due early (``scripts/adapt_report.lua``: a quarter window old, at
+  once in a slow start), so a limit past what the site takes is cut within a few of its answers,
+  not at the next tick; a refusal comes back at once and frees its slot for the next
   request, and against bench/adaptive.py's site refusing past 1.5 K, one window at 16 (K = 8)
   drew 70 refusals in the second before the tick reported them.
 - **Pauses**: :meth:`Adaptation.pause` stops every process's starts of a stage or key until a
@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +77,8 @@ class Adaptation:
         self.recorders: dict[str, Recorder] = {}
         self.pausing: set[asyncio.Task[float]] = set()
         self.reporting: dict[str, asyncio.Task[None]] = {}  # a lock's report in flight
+        # when each lock's last early report went (monotonic), for a quarter window after it
+        self.early: dict[str, float] = {}
         self._params: dict[int, AdaptiveParams] = {}
         self._failing = False
 
@@ -113,17 +117,23 @@ class Adaptation:
     async def tick(self) -> None:
         """Report what each lock's recorder holds (see the module docstring); never raises."""
         recorders, self.recorders = self.recorders, {}
+        if self.early:
+            quarter, now = self.settings.adaptive.adaptive_window / 4, time.monotonic()
+            self.early = {name: at for name, at in self.early.items() if now - at < quarter}
         for name, recorder in recorders.items():
             await self._report(name, recorder)
 
     def _report_now(self, name: str) -> None:
-        """Report lock ``name``'s recorder in a task of its own, unless one is in flight or its
-        recorder is younger than a quarter window (the script's least age of an early window)."""
+        """Report lock ``name``'s recorder in a task of its own, unless one is in flight or the
+        last early report went less than a quarter window ago (the script's least age of an early
+        window, but in a slow start, where the first overload is due at once)."""
         recorder, params = self.recorders.get(name), self.params(name)
         if name in self.reporting or recorder is None or params is None:
             return
-        if recorder.clock() - recorder.since < params.window / 4:
+        now = time.monotonic()
+        if now - self.early.get(name, -math.inf) < params.window / 4:
             return
+        self.early[name] = now
         task = asyncio.get_running_loop().create_task(self._report_early(name))
         self.reporting[name] = task
         task.add_done_callback(_reported)

@@ -483,9 +483,8 @@ class SharedController:
         )
         age, window = now - self.window.start_ms, self.window
         drops = window.overloads + window.errors
-        overloaded = age * 4 >= self.params.window_ms and (
-            drops > self.params.overload_threshold * window.outcomes
-        )
+        early = age * 4 >= self.params.window_ms or self.state.probe == STARTING
+        overloaded = early and drops > self.params.overload_threshold * window.outcomes
         due = age >= self.params.window_ms or overloaded
         if due and self.window.outcomes >= self.params.min_samples:
             return replace(self.window, end_ms=now)
@@ -711,6 +710,25 @@ def test_an_overloaded_window_is_due_at_a_quarter_of_its_time(
     assert (due.window.responses, due.window.overloads) == (9, 3)
     assert drive(report(calm, Sample(), params), runner, "x") is None  # no overload: its time
     assert drive(report(few, Sample(), params), runner, "x") is None  # 5 outcomes of 10
+
+
+@pytest.mark.integration
+def test_in_a_slow_start_an_overloaded_window_is_due_at_once(
+    redis_client: redis.Redis, runner: CommandRunner
+) -> None:
+    """In a slow start only its last step can have drawn refusals: an overloaded window is due at
+    once, not a quarter window later (at 1.5 x a site's K, that quarter drew 22 refusals of 1,200
+    in a loaded real crawl, tests/requests/test_adaptive_crawl.py); a calm one waits its time."""
+    params = AdaptiveParams(window=40.0, min_samples=10)  # a quarter: 10 s
+    assert drive(report(KEYS, Sample(10, 1.0, 0.1), params), runner, "x") is None
+    starting = ControllerState(6.0, 6, 0.1, 0.01, 1, STARTING)
+    assert drive(commit(KEYS, 0, starting, Window(), params), runner, "x") is True
+    start = int(redis_client.hget(KEYS.adapt, "start") or 0)
+    assert drive(report(KEYS, Sample(12, 1.2, 0.12), params), runner, "x") is None  # calm
+    due = drive(report(KEYS, Sample(9, 0.9, 0.09, overloads=3), params), runner, "x")
+    assert due is not None and due.state.probe == STARTING
+    assert due.window.end_ms < start + 10_000
+    assert (due.window.responses, due.window.overloads) == (21, 3)
 
 
 @pytest.mark.integration
