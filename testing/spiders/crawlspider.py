@@ -93,6 +93,7 @@ class PlanSpider(scrapy.Spider):
                 yield scrapy.Request(
                     url, meta=meta, callback=callback, errback=self.failed, dont_filter=True
                 )
+        self.logger.info("Start requests: all yielded")
 
     async def parse(self, response: scrapy.http.Response) -> AsyncIterator[Any]:
         if self.follow and f"/{self.follow}/" not in response.url:
