@@ -173,8 +173,9 @@ def test_slot_freed_by_another_process_is_used_at_once(
         crawl.wait()
         outsider.close()
     print("hand-off delays (ms):", [round(d * 1000, 1) for d in delays])
-    # the engine's heartbeat would be 5 s
-    assert statistics.median(delays) < 0.1 and max(delays) < 0.5
+    # the engine's heartbeat would be 5 s, a renewal tick's poll about 1 s; a quiet machine hands off
+    # in a few ms (the CI rehearsal's suite beside it, load average 13: 126, 44 and 224 ms)
+    assert statistics.median(delays) < 0.5 and max(delays) < 1.5
     assert crawl.stats["finish_reason"] == "finished"
     assert leftover(redis_client) == 0
 
