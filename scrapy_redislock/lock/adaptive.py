@@ -55,9 +55,12 @@ that were not overload answers), ``noload`` the estimate of the latency with no 
    bound, ``confidence`` standard errors of both latencies, the window's and the no-load
    estimate's, above it: a no-load latency from the start's first few answers is as uncertain
    as a window's, and a start that counted the window's error alone went 7, 10, 13 against
-   K = 8 refusing past 12, in 3 of 28 runs of the crawl test), by one at least, but
-   never past ``start_growth`` times the share it served by the estimate, ``noload / rtt``; it
-   never shrinks there. With exact latencies and no queue both shares are 1: times 1.5. The
+   K = 8 refusing past 12, in 3 of 28 runs of the crawl test), by one at least (unless the
+   window's own latencies show a queue Vegas would shrink), but never past ``start_growth``
+   times the share it served by the estimate, ``noload / rtt``, of the limit applied (the float
+   limit is up to one higher: a start at K = 6 went 6 -> 10), or that limit plus one where Vegas
+   would grow (from 1, times 1.5 floors back to 1); it never shrinks there. With exact latencies
+   and no queue both shares are 1: times 1.5 (2, 3, 4, 6, 9, ...). The
    first window with a significant queue ends it at what the site served at once,
    ``in_flight * noload / rtt`` (its capacity, as the queue shows it), but not below
    ``limit / start_growth`` (at most the step before, which showed no significant queue), and
