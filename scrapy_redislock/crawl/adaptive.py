@@ -17,12 +17,7 @@ and the pauses a site's Retry-After asks for.
   (``scripts/adapt_report.lua``), so a limit past what the site takes is cut within a few of its
   answers, not at the next tick; a refusal comes back at once and frees its slot for the next
   request, and against bench/adaptive.py's site refusing past 1.5 K, one window at 16 (K = 8)
-  drew 70 refusals in the second before the tick reported them. So is a lock's answer while its
-  controller may be in its slow start (this process has not yet committed a window of it past the
-  start), once its recorder holds half the outcomes a window needs: a start's windows are due at a
-  quarter of their length too, and each step of the start waits for one (bench/adaptive.py
-  ``--refuse 1.5``: K = 8 reached 5 s after the start instead of 7 to 8). At most 4 reports a
-  window per process instead of one, for the start's few windows.
+  drew 70 refusals in the second before the tick reported them.
 - **Pauses**: :meth:`Adaptation.pause` stops every process's starts of a stage or key until a
   moment on Redis's clock (:func:`~scrapy_redislock.lock.delay.pause_starts`), in a task of its
   own; a failure is logged, never raised into the crawl.
@@ -41,7 +36,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
-from scrapy_redislock.lock.adaptive import STARTING, AdaptiveParams, Recorder, update
+from scrapy_redislock.lock.adaptive import AdaptiveParams, Recorder, update
 from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.delay import pause_starts
 from scrapy_redislock.lock.permit import LockKeys
@@ -80,9 +75,6 @@ class Adaptation:
         self.recorders: dict[str, Recorder] = {}
         self.pausing: set[asyncio.Task[float]] = set()
         self.reporting: dict[str, asyncio.Task[None]] = {}  # a lock's report in flight
-        # locks whose last window this process committed was past the slow start (the others may
-        # be starting: their windows are due at a quarter of their length, reported early)
-        self.settled: set[str] = set()
         self._params: dict[int, AdaptiveParams] = {}
         self._failing = False
 
@@ -108,7 +100,7 @@ class Adaptation:
         503)."""
         recorder = self.recorders.setdefault(name, Recorder())
         recorder.response(latency or 0.0, overload)
-        if overload or name not in self.settled:
+        if overload:
             self._report_now(name)
 
     def error(self, name: str) -> None:
@@ -126,16 +118,11 @@ class Adaptation:
 
     def _report_now(self, name: str) -> None:
         """Report lock ``name``'s recorder in a task of its own, unless one is in flight or its
-        recorder is younger than a quarter window (the script's least age of an early window), or
-        holds no overload or error and less than half the outcomes a window needs (a slow start's
-        report early only where a window could be due: not the lock of a slow site)."""
+        recorder is younger than a quarter window (the script's least age of an early window)."""
         recorder, params = self.recorders.get(name), self.params(name)
         if name in self.reporting or recorder is None or params is None:
             return
         if recorder.clock() - recorder.since < params.window / 4:
-            return
-        sample = recorder.sample
-        if not (sample.overloads or sample.errors) and sample.outcomes * 2 < params.min_samples:
             return
         task = asyncio.get_running_loop().create_task(self._report_early(name))
         self.reporting[name] = task
@@ -166,10 +153,6 @@ class Adaptation:
         self._failing = False
         if state is not None:
             logger.debug("Adaptive limit of %r: %s (window closed here)", name, state.applied)
-            if state.probe == STARTING:
-                self.settled.discard(name)
-            else:
-                self.settled.add(name)
 
     # -- pauses ------------------------------------------------------------------------------------
 

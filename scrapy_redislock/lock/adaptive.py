@@ -5,8 +5,7 @@ lock, the limit it sets the lock's own (meta ``limit``), so everything that read
 the lock's requests (:func:`report`, about once a second per lock). ``scripts/adapt_report.lua``
 merges it into the one current :class:`Window` of the lock (the ``adapt`` hash, on Redis's clock)
 and, when that window is due (``window`` seconds old and ``min_samples`` outcomes; a quarter of
-that old when more than ``overload_threshold`` of them are overloads or errors, or while the
-controller is in its slow start: each step of a start waits for a window), hands it with
+that old when more than ``overload_threshold`` of them are overloads or errors), hands it with
 the :class:`ControllerState` and its version to the process that happened to report. That process
 computes :func:`next_state` (pure, deterministic) and commits it (:func:`commit`,
 ``scripts/adapt_commit.lua``): the version must still match, so of several processes that got the
@@ -61,13 +60,7 @@ that were not overload answers), ``noload`` the estimate of the latency with no 
    times the share it served by the estimate, ``noload / rtt``, of the limit applied (the float
    limit is up to one higher: a start at K = 6 went 6 -> 10), or that limit plus one where Vegas
    would grow (from 1, times 1.5 floors back to 1); it never shrinks there. With exact latencies
-   and no queue both shares are 1: times 1.5 (2, 3, 4, 6, 9, ...). A start's windows are due at
-   a quarter of ``window`` (the processes report early meanwhile, crawl/adaptive.py): one step
-   a second took bench/adaptive.py 7 to 8 s to reach K = 8, 5 s so. Its no-load latency comes
-   from its first window, at the minimum, and its second, at no more than twice the minimum,
-   weighted by their errors (unless lower: then it replaces it): from the first window's 10
-   answers alone, the share surely served, which counts the estimate's error, made small steps
-   (2, 3, 4, 4, 5, 7, 8 in the benchmark). The
+   and no queue both shares are 1: times 1.5 (2, 3, 4, 6, 9, ...). The
    first window with a significant queue ends it at what the site served at once,
    ``in_flight * noload / rtt`` (its capacity, as the queue shows it), but not below
    ``limit / start_growth`` (at most the step before, which showed no significant queue), and
@@ -424,13 +417,6 @@ def next_state(state: ControllerState, window: Window, params: AdaptiveParams) -
     overloaded = window.outcomes > 0 and drops > params.overload_threshold * window.outcomes
     if rtt is not None:
         low_load = probe == MEASURING or (probe == NOT_PROBING and _at_probe_level(state, params))
-        pooled = (
-            probe == STARTING
-            and state.applied <= 2 * params.minimum
-            and error > 0
-            and noload_error > 0
-            and rtt < noload + params.confidence * math.hypot(error, noload_error)
-        )
         if low_load and not overloaded:
             # measured at low load: replaces the estimate, up or down
             noload, noload_error, since_probe = rtt, error, 0
@@ -442,14 +428,6 @@ def next_state(state: ControllerState, window: Window, params: AdaptiveParams) -
             # significantly lower (the site got faster), or lower and measured more precisely (a
             # first window of a few requests, some of them opening connections, is no estimate)
             noload, noload_error = rtt, error
-        elif pooled and not overloaded:
-            # a slow start's window at no more than twice the minimum, not significantly slower
-            # than the estimate: measured at low load too, both windows count (inverse-variance
-            # weights); from one window of a few answers, the estimate's error kept the share
-            # surely served, and the start's steps, small
-            weight, other = noload_error**-2, error**-2
-            noload = (noload * weight + rtt * other) / (weight + other)
-            noload_error = (weight + other) ** -0.5
     # a new controller at the minimum starts slow-start (one re-made higher, from a lock's limit,
     # probes first instead)
     starting = probe == STARTING or (state.version == 0 and state.limit <= params.minimum)

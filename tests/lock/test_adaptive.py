@@ -692,12 +692,9 @@ def test_an_overloaded_window_is_due_at_a_quarter_of_its_time(
 ) -> None:
     """A window whose outcomes are more than 1% overloads or errors is due once a quarter of its
     time is up (a refusal frees its slot at once: waiting out the window let one step too far
-    draw refusals for all of it); not before; one with no overload, or too few outcomes, not.
-    (Controllers above the minimum: one at it is in its slow start, due early too.)"""
+    draw refusals for all of it); not before; one with no overload, or too few outcomes, not."""
     params = AdaptiveParams(window=4.0, min_samples=10)
     calm, few = LockKeys.of("redislock", "calm"), LockKeys.of("redislock", "few")
-    for keys in (KEYS, calm, few):
-        redis_client.hset(keys.meta, "limit", 4)  # where a new controller starts
     first = {
         KEYS: Sample(9, 0.9, 0.09, overloads=3),
         calm: Sample(20, 2.0, 0.2),
@@ -717,30 +714,6 @@ def test_an_overloaded_window_is_due_at_a_quarter_of_its_time(
     assert (due.window.responses, due.window.overloads) == (9, 3)
     assert drive(report(calm, Sample(), params), runner, "x") is None  # no overload: its time
     assert drive(report(few, Sample(), params), runner, "x") is None  # 5 outcomes of 10
-
-
-@pytest.mark.integration
-def test_a_slow_starts_window_is_due_at_a_quarter_of_its_time(
-    redis_client: redis.Redis, runner: CommandRunner
-) -> None:
-    """A new controller at the minimum, and one whose state is a slow start, have their windows
-    due once a quarter of their time is up with enough outcomes (each step of a start waits for a
-    window); one past its start (probe 0, above the minimum) waits for its whole time."""
-    params = AdaptiveParams(window=4.0, min_samples=10)
-    new, going, past = (LockKeys.of("redislock", name) for name in ("new", "going", "past"))
-    redis_client.hset(past.meta, "limit", 4)
-    for keys in (new, going, past):
-        assert drive(report(keys, Sample(12, 1.2, 0.12), params), runner, "x") is None
-    redis_client.hset(going.adapt, mapping={"limit": 3.0, "applied": 3, "probe": STARTING})
-    latest = max(int(redis_client.hget(keys.adapt, "start") or 0) for keys in (new, going, past))
-    while redis_ms(redis_client) < latest + 1000:
-        pass
-    due = drive(report(new, Sample(), params), runner, "x")
-    assert due is not None and due.window.responses == 12 and due.state.limit == 1
-    due = drive(report(going, Sample(), params), runner, "x")
-    assert due is not None and due.state.probe == STARTING
-    if redis_ms(redis_client) < latest + 4000:  # (unless the machine stalled for 3 s)
-        assert drive(report(past, Sample(), params), runner, "x") is None
 
 
 @pytest.mark.integration

@@ -10,8 +10,7 @@
 -- change holds what was measured under that limit only, whoever reports when.
 -- An overloaded window is due early: once a quarter of its length old, with enough outcomes and more than ARGV[14]
 -- of them overloads or errors (a refusal comes back at once and frees its slot for the next request, so a limit
--- one step past what the site takes drew refusals at the rate the site answered them until the window's end); so is
--- a window of a slow start (probe 3, or a new controller at the minimum, ARGV[11]), with enough outcomes.
+-- one step past what the site takes drew refusals at the rate the site answered them until the window's end).
 -- Besides the caller's observations of slots in use, every report adds one of its own: the lock's held grants
 -- (its group's pending count) now, across the cluster, which no process knows.
 -- KEYS[1] adapt hash, KEYS[2] the lock's slots stream, KEYS[3] the lock's meta hash, KEYS[4] a key's light zset
@@ -83,11 +82,8 @@ redis.call('PEXPIRE', adapt, ARGV[13])
 local drops = tonumber(got.overloads) + tonumber(got.errors)
 local outcomes = tonumber(got.responses) + drops
 local age, length = now - tonumber(got.start), tonumber(ARGV[9])
--- in its slow start (probe 3, or a new controller at the minimum) a window is due early too: each step of a start
--- waits for a window, and the processes report more often meanwhile (crawl/adaptive.py)
-local starting = got.probe == '3' or (got.version == '0' and tonumber(got.limit) <= tonumber(ARGV[11]))
-local early = age * 4 >= length and (starting or drops > tonumber(ARGV[14]) * outcomes)
-if outcomes < tonumber(ARGV[10]) or (age < length and not early) then
+local overloaded = age * 4 >= length and drops > tonumber(ARGV[14]) * outcomes
+if outcomes < tonumber(ARGV[10]) or (age < length and not overloaded) then
   return 0
 end
 local reply = {tostring(got.version), tostring(got.start), string.format('%.0f', now)}
