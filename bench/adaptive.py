@@ -337,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
         for mode, cap in runs:
             row = run(mode, cap, processes, opts, folder)
             print(json.dumps({k: v for k, v in row.items() if k != "series"}), flush=True)
+            if row["series"]["limit"]:
+                # the controller's limit per window (adapt_log): the start, the probes
+                history = " ".join(f"{t:.1f}:{limit}" for t, limit in row["series"]["limit"])
+                print(f"limit by window (s since every spider opened: limit): {history}")
             rows.append(row)
     text = "\n".join([*table(rows, opts), f"\nbenchmark wall time {time.time() - started:.0f} s"])
     print()

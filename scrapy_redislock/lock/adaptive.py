@@ -55,9 +55,12 @@ that were not overload answers), ``noload`` the estimate of the latency with no 
    bound, ``confidence`` standard errors of both latencies, the window's and the no-load
    estimate's, above it: a no-load latency from the start's first few answers is as uncertain
    as a window's, and a start that counted the window's error alone went 7, 10, 13 against
-   K = 8 refusing past 12, in 3 of 28 runs of the crawl test), by one at least, but
-   never past ``start_growth`` times the share it served by the estimate, ``noload / rtt``; it
-   never shrinks there. With exact latencies and no queue both shares are 1: times 1.5. The
+   K = 8 refusing past 12, in 3 of 28 runs of the crawl test), by one at least (unless the
+   window's own latencies show a queue Vegas would shrink), but never past ``start_growth``
+   times the share it served by the estimate, ``noload / rtt``, of the limit applied (the float
+   limit is up to one higher: a start at K = 6 went 6 -> 10), or that limit plus one where Vegas
+   would grow (from 1, times 1.5 floors back to 1); it never shrinks there. With exact latencies
+   and no queue both shares are 1: times 1.5 (2, 3, 4, 6, 9, ...). The
    first window with a significant queue ends it at what the site served at once,
    ``in_flight * noload / rtt`` (its capacity, as the queue shows it), but not below
    ``limit / start_growth`` (at most the step before, which showed no significant queue), and
@@ -497,8 +500,11 @@ def _slow_start(
 
     It grows to ``start_growth`` (1.5) times the share of the limit the site *surely* served at
     once: one less the queue estimate at its upper bound (``confidence`` standard errors of both
-    latencies) over the limit used; by one at least (Vegas's step), but never past
-    ``start_growth`` times the share it served by the estimate itself; it never shrinks here.
+    latencies) over the limit used; by one at least (Vegas's step) unless the window's own
+    latencies show a queue above ``beta`` by ``confidence`` standard errors, but never past
+    ``start_growth`` times the share it served by the estimate itself of the limit applied (or
+    that limit plus one where Vegas would grow: from 1, times 1.5 floors back to 1); it never
+    shrinks here.
     Exact latencies and no queue: both shares are 1, the limit times 1.5. Why a bound: a site that
     serves K at once answers in the same time up to K, so a step can pass ``start_growth * K``
     only from a limit above K, whose queue (one request at K + 1) the noise may hide; from the
@@ -507,7 +513,7 @@ def _slow_start(
     limit while the queue estimate was below ``alpha``) passed it: at 7 a noisy window read a
     queue, the step from what was served went to 9 = K + 1, whose queue of one read below
     ``alpha``, and 9 * 1.5 went to 14 against a site refusing past 12."""
-    queue, error, _window = estimate.queue(used)
+    queue, error, window = estimate.queue(used)
     if queue - params.confidence * error >= params.alpha:
         return None
     if used < params.app_limited * params.start_growth * state.applied:
@@ -517,7 +523,18 @@ def _slow_start(
     # 1 - queue / used at the queue's upper bound, with both latencies' errors (a no-load latency
     # of a few early answers is as uncertain as the window's)
     surely = min(served, max(0.0, 1.0 - (queue + params.confidence * error) / used))
-    return max(limit, min(growth * served * limit, max(growth * surely * limit, limit + 1)))
+    # at most start_growth times what the site served of the limit it was sent (of the float
+    # limit, up to one higher, a start at K = 6 went to 10, past 1.5 K), but one more where Vegas
+    # would grow (from 1, times 1.5 floors back to 1: a whole window lost); by one at least unless
+    # this window alone shows a queue Vegas would shrink (a no-load latency read low from a few
+    # early answers hides every queue in its error, and a start crept by one past 1.5 K)
+    applied, step = state.applied, limit + 1
+    most = growth * served * applied
+    if _room(state, used, estimate, params):
+        most = max(most, applied + 1.0)
+    elif queue - params.confidence * window > params.beta:
+        step = limit
+    return max(limit, min(most, max(growth * surely * limit, step)))
 
 
 def _vegas(
