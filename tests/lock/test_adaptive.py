@@ -486,10 +486,12 @@ class SharedController:
         )
         age, window = now - self.window.start_ms, self.window
         drops = window.overloads + window.errors
-        early = age * 4 >= self.params.window_ms or self.state.probe == STARTING
+        starting = self.state.probe == STARTING
+        early = age * 4 >= self.params.window_ms or starting
         overloaded = early and drops > self.params.overload_threshold * window.outcomes
         due = age >= self.params.window_ms or overloaded
-        if due and self.window.outcomes >= self.params.min_samples:
+        enough = window.outcomes >= self.params.min_samples or (starting and drops >= 2)
+        if due and enough:
             return replace(self.window, end_ms=now)
         return None
 
@@ -732,6 +734,12 @@ def test_in_a_slow_start_an_overloaded_window_is_due_at_once(
     assert due is not None and due.state.probe == STARTING
     assert due.window.end_ms < start + 10_000
     assert (due.window.responses, due.window.overloads) == (21, 3)
+    # its first refusals come before ten answers do: two are enough (one may be a stray 503)
+    starting = replace(starting, version=1)
+    assert drive(commit(KEYS, 1, starting, Window(), params), runner, "x") is True
+    assert drive(report(KEYS, Sample(1, 0.1, 0.01, overloads=1), params), runner, "x") is None
+    due = drive(report(KEYS, Sample(0, 0.0, 0.0, overloads=1), params), runner, "x")
+    assert due is not None and (due.window.responses, due.window.overloads) == (1, 2)
 
 
 @pytest.mark.integration
