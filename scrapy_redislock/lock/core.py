@@ -147,11 +147,18 @@ class LockCore:
     # caller reads to learn of another process's or an operator's change, at no command of its own
     reported_limit: int | None = None
     consumers: Consumers = field(init=False)
-    lights: LightGrants = field(init=False)
+    # light grants made by this object (their tokens: lock/light.py)
+    light_grants_made: int = 0
 
     def __post_init__(self) -> None:
         self.consumers = Consumers(self.owner)
-        self.lights = LightGrants(self)
+
+    @property
+    def lights(self) -> LightGrants:
+        """The light path's operations on this lock: a view made per use, never kept, so that the
+        lock holds no reference back to itself and its refcount frees it (a lock per key met: kept
+        in a cycle, each would wait for the garbage collector's oldest generation)."""
+        return LightGrants(self)
 
     def rename(self, owner: str) -> None:
         """Take this owner name (before any wait): the quorum lock uses one name on every master."""

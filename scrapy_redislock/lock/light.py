@@ -44,19 +44,19 @@ PAUSED = "paused"
 
 
 class LightGrants:
-    """One lock object's grants on the light path: take, release, renew."""
+    """One lock object's grants on the light path: take, release, renew (a view of its core, made
+    per use: :attr:`LockCore.lights <scrapy_redislock.lock.core.LockCore.lights>`)."""
 
     def __init__(self, core: Core) -> None:
         self.core = core
-        self.made = 0
 
     def take(self, limit: int) -> Operation[Permit | str]:
         """A light grant if the lock has no stream in use and a free slot; else why not
         ("stream", "full" or :data:`PAUSED`). ``limit`` is written when the lock is idle in Redis."""
         core = self.core
-        self.made += 1
+        core.light_grants_made += 1
         sent_at = core.clock()
-        permit = Permit(core.name, core.owner, f"L{self.made}", 0, sent_at, light=True)
+        permit = Permit(core.name, core.owner, f"L{core.light_grants_made}", 0, sent_at, light=True)
         granted, why, *paused = text(
             (yield RunScript("light_take", (core.keys.light,), (limit, permit.token, core.ttl_ms)))
         )

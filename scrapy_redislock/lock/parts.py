@@ -30,6 +30,7 @@ class Core(Protocol):
     reported_limit: int | None
     consumers: Consumers
     registration: Registration
+    light_grants_made: int
 
     @property
     def clock(self) -> Callable[[], float]: ...
