@@ -407,21 +407,25 @@ class ScopeThrottle:
         self._hold(request, permit, scoped)
         self.record(self.clock() - started)
 
+    def _open_waits(self) -> list[tuple[asyncio.Task[SlotPermit], str]]:
+        """The key waits neither given back nor dropped, with their keys."""
+        return [
+            (wait, key)
+            for wait, (_request, key) in self.key_waits.items()
+            if wait not in self.given_back and wait not in self.dropped
+        ]
+
     def waited_keys(self) -> set[str]:
         """The keys requests wait for here that are neither given back nor dropped: at close, those
         of requests that bypassed the scheduler (media downloads), which an item waits for."""
-        return {
-            key
-            for wait, (_request, key) in self.key_waits.items()
-            if wait not in self.given_back and wait not in self.dropped
-        }
+        return {key for _wait, key in self._open_waits()}
 
     def drop_waits(self, key: str, why: str) -> None:
         """The spider closes and ``key`` is paused or stalled (``why``): its waits here are given
         up, their requests fail with IgnoreRequest, so that the close never hangs for ever."""
         dropped = 0
-        for wait, (_request, waited) in list(self.key_waits.items()):
-            if waited == key and wait not in self.given_back and wait not in self.dropped:
+        for wait, waited in self._open_waits():
+            if waited == key:
                 self.dropped.add(wait)
                 wait.cancel()
                 dropped += 1
