@@ -112,9 +112,12 @@ def test_acceptance_caps_hold_every_page_once_workers_exit_0_nothing_left(
         assert sorted(set(site.hits.values())) == [1]
         assert phase.items == site.totals
         assert not any(phase.leftover.values()), phase.leftover
-        # All three kinds of data flow from the start: the first comment long before the details are
-        # done.
-        assert phase.first_item["comments"] < phase.timeline["detail"][-1] / 2
+        # All three kinds of data flow from the start: the first comment comes with most details still
+        # to come (an order, not a speed: a loaded machine stretches the start-up, not the order).
+        # Plain scrapy-redis goes through the stages in order and leaves none.
+        first_comment = phase.first_item["comments"]
+        details_after = sum(t > first_comment for t in phase.timeline["detail"])
+        assert details_after > len(phase.timeline["detail"]) / 3, (first_comment, phase.timeline)
 
 
 @pytest.mark.integration
