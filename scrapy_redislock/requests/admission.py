@@ -4,15 +4,14 @@ The sub-queues (:mod:`.stagequeue`) ask it two things: a request's route (its ca
 key when keys are capped; computed once per request) and whether a request of a route may leave
 the scheduler now. A capped stage's request may leave when the stage has a slot in hand here, or
 while fewer than REDISLOCK_WAITERS_PER_STAGE of its requests wait for a slot in the downloader; a
-capped key's, while fewer than the key's limit of this process's requests hold or wait for it.
-Reads REDISLOCK_WAITERS_PER_STAGE, REDISLOCK_STAGE_KEY, REDISLOCK_KEY_LIMIT and
-REDISLOCK_KEY_LIMITS from the checked settings it is given.
+capped key's, while the key's line lets it (:class:`~scrapy_redislock.requests.keyline.KeyLine`,
+which counts every request of this process that holds, takes or waits for the key).
+Reads REDISLOCK_WAITERS_PER_STAGE and REDISLOCK_STAGE_KEY from the checked settings it is given.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections import Counter
 from typing import TYPE_CHECKING
 
 from scrapy_redislock.crawl.engine import downloader_active
@@ -31,7 +30,7 @@ if TYPE_CHECKING:
 
 
 class StageAdmission:
-    """The routes of requests, the line of each capped stage, and the load of each capped key."""
+    """The routes of requests and the line of each capped stage."""
 
     def __init__(
         self,
@@ -48,8 +47,6 @@ class StageAdmission:
         # the inner scheduler's queues are split by stage (False: an unknown scheduler)
         self.queues_split = True
         self._routes: weakref.WeakKeyDictionary[Request, Route] = weakref.WeakKeyDictionary()
-        # keys held or in line in this process, during one next_request()
-        self._load: Counter[str] | None = None
         # key slots got in the scheduler, for requests of no capped stage (StageScheduler sets it)
         self.keyline: KeyLine | None = None
 
@@ -92,31 +89,16 @@ class StageAdmission:
     def may_go(self, route: Route) -> bool:
         """A request of this sub-queue may leave now: not capped; or its stage has a slot in hand
         here, or fewer than REDISLOCK_WAITERS_PER_STAGE of its requests wait in line; and its key
-        (if capped) has room here. A key's own sub-queue (no capped stage) while the key may go
-        (:meth:`KeyLine.may_go <scrapy_redislock.requests.keyline.KeyLine.may_go>`)."""
+        (if capped) has room here (:meth:`KeyLine.has_room
+        <scrapy_redislock.requests.keyline.KeyLine.has_room>`). A key's own sub-queue (no capped
+        stage) while the key may go (:meth:`KeyLine.may_go
+        <scrapy_redislock.requests.keyline.KeyLine.may_go>`)."""
         stage, key = route
         if stage is None:
             return key is None or self.keyline is None or self.keyline.may_go(key)
         if not self.slots.kept(stage) and self._line_is_full(stage):
             return False
-        if key is None:
-            return True
-        if self.keyline is not None and not self.keyline.may_go(key):
-            return False  # waited for here (with a stage's slot), paused, or at its limit here
-        limit = self.settings.keys.limit_of(key)
-        return limit is None or self.key_load()[key] < limit
-
-    def let_go(self, key: str | None) -> None:
-        """A request of ``key`` leaves the scheduler: one more of this process holds or waits for
-        the key."""
-        if key is not None:
-            self.key_load()[key] += 1
-
-    def new_pass(self) -> None:
-        """The engine asks for the next request: the key loads are counted again."""
-        self._load = None
-        if self.keyline is not None:
-            self.keyline.new_pass()
+        return key is None or self.keyline is None or self.keyline.has_room(key)
 
     def _line_is_full(self, stage: str) -> bool:
         """The line bounds what waits for a slot in the downloader, where it takes one of
@@ -126,19 +108,6 @@ class StageAdmission:
         if not self.queues_split or downloader_active(self.crawler) is None:
             return False
         return self.slots.waiting_in_line(stage) >= self.settings.waiters_per_stage
-
-    def key_load(self) -> Counter[str]:
-        """Requests of this process per key that hold a slot or wait in line: a key has room while
-        fewer than its limit do. Other processes' are not seen (that would cost a read per request):
-        a key busy elsewhere still lets requests go here up to its limit, and they wait for the key
-        in the middleware."""
-        if self._load is None:
-            requests = set(self.slots.holding())
-            requests.update(self.slots.in_line())
-            self._load = Counter(
-                key for key in (self.route(r)[1] for r in requests) if key is not None
-            )
-        return self._load
 
     def _key(self, request: Request) -> str | None:
         """The request's key (REDISLOCK_STAGE_KEY); None also when its function fails for it (the

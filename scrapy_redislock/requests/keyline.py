@@ -188,13 +188,22 @@ class KeyLine:
 
     def blocked(self, key: str) -> bool:
         """No request of ``key`` may leave for a take now: a wait for it is under way here and
-        keeps nothing yet, or this process already holds or takes the key's limit of it."""
-        if key in self.paused:
-            return True
-        if self.kept.get(key):
+        keeps nothing yet, or this process already holds, takes or waits for the key's limit of
+        it."""
+        if self.kept.get(key) and key not in self.paused:
+            return False
+        return not self.has_room(key)
+
+    def has_room(self, key: str) -> bool:
+        """A request of ``key`` that uses no kept slot of it (one of a capped stage, whose stage's
+        slot comes first) may leave for a take: the key is not paused, no wait for it is under way
+        here, and fewer than its limit of this process's requests hold, take or wait for it. Other
+        processes' are not seen (that would cost a read per request): their share shows in the
+        take."""
+        if key in self.paused or key in self.waits or self.closed:
             return False
         limit = self.settings.keys.limit_of(key)
-        return key in self.waits or (limit is not None and self.load()[key] >= limit)
+        return limit is None or self.load()[key] < limit
 
     def may_go(self, key: str) -> bool:
         """The key's sub-queue may let a request go: a slot (or the wait's error) is kept for it,
@@ -202,11 +211,19 @@ class KeyLine:
         return not self.blocked(key) and not self.closed
 
     def new_pass(self) -> None:
+        """The engine asks for the next request: the loads are counted again."""
         self._load = None
 
+    def count(self, request: Request) -> None:
+        """``request`` left the scheduler to wait for its stage's slot in the middleware, where it
+        then takes its key and scopes: it counts in their load from now on."""
+        if self._load is not None:
+            self._load.update(self.names_of(request))
+
     def load(self) -> Counter[str]:
-        """Requests of this process per key that hold a slot, take one, or have one kept: counted
-        once per pass of the engine."""
+        """Requests of this process per name that hold a slot of it, take one, have one kept, or
+        wait in the middleware to take one (those of a capped stage, waiting for their stage's slot
+        or holding it): counted once per pass of the engine."""
         if self._load is None:
             # every name of every looking (its names kept with it) and holding request, counted in
             # one go: this runs for nearly every request a broad crawl schedules
@@ -215,6 +232,8 @@ class KeyLine:
             for request in {
                 *self.throttle.permits.holding(),
                 *self.throttle.scope_permits.holding(),
+                *self.slots.holding(),
+                *self.slots.in_line(),
             }:
                 found = known(request)
                 named.extend((found if found is not None else self._names(request))[1])

@@ -471,7 +471,8 @@ class StageScheduler:
             ready = self.keyline.next_ready()
             if ready is not None:
                 return ready
-        self.admission.new_pass()
+        if self.keyline is not None:
+            self.keyline.new_pass()
         while True:
             if self.keyline is not None and self.keyline.full():
                 return None  # woken when a take in Redis comes back
@@ -500,13 +501,14 @@ class StageScheduler:
         wait for one in line."""
         assert self.admission is not None and self.slots is not None
         route = self.admission.route(request)
-        stage, key = route
+        stage = route[0]
         if stage is None or self._settled_early(request):
             return request
-        self.admission.let_go(key)
         permit = self.slots.take_kept(stage)
         if permit is None:
             self.slots.join_line(request, stage)
+            if self.keyline is not None:
+                self.keyline.count(request)  # it takes its key and scopes in the middleware
         elif self.keyline is not None:
             if self.keyline.holds_back(request, InHand(stage, permit, route)):
                 return None

@@ -150,3 +150,31 @@ def test_a_request_back_in_the_scheduler_with_its_key_slot_does_not_leak_it(
             assert leftover(redis_client) == 0
 
     asyncio.run(scenario())
+
+
+def test_a_request_of_a_capped_stage_in_line_counts_in_its_keys_load(redis_url: str) -> None:
+    """A request of a capped stage left the scheduler without its stage's slot: it waits for it in
+    the middleware, then takes its key there. A request of no stage with the same key (limit 1
+    here) stays queued meanwhile, in its key's sub-queue, taking nothing (it once went to take the
+    key, leaving the first to wait for it in the downloader: one key counted by two loads), and goes
+    once the first is gone."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url, {"detail": 1}, REDISLOCK_STAGE_KEY="domain", REDISLOCK_KEY_LIMIT=1
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.keyline is not None
+            line = scheduler.keyline
+            capped, free = request("detail", 0), request(None, 0)  # the same domain
+            scheduler.enqueue_request(capped)
+            assert await f.next_request() is capped  # no stage slot kept: into the line
+            f.active.add(capped)  # in the downloader, before the middleware
+            assert list(f.slots.in_line()) == [capped]
+            scheduler.enqueue_request(free)
+            assert scheduler.next_request() is None
+            assert not line.looking and len(scheduler) == 1  # queued, no take started
+            f.active.discard(capped)  # gone (say, dropped by an earlier middleware)
+            assert await f.next_request() is free
+
+    asyncio.run(scenario())
