@@ -111,18 +111,24 @@ def fresh(read: Callable[..., T]) -> Callable[..., T]:
     return again
 
 
-@fresh
 def stage_cell(driver: webdriver.Chrome, stage: str, field: str) -> str | None:
-    cells = driver.find_elements(
-        By.CSS_SELECTOR, f'#stages tr[data-stage="{stage}"] td[data-field="{field}"]'
+    """One script in the page: a re-render cannot come between finding the cell and reading it."""
+    text: str | None = driver.execute_script(
+        "const cell = document.querySelector(arguments[0]); return cell ? cell.innerText : null;",
+        f'#stages tr[data-stage="{stage}"] td[data-field="{field}"]',
     )
-    return cells[0].text if cells else None
+    return None if text is None else text.strip()
 
 
-@fresh
 def worker_states(driver: webdriver.Chrome) -> dict[str, str]:
-    rows = driver.find_elements(By.CSS_SELECTOR, 'table[data-workers="shop"] tr[data-worker]')
-    return {row.get_attribute("data-worker"): row.get_attribute("data-state") for row in rows}
+    """Every worker row's state, read in one script in the page (the rows are re-rendered every
+    refresh: read one by one under load, some row was always stale)."""
+    states: dict[str, str] = driver.execute_script(
+        "const rows = document.querySelectorAll(arguments[0]); const states = {};"
+        " rows.forEach(row => { states[row.dataset.worker] = row.dataset.state; }); return states;",
+        'table[data-workers="shop"] tr[data-worker]',
+    )
+    return states
 
 
 @fresh
