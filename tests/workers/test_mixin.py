@@ -77,6 +77,23 @@ def seed(redis_url: str, spider: str, stages: list[str], plan: dict[str, list[st
     asyncio.run(push())
 
 
+def diagnosis(site: ShopSite, phase: Phase, output: Path) -> str:
+    """What a crawl that missed pages leaves to go on: which, what was left in Redis, and what the
+    workers warned of."""
+    missing = sorted(site.expected_paths() - set(site.hits))
+    warned = [
+        f"{log.name}: {line}"
+        for log in sorted(output.glob("*.log"))
+        for line in log.read_text(errors="replace").splitlines()
+        if " WARNING: " in line
+        or " ERROR: " in line
+        or re.search(r"'redislock/workers/(requeued|reclaimed|redis_errors|unqueueable)", line)
+    ]
+    return "\n".join(
+        [f"missing {len(missing)}: {missing[:20]}", f"left in Redis: {phase.leftover}", *warned]
+    )
+
+
 def held_slots(client: redis.Redis) -> int:
     total = 0
     for key in client.scan_iter("redislock:{workers:*}:slots"):
@@ -108,7 +125,7 @@ def test_acceptance_caps_hold_every_page_once_workers_exit_0_nothing_left(
         assert phase.max_workers_site["detail"] >= 2, "the detail cap of 3 was never used"
         assert phase.max_workers_site["comments"] >= 2
         # Every page exactly once, every item once.
-        assert set(site.hits) == site.expected_paths()
+        assert set(site.hits) == site.expected_paths(), diagnosis(site, phase, tmp_path)
         assert sorted(set(site.hits.values())) == [1]
         assert phase.items == site.totals
         assert not any(phase.leftover.values()), phase.leftover
