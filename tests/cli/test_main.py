@@ -32,6 +32,7 @@ from scrapy_redislock.lock.permit import LockKeys, group_prefix
 from scrapy_redislock.lock.status import Grant, Process, StageStatus
 from scrapy_redislock.workers.queue import QueueKeys, StageQueues
 from testing.crawlproc import start_crawl
+from testing.lockstate import held_slots
 from testing.redis_server import RedisServer, free_port
 from testing.site import CrawlSite
 
@@ -944,7 +945,9 @@ def test_set_limit_during_a_live_crawl_changes_what_the_server_sees(
             while not site.arrivals["detail"] and time.monotonic() < deadline:
                 time.sleep(0.05)
             started = time.monotonic()
-            time.sleep(1.0)
+            # a few pages on each of the two slots (a count, not a time: a busy machine sends them
+            # late)
+            assert site.wait_for(lambda: site.count("detail") >= 6, timeout=30)
             assert site.max_in_flight_between("detail", started, time.monotonic()) == 2
 
             raised = cli("set-limit", "detail", "6", "--url", redis_url)
@@ -961,9 +964,27 @@ def test_set_limit_during_a_live_crawl_changes_what_the_server_sees(
 
             code, out, _ = call("set-limit", "detail", "1", "--url", redis_url)
             assert code == 0 and "limit 6 -> 1" in out
-            lowered = time.monotonic()
-            time.sleep(1.6)
-            assert site.max_in_flight_between("detail", lowered + 0.6, time.monotonic()) == 1
+            lowered = time.monotonic()  # the new limit is in Redis by now
+            # The six slots held at the lowering end with their pages, and none is granted while
+            # more than one is held (an order, not a time: a busy machine stretches the pages and
+            # sends a granted request late): from then on, one page at a time ...
+            assert site.wait_for(lambda: held_slots(redis_client, locks=["detail"]) <= 1, 30)
+            drained = time.monotonic()
+            seen = site.count("detail")
+            assert site.wait_for(lambda: site.count("detail") >= seen + 4, timeout=30)
+            assert site.max_in_flight_between("detail", drained, time.monotonic()) == 1
+            # ... and before then, only pages on the six slots granted before the lowering reached
+            # the site beside another: two a slot at most (one more page passes a slot on locally
+            # while it is younger than REDISLOCK_LOCAL_REUSE, 0.25 s, and a page takes 0.15 s at
+            # least). A limit the crawl read late would let 40 pages a second through meanwhile.
+            with site.lock:
+                arrived = set(site.arrivals["detail"])
+                beside = [
+                    m
+                    for m, counts in site.samples
+                    if m > lowered and m in arrived and counts.get("detail", 0) > 1
+                ]
+            assert len(beside) <= 2 * 6, beside
 
             # let it finish
             assert cli("set-limit", "detail", "16", "--url", redis_url).returncode == 0

@@ -124,12 +124,22 @@ def test_acquire_try_acquire_release_and_async_with(
 
 
 def test_acquire_timeout_is_close_to_the_timeout(redis_url: str, redis_client: redis.Redis) -> None:
+    """Never before the timeout; after it by less than AT_ONCE in one of three tries (a starved CPU
+    can hold any one wake-up back; a timeout late by design would be late each time), as the
+    blocking lock's test."""
+
     async def scenario(env: Env) -> None:
         held = await env.lock("list").acquire(timeout=5)
-        started = time.monotonic()
-        with pytest.raises(AcquireTimeout, match=r"lock 'list': no slot within 0.4 s"):
-            await env.lock("list").acquire(timeout=0.4)
-        assert 0.4 <= time.monotonic() - started < 0.4 + AT_ONCE
+        tries: list[float] = []
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(AcquireTimeout, match=r"lock 'list': no slot within 0.4 s"):
+                await env.lock("list").acquire(timeout=0.4)
+            tries.append(time.monotonic() - started)
+            assert tries[-1] >= 0.4, tries  # never early
+            if tries[-1] < 0.4 + AT_ONCE:
+                break
+        assert min(tries) < 0.4 + AT_ONCE, tries
         started = time.monotonic()
         with pytest.raises(AcquireTimeout):
             await env.lock("list").acquire(timeout=0)

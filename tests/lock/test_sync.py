@@ -438,19 +438,30 @@ def test_auto_renew_keeps_the_lease_and_on_lost_reports_an_operator_release(
         other.maintain()
         assert other.try_acquire() is None
     assert not lost and not permit.lost
-    assert operator_release(redis_client, lock) == 1  # e.g. `release STAGE HOLDER`
-    released_at = time.monotonic()
-    wait_until(lambda: lost, 2, "on_lost")
-    assert time.monotonic() - released_at < ttl / 3 + 0.2  # reported by the next renewal tick
-    assert lost == [permit] and permit.lost and lock.held == []
-    assert lock.release(permit) is False
+    # An operator's release right after a renewal is reported by the next renewal tick, ttl/3 later:
+    # within ttl/3 + 0.2 s in one of up to three tries (a starved CPU can hold any one tick back; a
+    # report two ticks late, or at the lease's end, would be late each time)
+    tries: list[float] = []
+    while True:
+        lockstate.after_a_renewal(redis_client, lock.keys, permit.grant)
+        assert operator_release(redis_client, lock) == 1  # e.g. `release STAGE HOLDER`
+        released_at = time.monotonic()
+        wait_until(lambda: len(lost) > len(tries), 2, "on_lost")
+        tries.append(time.monotonic() - released_at)
+        assert lost[-1] is permit and permit.lost and lock.held == []
+        assert lock.release(permit) is False
+        if tries[-1] < ttl / 3 + 0.2 or len(tries) == 3:
+            break
+        permit = lock.acquire(timeout=5)
+    assert min(tries) < ttl / 3 + 0.2, tries
+    assert len(lost) == len(tries)
     taken = other.acquire(timeout=1)
     wait_until(
         lambda: lock._renewer is None,
         timeout=3 * ttl,
         what="the renewal thread ends: nothing to renew",
     )
-    assert lost == [permit]
+    assert len(lost) == len(tries)  # nothing more reported
     other.release(taken)
     assert lock.close() == 0
     assert lock._renewer is None

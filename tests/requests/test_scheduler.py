@@ -16,7 +16,7 @@ import redis
 from scrapy_redislock import CountingLock
 from scrapy_redislock.lock.permit import LockKeys
 from testing.crawlproc import Crawl, leftover
-from testing.faultproc import jain
+from testing.lockstate import slot_holders
 from testing.site import CrawlSite
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
@@ -185,8 +185,8 @@ def test_slots_pass_on_locally_under_a_backlog_and_stay_fair(
 ) -> None:
     """3 processes, each with a backlog on a stage capped at 3, so that each always has a request
     waiting in Redis's line: most slots still pass on inside a process (the waiting request takes
-    its own process's freed slot, its wait in Redis stays for the next), and no process gets more
-    than its share (Jain's index of the requests each sent while all had a backlog)."""
+    its own process's freed slot, its wait in Redis stays for the next), and no process is left out
+    (each holds a slot for a good share of the time while all have a backlog)."""
     site.delay = 0.05
     # the bound is the reuse's, not a speed: 50 ms pages pass on several times within it
     extra = {"REDISLOCK_LOCAL_REUSE": 1.0}
@@ -199,6 +199,7 @@ def test_slots_pass_on_locally_under_a_backlog_and_stay_fair(
         ).start()
         for i in range(3)
     ]
+    holding: list[tuple[float, set[str]]] = []  # (instant, the processes holding a slot)
     try:
         assert site.wait_for(
             lambda: sum(1 for i in owners(redis_client, "detail") if i.get("waiting")) == 3,
@@ -206,6 +207,11 @@ def test_slots_pass_on_locally_under_a_backlog_and_stay_fair(
         )
         for permit in held:
             outsider.release(permit)
+        # which processes hold the slots, sampled in Redis while the crawls run
+        while any(crawl.process is not None and crawl.process.poll() is None for crawl in crawls):
+            holders = slot_holders(redis_client, "redislock", "detail")
+            holding.append((time.monotonic(), {consumer.split("#")[0] for consumer in holders}))
+            time.sleep(0.01)
     finally:
         for crawl in crawls:
             crawl.wait()
@@ -220,10 +226,19 @@ def test_slots_pass_on_locally_under_a_backlog_and_stay_fair(
         arrivals.setdefault(record.worker, []).append(record.arrived)
     start = max(min(t) for t in arrivals.values())
     end = min(max(t) for t in arrivals.values())
-    counts = [sum(1 for t in found if start <= t <= end) for found in arrivals.values()]
-    # 1.0 on a quiet machine; a CPU-starved process sends its next request late and keeps fewer
-    # (0.85 seen in CI's conditions); a process left out would be 0.67
-    assert len(counts) == 3 and jain(counts) >= 0.8, counts
+    during = [processes for moment, processes in holding if start <= moment <= end]
+    shares = sorted(
+        sum(process in processes for processes in during) / len(during)
+        for process in set().union(*during)
+    )
+    # Each process holds a slot for a good share of the time (its slot passes on inside it, then
+    # back through Redis's line, where every process waits): the least 0.33 to 0.44 on a quiet
+    # machine, 0.44 to 0.46 beside two CPU burners. A share of the time, not a count of requests: a
+    # CPU-starved process sends its next request late and sends fewer (Jain's index of the counts
+    # fell to 0.84 beside the burners, where a process left out makes 0.67), but holds its slot as
+    # long. With slots passed on locally for ever (REDISLOCK_LOCAL_REUSE 1000) one process is left
+    # out: 0.03 quiet, 0.15 to 0.17 beside the burners.
+    assert len(shares) == 3 and shares[0] >= 0.25, shares
     assert site.max_in_flight["detail"] <= 3
     assert leftover(redis_client) == 0
 
