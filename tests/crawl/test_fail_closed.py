@@ -20,6 +20,7 @@ import redis
 from scrapy_redislock import CountingLock
 from scrapy_redislock.cli.main import main as cli_main
 from testing.crawlproc import ROOT, Crawl, leftover, staged_worker
+from testing.lockstate import slot_holders
 from testing.redis_server import RedisServer, free_port
 from testing.site import CrawlSite, links_page, most_at_once, served
 
@@ -390,6 +391,7 @@ def test_a_dead_holder_is_named_while_the_crawl_waits(
     extra = {"REDISLOCK_STAGES": {"detail": 2}, "REDISLOCK_TTL": 9}
     victim = Crawl(site.url, "detail:4", settings(redis_url, **extra), tmp_path).start()
     assert site.wait_for(lambda: leftover(redis_client) == 2, timeout=30)
+    dead_holders = set(slot_holders(redis_client, "redislock", "detail"))
     # The next crawl is waiting (its start-up is over) before the holder dies: it then waits most of
     # a TTL (9 s), longer than the first report (5 s), whatever the machine's load.
     crawl = Crawl(site.url, "detail:2", settings(redis_url, **extra), tmp_path).start()
@@ -404,6 +406,17 @@ def test_a_dead_holder_is_named_while_the_crawl_waits(
     reports = [line for line in crawl.lines if "has no free slot after" in line]
     named = f"2 by {socket.gethostname()} pid {victim.process.pid} (not renewed for"
     assert any(named in line and "dead?" in line for line in reports), reports
+    # The crawl gave back every slot it took (a grant of its own left here fails, naming it). A dead
+    # holder's grant, its lease over, may still be pending if no reap ran after it ended before the
+    # crawl was done: the next taker reaps it. (A CI rehearsal once found 1 grant left here; whose, the
+    # old assertion did not say.)
+    left = slot_holders(redis_client, "redislock", "detail")
+    assert set(left) <= dead_holders, (left, dead_holders)
+    later = CountingLock(redis_client, "detail", limit=2, ttl=9)
+    taken = [later.acquire(timeout=5) for _ in range(2)]
+    for permit in taken:
+        later.release(permit)
+    later.close()
     assert leftover(redis_client) == 0
 
 
