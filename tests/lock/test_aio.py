@@ -295,13 +295,25 @@ def test_auto_renew_task_keeps_the_lease_and_reports_loss(
         assert second.fence > permit.fence
         assert await other.release(second)
         third = await lock.acquire(timeout=1)
-        operator_release(redis_client, lock)
-        released_at = time.monotonic()
-        while not lost:
-            assert time.monotonic() - released_at < ttl / 3 + 0.3, "on_lost not called"
-            await asyncio.sleep(0.01)
-        assert lost == [third] and third.lost and lock.held == []
-        assert await lock.release(third) is False
+        # An operator's release right after a renewal is reported by the next renewal tick, ttl/3
+        # later: within ttl/3 + 0.3 s in one of up to three tries (a starved CPU can hold any one
+        # tick back; a report two ticks late would be late each time), as in test_sync.py
+        tries: list[float] = []
+        while True:
+            await asyncio.to_thread(lockstate.after_a_renewal, redis_client, lock.keys, third.grant)
+            operator_release(redis_client, lock)
+            released_at = time.monotonic()
+            while len(lost) == len(tries):
+                assert time.monotonic() - released_at < 3 * ttl, "on_lost not called"
+                await asyncio.sleep(0.01)
+            tries.append(time.monotonic() - released_at)
+            assert lost[-1] is third and third.lost and lock.held == []
+            assert await lock.release(third) is False
+            if tries[-1] < ttl / 3 + 0.3 or len(tries) == 3:
+                break
+            third = await lock.acquire(timeout=1)
+        assert min(tries) < ttl / 3 + 0.3, tries
+        assert len(lost) == len(tries)
         renewer = lock._renewer
         # holds nothing, waits for nothing: the loop ends
         while renewer is not None and not renewer.done():
