@@ -257,8 +257,13 @@ def test_a_busy_key_of_a_capped_stage_waits_in_the_scheduler_with_its_stage_slot
     site = slow_site
     for one in crawls:
         assert one.stats.get("finish_reason") == "finished", one.tail()
-        acquired = one.stats["redislock/keys/acquired"]
-        assert one.stats.get("redislock/keys/taken_in_downloader", 0) < acquired, one.stats
+    # Some key slots were taken in the scheduler, by requests that left with a stage slot passed on
+    # (before that change, every one in the downloader). Over both processes: on a starved CPU a
+    # process may pass none on (0 of 56 by one process in a CI rehearsal; 2 to 18 of 56 each beside
+    # four CPU burners, before and after the key loads were counted in one place).
+    acquired = sum(one.stats["redislock/keys/acquired"] for one in crawls)
+    in_downloader = sum(one.stats.get("redislock/keys/taken_in_downloader", 0) for one in crawls)
+    assert in_downloader < acquired, [one.stats for one in crawls]
     assert site.count("a") == site.count("b") == PROCESSES * SLOW
     assert site.count("f") == PROCESSES * 40 and set(site.hits.values()) == {1}
     assert site.max_in_flight["a"] == 1 and site.max_in_flight["b"] == 1  # the keys' caps
