@@ -8,6 +8,7 @@ part loads only its own.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import math
@@ -208,6 +209,64 @@ class ScriptMode:
         self.functions = False
 
 
+class ScriptBatch:
+    """The EVALSHAs one asyncio client is asked for in one turn of the event loop, sent together:
+    one pipeline (not a transaction: each script runs on its own, as it would alone, in the order
+    asked), one round trip instead of one each. A broad crawl asks for several a turn (the takes of
+    the requests one engine pass lets go, the releases of the answers one turn read), and a round
+    trip costs the client more CPU than a script's own work. Each caller gets its own reply or
+    error, as from a command of its own; a caller cancelled before the batch leaves sends nothing.
+    For a server's or a Sentinel master's client (a cluster's pipeline would split by node)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._asked: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def send(self, *args: Any) -> asyncio.Future[Any]:
+        """Send the command with the others asked for in this turn; its reply (or error)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if not self._asked:
+            task = loop.create_task(self._send())
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+        self._asked.append((args, future))
+        return future
+
+    async def _send(self) -> None:
+        asked = [(args, future) for args, future in self._asked if not future.done()]
+        self._asked = []
+        try:
+            if len(asked) == 1:
+                replies = [await self.client.execute_command(*asked[0][0])]
+            elif asked:
+                pipeline = self.client.pipeline(transaction=False)
+                for args, _ in asked:
+                    pipeline.execute_command(*args)
+                replies = await pipeline.execute(raise_on_error=False)
+            else:
+                return
+        except BaseException as exc:  # the connection's error is every caller's
+            for _, future in asked:
+                if future.done():
+                    continue
+                if isinstance(exc, asyncio.CancelledError):
+                    future.cancel()
+                else:
+                    future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, future), reply in zip(asked, replies, strict=True):
+            if future.done():
+                continue
+            if isinstance(reply, Exception):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
+
+
 class ProjectScript:
     """One of the project's scripts on one client, called like redis-py's Script
     (``script(keys=..., args=...)``; an awaitable on an asyncio client): EVALSHA; after NOSCRIPT,
@@ -220,8 +279,11 @@ class ProjectScript:
     at a script's first run on a server, as with redis-py's Script (a named admin one FCALL more). The steps are one
     generator (:meth:`_steps`) that a blocking and an asyncio driver run."""
 
-    def __init__(self, client: Any, source: str, mode: ScriptMode) -> None:
+    def __init__(
+        self, client: Any, source: str, mode: ScriptMode, batch: ScriptBatch | None = None
+    ) -> None:
         self.client = client
+        self.batch = batch  # an asyncio client's EVALSHAs of one loop turn, sent together
         self.script = source
         self.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
         self.function = function_name(source)
@@ -242,6 +304,8 @@ class ProjectScript:
         return self.client.execute_command(*self.fcall_args(keys, args), **route)
 
     def _evalsha(self, keys: list[Any], args: list[Any]) -> Any:
+        if self.batch is not None:
+            return self.batch.send("EVALSHA", self.sha, len(keys), *keys, *args)
         return self.client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
     def _load(self) -> Any:

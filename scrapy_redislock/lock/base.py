@@ -24,6 +24,7 @@ import redis.exceptions
 
 from scrapy_redislock._redis import (
     ProjectScript,
+    ScriptBatch,
     ScriptMode,
     function_missing,
     script_refused,
@@ -176,6 +177,8 @@ class CommandRunner:
         self.cluster = hasattr(client, "get_node_from_key")
         self.asyncio = isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster)
         self.scripts: dict[str, ProjectScript] = {}
+        # the scripts' EVALSHAs of one loop turn go out together (not on a cluster: see ScriptBatch)
+        self.batch = ScriptBatch(client) if self.asyncio and not self.cluster else None
         self.mode = (
             ScriptMode()
         )  # EVALSHA, or FCALL of the functions an admin loaded (see _redis.py)
@@ -237,7 +240,7 @@ class CommandRunner:
             source = lock_scripts()[name]
             if not self.flags:
                 source = without_flags(source)
-            script = self.scripts[name] = ProjectScript(self.client, source, self.mode)
+            script = self.scripts[name] = ProjectScript(self.client, source, self.mode, self.batch)
         return script
 
     def _unflagged(self, name: str, exc: redis.exceptions.ResponseError) -> bool:
