@@ -5,11 +5,20 @@ redis-server."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import redis
+import redis.asyncio
 import redis.exceptions
 
-from scrapy_redislock._redis import Backoff, ProjectScript, ScriptMode, as_connection_error
+from scrapy_redislock._redis import (
+    Backoff,
+    ProjectScript,
+    ScriptBatch,
+    ScriptMode,
+    as_connection_error,
+)
 from scrapy_redislock.lock.core import LockCore
 from scrapy_redislock.lock.protocol import drive
 from testing.monitor import Monitor, commands
@@ -108,3 +117,46 @@ def test_the_default_user_loads_a_missing_script_without_trying_the_functions(
     sent = [(source, args[0].decode().lower()) for _, source, args in commands(raw)]
     ours = next(source for source, name in sent if name == "evalsha")
     assert [name for source, name in sent if source == ours] == ["evalsha", "script", "evalsha"]
+
+
+@pytest.mark.integration
+def test_scripts_asked_in_one_loop_turn_go_out_together_each_with_its_own_reply(
+    redis_client: redis.Redis,
+) -> None:
+    """The EVALSHAs asked of an asyncio client in one turn of the event loop go out as one pipeline
+    (ScriptBatch): on one connection, in the order asked, no MULTI; each caller gets its own reply or
+    error (a script that fails fails only its caller), and a caller cancelled before the batch
+    leaves sends nothing."""
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    echo, refuse = "return ARGV[1]", "return redis.error_reply('NOPE ' .. ARGV[1])"
+
+    async def main() -> list[object]:
+        client = redis.asyncio.Redis(port=port, protocol=2)
+        try:
+            mode, batch = ScriptMode(), ScriptBatch(client)
+            good = ProjectScript(client, echo, mode, batch)
+            bad = ProjectScript(client, refuse, mode, batch)
+            assert await good(keys=["k"], args=["loaded"]) == b"loaded"  # both scripts loaded
+            with pytest.raises(redis.exceptions.ResponseError):
+                await bad(keys=["k"], args=["loaded"])
+            monitor = Monitor(port)
+            gone = asyncio.ensure_future(good(keys=["k"], args=["gone"]))
+            calls = [asyncio.ensure_future(good(keys=["k"], args=[str(i)])) for i in range(4)]
+            calls.append(asyncio.ensure_future(bad(keys=["k"], args=["x"])))
+            await asyncio.sleep(0)  # every call has asked; the batch leaves at the next turn
+            gone.cancel()
+            results = await asyncio.gather(gone, *calls, return_exceptions=True)
+            raw = monitor.stop(redis_client)
+            sent = [(source, args) for _, source, args in commands(raw)]
+            assert not any(args[0].lower() == b"multi" for _, args in sent)
+            scripts = [(source, args[-1]) for source, args in sent if args[0].lower() == b"evalsha"]
+            assert [arg for _, arg in scripts] == [b"0", b"1", b"2", b"3", b"x"]
+            assert len({source for source, _ in scripts}) == 1  # one connection: one round trip
+            return results
+        finally:
+            await client.aclose()
+
+    results = asyncio.run(main())
+    assert isinstance(results[0], asyncio.CancelledError)
+    assert results[1:5] == [b"0", b"1", b"2", b"3"]
+    assert isinstance(results[5], redis.exceptions.ResponseError) and "NOPE x" in str(results[5])
