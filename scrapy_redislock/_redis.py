@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import inspect
 import math
 import re
 from collections.abc import Callable, Generator, Iterable
@@ -209,62 +210,120 @@ class ScriptMode:
         self.functions = False
 
 
+# redis-py before 5.3 names a command to lend a connection for; later ones warn when given one
+_LEND: tuple[str, ...] = (
+    ()
+    if inspect.signature(redis.asyncio.ConnectionPool.get_connection)
+    .parameters["command_name"]
+    .default
+    is None
+    else ("EVALSHA",)
+)
+
+_Asked = tuple[tuple[Any, ...], "asyncio.Future[Any]"]
+
+
 class ScriptBatch:
-    """The EVALSHAs one asyncio client is asked for in one turn of the event loop, sent together:
-    one pipeline (not a transaction: each script runs on its own, as it would alone, in the order
-    asked), one round trip instead of one each. A broad crawl asks for several a turn (the takes of
-    the requests one engine pass lets go, the releases of the answers one turn read), and a round
-    trip costs the client more CPU than a script's own work. Each caller gets its own reply or
-    error, as from a command of its own; a caller cancelled before the batch leaves sends nothing.
-    For a server's or a Sentinel master's client (a cluster's pipeline would split by node)."""
+    """The EVALSHAs one asyncio runner is asked for in one turn of the event loop, sent together:
+    written to one connection at once and their replies read in order, one round trip instead of
+    one each. A broad crawl asks for several a turn (the takes of the requests one engine pass lets
+    go, the releases of the answers one turn read), and a round trip costs the client more CPU than
+    a script's own work. Not a pipeline: redis-py's would give one connection error to callers
+    whose replies it had read already, and its retry would run their scripts again. Here each
+    caller gets its own reply or error; a connection error fails only the callers not answered
+    yet, and nothing is sent twice; a caller cancelled before the batch is written sends nothing,
+    and when every caller still waiting is cancelled, the connection is dropped as redis-py drops
+    one command's. A lone command goes as the client sends any command. For a server's or a
+    Sentinel master's client of its own connections (a cluster's would split by node)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self._asked: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        self._open: list[_Asked] | None = None  # this turn's, not written yet
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._sending: set[asyncio.Task[None]] = set()
 
     def send(self, *args: Any) -> asyncio.Future[Any]:
         """Send the command with the others asked for in this turn; its reply (or error)."""
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        if not self._asked:
-            task = loop.create_task(self._send())
+        future: asyncio.Future[Any] = loop.create_future()
+        if self._open is None or self._loop is not loop:
+            batch: list[_Asked] = []
+            self._open, self._loop = batch, loop
+            task = loop.create_task(self._send(batch))
             self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
-        self._asked.append((args, future))
+            task.add_done_callback(functools.partial(self._sent, batch))
+        self._open.append((args, future))
         return future
 
-    async def _send(self) -> None:
-        asked = [(args, future) for args, future in self._asked if not future.done()]
-        self._asked = []
-        try:
-            if len(asked) == 1:
-                replies = [await self.client.execute_command(*asked[0][0])]
-            elif asked:
-                pipeline = self.client.pipeline(transaction=False)
-                for args, _ in asked:
-                    pipeline.execute_command(*args)
-                replies = await pipeline.execute(raise_on_error=False)
-            else:
-                return
-        except BaseException as exc:  # the connection's error is every caller's
-            for _, future in asked:
-                if future.done():
-                    continue
-                if isinstance(exc, asyncio.CancelledError):
-                    future.cancel()
-                else:
-                    future.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        for (_, future), reply in zip(asked, replies, strict=True):
+    def _sent(self, batch: list[_Asked], task: asyncio.Task[None]) -> None:
+        """A batch cancelled or failed before it answered everyone: the rest hear of it."""
+        self._sending.discard(task)
+        if self._open is batch:
+            self._open = None
+        error = None if task.cancelled() else task.exception()
+        for _, future in batch:
             if future.done():
                 continue
-            if isinstance(reply, Exception):
-                future.set_exception(reply)
+            if error is None:
+                future.cancel()
             else:
-                future.set_result(reply)
+                future.set_exception(error)
+
+    async def _send(self, batch: list[_Asked]) -> None:
+        if self._open is batch:
+            self._open = None
+        asked = [(args, future) for args, future in batch if not future.done()]
+        if not asked:
+            return
+        task = asyncio.current_task()
+
+        def gone(future: asyncio.Future[Any]) -> None:
+            if task is not None and future.cancelled() and all(f.done() for _, f in asked):
+                task.cancel()  # nobody waits for a reply: drop the connection, as for one command
+
+        for _, future in asked:
+            future.add_done_callback(gone)
+        if len(asked) == 1:
+            args, future = asked[0]
+            try:
+                reply = await self.client.execute_command(*args)
+            except Exception as exc:
+                _settle(future, exc)
+            else:
+                _settle(future, reply)
+            return
+        pool = self.client.connection_pool
+        connection = await pool.get_connection(*_LEND)
+        try:
+            await connection.send_packed_command(
+                connection.pack_commands([args for args, _ in asked])
+            )
+            for _, future in asked:
+                try:
+                    reply = await connection.read_response()
+                except redis.exceptions.ResponseError as exc:
+                    _settle(future, exc)
+                else:
+                    _settle(future, reply)
+        except Exception as exc:  # the connection's: every caller not answered yet
+            await connection.disconnect()
+            for _, future in asked:
+                _settle(future, exc)
+        except BaseException:
+            await connection.disconnect()
+            raise
+        finally:
+            await pool.release(connection)
+
+
+def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
+    """One caller's reply, or its error (an exception); nothing for a caller gone already."""
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
 
 
 class ProjectScript:

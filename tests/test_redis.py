@@ -6,11 +6,14 @@ redis-server."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import redis
 import redis.asyncio
 import redis.exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from scrapy_redislock._redis import (
     Backoff,
@@ -22,6 +25,7 @@ from scrapy_redislock._redis import (
 from scrapy_redislock.lock.core import LockCore
 from scrapy_redislock.lock.protocol import drive
 from testing.monitor import Monitor, commands
+from testing.waiting import wait_until
 
 
 def raised_in(filename: str, error: str) -> BaseException:
@@ -119,19 +123,32 @@ def test_the_default_user_loads_a_missing_script_without_trying_the_functions(
     assert [name for source, name in sent if source == ours] == ["evalsha", "script", "evalsha"]
 
 
+class CountingConnection(redis.asyncio.Connection):
+    """A real connection that counts its writes: one batch, one write."""
+
+    writes = 0
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        type(self).writes += 1
+        await super().send_packed_command(command, check_health)
+
+
 @pytest.mark.integration
 def test_scripts_asked_in_one_loop_turn_go_out_together_each_with_its_own_reply(
     redis_client: redis.Redis,
 ) -> None:
-    """The EVALSHAs asked of an asyncio client in one turn of the event loop go out as one pipeline
-    (ScriptBatch): on one connection, in the order asked, no MULTI; each caller gets its own reply or
-    error (a script that fails fails only its caller), and a caller cancelled before the batch
-    leaves sends nothing."""
+    """The EVALSHAs asked of an asyncio runner in one turn of the event loop are written at once
+    (ScriptBatch): one write, one connection, in the order asked, no MULTI; each caller gets its
+    own reply or error (a script that fails fails only its caller), and a caller cancelled before
+    the batch is written sends nothing."""
     port = redis_client.connection_pool.connection_kwargs["port"]
     echo, refuse = "return ARGV[1]", "return redis.error_reply('NOPE ' .. ARGV[1])"
 
     async def main() -> list[object]:
-        client = redis.asyncio.Redis(port=port, protocol=2)
+        pool = redis.asyncio.ConnectionPool(
+            port=port, protocol=2, connection_class=CountingConnection
+        )
+        client = redis.asyncio.Redis.from_pool(pool)
         try:
             mode, batch = ScriptMode(), ScriptBatch(client)
             good = ProjectScript(client, echo, mode, batch)
@@ -140,18 +157,20 @@ def test_scripts_asked_in_one_loop_turn_go_out_together_each_with_its_own_reply(
             with pytest.raises(redis.exceptions.ResponseError):
                 await bad(keys=["k"], args=["loaded"])
             monitor = Monitor(port)
+            writes = CountingConnection.writes
             gone = asyncio.ensure_future(good(keys=["k"], args=["gone"]))
             calls = [asyncio.ensure_future(good(keys=["k"], args=[str(i)])) for i in range(4)]
             calls.append(asyncio.ensure_future(bad(keys=["k"], args=["x"])))
-            await asyncio.sleep(0)  # every call has asked; the batch leaves at the next turn
+            await asyncio.sleep(0)  # every call has asked; the batch is written at the next turn
             gone.cancel()
             results = await asyncio.gather(gone, *calls, return_exceptions=True)
+            assert CountingConnection.writes - writes == 1
             raw = monitor.stop(redis_client)
             sent = [(source, args) for _, source, args in commands(raw)]
             assert not any(args[0].lower() == b"multi" for _, args in sent)
             scripts = [(source, args[-1]) for source, args in sent if args[0].lower() == b"evalsha"]
             assert [arg for _, arg in scripts] == [b"0", b"1", b"2", b"3", b"x"]
-            assert len({source for source, _ in scripts}) == 1  # one connection: one round trip
+            assert len({source for source, _ in scripts}) == 1
             return results
         finally:
             await client.aclose()
@@ -160,3 +179,102 @@ def test_scripts_asked_in_one_loop_turn_go_out_together_each_with_its_own_reply(
     assert isinstance(results[0], asyncio.CancelledError)
     assert results[1:5] == [b"0", b"1", b"2", b"3"]
     assert isinstance(results[5], redis.exceptions.ResponseError) and "NOPE x" in str(results[5])
+
+
+@pytest.mark.integration
+def test_a_batch_after_script_flush_loads_its_script_and_answers_every_caller(
+    redis_client: redis.Redis,
+) -> None:
+    """NOSCRIPT comes back to each caller of a batch on its own; each loads the script and runs
+    it again, and gets its own reply."""
+    port = redis_client.connection_pool.connection_kwargs["port"]
+
+    async def main() -> list[object]:
+        client = redis.asyncio.Redis(port=port, protocol=2)
+        try:
+            script = ProjectScript(client, "return ARGV[1]", ScriptMode(), ScriptBatch(client))
+            assert await script(keys=["k"], args=["first"]) == b"first"
+            await client.script_flush()
+            calls = [script(keys=["k"], args=[str(i)]) for i in range(4)]
+            return list(await asyncio.gather(*calls))
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(main()) == [b"0", b"1", b"2", b"3"]
+
+
+@pytest.mark.integration
+def test_a_timeout_in_a_batch_fails_its_callers_and_runs_no_script_twice(
+    redis_client: redis.Redis,
+) -> None:
+    """A batch whose second script outlasts the socket timeout, on a client that retries: every
+    caller not answered gets the timeout, and no script runs twice (a pipeline's retry would run
+    every script of the batch again). The runner goes on with a new connection."""
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    count = "return redis.call('INCR', KEYS[1])"
+    slow = (
+        "local t0 = redis.call('TIME') local t = t0 "
+        "while (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) < 600000 do t = redis.call('TIME') end "
+        "return redis.call('INCR', KEYS[1])"
+    )
+
+    async def main() -> list[object]:
+        client = redis.asyncio.Redis(
+            port=port, protocol=2, socket_timeout=0.3, retry=Retry(NoBackoff(), 2)
+        )
+        try:
+            mode, batch = ScriptMode(), ScriptBatch(client)
+            counter, sleeper = (ProjectScript(client, s, mode, batch) for s in (count, slow))
+            await client.script_load(count)
+            await client.script_load(slow)
+            calls = [counter(keys=["a"]), sleeper(keys=["b"]), counter(keys=["c"])]
+            results = list(await asyncio.gather(*calls, return_exceptions=True))
+            results.append(await counter(keys=["d"]))  # a new connection
+            return results
+        finally:
+            await client.aclose()
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, redis.exceptions.TimeoutError) for r in results[:3]), results
+    assert results[3] == 1
+    wait_until(lambda: redis_client.get("b") is not None, 5.0, "the slow script's INCR")
+    assert [redis_client.get(key) for key in "abc"] == [b"1", b"1", b"1"]
+
+
+@pytest.mark.integration
+def test_a_batch_whose_callers_all_leave_drops_its_connection_and_the_runner_goes_on(
+    redis_client: redis.Redis,
+) -> None:
+    """Callers cancelled after their batch was written (a timeout, a spider closing): the reply is
+    nobody's, so the connection is dropped as redis-py drops one command's, the pool gets it back,
+    and the next batch is answered."""
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    slow = (
+        "local t0 = redis.call('TIME') local t = t0 "
+        "while (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) < 300000 do t = redis.call('TIME') end "
+        "return ARGV[1]"
+    )
+
+    async def main() -> list[object]:
+        pool = redis.asyncio.ConnectionPool(
+            port=port, protocol=2, connection_class=CountingConnection
+        )
+        client = redis.asyncio.Redis.from_pool(pool)
+        try:
+            mode, batch = ScriptMode(), ScriptBatch(client)
+            script = ProjectScript(client, slow, mode, batch)
+            await client.script_load(slow)
+            writes = CountingConnection.writes
+            calls = [asyncio.ensure_future(script(keys=["k"], args=[str(i)])) for i in range(3)]
+            while CountingConnection.writes == writes:  # wait until the batch is written
+                await asyncio.sleep(0.005)
+            for call in calls:
+                call.cancel()
+            gone = await asyncio.gather(*calls, return_exceptions=True)
+            assert all(isinstance(r, asyncio.CancelledError) for r in gone)
+            again = [script(keys=["k"], args=["x"]), script(keys=["k"], args=["y"])]
+            return list(await asyncio.gather(*again))
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(main()) == [b"x", b"y"]

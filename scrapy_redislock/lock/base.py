@@ -177,8 +177,10 @@ class CommandRunner:
         self.cluster = hasattr(client, "get_node_from_key")
         self.asyncio = isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster)
         self.scripts: dict[str, ProjectScript] = {}
-        # the scripts' EVALSHAs of one loop turn go out together (not on a cluster: see ScriptBatch)
-        self.batch = ScriptBatch(client) if self.asyncio and not self.cluster else None
+        # the scripts' EVALSHAs of one loop turn go out together (not on a cluster, nor on a client
+        # of a single connection, which a second would bypass: see ScriptBatch)
+        batches = self.asyncio and not self.cluster and getattr(client, "connection", None) is None
+        self.batch = ScriptBatch(client) if batches else None
         self.mode = (
             ScriptMode()
         )  # EVALSHA, or FCALL of the functions an admin loaded (see _redis.py)
