@@ -224,17 +224,19 @@ _Asked = tuple[tuple[Any, ...], "asyncio.Future[Any]"]
 
 
 class ScriptBatch:
-    """The EVALSHAs one asyncio runner is asked for in one turn of the event loop, sent together:
-    written to one connection at once and their replies read in order, one round trip instead of
-    one each. A broad crawl asks for several a turn (the takes of the requests one engine pass lets
-    go, the releases of the answers one turn read), and a round trip costs the client more CPU than
-    a script's own work. Not a pipeline: redis-py's would give one connection error to callers
-    whose replies it had read already, and its retry would run their scripts again. Here each
-    caller gets its own reply or error; a connection error fails only the callers not answered
-    yet, and nothing is sent twice; a caller cancelled before the batch is written sends nothing,
-    and when every caller still waiting is cancelled, the connection is dropped as redis-py drops
-    one command's. A lone command goes as the client sends any command. For a server's or a
-    Sentinel master's client of its own connections (a cluster's would split by node)."""
+    """The EVALSHAs one asyncio runner is asked for in one turn of the event loop: the first goes
+    at once, as the client sends any command (a stage's release, alone in its turn, waits for
+    nothing: sent a turn later, it came back 0.6 ms later and cost a capped stage 0.5% of Scrapy's
+    ceiling); the others are written to one connection together at the next turn and their replies
+    read in order, one round trip instead of one each. A broad crawl asks for several a turn (the
+    takes of the requests one engine pass lets go, the releases of the answers one turn read), and
+    a round trip costs the client more CPU than a script's own work. Not a pipeline: redis-py's
+    would give one connection error to callers whose replies it had read already, and its retry
+    would run their scripts again. Here each caller gets its own reply or error; a connection error
+    fails only the callers not answered yet, and nothing is sent twice; a caller cancelled before
+    the batch is written sends nothing, and when every caller still waiting is cancelled, the
+    connection is dropped as redis-py drops one command's. For a server's or a Sentinel master's
+    client of its own connections (a cluster's would split by node)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -242,18 +244,26 @@ class ScriptBatch:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sending: set[asyncio.Task[None]] = set()
 
-    def send(self, *args: Any) -> asyncio.Future[Any]:
-        """Send the command with the others asked for in this turn; its reply (or error)."""
+    def send(self, *args: Any) -> asyncio.Future[Any] | None:
+        """The command's reply (or error), sent with the others asked for after it in this turn;
+        None for the turn's first, which the caller sends at once."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
         if self._open is None or self._loop is not loop:
-            batch: list[_Asked] = []
-            self._open, self._loop = batch, loop
-            task = loop.create_task(self._send(batch))
-            self._sending.add(task)
-            task.add_done_callback(functools.partial(self._sent, batch))
+            self._open, self._loop = [], loop
+            loop.call_soon(self._flush, self._open)
+            return None
+        future: asyncio.Future[Any] = loop.create_future()
         self._open.append((args, future))
         return future
+
+    def _flush(self, batch: list[_Asked]) -> None:
+        """The turn is over: what it asked for after its first command goes."""
+        if self._open is batch:
+            self._open = None
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._send(batch))
+            self._sending.add(task)
+            task.add_done_callback(functools.partial(self._sent, batch))
 
     def _sent(self, batch: list[_Asked], task: asyncio.Task[None]) -> None:
         """A batch cancelled or failed before it answered everyone: the rest hear of it."""
@@ -270,8 +280,6 @@ class ScriptBatch:
                 future.set_exception(error)
 
     async def _send(self, batch: list[_Asked]) -> None:
-        if self._open is batch:
-            self._open = None
         asked = [(args, future) for args, future in batch if not future.done()]
         if not asked:
             return
@@ -364,7 +372,9 @@ class ProjectScript:
 
     def _evalsha(self, keys: list[Any], args: list[Any]) -> Any:
         if self.batch is not None:
-            return self.batch.send("EVALSHA", self.sha, len(keys), *keys, *args)
+            batched = self.batch.send("EVALSHA", self.sha, len(keys), *keys, *args)
+            if batched is not None:
+                return batched
         return self.client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
     def _load(self) -> Any:

@@ -37,6 +37,11 @@ class Monitor:
         self.data = bytearray()
         self.thread = threading.Thread(target=self._read, name="monitor", daemon=True)
         self.thread.start()
+        # Redis says +OK once MONITOR is on (after AUTH's own): a command sent before would be missed
+        answers = 2 if auth is not None else 1
+        deadline = time.monotonic() + 10.0
+        while self.data.count(b"+OK\r\n") < answers and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def _read(self) -> None:
         while True:
