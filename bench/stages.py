@@ -117,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             server.stop()
 
+    failed = [p for p in (slots, baseline) if not p.pages or any(c != 0 for c in p.exit_codes)]
+    if failed:  # nothing to compare: say what the workers did, not a division by zero
+        for phase in failed:
+            print(
+                f"{phase.name}: {phase.pages} pages, workers exited {phase.exit_codes}: see their logs in {RESULTS}"
+            )
+        return 1
     sooner = baseline.first_item["comments"] / slots.first_item["comments"]
     longer = slots.seconds / baseline.seconds - 1
     takeover = killed.taken_over_after
