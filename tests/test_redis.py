@@ -135,6 +135,21 @@ class CountingConnection(redis.asyncio.Connection):
         await super().send_packed_command(command, check_health)
 
 
+def counting_client(port: int) -> redis.asyncio.Redis:
+    """An asyncio client whose connections count their writes of scripts."""
+    pool = redis.asyncio.ConnectionPool(port=port, protocol=2, connection_class=CountingConnection)
+    return redis.asyncio.Redis.from_pool(pool)
+
+
+def busy(microseconds: int, then: str) -> str:
+    """A script that keeps Redis busy this long (on its clock), then runs ``then``."""
+    return (
+        "local t0 = redis.call('TIME') local t = t0 "
+        f"while (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) < {microseconds} do "
+        f"t = redis.call('TIME') end {then}"
+    )
+
+
 @pytest.mark.integration
 def test_scripts_asked_in_one_loop_turn_go_out_together_each_with_its_own_reply(
     redis_client: redis.Redis,
@@ -148,10 +163,7 @@ def test_scripts_asked_in_one_loop_turn_go_out_together_each_with_its_own_reply(
     echo, refuse = "return ARGV[1]", "return redis.error_reply('NOPE ' .. ARGV[1])"
 
     async def main() -> list[object]:
-        pool = redis.asyncio.ConnectionPool(
-            port=port, protocol=2, connection_class=CountingConnection
-        )
-        client = redis.asyncio.Redis.from_pool(pool)
+        client = counting_client(port)
         try:
             mode, batch = ScriptMode(), ScriptBatch(client)
             good = ProjectScript(client, echo, mode, batch)
@@ -219,11 +231,7 @@ def test_a_timeout_in_a_batch_fails_its_callers_and_runs_no_script_twice(
     would run every one again). The runner goes on with a new connection."""
     port = redis_client.connection_pool.connection_kwargs["port"]
     count = "return redis.call('INCR', KEYS[1])"
-    slow = (
-        "local t0 = redis.call('TIME') local t = t0 "
-        "while (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) < 600000 do t = redis.call('TIME') end "
-        "return redis.call('INCR', KEYS[1])"
-    )
+    slow = busy(600000, "return redis.call('INCR', KEYS[1])")
 
     async def main() -> list[object]:
         client = redis.asyncio.Redis(
@@ -264,17 +272,10 @@ def test_a_batch_whose_callers_all_leave_drops_its_connection_and_the_runner_goe
     nobody's, so the connection is dropped as redis-py drops one command's, the pool gets it back,
     and the next batch is answered."""
     port = redis_client.connection_pool.connection_kwargs["port"]
-    slow = (
-        "local t0 = redis.call('TIME') local t = t0 "
-        "while (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) < 300000 do t = redis.call('TIME') end "
-        "return ARGV[1]"
-    )
+    slow = busy(300000, "return ARGV[1]")
 
     async def main() -> list[object]:
-        pool = redis.asyncio.ConnectionPool(
-            port=port, protocol=2, connection_class=CountingConnection
-        )
-        client = redis.asyncio.Redis.from_pool(pool)
+        client = counting_client(port)
         try:
             mode, batch = ScriptMode(), ScriptBatch(client)
             script = ProjectScript(client, slow, mode, batch)
