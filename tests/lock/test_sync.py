@@ -800,6 +800,21 @@ def test_a_waiter_reaps_a_dead_holder_without_auto_renew(
     assert taker.try_acquire() is not None  # take frees it first
 
 
+def test_an_owner_that_closes_frees_a_dead_holders_expired_lease(
+    redis_client: redis.Redis, make_lock: MakeLock
+) -> None:
+    """A dead holder's lease that ran out is freed by the next owner that closes, even when nobody
+    takes or renews again (a worker killed on a stage nobody needs after it left its slot in Redis
+    for good)."""
+    dead, live = make_lock(limit=2, ttl=0.3), make_lock(limit=2, ttl=0.3)
+    gone = dead.acquire(timeout=1)  # its process "dies": never renewed, never released
+    live.acquire(timeout=1)
+    lockstate.age_grant(redis_client, dead.keys, gone.grant, 1000)
+    redis_client.hdel(live.keys.meta, "reap_at")  # the reaper's gate: one reap per renewal interval
+    assert live.close() == 1  # its own grant
+    assert pending(redis_client, live) == 0 and dead.release(gone) is False
+
+
 def test_the_stream_holds_only_free_and_held_slots(
     redis_client: redis.Redis, make_lock: MakeLock
 ) -> None:

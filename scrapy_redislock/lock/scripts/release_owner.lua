@@ -1,5 +1,7 @@
 -- release_owner: free every grant of one owner (all its consumers) and forget it
--- (spider close, or an operator freeing a worker known to be dead).
+-- (spider close, or an operator freeing a worker known to be dead); then free the leases that expired
+-- (reap, at most once per renewal interval across all processes, as maintain does): a process that closes
+-- after a dead one's lease ran out leaves nothing of it in Redis, even when no one renews the lock again.
 -- KEYS[1] slots stream, KEYS[2] meta hash, KEYS[3] owners hash, KEYS[4] ttls hash, KEYS[5] seen zset,
 -- KEYS[6] light zset of a lock met at run time (its light grants of the
 -- owner are dropped too)
@@ -16,4 +18,8 @@ end
 if redis.call('EXISTS', slots) == 0 then return freed end
 freed = freed + release_owner(slots, owners, ttls, seen, ARGV[1])
 survivor_reported(meta, ARGV[1])  -- it holds nothing now: not awaited after a data loss
+if redis.call('EXISTS', meta) == 1 then
+  local lease = lease_of(meta)
+  reap(slots, meta, lease, confirm_window(lease), now_ms())
+end
 return freed
