@@ -268,8 +268,6 @@ class ScriptBatch:
     def _sent(self, batch: list[_Asked], task: asyncio.Task[None]) -> None:
         """A batch cancelled or failed before it answered everyone: the rest hear of it."""
         self._sending.discard(task)
-        if self._open is batch:
-            self._open = None
         error = None if task.cancelled() else task.exception()
         for _, future in batch:
             if future.done():

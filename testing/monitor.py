@@ -19,6 +19,8 @@ from collections.abc import Iterator
 
 import redis
 
+from testing.waiting import wait_until
+
 LINE = re.compile(rb"^\+(\d+\.\d+) \[\d+ ([^\]]+)\] (.*)$")
 ARG = re.compile(rb'"((?:[^"\\]|\\.)*)"')
 
@@ -39,9 +41,9 @@ class Monitor:
         self.thread.start()
         # Redis says +OK once MONITOR is on (after AUTH's own): a command sent before would be missed
         answers = 2 if auth is not None else 1
-        deadline = time.monotonic() + 10.0
-        while self.data.count(b"+OK\r\n") < answers and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(
+            lambda: self.data.count(b"+OK\r\n") >= answers, 10.0, "MONITOR to be on", step=0.005
+        )
 
     def _read(self) -> None:
         while True:
