@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # The scripts a crawl process runs on its way to its first grant and release (its limits, its first
-# renewal, the guard before a wait, a release), loaded with the first PING (about 18 KB each).
-START_SCRIPTS = ("set_limit", "maintain", "guard", "release")
+# renewal, a take while a slot may be free, else the guard before a wait and the confirmation of a
+# grant handed to it, a release), loaded with the first PING (about 18 KB each).
+START_SCRIPTS = ("set_limit", "maintain", "take", "guard", "hold_again", "release")
 
 
 def _waiting_of(lock: AsyncLock[Any]) -> Any:
@@ -110,7 +111,9 @@ class OneRedis:
         scripts on a process's way to its first grant (:data:`START_SCRIPTS`; on a Redis that does
         not have them yet each would cost a NOSCRIPT and a load, in turn, on that way; a load
         refused is left to that fallback), and the locks' waiting connections opened at once beside
-        it, not at the first wait."""
+        it, not at the first wait; with capped stages, a second connection of the client too (a
+        PING), so that a stage's first take (a script) does not open one on its way while the
+        start's report of why stages wait reads on the first."""
         client = self.clients[0]
         if isinstance(client, redis.asyncio.RedisCluster):
             # before concurrent first commands (see docs/failures.md, Redis Cluster)
@@ -126,8 +129,9 @@ class OneRedis:
             for name in START_SCRIPTS:
                 pipe.script_load(sources[name])
         waiting = {id(w): w for lock in locks.values() if (w := _waiting_of(lock)) is not None}
+        beside = [client, *waiting.values()] if locks else []
         replies, *_ = await asyncio.gather(
-            pipe.execute(raise_on_error=False), *(w.ping() for w in waiting.values())
+            pipe.execute(raise_on_error=False), *(c.ping() for c in beside)
         )
         if isinstance(replies[0], BaseException):
             raise replies[0]

@@ -88,6 +88,7 @@ class KeyLocks(StageLocks):
     retire_on_close = True
     watch_limits = False  # a key's limit is its own (KeyLocks.limit), never logged per key
     fan_out = 8  # renewals and retirements of many keys share the client's pool: a few at once
+    looks_first = False  # the key line and the throttle take first themselves (try_take)
 
     def __init__(
         self,

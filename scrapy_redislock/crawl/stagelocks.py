@@ -188,6 +188,9 @@ class StageLocks:
     fan_out: int | None = None
     # the limit each renewal reports is seen (logged when it changed, read by the worker front)
     watch_limits = True
+    # a wait of a stage this process neither holds nor waits for looks for a free slot first (see
+    # _look); KeyLocks' callers take first themselves (try_take)
+    looks_first = True
 
     def __init__(
         self,
@@ -249,6 +252,8 @@ class StageLocks:
         self._shutdown_trigger: Any = None
         # acquire() calls in progress, cancelled on close
         self.waits: set[asyncio.Task[Any]] = set()
+        # stages a look (_look) found with no slot free: their waits join the line in Redis at once
+        self.looked_full: set[str] = set()
         # what the start logs before Scrapy counts (it counts from spider_opened)
         self.start_logs: StartLogCount | None = None
         self.opened = False  # the spider_opened signal came
@@ -556,9 +561,11 @@ class StageLocks:
         backoff = Backoff()
         try:
             while True:
-                left = None if deadline is None else max(0.0, deadline - self.clock())
                 try:
-                    permit = await lock.acquire(timeout=left)
+                    permit = await self._look(stage, lock)
+                    if permit is None:
+                        left = None if deadline is None else max(0.0, deadline - self.clock())
+                        permit = await lock.acquire(timeout=left)
                     self.reports.granted(stage)
                     return permit
                 except AcquireTimeout:
@@ -592,6 +599,24 @@ class StageLocks:
             self.reports.wait_ended(task)
             if task is not None:
                 self.waits.discard(task)
+
+    async def _look(self, stage: str, lock: StageLock) -> SlotPermit | None:
+        """A slot of ``stage`` taken at once (``try_acquire``) when one may be free, else None:
+        the wait joins the line in Redis.
+
+        A grant handed to a blocked wait counts once its owner confirms it (``hold_again``, a round
+        trip after the read's; a waiting connection's first read is guarded first, one more), so
+        that a silent process's waits cost the others little; a slot taken free is confirmed by the
+        take's own reply. So a wait of a stage this process neither holds nor waits for looks first,
+        until a look finds no slot free: from then on the stage's waits join the line at once (a
+        look at a full stage costs a round trip and a command, once per stage).
+        """
+        if not self.looks_first or stage in self.looked_full or lock.busy:
+            return None
+        permit = await lock.try_acquire()
+        if permit is None:
+            self.looked_full.add(stage)
+        return permit
 
     def record_grant(self, stage: str, waited: float) -> None:
         """Count one request that got a slot of ``stage`` after waiting ``waited`` seconds."""

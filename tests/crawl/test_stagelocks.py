@@ -1,18 +1,24 @@
 """The request front's slots over StageLocks in-process (scrapy.utils.test.get_crawler, a real
 Redis): the permit hand-off from the scheduler to the middleware, the one left-the-downloader sweep,
-and the local hand-off of a freed slot with its fairness bound."""
+the local hand-off of a freed slot with its fairness bound, and the commands on a stage's way to its
+first grant."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 
 import pytest
 import redis
 
+from scrapy_redislock import CountingLock
+from scrapy_redislock._redis import without_flags
 from scrapy_redislock.errors import AcquireTimeout
+from scrapy_redislock.lock.core import lock_scripts
 from testing.crawlproc import leftover
 from testing.inprocess import front, held, request
+from testing.monitor import Monitor, commands
 from testing.waiting import until
 
 pytestmark = pytest.mark.integration
@@ -157,3 +163,97 @@ def test_a_slot_past_its_lease_is_not_passed_on(redis_url: str, redis_client: re
             await until(lambda: leftover(redis_client) == 0)
 
     asyncio.run(scenario())
+
+
+# -- the way to a stage's first grant ------------------------------------------------------------
+
+
+def script_names() -> dict[str, str]:
+    """sha1 of each lock script (with and without its Lua flags: Redis 6.2) -> its name; FCALL's
+    function is ``redislock_<sha1>``."""
+    names = {}
+    for name, source in lock_scripts().items():
+        for variant in (source, without_flags(source)):
+            names[hashlib.sha1(variant.encode()).hexdigest()] = name
+    return names
+
+
+def lock_commands(raw: bytes, but: str | None = None) -> list[tuple[str, str]]:
+    """(connection, what) of the scripts (by name), blocking reads, script loads and PINGs clients
+    sent, in order, from MONITOR's lines; with ``but``, not those of the connections that named
+    that owner."""
+    names = script_names()
+    lines = [(source, args) for _, source, args in commands(raw) if source != "lua"]
+    others = {s for s, args in lines if but and any(but.encode() in arg for arg in args)}
+    sent = []
+    for source, args in lines:
+        command = args[0].decode().lower()
+        if source in others:
+            continue
+        if command in ("evalsha", "fcall"):
+            sent.append((source, names.get(args[1].decode().removeprefix("redislock_"), "?")))
+        elif command in ("xreadgroup", "script", "ping"):
+            sent.append((source, command))
+    return sent
+
+
+def test_a_stage_with_a_free_slot_is_granted_by_a_take_on_its_way_to_the_first_grant(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """From the start to the first grant, one script after another, each waiting for the one before:
+    the limits, the first renewal, a take (its reply is the owner's word: no guard, blocking read
+    and confirmation, three round trips where a take is one), and no script loaded on the way (the
+    start loads them with its first PING)."""
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    monitor = Monitor(port)
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 3}, scheduler=False) as f:
+            permit = await f.locks.acquire("detail", None)
+            assert held(redis_client, "detail") == [permit.grant]
+            sent = lock_commands(monitor.stop(redis_client))
+            names = [name for _, name in sent]
+            scripts = [name for name in names if name not in ("script", "ping")]
+            assert scripts[:3] == ["set_limit", "maintain", "take"], names
+            assert not {"guard", "xreadgroup", "hold_again"} & set(names), names
+            start = names.index("set_limit")
+            # every SCRIPT LOAD (none with REDISLOCK_TEST_ACL) went in the start's pipeline
+            assert "script" not in names[start:], names
+            # and the take's connection was opened then, beside it (not on the take's way while
+            # the start's report of why stages wait reads on the first)
+            took_on = next(source for source, name in sent if name == "take")
+            assert took_on in {source for source, _ in sent[:start]}, sent
+            await f.locks.release(permit)
+
+    asyncio.run(scenario())
+
+
+def test_a_full_stage_is_looked_at_once_then_its_waits_join_the_line_at_once(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Under contention the look costs one take, once per stage: the wait that found the stage full
+    and every later one are served through the line in Redis (a blocking read, the grant
+    confirmed), with no take in front."""
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    holder = CountingLock(redis_client, "detail", limit=1, ttl=3)
+    try:
+        monitor = Monitor(port)
+
+        async def scenario() -> tuple[list[str], int]:
+            async with front(redis_url, {"detail": 1}, scheduler=False) as f:
+                lock = f.locks.locks["detail"]
+                for _ in range(2):
+                    holding = holder.acquire(timeout=5)  # the stage is full
+                    wait = asyncio.ensure_future(f.locks.acquire("detail", None))
+                    await until(lambda: "detail" in f.locks.looked_full and lock.busy)
+                    holder.release(holding)
+                    await f.locks.release(await wait)
+                sent = [name for _, name in lock_commands(monitor.stop(redis_client), holder.owner)]
+                return sent, sent.count("take")
+
+        sent, takes = asyncio.run(scenario())
+        assert takes == 1, sent
+        assert sent.count("xreadgroup") == 2 and sent.count("hold_again") == 2, sent
+        assert sent.index("take") < sent.index("xreadgroup"), sent
+    finally:
+        holder.close()
