@@ -8,9 +8,9 @@ with `--delay-ms` added to every round trip (half each way). The path is timed f
 first connection to Redis (accepted by the proxy) to its first capped request reaching the site;
 the difference between the two, divided by the added delay, is the round trips on that path (Scrapy's
 own work cancels out; TCP's handshakes are not delayed by the proxy, so each new connection's own round
-trip is not counted). Beside it, MONITOR's count of the commands the process sent before its first
-grant (client commands: a pipeline's count one each; those scripts run inside Redis left out), by
-command. Medians over `--repeat` rounds; prints what it measured.
+trip is not counted). Beside it, MONITOR's count of the commands the process sent up to its first look
+for a slot, a take or a blocking read (client commands: a pipeline's count one each; those scripts run
+inside Redis left out), by command. Medians over `--repeat` rounds; prints what it measured.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from typing import Any
 import redis
 
 from bench import write_results
+from scrapy_redislock._redis import FUNCTION_PREFIX, function_name
+from scrapy_redislock.lock.core import lock_scripts
 from testing.crawlproc import Crawl
 from testing.monitor import Monitor, commands
 from testing.netproxy import LatencyProxy
@@ -35,7 +37,7 @@ from testing.site import CrawlSite
 
 def one_start(delay_ms: float, folder: Path) -> dict[str, Any]:
     """The path (s) from the first connection to the first capped request, and the commands the
-    process sent before its first grant."""
+    process sent up to its first look for a slot."""
     with RedisServer() as server, CrawlSite(delay=0.05) as site:
         admin = redis.Redis.from_url(server.url)
         monitor = Monitor(server.port)
@@ -47,6 +49,9 @@ def one_start(delay_ms: float, folder: Path) -> dict[str, Any]:
             path = site.arrivals["detail"][0] - proxy.accepted[0]
         raw = monitor.stop(admin)
         admin.close()
+    # the take script as FCALL names it (redislock_<sha1>) and as EVALSHA does (its sha1)
+    function = function_name(lock_scripts()["take"])
+    take = {function.encode(), function.removeprefix(FUNCTION_PREFIX).encode()}
     sent: Counter[str] = Counter()
     for _, source, args in commands(raw):
         if source == "lua":
@@ -55,8 +60,8 @@ def one_start(delay_ms: float, folder: Path) -> dict[str, Any]:
         if name in ("echo", "monitor"):
             continue  # the benchmark's own
         sent[name] += 1
-        if name == "xreadgroup":  # the first wait for a slot
-            break
+        if name == "xreadgroup" or (name in ("evalsha", "fcall") and args[1] in take):
+            break  # the first wait for a slot, or the first take
     return {"path_s": path, "commands": dict(sent)}
 
 
@@ -94,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Round trips on the path (difference / {args.delay_ms:g} ms), per round: "
         f"{[round(t, 1) for t in trips]}, median {statistics.median(trips):.1f}",
-        f"Commands sent before the first wait for a slot: {sum(sent.values())} "
+        f"Commands sent up to the first take or wait for a slot: {sum(sent.values())} "
         f"({', '.join(f'{n} {name}' for name, n in sorted(sent.items(), key=lambda x: -x[1]))})",
     ]
     text = "\n".join(lines)

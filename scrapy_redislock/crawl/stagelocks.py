@@ -19,7 +19,9 @@ owns the hand-off of slots between requests) and the worker front (lock prefix `
                                    # spider_opened signal then closes the spider, and the crawl exits with status 1)
                                    # ("redislock_redis_refused" when its ACL refuses this user a command)
     locks.is_capped(stage)         # True / False (None = unlimited); UnknownStage naming the known stages
-    permit = await locks.acquire(stage, timeout)   # FIFO across processes; Redis errors are retried with back-off
+    permit = await locks.acquire(stage, timeout)   # FIFO across processes; Redis errors are retried with back-off;
+                                   # a stage this process neither holds nor waits for is looked at first (a take),
+                                   # until a look finds it full
     locks.record_grant(stage, waited)              # stats: acquired, wait_time_total, wait_time_max
     await locks.release(permit)    # never raises; a release Redis did not take is retried at every renewal tick
     locks.release_soon(permit)     # the same from plain code, in a tracked task
