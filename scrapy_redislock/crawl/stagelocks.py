@@ -20,8 +20,8 @@ owns the hand-off of slots between requests) and the worker front (lock prefix `
                                    # ("redislock_redis_refused" when its ACL refuses this user a command)
     locks.is_capped(stage)         # True / False (None = unlimited); UnknownStage naming the known stages
     permit = await locks.acquire(stage, timeout)   # FIFO across processes; Redis errors are retried with back-off;
-                                   # a stage this process neither holds nor waits for is looked at first (a take),
-                                   # until a look finds it full
+                                   # a stage nobody else was seen at, which this process neither holds nor waits
+                                   # for, is looked at first (a take), until a look finds it full
     locks.record_grant(stage, waited)              # stats: acquired, wait_time_total, wait_time_max
     await locks.release(permit)    # never raises; a release Redis did not take is retried at every renewal tick
     locks.release_soon(permit)     # the same from plain code, in a tracked task
@@ -190,8 +190,8 @@ class StageLocks:
     fan_out: int | None = None
     # the limit each renewal reports is seen (logged when it changed, read by the worker front)
     watch_limits = True
-    # a wait of a stage this process neither holds nor waits for looks for a free slot first (see
-    # _look); KeyLocks' callers take first themselves (try_take)
+    # a wait of a stage nobody else was seen at, which this process neither holds nor waits for,
+    # looks for a free slot first (see _look); KeyLocks' callers take first themselves (try_take)
     looks_first = True
 
     def __init__(
@@ -609,11 +609,15 @@ class StageLocks:
         A grant handed to a blocked wait counts once its owner confirms it (``hold_again``, a round
         trip after the read's; a waiting connection's first read is guarded first, one more), so
         that a silent process's waits cost the others little; a slot taken free is confirmed by the
-        take's own reply. So a wait of a stage this process neither holds nor waits for looks first,
-        until a look finds no slot free: from then on the stage's waits join the line at once (a
-        look at a full stage costs a round trip and a command, once per stage).
+        take's own reply. So a wait looks first when a slot may well be free: this process neither
+        holds nor waits for the stage, and its last renewal of it (the start's, at least) saw no
+        other process alive there (one Redis: a quorum lock reports none). A look that finds no slot
+        free (the others came since) costs a round trip and a take more, once: from then on the
+        stage's waits join the line at once.
         """
         if not self.looks_first or stage in self.looked_full or lock.busy:
+            return None
+        if getattr(lock, "owners_seen", None) != [lock.owner]:
             return None
         permit = await lock.try_acquire()
         if permit is None:

@@ -610,6 +610,12 @@ class LockBase(LockShared[Permit]):
         """The lock's limit in Redis as its last renewal reported it (None before one)."""
         return self._core.reported_limit
 
+    @property
+    def owners_seen(self) -> list[str] | None:
+        """The owners its last renewal saw alive (this one among them; None before one, or past
+        ROSTER_MAX)."""
+        return self._core.registration.roster
+
     def annotate(self, **fields: Any) -> None:
         """Add fields to this owner's identity in Redis (sent with the next maintain), e.g.
         waiting=3."""
