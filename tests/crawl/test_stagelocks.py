@@ -213,7 +213,12 @@ def test_a_stage_with_a_free_slot_is_granted_by_a_take_on_its_way_to_the_first_g
             assert held(redis_client, "detail") == [permit.grant]
             sent = lock_commands(monitor.stop(redis_client))
             names = [name for _, name in sent]
-            scripts = [name for name in names if name not in ("script", "ping")]
+            # a named user's first script goes as EVALSHA, refused, then as FCALL (REDISLOCK_TEST_ACL)
+            scripts = [
+                name
+                for i, name in enumerate(names)
+                if name not in ("script", "ping") and name not in names[i - 1 : i]
+            ]
             assert scripts[:3] == ["set_limit", "maintain", "take"], names
             assert not {"guard", "xreadgroup", "hold_again"} & set(names), names
             start = names.index("set_limit")
