@@ -135,12 +135,11 @@ def test_a_request_back_in_the_scheduler_with_its_key_slot_does_not_leak_it(
             again = request(None, 0)
             scheduler.enqueue_request(again)
             assert await f.next_request() is again  # with its key slot
-            first = line.throttle.permits.permit_of(again)
-            assert first is not None
+            [first] = line.throttle.held(again)
             scheduler.enqueue_request(again)  # back, unseen by the middleware
             assert await f.next_request() is again  # with a new slot
-            second = line.throttle.permits.permit_of(again)
-            assert second is not None and second is not first
+            [second] = line.throttle.held(again)
+            assert second is not first
             await f.send(again)
             f.middleware.process_response(again, None)  # type: ignore[arg-type]
             await until(lambda: not line.locks.releasing)  # the releases sent are done
