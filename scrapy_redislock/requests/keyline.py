@@ -12,8 +12,8 @@ are taken in everywhere: docs/scopes.md).
   name's limit of this process's requests holding or taking it) leaves the inner scheduler and is
   held back for one look in Redis per name it has no kept slot of (a take: lock/light.py). All
   granted, it goes on with its slots
-  (:meth:`ScopeThrottle.hand <scrapy_redislock.requests.throttle.ScopeThrottle.hand>`,
-  :meth:`~scrapy_redislock.requests.throttle.ScopeThrottle.hand_scopes`), and the engine is woken.
+  (:meth:`ScopeThrottle.hand <scrapy_redislock.requests.throttle.ScopeThrottle.hand>`), and the
+  engine is woken.
 - One refused (every slot of it is held, here or elsewhere, or others queue for it), the slots
   it got go back (a kept one is kept again, a fresh one returns to Redis: a request holds no slot
   while it waits), the request goes back into the inner scheduler, into a sub-queue of the refused
@@ -118,8 +118,8 @@ class KeyLine:
         self.locks = throttle.locks  # the KeyLocks
         self.inner = inner  # Scrapy's scheduler, its queues split by StagePriorityQueues
         self.room = crawler.settings.getint("CONCURRENT_REQUESTS")
-        # per request: its capped key (or None) and every capped name, the key then its scopes
-        self.names: weakref.WeakKeyDictionary[Request, tuple[str | None, tuple[str, ...]]] = (
+        # per request: every capped name, its key then its scopes
+        self.names: weakref.WeakKeyDictionary[Request, tuple[str, ...]] = (
             weakref.WeakKeyDictionary()
         )
         self.looking: dict[Request, tuple[str, ...]] = {}  # held back for takes in Redis
@@ -169,13 +169,9 @@ class KeyLine:
     def names_of(self, request: Request) -> tuple[str, ...]:
         """The request's capped names, in the order their slots are taken: its key, then its other
         scopes by name (computed once per request)."""
-        return self._names(request)[1]
-
-    def _names(self, request: Request) -> tuple[str | None, tuple[str, ...]]:
         found = self.names.get(request)  # no KeyError raised and caught per new request
         if found is None:
-            key, scopes = self.throttle.capped_names(request)
-            found = self.names[request] = (key, ((key,) if key is not None else ()) + scopes)
+            found = self.names[request] = self.throttle.capped_names(request)
         return found
 
     def blocked_name(self, request: Request) -> str | None:
@@ -231,12 +227,11 @@ class KeyLine:
             known = self.names.get
             for request in {
                 *self.throttle.permits.holding(),
-                *self.throttle.scope_permits.holding(),
                 *self.slots.holding(),
                 *self.slots.in_line(),
             }:
                 found = known(request)
-                named.extend((found if found is not None else self._names(request))[1])
+                named.extend(found if found is not None else self.names_of(request))
             load: Counter[str] = Counter(named)
             for key, kept in self.kept.items():
                 load[key] += len(kept)
@@ -265,7 +260,7 @@ class KeyLine:
         it ``in_hand``) waits here for its slots; False when it goes now, with them all: no capped
         name, or a slot (or an error) kept for each of its names (none is used for a request of a
         capped stage: a kept slot of a name was got without a stage's)."""
-        key, names = self._names(request)
+        names = self.names_of(request)
         if not names:
             self._hand_stage(request, in_hand)
             return False
@@ -277,18 +272,18 @@ class KeyLine:
             if isinstance(outcome, BaseException):  # a wait that ran out: the request fails with it
                 self._give_back(got)
                 self.throttle.release(request)  # what it still holds (see _hand)
-                self.throttle.permits.hand(request, outcome)
+                self.throttle.hand(request, outcome)
                 return False
             got.append(Taken(name, outcome, kept=True))
         if len(got) == len(names):
-            self._hand(request, key, got)
+            self._hand(request, got)
             return False
         self.looking[request] = names
         if in_hand is not None:
             self.in_hand[request] = in_hand
         if self._load is not None:
             self._load.update(names)
-        self._start(self._look(request, key, names, got))
+        self._start(self._look(request, names, got))
         return True
 
     def _hand_stage(self, request: Request, in_hand: InHand | None) -> None:
@@ -323,22 +318,18 @@ class KeyLine:
             else:
                 self.locks.release_soon(taken.permit)
 
-    def _hand(self, request: Request, key: str | None, got: list[Taken]) -> None:
+    def _hand(self, request: Request, got: list[Taken]) -> None:
         """The request goes with a slot of each of its capped names, and of its stage if it came
         with one (the middleware takes them). Slots it still holds go back first: it came back to
         the scheduler unseen by the middleware (one before it returned the request itself)."""
         self.throttle.release(request)
         self._hand_stage(request, self.in_hand.pop(request, None))
-        scoped = [taken.permit for taken in got if taken.name != key]
-        for taken in got:
-            if taken.name == key:
-                self.throttle.hand(request, taken.permit)
-        if scoped:
-            self.throttle.hand_scopes(request, scoped)
+        order = self.names_of(request)
+        self.throttle.hand(
+            request, [t.permit for t in sorted(got, key=lambda t: order.index(t.name))]
+        )
 
-    async def _look(
-        self, request: Request, key: str | None, names: tuple[str, ...], got: list[Taken]
-    ) -> None:
+    async def _look(self, request: Request, names: tuple[str, ...], got: list[Taken]) -> None:
         """One take in Redis for each name the request has no kept slot of, in order: it goes
         with them all, or back to the queue of the first name refused (its other slots given back:
         it holds none while it waits) while a wait for that name starts. A request of a capped
@@ -388,12 +379,12 @@ class KeyLine:
             # slot), as a wait there would have
             self._give_back(got)
             self.throttle.release(request)
-            self.throttle.permits.hand(request, failed)
+            self.throttle.hand(request, failed)
             self._hand_stage(request, self.in_hand.pop(request, None))
             self.ready.append(request)
         elif refused is None:
             self.throttle.record(self.clock() - started)
-            self._hand(request, key, got)
+            self._hand(request, got)
             self.ready.append(request)
         else:
             self._give_back(got)

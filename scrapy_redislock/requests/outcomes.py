@@ -110,14 +110,8 @@ class Outcomes:
             found.append((stages, permit.name))
         throttle = self.throttle
         if throttle is not None and throttle.locks.adaptation is not None:
-            held = [throttle.permits.permit_of(request)]
-            scoped = throttle.scope_permits.permit_of(request)
-            if scoped is not None:
-                held.extend(scoped.permits)
-            for key_permit in held:
-                if key_permit is not None and throttle.locks.adapts(
-                    key_permit.name.removeprefix(KEY_LOCK_PREFIX)
-                ):
+            for key_permit in throttle.held(request):
+                if throttle.locks.adapts(key_permit.name.removeprefix(KEY_LOCK_PREFIX)):
                     found.append((throttle.locks.adaptation, key_permit.name))
         return found
 

@@ -79,7 +79,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class ScopeHolds:
-    """The slots a request holds of its scopes beside its key, in the order taken."""
+    """The slots a request holds of its key and other scopes, in the order taken (the one order of
+    docs/scopes.md: its key, then its other scopes by name)."""
 
     permits: list[SlotPermit]
 
@@ -112,9 +113,9 @@ class ScopeThrottle:
         self.clock = clock
         self.settings = settings
         self.locks = KeyLocks.of(crawler, settings, clock=clock)
-        self.permits: PermitLedger[Request, SlotPermit] = PermitLedger()
-        # slots of the request's other scopes (meta["redislock_scopes"], REDISLOCK_SCOPES_OF)
-        self.scope_permits: PermitLedger[Request, ScopeHolds] = PermitLedger()
+        # the slots of the request's key and other scopes (meta["redislock_scopes"],
+        # REDISLOCK_SCOPES_OF), or the error StageScheduler's wait for one ran out with
+        self.permits: PermitLedger[Request, ScopeHolds] = PermitLedger()
         self.waiting: Counter[str] = Counter()
         # waits for a key slot in progress -> their request and key; those cancelled to go back to
         # the scheduler when the spider closes, and those given up then (a stalled key's waits of
@@ -199,9 +200,9 @@ class ScopeThrottle:
         crawl's every request). A slot no longer usable is dropped here, as :meth:`usable` drops
         it, and :meth:`_through` takes another."""
         handed = self.permits.peek(request)
-        if handed is None or isinstance(handed, BaseException) or handed.name != name:
+        if isinstance(handed, BaseException) or [p.name for p in self.held(request)] != [name]:
             return False
-        return not self._queued_key(request) and self.usable(request)
+        return not self._queued_key(request, name) and self.usable(request)
 
     def scopes_of(self, request: Request) -> tuple[str, ...]:
         """The request's scopes beside its stage and key (KeyFunctionError as :meth:`prepare`)."""
@@ -246,18 +247,26 @@ class ScopeThrottle:
         if isinstance(handed, BaseException):
             self.permits.forget(request)
             raise handed  # StageScheduler's wait for one of its slots ran out of REDISLOCK_WAIT_TIMEOUT
-        if capped is not None:
-            await self._take_slot(request, capped)
-        for scope in scopes:
-            if keys.limit_of(scope) is not None:
-                await self._take_slot(request, scope, scoped=True)
+        names = [
+            name
+            for name in ((capped, *scopes) if capped is not None else scopes)
+            if keys.limit_of(name) is not None
+        ]
+        held = [p.name.removeprefix(KEY_LOCK_PREFIX) for p in self.held(request)]
+        if held != names[: len(held)]:
+            # not the first of the request's names: a middleware before this one changed what
+            # REDISLOCK_STAGE_KEY's or REDISLOCK_SCOPES_OF's function reads since StageScheduler took
+            # them; they go back, and the request's own are taken, in the one order
+            self.release(request)
+        for name in names:
+            await self._take_slot(request, name)
         if stage_delay and stage is not None:
             await self._delay(request, stage, stage_delay)
         elif stage is not None and self._pausable_stage(stage):
             await self._pause_check(stage)
         if key_delay and key is not None:
             await self._delay(request, f"{KEY_LOCK_PREFIX}{key}", key_delay)
-        elif capped is not None and self._queued_key(request):
+        elif capped is not None and self._queued_key(request, f"{KEY_LOCK_PREFIX}{capped}"):
             await self._pause_check(f"{KEY_LOCK_PREFIX}{capped}")
         for scope in scopes:
             delay = self.settings.delay_of(scope)
@@ -293,11 +302,11 @@ class ScopeThrottle:
             and self.settings.stages.get(stage) is not None
         )
 
-    def _queued_key(self, request: Request) -> bool:
-        """The request's key slot came from the key's stream (not its light path, whose take
-        checks a pause itself), and a Retry-After may pause the key (REDISLOCK_RETRY_AFTER, or its
-        REDISLOCK_SCOPES entry)."""
-        permit = self.permits.permit_of(request)
+    def _queued_key(self, request: Request, name: str) -> bool:
+        """The request's slot of ``name`` (``key:<key>``) came from the key's stream (not its light
+        path, whose take checks a pause itself), and a Retry-After may pause the key
+        (REDISLOCK_RETRY_AFTER, or its REDISLOCK_SCOPES entry)."""
+        permit = next((p for p in self.held(request) if p.name == name), None)
         light = getattr(permit, "light", False)  # a QuorumPermit never is
         if permit is None or light:
             return False
@@ -320,28 +329,27 @@ class ScopeThrottle:
         except (*REDIS_ERRORS, Paused):  # the wait below retries, or waits the pause out
             return None
 
-    def hand(self, request: Request, permit: SlotPermit) -> None:
-        """StageScheduler got ``request``'s key slot before letting it go (see
-        :mod:`~scrapy_redislock.requests.keyline`): the middleware takes this one."""
-        self.permits.hand(request, permit)
+    def hand(self, request: Request, outcome: list[SlotPermit] | BaseException) -> None:
+        """StageScheduler got ``request``'s key and scope slots before letting it go, in their
+        order (see :mod:`~scrapy_redislock.requests.keyline`), or fails it with this error: the
+        middleware takes them."""
+        self.permits.hand(
+            request, outcome if isinstance(outcome, BaseException) else ScopeHolds(outcome)
+        )
 
-    def capped_names(self, request: Request) -> tuple[str | None, tuple[str, ...]]:
-        """The request's capped key (or None) and its other capped scopes, sorted: the slots
-        StageScheduler takes before it lets a request of no capped stage go (none when a key or
-        scope function fails for it: the middleware fails the request then, naming the error)."""
+    def capped_names(self, request: Request) -> tuple[str, ...]:
+        """The request's capped names in the order their slots are taken: its key, then its other
+        scopes by name; the slots StageScheduler takes before it lets a request go (none when a key
+        or scope function fails for it: the middleware fails the request then, naming the
+        error)."""
         keys = self.settings.keys
         try:
             key = request_key(request, self.crawler.spider, keys.stage_key)
             scopes = self._scopes(request, key)
         except KeyFunctionError:
-            return None, ()
-        capped = key if key is not None and keys.limit_of(key) is not None else None
-        return capped, tuple(scope for scope in scopes if keys.limit_of(scope) is not None)
-
-    def hand_scopes(self, request: Request, permits: list[SlotPermit]) -> None:
-        """StageScheduler got ``request``'s other scopes' slots before letting it go: the middleware
-        takes these."""
-        self.scope_permits.hand(request, ScopeHolds(permits))
+            return ()
+        names = (key, *scopes) if key is not None else scopes
+        return tuple(name for name in names if keys.limit_of(name) is not None)
 
     def record(self, waited: float) -> None:
         """Count one key slot got after ``waited`` seconds."""
@@ -351,31 +359,18 @@ class ScopeThrottle:
         stats.inc_value("redislock/keys/wait_time_total", waited)  # type: ignore[arg-type]
         stats.max_value("redislock/keys/wait_time_max", waited)
 
-    async def _take_slot(self, request: Request, key: str, scoped: bool = False) -> None:
-        """Take a slot of ``key`` (``scoped``: one of the request's other scopes) for the request:
-        one look, else a wait in the key's first-come-first-served line."""
-        if scoped:
-            holds = self.scope_permits.permit_of(request)
-            if holds is not None and any(
-                p.name == f"{KEY_LOCK_PREFIX}{key}" for p in holds.permits
-            ):
-                return  # taken before a lost slot of another scope made the request start again
-        else:
-            handed = self.permits.permit_of(request)
-            if handed is not None and handed.name == f"{KEY_LOCK_PREFIX}{key}":
-                return  # handed by StageScheduler (a lost or late one is dropped by usable())
-            if handed is not None:
-                # of the key the request had in the scheduler: a middleware before this one changed
-                # what REDISLOCK_STAGE_KEY's function reads; that slot goes back, this key's is taken,
-                # and so do the scopes' handed with it (taken again after the key, in the one order)
-                self.release(request)
+    async def _take_slot(self, request: Request, key: str) -> None:
+        """Take a slot of ``key`` (the request's key or another scope of it) for the request: one
+        look, else a wait in the key's first-come-first-served line."""
+        if any(p.name == f"{KEY_LOCK_PREFIX}{key}" for p in self.held(request)):
+            return  # handed by StageScheduler (a lost or late one is dropped by usable())
         # taken here, holding one of CONCURRENT_REQUESTS meanwhile (StageScheduler takes it before
         # a request of no capped stage leaves: keyline.py)
         self.crawler.stats.inc_value("redislock/keys/taken_in_downloader")
         started = self.clock()
         taken = await self._take_now(key)
         if taken is not None:
-            self._hold(request, taken, scoped)
+            self._hold(request, taken)
             self.record(self.clock() - started)
             return
         self.waiting[key] += 1
@@ -404,7 +399,7 @@ class ScopeThrottle:
             self.waiting[key] -= 1
             if not self.waiting[key]:
                 del self.waiting[key]
-        self._hold(request, permit, scoped)
+        self._hold(request, permit)
         self.record(self.clock() - started)
 
     def _open_waits(self) -> list[tuple[asyncio.Task[SlotPermit], str]]:
@@ -438,13 +433,10 @@ class ScopeThrottle:
                 why,
             )
 
-    def _hold(self, request: Request, permit: SlotPermit, scoped: bool) -> None:
-        if not scoped:
-            self.permits.hold(request, permit)
-            return
-        holds = self.scope_permits.permit_of(request)
+    def _hold(self, request: Request, permit: SlotPermit) -> None:
+        holds = self.permits.permit_of(request)
         if holds is None:
-            self.scope_permits.hold(request, ScopeHolds([permit]))
+            self.permits.hold(request, ScopeHolds([permit]))
         else:
             holds.permits.append(permit)
 
@@ -468,9 +460,8 @@ class ScopeThrottle:
 
     def held(self, request: Request) -> list[SlotPermit]:
         """The request's key and scope slots held now, in the order taken."""
-        permit = self.permits.permit_of(request)
-        holds = self.scope_permits.permit_of(request)
-        return ([permit] if permit is not None else []) + (holds.permits if holds else [])
+        holds = self.permits.permit_of(request)
+        return holds.permits if holds is not None else []
 
     def usable(self, request: Request) -> bool:
         """Whether the request's key and scope slots, if any, may still go with it (see
@@ -480,16 +471,12 @@ class ScopeThrottle:
         if all(self.locks.usable(p) for p in held):
             return True
         self.permits.forget(request)
-        self.scope_permits.forget(request)
         for p in held:
             self.locks.release_soon(p)
         return False
 
     def release(self, request: Request) -> None:
-        permit = self.permits.finish(request)
-        if permit is not None:
-            self.locks.release_soon(permit)
-        holds = self.scope_permits.finish(request)
+        holds = self.permits.finish(request)
         for p in holds.permits if holds is not None else ():
             self.locks.release_soon(p)
 
@@ -497,13 +484,10 @@ class ScopeThrottle:
         """At every renewal tick: free key and scope slots of requests gone from the downloader at
         two ticks in a row."""
         active = downloader_active(self.crawler)
-        for permit in self.permits.sweep(active):
-            await self.locks.release(permit)
-        for holds in self.scope_permits.sweep(active):
+        for holds in self.permits.sweep(active):
             for permit in holds.permits:
                 await self.locks.release(permit)
 
     async def close(self) -> None:
         await self.locks.close()
         self.permits.clear()
-        self.scope_permits.clear()

@@ -135,12 +135,11 @@ def test_a_request_back_in_the_scheduler_with_its_key_slot_does_not_leak_it(
             again = request(None, 0)
             scheduler.enqueue_request(again)
             assert await f.next_request() is again  # with its key slot
-            first = line.throttle.permits.permit_of(again)
-            assert first is not None
+            [first] = line.throttle.held(again)
             scheduler.enqueue_request(again)  # back, unseen by the middleware
             assert await f.next_request() is again  # with a new slot
-            second = line.throttle.permits.permit_of(again)
-            assert second is not None and second is not first
+            [second] = line.throttle.held(again)
+            assert second is not first
             await f.send(again)
             f.middleware.process_response(again, None)  # type: ignore[arg-type]
             await until(lambda: not line.locks.releasing)  # the releases sent are done
@@ -176,5 +175,48 @@ def test_a_request_of_a_capped_stage_in_line_counts_in_its_keys_load(redis_url: 
             assert not line.looking and len(scheduler) == 1  # queued, no take started
             f.active.discard(capped)  # gone (say, dropped by an earlier middleware)
             assert await f.next_request() is free
+
+    asyncio.run(scenario())
+
+
+def grants_of(client: redis.Redis, name: str) -> int:
+    """Grants held on the light path of the lock of key or scope ``name``."""
+    return sum(
+        int(client.zcard(key)) for key in client.scan_iter(f"redislock:{{key:{name}}}*:light")
+    )
+
+
+def test_a_scope_slot_handed_for_a_scope_the_request_no_longer_has_goes_back(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """StageScheduler takes the slot of the scope a request has in the scheduler (proxy:a); a
+    middleware before StageLockMiddleware then moves it to proxy:b (as a proxy rotator does). The
+    request goes with a slot of proxy:b only: the handed slot of proxy:a goes back to Redis at once
+    (it once stayed held with the request, over a scope it no longer used, until its download
+    ended)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url, {"detail": None}, REDISLOCK_SCOPES={"proxy:*": {"limit": 1}}
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.keyline is not None
+            throttle = scheduler.keyline.throttle
+            moved = request(None, 0)
+            moved.meta["redislock_scopes"] = ["proxy:a"]
+            scheduler.enqueue_request(moved)
+            assert await f.next_request() is moved
+            assert [p.name for p in throttle.held(moved)] == ["key:proxy:a"]
+            assert grants_of(redis_client, "proxy:a") == 1
+            moved.meta["redislock_scopes"] = ["proxy:b"]  # a middleware before ours
+            await f.send(moved)
+            assert [p.name for p in throttle.held(moved)] == ["key:proxy:b"]
+            await until(lambda: not throttle.locks.releasing)
+            assert grants_of(redis_client, "proxy:a") == 0
+            assert grants_of(redis_client, "proxy:b") == 1
+            f.middleware.process_response(moved, None)  # type: ignore[arg-type]
+            await until(lambda: not throttle.locks.releasing)
+        assert light_grants(redis_client) == 0
+        assert leftover(redis_client) == 0
 
     asyncio.run(scenario())

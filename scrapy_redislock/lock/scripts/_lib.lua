@@ -212,6 +212,12 @@ local function lease_of(meta)
   return tonumber(redis.call('HGET', meta, 'ttl') or '30000')
 end
 
+-- One renewal interval of a lease (ms): a third of it, at most 1 s, as a holder renews (core.py renew_interval),
+-- rounded up; never shorter than any owner's own interval, since the lease is the longest ttl.
+local function renewal_interval(lease)
+  return math.max(1, math.ceil(math.min(lease, 3000) / 3))
+end
+
 -- The most owners a renewal names back (maintain's roster); with more, a recovery waits out its lease.
 local ROSTER_MAX = 32
 
@@ -228,8 +234,8 @@ end
 local function await_survivors(meta, argv, first, now)
   local names = {}
   for i = first, #argv do names[#names + 1] = argv[i] end
-  local interval = math.min(lease_of(meta), 3000) / 3
-  redis.call('HSET', meta, 'awaiting', table.concat(names, '\n'), 'recover_floor', string.format('%.0f', now + 2 * interval))
+  local floor = now + 2 * renewal_interval(lease_of(meta))
+  redis.call('HSET', meta, 'awaiting', table.concat(names, '\n'), 'recover_floor', string.format('%.0f', floor))
 end
 
 -- An owner reported after a data loss (it re-registered, re-adopted or released): no longer awaited.
@@ -283,20 +289,14 @@ local function reap(slots, meta, lease, interval, now)
   return freed
 end
 
--- How long a grant handed to a blocked wait may go unconfirmed (ms): one renewal interval of the lease in force
--- (a third of it, at most 1 s; never shorter than any owner's own interval, since the lease is the longest ttl).
-local function confirm_window(lease)
-  return math.max(1, math.floor(math.min(lease, 3000) / 3))
-end
-
 -- Free the grants that Redis handed to a blocked wait ('<owner>#<n>', delivered once) and that their owner has not
--- confirmed within confirm_window: a live owner confirms at once (hold_again, one round trip after the reply); a
+-- confirmed within one renewal interval of the lease in force: a live owner confirms at once (hold_again, one round trip after the reply); a
 -- process whose connections went silent (a partition, a VM pause) cannot, and without this its waits would keep
 -- every slot freed meanwhile for a whole lease. Grants taken by take.lua are marked confirmed (delivery count 2),
 -- grants renewed sit under the owner's own consumer: neither is touched. Returns how many were freed.
 local function reclaim_unconfirmed(slots, lease)
   local freed, start = 0, '-'
-  local window = confirm_window(lease)
+  local window = renewal_interval(lease)
   while true do
     local batch = redis.call('XPENDING', slots, GROUP, 'IDLE', window, start, '+', 100)
     for _, p in ipairs(batch) do

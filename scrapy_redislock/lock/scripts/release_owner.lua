@@ -20,6 +20,6 @@ freed = freed + release_owner(slots, owners, ttls, seen, ARGV[1])
 survivor_reported(meta, ARGV[1])  -- it holds nothing now: not awaited after a data loss
 if redis.call('EXISTS', meta) == 1 then
   local lease = lease_of(meta)
-  reap(slots, meta, lease, confirm_window(lease), now_ms())
+  reap(slots, meta, lease, renewal_interval(lease), now_ms())
 end
 return freed
