@@ -160,6 +160,20 @@ NOT_PROBING, DRAINING, MEASURING = 0, 1, 2
 # Not a probe: the slow start of a new controller (the limit grows by up to half a window until the
 # site shows a significant queue).
 STARTING = 3
+# The probe that ends a slow start, in place: it drains and measures as a probe does, but at the
+# limit the start ended at (what the site served at once: no queue there), not at half of it.
+DRAINING_IN_PLACE, MEASURING_IN_PLACE = 4, 5
+# A slow start whose last window would have ended it: it holds its limit for one more window, and
+# ends only if that one would too (a noisy window, or the crawling processes' own delays for a
+# moment, no longer end a start below the site's capacity).
+START_HOLDING = 6
+# each probe phase's next one (a window each)
+_NEXT_PHASE = {
+    DRAINING: MEASURING,
+    MEASURING: NOT_PROBING,
+    DRAINING_IN_PLACE: MEASURING_IN_PLACE,
+    MEASURING_IN_PLACE: NOT_PROBING,
+}
 
 
 def _number(
@@ -198,6 +212,8 @@ class AdaptiveParams:
     min_samples: int = 10  # outcomes a window needs before it is due (a slow site's are longer)
     alpha: float = 0.3  # grow while fewer requests than this wait at the site
     beta: float = 0.6  # shrink while more than this wait
+    alpha_share: float = 0.1  # settled: grow below this share of those out waiting (or alpha)
+    beta_share: float = 0.2  # settled: shrink while more than this share wait (or beta)
     confidence: float = 2.0  # shrink only on a queue this many standard errors above beta
     shrink_gain: float = 0.5  # shrink by max(1, shrink_gain * the queue's excess)
     backoff: float = 0.75  # limit * backoff on overload; also the most one Vegas step may cut
@@ -224,6 +240,8 @@ class AdaptiveParams:
         _integer("min_samples", self.min_samples, 1)
         _number("alpha", self.alpha, low=0.0)
         _number("beta", self.beta, low=self.alpha, open_low=True)
+        _number("alpha_share", self.alpha_share, low=0.0, high=1.0, open_high=True)
+        _number("beta_share", self.beta_share, low=self.alpha_share, high=1.0, open_low=True)
         _number("confidence", self.confidence, low=0.0)
         _number("shrink_gain", self.shrink_gain, low=0.0, open_low=True)
         _number("backoff", self.backoff, low=0.0, high=1.0, open_low=True, open_high=True)
@@ -416,7 +434,8 @@ def next_state(state: ControllerState, window: Window, params: AdaptiveParams) -
     drops = window.overloads + window.errors
     overloaded = window.outcomes > 0 and drops > params.overload_threshold * window.outcomes
     if rtt is not None:
-        low_load = probe == MEASURING or (probe == NOT_PROBING and _at_probe_level(state, params))
+        measuring = probe in (MEASURING, MEASURING_IN_PLACE)
+        low_load = measuring or (probe == NOT_PROBING and _at_probe_level(state, params))
         if low_load and not overloaded:
             # measured at low load: replaces the estimate, up or down
             noload, noload_error, since_probe = rtt, error, 0
@@ -430,12 +449,14 @@ def next_state(state: ControllerState, window: Window, params: AdaptiveParams) -
             noload, noload_error = rtt, error
     # a new controller at the minimum starts slow-start (one re-made higher, from a lock's limit,
     # probes first instead)
-    starting = probe == STARTING or (state.version == 0 and state.limit <= params.minimum)
+    starting = probe in (STARTING, START_HOLDING) or (
+        state.version == 0 and state.limit <= params.minimum
+    )
     if overloaded:
         limit *= params.backoff
         probe = NOT_PROBING  # a probe under overload measured nothing: it starts over, lower
-    elif probe in (DRAINING, MEASURING):
-        probe = MEASURING if probe == DRAINING else NOT_PROBING
+    elif probe in _NEXT_PHASE:
+        probe = _NEXT_PHASE[probe]
     elif rtt is not None and (state.noload > 0 or since_probe == 0):
         in_flight = window.mean_in_flight
         used = float(state.applied) if in_flight is None else in_flight
@@ -443,16 +464,19 @@ def next_state(state: ControllerState, window: Window, params: AdaptiveParams) -
         grown = _slow_start(state, used, estimate, params) if starting else None
         if grown is not None:
             limit, probe = grown, STARTING  # slow start: no queue yet, grow
+        elif starting and probe != START_HOLDING:
+            probe = START_HOLDING  # the first window that would end it: hold for one more
         elif starting:
             # the first queue ends the slow start: what the site served at once (its capacity, as
-            # the queue shows it), from where Vegas goes on; a probe follows at once, to measure
-            # the no-load latency at about half the capacity (the slow start's windows ran at
-            # other loads, and the crawling processes' own delays grow with theirs). Never below
-            # limit / start_growth, at most the last step's limit, which showed no significant
-            # queue: on a busy CPU those delays grow with the crawl's rate, the latency with them,
-            # and the estimate alone fell to half of K
+            # the queue shows it), from where Vegas goes on; a probe in place follows at once, to
+            # measure the no-load latency at that limit, the load it will see (the slow start's
+            # windows ran at lower loads, and the crawling processes' own delays grow with
+            # theirs); at half of it, as a periodic probe, it cost two windows at half the site's
+            # capacity. Never below limit / start_growth, at most the last step's limit, which
+            # showed no significant queue: on a busy CPU those delays grow with the crawl's rate,
+            # the latency with them, and the estimate alone fell to half of K
             served = used * noload / rtt
-            limit, probe = max(served, limit / params.start_growth), NOT_PROBING
+            limit, probe = max(served, limit / params.start_growth), DRAINING_IN_PLACE
             since_probe = params.probe_every
         else:
             limit = _vegas(state, used, estimate, params)
@@ -460,8 +484,8 @@ def next_state(state: ControllerState, window: Window, params: AdaptiveParams) -
     unmeasured = state.noload <= 0 and since_probe > 0  # what it learnt came from a loaded window
     if probe == NOT_PROBING and (unmeasured or since_probe >= params.probe_every):
         probe = DRAINING
-    probing = probe in (DRAINING, MEASURING)
-    applied = _probe_limit(limit, params) if probing else _floor(limit, params)
+    halved = probe in (DRAINING, MEASURING)
+    applied = _probe_limit(limit, params) if halved else _floor(limit, params)
     return ControllerState(
         limit, applied, noload, noload_error, since_probe, probe, state.version + 1
     )
@@ -485,10 +509,16 @@ class Estimate:
         return queue, error, window
 
 
-def _room(state: ControllerState, used: float, estimate: Estimate, params: AdaptiveParams) -> bool:
-    """No queue at the site (below ``alpha``), and the limit was used: it may grow by one."""
+def _room(
+    state: ControllerState,
+    used: float,
+    estimate: Estimate,
+    threshold: float,
+    params: AdaptiveParams,
+) -> bool:
+    """No queue at the site (below ``threshold``), and the limit was used: it may grow by one."""
     queue, _error, _window = estimate.queue(used)
-    return queue < params.alpha and used >= params.app_limited * state.applied
+    return queue < threshold and used >= params.app_limited * state.applied
 
 
 def _slow_start(
@@ -530,7 +560,7 @@ def _slow_start(
     # early answers hides every queue in its error, and a start crept by one past 1.5 K)
     applied, step = state.applied, limit + 1
     most = growth * served * applied
-    if _room(state, used, estimate, params):
+    if _room(state, used, estimate, params.alpha, params):
         most = max(most, applied + 1.0)
     elif queue - params.confidence * window > params.beta:
         step = limit
@@ -546,11 +576,11 @@ def _vegas(
     crawls counting it held the limit at K + 2 to K + 3, its queue of 1.1 to 1.5 never
     significant); else hold."""
     queue, _error, window = estimate.queue(used)
-    excess = queue - params.confidence * window - params.beta
+    excess = queue - params.confidence * window - max(params.beta, params.beta_share * used)
     limit = state.limit
     if excess > 0:
         return max(limit - max(1.0, params.shrink_gain * excess), limit * params.backoff)
-    if _room(state, used, estimate, params):
+    if _room(state, used, estimate, max(params.alpha, params.alpha_share * used), params):
         return limit + 1
     return limit
 
