@@ -430,8 +430,9 @@ class ControllerState:
     ``limit``: the float the algorithm moves; ``applied``: the integer limit the lock gets (floor of
     ``limit``, or the probe's); ``noload``: the no-load latency estimate in seconds (0: not measured
     yet) and ``noload_error`` its standard error; ``since_probe``: windows since it was last
-    measured at low load; ``probe``: 0 not probing, 1 draining, 2 measuring; ``version``: commits
-    so far.
+    measured at low load; ``probe``: 0 not probing, 1 draining, 2 measuring, 3 a slow start, 4 and
+    5 the probe in place that ends it, 6 a slow start holding its limit; ``version``: commits so
+    far.
     """
 
     limit: float
@@ -490,8 +491,8 @@ def next_state(state: ControllerState, window: Window, params: AdaptiveParams) -
         elif starting and probe != START_HOLDING:
             probe = START_HOLDING  # the first window that would end it: hold for one more
         elif starting:
-            # the first queue ends the slow start: what the site served at once (its capacity, as
-            # the queue shows it), from where Vegas goes on; a probe in place follows at once, to
+            # a second window in a row with a queue ends the slow start: what the site served at
+            # once (its capacity, as the queue shows it), from where Vegas goes on; a probe in place follows at once, to
             # measure the no-load latency at that limit, the load it will see (the slow start's
             # windows ran at lower loads, and the crawling processes' own delays grow with
             # theirs); at half of it, as a periodic probe, it cost two windows at half the site's
@@ -547,9 +548,10 @@ def _room(
 def _slow_start(
     state: ControllerState, used: float, estimate: Estimate, params: AdaptiveParams
 ) -> float | None:
-    """The next limit of a slow start, or None when it ends: the queue is *significantly* above
-    ``alpha`` (a noisy window at a low limit, where the crawling processes' own delays weigh most,
-    must not end it), or the limit was not used so much that ``start_growth`` times it would be.
+    """The next limit of a slow start, or None where it ends (after a window holding the limit,
+    :func:`next_state`): the queue is *significantly* above ``alpha`` (a noisy window at a low
+    limit, where the crawling processes' own delays weigh most, must not end it), or the limit
+    was not used so much that ``start_growth`` times it would be.
 
     It grows to ``start_growth`` (1.5) times the share of the limit the site *surely* served at
     once: one less the queue estimate at its upper bound (``confidence`` standard errors of both
