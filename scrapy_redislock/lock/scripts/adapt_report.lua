@@ -11,8 +11,9 @@
 -- An overloaded window is due early: once a quarter of its length old, with enough outcomes and more than ARGV[14]
 -- of them overloads or errors (a refusal comes back at once and frees its slot for the next request, so a limit
 -- one step past what the site takes drew refusals at the rate the site answered them until the window's end);
--- during a slow start (probe STARTING, 3), at once, and with two overloads or errors even below ARGV[10] outcomes:
--- only the start's last step can have drawn them, and its first refusals come before ten answers do.
+-- during a slow start (probe STARTING, 3, or START_HOLDING, 6), at once, and with two overloads or errors even
+-- below ARGV[10] outcomes: only the start's last step can have drawn them, and its first refusals come before ten
+-- answers do.
 -- Besides the caller's observations of slots in use, every report adds one of its own: the lock's held grants
 -- (its group's pending count) now, across the cluster, which no process knows.
 -- KEYS[1] adapt hash, KEYS[2] the lock's slots stream, KEYS[3] the lock's meta hash, KEYS[4] a key's light zset
@@ -84,7 +85,7 @@ redis.call('PEXPIRE', adapt, ARGV[13])
 local drops = tonumber(got.overloads) + tonumber(got.errors)
 local outcomes = tonumber(got.responses) + drops
 local age, length = now - tonumber(got.start), tonumber(ARGV[9])
-local starting = got.probe == '3'
+local starting = got.probe == '3' or got.probe == '6'
 local overloaded = (age * 4 >= length or starting) and drops > tonumber(ARGV[14]) * outcomes
 local enough = outcomes >= tonumber(ARGV[10]) or (starting and drops >= 2)
 if not enough or (age < length and not overloaded) then
