@@ -294,7 +294,10 @@ class Sample:
     timeouts and connection errors; ``in_use_sum`` / ``in_use_count``: observations of how many
     of the lock's slots were in use across the cluster. A process only knows its own, so it may
     leave them at 0: every report adds one observation of the lock's held slots, taken by the
-    script in Redis.
+    script in Redis. ``hold_sum``: how long the responses' slots were held, summed (from the
+    moment the request had its slots to the moment they went back, as the process saw it; its
+    latency where it did not say): with ``latency_sum``, the share of a slot's time the site had
+    the request (:attr:`Window.site_share`).
     """
 
     responses: int = 0
@@ -304,6 +307,7 @@ class Sample:
     errors: int = 0
     in_use_sum: int = 0
     in_use_count: int = 0
+    hold_sum: float = 0.0
 
     def __add__(self, other: Sample) -> Sample:
         return Sample(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(Sample)))
@@ -338,6 +342,7 @@ class Window:
     in_use_count: float = 0.0
     start_ms: int = 0
     end_ms: int = 0
+    hold_sum: float = 0.0
 
     def merged(self, sample: Sample, share: float = 1.0) -> Window:
         """This window with ``share`` of ``sample`` added (what adapt_report.lua does)."""
@@ -374,6 +379,17 @@ class Window:
         return self.in_use_sum / self.in_use_count if self.in_use_count > 0 else None
 
     @property
+    def site_share(self) -> float:
+        """The share of its slots' time the site had the window's requests: their latencies over
+        their slots' hold times (Little's law: of the slots in use, this share had a request at
+        the site); 1 when no hold was reported. Below 1 when the crawling processes themselves are
+        slow: a slot is taken before its request goes out and given back after its answer is
+        read, and on a busy CPU both take longer."""
+        if self.hold_sum <= 0 or self.latency_sum <= 0:
+            return 1.0
+        return min(1.0, self.latency_sum / self.hold_sum)
+
+    @property
     def overload_rate(self) -> float:
         return self.overloads / self.outcomes if self.outcomes > 0 else 0.0
 
@@ -394,16 +410,20 @@ class Recorder:
     def __post_init__(self) -> None:
         self.since = self.clock()
 
-    def response(self, latency: float, overload: bool = False) -> None:
+    def response(self, latency: float, overload: bool = False, hold: float | None = None) -> None:
+        """An answer after ``latency`` seconds, its slots held ``hold`` seconds (None: not known,
+        taken as the latency; never less than it)."""
         s = self.sample
         if overload:
             self.sample = replace(s, overloads=s.overloads + 1)
         else:
+            held = latency if hold is None else max(hold, latency)
             self.sample = replace(
                 s,
                 responses=s.responses + 1,
                 latency_sum=s.latency_sum + latency,
                 latency_sq_sum=s.latency_sq_sum + latency * latency,
+                hold_sum=s.hold_sum + held,
             )
 
     def error(self) -> None:
@@ -485,7 +505,8 @@ def next_state(state: ControllerState, window: Window, params: AdaptiveParams) -
         in_flight = window.mean_in_flight
         used = float(state.applied) if in_flight is None else in_flight
         estimate = Estimate(noload, noload_error, rtt, error)
-        grown = _slow_start(state, used, estimate, params) if starting else None
+        share = window.site_share
+        grown = _slow_start(state, used, estimate, share, params) if starting else None
         if grown is not None:
             limit, probe = grown, STARTING  # slow start: no queue yet, grow
         elif starting and probe != START_HOLDING:
@@ -546,7 +567,7 @@ def _room(
 
 
 def _slow_start(
-    state: ControllerState, used: float, estimate: Estimate, params: AdaptiveParams
+    state: ControllerState, used: float, estimate: Estimate, share: float, params: AdaptiveParams
 ) -> float | None:
     """The next limit of a slow start, or None where it ends (after a window holding the limit,
     :func:`next_state`): the queue is *significantly* above ``alpha`` (a noisy window at a low
@@ -582,14 +603,18 @@ def _slow_start(
     # limit, up to one higher, a start at K = 6 went to 10, past 1.5 K), but one more where Vegas
     # would grow (from 1, times 1.5 floors back to 1: a whole window lost); by one at least unless
     # this window alone shows a queue Vegas would shrink (a no-load latency read low from a few
-    # early answers hides every queue in its error, and a start crept by one past 1.5 K)
+    # early answers hides every queue in its error, and a start crept by one past 1.5 K); and of
+    # the slots, only the ``share`` of their time the site had the requests (Window.site_share):
+    # a busy crawling process holds slots whose requests are not at the site, whose queue then
+    # hides (a start went 9 -> 13 against K = 8 at 9 slots, the site at 8.3 and its latency 3%
+    # up), and which it sends at once when it catches up
     applied, step = state.applied, limit + 1
-    most = growth * served * applied
+    most = growth * served * applied * share
     if _room(state, used, estimate, params.alpha, params):
         most = max(most, applied + 1.0)
     elif queue - params.confidence * window > params.beta:
         step = limit
-    return max(limit, min(most, max(growth * surely * limit, step)))
+    return max(limit, min(most, max(growth * surely * limit * share, step)))
 
 
 def _vegas(
@@ -676,13 +701,14 @@ def report(
             params.maximum,
             params.window_ms * params.idle_windows,
             repr(float(params.overload_threshold)),
+            repr(float(sample.hold_sum)),
         ),
     )
     if not isinstance(reply, list):
         return None
     values = text(reply)
     version, start, end, responses, latency, latency_sq, overloads, errors = values[:8]
-    in_use, count, limit, applied, noload, noload_error, since_probe, probe, lock = values[8:]
+    in_use, count, hold, limit, applied, noload, noload_error, since_probe, probe, lock = values[8:]
     window = Window(
         float(responses),
         float(latency),
@@ -693,6 +719,7 @@ def report(
         float(count),
         start_ms=int(start),
         end_ms=int(end),
+        hold_sum=float(hold),
     )
     state = ControllerState(
         float(limit),

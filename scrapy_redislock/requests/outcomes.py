@@ -3,7 +3,9 @@ site's Retry-After asks for.
 
 - An answer of a request that held a slot of an adaptive stage or key (REDISLOCK_ADAPTIVE) is one
   observation for that lock's controller: its download latency (``meta["download_latency"]``, as
-  Scrapy's AutoThrottle reads it), and whether it was an overload answer (429, 503); a failed
+  Scrapy's AutoThrottle reads it), how long it held its slots (from the moment it had them all to
+  the moment they went back: the controller reads the share of a slot's time the site had the
+  request, lower when this process is slow), and whether it was an overload answer (429, 503); a failed
   download (a timeout, a connection error; not IgnoreRequest nor one of ours) is an error
   (:class:`~scrapy_redislock.crawl.adaptive.Adaptation`).
 - With REDISLOCK_RETRY_AFTER, a 429 or 503 answer with ``Retry-After`` (seconds, or an HTTP date,
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 
     from scrapy_redislock.crawl.adaptive import Adaptation
     from scrapy_redislock.crawl.settings import RedisLockSettings
+    from scrapy_redislock.lock.core import Clock
     from scrapy_redislock.requests.requestslots import RequestSlots
     from scrapy_redislock.requests.throttle import ScopeThrottle
 
@@ -76,8 +79,10 @@ class Outcomes:
         settings: RedisLockSettings,
         slots: RequestSlots,
         throttle: ScopeThrottle | None,
+        clock: Clock = time.monotonic,
     ) -> None:
         self.crawler = crawler
+        self.clock = clock  # monotonic seconds: how long a request held its slots
         self.settings = settings
         self.slots = slots
         self.locks = slots.locks
@@ -87,14 +92,26 @@ class Outcomes:
         self.held: weakref.WeakKeyDictionary[Request, list[tuple[Adaptation, str]]] = (
             weakref.WeakKeyDictionary()
         )
+        # when a request had all its slots (the middleware let it go), then, once they went back,
+        # how long it held them, until its answer is seen
+        self.since: weakref.WeakKeyDictionary[Request, float] = weakref.WeakKeyDictionary()
+        self.holds: weakref.WeakKeyDictionary[Request, float] = weakref.WeakKeyDictionary()
+
+    def going(self, request: Request) -> None:
+        """``request`` has all its slots and goes to the downloader: its hold starts."""
+        if self.settings.adaptive.watched:
+            self.since[request] = self.clock()
 
     def releasing(self, request: Request) -> None:
         """The request's slots are about to go back: note its adaptive locks for its outcome."""
         if not self.settings.adaptive.watched:
             return  # nothing adapts: no work per request
+        since = self.since.pop(request, None)
         found = self._adaptive(request)
         if found:
             self.held[request] = found
+            if since is not None:
+                self.holds[request] = self.clock() - since
 
     def _adaptive(self, request: Request) -> list[tuple[Adaptation, str]]:
         """(adaptation, lock name) of the adaptive locks whose slot the request holds (or held,
@@ -125,8 +142,9 @@ class Outcomes:
         overload = getattr(response, "status", None) in OVERLOAD
         if self.settings.adaptive.watched:
             latency = request.meta.get("download_latency")
+            hold = self.holds.pop(request, None)
             for adaptation, name in self._adaptive(request):
-                adaptation.response(name, latency, overload)
+                adaptation.response(name, latency, overload, hold)
         if overload and (self.settings.adaptive.retry_after or self.settings.adaptive.scoped):
             self._pause(request, response)
 

@@ -209,6 +209,30 @@ def test_a_slow_start_grows_from_what_the_site_surely_served() -> None:
     assert ended.applied == 8  # in place, not at half
 
 
+def test_a_slow_start_grows_from_what_the_site_had_of_its_slots() -> None:
+    """A crawling process on a busy CPU holds slots whose requests are not at the site (taken
+    before the request goes out, given back after its answer is read): a real crawl at 9 slots
+    against K = 8 (refusing past 12) had 8.3 requests at the site, whose latency rose 3% where a
+    queue of one adds 12.5%, and the start went to 13 (1.5% of the answers refused when the
+    processes caught up). The share of the slots' time the site had the requests (their latencies
+    over their hold times, 0.92 here) bounds the step: 11.97, within 1.5 K."""
+    starting = ControllerState(
+        9.5, 9, noload=0.1029, noload_error=0.0005, since_probe=5, probe=STARTING
+    )
+    latency = 0.1029 * 8.3 / 8
+    window = Sample(60, 60 * latency, 60 * latency**2, in_use_sum=9, in_use_count=1)
+    unknown = next_state(starting, window_of(window), PARAMS)
+    assert unknown.applied == 13 and unknown.probe == STARTING  # as before: past 1.5 K
+    held = replace(window, hold_sum=window.latency_sum / 0.92)
+    assert window_of(held).site_share == pytest.approx(0.92)
+    grown = next_state(starting, window_of(held), PARAMS)
+    assert 11 <= grown.applied <= 12 and grown.probe == STARTING
+    # a process that held its slots no longer than the site had the requests: as before
+    assert next_state(
+        starting, window_of(replace(window, hold_sum=window.latency_sum)), PARAMS
+    ) == (unknown)
+
+
 def test_a_noisy_start_that_read_a_queue_below_k_stays_within_one_and_a_half_times_it() -> None:
     """The trace of a real crawl on a loaded machine (K = 8, refusing past 12): at 7 a noisy
     window read a queue of one (none there); from what the site served, 6, the step went to 9,
@@ -469,15 +493,17 @@ def test_params_are_checked_with_the_field_and_the_value() -> None:
 def test_the_recorder_takes_what_came_since_the_last_take() -> None:
     now = [10.0]
     recorder = Recorder(clock=lambda: now[0])
-    recorder.response(0.2)
-    recorder.response(0.4)
+    recorder.response(0.2, hold=0.3)
+    recorder.response(0.4)  # its hold not known: its latency
     recorder.response(0.01, overload=True)
     recorder.error()
     recorder.in_use(3)
     now[0] = 11.5
     sample, span = recorder.take()
-    assert replace(sample, latency_sum=0.0, latency_sq_sum=0.0) == Sample(2, 0.0, 0.0, 1, 1, 3, 1)
+    blank = replace(sample, latency_sum=0.0, latency_sq_sum=0.0, hold_sum=0.0)
+    assert blank == Sample(2, 0.0, 0.0, 1, 1, 3, 1)
     assert (sample.latency_sum, sample.latency_sq_sum) == (pytest.approx(0.6), pytest.approx(0.2))
+    assert sample.hold_sum == pytest.approx(0.7)
     assert span == 1.5 and sample.outcomes == 4
     now[0] = 12.0
     assert recorder.take() == (Sample(), 0.5)
@@ -485,6 +511,8 @@ def test_the_recorder_takes_what_came_since_the_last_take() -> None:
     assert window.mean_latency == pytest.approx(0.3)
     assert window.latency_error == pytest.approx(0.1)  # two responses 0.1 from their mean
     assert (window.overload_rate, window.error_rate, window.mean_in_flight) == (0.25, 0.25, 3.0)
+    assert window.site_share == pytest.approx(0.6 / 0.7)
+    assert window_of(Sample(2, 0.6, 0.2)).site_share == 1.0  # no hold reported: all of it
 
 
 # -- several processes, one controller -----------------------------------------------------------
@@ -657,14 +685,14 @@ def test_samples_of_several_processes_merge_into_one_window(
     redis_client: redis.Redis, admin_url: str, locks: list[CountingLock]
 ) -> None:
     """Three processes (clients) report; the window holds the sum, plus one observation per
-    report of the lock's slots in use, taken in Redis."""
+    report of the lock's slots in use, taken in Redis, and the slots' hold times."""
     lock = CountingLock(redis_client, "detail", 3, 30.0, maintain_loop=False)
     locks.append(lock)
     held = [lock.acquire(), lock.acquire()]
     samples = [
-        Sample(5, 0.5, 0.05, 1, 0),
-        Sample(3, 0.6, 0.14, 0, 1, in_use_sum=4, in_use_count=2),
-        Sample(2, 0.2, 0.02),
+        Sample(5, 0.5, 0.05, 1, 0, hold_sum=0.7),
+        Sample(3, 0.6, 0.14, 0, 1, in_use_sum=4, in_use_count=2, hold_sum=0.6),
+        Sample(2, 0.2, 0.02, hold_sum=0.3),
     ]
     clients = [redis.Redis.from_url(admin_url) for _ in samples]
     try:
@@ -679,6 +707,7 @@ def test_samples_of_several_processes_merge_into_one_window(
     assert float(hashed["latency_sq"]) == pytest.approx(0.21)
     # 4 from the second process's two observations, 2 held at each of the 3 reports
     assert (hashed["in_use"], hashed["observations"]) == ("10", "5")
+    assert float(hashed["hold"]) == pytest.approx(1.6)
     assert (hashed["limit"], hashed["applied"], hashed["version"]) == ("3", "3", "0")
     for permit in held:
         lock.release(permit)
@@ -689,7 +718,7 @@ def test_a_window_is_due_after_its_time_with_enough_outcomes(
     redis_client: redis.Redis, runner: CommandRunner
 ) -> None:
     params = AdaptiveParams(window=0.05, min_samples=5, idle_windows=100)  # kept 5 s
-    assert drive(report(KEYS, Sample(2, 0.2, 0.02), params), runner, "x") is None
+    assert drive(report(KEYS, Sample(2, 0.2, 0.02, hold_sum=0.25), params), runner, "x") is None
     start = int(redis_client.hget(KEYS.adapt, "start") or 0)
     assert abs(start - time.time() * 1000) < 5000  # Redis's clock, ms
     while True:  # the window's time is up, but 2 outcomes of 5: not due
@@ -697,9 +726,10 @@ def test_a_window_is_due_after_its_time_with_enough_outcomes(
         if seconds * 1000 + micros // 1000 >= start + 50:
             break
     assert drive(report(KEYS, Sample(), params), runner, "x") is None
-    due = drive(report(KEYS, Sample(3, 0.3, 0.03), params), runner, "x")
+    due = drive(report(KEYS, Sample(3, 0.3, 0.03, hold_sum=0.375), params), runner, "x")
     assert due is not None
     assert (due.window.responses, due.window.latency_sum) == (5, pytest.approx(0.5))
+    assert due.window.site_share == pytest.approx(0.8)
     assert due.window.start_ms == start and due.window.end_ms >= start + 50
     assert due.state == ControllerState(1.0, 1)  # no lock: the minimum
     assert due.lock_limit is None
@@ -778,7 +808,7 @@ def test_two_commits_of_one_version_one_applies(
     locks.append(lock)
     lock.set_limit(2)
     params = AdaptiveParams(window=0.01, min_samples=1, idle_windows=500)  # kept 5 s
-    drive(report(KEYS, Sample(4, 0.4, 0.04), params), runner, "x")
+    drive(report(KEYS, Sample(4, 0.4, 0.04, hold_sum=0.5), params), runner, "x")
     due = wait_due(runner, KEYS, params)
     first = replace(due.state, limit=5.0, applied=5, version=1)
     second = replace(due.state, limit=3.0, applied=3, version=1)
@@ -786,7 +816,7 @@ def test_two_commits_of_one_version_one_applies(
     assert drive(commit(KEYS, 0, second, due.window, params), runner, "x") is False
     hashed = stored(redis_client)
     assert (hashed["version"], hashed["limit"], hashed["applied"]) == ("1", "5.0", "5")
-    assert hashed["responses"] == hashed["observations"] == "0"  # a fresh window
+    assert hashed["responses"] == hashed["observations"] == hashed["hold"] == "0"  # a fresh one
     assert int(hashed["start"]) >= due.window.end_ms
     assert lock.get_limit() == 5
 

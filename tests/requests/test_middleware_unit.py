@@ -85,6 +85,34 @@ def test_a_slot_handed_with_a_request_is_released_though_the_request_never_reach
     asyncio.run(scenario())
 
 
+def test_an_adaptive_stage_learns_each_answers_latency_and_how_long_its_slot_was_held(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The hold runs from the moment the request goes with its slot to the moment the slot goes
+    back (request_left_downloader): the adaptive limit reads the share of it the site had the
+    request, lower when this process is slow."""
+
+    async def scenario() -> None:
+        stages = {"detail": {"limit": 2, "adaptive": True}}
+        async with front(redis_url, stages, scheduler=False) as f:  # type: ignore[arg-type]
+            mw, now = f.middleware, [100.0]
+            mw.outcomes.clock = lambda: now[0]
+            sent = request("detail", 1)
+            await mw.process_request(sent)
+            sent.meta["download_latency"] = 0.2
+            now[0] = 100.5
+            mw.request_left(sent, f.crawler.spider)
+            now[0] = 101.0  # the answer's own handling is no longer the slot's
+            mw.process_response(sent, Response(sent.url, request=sent))
+            assert f.locks.adaptation is not None
+            sample = f.locks.adaptation.recorders["detail"].sample
+            assert (sample.responses, sample.latency_sum) == (1, pytest.approx(0.2))
+            assert sample.hold_sum == pytest.approx(0.5)
+            await until(lambda: leftover(redis_client) == 0)
+
+    asyncio.run(scenario())
+
+
 def test_an_acquire_timeout_from_the_scheduler_fails_the_request_unretried(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
