@@ -68,7 +68,12 @@ that were not overload answers), ``noload`` the estimate of the latency with no 
    times the share it served by the estimate, ``noload / rtt``, of the limit applied (the float
    limit is up to one higher: a start at K = 6 went 6 -> 10), or that limit plus one where Vegas
    would grow (from 1, times 1.5 floors back to 1); it never shrinks there. With exact latencies
-   and no queue both shares are 1: times 1.5 (2, 3, 4, 6, 9, ...). The
+   and no queue both shares are 1: times 1.5 (2, 3, 4, 6, 9, ...). Both count only
+   :attr:`Window.site_share` of the slots: the share of their time the site had the requests
+   (latencies over the slots' hold times, which each answer reports); a busy crawling process
+   holds slots whose requests are not at the site, so their queue hides (9 slots against K = 8
+   had 8.3 at the site, the latency 3% up, and the start went 9 -> 13 at a load average of 13),
+   and it sends them all when it catches up. The
    first window with a significant queue holds the limit for one more window
    (``START_HOLDING``), and a second in a row ends the start at what the site served at once,
    ``in_flight * noload / rtt`` (its capacity, as the queue shows it), but not below
