@@ -300,9 +300,10 @@ class Sample:
     of the lock's slots were in use across the cluster. A process only knows its own, so it may
     leave them at 0: every report adds one observation of the lock's held slots, taken by the
     script in Redis. ``hold_sum``: how long the responses' slots were held, summed (from the
-    moment the request had its slots to the moment they went back, as the process saw it; its
-    latency where it did not say): with ``latency_sum``, the share of a slot's time the site had
-    the request (:attr:`Window.site_share`).
+    moment a slot became the request's, granted by Redis or passed on by the request before it,
+    to the moment it went back, as the process saw it; its latency where it did not say): with
+    ``latency_sum``, the share of a slot's time the site had the request
+    (:attr:`Window.site_share`).
     """
 
     responses: int = 0
