@@ -3,9 +3,10 @@ and the pauses a site's Retry-After asks for.
 
 - **Observations**: :meth:`Adaptation.response` and :meth:`Adaptation.error` record the outcome of
   a request of an adaptive stage or key (REDISLOCK_ADAPTIVE): its download latency (as Scrapy's
-  AutoThrottle reads it, ``meta["download_latency"]``), 429 and 503 answers as overload, timeouts
-  and connection errors as errors. One :class:`~scrapy_redislock.lock.adaptive.Recorder` per lock
-  this process used since its last report.
+  AutoThrottle reads it, ``meta["download_latency"]``) and how long its slots were held, 429 and
+  503 answers as overload, timeouts and connection errors as errors. One
+  :class:`~scrapy_redislock.lock.adaptive.Recorder` per lock this process used since its last
+  report.
 - **Reports**: at every renewal tick (the process's one renewal loop, about once a second), each
   recorder with something recorded is reported (:func:`~scrapy_redislock.lock.adaptive.update`):
   merged into the lock's window in Redis, and when the window is due, the next limit is computed
@@ -99,11 +100,13 @@ class Adaptation:
 
     # -- observations ------------------------------------------------------------------------------
 
-    def response(self, name: str, latency: float | None, overload: bool) -> None:
+    def response(
+        self, name: str, latency: float | None, overload: bool, hold: float | None = None
+    ) -> None:
         """A request of lock ``name`` got an answer after ``latency`` seconds (overload: 429,
-        503)."""
+        503), its slots held ``hold`` seconds (None: not known)."""
         recorder = self.recorders.setdefault(name, Recorder())
-        recorder.response(latency or 0.0, overload)
+        recorder.response(latency or 0.0, overload, hold)
         if overload:
             self._report_now(name)
 

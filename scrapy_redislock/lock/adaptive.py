@@ -23,12 +23,20 @@ that were not overload answers), ``noload`` the estimate of the latency with no 
 1. Overload first (AIMD): when 429/503 answers plus errors (timeouts, connection errors) are more
    than ``overload_threshold`` (1%) of the window's outcomes, ``limit = limit * backoff`` (0.75).
 2. Else Vegas: ``queue = in_flight * (1 - noload / rtt)``, the requests waiting at the site.
-   Below ``alpha`` (0.3) the limit grows by 1, unless it was not used ("app limited": mean
-   in-flight below ``app_limited`` (0.5) of the limit applied): a limit nobody fills says nothing
-   about the site. When the queue is above ``beta`` (0.6) by more than ``confidence`` (2)
-   standard errors of the window's own latencies (it sums their squares too), it
-   shrinks by ``max(1, shrink_gain * excess)`` (gain 0.5: a big queue is halved towards ``beta``
-   in one window, a small one costs one slot), at most down to ``limit * backoff``. Else it holds.
+   Below ``alpha_share`` (a tenth) of ``in_flight``, but at least ``alpha`` (0.3), the limit
+   grows by 1, unless it was not used ("app limited": mean in-flight below ``app_limited`` (0.5)
+   of the limit applied): a limit nobody fills says nothing about the site. When the queue is
+   above ``beta_share`` (a fifth) of ``in_flight``, but at least ``beta`` (0.6), by more than
+   ``confidence`` (2) standard errors of the window's own latencies (it sums their squares too),
+   it shrinks by ``max(1, shrink_gain * excess)`` (gain 0.5: a big queue is halved towards that
+   threshold in one window, a small one costs one slot), at most down to ``limit * backoff``.
+   Else it holds. Why a share of the requests out, not 0.3 to 0.6 requests whatever the limit:
+   the site is only full with a queue, and the crawling processes hold a slot longer than the
+   site has the request (the more so on a busy CPU); held at 0.3 to 0.6, a real crawl
+   (bench/adaptive.py ``--refuse 1.5``, K = 8) held its limit at 9 and the site at 8.2 in flight,
+   77 of its 80 pages/s, where a fixed cap of 12 kept 10.5 to 11.5 there without a refusal; with
+   a share, 9 to 11 and 9.1 to 9.8. A share, not a count of 1 or 2: 2 is half of K = 4 (the
+   latency 1.5 times), and a site of K = 2 refusing past 1.5 K = 3 is past it at K + 2.
    With exact latencies the error is 0 and this is Vegas as is; with real, noisy ones a single
    slow window is no queue (without it, in a simulation whose latencies scattered with a
    coefficient of variation of 1, the limit stayed near 6 whatever the capacity, from 8 to 60).
@@ -47,7 +55,7 @@ that were not overload answers), ``noload`` the estimate of the latency with no 
    the queue estimate falls below ``alpha`` and the limit grows by one each time it caught up. A
    probe costs at most 2 windows in 30 at half the limit. A controller with no ``noload`` yet
    (new, or its hash expired) probes first; one at a limit no higher than a probe's measures in
-   place.
+   place. The end of a slow start probes in place (below).
 4. **Slow start**: a new controller at the minimum grows its limit by up to ``start_growth``
    (1.5) a window while the site shows no significant queue (and the limit was full), as TCP
    does with 2: to ``start_growth`` times the share of the limit that the site *surely* served
@@ -60,12 +68,25 @@ that were not overload answers), ``noload`` the estimate of the latency with no 
    times the share it served by the estimate, ``noload / rtt``, of the limit applied (the float
    limit is up to one higher: a start at K = 6 went 6 -> 10), or that limit plus one where Vegas
    would grow (from 1, times 1.5 floors back to 1); it never shrinks there. With exact latencies
-   and no queue both shares are 1: times 1.5 (2, 3, 4, 6, 9, ...). The
-   first window with a significant queue ends it at what the site served at once,
+   and no queue both shares are 1: times 1.5 (2, 3, 4, 6, 9, ...). Both count only
+   :attr:`Window.site_share` of the slots: the share of their time the site had the requests
+   (latencies over the slots' hold times, which each answer reports); a busy crawling process
+   holds slots whose requests are not at the site, so their queue hides (9 slots against K = 8
+   had 8.3 at the site, the latency 3% up, and the start went 9 -> 13 at a load average of 13),
+   and it sends them all when it catches up. The
+   first window with a significant queue holds the limit for one more window
+   (``START_HOLDING``), and a second in a row ends the start at what the site served at once,
    ``in_flight * noload / rtt`` (its capacity, as the queue shows it), but not below
-   ``limit / start_growth`` (at most the step before, which showed no significant queue), and
-   Vegas goes on from there, after a probe (the no-load latency measured again at about half the
-   capacity, the load it will see). Not 2: a site that serves K at once answers in the same time
+   ``limit / start_growth`` (at most the step before, which showed no significant queue); after
+   a calm one it grows on. Vegas goes on from the end, after a probe *in place*: two windows at
+   that limit (``DRAINING_IN_PLACE``, ``MEASURING_IN_PLACE``: what the site served at once, no
+   queue there), the second's latency the no-load estimate at the load it will see (the start's
+   windows ran at lower loads, and the crawling processes' own delays grow with theirs). Why
+   two windows: those delays, for a moment, read as a significant queue at 5 to 8 against K = 8
+   in 4 of 10 real crawls (bench/adaptive.py ``--refuse 1.5``), which ended their starts there;
+   holding is as safe as the window before, which drew no refusal (one would have cut the
+   limit at once). Why in place: the probe at half the limit that followed cost two windows at
+   3 or 4 against K = 8 in real crawls. Not 2: a site that serves K at once answers in the same time
    up to K, so no window at or below K tells how far K is, and one step from there reaches
    ``start_growth * K``: doubling sent 2K in flight, which a site with a short queue (refusing
    past 1.5 K, bench/adaptive.py ``--refuse 1.5``) answered with a burst of 503s until the next
@@ -89,30 +110,35 @@ that were not overload answers), ``noload`` the estimate of the latency with no 
 **What it converges to.** Against a site serving K requests at once, each in ``base``, the rest
 waiting FIFO (latency ``base * in_flight / K`` past K) and 503 past 2K: with ``noload = base`` the
 queue estimate is ``in_flight * (1 - K / in_flight) = in_flight - K`` past K, and 0 up to K. So the
-slow start grows the limit by half until it passes K (never past 1.5 K), then sets it to K; there
-the queue is 0, below ``alpha``, and it grows to K + 1, where ``queue = 1`` is above ``beta`` and
-it goes back to K: it moves between K and K + 1, the site full, at most one request waiting
-(tests/lock/test_adaptive.py). ``alpha`` and ``beta`` are well below Vegas's usual
-3 and 6: the goal here is the site's capacity itself, which real crawls of bench/adaptive.py's
-capacity site (K = 8) show: with ``beta`` 1.5 the limit held at K + 2 and the site's in flight at
-K + 1.3 on average, with ``beta`` 1.0 at K + 2 too (a queue estimate of 1.1 to 1.2, not
-significantly above 1); with 0.3 / 0.6 at K + 1, the site's in flight at K + 0.7. When K drops
-from 8 to 4, 9 in flight is past 2K: 503s, ``* 0.75`` to 6.75 (6 applied, queue 2), then shrinks:
-back at K or K + 1 in 2 windows; when K rises again, the latency falls to ``base`` and the limit
-grows by one a window (after the slow start, growth is additive).
+slow start grows the limit by half until it passes K (never past 1.5 K), holds it a window, then
+sets it to K; there the queue is 0 and it grows by one a window while the queue (``in_flight - K``)
+is below a tenth of the limit, and holds while it is no more than a fifth: at K + 1 for K = 4 to
+9 (K + 3 for K = 20), between K and K + 1 for K of 2 or 3 (a queue of one is above 0.6), at most
+``K / 0.8`` from above (tests/lock/test_adaptive.py): the site full, a request or a few waiting,
+within 1.5 K. The thresholds are well below Vegas's usual 3 and 6 requests: the goal here is the
+site's capacity itself, which real crawls of bench/adaptive.py's capacity site (K = 8) show: with
+``beta`` 1.5 requests the limit held at K + 2 and the site's in flight at K + 1.3 on average,
+with ``beta`` 1.0 at K + 2 too; with 0.3 / 0.6 requests at K + 1, the site's in flight at K + 0.7
+(K + 0.2 with 3 processes on 2 busy cores, 77 of the site's 80 pages/s); with a tenth / a fifth,
+K + 2 to K + 3 and K + 1.1 to K + 1.8. When K drops from 8 to 4, 9 in flight is past 2K: 503s,
+``* 0.75`` to 6.75 (6 applied, queue 2, above a fifth of 6), then shrinks: back at K + 1 in 2
+windows; when K rises again, the latency falls to ``base`` and the limit grows by one a window
+(after the slow start, growth is additive).
 
 **With noisy latencies** (simulated log-normal; 5 seeds, 300 windows each, the medians of each
-run's limit after 60 windows): with 100 ms pages and a coefficient of variation of 0.5, medians of
-4-5 for K = 4, 8-9 for K = 8, 15-17 for K = 16, but 16-38 for K = 60; with a coefficient of 1,
-8-9 for K = 8 and 11-26 for K = 60; with 1 s pages (ten times fewer latencies a window) and a
+run's limit after 60 windows; measured with the queue held at 0.3 to 0.6 requests, before it was a
+share of the limit, which holds K = 8 at 9.1 to 10.6 on average over 8 seeds where that rule held
+7.3 to 8.7, tests/lock/test_adaptive.py): with 100 ms pages and a coefficient of variation of 0.5,
+medians of 4-5 for K = 4, 8-9 for K = 8, 15-17 for K = 16, but 16-38 for K = 60; with a coefficient
+of 1, 8-9 for K = 8 and 11-26 for K = 60; with 1 s pages (ten times fewer latencies a window) and a
 coefficient of 1, 1-6 whatever K. The noisier the site and the fewer its answers per window, the
-lower the limit stays: a longer ``window`` (REDISLOCK_ADAPTIVE_WINDOW) is the remedy. Much of
-it comes from the start: the no-load latency is the lowest of its first windows, so it reads low
-(by up to 40% where starts ended at K = 60), and a queue that is not there ends the start as
+lower the limit stays: a longer ``window`` (REDISLOCK_ADAPTIVE_WINDOW) is the remedy. Much of it
+comes from the start: the no-load latency is the lowest of its first windows, so it reads low (by
+up to 40% where starts ended at K = 60), and a queue that is not there ends the start as
 significant, at a fraction of K; the smaller steps of a start that grows from the share surely
-served give that more windows: K = 60 reached within 60 windows in 43% of 400 runs instead of
-48% (1 s windows, a coefficient of 0.5; in 16 windows instead of 14, the median of those that
-did), in 26% of 200 instead of 38% with half-second windows; K = 8 as often as before.
+served give that more windows: K = 60 reached within 60 windows in 43% of 400 runs instead of 48%
+(1 s windows, a coefficient of 0.5; in 16 windows instead of 14, the median of those that did), in
+26% of 200 instead of 38% with half-second windows; K = 8 as often as before.
 
 **Why many processes do not make it unstable.** Their samples are merged into ONE window per
 period (the counters add up in Redis), so the controller sees the window it would see from one
@@ -122,9 +148,11 @@ changes nothing). What more processes could add is lag: a process reporting once
 after another committed a new limit, sends what it measured mostly under the previous one. So a
 report says how long its sample covers (``span``) and the script keeps only the share of it that
 falls within the current window. In the simulation of the tests (2 to 32 processes reporting once
-a second at spread instants, a site of K = 8, then 4), the limit reaches 9 after 8 s, holds 9,
-falls to 5 within 2 s of the drop and never goes above 9: exactly as with one process; without
-the clipping, 16 processes went to 10.
+a second at spread instants, a site of K = 8, then 4), the limit reaches 9 after 11 s, holds 8 to
+10 (one process: 9; several went to 10 for a window or two after the start, whose first reports
+were measured partly under the limit before) and falls to 5 within 2 s of the drop, as with one
+process; with the queue held at 0.3 to 0.6 requests they never went above 9, and without the
+clipping 16 processes went to 10.
 
 **What it costs** (Redis 7.0, counted with INFO commandstats, checked by the tests): a report runs
 5 commands (TIME, HMGET, XINFO GROUPS for the lock's slots in use, HSET, PEXPIRE), 6 when the
@@ -160,6 +188,20 @@ NOT_PROBING, DRAINING, MEASURING = 0, 1, 2
 # Not a probe: the slow start of a new controller (the limit grows by up to half a window until the
 # site shows a significant queue).
 STARTING = 3
+# The probe that ends a slow start, in place: it drains and measures as a probe does, but at the
+# limit the start ended at (what the site served at once: no queue there), not at half of it.
+DRAINING_IN_PLACE, MEASURING_IN_PLACE = 4, 5
+# A slow start whose last window would have ended it: it holds its limit for one more window, and
+# ends only if that one would too (a noisy window, or the crawling processes' own delays for a
+# moment, no longer end a start below the site's capacity).
+START_HOLDING = 6
+# each probe phase's next one (a window each)
+_NEXT_PHASE = {
+    DRAINING: MEASURING,
+    MEASURING: NOT_PROBING,
+    DRAINING_IN_PLACE: MEASURING_IN_PLACE,
+    MEASURING_IN_PLACE: NOT_PROBING,
+}
 
 
 def _number(
@@ -196,8 +238,10 @@ class AdaptiveParams:
     maximum: int = 64
     window: float = 1.0  # seconds (on Redis's clock) of one window, at least
     min_samples: int = 10  # outcomes a window needs before it is due (a slow site's are longer)
-    alpha: float = 0.3  # grow while fewer requests than this wait at the site
-    beta: float = 0.6  # shrink while more than this wait
+    alpha: float = 0.3  # requests waiting: a slow start ends above it; settled, the least to grow
+    beta: float = 0.6  # a start's step is not by one above it; settled, the least to shrink
+    alpha_share: float = 0.1  # settled: grow below this share of those out waiting (or alpha)
+    beta_share: float = 0.2  # settled: shrink while more than this share wait (or beta)
     confidence: float = 2.0  # shrink only on a queue this many standard errors above beta
     shrink_gain: float = 0.5  # shrink by max(1, shrink_gain * the queue's excess)
     backoff: float = 0.75  # limit * backoff on overload; also the most one Vegas step may cut
@@ -224,6 +268,8 @@ class AdaptiveParams:
         _integer("min_samples", self.min_samples, 1)
         _number("alpha", self.alpha, low=0.0)
         _number("beta", self.beta, low=self.alpha, open_low=True)
+        _number("alpha_share", self.alpha_share, low=0.0, high=1.0, open_high=True)
+        _number("beta_share", self.beta_share, low=self.alpha_share, high=1.0, open_low=True)
         _number("confidence", self.confidence, low=0.0)
         _number("shrink_gain", self.shrink_gain, low=0.0, open_low=True)
         _number("backoff", self.backoff, low=0.0, high=1.0, open_low=True, open_high=True)
@@ -253,7 +299,11 @@ class Sample:
     timeouts and connection errors; ``in_use_sum`` / ``in_use_count``: observations of how many
     of the lock's slots were in use across the cluster. A process only knows its own, so it may
     leave them at 0: every report adds one observation of the lock's held slots, taken by the
-    script in Redis.
+    script in Redis. ``hold_sum``: how long the responses' slots were held, summed (from the
+    moment a slot became the request's, granted by Redis or passed on by the request before it,
+    to the moment it went back, as the process saw it; its latency where it did not say): with
+    ``latency_sum``, the share of a slot's time the site had the request
+    (:attr:`Window.site_share`).
     """
 
     responses: int = 0
@@ -263,6 +313,7 @@ class Sample:
     errors: int = 0
     in_use_sum: int = 0
     in_use_count: int = 0
+    hold_sum: float = 0.0
 
     def __add__(self, other: Sample) -> Sample:
         return Sample(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(Sample)))
@@ -297,6 +348,7 @@ class Window:
     in_use_count: float = 0.0
     start_ms: int = 0
     end_ms: int = 0
+    hold_sum: float = 0.0
 
     def merged(self, sample: Sample, share: float = 1.0) -> Window:
         """This window with ``share`` of ``sample`` added (what adapt_report.lua does)."""
@@ -333,6 +385,17 @@ class Window:
         return self.in_use_sum / self.in_use_count if self.in_use_count > 0 else None
 
     @property
+    def site_share(self) -> float:
+        """The share of its slots' time the site had the window's requests: their latencies over
+        their slots' hold times (Little's law: of the slots in use, this share had a request at
+        the site); 1 when no hold was reported. Below 1 when the crawling processes themselves are
+        slow: a slot is taken before its request goes out and given back after its answer is
+        read, and on a busy CPU both take longer."""
+        if self.hold_sum <= 0 or self.latency_sum <= 0:
+            return 1.0
+        return min(1.0, self.latency_sum / self.hold_sum)
+
+    @property
     def overload_rate(self) -> float:
         return self.overloads / self.outcomes if self.outcomes > 0 else 0.0
 
@@ -353,16 +416,20 @@ class Recorder:
     def __post_init__(self) -> None:
         self.since = self.clock()
 
-    def response(self, latency: float, overload: bool = False) -> None:
+    def response(self, latency: float, overload: bool = False, hold: float | None = None) -> None:
+        """An answer after ``latency`` seconds, its slots held ``hold`` seconds (None: not known,
+        taken as the latency; never less than it)."""
         s = self.sample
         if overload:
             self.sample = replace(s, overloads=s.overloads + 1)
         else:
+            held = latency if hold is None else max(hold, latency)
             self.sample = replace(
                 s,
                 responses=s.responses + 1,
                 latency_sum=s.latency_sum + latency,
                 latency_sq_sum=s.latency_sq_sum + latency * latency,
+                hold_sum=s.hold_sum + held,
             )
 
     def error(self) -> None:
@@ -389,8 +456,9 @@ class ControllerState:
     ``limit``: the float the algorithm moves; ``applied``: the integer limit the lock gets (floor of
     ``limit``, or the probe's); ``noload``: the no-load latency estimate in seconds (0: not measured
     yet) and ``noload_error`` its standard error; ``since_probe``: windows since it was last
-    measured at low load; ``probe``: 0 not probing, 1 draining, 2 measuring; ``version``: commits
-    so far.
+    measured at low load; ``probe``: 0 not probing, 1 draining, 2 measuring, 3 a slow start, 4 and
+    5 the probe in place that ends it, 6 a slow start holding its limit; ``version``: commits so
+    far.
     """
 
     limit: float
@@ -416,7 +484,8 @@ def next_state(state: ControllerState, window: Window, params: AdaptiveParams) -
     drops = window.overloads + window.errors
     overloaded = window.outcomes > 0 and drops > params.overload_threshold * window.outcomes
     if rtt is not None:
-        low_load = probe == MEASURING or (probe == NOT_PROBING and _at_probe_level(state, params))
+        measuring = probe in (MEASURING, MEASURING_IN_PLACE)
+        low_load = measuring or (probe == NOT_PROBING and _at_probe_level(state, params))
         if low_load and not overloaded:
             # measured at low load: replaces the estimate, up or down
             noload, noload_error, since_probe = rtt, error, 0
@@ -430,29 +499,35 @@ def next_state(state: ControllerState, window: Window, params: AdaptiveParams) -
             noload, noload_error = rtt, error
     # a new controller at the minimum starts slow-start (one re-made higher, from a lock's limit,
     # probes first instead)
-    starting = probe == STARTING or (state.version == 0 and state.limit <= params.minimum)
+    starting = probe in (STARTING, START_HOLDING) or (
+        state.version == 0 and state.limit <= params.minimum
+    )
     if overloaded:
         limit *= params.backoff
         probe = NOT_PROBING  # a probe under overload measured nothing: it starts over, lower
-    elif probe in (DRAINING, MEASURING):
-        probe = MEASURING if probe == DRAINING else NOT_PROBING
+    elif probe in _NEXT_PHASE:
+        probe = _NEXT_PHASE[probe]
     elif rtt is not None and (state.noload > 0 or since_probe == 0):
         in_flight = window.mean_in_flight
         used = float(state.applied) if in_flight is None else in_flight
         estimate = Estimate(noload, noload_error, rtt, error)
-        grown = _slow_start(state, used, estimate, params) if starting else None
+        share = window.site_share
+        grown = _slow_start(state, used, estimate, share, params) if starting else None
         if grown is not None:
             limit, probe = grown, STARTING  # slow start: no queue yet, grow
+        elif starting and probe != START_HOLDING:
+            probe = START_HOLDING  # the first window that would end it: hold for one more
         elif starting:
-            # the first queue ends the slow start: what the site served at once (its capacity, as
-            # the queue shows it), from where Vegas goes on; a probe follows at once, to measure
-            # the no-load latency at about half the capacity (the slow start's windows ran at
-            # other loads, and the crawling processes' own delays grow with theirs). Never below
-            # limit / start_growth, at most the last step's limit, which showed no significant
-            # queue: on a busy CPU those delays grow with the crawl's rate, the latency with them,
-            # and the estimate alone fell to half of K
+            # a second window in a row with a queue ends the slow start: what the site served at
+            # once (its capacity, as the queue shows it), from where Vegas goes on; a probe in place follows at once, to
+            # measure the no-load latency at that limit, the load it will see (the slow start's
+            # windows ran at lower loads, and the crawling processes' own delays grow with
+            # theirs); at half of it, as a periodic probe, it cost two windows at half the site's
+            # capacity. Never below limit / start_growth, at most the last step's limit, which
+            # showed no significant queue: on a busy CPU those delays grow with the crawl's rate,
+            # the latency with them, and the estimate alone fell to half of K
             served = used * noload / rtt
-            limit, probe = max(served, limit / params.start_growth), NOT_PROBING
+            limit, probe = max(served, limit / params.start_growth), DRAINING_IN_PLACE
             since_probe = params.probe_every
         else:
             limit = _vegas(state, used, estimate, params)
@@ -460,8 +535,8 @@ def next_state(state: ControllerState, window: Window, params: AdaptiveParams) -
     unmeasured = state.noload <= 0 and since_probe > 0  # what it learnt came from a loaded window
     if probe == NOT_PROBING and (unmeasured or since_probe >= params.probe_every):
         probe = DRAINING
-    probing = probe in (DRAINING, MEASURING)
-    applied = _probe_limit(limit, params) if probing else _floor(limit, params)
+    halved = probe in (DRAINING, MEASURING)
+    applied = _probe_limit(limit, params) if halved else _floor(limit, params)
     return ControllerState(
         limit, applied, noload, noload_error, since_probe, probe, state.version + 1
     )
@@ -485,18 +560,25 @@ class Estimate:
         return queue, error, window
 
 
-def _room(state: ControllerState, used: float, estimate: Estimate, params: AdaptiveParams) -> bool:
-    """No queue at the site (below ``alpha``), and the limit was used: it may grow by one."""
+def _room(
+    state: ControllerState,
+    used: float,
+    estimate: Estimate,
+    threshold: float,
+    params: AdaptiveParams,
+) -> bool:
+    """No queue at the site (below ``threshold``), and the limit was used: it may grow by one."""
     queue, _error, _window = estimate.queue(used)
-    return queue < params.alpha and used >= params.app_limited * state.applied
+    return queue < threshold and used >= params.app_limited * state.applied
 
 
 def _slow_start(
-    state: ControllerState, used: float, estimate: Estimate, params: AdaptiveParams
+    state: ControllerState, used: float, estimate: Estimate, share: float, params: AdaptiveParams
 ) -> float | None:
-    """The next limit of a slow start, or None when it ends: the queue is *significantly* above
-    ``alpha`` (a noisy window at a low limit, where the crawling processes' own delays weigh most,
-    must not end it), or the limit was not used so much that ``start_growth`` times it would be.
+    """The next limit of a slow start, or None where it ends (after a window holding the limit,
+    :func:`next_state`): the queue is *significantly* above ``alpha`` (a noisy window at a low
+    limit, where the crawling processes' own delays weigh most, must not end it), or the limit
+    was not used so much that ``start_growth`` times it would be.
 
     It grows to ``start_growth`` (1.5) times the share of the limit the site *surely* served at
     once: one less the queue estimate at its upper bound (``confidence`` standard errors of both
@@ -527,14 +609,18 @@ def _slow_start(
     # limit, up to one higher, a start at K = 6 went to 10, past 1.5 K), but one more where Vegas
     # would grow (from 1, times 1.5 floors back to 1: a whole window lost); by one at least unless
     # this window alone shows a queue Vegas would shrink (a no-load latency read low from a few
-    # early answers hides every queue in its error, and a start crept by one past 1.5 K)
+    # early answers hides every queue in its error, and a start crept by one past 1.5 K); and of
+    # the slots, only the ``share`` of their time the site had the requests (Window.site_share):
+    # a busy crawling process holds slots whose requests are not at the site, whose queue then
+    # hides (a start went 9 -> 13 against K = 8 at 9 slots, the site at 8.3 and its latency 3%
+    # up), and which it sends at once when it catches up
     applied, step = state.applied, limit + 1
-    most = growth * served * applied
-    if _room(state, used, estimate, params):
+    most = growth * served * applied * share
+    if _room(state, used, estimate, params.alpha, params):
         most = max(most, applied + 1.0)
     elif queue - params.confidence * window > params.beta:
         step = limit
-    return max(limit, min(most, max(growth * surely * limit, step)))
+    return max(limit, min(most, max(growth * surely * limit * share, step)))
 
 
 def _vegas(
@@ -546,11 +632,11 @@ def _vegas(
     crawls counting it held the limit at K + 2 to K + 3, its queue of 1.1 to 1.5 never
     significant); else hold."""
     queue, _error, window = estimate.queue(used)
-    excess = queue - params.confidence * window - params.beta
+    excess = queue - params.confidence * window - max(params.beta, params.beta_share * used)
     limit = state.limit
     if excess > 0:
         return max(limit - max(1.0, params.shrink_gain * excess), limit * params.backoff)
-    if _room(state, used, estimate, params):
+    if _room(state, used, estimate, max(params.alpha, params.alpha_share * used), params):
         return limit + 1
     return limit
 
@@ -621,13 +707,14 @@ def report(
             params.maximum,
             params.window_ms * params.idle_windows,
             repr(float(params.overload_threshold)),
+            repr(float(sample.hold_sum)),
         ),
     )
     if not isinstance(reply, list):
         return None
     values = text(reply)
     version, start, end, responses, latency, latency_sq, overloads, errors = values[:8]
-    in_use, count, limit, applied, noload, noload_error, since_probe, probe, lock = values[8:]
+    in_use, count, hold, limit, applied, noload, noload_error, since_probe, probe, lock = values[8:]
     window = Window(
         float(responses),
         float(latency),
@@ -638,6 +725,7 @@ def report(
         float(count),
         start_ms=int(start),
         end_ms=int(end),
+        hold_sum=float(hold),
     )
     state = ControllerState(
         float(limit),

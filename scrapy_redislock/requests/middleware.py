@@ -152,7 +152,7 @@ class StageLockMiddleware:
             self.throttle.on_wait = self._watch_close
             self.throttle.give_back = self._give_back_for_key
         # what the adaptive limits learn from answers, and the pauses Retry-After asks for
-        self.outcomes = Outcomes(crawler, self.settings, self.slots, self.throttle)
+        self.outcomes = Outcomes(crawler, self.settings, self.slots, self.throttle, clock)
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(self.request_left, signal=signals.request_left_downloader)
@@ -211,6 +211,7 @@ class StageLockMiddleware:
         counted as ``redislock/<stage>/lease_bounded`` (``redislock/keys/<key>/lease_bounded``)
         when the lease is shorter than the request's own timeout."""
         assert self.locks is not None and self.slots is not None
+        self.outcomes.going(request)
         held: list[tuple[StageLocks, SlotPermit]] = []
         permit = self.slots.permit_of(request)
         if permit is not None:

@@ -3,7 +3,10 @@ site's Retry-After asks for.
 
 - An answer of a request that held a slot of an adaptive stage or key (REDISLOCK_ADAPTIVE) is one
   observation for that lock's controller: its download latency (``meta["download_latency"]``, as
-  Scrapy's AutoThrottle reads it), and whether it was an overload answer (429, 503); a failed
+  Scrapy's AutoThrottle reads it), how long it held its slots (from the moment the first of them was
+  its own, granted by Redis or passed on by a request of this process, to the moment they went back:
+  the controller reads the share of a slot's time the site had the request, lower when requests
+  wait in this process with their slots), and whether it was an overload answer (429, 503); a failed
   download (a timeout, a connection error; not IgnoreRequest nor one of ours) is an error
   (:class:`~scrapy_redislock.crawl.adaptive.Adaptation`).
 - With REDISLOCK_RETRY_AFTER, a 429 or 503 answer with ``Retry-After`` (seconds, or an HTTP date,
@@ -20,6 +23,7 @@ REDISLOCK_RETRY_AFTER_DEFAULT.
 from __future__ import annotations
 
 import email.utils
+import math
 import time
 import weakref
 from typing import TYPE_CHECKING
@@ -38,6 +42,8 @@ if TYPE_CHECKING:
 
     from scrapy_redislock.crawl.adaptive import Adaptation
     from scrapy_redislock.crawl.settings import RedisLockSettings
+    from scrapy_redislock.crawl.stagelocks import SlotPermit
+    from scrapy_redislock.lock.core import Clock
     from scrapy_redislock.requests.requestslots import RequestSlots
     from scrapy_redislock.requests.throttle import ScopeThrottle
 
@@ -76,8 +82,10 @@ class Outcomes:
         settings: RedisLockSettings,
         slots: RequestSlots,
         throttle: ScopeThrottle | None,
+        clock: Clock = time.monotonic,
     ) -> None:
         self.crawler = crawler
+        self.clock = clock  # monotonic seconds: how long a request held its slots
         self.settings = settings
         self.slots = slots
         self.locks = slots.locks
@@ -87,14 +95,52 @@ class Outcomes:
         self.held: weakref.WeakKeyDictionary[Request, list[tuple[Adaptation, str]]] = (
             weakref.WeakKeyDictionary()
         )
+        # when a request's slots became its own, then, once they went back, how long it held them,
+        # until its answer is seen
+        self.since: weakref.WeakKeyDictionary[Request, float] = weakref.WeakKeyDictionary()
+        self.holds: weakref.WeakKeyDictionary[Request, float] = weakref.WeakKeyDictionary()
+        # id(permit) -> when a request of this process last gave it back: a slot passed on to the
+        # next request is that one's from then, not from its grant (an id reused by a later permit
+        # finds a time before that permit's grant, which the grant's time then wins over)
+        self.freed: dict[int, float] = {}
+        self.pruned = 0.0
+
+    def going(self, request: Request) -> None:
+        """``request`` has all its slots and goes to the downloader: its hold started when the first
+        of them became its own (granted by Redis: a slot taken for a request still queued in this
+        process is held, and counted in use, while the request waits; or passed on by the request
+        before it)."""
+        if not self.settings.adaptive.watched:
+            return
+        since = self.clock()
+        for permit in self._permits(request):
+            since = min(since, max(permit.acquired_at, self.freed.pop(id(permit), -math.inf)))
+        self.since[request] = since
+
+    def _permits(self, request: Request) -> list[SlotPermit]:
+        """The slots ``request`` holds now: its stage's, its key's and its scopes'."""
+        permit = self.slots.permit_of(request)
+        held = [] if permit is None else [permit]
+        if self.throttle is not None:
+            held.extend(self.throttle.held(request))
+        return held
 
     def releasing(self, request: Request) -> None:
         """The request's slots are about to go back: note its adaptive locks for its outcome."""
         if not self.settings.adaptive.watched:
             return  # nothing adapts: no work per request
+        since, now = self.since.pop(request, None), self.clock()
         found = self._adaptive(request)
         if found:
             self.held[request] = found
+            if since is not None:
+                self.holds[request] = now - since
+        for permit in self._permits(request):
+            self.freed[id(permit)] = now
+        if now - self.pruned > self.settings.ttl:
+            # a slot is passed on within half a lease, or not at all
+            self.freed = {key: at for key, at in self.freed.items() if now - at < self.settings.ttl}
+            self.pruned = now
 
     def _adaptive(self, request: Request) -> list[tuple[Adaptation, str]]:
         """(adaptation, lock name) of the adaptive locks whose slot the request holds (or held,
@@ -119,8 +165,9 @@ class Outcomes:
         overload = getattr(response, "status", None) in OVERLOAD
         if self.settings.adaptive.watched:
             latency = request.meta.get("download_latency")
+            hold = self.holds.pop(request, None)
             for adaptation, name in self._adaptive(request):
-                adaptation.response(name, latency, overload)
+                adaptation.response(name, latency, overload, hold)
         if overload and (self.settings.adaptive.retry_after or self.settings.adaptive.scoped):
             self._pause(request, response)
 

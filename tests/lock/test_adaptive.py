@@ -18,8 +18,11 @@ from scrapy_redislock._redis import text
 from scrapy_redislock.errors import InvalidArgument
 from scrapy_redislock.lock.adaptive import (
     DRAINING,
+    DRAINING_IN_PLACE,
     MEASURING,
+    MEASURING_IN_PLACE,
     NOT_PROBING,
+    START_HOLDING,
     STARTING,
     AdaptiveParams,
     ControllerState,
@@ -119,25 +122,31 @@ def start_limits(capacity: int) -> list[int]:
 
 
 @pytest.mark.parametrize("capacity", [2, 5, 8, 20])
-def test_slow_start_then_k_or_k_plus_one(capacity: int) -> None:
+def test_slow_start_then_the_capacity_and_a_short_queue(capacity: int) -> None:
     """A new controller at the minimum grows its limit by half a window, by one at least, while
-    the site shows no queue (2, 3, 4, 6, 9, 13, ...), until the first window with one (a limit above K): then
-    what the site served at once (K), after a probe of two windows at half of it (the no-load
-    latency measured again); from there between K and K + 1 (the queue estimate in_flight - K is
-    1 at K + 1: above beta, one less; 0 at K: below alpha, one more), but for the probes' two
-    windows at half the limit every probe_every windows."""
+    the site shows no queue (2, 3, 4, 6, 9, 13, ...), until the first window with one (a limit above K):
+    it holds that limit for one more window, whose queue ends the start at what the site served at
+    once (K), after a probe in place of two windows at that limit (the no-load latency measured
+    again, no queue there); from there it grows by one a window while the queue estimate
+    (in_flight - K) is below a tenth of the limit, up to K + 1 (K + 3 for K = 20: 2 < 2.2, 3 >
+    2.3), and stays, but for the periodic probes' two windows at half the limit every
+    probe_every windows."""
     trace = run(FluidSite(capacity), 3 * PARAMS.probe_every)
-    doubled = len(start_limits(capacity))  # windows of growth up to the first limit above K
-    assert limits(trace)[:doubled] == start_limits(capacity)
-    probe = trace[doubled : doubled + 2]
-    assert [s.probe for s in probe] == [DRAINING, MEASURING]
-    assert {s.applied for s in probe} == {max(1, capacity // 2)}
-    assert trace[doubled + 2].applied == capacity
-    settled = trace[doubled + 2 :]
-    held = {s.applied for s in settled if s.probe == NOT_PROBING}
-    assert held == {capacity, capacity + 1}
+    grown = len(start_limits(capacity))  # windows of growth up to the first limit above K
+    assert limits(trace)[:grown] == start_limits(capacity)
+    held = trace[grown]
+    assert (held.applied, held.probe) == (start_limits(capacity)[-1], START_HOLDING)
+    probe = trace[grown + 1 : grown + 3]
+    assert [s.probe for s in probe] == [DRAINING_IN_PLACE, MEASURING_IN_PLACE]
+    assert {s.applied for s in probe} == {capacity}
+    assert trace[grown + 3].applied == capacity
+    settled = trace[grown + 3 :]
+    top = max(capacity + 1, math.ceil(capacity / (1 - PARAMS.alpha_share)))
+    steady = [s.applied for s in settled if s.probe == NOT_PROBING]
+    assert steady[: top - capacity + 1] == list(range(capacity, top + 1))
+    assert set(steady[top - capacity :]) <= {capacity, top}
     probing = [s.applied for s in settled if s.probe != NOT_PROBING]
-    assert set(probing) <= {max(1, capacity // 2), max(1, (capacity + 1) // 2)}
+    assert set(probing) <= {max(1, top // 2), max(1, capacity // 2)}
     assert len(probing) == 2 * 2
     assert all(s.noload == pytest.approx(0.1) for s in trace)
 
@@ -176,7 +185,8 @@ def test_a_slow_start_grows_from_what_the_site_surely_served() -> None:
     no queue and a known no-load latency grows by half; with an uncertain one, or noisy, less; a
     queue of one (K = 8 at 9) that hides in the noise grows to 10, not to 1.5 K = 12 (the rule
     that grew from what the site served went there) nor 13.5; the same queue measured exactly is
-    significant and ends the start at what the site served at once."""
+    significant: the start holds 9 for one more window, and a second such window ends it at what
+    the site served at once, where a probe in place follows."""
     starting = ControllerState(
         9.0, 9, noload=0.1, noload_error=0.002, since_probe=3, probe=STARTING
     )
@@ -192,8 +202,35 @@ def test_a_slow_start_grows_from_what_the_site_surely_served() -> None:
     grown = next_state(starting, window_of(hidden), PARAMS)
     assert grown.limit == pytest.approx(10.0) and grown.probe == STARTING
     exact = Sample(80, 80 * 0.1125, 80 * 0.1125**2, in_use_sum=9, in_use_count=1)
-    ended = next_state(starting, window_of(exact), PARAMS)
-    assert ended.limit == pytest.approx(8.0) and ended.probe == DRAINING
+    held = next_state(starting, window_of(exact), PARAMS)
+    assert (held.limit, held.applied, held.probe) == (9.0, 9, START_HOLDING)
+    ended = next_state(held, window_of(exact), PARAMS)
+    assert ended.limit == pytest.approx(8.0) and ended.probe == DRAINING_IN_PLACE
+    assert ended.applied == 8  # in place, not at half
+
+
+def test_a_slow_start_grows_from_what_the_site_had_of_its_slots() -> None:
+    """A crawling process on a busy CPU holds slots whose requests are not at the site (taken
+    before the request goes out, given back after its answer is read): a real crawl at 9 slots
+    against K = 8 (refusing past 12) had 8.3 requests at the site, whose latency rose 3% where a
+    queue of one adds 12.5%, and the start went to 13 (1.5% of the answers refused when the
+    processes caught up). The share of the slots' time the site had the requests (their latencies
+    over their hold times, 0.92 here) bounds the step: 11.97, within 1.5 K."""
+    starting = ControllerState(
+        9.5, 9, noload=0.1029, noload_error=0.0005, since_probe=5, probe=STARTING
+    )
+    latency = 0.1029 * 8.3 / 8
+    window = Sample(60, 60 * latency, 60 * latency**2, in_use_sum=9, in_use_count=1)
+    unknown = next_state(starting, window_of(window), PARAMS)
+    assert unknown.applied == 13 and unknown.probe == STARTING  # as before: past 1.5 K
+    held = replace(window, hold_sum=window.latency_sum / 0.92)
+    assert window_of(held).site_share == pytest.approx(0.92)
+    grown = next_state(starting, window_of(held), PARAMS)
+    assert 11 <= grown.applied <= 12 and grown.probe == STARTING
+    # a process that held its slots no longer than the site had the requests: as before
+    assert next_state(
+        starting, window_of(replace(window, hold_sum=window.latency_sum)), PARAMS
+    ) == (unknown)
 
 
 def test_a_noisy_start_that_read_a_queue_below_k_stays_within_one_and_a_half_times_it() -> None:
@@ -202,21 +239,21 @@ def test_a_noisy_start_that_read_a_queue_below_k_stays_within_one_and_a_half_tim
     where the queue of one read below alpha, and 9 * 1.5 went to 13 (14 in the crawl: 5% of the
     answers refused). Here every window after the first reads the site's latency 1.25 standard
     errors low (latencies with a coefficient of variation of 0.5, half-second windows): the
-    start goes 7, 8, 12 and ends at the site's capacity, never past 12."""
+    start goes 7, 8, 12, holds 12 and ends at the site's capacity, never past 12."""
     site = FluidSite(8, refuse=1.5)
     state = ControllerState(
         1.5**5, 7, noload=0.1, noload_error=0.002, since_probe=5, probe=STARTING
     )
     seen = [state.applied]
     window = scattered(7, 0.1 * 7 / 6)  # a queue estimate of 1.0, not significant
-    while state.probe == STARTING and len(seen) < 10:
+    while state.probe in (STARTING, START_HOLDING) and len(seen) < 10:
         state = next_state(state, window_of(window), PARAMS)
         seen.append(state.applied)
         truth = scattered(state.applied, site.latency(state.applied))
         low = window_of(truth).latency_error * 1.25
         window = scattered(state.applied, site.latency(state.applied) - low)
     assert max(seen) <= site.most, seen
-    assert seen[:3] == [7, 8, 12] and state.probe == DRAINING and state.limit >= 8
+    assert seen[:4] == [7, 8, 12, 12] and state.probe == DRAINING_IN_PLACE and state.limit >= 8
 
 
 def noisy_start(seed: int, capacity: int = 8, windows: int = 40) -> list[ControllerState]:
@@ -256,20 +293,28 @@ def test_a_noisy_start_stays_within_one_and_a_half_times_the_capacity() -> None:
 
 
 def test_a_slow_start_ends_no_lower_than_its_last_step() -> None:
-    """The first queue ends the slow start at what the site served at once, but not below the
-    limit of the step before (no queue there): a window whose latency doubled (the crawling
-    processes' own delays on a busy CPU) ends it at 6 from 9, not at 4.5."""
+    """Two windows in a row with a queue end the slow start at what the site served at once, but
+    not below the limit of the step before (no queue there): windows whose latency doubled (the
+    crawling processes' own delays on a busy CPU) end it at 6 from 9, not at 4.5. One such window
+    alone holds the limit, and the start goes on after a calm one (in real crawls, a moment of
+    those delays ended starts at 5 to 8 against K = 8, at 4 to 6 after the probe)."""
     starting = ControllerState(
         9.0, 9, noload=0.1, noload_error=0.001, since_probe=3, probe=STARTING
     )
     slow = Sample(45, 45 * 0.2, 45 * 0.2**2, in_use_sum=9, in_use_count=1)
-    ended = next_state(starting, window_of(slow), PARAMS)
-    assert ended.limit == pytest.approx(6.0) and ended.probe == DRAINING
+    held = next_state(starting, window_of(slow), PARAMS)
+    assert (held.limit, held.probe) == (9.0, START_HOLDING)
+    ended = next_state(held, window_of(slow), PARAMS)
+    assert ended.limit == pytest.approx(6.0) and ended.probe == DRAINING_IN_PLACE
+    calm = Sample(90, 90 * 0.1, 90 * 0.1**2, in_use_sum=9, in_use_count=1)
+    resumed = next_state(held, window_of(calm), PARAMS)
+    assert resumed.limit > 12 and resumed.probe == STARTING
 
 
 def test_reconverges_when_the_capacity_drops_and_comes_back() -> None:
-    """K 8 -> 4: 9 in flight is past 2K (503s): * 0.75 -> 6 (queue 2), -1 -> 5, in 2 windows,
-    then between 4 and 5; K 4 -> 8: no queue, one more a window up to 9, in 4 or 5."""
+    """K 8 -> 4: 9 in flight is past 2K (503s): * 0.75 -> 6 (queue 2, above a fifth of 6), -1 ->
+    5, in 2 windows, then 5 (a queue of one, not above a fifth of 5); K 4 -> 8: no queue, one more
+    a window up to 9, in 4 or 5, then 9 (K + 1)."""
     site = FluidSite(8)
     state = run(site, 10)[-1]
     assert state.applied in (8, 9)
@@ -278,12 +323,12 @@ def test_reconverges_when_the_capacity_drops_and_comes_back() -> None:
     dropped = run(site, 10, state=state)
     assert limits(dropped)[:2] == [6, 5]
     assert dropped[0].limit == pytest.approx(9 * 0.75)
-    assert set(limits(dropped)[1:]) == {4, 5}
+    assert set(limits(dropped)[1:]) <= {4, 5}
     site.capacity = 8
     risen = run(site, 10, state=dropped[-1])
     up = limits(risen)
     assert up[: up.index(9) + 1] == list(range(up[0], 10)) and up.index(9) <= 4
-    assert set(up[up.index(9) :]) == {8, 9}
+    assert set(up[up.index(9) :]) <= {8, 9}
 
 
 def test_overload_decreases_multiplicatively_down_to_the_minimum() -> None:
@@ -344,10 +389,10 @@ def test_a_noisy_window_is_no_queue() -> None:
     """A queue must stand out of the window's own noise (``confidence`` standard errors): the same
     mean latency shrinks the limit when every response took it, not when they scatter widely."""
     state = ControllerState(10.0, 10, noload=0.1, since_probe=1)
-    latencies = [0.12] * 50
+    latencies = [0.13] * 50
     exact = Sample(50, sum(latencies), sum(x * x for x in latencies), in_use_sum=10, in_use_count=1)
-    assert next_state(state, window_of(exact), PARAMS).limit == 9.0  # queue 1.67 > 1.5
-    scattered = [0.02, 0.22] * 25  # the same mean, 0.1 s either side
+    assert next_state(state, window_of(exact), PARAMS).limit == 9.0  # queue 2.3 > 2 (a fifth)
+    scattered = [0.03, 0.23] * 25  # the same mean, 0.1 s either side
     noisy = replace(exact, latency_sq_sum=sum(x * x for x in scattered))
     assert next_state(state, window_of(noisy), PARAMS).limit == 10.0
 
@@ -373,20 +418,22 @@ def noisy_settled(seed: int) -> list[int]:
 @pytest.mark.parametrize("seed", range(1, 9))
 def test_noisy_latencies_settle_near_the_capacity(seed: int) -> None:
     """Latencies scattered as much as they are on real sites (log-normal, a coefficient of
-    variation of 0.5; seeded generators): the limit stays near K to K + 1. Over seeds 1 to 8,
-    means of 7.3 to 8.7 (8.1 on average), 72 to 98% of the windows in [K - 2, K + 1], 10 at the
-    highest; with the slow start that doubled, 7.6 to 8.7 (8.2), 91 to 100%, 10. One seed alone
-    says little: a probe that drew a low no-load latency holds the limit low until the next."""
+    variation of 0.5; seeded generators): the limit stays between K and K + 3, the queue a tenth
+    to a fifth of it (which the noise partly hides). Over seeds 1 to 8, means of 9.1 to 10.6
+    (9.95 on average), 88 to 100% of the windows in [K, K + 3], 12 = 1.5 K at the highest; with
+    the queue held at 0.3 to 0.6 requests, whatever the limit, means of 7.3 to 8.7 (8.1), 10 at
+    the highest. One seed alone says little: a probe that drew a low no-load latency holds the
+    limit low until the next."""
     settled = noisy_settled(seed)
-    assert 7 <= sum(settled) / len(settled) <= 9.5
-    assert sum(1 for limit in settled if 6 <= limit <= 9) >= 0.7 * len(settled)
-    assert max(settled) <= 11
+    assert 8.5 <= sum(settled) / len(settled) <= 11
+    assert sum(1 for limit in settled if 8 <= limit <= 11) >= 0.8 * len(settled)
+    assert max(settled) <= 12
 
 
 def test_noisy_latencies_settle_near_the_capacity_on_average() -> None:
-    """The same over seeds 1 to 8 at once: a mean limit of 7.8 to 9.2 (8.1 measured)."""
+    """The same over seeds 1 to 8 at once: a mean limit of 9.3 to 10.6 (9.95 measured)."""
     means = [sum(s) / len(s) for s in map(noisy_settled, range(1, 9))]
-    assert 7.8 <= sum(means) / len(means) <= 9.2, means
+    assert 9.3 <= sum(means) / len(means) <= 10.6, means
 
 
 def test_a_site_that_got_slower_is_measured_again_by_the_probe() -> None:
@@ -404,18 +451,19 @@ def test_a_site_that_got_slower_is_measured_again_by_the_probe() -> None:
     assert measured <= PARAMS.probe_every
     back = next(i for i, s in enumerate(slower) if i > measured and s.applied == 9)
     assert back - measured <= 9
-    assert set(limits(slower)[back:]) == {8, 9}
+    assert set(limits(slower)[back:]) <= {8, 9}
 
 
 def test_a_controller_at_a_high_limit_that_measured_nothing_probes_first() -> None:
     """Re-initialised from a lock's limit of 20 against K = 8: 20 in flight is past 2K (503s:
     * 0.75 -> 15), and what it learnt came from a queue, so it probes at half (7 <= K: the true
-    no-load latency), then the Vegas queue (15 - 8 = 7) brings it down: 11, 10, 9."""
+    no-load latency), then the Vegas queue (15 - 8 = 7) brings it down: 13, 11, 10, where the
+    queue (2) is no longer above a fifth of the limit: it stays at K + 2."""
     trace = run(FluidSite(8), 2 * PARAMS.probe_every + 5, state=ControllerState.initial(20))
     assert (trace[0].limit, trace[0].applied, trace[0].probe) == (15.0, 7, DRAINING)
     assert trace[1].probe == MEASURING and trace[2].noload == pytest.approx(0.1)
-    assert limits(trace)[2:6] == [15, 11, 10, 9]
-    assert {s.applied for s in trace[6:] if s.probe == NOT_PROBING} == {8, 9}
+    assert limits(trace)[2:6] == [15, 13, 11, 10]
+    assert {s.applied for s in trace[6:] if s.probe == NOT_PROBING} == {10}
 
 
 def test_params_are_checked_with_the_field_and_the_value() -> None:
@@ -445,15 +493,17 @@ def test_params_are_checked_with_the_field_and_the_value() -> None:
 def test_the_recorder_takes_what_came_since_the_last_take() -> None:
     now = [10.0]
     recorder = Recorder(clock=lambda: now[0])
-    recorder.response(0.2)
-    recorder.response(0.4)
+    recorder.response(0.2, hold=0.3)
+    recorder.response(0.4)  # its hold not known: its latency
     recorder.response(0.01, overload=True)
     recorder.error()
     recorder.in_use(3)
     now[0] = 11.5
     sample, span = recorder.take()
-    assert replace(sample, latency_sum=0.0, latency_sq_sum=0.0) == Sample(2, 0.0, 0.0, 1, 1, 3, 1)
+    blank = replace(sample, latency_sum=0.0, latency_sq_sum=0.0, hold_sum=0.0)
+    assert blank == Sample(2, 0.0, 0.0, 1, 1, 3, 1)
     assert (sample.latency_sum, sample.latency_sq_sum) == (pytest.approx(0.6), pytest.approx(0.2))
+    assert sample.hold_sum == pytest.approx(0.7)
     assert span == 1.5 and sample.outcomes == 4
     now[0] = 12.0
     assert recorder.take() == (Sample(), 0.5)
@@ -461,6 +511,8 @@ def test_the_recorder_takes_what_came_since_the_last_take() -> None:
     assert window.mean_latency == pytest.approx(0.3)
     assert window.latency_error == pytest.approx(0.1)  # two responses 0.1 from their mean
     assert (window.overload_rate, window.error_rate, window.mean_in_flight) == (0.25, 0.25, 3.0)
+    assert window.site_share == pytest.approx(0.6 / 0.7)
+    assert window_of(Sample(2, 0.6, 0.2)).site_share == 1.0  # no hold reported: all of it
 
 
 # -- several processes, one controller -----------------------------------------------------------
@@ -486,7 +538,7 @@ class SharedController:
         )
         age, window = now - self.window.start_ms, self.window
         drops = window.overloads + window.errors
-        starting = self.state.probe == STARTING
+        starting = self.state.probe in (STARTING, START_HOLDING)
         early = age * 4 >= self.params.window_ms or starting
         overloaded = early and drops > self.params.overload_threshold * window.outcomes
         due = age >= self.params.window_ms or overloaded
@@ -555,10 +607,12 @@ def simulate(
 @pytest.mark.parametrize("processes", [2, 4, 16, 32])
 def test_many_processes_overshoot_no_more_than_one(processes: int) -> None:
     """Samples merged into one window per period, one update per window: the same convergence
-    (K + 1 = 9 within 10 s), the same band (8 or 9; 4 or 5 within 4 s after K drops to 4 at 20 s), the same
-    most (9) as one process, with every window committed once. Without clipping each sample to
-    the window (the first report of each process after a change was measured partly under the
-    previous limit), 16 processes went to 10."""
+    (K + 1 = 9 within 11 s), the same band (8 to 10; 4 or 5 within 4 s after K drops to 4 at 20
+    s) as one process, with every window committed once, at most K + 2 = 10: one process holds
+    9, several went to 10 for one or two windows after the start (a window's first reports were
+    measured partly under the limit before, 8, and its queue read below a tenth of 9; with the
+    queue held at 0.3 to 0.6 requests, 9 at most). Without clipping each sample to the window,
+    16 processes went to 10 under that rule."""
     capacity = {0.0: 8, 20.0: 4}
     alone, _ = simulate(1, capacity, 60)
     trace, shared = simulate(processes, capacity, 60)
@@ -572,7 +626,7 @@ def test_many_processes_overshoot_no_more_than_one(processes: int) -> None:
 
     for run_ in (alone, trace):
         most, first, before, after = summary(run_)
-        assert (most, before) == (9, {8, 9}) and first <= 10  # slow start, probe, K or K + 1
+        assert most <= 10 and before <= {8, 9, 10} and first <= 11  # start, probe, K to K + 2
         assert after and after <= {4, 5}
     assert shared.commits == len({s.version for _, s in trace}) - 1
 
@@ -631,14 +685,14 @@ def test_samples_of_several_processes_merge_into_one_window(
     redis_client: redis.Redis, admin_url: str, locks: list[CountingLock]
 ) -> None:
     """Three processes (clients) report; the window holds the sum, plus one observation per
-    report of the lock's slots in use, taken in Redis."""
+    report of the lock's slots in use, taken in Redis, and the slots' hold times."""
     lock = CountingLock(redis_client, "detail", 3, 30.0, maintain_loop=False)
     locks.append(lock)
     held = [lock.acquire(), lock.acquire()]
     samples = [
-        Sample(5, 0.5, 0.05, 1, 0),
-        Sample(3, 0.6, 0.14, 0, 1, in_use_sum=4, in_use_count=2),
-        Sample(2, 0.2, 0.02),
+        Sample(5, 0.5, 0.05, 1, 0, hold_sum=0.7),
+        Sample(3, 0.6, 0.14, 0, 1, in_use_sum=4, in_use_count=2, hold_sum=0.6),
+        Sample(2, 0.2, 0.02, hold_sum=0.3),
     ]
     clients = [redis.Redis.from_url(admin_url) for _ in samples]
     try:
@@ -653,6 +707,7 @@ def test_samples_of_several_processes_merge_into_one_window(
     assert float(hashed["latency_sq"]) == pytest.approx(0.21)
     # 4 from the second process's two observations, 2 held at each of the 3 reports
     assert (hashed["in_use"], hashed["observations"]) == ("10", "5")
+    assert float(hashed["hold"]) == pytest.approx(1.6)
     assert (hashed["limit"], hashed["applied"], hashed["version"]) == ("3", "3", "0")
     for permit in held:
         lock.release(permit)
@@ -663,7 +718,7 @@ def test_a_window_is_due_after_its_time_with_enough_outcomes(
     redis_client: redis.Redis, runner: CommandRunner
 ) -> None:
     params = AdaptiveParams(window=0.05, min_samples=5, idle_windows=100)  # kept 5 s
-    assert drive(report(KEYS, Sample(2, 0.2, 0.02), params), runner, "x") is None
+    assert drive(report(KEYS, Sample(2, 0.2, 0.02, hold_sum=0.25), params), runner, "x") is None
     start = int(redis_client.hget(KEYS.adapt, "start") or 0)
     assert abs(start - time.time() * 1000) < 5000  # Redis's clock, ms
     while True:  # the window's time is up, but 2 outcomes of 5: not due
@@ -671,9 +726,10 @@ def test_a_window_is_due_after_its_time_with_enough_outcomes(
         if seconds * 1000 + micros // 1000 >= start + 50:
             break
     assert drive(report(KEYS, Sample(), params), runner, "x") is None
-    due = drive(report(KEYS, Sample(3, 0.3, 0.03), params), runner, "x")
+    due = drive(report(KEYS, Sample(3, 0.3, 0.03, hold_sum=0.375), params), runner, "x")
     assert due is not None
     assert (due.window.responses, due.window.latency_sum) == (5, pytest.approx(0.5))
+    assert due.window.site_share == pytest.approx(0.8)
     assert due.window.start_ms == start and due.window.end_ms >= start + 50
     assert due.state == ControllerState(1.0, 1)  # no lock: the minimum
     assert due.lock_limit is None
@@ -718,20 +774,22 @@ def test_an_overloaded_window_is_due_at_a_quarter_of_its_time(
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("phase", [STARTING, START_HOLDING])
 def test_in_a_slow_start_an_overloaded_window_is_due_at_once(
-    redis_client: redis.Redis, runner: CommandRunner
+    redis_client: redis.Redis, runner: CommandRunner, phase: int
 ) -> None:
-    """In a slow start only its last step can have drawn refusals: an overloaded window is due at
-    once, not a quarter window later (at 1.5 x a site's K, that quarter drew 22 refusals of 1,200
-    in a loaded real crawl, tests/requests/test_adaptive_crawl.py); a calm one waits its time."""
+    """In a slow start (growing, or holding its limit for a second window with a queue) only its
+    last step can have drawn refusals: an overloaded window is due at once, not a quarter window
+    later (at 1.5 x a site's K, that quarter drew 22 refusals of 1,200 in a loaded real crawl,
+    tests/requests/test_adaptive_crawl.py); a calm one waits its time."""
     params = AdaptiveParams(window=40.0, min_samples=10)  # a quarter: 10 s
     assert drive(report(KEYS, Sample(10, 1.0, 0.1), params), runner, "x") is None
-    starting = ControllerState(6.0, 6, 0.1, 0.01, 1, STARTING)
+    starting = ControllerState(6.0, 6, 0.1, 0.01, 1, phase)
     assert drive(commit(KEYS, 0, starting, Window(), params), runner, "x") is True
     start = int(redis_client.hget(KEYS.adapt, "start") or 0)
     assert drive(report(KEYS, Sample(12, 1.2, 0.12), params), runner, "x") is None  # calm
     due = drive(report(KEYS, Sample(9, 0.9, 0.09, overloads=3), params), runner, "x")
-    assert due is not None and due.state.probe == STARTING
+    assert due is not None and due.state.probe == phase
     assert due.window.end_ms < start + 10_000
     assert (due.window.responses, due.window.overloads) == (21, 3)
     # its first refusals come before ten answers do: two are enough (one may be a stray 503)
@@ -750,7 +808,7 @@ def test_two_commits_of_one_version_one_applies(
     locks.append(lock)
     lock.set_limit(2)
     params = AdaptiveParams(window=0.01, min_samples=1, idle_windows=500)  # kept 5 s
-    drive(report(KEYS, Sample(4, 0.4, 0.04), params), runner, "x")
+    drive(report(KEYS, Sample(4, 0.4, 0.04, hold_sum=0.5), params), runner, "x")
     due = wait_due(runner, KEYS, params)
     first = replace(due.state, limit=5.0, applied=5, version=1)
     second = replace(due.state, limit=3.0, applied=3, version=1)
@@ -758,7 +816,7 @@ def test_two_commits_of_one_version_one_applies(
     assert drive(commit(KEYS, 0, second, due.window, params), runner, "x") is False
     hashed = stored(redis_client)
     assert (hashed["version"], hashed["limit"], hashed["applied"]) == ("1", "5.0", "5")
-    assert hashed["responses"] == hashed["observations"] == "0"  # a fresh window
+    assert hashed["responses"] == hashed["observations"] == hashed["hold"] == "0"  # a fresh one
     assert int(hashed["start"]) >= due.window.end_ms
     assert lock.get_limit() == 5
 
@@ -959,8 +1017,8 @@ def test_three_processes_through_redis_find_the_capacity(
     """The whole loop through the real scripts: three processes, each holding its share of the
     lock's slots (taken from Redis), report what a capacity-4 site gives them (update(): report,
     and next_state + commit when due); the lock's limit grows by half from 1, by one at least (slow
-    start: 2, 3, 4, 6) until the site queues (6), probes at half what the site served at once (2,
-    twice), then goes to it (4) and stays at 4 or 5. Windows of half a second: the three
+    start: 2, 3, 4, 6) until the site queues (6), holds 6 for a second window with a queue, probes
+    in place at what the site served at once (4, twice), then stays at 4 or 5. Windows of half a second: the three
     reports of one round must land in one window (with 20 ms windows, a loaded machine's stall
     between two of them closed a window early and left the rest to the next round's, measured
     under another limit: the limits went another way at a load average of 11)."""
@@ -999,7 +1057,7 @@ def test_three_processes_through_redis_find_the_capacity(
             lock.release(permit)
         for client in clients:
             client.close()
-    assert seen[:8] == [1, 2, 3, 4, 6, 2, 2, 4]
-    assert set(seen[7:]) == {4, 5}
+    assert seen[:9] == [1, 2, 3, 4, 6, 6, 4, 4, 4]
+    assert set(seen[8:]) == {4, 5}
     records = drive(history(KEYS), runners[0], "x")
-    assert [r.limit for r in reversed(records)][:7] == [2, 3, 4, 6, 2, 2, 4]
+    assert [r.limit for r in reversed(records)][:8] == [2, 3, 4, 6, 6, 4, 4, 4]

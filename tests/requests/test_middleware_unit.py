@@ -85,6 +85,48 @@ def test_a_slot_handed_with_a_request_is_released_though_the_request_never_reach
     asyncio.run(scenario())
 
 
+def test_an_adaptive_stage_learns_each_answers_latency_and_how_long_its_slot_was_held(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The hold runs from the moment the slot became the request's (granted by Redis, or passed on
+    by the request before it in this process) to the moment it went back (request_left_downloader):
+    the adaptive limit reads the share of it the site had the request, lower when requests wait
+    in this process with their slots."""
+
+    async def scenario() -> None:
+        stages = {"detail": {"limit": 1, "adaptive": True}}
+        async with front(redis_url, stages, scheduler=False) as f:  # type: ignore[arg-type]
+            mw, now = f.middleware, [0.0]
+            first, second = request("detail", 1), request("detail", 2)
+            await mw.process_request(first)
+            granted = f.slots.permit_of(first)
+            adaptation = f.locks.adaptation
+            assert granted is not None and adaptation is not None
+            seen: list[tuple[str, float | None, bool, float | None]] = []
+            # what the middleware tells the adaptive limit (its reports are not this test's)
+            adaptation.response = lambda *args: seen.append(args)  # type: ignore[method-assign]
+            now[0] = granted.acquired_at + 0.3
+            mw.outcomes.clock = lambda: now[0]
+            waiting = asyncio.ensure_future(mw.process_request(second))
+            await until(lambda: f.slots.waiting["detail"] == 1)
+            first.meta["download_latency"] = 0.2
+            now[0] = granted.acquired_at + 0.8
+            mw.request_left(first, f.crawler.spider)  # its slot passes on to the second
+            now[0] = granted.acquired_at + 1.0  # the answer's own handling is not the slot's
+            mw.process_response(first, Response(first.url, request=first))
+            assert seen == [("detail", 0.2, False, pytest.approx(0.8))]  # from the grant
+            await asyncio.wait_for(waiting, 10)
+            assert f.slots.permit_of(second) is granted
+            second.meta["download_latency"] = 0.1
+            now[0] = granted.acquired_at + 1.1
+            mw.request_left(second, f.crawler.spider)
+            mw.process_response(second, Response(second.url, request=second))
+            assert seen[1] == ("detail", 0.1, False, pytest.approx(0.3))  # from the first's release
+            await until(lambda: leftover(redis_client) == 0)
+
+    asyncio.run(scenario())
+
+
 def test_an_acquire_timeout_from_the_scheduler_fails_the_request_unretried(
     redis_url: str, redis_client: redis.Redis
 ) -> None:

@@ -34,7 +34,7 @@ if pinned then
   limit, applied, probe = pinned, pinned, '0'
 end
 redis.call('HSET', adapt, 'version', string.format('%.0f', tonumber(ARGV[1]) + 1), 'start', string.format('%.0f', now),
-  'responses', 0, 'latency', 0, 'latency_sq', 0, 'overloads', 0, 'errors', 0, 'in_use', 0, 'observations', 0,
+  'responses', 0, 'latency', 0, 'latency_sq', 0, 'overloads', 0, 'errors', 0, 'in_use', 0, 'observations', 0, 'hold', 0,
   'limit', limit, 'applied', applied, 'noload', ARGV[4], 'noload_error', ARGV[5], 'since_probe', ARGV[6],
   'probe', probe)
 redis.call('PEXPIRE', adapt, ARGV[15])

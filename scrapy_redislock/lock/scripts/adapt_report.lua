@@ -11,8 +11,9 @@
 -- An overloaded window is due early: once a quarter of its length old, with enough outcomes and more than ARGV[14]
 -- of them overloads or errors (a refusal comes back at once and frees its slot for the next request, so a limit
 -- one step past what the site takes drew refusals at the rate the site answered them until the window's end);
--- during a slow start (probe STARTING, 3), at once, and with two overloads or errors even below ARGV[10] outcomes:
--- only the start's last step can have drawn them, and its first refusals come before ten answers do.
+-- during a slow start (probe STARTING, 3, or START_HOLDING, 6), at once, and with two overloads or errors even
+-- below ARGV[10] outcomes: only the start's last step can have drawn them, and its first refusals come before ten
+-- answers do.
 -- Besides the caller's observations of slots in use, every report adds one of its own: the lock's held grants
 -- (its group's pending count) now, across the cluster, which no process knows.
 -- KEYS[1] adapt hash, KEYS[2] the lock's slots stream, KEYS[3] the lock's meta hash, KEYS[4] a key's light zset
@@ -22,12 +23,13 @@
 -- ARGV[8] ms the sample covers up to now (0: unknown, added whole), ARGV[9] window ms,
 -- ARGV[10] outcomes (responses + overloads + errors) a due window needs at least,
 -- ARGV[11] minimum limit, ARGV[12] maximum limit, ARGV[13] ms to keep the hash after this report,
--- ARGV[14] the share of overloads and errors among a window's outcomes that makes it due early
+-- ARGV[14] the share of overloads and errors among a window's outcomes that makes it due early,
+-- ARGV[15] the responses' slot hold times summed (s; clipped as the counters ARGV[1] to ARGV[7] are)
 -- Returns 0 when the window is not due, else (all strings) {version, window start ms, now ms, responses,
--- latency sum, latency square sum, overloads, errors, in-use sum, in-use count, limit, applied, noload,
+-- latency sum, latency square sum, overloads, errors, in-use sum, in-use count, hold sum, limit, applied, noload,
 -- noload_error, since_probe, probe, the lock's limit ('' when the lock is not in Redis)}.
 local adapt, slots, meta = KEYS[1], KEYS[2], KEYS[3]
-local COUNTERS = {'responses', 'latency', 'latency_sq', 'overloads', 'errors', 'in_use', 'observations'}
+local COUNTERS = {'responses', 'latency', 'latency_sq', 'overloads', 'errors', 'in_use', 'observations', 'hold'}
 local STATE = {'limit', 'applied', 'noload', 'noload_error', 'since_probe', 'probe'}
 local now = now_ms()
 local span = tonumber(ARGV[8])
@@ -59,6 +61,7 @@ local share = 1
 if span > 0 then share = math.min(1, math.max(0, now - tonumber(got.start)) / span) end
 local add = {}
 for i = 1, 7 do add[i] = share * tonumber(ARGV[i]) end
+add[8] = share * tonumber(ARGV[15] or '0')
 -- the lock's slots in use now (no such stream: the lock is not in Redis, nothing to observe)
 local groups = redis.pcall('XINFO', 'GROUPS', slots)
 if KEYS[4] and (type(groups) ~= 'table' or groups.err) then
@@ -84,7 +87,7 @@ redis.call('PEXPIRE', adapt, ARGV[13])
 local drops = tonumber(got.overloads) + tonumber(got.errors)
 local outcomes = tonumber(got.responses) + drops
 local age, length = now - tonumber(got.start), tonumber(ARGV[9])
-local starting = got.probe == '3'
+local starting = got.probe == '3' or got.probe == '6'
 local overloaded = (age * 4 >= length or starting) and drops > tonumber(ARGV[14]) * outcomes
 local enough = outcomes >= tonumber(ARGV[10]) or (starting and drops >= 2)
 if not enough or (age < length and not overloaded) then
