@@ -519,13 +519,14 @@ def next_state(state: ControllerState, window: Window, params: AdaptiveParams) -
             probe = START_HOLDING  # the first window that would end it: hold for one more
         elif starting:
             # a second window in a row with a queue ends the slow start: what the site served at
-            # once (its capacity, as the queue shows it), from where Vegas goes on; a probe in place follows at once, to
-            # measure the no-load latency at that limit, the load it will see (the slow start's
-            # windows ran at lower loads, and the crawling processes' own delays grow with
-            # theirs); at half of it, as a periodic probe, it cost two windows at half the site's
-            # capacity. Never below limit / start_growth, at most the last step's limit, which
-            # showed no significant queue: on a busy CPU those delays grow with the crawl's rate,
-            # the latency with them, and the estimate alone fell to half of K
+            # once (its capacity, as the queue shows it), from where Vegas goes on; a probe in
+            # place follows at once, to measure the no-load latency at that limit, the load it
+            # will see (the slow start's windows ran at lower loads, and the crawling processes'
+            # own delays grow with theirs); at half of it, as a periodic probe, it cost two
+            # windows at half the site's capacity. Never below limit / start_growth, at most the
+            # last step's limit, which showed no significant queue: on a busy CPU those delays
+            # grow with the crawl's rate, the latency with them, and the estimate alone fell to
+            # half of K
             served = used * noload / rtt
             limit, probe = max(served, limit / params.start_growth), DRAINING_IN_PLACE
             since_probe = params.probe_every

@@ -290,10 +290,11 @@ local function reap(slots, meta, lease, interval, now)
 end
 
 -- Free the grants that Redis handed to a blocked wait ('<owner>#<n>', delivered once) and that their owner has not
--- confirmed within one renewal interval of the lease in force: a live owner confirms at once (hold_again, one round trip after the reply); a
--- process whose connections went silent (a partition, a VM pause) cannot, and without this its waits would keep
--- every slot freed meanwhile for a whole lease. Grants taken by take.lua are marked confirmed (delivery count 2),
--- grants renewed sit under the owner's own consumer: neither is touched. Returns how many were freed.
+-- confirmed within one renewal interval of the lease in force: a live owner confirms at once (hold_again, one round
+-- trip after the reply); a process whose connections went silent (a partition, a VM pause) cannot, and without this
+-- its waits would keep every slot freed meanwhile for a whole lease. Grants taken by take.lua are marked confirmed
+-- (delivery count 2), grants renewed sit under the owner's own consumer: neither is touched. Returns how many were
+-- freed.
 local function reclaim_unconfirmed(slots, lease)
   local freed, start = 0, '-'
   local window = renewal_interval(lease)
