@@ -96,7 +96,7 @@ class StageAdmission:
         stage, key = route
         if stage is None:
             return key is None or self.keyline is None or self.keyline.may_go(key)
-        if not self.slots.kept(stage) and self._line_is_full(stage):
+        if not self.slots.kept.count(stage) and self._line_is_full(stage):
             return False
         return key is None or self.keyline is None or self.keyline.has_room(key)
 

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy_redislock.crawl.engine import downloader_active, wake_engine
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.errors import AcquireTimeout, Paused
+from scrapy_redislock.requests.kept import KeptSlots
 from scrapy_redislock.requests.stagequeue import StagePriorityQueues
 
 if TYPE_CHECKING:
@@ -128,7 +129,8 @@ class KeyLine:
         self.in_hand: dict[Request, InHand] = {}
         self.waiting: set[Request] = set()
         self.ready: deque[Request] = deque()  # got their slot meanwhile: the engine's next
-        self.kept: dict[str, deque[SlotPermit | BaseException]] = {}  # per key: for its next
+        # per name: slots (or a wait's error) for its next requests
+        self.kept: KeptSlots[SlotPermit | BaseException] = KeptSlots(self.locks)
         self.waits: dict[str, asyncio.Task[None]] = {}  # one wait per key, while it has a queue
         # keys whose starts a Retry-After paused: until the timer ends it
         self.paused: dict[str, asyncio.TimerHandle] = {}
@@ -186,7 +188,7 @@ class KeyLine:
         """No request of ``key`` may leave for a take now: a wait for it is under way here and
         keeps nothing yet, or this process already holds, takes or waits for the key's limit of
         it."""
-        if self.kept.get(key) and key not in self.paused:
+        if self.kept.count(key) and key not in self.paused:
             return False
         return not self.has_room(key)
 
@@ -233,8 +235,8 @@ class KeyLine:
                 found = known(request)
                 named.extend(found if found is not None else self.names_of(request))
             load: Counter[str] = Counter(named)
-            for key, kept in self.kept.items():
-                load[key] += len(kept)
+            for key, kept in self.kept.counts():
+                load[key] += kept
             self._load = load
         return self._load
 
@@ -266,7 +268,7 @@ class KeyLine:
             return False
         got: list[Taken] = []
         for name in names if in_hand is None else ():
-            outcome = self._kept_for(name)
+            outcome = self.kept.take(name)
             if outcome is None:
                 continue
             if isinstance(outcome, BaseException):  # a wait that ran out: the request fails with it
@@ -299,22 +301,12 @@ class KeyLine:
         if in_hand is not None:
             self.slots.locks.release_soon(in_hand.permit)
 
-    def _kept_for(self, name: str) -> SlotPermit | BaseException | None:
-        """A usable slot (or a wait's error) kept for ``name``; None when none is."""
-        kept = self.kept.get(name)
-        while kept:
-            outcome = kept.popleft()
-            if isinstance(outcome, BaseException) or self.locks.usable(outcome):
-                return outcome
-            self.locks.release_soon(outcome)
-        return None
-
     def _give_back(self, got: list[Taken]) -> None:
         """Slots taken for a request that does not go now: a kept one is kept again (first), a
         fresh one goes back to Redis (its other holders' waiters get it at once)."""
         for taken in reversed(got):
             if taken.kept and not self.closed:
-                self.kept.setdefault(taken.name, deque()).appendleft(taken.permit)
+                self.kept.keep(taken.name, taken.permit, first=True)
             else:
                 self.locks.release_soon(taken.permit)
 
@@ -427,9 +419,8 @@ class KeyLine:
     async def _wait(self, key: str) -> None:
         """Wait for slots of ``key`` while it has more requests queued than slots kept (at most as
         many waits at once as CONCURRENT_REQUESTS: each blocks one connection)."""
-        kept = self.kept.setdefault(key, deque())
         try:
-            while not self.closed and self.queued(key) > len(kept):
+            while not self.closed and self.queued(key) > self.kept.count(key):
                 started = self.clock()
                 try:
                     async with self.connections:
@@ -440,14 +431,12 @@ class KeyLine:
                     permit = exc
                 else:
                     self.throttle.record(self.clock() - started)
-                kept.append(permit)
+                self.kept.keep(key, permit)
                 self._load = None
                 wake_engine(self.crawler)
         finally:
             if self.waits.get(key) is asyncio.current_task():
                 del self.waits[key]
-            if not kept:
-                self.kept.pop(key, None)
             self._load = None
             wake_engine(self.crawler)
 
@@ -462,21 +451,7 @@ class KeyLine:
     def tick(self) -> None:
         """At every renewal tick: give back kept slots that no queued request can use, or that can
         no longer go with a request; forget a kept error no queued request is left to fail with."""
-        now = self.clock()
-        for key, kept in list(self.kept.items()):
-            keep = queued = self.queued(key)
-            for outcome in list(kept):
-                if isinstance(outcome, BaseException):
-                    if not queued:  # a wait's AcquireTimeout: no request of the key left to fail
-                        kept.remove(outcome)
-                    continue
-                if keep <= 0 or not outcome.usable(now):
-                    kept.remove(outcome)
-                    self.locks.release_soon(outcome)
-                else:
-                    keep -= 1
-            if not kept and key not in self.waits:
-                del self.kept[key]
+        self.kept.prune(self.queued)
         self._load = None
 
     def stand_down(self) -> None:
@@ -488,11 +463,7 @@ class KeyLine:
         for timer in self.paused.values():
             timer.cancel()
         self.paused.clear()
-        for kept in self.kept.values():
-            for outcome in kept:
-                if not isinstance(outcome, BaseException):
-                    self.locks.release_soon(outcome)
-        self.kept.clear()
+        self.kept.release_all()
 
     def close(self) -> None:
         """Stand down and queue back the requests out of the inner scheduler here, before it

@@ -19,9 +19,10 @@ release, renewal) downward. The bookkeeping of who holds what is the pure
     slots.holding()                # the requests that hold a slot now (StageScheduler counts their keys)
     slots.finish(request)          # the request is done with its slot: passed on locally (see below) or released
     slots.serve_scheduler(queued=, could_use=, left=, give_back=)   # StageScheduler, once: what it has queued
-    slots.kept(stage) / slots.take_kept(stage)     # slots kept for the stage's queued requests
+    slots.kept                     # KeptSlots: slots kept for the stages' queued requests (count, take,
+                                   # prune: StageScheduler's tick; release_all: its end)
     slots.join_line(request, stage) / slots.waiting_in_line(stage) # requests let go to wait in the middleware
-    slots.prune_kept() / slots.free_kept() / slots.stand_down()    # StageScheduler's tick, end and close
+    slots.stand_down()             # StageScheduler closes, or the engine does: keep nothing
     await slots.close()            # forget who holds what, then close the locks (one aclose() per stage)
 
 The permit hand-off: a slot goes with its request object (never in ``meta``, which retries and
@@ -60,7 +61,7 @@ import functools
 import logging
 import time
 import weakref
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -71,6 +72,7 @@ from scrapy_redislock.crawl.engine import (
     wake_engine,
 )
 from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks, slot_id
+from scrapy_redislock.requests.kept import KeptSlots
 from scrapy_redislock.requests.ledger import PermitLedger
 from scrapy_redislock.requests.stageline import StageLine
 
@@ -117,7 +119,7 @@ class RequestSlots:
         self.give_back: Callable[[Request], bool] | None = None
         # slots kept for the next queued request of their stage (a finished request's, or a grant
         # no request waited for)
-        self._kept: dict[str, deque[SlotPermit]] = {}
+        self.kept: KeptSlots[SlotPermit] = KeptSlots(locks)
         # requests let go by the scheduler without a slot: they wait for one in the middleware
         self._in_line: dict[str, weakref.WeakSet[Request]] = {}
         self._standing_down = False  # the scheduler closes, or the engine does: keep nothing
@@ -151,7 +153,6 @@ class RequestSlots:
         ``give_back(request)`` (None for an inner scheduler it cannot give requests back to)."""
         self._queued, self._could_use = queued, could_use
         self.left_scheduler, self.give_back = left, give_back
-        self._kept = {stage: deque() for stage in self.stages}
         self._in_line = {stage: weakref.WeakSet() for stage in self.stages}
 
     def _waiting_for(self, stage: str) -> int:
@@ -168,7 +169,7 @@ class RequestSlots:
         AcquireTimeout after ``timeout`` s (None: none), counted as ``<stage>/timeouts``."""
         self.waiting[stage] += 1
         try:
-            permit = self.take_kept(stage)
+            permit = self.kept.take(stage)
             if permit is not None:
                 return permit
             line = self.lines.get(stage)
@@ -350,69 +351,22 @@ class RequestSlots:
     def _keep(self, stage: str, permit: SlotPermit) -> bool:
         """Keep a slot for the next queued request of its stage and wake the engine; False (back to
         Redis) when the scheduler stands down, or none of its queued requests could use it."""
-        if self._could_use is None or self._standing_down or stage not in self._kept:
+        if self._could_use is None or self._standing_down or stage not in self.stages:
             return False
-        if engine_closing(self.crawler) or self._could_use(stage) <= len(self._kept[stage]):
+        if engine_closing(self.crawler) or self._could_use(stage) <= self.kept.count(stage):
             return False
-        self._kept[stage].append(permit)
+        self.kept.keep(stage, permit)
         wake_engine(self.crawler)
         return True
-
-    def kept(self, stage: str) -> int:
-        """Slots kept for queued requests of ``stage`` now."""
-        kept = self._kept.get(stage)
-        return 0 if kept is None else len(kept)
-
-    def kept_permits(self, stage: str) -> tuple[SlotPermit, ...]:
-        """The slots kept for ``stage``, oldest first (left in place)."""
-        return tuple(self._kept.get(stage, ()))
-
-    def take_kept(self, stage: str) -> SlotPermit | None:
-        """A slot kept for ``stage``, oldest first (unusable ones are dropped on the way); None when
-        there is none."""
-        kept = self._kept.get(stage)
-        while kept:
-            permit = kept.popleft()
-            if self.locks.usable(permit, self.clock()):
-                return permit
-            self.locks.release_soon(permit)
-        return None
-
-    def free_kept(self) -> None:
-        """Every kept slot back to Redis (the scheduler has nothing queued that could use one)."""
-        for permits in self._kept.values():
-            while permits:
-                self.locks.release_soon(permits.popleft())
-
-    def prune_kept(self) -> None:
-        """Drop kept slots that can no longer go with a request, or that no queued request could
-        use (back to Redis)."""
-        assert self._could_use is not None
-        now = self.clock()
-        for stage, permits in self._kept.items():
-            if not permits:
-                continue
-            if not all(permit.usable(now) for permit in permits) or not self._could_use(stage):
-                kept = [
-                    permit
-                    for permit in permits
-                    if self._could_use(stage) and self.locks.usable(permit, self.clock())
-                ]
-                for permit in permits:
-                    if permit not in kept:
-                        self.locks.release_soon(permit)
-                permits.clear()
-                permits.extend(kept)
 
     def stand_down(self, *, release: bool = True) -> None:
         """The scheduler closes, or the engine does: keep no slot from now on; the kept ones go back
         to Redis (``release``), or are left to :meth:`close` (which frees every slot at once)."""
         self._standing_down = True
         if release:
-            self.free_kept()
+            self.kept.release_all()
         else:
-            for permits in self._kept.values():
-                permits.clear()
+            self.kept.clear()
 
     # -- requests let go without a slot ------------------------------------------------------------
 

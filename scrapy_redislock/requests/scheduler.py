@@ -479,7 +479,7 @@ class StageScheduler:
             request = self.inner.next_request()  # from a sub-queue that its admission lets go
             if request is None:
                 assert self.slots is not None
-                self.slots.free_kept()
+                self.slots.kept.release_all()
                 return None
             if self._held_for_key(request):
                 continue
@@ -504,7 +504,7 @@ class StageScheduler:
         stage = route[0]
         if stage is None or self._settled_early(request):
             return request
-        permit = self.slots.take_kept(stage)
+        permit = self.slots.kept.take(stage)
         if permit is None:
             self.slots.join_line(request, stage)
             if self.keyline is not None:
@@ -572,7 +572,7 @@ class StageScheduler:
         if self.watch is not None and (self._look is None or self._look.done()):
             self._look = asyncio.get_running_loop().create_task(self.watch.look())
             self._look.add_done_callback(_retrieved)
-        self.slots.prune_kept()
+        self.slots.kept.prune(self._could_use)
 
 
 def _retrieved(task: asyncio.Task[None]) -> None:

@@ -86,11 +86,11 @@ def test_a_freed_slot_is_kept_for_a_queued_request_without_redis_and_keeps_its_g
             one = request("detail", 1)
             f.slots.hand(one, permit)
             f.slots.finish(one)
-            assert f.slots.kept("detail") == 1
+            assert f.slots.kept.count("detail") == 1
             assert held(redis_client, "detail") == [permit.grant]
             assert permit.fence == int(permit.grant.split("-")[1])
             assert f.crawler.stats.get_value("redislock/detail/reused") == 1
-            assert f.slots.take_kept("detail") is permit
+            assert f.slots.kept.take("detail") is permit
             await f.locks.release(permit)
             assert leftover(redis_client) == 0
 
@@ -114,15 +114,44 @@ def test_an_older_slot_goes_back_to_redis_and_one_no_queued_request_could_use_to
             permit = await f.locks.acquire("detail", None)
             await until(lambda: time.monotonic() - permit.acquired_at > 0.05)
             f.slots.free(permit)
-            assert f.slots.kept("detail") == 0
+            assert f.slots.kept.count("detail") == 0
             await until(lambda: leftover(redis_client) == 0)
 
             wanted[0] = 0
             permit = await f.locks.acquire("detail", None)
             f.slots.free(permit)
-            assert f.slots.kept("detail") == 0
+            assert f.slots.kept.count("detail") == 0
             await until(lambda: leftover(redis_client) == 0)
             assert f.crawler.stats.get_value("redislock/detail/reused") is None
+
+    asyncio.run(scenario())
+
+
+def test_kept_slots_beyond_what_the_queued_requests_could_use_go_back_at_the_tick(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The tick's prune keeps, oldest first, as many kept slots as the stage's queued requests
+    could use now, and gives the rest back to Redis."""
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 2}, scheduler=False, REDISLOCK_LOCAL_REUSE=30) as f:
+            wanted = [2]
+            f.slots.serve_scheduler(
+                queued=lambda stage: 2, could_use=lambda stage: wanted[0], left=None, give_back=None
+            )
+            first = await f.locks.acquire("detail", None)
+            second = await f.locks.acquire("detail", None)
+            f.slots.free(first)
+            f.slots.free(second)
+            assert f.slots.kept.outcomes("detail") == (first, second)
+            wanted[0] = 1
+            f.slots.kept.prune(lambda stage: wanted[0])
+            assert f.slots.kept.outcomes("detail") == (first,)
+            await until(lambda: held(redis_client, "detail") == [first.grant])
+            wanted[0] = 0
+            f.slots.kept.prune(lambda stage: wanted[0])
+            assert f.slots.kept.count("detail") == 0
+            await until(lambda: leftover(redis_client) == 0)
 
     asyncio.run(scenario())
 
@@ -157,7 +186,7 @@ def test_a_slot_past_its_lease_is_not_passed_on(redis_url: str, redis_client: re
             f.slots.hold(one, permit)
             permit.valid_until = time.monotonic()
             f.slots.finish(one)
-            assert f.slots.kept("detail") == 0
+            assert f.slots.kept.count("detail") == 0
             assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
             assert f.crawler.stats.get_value("redislock/detail/reused") is None
             await until(lambda: leftover(redis_client) == 0)

@@ -87,8 +87,8 @@ def test_a_timeout_kept_for_a_key_with_nothing_queued_fails_no_later_request(
             first = request(None, 0)
             scheduler.enqueue_request(first)
             assert scheduler.next_request() is None  # a take, refused: a wait starts
-            await until(lambda: bool(line.kept.get(key)), timeout=10)  # ran out: its error kept
-            assert isinstance(line.kept[key][0], AcquireTimeout)
+            await until(lambda: bool(line.kept.count(key)), timeout=10)  # ran out: its error kept
+            assert isinstance(line.kept.outcomes(key)[0], AcquireTimeout)
             cache = next(
                 mw
                 for mw in downloader_middlewares(f.crawler)

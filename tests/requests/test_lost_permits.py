@@ -46,7 +46,7 @@ async def queued_with_a_ready_slot(f: Front) -> tuple[Request, Permit]:
     # done: its slot is kept for the queued request
     f.middleware.request_left(first, f.crawler.spider)
     f.active.discard(first)
-    (permit,) = f.slots.kept_permits("detail")
+    (permit,) = f.slots.kept.outcomes("detail")
     assert isinstance(permit, Permit)
     return queued, permit
 
