@@ -18,18 +18,10 @@ scheduler and is picked up here (``RequestSlots.take``). Without it, and for req
 scheduler (``engine.download_async``: media pipelines), the request waits here, in this process's
 line for the stage (:mod:`~scrapy_redislock.requests.stageline`: a slot freed here, or a grant to one
 of its waits in Redis's FIFO): caps hold, but a waiting request occupies one of CONCURRENT_REQUESTS
-(so a saturated stage slows the others). When the spider closes, a request waiting here for its
-stage's slot never went out: with StageScheduler it goes back into the scheduler's queue at once (its
-inner scheduler's: scrapy-redis's queue in Redis, Scrapy's JOBDIR disk queues), so SCHEDULER_PERSIST
-or JOBDIR keep it for the next run, as they keep what never left the scheduler; it leaves the
-downloader with IgnoreRequest (its errback, if any, gets that), logged at INFO with counts and
-counted as ``redislock/<stage>/given_back_at_close``. Without StageScheduler (nothing to give it
-back to) it keeps its place in line, as Scrapy finishes what its downloader holds, while its stage
-makes progress; those of a stage that is paused (limit 0) or frees no slot anywhere for
-REDISLOCK_TTL + DOWNLOAD_TIMEOUT are dropped (IgnoreRequest), logged at WARNING with counts and
-counted as ``redislock/<stage>/dropped_at_close``; so are those of such a key waiting here for its
-slot (``redislock/keys/dropped_at_close``: :meth:`ScopeThrottle.drop_waits
-<scrapy_redislock.requests.throttle.ScopeThrottle.drop_waits>`).
+(so a saturated stage slows the others). When the spider closes, a request waiting here for a slot
+(of its stage, key or scope) never went out: it goes back into StageScheduler's queue, or keeps
+waiting while what it waits for makes progress, or is dropped
+(:mod:`~scrapy_redislock.requests.closewaits`).
 
 A request never starts with a slot that is lost or past its lease on this process's clock (Redis out
 of reach, a stall: another process may hold it by now; see ``StageLocks.usable``). Such a slot is
@@ -59,7 +51,6 @@ redislock/unknown_stage, redislock/throttling_off, redislock/redis_errors.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import Counter
@@ -70,13 +61,13 @@ from scrapy import Request, Spider, signals
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.misc import load_object
 
-from scrapy_redislock._loop import every
 from scrapy_redislock.crawl.early import EARLY_TYPES, MIDDLEWARE_PATH, middlewares_after
-from scrapy_redislock.crawl.engine import check_reactor, engine_closing, one_line_config_errors
+from scrapy_redislock.crawl.engine import check_reactor, one_line_config_errors
 from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks, within_lease
 from scrapy_redislock.crawl.stages import check_stage_names, stage_of
 from scrapy_redislock.errors import AcquireTimeout, ConfigError, ThrottlingDisabled, UnknownStage
+from scrapy_redislock.requests.closewaits import CloseWaits
 from scrapy_redislock.requests.outcomes import Outcomes
 from scrapy_redislock.requests.requestslots import RequestSlots
 from scrapy_redislock.requests.throttle import ScopeThrottle
@@ -91,12 +82,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# How often requests waiting here check whether the engine is closing (its close waits for them).
-CLOSE_CHECK_INTERVAL = 0.1
-# Once it closes, how often the stages they wait for are checked for progress (one read of the lock
-# in Redis).
-STALL_CHECK_INTERVAL = 1.0
-
 
 class StageLockMiddleware:
     """Downloader middleware holding one slot of the request's stage while the request is
@@ -109,16 +94,9 @@ class StageLockMiddleware:
         self.crawler = crawler
         self.clock = clock  # monotonic seconds, for the parts it makes too (tests pass theirs)
         self.settings = read_settings(crawler.settings)
-        self._waits: dict[asyncio.Task[SlotPermit], str] = {}  # wait -> stage
-        self._waiters: dict[asyncio.Task[SlotPermit], Request] = {}  # wait -> its request
-        self._dropped: set[asyncio.Task[SlotPermit]] = set()
-        self._given_back: set[asyncio.Task[SlotPermit]] = set()  # to the scheduler, at close
-        self._watcher: asyncio.Task[None] | None = None
-        self._closing = False
         self.unknown: Counter[str] = Counter()  # requests dropped per unknown stage
         self.retry_timeouts = _names_acquire_timeout(crawler.settings.getlist("RETRY_EXCEPTIONS"))
         self.download_timeout = crawler.settings.getfloat("DOWNLOAD_TIMEOUT", 180)
-        self.stall_window = self.settings.ttl + self.download_timeout
         if not self.settings.enabled:
             logger.warning(
                 "REDISLOCK_ENABLED is False: requests that have a stage fail with ThrottlingDisabled instead of going out unthrottled; remove %s from DOWNLOADER_MIDDLEWARES to crawl them unthrottled on purpose",  # noqa: E501
@@ -148,9 +126,8 @@ class StageLockMiddleware:
         self.throttle = (
             ScopeThrottle.of(crawler, self.settings, clock=clock) if self.settings.keyed else None
         )
-        if self.throttle is not None:
-            self.throttle.on_wait = self._watch_close
-            self.throttle.give_back = self._give_back_for_key
+        # requests waiting here for a slot, and what becomes of them at close
+        self.waits = CloseWaits.of(crawler, self.settings)
         # what the adaptive limits learn from answers, and the pauses Retry-After asks for
         self.outcomes = Outcomes(crawler, self.settings, self.slots, self.throttle, clock)
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
@@ -322,7 +299,7 @@ class StageLockMiddleware:
             self.crawler.stats.set_value("finish_reason", "redislock_unknown_stage")
         self.crawler.spider = None
 
-    def _fail_timeout(self, request: Request, error: BaseException) -> None:
+    def _fail_timeout(self, request: Request, error: BaseException) -> NoReturn:
         """Raise the error; an AcquireTimeout is not retried unless RETRY_EXCEPTIONS names
         AcquireTimeout (it is an OSError, which RetryMiddleware retries by default: the wait would
         be REDISLOCK_WAIT_TIMEOUT times RETRY_TIMES + 1)."""
@@ -346,143 +323,14 @@ class StageLockMiddleware:
             await after
 
     async def _wait_for_slot(self, request: Request, stage: str) -> SlotPermit:
-        assert self.slots is not None
-        wait = asyncio.ensure_future(self.slots.wait(stage, self.settings.wait_timeout))
-        self._waits[wait] = stage
-        self._waiters[wait] = request
-        self._watch_close()
+        """A slot of ``stage`` from this process's line (IgnoreRequest at close:
+        :mod:`~scrapy_redislock.requests.closewaits`)."""
+        assert self.locks is not None and self.slots is not None
+        slot = self.slots.wait(stage, self.settings.wait_timeout)
         try:
-            permit = await wait
-        except asyncio.CancelledError:
-            if wait in self._given_back:
-                self._give_back(request, stage)
-            if wait in self._dropped or (self._closing and wait.cancelled()):
-                raise IgnoreRequest(
-                    f"spider closing while waiting for a slot of stage {stage!r}"
-                ) from None
-            raise
+            return await self.waits.wait(request, stage, self.locks, slot)
         except AcquireTimeout as exc:
             self._fail_timeout(request, exc)
-        finally:
-            self._waits.pop(wait, None)
-            self._waiters.pop(wait, None)
-            self._dropped.discard(wait)
-            self._given_back.discard(wait)
-        return permit
-
-    def _watch_close(self) -> None:
-        if self._watcher is None or self._watcher.done():
-            self._watcher = asyncio.get_running_loop().create_task(self._close_watch())
-
-    async def _close_watch(self) -> None:
-        """One task for all waits here. Once the engine closes they keep waiting while their stage
-        makes progress; the waits of a stage that is paused or stalled are dropped, so that the
-        close never hangs for ever."""
-        await every(self._close_interval, self._close_tick, what="watching the waits for the close")
-
-    def _close_interval(self) -> float:
-        return STALL_CHECK_INTERVAL if engine_closing(self.crawler) else CLOSE_CHECK_INTERVAL
-
-    async def _close_tick(self) -> bool:
-        assert self.locks is not None and self.slots is not None
-        key_waits = self.throttle is not None and bool(self.throttle.key_waits)
-        closing = engine_closing(self.crawler)
-        if self._waits and self.locks.closed:
-            self._drop(set(self._waits.values()), "the stage slots were closed")
-        elif (self._waits or key_waits) and closing:
-            if self.slots.give_back is not None:
-                self._hand_back_waits()
-            left = {s for wait, s in self._waits.items() if wait not in self._given_back}
-            for stage in sorted(left):  # requests that bypassed the scheduler (media downloads)
-                why = await self.locks.reports.stalled(stage, self.stall_window)
-                if why:
-                    self._drop({stage}, why)
-            if self.throttle is not None:  # and their keys
-                keys = self.throttle.locks
-                for key in sorted(self.throttle.waited_keys()):
-                    why = await keys.reports.stalled(key, self.stall_window)
-                    if why:
-                        self.throttle.drop_waits(key, why)
-        return bool(self._waits or key_waits) and not self.locks.closed
-
-    def _hand_back_waits(self) -> None:
-        """The engine closes: every request that left StageScheduler and waits here for a slot (of
-        its stage, or of its key) goes back to the scheduler's queue (see :meth:`_hand_back`)
-        instead of waiting for a slot it would take only to be fetched during the close. Requests
-        that bypassed the scheduler (media downloads: an item waits for them) keep waiting."""
-        left = self.slots.left_scheduler if self.slots is not None else None
-        if left is None:
-            return
-        handing: Counter[str] = Counter()
-        for wait, stage in list(self._waits.items()):
-            if wait in self._dropped or wait in self._given_back or not left(self._waiters[wait]):
-                continue
-            if wait.cancel():
-                self._given_back.add(wait)
-                handing[f"stage {stage!r}"] += 1
-        throttle = self.throttle
-        if throttle is not None:
-            for key_wait, (request, _key) in list(throttle.key_waits.items()):
-                if key_wait not in throttle.given_back and left(request) and key_wait.cancel():
-                    throttle.given_back.add(key_wait)
-                    handing["their key"] += 1
-        for what, count in sorted(handing.items()):
-            logger.info(
-                "Spider closing: %d request(s) waiting for a slot of %s go back to the scheduler's queue",
-                count,
-                what,
-            )
-
-    def _give_back(self, request: Request, stage: str) -> NoReturn:
-        """``request`` waited for a slot of its stage when the spider closed: see
-        :meth:`_hand_back`."""
-        self._hand_back(request, f"stage {stage!r}", f"redislock/{stage}")
-
-    def _give_back_for_key(self, request: Request, key: str) -> NoReturn:
-        """``request`` waited for a slot of its key when the spider closed: see
-        :meth:`_hand_back`."""
-        self._hand_back(request, f"key {key!r}", "redislock/keys")
-
-    def _hand_back(self, request: Request, what: str, stats: str) -> NoReturn:
-        """Back into the scheduler's queue, and out of the downloader with IgnoreRequest (its slots
-        are released as for any exception); if the scheduler cannot take it, it is dropped as
-        before, said at WARNING."""
-        assert self.slots is not None and self.slots.give_back is not None
-        try:
-            given = self.slots.give_back(request)
-        except Exception as exc:  # the queue's own error (Redis refused, a serializer)
-            logger.warning(
-                "Spider closing: could not give %s back to the scheduler: %s", request, exc
-            )
-            given = False
-        if given:
-            self.crawler.stats.inc_value(f"{stats}/given_back_at_close")
-            raise IgnoreRequest(
-                f"spider closing: given back to the scheduler while waiting for a slot of {what}"
-            )
-        self.crawler.stats.inc_value(f"{stats}/dropped_at_close")
-        logger.warning(
-            "Spider closing: dropped %s, waiting for a slot of %s: the scheduler could not take it back",
-            request,
-            what,
-        )
-        raise IgnoreRequest(f"spider closing while waiting for a slot of {what}")
-
-    def _drop(self, stages: set[str], why: str) -> None:
-        dropped: Counter[str] = Counter()
-        for wait, stage in list(self._waits.items()):
-            if stage in stages and wait not in self._dropped and wait not in self._given_back:
-                self._dropped.add(wait)
-                wait.cancel()
-                dropped[stage] += 1
-        for stage, count in sorted(dropped.items()):
-            self.crawler.stats.inc_value(f"redislock/{stage}/dropped_at_close", count)
-            logger.warning(
-                "Spider closing: dropped %d request(s) waiting for a slot of stage %r (%s)",
-                count,
-                stage,
-                why,
-            )
 
     def process_response(
         self, request: Request, response: Response, spider: Spider | None = None
@@ -520,7 +368,6 @@ class StageLockMiddleware:
         """Free every permit and waiter of this process (one call per stage) before spider_closed
         completes."""
         assert self.slots is not None
-        self._closing = True
         if self.throttle is not None:
             await self.throttle.close()
         await self.slots.close()

@@ -18,7 +18,7 @@ release, renewal) downward. The bookkeeping of who holds what is the pure
     slots.hold(request, permit)    # StageLockMiddleware: a slot it waited for itself
     slots.holding()                # the requests that hold a slot now (StageScheduler counts their keys)
     slots.finish(request)          # the request is done with its slot: passed on locally (see below) or released
-    slots.serve_scheduler(queued=, could_use=, left=, give_back=)   # StageScheduler, once: what it has queued
+    slots.serve_scheduler(queued=, could_use=)     # StageScheduler, once: what it has queued
     slots.kept                     # KeptSlots: slots kept for the stages' queued requests (count, take,
                                    # prune: StageScheduler's tick; release_all: its end)
     slots.join_line(request, stage) / slots.waiting_in_line(stage) # requests let go to wait in the middleware
@@ -112,11 +112,6 @@ class RequestSlots:
         # many slots they could use now; None without it
         self._queued: Callable[[str], int] | None = None
         self._could_use: Callable[[str], int] | None = None
-        # whether a request left StageScheduler, and the way back into its inner scheduler for one
-        # that never went out (waiting for a slot in the middleware when the spider closes); None
-        # without it
-        self.left_scheduler: Callable[[Request], bool] | None = None
-        self.give_back: Callable[[Request], bool] | None = None
         # slots kept for the next queued request of their stage (a finished request's, or a grant
         # no request waited for)
         self.kept: KeptSlots[SlotPermit] = KeptSlots(locks)
@@ -141,18 +136,11 @@ class RequestSlots:
         )
 
     def serve_scheduler(
-        self,
-        *,
-        queued: Callable[[str], int],
-        could_use: Callable[[str], int],
-        left: Callable[[Request], bool] | None,
-        give_back: Callable[[Request], bool] | None,
+        self, *, queued: Callable[[str], int], could_use: Callable[[str], int]
     ) -> None:
         """StageScheduler, once: ``queued(stage)``, its requests of the stage (for the status CLI);
-        ``could_use(stage)``, how many slots they could use now; ``left(request)`` and
-        ``give_back(request)`` (None for an inner scheduler it cannot give requests back to)."""
+        ``could_use(stage)``, how many slots they could use now."""
         self._queued, self._could_use = queued, could_use
-        self.left_scheduler, self.give_back = left, give_back
         self._in_line = {stage: weakref.WeakSet() for stage in self.stages}
 
     def _waiting_for(self, stage: str) -> int:

@@ -91,6 +91,7 @@ from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.requests.admission import StageAdmission
+from scrapy_redislock.requests.closewaits import CloseWaits
 from scrapy_redislock.requests.keyline import InHand, KeyLine
 from scrapy_redislock.requests.queueloss import QueueWatch, unqueued_at_close
 from scrapy_redislock.requests.requestslots import RequestSlots
@@ -234,13 +235,11 @@ class StageScheduler:
                     "REDISLOCK_SCHEDULER_INNER = %r is neither Scrapy's scheduler nor scrapy-redis's (nor a subclass): StageScheduler cannot give it a queue per stage, so a capped request goes in its order and waits for its slot in the downloader (a full stage can then hold up the others)",  # noqa: E501
                     inner_name(self.settings.scheduler_inner),
                 )
-            gives_back = ScrapyScheduler in type(self.inner).__mro__ or _is_scrapy_redis(self.inner)
-            self.slots.serve_scheduler(
-                queued=self._queued,
-                could_use=self._could_use,
-                left=self.sent.__contains__ if gives_back else None,
-                give_back=self._give_back if gives_back else None,
-            )
+            self.slots.serve_scheduler(queued=self._queued, could_use=self._could_use)
+            if ScrapyScheduler in type(self.inner).__mro__ or _is_scrapy_redis(self.inner):
+                CloseWaits.of(crawler, self.settings).serve_scheduler(
+                    self.sent.__contains__, self._give_back
+                )
             self.slots.locks.add_tick_hook(self.tick)
             if _is_scrapy_redis(self.inner):
                 self.queue_thread = QueueThread()

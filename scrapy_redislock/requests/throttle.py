@@ -25,8 +25,8 @@ middleware, one of CONCURRENT_REQUESTS) meanwhile.
 The key slot is kept by request object and given back on the same paths as the stage slot (response,
 exception, request_left_downloader, a sweep at every renewal tick for requests gone from the
 downloader, spider close). When the spider closes, a request that left StageScheduler and waits
-here for its key's slot goes back to the scheduler's queue (StageLockMiddleware's close watch
-cancels the wait: :attr:`ScopeThrottle.key_waits`). A key slot lost, or past its lease on this
+here for its key's slot goes back to the scheduler's queue, as one waiting for its stage's does
+(:mod:`~scrapy_redislock.requests.closewaits`). A key slot lost, or past its lease on this
 process's clock, by the end of the delays is dropped (:meth:`ScopeThrottle.usable`) and taken again:
 a request never starts with a slot another process may hold by now. Nor with a slot StageScheduler
 took for the key the request had in the scheduler, when a middleware before this one changed what
@@ -43,17 +43,15 @@ redislock/delay/{waits,wait_time_total,held_back,late_sends,send_lag_max}, redis
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
 from scrapy import signals
-from scrapy.exceptions import IgnoreRequest
 
 from scrapy_redislock.crawl.engine import downloader_active, one_per_crawler
 from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, ConfirmedStart, KeyLocks
@@ -62,6 +60,7 @@ from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.scopes import request_scopes
 from scrapy_redislock.crawl.stagelocks import SlotPermit
 from scrapy_redislock.errors import KeyFunctionError, Paused
+from scrapy_redislock.requests.closewaits import CloseWaits
 from scrapy_redislock.requests.ledger import PermitLedger
 
 if TYPE_CHECKING:
@@ -117,14 +116,6 @@ class ScopeThrottle:
         # REDISLOCK_SCOPES_OF), or the error StageScheduler's wait for one ran out with
         self.permits: PermitLedger[Request, ScopeHolds] = PermitLedger()
         self.waiting: Counter[str] = Counter()
-        # waits for a key slot in progress -> their request and key; those cancelled to go back to
-        # the scheduler when the spider closes, and those given up then (a stalled key's waits of
-        # requests that bypassed the scheduler): StageLockMiddleware's close watch does all three
-        self.key_waits: dict[asyncio.Task[SlotPermit], tuple[Request, str]] = {}
-        self.given_back: set[asyncio.Task[SlotPermit]] = set()
-        self.dropped: set[asyncio.Task[SlotPermit]] = set()
-        self.on_wait: Callable[[], None] | None = None  # a key wait started
-        self.give_back: Callable[[Request, str], None] | None = None  # raises IgnoreRequest
         self.locks.add_waiting_source(self.waiting.__getitem__)
         self.locks.add_tick_hook(self.sweep)
         # confirmed starts of requests not yet in Scrapy's downloader (gone with their request)
@@ -374,64 +365,21 @@ class ScopeThrottle:
             self.record(self.clock() - started)
             return
         self.waiting[key] += 1
-        wait = asyncio.ensure_future(self.locks.acquire(key, self.settings.wait_timeout))
-        self.key_waits[wait] = (request, key)
-        if self.on_wait is not None:
-            self.on_wait()
         try:
-            permit = await wait
-        except asyncio.CancelledError:
-            if wait in self.given_back and self.give_back is not None:
-                self.give_back(request, key)  # the spider closes: back to the scheduler
-            if self.locks.closed:
-                raise IgnoreRequest(
-                    f"spider closed while waiting for a slot of key {key!r}"
-                ) from None
-            if wait in self.dropped:
-                raise IgnoreRequest(
-                    f"spider closing while waiting for a slot of key {key!r}"
-                ) from None
-            raise
+            # given back to the scheduler, or dropped, if the spider closes meanwhile
+            permit = await CloseWaits.of(self.crawler, self.settings).wait(
+                request,
+                key,
+                self.locks,
+                self.locks.acquire(key, self.settings.wait_timeout),
+                keyed=True,
+            )
         finally:
-            self.key_waits.pop(wait, None)
-            self.given_back.discard(wait)
-            self.dropped.discard(wait)
             self.waiting[key] -= 1
             if not self.waiting[key]:
                 del self.waiting[key]
         self._hold(request, permit)
         self.record(self.clock() - started)
-
-    def _open_waits(self) -> list[tuple[asyncio.Task[SlotPermit], str]]:
-        """The key waits neither given back nor dropped, with their keys."""
-        return [
-            (wait, key)
-            for wait, (_request, key) in self.key_waits.items()
-            if wait not in self.given_back and wait not in self.dropped
-        ]
-
-    def waited_keys(self) -> set[str]:
-        """The keys requests wait for here that are neither given back nor dropped: at close, those
-        of requests that bypassed the scheduler (media downloads), which an item waits for."""
-        return {key for _wait, key in self._open_waits()}
-
-    def drop_waits(self, key: str, why: str) -> None:
-        """The spider closes and ``key`` is paused or stalled (``why``): its waits here are given
-        up, their requests fail with IgnoreRequest, so that the close never hangs for ever."""
-        dropped = 0
-        for wait, waited in self._open_waits():
-            if waited == key:
-                self.dropped.add(wait)
-                wait.cancel()
-                dropped += 1
-        if dropped:
-            self.crawler.stats.inc_value("redislock/keys/dropped_at_close", dropped)
-            logger.warning(
-                "Spider closing: dropped %d request(s) waiting for a slot of key %r (%s)",
-                dropped,
-                key,
-                why,
-            )
 
     def _hold(self, request: Request, permit: SlotPermit) -> None:
         holds = self.permits.permit_of(request)

@@ -79,9 +79,7 @@ def test_a_freed_slot_is_kept_for_a_queued_request_without_redis_and_keeps_its_g
 
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, scheduler=False, REDISLOCK_LOCAL_REUSE=30) as f:
-            f.slots.serve_scheduler(
-                queued=lambda stage: 1, could_use=lambda stage: 1, left=None, give_back=None
-            )
+            f.slots.serve_scheduler(queued=lambda stage: 1, could_use=lambda stage: 1)
             permit = await f.locks.acquire("detail", None)
             one = request("detail", 1)
             f.slots.hand(one, permit)
@@ -108,9 +106,7 @@ def test_an_older_slot_goes_back_to_redis_and_one_no_queued_request_could_use_to
             redis_url, {"detail": 1}, scheduler=False, REDISLOCK_LOCAL_REUSE=0.05
         ) as f:
             wanted = [1]
-            f.slots.serve_scheduler(
-                queued=lambda stage: 1, could_use=lambda stage: wanted[0], left=None, give_back=None
-            )
+            f.slots.serve_scheduler(queued=lambda stage: 1, could_use=lambda stage: wanted[0])
             permit = await f.locks.acquire("detail", None)
             await until(lambda: time.monotonic() - permit.acquired_at > 0.05)
             f.slots.free(permit)
@@ -136,9 +132,7 @@ def test_kept_slots_beyond_what_the_queued_requests_could_use_go_back_at_the_tic
     async def scenario() -> None:
         async with front(redis_url, {"detail": 2}, scheduler=False, REDISLOCK_LOCAL_REUSE=30) as f:
             wanted = [2]
-            f.slots.serve_scheduler(
-                queued=lambda stage: 2, could_use=lambda stage: wanted[0], left=None, give_back=None
-            )
+            f.slots.serve_scheduler(queued=lambda stage: 2, could_use=lambda stage: wanted[0])
             first = await f.locks.acquire("detail", None)
             second = await f.locks.acquire("detail", None)
             f.slots.free(first)
@@ -178,9 +172,7 @@ def test_a_slot_past_its_lease_is_not_taken(redis_url: str, redis_client: redis.
 def test_a_slot_past_its_lease_is_not_passed_on(redis_url: str, redis_client: redis.Redis) -> None:
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, scheduler=False, REDISLOCK_LOCAL_REUSE=30) as f:
-            f.slots.serve_scheduler(
-                queued=lambda stage: 1, could_use=lambda stage: 1, left=None, give_back=None
-            )
+            f.slots.serve_scheduler(queued=lambda stage: 1, could_use=lambda stage: 1)
             permit = await f.locks.acquire("detail", None)
             one = request("detail", 1)
             f.slots.hold(one, permit)
