@@ -252,7 +252,9 @@ def files_settings(redis_url: str, tmp_path: Path, **extra: Any) -> dict[str, An
         "FEEDS": {str(tmp_path / "items.jsonl"): {"format": "jsonlines"}},
         "REDISLOCK_STAGES": {"files": 1},
         "REDISLOCK_DEFAULT_STAGE": "files",
-        "CLOSESPIDER_TIMEOUT": 1,
+        # the close comes once every list page is in (its item's downloads queued), however loaded
+        # the machine: a list page takes a few ms, and at 1 s a starved crawl missed some
+        "CLOSESPIDER_TIMEOUT": 3,
     }
     return settings(redis_url, **{**files, **extra})
 
@@ -272,7 +274,7 @@ def test_media_downloads_complete_at_close(
     """FilesPipeline downloads still waiting for their slot when CLOSESPIDER_TIMEOUT closes the
     spider keep their place in line and are all stored, as plain Scrapy stores them; the cap
     holds."""
-    site.delays["files"] = 0.15
+    site.delays["files"] = 0.3  # 24 downloads one at a time: about half still wait at the close
     extra = {"SCHEDULER": scheduler}
     crawl = Crawl(
         site.url, "8:3", files_settings(redis_url, tmp_path, **extra), tmp_path, spider=FILES
