@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections import Counter, deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -119,10 +118,6 @@ class KeyLine:
         self.locks = throttle.locks  # the KeyLocks
         self.inner = inner  # Scrapy's scheduler, its queues split by StagePriorityQueues
         self.room = crawler.settings.getint("CONCURRENT_REQUESTS")
-        # per request: every capped name, its key then its scopes
-        self.names: weakref.WeakKeyDictionary[Request, tuple[str, ...]] = (
-            weakref.WeakKeyDictionary()
-        )
         self.looking: dict[Request, tuple[str, ...]] = {}  # held back for takes in Redis
         # of those, requests of a capped stage with their stage's slot in hand; and those of them
         # waiting in a name's line
@@ -170,11 +165,9 @@ class KeyLine:
 
     def names_of(self, request: Request) -> tuple[str, ...]:
         """The request's capped names, in the order their slots are taken: its key, then its other
-        scopes by name (computed once per request)."""
-        found = self.names.get(request)  # no KeyError raised and caught per new request
-        if found is None:
-            found = self.names[request] = self.throttle.capped_names(request)
-        return found
+        scopes by name (:meth:`ScopeThrottle.names_of
+        <scrapy_redislock.requests.throttle.ScopeThrottle.names_of>`)."""
+        return self.throttle.names_of(request)
 
     def blocked_name(self, request: Request) -> str | None:
         """The first of the request's capped names that is blocked here, if any: the request
@@ -226,7 +219,7 @@ class KeyLine:
             # every name of every looking (its names kept with it) and holding request, counted in
             # one go: this runs for nearly every request a broad crawl schedules
             named = list(chain.from_iterable(self.looking.values()))
-            known = self.names.get
+            known = self.throttle.names.get
             for request in {
                 *self.throttle.permits.holding(),
                 *self.slots.holding(),

@@ -116,6 +116,9 @@ class ScopeThrottle:
         # REDISLOCK_SCOPES_OF), or the error StageScheduler's wait for one ran out with
         self.permits: PermitLedger[Request, ScopeHolds] = PermitLedger()
         self.waiting: Counter[str] = Counter()
+        # per request: its capped names, key then scopes, as StageScheduler read them, or as this
+        # middleware did when they changed on the way (a proxy rotator)
+        self.names: WeakKeyDictionary[Request, tuple[str, ...]] = WeakKeyDictionary()
         self.locks.add_waiting_source(self.waiting.__getitem__)
         self.locks.add_tick_hook(self.sweep)
         # confirmed starts of requests not yet in Scrapy's downloader (gone with their request)
@@ -243,6 +246,8 @@ class ScopeThrottle:
             for name in ((capped, *scopes) if capped is not None else scopes)
             if keys.limit_of(name) is not None
         ]
+        if self.names.get(request, ()) != tuple(names):
+            self.names[request] = tuple(names)  # counted where it is (KeyLine.load)
         held = [p.name.removeprefix(KEY_LOCK_PREFIX) for p in self.held(request)]
         if held != names[: len(held)]:
             # not the first of the request's names: a middleware before this one changed what
@@ -341,6 +346,14 @@ class ScopeThrottle:
             return ()
         names = (key, *scopes) if key is not None else scopes
         return tuple(name for name in names if keys.limit_of(name) is not None)
+
+    def names_of(self, request: Request) -> tuple[str, ...]:
+        """The request's capped names (:meth:`capped_names`), read once per request unless the
+        middleware finds them changed."""
+        found = self.names.get(request)  # no KeyError raised and caught per new request
+        if found is None:
+            found = self.names[request] = self.capped_names(request)
+        return found
 
     def record(self, waited: float) -> None:
         """Count one key slot got after ``waited`` seconds."""

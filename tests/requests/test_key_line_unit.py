@@ -214,6 +214,12 @@ def test_a_scope_slot_handed_for_a_scope_the_request_no_longer_has_goes_back(
             await until(lambda: not throttle.locks.releasing)
             assert grants_of(redis_client, "proxy:a") == 0
             assert grants_of(redis_client, "proxy:b") == 1
+            scheduler.keyline.new_pass()
+            load = scheduler.keyline.load()
+            assert (load["proxy:a"], load["proxy:b"]) == (
+                0,
+                1,
+            )  # this process counts it where it is
             f.middleware.process_response(moved, None)  # type: ignore[arg-type]
             await until(lambda: not throttle.locks.releasing)
         assert light_grants(redis_client) == 0
