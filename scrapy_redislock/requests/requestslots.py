@@ -61,7 +61,6 @@ import functools
 import logging
 import time
 import weakref
-from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -72,6 +71,7 @@ from scrapy_redislock.crawl.engine import (
     wake_engine,
 )
 from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks, slot_id
+from scrapy_redislock.requests.closewaits import CloseWaits
 from scrapy_redislock.requests.kept import KeptSlots
 from scrapy_redislock.requests.ledger import PermitLedger
 from scrapy_redislock.requests.stageline import StageLine
@@ -106,7 +106,8 @@ class RequestSlots:
         )
         # stage -> the requests of this process waiting for its slots in the middleware
         self.lines: dict[str, StageLine] = {}
-        self.waiting: Counter[str] = Counter()  # requests waiting in the middleware, per stage
+        # the requests waiting in the middleware, for a slot of a stage among others
+        self.waits = CloseWaits.of(crawler, settings)
         self.stages = list(locks.locks)  # the capped stages
         # StageScheduler's (serve_scheduler): how many of a stage's requests it has queued, and how
         # many slots they could use now; None without it
@@ -146,7 +147,8 @@ class RequestSlots:
     def _waiting_for(self, stage: str) -> int:
         """Requests of this process waiting for a slot of ``stage``: in the middleware, and queued
         in the scheduler."""
-        return self.waiting[stage] + (0 if self._queued is None else self._queued(stage))
+        waiting = self.waits.waiting(self.locks, stage)
+        return waiting + (0 if self._queued is None else self._queued(stage))
 
     # -- waiting in the middleware -----------------------------------------------------------------
 
@@ -155,17 +157,13 @@ class RequestSlots:
         this request left the scheduler before the slot was freed, it is older), else from this
         process's line for the stage (a slot freed here, or a grant to one of its waits in Redis);
         AcquireTimeout after ``timeout`` s (None: none), counted as ``<stage>/timeouts``."""
-        self.waiting[stage] += 1
-        try:
-            permit = self.kept.take(stage)
-            if permit is not None:
-                return permit
-            line = self.lines.get(stage)
-            if line is None:
-                line = self.lines[stage] = StageLine(stage)
-            return await self._wait_in(line, timeout)
-        finally:
-            self.waiting[stage] -= 1
+        permit = self.kept.take(stage)
+        if permit is not None:
+            return permit
+        line = self.lines.get(stage)
+        if line is None:
+            line = self.lines[stage] = StageLine(stage)
+        return await self._wait_in(line, timeout)
 
     async def _wait_in(self, line: StageLine, timeout: float | None) -> SlotPermit:
         served = line.join()

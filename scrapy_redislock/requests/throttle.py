@@ -43,9 +43,9 @@ redislock/delay/{waits,wait_time_total,held_back,late_sends,send_lag_max}, redis
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -115,11 +115,12 @@ class ScopeThrottle:
         # the slots of the request's key and other scopes (meta["redislock_scopes"],
         # REDISLOCK_SCOPES_OF), or the error StageScheduler's wait for one ran out with
         self.permits: PermitLedger[Request, ScopeHolds] = PermitLedger()
-        self.waiting: Counter[str] = Counter()
+        # the requests waiting in the middleware, for a slot of a key or scope among others
+        self.waits = CloseWaits.of(crawler, settings)
         # per request: its capped names, key then scopes, as StageScheduler read them, or as this
         # middleware did when they changed on the way (a proxy rotator)
         self.names: WeakKeyDictionary[Request, tuple[str, ...]] = WeakKeyDictionary()
-        self.locks.add_waiting_source(self.waiting.__getitem__)
+        self.locks.add_waiting_source(functools.partial(self.waits.waiting, self.locks))
         self.locks.add_tick_hook(self.sweep)
         # confirmed starts of requests not yet in Scrapy's downloader (gone with their request)
         self.starts: WeakKeyDictionary[Request, list[ConfirmedStart]] = WeakKeyDictionary()
@@ -377,20 +378,14 @@ class ScopeThrottle:
             self._hold(request, taken)
             self.record(self.clock() - started)
             return
-        self.waiting[key] += 1
-        try:
-            # given back to the scheduler, or dropped, if the spider closes meanwhile
-            permit = await CloseWaits.of(self.crawler, self.settings).wait(
-                request,
-                key,
-                self.locks,
-                self.locks.acquire(key, self.settings.wait_timeout),
-                keyed=True,
-            )
-        finally:
-            self.waiting[key] -= 1
-            if not self.waiting[key]:
-                del self.waiting[key]
+        # given back to the scheduler, or dropped, if the spider closes meanwhile
+        permit = await self.waits.wait(
+            request,
+            key,
+            self.locks,
+            self.locks.acquire(key, self.settings.wait_timeout),
+            keyed=True,
+        )
         self._hold(request, permit)
         self.record(self.clock() - started)
 

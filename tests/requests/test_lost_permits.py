@@ -160,7 +160,7 @@ def test_a_stage_slot_lost_while_its_request_waits_for_its_key_is_taken_again(
             await through
             waiting = asyncio.ensure_future(mw.process_request(second))  # type: ignore[arg-type]
             # holds its stage slot, waits for the key
-            await until(lambda: sum(mw.throttle.waiting.values()) == 1)
+            await until(lambda: [w.keyed for w in mw.throttle.waits.waits.values()] == [True])
             permit = f.slots.take(second)
             assert isinstance(permit, Permit)
             reset(redis_client, "detail")
