@@ -103,9 +103,6 @@ class CloseWaits:
         ``give_back(request)``, back into its queue (False once it has closed)."""
         self.left_scheduler, self.give_back = left, give_back
 
-    def __bool__(self) -> bool:
-        return bool(self.waits)
-
     def waiting(self, locks: StageLocks, name: str) -> int:
         """Requests waiting here for a slot of ``name`` of ``locks``."""
         return self._counts[(locks, name)]

@@ -163,16 +163,10 @@ class KeyLine:
 
     # -- what the throttle and the queues ask ----------------------------------------------------------
 
-    def names_of(self, request: Request) -> tuple[str, ...]:
-        """The request's capped names, in the order their slots are taken: its key, then its other
-        scopes by name (:meth:`ScopeThrottle.names_of
-        <scrapy_redislock.requests.throttle.ScopeThrottle.names_of>`)."""
-        return self.throttle.names_of(request)
-
     def blocked_name(self, request: Request) -> str | None:
         """The first of the request's capped names that is blocked here, if any: the request
         waits in that name's sub-queue."""
-        for name in self.names_of(request):
+        for name in self.throttle.names_of(request):
             if self.blocked(name):
                 return name
         return None
@@ -209,7 +203,7 @@ class KeyLine:
         """``request`` left the scheduler to wait for its stage's slot in the middleware, where it
         then takes its key and scopes: it counts in their load from now on."""
         if self._load is not None:
-            self._load.update(self.names_of(request))
+            self._load.update(self.throttle.names_of(request))
 
     def load(self) -> Counter[str]:
         """Requests of this process per name that hold a slot of it, take one, have one kept, or
@@ -226,7 +220,7 @@ class KeyLine:
                 *self.slots.in_line(),
             }:
                 found = known(request)
-                named.extend(found if found is not None else self.names_of(request))
+                named.extend(found if found is not None else self.throttle.names_of(request))
             load: Counter[str] = Counter(named)
             for key, kept in self.kept.counts():
                 load[key] += kept
@@ -255,7 +249,7 @@ class KeyLine:
         it ``in_hand``) waits here for its slots; False when it goes now, with them all: no capped
         name, or a slot (or an error) kept for each of its names (none is used for a request of a
         capped stage: a kept slot of a name was got without a stage's)."""
-        names = self.names_of(request)
+        names = self.throttle.names_of(request)
         if not names:
             self._hand_stage(request, in_hand)
             return False
@@ -309,7 +303,7 @@ class KeyLine:
         the scheduler unseen by the middleware (one before it returned the request itself)."""
         self.throttle.release(request)
         self._hand_stage(request, self.in_hand.pop(request, None))
-        order = self.names_of(request)
+        order = self.throttle.names_of(request)
         self.throttle.hand(
             request, [t.permit for t in sorted(got, key=lambda t: order.index(t.name))]
         )
@@ -471,6 +465,6 @@ class KeyLine:
         self.ready.clear()
         self.looking.clear()
         for request in back:
-            names = self.names_of(request)
+            names = self.throttle.names_of(request)
             if names:
                 self.requeue(request, names[0])

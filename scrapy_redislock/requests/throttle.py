@@ -247,8 +247,7 @@ class ScopeThrottle:
             for name in ((capped, *scopes) if capped is not None else scopes)
             if keys.limit_of(name) is not None
         ]
-        if self.names.get(request, ()) != tuple(names):
-            self.names[request] = tuple(names)  # counted where it is (KeyLine.load)
+        self.names[request] = tuple(names)  # as they are now: counted where it is (KeyLine.load)
         held = [p.name.removeprefix(KEY_LOCK_PREFIX) for p in self.held(request)]
         if held != names[: len(held)]:
             # not the first of the request's names: a middleware before this one changed what
