@@ -216,10 +216,10 @@ class KeyLocks(StageLocks):
             if not self._taking[key]:
                 del self._taking[key]
 
-    async def acquire_key(self, key: str, timeout: float | None) -> SlotPermit:
-        """Wait for a slot of ``key`` (:meth:`acquire`, first come, first served across
-        processes)."""
-        return await self.acquire(self.lock_for(key), timeout)
+    async def acquire(self, stage: str, timeout: float | None) -> SlotPermit:
+        """Wait for a slot of the key ``stage`` (first come, first served across processes), its
+        lock made first if this process has none (or retired it since)."""
+        return await super().acquire(self.lock_for(stage), timeout)
 
     def renewal_due(self, stage: str, lock: StageLock) -> bool:
         """Keys serve many short requests: a permit younger than the renewal interval is renewed at

@@ -383,7 +383,7 @@ class KeyLine:
         self.waiting.add(request)
         try:
             async with self.connections:
-                return await self.locks.acquire_key(name, self.settings.wait_timeout)
+                return await self.locks.acquire(name, self.settings.wait_timeout)
         finally:
             self.waiting.discard(request)
 
@@ -411,7 +411,7 @@ class KeyLine:
                 started = self.clock()
                 try:
                     async with self.connections:
-                        permit: SlotPermit | BaseException = await self.locks.acquire_key(
+                        permit: SlotPermit | BaseException = await self.locks.acquire(
                             key, self.settings.wait_timeout
                         )
                 except AcquireTimeout as exc:

@@ -8,36 +8,24 @@ passing back through the middleware are found by :meth:`PermitLedger.sweep`: mis
 downloader at two looks in a row (the engine adds a request to the downloader in the same call that
 takes it from the scheduler, so one look would do; two cost nothing).
 
-:meth:`PermitLedger.young` is the local reuse bound: a finished request's slot may pass straight to
-another request of this process only while it is younger than ``reuse_for`` seconds since Redis
-granted it (and still usable: the caller checks, since it counts and logs an unusable slot); the
-caller gives the time (its clock). Used by
-:class:`~scrapy_redislock.requests.requestslots.RequestSlots` (stage slots) and
-:class:`~scrapy_redislock.requests.throttle.ScopeThrottle` (key slots); unit-tested without Redis.
+Used by :class:`~scrapy_redislock.requests.requestslots.RequestSlots` (stage slots) and
+:class:`~scrapy_redislock.requests.throttle.ScopeThrottle` (key and scope slots); unit-tested
+without Redis.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Hashable
-from typing import Generic, Protocol, TypeVar
-
-
-class Granted(Protocol):
-    """What the ledger reads of a permit: when Redis granted it."""
-
-    @property
-    def acquired_at(self) -> float: ...
-
+from typing import Generic, TypeVar
 
 R = TypeVar("R", bound=Hashable)
-P = TypeVar("P", bound=Granted)
+P = TypeVar("P")
 
 
 class PermitLedger(Generic[R, P]):
     """Request -> the slot it goes with (or the error it fails with); see the module docstring."""
 
-    def __init__(self, reuse_for: float = 0.0) -> None:
-        self.reuse_for = reuse_for
+    def __init__(self) -> None:
         self._out: dict[R, P | BaseException] = {}
         self._suspects: set[R] = set()
 
@@ -85,14 +73,9 @@ class PermitLedger(Generic[R, P]):
         left, self._suspects = gone & self._suspects, gone
         return [permit for request in left if (permit := self.finish(request)) is not None]
 
-    def young(self, permit: P, now: float) -> bool:
-        """Whether a finished request's slot is young enough to pass straight to another request of
-        this process: granted by Redis less than ``reuse_for`` seconds ago."""
-        return now - permit.acquired_at < self.reuse_for
-
     def clear(self) -> None:
         self._out.clear()
         self._suspects.clear()
 
 
-__all__ = ["Granted", "PermitLedger"]
+__all__ = ["PermitLedger"]

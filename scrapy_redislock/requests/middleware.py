@@ -16,7 +16,7 @@ one queued in StageScheduler, else goes back to Redis at once.
 With :class:`~scrapy_redislock.StageScheduler` the slot was granted before the request left the
 scheduler and is picked up here (``RequestSlots.take``). Without it, and for requests that bypass the
 scheduler (``engine.download_async``: media pipelines), the request waits here, in this process's
-line for the stage (:mod:`~scrapy_redislock.requests.stageline`: a slot freed here, or a grant to one
+line for the stage (:mod:`~scrapy_redislock.requests.lines`: a slot freed here, or a grant to one
 of its waits in Redis's FIFO): caps hold, but a waiting request occupies one of CONCURRENT_REQUESTS
 (so a saturated stage slows the others). When the spider closes, a request waiting here for a slot
 (of its stage, key or scope) never went out: it goes back into StageScheduler's queue, or keeps

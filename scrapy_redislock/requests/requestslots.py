@@ -1,7 +1,8 @@
 """The request front's slots: which request goes with which slot, from the scheduler or the
 middleware's own wait until the request is done; the local hand-off of a finished request's slot;
-the line of requests waiting in the middleware per stage (:class:`~.stageline.StageLine`); the slots
-kept for queued requests of StageScheduler; the sweep of requests that left the downloader.
+the lines of requests waiting in the middleware per stage (:class:`~.lines.SlotLines`, as the keys'
+and scopes' in ScopeThrottle); the slots kept for queued requests of StageScheduler; the sweep of
+requests that left the downloader.
 
 One :class:`RequestSlots` per crawler (``RequestSlots.of(crawler, settings)``), shared by
 StageLockMiddleware and StageScheduler; it uses the crawler's
@@ -33,7 +34,7 @@ missing from ``downloader.active`` at two ticks in a row has its slot freed.
 
 Local hand-off: when a request finishes and this process has a request of the same stage waiting
 for a slot in the middleware (the oldest goes first: its wait in Redis's line stays, for the next
-request, see :mod:`.stageline`) or queued in StageScheduler, the slot passes to it at once, in the
+request, see :mod:`.lines`) or queued in StageScheduler, the slot passes to it at once, in the
 same call, with no Redis command: the grant stays held, its lease goes on (renewed with the
 others), and the fencing token stays the grant's (two requests of one process in a row may carry
 the same fence; it still grows with every grant Redis makes). So that no other process starves, a
@@ -56,8 +57,6 @@ slot's lease.
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 import time
 import weakref
@@ -74,7 +73,7 @@ from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks, slot_id
 from scrapy_redislock.requests.closewaits import CloseWaits
 from scrapy_redislock.requests.kept import KeptSlots
 from scrapy_redislock.requests.ledger import PermitLedger
-from scrapy_redislock.requests.stageline import StageLine
+from scrapy_redislock.requests.lines import SlotLines
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -101,11 +100,11 @@ class RequestSlots:
         self.locks = locks
         self.clock = clock
         # request -> the slot it goes with (or its error)
-        self.ledger: PermitLedger[Request, SlotPermit] = PermitLedger(
-            min(settings.local_reuse, settings.ttl / 2)
+        self.ledger: PermitLedger[Request, SlotPermit] = PermitLedger()
+        # per stage: the requests of this process waiting for its slots in the middleware
+        self.lines = SlotLines(
+            locks, reuse_for=min(settings.local_reuse, settings.ttl / 2), place=self.place
         )
-        # stage -> the requests of this process waiting for its slots in the middleware
-        self.lines: dict[str, StageLine] = {}
         # the requests waiting in the middleware, for a slot of a stage among others
         self.waits = CloseWaits.of(crawler, settings)
         self.stages = list(locks.locks)  # the capped stages
@@ -160,70 +159,7 @@ class RequestSlots:
         permit = self.kept.take(stage)
         if permit is not None:
             return permit
-        line = self.lines.get(stage)
-        if line is None:
-            line = self.lines[stage] = StageLine(stage)
-        return await self._wait_in(line, timeout)
-
-    async def _wait_in(self, line: StageLine, timeout: float | None) -> SlotPermit:
-        served = line.join()
-        loop = asyncio.get_running_loop()
-        timer = (
-            None
-            if timeout is None
-            else loop.call_later(timeout, self._expire, line, served, timeout)
-        )
-        self._ask(line)
-        given = False
-        try:
-            permit = await served
-            given = True
-            return permit
-        finally:
-            if timer is not None:
-                timer.cancel()
-            if not given:
-                self._gave_up(line, served)
-
-    def _ask(self, line: StageLine) -> None:
-        """One wait in Redis per request waiting in ``line``."""
-        while line.short() > 0 and not self.locks.closed:
-            ask = asyncio.ensure_future(self.locks.acquire(line.stage, None))
-            line.asks.add(ask)
-            ask.add_done_callback(functools.partial(self._answered, line))
-
-    def _answered(self, line: StageLine, ask: asyncio.Future[SlotPermit]) -> None:
-        """A wait in Redis ended: its slot goes to the oldest request waiting in ``line``, else on."""
-        line.asks.discard(ask)
-        if ask.cancelled():
-            if self.locks.closed:
-                line.cancel()
-            else:
-                # withdrawn as surplus (nothing to do), or cancelled by someone else
-                self._ask(line)
-            return
-        error = ask.exception()
-        if error is not None:
-            # what the request's own wait would have raised (a Redis error is retried inside)
-            line.fail_oldest(error)
-            self._ask(line)
-            return
-        permit = ask.result()
-        if not line.offer(permit):
-            self.place(permit)
-
-    def _expire(self, line: StageLine, served: asyncio.Future[SlotPermit], timeout: float) -> None:
-        if line.expire(served, timeout):
-            self.locks.count(line.stage, "timeouts")
-
-    def _gave_up(self, line: StageLine, served: asyncio.Future[SlotPermit]) -> None:
-        """A request stopped waiting without taking a slot (timeout, cancel): a slot it was handed
-        meanwhile goes on; a wait in Redis beyond the requests left is withdrawn."""
-        permit = line.leave(served)
-        if permit is not None and not line.offer(permit):
-            self.place(permit)
-        for ask in line.surplus():
-            ask.cancel()
+        return await self.lines.wait(stage, timeout)
 
     def place(self, permit: SlotPermit) -> None:
         """A slot granted with no request waiting for it here: kept for a queued request of its
@@ -302,16 +238,19 @@ class RequestSlots:
         the oldest waiting in the middleware (in Redis's line too: its wait there stays for the
         next request), then to the scheduler's queued requests of its stage."""
         stage = self.locks.stage_of(permit)
-        line = self.lines.get(stage or "")
-        if stage is None or self.locks.closed or (self._could_use is None and not line):
+        if (
+            stage is None
+            or self.locks.closed
+            or (self._could_use is None and not self.lines.waiting(stage))
+        ):
             return False
         now = self.clock()
-        if not self.ledger.young(permit, now):
+        if not self.lines.young(permit, now):
             # back to Redis's line, where other processes may wait (and never near the lease's end)
             return False
         if not self.locks.usable(permit, now):
             return False
-        if (line is not None and line.offer(permit)) or self._keep(stage, permit):
+        if self.lines.offer(permit) or self._keep(stage, permit):
             if local:
                 self.locks.count(stage, "reused")
             return True

@@ -24,9 +24,13 @@ middleware, one of CONCURRENT_REQUESTS) meanwhile.
 
 The key slot is kept by request object and given back on the same paths as the stage slot (response,
 exception, request_left_downloader, a sweep at every renewal tick for requests gone from the
-downloader, spider close). When the spider closes, a request that left StageScheduler and waits
-here for its key's slot goes back to the scheduler's queue, as one waiting for its stage's does
-(:mod:`~scrapy_redislock.requests.closewaits`). A key slot lost, or past its lease on this
+downloader, spider close). A request that waits here for a key's or scope's slot waits in this
+process's line for it, as one waiting for a stage's does (:mod:`~scrapy_redislock.requests.lines`):
+a slot freed here passes straight to the oldest of them while it is younger than
+REDISLOCK_LOCAL_REUSE (and half REDISLOCK_TTL) since Redis's grant, with no Redis command (counted
+as ``redislock/keys/reused``); else it goes back to Redis. When the spider closes, a request that
+left StageScheduler and waits here for its key's slot goes back to the scheduler's queue, as one
+waiting for its stage's does (:mod:`~scrapy_redislock.requests.closewaits`). A key slot lost, or past its lease on this
 process's clock, by the end of the delays is dropped (:meth:`ScopeThrottle.usable`) and taken again:
 a request never starts with a slot another process may hold by now. Nor with a slot StageScheduler
 took for the key the request had in the scheduler, when a middleware before this one changed what
@@ -35,7 +39,7 @@ request that waited for a delay carries its confirmed start in ``meta["redislock
 Redis's clock; the key's when it had a stage delay too). A key function that raises fails that request with
 :class:`~scrapy_redislock.errors.KeyFunctionError` (stat ``redislock/key_errors``), not the crawl.
 
-Stats: redislock/keys/{acquired,wait_time_total,wait_time_max,retired_idle,taken_in_downloader,dropped_at_close},
+Stats: redislock/keys/{acquired,wait_time_total,wait_time_max,retired_idle,taken_in_downloader,reused,dropped_at_close},
 redislock/keys/<key>/{timeouts,lost,unusable,lease_bounded} (a download cut where its key's or
 scope's slot's lease ends, as StageLockMiddleware cuts it where a stage slot's ends),
 redislock/delay/{waits,wait_time_total,held_back,late_sends,send_lag_max}, redislock/key_errors.
@@ -62,6 +66,7 @@ from scrapy_redislock.crawl.stagelocks import SlotPermit
 from scrapy_redislock.errors import KeyFunctionError, Paused
 from scrapy_redislock.requests.closewaits import CloseWaits
 from scrapy_redislock.requests.ledger import PermitLedger
+from scrapy_redislock.requests.lines import SlotLines
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -117,6 +122,13 @@ class ScopeThrottle:
         self.permits: PermitLedger[Request, ScopeHolds] = PermitLedger()
         # the requests waiting in the middleware, for a slot of a key or scope among others
         self.waits = CloseWaits.of(crawler, settings)
+        # per key or scope: this process's line for its slots in the middleware (a grant no
+        # request waits for goes back to Redis)
+        self.lines = SlotLines(
+            self.locks,
+            reuse_for=min(settings.local_reuse, settings.ttl / 2),
+            place=self.locks.release_soon,
+        )
         # per request: its capped names, key then scopes, as StageScheduler read them, or as this
         # middleware did when they changed on the way (a proxy rotator)
         self.names: WeakKeyDictionary[Request, tuple[str, ...]] = WeakKeyDictionary()
@@ -306,7 +318,11 @@ class ScopeThrottle:
         light = getattr(permit, "light", False)  # a QuorumPermit never is
         if permit is None or light:
             return False
-        key = permit.name.removeprefix(KEY_LOCK_PREFIX)
+        return self._pauses(permit.name.removeprefix(KEY_LOCK_PREFIX))
+
+    def _pauses(self, key: str) -> bool:
+        """A Retry-After may pause the starts of ``key`` (REDISLOCK_RETRY_AFTER, or its
+        REDISLOCK_SCOPES entry)."""
         return self.settings.adaptive.retry_after or self.settings.keys.pauses(key)
 
     async def _pause_check(self, name: str) -> None:
@@ -382,11 +398,15 @@ class ScopeThrottle:
             request,
             key,
             self.locks,
-            self.locks.acquire(key, self.settings.wait_timeout),
+            self.lines.wait(key, self.settings.wait_timeout),
             keyed=True,
         )
         self._hold(request, permit)
         self.record(self.clock() - started)
+        if getattr(permit, "light", False) and self._pauses(key):
+            # a light slot passed on by a finished request: its take checked the pause for that
+            # request only (:meth:`_queued_key` skips the check for a light slot)
+            await self._pause_check(f"{KEY_LOCK_PREFIX}{key}")
 
     def _hold(self, request: Request, permit: SlotPermit) -> None:
         holds = self.permits.permit_of(request)
@@ -431,9 +451,26 @@ class ScopeThrottle:
         return False
 
     def release(self, request: Request) -> None:
+        """``request`` is done with its key and scope slots: each goes on (:meth:`free`)."""
         holds = self.permits.finish(request)
-        for p in holds.permits if holds is not None else ():
-            self.locks.release_soon(p)
+        for permit in holds.permits if holds is not None else ():
+            self.free(permit)
+
+    def free(self, permit: SlotPermit) -> None:
+        """Pass a slot straight to the oldest request of this process waiting here for its key or
+        scope, while it is young (REDISLOCK_LOCAL_REUSE since Redis's grant, at most half the
+        lease) and usable, with no Redis command (counted as ``redislock/keys/reused``); else
+        release it now."""
+        now = self.clock()
+        if (
+            self.lines.waiting(self.locks.stage_of(permit) or "")
+            and self.lines.young(permit, now)
+            and self.locks.usable(permit, now)
+            and self.lines.offer(permit)
+        ):
+            self.crawler.stats.inc_value("redislock/keys/reused")
+        else:
+            self.locks.release_soon(permit)
 
     async def sweep(self) -> None:
         """At every renewal tick: free key and scope slots of requests gone from the downloader at
@@ -441,7 +478,7 @@ class ScopeThrottle:
         active = downloader_active(self.crawler)
         for holds in self.permits.sweep(active):
             for permit in holds.permits:
-                await self.locks.release(permit)
+                self.free(permit)
 
     async def close(self) -> None:
         await self.locks.close()

@@ -83,7 +83,7 @@ def test_a_timeout_kept_for_a_key_with_nothing_queued_fails_no_later_request(
             assert scheduler is not None and scheduler.keyline is not None
             line = scheduler.keyline
             key = "127.0.0.1"
-            blocker = await line.locks.acquire_key(key, None)  # the key's only slot, held
+            blocker = await line.locks.acquire(key, None)  # the key's only slot, held
             first = request(None, 0)
             scheduler.enqueue_request(first)
             assert scheduler.next_request() is None  # a take, refused: a wait starts

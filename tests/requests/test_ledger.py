@@ -9,7 +9,7 @@ from scrapy_redislock.requests.ledger import PermitLedger
 
 @dataclass
 class FakePermit:
-    """Stands in for a Permit: the ledger reads only ``acquired_at``."""
+    """Stands in for a Permit (the ledger reads nothing of it)."""
 
     acquired_at: float
 
@@ -50,13 +50,6 @@ def test_sweep_finishes_a_request_missing_from_the_downloader_twice_in_a_row() -
     assert ledger.sweep({"stays"}) == []  # "back" is missing once more: a suspect again, not gone
     assert ledger.sweep({"stays"}) == [back]
     assert ledger.holding() == ["stays"]
-
-
-def test_only_a_young_slot_may_pass_on_locally() -> None:
-    ledger: PermitLedger[str, FakePermit] = PermitLedger(reuse_for=0.25)
-    assert ledger.young(FakePermit(10.0), now=10.2)
-    assert not ledger.young(FakePermit(10.0), now=10.25)
-    assert not PermitLedger[str, FakePermit]().young(FakePermit(10.0), now=10.0)  # 0: never
 
 
 def test_clear_forgets_slots_and_suspects() -> None:

@@ -13,8 +13,8 @@ from scrapy.utils.test import get_crawler
 from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.lock.permit import Permit
+from scrapy_redislock.requests.lines import SlotLine
 from scrapy_redislock.requests.requestslots import RequestSlots
-from scrapy_redislock.requests.stageline import StageLine
 from testing.clock import FakeClock
 
 REUSE = 5.0  # REDISLOCK_LOCAL_REUSE
@@ -50,7 +50,7 @@ def granted(stage: str, clock: FakeClock) -> Permit:
 def waiting(slots: RequestSlots, stage: str, count: int) -> list[asyncio.Future[Permit]]:
     """``count`` requests of ``stage`` waiting in the middleware, oldest first (their line's waits
     in Redis are left out: no Redis here)."""
-    line = slots.lines.setdefault(stage, StageLine(stage))
+    line = slots.lines.lines.setdefault(stage, SlotLine(stage))
     return [line.join() for _ in range(count)]
 
 

@@ -79,7 +79,7 @@ def test_capped_requests_wait_in_the_scheduler_in_its_order(
             second = f.send(d0)
             # cap 1: d0 waits in Redis's line, d1 in the scheduler
             assert scheduler.next_request() is None
-            await until(lambda: len(f.slots.lines["detail"]) == 1)  # d0 waits in the middleware
+            await until(lambda: f.slots.lines.waiting("detail") == 1)  # d0 waits in the middleware
             f.middleware.process_response(urgent, None)  # type: ignore[arg-type]
             f.active.discard(urgent)
             # d0 was first in this process's line: the freed slot went to it, not past it, with no

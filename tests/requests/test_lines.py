@@ -1,4 +1,4 @@
-"""A process's line for a stage's slots (requests/stageline.py), in-process with a real Redis: a slot
+"""A process's line for a stage's slots (requests/lines.py), in-process with a real Redis: a slot
 freed here goes to the request of this process waiting in the middleware, in the same call (no Redis
 round trip), while its wait in Redis's line stays for the next request; the reuse bound still hands
 a slot to another process waiting first; a request that gives up withdraws a wait nobody needs."""
@@ -33,8 +33,7 @@ def blocked_waits(client: redis.Redis) -> int:
 
 def waiting_here(f: Front) -> int:
     """Requests waiting for a detail slot in the middleware."""
-    line = f.slots.lines.get("detail")
-    return 0 if line is None else len(line)
+    return f.slots.lines.waiting("detail")
 
 
 def test_a_freed_slot_goes_to_the_request_waiting_in_line_and_its_wait_stays(
@@ -151,5 +150,90 @@ def test_a_request_that_times_out_withdraws_the_wait_nobody_needs(
             await until(lambda: blocked_waits(redis_client) == 0)
             await f.locks.release(permit)
             await until(lambda: leftover(redis_client) == 0)
+
+    asyncio.run(scenario())
+
+
+def test_a_key_slot_freed_goes_to_the_request_of_its_key_waiting_in_the_middleware(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The same line for a key's slots as for a stage's (no StageScheduler: keys wait in the
+    middleware, as over scrapy-redis's): a finished request's key slot goes to this process's
+    request of the key waiting there, in the same call, the same grant (counted as
+    ``redislock/keys/reused``); the line's wait in Redis stays for the next, and once nothing waits
+    it takes its grant and gives it back, and nothing is left in Redis."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {},
+            scheduler=False,
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_KEY_LIMIT=1,
+            REDISLOCK_LOCAL_REUSE=30,
+        ) as f:
+            throttle = f.middleware.throttle
+            assert throttle is not None
+            first, second = request(None, 1), request(None, 2)
+            await asyncio.wait_for(f.send(first), 10)  # the key's one slot, taken at once
+            (permit,) = throttle.held(first)
+            served = f.send(second)
+            await until(
+                lambda: (
+                    throttle.lines.waiting("127.0.0.1") == 1 and blocked_waits(redis_client) == 1
+                )
+            )
+            f.middleware.request_left(first, f.crawler.spider)  # its download is over
+            f.active.discard(first)
+            await asyncio.wait_for(served, 10)
+            assert throttle.held(second) == [permit]  # the same grant: no round trip
+            assert f.crawler.stats.get_value("redislock/keys/reused") == 1
+            assert blocked_waits(redis_client) == 1  # the line's wait in Redis stays
+            f.middleware.request_left(second, f.crawler.spider)
+            f.active.discard(second)
+            await until(lambda: blocked_waits(redis_client) == 0 and leftover(redis_client) == 0)
+            assert not throttle.lines.lines  # the line is forgotten once empty
+            assert f.crawler.stats.get_value("redislock/keys/reused") == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_light_key_slot_passed_on_still_waits_out_a_pause(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A key slot taken on the key's light path had its pause checked by that take, for its own
+    request: passed on locally to a request waiting in the middleware while a Retry-After pauses the
+    key, it does not let that request start before the pause ends."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {},
+            scheduler=False,
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_KEY_LIMIT=1,
+            REDISLOCK_LOCAL_REUSE=30,
+            REDISLOCK_RETRY_AFTER=True,
+        ) as f:
+            throttle = f.middleware.throttle
+            assert throttle is not None and throttle.locks.adaptation is not None
+            first, second = request(None, 1), request(None, 2)
+            await asyncio.wait_for(f.send(first), 10)
+            (permit,) = throttle.held(first)
+            assert permit.light
+            served = f.send(second)
+            await until(lambda: throttle.lines.waiting("127.0.0.1") == 1)
+            throttle.locks.adaptation.pause("key:127.0.0.1", 1.0)  # a site's Retry-After
+            await until(lambda: not throttle.locks.adaptation.pausing)
+            paused_at = time.monotonic()
+            f.middleware.request_left(first, f.crawler.spider)
+            f.active.discard(first)
+            await asyncio.wait_for(served, 10)
+            assert throttle.held(second) == [permit]  # passed on locally
+            assert time.monotonic() - paused_at >= 0.9  # and only then through the pause
+            assert f.crawler.stats.get_value("redislock/retry_after/waits") == 1
+            f.middleware.request_left(second, f.crawler.spider)
+            f.active.discard(second)
+            await until(lambda: blocked_waits(redis_client) == 0 and leftover(redis_client) == 0)
 
     asyncio.run(scenario())

@@ -1,0 +1,209 @@
+"""One process's lines for the slots of one registry's names (the stages of
+:class:`~scrapy_redislock.crawl.stagelocks.StageLocks`, or the keys and scopes of
+:class:`~scrapy_redislock.crawl.keylocks.KeyLocks`): its requests waiting for a slot in the
+downloader (StageLockMiddleware, ScopeThrottle), first come first served per name, and the waits in
+Redis's line that serve them. One path for a stage's slot and a key's or scope's.
+
+A waiting request gets whichever slot comes first: one freed by a finished request of this process
+(the local hand-off, :meth:`SlotLines.offer`, within the local reuse bound :meth:`SlotLines.young`:
+no Redis round trip) or a grant to one of this process's waits in Redis. The waits in Redis belong
+to the line, not to a request: one is opened when more requests wait here than the line has waits
+in Redis, and when a request is served locally its wait stays in Redis's line for the next request
+(so the process keeps its place in the first-come-first-served line across processes, and no
+command is spent withdrawing it). A grant that comes when no request waits here goes to the owner's
+``place`` (for a stage: a request of it queued in StageScheduler, else back to Redis; for a key or
+scope: back to Redis). A request that gives up (REDISLOCK_WAIT_TIMEOUT, the spider closing)
+withdraws one wait when the line has more waits than requests. A line with no request and no wait
+left is forgotten (a broad crawl meets thousands of keys).
+
+Reads no settings itself: the wait's timeout and the local reuse bound (REDISLOCK_LOCAL_REUSE, at
+most half REDISLOCK_TTL) are the owner's, :class:`~.requestslots.RequestSlots` for stages and
+:class:`~.throttle.ScopeThrottle` for keys and scopes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from scrapy_redislock.errors import AcquireTimeout
+
+if TYPE_CHECKING:
+    from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks
+
+
+class SlotLine:
+    """The requests of this process waiting for a slot of ``name``, and its waits in Redis for
+    them."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        # requests waiting here, oldest first: each is served once, with a slot or an error
+        self.waiters: deque[asyncio.Future[SlotPermit]] = deque()
+        # this process's waits in Redis's line for them
+        self.asks: set[asyncio.Future[SlotPermit]] = set()
+
+    def __len__(self) -> int:
+        """Requests waiting here now."""
+        return sum(1 for served in self.waiters if not served.done())
+
+    def join(self) -> asyncio.Future[SlotPermit]:
+        """One more request waits here: the future it is served with (a slot or an error)."""
+        served: asyncio.Future[SlotPermit] = asyncio.get_running_loop().create_future()
+        self.waiters.append(served)
+        return served
+
+    def short(self) -> int:
+        """How many more waits in Redis the requests waiting here need (one each)."""
+        return len(self) - len(self.asks)
+
+    def offer(self, permit: SlotPermit) -> bool:
+        """Give ``permit`` to the oldest request waiting here; False when none waits."""
+        while self.waiters:
+            served = self.waiters.popleft()
+            if not served.done():
+                served.set_result(permit)
+                return True
+        return False
+
+    def fail_oldest(self, error: BaseException) -> None:
+        """The oldest request waiting here fails with ``error`` (what a wait in Redis raised)."""
+        for served in self.waiters:
+            if not served.done():
+                served.set_exception(error)
+                break
+
+    def expire(self, served: asyncio.Future[SlotPermit], timeout: float) -> bool:
+        """A request's wait ran out: it fails with AcquireTimeout; False when it was served
+        already."""
+        if served.done():
+            return False
+        served.set_exception(AcquireTimeout(f"stage {self.name!r}: no slot within {timeout} s"))
+        return True
+
+    def leave(self, served: asyncio.Future[SlotPermit]) -> SlotPermit | None:
+        """A request stopped waiting without taking a slot (timeout, cancel): a slot handed to it
+        meanwhile, to go on."""
+        if served in self.waiters:
+            self.waiters.remove(served)
+        if not served.done():
+            served.cancel()
+        elif not served.cancelled() and served.exception() is None:
+            return served.result()  # handed to it just as it was cancelled
+        return None
+
+    def surplus(self) -> list[asyncio.Future[SlotPermit]]:
+        """The waits in Redis beyond the requests waiting here (to withdraw)."""
+        return list(self.asks)[: max(0, len(self.asks) - len(self))]
+
+    def cancel(self) -> None:
+        """The locks closed: every request waiting here stops waiting (cancelled)."""
+        while self.waiters:
+            served = self.waiters.popleft()
+            if not served.done():
+                served.cancel()
+
+
+class SlotLines:
+    """The lines of one registry's names in this process (see the module docstring)."""
+
+    def __init__(
+        self, locks: StageLocks, *, reuse_for: float, place: Callable[[SlotPermit], None]
+    ) -> None:
+        self.locks = locks  # the registry the waits in Redis go to
+        self.reuse_for = reuse_for  # the local hand-off's bound, in seconds since Redis's grant
+        self.place = place  # what becomes of a grant no request waits for here
+        self.lines: dict[str, SlotLine] = {}
+
+    def waiting(self, name: str) -> int:
+        """Requests waiting here for a slot of ``name`` now."""
+        line = self.lines.get(name)
+        return 0 if line is None else len(line)
+
+    def young(self, permit: SlotPermit, now: float) -> bool:
+        """Whether a finished request's slot may pass straight to another request of this process:
+        granted by Redis less than the reuse bound ago (after that it goes back to Redis's
+        first-come-first-served line, where other processes may wait)."""
+        return now - permit.acquired_at < self.reuse_for
+
+    def offer(self, permit: SlotPermit) -> bool:
+        """Give ``permit`` to the oldest request of this process waiting for a slot of its name (in
+        Redis's line too: its wait there stays for the next request); False when none waits."""
+        line = self.lines.get(self.locks.stage_of(permit) or "")
+        return line is not None and line.offer(permit)
+
+    async def wait(self, name: str, timeout: float | None) -> SlotPermit:
+        """A slot of ``name`` from this process's line for it (a slot freed here, or a grant to one
+        of its waits in Redis); AcquireTimeout after ``timeout`` s (None: none), counted as
+        ``<name>/timeouts``."""
+        line = self.lines.get(name)
+        if line is None:
+            line = self.lines[name] = SlotLine(name)
+        served = line.join()
+        loop = asyncio.get_running_loop()
+        timer = (
+            None
+            if timeout is None
+            else loop.call_later(timeout, self._expire, line, served, timeout)
+        )
+        self._ask(line)
+        given = False
+        try:
+            permit = await served
+            given = True
+            return permit
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if not given:
+                self._gave_up(line, served)
+            self._tidy(line)
+
+    def _ask(self, line: SlotLine) -> None:
+        """One wait in Redis per request waiting in ``line``."""
+        while line.short() > 0 and not self.locks.closed:
+            ask = asyncio.ensure_future(self.locks.acquire(line.name, None))
+            line.asks.add(ask)
+            ask.add_done_callback(functools.partial(self._answered, line))
+
+    def _answered(self, line: SlotLine, ask: asyncio.Future[SlotPermit]) -> None:
+        """A wait in Redis ended: its slot goes to the oldest request waiting in ``line``, else to
+        the owner's ``place``."""
+        line.asks.discard(ask)
+        if ask.cancelled():
+            if self.locks.closed:
+                line.cancel()
+            else:
+                # withdrawn as surplus (nothing to do), or cancelled by someone else
+                self._ask(line)
+        elif (error := ask.exception()) is not None:
+            # what the request's own wait would have raised (a Redis error is retried inside)
+            line.fail_oldest(error)
+            self._ask(line)
+        elif not line.offer(permit := ask.result()):
+            self.place(permit)
+        self._tidy(line)
+
+    def _expire(self, line: SlotLine, served: asyncio.Future[SlotPermit], timeout: float) -> None:
+        if line.expire(served, timeout):
+            self.locks.count(line.name, "timeouts")
+
+    def _gave_up(self, line: SlotLine, served: asyncio.Future[SlotPermit]) -> None:
+        """A request stopped waiting without taking a slot (timeout, cancel): a slot it was handed
+        meanwhile goes on; a wait in Redis beyond the requests left is withdrawn."""
+        permit = line.leave(served)
+        if permit is not None and not line.offer(permit):
+            self.place(permit)
+        for ask in line.surplus():
+            ask.cancel()
+
+    def _tidy(self, line: SlotLine) -> None:
+        """Forget a line with no request and no wait in Redis left."""
+        if not line.asks and not line.waiters and self.lines.get(line.name) is line:
+            del self.lines[line.name]
+
+
+__all__ = ["SlotLine", "SlotLines"]
