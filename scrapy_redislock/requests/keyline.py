@@ -21,6 +21,9 @@ are taken in everywhere: docs/scopes.md).
   served in Redis). Those requests stay queued and take none of CONCURRENT_REQUESTS, while other
   names' requests go past them. A slot the wait gets is kept for the name's next request, which the
   sub-queue then lets go; the wait goes on while the name has more requests queued than slots kept.
+  So is a slot of the name that a finished request of this process frees while its queued requests
+  outnumber the slots kept (the local hand-off, within REDISLOCK_LOCAL_REUSE of Redis's grant, as a
+  stage's: :meth:`SlotLines.pass_on <scrapy_redislock.requests.lines.SlotLines.pass_on>`).
 - A name whose starts a site's Retry-After paused (the take says so: lock/delay.py's pause_starts)
   keeps its requests queued until the pause ends, then takes again.
 - A slot kept for a name whose requests are gone, or that is no longer usable, goes back to Redis
@@ -134,6 +137,19 @@ class KeyLine:
         self.connections = asyncio.Semaphore(max(1, self.room))
         self.closed = False
         self._load: Counter[str] | None = None
+        throttle.serve_scheduler(self.keep_freed)
+
+    def keep_freed(self, key: str, permit: SlotPermit) -> bool:
+        """A slot of ``key`` freed by a finished request of this process (young and usable: the
+        throttle checked) is kept for the key's next queued request, with no Redis round trip,
+        while the key has more requests queued than slots kept; False (back to Redis) otherwise."""
+        if self.closed or key in self.paused or self.queued(key) <= self.kept.count(key):
+            return False
+        self.kept.keep(key, permit)
+        self.throttle.record(0.0)  # counted as a wait's grant is, when kept
+        self._load = None
+        wake_engine(self.crawler)
+        return True
 
     # -- the keys' sub-queues in the inner scheduler ------------------------------------------------
 
@@ -416,7 +432,11 @@ class KeyLine:
                         )
                 except AcquireTimeout as exc:
                     permit = exc
-                else:
+                if not isinstance(permit, BaseException):
+                    if self.queued(key) <= self.kept.count(key):
+                        # enough kept meanwhile (finished requests' slots): back to Redis at once
+                        self.locks.release_soon(permit)
+                        continue
                     self.throttle.record(self.clock() - started)
                 self.kept.keep(key, permit)
                 self._load = None

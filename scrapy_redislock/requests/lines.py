@@ -34,6 +34,10 @@ from scrapy_redislock.errors import AcquireTimeout
 if TYPE_CHECKING:
     from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks
 
+# keep(name, permit): StageScheduler keeps a freed slot for its next queued request of the name, or
+# says False (none could use it)
+Keep = Callable[[str, "SlotPermit"], bool]
+
 
 class SlotLine:
     """The requests of this process waiting for a slot of ``name``, and its waits in Redis for
@@ -134,6 +138,24 @@ class SlotLines:
         Redis's line too: its wait there stays for the next request); False when none waits."""
         line = self.lines.get(self.locks.stage_of(permit) or "")
         return line is not None and line.offer(permit)
+
+    def pass_on(self, permit: SlotPermit, now: float, keep: Keep | None = None) -> str | None:
+        """The local hand-off, for a stage's slot and a key's or scope's alike: give a freed slot
+        (or a grant no request waited for) to a request of this process, the oldest waiting here,
+        else one queued in StageScheduler (``keep(name, permit)``: kept for it, or False). Only a
+        young, usable slot (``now`` on the owner's clock) passes on. The name it went to, or None:
+        the caller sends it back to Redis."""
+        name = self.locks.stage_of(permit)
+        if name is None or self.locks.closed or (keep is None and not self.waiting(name)):
+            return None
+        if not self.young(permit, now):
+            # back to Redis's line, where other processes may wait (and never near the lease's end)
+            return None
+        if not self.locks.usable(permit, now):
+            return None
+        if self.offer(permit) or (keep is not None and keep(name, permit)):
+            return name
+        return None
 
     async def wait(self, name: str, timeout: float | None) -> SlotPermit:
         """A slot of ``name`` from this process's line for it (a slot freed here, or a grant to one

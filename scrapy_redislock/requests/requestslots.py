@@ -237,24 +237,11 @@ class RequestSlots:
         """Give a freed slot (``local``) or a fresh grant to a request of this process: first to
         the oldest waiting in the middleware (in Redis's line too: its wait there stays for the
         next request), then to the scheduler's queued requests of its stage."""
-        stage = self.locks.stage_of(permit)
-        if (
-            stage is None
-            or self.locks.closed
-            or (self._could_use is None and not self.lines.waiting(stage))
-        ):
-            return False
-        now = self.clock()
-        if not self.lines.young(permit, now):
-            # back to Redis's line, where other processes may wait (and never near the lease's end)
-            return False
-        if not self.locks.usable(permit, now):
-            return False
-        if self.lines.offer(permit) or self._keep(stage, permit):
-            if local:
-                self.locks.count(stage, "reused")
-            return True
-        return False
+        keep = None if self._could_use is None else self._keep
+        stage = self.lines.pass_on(permit, self.clock(), keep)
+        if stage is not None and local:
+            self.locks.count(stage, "reused")
+        return stage is not None
 
     def sweep(self) -> None:
         """Free the slots of requests that left the downloader without finishing here (missing from

@@ -66,7 +66,7 @@ from scrapy_redislock.crawl.stagelocks import SlotPermit
 from scrapy_redislock.errors import KeyFunctionError, Paused
 from scrapy_redislock.requests.closewaits import CloseWaits
 from scrapy_redislock.requests.ledger import PermitLedger
-from scrapy_redislock.requests.lines import SlotLines
+from scrapy_redislock.requests.lines import Keep, SlotLines
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -129,6 +129,8 @@ class ScopeThrottle:
             reuse_for=min(settings.local_reuse, settings.ttl / 2),
             place=self.locks.release_soon,
         )
+        # StageScheduler's (serve_scheduler): a freed slot kept for a queued request of its name
+        self._keep: Keep | None = None
         # per request: its capped names, key then scopes, as StageScheduler read them, or as this
         # middleware did when they changed on the way (a proxy rotator)
         self.names: WeakKeyDictionary[Request, tuple[str, ...]] = WeakKeyDictionary()
@@ -456,18 +458,17 @@ class ScopeThrottle:
         for permit in holds.permits if holds is not None else ():
             self.free(permit)
 
+    def serve_scheduler(self, keep: Keep) -> None:
+        """StageScheduler's key line, once: ``keep(name, permit)`` keeps a freed slot for its next
+        queued request of the key or scope (False: none could use it)."""
+        self._keep = keep
+
     def free(self, permit: SlotPermit) -> None:
         """Pass a slot straight to the oldest request of this process waiting here for its key or
-        scope, while it is young (REDISLOCK_LOCAL_REUSE since Redis's grant, at most half the
-        lease) and usable, with no Redis command (counted as ``redislock/keys/reused``); else
-        release it now."""
-        now = self.clock()
-        if (
-            self.lines.waiting(self.locks.stage_of(permit) or "")
-            and self.lines.young(permit, now)
-            and self.locks.usable(permit, now)
-            and self.lines.offer(permit)
-        ):
+        scope, else to one queued in StageScheduler, while it is young (REDISLOCK_LOCAL_REUSE since
+        Redis's grant, at most half the lease) and usable, with no Redis command (counted as
+        ``redislock/keys/reused``); else release it now."""
+        if self.lines.pass_on(permit, self.clock(), self._keep) is not None:
             self.crawler.stats.inc_value("redislock/keys/reused")
         else:
             self.locks.release_soon(permit)

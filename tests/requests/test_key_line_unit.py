@@ -226,3 +226,44 @@ def test_a_scope_slot_handed_for_a_scope_the_request_no_longer_has_goes_back(
         assert leftover(redis_client) == 0
 
     asyncio.run(scenario())
+
+
+def test_a_finished_requests_key_slot_is_kept_for_the_next_queued_request_of_its_key(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The local hand-off of a key's slot through StageScheduler, as a stage's: the key is at its
+    limit (1) in this process, so its next request waits in the key's sub-queue; when the first is
+    done its slot is kept for that request (no release, no new take: the same grant, counted as
+    ``redislock/keys/reused``), which then leaves with it. Nothing is left in Redis after."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": None},
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_KEY_LIMIT=1,
+            REDISLOCK_LOCAL_REUSE=30,
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.keyline is not None
+            line = scheduler.keyline
+            first, second = request(None, 1), request(None, 2)  # the same domain
+            scheduler.enqueue_request(first)
+            assert await f.next_request() is first  # with its key slot, from a take
+            [permit] = line.throttle.held(first)
+            await f.send(first)
+            scheduler.enqueue_request(second)
+            assert scheduler.next_request() is None  # the key is at its limit here: queued
+            assert line.queued("127.0.0.1") == 1
+            f.middleware.process_response(first, None)  # type: ignore[arg-type]
+            f.active.discard(first)
+            assert line.kept.count("127.0.0.1") == 1 and not permit.released
+            assert await f.next_request() is second
+            assert line.throttle.held(second) == [permit]  # the same grant
+            assert f.crawler.stats.get_value("redislock/keys/reused") == 1
+            await f.send(second)
+            f.middleware.process_response(second, None)  # type: ignore[arg-type]
+            await until(lambda: not line.locks.releasing)
+            assert permit.released and leftover(redis_client) == 0
+
+    asyncio.run(scenario())
