@@ -154,6 +154,10 @@ def test_a_request_that_times_out_withdraws_the_wait_nobody_needs(
     asyncio.run(scenario())
 
 
+# every request of these tests has one key, 127.0.0.1, capped at 1; a slot passes on for 30 s
+ONE_KEY = {"REDISLOCK_STAGE_KEY": "domain", "REDISLOCK_KEY_LIMIT": 1, "REDISLOCK_LOCAL_REUSE": 30}
+
+
 def test_a_key_slot_freed_goes_to_the_request_of_its_key_waiting_in_the_middleware(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
@@ -164,14 +168,7 @@ def test_a_key_slot_freed_goes_to_the_request_of_its_key_waiting_in_the_middlewa
     it takes its grant and gives it back, and nothing is left in Redis."""
 
     async def scenario() -> None:
-        async with front(
-            redis_url,
-            {},
-            scheduler=False,
-            REDISLOCK_STAGE_KEY="domain",
-            REDISLOCK_KEY_LIMIT=1,
-            REDISLOCK_LOCAL_REUSE=30,
-        ) as f:
+        async with front(redis_url, {}, scheduler=False, **ONE_KEY) as f:
             throttle = f.middleware.throttle
             assert throttle is not None
             first, second = request(None, 1), request(None, 2)
@@ -207,13 +204,7 @@ def test_a_light_key_slot_passed_on_still_waits_out_a_pause(
 
     async def scenario() -> None:
         async with front(
-            redis_url,
-            {},
-            scheduler=False,
-            REDISLOCK_STAGE_KEY="domain",
-            REDISLOCK_KEY_LIMIT=1,
-            REDISLOCK_LOCAL_REUSE=30,
-            REDISLOCK_RETRY_AFTER=True,
+            redis_url, {}, scheduler=False, **ONE_KEY, REDISLOCK_RETRY_AFTER=True
         ) as f:
             throttle = f.middleware.throttle
             assert throttle is not None and throttle.locks.adaptation is not None
