@@ -172,9 +172,8 @@ TABLE: tuple[Setting, ...] = (
         0.25,
         "seconds",
         "Seconds a slot granted by Redis may pass straight from a finished request to a waiting or "
-        "queued one of the same stage (or to one of the same key or scope waiting in the "
-        "middleware) in the same process, before it goes back to Redis's first-come-first-served "
-        "line; 0 = always to Redis.",
+        "queued one of the same stage, key or scope in the same process, before it goes back to "
+        "Redis's first-come-first-served line; 0 = always to Redis.",
     ),
     Setting(
         "REDISLOCK_IDLE_CLOSE",
