@@ -214,9 +214,9 @@ def test_a_light_key_slot_passed_on_still_waits_out_a_pause(
             assert permit.light
             served = f.send(second)
             await until(lambda: throttle.lines.waiting("127.0.0.1") == 1)
+            paused_at = time.monotonic()  # before: the pause ends 1 s after it at the soonest
             throttle.locks.adaptation.pause("key:127.0.0.1", 1.0)  # a site's Retry-After
             await until(lambda: not throttle.locks.adaptation.pausing)
-            paused_at = time.monotonic()
             f.middleware.request_left(first, f.crawler.spider)
             f.active.discard(first)
             await asyncio.wait_for(served, 10)
