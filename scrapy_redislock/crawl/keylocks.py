@@ -110,7 +110,7 @@ class KeyLocks(StageLocks):
         self._pushes: set[asyncio.Task[bool]] = set()  # late starts' corrections under way
         # keys seen idle at the last tick: retired at the next if still idle
         self._idle: set[str] = set()
-        self._taking: Counter[str] = Counter()  # try_take() calls under way, per key
+        self._taking: Counter[str] = Counter()  # try_take() and acquire() calls under way, per key
         if settings.adaptive.needed:
             self.adaptation = Adaptation(
                 self.client,
@@ -218,8 +218,15 @@ class KeyLocks(StageLocks):
 
     async def acquire(self, stage: str, timeout: float | None) -> SlotPermit:
         """Wait for a slot of the key ``stage`` (first come, first served across processes), its
-        lock made first if this process has none (or retired it since)."""
-        return await super().acquire(self.lock_for(stage), timeout)
+        lock made first if this process has none (or retired it since); never retired while this
+        wait goes on (it may sleep out a Redis error or a pause, its lock then idle)."""
+        self._taking[stage] += 1
+        try:
+            return await super().acquire(self.lock_for(stage), timeout)
+        finally:
+            self._taking[stage] -= 1
+            if not self._taking[stage]:
+                del self._taking[stage]
 
     def renewal_due(self, stage: str, lock: StageLock) -> bool:
         """Keys serve many short requests: a permit younger than the renewal interval is renewed at

@@ -321,7 +321,11 @@ class KeyLine:
         self._hand_stage(request, self.in_hand.pop(request, None))
         order = self.throttle.names_of(request)
         self.throttle.hand(
-            request, [t.permit for t in sorted(got, key=lambda t: order.index(t.name))]
+            request,
+            [t.permit for t in sorted(got, key=lambda t: order.index(t.name))],
+            # a kept light slot was passed on by a finished request (keep_freed): its take checked
+            # a pause for that request only
+            recheck=any(t.kept and getattr(t.permit, "light", False) for t in got),
         )
 
     async def _look(self, request: Request, names: tuple[str, ...], got: list[Taken]) -> None:
@@ -432,11 +436,13 @@ class KeyLine:
                         )
                 except AcquireTimeout as exc:
                     permit = exc
-                if not isinstance(permit, BaseException):
-                    if self.queued(key) <= self.kept.count(key):
-                        # enough kept meanwhile (finished requests' slots): back to Redis at once
+                if self.queued(key) <= self.kept.count(key):
+                    # enough kept meanwhile (finished requests' slots): a slot goes back to Redis at
+                    # once, an error is forgotten (no queued request waited for it)
+                    if not isinstance(permit, BaseException):
                         self.locks.release_soon(permit)
-                        continue
+                    continue
+                if not isinstance(permit, BaseException):
                     self.throttle.record(self.clock() - started)
                 self.kept.keep(key, permit)
                 self._load = None

@@ -5,7 +5,7 @@ downloader (StageLockMiddleware, ScopeThrottle), first come first served per nam
 Redis's line that serve them. One path for a stage's slot and a key's or scope's.
 
 A waiting request gets whichever slot comes first: one freed by a finished request of this process
-(the local hand-off, :meth:`SlotLines.offer`, within the local reuse bound :meth:`SlotLines.young`:
+(the local hand-off, :meth:`SlotLines.pass_on`, within the local reuse bound :meth:`SlotLines.young`:
 no Redis round trip) or a grant to one of this process's waits in Redis. The waits in Redis belong
 to the line, not to a request: one is opened when more requests wait here than the line has waits
 in Redis, and when a request is served locally its wait stays in Redis's line for the next request
@@ -40,11 +40,12 @@ Keep = Callable[[str, "SlotPermit"], bool]
 
 
 class SlotLine:
-    """The requests of this process waiting for a slot of ``name``, and its waits in Redis for
-    them."""
+    """The requests of this process waiting for a slot of ``name`` (a ``kind``: stage, key), and
+    its waits in Redis for them."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, kind: str = "stage") -> None:
         self.name = name
+        self.kind = kind
         # requests waiting here, oldest first: each is served once, with a slot or an error
         self.waiters: deque[asyncio.Future[SlotPermit]] = deque()
         # this process's waits in Redis's line for them
@@ -85,7 +86,9 @@ class SlotLine:
         already."""
         if served.done():
             return False
-        served.set_exception(AcquireTimeout(f"stage {self.name!r}: no slot within {timeout} s"))
+        served.set_exception(
+            AcquireTimeout(f"{self.kind} {self.name!r}: no slot within {timeout} s")
+        )
         return True
 
     def leave(self, served: asyncio.Future[SlotPermit]) -> SlotPermit | None:
@@ -115,9 +118,15 @@ class SlotLines:
     """The lines of one registry's names in this process (see the module docstring)."""
 
     def __init__(
-        self, locks: StageLocks, *, reuse_for: float, place: Callable[[SlotPermit], None]
+        self,
+        locks: StageLocks,
+        *,
+        reuse_for: float,
+        place: Callable[[SlotPermit], None],
+        kind: str = "stage",
     ) -> None:
         self.locks = locks  # the registry the waits in Redis go to
+        self.kind = kind  # what its names are, for messages: stage, key
         self.reuse_for = reuse_for  # the local hand-off's bound, in seconds since Redis's grant
         self.place = place  # what becomes of a grant no request waits for here
         self.lines: dict[str, SlotLine] = {}
@@ -163,7 +172,7 @@ class SlotLines:
         ``<name>/timeouts``."""
         line = self.lines.get(name)
         if line is None:
-            line = self.lines[name] = SlotLine(name)
+            line = self.lines[name] = SlotLine(name, self.kind)
         served = line.join()
         loop = asyncio.get_running_loop()
         timer = (

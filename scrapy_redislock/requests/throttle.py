@@ -87,10 +87,9 @@ class ScopeHolds:
     docs/scopes.md: its key, then its other scopes by name)."""
 
     permits: list[SlotPermit]
-
-    @property
-    def acquired_at(self) -> float:
-        return min(permit.acquired_at for permit in self.permits)
+    # a light slot among them that the request did not take itself (passed on by a finished
+    # request): the take's pause check was for that request, so the key's pause is checked again
+    recheck: bool = False
 
 
 class ScopeThrottle:
@@ -128,6 +127,7 @@ class ScopeThrottle:
             self.locks,
             reuse_for=min(settings.local_reuse, settings.ttl / 2),
             place=self.locks.release_soon,
+            kind="key",
         )
         # StageScheduler's (serve_scheduler): a freed slot kept for a queued request of its name
         self._keep: Keep | None = None
@@ -316,9 +316,10 @@ class ScopeThrottle:
         """The request's slot of ``name`` (``key:<key>``) came from the key's stream (not its light
         path, whose take checks a pause itself), and a Retry-After may pause the key
         (REDISLOCK_RETRY_AFTER, or its REDISLOCK_SCOPES entry)."""
-        permit = next((p for p in self.held(request) if p.name == name), None)
+        holds = self.permits.permit_of(request)
+        permit = next((p for p in holds.permits if p.name == name), None) if holds else None
         light = getattr(permit, "light", False)  # a QuorumPermit never is
-        if permit is None or light:
+        if permit is None or (light and not (holds is not None and holds.recheck)):
             return False
         return self._pauses(permit.name.removeprefix(KEY_LOCK_PREFIX))
 
@@ -343,12 +344,15 @@ class ScopeThrottle:
         except (*REDIS_ERRORS, Paused):  # the wait below retries, or waits the pause out
             return None
 
-    def hand(self, request: Request, outcome: list[SlotPermit] | BaseException) -> None:
+    def hand(
+        self, request: Request, outcome: list[SlotPermit] | BaseException, *, recheck: bool = False
+    ) -> None:
         """StageScheduler got ``request``'s key and scope slots before letting it go, in their
         order (see :mod:`~scrapy_redislock.requests.keyline`), or fails it with this error: the
-        middleware takes them."""
+        middleware takes them. ``recheck``: a light one among them was passed on (kept for it)."""
         self.permits.hand(
-            request, outcome if isinstance(outcome, BaseException) else ScopeHolds(outcome)
+            request,
+            outcome if isinstance(outcome, BaseException) else ScopeHolds(outcome, recheck),
         )
 
     def capped_names(self, request: Request) -> tuple[str, ...]:
@@ -403,19 +407,19 @@ class ScopeThrottle:
             self.lines.wait(key, self.settings.wait_timeout),
             keyed=True,
         )
-        self._hold(request, permit)
+        self._hold(request, permit, recheck=getattr(permit, "light", False))
         self.record(self.clock() - started)
-        if getattr(permit, "light", False) and self._pauses(key):
-            # a light slot passed on by a finished request: its take checked the pause for that
-            # request only (:meth:`_queued_key` skips the check for a light slot)
-            await self._pause_check(f"{KEY_LOCK_PREFIX}{key}")
 
-    def _hold(self, request: Request, permit: SlotPermit) -> None:
+    def _hold(self, request: Request, permit: SlotPermit, *, recheck: bool = False) -> None:
+        """``request`` holds ``permit`` too; ``recheck``: a light slot it got from its line (passed
+        on by a finished request, or a light grant to the line's wait): its key's pause is checked
+        (:meth:`_queued_key`)."""
         holds = self.permits.permit_of(request)
         if holds is None:
-            self.permits.hold(request, ScopeHolds([permit]))
+            self.permits.hold(request, ScopeHolds([permit], recheck))
         else:
             holds.permits.append(permit)
+            holds.recheck = holds.recheck or recheck
 
     async def _delay(self, request: Request, name: str, delay: float) -> None:
         start = await self.locks.wait_start(name, delay)

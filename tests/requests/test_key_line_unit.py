@@ -267,3 +267,89 @@ def test_a_finished_requests_key_slot_is_kept_for_the_next_queued_request_of_its
             assert permit.released and leftover(redis_client) == 0
 
     asyncio.run(scenario())
+
+
+def test_a_light_key_slot_kept_for_a_queued_request_still_waits_out_a_pause(
+    redis_url: str,
+) -> None:
+    """A light key slot's take checked a Retry-After pause for its own request only: kept for the
+    key's next queued request while a pause is on (set after the take), it does not let that
+    request start before the pause ends (it once started at once)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": None},
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_KEY_LIMIT=1,
+            REDISLOCK_LOCAL_REUSE=30,
+            REDISLOCK_RETRY_AFTER=True,
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.keyline is not None
+            line = scheduler.keyline
+            adaptation = line.locks.adaptation
+            assert adaptation is not None
+            first, second = request(None, 1), request(None, 2)
+            scheduler.enqueue_request(first)
+            assert await f.next_request() is first
+            [permit] = line.throttle.held(first)
+            assert permit.light
+            await f.send(first)
+            scheduler.enqueue_request(second)
+            assert scheduler.next_request() is None  # the key is at its limit here: queued
+            paused_at = time.monotonic()  # before: the pause ends 1 s after it at the soonest
+            adaptation.pause("key:127.0.0.1", 1.0)  # a site's Retry-After
+            await until(lambda: not adaptation.pausing)
+            f.middleware.process_response(first, None)  # type: ignore[arg-type]
+            f.active.discard(first)
+            assert await f.next_request() is second
+            assert line.throttle.held(second) == [permit]  # kept for it
+            await f.send(second)  # through the middleware: the pause is checked there
+            assert time.monotonic() - paused_at >= 0.9
+            assert f.crawler.stats.get_value("redislock/retry_after/waits") == 1
+            f.middleware.process_response(second, None)  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+
+
+def test_a_key_wait_that_runs_out_after_its_queue_was_served_locally_leaves_no_error(
+    redis_url: str,
+) -> None:
+    """A key's wait in the scheduler started for a queued request, which then left with a slot a
+    finished request of the process freed (kept for it). The wait, no longer needed, runs out of
+    REDISLOCK_WAIT_TIMEOUT: its error is forgotten, not kept to fail the key's next request (it
+    once was, until the next renewal tick)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": None},
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_KEY_LIMIT=2,
+            REDISLOCK_LOCAL_REUSE=30,
+            REDISLOCK_WAIT_TIMEOUT=0.5,
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.keyline is not None
+            line = scheduler.keyline
+            key = "127.0.0.1"
+            blocker = await line.locks.acquire(key, None)  # one of the key's 2 slots, held
+            first, second = request(None, 1), request(None, 2)
+            scheduler.enqueue_request(first)
+            assert await f.next_request() is first  # the other slot
+            await f.send(first)
+            scheduler.enqueue_request(second)
+            assert scheduler.next_request() is None  # a take, refused: a wait starts
+            await until(lambda: key in line.waits and line.queued(key) == 1)
+            f.middleware.process_response(first, None)  # type: ignore[arg-type]
+            f.active.discard(first)
+            assert await f.next_request() is second  # with first's slot, kept for it
+            # the wait runs out (an error it kept would stay until the next renewal tick)
+            await until(lambda: key not in line.waits or line.kept.count(key) > 0, timeout=10)
+            assert line.kept.count(key) == 0
+            await until(lambda: key not in line.waits)
+            f.middleware.process_response(second, None)  # type: ignore[arg-type]
+            await line.locks.release(blocker)
+
+    asyncio.run(scenario())
