@@ -271,6 +271,7 @@ def test_a_finished_requests_key_slot_is_kept_for_the_next_queued_request_of_its
 
 def test_a_light_key_slot_kept_for_a_queued_request_still_waits_out_a_pause(
     redis_url: str,
+    redis_client: redis.Redis,  # a clean database: no key's stream left by an earlier test
 ) -> None:
     """A light key slot's take checked a Retry-After pause for its own request only: kept for the
     key's next queued request while a pause is on (set after the take), it does not let that
@@ -315,6 +316,7 @@ def test_a_light_key_slot_kept_for_a_queued_request_still_waits_out_a_pause(
 
 def test_a_key_wait_that_runs_out_after_its_queue_was_served_locally_leaves_no_error(
     redis_url: str,
+    redis_client: redis.Redis,  # a clean database: no key's stream left by an earlier test
 ) -> None:
     """A key's wait in the scheduler started for a queued request, which then left with a slot a
     finished request of the process freed (kept for it). The wait, no longer needed, runs out of
