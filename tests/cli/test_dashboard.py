@@ -232,6 +232,10 @@ def test_the_dashboard_and_metrics_start_while_redis_is_down_say_so_and_recover(
     """An exporter started during an outage reports it (redislock_up 0, the page says Redis is
     unreachable) instead of exiting, and shows the data once Redis answers."""
     server = RedisServer()  # its port chosen, nothing listening there yet
+    # the port held (bound, not listening: a connection is refused) until the server starts, so that
+    # no other test's server takes it meanwhile (one once did: the dashboard found a Redis there)
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", server.port))
     try:
         with DashboardProcess(server.url, "--interval", "0.2") as dashboard:
             assert any(
@@ -251,6 +255,7 @@ def test_the_dashboard_and_metrics_start_while_redis_is_down_say_so_and_recover(
             assert data["frame"]["stages"] == [] and data["frame"]["url"] == server.url
             status, page = dashboard.get("/")
             assert status == 200 and "Redis is unreachable: " in page
+            holder.close()
             server.start()
             with redis.Redis(port=server.port) as client:
                 lock = CountingLock(client, "detail", limit=3, ttl=30)
@@ -279,6 +284,7 @@ def test_the_dashboard_and_metrics_start_while_redis_is_down_say_so_and_recover(
         code, err = dashboard.stop()
         assert code == 0 and "Traceback" not in err, err
     finally:
+        holder.close()
         server.stop()
 
 
