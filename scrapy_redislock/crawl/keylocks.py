@@ -24,12 +24,13 @@ while the key is free, two when it waited. Reads no settings itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -205,28 +206,30 @@ class KeyLocks(StageLocks):
         self._idle.discard(key)
         return key
 
-    async def try_take(self, key: str) -> SlotPermit | None:
-        """A slot of ``key`` if one is free now and nobody queues for it, else None (one script
-        while the key is on its light path: lock/light.py)."""
+    @contextlib.contextmanager
+    def _under_way(self, key: str) -> Iterator[None]:
+        """A take or wait for ``key`` goes on: its lock is made if this process has none (or
+        retired it since), and not retired meanwhile (a wait may sleep out a Redis error or a
+        pause, its lock then idle)."""
         self._taking[key] += 1
         try:
-            return await self.locks[self.lock_for(key)].try_acquire()
+            self.lock_for(key)
+            yield
         finally:
             self._taking[key] -= 1
             if not self._taking[key]:
                 del self._taking[key]
 
+    async def try_take(self, key: str) -> SlotPermit | None:
+        """A slot of ``key`` if one is free now and nobody queues for it, else None (one script
+        while the key is on its light path: lock/light.py)."""
+        with self._under_way(key):
+            return await self.locks[key].try_acquire()
+
     async def acquire(self, stage: str, timeout: float | None) -> SlotPermit:
-        """Wait for a slot of the key ``stage`` (first come, first served across processes), its
-        lock made first if this process has none (or retired it since); never retired while this
-        wait goes on (it may sleep out a Redis error or a pause, its lock then idle)."""
-        self._taking[stage] += 1
-        try:
-            return await super().acquire(self.lock_for(stage), timeout)
-        finally:
-            self._taking[stage] -= 1
-            if not self._taking[stage]:
-                del self._taking[stage]
+        """Wait for a slot of the key ``stage`` (first come, first served across processes)."""
+        with self._under_way(stage):
+            return await super().acquire(stage, timeout)
 
     def renewal_due(self, stage: str, lock: StageLock) -> bool:
         """Keys serve many short requests: a permit younger than the renewal interval is renewed at

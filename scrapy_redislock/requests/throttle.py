@@ -30,13 +30,14 @@ a slot freed here passes straight to the oldest of them while it is younger than
 REDISLOCK_LOCAL_REUSE (and half REDISLOCK_TTL) since Redis's grant, with no Redis command (counted
 as ``redislock/keys/reused``); else it goes back to Redis. When the spider closes, a request that
 left StageScheduler and waits here for its key's slot goes back to the scheduler's queue, as one
-waiting for its stage's does (:mod:`~scrapy_redislock.requests.closewaits`). A key slot lost, or past its lease on this
-process's clock, by the end of the delays is dropped (:meth:`ScopeThrottle.usable`) and taken again:
-a request never starts with a slot another process may hold by now. Nor with a slot StageScheduler
-took for the key the request had in the scheduler, when a middleware before this one changed what
-REDISLOCK_STAGE_KEY's function reads: that slot goes back and the request's own key's is taken. A
-request that waited for a delay carries its confirmed start in ``meta["redislock_start_at"]`` (seconds since the epoch,
-Redis's clock; the key's when it had a stage delay too). A key function that raises fails that request with
+waiting for its stage's does (:mod:`~scrapy_redislock.requests.closewaits`). A key slot lost, or
+past its lease on this process's clock, by the end of the delays is dropped
+(:meth:`ScopeThrottle.usable`) and taken again: a request never starts with a slot another process
+may hold by now. Nor with a slot StageScheduler took for the key the request had in the scheduler,
+when a middleware before this one changed what REDISLOCK_STAGE_KEY's function reads: that slot goes
+back and the request's own key's is taken. A request that waited for a delay carries its confirmed
+start in ``meta["redislock_start_at"]`` (seconds since the epoch, Redis's clock; the key's when it
+had a stage delay too). A key function that raises fails that request with
 :class:`~scrapy_redislock.errors.KeyFunctionError` (stat ``redislock/key_errors``), not the crawl.
 
 Stats: redislock/keys/{acquired,wait_time_total,wait_time_max,retired_idle,taken_in_downloader,reused,dropped_at_close},
@@ -88,7 +89,8 @@ class ScopeHolds:
 
     permits: list[SlotPermit]
     # a light slot among them that the request did not take itself (passed on by a finished
-    # request): the take's pause check was for that request, so the key's pause is checked again
+    # request, or granted to its line's wait): a light take checks a pause for its own request
+    # only, so the key's pause is checked again (_queued_key)
     recheck: bool = False
 
 
@@ -313,8 +315,9 @@ class ScopeThrottle:
         )
 
     def _queued_key(self, request: Request, name: str) -> bool:
-        """The request's slot of ``name`` (``key:<key>``) came from the key's stream (not its light
-        path, whose take checks a pause itself), and a Retry-After may pause the key
+        """The request's slot of ``name`` (``key:<key>``) needs a pause check: it came from the key's
+        stream, or is a light slot the request did not take itself (``ScopeHolds.recheck``; a light
+        take checks a pause itself, for its own request), and a Retry-After may pause the key
         (REDISLOCK_RETRY_AFTER, or its REDISLOCK_SCOPES entry)."""
         holds = self.permits.permit_of(request)
         permit = next((p for p in holds.permits if p.name == name), None) if holds else None

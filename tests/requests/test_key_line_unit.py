@@ -5,9 +5,11 @@ test_key_line.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -16,8 +18,9 @@ from scrapy.http import HtmlResponse
 
 from scrapy_redislock.crawl.engine import downloader_middlewares
 from scrapy_redislock.errors import AcquireTimeout
+from scrapy_redislock.requests.keyline import KeyLine
 from testing.crawlproc import leftover
-from testing.inprocess import front, request
+from testing.inprocess import Front, front, request
 from testing.netproxy import LatencyProxy
 from testing.waiting import until
 
@@ -228,6 +231,21 @@ def test_a_scope_slot_handed_for_a_scope_the_request_no_longer_has_goes_back(
     asyncio.run(scenario())
 
 
+@contextlib.asynccontextmanager
+async def one_key(redis_url: str, **settings: Any) -> AsyncIterator[tuple[Front, KeyLine]]:
+    """A front whose requests all have one key, 127.0.0.1 (``request(None, n)``), with
+    StageScheduler's key line; a freed slot passes on for 30 s."""
+    async with front(
+        redis_url,
+        {"detail": None},
+        REDISLOCK_STAGE_KEY="domain",
+        REDISLOCK_LOCAL_REUSE=30,
+        **settings,
+    ) as f:
+        assert f.scheduler is not None and f.scheduler.keyline is not None
+        yield f, f.scheduler.keyline
+
+
 def test_a_finished_requests_key_slot_is_kept_for_the_next_queued_request_of_its_key(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
@@ -237,16 +255,9 @@ def test_a_finished_requests_key_slot_is_kept_for_the_next_queued_request_of_its
     ``redislock/keys/reused``), which then leaves with it. Nothing is left in Redis after."""
 
     async def scenario() -> None:
-        async with front(
-            redis_url,
-            {"detail": None},
-            REDISLOCK_STAGE_KEY="domain",
-            REDISLOCK_KEY_LIMIT=1,
-            REDISLOCK_LOCAL_REUSE=30,
-        ) as f:
+        async with one_key(redis_url, REDISLOCK_KEY_LIMIT=1) as (f, line):
             scheduler = f.scheduler
-            assert scheduler is not None and scheduler.keyline is not None
-            line = scheduler.keyline
+            assert scheduler is not None
             first, second = request(None, 1), request(None, 2)  # the same domain
             scheduler.enqueue_request(first)
             assert await f.next_request() is first  # with its key slot, from a take
@@ -278,17 +289,12 @@ def test_a_light_key_slot_kept_for_a_queued_request_still_waits_out_a_pause(
     request start before the pause ends (it once started at once)."""
 
     async def scenario() -> None:
-        async with front(
-            redis_url,
-            {"detail": None},
-            REDISLOCK_STAGE_KEY="domain",
-            REDISLOCK_KEY_LIMIT=1,
-            REDISLOCK_LOCAL_REUSE=30,
-            REDISLOCK_RETRY_AFTER=True,
-        ) as f:
+        async with one_key(redis_url, REDISLOCK_KEY_LIMIT=1, REDISLOCK_RETRY_AFTER=True) as (
+            f,
+            line,
+        ):
             scheduler = f.scheduler
-            assert scheduler is not None and scheduler.keyline is not None
-            line = scheduler.keyline
+            assert scheduler is not None
             adaptation = line.locks.adaptation
             assert adaptation is not None
             first, second = request(None, 1), request(None, 2)
@@ -324,17 +330,12 @@ def test_a_key_wait_that_runs_out_after_its_queue_was_served_locally_leaves_no_e
     once was, until the next renewal tick)."""
 
     async def scenario() -> None:
-        async with front(
-            redis_url,
-            {"detail": None},
-            REDISLOCK_STAGE_KEY="domain",
-            REDISLOCK_KEY_LIMIT=2,
-            REDISLOCK_LOCAL_REUSE=30,
-            REDISLOCK_WAIT_TIMEOUT=0.5,
-        ) as f:
+        async with one_key(redis_url, REDISLOCK_KEY_LIMIT=2, REDISLOCK_WAIT_TIMEOUT=0.5) as (
+            f,
+            line,
+        ):
             scheduler = f.scheduler
-            assert scheduler is not None and scheduler.keyline is not None
-            line = scheduler.keyline
+            assert scheduler is not None
             key = "127.0.0.1"
             blocker = await line.locks.acquire(key, None)  # one of the key's 2 slots, held
             first, second = request(None, 1), request(None, 2)
