@@ -57,19 +57,26 @@ def early_middlewares(crawler: Crawler) -> tuple[Any, ...]:
     return tuple(mw for mw in chain[:ours] if isinstance(mw, EARLY_TYPES))
 
 
-def settled_before_download(request: Request, middlewares: tuple[Any, ...], spider: Any) -> bool:
+def settled_before_download(
+    request: Request,
+    middlewares: tuple[Any, ...],
+    spider: Any,
+    *,
+    cache: bool = True,
+    unknown: bool = True,
+) -> bool:
     """True when one of ``middlewares`` (see :func:`early_middlewares`) will answer or drop the
     request without a download, so it needs no slot: a fresh cache hit, a cache miss with
-    HTTPCACHE_IGNORE_MISSING, a URL that robots.txt forbids, or a host whose robots.txt is not known
-    yet (RobotsTxtMiddleware decides first; a request it lets through then waits for its slot in
-    StageLockMiddleware). Reads the cache the way HttpCacheMiddleware does (one more read of the
-    entry).
+    HTTPCACHE_IGNORE_MISSING (unless not ``cache``), a URL that robots.txt forbids, or a host whose
+    robots.txt is not known yet (if ``unknown``: RobotsTxtMiddleware decides first; a request it
+    lets through then waits for its slot in StageLockMiddleware). Reads the cache the way
+    HttpCacheMiddleware does (one more read of the entry).
     """
     for mw in middlewares:
         if isinstance(mw, HttpCacheMiddleware):
-            if _cache_settles(mw, request, spider):
+            if cache and _cache_settles(mw, request, spider):
                 return True
-        elif _robots_settles(mw, request):
+        elif _robots_settles(mw, request, unknown):
             return True
     return False
 
@@ -86,7 +93,7 @@ def _cache_settles(mw: Any, request: Request, spider: Any) -> bool:
     return bool(mw.policy.is_cached_response_fresh(cached, request))
 
 
-def _robots_settles(mw: Any, request: Request) -> bool:
+def _robots_settles(mw: Any, request: Request, unknown: bool) -> bool:
     if request.meta.get("dont_obey_robotstxt") or request.url.startswith(("data:", "file:")):
         return False
     parsers = getattr(mw, "_parsers", None)
@@ -96,7 +103,7 @@ def _robots_settles(mw: Any, request: Request) -> bool:
     if parser is None:  # robots.txt could not be fetched: everything is allowed
         return False
     if parser is _UNKNOWN or not hasattr(parser, "allowed"):  # not fetched yet, or being fetched
-        return True
+        return unknown
     agent = getattr(mw, "_robotstxt_useragent", None) or request.headers.get(
         b"User-Agent", getattr(mw, "_default_useragent", None)
     )

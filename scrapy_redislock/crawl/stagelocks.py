@@ -550,8 +550,9 @@ class StageLocks:
     async def acquire(self, stage: str, timeout: float | None) -> SlotPermit:
         """Wait for a slot of ``stage`` (first come, first served across processes).
 
-        AcquireTimeout after ``timeout`` seconds (None: forever), counted as ``<stage>/timeouts``.
-        Redis errors are logged and retried with back-off: the wait goes on and the cap is never
+        AcquireTimeout after ``timeout`` seconds (None: forever; counted as ``<stage>/timeouts`` by
+        whoever fails a request with it: a wait may serve the next request of its stage). Redis
+        errors are logged and retried with back-off: the wait goes on and the cap is never
         exceeded. Cancelled on close.
         """
         lock = self.locks[stage]
@@ -570,12 +571,8 @@ class StageLocks:
                         permit = await lock.acquire(timeout=left)
                     self.reports.granted(stage)
                     return permit
-                except AcquireTimeout:
-                    self.stats.inc_value(f"{self.stats_prefix}/{stage}/timeouts")
-                    raise
                 except Paused as paused:  # a Retry-After paused a key's starts: wait it out
                     if deadline is not None and self.clock() + paused.wait > deadline:
-                        self.stats.inc_value(f"{self.stats_prefix}/{stage}/timeouts")
                         raise AcquireTimeout(
                             f"stage {stage!r}: paused beyond the wait's {timeout} s"
                         ) from paused
@@ -585,7 +582,6 @@ class StageLocks:
                         raise
                     delay = backoff.next()
                     if deadline is not None and self.clock() + delay > deadline:
-                        self.stats.inc_value(f"{self.stats_prefix}/{stage}/timeouts")
                         raise AcquireTimeout(
                             f"stage {stage!r}: no slot within {timeout} s ({exc})"
                         ) from exc

@@ -2,18 +2,22 @@
 
 The sub-queues (:mod:`.stagequeue`) ask it two things: a request's route (its capped stage, and its
 key when keys are capped; computed once per request) and whether a request of a route may leave
-the scheduler now. A capped stage's request may leave when the stage has a slot in hand here, or
-while fewer than REDISLOCK_WAITERS_PER_STAGE of its requests wait for a slot in the downloader; a
-capped key's, while the key's line lets it (:class:`~scrapy_redislock.requests.keyline.KeyLine`,
-which counts every request of this process that holds, takes or waits for the key).
-Reads REDISLOCK_WAITERS_PER_STAGE and REDISLOCK_STAGE_KEY from the checked settings it is given.
+the scheduler now. A capped stage's request may leave when the stage has a slot in hand here (a
+finished request's passed on, or a grant to one of the waits in Redis the process's line keeps for
+the stage's queued requests, up to REDISLOCK_WAITERS_PER_STAGE:
+:meth:`RequestSlots.ask <scrapy_redislock.requests.requestslots.RequestSlots.ask>`), so that no
+request of a full stage takes one of CONCURRENT_REQUESTS; a capped key's, while the key's line lets
+it (:class:`~scrapy_redislock.requests.keyline.KeyLine`, which counts every request of this process
+that holds, takes or waits for the key). Reads REDISLOCK_STAGE_KEY from the checked settings it is
+given.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from scrapy_redislock.crawl.early import early_middlewares, settled_before_download
 from scrapy_redislock.crawl.engine import downloader_active
 from scrapy_redislock.crawl.keys import request_key
 from scrapy_redislock.crawl.stages import stage_of
@@ -49,6 +53,8 @@ class StageAdmission:
         self._routes: weakref.WeakKeyDictionary[Request, Route] = weakref.WeakKeyDictionary()
         # key slots got in the scheduler, for requests of no capped stage (StageScheduler sets it)
         self.keyline: KeyLine | None = None
+        # cache and robots.txt middlewares before ours, found on first use
+        self._early: tuple[Any, ...] | None = None
 
     def route(self, request: Request) -> Route:
         """The sub-queue of ``request``: its stage when capped, and its key when keys are capped;
@@ -61,6 +67,8 @@ class StageAdmission:
             capped = stage is not None and self.slots.locks.is_capped(stage)
         except UnknownStage:
             capped = False  # the middleware fails it, naming the stage and counting it
+        if capped and self.settled_early(request, unknown=False):
+            capped = False  # a cache hit, a URL robots.txt forbids: it needs no slot
         route: Route = (
             (stage, self._key(request) if self.key_capped else None) if capped else (None, None)
         )
@@ -87,27 +95,40 @@ class StageAdmission:
         return None if name is None else (None, name)
 
     def may_go(self, route: Route) -> bool:
-        """A request of this sub-queue may leave now: not capped; or its stage has a slot in hand
-        here, or fewer than REDISLOCK_WAITERS_PER_STAGE of its requests wait in line; and its key
-        (if capped) has room here (:meth:`KeyLine.has_room
-        <scrapy_redislock.requests.keyline.KeyLine.has_room>`). A key's own sub-queue (no capped
+        """A request of this sub-queue may leave now: not capped; or its stage has a slot (or the
+        error of a wait that ran out) in hand here, and its key (if capped) has room here
+        (:meth:`KeyLine.has_room <scrapy_redislock.requests.keyline.KeyLine.has_room>`). With none
+        in hand, the stage's line keeps waits in Redis for it. A key's own sub-queue (no capped
         stage) while the key may go (:meth:`KeyLine.may_go
         <scrapy_redislock.requests.keyline.KeyLine.may_go>`)."""
         stage, key = route
         if stage is None:
             return key is None or self.keyline is None or self.keyline.may_go(key)
-        if not self.slots.kept.count(stage) and self._line_is_full(stage):
-            return False
-        return key is None or self.keyline is None or self.keyline.has_room(key)
+        room = key is None or self.keyline is None or self.keyline.has_room(key)
+        if self.slots.kept.ready(stage) or not self._waits_here():
+            return room
+        if room:
+            self.slots.ask(stage)
+        return False
 
-    def _line_is_full(self, stage: str) -> bool:
-        """The line bounds what waits for a slot in the downloader, where it takes one of
-        CONCURRENT_REQUESTS; with no downloader to watch (a scheduler driven by hand, as in Scrapy's
-        own scheduler tests) or an inner scheduler whose queues are not split by stage, there is
-        nothing to bound."""
-        if not self.queues_split or downloader_active(self.crawler) is None:
-            return False
-        return self.slots.waiting_in_line(stage) >= self.settings.waiters_per_stage
+    def _waits_here(self) -> bool:
+        """A capped request waits for its stage's slot here, not in the downloader (where it would
+        take one of CONCURRENT_REQUESTS); with no downloader to watch (a scheduler driven by hand,
+        as in Scrapy's own scheduler tests) or an inner scheduler whose queues are not split by
+        stage, it goes to wait in the middleware."""
+        return self.queues_split and downloader_active(self.crawler) is not None
+
+    def settled_early(self, request: Request, *, cache: bool = True, unknown: bool = True) -> bool:
+        """A middleware before StageLockMiddleware answers or drops ``request`` without a download
+        (:func:`~scrapy_redislock.crawl.early.settled_before_download`), so it needs no slot. A
+        capped request is asked when it is queued (its cache entry, and robots.txt if known: a
+        host's robots.txt is not known yet when its start requests are queued), so that it does not
+        wait for a slot, and again when it leaves (robots.txt, known or not)."""
+        if self._early is None:
+            self._early = early_middlewares(self.crawler)
+        return bool(self._early) and settled_before_download(
+            request, self._early, self.crawler.spider, cache=cache, unknown=unknown
+        )
 
     def _key(self, request: Request) -> str | None:
         """The request's key (REDISLOCK_STAGE_KEY); None also when its function fails for it (the

@@ -55,6 +55,17 @@ class KeptSlots(Generic[Kept]):
         else:
             kept.append(outcome)
 
+    def ready(self, name: str) -> bool:
+        """Whether a usable slot (or an error) is kept for ``name``; unusable ones at the head are
+        dropped on the way, back to Redis."""
+        kept = self._by_name.get(name)
+        while kept and not isinstance(head := kept[0], BaseException) and not self.locks.usable(head):
+            kept.popleft()
+            self.locks.release_soon(head)
+        if kept is not None and not kept:
+            del self._by_name[name]
+        return bool(kept)
+
     def take(self, name: str) -> Kept | None:
         """The oldest usable slot (or error) kept for ``name``; unusable ones are dropped on the way,
         back to Redis. None when nothing is kept."""

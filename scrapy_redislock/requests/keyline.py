@@ -215,12 +215,6 @@ class KeyLine:
         """The engine asks for the next request: the loads are counted again."""
         self._load = None
 
-    def count(self, request: Request) -> None:
-        """``request`` left the scheduler to wait for its stage's slot in the middleware, where it
-        then takes its key and scopes: it counts in their load from now on."""
-        if self._load is not None:
-            self._load.update(self.throttle.names_of(request))
-
     def load(self) -> Counter[str]:
         """Requests of this process per name that hold a slot of it, take one, have one kept, or
         wait in the middleware to take one (those of a capped stage, waiting for their stage's slot
@@ -230,11 +224,7 @@ class KeyLine:
             # one go: this runs for nearly every request a broad crawl schedules
             named = list(chain.from_iterable(self.looking.values()))
             known = self.throttle.names.get
-            for request in {
-                *self.throttle.permits.holding(),
-                *self.slots.holding(),
-                *self.slots.in_line(),
-            }:
+            for request in {*self.throttle.permits.holding(), *self.slots.holding()}:
                 found = known(request)
                 named.extend(found if found is not None else self.throttle.names_of(request))
             load: Counter[str] = Counter(named)
@@ -352,6 +342,7 @@ class KeyLine:
                     permit, paused = None, exc
                 except AcquireTimeout as exc:
                     permit, failed = None, exc
+                    self.locks.count(name, "timeouts")
                 if permit is None:
                     refused = name
                     break
@@ -442,7 +433,9 @@ class KeyLine:
                     if not isinstance(permit, BaseException):
                         self.locks.release_soon(permit)
                     continue
-                if not isinstance(permit, BaseException):
+                if isinstance(permit, BaseException):
+                    self.locks.count(key, "timeouts")  # the key's next request fails with it
+                else:
                     self.throttle.record(self.clock() - started)
                 self.kept.keep(key, permit)
                 self._load = None

@@ -16,6 +16,13 @@ scope: back to Redis). A request that gives up (REDISLOCK_WAIT_TIMEOUT, the spid
 withdraws one wait when the line has more waits than requests. A line with no request and no wait
 left is forgotten (a broad crawl meets thousands of keys).
 
+The owner may also want waits for requests that wait elsewhere (``wanted(name)``: a stage's requests
+queued in StageScheduler, which wait there and take none of CONCURRENT_REQUESTS): the line keeps that
+many more waits in Redis (:meth:`SlotLines.ask`), each with the owner's ``ask_timeout``; their
+grants go to ``place``, and so does the AcquireTimeout of one that runs out with no request waiting
+here (the stage's next queued request fails with it). Waits no longer wanted are withdrawn at the
+owner's tick (:meth:`SlotLines.trim`).
+
 Reads no settings itself: the wait's timeout and the local reuse bound (REDISLOCK_LOCAL_REUSE, at
 most half REDISLOCK_TTL) are the owner's, :class:`~.requestslots.RequestSlots` for stages and
 :class:`~.throttle.ScopeThrottle` for keys and scopes.
@@ -61,9 +68,10 @@ class SlotLine:
         self.waiters.append(served)
         return served
 
-    def short(self) -> int:
-        """How many more waits in Redis the requests waiting here need (one each)."""
-        return len(self) - len(self.asks)
+    def short(self, wanted: int = 0) -> int:
+        """How many more waits in Redis the requests waiting here need (one each), and ``wanted``
+        more for requests waiting elsewhere."""
+        return len(self) + wanted - len(self.asks)
 
     def offer(self, permit: SlotPermit) -> bool:
         """Give ``permit`` to the oldest request waiting here; False when none waits."""
@@ -102,9 +110,9 @@ class SlotLine:
             return served.result()  # handed to it just as it was cancelled
         return None
 
-    def surplus(self) -> list[asyncio.Future[SlotPermit]]:
-        """The waits in Redis beyond the requests waiting here (to withdraw)."""
-        return list(self.asks)[: max(0, len(self.asks) - len(self))]
+    def surplus(self, wanted: int = 0) -> list[asyncio.Future[SlotPermit]]:
+        """The waits in Redis beyond the requests waiting here and ``wanted`` (to withdraw)."""
+        return list(self.asks)[: max(0, -self.short(wanted))]
 
     def cancel(self) -> None:
         """The locks closed: every request waiting here stops waiting (cancelled)."""
@@ -122,13 +130,19 @@ class SlotLines:
         locks: StageLocks,
         *,
         reuse_for: float,
-        place: Callable[[SlotPermit], None],
+        place: Callable[[str, SlotPermit | AcquireTimeout], None] | None = None,
         kind: str = "stage",
+        wanted: Callable[[str], int] | None = None,
+        ask_timeout: float | None = None,
     ) -> None:
         self.locks = locks  # the registry the waits in Redis go to
         self.kind = kind  # what its names are, for messages: stage, key
         self.reuse_for = reuse_for  # the local hand-off's bound, in seconds since Redis's grant
-        self.place = place  # what becomes of a grant no request waits for here
+        # what becomes of a grant no request waits for here (or a wanted wait's timeout); None:
+        # back to Redis
+        self.place = place
+        self.wanted = wanted  # waits wanted per name for requests waiting elsewhere
+        self.ask_timeout = ask_timeout  # a wait's own timeout in Redis (None: none)
         self.lines: dict[str, SlotLine] = {}
 
     def waiting(self, name: str) -> int:
@@ -193,10 +207,35 @@ class SlotLines:
                 self._gave_up(line, served)
             self._tidy(line)
 
+    def ask(self, name: str) -> None:
+        """The owner wants waits in Redis for requests of ``name`` waiting elsewhere (``wanted``):
+        as many more are opened as are missing."""
+        line = self.lines.get(name)
+        if line is None:
+            line = self.lines[name] = SlotLine(name, self.kind)
+        self._ask(line)
+        self._tidy(line)
+
+    def trim(self) -> None:
+        """Withdraw the waits in Redis that neither a request waiting here nor ``wanted`` needs any
+        more (the owner's tick)."""
+        for line in list(self.lines.values()):
+            for ask in line.surplus(self._wanted(line.name)):
+                ask.cancel()
+
+    def _place(self, name: str, outcome: SlotPermit | AcquireTimeout) -> None:
+        if self.place is not None:
+            self.place(name, outcome)
+        elif not isinstance(outcome, BaseException):
+            self.locks.release_soon(outcome)
+
+    def _wanted(self, name: str) -> int:
+        return 0 if self.wanted is None else self.wanted(name)
+
     def _ask(self, line: SlotLine) -> None:
-        """One wait in Redis per request waiting in ``line``."""
-        while line.short() > 0 and not self.locks.closed:
-            ask = asyncio.ensure_future(self.locks.acquire(line.name, None))
+        """One wait in Redis per request waiting in ``line``, and those ``wanted``."""
+        while line.short(self._wanted(line.name)) > 0 and not self.locks.closed:
+            ask = asyncio.ensure_future(self.locks.acquire(line.name, self.ask_timeout))
             line.asks.add(ask)
             ask.add_done_callback(functools.partial(self._answered, line))
 
@@ -210,12 +249,19 @@ class SlotLines:
             else:
                 # withdrawn as surplus (nothing to do), or cancelled by someone else
                 self._ask(line)
-        elif (error := ask.exception()) is not None:
+        elif isinstance(error := ask.exception(), AcquireTimeout):
+            # a wanted wait ran out: a request waiting here has a timer of its own
+            if not len(line):
+                self._place(line.name, error)
+            self._ask(line)
+        elif error is not None:
             # what the request's own wait would have raised (a Redis error is retried inside)
             line.fail_oldest(error)
             self._ask(line)
-        elif not line.offer(permit := ask.result()):
-            self.place(permit)
+        else:
+            if not line.offer(permit := ask.result()):
+                self._place(line.name, permit)
+            self._ask(line)  # still wanted (the grant was kept elsewhere): wait again
         self._tidy(line)
 
     def _expire(self, line: SlotLine, served: asyncio.Future[SlotPermit], timeout: float) -> None:
@@ -227,8 +273,8 @@ class SlotLines:
         meanwhile goes on; a wait in Redis beyond the requests left is withdrawn."""
         permit = line.leave(served)
         if permit is not None and not line.offer(permit):
-            self.place(permit)
-        for ask in line.surplus():
+            self._place(line.name, permit)
+        for ask in line.surplus(self._wanted(line.name)):
             ask.cancel()
 
     def _tidy(self, line: SlotLine) -> None:

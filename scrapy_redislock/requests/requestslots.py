@@ -22,7 +22,7 @@ release, renewal) downward. The bookkeeping of who holds what is the pure
     slots.serve_scheduler(queued=, could_use=)     # StageScheduler, once: what it has queued
     slots.kept                     # KeptSlots: slots kept for the stages' queued requests (count, take,
                                    # prune: StageScheduler's tick; release_all: its end)
-    slots.join_line(request, stage) / slots.waiting_in_line(stage) # requests let go to wait in the middleware
+    slots.ask(stage)               # StageScheduler: waits in Redis for a stage's queued requests (their grants kept)
     slots.stand_down()             # StageScheduler closes, or the engine does: keep nothing
     await slots.close()            # forget who holds what, then close the locks (one aclose() per stage)
 
@@ -59,8 +59,7 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from scrapy_redislock.crawl.engine import (
@@ -103,8 +102,13 @@ class RequestSlots:
         self.ledger: PermitLedger[Request, SlotPermit] = PermitLedger()
         # per stage: the requests of this process waiting for its slots in the middleware
         self.lines = SlotLines(
-            locks, reuse_for=min(settings.local_reuse, settings.ttl / 2), place=self.place
+            locks,
+            reuse_for=min(settings.local_reuse, settings.ttl / 2),
+            place=self.place,
+            wanted=self._wanted,
+            ask_timeout=settings.wait_timeout,
         )
+        self.waits_per_stage = settings.waiters_per_stage  # waits in Redis for queued requests
         # the requests waiting in the middleware, for a slot of a stage among others
         self.waits = CloseWaits.of(crawler, settings)
         self.stages = list(locks.locks)  # the capped stages
@@ -113,10 +117,8 @@ class RequestSlots:
         self._queued: Callable[[str], int] | None = None
         self._could_use: Callable[[str], int] | None = None
         # slots kept for the next queued request of their stage (a finished request's, or a grant
-        # no request waited for)
-        self.kept: KeptSlots[SlotPermit] = KeptSlots(locks)
-        # requests let go by the scheduler without a slot: they wait for one in the middleware
-        self._in_line: dict[str, weakref.WeakSet[Request]] = {}
+        # to a wait for the queued requests), or the error such a wait ran out with
+        self.kept: KeptSlots[SlotPermit | BaseException] = KeptSlots(locks)
         self._standing_down = False  # the scheduler closes, or the engine does: keep nothing
         locks.add_waiting_source(self._waiting_for)
         locks.add_tick_hook(self.tick)
@@ -141,7 +143,6 @@ class RequestSlots:
         """StageScheduler, once: ``queued(stage)``, its requests of the stage (for the status CLI);
         ``could_use(stage)``, how many slots they could use now."""
         self._queued, self._could_use = queued, could_use
-        self._in_line = {stage: weakref.WeakSet() for stage in self.stages}
 
     def _waiting_for(self, stage: str) -> int:
         """Requests of this process waiting for a slot of ``stage``: in the middleware, and queued
@@ -156,17 +157,39 @@ class RequestSlots:
         this request left the scheduler before the slot was freed, it is older), else from this
         process's line for the stage (a slot freed here, or a grant to one of its waits in Redis);
         AcquireTimeout after ``timeout`` s (None: none), counted as ``<stage>/timeouts``."""
-        permit = self.kept.take(stage)
-        if permit is not None:
-            return permit
+        kept = self.kept.take(stage)
+        if isinstance(kept, BaseException):
+            raise kept
+        if kept is not None:
+            return kept
         return await self.lines.wait(stage, timeout)
 
-    def place(self, permit: SlotPermit) -> None:
+    def ask(self, stage: str) -> None:
+        """StageScheduler has requests of ``stage`` queued and no slot kept for them: the line keeps
+        waits in Redis for them (:meth:`_wanted`), whose grants are kept for them."""
+        self.lines.ask(stage)
+
+    def _wanted(self, stage: str) -> int:
+        """Waits in Redis wanted for the queued requests of ``stage``: REDISLOCK_WAITERS_PER_STAGE
+        less the slots kept, at most one per queued request that could use a slot."""
+        if self._could_use is None or self._standing_down or stage not in self.stages:
+            return 0
+        kept = self.kept.count(stage)
+        room = self.waits_per_stage - kept
+        return 0 if room <= 0 else max(0, min(room, self._could_use(stage) - kept))
+
+    def place(self, stage: str, outcome: SlotPermit | BaseException) -> None:
         """A slot granted with no request waiting for it here: kept for a queued request of its
-        stage if one could use it, else back to Redis. Not counted as reused: Redis granted it just
-        now."""
-        if not self._pass_on(permit, local=False):
-            self.locks.release_soon(permit)
+        stage if one could use it, else back to Redis. Not reuse (no bound applies, nothing is
+        counted): Redis granted it just now. A wait for the queued requests that ran out
+        (REDISLOCK_WAIT_TIMEOUT) fails the next of them."""
+        if isinstance(outcome, BaseException):
+            if self._could_use is not None and self._could_use(stage) > self.kept.count(stage):
+                self.kept.keep(stage, outcome)
+                self.locks.count(stage, "timeouts")
+                wake_engine(self.crawler)
+        elif not (self.locks.usable(outcome) and self._keep(stage, outcome)):
+            self.locks.release_soon(outcome)
 
     # -- the hand-off: scheduler -> middleware -> next request -------------------------------------
 
@@ -196,14 +219,8 @@ class RequestSlots:
         return outcome
 
     def hold(self, request: Request, permit: SlotPermit) -> None:
-        """``request`` holds ``permit`` (it waited for it in the middleware) until :meth:`finish`;
-        with StageScheduler, the next request of its stage may leave it."""
+        """``request`` holds ``permit`` (it waited for it in the middleware) until :meth:`finish`."""
         self.ledger.hold(request, permit)
-        if self._could_use is not None:
-            for line in self._in_line.values():
-                line.discard(request)
-            if not self._standing_down:
-                wake_engine(self.crawler)
 
     def permit_of(self, request: Request) -> SlotPermit | None:
         """The slot ``request`` holds now, if any."""
@@ -233,13 +250,13 @@ class RequestSlots:
         if not self._pass_on(permit):
             self.locks.release_soon(permit)
 
-    def _pass_on(self, permit: SlotPermit, local: bool = True) -> bool:
-        """Give a freed slot (``local``) or a fresh grant to a request of this process: first to
-        the oldest waiting in the middleware (in Redis's line too: its wait there stays for the
-        next request), then to the scheduler's queued requests of its stage."""
+    def _pass_on(self, permit: SlotPermit) -> bool:
+        """Give a freed slot to a request of this process: first to the oldest waiting in the
+        middleware (in Redis's line too: its wait there stays for the next request), then to the
+        scheduler's queued requests of its stage."""
         keep = None if self._could_use is None else self._keep
         stage = self.lines.pass_on(permit, self.clock(), keep)
-        if stage is not None and local:
+        if stage is not None:
             self.locks.count(stage, "reused")
         return stage is not None
 
@@ -255,8 +272,10 @@ class RequestSlots:
 
     async def tick(self) -> None:
         """At every renewal tick, before the renewals (a tick hook of the locks, after the adaptive
-        limits' and before StageScheduler's): the sweep."""
+        limits' and before StageScheduler's): the sweep; waits in Redis no longer wanted are
+        withdrawn."""
         self.sweep()
+        self.lines.trim()
 
     # -- slots kept for StageScheduler's queued requests -------------------------------------------
 
@@ -279,28 +298,6 @@ class RequestSlots:
             self.kept.release_all()
         else:
             self.kept.clear()
-
-    # -- requests let go without a slot ------------------------------------------------------------
-
-    def join_line(self, request: Request, stage: str) -> None:
-        """``request`` left the scheduler without a slot: it waits for one in the middleware."""
-        self._in_line[stage].add(request)
-
-    def waiting_in_line(self, stage: str) -> int:
-        """Requests of ``stage`` let go without a slot that still wait for one (not yet holding one,
-        not gone)."""
-        line = self._in_line[stage]
-        active = downloader_active(self.crawler)
-        for request in list(line):
-            if self.has_slot(request) or (active is not None and request not in active):
-                line.discard(request)
-        return len(line)
-
-    def in_line(self) -> Iterator[Request]:
-        """Every request let go without a slot that still waits for one."""
-        for stage, line in self._in_line.items():
-            self.waiting_in_line(stage)  # forget those that got their slot or are gone
-            yield from line
 
     # -- close -------------------------------------------------------------------------------------
 

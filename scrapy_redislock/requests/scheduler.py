@@ -72,12 +72,7 @@ from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from scrapy_redislock.crawl.early import (
-    MIDDLEWARE_PATH,
-    early_middlewares,
-    middleware_configured,
-    settled_before_download,
-)
+from scrapy_redislock.crawl.early import MIDDLEWARE_PATH, middleware_configured
 from scrapy_redislock.crawl.engine import (
     check_reactor,
     engine_closing,
@@ -213,8 +208,6 @@ class StageScheduler:
         self.inner_closed = False  # requests can no longer be given back to it
         # requests that left this scheduler (not those that bypassed it: media downloads)
         self.sent: weakref.WeakSet[Request] = weakref.WeakSet()
-        # cache and robots.txt middlewares before ours, found on first use
-        self._early: tuple[Any, ...] | None = None
         self._wake_handle: asyncio.TimerHandle | None = None
         if self.slots is not None:
             self.admission = StageAdmission(crawler, self.settings, self.slots)
@@ -478,7 +471,10 @@ class StageScheduler:
             request = self.inner.next_request()  # from a sub-queue that its admission lets go
             if request is None:
                 assert self.slots is not None
-                self.slots.kept.release_all()
+                if self.shared is None:
+                    # no sub-queue could use them now (over scrapy-redis: maybe a fetch is under
+                    # way, for which they are kept; the tick prunes them)
+                    self.slots.kept.release_all()
                 return None
             if self._held_for_key(request):
                 continue
@@ -492,7 +488,7 @@ class StageScheduler:
         assert self.admission is not None
         if self.keyline is None or self.admission.route(request)[0] is not None:
             return False
-        return not self._settled_early(request) and self.keyline.holds_back(request)
+        return not self.admission.settled_early(request) and self.keyline.holds_back(request)
 
     def _with_stage_slot(self, request: Request) -> Request | None:
         """``request`` leaves: with a slot of its capped stage in hand (and of its key and scopes,
@@ -501,13 +497,13 @@ class StageScheduler:
         assert self.admission is not None and self.slots is not None
         route = self.admission.route(request)
         stage = route[0]
-        if stage is None or self._settled_early(request):
-            return request
+        if stage is None or self.admission.settled_early(request, cache=False):
+            return request  # robots.txt answers it (its cache entry was read when it was queued)
         permit = self.slots.kept.take(stage)
         if permit is None:
-            self.slots.join_line(request, stage)
-            if self.keyline is not None:
-                self.keyline.count(request)  # it takes its key and scopes in the middleware
+            return request  # no downloader to watch, or queues not split: it waits in the middleware
+        if isinstance(permit, BaseException):
+            self.slots.hand(request, permit)  # a wait for the stage's queued requests ran out
         elif self.keyline is not None:
             if self.keyline.holds_back(request, InHand(stage, permit, route)):
                 return None
@@ -515,13 +511,6 @@ class StageScheduler:
             self.slots.hand(request, permit)
             self.slots.locks.record_grant(stage, 0.0)
         return request
-
-    def _settled_early(self, request: Request) -> bool:
-        if self._early is None:
-            self._early = early_middlewares(self.crawler)
-        return bool(self._early) and settled_before_download(
-            request, self._early, self.crawler.spider
-        )
 
     # -- slots -------------------------------------------------------------------------------------
 

@@ -174,6 +174,7 @@ class StagePriorityQueues:
         # requests per sub-queue, kept here: len() of Scrapy's DownloaderAwarePriorityQueue walks
         # every download slot's queue
         self._sizes: Counter[Route] = Counter()
+        self._stage_sizes: Counter[str | None] = Counter()  # the same per stage: count() per ask
         # request -> push order
         self._pushed: weakref.WeakKeyDictionary[Request, int] = weakref.WeakKeyDictionary()
         self._pushes = itertools.count()
@@ -186,7 +187,7 @@ class StagePriorityQueues:
         for route_id, prios in (startprios or {}).items():
             route = _route_of(route_id)
             self.queues[route] = self._new(route, prios)
-            self._sizes[route] = len(self.queues[route])
+            self._resize(route, len(self.queues[route]))
         # built at once, so that a priority queue refusing the settings says so now
         if UNCAPPED not in self.queues:
             self.queues[UNCAPPED] = self._new(UNCAPPED)
@@ -213,7 +214,11 @@ class StagePriorityQueues:
         if request not in self._pushed:
             self._pushed[request] = next(self._pushes)
         queue.push(request)
-        self._sizes[route] += 1
+        self._resize(route, self._sizes[route] + 1)
+
+    def _resize(self, route: Route, size: int) -> None:
+        self._stage_sizes[route[0]] += size - self._sizes[route]
+        self._sizes[route] = size
 
     def _next(self) -> Route | None:
         ready = [
@@ -265,7 +270,7 @@ class StagePriorityQueues:
         request = queue.pop()
         # a queue that had nothing to give after all (a disk entry that could not be read) is
         # counted again
-        self._sizes[route] = self._sizes[route] - 1 if request is not None else len(queue)
+        self._resize(route, self._sizes[route] - 1 if request is not None else len(queue))
         self._turn += 1
         self._turns[route] = self._turn
         if not self._sizes[route] and route != UNCAPPED:
@@ -285,11 +290,12 @@ class StagePriorityQueues:
         state = {_route_id(route): queue.close() for route, queue in self.queues.items()}
         self.queues.clear()
         self._sizes.clear()
+        self._stage_sizes.clear()
         return state
 
     def count(self, stage: str) -> int:
         """Requests of ``stage`` queued here."""
-        return sum(size for route, size in self._sizes.items() if route[0] == stage)
+        return self._stage_sizes[stage]
 
     def count_route(self, route: Route) -> int:
         """Requests queued in the sub-queue ``route``."""

@@ -128,7 +128,6 @@ class ScopeThrottle:
         self.lines = SlotLines(
             self.locks,
             reuse_for=min(settings.local_reuse, settings.ttl / 2),
-            place=self.locks.release_soon,
             kind="key",
         )
         # StageScheduler's (serve_scheduler): a freed slot kept for a queued request of its name

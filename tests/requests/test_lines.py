@@ -39,27 +39,19 @@ def waiting_here(f: Front) -> int:
 def test_a_freed_slot_goes_to_the_request_waiting_in_line_and_its_wait_stays(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """Under a backlog a request of the process always waits in Redis's line: the slot its finished
-    request frees still goes on locally, to that request (the oldest), and the one wait in Redis
-    serves the next request; once nothing is queued the slot goes back to Redis, the wait takes it
-    and gives it back."""
+    """The middleware alone (or a request that bypasses StageScheduler): while a request of the
+    process waits in the middleware, it waits in Redis's line: the slot its finished request frees
+    still goes on locally, to that request (the oldest), and the one wait in Redis serves the next
+    request; once nothing waits the slot goes back to Redis, the wait takes it and gives it back."""
 
     async def scenario() -> None:
-        async with front(
-            redis_url, {"detail": 1}, REDISLOCK_LOCAL_REUSE=30, REDISLOCK_WAITERS_PER_STAGE=1
-        ) as f:
-            assert f.scheduler is not None
+        async with front(redis_url, {"detail": 1}, scheduler=False, REDISLOCK_LOCAL_REUSE=30) as f:
             requests = [request("detail", n) for n in range(4)]
-            for r in requests:
-                f.scheduler.enqueue_request(r)
-            current = await f.next_request()
-            assert current is requests[0]
+            current = requests[0]
             await f.send(current)
             permit = f.slots.take(current)
             assert isinstance(permit, Permit)
-            for n, expected in enumerate(requests[1:], start=1):
-                waiting = await f.next_request()
-                assert waiting is expected and f.slots.take(waiting) is None
+            for n, waiting in enumerate(requests[1:], start=1):
                 served = f.send(waiting)  # in line: in the middleware, and in Redis
                 await until(lambda: waiting_here(f) == 1 and blocked_waits(redis_client) == 1)
                 f.middleware.request_left(current, f.crawler.spider)  # its download is over
@@ -71,7 +63,7 @@ def test_a_freed_slot_goes_to_the_request_waiting_in_line_and_its_wait_stays(
                 current = waiting
             assert held(redis_client, "detail") == [permit.grant]
             assert f.crawler.stats.get_value("redislock/detail/acquired") == 4
-            # nothing queued: the slot goes back to Redis; the line's wait takes it and gives it back
+            # nothing waits: the slot goes back to Redis; the line's wait takes it and gives it back
             f.middleware.request_left(current, f.crawler.spider)
             f.active.discard(current)
             await until(lambda: blocked_waits(redis_client) == 0 and leftover(redis_client) == 0)
@@ -89,12 +81,9 @@ def test_past_the_reuse_bound_another_process_waiting_first_gets_the_slot(
     async def scenario() -> None:
         bound = 1.0  # a stall of the test before the local pass must not age the permit past it
         async with front(
-            redis_url, {"detail": 1}, REDISLOCK_LOCAL_REUSE=bound, REDISLOCK_WAITERS_PER_STAGE=1
+            redis_url, {"detail": 1}, scheduler=False, REDISLOCK_LOCAL_REUSE=bound
         ) as f:
-            assert f.scheduler is not None
-            for n in range(3):
-                f.scheduler.enqueue_request(request("detail", n))
-            current = await f.next_request()
+            current, second, third = (request("detail", n) for n in range(3))
             await f.send(current)
             permit = f.slots.take(current)
             assert isinstance(permit, Permit)
@@ -103,14 +92,12 @@ def test_past_the_reuse_bound_another_process_waiting_first_gets_the_slot(
             try:
                 other_wait = asyncio.ensure_future(other.acquire())
                 await until(lambda: blocked_waits(redis_client) == 1)  # the other is first
-                second = await f.next_request()
                 served = f.send(second)
                 await until(lambda: waiting_here(f) == 1 and blocked_waits(redis_client) == 2)
                 f.middleware.request_left(current, f.crawler.spider)
                 f.active.discard(current)
                 await asyncio.wait_for(served, 10)  # young: passed on here
                 assert f.slots.take(second) is permit and not other_wait.done()
-                third = await f.next_request()
                 waiting = f.send(third)
                 await until(lambda: waiting_here(f) == 1)
                 await until(lambda: time.monotonic() - permit.acquired_at > bound)

@@ -3,7 +3,7 @@ real Redis): one lost while StageScheduler kept it for a queued request (an oper
 whose lease ran out while this process could not renew it (a partition: another process gets the
 slot), one lost between the scheduler and the middleware, one lost while its request waited for its
 key slot. Each is dropped, counted as ``redislock/<stage>/unusable``, and its request waits for a
-fresh slot."""
+fresh slot (in the scheduler when it is still queued)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ async def queued_with_a_ready_slot(f: Front) -> tuple[Request, Permit]:
     assert f.scheduler is not None
     first, queued = request("detail", 0), request("detail", 1)
     f.scheduler.enqueue_request(first)
-    assert f.scheduler.next_request() is first
+    assert await f.next_request() is first
     await f.send(first)
     f.scheduler.enqueue_request(queued)
     # done: its slot is kept for the queued request
@@ -52,15 +52,18 @@ async def queued_with_a_ready_slot(f: Front) -> tuple[Request, Permit]:
 
 
 async def goes_out_with_a_fresh_slot(
-    f: Front, client: redis.Redis, sent: Request, old: Permit
-) -> Permit:
-    assert f.slots.take(sent) is None  # the unusable slot was dropped: it goes in line, without one
-    await asyncio.wait_for(f.send(sent), 20)
+    f: Front, client: redis.Redis, queued: Request, old: Permit
+) -> Request:
+    """The unusable slot was dropped: the request stays queued until the stage's wait in Redis gets
+    a fresh one."""
+    sent = await f.next_request(timeout=20)
+    assert sent is queued
+    await f.send(sent)
     fresh = f.slots.take(sent)
     assert isinstance(fresh, Permit) and fresh is not old
     assert fresh.usable(time.monotonic())
     assert held(client, "detail") == [fresh.grant]
-    return fresh
+    return sent
 
 
 def test_a_slot_lost_in_the_ready_queue_is_not_handed_out(
@@ -72,9 +75,7 @@ def test_a_slot_lost_in_the_ready_queue_is_not_handed_out(
             queued, permit = await queued_with_a_ready_slot(f)
             reset(redis_client, "detail")
             await until(lambda: permit.lost)  # the renewal loop found it gone
-            sent = f.scheduler.next_request()
-            assert sent is queued
-            await goes_out_with_a_fresh_slot(f, redis_client, sent, permit)
+            sent = await goes_out_with_a_fresh_slot(f, redis_client, queued, permit)
             stats = f.crawler.stats
             assert stats.get_value("redislock/detail/lost") == 1
             assert stats.get_value("redislock/detail/unusable") == 1
@@ -104,14 +105,13 @@ def test_a_ready_slot_past_its_lease_is_not_handed_out(
             try:
                 rival_permit = await asyncio.to_thread(rival.acquire, 20)
                 assert not permit.usable(time.monotonic())
-                sent = f.scheduler.next_request()
-                # the stale slot stays here; it waits in line
-                assert sent is queued and f.slots.take(sent) is None
+                # the stale slot is dropped; the request stays queued
+                assert f.scheduler.next_request() is None
                 del lock.maintain  # reachable again
                 assert f.crawler.stats.get_value("redislock/detail/unusable") == 1
                 assert held(redis_client, "detail") == [rival_permit.grant]
                 await asyncio.to_thread(rival.release, rival_permit)
-                await goes_out_with_a_fresh_slot(f, redis_client, sent, permit)
+                sent = await goes_out_with_a_fresh_slot(f, redis_client, queued, permit)
                 f.middleware.process_response(sent, Response(sent.url, request=sent))
             finally:
                 rival.close()

@@ -1,6 +1,6 @@
 """StageScheduler in-process (scrapy.utils.test.get_crawler, a real Redis, no crawl): capped
 requests stay in the inner scheduler, in its order, until they can go; at most
-REDISLOCK_WAITERS_PER_STAGE per stage wait in line in the middleware; the local hand-off of a freed
+REDISLOCK_WAITERS_PER_STAGE waits per stage in Redis's line get their slots; the local hand-off of a freed
 slot and its fairness bound; scrapy-redis's queue stays shared and is not polled while empty. The
 real crawls are in test_scheduler.py."""
 
@@ -45,8 +45,9 @@ def test_capped_requests_wait_in_the_scheduler_in_its_order(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
     """A full stage's requests stay queued (pending, counted by len) while other stages' go past
-    them; the one in line waits in the middleware; the next leaves only when it has got its slot;
-    priority order throughout."""
+    them: none leaves to wait for its slot in the downloader (where it would take one of
+    CONCURRENT_REQUESTS); the process's one wait in Redis for the stage gets a slot, which the
+    highest-priority request takes; a freed slot passes to the next queued one, same grant."""
 
     async def scenario() -> None:
         async with front(
@@ -54,42 +55,35 @@ def test_capped_requests_wait_in_the_scheduler_in_its_order(
         ) as f:
             scheduler = f.scheduler
             assert scheduler is not None
-            d0, d1, free, urgent = (
-                request("detail", 0),
-                request("detail", 1),
-                request(None, 0),
-                None,
-            )
+            d0, d1, free = request("detail", 0), request("detail", 1), request(None, 0)
             for r in (d0, d1, free):
                 scheduler.enqueue_request(r)
             urgent = prioritized("detail", 2, 5)
             scheduler.enqueue_request(urgent)
-            # the highest priority, in line without a slot
-            assert scheduler.next_request() is urgent
-            assert f.slots.take(urgent) is None
-            first = f.send(urgent)
-            # detail has one in line: the uncapped request goes past
+            # no detail slot in hand yet: the uncapped request goes past, no detail leaves
             assert scheduler.next_request() is free
             assert scheduler.next_request() is None
-            assert scheduler.has_pending_requests() and len(scheduler) == 2
-            await until(first.done)  # the one in line got its slot: the next may go in line
+            assert f.slots.lines.lines["detail"].asks  # the stage's wait in Redis
+            # the wait's grant is kept for the queued requests: the highest priority takes it
+            urgent_out = await f.next_request()
+            assert urgent_out is urgent
             permit = f.slots.take(urgent)
             assert isinstance(permit, Permit) and held(redis_client, "detail") == [permit.grant]
-            assert scheduler.next_request() is d0
-            second = f.send(d0)
-            # cap 1: d0 waits in Redis's line, d1 in the scheduler
+            f.send(urgent)
+            # cap 1: d0 and d1 wait in the scheduler, not in the downloader
             assert scheduler.next_request() is None
-            await until(lambda: f.slots.lines.waiting("detail") == 1)  # d0 waits in the middleware
+            assert scheduler.has_pending_requests() and len(scheduler) == 2
+            assert f.slots.lines.waiting("detail") == 0 and set(f.active) == {urgent}
             f.middleware.process_response(urgent, None)  # type: ignore[arg-type]
             f.active.discard(urgent)
-            # d0 was first in this process's line: the freed slot went to it, not past it, with no
-            # round trip (same grant)
-            await until(second.done)
+            # the freed slot was kept for the next queued request, with no round trip (same grant)
+            assert scheduler.next_request() is d0
             assert f.slots.take(d0) is permit
             assert f.crawler.stats.get_value("redislock/detail/reused") == 1
-            assert scheduler.next_request() is d1
+            f.send(d0)
             f.middleware.process_response(d0, None)  # type: ignore[arg-type]
             f.active.discard(d0)
+            assert scheduler.next_request() is d1
             await f.send(d1)
             f.middleware.process_response(d1, None)  # type: ignore[arg-type]
             assert not scheduler.has_pending_requests()
@@ -100,8 +94,9 @@ def test_capped_requests_wait_in_the_scheduler_in_its_order(
 
 
 def test_priority_order_within_and_across_stages(redis_url: str) -> None:
-    """A cap that never binds changes nothing in the order: priority first, across stages too; equal
-    priorities in the queue's order (FIFO here)."""
+    """A cap that never binds changes nothing in the order once the stages have slots in hand:
+    priority first, across stages too; equal priorities in the queue's order (FIFO here). Before
+    its first grant a capped stage's requests stay queued, so the uncapped request goes first."""
 
     async def scenario() -> None:
         async with front(
@@ -119,11 +114,18 @@ def test_priority_order_within_and_across_stages(redis_url: str) -> None:
             ]
             for r in wanted:
                 scheduler.enqueue_request(r)
-            order = []
-            while (r := scheduler.next_request()) is not None:
+            first = await f.next_request()  # before any grant: the uncapped request
+            order = [int(first.url.rsplit("/", 1)[1])]
+            f.send(first)
+            # each stage's waits got a slot for each of its queued requests (8 waits a stage)
+            await until(
+                lambda: f.slots.kept.count("detail") == 3 and f.slots.kept.count("comments") == 2
+            )
+            while len(order) < len(wanted):
+                r = await f.next_request()
                 order.append(int(r.url.rsplit("/", 1)[1]))
                 f.send(r)
-            assert order == [3, 5, 1, 0, 2, 4]
+            assert order == [5, 3, 1, 0, 2, 4]
             await until(lambda: len(f.slots.holding()) == 5)
             for r in list(f.slots.holding()):
                 f.middleware.process_response(r, None)  # type: ignore[arg-type]
@@ -145,7 +147,7 @@ def test_a_freed_slot_goes_to_the_next_queued_request_in_the_same_call(
             requests = [request("detail", n) for n in range(4)]
             for r in requests:
                 f.scheduler.enqueue_request(r)
-            current = f.scheduler.next_request()
+            current = await f.next_request()
             assert current is requests[0]
             await f.send(current)
             permit = f.slots.take(current)
@@ -182,8 +184,8 @@ def test_a_request_back_in_the_scheduler_with_its_stage_slot_does_not_leak_it(
             for r in holders:
                 scheduler.enqueue_request(r)
             for r in holders:
-                assert scheduler.next_request() is r
-                await f.send(r)  # waited for its slot in the middleware: both slots held
+                assert await f.next_request() is r  # with a slot the stage's waits got
+                await f.send(r)
             again = request("detail", 2)
             scheduler.enqueue_request(again)
             f.middleware.process_response(holders[0], None)  # type: ignore[arg-type]
@@ -213,15 +215,13 @@ def test_without_local_reuse_every_slot_goes_back_to_redis(
             assert f.scheduler is not None
             for n in range(2):
                 f.scheduler.enqueue_request(request("detail", n))
-            first = f.scheduler.next_request()
-            assert first is not None
+            first = await f.next_request()
             await f.send(first)
             grant = f.slots.take(first)
             f.middleware.request_left(first, f.crawler.spider)
             f.active.discard(first)
-            second = f.scheduler.next_request()
-            # no slot in hand: it waits in line
-            assert second is not None and f.slots.take(second) is None
+            # back to Redis: the next request waits in the scheduler for a new grant
+            second = await f.next_request()
             await f.send(second)
             again = f.slots.take(second)
             assert (
@@ -246,8 +246,7 @@ def test_past_the_reuse_bound_a_waiting_process_gets_the_slot(
         async with front(redis_url, {"detail": 1}, REDISLOCK_LOCAL_REUSE=bound) as f:
             assert f.scheduler is not None
             f.scheduler.enqueue_request(request("detail", 0))
-            current = f.scheduler.next_request()
-            assert current is not None
+            current = await f.next_request()
             await f.send(current)
             permit = f.slots.take(current)
             assert isinstance(permit, Permit)
@@ -271,15 +270,15 @@ def test_past_the_reuse_bound_a_waiting_process_gets_the_slot(
                 # old: back to Redis's line, where the other is first
                 theirs = await asyncio.wait_for(other_wait, 10)
                 assert theirs.fence > permit.fence
-                third = f.scheduler.next_request()
-                assert (
-                    third is not None
-                    and third.url.endswith("/detail/2")
-                    and f.slots.take(third) is None
-                )
-                waiting = f.send(third)
+                # the next queued request waits in the scheduler, this process's wait in Redis's
+                # line after the other's
+                assert f.scheduler.next_request() is None
                 await other.release(theirs)
-                await asyncio.wait_for(waiting, 10)
+                third = await f.next_request()
+                assert third.url.endswith("/detail/2")
+                mine = f.slots.take(third)
+                assert isinstance(mine, Permit) and mine.fence > theirs.fence
+                await f.send(third)
                 f.middleware.process_response(third, None)  # type: ignore[arg-type]
             finally:
                 await other.aclose()
@@ -339,7 +338,9 @@ def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
                 return pop(timeout)
 
             base.pop = counted
-            # detail may go (nothing in line): the next comes from Redis
+            # the first is done: its slot is kept for detail's next request, which comes from Redis
+            f.middleware.process_response(first, None)  # type: ignore[arg-type]
+            f.active.discard(first)
             second = await f.next_request()
             assert second.url.endswith("/detail/1")
             assert asks["n"] in (0, 1)  # the spider's own key is asked at most once before detail's
@@ -401,6 +402,8 @@ def test_over_scrapy_redis_the_request_fetched_ahead_goes_back_and_refused_ones_
             assert dropped and dropped[0].url == twice.url and len(dropped) == 1
             assert redis_client.zcard(key) == 4
             before.extend(redis_client.zrange(key, 0, -1))
+            assert scheduler.next_request() is None  # no slot yet: the stage's wait starts
+            await until(lambda: f.slots.kept.count("detail") == 1)
             assert scheduler.next_request() is None  # fetched in the queue thread
             await until(lambda: shared.ahead is not None)
             assert redis_client.zcard(key) == 3
