@@ -41,8 +41,9 @@ queue and close by themselves. Measured:
   ``request_left_downloader`` signals (downloads done), sampled right after every pop (the peaks) and every 50 ms;
   most and median (median over the samples between its first and last pop), and the most waiting for a slot
   (taken, not yet past the middlewares: popped less ``request_reached_downloader``). StageScheduler's bound: its
-  requests in flight plus REDISLOCK_WAITERS_PER_STAGE (2) per stage. From outside, the same for all processes
-  together: seeded - queued in Redis (one MULTI/EXEC over the queue's keys) - answered by the site, sampled every
+  requests in flight plus the one fetched ahead of the engine (a capped request waits for its slot in the queue).
+  From outside, the same for all processes together: seeded - queued in Redis (one MULTI/EXEC over the queue's
+  keys) - answered by the site, sampled every
   50 ms (a sample during which the site answered a request is dropped: it would count that request twice);
 - **late start**: the third process's start-up (process start to ``spider_opened``) and the time from
   ``spider_opened`` to its first request reaching the site; the requests still queued in Redis then;
@@ -89,7 +90,6 @@ SCRAPY_REDIS = {
     "SCHEDULER_PERSIST": True,
 }
 CAP = 3  # detail's cap in part 2
-WAITERS = 2  # REDISLOCK_WAITERS_PER_STAGE's default
 
 
 def options(argv: list[str] | None) -> argparse.Namespace:

@@ -47,8 +47,8 @@ def _wrap_classes() -> None:
     release, acquire = StageLocks.release, StageLocks.acquire
     hand, hold, pass_on = RequestSlots.hand, RequestSlots.hold, RequestSlots._pass_on
 
-    def timed_pass_on(self: RequestSlots, permit: Any, local: bool = True) -> bool:
-        passed = pass_on(self, permit, local)
+    def timed_pass_on(self: RequestSlots, permit: Any) -> bool:
+        passed = pass_on(self, permit)  # a finished request's slot, to a request of this process
         if passed:
             RECORDS["passed"].append(time.monotonic())
         return passed

@@ -163,9 +163,10 @@ TABLE: tuple[Setting, ...] = (
         "REDISLOCK_WAITERS_PER_STAGE",
         2,
         "positive_int",
-        "Requests per capped stage and process that may wait for a slot in the downloader, first "
-        "in this process's line in Redis (StageScheduler); the stage's other requests wait in the "
-        "inner scheduler, in its order.",
+        "Waits per capped stage and process in Redis's line for the stage's requests queued in "
+        "StageScheduler (each blocks one connection; their grants, and slots kept, are at most "
+        "this many); the requests wait in the inner scheduler, in its order, taking none of "
+        "CONCURRENT_REQUESTS.",
     ),
     Setting(
         "REDISLOCK_LOCAL_REUSE",

@@ -41,9 +41,8 @@ Retry-After) sends the request back to its sub-queue, its stage's slot back to R
 
 Looks in Redis under way are bounded by the downloader's free room (CONCURRENT_REQUESTS less what
 it has and what is ready, and the looks not waiting); waits by CONCURRENT_REQUESTS (each blocks
-one connection). A request of a capped stage that leaves with no slot of it in hand waits for one in
-the middleware, and takes its key and scope slots there, after it; so do all requests over
-scrapy-redis's scheduler, whose queue is shared in Redis and not split by key.
+one connection). Requests over scrapy-redis's scheduler, whose queue is shared in Redis and not
+split by key, take their key and scope slots in the middleware, after their stage's.
 
 Reads CONCURRENT_REQUESTS and, through the checked settings, REDISLOCK_WAIT_TIMEOUT and the key and
 scope settings.
@@ -217,8 +216,8 @@ class KeyLine:
 
     def load(self) -> Counter[str]:
         """Requests of this process per name that hold a slot of it, take one, have one kept, or
-        wait in the middleware to take one (those of a capped stage, waiting for their stage's slot
-        or holding it): counted once per pass of the engine."""
+        wait in the middleware to take one (those holding their stage's slot): counted once per
+        pass of the engine."""
         if self._load is None:
             # every name of every looking (its names kept with it) and holding request, counted in
             # one go: this runs for nearly every request a broad crawl schedules

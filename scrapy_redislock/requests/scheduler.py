@@ -8,28 +8,29 @@ one (Scrapy's by default, or scrapy-redis's) and gives it sub-queues per capped 
 (:mod:`~scrapy_redislock.requests.stagequeue`): the requests of a stage that cannot take one more
 stay in the inner scheduler, in its order, and the other stages' requests go past them.
 
-- A capped stage can take a request when this process has a slot of it in hand (passed on by one of
-  its finished requests), or when fewer than REDISLOCK_WAITERS_PER_STAGE of its requests wait for a
-  slot in the downloader: the head of the stage's sub-queue then goes to StageLockMiddleware and
-  waits there, in Redis's first-come-first-served line across processes (woken the moment a slot is
-  freed anywhere); when it gets its slot, the engine is woken to take the next one. What a process
-  holds out of the inner scheduler is its requests in flight plus at most
-  REDISLOCK_WAITERS_PER_STAGE per stage; a shared scrapy-redis queue stays shared (the rest stays in
-  Redis).
+- A capped stage can take a request when this process has a slot of it in hand: one passed on by a
+  finished request of this process, or a grant to one of the waits its line keeps in Redis's
+  first-come-first-served line across processes for the stage's queued requests (up to
+  REDISLOCK_WAITERS_PER_STAGE; woken the moment a slot is freed anywhere; the engine is woken to
+  take it). Until then the stage's requests wait in the inner scheduler and take none of
+  CONCURRENT_REQUESTS. What a process holds out of the inner scheduler is its requests in flight
+  (and over scrapy-redis the one fetched ahead); a shared scrapy-redis queue stays shared (the rest
+  stays in Redis).
 - Order: within a stage, the inner queue's own (priority, DEPTH_PRIORITY, callback requests before
   start requests, LIFO/FIFO); across the stages that can go, the highest priority first. With capped
   keys (REDISLOCK_STAGE_KEY with a key limit) the sub-queues are per stage and key, and a key at its
   limit in this process waits in the scheduler too (Scrapy's scheduler; over scrapy-redis keys wait
   in the middleware).
 - A slot freed by a finished request of this process goes straight to the oldest request of its
-  stage waiting in the middleware (whose wait in Redis's line stays, for the next), else to the next
-  queued request of its stage (kept for it by :class:`~scrapy_redislock.requests.requestslots.RequestSlots`):
+  stage waiting in the middleware (one that bypassed this scheduler; its wait in Redis's line stays,
+  for the next), else to the next queued request of its stage (kept for it by
+  :class:`~scrapy_redislock.requests.requestslots.RequestSlots`):
   no Redis round trip; within REDISLOCK_LOCAL_REUSE seconds of Redis's grant, so that other
   processes waiting in Redis's line get their turn.
 - A slot in hand that is lost or outlived its lease on this process's clock is dropped, never handed
   out (``StageLocks.usable``); a capped request that a middleware before StageLockMiddleware settles
-  without a download (a fresh HTTPCACHE hit, a URL robots.txt forbids) goes without a slot when its
-  turn comes.
+  without a download (a fresh HTTPCACHE hit, a URL robots.txt forbids) is queued as uncapped, and
+  goes without a slot.
 - ``has_pending_requests()``, ``len()`` and the scheduler's stats are the inner scheduler's: a
   request waiting for a slot is pending, and is counted once.
 - Over scrapy-redis's scheduler nothing blocks the reactor thread: its queue, dupefilter, open() and
@@ -45,9 +46,9 @@ for its slot in the downloader.
 On close, unused slots are freed; the queued requests are the inner scheduler's (JOBDIR or
 SCHEDULER_PERSIST keep them, unchanged), and so is every request that left it but never went out:
 those held back for their key slot (:meth:`KeyLine.close
-<scrapy_redislock.requests.keyline.KeyLine.close>`) and those waiting for their stage's slot in the
-middleware when the spider closes (given back by :meth:`StageScheduler._give_back`, before the inner
-scheduler closes). With REDISLOCK_ENABLED = False it is the inner scheduler
+<scrapy_redislock.requests.keyline.KeyLine.close>`) and those waiting in the middleware when the
+spider closes (for a key's slot over scrapy-redis; given back by :meth:`StageScheduler._give_back`,
+before the inner scheduler closes). With REDISLOCK_ENABLED = False it is the inner scheduler
 and nothing more; enabled with no stage in REDISLOCK_STAGES it is a ConfigError (nothing would be
 capped).
 

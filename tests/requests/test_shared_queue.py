@@ -1,9 +1,9 @@
 """StageScheduler over scrapy-redis's scheduler, three real processes on one shared Redis queue: the
 queue stays shared. What a process has not started stays in Redis (a process started late gets work
-at once; all processes together hold out of Redis no more than the stage's cap plus
-REDISLOCK_WAITERS_PER_STAGE and one request in transit each), and a SIGKILL loses only what the
-killed process had taken: its requests in flight, its line, and the one it was moving from the
-spider's key to its stage's."""
+at once; all processes together hold out of Redis no more than the stage's cap plus one request in
+transit each: a capped request waits for its slot in the queue, since issue 43), and a SIGKILL loses
+only what the killed process had taken: its requests in flight, and the one it had fetched ahead or
+was moving from the spider's key to its stage's."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from testing.spiders.dropinspider import held_samples
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
 SEEDED = 150
 CAP = 3
-WAITERS = 2  # REDISLOCK_WAITERS_PER_STAGE's default
+IN_TRANSIT = 1  # fetched ahead of the engine, or moving from the spider's key to its stage's
 
 
 def seed(client: redis.Redis, base: str) -> None:
@@ -147,11 +147,11 @@ def test_the_queue_stays_shared_and_a_kill_loses_only_what_the_process_held(
         site.delay = 0.1
         assert watch(lambda: reached(site, "p3") > 0), "the late process got no work"
         # It got work from what was still in Redis: the processes had taken no more than their
-        # requests in flight and their lines (and one in transit each) into their memory. p3 may
+        # requests in flight (and one in transit each) into their memory. p3 may
         # have taken its own by the time its probe says it opened: it counts as one of them.
         assert queued_when_p3_opened > 0
         held_outside_redis = SEEDED - queued_when_p3_opened - answered_then
-        assert held_outside_redis <= CAP + 3 * (WAITERS + 1), (
+        assert held_outside_redis <= CAP + 3 * IN_TRANSIT, (
             held_outside_redis,
             queued_when_p3_opened,
         )
@@ -177,20 +177,19 @@ def test_the_queue_stays_shared_and_a_kill_loses_only_what_the_process_held(
     # the killed process's last pages, answered
     assert site.wait_for(lambda: not site.in_flight, timeout=30)
 
-    # Out of Redis at any instant: the requests in flight (the cap, for all processes), each
-    # process's line, and each process's one request on its way from the spider's queue to its
-    # stage's (a pop, then a push).
-    assert held_outside and max(held_outside) <= CAP + 3 * (WAITERS + 1), max(held_outside)
+    # Out of Redis at any instant: the requests in flight (the cap, for all processes) and each
+    # process's one request fetched ahead or on its way from the spider's queue to its stage's (a
+    # pop, then a push).
+    assert held_outside and max(held_outside) <= CAP + 3 * IN_TRANSIT, max(held_outside)
     with site.lock:
         in_flight_at_kill = sum(
             1 for r in site.served if r.worker == "p1" and r.answered >= killed_at
         )
     never_fetched = SEEDED - len(site.hits)
-    # Lost: what p1 had taken: its requests at the site (their responses are lost), its line, never
-    # sent, and the one it may have been moving from the spider's key to its stage's (popped, not
-    # yet pushed).
-    assert never_fetched <= WAITERS + 1, never_fetched
-    assert in_flight_at_kill + never_fetched <= CAP + WAITERS + 1
+    # Lost: what p1 had taken: its requests with a slot, at the site (their responses are lost) or
+    # not there yet, and the one it may have fetched ahead or been moving from the spider's key to
+    # its stage's (popped, not yet pushed), never sent.
+    assert in_flight_at_kill + never_fetched <= CAP + IN_TRANSIT, (in_flight_at_kill, never_fetched)
     assert all(n == 1 for n in site.hits.values())  # nothing fetched twice
     assert queued(redis_client) == 0
     assert site.max_in_flight["detail"] <= CAP
