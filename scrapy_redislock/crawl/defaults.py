@@ -136,8 +136,9 @@ TABLE: tuple[Setting, ...] = (
         "REDISLOCK_WAIT_TIMEOUT",
         None,
         "positive_seconds",
-        "Seconds a request may wait for a slot before it fails with AcquireTimeout; None = "
-        "forever.",
+        "Seconds a request may wait for a slot before it fails with AcquireTimeout (with "
+        "StageScheduler, a wait in Redis for the queued requests of a stage, key or scope that runs "
+        "this long fails the next of them); None = forever.",
     ),
     Setting(
         "REDISLOCK_ALLOWED_SCHEMES",
