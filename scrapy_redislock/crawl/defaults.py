@@ -165,9 +165,9 @@ TABLE: tuple[Setting, ...] = (
         2,
         "positive_int",
         "Waits per capped stage and process in Redis's line for the stage's requests queued in "
-        "StageScheduler (each blocks one connection; their grants, and slots kept, are at most "
-        "this many); the requests wait in the inner scheduler, in its order, taking none of "
-        "CONCURRENT_REQUESTS.",
+        "StageScheduler (each blocks one connection; none opens while this many slots are kept for "
+        "them; over scrapy-redis's shared queue one); the requests wait in the inner scheduler, in "
+        "its order, taking none of CONCURRENT_REQUESTS.",
     ),
     Setting(
         "REDISLOCK_LOCAL_REUSE",

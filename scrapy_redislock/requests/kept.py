@@ -1,9 +1,9 @@
 """KeptSlots: slots got for a name's queued requests before one of them left the scheduler, kept
 for the next request of the name (oldest first). One copy for every name a request is capped by:
 :class:`~scrapy_redislock.requests.requestslots.RequestSlots` keeps its stages' (a finished
-request's slot passed on, a grant no request waited for),
-:class:`~scrapy_redislock.requests.keyline.KeyLine` its keys' and scopes' (a wait's grant, or the
-error the wait ran out with, which the name's next request fails with).
+request's slot passed on, a grant to a wait for the queued requests),
+:class:`~scrapy_redislock.requests.keyline.KeyLine` its keys' and scopes' (a wait's grant); both
+keep the error a wait ran out with, which the name's next queued request fails with.
 
 A kept slot that can no longer go with a request (lost, or past its lease on this process's clock:
 :meth:`StageLocks.usable <scrapy_redislock.crawl.stagelocks.StageLocks.usable>`, which counts and
@@ -59,12 +59,33 @@ class KeptSlots(Generic[Kept]):
         """Whether a usable slot (or an error) is kept for ``name``; unusable ones at the head are
         dropped on the way, back to Redis."""
         kept = self._by_name.get(name)
-        while kept and not isinstance(head := kept[0], BaseException) and not self.locks.usable(head):
+        while (
+            kept and not isinstance(head := kept[0], BaseException) and not self.locks.usable(head)
+        ):
             kept.popleft()
             self.locks.release_soon(head)
         if kept is not None and not kept:
             del self._by_name[name]
         return bool(kept)
+
+    def take_slot(self, name: str) -> SlotPermit | None:
+        """The oldest usable slot kept for ``name``, errors left in place for the queued requests
+        (a request waiting in the middleware never fails with a wait it did not make); unusable
+        slots are dropped on the way, back to Redis."""
+        kept = self._by_name.get(name)
+        for outcome in list(kept or ()):
+            if isinstance(outcome, BaseException):
+                continue
+            assert kept is not None
+            kept.remove(outcome)
+            if self.locks.usable(outcome):
+                if not kept:
+                    del self._by_name[name]
+                return outcome
+            self.locks.release_soon(outcome)
+        if kept is not None and not kept:
+            del self._by_name[name]
+        return None
 
     def take(self, name: str) -> Kept | None:
         """The oldest usable slot (or error) kept for ``name``; unusable ones are dropped on the way,

@@ -97,6 +97,7 @@ class InHand:
     stage: str
     permit: SlotPermit
     route: Route
+    waited: float = 0.0  # seconds its stage's queued requests waited for that slot
 
 
 class KeyLine:
@@ -284,7 +285,7 @@ class KeyLine:
         """The request goes with its stage's slot (the middleware takes it)."""
         if in_hand is not None:
             self.slots.hand(request, in_hand.permit)
-            self.slots.locks.record_grant(in_hand.stage, 0.0)
+            self.slots.locks.record_grant(in_hand.stage, in_hand.waited)
 
     def _drop_stage(self, request: Request) -> None:
         """The stage's slot of a request that does not go now goes back to Redis, whose line hands

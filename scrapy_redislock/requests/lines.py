@@ -13,15 +13,16 @@ in Redis, and when a request is served locally its wait stays in Redis's line fo
 command is spent withdrawing it). A grant that comes when no request waits here goes to the owner's
 ``place`` (for a stage: a request of it queued in StageScheduler, else back to Redis; for a key or
 scope: back to Redis). A request that gives up (REDISLOCK_WAIT_TIMEOUT, the spider closing)
-withdraws one wait when the line has more waits than requests. A line with no request and no wait
-left is forgotten (a broad crawl meets thousands of keys).
+withdraws one wait when the line has more waits than its requests and those wanted (below). A line
+with no request and no wait left is forgotten (a broad crawl meets thousands of keys).
 
 The owner may also want waits for requests that wait elsewhere (``wanted(name)``: a stage's requests
 queued in StageScheduler, which wait there and take none of CONCURRENT_REQUESTS): the line keeps that
 many more waits in Redis (:meth:`SlotLines.ask`), each with the owner's ``ask_timeout``; their
 grants go to ``place``, and so does the AcquireTimeout of one that runs out with no request waiting
-here (the stage's next queued request fails with it). Waits no longer wanted are withdrawn at the
-owner's tick (:meth:`SlotLines.trim`).
+here (the stage's next queued request fails with it). A wanted wait is opened again only when the
+owner asks (a grant it could not use is not chased by another); waits no longer wanted are withdrawn
+at the owner's tick (:meth:`SlotLines.trim`).
 
 Reads no settings itself: the wait's timeout and the local reuse bound (REDISLOCK_LOCAL_REUSE, at
 most half REDISLOCK_TTL) are the owner's, :class:`~.requestslots.RequestSlots` for stages and
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -40,6 +42,8 @@ from scrapy_redislock.errors import AcquireTimeout
 
 if TYPE_CHECKING:
     from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks
+
+logger = logging.getLogger(__name__)
 
 # keep(name, permit): StageScheduler keeps a freed slot for its next queued request of the name, or
 # says False (none could use it)
@@ -255,13 +259,15 @@ class SlotLines:
                 self._place(line.name, error)
             self._ask(line)
         elif error is not None:
-            # what the request's own wait would have raised (a Redis error is retried inside)
-            line.fail_oldest(error)
-            self._ask(line)
-        else:
-            if not line.offer(permit := ask.result()):
-                self._place(line.name, permit)
-            self._ask(line)  # still wanted (the grant was kept elsewhere): wait again
+            # what the request's own wait would have raised (a Redis error is retried inside); a
+            # wanted wait's is logged, and the owner asks again when it still wants one
+            if len(line):
+                line.fail_oldest(error)
+                self._ask(line)
+            else:
+                logger.warning("A wait for a slot of %s %r failed: %r", self.kind, line.name, error)
+        elif not line.offer(permit := ask.result()):
+            self._place(line.name, permit)
         self._tidy(line)
 
     def _expire(self, line: SlotLine, served: asyncio.Future[SlotPermit], timeout: float) -> None:

@@ -50,7 +50,8 @@ A slot found lost, or past the end of its lease (:meth:`StageLocks.usable
 local hand-off and the scheduler's hand-out drop it (released, in case Redis still holds it), and
 its request waits for another slot. Counted as ``redislock/<stage>/unusable``.
 
-Reads REDISLOCK_LOCAL_REUSE and REDISLOCK_TTL from the checked settings it is given. The clock (a
+Reads REDISLOCK_LOCAL_REUSE, REDISLOCK_TTL, REDISLOCK_WAITERS_PER_STAGE and REDISLOCK_WAIT_TIMEOUT
+from the checked settings it is given. The clock (a
 ``Callable[[], float]``, ``time.monotonic`` by default) times the local reuse bound and a kept
 slot's lease.
 """
@@ -119,6 +120,8 @@ class RequestSlots:
         # slots kept for the next queued request of their stage (a finished request's, or a grant
         # to a wait for the queued requests), or the error such a wait ran out with
         self.kept: KeptSlots[SlotPermit | BaseException] = KeptSlots(locks)
+        # per stage: since when its queued requests wait with no slot in hand (ask)
+        self._waiting_since: dict[str, float] = {}
         self._standing_down = False  # the scheduler closes, or the engine does: keep nothing
         locks.add_waiting_source(self._waiting_for)
         locks.add_tick_hook(self.tick)
@@ -154,26 +157,37 @@ class RequestSlots:
 
     async def wait(self, stage: str, timeout: float | None) -> SlotPermit:
         """A slot for a request waiting in the middleware: one kept for a queued request (at once:
-        this request left the scheduler before the slot was freed, it is older), else from this
+        this request left the scheduler before the slot was freed, it is older; a kept wait's error
+        stays for the queued requests), else from this
         process's line for the stage (a slot freed here, or a grant to one of its waits in Redis);
         AcquireTimeout after ``timeout`` s (None: none), counted as ``<stage>/timeouts``."""
-        kept = self.kept.take(stage)
-        if isinstance(kept, BaseException):
-            raise kept
+        kept = self.kept.take_slot(stage)
         if kept is not None:
             return kept
         return await self.lines.wait(stage, timeout)
 
     def ask(self, stage: str) -> None:
         """StageScheduler has requests of ``stage`` queued and no slot kept for them: the line keeps
-        waits in Redis for them (:meth:`_wanted`), whose grants are kept for them."""
+        waits in Redis for them (:meth:`_wanted`), whose grants are kept for them; the head request
+        waits from now (:meth:`waited`)."""
+        self._waiting_since.setdefault(stage, self.clock())
         self.lines.ask(stage)
+
+    def waited(self, stage: str) -> float:
+        """Seconds the stage's queued requests waited for the slot one of them leaves with now
+        (since the stage first had none for them; 0 for a slot that was in hand)."""
+        since = self._waiting_since.pop(stage, None)
+        return 0.0 if since is None else self.clock() - since
 
     def _wanted(self, stage: str) -> int:
         """Waits in Redis wanted for the queued requests of ``stage``: REDISLOCK_WAITERS_PER_STAGE
         less the slots kept, at most one per queued request that could use a slot."""
         if self._could_use is None or self._standing_down or stage not in self.stages:
             return 0
+        if engine_closing(self.crawler):
+            return (
+                0  # a grant would go straight back (_keep): no new wait until the tick stands down
+            )
         kept = self.kept.count(stage)
         room = self.waits_per_stage - kept
         return 0 if room <= 0 else max(0, min(room, self._could_use(stage) - kept))
@@ -186,7 +200,6 @@ class RequestSlots:
         if isinstance(outcome, BaseException):
             if self._could_use is not None and self._could_use(stage) > self.kept.count(stage):
                 self.kept.keep(stage, outcome)
-                self.locks.count(stage, "timeouts")
                 wake_engine(self.crawler)
         elif not (self.locks.usable(outcome) and self._keep(stage, outcome)):
             self.locks.release_soon(outcome)

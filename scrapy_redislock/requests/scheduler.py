@@ -502,15 +502,19 @@ class StageScheduler:
             return request  # robots.txt answers it (its cache entry was read when it was queued)
         permit = self.slots.kept.take(stage)
         if permit is None:
-            return request  # no downloader to watch, or queues not split: it waits in the middleware
+            return (
+                request  # no downloader to watch, or queues not split: it waits in the middleware
+            )
+        waited = self.slots.waited(stage)
         if isinstance(permit, BaseException):
             self.slots.hand(request, permit)  # a wait for the stage's queued requests ran out
+            self.slots.locks.count(stage, "timeouts")
         elif self.keyline is not None:
-            if self.keyline.holds_back(request, InHand(stage, permit, route)):
+            if self.keyline.holds_back(request, InHand(stage, permit, route, waited)):
                 return None
         else:
             self.slots.hand(request, permit)
-            self.slots.locks.record_grant(stage, 0.0)
+            self.slots.locks.record_grant(stage, waited)
         return request
 
     # -- slots -------------------------------------------------------------------------------------
@@ -539,8 +543,12 @@ class StageScheduler:
         wake_engine(self.crawler)
 
     def _wake(self) -> None:
-        """The shared queue has news (a request fetched, the queue read): the engine asks again."""
+        """The shared queue has news (a request fetched, a stage's queue found empty, the queue
+        read): slots kept for a stage found empty go back to Redis at once, and the engine asks
+        again."""
         if not self.closing:
+            assert self.slots is not None
+            self.slots.kept.prune(self._could_use)
             wake_engine(self.crawler)
 
     async def tick(self) -> None:

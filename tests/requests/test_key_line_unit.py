@@ -20,7 +20,7 @@ from scrapy_redislock.crawl.engine import downloader_middlewares
 from scrapy_redislock.errors import AcquireTimeout
 from scrapy_redislock.requests.keyline import KeyLine
 from testing.crawlproc import leftover
-from testing.inprocess import Front, front, request
+from testing.inprocess import Front, front, held, request
 from testing.netproxy import LatencyProxy
 from testing.waiting import until
 
@@ -179,6 +179,49 @@ def test_a_request_of_a_capped_stage_counts_in_its_keys_load(redis_url: str) -> 
             assert await f.next_request() is free
             await f.send(free)
             f.middleware.process_response(free, None)  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+
+
+def test_a_stage_slot_its_requests_cannot_use_for_their_key_is_not_chased(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Requests of one capped stage and one key (limit 1): the first leaves with both slots; the
+    others cannot go while the first holds the key, so the stage's slots got for them go back to
+    Redis and no new wait for the stage opens until the key is free again (a wait for queued
+    requests is opened only when a request of them could go but for its stage's slot)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": 8},
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_KEY_LIMIT=1,
+            REDISLOCK_WAITERS_PER_STAGE=2,
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            first, second, *rest = (request("detail", n) for n in range(5))  # the same domain
+            for r in (first, second, *rest):
+                scheduler.enqueue_request(r)
+            assert await f.next_request() is first
+            await f.send(first)
+            line = f.slots.lines.lines.get("detail")
+
+            def settled() -> bool:
+                assert scheduler.next_request() is None  # the engine asks again and again
+                return (line is None or not line.asks) and not f.slots.kept.count("detail")
+
+            await until(settled)
+            await until(lambda: not f.locks.releasing)
+            assert len(held(redis_client, "detail")) == 1  # the first request's only
+            f.middleware.process_response(first, None)  # type: ignore[arg-type]
+            f.active.discard(first)
+            for r in (second, *rest):
+                assert await f.next_request() is r  # the key is free: the stage asks again
+                await f.send(r)
+                f.middleware.process_response(r, None)  # type: ignore[arg-type]
+                f.active.discard(r)
 
     asyncio.run(scenario())
 

@@ -247,10 +247,17 @@ def test_wait_timeout_fails_waiting_requests_promptly(
     redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
 ) -> None:
     """REDISLOCK_WAIT_TIMEOUT: requests that waited that long for a slot fail with AcquireTimeout,
-    with StageScheduler (in line) and with the middleware alone, at the deadline rather than at the
-    engine's next heartbeat."""
+    with the middleware alone (each request's own wait) and with StageScheduler (each wait in Redis
+    for the stage's queued requests that runs out fails the next of them), at the deadline rather
+    than at the engine's next heartbeat. The lease (REDISLOCK_TTL 10 s) outlasts a page (3 s): a
+    download cut at its lease's end goes on at the site, and a request still waiting would then
+    make two at the site."""
     site.delay = 3.0
-    extra = {"REDISLOCK_STAGES": {"detail": 1}, "REDISLOCK_WAIT_TIMEOUT": 1.0}
+    extra = {
+        "REDISLOCK_STAGES": {"detail": 1},
+        "REDISLOCK_WAIT_TIMEOUT": 1.0,
+        "REDISLOCK_TTL": 10,
+    }
     crawls = {
         scheduler: Crawl(
             site.url, "detail:4", settings(redis_url, SCHEDULER=scheduler, **extra), tmp_path
