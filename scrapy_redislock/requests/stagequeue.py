@@ -434,6 +434,10 @@ class SharedStageQueues:
             stage: Backoff(first=EMPTY_PAUSE, most=EMPTY_PAUSE_MOST) for stage in self.queues
         }
         self._ask_at = dict.fromkeys(self.queues, 0.0)
+        # capped stages whose queue a fetch found empty (and this process pushed none to since): no
+        # slot is asked for them; after its pause a stage is looked at by a fetch without one (a
+        # probe), as the spider's own key is
+        self._found_empty: set[str | None] = set()
         self._turns = dict.fromkeys(self.queues, 0)
         self._turn = 0
         self._outage = Backoff(first=EMPTY_PAUSE, most=OUTAGE_PAUSE_MOST)
@@ -562,6 +566,7 @@ class SharedStageQueues:
         self.moved += 1
         self._ask_at[stage] = 0.0
         self._pauses[stage].reset()
+        self._found_empty.discard(stage)
 
     def give_back(self, request: Request, *, back: bool = False) -> None:
         """Push ``request`` (one that left but never went out, or, ``back``, one fetched ahead to
@@ -641,11 +646,13 @@ class SharedStageQueues:
             error, self._error = self._error, None
             raise error
         if self.ahead is not None:
-            stage, request, own = self.ahead
-            self.ahead = None
+            stage, request, _ = self.ahead
             if self.admission.may_go((stage, None)):
+                self.ahead = None
                 return request
-            self.give_back(request, back=own)  # its stage cannot take it now: back in its place
+            # its stage has no slot in hand yet: it waits for one here (the stage's wait in Redis
+            # started), or goes back to its place in Redis at the next tick
+            return None
         self._start_fetch()
         return None
 
@@ -678,7 +685,7 @@ class SharedStageQueues:
         asked: list[str | None] = []
         paused_until = None
         for stage in sorted(self.queues, key=self._turns.__getitem__):
-            if not self.admission.may_go((stage, None)):
+            if not (self.admission.may_go((stage, None)) or stage in self._found_empty):
                 continue
             if now < self._ask_at[stage]:
                 paused_until = min(paused_until or self._ask_at[stage], self._ask_at[stage])
@@ -762,11 +769,14 @@ class SharedStageQueues:
         self._answers()
         for name in empty:
             self._ask_at[name] = now + self._pauses[name].next()
+            if name is not None:
+                self._found_empty.add(name)
         if request is None:
             self.wake()  # the engine may be idle now: it looks again (paused sub-queues wait)
             return
         self._took(stage)
         real = self._stage_of(request) if stage is None else stage
+        self._found_empty.discard(real)
         if self.closing:
             self.give_back(request, back=stage == real)
             return
@@ -779,8 +789,13 @@ class SharedStageQueues:
         self.wake()
 
     def may_have(self, stage: str | None) -> bool:
-        """Whether ``stage``'s queue may hold a request: not found empty within its pause."""
-        return stage in self._ask_at and self.clock() >= self._ask_at[stage]
+        """Whether ``stage``'s queue may hold a request worth a slot: not found empty by the last
+        fetch (a fetch without a slot looks again after its pause)."""
+        return (
+            stage in self._ask_at
+            and self.clock() >= self._ask_at[stage]
+            and stage not in self._found_empty
+        )
 
     def tick(self) -> None:
         """At every renewal tick: a request fetched ahead that its stage could not take since goes
