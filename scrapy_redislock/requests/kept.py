@@ -90,14 +90,11 @@ class KeptSlots(Generic[Kept]):
     def take(self, name: str) -> Kept | None:
         """The oldest usable slot (or error) kept for ``name``; unusable ones are dropped on the way,
         back to Redis. None when nothing is kept."""
-        kept = self._by_name.get(name)
-        outcome: Kept | None = None
-        while kept and outcome is None:
-            outcome = kept.popleft()
-            if not isinstance(outcome, BaseException) and not self.locks.usable(outcome):
-                self.locks.release_soon(outcome)
-                outcome = None
-        if kept is not None and not kept:
+        if not self.ready(name):
+            return None
+        kept = self._by_name[name]
+        outcome = kept.popleft()
+        if not kept:
             del self._by_name[name]
         return outcome
 

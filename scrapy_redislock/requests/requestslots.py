@@ -184,10 +184,9 @@ class RequestSlots:
         less the slots kept, at most one per queued request that could use a slot."""
         if self._could_use is None or self._standing_down or stage not in self.stages:
             return 0
+        # closing: a grant would go straight back (_keep), so no new wait until the tick stands down
         if engine_closing(self.crawler):
-            return (
-                0  # a grant would go straight back (_keep): no new wait until the tick stands down
-            )
+            return 0
         kept = self.kept.count(stage)
         room = self.waits_per_stage - kept
         return 0 if room <= 0 else max(0, min(room, self._could_use(stage) - kept))
