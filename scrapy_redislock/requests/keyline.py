@@ -18,9 +18,12 @@ are taken in everywhere: docs/scopes.md).
   it got go back (a kept one is kept again, a fresh one returns to Redis: a request holds no slot
   while it waits), the request goes back into the inner scheduler, into a sub-queue of the refused
   name (on disk with JOBDIR), and one wait for a slot of that name starts here (first come, first
-  served in Redis). Those requests stay queued and take none of CONCURRENT_REQUESTS, while other
+  served in Redis): the name's wanted wait in this process's line for it, the line requests waiting
+  in the middleware use too (:meth:`SlotLines.ask <scrapy_redislock.requests.lines.SlotLines.ask>`,
+  as a stage's). Those requests stay queued and take none of CONCURRENT_REQUESTS, while other
   names' requests go past them. A slot the wait gets is kept for the name's next request, which the
-  sub-queue then lets go; the wait goes on while the name has more requests queued than slots kept.
+  sub-queue then lets go (:meth:`KeyLine.place`); the wait is opened again while the name has more
+  requests queued than slots kept.
   So is a slot of the name that a finished request of this process frees while its queued requests
   outnumber the slots kept (the local hand-off, within REDISLOCK_LOCAL_REUSE of Redis's grant, as a
   stage's: :meth:`SlotLines.pass_on <scrapy_redislock.requests.lines.SlotLines.pass_on>`).
@@ -33,16 +36,19 @@ are taken in everywhere: docs/scopes.md).
 
 **Requests of a capped stage** that leave with a slot of their stage in hand (one kept for it: a
 finished request's, passed on), while their key has room in this process: one look in Redis per
-name, as above; a name refused, the request waits here for it, in the name's line in Redis, with
-its stage's slot (a slot of a name is never held waiting for a stage's: that order could deadlock
-with the requests that wait for their key in the middleware holding their stage's), but with none
-of CONCURRENT_REQUESTS. A wait that runs out fails the request with AcquireTimeout; a pause (a
-Retry-After) sends the request back to its sub-queue, its stage's slot back to Redis.
+name, as above; a name refused, the request waits here for it, in this process's line for the name
+(:meth:`SlotLines.wait <scrapy_redislock.requests.lines.SlotLines.wait>`, served first, and by a
+slot a finished request frees), with its stage's slot (a slot of a name is never held waiting for a
+stage's: that order could deadlock with the requests that wait for their key in the middleware
+holding their stage's), but with none of CONCURRENT_REQUESTS. A wait that runs out fails the request
+with AcquireTimeout; a pause (a Retry-After) sends the request back to its sub-queue, its stage's
+slot back to Redis.
 
-Looks in Redis under way are bounded by the downloader's free room (CONCURRENT_REQUESTS less what
-it has and what is ready, and the looks not waiting); waits by CONCURRENT_REQUESTS (each blocks
-one connection). Requests over scrapy-redis's scheduler, whose queue is shared in Redis and not
-split by key, take their key and scope slots in the middleware, after their stage's.
+Looks in Redis under way are bounded by the downloader's free room (CONCURRENT_REQUESTS less what it
+has and what is ready, and the looks not waiting); waits in Redis by CONCURRENT_REQUESTS (each
+blocks one connection: the lines' bound, ScopeThrottle's). Requests over scrapy-redis's scheduler,
+whose queue is shared in Redis and not split by key, take their key and scope slots in the
+middleware, after their stage's.
 
 Reads CONCURRENT_REQUESTS and, through the checked settings, REDISLOCK_WAIT_TIMEOUT and the key and
 scope settings.
@@ -129,15 +135,14 @@ class KeyLine:
         self.ready: deque[Request] = deque()  # got their slot meanwhile: the engine's next
         # per name: slots (or a wait's error) for its next requests
         self.kept: KeptSlots[SlotPermit | BaseException] = KeptSlots(self.locks)
-        self.waits: dict[str, asyncio.Task[None]] = {}  # one wait per key, while it has a queue
+        # per name with queued requests and none kept for them: since when they wait
+        self.asked_at: dict[str, float] = {}
         # keys whose starts a Retry-After paused: until the timer ends it
         self.paused: dict[str, asyncio.TimerHandle] = {}
         self.tasks: set[asyncio.Task[None]] = set()
-        # waits under way at once: each blocks one connection
-        self.connections = asyncio.Semaphore(max(1, self.room))
         self.closed = False
         self._load: Counter[str] | None = None
-        throttle.serve_scheduler(self.keep_freed)
+        throttle.serve_scheduler(self.keep_freed, place=self.place, wanted=self.wanted)
 
     def keep_freed(self, key: str, permit: SlotPermit) -> bool:
         """A slot of ``key`` freed by a finished request of this process (young and usable: the
@@ -150,6 +155,37 @@ class KeyLine:
         self._load = None
         wake_engine(self.crawler)
         return True
+
+    def wanted(self, key: str) -> int:
+        """Waits in Redis wanted for the queued requests of ``key`` (one per name and process):
+        while more are queued than slots kept, and the key is not paused."""
+        if self.closed or key in self.paused:
+            return 0
+        return 1 if self.queued(key) > self.kept.count(key) else 0
+
+    def place(self, key: str, outcome: SlotPermit | AcquireTimeout) -> None:
+        """A grant to the key's wanted wait (no request waited for it in the line), or the error it
+        ran out with: kept for the key's next queued request, and the wait opened again while more
+        are queued than kept; back to Redis (an error forgotten) when none is left for it."""
+        if self.closed or self.queued(key) <= self.kept.count(key):
+            if not isinstance(outcome, BaseException):
+                self.locks.release_soon(outcome)
+            return
+        if isinstance(outcome, BaseException):
+            self.locks.count(key, "timeouts")  # the key's next request fails with it
+        else:
+            since = self.asked_at.pop(key, None)
+            self.throttle.record(0.0 if since is None else self.clock() - since)
+        self.kept.keep(key, outcome)
+        self._load = None
+        wake_engine(self.crawler)
+        self._ask(key)
+
+    def _ask(self, key: str) -> None:
+        """The key's queued requests want a wait in its line (:meth:`wanted`)."""
+        if self.wanted(key):
+            self.asked_at.setdefault(key, self.clock())
+            self.throttle.lines.ask(key)
 
     # -- the keys' sub-queues in the inner scheduler ------------------------------------------------
 
@@ -201,7 +237,7 @@ class KeyLine:
         here, and fewer than its limit of this process's requests hold, take or wait for it. Other
         processes' are not seen (that would cost a read per request): their share shows in the
         take."""
-        if key in self.paused or key in self.waits or self.closed:
+        if key in self.paused or self.throttle.lines.asking(key) or self.closed:
             return False
         limit = self.settings.keys.limit_of(key)
         return limit is None or self.load()[key] < limit
@@ -340,9 +376,8 @@ class KeyLine:
                     permit = None
                 except Paused as exc:
                     permit, paused = None, exc
-                except AcquireTimeout as exc:
+                except AcquireTimeout as exc:  # counted by the line
                     permit, failed = None, exc
-                    self.locks.count(name, "timeouts")
                 if permit is None:
                     refused = name
                     break
@@ -385,16 +420,16 @@ class KeyLine:
             elif with_stage:
                 self._pause(refused, REDIS_RETRY)  # Redis failed it: not again at once
             else:
-                self._wait_for(refused)
+                self._ask(refused)
         wake_engine(self.crawler)
 
     async def _wait_with_stage(self, request: Request, name: str) -> SlotPermit:
-        """A request of a capped stage waits for a slot of ``name`` in its line in Redis, with its
-        stage's slot in hand (not one of CONCURRENT_REQUESTS: it is not counted as looking)."""
+        """A request of a capped stage waits for a slot of ``name`` in this process's line for it,
+        with its stage's slot in hand (not one of CONCURRENT_REQUESTS: it is not counted as
+        looking)."""
         self.waiting.add(request)
         try:
-            async with self.connections:
-                return await self.locks.acquire(name, self.settings.wait_timeout)
+            return await self.throttle.lines.wait(name, self.settings.wait_timeout)
         finally:
             self.waiting.discard(request)
 
@@ -410,42 +445,6 @@ class KeyLine:
         self._load = None
         wake_engine(self.crawler)
 
-    def _wait_for(self, key: str) -> None:
-        if key not in self.waits and not self.closed:
-            self.waits[key] = self._start(self._wait(key))
-
-    async def _wait(self, key: str) -> None:
-        """Wait for slots of ``key`` while it has more requests queued than slots kept (at most as
-        many waits at once as CONCURRENT_REQUESTS: each blocks one connection)."""
-        try:
-            while not self.closed and self.queued(key) > self.kept.count(key):
-                started = self.clock()
-                try:
-                    async with self.connections:
-                        permit: SlotPermit | BaseException = await self.locks.acquire(
-                            key, self.settings.wait_timeout
-                        )
-                except AcquireTimeout as exc:
-                    permit = exc
-                if self.queued(key) <= self.kept.count(key):
-                    # enough kept meanwhile (finished requests' slots): a slot goes back to Redis at
-                    # once, an error is forgotten (no queued request waited for it)
-                    if not isinstance(permit, BaseException):
-                        self.locks.release_soon(permit)
-                    continue
-                if isinstance(permit, BaseException):
-                    self.locks.count(key, "timeouts")  # the key's next request fails with it
-                else:
-                    self.throttle.record(self.clock() - started)
-                self.kept.keep(key, permit)
-                self._load = None
-                wake_engine(self.crawler)
-        finally:
-            if self.waits.get(key) is asyncio.current_task():
-                del self.waits[key]
-            self._load = None
-            wake_engine(self.crawler)
-
     def _start(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
@@ -458,6 +457,9 @@ class KeyLine:
         """At every renewal tick: give back kept slots that no queued request can use, or that can
         no longer go with a request; forget a kept error no queued request is left to fail with."""
         self.kept.prune(self.queued)
+        self.throttle.lines.trim()
+        for key in [key for key in self.asked_at if not self.wanted(key)]:
+            del self.asked_at[key]
         self._load = None
 
     def stand_down(self) -> None:
@@ -470,6 +472,7 @@ class KeyLine:
             timer.cancel()
         self.paused.clear()
         self.kept.release_all()
+        self.throttle.lines.trim()  # the queued requests' waits (none wanted now)
 
     def close(self) -> None:
         """Stand down and queue back the requests out of the inner scheduler here, before it

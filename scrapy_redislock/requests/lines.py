@@ -16,17 +16,20 @@ scope: back to Redis). A request that gives up (REDISLOCK_WAIT_TIMEOUT, the spid
 withdraws one wait when the line has more waits than its requests and those wanted (below). A line
 with no request and no wait left is forgotten (a broad crawl meets thousands of keys).
 
-The owner may also want waits for requests that wait elsewhere (``wanted(name)``: a stage's requests
-queued in StageScheduler, which wait there and take none of CONCURRENT_REQUESTS): the line keeps that
-many more waits in Redis (:meth:`SlotLines.ask`), each with the owner's ``ask_timeout``; their
-grants go to ``place``, and so does the AcquireTimeout of one that runs out with no request waiting
-here (the stage's next queued request fails with it). A wanted wait is opened again only when the
-owner asks (a grant it could not use is not chased by another); waits no longer wanted are withdrawn
-at the owner's tick (:meth:`SlotLines.trim`).
+The owner may also want waits for requests that wait elsewhere (``wanted(name)``: a stage's, key's
+or scope's requests queued in StageScheduler, which wait there and take none of
+CONCURRENT_REQUESTS): the line keeps that many more waits in Redis (:meth:`SlotLines.ask`), each
+with the owner's ``ask_timeout``; their grants go to ``place``, and so does the AcquireTimeout of one
+that runs out with no request waiting here (the name's next queued request fails with it). A wanted
+wait is opened again only when the owner asks (a grant it could not use is not chased by another);
+waits no longer wanted are withdrawn at the owner's tick (:meth:`SlotLines.trim`). The owner may
+bound the waits in Redis under way at once over all its names (``bound``: each blocks one
+connection, and a broad crawl meets thousands of keys); the others wait here for their turn.
 
-Reads no settings itself: the wait's timeout and the local reuse bound (REDISLOCK_LOCAL_REUSE, at
-most half REDISLOCK_TTL) are the owner's, :class:`~.requestslots.RequestSlots` for stages and
-:class:`~.throttle.ScopeThrottle` for keys and scopes.
+Reads no settings itself: the wait's timeout, the bound and the local reuse bound
+(REDISLOCK_LOCAL_REUSE, at most half REDISLOCK_TTL) are the owner's,
+:class:`~.requestslots.RequestSlots` for stages and :class:`~.throttle.ScopeThrottle` for keys and
+scopes (whose ``place`` and ``wanted`` are StageScheduler's :class:`~.keyline.KeyLine`).
 """
 
 from __future__ import annotations
@@ -138,6 +141,7 @@ class SlotLines:
         kind: str = "stage",
         wanted: Callable[[str], int] | None = None,
         ask_timeout: float | None = None,
+        bound: int | None = None,
     ) -> None:
         self.locks = locks  # the registry the waits in Redis go to
         self.kind = kind  # what its names are, for messages: stage, key
@@ -147,12 +151,20 @@ class SlotLines:
         self.place = place
         self.wanted = wanted  # waits wanted per name for requests waiting elsewhere
         self.ask_timeout = ask_timeout  # a wait's own timeout in Redis (None: none)
+        # waits in Redis under way at once, over all names (None: no bound)
+        self.bound = None if bound is None else asyncio.Semaphore(max(1, bound))
         self.lines: dict[str, SlotLine] = {}
 
     def waiting(self, name: str) -> int:
         """Requests waiting here for a slot of ``name`` now."""
         line = self.lines.get(name)
         return 0 if line is None else len(line)
+
+    def asking(self, name: str) -> int:
+        """This process's waits in Redis for a slot of ``name`` now (or waiting for their turn
+        under the bound)."""
+        line = self.lines.get(name)
+        return 0 if line is None else len(line.asks)
 
     def young(self, permit: SlotPermit, now: float) -> bool:
         """Whether a finished request's slot may pass straight to another request of this process:
@@ -239,9 +251,19 @@ class SlotLines:
     def _ask(self, line: SlotLine) -> None:
         """One wait in Redis per request waiting in ``line``, and those ``wanted``."""
         while line.short(self._wanted(line.name)) > 0 and not self.locks.closed:
-            ask = asyncio.ensure_future(self.locks.acquire(line.name, self.ask_timeout))
+            ask = asyncio.ensure_future(
+                self.locks.acquire(line.name, self.ask_timeout)
+                if self.bound is None
+                else self._bounded(line.name)
+            )
             line.asks.add(ask)
             ask.add_done_callback(functools.partial(self._answered, line))
+
+    async def _bounded(self, name: str) -> SlotPermit:
+        """A wait in Redis once fewer than ``bound`` are under way."""
+        assert self.bound is not None
+        async with self.bound:
+            return await self.locks.acquire(name, self.ask_timeout)
 
     def _answered(self, line: SlotLine, ask: asyncio.Future[SlotPermit]) -> None:
         """A wait in Redis ended: its slot goes to the oldest request waiting in ``line``, else to

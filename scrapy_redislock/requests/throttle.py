@@ -51,7 +51,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
@@ -64,7 +64,7 @@ from scrapy_redislock.crawl.keys import domain, request_key
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.scopes import request_scopes
 from scrapy_redislock.crawl.stagelocks import SlotPermit
-from scrapy_redislock.errors import KeyFunctionError, Paused
+from scrapy_redislock.errors import AcquireTimeout, KeyFunctionError, Paused
 from scrapy_redislock.requests.closewaits import CloseWaits
 from scrapy_redislock.requests.ledger import PermitLedger
 from scrapy_redislock.requests.lines import Keep, SlotLines
@@ -123,12 +123,15 @@ class ScopeThrottle:
         self.permits: PermitLedger[Request, ScopeHolds] = PermitLedger()
         # the requests waiting in the middleware, for a slot of a key or scope among others
         self.waits = CloseWaits.of(crawler, settings)
-        # per key or scope: this process's line for its slots in the middleware (a grant no
-        # request waits for goes back to Redis)
+        # per key or scope: this process's line for its slots, for requests waiting in the
+        # middleware and StageScheduler's queued ones (a grant none waits for goes back to Redis);
+        # each wait in Redis blocks one connection: at most CONCURRENT_REQUESTS at once
         self.lines = SlotLines(
             self.locks,
             reuse_for=min(settings.local_reuse, settings.ttl / 2),
             kind="key",
+            ask_timeout=settings.wait_timeout,
+            bound=crawler.settings.getint("CONCURRENT_REQUESTS"),
         )
         # StageScheduler's (serve_scheduler): a freed slot kept for a queued request of its name
         self._keep: Keep | None = None
@@ -464,10 +467,20 @@ class ScopeThrottle:
         for permit in holds.permits if holds is not None else ():
             self.free(permit)
 
-    def serve_scheduler(self, keep: Keep) -> None:
+    def serve_scheduler(
+        self,
+        keep: Keep,
+        *,
+        place: Callable[[str, SlotPermit | AcquireTimeout], None],
+        wanted: Callable[[str], int],
+    ) -> None:
         """StageScheduler's key line, once: ``keep(name, permit)`` keeps a freed slot for its next
-        queued request of the key or scope (False: none could use it)."""
+        queued request of the key or scope (False: none could use it); the lines' waits in Redis
+        for its queued requests (``wanted(name)`` of them per name) bring their grants and
+        timeouts to ``place``."""
         self._keep = keep
+        self.lines.place = place
+        self.lines.wanted = wanted
 
     def free(self, permit: SlotPermit) -> None:
         """Pass a slot straight to the oldest request of this process waiting here for its key or

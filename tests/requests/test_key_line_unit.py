@@ -388,15 +388,67 @@ def test_a_key_wait_that_runs_out_after_its_queue_was_served_locally_leaves_no_e
             await f.send(first)
             scheduler.enqueue_request(second)
             assert scheduler.next_request() is None  # a take, refused: a wait starts
-            await until(lambda: key in line.waits and line.queued(key) == 1)
+            await until(lambda: line.throttle.lines.asking(key) and line.queued(key) == 1)
             f.middleware.process_response(first, None)  # type: ignore[arg-type]
             f.active.discard(first)
             assert await f.next_request() is second  # with first's slot, kept for it
             # the wait runs out (an error it kept would stay until the next renewal tick)
-            await until(lambda: key not in line.waits or line.kept.count(key) > 0, timeout=10)
+            await until(
+                lambda: not line.throttle.lines.asking(key) or line.kept.count(key) > 0, timeout=10
+            )
             assert line.kept.count(key) == 0
-            await until(lambda: key not in line.waits)
+            await until(lambda: not line.throttle.lines.asking(key))
             f.middleware.process_response(second, None)  # type: ignore[arg-type]
             await line.locks.release(blocker)
+
+    asyncio.run(scenario())
+
+
+def test_a_request_waiting_with_its_stage_slot_gets_a_key_slot_freed_here(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A request of a capped stage whose key another process holds waits in the scheduler, with its
+    stage's slot, in this process's line for the key, the line requests waiting in the middleware
+    use: a slot of the key freed by a finished request here passes straight to it (the same grant,
+    no release, counted as ``redislock/keys/reused``), as it would to a request waiting in the
+    middleware. Nothing is left in Redis after."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": 2},
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_KEY_LIMIT=2,
+            REDISLOCK_LOCAL_REUSE=30,
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.keyline is not None
+            line = scheduler.keyline
+            key = "127.0.0.1"
+            blocker = await line.locks.acquire(key, None)  # another process's, say
+            first, second = request("detail", 1), request("detail", 2)  # the same domain
+            scheduler.enqueue_request(first)
+            assert await f.next_request() is first  # the key's other slot
+            [permit] = line.throttle.held(first)
+            await f.send(first)
+            scheduler.enqueue_request(second)
+
+            def waits_with_its_stage_slot() -> bool:
+                assert scheduler.next_request() is None
+                return second in line.waiting
+
+            await until(waits_with_its_stage_slot)
+            assert line.throttle.lines.waiting(key) == 1
+            f.middleware.process_response(first, None)  # type: ignore[arg-type]
+            f.active.discard(first)
+            assert not permit.released
+            assert await f.next_request() is second
+            assert line.throttle.held(second) == [permit]  # the same grant
+            assert f.crawler.stats.get_value("redislock/keys/reused") == 1
+            await f.send(second)
+            f.middleware.process_response(second, None)  # type: ignore[arg-type]
+            await line.locks.release(blocker)
+            await until(lambda: not line.locks.releasing)
+            assert permit.released
 
     asyncio.run(scenario())
