@@ -45,8 +45,9 @@ with AcquireTimeout; a pause (a Retry-After) sends the request back to its sub-q
 slot back to Redis.
 
 Looks in Redis under way are bounded by the downloader's free room (CONCURRENT_REQUESTS less what it
-has and what is ready, and the looks not waiting); waits in Redis by CONCURRENT_REQUESTS (each
-blocks one connection: the lines' bound, ScopeThrottle's). Requests over scrapy-redis's scheduler,
+has and what is ready, and the looks not waiting); the waits for queued requests by
+CONCURRENT_REQUESTS (each blocks one connection: the line's bound, ScopeThrottle's; a request
+waiting with its stage's slot is bounded by that slot). Requests over scrapy-redis's scheduler,
 whose queue is shared in Redis and not split by key, take their key and scope slots in the
 middleware, after their stage's.
 
@@ -152,6 +153,7 @@ class KeyLine:
             return False
         self.kept.keep(key, permit)
         self.throttle.record(0.0)  # counted as a wait's grant is, when kept
+        self.asked_at.pop(key, None)
         self._load = None
         wake_engine(self.crawler)
         return True
@@ -180,6 +182,12 @@ class KeyLine:
         self._load = None
         wake_engine(self.crawler)
         self._ask(key)
+
+    def _asking(self, key: str) -> bool:
+        """A wait for the key's queued requests is under way here (one in its line beyond those of
+        the requests waiting there)."""
+        lines = self.throttle.lines
+        return lines.asking(key) > lines.waiting(key)
 
     def _ask(self, key: str) -> None:
         """The key's queued requests want a wait in its line (:meth:`wanted`)."""
@@ -237,7 +245,7 @@ class KeyLine:
         here, and fewer than its limit of this process's requests hold, take or wait for it. Other
         processes' are not seen (that would cost a read per request): their share shows in the
         take."""
-        if key in self.paused or self.throttle.lines.asking(key) or self.closed:
+        if key in self.paused or self.closed or self._asking(key):
             return False
         limit = self.settings.keys.limit_of(key)
         return limit is None or self.load()[key] < limit
@@ -409,6 +417,8 @@ class KeyLine:
             self.ready.append(request)
         elif refused is None:
             self.throttle.record(self.clock() - started)
+            for name in names:
+                self.asked_at.pop(name, None)
             self._hand(request, got)
             self.ready.append(request)
         else:

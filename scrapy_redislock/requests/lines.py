@@ -11,8 +11,8 @@ to the line, not to a request: one is opened when more requests wait here than t
 in Redis, and when a request is served locally its wait stays in Redis's line for the next request
 (so the process keeps its place in the first-come-first-served line across processes, and no
 command is spent withdrawing it). A grant that comes when no request waits here goes to the owner's
-``place`` (for a stage: a request of it queued in StageScheduler, else back to Redis; for a key or
-scope: back to Redis). A request that gives up (REDISLOCK_WAIT_TIMEOUT, the spider closing)
+``place`` (a request of the name queued in StageScheduler, else back to Redis; back to Redis with
+no owner's ``place``). A request that gives up (REDISLOCK_WAIT_TIMEOUT, the spider closing)
 withdraws one wait when the line has more waits than its requests and those wanted (below). A line
 with no request and no wait left is forgotten (a broad crawl meets thousands of keys).
 
@@ -24,7 +24,10 @@ that runs out with no request waiting here (the name's next queued request fails
 wait is opened again only when the owner asks (a grant it could not use is not chased by another);
 waits no longer wanted are withdrawn at the owner's tick (:meth:`SlotLines.trim`). The owner may
 bound the waits in Redis under way at once over all its names (``bound``: each blocks one
-connection, and a broad crawl meets thousands of keys); the others wait here for their turn.
+connection, and a broad crawl meets thousands of keys); the others wait here for their turn. The
+bound applies only to the waits beyond one per request waiting here: a request waiting in the
+middleware may hold other slots (its key's while it waits for a scope's), so its wait never queues
+behind waits that may be waiting for those very slots.
 
 Reads no settings itself: the wait's timeout, the bound and the local reuse bound
 (REDISLOCK_LOCAL_REUSE, at most half REDISLOCK_TTL) are the owner's,
@@ -62,8 +65,9 @@ class SlotLine:
         self.kind = kind
         # requests waiting here, oldest first: each is served once, with a slot or an error
         self.waiters: deque[asyncio.Future[SlotPermit]] = deque()
-        # this process's waits in Redis's line for them
+        # this process's waits in Redis's line for them, and those of them under the owner's bound
         self.asks: set[asyncio.Future[SlotPermit]] = set()
+        self.bounded: set[asyncio.Future[SlotPermit]] = set()
 
     def __len__(self) -> int:
         """Requests waiting here now."""
@@ -118,8 +122,10 @@ class SlotLine:
         return None
 
     def surplus(self, wanted: int = 0) -> list[asyncio.Future[SlotPermit]]:
-        """The waits in Redis beyond the requests waiting here and ``wanted`` (to withdraw)."""
-        return list(self.asks)[: max(0, -self.short(wanted))]
+        """The waits in Redis beyond the requests waiting here and ``wanted`` (to withdraw), those
+        under the bound first (each frees a place under it)."""
+        extra = max(0, -self.short(wanted))
+        return sorted(self.asks, key=lambda ask: ask not in self.bounded)[:extra]
 
     def cancel(self) -> None:
         """The locks closed: every request waiting here stops waiting (cancelled)."""
@@ -251,24 +257,32 @@ class SlotLines:
     def _ask(self, line: SlotLine) -> None:
         """One wait in Redis per request waiting in ``line``, and those ``wanted``."""
         while line.short(self._wanted(line.name)) > 0 and not self.locks.closed:
+            # one unbounded wait per request waiting here; the wanted ones under the bound
+            bounded = self.bound is not None and len(line.asks) - len(line.bounded) >= len(line)
             ask = asyncio.ensure_future(
-                self.locks.acquire(line.name, self.ask_timeout)
-                if self.bound is None
-                else self._bounded(line.name)
+                self._bounded(line.name)
+                if bounded
+                else self.locks.acquire(line.name, self.ask_timeout)
             )
             line.asks.add(ask)
+            if bounded:
+                line.bounded.add(ask)
             ask.add_done_callback(functools.partial(self._answered, line))
 
     async def _bounded(self, name: str) -> SlotPermit:
-        """A wait in Redis once fewer than ``bound`` are under way."""
+        """A wait in Redis once fewer than ``bound`` are under way (none once the locks closed
+        meanwhile: cancelled)."""
         assert self.bound is not None
         async with self.bound:
+            if self.locks.closed:
+                raise asyncio.CancelledError
             return await self.locks.acquire(name, self.ask_timeout)
 
     def _answered(self, line: SlotLine, ask: asyncio.Future[SlotPermit]) -> None:
         """A wait in Redis ended: its slot goes to the oldest request waiting in ``line``, else to
         the owner's ``place``."""
         line.asks.discard(ask)
+        line.bounded.discard(ask)
         if ask.cancelled():
             if self.locks.closed:
                 line.cancel()

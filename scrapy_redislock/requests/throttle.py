@@ -125,7 +125,8 @@ class ScopeThrottle:
         self.waits = CloseWaits.of(crawler, settings)
         # per key or scope: this process's line for its slots, for requests waiting in the
         # middleware and StageScheduler's queued ones (a grant none waits for goes back to Redis);
-        # each wait in Redis blocks one connection: at most CONCURRENT_REQUESTS at once
+        # each wait in Redis blocks one connection: at most CONCURRENT_REQUESTS at once for queued
+        # requests (a request waiting in the line holds a place of its own)
         self.lines = SlotLines(
             self.locks,
             reuse_for=min(settings.local_reuse, settings.ttl / 2),

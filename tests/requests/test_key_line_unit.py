@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import redis
+from scrapy import Request
 from scrapy.downloadermiddlewares.httpcache import HttpCacheMiddleware
 from scrapy.http import HtmlResponse
 
@@ -420,6 +421,7 @@ def test_a_request_waiting_with_its_stage_slot_gets_a_key_slot_freed_here(
             REDISLOCK_STAGE_KEY="domain",
             REDISLOCK_KEY_LIMIT=2,
             REDISLOCK_LOCAL_REUSE=30,
+            REDISLOCK_TTL=20,  # the local hand-off's bound, half of it, longer than a loaded test
         ) as f:
             scheduler = f.scheduler
             assert scheduler is not None and scheduler.keyline is not None
@@ -450,5 +452,56 @@ def test_a_request_waiting_with_its_stage_slot_gets_a_key_slot_freed_here(
             await line.locks.release(blocker)
             await until(lambda: not line.locks.releasing)
             assert permit.released
+
+    asyncio.run(scenario())
+
+
+def test_a_request_waiting_in_the_middleware_does_not_queue_behind_the_schedulers_waits(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """CONCURRENT_REQUESTS 2: the scheduler's waits for the queued requests of two busy keys take
+    both places this process gives waits in Redis at once (each blocks a connection). A request
+    waiting in the middleware for a third key (a media download, which bypasses the scheduler)
+    still waits in Redis at once, not behind them: it may hold slots those waits wait for."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": None},
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_KEY_LIMIT=1,
+            CONCURRENT_REQUESTS=2,
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.keyline is not None
+            line = scheduler.keyline
+            hosts = ("a.test", "b.test", "c.test")
+            blockers = [await line.locks.acquire(host, None) for host in hosts]  # others' slots
+            queued = [Request(f"http://{host}:9/", dont_filter=True) for host in hosts[:2]]
+            for r in queued:
+                scheduler.enqueue_request(r)
+
+            def both_wait() -> bool:
+                assert scheduler.next_request() is None
+                return all(line.queued(host) == 1 for host in hosts[:2]) and all(
+                    line.throttle.lines.asking(host) for host in hosts[:2]
+                )
+
+            await until(both_wait)
+            media = Request("http://c.test:9/image.png", dont_filter=True)
+            sent = f.send(media)  # not from the scheduler: it waits in the middleware
+            await until(lambda: line.throttle.lines.waiting("c.test") == 1)
+            await line.locks.release(blockers[2])
+            await asyncio.wait_for(sent, 10)
+            assert [p.name for p in line.throttle.held(media)] == ["key:c.test"]
+            f.middleware.process_response(media, None)  # type: ignore[arg-type]
+            f.active.discard(media)
+            for blocker in blockers[:2]:
+                await line.locks.release(blocker)
+            for _ in queued:
+                r = await f.next_request()
+                await f.send(r)
+                f.middleware.process_response(r, None)  # type: ignore[arg-type]
+                f.active.discard(r)
 
     asyncio.run(scenario())
