@@ -162,7 +162,7 @@ TABLE: tuple[Setting, ...] = (
     ),
     Setting(
         "REDISLOCK_WAITERS_PER_STAGE",
-        1,
+        2,
         "positive_int",
         "Waits per capped stage and process in Redis's line for the stage's requests queued in "
         "StageScheduler (each blocks one connection; none opens while this many slots are kept for "
