@@ -107,6 +107,7 @@ from scrapy_redislock.crawl.renewer import Renewer, gather_bounded
 from scrapy_redislock.crawl.settings import group_of
 from scrapy_redislock.crawl.waitreports import WaitReports
 from scrapy_redislock.errors import AcquireTimeout, ConfigError, Paused, UnknownStage
+from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.core import release_consumer
 from scrapy_redislock.lock.interface import AsyncLock
@@ -828,7 +829,8 @@ class StageLocks:
     async def _free_late_grants(self) -> None:
         """Free a grant Redis handed to a cancelled wait after aclose() (it may see the wait's
         connection close only after serving it a slot freed by aclose() itself); without this it
-        would wait for the TTL. On every master of a quorum (one owner name on all)."""
+        would wait for the TTL. On every master of a quorum (one owner name on all). A lock retired
+        on close (a key's) that had one is retired again: its retire found it held, and kept it."""
         if not self.locks:
             return
         await asyncio.sleep(LATE_GRANT_PAUSE)
@@ -843,6 +845,8 @@ class StageLocks:
                     lifecycle_logger.debug(
                         "Freed %d late grant(s) of %r on close", freed, lock.name
                     )
+                    if self.retire_on_close and isinstance(lock, AsyncCountingLock):
+                        await adrive(lock.core.retire(), runner, lock.name)  # gone if unused
 
         results = await asyncio.gather(
             *(on(client) for client in self.clients), return_exceptions=True
