@@ -44,6 +44,10 @@ Stats: redislock/keys/{acquired,wait_time_total,wait_time_max,retired_idle,taken
 redislock/keys/<key>/{timeouts,lost,unusable,lease_bounded} (a download cut where its key's or
 scope's slot's lease ends, as StageLockMiddleware cuts it where a stage slot's ends),
 redislock/delay/{waits,wait_time_total,held_back,late_sends,send_lag_max}, redislock/key_errors.
+
+Reads CONCURRENT_REQUESTS (the bound on the waits for queued requests), ROBOTSTXT_OBEY,
+ROBOTSTXT_USER_AGENT and USER_AGENT (REDISLOCK_CRAWL_DELAY) and, through the checked settings, the
+key, scope, delay, REDISLOCK_LOCAL_REUSE, REDISLOCK_TTL and REDISLOCK_WAIT_TIMEOUT settings.
 """
 
 from __future__ import annotations
