@@ -72,20 +72,17 @@ class KeptSlots(Generic[Kept]):
         """The oldest usable slot kept for ``name``, errors left in place for the queued requests
         (a request waiting in the middleware never fails with a wait it did not make); unusable
         slots are dropped on the way, back to Redis."""
-        kept = self._by_name.get(name)
-        for outcome in list(kept or ()):
-            if isinstance(outcome, BaseException):
-                continue
-            assert kept is not None
+        kept = self._by_name.get(name, deque())
+        found: SlotPermit | None = None
+        for outcome in [o for o in kept if not isinstance(o, BaseException)]:
             kept.remove(outcome)
             if self.locks.usable(outcome):
-                if not kept:
-                    del self._by_name[name]
-                return outcome
+                found = outcome
+                break
             self.locks.release_soon(outcome)
-        if kept is not None and not kept:
-            del self._by_name[name]
-        return None
+        if not kept:
+            self._by_name.pop(name, None)
+        return found
 
     def take(self, name: str) -> Kept | None:
         """The oldest usable slot (or error) kept for ``name``; unusable ones are dropped on the way,

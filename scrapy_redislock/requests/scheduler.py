@@ -502,9 +502,8 @@ class StageScheduler:
             return request  # robots.txt answers it (its cache entry was read when it was queued)
         permit = self.slots.kept.take(stage)
         if permit is None:
-            return (
-                request  # no downloader to watch, or queues not split: it waits in the middleware
-            )
+            # no downloader to watch, or queues not split: it waits in the middleware
+            return request
         waited = self.slots.waited(stage)
         if isinstance(permit, BaseException):
             self.slots.hand(request, permit)  # a wait for the stage's queued requests ran out
