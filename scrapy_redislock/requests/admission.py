@@ -108,7 +108,7 @@ class StageAdmission:
         if self.slots.kept.ready(stage) or not self._waits_here():
             return room
         if room:
-            self.slots.ask(stage)
+            self.slots.lines.ask(stage)
         return False
 
     def _waits_here(self) -> bool:

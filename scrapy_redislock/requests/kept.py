@@ -1,9 +1,15 @@
-"""KeptSlots: slots got for a name's queued requests before one of them left the scheduler, kept
-for the next request of the name (oldest first). One copy for every name a request is capped by:
-:class:`~scrapy_redislock.requests.requestslots.RequestSlots` keeps its stages' (a finished
-request's slot passed on, a grant to a wait for the queued requests),
-:class:`~scrapy_redislock.requests.keyline.KeyLine` its keys' and scopes' (a wait's grant); both
-keep the error a wait ran out with, which the name's next queued request fails with.
+"""KeptSlots: what a name's requests queued in StageScheduler have and want, one copy for every
+name a request is capped by (a stage's in RequestSlots' line, a key's or scope's in ScopeThrottle's,
+:class:`~scrapy_redislock.requests.lines.SlotLines`):
+
+- the slots got for them before one of them left the scheduler (a grant to a wait of the line, a
+  finished request's slot passed on: :meth:`offer`), kept for the next of them, oldest first, or
+  the error such a wait ran out with, which the name's next queued request fails with;
+- how many waits in Redis they want (:meth:`wanted`): at most ``most`` per name, less the slots
+  kept when those count against it (a stage's: REDISLOCK_WAITERS_PER_STAGE slots in hand or asked
+  for), and no more than the queued requests that could use a slot (``could_use(name)``, the
+  owner's: 0 once it stands down);
+- since when they wait with nothing kept (:meth:`asked`, :meth:`waited`).
 
 A kept slot that can no longer go with a request (lost, or past its lease on this process's clock:
 :meth:`StageLocks.usable <scrapy_redislock.crawl.stagelocks.StageLocks.usable>`, which counts and
@@ -14,23 +20,41 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING
 
+from scrapy_redislock.crawl.engine import wake_engine
 from scrapy_redislock.crawl.stagelocks import SlotPermit
 
 if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
     from scrapy_redislock.crawl.stagelocks import StageLocks
 
-# what is kept: slots (a stage's), or slots and wait errors (a key's or scope's)
-Kept = TypeVar("Kept", SlotPermit, SlotPermit | BaseException)
+Kept = (
+    SlotPermit | BaseException
+)  # a slot, or the error a wait for the queued requests ran out with
 
 
-class KeptSlots(Generic[Kept]):
-    """Per name, the slots (and wait errors) kept for its next queued requests, oldest first."""
+class KeptSlots:
+    """Per name, the slots (and wait errors) kept for its queued requests, the waits they want and
+    since when they wait (see the module docstring)."""
 
-    def __init__(self, locks: StageLocks) -> None:
+    def __init__(
+        self,
+        crawler: Crawler,
+        locks: StageLocks,
+        *,
+        could_use: Callable[[str], int],
+        most: int,
+        kept_count: bool,
+    ) -> None:
+        self.crawler = crawler  # its engine is woken when something is kept
         self.locks = locks  # the registry the slots came from, and go back to
+        self.could_use = could_use  # the owner's: queued requests of a name that could use a slot
+        self.most = most  # waits per name at most
+        self.kept_count = kept_count  # whether the slots kept count against ``most``
         self._by_name: dict[str, deque[Kept]] = {}
+        self._asked_at: dict[str, float] = {}  # per name: since when its queued requests wait
 
     def count(self, name: str) -> int:
         """Slots (and errors) kept for ``name`` now."""
@@ -46,6 +70,26 @@ class KeptSlots(Generic[Kept]):
         """What is kept for ``name``, oldest first (left in place)."""
         return tuple(self._by_name.get(name, ()))
 
+    def wanted(self, name: str) -> int:
+        """Waits in Redis wanted for the queued requests of ``name``."""
+        kept = self.count(name)
+        room = self.most - kept if self.kept_count else self.most
+        return max(0, min(room, self.could_use(name) - kept))
+
+    def offer(self, name: str, outcome: Kept) -> bool:
+        """Keep ``outcome`` (a usable slot, or a wanted wait's error, counted as
+        ``<name>/timeouts``) for the next queued request of ``name`` and wake the engine; False
+        when none of them could use it (a slot then goes back to Redis: the caller's)."""
+        if self.could_use(name) <= self.count(name):
+            return False
+        if isinstance(outcome, BaseException):
+            self.locks.count(name, "timeouts")
+        elif not self.locks.usable(outcome):
+            return False
+        self.keep(name, outcome)
+        wake_engine(self.crawler)
+        return True
+
     def keep(self, name: str, outcome: Kept, *, first: bool = False) -> None:
         """Keep ``outcome`` for the next request of ``name``: last, or ``first`` (a slot a request
         took and gave back unused goes before the ones got after it)."""
@@ -54,6 +98,16 @@ class KeptSlots(Generic[Kept]):
             kept.appendleft(outcome)
         else:
             kept.append(outcome)
+
+    def asked(self, name: str) -> None:
+        """The queued requests of ``name`` have nothing kept: they wait from now (unless already)."""
+        self._asked_at.setdefault(name, self.locks.clock())
+
+    def waited(self, name: str) -> float:
+        """Seconds the queued requests of ``name`` waited for the slot one of them leaves with now
+        (since the name first had none for them; 0 for a slot that was in hand)."""
+        since = self._asked_at.pop(name, None)
+        return 0.0 if since is None else self.locks.clock() - since
 
     def ready(self, name: str) -> bool:
         """Whether a usable slot (or an error) is kept for ``name``; unusable ones at the head are
@@ -95,13 +149,15 @@ class KeptSlots(Generic[Kept]):
             del self._by_name[name]
         return outcome
 
-    def prune(self, wanted: Callable[[str], int]) -> None:
-        """Keep for each name at most ``wanted(name)`` usable slots (its queued requests that could
-        use one), oldest first, and its errors only while it wants any; the rest goes back to
-        Redis or is forgotten."""
+    def prune(self) -> None:
+        """Keep for each name at most ``could_use(name)`` usable slots, oldest first, and its errors
+        and its waiting time only while it could use any; the rest goes back to Redis or is
+        forgotten."""
         now = self.locks.clock()
+        for name in [name for name in self._asked_at if not self.could_use(name)]:
+            del self._asked_at[name]
         for name, kept in list(self._by_name.items()):
-            room = want = wanted(name)
+            room = want = self.could_use(name)
             for outcome in list(kept):
                 if isinstance(outcome, BaseException):
                     if not want:

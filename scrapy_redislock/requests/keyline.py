@@ -22,8 +22,8 @@ are taken in everywhere: docs/scopes.md).
   in the middleware use too (:meth:`SlotLines.ask <scrapy_redislock.requests.lines.SlotLines.ask>`,
   as a stage's). Those requests stay queued and take none of CONCURRENT_REQUESTS, while other
   names' requests go past them. A slot the wait gets is kept for the name's next request, which the
-  sub-queue then lets go (:meth:`KeyLine.place`); the wait is opened again while the name has more
-  requests queued than slots kept.
+  sub-queue then lets go (the line's :class:`~scrapy_redislock.requests.kept.KeptSlots`, as a
+  stage's); the wait is opened again while the name has more requests queued than slots kept.
   So is a slot of the name that a finished request of this process frees while its queued requests
   outnumber the slots kept (the local hand-off, within REDISLOCK_LOCAL_REUSE of Redis's grant, as a
   stage's: :meth:`SlotLines.pass_on <scrapy_redislock.requests.lines.SlotLines.pass_on>`).
@@ -134,66 +134,25 @@ class KeyLine:
         self.in_hand: dict[Request, InHand] = {}
         self.waiting: set[Request] = set()
         self.ready: deque[Request] = deque()  # got their slot meanwhile: the engine's next
-        # per name: slots (or a wait's error) for its next requests
-        self.kept: KeptSlots[SlotPermit | BaseException] = KeptSlots(self.locks)
-        # per name with queued requests and none kept for them: since when they wait
-        self.asked_at: dict[str, float] = {}
+        # per name: slots (or a wait's error) for its next requests, in the throttle's line
+        self.kept: KeptSlots = throttle.lines.kept
         # keys whose starts a Retry-After paused: until the timer ends it
         self.paused: dict[str, asyncio.TimerHandle] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.closed = False
         self._load: Counter[str] | None = None
-        throttle.serve_scheduler(self.keep_freed, place=self.place, wanted=self.wanted)
+        throttle.serve_scheduler(self.could_use)
 
-    def keep_freed(self, key: str, permit: SlotPermit) -> bool:
-        """A slot of ``key`` freed by a finished request of this process (young and usable: the
-        throttle checked) is kept for the key's next queued request, with no Redis round trip,
-        while the key has more requests queued than slots kept; False (back to Redis) otherwise."""
-        if self.closed or key in self.paused or self.queued(key) <= self.kept.count(key):
-            return False
-        self.kept.keep(key, permit)
-        self.throttle.record(0.0)  # counted as a wait's grant is, when kept
-        self.asked_at.pop(key, None)
-        self._load = None
-        wake_engine(self.crawler)
-        return True
-
-    def wanted(self, key: str) -> int:
-        """Waits in Redis wanted for the queued requests of ``key`` (one per name and process):
-        while more are queued than slots kept, and the key is not paused."""
-        if self.closed or key in self.paused:
-            return 0
-        return 1 if self.queued(key) > self.kept.count(key) else 0
-
-    def place(self, key: str, outcome: SlotPermit | AcquireTimeout) -> None:
-        """A grant to the key's wanted wait (no request waited for it in the line), or the error it
-        ran out with: kept for the key's next queued request, and the wait opened again while more
-        are queued than kept; back to Redis (an error forgotten) when none is left for it."""
-        if self.closed or self.queued(key) <= self.kept.count(key):
-            if not isinstance(outcome, BaseException):
-                self.locks.release_soon(outcome)
-            return
-        if isinstance(outcome, BaseException):
-            self.locks.count(key, "timeouts")  # the key's next request fails with it
-        else:
-            since = self.asked_at.pop(key, None)
-            self.throttle.record(0.0 if since is None else self.clock() - since)
-        self.kept.keep(key, outcome)
-        self._load = None
-        wake_engine(self.crawler)
-        self._ask(key)
+    def could_use(self, key: str) -> int:
+        """Slots the queued requests of ``key`` could use now (the throttle's line keeps that many,
+        and waits for them): none while the key is paused or the scheduler closed."""
+        return 0 if self.closed or key in self.paused else self.queued(key)
 
     def _asking(self, key: str) -> bool:
         """A wait for the key's queued requests is under way here (one in its line beyond those of
         the requests waiting there)."""
         lines = self.throttle.lines
         return lines.asking(key) > lines.waiting(key)
-
-    def _ask(self, key: str) -> None:
-        """The key's queued requests want a wait in its line (:meth:`wanted`)."""
-        if self.wanted(key):
-            self.asked_at.setdefault(key, self.clock())
-            self.throttle.lines.ask(key)
 
     # -- the keys' sub-queues in the inner scheduler ------------------------------------------------
 
@@ -248,7 +207,7 @@ class KeyLine:
         if key in self.paused or self.closed or self._asking(key):
             return False
         limit = self.settings.keys.limit_of(key)
-        return limit is None or self.load()[key] < limit
+        return limit is None or self.load()[key] + self.kept.count(key) < limit
 
     def may_go(self, key: str) -> bool:
         """The key's sub-queue may let a request go: a slot (or the wait's error) is kept for it,
@@ -260,9 +219,9 @@ class KeyLine:
         self._load = None
 
     def load(self) -> Counter[str]:
-        """Requests of this process per name that hold a slot of it, take one, have one kept, or
-        wait in the middleware to take one (those holding their stage's slot): counted once per
-        pass of the engine."""
+        """Requests of this process per name that hold a slot of it, take one, or wait in the
+        middleware to take one (those holding their stage's slot): counted once per pass of the
+        engine (the slots kept for it are added where it is read)."""
         if self._load is None:
             # every name of every looking (its names kept with it) and holding request, counted in
             # one go: this runs for nearly every request a broad crawl schedules
@@ -271,10 +230,7 @@ class KeyLine:
             for request in {*self.throttle.permits.holding(), *self.slots.holding()}:
                 found = known(request)
                 named.extend(found if found is not None else self.throttle.names_of(request))
-            load: Counter[str] = Counter(named)
-            for key, kept in self.kept.counts():
-                load[key] += kept
-            self._load = load
+            self._load = Counter(named)
         return self._load
 
     def full(self) -> bool:
@@ -353,11 +309,16 @@ class KeyLine:
         the scheduler unseen by the middleware (one before it returned the request itself)."""
         self.throttle.release(request)
         self._hand_stage(request, self.in_hand.pop(request, None))
+        for taken in got:
+            if taken.kept:  # counted once it goes with it: how long its name's requests waited
+                self.throttle.record(self.kept.waited(taken.name))
+                if self._load is not None:
+                    self._load[taken.name] += 1
         order = self.throttle.names_of(request)
         self.throttle.hand(
             request,
             [t.permit for t in sorted(got, key=lambda t: order.index(t.name))],
-            # a kept light slot was passed on by a finished request (keep_freed): its take checked
+            # a kept light slot was passed on by a finished request (pass_on): its take checked
             # a pause for that request only
             recheck=any(t.kept and getattr(t.permit, "light", False) for t in got),
         )
@@ -417,9 +378,9 @@ class KeyLine:
             self.ready.append(request)
         elif refused is None:
             self.throttle.record(self.clock() - started)
-            for name in names:
-                self.asked_at.pop(name, None)
             self._hand(request, got)
+            for name in names:  # its names' queued requests no longer wait
+                self.kept.waited(name)
             self.ready.append(request)
         else:
             self._give_back(got)
@@ -430,7 +391,7 @@ class KeyLine:
             elif with_stage:
                 self._pause(refused, REDIS_RETRY)  # Redis failed it: not again at once
             else:
-                self._ask(refused)
+                self.throttle.lines.ask(refused)
         wake_engine(self.crawler)
 
     async def _wait_with_stage(self, request: Request, name: str) -> SlotPermit:
@@ -466,10 +427,8 @@ class KeyLine:
     def tick(self) -> None:
         """At every renewal tick: give back kept slots that no queued request can use, or that can
         no longer go with a request; forget a kept error no queued request is left to fail with."""
-        self.kept.prune(self.queued)
+        self.kept.prune()
         self.throttle.lines.trim()
-        for key in [key for key in self.asked_at if not self.wanted(key)]:
-            del self.asked_at[key]
         self._load = None
 
     def stand_down(self) -> None:

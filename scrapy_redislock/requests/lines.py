@@ -10,29 +10,27 @@ no Redis round trip) or a grant to one of this process's waits in Redis. The wai
 to the line, not to a request: one is opened when more requests wait here than the line has waits
 in Redis, and when a request is served locally its wait stays in Redis's line for the next request
 (so the process keeps its place in the first-come-first-served line across processes, and no
-command is spent withdrawing it). A grant that comes when no request waits here goes to the owner's
-``place`` (a request of the name queued in StageScheduler, else back to Redis; back to Redis with
-no owner's ``place``). A request that gives up (REDISLOCK_WAIT_TIMEOUT, the spider closing)
-withdraws one wait when the line has more waits than its requests and those wanted (below). A line
-with no request and no wait left is forgotten (a broad crawl meets thousands of keys).
+command is spent withdrawing it). A request that gives up (REDISLOCK_WAIT_TIMEOUT, the spider
+closing) withdraws one wait when the line has more waits than its requests and those wanted
+(below). A line with no request and no wait left is forgotten (a broad crawl meets thousands of
+keys).
 
-The owner may also want waits for requests that wait elsewhere (``wanted(name)``: a stage's, key's
-or scope's requests queued in StageScheduler, which wait there and take none of
-CONCURRENT_REQUESTS): the line keeps that many more waits in Redis (:meth:`SlotLines.ask`), each
-with the owner's ``ask_timeout``; their grants go to ``place``, and so does the AcquireTimeout of one
-that runs out with no request waiting here (the name's next queued request fails with it). A wanted
-wait is opened again only when the owner asks (a grant it could not use is not chased by another);
-waits no longer wanted are withdrawn at the owner's tick (:meth:`SlotLines.trim`). The owner may
-bound the waits in Redis under way at once over all its names (``bound``: each blocks one
-connection, and a broad crawl meets thousands of keys); the others wait here for their turn. The
-bound applies only to the waits beyond one per request waiting here: a request waiting in the
-middleware may hold other slots (its key's while it waits for a scope's), so its wait never queues
-behind waits that may be waiting for those very slots.
+The name's requests queued in StageScheduler wait there and take none of CONCURRENT_REQUESTS; what
+they have and want is the line's :class:`~.kept.KeptSlots` (``kept``): the line keeps as many more
+waits in Redis as they want (:meth:`SlotLines.ask`), each with the owner's ``ask_timeout``. A slot
+no request waits for here (a grant, or a freed slot passed on) is kept for them while one could use
+it, else it goes back to Redis; so is the AcquireTimeout of a wait that runs out with no request
+waiting here (the name's next queued request fails with it), and the waits are opened again while
+they want more. Waits no longer wanted are withdrawn at the owner's tick (:meth:`SlotLines.trim`).
+The owner may bound the waits in Redis under way at once over all its names (``bound``: each
+blocks one connection, and a broad crawl meets thousands of keys); the others wait here for their
+turn. The bound applies only to the waits beyond one per request waiting here: a request waiting in
+the middleware may hold other slots (its key's while it waits for a scope's), so its wait never
+queues behind waits that may be waiting for those very slots.
 
-Reads no settings itself: the wait's timeout, the bound and the local reuse bound
-(REDISLOCK_LOCAL_REUSE, at most half REDISLOCK_TTL) are the owner's,
-:class:`~.requestslots.RequestSlots` for stages and :class:`~.throttle.ScopeThrottle` for keys and
-scopes (whose ``place`` and ``wanted`` are StageScheduler's :class:`~.keyline.KeyLine`).
+Reads no settings itself: the wait's timeout, the bound, the local reuse bound (REDISLOCK_LOCAL_REUSE,
+at most half REDISLOCK_TTL) and what is kept are the owner's, :class:`~.requestslots.RequestSlots`
+for stages and :class:`~.throttle.ScopeThrottle` for keys and scopes.
 """
 
 from __future__ import annotations
@@ -41,19 +39,15 @@ import asyncio
 import functools
 import logging
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from scrapy_redislock.errors import AcquireTimeout
 
 if TYPE_CHECKING:
-    from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks
+    from scrapy_redislock.crawl.stagelocks import SlotPermit
+    from scrapy_redislock.requests.kept import KeptSlots
 
 logger = logging.getLogger(__name__)
-
-# keep(name, permit): StageScheduler keeps a freed slot for its next queued request of the name, or
-# says False (none could use it)
-Keep = Callable[[str, "SlotPermit"], bool]
 
 
 class SlotLine:
@@ -140,22 +134,17 @@ class SlotLines:
 
     def __init__(
         self,
-        locks: StageLocks,
+        kept: KeptSlots,
         *,
         reuse_for: float,
-        place: Callable[[str, SlotPermit | AcquireTimeout], None] | None = None,
         kind: str = "stage",
-        wanted: Callable[[str], int] | None = None,
         ask_timeout: float | None = None,
         bound: int | None = None,
     ) -> None:
-        self.locks = locks  # the registry the waits in Redis go to
+        self.kept = kept  # what the names' queued requests have and want
+        self.locks = kept.locks  # the registry the waits in Redis go to
         self.kind = kind  # what its names are, for messages: stage, key
         self.reuse_for = reuse_for  # the local hand-off's bound, in seconds since Redis's grant
-        # what becomes of a grant no request waits for here (or a wanted wait's timeout); None:
-        # back to Redis
-        self.place = place
-        self.wanted = wanted  # waits wanted per name for requests waiting elsewhere
         self.ask_timeout = ask_timeout  # a wait's own timeout in Redis (None: none)
         # waits in Redis under way at once, over all names (None: no bound)
         self.bound = None if bound is None else asyncio.Semaphore(max(1, bound))
@@ -184,21 +173,22 @@ class SlotLines:
         line = self.lines.get(self.locks.stage_of(permit) or "")
         return line is not None and line.offer(permit)
 
-    def pass_on(self, permit: SlotPermit, now: float, keep: Keep | None = None) -> str | None:
+    def pass_on(self, permit: SlotPermit, now: float) -> str | None:
         """The local hand-off, for a stage's slot and a key's or scope's alike: give a freed slot
-        (or a grant no request waited for) to a request of this process, the oldest waiting here,
-        else one queued in StageScheduler (``keep(name, permit)``: kept for it, or False). Only a
-        young, usable slot (``now`` on the owner's clock) passes on. The name it went to, or None:
-        the caller sends it back to Redis."""
+        to a request of this process, the oldest waiting here, else one queued in StageScheduler
+        (kept for it while one could use it). Only a young, usable slot (``now`` on the owner's
+        clock) passes on. The name it went to, or None: the caller sends it back to Redis."""
         name = self.locks.stage_of(permit)
-        if name is None or self.locks.closed or (keep is None and not self.waiting(name)):
+        if name is None or self.locks.closed:
             return None
+        if not self.waiting(name) and not self.kept.could_use(name):
+            return None  # nobody here to pass it to
         if not self.young(permit, now):
             # back to Redis's line, where other processes may wait (and never near the lease's end)
             return None
         if not self.locks.usable(permit, now):
             return None
-        if self.offer(permit) or (keep is not None and keep(name, permit)):
+        if self.offer(permit) or self.kept.offer(name, permit):
             return name
         return None
 
@@ -230,8 +220,9 @@ class SlotLines:
             self._tidy(line)
 
     def ask(self, name: str) -> None:
-        """The owner wants waits in Redis for requests of ``name`` waiting elsewhere (``wanted``):
-        as many more are opened as are missing."""
+        """The owner has requests of ``name`` queued and nothing kept for them: they wait from now,
+        and as many more waits in Redis as they want are opened."""
+        self.kept.asked(name)
         line = self.lines.get(name)
         if line is None:
             line = self.lines[name] = SlotLine(name, self.kind)
@@ -239,24 +230,24 @@ class SlotLines:
         self._tidy(line)
 
     def trim(self) -> None:
-        """Withdraw the waits in Redis that neither a request waiting here nor ``wanted`` needs any
-        more (the owner's tick)."""
+        """Withdraw the waits in Redis that neither a request waiting here nor the queued ones need
+        any more (the owner's tick)."""
         for line in list(self.lines.values()):
-            for ask in line.surplus(self._wanted(line.name)):
+            for ask in line.surplus(self.kept.wanted(line.name)):
                 ask.cancel()
 
-    def _place(self, name: str, outcome: SlotPermit | AcquireTimeout) -> None:
-        if self.place is not None:
-            self.place(name, outcome)
+    def _place(self, line: SlotLine, outcome: SlotPermit | AcquireTimeout) -> None:
+        """A grant no request waits for here, or a wanted wait's timeout: kept for the queued
+        requests while one could use it (and their waits opened again while they want more), else
+        back to Redis (an error forgotten)."""
+        if self.kept.offer(line.name, outcome):
+            self._ask(line)
         elif not isinstance(outcome, BaseException):
             self.locks.release_soon(outcome)
 
-    def _wanted(self, name: str) -> int:
-        return 0 if self.wanted is None else self.wanted(name)
-
     def _ask(self, line: SlotLine) -> None:
-        """One wait in Redis per request waiting in ``line``, and those ``wanted``."""
-        while line.short(self._wanted(line.name)) > 0 and not self.locks.closed:
+        """One wait in Redis per request waiting in ``line``, and those the queued ones want."""
+        while line.short(self.kept.wanted(line.name)) > 0 and not self.locks.closed:
             # one unbounded wait per request waiting here; the wanted ones under the bound
             bounded = self.bound is not None and len(line.asks) - len(line.bounded) >= len(line)
             ask = asyncio.ensure_future(
@@ -292,7 +283,7 @@ class SlotLines:
         elif isinstance(error := ask.exception(), AcquireTimeout):
             # a wanted wait ran out: a request waiting here has a timer of its own
             if not len(line):
-                self._place(line.name, error)
+                self._place(line, error)
             self._ask(line)
         elif error is not None:
             # what the request's own wait would have raised (a Redis error is retried inside); a
@@ -303,7 +294,7 @@ class SlotLines:
             else:
                 logger.warning("A wait for a slot of %s %r failed: %r", self.kind, line.name, error)
         elif not line.offer(permit := ask.result()):
-            self._place(line.name, permit)
+            self._place(line, permit)
         self._tidy(line)
 
     def _expire(self, line: SlotLine, served: asyncio.Future[SlotPermit], timeout: float) -> None:
@@ -315,8 +306,8 @@ class SlotLines:
         meanwhile goes on; a wait in Redis beyond the requests left is withdrawn."""
         permit = line.leave(served)
         if permit is not None and not line.offer(permit):
-            self._place(line.name, permit)
-        for ask in line.surplus(self._wanted(line.name)):
+            self._place(line, permit)
+        for ask in line.surplus(self.kept.wanted(line.name)):
             ask.cancel()
 
     def _tidy(self, line: SlotLine) -> None:

@@ -21,8 +21,8 @@ release, renewal) downward. The bookkeeping of who holds what is the pure
     slots.finish(request)          # the request is done with its slot: passed on locally (see below) or released
     slots.serve_scheduler(queued=, could_use=)     # StageScheduler, once: what it has queued
     slots.kept                     # KeptSlots: slots kept for the stages' queued requests (count, take,
-                                   # prune: StageScheduler's tick; release_all: its end)
-    slots.ask(stage)               # StageScheduler: waits in Redis for a stage's queued requests (their grants kept)
+                                   # waited; prune: StageScheduler's tick; release_all: its end)
+    slots.lines.ask(stage)         # StageScheduler: waits in Redis for a stage's queued requests (their grants kept)
     slots.stand_down()             # StageScheduler closes, or the engine does: keep nothing
     await slots.close()            # forget who holds what, then close the locks (one aclose() per stage)
 
@@ -67,7 +67,6 @@ from scrapy_redislock.crawl.engine import (
     downloader_active,
     engine_closing,
     one_per_crawler,
-    wake_engine,
 )
 from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks, slot_id
 from scrapy_redislock.requests.closewaits import CloseWaits
@@ -101,15 +100,23 @@ class RequestSlots:
         self.clock = clock
         # request -> the slot it goes with (or its error)
         self.ledger: PermitLedger[Request, SlotPermit] = PermitLedger()
-        # per stage: the requests of this process waiting for its slots in the middleware
-        self.lines = SlotLines(
+        # slots kept for the next queued request of their stage (a finished request's, or a grant
+        # to a wait for the queued requests), or the error such a wait ran out with; with them,
+        # REDISLOCK_WAITERS_PER_STAGE slots in hand or asked for per stage
+        self.kept = KeptSlots(
+            crawler,
             locks,
+            could_use=self._could_use_now,
+            most=settings.waiters_per_stage,
+            kept_count=True,
+        )
+        # per stage: the requests of this process waiting for its slots in the middleware, and
+        # the waits in Redis for them and the queued ones
+        self.lines = SlotLines(
+            self.kept,
             reuse_for=min(settings.local_reuse, settings.ttl / 2),
-            place=self.place,
-            wanted=self._wanted,
             ask_timeout=settings.wait_timeout,
         )
-        self.waits_per_stage = settings.waiters_per_stage  # waits in Redis for queued requests
         # the requests waiting in the middleware, for a slot of a stage among others
         self.waits = CloseWaits.of(crawler, settings)
         self.stages = list(locks.locks)  # the capped stages
@@ -117,11 +124,6 @@ class RequestSlots:
         # many slots they could use now; None without it
         self._queued: Callable[[str], int] | None = None
         self._could_use: Callable[[str], int] | None = None
-        # slots kept for the next queued request of their stage (a finished request's, or a grant
-        # to a wait for the queued requests), or the error such a wait ran out with
-        self.kept: KeptSlots[SlotPermit | BaseException] = KeptSlots(locks)
-        # per stage: since when its queued requests wait with no slot in hand (ask)
-        self._waiting_since: dict[str, float] = {}
         self._standing_down = False  # the scheduler closes, or the engine does: keep nothing
         locks.add_waiting_source(self._waiting_for)
         locks.add_tick_hook(self.tick)
@@ -166,42 +168,12 @@ class RequestSlots:
             return kept
         return await self.lines.wait(stage, timeout)
 
-    def ask(self, stage: str) -> None:
-        """StageScheduler has requests of ``stage`` queued and no slot kept for them: the line keeps
-        waits in Redis for them (:meth:`_wanted`), whose grants are kept for them; the head request
-        waits from now (:meth:`waited`)."""
-        self._waiting_since.setdefault(stage, self.clock())
-        self.lines.ask(stage)
-
-    def waited(self, stage: str) -> float:
-        """Seconds the stage's queued requests waited for the slot one of them leaves with now
-        (since the stage first had none for them; 0 for a slot that was in hand)."""
-        since = self._waiting_since.pop(stage, None)
-        return 0.0 if since is None else self.clock() - since
-
-    def _wanted(self, stage: str) -> int:
-        """Waits in Redis wanted for the queued requests of ``stage``: REDISLOCK_WAITERS_PER_STAGE
-        less the slots kept, at most one per queued request that could use a slot."""
+    def _could_use_now(self, stage: str) -> int:
+        """Slots in hand the queued requests of ``stage`` could use now: none while the scheduler
+        stands down or the engine closes (a grant would go straight back)."""
         if self._could_use is None or self._standing_down or stage not in self.stages:
             return 0
-        # closing: a grant would go straight back (_keep), so no new wait until the tick stands down
-        if engine_closing(self.crawler):
-            return 0
-        kept = self.kept.count(stage)
-        room = self.waits_per_stage - kept
-        return 0 if room <= 0 else max(0, min(room, self._could_use(stage) - kept))
-
-    def place(self, stage: str, outcome: SlotPermit | BaseException) -> None:
-        """A slot granted with no request waiting for it here: kept for a queued request of its
-        stage if one could use it, else back to Redis. Not reuse (no bound applies, nothing is
-        counted): Redis granted it just now. A wait for the queued requests that ran out
-        (REDISLOCK_WAIT_TIMEOUT) fails the next of them."""
-        if isinstance(outcome, BaseException):
-            if self._could_use is not None and self._could_use(stage) > self.kept.count(stage):
-                self.kept.keep(stage, outcome)
-                wake_engine(self.crawler)
-        elif not (self.locks.usable(outcome) and self._keep(stage, outcome)):
-            self.locks.release_soon(outcome)
+        return 0 if engine_closing(self.crawler) else self._could_use(stage)
 
     # -- the hand-off: scheduler -> middleware -> next request -------------------------------------
 
@@ -266,8 +238,7 @@ class RequestSlots:
         """Give a freed slot to a request of this process: first to the oldest waiting in the
         middleware (in Redis's line too: its wait there stays for the next request), then to the
         scheduler's queued requests of its stage."""
-        keep = None if self._could_use is None else self._keep
-        stage = self.lines.pass_on(permit, self.clock(), keep)
+        stage = self.lines.pass_on(permit, self.clock())
         if stage is not None:
             self.locks.count(stage, "reused")
         return stage is not None
@@ -290,17 +261,6 @@ class RequestSlots:
         self.lines.trim()
 
     # -- slots kept for StageScheduler's queued requests -------------------------------------------
-
-    def _keep(self, stage: str, permit: SlotPermit) -> bool:
-        """Keep a slot for the next queued request of its stage and wake the engine; False (back to
-        Redis) when the scheduler stands down, or none of its queued requests could use it."""
-        if self._could_use is None or self._standing_down or stage not in self.stages:
-            return False
-        if engine_closing(self.crawler) or self._could_use(stage) <= self.kept.count(stage):
-            return False
-        self.kept.keep(stage, permit)
-        wake_engine(self.crawler)
-        return True
 
     def stand_down(self, *, release: bool = True) -> None:
         """The scheduler closes, or the engine does: keep no slot from now on; the kept ones go back

@@ -504,10 +504,9 @@ class StageScheduler:
         if permit is None:
             # no downloader to watch, or queues not split: it waits in the middleware
             return request
-        waited = self.slots.waited(stage)
+        waited = self.slots.kept.waited(stage)
         if isinstance(permit, BaseException):
             self.slots.hand(request, permit)  # a wait for the stage's queued requests ran out
-            self.slots.locks.count(stage, "timeouts")
         elif self.keyline is not None:
             if self.keyline.holds_back(request, InHand(stage, permit, route, waited)):
                 return None
@@ -547,7 +546,7 @@ class StageScheduler:
         again."""
         if not self.closing:
             assert self.slots is not None
-            self.slots.kept.prune(self._could_use)
+            self.slots.kept.prune()
             wake_engine(self.crawler)
 
     async def tick(self) -> None:
@@ -568,7 +567,7 @@ class StageScheduler:
         if self.watch is not None and (self._look is None or self._look.done()):
             self._look = asyncio.get_running_loop().create_task(self.watch.look())
             self._look.add_done_callback(_retrieved)
-        self.slots.kept.prune(self._could_use)
+        self.slots.kept.prune()
 
 
 def _retrieved(task: asyncio.Task[None]) -> None:

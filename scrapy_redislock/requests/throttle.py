@@ -68,10 +68,11 @@ from scrapy_redislock.crawl.keys import domain, request_key
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.scopes import request_scopes
 from scrapy_redislock.crawl.stagelocks import SlotPermit
-from scrapy_redislock.errors import AcquireTimeout, KeyFunctionError, Paused
+from scrapy_redislock.errors import KeyFunctionError, Paused
 from scrapy_redislock.requests.closewaits import CloseWaits
+from scrapy_redislock.requests.kept import KeptSlots
 from scrapy_redislock.requests.ledger import PermitLedger
-from scrapy_redislock.requests.lines import Keep, SlotLines
+from scrapy_redislock.requests.lines import SlotLines
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -131,15 +132,16 @@ class ScopeThrottle:
         # middleware and StageScheduler's queued ones (a grant none waits for goes back to Redis);
         # each wait in Redis blocks one connection: at most CONCURRENT_REQUESTS at once for queued
         # requests (a request waiting in the line holds a place of its own)
+        # requests; what is kept for the queued ones: one wait per name while they outnumber it
         self.lines = SlotLines(
-            self.locks,
+            KeptSlots(crawler, self.locks, could_use=self._could_use, most=1, kept_count=False),
             reuse_for=min(settings.local_reuse, settings.ttl / 2),
             kind="key",
             ask_timeout=settings.wait_timeout,
             bound=crawler.settings.getint("CONCURRENT_REQUESTS"),
         )
-        # StageScheduler's (serve_scheduler): a freed slot kept for a queued request of its name
-        self._keep: Keep | None = None
+        # StageScheduler's (serve_scheduler): how many slots a name's queued requests could use
+        self._scheduler_could_use: Callable[[str], int] | None = None
         # per request: its capped names, key then scopes, as StageScheduler read them, or as this
         # middleware did when they changed on the way (a proxy rotator)
         self.names: WeakKeyDictionary[Request, tuple[str, ...]] = WeakKeyDictionary()
@@ -472,27 +474,20 @@ class ScopeThrottle:
         for permit in holds.permits if holds is not None else ():
             self.free(permit)
 
-    def serve_scheduler(
-        self,
-        keep: Keep,
-        *,
-        place: Callable[[str, SlotPermit | AcquireTimeout], None],
-        wanted: Callable[[str], int],
-    ) -> None:
-        """StageScheduler's key line, once: ``keep(name, permit)`` keeps a freed slot for its next
-        queued request of the key or scope (False: none could use it); the lines' waits in Redis
-        for its queued requests (``wanted(name)`` of them per name) bring their grants and
-        timeouts to ``place``."""
-        self._keep = keep
-        self.lines.place = place
-        self.lines.wanted = wanted
+    def serve_scheduler(self, could_use: Callable[[str], int]) -> None:
+        """StageScheduler's key line, once: ``could_use(name)``, how many slots the queued requests
+        of a key or scope could use now (the lines keep what comes for them, and wait for them)."""
+        self._scheduler_could_use = could_use
+
+    def _could_use(self, name: str) -> int:
+        return 0 if self._scheduler_could_use is None else self._scheduler_could_use(name)
 
     def free(self, permit: SlotPermit) -> None:
         """Pass a slot straight to the oldest request of this process waiting here for its key or
         scope, else to one queued in StageScheduler, while it is young (REDISLOCK_LOCAL_REUSE since
         Redis's grant, at most half the lease) and usable, with no Redis command (counted as
         ``redislock/keys/reused``); else release it now."""
-        if self.lines.pass_on(permit, self.clock(), self._keep) is not None:
+        if self.lines.pass_on(permit, self.clock()) is not None:
             self.crawler.stats.inc_value("redislock/keys/reused")
         else:
             self.locks.release_soon(permit)

@@ -139,11 +139,11 @@ def test_kept_slots_beyond_what_the_queued_requests_could_use_go_back_at_the_tic
             f.slots.free(second)
             assert f.slots.kept.outcomes("detail") == (first, second)
             wanted[0] = 1
-            f.slots.kept.prune(lambda stage: wanted[0])
+            f.slots.kept.prune()
             assert f.slots.kept.outcomes("detail") == (first,)
             await until(lambda: held(redis_client, "detail") == [first.grant])
             wanted[0] = 0
-            f.slots.kept.prune(lambda stage: wanted[0])
+            f.slots.kept.prune()
             assert f.slots.kept.count("detail") == 0
             await until(lambda: leftover(redis_client) == 0)
 
