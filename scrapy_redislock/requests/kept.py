@@ -5,11 +5,14 @@ name a request is capped by (a stage's in RequestSlots' line, a key's or scope's
 - the slots got for them before one of them left the scheduler (a grant to a wait of the line, a
   finished request's slot passed on: :meth:`offer`), kept for the next of them, oldest first, or
   the error such a wait ran out with, which the name's next queued request fails with;
-- how many waits in Redis they want (:meth:`wanted`): at most ``most`` per name, less the slots
-  kept when those count against it (a stage's: REDISLOCK_WAITERS_PER_STAGE slots in hand or asked
-  for), and no more than the queued requests that could use a slot (``could_use(name)``, the
-  owner's: 0 once it stands down);
+- how many waits in Redis they want (:meth:`wanted`, below), never more than the queued requests
+  that could use a slot (``could_use(name)``, the owner's: 0 once it stands down);
 - since when they wait with nothing kept (:meth:`asked`, :meth:`waited`).
+
+How many waits: a stage's queued requests keep at most ``most`` (REDISLOCK_WAITERS_PER_STAGE)
+slots kept or asked for (``kept_count``), asked for by StageAdmission at every pass of the engine;
+a key's or scope's ``most`` (one) wait beside what is kept, opened again by the line as soon as its grant is kept (the
+sub-queue asks only when a take is refused).
 
 A kept slot that can no longer go with a request (lost, or past its lease on this process's clock:
 :meth:`StageLocks.usable <scrapy_redislock.crawl.stagelocks.StageLocks.usable>`, which counts and
@@ -105,9 +108,13 @@ class KeptSlots:
 
     def waited(self, name: str) -> float:
         """Seconds the queued requests of ``name`` waited for the slot one of them leaves with now
-        (since the name first had none for them; 0 for a slot that was in hand)."""
+        (since the name last had none for them; 0 for a slot that was in hand). Those left with
+        nothing kept wait from now."""
+        now = self.locks.clock()
         since = self._asked_at.pop(name, None)
-        return 0.0 if since is None else self.locks.clock() - since
+        if not self.count(name) and self.could_use(name):
+            self._asked_at[name] = now
+        return 0.0 if since is None else now - since
 
     def ready(self, name: str) -> bool:
         """Whether a usable slot (or an error) is kept for ``name``; unusable ones at the head are

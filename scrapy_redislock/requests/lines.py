@@ -20,13 +20,13 @@ they have and want is the line's :class:`~.kept.KeptSlots` (``kept``): the line 
 waits in Redis as they want (:meth:`SlotLines.ask`), each with the owner's ``ask_timeout``. A slot
 no request waits for here (a grant, or a freed slot passed on) is kept for them while one could use
 it, else it goes back to Redis; so is the AcquireTimeout of a wait that runs out with no request
-waiting here (the name's next queued request fails with it), and the waits are opened again while
-they want more. Waits no longer wanted are withdrawn at the owner's tick (:meth:`SlotLines.trim`).
-The owner may bound the waits in Redis under way at once over all its names (``bound``: each
-blocks one connection, and a broad crawl meets thousands of keys); the others wait here for their
-turn. The bound applies only to the waits beyond one per request waiting here: a request waiting in
-the middleware may hold other slots (its key's while it waits for a scope's), so its wait never
-queues behind waits that may be waiting for those very slots.
+waiting here (the name's next queued request fails with it). Waits no longer wanted are withdrawn at
+the owner's tick (:meth:`SlotLines.trim`). The owner may bound the waits in Redis under way at once
+over all its names (``bound``: each blocks one connection, and a broad crawl meets thousands of
+keys); the others wait here for their turn. The bound applies only to the waits beyond one per
+request waiting here: a request waiting in the middleware may hold other slots (its key's while it
+waits for a scope's), so its wait never queues behind waits that may be waiting for those very
+slots.
 
 Reads no settings itself: the wait's timeout, the bound, the local reuse bound (REDISLOCK_LOCAL_REUSE,
 at most half REDISLOCK_TTL) and what is kept are the owner's, :class:`~.requestslots.RequestSlots`
@@ -238,10 +238,13 @@ class SlotLines:
 
     def _place(self, line: SlotLine, outcome: SlotPermit | AcquireTimeout) -> None:
         """A grant no request waits for here, or a wanted wait's timeout: kept for the queued
-        requests while one could use it (and their waits opened again while they want more), else
-        back to Redis (an error forgotten)."""
+        requests while one could use it, else back to Redis (an error forgotten). A key's wait is
+        opened again at once while they want more; a stage's only when its owner asks (at every
+        pass of the engine): a grant its requests could not use, given back, is not chased by
+        another."""
         if self.kept.offer(line.name, outcome):
-            self._ask(line)
+            if not self.kept.kept_count:
+                self._ask(line)
         elif not isinstance(outcome, BaseException):
             self.locks.release_soon(outcome)
 

@@ -94,3 +94,18 @@ def test_the_queued_requests_wait_from_the_first_ask_until_one_leaves_or_none_is
     kept.asked("detail")
     clock.advance(1.0)
     assert kept.waited("detail") == 1.0
+
+
+def test_the_requests_left_queued_with_nothing_kept_wait_from_the_last_one_leaving() -> None:
+    """A key's queued requests are asked for once, when a take is refused; the line's wait then
+    brings grant after grant. Each request leaving with one counts its wait from the one before
+    (not 0 for every one after the first)."""
+    clock = FakeClock(1000.0)
+    queued = [3]
+    kept = kept_slots(clock, queued, most=1, kept_count=False)
+    kept.asked("detail")
+    for waited in (2.0, 5.0, 1.5):
+        clock.advance(waited)
+        assert kept.offer("detail", granted(clock, "1-1"))
+        assert kept.take("detail") is not None
+        assert kept.waited("detail") == waited

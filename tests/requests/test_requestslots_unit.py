@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
 from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.lock.permit import Permit
+from scrapy_redislock.requests import requestslots
 from scrapy_redislock.requests.lines import SlotLine
 from scrapy_redislock.requests.requestslots import RequestSlots
 from testing.clock import FakeClock
+from testing.waiting import until
 
 REUSE = 5.0  # REDISLOCK_LOCAL_REUSE
 
@@ -36,7 +39,7 @@ def slots_of(clock: FakeClock) -> RequestSlots:
     )
     settings = read_settings(crawler.settings)
     return RequestSlots(
-        crawler, settings, StageLocks(crawler, settings, settings.stages), clock=clock
+        crawler, settings, StageLocks(crawler, settings, settings.stages, clock=clock), clock=clock
     )
 
 
@@ -118,5 +121,38 @@ def test_a_young_slot_past_its_lease_on_the_clock_is_not_passed_on() -> None:
         for task in releasing:
             task.cancel()
         await asyncio.gather(*releasing, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_a_grant_the_queued_requests_could_not_use_is_not_chased_by_another_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stage's queued requests cannot go now (their key is full here): each grant to the line's
+    waits for them is kept, the engine's pass finds no request to go with it and gives it back.
+    No new wait opens for them until the scheduler asks again (at a pass where one could go): a
+    grant it gave back is not chased by another, in a loop of takes and releases."""
+
+    async def scenario() -> None:
+        clock = FakeClock(1000.0)
+        slots = slots_of(clock)
+        waits: list[asyncio.Future[Permit]] = []
+
+        async def acquire(stage: str, timeout: float | None) -> Permit:  # a wait in Redis
+            waits.append(wait := asyncio.get_running_loop().create_future())
+            return await wait
+
+        slots.locks.acquire = acquire  # type: ignore[assignment,method-assign]
+        # a running engine (get_crawler's has none: it would count as closing)
+        monkeypatch.setattr(requestslots, "engine_closing", lambda crawler: False)
+        slots.serve_scheduler(queued=lambda stage: 4, could_use=lambda stage: 4)
+        slots.lines.ask("detail")
+        await until(lambda: len(waits) == 2)  # REDISLOCK_WAITERS_PER_STAGE
+        for wait in list(waits):
+            wait.set_result(granted("detail", clock))
+            await until(lambda: slots.kept.count("detail") == 1)
+            slots.kept.release_all()  # the engine's pass: none of the queued requests may go
+        assert slots.lines.asking("detail") == 0
+        assert len(waits) == 2
 
     asyncio.run(scenario())
