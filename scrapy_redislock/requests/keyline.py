@@ -69,7 +69,7 @@ from scrapy_redislock.crawl.engine import downloader_active, wake_engine
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.errors import AcquireTimeout, Paused
 from scrapy_redislock.requests.kept import KeptSlots
-from scrapy_redislock.requests.stagequeue import StagePriorityQueues
+from scrapy_redislock.requests.stagequeue import StagePriorityQueues, split_queues
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -158,12 +158,7 @@ class KeyLine:
 
     def queued(self, key: str) -> int:
         """Requests of ``key`` in its sub-queue of the inner scheduler."""
-        queues = [getattr(self.inner, name, None) for name in ("mqs", "dqs")]
-        return sum(
-            queue.count_route((None, key))
-            for queue in queues
-            if isinstance(queue, StagePriorityQueues)
-        )
+        return sum(queue.count_route((None, key)) for queue in split_queues(self.inner))
 
     def requeue(self, request: Request, key: str) -> None:
         """Put ``request`` back into its key's sub-queue of the inner scheduler (its own, for a

@@ -94,8 +94,8 @@ from scrapy_redislock.requests.requestslots import RequestSlots
 from scrapy_redislock.requests.stagequeue import (
     QueueThread,
     SharedStageQueues,
-    StagePriorityQueues,
     StageQueueFactory,
+    split_queues,
 )
 from scrapy_redislock.requests.throttle import ScopeThrottle
 
@@ -520,8 +520,7 @@ class StageScheduler:
     def _queued(self, stage: str) -> int:
         """Requests of ``stage`` waiting in the inner scheduler (for the status CLI); 0 over
         scrapy-redis, where counting would cost a Redis command per stage."""
-        queues = [getattr(self.inner, name, None) for name in ("mqs", "dqs")]
-        return sum(queue.count(stage) for queue in queues if isinstance(queue, StagePriorityQueues))
+        return sum(queue.count(stage) for queue in split_queues(self.inner))
 
     def _could_use(self, stage: str) -> int:
         """How many slots in hand the queued requests of ``stage`` could use now (over scrapy-redis:

@@ -78,6 +78,7 @@ __all__ = [
     "SharedStageQueues",
     "StagePriorityQueues",
     "StageQueueFactory",
+    "split_queues",
 ]
 
 
@@ -303,6 +304,13 @@ class StagePriorityQueues:
 
     def __len__(self) -> int:
         return sum(self._sizes.values())
+
+
+def split_queues(inner: Any) -> list[StagePriorityQueues]:
+    """The memory and disk queues of Scrapy's scheduler ``inner``, as StageQueueFactory split them
+    (none for a scheduler it could not split)."""
+    queues = (getattr(inner, "mqs", None), getattr(inner, "dqs", None))
+    return [queue for queue in queues if isinstance(queue, StagePriorityQueues)]
 
 
 def _is_lifo(queue_cls: Any) -> bool:
