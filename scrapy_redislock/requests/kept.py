@@ -9,10 +9,11 @@ name a request is capped by (a stage's in RequestSlots' line, a key's or scope's
   that could use a slot (``could_use(name)``, the owner's: 0 once it stands down);
 - since when they wait with nothing kept (:meth:`asked`, :meth:`waited`).
 
-How many waits: a stage's queued requests keep at most ``most`` (REDISLOCK_WAITERS_PER_STAGE)
-slots kept or asked for (``kept_count``), asked for by StageAdmission at every pass of the engine;
-a key's or scope's ``most`` (one) wait beside what is kept, opened again by the line as soon as its grant is kept (the
-sub-queue asks only when a take is refused).
+How many waits, two policies: a stage's queued requests keep at most ``most``
+(REDISLOCK_WAITERS_PER_STAGE) slots kept or asked for, and StageAdmission asks for them at every
+pass of the engine where one of them could go; a key's or scope's ``keep_asking``: ``most`` (one)
+wait beside what is kept, opened again by the line as soon as its grant is kept (the sub-queue asks
+only when a take is refused), the queued requests waiting from the last one leaving.
 
 A kept slot that can no longer go with a request (lost, or past its lease on this process's clock:
 :meth:`StageLocks.usable <scrapy_redislock.crawl.stagelocks.StageLocks.usable>`, which counts and
@@ -49,13 +50,15 @@ class KeptSlots:
         *,
         could_use: Callable[[str], int],
         most: int,
-        kept_count: bool,
+        keep_asking: bool,
     ) -> None:
         self.crawler = crawler  # its engine is woken when something is kept
         self.locks = locks  # the registry the slots came from, and go back to
         self.could_use = could_use  # the owner's: queued requests of a name that could use a slot
         self.most = most  # waits per name at most
-        self.kept_count = kept_count  # whether the slots kept count against ``most``
+        # the line keeps ``most`` waits open beside what is kept (a key's), or the owner asks for
+        # ``most`` slots kept or asked for in all (a stage's)
+        self.keep_asking = keep_asking
         self._by_name: dict[str, deque[Kept]] = {}
         self._asked_at: dict[str, float] = {}  # per name: since when its queued requests wait
 
@@ -76,7 +79,7 @@ class KeptSlots:
     def wanted(self, name: str) -> int:
         """Waits in Redis wanted for the queued requests of ``name``."""
         kept = self.count(name)
-        room = self.most - kept if self.kept_count else self.most
+        room = self.most if self.keep_asking else self.most - kept
         return max(0, min(room, self.could_use(name) - kept))
 
     def offer(self, name: str, outcome: Kept) -> bool:
@@ -108,11 +111,11 @@ class KeptSlots:
 
     def waited(self, name: str) -> float:
         """Seconds the queued requests of ``name`` waited for the slot one of them leaves with now
-        (since the name last had none for them; 0 for a slot that was in hand). Those left with
-        nothing kept wait from now."""
+        (since the name last had none for them; 0 for a slot that was in hand). A key's left with
+        nothing kept wait from now (its line's wait stays open; a stage's owner asks again)."""
         now = self.locks.clock()
         since = self._asked_at.pop(name, None)
-        if not self.count(name) and self.could_use(name):
+        if self.keep_asking and not self.count(name) and self.could_use(name):
             self._asked_at[name] = now
         return 0.0 if since is None else now - since
 

@@ -374,7 +374,7 @@ class KeyLine:
         elif refused is None:
             self.throttle.record(self.clock() - started)
             self._hand(request, got)
-            for name in names:  # its names' queued requests no longer wait
+            for name in names:  # its names' queued requests, if any, wait from now
                 self.kept.waited(name)
             self.ready.append(request)
         else:

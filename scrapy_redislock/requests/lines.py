@@ -220,8 +220,8 @@ class SlotLines:
             self._tidy(line)
 
     def ask(self, name: str) -> None:
-        """The owner has requests of ``name`` queued and nothing kept for them: they wait from now,
-        and as many more waits in Redis as they want are opened."""
+        """The owner has requests of ``name`` queued and nothing kept for them: they wait from now
+        (unless they did already), and as many more waits in Redis as they want are opened."""
         self.kept.asked(name)
         line = self.lines.get(name)
         if line is None:
@@ -239,11 +239,10 @@ class SlotLines:
     def _place(self, line: SlotLine, outcome: SlotPermit | AcquireTimeout) -> None:
         """A grant no request waits for here, or a wanted wait's timeout: kept for the queued
         requests while one could use it, else back to Redis (an error forgotten). A key's wait is
-        opened again at once while they want more; a stage's only when its owner asks (at every
-        pass of the engine): a grant its requests could not use, given back, is not chased by
-        another."""
+        opened again at once while they want more (``keep_asking``); a stage's when its owner asks
+        again, so that a grant its requests could not use, given back, is not chased by another."""
         if self.kept.offer(line.name, outcome):
-            if not self.kept.kept_count:
+            if self.kept.keep_asking:
                 self._ask(line)
         elif not isinstance(outcome, BaseException):
             self.locks.release_soon(outcome)

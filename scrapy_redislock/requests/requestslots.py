@@ -108,7 +108,7 @@ class RequestSlots:
             locks,
             could_use=self._could_use_now,
             most=settings.waiters_per_stage,
-            kept_count=True,
+            keep_asking=False,
         )
         # per stage: the requests of this process waiting for its slots in the middleware, and
         # the waits in Redis for them and the queued ones

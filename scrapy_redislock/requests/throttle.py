@@ -134,7 +134,7 @@ class ScopeThrottle:
         # requests (a request waiting in the line holds a place of its own)
         # requests; what is kept for the queued ones: one wait per name while they outnumber it
         self.lines = SlotLines(
-            KeptSlots(crawler, self.locks, could_use=self._could_use, most=1, kept_count=False),
+            KeptSlots(crawler, self.locks, could_use=self._could_use, most=1, keep_asking=True),
             reuse_for=min(settings.local_reuse, settings.ttl / 2),
             kind="key",
             ask_timeout=settings.wait_timeout,

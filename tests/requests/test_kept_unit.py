@@ -19,7 +19,7 @@ class UnitSpider(Spider):
     name = "unit"
 
 
-def kept_slots(clock: FakeClock, queued: list[int], *, most: int, kept_count: bool) -> KeptSlots:
+def kept_slots(clock: FakeClock, queued: list[int], *, most: int, keep_asking: bool) -> KeptSlots:
     crawler = get_crawler(
         UnitSpider,
         {
@@ -30,7 +30,7 @@ def kept_slots(clock: FakeClock, queued: list[int], *, most: int, kept_count: bo
     settings = read_settings(crawler.settings)
     locks = StageLocks(crawler, settings, settings.stages, clock=clock)
     return KeptSlots(
-        crawler, locks, could_use=lambda name: queued[0], most=most, kept_count=kept_count
+        crawler, locks, could_use=lambda name: queued[0], most=most, keep_asking=keep_asking
     )
 
 
@@ -45,8 +45,8 @@ def test_a_stage_wants_its_waits_less_what_is_kept_a_key_one_wait_beside_it() ->
     its queued requests outnumber what is kept. Neither more than the queued requests could use."""
     clock = FakeClock(1000.0)
     queued = [5]
-    stage = kept_slots(clock, queued, most=2, kept_count=True)
-    key = kept_slots(clock, queued, most=1, kept_count=False)
+    stage = kept_slots(clock, queued, most=2, keep_asking=False)
+    key = kept_slots(clock, queued, most=1, keep_asking=True)
     assert (stage.wanted("detail"), key.wanted("detail")) == (2, 1)
     for kept in (stage, key):
         assert kept.offer("detail", granted(clock, "1-1"))
@@ -61,7 +61,7 @@ def test_a_stage_wants_its_waits_less_what_is_kept_a_key_one_wait_beside_it() ->
 def test_what_no_queued_request_could_use_is_not_kept_and_a_kept_error_is_counted() -> None:
     clock = FakeClock(1000.0)
     queued = [1]
-    kept = kept_slots(clock, queued, most=2, kept_count=True)
+    kept = kept_slots(clock, queued, most=2, keep_asking=False)
     first, second = granted(clock, "1-1"), granted(clock, "1-2")
     assert kept.offer("detail", first)
     assert not kept.offer("detail", second)  # the one queued request has a slot kept
@@ -76,16 +76,18 @@ def test_what_no_queued_request_could_use_is_not_kept_and_a_kept_error_is_counte
 
 
 def test_the_queued_requests_wait_from_the_first_ask_until_one_leaves_or_none_is_left() -> None:
-    """The wait counted for a request that leaves with a kept slot runs from its name's first ask
-    with nothing kept; a name whose queued requests are all gone at the tick starts again."""
+    """A stage's: the wait counted for a request that leaves with a kept slot runs from its name's
+    first ask with nothing kept (its owner asks at every pass); a name whose queued requests are
+    all gone at the tick starts again."""
     clock = FakeClock(1000.0)
     queued = [2]
-    kept = kept_slots(clock, queued, most=2, kept_count=True)
+    kept = kept_slots(clock, queued, most=2, keep_asking=False)
     kept.asked("detail")
     clock.advance(3.0)
     kept.asked("detail")  # asked again: still waiting since the first
     assert kept.waited("detail") == 3.0
-    assert kept.waited("detail") == 0.0  # the next one's slot was in hand
+    clock.advance(2.0)  # its owner has not asked again (the next one's slot is in hand)
+    assert kept.waited("detail") == 0.0
     kept.asked("detail")
     clock.advance(10.0)
     queued[0] = 0  # its queued requests went (dropped, or left to wait in the middleware)
@@ -102,10 +104,23 @@ def test_the_requests_left_queued_with_nothing_kept_wait_from_the_last_one_leavi
     (not 0 for every one after the first)."""
     clock = FakeClock(1000.0)
     queued = [3]
-    kept = kept_slots(clock, queued, most=1, kept_count=False)
+    kept = kept_slots(clock, queued, most=1, keep_asking=True)
     kept.asked("detail")
     for waited in (2.0, 5.0, 1.5):
         clock.advance(waited)
         assert kept.offer("detail", granted(clock, "1-1"))
         assert kept.take("detail") is not None
         assert kept.waited("detail") == waited
+    # not from then while a slot is still kept for the next one, nor with none left queued
+    assert kept.offer("detail", granted(clock, "1-2"))
+    assert kept.offer("detail", granted(clock, "1-3"))
+    assert kept.take("detail") is not None
+    assert kept.waited("detail") == 0.0
+    clock.advance(4.0)
+    assert kept.take("detail") is not None
+    assert kept.waited("detail") == 0.0
+    queued[0] = 0
+    assert kept.waited("detail") == 0.0
+    clock.advance(3.0)
+    queued[0] = 1
+    assert kept.waited("detail") == 0.0

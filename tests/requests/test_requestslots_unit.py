@@ -15,7 +15,8 @@ from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import StageLocks
 from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.requests import requestslots
-from scrapy_redislock.requests.lines import SlotLine
+from scrapy_redislock.requests.kept import KeptSlots
+from scrapy_redislock.requests.lines import SlotLine, SlotLines
 from scrapy_redislock.requests.requestslots import RequestSlots
 from testing.clock import FakeClock
 from testing.waiting import until
@@ -142,7 +143,7 @@ def test_a_grant_the_queued_requests_could_not_use_is_not_chased_by_another_wait
             waits.append(wait := asyncio.get_running_loop().create_future())
             return await wait
 
-        slots.locks.acquire = acquire  # type: ignore[assignment,method-assign]
+        slots.locks.acquire = acquire  # type: ignore[method-assign]
         # a running engine (get_crawler's has none: it would count as closing)
         monkeypatch.setattr(requestslots, "engine_closing", lambda crawler: False)
         slots.serve_scheduler(queued=lambda stage: 4, could_use=lambda stage: 4)
@@ -154,5 +155,36 @@ def test_a_grant_the_queued_requests_could_not_use_is_not_chased_by_another_wait
             slots.kept.release_all()  # the engine's pass: none of the queued requests may go
         assert slots.lines.asking("detail") == 0
         assert len(waits) == 2
+        slots.lines.ask("detail")  # a pass where one of them could go: the owner asks again
+        assert slots.lines.asking("detail") == 2
+
+    asyncio.run(scenario())
+
+
+def test_a_keys_line_opens_its_wait_again_as_soon_as_its_grant_is_kept() -> None:
+    """A key's or scope's queued requests are asked for only when a take is refused: its line keeps
+    one wait open beside what is kept while they want more (``keep_asking``)."""
+
+    async def scenario() -> None:
+        clock = FakeClock(1000.0)
+        locks = slots_of(clock).locks
+        lines = SlotLines(
+            KeptSlots(locks.crawler, locks, could_use=lambda name: 3, most=1, keep_asking=True),
+            reuse_for=REUSE,
+        )
+        waits: list[asyncio.Future[Permit]] = []
+
+        async def acquire(stage: str, timeout: float | None) -> Permit:  # a wait in Redis
+            waits.append(wait := asyncio.get_running_loop().create_future())
+            return await wait
+
+        locks.acquire = acquire  # type: ignore[method-assign]
+        lines.ask("detail")
+        await until(lambda: len(waits) == 1)
+        for kept in (1, 2):
+            waits[-1].set_result(granted("detail", clock))
+            await until(lambda kept=kept: lines.kept.count("detail") == kept)  # type: ignore[misc]
+            assert lines.asking("detail") == 1  # the next wait, opened at once
+        await until(lambda: len(waits) == 3)
 
     asyncio.run(scenario())
