@@ -131,8 +131,8 @@ class ScopeThrottle:
         # per key or scope: this process's line for its slots, for requests waiting in the
         # middleware and StageScheduler's queued ones (a grant none waits for goes back to Redis);
         # each wait in Redis blocks one connection: at most CONCURRENT_REQUESTS at once for queued
-        # requests (a request waiting in the line holds a place of its own)
-        # requests; what is kept for the queued ones: one wait per name while they outnumber it
+        # requests (a request waiting in the line holds a place of its own); for the queued ones, one
+        # wait per name kept open while they outnumber what is kept (keep_asking)
         self.lines = SlotLines(
             KeptSlots(crawler, self.locks, could_use=self._could_use, most=1, keep_asking=True),
             reuse_for=min(settings.local_reuse, settings.ttl / 2),
