@@ -34,9 +34,8 @@ if TYPE_CHECKING:
 
     from scrapy_redislock.crawl.stagelocks import StageLocks
 
-Kept = (
-    SlotPermit | BaseException
-)  # a slot, or the error a wait for the queued requests ran out with
+# what is kept: a slot, or the error a wait for the queued requests ran out with
+Kept = SlotPermit | BaseException
 
 
 class KeptSlots:
