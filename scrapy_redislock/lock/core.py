@@ -232,6 +232,12 @@ class LockCore:
     def durable_flag(self) -> str:
         return "1" if self.durable else "0"
 
+    @property
+    def stream_grants(self) -> set[str]:
+        """The grants this owner holds in the stream: what it re-adopts after a data loss (a light
+        grant starts afresh, see :mod:`.light`)."""
+        return {grant for grant, permit in self.held.items() if not permit.light}
+
     def setup(self, recover: bool = False) -> Operation[tuple[bool, int]]:
         """Create the lock in Redis if needed and register this owner."""
         k = self.keys
@@ -247,6 +253,8 @@ class LockCore:
             json.dumps(self.identity),
             "1" if recover else "0",
             self.durable_flag,
+            # one that holds grants is a survivor only once a renewal of all of them re-adopted them
+            "0" if self.stream_grants else "1",
             *(("0",) if survivors is None else ("1", *survivors)),
         )
         created, limit, lease_ms = text(reply)

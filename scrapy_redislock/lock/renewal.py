@@ -29,12 +29,17 @@ class Renewal:
         self.permits = permits
         self.targets = list(core.held.values()) if permits is None else list(permits)
         self.abandoned = list(core.consumers.abandoned)
+        # Everything held is renewed (re-adopted after a data loss): only such a pass reports this
+        # owner as a survivor (maintain.lua), not one for a single permit being released.
+        self.whole = {p.grant for p in self.targets} >= core.stream_grants
 
     def run(self) -> Operation[list[Permit]]:
         """The permits found lost. A permit released while this ran is never reported lost, and a
         limbo slot adopted for it after a data loss is given back at once."""
         core, k = self.core, self.core.keys
         sent_at = core.clock()
+        # The reply names the ids sent: another renewal may rename a permit (re-adopted) meanwhile.
+        self.sent = {p.grant: p for p in self.targets}
         try:
             reply = yield RunScript(
                 "maintain",
@@ -45,9 +50,10 @@ class Renewal:
                     core.ttl_ms,
                     max(1, round(core.renew_interval * 1000)),
                     core.durable_flag,
+                    "1" if self.whole else "0",
                     len(self.abandoned),
                     *self.abandoned,
-                    *[p.grant if p.valid_until > sent_at else f"!{p.grant}" for p in self.targets],
+                    *[g if p.valid_until > sent_at else f"!{g}" for g, p in self.sent.items()],
                 ),
             )
         except redis.exceptions.ResponseError as exc:
@@ -71,8 +77,7 @@ class Renewal:
         for grant in self._adopt(renamed):
             yield RunScript("release", (k.slots, k.meta), (core.owner, grant))
         # A permit released meanwhile (by another thread or task) is not "lost".
-        by_grant = {p.grant: p for p in self.targets}
-        lost = [by_grant[g] for g in lost_ids if g in by_grant and not by_grant[g].released]
+        lost = [self.sent[g] for g in lost_ids if g in self.sent and not self.sent[g].released]
         for permit in lost:
             permit.lost = True
             core.let_go(permit)
@@ -82,10 +87,10 @@ class Renewal:
         """Renewed permits now sit under the consumer named like the owner: their wait consumers
         are free again."""
         core = self.core
-        for permit in self.targets:
-            if permit.grant not in lost and permit.owner == core.owner:
+        for grant, permit in self.sent.items():
+            if grant not in lost and permit.owner == core.owner:
                 permit.leased(sent_at, core.ttl)
-                if permit.grant not in renamed:
+                if grant not in renamed:
                     core.consumers.free(permit.consumer)
                     permit.consumer = core.owner
 
@@ -93,8 +98,7 @@ class Renewal:
         """Apply the re-adoption map as a whole (old and new ids never meet half-renamed); returns
         the adopted ids of permits released meanwhile, to give straight back."""
         core = self.core
-        by_grant = {p.grant: p for p in self.targets}
-        moved = [(by_grant[old], new) for old, new in renamed.items()]
+        moved = [(self.sent[old], new) for old, new in renamed.items()]
         for permit, _new in moved:
             if core.held.get(permit.grant) is permit:
                 del core.held[permit.grant]

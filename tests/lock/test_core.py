@@ -404,9 +404,9 @@ def test_an_interrupted_wait_is_abandoned_by_its_consumer_and_freed_by_the_next_
         op = core.maintain()
         command = next(op)
         # the consumer to free, then the grants to renew
-        assert command.args[5:] == (1, wait_of(core, 2), "0-2")
+        assert command.args[5:] == ("1", 1, wait_of(core, 2), "0-2")
         assert finish(op, maintain_reply()) == []
-    assert not core.consumers.abandoned and next(core.maintain()).args[5:] == (0, "0-2")
+    assert not core.consumers.abandoned and next(core.maintain()).args[5:] == ("1", 0, "0-2")
     # emptied by the renewal
     assert kept.consumer == core.owner and core.consumers.idle == [wait_of(core, 1)]
     assert next(core.acquire(None)).consumer == wait_of(core, 1)
@@ -422,8 +422,8 @@ def test_renew_lists_only_its_permit_and_frees_nothing_else() -> None:
     op.close()
     op = core.renew(p1)
     command = next(op)
-    # p2 is not listed, and nothing says "free the rest"
-    assert command.args[5:] == (1, wait_of(core, 3), "0-1")
+    # p2 is not listed, and nothing says "free the rest" (nor "all re-adopted": see maintain.lua)
+    assert command.args[5:] == ("0", 1, wait_of(core, 3), "0-1")
     assert finish(op, maintain_reply()) is None
     assert not p1.lost and not p2.lost and set(core.held) == {"0-1", "0-2"}
 
@@ -496,8 +496,8 @@ def test_maintain_protocol_lost_adopted_and_lease() -> None:
     assert command.name == "maintain"
     k = core.keys
     assert command.keys == (k.slots, k.meta, k.owners, k.ttls, k.seen)
-    assert command.args[0] == core.owner and command.args[2:6] == (10000, 1000, "0", 0)
-    assert set(command.args[6:]) == {"0-1", "0-2", "0-3"}
+    assert command.args[0] == core.owner and command.args[2:7] == (10000, 1000, "0", "1", 0)
+    assert set(command.args[7:]) == {"0-1", "0-2", "0-3"}
     lost = finish(op, maintain_reply(lost=("0-2",), adopted=("0-3", "0-8"), lease_ms=20000))
     assert lost == [b] and b.lost and not a.lost and not c.lost
     assert (c.grant, c.fence) == ("0-8", 8)  # re-adopted after a data loss
@@ -548,9 +548,10 @@ def test_maintain_recreates_a_vanished_lock_then_runs_again() -> None:
     op = core.maintain()
     next(op)
     command = op.throw(redis.exceptions.ResponseError("NOLOCK lock is gone from Redis"))
-    assert command.name == "setup" and command.args[4] == "1"
+    # it holds a grant: not a survivor yet; the renewal of all it holds that follows reports it
+    assert command.name == "setup" and command.args[4] == "1" and command.args[6] == "0"
     command = op.send([1, 2, 10000])
-    assert command.name == "maintain" and command.args[6:] == ("0-5",)
+    assert command.name == "maintain" and command.args[5:] == ("1", 0, "0-5")
     assert finish(op, maintain_reply(adopted=("0-5", "0-1"))) == []
     assert set(core.held) == {"0-1"}
 
@@ -568,7 +569,7 @@ def test_renew_raises_lock_lost() -> None:
     core = LockCore.create("detail", 1, 10.0)
     permit = granted(core)
     op = core.renew(permit)
-    assert next(op).args[6:] == ("0-3",)
+    assert next(op).args[5:] == ("1", 0, "0-3")
     with pytest.raises(LockLost, match=f"lock 'detail': lease of permit {permit.token} is gone"):
         op.send(maintain_reply(lost=("0-3",)))
     op = core.renew(granted(core, "0-4"))

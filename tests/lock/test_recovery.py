@@ -18,6 +18,7 @@ import redis
 
 from scrapy_redislock import CountingLock
 from scrapy_redislock.lock.consumers import ROSTER_MAX
+from scrapy_redislock.lock.protocol import Command, drive
 from testing.redis_server import RedisServer
 from testing.waiting import wait_until
 
@@ -125,3 +126,118 @@ def test_an_owner_that_knows_no_roster_waits_out_the_lease(server: RedisServer) 
     assert admin.hget(holder.keys.meta, "awaiting") is None
     admin.close()
     holder.close()
+
+
+def test_a_survivor_that_sets_up_before_renewing_is_still_awaited(server: RedisServer) -> None:
+    """A survivor's first script after the restart is a take (it sets the lock up again, in limbo),
+    and its next renewal is late: past the floor, its grant, not re-adopted yet, keeps its slot
+    reserved. Reporting at the setup let a newcomer have it (CI, a crawl's 4th request of a stage
+    capped at 3)."""
+    a = lock(server, limit=2)
+    pa = a.acquire(timeout=1)
+    a.maintain()  # roster: a alone
+    server.restart()
+    assert a.try_acquire() is None  # set up in limbo; both slots reserved
+    admin = redis.Redis.from_url(server.url)
+    floor = int(admin.hget(a.keys.meta, "recover_floor") or 0)
+    assert floor and admin.hget(a.keys.meta, "awaiting") == a.owner.encode()
+    wait_until(lambda: redis_ms(admin) > floor + 1100, WAIT, "the floor and a reap interval")
+    newcomer = lock(server, limit=2)
+    assert newcomer.try_acquire() is None  # a holds pa: the cap holds
+    assert a.maintain() == [] and a.held == [pa]  # re-adopted; a reports
+    granted = newcomer.acquire(timeout=WAIT)  # the other slot comes free at once
+    assert newcomer.try_acquire() is None and a.try_acquire() is None
+    assert newcomer.release(granted) and a.release(pa)
+    for each in (a, newcomer):
+        each.close()
+    admin.close()
+
+
+def test_a_survivor_that_releases_one_grant_is_awaited_for_the_others(server: RedisServer) -> None:
+    """A survivor holding two grants releases one after the restart: that renewal re-adopts only the
+    one it gives back, so it does not report; past the floor its other grant keeps its slot."""
+    a, c = lock(server, limit=2), lock(server, limit=2)
+    pa, pb = a.acquire(timeout=1), a.acquire(timeout=1)
+    assert c.try_acquire() is None  # c registers, holding nothing
+    a.maintain(), c.maintain()  # rosters: a and c
+    server.restart()
+    assert c.try_acquire() is None  # c recreates the lock in limbo; it holds nothing: reported
+    admin = redis.Redis.from_url(server.url)
+    floor = int(admin.hget(a.keys.meta, "recover_floor") or 0)
+    assert floor and admin.hget(a.keys.meta, "awaiting") == a.owner.encode()
+    a.release(pa)  # Redis forgot it: pa's slot re-adopted and given back at once
+    wait_until(lambda: redis_ms(admin) > floor + 1100, WAIT, "the floor and a reap interval")
+    first = c.try_acquire()  # pa's slot
+    assert first is not None
+    assert c.try_acquire() is None  # pb's stays reserved: the cap holds
+    assert a.maintain() == [] and a.held == [pb]
+    assert c.release(first) and a.release(pb)
+    for each in (a, c):
+        each.close()
+    admin.close()
+
+
+def test_two_renewals_that_list_one_forgotten_grant_adopt_one_slot_for_it(
+    server: RedisServer,
+) -> None:
+    """A release's renewal and the renewal loop's both list a grant Redis forgot (CI: a crawl's
+    fourth request of a stage capped at 3). Redis runs the release's first: the loop's finds the
+    grant adopted already and renews that slot, rather than taking a second reserved slot for it
+    and leaving another grant without one (lost, its request still running)."""
+    a = lock(server, limit=2)
+    pa, pb = a.acquire(timeout=1), a.acquire(timeout=1)
+    a.maintain()
+    server.restart()
+    assert a.try_acquire() is None  # recreated in limbo, both slots reserved
+    core = a._core
+    overtaken = False
+
+    def release_first(command: Command) -> object:
+        """Run the loop's renewal only after a renewal of pa alone went through."""
+        nonlocal overtaken
+        if command.name == "maintain" and not overtaken:
+            overtaken = True
+            assert drive(core.maintain([pa]), a.runner, a.name) == []
+        return a.runner(command)
+
+    assert drive(core.maintain(), release_first, a.name) == []  # listed pa's old id, and pb's
+    assert overtaken and not pa.lost and not pb.lost
+    assert sorted(a.held, key=id) == sorted([pa, pb], key=id)
+    newcomer = lock(server, limit=2)
+    assert newcomer.try_acquire() is None  # one slot each: nothing left over
+    assert a.release(pa) and a.release(pb)
+    assert newcomer.acquire(timeout=WAIT) is not None
+    for each in (a, newcomer):
+        each.close()
+
+
+def test_a_release_that_overtakes_the_renewal_loop_leaves_the_other_grants_their_slots(
+    server: RedisServer,
+) -> None:
+    """The crawl's case: a request ends and its grant, forgotten by Redis, is released (its renewal
+    adopts a reserved slot and gives it straight back) while the loop's renewal, which listed it
+    too, waits its turn: the loop's must not adopt a second slot for it, or another grant whose
+    request still runs is lost and its slot handed to a newcomer."""
+    a = lock(server, limit=2)
+    pa, pb = a.acquire(timeout=1), a.acquire(timeout=1)
+    a.maintain()
+    server.restart()
+    assert a.try_acquire() is None  # recreated in limbo, both slots reserved
+    overtaken = False
+
+    def release_first(command: Command) -> object:
+        nonlocal overtaken
+        if command.name == "maintain" and not overtaken:
+            overtaken = True
+            a.release(pa)  # Redis forgot it: adopted and given back
+        return a.runner(command)
+
+    assert drive(a._core.maintain(), release_first, a.name) == []
+    assert overtaken and not pb.lost and a.held == [pb]
+    newcomer = lock(server, limit=2)
+    granted = newcomer.try_acquire()  # pa's slot, given back
+    assert granted is not None
+    assert newcomer.try_acquire() is None  # pb's is pb's: the cap holds
+    assert a.release(pb) and newcomer.release(granted)
+    for each in (a, newcomer):
+        each.close()

@@ -186,5 +186,9 @@ def test_a_keys_line_opens_its_wait_again_as_soon_as_its_grant_is_kept() -> None
             await until(lambda kept=kept: lines.kept.count("detail") == kept)  # type: ignore[misc]
             assert lines.asking("detail") == 1  # the next wait, opened at once
         await until(lambda: len(waits) == 3)
+        locks.closed = True  # the spider closes: the open wait is withdrawn, not left pending
+        for ask in list(lines.lines["detail"].asks):
+            ask.cancel()
+        await until(lambda: lines.asking("detail") == 0)
 
     asyncio.run(scenario())

@@ -32,6 +32,9 @@ local GROUP = 'holders'
 local MAX_LIMIT = 1000
 local LIMBO = '__limbo__'
 local REAPER = '__reaper__'
+-- meta 'adopted:<grant>' names the reserved slot a grant forgotten in a data loss was re-adopted in (maintain), so
+-- that a second renewal listing it renews that slot instead of adopting another; forgotten when the lock is recreated.
+local ADOPTED = 'adopted:'
 
 -- Sequence number of a stream id "0-N".
 local function seq_of(id)
@@ -160,6 +163,9 @@ local function create_lock(slots, meta, limit, ttl)
   for _ = 1, limit do add_slot(slots) end
   redis.call('HSET', meta, 'limit', limit, 'ttl', ttl, 'base', string.format('%.0f', base), 'run', run_id())
   redis.call('HDEL', meta, 'skip_until', 'reap_at', 'gc_at', 'awaiting', 'recover_floor')
+  for _, field in ipairs(redis.call('HKEYS', meta)) do
+    if string.sub(field, 1, #ADOPTED) == ADOPTED then redis.call('HDEL', meta, field) end
+  end
 end
 
 -- True when the lock's stream and limit are both in Redis.
@@ -228,9 +234,10 @@ local function roster(seen, lease, now)
 end
 
 -- A lock recreated in limbo by a survivor that named the owners alive at its last renewal (ARGV[first..]):
--- the reservation ends early once each of them has reported (setup, maintain or release_owner, after re-adopting
--- what it held) and two renewal intervals (the longest a live holder waits between renewals, three times over
--- at most) have passed since, for holders that started after that renewal; else after its lease, as before.
+-- the reservation ends early once each of them has reported (setup holding nothing, a renewal of all it holds, or
+-- release_owner: after re-adopting what it held) and two renewal intervals (the longest a live holder waits between
+-- renewals, three times over at most) have passed since, for holders that started after that renewal; else after
+-- its lease, as before.
 local function await_survivors(meta, argv, first, now)
   local names = {}
   for i = first, #argv do names[#names + 1] = argv[i] end

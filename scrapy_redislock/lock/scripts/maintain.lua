@@ -9,18 +9,22 @@
 -- ARGV[1] owner name, ARGV[2] owner identity (JSON), ARGV[3] its lease ttl in ms,
 -- ARGV[4] its renewal interval in ms (how often it reaps at most),
 -- ARGV[5] '1' if Redis loses no acknowledged write (see check_restart),
--- ARGV[6] number A of abandoned waits that follow,
--- ARGV[7..6+A] consumers of the caller's waits that were cancelled or broke (whatever they were delivered
+-- ARGV[6] '1' when the grants listed are all the caller holds: only then does it report as a survivor after a data
+--   loss (see await_survivors), since a grant it holds but did not list is not re-adopted yet,
+-- ARGV[7] number A of abandoned waits that follow,
+-- ARGV[8..7+A] consumers of the caller's waits that were cancelled or broke (whatever they were delivered
 --   nobody will use: it is freed, the consumer deleted), or grant ids of the caller's that no wait will use
 --   (a wait cancelled after its grant moved to the owner's consumer): each is freed,
--- ARGV[7+A..] grant ids the caller holds and wants renewed; '!<id>' for one whose lease ran out on the caller's clock
+-- ARGV[8+A..] grant ids the caller holds and wants renewed; '!<id>' for one whose lease ran out on the caller's clock
 --   (a stalled holder): renewed if Redis still has it, never re-adopted after a data loss (its slot may be another's).
 -- Renewed grants move to the consumer named like the owner.
 -- Returns {lost ids, limit, lease ms, freed count, adopted (old, new, old, new ...), roster}: lost ids
 -- are listed grants no longer held by the caller (lease expired, whether reaped yet or not
--- (then it is freed now), reset, released by an operator, or a data loss); adopted pairs map a lost grant to the limbo slot it took over;
+-- (then it is freed now), reset, released by an operator, or a data loss); adopted pairs map a lost grant to the limbo
+-- slot it took over (meta 'adopted:<grant>': the same slot for every renewal that lists it);
 -- roster: the owners seen within the lease (at most ROSTER_MAX + 1), whom the caller names as the survivors should
--- Redis lose the lock (setup). The caller reports as a survivor (see await_survivors) once it has re-adopted.
+-- Redis lose the lock (setup). The caller reports as a survivor (see await_survivors) once it has re-adopted all it
+-- holds (ARGV[6]).
 -- Returns error 'NOLOCK' when the lock is gone from Redis (nothing written).
 local slots, meta, owners, ttls, seen = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me = ARGV[1]
@@ -33,8 +37,8 @@ local lease = register(meta, owners, ttls, seen, me, ARGV[2], ARGV[3], now)
 local limit = tonumber(redis.call('HGET', meta, 'limit') or '0')
 
 local freed = 0
-local abandoned = tonumber(ARGV[6])
-for i = 7, 6 + abandoned do
+local abandoned = tonumber(ARGV[7])
+for i = 8, 7 + abandoned do
   local what = ARGV[i]
   if string.match(what, '^%d+%-%d+$') then
     local consumer = pending_of(slots, what)
@@ -46,7 +50,7 @@ for i = 7, 6 + abandoned do
 end
 
 local renew, lost, stale = {}, {}, {}
-for i = 7 + abandoned, #ARGV do
+for i = 8 + abandoned, #ARGV do
   local id = ARGV[i]
   if string.sub(id, 1, 1) == '!' then
     id = string.sub(id, 2)
@@ -62,19 +66,31 @@ for i = 7 + abandoned, #ARGV do
   end
 end
 
--- After a data loss, holders that survived re-adopt the reserved slots.
--- Only grants from before the lock was recreated (ids below 'base') survived a loss.
+-- After a data loss, holders that survived re-adopt the reserved slots, one each. Only grants from before the lock
+-- was recreated (ids below 'base') survived a loss. A grant adopted already, by a renewal of the caller's that ran
+-- first (a release's, while the loop's waited its turn), is renewed in the slot it took if the caller still holds
+-- that (else it was given back: lost), never given a second one that another survivor's grant needs.
 local adopted = {}
 if #lost > 0 then
   local base = tonumber(redis.call('HGET', meta, 'base') or '0')
   local limbo = redis.call('XPENDING', slots, GROUP, '-', '+', #lost, LIMBO)
   local still, next_slot = {}, 1
   for _, id in ipairs(lost) do
-    if limbo[next_slot] and seq_of(id) < base and not stale[id] then
-      table.insert(renew, limbo[next_slot][1])
+    local slot = false
+    if seq_of(id) < base and not stale[id] then
+      local before = redis.call('HGET', meta, ADOPTED .. id)
+      if before then
+        if pending_of(slots, before) == me then slot = before end
+      elseif limbo[next_slot] then
+        slot = limbo[next_slot][1]
+        next_slot = next_slot + 1
+        redis.call('HSET', meta, ADOPTED .. id, slot)
+      end
+    end
+    if slot then
+      table.insert(renew, slot)
       table.insert(adopted, id)
-      table.insert(adopted, limbo[next_slot][1])
-      next_slot = next_slot + 1
+      table.insert(adopted, slot)
     else
       table.insert(still, id)
     end
@@ -88,7 +104,7 @@ for i = 1, #renew, 100 do
   redis.call('XCLAIM', slots, GROUP, me, 0, unpack(chunk))
 end
 
-survivor_reported(meta, me)
+if ARGV[6] == '1' then survivor_reported(meta, me) end
 freed = freed + reclaim_unconfirmed(slots, lease) + reap(slots, meta, lease, tonumber(ARGV[4]), now)
 collect_garbage(slots, meta, owners, ttls, seen, lease, now)
 return {lost, limit, lease, freed, adopted, roster(seen, lease, now)}

@@ -9,7 +9,9 @@
 --         consumer '__limbo__' for one lease, so holders that survived a Redis
 --         data loss can re-adopt them before anybody new is granted one.
 -- ARGV[6] '1' if Redis loses no acknowledged write (see check_restart)
--- ARGV[7] '1' when ARGV[5] is '1' and the caller names the owners alive at its last renewal (ARGV[8..], itself
+-- ARGV[7] '1' when the caller holds no grant: it reports as a survivor now (see survivor_reported); one that holds
+--         some reports at its first renewal of all of them (maintain), once it has re-adopted them
+-- ARGV[8] '1' when ARGV[5] is '1' and the caller names the owners alive at its last renewal (ARGV[9..], itself
 --         among them): the reservation then ends once each has reported (see await_survivors); else its lease
 -- Returns {created (0/1), limit, lease ttl in force (ms)}, or an error reply
 -- 'NOLOCK ...' when the lock does not exist and no limit was given (nothing is written).
@@ -28,11 +30,11 @@ if not lock_exists(slots, meta) then
   if KEYS[6] then escalate(KEYS[6], KEYS[7], slots, meta) end
   if ARGV[5] == '1' then
     reserve_all(slots, meta)
-    if ARGV[7] == '1' then await_survivors(meta, ARGV, 8, now_ms()) end
+    if ARGV[8] == '1' then await_survivors(meta, ARGV, 9, now_ms()) end
   end
   created = 1
 end
 if KEYS[6] then escalate(KEYS[6], KEYS[7], slots, meta) end
 local lease = register(meta, owners, ttls, seen, ARGV[3], ARGV[4], ARGV[2], now_ms())
-survivor_reported(meta, ARGV[3])
+if ARGV[7] == '1' then survivor_reported(meta, ARGV[3]) end
 return {created, tonumber(redis.call('HGET', meta, 'limit')), lease}
