@@ -236,7 +236,8 @@ class LockCore:
     def stream_grants(self) -> set[str]:
         """The grants this owner holds in the stream: what it re-adopts after a data loss (a light
         grant starts afresh, see :mod:`.light`)."""
-        return {grant for grant, permit in self.held.items() if not permit.light}
+        # a copy first: the blocking lock's renewal thread may change ``held`` meanwhile
+        return {grant for grant, permit in list(self.held.items()) if not permit.light}
 
     def setup(self, recover: bool = False) -> Operation[tuple[bool, int]]:
         """Create the lock in Redis if needed and register this owner."""

@@ -2,7 +2,7 @@
 
 A process that saw the lock recreates a missing one with every slot reserved (``__limbo__``) for the
 holders that survived; it names the owners alive at its last renewal (maintain's roster), and the
-reservation ends once each of them has reported (re-registered, re-adopted or released) and two
+reservation ends once each of them has reported (set up holding nothing, renewed all it holds, or released all) and two
 renewal intervals have passed, not after a whole lease. A survivor that has not reported keeps its
 slots reserved (the cap holds). Real redis-server, restarted empty (no persistence)."""
 
@@ -239,5 +239,62 @@ def test_a_release_that_overtakes_the_renewal_loop_leaves_the_other_grants_their
     assert granted is not None
     assert newcomer.try_acquire() is None  # pb's is pb's: the cap holds
     assert a.release(pb) and newcomer.release(granted)
+    for each in (a, newcomer):
+        each.close()
+
+
+def test_the_loops_reply_read_first_keeps_the_slot_the_renewal_before_it_adopted(
+    server: RedisServer,
+) -> None:
+    """The other order: a renewal of pa alone runs first in Redis, the loop's second, and the loop's
+    reply is read first. Both name the same slot for pa; neither reading loses a permit."""
+    a = lock(server, limit=2)
+    pa, pb = a.acquire(timeout=1), a.acquire(timeout=1)
+    a.maintain()
+    server.restart()
+    assert a.try_acquire() is None
+    core = a._core
+    alone = core.maintain([pa])
+    reply = a.runner(next(alone))  # run in Redis; its reply not read yet
+    assert drive(core.maintain(), a.runner, a.name) == []
+    slot = pa.grant
+    with pytest.raises(StopIteration) as done:
+        alone.send(reply)
+    assert done.value.value == [] and pa.grant == slot and not pa.lost
+    assert sorted(a.held, key=id) == sorted([pa, pb], key=id)
+    newcomer = lock(server, limit=2)
+    assert newcomer.try_acquire() is None
+    assert a.release(pa) and a.release(pb)
+    for each in (a, newcomer):
+        each.close()
+
+
+def test_a_slot_adopted_for_a_grant_whose_owner_never_heard_goes_back_with_it(
+    server: RedisServer,
+) -> None:
+    """A renewal adopted a slot for each grant, and its reply never came (the connection broke):
+    pa's release, by its old id, frees the slot it was adopted in; pb, listed with its lease run out
+    on the owner's clock (stalled), gives its slot back; pc's renewal renews its slot."""
+    a = lock(server, limit=3)
+    pa, pb, pc = (a.acquire(timeout=1) for _ in range(3))
+    a.maintain()
+    server.restart()
+    assert a.try_acquire() is None
+    core = a._core
+    a.runner(
+        next(core.maintain([pa, pb, pc]))
+    )  # all adopted in Redis (none left reserved); the reply is lost
+    assert a.release(pa)  # by its old id: the slot it was adopted in is freed
+    newcomer = lock(server, limit=3)
+    first = newcomer.try_acquire()
+    assert first is not None and newcomer.try_acquire() is None
+    pb.valid_until = 0.0  # stalled: its lease ran out on a's clock
+    assert a.maintain([pb]) == [pb]  # lost, and its adopted slot given back
+    second = newcomer.try_acquire()
+    assert second is not None and newcomer.try_acquire() is None  # pc's slot stays pc's
+    assert a.maintain() == [] and a.held == [pc]
+    for permit in (first, second):
+        assert newcomer.release(permit)
+    assert a.release(pc)
     for each in (a, newcomer):
         each.close()

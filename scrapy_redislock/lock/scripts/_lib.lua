@@ -32,9 +32,6 @@ local GROUP = 'holders'
 local MAX_LIMIT = 1000
 local LIMBO = '__limbo__'
 local REAPER = '__reaper__'
--- meta 'adopted:<grant>' names the reserved slot a grant forgotten in a data loss was re-adopted in (maintain), so
--- that a second renewal listing it renews that slot instead of adopting another; forgotten when the lock is recreated.
-local ADOPTED = 'adopted:'
 
 -- Sequence number of a stream id "0-N".
 local function seq_of(id)
@@ -162,10 +159,26 @@ local function create_lock(slots, meta, limit, ttl)
   redis.call('XGROUP', 'CREATE', slots, GROUP, id_of(base))
   for _ = 1, limit do add_slot(slots) end
   redis.call('HSET', meta, 'limit', limit, 'ttl', ttl, 'base', string.format('%.0f', base), 'run', run_id())
-  redis.call('HDEL', meta, 'skip_until', 'reap_at', 'gc_at', 'awaiting', 'recover_floor')
-  for _, field in ipairs(redis.call('HKEYS', meta)) do
-    if string.sub(field, 1, #ADOPTED) == ADOPTED then redis.call('HDEL', meta, field) end
+  redis.call('HDEL', meta, 'skip_until', 'reap_at', 'gc_at', 'awaiting', 'recover_floor', 'adopted')
+end
+
+-- The reserved slots that grants forgotten in a data loss were re-adopted in (maintain), from meta 'adopted'
+-- ('<grant> <slot> ...', at most one pair per slot of the lock, gone when it is recreated): grant -> slot. A second
+-- renewal that lists such a grant renews its slot instead of adopting another, and its release frees that slot.
+local function adoptions(meta)
+  local slot_of = {}
+  for grant, slot in string.gmatch(redis.call('HGET', meta, 'adopted') or '', '(%S+) (%S+)') do
+    slot_of[grant] = slot
   end
+  return slot_of
+end
+
+-- Note new adoptions ({grant, slot, grant, slot ...}) in meta 'adopted'.
+local function note_adoptions(meta, pairs)
+  if #pairs == 0 then return end
+  local before = redis.call('HGET', meta, 'adopted')
+  local added = table.concat(pairs, ' ')
+  redis.call('HSET', meta, 'adopted', before and (before .. ' ' .. added) or added)
 end
 
 -- True when the lock's stream and limit are both in Redis.
@@ -245,7 +258,8 @@ local function await_survivors(meta, argv, first, now)
   redis.call('HSET', meta, 'awaiting', table.concat(names, '\n'), 'recover_floor', string.format('%.0f', floor))
 end
 
--- An owner reported after a data loss (it re-registered, re-adopted or released): no longer awaited.
+-- An owner reported after a data loss (a setup holding nothing, a renewal of all it holds, or a release of all): no
+-- longer awaited.
 local function survivor_reported(meta, owner)
   local awaiting = redis.call('HGET', meta, 'awaiting')
   if not awaiting or awaiting == '' then return end

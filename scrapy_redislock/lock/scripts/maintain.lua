@@ -21,7 +21,7 @@
 -- Returns {lost ids, limit, lease ms, freed count, adopted (old, new, old, new ...), roster}: lost ids
 -- are listed grants no longer held by the caller (lease expired, whether reaped yet or not
 -- (then it is freed now), reset, released by an operator, or a data loss); adopted pairs map a lost grant to the limbo
--- slot it took over (meta 'adopted:<grant>': the same slot for every renewal that lists it);
+-- slot it took over (meta 'adopted': the same slot for every renewal that lists it);
 -- roster: the owners seen within the lease (at most ROSTER_MAX + 1), whom the caller names as the survivors should
 -- Redis lose the lock (setup). The caller reports as a survivor (see await_survivors) once it has re-adopted all it
 -- holds (ARGV[6]).
@@ -69,22 +69,28 @@ end
 -- After a data loss, holders that survived re-adopt the reserved slots, one each. Only grants from before the lock
 -- was recreated (ids below 'base') survived a loss. A grant adopted already, by a renewal of the caller's that ran
 -- first (a release's, while the loop's waited its turn), is renewed in the slot it took if the caller still holds
--- that (else it was given back: lost), never given a second one that another survivor's grant needs.
+-- that (else it was given back: lost), never given a second one that another survivor's grant needs; one whose lease
+-- ran out on the caller's clock gives that slot back.
 local adopted = {}
 if #lost > 0 then
   local base = tonumber(redis.call('HGET', meta, 'base') or '0')
   local limbo = redis.call('XPENDING', slots, GROUP, '-', '+', #lost, LIMBO)
+  local slot_of, noted = nil, {}
   local still, next_slot = {}, 1
   for _, id in ipairs(lost) do
     local slot = false
-    if seq_of(id) < base and not stale[id] then
-      local before = redis.call('HGET', meta, ADOPTED .. id)
+    if seq_of(id) < base then
+      slot_of = slot_of or adoptions(meta)
+      local before = slot_of[id]
       if before then
-        if pending_of(slots, before) == me then slot = before end
-      elseif limbo[next_slot] then
+        if pending_of(slots, before) == me then
+          if stale[id] then freed = freed + free_grant(slots, before) else slot = before end
+        end
+      elseif limbo[next_slot] and not stale[id] then
         slot = limbo[next_slot][1]
         next_slot = next_slot + 1
-        redis.call('HSET', meta, ADOPTED .. id, slot)
+        table.insert(noted, id)
+        table.insert(noted, slot)
       end
     end
     if slot then
@@ -95,6 +101,7 @@ if #lost > 0 then
       table.insert(still, id)
     end
   end
+  note_adoptions(meta, noted)
   lost = still
 end
 for i = 1, #renew, 100 do
