@@ -15,7 +15,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "scrapy_redislock"
-ROLE = re.compile(r":(mod|class|func|meth|data|attr|exc|obj):`~?([A-Za-z_][\w.]*)(?:\(\))?`")
+# a role's target, bare or after a title (:meth:`title <target>`)
+ROLE = re.compile(
+    r":(mod|class|func|meth|data|attr|exc|obj):`(?:[^`<]*<)?~?([A-Za-z_][\w.]*)(?:\(\))?>?`"
+)
 MISSING = object()
 
 
@@ -91,3 +94,5 @@ def test_the_check_finds_a_stale_reference() -> None:
     assert not resolves("InFlight.gone", module)
     assert not resolves("scrapy_redislock.workers.scheduler.StageWorkerScheduler._fill", module)
     assert not resolves("OutageLog", module)  # not imported there
+    titled = ROLE.search(":meth:`RequestSlots.ask <scrapy_redislock.requests.lines.SlotLines.ask>`")
+    assert titled is not None and titled.group(2) == "scrapy_redislock.requests.lines.SlotLines.ask"

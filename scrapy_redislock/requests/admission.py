@@ -5,7 +5,7 @@ key when keys are capped; computed once per request) and whether a request of a 
 the scheduler now. A capped stage's request may leave when the stage has a slot in hand here (a
 finished request's passed on, or a grant to one of the waits in Redis the process's line keeps for
 the stage's queued requests, up to REDISLOCK_WAITERS_PER_STAGE:
-:meth:`RequestSlots.ask <scrapy_redislock.requests.requestslots.RequestSlots.ask>`), so that no
+:meth:`SlotLines.ask <scrapy_redislock.requests.lines.SlotLines.ask>`), so that no
 request of a full stage takes one of CONCURRENT_REQUESTS; a capped key's, while the key's line lets
 it (:class:`~scrapy_redislock.requests.keyline.KeyLine`, which counts every request of this process
 that holds, takes or waits for the key). Reads REDISLOCK_STAGE_KEY from the checked settings it is

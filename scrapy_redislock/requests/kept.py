@@ -23,7 +23,7 @@ logs it) is dropped when it is taken or pruned, and goes back to Redis. Reads no
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from scrapy_redislock.crawl.engine import wake_engine
@@ -65,11 +65,6 @@ class KeptSlots:
         """Slots (and errors) kept for ``name`` now."""
         kept = self._by_name.get(name)
         return 0 if kept is None else len(kept)
-
-    def counts(self) -> Iterator[tuple[str, int]]:
-        """Every name with something kept, and how much."""
-        for name, kept in self._by_name.items():
-            yield name, len(kept)
 
     def outcomes(self, name: str) -> tuple[Kept, ...]:
         """What is kept for ``name``, oldest first (left in place)."""

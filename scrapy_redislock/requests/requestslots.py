@@ -210,11 +210,6 @@ class RequestSlots:
         """The slot ``request`` holds now, if any."""
         return self.ledger.permit_of(request)
 
-    def has_slot(self, request: Request) -> bool:
-        """Whether ``request`` holds a slot now (handed one by the scheduler, or got one in the
-        middleware)."""
-        return self.ledger.has_slot(request)
-
     def holding(self) -> list[Request]:
         """The requests of this process that hold a slot now (handed out by the scheduler or waited
         for in the middleware, and not finished): StageScheduler counts their keys
