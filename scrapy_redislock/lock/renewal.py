@@ -27,19 +27,19 @@ class Renewal:
     def __init__(self, core: Core, permits: list[Permit] | None) -> None:
         self.core = core
         self.permits = permits
-        self.targets = list(core.held.values()) if permits is None else list(permits)
+        targets = list(core.held.values()) if permits is None else list(permits)
+        # The reply names the ids sent: another renewal may rename a permit (re-adopted) meanwhile.
+        self.sent = {p.grant: p for p in targets}
         self.abandoned = list(core.consumers.abandoned)
         # Everything held is renewed (re-adopted after a data loss): only such a pass reports this
         # owner as a survivor (maintain.lua), not one for a single permit being released.
-        self.whole = {p.grant for p in self.targets} >= core.stream_grants
+        self.whole = self.sent.keys() >= core.stream_grants
 
     def run(self) -> Operation[list[Permit]]:
         """The permits found lost. A permit released while this ran is never reported lost, and a
         limbo slot adopted for it after a data loss is given back at once."""
         core, k = self.core, self.core.keys
         sent_at = core.clock()
-        # The reply names the ids sent: another renewal may rename a permit (re-adopted) meanwhile.
-        self.sent = {p.grant: p for p in self.targets}
         try:
             reply = yield RunScript(
                 "maintain",

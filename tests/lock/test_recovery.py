@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import resources
 
 import pytest
@@ -18,7 +18,8 @@ import redis
 
 from scrapy_redislock import CountingLock
 from scrapy_redislock.lock.consumers import ROSTER_MAX
-from scrapy_redislock.lock.protocol import Command, drive
+from scrapy_redislock.lock.permit import Permit
+from scrapy_redislock.lock.protocol import Command, RunScript, drive
 from testing.redis_server import RedisServer
 from testing.waiting import wait_until
 
@@ -44,6 +45,23 @@ def lock(server: RedisServer, limit: int = 2, renews: bool = False) -> CountingL
 def redis_ms(client: redis.Redis) -> int:
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+def renew_all_after(holder: CountingLock, first: Callable[[], object]) -> list[Permit]:
+    """The renewal loop's renewal of everything ``holder`` holds, its script sent to Redis only
+    after ``first()`` ran (which overtakes it there); the permits it found lost."""
+    overtaken = False
+
+    def overtake_then_run(command: Command) -> object:
+        nonlocal overtaken
+        if isinstance(command, RunScript) and command.name == "maintain" and not overtaken:
+            overtaken = True
+            first()
+        return holder.runner(command)
+
+    lost: list[Permit] = drive(holder._core.maintain(), overtake_then_run, holder.name)
+    assert overtaken
+    return lost
 
 
 def test_the_roster_bound_agrees_with_the_scripts() -> None:
@@ -190,18 +208,13 @@ def test_two_renewals_that_list_one_forgotten_grant_adopt_one_slot_for_it(
     server.restart()
     assert a.try_acquire() is None  # recreated in limbo, both slots reserved
     core = a._core
-    overtaken = False
 
-    def release_first(command: Command) -> object:
-        """Run the loop's renewal only after a renewal of pa alone went through."""
-        nonlocal overtaken
-        if command.name == "maintain" and not overtaken:
-            overtaken = True
-            assert drive(core.maintain([pa]), a.runner, a.name) == []
-        return a.runner(command)
+    def alone() -> None:
+        assert drive(core.maintain([pa]), a.runner, a.name) == []
 
-    assert drive(core.maintain(), release_first, a.name) == []  # listed pa's old id, and pb's
-    assert overtaken and not pa.lost and not pb.lost
+    # the loop's renewal listed pa's old id, and pb's
+    assert renew_all_after(a, alone) == []
+    assert not pa.lost and not pb.lost
     assert sorted(a.held, key=id) == sorted([pa, pb], key=id)
     newcomer = lock(server, limit=2)
     assert newcomer.try_acquire() is None  # one slot each: nothing left over
@@ -223,17 +236,9 @@ def test_a_release_that_overtakes_the_renewal_loop_leaves_the_other_grants_their
     a.maintain()
     server.restart()
     assert a.try_acquire() is None  # recreated in limbo, both slots reserved
-    overtaken = False
-
-    def release_first(command: Command) -> object:
-        nonlocal overtaken
-        if command.name == "maintain" and not overtaken:
-            overtaken = True
-            a.release(pa)  # Redis forgot it: adopted and given back
-        return a.runner(command)
-
-    assert drive(a._core.maintain(), release_first, a.name) == []
-    assert overtaken and not pb.lost and a.held == [pb]
+    # Redis forgot pa: its release adopts a slot and gives it back
+    assert renew_all_after(a, lambda: a.release(pa)) == []
+    assert not pb.lost and a.held == [pb]
     newcomer = lock(server, limit=2)
     granted = newcomer.try_acquire()  # pa's slot, given back
     assert granted is not None
@@ -281,9 +286,8 @@ def test_a_slot_adopted_for_a_grant_whose_owner_never_heard_goes_back_with_it(
     server.restart()
     assert a.try_acquire() is None
     core = a._core
-    a.runner(
-        next(core.maintain([pa, pb, pc]))
-    )  # all adopted in Redis (none left reserved); the reply is lost
+    # all adopted in Redis (none left reserved); the reply is lost
+    a.runner(next(core.maintain([pa, pb, pc])))
     assert a.release(pa)  # by its old id: the slot it was adopted in is freed
     newcomer = lock(server, limit=3)
     first = newcomer.try_acquire()
