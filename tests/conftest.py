@@ -24,6 +24,7 @@ from scrapy_redislock.cli.acl import OLDEST, acl_rules, redis_version
 from scrapy_redislock.cli.commands import project_library
 from testing.netproxy import LatencyProxy
 from testing.redis_server import RedisServer
+from testing.redis_server import dead_url as dead_url_of
 from testing.site import CrawlSite
 
 # The crawler user of REDISLOCK_TEST_ACL: the default prefix, and every RedisSpider feed
@@ -109,6 +110,15 @@ def site() -> Iterator[CrawlSite]:
     """The local shop site the crawl tests fetch from (50 ms pages)."""
     with CrawlSite(delay=0.05) as running:
         yield running
+
+
+@pytest.fixture
+def dead_url() -> Iterator[Callable[[], str]]:
+    """Makes Redis URLs that nothing answers (:func:`testing.redis_server.dead_url`), their ports
+    kept from other servers until the test ends: a port only looked at may be a server's by the time
+    the test connects (a flaky "unknown stage" where "cannot reach Redis" was expected)."""
+    with contextlib.ExitStack() as held:
+        yield lambda: held.enter_context(dead_url_of())
 
 
 @pytest.fixture

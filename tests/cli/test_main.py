@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -328,11 +328,11 @@ def test_status_of_an_empty_prefix_and_prefix_sources(
 
 @pytest.mark.integration
 def test_url_comes_from_the_option_then_redislock_url_then_redis_url(
-    redis_url: str, redis_client: redis.Redis
+    redis_url: str, redis_client: redis.Redis, dead_url: Callable[[], str]
 ) -> None:
     # a stage whose stream is lost
     redis_client.hset(LockKeys.of("redislock", "detail").meta, mapping={"limit": 1})
-    dead = f"redis://127.0.0.1:{free_port()}/0"
+    dead = dead_url()
     code, out, _ = call("status", env={"REDIS_URL": redis_url})
     assert code == 0 and "detail" in out and "stream is missing" in out
     code, _, err = call("status", env={"REDISLOCK_URL": dead, "REDIS_URL": redis_url})
@@ -471,8 +471,10 @@ def test_bad_input_is_one_line_and_changes_nothing(
 
 
 @pytest.mark.integration
-def test_unreachable_redis_and_bad_urls_fail_in_one_line(redis_url: str) -> None:
-    dead = f"redis://127.0.0.1:{free_port()}/0"
+def test_unreachable_redis_and_bad_urls_fail_in_one_line(
+    redis_url: str, dead_url: Callable[[], str]
+) -> None:
+    dead = dead_url()
     result = cli("status", "--url", dead)
     assert result.returncode == 1 and one_line_error(result.stderr).startswith(
         "redislock: error: cannot reach Redis"

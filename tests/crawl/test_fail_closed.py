@@ -11,6 +11,7 @@ import json
 import re
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from scrapy_redislock import CountingLock
 from scrapy_redislock.cli.main import main as cli_main
 from testing.crawlproc import ROOT, Crawl, leftover, staged_worker
 from testing.lockstate import slot_holders
-from testing.redis_server import RedisServer, free_port
+from testing.redis_server import RedisServer
 from testing.site import CrawlSite, links_page, most_at_once, served
 
 pytestmark = [pytest.mark.integration, pytest.mark.crawl]
@@ -594,12 +595,12 @@ def dumped_stats(output: str) -> dict[str, str]:
 
 
 def test_a_start_that_cannot_reach_redis_dumps_its_warnings_error_and_wait_in_the_stats(
-    site: CrawlSite, tmp_path: Path
+    site: CrawlSite, tmp_path: Path, dead_url: Callable[[], str]
 ) -> None:
     """Redis unreachable for the whole REDISLOCK_CONNECT_TIMEOUT: exit 1 as before, and the stats
     dumped at close count the warning of each try and the error, and their elapsed time spans the
     wait (Scrapy counts and times from spider_opened, which comes after the start's wait)."""
-    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    unreachable = dead_url()
     wait = {"REDISLOCK_CONNECT_TIMEOUT": 1.5}
     crawls = [
         Crawl(

@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -28,7 +29,7 @@ from scrapy_redislock.workers.mixin import StageWorkerMixin
 from scrapy_redislock.workers.scheduler import StageWorkerScheduler
 from testing.crawlproc import leftover
 from testing.inprocess import front, request
-from testing.redis_server import RedisServer, free_port
+from testing.redis_server import RedisServer
 from testing.waiting import until
 
 MASTERS = 3
@@ -157,11 +158,11 @@ def test_quorum_permits_flow_through_the_hand_off_and_close_frees_every_master(
 
 @pytest.mark.integration
 def test_the_start_needs_a_quorum_of_masters_and_names_those_that_do_not_answer(
-    masters: list[RedisServer], caplog: pytest.LogCaptureFixture
+    masters: list[RedisServer], caplog: pytest.LogCaptureFixture, dead_url: Callable[[], str]
 ) -> None:
     """L=1 over 3 masters (q=2): one master unreachable, the front starts and says which; two, it
     cannot start."""
-    dead = f"redis://127.0.0.1:{free_port()}/0"
+    dead = dead_url()
 
     async def scenario() -> None:
         async with front([*urls(masters[:2]), dead], {"detail": 1}, scheduler=False) as f:
@@ -178,7 +179,7 @@ def test_the_start_needs_a_quorum_of_masters_and_names_those_that_do_not_answer(
     assert held_on(masters[:2]) == [0, 0]
 
     async def too_few() -> None:
-        crawler_urls = [masters[0].url, dead, f"redis://127.0.0.1:{free_port()}/0"]
+        crawler_urls = [masters[0].url, dead, dead_url()]
         with pytest.raises(AssertionError):
             async with front(
                 crawler_urls, {"detail": 1}, scheduler=False, REDISLOCK_CONNECT_TIMEOUT=1
