@@ -38,18 +38,20 @@ RECORDS: dict[str, list[Any]] = {
 
 def _wrap_classes() -> None:
     """Wrap, once per process, where a slot changes hands (requests/requestslots.py holds the
-    hand-off, crawl/stagelocks.py the waits in Redis and the releases)."""
+    hand-off, requests/lines.py the local pass, crawl/stagelocks.py the waits in Redis and the
+    releases)."""
     from scrapy_redislock.crawl.stagelocks import StageLocks
+    from scrapy_redislock.requests.lines import SlotLines
     from scrapy_redislock.requests.requestslots import RequestSlots
 
     if getattr(RequestSlots, "_probed", False):
         return
     release, acquire = StageLocks.release, StageLocks.acquire
-    hand, hold, pass_on = RequestSlots.hand, RequestSlots.hold, RequestSlots._pass_on
+    hand, hold, pass_on = RequestSlots.hand, RequestSlots.hold, SlotLines.pass_on
 
-    def timed_pass_on(self: RequestSlots, permit: Any) -> bool:
-        passed = pass_on(self, permit)  # a finished request's slot, to a request of this process
-        if passed:
+    def timed_pass_on(self: SlotLines, permit: Any, now: float) -> str | None:
+        passed = pass_on(self, permit, now)  # a finished request's slot, to a request here
+        if passed is not None:
             RECORDS["passed"].append(time.monotonic())
         return passed
 
@@ -74,7 +76,7 @@ def _wrap_classes() -> None:
     StageLocks.release = timed_release  # type: ignore[method-assign]
     RequestSlots.hand = timed_hand  # type: ignore[method-assign]
     RequestSlots.hold = timed_hold  # type: ignore[method-assign]
-    RequestSlots._pass_on = timed_pass_on  # type: ignore[method-assign]
+    SlotLines.pass_on = timed_pass_on  # type: ignore[method-assign]
     StageLocks.acquire = timed_acquire  # type: ignore[method-assign]
     RequestSlots._probed = True  # type: ignore[attr-defined]
 

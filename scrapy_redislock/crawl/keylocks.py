@@ -64,6 +64,8 @@ T = TypeVar("T")
 # seconds from a start's confirmation to its request reaching the downloader beyond which the key's
 # next start is moved back (one more script): a few loop iterations on an idle process
 LATE_SEND = 0.001
+# what is counted per key (the rest adds up over every key)
+PER_KEY = frozenset({"timeouts", "lost", "unusable", "lease_bounded"})
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,21 @@ class KeyLocks(StageLocks):
         if not name.startswith(KEY_LOCK_PREFIX) or not self.adapts(name[len(KEY_LOCK_PREFIX) :]):
             return None
         return self.settings.keys.limit_of(name[len(KEY_LOCK_PREFIX) :])
+
+    def count(self, stage: str, what: str) -> None:
+        """A fault is counted per key (``redislock/keys/<key>/{timeouts,lost,unusable,
+        lease_bounded}``); the rest (``reused``) adds up over every key: a broad crawl meets
+        thousands."""
+        if what in PER_KEY:
+            super().count(stage, what)
+        else:
+            self.stats.inc_value(f"{self.stats_prefix}/{what}")
+
+    def record_grant(self, stage: str, waited: float) -> None:
+        """Count one key or scope slot got after ``waited`` seconds, over every key."""
+        self.stats.inc_value(f"{self.stats_prefix}/acquired")
+        self.stats.inc_value(f"{self.stats_prefix}/wait_time_total", waited)
+        self.stats.max_value(f"{self.stats_prefix}/wait_time_max", waited)
 
     def lock_for(self, key: str) -> str:
         """Make the key's lock object if this process has none (no Redis command: it is set up on

@@ -212,6 +212,12 @@ class RedisLockSettings:
     local_reuse: float
     idle_close: float | None
 
+    @property
+    def reuse_bound(self) -> float:
+        """Seconds since Redis's grant within which a finished request's slot may pass straight to
+        another request of this process: REDISLOCK_LOCAL_REUSE, at most half REDISLOCK_TTL."""
+        return min(self.local_reuse, self.ttl / 2)
+
     def delay_of(self, name: str, stage: bool = False) -> float:
         """Seconds between two starts of a stage (``stage=True``; 0 unless REDISLOCK_DELAYS names
         it) or a key."""

@@ -306,7 +306,7 @@ class KeyLine:
         self._hand_stage(request, self.in_hand.pop(request, None))
         for taken in got:
             if taken.kept:  # counted once it goes with it: how long its name's requests waited
-                self.throttle.record(self.kept.waited(taken.name))
+                self.throttle.locks.record_grant(taken.name, self.kept.waited(taken.name))
                 if self._load is not None:
                     self._load[taken.name] += 1
         order = self.throttle.names_of(request)
@@ -372,7 +372,7 @@ class KeyLine:
             self._hand_stage(request, self.in_hand.pop(request, None))
             self.ready.append(request)
         elif refused is None:
-            self.throttle.record(self.clock() - started)
+            self.throttle.locks.record_grant(names[0], self.clock() - started)
             self._hand(request, got)
             for name in names:  # its names' queued requests, if any, wait from now
                 self.kept.waited(name)
@@ -420,10 +420,7 @@ class KeyLine:
     # -- upkeep ------------------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """At every renewal tick: give back kept slots that no queued request can use, or that can
-        no longer go with a request; forget a kept error no queued request is left to fail with."""
-        self.kept.prune()
-        self.throttle.lines.trim()
+        """At every renewal tick: the load is read again (the lines' upkeep is the throttle's)."""
         self._load = None
 
     def stand_down(self) -> None:

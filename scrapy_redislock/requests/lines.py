@@ -192,6 +192,21 @@ class SlotLines:
             return name
         return None
 
+    def free(self, permit: SlotPermit) -> None:
+        """A request is done with ``permit``: passed on here (:meth:`pass_on`, counted as
+        ``<name>/reused``), else back to Redis now. One rule for a stage's slot and a key's."""
+        name = self.pass_on(permit, self.locks.clock())
+        if name is None:
+            self.locks.release_soon(permit)
+        else:
+            self.locks.count(name, "reused")
+
+    def upkeep(self) -> None:
+        """The owner's tick: what is kept and no queued request can use (or can no longer go with
+        one) goes back first, then the waits in Redis no longer wanted are withdrawn."""
+        self.kept.prune()
+        self.trim()
+
     async def wait(self, name: str, timeout: float | None) -> SlotPermit:
         """A slot of ``name`` from this process's line for it (a slot freed here, or a grant to one
         of its waits in Redis); AcquireTimeout after ``timeout`` s (None: none), counted as

@@ -21,7 +21,7 @@ release, renewal) downward. The bookkeeping of who holds what is the pure
     slots.finish(request)          # the request is done with its slot: passed on locally (see below) or released
     slots.serve_scheduler(queued=, could_use=)     # StageScheduler, once: what it has queued
     slots.kept                     # KeptSlots: slots kept for the stages' queued requests (count, take,
-                                   # waited; prune: StageScheduler's tick; release_all: its end)
+                                   # waited; release_all: StageScheduler's end)
     slots.lines.ask(stage)         # StageScheduler: waits in Redis for a stage's queued requests (their grants kept)
     slots.stand_down()             # StageScheduler closes, or the engine does: keep nothing
     await slots.close()            # forget who holds what, then close the locks (one aclose() per stage)
@@ -114,7 +114,7 @@ class RequestSlots:
         # the waits in Redis for them and the queued ones
         self.lines = SlotLines(
             self.kept,
-            reuse_for=min(settings.local_reuse, settings.ttl / 2),
+            reuse_for=settings.reuse_bound,
             ask_timeout=settings.wait_timeout,
         )
         # the requests waiting in the middleware, for a slot of a stage among others
@@ -221,22 +221,7 @@ class RequestSlots:
         none, or once the locks closed (they freed every slot)."""
         permit = self.ledger.finish(request)
         if permit is not None and not self.locks.closed:
-            self.free(permit)
-
-    def free(self, permit: SlotPermit) -> None:
-        """Pass a slot on to a parked request of this process (see the module docstring), else
-        release it now."""
-        if not self._pass_on(permit):
-            self.locks.release_soon(permit)
-
-    def _pass_on(self, permit: SlotPermit) -> bool:
-        """Give a freed slot to a request of this process: first to the oldest waiting in the
-        middleware (in Redis's line too: its wait there stays for the next request), then to the
-        scheduler's queued requests of its stage."""
-        stage = self.lines.pass_on(permit, self.clock())
-        if stage is not None:
-            self.locks.count(stage, "reused")
-        return stage is not None
+            self.lines.free(permit)
 
     def sweep(self) -> None:
         """Free the slots of requests that left the downloader without finishing here (missing from
@@ -246,14 +231,14 @@ class RequestSlots:
             logger.debug(
                 "Freeing slot %s, whose request left the downloader unseen", slot_id(permit)
             )
-            self.free(permit)
+            self.lines.free(permit)
 
     async def tick(self) -> None:
         """At every renewal tick, before the renewals (a tick hook of the locks, after the adaptive
-        limits' and before StageScheduler's): the sweep; waits in Redis no longer wanted are
-        withdrawn."""
+        limits' and before StageScheduler's): the sweep, then the lines' upkeep (kept slots no
+        queued request can use go back; waits in Redis no longer wanted are withdrawn)."""
         self.sweep()
-        self.lines.trim()
+        self.lines.upkeep()
 
     # -- slots kept for StageScheduler's queued requests -------------------------------------------
 

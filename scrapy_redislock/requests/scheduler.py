@@ -550,8 +550,8 @@ class StageScheduler:
 
     async def tick(self) -> None:
         """At every renewal tick: stand down once the engine closes (unused slots back to Redis);
-        drop slots kept that can no longer go with a request, or that no queued request could
-        use."""
+        else the shared queue's and the key line's upkeep (what is kept, the front's:
+        RequestSlots.tick)."""
         assert self.slots is not None
         if engine_closing(self.crawler):
             self.closing = True
@@ -566,7 +566,6 @@ class StageScheduler:
         if self.watch is not None and (self._look is None or self._look.done()):
             self._look = asyncio.get_running_loop().create_task(self.watch.look())
             self._look.add_done_callback(_retrieved)
-        self.slots.kept.prune()
 
 
 def _retrieved(task: asyncio.Task[None]) -> None:

@@ -135,7 +135,7 @@ class ScopeThrottle:
         # wait per name kept open while they outnumber what is kept (keep_asking)
         self.lines = SlotLines(
             KeptSlots(crawler, self.locks, could_use=self._could_use, most=1, keep_asking=True),
-            reuse_for=min(settings.local_reuse, settings.ttl / 2),
+            reuse_for=settings.reuse_bound,
             kind="key",
             ask_timeout=settings.wait_timeout,
             bound=crawler.settings.getint("CONCURRENT_REQUESTS"),
@@ -146,7 +146,7 @@ class ScopeThrottle:
         # middleware did when they changed on the way (a proxy rotator)
         self.names: WeakKeyDictionary[Request, tuple[str, ...]] = WeakKeyDictionary()
         self.locks.add_waiting_source(functools.partial(self.waits.waiting, self.locks))
-        self.locks.add_tick_hook(self.sweep)
+        self.locks.add_tick_hook(self.tick)
         # confirmed starts of requests not yet in Scrapy's downloader (gone with their request)
         self.starts: WeakKeyDictionary[Request, list[ConfirmedStart]] = WeakKeyDictionary()
         # request_reached_downloader is connected with the first confirmed start (:meth:`_delay`):
@@ -389,14 +389,6 @@ class ScopeThrottle:
             found = self.names[request] = self.capped_names(request)
         return found
 
-    def record(self, waited: float) -> None:
-        """Count one key slot got after ``waited`` seconds."""
-        stats = self.crawler.stats
-        stats.inc_value("redislock/keys/acquired")
-        # Scrapy annotates inc_value's count as an int; stats add up floats alike (seconds waited).
-        stats.inc_value("redislock/keys/wait_time_total", waited)  # type: ignore[arg-type]
-        stats.max_value("redislock/keys/wait_time_max", waited)
-
     async def _take_slot(self, request: Request, key: str) -> None:
         """Take a slot of ``key`` (the request's key or another scope of it) for the request: one
         look, else a wait in the key's first-come-first-served line."""
@@ -409,7 +401,7 @@ class ScopeThrottle:
         taken = await self._take_now(key)
         if taken is not None:
             self._hold(request, taken)
-            self.record(self.clock() - started)
+            self.locks.record_grant(key, self.clock() - started)
             return
         # given back to the scheduler, or dropped, if the spider closes meanwhile
         permit = await self.waits.wait(
@@ -420,7 +412,7 @@ class ScopeThrottle:
             keyed=True,
         )
         self._hold(request, permit, recheck=getattr(permit, "light", False))
-        self.record(self.clock() - started)
+        self.locks.record_grant(key, self.clock() - started)
 
     def _hold(self, request: Request, permit: SlotPermit, *, recheck: bool = False) -> None:
         """``request`` holds ``permit`` too; ``recheck``: a light slot it got from its line (passed
@@ -469,10 +461,11 @@ class ScopeThrottle:
         return False
 
     def release(self, request: Request) -> None:
-        """``request`` is done with its key and scope slots: each goes on (:meth:`free`)."""
+        """``request`` is done with its key and scope slots: each goes on (:meth:`SlotLines.free
+        <scrapy_redislock.requests.lines.SlotLines.free>`)."""
         holds = self.permits.finish(request)
         for permit in holds.permits if holds is not None else ():
-            self.free(permit)
+            self.lines.free(permit)
 
     def serve_scheduler(self, could_use: Callable[[str], int]) -> None:
         """StageScheduler's key line, once: ``could_use(name)``, how many slots the queued requests
@@ -482,23 +475,13 @@ class ScopeThrottle:
     def _could_use(self, name: str) -> int:
         return 0 if self._scheduler_could_use is None else self._scheduler_could_use(name)
 
-    def free(self, permit: SlotPermit) -> None:
-        """Pass a slot straight to the oldest request of this process waiting here for its key or
-        scope, else to one queued in StageScheduler, while it is young (REDISLOCK_LOCAL_REUSE since
-        Redis's grant, at most half the lease) and usable, with no Redis command (counted as
-        ``redislock/keys/reused``); else release it now."""
-        if self.lines.pass_on(permit, self.clock()) is not None:
-            self.crawler.stats.inc_value("redislock/keys/reused")
-        else:
-            self.locks.release_soon(permit)
-
-    async def sweep(self) -> None:
-        """At every renewal tick: free key and scope slots of requests gone from the downloader at
-        two ticks in a row."""
-        active = downloader_active(self.crawler)
-        for holds in self.permits.sweep(active):
+    async def tick(self) -> None:
+        """At every renewal tick of the keys: free the key and scope slots of requests gone from
+        the downloader at two ticks in a row, then the lines' upkeep (as RequestSlots' tick)."""
+        for holds in self.permits.sweep(downloader_active(self.crawler)):
             for permit in holds.permits:
-                self.free(permit)
+                self.lines.free(permit)
+        self.lines.upkeep()
 
     async def close(self) -> None:
         await self.locks.close()

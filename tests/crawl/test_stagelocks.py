@@ -109,13 +109,13 @@ def test_an_older_slot_goes_back_to_redis_and_one_no_queued_request_could_use_to
             f.slots.serve_scheduler(queued=lambda stage: 1, could_use=lambda stage: wanted[0])
             permit = await f.locks.acquire("detail", None)
             await until(lambda: time.monotonic() - permit.acquired_at > 0.05)
-            f.slots.free(permit)
+            f.slots.lines.free(permit)
             assert f.slots.kept.count("detail") == 0
             await until(lambda: leftover(redis_client) == 0)
 
             wanted[0] = 0
             permit = await f.locks.acquire("detail", None)
-            f.slots.free(permit)
+            f.slots.lines.free(permit)
             assert f.slots.kept.count("detail") == 0
             await until(lambda: leftover(redis_client) == 0)
             assert f.crawler.stats.get_value("redislock/detail/reused") is None
@@ -135,8 +135,8 @@ def test_kept_slots_beyond_what_the_queued_requests_could_use_go_back_at_the_tic
             f.slots.serve_scheduler(queued=lambda stage: 2, could_use=lambda stage: wanted[0])
             first = await f.locks.acquire("detail", None)
             second = await f.locks.acquire("detail", None)
-            f.slots.free(first)
-            f.slots.free(second)
+            f.slots.lines.free(first)
+            f.slots.lines.free(second)
             assert f.slots.kept.outcomes("detail") == (first, second)
             wanted[0] = 1
             f.slots.kept.prune()
