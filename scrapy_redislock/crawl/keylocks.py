@@ -91,7 +91,6 @@ class KeyLocks(StageLocks):
     retire_on_close = True
     watch_limits = False  # a key's limit is its own (KeyLocks.limit), never logged per key
     fan_out = 8  # renewals and retirements of many keys share the client's pool: a few at once
-    looks_first = False  # the key line and the throttle take first themselves (try_take)
 
     def __init__(
         self,
@@ -113,7 +112,7 @@ class KeyLocks(StageLocks):
         self._pushes: set[asyncio.Task[bool]] = set()  # late starts' corrections under way
         # keys seen idle at the last tick: retired at the next if still idle
         self._idle: set[str] = set()
-        self._taking: Counter[str] = Counter()  # try_take() and acquire() calls under way, per key
+        self._taking: Counter[str] = Counter()  # take() and acquire() calls under way, per key
         if settings.adaptive.needed:
             self.adaptation = Adaptation(
                 self.client,
@@ -224,29 +223,23 @@ class KeyLocks(StageLocks):
         return key
 
     @contextlib.contextmanager
-    def _under_way(self, key: str) -> Iterator[None]:
-        """A take or wait for ``key`` goes on: its lock is made if this process has none (or
-        retired it since), and not retired meanwhile (a wait may sleep out a Redis error or a
+    def _using(self, name: str) -> Iterator[None]:
+        """A take or wait for the key ``name`` goes on: its lock is made if this process has none
+        (or retired it since), and not retired meanwhile (a wait may sleep out a Redis error or a
         pause, its lock then idle)."""
-        self._taking[key] += 1
+        self._taking[name] += 1
         try:
-            self.lock_for(key)
+            self.lock_for(name)
             yield
         finally:
-            self._taking[key] -= 1
-            if not self._taking[key]:
-                del self._taking[key]
+            self._taking[name] -= 1
+            if not self._taking[name]:
+                del self._taking[name]
 
-    async def try_take(self, key: str) -> SlotPermit | None:
-        """A slot of ``key`` if one is free now and nobody queues for it, else None (one script
-        while the key is on its light path: lock/light.py)."""
-        with self._under_way(key):
-            return await self.locks[key].try_acquire()
-
-    async def acquire(self, stage: str, timeout: float | None) -> SlotPermit:
-        """Wait for a slot of the key ``stage`` (first come, first served across processes)."""
-        with self._under_way(stage):
-            return await super().acquire(stage, timeout)
+    def may_be_free(self, name: str) -> bool:
+        """False: a key's or scope's first take is its request's (StageScheduler's hand-out, or
+        ScopeThrottle), so its line's waits join the line in Redis at once."""
+        return False
 
     def renewal_due(self, stage: str, lock: StageLock) -> bool:
         """Keys serve many short requests: a permit younger than the renewal interval is renewed at

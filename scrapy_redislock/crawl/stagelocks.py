@@ -19,9 +19,11 @@ owns the hand-off of slots between requests) and the worker front (lock prefix `
                                    # spider_opened signal then closes the spider, and the crawl exits with status 1)
                                    # ("redislock_redis_refused" when its ACL refuses this user a command)
     locks.is_capped(stage)         # True / False (None = unlimited); UnknownStage naming the known stages
-    permit = await locks.acquire(stage, timeout)   # FIFO across processes; Redis errors are retried with back-off;
-                                   # a stage nobody else was seen at, which this process neither holds nor waits
-                                   # for, is looked at first (a take), until a look finds it full
+    permit = await locks.take(stage)               # a free slot now, or None: one script, no wait (no retry)
+    permit = await locks.look(stage)               # the same, while one may well be free: a stage nobody else
+                                                   # was seen at, which this process neither holds nor waits
+                                                   # for, until a look finds it full (else None, no command)
+    permit = await locks.acquire(stage, timeout)   # FIFO across processes; Redis errors are retried with back-off
     locks.record_grant(stage, waited)              # stats: acquired, wait_time_total, wait_time_max
     await locks.release(permit)    # never raises; a release Redis did not take is retried at every renewal tick
     locks.release_soon(permit)     # the same from plain code, in a tracked task
@@ -87,7 +89,7 @@ import contextlib
 import difflib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import redis.exceptions
@@ -191,9 +193,6 @@ class StageLocks:
     fan_out: int | None = None
     # the limit each renewal reports is seen (logged when it changed, read by the worker front)
     watch_limits = True
-    # a wait of a stage nobody else was seen at, which this process neither holds nor waits for,
-    # looks for a free slot first (see _look); KeyLocks' callers take first themselves (try_take)
-    looks_first = True
 
     def __init__(
         self,
@@ -255,7 +254,7 @@ class StageLocks:
         self._shutdown_trigger: Any = None
         # acquire() calls in progress, cancelled on close
         self.waits: set[asyncio.Task[Any]] = set()
-        # stages a look (_look) found with no slot free: their waits join the line in Redis at once
+        # stages a look (:meth:`look`) found with no slot free: their waits join the line at once
         self.looked_full: set[str] = set()
         # what the start logs before Scrapy counts (it counts from spider_opened)
         self.start_logs: StartLogCount | None = None
@@ -548,6 +547,47 @@ class StageLocks:
 
     # -- acquire and release -----------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _using(self, name: str) -> Iterator[None]:
+        """A take or wait of ``name`` goes on (KeyLocks makes a key's lock, and keeps it, meanwhile)."""
+        yield
+
+    async def take(self, name: str) -> SlotPermit | None:
+        """A slot of ``name`` if one is free now and nobody queues for it in Redis, else None: one
+        script, no wait (a key's on its light path: lock/light.py). The first take of a stage's line
+        (:meth:`look`) and of a request's key or scope alike."""
+        with self._using(name):
+            return await self.locks[name].try_acquire()
+
+    def may_be_free(self, name: str) -> bool:
+        """Whether a slot of the stage ``name`` may well be free, so a take is worth a round trip
+        before a wait: this process neither holds nor waits for it, its last renewal of it (the
+        start's, at least) saw no other process alive there (one Redis: a quorum lock reports none),
+        and no look found it full since.
+
+        A grant handed to a blocked wait counts once its owner confirms it (``hold_again``, a round
+        trip after the read's; a waiting connection's first read is guarded first, one more), so
+        that a silent process's waits cost the others little; a slot taken free is confirmed by the
+        take's own reply. Keys say False: their first take is the request's, not the line's."""
+        lock = self.locks.get(name)
+        return (
+            lock is not None
+            and name not in self.looked_full
+            and not lock.busy
+            and getattr(lock, "owners_seen", None) == [lock.owner]
+        )
+
+    async def look(self, name: str) -> SlotPermit | None:
+        """A slot of ``name`` taken at once while one :meth:`may_be_free`, else None (the wait joins
+        the line in Redis). A look that finds no slot free (the others came since) costs a round trip
+        and a take more, once: from then on the stage's waits join the line at once."""
+        if not self.may_be_free(name):
+            return None
+        permit = await self.take(name)
+        if permit is None:
+            self.looked_full.add(name)
+        return permit
+
     async def acquire(self, stage: str, timeout: float | None) -> SlotPermit:
         """Wait for a slot of ``stage`` (first come, first served across processes).
 
@@ -556,7 +596,10 @@ class StageLocks:
         errors are logged and retried with back-off: the wait goes on and the cap is never
         exceeded. Cancelled on close.
         """
-        lock = self.locks[stage]
+        with self._using(stage):
+            return await self._acquire(stage, self.locks[stage], timeout)
+
+    async def _acquire(self, stage: str, lock: StageLock, timeout: float | None) -> SlotPermit:
         task = asyncio.current_task()
         if task is not None:
             self.waits.add(task)
@@ -566,10 +609,8 @@ class StageLocks:
         try:
             while True:
                 try:
-                    permit = await self._look(stage, lock)
-                    if permit is None:
-                        left = None if deadline is None else max(0.0, deadline - self.clock())
-                        permit = await lock.acquire(timeout=left)
+                    left = None if deadline is None else max(0.0, deadline - self.clock())
+                    permit = await lock.acquire(timeout=left)
                     self.reports.granted(stage)
                     return permit
                 except Paused as paused:  # a Retry-After paused a key's starts: wait it out
@@ -598,28 +639,6 @@ class StageLocks:
             self.reports.wait_ended(task)
             if task is not None:
                 self.waits.discard(task)
-
-    async def _look(self, stage: str, lock: StageLock) -> SlotPermit | None:
-        """A slot of ``stage`` taken at once (``try_acquire``) when one may be free, else None:
-        the wait joins the line in Redis.
-
-        A grant handed to a blocked wait counts once its owner confirms it (``hold_again``, a round
-        trip after the read's; a waiting connection's first read is guarded first, one more), so
-        that a silent process's waits cost the others little; a slot taken free is confirmed by the
-        take's own reply. So a wait looks first when a slot may well be free: this process neither
-        holds nor waits for the stage, and its last renewal of it (the start's, at least) saw no
-        other process alive there (one Redis: a quorum lock reports none). A look that finds no slot
-        free (the others came since) costs a round trip and a take more, once: from then on the
-        stage's waits join the line at once.
-        """
-        if not self.looks_first or stage in self.looked_full or lock.busy:
-            return None
-        if getattr(lock, "owners_seen", None) != [lock.owner]:
-            return None
-        permit = await lock.try_acquire()
-        if permit is None:
-            self.looked_full.add(stage)
-        return permit
 
     def record_grant(self, stage: str, waited: float) -> None:
         """Count one request that got a slot of ``stage`` after waiting ``waited`` seconds."""

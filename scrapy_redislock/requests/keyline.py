@@ -69,7 +69,7 @@ from scrapy_redislock.crawl.engine import downloader_active, wake_engine
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.errors import AcquireTimeout, Paused
 from scrapy_redislock.requests.kept import KeptSlots
-from scrapy_redislock.requests.stagequeue import StagePriorityQueues, split_queues
+from scrapy_redislock.requests.stagequeue import push_back, split_queues
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -165,15 +165,7 @@ class KeyLine:
         request of a capped stage; on disk with JOBDIR, as Scrapy's scheduler would; in memory if it
         cannot be serialized); no stats, no dupefilter: it was queued once already."""
         in_hand = self.in_hand.pop(request, None)
-        route: Route = (None, key) if in_hand is None else in_hand.route
-        dqs = getattr(self.inner, "dqs", None)
-        if isinstance(dqs, StagePriorityQueues):
-            try:
-                dqs.push_to(route, request)
-                return
-            except ValueError:
-                pass
-        self.inner.mqs.push_to(route, request)
+        push_back(self.inner, request, (None, key) if in_hand is None else in_hand.route)
 
     # -- what the throttle and the queues ask ----------------------------------------------------------
 
@@ -221,10 +213,9 @@ class KeyLine:
             # every name of every looking (its names kept with it) and holding request, counted in
             # one go: this runs for nearly every request a broad crawl schedules
             named = list(chain.from_iterable(self.looking.values()))
-            known = self.throttle.names.get
-            for request in {*self.throttle.permits.holding(), *self.slots.holding()}:
-                found = known(request)
-                named.extend(found if found is not None else self.throttle.names_of(request))
+            names_of = self.throttle.names_of
+            for request in {*self.throttle.holding(), *self.slots.holding()}:
+                named.extend(names_of(request))
             self._load = Counter(named)
         return self._load
 
@@ -332,7 +323,7 @@ class KeyLine:
             have = {taken.name for taken in got}
             for name in (name for name in names if name not in have):
                 try:
-                    permit = await self.locks.try_take(name)
+                    permit = await self.locks.take(name)
                     if permit is None and with_stage:
                         permit = await self._wait_with_stage(request, name)
                 except REDIS_ERRORS as exc:

@@ -41,7 +41,8 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
-from scrapy_redislock.errors import AcquireTimeout
+from scrapy_redislock.crawl.reach import REDIS_ERRORS
+from scrapy_redislock.errors import AcquireTimeout, Paused
 
 if TYPE_CHECKING:
     from scrapy_redislock.crawl.stagelocks import SlotPermit
@@ -268,9 +269,7 @@ class SlotLines:
             # one unbounded wait per request waiting here; the wanted ones under the bound
             bounded = self.bound is not None and len(line.asks) - len(line.bounded) >= len(line)
             ask = asyncio.ensure_future(
-                self._bounded(line.name)
-                if bounded
-                else self.locks.acquire(line.name, self.ask_timeout)
+                self._bounded(line.name) if bounded else self._get(line.name)
             )
             line.asks.add(ask)
             if bounded:
@@ -284,7 +283,17 @@ class SlotLines:
         async with self.bound:
             if self.locks.closed:
                 raise asyncio.CancelledError
-            return await self.locks.acquire(name, self.ask_timeout)
+            return await self._get(name)
+
+    async def _get(self, name: str) -> SlotPermit:
+        """A slot of ``name`` for the line: taken at once while one may well be free
+        (:meth:`StageLocks.look <scrapy_redislock.crawl.stagelocks.StageLocks.look>`), else, or
+        when the look fails, by a wait in Redis's line (which retries Redis errors)."""
+        try:
+            permit = await self.locks.look(name)
+        except (*REDIS_ERRORS, Paused):
+            permit = None
+        return permit if permit is not None else await self.locks.acquire(name, self.ask_timeout)
 
     def _answered(self, line: SlotLine, ask: asyncio.Future[SlotPermit]) -> None:
         """A wait in Redis ended: its slot goes to the oldest request waiting in ``line``, else to

@@ -211,7 +211,7 @@ class Outcomes:
         if self.throttle is None:
             return ()
         try:
-            return self.throttle.scopes_of(request)
+            return self.throttle.key_and_scopes(request)[1]
         except LockError:
             return ()
 

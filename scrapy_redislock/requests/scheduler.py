@@ -95,6 +95,7 @@ from scrapy_redislock.requests.stagequeue import (
     QueueThread,
     SharedStageQueues,
     StageQueueFactory,
+    push_back,
     split_queues,
 )
 from scrapy_redislock.requests.throttle import ScopeThrottle
@@ -399,14 +400,7 @@ class StageScheduler:
             else:
                 self.inner.queue.push(request)
             return True
-        dqs = getattr(self.inner, "dqs", None)
-        if dqs is not None:
-            try:
-                dqs.push(request)
-                return True
-            except ValueError:  # it cannot be serialized: memory, as Scrapy's scheduler does
-                pass
-        self.inner.mqs.push(request)
+        push_back(self.inner, request)
         return True
 
     def has_pending_requests(self) -> bool:

@@ -78,6 +78,7 @@ __all__ = [
     "SharedStageQueues",
     "StagePriorityQueues",
     "StageQueueFactory",
+    "push_back",
     "split_queues",
 ]
 
@@ -311,6 +312,24 @@ def split_queues(inner: Any) -> list[StagePriorityQueues]:
     (none for a scheduler it could not split)."""
     queues = (getattr(inner, "mqs", None), getattr(inner, "dqs", None))
     return [queue for queue in queues if isinstance(queue, StagePriorityQueues)]
+
+
+def push_back(inner: Any, request: Request, route: Route | None = None) -> None:
+    """Put a request that was queued once back into Scrapy's scheduler ``inner`` (into the sub-queue
+    ``route``; None: the one its stage and key give), without its dupefilter or stats: on disk with
+    JOBDIR, in memory if it cannot be serialized, as Scrapy's scheduler does."""
+    for queue in (getattr(inner, "dqs", None), inner.mqs):
+        if queue is None:
+            continue
+        try:
+            if route is None:
+                queue.push(request)
+            else:
+                queue.push_to(route, request)
+            return
+        except ValueError:  # it cannot be serialized: memory
+            if queue is inner.mqs:
+                raise
 
 
 def _is_lifo(queue_cls: Any) -> bool:

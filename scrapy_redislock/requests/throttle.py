@@ -189,8 +189,7 @@ class ScopeThrottle:
         matches no entry of REDISLOCK_SCOPES."""
         keys = self.settings.keys
         try:
-            key = request_key(request, self.crawler.spider, keys.stage_key)
-            scopes = self._scopes(request, key)
+            key, scopes = self.key_and_scopes(request)
         except KeyFunctionError:
             self.crawler.stats.inc_value("redislock/key_errors")
             raise
@@ -224,21 +223,18 @@ class ScopeThrottle:
             return False
         return not self._queued_key(request, name) and self.usable(request)
 
-    def scopes_of(self, request: Request) -> tuple[str, ...]:
-        """The request's scopes beside its stage and key (KeyFunctionError as :meth:`prepare`)."""
+    def key_and_scopes(self, request: Request) -> tuple[str | None, tuple[str, ...]]:
+        """The request's key (REDISLOCK_STAGE_KEY) and its scopes beside its stage and key, each
+        with a policy of REDISLOCK_SCOPES (KeyFunctionError when a function fails for it, or names a
+        scope that has no policy)."""
         key = request_key(request, self.crawler.spider, self.settings.keys.stage_key)
-        return self._scopes(request, key)
-
-    def _scopes(self, request: Request, key: str | None) -> tuple[str, ...]:
-        """The request's scopes beside its stage and key, each with a policy of REDISLOCK_SCOPES
-        (KeyFunctionError naming one that has none)."""
         scopes = request_scopes(request, self.crawler.spider, self.settings.keys.scopes_of)
         for scope in scopes:
             if self.settings.keys.scopes.match(scope) is None:
                 raise KeyFunctionError(
                     f"scope {scope!r} of {request.url} matches no entry of REDISLOCK_SCOPES: give it a policy there (a name or a glob pattern such as 'proxy:*')"  # noqa: E501
                 )
-        return tuple(scope for scope in scopes if scope != key)
+        return key, tuple(scope for scope in scopes if scope != key)
 
     def _key_delay(self, request: Request, key: str) -> float:
         """The key's delay: the configured one, or the site's robots.txt Crawl-delay when
@@ -347,15 +343,6 @@ class ScopeThrottle:
         if start.waited:
             self.crawler.stats.inc_value("redislock/retry_after/waits")
 
-    async def _take_now(self, key: str) -> SlotPermit | None:
-        """One look (a free key's slot in one script: lock/light.py); None to wait for one (in
-        :meth:`KeyLocks.acquire <scrapy_redislock.crawl.keylocks.KeyLocks.acquire>`, which retries
-        Redis errors)."""
-        try:
-            return await self.locks.try_take(key)
-        except (*REDIS_ERRORS, Paused):  # the wait below retries, or waits the pause out
-            return None
-
     def hand(
         self, request: Request, outcome: list[SlotPermit] | BaseException, *, recheck: bool = False
     ) -> None:
@@ -374,8 +361,7 @@ class ScopeThrottle:
         error)."""
         keys = self.settings.keys
         try:
-            key = request_key(request, self.crawler.spider, keys.stage_key)
-            scopes = self._scopes(request, key)
+            key, scopes = self.key_and_scopes(request)
         except KeyFunctionError:
             return ()
         names = (key, *scopes) if key is not None else scopes
@@ -398,7 +384,10 @@ class ScopeThrottle:
         # a request of no capped stage leaves: keyline.py)
         self.crawler.stats.inc_value("redislock/keys/taken_in_downloader")
         started = self.clock()
-        taken = await self._take_now(key)
+        try:  # one look (a free slot in one script: lock/light.py), else a wait in its line
+            taken = await self.locks.take(key)
+        except (*REDIS_ERRORS, Paused):  # the wait retries, or waits the pause out
+            taken = None
         if taken is not None:
             self._hold(request, taken)
             self.locks.record_grant(key, self.clock() - started)
@@ -442,6 +431,10 @@ class ScopeThrottle:
         """The request's confirmed starts went out now (a late one moves its key's next start)."""
         for start in self.starts.pop(request, ()):
             self.locks.went_out(start)
+
+    def holding(self) -> list[Request]:
+        """The requests that hold a key or scope slot now."""
+        return self.permits.holding()
 
     def held(self, request: Request) -> list[SlotPermit]:
         """The request's key and scope slots held now, in the order taken."""

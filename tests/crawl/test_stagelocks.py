@@ -230,7 +230,7 @@ def test_a_stage_with_a_free_slot_is_granted_by_a_take_on_its_way_to_the_first_g
 
     async def scenario() -> None:
         async with front(redis_url, {"detail": 3}, scheduler=False) as f:
-            permit = await f.locks.acquire("detail", None)
+            permit = await f.slots.lines.wait("detail", None)  # the line looks first
             assert held(redis_client, "detail") == [permit.grant]
             sent = lock_commands(monitor.stop(redis_client))
             names = [name for _, name in sent]
@@ -269,7 +269,7 @@ def test_a_stage_another_process_is_at_is_waited_for_in_the_line_with_no_take_in
         async def scenario() -> list[str]:
             async with front(redis_url, {"detail": 1}, scheduler=False) as f:
                 lock = f.locks.locks["detail"]
-                wait = asyncio.ensure_future(f.locks.acquire("detail", None))
+                wait = asyncio.ensure_future(f.slots.lines.wait("detail", None))
                 await until(lambda: lock.busy)
                 holder.release(holding)
                 await f.locks.release(await wait)
@@ -298,7 +298,7 @@ def test_a_stage_found_full_by_a_look_is_looked_at_once_then_its_waits_join_the_
                 lock = f.locks.locks["detail"]
                 for _ in range(2):
                     holding = holder.acquire(timeout=5)  # the stage is full
-                    wait = asyncio.ensure_future(f.locks.acquire("detail", None))
+                    wait = asyncio.ensure_future(f.slots.lines.wait("detail", None))
                     await until(lambda: "detail" in f.locks.looked_full and lock.busy)
                     holder.release(holding)
                     await f.locks.release(await wait)
