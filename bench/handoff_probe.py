@@ -46,12 +46,12 @@ def _wrap_classes() -> None:
 
     if getattr(RequestSlots, "_probed", False):
         return
-    release, acquire = StageLocks.release, StageLocks.acquire
+    release, acquire, look = StageLocks.release, StageLocks.acquire, StageLocks.look
     hand, hold, pass_on = RequestSlots.hand, RequestSlots.hold, SlotLines.pass_on
 
     def timed_pass_on(self: SlotLines, permit: Any, now: float) -> str | None:
         passed = pass_on(self, permit, now)  # a finished request's slot, to a request here
-        if passed is not None:
+        if passed is not None and self.kind == "stage":
             RECORDS["passed"].append(time.monotonic())
         return passed
 
@@ -62,6 +62,12 @@ def _wrap_classes() -> None:
     async def timed_acquire(self: StageLocks, stage: str, timeout: float | None) -> Any:
         permit = await acquire(self, stage, timeout)
         RECORDS["granted"].append(time.monotonic())
+        return permit
+
+    async def timed_look(self: StageLocks, stage: str) -> Any:
+        permit = await look(self, stage)  # a line's take before its wait (None: it waits)
+        if permit is not None:
+            RECORDS["granted"].append(time.monotonic())
         return permit
 
     def timed_hand(self: RequestSlots, request: Any, outcome: Any) -> None:
@@ -78,6 +84,7 @@ def _wrap_classes() -> None:
     RequestSlots.hold = timed_hold  # type: ignore[method-assign]
     SlotLines.pass_on = timed_pass_on  # type: ignore[method-assign]
     StageLocks.acquire = timed_acquire  # type: ignore[method-assign]
+    StageLocks.look = timed_look  # type: ignore[method-assign]
     RequestSlots._probed = True  # type: ignore[attr-defined]
 
 

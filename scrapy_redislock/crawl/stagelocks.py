@@ -31,10 +31,11 @@ owns the hand-off of slots between requests) and the worker front (lock prefix `
     locks.add_waiting_source(fn)   # fn(stage) -> requests waiting for that stage (shown by the status CLI)
     locks.add_tick_hook(coro_fn)   # awaited at every renewal tick (leak sweeps)
     await locks.reports.stalled(stage, window)     # at close: why to give up waiting for the stage, or ""
-    await locks.close()            # cancel waits, then free every permit and waiter: one aclose() per stage
+    await locks.close()            # cancel looks and waits, then free every permit and waiter: one aclose() per stage
 
 The permit hand-off and the local hand-off of a finished request's slot (REDISLOCK_LOCAL_REUSE) are
-the request front's: see :mod:`scrapy_redislock.requests.requestslots`. A slot used locally is a
+the request front's: see :mod:`scrapy_redislock.requests.requestslots` and
+:mod:`scrapy_redislock.requests.lines`. A slot used locally is a
 slot held here: its lease goes on (renewed with the others), so the cap holds.
 
 A slot found lost, or past the end of its lease on this process's clock (``permit.usable``: renewals
@@ -583,9 +584,18 @@ class StageLocks:
         and a take more, once: from then on the stage's waits join the line at once."""
         if not self.may_be_free(name):
             return None
-        permit = await self.take(name)
+        task = asyncio.current_task()  # cancelled on close, as a wait is
+        if task is not None:
+            self.waits.add(task)
+        try:
+            permit = await self.take(name)
+        finally:
+            if task is not None:
+                self.waits.discard(task)
         if permit is None:
             self.looked_full.add(name)
+        else:
+            self.reports.granted(name)
         return permit
 
     async def acquire(self, stage: str, timeout: float | None) -> SlotPermit:

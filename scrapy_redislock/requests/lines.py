@@ -20,8 +20,11 @@ they have and want is the line's :class:`~.kept.KeptSlots` (``kept``): the line 
 waits in Redis as they want (:meth:`SlotLines.ask`), each with the owner's ``ask_timeout``. A slot
 no request waits for here (a grant, or a freed slot passed on) is kept for them while one could use
 it, else it goes back to Redis; so is the AcquireTimeout of a wait that runs out with no request
-waiting here (the name's next queued request fails with it). Waits no longer wanted are withdrawn at
-the owner's tick (:meth:`SlotLines.trim`). The owner may bound the waits in Redis under way at once
+waiting here (the name's next queued request fails with it). At the owner's tick
+(:meth:`SlotLines.upkeep`) what is kept and no queued request can use goes back, then the waits no
+longer wanted are withdrawn. A line's wait for a stage takes a free slot first while one may well be
+free (:meth:`StageLocks.look <scrapy_redislock.crawl.stagelocks.StageLocks.look>`), the same take a
+request's key or scope is taken with first. The owner may bound the waits in Redis under way at once
 over all its names (``bound``: each blocks one connection, and a broad crawl meets thousands of
 keys); the others wait here for their turn. The bound applies only to the waits beyond one per
 request waiting here: a request waiting in the middleware may hold other slots (its key's while it
@@ -292,8 +295,12 @@ class SlotLines:
         try:
             permit = await self.locks.look(name)
         except (*REDIS_ERRORS, Paused):
-            permit = None
-        return permit if permit is not None else await self.locks.acquire(name, self.ask_timeout)
+            permit = None  # the wait retries Redis errors (with a warning and back-off)
+        if permit is not None:
+            return permit
+        if self.locks.closed:  # closed during the look: no wait starts
+            raise asyncio.CancelledError
+        return await self.locks.acquire(name, self.ask_timeout)
 
     def _answered(self, line: SlotLine, ask: asyncio.Future[SlotPermit]) -> None:
         """A wait in Redis ended: its slot goes to the oldest request waiting in ``line``, else to

@@ -544,8 +544,8 @@ class StageScheduler:
 
     async def tick(self) -> None:
         """At every renewal tick: stand down once the engine closes (unused slots back to Redis);
-        else the shared queue's and the key line's upkeep (what is kept, the front's:
-        RequestSlots.tick)."""
+        else the shared queue's upkeep, and the key line counts its load again (what is kept is
+        pruned by RequestSlots' and ScopeThrottle's ticks)."""
         assert self.slots is not None
         if engine_closing(self.crawler):
             self.closing = True

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -19,6 +20,7 @@ from scrapy_redislock.lock.core import lock_scripts
 from testing.crawlproc import leftover
 from testing.inprocess import front, held, request
 from testing.monitor import Monitor, commands
+from testing.netproxy import LatencyProxy
 from testing.waiting import until
 
 pytestmark = pytest.mark.integration
@@ -310,3 +312,26 @@ def test_a_stage_found_full_by_a_look_is_looked_at_once_then_its_waits_join_the_
         assert sent.index("take") < sent.index("xreadgroup"), sent
     finally:
         holder.close()
+
+
+def test_a_look_under_way_when_the_locks_close_is_cancelled_with_the_waits(
+    redis_proxy: Callable[[], LatencyProxy], redis_client: redis.Redis
+) -> None:
+    """A line's look (its take before a wait) has taken a slot in Redis, its reply still on the way,
+    when the locks close: the look is cancelled as a wait is, and close frees the slot. Nothing
+    goes to the request waiting in the line (a look once ran outside the waits close cancels: the
+    request got the slot close had freed)."""
+    proxy = redis_proxy()
+
+    async def scenario() -> None:
+        async with front(proxy.url, {"detail": 1}, scheduler=False) as f:
+            proxy.set_delay(0.3)  # each way: the take's reply comes 0.3 s after Redis ran it
+            waiter = asyncio.ensure_future(f.slots.lines.wait("detail", None))
+            await until(lambda: bool(held(redis_client, "detail")))  # the look took it in Redis
+            assert not waiter.done()
+            await f.locks.close()
+            await until(waiter.done)
+            assert waiter.cancelled(), waiter
+            assert held(redis_client, "detail") == []
+
+    asyncio.run(scenario())

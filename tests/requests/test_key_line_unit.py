@@ -104,9 +104,8 @@ def test_a_timeout_kept_for_a_key_with_nothing_queued_fails_no_later_request(
             )
             assert scheduler.next_request() is first  # a fresh cache hit: goes without a slot
             assert line.throttle.permits.peek(first) is None
-            await (
-                line.throttle.tick()
-            )  # the keys' upkeep: nothing of the key queued, what is kept goes
+            # the keys' upkeep: nothing of the key queued, what is kept for it goes
+            await line.throttle.tick()
             await line.locks.release(blocker)
             second = request(None, 1)
             scheduler.enqueue_request(second)
