@@ -24,6 +24,7 @@ TABLES = {
     "keys": "| processes | domains | pages | cap | how |",
     "middleware": "mean detail requests in flight, StageScheduler:",
     "partition": "| healthy processes' detail pages/s before the cut |",
+    "path": "| the request | modules entered |",
     "quorum": "| design |",
     "reactorlag": "| round | delay each way |",
     "requestformat": "bare GET: json/pickle size",

@@ -318,18 +318,18 @@ def push_back(inner: Any, request: Request, route: Route | None = None) -> None:
     """Put a request that was queued once back into Scrapy's scheduler ``inner`` (into the sub-queue
     ``route``; None: the one its stage and key give), without its dupefilter or stats: on disk with
     JOBDIR, in memory if it cannot be serialized, as Scrapy's scheduler does."""
-    for queue in (getattr(inner, "dqs", None), inner.mqs):
-        if queue is None:
-            continue
-        try:
-            if route is None:
-                queue.push(request)
-            else:
-                queue.push_to(route, request)
-            return
-        except ValueError:  # it cannot be serialized: memory
-            if queue is inner.mqs:
-                raise
+
+    def push(queue: Any) -> None:
+        if route is None:
+            queue.push(request)
+        else:
+            queue.push_to(route, request)
+
+    dqs = getattr(inner, "dqs", None)
+    if dqs is not None:
+        with suppress(ValueError):  # it cannot be serialized: memory
+            return push(dqs)
+    push(inner.mqs)
 
 
 def _is_lifo(queue_cls: Any) -> bool:
