@@ -12,7 +12,8 @@ slot of its stage held by another owner until the crawl waits for one in Redis (
 and records every call into a module of ``scrapy_redislock``: a call from another module of the
 package is a *crossing*, a call from outside it (Scrapy, Twisted, asyncio resuming a coroutine) an
 *entry*. Calls run by the process's background tasks (the renewal loop, the report of why stages
-wait, the close watch) are left out: they serve every request, not this one.
+wait at start, the close watch) are left out: they serve every request, not this one. The tasks
+they start (a release sent from a tick, a wait opened by a line's upkeep) are counted.
 
 Printed: the modules entered (in the order first entered), how many, the crossings between them
 and the distinct (caller, callee) pairs; the same in every run (a median is printed when they
@@ -38,8 +39,9 @@ from scrapy import signals
 from bench import add_smoke, write_results
 from scrapy_redislock import CountingLock
 
-# coroutines whose calls serve the process, not one request
-BACKGROUND = ("Renewer._run", "every", "StageLocks._report_start", "CloseWaits._tick")
+# the coroutines of the process's background tasks: the renewal loop, the close watch (both run
+# ``every``) and the start's report of why stages wait
+BACKGROUND = ("Renewer._run", "every", "StageLocks._say_why_at_start")
 SETTINGS: dict[str, Any] = {
     "REDISLOCK_STAGES": {"detail": 3},
     "REDISLOCK_STAGE_KEY": "domain",
@@ -61,6 +63,7 @@ class PathProbe:
         self.calls: Counter[tuple[str | None, str]] = Counter()  # (caller module, callee module)
         self.order: list[str] = []  # modules, as first entered
         self.request: Any = None
+        self.answered = False  # the request's response came (the record is whole)
         crawler.signals.connect(self.scheduled, signal=signals.request_scheduled)
         crawler.signals.connect(self.received, signal=signals.response_received)
         crawler.signals.connect(self.closed, signal=signals.spider_closed)
@@ -100,11 +103,13 @@ class PathProbe:
     def received(self, response: Any, request: Any, spider: Any) -> None:
         if request is self.request:
             sys.setprofile(None)
+            self.answered = True
 
     def closed(self, spider: Any) -> None:
         sys.setprofile(None)
         calls = [[caller, callee, n] for (caller, callee), n in self.calls.items()]
-        self.out.write_text(json.dumps({"order": self.order, "calls": calls}))
+        found = {"order": self.order, "calls": calls, "answered": self.answered}
+        self.out.write_text(json.dumps(found))
 
 
 def one_path(folder: Path, waits: bool) -> dict[str, Any]:
@@ -116,6 +121,7 @@ def one_path(folder: Path, waits: bool) -> dict[str, Any]:
     from testing.waiting import wait_until
 
     probe = folder / "path.json"
+    probe.unlink(missing_ok=True)
     with RedisServer() as server, CrawlSite(delay=0.02) as site:
         client = redis.Redis.from_url(server.url)
         cap = SETTINGS["REDISLOCK_STAGES"]["detail"]
@@ -130,10 +136,14 @@ def one_path(folder: Path, waits: bool) -> dict[str, Any]:
             },
             "PATH_PROBE_FILE": str(probe),
         }
+        ours = {c["id"] for c in client.client_list()}  # the holder's (its waits read too)
         crawl = Crawl(site.url, "detail:1", settings, folder, args={"scopes": "proxy:p1"}).start()
         if held:
-            wait_until(
-                lambda: any(c.get("cmd") == "xreadgroup" for c in client.client_list()),
+            wait_until(  # a connection of the crawl blocked in a read of the stage's line
+                lambda: any(
+                    c["id"] not in ours and c.get("cmd") == "xreadgroup" and "b" in c["flags"]
+                    for c in client.client_list()
+                ),
                 60,
                 "the crawl waiting for a slot in Redis",
                 ended=lambda: None if crawl.code is None else crawl.tail(),
@@ -146,6 +156,8 @@ def one_path(folder: Path, waits: bool) -> dict[str, Any]:
         if crawl.code != 0 or len(site.arrivals["detail"]) != 1:
             raise RuntimeError(f"crawl failed: {crawl.tail()}")
     found = json.loads(probe.read_text())
+    if not found["answered"]:
+        raise RuntimeError("the probe saw no response to the request: its record is not whole")
     crossings = [(a, b, n) for a, b, n in found["calls"] if a is not None and a != b]
     return {
         "modules": found["order"],

@@ -322,10 +322,11 @@ def test_a_look_under_way_when_the_locks_close_is_cancelled_with_the_waits(
     goes to the request waiting in the line (a look once ran outside the waits close cancels: the
     request got the slot close had freed)."""
     proxy = redis_proxy()
+    monitor = Monitor(redis_client.connection_pool.connection_kwargs["port"])
 
     async def scenario() -> None:
         async with front(proxy.url, {"detail": 1}, scheduler=False) as f:
-            proxy.set_delay(0.3)  # each way: the take's reply comes 0.3 s after Redis ran it
+            proxy.down = 2.0  # Redis's replies come 2 s after it ran the command
             waiter = asyncio.ensure_future(f.slots.lines.wait("detail", None))
             await until(lambda: bool(held(redis_client, "detail")))  # the look took it in Redis
             assert not waiter.done()
@@ -335,3 +336,5 @@ def test_a_look_under_way_when_the_locks_close_is_cancelled_with_the_waits(
             assert held(redis_client, "detail") == []
 
     asyncio.run(scenario())
+    sent = [name for _, name in lock_commands(monitor.stop(redis_client))]
+    assert "take" in sent and "xreadgroup" not in sent, sent  # a look, not a wait in the line
