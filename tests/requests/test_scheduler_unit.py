@@ -403,7 +403,9 @@ def test_over_scrapy_redis_the_request_fetched_ahead_goes_back_and_refused_ones_
             assert redis_client.zcard(key) == 4
             before.extend(redis_client.zrange(key, 0, -1))
             assert scheduler.next_request() is None  # no slot yet: the stage's wait starts
-            await until(lambda: f.slots.kept.count("detail") == 1)
+            # its slot kept, and the fetch that call started (of the spider's own key, empty) over:
+            # one fetch at a time, and no engine here to ask again when it ends
+            await until(lambda: f.slots.kept.count("detail") == 1 and not shared.thread.jobs)
             assert scheduler.next_request() is None  # fetched in the queue thread
             await until(lambda: shared.ahead is not None)
             assert redis_client.zcard(key) == 3
