@@ -12,7 +12,7 @@ are taken in everywhere: docs/scopes.md).
   name's limit of this process's requests holding or taking it) leaves the inner scheduler and is
   held back for one look in Redis per name it has no kept slot of (a take: lock/light.py). All
   granted, it goes on with its slots
-  (:meth:`ScopeThrottle.hand <scrapy_redislock.requests.throttle.ScopeThrottle.hand>`), and the
+  (:meth:`RequestSlots.hand <scrapy_redislock.requests.requestslots.RequestSlots.hand>`), and the
   engine is woken.
 - One refused (every slot of it is held, here or elsewhere, or others queue for it), the slots
   it got go back (a kept one is kept again, a fresh one returns to Redis: a request holds no slot
@@ -77,7 +77,7 @@ if TYPE_CHECKING:
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
     from scrapy_redislock.crawl.stagelocks import SlotPermit
-    from scrapy_redislock.requests.requestslots import RequestSlots
+    from scrapy_redislock.requests.requestslots import RequestSlots, Slot
     from scrapy_redislock.requests.stagequeue import Route
     from scrapy_redislock.requests.throttle import ScopeThrottle
 
@@ -214,7 +214,7 @@ class KeyLine:
             # one go: this runs for nearly every request a broad crawl schedules
             named = list(chain.from_iterable(self.looking.values()))
             names_of = self.throttle.names_of
-            for request in {*self.throttle.holding(), *self.slots.holding()}:
+            for request in self.slots.holding():
                 named.extend(names_of(request))
             self._load = Counter(named)
         return self._load
@@ -252,8 +252,7 @@ class KeyLine:
                 continue
             if isinstance(outcome, BaseException):  # a wait that ran out: the request fails with it
                 self._give_back(got)
-                self.throttle.release(request)  # what it still holds (see _hand)
-                self.throttle.hand(request, outcome)
+                self.slots.hand(request, outcome)  # what it still holds goes back first
                 return False
             got.append(Taken(name, outcome, kept=True))
         if len(got) == len(names):
@@ -290,20 +289,25 @@ class KeyLine:
                 self.locks.release_soon(taken.permit)
 
     def _hand(self, request: Request, got: list[Taken]) -> None:
-        """The request goes with a slot of each of its capped names, and of its stage if it came
+        """The request goes with a slot of each of its capped names, after its stage's if it came
         with one (the middleware takes them). Slots it still holds go back first: it came back to
         the scheduler unseen by the middleware (one before it returned the request itself)."""
-        self.throttle.release(request)
-        self._hand_stage(request, self.in_hand.pop(request, None))
+        held: list[Slot] = []
+        in_hand = self.in_hand.pop(request, None)
+        if in_hand is not None:
+            held.append((self.slots.lines, in_hand.permit))
+            self.slots.locks.record_grant(in_hand.stage, in_hand.waited)
         for taken in got:
             if taken.kept:  # counted once it goes with it: how long its name's requests waited
                 self.throttle.locks.record_grant(taken.name, self.kept.waited(taken.name))
                 if self._load is not None:
                     self._load[taken.name] += 1
         order = self.throttle.names_of(request)
-        self.throttle.hand(
+        lines = self.throttle.lines
+        held.extend((lines, t.permit) for t in sorted(got, key=lambda t: order.index(t.name)))
+        self.slots.hand(
             request,
-            [t.permit for t in sorted(got, key=lambda t: order.index(t.name))],
+            held,
             # a kept light slot was passed on by a finished request (pass_on): its take checked
             # a pause for that request only
             recheck=any(t.kept and getattr(t.permit, "light", False) for t in got),
@@ -358,9 +362,9 @@ class KeyLine:
             # its wait ran out: it fails with the error in the middleware (which frees its stage's
             # slot), as a wait there would have
             self._give_back(got)
-            self.throttle.release(request)
-            self.throttle.hand(request, failed)
-            self._hand_stage(request, self.in_hand.pop(request, None))
+            self._drop_stage(request)
+            self.in_hand.pop(request, None)
+            self.slots.hand(request, failed)
             self.ready.append(request)
         elif refused is None:
             self.throttle.locks.record_grant(names[0], self.clock() - started)
@@ -432,8 +436,7 @@ class KeyLine:
         self.stand_down()
         back = [*self.ready, *self.looking]
         for request in self.ready:
-            self.throttle.release(request)
-            self.slots.finish(request)  # its stage's slot, if it came with one
+            self.slots.finish(request)
         for request in self.looking:
             self._drop_stage(request)
         self.ready.clear()

@@ -8,9 +8,8 @@ passing back through the middleware are found by :meth:`PermitLedger.sweep`: mis
 downloader at two looks in a row (the engine adds a request to the downloader in the same call that
 takes it from the scheduler, so one look would do; two cost nothing).
 
-Used by :class:`~scrapy_redislock.requests.requestslots.RequestSlots` (stage slots) and
-:class:`~scrapy_redislock.requests.throttle.ScopeThrottle` (key and scope slots); unit-tested
-without Redis.
+Used by :class:`~scrapy_redislock.requests.requestslots.RequestSlots`, whose one record per request
+holds its stage's, key's and scopes' slots; unit-tested without Redis.
 """
 
 from __future__ import annotations

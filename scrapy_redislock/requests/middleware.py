@@ -189,23 +189,19 @@ class StageLockMiddleware:
         when the lease is shorter than the request's own timeout."""
         assert self.locks is not None and self.slots is not None
         self.outcomes.going(request)
-        held: list[tuple[StageLocks, SlotPermit]] = []
-        permit = self.slots.permit_of(request)
-        if permit is not None:
-            held.append((self.locks, permit))
-        if self.throttle is not None:
-            # its key's and scopes' slots too: the cap of a broad crawl is its key's
-            held.extend((self.throttle.locks, p) for p in self.throttle.held(request))
+        # its stage's slot, and its key's and scopes' too: the cap of a broad crawl is its key's
+        held = self.slots.held(request)
         if not held:
             return
         # the slot whose lease ends first, less half its renewal interval (read once per slot: a
         # registry's interval is a property over its locks)
-        locks, permit = held[0]
+        lines, permit = held[0]
+        locks = lines.locks
         end = permit.valid_until - locks.renew_interval / 2
-        for other_locks, other in held[1:]:
-            other_end = other.valid_until - other_locks.renew_interval / 2
+        for other_lines, other in held[1:]:
+            other_end = other.valid_until - other_lines.locks.renew_interval / 2
             if other_end < end:
-                locks, permit, end = other_locks, other, other_end
+                locks, permit, end = other_lines.locks, other, other_end
         left = end - self.clock()
         if within_lease(request, left, self.download_timeout):
             locks.count(locks.stage_of(permit) or permit.name, "lease_bounded")
@@ -255,7 +251,7 @@ class StageLockMiddleware:
         assert self.throttle is not None and self.slots is not None
         key_usable = self.throttle.usable(request)
         if slotted and stage is not None and self.slots.take(request) is None:
-            self.throttle.release(request)
+            self.slots.finish(request)  # its key's and scopes' slots go back (taken after it)
             await self._wait_here(request, stage)
         elif not key_usable:
             again = self._keys(request, stage, slotted)
@@ -353,15 +349,13 @@ class StageLockMiddleware:
         self._release(request)
 
     def _release(self, request: Request) -> None:
-        """The key slot goes back first, then the stage slot goes on to a parked request of its
-        stage, or back to Redis (see RequestSlots.finish); this also frees a slot the scheduler handed
-        out with a request that never reached process_request (an earlier middleware answered it
-        from a cache, or raised IgnoreRequest)."""
+        """The key's and scopes' slots go back first, then the stage's, each on to a request of this
+        process waiting for it, or back to Redis (see RequestSlots.finish); this also frees slots
+        the scheduler handed out with a request that never reached process_request (an earlier
+        middleware answered it from a cache, or raised IgnoreRequest)."""
         if self.slots is None:
             return
         self.outcomes.releasing(request)
-        if self.throttle is not None:
-            self.throttle.release(request)
         self.slots.finish(request)
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:

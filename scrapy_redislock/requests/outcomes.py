@@ -119,11 +119,7 @@ class Outcomes:
 
     def _permits(self, request: Request) -> list[SlotPermit]:
         """The slots ``request`` holds now: its stage's, its key's and its scopes'."""
-        permit = self.slots.permit_of(request)
-        held = [] if permit is None else [permit]
-        if self.throttle is not None:
-            held.extend(self.throttle.held(request))
-        return held
+        return [permit for _, permit in self.slots.held(request)]
 
     def releasing(self, request: Request) -> None:
         """The request's slots are about to go back: note its adaptive locks for its outcome."""
@@ -150,15 +146,18 @@ class Outcomes:
             return noted
         found = []
         adaptive = self.settings.adaptive
-        permit = self.slots.ledger.permit_of(request)
-        stages = self.locks.adaptation
-        if permit is not None and stages is not None and adaptive.adapts(stage=permit.name):
-            found.append((stages, permit.name))
-        throttle = self.throttle
-        if throttle is not None and throttle.locks.adaptation is not None:
-            for key_permit in throttle.held(request):
-                if throttle.locks.adapts(key_permit.name.removeprefix(KEY_LOCK_PREFIX)):
-                    found.append((throttle.locks.adaptation, key_permit.name))
+        for lines, permit in self.slots.held(request):
+            adaptation = lines.locks.adaptation
+            if adaptation is None:
+                continue
+            if lines is self.slots.lines:  # a stage's
+                adapts = adaptive.adapts(stage=permit.name)
+            else:  # a key's or scope's
+                adapts = self.throttle is not None and self.throttle.locks.adapts(
+                    permit.name.removeprefix(KEY_LOCK_PREFIX)
+                )
+            if adapts:
+                found.append((adaptation, permit.name))
         return found
 
     def response(self, request: Request, response: Response) -> None:

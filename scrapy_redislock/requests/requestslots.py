@@ -1,5 +1,6 @@
-"""The request front's slots: which request goes with which slot, from the scheduler or the
-middleware's own wait until the request is done; the local hand-off of a finished request's slot;
+"""The request front's slots: which request goes with which slots (of its stage, key and scopes:
+one record per request), from the scheduler or the middleware's own waits until the request is
+done; the local hand-off of a finished request's slot;
 the lines of requests waiting in the middleware per stage (:class:`~.lines.SlotLines`, as the keys'
 and scopes' in ScopeThrottle); the slots kept for queued requests of StageScheduler; the sweep of
 requests that left the downloader.
@@ -13,12 +14,16 @@ release, renewal) downward. The bookkeeping of who holds what is the pure
     slots = RequestSlots.of(crawler, settings)     # slots.locks: the crawler's StageLocks
     permit = await slots.wait(stage, timeout)      # StageLockMiddleware: a slot kept for a queued request (it is
                                                    # older), else one from this process's line for the stage
-    slots.hand(request, permit_or_error)           # StageScheduler: the request leaves with this slot (or error)
-    slots.take(request)            # StageLockMiddleware: what came with it (an error only once), or None (also
-                                   # when its slot is no longer usable: dropped)
-    slots.hold(request, permit)    # StageLockMiddleware: a slot it waited for itself
+    slots.hand(request, permit_or_error)           # StageScheduler: the request leaves with this slot (or error),
+    slots.hand(request, [(lines, permit), ...])    # or with these (its stage's first, each with its line)
+    slots.take(request)            # StageLockMiddleware: its stage's slot that came with it (an error only once),
+                                   # or None (also when that slot is no longer usable: dropped with the others)
+    slots.hold(request, permit[, lines])           # StageLockMiddleware, ScopeThrottle: a slot it waited for itself
+    slots.held(request)            # [(lines, permit), ...]: what it holds, in the order taken
+    slots.drop_scopes(request)     # ScopeThrottle: forget its key's and scopes' slots (returned), keep its stage's
     slots.holding()                # the requests that hold a slot now (StageScheduler counts their keys)
-    slots.finish(request)          # the request is done with its slot: passed on locally (see below) or released
+    slots.finish(request)          # the request is done with its slots: each passed on locally (see below) or
+                                   # released, its key's and scopes' before its stage's
     slots.serve_scheduler(queued=, could_use=)     # StageScheduler, once: what it has queued
     slots.kept                     # KeptSlots: slots kept for the stages' queued requests (count, take,
                                    # waited; release_all: StageScheduler's end)
@@ -60,7 +65,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scrapy_redislock.crawl.engine import (
@@ -74,6 +80,9 @@ from scrapy_redislock.requests.kept import KeptSlots
 from scrapy_redislock.requests.ledger import PermitLedger
 from scrapy_redislock.requests.lines import SlotLines
 
+# a slot a request holds, with the line it goes back through (its stage's, or its key's or scope's)
+Slot = tuple[SlotLines, SlotPermit]
+
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
@@ -82,6 +91,18 @@ if TYPE_CHECKING:
     from scrapy_redislock.lock.core import Clock
 
 logger = logging.getLogger("scrapy_redislock.crawl.stagelocks")
+
+
+@dataclass
+class Holds:
+    """The slots one request holds, in the order taken (docs/scopes.md: its stage's, its key's,
+    then its other scopes' by name), each with the line it goes back through."""
+
+    slots: list[Slot]
+    # a light slot among them that the request did not take itself (passed on by a finished
+    # request, or granted to its line's wait): a light take checks a pause for its own request
+    # only, so the key's pause is checked again (ScopeThrottle._queued_key)
+    recheck: bool = False
 
 
 class RequestSlots:
@@ -98,8 +119,9 @@ class RequestSlots:
         self.crawler = crawler
         self.locks = locks
         self.clock = clock
-        # request -> the slot it goes with (or its error)
-        self.ledger: PermitLedger[Request, SlotPermit] = PermitLedger()
+        # request -> the slots it goes with, of its stage, key and scopes (or its error): the one
+        # record of what each request holds
+        self.ledger: PermitLedger[Request, Holds] = PermitLedger()
         # slots kept for the next queued request of their stage (a finished request's, or a grant
         # to a wait for the queued requests), or the error such a wait ran out with; with them,
         # REDISLOCK_WAITERS_PER_STAGE slots in hand or asked for per stage
@@ -177,38 +199,83 @@ class RequestSlots:
 
     # -- the hand-off: scheduler -> middleware -> next request -------------------------------------
 
-    def hand(self, request: Request, outcome: SlotPermit | BaseException) -> None:
-        """StageScheduler lets ``request`` go with this slot (or fails it with this error at the
-        middleware). A slot the request still holds is freed first: it came back to the scheduler
-        unseen by the middleware (one before it returned the request itself)."""
+    def hand(
+        self,
+        request: Request,
+        outcome: SlotPermit | list[Slot] | BaseException,
+        *,
+        recheck: bool = False,
+    ) -> None:
+        """StageScheduler lets ``request`` go with a slot of its stage, or with its slots (each with
+        its line, in the one order: its stage's first, then its key's and scopes'), or fails it with
+        this error at the middleware. ``recheck``: a light slot among them was passed on to it
+        (:attr:`Holds.recheck`). Slots the request still holds are freed first: it came back to the
+        scheduler unseen by the middleware (one before it returned the request itself)."""
         self.finish(request)
-        self.ledger.hand(request, outcome)
+        if isinstance(outcome, BaseException):
+            self.ledger.hand(request, outcome)
+        else:
+            held = [(self.lines, outcome)] if not isinstance(outcome, list) else outcome
+            self.ledger.hand(request, Holds(held, recheck))
 
     def take(self, request: Request) -> SlotPermit | BaseException | None:
-        """What ``request`` came with from the scheduler: its slot (held until :meth:`finish`), an
-        error (given once), or None. A slot that is no longer usable is dropped and None returned:
-        the request must wait for another rather than start without a valid lease. None once the
+        """What ``request`` came with from the scheduler: its stage's slot (held until
+        :meth:`finish`), an error (given once), or None (its key's and scopes' slots, if any, stay
+        in :meth:`held`). A stage's slot that is no longer usable is dropped with the slots taken
+        after it, and None returned: the request waits for its stage's slot again rather than start
+        without a valid lease, holding none of its key's meanwhile (the one order). None once the
         locks closed (they freed every slot)."""
         if self.locks.closed:
             return None
         outcome = self.ledger.peek(request)
-        if outcome is None:
-            return None
         if isinstance(outcome, BaseException):
             self.ledger.forget(request)
-        elif not self.locks.usable(outcome, self.clock()):
-            self.ledger.forget(request)
-            self.locks.release_soon(outcome)
+            return outcome
+        if outcome is None or not outcome.slots or outcome.slots[0][0] is not self.lines:
             return None
-        return outcome
+        permit = outcome.slots[0][1]
+        if not self.locks.usable(permit, self.clock()):
+            self.ledger.forget(request)
+            self.locks.release_soon(permit)
+            self._free(outcome.slots[1:])
+            return None
+        return permit
 
-    def hold(self, request: Request, permit: SlotPermit) -> None:
-        """``request`` holds ``permit`` (it waited for it in the middleware) until :meth:`finish`."""
-        self.ledger.hold(request, permit)
+    def hold(
+        self,
+        request: Request,
+        permit: SlotPermit,
+        lines: SlotLines | None = None,
+        *,
+        recheck: bool = False,
+    ) -> None:
+        """``request`` holds ``permit`` too (it waited for it in the middleware) until
+        :meth:`finish`: a slot of its stage, or of its key or a scope (``lines``: their line, the
+        throttle's). ``recheck``: see :attr:`Holds.recheck`."""
+        slot = (self.lines if lines is None else lines, permit)
+        holds = self.ledger.permit_of(request)
+        if holds is None:
+            self.ledger.hold(request, Holds([slot], recheck))
+            return
+        if lines is None:
+            holds.slots.insert(0, slot)  # a stage's slot is taken first (docs/scopes.md)
+        else:
+            holds.slots.append(slot)
+        holds.recheck = holds.recheck or recheck
+
+    def holds(self, request: Request) -> Holds | None:
+        """The slots ``request`` holds now, if any."""
+        return self.ledger.permit_of(request)
+
+    def held(self, request: Request) -> list[Slot]:
+        """The slots ``request`` holds now, each with its line, in the order taken."""
+        holds = self.ledger.permit_of(request)
+        return [] if holds is None else holds.slots
 
     def permit_of(self, request: Request) -> SlotPermit | None:
-        """The slot ``request`` holds now, if any."""
-        return self.ledger.permit_of(request)
+        """The slot of its stage ``request`` holds now, if any."""
+        held = self.held(request)
+        return held[0][1] if held and held[0][0] is self.lines else None
 
     def holding(self) -> list[Request]:
         """The requests of this process that hold a slot now (handed out by the scheduler or waited
@@ -216,22 +283,44 @@ class RequestSlots:
         (REDISLOCK_STAGE_KEY) before a hand-out."""
         return self.ledger.holding()
 
+    def drop_scopes(self, request: Request) -> list[Slot]:
+        """Forget the slots ``request`` holds of its key and scopes (its stage's stays): the caller
+        frees them, or releases them."""
+        holds = self.ledger.permit_of(request)
+        if holds is None:
+            return []
+        dropped = [slot for slot in holds.slots if slot[0] is not self.lines]
+        holds.slots[:] = [slot for slot in holds.slots if slot[0] is self.lines]
+        holds.recheck = False
+        if not holds.slots:
+            self.ledger.forget(request)
+        return dropped
+
     def finish(self, request: Request) -> None:
-        """``request`` is done with its slot (download over, answered, dropped); nothing when it has
-        none, or once the locks closed (they freed every slot)."""
-        permit = self.ledger.finish(request)
-        if permit is not None and not self.locks.closed:
-            self.lines.free(permit)
+        """``request`` is done with its slots (download over, answered, dropped): its key's and
+        scopes' go first, then its stage's, each on through its line (:meth:`SlotLines.free
+        <scrapy_redislock.requests.lines.SlotLines.free>`); nothing when it has none."""
+        holds = self.ledger.finish(request)
+        if holds is not None:
+            self._free(reversed(holds.slots))
+
+    @staticmethod
+    def _free(slots: Iterable[Slot]) -> None:
+        """Each slot on through its line (none once its locks closed: they freed every slot)."""
+        for lines, permit in slots:
+            if not lines.locks.closed:
+                lines.free(permit)
 
     def sweep(self) -> None:
         """Free the slots of requests that left the downloader without finishing here (missing from
         ``downloader.active`` at two ticks in a row: the engine adds a request to it in the same
         call that takes it from the scheduler, so one tick would do; two cost nothing)."""
-        for permit in self.ledger.sweep(downloader_active(self.crawler)):
-            logger.debug(
-                "Freeing slot %s, whose request left the downloader unseen", slot_id(permit)
-            )
-            self.lines.free(permit)
+        for holds in self.ledger.sweep(downloader_active(self.crawler)):
+            for _, permit in holds.slots:
+                logger.debug(
+                    "Freeing slot %s, whose request left the downloader unseen", slot_id(permit)
+                )
+            self._free(reversed(holds.slots))
 
     async def tick(self) -> None:
         """At every renewal tick, before the renewals (a tick hook of the locks, after the adaptive
@@ -260,4 +349,4 @@ class RequestSlots:
         await self.locks.close()
 
 
-__all__ = ["RequestSlots"]
+__all__ = ["Holds", "RequestSlots", "Slot"]

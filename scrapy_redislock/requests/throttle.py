@@ -22,9 +22,10 @@ past every slot wait. No cycle of waits can form, in one process or across many.
 request waiting for a busy key keeps its stage slot (and, like any request waiting in a downloader
 middleware, one of CONCURRENT_REQUESTS) meanwhile.
 
-The key slot is kept by request object and given back on the same paths as the stage slot (response,
-exception, request_left_downloader, a sweep at every renewal tick for requests gone from the
-downloader, spider close). A request that waits here for a key's or scope's slot waits in this
+The key's and scopes' slots are kept by request object in the same record as its stage's
+(:class:`~scrapy_redislock.requests.requestslots.RequestSlots`) and given back on the same paths,
+before it (response, exception, request_left_downloader, a sweep at every renewal tick for requests
+gone from the downloader, spider close). A request that waits here for a key's or scope's slot waits in this
 process's line for it, as one waiting for a stage's does (:mod:`~scrapy_redislock.requests.lines`):
 a slot freed here passes straight to the oldest of them while it is younger than
 REDISLOCK_LOCAL_REUSE (and half REDISLOCK_TTL) since Redis's grant, with no Redis command (counted
@@ -56,13 +57,12 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
 from scrapy import signals
 
-from scrapy_redislock.crawl.engine import downloader_active, one_per_crawler
+from scrapy_redislock.crawl.engine import one_per_crawler
 from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, ConfirmedStart, KeyLocks
 from scrapy_redislock.crawl.keys import domain, request_key
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
@@ -71,8 +71,8 @@ from scrapy_redislock.crawl.stagelocks import SlotPermit
 from scrapy_redislock.errors import KeyFunctionError, Paused
 from scrapy_redislock.requests.closewaits import CloseWaits
 from scrapy_redislock.requests.kept import KeptSlots
-from scrapy_redislock.requests.ledger import PermitLedger
 from scrapy_redislock.requests.lines import SlotLines
+from scrapy_redislock.requests.requestslots import RequestSlots
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -85,18 +85,6 @@ if TYPE_CHECKING:
 START_META = "redislock_start_at"  # the confirmed start, on Redis's clock (seconds since the epoch)
 STARTS_META = "redislock_starts"  # every confirmed start of the request: {stage or key:<name>: at}
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ScopeHolds:
-    """The slots a request holds of its key and other scopes, in the order taken (the one order of
-    docs/scopes.md: its key, then its other scopes by name)."""
-
-    permits: list[SlotPermit]
-    # a light slot among them that the request did not take itself (passed on by a finished
-    # request, or granted to its line's wait): a light take checks a pause for its own request
-    # only, so the key's pause is checked again (_queued_key)
-    recheck: bool = False
 
 
 class ScopeThrottle:
@@ -123,9 +111,9 @@ class ScopeThrottle:
         self.clock = clock
         self.settings = settings
         self.locks = KeyLocks.of(crawler, settings, clock=clock)
-        # the slots of the request's key and other scopes (meta["redislock_scopes"],
-        # REDISLOCK_SCOPES_OF), or the error StageScheduler's wait for one ran out with
-        self.permits: PermitLedger[Request, ScopeHolds] = PermitLedger()
+        # the one record of each request's slots: its key's and other scopes' (meta["redislock_scopes"],
+        # REDISLOCK_SCOPES_OF) beside its stage's
+        self.slots = RequestSlots.of(crawler, settings, clock=clock)
         # the requests waiting in the middleware, for a slot of a key or scope among others
         self.waits = CloseWaits.of(crawler, settings)
         # per key or scope: this process's line for its slots, for requests waiting in the
@@ -218,8 +206,7 @@ class ScopeThrottle:
         :meth:`_through` would await nothing, and :meth:`prepare` makes no coroutine (a broad
         crawl's every request). A slot no longer usable is dropped here, as :meth:`usable` drops
         it, and :meth:`_through` takes another."""
-        handed = self.permits.peek(request)
-        if isinstance(handed, BaseException) or [p.name for p in self.held(request)] != [name]:
+        if [p.name for p in self.held(request)] != [name]:
             return False
         return not self._queued_key(request, name) and self.usable(request)
 
@@ -259,10 +246,6 @@ class ScopeThrottle:
         """In one global order (docs/scopes.md): the slots (the stage's came before: the key's,
         then the other scopes' by name), then the delays, then the rate windows."""
         keys = self.settings.keys
-        handed = self.permits.peek(request)
-        if isinstance(handed, BaseException):
-            self.permits.forget(request)
-            raise handed  # StageScheduler's wait for one of its slots ran out of REDISLOCK_WAIT_TIMEOUT
         names = [
             name
             for name in ((capped, *scopes) if capped is not None else scopes)
@@ -274,7 +257,8 @@ class ScopeThrottle:
             # not the first of the request's names: a middleware before this one changed what
             # REDISLOCK_STAGE_KEY's or REDISLOCK_SCOPES_OF's function reads since StageScheduler took
             # them; they go back, and the request's own are taken, in the one order
-            self.release(request)
+            for lines, permit in self.slots.drop_scopes(request):
+                lines.free(permit)
         for name in names:
             await self._take_slot(request, name)
         if stage_delay and stage is not None:
@@ -321,11 +305,11 @@ class ScopeThrottle:
 
     def _queued_key(self, request: Request, name: str) -> bool:
         """The request's slot of ``name`` (``key:<key>``) needs a pause check: it came from the key's
-        stream, or is a light slot the request did not take itself (``ScopeHolds.recheck``; a light
+        stream, or is a light slot the request did not take itself (``Holds.recheck``; a light
         take checks a pause itself, for its own request), and a Retry-After may pause the key
         (REDISLOCK_RETRY_AFTER, or its REDISLOCK_SCOPES entry)."""
-        holds = self.permits.permit_of(request)
-        permit = next((p for p in holds.permits if p.name == name), None) if holds else None
+        holds = self.slots.holds(request)
+        permit = next((p for _, p in holds.slots if p.name == name), None) if holds else None
         light = getattr(permit, "light", False)  # a QuorumPermit never is
         if permit is None or (light and not (holds is not None and holds.recheck)):
             return False
@@ -342,17 +326,6 @@ class ScopeThrottle:
         start = await self.locks.wait_start(name, 0.0)
         if start.waited:
             self.crawler.stats.inc_value("redislock/retry_after/waits")
-
-    def hand(
-        self, request: Request, outcome: list[SlotPermit] | BaseException, *, recheck: bool = False
-    ) -> None:
-        """StageScheduler got ``request``'s key and scope slots before letting it go, in their
-        order (see :mod:`~scrapy_redislock.requests.keyline`), or fails it with this error: the
-        middleware takes them. ``recheck``: a light one among them was passed on (kept for it)."""
-        self.permits.hand(
-            request,
-            outcome if isinstance(outcome, BaseException) else ScopeHolds(outcome, recheck),
-        )
 
     def capped_names(self, request: Request) -> tuple[str, ...]:
         """The request's capped names in the order their slots are taken: its key, then its other
@@ -389,7 +362,7 @@ class ScopeThrottle:
         except (*REDIS_ERRORS, Paused):  # the wait retries, or waits the pause out
             taken = None
         if taken is not None:
-            self._hold(request, taken)
+            self.slots.hold(request, taken, self.lines)
             self.locks.record_grant(key, self.clock() - started)
             return
         # given back to the scheduler, or dropped, if the spider closes meanwhile
@@ -400,19 +373,8 @@ class ScopeThrottle:
             self.lines.wait(key, self.settings.wait_timeout),
             keyed=True,
         )
-        self._hold(request, permit, recheck=getattr(permit, "light", False))
+        self.slots.hold(request, permit, self.lines, recheck=getattr(permit, "light", False))
         self.locks.record_grant(key, self.clock() - started)
-
-    def _hold(self, request: Request, permit: SlotPermit, *, recheck: bool = False) -> None:
-        """``request`` holds ``permit`` too; ``recheck``: a light slot it got from its line (passed
-        on by a finished request, or a light grant to the line's wait): its key's pause is checked
-        (:meth:`_queued_key`)."""
-        holds = self.permits.permit_of(request)
-        if holds is None:
-            self.permits.hold(request, ScopeHolds([permit], recheck))
-        else:
-            holds.permits.append(permit)
-            holds.recheck = holds.recheck or recheck
 
     async def _delay(self, request: Request, name: str, delay: float) -> None:
         start = await self.locks.wait_start(name, delay)
@@ -432,14 +394,9 @@ class ScopeThrottle:
         for start in self.starts.pop(request, ()):
             self.locks.went_out(start)
 
-    def holding(self) -> list[Request]:
-        """The requests that hold a key or scope slot now."""
-        return self.permits.holding()
-
     def held(self, request: Request) -> list[SlotPermit]:
         """The request's key and scope slots held now, in the order taken."""
-        holds = self.permits.permit_of(request)
-        return holds.permits if holds is not None else []
+        return [permit for lines, permit in self.slots.held(request) if lines is self.lines]
 
     def usable(self, request: Request) -> bool:
         """Whether the request's key and scope slots, if any, may still go with it (see
@@ -448,17 +405,9 @@ class ScopeThrottle:
         held = self.held(request)
         if all(self.locks.usable(p) for p in held):
             return True
-        self.permits.forget(request)
-        for p in held:
-            self.locks.release_soon(p)
+        for _, permit in self.slots.drop_scopes(request):
+            self.locks.release_soon(permit)
         return False
-
-    def release(self, request: Request) -> None:
-        """``request`` is done with its key and scope slots: each goes on (:meth:`SlotLines.free
-        <scrapy_redislock.requests.lines.SlotLines.free>`)."""
-        holds = self.permits.finish(request)
-        for permit in holds.permits if holds is not None else ():
-            self.lines.free(permit)
 
     def serve_scheduler(self, could_use: Callable[[str], int]) -> None:
         """StageScheduler's key line, once: ``could_use(name)``, how many slots the queued requests
@@ -469,13 +418,12 @@ class ScopeThrottle:
         return 0 if self._scheduler_could_use is None else self._scheduler_could_use(name)
 
     async def tick(self) -> None:
-        """At every renewal tick of the keys: free the key and scope slots of requests gone from
-        the downloader at two ticks in a row, then the lines' upkeep (as RequestSlots' tick)."""
-        for holds in self.permits.sweep(downloader_active(self.crawler)):
-            for permit in holds.permits:
-                self.lines.free(permit)
+        """At every renewal tick of the keys: the sweep of requests gone from the downloader, when no
+        capped stage's tick runs it (:meth:`RequestSlots.tick
+        <scrapy_redislock.requests.requestslots.RequestSlots.tick>`), then the lines' upkeep."""
+        if not self.slots.stages:
+            self.slots.sweep()
         self.lines.upkeep()
 
     async def close(self) -> None:
         await self.locks.close()
-        self.permits.clear()

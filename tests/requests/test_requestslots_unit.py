@@ -126,6 +126,45 @@ def test_a_young_slot_past_its_lease_on_the_clock_is_not_passed_on() -> None:
     asyncio.run(scenario())
 
 
+def test_a_handed_stage_slot_no_longer_usable_is_dropped_with_the_slots_taken_after_it() -> None:
+    """One record per request: its stage's slot and a key's, each freed through its own line. When
+    the stage's slot can no longer go (its lease ran out unrenewed), the key's slot does not stay
+    with the request while it waits for its stage's again (the one order: stage first): it passes
+    on through the key's line, to the oldest request waiting there."""
+
+    async def scenario() -> None:
+        clock = FakeClock(1000.0)
+        slots = slots_of(clock)
+        keys = StageLocks(
+            slots.crawler, read_settings(slots.crawler.settings), {"list": 1}, clock=clock
+        )
+        key_lines = SlotLines(
+            KeptSlots(slots.crawler, keys, could_use=lambda name: 0, most=1, keep_asking=True),
+            reuse_for=REUSE,
+            kind="key",
+            ask_timeout=None,
+        )
+        key_waiter = key_lines.lines.setdefault("list", SlotLine("list", "key")).join()
+        stage, key = granted("detail", clock), granted("list", clock)
+        stage.valid_until = clock.now + 1.0  # its renewals stopped
+        request = Request("http://example.com/1")
+        slots.hand(request, [(slots.lines, stage), (key_lines, key)])
+        assert slots.permit_of(request) is stage
+        assert slots.held(request) == [(slots.lines, stage), (key_lines, key)]
+        clock.now += 1.0
+        assert slots.take(request) is None  # it waits for its stage's slot again
+        assert slots.held(request) == []
+        assert key_waiter.done() and key_waiter.result() is key  # through the key's line
+        assert slots.locks.stats.get_value("redislock/detail/unusable") == 1
+        releasing = list(slots.locks.releasing)  # the stage's slot: back to Redis
+        assert len(releasing) == 1 and not keys.releasing
+        for task in releasing:
+            task.cancel()
+        await asyncio.gather(*releasing, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
 def test_a_grant_the_queued_requests_could_not_use_is_not_chased_by_another_wait(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
