@@ -34,12 +34,6 @@ from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.protocol import Operation, RunScript
 
 
-def gate_key(prefix: str, name: str) -> str:
-    """The gate's key (:class:`LockKeys` ``gate``): under the lock's hash tag, on the lock's Redis
-    Cluster node."""
-    return delay_keys(prefix, name).gate
-
-
 def delay_keys(prefix: str, name: str) -> LockKeys:
     """The keys of ``name`` (its ``gate`` and ``started`` are the delay's)."""
     return LockKeys.of(check_name(prefix, "key_prefix"), check_name(name))

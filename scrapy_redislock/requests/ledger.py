@@ -49,9 +49,6 @@ class PermitLedger(Generic[R, P]):
         outcome = self._out.get(request)
         return None if outcome is None or isinstance(outcome, BaseException) else outcome
 
-    def has_slot(self, request: R) -> bool:
-        return self.permit_of(request) is not None
-
     def holding(self) -> list[R]:
         """The requests that hold a slot now."""
         return [r for r, outcome in self._out.items() if not isinstance(outcome, BaseException)]

@@ -12,7 +12,7 @@ from scrapy.settings import Settings
 from scrapy_redislock import ConfigError, KeyFunctionError
 from scrapy_redislock.crawl.keys import domain, download_slot, key_function, request_key
 from scrapy_redislock.crawl.settings import read_settings
-from scrapy_redislock.lock.delay import gap_of, gate_key
+from scrapy_redislock.lock.delay import delay_keys, gap_of
 
 
 def read(**given: Any) -> Any:
@@ -139,4 +139,4 @@ def test_gap_and_gate() -> None:
     assert gap_of(2.0, True, rng=lambda: 0.0) == 1.0 and gap_of(
         2.0, True, rng=lambda: 0.999
     ) == pytest.approx(2.998)
-    assert gate_key("redislock", "key:a.com") == "redislock:{key:a.com}:gate"
+    assert delay_keys("redislock", "key:a.com").gate == "redislock:{key:a.com}:gate"

@@ -14,7 +14,7 @@ import redis.asyncio
 
 from scrapy_redislock import AsyncCountingLock
 from scrapy_redislock.lock.base import CommandRunner
-from scrapy_redislock.lock.delay import book_start, confirm_start, delay_keys, gate_key, take_rate
+from scrapy_redislock.lock.delay import book_start, confirm_start, delay_keys, take_rate
 from scrapy_redislock.lock.protocol import adrive
 from testing.redis_server import RedisServer
 
@@ -125,9 +125,12 @@ def test_delay_gate_books_starts_in_order_on_redis_clock(
 
     asyncio.run(main())
     deadline = time.monotonic() + 5
-    while redis_client.exists(gate_key("redislock", "key:a.com")) and time.monotonic() < deadline:
+    while (
+        redis_client.exists(delay_keys("redislock", "key:a.com").gate)
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.01)
-    assert not redis_client.exists(gate_key("redislock", "key:a.com"))  # idle: nothing left
+    assert not redis_client.exists(delay_keys("redislock", "key:a.com").gate)  # idle: nothing left
 
 
 def redis_micros(client: redis.Redis) -> int:

@@ -19,7 +19,7 @@ def test_a_handed_slot_is_held_until_finished_and_an_error_is_no_slot() -> None:
     permit, error = FakePermit(0.0), ValueError("no slot")
     ledger.hand("a", permit)
     ledger.hand("b", error)
-    assert ledger.has_slot("a") and not ledger.has_slot("b") and not ledger.has_slot("c")
+    assert ledger.permit_of("a") is permit and ledger.permit_of("c") is None
     assert ledger.peek("b") is error and ledger.permit_of("b") is None
     assert ledger.holding() == ["a"]
     assert ledger.finish("b") is None  # an error is no slot to free

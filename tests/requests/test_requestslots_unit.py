@@ -71,7 +71,7 @@ def test_a_finished_requests_slot_goes_to_the_oldest_waiter_of_its_stage_in_the_
         slots.finish(done)  # no await: passed on in this call
         assert oldest.done() and oldest.result() is permit
         assert not next_one.done() and not other_stage.done()
-        assert not slots.ledger.has_slot(done)
+        assert slots.held(done) == []
         assert not slots.locks.releasing  # nothing sent to Redis
         assert slots.locks.stats.get_value("redislock/detail/reused") == 1
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from scrapy_redislock.lock.delay import gate_key
+from scrapy_redislock.lock.delay import delay_keys
 from testing.capacity import CapacitySite
 from testing.crawlproc import Crawl, leftover
 
@@ -36,7 +36,7 @@ def pause_landed(client: redis.Redis, name: str, timeout: float = 30) -> float:
     """When the pause of ``name`` (host 1's key or scope, ``key:<name>``, or the stage) reached Redis, on this process's
     ``time.monotonic()`` (the site's clock): the gate holds the pause's end on Redis's clock, which
     is this machine's."""
-    gate = gate_key("redislock", name)
+    gate = delay_keys("redislock", name).gate
     deadline = time.monotonic() + timeout
     while (until := client.get(gate)) is None:
         assert time.monotonic() < deadline, "no pause reached Redis"
