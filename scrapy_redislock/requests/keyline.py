@@ -122,7 +122,7 @@ class KeyLine:
         self.crawler = crawler
         self.settings = settings
         self.throttle = throttle
-        self.slots = slots  # the stage slots: a request goes with its stage's, or gives it back
+        self.slots = slots  # the one record of what each request holds: it goes with its slots
         # monotonic seconds: the throttle's, whose records this line adds to
         self.clock = throttle.clock
         self.locks = throttle.locks  # the KeyLocks
@@ -359,8 +359,8 @@ class KeyLine:
             self.requeue(request, names[0])
             return
         if failed is not None:
-            # its wait ran out: it fails with the error in the middleware (which frees its stage's
-            # slot), as a wait there would have
+            # its wait ran out: it fails with the error in the middleware, as a wait there would
+            # have; its stage's slot goes back to Redis now
             self._give_back(got)
             self._drop_stage(request)
             self.in_hand.pop(request, None)

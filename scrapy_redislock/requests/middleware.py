@@ -251,7 +251,6 @@ class StageLockMiddleware:
         assert self.throttle is not None and self.slots is not None
         key_usable = self.throttle.usable(request)
         if slotted and stage is not None and self.slots.take(request) is None:
-            self.slots.finish(request)  # its key's and scopes' slots go back (taken after it)
             await self._wait_here(request, stage)
         elif not key_usable:
             again = self._keys(request, stage, slotted)
@@ -307,6 +306,9 @@ class StageLockMiddleware:
         """Wait in Redis's FIFO (no StageScheduler, or a request that bypassed it); see the module
         docstring for what happens when the spider closes meanwhile."""
         assert self.locks is not None and self.slots is not None
+        # a key's or scope's slot it still holds goes back: none is held waiting for a stage's (the
+        # one order; a request whose stage the scheduler did not see as capped may come with them)
+        self.slots.finish(request)
         started = self.clock()
         permit = await self._wait_for_slot(request, stage)
         while not self.locks.usable(permit):

@@ -236,8 +236,8 @@ class RequestSlots:
         permit = outcome.slots[0][1]
         if not self.locks.usable(permit, self.clock()):
             self.ledger.forget(request)
+            self._free(reversed(outcome.slots[1:]))  # before the stage's, as finish() frees them
             self.locks.release_soon(permit)
-            self._free(outcome.slots[1:])
             return None
         return permit
 

@@ -471,42 +471,37 @@ class StageScheduler:
                     # way, for which they are kept; the tick prunes them)
                     self.slots.kept.release_all()
                 return None
-            if self._held_for_key(request):
-                continue
-            going = self._with_stage_slot(request)
+            going = self._hand_out(request)
             if going is not None:
                 return going
 
-    def _held_for_key(self, request: Request) -> bool:
-        """Whether ``request`` (of no capped stage) stays here while its key slot is taken in
-        Redis (:mod:`~scrapy_redislock.requests.keyline`)."""
-        assert self.admission is not None
-        if self.keyline is None or self.admission.route(request)[0] is not None:
-            return False
-        return not self.admission.settled_early(request) and self.keyline.holds_back(request)
-
-    def _with_stage_slot(self, request: Request) -> Request | None:
-        """``request`` leaves: with a slot of its capped stage in hand (and of its key and scopes,
-        got here: None while it waits for them, :mod:`~scrapy_redislock.requests.keyline`), or to
-        wait for one in line."""
+    def _hand_out(self, request: Request) -> Request | None:
+        """``request`` leaves: with the slots it needs that are got here (None while it waits for
+        them, :mod:`~scrapy_redislock.requests.keyline`): of its capped stage, one kept for it (with
+        none, it waits for one in the middleware's line); of its key and scopes, through the key
+        line. Not a request a middleware before StageLockMiddleware answers (robots.txt, a cache:
+        a capped one's cache entry was read when it was queued)."""
         assert self.admission is not None and self.slots is not None
         route = self.admission.route(request)
         stage = route[0]
-        if stage is None or self.admission.settled_early(request, cache=False):
-            return request  # robots.txt answers it (its cache entry was read when it was queued)
-        permit = self.slots.kept.take(stage)
-        if permit is None:
-            # no downloader to watch, or queues not split: it waits in the middleware
+        if self.admission.settled_early(request, cache=stage is None):
             return request
-        waited = self.slots.kept.waited(stage)
-        if isinstance(permit, BaseException):
-            self.slots.hand(request, permit)  # a wait for the stage's queued requests ran out
-        elif self.keyline is not None:
-            if self.keyline.holds_back(request, InHand(stage, permit, route, waited)):
-                return None
-        else:
-            self.slots.hand(request, permit)
-            self.slots.locks.record_grant(stage, waited)
+        in_hand = None
+        if stage is not None:
+            permit = self.slots.kept.take(stage)
+            if permit is None:
+                # no downloader to watch, or queues not split: it waits in the middleware
+                return request
+            waited = self.slots.kept.waited(stage)
+            if isinstance(permit, BaseException):
+                self.slots.hand(request, permit)  # a wait for the stage's queued requests ran out
+                return request
+            in_hand = InHand(stage, permit, route, waited)
+        if self.keyline is not None:
+            return None if self.keyline.holds_back(request, in_hand) else request
+        if in_hand is not None:
+            self.slots.hand(request, in_hand.permit)
+            self.slots.locks.record_grant(in_hand.stage, in_hand.waited)
         return request
 
     # -- slots -------------------------------------------------------------------------------------

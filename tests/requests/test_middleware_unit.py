@@ -173,3 +173,39 @@ def test_a_request_waiting_here_when_the_spider_closes_is_dropped_and_every_slot
             assert leftover(redis_client) == 0
 
     asyncio.run(scenario())
+
+
+def test_a_request_of_a_capped_stage_with_only_its_key_slot_gives_it_back_while_it_waits(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The one order (stage, then key): a request whose stage StageScheduler did not see as capped
+    (a middleware before this one set it on the way) may come with its key's slot and none of its
+    stage's. It waits for its stage's without holding its key's, which another request of the key
+    takes meanwhile; then it takes both, in that order."""
+
+    async def scenario() -> None:
+        settings = {"REDISLOCK_STAGE_KEY": "domain", "REDISLOCK_KEY_LIMIT": 1}
+        async with front(redis_url, {"detail": 1}, scheduler=False, **settings) as f:
+            throttle = f.middleware.throttle
+            assert throttle is not None
+            blocker = await f.locks.acquire("detail", None)  # the stage's only slot, held
+            key_slot = await throttle.locks.take("127.0.0.1")
+            assert key_slot is not None
+            late = request("detail", 1)
+            f.slots.hand(late, [(throttle.lines, key_slot)])
+            waiting = f.send(late)
+            await until(lambda: f.slots.waits.waiting(f.locks, "detail") == 1)
+            assert f.slots.held(late) == []  # its key's slot went back
+            other = request(None, 2)
+            await asyncio.wait_for(f.send(other), 10)  # the key's one slot, free again
+            assert [p.name for p in throttle.held(other)] == ["key:127.0.0.1"]
+            f.middleware.request_left(other, f.crawler.spider)
+            f.active.discard(other)
+            await f.locks.release(blocker)
+            await asyncio.wait_for(waiting, 10)
+            assert [p.name for _, p in f.slots.held(late)] == ["detail", "key:127.0.0.1"]
+            f.middleware.request_left(late, f.crawler.spider)
+            f.active.discard(late)
+            await until(lambda: leftover(redis_client) == 0)
+
+    asyncio.run(scenario())
