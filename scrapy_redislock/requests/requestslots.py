@@ -250,18 +250,16 @@ class RequestSlots:
         recheck: bool = False,
     ) -> None:
         """``request`` holds ``permit`` too (it waited for it in the middleware) until
-        :meth:`finish`: a slot of its stage, or of its key or a scope (``lines``: their line, the
-        throttle's). ``recheck``: see :attr:`Holds.recheck`."""
+        :meth:`finish`: a slot of its stage (it then holds no other: the middleware's
+        ``_wait_here``), or of its key or a scope (``lines``: their line, the throttle's).
+        ``recheck``: see :attr:`Holds.recheck`."""
         slot = (self.lines if lines is None else lines, permit)
         holds = self.ledger.permit_of(request)
         if holds is None:
             self.ledger.hold(request, Holds([slot], recheck))
-            return
-        if lines is None:
-            holds.slots.insert(0, slot)  # a stage's slot is taken first (docs/scopes.md)
         else:
             holds.slots.append(slot)
-        holds.recheck = holds.recheck or recheck
+            holds.recheck = holds.recheck or recheck
 
     def holds(self, request: Request) -> Holds | None:
         """The slots ``request`` holds now, if any."""
