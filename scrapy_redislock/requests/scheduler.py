@@ -484,6 +484,8 @@ class StageScheduler:
         assert self.admission is not None and self.slots is not None
         route = self.admission.route(request)
         stage = route[0]
+        if stage is None and self.keyline is None:
+            return request  # nothing to get here
         if self.admission.settled_early(request, cache=stage is None):
             return request
         in_hand = None
