@@ -1,7 +1,8 @@
 """Where a crawl's stage locks live: one Redis (a server, Sentinel or Cluster), or a quorum of
 independent masters (REDISLOCK_URL as a list: the request front's quorum lock). The one difference
 between the two, in one place: how a stage's lock is made, what "Redis answers" means at start, how
-many masters a slot needs, and what closes.
+many masters a slot needs, and what closes. The keys' registry (:class:`~.keylocks.KeyLocks`) uses
+the request stages' clients (:meth:`Shared.share`): one pool per process for both.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from scrapy_redislock.lock.interface import AsyncLock
 from scrapy_redislock.lock.quorum import AsyncQuorumCountingLock, QuorumLockFactory
 
 if TYPE_CHECKING:
+    from typing import Self
+
     from scrapy_redislock.crawl.settings import RedisLockSettings
     from scrapy_redislock.lock.core import Clock
 
@@ -77,11 +80,32 @@ def judge_eviction(info: Any, settings: RedisLockSettings, where: str) -> None:
     )
 
 
-class OneRedis:
+class Shared:
+    """The clients of a deployment, shared by the registries of one crawler (the request stages'
+    and the keys', :meth:`share`): the last of them to close closes the clients."""
+
+    def __init__(self) -> None:
+        self.users = 1
+
+    def share(self) -> Self:
+        self.users += 1
+        return self
+
+    async def aclose(self) -> None:
+        self.users -= 1
+        if self.users == 0:
+            await self._close()
+
+    async def _close(self) -> None:
+        raise NotImplementedError
+
+
+class OneRedis(Shared):
     """Every lock on one Redis deployment, through one client; ``key_prefix``: the locks' (the cap
     group's, :func:`~scrapy_redislock.lock.permit.group_prefix`)."""
 
     def __init__(self, settings: RedisLockSettings, key_prefix: str) -> None:
+        super().__init__()
         self.settings = settings
         self.key_prefix = key_prefix
         self.clients: list[AsyncRedisClient] = async_clients(
@@ -141,15 +165,16 @@ class OneRedis:
         """Masters with a free slot that a grant needs."""
         return 1
 
-    async def aclose(self) -> None:
+    async def _close(self) -> None:
         await asyncio.gather(*(c.aclose() for c in self.clients), return_exceptions=True)
 
 
-class QuorumOfMasters:
+class QuorumOfMasters(Shared):
     """Each lock on a quorum of independent masters (one client per master, and one factory sharing
     the masters' waiting connections between the stages)."""
 
     def __init__(self, settings: RedisLockSettings, key_prefix: str) -> None:
+        super().__init__()
         self.settings = settings
         self.key_prefix = key_prefix
         self.clients = async_clients(
@@ -203,7 +228,7 @@ class QuorumOfMasters:
     def needed(self, lock: AsyncLock[Any]) -> int:
         return cast(AsyncQuorumCountingLock, lock).quorum
 
-    async def aclose(self) -> None:
+    async def _close(self) -> None:
         closing = [client.aclose() for client in self.clients]
         closing.append(self.factory.aclose())  # the masters' waiting connections
         await asyncio.gather(*closing, return_exceptions=True)

@@ -104,6 +104,8 @@ class KeyLocks(StageLocks):
             {},
             lock_prefix=KEY_LOCK_PREFIX,
             stats_prefix="redislock/keys",
+            # the request stages' clients: one pool per process (keys on the first master of a quorum)
+            deployment=StageLocks.of(crawler, settings, clock=clock).deployment.share(),
             clock=clock,
         )
         self._waiting = waiting_client(self.client)

@@ -102,7 +102,7 @@ from scrapy.utils.reactor import is_reactor_installed
 from scrapy_redislock._loop import start_now
 from scrapy_redislock._redis import AsyncRedisClient, Backoff
 from scrapy_redislock.crawl.adaptive import Adaptation
-from scrapy_redislock.crawl.deployment import deployment_of
+from scrapy_redislock.crawl.deployment import Deployment, deployment_of
 from scrapy_redislock.crawl.engine import StartLogCount, count_start_logs, one_per_crawler
 from scrapy_redislock.crawl.limits import publish_limits
 from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REDIS_ERRORS, REFUSED
@@ -203,6 +203,7 @@ class StageLocks:
         *,
         lock_prefix: str = "",
         stats_prefix: str = "redislock",
+        deployment: Deployment | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
         self.crawler = crawler
@@ -219,8 +220,9 @@ class StageLocks:
         self.limits_seen: dict[str, tuple[int, float]] = {}
         # stage -> the limit this process last knew Redis to hold (written at start, or logged)
         self.limits_known: dict[str, int] = {}
-        # one Redis, or a quorum of masters: the clients (one, or one per master) and the locks
-        self.deployment = deployment_of(settings, self.key_prefix)
+        # one Redis, or a quorum of masters: the clients (one, or one per master) and the locks;
+        # another registry's, shared (``deployment``, the keys': closed by the last to close)
+        self.deployment = deployment or deployment_of(settings, self.key_prefix)
         self.locks: dict[str, StageLock] = {
             stage: self._make_lock(f"{lock_prefix}{stage}", limit)
             for stage, limit in self.limits.items()

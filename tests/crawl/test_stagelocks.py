@@ -338,3 +338,41 @@ def test_a_look_under_way_when_the_locks_close_is_cancelled_with_the_waits(
     asyncio.run(scenario())
     sent = [name for _, name in lock_commands(monitor.stop(redis_client))]
     assert "take" in sent and "xreadgroup" not in sent, sent  # a look, not a wait in the line
+
+
+def test_the_keys_registry_uses_the_stages_clients_and_the_last_to_close_closes_them(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """One pool of connections per process for stage and key slots: the keys' registry borrows the
+    request stages' clients. StageScheduler closes the stages' registry before the middleware
+    closes the keys': the clients stay open for the keys' until then, and are closed after."""
+
+    async def scenario() -> None:
+        before = len(redis_client.client_list())
+        settings = {"REDISLOCK_STAGE_KEY": "domain", "REDISLOCK_KEY_LIMIT": 1}
+        async with front(redis_url, {"detail": 1}, scheduler=False, **settings) as f:
+            throttle = f.middleware.throttle
+            assert throttle is not None
+            keys = throttle.locks
+            assert keys.deployment is f.locks.deployment and keys.client is f.locks.client
+            first = request("detail", 1)
+            await asyncio.wait_for(f.send(first), 10)
+            assert [p.name for _, p in f.slots.held(first)] == ["detail", "key:127.0.0.1"]
+            f.middleware.request_left(first, f.crawler.spider)
+            f.active.discard(first)
+            await until(lambda: leftover(redis_client) == 0)
+            await f.locks.close()  # the stages' registry first, as StageScheduler closes it
+            opened = connections_received(redis_client)
+            assert await keys.client.ping()  # still the keys', open: no connection made again
+            assert await keys.take("127.0.0.1") is not None
+            assert connections_received(redis_client) == opened
+            await throttle.close()  # the last: the clients go
+            await until(lambda: len(redis_client.client_list()) <= before)
+            await until(lambda: leftover(redis_client) == 0)
+
+    asyncio.run(scenario())
+
+
+def connections_received(client: redis.Redis) -> int:
+    """Connections Redis accepted so far (this one's INFO is on a connection made already)."""
+    return int(client.info("stats")["total_connections_received"])
