@@ -243,4 +243,4 @@ def deployment_of(settings: RedisLockSettings, key_prefix: str) -> Deployment:
     return kind(settings, key_prefix)
 
 
-__all__ = ["Deployment", "OneRedis", "QuorumOfMasters", "deployment_of"]
+__all__ = ["Deployment", "OneRedis", "QuorumOfMasters", "Shared", "deployment_of"]

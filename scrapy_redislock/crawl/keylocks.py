@@ -13,7 +13,8 @@ work as for stages. What differs:
   other process holds, waits or is registered (``lock/scripts/retire.lua``). A busy key costs one
   maintain per tick, an idle one nothing: nothing runs per key that nobody uses, and 10,000 domains
   crawled leave no keys behind;
-- every blocking wait shares one connection pool (a pool per key would open connections per domain);
+- its clients are the request stages' registry's (one pool of commands per process); every blocking
+  wait shares one connection pool of its own (a pool per key would open connections per domain);
 - on close every key is retired, not only released.
 
 Delays (:mod:`scrapy_redislock.lock.delay`): :meth:`wait_start` books the next start of a stage or

@@ -66,7 +66,9 @@ Why a crawl waits: said by :mod:`.waitreports` at start and while waits see no g
 
 Shut-down: :meth:`StageLocks.close` cancels the waits in progress, then frees every permit and
 waiter of this process, one ``aclose()`` per lock, and then any grant Redis handed a cancelled wait
-late; no step waits on Redis for longer than CLOSE_TIMEOUT. Unclean shutdown (a second Ctrl-C): a
+late; no step waits on Redis for longer than CLOSE_TIMEOUT. Its clients are closed then, cut short
+or not, by the last registry that shares them (the keys' :class:`~.keylocks.KeyLocks` borrows the
+request stages'). Unclean shutdown (a second Ctrl-C): a
 reactor "before shutdown" trigger (or, without a Twisted reactor, the renewal task being cancelled)
 frees this process's slots, one aclose() per stage at once, before the process exits.
 
@@ -834,7 +836,14 @@ class StageLocks:
         waits = [task for task in self.waits if task is not asyncio.current_task()]
         for task in waits:
             task.cancel()
-        pending = set(waits) | set(self.releasing)
+        try:
+            await self._free_all(set(waits) | set(self.releasing))
+        finally:  # cut short too (a forced shutdown's own timeout): the clients go
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.deployment.aclose(), CLOSE_TIMEOUT)
+
+    async def _free_all(self, pending: set[asyncio.Task[Any]]) -> None:
+        """Let the waits cancelled and the releases under way end, then free every slot."""
         if pending:
             await asyncio.wait(pending, timeout=CLOSE_TIMEOUT)
 
@@ -854,8 +863,6 @@ class StageLocks:
             await gather_bounded([free(s, lock) for s, lock in self.locks.items()], self.fan_out)
             with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
                 await asyncio.wait_for(self._free_late_grants(), CLOSE_TIMEOUT)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.deployment.aclose(), CLOSE_TIMEOUT)
 
     async def _free_late_grants(self) -> None:
         """Free a grant Redis handed to a cancelled wait after aclose() (it may see the wait's
