@@ -2,7 +2,7 @@
 independent masters (REDISLOCK_URL as a list: the request front's quorum lock). The one difference
 between the two, in one place: how a stage's lock is made, what "Redis answers" means at start, how
 many masters a slot needs, and what closes. The keys' registry (:class:`~.keylocks.KeyLocks`) uses
-the request stages' clients (:meth:`Shared.share`): one pool per process for both.
+the request stages' clients (:meth:`Shared.share`): one set of command clients per process for both.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ work as for stages. What differs:
   other process holds, waits or is registered (``lock/scripts/retire.lua``). A busy key costs one
   maintain per tick, an idle one nothing: nothing runs per key that nobody uses, and 10,000 domains
   crawled leave no keys behind;
-- its clients are the request stages' registry's (one pool of commands per process); every blocking
-  wait shares one connection pool of its own (a pool per key would open connections per domain);
+- its command clients are the request stages' registry's; every blocking wait shares one connection
+  pool of its own (a pool per key would open connections per domain);
 - on close every key is retired, not only released.
 
 Delays (:mod:`scrapy_redislock.lock.delay`): :meth:`wait_start` books the next start of a stage or
@@ -33,7 +33,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy_redislock._redis import Backoff
 from scrapy_redislock.crawl.adaptive import Adaptation
@@ -105,7 +105,7 @@ class KeyLocks(StageLocks):
             {},
             lock_prefix=KEY_LOCK_PREFIX,
             stats_prefix="redislock/keys",
-            # the request stages' clients: one pool per process (keys on the first master of a quorum)
+            # the request stages' clients (keys on the first master of a quorum)
             deployment=StageLocks.of(crawler, settings, clock=clock).deployment.share(),
             clock=clock,
         )
@@ -313,13 +313,18 @@ class KeyLocks(StageLocks):
     async def close(self) -> None:
         for push in list(self._pushes):
             push.cancel()
-        if self._retiring is not None:
-            await asyncio.wait({self._retiring}, timeout=5.0)
         try:
             await super().close()
         finally:
             if self._waiting is not None:  # the keys' one waiting pool (None with a cluster client)
                 await self._waiting.aclose()
+
+    async def _free_all(self, pending: set[asyncio.Task[Any]]) -> None:
+        """The last batch of retirements ends first (inside close's ``finally``, which gives the
+        clients back however close ends)."""
+        if self._retiring is not None:
+            await asyncio.wait({self._retiring}, timeout=5.0)
+        await super()._free_all(pending)
 
     # -- delays ------------------------------------------------------------------------------------
 

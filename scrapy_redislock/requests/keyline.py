@@ -77,7 +77,7 @@ if TYPE_CHECKING:
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
     from scrapy_redislock.crawl.stagelocks import SlotPermit
-    from scrapy_redislock.requests.requestslots import RequestSlots, Slot
+    from scrapy_redislock.requests.requestslots import HeldSlot, RequestSlots
     from scrapy_redislock.requests.stagequeue import Route
     from scrapy_redislock.requests.throttle import ScopeThrottle
 
@@ -122,7 +122,7 @@ class KeyLine:
         self.crawler = crawler
         self.settings = settings
         self.throttle = throttle
-        self.slots = slots  # the one record of what each request holds: it goes with its slots
+        self.slots = slots  # the records of what each request holds: it goes with its slots
         # monotonic seconds: the throttle's, whose records this line adds to
         self.clock = throttle.clock
         self.locks = throttle.locks  # the KeyLocks
@@ -292,7 +292,7 @@ class KeyLine:
         """The request goes with a slot of each of its capped names, after its stage's if it came
         with one (the middleware takes them). Slots it still holds go back first: it came back to
         the scheduler unseen by the middleware (one before it returned the request itself)."""
-        held: list[Slot] = []
+        held: list[HeldSlot] = []
         in_hand = self.in_hand.pop(request, None)
         if in_hand is not None:
             held.append((self.slots.lines, in_hand.permit))

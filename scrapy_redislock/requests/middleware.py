@@ -26,7 +26,9 @@ waiting while what it waits for makes progress, or is dropped
 A request never starts with a slot that is lost or past its lease on this process's clock (Redis out
 of reach, a stall: another process may hold it by now; see ``StageLocks.usable``). Such a slot is
 dropped when the request picks it up here, or when the request is through its key slot and delays,
-and the request waits here for another (counted as ``redislock/<stage>/unusable``). Nor does its download
+and the request waits here for another (counted as ``redislock/<stage>/unusable``). It never waits
+for its stage's slot holding its key's or a scope's: those go back first (a stage's dropped slot
+takes them with it), and are taken again after it. Nor does its download
 outlive the slot's lease as last confirmed, nor its key's or scopes' slots' leases: its
 ``download_timeout`` ends before the first of them (see :meth:`StageLockMiddleware._within_lease`).
 

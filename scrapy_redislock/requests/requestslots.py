@@ -21,6 +21,7 @@ release, renewal) downward. The bookkeeping of who holds what is the pure
     slots.hold(request, permit[, lines])           # StageLockMiddleware, ScopeThrottle: a slot it waited for itself
     slots.held(request)            # [(lines, permit), ...]: what it holds, in the order taken
     slots.drop_scopes(request)     # ScopeThrottle: forget its key's and scopes' slots (returned), keep its stage's
+    slots.free_scopes(request)     # ScopeThrottle: the same, each freed through its line
     slots.holding()                # the requests that hold a slot now (StageScheduler counts their keys)
     slots.finish(request)          # the request is done with its slots: each passed on locally (see below) or
                                    # released, its key's and scopes' before its stage's
@@ -81,7 +82,7 @@ from scrapy_redislock.requests.ledger import PermitLedger
 from scrapy_redislock.requests.lines import SlotLines
 
 # a slot a request holds, with the line it goes back through (its stage's, or its key's or scope's)
-Slot = tuple[SlotLines, SlotPermit]
+HeldSlot = tuple[SlotLines, SlotPermit]
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -98,7 +99,7 @@ class Holds:
     """The slots one request holds, in the order taken (docs/scopes.md: its stage's, its key's,
     then its other scopes' by name), each with the line it goes back through."""
 
-    slots: list[Slot]
+    slots: list[HeldSlot]
     # a light slot among them that the request did not take itself (passed on by a finished
     # request, or granted to its line's wait): a light take checks a pause for its own request
     # only, so the key's pause is checked again (ScopeThrottle._queued_key)
@@ -202,7 +203,7 @@ class RequestSlots:
     def hand(
         self,
         request: Request,
-        outcome: SlotPermit | list[Slot] | BaseException,
+        outcome: SlotPermit | list[HeldSlot] | BaseException,
         *,
         recheck: bool = False,
     ) -> None:
@@ -265,7 +266,7 @@ class RequestSlots:
         """The slots ``request`` holds now, if any."""
         return self.ledger.permit_of(request)
 
-    def held(self, request: Request) -> list[Slot]:
+    def held(self, request: Request) -> list[HeldSlot]:
         """The slots ``request`` holds now, each with its line, in the order taken."""
         holds = self.ledger.permit_of(request)
         return [] if holds is None else holds.slots
@@ -281,7 +282,7 @@ class RequestSlots:
         (REDISLOCK_STAGE_KEY) before a hand-out."""
         return self.ledger.holding()
 
-    def drop_scopes(self, request: Request) -> list[Slot]:
+    def drop_scopes(self, request: Request) -> list[HeldSlot]:
         """Forget the slots ``request`` holds of its key and scopes (its stage's stays): the caller
         frees them, or releases them."""
         holds = self.ledger.permit_of(request)
@@ -294,6 +295,11 @@ class RequestSlots:
             self.ledger.forget(request)
         return dropped
 
+    def free_scopes(self, request: Request) -> None:
+        """Free the slots ``request`` holds of its key and scopes (its stage's stays), each on
+        through its line."""
+        self._free(reversed(self.drop_scopes(request)))
+
     def finish(self, request: Request) -> None:
         """``request`` is done with its slots (download over, answered, dropped): its key's and
         scopes' go first, then its stage's, each on through its line (:meth:`SlotLines.free
@@ -303,7 +309,7 @@ class RequestSlots:
             self._free(reversed(holds.slots))
 
     @staticmethod
-    def _free(slots: Iterable[Slot]) -> None:
+    def _free(slots: Iterable[HeldSlot]) -> None:
         """Each slot on through its line (none once its locks closed: they freed every slot)."""
         for lines, permit in slots:
             if not lines.locks.closed:
@@ -347,4 +353,4 @@ class RequestSlots:
         await self.locks.close()
 
 
-__all__ = ["Holds", "RequestSlots", "Slot"]
+__all__ = ["HeldSlot", "Holds", "RequestSlots"]

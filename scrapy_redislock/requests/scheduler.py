@@ -488,7 +488,7 @@ class StageScheduler:
             return request  # nothing to get here
         if self.admission.settled_early(request, cache=stage is None):
             return request
-        in_hand = None
+        in_hand: InHand | None = None
         if stage is not None:
             permit = self.slots.kept.take(stage)
             if permit is None:

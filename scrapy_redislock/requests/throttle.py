@@ -25,8 +25,8 @@ middleware, one of CONCURRENT_REQUESTS) meanwhile.
 The key's and scopes' slots are kept by request object in the same record as its stage's
 (:class:`~scrapy_redislock.requests.requestslots.RequestSlots`) and given back on the same paths,
 before it (response, exception, request_left_downloader, a sweep at every renewal tick for requests
-gone from the downloader, spider close). A request that waits here for a key's or scope's slot waits in this
-process's line for it, as one waiting for a stage's does (:mod:`~scrapy_redislock.requests.lines`):
+gone from the downloader, spider close). A request that waits here for a key's or scope's slot
+waits in this process's line for it, as one waiting for a stage's does (:mod:`~scrapy_redislock.requests.lines`):
 a slot freed here passes straight to the oldest of them while it is younger than
 REDISLOCK_LOCAL_REUSE (and half REDISLOCK_TTL) since Redis's grant, with no Redis command (counted
 as ``redislock/keys/reused``); else it goes back to Redis. When the spider closes, a request that
@@ -111,8 +111,8 @@ class ScopeThrottle:
         self.clock = clock
         self.settings = settings
         self.locks = KeyLocks.of(crawler, settings, clock=clock)
-        # the one record of each request's slots: its key's and other scopes' (meta["redislock_scopes"],
-        # REDISLOCK_SCOPES_OF) beside its stage's
+        # the records of what each request holds: its key's and other scopes' slots
+        # (meta["redislock_scopes"], REDISLOCK_SCOPES_OF) beside its stage's
         self.slots = RequestSlots.of(crawler, settings, clock=clock)
         # the requests waiting in the middleware, for a slot of a key or scope among others
         self.waits = CloseWaits.of(crawler, settings)
@@ -206,7 +206,7 @@ class ScopeThrottle:
         :meth:`_through` would await nothing, and :meth:`prepare` makes no coroutine (a broad
         crawl's every request). A slot no longer usable is dropped here, as :meth:`usable` drops
         it, and :meth:`_through` takes another."""
-        if [p.name for p in self.held(request)] != [name]:
+        if [p.name for p in self.held_scopes(request)] != [name]:
             return False
         return not self._queued_key(request, name) and self.usable(request)
 
@@ -252,13 +252,12 @@ class ScopeThrottle:
             if keys.limit_of(name) is not None
         ]
         self.names[request] = tuple(names)  # as they are now: counted where it is (KeyLine.load)
-        held = [p.name.removeprefix(KEY_LOCK_PREFIX) for p in self.held(request)]
+        held = [p.name.removeprefix(KEY_LOCK_PREFIX) for p in self.held_scopes(request)]
         if held != names[: len(held)]:
             # not the first of the request's names: a middleware before this one changed what
             # REDISLOCK_STAGE_KEY's or REDISLOCK_SCOPES_OF's function reads since StageScheduler took
             # them; they go back, and the request's own are taken, in the one order
-            for lines, permit in self.slots.drop_scopes(request):
-                lines.free(permit)
+            self.slots.free_scopes(request)
         for name in names:
             await self._take_slot(request, name)
         if stage_delay and stage is not None:
@@ -351,7 +350,7 @@ class ScopeThrottle:
     async def _take_slot(self, request: Request, key: str) -> None:
         """Take a slot of ``key`` (the request's key or another scope of it) for the request: one
         look, else a wait in the key's first-come-first-served line."""
-        if any(p.name == f"{KEY_LOCK_PREFIX}{key}" for p in self.held(request)):
+        if any(p.name == f"{KEY_LOCK_PREFIX}{key}" for p in self.held_scopes(request)):
             return  # handed by StageScheduler (a lost or late one is dropped by usable())
         # taken here, holding one of CONCURRENT_REQUESTS meanwhile (StageScheduler takes it before
         # a request of no capped stage leaves: keyline.py)
@@ -394,7 +393,7 @@ class ScopeThrottle:
         for start in self.starts.pop(request, ()):
             self.locks.went_out(start)
 
-    def held(self, request: Request) -> list[SlotPermit]:
+    def held_scopes(self, request: Request) -> list[SlotPermit]:
         """The request's key and scope slots held now, in the order taken."""
         return [permit for lines, permit in self.slots.held(request) if lines is self.lines]
 
@@ -402,7 +401,7 @@ class ScopeThrottle:
         """Whether the request's key and scope slots, if any, may still go with it (see
         ``StageLocks.usable``); when one may not, all of them are dropped (released, in case Redis
         still holds them) and taken again in their order."""
-        held = self.held(request)
+        held = self.held_scopes(request)
         if all(self.locks.usable(p) for p in held):
             return True
         for _, permit in self.slots.drop_scopes(request):

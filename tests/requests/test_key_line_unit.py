@@ -111,7 +111,7 @@ def test_a_timeout_kept_for_a_key_with_nothing_queued_fails_no_later_request(
             scheduler.enqueue_request(second)
             got = await f.next_request()
             assert got is second
-            assert [p.name for p in line.throttle.held(second)] == [f"key:{key}"]
+            assert [p.name for p in line.throttle.held_scopes(second)] == [f"key:{key}"]
 
     asyncio.run(scenario())
 
@@ -139,10 +139,10 @@ def test_a_request_back_in_the_scheduler_with_its_key_slot_does_not_leak_it(
             again = request(None, 0)
             scheduler.enqueue_request(again)
             assert await f.next_request() is again  # with its key slot
-            [first] = line.throttle.held(again)
+            [first] = line.throttle.held_scopes(again)
             scheduler.enqueue_request(again)  # back, unseen by the middleware
             assert await f.next_request() is again  # with a new slot
-            [second] = line.throttle.held(again)
+            [second] = line.throttle.held_scopes(again)
             assert second is not first
             await f.send(again)
             f.middleware.process_response(again, None)  # type: ignore[arg-type]
@@ -254,11 +254,11 @@ def test_a_scope_slot_handed_for_a_scope_the_request_no_longer_has_goes_back(
             moved.meta["redislock_scopes"] = ["proxy:a"]
             scheduler.enqueue_request(moved)
             assert await f.next_request() is moved
-            assert [p.name for p in throttle.held(moved)] == ["key:proxy:a"]
+            assert [p.name for p in throttle.held_scopes(moved)] == ["key:proxy:a"]
             assert grants_of(redis_client, "proxy:a") == 1
             moved.meta["redislock_scopes"] = ["proxy:b"]  # a middleware before ours
             await f.send(moved)
-            assert [p.name for p in throttle.held(moved)] == ["key:proxy:b"]
+            assert [p.name for p in throttle.held_scopes(moved)] == ["key:proxy:b"]
             await until(lambda: not throttle.locks.releasing)
             assert grants_of(redis_client, "proxy:a") == 0
             assert grants_of(redis_client, "proxy:b") == 1
@@ -306,7 +306,7 @@ def test_a_finished_requests_key_slot_is_kept_for_the_next_queued_request_of_its
             first, second = request(None, 1), request(None, 2)  # the same domain
             scheduler.enqueue_request(first)
             assert await f.next_request() is first  # with its key slot, from a take
-            [permit] = line.throttle.held(first)
+            [permit] = line.throttle.held_scopes(first)
             await f.send(first)
             scheduler.enqueue_request(second)
             assert scheduler.next_request() is None  # the key is at its limit here: queued
@@ -315,7 +315,7 @@ def test_a_finished_requests_key_slot_is_kept_for_the_next_queued_request_of_its
             f.active.discard(first)
             assert line.kept.count("127.0.0.1") == 1 and not permit.released
             assert await f.next_request() is second
-            assert line.throttle.held(second) == [permit]  # the same grant
+            assert line.throttle.held_scopes(second) == [permit]  # the same grant
             assert f.crawler.stats.get_value("redislock/keys/reused") == 1
             await f.send(second)
             f.middleware.process_response(second, None)  # type: ignore[arg-type]
@@ -345,7 +345,7 @@ def test_a_light_key_slot_kept_for_a_queued_request_still_waits_out_a_pause(
             first, second = request(None, 1), request(None, 2)
             scheduler.enqueue_request(first)
             assert await f.next_request() is first
-            [permit] = line.throttle.held(first)
+            [permit] = line.throttle.held_scopes(first)
             assert permit.light
             await f.send(first)
             scheduler.enqueue_request(second)
@@ -356,7 +356,7 @@ def test_a_light_key_slot_kept_for_a_queued_request_still_waits_out_a_pause(
             f.middleware.process_response(first, None)  # type: ignore[arg-type]
             f.active.discard(first)
             assert await f.next_request() is second
-            assert line.throttle.held(second) == [permit]  # kept for it
+            assert line.throttle.held_scopes(second) == [permit]  # kept for it
             await f.send(second)  # through the middleware: the pause is checked there
             assert time.monotonic() - paused_at >= 0.9
             assert f.crawler.stats.get_value("redislock/retry_after/waits") == 1
@@ -431,7 +431,7 @@ def test_a_request_waiting_with_its_stage_slot_gets_a_key_slot_freed_here(
             first, second = request("detail", 1), request("detail", 2)  # the same domain
             scheduler.enqueue_request(first)
             assert await f.next_request() is first  # the key's other slot
-            [permit] = line.throttle.held(first)
+            [permit] = line.throttle.held_scopes(first)
             await f.send(first)
             scheduler.enqueue_request(second)
 
@@ -445,7 +445,7 @@ def test_a_request_waiting_with_its_stage_slot_gets_a_key_slot_freed_here(
             f.active.discard(first)
             assert not permit.released
             assert await f.next_request() is second
-            assert line.throttle.held(second) == [permit]  # the same grant
+            assert line.throttle.held_scopes(second) == [permit]  # the same grant
             assert f.crawler.stats.get_value("redislock/keys/reused") == 1
             await f.send(second)
             f.middleware.process_response(second, None)  # type: ignore[arg-type]
@@ -493,7 +493,7 @@ def test_a_request_waiting_in_the_middleware_does_not_queue_behind_the_scheduler
             await until(lambda: line.throttle.lines.waiting("c.test") == 1)
             await line.locks.release(blockers[2])
             await asyncio.wait_for(sent, 10)
-            assert [p.name for p in line.throttle.held(media)] == ["key:c.test"]
+            assert [p.name for p in line.throttle.held_scopes(media)] == ["key:c.test"]
             f.middleware.process_response(media, None)  # type: ignore[arg-type]
             f.active.discard(media)
             for blocker in blockers[:2]:

@@ -160,7 +160,7 @@ def test_a_key_slot_freed_goes_to_the_request_of_its_key_waiting_in_the_middlewa
             assert throttle is not None
             first, second = request(None, 1), request(None, 2)
             await asyncio.wait_for(f.send(first), 10)  # the key's one slot, taken at once
-            (permit,) = throttle.held(first)
+            (permit,) = throttle.held_scopes(first)
             served = f.send(second)
             await until(
                 lambda: (
@@ -170,7 +170,7 @@ def test_a_key_slot_freed_goes_to_the_request_of_its_key_waiting_in_the_middlewa
             f.middleware.request_left(first, f.crawler.spider)  # its download is over
             f.active.discard(first)
             await asyncio.wait_for(served, 10)
-            assert throttle.held(second) == [permit]  # the same grant: no round trip
+            assert throttle.held_scopes(second) == [permit]  # the same grant: no round trip
             assert f.crawler.stats.get_value("redislock/keys/reused") == 1
             assert blocked_waits(redis_client) == 1  # the line's wait in Redis stays
             f.middleware.request_left(second, f.crawler.spider)
@@ -197,7 +197,7 @@ def test_a_light_key_slot_passed_on_still_waits_out_a_pause(
             assert throttle is not None and throttle.locks.adaptation is not None
             first, second = request(None, 1), request(None, 2)
             await asyncio.wait_for(f.send(first), 10)
-            (permit,) = throttle.held(first)
+            (permit,) = throttle.held_scopes(first)
             assert permit.light
             served = f.send(second)
             await until(lambda: throttle.lines.waiting("127.0.0.1") == 1)
@@ -207,7 +207,7 @@ def test_a_light_key_slot_passed_on_still_waits_out_a_pause(
             f.middleware.request_left(first, f.crawler.spider)
             f.active.discard(first)
             await asyncio.wait_for(served, 10)
-            assert throttle.held(second) == [permit]  # passed on locally
+            assert throttle.held_scopes(second) == [permit]  # passed on locally
             assert time.monotonic() - paused_at >= 0.9  # and only then through the pause
             assert f.crawler.stats.get_value("redislock/retry_after/waits") == 1
             f.middleware.request_left(second, f.crawler.spider)

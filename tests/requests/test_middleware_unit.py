@@ -198,7 +198,7 @@ def test_a_request_of_a_capped_stage_with_only_its_key_slot_gives_it_back_while_
             assert f.slots.held(late) == []  # its key's slot went back
             other = request(None, 2)
             await asyncio.wait_for(f.send(other), 10)  # the key's one slot, free again
-            assert [p.name for p in throttle.held(other)] == ["key:127.0.0.1"]
+            assert [p.name for p in throttle.held_scopes(other)] == ["key:127.0.0.1"]
             f.middleware.request_left(other, f.crawler.spider)
             f.active.discard(other)
             await f.locks.release(blocker)
