@@ -26,7 +26,8 @@ The key's and scopes' slots are kept by request object in the same record as its
 (:class:`~scrapy_redislock.requests.requestslots.RequestSlots`) and given back on the same paths,
 before it (response, exception, request_left_downloader, a sweep at every renewal tick for requests
 gone from the downloader, spider close). A request that waits here for a key's or scope's slot
-waits in this process's line for it, as one waiting for a stage's does (:mod:`~scrapy_redislock.requests.lines`):
+waits in this process's line for it, as one waiting for a stage's does
+(:mod:`~scrapy_redislock.requests.lines`):
 a slot freed here passes straight to the oldest of them while it is younger than
 REDISLOCK_LOCAL_REUSE (and half REDISLOCK_TTL) since Redis's grant, with no Redis command (counted
 as ``redislock/keys/reused``); else it goes back to Redis. When the spider closes, a request that
