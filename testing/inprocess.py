@@ -112,7 +112,7 @@ async def front(
         if sched is not None:
             await maybe_deferred_to_future(sched.open(crawler.spider))
         else:
-            assert await middleware.locks.start_once()
+            assert await middleware.slots.start()
         yield Front(crawler, middleware, sched, middleware.locks, middleware.slots)
     finally:
         if sched is not None:

@@ -2,8 +2,8 @@
 use and removed from Redis once idle, plus the cluster-wide delay gates of keys and stages.
 
 A :class:`~scrapy_redislock.crawl.stagelocks.StageLocks` whose stages are keys: acquire, release,
-renewal (in the process's one renewal loop), Redis errors, reports of why a key waits and close all
-work as for stages. What differs:
+renewal (the request front runs it, in the process's one renewal loop), Redis errors, reports of
+why a key waits and close all work as for stages. What differs:
 
 - a key's lock (named ``key:<key>``) is made when a request of the key first needs it, with the
   key's limit (REDISLOCK_KEY_LIMITS, else REDISLOCK_KEY_LIMIT); the first process to create it in
@@ -125,7 +125,6 @@ class KeyLocks(StageLocks):
                 light=True,
                 stats=self.stats,
             )
-            self.add_tick_hook(self.adaptation.tick)
         self._retiring: asyncio.Task[None] | None = None
         # one wait per rate-limited scope and process (the others line up here, first come first
         # served); members of rate logs: this process's token and a count
@@ -145,11 +144,16 @@ class KeyLocks(StageLocks):
     ) -> KeyLocks:
         return one_per_crawler(crawler, attr, lambda: cls(crawler, settings, clock))
 
+    @property
+    def renews(self) -> bool:
+        """Keys' locks are made at run time: there may be one to renew at any tick."""
+        return True
+
     async def start(self) -> None:
-        """PING and join the renewal loop; keys have no limits to publish (each is set when its lock
-        is made)."""
+        """PING, and free the slots if the reactor shuts down first; keys have no limits to publish
+        (each is set when its lock is made)."""
         await self.client.ping()
-        self.join_renewal()
+        self._watch_shutdown()
         self.started = True
 
     def limit(self, key: str) -> int | None:

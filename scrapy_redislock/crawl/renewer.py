@@ -1,5 +1,6 @@
-"""The process's one renewal loop (one per event loop): every StageLocks of the process joins it,
-and every ``ttl/3`` (at most 1 s) it runs each member's tick at once.
+"""The process's one renewal loop (one per event loop): its members are the request front (which
+runs its registries' ticks after its own upkeep) and the worker front's StageLocks, and every
+``ttl/3`` (at most 1 s) it runs each member's tick at once.
 
 When the loop is torn down with members still open (a forced shutdown without a Twisted reactor
 cancels every task), it frees their slots (``close_unclean``) before it goes: the TTL would keep
@@ -17,7 +18,7 @@ from scrapy_redislock._loop import every
 
 
 class Member(Protocol):
-    """What the loop runs (a StageLocks)."""
+    """What the loop runs (a front's registries' renewals)."""
 
     @property
     def renew_interval(self) -> float: ...
@@ -72,6 +73,8 @@ class Renewer:
         try:
             await every(self._interval, self._tick, what="renewing stage locks")
         except asyncio.CancelledError:
+            if self.task is not asyncio.current_task():
+                raise  # the last member left (leave()); one may have joined since, with a new task
             # Cancelled with members still open: the loop is being torn down (a forced shutdown
             # without a Twisted reactor cancels every task). Free their slots now; the TTL would
             # keep them for others otherwise.

@@ -11,7 +11,7 @@ owns the hand-off of slots between requests) and the worker front (lock prefix `
     locks = StageLocks.of(crawler, settings)          # the crawler's registry for request stages (created once)
     locks = StageLocks(crawler, settings, limits, lock_prefix="workers:", stats_prefix="redislock/workers")
     await locks.start_once()       # PING (+ the scripts on the way to a first grant, the waiting connections), write
-                                   # the limits (newest process wins, a change is logged), join the renewal loop;
+                                   # the limits (newest process wins, a change is logged), free the slots at shutdown;
                                    # then, beside the first requests, say why a stage has no free slot. Redis
                                    # unreachable (down, or failing over): retried with back-off and a warning
                                    # each time, for up to REDISLOCK_CONNECT_TIMEOUT s. False if it stays
@@ -28,8 +28,11 @@ owns the hand-off of slots between requests) and the worker front (lock prefix `
     await locks.release(permit)    # never raises; a release Redis did not take is retried at every renewal tick
     locks.release_soon(permit)     # the same from plain code, in a tracked task
     locks.usable(permit)           # may this slot go with a request now (counted and logged when not)
-    locks.add_waiting_source(fn)   # fn(stage) -> requests waiting for that stage (shown by the status CLI)
-    locks.add_tick_hook(coro_fn)   # awaited at every renewal tick (leak sweeps)
+    locks.waiting_here[stage]      # requests of this process waiting for its slot in the middleware (the front's
+                                   # count, live), reported as waiting by the renewals with:
+    locks.queued_here[stage]       # those queued in the front's scheduler (written at each of the front's rounds)
+    locks.join_renewal()           # the worker front: join the renewal loop (the request front runs its two)
+    await locks.tick()             # one renewal round: adaptive limits, retried releases, renewals, reports
     await locks.reports.stalled(stage, window)     # at close: why to give up waiting for the stage, or ""
     await locks.close()            # cancel looks and waits, then free every permit and waiter: one aclose() per stage
 
@@ -50,10 +53,13 @@ unreachable, or refuses us, the failure is logged once, saying which: the spider
 closes the spider (a scheduler must not raise CloseSpider from open(): Scrapy would skip opening its
 scraper and log a traceback at close), and the crawl exits with status 1.
 
-Renewal: every StageLocks of the process joins one loop (:class:`.renewer.Renewer`, one per event
-loop), which every ``ttl/3`` (at most 1 s) runs each member's tick at once: tick hooks, retried
-releases, then ``maintain()`` of every stage lock concurrently (each renews all of this process's
-permits of that stage and reaps expired leases of dead processes), after
+Renewal: the process has one loop (:class:`.renewer.Renewer`, one per event loop), which every
+``ttl/3`` (at most 1 s) runs each member's tick at once. The worker front's registry joins it
+itself (:meth:`StageLocks.join_renewal`); the request front's two (stages and keys) are run by the
+front, whose tick does its own upkeep first
+(:class:`~scrapy_redislock.requests.requestslots.RequestSlots`). A registry's tick: the adaptive
+limits, retried releases, then ``maintain()`` of every stage lock concurrently (each renews all of
+this process's permits of that stage and reaps expired leases of dead processes), after
 ``lock.annotate(waiting=..., spider=...)``. A lost lease is logged as a warning and counted as
 ``<stats_prefix>/<stage>/lost``. Redis errors are logged as warnings with back-off; nothing is given
 up. Only a stage that holds or waits is maintained, so when a stage's waits end and it goes idle,
@@ -92,7 +98,8 @@ import contextlib
 import difflib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import redis.exceptions
@@ -231,8 +238,10 @@ class StageLocks:
             if limit is not None
         }
         self._stage_by_lock = {lock.name: stage for stage, lock in self.locks.items()}
-        self._waiting_sources: list[Callable[[str], int]] = []
-        self._tick_hooks: list[Callable[[], Awaitable[None]]] = []
+        # requests of this process waiting for a slot of each name, as its front counts them: in
+        # the middleware (live), and queued in its scheduler (written at each of the front's ticks)
+        self.waiting_here: Counter[str] = Counter()
+        self.queued_here: dict[str, int] = {}
         self._retry_at = 0.0
         self._backoff = Backoff()  # after a failed tick
         self.reports = WaitReports(
@@ -276,7 +285,6 @@ class StageLocks:
             self.adaptation = Adaptation(
                 self.client, settings, ceiling.get, key_prefix=self.key_prefix, stats=self.stats
             )
-            self.add_tick_hook(self.adaptation.tick)
 
     def _make_lock(self, name: str, limit: int) -> StageLock:
         """A stage's lock: the single-Redis lock, or the quorum lock over the masters of
@@ -368,15 +376,6 @@ class StageLocks:
             f"stage {stage!r} is not configured ({hint}REDISLOCK_STAGES has {sorted(self.limits)})"
         )
 
-    def add_waiting_source(self, source: Callable[[str], int]) -> None:
-        """Register ``source(stage) -> int``: requests waiting for a slot of that stage, summed for
-        the status CLI."""
-        self._waiting_sources.append(source)
-
-    def add_tick_hook(self, hook: Callable[[], Awaitable[None]]) -> None:
-        """Register a coroutine function awaited at every renewal tick, before the renewals."""
-        self._tick_hooks.append(hook)
-
     # -- start -------------------------------------------------------------------------------------
 
     async def start_once(self) -> bool:
@@ -399,7 +398,8 @@ class StageLocks:
 
     async def start(self) -> None:
         """PING (with the scripts on the way to a first grant, and the waiting connections opened
-        beside it), publish this process's limits, join the renewal loop, then say why a stage has
+        beside it), publish this process's limits, free the slots if the reactor shuts down first
+        (:meth:`join_renewal` is the owner's), then say why a stage has
         no free slot in a task of its own; redis errors when Redis is unreachable."""
         await self.deployment.reach(self.locks)
         await publish_limits(self)
@@ -409,7 +409,8 @@ class StageLocks:
             await asyncio.gather(*(lock.maintain() for lock in self.locks.values()))
             for stage, lock in self.locks.items():
                 self._limit_reported(stage, lock)
-            self.join_renewal()
+        if self.renews:
+            self._watch_shutdown()
         self.started = True
         logger.info(
             "Stage slots in Redis at %s (prefix %r, group %r, ttl %s s): %s",
@@ -523,11 +524,21 @@ class StageLocks:
             self.start_logs.timed_from_start()
         self.crawler.spider = None
 
+    @property
+    def renews(self) -> bool:
+        """Whether this registry has anything to renew: a capped stage (the keys' always may)."""
+        return bool(self.locks)
+
     def join_renewal(self) -> None:
-        """Join the process's renewal loop, and free the slots if the reactor shuts down first."""
-        self._renewer = Renewer.current()
-        self._renewer.join(self)
-        if is_reactor_installed():
+        """Join the process's renewal loop as a member of its own, when it has anything to renew (the
+        worker front's registry; the request front runs its registries' ticks itself)."""
+        if self.renews and not self.closed:
+            self._renewer = Renewer.current()
+            self._renewer.join(self)
+
+    def _watch_shutdown(self) -> None:
+        """Free the slots if the reactor shuts down before the spider closes."""
+        if is_reactor_installed() and self._shutdown_trigger is None:
             from twisted.internet import reactor
 
             self._shutdown_trigger = cast(SystemEvents, reactor).addSystemEventTrigger(
@@ -543,6 +554,7 @@ class StageLocks:
             self._shutdown_trigger = None
         if self._renewer is not None:
             self._renewer.leave(self)
+            self._renewer = None
 
     def _reactor_stopping(self) -> Any:
         self._shutdown_trigger = None
@@ -744,18 +756,19 @@ class StageLocks:
     # -- renewal -----------------------------------------------------------------------------------
 
     def waiting(self, stage: str) -> int:
-        return sum(source(stage) for source in self._waiting_sources)
+        """Requests of this process waiting for a slot of ``stage`` (reported with its renewals)."""
+        return self.waiting_here[stage] + self.queued_here.get(stage, 0)
 
     async def tick(self) -> None:
-        """One renewal round: hooks, retried releases, then every stage's maintain() at once. Never
-        raises."""
+        """One renewal round: the adaptive limits, retried releases, then every stage's maintain()
+        at once. Never raises."""
         if self.closed or self.clock() < self._retry_at:
             return
-        for hook in list(self._tick_hooks):
+        if self.adaptation is not None:
             try:
-                await hook()
+                await self.adaptation.tick()
             except Exception:
-                logger.exception("redislock tick hook %r failed", hook)
+                logger.exception("Adapting the limits of %r failed", self.stats_prefix)
         try:
             await self.retry_releases()
             await self.renew_once()

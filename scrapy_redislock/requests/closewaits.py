@@ -88,8 +88,6 @@ class CloseWaits:
         self.crawler = crawler
         self.stall_window = settings.ttl + crawler.settings.getfloat("DOWNLOAD_TIMEOUT", 180)
         self.waits: dict[asyncio.Future[SlotPermit], Waiting] = {}
-        # (registry, name) -> its waits here: what the renewals report as this process waiting
-        self._counts: Counter[tuple[StageLocks, str]] = Counter()
         # StageScheduler's (serve_scheduler): whether a request left it, and the way back in
         self.left_scheduler: Callable[[Request], bool] | None = None
         self.give_back: Callable[[Request], bool] | None = None
@@ -102,10 +100,6 @@ class CloseWaits:
         ``left(request)``, whether the request left it (not one that bypassed it), and
         ``give_back(request)``, back into its queue (False once it has closed)."""
         self.left_scheduler, self.give_back = left, give_back
-
-    def waiting(self, locks: StageLocks, name: str) -> int:
-        """Requests waiting here for a slot of ``name`` of ``locks``."""
-        return self._counts[(locks, name)]
 
     async def wait(
         self,
@@ -121,7 +115,7 @@ class CloseWaits:
         closed."""
         wait = asyncio.ensure_future(slot)
         waiting = self.waits[wait] = Waiting(request, name, locks, keyed)
-        self._counts[(locks, name)] += 1
+        locks.waiting_here[name] += 1  # what the renewals report as this process waiting
         if self._watcher is None or self._watcher.done():
             self._watcher = asyncio.get_running_loop().create_task(
                 every(self._interval, self._tick, what="watching the waits for the close")
@@ -138,9 +132,9 @@ class CloseWaits:
             raise
         finally:
             del self.waits[wait]
-            self._counts[(locks, name)] -= 1
-            if not self._counts[(locks, name)]:
-                del self._counts[(locks, name)]
+            locks.waiting_here[name] -= 1
+            if not locks.waiting_here[name]:
+                del locks.waiting_here[name]
 
     def _interval(self) -> float:
         return STALL_CHECK_INTERVAL if engine_closing(self.crawler) else CLOSE_CHECK_INTERVAL

@@ -415,7 +415,7 @@ class KeyLine:
     # -- upkeep ------------------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """At every renewal tick: the load is read again (the lines' upkeep is the throttle's)."""
+        """At every renewal round: the load is read again (the lines' upkeep is the front's)."""
         self._load = None
 
     def stand_down(self) -> None:

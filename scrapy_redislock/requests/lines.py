@@ -20,7 +20,7 @@ they have and want is the line's :class:`~.kept.KeptSlots` (``kept``): the line 
 waits in Redis as they want (:meth:`SlotLines.ask`), each with the owner's ``ask_timeout``. A slot
 no request waits for here (a grant, or a freed slot passed on) is kept for them while one could use
 it, else it goes back to Redis; so is the AcquireTimeout of a wait that runs out with no request
-waiting here (the name's next queued request fails with it). At the owner's tick
+waiting here (the name's next queued request fails with it). At each renewal round of the front
 (:meth:`SlotLines.upkeep`) what is kept and no queued request can use goes back, then the waits no
 longer wanted are withdrawn. A line's wait for a stage takes a free slot first while one may well be
 free (:meth:`StageLocks.look <scrapy_redislock.crawl.stagelocks.StageLocks.look>`), the same take a
@@ -206,7 +206,7 @@ class SlotLines:
             self.locks.count(name, "reused")
 
     def upkeep(self) -> None:
-        """The owner's tick: what is kept and no queued request can use (or can no longer go with
+        """At each renewal round of the front: what is kept and no queued request can use (or can no longer go with
         one) goes back first, then the waits in Redis no longer wanted are withdrawn."""
         self.kept.prune()
         self.trim()
@@ -250,7 +250,7 @@ class SlotLines:
 
     def trim(self) -> None:
         """Withdraw the waits in Redis that neither a request waiting here nor the queued ones need
-        any more (the owner's tick)."""
+        any more (at each renewal round of the front)."""
         for line in list(self.lines.values()):
             for ask in line.surplus(self.kept.wanted(line.name)):
                 ask.cancel()

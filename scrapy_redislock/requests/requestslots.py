@@ -25,7 +25,11 @@ release, renewal) downward. The bookkeeping of who holds what is the pure
     slots.holding()                # the requests that hold a slot now (StageScheduler counts their keys)
     slots.finish(request)          # the request is done with its slots: each passed on locally (see below) or
                                    # released, its key's and scopes' before its stage's
-    slots.serve_scheduler(queued=, could_use=)     # StageScheduler, once: what it has queued
+    await slots.start()            # start the registries, then join the renewal loop (StageScheduler, spider_opened)
+    await slots.tick()             # a renewal round: the sweep, the lines' upkeep, the scheduler's tick, then
+                                   # the registries' renewals (the process's one renewal loop runs it)
+    slots.serve_scheduler(queued=, could_use=, tick=)  # StageScheduler, once: what it has queued, its tick
+    slots.serve_keys(locks, lines) # ScopeThrottle, once: the keys' registry and lines, run with the stages'
     slots.kept                     # KeptSlots: slots kept for the stages' queued requests (count, take,
                                    # waited; release_all: StageScheduler's end)
     slots.lines.ask(stage)         # StageScheduler: waits in Redis for a stage's queued requests (their grants kept)
@@ -64,17 +68,21 @@ slot's lease.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from scrapy import signals
+
 from scrapy_redislock.crawl.engine import (
     downloader_active,
     engine_closing,
     one_per_crawler,
 )
+from scrapy_redislock.crawl.renewer import Renewer
 from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks, slot_id
 from scrapy_redislock.requests.closewaits import CloseWaits
 from scrapy_redislock.requests.kept import KeptSlots
@@ -147,9 +155,13 @@ class RequestSlots:
         # many slots they could use now; None without it
         self._queued: Callable[[str], int] | None = None
         self._could_use: Callable[[str], int] | None = None
+        self._scheduler_tick: Callable[[], None] | None = None
         self._standing_down = False  # the scheduler closes, or the engine does: keep nothing
-        locks.add_waiting_source(self._waiting_for)
-        locks.add_tick_hook(self.tick)
+        # the registries this front runs at each renewal round, each with its lines: the stages',
+        # and the keys' and scopes' (ScopeThrottle's: serve_keys)
+        self.registries: list[tuple[StageLocks, SlotLines]] = [(locks, self.lines)]
+        self._renewer: Renewer | None = None  # the process's renewal loop, once joined
+        crawler.signals.connect(self.start, signal=signals.spider_opened)
 
     @classmethod
     def of(
@@ -166,17 +178,81 @@ class RequestSlots:
         )
 
     def serve_scheduler(
-        self, *, queued: Callable[[str], int], could_use: Callable[[str], int]
+        self,
+        *,
+        queued: Callable[[str], int],
+        could_use: Callable[[str], int],
+        tick: Callable[[], None] | None = None,
     ) -> None:
         """StageScheduler, once: ``queued(stage)``, its requests of the stage (for the status CLI);
-        ``could_use(stage)``, how many slots they could use now."""
-        self._queued, self._could_use = queued, could_use
+        ``could_use(stage)``, how many slots they could use now; ``tick()``, its part of this
+        front's upkeep at every renewal round."""
+        self._queued, self._could_use, self._scheduler_tick = queued, could_use, tick
 
-    def _waiting_for(self, stage: str) -> int:
-        """Requests of this process waiting for a slot of ``stage``: in the middleware, and queued
-        in the scheduler."""
-        waiting = self.waits.waiting(self.locks, stage)
-        return waiting + (0 if self._queued is None else self._queued(stage))
+    def serve_keys(self, locks: StageLocks, lines: SlotLines) -> None:
+        """ScopeThrottle, once: the keys' and scopes' registry and lines, run with the stages'."""
+        self.registries.append((locks, lines))
+
+    # -- the renewal rounds ------------------------------------------------------------------------
+
+    async def start(self, spider: object = None) -> bool:
+        """Start the registries (once, however many ask: StageScheduler's open, spider_opened),
+        then join the process's renewal loop when one has anything to renew. False when Redis
+        cannot be reached or refuses us (the registry logs which; spider_opened closes the
+        spider)."""
+        started = await asyncio.gather(*(locks.start_once() for locks, _ in self.registries))
+        registries = [locks for locks, _ in self.registries]
+        if (
+            all(started)
+            and any(locks.renews for locks in registries)
+            and not any(locks.closed for locks in registries)
+            and self._renewer is None
+        ):
+            self._renewer = Renewer.current()
+            self._renewer.join(self)
+        return all(started)
+
+    @property
+    def renew_interval(self) -> float:
+        return min(locks.renew_interval for locks, _ in self.registries)
+
+    async def tick(self) -> None:
+        """One renewal round (the process's renewal loop runs it): this front's upkeep, then its
+        registries' ticks at once (renewals, retried releases, adaptive limits).
+
+        The upkeep: the sweep; each line's (kept slots no queued request can use go back; waits in
+        Redis no longer wanted are withdrawn); StageScheduler's tick; and the queued requests per
+        stage, which the renewals report as waiting here. Once every registry closed, this front
+        leaves the loop."""
+        live = [(locks, lines) for locks, lines in self.registries if not locks.closed]
+        if not live:
+            self._leave_renewal()
+            return
+        steps = [self.sweep, *(lines.upkeep for _, lines in live), self._count_queued]
+        if self._scheduler_tick is not None:
+            steps.append(self._scheduler_tick)
+        for step in steps:
+            try:  # each on its own: one that fails skips none of the others
+                step()
+            except Exception:
+                logger.exception("The request front's upkeep failed in %r", step)
+        await asyncio.gather(*(locks.tick() for locks, _ in live))
+
+    def _count_queued(self) -> None:
+        """StageScheduler's queued requests per capped stage, which the renewals report as waiting
+        here."""
+        if self._queued is not None:
+            self.locks.queued_here = {stage: self._queued(stage) for stage in self.stages}
+
+    async def close_unclean(self) -> None:
+        """The loop is torn down with this front still in it (a forced shutdown): its registries
+        free their slots."""
+        await asyncio.gather(*(locks.close_unclean() for locks, _ in self.registries))
+
+    def _leave_renewal(self) -> None:
+        if self._renewer is not None:
+            self._renewer.leave(self)
+            self._renewer = None
 
     # -- waiting in the middleware -----------------------------------------------------------------
 
@@ -326,13 +402,6 @@ class RequestSlots:
                 )
             self._free(reversed(holds.slots))
 
-    async def tick(self) -> None:
-        """At every renewal tick, before the renewals (a tick hook of the locks, after the adaptive
-        limits' and before StageScheduler's): the sweep, then the lines' upkeep (kept slots no
-        queued request can use go back; waits in Redis no longer wanted are withdrawn)."""
-        self.sweep()
-        self.lines.upkeep()
-
     # -- slots kept for StageScheduler's queued requests -------------------------------------------
 
     def stand_down(self, *, release: bool = True) -> None:
@@ -348,9 +417,12 @@ class RequestSlots:
 
     async def close(self) -> None:
         """Forget who holds what, then close the locks: every slot of this process is freed there,
-        one call per lock."""
+        one call per lock. The renewal rounds end with the last registry (the keys' closes with
+        ScopeThrottle)."""
         self.ledger.clear()
         await self.locks.close()
+        if all(locks.closed for locks, _ in self.registries):
+            self._leave_renewal()
 
 
 __all__ = ["HeldSlot", "Holds", "RequestSlots"]

@@ -230,12 +230,13 @@ class StageScheduler:
                     "REDISLOCK_SCHEDULER_INNER = %r is neither Scrapy's scheduler nor scrapy-redis's (nor a subclass): StageScheduler cannot give it a queue per stage, so a capped request goes in its order and waits for its slot in the downloader (a full stage can then hold up the others)",  # noqa: E501
                     inner_name(self.settings.scheduler_inner),
                 )
-            self.slots.serve_scheduler(queued=self._queued, could_use=self._could_use)
+            self.slots.serve_scheduler(
+                queued=self._queued, could_use=self._could_use, tick=self.tick
+            )
             if ScrapyScheduler in type(self.inner).__mro__ or _is_scrapy_redis(self.inner):
                 CloseWaits.of(crawler, self.settings).serve_scheduler(
                     self.sent.__contains__, self._give_back
                 )
-            self.slots.locks.add_tick_hook(self.tick)
             if _is_scrapy_redis(self.inner):
                 self.queue_thread = QueueThread()
 
@@ -292,10 +293,10 @@ class StageScheduler:
         elif inner_result is not None:
             await maybe_deferred_to_future(inner_result)
             self._share_queue()
-        assert self.locks is not None
+        assert self.slots is not None
         if self.watch is not None:
             await self.watch.look()  # the queue's epoch, to tell a loss from now on
-        await self.locks.start_once()
+        await self.slots.start()
 
     def _share_queue(self) -> None:
         """scrapy-redis's queue (made anew at each of its open()), split by capped stage in Redis
@@ -539,11 +540,14 @@ class StageScheduler:
             self.slots.kept.prune()
             wake_engine(self.crawler)
 
-    async def tick(self) -> None:
-        """At every renewal tick: stand down once the engine closes (unused slots back to Redis);
-        else the shared queue's upkeep, and the key line counts its load again (what is kept is
-        pruned by RequestSlots' and ScopeThrottle's ticks)."""
+    def tick(self) -> None:
+        """At every renewal round, in the front's upkeep (:meth:`RequestSlots.tick
+        <scrapy_redislock.requests.requestslots.RequestSlots.tick>`, which prunes what is kept):
+        stand down once the engine closes (unused slots back to Redis); else the shared queue's
+        upkeep, and the key line counts its load again."""
         assert self.slots is not None
+        if self.inner_closed:  # the keys' registry outlives this scheduler until spider_closed
+            return
         if engine_closing(self.crawler):
             self.closing = True
             self.slots.stand_down()

@@ -54,7 +54,6 @@ key, scope, delay, REDISLOCK_LOCAL_REUSE, REDISLOCK_TTL and REDISLOCK_WAIT_TIMEO
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -134,8 +133,8 @@ class ScopeThrottle:
         # per request: its capped names, key then scopes, as StageScheduler read them, or as this
         # middleware did when they changed on the way (a proxy rotator)
         self.names: WeakKeyDictionary[Request, tuple[str, ...]] = WeakKeyDictionary()
-        self.locks.add_waiting_source(functools.partial(self.waits.waiting, self.locks))
-        self.locks.add_tick_hook(self.tick)
+        # the keys' renewals and the lines' upkeep run with the stages', in the front's rounds
+        self.slots.serve_keys(self.locks, self.lines)
         # confirmed starts of requests not yet in Scrapy's downloader (gone with their request)
         self.starts: WeakKeyDictionary[Request, list[ConfirmedStart]] = WeakKeyDictionary()
         # request_reached_downloader is connected with the first confirmed start (:meth:`_delay`):
@@ -416,14 +415,6 @@ class ScopeThrottle:
 
     def _could_use(self, name: str) -> int:
         return 0 if self._scheduler_could_use is None else self._scheduler_could_use(name)
-
-    async def tick(self) -> None:
-        """At every renewal tick of the keys: the sweep of requests gone from the downloader, when no
-        capped stage's tick runs it (:meth:`RequestSlots.tick
-        <scrapy_redislock.requests.requestslots.RequestSlots.tick>`), then the lines' upkeep."""
-        if not self.slots.stages:
-            self.slots.sweep()
-        self.lines.upkeep()
 
     async def close(self) -> None:
         await self.locks.close()

@@ -274,6 +274,7 @@ class StageWorkerScheduler(BaseScheduler):
     async def _open(self) -> None:
         if not await self.locks.start_once():
             return  # Redis unreachable or refusing us: logged, and the spider_opened signal closes the spider
+        self.locks.join_renewal()
         self.listener.feed = StartUrlFeed(
             self.queues.client,
             self.spider,

@@ -28,6 +28,31 @@ from testing.waiting import until
 pytestmark = pytest.mark.integration
 
 
+def test_with_only_keys_capped_the_renewal_rounds_run_the_schedulers_tick(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """No stage is capped, so the stages' registry has nothing to renew: the request front's renewal
+    rounds still run StageScheduler's tick, which stands the key line down once the engine closes
+    (the tick was a hook of the stages' registry, which never joined the loop then)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": None},
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_KEY_LIMIT=1,
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.keyline is not None
+            line = scheduler.keyline
+            assert not f.locks.locks  # no stage capped
+            f.crawler.engine.start_time = time.time()  # type: ignore[union-attr]  # it stopped: closing
+            await until(lambda: scheduler.closing and line.closed)
+        assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
+
+
 def test_a_request_held_back_for_a_take_when_the_engine_closes_stays_queued(
     redis_proxy: Callable[[], LatencyProxy],
 ) -> None:
@@ -54,7 +79,7 @@ def test_a_request_held_back_for_a_take_when_the_engine_closes_stays_queued(
             assert list(line.looking) == [held_back]
             await until(lambda: bool(line.locks._taking))  # the take is under way
             f.crawler.engine.start_time = time.time()  # type: ignore[union-attr]  # it stopped: closing
-            await scheduler.tick()  # the engine closes: the line stands down
+            scheduler.tick()  # the engine closes: the line stands down
             await until(lambda: not line.tasks)
             # back in its key's queue (once: 0, the take's end forgot it), where close() leaves it
             assert scheduler.has_pending_requests() and len(scheduler) == 1, len(scheduler)
@@ -104,8 +129,9 @@ def test_a_timeout_kept_for_a_key_with_nothing_queued_fails_no_later_request(
             )
             assert scheduler.next_request() is first  # a fresh cache hit: goes without a slot
             assert not line.slots.held(first)
-            # the keys' upkeep: nothing of the key queued, what is kept for it goes
-            await line.throttle.tick()
+            # the keys' lines' upkeep in a renewal round: nothing of the key queued, what is kept
+            # for it goes
+            line.throttle.lines.upkeep()
             await line.locks.release(blocker)
             second = request(None, 1)
             scheduler.enqueue_request(second)

@@ -51,7 +51,7 @@ def test_a_request_waits_here_holds_its_slot_and_every_outcome_releases_it(
             await mw.process_request(first)
             assert len(held(redis_client, "detail")) == 1
             waiting = asyncio.ensure_future(mw.process_request(second))
-            await until(lambda: f.slots.waits.waiting(f.locks, "detail") == 1)
+            await until(lambda: f.locks.waiting_here["detail"] == 1)
             if outcome == "response":
                 mw.process_response(first, Response(first.url, request=first))
             elif outcome == "exception":
@@ -61,7 +61,7 @@ def test_a_request_waits_here_holds_its_slot_and_every_outcome_releases_it(
                 # after it: nothing more
                 mw.process_response(first, Response(first.url, request=first))
             await asyncio.wait_for(waiting, 10)
-            assert f.slots.waits.waiting(f.locks, "detail") == 0
+            assert f.locks.waiting_here["detail"] == 0
             mw.process_response(second, Response(second.url, request=second))
             await until(lambda: leftover(redis_client) == 0)
             assert f.crawler.stats.get_value("redislock/detail/acquired") == 2
@@ -108,7 +108,7 @@ def test_an_adaptive_stage_learns_each_answers_latency_and_how_long_its_slot_was
             now[0] = granted.acquired_at + 0.3
             mw.outcomes.clock = lambda: now[0]
             waiting = asyncio.ensure_future(mw.process_request(second))
-            await until(lambda: f.slots.waits.waiting(f.locks, "detail") == 1)
+            await until(lambda: f.locks.waiting_here["detail"] == 1)
             first.meta["download_latency"] = 0.2
             now[0] = granted.acquired_at + 0.8
             mw.request_left(first, f.crawler.spider)  # its slot passes on to the second
@@ -166,7 +166,7 @@ def test_a_request_waiting_here_when_the_spider_closes_is_dropped_and_every_slot
             first, second = request("detail", 1), request("detail", 2)
             await f.middleware.process_request(first)
             waiting = asyncio.ensure_future(f.middleware.process_request(second))
-            await until(lambda: f.slots.waits.waiting(f.locks, "detail") == 1)
+            await until(lambda: f.locks.waiting_here["detail"] == 1)
             await f.middleware.spider_closed(f.crawler.spider, "finished")
             with pytest.raises(IgnoreRequest, match="closing"):
                 await asyncio.wait_for(waiting, 10)
@@ -194,7 +194,7 @@ def test_a_request_of_a_capped_stage_with_only_its_key_slot_gives_it_back_while_
             late = request("detail", 1)
             f.slots.hand(late, [(throttle.lines, key_slot)])
             waiting = f.send(late)
-            await until(lambda: f.slots.waits.waiting(f.locks, "detail") == 1)
+            await until(lambda: f.locks.waiting_here["detail"] == 1)
             assert f.slots.held(late) == []  # its key's slot went back
             other = request(None, 2)
             await asyncio.wait_for(f.send(other), 10)  # the key's one slot, free again
