@@ -71,7 +71,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -183,11 +183,14 @@ class RequestSlots:
         queued: Callable[[str], int],
         could_use: Callable[[str], int],
         tick: Callable[[], None] | None = None,
+        ready: Callable[[], Collection[Request]] = tuple,
     ) -> None:
         """StageScheduler, once: ``queued(stage)``, its requests of the stage (for the status CLI);
         ``could_use(stage)``, how many slots they could use now; ``tick()``, its part of this
-        front's upkeep at every renewal round."""
+        front's upkeep at every renewal round; ``ready()``, the requests it still holds with
+        their slots, for the engine's next asks (not in the downloader yet: not swept)."""
         self._queued, self._could_use, self._scheduler_tick = queued, could_use, tick
+        self._ready = ready
 
     def serve_keys(self, locks: StageLocks, lines: SlotLines) -> None:
         """ScopeThrottle, once: the keys' and scopes' registry and lines, run with the stages'."""
@@ -394,8 +397,14 @@ class RequestSlots:
     def sweep(self) -> None:
         """Free the slots of requests that left the downloader without finishing here (missing from
         ``downloader.active`` at two ticks in a row: the engine adds a request to it in the same
-        call that takes it from the scheduler, so one tick would do; two cost nothing)."""
-        for holds in self.ledger.sweep(downloader_active(self.crawler)):
+        call that takes it from the scheduler, so one tick would do; two cost nothing). Requests
+        StageScheduler still holds with their slots (``ready``) are not swept: the engine may back
+        off for longer than two ticks before it asks for them."""
+        active = downloader_active(self.crawler)
+        ready = self._ready()
+        if active is not None and ready:  # handed out, but the engine has not asked for them yet
+            active = {*active, *ready}
+        for holds in self.ledger.sweep(active):
             for _, permit in holds.slots:
                 logger.debug(
                     "Freeing slot %s, whose request left the downloader unseen", slot_id(permit)

@@ -65,6 +65,7 @@ import asyncio
 import logging
 import time
 import weakref
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
@@ -231,7 +232,7 @@ class StageScheduler:
                     inner_name(self.settings.scheduler_inner),
                 )
             self.slots.serve_scheduler(
-                queued=self._queued, could_use=self._could_use, tick=self.tick
+                queued=self._queued, could_use=self._could_use, tick=self.tick, ready=self._ready
             )
             if ScrapyScheduler in type(self.inner).__mro__ or _is_scrapy_redis(self.inner):
                 CloseWaits.of(crawler, self.settings).serve_scheduler(
@@ -508,6 +509,10 @@ class StageScheduler:
         return request
 
     # -- slots -------------------------------------------------------------------------------------
+
+    def _ready(self) -> Collection[Request]:
+        """Requests that got their key's slots here and wait for the engine's next ask."""
+        return () if self.keyline is None else self.keyline.ready
 
     def _queued(self, stage: str) -> int:
         """Requests of ``stage`` waiting in the inner scheduler (for the status CLI); 0 over

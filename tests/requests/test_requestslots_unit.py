@@ -6,6 +6,7 @@ started, and cancelled)."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 from scrapy import Request, Spider
@@ -13,6 +14,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import StageLocks
+from scrapy_redislock.errors import AcquireTimeout
 from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.requests import requestslots
 from scrapy_redislock.requests.kept import KeptSlots
@@ -229,5 +231,34 @@ def test_a_keys_line_opens_its_wait_again_as_soon_as_its_grant_is_kept() -> None
         for ask in list(lines.lines["detail"].asks):
             ask.cancel()
         await until(lambda: lines.asking("detail") == 0)
+
+    asyncio.run(scenario())
+
+
+def test_a_request_the_scheduler_still_holds_with_its_slots_is_not_swept() -> None:
+    """The engine backs off (its downloader or scraper is full) for longer than two ticks: a request
+    that got its slots in the scheduler and waits for the engine's next ask keeps them (and an error
+    handed with it), where one that left the downloader unseen has its slots freed."""
+
+    async def scenario() -> None:
+        clock = FakeClock(1000.0)
+        slots = slots_of(clock)
+        slots.crawler.engine = SimpleNamespace(  # running, its downloader empty
+            running=True,
+            _slot=SimpleNamespace(closing=None),
+            downloader=SimpleNamespace(active=set()),
+        )
+        ready, gone, failed = (Request(f"http://example.com/{i}") for i in range(3))
+        slots.serve_scheduler(
+            queued=lambda _: 0, could_use=lambda _: 0, ready=lambda: [ready, failed]
+        )
+        slots.hand(ready, granted("detail", clock))
+        slots.hand(gone, granted("detail", clock))
+        slots.hand(failed, AcquireTimeout("no slot"))
+        slots.sweep()
+        slots.sweep()
+        assert slots.held(gone) == []
+        assert slots.permit_of(ready) is not None
+        assert isinstance(slots.take(failed), AcquireTimeout)
 
     asyncio.run(scenario())
