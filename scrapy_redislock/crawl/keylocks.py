@@ -160,10 +160,10 @@ class KeyLocks(StageLocks):
         """The key's limit as this process takes it on its light path: its cap, or an adaptive
         key's minimum (where its controller starts; the controller's limit, once it has one, is in
         Redis and wins)."""
-        cap = self.settings.keys.limit_of(key)
-        if cap is not None and self.adapts(key):
-            return min(cap, self.settings.adaptive.adaptive_min)
-        return cap
+        policy = self.settings.policy_of(key)
+        if policy.limit is not None and policy.adaptive:
+            return min(policy.limit, self.settings.adaptive.adaptive_min)
+        return policy.limit
 
     @property
     def renew_interval(self) -> float:
@@ -176,13 +176,14 @@ class KeyLocks(StageLocks):
         """Whether a key's or scope's limit adapts: REDISLOCK_ADAPTIVE "keys" adapts the keys capped
         by the short forms (REDISLOCK_KEY_LIMIT(S)); a scope with a REDISLOCK_SCOPES entry adapts
         when the entry says ``adaptive``."""
-        return self.settings.keys.adapts(key, self.settings.adaptive.keys)
+        return self.settings.policy_of(key).adaptive
 
     def _key_ceiling(self, name: str) -> int | None:
         """The configured cap of an adaptive key's lock ``key:<key>``: its controller's maximum."""
-        if not name.startswith(KEY_LOCK_PREFIX) or not self.adapts(name[len(KEY_LOCK_PREFIX) :]):
+        if not name.startswith(KEY_LOCK_PREFIX):
             return None
-        return self.settings.keys.limit_of(name[len(KEY_LOCK_PREFIX) :])
+        policy = self.settings.policy_of(name.removeprefix(KEY_LOCK_PREFIX))
+        return policy.limit if policy.adaptive else None
 
     def count(self, stage: str, what: str) -> None:
         """A fault is counted per key (``redislock/keys/<key>/{timeouts,lost,unusable,

@@ -53,6 +53,9 @@ class ScopePolicy:
     retry_after: bool = False
 
 
+NO_POLICY = ScopePolicy()  # nothing asked: no cap, delay, window or pause
+
+
 @dataclass(frozen=True)
 class ScopeTable:
     """REDISLOCK_SCOPES, checked: exact names first, then the glob patterns in their given order."""

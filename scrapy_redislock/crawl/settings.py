@@ -110,31 +110,6 @@ class KeySettings:
     scopes_of: ScopeFunction | None
     crawl_delay: bool
 
-    def limit_of(self, key: str) -> int | None:
-        """The cap of one key or scope: its REDISLOCK_SCOPES entry, else its REDISLOCK_KEY_LIMITS
-        entry, else REDISLOCK_KEY_LIMIT (None: uncapped)."""
-        policy = self.scopes.match(key)
-        if policy is not None:
-            return policy.limit
-        return self.key_limits.get(key, self.key_limit)
-
-    def adapts(self, key: str, keys_adapt: bool) -> bool:
-        """Whether the limit of a capped key or scope adapts: its REDISLOCK_SCOPES entry's
-        ``adaptive``, else REDISLOCK_ADAPTIVE's "keys" (``keys_adapt``)."""
-        policy = self.scopes.match(key)
-        return policy.adaptive if policy is not None else keys_adapt
-
-    def pauses(self, key: str) -> bool:
-        """Whether its REDISLOCK_SCOPES entry says a Retry-After pauses this key or scope (with
-        REDISLOCK_RETRY_AFTER the request's key pauses whatever its entry says)."""
-        policy = self.scopes.match(key)
-        return policy is not None and policy.retry_after
-
-    def rate_of(self, key: str) -> tuple[int, float] | None:
-        """The rate window of one key or scope (REDISLOCK_SCOPES only): (starts, seconds)."""
-        policy = self.scopes.match(key)
-        return None if policy is None else policy.rate
-
     @property
     def capped(self) -> bool:
         """Whether any key or scope has a cap."""
@@ -218,16 +193,34 @@ class RedisLockSettings:
         another request of this process: REDISLOCK_LOCAL_REUSE, at most half REDISLOCK_TTL."""
         return min(self.local_reuse, self.ttl / 2)
 
-    def delay_of(self, name: str, stage: bool = False) -> float:
-        """Seconds between two starts of a stage (``stage=True``; 0 unless REDISLOCK_DELAYS names
-        it) or a key."""
-        delays, delay = self.keys.delays, self.keys.delay
+    def policy_of(self, name: str, *, stage: bool = False) -> ScopePolicy:
+        """The policy of one name a request is throttled under, from whichever form set it.
+
+        A stage's (``stage=True``): its cap (REDISLOCK_STAGES), delay (REDISLOCK_DELAYS, else 0),
+        rate window, whether its limit adapts (REDISLOCK_ADAPTIVE) and whether a Retry-After
+        pauses it (REDISLOCK_RETRY_AFTER or its own policy; a capped stage only). A key's or
+        scope's: its REDISLOCK_SCOPES entry, else the short forms (REDISLOCK_KEY_LIMIT(S),
+        REDISLOCK_DELAY(S), REDISLOCK_ADAPTIVE's "keys"; no rate, no pause of its own: with
+        REDISLOCK_RETRY_AFTER the request's key pauses whatever its policy says)."""
+        keys, adaptive = self.keys, self.adaptive
         if stage:
-            return delays.get(name, 0.0) if name in self.stages else 0.0
-        policy = self.keys.scopes.match(name)
-        if policy is not None:
-            return policy.delay
-        return delays.get(name, delay) if name not in self.stages else delay
+            limit = self.stages.get(name)
+            return ScopePolicy(
+                limit=limit,
+                delay=keys.delays.get(name, 0.0) if name in self.stages else 0.0,
+                rate=self.stage_rates.get(name),
+                adaptive=adaptive.adapts(name),
+                retry_after=limit is not None and adaptive.pauses(name),
+            )
+        entry = keys.scopes.match(name)
+        if entry is not None:
+            return entry
+        return ScopePolicy(
+            limit=keys.key_limits.get(name, keys.key_limit),
+            # a key named like a stage does not take the stage's REDISLOCK_DELAYS entry
+            delay=keys.delays.get(name, keys.delay) if name not in self.stages else keys.delay,
+            adaptive=adaptive.keys,
+        )
 
     @property
     def keyed(self) -> bool:
@@ -239,7 +232,7 @@ class RedisLockSettings:
             or self.keys.scopes_of is not None
             or self.adaptive.retry_after
             or self.adaptive.scoped
-            or any(self.delay_of(s, stage=True) for s in self.stages)
+            or any(self.policy_of(s, stage=True).delay for s in self.stages)
             or bool(self.stage_rates)
         )
 

@@ -193,7 +193,7 @@ class KeyLine:
         take."""
         if key in self.paused or self.closed or self._asking(key):
             return False
-        limit = self.settings.keys.limit_of(key)
+        limit = self.settings.policy_of(key).limit
         return limit is None or self.load()[key] + self.kept.count(key) < limit
 
     def may_go(self, key: str) -> bool:

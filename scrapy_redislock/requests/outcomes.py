@@ -184,14 +184,14 @@ class Outcomes:
             seconds = self.settings.adaptive.retry_after_default
         if seconds <= 0:
             return
-        keys, obey = self.settings.keys, self.settings.adaptive.retry_after
+        policy_of, obey = self.settings.policy_of, self.settings.adaptive.retry_after
         key = self._capped_key(request)
         throttle = self.throttle
         key_paused = False
         if throttle is not None and throttle.locks.adaptation is not None:
             key_paused = key is not None
-            paused = [scope for scope in self._scopes(request) if keys.pauses(scope)]
-            if key is not None and (obey or keys.pauses(key)):
+            paused = [scope for scope in self._scopes(request) if policy_of(scope).retry_after]
+            if key is not None and (obey or policy_of(key).retry_after):
                 paused.insert(0, key)
             for scope in paused:
                 throttle.locks.adaptation.pause(f"{KEY_LOCK_PREFIX}{scope}", seconds)
@@ -221,4 +221,4 @@ class Outcomes:
             key = request_key(request, self.crawler.spider, self.settings.keys.stage_key)
         except LockError:
             return None
-        return key if key is not None and self.settings.keys.limit_of(key) is not None else None
+        return key if key is not None and self.settings.policy_of(key).limit is not None else None

@@ -66,7 +66,7 @@ from scrapy_redislock.crawl.engine import one_per_crawler
 from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, ConfirmedStart, KeyLocks
 from scrapy_redislock.crawl.keys import domain, request_key
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
-from scrapy_redislock.crawl.scopes import request_scopes
+from scrapy_redislock.crawl.scopes import NO_POLICY, ScopePolicy, request_scopes
 from scrapy_redislock.crawl.stagelocks import SlotPermit
 from scrapy_redislock.errors import KeyFunctionError, Paused
 from scrapy_redislock.requests.closewaits import CloseWaits
@@ -175,30 +175,26 @@ class ScopeThrottle:
         windows; None when it has none of them. KeyFunctionError (counted) when
         REDISLOCK_STAGE_KEY's or REDISLOCK_SCOPES_OF's function fails for it, or a scope of it
         matches no entry of REDISLOCK_SCOPES."""
-        keys = self.settings.keys
         try:
             key, scopes = self.key_and_scopes(request)
         except KeyFunctionError:
             self.crawler.stats.inc_value("redislock/key_errors")
             raise
-        capped = key is not None and keys.limit_of(key) is not None
-        stage_delay = self.settings.delay_of(stage, stage=True) if stage is not None else 0.0
-        key_delay = self._key_delay(request, key) if key is not None else 0.0
-        paused_stage = self._pausable_stage(stage)
-        rated = (key is not None and keys.rate_of(key) is not None) or (
-            stage is not None and stage in self.settings.stage_rates
-        )
-        if not (capped or stage_delay or key_delay or paused_stage or scopes or rated):
+        policy_of = self.settings.policy_of
+        staged = policy_of(stage, stage=True) if stage is not None else NO_POLICY
+        keyed = policy_of(key) if key is not None else NO_POLICY
+        key_delay = self._key_delay(request, keyed.delay) if key is not None else 0.0
+        waits = staged.delay or key_delay or staged.retry_after or scopes
+        rated = keyed.rate is not None or staged.rate is not None
+        if keyed.limit is None and not (waits or rated):
             return None
         if (
-            capped
-            and not (stage_delay or key_delay or paused_stage or scopes or rated)
+            keyed.limit is not None
+            and not (waits or rated)
             and self._handed_for(request, f"{KEY_LOCK_PREFIX}{key}")
         ):
             return None
-        return self._through(
-            request, stage, key if capped else None, stage_delay, key, key_delay, scopes
-        )
+        return self._through(request, stage, staged, key, keyed, key_delay, scopes)
 
     def _handed_for(self, request: Request, name: str) -> bool:
         """Whether StageScheduler handed ``request`` a usable slot of its key's lock ``name`` with
@@ -223,10 +219,9 @@ class ScopeThrottle:
                 )
         return key, tuple(scope for scope in scopes if scope != key)
 
-    def _key_delay(self, request: Request, key: str) -> float:
+    def _key_delay(self, request: Request, delay: float) -> float:
         """The key's delay: the configured one, or the site's robots.txt Crawl-delay when
         longer."""
-        delay = self.settings.delay_of(key)
         if self.crawl_delays:
             host = domain(request)
             if host is not None:
@@ -237,20 +232,19 @@ class ScopeThrottle:
         self,
         request: Request,
         stage: str | None,
-        capped: str | None,
-        stage_delay: float,
+        staged: ScopePolicy,
         key: str | None,
+        keyed: ScopePolicy,
         key_delay: float,
         scopes: tuple[str, ...] = (),
     ) -> None:
         """In one global order (docs/scopes.md): the slots (the stage's came before: the key's,
-        then the other scopes' by name), then the delays, then the rate windows."""
-        keys = self.settings.keys
-        names = [
-            name
-            for name in ((capped, *scopes) if capped is not None else scopes)
-            if keys.limit_of(name) is not None
-        ]
+        then the other scopes' by name), then the delays, then the rate windows; each name by its
+        policy (``staged``: the stage's, ``keyed``: the key's)."""
+        policy_of = self.settings.policy_of
+        others = [(scope, policy_of(scope)) for scope in scopes]
+        named = [(key, keyed), *others] if key is not None else others
+        names = [name for name, policy in named if policy.limit is not None]
         self.names[request] = tuple(names)  # as they are now: counted where it is (KeyLine.load)
         held = [p.name.removeprefix(KEY_LOCK_PREFIX) for p in self.held_scopes(request)]
         if held != names[: len(held)]:
@@ -260,27 +254,28 @@ class ScopeThrottle:
             self.slots.free_scopes(request)
         for name in names:
             await self._take_slot(request, name)
-        if stage_delay and stage is not None:
-            await self._delay(request, stage, stage_delay)
-        elif stage is not None and self._pausable_stage(stage):
+        if stage is not None and staged.delay:
+            await self._delay(request, stage, staged.delay)
+        elif stage is not None and staged.retry_after:
             await self._pause_check(stage)
-        if key_delay and key is not None:
+        if key is not None and key_delay:
             await self._delay(request, f"{KEY_LOCK_PREFIX}{key}", key_delay)
-        elif capped is not None and self._queued_key(request, f"{KEY_LOCK_PREFIX}{capped}"):
-            await self._pause_check(f"{KEY_LOCK_PREFIX}{capped}")
-        for scope in scopes:
-            delay = self.settings.delay_of(scope)
-            if delay:
-                await self._delay(request, f"{KEY_LOCK_PREFIX}{scope}", delay)
-            elif keys.pauses(scope):
+        elif (
+            key is not None
+            and keyed.limit is not None
+            and self._queued_key(request, f"{KEY_LOCK_PREFIX}{key}")
+        ):
+            await self._pause_check(f"{KEY_LOCK_PREFIX}{key}")
+        for scope, policy in others:
+            if policy.delay:
+                await self._delay(request, f"{KEY_LOCK_PREFIX}{scope}", policy.delay)
+            elif policy.retry_after:
                 await self._pause_check(f"{KEY_LOCK_PREFIX}{scope}")
-        stage_rate = self.settings.stage_rates.get(stage) if stage is not None else None
-        if stage_rate is not None and stage is not None:
-            await self._rate(request, stage, stage_rate)
-        for name in (key, *scopes) if key is not None else scopes:
-            rate = keys.rate_of(name)
-            if rate is not None:
-                await self._rate(request, f"{KEY_LOCK_PREFIX}{name}", rate)
+        if stage is not None and staged.rate is not None:
+            await self._rate(request, stage, staged.rate)
+        for name, policy in named:
+            if policy.rate is not None:
+                await self._rate(request, f"{KEY_LOCK_PREFIX}{name}", policy.rate)
 
     async def _rate(self, request: Request, name: str, rate: tuple[int, float]) -> None:
         """Wait for a place in the rate window of ``name`` (a stage, or ``key:<scope>``)."""
@@ -293,15 +288,6 @@ class ScopeThrottle:
             stats.inc_value("redislock/rate/waits")
             stats.inc_value("redislock/rate/wait_time_total", waited)  # type: ignore[arg-type]  # (as below)
 
-    def _pausable_stage(self, stage: str | None) -> bool:
-        """A capped stage's starts may be paused by a Retry-After (REDISLOCK_RETRY_AFTER, or the
-        stage's policy in REDISLOCK_STAGES)."""
-        return (
-            stage is not None
-            and self.settings.adaptive.pauses(stage)
-            and self.settings.stages.get(stage) is not None
-        )
-
     def _queued_key(self, request: Request, name: str) -> bool:
         """The request's slot of ``name`` (``key:<key>``) needs a pause check: it came from the key's
         stream, or is a light slot the request did not take itself (``Holds.recheck``; a light
@@ -312,12 +298,8 @@ class ScopeThrottle:
         light = getattr(permit, "light", False)  # a QuorumPermit never is
         if permit is None or (light and not (holds is not None and holds.recheck)):
             return False
-        return self._pauses(permit.name.removeprefix(KEY_LOCK_PREFIX))
-
-    def _pauses(self, key: str) -> bool:
-        """A Retry-After may pause the starts of ``key`` (REDISLOCK_RETRY_AFTER, or its
-        REDISLOCK_SCOPES entry)."""
-        return self.settings.adaptive.retry_after or self.settings.keys.pauses(key)
+        key = permit.name.removeprefix(KEY_LOCK_PREFIX)
+        return self.settings.adaptive.retry_after or self.settings.policy_of(key).retry_after
 
     async def _pause_check(self, name: str) -> None:
         """Wait while a Retry-After pauses the starts of ``name`` (a start with no gap: one script
@@ -331,13 +313,13 @@ class ScopeThrottle:
         scopes by name; the slots StageScheduler takes before it lets a request go (none when a key
         or scope function fails for it: the middleware fails the request then, naming the
         error)."""
-        keys = self.settings.keys
         try:
             key, scopes = self.key_and_scopes(request)
         except KeyFunctionError:
             return ()
         names = (key, *scopes) if key is not None else scopes
-        return tuple(name for name in names if keys.limit_of(name) is not None)
+        policy_of = self.settings.policy_of
+        return tuple(name for name in names if policy_of(name).limit is not None)
 
     def names_of(self, request: Request) -> tuple[str, ...]:
         """The request's capped names (:meth:`capped_names`), read once per request unless the

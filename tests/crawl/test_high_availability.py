@@ -590,6 +590,52 @@ def test_both_fronts_and_the_cli_on_a_cluster(
 @pytest.mark.integration
 @pytest.mark.crawl
 @pytest.mark.cluster
+def test_key_caps_and_delays_on_a_cluster(cluster: RedisClusterServers, tmp_path: Path) -> None:
+    """REDISLOCK_URL = redis+cluster://... with a cap and a delay per host: the keys' locks and
+    delay gates live on several masters, the stages' beside them (the two registries share one
+    cluster client). Three crawls (StageScheduler twice, the middleware alone): each host at most 2
+    in flight, the stage at most 5, every page once, and no key's lock left once idle."""
+    clean_cluster(cluster)
+    hosts = 4
+    served_by = {
+        cluster.node_serving(f"redislock:{{key:127.0.0.{n}}}:slots").port for n in (1, 2, 3, 4)
+    }
+    assert len(served_by) > 1
+    common = {
+        "REDISLOCK_URL": cluster_url(cluster),
+        "REDISLOCK_STAGES": {"detail": 5},
+        "REDISLOCK_STAGE_KEY": "domain",
+        "REDISLOCK_KEY_LIMIT": 2,
+        "REDISLOCK_DELAY": 0.02,
+        "CONCURRENT_REQUESTS": 16,
+    }
+    fronts = [FRONTS["StageScheduler"], FRONTS["StageScheduler"], FRONTS["middleware alone"]]
+    with CrawlSite(delay=0.05, hosts=hosts) as site:
+        crawls = [
+            Crawl(
+                site.url,
+                "detail:40",
+                {**common, **front},
+                tmp_path,
+                args={"hosts": str(hosts), "first": str(1000 * i)},
+            ).start()
+            for i, front in enumerate(fronts)
+        ]
+        for crawl in crawls:
+            crawl.wait(timeout=120)
+            assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
+            assert crawl.stats["redislock/keys/acquired"] == 40
+        assert len(site.hits) == 120 and set(site.hits.values()) == {1}
+        assert max(site.max_host_in_flight.values()) <= 2, site.max_host_in_flight
+        assert site.max_in_flight["detail"] <= 5
+    with cluster_client(cluster) as client:
+        assert leftover(client) == 0
+        assert not list(client.scan_iter("redislock:{key:*"))
+
+
+@pytest.mark.integration
+@pytest.mark.crawl
+@pytest.mark.cluster
 @pytest.mark.faults
 def test_both_fronts_follow_a_cluster_failover(site: CrawlSite, tmp_path: Path) -> None:
     """A fresh cluster; the master serving the request stage's lock, the worker stage's lock and the

@@ -106,18 +106,18 @@ def test_limits_and_delays_per_key_and_stage() -> None:
         REDISLOCK_DELAYS={"slow.com": 3, "detail": 0.25},
     )
     assert checked.keys.key_limit == 2
+    policy_of = checked.policy_of
     assert (
-        checked.keys.limit_of("a.com"),
-        checked.keys.limit_of("big.com"),
-        checked.keys.limit_of("free.com"),
+        policy_of("a.com").limit,
+        policy_of("big.com").limit,
+        policy_of("free.com").limit,
     ) == (2, 10, None)
-    assert checked.delay_of("a.com") == 0.5 and checked.delay_of("slow.com") == 3
+    assert policy_of("a.com").delay == 0.5 and policy_of("slow.com").delay == 3
     assert (
-        checked.delay_of("detail", stage=True) == 0.25
-        and checked.delay_of("other", stage=True) == 0
+        policy_of("detail", stage=True).delay == 0.25 and policy_of("other", stage=True).delay == 0
     )
     # a key named like a stage gets the default: the stage's entry is not it
-    assert checked.delay_of("detail") == 0.5
+    assert policy_of("detail").delay == 0.5
     plain = read(REDISLOCK_STAGES={"detail": 3})
     assert plain.keys.stage_key is None and not plain.keyed
 

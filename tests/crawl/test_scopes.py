@@ -79,24 +79,21 @@ def test_policies_exact_then_patterns_then_short_forms() -> None:
     )
     keys = settings.keys
     assert keys.scopes.match("proxy:slow") == ScopePolicy(limit=1, delay=2.0)
-    assert (keys.limit_of("proxy:p1"), keys.rate_of("proxy:p1")) == (None, (10, 1.0))
-    assert (
-        settings.delay_of("proxy:p1") == 0.0
-    )  # a policy's missing field is none, not a short form
-    assert (keys.limit_of("x.shop.com"), settings.delay_of("x.shop.com")) == (2, 0.0)
-    assert (keys.limit_of("b.com"), keys.limit_of("c.com"), settings.delay_of("c.com")) == (
-        1,
-        4,
-        0.5,
-    )
-    assert keys.rate_of("c.com") is None and keys.capped and settings.keyed
+    policy_of = settings.policy_of
+    # a policy's missing field is none, not a short form
+    assert policy_of("proxy:p1") == ScopePolicy(rate=(10, 1.0))
+    assert policy_of("x.shop.com") == ScopePolicy(limit=2)
+    # no entry: the short forms
+    assert policy_of("b.com") == ScopePolicy(limit=1, delay=0.5)
+    assert policy_of("c.com") == ScopePolicy(limit=4, delay=0.5)
+    assert keys.capped and settings.keyed
 
 
 def test_crawl_delay_makes_the_domain_the_key() -> None:
     settings = read_settings(Settings({"REDISLOCK_CRAWL_DELAY": True}))
     assert settings.keys.stage_key is not None
     assert settings.keys.stage_key(Request("https://a.example.com/x"), None) == "a.example.com"
-    assert settings.keys.limit_of("a.example.com") is None  # no cap: a delay only
+    assert settings.policy_of("a.example.com").limit is None  # no cap: a delay only
 
 
 def test_a_requests_scopes() -> None:
@@ -141,10 +138,10 @@ def test_what_adapts_and_pauses_per_scope() -> None:
             }
         )
     )
-    keys = settings.keys
-    assert keys.adapts("render", False) and not keys.adapts("proxy:a", True)
-    assert keys.adapts("example.com", True) and not keys.adapts("example.com", False)
-    assert keys.pauses("render") and not keys.pauses("proxy:a") and not keys.pauses("example.com")
+    render, proxy, site = (settings.policy_of(n) for n in ("render", "proxy:a", "example.com"))
+    # an entry's own word, else REDISLOCK_ADAPTIVE's "keys" for the short forms
+    assert render.adaptive and not proxy.adaptive and site.adaptive
+    assert render.retry_after and not proxy.retry_after and not site.retry_after
     assert settings.adaptive.needed and settings.adaptive.scoped and settings.adaptive.watched
     with pytest.raises(ConfigError) as raised:
         read_settings(
@@ -178,8 +175,13 @@ def test_a_stages_policy_unfolds_into_the_short_forms() -> None:
     )
     assert settings.stages == {"list": 1, "detail": 3, "comments": 0, "images": None}
     assert settings.stage_rates == {"detail": (10, 1.0)}
-    assert settings.delay_of("detail", stage=True) == 0.2
-    assert settings.delay_of("list", stage=True) == 1.0
+    assert settings.policy_of("detail", stage=True) == ScopePolicy(
+        limit=3, delay=0.2, rate=(10, 1.0), adaptive=True
+    )
+    assert settings.policy_of("list", stage=True) == ScopePolicy(limit=1, delay=1.0)
+    # paused by a Retry-After: only a capped stage (0 is a cap)
+    assert settings.policy_of("comments", stage=True) == ScopePolicy(limit=0, retry_after=True)
+    assert settings.policy_of("images", stage=True) == ScopePolicy()
     assert settings.adaptive.stages == {"detail"}
     assert settings.adaptive.pauses("comments") and not settings.adaptive.pauses("detail")
     assert settings.adaptive.needed and settings.keyed
