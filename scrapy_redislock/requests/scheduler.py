@@ -511,8 +511,10 @@ class StageScheduler:
     # -- slots -------------------------------------------------------------------------------------
 
     def _ready(self) -> Collection[Request]:
-        """Requests that got their key's slots here and wait for the engine's next ask."""
-        return () if self.keyline is None else self.keyline.ready
+        """Requests that got their key's slots here and wait for the engine's next ask; none once
+        the key line stood down (the closing engine asks no more: the sweep frees their slots, and
+        close() puts the requests back)."""
+        return () if self.keyline is None or self.keyline.closed else self.keyline.ready
 
     def _queued(self, stage: str) -> int:
         """Requests of ``stage`` waiting in the inner scheduler (for the status CLI); 0 over

@@ -29,6 +29,7 @@ from testing.crawlproc import ROOT, SPIDER, Crawl, leftover
 from testing.redis_server import RedisClusterServers, RedisSentinelServers, RedisServer
 from testing.site import CrawlSite, longest_pause, most_at_once, served
 from testing.waiting import wait_until
+from tests.requests.test_keys import HOSTS, WITH_HEADER, check_bookings
 
 WORKER_SPIDER = ROOT / "testing" / "spiders" / "workerspider.py"
 # The mixin sets its own scheduler; a worker closes after 1 s with no work anywhere.
@@ -593,24 +594,28 @@ def test_both_fronts_and_the_cli_on_a_cluster(
 def test_key_caps_and_delays_on_a_cluster(cluster: RedisClusterServers, tmp_path: Path) -> None:
     """REDISLOCK_URL = redis+cluster://... with a cap and a delay per host: the keys' locks and
     delay gates live on several masters, the stages' beside them (the two registries share one
-    cluster client). Three crawls (StageScheduler twice, the middleware alone): each host at most 2
-    in flight, the stage at most 5, every page once, and no key's lock left once idle."""
+    cluster client). Three crawls (StageScheduler twice, the middleware alone): each host exactly 2
+    in flight at most, the stage at most 5, the confirmed starts of a host the delay apart, every
+    page once, and nothing left once idle."""
     clean_cluster(cluster)
-    hosts = 4
+    hosts = HOSTS
     served_by = {
         cluster.node_serving(f"redislock:{{key:127.0.0.{n}}}:slots").port for n in (1, 2, 3, 4)
     }
     assert len(served_by) > 1
+    delay = 0.02
     common = {
         "REDISLOCK_URL": cluster_url(cluster),
         "REDISLOCK_STAGES": {"detail": 5},
         "REDISLOCK_STAGE_KEY": "domain",
         "REDISLOCK_KEY_LIMIT": 2,
-        "REDISLOCK_DELAY": 0.02,
+        "REDISLOCK_DELAY": delay,
         "CONCURRENT_REQUESTS": 16,
+        "DOWNLOADER_MIDDLEWARES": WITH_HEADER,  # the confirmed start, for the site
     }
     fronts = [FRONTS["StageScheduler"], FRONTS["StageScheduler"], FRONTS["middleware alone"]]
-    with CrawlSite(delay=0.05, hosts=hosts) as site:
+    # the site holds each request 0.2 s: a host's starts 0.02 s apart would put 10 in flight
+    with CrawlSite(delay=0.2, hosts=hosts) as site, cluster_client(cluster) as client:
         crawls = [
             Crawl(
                 site.url,
@@ -625,12 +630,15 @@ def test_key_caps_and_delays_on_a_cluster(cluster: RedisClusterServers, tmp_path
             crawl.wait(timeout=120)
             assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
             assert crawl.stats["redislock/keys/acquired"] == 40
+            assert crawl.stats["redislock/delay/waits"] == 40
         assert len(site.hits) == 120 and set(site.hits.values()) == {1}
-        assert max(site.max_host_in_flight.values()) <= 2, site.max_host_in_flight
+        assert len(site.max_host_in_flight) == hosts
+        assert set(site.max_host_in_flight.values()) == {2}, site.max_host_in_flight
         assert site.max_in_flight["detail"] <= 5
-    with cluster_client(cluster) as client:
+        check_bookings(site, delay)
         assert leftover(client) == 0
-        assert not list(client.scan_iter("redislock:{key:*"))
+        # the gates expire once their moment has passed; every key's lock went once idle
+        assert site.wait_for(lambda: not list(client.scan_iter("redislock:{key:*")), timeout=5)
 
 
 @pytest.mark.integration
