@@ -29,6 +29,7 @@ leave every stage uncapped; the error names the closest known setting.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import math
 import re
@@ -215,12 +216,22 @@ class RedisLockSettings:
         entry = keys.scopes.match(name)
         if entry is not None:
             return entry
+        # a key named like a stage does not take the stage's REDISLOCK_DELAYS entry
+        own_delay = name in keys.delays and name not in self.stages
+        if name not in keys.key_limits and not own_delay:
+            return self._short_forms  # most keys of a broad crawl: no object made per call
         return ScopePolicy(
             limit=keys.key_limits.get(name, keys.key_limit),
-            # a key named like a stage does not take the stage's REDISLOCK_DELAYS entry
-            delay=keys.delays.get(name, keys.delay) if name not in self.stages else keys.delay,
+            delay=keys.delays[name] if own_delay else keys.delay,
             adaptive=adaptive.keys,
         )
+
+    @functools.cached_property
+    def _short_forms(self) -> ScopePolicy:
+        """The policy of a key no setting names: REDISLOCK_KEY_LIMIT, REDISLOCK_DELAY and
+        REDISLOCK_ADAPTIVE's "keys"."""
+        keys = self.keys
+        return ScopePolicy(limit=keys.key_limit, delay=keys.delay, adaptive=self.adaptive.keys)
 
     @property
     def keyed(self) -> bool:
