@@ -39,12 +39,12 @@ _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*([smh]?)\s*$")
 
 @dataclass(frozen=True)
 class ScopePolicy:
-    """What a scope allows: ``limit`` requests in flight (None: no cap), ``delay`` seconds between
-    two starts, at most ``rate[0]`` starts in any ``rate[1]`` seconds (None: no window); each held
-    for the whole cluster on Redis's clock. ``adaptive``: the cap is the ceiling of a limit that
-    follows the answers (REDISLOCK_ADAPTIVE_MIN, _WINDOW); ``retry_after``: a 429 or 503 with
-    Retry-After pauses the scope's starts in every process (REDISLOCK_RETRY_AFTER_DEFAULT for a 429
-    without one)."""
+    """What a name a request is throttled under allows (a scope, a key or a stage): ``limit``
+    requests in flight (None: no cap), ``delay`` seconds between two starts, at most ``rate[0]``
+    starts in any ``rate[1]`` seconds (None: no window); each held for the whole cluster on Redis's
+    clock. ``adaptive``: the cap is the ceiling of a limit that follows the answers
+    (REDISLOCK_ADAPTIVE_MIN, _WINDOW); ``retry_after``: a 429 or 503 with Retry-After pauses the
+    name's starts in every process (REDISLOCK_RETRY_AFTER_DEFAULT for a 429 without one)."""
 
     limit: int | None = None
     delay: float = 0.0

@@ -28,6 +28,7 @@ leave every stage uncapped; the error names the closest known setting.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import json
@@ -220,10 +221,10 @@ class RedisLockSettings:
         own_delay = name in keys.delays and name not in self.stages
         if name not in keys.key_limits and not own_delay:
             return self._short_forms  # most keys of a broad crawl: no object made per call
-        return ScopePolicy(
+        return dataclasses.replace(
+            self._short_forms,
             limit=keys.key_limits.get(name, keys.key_limit),
             delay=keys.delays[name] if own_delay else keys.delay,
-            adaptive=adaptive.keys,
         )
 
     @functools.cached_property

@@ -206,8 +206,9 @@ class SlotLines:
             self.locks.count(name, "reused")
 
     def upkeep(self) -> None:
-        """At each renewal round of the front: what is kept and no queued request can use (or can no longer go with
-        one) goes back first, then the waits in Redis no longer wanted are withdrawn."""
+        """At each renewal round of the front: what is kept and no queued request can use (or can
+        no longer go with one) goes back first, then the waits in Redis no longer wanted are
+        withdrawn."""
         self.kept.prune()
         self.trim()
 

@@ -156,6 +156,8 @@ class RequestSlots:
         self._queued: Callable[[str], int] | None = None
         self._could_use: Callable[[str], int] | None = None
         self._scheduler_tick: Callable[[], None] | None = None
+        # StageScheduler's: the requests it holds with their slots (none without it)
+        self._ready: Callable[[], Collection[Request]] = tuple
         self._standing_down = False  # the scheduler closes, or the engine does: keep nothing
         # the registries this front runs at each renewal round, each with its lines: the stages',
         # and the keys' and scopes' (ScopeThrottle's: serve_keys)
@@ -244,7 +246,7 @@ class RequestSlots:
     def _count_queued(self) -> None:
         """StageScheduler's queued requests per capped stage, which the renewals report as waiting
         here."""
-        if self._queued is not None:
+        if self._queued is not None and not self.locks.closed:
             self.locks.queued_here = {stage: self._queued(stage) for stage in self.stages}
 
     async def close_unclean(self) -> None:
