@@ -36,16 +36,9 @@ def test_with_only_keys_capped_the_renewal_rounds_run_the_schedulers_tick(
     (the tick was a hook of the stages' registry, which never joined the loop then)."""
 
     async def scenario() -> None:
-        async with front(
-            redis_url,
-            {"detail": None},
-            REDISLOCK_STAGE_KEY="domain",
-            REDISLOCK_KEY_LIMIT=1,
-        ) as f:
+        async with one_key(redis_url, REDISLOCK_KEY_LIMIT=1) as (f, line):
             scheduler = f.scheduler
-            assert scheduler is not None and scheduler.keyline is not None
-            line = scheduler.keyline
-            assert not f.locks.locks  # no stage capped
+            assert scheduler is not None and not f.locks.locks  # no stage capped
             f.crawler.engine.start_time = time.time()  # type: ignore[union-attr]  # it stopped: closing
             await until(lambda: scheduler.closing and line.closed)
         assert leftover(redis_client) == 0
