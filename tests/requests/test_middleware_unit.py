@@ -48,9 +48,9 @@ def test_a_request_waits_here_holds_its_slot_and_every_outcome_releases_it(
         async with front(redis_url, {"detail": 1}, scheduler=False) as f:
             mw = f.middleware
             first, second = request("detail", 1), request("detail", 2)
-            await mw.process_request(first)
+            await f.send(first)  # through the downloader, as the engine sends them
             assert len(held(redis_client, "detail")) == 1
-            waiting = asyncio.ensure_future(mw.process_request(second))
+            waiting = f.send(second)
             await until(lambda: f.locks.waiting_here["detail"] == 1)
             if outcome == "response":
                 mw.process_response(first, Response(first.url, request=first))
@@ -98,7 +98,7 @@ def test_an_adaptive_stage_learns_each_answers_latency_and_how_long_its_slot_was
         async with front(redis_url, stages, scheduler=False) as f:  # type: ignore[arg-type]
             mw, now = f.middleware, [0.0]
             first, second = request("detail", 1), request("detail", 2)
-            await mw.process_request(first)
+            await f.send(first)  # through the downloader, as the engine sends them
             granted = f.slots.permit_of(first)
             adaptation = f.locks.adaptation
             assert granted is not None and adaptation is not None
@@ -107,7 +107,7 @@ def test_an_adaptive_stage_learns_each_answers_latency_and_how_long_its_slot_was
             adaptation.response = lambda *args: seen.append(args)  # type: ignore[method-assign]
             now[0] = granted.acquired_at + 0.3
             mw.outcomes.clock = lambda: now[0]
-            waiting = asyncio.ensure_future(mw.process_request(second))
+            waiting = f.send(second)
             await until(lambda: f.locks.waiting_here["detail"] == 1)
             first.meta["download_latency"] = 0.2
             now[0] = granted.acquired_at + 0.8
