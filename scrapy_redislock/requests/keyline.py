@@ -434,14 +434,14 @@ class KeyLine:
         """Stand down and queue back the requests out of the inner scheduler here, before it
         closes (JOBDIR keeps them)."""
         self.stand_down()
-        back = [*self.ready, *self.looking]
+        looking = dict(self.looking)  # request -> its capped names, as held back
         for request in self.ready:
             self.slots.finish(request)
-        for request in self.looking:
+            # to the sub-queue its stage and key give (its stage's slot is no longer in hand)
+            push_back(self.inner, request)
+        for request in looking:
             self._drop_stage(request)
         self.ready.clear()
         self.looking.clear()
-        for request in back:
-            names = self.throttle.names_of(request)
-            if names:
-                self.requeue(request, names[0])
+        for request, names in looking.items():
+            self.requeue(request, names[0])

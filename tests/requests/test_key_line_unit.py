@@ -20,6 +20,7 @@ from scrapy.http import HtmlResponse
 from scrapy_redislock.crawl.engine import downloader_middlewares
 from scrapy_redislock.errors import AcquireTimeout
 from scrapy_redislock.requests.keyline import KeyLine
+from scrapy_redislock.requests.stagequeue import split_queues
 from testing.crawlproc import leftover
 from testing.inprocess import Front, front, held, request
 from testing.netproxy import LatencyProxy
@@ -78,6 +79,38 @@ def test_a_request_held_back_for_a_take_when_the_engine_closes_stays_queued(
             assert scheduler.has_pending_requests() and len(scheduler) == 1, len(scheduler)
             assert not line.looking and not line.ready
             proxy.heal()
+
+    asyncio.run(scenario())
+
+
+def test_a_request_of_a_capped_stage_ready_when_the_scheduler_closes_goes_back_to_its_stages_queue(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A request of a capped stage got its key's slot in the scheduler and waits there for the
+    engine's next ask when the scheduler closes: it goes back to its own sub-queue (its stage and
+    key: JOBDIR keeps it there, and it waits for its stage again on resume), not to the sub-queue of
+    requests of no capped stage (it once did: its route was forgotten when it got its slots)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url, {"detail": 1}, REDISLOCK_STAGE_KEY="domain", REDISLOCK_KEY_LIMIT=1
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.keyline is not None
+            line = scheduler.keyline
+            capped = request("detail", 0)
+            scheduler.enqueue_request(capped)
+            route = scheduler.admission.route(capped)  # type: ignore[union-attr]
+            assert route == ("detail", "127.0.0.1")
+            # the stage's slot comes (kept for it), then it is held back for its key's take
+            await until(lambda: scheduler.next_request() is None and bool(line.looking))
+            await until(lambda: bool(line.ready))  # its key's slot too: the engine's next
+            assert list(line.ready) == [capped]
+            line.close()
+            queues = split_queues(scheduler.inner)
+            assert sum(q.count_route(route) for q in queues) == 1
+            assert sum(q.count_route((None, "127.0.0.1")) for q in queues) == 0
+            await until(lambda: not held(redis_client, "detail"))  # its slots went back
 
     asyncio.run(scenario())
 
