@@ -1,5 +1,5 @@
 """KeyLocks: one lock per key met at run time (REDISLOCK_STAGE_KEY: a domain, ...), made on first
-use and removed from Redis once idle, plus the cluster-wide delay gates of keys and stages.
+use and removed from Redis once idle.
 
 A :class:`~scrapy_redislock.crawl.stagelocks.StageLocks` whose stages are keys: acquire, release,
 renewal (the request front runs it, in the process's one renewal loop), Redis errors, reports of
@@ -17,41 +17,25 @@ why a key waits and close all work as for stages. What differs:
   pool of its own (a pool per key would open connections per domain);
 - on close every key is retired, not only released.
 
-Delays (:mod:`scrapy_redislock.lock.delay`): :meth:`wait_start` books the next start of a stage or
-key, sleeps until it and confirms it against the previous confirmed start; one EVALSHA per start
-while the key is free, two when it waited. Reads no settings itself.
+Reads no settings itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
-import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
-from scrapy_redislock._redis import Backoff
 from scrapy_redislock.crawl.adaptive import Adaptation
 from scrapy_redislock.crawl.engine import one_per_crawler
-from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.renewer import gather_bounded
 from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLock, StageLocks
 from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.base import CommandRunner, waiting_client
-from scrapy_redislock.lock.delay import (
-    book_start,
-    confirm_start,
-    delay_keys,
-    gap_of,
-    push_start,
-    take_rate,
-)
-from scrapy_redislock.lock.protocol import Operation, adrive
 from scrapy_redislock.lock.status import KEY_LOCK_PREFIX
 
 if TYPE_CHECKING:
@@ -61,28 +45,11 @@ if TYPE_CHECKING:
     from scrapy_redislock.lock.core import Clock
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
-# seconds from a start's confirmation to its request reaching the downloader beyond which the key's
-# next start is moved back (one more script): a few loop iterations on an idle process
-LATE_SEND = 0.001
 # what is counted per key (the rest adds up over every key)
 PER_KEY = frozenset({"timeouts", "lost", "unusable", "lease_bounded"})
 
 
-@dataclass(frozen=True)
-class ConfirmedStart:
-    """A start confirmed on Redis's clock: of ``name``, at ``at`` (seconds since the epoch), keeping
-    ``gap`` after it, after ``waited`` seconds of sleep; ``confirmed`` is when the confirmation came
-    back, on this process's monotonic clock."""
-
-    name: str
-    at: float
-    gap: float
-    waited: float
-    confirmed: float
-
-
-__all__ = ["KEY_LOCK_PREFIX", "ConfirmedStart", "KeyLocks"]
+__all__ = ["KEY_LOCK_PREFIX", "KeyLocks"]
 
 
 class KeyLocks(StageLocks):
@@ -111,8 +78,7 @@ class KeyLocks(StageLocks):
         )
         self._waiting = waiting_client(self.client)
         # one runner for every key's lock and the delays (its scripts registered once)
-        self._runner = CommandRunner(self.client, self._waiting)
-        self._pushes: set[asyncio.Task[bool]] = set()  # late starts' corrections under way
+        self.runner = CommandRunner(self.client, self._waiting)
         # keys seen idle at the last tick: retired at the next if still idle
         self._idle: set[str] = set()
         self._taking: Counter[str] = Counter()  # take() and acquire() calls under way, per key
@@ -126,12 +92,6 @@ class KeyLocks(StageLocks):
                 stats=self.stats,
             )
         self._retiring: asyncio.Task[None] | None = None
-        # one wait per rate-limited scope and process (the others line up here, first come first
-        # served); members of rate logs: this process's token and a count
-        self._rate_lines: dict[str, asyncio.Lock] = {}
-        self._rate_users: Counter[str] = Counter()
-        self._rate_token = uuid.uuid4().hex[:12]
-        self._rate_count = 0
 
     @classmethod
     def of(
@@ -218,13 +178,13 @@ class KeyLocks(StageLocks):
                 maintain_loop=False,
                 waiting=self._waiting,
                 light=True,
-                runner=self._runner,
+                runner=self.runner,
                 clock=self.clock,
             )
-            if self._runner.may_evict is not None:
+            if self.runner.may_evict is not None:
                 # what its first acquire would ask the runner (MayEvict), which knows it already:
                 # a driver step less for each key met
-                lock.core.light_path = not self._runner.may_evict
+                lock.core.light_path = not self.runner.may_evict
             self.locks[key] = lock
             self._stage_by_lock[lock.name] = key
         self._idle.discard(key)
@@ -316,8 +276,6 @@ class KeyLocks(StageLocks):
             )
 
     async def close(self) -> None:
-        for push in list(self._pushes):
-            push.cancel()
         try:
             await super().close()
         finally:
@@ -330,89 +288,3 @@ class KeyLocks(StageLocks):
         if self._retiring is not None:
             await asyncio.wait({self._retiring}, timeout=5.0)
         await super()._free_all(pending)
-
-    # -- delays ------------------------------------------------------------------------------------
-
-    async def wait_start(self, name: str, delay: float) -> ConfirmedStart:
-        """Book the next start of ``name`` (a stage, or ``key:<key>``) ``delay`` after the previous
-        one, across every process (first come, first served), sleep until it and confirm it against
-        the previous confirmed start (:mod:`scrapy_redislock.lock.delay`). Redis errors are logged
-        and retried with back-off (a start is never let through unconfirmed)."""
-        gap = gap_of(delay, self.settings.keys.randomize_delay)
-        keys = delay_keys(self.key_prefix, name)
-        booking = await self._delay_command(lambda: book_start(keys, gap), name)
-        waited, wait, at = 0.0, booking.wait, booking.at
-        while not booking.confirmed:
-            if wait > 0:
-                await asyncio.sleep(wait)
-                waited += wait
-            wait, at = await self._delay_command(lambda: confirm_start(keys, gap), name)
-            if not wait:
-                break
-            self.stats.inc_value("redislock/delay/held_back")
-        return ConfirmedStart(name, at, gap, waited, self.clock())
-
-    async def wait_rate(self, name: str, count: int, window: float) -> tuple[float, float]:
-        """Start once fewer than ``count`` starts of ``name`` (``key:<scope>``) lie in the last
-        ``window`` seconds on Redis's clock, across every process (``lock/scripts/rate.lua``): one
-        script per try, one try per freed place; returns (the start, seconds since the epoch on
-        Redis's clock; seconds waited). One wait per scope in this process: its other requests line
-        up behind it."""
-        keys = delay_keys(self.key_prefix, name)
-        line = self._rate_lines.setdefault(name, asyncio.Lock())
-        self._rate_users[name] += 1
-        waited = 0.0
-        try:
-            async with line:
-                while True:
-                    self._rate_count += 1
-                    member = f"{self._rate_token}:{self._rate_count}"
-                    wait, now = await self._delay_command(
-                        functools.partial(take_rate, keys, count, window, member), name
-                    )
-                    if not wait:
-                        return now, waited
-                    await asyncio.sleep(wait)
-                    waited += wait
-        finally:
-            self._rate_users[name] -= 1
-            if not self._rate_users[name]:
-                del self._rate_users[name]
-                del self._rate_lines[name]
-
-    def went_out(self, start: ConfirmedStart) -> None:
-        """The request of ``start`` reached Scrapy's downloader now: if that is more than
-        :data:`LATE_SEND` after its confirmation came back, the key's next start keeps the gap after
-        now (one script, in a task of its own; a failure only loses the correction)."""
-        lateness = self.clock() - start.confirmed
-        self.stats.max_value("redislock/delay/send_lag_max", lateness)
-        if lateness <= LATE_SEND or self.closed:
-            return
-        self.stats.inc_value("redislock/delay/late_sends")
-        keys = delay_keys(self.key_prefix, start.name)
-        task = asyncio.get_running_loop().create_task(
-            adrive(push_start(keys, start.at, lateness, start.gap), self._runner, start.name)
-        )
-        self._pushes.add(task)
-        task.add_done_callback(self._pushed)
-
-    def _pushed(self, task: asyncio.Task[bool]) -> None:
-        self._pushes.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.debug("Could not move a late start's next start: %s", task.exception())
-
-    async def _delay_command(self, make: Callable[[], Operation[T]], name: str) -> T:
-        """One delay operation, retried with back-off on Redis errors until the spider closes."""
-        backoff = Backoff()
-        while True:
-            try:
-                return await adrive(make(), self._runner, name)
-            except REDIS_ERRORS as exc:
-                if self.closed:
-                    raise
-                pause = backoff.next()
-                logger.warning(
-                    "Booking a start of %r: Redis error (%s); retrying in %.1f s", name, exc, pause
-                )
-                self.stats.inc_value("redislock/redis_errors")
-                await asyncio.sleep(pause)

@@ -11,7 +11,7 @@ order:
    a confirmation against the previous confirmed start (:mod:`scrapy_redislock.lock.delay`). When
    the request reaches Scrapy's downloader (``request_reached_downloader``) more than
    ``LATE_SEND`` after a confirmation came back, the next start of that stage or key is moved back
-   by the lateness;
+   by the lateness (:mod:`~scrapy_redislock.crawl.delays`);
 3. the rate windows (a sliding log on Redis's clock): the stage's (its REDISLOCK_STAGES policy),
    the key's, then the other scopes' by name.
 
@@ -62,8 +62,9 @@ from weakref import WeakKeyDictionary
 
 from scrapy import signals
 
+from scrapy_redislock.crawl.delays import ConfirmedStart, Delays
 from scrapy_redislock.crawl.engine import one_per_crawler
-from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, ConfirmedStart, KeyLocks
+from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, KeyLocks
 from scrapy_redislock.crawl.keys import domain, request_key
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.scopes import NO_POLICY, ScopePolicy, request_scopes
@@ -111,6 +112,14 @@ class ScopeThrottle:
         self.clock = clock
         self.settings = settings
         self.locks = KeyLocks.of(crawler, settings, clock=clock)
+        # the stages', keys' and scopes' delays and rate windows, over the keys' runner
+        self.delays = Delays(
+            self.locks.runner,
+            self.locks.key_prefix,
+            crawler.stats,
+            randomize=settings.keys.randomize_delay,
+            clock=clock,
+        )
         # the records of what each request holds: its key's and other scopes' slots
         # (meta["redislock_scopes"], REDISLOCK_SCOPES_OF) beside its stage's
         self.slots = RequestSlots.of(crawler, settings, clock=clock)
@@ -279,7 +288,7 @@ class ScopeThrottle:
 
     async def _rate(self, request: Request, name: str, rate: tuple[int, float]) -> None:
         """Wait for a place in the rate window of ``name`` (a stage, or ``key:<scope>``)."""
-        at, waited = await self.locks.wait_rate(name, *rate)
+        at, waited = await self.delays.wait_rate(name, *rate)
         request.meta[START_META] = at
         request.meta.setdefault(STARTS_META, {})[name] = at
         stats = self.crawler.stats
@@ -304,7 +313,7 @@ class ScopeThrottle:
     async def _pause_check(self, name: str) -> None:
         """Wait while a Retry-After pauses the starts of ``name`` (a start with no gap: one script
         of 4 commands when nothing is paused)."""
-        start = await self.locks.wait_start(name, 0.0)
+        start = await self.delays.wait_start(name, 0.0)
         if start.waited:
             self.crawler.stats.inc_value("redislock/retry_after/waits")
 
@@ -358,7 +367,7 @@ class ScopeThrottle:
         self.locks.record_grant(key, self.clock() - started)
 
     async def _delay(self, request: Request, name: str, delay: float) -> None:
-        start = await self.locks.wait_start(name, delay)
+        start = await self.delays.wait_start(name, delay)
         request.meta[START_META] = start.at
         request.meta.setdefault(STARTS_META, {})[name] = start.at
         self.starts.setdefault(request, []).append(start)
@@ -373,7 +382,7 @@ class ScopeThrottle:
     def reached_downloader(self, request: Request) -> None:
         """The request's confirmed starts went out now (a late one moves its key's next start)."""
         for start in self.starts.pop(request, ()):
-            self.locks.went_out(start)
+            self.delays.went_out(start)
 
     def held_scopes(self, request: Request) -> list[SlotPermit]:
         """The request's key and scope slots held now, in the order taken."""
@@ -399,4 +408,5 @@ class ScopeThrottle:
         return 0 if self._scheduler_could_use is None else self._scheduler_could_use(name)
 
     async def close(self) -> None:
+        self.delays.close()
         await self.locks.close()
