@@ -44,10 +44,10 @@ from typing import Any
 import redis
 
 from bench import RESULTS, add_smoke, write_results
-from scrapy_redislock.lock.adaptive import history
 from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.permit import LockKeys
 from scrapy_redislock.lock.protocol import drive
+from testing.adaptivelog import history
 from testing.capacity import CapacitySite
 from testing.crawlproc import Crawl
 from testing.redis_server import RedisServer

@@ -24,13 +24,22 @@ from scrapy_redislock.lock.core import release_consumer
 from scrapy_redislock.lock.permit import GROUP, LockKeys, group_prefix
 from scrapy_redislock.lock.protocol import drive
 from scrapy_redislock.lock.status import grouped_keys
-from scrapy_redislock.workers.queue import QueueKeys, queued
+from scrapy_redislock.workers.queue import QueueKeys
 from scrapy_redislock.workers.status import WORKER_LOCK_PREFIX
 
 # A hand-off "at once" reaches the waiter within this many seconds: no polling interval (the lock's
 # loops run every ttl/3, 10 s for the tests' 30 s leases), but room for a busy machine to schedule
 # the waiter late.
 AT_ONCE = 0.5
+
+
+def queued(client: RedisClient, keys: QueueKeys, stage: str) -> int:
+    """Requests waiting in a stage's queue, both parts (list and sorted set): LLEN and ZCARD."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.llen(keys.queue(stage))
+        pipe.zcard(keys.scored(stage))
+        listed, scored = pipe.execute()
+    return int(listed) + int(scored)
 
 
 def operator_release(client: redis.Redis, keys: LockKeys, owner: str) -> int:

@@ -171,17 +171,15 @@ No Scrapy, no Twisted, no I/O: operations for :func:`~scrapy_redislock.lock.prot
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
 
 from scrapy_redislock._redis import MAX_LIMIT, text
 from scrapy_redislock.errors import InvalidArgument
 from scrapy_redislock.lock.permit import LockKeys
-from scrapy_redislock.lock.protocol import Call, Operation, RunScript
+from scrapy_redislock.lock.protocol import Operation, RunScript
 
 # Probe phases of ControllerState.probe.
 NOT_PROBING, DRAINING, MEASURING = 0, 1, 2
@@ -670,19 +668,6 @@ class Due:
     lock_limit: int | None
 
 
-@dataclass(frozen=True)
-class LogRecord:
-    """One window of the history (``adapt_log``, newest first)."""
-
-    at_ms: int
-    limit: int
-    latency_ms: float | None
-    noload_ms: float
-    overload_rate: float
-    error_rate: float
-    in_flight: float | None
-
-
 def report(
     keys: LockKeys, sample: Sample, params: AdaptiveParams, span: float = 0.0, light: bool = False
 ) -> Operation[Due | None]:
@@ -804,20 +789,5 @@ def unpin(keys: LockKeys) -> Operation[bool]:
     return bool((yield RunScript("adapt_unpin", (keys.meta, keys.light), ())))
 
 
-def history(keys: LockKeys, count: int = 600) -> Operation[list[LogRecord]]:
-    """The last ``count`` history records of a lock's controller, newest first."""
-    raw = yield Call(("LRANGE", keys.adapt_log, 0, max(0, count - 1)))
-    records = []
-    for entry in text(raw):
-        at, limit, latency, noload, overload, errors, in_flight = json.loads(entry)
-        records.append(LogRecord(int(at), int(limit), _optional(latency), float(noload),
-                                 float(overload), float(errors), _optional(in_flight)))  # fmt: skip
-    return records
-
-
 def _rounded(value: float) -> str:
     return f"{value:.6g}"
-
-
-def _optional(value: Any) -> float | None:
-    return None if value is None or value == "" else float(value)

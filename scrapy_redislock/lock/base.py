@@ -586,7 +586,6 @@ class LockBase(LockShared[Permit]):
             durable=durable,
             light=light,
         )
-        self._client = client
         #: What drive() / adrive() send the commands through; the quorum lock drives it per master.
         #: ``runner``: one shared by many locks of one client and waiting client (the locks of keys
         #: met at run time: each would register every script again).

@@ -118,16 +118,9 @@ def fence_of(grant: str) -> int:
     return int(grant.rsplit("-", 1)[1])
 
 
-def default_identity(label: str | None = None) -> dict[str, Any]:
+def default_identity() -> dict[str, Any]:
     """What status shows about a holder; nothing in it is secret."""
-    identity: dict[str, Any] = {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "started": round(time.time(), 3),
-    }
-    if label:
-        identity["label"] = label
-    return identity
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": round(time.time(), 3)}
 
 
 def owner_of(consumer: str) -> str:

@@ -28,9 +28,6 @@ class PermitLedger(Generic[R, P]):
         self._out: dict[R, P | BaseException] = {}
         self._suspects: set[R] = set()
 
-    def __len__(self) -> int:
-        return len(self._out)
-
     def hand(self, request: R, outcome: P | BaseException) -> None:
         """The scheduler lets ``request`` go with this slot (or fails it with this error)."""
         self._out[request] = outcome

@@ -83,9 +83,6 @@ class InFlight:
         # stages whose sorted set a FIFO or LIFO worker found work in (warned)
         self.mixed_orders: set[str] = set()
 
-    def __len__(self) -> int:
-        return len(self.buffer)
-
     @property
     def holding(self) -> bool:
         """Requests taken ahead or in the engine."""

@@ -83,9 +83,6 @@ class Outbox:
         # the first duplicate is logged (DEBUG), the others only with DUPEFILTER_DEBUG
         self.log_dupes = True
 
-    def __len__(self) -> int:
-        return len(self.entries)
-
     def is_known(self, fingerprint: bytes | None) -> bool:
         return fingerprint is not None and fingerprint in self.known
 

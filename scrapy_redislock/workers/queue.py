@@ -214,16 +214,6 @@ def split_value(value: bytes) -> tuple[str, bytes, bytes]:
     return stage.decode("utf-8", "replace"), brace + mark, data
 
 
-def queued(client: RedisClient, keys: QueueKeys, stage: str) -> int:
-    """Requests waiting in a stage's queue, both parts (list and sorted set), with a blocking
-    client: for tests, tools and people (two commands, LLEN and ZCARD)."""
-    with client.pipeline(transaction=False) as pipe:
-        pipe.llen(keys.queue(stage))
-        pipe.zcard(keys.scored(stage))
-        listed, scored = pipe.execute()
-    return int(listed) + int(scored)
-
-
 class BeatReply(NamedTuple):
     """What one beat learns (the reply of ``queue_beat.lua``; the worker that beats is
     :class:`~scrapy_redislock.workers.heartbeat.Heartbeat`): ``new`` (the worker was not registered:

@@ -31,7 +31,6 @@ from scrapy_redislock.lock.adaptive import (
     Sample,
     Window,
     commit,
-    history,
     next_state,
     report,
     unpin,
@@ -40,6 +39,7 @@ from scrapy_redislock.lock.adaptive import (
 from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.permit import LockKeys, Permit
 from scrapy_redislock.lock.protocol import drive
+from testing.adaptivelog import history
 
 PARAMS = AdaptiveParams()
 

@@ -25,7 +25,7 @@ def test_a_handed_slot_is_held_until_finished_and_an_error_is_no_slot() -> None:
     assert ledger.finish("b") is None  # an error is no slot to free
     assert ledger.finish("a") is permit
     assert ledger.finish("a") is None  # freed once
-    assert len(ledger) == 0
+    assert ledger.holding() == [] and ledger.peek("b") is None  # nothing left
 
 
 def test_hold_and_forget() -> None:

@@ -32,9 +32,10 @@ from scrapy_redislock.crawl import requestformat
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.workers.outbox import KNOWN_FINGERPRINTS
 from scrapy_redislock.workers.policy import idle_close_for
-from scrapy_redislock.workers.queue import QueueKeys, StageQueues, queued
+from scrapy_redislock.workers.queue import QueueKeys, StageQueues
 from scrapy_redislock.workers.scheduler import StageWorkerScheduler
 from testing.crawlproc import ROOT, settings_args, staged_worker
+from testing.lockstate import queued
 from testing.site import CrawlSite, ShopSite
 from testing.spiders.workerspider import StagedSpider
 from testing.waiting import wait_until
