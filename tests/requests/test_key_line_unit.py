@@ -92,12 +92,9 @@ def test_a_request_of_a_capped_stage_ready_when_the_scheduler_closes_goes_back_t
     requests of no capped stage (it once did: its route was forgotten when it got its slots)."""
 
     async def scenario() -> None:
-        async with front(
-            redis_url, {"detail": 1}, REDISLOCK_STAGE_KEY="domain", REDISLOCK_KEY_LIMIT=1
-        ) as f:
+        async with one_key(redis_url, {"detail": 1}, REDISLOCK_KEY_LIMIT=1) as (f, line):
             scheduler = f.scheduler
-            assert scheduler is not None and scheduler.keyline is not None
-            line = scheduler.keyline
+            assert scheduler is not None
             capped = request("detail", 0)
             scheduler.enqueue_request(capped)
             route = scheduler.admission.route(capped)  # type: ignore[union-attr]
@@ -329,12 +326,15 @@ def test_a_scope_slot_handed_for_a_scope_the_request_no_longer_has_goes_back(
 
 
 @contextlib.asynccontextmanager
-async def one_key(redis_url: str, **settings: Any) -> AsyncIterator[tuple[Front, KeyLine]]:
-    """A front whose requests all have one key, 127.0.0.1 (``request(None, n)``), with
-    StageScheduler's key line; a freed slot passes on for 30 s."""
+async def one_key(
+    redis_url: str, stages: dict[str, int | None] | None = None, **settings: Any
+) -> AsyncIterator[tuple[Front, KeyLine]]:
+    """A front whose requests all have one key, 127.0.0.1 (``request(stage, n)``), with
+    StageScheduler's key line; ``stages`` (default: ``detail``, not capped); a freed slot passes on
+    for 30 s."""
     async with front(
         redis_url,
-        {"detail": None},
+        stages or {"detail": None},
         REDISLOCK_STAGE_KEY="domain",
         REDISLOCK_LOCAL_REUSE=30,
         **settings,
