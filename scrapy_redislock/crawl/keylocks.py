@@ -132,12 +132,6 @@ class KeyLocks(StageLocks):
         middleware reads it for every request)."""
         return min(self.settings.ttl, 3.0) / 3 if self.locks else 1.0
 
-    def adapts(self, key: str) -> bool:
-        """Whether a key's or scope's limit adapts: REDISLOCK_ADAPTIVE "keys" adapts the keys capped
-        by the short forms (REDISLOCK_KEY_LIMIT(S)); a scope with a REDISLOCK_SCOPES entry adapts
-        when the entry says ``adaptive``."""
-        return self.settings.policy_of(key).adaptive
-
     def _key_ceiling(self, name: str) -> int | None:
         """The configured cap of an adaptive key's lock ``key:<key>``: its controller's maximum."""
         if not name.startswith(KEY_LOCK_PREFIX):

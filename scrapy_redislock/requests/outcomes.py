@@ -145,18 +145,11 @@ class Outcomes:
         if noted is not None:
             return noted
         found = []
-        adaptive = self.settings.adaptive
         for lines, permit in self.slots.held(request):
             adaptation = lines.locks.adaptation
-            if adaptation is None:
-                continue
-            if lines is self.slots.lines:  # a stage's
-                adapts = adaptive.adapts(stage=permit.name)
-            else:  # a key's or scope's
-                adapts = self.throttle is not None and self.throttle.locks.adapts(
-                    permit.name.removeprefix(KEY_LOCK_PREFIX)
-                )
-            if adapts:
+            stage = lines is self.slots.lines  # else a key's or scope's
+            name = permit.name if stage else permit.name.removeprefix(KEY_LOCK_PREFIX)
+            if adaptation is not None and self.settings.policy_of(name, stage=stage).adaptive:
                 found.append((adaptation, permit.name))
         return found
 
