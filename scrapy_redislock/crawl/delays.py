@@ -159,7 +159,7 @@ class Delays:
             logger.debug("Could not move a late start's next start: %s", task.exception())
 
     async def _delay_command(self, make: Callable[[], Operation[T]], name: str) -> T:
-        """One delay operation, retried with back-off on Redis errors until the spider closes."""
+        """One delay operation, retried with back-off on Redis errors until :meth:`close`."""
         backoff = Backoff()
         while True:
             try:
@@ -175,8 +175,8 @@ class Delays:
                 await asyncio.sleep(pause)
 
     def close(self) -> None:
-        """The spider closes: no more retries; the late starts' corrections under way are
-        dropped."""
+        """The keys' registry closes (the spider's close, a forced shutdown): no more retries; the
+        late starts' corrections under way are dropped."""
         self.closed = True
         for push in list(self._pushes):
             push.cancel()

@@ -17,7 +17,8 @@ why a key waits and close all work as for stages. What differs:
   pool of its own (a pool per key would open connections per domain);
 - on close every key is retired, not only released.
 
-Reads no settings itself.
+It owns the cluster-wide delays and rate windows of stages, keys and scopes
+(:class:`~scrapy_redislock.crawl.delays.Delays`), which run over its runner and end with it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from scrapy_redislock.crawl.adaptive import Adaptation
+from scrapy_redislock.crawl.delays import Delays
 from scrapy_redislock.crawl.engine import one_per_crawler
 from scrapy_redislock.crawl.renewer import gather_bounded
 from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLock, StageLocks
@@ -79,6 +81,14 @@ class KeyLocks(StageLocks):
         self._waiting = waiting_client(self.client)
         # one runner for every key's lock and the delays (its scripts registered once)
         self.runner = CommandRunner(self.client, self._waiting)
+        # the stages', keys' and scopes' delays and rate windows: they end with the runner's clients
+        self.delays = Delays(
+            self.runner,
+            self.key_prefix,
+            self.stats,
+            randomize=settings.keys.randomize_delay,
+            clock=clock,
+        )
         # keys seen idle at the last tick: retired at the next if still idle
         self._idle: set[str] = set()
         self._taking: Counter[str] = Counter()  # take() and acquire() calls under way, per key
@@ -270,6 +280,7 @@ class KeyLocks(StageLocks):
             )
 
     async def close(self) -> None:
+        self.delays.close()  # on every path here: the spider's close, a forced shutdown
         try:
             await super().close()
         finally:

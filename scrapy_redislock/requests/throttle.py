@@ -62,7 +62,7 @@ from weakref import WeakKeyDictionary
 
 from scrapy import signals
 
-from scrapy_redislock.crawl.delays import ConfirmedStart, Delays
+from scrapy_redislock.crawl.delays import ConfirmedStart
 from scrapy_redislock.crawl.engine import one_per_crawler
 from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, KeyLocks
 from scrapy_redislock.crawl.keys import domain, request_key
@@ -113,13 +113,7 @@ class ScopeThrottle:
         self.settings = settings
         self.locks = KeyLocks.of(crawler, settings, clock=clock)
         # the stages', keys' and scopes' delays and rate windows, over the keys' runner
-        self.delays = Delays(
-            self.locks.runner,
-            self.locks.key_prefix,
-            crawler.stats,
-            randomize=settings.keys.randomize_delay,
-            clock=clock,
-        )
+        self.delays = self.locks.delays
         # the records of what each request holds: its key's and other scopes' slots
         # (meta["redislock_scopes"], REDISLOCK_SCOPES_OF) beside its stage's
         self.slots = RequestSlots.of(crawler, settings, clock=clock)
@@ -408,5 +402,4 @@ class ScopeThrottle:
         return 0 if self._scheduler_could_use is None else self._scheduler_could_use(name)
 
     async def close(self) -> None:
-        self.delays.close()
         await self.locks.close()

@@ -131,8 +131,7 @@ def test_after_an_empty_restart_a_light_newcomer_and_a_survivor_never_both_hold(
         client = redis.Redis.from_url(server.url)
         newcomer = key_lock(client)
         fresh = newcomer.acquire()
-        s._client = client  # the survivor's process reconnects to the new server
-        s.runner = CommandRunner(client)
+        s.runner = CommandRunner(client)  # the survivor's process reconnects to the new server
         lost = s.maintain()
         assert lost == [survivor]
         newcomer.maintain()

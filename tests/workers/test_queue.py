@@ -16,9 +16,10 @@ from scrapy_redis.queue import FifoQueue
 
 from scrapy_redislock.crawl import requestformat
 from scrapy_redislock.errors import ConfigError
-from scrapy_redislock.workers.queue import QueueKeys, StageQueues, queue_order, queued, requeue_now
+from scrapy_redislock.workers.queue import QueueKeys, StageQueues, queue_order, requeue_now
 from scrapy_redislock.workers.scheduler import StageWorkerScheduler
 from scrapy_redislock.workers.status import dead_letters, spider_status, spiders_in
+from testing.lockstate import queued
 from testing.spiders.workerspider import StagedSpider
 
 pytestmark = pytest.mark.integration
