@@ -136,8 +136,11 @@ def engine_closing(crawler: Crawler) -> bool:
     if engine is None:
         return True
     if not engine.running:
-        # stopped; before its start it is not closing
-        return getattr(engine, "start_time", None) is not None
+        # stopped; not before its start, nor while it starts (engine_started's handlers run, which
+        # may take long: start_time is set then, running not yet, and _starting until a stop)
+        return getattr(engine, "start_time", None) is not None and not getattr(
+            engine, "_starting", False
+        )
     slot = getattr(engine, "_slot", None)
     return slot is None or getattr(slot, "closing", None) is not None
 

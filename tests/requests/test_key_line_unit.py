@@ -47,6 +47,32 @@ def test_with_only_keys_capped_the_renewal_rounds_run_the_schedulers_tick(
     asyncio.run(scenario())
 
 
+def test_a_renewal_round_while_the_engine_starts_does_not_stand_the_scheduler_down(
+    redis_url: str,
+) -> None:
+    """Scrapy's engine sets ``start_time``, then awaits the engine_started handlers (an extension's
+    may take long), and sets ``running`` only after them. A renewal round in between once took the
+    engine for a closing one and stood StageScheduler and its key line down for good: no slot was
+    wanted or kept again, and the queued requests never left (the crawl hung)."""
+
+    async def scenario() -> None:
+        async with one_key(redis_url, {"detail": 1}, REDISLOCK_KEY_LIMIT=1) as (f, line):
+            scheduler = f.scheduler
+            engine = f.crawler.engine
+            assert scheduler is not None and engine is not None and not engine.running
+            # as ExecutionEngine.start_async has it while engine_started's handlers run
+            engine.start_time, engine._starting = time.time(), True
+            scheduler.tick()
+            assert not scheduler.closing and not line.closed
+            capped = request("detail", 0)
+            scheduler.enqueue_request(capped)
+            assert await f.next_request() is capped  # it has its stage's and key's slots
+            await f.send(capped)
+            f.middleware.process_response(capped, None)  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+
+
 def test_a_request_held_back_for_a_take_when_the_engine_closes_stays_queued(
     redis_proxy: Callable[[], LatencyProxy],
 ) -> None:
