@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 from scrapy_redislock._redis import ProjectScript, ScriptMode, text
 from scrapy_redislock.crawl.engine import finish_uncleanly
 from scrapy_redislock.crawl.epoch import EPOCH_SCRIPT, crawl_scripts
-from scrapy_redislock.crawl.reach import REDIS_ERRORS
+from scrapy_redislock.crawl.reach import REDIS_ERRORS, REFUSED
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -160,16 +160,23 @@ class QueueWatch:
         finish_uncleanly(self.crawler, LOST_REASON, self._last_word)
 
     def unqueueable(self, request: Request, exc: BaseException) -> None:
-        """scrapy-redis failed to queue ``request`` otherwise than by an outage (its serializer
-        refused it): the request is lost. ERROR with why, stat ``redislock/queue_unqueueable``, and
+        """scrapy-redis failed to queue ``request`` otherwise than by an outage (its serializer, or
+        Redis, refused it): the request is lost. ERROR with why, stat ``redislock/queue_unqueueable``, and
         no clean finish."""
         self.crawler.stats.inc_value("redislock/queue_unqueueable")
-        logger.error(
-            "scrapy-redis could not queue %s: %r. The request is lost (redislock/queue_unqueueable), and the crawl will finish as redislock_queue_lost (exit status 1). Every process shares this queue in Redis, so a request must pass scrapy-redis's serializer (SCHEDULER_SERIALIZER): a callback and errback that are methods of the spider, and meta that the serializer can write",  # noqa: E501
-            request,
-            exc,
-            exc_info=exc,
-        )
+        if isinstance(exc, REFUSED):
+            logger.error(
+                "Redis refused to queue %s: %r. The request is lost (redislock/queue_unqueueable), and the crawl will finish as redislock_queue_lost (exit status 1). The crawl's Redis user needs the crawler role, which allows scrapy-redis's queue commands (docs/security.md)",  # noqa: E501
+                request,
+                exc,
+            )
+        else:
+            logger.error(
+                "scrapy-redis could not queue %s: %r. The request is lost (redislock/queue_unqueueable), and the crawl will finish as redislock_queue_lost (exit status 1). Every process shares this queue in Redis, so a request must pass scrapy-redis's serializer (SCHEDULER_SERIALIZER): a callback and errback that are methods of the spider, and meta that the serializer can write",  # noqa: E501
+                request,
+                exc,
+                exc_info=exc,
+            )
         finish_uncleanly(self.crawler, LOST_REASON, lambda: None)
 
     def _last_word(self) -> None:

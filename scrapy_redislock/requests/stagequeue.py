@@ -553,13 +553,13 @@ class SharedStageQueues:
             self.dropped(request)
 
     def _failed(self, exc: BaseException, request: Request | None = None) -> None:
-        """A job failed otherwise than by an outage: a refusal (credentials) is logged and raised
-        from the engine's next ask, as scrapy-redis's own call would have raised it; a request it
-        could not queue for another reason is lost (``lost``)."""
+        """A job failed otherwise than by an outage: a refusal (credentials, an ACL) is raised from
+        the engine's next ask, as scrapy-redis's own call would have raised it; a request that
+        could not be queued, refused or otherwise, is lost (``lost``: no clean finish)."""
         if isinstance(exc, REFUSED):
             self._error = exc
             self.wake()
-        elif request is not None:
+        if request is not None:
             self.lost(request, exc)
             return
         self._log_failure(request, exc)

@@ -7,6 +7,7 @@ tests time only what the clock decides."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -15,7 +16,7 @@ from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
 from scrapy_redislock.requests.queueloss import QueueWatch
-from scrapy_redislock.requests.stagequeue import EMPTY_PAUSE, Route, SharedStageQueues
+from scrapy_redislock.requests.stagequeue import EMPTY_PAUSE, QueueThread, Route, SharedStageQueues
 from testing.clock import FakeClock
 
 
@@ -28,6 +29,7 @@ class Server:
 
     def __init__(self) -> None:
         self.down = False
+        self.refused = False  # the user may not run the queue's commands (an ACL)
 
 
 class ListQueue:
@@ -41,6 +43,10 @@ class ListQueue:
     def _answer(self) -> None:
         if self.server.down:
             raise redis.exceptions.ConnectionError("Error 111 connecting to localhost:6379.")
+        if self.server.refused:
+            raise redis.exceptions.NoPermissionError(
+                "this user has no permissions to run the 'zadd' command"
+            )
 
     def push(self, request: Request) -> None:
         self._answer()
@@ -174,3 +180,31 @@ def test_a_lost_queue_this_process_knew_nothing_of_is_a_warning(
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
     assert crawler.stats.get_value("redislock/queue_lost") is None  # type: ignore[union-attr]
     assert watch.losses == 0
+
+
+def test_a_request_redis_refuses_to_take_back_is_lost_and_said_so() -> None:
+    """A request given back to the shared queue (fetched ahead, or back from the scheduler at close)
+    that Redis refuses (the user may not run the queue's commands): it is lost, so it goes to
+    ``lost`` (QueueWatch: ERROR, no clean finish), and the refusal is raised at the engine's next
+    ask. It was only raised: the request was gone and the crawl could finish as ``finished``."""
+
+    async def scenario() -> None:
+        server = Server()
+        base = ListQueue(server, spider=None, key="shop:requests", serializer=None)
+        thread = QueueThread()
+        thread.engine = True  # in the queue thread, as under an engine
+        shared = SharedStageQueues(
+            base, ["detail"], OpenGate(), asked_while_paused=lambda pause: None, thread=thread
+        )
+        lost: list[tuple[Request, BaseException]] = []
+        shared.lost = lambda request, exc: lost.append((request, exc))
+        server.refused = True
+        given = Request("http://shop.test/detail/1", meta={"stage": "detail"})
+        shared.give_back(given)
+        await thread.drain()
+        thread.close()
+        assert [(r, type(e)) for r, e in lost] == [(given, redis.exceptions.NoPermissionError)]
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            shared.pop()
+
+    asyncio.run(scenario())
