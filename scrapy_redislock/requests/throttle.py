@@ -190,7 +190,13 @@ class ScopeThrottle:
         waits = staged.delay or key_delay or staged.retry_after or scopes
         rated = keyed.rate is not None or staged.rate is not None
         if keyed.limit is None and not (waits or rated):
-            return None
+            # nothing capped now; a slot StageScheduler took for a key or scope it had there goes
+            # back (a middleware before this one changed what the functions read)
+            return (
+                self._through(request, stage, staged, key, keyed, 0.0)
+                if self.held_scopes(request)
+                else None
+            )
         if (
             keyed.limit is not None
             and not (waits or rated)

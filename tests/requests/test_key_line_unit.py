@@ -369,6 +369,38 @@ async def one_key(
         yield f, f.scheduler.keyline
 
 
+def test_a_scope_slot_handed_for_a_request_that_now_has_no_capped_name_goes_back(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """As above, but the middleware before ours takes the request's scope away: it has no capped
+    name now, so it needs no slot, and the one handed for proxy:a goes back at once (it once stayed
+    held until the download ended, counted against proxy:a's cap and bounding the download by its
+    lease)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url, {"detail": None}, REDISLOCK_SCOPES={"proxy:*": {"limit": 1}}
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.keyline is not None
+            throttle = scheduler.keyline.throttle
+            moved = request(None, 0)
+            moved.meta["redislock_scopes"] = ["proxy:a"]
+            scheduler.enqueue_request(moved)
+            assert await f.next_request() is moved
+            assert grants_of(redis_client, "proxy:a") == 1
+            moved.meta["redislock_scopes"] = []  # a middleware before ours
+            await f.send(moved)
+            assert throttle.held_scopes(moved) == []
+            await until(lambda: not throttle.locks.releasing)
+            assert grants_of(redis_client, "proxy:a") == 0
+            f.middleware.process_response(moved, None)  # type: ignore[arg-type]
+        assert light_grants(redis_client) == 0
+        assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
+
+
 def test_a_finished_requests_key_slot_is_kept_for_the_next_queued_request_of_its_key(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
