@@ -135,13 +135,16 @@ def engine_closing(crawler: Crawler) -> bool:
     engine = engine_of(crawler)
     if engine is None:
         return True
+    slot = getattr(engine, "_slot", None)
     if not engine.running:
-        # stopped; not before its start, nor while it starts (engine_started's handlers run, which
-        # may take long: start_time is set then, running not yet, and _starting until a stop)
+        # stopped, or closing the spider (CLOSESPIDER_TIMEOUT's timer runs from spider_opened); not
+        # before its start, nor while it starts (engine_started's handlers run, which may take
+        # long: start_time is set then, running not yet, and _starting until a stop)
+        if slot is not None and getattr(slot, "closing", None) is not None:
+            return True
         return getattr(engine, "start_time", None) is not None and not getattr(
             engine, "_starting", False
         )
-    slot = getattr(engine, "_slot", None)
     return slot is None or getattr(slot, "closing", None) is not None
 
 

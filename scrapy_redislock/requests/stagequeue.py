@@ -486,7 +486,7 @@ class SharedStageQueues:
         # a request scrapy-redis's dupefilter refused (Scrapy's request_dropped signal)
         self.dropped: Callable[[Request], None] = lambda request: None
         # QueueWatch.unqueueable: a request scrapy-redis failed to queue otherwise than by an
-        # outage (its serializer refused it): lost, so the crawl must not finish cleanly
+        # outage (its serializer, or Redis, refused it): lost, so the crawl must not finish cleanly
         self.lost: Callable[[Request, BaseException], None] = self._log_failure
         # with a QueueThread:
         # (its stage, the request, whether it was popped from its stage's own key) from Redis
