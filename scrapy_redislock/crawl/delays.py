@@ -9,9 +9,10 @@
 - :meth:`Delays.wait_rate`: N starts per T seconds, a sliding log on Redis's clock
   (``lock/scripts/rate.lua``), one wait per name and process.
 
-Every operation goes through the keys' registry's one runner (its scripts registered once) and is
-retried with back-off on Redis errors until :meth:`Delays.close`: a start is never let through
-unconfirmed. Reads no settings itself (its owner passes REDISLOCK_RANDOMIZE_DELAY).
+Every operation goes through the keys' registry's one runner (its scripts registered once); a
+booking, a confirmation and a rate window's try are retried with back-off on Redis errors until
+:meth:`Delays.close` (a start is never let through unconfirmed), a late start's correction is not
+(a failure only loses the correction). Reads no settings itself (its owner passes REDISLOCK_RANDOMIZE_DELAY).
 """
 
 from __future__ import annotations

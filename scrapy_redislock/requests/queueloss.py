@@ -17,7 +17,8 @@ epoch than the one seen before means the data is gone:
 - else a WARNING (the dupefilter went with it: pages may be fetched again).
 
 A request scrapy-redis fails to queue otherwise than by an outage (its serializer refuses a
-callback that is not a spider method, or meta it cannot write) is lost too: ERROR naming it,
+callback that is not a spider method, or meta it cannot write; Redis refuses the user or its
+command) is lost too: ERROR naming it,
 stat ``redislock/queue_unqueueable``, and the same finish reason (:meth:`QueueWatch.unqueueable`).
 Scrapy's own scheduler keeps such a request in memory; a shared queue cannot.
 
@@ -166,7 +167,7 @@ class QueueWatch:
         self.crawler.stats.inc_value("redislock/queue_unqueueable")
         if isinstance(exc, REFUSED):
             logger.error(
-                "Redis refused to queue %s: %r. The request is lost (redislock/queue_unqueueable), and the crawl will finish as redislock_queue_lost (exit status 1). The crawl's Redis user needs the crawler role, which allows scrapy-redis's queue commands (docs/security.md)",  # noqa: E501
+                "Redis refused to queue %s: %r. The request is lost (redislock/queue_unqueueable), and the crawl will finish as redislock_queue_lost (exit status 1). The crawl's Redis user and password must still be accepted, and the user needs the crawler role, which allows scrapy-redis's queue commands (docs/security.md)",  # noqa: E501
                 request,
                 exc,
             )

@@ -13,7 +13,8 @@ from testing.inprocess import front
 
 pytestmark = pytest.mark.integration
 
-# Redis's clock is read in microseconds; a start is confirmed against the previous confirmed one
+# starts are confirmed on Redis's clock, in whole microseconds, against the previous confirmed one:
+# exact but for the float division of microseconds to seconds
 TOLERANCE = 0.001
 
 
@@ -22,7 +23,7 @@ def test_starts_keep_their_delay_and_rates_their_window_and_a_forced_shutdown_en
 ) -> None:
     """Two starts of one name are at least its delay apart, and three with room for two per window
     are a window apart, on Redis's clock. A forced shutdown (the renewal loop's unclean close)
-    closes the keys' registry, and the delays with it: no retry of a Redis error goes on after."""
+    closes the keys' registry, and the delays with it (they retry no Redis error after)."""
 
     async def scenario() -> None:
         async with front(redis_url, {"detail": None}, REDISLOCK_STAGE_KEY="domain") as f:
@@ -32,7 +33,6 @@ def test_starts_keep_their_delay_and_rates_their_window_and_a_forced_shutdown_en
             first = await delays.wait_start("key:a", 0.2)
             second = await delays.wait_start("key:a", 0.2)
             assert second.at - first.at >= 0.2 - TOLERANCE
-            assert second.waited > 0 and first.waited == 0
             starts = [(await delays.wait_rate("key:r", 2, 0.3))[0] for _ in range(3)]
             assert starts[2] - starts[0] >= 0.3 - TOLERANCE
             assert not delays.closed

@@ -50,6 +50,8 @@ def test_the_engine_closes_once_it_stops_or_closes_its_spider_and_not_while_it_s
         crawler = get_crawler(NamedSpider)
         crawler.spider = crawler._create_spider()
         engine = crawler.engine = crawler._create_engine()
+        # the attributes the engine's start and stop set (a rename in Scrapy fails here, not silently)
+        assert engine._starting is False and engine.start_time is None and not engine.running
         assert not engine_closing(crawler)  # before its start
         engine.start_time, engine._starting = time.time(), True  # engine_started's handlers run
         assert not engine_closing(crawler)

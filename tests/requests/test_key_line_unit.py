@@ -60,6 +60,7 @@ def test_a_renewal_round_while_the_engine_starts_does_not_stand_the_scheduler_do
             scheduler = f.scheduler
             engine = f.crawler.engine
             assert scheduler is not None and engine is not None and not engine.running
+            assert engine._starting is False  # the attribute Scrapy's start sets: still its name
             # as ExecutionEngine.start_async has it while engine_started's handlers run
             engine.start_time, engine._starting = time.time(), True
             scheduler.tick()
