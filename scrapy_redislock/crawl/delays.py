@@ -12,7 +12,8 @@
 Every operation goes through the keys' registry's one runner (its scripts registered once); a
 booking, a confirmation and a rate window's try are retried with back-off on Redis errors until
 :meth:`Delays.close` (a start is never let through unconfirmed), a late start's correction is not
-(a failure only loses the correction). Reads no settings itself (its owner passes REDISLOCK_RANDOMIZE_DELAY).
+(a failure only loses the correction). Reads no settings itself (its owner passes
+REDISLOCK_RANDOMIZE_DELAY).
 """
 
 from __future__ import annotations
@@ -140,8 +141,8 @@ class Delays:
 
     def went_out(self, start: ConfirmedStart) -> None:
         """The request of ``start`` reached Scrapy's downloader now: if that is more than
-        :data:`LATE_SEND` after its confirmation came back, the name's next start keeps the gap after
-        now (one script, in a task of its own; a failure only loses the correction)."""
+        :data:`LATE_SEND` after its confirmation came back, the name's next start keeps the gap
+        after now (one script, in a task of its own; a failure only loses the correction)."""
         lateness = self.clock() - start.confirmed
         self.stats.max_value("redislock/delay/send_lag_max", lateness)
         if lateness <= LATE_SEND or self.closed:

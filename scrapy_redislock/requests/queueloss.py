@@ -162,8 +162,8 @@ class QueueWatch:
 
     def unqueueable(self, request: Request, exc: BaseException) -> None:
         """scrapy-redis failed to queue ``request`` otherwise than by an outage (its serializer, or
-        Redis, refused it): the request is lost. ERROR with why, stat ``redislock/queue_unqueueable``, and
-        no clean finish."""
+        Redis, refused it): the request is lost. ERROR with why, stat
+        ``redislock/queue_unqueueable``, and no clean finish."""
         self.crawler.stats.inc_value("redislock/queue_unqueueable")
         if isinstance(exc, REFUSED):
             logger.error(

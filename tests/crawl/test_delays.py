@@ -1,6 +1,6 @@
 """Delays in-process (scrapy.utils.test.get_crawler, a real Redis, no crawl): starts a delay apart
-and rate windows on Redis's clock, and the end of the delays with their registry on every close path.
-The delays as a site sees them across processes are in tests/requests/test_keys.py and
+and rate windows on Redis's clock, and the end of the delays with their registry on every close
+path. The delays as a site sees them across processes are in tests/requests/test_keys.py and
 tests/requests/test_scopes.py."""
 
 from __future__ import annotations
