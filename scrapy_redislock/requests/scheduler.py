@@ -320,6 +320,7 @@ class StageScheduler:
         self.shared.enqueue = self.inner.enqueue_request
         self.shared.on_held = self._hold
         self.shared.dropped = self._dropped
+        self.shared.seen_again = self._seen_again
         self.watch = QueueWatch(
             self.crawler, self.shared, self.settings.key_prefix, clock=self.clock
         )
@@ -439,6 +440,15 @@ class StageScheduler:
         assert self.shared is not None
         self.crawler.stats.inc_value("redislock/queue_held")
         self.shared.hold(request, exc)
+
+    def _seen_again(self, request: Request) -> None:
+        """A request held during an outage that scrapy-redis's dupefilter read as seen once Redis
+        answered was queued all the same (in the queue thread): said once, counted."""
+        if not self.crawler.stats.get_value("redislock/queue_held_seen"):
+            logger.info(
+                "A request kept in memory while Redis did not answer reads as seen by scrapy-redis's dupefilter; queued all the same, since Redis may have recorded it and lost the reply: a duplicate may be fetched twice (redislock/queue_held_seen)"  # noqa: E501
+            )
+        self.crawler.stats.inc_value("redislock/queue_held_seen")
 
     def _dropped(self, request: Request) -> None:
         """scrapy-redis's dupefilter refused ``request`` (in the queue thread): the signal the

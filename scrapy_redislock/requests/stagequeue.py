@@ -485,6 +485,8 @@ class SharedStageQueues:
         self.on_held: Callable[[Request, BaseException], None] = self.hold
         # a request scrapy-redis's dupefilter refused (Scrapy's request_dropped signal)
         self.dropped: Callable[[Request], None] = lambda request: None
+        # a held request the dupefilter read as seen when scheduled again, queued all the same
+        self.seen_again: Callable[[Request], None] = lambda request: None
         # QueueWatch.unqueueable: a request scrapy-redis failed to queue otherwise than by an
         # outage (its serializer, or Redis, refused it): lost, so the crawl must not finish cleanly
         self.lost: Callable[[Request, BaseException], None] = self._log_failure
@@ -698,9 +700,15 @@ class SharedStageQueues:
         return request
 
     def _requeue(self) -> None:
-        """Requests kept in memory while Redis did not answer: scheduled again, pushed again."""
+        """Requests kept in memory while Redis did not answer: scheduled again, pushed again. One
+        the dupefilter now reads as seen is pushed all the same (``seen_again``): Redis may have
+        run its first try and lost the reply, which no answer tells from a duplicate, and a page
+        fetched twice is better than a page lost without a word."""
         while self.held and self.enqueue is not None:
-            self.enqueue(self.held[0])  # filtered and pushed (or kept in unpushed)
+            request = self.held[0]
+            if not self.enqueue(request):  # filtered and pushed (or kept in unpushed)
+                self._push_now(self._stage_of(request), request)
+                self.seen_again(request)
             self.held.popleft()
         while self.unpushed:
             stage, unpushed = self.unpushed[0]

@@ -9,12 +9,16 @@ from __future__ import annotations
 import ast
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
 import redis.asyncio
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from scrapy import Request, signals
 
 from scrapy_redislock import AsyncCountingLock
@@ -22,6 +26,7 @@ from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.requests import stagequeue
 from testing.crawlproc import leftover
 from testing.inprocess import front, held, request
+from testing.netproxy import LatencyProxy
 from testing.waiting import until
 
 pytestmark = pytest.mark.integration
@@ -413,3 +418,46 @@ def test_over_scrapy_redis_the_request_fetched_ahead_goes_back_and_refused_ones_
     asyncio.run(scenario())
     assert redis_client.zrange(key, 0, -1) == before
     redis_client.delete(key, "unit:requests", "unit:dupefilter")
+
+
+@pytest.mark.faults
+def test_a_request_held_while_its_dupefilter_reply_was_lost_is_queued_not_dropped(
+    redis_url: str, redis_client: redis.Redis, redis_proxy: Callable[[], LatencyProxy]
+) -> None:
+    """Over scrapy-redis's scheduler, its client behind a network that carries commands but loses
+    the replies (``blackhole("down")``): Redis records the request's fingerprint, the dupefilter's
+    SADD times out, and the request is held in memory. Once Redis answers it is scheduled again and
+    the dupefilter reads it as seen (its own first try): it is queued all the same, counted, and
+    comes out. It was dropped without a word: no stat, no request_dropped, a clean finish."""
+    proxy = redis_proxy()
+    port = urlsplit(redis_url).port
+    settings = {
+        "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
+        "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+        "REDIS_URL": redis_url.replace(f":{port}", f":{proxy.port}", 1),
+        # one try: redis-py's own retries would each wait for a reply that never comes
+        "REDIS_PARAMS": {"socket_timeout": 0.5, "retry": Retry(NoBackoff(), 0)},
+        "SCHEDULER_PERSIST": False,
+    }
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}, **settings) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.shared is not None
+            shared, stats = scheduler.shared, f.crawler.stats
+            assert shared.thread is not None
+            dupefilter = scheduler.inner.df
+            dupefilter.server.ping()  # its connection made before the replies are lost
+            proxy.blackhole("down")
+            lost_reply = Request("http://127.0.0.1:9/detail/7", meta={"redislock_stage": "detail"})
+            assert scheduler.enqueue_request(lost_reply)
+            await until(lambda: stats.get_value("redislock/queue_held") == 1, timeout=10)
+            fingerprint = dupefilter.request_fingerprint(lost_reply)
+            assert redis_client.sismember("unit:dupefilter", fingerprint)  # Redis ran it
+            proxy.heal()
+            taken = await f.next_request()
+            assert taken.url == lost_reply.url
+            assert stats.get_value("redislock/queue_held_seen") == 1
+            assert not shared.in_memory and redis_client.zcard("unit:requests:detail") == 0
+
+    asyncio.run(scenario())
