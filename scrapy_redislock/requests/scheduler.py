@@ -443,7 +443,7 @@ class StageScheduler:
 
     def _seen_again(self, request: Request) -> None:
         """A request held during an outage that scrapy-redis's dupefilter read as seen once Redis
-        answered was queued all the same (in the queue thread): said once, counted."""
+        answered was queued all the same: said once, counted."""
         if not self.crawler.stats.get_value("redislock/queue_held_seen"):
             logger.info(
                 "A request kept in memory while Redis did not answer reads as seen by scrapy-redis's dupefilter; queued all the same, since Redis may have recorded it and lost the reply: a duplicate may be fetched twice (redislock/queue_held_seen)"  # noqa: E501
@@ -451,8 +451,8 @@ class StageScheduler:
         self.crawler.stats.inc_value("redislock/queue_held_seen")
 
     def _dropped(self, request: Request) -> None:
-        """scrapy-redis's dupefilter refused ``request`` (in the queue thread): the signal the
-        engine sends for a request the scheduler did not take."""
+        """scrapy-redis's dupefilter refused ``request``: the signal the engine sends for a request
+        the scheduler did not take."""
         self.crawler.signals.send_catch_log(
             signals.request_dropped, request=request, spider=self.crawler.spider
         )

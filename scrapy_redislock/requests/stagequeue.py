@@ -487,6 +487,9 @@ class SharedStageQueues:
         self.dropped: Callable[[Request], None] = lambda request: None
         # a held request the dupefilter read as seen when scheduled again, queued all the same
         self.seen_again: Callable[[Request], None] = lambda request: None
+        # what became of requests kept in memory, queued again in the queue thread: (the request,
+        # None when it was seen again, else the error that lost it), said on the reactor thread
+        self._requeued: deque[tuple[Request, BaseException | None]] = deque()
         # QueueWatch.unqueueable: a request scrapy-redis failed to queue otherwise than by an
         # outage (its serializer, or Redis, refused it): lost, so the crawl must not finish cleanly
         self.lost: Callable[[Request, BaseException], None] = self._log_failure
@@ -669,11 +672,11 @@ class SharedStageQueues:
         While Redis does not answer (an outage, a Sentinel failover) it answers None and asks again
         after a back-off: one warning when the outage starts, one INFO line when it ends, no
         traceback (plain scrapy-redis raises from the engine's loop at every attempt)."""
-        if not self._threaded():
-            return self._pop_here()
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+        if not self._threaded():
+            return self._pop_here()
         if self.ahead is not None:
             stage, request, _ = self.ahead
             if self.admission.may_go((stage, None)):
@@ -696,24 +699,54 @@ class SharedStageQueues:
             self._ask_at = dict.fromkeys(self.queues, self.clock() + delay)
             self.asked_while_paused(delay)
             return None
+        finally:
+            self._say_requeued()
         self._answers()
         return request
 
     def _requeue(self) -> None:
-        """Requests kept in memory while Redis did not answer: scheduled again, pushed again. One
-        the dupefilter now reads as seen is pushed all the same (``seen_again``): Redis may have
-        run its first try and lost the reply, which no answer tells from a duplicate, and a page
-        fetched twice is better than a page lost without a word."""
+        """Requests kept in memory while Redis did not answer: scheduled again, pushed again, until
+        an outage stops the round (the rest stay in memory). One the dupefilter now reads as seen
+        is pushed all the same: Redis may have run its first try and lost the reply, which no
+        answer tells from a duplicate, and a page fetched twice is better than a page lost without
+        a word. One scrapy-redis cannot queue now (its serializer, or Redis, refuses it) is lost,
+        not tried for ever in front of the others. Both are said by :meth:`_say_requeued`."""
         while self.held and self.enqueue is not None:
             request = self.held[0]
-            if not self.enqueue(request):  # filtered and pushed (or kept in unpushed)
-                self._push_now(self._stage_of(request), request)
-                self.seen_again(request)
+            self._queue_again(request, functools.partial(self._schedule_again, request))
             self.held.popleft()
         while self.unpushed:
-            stage, unpushed = self.unpushed[0]
-            self.queues[stage].push(unpushed)
+            stage, request = self.unpushed[0]
+            self._queue_again(request, functools.partial(self.queues[stage].push, request))
             self.unpushed.popleft()
+
+    def _schedule_again(self, request: Request) -> None:
+        assert self.enqueue is not None
+        if not self.enqueue(request):  # filtered and pushed (or kept in unpushed)
+            self._push_now(self._stage_of(request), request)
+            self._requeued.append((request, None))
+
+    def _queue_again(self, request: Request, attempt: Callable[[], object]) -> None:
+        """``attempt`` to queue ``request`` again: an outage is raised (it stays in memory), any
+        other error loses it."""
+        try:
+            attempt()
+        except OUTAGE_ERRORS as exc:
+            if not isinstance(exc, REFUSED):
+                raise
+            self._requeued.append((request, exc))
+        except Exception as exc:  # whatever scrapy-redis raised: said as lost
+            self._requeued.append((request, exc))
+
+    def _say_requeued(self) -> None:
+        """On the reactor thread: the held requests queued again though seen (``seen_again``),
+        and those lost (:meth:`_failed`: a refusal is raised at the engine's next ask)."""
+        while self._requeued:
+            request, exc = self._requeued.popleft()
+            if exc is None:
+                self.seen_again(request)
+            else:
+                self._failed(exc, request)
 
     def _candidates(self, now: float) -> tuple[list[str | None], float | None]:
         """The sub-queues to ask now, in turn order, and when the first paused one may be asked."""
@@ -787,6 +820,7 @@ class SharedStageQueues:
     def _fetched(self, done: asyncio.Future[Any]) -> None:
         self._fetch = None
         now = self.clock()
+        self._say_requeued()
         try:
             stage, request, empty = done.result()
         except OUTAGE_ERRORS as exc:

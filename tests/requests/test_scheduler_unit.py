@@ -435,8 +435,9 @@ def test_a_request_held_while_its_dupefilter_reply_was_lost_is_queued_not_droppe
         "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
         "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
         "REDIS_URL": redis_url.replace(f":{port}", f":{proxy.port}", 1),
-        # one try: redis-py's own retries would each wait for a reply that never comes
-        "REDIS_PARAMS": {"socket_timeout": 0.5, "retry": Retry(NoBackoff(), 0)},
+        # one try: redis-py's own retries would each wait for a reply that never comes; a timeout
+        # no busy machine's reply reaches once the network is back
+        "REDIS_PARAMS": {"socket_timeout": 2.0, "retry": Retry(NoBackoff(), 0)},
         "SCHEDULER_PERSIST": False,
     }
 
@@ -451,9 +452,9 @@ def test_a_request_held_while_its_dupefilter_reply_was_lost_is_queued_not_droppe
             proxy.blackhole("down")
             lost_reply = Request("http://127.0.0.1:9/detail/7", meta={"redislock_stage": "detail"})
             assert scheduler.enqueue_request(lost_reply)
-            await until(lambda: stats.get_value("redislock/queue_held") == 1, timeout=10)
             fingerprint = dupefilter.request_fingerprint(lost_reply)
-            assert redis_client.sismember("unit:dupefilter", fingerprint)  # Redis ran it
+            await until(lambda: redis_client.sismember("unit:dupefilter", fingerprint))  # ran
+            await until(lambda: stats.get_value("redislock/queue_held") == 1, timeout=10)
             proxy.heal()
             taken = await f.next_request()
             assert taken.url == lost_reply.url

@@ -208,3 +208,63 @@ def test_a_request_redis_refuses_to_take_back_is_lost_and_said_so() -> None:
             shared.pop()
 
     asyncio.run(scenario())
+
+
+def test_held_requests_are_queued_again_one_seen_all_the_same_one_unwritable_lost() -> None:
+    """Requests held while Redis did not answer are queued again at the next pop, in order. One
+    the dupefilter reads as seen (its first try ran, the reply lost) is pushed all the same and said
+    (``seen_again``). One scrapy-redis cannot queue now (its serializer refuses it) is lost and said
+    (``lost``), and those behind it go on. It was tried again at every pop, raising into the engine,
+    and nothing behind it was ever queued."""
+    shared, _ = shared_queues(FakeClock())
+    recorded: set[str] = set()  # scrapy-redis's dupefilter
+
+    def enqueue(request: Request) -> bool:
+        if request.meta.get("unwritable"):
+            raise ValueError("Function <lambda> is not an instance method in: <ShopSpider>")
+        if request.url in recorded:
+            return False
+        recorded.add(request.url)
+        shared.push(request)
+        return True
+
+    shared.enqueue = enqueue
+    seen_again: list[Request] = []
+    lost: list[tuple[Request, type[BaseException]]] = []
+    shared.seen_again = seen_again.append
+    shared.lost = lambda request, exc: lost.append((request, type(exc)))
+    unwritable = Request("http://shop.test/detail/1", meta={"stage": "detail", "unwritable": 1})
+    its_reply_lost = Request("http://shop.test/detail/2", meta={"stage": "detail"})
+    recorded.add(its_reply_lost.url)  # Redis ran its SADD
+    fresh = Request("http://shop.test/detail/3", meta={"stage": "detail"})
+    for request in (unwritable, its_reply_lost, fresh):
+        shared.hold(request, redis.exceptions.TimeoutError("Timeout reading from localhost:6379"))
+
+    assert [shared.pop(), shared.pop(), shared.pop()] == [its_reply_lost, fresh, None]
+    assert seen_again == [its_reply_lost]
+    assert lost == [(unwritable, ValueError)]
+    assert not shared.in_memory
+
+
+def test_a_held_request_redis_refuses_once_it_answers_is_lost_and_the_refusal_raised() -> None:
+    """A request held during an outage that Redis refuses to queue once it answers (the user may
+    no longer run the queue's commands): lost and said (``lost``), and the refusal raised at the
+    engine's next ask, as scrapy-redis's own call would raise it; not retried at every pop, each
+    raising."""
+    shared, _ = shared_queues(FakeClock())
+
+    def refused(request: Request) -> bool:
+        raise redis.exceptions.NoPermissionError(
+            "this user has no permissions to run the 'zadd' command"
+        )
+
+    shared.enqueue = refused
+    lost: list[Request] = []
+    shared.lost = lambda request, exc: lost.append(request)
+    held = Request("http://shop.test/detail/1", meta={"stage": "detail"})
+    shared.hold(held, redis.exceptions.ConnectionError("Error 111 connecting to localhost:6379."))
+    assert shared.pop() is None
+    assert lost == [held] and not shared.in_memory
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        shared.pop()
+    assert shared.pop() is None
