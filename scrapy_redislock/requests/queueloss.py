@@ -212,3 +212,9 @@ class SharedQueueKeys:
     def of(cls, prefix: str, queue_key: str) -> SharedQueueKeys:
         """``<prefix>:shared:{<the spider's queue key>}:epoch``."""
         return cls(epoch=f"{prefix}:shared:{{{queue_key}}}:epoch")
+
+    @staticmethod
+    def popped(prefix: str, sub_queue_key: str, process: str) -> str:
+        """``<prefix>:shared:{<a sub-queue's key>}:popped:<process>``: a process's last pop of that
+        sub-queue (crawl/scripts/shared_pop.lua), in the sub-queue's hash slot."""
+        return f"{prefix}:shared:{{{sub_queue_key}}}:popped:{process}"

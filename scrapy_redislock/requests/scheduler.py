@@ -311,6 +311,7 @@ class StageScheduler:
             base,
             self.slots.stages if self.slots is not None else [],
             self.admission,
+            prefix=self.settings.key_prefix,
             asked_while_paused=self._wake_later,
             thread=self.queue_thread,
             wake=self._wake,

@@ -35,18 +35,21 @@ import logging
 import math
 import re
 import time
+import uuid
 import weakref
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from scrapy.utils.misc import build_from_crawler
-from scrapy_redis.queue import FifoQueue
+from scrapy_redis.queue import FifoQueue, LifoQueue, PriorityQueue
 
-from scrapy_redislock._redis import Backoff
+from scrapy_redislock._redis import Backoff, ProjectScript, ScriptMode
+from scrapy_redislock.crawl.epoch import SHARED_POP_SCRIPT, crawl_scripts
 from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REFUSED
+from scrapy_redislock.requests.queueloss import SharedQueueKeys
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable
@@ -67,6 +70,11 @@ UNCAPPED: Route = (None, None)
 EMPTY_PAUSE = 0.05
 EMPTY_PAUSE_MOST = 0.5
 OUTAGE_PAUSE_MOST = 2.0  # seconds between attempts at most while Redis does not answer
+# how scrapy-redis's own queue classes pop (crawl/scripts/shared_pop.lua); another class pops itself
+POP_KINDS: dict[type, str] = {PriorityQueue: "priority", FifoQueue: "fifo", LifoQueue: "lifo"}
+# ms a process's last pop of a sub-queue is kept in Redis: longer than any outage a process comes
+# back from to ask again; it goes at the process's close
+POPPED_KEPT_MS = 24 * 3600 * 1000
 
 logger = logging.getLogger(__name__)
 
@@ -430,7 +438,12 @@ class SharedStageQueues:
     the next fetch; the engine is woken when it arrives. A process holds out of Redis at most that
     one request besides what left the scheduler (never more: the next is fetched only once it is
     taken), and it goes back to its place in Redis (:func:`_return_to`) when its stage cannot take
-    it any more, or when the spider closes (:meth:`settle`)."""
+    it any more, or when the spider closes (:meth:`settle`).
+
+    A pop of scrapy-redis's own queue classes is ``crawl/scripts/shared_pop.lua``: the pop as
+    scrapy-redis's, kept aside in Redis under this process's number for it, so that the same pop
+    again after its reply was lost (a silent network, redis-py's own retry) answers the same request
+    rather than the next one, the first lost without a word."""
 
     def __init__(
         self,
@@ -438,6 +451,7 @@ class SharedStageQueues:
         stages: Iterable[str],
         admission: Admission,
         *,
+        prefix: str,
         asked_while_paused: Callable[[float], None],
         thread: QueueThread | None = None,
         wake: Callable[[], None] = lambda: None,
@@ -457,6 +471,15 @@ class SharedStageQueues:
                 key=self.key_of(stage),
                 serializer=base.serializer,
             )
+        process = uuid.uuid4().hex[:12]
+        self._popped = {  # this process's last pop of each sub-queue (REDISLOCK_KEY_PREFIX)
+            stage: SharedQueueKeys.popped(prefix, str(queue.key), process)
+            for stage, queue in self.queues.items()
+        }
+        self._pops = dict.fromkeys(self.queues, 0)  # each sub-queue's pops that brought a request
+        self._pop_script = ProjectScript(
+            base.server, crawl_scripts()[SHARED_POP_SCRIPT], ScriptMode()
+        )
         self._pauses = {
             stage: Backoff(first=EMPTY_PAUSE, most=EMPTY_PAUSE_MOST) for stage in self.queues
         }
@@ -765,7 +788,7 @@ class SharedStageQueues:
         now = self.clock()
         asked, paused_until = self._candidates(now)
         for stage in asked:
-            request = self.queues[stage].pop()
+            request = self._take(stage)
             if request is None:
                 self._ask_at[stage] = now + self._pauses[stage].next()
                 continue
@@ -780,6 +803,29 @@ class SharedStageQueues:
         if paused_until is not None:
             self.asked_while_paused(paused_until - now)
         return None
+
+    def _take(self, stage: str | None) -> Request | None:
+        """One request from ``stage``'s sub-queue, popped as scrapy-redis pops it; the same pop
+        again (a reply lost) answers the same request (see the class)."""
+        queue = self.queues[stage]
+        kind = POP_KINDS.get(type(queue))
+        if kind is None:
+            return cast("Request | None", queue.pop())
+        number = self._pops[stage] + 1
+        keys = [queue.key, self._popped[stage]]
+        data = self._pop_script(keys=keys, args=[kind, number, POPPED_KEPT_MS])
+        if data is None:
+            return None
+        self._pops[stage] = number  # out of Redis: the next pop is another, read or not
+        return cast("Request", queue._decode_request(data))
+
+    def _forget_pops(self) -> None:
+        """At close: this process's records of its last pops go."""
+        for stage, pops in self._pops.items():
+            if pops:
+                self._pop_script(
+                    keys=[self.queues[stage].key, self._popped[stage]], args=["forget", 0, 0]
+                )
 
     def _took(self, stage: str | None) -> None:
         self._pauses[stage].reset()
@@ -811,7 +857,7 @@ class SharedStageQueues:
         self._requeue()
         empty: list[str | None] = []
         for stage in asked:
-            request = self.queues[stage].pop()
+            request = self._take(stage)
             if request is not None:
                 return stage, request, empty
             empty.append(stage)
@@ -940,11 +986,16 @@ class SharedStageQueues:
             self.give_back(request, back=own)
         if self.thread is not None:
             await self.thread.drain()
+            with suppress(*OUTAGE_ERRORS):
+                await self.thread.run(self._forget_pops)
 
     def close(self) -> int:
         """The queues live in Redis: only requests scheduled while it did not answer, and never
         queued since, are lost; how many (StageScheduler reports them)."""
         lost = self.in_memory + (self.ahead is not None)
+        if not self._threaded() and self._out_since is None:
+            with suppress(*OUTAGE_ERRORS):
+                self._forget_pops()
         self.held.clear()
         self.unpushed.clear()
         self.ahead = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,9 +18,15 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 import scrapy
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from scrapy.utils.test import get_crawler
 from scrapy_redis.queue import PriorityQueue
+from scrapy_redis.scheduler import Scheduler
 
 from scrapy_redislock.lock.permit import LockKeys
+from scrapy_redislock.requests.stagequeue import SharedStageQueues
+from testing.clock import FakeClock
 from testing.crawlproc import Crawl, leftover
 from testing.netproxy import LatencyProxy
 from testing.site import CrawlSite
@@ -259,3 +266,71 @@ def test_nothing_blocks_the_reactor_over_a_redis_a_few_ms_away(
     fetched = sum(site.hits.values())
     assert 0 < fetched < 100
     assert queued(redis_client) == 100 - fetched
+
+
+class OpenStages:
+    """Every sub-queue may go; a request's stage is its meta's ``redislock_stage``."""
+
+    def route(self, request: scrapy.Request) -> tuple[str | None, None]:
+        return (request.meta.get("redislock_stage"), None)
+
+    def may_go(self, route: tuple[str | None, None]) -> bool:
+        return True
+
+
+@pytest.mark.faults
+def test_a_pop_whose_reply_was_lost_answers_the_same_request_when_asked_again(
+    redis_url: str, redis_client: redis.Redis, redis_proxy: Callable[[], LatencyProxy]
+) -> None:
+    """scrapy-redis's queue split by stage, its client behind a network that carries commands but
+    loses the replies: the pop of the first request runs in Redis and its reply never comes (an
+    outage: nothing popped). Once Redis answers, the pop asked again answers that same request (its
+    record in Redis), and the second is still queued; the record goes when the queue closes.
+    scrapy-redis's own pop took the second then, and the first was gone without a word. Driven
+    synchronously (no queue thread: the same pop as in it), so the lost reply is the pop's."""
+    proxy = redis_proxy()
+    port = urlsplit(redis_url).port
+    crawler = get_crawler(
+        PlanSpider,
+        {
+            "REDIS_URL": redis_url.replace(f":{port}", f":{proxy.port}", 1),
+            "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+            # one try, and a timeout no busy machine's reply reaches once the network is back
+            "REDIS_PARAMS": {"socket_timeout": 2.0, "retry": Retry(NoBackoff(), 0)},
+        },
+    )
+    spider = PlanSpider(base="http://shop.test")
+    spider._set_crawler(crawler)
+    inner = Scheduler.from_crawler(crawler)
+    inner.open(spider)
+    clock = FakeClock()  # the sub-queues' pauses
+    shared = SharedStageQueues(
+        inner.queue,
+        ["detail"],
+        OpenStages(),
+        prefix="redislock",
+        asked_while_paused=lambda _: None,
+        clock=clock,
+    )
+    assert shared.pop() is None  # both found empty: the spider's own key paused
+    first, second = (
+        scrapy.Request(
+            f"http://shop.test/detail/{n}", meta={"redislock_stage": "detail"}, priority=p
+        )
+        for n, p in ((1, 10), (2, 0))
+    )
+    shared.push(first)  # detail's pause ends
+    shared.push(second)
+    key = "plan:requests:detail"
+    assert redis_client.zcard(key) == 2
+    proxy.blackhole("down")
+    assert shared.pop() is None  # detail's pop ran, its reply lost: an outage
+    assert redis_client.zcard(key) == 1
+    clock.advance(60)  # past the outage's pause
+    proxy.heal()
+    taken = shared.pop()
+    assert taken is not None and taken.url == first.url
+    assert redis_client.zcard(key) == 1 and redis_client.keys("redislock:shared:*:popped:*")
+    shared.close()
+    assert not redis_client.keys("redislock:shared:*:popped:*")
+    redis_client.delete(key, "plan:requests")

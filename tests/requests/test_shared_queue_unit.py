@@ -84,7 +84,12 @@ def shared_queues(clock: FakeClock) -> tuple[SharedStageQueues, list[float]]:
     base = ListQueue(Server(), spider=None, key="shop:requests", serializer=None)
     paused: list[float] = []
     shared = SharedStageQueues(
-        base, ["detail"], OpenGate(), asked_while_paused=paused.append, clock=clock
+        base,
+        ["detail"],
+        OpenGate(),
+        prefix="redislock",
+        asked_while_paused=paused.append,
+        clock=clock,
     )
     return shared, paused
 
@@ -194,7 +199,12 @@ def test_a_request_redis_refuses_to_take_back_is_lost_and_said_so() -> None:
         thread = QueueThread()
         thread.engine = True  # in the queue thread, as under an engine
         shared = SharedStageQueues(
-            base, ["detail"], OpenGate(), asked_while_paused=lambda pause: None, thread=thread
+            base,
+            ["detail"],
+            OpenGate(),
+            prefix="redislock",
+            asked_while_paused=lambda pause: None,
+            thread=thread,
         )
         lost: list[tuple[Request, BaseException]] = []
         shared.lost = lambda request, exc: lost.append((request, exc))
