@@ -105,11 +105,20 @@ class StageAdmission:
         if stage is None:
             return key is None or self.keyline is None or self.keyline.may_go(key)
         room = key is None or self.keyline is None or self.keyline.has_room(key)
-        if self.slots.kept.ready(stage) or not self._waits_here():
+        if self.slots.kept.ready(stage) or not self._waits_here() or not self._capped(stage):
             return room
         if room:
             self.slots.lines.ask(stage)
         return False
+
+    def _capped(self, stage: str) -> bool:
+        """Whether ``stage`` is capped now: a sub-queue a JOBDIR kept from a crawl where it was, and
+        it no longer is (or is no longer configured), lets its requests go to the middleware, which
+        lets them through or fails them naming the stage; no slot would ever come for them."""
+        try:
+            return self.slots.locks.is_capped(stage)
+        except UnknownStage:
+            return False
 
     def _waits_here(self) -> bool:
         """A capped request waits for its stage's slot here, not in the downloader (where it would

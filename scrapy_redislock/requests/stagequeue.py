@@ -727,13 +727,15 @@ class SharedStageQueues:
         self._answers()
         return request
 
-    def _requeue(self) -> None:
+    def _requeue(self) -> bool:
         """Requests kept in memory while Redis did not answer: scheduled again, pushed again, until
         an outage stops the round (the rest stay in memory). One the dupefilter now reads as seen
         is pushed all the same: Redis may have run its first try and lost the reply, which no
         answer tells from a duplicate, and a page fetched twice is better than a page lost without
         a word. One scrapy-redis cannot queue now (its serializer, or Redis, refuses it) is lost,
-        not tried for ever in front of the others. Both are said by :meth:`_say_requeued`."""
+        not tried for ever in front of the others. Both are said by :meth:`_say_requeued`. Whether
+        any left memory."""
+        before = self.in_memory
         while self.held and self.enqueue is not None:
             request = self.held[0]
             self._queue_again(request, functools.partial(self._schedule_again, request))
@@ -742,6 +744,7 @@ class SharedStageQueues:
             stage, request = self.unpushed[0]
             self._queue_again(request, functools.partial(self.queues[stage].push, request))
             self.unpushed.popleft()
+        return self.in_memory < before
 
     def _schedule_again(self, request: Request) -> None:
         assert self.enqueue is not None
@@ -850,25 +853,25 @@ class SharedStageQueues:
 
     def _fetch_now(
         self, asked: list[str | None]
-    ) -> tuple[str | None, Request | None, list[str | None]]:
+    ) -> tuple[str | None, Request | None, list[str | None], bool]:
         """In the queue thread: what was kept in memory goes to Redis first, then one pop per
         sub-queue in turn until one gives a request: (its sub-queue, it, the sub-queues found
-        empty)."""
-        self._requeue()
+        empty, whether requests kept in memory went to Redis)."""
+        requeued = self._requeue()
         empty: list[str | None] = []
         for stage in asked:
             request = self._take(stage)
             if request is not None:
-                return stage, request, empty
+                return stage, request, empty, requeued
             empty.append(stage)
-        return None, None, empty
+        return None, None, empty, requeued
 
     def _fetched(self, done: asyncio.Future[Any]) -> None:
         self._fetch = None
         now = self.clock()
         self._say_requeued()
         try:
-            stage, request, empty = done.result()
+            stage, request, empty, requeued = done.result()
         except OUTAGE_ERRORS as exc:
             if isinstance(exc, REFUSED):
                 self._failed(exc)
@@ -882,6 +885,8 @@ class SharedStageQueues:
             self.wake()
             return
         self._answers()
+        if requeued:
+            self._length = None  # a look before this fetch did not see them: has_requests() looks
         for name in empty:
             self._ask_at[name] = now + self._pauses[name].next()
             if name is not None:
@@ -974,12 +979,17 @@ class SharedStageQueues:
             queue.clear()
 
     async def settle(self) -> None:
-        """At close, while the reactor runs: the fetch under way comes back, the request fetched
-        ahead goes back to its place in Redis (never dropped), and every job given before is
-        done."""
+        """At close, while the reactor runs: the fetch under way comes back, the requests kept in
+        memory go to Redis if it answers now (else they are lost: :meth:`close`), the request
+        fetched ahead goes back to its place in Redis (never dropped), and every job given before
+        is done."""
         self.closing = True
         if self._fetch is not None:
             await asyncio.wait([self._fetch])
+        if self.in_memory and self.thread is not None:
+            with suppress(*OUTAGE_ERRORS):
+                await self.thread.run(self._requeue)
+            self._say_requeued()
         if self.ahead is not None:
             _, request, own = self.ahead
             self.ahead = None

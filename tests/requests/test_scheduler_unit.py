@@ -462,3 +462,33 @@ def test_a_request_held_while_its_dupefilter_reply_was_lost_is_queued_not_droppe
             assert not shared.in_memory and redis_client.zcard("unit:requests:detail") == 0
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("stages", [{"detail": None}, {"comments": 1}], ids=["uncapped", "gone"])
+def test_a_jobdir_sub_queue_of_a_stage_no_longer_capped_lets_its_requests_go(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path, stages: dict[str, int | None]
+) -> None:
+    """A crawl paused with requests of the capped stage ``detail`` in its JOBDIR, resumed with
+    ``detail`` uncapped (or no longer configured): the sub-queue kept for it lets its requests go
+    to the middleware (which lets them through, or fails them naming the stage). They waited for a
+    slot that never comes, and the crawl never finished."""
+    jobdir = str(tmp_path / "job")
+
+    async def paused() -> None:
+        async with front(redis_url, {"detail": 1}, JOBDIR=jobdir) as f:
+            assert f.scheduler is not None
+            for n in range(3):
+                f.scheduler.enqueue_request(request("detail", n))
+
+    async def resumed() -> None:
+        async with front(redis_url, stages, JOBDIR=jobdir) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and len(scheduler) == 3
+            taken = [await f.next_request() for _ in range(3)]
+            assert sorted(r.url for r in taken) == sorted(
+                request("detail", n).url for n in range(3)
+            )
+            assert not scheduler.has_pending_requests()
+
+    asyncio.run(paused())
+    asyncio.run(resumed())

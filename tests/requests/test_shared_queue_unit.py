@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 import pytest
 import redis.exceptions
@@ -18,6 +19,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_redislock.requests.queueloss import QueueWatch
 from scrapy_redislock.requests.stagequeue import EMPTY_PAUSE, QueueThread, Route, SharedStageQueues
 from testing.clock import FakeClock
+from testing.waiting import until
 
 
 class ShopSpider(Spider):
@@ -278,3 +280,92 @@ def test_a_held_request_redis_refuses_once_it_answers_is_lost_and_the_refusal_ra
     with pytest.raises(redis.exceptions.NoPermissionError):
         shared.pop()
     assert shared.pop() is None
+
+
+def test_a_held_request_queued_again_is_seen_by_the_next_look_not_read_from_an_older_one() -> None:
+    """A request held (its dupefilter's SADD timed out) while the fetch behind it found Redis
+    answering: the outage ends with it still in memory; a renewal tick's look reads the queue empty;
+    the next fetch queues it into its stage's key, which has no slot to be asked. The queue still
+    has it: has_requests() looks again instead of answering from the look before. It answered
+    False, and the engine closed the spider "finished" with the request in Redis (flushed unless
+    SCHEDULER_PERSIST)."""
+
+    class NoSlotForDetail(OpenGate):
+        def may_go(self, route: Route) -> bool:
+            return route[0] is None
+
+    async def scenario() -> None:
+        thread = QueueThread()
+        thread.engine = True  # in the queue thread, as under an engine
+        base = ListQueue(Server(), spider=None, key="shop:requests", serializer=None)
+        shared = SharedStageQueues(
+            base,
+            ["detail"],
+            NoSlotForDetail(),
+            prefix="redislock",
+            asked_while_paused=lambda pause: None,
+            thread=thread,
+        )
+        lost_replies = [redis.exceptions.TimeoutError("Timeout reading from localhost:6379")]
+
+        def enqueue(request: Request) -> bool:
+            if lost_replies:
+                raise lost_replies.pop()
+            shared.push(request)
+            return True
+
+        async def look() -> None:
+            shared.looked(await thread.run(lambda: sum(len(q) for q in shared.queues.values())))
+
+        shared.enqueue = enqueue
+        shared.look = look
+        held = Request("http://shop.test/detail/1", meta={"stage": "detail"})
+        shared.schedule(held)  # its SADD times out: held
+        shared.pop()  # a fetch, behind it, finds Redis answering
+        ran = threading.Event()
+        thread.run(ran.set)
+        # both ran in the queue thread before their answers reached this one (the reactor's): the
+        # fetch had nothing in memory to queue
+        assert ran.wait(10)
+        await thread.drain()
+        assert shared.in_memory == 1 and shared._out_since is None
+        await look()  # a renewal tick's look: nothing in Redis
+        shared.pop()  # the next fetch queues it into detail's key
+        await thread.drain()
+        assert shared.queues["detail"].requests == [held] and not shared.in_memory
+        assert shared.has_requests()  # and it starts a look
+        await until(lambda: shared._looking is None)
+        assert shared.has_requests() and len(shared) == 1
+        thread.close()
+
+    asyncio.run(scenario())
+
+
+def test_requests_held_in_memory_go_to_redis_at_close_if_it_answers() -> None:
+    """A request held during an outage, and the spider closes before the next fetch: if Redis
+    answers now, settle() queues it (kept with SCHEDULER_PERSIST, for the next run); none is lost.
+    It was counted lost (ERROR, redislock_queue_lost), though one push would have kept it."""
+
+    async def scenario() -> None:
+        thread = QueueThread()
+        thread.engine = True  # in the queue thread, as under an engine
+        base = ListQueue(Server(), spider=None, key="shop:requests", serializer=None)
+        shared = SharedStageQueues(
+            base,
+            ["detail"],
+            OpenGate(),
+            prefix="redislock",
+            asked_while_paused=lambda pause: None,
+            thread=thread,
+        )
+        shared.enqueue = lambda request: shared.push(request) or True
+        held = Request("http://shop.test/detail/1", meta={"stage": "detail"})
+        shared.hold(
+            held, redis.exceptions.ConnectionError("Error 111 connecting to localhost:6379.")
+        )
+        await shared.settle()
+        assert shared.queues["detail"].requests == [held]
+        assert shared.close() == 0
+        thread.close()
+
+    asyncio.run(scenario())
