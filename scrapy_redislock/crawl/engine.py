@@ -2,8 +2,8 @@
 
 Each function degrades to something safe should a future Scrapy rename what it reads: the engine's
 heartbeat takes over from :func:`wake_engine`, REDISLOCK_WAIT_TIMEOUT from :func:`engine_closing`,
-the downloader's set from
-:func:`in_progress`. Reads no settings.
+the downloader's set from :func:`in_progress`; :func:`at_download_start` warns once and the bound
+set when the request left the front stands. Reads no settings.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from scrapy.utils.asyncio import is_asyncio_available
 from scrapy_redislock.errors import ConfigError
 
 if TYPE_CHECKING:
+    from scrapy import Request
     from scrapy.core.scheduler import BaseScheduler
     from scrapy.crawler import Crawler
 
@@ -107,6 +108,34 @@ def engine_of(crawler: Crawler) -> Any:
         return getattr(crawler, "engine", None)
     except RuntimeError:
         return None
+
+
+def at_download_start(crawler: Crawler, hook: Callable[[Request], None]) -> None:
+    """Call ``hook(request)`` as each request's download starts: when the download handler gets
+    it, after its downloader slot's queue and delay (DOWNLOAD_DELAY, AutoThrottle,
+    CONCURRENT_REQUESTS_PER_DOMAIN), which may outlast a slot's lease. Both Scrapy 2.18 and 2.19
+    call ``downloader.handlers.download_request_async`` there, and only there; it is wrapped once
+    per crawler, for every hook given."""
+    hooks: list[Callable[[Request], None]] | None = getattr(crawler, "_redislock_starts", None)
+    if hooks is not None:
+        hooks.append(hook)
+        return
+    handlers = getattr(getattr(engine_of(crawler), "downloader", None), "handlers", None)
+    download = getattr(handlers, "download_request_async", None)
+    if handlers is None or download is None:
+        logger.warning(
+            "This Scrapy's downloader has no handlers.download_request_async: a download that waited in its downloader slot (DOWNLOAD_DELAY, CONCURRENT_REQUESTS_PER_DOMAIN) is bounded by its slot's lease as it was when it left the scheduler or StageLockMiddleware"  # noqa: E501
+        )
+        return
+    hooks = [hook]
+    crawler._redislock_starts = hooks  # type: ignore[attr-defined]
+
+    async def download_request_async(request: Request) -> Any:
+        for each in hooks:
+            each(request)
+        return await download(request)
+
+    handlers.download_request_async = download_request_async
 
 
 def wake_engine(crawler: Crawler) -> None:

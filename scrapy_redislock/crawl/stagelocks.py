@@ -104,7 +104,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import redis.exceptions
 from scrapy import signals
-from scrapy.exceptions import CloseSpider
+from scrapy.exceptions import CloseSpider, DownloadTimeoutError
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.reactor import is_reactor_installed
 
@@ -166,6 +166,18 @@ def within_lease(request: Request, left: float, default: float) -> bool:
     # never 0: Scrapy reads a 0 timeout as none
     meta["download_timeout"] = max(0.001, min(own, left))
     return left < own
+
+
+def within_lease_at_start(request: Request, left: float, default: float) -> None:
+    """As ``request``'s download starts (:func:`~scrapy_redislock.crawl.engine.at_download_start`):
+    bounded by ``left`` again, what is left of its slot's lease as now confirmed. When nothing is
+    left (the process was cut off from Redis while the request waited in its downloader slot) it
+    is not sent: Scrapy's DownloadTimeoutError, retried like any."""
+    if left <= 0:
+        raise DownloadTimeoutError(
+            f"Getting {request.url} did not start: its slot's lease ran out while it waited in its downloader slot"
+        )
+    within_lease(request, left, default)
 
 
 def slot_id(permit: SlotPermit) -> str:
@@ -915,4 +927,5 @@ __all__ = [
     "SystemEvents",
     "slot_id",
     "within_lease",
+    "within_lease_at_start",
 ]

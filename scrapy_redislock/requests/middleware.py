@@ -64,9 +64,14 @@ from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.misc import load_object
 
 from scrapy_redislock.crawl.early import EARLY_TYPES, MIDDLEWARE_PATH, middlewares_after
-from scrapy_redislock.crawl.engine import check_reactor, one_line_config_errors
+from scrapy_redislock.crawl.engine import at_download_start, check_reactor, one_line_config_errors
 from scrapy_redislock.crawl.settings import read_settings
-from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks, within_lease
+from scrapy_redislock.crawl.stagelocks import (
+    SlotPermit,
+    StageLocks,
+    within_lease,
+    within_lease_at_start,
+)
 from scrapy_redislock.crawl.stages import check_stage_names, stage_of
 from scrapy_redislock.errors import AcquireTimeout, ConfigError, ThrottlingDisabled, UnknownStage
 from scrapy_redislock.requests.closewaits import CloseWaits
@@ -142,7 +147,9 @@ class StageLockMiddleware:
 
     def spider_opened(self, spider: Spider) -> None:
         """Say so when a cache or robots.txt middleware runs after this one (its requests would take
-        slots)."""
+        slots); bound downloads by their slots' leases again as they start."""
+        if self.locks is not None:
+            at_download_start(self.crawler, self._at_download_start)
         late = [
             type(mw).__name__
             for mw in middlewares_after(self.crawler, self)
@@ -189,14 +196,31 @@ class StageLockMiddleware:
         is cut (the log says so at start-up when DOWNLOAD_TIMEOUT is longer than REDISLOCK_TTL);
         counted as ``redislock/<stage>/lease_bounded`` (``redislock/keys/<key>/lease_bounded``)
         when the lease is shorter than the request's own timeout."""
-        assert self.locks is not None and self.slots is not None
         self.outcomes.going(request)
-        # its stage's slot, and its key's and scopes' too: the cap of a broad crawl is its key's
+        first = self._first_lease_end(request)
+        if first is None:
+            return
+        locks, permit, end = first
+        if within_lease(request, end - self.clock(), self.download_timeout):
+            locks.count(locks.stage_of(permit) or permit.name, "lease_bounded")
+
+    def _at_download_start(self, request: Request) -> None:
+        """As its download starts, after its downloader slot's queue and delay: bounded again by
+        its slots' leases as now confirmed. One that ran out meanwhile (this process cut off from
+        Redis) is cut at once, not sent while its slot may be another process's."""
+        first = self._first_lease_end(request)
+        if first is not None:
+            within_lease_at_start(request, first[2] - self.clock(), self.download_timeout)
+
+    def _first_lease_end(self, request: Request) -> tuple[StageLocks, SlotPermit, float] | None:
+        """Of the slots ``request`` holds (its stage's, and its key's and scopes' too: the cap of a
+        broad crawl is its key's), the one whose lease ends first, as last confirmed: its registry,
+        it, and that end less half its renewal interval; None when it holds none."""
+        assert self.slots is not None
         held = self.slots.held(request)
         if not held:
-            return
-        # the slot whose lease ends first, less half its renewal interval (read once per slot: a
-        # registry's interval is a property over its locks)
+            return None
+        # read once per slot: a registry's interval is a property over its locks
         lines, permit = held[0]
         locks = lines.locks
         end = permit.valid_until - locks.renew_interval / 2
@@ -204,9 +228,7 @@ class StageLockMiddleware:
             other_end = other.valid_until - other_lines.locks.renew_interval / 2
             if other_end < end:
                 locks, permit, end = other_lines.locks, other, other_end
-        left = end - self.clock()
-        if within_lease(request, left, self.download_timeout):
-            locks.count(locks.stage_of(permit) or permit.name, "lease_bounded")
+        return locks, permit, end
 
     def _through(self, request: Request) -> Coroutine[Any, Any, None] | None:
         """What ``request`` waits for here before it may go: a coroutine, or None when it may go

@@ -96,6 +96,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -105,10 +106,10 @@ from scrapy.utils.defer import deferred_from_coro
 
 from scrapy_redislock._loop import every
 from scrapy_redislock._redis import Backoff
-from scrapy_redislock.crawl.engine import check_reactor, finish_uncleanly
+from scrapy_redislock.crawl.engine import at_download_start, check_reactor, finish_uncleanly
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.settings import read_settings, read_worker_settings
-from scrapy_redislock.crawl.stagelocks import StageLocks, within_lease
+from scrapy_redislock.crawl.stagelocks import StageLocks, within_lease, within_lease_at_start
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.workers.feed import StartUrlFeed
@@ -130,6 +131,7 @@ if TYPE_CHECKING:
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
     from scrapy_redislock.lock.core import Clock
+    from scrapy_redislock.lock.permit import Permit
 
 logger = logging.getLogger(__name__)
 
@@ -229,6 +231,9 @@ class StageWorkerScheduler(BaseScheduler):
         self.leftover = 0
         self.said_all_filtered = False
         self.download_timeout = crawler.settings.getfloat("DOWNLOAD_TIMEOUT", 180)
+        # requests handed out under a stage's slot, not yet started: bounded by its lease again as
+        # their download starts
+        self._leases: weakref.WeakKeyDictionary[Request, Permit] = weakref.WeakKeyDictionary()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> StageWorkerScheduler:
@@ -275,6 +280,7 @@ class StageWorkerScheduler(BaseScheduler):
         if not await self.locks.start_once():
             return  # Redis unreachable or refusing us: logged, and the spider_opened signal closes the spider
         self.locks.join_renewal()
+        at_download_start(self.crawler, self._at_download_start)
         self.listener.feed = StartUrlFeed(
             self.queues.client,
             self.spider,
@@ -462,11 +468,21 @@ class StageWorkerScheduler(BaseScheduler):
         if request is not None and permit is not None:
             # its download ends before the slot's lease, as last confirmed, can run out
             within_lease(request, permit.valid_until - now - margin / 2, self.download_timeout)
+            self._leases[request] = permit
         if self.state.current is not None and len(inflight.buffer) < inflight.concurrency:
             # Top up before the buffer runs dry, or leave a drained stage. Without a stage the
             # engine's polls cost Redis nothing: the worker waits in Redis for a signal.
             self.state.wake()
         return request
+
+    def _at_download_start(self, request: Request) -> None:
+        """As a download starts, after its downloader slot's queue and delay: bounded again by its
+        stage slot's lease as now confirmed. One that ran out meanwhile (this worker cut off from
+        Redis) is cut at once, not sent while the slot may be another worker's."""
+        permit = self._leases.pop(request, None)
+        if permit is not None:
+            left = permit.valid_until - self.clock() - self.locks.renew_interval / 2
+            within_lease_at_start(request, left, self.download_timeout)
 
     def may_close(self) -> bool:
         """For the spider's idle handler: no work anywhere in the cluster for REDISLOCK_IDLE_CLOSE

@@ -151,19 +151,36 @@ def test_the_healthy_processes_get_the_silent_one_s_waits_slots_back_and_go_on(
         assert {f"/detail/{n}" for n in range(150)} <= set(site.hits)
 
 
+# Scrapy's downloader queues a process's requests per site: with one at a time and a delay between
+# them, a request that left the middleware with its slot waits there, and starts after the lease
+# ran out
+QUEUED_IN_DOWNLOADER = {"CONCURRENT_REQUESTS_PER_DOMAIN": 1, "DOWNLOAD_DELAY": 2}
+
+
+@pytest.mark.parametrize("queued", [False, True], ids=["downloading", "queued-in-downloader"])
 def test_a_cut_off_holder_s_downloads_end_before_its_slots_go_to_others(
     redis_url: str,
     redis_client: redis.Redis,
     redis_proxy: Callable[[], LatencyProxy],
     tmp_path: Path,
+    queued: bool,
 ) -> None:
     """TTL 3 s, 6 s pages: before the fix, the cut-off holder's downloads ran on after Redis had
     given their slots to the others (5 in flight at the site, cap 3). Now every capped download
-    ends within its slot's lease as last confirmed: here each is cut (a page longer than a lease)."""
+    ends within its slot's lease as last confirmed: here each is cut (a page longer than a lease).
+    And with its requests queued in Scrapy's downloader (one at a time per site, 2 s apart): those
+    that started there after the leases ran out, their download timeouts set as they left the
+    middleware, ran at the site while Redis could give their slots to others; now they are bounded
+    again as they start, and not sent."""
     proxy = redis_proxy()
     with CrawlSite(delay=6) as site:
         site.watch_disconnects = True  # an aborted download leaves the site's count at once
-        common = {"REDISLOCK_TTL": 3, "DOWNLOAD_TIMEOUT": 20, "REDISLOCK_WAITERS_PER_STAGE": 3}
+        common: dict[str, Any] = {
+            "REDISLOCK_TTL": 3,
+            "DOWNLOAD_TIMEOUT": 20,
+            "REDISLOCK_WAITERS_PER_STAGE": 3,
+            **(QUEUED_IN_DOWNLOADER if queued else {}),
+        }
         # a rival holds every slot until all three processes wait in Redis's line, the holder first
         rival = CountingLock(
             redis.Redis.from_url(redis_url), "detail", limit=3, ttl=3, auto_renew=True
@@ -182,7 +199,8 @@ def test_a_cut_off_holder_s_downloads_end_before_its_slots_go_to_others(
             wait_until(lambda: blocked_reads(redis_client) >= 4, 60, "the others wait behind it")
             for permit in held:
                 rival.release(permit)
-            wait_until(lambda: in_flight_of(site, {"c"}) >= 2, 30, "the holder downloads")
+            downloading = 1 if queued else 2
+            wait_until(lambda: in_flight_of(site, {"c"}) >= downloading, 30, "the holder downloads")
             proxy.blackhole()  # cut off while holding: its leases run out unrenewed
             # the others get the slots once the holder's leases ran out; by then its downloads
             # were aborted
@@ -204,6 +222,8 @@ def test_a_cut_off_holder_s_downloads_end_before_its_slots_go_to_others(
                 if k.startswith("downloader/exception_type_count/") and "Timeout" in k
             )
             assert cut == stats.get("redislock/detail/lease_bounded") == 3, stats
+        if queued:
+            assert any("did not start" in line for line in holder.lines), holder.tail()
         print(f"most detail requests in flight at the site: {site.max_in_flight['detail']} (cap 3)")
 
 

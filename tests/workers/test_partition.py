@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
+import redis
 
 from testing.crawlproc import staged_worker
 from testing.netproxy import LatencyProxy
@@ -48,11 +49,23 @@ def in_flight_of(site: CrawlSite, who: str) -> int:
         return site.workers_in_flight["detail"].get(who, 0)
 
 
+# Scrapy's downloader queues a worker's requests per site: with one at a time and a delay between
+# them, a request handed out under the slot's lease waits there, and starts after the lease ran out
+QUEUED_IN_DOWNLOADER = {"CONCURRENT_REQUESTS_PER_DOMAIN": 1, "DOWNLOAD_DELAY": 2}
+
+
+@pytest.mark.parametrize("queued", [False, True], ids=["downloading", "queued-in-downloader"])
 def test_a_cut_off_worker_s_downloads_end_before_its_slot_goes_to_another(
-    redis_url: str, redis_proxy: Callable[[], LatencyProxy]
+    redis_url: str,
+    redis_client: redis.Redis,  # flushed: no queue a killed worker of another test left
+    redis_proxy: Callable[[], LatencyProxy],
+    queued: bool,
 ) -> None:
     """TTL 3 s, 6 s pages, detail capped at 3 workers, 4 workers: before the fix the cut-off
-    worker's downloads ran on after the fourth had taken its slot (4 workers in flight)."""
+    worker's downloads ran on after the fourth had taken its slot (4 workers in flight). And with
+    its requests queued in Scrapy's downloader (one at a time per site, 2 s apart): one that
+    started there after the lease ran out, its download timeout set when it was handed out, ran
+    while the fourth held the slot; now it is bounded again as it starts, and not sent."""
     proxy = redis_proxy()
     with CrawlSite(delay=6) as site:
         site.watch_disconnects = True  # an aborted download leaves the site's count at once
@@ -62,6 +75,7 @@ def test_a_cut_off_worker_s_downloads_end_before_its_slot_goes_to_another(
             "RETRY_ENABLED": False,
             "DOWNLOAD_TIMEOUT": 20,
             "LOG_LEVEL": "WARNING",
+            **(QUEUED_IN_DOWNLOADER if queued else {}),
         }
         plan = "detail:400"
         cut = Worker(staged_worker(proxy.url, site.url, plan, {**settings, "USER_AGENT": "w1"}))
@@ -85,6 +99,12 @@ def test_a_cut_off_worker_s_downloads_end_before_its_slot_goes_to_another(
                 30,
                 "the other three download",
             )
+            if queued:
+                wait_until(
+                    lambda: any("did not start" in line for line in cut.lines),
+                    30,
+                    "its request queued in the downloader not sent",
+                )
             assert site.max_workers["detail"] <= 3, site.samples[-30:]
         finally:
             proxy.heal()
