@@ -50,6 +50,10 @@ def __getattr__(name: str) -> object:
         from scrapy_redislock.workers.mixin import StageWorkerMixin
 
         return StageWorkerMixin
+    if name == "LeaseRanOut":
+        from scrapy_redislock.crawl.stagelocks import LeaseRanOut
+
+        return LeaseRanOut
     if name == "RedisClient":
         from scrapy_redislock.crawl.connection import RedisClient
 
@@ -72,6 +76,7 @@ __all__ = [
     "CountingLock",
     "InvalidArgument",
     "KeyFunctionError",
+    "LeaseRanOut",
     "LockConnectionError",
     "LockError",
     "LockKeys",

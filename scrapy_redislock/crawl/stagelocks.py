@@ -118,7 +118,7 @@ from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REDIS_ERRORS, REFUSED
 from scrapy_redislock.crawl.renewer import Renewer, gather_bounded
 from scrapy_redislock.crawl.settings import group_of
 from scrapy_redislock.crawl.waitreports import WaitReports
-from scrapy_redislock.errors import AcquireTimeout, ConfigError, Paused, UnknownStage
+from scrapy_redislock.errors import AcquireTimeout, ConfigError, LockError, Paused, UnknownStage
 from scrapy_redislock.lock.aio import AsyncCountingLock
 from scrapy_redislock.lock.base import CommandRunner
 from scrapy_redislock.lock.core import release_consumer
@@ -168,13 +168,19 @@ def within_lease(request: Request, left: float, default: float) -> bool:
     return left < own
 
 
+class LeaseRanOut(DownloadTimeoutError, LockError):
+    """A capped request not sent: its slot's lease ran out while it waited in Scrapy's downloader
+    (its process cut off from Redis). A DownloadTimeoutError, so retried as one; a LockError, so
+    the adaptive limits do not count it against the site, which never saw it."""
+
+
 def within_lease_at_start(request: Request, left: float, default: float) -> None:
     """As ``request``'s download starts (:func:`~scrapy_redislock.crawl.engine.at_download_start`):
     bounded by ``left`` again, what is left of its slot's lease as now confirmed. When nothing is
     left (the process was cut off from Redis while the request waited in its downloader slot) it
-    is not sent: Scrapy's DownloadTimeoutError, retried like any."""
+    is not sent: :class:`LeaseRanOut`, retried like a download timeout."""
     if left <= 0:
-        raise DownloadTimeoutError(
+        raise LeaseRanOut(
             f"Getting {request.url} did not start: its slot's lease ran out while it waited in its downloader slot"
         )
     within_lease(request, left, default)
@@ -921,6 +927,7 @@ class StageLocks:
 
 __all__ = [
     "OWN_TIMEOUT",
+    "LeaseRanOut",
     "SlotPermit",
     "StageLock",
     "StageLocks",

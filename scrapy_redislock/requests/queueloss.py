@@ -189,13 +189,14 @@ class QueueWatch:
 
 
 def unqueued_at_close(crawler: Crawler, count: int) -> None:
-    """Requests kept in memory while Redis did not answer, never queued before the close: lost.
-    ERROR once, stat ``redislock/queue_unqueued``, and no clean finish."""
+    """Requests kept in memory while Redis did not answer, never queued before the close, and a
+    request whose pop got no reply that could not be asked again: lost. ERROR once, stat
+    ``redislock/queue_unqueued``, and no clean finish."""
     if not count:
         return
     crawler.stats.inc_value("redislock/queue_unqueued", count)
     logger.error(
-        "%d request(s) scheduled while the shared queue in Redis did not answer could not be queued before the spider closed: they are lost (redislock/queue_unqueued), and the crawl finishes as redislock_queue_lost. Run the crawl again to fetch them",  # noqa: E501
+        "%d request(s) scheduled or popped while the shared queue in Redis did not answer could not be queued before the spider closed: they are lost (redislock/queue_unqueued), and the crawl finishes as redislock_queue_lost. Run the crawl again to fetch them",  # noqa: E501
         count,
     )
     finish_uncleanly(crawler, LOST_REASON, lambda: None)
@@ -215,6 +216,11 @@ class SharedQueueKeys:
 
     @staticmethod
     def popped(prefix: str, sub_queue_key: str, process: str) -> str:
-        """``<prefix>:shared:{<a sub-queue's key>}:popped:<process>``: a process's last pop of that
-        sub-queue (crawl/scripts/shared_pop.lua), in the sub-queue's hash slot."""
-        return f"{prefix}:shared:{{{sub_queue_key}}}:popped:{process}"
+        """``<prefix>:shared:{<a sub-queue's hash tag>}:popped:<process>:<its key>``: a process's
+        last pop of that sub-queue (crawl/scripts/shared_pop.lua), in the sub-queue's hash slot:
+        tagged with what Redis Cluster hashes of its key (the tag a Cluster deployment gives it,
+        ``{%(spider)s}:requests``, else the whole key)."""
+        start = sub_queue_key.find("{")
+        end = sub_queue_key.find("}", start + 1) if start >= 0 else -1
+        tag = sub_queue_key[start + 1 : end] if end > start + 1 else sub_queue_key
+        return f"{prefix}:shared:{{{tag}}}:popped:{process}:{sub_queue_key}"

@@ -477,6 +477,9 @@ class SharedStageQueues:
             for stage, queue in self.queues.items()
         }
         self._pops = dict.fromkeys(self.queues, 0)  # each sub-queue's pops that brought a request
+        # sub-queues whose last pop got no reply: its request may be in the record only, until the
+        # same pop is asked again (at the latest at close)
+        self._unanswered: set[str | None] = set()
         self._pop_script = ProjectScript(
             base.server, crawl_scripts()[SHARED_POP_SCRIPT], ScriptMode()
         )
@@ -816,14 +819,22 @@ class SharedStageQueues:
             return cast("Request | None", queue.pop())
         number = self._pops[stage] + 1
         keys = [queue.key, self._popped[stage]]
+        self._unanswered.add(stage)
         data = self._pop_script(keys=keys, args=[kind, number, POPPED_KEPT_MS])
+        self._unanswered.discard(stage)
         if data is None:
             return None
         self._pops[stage] = number  # out of Redis: the next pop is another, read or not
         return cast("Request", queue._decode_request(data))
 
     def _forget_pops(self) -> None:
-        """At close: this process's records of its last pops go."""
+        """At close: a request whose pop got no reply, its sub-queue not asked since, is taken
+        from the record by the same pop and goes back to its place; then this process's records
+        of its last pops go."""
+        for stage in list(self._unanswered):
+            request = self._take(stage)
+            if request is not None:
+                _return_to(self.queues[stage], request)
         for stage, pops in self._pops.items():
             if pops:
                 self._pop_script(
@@ -938,6 +949,8 @@ class SharedStageQueues:
         if self._threaded():
             if self.in_memory or self.ahead is not None or self._out_since is not None:
                 return True
+            if self._unanswered:
+                return True  # a pop's reply lost: its request is in Redis until asked again
             assert self.thread is not None
             if self.thread.jobs or self._looking is not None:
                 return True
@@ -947,7 +960,9 @@ class SharedStageQueues:
                 return True
             return self._length > 0
         try:
-            found = bool(self.in_memory) or any(len(queue) > 0 for queue in self.queues.values())
+            found = bool(self.in_memory or self._unanswered) or any(
+                len(queue) > 0 for queue in self.queues.values()
+            )
         except OUTAGE_ERRORS:
             return True
         if not found and self.check is not None:
@@ -1001,11 +1016,14 @@ class SharedStageQueues:
 
     def close(self) -> int:
         """The queues live in Redis: only requests scheduled while it did not answer, and never
-        queued since, are lost; how many (StageScheduler reports them)."""
-        lost = self.in_memory + (self.ahead is not None)
-        if not self._threaded() and self._out_since is None:
+        queued since, are lost, and one whose pop got no reply if it cannot be asked again now;
+        how many (StageScheduler reports them)."""
+        if not self._threaded():
             with suppress(*OUTAGE_ERRORS):
                 self._forget_pops()
+        # a pop whose reply was lost and that could not be asked again: its request stays in the
+        # record, which nobody reads (it expires)
+        lost = self.in_memory + (self.ahead is not None) + len(self._unanswered)
         self.held.clear()
         self.unpushed.clear()
         self.ahead = None

@@ -61,12 +61,18 @@ class StartUrlFeed:
             return [member for member, _score in pairs]
         return list(await self.client.lpop(key, self.batch) or [])
 
-    def requests(self, entries: Iterable[Any]) -> list[Request]:
-        """The requests ``make_request_from_data`` makes of the entries (JSON or plain URLs)."""
+    def requests(self, entries: Iterable[Any]) -> tuple[list[Request], list[tuple[Any, Exception]]]:
+        """The requests ``make_request_from_data`` makes of the entries (JSON or plain URLs), and
+        the entries it failed on, with why: one bad entry (a URL with no scheme) costs itself, not
+        the batch popped with it."""
         assert self.make is not None
         out: list[Request] = []
+        failed: list[tuple[Any, Exception]] = []
         for data in entries:
-            made = self.make(data)
-            many = isinstance(made, Iterable) and not isinstance(made, Request)
-            out += [r for r in (made if many else [made]) if isinstance(r, Request)]
-        return out
+            try:
+                made = self.make(data)
+                many = isinstance(made, Iterable) and not isinstance(made, Request)
+                out += [r for r in (made if many else [made]) if isinstance(r, Request)]
+            except Exception as exc:  # whatever the spider's method raised
+                failed.append((data, exc))
+        return out, failed

@@ -180,6 +180,7 @@ class Heartbeat:
             return False
         knew, queued = self.knows_of_work(), sum(self.state.lengths.values())
         ahead = self.inflight.drop_ahead()
+        self.inflight.detach()  # their ids name entries of the new record now
         # the shared dupefilter went with the rest: what this worker sent is no longer there
         self.outbox.known.clear()
         for request in ahead:

@@ -43,6 +43,10 @@ logger = logging.getLogger("scrapy_redislock.workers.scheduler")
 EXCERPT = 60  # bytes of an entry that cannot be loaded shown in the log and in the dead-letter note
 
 
+# the in-flight id of a request whose record Redis lost (:meth:`InFlight.detach`): never acknowledged
+DETACHED = ""
+
+
 class InFlight:
     """The requests this worker holds in its in-flight record (see the module docstring)."""
 
@@ -139,10 +143,19 @@ class InFlight:
         self.own -= returned
         return returned
 
+    def detach(self) -> None:
+        """Redis lost the crawl state: the in-flight ids of the requests in progress, and of those
+        finished and not acknowledged yet, named entries of the lost record. The new record's ids
+        start again from 1, so those ids may name new entries: never acknowledged (an ack would
+        drop another worker's or a new request of this one's); the requests still finish here."""
+        self.handed = dict.fromkeys(self.handed, DETACHED)
+        self.unstaged = dict.fromkeys(self.unstaged, DETACHED)
+        self.acks.clear()
+
     def known_ids(self) -> list[str]:
         """The in-flight ids this worker knows it holds: taken ahead, in the engine, finished and
         being acked."""
-        return [
+        ids = [
             *(inflight_id for _, inflight_id in self.buffer),
             *self.handed.values(),
             *(str(inflight_id) for _, inflight_id in self.outbox.local if inflight_id is not None),
@@ -150,6 +163,7 @@ class InFlight:
             *self.acks,
             *self.acking,
         ]
+        return [inflight_id for inflight_id in ids if inflight_id != DETACHED]
 
     # -- popping -----------------------------------------------------------------------------------
 
@@ -220,9 +234,10 @@ class InFlight:
             return
         unfinished = in_progress(self.crawler) or set()
         done = [request for request in self.handed if request not in unfinished]
-        self.acks += [self.handed.pop(request) for request in done]
         unstaged = [request for request in self.unstaged if request not in unfinished]
-        self.acks += [self.unstaged.pop(request) for request in unstaged]
+        finished = [self.handed.pop(request) for request in done]
+        finished += [self.unstaged.pop(request) for request in unstaged]
+        self.acks += [inflight_id for inflight_id in finished if inflight_id != DETACHED]
         if (done or unstaged) and (self.acker is None or self.acker.done()):
             self.acker = asyncio.get_running_loop().create_task(self._ack_soon())
             self.tasks.add(self.acker)

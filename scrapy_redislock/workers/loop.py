@@ -12,16 +12,18 @@ Redis going away is not an error: a step that fails in an outage is retried afte
 one WARNING per outage and one INFO when Redis answers again
 (:class:`~scrapy_redislock.workers.outage.OutageLog`); the worker never idle-closes on what it could
 not read. Reads no settings (the scheduler passes what it read). Stats:
-``redislock/workers/{start_urls,redis_errors}``, ``redislock/workers/<stage>/dequeued``.
+``redislock/workers/{start_urls,start_urls_unusable,redis_errors}``,
+``redislock/workers/<stage>/dequeued``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING, Any
 
 from scrapy_redislock._redis import Backoff
-from scrapy_redislock.crawl.engine import wake_engine
+from scrapy_redislock.crawl.engine import finish_uncleanly, wake_engine
 from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REDIS_ERRORS, REFUSED
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.workers.policy import next_wake
@@ -43,6 +45,9 @@ if TYPE_CHECKING:
 
 # seconds the loop waits past a due heartbeat for the blocked wait to end (a fallback)
 WAIT_GRACE = 1.0
+
+
+logger = logging.getLogger(__name__)
 
 
 class WorkerLoop:
@@ -246,7 +251,10 @@ class WorkerLoop:
             entries = await feed.read()
         if not entries:
             return
-        for request in feed.requests(entries):
+        made, failed = feed.requests(entries)
+        for data, exc in failed:
+            self._unusable_start_url(data, exc)
+        for request in made:
             stage = stage_of(request, self.settings, self.crawler.spider)
             if stage is not None:
                 state.start_urls_to(stage)
@@ -256,6 +264,20 @@ class WorkerLoop:
         await asyncio.gather(*set(self.outbox.pushes))
         state.busy()
         state.look_again()
+
+    def _unusable_start_url(self, data: Any, exc: Exception) -> None:
+        """An entry of the start-URL feed the spider's ``make_request_from_data`` failed on: taken
+        from Redis, it is lost; said at ERROR with the entry, counted, and the crawl does not finish
+        cleanly (``redislock_start_urls_lost``)."""
+        feed = self.listener.feed
+        logger.error(
+            "Start URL entry %r from %s made no request, and is dropped: %r",
+            data,
+            feed.key if feed is not None else "the feed",
+            exc,
+        )
+        self.stats.inc_value("redislock/workers/start_urls_unusable")
+        finish_uncleanly(self.crawler, "redislock_start_urls_lost", lambda: None)
 
     def _outage_step(self, exc: BaseException) -> bool:
         """A step failed on a Redis error. An outage (down, paused, restarting, failing over): one

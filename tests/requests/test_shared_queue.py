@@ -279,13 +279,15 @@ class OpenStages:
 
 
 @pytest.mark.faults
+@pytest.mark.parametrize("then", ["asked-again", "closed"])
 def test_a_pop_whose_reply_was_lost_answers_the_same_request_when_asked_again(
-    redis_url: str, redis_client: redis.Redis, redis_proxy: Callable[[], LatencyProxy]
+    redis_url: str, redis_client: redis.Redis, redis_proxy: Callable[[], LatencyProxy], then: str
 ) -> None:
     """scrapy-redis's queue split by stage, its client behind a network that carries commands but
     loses the replies: the pop of the first request runs in Redis and its reply never comes (an
     outage: nothing popped). Once Redis answers, the pop asked again answers that same request (its
-    record in Redis), and the second is still queued; the record goes when the queue closes.
+    record in Redis), and the second is still queued; the record goes when the queue closes. Closed
+    before that pop is asked again, the queue still has the request, and it goes back to its place.
     scrapy-redis's own pop took the second then, and the first was gone without a word. Driven
     synchronously (no queue thread: the same pop as in it), so the lost reply is the pop's."""
     proxy = redis_proxy()
@@ -328,9 +330,20 @@ def test_a_pop_whose_reply_was_lost_answers_the_same_request_when_asked_again(
     assert redis_client.zcard(key) == 1
     clock.advance(60)  # past the outage's pause
     proxy.heal()
-    taken = shared.pop()
-    assert taken is not None and taken.url == first.url
-    assert redis_client.zcard(key) == 1 and redis_client.keys("redislock:shared:*:popped:*")
-    shared.close()
+    assert shared.has_requests()  # the first is in the record only
+    if then == "asked-again":
+        taken = shared.pop()
+        assert taken is not None and taken.url == first.url
+        assert redis_client.zcard(key) == 1 and redis_client.keys("redislock:shared:*:popped:*")
+        assert shared.close() == 0
+    else:
+        assert shared.close() == 0
+        # back to its place, ahead of the second
+        assert [
+            shared.queues["detail"]._decode_request(d).url for d in redis_client.zrange(key, 0, -1)
+        ] == [
+            first.url,
+            second.url,
+        ]
     assert not redis_client.keys("redislock:shared:*:popped:*")
     redis_client.delete(key, "plan:requests")

@@ -13,10 +13,11 @@ import threading
 
 import pytest
 import redis.exceptions
+from redis.crc import key_slot
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
-from scrapy_redislock.requests.queueloss import QueueWatch
+from scrapy_redislock.requests.queueloss import QueueWatch, SharedQueueKeys
 from scrapy_redislock.requests.stagequeue import EMPTY_PAUSE, QueueThread, Route, SharedStageQueues
 from testing.clock import FakeClock
 from testing.waiting import until
@@ -369,3 +370,13 @@ def test_requests_held_in_memory_go_to_redis_at_close_if_it_answers() -> None:
         thread.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("sub_queue", ["shop:requests:detail", "{shop}:requests:detail"])
+def test_a_pops_record_is_in_its_sub_queues_cluster_slot(sub_queue: str) -> None:
+    """The record of a process's last pop and the sub-queue are one script's keys: one Cluster
+    slot, whether the queue key has a hash tag (SCHEDULER_QUEUE_KEY = "{%(spider)s}:requests", as a
+    Cluster deployment sets it) or none."""
+    record = SharedQueueKeys.popped("redislock", sub_queue, "a1b2c3")
+    assert key_slot(record.encode()) == key_slot(sub_queue.encode())
+    assert record.endswith(f":popped:a1b2c3:{sub_queue}")

@@ -578,3 +578,25 @@ def test_requests_popped_by_a_call_whose_reply_was_lost_go_back_at_the_next_beat
         assert stat(output, "redislock/workers/reclaimed") == 5
         assert set(site.hits) == {f"/a/{n}" for n in range(120)} and set(site.hits.values()) == {1}
         assert redis_client.keys("redislock:{staged}:inflight*") == []
+
+
+@pytest.mark.integration
+@pytest.mark.crawl
+def test_a_start_url_entry_that_makes_no_request_costs_itself_not_its_batch(
+    redis_url: str, redis_client: redis.Redis, small_shop: ShopSite, tmp_path: Path
+) -> None:
+    """Three entries of the start-URL feed, read in one batch, the second a URL with no scheme: the
+    two good ones are crawled, the bad one is said at ERROR with the entry, counted, and the crawl
+    does not finish cleanly (exit status 1). The spider's make_request_from_data raised for the
+    whole batch: all three were lost, with a traceback only."""
+    redis_client.flushdb()
+    bad = json.dumps({"url": "shop.test/list/9"})
+    good = [json.dumps({"url": url}) for url in small_shop.list_urls()]
+    redis_client.rpush("shop:start_urls", good[0], bad, good[1])
+    worker = shop_worker("shop", redis_url, tmp_path / "audit.json", REDISLOCK_IDLE_CLOSE=1)
+    output, _ = worker.communicate(timeout=60)
+    assert set(small_shop.hits) == small_shop.expected_paths(), output[-3000:]
+    assert f"Start URL entry {bad.encode()!r} from shop:start_urls made no request" in output
+    assert "'redislock/workers/start_urls_unusable': 1" in output
+    assert "'finish_reason': 'redislock_start_urls_lost'" in output
+    assert worker.returncode == 1

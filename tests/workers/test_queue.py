@@ -445,6 +445,57 @@ def test_the_scheduler_strands_nothing_when_it_pops_just_after_being_taken_for_d
     asyncio.run(main())
 
 
+def test_requests_in_progress_when_redis_lost_the_state_never_ack_the_new_records_ids(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Redis lost the crawl state (a restart without persistence, FLUSHALL) while this worker had
+    three requests in progress: the new record's ids start again from 1, and the new requests it
+    pops get the ids the old ones had. When the old ones finish, their acks must not drop the new
+    entries: they did, the in-flight counter fell to 0 (the crawl could read as ended), and the new
+    requests could not be given back."""
+
+    async def main() -> None:
+        crawler = get_crawler(StagedSpider, {"REDIS_URL": redis_url, "REDISLOCK_WORKER_STAGES": {"a": None},
+                                             "CONCURRENT_REQUESTS": 2})  # fmt: skip
+        crawler.spider = crawler._create_spider()
+        crawler.engine = crawler._create_engine()  # not started: nothing is in progress there
+        scheduler = StageWorkerScheduler.from_crawler(crawler)
+        scheduler.spider = crawler.spider
+        queues, inflight = scheduler.queues, scheduler.inflight
+
+        async def push(name: str) -> None:
+            for n in range(3):
+                request = scrapy.Request(
+                    f"http://shop.test/{name}/{n}", meta={"redislock_stage": "a"}
+                )
+                await queues.push("a", "", scheduler.encode(request))
+
+        try:
+            await push("old")
+            await scheduler.heartbeat.beat("a")
+            scheduler.state.current = "a"
+            assert await scheduler.loop.fill() == 3
+            old = [inflight.hand() for _ in range(3)]
+            assert all(old)
+            redis_client.flushall()  # Redis lost the crawl state
+            await push("new")
+            await scheduler.heartbeat.beat("a")  # reads another epoch
+            assert scheduler.heartbeat.lost
+            assert await scheduler.loop.fill() == 3
+            new_ids = {inflight_id for _, inflight_id in inflight.buffer}
+            inflight.ack_finished()  # the old ones are done (none in progress in the engine)
+            await asyncio.gather(*inflight.tasks)
+            recorded = {k.decode() for k in redis_client.hgetall(queues.inflight_key)}
+            assert recorded == new_ids
+            assert int(redis_client.get(queues.keys.in_flight) or 0) == 3
+            assert await inflight.give_back_ahead() == 3
+            assert redis_client.llen(queues.keys.queue("a")) == 3
+        finally:
+            await queues.client.aclose()
+
+    asyncio.run(main())
+
+
 # -- batches of any size (review 2, finding e09: Lua's unpack stops at about 8000 values) ----------
 
 BIG = 10_000  # 2 x CONCURRENT_REQUESTS 5000: well over what one unpack takes (2 values per popped request)
