@@ -97,6 +97,23 @@ def shared_queues(clock: FakeClock) -> tuple[SharedStageQueues, list[float]]:
     return shared, paused
 
 
+def threaded_shared_queues(gate: OpenGate) -> tuple[SharedStageQueues, QueueThread]:
+    """The shared queue with one capped stage, ``detail``, its scrapy-redis calls in a queue
+    thread, as under an engine (run it inside an event loop)."""
+    thread = QueueThread()
+    thread.engine = True
+    base = ListQueue(Server(), spider=None, key="shop:requests", serializer=None)
+    shared = SharedStageQueues(
+        base,
+        ["detail"],
+        gate,
+        prefix="redislock",
+        asked_while_paused=lambda pause: None,
+        thread=thread,
+    )
+    return shared, thread
+
+
 def pops(shared: SharedStageQueues) -> dict[str | None, int]:
     return {stage: queue.pops for stage, queue in shared.queues.items()}
 
@@ -296,17 +313,7 @@ def test_a_held_request_queued_again_is_seen_by_the_next_look_not_read_from_an_o
             return route[0] is None
 
     async def scenario() -> None:
-        thread = QueueThread()
-        thread.engine = True  # in the queue thread, as under an engine
-        base = ListQueue(Server(), spider=None, key="shop:requests", serializer=None)
-        shared = SharedStageQueues(
-            base,
-            ["detail"],
-            NoSlotForDetail(),
-            prefix="redislock",
-            asked_while_paused=lambda pause: None,
-            thread=thread,
-        )
+        shared, thread = threaded_shared_queues(NoSlotForDetail())
         lost_replies = [redis.exceptions.TimeoutError("Timeout reading from localhost:6379")]
 
         def enqueue(request: Request) -> bool:
@@ -348,17 +355,7 @@ def test_requests_held_in_memory_go_to_redis_at_close_if_it_answers() -> None:
     It was counted lost (ERROR, redislock_queue_lost), though one push would have kept it."""
 
     async def scenario() -> None:
-        thread = QueueThread()
-        thread.engine = True  # in the queue thread, as under an engine
-        base = ListQueue(Server(), spider=None, key="shop:requests", serializer=None)
-        shared = SharedStageQueues(
-            base,
-            ["detail"],
-            OpenGate(),
-            prefix="redislock",
-            asked_while_paused=lambda pause: None,
-            thread=thread,
-        )
+        shared, thread = threaded_shared_queues(OpenGate())
         shared.enqueue = lambda request: shared.push(request) or True
         held = Request("http://shop.test/detail/1", meta={"stage": "detail"})
         shared.hold(

@@ -396,6 +396,18 @@ def test_a_worker_taken_for_dead_cannot_pop_until_it_beats(
     run(redis_url, scenario)
 
 
+def worker_scheduler(redis_url: str) -> StageWorkerScheduler:
+    """A worker of stage ``a`` (CONCURRENT_REQUESTS 2) over an engine that is not started: the
+    scheduler only pokes it, and nothing is in progress there."""
+    crawler = get_crawler(StagedSpider, {"REDIS_URL": redis_url, "REDISLOCK_WORKER_STAGES": {"a": None},
+                                         "CONCURRENT_REQUESTS": 2})  # fmt: skip
+    crawler.spider = crawler._create_spider()
+    crawler.engine = crawler._create_engine()
+    scheduler = StageWorkerScheduler.from_crawler(crawler)
+    scheduler.spider = crawler.spider
+    return scheduler
+
+
 def test_the_scheduler_strands_nothing_when_it_pops_just_after_being_taken_for_dead(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
@@ -406,12 +418,7 @@ def test_the_scheduler_strands_nothing_when_it_pops_just_after_being_taken_for_d
     urls = [f"http://shop.test/a/{n}" for n in range(3)]
 
     async def main() -> None:
-        crawler = get_crawler(StagedSpider, {"REDIS_URL": redis_url, "REDISLOCK_WORKER_STAGES": {"a": None},
-                                             "CONCURRENT_REQUESTS": 2})  # fmt: skip
-        crawler.spider = crawler._create_spider()
-        crawler.engine = crawler._create_engine()  # not started: the scheduler only pokes it
-        scheduler = StageWorkerScheduler.from_crawler(crawler)
-        scheduler.spider = crawler.spider
+        scheduler = worker_scheduler(redis_url)
         client = scheduler.queues.client
         reaper = StageQueues(client, "staged", ["a"], worker="reaper")
         try:
@@ -455,12 +462,7 @@ def test_requests_in_progress_when_redis_lost_the_state_never_ack_the_new_record
     requests could not be given back."""
 
     async def main() -> None:
-        crawler = get_crawler(StagedSpider, {"REDIS_URL": redis_url, "REDISLOCK_WORKER_STAGES": {"a": None},
-                                             "CONCURRENT_REQUESTS": 2})  # fmt: skip
-        crawler.spider = crawler._create_spider()
-        crawler.engine = crawler._create_engine()  # not started: nothing is in progress there
-        scheduler = StageWorkerScheduler.from_crawler(crawler)
-        scheduler.spider = crawler.spider
+        scheduler = worker_scheduler(redis_url)
         queues, inflight = scheduler.queues, scheduler.inflight
 
         async def push(name: str) -> None:
