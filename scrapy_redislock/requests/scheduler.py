@@ -352,12 +352,13 @@ class StageScheduler:
         self.inner_closed = True
         threaded = self.queue_thread is not None and self.queue_thread.on_reactor()
         result = None
+        if self.shared is not None and not threaded:
+            # before scrapy-redis's close (its flush): a request whose pop got no reply goes back
+            unqueued_at_close(self.crawler, self.shared.close())
         if threaded:
             result = self._close_shared(reason)  # scrapy-redis's close() in the queue thread
         elif hasattr(self.inner, "close"):
             result = self.inner.close(reason)
-        if self.shared is not None and not threaded:
-            unqueued_at_close(self.crawler, self.shared.close())
         if self.locks is None:  # no shared queue either
             return None if asyncio.iscoroutine(result) else result
         self.closing = True

@@ -48,7 +48,7 @@ from scrapy_redis.queue import FifoQueue, LifoQueue, PriorityQueue
 
 from scrapy_redislock._redis import Backoff, ProjectScript, ScriptMode
 from scrapy_redislock.crawl.epoch import SHARED_POP_SCRIPT, crawl_scripts
-from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REFUSED
+from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REDIS_ERRORS, REFUSED
 from scrapy_redislock.requests.queueloss import SharedQueueKeys
 
 if TYPE_CHECKING:
@@ -834,7 +834,7 @@ class SharedStageQueues:
         for stage in list(self._unanswered):
             request = self._take(stage)
             if request is not None:
-                _return_to(self.queues[stage], request)
+                self._push_now(stage, request, back=True)  # kept in memory if Redis is out again
         for stage, pops in self._pops.items():
             if pops:
                 self._pop_script(
@@ -1011,7 +1011,7 @@ class SharedStageQueues:
             self.give_back(request, back=own)
         if self.thread is not None:
             await self.thread.drain()
-            with suppress(*OUTAGE_ERRORS):
+            with suppress(*REDIS_ERRORS):  # the records expire
                 await self.thread.run(self._forget_pops)
 
     def close(self) -> int:
@@ -1019,7 +1019,7 @@ class SharedStageQueues:
         queued since, are lost, and one whose pop got no reply if it cannot be asked again now;
         how many (StageScheduler reports them)."""
         if not self._threaded():
-            with suppress(*OUTAGE_ERRORS):
+            with suppress(*REDIS_ERRORS):  # the records expire
                 self._forget_pops()
         # a pop whose reply was lost and that could not be asked again: its request stays in the
         # record, which nobody reads (it expires)

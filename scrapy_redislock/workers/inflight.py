@@ -80,6 +80,7 @@ class InFlight:
         self.acks: list[str] = []  # in-flight ids of finished requests, acknowledged together
         # in-flight ids in an ack call (or whose ack Redis refused: kept till close)
         self.acking: set[str] = set()
+        self.generation = 0  # the in-flight record's: one more each time Redis lost it (detach)
         self.acker: asyncio.Task[None] | None = None
         self.tasks: set[asyncio.Task[Any]] = set()  # the ack calls running
         # requests in this worker's in-flight record in Redis (part of the cluster's counter)
@@ -145,12 +146,15 @@ class InFlight:
 
     def detach(self) -> None:
         """Redis lost the crawl state: the in-flight ids of the requests in progress, and of those
-        finished and not acknowledged yet, named entries of the lost record. The new record's ids
-        start again from 1, so those ids may name new entries: never acknowledged (an ack would
-        drop another worker's or a new request of this one's); the requests still finish here."""
+        finished and not acknowledged yet, or in an ack call being retried, named entries of the
+        lost record. The new record's ids start again from 1, so those ids may name new requests of
+        this worker's: never acknowledged (an ack would drop them); the requests still finish
+        here."""
         self.handed = dict.fromkeys(self.handed, DETACHED)
         self.unstaged = dict.fromkeys(self.unstaged, DETACHED)
         self.acks.clear()
+        self.acking.clear()
+        self.generation += 1  # an ack call under way sends nothing more
 
     def known_ids(self) -> list[str]:
         """The in-flight ids this worker knows it holds: taken ahead, in the engine, finished and
@@ -260,10 +264,14 @@ class InFlight:
         # what the callbacks yielded is in Redis before their parents leave the in-flight record
         if pushes:
             await asyncio.wait(pushes)
+        generation = self.generation
+
+        async def ack() -> int:
+            # not after Redis lost the record: these ids may name new entries by now
+            return await self.queues.ack(ids) if self.generation == generation else 0
+
         try:
-            dropped = await self.outage.retrying(
-                "Acknowledging requests", lambda: self.queues.ack(ids)
-            )
+            dropped = await self.outage.retrying("Acknowledging requests", ack)
             self.own -= dropped  # not "self.own -= await ...": that reads self.own before the await
             self.acking.difference_update(ids)
         # they stay in the record: requeued (fetched again) at close

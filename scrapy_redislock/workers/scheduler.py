@@ -66,8 +66,9 @@ scrapy-redis's SCHEDULER_QUEUE_CLASS (the order of the stage queues:
 requests a worker takes ahead), DOWNLOAD_TIMEOUT (a request's own, which its slot's lease may
 shorten); DUPEFILTER_DEBUG is read by the outbox. Stats:
 ``redislock/workers/<stage>/{enqueued,duplicates,dequeued,taken,lost}``,
-``redislock/workers/{requeued,returned,start_urls,unqueueable,dead_letters,redis_errors,queue_lost,leftover_dupefilter_cleared}``,
-and Scrapy's ``dupefilter/filtered``.
+``redislock/workers/{requeued,returned,start_urls,start_urls_unusable,unqueueable,dead_letters,redis_errors,queue_lost,leftover_dupefilter_cleared}``,
+and Scrapy's ``dupefilter/filtered``. Finish reasons beside Scrapy's: ``redislock_queue_lost``,
+``redislock_all_filtered``, ``redislock_start_urls_lost``.
 
 A duplicate is dropped as Scrapy's and scrapy-redis's schedulers drop one: ``enqueue_request``
 returns False (the engine sends ``request_dropped``) for a request whose fingerprint this worker

@@ -5,7 +5,7 @@
 -- request; each pop's record replaces the one before, and goes at the process's close or expires (ARGV[3]).
 -- KEYS[1] the sub-queue, scrapy-redis's own key: a sorted set (PriorityQueue) or a list (FifoQueue, LifoQueue)
 -- KEYS[2] the process's last pop of it (a hash: seq, request):
---         '<prefix>:shared:{<the sub-queue's key>}:popped:<process>'
+--         '<prefix>:shared:{<the sub-queue's hash tag>}:popped:<process>:<the sub-queue's key>'
 -- ARGV[1] how scrapy-redis pops: 'priority' (the lowest score: ZRANGE 0 0, ZREMRANGEBYRANK 0 0), 'fifo' (RPOP),
 --         'lifo' (LPOP); or 'forget': the record goes (the process closes)
 -- ARGV[2] the pop's number (a decimal string)
