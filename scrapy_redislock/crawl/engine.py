@@ -116,19 +116,22 @@ def at_download_start(crawler: Crawler, hook: Callable[[Request], None]) -> None
     CONCURRENT_REQUESTS_PER_DOMAIN), which may outlast a slot's lease. Both Scrapy 2.18 and 2.19
     call ``downloader.handlers.download_request_async`` there, and only there; it is wrapped once
     per crawler, for every hook given."""
-    hooks: list[Callable[[Request], None]] | None = getattr(crawler, "_redislock_starts", None)
-    if hooks is not None:
-        hooks.append(hook)
-        return
+    one_per_crawler(crawler, "_redislock_starts", lambda: _download_start_hooks(crawler)).append(
+        hook
+    )
+
+
+def _download_start_hooks(crawler: Crawler) -> list[Callable[[Request], None]]:
+    """The crawler's hooks at a download's start, its downloader's handlers wrapped to call them
+    (a list nothing calls, said once, when this Scrapy has no such handlers)."""
+    hooks: list[Callable[[Request], None]] = []
     handlers = getattr(getattr(engine_of(crawler), "downloader", None), "handlers", None)
     download = getattr(handlers, "download_request_async", None)
     if handlers is None or download is None:
         logger.warning(
             "This Scrapy's downloader has no handlers.download_request_async: a download that waited in its downloader slot (DOWNLOAD_DELAY, CONCURRENT_REQUESTS_PER_DOMAIN) is bounded by its slot's lease as it was when it left the scheduler or StageLockMiddleware"  # noqa: E501
         )
-        return
-    hooks = [hook]
-    crawler._redislock_starts = hooks  # type: ignore[attr-defined]
+        return hooks
 
     async def download_request_async(request: Request) -> Any:
         for each in hooks:
@@ -136,6 +139,7 @@ def at_download_start(crawler: Crawler, hook: Callable[[Request], None]) -> None
         return await download(request)
 
     handlers.download_request_async = download_request_async
+    return hooks
 
 
 def wake_engine(crawler: Crawler) -> None:

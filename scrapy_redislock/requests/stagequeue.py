@@ -738,16 +738,18 @@ class SharedStageQueues:
         a word. One scrapy-redis cannot queue now (its serializer, or Redis, refuses it) is lost,
         not tried for ever in front of the others. Both are said by :meth:`_say_requeued`. Whether
         any left memory."""
-        before = self.in_memory
+        moved = False
         while self.held and self.enqueue is not None:
             request = self.held[0]
             self._queue_again(request, functools.partial(self._schedule_again, request))
             self.held.popleft()
+            moved = True
         while self.unpushed:
             stage, request = self.unpushed[0]
             self._queue_again(request, functools.partial(self.queues[stage].push, request))
             self.unpushed.popleft()
-        return self.in_memory < before
+            moved = True
+        return moved
 
     def _schedule_again(self, request: Request) -> None:
         assert self.enqueue is not None

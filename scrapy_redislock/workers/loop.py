@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 WAIT_GRACE = 1.0
 
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("scrapy_redislock.workers.scheduler")
 
 
 class WorkerLoop:

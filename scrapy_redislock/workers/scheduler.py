@@ -458,8 +458,11 @@ class StageWorkerScheduler(BaseScheduler):
             self.state.wake()
             return None
         permit, now = self.state.permit, self.clock()
-        margin = self.locks.renew_interval
-        if inflight.buffer and permit is not None and not permit.usable(now + margin):
+        if (
+            inflight.buffer
+            and permit is not None
+            and not permit.usable(now + self.locks.renew_interval)
+        ):
             # The stage's slot was not renewed in time (Redis out of reach, a stall): another worker
             # may hold it soon. Start nothing more of the stage; the slot's renewal, or its loss,
             # decides what happens to what was taken ahead (StageSlot.check_lost gives it back).
@@ -468,7 +471,7 @@ class StageWorkerScheduler(BaseScheduler):
         request = inflight.hand()
         if request is not None and permit is not None:
             # its download ends before the slot's lease, as last confirmed, can run out
-            within_lease(request, permit.valid_until - now - margin / 2, self.download_timeout)
+            within_lease(request, self._lease_left(permit, now), self.download_timeout)
             self._leases[request] = permit
         if self.state.current is not None and len(inflight.buffer) < inflight.concurrency:
             # Top up before the buffer runs dry, or leave a drained stage. Without a stage the
@@ -482,8 +485,13 @@ class StageWorkerScheduler(BaseScheduler):
         Redis) is cut at once, not sent while the slot may be another worker's."""
         permit = self._leases.pop(request, None)
         if permit is not None:
-            left = permit.valid_until - self.clock() - self.locks.renew_interval / 2
+            left = self._lease_left(permit, self.clock())
             within_lease_at_start(request, left, self.download_timeout)
+
+    def _lease_left(self, permit: Permit, now: float) -> float:
+        """What is left of ``permit``'s lease at ``now``, as last confirmed, less half a renewal
+        interval: a download bounded by it ends before Redis can give the slot to another."""
+        return permit.valid_until - now - self.locks.renew_interval / 2
 
     def may_close(self) -> bool:
         """For the spider's idle handler: no work anywhere in the cluster for REDISLOCK_IDLE_CLOSE
