@@ -63,6 +63,15 @@ def check_name(name: object, what: str = "name") -> str:
     return name
 
 
+def hash_tag(key: str) -> str:
+    """What Redis Cluster hashes of ``key``: its hash tag (the first ``{...}`` with something
+    inside), else the whole key. A key of ours that a script uses beside a key the user named (a
+    scrapy-redis queue, a start-URL feed) is tagged with this, so that both are in one hash slot."""
+    start = key.find("{")
+    end = key.find("}", start + 1) if start >= 0 else -1
+    return key[start + 1 : end] if end > start + 1 else key
+
+
 # The most slots a lock (stage, key, worker stage) may have. A lock is one Redis stream entry per slot
 # and a resize adds or deletes one entry per slot, inside one script that blocks the whole server: at
 # 1000, a resize from 3 to the maximum and back holds a concurrent PING up about 10 ms at worst (measured

@@ -61,13 +61,13 @@ WATCHER_COMMANDS = (
 # lock's blocking wait,
 # the worker queues' reads (lengths, the in-flight counter, registered workers before a flush, a
 # worker's own in-flight ids after a lost reply, the dupefilter's size at start: SCARD), an idle
-# worker's blocking wait for work (BLPOP) and the token it hands on (LPUSH), the RedisSpider feed
-# (list, set or zset); HSET + WAIT for replicas=N; the status reads (MULTI/EXEC) with which a
-# crawl logs why a stage waits.
+# worker's blocking wait for work (BLPOP) and the token it hands on (LPUSH), its wait for start URLs
+# (BLMOVE of a list feed onto itself; it takes them with a script); HSET + WAIT for replicas=N; the
+# status reads (MULTI/EXEC) with which a crawl logs why a stage waits.
 CRAWLER_CLIENT_COMMANDS = (
     "evalsha", "fcall", "ping",
     "xreadgroup", "hget", "hset", "wait", "llen", "get", "zrange", "hkeys", "blpop", "lpush",
-    "lpop", "spop", "zpopmax", "scard",
+    "scard", "blmove",
     "multi", "exec", "hgetall", "xinfo|stream", "xinfo|groups", "xinfo|consumers", "xpending",
     "zrange", "lindex",
 )  # fmt: skip

@@ -14,8 +14,12 @@ from scrapy_redislock._redis import load_scripts
 EPOCH_SCRIPT = "queue_epoch"
 SHARED_POP_SCRIPT = "shared_pop"
 CRAWL_SCRIPTS = (EPOCH_SCRIPT, SHARED_POP_SCRIPT)  # the scripts of ``crawl/scripts/``
+# ms a process's record of its last pop of a shared queue (shared_pop.lua) or take of a start-URL feed
+# (workers/scripts/feed_take.lua) is kept in Redis: longer than any outage a process comes back from to
+# ask again; it goes at the process's close
+RECORD_KEPT_MS = 24 * 3600 * 1000
 
-__all__ = ["CRAWL_SCRIPTS", "EPOCH_SCRIPT", "SHARED_POP_SCRIPT", "crawl_scripts"]
+__all__ = ["CRAWL_SCRIPTS", "EPOCH_SCRIPT", "RECORD_KEPT_MS", "SHARED_POP_SCRIPT", "crawl_scripts"]
 
 
 def crawl_scripts() -> dict[str, str]:

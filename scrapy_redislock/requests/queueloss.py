@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scrapy_redislock._redis import ProjectScript, ScriptMode, text
+from scrapy_redislock._redis import ProjectScript, ScriptMode, hash_tag, text
 from scrapy_redislock.crawl.engine import finish_uncleanly
 from scrapy_redislock.crawl.epoch import EPOCH_SCRIPT, crawl_scripts
 from scrapy_redislock.crawl.reach import REDIS_ERRORS, REFUSED
@@ -220,7 +220,4 @@ class SharedQueueKeys:
         last pop of that sub-queue (crawl/scripts/shared_pop.lua), in the sub-queue's hash slot:
         tagged with what Redis Cluster hashes of its key (the tag a Cluster deployment gives it,
         ``{%(spider)s}:requests``, else the whole key)."""
-        start = sub_queue_key.find("{")
-        end = sub_queue_key.find("}", start + 1) if start >= 0 else -1
-        tag = sub_queue_key[start + 1 : end] if end > start + 1 else sub_queue_key
-        return f"{prefix}:shared:{{{tag}}}:popped:{process}:{sub_queue_key}"
+        return f"{prefix}:shared:{{{hash_tag(sub_queue_key)}}}:popped:{process}:{sub_queue_key}"

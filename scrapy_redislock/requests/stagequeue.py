@@ -47,7 +47,7 @@ from scrapy.utils.misc import build_from_crawler
 from scrapy_redis.queue import FifoQueue, LifoQueue, PriorityQueue
 
 from scrapy_redislock._redis import Backoff, ProjectScript, ScriptMode
-from scrapy_redislock.crawl.epoch import SHARED_POP_SCRIPT, crawl_scripts
+from scrapy_redislock.crawl.epoch import RECORD_KEPT_MS, SHARED_POP_SCRIPT, crawl_scripts
 from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REDIS_ERRORS, REFUSED
 from scrapy_redislock.requests.queueloss import SharedQueueKeys
 
@@ -72,9 +72,6 @@ EMPTY_PAUSE_MOST = 0.5
 OUTAGE_PAUSE_MOST = 2.0  # seconds between attempts at most while Redis does not answer
 # how scrapy-redis's own queue classes pop (crawl/scripts/shared_pop.lua); another class pops itself
 POP_KINDS: dict[type, str] = {PriorityQueue: "priority", FifoQueue: "fifo", LifoQueue: "lifo"}
-# ms a process's last pop of a sub-queue is kept in Redis: longer than any outage a process comes
-# back from to ask again; it goes at the process's close
-POPPED_KEPT_MS = 24 * 3600 * 1000
 
 logger = logging.getLogger(__name__)
 
@@ -822,7 +819,7 @@ class SharedStageQueues:
         number = self._pops[stage] + 1
         keys = [queue.key, self._popped[stage]]
         self._unanswered.add(stage)
-        data = self._pop_script(keys=keys, args=[kind, number, POPPED_KEPT_MS])
+        data = self._pop_script(keys=keys, args=[kind, number, RECORD_KEPT_MS])
         self._unanswered.discard(stage)
         if data is None:
             return None

@@ -1,9 +1,12 @@
 """SignalListener: a worker with nothing to pop blocks in Redis until there is work.
 
 It blocks (BLPOP, on its own connection) on the signal lists the policy names
-(:meth:`~scrapy_redislock.workers.policy.StagePolicy.listens_to`), the crawl's wake list and the
-start-URL feed's key, until a token or entry arrives or until its heartbeat is due; then it wakes
-the loop. One BLPOP per heartbeat period while nothing happens. Reads no settings.
+(:meth:`~scrapy_redislock.workers.policy.StagePolicy.listens_to`) and the crawl's wake list, until
+a token arrives or until its heartbeat is due; then it wakes the loop. Meanwhile, with no stage or
+on a stage start URLs went to, it waits on a list feed of start URLs (BLMOVE onto itself, on a
+second connection: no entry taken, so none lost to a cancelled wait or a reply the network lost),
+and an entry there makes the loop take a batch (:mod:`~scrapy_redislock.workers.feed`). One BLPOP,
+and one BLMOVE with a list feed, per heartbeat period while nothing happens. Reads no settings.
 """
 
 from __future__ import annotations
@@ -47,14 +50,16 @@ class SignalListener:
         self.feed: StartUrlFeed | None = None  # set when the spider opens
         self.task: asyncio.Task[None] | None = None
         self.listening: list[str] = []  # the keys the running wait blocks on
+        self.feed_task: asyncio.Task[None] | None = None  # the wait for start URLs
 
     @property
     def running(self) -> bool:
         return self.task is not None and not self.task.done()
 
     def cancel(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
+        for task in (self.task, self.feed_task):
+            if task is not None:
+                task.cancel()
 
     def _keys(self) -> list[str]:
         state = self.state
@@ -65,14 +70,24 @@ class SignalListener:
         )
         if not stages:
             return []
-        keys = [self.queues.keys.signal(stage) for stage in stages] + [self.queues.keys.wake]
-        feed_key = self.feed.blocking_key if self.feed is not None else None
-        return [*keys, feed_key] if feed_key else keys
+        return [self.queues.keys.signal(stage) for stage in stages] + [self.queues.keys.wake]
 
     def listen(self) -> None:
         """Block in Redis (in a task) on the signal lists the policy names, unless a wait on them
-        already runs."""
+        already runs; and on the start-URL feed, where the loop would read it (see the module
+        docstring)."""
         keys = self._keys()
+        state, feed = self.state, self.feed
+        feed_key = feed.blocking_key if feed is not None else None
+        if (
+            keys
+            and feed_key
+            and (state.current is None or state.current in state.start_stages)
+            and (self.feed_task is None or self.feed_task.done())
+        ):
+            self.feed_task = asyncio.get_running_loop().create_task(
+                self._wait_for_start_urls(feed_key)
+            )
         if self.running and (keys == self.listening or not keys):
             return  # a wait no longer needed ends at its timeout; a token it takes meanwhile is handled or put back
         if self.running:
@@ -99,12 +114,10 @@ class SignalListener:
             self.beats.broken()  # the others may not reach Redis either: reap nobody until beats run again
             return
         if reply is not None:
-            key, value = reply
+            key, _value = reply
             state.look_soon()
             if key == queue_keys.wake:
                 state.idle_from_now()  # the crawl has just ended
-            elif self.feed is not None and key == self.feed.key:
-                state.fed_by_wait(value)
             else:
                 stage = next(s for s in self.policy.preference if queue_keys.signal(s) == key)
                 if state.current is not None and stage != state.current:
@@ -113,6 +126,21 @@ class SignalListener:
                 else:
                     state.signal_came(stage)
         state.wake()
+
+    async def _wait_for_start_urls(self, key: str) -> None:
+        """Block until the feed has an entry, or until the heartbeat is due; then wake the loop to
+        take a batch."""
+        try:
+            timeout = max(0.0, self.beats.beat_due - self.clock()) + BEAT_MARGIN
+            if not await self.queues.blocking.wait_for_entry(key, timeout):
+                return  # the heartbeat's step arms it again
+        except REDIS_ERRORS as exc:
+            logger.debug(
+                "Waiting for start URLs: Redis error (%s); waits again at the next step", exc
+            )
+            return
+        self.state.start_urls_came()
+        self.state.wake()
 
 
 __all__ = ["BEAT_MARGIN", "SignalListener"]

@@ -132,8 +132,8 @@ class WorkerLoop:
         await self.slot.check_lost()
         await self.slot.check_limit()
         self.inflight.ack_finished()
-        if state.fed:
-            await self.feed(state.take_fed())
+        if state.take_fed():
+            await self.feed()
         if state.current is not None:
             await self._work()
         if state.current is None and state.look_due and not state.closing:
@@ -170,7 +170,7 @@ class WorkerLoop:
         if stage not in state.empty:
             await self.fill(pass_on=woken)
             if stage in state.empty and stage in state.start_stages:
-                await self.feed(None)  # its queue ran empty: the start URLs may have more for it
+                await self.feed()  # its queue ran empty: the start URLs may have more for it
         if state.current == stage and stage in state.empty and self.inflight.settled:
             await self.slot.leave()
 
@@ -179,7 +179,7 @@ class WorkerLoop:
         take a stage."""
         state, inflight = self.state, self.inflight
         state.looking()
-        await self.feed(None)
+        await self.feed()
         lengths, in_flight = await self.queues.look()
         state.looked(lengths)
         for stage in self.policy.to_try(None, lengths):
@@ -242,13 +242,12 @@ class WorkerLoop:
             wake_engine(self.crawler)
         return popped
 
-    async def feed(self, entries: list[Any] | None) -> None:
-        """Turn start URLs (taken by a blocked wait, else read now) into queued requests."""
+    async def feed(self) -> None:
+        """Take a batch of start URLs and turn them into queued requests."""
         feed, state = self.listener.feed, self.state
         if feed is None or not feed.enabled:
             return
-        if entries is None:
-            entries = await feed.read()
+        entries = await feed.read()
         if not entries:
             return
         made, failed = feed.requests(entries)

@@ -79,6 +79,7 @@ from scrapy_redislock._redis import (
     ScriptMode,
     check_name,
     check_ttl,
+    hash_tag,
     load_scripts,
     text,
 )
@@ -103,6 +104,7 @@ QUEUE_SCRIPTS = (
     "queue_bury",
     "queue_look",
     "queue_keep",
+    "feed_take",
 )
 
 ORDERS = ("priority", "fifo", "lifo")
@@ -186,6 +188,12 @@ class QueueKeys:
     def signal(self, stage: str) -> str:
         return f"{self.base}:signal:{stage}"
 
+    def feed_taken(self, feed_key: str, worker: str) -> str:
+        """``<prefix>:feed:{<the feed's hash tag>}:taken:<worker>:<the feed's key>``: a worker's last
+        take of a start-URL feed (``scripts/feed_take.lua``), in the feed's hash slot."""
+        prefix = self.base.partition(":{")[0]
+        return f"{prefix}:feed:{{{hash_tag(feed_key)}}}:taken:{worker}:{feed_key}"
+
 
 def encode(request: Request, serializer: Any, spider: Spider | None) -> bytes:
     """The request as its queue stores it (SCHEDULER_SERIALIZER, by default the safe JSON
@@ -230,17 +238,18 @@ def new_worker_id() -> str:
 
 
 class BlockingWait:
-    """The one blocked read of a worker, on a connection of its own (made on first wait)."""
+    """The blocked reads of a worker, on connections of their own (made on first wait): for a
+    token, and for a start URL."""
 
     def __init__(self, client: AsyncRedisClient) -> None:
         self.client = client
-        # a client whose reads never time out, for BLPOP
+        # a client whose reads never time out, for BLPOP and BLMOVE
         self._waiting: Any = None
 
     async def wait(self, keys: list[str], timeout: float) -> tuple[str, bytes] | None:
-        """Block in Redis (BLPOP) until one of ``keys`` (signal lists, the wake list, a start-URL
-        list) has an entry, at most ``timeout`` s; (key, entry) or None. On a connection of its own
-        whose reads never time out, so that a long block is never cut into pieces."""
+        """Block in Redis (BLPOP) until one of ``keys`` (signal lists, the wake list) has an entry,
+        at most ``timeout`` s; (key, entry) or None. On a connection of its own whose reads never
+        time out, so that a long block is never cut into pieces."""
         if self._waiting is None:
             self._waiting = waiting_client(self.client) or self.client
         # BLPOP counts in hundredths here; rounded up, so that it never ends before ``timeout``.
@@ -249,6 +258,15 @@ class BlockingWait:
             return None
         key, value = reply
         return str(text(key)), bytes(value) if not isinstance(value, str) else value.encode()
+
+    async def wait_for_entry(self, key: str, timeout: float) -> bool:
+        """Block in Redis until the list ``key`` (a start-URL feed) has an entry, at most
+        ``timeout`` s; True if it has. It takes nothing: BLMOVE moves the head onto the head again,
+        so a wait cancelled or a reply lost loses no entry (the take is feed_take.lua's)."""
+        if self._waiting is None:
+            self._waiting = waiting_client(self.client) or self.client
+        timeout = max(0.01, math.ceil(timeout * 100) / 100)
+        return await self._waiting.blmove(key, key, timeout, "LEFT", "LEFT") is not None
 
     async def aclose(self) -> None:
         if self._waiting is not None and self._waiting is not self.client:

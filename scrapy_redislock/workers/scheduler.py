@@ -283,7 +283,7 @@ class StageWorkerScheduler(BaseScheduler):
         self.locks.join_renewal()
         at_download_start(self.crawler, self._at_download_start)
         self.listener.feed = StartUrlFeed(
-            self.queues.client,
+            self.queues,
             self.spider,
             self.worker_settings.start_urls_as,
             self.inflight.concurrency,
@@ -338,6 +338,7 @@ class StageWorkerScheduler(BaseScheduler):
                     "Closing: %d requests yielded by callbacks never reached Redis",
                     len(outbox.entries),
                 )
+        await self._give_back_start_urls()
         inflight.ack_finished()  # the engine waited for its in-progress requests: everything handed out is done
         if inflight.tasks:
             await self._bounded(
@@ -362,6 +363,41 @@ class StageWorkerScheduler(BaseScheduler):
             await self._clear_if_finished()
         await self._bounded("closing the waiting connection", self.queues.aclose())
         await self._bounded("freeing the stage slot", self.locks.close())
+
+    async def _give_back_start_urls(self) -> None:
+        """The start URLs of a take whose reply never came go back to the feed (and this worker's
+        record of its last take goes). If Redis does not answer, they are lost to this crawl: said
+        at ERROR, counted, and the crawl does not finish cleanly."""
+        feed = self.listener.feed
+        if feed is None or not feed.enabled:
+            return
+        unanswered = feed.unanswered
+        try:
+            moved = await asyncio.wait_for(feed.give_back(), CLOSE_STEP_TIMEOUT)
+        except (TimeoutError, *REDIS_ERRORS) as exc:
+            if not unanswered:
+                logger.debug(
+                    "On close, dropping the record of the last start-URL take failed: %s", exc
+                )
+                return
+            logger.error(
+                "Closing: a take of up to %d start URLs from %s got no reply, and Redis did not answer to give them back (%s); they are not crawled in this run, and stay in %s for a day: push them to %s again",  # noqa: E501
+                feed.batch,
+                feed.key,
+                exc or "timeout",
+                feed.record,
+                feed.key,
+            )
+            self.stats.inc_value("redislock/workers/start_urls_unreturned")
+            finish_uncleanly(self.crawler, "redislock_start_urls_lost", lambda: None)
+            return
+        if moved:
+            logger.info(
+                "Closing: %d start URL(s) of a take whose reply never came went back to %s",
+                moved,
+                feed.key,
+            )
+            self.stats.inc_value("redislock/workers/start_urls_returned", moved)
 
     async def _bounded(self, what: str, step: Coroutine[Any, Any, Any] | Any) -> Any:
         try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from scrapy_redislock.lock.permit import Permit
@@ -40,7 +40,7 @@ class WorkerState:
         # stages whose signal token this worker took: pass it on when popping
         self.signalled: set[str] = set()
         self.start_stages: set[str] = set()  # stages that start URLs from Redis went to
-        self.fed: list[Any] = []  # start-URL entries a blocked wait took, to turn into requests
+        self.fed = False  # the wait for start URLs saw entries: the next step takes a batch
         # look at the queues at the next step without a stage: woken, beat, or a stage left
         self.look_due = True
         # the last look found work somewhere (queued, paused or full stages too; in flight)
@@ -165,13 +165,13 @@ class WorkerState:
         """The tokens of this look were used or passed on."""
         self.signalled.clear()
 
-    def fed_by_wait(self, entry: Any) -> None:
-        """A blocked wait took a start-URL entry: turn it into a request at the next step."""
-        self.fed.append(entry)
+    def start_urls_came(self) -> None:
+        """The start-URL feed has entries: take a batch at the next step."""
+        self.fed = True
 
-    def take_fed(self) -> list[Any]:
-        """The start-URL entries blocked waits took, now being turned into requests."""
-        fed, self.fed = self.fed, []
+    def take_fed(self) -> bool:
+        """Whether the feed had entries since the last step (then the step takes a batch)."""
+        fed, self.fed = self.fed, False
         return fed
 
     def start_urls_to(self, stage: str) -> None:

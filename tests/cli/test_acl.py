@@ -75,7 +75,7 @@ PASSWORD = "acl-test-pw"
 # a token for a stage whose slots are all taken; HKEYS only after a pop whose reply was lost
 # (.ci/run's crawler-ACL pass of tests/workers sends it); GET and LLEN are sent by the worker
 # queue's direct reads, which its look script (queue_look.lua: GET, LLEN) may stand in for.
-NOT_EXERCISED_HERE = {"hset", "wait", "spop", "zpopmax", "zrange", "lpush", "hkeys", "get", "llen"}
+NOT_EXERCISED_HERE = {"hset", "wait", "zrange", "lpush", "hkeys", "get", "llen", "blmove"}
 
 
 def make_user(client: redis.Redis, name: str, role: str, keys: tuple[str, ...] = ()) -> str:

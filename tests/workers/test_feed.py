@@ -1,0 +1,200 @@
+"""The start-URL feed of a worker (scrapy_redislock/workers/feed.py) against a real redis-server behind
+the user-space proxy (testing/netproxy.py), whose replies can be lost while the commands still run:
+a take whose reply was lost answers the same entries when asked again, or goes back to the feed at
+close; the wait for start URLs takes nothing, so a wait whose reply was lost loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from scrapy import Request, Spider, signals
+from scrapy.utils.test import get_crawler
+
+from scrapy_redislock.crawl.reach import REDIS_ERRORS
+from scrapy_redislock.workers.feed import StartUrlFeed
+from scrapy_redislock.workers.mixin import StageWorkerMixin
+from scrapy_redislock.workers.queue import StageQueues
+from scrapy_redislock.workers.scheduler import StageWorkerScheduler
+from testing.netproxy import LatencyProxy
+
+pytestmark = pytest.mark.integration
+
+FEED = "shop:start_urls"
+ENTRIES = [f"http://shop.test/list/{n}".encode() for n in range(5)]
+
+
+class FeedSpider(StageWorkerMixin, Spider):
+    name = "shop"
+    redis_key = FEED
+    worker_stages = {"list": 1}
+
+    def make_request_from_data(self, data: bytes) -> Request:
+        return Request(data.decode())
+
+
+def proxied(redis_url: str, proxy: LatencyProxy) -> redis.asyncio.Redis:
+    """A client through ``proxy``: one try, and a timeout no busy machine's reply reaches once the
+    network is back."""
+    port = urlsplit(redis_url).port
+    return redis.asyncio.Redis.from_url(
+        redis_url.replace(f":{port}", f":{proxy.port}", 1),
+        socket_timeout=2.0,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+def fill(client: redis.Redis, how: str) -> None:
+    if how == "list":
+        client.rpush(FEED, *ENTRIES)
+    elif how == "set":
+        client.sadd(FEED, *ENTRIES)
+    else:
+        client.zadd(FEED, {entry: n for n, entry in enumerate(ENTRIES)})
+
+
+def left(client: redis.Redis, how: str) -> Any:
+    """What the feed holds: in order for a list, with scores for a sorted set."""
+    if how == "list":
+        return client.lrange(FEED, 0, -1)
+    if how == "set":
+        return client.smembers(FEED)
+    return client.zrange(FEED, 0, -1, withscores=True)
+
+
+@pytest.mark.parametrize("how", ["list", "set", "zset"])
+@pytest.mark.parametrize("then", ["asked-again", "closed"])
+def test_a_take_whose_reply_was_lost_answers_the_same_entries_or_goes_back_at_close(
+    redis_url: str,
+    redis_client: redis.Redis,
+    redis_proxy: Callable[[], LatencyProxy],
+    how: str,
+    then: str,
+) -> None:
+    """Five start URLs, taken three at a time through a network that carries the take and loses
+    its reply: three are out of the feed, and the worker has none. Asked again, the take answers
+    those three (not the next two, which scrapy-redis's pop would have answered, the three lost);
+    closed instead, the three go back to the feed, a list's in their order, a sorted set's with
+    their scores. Either way the record goes at close."""
+    fill(redis_client, how)
+    before = left(redis_client, how)
+
+    async def main() -> None:
+        proxy = redis_proxy()
+        client = proxied(redis_url, proxy)
+        queues = StageQueues(client, "shop", ["list"], worker="w1")
+        feed = StartUrlFeed(queues, FeedSpider(), how, 3)
+        assert await feed.give_back() == 0  # connected, the script loaded
+        proxy.blackhole("down")
+        with pytest.raises(REDIS_ERRORS):
+            await feed.read()
+        assert feed.unanswered
+        assert redis_client.exists(feed.record)
+        proxy.heal()
+        await client.aclose()  # the connection the lost reply left behind
+        if then == "asked-again":
+            taken = await feed.read()
+            assert len(taken) == 3 and set(taken) <= set(ENTRIES)
+            rest = await feed.read()
+            assert sorted(taken + rest) == sorted(ENTRIES)
+            assert await feed.read() == []
+            assert await feed.give_back() == 0  # answered: nothing goes back
+            assert redis_client.exists(FEED) == 0
+        else:
+            assert await feed.give_back() == 3
+            assert left(redis_client, how) == before
+        assert not redis_client.keys("redislock:feed:*")
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_the_wait_for_start_urls_takes_nothing_so_a_lost_reply_loses_nothing(
+    redis_url: str, redis_client: redis.Redis, redis_proxy: Callable[[], LatencyProxy]
+) -> None:
+    """An idle worker waits on a list feed; a start URL pushed while the wait's reply is lost on
+    the way stays in the feed, for the take (BLPOP, which the wait was before, had taken it out of
+    Redis and lost it); a wait on a feed with an entry returns at once and leaves the entry."""
+
+    async def main() -> None:
+        proxy = redis_proxy()
+        client = proxied(redis_url, proxy)
+        queues = StageQueues(client, "shop", ["list"], worker="w1")
+        waiting = asyncio.create_task(queues.blocking.wait_for_entry(FEED, 30.0))
+        await asyncio.sleep(0)
+        while not redis_client.info("clients")["blocked_clients"]:
+            await asyncio.sleep(0.01)  # the wait is blocked in Redis
+        proxy.blackhole("down")
+        redis_client.rpush(FEED, ENTRIES[0])
+        while redis_client.info("clients")["blocked_clients"]:
+            await asyncio.sleep(0.01)  # served: its reply is lost on the way
+        waiting.cancel()
+        assert redis_client.lrange(FEED, 0, -1) == [ENTRIES[0]]
+        proxy.heal()
+        assert await queues.blocking.wait_for_entry(FEED, 5.0)
+        assert redis_client.lrange(FEED, 0, -1) == [ENTRIES[0]]
+        await queues.aclose()
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("redis_answers", [True, False], ids=["given-back", "redis-out"])
+def test_at_close_an_unanswered_take_goes_back_or_the_crawl_does_not_finish_cleanly(
+    redis_url: str,
+    redis_client: redis.Redis,
+    redis_proxy: Callable[[], LatencyProxy],
+    caplog: pytest.LogCaptureFixture,
+    redis_answers: bool,
+) -> None:
+    """The worker scheduler's close gives the start URLs of a take whose reply never came back to
+    the feed (INFO, counted); if Redis does not answer then either, they are lost to this crawl:
+    ERROR naming the record they stay in, counted, and the finish reason is not ``finished``."""
+    redis_client.rpush(FEED, *ENTRIES)
+    crawler = get_crawler(FeedSpider, {"REDISLOCK_URL": redis_url})
+    crawler.spider = spider = FeedSpider()
+    stats: Any = crawler.stats
+
+    async def main() -> None:
+        proxy = redis_proxy()
+        client = proxied(redis_url, proxy)
+        scheduler = StageWorkerScheduler(crawler)
+        queues = StageQueues(client, "shop", ["list"], worker="w1")
+        scheduler.listener.feed = feed = StartUrlFeed(queues, spider, "list", 3)
+        assert await feed.give_back() == 0  # connected, the script loaded
+        proxy.blackhole("down")
+        with pytest.raises(REDIS_ERRORS):
+            await feed.read()
+        if redis_answers:
+            proxy.heal()
+            await client.aclose()
+        with caplog.at_level(logging.INFO):
+            await scheduler._give_back_start_urls()
+        proxy.heal()
+        await client.aclose()
+
+    asyncio.run(main())
+    if redis_answers:
+        assert redis_client.lrange(FEED, 0, -1) == ENTRIES
+        assert stats.get_value("redislock/workers/start_urls_returned") == 3
+        assert f"3 start URL(s) of a take whose reply never came went back to {FEED}" in caplog.text
+    else:
+        assert redis_client.lrange(FEED, 0, -1) == ENTRIES[3:]
+        assert stats.get_value("redislock/workers/start_urls_unreturned") == 1
+        assert (
+            "Closing: a take of up to 3 start URLs from shop:start_urls got no reply" in caplog.text
+        )
+        assert "stay in redislock:feed:{shop:start_urls}:taken:w1:shop:start_urls" in caplog.text
+        stats.set_value("finish_reason", "finished")  # as CoreStats sets it on spider_closed
+        crawler.signals.send_catch_log(
+            signal=signals.spider_closed, spider=spider, reason="finished"
+        )
+        assert stats.get_value("finish_reason") == "redislock_start_urls_lost"
