@@ -76,11 +76,22 @@ class Heartbeat:
         """Beat (on ``stage``); the workers past their promise."""
         sent = self.clock()
         plan = liveness(self.ttl, self.working(stage))
+        inflight, outbox = self.inflight, self.outbox
+        still, own = not (inflight.tasks or outbox.pushes or outbox.keeping), inflight.own
         new, holds, dead = await self.queues.heartbeat(stage, grace=plan.grace, pulse=pulse)
         self.beats.beaten(sent, self.clock(), plan, pulse)
         # Redis lost the crawl state: not taken for dead (see queues_lost)
         if new and await self.queues_lost():
             new = False
+        if (
+            not (new or pulse)
+            and still
+            and not (inflight.tasks or outbox.pushes or outbox.keeping)
+            and inflight.own == own
+        ):
+            # nothing changed the record meanwhile: its length is what this worker holds (an ack
+            # sent again after a lost reply drops nothing, and would leave ``own`` too high)
+            inflight.own = holds
         if not new and not pulse and holds > len(self.inflight.known_ids()):
             await self._reclaim()
         if new and self.inflight.own:

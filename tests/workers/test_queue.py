@@ -498,6 +498,45 @@ def test_requests_in_progress_when_redis_lost_the_state_never_ack_the_new_record
     asyncio.run(main())
 
 
+def test_an_ack_whose_reply_was_lost_leaves_the_count_of_what_the_worker_holds_right_at_its_next_beat(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A worker's ack ran in Redis and its reply was lost; the ack sent again drops nothing, so the
+    worker went on counting the requests as its own. Another worker's two requests in flight then
+    read as this worker's (the cluster's counter was not above its own), and an idle worker could
+    close while work was still in progress elsewhere. The next beat counts them again from the
+    record."""
+
+    async def main() -> None:
+        scheduler = worker_scheduler(redis_url)
+        queues, inflight = scheduler.queues, scheduler.inflight
+        other = StageQueues(queues.client, "staged", ["a"], worker="other")
+        try:
+            for n in range(8):
+                request = scrapy.Request(f"http://shop.test/a/{n}", meta={"redislock_stage": "a"})
+                await queues.push("a", "", scheduler.encode(request))
+            await scheduler.heartbeat.beat("a")
+            scheduler.state.current = "a"
+            popped = await scheduler.loop.fill()
+            assert 0 < popped <= 6 and inflight.own == popped
+            await other.beat("a")
+            assert len(await other.pop("a", 2) or []) == 2
+            handed = [inflight.hand() for _ in range(popped)]
+            ids = [inflight.handed[request] for request in handed if request is not None]
+            # the first ack: it ran in Redis, its reply lost
+            assert await queues.ack(ids) == popped
+            inflight.ack_finished()  # sent again: it drops nothing
+            await asyncio.gather(*inflight.tasks)
+            assert inflight.own == popped  # what the lost reply left behind
+            await scheduler.heartbeat.beat("a")
+            assert inflight.own == 0
+            assert await queues.in_flight() == 2 > inflight.own  # the other's: work in progress
+        finally:
+            await queues.client.aclose()
+
+    asyncio.run(main())
+
+
 # -- batches of any size (review 2, finding e09: Lua's unpack stops at about 8000 values) ----------
 
 BIG = 10_000  # 2 x CONCURRENT_REQUESTS 5000: well over what one unpack takes (2 values per popped request)
