@@ -137,6 +137,7 @@ class Heartbeat:
         if self.outbox.keeping:
             return
         moved = await self.queues.reclaim(known)
+        self.inflight.own -= moved  # the beat just counted them
         if moved:
             self.stats.inc_value("redislock/workers/reclaimed", moved)
             logger.warning(

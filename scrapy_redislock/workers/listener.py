@@ -90,8 +90,10 @@ class SignalListener:
             )
         if self.running and (keys == self.listening or not keys):
             return  # a wait no longer needed ends at its timeout; a token it takes meanwhile is handled or put back
-        if self.running:
-            self.cancel()  # a stage change: the old wait's keys are stale (costs a reconnect)
+        if self.running and self.task is not None:
+            # a stage change: the old wait's keys are stale (costs a reconnect); the wait for start
+            # URLs goes on
+            self.task.cancel()
         self.listening = keys
         self.task = None
         if keys:

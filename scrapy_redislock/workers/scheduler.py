@@ -381,7 +381,7 @@ class StageWorkerScheduler(BaseScheduler):
                 )
                 return
             logger.error(
-                "Closing: a take of up to %d start URLs from %s got no reply, and Redis did not answer to give them back (%s); they are not crawled in this run, and stay in %s for a day: push them to %s again",  # noqa: E501
+                "Closing: a take of up to %d start URLs from %s got no reply, and Redis did not answer to give them back (%s); they may be lost to this run: whatever the take kept is in %s for a day, push it to %s again",  # noqa: E501
                 feed.batch,
                 feed.key,
                 exc or "timeout",

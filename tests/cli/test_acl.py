@@ -70,7 +70,8 @@ def _redis_7(admin_url: str) -> None:
 
 PASSWORD = "acl-test-pw"
 # Listed for the crawler although these crawls do not send them: HSET + WAIT only with replicas=N;
-# SPOP and ZPOPMAX only for REDIS_START_URLS_AS_SET / _AS_ZSET feeds; ZRANGE only for a
+# BLMOVE only when an idle worker waits on a list feed that is empty (these crawls push their start URLs
+# first); ZRANGE only for a
 # SCHEDULER_PERSIST = False close or a SCHEDULER_FLUSH_ON_START; LPUSH when an idle worker hands on
 # a token for a stage whose slots are all taken; HKEYS only after a pop whose reply was lost
 # (.ci/run's crawler-ACL pass of tests/workers sends it); GET and LLEN are sent by the worker

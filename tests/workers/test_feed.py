@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -70,6 +71,21 @@ def left(client: redis.Redis, how: str) -> Any:
     return client.zrange(FEED, 0, -1, withscores=True)
 
 
+async def until(condition: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
+    """Wait for ``condition`` without blocking the event loop the client under test runs on."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {seconds} s waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def blocked_waits(client: redis.Redis) -> int:
+    """Connections blocked in a BLMOVE now (the wait for start URLs)."""
+    listed = client.execute_command("CLIENT", "LIST", "TYPE", "normal").decode().splitlines()
+    fields = [dict(part.split("=", 1) for part in line.split() if "=" in part) for line in listed]
+    return sum(1 for f in fields if f.get("cmd") == "blmove" and "b" in f.get("flags", ""))
+
+
 @pytest.mark.parametrize("how", ["list", "set", "zset"])
 @pytest.mark.parametrize("then", ["asked-again", "closed"])
 def test_a_take_whose_reply_was_lost_answers_the_same_entries_or_goes_back_at_close(
@@ -130,12 +146,11 @@ def test_the_wait_for_start_urls_takes_nothing_so_a_lost_reply_loses_nothing(
         queues = StageQueues(client, "shop", ["list"], worker="w1")
         waiting = asyncio.create_task(queues.blocking.wait_for_entry(FEED, 30.0))
         await asyncio.sleep(0)
-        while not redis_client.info("clients")["blocked_clients"]:
-            await asyncio.sleep(0.01)  # the wait is blocked in Redis
+        await until(lambda: blocked_waits(redis_client) == 1, "the wait to block in Redis")
         proxy.blackhole("down")
         redis_client.rpush(FEED, ENTRIES[0])
-        while redis_client.info("clients")["blocked_clients"]:
-            await asyncio.sleep(0.01)  # served: its reply is lost on the way
+        await until(lambda: blocked_waits(redis_client) == 0, "the wait to be served")
+        # its reply is lost on the way
         waiting.cancel()
         assert redis_client.lrange(FEED, 0, -1) == [ENTRIES[0]]
         proxy.heal()
@@ -176,6 +191,8 @@ def test_at_close_an_unanswered_take_goes_back_or_the_crawl_does_not_finish_clea
         if redis_answers:
             proxy.heal()
             await client.aclose()
+        else:
+            proxy.blackhole()  # nothing reaches Redis any more
         with caplog.at_level(logging.INFO):
             await scheduler._give_back_start_urls()
         proxy.heal()
@@ -192,7 +209,10 @@ def test_at_close_an_unanswered_take_goes_back_or_the_crawl_does_not_finish_clea
         assert (
             "Closing: a take of up to 3 start URLs from shop:start_urls got no reply" in caplog.text
         )
-        assert "stay in redislock:feed:{shop:start_urls}:taken:w1:shop:start_urls" in caplog.text
+        assert (
+            "is in redislock:feed:{shop:start_urls}:taken:w1:shop:start_urls for a day"
+            in caplog.text
+        )
         stats.set_value("finish_reason", "finished")  # as CoreStats sets it on spider_closed
         crawler.signals.send_catch_log(
             signal=signals.spider_closed, spider=spider, reason="finished"

@@ -40,14 +40,30 @@ class WorkerSpider(StageWorkerMixin, Spider):
 
 
 class ScriptedWait:
-    """The blocked wait (BLPOP): nothing arrives."""
+    """The blocked waits (BLPOP for a token, BLMOVE for start URLs): nothing arrives; with ``hold``
+    a wait lasts until it is cancelled."""
 
     def __init__(self) -> None:
         self.waits: list[float] = []  # the timeout of each wait
+        self.feed_waits: list[str] = []  # the key of each wait for start URLs
+        self.hold = False
 
     async def wait(self, keys: list[str], timeout: float) -> tuple[str, bytes] | None:
         self.waits.append(timeout)
+        if self.hold:
+            await asyncio.Event().wait()
         return None
+
+    async def wait_for_entry(self, key: str, timeout: float) -> bool:
+        self.feed_waits.append(key)
+        await asyncio.Event().wait()
+        return False
+
+
+class ListFeed:
+    """A RedisSpider's list feed on a single Redis, as the listener sees it."""
+
+    key = blocking_key = "beats:start_urls"
 
 
 class ScriptedQueues:
@@ -241,6 +257,36 @@ def test_the_dead_are_requeued_only_after_six_seconds_of_beats_without_a_gap() -
         clock.advance(4.0)  # 118: four seconds of silence (a stall) break the streak
         await loop._beat_if_due(clock.now)
         assert worker.heartbeat.beats.streak_since == 118.0 and len(queues.reaped) == 2
+
+    run(test)
+
+
+def test_the_wait_for_start_urls_goes_on_when_the_worker_leaves_its_stage() -> None:
+    """A worker on the stage its start URLs went to, its queue found empty, waits for a token and
+    for start URLs. It leaves the stage: the wait for a token starts again on the new keys, the
+    wait for start URLs goes on (it was cancelled with the other, and not started again until the
+    next heartbeat)."""
+
+    async def test(clock: FakeClock, worker: Worker) -> None:
+        listener, state, blocking = worker.loop.listener, worker.state, worker.queues.blocking
+        listener.feed = ListFeed()  # type: ignore[assignment]
+        blocking.hold = True
+        state.took("list", None)
+        state.start_urls_to("list")
+        state.ran_empty("list")
+        listener.listen()
+        await asyncio.sleep(0)
+        feed_wait, token_wait = listener.feed_task, listener.task
+        assert feed_wait is not None and token_wait is not None and listener.running
+        state.current = None  # it left the stage
+        listener.listen()
+        await asyncio.sleep(0)
+        assert token_wait.cancelled() and listener.task is not token_wait and listener.running
+        assert listener.feed_task is feed_wait and not feed_wait.done()
+        assert blocking.feed_waits == [ListFeed.key]
+        listener.cancel()
+        await asyncio.sleep(0)
+        assert feed_wait.cancelled()
 
     run(test)
 

@@ -537,6 +537,32 @@ def test_an_ack_whose_reply_was_lost_leaves_the_count_of_what_the_worker_holds_r
     asyncio.run(main())
 
 
+def test_requests_a_beat_counts_and_then_gives_back_are_not_counted_as_held(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A pop ran in Redis and its reply was lost: the beat counts what the record holds, finds
+    more than the worker knows of, and gives those back; what it holds is then the record's
+    length again."""
+
+    async def main() -> None:
+        scheduler = worker_scheduler(redis_url)
+        queues, inflight = scheduler.queues, scheduler.inflight
+        try:
+            for n in range(4):
+                request = scrapy.Request(f"http://shop.test/a/{n}", meta={"redislock_stage": "a"})
+                await queues.push("a", "", scheduler.encode(request))
+            await scheduler.heartbeat.beat("a")
+            lost = await queues.pop("a", 2)  # its reply lost: the worker never had these
+            assert lost is not None and len(lost) == 2 and inflight.own == 0
+            await scheduler.heartbeat.beat("a")
+            assert redis_client.hlen(queues.inflight_key) == 0 == inflight.own
+            assert redis_client.llen(queues.keys.queue("a")) == 4
+        finally:
+            await queues.client.aclose()
+
+    asyncio.run(main())
+
+
 # -- batches of any size (review 2, finding e09: Lua's unpack stops at about 8000 values) ----------
 
 BIG = 10_000  # 2 x CONCURRENT_REQUESTS 5000: well over what one unpack takes (2 values per popped request)
