@@ -98,7 +98,7 @@ class QueueWatch:
         epoch = text(self.script(keys=[self.key], args=[]))
         if not lengths:
             return str(epoch), None
-        return str(epoch), sum(len(queue) for queue in self.shared.queues.values())
+        return str(epoch), sum(len(queue) for queue in self.shared.read_queues())
 
     async def look(self) -> None:
         """One look, in the shared queue's thread (after what was given to it before), else in a

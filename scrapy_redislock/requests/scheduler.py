@@ -307,15 +307,17 @@ class StageScheduler:
             return
         base = self.inner.queue
         assert self.admission is not None
+        capped = self.slots.stages if self.slots is not None else []
         self.shared = SharedStageQueues(
             base,
-            self.slots.stages if self.slots is not None else [],
+            capped,
             self.admission,
             prefix=self.settings.key_prefix,
             asked_while_paused=self._wake_later,
             thread=self.queue_thread,
             wake=self._wake,
             clock=self.clock,
+            leftover=[stage for stage in self.settings.stages if stage not in capped],
         )
         self.inner.queue = self.shared
         self.shared.enqueue = self.inner.enqueue_request

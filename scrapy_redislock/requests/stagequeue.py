@@ -453,6 +453,7 @@ class SharedStageQueues:
         thread: QueueThread | None = None,
         wake: Callable[[], None] = lambda: None,
         clock: Clock = time.monotonic,
+        leftover: Iterable[str] = (),
     ) -> None:
         self.base = base
         self.clock = clock  # monotonic seconds: the sub-queues' pauses, the outage's length
@@ -461,7 +462,10 @@ class SharedStageQueues:
         self.thread = thread
         self.wake = wake  # the engine asks again (a request arrived, or the queue was read)
         self.queues: dict[str | None, Any] = {None: base}
-        for stage in stages:
+        # configured stages not capped now: what an earlier run queued under their own key, when
+        # they were capped, is read until found empty once (pushes go to the spider's own key)
+        self._leftover = set(leftover) - set(stages)
+        for stage in [*stages, *sorted(self._leftover)]:
             self.queues[stage] = type(base)(
                 server=base.server,
                 spider=base.spider,
@@ -490,6 +494,8 @@ class SharedStageQueues:
         self._found_empty: set[str | None] = set()
         self._turns = dict.fromkeys(self.queues, 0)
         self._turn = 0
+        self._drained: set[str | None] = set()  # leftover sub-queues found empty: not asked again
+        self._reading_leftover: set[str | None] = set()  # said once each
         self._outage = Backoff(first=EMPTY_PAUSE, most=OUTAGE_PAUSE_MOST)
         self._out_since: float | None = None  # when Redis stopped answering (None: it answers)
         self._known_length = 0
@@ -539,13 +545,18 @@ class SharedStageQueues:
         ...}``)."""
         return f"{self.base.key}:{stage}".replace("%", "%%")
 
+    def read_queues(self) -> list[Any]:
+        """The sub-queues still read: all but the leftover ones found empty (their lengths are not
+        looked at again)."""
+        return [queue for stage, queue in self.queues.items() if stage not in self._drained]
+
     def _threaded(self) -> bool:
         """Whether Redis is to be asked in the queue thread (the reactor runs in this one)."""
         return self.thread is not None and self.thread.on_reactor()
 
     def _stage_of(self, request: Request) -> str | None:
         stage = self.admission.route(request)[0]
-        return stage if stage in self.queues else None
+        return stage if stage in self.queues and stage not in self._leftover else None
 
     # -- pushes ------------------------------------------------------------------------------------
 
@@ -781,6 +792,8 @@ class SharedStageQueues:
         asked: list[str | None] = []
         paused_until = None
         for stage in sorted(self.queues, key=self._turns.__getitem__):
+            if stage in self._drained:
+                continue
             if not (self.admission.may_go((stage, None)) or stage in self._found_empty):
                 continue
             if now < self._ask_at[stage]:
@@ -795,7 +808,7 @@ class SharedStageQueues:
         for stage in asked:
             request = self._take(stage)
             if request is None:
-                self._ask_at[stage] = now + self._pauses[stage].next()
+                self._found_none(stage, now)
                 continue
             self._took(stage)
             if stage is None:
@@ -833,14 +846,36 @@ class SharedStageQueues:
         for stage in list(self._unanswered):
             request = self._take(stage)
             if request is not None:
-                self._push_now(stage, request, back=True)  # kept in memory if Redis is out again
+                # kept in memory if Redis is out again; a leftover stage's to the spider's own key,
+                # which every process reads
+                home = None if stage in self._leftover else stage
+                self._push_now(home, request, back=True)
         for stage, pops in self._pops.items():
             if pops:
                 self._pop_script(
                     keys=[self.queues[stage].key, self._popped[stage]], args=["forget", 0, 0]
                 )
 
+    def _found_none(self, stage: str | None, now: float) -> None:
+        """A pop of ``stage``'s sub-queue found it empty: asked again after its pause, a leftover
+        one never again in this run."""
+        self._ask_at[stage] = now + self._pauses[stage].next()
+        if stage in self._leftover and stage not in self._drained:
+            self._drained.add(stage)
+            logger.debug(
+                "The key %s of uncapped stage %r is empty: not read again",
+                self.queues[stage].key,
+                stage,
+            )
+
     def _took(self, stage: str | None) -> None:
+        if stage in self._leftover and stage not in self._reading_leftover:
+            self._reading_leftover.add(stage)
+            logger.info(
+                "Stage %r is not capped in this process: the requests queued under its own key %s (by an earlier crawl that capped it, or by processes that cap it now) are read from there until it is empty",  # noqa: E501
+                stage,
+                self.queues[stage].key,
+            )
         self._pauses[stage].reset()
         self.moved += 1
         self._turn += 1
@@ -898,7 +933,7 @@ class SharedStageQueues:
         if requeued:
             self._length = None  # a look before this fetch did not see them: has_requests() looks
         for name in empty:
-            self._ask_at[name] = now + self._pauses[name].next()
+            self._found_none(name, now)
             if name is not None:
                 self._found_empty.add(name)
         if request is None:
@@ -960,7 +995,7 @@ class SharedStageQueues:
             return self._length > 0
         try:
             found = bool(self.in_memory or self._unanswered) or any(
-                len(queue) > 0 for queue in self.queues.values()
+                len(queue) > 0 for queue in self.read_queues()
             )
         except OUTAGE_ERRORS:
             return True
@@ -1035,5 +1070,5 @@ class SharedStageQueues:
             ahead = int(self.ahead is not None)
             return (self._length or 0) + ahead + self.in_memory
         with suppress(*OUTAGE_ERRORS):
-            self._known_length = sum(len(queue) for queue in self.queues.values())
+            self._known_length = sum(len(queue) for queue in self.read_queues())
         return self._known_length + self.in_memory

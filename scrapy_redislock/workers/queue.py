@@ -430,8 +430,9 @@ class StageQueues:
                 self.scored_ids.add(inflight_id)
         return popped
 
-    async def ack(self, ids: Iterable[str]) -> int:
-        """The requests are done (their output is queued): drop them from the in-flight record."""
+    async def ack(self, ids: Iterable[str], epoch: str = "") -> int:
+        """The requests are done (their output is queued): drop them from the in-flight record,
+        if the crawl state is still of ``epoch`` (the one they were popped in; '' checks nothing)."""
         ids = list(ids)
         if not ids:
             return 0
@@ -440,9 +441,10 @@ class StageQueues:
             self.keys.in_flight,
             self.keys.wake,
             self.keys.alive,
+            self.keys.epoch,
             *self._queue_keys(),
         ]
-        return int(await self.scripts["queue_ack"](keys=keys, args=ids))
+        return int(await self.scripts["queue_ack"](keys=keys, args=[epoch, *ids]))
 
     async def give_back(self, ids: Iterable[str]) -> int:
         """Put popped but unstarted requests (oldest first) back at the front of their queues."""

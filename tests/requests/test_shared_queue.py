@@ -268,6 +268,35 @@ def test_nothing_blocks_the_reactor_over_a_redis_a_few_ms_away(
     assert queued(redis_client) == 100 - fetched
 
 
+def test_what_an_earlier_crawl_queued_under_a_capped_stage_is_crawled_once_it_is_not_capped(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
+    """A crawl with detail capped stops mid-way with SCHEDULER_PERSIST: its detail requests wait in
+    the stage's own key in Redis. The next crawl, with no start requests of its own, has detail
+    uncapped: it reads that key until it is empty, every page is fetched once over the two crawls,
+    and nothing is left in Redis. It finished cleanly before with those requests unread, and they
+    stayed in Redis."""
+    site.delay = 0.2
+    extra: dict[str, Any] = {
+        "REDISLOCK_URL": redis_url,
+        "REDIS_URL": redis_url,
+        "REDISLOCK_STAGES": {"detail": CAP, "comments": None},
+        "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
+        "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+        "SCHEDULER_PERSIST": True,
+    }
+    crawl = Crawl(site.url, "detail:40", {**extra, "CLOSESPIDER_TIMEOUT": 1.5}, tmp_path).run()
+    assert crawl.stats["finish_reason"] == "closespider_timeout", crawl.tail()
+    assert redis_client.zcard("plan:requests:detail") > 0
+    site.delay = 0.01
+    uncapped = {**extra, "REDISLOCK_STAGES": {"detail": None, "comments": None}}
+    crawl = Crawl(site.url, "", uncapped, tmp_path).run()
+    assert crawl.code == 0 and crawl.stats["finish_reason"] == "finished", crawl.tail()
+    assert queued(redis_client) == 0
+    assert site.count("detail") == 40 and all(n == 1 for n in site.hits.values()), site.hits
+    assert "Stage 'detail' is not capped in this process" in crawl.output
+
+
 class OpenStages:
     """Every sub-queue may go; a request's stage is its meta's ``redislock_stage``."""
 

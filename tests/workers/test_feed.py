@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,6 +25,7 @@ from scrapy_redislock.workers.mixin import StageWorkerMixin
 from scrapy_redislock.workers.queue import StageQueues
 from scrapy_redislock.workers.scheduler import StageWorkerScheduler
 from testing.netproxy import LatencyProxy
+from testing.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -69,14 +69,6 @@ def left(client: redis.Redis, how: str) -> Any:
     if how == "set":
         return client.smembers(FEED)
     return client.zrange(FEED, 0, -1, withscores=True)
-
-
-async def until(condition: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
-    """Wait for ``condition`` without blocking the event loop the client under test runs on."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {seconds} s waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 def blocked_waits(client: redis.Redis) -> int:
@@ -146,10 +138,10 @@ def test_the_wait_for_start_urls_takes_nothing_so_a_lost_reply_loses_nothing(
         queues = StageQueues(client, "shop", ["list"], worker="w1")
         waiting = asyncio.create_task(queues.blocking.wait_for_entry(FEED, 30.0))
         await asyncio.sleep(0)
-        await until(lambda: blocked_waits(redis_client) == 1, "the wait to block in Redis")
+        await until(lambda: blocked_waits(redis_client) == 1, 10, "the wait to block in Redis")
         proxy.blackhole("down")
         redis_client.rpush(FEED, ENTRIES[0])
-        await until(lambda: blocked_waits(redis_client) == 0, "the wait to be served")
+        await until(lambda: blocked_waits(redis_client) == 0, 10, "the wait to be served")
         # its reply is lost on the way
         waiting.cancel()
         assert redis_client.lrange(FEED, 0, -1) == [ENTRIES[0]]

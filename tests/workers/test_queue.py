@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -20,7 +21,9 @@ from scrapy_redislock.workers.queue import QueueKeys, StageQueues, queue_order, 
 from scrapy_redislock.workers.scheduler import StageWorkerScheduler
 from scrapy_redislock.workers.status import dead_letters, spider_status, spiders_in
 from testing.lockstate import queued
+from testing.netproxy import LatencyProxy
 from testing.spiders.workerspider import StagedSpider
+from testing.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -558,6 +561,61 @@ def test_requests_a_beat_counts_and_then_gives_back_are_not_counted_as_held(
             assert redis_client.hlen(queues.inflight_key) == 0 == inflight.own
             assert redis_client.llen(queues.keys.queue("a")) == 4
         finally:
+            await queues.client.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.faults
+def test_an_ack_retried_through_an_outage_in_which_redis_lost_the_state_drops_nothing_new(
+    redis_url: str, redis_client: redis.Redis, redis_proxy: Callable[[], LatencyProxy]
+) -> None:
+    """A worker's ack of two finished requests gets no answer; meanwhile Redis loses the crawl
+    state and the worker pops two new requests, whose ids in the new record are those of the two
+    old ones. The ack sent before the loss and delivered after it (a command a silent network
+    held), and the ack retried once Redis answers, must not drop the new entries."""
+    proxy = redis_proxy()
+    port = urlsplit(redis_url).port
+    proxied = redis_url.replace(f":{port}", f":{proxy.port}", 1) + "?socket_timeout=1"
+
+    async def main() -> None:
+        scheduler = worker_scheduler(proxied)
+        queues, inflight = scheduler.queues, scheduler.inflight
+        admin = redis.asyncio.Redis.from_url(redis_url)
+        direct = StageQueues(admin, "staged", ["a"], worker=queues.worker)  # the worker, unproxied
+
+        async def push(name: str) -> None:
+            for n in range(2):
+                request = scrapy.Request(
+                    f"http://shop.test/{name}/{n}", meta={"redislock_stage": "a"}
+                )
+                await direct.push("a", "", scheduler.encode(request))
+
+        try:
+            await push("old")
+            await scheduler.heartbeat.beat("a")
+            scheduler.state.current = "a"
+            assert await scheduler.loop.fill() == 2
+            old = {inflight.handed[r] for r in [inflight.hand(), inflight.hand()] if r is not None}
+            old_epoch = inflight.epoch
+            assert old_epoch
+            proxy.blackhole()
+            inflight.ack_finished()  # the ack gets no answer: retried after a back-off
+            await until(lambda: scheduler.outage.down, 30, "the ack to fail")
+            redis_client.flushall()  # Redis lost the crawl state
+            inflight.detach()  # what the beat that reads another epoch does
+            await push("new")
+            await direct.beat("a")  # registered again in the new state
+            new = await direct.pop("a", 2)
+            assert new is not None and {i for i, _ in new} == old  # the same ids, new requests
+            # the ack sent before the loss, delivered after it (held by the network): nothing
+            assert await direct.ack(sorted(old), old_epoch) == 0
+            proxy.heal()
+            await asyncio.wait_for(asyncio.gather(*inflight.tasks), 30)
+            assert redis_client.hlen(direct.inflight_key) == 2
+            assert int(redis_client.get(direct.keys.in_flight) or 0) == 2
+        finally:
+            await admin.aclose()
             await queues.client.aclose()
 
     asyncio.run(main())
