@@ -188,7 +188,6 @@ class Heartbeat:
         the ones in progress finish here and queue what they yield. True if lost."""
         epoch = await self.queues.epoch()
         seen, self.epoch = self.epoch, epoch
-        self.inflight.epoch = epoch
         if seen is None or seen == epoch:
             return False
         knew, queued = self.knows_of_work(), sum(self.state.lengths.values())

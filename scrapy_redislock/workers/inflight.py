@@ -81,9 +81,6 @@ class InFlight:
         # in-flight ids in an ack call (or whose ack Redis refused: kept till close)
         self.acking: set[str] = set()
         self.generation = 0  # the in-flight record's: one more each time Redis lost it (detach)
-        # the crawl state's epoch the record's ids belong to (the heartbeat reads it): an ack sent in
-        # another drops nothing, even one a silent network delivers late
-        self.epoch = ""
         self.acker: asyncio.Task[None] | None = None
         self.tasks: set[asyncio.Task[Any]] = set()  # the ack calls running
         # requests in this worker's in-flight record in Redis (part of the cluster's counter)
@@ -267,11 +264,11 @@ class InFlight:
         # what the callbacks yielded is in Redis before their parents leave the in-flight record
         if pushes:
             await asyncio.wait(pushes)
-        generation, epoch = self.generation, self.epoch
+        generation = self.generation
 
         async def ack() -> int:
             # not after Redis lost the record: these ids may name new entries by now
-            return await self.queues.ack(ids, epoch) if self.generation == generation else 0
+            return await self.queues.ack(ids) if self.generation == generation else 0
 
         try:
             dropped = await self.outage.retrying("Acknowledging requests", ack)

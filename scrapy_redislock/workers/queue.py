@@ -27,7 +27,8 @@ Keys, all under the hash tag of the spider name so that Redis Cluster keeps them
                                             beat again (set by each beat, moved ahead by each pop); past it, the
                                             worker is dead
     <prefix>:{<spider>}:working             hash: worker -> the stage it works on (for people and the demo)
-    <prefix>:{<spider>}:ids                 counter of in-flight ids
+    <prefix>:{<spider>}:ids                 counter of in-flight ids (made from Redis's clock in µs: a new crawl
+                                            state never gives out an id of one Redis lost)
     <prefix>:{<spider>}:epoch               string: made when missing by a worker's first beat (Redis's clock in
                                             µs); a worker whose registration vanished reads it again: another
                                             value than the one it saw means the crawl state was lost (Redis
@@ -430,9 +431,8 @@ class StageQueues:
                 self.scored_ids.add(inflight_id)
         return popped
 
-    async def ack(self, ids: Iterable[str], epoch: str = "") -> int:
-        """The requests are done (their output is queued): drop them from the in-flight record,
-        if the crawl state is still of ``epoch`` (the one they were popped in; '' checks nothing)."""
+    async def ack(self, ids: Iterable[str]) -> int:
+        """The requests are done (their output is queued): drop them from the in-flight record."""
         ids = list(ids)
         if not ids:
             return 0
@@ -441,10 +441,9 @@ class StageQueues:
             self.keys.in_flight,
             self.keys.wake,
             self.keys.alive,
-            self.keys.epoch,
             *self._queue_keys(),
         ]
-        return int(await self.scripts["queue_ack"](keys=keys, args=[epoch, *ids]))
+        return int(await self.scripts["queue_ack"](keys=keys, args=ids))
 
     async def give_back(self, ids: Iterable[str]) -> int:
         """Put popped but unstarted requests (oldest first) back at the front of their queues."""

@@ -44,11 +44,16 @@ end
 local count = #fields / 2
 if count > 0 then
   local last = redis.call('INCRBY', KEYS[3], count)
+  if last == count then  -- a counter made just now: from Redis's clock in µs, as queue_pop.lua's
+    local now = redis.call('TIME')
+    last = tonumber(now[1] .. string.format('%06d', now[2])) + count
+    redis.call('SET', KEYS[3], string.format('%d', last))
+  end
   local hash = {}
   for k = 1, count do
     local id = last - count + k
     out[fields[2 * k - 1]] = id
-    hash[#hash + 1] = tostring(id)
+    hash[#hash + 1] = string.format('%d', id)
     hash[#hash + 1] = fields[2 * k]
   end
   for first = 1, #hash, 1000 do

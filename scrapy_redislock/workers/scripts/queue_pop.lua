@@ -16,7 +16,8 @@
 -- Any N works: the requests are read first (LRANGE, ZRANGEBYSCORE) and leave the queue (RPOP or LPOP, ZREM) only
 -- once they are recorded, because Redis keeps what a script wrote before an error; HSET and ZREM get their
 -- arguments 1000 at a time (Lua's unpack stops at about 8000 values).
--- KEYS[1] the stage's list, KEYS[2] its sorted set, KEYS[3] the worker's in-flight hash, KEYS[4] id counter,
+-- KEYS[1] the stage's list, KEYS[2] its sorted set, KEYS[3] the worker's in-flight hash, KEYS[4] id counter (made
+-- from Redis's clock in µs: see below),
 -- KEYS[5] alive zset, KEYS[6] in-flight counter, KEYS[7] the stage's signal list, KEYS[8] due zset
 -- ARGV[1] N (below 1: nothing is popped), ARGV[2] stage name, ARGV[3] worker id, ARGV[4] '1' = pass the signal
 -- on if the queue may hold more, ARGV[5] ms within which the worker beats again, ARGV[6] 'priority', 'fifo' or
@@ -66,9 +67,16 @@ end
 local count = #taken
 if count == 0 then return {} end
 local last = redis.call('INCRBY', KEYS[4], count)
+if last == count then
+  -- a counter made just now (a new crawl state): its ids start at Redis's clock in µs, so that none is an id of a
+  -- state Redis lost, which an ack of that state still on its way would drop (ids stay below 2^53, exact in Lua)
+  local now = redis.call('TIME')
+  last = tonumber(now[1] .. string.format('%06d', now[2])) + count
+  redis.call('SET', KEYS[4], string.format('%d', last))
+end
 local out, fields = {}, {}
 for i = 1, count do
-  local id, data, mark = tostring(last - count + i), taken[i][1], taken[i][2]
+  local id, data, mark = string.format('%d', last - count + i), taken[i][1], taken[i][2]
   fields[#fields + 1] = id
   fields[#fields + 1] = ARGV[2] .. mark .. '\n' .. data
   out[#out + 1] = id
