@@ -78,7 +78,7 @@ class StartUrlFeed:
     async def give_back(self) -> int:
         """At close: the entries of a take whose reply never came go back to the feed, and the
         record goes; how many went back."""
-        if not self.enabled or not self.key:
+        if not self.enabled:
             return 0
         args = ["give_back", self.how, self.number, 0, 0]
         moved = int(await self.queues.scripts["feed_take"](keys=[self.key, self.record], args=args))

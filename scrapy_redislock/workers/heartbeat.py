@@ -83,17 +83,20 @@ class Heartbeat:
         # Redis lost the crawl state: not taken for dead (see queues_lost)
         if new and await self.queues_lost():
             new = False
-        if (
+        recount = (
             not (new or pulse)
             and still
             and not (inflight.tasks or outbox.pushes or outbox.keeping)
             and inflight.own == own
-        ):
+        )
+        if recount:
             # nothing changed the record meanwhile: its length is what this worker holds (an ack
             # sent again after a lost reply drops nothing, and would leave ``own`` too high)
             inflight.own = holds
         if not new and not pulse and holds > len(self.inflight.known_ids()):
-            await self._reclaim()
+            moved = await self._reclaim()
+            if recount:
+                inflight.own -= moved  # counted just now; otherwise never counted
         if new and self.inflight.own:
             self._taken_for_dead()
         if new:
@@ -124,20 +127,19 @@ class Heartbeat:
         pulse also names the dead."""
         await self.reap(await self.beat(self.state.current, pulse=True))
 
-    async def _reclaim(self) -> None:
+    async def _reclaim(self) -> int:
         """The in-flight record holds more than this worker knows of: a pop (or a keep of requests
         with no stage) ran in Redis but its reply was lost (a connection cut, a failover; a cluster
         client may also have run it again). Those requests go back to the front of their queues,
         for whichever worker comes first. Not while a keep awaits its reply (its entries are in the
-        record, not known yet): the next beat looks again."""
+        record, not known yet): the next beat looks again. How many went back."""
 
         def known() -> list[str] | None:
             return None if self.outbox.keeping else self.inflight.known_ids()
 
         if self.outbox.keeping:
-            return
+            return 0
         moved = await self.queues.reclaim(known)
-        self.inflight.own -= moved  # the beat just counted them
         if moved:
             self.stats.inc_value("redislock/workers/reclaimed", moved)
             logger.warning(
@@ -146,6 +148,7 @@ class Heartbeat:
                 moved,
             )
             self.state.look_again()
+        return moved
 
     async def reap(self, dead: list[str]) -> None:
         """Requeue the requests of the workers a beat named dead, once this worker's own beats have

@@ -147,9 +147,10 @@ class InFlight:
     def detach(self) -> None:
         """Redis lost the crawl state: the in-flight ids of the requests in progress, and of those
         finished and not acknowledged yet, or in an ack call being retried, named entries of the
-        lost record. The new record's ids start again from 1, so those ids may name new requests of
-        this worker's: never acknowledged (an ack would drop them); the requests still finish
-        here."""
+        lost record. The new record's ids start from Redis's clock, after these; but Redis back with
+        an older copy of the counter (a snapshot, a replica behind) gives some out again, to new
+        requests of this worker's: never acknowledged (an ack would drop them); the requests still
+        finish here."""
         self.handed = dict.fromkeys(self.handed, DETACHED)
         self.unstaged = dict.fromkeys(self.unstaged, DETACHED)
         self.acks.clear()

@@ -16,7 +16,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from scrapy_redislock.crawl.reach import REDIS_ERRORS
+from scrapy_redislock.crawl.reach import REDIS_ERRORS, REFUSED
 
 if TYPE_CHECKING:
     from scrapy_redislock.lock.core import Clock
@@ -32,7 +32,7 @@ BEAT_MARGIN = 0.01
 
 
 class SignalListener:
-    """The one blocked wait of a worker (see the module docstring)."""
+    """The blocked waits of a worker, for a token and for start URLs (see the module docstring)."""
 
     def __init__(
         self,
@@ -51,6 +51,7 @@ class SignalListener:
         self.task: asyncio.Task[None] | None = None
         self.listening: list[str] = []  # the keys the running wait blocks on
         self.feed_task: asyncio.Task[None] | None = None  # the wait for start URLs
+        self.feed_wait_refused = False  # Redis refused it (an ACL role without BLMOVE): said once
 
     @property
     def running(self) -> bool:
@@ -100,7 +101,7 @@ class SignalListener:
             self.task = asyncio.get_running_loop().create_task(self._wait_for_work(keys))
 
     async def _wait_for_work(self, keys: list[str]) -> None:
-        """Block until a token or entry arrives, or until the heartbeat is due; then wake the loop
+        """Block until a token arrives, or until the heartbeat is due; then wake the loop
         (one BLPOP per heartbeat period while nothing happens)."""
         state, queue_keys = self.state, self.queues.keys
         try:
@@ -137,6 +138,13 @@ class SignalListener:
             if not await self.queues.blocking.wait_for_entry(key, timeout):
                 return  # the heartbeat's step arms it again
         except REDIS_ERRORS as exc:
+            if isinstance(exc, REFUSED) and not self.feed_wait_refused:
+                self.feed_wait_refused = True  # said once
+                logger.warning(
+                    "Waiting for start URLs at %s: Redis refused BLMOVE (%s); they are read at each heartbeat instead. A crawler ACL user needs +blmove: set its rules again with python -m scrapy_redislock.cli.acl crawler",  # noqa: E501
+                    key,
+                    exc,
+                )
             logger.debug(
                 "Waiting for start URLs: Redis error (%s); waits again at the next step", exc
             )

@@ -27,8 +27,8 @@ Keys, all under the hash tag of the spider name so that Redis Cluster keeps them
                                             beat again (set by each beat, moved ahead by each pop); past it, the
                                             worker is dead
     <prefix>:{<spider>}:working             hash: worker -> the stage it works on (for people and the demo)
-    <prefix>:{<spider>}:ids                 counter of in-flight ids (made from Redis's clock in µs: a new crawl
-                                            state never gives out an id of one Redis lost)
+    <prefix>:{<spider>}:ids                 counter of in-flight ids (made from Redis's clock in units of 100 µs:
+                                            a new crawl state gives out no id of one Redis lost)
     <prefix>:{<spider>}:epoch               string: made when missing by a worker's first beat (Redis's clock in
                                             µs); a worker whose registration vanished reads it again: another
                                             value than the one it saw means the crawl state was lost (Redis
@@ -247,14 +247,23 @@ class BlockingWait:
         # a client whose reads never time out, for BLPOP and BLMOVE
         self._waiting: Any = None
 
-    async def wait(self, keys: list[str], timeout: float) -> tuple[str, bytes] | None:
-        """Block in Redis (BLPOP) until one of ``keys`` (signal lists, the wake list) has an entry,
-        at most ``timeout`` s; (key, entry) or None. On a connection of its own whose reads never
-        time out, so that a long block is never cut into pieces."""
+    def _client(self) -> Any:
+        """The connection's client, whose reads never time out, so that a long block is never cut
+        into pieces."""
         if self._waiting is None:
             self._waiting = waiting_client(self.client) or self.client
-        # BLPOP counts in hundredths here; rounded up, so that it never ends before ``timeout``.
-        reply = await self._waiting.blpop(keys, timeout=max(0.01, math.ceil(timeout * 100) / 100))
+        return self._waiting
+
+    @staticmethod
+    def _seconds(timeout: float) -> float:
+        """A blocking command's timeout, in hundredths here, rounded up: it never ends before
+        ``timeout``."""
+        return max(0.01, math.ceil(timeout * 100) / 100)
+
+    async def wait(self, keys: list[str], timeout: float) -> tuple[str, bytes] | None:
+        """Block in Redis (BLPOP) until one of ``keys`` (signal lists, the wake list) has an entry,
+        at most ``timeout`` s; (key, entry) or None."""
+        reply = await self._client().blpop(keys, timeout=self._seconds(timeout))
         if reply is None:
             return None
         key, value = reply
@@ -264,10 +273,8 @@ class BlockingWait:
         """Block in Redis until the list ``key`` (a start-URL feed) has an entry, at most
         ``timeout`` s; True if it has. It takes nothing: BLMOVE moves the head onto the head again,
         so a wait cancelled or a reply lost loses no entry (the take is feed_take.lua's)."""
-        if self._waiting is None:
-            self._waiting = waiting_client(self.client) or self.client
-        timeout = max(0.01, math.ceil(timeout * 100) / 100)
-        return await self._waiting.blmove(key, key, timeout, "LEFT", "LEFT") is not None
+        moved = await self._client().blmove(key, key, self._seconds(timeout), "LEFT", "LEFT")
+        return moved is not None
 
     async def aclose(self) -> None:
         if self._waiting is not None and self._waiting is not self.client:

@@ -384,7 +384,7 @@ class StageWorkerScheduler(BaseScheduler):
                 "Closing: a take of up to %d start URLs from %s got no reply, and Redis did not answer to give them back (%s); they may be lost to this run: whatever the take kept is in %s for a day, push it to %s again",  # noqa: E501
                 feed.batch,
                 feed.key,
-                exc or "timeout",
+                str(exc) or "timeout",
                 feed.record,
                 feed.key,
             )
@@ -406,7 +406,7 @@ class StageWorkerScheduler(BaseScheduler):
             logger.warning(
                 "On close, %s failed (%s); the other workers recover it after the TTL",
                 what,
-                exc or "timeout",
+                str(exc) or "timeout",
             )
             return None
 

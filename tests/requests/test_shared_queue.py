@@ -55,6 +55,18 @@ def seed(client: redis.Redis, base: str) -> None:
         queue.push(request)
 
 
+def persisted_over_scrapy_redis(url: str) -> dict[str, Any]:
+    """Settings of a crawl over scrapy-redis's shared queue, kept at close, detail capped."""
+    return {
+        "REDISLOCK_URL": url,
+        "REDIS_URL": url,
+        "REDISLOCK_STAGES": {"detail": CAP, "comments": None},
+        "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
+        "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+        "SCHEDULER_PERSIST": True,
+    }
+
+
 def queued(client: redis.Redis) -> int:
     """Requests in the shared queue and its stage's queue, in one MULTI/EXEC (one moving is counted
     once). The keys are named, not scanned: a stage's key that is empty is gone, and a scan could
@@ -231,12 +243,7 @@ def test_nothing_blocks_the_reactor_over_a_redis_a_few_ms_away(
     with LatencyProxy(port, delay=0.001) as proxy:
         url = redis_url.replace(f":{port}", f":{proxy.port}", 1)
         extra: dict[str, Any] = {
-            "REDISLOCK_URL": url,
-            "REDIS_URL": url,
-            "REDISLOCK_STAGES": {"detail": CAP, "comments": None},
-            "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
-            "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
-            "SCHEDULER_PERSIST": True,
+            **persisted_over_scrapy_redis(url),
             "CONCURRENT_REQUESTS": 8,
             "EXTENSIONS": {
                 "testing.spiders.crawlspider.StatsFile": 0,
@@ -277,14 +284,7 @@ def test_what_an_earlier_crawl_queued_under_a_capped_stage_is_crawled_once_it_is
     and nothing is left in Redis. It finished cleanly before with those requests unread, and they
     stayed in Redis."""
     site.delay = 0.2
-    extra: dict[str, Any] = {
-        "REDISLOCK_URL": redis_url,
-        "REDIS_URL": redis_url,
-        "REDISLOCK_STAGES": {"detail": CAP, "comments": None},
-        "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
-        "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
-        "SCHEDULER_PERSIST": True,
-    }
+    extra = persisted_over_scrapy_redis(redis_url)
     crawl = Crawl(site.url, "detail:40", {**extra, "CLOSESPIDER_TIMEOUT": 1.5}, tmp_path).run()
     assert crawl.stats["finish_reason"] == "closespider_timeout", crawl.tail()
     assert redis_client.zcard("plan:requests:detail") > 0

@@ -411,6 +411,23 @@ def worker_scheduler(redis_url: str) -> StageWorkerScheduler:
     return scheduler
 
 
+async def push_named(
+    queues: StageQueues, scheduler: StageWorkerScheduler, name: str, n: int
+) -> None:
+    """Queue ``n`` requests of stage ``a`` named ``/<name>/<i>``."""
+    for i in range(n):
+        request = scrapy.Request(f"http://shop.test/{name}/{i}", meta={"redislock_stage": "a"})
+        await queues.push("a", "", scheduler.encode(request))
+
+
+async def working_on_a(queues: StageQueues, scheduler: StageWorkerScheduler, n: int) -> int:
+    """``n`` requests "old" queued, the worker registered and on stage ``a``; how many it popped."""
+    await push_named(queues, scheduler, "old", n)
+    await scheduler.heartbeat.beat("a")
+    scheduler.state.current = "a"
+    return await scheduler.loop.fill()
+
+
 def test_the_scheduler_strands_nothing_when_it_pops_just_after_being_taken_for_dead(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
@@ -467,23 +484,12 @@ def test_requests_in_progress_when_redis_lost_the_state_never_ack_the_new_record
     async def main() -> None:
         scheduler = worker_scheduler(redis_url)
         queues, inflight = scheduler.queues, scheduler.inflight
-
-        async def push(name: str) -> None:
-            for n in range(3):
-                request = scrapy.Request(
-                    f"http://shop.test/{name}/{n}", meta={"redislock_stage": "a"}
-                )
-                await queues.push("a", "", scheduler.encode(request))
-
         try:
-            await push("old")
-            await scheduler.heartbeat.beat("a")
-            scheduler.state.current = "a"
-            assert await scheduler.loop.fill() == 3
+            assert await working_on_a(queues, scheduler, 3) == 3
             old = [inflight.hand() for _ in range(3)]
             assert all(old)
             redis_client.flushall()  # Redis lost the crawl state
-            await push("new")
+            await push_named(queues, scheduler, "new", 3)
             await scheduler.heartbeat.beat("a")  # reads another epoch
             assert scheduler.heartbeat.lost
             assert await scheduler.loop.fill() == 3
@@ -540,12 +546,13 @@ def test_an_ack_whose_reply_was_lost_leaves_the_count_of_what_the_worker_holds_r
     asyncio.run(main())
 
 
-def test_requests_a_beat_counts_and_then_gives_back_are_not_counted_as_held(
-    redis_url: str, redis_client: redis.Redis
+@pytest.mark.parametrize("acking", [False, True], ids=["quiet", "an-ack-under-way"])
+def test_requests_a_beat_gives_back_are_not_counted_as_held(
+    redis_url: str, redis_client: redis.Redis, acking: bool
 ) -> None:
-    """A pop ran in Redis and its reply was lost: the beat counts what the record holds, finds
-    more than the worker knows of, and gives those back; what it holds is then the record's
-    length again."""
+    """A pop ran in Redis and its reply was lost: the beat finds more in the record than the worker
+    knows of, and gives those back. What the worker holds is then the record's length again,
+    whether the beat counted the record (quiet) or not (an ack under way: it went below 0)."""
 
     async def main() -> None:
         scheduler = worker_scheduler(redis_url)
@@ -557,6 +564,8 @@ def test_requests_a_beat_counts_and_then_gives_back_are_not_counted_as_held(
             await scheduler.heartbeat.beat("a")
             lost = await queues.pop("a", 2)  # its reply lost: the worker never had these
             assert lost is not None and len(lost) == 2 and inflight.own == 0
+            if acking:
+                inflight.tasks.add(asyncio.get_running_loop().create_future())  # never done
             await scheduler.heartbeat.beat("a")
             assert redis_client.hlen(queues.inflight_key) == 0 == inflight.own
             assert redis_client.llen(queues.keys.queue("a")) == 4
@@ -584,26 +593,15 @@ def test_an_ack_retried_through_an_outage_in_which_redis_lost_the_state_drops_no
         queues, inflight = scheduler.queues, scheduler.inflight
         admin = redis.asyncio.Redis.from_url(redis_url)
         direct = StageQueues(admin, "staged", ["a"], worker=queues.worker)  # the worker, unproxied
-
-        async def push(name: str) -> None:
-            for n in range(2):
-                request = scrapy.Request(
-                    f"http://shop.test/{name}/{n}", meta={"redislock_stage": "a"}
-                )
-                await direct.push("a", "", scheduler.encode(request))
-
         try:
-            await push("old")
-            await scheduler.heartbeat.beat("a")
-            scheduler.state.current = "a"
-            assert await scheduler.loop.fill() == 2
+            assert await working_on_a(direct, scheduler, 2) == 2
             old = {inflight.handed[r] for r in [inflight.hand(), inflight.hand()] if r is not None}
             proxy.blackhole()
             inflight.ack_finished()  # the ack gets no answer: retried after a back-off
             await until(lambda: scheduler.outage.down, 30, "the ack to fail")
             redis_client.flushall()  # Redis lost the crawl state
             inflight.detach()  # what the beat that reads another epoch does
-            await push("new")
+            await push_named(direct, scheduler, "new", 2)
             await direct.beat("a")  # registered again in the new state
             new = await direct.pop("a", 2)
             assert new is not None and not {i for i, _ in new} & old  # ids of the new state's own

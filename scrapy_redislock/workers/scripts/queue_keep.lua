@@ -44,9 +44,9 @@ end
 local count = #fields / 2
 if count > 0 then
   local last = redis.call('INCRBY', KEYS[3], count)
-  if last == count then  -- a counter made just now: from Redis's clock in µs, as queue_pop.lua's
+  if last == count then  -- a counter made just now: from Redis's clock, as queue_pop.lua's
     local now = redis.call('TIME')
-    last = tonumber(now[1] .. string.format('%06d', now[2])) + count
+    last = tonumber(now[1] .. string.format('%04d', math.floor(now[2] / 100))) + count
     redis.call('SET', KEYS[3], string.format('%d', last))
   end
   local hash = {}

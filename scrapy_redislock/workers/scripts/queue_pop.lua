@@ -17,7 +17,7 @@
 -- once they are recorded, because Redis keeps what a script wrote before an error; HSET and ZREM get their
 -- arguments 1000 at a time (Lua's unpack stops at about 8000 values).
 -- KEYS[1] the stage's list, KEYS[2] its sorted set, KEYS[3] the worker's in-flight hash, KEYS[4] id counter (made
--- from Redis's clock in µs: see below),
+-- from Redis's clock: see below),
 -- KEYS[5] alive zset, KEYS[6] in-flight counter, KEYS[7] the stage's signal list, KEYS[8] due zset
 -- ARGV[1] N (below 1: nothing is popped), ARGV[2] stage name, ARGV[3] worker id, ARGV[4] '1' = pass the signal
 -- on if the queue may hold more, ARGV[5] ms within which the worker beats again, ARGV[6] 'priority', 'fifo' or
@@ -68,10 +68,12 @@ local count = #taken
 if count == 0 then return {} end
 local last = redis.call('INCRBY', KEYS[4], count)
 if last == count then
-  -- a counter made just now (a new crawl state): its ids start at Redis's clock in µs, so that none is an id of a
-  -- state Redis lost, which an ack of that state still on its way would drop (ids stay below 2^53, exact in Lua)
+  -- a counter made just now (a new crawl state): its ids start at Redis's clock in units of 100 µs, so that none is
+  -- an id of a state Redis lost, which an ack of that state still on its way would drop, as long as that state gave
+  -- out fewer than 10,000 ids a second. 14 digits: exact in Lua's numbers, and printed whole by an earlier version's
+  -- tostring (%.14g) while a crawl's workers are upgraded one by one
   local now = redis.call('TIME')
-  last = tonumber(now[1] .. string.format('%06d', now[2])) + count
+  last = tonumber(now[1] .. string.format('%04d', math.floor(now[2] / 100))) + count
   redis.call('SET', KEYS[4], string.format('%d', last))
 end
 local out, fields = {}, {}
