@@ -76,19 +76,14 @@ class Heartbeat:
         """Beat (on ``stage``); the workers past their promise."""
         sent = self.clock()
         plan = liveness(self.ttl, self.working(stage))
-        inflight, outbox = self.inflight, self.outbox
-        still, own = not (inflight.tasks or outbox.pushes or outbox.keeping), inflight.own
+        inflight = self.inflight
+        still, own = self._record_still(), inflight.own
         new, holds, dead = await self.queues.heartbeat(stage, grace=plan.grace, pulse=pulse)
         self.beats.beaten(sent, self.clock(), plan, pulse)
         # Redis lost the crawl state: not taken for dead (see queues_lost)
         if new and await self.queues_lost():
             new = False
-        recount = (
-            not (new or pulse)
-            and still
-            and not (inflight.tasks or outbox.pushes or outbox.keeping)
-            and inflight.own == own
-        )
+        recount = not (new or pulse) and still and self._record_still() and inflight.own == own
         if recount:
             # nothing changed the record meanwhile: its length is what this worker holds (an ack
             # sent again after a lost reply drops nothing, and would leave ``own`` too high)
@@ -126,6 +121,12 @@ class Heartbeat:
         policy.liveness), so that a killed worker's requests are fetched again within seconds; the
         pulse also names the dead."""
         await self.reap(await self.beat(self.state.current, pulse=True))
+
+    def _record_still(self) -> bool:
+        """No call that changes this worker's in-flight record is under way (an ack, a push, a
+        keep): a beat's count of the record then is what the worker holds."""
+        outbox = self.outbox
+        return not (self.inflight.tasks or outbox.pushes or outbox.keeping)
 
     async def _reclaim(self) -> int:
         """The in-flight record holds more than this worker knows of: a pop (or a keep of requests

@@ -164,7 +164,7 @@ def test_at_close_an_unanswered_take_goes_back_or_the_crawl_does_not_finish_clea
 ) -> None:
     """The worker scheduler's close gives the start URLs of a take whose reply never came back to
     the feed (INFO, counted); if Redis does not answer then either, they are lost to this crawl:
-    ERROR naming the record they stay in, counted, and the finish reason is not ``finished``."""
+    ERROR naming the record they may be in, counted, and the finish reason is not ``finished``."""
     redis_client.rpush(FEED, *ENTRIES)
     crawler = get_crawler(FeedSpider, {"REDISLOCK_URL": redis_url})
     crawler.spider = spider = FeedSpider()

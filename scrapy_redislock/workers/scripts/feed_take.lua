@@ -4,7 +4,7 @@
 -- worker numbers its takes and moves to the next number only once a reply brought it entries; a take with another
 -- number drops the record before it (those entries are requests in the worker by then). 'give_back', at the
 -- worker's close, puts the entries of a take whose reply never came back at the head of the feed and drops the
--- record; the record expires otherwise (ARGV[4]: a worker that dies).
+-- record; the record expires otherwise (ARGV[5]: a worker that dies).
 -- KEYS[1] the feed: the spider's redis_key, a list (LPOP), a set (SPOP) or a sorted set (ZPOPMAX)
 -- KEYS[2] the worker's last take (a list: the take's number, then its entries; of a sorted set, member and score
 --         in turns): '<prefix>:feed:{<the feed's hash tag>}:taken:<worker>:<the feed's key>'
