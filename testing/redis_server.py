@@ -417,7 +417,10 @@ class RedisSentinelServers(ServerGroup):
     Started when the replica has finished its first sync and every sentinel knows the master, the
     replica and the other sentinels (a failover needs a majority of them to agree).
     ``down_after_ms`` is how long a master must be silent before a sentinel takes it for down (1 s:
-    a failover takes seconds). ``password`` protects the master and the replica,
+    a failover takes seconds). ``failover_timeout_ms`` also spaces the sentinels' elections: after a
+    vote split between them (more likely on a loaded machine) none tries again for twice as long, so
+    2 s leaves several tries within a test's wait (5 s left two: a promotion once took over 30 s).
+    ``password`` protects the master and the replica,
     ``sentinel_password`` the sentinels (each is AUTHed with its own).
     """
 
@@ -427,7 +430,7 @@ class RedisSentinelServers(ServerGroup):
         self,
         sentinels: int = 3,
         down_after_ms: int = 1000,
-        failover_timeout_ms: int = 5000,
+        failover_timeout_ms: int = 2000,
         binary: str | None = None,
         password: str | None = None,
         sentinel_password: str | None = None,

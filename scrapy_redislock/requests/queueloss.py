@@ -5,8 +5,8 @@ back empty: every request queued in the shared queue, and scrapy-redis's dupefil
 scrapy-redis cannot tell: the crawl went on with what the processes had in flight and then ended as
 ``finished``, exit status 0, after a fraction of the pages. Each process reads the queue's epoch
 (``<REDISLOCK_KEY_PREFIX>:shared:{<the spider's queue key>}:epoch``, made when missing by
-``crawl/scripts/queue_epoch.lua``, the worker front's too) at start and at every renewal tick, with
-the lengths of the queue's keys (in the shared queue's thread,
+``crawl/scripts/queue_epoch.lua``, the worker front's too) at start and at a renewal tick when no
+look ran for WATCH_EVERY s, with the lengths of the queue's keys (in the shared queue's thread,
 :class:`~scrapy_redislock.requests.stagequeue.QueueThread`: scrapy-redis's client blocks). Another
 epoch than the one seen before means the data is gone:
 
@@ -33,12 +33,13 @@ thread, which ``has_pending_requests`` waits for before it says the queue is emp
 <scrapy_redislock.requests.stagequeue.SharedStageQueues.has_requests>`); driven without a
 reactor (synchronously), the epoch alone, at once.
 
-Reads no settings (StageScheduler builds it over scrapy-redis's queue). Redis cost per process: at
-every renewal tick one EVALSHA (a GET) plus one ZCARD or LLEN per key of the shared queue (the
-spider's and one per capped stage), in the queue thread; the same each time the engine asks
-``has_pending_requests`` with nothing on its way and the last look older than 0.5 s (an idle engine
-asks at its 5 s heartbeat), or the queue answers again after an outage. Nothing on the reactor
-thread.
+Reads no settings (StageScheduler builds it over scrapy-redis's queue). Redis cost per process: a
+look is one EVALSHA (a GET) plus one ZCARD or LLEN per key of the shared queue (the spider's and one
+per capped stage), in the queue thread: at a renewal tick when none ran for WATCH_EVERY s; each time
+the engine asks ``has_pending_requests`` with nothing on its way and the last look older than 0.5 s
+(an idle engine asks at its 5 s heartbeat); while a key of the queue is found empty
+(:class:`~scrapy_redislock.requests.stagequeue.SharedStageQueues`); and when the queue answers again
+after an outage. Nothing on the reactor thread.
 """
 
 from __future__ import annotations
@@ -64,8 +65,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 LOST_REASON = "redislock_queue_lost"
+# a renewal tick looks when the last look (the tick's, or one the shared queue started) is this old
+WATCH_EVERY = 5.0
 
-__all__ = ["LOST_REASON", "QueueWatch", "SharedQueueKeys"]
+__all__ = ["LOST_REASON", "WATCH_EVERY", "QueueWatch", "SharedQueueKeys"]
 
 
 class QueueWatch:
@@ -92,13 +95,13 @@ class QueueWatch:
         self.losses = 0  # losses with work this process knew of
         self._looking = False
 
-    def _look(self, lengths: bool = True) -> tuple[str, int | None]:
-        """(epoch, requests queued or None when not asked): scrapy-redis's client blocks, so a tick
-        runs it in a thread."""
+    def _look(self, lengths: bool = True) -> tuple[str, dict[str | None, int] | None]:
+        """(epoch, the requests queued per sub-queue or None when not asked): scrapy-redis's client
+        blocks, so a tick runs it in a thread."""
         epoch = text(self.script(keys=[self.key], args=[]))
         if not lengths:
             return str(epoch), None
-        return str(epoch), sum(len(queue) for queue in self.shared.read_queues())
+        return str(epoch), self.shared.lengths()
 
     async def look(self) -> None:
         """One look, in the shared queue's thread (after what was given to it before), else in a
@@ -131,13 +134,13 @@ class QueueWatch:
             return
         self._judge(epoch, queued, moved)
 
-    def _judge(self, epoch: str, queued: int | None, moved: int) -> None:
+    def _judge(self, epoch: str, lengths: dict[str | None, int] | None, moved: int) -> None:
         seen, self.epoch = self.epoch, epoch
         if seen is not None and seen != epoch:
             self._lost(knew=bool(self.queued) or self.moved != moved or bool(self.shared.in_memory))
-        if queued is not None:
-            self.queued, self.looked_at = queued, self.clock()
-            self.shared.looked(queued)
+        if lengths is not None:
+            self.queued, self.looked_at = sum(lengths.values()), self.clock()
+            self.shared.looked(lengths)
         self.moved = self.shared.moved
 
     def _lost(self, knew: bool) -> None:

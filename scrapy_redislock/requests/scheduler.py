@@ -90,13 +90,14 @@ from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.requests.admission import StageAdmission
 from scrapy_redislock.requests.closewaits import CloseWaits
 from scrapy_redislock.requests.keyline import InHand, KeyLine
-from scrapy_redislock.requests.queueloss import QueueWatch, unqueued_at_close
+from scrapy_redislock.requests.queueloss import WATCH_EVERY, QueueWatch, unqueued_at_close
 from scrapy_redislock.requests.requestslots import RequestSlots
 from scrapy_redislock.requests.stagequeue import (
     QueueThread,
     SharedStageQueues,
     StageQueueFactory,
     push_back,
+    retrieved,
     split_queues,
 )
 from scrapy_redislock.requests.throttle import ScopeThrottle
@@ -543,8 +544,8 @@ class StageScheduler:
         return self._queued(stage)
 
     def _wake_later(self, delay: float) -> None:
-        """The engine asked while every sub-queue worth asking was in its pause: ask again when the
-        first ends."""
+        """The engine asked while every sub-queue worth asking was in its pause (an outage's
+        back-off; without an engine, a sub-queue found empty): ask again when the first ends."""
         if self._wake_handle is None and not self.closing:
             self._wake_handle = asyncio.get_running_loop().call_later(max(delay, 0.0), self._woken)
 
@@ -579,16 +580,13 @@ class StageScheduler:
             self.keyline.tick()
         if self.shared is not None:
             self.shared.tick()
-        if self.watch is not None and (self._look is None or self._look.done()):
+        if (
+            self.watch is not None
+            and (self._look is None or self._look.done())
+            and (self.watch.epoch is None or self.clock() - self.watch.looked_at >= WATCH_EVERY)
+        ):
             self._look = asyncio.get_running_loop().create_task(self.watch.look())
-            self._look.add_done_callback(_retrieved)
-
-
-def _retrieved(task: asyncio.Task[None]) -> None:
-    """A look at the shared queue that failed otherwise than by a Redis error: logged, not left to
-    asyncio's "Task exception was never retrieved"."""
-    if not task.cancelled() and (error := task.exception()) is not None:
-        logger.error("Looking at the shared queue in Redis failed: %r", error, exc_info=error)
+            self._look.add_done_callback(retrieved)
 
 
 def _is_scrapy_redis(inner: Any) -> bool:

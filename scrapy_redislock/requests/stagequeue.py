@@ -63,12 +63,18 @@ if TYPE_CHECKING:
 Route = tuple[str | None, str | None]
 UNCAPPED: Route = (None, None)
 
-# scrapy-redis answers every pop with a Redis command: a sub-queue found empty is not asked again
-# for EMPTY_PAUSE s (doubling up to EMPTY_PAUSE_MOST while it stays empty), unless this process
-# pushes to it. With many processes sharing one queue those empty polls were a third of Redis's
-# commands per page.
+# scrapy-redis answers every pop with a Redis command. Under an engine (in the queue thread), a
+# sub-queue a pop found empty is not popped again until a look at the lengths of the queue's keys
+# (one command per key, not a pop script per sub-queue) finds requests in it, or this process pushes
+# to it. While one is found empty, a look runs after a pause doubling from EMPTY_PAUSE up to
+# EMPTY_PAUSE_MOST while this process takes or pushes requests, and after ENGINE_HEARTBEAT once it
+# has moved none for as long: an idle process looks once per heartbeat of Scrapy's engine, as
+# scrapy-redis's own idle polling does, and never wakes the engine for a look that found nothing.
+# Driven without an engine, a sub-queue found empty is popped again after such a pause instead.
 EMPTY_PAUSE = 0.05
 EMPTY_PAUSE_MOST = 0.5
+ENGINE_HEARTBEAT = 5.0  # Scrapy's engine asks its scheduler at least this often (seconds)
+LOOK_FRESH = 0.5  # has_requests() answers False from a look at most this old (seconds)
 OUTAGE_PAUSE_MOST = 2.0  # seconds between attempts at most while Redis does not answer
 # how scrapy-redis's own queue classes pop (crawl/scripts/shared_pop.lua); another class pops itself
 POP_KINDS: dict[type, str] = {PriorityQueue: "priority", FifoQueue: "fifo", LifoQueue: "lifo"}
@@ -84,6 +90,7 @@ __all__ = [
     "StagePriorityQueues",
     "StageQueueFactory",
     "push_back",
+    "retrieved",
     "split_queues",
 ]
 
@@ -414,6 +421,13 @@ def _nothing() -> None:
     return None
 
 
+def retrieved(task: asyncio.Task[None]) -> None:
+    """A look that failed otherwise than by a Redis error: logged, not left to asyncio's "Task
+    exception was never retrieved"."""
+    if not task.cancelled() and (error := task.exception()) is not None:
+        logger.error("Looking at the shared queue in Redis failed: %r", error, exc_info=error)
+
+
 def _return_to(queue: Any, request: Request) -> None:
     """``request``, just popped from ``queue``, back where it was: scrapy-redis's PriorityQueue
     (same score, same member) and LifoQueue put it back at the head with a push; its FifoQueue pops
@@ -488,10 +502,17 @@ class SharedStageQueues:
             stage: Backoff(first=EMPTY_PAUSE, most=EMPTY_PAUSE_MOST) for stage in self.queues
         }
         self._ask_at = dict.fromkeys(self.queues, 0.0)
-        # capped stages whose queue a fetch found empty (and this process pushed none to since): no
-        # slot is asked for them; after its pause a stage is looked at by a fetch without one (a
-        # probe), as the spider's own key is
-        self._found_empty: set[str | None] = set()
+        # pushes by this process per sub-queue (counted in the queue thread, where they run)
+        self._pushes = dict.fromkeys(self.queues, 0)
+        # sub-queues a fetch found empty, with their push count then: not popped (no slot asked for
+        # a capped stage's) while no look found requests in them and this process pushed none
+        self._empty: dict[str | None, int] = {}
+        self._moved_at = -math.inf  # when this process last took or pushed a request
+        self._probe_pause = EMPTY_PAUSE  # before the next look while a sub-queue is found empty
+        self._probe: asyncio.TimerHandle | None = None
+        # has_requests() answered True for a job or look under way: the engine is woken once it
+        # comes back, so that it can tell the spider idle then, not at its next heartbeat
+        self._owed = False
         self._turns = dict.fromkeys(self.queues, 0)
         self._turn = 0
         self._drained: set[str | None] = set()  # leftover sub-queues found empty: not asked again
@@ -590,6 +611,7 @@ class SharedStageQueues:
             self.on_held(request, result)
         elif not result:
             self.dropped(request)
+        self._answer_owed()
 
     def _failed(self, exc: BaseException, request: Request | None = None) -> None:
         """A job failed otherwise than by an outage: a refusal (credentials, an ACL) is raised from
@@ -630,9 +652,10 @@ class SharedStageQueues:
             self.unpushed.append((stage, request))
             return
         self.moved += 1
+        self._pushes[stage] += 1  # it is no longer known empty (in this thread: no race with a pop)
+        self._moved_at = self.clock()
         self._ask_at[stage] = 0.0
         self._pauses[stage].reset()
-        self._found_empty.discard(stage)
 
     def give_back(self, request: Request, *, back: bool = False) -> None:
         """Push ``request`` (one that left but never went out, or, ``back``, one fetched ahead to
@@ -650,6 +673,7 @@ class SharedStageQueues:
         self._length = None
         if (exc := done.exception()) is not None:
             self._failed(exc, request)
+        self._answer_owed()
 
     def hold(self, request: Request, exc: BaseException) -> None:
         """``request`` could not be scheduled (the dupefilter or the queue did not answer): kept in
@@ -756,6 +780,7 @@ class SharedStageQueues:
             stage, request = self.unpushed[0]
             self._queue_again(request, functools.partial(self.queues[stage].push, request))
             self.unpushed.popleft()
+            self._pushes[stage] += 1  # no longer known empty
             moved = True
         return moved
 
@@ -792,9 +817,9 @@ class SharedStageQueues:
         asked: list[str | None] = []
         paused_until = None
         for stage in sorted(self.queues, key=self._turns.__getitem__):
-            if stage in self._drained:
+            if stage in self._drained or self._known_empty(stage):
                 continue
-            if not (self.admission.may_go((stage, None)) or stage in self._found_empty):
+            if not self.admission.may_go((stage, None)):
                 continue
             if now < self._ask_at[stage]:
                 paused_until = min(paused_until or self._ask_at[stage], self._ask_at[stage])
@@ -856,10 +881,19 @@ class SharedStageQueues:
                     keys=[self.queues[stage].key, self._popped[stage]], args=["forget", 0, 0]
                 )
 
+    def _known_empty(self, stage: str | None) -> bool:
+        """A fetch found ``stage``'s sub-queue empty, and since then no look found requests in it
+        and this process pushed none to it."""
+        return self._empty.get(stage, -1) == self._pushes[stage]
+
     def _found_none(self, stage: str | None, now: float) -> None:
-        """A pop of ``stage``'s sub-queue found it empty: asked again after its pause, a leftover
-        one never again in this run."""
+        """A pop of ``stage``'s sub-queue found it empty, driven without an engine: asked again
+        after its pause; a leftover one never again in this run."""
         self._ask_at[stage] = now + self._pauses[stage].next()
+        self._drain(stage)
+
+    def _drain(self, stage: str | None) -> None:
+        """A leftover sub-queue found empty is not read again in this run."""
         if stage in self._leftover and stage not in self._drained:
             self._drained.add(stage)
             logger.debug(
@@ -878,6 +912,8 @@ class SharedStageQueues:
             )
         self._pauses[stage].reset()
         self.moved += 1
+        self._moved_at = self.clock()
+        self._probe_pause = EMPTY_PAUSE
         self._turn += 1
         self._turns[stage] = self._turn
 
@@ -898,17 +934,17 @@ class SharedStageQueues:
 
     def _fetch_now(
         self, asked: list[str | None]
-    ) -> tuple[str | None, Request | None, list[str | None], bool]:
+    ) -> tuple[str | None, Request | None, list[tuple[str | None, int]], bool]:
         """In the queue thread: what was kept in memory goes to Redis first, then one pop per
         sub-queue in turn until one gives a request: (its sub-queue, it, the sub-queues found
-        empty, whether requests kept in memory went to Redis)."""
+        empty with their push counts then, whether requests kept in memory went to Redis)."""
         requeued = self._requeue()
-        empty: list[str | None] = []
+        empty: list[tuple[str | None, int]] = []
         for stage in asked:
             request = self._take(stage)
             if request is not None:
                 return stage, request, empty, requeued
-            empty.append(stage)
+            empty.append((stage, self._pushes[stage]))
         return None, None, empty, requeued
 
     def _fetched(self, done: asyncio.Future[Any]) -> None:
@@ -932,16 +968,18 @@ class SharedStageQueues:
         self._answers()
         if requeued:
             self._length = None  # a look before this fetch did not see them: has_requests() looks
-        for name in empty:
-            self._found_none(name, now)
-            if name is not None:
-                self._found_empty.add(name)
+        emptied = False  # a capped stage newly found empty: its kept slots go back to Redis
+        for name, pushes in empty:
+            self._drain(name)
+            emptied = emptied or (name is not None and not self._known_empty(name))
+            self._empty[name] = pushes
         if request is None:
-            self.wake()  # the engine may be idle now: it looks again (paused sub-queues wait)
+            self._plan_probe()
+            self._owed = self._owed or emptied
+            self._answer_owed()
             return
         self._took(stage)
         real = self._stage_of(request) if stage is None else stage
-        self._found_empty.discard(real)
         if self.closing:
             self.give_back(request, back=stage == real)
             return
@@ -954,13 +992,43 @@ class SharedStageQueues:
         self.wake()
 
     def may_have(self, stage: str | None) -> bool:
-        """Whether ``stage``'s queue may hold a request worth a slot: not found empty by the last
-        fetch (a fetch without a slot looks again after its pause)."""
+        """Whether ``stage``'s queue may hold a request worth a slot: not found empty by a fetch
+        since a look last found requests in it (or this process pushed one)."""
         return (
             stage in self._ask_at
             and self.clock() >= self._ask_at[stage]
-            and stage not in self._found_empty
+            and not self._known_empty(stage)
         )
+
+    def _plan_probe(self) -> None:
+        """While a sub-queue is found empty, a look after the current pause (from now: a look just
+        ran, or a fetch found it empty); none while closing. Also while Redis does not answer: a
+        look that reads it ends the outage (every sub-queue may be found empty, and no fetch
+        asks)."""
+        if self._probe is not None:
+            self._probe.cancel()
+            self._probe = None
+        if self.closing or self.look is None:
+            return
+        if not self._threaded():
+            return
+        if not any(self._known_empty(stage) for stage in self.read_stages()):
+            return
+        idle = self.clock() - self._moved_at >= ENGINE_HEARTBEAT
+        pause = ENGINE_HEARTBEAT if idle else self._probe_pause
+        self._probe = asyncio.get_running_loop().call_later(pause, self._probe_now)
+
+    def _probe_now(self) -> None:
+        self._probe = None
+        self._probe_pause = min(self._probe_pause * 2, EMPTY_PAUSE_MOST)
+        self._look_soon()
+
+    def _answer_owed(self) -> None:
+        """A job or look came back: the engine is woken if has_requests() answered True for it (it
+        may tell the spider idle now)."""
+        if self._owed:
+            self._owed = False
+            self.wake()
 
     def tick(self) -> None:
         """At every renewal tick: a request fetched ahead that its stage could not take since goes
@@ -978,8 +1046,8 @@ class SharedStageQueues:
 
         While the reactor runs this sends nothing: True while a request is ahead, in memory, or on
         its way to or from Redis, or while the last look at Redis (epoch and lengths, in the queue
-        thread: :meth:`looked`) is unknown or older than EMPTY_PAUSE_MOST s, which starts a look
-        (the engine is woken when it comes back); else what that look saw."""
+        thread: :meth:`looked`) is unknown or older than LOOK_FRESH s, which starts a look (the
+        engine is woken when the job or look comes back); else what that look saw."""
         if self._threaded():
             if self.in_memory or self.ahead is not None or self._out_since is not None:
                 return True
@@ -987,10 +1055,12 @@ class SharedStageQueues:
                 return True  # a pop's reply lost: its request is in Redis until asked again
             assert self.thread is not None
             if self.thread.jobs or self._looking is not None:
+                self._owed = True
                 return True
-            fresh = self.clock() - self._length_at < EMPTY_PAUSE_MOST
+            fresh = self.clock() - self._length_at < LOOK_FRESH
             if self._length is None or not fresh:
                 self._look_soon()
+                self._owed = True
                 return True
             return self._length > 0
         try:
@@ -1004,9 +1074,11 @@ class SharedStageQueues:
         return found
 
     def _look_soon(self) -> None:
-        if self.look is None or self._looking is not None:
+        """A look (QueueWatch's: the epoch and the lengths), unless one runs."""
+        if self.look is None or self._looking is not None or self.closing:
             return
         self._looking = asyncio.get_running_loop().create_task(self._look_now())
+        self._looking.add_done_callback(retrieved)
 
     async def _look_now(self) -> None:
         assert self.look is not None
@@ -1016,12 +1088,33 @@ class SharedStageQueues:
                 await self.thread.drain()
         finally:
             self._looking = None
-            self.wake()
+            self._plan_probe()  # also when the look failed: Redis may answer the next
+            self._answer_owed()
 
-    def looked(self, queued: int) -> None:
-        """QueueWatch read the lengths of the queue's keys (in the queue thread): ``queued``."""
+    def read_stages(self) -> list[str | None]:
+        """The sub-queues still read (see :meth:`read_queues`)."""
+        return [stage for stage in self.queues if stage not in self._drained]
+
+    def lengths(self) -> dict[str | None, int]:
+        """The length of each sub-queue still read: one command each (in the queue thread)."""
+        return {stage: len(self.queues[stage]) for stage in self.read_stages()}
+
+    def looked(self, lengths: dict[str | None, int]) -> None:
+        """QueueWatch read the lengths of the queue's keys (in the queue thread): a sub-queue found
+        empty that has requests now is popped again (the engine is woken to pop it). Redis answered:
+        an outage is over."""
+        self._answers()
+        queued = sum(lengths.values())
         self._length, self._length_at = queued, self.clock()
         self._known_length = queued
+        found = [s for s, n in lengths.items() if n > 0 and self._known_empty(s)]
+        for stage in found:
+            del self._empty[stage]
+        if found:
+            self._probe_pause = EMPTY_PAUSE
+            self.wake()
+        self._plan_probe()
+        self._answer_owed()
 
     def clear(self) -> None:
         for queue in self.queues.values():
@@ -1033,6 +1126,7 @@ class SharedStageQueues:
         fetched ahead goes back to its place in Redis (never dropped), and every job given before
         is done."""
         self.closing = True
+        self._plan_probe()  # none now
         if self._fetch is not None:
             await asyncio.wait([self._fetch])
         if self.in_memory and self.thread is not None:

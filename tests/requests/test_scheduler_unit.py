@@ -23,7 +23,6 @@ from scrapy import Request, signals
 
 from scrapy_redislock import AsyncCountingLock
 from scrapy_redislock.lock.permit import Permit
-from scrapy_redislock.requests import stagequeue
 from testing.crawlproc import leftover
 from testing.inprocess import front, held, request
 from testing.netproxy import LatencyProxy
@@ -301,18 +300,14 @@ def blocked_waits(client: redis.Redis) -> int:
     )
 
 
-def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
-    redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+def test_a_shared_queue_stays_shared_and_an_empty_sub_queue_is_looked_at_not_popped(
+    redis_url: str, redis_client: redis.Redis
 ) -> None:
     """Over scrapy-redis's scheduler, a process takes from the shared queue only what can go (the
-    rest stays in Redis, split by stage); an empty sub-queue is not asked again for a pause that
-    doubles while it stays empty, the engine is woken at the pause's end if it asked meanwhile, and
-    a request this process pushes ends the pause."""
-
-    # long enough that a busy machine's stall cannot end it between two asks of the test
-    pause = 1.0
-    monkeypatch.setattr(stagequeue, "EMPTY_PAUSE", pause)
-    monkeypatch.setattr(stagequeue, "EMPTY_PAUSE_MOST", 10 * pause)
+    rest stays in Redis, split by stage). A sub-queue found empty is not popped again however often
+    the engine asks: a look at the lengths of the queue's keys finds what another process pushes
+    into it, and wakes the engine for it; looks that find nothing wake nothing; a request this
+    process pushes is popped at once."""
     shared = {
         "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
         "REDIS_URL": redis_url,
@@ -324,6 +319,7 @@ def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
         async with front(redis_url, {"detail": 1, "comments": None}, **shared) as f:
             scheduler = f.scheduler
             assert scheduler is not None and scheduler.shared is not None
+            queues = scheduler.shared
             for n in range(5):
                 scheduler.enqueue_request(request("detail", n))  # pushed in the queue thread
             await until(lambda: redis_client.zcard("unit:requests:detail") == 5)
@@ -335,7 +331,7 @@ def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
             assert redis_client.zcard("unit:requests:detail") == 4
             await waiting
             asks = {"n": 0}
-            base = scheduler.shared.queues[None]
+            base = queues.queues[None]
             pop = base.pop
 
             def counted(timeout: float = 0) -> Any:
@@ -348,20 +344,45 @@ def test_a_shared_queue_stays_shared_and_is_not_polled_while_empty(
             f.active.discard(first)
             second = await f.next_request()
             assert second.url.endswith("/detail/1")
-            assert asks["n"] in (0, 1)  # the spider's own key is asked at most once before detail's
             f.send(second)
+            await until(lambda: queues._known_empty(None))  # the spider's own key: found empty
             asked = asks["n"]
-            # the engine asks again and again: the empty key is not asked meanwhile
+            wakes = {"n": 0}
+            looks = {"n": 0}
+            wake, look = queues.wake, queues.look
+            assert look is not None
+
+            def counted_wake() -> None:
+                wakes["n"] += 1
+                wake()
+
+            async def counted_look() -> None:
+                looks["n"] += 1
+                await look()
+
+            queues.wake, queues.look = counted_wake, counted_look
+            # the engine asks again and again: the empty key is not popped meanwhile, and the looks
+            # that find it empty wake nothing
             for _ in range(50):
                 assert scheduler.next_request() is None
-            assert asks["n"] <= asked + 1
-            # woken at the pause's end
-            await until(lambda: scheduler._wake_handle is None, timeout=10 * pause)
+                await asyncio.sleep(0.01)
+            await until(lambda: looks["n"] >= 2)
+            assert (asks["n"], wakes["n"]) == (asked, 0)
+            # another process pushes into it: a look finds it, the engine is woken and takes it
+            theirs = request(None, 7)
+            other = type(base)(
+                server=redis_client, spider=base.spider, key=base.key, serializer=base.serializer
+            )
+            other.push(theirs)
+            found = await f.next_request()
+            assert found.url == theirs.url and wakes["n"] >= 1
+            # this process's own push: popped at once, with no look first
+            assert scheduler.next_request() is None  # a fetch finds the key empty again
+            await until(lambda: queues._known_empty(None))
             free = request(None, 1)
             scheduler.enqueue_request(free)
-            # this process's own push ends the pause (in the queue thread, after its push)
-            await until(lambda: scheduler.shared is not None and not scheduler.shared.thread.jobs)
-            assert scheduler.shared.may_have(None)
+            await until(lambda: not queues.thread.jobs)  # type: ignore[union-attr]
+            assert queues.may_have(None)
             again = await f.next_request()
             assert again.url == free.url
             for r in list(f.slots.holding()):

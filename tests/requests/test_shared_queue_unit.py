@@ -18,7 +18,14 @@ from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
 from scrapy_redislock.requests.queueloss import QueueWatch, SharedQueueKeys
-from scrapy_redislock.requests.stagequeue import EMPTY_PAUSE, QueueThread, Route, SharedStageQueues
+from scrapy_redislock.requests.stagequeue import (
+    EMPTY_PAUSE,
+    EMPTY_PAUSE_MOST,
+    ENGINE_HEARTBEAT,
+    QueueThread,
+    Route,
+    SharedStageQueues,
+)
 from testing.clock import FakeClock
 from testing.waiting import until
 
@@ -167,6 +174,70 @@ def test_an_outage_pauses_every_sub_queue_and_its_end_says_how_long_it_lasted(
     assert looks == [clock.now]  # a restart may have emptied it: the epoch is read at once
 
 
+def test_under_an_engine_a_sub_queue_found_empty_is_looked_at_not_popped_until_it_has_requests() -> (
+    None
+):
+    """Under an engine (the queue thread), a sub-queue a fetch found empty is not popped again
+    however often the engine asks, past any pause: a look at the keys' lengths finds what another
+    process pushed, and wakes the engine for it; a look that finds nothing wakes nothing, unless
+    has_requests() answered True while it ran. Looks come after a pause of at most EMPTY_PAUSE_MOST
+    while this process moves requests, once per engine heartbeat when it is idle. An idle process
+    polled about 8 times a second, each poll waking the engine (and the RedisSpider's feed read)."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        shared, thread = threaded_shared_queues(OpenGate())
+        wakes: list[int] = []
+        shared.wake = lambda: wakes.append(1)
+        looks: list[int] = []
+
+        async def look() -> None:
+            looks.append(1)
+            shared.looked(await thread.run(shared.lengths))
+
+        shared.look = look
+        assert shared.pop() is None  # a fetch: both sub-queues found empty
+        await until(lambda: shared._fetch is None)
+        assert pops(shared) == {None: 1, "detail": 1} and not shared.may_have("detail")
+        assert shared._probe is not None  # idle: the next look at the engine's heartbeat
+        assert ENGINE_HEARTBEAT - 0.5 <= shared._probe.when() - loop.time() <= ENGINE_HEARTBEAT
+        woken = len(wakes)  # once: detail's kept slots (none here) go back to Redis
+        deadline = loop.time() + 3 * EMPTY_PAUSE_MOST
+        while loop.time() < deadline:  # the engine asks and asks: nothing popped, nothing woken
+            assert shared.pop() is None
+            await asyncio.sleep(0.01)
+        assert pops(shared) == {None: 1, "detail": 1} and (len(wakes), looks) == (woken, [])
+
+        assert shared.has_requests()  # no look yet: it starts one, and is owed an answer
+        await until(lambda: bool(looks) and shared._looking is None)
+        assert len(wakes) == woken + 1 and not shared.has_requests()  # woken once, now it knows
+        await look()  # found nothing: wakes nothing
+        assert len(wakes) == woken + 1
+
+        theirs = Request("https://shop.test/detail/1", meta={"stage": "detail"})
+        shared.queues["detail"].requests.append(theirs)  # another process pushes
+        await look()  # the next look finds it: the engine is woken to pop it
+        assert len(wakes) == woken + 2 and shared.may_have("detail")
+        assert shared.pop() is None  # the fetch starts
+        await until(lambda: shared.ahead is not None)
+        assert shared.pop() is theirs and pops(shared)["detail"] == 2
+
+        assert shared.pop() is None  # found empty again: this process moves, so looks come sooner
+        await until(lambda: shared._fetch is None and shared._probe is not None)
+        assert shared._probe is not None
+        assert shared._probe.when() - loop.time() <= EMPTY_PAUSE_MOST
+        ours = Request("https://shop.test/detail/2", meta={"stage": "detail"})
+        shared.push(ours)  # this process's own push: popped at once, no look first
+        assert shared.may_have("detail")
+        assert shared.pop() is None
+        await until(lambda: shared.ahead is not None)
+        assert shared.pop() is ours
+        await shared.settle()
+        thread.close()
+
+    asyncio.run(scenario())
+
+
 # -- QueueWatch: a queue Redis lost --------------------------------------------------------------
 
 
@@ -178,10 +249,12 @@ def test_a_lost_queue_is_said_with_what_the_last_look_saw_and_how_long_before(
     crawler = get_crawler(ShopSpider)
     watch = QueueWatch(crawler, shared, "redislock", clock=clock)
     with caplog.at_level(logging.WARNING, logger="scrapy_redislock.requests.queueloss"):
-        watch._judge("epoch-1", 3, shared.moved)  # 100: a look (a renewal tick) reads 3 queued
+        watch._judge(
+            "epoch-1", {None: 1, "detail": 2}, shared.moved
+        )  # 100: a look (a renewal tick) reads 3 queued
         assert (watch.queued, watch.looked_at) == (3, 100.0) and not caplog.records
         clock.advance(4.25)  # 104.25: the next look finds another epoch: Redis lost the queue
-        watch._judge("epoch-2", 0, shared.moved)
+        watch._judge("epoch-2", {None: 0, "detail": 0}, shared.moved)
     [error] = caplog.records
     assert error.levelno == logging.ERROR
     assert "the 3 request(s) queued there at this process's last look (4.2 s before)" in (
@@ -199,9 +272,11 @@ def test_a_lost_queue_this_process_knew_nothing_of_is_a_warning(
     crawler = get_crawler(ShopSpider)
     watch = QueueWatch(crawler, shared, "redislock", clock=clock)
     with caplog.at_level(logging.WARNING, logger="scrapy_redislock.requests.queueloss"):
-        watch._judge("epoch-1", 0, shared.moved)
+        watch._judge("epoch-1", {None: 0, "detail": 0}, shared.moved)
         clock.advance(60.0)
-        watch._judge("epoch-2", 0, shared.moved)  # empty before, nothing pushed or taken since
+        watch._judge(
+            "epoch-2", {None: 0, "detail": 0}, shared.moved
+        )  # empty before, nothing pushed or taken since
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
     assert crawler.stats.get_value("redislock/queue_lost") is None  # type: ignore[union-attr]
     assert watch.losses == 0
@@ -323,7 +398,7 @@ def test_a_held_request_queued_again_is_seen_by_the_next_look_not_read_from_an_o
             return True
 
         async def look() -> None:
-            shared.looked(await thread.run(lambda: sum(len(q) for q in shared.queues.values())))
+            shared.looked(await thread.run(shared.lengths))
 
         shared.enqueue = enqueue
         shared.look = look
