@@ -12,6 +12,7 @@ import asyncio
 import functools
 import hashlib
 import inspect
+import itertools
 import math
 import re
 from collections.abc import Callable, Generator, Iterable
@@ -23,6 +24,7 @@ import redis
 import redis.asyncio
 import redis.exceptions
 from redis.backoff import EqualJitterBackoff
+from redis.crc import key_slot
 
 from scrapy_redislock.errors import InvalidArgument
 
@@ -64,12 +66,24 @@ def check_name(name: object, what: str = "name") -> str:
 
 
 def hash_tag(key: str) -> str:
-    """What Redis Cluster hashes of ``key``: its hash tag (the first ``{...}`` with something
-    inside), else the whole key. A key of ours that a script uses beside a key the user named (a
-    scrapy-redis queue, a start-URL feed) is tagged with this, so that both are in one hash slot."""
+    """A hash tag for ``key``'s Redis Cluster slot: what Redis Cluster hashes of it (its hash tag,
+    the first ``{...}`` with something inside, else the whole key). A key of ours that a script
+    uses beside a key the user named (a scrapy-redis queue, a start-URL feed) is tagged with this,
+    so that both are in one hash slot. A whole key with a ``}`` would end our tag early (``{a}b}``
+    hashes ``a``): the smallest number that hashes to the key's slot instead."""
     start = key.find("{")
     end = key.find("}", start + 1) if start >= 0 else -1
-    return key[start + 1 : end] if end > start + 1 else key
+    if end > start + 1:
+        return key[start + 1 : end]
+    if "}" not in key:
+        return key
+    return _slot_tag(key_slot(key.encode()))
+
+
+@functools.cache
+def _slot_tag(slot: int) -> str:
+    """The smallest number, as text, in Redis Cluster slot ``slot`` (found within about 100,000)."""
+    return next(str(n) for n in itertools.count() if key_slot(str(n).encode()) == slot)
 
 
 # The most slots a lock (stage, key, worker stage) may have. A lock is one Redis stream entry per slot

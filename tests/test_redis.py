@@ -14,6 +14,7 @@ import redis.asyncio
 import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.crc import key_slot
 
 from scrapy_redislock._redis import (
     Backoff,
@@ -21,6 +22,7 @@ from scrapy_redislock._redis import (
     ScriptBatch,
     ScriptMode,
     as_connection_error,
+    hash_tag,
 )
 from scrapy_redislock.lock.core import LockCore
 from scrapy_redislock.lock.protocol import drive
@@ -299,3 +301,22 @@ def test_a_batch_whose_callers_all_leave_drops_its_connection_and_the_runner_goe
             await client.aclose()
 
     assert asyncio.run(main()) == [b"x", b"y"]
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "shop:requests",  # no tag: the whole key
+        "{shop}:requests",  # its tag
+        "x{}y{z}",  # an empty first tag: the whole key, braces and all
+        "a{b",  # a brace never closed: the whole key
+        "shop}:requests",  # a '}' would end our tag early: a number in the key's slot
+        "a{}b",
+    ],
+)
+def test_a_hash_tag_puts_our_key_in_the_slot_of_the_users_key(key: str) -> None:
+    """A key of ours tagged with hash_tag(key) is in key's Redis Cluster slot, whatever braces the
+    user's key has: a script's keys must be in one slot. A whole key with a '}' was used as the tag
+    as it was, and ``{shop}:requests}`` hashes ``shop``: CROSSSLOT on Cluster."""
+    ours = f"redislock:shared:{{{hash_tag(key)}}}:popped:p1:{key}"
+    assert key_slot(ours.encode()) == key_slot(key.encode())

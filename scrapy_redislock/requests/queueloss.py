@@ -72,7 +72,8 @@ __all__ = ["LOST_REASON", "WATCH_EVERY", "QueueWatch", "SharedQueueKeys"]
 
 
 class QueueWatch:
-    """Reads the shared queue's epoch and length at every tick; says so when Redis lost it."""
+    """Reads the shared queue's epoch and lengths when the shared queue looks; says so when Redis
+    lost it."""
 
     def __init__(
         self,
@@ -103,12 +104,13 @@ class QueueWatch:
             return str(epoch), None
         return str(epoch), self.shared.lengths()
 
-    async def look(self) -> None:
+    async def look(self) -> BaseException | None:
         """One look, in the shared queue's thread (after what was given to it before), else in a
-        thread of asyncio's: at a renewal tick, and when the shared queue needs its length (skipped
-        while the last one runs; nothing while Redis does not answer: the shared queue says so)."""
+        thread of asyncio's: at start, and when the shared queue looks (skipped while the last one
+        runs). The Redis error that stopped it, for the shared queue to say (None: it ran, or was
+        skipped)."""
         if self._looking:
-            return
+            return None
         self._looking = True
         moved = self.shared.moved
         thread = self.shared.thread
@@ -117,11 +119,12 @@ class QueueWatch:
                 epoch, queued = await thread.run(self._look)
             else:
                 epoch, queued = await asyncio.to_thread(self._look)
-        except REDIS_ERRORS:
-            return
+        except REDIS_ERRORS as exc:
+            return exc
         finally:
             self._looking = False
         self._judge(epoch, queued, moved)
+        return None
 
     def look_now(self) -> None:
         """The epoch only, at once, where no reactor runs (the scheduler driven synchronously): when
@@ -222,5 +225,5 @@ class SharedQueueKeys:
         """``<prefix>:shared:{<a sub-queue's hash tag>}:popped:<process>:<its key>``: a process's
         last pop of that sub-queue (crawl/scripts/shared_pop.lua), in the sub-queue's hash slot:
         tagged with what Redis Cluster hashes of its key (the tag a Cluster deployment gives it,
-        ``{%(spider)s}:requests``, else the whole key)."""
+        ``{%(spider)s}:requests``, else the whole key: :func:`~scrapy_redislock._redis.hash_tag`)."""
         return f"{prefix}:shared:{{{hash_tag(sub_queue_key)}}}:popped:{process}:{sub_queue_key}"

@@ -97,7 +97,6 @@ from scrapy_redislock.requests.stagequeue import (
     SharedStageQueues,
     StageQueueFactory,
     push_back,
-    retrieved,
     split_queues,
 )
 from scrapy_redislock.requests.throttle import ScopeThrottle
@@ -207,7 +206,6 @@ class StageScheduler:
         # over scrapy-redis's scheduler: where its blocking calls run while the reactor does
         self.queue_thread: QueueThread | None = None
         self.watch: QueueWatch | None = None  # notices a shared queue that Redis lost
-        self._look: asyncio.Task[None] | None = None
         self.closing = False
         self.inner_closed = False  # requests can no longer be given back to it
         # requests that left this scheduler (not those that bypassed it: media downloads)
@@ -581,12 +579,11 @@ class StageScheduler:
         if self.shared is not None:
             self.shared.tick()
         if (
-            self.watch is not None
-            and (self._look is None or self._look.done())
+            self.shared is not None
+            and self.watch is not None
             and (self.watch.epoch is None or self.clock() - self.watch.looked_at >= WATCH_EVERY)
         ):
-            self._look = asyncio.get_running_loop().create_task(self.watch.look())
-            self._look.add_done_callback(retrieved)
+            self.shared.look_soon()  # the watch for a lost queue
 
 
 def _is_scrapy_redis(inner: Any) -> bool:

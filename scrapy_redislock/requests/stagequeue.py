@@ -530,7 +530,7 @@ class SharedStageQueues:
         # QueueWatch.look_now: when Redis answers again after an outage, and when the queue is empty
         self.check: Callable[[], None] | None = None
         # QueueWatch.look (the epoch and the lengths, in the queue thread): for has_requests()
-        self.look: Callable[[], Awaitable[None]] | None = None
+        self.look: Callable[[], Awaitable[BaseException | None]] | None = None
         # StageScheduler's: a request that could not be scheduled (Redis did not answer) is held
         self.on_held: Callable[[Request, BaseException], None] = self.hold
         # a request scrapy-redis's dupefilter refused (Scrapy's request_dropped signal)
@@ -606,7 +606,7 @@ class SharedStageQueues:
             result = done.result()
         except Exception as exc:  # whatever scrapy-redis raised: said here
             self._failed(exc, request)
-            return
+            result = True
         if isinstance(result, BaseException):
             self.on_held(request, result)
         elif not result:
@@ -914,6 +914,7 @@ class SharedStageQueues:
         self.moved += 1
         self._moved_at = self.clock()
         self._probe_pause = EMPTY_PAUSE
+        self._plan_probe()  # an idle process's look, planned a heartbeat away, comes sooner
         self._turn += 1
         self._turns[stage] = self._turn
 
@@ -973,9 +974,10 @@ class SharedStageQueues:
             self._drain(name)
             emptied = emptied or (name is not None and not self._known_empty(name))
             self._empty[name] = pushes
+        self._plan_probe()
         if request is None:
-            self._plan_probe()
-            self._owed = self._owed or emptied
+            # the engine may tell the spider idle now; or pop what went to Redis from memory
+            self._owed = self._owed or emptied or requeued
             self._answer_owed()
             return
         self._took(stage)
@@ -1000,28 +1002,36 @@ class SharedStageQueues:
             and not self._known_empty(stage)
         )
 
-    def _plan_probe(self) -> None:
-        """While a sub-queue is found empty, a look after the current pause (from now: a look just
-        ran, or a fetch found it empty); none while closing. Also while Redis does not answer: a
-        look that reads it ends the outage (every sub-queue may be found empty, and no fetch
-        asks)."""
+    def _plan_probe(self, *, restart: bool = False, pause: float | None = None) -> None:
+        """While a sub-queue is found empty, a look after ``pause`` (by default the current pause:
+        see EMPTY_PAUSE), or sooner if one is planned sooner; ``restart``: from now, whatever was
+        planned (a look just ran). None while closing. Also while Redis does not answer (``pause``:
+        the outage's back-off): a look that reads it ends the outage, where every sub-queue may be
+        found empty and no fetch asks."""
+        if (
+            self.closing
+            or self.look is None
+            or not self._threaded()
+            or not any(self._known_empty(stage) for stage in self.read_stages())
+        ):
+            if self._probe is not None:
+                self._probe.cancel()
+                self._probe = None
+            return
+        if pause is None:
+            idle = self.clock() - self._moved_at >= ENGINE_HEARTBEAT
+            pause = ENGINE_HEARTBEAT if idle else self._probe_pause
+        loop = asyncio.get_running_loop()
         if self._probe is not None:
+            if not restart and self._probe.when() <= loop.time() + pause:
+                return  # planned sooner: a busy process's fetches must not put it off
             self._probe.cancel()
-            self._probe = None
-        if self.closing or self.look is None:
-            return
-        if not self._threaded():
-            return
-        if not any(self._known_empty(stage) for stage in self.read_stages()):
-            return
-        idle = self.clock() - self._moved_at >= ENGINE_HEARTBEAT
-        pause = ENGINE_HEARTBEAT if idle else self._probe_pause
-        self._probe = asyncio.get_running_loop().call_later(pause, self._probe_now)
+        self._probe = loop.call_later(pause, self._probe_now)
 
     def _probe_now(self) -> None:
         self._probe = None
         self._probe_pause = min(self._probe_pause * 2, EMPTY_PAUSE_MOST)
-        self._look_soon()
+        self.look_soon()
 
     def _answer_owed(self) -> None:
         """A job or look came back: the engine is woken if has_requests() answered True for it (it
@@ -1059,7 +1069,7 @@ class SharedStageQueues:
                 return True
             fresh = self.clock() - self._length_at < LOOK_FRESH
             if self._length is None or not fresh:
-                self._look_soon()
+                self.look_soon()
                 self._owed = True
                 return True
             return self._length > 0
@@ -1073,8 +1083,10 @@ class SharedStageQueues:
             self.check()  # empty, or emptied by Redis (said before the engine closes the spider)
         return found
 
-    def _look_soon(self) -> None:
-        """A look (QueueWatch's: the epoch and the lengths), unless one runs."""
+    def look_soon(self) -> None:
+        """A look (QueueWatch's: the epoch and the lengths), unless one runs: for has_requests(),
+        while a sub-queue is found empty, and at a renewal tick (StageScheduler's, for the
+        watch)."""
         if self.look is None or self._looking is not None or self.closing:
             return
         self._looking = asyncio.get_running_loop().create_task(self._look_now())
@@ -1082,13 +1094,17 @@ class SharedStageQueues:
 
     async def _look_now(self) -> None:
         assert self.look is not None
+        pause = None
         try:
-            await self.look()  # skipped while a tick's look runs: that one answers, once drained
+            error = await self.look()
+            if isinstance(error, OUTAGE_ERRORS) and not isinstance(error, REFUSED):
+                # said once; the next look (or fetch) after the outage's back-off
+                pause = self._went_out(error)
             if self.thread is not None:
                 await self.thread.drain()
         finally:
             self._looking = None
-            self._plan_probe()  # also when the look failed: Redis may answer the next
+            self._plan_probe(restart=True, pause=pause)
             self._answer_owed()
 
     def read_stages(self) -> list[str | None]:
@@ -1113,7 +1129,7 @@ class SharedStageQueues:
         if found:
             self._probe_pause = EMPTY_PAUSE
             self.wake()
-        self._plan_probe()
+        self._plan_probe(restart=True)
         self._answer_owed()
 
     def clear(self) -> None:

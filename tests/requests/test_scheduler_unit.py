@@ -330,15 +330,15 @@ def test_a_shared_queue_stays_shared_and_an_empty_sub_queue_is_looked_at_not_pop
             assert scheduler.next_request() is None
             assert redis_client.zcard("unit:requests:detail") == 4
             await waiting
-            asks = {"n": 0}
+            asks = {"n": 0}  # pops of the spider's own key (scrapy-redis's, in a script)
             base = queues.queues[None]
-            pop = base.pop
+            take = queues._take
 
-            def counted(timeout: float = 0) -> Any:
-                asks["n"] += 1
-                return pop(timeout)
+            def counted(stage: str | None) -> Any:
+                asks["n"] += stage is None
+                return take(stage)
 
-            base.pop = counted
+            queues._take = counted  # type: ignore[method-assign]
             # the first is done: its slot is kept for detail's next request, which comes from Redis
             f.middleware.process_response(first, None)  # type: ignore[arg-type]
             f.active.discard(first)

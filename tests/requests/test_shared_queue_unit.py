@@ -3,7 +3,8 @@ SharedStageQueues' pauses (a sub-queue found empty is not asked again within its
 pauses them all, and its end is said with how long it lasted) and QueueWatch's word on a queue Redis
 lost. scrapy-redis's queue is stood in for by :class:`ListQueue` (a list; the real queue
 over Redis is in test_queue_loss.py), driven synchronously (no reactor, no queue thread), so these
-tests time only what the clock decides."""
+tests time only what the clock decides; those that run it as under an engine (a queue thread, an
+event loop) say so."""
 
 from __future__ import annotations
 
@@ -104,9 +105,11 @@ def shared_queues(clock: FakeClock) -> tuple[SharedStageQueues, list[float]]:
     return shared, paused
 
 
-def threaded_shared_queues(gate: OpenGate) -> tuple[SharedStageQueues, QueueThread]:
+def threaded_shared_queues(
+    gate: OpenGate, clock: FakeClock | None = None
+) -> tuple[SharedStageQueues, QueueThread]:
     """The shared queue with one capped stage, ``detail``, its scrapy-redis calls in a queue
-    thread, as under an engine (run it inside an event loop)."""
+    thread, as under an engine (run it inside an event loop); on ``clock`` if given."""
     thread = QueueThread()
     thread.engine = True
     base = ListQueue(Server(), spider=None, key="shop:requests", serializer=None)
@@ -117,6 +120,7 @@ def threaded_shared_queues(gate: OpenGate) -> tuple[SharedStageQueues, QueueThre
         prefix="redislock",
         asked_while_paused=lambda pause: None,
         thread=thread,
+        **({} if clock is None else {"clock": clock}),
     )
     return shared, thread
 
@@ -186,7 +190,9 @@ def test_under_an_engine_a_sub_queue_found_empty_is_looked_at_not_popped_until_i
 
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
-        shared, thread = threaded_shared_queues(OpenGate())
+        # what is fresh and what is idle on a fake clock (a stall of the machine changes neither);
+        # the looks' timers on the loop's
+        shared, thread = threaded_shared_queues(OpenGate(), FakeClock(100.0))
         wakes: list[int] = []
         shared.wake = lambda: wakes.append(1)
         looks: list[int] = []
@@ -196,11 +202,12 @@ def test_under_an_engine_a_sub_queue_found_empty_is_looked_at_not_popped_until_i
             shared.looked(await thread.run(shared.lengths))
 
         shared.look = look
+        began = loop.time()
         assert shared.pop() is None  # a fetch: both sub-queues found empty
         await until(lambda: shared._fetch is None)
         assert pops(shared) == {None: 1, "detail": 1} and not shared.may_have("detail")
         assert shared._probe is not None  # idle: the next look at the engine's heartbeat
-        assert ENGINE_HEARTBEAT - 0.5 <= shared._probe.when() - loop.time() <= ENGINE_HEARTBEAT
+        assert shared._probe.when() - began >= ENGINE_HEARTBEAT
         woken = len(wakes)  # once: detail's kept slots (none here) go back to Redis
         deadline = loop.time() + 3 * EMPTY_PAUSE_MOST
         while loop.time() < deadline:  # the engine asks and asks: nothing popped, nothing woken
@@ -232,6 +239,91 @@ def test_under_an_engine_a_sub_queue_found_empty_is_looked_at_not_popped_until_i
         assert shared.pop() is None
         await until(lambda: shared.ahead is not None)
         assert shared.pop() is ours
+        await shared.settle()
+        thread.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_busy_process_looks_soon_at_a_sub_queue_a_fetch_found_empty_on_its_way_to_a_request() -> (
+    None
+):
+    """Under an engine: a fetch asks detail's sub-queue (empty), then the spider's own key, which
+    gives a request. Detail is found empty, and a look at it comes within EMPTY_PAUSE_MOST (this
+    process moves requests), finding what another process pushed there. Only a fetch that found
+    nothing planned a look: detail waited for the renewal tick's, 5 s later, and asked no slot
+    meanwhile."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        shared, thread = threaded_shared_queues(OpenGate(), FakeClock(100.0))
+
+        async def look() -> None:
+            shared.looked(await thread.run(shared.lengths))
+
+        shared.look = look
+        first, second = (Request(f"https://shop.test/list/{n}") for n in (1, 2))
+        shared.base.requests += [first, second]  # another process pushed them
+        assert shared.pop() is None
+        await until(lambda: shared.ahead is not None)
+        assert shared.pop() is first  # the spider's key had its turn: detail's comes first now
+        assert shared.pop() is None  # the next fetch
+        await until(lambda: shared.ahead is not None)
+        assert pops(shared) == {None: 2, "detail": 1} and not shared.may_have("detail")
+        assert shared._probe is not None
+        assert shared._probe.when() - loop.time() <= EMPTY_PAUSE_MOST
+        theirs = Request("https://shop.test/detail/1", meta={"stage": "detail"})
+        shared.queues["detail"].requests.append(theirs)  # another process pushes
+        await until(lambda: shared.may_have("detail"))  # the look found it
+        assert shared.pop() is second
+        assert shared.pop() is None  # the next fetch
+        await until(lambda: shared.ahead is not None)
+        assert shared.pop() is theirs
+        await shared.settle()
+        thread.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_process_whose_look_finds_redis_down_says_it_once_and_backs_off(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Under an engine, idle (every sub-queue found empty, so no fetch asks Redis): a look that
+    finds Redis down starts the outage (one WARNING; has_requests() answers True and starts no
+    look), the next look comes after the outage's back-off, and the one that reads Redis ends it
+    (one INFO line). The failed look was swallowed: has_requests() started another at once, and the
+    engine was woken for each, for as long as Redis was down, with nothing said."""
+
+    async def scenario() -> None:
+        shared, thread = threaded_shared_queues(OpenGate(), FakeClock(100.0))
+        looks: list[int] = []
+
+        async def look() -> BaseException | None:
+            looks.append(1)
+            try:
+                lengths = await thread.run(shared.lengths)
+            except redis.exceptions.ConnectionError as exc:  # as QueueWatch.look answers
+                return exc
+            shared.looked(lengths)
+            return None
+
+        shared.look = look
+        assert shared.pop() is None  # both sub-queues found empty
+        await until(lambda: shared._fetch is None)
+        shared.base.server.down = True
+        with caplog.at_level(logging.INFO, logger="scrapy_redislock.requests.stagequeue"):
+            assert shared.has_requests()  # no look yet: one starts
+            await until(lambda: shared._out_since is not None)
+            for _ in range(20):  # the engine asks again and again: no look of its own
+                assert shared.has_requests()
+                await asyncio.sleep(0)
+            assert len(looks) == 1 and shared._probe is not None
+            shared.base.server.down = False
+            await until(lambda: shared._out_since is None)  # a look after the back-off
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 2
+        assert said[0].startswith("Shared queue in Redis unreachable (ConnectionError")
+        assert said[1].startswith("Shared queue in Redis reachable again after")
         await shared.settle()
         thread.close()
 
