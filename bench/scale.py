@@ -67,10 +67,9 @@ import scrapy_redis
 
 from bench import RESULTS, add_smoke, write_results
 from example_project.run import seed
-from scrapy_redislock._redis import load_scripts
 from scrapy_redislock.crawl.epoch import crawl_scripts
 from scrapy_redislock.lock.core import lock_scripts
-from scrapy_redislock.workers.queue import QUEUE_SCRIPTS
+from scrapy_redislock.workers.queue import worker_scripts
 from testing.lockstate import request_leftovers, worker_leftovers
 from testing.monitor import Monitor, commands
 from testing.processes import CrawlProcesses
@@ -157,7 +156,7 @@ def script_names() -> dict[str, str]:
     sources = {
         **lock_scripts(),
         **crawl_scripts(),
-        **load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS),
+        **worker_scripts(),
     }
     return {hashlib.sha1(src.encode()).hexdigest(): name for name, src in sources.items()}
 

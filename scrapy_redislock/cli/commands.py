@@ -27,7 +27,6 @@ from scrapy_redislock._redis import (
     check_name,
     check_ttl,
     function_library,
-    load_scripts,
     printable,
     text,
 )
@@ -53,7 +52,7 @@ from scrapy_redislock.lock.status import (
     find_stages,
     stage_status,
 )
-from scrapy_redislock.workers.queue import QUEUE_SCRIPTS, QueueKeys, requeue_now
+from scrapy_redislock.workers.queue import QueueKeys, requeue_now, worker_scripts
 from scrapy_redislock.workers.status import (
     WORKER_LOCK_PREFIX,
     SpiderStatus,
@@ -62,7 +61,6 @@ from scrapy_redislock.workers.status import (
 )
 
 DEFAULT_WATCH = 2.0
-WORKER_SCRIPTS = "scrapy_redislock.workers"  # the package of the worker queues' scripts
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 
@@ -590,7 +588,7 @@ def project_library() -> tuple[str, str, int]:
     """(library name, FUNCTION LOAD text, number of functions) of every script of the project."""
     sources = {
         *lock_scripts().values(),
-        *load_scripts(WORKER_SCRIPTS, QUEUE_SCRIPTS).values(),
+        *worker_scripts().values(),
         *crawl_scripts().values(),
     }
     library, code = function_library(sources)

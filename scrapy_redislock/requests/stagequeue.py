@@ -66,10 +66,11 @@ UNCAPPED: Route = (None, None)
 # scrapy-redis answers every pop with a Redis command. Under an engine (in the queue thread), a
 # sub-queue a pop found empty is not popped again until a look at the lengths of the queue's keys
 # (one command per key, not a pop script per sub-queue) finds requests in it, or this process pushes
-# to it. While one is found empty, a look runs after a pause doubling from EMPTY_PAUSE up to
-# EMPTY_PAUSE_MOST while this process takes or pushes requests, and after ENGINE_HEARTBEAT once it
-# has moved none for as long: an idle process looks once per heartbeat of Scrapy's engine, as
-# scrapy-redis's own idle polling does, and never wakes the engine for a look that found nothing.
+# to it. While one is found empty, a look runs after a pause doubling from EMPTY_PAUSE (again each
+# time a sub-queue is newly found empty, or a look finds requests) up to EMPTY_PAUSE_MOST while
+# this process takes or pushes requests, and after ENGINE_HEARTBEAT once it has moved none for as
+# long: an idle process looks once per heartbeat of Scrapy's engine, as scrapy-redis's own idle
+# polling does, and never wakes the engine for a look that found nothing.
 # Driven without an engine, a sub-queue found empty is popped again after such a pause instead.
 EMPTY_PAUSE = 0.05
 EMPTY_PAUSE_MOST = 0.5
@@ -913,7 +914,6 @@ class SharedStageQueues:
         self._pauses[stage].reset()
         self.moved += 1
         self._moved_at = self.clock()
-        self._probe_pause = EMPTY_PAUSE
         self._plan_probe()  # an idle process's look, planned a heartbeat away, comes sooner
         self._turn += 1
         self._turns[stage] = self._turn
@@ -972,7 +972,10 @@ class SharedStageQueues:
         emptied = False  # a capped stage newly found empty: its kept slots go back to Redis
         for name, pushes in empty:
             self._drain(name)
-            emptied = emptied or (name is not None and not self._known_empty(name))
+            if not self._known_empty(name):
+                # newly found empty: looked at again soon, then less often while it stays empty
+                self._probe_pause = EMPTY_PAUSE
+                emptied = emptied or name is not None
             self._empty[name] = pushes
         self._plan_probe()
         if request is None:

@@ -108,6 +108,13 @@ QUEUE_SCRIPTS = (
     "feed_take",
 )
 
+
+def worker_scripts(names: tuple[str, ...] = QUEUE_SCRIPTS) -> dict[str, str]:
+    """The worker front's Lua sources by name (``workers/scripts/``), each with ``_lib.lua`` in
+    front of it."""
+    return load_scripts("scrapy_redislock.workers", names, "_lib")
+
+
 ORDERS = ("priority", "fifo", "lifo")
 # SCHEDULER_QUEUE_CLASS -> the order of the stage queues (scrapy-redis's classes and their old
 # aliases).
@@ -306,7 +313,7 @@ class StageQueues:
         self.ttl = check_ttl(ttl)
         self.worker = worker or new_worker_id()
         # the epoch script is both fronts' (crawl/scripts/)
-        sources = {**load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS), **crawl_scripts()}
+        sources = {**worker_scripts(), **crawl_scripts()}
         mode = ScriptMode()  # EVALSHA, or FCALL of the functions an admin loaded (see _redis.py)
         self.scripts = {name: ProjectScript(client, src, mode) for name, src in sources.items()}
         self.blocking = BlockingWait(client)
@@ -635,7 +642,7 @@ def requeue_now(client: RedisClient, keys: QueueKeys, worker: str) -> tuple[int,
     script_keys += [*(keys.signal(s) for s in stages), keys.due]
     script = ProjectScript(
         client,
-        load_scripts("scrapy_redislock.workers", ("queue_requeue",))["queue_requeue"],
+        worker_scripts(("queue_requeue",))["queue_requeue"],
         ScriptMode(),
     )
     moved, left = script(keys=script_keys, args=[worker, 0, *stages])

@@ -22,9 +22,9 @@ import redis
 import redis.asyncio
 import scrapy
 
-from scrapy_redislock._redis import load_scripts, text
+from scrapy_redislock._redis import text
 from scrapy_redislock.crawl import requestformat
-from scrapy_redislock.workers.queue import QUEUE_SCRIPTS, QueueKeys, StageQueues
+from scrapy_redislock.workers.queue import QueueKeys, StageQueues, worker_scripts
 from testing.crawlproc import staged_worker
 from testing.monitor import Monitor, commands
 from testing.site import CrawlSite
@@ -37,9 +37,7 @@ PERIODS = 3  # heartbeat periods counted per worker
 
 
 def script_sha(name: str) -> str:
-    return hashlib.sha1(
-        load_scripts("scrapy_redislock.workers", QUEUE_SCRIPTS)[name].encode()
-    ).hexdigest()
+    return hashlib.sha1(worker_scripts()[name].encode()).hexdigest()
 
 
 def idle_workers(redis_url: str, prefix: str, count: int) -> list[subprocess.Popen[str]]:

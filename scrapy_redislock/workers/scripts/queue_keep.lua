@@ -43,12 +43,7 @@ for i = 3, #ARGV, 3 do
 end
 local count = #fields / 2
 if count > 0 then
-  local last = redis.call('INCRBY', KEYS[3], count)
-  if last == count then  -- a counter made just now: from Redis's clock, as queue_pop.lua's
-    local now = redis.call('TIME')
-    last = tonumber(now[1] .. string.format('%04d', math.floor(now[2] / 100))) + count
-    redis.call('SET', KEYS[3], string.format('%d', last))
-  end
+  local last = new_ids(KEYS[3], count)  -- _lib.lua
   local hash = {}
   for k = 1, count do
     local id = last - count + k

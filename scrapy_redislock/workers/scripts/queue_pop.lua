@@ -66,16 +66,7 @@ else
 end
 local count = #taken
 if count == 0 then return {} end
-local last = redis.call('INCRBY', KEYS[4], count)
-if last == count then
-  -- a counter made just now (a new crawl state): its ids start at Redis's clock in units of 100 µs, so that none is
-  -- an id of a state Redis lost, which an ack of that state still on its way would drop, as long as that state gave
-  -- out fewer than 10,000 ids a second. 14 digits: exact in Lua's numbers, and printed whole by an earlier version's
-  -- tostring (%.14g) while a crawl's workers are upgraded one by one
-  local now = redis.call('TIME')
-  last = tonumber(now[1] .. string.format('%04d', math.floor(now[2] / 100))) + count
-  redis.call('SET', KEYS[4], string.format('%d', last))
-end
+local last = new_ids(KEYS[4], count)  -- _lib.lua
 local out, fields = {}, {}
 for i = 1, count do
   local id, data, mark = string.format('%d', last - count + i), taken[i][1], taken[i][2]
