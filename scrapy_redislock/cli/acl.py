@@ -79,7 +79,8 @@ OPERATOR_COMMANDS = (*WATCHER_COMMANDS, "evalsha", "fcall", "del", "hvals")
 # Scripts every role that runs scripts may run (the operator's set_limit/release_owner/reset/retire
 # (forget)/ queue_requeue; the crawler's all).
 OPERATOR_SCRIPTS = (
-    "_lib", "setup", "set_limit", "release_owner", "reset", "retire", "queue_requeue", "adapt_unpin",
+    "lock/_lib", "setup", "set_limit", "release_owner", "reset", "retire", "queue_requeue",
+    "adapt_unpin",
 )  # fmt: skip
 
 # the packages with a scripts/ folder
@@ -90,12 +91,20 @@ CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'(?:\s*,\s*'([A-Za-z]+)')?")
 
 def script_commands(names: Iterable[str] | None = None) -> set[str]:
     """Every command the given scripts (every ``scripts/*.lua`` of the package by default) may run,
-    in ACL spelling."""
+    in ACL spelling: a script by its name, or by its part and name (``lock/_lib``: each part's
+    scripts share a ``_lib.lua`` of their own)."""
     wanted = None if names is None else set(names)
     found: set[str] = set()
-    paths = [p for part in SCRIPT_PARTS for p in (resources.files(part) / "scripts").iterdir()]
-    for path in paths:
-        if not path.name.endswith(".lua") or (wanted is not None and path.name[:-4] not in wanted):
+    paths = [
+        (part.rsplit(".", 1)[1], p)
+        for part in SCRIPT_PARTS
+        for p in (resources.files(part) / "scripts").iterdir()
+    ]
+    for part, path in paths:
+        name = path.name[:-4]
+        if not path.name.endswith(".lua") or (
+            wanted is not None and name not in wanted and f"{part}/{name}" not in wanted
+        ):
             continue
         found.update(
             _acl_name(command, sub) for command, sub in CALL.findall(path.read_text("utf-8"))

@@ -1075,6 +1075,8 @@ class SharedStageQueues:
                 self.look_soon()
                 self._owed = True
                 return True
+            # told there are requests: woken when a look or fetch may say otherwise
+            self._owed = self._length > 0
             return self._length > 0
         try:
             found = bool(self.in_memory or self._unanswered) or any(
@@ -1100,7 +1102,9 @@ class SharedStageQueues:
         pause = None
         try:
             error = await self.look()
-            if isinstance(error, OUTAGE_ERRORS) and not isinstance(error, REFUSED):
+            if isinstance(error, REFUSED):
+                self._failed(error)  # raised from the engine's next ask, as a pop's refusal is
+            elif error is not None:
                 # said once; the next look (or fetch) after the outage's back-off
                 pause = self._went_out(error)
             if self.thread is not None:

@@ -330,6 +330,50 @@ def test_an_idle_process_whose_look_finds_redis_down_says_it_once_and_backs_off(
     asyncio.run(scenario())
 
 
+def test_a_look_redis_refuses_is_raised_and_one_that_empties_the_queue_wakes_the_engine() -> None:
+    """Under an engine, every sub-queue found empty: a look Redis refuses (an ACL) is raised from
+    the engine's next ask, as a pop's refusal is (it was dropped, and the engine woken to look again
+    at once, for ever); and after has_requests() said the queue had requests, the look that finds
+    it emptied (other processes took them) wakes the engine, which may tell the spider idle now,
+    not at its next heartbeat."""
+
+    async def scenario() -> None:
+        clock = FakeClock(100.0)
+        shared, thread = threaded_shared_queues(OpenGate(), clock)
+        wakes: list[int] = []
+        shared.wake = lambda: wakes.append(1)
+        refusal: list[BaseException] = []
+
+        async def look() -> BaseException | None:
+            if refusal:
+                return refusal.pop()
+            shared.looked(await thread.run(shared.lengths))
+            return None
+
+        shared.look = look
+        assert shared.pop() is None  # both sub-queues found empty
+        await until(lambda: shared._fetch is None)
+        theirs = Request("https://shop.test/detail/1", meta={"stage": "detail"})
+        shared.queues["detail"].requests.append(theirs)  # another process pushes
+        await look()
+        assert shared.has_requests()  # from the fresh look: told there are requests
+        shared.queues["detail"].requests.clear()  # another process took it
+        woken = len(wakes)
+        await look()
+        assert len(wakes) == woken + 1 and not shared.has_requests()
+
+        refusal.append(redis.exceptions.NoPermissionError("this user has no permissions"))
+        clock.advance(1.0)  # the look is stale: has_requests() starts one, which Redis refuses
+        assert shared.has_requests()
+        await until(lambda: shared._looking is None)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            shared.pop()
+        await shared.settle()
+        thread.close()
+
+    asyncio.run(scenario())
+
+
 # -- QueueWatch: a queue Redis lost --------------------------------------------------------------
 
 
