@@ -1119,8 +1119,21 @@ class SharedStageQueues:
         return [stage for stage in self.queues if stage not in self._drained]
 
     def lengths(self) -> dict[str | None, int]:
-        """The length of each sub-queue still read: one command each (in the queue thread)."""
-        return {stage: len(self.queues[stage]) for stage in self.read_stages()}
+        """The length of each sub-queue still read: one command each, in one round trip for
+        scrapy-redis's own queue classes (in the queue thread, whose pops and pushes wait
+        meanwhile)."""
+        stages = self.read_stages()
+        kinds = [POP_KINDS.get(type(self.queues[stage])) for stage in stages]
+        if None in kinds:
+            return {stage: len(self.queues[stage]) for stage in stages}
+        pipe = self.base.server.pipeline(transaction=False)
+        for stage, kind in zip(stages, kinds, strict=True):
+            key = self.queues[stage].key
+            if kind == "priority":
+                pipe.zcard(key)
+            else:
+                pipe.llen(key)
+        return {stage: int(n) for stage, n in zip(stages, pipe.execute(), strict=True)}
 
     def looked(self, lengths: dict[str | None, int]) -> None:
         """QueueWatch read the lengths of the queue's keys (in the queue thread): a sub-queue found
