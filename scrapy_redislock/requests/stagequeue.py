@@ -570,7 +570,7 @@ class SharedStageQueues:
     def read_queues(self) -> list[Any]:
         """The sub-queues still read: all but the leftover ones found empty (their lengths are not
         looked at again)."""
-        return [queue for stage, queue in self.queues.items() if stage not in self._drained]
+        return [self.queues[stage] for stage in self.read_stages()]
 
     def _threaded(self) -> bool:
         """Whether Redis is to be asked in the queue thread (the reactor runs in this one)."""
@@ -607,11 +607,11 @@ class SharedStageQueues:
             result = done.result()
         except Exception as exc:  # whatever scrapy-redis raised: said here
             self._failed(exc, request)
-            result = True
-        if isinstance(result, BaseException):
-            self.on_held(request, result)
-        elif not result:
-            self.dropped(request)
+        else:
+            if isinstance(result, BaseException):
+                self.on_held(request, result)
+            elif not result:
+                self.dropped(request)
         self._answer_owed()
 
     def _failed(self, exc: BaseException, request: Request | None = None) -> None:
@@ -1115,7 +1115,7 @@ class SharedStageQueues:
             self._answer_owed()
 
     def read_stages(self) -> list[str | None]:
-        """The sub-queues still read (see :meth:`read_queues`)."""
+        """The names of the sub-queues still read (:meth:`read_queues`)."""
         return [stage for stage in self.queues if stage not in self._drained]
 
     def lengths(self) -> dict[str | None, int]:
