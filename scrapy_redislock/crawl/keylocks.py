@@ -28,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from scrapy_redislock.crawl.adaptive import Adaptation
@@ -219,10 +219,10 @@ class KeyLocks(StageLocks):
         interval costs no renewal."""
         return lock.renewal_due() or bool(self.waiting(stage))
 
-    async def tick(self) -> None:
+    async def tick(self, demand: Mapping[str, int] | None = None) -> None:
         """The stages' tick (renew what is held or waited for), then retire keys idle at two ticks
         in a row."""
-        await super().tick()
+        await super().tick(demand)
         if self.closed or (self._retiring is not None and not self._retiring.done()):
             return  # the last batch is still being retired: look again at the next tick
         idle = {

@@ -28,11 +28,11 @@ owns the hand-off of slots between requests) and the worker front (lock prefix `
     await locks.release(permit)    # never raises; a release Redis did not take is retried at every renewal tick
     locks.release_soon(permit)     # the same from plain code, in a tracked task
     locks.usable(permit)           # may this slot go with a request now (counted and logged when not)
-    locks.waiting_here[stage]      # requests of this process waiting for its slot in the middleware (the front's
-                                   # count, live), reported as waiting by the renewals with:
-    locks.queued_here[stage]       # those queued in the front's scheduler (written at each of the front's rounds)
     locks.join_renewal()           # the worker front: join the renewal loop (the request front runs its two)
     await locks.tick()             # one renewal round: adaptive limits, retried releases, renewals, reports
+    await locks.tick(demand)       # the request front's round: ``demand`` (name -> its requests waiting here for
+                                   # a slot, in the middleware and queued in its scheduler) is what the renewals
+                                   # report as this process waiting
     await locks.reports.stalled(stage, window)     # at close: why to give up waiting for the stage, or ""
     await locks.close()            # cancel looks and waits, then free every permit and waiter: one aclose() per stage
 
@@ -60,7 +60,9 @@ front, whose tick does its own upkeep first
 (:class:`~scrapy_redislock.requests.requestslots.RequestSlots`). A registry's tick: the adaptive
 limits, retried releases, then ``maintain()`` of every stage lock concurrently (each renews all of
 this process's permits of that stage and reaps expired leases of dead processes), after
-``lock.annotate(waiting=..., spider=...)``. A lost lease is logged as a warning and counted as
+``lock.annotate(waiting=..., spider=...)``: the front's requests waiting here for the stage, which the
+request front counts at each of its rounds and passes down (:meth:`StageLocks.tick`'s ``demand``;
+nothing of the front's is read from here). A lost lease is logged as a warning and counted as
 ``<stats_prefix>/<stage>/lost``. Redis errors are logged as warnings with back-off; nothing is given
 up. Only a stage that holds or waits is maintained, so when a stage's waits end and it goes idle,
 its last annotation (say ``waiting=3``) would stay in Redis, shown by ``status`` and ``/metrics``,
@@ -98,7 +100,6 @@ import contextlib
 import difflib
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -256,10 +257,9 @@ class StageLocks:
             if limit is not None
         }
         self._stage_by_lock = {lock.name: stage for stage, lock in self.locks.items()}
-        # requests of this process waiting for a slot of each name, as its front counts them: in
-        # the middleware (live), and queued in its scheduler (written at each of the front's ticks)
-        self.waiting_here: Counter[str] = Counter()
-        self.queued_here: dict[str, int] = {}
+        # name -> requests of this process waiting for a slot of it, as the front counted them for
+        # the last round (:meth:`tick`); the renewals report it
+        self.demand: Mapping[str, int] = {}
         self._retry_at = 0.0
         self._backoff = Backoff()  # after a failed tick
         self.reports = WaitReports(
@@ -774,12 +774,15 @@ class StageLocks:
     # -- renewal -----------------------------------------------------------------------------------
 
     def waiting(self, stage: str) -> int:
-        """Requests of this process waiting for a slot of ``stage`` (reported with its renewals)."""
-        return self.waiting_here[stage] + self.queued_here.get(stage, 0)
+        """Requests of this process waiting for a slot of ``stage`` at the last round (reported
+        with its renewals)."""
+        return self.demand.get(stage, 0)
 
-    async def tick(self) -> None:
+    async def tick(self, demand: Mapping[str, int] | None = None) -> None:
         """One renewal round: the adaptive limits, retried releases, then every stage's maintain()
-        at once. Never raises."""
+        at once. ``demand``: the front's requests waiting here per name now, passed down at each
+        round (None: none, the worker front's). Never raises."""
+        self.demand = demand or {}
         if self.closed or self.clock() < self._retry_at:
             return
         if self.adaptation is not None:

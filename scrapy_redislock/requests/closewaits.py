@@ -115,7 +115,6 @@ class CloseWaits:
         closed."""
         wait = asyncio.ensure_future(slot)
         waiting = self.waits[wait] = Waiting(request, name, locks, keyed)
-        locks.waiting_here[name] += 1  # what the renewals report as this process waiting
         if self._watcher is None or self._watcher.done():
             self._watcher = asyncio.get_running_loop().create_task(
                 every(self._interval, self._tick, what="watching the waits for the close")
@@ -132,9 +131,6 @@ class CloseWaits:
             raise
         finally:
             del self.waits[wait]
-            locks.waiting_here[name] -= 1
-            if not locks.waiting_here[name]:
-                del locks.waiting_here[name]
 
     def _interval(self) -> float:
         return STALL_CHECK_INTERVAL if engine_closing(self.crawler) else CLOSE_CHECK_INTERVAL

@@ -71,6 +71,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -226,14 +227,14 @@ class RequestSlots:
         registries' ticks at once (renewals, retried releases, adaptive limits).
 
         The upkeep: the sweep; each line's (kept slots no queued request can use go back; waits in
-        Redis no longer wanted are withdrawn); StageScheduler's tick; and the queued requests per
-        stage, which the renewals report as waiting here. Once every registry closed, this front
-        leaves the loop."""
+        Redis no longer wanted are withdrawn); StageScheduler's tick. Each registry is then given
+        this front's requests waiting for its names (:meth:`demand`), which its renewals report as
+        waiting here. Once every registry closed, this front leaves the loop."""
         live = [(locks, lines) for locks, lines in self.registries if not locks.closed]
         if not live:
             self._leave_renewal()
             return
-        steps = [self.sweep, *(lines.upkeep for _, lines in live), self._count_queued]
+        steps = [self.sweep, *(lines.upkeep for _, lines in live)]
         if self._scheduler_tick is not None:
             steps.append(self._scheduler_tick)
         for step in steps:
@@ -241,13 +242,19 @@ class RequestSlots:
                 step()
             except Exception:
                 logger.exception("The request front's upkeep failed in %r", step)
-        await asyncio.gather(*(locks.tick() for locks, _ in live))
+        await asyncio.gather(*(locks.tick(self.demand(locks, lines)) for locks, lines in live))
 
-    def _count_queued(self) -> None:
-        """StageScheduler's queued requests per capped stage, which the renewals report as waiting
-        here."""
-        if self._queued is not None and not self.locks.closed:
-            self.locks.queued_here = {stage: self._queued(stage) for stage in self.stages}
+    def demand(self, locks: StageLocks, lines: SlotLines) -> dict[str, int]:
+        """The requests of this process waiting for a slot of each of ``locks``' names now: in the
+        middleware (``lines``), and for the stages, queued in StageScheduler. The front counts it;
+        the registry only reports it."""
+        demand = Counter({name: lines.waiting(name) for name in lines.lines})
+        if locks is self.locks and self._queued is not None:
+            try:
+                demand.update({stage: self._queued(stage) for stage in self.stages})
+            except Exception:
+                logger.exception("Counting the requests StageScheduler has queued failed")
+        return {name: count for name, count in demand.items() if count}
 
     async def close_unclean(self) -> None:
         """The loop is torn down with this front still in it (a forced shutdown): its registries

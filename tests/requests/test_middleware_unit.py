@@ -15,6 +15,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_redislock import StageLockMiddleware
 from scrapy_redislock.errors import AcquireTimeout, ThrottlingDisabled
+from scrapy_redislock.lock.status import stage_status
 from testing.crawlproc import leftover
 from testing.inprocess import front, held, request
 from testing.waiting import until
@@ -37,6 +38,38 @@ def test_uncapped_and_stageless_requests_pass_without_a_coroutine(
     asyncio.run(scenario())
 
 
+def test_the_requests_waiting_here_are_what_the_renewals_report(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The front counts its requests waiting for a stage at each round and passes the count down
+    to the registry (no count of the front's kept in the registry): Redis shows 1 waiting while
+    the second request waits here, 0 at the round after it got its slot."""
+
+    def waiters() -> int:
+        status = stage_status(redis_client, "redislock", "detail")
+        assert status is not None
+        return status.waiters
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}, scheduler=False) as f:
+            first, second = request("detail", 1), request("detail", 2)
+            await f.send(first)
+            waiting = f.send(second)
+            await until(lambda: f.slots.lines.waiting("detail") == 1)
+            await f.slots.tick()
+            assert f.locks.waiting("detail") == 1
+            assert waiters() == 1
+            f.middleware.process_response(first, Response(first.url, request=first))
+            await asyncio.wait_for(waiting, 10)
+            await f.slots.tick()
+            assert f.locks.waiting("detail") == 0
+            assert waiters() == 0
+            f.middleware.process_response(second, Response(second.url, request=second))
+            await until(lambda: leftover(redis_client) == 0)
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("outcome", ["response", "exception", "left_downloader"])
 def test_a_request_waits_here_holds_its_slot_and_every_outcome_releases_it(
     redis_url: str, redis_client: redis.Redis, outcome: str
@@ -51,7 +84,7 @@ def test_a_request_waits_here_holds_its_slot_and_every_outcome_releases_it(
             await f.send(first)  # through the downloader, as the engine sends them
             assert len(held(redis_client, "detail")) == 1
             waiting = f.send(second)
-            await until(lambda: f.locks.waiting_here["detail"] == 1)
+            await until(lambda: f.slots.lines.waiting("detail") == 1)
             if outcome == "response":
                 mw.process_response(first, Response(first.url, request=first))
             elif outcome == "exception":
@@ -61,7 +94,7 @@ def test_a_request_waits_here_holds_its_slot_and_every_outcome_releases_it(
                 # after it: nothing more
                 mw.process_response(first, Response(first.url, request=first))
             await asyncio.wait_for(waiting, 10)
-            assert f.locks.waiting_here["detail"] == 0
+            assert f.slots.lines.waiting("detail") == 0
             mw.process_response(second, Response(second.url, request=second))
             await until(lambda: leftover(redis_client) == 0)
             assert f.crawler.stats.get_value("redislock/detail/acquired") == 2
@@ -108,7 +141,7 @@ def test_an_adaptive_stage_learns_each_answers_latency_and_how_long_its_slot_was
             now[0] = granted.acquired_at + 0.3
             mw.outcomes.clock = lambda: now[0]
             waiting = f.send(second)
-            await until(lambda: f.locks.waiting_here["detail"] == 1)
+            await until(lambda: f.slots.lines.waiting("detail") == 1)
             first.meta["download_latency"] = 0.2
             now[0] = granted.acquired_at + 0.8
             mw.request_left(first, f.crawler.spider)  # its slot passes on to the second
@@ -166,7 +199,7 @@ def test_a_request_waiting_here_when_the_spider_closes_is_dropped_and_every_slot
             first, second = request("detail", 1), request("detail", 2)
             await f.middleware.process_request(first)
             waiting = asyncio.ensure_future(f.middleware.process_request(second))
-            await until(lambda: f.locks.waiting_here["detail"] == 1)
+            await until(lambda: f.slots.lines.waiting("detail") == 1)
             await f.middleware.spider_closed(f.crawler.spider, "finished")
             with pytest.raises(IgnoreRequest, match="closing"):
                 await asyncio.wait_for(waiting, 10)
@@ -194,7 +227,7 @@ def test_a_request_of_a_capped_stage_with_only_its_key_slot_gives_it_back_while_
             late = request("detail", 1)
             f.slots.hand(late, [(throttle.lines, key_slot)])
             waiting = f.send(late)
-            await until(lambda: f.locks.waiting_here["detail"] == 1)
+            await until(lambda: f.slots.lines.waiting("detail") == 1)
             assert f.slots.held(late) == []  # its key's slot went back
             other = request(None, 2)
             await asyncio.wait_for(f.send(other), 10)  # the key's one slot, free again
