@@ -1,12 +1,11 @@
-"""The sub-commands ``status``, ``set-limit``, ``release``, ``reset``, ``requeue``, ``forget``,
-``load-functions`` and ``dashboard`` (its extra imported only when it runs): each takes parsed
+"""The sub-commands ``status``, ``set-limit``, ``release``, ``reset``, ``requeue``, ``forget`` and
+``load-functions`` (``dashboard``, which runs them from its page, is :mod:`.main`'s): each takes parsed
 options, a target and streams, and returns an exit status. Every state change is a Lua script
 (set_limit, release_owner, reset, queue_requeue, retire)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -634,16 +633,6 @@ def _library_names(listed: Any) -> set[str]:
     return names
 
 
-def cmd_dashboard(opts: argparse.Namespace, target: Target, io: Streams) -> int:
-    try:
-        from scrapy_redislock.cli.dashboard import serve
-    except ImportError as exc:
-        raise CliError(
-            f"the dashboard needs the 'dashboard' extra ({exc}): pip install 'scrapy-redislock[dashboard]'"
-        ) from None
-    return asyncio.run(serve(opts, target, io))
-
-
 COMMANDS: dict[str, Callable[[argparse.Namespace, Target, Streams], int]] = {
     "status": cmd_status,
     "set-limit": cmd_set_limit,
@@ -652,5 +641,4 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Target, Streams], int]] = {
     "requeue": cmd_requeue,
     "forget": cmd_forget,
     "load-functions": cmd_load_functions,
-    "dashboard": cmd_dashboard,
 }

@@ -35,6 +35,7 @@ unreachable, unknown stage or holder, not confirmed), 2 bad input.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import sys
@@ -289,6 +290,21 @@ def build_parser() -> argparse.ArgumentParser:
 # -- entry points ----------------------------------------------------------------------------------
 
 
+def cmd_dashboard(opts: argparse.Namespace, target: Target, io: Streams) -> int:
+    """The dashboard, which runs the other commands' controls: above them, imported only here (an
+    optional extra)."""
+    try:
+        from scrapy_redislock.cli.dashboard import serve
+    except ImportError as exc:
+        raise CliError(
+            f"the dashboard needs the 'dashboard' extra ({exc}): pip install 'scrapy-redislock[dashboard]'"
+        ) from None
+    return asyncio.run(serve(opts, target, io))
+
+
+RUN = {**COMMANDS, "dashboard": cmd_dashboard}
+
+
 def run(
     opts: argparse.Namespace,
     *,
@@ -305,7 +321,7 @@ def run(
     target: Target | None = None
     try:
         target = resolve_target(opts, os.environ if env is None else env, settings)
-        return COMMANDS[opts.command](opts, target, io)
+        return RUN[opts.command](opts, target, io)
     # the reader of our output left (`status --watch | head`); not an error of ours
     except BrokenPipeError:
         raise

@@ -10,14 +10,14 @@ REDISLOCK_DEFAULT_STAGE).
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from scrapy_redislock._redis import check_name
-from scrapy_redislock.errors import ConfigError
+from scrapy_redislock.crawl.keys import DONT_META
+from scrapy_redislock.crawl.settings import unknown_stage
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
 
 STAGE_META = "redislock_stage"
-DONT_META = "dont_redislock"
 STAGE_ATTRIBUTE = "__redislock_stage__"
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -122,17 +121,6 @@ def _is_robots_txt(request: Request) -> bool:
 
 
 # -- the stage names a crawl can be checked for at start -------------------------------------------
-
-
-def unknown_stage(what: str, stage: str, known: Collection[str], setting: str) -> ConfigError:
-    """The ConfigError for a stage name ``what`` gives that ``setting`` does not configure, naming
-    the closest configured stage (as the setting-name check does)."""
-    closest = difflib.get_close_matches(stage, sorted(known), n=1, cutoff=0.0)
-    hint = f" (did you mean {closest[0]!r}?)" if closest else ""
-    configured = ", ".join(repr(s) for s in sorted(known)) or "none"
-    return ConfigError(
-        f"{what} names stage {stage!r}, which is not in {setting}{hint}; configured: {configured}"
-    )
 
 
 def decorated_callbacks(spidercls: type) -> dict[str, str]:

@@ -47,12 +47,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scrapy_redislock._redis import ProjectScript, ScriptMode, hash_tag, text
+from scrapy_redislock._redis import ProjectScript, ScriptMode, text
 from scrapy_redislock.crawl.engine import finish_uncleanly
-from scrapy_redislock.crawl.epoch import EPOCH_SCRIPT, crawl_scripts
+from scrapy_redislock.crawl.epoch import EPOCH_SCRIPT, SharedQueueKeys, crawl_scripts
 from scrapy_redislock.crawl.reach import REDIS_ERRORS, REFUSED
 
 if TYPE_CHECKING:
@@ -68,7 +67,7 @@ LOST_REASON = "redislock_queue_lost"
 # a renewal tick looks when the last look (the tick's, or one the shared queue started) is this old
 WATCH_EVERY = 5.0
 
-__all__ = ["LOST_REASON", "WATCH_EVERY", "QueueWatch", "SharedQueueKeys"]
+__all__ = ["LOST_REASON", "WATCH_EVERY", "QueueWatch"]
 
 
 class QueueWatch:
@@ -206,24 +205,3 @@ def unqueued_at_close(crawler: Crawler, count: int) -> None:
         count,
     )
     finish_uncleanly(crawler, LOST_REASON, lambda: None)
-
-
-@dataclass(frozen=True)
-class SharedQueueKeys:
-    """Redis keys the request front keeps beside a shared scrapy-redis queue (in the queue's Redis,
-    under REDISLOCK_KEY_PREFIX, so that a scan of the queue's own keys never meets them)."""
-
-    epoch: str  # the queue's epoch (crawl/scripts/queue_epoch.lua)
-
-    @classmethod
-    def of(cls, prefix: str, queue_key: str) -> SharedQueueKeys:
-        """``<prefix>:shared:{<the spider's queue key>}:epoch``."""
-        return cls(epoch=f"{prefix}:shared:{{{queue_key}}}:epoch")
-
-    @staticmethod
-    def popped(prefix: str, sub_queue_key: str, process: str) -> str:
-        """``<prefix>:shared:{<a sub-queue's hash tag>}:popped:<process>:<its key>``: a process's
-        last pop of that sub-queue (crawl/scripts/shared_pop.lua), in the sub-queue's hash slot:
-        tagged with what Redis Cluster hashes of its key (the tag a Cluster deployment gives it,
-        ``{%(spider)s}:requests``, else the whole key: :func:`~scrapy_redislock._redis.hash_tag`)."""
-        return f"{prefix}:shared:{{{hash_tag(sub_queue_key)}}}:popped:{process}:{sub_queue_key}"

@@ -47,9 +47,13 @@ from scrapy.utils.misc import build_from_crawler
 from scrapy_redis.queue import FifoQueue, LifoQueue, PriorityQueue
 
 from scrapy_redislock._redis import Backoff, ProjectScript, ScriptMode
-from scrapy_redislock.crawl.epoch import RECORD_KEPT_MS, SHARED_POP_SCRIPT, crawl_scripts
+from scrapy_redislock.crawl.epoch import (
+    RECORD_KEPT_MS,
+    SHARED_POP_SCRIPT,
+    SharedQueueKeys,
+    crawl_scripts,
+)
 from scrapy_redislock.crawl.reach import OUTAGE_ERRORS, REDIS_ERRORS, REFUSED
-from scrapy_redislock.requests.queueloss import SharedQueueKeys
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable

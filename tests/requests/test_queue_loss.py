@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from scrapy_redislock.requests.queueloss import SharedQueueKeys
+from scrapy_redislock.crawl.epoch import SharedQueueKeys
 from testing.crawlproc import Crawl
 from testing.redis_server import RedisServer
 from testing.site import CrawlSite

@@ -18,7 +18,8 @@ from redis.crc import key_slot
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
-from scrapy_redislock.requests.queueloss import QueueWatch, SharedQueueKeys
+from scrapy_redislock.crawl.epoch import SharedQueueKeys
+from scrapy_redislock.requests.queueloss import QueueWatch
 from scrapy_redislock.requests.stagequeue import (
     EMPTY_PAUSE,
     EMPTY_PAUSE_MOST,
