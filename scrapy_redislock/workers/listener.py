@@ -51,7 +51,8 @@ class SignalListener:
         self.task: asyncio.Task[None] | None = None
         self.listening: list[str] = []  # the keys the running wait blocks on
         self.feed_task: asyncio.Task[None] | None = None  # the wait for start URLs
-        self.feed_wait_refused = False  # Redis refused it (an ACL role without BLMOVE): said once
+        # Redis refused it (an ACL role without BLMOVE): said once, and not sent again this run
+        self.feed_wait_refused = False
 
     @property
     def running(self) -> bool:
@@ -85,6 +86,7 @@ class SignalListener:
             and feed_key
             and (state.current is None or state.current in state.start_stages)
             and (self.feed_task is None or self.feed_task.done())
+            and not self.feed_wait_refused  # the heartbeat's reads serve it then
         ):
             self.feed_task = asyncio.get_running_loop().create_task(
                 self._wait_for_start_urls(feed_key)
@@ -141,7 +143,7 @@ class SignalListener:
             if isinstance(exc, REFUSED) and not self.feed_wait_refused:
                 self.feed_wait_refused = True  # said once
                 logger.warning(
-                    "Waiting for start URLs at %s: Redis refused BLMOVE (%s); they are read at each heartbeat instead. A crawler ACL user needs +blmove: set its rules again with python -m scrapy_redislock.cli.acl crawler",  # noqa: E501
+                    "Waiting for start URLs at %s: Redis refused BLMOVE (%s); for the rest of this run they are read at each heartbeat instead. A crawler ACL user needs +blmove: set its rules again with python -m scrapy_redislock.cli.acl crawler",  # noqa: E501
                     key,
                     exc,
                 )

@@ -47,6 +47,7 @@ class ScriptedWait:
         self.waits: list[float] = []  # the timeout of each wait
         self.feed_waits: list[str] = []  # the key of each wait for start URLs
         self.hold = False
+        self.refuse_feed = False  # a crawler role without +blmove
 
     async def wait(self, keys: list[str], timeout: float) -> tuple[str, bytes] | None:
         self.waits.append(timeout)
@@ -56,6 +57,10 @@ class ScriptedWait:
 
     async def wait_for_entry(self, key: str, timeout: float) -> bool:
         self.feed_waits.append(key)
+        if self.refuse_feed:
+            raise redis.exceptions.NoPermissionError(
+                "User crawler has no permissions to run the 'blmove' command"
+            )
         await asyncio.Event().wait()
         return False
 
@@ -289,6 +294,30 @@ def test_the_wait_for_start_urls_goes_on_when_the_worker_leaves_its_stage() -> N
         assert feed_wait.cancelled()
 
     run(test)
+
+
+def test_a_refused_wait_for_start_urls_is_said_once_and_not_sent_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis refuses BLMOVE (a crawler role without +blmove): one WARNING naming the fix, and no
+    wait for start URLs at the steps after it (the heartbeat's reads serve the feed), where each
+    step sent one more refused command."""
+
+    async def test(clock: FakeClock, worker: Worker) -> None:
+        listener, state, blocking = worker.loop.listener, worker.state, worker.queues.blocking
+        listener.feed = ListFeed()  # type: ignore[assignment]
+        blocking.refuse_feed = True
+        for _ in range(5):
+            listener.listen()
+            await asyncio.sleep(0)
+            assert listener.feed_task is None or listener.feed_task.done()
+        assert blocking.feed_waits == [ListFeed.key]
+        assert state.current is None  # it was where the feed is read
+
+    with caplog.at_level(logging.WARNING, logger="scrapy_redislock.workers.listener"):
+        run(test)
+    said = [r.getMessage() for r in caplog.records if "refused BLMOVE" in r.getMessage()]
+    assert len(said) == 1 and "acl crawler" in said[0], said
 
 
 # -- idle close ------------------------------------------------------------------------------------
