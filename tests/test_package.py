@@ -136,3 +136,17 @@ def test_tox_and_ci_pin_the_floors_setup_cfg_declares() -> None:
     }
     assert "python_requires = >=3.11" in (ROOT / "setup.cfg").read_text()
     assert "py311-" in tox["tox"]["envlist"]
+
+
+def test_the_lock_imports_no_scrapy_and_no_twisted() -> None:
+    """``from scrapy_redislock import CountingLock`` (the lock alone, for code that is no crawl)
+    loads neither Scrapy nor Twisted: the Scrapy glue is imported on first use (a move of
+    ``DONT_META`` into a module that imports Scrapy once broke it, with no test to say so)."""
+    probe = (
+        "import sys; from scrapy_redislock import AsyncCountingLock, CountingLock; "
+        "print(sorted(m for m in ('scrapy', 'twisted') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

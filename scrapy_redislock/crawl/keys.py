@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
 
+from scrapy_redislock.crawl.stages import DONT_META
 from scrapy_redislock.errors import ConfigError, KeyFunctionError
 
 if TYPE_CHECKING:
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
 KeyFunction = Callable[["Request", Any], Any]
 F = TypeVar("F", bound=Callable[..., Any])
 KEY_MAX = 256  # characters: a key names a Redis key, and status shows it
-# a request whose meta has it true is in no stage, key or scope
-DONT_META = "dont_redislock"
 
 
 def domain(request: Request, spider: Any = None) -> str | None:

@@ -23,13 +23,8 @@ from typing import TYPE_CHECKING, Any
 from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_redislock._redis import MAX_LIMIT
-from scrapy_redislock.crawl.keys import (
-    DONT_META,
-    KEY_MAX,
-    function_name,
-    is_key_name,
-    load_function,
-)
+from scrapy_redislock.crawl.keys import KEY_MAX, function_name, is_key_name, load_function
+from scrapy_redislock.crawl.stages import DONT_META
 from scrapy_redislock.errors import ConfigError, KeyFunctionError
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ import functools
 import json
 import math
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
@@ -51,6 +51,7 @@ from scrapy_redislock.crawl.requestformat import serializer_of
 from scrapy_redislock.crawl.scopes import ScopeFunction, ScopePolicy, ScopeTable, parse_policy
 from scrapy_redislock.crawl.scopes import parse_scopes as scope_table
 from scrapy_redislock.crawl.scopes import scope_function as parse_scope_function  # noqa: F401
+from scrapy_redislock.crawl.stages import unknown_stage
 from scrapy_redislock.errors import ConfigError, InvalidArgument
 from scrapy_redislock.lock.quorum import safe_quorum
 
@@ -411,17 +412,6 @@ def group_of(settings: RedisLockSettings, spider: str | None) -> str:
             f"REDISLOCK_GROUP is {group!r} but the spider's name {spider!r} has braces, which a Redis key's group cannot: set REDISLOCK_GROUP to a name"  # noqa: E501
         )
     return group % {"spider": spider}
-
-
-def unknown_stage(what: str, stage: str, known: Collection[str], setting: str) -> ConfigError:
-    """The ConfigError for a stage name ``what`` gives that ``setting`` does not configure, naming
-    the closest configured stage (as the setting-name check does)."""
-    closest = difflib.get_close_matches(stage, sorted(known), n=1, cutoff=0.0)
-    hint = f" (did you mean {closest[0]!r}?)" if closest else ""
-    configured = ", ".join(repr(s) for s in sorted(known)) or "none"
-    return ConfigError(
-        f"{what} names stage {stage!r}, which is not in {setting}{hint}; configured: {configured}"
-    )
 
 
 def parse_stage_name(raw: Any, name: str, optional: bool = False) -> str:

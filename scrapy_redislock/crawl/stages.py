@@ -10,25 +10,35 @@ REDISLOCK_DEFAULT_STAGE).
 
 from __future__ import annotations
 
+import difflib
 import inspect
-from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from scrapy_redislock._redis import check_name
-from scrapy_redislock.crawl.keys import DONT_META
-from scrapy_redislock.crawl.settings import unknown_stage
+from scrapy_redislock.errors import ConfigError
 
 if TYPE_CHECKING:
     from scrapy import Request
 
-    from scrapy_redislock.crawl.settings import RedisLockSettings
-
 
 STAGE_META = "redislock_stage"
+DONT_META = "dont_redislock"
 STAGE_ATTRIBUTE = "__redislock_stage__"
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class StageSettings(Protocol):
+    """What a stage is read from (the checked settings have it): a protocol, so that this module
+    imports nothing of the settings module, which imports it."""
+
+    @property
+    def default_stage(self) -> str | None: ...
+
+    @property
+    def callback_stages(self) -> Mapping[str, str]: ...
 
 
 def stage(name: str) -> Callable[[F], F]:
@@ -46,7 +56,7 @@ def stage(name: str) -> Callable[[F], F]:
     return mark
 
 
-def stage_of(request: Request, settings: RedisLockSettings, spider: Any = None) -> str | None:
+def stage_of(request: Request, settings: StageSettings, spider: Any = None) -> str | None:
     """The request's stage, or None when it is not throttled.
 
     robots.txt downloads are never throttled: RobotsTxtMiddleware holds capped requests until
@@ -123,6 +133,17 @@ def _is_robots_txt(request: Request) -> bool:
 # -- the stage names a crawl can be checked for at start -------------------------------------------
 
 
+def unknown_stage(what: str, stage: str, known: Collection[str], setting: str) -> ConfigError:
+    """The ConfigError for a stage name ``what`` gives that ``setting`` does not configure, naming
+    the closest configured stage (as the setting-name check does)."""
+    closest = difflib.get_close_matches(stage, sorted(known), n=1, cutoff=0.0)
+    hint = f" (did you mean {closest[0]!r}?)" if closest else ""
+    configured = ", ".join(repr(s) for s in sorted(known)) or "none"
+    return ConfigError(
+        f"{what} names stage {stage!r}, which is not in {setting}{hint}; configured: {configured}"
+    )
+
+
 def decorated_callbacks(spidercls: type) -> dict[str, str]:
     """``{method name: stage}`` of the spider class's methods marked ``@stage(...)`` (the ones its
     instances have: a subclass that overrides a method without the decorator unmarks it)."""
@@ -144,7 +165,7 @@ def decorated_callbacks(spidercls: type) -> dict[str, str]:
 
 
 def check_stage_names(
-    spidercls: type, settings: RedisLockSettings, stages: Collection[str], setting: str
+    spidercls: type, settings: StageSettings, stages: Collection[str], setting: str
 ) -> None:
     """ConfigError when a stage name known before any request is not one of ``stages`` (``setting``:
     REDISLOCK_STAGES for the request front, REDISLOCK_WORKER_STAGES for the worker front): a

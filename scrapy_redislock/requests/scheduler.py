@@ -65,9 +65,12 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from scrapy import signals
 from scrapy.core.scheduler import Scheduler as ScrapyScheduler
 from scrapy.settings import SETTINGS_PRIORITIES
@@ -208,6 +211,8 @@ class StageScheduler:
         self.watch: QueueWatch | None = None  # notices a shared queue that Redis lost
         self.closing = False
         self.inner_closed = False  # requests can no longer be given back to it
+        # gives scrapy-redis's dupefilter client its retries back (for its close): see _one_try
+        self._every_try: Callable[[], None] = lambda: None
         # requests that left this scheduler (not those that bypassed it: media downloads)
         self.sent: weakref.WeakSet[Request] = weakref.WeakSet()
         self._wake_handle: asyncio.TimerHandle | None = None
@@ -305,6 +310,7 @@ class StageScheduler:
         if not _is_scrapy_redis(self.inner) or self.inner.queue is self.shared:
             return
         base = self.inner.queue
+        self._every_try = _one_try(getattr(self.inner, "df", None))
         assert self.admission is not None
         capped = self.slots.stages if self.slots is not None else []
         self.shared = SharedStageQueues(
@@ -359,7 +365,7 @@ class StageScheduler:
         if threaded:
             result = self._close_shared(reason)  # scrapy-redis's close() in the queue thread
         elif hasattr(self.inner, "close"):
-            result = self.inner.close(reason)
+            result = self._close_inner(reason)
         if self.locks is None:  # no shared queue either
             return None if asyncio.iscoroutine(result) else result
         self.closing = True
@@ -377,11 +383,17 @@ class StageScheduler:
         try:
             if self.shared is not None:
                 await self.shared.settle()
-            await self.queue_thread.run(self.inner.close, reason)
+            await self.queue_thread.run(self._close_inner, reason)
         finally:
             if self.shared is not None:
                 unqueued_at_close(self.crawler, self.shared.close())
             self.queue_thread.close()
+
+    def _close_inner(self, reason: str) -> Any:
+        """scrapy-redis's close() (its flush unless SCHEDULER_PERSIST), with the dupefilter's client
+        given its retries back; another inner scheduler's as it is."""
+        self._every_try()
+        return self.inner.close(reason)
 
     async def _close(self, inner_result: Any) -> None:
         if asyncio.iscoroutine(inner_result):
@@ -584,6 +596,48 @@ class StageScheduler:
             and (self.watch.epoch is None or self.clock() - self.watch.looked_at >= WATCH_EVERY)
         ):
             self.shared.look_soon()  # the watch for a lost queue
+
+
+def _one_try(dupefilter: Any) -> Callable[[], None]:
+    """scrapy-redis's dupefilter asks Redis once per request (SADD): with redis-py's own retry (on
+    a timeout, with scrapy-redis's default REDIS_PARAMS), a try whose reply the network lost was
+    sent again, read the fingerprint the first try had recorded as seen, and the request was dropped
+    as a duplicate without a word. With one try the lost reply is an error, and the request is held
+    and queued once Redis answers (redislock/queue_held, redislock/queue_held_seen).
+
+    Returns what gives the client its retries back, for scrapy-redis's close: its DELETE of the
+    dupefilter (SCHEDULER_PERSIST off) is safe to send again, and one a blip left behind would
+    filter the next run's requests."""
+    server = getattr(dupefilter, "server", None)
+    return _tries_off(server)
+
+
+def _tries_off(client: Any) -> Callable[[], None]:
+    """Turn redis-py's own retries off on ``client`` (a cluster client's: its own and each node's);
+    returns what turns them back on as they were."""
+    if isinstance(client, redis.RedisCluster):
+        nodes = [_tries_off(node.redis_connection) for node in client.get_nodes()]
+        retry, attempts = client.retry, getattr(client, "cluster_error_retry_attempts", None)
+        client.retry = Retry(NoBackoff(), 0)  # redis-py 6 on: its count of tries
+        if attempts is not None:  # redis-py 5's
+            setattr(client, "cluster_error_retry_attempts", 0)  # noqa: B010 (redis-py 5 only)
+
+        def every_try() -> None:
+            for node in nodes:
+                node()
+            client.retry = retry
+            if attempts is not None:
+                setattr(client, "cluster_error_retry_attempts", attempts)  # noqa: B010
+
+        return every_try
+    if isinstance(client, redis.Redis):
+        # none: redis-py 5 gives each connection of a client made without one its own
+        before = client.get_retry() or Retry(
+            NoBackoff(), 1 if client.get_connection_kwargs().get("retry_on_error") else 0
+        )
+        client.set_retry(Retry(NoBackoff(), 0))
+        return lambda: client.set_retry(before)
+    return lambda: None
 
 
 def _is_scrapy_redis(inner: Any) -> bool:

@@ -16,7 +16,9 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from scrapy_redislock.crawl.reach import REDIS_ERRORS, REFUSED
+from redis.exceptions import NoPermissionError
+
+from scrapy_redislock.crawl.reach import REDIS_ERRORS
 
 if TYPE_CHECKING:
     from scrapy_redislock.lock.core import Clock
@@ -140,7 +142,8 @@ class SignalListener:
             if not await self.queues.blocking.wait_for_entry(key, timeout):
                 return  # the heartbeat's step arms it again
         except REDIS_ERRORS as exc:
-            if isinstance(exc, REFUSED) and not self.feed_wait_refused:
+            # the command refused (an ACL), not a passing AUTH failure (a restart, a failover)
+            if isinstance(exc, NoPermissionError) and not self.feed_wait_refused:
                 self.feed_wait_refused = True  # said once
                 logger.warning(
                     "Waiting for start URLs at %s: Redis refused BLMOVE (%s); for the rest of this run they are read at each heartbeat instead. A crawler ACL user needs +blmove: set its rules again with python -m scrapy_redislock.cli.acl crawler",  # noqa: E501

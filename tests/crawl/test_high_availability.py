@@ -17,14 +17,16 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import redis
 import redis.sentinel
 
-from scrapy_redislock.crawl.connection import mask_url, parse_url
+from scrapy_redislock.crawl.connection import RedisClient, mask_url, parse_url
 from scrapy_redislock.errors import ConfigError
+from scrapy_redislock.requests.scheduler import _one_try
 from testing.crawlproc import ROOT, SPIDER, Crawl, leftover
 from testing.redis_server import RedisClusterServers, RedisSentinelServers, RedisServer
 from testing.site import CrawlSite, longest_pause, most_at_once, served
@@ -524,6 +526,34 @@ def clean_cluster(nodes: RedisClusterServers) -> None:
         if (nodes.info(node, "replication") or {}).get("role") == "master":
             with redis.Redis(port=node.port) as client:
                 client.flushall()
+
+
+@pytest.mark.integration
+@pytest.mark.cluster
+def test_scrapy_redis_dupefilter_on_a_cluster_gets_one_try(cluster: RedisClusterServers) -> None:
+    """scrapy-redis's dupefilter with its client from RedisClient on a Cluster: StageScheduler turns
+    the cluster client's own retries off (its count, its nodes' clients), as a plain client's: a
+    retried SADD whose first reply was lost reads the fingerprint as seen, and drops the request."""
+    server = RedisClient.from_url(cluster_url(cluster), socket_timeout=5)
+    assert isinstance(server, redis.RedisCluster)
+    try:
+        server.ping()  # the nodes found
+        nodes = server.get_nodes()
+        assert nodes
+
+        def tries() -> list[Any]:
+            """The cluster client's retries (redis-py 6 on; redis-py 5's count), each node's."""
+            own = server.retry.get_retries() if server.retry is not None else None
+            counted = getattr(server, "cluster_error_retry_attempts", None)
+            return [own, counted, *(n.redis_connection.get_retry().get_retries() for n in nodes)]
+
+        before = tries()
+        every_try = _one_try(SimpleNamespace(server=server))
+        assert set(tries()) <= {0, None}
+        every_try()  # for scrapy-redis's close: its DELETE of the dupefilter may be sent again
+        assert tries() == before and any(before)
+    finally:
+        server.close()
 
 
 @pytest.mark.integration

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 import redis.asyncio
-from redis.backoff import NoBackoff
+from redis.backoff import ConstantBackoff, NoBackoff
 from redis.retry import Retry
 from scrapy import Request, signals
 
@@ -481,6 +481,66 @@ def test_a_request_held_while_its_dupefilter_reply_was_lost_is_queued_not_droppe
             assert taken.url == lost_reply.url
             assert stats.get_value("redislock/queue_held_seen") == 1
             assert not shared.in_memory and redis_client.zcard("unit:requests:detail") == 0
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.faults
+def test_redis_pys_own_retry_of_a_lost_dupefilter_reply_drops_nothing(
+    redis_url: str, redis_client: redis.Redis, redis_proxy: Callable[[], LatencyProxy]
+) -> None:
+    """scrapy-redis's dupefilter with redis-py's own retry (scrapy-redis's REDIS_PARAMS retry on a
+    timeout; here after a 3 s back-off): the SADD runs, its reply is lost, the try times out, and
+    the network is back before the retry. The retry read the fingerprint the first try recorded as
+    seen, and the request was dropped as a duplicate without a word. StageScheduler gives the
+    dupefilter's client one try: the lost reply is an error, the request is held, and it comes
+    out once Redis answers."""
+    proxy = redis_proxy()
+    port = urlsplit(redis_url).port
+    settings = {
+        "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
+        "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+        "REDIS_URL": redis_url.replace(f":{port}", f":{proxy.port}", 1),
+        # scrapy-redis's retry_on_timeout, as redis-py 6 on spells it
+        "REDIS_PARAMS": {
+            "socket_timeout": 2.0,
+            "retry_on_error": [redis.exceptions.TimeoutError],
+            "retry": Retry(ConstantBackoff(3.0), 1),
+        },
+        "SCHEDULER_PERSIST": False,
+    }
+
+    def sadd_connections() -> set[str]:
+        """Connections whose last command was a SADD (a dupefilter's)."""
+        return {c["id"] for c in redis_client.client_list() if c.get("cmd") == "sadd"}
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}, **settings) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.shared is not None
+            stats, dupefilter = f.crawler.stats, scheduler.inner.df
+            dropped: list[Request] = []
+
+            def on_dropped(request: Request) -> None:  # held here: receivers are weak references
+                dropped.append(request)
+
+            f.crawler.signals.connect(on_dropped, signal=signals.request_dropped)
+            dupefilter.server.ping()  # its connection made before the replies are lost
+            others = sadd_connections()  # earlier tests' dupefilters on this Redis
+            proxy.blackhole("down")
+            lost_reply = Request("http://127.0.0.1:9/detail/8", meta={"redislock_stage": "detail"})
+            assert scheduler.enqueue_request(lost_reply)
+            fingerprint = dupefilter.request_fingerprint(lost_reply)
+            # ran (after any queue call the blackhole caught: 2 s, 3 s, then 2 s more)
+            await until(lambda: redis_client.sismember("unit:dupefilter", fingerprint), 30)
+            waiting = sadd_connections() - others  # its connection, waiting 2 s for the reply
+            await until(lambda: not sadd_connections() & waiting)  # the try timed out, closed
+            proxy.heal()  # before redis-py's retry, 3 s later
+            await until(lambda: stats.get_value("redislock/queue_held") == 1 or dropped, 10)
+            assert not dropped
+            taken = await f.next_request()
+            assert taken.url == lost_reply.url
+            assert stats.get_value("redislock/queue_held_seen") == 1
 
     asyncio.run(scenario())
 
