@@ -211,8 +211,9 @@ class StageScheduler:
         self.watch: QueueWatch | None = None  # notices a shared queue that Redis lost
         self.closing = False
         self.inner_closed = False  # requests can no longer be given back to it
-        # gives scrapy-redis's dupefilter client its retries back (for its close): see _one_try
-        self._every_try: Callable[[], None] = lambda: None
+        # gives scrapy-redis's dupefilter client its retries back (for its close; None: they are
+        # its own): see _one_try
+        self._every_try: Callable[[], None] | None = None
         # requests that left this scheduler (not those that bypassed it: media downloads)
         self.sent: weakref.WeakSet[Request] = weakref.WeakSet()
         self._wake_handle: asyncio.TimerHandle | None = None
@@ -310,7 +311,8 @@ class StageScheduler:
         if not _is_scrapy_redis(self.inner) or self.inner.queue is self.shared:
             return
         base = self.inner.queue
-        self._every_try = _one_try(getattr(self.inner, "df", None))
+        if self._every_try is None:  # once per open: a second would keep none of the retries
+            self._every_try = _one_try(getattr(self.inner, "df", None))
         assert self.admission is not None
         capped = self.slots.stages if self.slots is not None else []
         self.shared = SharedStageQueues(
@@ -392,7 +394,9 @@ class StageScheduler:
     def _close_inner(self, reason: str) -> Any:
         """scrapy-redis's close() (its flush unless SCHEDULER_PERSIST), with the dupefilter's client
         given its retries back; another inner scheduler's as it is."""
-        self._every_try()
+        if self._every_try is not None:
+            self._every_try()
+            self._every_try = None
         return self.inner.close(reason)
 
     async def _close(self, inner_result: Any) -> None:
@@ -617,24 +621,29 @@ def _tries_off(client: Any) -> Callable[[], None]:
     returns what turns them back on as they were."""
     if isinstance(client, redis.RedisCluster):
         nodes = [_tries_off(node.redis_connection) for node in client.get_nodes()]
-        retry, attempts = client.retry, getattr(client, "cluster_error_retry_attempts", None)
-        client.retry = Retry(NoBackoff(), 0)  # redis-py 6 on: its count of tries
+        # redis-py 6 on: its count of tries (redis-py 5 has the attribute only when given one)
+        retry, attempts = (
+            getattr(client, "retry", None),
+            getattr(client, "cluster_error_retry_attempts", None),
+        )
+        client.retry = Retry(NoBackoff(), 0)
         if attempts is not None:  # redis-py 5's
             setattr(client, "cluster_error_retry_attempts", 0)  # noqa: B010 (redis-py 5 only)
 
         def every_try() -> None:
             for node in nodes:
                 node()
-            client.retry = retry
+            client.retry = retry  # type: ignore[assignment]
             if attempts is not None:
                 setattr(client, "cluster_error_retry_attempts", attempts)  # noqa: B010
 
         return every_try
     if isinstance(client, redis.Redis):
-        # none: redis-py 5 gives each connection of a client made without one its own
-        before = client.get_retry() or Retry(
-            NoBackoff(), 1 if client.get_connection_kwargs().get("retry_on_error") else 0
-        )
+        # none: each connection made its own, one retry when told to retry on an error or a
+        # timeout (redis-py 5's rule; from_url and Sentinel pass REDIS_PARAMS' retry_on_timeout)
+        kwargs = client.get_connection_kwargs()
+        retried = kwargs.get("retry_on_error") or kwargs.get("retry_on_timeout")
+        before = client.get_retry() or Retry(NoBackoff(), 1 if retried else 0)
         client.set_retry(Retry(NoBackoff(), 0))
         return lambda: client.set_retry(before)
     return lambda: None

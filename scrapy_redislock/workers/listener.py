@@ -150,9 +150,10 @@ class SignalListener:
                     key,
                     exc,
                 )
-            logger.debug(
-                "Waiting for start URLs: Redis error (%s); waits again at the next step", exc
-            )
+            elif not self.feed_wait_refused:
+                logger.debug(
+                    "Waiting for start URLs: Redis error (%s); waits again at the next step", exc
+                )
             return
         self.state.start_urls_came()
         self.state.wake()

@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,6 +24,7 @@ from scrapy import Request, signals
 
 from scrapy_redislock import AsyncCountingLock
 from scrapy_redislock.lock.permit import Permit
+from scrapy_redislock.requests.scheduler import _one_try
 from testing.crawlproc import leftover
 from testing.inprocess import front, held, request
 from testing.netproxy import LatencyProxy
@@ -543,6 +545,31 @@ def test_redis_pys_own_retry_of_a_lost_dupefilter_reply_drops_nothing(
             assert stats.get_value("redislock/queue_held_seen") == 1
 
     asyncio.run(scenario())
+
+
+def test_the_dupefilter_client_gets_its_own_retries_back_for_scrapy_redis_close() -> None:
+    """A client as scrapy-redis makes it (from_url, its default REDIS_PARAMS' retry_on_timeout; no
+    Retry of its own: each connection makes one retry on a timeout): one try while the crawl runs,
+    its one retry back for the close, whose DELETE of the dupefilter may be sent again. No I/O."""
+    client = redis.Redis.from_url("redis://127.0.0.1:9/0", socket_timeout=2, retry_on_timeout=True)
+
+    def retries(of: redis.Redis = client) -> int:
+        """What a connection made now tries again (made, never connected; redis-py 5's Retry has
+        no get_retries())."""
+        return int(of.connection_pool.make_connection().retry._retries)
+
+    try:
+        assert retries() == 1
+        every_try = _one_try(SimpleNamespace(server=client))
+        assert retries() == 0
+        every_try()
+        assert retries() == 1
+        plain = redis.Redis.from_url("redis://127.0.0.1:9/0")  # told to retry on nothing
+        _one_try(SimpleNamespace(server=plain))()
+        assert retries(plain) == 0
+        plain.close()
+    finally:
+        client.close()
 
 
 @pytest.mark.parametrize("stages", [{"detail": None}, {"comments": 1}], ids=["uncapped", "gone"])
