@@ -443,6 +443,19 @@ def test_over_scrapy_redis_the_request_fetched_ahead_goes_back_and_refused_ones_
     redis_client.delete(key, "unit:requests", "unit:dupefilter")
 
 
+def through(proxy: LatencyProxy, redis_url: str, params: dict[str, Any]) -> dict[str, Any]:
+    """StageScheduler over scrapy-redis's scheduler and dupefilter, whose client (``params``: its
+    REDIS_PARAMS) reaches Redis through ``proxy``."""
+    port = urlsplit(redis_url).port
+    return {
+        "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
+        "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+        "REDIS_URL": redis_url.replace(f":{port}", f":{proxy.port}", 1),
+        "REDIS_PARAMS": params,
+        "SCHEDULER_PERSIST": False,
+    }
+
+
 @pytest.mark.faults
 def test_a_request_held_while_its_dupefilter_reply_was_lost_is_queued_not_dropped(
     redis_url: str, redis_client: redis.Redis, redis_proxy: Callable[[], LatencyProxy]
@@ -453,16 +466,9 @@ def test_a_request_held_while_its_dupefilter_reply_was_lost_is_queued_not_droppe
     the dupefilter reads it as seen (its own first try): it is queued all the same, counted, and
     comes out. It was dropped without a word: no stat, no request_dropped, a clean finish."""
     proxy = redis_proxy()
-    port = urlsplit(redis_url).port
-    settings = {
-        "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
-        "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
-        "REDIS_URL": redis_url.replace(f":{port}", f":{proxy.port}", 1),
-        # one try: redis-py's own retries would each wait for a reply that never comes; a timeout
-        # no busy machine's reply reaches once the network is back
-        "REDIS_PARAMS": {"socket_timeout": 2.0, "retry": Retry(NoBackoff(), 0)},
-        "SCHEDULER_PERSIST": False,
-    }
+    # one try: redis-py's own retries would each wait for a reply that never comes; a timeout no
+    # busy machine's reply reaches once the network is back
+    settings = through(proxy, redis_url, {"socket_timeout": 2.0, "retry": Retry(NoBackoff(), 0)})
 
     async def scenario() -> None:
         async with front(redis_url, {"detail": 1}, **settings) as f:
@@ -498,19 +504,13 @@ def test_redis_pys_own_retry_of_a_lost_dupefilter_reply_drops_nothing(
     dupefilter's client one try: the lost reply is an error, the request is held, and it comes
     out once Redis answers."""
     proxy = redis_proxy()
-    port = urlsplit(redis_url).port
-    settings = {
-        "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
-        "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
-        "REDIS_URL": redis_url.replace(f":{port}", f":{proxy.port}", 1),
-        # scrapy-redis's retry_on_timeout, as redis-py 6 on spells it
-        "REDIS_PARAMS": {
-            "socket_timeout": 2.0,
-            "retry_on_error": [redis.exceptions.TimeoutError],
-            "retry": Retry(ConstantBackoff(3.0), 1),
-        },
-        "SCHEDULER_PERSIST": False,
+    # scrapy-redis's retry_on_timeout, as redis-py 6 on spells it
+    params = {
+        "socket_timeout": 2.0,
+        "retry_on_error": [redis.exceptions.TimeoutError],
+        "retry": Retry(ConstantBackoff(3.0), 1),
     }
+    settings = through(proxy, redis_url, params)
 
     def sadd_connections() -> set[str]:
         """Connections whose last command was a SADD (a dupefilter's)."""
