@@ -123,6 +123,9 @@ class LatencyProxy:
     # -- on the proxy's loop -------------------------------------------------------------------------
 
     def _call(self, action: Callable[[], None]) -> None:
+        if self._loop.is_closed():
+            return  # closed: nothing goes through any more, whatever was asked
+
         async def run() -> None:
             action()
 

@@ -47,6 +47,8 @@ class StartUrlFeed:
         self.record = queues.keys.feed_taken(self.key, queues.worker) if self.key else ""
         self.number = 1  # of the next take; the next once a reply brought entries
         self.unanswered = False  # a take was sent and its reply never came
+        # the number of the last take whose requests may not all be in their queues yet
+        self.pending: int | None = None
 
     @property
     def blocking_key(self) -> str | None:
@@ -71,18 +73,25 @@ class StartUrlFeed:
         self.unanswered = False
         entries = list(reply or [])
         if entries:
+            self.pending = self.number
             self.number += 1
         # of a sorted set, members and scores in turns
         return entries[::2] if self.how == "zset" else entries
 
+    def landed(self) -> None:
+        """The requests of the last take are in their queues in Redis."""
+        self.pending = None
+
     async def give_back(self) -> int:
-        """At close: the entries of a take whose reply never came go back to the feed, and the
-        record goes; how many went back."""
+        """At close: the entries of a take whose reply never came, or whose requests did not all
+        reach their queues, go back to the feed, and the record goes; how many went back."""
         if not self.enabled:
             return 0
-        args = ["give_back", self.how, self.number, 0, 0]
+        number = self.number if self.pending is None else self.pending
+        args = ["give_back", self.how, number, 0, 0]
         moved = int(await self.queues.scripts["feed_take"](keys=[self.key, self.record], args=args))
         self.unanswered = False
+        self.pending = None
         return moved
 
     def requests(self, entries: Iterable[Any]) -> tuple[list[Request], list[tuple[Any, Exception]]]:

@@ -265,6 +265,8 @@ class InFlight:
         # what the callbacks yielded is in Redis before their parents leave the in-flight record
         if pushes:
             await asyncio.wait(pushes)
+            if any(self.outbox.lost(task) for task in pushes):
+                return  # some never went: the parents stay in the record (requeued at close)
         generation = self.generation
 
         async def ack() -> int:

@@ -259,8 +259,13 @@ class WorkerLoop:
                 state.start_urls_to(stage)
             self.stats.inc_value("redislock/workers/start_urls")
             self.crawler.engine.crawl(request)
-        # in their queues before this step looks at the lengths
-        await asyncio.gather(*set(self.outbox.pushes))
+        # in their queues before this step looks at the lengths; waited, not gathered: a step
+        # cancelled at close must not cancel them (close waits for them, and says what never went)
+        pushes = set(self.outbox.pushes)
+        if pushes:
+            await asyncio.wait(pushes)
+        if not any(self.outbox.lost(task) for task in pushes):
+            feed.landed()
         state.busy()
         state.look_again()
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import redis.exceptions
 from scrapy import Request, signals
 
-from scrapy_redislock.crawl.engine import wake_engine
+from scrapy_redislock.crawl.engine import finish_uncleanly, wake_engine
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -79,6 +80,9 @@ class Outbox:
         self.known: dict[bytes, None] = {}
         self.flusher: asyncio.Task[Any] | None = None
         self.pushes: set[asyncio.Task[Any]] = set()  # the tasks sending requests to Redis
+        self.sending = 0  # requests in push and keep calls awaiting their reply
+        # tasks that dropped requests Redis refused: what their callbacks' parents yielded is lost
+        self.refused: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
         self.dupefilter_debug = crawler.settings.getbool("DUPEFILTER_DEBUG")
         # the first duplicate is logged (DEBUG), the others only with DUPEFILTER_DEBUG
         self.log_dupes = True
@@ -125,6 +129,26 @@ class Outbox:
         while self.pushes:
             await asyncio.wait(set(self.pushes))
 
+    def unsent(self) -> int:
+        """Requests put here that are not in Redis yet: waiting, or in a call not answered yet."""
+        return len(self.entries) + len(self.keeps) + self.sending
+
+    def lost(self, task: asyncio.Task[Any]) -> bool:
+        """Whether ``task`` (one of :attr:`pushes`) ended without sending all it took: cancelled,
+        or Redis refused some."""
+        return task.cancelled() or task in self.refused
+
+    def _refused(self, count: int, message: str, exc: BaseException) -> None:
+        """Redis refused ``count`` requests (out of memory, a role without the command): lost. ERROR,
+        counted, and the crawl does not finish cleanly; the parents whose acknowledgement waits for
+        this task stay in the in-flight record (fetched again)."""
+        self.stats.inc_value("redislock/workers/unqueueable", count)
+        logger.error(message, count, exc)
+        task = asyncio.current_task()
+        if task is not None:
+            self.refused.add(task)
+        finish_uncleanly(self.crawler, "redislock_queue_lost", lambda: None)
+
     def filtered(self, request: Request, stage: str | None) -> None:
         """A duplicate: counted and logged as Scrapy's dupefilter does (``df.log``: the first one at
         DEBUG, every one with DUPEFILTER_DEBUG), and in the stage's ``duplicates``."""
@@ -170,18 +194,24 @@ class Outbox:
         entries = [
             (stage, fingerprint, data, priority) for stage, fingerprint, data, priority, _ in batch
         ]
+        self.sending += len(batch)
         try:
             queued = await self.outage.retrying(
                 "Queueing requests", lambda: self.queues.push_many(entries)
             )
         # not an outage: Redis refused them (e.g. out of memory)
         except redis.exceptions.RedisError as exc:
-            self.stats.inc_value("redislock/workers/unqueueable", len(batch))
-            logger.error("Dropped %d requests: Redis refused to queue them (%s)", len(batch), exc)
+            self._refused(
+                len(batch),
+                "Dropped %d requests: Redis refused to queue them (%s). The crawl will finish as redislock_queue_lost (exit status 1); the requests that yielded them stay in this worker's in-flight record and go back to their queue when it closes",  # noqa: E501
+                exc,
+            )
             # Redis may not have them: not known duplicates here
             for _, fingerprint, *_ in batch:
                 self.known.pop(bytes.fromhex(fingerprint), None)
             return
+        finally:
+            self.sending -= len(batch)
         for (stage, _, _, _, request), new in zip(batch, queued, strict=True):
             if not new:
                 self._dropped(request, stage)
@@ -206,16 +236,16 @@ class Outbox:
     async def _keep_batch(self, home: str, batch: list[Keep]) -> None:
         entries = [(fingerprint, mark, data) for _, fingerprint, mark, data, _ in batch]
         self.keeping += 1
+        self.sending += len(batch)
         try:
             replies = await self.outage.retrying(
                 "Keeping requests with no stage", lambda: self.queues.keep(home, entries)
             )
         # not an outage: Redis refused them (e.g. out of memory)
         except redis.exceptions.RedisError as exc:
-            self.stats.inc_value("redislock/workers/unqueueable", len(batch))
-            logger.error(
-                "Dropped %d requests with no stage: Redis refused to keep them (%s)",
+            self._refused(
                 len(batch),
+                "Dropped %d requests with no stage: Redis refused to keep them (%s). The crawl will finish as redislock_queue_lost (exit status 1); the requests that yielded them stay in this worker's in-flight record and go back to their queue when it closes",  # noqa: E501
                 exc,
             )
             for _, fingerprint, *_ in batch:
@@ -224,6 +254,7 @@ class Outbox:
             return
         finally:
             self.keeping -= 1
+            self.sending -= len(batch)
         kept = 0
         for (_, _, _, _, request), reply in zip(batch, replies, strict=True):
             if reply == 0:

@@ -66,9 +66,10 @@ scrapy-redis's SCHEDULER_QUEUE_CLASS (the order of the stage queues:
 requests a worker takes ahead), DOWNLOAD_TIMEOUT (a request's own, which its slot's lease may
 shorten); DUPEFILTER_DEBUG is read by the outbox. Stats:
 ``redislock/workers/<stage>/{enqueued,duplicates,dequeued,taken,lost}``,
-``redislock/workers/{requeued,returned,start_urls,start_urls_unusable,unqueueable,dead_letters,redis_errors,queue_lost,leftover_dupefilter_cleared}``,
-and Scrapy's ``dupefilter/filtered``. Finish reasons beside Scrapy's: ``redislock_queue_lost``,
-``redislock_all_filtered``, ``redislock_start_urls_lost``.
+``redislock/workers/{requeued,returned,start_urls,start_urls_unusable,unqueueable,unqueued,unknown_stage,dead_letters,redis_errors,queue_lost,leftover_dupefilter_cleared}``,
+and Scrapy's ``dupefilter/filtered``. Finish reasons beside Scrapy's: ``redislock_queue_lost`` (also
+for a request Redis or the request format refused, or that never reached Redis before the close),
+``redislock_unknown_stage``, ``redislock_all_filtered``, ``redislock_start_urls_lost``.
 
 A duplicate is dropped as Scrapy's and scrapy-redis's schedulers drop one: ``enqueue_request``
 returns False (the engine sends ``request_dropped``) for a request whose fingerprint this worker
@@ -95,6 +96,7 @@ request that does not fit the format is refused when it is queued, naming the fi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import weakref
@@ -137,6 +139,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CLOSE_STEP_TIMEOUT = 10.0
+
+
+async def _cancelled(tasks: set[asyncio.Task[Any]]) -> None:
+    """Cancel what is left of ``tasks`` and let it end (a second at most)."""
+    left = {task for task in tasks if not task.done()}
+    for task in left:
+        task.cancel()
+    if left:
+        await asyncio.wait(left, timeout=1.0)
 
 
 def worker_stages(crawler: Crawler, settings: RedisLockSettings) -> dict[str, int | None]:
@@ -328,22 +339,17 @@ class StageWorkerScheduler(BaseScheduler):
             self.state.wake()
             done, _ = await asyncio.wait({self.loop_task}, timeout=CLOSE_STEP_TIMEOUT)
             if not done:  # a Redis call that hangs: cut it off
-                self.loop_task.cancel()
-                await asyncio.wait({self.loop_task}, timeout=1.0)
+                await _cancelled({self.loop_task})
         outbox, inflight = self.outbox, self.inflight
-        if outbox.pushes:
-            await self._bounded("queueing the last requests", asyncio.wait(set(outbox.pushes)))
-            if outbox.entries:
-                logger.error(
-                    "Closing: %d requests yielded by callbacks never reached Redis",
-                    len(outbox.entries),
-                )
+        await self._last_pushes()
         await self._give_back_start_urls()
         inflight.ack_finished()  # the engine waited for its in-progress requests: everything handed out is done
         if inflight.tasks:
             await self._bounded(
                 "acknowledging the last requests", asyncio.wait(set(inflight.tasks))
             )
+            # not acknowledged: those requests stay in the record, and go back to their queue below
+            await _cancelled(inflight.tasks)
         memory_only = sum(1 for _, inflight_id in outbox.local if inflight_id is None)
         if memory_only:
             logger.warning(
@@ -364,6 +370,29 @@ class StageWorkerScheduler(BaseScheduler):
         await self._bounded("closing the waiting connection", self.queues.aclose())
         await self._bounded("freeing the stage slot", self.locks.close())
 
+    async def _last_pushes(self) -> None:
+        """What callbacks and start requests put in the outbox reaches Redis, or is said lost: an
+        ERROR, counted, and the crawl does not finish cleanly. The sends still under way when the
+        bounded wait ends are cancelled, so that none writes to Redis after close has moved on."""
+        outbox = self.outbox
+        if not outbox.pushes:
+            return
+        with contextlib.suppress(TimeoutError):  # what is left is cancelled and said below
+            await asyncio.wait_for(outbox.sent(), CLOSE_STEP_TIMEOUT)
+        unsent = outbox.unsent()
+        await _cancelled(outbox.pushes)
+        if not unsent:
+            if self.listener.feed is not None:
+                self.listener.feed.landed()
+            return
+        self.stats.inc_value("redislock/workers/unqueued", unsent)
+        logger.error(
+            "Closing: %d request(s) yielded by callbacks or start requests never reached Redis, which did not answer within %g s: they are lost (redislock/workers/unqueued), and the crawl will finish as redislock_queue_lost (exit status 1). The start URLs of the last take go back to the feed if Redis answers",  # noqa: E501
+            unsent,
+            CLOSE_STEP_TIMEOUT,
+        )
+        finish_uncleanly(self.crawler, "redislock_queue_lost", lambda: None)
+
     async def _give_back_start_urls(self) -> None:
         """The start URLs of a take whose reply never came go back to the feed (and this worker's
         record of its last take goes). If Redis does not answer, they are lost to this crawl: said
@@ -371,7 +400,7 @@ class StageWorkerScheduler(BaseScheduler):
         feed = self.listener.feed
         if feed is None or not feed.enabled:
             return
-        unanswered = feed.unanswered
+        unanswered = feed.unanswered or feed.pending is not None
         try:
             moved = await asyncio.wait_for(feed.give_back(), CLOSE_STEP_TIMEOUT)
         except (TimeoutError, *REDIS_ERRORS) as exc:
@@ -447,17 +476,23 @@ class StageWorkerScheduler(BaseScheduler):
         if stage not in self.stages:
             self.stats.inc_value("redislock/workers/unknown_stage")
             logger.error(
-                "Dropped %s: stage %r is not one of the worker stages %s",
+                "Dropped %s: stage %r is not one of the worker stages %s; the crawl will finish as redislock_unknown_stage (exit status 1)",  # noqa: E501
                 request,
                 stage,
                 list(self.stages),
             )
+            finish_uncleanly(self.crawler, "redislock_unknown_stage", lambda: None)
             return False
         try:
             data = self.encode(request)
         except Exception as exc:  # the format's refusal, or whatever a SCHEDULER_SERIALIZER raises
             self.stats.inc_value("redislock/workers/unqueueable")
-            logger.error("Refused %s: it cannot be queued in Redis: %s", request, exc)
+            logger.error(
+                "Refused %s: it cannot be queued in Redis: %s. The request is lost, and the crawl will finish as redislock_queue_lost (exit status 1)",  # noqa: E501
+                request,
+                exc,
+            )
+            finish_uncleanly(self.crawler, "redislock_queue_lost", lambda: None)
             return False
         outbox.know(fingerprint)
         outbox.put((stage, hex_fingerprint, data, request.priority, request))

@@ -20,6 +20,8 @@ from scrapy import Request, Spider, signals
 from scrapy.utils.test import get_crawler
 
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
+from scrapy_redislock.crawl.stages import STAGE_META
+from scrapy_redislock.workers import scheduler as worker_scheduler
 from scrapy_redislock.workers.feed import StartUrlFeed
 from scrapy_redislock.workers.mixin import StageWorkerMixin
 from scrapy_redislock.workers.queue import StageQueues
@@ -210,3 +212,86 @@ def test_at_close_an_unanswered_take_goes_back_or_the_crawl_does_not_finish_clea
             signal=signals.spider_closed, spider=spider, reason="finished"
         )
         assert stats.get_value("finish_reason") == "redislock_start_urls_lost"
+
+
+class StagedFeedSpider(FeedSpider):
+    def make_request_from_data(self, data: bytes) -> Request:
+        return Request(data.decode(), meta={STAGE_META: "list"})
+
+
+@pytest.mark.parametrize("network", ["back", "still-out"])
+def test_a_take_whose_requests_never_reached_their_queue_is_said_lost_and_goes_back_to_the_feed(
+    redis_url: str,
+    redis_client: redis.Redis,
+    redis_proxy: Callable[[], LatencyProxy],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    network: str,
+) -> None:
+    """A take answered, the network goes silent while its requests are on their way to their
+    stage's queue, and close cuts the worker loop's step off: the sends are not cancelled with it.
+    Back within close's bounded wait, they all reach the queue, and the take's record goes. Still
+    out, they are cancelled (nothing writes to Redis once close moved on), said at ERROR, counted,
+    the crawl finishes as ``redislock_queue_lost``, and the take's start URLs go back to the feed
+    once Redis answers."""
+    monkeypatch.setattr(worker_scheduler, "CLOSE_STEP_TIMEOUT", 20.0 if network == "back" else 1.0)
+    redis_client.rpush(FEED, *ENTRIES)
+    crawler = get_crawler(StagedFeedSpider, {"REDISLOCK_URL": redis_url})
+    crawler.spider = spider = StagedFeedSpider()
+    stats: Any = crawler.stats
+
+    async def main() -> None:
+        proxy = redis_proxy()
+        client = proxied(redis_url, proxy)
+        scheduler = StageWorkerScheduler(crawler)
+        queues = StageQueues(client, "shop", ["list"], worker="w1")
+        scheduler.outbox.queues = queues
+        scheduler.listener.feed = feed = StartUrlFeed(queues, spider, "list", 3)
+        assert await feed.give_back() == 0  # connected, the script loaded
+
+        class Engine:
+            """What the worker loop asks of Scrapy's engine: crawl() schedules."""
+
+            def crawl(self, request: Request) -> None:
+                proxy.blackhole()  # silent from the take's reply on
+                scheduler.enqueue_request(request)
+
+        crawler.engine = Engine()  # type: ignore[assignment]
+        step = asyncio.get_running_loop().create_task(scheduler.loop.feed())
+        await until(lambda: scheduler.outbox.sending == 3)
+        step.cancel()  # close cuts a step that hangs off
+        await asyncio.wait({step})
+        pushes = set(scheduler.outbox.pushes)
+        assert pushes and not any(task.done() for task in pushes)
+        if network == "back":
+            proxy.heal()
+        with caplog.at_level(logging.INFO):
+            await scheduler._last_pushes()
+            assert all(task.done() for task in pushes) and not scheduler.outbox.pushes
+            # the network stays cut (what it held never arrives); Redis answers the worker again
+            proxy.close()
+            await client.aclose()
+            direct = redis.asyncio.Redis.from_url(redis_url)
+            feed.queues = queues = StageQueues(direct, "shop", ["list"], worker="w1")
+            await scheduler._give_back_start_urls()
+        lengths, _ = await queues.look()
+        if network == "back":
+            assert lengths == {"list": 3}
+            assert redis_client.lrange(FEED, 0, -1) == ENTRIES[3:]
+        else:
+            assert lengths == {"list": 0}
+            assert redis_client.lrange(FEED, 0, -1) == ENTRIES
+        assert not redis_client.keys("redislock:feed:*")
+        await direct.aclose()
+
+    asyncio.run(main())
+    said = "request(s) yielded by callbacks or start requests never reached Redis"
+    stats.set_value("finish_reason", "finished")  # as CoreStats sets it on spider_closed
+    crawler.signals.send_catch_log(signal=signals.spider_closed, spider=spider, reason="finished")
+    if network == "back":
+        assert said not in caplog.text
+        assert stats.get_value("finish_reason") == "finished"
+    else:
+        assert f"Closing: 3 {said}" in caplog.text
+        assert stats.get_value("redislock/workers/unqueued") == 3
+        assert stats.get_value("finish_reason") == "redislock_queue_lost"

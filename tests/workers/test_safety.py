@@ -111,7 +111,7 @@ def test_every_to_dict_field_survives_the_queue_in_a_real_crawl(
     callback and errback, priority, flags, dont_filter, cb_kwargs, Request subclasses: yielded by
     start(), queued in Redis, popped and rebuilt, compared in the callback (or errback) with what
     was yielded. A meta value that is not plain data is refused when queued, naming the request and
-    the field."""
+    the field; that request is lost, so the crawl does not finish cleanly."""
     with CrawlSite(delay=0) as site:
         settings = {
             "REDIS_URL": redis_url,
@@ -124,7 +124,9 @@ def test_every_to_dict_field_survives_the_queue_in_a_real_crawl(
         process = subprocess.Popen(
             command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        output = finish(process)
+        output, _ = process.communicate(timeout=60)
+        assert process.returncode == 1, output[-3000:]
+        assert "'finish_reason': 'redislock_queue_lost'" in output
         assert site.bodies["/a/post"] == b"\x00\x01binary\xff"
         assert site.bodies["/a/form"] == b"q=shoes"
     assert stat(output, "test/roundtrip/same") == 4, output[-3000:]
