@@ -139,8 +139,9 @@ class KeyLocks(StageLocks):
     def renew_interval(self) -> float:
         """The stages' minimum over the locks, without walking them: every key's lock is made with
         REDISLOCK_TTL (:meth:`lock_for`), whose interval is a third of it, at most 1 s (the
-        middleware reads it for every request)."""
-        return min(self.settings.ttl, 3.0) / 3 if self.locks else 1.0
+        middleware reads it for every request). With no lock yet too: one made just after a round
+        must be renewed within its lease."""
+        return min(self.settings.ttl, 3.0) / 3
 
     def _key_ceiling(self, name: str) -> int | None:
         """The configured cap of an adaptive key's lock ``key:<key>``: its controller's maximum."""

@@ -590,7 +590,10 @@ class StageLocks:
     async def take(self, name: str) -> SlotPermit | None:
         """A slot of ``name`` if one is free now and nobody queues for it in Redis, else None: one
         script, no wait (a key's on its light path: lock/light.py). The first take of a stage's line
-        (:meth:`look`) and of a request's key or scope alike."""
+        (:meth:`look`) and of a request's key or scope alike. None once closed: a take then would
+        make a grant that nothing renews or frees."""
+        if self.closed:
+            return None
         with self._using(name):
             return await self.locks[name].try_acquire()
 
@@ -638,7 +641,8 @@ class StageLocks:
         AcquireTimeout after ``timeout`` seconds (None: forever; counted as ``<stage>/timeouts`` by
         whoever fails a request with it: a wait may serve the next request of its stage). Redis
         errors are logged and retried with back-off: the wait goes on and the cap is never
-        exceeded. Cancelled on close.
+        exceeded. Paused when a Retry-After paused a key's starts (the caller waits it out).
+        Cancelled on close.
         """
         with self._using(stage):
             return await self._acquire(stage, self.locks[stage], timeout)
@@ -657,12 +661,10 @@ class StageLocks:
                     permit = await lock.acquire(timeout=left)
                     self.reports.granted(stage)
                     return permit
-                except Paused as paused:  # a Retry-After paused a key's starts: wait it out
-                    if deadline is not None and self.clock() + paused.wait > deadline:
-                        raise AcquireTimeout(
-                            f"stage {stage!r}: paused beyond the wait's {timeout} s"
-                        ) from paused
-                    await asyncio.sleep(paused.wait)
+                # Paused (a key's Retry-After) is the caller's to wait out; AcquireTimeout is an
+                # OSError, as every TimeoutError: neither is a Redis error
+                except (Paused, AcquireTimeout):
+                    raise
                 except REDIS_ERRORS as exc:
                     if self.closed:
                         raise
@@ -909,7 +911,7 @@ class StageLocks:
 
         async def on(client: AsyncRedisClient) -> None:
             runner = CommandRunner(client)
-            for lock in self.locks.values():
+            for lock in list(self.locks.values()):  # a copy: the loop awaits
                 if not lock.queued:
                     continue  # only light grants (released above): no wait, nothing in its stream
                 freed = await adrive(release_consumer(lock.keys, lock.owner), runner, lock.name)

@@ -89,11 +89,13 @@ REDIS_RETRY = 1.0
 
 @dataclass(frozen=True)
 class Taken:
-    """A slot got for a request still here: of which name, and whether it was a kept one."""
+    """A slot got for a request still here: of which name, whether it was a kept one, and whether
+    a wait in the name's line got it (a finished request's light slot may come that way)."""
 
     name: str
     permit: SlotPermit
     kept: bool
+    from_line: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ class KeyLine:
         # of those, requests of a capped stage with their stage's slot in hand; and those of them
         # waiting in a name's line
         self.in_hand: dict[Request, InHand] = {}
-        self.waiting: set[Request] = set()
+        self.waiting: dict[Request, tuple[str, asyncio.Task[Any]]] = {}  # -> (name, its look)
         self.ready: deque[Request] = deque()  # got their slot meanwhile: the engine's next
         # per name: slots (or a wait's error) for its next requests, in the throttle's line
         self.kept: KeptSlots = throttle.lines.kept
@@ -142,6 +144,7 @@ class KeyLine:
         self.closed = False
         self._load: Counter[str] | None = None
         throttle.serve_scheduler(self.could_use)
+        throttle.lines.on_pause = self._paused
 
     def could_use(self, key: str) -> int:
         """Slots the queued requests of ``key`` could use now (the throttle's line keeps that many,
@@ -308,9 +311,9 @@ class KeyLine:
         self.slots.hand(
             request,
             held,
-            # a kept light slot was passed on by a finished request (pass_on): its take checked
-            # a pause for that request only
-            recheck=any(t.kept and getattr(t.permit, "light", False) for t in got),
+            # a light slot kept, or got by a wait in the line, may be a finished request's (passed
+            # on): its take checked a pause for that request only
+            recheck=any((t.kept or t.from_line) and getattr(t.permit, "light", False) for t in got),
         )
 
     async def _look(self, request: Request, names: tuple[str, ...], got: list[Taken]) -> None:
@@ -328,19 +331,21 @@ class KeyLine:
             for name in (name for name in names if name not in have):
                 try:
                     permit = await self.locks.take(name)
-                    if permit is None and with_stage:
+                    from_line = permit is None and with_stage
+                    if from_line:
                         permit = await self._wait_with_stage(request, name)
+                except Paused as exc:
+                    permit, paused = None, exc
+                # counted by the line; before REDIS_ERRORS, which has OSError, as TimeoutError
+                except AcquireTimeout as exc:
+                    permit, failed = None, exc
                 except REDIS_ERRORS as exc:
                     logger.warning("Taking a slot of key %r: Redis error (%s); it waits", name, exc)
                     permit = None
-                except Paused as exc:
-                    permit, paused = None, exc
-                except AcquireTimeout as exc:  # counted by the line
-                    permit, failed = None, exc
                 if permit is None:
                     refused = name
                     break
-                got.append(Taken(name, permit, kept=False))
+                got.append(Taken(name, permit, kept=False, from_line=from_line))
         except BaseException:
             self._give_back(got)
             self._drop_stage(request)
@@ -377,7 +382,7 @@ class KeyLine:
             self._drop_stage(request)
             self.requeue(request, refused)
             if paused is not None:
-                self._pause(refused, paused.wait)
+                self._paused(refused, paused.wait)
             elif with_stage:
                 self._pause(refused, REDIS_RETRY)  # Redis failed it: not again at once
             else:
@@ -388,11 +393,23 @@ class KeyLine:
         """A request of a capped stage waits for a slot of ``name`` in this process's line for it,
         with its stage's slot in hand (not one of CONCURRENT_REQUESTS: it is not counted as
         looking)."""
-        self.waiting.add(request)
+        task = asyncio.current_task()
+        assert task is not None
+        self.waiting[request] = (name, task)
         try:
             return await self.throttle.lines.wait(name, self.settings.wait_timeout)
         finally:
-            self.waiting.discard(request)
+            self.waiting.pop(request, None)
+
+    def _paused(self, key: str, seconds: float) -> None:
+        """A take or a wait in the key's line met a Retry-After's pause: the key's queued requests
+        stay queued until it ends, and a request waiting here for it with its stage's slot goes
+        back to its queue, the slot back to Redis (no stage's slot is held through a key's
+        pause)."""
+        self._pause(key, seconds)
+        for name, look in list(self.waiting.values()):
+            if name == key:
+                look.cancel()  # its look gives back what it holds and queues it again
 
     def _pause(self, key: str, seconds: float) -> None:
         """A Retry-After paused the key's starts: its requests stay queued until then."""

@@ -29,7 +29,8 @@ over all its names (``bound``: each blocks one connection, and a broad crawl mee
 keys); the others wait here for their turn. The bound applies only to the waits beyond one per
 request waiting here: a request waiting in the middleware may hold other slots (its key's while it
 waits for a scope's), so its wait never queues behind waits that may be waiting for those very
-slots.
+slots. A wait that meets a Retry-After's pause of its name (a key's) tells the owner (``on_pause``)
+and sleeps it out outside the bound, so that one paused site does not hold up the others' waits.
 
 Reads no settings itself: the wait's timeout, the bound, the local reuse bound (REDISLOCK_LOCAL_REUSE,
 at most half REDISLOCK_TTL) and what is kept are the owner's, :class:`~.requestslots.RequestSlots`
@@ -42,6 +43,7 @@ import asyncio
 import functools
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
@@ -153,6 +155,8 @@ class SlotLines:
         # waits in Redis under way at once, over all names (None: no bound)
         self.bound = None if bound is None else asyncio.Semaphore(max(1, bound))
         self.lines: dict[str, SlotLine] = {}
+        # told when a Retry-After paused a name one of the waits here is for (name, seconds)
+        self.on_pause: Callable[[str, float], None] | None = None
 
     def waiting(self, name: str) -> int:
         """Requests waiting here for a slot of ``name`` now."""
@@ -272,27 +276,41 @@ class SlotLines:
         while line.short(self.kept.wanted(line.name)) > 0 and not self.locks.closed:
             # one unbounded wait per request waiting here; the wanted ones under the bound
             bounded = self.bound is not None and len(line.asks) - len(line.bounded) >= len(line)
-            ask = asyncio.ensure_future(
-                self._bounded(line.name) if bounded else self._get(line.name)
-            )
+            ask = asyncio.ensure_future(self._get(line.name, bounded))
             line.asks.add(ask)
             if bounded:
                 line.bounded.add(ask)
             ask.add_done_callback(functools.partial(self._answered, line))
 
-    async def _bounded(self, name: str) -> SlotPermit:
-        """A wait in Redis once fewer than ``bound`` are under way (none once the locks closed
-        meanwhile: cancelled)."""
-        assert self.bound is not None
-        async with self.bound:
-            if self.locks.closed:
-                raise asyncio.CancelledError
-            return await self._get(name)
+    async def _get(self, name: str, bounded: bool) -> SlotPermit:
+        """A slot of ``name`` for the line (``bounded``: once fewer than ``bound`` waits are under
+        way; none once the locks closed meanwhile: cancelled). A Retry-After's pause of the name
+        (a key's) is told to the owner (``on_pause``) and waited out here, outside the bound: other
+        names' waits go on meanwhile. AcquireTimeout after ``ask_timeout`` s, pauses included."""
+        clock = self.locks.clock
+        deadline = None if self.ask_timeout is None else clock() + self.ask_timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - clock())
+            try:
+                if self.bound is None or not bounded:
+                    return await self._look_then_wait(name, left)
+                async with self.bound:
+                    if self.locks.closed:
+                        raise asyncio.CancelledError
+                    return await self._look_then_wait(name, left)
+            except Paused as paused:
+                if deadline is not None and clock() + paused.wait > deadline:
+                    raise AcquireTimeout(
+                        f"{self.kind} {name!r}: paused beyond the wait's {self.ask_timeout} s"
+                    ) from paused
+                if self.on_pause is not None:
+                    self.on_pause(name, paused.wait)
+                await asyncio.sleep(paused.wait)
 
-    async def _get(self, name: str) -> SlotPermit:
-        """A slot of ``name`` for the line: taken at once while one may well be free
-        (:meth:`StageLocks.look <scrapy_redislock.crawl.stagelocks.StageLocks.look>`), else, or
-        when the look fails, by a wait in Redis's line (which retries Redis errors)."""
+    async def _look_then_wait(self, name: str, timeout: float | None) -> SlotPermit:
+        """Taken at once while one may well be free (:meth:`StageLocks.look
+        <scrapy_redislock.crawl.stagelocks.StageLocks.look>`), else, or when the look fails, by a
+        wait in Redis's line (which retries Redis errors)."""
         try:
             permit = await self.locks.look(name)
         except (*REDIS_ERRORS, Paused):
@@ -301,7 +319,7 @@ class SlotLines:
             return permit
         if self.locks.closed:  # closed during the look: no wait starts
             raise asyncio.CancelledError
-        return await self.locks.acquire(name, self.ask_timeout)
+        return await self.locks.acquire(name, timeout)
 
     def _answered(self, line: SlotLine, ask: asyncio.Future[SlotPermit]) -> None:
         """A wait in Redis ended: its slot goes to the oldest request waiting in ``line``, else to

@@ -584,3 +584,201 @@ def test_a_request_waiting_in_the_middleware_does_not_queue_behind_the_scheduler
                 f.active.discard(r)
 
     asyncio.run(scenario())
+
+
+def test_a_key_wait_with_its_stage_slot_that_runs_out_fails_its_request(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A request of a capped stage waits in the scheduler, with its stage's slot, for its key,
+    which another process holds; the wait runs out of REDISLOCK_WAIT_TIMEOUT: the request goes
+    with AcquireTimeout, which the middleware raises (as a wait there would have), and its stage's
+    slot goes back. (AcquireTimeout is an OSError, as every TimeoutError: it was once taken for a
+    Redis error, and the request went back to its queue to wait again, with no end.)"""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": 2},
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_KEY_LIMIT=1,
+            REDISLOCK_WAIT_TIMEOUT=0.5,
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.keyline is not None
+            line = scheduler.keyline
+            blocker = await line.locks.acquire("127.0.0.1", None)  # another process's, say
+            waiting = request("detail", 1)
+            scheduler.enqueue_request(waiting)
+
+            def waits_with_its_stage_slot() -> bool:
+                assert scheduler.next_request() is None
+                return waiting in line.waiting
+
+            await until(waits_with_its_stage_slot)
+            assert await f.next_request() is waiting
+            with pytest.raises(AcquireTimeout):
+                await f.send(waiting)
+            assert f.crawler.stats.get_value("redislock/keys/127.0.0.1/timeouts") == 1
+            assert held(redis_client, "detail") == []
+            await line.locks.release(blocker)
+
+    asyncio.run(scenario())
+
+
+def test_a_light_key_slot_passed_to_a_request_waiting_with_its_stage_slot_waits_out_a_pause(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A request of a capped stage waits in the scheduler, with its stage's slot, for its key (one
+    of its 2 slots held by another process, the other by a request here); a site's Retry-After
+    pauses the key; the request holding the key's light slot finishes and passes it on to the
+    waiting one. That slot's take checked a pause for the finished request only: the waiting
+    request does not start before the pause ends (it once started at once)."""
+
+    async def scenario() -> None:
+        async with one_key(
+            redis_url, {"detail": 2}, REDISLOCK_KEY_LIMIT=2, REDISLOCK_RETRY_AFTER=True
+        ) as (f, line):
+            scheduler = f.scheduler
+            assert scheduler is not None
+            adaptation = line.locks.adaptation
+            assert adaptation is not None
+            blocker = await line.locks.acquire("127.0.0.1", None)  # another process's, say
+            first, second = request("detail", 1), request("detail", 2)
+            scheduler.enqueue_request(first)
+            assert await f.next_request() is first
+            [permit] = line.throttle.held_scopes(first)
+            assert permit.light
+            await f.send(first)
+            scheduler.enqueue_request(second)
+
+            def waits_with_its_stage_slot() -> bool:
+                assert scheduler.next_request() is None
+                return second in line.waiting
+
+            await until(waits_with_its_stage_slot)
+            paused_at = time.monotonic()  # before: the pause ends 1 s after it at the soonest
+            adaptation.pause("key:127.0.0.1", 1.0)  # a site's Retry-After
+            await until(lambda: not adaptation.pausing)
+            f.middleware.process_response(first, None)  # type: ignore[arg-type]
+            f.active.discard(first)
+            assert await f.next_request() is second
+            assert line.throttle.held_scopes(second) == [permit]  # passed on to it
+            await f.send(second)  # through the middleware: the pause is checked there
+            assert time.monotonic() - paused_at >= 0.9
+            assert f.crawler.stats.get_value("redislock/retry_after/waits") == 1
+            f.middleware.process_response(second, None)  # type: ignore[arg-type]
+            await line.locks.release(blocker)
+
+    asyncio.run(scenario())
+
+
+def test_a_take_once_the_keys_registry_closed_makes_no_grant(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The middleware closes the keys' registry before the stages' one: a request that gets its
+    stage's slot in between then takes its key. That take answers None and makes no lock: it once
+    made a light grant on the still open client, which nothing renewed or freed (a slot lost to
+    every process for a TTL)."""
+
+    async def scenario() -> None:
+        async with one_key(redis_url, REDISLOCK_KEY_LIMIT=1) as (_, line):
+            await line.locks.close()
+            assert await line.locks.take("127.0.0.1") is None
+            assert "127.0.0.1" not in line.locks.locks
+            assert light_grants(redis_client) == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_request_waiting_with_its_stage_slot_goes_back_when_its_keys_line_meets_a_pause(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A request of a capped stage waits in the scheduler, with its stage's slot, for its key
+    (another process holds it); a site's Retry-After pauses the key, and a wait of the key's line
+    meets the pause (a light take at its start: the next test) and tells the key line: the request
+    goes back to its queue and its stage's slot back to Redis, rather than holding it through the
+    pause (up to 600 s). Once the pause is over and the key free, it goes."""
+
+    async def scenario() -> None:
+        async with one_key(
+            redis_url, {"detail": 2}, REDISLOCK_KEY_LIMIT=1, REDISLOCK_RETRY_AFTER=True
+        ) as (f, line):
+            scheduler = f.scheduler
+            assert scheduler is not None
+            adaptation = line.locks.adaptation
+            assert adaptation is not None
+            key = "127.0.0.1"
+            blocker = await line.locks.acquire(key, None)  # another process's, say
+            waiting = request("detail", 1)
+            scheduler.enqueue_request(waiting)
+
+            def waits_with_its_stage_slot() -> bool:
+                assert scheduler.next_request() is None
+                return waiting in line.waiting
+
+            await until(waits_with_its_stage_slot)
+            assert len(held(redis_client, "detail")) == 1
+            adaptation.pause(f"key:{key}", 1.5)  # a site's Retry-After
+            await until(lambda: not adaptation.pausing)
+            on_pause = line.throttle.lines.on_pause
+            assert on_pause is not None
+            on_pause(key, 1.5)  # what a wait of the line that meets it says
+
+            def back_with_no_stage_slot() -> bool:
+                assert scheduler.next_request() is None
+                return not line.waiting and not line.looking and not held(redis_client, "detail")
+
+            await until(back_with_no_stage_slot)
+            assert key in line.paused
+            await line.locks.release(blocker)
+            assert await f.next_request() is waiting
+            await f.send(waiting)
+            f.middleware.process_response(waiting, None)  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+
+
+def test_a_wait_that_meets_a_pause_tells_the_owner_and_sleeps_it_out_outside_the_bound(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A wait of the keys' line under the bound (one wait at once here) meets a Retry-After's
+    pause of its key: the owner is told (the key line, which keeps the key's queued requests
+    queued), and the wait sleeps the pause out without its place in the bound, so that other keys'
+    waits go on meanwhile (it once slept holding it). After the pause it gets its slot."""
+
+    async def scenario() -> None:
+        async with one_key(redis_url, REDISLOCK_KEY_LIMIT=1, REDISLOCK_RETRY_AFTER=True) as (
+            _,
+            line,
+        ):
+            lines = line.throttle.lines
+            lines.bound = asyncio.Semaphore(1)
+            adaptation = line.locks.adaptation
+            assert adaptation is not None
+            adaptation.pause("key:127.0.0.1", 1.0)  # a site's Retry-After
+            await until(lambda: not adaptation.pausing)
+            paused_at = time.monotonic()
+            wait = asyncio.ensure_future(lines._get("127.0.0.1", True))
+            await until(lambda: "127.0.0.1" in line.paused)  # told
+            assert not wait.done() and not lines.bound.locked()
+            permit = await wait
+            assert time.monotonic() - paused_at >= 0.9
+            await line.locks.release(permit)
+
+    asyncio.run(scenario())
+
+
+def test_with_no_key_lock_yet_the_renewal_rounds_are_still_a_third_of_the_ttl(
+    redis_url: str,
+) -> None:
+    """With REDISLOCK_TTL under 3 s and no key's lock made yet, the keys' registry still asks for
+    rounds a third of the TTL apart: a key's slot taken just after a round is renewed within its
+    lease (the rounds were 1 s apart until a first key's lock existed)."""
+
+    async def scenario() -> None:
+        async with one_key(redis_url, REDISLOCK_KEY_LIMIT=1, REDISLOCK_TTL=1.5) as (f, line):
+            assert not line.locks.locks
+            assert line.locks.renew_interval == pytest.approx(0.5)
+            assert f.slots.renew_interval == pytest.approx(0.5)
+
+    asyncio.run(scenario())
