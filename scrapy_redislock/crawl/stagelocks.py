@@ -152,8 +152,10 @@ LATE_GRANT_PAUSE = 0.02
 # a forced shutdown waits at most this long for Redis to take the slots back
 UNCLEAN_CLOSE_TIMEOUT = 3.0
 
-# the meta key that keeps a request's own download timeout while a slot's lease bounds it
+# the meta keys that keep a request's own download timeout while a slot's lease bounds it, and the
+# bound written (a copy of meta whose download_timeout is another was given one of its own)
 OWN_TIMEOUT = "redislock_download_timeout"
+BOUND_TIMEOUT = "redislock_bounded_timeout"
 
 
 def within_lease(request: Request, left: float, default: float) -> bool:
@@ -161,12 +163,29 @@ def within_lease(request: Request, left: float, default: float) -> bool:
     confirmed, less a margin): Scrapy aborts it then (``download_timeout``: TimeoutError, retried
     like any). The request's own timeout (``download_timeout`` in meta, else ``default``, Scrapy's
     DOWNLOAD_TIMEOUT) is kept in ``meta["redislock_download_timeout"]``, so that a retry, which
-    copies meta, starts from it again. True when the lease is the shorter."""
+    copies meta, starts from it again; a ``download_timeout`` other than the bound written (a copy
+    of a response's meta given a timeout of its own) is the request's own. True when the lease is
+    the shorter."""
     meta = request.meta
-    own = float(meta.setdefault(OWN_TIMEOUT, meta.get("download_timeout", default)))
+    timeout = meta.get("download_timeout", default)
+    own = meta.get(OWN_TIMEOUT)
+    if own is None or timeout != meta.get(BOUND_TIMEOUT):
+        own = timeout
+    own = meta[OWN_TIMEOUT] = float(own)
     # never 0: Scrapy reads a 0 timeout as none
-    meta["download_timeout"] = max(0.001, min(own, left))
+    meta["download_timeout"] = meta[BOUND_TIMEOUT] = max(0.001, min(own, left))
     return left < own
+
+
+def out_of_lease(request: Request) -> None:
+    """``request`` holds no slot: a bound written for another request whose meta it copied
+    (``response.follow(url, meta=response.meta)``) gives way to that request's own timeout."""
+    meta = request.meta
+    if OWN_TIMEOUT not in meta:
+        return
+    own = meta.pop(OWN_TIMEOUT)
+    if meta.get("download_timeout") == meta.pop(BOUND_TIMEOUT, None):
+        meta["download_timeout"] = own
 
 
 class LeaseRanOut(DownloadTimeoutError, LockError):
@@ -931,12 +950,14 @@ class StageLocks:
 
 
 __all__ = [
+    "BOUND_TIMEOUT",
     "OWN_TIMEOUT",
     "LeaseRanOut",
     "SlotPermit",
     "StageLock",
     "StageLocks",
     "SystemEvents",
+    "out_of_lease",
     "slot_id",
     "within_lease",
     "within_lease_at_start",

@@ -15,6 +15,7 @@ site's Retry-After asks for.
   until then; a 429 without it, for
   REDISLOCK_RETRY_AFTER_DEFAULT seconds; a 503 without it pauses nothing (it is overload: the
   adaptive limit backs off). Counted as ``redislock/retry_after/pauses``.
+- An answer HttpCacheMiddleware replayed (flag ``cached``) is neither: the site never saw it.
 
 Reads, through the checked settings, REDISLOCK_ADAPTIVE, REDISLOCK_RETRY_AFTER,
 REDISLOCK_RETRY_AFTER_DEFAULT.
@@ -154,6 +155,8 @@ class Outcomes:
         return found
 
     def response(self, request: Request, response: Response) -> None:
+        if "cached" in getattr(response, "flags", ()):
+            return  # HttpCacheMiddleware's: the site never saw it (a cached 429 pauses nothing)
         overload = getattr(response, "status", None) in OVERLOAD
         if self.settings.adaptive.watched:
             latency = request.meta.get("download_latency")

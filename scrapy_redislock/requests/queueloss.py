@@ -20,6 +20,8 @@ A request scrapy-redis fails to queue otherwise than by an outage (its serialize
 callback that is not a spider method, or meta it cannot write; Redis refuses the user or its
 command) is lost too: ERROR naming it,
 stat ``redislock/queue_unqueueable``, and the same finish reason (:meth:`QueueWatch.unqueueable`).
+So is a popped request scrapy-redis cannot read back (another version's callback, another
+serializer): stat ``redislock/queue_unreadable`` (:meth:`QueueWatch.unreadable`).
 Scrapy's own scheduler keeps such a request in memory; a shared queue cannot.
 
 What this process still holds goes on: requests in flight finish and queue what their callbacks
@@ -59,7 +61,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from scrapy_redislock.lock.core import Clock
-    from scrapy_redislock.requests.stagequeue import SharedStageQueues
+    from scrapy_redislock.requests.stagequeue import SharedStageQueues, Unreadable
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +185,19 @@ class QueueWatch:
                 exc,
                 exc_info=exc,
             )
+        finish_uncleanly(self.crawler, LOST_REASON, lambda: None)
+
+    def unreadable(self, exc: Unreadable) -> None:
+        """A request popped from the shared queue that scrapy-redis could not read back: out of
+        Redis, it is lost. ERROR with why and its first bytes, stat ``redislock/queue_unreadable``,
+        and no clean finish."""
+        self.crawler.stats.inc_value("redislock/queue_unreadable")
+        logger.error(
+            "A request popped from %s could not be read back (%r), and is lost (redislock/queue_unreadable); the crawl will finish as redislock_queue_lost (exit status 1). A request queued by another version of the spider (a callback it no longer has) or by another SCHEDULER_SERIALIZER; its data began %r",  # noqa: E501
+            exc.key,
+            exc.__cause__,
+            exc.data[:200],
+        )
         finish_uncleanly(self.crawler, LOST_REASON, lambda: None)
 
     def _last_word(self) -> None:

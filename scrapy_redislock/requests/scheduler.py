@@ -336,6 +336,7 @@ class StageScheduler:
         )
         self.shared.check = self.watch.look_now
         self.shared.lost = self.watch.unqueueable
+        self.shared.unreadable = self.watch.unreadable
         self.shared.look = self.watch.look
 
     def _resume(self) -> None:
@@ -554,14 +555,20 @@ class StageScheduler:
         """How many slots in hand the queued requests of ``stage`` could use now (over scrapy-redis:
         1 while its queue was not found empty lately)."""
         if self.shared is not None:
-            return int(self.shared.may_have(stage))
+            ahead = self.shared.ahead
+            # the request fetched ahead waits for its stage's slot: a wait must be open for it
+            return int(self.shared.may_have(stage) or (ahead is not None and ahead[0] == stage))
         return self._queued(stage)
 
     def _wake_later(self, delay: float) -> None:
         """The engine asked while every sub-queue worth asking was in its pause (an outage's
         back-off; without an engine, a sub-queue found empty): ask again when the first ends."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # driven without an event loop (scrapy-redis's own tests): it asks
+            return
         if self._wake_handle is None and not self.closing:
-            self._wake_handle = asyncio.get_running_loop().call_later(max(delay, 0.0), self._woken)
+            self._wake_handle = loop.call_later(max(delay, 0.0), self._woken)
 
     def _woken(self) -> None:
         self._wake_handle = None

@@ -444,6 +444,16 @@ def _return_to(queue: Any, request: Request) -> None:
         queue.push(request)
 
 
+class Unreadable(Exception):
+    """A request popped from the shared queue that scrapy-redis could not read back (a callback the
+    spider no longer has, another serializer's payload): out of Redis, and lost. Never raised out
+    of :class:`SharedStageQueues`: it says so (``unreadable``)."""
+
+    def __init__(self, key: str, data: bytes) -> None:
+        super().__init__(key, data)
+        self.key, self.data = key, data
+
+
 class SharedStageQueues:
     """scrapy-redis's queue, split by capped stage in Redis; takes the place of its scheduler's
     ``queue``.
@@ -548,6 +558,10 @@ class SharedStageQueues:
         # QueueWatch.unqueueable: a request scrapy-redis failed to queue otherwise than by an
         # outage (its serializer, or Redis, refused it): lost, so the crawl must not finish cleanly
         self.lost: Callable[[Request, BaseException], None] = self._log_failure
+        # QueueWatch.unreadable: a popped request scrapy-redis could not read back (lost); those
+        # found in the queue thread at close wait here to be said on the reactor thread
+        self.unreadable: Callable[[Unreadable], None] = self._log_unreadable
+        self._unreadable: deque[Unreadable] = deque()
         # with a QueueThread:
         # (its stage, the request, whether it was popped from its stage's own key) from Redis
         self.ahead: tuple[str | None, Request, bool] | None = None
@@ -629,6 +643,13 @@ class SharedStageQueues:
             self.lost(request, exc)
             return
         self._log_failure(request, exc)
+
+    def _log_unreadable(self, exc: Unreadable) -> None:
+        logger.error("A request popped from %s could not be read: %r", exc.key, exc.__cause__)
+
+    def _say_unreadable(self) -> None:
+        while self._unreadable:
+            self.unreadable(self._unreadable.popleft())
 
     def _log_failure(self, request: Request | None, exc: BaseException) -> None:
         logger.error(
@@ -755,6 +776,10 @@ class SharedStageQueues:
         try:
             self._requeue()
             request = self._pop()
+        except Unreadable as exc:
+            self._answers()
+            self.unreadable(exc)
+            return None
         except OUTAGE_ERRORS as exc:
             if isinstance(exc, REFUSED):
                 raise
@@ -844,8 +869,9 @@ class SharedStageQueues:
             if stage is None:
                 real = self._stage_of(request)
                 if real is not None and not self.admission.may_go((real, None)):
-                    # pushed by another producer: it waits in its stage's queue
-                    self.queues[real].push(request)
+                    # pushed by another producer: it waits in its stage's queue (kept in memory
+                    # if Redis went out meanwhile)
+                    self._push_now(real, request)
                     continue
             return request
         if paused_until is not None:
@@ -867,14 +893,21 @@ class SharedStageQueues:
         if data is None:
             return None
         self._pops[stage] = number  # out of Redis: the next pop is another, read or not
-        return cast("Request", queue._decode_request(data))
+        try:
+            return cast("Request", queue._decode_request(data))
+        except Exception as exc:  # whatever scrapy-redis's serializer or request_from_dict raised
+            raise Unreadable(queue.key, data) from exc
 
     def _forget_pops(self) -> None:
         """At close: a request whose pop got no reply, its sub-queue not asked since, is taken
         from the record by the same pop and goes back to its place; then this process's records
         of its last pops go."""
         for stage in list(self._unanswered):
-            request = self._take(stage)
+            try:
+                request = self._take(stage)
+            except Unreadable as exc:
+                self._unreadable.append(exc)
+                continue
             if request is not None:
                 # kept in memory if Redis is out again; a leftover stage's to the spider's own key,
                 # which every process reads
@@ -965,6 +998,11 @@ class SharedStageQueues:
             delay = self._went_out(exc)
             self._ask_at = dict.fromkeys(self.queues, now + delay)
             self.asked_while_paused(delay)
+            return
+        except Unreadable as exc:  # said, and the engine asks again: the next fetch
+            self._answers()
+            self.unreadable(exc)
+            self.wake()
             return
         except Exception as exc:  # raised from the engine's next ask
             self._error = exc
@@ -1181,6 +1219,7 @@ class SharedStageQueues:
             await self.thread.drain()
             with suppress(*REDIS_ERRORS):  # the records expire
                 await self.thread.run(self._forget_pops)
+            self._say_unreadable()
 
     def close(self) -> int:
         """The queues live in Redis: only requests scheduled while it did not answer, and never
@@ -1189,6 +1228,7 @@ class SharedStageQueues:
         if not self._threaded():
             with suppress(*REDIS_ERRORS):  # the records expire
                 self._forget_pops()
+            self._say_unreadable()
         # a pop whose reply was lost and that could not be asked again: its request stays in the
         # record, which nobody reads (it expires)
         lost = self.in_memory + (self.ahead is not None) + len(self._unanswered)

@@ -112,7 +112,12 @@ from scrapy_redislock._redis import Backoff
 from scrapy_redislock.crawl.engine import at_download_start, check_reactor, finish_uncleanly
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.settings import read_settings, read_worker_settings
-from scrapy_redislock.crawl.stagelocks import StageLocks, within_lease, within_lease_at_start
+from scrapy_redislock.crawl.stagelocks import (
+    StageLocks,
+    out_of_lease,
+    within_lease,
+    within_lease_at_start,
+)
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import ConfigError
 from scrapy_redislock.workers.feed import StartUrlFeed
@@ -544,6 +549,8 @@ class StageWorkerScheduler(BaseScheduler):
             # its download ends before the slot's lease, as last confirmed, can run out
             within_lease(request, self._lease_left(permit, now), self.download_timeout)
             self._leases[request] = permit
+        elif request is not None:
+            out_of_lease(request)  # a bound copied with another request's meta goes
         if self.state.current is not None and len(inflight.buffer) < inflight.concurrency:
             # Top up before the buffer runs dry, or leave a drained stage. Without a stage the
             # engine's polls cost Redis nothing: the worker waits in Redis for a signal.

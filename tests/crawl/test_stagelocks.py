@@ -12,9 +12,11 @@ from collections.abc import Callable
 
 import pytest
 import redis
+from scrapy import Request
 
 from scrapy_redislock import CountingLock
 from scrapy_redislock._redis import without_flags
+from scrapy_redislock.crawl.stagelocks import out_of_lease, within_lease
 from scrapy_redislock.errors import AcquireTimeout
 from scrapy_redislock.lock.core import lock_scripts
 from testing.crawlproc import leftover
@@ -377,3 +379,28 @@ def test_the_keys_registry_uses_the_stages_clients_and_the_last_to_close_closes_
 def connections_received(client: redis.Redis) -> int:
     """Connections Redis accepted so far (this one's INFO is on a connection made already)."""
     return int(client.info("stats")["total_connections_received"])
+
+
+def test_a_lease_bound_copied_with_another_requests_meta_gives_way() -> None:
+    """A capped request's download_timeout is bounded by its slot's lease, its own kept in meta. A
+    request that copies its meta (``response.follow(url, meta=response.meta)``) is not bound by
+    it: holding no slot, it gets the timeout the first request had of its own; given a timeout of
+    its own, that is its own (the first's own once won); a retry, which copies meta, starts from
+    the first's own again."""
+    first = Request("http://shop.test/list/1")
+    assert within_lease(first, 29.5, 180.0)
+    assert first.meta["download_timeout"] == 29.5
+    uncapped = Request("http://shop.test/other", meta=dict(first.meta))
+    out_of_lease(uncapped)
+    assert uncapped.meta == {"download_timeout": 180.0}
+    given = Request("http://shop.test/big", meta={**first.meta, "download_timeout": 600})
+    within_lease(given, 1000.0, 180.0)
+    assert given.meta["download_timeout"] == 600.0
+    retry = first.replace()  # RetryMiddleware's copy
+    within_lease(retry, 100.0, 180.0)
+    assert retry.meta["download_timeout"] == 100.0
+    assert not within_lease(retry, 1000.0, 180.0)
+    assert retry.meta["download_timeout"] == 180.0
+    plain = Request("http://shop.test/plain", meta={"download_timeout": 5})
+    out_of_lease(plain)  # nothing of ours: left as it is
+    assert plain.meta == {"download_timeout": 5}

@@ -5,6 +5,7 @@ are in test_middleware.py."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import redis
@@ -14,6 +15,7 @@ from scrapy.http import Response
 from scrapy.utils.test import get_crawler
 
 from scrapy_redislock import StageLockMiddleware
+from scrapy_redislock.crawl.stagelocks import LeaseRanOut
 from scrapy_redislock.errors import AcquireTimeout, ThrottlingDisabled
 from scrapy_redislock.lock.status import stage_status
 from testing.crawlproc import leftover
@@ -240,5 +242,58 @@ def test_a_request_of_a_capped_stage_with_only_its_key_slot_gives_it_back_while_
             f.middleware.request_left(late, f.crawler.spider)
             f.active.discard(late)
             await until(lambda: leftover(redis_client) == 0)
+
+    asyncio.run(scenario())
+
+
+def test_a_cached_429_pauses_nothing(redis_url: str, redis_client: redis.Redis) -> None:
+    """HttpCacheMiddleware answers a request from its cache before ours sees it, but every
+    process_response runs: a cached 429 with Retry-After never reached the site, so it pauses no
+    process (it paused the whole cluster at each replay). A 429 from the site does."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": 2},
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_KEY_LIMIT=2,
+            REDISLOCK_RETRY_AFTER=True,
+        ) as f:
+            stats = f.crawler.stats
+            cached = request("detail", 1)
+            answer = Response(
+                cached.url, status=429, headers={"Retry-After": "30"}, flags=["cached"]
+            )
+            f.middleware.process_response(cached, answer)
+            assert stats.get_value("redislock/retry_after/pauses") is None
+            sent = request("detail", 2)
+            await f.send(sent)
+            f.middleware.process_response(
+                sent, Response(sent.url, status=429, headers={"Retry-After": "30"}, request=sent)
+            )
+            assert stats.get_value("redislock/retry_after/pauses") == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_request_whose_slot_a_renewal_found_lost_does_not_start(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A request went through the middleware with its stage's slot and waits in Scrapy's downloader
+    (its slot's queue, DOWNLOAD_DELAY); meanwhile a renewal finds the slot lost (reaped: another
+    process may hold it now). As its download starts it is not sent: LeaseRanOut, retried as a
+    download timeout. Its lease alone was read, which may not have run out yet."""
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}) as f:
+            waiting = request("detail", 1)
+            f.crawler.engine.downloader.active.add(waiting)  # type: ignore[union-attr]
+            await f.send(waiting)
+            [(_, permit)] = f.slots.held(waiting)
+            assert permit.usable(time.monotonic())
+            permit.lost = True  # what a renewal that finds it reaped says
+            with pytest.raises(LeaseRanOut):
+                f.middleware._at_download_start(waiting)
+            f.middleware.process_exception(waiting, LeaseRanOut("lost"), Spider("unit"))
 
     asyncio.run(scenario())

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 import redis
+from scrapy import Request
+from scrapy_redis import picklecompat
 
 from scrapy_redislock.crawl.epoch import SharedQueueKeys
 from testing.crawlproc import Crawl
@@ -113,3 +115,24 @@ def test_a_request_scrapy_redis_cannot_queue_is_lost_loudly(
     ], crawl.tail()
     assert "redislock/queue_lost" not in stats
     assert site.count("detail") == 10 and site.count("comments") == 8
+
+
+def test_a_queued_request_that_cannot_be_read_back_is_lost_loudly(
+    site: CrawlSite, tmp_path: Path
+) -> None:
+    """A request in the shared queue that scrapy-redis cannot read back (queued by another version
+    of the spider, whose callback this one no longer has): popped, it is out of Redis and lost. The
+    crawl says so at ERROR with its first bytes, counts it, goes on with the others and finishes as
+    redislock_queue_lost with exit status 1 (it was a traceback and a clean finish)."""
+    with RedisServer() as server:
+        old = Request(f"{site.url}/detail/old").to_dict()
+        old["callback"] = "parse_gone"
+        redis.Redis.from_url(server.url).zadd("plan:requests", {picklecompat.dumps(old): 0})
+        crawl = Crawl(site.url, "detail:10", shared(server.url), tmp_path).run()
+    stats = crawl.stats
+    assert stats["finish_reason"] == "redislock_queue_lost", crawl.tail()
+    assert crawl.code == 1, crawl.tail()
+    assert stats["redislock/queue_unreadable"] == 1, crawl.tail()
+    (line,) = errors(crawl, "A request popped from plan:requests could not be read back")
+    assert "parse_gone" in line
+    assert site.count("detail") == 10

@@ -600,3 +600,50 @@ def test_a_jobdir_sub_queue_of_a_stage_no_longer_capped_lets_its_requests_go(
 
     asyncio.run(paused())
     asyncio.run(resumed())
+
+
+def test_over_scrapy_redis_a_request_fetched_ahead_keeps_a_wait_open_for_its_stage(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Over scrapy-redis, a request fetched ahead whose stage has no slot in hand waits for one
+    here, and no other request is fetched meanwhile. Its stage's queue in Redis may have been found
+    empty on the way (the request came from the spider's own key, pushed there by a process where
+    the stage is not capped): the stage's line still keeps a wait in Redis open for it. It once
+    counted only the stage's queue, opened none, and the process fetched nothing until the next
+    renewal round gave the request back."""
+    settings = {
+        "REDISLOCK_SCHEDULER_INNER": "scrapy_redis.scheduler.Scheduler",
+        "REDIS_URL": redis_url,
+        "SCHEDULER_PERSIST": False,
+    }
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": 1}, **settings) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None and scheduler.shared is not None
+            shared = scheduler.shared
+
+            def found_empty() -> bool:
+                assert scheduler.next_request() is None  # its slot comes, a fetch finds it empty
+                return shared._fetch is None and shared._known_empty("detail")
+
+            await until(found_empty)
+            # the slot kept for it goes back: the stage's queue is empty
+            await until(
+                lambda: not f.slots.kept.count("detail") and not held(redis_client, "detail")
+            )
+            blocker = await f.locks.acquire("detail", None)  # another process's, say
+            shared.ahead = (
+                "detail",
+                Request("http://127.0.0.1:9/detail/ahead", meta={"redislock_stage": "detail"}),
+                False,
+            )
+            assert scheduler.next_request() is None  # its stage has no slot: it waits
+            assert f.slots.lines.asking("detail") == 1
+            await f.locks.release(blocker)
+            taken = await f.next_request()
+            assert taken.url.endswith("/detail/ahead")
+            await f.send(taken)
+            f.middleware.process_response(taken, None)  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
