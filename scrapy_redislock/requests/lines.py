@@ -299,12 +299,13 @@ class SlotLines:
                         raise asyncio.CancelledError
                     return await self._look_then_wait(name, left)
             except Paused as paused:
+                if self.on_pause is not None:
+                    self.on_pause(name, paused.wait)
                 if deadline is not None and clock() + paused.wait > deadline:
+                    await asyncio.sleep(max(0.0, deadline - clock()))  # not at once, not again
                     raise AcquireTimeout(
                         f"{self.kind} {name!r}: paused beyond the wait's {self.ask_timeout} s"
                     ) from paused
-                if self.on_pause is not None:
-                    self.on_pause(name, paused.wait)
                 await asyncio.sleep(paused.wait)
 
     async def _look_then_wait(self, name: str, timeout: float | None) -> SlotPermit:

@@ -972,14 +972,18 @@ class SharedStageQueues:
 
     def _fetch_now(
         self, asked: list[str | None]
-    ) -> tuple[str | None, Request | None, list[tuple[str | None, int]], bool]:
+    ) -> tuple[str | None, Request | Unreadable | None, list[tuple[str | None, int]], bool]:
         """In the queue thread: what was kept in memory goes to Redis first, then one pop per
-        sub-queue in turn until one gives a request: (its sub-queue, it, the sub-queues found
-        empty with their push counts then, whether requests kept in memory went to Redis)."""
+        sub-queue in turn until one gives a request (or one it cannot read): (its sub-queue, it,
+        the sub-queues found empty with their push counts then, whether requests kept in memory
+        went to Redis)."""
         requeued = self._requeue()
         empty: list[tuple[str | None, int]] = []
         for stage in asked:
-            request = self._take(stage)
+            try:
+                request = self._take(stage)
+            except Unreadable as exc:
+                return stage, exc, empty, requeued
             if request is not None:
                 return stage, request, empty, requeued
             empty.append((stage, self._pushes[stage]))
@@ -999,11 +1003,6 @@ class SharedStageQueues:
             self._ask_at = dict.fromkeys(self.queues, now + delay)
             self.asked_while_paused(delay)
             return
-        except Unreadable as exc:  # said, and the engine asks again: the next fetch
-            self._answers()
-            self.unreadable(exc)
-            self.wake()
-            return
         except Exception as exc:  # raised from the engine's next ask
             self._error = exc
             self.wake()
@@ -1020,6 +1019,10 @@ class SharedStageQueues:
                 emptied = emptied or name is not None
             self._empty[name] = pushes
         self._plan_probe()
+        if isinstance(request, Unreadable):  # said, and the engine asks again: the next fetch
+            self.unreadable(request)
+            self.wake()
+            return
         if request is None:
             # the engine may tell the spider idle now; or pop what went to Redis from memory
             self._owed = self._owed or emptied or requeued

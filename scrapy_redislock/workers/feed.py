@@ -47,8 +47,10 @@ class StartUrlFeed:
         self.record = queues.keys.feed_taken(self.key, queues.worker) if self.key else ""
         self.number = 1  # of the next take; the next once a reply brought entries
         self.unanswered = False  # a take was sent and its reply never came
-        # the number of the last take whose requests may not all be in their queues yet
+        # the number of the last take whose requests may not all be in their queues yet, and the
+        # outbox's losses before it (the worker loop's: a loss since, and the take goes back)
         self.pending: int | None = None
+        self.losses_before = 0
 
     @property
     def blocking_key(self) -> str | None:

@@ -9,7 +9,10 @@ is handled (:attr:`InFlight.unstaged` once handed to the engine); it does not ho
 its stage. A request is finished when it has left the engine's in-progress set
 (download, redirects, callback or errback, and every request the callback yielded queued in Redis);
 the finished ones are acknowledged together, in one script call, as soon as the loop iteration that
-finished them is over. An entry that cannot be loaded is moved to the spider's dead-letter list.
+finished them is over; but not one handed out before a send of the outbox lost requests (Redis
+refused them, or close cut them off): what it yielded may be among them, so it stays in the record
+and goes back to its queue at close. An entry that cannot be loaded is moved to the spider's
+dead-letter list.
 
 Reads no settings (the scheduler passes CONCURRENT_REQUESTS, SCHEDULER_SERIALIZER,
 REDISLOCK_ALLOWED_SCHEMES and the queue order). Stats: ``redislock/workers/dead_letters``.
@@ -80,6 +83,9 @@ class InFlight:
         self.acks: list[str] = []  # in-flight ids of finished requests, acknowledged together
         # in-flight ids in an ack call (or whose ack Redis refused: kept till close)
         self.acking: set[str] = set()
+        # in-flight id of a handed request -> the outbox's losses then: one that saw a loss since
+        # may have yielded what was lost, so it is not acknowledged (it goes back at close)
+        self.losses_at: dict[str, int] = {}
         self.generation = 0  # the in-flight record's: one more each time Redis lost it (detach)
         self.acker: asyncio.Task[None] | None = None
         self.tasks: set[asyncio.Task[Any]] = set()  # the ack calls running
@@ -104,6 +110,7 @@ class InFlight:
             return None
         request, inflight_id = self.buffer.popleft()
         self.handed[request] = inflight_id
+        self.losses_at[inflight_id] = self.outbox.losses
         return request
 
     def hand_unstaged(self) -> Request | None:
@@ -114,6 +121,7 @@ class InFlight:
         request, inflight_id = self.outbox.local.popleft()
         if inflight_id is not None:
             self.unstaged[request] = str(inflight_id)
+            self.losses_at[str(inflight_id)] = self.outbox.losses
         return request
 
     def wanted(self) -> int:
@@ -155,6 +163,7 @@ class InFlight:
         self.unstaged = dict.fromkeys(self.unstaged, DETACHED)
         self.acks.clear()
         self.acking.clear()
+        self.losses_at.clear()
         self.generation += 1  # an ack call under way sends nothing more
 
     def known_ids(self) -> list[str]:
@@ -265,8 +274,12 @@ class InFlight:
         # what the callbacks yielded is in Redis before their parents leave the in-flight record
         if pushes:
             await asyncio.wait(pushes)
-            if any(self.outbox.lost(task) for task in pushes):
-                return  # some never went: the parents stay in the record (requeued at close)
+        # a request handed out before a send lost requests may have yielded them: it stays in the
+        # record (in acking), and goes back to its queue at close
+        losses = self.outbox.losses
+        ids = [i for i in ids if self.losses_at.pop(i, losses) == losses]
+        if not ids:
+            return
         generation = self.generation
 
         async def ack() -> int:

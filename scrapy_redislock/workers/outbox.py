@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -81,8 +80,9 @@ class Outbox:
         self.flusher: asyncio.Task[Any] | None = None
         self.pushes: set[asyncio.Task[Any]] = set()  # the tasks sending requests to Redis
         self.sending = 0  # requests in push and keep calls awaiting their reply
-        # tasks that dropped requests Redis refused: what their callbacks' parents yielded is lost
-        self.refused: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+        # sends that lost requests (refused by Redis, cut off at close, failed): a request handed
+        # out before one of them may have yielded what was lost (InFlight keeps it unacknowledged)
+        self.losses = 0
         self.dupefilter_debug = crawler.settings.getbool("DUPEFILTER_DEBUG")
         # the first duplicate is logged (DEBUG), the others only with DUPEFILTER_DEBUG
         self.log_dupes = True
@@ -121,8 +121,14 @@ class Outbox:
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self.pushes.add(task)
-        task.add_done_callback(self.pushes.discard)
+        task.add_done_callback(self._sent)
         return task
+
+    def _sent(self, task: asyncio.Task[Any]) -> None:
+        self.pushes.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            self.losses += 1  # what it had taken is not in Redis
+            logger.error("Sending requests to Redis failed: %r", error, exc_info=error)
 
     async def sent(self) -> None:
         """Wait until what was put so far is in Redis (or refused)."""
@@ -133,20 +139,13 @@ class Outbox:
         """Requests put here that are not in Redis yet: waiting, or in a call not answered yet."""
         return len(self.entries) + len(self.keeps) + self.sending
 
-    def lost(self, task: asyncio.Task[Any]) -> bool:
-        """Whether ``task`` (one of :attr:`pushes`) ended without sending all it took: cancelled,
-        or Redis refused some."""
-        return task.cancelled() or task in self.refused
-
     def _refused(self, count: int, message: str, exc: BaseException) -> None:
         """Redis refused ``count`` requests (out of memory, a role without the command): lost. ERROR,
-        counted, and the crawl does not finish cleanly; the parents whose acknowledgement waits for
-        this task stay in the in-flight record (fetched again)."""
+        counted, and the crawl does not finish cleanly; the requests handed out before it stay in
+        the in-flight record (fetched again: InFlight)."""
         self.stats.inc_value("redislock/workers/unqueueable", count)
+        self.losses += 1
         logger.error(message, count, exc)
-        task = asyncio.current_task()
-        if task is not None:
-            self.refused.add(task)
         finish_uncleanly(self.crawler, "redislock_queue_lost", lambda: None)
 
     def filtered(self, request: Request, stage: str | None) -> None:
@@ -203,7 +202,7 @@ class Outbox:
         except redis.exceptions.RedisError as exc:
             self._refused(
                 len(batch),
-                "Dropped %d requests: Redis refused to queue them (%s). The crawl will finish as redislock_queue_lost (exit status 1); the requests that yielded them stay in this worker's in-flight record and go back to their queue when it closes",  # noqa: E501
+                "Dropped %d requests: Redis refused to queue them (%s). The crawl will finish as redislock_queue_lost (exit status 1); any request of this worker that may have yielded them stays in its in-flight record and goes back to its queue when it closes",  # noqa: E501
                 exc,
             )
             # Redis may not have them: not known duplicates here
@@ -245,7 +244,7 @@ class Outbox:
         except redis.exceptions.RedisError as exc:
             self._refused(
                 len(batch),
-                "Dropped %d requests with no stage: Redis refused to keep them (%s). The crawl will finish as redislock_queue_lost (exit status 1); the requests that yielded them stay in this worker's in-flight record and go back to their queue when it closes",  # noqa: E501
+                "Dropped %d requests with no stage: Redis refused to keep them (%s). The crawl will finish as redislock_queue_lost (exit status 1); any request of this worker that may have yielded them stays in its in-flight record and goes back to its queue when it closes",  # noqa: E501
                 exc,
             )
             for _, fingerprint, *_ in batch:

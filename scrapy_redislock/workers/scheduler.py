@@ -98,6 +98,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import weakref
 from collections.abc import Coroutine
@@ -387,24 +388,26 @@ class StageWorkerScheduler(BaseScheduler):
         unsent = outbox.unsent()
         await _cancelled(outbox.pushes)
         if not unsent:
-            if self.listener.feed is not None:
-                self.listener.feed.landed()
             return
+        outbox.losses += 1  # the requests handed out before stay in the record
         self.stats.inc_value("redislock/workers/unqueued", unsent)
         logger.error(
-            "Closing: %d request(s) yielded by callbacks or start requests never reached Redis, which did not answer within %g s: they are lost (redislock/workers/unqueued), and the crawl will finish as redislock_queue_lost (exit status 1). The start URLs of the last take go back to the feed if Redis answers",  # noqa: E501
+            "Closing: %d request(s) yielded by callbacks or start requests may not have reached Redis, which did not answer within %g s: they are lost (redislock/workers/unqueued), and the crawl will finish as redislock_queue_lost (exit status 1). The requests of this worker that may have yielded them go back to their queue, and the start URLs of the last take to the feed, if Redis answers",  # noqa: E501
             unsent,
             CLOSE_STEP_TIMEOUT,
         )
         finish_uncleanly(self.crawler, "redislock_queue_lost", lambda: None)
 
     async def _give_back_start_urls(self) -> None:
-        """The start URLs of a take whose reply never came go back to the feed (and this worker's
-        record of its last take goes). If Redis does not answer, they are lost to this crawl: said
-        at ERROR, counted, and the crawl does not finish cleanly."""
+        """The start URLs of a take whose reply never came, or whose requests may not all have
+        reached their queues (a send lost requests since the take), go back to the feed (and this
+        worker's record of its last take goes). If Redis does not answer, they are lost to this
+        crawl: said at ERROR, counted, and the crawl does not finish cleanly."""
         feed = self.listener.feed
         if feed is None or not feed.enabled:
             return
+        if feed.pending is not None and self.outbox.losses == feed.losses_before:
+            feed.landed()  # its requests all went (the loop's step was cut off after)
         unanswered = feed.unanswered or feed.pending is not None
         try:
             moved = await asyncio.wait_for(feed.give_back(), CLOSE_STEP_TIMEOUT)
@@ -415,7 +418,7 @@ class StageWorkerScheduler(BaseScheduler):
                 )
                 return
             logger.error(
-                "Closing: a take of up to %d start URLs from %s got no reply, and Redis did not answer to give them back (%s); they may be lost to this run: whatever the take kept is in %s for a day, push it to %s again",  # noqa: E501
+                "Closing: a take of up to %d start URLs from %s that got no reply, or whose requests may not have reached Redis, could not be given back: Redis did not answer (%s); they may be lost to this run: whatever the take kept is in %s for a day, push it to %s again",  # noqa: E501
                 feed.batch,
                 feed.key,
                 str(exc) or "timeout",
@@ -427,7 +430,7 @@ class StageWorkerScheduler(BaseScheduler):
             return
         if moved:
             logger.info(
-                "Closing: %d start URL(s) of a take whose reply never came went back to %s",
+                "Closing: %d start URL(s) of a take that got no reply, or whose requests may not have reached Redis, went back to %s",  # noqa: E501
                 moved,
                 feed.key,
             )
@@ -526,7 +529,10 @@ class StageWorkerScheduler(BaseScheduler):
         inflight = self.inflight
         inflight.ack_finished()
         if self.outbox.local:
-            return inflight.hand_unstaged()
+            unstaged = inflight.hand_unstaged()
+            if unstaged is not None:
+                out_of_lease(unstaged)  # a bound copied with another request's meta goes
+            return unstaged
         if inflight.buffer and self.heartbeat.beats.stalled(self.clock()):
             # No beat for most of what the last one promised (this process stalled): the others may
             # have requeued what we took ahead. Hand nothing out until the next beat says whether
@@ -568,7 +574,10 @@ class StageWorkerScheduler(BaseScheduler):
 
     def _lease_left(self, permit: Permit, now: float) -> float:
         """What is left of ``permit``'s lease at ``now``, as last confirmed, less half a renewal
-        interval: a download bounded by it ends before Redis can give the slot to another."""
+        interval: a download bounded by it ends before Redis can give the slot to another. Nothing
+        once a renewal found the slot lost."""
+        if permit.lost:
+            return -math.inf
         return permit.valid_until - now - self.locks.renew_interval / 2
 
     def may_close(self) -> bool:

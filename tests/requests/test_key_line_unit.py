@@ -656,15 +656,15 @@ def test_a_light_key_slot_passed_to_a_request_waiting_with_its_stage_slot_waits_
                 return second in line.waiting
 
             await until(waits_with_its_stage_slot)
-            paused_at = time.monotonic()  # before: the pause ends 1 s after it at the soonest
-            adaptation.pause("key:127.0.0.1", 1.0)  # a site's Retry-After
+            paused_at = time.monotonic()  # before: the pause ends 3 s after it at the soonest
+            adaptation.pause("key:127.0.0.1", 3.0)  # a site's Retry-After
             await until(lambda: not adaptation.pausing)
             f.middleware.process_response(first, None)  # type: ignore[arg-type]
             f.active.discard(first)
             assert await f.next_request() is second
             assert line.throttle.held_scopes(second) == [permit]  # passed on to it
             await f.send(second)  # through the middleware: the pause is checked there
-            assert time.monotonic() - paused_at >= 0.9
+            assert time.monotonic() - paused_at >= 2.9
             assert f.crawler.stats.get_value("redislock/retry_after/waits") == 1
             f.middleware.process_response(second, None)  # type: ignore[arg-type]
             await line.locks.release(blocker)
@@ -718,11 +718,11 @@ def test_a_request_waiting_with_its_stage_slot_goes_back_when_its_keys_line_meet
 
             await until(waits_with_its_stage_slot)
             assert len(held(redis_client, "detail")) == 1
-            adaptation.pause(f"key:{key}", 1.5)  # a site's Retry-After
+            adaptation.pause(f"key:{key}", 3.0)  # a site's Retry-After
             await until(lambda: not adaptation.pausing)
             on_pause = line.throttle.lines.on_pause
             assert on_pause is not None
-            on_pause(key, 1.5)  # what a wait of the line that meets it says
+            on_pause(key, 5.0)  # what a wait of the line that meets it says
 
             def back_with_no_stage_slot() -> bool:
                 assert scheduler.next_request() is None
@@ -755,14 +755,14 @@ def test_a_wait_that_meets_a_pause_tells_the_owner_and_sleeps_it_out_outside_the
             lines.bound = asyncio.Semaphore(1)
             adaptation = line.locks.adaptation
             assert adaptation is not None
-            adaptation.pause("key:127.0.0.1", 1.0)  # a site's Retry-After
+            paused_at = time.monotonic()  # before: the pause ends 3 s after it at the soonest
+            adaptation.pause("key:127.0.0.1", 3.0)  # a site's Retry-After
             await until(lambda: not adaptation.pausing)
-            paused_at = time.monotonic()
             wait = asyncio.ensure_future(lines._get("127.0.0.1", True))
             await until(lambda: "127.0.0.1" in line.paused)  # told
             assert not wait.done() and not lines.bound.locked()
             permit = await wait
-            assert time.monotonic() - paused_at >= 0.9
+            assert time.monotonic() - paused_at >= 2.9
             await line.locks.release(permit)
 
     asyncio.run(scenario())
@@ -780,5 +780,31 @@ def test_with_no_key_lock_yet_the_renewal_rounds_are_still_a_third_of_the_ttl(
             assert not line.locks.locks
             assert line.locks.renew_interval == pytest.approx(0.5)
             assert f.slots.renew_interval == pytest.approx(0.5)
+
+    asyncio.run(scenario())
+
+
+def test_a_pause_past_the_waits_timeout_is_told_and_runs_the_timeout_out(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A wait of the keys' line meets a Retry-After's pause longer than what is left of its
+    REDISLOCK_WAIT_TIMEOUT: the key line is told (its queued requests stay queued: no error is kept
+    to fail them), and the wait ends with AcquireTimeout when its timeout runs out, not at once (a
+    wait opened again at once met the pause again, as fast as Redis answered)."""
+
+    async def scenario() -> None:
+        async with one_key(
+            redis_url, REDISLOCK_KEY_LIMIT=1, REDISLOCK_RETRY_AFTER=True, REDISLOCK_WAIT_TIMEOUT=0.5
+        ) as (_, line):
+            lines = line.throttle.lines
+            adaptation = line.locks.adaptation
+            assert adaptation is not None
+            adaptation.pause("key:127.0.0.1", 30.0)  # a site's Retry-After
+            await until(lambda: not adaptation.pausing)
+            started = time.monotonic()
+            with pytest.raises(AcquireTimeout):
+                await lines._get("127.0.0.1", True)
+            assert time.monotonic() - started >= 0.4
+            assert "127.0.0.1" in line.paused  # told first
 
     asyncio.run(scenario())

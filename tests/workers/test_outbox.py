@@ -30,9 +30,10 @@ def test_requests_redis_refuses_are_said_lost_and_their_parent_stays_in_the_reco
 ) -> None:
     """A popped request yields one that Redis refuses to queue (out of memory): ERROR, counted in
     ``redislock/workers/unqueueable``, and the crawl finishes as ``redislock_queue_lost``. The
-    parent's acknowledgement, which waits for that send, leaves it in the worker's in-flight record
-    (it goes back to its queue at close, and is fetched again); acknowledged after a send that went
-    through, it leaves the record."""
+    parent, acknowledged once that send is over, stays in the worker's in-flight record (it goes
+    back to its queue at close, and is fetched again); a request handed out after the loss leaves
+    the record when acknowledged. (The parent's acknowledgement once looked only at the sends still
+    under way then, and a refused send that ended first let it go.)"""
     crawler = get_crawler(ShopSpider, {"REDISLOCK_URL": redis_url})
     crawler.spider = spider = ShopSpider()
     stats: Any = crawler.stats
@@ -47,25 +48,25 @@ def test_requests_redis_refuses_are_said_lost_and_their_parent_stays_in_the_reco
             fingerprint = crawler.request_fingerprinter.fingerprint(request).hex()
             return stage, fingerprint, scheduler.encode(request), 0, request
 
-        parent = entry("parent")
-        assert await queues.push(*parent[:4])
+        assert await queues.push(*entry("parent")[:4])
+        assert await queues.push(*entry("later")[:4])
         assert await queues.beat(stage)
-        (popped,) = await queues.pop(stage, 1) or []
-        inflight_id = popped[0]
+        popped = await queues.pop(stage, 2) or []
+        (parent_id, _), (later_id, _) = popped
+        inflight.buffer.append((entry("parent")[4], parent_id))
+        assert inflight.hand() is not None  # handed to the engine: its callback runs
         redis_client.config_set("maxmemory", "1")  # every write that may grow memory is refused
         try:
             outbox.put(entry("child"))
-            pushes = set(outbox.pushes)
             with caplog.at_level(logging.ERROR):
-                await outbox.sent()
+                await outbox.sent()  # refused, and over before the parent is acknowledged
         finally:
             redis_client.config_set("maxmemory", "0")
-        assert any(outbox.lost(task) for task in pushes)
-        await inflight._ack([inflight_id], pushes)
-        assert redis_client.hexists(queues.inflight_key, inflight_id)
-        pushes = {asyncio.get_running_loop().create_task(asyncio.sleep(0))}
-        await inflight._ack([inflight_id], pushes)  # a send that went through: acknowledged
-        assert not redis_client.hexists(queues.inflight_key, inflight_id)
+        inflight.buffer.append((entry("later")[4], later_id))
+        assert inflight.hand() is not None  # handed after the loss
+        await inflight._ack([parent_id, later_id], set(outbox.pushes))
+        assert redis_client.hexists(queues.inflight_key, parent_id)
+        assert not redis_client.hexists(queues.inflight_key, later_id)
         await scheduler.locks.close()
 
     asyncio.run(main())
