@@ -800,20 +800,16 @@ class StageLocks:
         return self.demand.get(stage, 0)
 
     async def tick(self, demand: Mapping[str, int] | None = None) -> None:
-        """One renewal round: the adaptive limits, retried releases, then every stage's maintain()
-        at once. ``demand``: the front's requests waiting here per name now, passed down at each
-        round (None: none, the worker front's). Never raises."""
+        """One renewal round: every stage's maintain() at once, retried releases, then the
+        adaptive limits' reports (one script per lock used since the last round, which must not put
+        the renewals off). ``demand``: the front's requests waiting here per name now, passed down
+        at each round (None: none, the worker front's). Never raises."""
         self.demand = demand or {}
         if self.closed or self.clock() < self._retry_at:
             return
-        if self.adaptation is not None:
-            try:
-                await self.adaptation.tick()
-            except Exception:
-                logger.exception("Adapting the limits of %r failed", self.stats_prefix)
         try:
-            await self.retry_releases()
             await self.renew_once()
+            await self.retry_releases()
             await self.reports.report()
         except REDIS_ERRORS as exc:
             delay = self._backoff.next()
@@ -822,6 +818,11 @@ class StageLocks:
             self._retry_at = self.clock() + delay
         else:
             self._backoff.reset()
+        if self.adaptation is not None:
+            try:
+                await self.adaptation.tick()
+            except Exception:
+                logger.exception("Adapting the limits of %r failed", self.stats_prefix)
 
     def renewal_due(self, stage: str, lock: StageLock) -> bool:
         """Whether this tick maintains the stage's lock: it holds or waits for something."""
