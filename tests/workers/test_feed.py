@@ -55,6 +55,19 @@ def proxied(redis_url: str, proxy: LatencyProxy) -> redis.asyncio.Redis:
     )
 
 
+async def through(
+    proxy: LatencyProxy, redis_url: str, crawler: Any
+) -> tuple[StageWorkerScheduler, StartUrlFeed]:
+    """A worker scheduler whose feed and outbox reach Redis through ``proxy`` (worker ``w1``, the
+    feed's take script loaded: the network may go silent from now on)."""
+    scheduler = StageWorkerScheduler(crawler)
+    queues = StageQueues(proxied(redis_url, proxy), "shop", ["list"], worker="w1")
+    scheduler.outbox.queues = queues
+    scheduler.listener.feed = feed = StartUrlFeed(queues, crawler.spider, "list", 3)
+    assert await feed.give_back() == 0
+    return scheduler, feed
+
+
 def fill(client: redis.Redis, how: str) -> None:
     if how == "list":
         client.rpush(FEED, *ENTRIES)
@@ -174,11 +187,8 @@ def test_at_close_an_unanswered_take_goes_back_or_the_crawl_does_not_finish_clea
 
     async def main() -> None:
         proxy = redis_proxy()
-        client = proxied(redis_url, proxy)
-        scheduler = StageWorkerScheduler(crawler)
-        queues = StageQueues(client, "shop", ["list"], worker="w1")
-        scheduler.listener.feed = feed = StartUrlFeed(queues, spider, "list", 3)
-        assert await feed.give_back() == 0  # connected, the script loaded
+        scheduler, feed = await through(proxy, redis_url, crawler)
+        client = feed.queues.client
         proxy.blackhole("down")
         with pytest.raises(REDIS_ERRORS):
             await feed.read()
@@ -246,12 +256,8 @@ def test_a_take_whose_requests_never_reached_their_queue_is_said_lost_and_goes_b
 
     async def main() -> None:
         proxy = redis_proxy()
-        client = proxied(redis_url, proxy)
-        scheduler = StageWorkerScheduler(crawler)
-        queues = StageQueues(client, "shop", ["list"], worker="w1")
-        scheduler.outbox.queues = queues
-        scheduler.listener.feed = feed = StartUrlFeed(queues, spider, "list", 3)
-        assert await feed.give_back() == 0  # connected, the script loaded
+        scheduler, feed = await through(proxy, redis_url, crawler)
+        client = feed.queues.client
 
         class Engine:
             """What the worker loop asks of Scrapy's engine: crawl() schedules."""
