@@ -661,8 +661,10 @@ class StageLocks:
         whoever fails a request with it: a wait may serve the next request of its stage). Redis
         errors are logged and retried with back-off: the wait goes on and the cap is never
         exceeded. Paused when a Retry-After paused a key's starts (the caller waits it out).
-        Cancelled on close.
+        Cancelled on close (and at once once closed: nothing would cancel it).
         """
+        if self.closed:
+            raise asyncio.CancelledError
         with self._using(stage):
             return await self._acquire(stage, self.locks[stage], timeout)
 
