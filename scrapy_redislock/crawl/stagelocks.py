@@ -99,6 +99,7 @@ import asyncio
 import contextlib
 import difflib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -175,6 +176,15 @@ def within_lease(request: Request, left: float, default: float) -> bool:
     # never 0: Scrapy reads a 0 timeout as none
     meta["download_timeout"] = meta[BOUND_TIMEOUT] = max(0.001, min(own, left))
     return left < own
+
+
+def lease_end(permit: SlotPermit, renew_interval: float) -> float:
+    """When a download under ``permit`` must end, as last confirmed (monotonic seconds): its lease
+    less half a renewal interval; at once for a slot a renewal found lost, or released (another
+    process may hold it now). Both fronts bound their downloads by it."""
+    if permit.lost or permit.released:
+        return -math.inf
+    return permit.valid_until - renew_interval / 2
 
 
 def out_of_lease(request: Request) -> None:
@@ -960,6 +970,7 @@ __all__ = [
     "StageLock",
     "StageLocks",
     "SystemEvents",
+    "lease_end",
     "out_of_lease",
     "slot_id",
     "within_lease",

@@ -284,7 +284,7 @@ class SlotLines:
 
     async def _get(self, name: str, bounded: bool) -> SlotPermit:
         """A slot of ``name`` for the line (``bounded``: once fewer than ``bound`` waits are under
-        way; none once the locks closed meanwhile: cancelled). A Retry-After's pause of the name
+        way; none once the locks closed meanwhile: the registry cancels it). A Retry-After's pause of the name
         (a key's) is told to the owner (``on_pause``) and waited out here, outside the bound: other
         names' waits go on meanwhile. AcquireTimeout after ``ask_timeout`` s, pauses included."""
         clock = self.locks.clock
@@ -295,8 +295,6 @@ class SlotLines:
                 if self.bound is None or not bounded:
                     return await self._look_then_wait(name, left)
                 async with self.bound:
-                    if self.locks.closed:
-                        raise asyncio.CancelledError
                     return await self._look_then_wait(name, left)
             except Paused as paused:
                 if self.on_pause is not None:
@@ -318,9 +316,7 @@ class SlotLines:
             permit = None  # the wait retries Redis errors (with a warning and back-off)
         if permit is not None:
             return permit
-        if self.locks.closed:  # closed during the look: no wait starts
-            raise asyncio.CancelledError
-        return await self.locks.acquire(name, timeout)
+        return await self.locks.acquire(name, timeout)  # cancelled at once if closed meanwhile
 
     def _answered(self, line: SlotLine, ask: asyncio.Future[SlotPermit]) -> None:
         """A wait in Redis ended: its slot goes to the oldest request waiting in ``line``, else to

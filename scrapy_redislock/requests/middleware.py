@@ -54,7 +54,6 @@ redislock/unknown_stage, redislock/throttling_off, redislock/redis_errors.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Coroutine
@@ -70,6 +69,7 @@ from scrapy_redislock.crawl.settings import read_settings
 from scrapy_redislock.crawl.stagelocks import (
     SlotPermit,
     StageLocks,
+    lease_end,
     out_of_lease,
     within_lease,
     within_lease_at_start,
@@ -226,9 +226,9 @@ class StageLockMiddleware:
         # read once per slot: a registry's interval is a property over its locks
         lines, permit = held[0]
         locks = lines.locks
-        end = _lease_end(permit, locks)
+        end = lease_end(permit, locks.renew_interval)
         for other_lines, other in held[1:]:
-            other_end = _lease_end(other, other_lines.locks)
+            other_end = lease_end(other, other_lines.locks.renew_interval)
             if other_end < end:
                 locks, permit, end = other_lines.locks, other, other_end
         return locks, permit, end
@@ -407,11 +407,3 @@ def _names_acquire_timeout(exceptions: list[Any]) -> bool:
         if isinstance(loaded, type) and issubclass(loaded, AcquireTimeout):
             return True
     return False
-
-
-def _lease_end(permit: SlotPermit, locks: StageLocks) -> float:
-    """When a download under ``permit`` must end, as last confirmed: its lease less half a renewal
-    interval; at once for a slot a renewal found lost (another process may hold it now)."""
-    if permit.lost or permit.released:
-        return -math.inf
-    return permit.valid_until - locks.renew_interval / 2

@@ -98,7 +98,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 import weakref
 from collections.abc import Coroutine
@@ -115,6 +114,7 @@ from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.settings import read_settings, read_worker_settings
 from scrapy_redislock.crawl.stagelocks import (
     StageLocks,
+    lease_end,
     out_of_lease,
     within_lease,
     within_lease_at_start,
@@ -573,12 +573,10 @@ class StageWorkerScheduler(BaseScheduler):
             within_lease_at_start(request, left, self.download_timeout)
 
     def _lease_left(self, permit: Permit, now: float) -> float:
-        """What is left of ``permit``'s lease at ``now``, as last confirmed, less half a renewal
-        interval: a download bounded by it ends before Redis can give the slot to another. Nothing
-        once a renewal found the slot lost."""
-        if permit.lost:
-            return -math.inf
-        return permit.valid_until - now - self.locks.renew_interval / 2
+        """What is left at ``now`` of ``permit``'s lease, as last confirmed, less half a renewal
+        interval (nothing once a renewal found the slot lost): a download bounded by it ends before
+        Redis can give the slot to another."""
+        return lease_end(permit, self.locks.renew_interval) - now
 
     def may_close(self) -> bool:
         """For the spider's idle handler: no work anywhere in the cluster for REDISLOCK_IDLE_CLOSE
