@@ -7,7 +7,12 @@
 - :meth:`Delays.went_out`: a confirmed start whose request reached Scrapy's downloader more than
   :data:`LATE_SEND` after its confirmation moves the name's next start back by its lateness;
 - :meth:`Delays.wait_rate`: N starts per T seconds, a sliding log on Redis's clock
-  (``lock/scripts/rate.lua``), one wait per name and process.
+  (``lock/scripts/rate.lua``), one wait per name and process; a logged start that goes out late
+  moves its entry to when it went (``lock/scripts/rate_late.lua``);
+- a request's several waits (a stage's delay, its key's, a scope's rate window...) run one after
+  another: before one of them sleeps, the starts the request confirmed or logged before it are
+  moved to the end of that sleep (one script each), so that no other process's start of those
+  names comes closer than their gap, or into their window, while this request still waits.
 
 Every operation goes through the keys' registry's one runner (its scripts registered once); a
 booking, a confirmation and a rate window's try are retried with back-off on Redis errors until
@@ -24,7 +29,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -35,6 +40,7 @@ from scrapy_redislock.lock.delay import (
     confirm_start,
     delay_keys,
     gap_of,
+    push_rate,
     push_start,
     take_rate,
 )
@@ -50,7 +56,7 @@ T = TypeVar("T")
 # name's next start is moved back (one more script): a few loop iterations on an idle process
 LATE_SEND = 0.001
 
-__all__ = ["LATE_SEND", "ConfirmedStart", "Delays"]
+__all__ = ["LATE_SEND", "ConfirmedStart", "Delays", "RateStart", "Start"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,23 @@ class ConfirmedStart:
     gap: float
     waited: float
     confirmed: float
+
+
+@dataclass(frozen=True)
+class RateStart:
+    """A start logged in a rate window on Redis's clock: of ``name``, at ``at`` (seconds since the
+    epoch), as ``member`` of its log of ``window`` seconds, after ``waited`` seconds of sleep;
+    ``confirmed`` is when the reply came back, on this process's monotonic clock."""
+
+    name: str
+    at: float
+    member: str
+    window: float
+    waited: float
+    confirmed: float
+
+
+Start = ConfirmedStart | RateStart
 
 
 class Delays:
@@ -92,18 +115,21 @@ class Delays:
         self._rate_token = uuid.uuid4().hex[:12]
         self._rate_count = 0
 
-    async def wait_start(self, name: str, delay: float) -> ConfirmedStart:
+    async def wait_start(
+        self, name: str, delay: float, earlier: Sequence[Start] = ()
+    ) -> ConfirmedStart:
         """Book the next start of ``name`` (a stage, or ``key:<key>``) ``delay`` after the previous
         one, across every process (first come, first served), sleep until it and confirm it against
         the previous confirmed start (:mod:`scrapy_redislock.lock.delay`). Redis errors are logged
-        and retried with back-off (a start is never let through unconfirmed)."""
+        and retried with back-off (a start is never let through unconfirmed). ``earlier``: the
+        request's starts before this one, moved to the end of each sleep here."""
         gap = gap_of(delay, self.randomize)
         keys = delay_keys(self.key_prefix, name)
         booking = await self._delay_command(lambda: book_start(keys, gap), name)
         waited, wait, at = 0.0, booking.wait, booking.at
         while not booking.confirmed:
             if wait > 0:
-                await asyncio.sleep(wait)
+                await self._sleep(wait, earlier)
                 waited += wait
             wait, at = await self._delay_command(lambda: confirm_start(keys, gap), name)
             if not wait:
@@ -111,12 +137,13 @@ class Delays:
             self.stats.inc_value("redislock/delay/held_back")
         return ConfirmedStart(name, at, gap, waited, self.clock())
 
-    async def wait_rate(self, name: str, count: int, window: float) -> tuple[float, float]:
+    async def wait_rate(
+        self, name: str, count: int, window: float, earlier: Sequence[Start] = ()
+    ) -> RateStart:
         """Start once fewer than ``count`` starts of ``name`` (``key:<scope>``) lie in the last
         ``window`` seconds on Redis's clock, across every process (``lock/scripts/rate.lua``): one
-        script per try, one try per freed place; returns (the start, seconds since the epoch on
-        Redis's clock; seconds waited). One wait per scope in this process: its other requests line
-        up behind it."""
+        script per try, one try per freed place. One wait per scope in this process: its other
+        requests line up behind it. ``earlier`` as for :meth:`wait_start`."""
         keys = delay_keys(self.key_prefix, name)
         line = self._rate_lines.setdefault(name, asyncio.Lock())
         self._rate_users[name] += 1
@@ -130,8 +157,8 @@ class Delays:
                         functools.partial(take_rate, keys, count, window, member), name
                     )
                     if not wait:
-                        return now, waited
-                    await asyncio.sleep(wait)
+                        return RateStart(name, now, member, window, waited, self.clock())
+                    await self._sleep(wait, earlier)
                     waited += wait
         finally:
             self._rate_users[name] -= 1
@@ -139,21 +166,46 @@ class Delays:
                 del self._rate_users[name]
                 del self._rate_lines[name]
 
-    def went_out(self, start: ConfirmedStart) -> None:
+    def went_out(self, start: Start) -> None:
         """The request of ``start`` reached Scrapy's downloader now: if that is more than
         :data:`LATE_SEND` after its confirmation came back, the name's next start keeps the gap
-        after now (one script, in a task of its own; a failure only loses the correction)."""
+        after now, or its entry in the rate window moves to now (one script, in a task of its own;
+        a failure only loses the correction)."""
         lateness = self.clock() - start.confirmed
-        self.stats.max_value("redislock/delay/send_lag_max", lateness)
+        what = "rate" if isinstance(start, RateStart) else "delay"
+        self.stats.max_value(f"redislock/{what}/send_lag_max", lateness)
         if lateness <= LATE_SEND or self.closed:
             return
-        self.stats.inc_value("redislock/delay/late_sends")
-        keys = delay_keys(self.key_prefix, start.name)
+        self.stats.inc_value(f"redislock/{what}/late_sends")
         task = asyncio.get_running_loop().create_task(
-            adrive(push_start(keys, start.at, lateness, start.gap), self.runner, start.name)
+            adrive(self._moved(start, lateness), self.runner, start.name)
         )
         self._pushes.add(task)
         task.add_done_callback(self._pushed)
+
+    def _moved(self, start: Start, lateness: float) -> Operation[bool]:
+        """The script that tells Redis ``start`` goes out ``lateness`` seconds after its reply."""
+        keys = delay_keys(self.key_prefix, start.name)
+        if isinstance(start, RateStart):
+            return push_rate(keys, start.member, start.at + lateness, start.window)
+        return push_start(keys, start.at, lateness, start.gap)
+
+    async def _sleep(self, seconds: float, earlier: Sequence[Start]) -> None:
+        """Sleep before a start, the request's ``earlier`` starts moved to the sleep's end first:
+        they go out with this one, and until it no other start of their names may come within
+        their gap or window (counted as ``redislock/delay/held_back_starts``)."""
+        if earlier:
+            now = self.clock()
+            moves = [
+                self._delay_command(
+                    functools.partial(self._moved, start, now - start.confirmed + seconds),
+                    start.name,
+                )
+                for start in earlier
+            ]
+            await asyncio.gather(*moves)
+            self.stats.inc_value("redislock/delay/held_back_starts", len(earlier))
+        await asyncio.sleep(seconds)
 
     def _pushed(self, task: asyncio.Task[bool]) -> None:
         self._pushes.discard(task)

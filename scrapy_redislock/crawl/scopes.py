@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 SCOPES_META = "redislock_scopes"  # a request's own scopes: a list of names
 ScopeFunction = Callable[["Request", Any], Iterable[str] | None]
 POLICY_FIELDS = ("limit", "delay", "rate", "adaptive", "retry_after")
+MOST_SECONDS = 86400  # the longest delay or rate window (a site's robots.txt Crawl-delay too)
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*([smh]?)\s*$")
 
@@ -109,10 +110,10 @@ def parse_rate(raw: Any, setting: str) -> tuple[int, float]:
     if (
         isinstance(window, bool)
         or not isinstance(window, int | float)
-        or not 0.001 <= window <= 86400
+        or not 0.001 <= window <= MOST_SECONDS
     ):
         raise ConfigError(
-            f"{setting}: the window must be a number of seconds from 0.001 to 86400, got {window!r}"
+            f"{setting}: the window must be a number of seconds from 0.001 to {MOST_SECONDS}, got {window!r}"
         )
     return count, float(window)
 
@@ -135,9 +136,13 @@ def parse_policy(raw: Any, setting: str, lowest: int = 1) -> ScopePolicy:
             f"{setting}['limit'] must be an integer from {lowest} to {MAX_LIMIT} or None (no cap), got {limit!r}"
         )
     delay = raw.get("delay", 0.0)
-    if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay <= 86400:
+    if (
+        isinstance(delay, bool)
+        or not isinstance(delay, int | float)
+        or not 0 <= delay <= MOST_SECONDS
+    ):
         raise ConfigError(
-            f"{setting}['delay'] must be a number of seconds from 0 to 86400, got {delay!r}"
+            f"{setting}['delay'] must be a number of seconds from 0 to {MOST_SECONDS}, got {delay!r}"
         )
     rate = raw.get("rate")
     flags = {}

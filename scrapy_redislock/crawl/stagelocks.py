@@ -178,6 +178,17 @@ def within_lease(request: Request, left: float, default: float) -> bool:
     return left < own
 
 
+def say_downloads_cut(ttl: float, download_timeout: float) -> None:
+    """At start-up, on either front: a capped request's download is cut where its slot's lease
+    would end (:func:`within_lease`), so a DOWNLOAD_TIMEOUT longer than REDISLOCK_TTL is said."""
+    if download_timeout > ttl:
+        lifecycle_logger.info(
+            "A capped request's download is cut where its slot's lease (REDISLOCK_TTL %s s) would end, unrenewed, so that it never runs on past a slot Redis may have given away: DOWNLOAD_TIMEOUT %s s is longer; raise REDISLOCK_TTL above the longest download of a capped stage",  # noqa: E501
+            ttl,
+            download_timeout,
+        )
+
+
 def lease_end(permit: SlotPermit, renew_interval: float) -> float:
     """When a download under ``permit`` must end, as last confirmed (monotonic seconds): its lease
     less half a renewal interval; at once for a slot a renewal found lost, or released (another

@@ -75,6 +75,7 @@ SCRIPT_NAMES = (
     "start",
     "late_start",
     "rate",
+    "rate_late",
     "pause",
     "adapt_unpin",
     "light_take",

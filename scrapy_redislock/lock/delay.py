@@ -11,7 +11,9 @@ next one wakes on time: the booking gives the order, the confirmation the gap. A
 start at once (nobody else used the key within the gap) is confirmed in the same script. A start
 that goes out later than its confirmation came back (measured by the caller, on its own clock, up
 to the moment the request reaches Scrapy's downloader) moves the next free start back by its
-lateness (``scripts/late_start.lua``), so the next start keeps the whole gap after it.
+lateness (``scripts/late_start.lua``), so the next start keeps the whole gap after it. A start
+logged in a rate window (``scripts/rate.lua``) that goes out late moves its entry to that moment
+(``scripts/rate_late.lua``).
 
 Cost: one EVALSHA per start while the key is free, two when the start had to wait, one more when
 it had to wait again behind a late one or went out late. Both strings expire once their moment has
@@ -86,6 +88,14 @@ def take_rate(
     reply = yield RunScript("rate", (keys.rate,), (count, _micros(window), member))
     wait, now = text(reply)
     return int(wait) / 1_000_000, int(now) / 1_000_000
+
+
+def push_rate(keys: LockKeys, member: str, moment: float, window: float) -> Operation[bool]:
+    """A start logged as ``member`` in a rate window goes out at ``moment`` (seconds since the
+    epoch, Redis's clock), later than logged: its entry moves there (``scripts/rate_late.lua``;
+    whether it moved)."""
+    reply = yield RunScript("rate_late", (keys.rate,), (member, _micros(moment), _micros(window)))
+    return bool(reply)
 
 
 def pause_starts(keys: LockKeys, seconds: float, light: bool = False) -> Operation[float]:

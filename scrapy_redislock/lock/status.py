@@ -90,6 +90,7 @@ def shown(value: Any, most: int = 40) -> str:
 LIGHT_LIMIT = "#limit"
 LIGHT_STREAM = "~stream"
 LIGHT_PAUSE = "~pause"
+LIGHT_PIN = "#pinned"  # while an operator's limit stands (lock/scripts/_lib.lua's PIN_MEMBER)
 
 
 @dataclass
@@ -417,6 +418,7 @@ def _light(stage: str, members: Any) -> StageStatus | None:
     limit = scores.pop(LIGHT_LIMIT, None)
     scores.pop(LIGHT_STREAM, None)
     scores.pop(LIGHT_PAUSE, None)
+    scores.pop(LIGHT_PIN, None)
     grants = []
     for token, ends in sorted(scores.items()):
         owner, _, grant = token.rpartition("/")

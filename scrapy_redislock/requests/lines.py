@@ -68,6 +68,8 @@ class SlotLine:
         # this process's waits in Redis's line for them, and those of them under the owner's bound
         self.asks: set[asyncio.Future[SlotPermit]] = set()
         self.bounded: set[asyncio.Future[SlotPermit]] = set()
+        # waits withdrawn here (cancelled as surplus): any other cancel is the loop's or close's
+        self.withdrawn: set[asyncio.Future[SlotPermit]] = set()
 
     def __len__(self) -> int:
         """Requests waiting here now."""
@@ -121,14 +123,17 @@ class SlotLine:
             return served.result()  # handed to it just as it was cancelled
         return None
 
-    def surplus(self, wanted: int = 0) -> list[asyncio.Future[SlotPermit]]:
-        """The waits in Redis beyond the requests waiting here and ``wanted`` (to withdraw), those
-        under the bound first (each frees a place under it)."""
+    def withdraw(self, wanted: int = 0) -> None:
+        """Cancel the waits in Redis beyond the requests waiting here and ``wanted``, those under
+        the bound first (each frees a place under it)."""
         extra = max(0, -self.short(wanted))
-        return sorted(self.asks, key=lambda ask: ask not in self.bounded)[:extra]
+        for ask in sorted(self.asks, key=lambda ask: ask not in self.bounded)[:extra]:
+            self.withdrawn.add(ask)
+            ask.cancel()
 
     def cancel(self) -> None:
-        """The locks closed: every request waiting here stops waiting (cancelled)."""
+        """The locks closed, or the loop is ending: every request waiting here stops waiting
+        (cancelled)."""
         while self.waiters:
             served = self.waiters.popleft()
             if not served.done():
@@ -257,8 +262,7 @@ class SlotLines:
         """Withdraw the waits in Redis that neither a request waiting here nor the queued ones need
         any more (at each renewal round of the front)."""
         for line in list(self.lines.values()):
-            for ask in line.surplus(self.kept.wanted(line.name)):
-                ask.cancel()
+            line.withdraw(self.kept.wanted(line.name))
 
     def _place(self, line: SlotLine, outcome: SlotPermit | AcquireTimeout) -> None:
         """A grant no request waits for here, or a wanted wait's timeout: kept for the queued
@@ -323,12 +327,15 @@ class SlotLines:
         the owner's ``place``."""
         line.asks.discard(ask)
         line.bounded.discard(ask)
+        withdrawn = ask in line.withdrawn
+        line.withdrawn.discard(ask)
         if ask.cancelled():
-            if self.locks.closed:
-                line.cancel()
+            if withdrawn and not self.locks.closed:
+                self._ask(line)  # as many as are wanted now (none, unless more came meanwhile)
             else:
-                # withdrawn as surplus (nothing to do), or cancelled by someone else
-                self._ask(line)
+                # the locks closed, or the event loop is ending (it cancels every task): a wait
+                # opened again now would never run, and nothing would close it
+                line.cancel()
         elif isinstance(error := ask.exception(), AcquireTimeout):
             # a wanted wait ran out: a request waiting here has a timer of its own
             if not len(line):
@@ -356,8 +363,7 @@ class SlotLines:
         permit = line.leave(served)
         if permit is not None and not line.offer(permit):
             self._place(line, permit)
-        for ask in line.surplus(self.kept.wanted(line.name)):
-            ask.cancel()
+        line.withdraw(self.kept.wanted(line.name))
 
     def _tidy(self, line: SlotLine) -> None:
         """Forget a line with no request and no wait in Redis left."""

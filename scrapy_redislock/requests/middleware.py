@@ -71,6 +71,7 @@ from scrapy_redislock.crawl.stagelocks import (
     StageLocks,
     lease_end,
     out_of_lease,
+    say_downloads_cut,
     within_lease,
     within_lease_at_start,
 )
@@ -125,12 +126,8 @@ class StageLockMiddleware:
         self.slots = RequestSlots.of(crawler, self.settings, clock=clock)
         self.locks = self.slots.locks
         capped = bool(self.settings.stages) or self.settings.keys.capped
-        if capped and self.download_timeout > self.settings.ttl:
-            logger.info(
-                "A capped request's download is cut where its slot's lease (REDISLOCK_TTL %s s) would end, unrenewed, so that it never runs on past a slot Redis may have given away: DOWNLOAD_TIMEOUT %s s is longer; raise REDISLOCK_TTL above the longest download of a capped stage",  # noqa: E501
-                self.settings.ttl,
-                self.download_timeout,
-            )
+        if capped:
+            say_downloads_cut(self.settings.ttl, self.download_timeout)
         # keys and delays
         self.throttle = (
             ScopeThrottle.of(crawler, self.settings, clock=clock) if self.settings.keyed else None

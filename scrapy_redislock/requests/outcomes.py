@@ -58,7 +58,7 @@ def retry_after(response: Response) -> float | None:
     if not raw:
         return None
     value = raw.decode("latin-1").strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # str.isdigit() also takes "²", which float() refuses
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)

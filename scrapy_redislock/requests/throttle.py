@@ -62,12 +62,12 @@ from weakref import WeakKeyDictionary
 
 from scrapy import signals
 
-from scrapy_redislock.crawl.delays import ConfirmedStart
+from scrapy_redislock.crawl.delays import Start
 from scrapy_redislock.crawl.engine import one_per_crawler
 from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, KeyLocks
 from scrapy_redislock.crawl.keys import domain, request_key
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
-from scrapy_redislock.crawl.scopes import NO_POLICY, ScopePolicy, request_scopes
+from scrapy_redislock.crawl.scopes import MOST_SECONDS, NO_POLICY, ScopePolicy, request_scopes
 from scrapy_redislock.crawl.stagelocks import SlotPermit
 from scrapy_redislock.errors import KeyFunctionError, Paused
 from scrapy_redislock.requests.closewaits import CloseWaits
@@ -139,7 +139,7 @@ class ScopeThrottle:
         # the keys' renewals and the lines' upkeep run with the stages', in the front's rounds
         self.slots.serve_keys(self.locks, self.lines)
         # confirmed starts of requests not yet in Scrapy's downloader (gone with their request)
-        self.starts: WeakKeyDictionary[Request, list[ConfirmedStart]] = WeakKeyDictionary()
+        self.starts: WeakKeyDictionary[Request, list[Start]] = WeakKeyDictionary()
         # request_reached_downloader is connected with the first confirmed start (:meth:`_delay`):
         # a crawl without delays pays no signal receiver per request
         self._watching_sends = False
@@ -165,6 +165,14 @@ class ScopeThrottle:
             return
         host = domain(request)
         if delay and host is not None and float(delay) > 0:
+            if float(delay) > MOST_SECONDS:  # 1e14 s would make Redis refuse the delay's script
+                logger.warning(
+                    "robots.txt of %s asks for a Crawl-delay of %s s; the cluster keeps %s s, the longest delay there is",  # noqa: E501
+                    host,
+                    delay,
+                    MOST_SECONDS,
+                )
+                delay = MOST_SECONDS
             self.crawl_delays[host] = float(delay)
             self.crawler.stats.inc_value("redislock/crawl_delay/sites")
             logger.info(
@@ -266,7 +274,7 @@ class ScopeThrottle:
         if stage is not None and staged.delay:
             await self._delay(request, stage, staged.delay)
         elif stage is not None and staged.retry_after:
-            await self._pause_check(stage)
+            await self._pause_check(request, stage)
         if key is not None and key_delay:
             await self._delay(request, f"{KEY_LOCK_PREFIX}{key}", key_delay)
         elif (
@@ -274,12 +282,12 @@ class ScopeThrottle:
             and keyed.limit is not None
             and self._queued_key(request, f"{KEY_LOCK_PREFIX}{key}")
         ):
-            await self._pause_check(f"{KEY_LOCK_PREFIX}{key}")
+            await self._pause_check(request, f"{KEY_LOCK_PREFIX}{key}")
         for scope, policy in others:
             if policy.delay:
                 await self._delay(request, f"{KEY_LOCK_PREFIX}{scope}", policy.delay)
             elif policy.retry_after:
-                await self._pause_check(f"{KEY_LOCK_PREFIX}{scope}")
+                await self._pause_check(request, f"{KEY_LOCK_PREFIX}{scope}")
         if stage is not None and staged.rate is not None:
             await self._rate(request, stage, staged.rate)
         for name, policy in named:
@@ -288,14 +296,13 @@ class ScopeThrottle:
 
     async def _rate(self, request: Request, name: str, rate: tuple[int, float]) -> None:
         """Wait for a place in the rate window of ``name`` (a stage, or ``key:<scope>``)."""
-        at, waited = await self.delays.wait_rate(name, *rate)
-        request.meta[START_META] = at
-        request.meta.setdefault(STARTS_META, {})[name] = at
+        start = await self.delays.wait_rate(name, *rate, self.starts.get(request, ()))
+        self._started(request, start)
         stats = self.crawler.stats
         stats.inc_value("redislock/rate/starts")
-        if waited:
+        if start.waited:
             stats.inc_value("redislock/rate/waits")
-            stats.inc_value("redislock/rate/wait_time_total", waited)  # type: ignore[arg-type]  # (as below)
+            stats.inc_value("redislock/rate/wait_time_total", start.waited)  # type: ignore[arg-type]  # (as below)
 
     def _queued_key(self, request: Request, name: str) -> bool:
         """The request's slot of ``name`` (``key:<key>``) needs a pause check: it came from the key's
@@ -310,10 +317,10 @@ class ScopeThrottle:
         key = permit.name.removeprefix(KEY_LOCK_PREFIX)
         return self.settings.adaptive.retry_after or self.settings.policy_of(key).retry_after
 
-    async def _pause_check(self, name: str) -> None:
+    async def _pause_check(self, request: Request, name: str) -> None:
         """Wait while a Retry-After pauses the starts of ``name`` (a start with no gap: one script
         of 4 commands when nothing is paused)."""
-        start = await self.delays.wait_start(name, 0.0)
+        start = await self.delays.wait_start(name, 0.0, self.starts.get(request, ()))
         if start.waited:
             self.crawler.stats.inc_value("redislock/retry_after/waits")
 
@@ -367,17 +374,22 @@ class ScopeThrottle:
         self.locks.record_grant(key, self.clock() - started)
 
     async def _delay(self, request: Request, name: str, delay: float) -> None:
-        start = await self.delays.wait_start(name, delay)
+        start = await self.delays.wait_start(name, delay, self.starts.get(request, ()))
+        self._started(request, start)
+        self.crawler.stats.inc_value("redislock/delay/waits")
+        self.crawler.stats.inc_value("redislock/delay/wait_time_total", start.waited)  # type: ignore[arg-type]  # (as above)
+
+    def _started(self, request: Request, start: Start) -> None:
+        """The request's start of a delay or rate window: in its meta, and kept until it goes out
+        (each later wait holds it back, and a late send moves it)."""
         request.meta[START_META] = start.at
-        request.meta.setdefault(STARTS_META, {})[name] = start.at
+        request.meta.setdefault(STARTS_META, {})[start.name] = start.at
         self.starts.setdefault(request, []).append(start)
         if not self._watching_sends:
             self._watching_sends = True
             self.crawler.signals.connect(
                 self.reached_downloader, signal=signals.request_reached_downloader
             )
-        self.crawler.stats.inc_value("redislock/delay/waits")
-        self.crawler.stats.inc_value("redislock/delay/wait_time_total", start.waited)  # type: ignore[arg-type]  # (as above)
 
     def reached_downloader(self, request: Request) -> None:
         """The request's confirmed starts went out now (a late one moves its key's next start)."""

@@ -116,6 +116,7 @@ from scrapy_redislock.crawl.stagelocks import (
     StageLocks,
     lease_end,
     out_of_lease,
+    say_downloads_cut,
     within_lease,
     within_lease_at_start,
 )
@@ -249,6 +250,8 @@ class StageWorkerScheduler(BaseScheduler):
         self.leftover = 0
         self.said_all_filtered = False
         self.download_timeout = crawler.settings.getfloat("DOWNLOAD_TIMEOUT", 180)
+        if any(limit is not None for limit in stages.values()):
+            say_downloads_cut(settings.ttl, self.download_timeout)
         # requests handed out under a stage's slot, not yet started: bounded by its lease again as
         # their download starts
         self._leases: weakref.WeakKeyDictionary[Request, Permit] = weakref.WeakKeyDictionary()
@@ -528,17 +531,20 @@ class StageWorkerScheduler(BaseScheduler):
     def next_request(self) -> Request | None:
         inflight = self.inflight
         inflight.ack_finished()
-        if self.outbox.local:
+        local = self.outbox.local
+        recorded = bool(inflight.buffer) or bool(local and local[0][1] is not None)
+        if recorded and self.heartbeat.beats.stalled(self.clock()):
+            # No beat for most of what the last one promised (this process stalled): the others may
+            # have requeued what we took ahead, and the requests with no stage in our in-flight
+            # record. Hand none out until the next beat says whether they did (then the buffer is
+            # dropped); one kept in memory only is nobody else's.
+            self.state.wake()
+            return None
+        if local:
             unstaged = inflight.hand_unstaged()
             if unstaged is not None:
                 out_of_lease(unstaged)  # a bound copied with another request's meta goes
             return unstaged
-        if inflight.buffer and self.heartbeat.beats.stalled(self.clock()):
-            # No beat for most of what the last one promised (this process stalled): the others may
-            # have requeued what we took ahead. Hand nothing out until the next beat says whether
-            # they did (then the buffer is dropped).
-            self.state.wake()
-            return None
         permit, now = self.state.permit, self.clock()
         if (
             inflight.buffer

@@ -14,7 +14,13 @@ import redis.asyncio
 
 from scrapy_redislock import AsyncCountingLock
 from scrapy_redislock.lock.base import CommandRunner
-from scrapy_redislock.lock.delay import book_start, confirm_start, delay_keys, take_rate
+from scrapy_redislock.lock.delay import (
+    book_start,
+    confirm_start,
+    delay_keys,
+    push_rate,
+    take_rate,
+)
 from scrapy_redislock.lock.protocol import adrive
 from testing.redis_server import RedisServer
 
@@ -227,3 +233,35 @@ def test_rate_window_lets_n_starts_in_any_window_on_redis_clock(
     while redis_client.exists(keys.rate) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not redis_client.exists(keys.rate)  # idle: nothing left
+
+
+def test_a_rate_start_moved_later_holds_its_place_in_the_window_from_there(
+    admin_url: str, redis_client: redis.Redis
+) -> None:
+    """One start per 2 s: a start logged now and moved 1 s later (its request waited for another
+    scope first) keeps the next start out until 3 s from now, not 2; the log lives a window past
+    the moved start, also when another start is logged after the move; a start is only moved
+    later, and only while it is logged."""
+    keys = delay_keys("redislock", "key:proxy:p2")
+
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(admin_url)
+        runner = CommandRunner(client)
+        wait, at = await adrive(take_rate(keys, 1, 2.0, "a"), runner, "rate")
+        assert wait == 0
+        assert await adrive(push_rate(keys, "a", at + 1.0, 2.0), runner, "rate")
+        assert not await adrive(push_rate(keys, "a", at + 0.5, 2.0), runner, "rate")  # only later
+        assert not await adrive(push_rate(keys, "gone", at + 1.0, 2.0), runner, "rate")
+        wait, now = await adrive(take_rate(keys, 1, 2.0, "b"), runner, "rate")
+        assert now + wait == pytest.approx(at + 3.0, abs=2e-6)
+        assert redis_client.pttl(keys.rate) > (at + 3.0 - now) * 1000 - 50
+        # two per 2 s: a start let through beside a moved one keeps the log a window past it
+        two = delay_keys("redislock", "key:proxy:p3")
+        _, at = await adrive(take_rate(two, 2, 2.0, "a"), runner, "rate")
+        assert await adrive(push_rate(two, "a", at + 1.0, 2.0), runner, "rate")
+        wait, now = await adrive(take_rate(two, 2, 2.0, "b"), runner, "rate")
+        assert wait == 0
+        assert redis_client.pttl(two.rate) > (at + 3.0 - now) * 1000 - 50
+        await client.aclose()
+
+    asyncio.run(main())

@@ -4,7 +4,7 @@ hand)."""
 from __future__ import annotations
 
 from scrapy_redislock.lock.permit import LIMBO
-from scrapy_redislock.lock.status import Grant, Process, StageStatus, wait_reason
+from scrapy_redislock.lock.status import Grant, Process, StageStatus, _light, wait_reason
 
 OWNER_A = "redislock:host-a:1:abc"
 OWNER_B = "redislock:host-b:2:def"
@@ -68,3 +68,11 @@ def test_why_waiting_in_json_is_the_reasons_text() -> None:
     held = status(grants=[grant(OWNER_A, 1, 0.5), grant(OWNER_B, 2, 1.0)], debt=1)
     assert held.to_json()["why_waiting"] == wait_reason(held).text
     assert ", 1 more to give back after the limit was lowered" in wait_reason(held).text
+
+
+def test_an_operators_pin_on_a_keys_light_path_is_no_grant() -> None:
+    """``set-limit key:X 0`` pins the light path's limit (``#pinned`` beside ``#limit``): status
+    shows a limit of 0 and nobody holding, not an expired grant of an owner ''."""
+    status = _light("key:example.com", [(b"#limit", 0.0), (b"#pinned", 1.0)])
+    assert status is not None
+    assert status.grants == [] and status.held == 0 and status.limit == 0

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import redis
-from scrapy import Spider
+from scrapy import Request, Spider
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Response
 from scrapy.utils.test import get_crawler
@@ -295,5 +295,69 @@ def test_a_request_whose_slot_a_renewal_found_lost_does_not_start(
             with pytest.raises(LeaseRanOut):
                 f.middleware._at_download_start(waiting)
             f.middleware.process_exception(waiting, LeaseRanOut("lost"), Spider("unit"))
+
+    asyncio.run(scenario())
+
+
+def test_a_crawl_delay_past_the_longest_delay_is_kept_at_the_longest(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """robots.txt says ``Crawl-delay: 1e300``: the site's delay is the longest one a setting may
+    name (86400 s), said at WARNING; past about 1e14 s Redis refused the delay's script, whose
+    retries held every request of the site for ever."""
+
+    class Robots:
+        def crawl_delay(self, agent: str) -> float:
+            return 1e300
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": 1},
+            scheduler=False,
+            REDISLOCK_CRAWL_DELAY=True,
+            ROBOTSTXT_OBEY=True,
+        ) as f:
+            throttle = f.middleware.throttle
+            assert throttle is not None
+            throttle.robots_parsed(Robots(), request("detail"))
+            assert throttle.crawl_delays == {"127.0.0.1": 86400.0}
+            # the site's first start goes at once: Redis takes a gap of 86400 s
+            await asyncio.wait_for(f.send(request("detail", 1)), 10.0)
+
+    asyncio.run(scenario())
+    assert "asks for a Crawl-delay of 1e+300 s; the cluster keeps 86400 s" in caplog.text
+
+
+def test_a_start_a_later_wait_holds_back_keeps_its_gap_after_it_goes_out(redis_url: str) -> None:
+    """Stage ``detail`` keeps 1 s between starts, host 127.0.0.2 0.6 s. R1 (host 2, whose start
+    was just taken) confirms its stage's start, then waits 0.6 s for its host's. R2 (host 3) asks
+    for the stage meanwhile: it may go no sooner than 1 s after R1 goes out, not 1 s after R1's
+    confirmation (0.4 s after R1 at the site, before R1's start was held back)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": None},
+            scheduler=False,
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_DELAYS={"detail": 1.0, "127.0.0.2": 0.6},
+        ) as f:
+            throttle = f.middleware.throttle
+            assert throttle is not None
+            await throttle.delays.wait_start("key:127.0.0.2", 0.6)  # host 2's start: just now
+            first = Request("http://127.0.0.2:9/1", meta={"redislock_stage": "detail"})
+            second = Request("http://127.0.0.3:9/2", meta={"redislock_stage": "detail"})
+            out: dict[str, float] = {}
+
+            async def go(name: str, request: Request) -> None:
+                await f.send(request)
+                out[name] = time.monotonic()
+
+            going = asyncio.ensure_future(go("first", first))
+            await until(lambda: len(throttle.starts.get(first, ())) == 1)  # its stage's start
+            await asyncio.gather(going, go("second", second))
+            assert out["second"] - out["first"] >= 0.9, out
+            assert f.crawler.stats.get_value("redislock/delay/held_back_starts") == 1
 
     asyncio.run(scenario())

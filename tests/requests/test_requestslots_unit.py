@@ -235,6 +235,35 @@ def test_a_keys_line_opens_its_wait_again_as_soon_as_its_grant_is_kept() -> None
     asyncio.run(scenario())
 
 
+def test_a_wait_in_redis_cancelled_by_the_ending_loop_is_not_opened_again() -> None:
+    """The event loop ends with a request waiting (``asyncio.run`` cancels every task, the
+    registry still open): its wait in Redis is not opened again, as a task that would never run
+    and that nothing would close; the request stops waiting. A wait withdrawn as surplus is the
+    line's own cancel, and only then does the line look again at what it wants."""
+
+    async def scenario() -> None:
+        clock = FakeClock(1000.0)
+        slots = slots_of(clock)
+        waits: list[asyncio.Future[Permit]] = []
+
+        async def acquire(stage: str, timeout: float | None) -> Permit:  # a wait in Redis
+            waits.append(wait := asyncio.get_running_loop().create_future())
+            return await wait
+
+        slots.locks.acquire = acquire  # type: ignore[method-assign]
+        request = asyncio.ensure_future(slots.lines.wait("detail", None))
+        await until(lambda: len(waits) == 1)
+        (ask,) = slots.lines.lines["detail"].asks
+        ask.cancel()  # not by the line: the loop's end
+        await asyncio.wait({request}, timeout=5.0)  # it waited on, for ever, when opened again
+        assert request.cancelled()
+        assert slots.lines.asking("detail") == 0
+        assert len(waits) == 1
+        assert not slots.locks.closed
+
+    asyncio.run(scenario())
+
+
 def test_a_request_the_scheduler_still_holds_with_its_slots_is_not_swept() -> None:
     """The engine backs off (its downloader or scraper is full) for longer than two ticks: a request
     that got its slots in the scheduler and waits for the engine's next ask keeps them (and an error

@@ -3,7 +3,8 @@
 -- let up to 2N through in some window of T); a start is let through and logged when fewer than N logged starts lie
 -- in (now - T, now], else it is told to wait until the oldest of the last N is a whole window old, and to ask again
 -- then (the caller's one wait per scope and process asks; other processes may win the freed place first). The log
--- expires one window after its newest start, so an idle scope leaves nothing behind.
+-- expires one window after its newest start (one moved later by rate_late.lua may lie ahead of now), so an idle
+-- scope leaves nothing behind.
 -- KEYS[1] the key's rate log (zset: member -> start, Redis time in µs)
 -- ARGV[1] N, ARGV[2] T in µs, ARGV[3] this start's member (unique: the caller's token)
 -- Returns {µs to wait before asking again (0: started now), now (Redis time, µs)}.
@@ -19,5 +20,7 @@ if redis.call('ZCARD', log) >= count then
     return {string.format('%.0f', math.max(1, wait)), string.format('%.0f', now)}
 end
 redis.call('ZADD', log, string.format('%.0f', now), ARGV[3])
-redis.call('PEXPIREAT', log, string.format('%.0f', math.ceil((now + window) / 1000)))
+-- a window past the newest entry: one moved later (rate_late.lua) may lie ahead of now
+local newest = tonumber(redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')[2])
+redis.call('PEXPIREAT', log, string.format('%.0f', math.ceil((math.max(now, newest) + window) / 1000)))
 return {'0', string.format('%.0f', now)}
