@@ -1,8 +1,9 @@
 """CloseWaits: the requests waiting in StageLockMiddleware for a slot, of their stage
 (:meth:`RequestSlots.wait <scrapy_redislock.requests.requestslots.RequestSlots.wait>`) or of their key
-or another scope (:class:`~scrapy_redislock.requests.throttle.ScopeThrottle`), and what becomes of
-them when the spider closes. One record and one watch for both: they hold one of
-CONCURRENT_REQUESTS each, and the engine's close waits for them.
+or another scope (:class:`~scrapy_redislock.requests.throttle.ScopeThrottle`), or for their start
+(a delay, a rate window, a Retry-After's pause), and what becomes of them when the spider closes.
+One record and one watch for all: they hold one of CONCURRENT_REQUESTS each, and the engine's close
+waits for them.
 
 Once the engine closes:
 
@@ -14,7 +15,8 @@ Once the engine closes:
   what they wait for makes progress; the waits of a stage or key that is paused, or that frees no
   slot anywhere for REDISLOCK_TTL + DOWNLOAD_TIMEOUT, are dropped (IgnoreRequest), said at WARNING
   with counts and counted as ``redislock/<stage>/dropped_at_close`` or
-  ``redislock/keys/dropped_at_close``, so that the close never hangs for ever;
+  ``redislock/keys/dropped_at_close``, so that the close never hangs for ever; a wait for a start
+  ends by itself (a delay or window is at most a day, a pause 600 s);
 - once the slots' registry closes (spider_closed), the waits left end with IgnoreRequest.
 
 Reads REDISLOCK_TTL (through the checked settings) and DOWNLOAD_TIMEOUT.
@@ -27,7 +29,7 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy.exceptions import IgnoreRequest
 
@@ -39,9 +41,10 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from scrapy_redislock.crawl.settings import RedisLockSettings
-    from scrapy_redislock.crawl.stagelocks import SlotPermit, StageLocks
+    from scrapy_redislock.crawl.stagelocks import StageLocks
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # How often the waits check whether the engine is closing (its close waits for them).
 CLOSE_CHECK_INTERVAL = 0.1
@@ -53,12 +56,14 @@ STALL_CHECK_INTERVAL = 1.0
 @dataclass
 class Waiting:
     """A request waiting in the middleware for a slot of ``name`` (a stage; a key or scope when
-    ``keyed``) of the registry ``locks``; given back to the scheduler or dropped at close."""
+    ``keyed``) of the registry ``locks``, or for its start (``start``: a delay, a rate window, a
+    pause); given back to the scheduler or dropped at close."""
 
     request: Request
     name: str
     locks: StageLocks
     keyed: bool
+    start: bool = False
     given_back: bool = False
     dropped: bool = False
 
@@ -87,7 +92,7 @@ class CloseWaits:
     def __init__(self, crawler: Crawler, settings: RedisLockSettings) -> None:
         self.crawler = crawler
         self.stall_window = settings.ttl + crawler.settings.getfloat("DOWNLOAD_TIMEOUT", 180)
-        self.waits: dict[asyncio.Future[SlotPermit], Waiting] = {}
+        self.waits: dict[asyncio.Future[Any], Waiting] = {}
         # StageScheduler's (serve_scheduler): whether a request left it, and the way back in
         self.left_scheduler: Callable[[Request], bool] | None = None
         self.give_back: Callable[[Request], bool] | None = None
@@ -106,15 +111,16 @@ class CloseWaits:
         request: Request,
         name: str,
         locks: StageLocks,
-        slot: Awaitable[SlotPermit],
+        slot: Awaitable[T],
         *,
         keyed: bool = False,
-    ) -> SlotPermit:
-        """``request``'s slot of ``name``, from ``slot``; IgnoreRequest when the spider closes
-        meanwhile and the request is given back to the scheduler, dropped, or its registry
-        closed."""
+        start: bool = False,
+    ) -> T:
+        """``request``'s slot of ``name``, from ``slot`` (with ``start``: its start); IgnoreRequest
+        when the spider closes meanwhile and the request is given back to the scheduler, dropped,
+        or its registry closed."""
         wait = asyncio.ensure_future(slot)
-        waiting = self.waits[wait] = Waiting(request, name, locks, keyed)
+        waiting = self.waits[wait] = Waiting(request, name, locks, keyed, start)
         if self._watcher is None or self._watcher.done():
             self._watcher = asyncio.get_running_loop().create_task(
                 every(self._interval, self._tick, what="watching the waits for the close")
@@ -125,6 +131,10 @@ class CloseWaits:
             if waiting.given_back:
                 self._hand_back(waiting)
             if waiting.dropped or (locks.closed and wait.cancelled()):
+                if waiting.start:
+                    raise IgnoreRequest(
+                        f"spider closing while waiting for its start of {waiting.what}"
+                    ) from None
                 raise IgnoreRequest(
                     f"spider closing while waiting for a slot of {waiting.what}"
                 ) from None
@@ -142,7 +152,7 @@ class CloseWaits:
             return bool(self.waits)
         self._hand_back_all()
         stalled: dict[tuple[StageLocks, str], str] = {}
-        for waiting in [w for w in self.waits.values() if w.open]:
+        for waiting in [w for w in self.waits.values() if w.open and not w.start]:
             about = (waiting.locks, waiting.name)
             if waiting.locks.closed:
                 stalled[about] = "its slots were closed"
@@ -163,17 +173,24 @@ class CloseWaits:
         left = self.left_scheduler
         if left is None or self.give_back is None:
             return
-        handing: Counter[str] = Counter()
+        handing: Counter[tuple[bool, str]] = Counter()
         for wait, waiting in list(self.waits.items()):
             if waiting.open and left(waiting.request) and wait.cancel():
                 waiting.given_back = True
-                handing["their key" if waiting.keyed else waiting.what] += 1
-        for what, count in sorted(handing.items()):
-            logger.info(
-                "Spider closing: %d request(s) waiting for a slot of %s go back to the scheduler's queue",
-                count,
-                what,
-            )
+                handing[waiting.start, "their key" if waiting.keyed else waiting.what] += 1
+        for (start, what), count in sorted(handing.items()):
+            if start:
+                logger.info(
+                    "Spider closing: %d request(s) waiting for their start of %s (a delay, a rate window or a pause) go back to the scheduler's queue",  # noqa: E501
+                    count,
+                    what,
+                )
+            else:
+                logger.info(
+                    "Spider closing: %d request(s) waiting for a slot of %s go back to the scheduler's queue",
+                    count,
+                    what,
+                )
 
     def _hand_back(self, waiting: Waiting) -> None:
         """Back into the scheduler's queue, and out of the downloader with IgnoreRequest (its slots
@@ -189,15 +206,26 @@ class CloseWaits:
             given = False
         if given:
             self.crawler.stats.inc_value(f"{waiting.stats}/given_back_at_close")
+            if waiting.start:
+                raise IgnoreRequest(
+                    f"spider closing: given back to the scheduler while waiting for its start of {waiting.what}"
+                )
             raise IgnoreRequest(
                 f"spider closing: given back to the scheduler while waiting for a slot of {waiting.what}"
             )
         self.crawler.stats.inc_value(f"{waiting.stats}/dropped_at_close")
-        logger.warning(
-            "Spider closing: dropped %s, waiting for a slot of %s: the scheduler could not take it back",
-            waiting.request,
-            waiting.what,
-        )
+        if waiting.start:
+            logger.warning(
+                "Spider closing: dropped %s, waiting for its start of %s: the scheduler could not take it back",
+                waiting.request,
+                waiting.what,
+            )
+        else:
+            logger.warning(
+                "Spider closing: dropped %s, waiting for a slot of %s: the scheduler could not take it back",
+                waiting.request,
+                waiting.what,
+            )
         waiting.dropped = True
 
     def _drop(self, locks: StageLocks, name: str, why: str) -> None:

@@ -56,8 +56,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 from weakref import WeakKeyDictionary
 
 from scrapy import signals
@@ -86,6 +86,7 @@ if TYPE_CHECKING:
 START_META = "redislock_start_at"  # the confirmed start, on Redis's clock (seconds since the epoch)
 STARTS_META = "redislock_starts"  # every confirmed start of the request: {stage or key:<name>: at}
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ScopeThrottle:
@@ -296,7 +297,9 @@ class ScopeThrottle:
 
     async def _rate(self, request: Request, name: str, rate: tuple[int, float]) -> None:
         """Wait for a place in the rate window of ``name`` (a stage, or ``key:<scope>``)."""
-        start = await self.delays.wait_rate(name, *rate, self.starts.get(request, ()))
+        start = await self._start_of(
+            request, name, self.delays.wait_rate(name, *rate, self.starts.get(request, ()))
+        )
         self._started(request, start)
         stats = self.crawler.stats
         stats.inc_value("redislock/rate/starts")
@@ -320,7 +323,9 @@ class ScopeThrottle:
     async def _pause_check(self, request: Request, name: str) -> None:
         """Wait while a Retry-After pauses the starts of ``name`` (a start with no gap: one script
         of 4 commands when nothing is paused)."""
-        start = await self.delays.wait_start(name, 0.0, self.starts.get(request, ()))
+        start = await self._start_of(
+            request, name, self.delays.wait_start(name, 0.0, self.starts.get(request, ()))
+        )
         if start.waited:
             self.crawler.stats.inc_value("redislock/retry_after/waits")
 
@@ -374,10 +379,25 @@ class ScopeThrottle:
         self.locks.record_grant(key, self.clock() - started)
 
     async def _delay(self, request: Request, name: str, delay: float) -> None:
-        start = await self.delays.wait_start(name, delay, self.starts.get(request, ()))
+        start = await self._start_of(
+            request, name, self.delays.wait_start(name, delay, self.starts.get(request, ()))
+        )
         self._started(request, start)
         self.crawler.stats.inc_value("redislock/delay/waits")
         self.crawler.stats.inc_value("redislock/delay/wait_time_total", start.waited)  # type: ignore[arg-type]  # (as above)
+
+    async def _start_of(self, request: Request, name: str, waiting: Awaitable[T]) -> T:
+        """A wait for the request's start of ``name`` (a stage, or ``key:<name>``): given back to
+        the scheduler when the spider closes meanwhile, as a wait for a slot is (CloseWaits): a
+        long Crawl-delay would otherwise hold the close up."""
+        return await self.waits.wait(
+            request,
+            name.removeprefix(KEY_LOCK_PREFIX),
+            self.locks,
+            waiting,
+            keyed=name.startswith(KEY_LOCK_PREFIX),
+            start=True,
+        )
 
     def _started(self, request: Request, start: Start) -> None:
         """The request's start of a delay or rate window: in its meta, and kept until it goes out

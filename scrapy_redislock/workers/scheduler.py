@@ -557,8 +557,14 @@ class StageWorkerScheduler(BaseScheduler):
             self.state.wake()
             return None
         request = inflight.hand()
-        if request is not None and permit is not None:
-            # its download ends before the slot's lease, as last confirmed, can run out
+        if (
+            request is not None
+            and permit is not None
+            and stage_of(request, self.settings, self.spider) == self.state.current
+        ):
+            # its download ends before the slot's lease, as last confirmed, can run out (one of an
+            # uncapped stage taken before this worker moved up to a capped one is not bounded: it
+            # has no cap to break, and the capped slot's loss is not its own)
             within_lease(request, self._lease_left(permit, now), self.download_timeout)
             self._leases[request] = permit
         elif request is not None:

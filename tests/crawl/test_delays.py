@@ -33,7 +33,7 @@ def test_starts_keep_their_delay_and_rates_their_window_and_a_forced_shutdown_en
             first = await delays.wait_start("key:a", 0.2)
             second = await delays.wait_start("key:a", 0.2)
             assert second.at - first.at >= 0.2 - TOLERANCE
-            starts = [(await delays.wait_rate("key:r", 2, 0.3))[0] for _ in range(3)]
+            starts = [(await delays.wait_rate("key:r", 2, 0.3)).at for _ in range(3)]
             assert starts[2] - starts[0] >= 0.3 - TOLERANCE
             assert not delays.closed
             await f.slots.close_unclean()

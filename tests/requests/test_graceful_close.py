@@ -141,3 +141,30 @@ def test_requests_waiting_for_a_key_slot_at_close_stay_in_the_persistent_redis_q
     assert answered(site) + queued(redis_client) == PAGES, crawl.tail()
     assert stats.get("redislock/keys/given_back_at_close", 0) >= 1, crawl.tail()
     assert leftover(redis_client) == 0
+
+
+def test_requests_waiting_for_their_start_at_close_go_back_to_the_queue_at_once(
+    redis_url: str, redis_client: redis.Redis, site: CrawlSite, tmp_path: Path
+) -> None:
+    """One host keeps 30 s between starts (a long Crawl-delay, say): when CLOSESPIDER_TIMEOUT
+    closes the spider 2 s in, the requests sleeping on the host's delay in the middleware go back
+    to scrapy-redis's queue, and the close does not wait out their delays (before, it waited for
+    each in turn: 30 s a request)."""
+    delayed = settings(
+        redis_url,
+        REDISLOCK_STAGES={"detail": None},
+        REDISLOCK_STAGE_KEY="domain",
+        REDISLOCK_DELAY=30,
+        CONCURRENT_REQUESTS=4,
+    )
+    crawl = Crawl(site.url, f"detail:{PAGES}", delayed, tmp_path).run()
+    assert crawl.code == 0, crawl.tail()
+    stats = crawl.stats
+    assert answered(site) == 1  # the host's first start; every other waits 30 s
+    assert answered(site) + queued(redis_client) == PAGES, crawl.tail()
+    assert stats.get("redislock/keys/given_back_at_close", 0) >= 1, crawl.tail()
+    assert (
+        "given back to the scheduler while waiting for its start of key '127.0.0.1'" in crawl.output
+    )
+    assert stats["elapsed_time_seconds"] < 20, crawl.tail()
+    assert leftover(redis_client) == 0

@@ -10,6 +10,7 @@ import pytest
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
+from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.workers.mixin import StageWorkerMixin
 from scrapy_redislock.workers.policy import liveness
 from scrapy_redislock.workers.scheduler import StageWorkerScheduler
@@ -63,3 +64,29 @@ def test_a_download_timeout_past_the_lease_is_said_at_start_up(
     with caplog.at_level(logging.INFO, logger="scrapy_redislock"):
         asyncio.run(scenario())
     assert ("A capped request's download is cut where its slot's lease" in caplog.text) is said
+
+
+def test_a_request_of_the_uncapped_stage_left_after_a_move_up_is_not_bounded_by_the_capped_slot() -> (
+    None
+):
+    """The worker moved up from uncapped ``detail`` to capped ``list`` with a detail request still
+    taken ahead: that request goes with its own DOWNLOAD_TIMEOUT, not cut at list's lease, and the
+    loss of list's slot does not fail it; list's own requests are bounded."""
+
+    async def scenario() -> None:
+        clock = FakeClock(100.0)
+        sched = scheduler(clock)
+        sched.state.took("detail", None)
+        sched.heartbeat.beats.beaten(clock.now, clock.now, liveness(30, working=True))
+        detail = Request("https://example.com/d", meta={"redislock_stage": "detail"})
+        listing = Request("https://example.com/l", meta={"redislock_stage": "list"})
+        sched.inflight.buffer.extend([(detail, "1"), (listing, "2")])
+        permit = Permit("workers:list", "unit", "1-1", 1, clock.now)
+        permit.leased(clock.now, 30.0)
+        sched.state.took("list", permit)  # what the move up's take does
+        assert sched.next_request() is detail
+        assert "download_timeout" not in detail.meta and detail not in sched._leases
+        assert sched.next_request() is listing
+        assert listing.meta["download_timeout"] < 30 and listing in sched._leases
+
+    asyncio.run(scenario())
