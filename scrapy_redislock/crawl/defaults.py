@@ -208,9 +208,9 @@ TABLE: tuple[Setting, ...] = (
     Setting(
         "REDISLOCK_DELAY",
         0.0,
-        "seconds",
+        "delay",
         "Seconds between two request starts of the same key, across every process (on Redis's "
-        "clock); 0 = none.",
+        "clock), at most 86400; 0 = none.",
     ),
     Setting(
         "REDISLOCK_DELAYS",

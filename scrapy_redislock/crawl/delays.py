@@ -55,6 +55,9 @@ T = TypeVar("T")
 # seconds from a start's confirmation to its request reaching the downloader beyond which the
 # name's next start is moved back (one more script): a few loop iterations on an idle process
 LATE_SEND = 0.001
+# seconds a request's earlier starts are moved ahead while it waits behind another of this process
+# for a rate window (again every half of it)
+LINE_HOLD = 1.0
 
 __all__ = ["LATE_SEND", "ConfirmedStart", "Delays", "RateStart", "Start"]
 
@@ -149,7 +152,8 @@ class Delays:
         self._rate_users[name] += 1
         waited = 0.0
         try:
-            async with line:
+            await self._acquire_line(line, earlier)
+            try:
                 while True:
                     self._rate_count += 1
                     member = f"{self._rate_token}:{self._rate_count}"
@@ -160,6 +164,8 @@ class Delays:
                         return RateStart(name, now, member, window, waited, self.clock())
                     await self._sleep(wait, earlier)
                     waited += wait
+            finally:
+                line.release()
         finally:
             self._rate_users[name] -= 1
             if not self._rate_users[name]:
@@ -193,19 +199,45 @@ class Delays:
     async def _sleep(self, seconds: float, earlier: Sequence[Start]) -> None:
         """Sleep before a start, the request's ``earlier`` starts moved to the sleep's end first:
         they go out with this one, and until it no other start of their names may come within
-        their gap or window (counted as ``redislock/delay/held_back_starts``)."""
-        if earlier:
-            now = self.clock()
-            moves = [
-                self._delay_command(
-                    functools.partial(self._moved, start, now - start.confirmed + seconds),
-                    start.name,
-                )
-                for start in earlier
-            ]
-            await asyncio.gather(*moves)
-            self.stats.inc_value("redislock/delay/held_back_starts", len(earlier))
-        await asyncio.sleep(seconds)
+        their gap or window (counted as ``redislock/delay/held_back_starts``). The sleep ends
+        where the moves said, their round trip included."""
+        deadline = self.clock() + seconds
+        await self._hold(earlier, deadline)
+        await asyncio.sleep(max(0.0, deadline - self.clock()))
+
+    async def _hold(self, earlier: Sequence[Start], until: float) -> None:
+        """Move the request's ``earlier`` starts to ``until`` (this process's monotonic clock)."""
+        if not earlier:
+            return
+        moves = [
+            self._delay_command(
+                functools.partial(self._moved, start, until - start.confirmed), start.name
+            )
+            for start in earlier
+        ]
+        await asyncio.gather(*moves)
+        self.stats.inc_value("redislock/delay/held_back_starts", len(earlier))
+
+    async def _acquire_line(self, line: asyncio.Lock, earlier: Sequence[Start]) -> None:
+        """This process's one wait for a rate window: the requests behind it line up here, first
+        come, first served, their ``earlier`` starts moved :data:`LINE_HOLD` ahead every half of
+        it meanwhile (as before a sleep: their names keep their gaps after the moment they go)."""
+        if not earlier or not line.locked():
+            await line.acquire()
+            return
+        acquiring = asyncio.ensure_future(line.acquire())
+        try:
+            while True:
+                await self._hold(earlier, self.clock() + LINE_HOLD)
+                done, _ = await asyncio.wait({acquiring}, timeout=LINE_HOLD / 2)
+                if done:
+                    return
+        except BaseException:
+            if acquiring.done() and not acquiring.cancelled():
+                line.release()  # acquired just as this wait was cancelled
+            else:
+                acquiring.cancel()
+            raise
 
     def _pushed(self, task: asyncio.Task[bool]) -> None:
         self._pushes.discard(task)

@@ -48,7 +48,13 @@ from scrapy_redislock.crawl.inner import check_inner_scheduler
 from scrapy_redislock.crawl.keys import KeyFunction, domain
 from scrapy_redislock.crawl.keys import key_function as parse_key_function  # noqa: F401
 from scrapy_redislock.crawl.requestformat import serializer_of
-from scrapy_redislock.crawl.scopes import ScopeFunction, ScopePolicy, ScopeTable, parse_policy
+from scrapy_redislock.crawl.scopes import (
+    MOST_SECONDS,
+    ScopeFunction,
+    ScopePolicy,
+    ScopeTable,
+    parse_policy,
+)
 from scrapy_redislock.crawl.scopes import parse_scopes as scope_table
 from scrapy_redislock.crawl.scopes import scope_function as parse_scope_function  # noqa: F401
 from scrapy_redislock.crawl.stages import unknown_stage
@@ -506,8 +512,19 @@ def parse_delays(raw: Any, name: str, optional: bool = False) -> dict[str, float
             raise ConfigError(
                 f"{name}: names must be non-empty strings without braces, got {key!r}"
             )
-        checked[key] = parse_seconds(seconds, f"{name}[{key!r}]")
+        checked[key] = parse_delay(seconds, f"{name}[{key!r}]")
     return checked
+
+
+def parse_delay(raw: Any, name: str, optional: bool = False) -> float:
+    """Seconds between two starts: from 0 to MOST_SECONDS (a day; beyond about 1e14 s Redis
+    refuses the delay's script)."""
+    value = parse_seconds(raw, name, optional)
+    if value > MOST_SECONDS:
+        raise ConfigError(
+            f"{name} must be a number of seconds from 0 to {MOST_SECONDS}, got {raw!r}"
+        )
+    return value
 
 
 def parse_adaptive(raw: Any, name: str, optional: bool = False) -> tuple[str, ...] | bool:

@@ -92,8 +92,8 @@ def take_rate(
 
 def push_rate(keys: LockKeys, member: str, moment: float, window: float) -> Operation[bool]:
     """A start logged as ``member`` in a rate window goes out at ``moment`` (seconds since the
-    epoch, Redis's clock), later than logged: its entry moves there (``scripts/rate_late.lua``;
-    whether it moved)."""
+    epoch, Redis's clock), later than logged: its entry moves there, or is logged there again if
+    the log dropped it (``scripts/rate_late.lua``; whether it moved)."""
     reply = yield RunScript("rate_late", (keys.rate,), (member, _micros(moment), _micros(window)))
     return bool(reply)
 

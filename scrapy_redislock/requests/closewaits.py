@@ -234,7 +234,11 @@ class CloseWaits:
         dropped = [
             waiting
             for wait, waiting in list(self.waits.items())
-            if waiting.open and waiting.locks is locks and waiting.name == name and wait.cancel()
+            if waiting.open
+            and not waiting.start
+            and waiting.locks is locks
+            and waiting.name == name
+            and wait.cancel()
         ]
         for waiting in dropped:
             waiting.dropped = True

@@ -532,7 +532,8 @@ class StageWorkerScheduler(BaseScheduler):
         inflight = self.inflight
         inflight.ack_finished()
         local = self.outbox.local
-        recorded = bool(inflight.buffer) or bool(local and local[0][1] is not None)
+        # what is handed next is in the in-flight record (a request with no stage goes first)
+        recorded = local[0][1] is not None if local else bool(inflight.buffer)
         if recorded and self.heartbeat.beats.stalled(self.clock()):
             # No beat for most of what the last one promised (this process stalled): the others may
             # have requeued what we took ahead, and the requests with no stage in our in-flight

@@ -9,7 +9,10 @@ import asyncio
 
 import pytest
 
+from scrapy_redislock.lock.delay import confirm_start, delay_keys
+from scrapy_redislock.lock.protocol import adrive
 from testing.inprocess import front
+from testing.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -38,5 +41,36 @@ def test_starts_keep_their_delay_and_rates_their_window_and_a_forced_shutdown_en
             assert not delays.closed
             await f.slots.close_unclean()
             assert delays.closed and throttle.locks.closed
+
+    asyncio.run(scenario())
+
+
+def test_a_request_queued_behind_another_for_a_rate_window_holds_its_earlier_starts(
+    redis_url: str,
+) -> None:
+    """One start per 2 s on ``key:r``. R1 takes it; R2 waits for the window (this process's one
+    wait for it); R3, whose host start ``key:h`` (gap 0.5 s) is confirmed, queues behind R2. While
+    it waits, its host start is moved ahead: another process confirming the host 0.6 s later is
+    told to wait (before, it was let through while R3 still waited, and R3 then went out right
+    after it)."""
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": None}, REDISLOCK_STAGE_KEY="domain") as f:
+            throttle = f.middleware.throttle
+            assert throttle is not None
+            delays, stats = throttle.delays, f.crawler.stats
+            await delays.wait_rate("key:r", 1, 2.0)  # R1
+            second = asyncio.ensure_future(delays.wait_rate("key:r", 1, 2.0))  # R2
+            host = await delays.wait_start("key:h", 0.5)
+            third = asyncio.ensure_future(delays.wait_rate("key:r", 1, 2.0, [host]))  # R3
+            await until(lambda: delays.clock() - host.confirmed > 0.6)
+            assert not second.done()  # R3 still queued behind R2's wait
+            keys = delay_keys("redislock", "key:h")
+            wait, _ = await adrive(confirm_start(keys, 0.5), delays.runner, "key:h")
+            assert wait > 0  # held for R3
+            assert stats.get_value("redislock/delay/held_back_starts") >= 2
+            third.cancel()
+            second.cancel()
+            await asyncio.gather(second, third, return_exceptions=True)
 
     asyncio.run(scenario())

@@ -64,6 +64,14 @@ def test_bad_stage_key(value: Any, message: str) -> None:
         ({"REDISLOCK_DELAY": float("inf")}, "REDISLOCK_DELAY must be a number of seconds >= 0"),
         ({"REDISLOCK_DELAY": True}, "REDISLOCK_DELAY must be a number of seconds >= 0, got True"),
         (
+            {"REDISLOCK_DELAY": 1e15},  # Redis would refuse the delay's script, for ever
+            "REDISLOCK_DELAY must be a number of seconds from 0 to 86400, got 1000000000000000.0",
+        ),
+        (
+            {"REDISLOCK_DELAYS": {"a.com": 90000}},
+            "REDISLOCK_DELAYS['a.com'] must be a number of seconds from 0 to 86400, got 90000",
+        ),
+        (
             {"REDISLOCK_DELAYS": {"a.com": "soon"}},
             "REDISLOCK_DELAYS['a.com'] must be a number of seconds",
         ),

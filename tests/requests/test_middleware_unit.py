@@ -300,7 +300,7 @@ def test_a_request_whose_slot_a_renewal_found_lost_does_not_start(
 
 
 def test_a_crawl_delay_past_the_longest_delay_is_kept_at_the_longest(
-    redis_url: str, caplog: pytest.LogCaptureFixture
+    redis_url: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     """robots.txt says ``Crawl-delay: 1e300``: the site's delay is the longest one a setting may
     name (86400 s), said at WARNING; past about 1e14 s Redis refused the delay's script, whose
@@ -324,6 +324,8 @@ def test_a_crawl_delay_past_the_longest_delay_is_kept_at_the_longest(
             assert throttle.crawl_delays == {"127.0.0.1": 86400.0}
             # the site's first start goes at once: Redis takes a gap of 86400 s
             await asyncio.wait_for(f.send(request("detail", 1)), 10.0)
+        for key in redis_client.scan_iter("redislock:{key:127.0.0.1}:*"):  # a day's gap: not left
+            redis_client.delete(key)
 
     asyncio.run(scenario())
     assert "asks for a Crawl-delay of 1e+300 s; the cluster keeps 86400 s" in caplog.text
@@ -357,7 +359,8 @@ def test_a_start_a_later_wait_holds_back_keeps_its_gap_after_it_goes_out(redis_u
             going = asyncio.ensure_future(go("first", first))
             await until(lambda: len(throttle.starts.get(first, ())) == 1)  # its stage's start
             await asyncio.gather(going, go("second", second))
-            assert out["second"] - out["first"] >= 0.9, out
+            # 1 s less R1's wake-up lag from its sleep (0.4 s before the fix)
+            assert out["second"] - out["first"] >= 0.75, out
             assert f.crawler.stats.get_value("redislock/delay/held_back_starts") == 1
 
     asyncio.run(scenario())
