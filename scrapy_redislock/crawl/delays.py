@@ -128,17 +128,17 @@ class Delays:
         request's starts before this one, moved to the end of each sleep here."""
         gap = gap_of(delay, self.randomize)
         keys = delay_keys(self.key_prefix, name)
-        booking = await self._delay_command(lambda: book_start(keys, gap), name)
+        booking, confirmed = await self._reply(lambda: book_start(keys, gap), name)
         waited, wait, at = 0.0, booking.wait, booking.at
         while not booking.confirmed:
             if wait > 0:
                 await self._sleep(wait, earlier)
                 waited += wait
-            wait, at = await self._delay_command(lambda: confirm_start(keys, gap), name)
+            (wait, at), confirmed = await self._reply(lambda: confirm_start(keys, gap), name)
             if not wait:
                 break
             self.stats.inc_value("redislock/delay/held_back")
-        return ConfirmedStart(name, at, gap, waited, self.clock())
+        return ConfirmedStart(name, at, gap, waited, confirmed)
 
     async def wait_rate(
         self, name: str, count: int, window: float, earlier: Sequence[Start] = ()
@@ -157,11 +157,11 @@ class Delays:
                 while True:
                     self._rate_count += 1
                     member = f"{self._rate_token}:{self._rate_count}"
-                    wait, now = await self._delay_command(
+                    (wait, now), confirmed = await self._reply(
                         functools.partial(take_rate, keys, count, window, member), name
                     )
                     if not wait:
-                        return RateStart(name, now, member, window, waited, self.clock())
+                        return RateStart(name, now, member, window, waited, confirmed)
                     await self._sleep(wait, earlier)
                     waited += wait
             finally:
@@ -246,10 +246,20 @@ class Delays:
 
     async def _delay_command(self, make: Callable[[], Operation[T]], name: str) -> T:
         """One delay operation, retried with back-off on Redis errors until :meth:`close`."""
+        return (await self._reply(make, name))[0]
+
+    async def _reply(self, make: Callable[[], Operation[T]], name: str) -> tuple[T, float]:
+        """:meth:`_delay_command`'s reply, and the moment a start it confirms is taken to be
+        confirmed, on this process's clock: when the reply came, or, when it took more than
+        :data:`LATE_SEND`, when the command was sent (a reply held up on its way back, or a stall
+        before it was read, is lateness the late send's correction must count)."""
         backoff = Backoff()
         while True:
+            sent = self.clock()
             try:
-                return await adrive(make(), self.runner, name)
+                value = await adrive(make(), self.runner, name)
+                replied = self.clock()
+                return value, sent if replied - sent > LATE_SEND else replied
             except REDIS_ERRORS as exc:
                 if self.closed:
                     raise

@@ -118,15 +118,19 @@ class CloseWaits:
     ) -> T:
         """``request``'s slot of ``name``, from ``slot`` (with ``start``: its start); IgnoreRequest
         when the spider closes meanwhile and the request is given back to the scheduler, dropped,
-        or its registry closed."""
-        wait = asyncio.ensure_future(slot)
+        or its registry closed. A slot's wait runs in a task of its own; a start's in the request's
+        own task, which the close cancels (most starts go at once: no task, no loop turn more)."""
+        wait: asyncio.Future[Any] | None = (
+            asyncio.current_task() if start else asyncio.ensure_future(slot)
+        )
+        assert wait is not None  # a start is waited for in a task
         waiting = self.waits[wait] = Waiting(request, name, locks, keyed, start)
         if self._watcher is None or self._watcher.done():
             self._watcher = asyncio.get_running_loop().create_task(
                 every(self._interval, self._tick, what="watching the waits for the close")
             )
         try:
-            return await wait
+            return await (slot if start else wait)
         except asyncio.CancelledError:
             if waiting.given_back:
                 self._hand_back(waiting)

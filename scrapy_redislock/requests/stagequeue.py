@@ -264,6 +264,7 @@ class StagePriorityQueues:
     def _push_order(self, route: Route, lifo: bool) -> float:
         """Where the sub-queue's head stands in the order one queue would give: its push order
         (negated for LIFO); unknown (a request read back from disk) sorts after the known ones."""
+        _settle(self.queues[route])
         try:
             head = self.queues[route].peek()
         except NotImplementedError:
@@ -303,7 +304,10 @@ class StagePriorityQueues:
 
     def peek(self) -> Request | None:
         route = self._next()
-        return None if route is None else self.queues[route].peek()
+        if route is None:
+            return None
+        _settle(self.queues[route])
+        return self.queues[route].peek()
 
     def close(self) -> dict[str, Any]:
         state = {_route_id(route): queue.close() for route, queue in self.queues.items()}
@@ -355,10 +359,29 @@ def _is_lifo(queue_cls: Any) -> bool:
     return any("Lifo" in cls.__name__ for cls in getattr(queue_cls, "__mro__", ()))
 
 
+def _settle(queue: Any) -> None:
+    """Bring a Scrapy priority queue's current priority up to date before it is peeked or ranked
+    (each of DownloaderAwarePriorityQueue's per-slot queues): ``ScrapyPriorityQueue.pop()`` leaves
+    ``curprio`` on a priority it emptied while start requests remain, moving on at its next pop, and
+    ``peek()`` then raises KeyError. Scrapy's own scheduler never peeks. This is what the next pop
+    would do first, so the order is Scrapy's."""
+    pqueues = getattr(queue, "pqueues", None)
+    for pq in pqueues.values() if isinstance(pqueues, dict) else (queue,):
+        curprio = getattr(pq, "curprio", None)
+        if (
+            curprio is not None
+            and curprio not in getattr(pq, "queues", {curprio: None})
+            and curprio not in getattr(pq, "_start_queues", {})
+            and hasattr(pq, "_update_curprio")
+        ):
+            pq._update_curprio()
+
+
 def _head_rank(queue: Any) -> tuple[int, int]:
     """How soon a sub-queue's head goes: its priority (lower first: Scrapy's queues keep -priority),
     then a callback request before a start request of that priority (Scrapy's order within one
     queue)."""
+    _settle(queue)
     curprio = getattr(queue, "curprio", None)
     if curprio is None:
         try:

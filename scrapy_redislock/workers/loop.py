@@ -187,9 +187,11 @@ class WorkerLoop:
                 await self.fill(pass_on=stage in state.signalled)
                 break
             state.found_full(stage)
-        for stage in state.signalled & state.full:
-            # a token for a stage with no free slot: its holders' (they may wait)
-            await self.queues.signal(stage)
+        for stage in sorted(state.signalled):
+            # a token for a stage with work this worker did not take (no free slot: its holders',
+            # who may wait; or one it did not try, having taken another): passed on
+            if stage != state.current and lengths.get(stage):
+                await self.queues.signal(stage)
         state.tokens_passed()
         busy = any(lengths.values()) or inflight.holding or self.outbox.local or self.outbox.pushes
         # a paused stage's queue is work: wait, never close
@@ -228,6 +230,11 @@ class WorkerLoop:
         inflight.ack_finished()
         want = inflight.wanted()
         if not want:
+            return 0
+        permit, locks = state.permit, self.slot.locks
+        if permit is not None and not permit.usable(self.clock() + locks.renew_interval):
+            # the slot's lease ran out here unrenewed (Redis out of reach, a stall): what is popped
+            # now would not be handed out, and the slot's next holder would find the queue emptier
             return 0
         popped = await inflight.pop(stage, want, pass_on)
         # taken for dead since the last beat: the beat says so and drops the buffer, then pop

@@ -69,7 +69,8 @@ class StageSlot:
             if state.permit is not None:
                 await self.locks.release(state.permit)
         previous = state.took(stage, permit)
-        await self.heartbeat.beat(stage)
+        # said and counted before the beat: a beat that fails (an outage) leaves the worker on the
+        # stage all the same, and the loop's next steps beat again
         self.stats.inc_value(f"redislock/workers/{stage}/taken")
         logger.info(
             "Worker %s works on stage %r%s",
@@ -77,6 +78,7 @@ class StageSlot:
             stage,
             f" (was {previous!r})" if previous else "",
         )
+        await self.heartbeat.beat(stage)
         return True
 
     async def leave(self, why: str = "no work left there") -> None:

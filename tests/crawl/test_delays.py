@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis
 
 from scrapy_redislock.lock.delay import confirm_start, delay_keys
 from scrapy_redislock.lock.protocol import adrive
 from testing.inprocess import front
+from testing.netproxy import LatencyProxy
 from testing.waiting import until
 
 pytestmark = pytest.mark.integration
@@ -74,3 +76,30 @@ def test_a_request_queued_behind_another_for_a_rate_window_holds_its_earlier_sta
             await asyncio.gather(second, third, return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+def test_a_start_whose_reply_was_held_up_counts_as_sent_late(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Redis confirms a start, but its reply takes 0.5 s to come back (a slow network, a stall
+    before it is read). The request goes out as soon as the reply came: 0.5 s after Redis confirmed
+    it. That counts as a late send, and the name's next start keeps its whole gap (1 s) after it;
+    before, lateness was counted from the reply, and another process could start 0.5 s after it."""
+    with LatencyProxy(redis_client.connection_pool.connection_kwargs["port"]) as proxy:
+
+        async def scenario() -> None:
+            async with front(proxy.url, {"detail": None}, REDISLOCK_STAGE_KEY="domain") as f:
+                throttle = f.middleware.throttle
+                assert throttle is not None
+                delays, stats = throttle.delays, f.crawler.stats
+                proxy.down = 0.5
+                start = await delays.wait_start("key:a", 1.0)
+                proxy.down = 0.0
+                delays.went_out(start)  # out the moment the reply came
+                assert stats.get_value("redislock/delay/late_sends") == 1
+                await until(lambda: not delays._pushes)
+                keys = delay_keys("redislock", "key:a")
+                wait, now = await adrive(confirm_start(keys, 1.0), delays.runner, "key:a")
+                assert now + wait >= start.at + 0.5 + 1.0 - TOLERANCE
+
+        asyncio.run(scenario())

@@ -139,6 +139,47 @@ def test_priority_order_within_and_across_stages(redis_url: str) -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize(
+    "priority_queue",
+    ["scrapy.pqueues.DownloaderAwarePriorityQueue", "scrapy.pqueues.ScrapyPriorityQueue"],
+)
+def test_priority_order_holds_after_a_sub_queues_top_priority_ran_out_beside_start_requests(
+    redis_url: str, priority_queue: str
+) -> None:
+    """Scrapy's priority queue leaves its current priority on one it emptied while start requests
+    remain (its next pop moves on); peeked then, it raised KeyError (or, without the downloader's
+    slots, ranked its head by that priority). StageScheduler peeks whenever two sub-queues could
+    go: the uncapped callback request at priority 2 goes first (detail has no slot yet); then, with
+    detail's slot in hand, detail's request at priority 1 before the start request at 0."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": 64},
+            REDISLOCK_WAITERS_PER_STAGE=8,
+            SCHEDULER_PRIORITY_QUEUE=priority_queue,
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            start = prioritized(None, 0, 0)
+            start.meta["is_start_request"] = True
+            callback, detail = prioritized(None, 1, 2), prioritized("detail", 2, 1)
+            for r in (start, callback, detail):
+                scheduler.enqueue_request(r)
+            assert await f.next_request() is callback
+            f.send(callback)
+            await until(lambda: f.slots.kept.count("detail") == 1)
+            assert await f.next_request() is detail
+            f.send(detail)
+            assert await f.next_request() is start
+            f.send(start)
+            await until(lambda: len(f.slots.holding()) == 1)
+            for r in list(f.slots.holding()):
+                f.middleware.process_response(r, None)  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+
+
 def test_a_freed_slot_goes_to_the_next_queued_request_in_the_same_call(
     redis_url: str, redis_client: redis.Redis
 ) -> None:

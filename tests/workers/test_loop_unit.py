@@ -17,6 +17,7 @@ import redis.exceptions
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
+from scrapy_redislock.lock.permit import Permit
 from scrapy_redislock.workers.heartbeat import Heartbeat
 from scrapy_redislock.workers.listener import SignalListener
 from scrapy_redislock.workers.loop import WAIT_GRACE, WorkerLoop
@@ -92,6 +93,7 @@ class ScriptedQueues:
         self.in_flight = 0
         self.latency = 0.0
         self.down = False
+        self.signals: list[str] = []  # the tokens passed on (LPUSH), in order
 
     def _answer(self) -> None:
         if self.down:
@@ -119,6 +121,10 @@ class ScriptedQueues:
         self._answer()
         self.looks += 1
         return dict(self.lengths), self.in_flight
+
+    async def signal(self, stage: str) -> None:
+        self._answer()
+        self.signals.append(stage)
 
 
 class Worker:
@@ -223,6 +229,81 @@ def test_a_worker_silent_for_most_of_its_promise_hands_out_nothing_it_took_ahead
             clock.now, clock.now, liveness(TTL, working=True)
         )  # the next beat went through
         assert scheduler.next_request() is second
+
+    run(test)
+
+
+def test_a_worker_whose_slot_lease_ran_out_here_pops_no_more_of_its_stage() -> None:
+    """The capped stage's slot was not renewed within its lease on this worker's clock (Redis out of
+    reach, the renewal still backing off): the loop pops nothing more of the stage, which it could
+    not hand out, and which the slot's next holder would then find missing from the queue."""
+
+    async def test(clock: FakeClock, worker: Worker) -> None:
+        permit = Permit("workers:list", "w1", "1-1", 1, clock.now)
+        permit.leased(clock.now, TTL)
+        worker.state.took("list", permit)
+        pops: list[int] = []
+
+        async def pop(stage: str, want: int, pass_on: bool) -> int:
+            pops.append(want)
+            return 0
+
+        worker.scheduler.inflight.pop = pop  # type: ignore[method-assign]
+        interval = worker.scheduler.locks.renew_interval
+        clock.advance(TTL - interval - 0.5)  # more than a renewal interval of lease left: pops
+        await worker.loop.fill()
+        assert len(pops) == 1
+        clock.advance(0.6)  # less than that left, unrenewed: no pop
+        assert await worker.loop.fill() == 0
+        assert len(pops) == 1
+
+    run(test)
+
+
+def test_a_stage_taken_as_an_outage_begins_is_said_and_counted() -> None:
+    """The beat that follows a take fails (Redis just went out of reach): the worker works on the
+    stage all the same, so the take is said and counted, not left out."""
+
+    async def test(clock: FakeClock, worker: Worker) -> None:
+        worker.queues.down = True
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await worker.loop.slot.take("detail")
+        assert worker.state.current == "detail"
+        assert worker.stat("detail/taken") == 1
+
+    run(test)
+
+
+def test_a_token_for_a_stage_this_worker_did_not_take_is_passed_on() -> None:
+    """Idle, the worker is woken by tokens for both stages, which both have work; it takes the one
+    it prefers. The other's token goes on to another idle worker (before, it was dropped, and that
+    stage waited for an idle worker's next heartbeat); a token for a stage with no work is not."""
+
+    async def test(clock: FakeClock, worker: Worker) -> None:
+        queues, state = worker.queues, worker.state
+        queues.lengths = {"list": 5, "detail": 5}
+        state.signal_came("list")
+        state.signal_came("detail")
+        taken: list[str] = []
+
+        async def take(stage: str) -> bool:
+            taken.append(stage)
+            state.took(stage, None)
+            return True
+
+        worker.loop.slot.take = take  # type: ignore[method-assign]
+        worker.loop.fill = lambda pass_on=False: asyncio.sleep(0, 0)  # type: ignore[method-assign,assignment]
+        await worker.loop._look()
+        assert len(taken) == 1
+        other = ({"list", "detail"} - set(taken)).pop()
+        assert queues.signals == [other]
+        state.left()
+        queues.lengths = {"list": 0, "detail": 5}
+        state.signal_came("list")
+        queues.signals.clear()
+        worker.loop.slot.take = lambda stage: asyncio.sleep(0, False)  # type: ignore[method-assign]
+        await worker.loop._look()
+        assert queues.signals == []  # list has no work; detail was tried, and is not signalled
 
     run(test)
 
