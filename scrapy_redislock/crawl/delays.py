@@ -66,7 +66,8 @@ __all__ = ["LATE_SEND", "ConfirmedStart", "Delays", "RateStart", "Start"]
 class ConfirmedStart:
     """A start confirmed on Redis's clock: of ``name``, at ``at`` (seconds since the epoch), keeping
     ``gap`` after it, after ``waited`` seconds of sleep; ``confirmed`` is when the confirmation came
-    back, on this process's monotonic clock."""
+    back, or was sent if its round trip took more than :data:`LATE_SEND` (:meth:`Delays._reply`), on
+    this process's monotonic clock."""
 
     name: str
     at: float
@@ -79,7 +80,7 @@ class ConfirmedStart:
 class RateStart:
     """A start logged in a rate window on Redis's clock: of ``name``, at ``at`` (seconds since the
     epoch), as ``member`` of its log of ``window`` seconds, after ``waited`` seconds of sleep;
-    ``confirmed`` is when the reply came back, on this process's monotonic clock."""
+    ``confirmed`` as for :class:`ConfirmedStart`."""
 
     name: str
     at: float

@@ -60,6 +60,19 @@ def waiting(slots: RequestSlots, stage: str, count: int) -> list[asyncio.Future[
     return [line.join() for _ in range(count)]
 
 
+def waits_in_redis(locks: StageLocks) -> list[asyncio.Future[Permit]]:
+    """``locks``' waits in Redis, stood in for by futures in the order opened (the test grants
+    them): no Redis here."""
+    waits: list[asyncio.Future[Permit]] = []
+
+    async def acquire(stage: str, timeout: float | None) -> Permit:
+        waits.append(wait := asyncio.get_running_loop().create_future())
+        return await wait
+
+    locks.acquire = acquire  # type: ignore[method-assign]
+    return waits
+
+
 def test_a_finished_requests_slot_goes_to_the_oldest_waiter_of_its_stage_in_the_same_call() -> None:
     async def scenario() -> None:
         clock = FakeClock(1000.0)
@@ -178,13 +191,7 @@ def test_a_grant_the_queued_requests_could_not_use_is_not_chased_by_another_wait
     async def scenario() -> None:
         clock = FakeClock(1000.0)
         slots = slots_of(clock)
-        waits: list[asyncio.Future[Permit]] = []
-
-        async def acquire(stage: str, timeout: float | None) -> Permit:  # a wait in Redis
-            waits.append(wait := asyncio.get_running_loop().create_future())
-            return await wait
-
-        slots.locks.acquire = acquire  # type: ignore[method-assign]
+        waits = waits_in_redis(slots.locks)
         # a running engine (get_crawler's has none: it would count as closing)
         monkeypatch.setattr(requestslots, "engine_closing", lambda crawler: False)
         slots.serve_scheduler(queued=lambda stage: 4, could_use=lambda stage: 4)
@@ -213,13 +220,7 @@ def test_a_keys_line_opens_its_wait_again_as_soon_as_its_grant_is_kept() -> None
             KeptSlots(locks.crawler, locks, could_use=lambda name: 3, most=1, keep_asking=True),
             reuse_for=REUSE,
         )
-        waits: list[asyncio.Future[Permit]] = []
-
-        async def acquire(stage: str, timeout: float | None) -> Permit:  # a wait in Redis
-            waits.append(wait := asyncio.get_running_loop().create_future())
-            return await wait
-
-        locks.acquire = acquire  # type: ignore[method-assign]
+        waits = waits_in_redis(locks)
         lines.ask("detail")
         await until(lambda: len(waits) == 1)
         for kept in (1, 2):
@@ -244,13 +245,7 @@ def test_a_wait_in_redis_cancelled_by_the_ending_loop_is_not_opened_again() -> N
     async def scenario() -> None:
         clock = FakeClock(1000.0)
         slots = slots_of(clock)
-        waits: list[asyncio.Future[Permit]] = []
-
-        async def acquire(stage: str, timeout: float | None) -> Permit:  # a wait in Redis
-            waits.append(wait := asyncio.get_running_loop().create_future())
-            return await wait
-
-        slots.locks.acquire = acquire  # type: ignore[method-assign]
+        waits = waits_in_redis(slots.locks)
         request = asyncio.ensure_future(slots.lines.wait("detail", None))
         await until(lambda: len(waits) == 1)
         (ask,) = slots.lines.lines["detail"].asks
