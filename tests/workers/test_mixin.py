@@ -490,15 +490,18 @@ def test_a_stalled_worker_is_taken_for_dead_then_goes_on(
         # for their callback, finished requests not yet acknowledged: under a starved CPU, more
         # than CONCURRENT_REQUESTS); what it had only taken ahead it dropped. On a starved CPU a
         # worker may also miss its TTL on its own, at the same cost: counted from both logs. And
-        # once more each download the stall held past its slot's lease: its timeout (the lease
-        # as last confirmed) fired first on waking, and RetryMiddleware sent it again.
+        # at most once more each download the stall held past its slot's lease: its timeout (the
+        # lease as last confirmed) fired first on waking, and RetryMiddleware sent it again. That
+        # one is a third fetch only if the first attempt reached the site before the stop; one
+        # still connecting (a loaded CI machine) never did, and its retry is its first hit.
         requeued = stat(stalled, "redislock/workers/requeued") + stat(
             other, "redislock/workers/requeued"
         )
         dropped = sum(map(int, re.findall(r"dropped (\d+) requests taken ahead", stalled + other)))
         retried = stat(stalled, "retry/count") + stat(other, "retry/count")
         warnings = [line for line in (stalled + other).splitlines() if "WARNING" in line]
-        assert sum(site.hits.values()) - 120 == requeued - dropped + retried, warnings
+        twice = requeued - dropped
+        assert twice <= sum(site.hits.values()) - 120 <= twice + retried, warnings
         assert site.max_in_flight["a"] <= 2 * 2 + 2
         assert held_slots(redis_client) == 0 and redis_client.zcard("redislock:{staged}:alive") == 0
 
