@@ -275,7 +275,8 @@ TABLE: tuple[Setting, ...] = (
         "REDISLOCK_RETRY_AFTER",
         False,
         "bool",
-        "A 429 or 503 answer with Retry-After pauses the request's key (else its capped stage) "
+        "A 429 or 503 answer with Retry-After pauses the request's key when it is throttled (a cap, "
+        "a delay, a Crawl-delay or a rate window; else its capped stage) "
         "for every process until then, on Redis's clock; a 429 without it for "
         "REDISLOCK_RETRY_AFTER_DEFAULT (docs/adaptive.md).",
     ),

@@ -10,11 +10,11 @@ site's Retry-After asks for.
   download (a timeout, a connection error; not IgnoreRequest nor one of ours) is an error
   (:class:`~scrapy_redislock.crawl.adaptive.Adaptation`).
 - With REDISLOCK_RETRY_AFTER, a 429 or 503 answer with ``Retry-After`` (seconds, or an HTTP date,
-  read against the answer's own ``Date``) pauses the starts of the request's key (else of its
-  capped stage; and a stage whose REDISLOCK_STAGES policy says ``retry_after``) in every process
-  until then; a 429 without it, for
-  REDISLOCK_RETRY_AFTER_DEFAULT seconds; a 503 without it pauses nothing (it is overload: the
-  adaptive limit backs off). Counted as ``redislock/retry_after/pauses``.
+  read against the answer's own ``Date``) pauses the starts of the request's key when the key is
+  throttled (a cap, a delay, a Crawl-delay or a rate window; else of its capped stage; and a stage
+  whose REDISLOCK_STAGES policy says ``retry_after``) in every process until then; a 429 without
+  it, for REDISLOCK_RETRY_AFTER_DEFAULT seconds; a 503 without it pauses nothing (it is overload:
+  the adaptive limit backs off). Counted as ``redislock/retry_after/pauses``.
 - An answer HttpCacheMiddleware replayed (flag ``cached``) is neither: the site never saw it.
 
 Reads, through the checked settings, REDISLOCK_ADAPTIVE, REDISLOCK_RETRY_AFTER,
@@ -181,7 +181,7 @@ class Outcomes:
         if seconds <= 0:
             return
         policy_of, obey = self.settings.policy_of, self.settings.adaptive.retry_after
-        key = self._capped_key(request)
+        key = self._paused_key(request)
         throttle = self.throttle
         key_paused = False
         if throttle is not None and throttle.locks.adaptation is not None:
@@ -210,11 +210,21 @@ class Outcomes:
         except LockError:
             return ()
 
-    def _capped_key(self, request: Request) -> str | None:
+    def _paused_key(self, request: Request) -> str | None:
+        """The request's key when a pause of it holds its starts: a key with a cap, a delay (its
+        own, REDISLOCK_DELAY, or its site's robots.txt Crawl-delay) or a rate window. A key with
+        none of them has no start to hold: the capped stage is paused instead."""
         if self.settings.keys.stage_key is None:
             return None
         try:
             key = request_key(request, self.crawler.spider, self.settings.keys.stage_key)
         except LockError:
             return None
-        return key if key is not None and self.settings.policy_of(key).limit is not None else None
+        if key is None:
+            return None
+        policy = self.settings.policy_of(key)
+        if policy.limit is not None or policy.rate is not None:
+            return key
+        throttle = self.throttle
+        delay = policy.delay if throttle is None else throttle.key_delay(request, policy.delay)
+        return key if delay else None

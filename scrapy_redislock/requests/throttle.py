@@ -195,7 +195,7 @@ class ScopeThrottle:
         policy_of = self.settings.policy_of
         staged = policy_of(stage, stage=True) if stage is not None else NO_POLICY
         keyed = policy_of(key) if key is not None else NO_POLICY
-        key_delay = self._key_delay(request, keyed.delay) if key is not None else 0.0
+        key_delay = self.key_delay(request, keyed.delay) if key is not None else 0.0
         waits = staged.delay or key_delay or staged.retry_after or scopes
         rated = keyed.rate is not None or staged.rate is not None
         if keyed.limit is None and not (waits or rated):
@@ -237,7 +237,7 @@ class ScopeThrottle:
                 )
         return key, tuple(scope for scope in scopes if scope != key)
 
-    def _key_delay(self, request: Request, delay: float) -> float:
+    def key_delay(self, request: Request, delay: float) -> float:
         """The key's delay: the configured one, or the site's robots.txt Crawl-delay when
         longer."""
         if self.crawl_delays:
@@ -283,6 +283,14 @@ class ScopeThrottle:
             and keyed.limit is not None
             and self._queued_key(request, f"{KEY_LOCK_PREFIX}{key}")
         ):
+            await self._pause_check(request, f"{KEY_LOCK_PREFIX}{key}")
+        elif (
+            key is not None
+            and keyed.limit is None
+            and keyed.rate is not None
+            and (self.settings.adaptive.retry_after or keyed.retry_after)
+        ):
+            # a key with only a rate window: the window's log knows no pause (rate.lua)
             await self._pause_check(request, f"{KEY_LOCK_PREFIX}{key}")
         for scope, policy in others:
             if policy.delay:

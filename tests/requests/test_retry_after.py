@@ -34,20 +34,38 @@ ON_THEIR_WAY = 1.0
 
 def pause_landed(client: redis.Redis, name: str, timeout: float = 30) -> float:
     """When the pause of ``name`` (host 1's key or scope, ``key:<name>``, or the stage) reached Redis, on this process's
-    ``time.monotonic()`` (the site's clock): the gate holds the pause's end on Redis's clock, which
-    is this machine's."""
-    gate = delay_keys("redislock", name).gate
+    ``time.monotonic()`` (the site's clock): the pause's end on Redis's clock, which is this
+    machine's. A key's is the pause mark of its light path (its delay gate also holds bookings,
+    which a key with a delay makes); a stage's, its gate."""
+    keys = delay_keys("redislock", name)
     deadline = time.monotonic() + timeout
-    while (until := client.get(gate)) is None:
+    while True:
+        if name.startswith("key:"):
+            mark = client.zscore(keys.light, "~pause")  # ms
+            until = None if mark is None else mark * 1000
+        else:
+            until = client.get(keys.gate)
+        if until is not None:
+            return int(until) / 1e6 - PAUSE - (time.time() - time.monotonic())
         assert time.monotonic() < deadline, "no pause reached Redis"
         time.sleep(0.01)
-    return int(until) / 1e6 - PAUSE - (time.time() - time.monotonic())
 
 
 BY_KEY = {"REDISLOCK_STAGE_KEY": "domain", "REDISLOCK_KEY_LIMIT": 4, "REDISLOCK_RETRY_AFTER": True}
 # the host as a scope of its own (as a proxy would be), with REDISLOCK_RETRY_AFTER off: the scope's
 # entry in REDISLOCK_SCOPES asks for the pause
 BY_STAGE = {"REDISLOCK_STAGES": {"detail": {"limit": 8, "retry_after": True}}}
+# a key with no cap: a delay (REDISLOCK_DELAY), or a rate window (its REDISLOCK_SCOPES entry)
+BY_DELAYED_KEY = {
+    "REDISLOCK_STAGE_KEY": "domain",
+    "REDISLOCK_DELAY": 0.01,
+    "REDISLOCK_RETRY_AFTER": True,
+}
+BY_RATED_KEY = {
+    "REDISLOCK_STAGE_KEY": "domain",
+    "REDISLOCK_SCOPES": {"127.0.0.*": {"rate": "200/1"}},
+    "REDISLOCK_RETRY_AFTER": True,
+}
 BY_SCOPE = {
     "REDISLOCK_SCOPES": {"via:*": {"limit": 4, "retry_after": True}},
     "REDISLOCK_SCOPES_OF": "testing.spiders.crawlspider.host_scope",
@@ -61,20 +79,29 @@ BY_SCOPE = {
         (None, "key"),
         ("scrapy_redislock.StageScheduler", "scope"),
         ("scrapy_redislock.StageScheduler", "stage"),
+        ("scrapy_redislock.StageScheduler", "delayed-key"),
+        ("scrapy_redislock.StageScheduler", "rated-key"),
     ],
-    ids=["key-scheduler", "key-middleware", "scope", "stage"],
+    ids=["key-scheduler", "key-middleware", "scope", "stage", "delayed-key", "rated-key"],
 )
 def test_a_retry_after_pauses_the_host_for_every_process(
     scheduler: str | None, paused: str, redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     """The host's key pauses with REDISLOCK_RETRY_AFTER; a scope pauses when its REDISLOCK_SCOPES
     entry says ``retry_after``, a stage when its REDISLOCK_STAGES policy does (the global setting
-    off): then both hosts pause, the stage being theirs."""
+    off): then both hosts pause, the stage being theirs. A key with no cap pauses too when it has
+    a delay or a rate window (its stage, not capped, has no start to hold)."""
     settings: dict[str, Any] = {
         "REDISLOCK_URL": redis_url,
         "SCHEDULER": scheduler,
         "REDISLOCK_STAGES": {"detail": None},
-        **{"key": BY_KEY, "scope": BY_SCOPE, "stage": BY_STAGE}[paused],
+        **{
+            "key": BY_KEY,
+            "scope": BY_SCOPE,
+            "stage": BY_STAGE,
+            "delayed-key": BY_DELAYED_KEY,
+            "rated-key": BY_RATED_KEY,
+        }[paused],
         "CONCURRENT_REQUESTS": 8,
     }
     with CapacitySite(hosts=2, capacity=16, base=0.05) as site:
@@ -89,7 +116,7 @@ def test_a_retry_after_pauses_the_host_for_every_process(
         assert site.wait_for(lambda: len(host1.arrivals) >= 40, timeout=60)
         site.too_many("127.0.0.1", PAUSE)
         assert site.wait_for(lambda: host1.answers[429] == 1, timeout=30)
-        name = {"key": "key:127.0.0.1", "scope": "key:via:127.0.0.1", "stage": "detail"}[paused]
+        name = {"scope": "key:via:127.0.0.1", "stage": "detail"}.get(paused, "key:127.0.0.1")
         landed = pause_landed(redis_client, name)
         for crawl in crawls:
             crawl.wait(timeout=120)
