@@ -166,7 +166,8 @@ class KeyLine:
     def requeue(self, request: Request, key: str) -> None:
         """Put ``request`` back into its key's sub-queue of the inner scheduler (its own, for a
         request of a capped stage; on disk with JOBDIR, as Scrapy's scheduler would; in memory if it
-        cannot be serialized); no stats, no dupefilter: it was queued once already."""
+        cannot be serialized); no dupefilter: it was queued once already (counted as queued again,
+        as its next pop counts: :func:`push_back`)."""
         in_hand = self.in_hand.pop(request, None)
         push_back(self.inner, request, (None, key) if in_hand is None else in_hand.route)
 

@@ -411,10 +411,11 @@ class StageScheduler:
 
     def _give_back(self, request: Request) -> bool:
         """A request that left but never went out (it waited for its slot in the middleware when the
-        spider closed): back into the inner scheduler's queue, without its dupefilter or stats (it
-        was queued once already), so that SCHEDULER_PERSIST (scrapy-redis's queue in Redis, its
-        stage's part included) or JOBDIR (Scrapy's disk queues; memory for a request they cannot
-        store, as Scrapy's scheduler does) keep it. False once the inner scheduler has closed."""
+        spider closed): back into the inner scheduler's queue, without its dupefilter (it was
+        queued once already; counted as queued again, as its next pop counts), so that
+        SCHEDULER_PERSIST (scrapy-redis's queue in Redis, its stage's part included) or JOBDIR
+        (Scrapy's disk queues; memory for a request they cannot store, as Scrapy's scheduler does)
+        keep it. False once the inner scheduler has closed."""
         if self.inner_closed:
             return False
         if _is_scrapy_redis(self.inner):
@@ -422,6 +423,7 @@ class StageScheduler:
                 self.shared.give_back(request)  # in the queue thread while the reactor runs
             else:
                 self.inner.queue.push(request)
+            self.crawler.stats.inc_value("scheduler/enqueued/redis")  # as scrapy-redis counts a push
             return True
         push_back(self.inner, request)
         return True

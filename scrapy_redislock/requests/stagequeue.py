@@ -337,8 +337,10 @@ def split_queues(inner: Any) -> list[StagePriorityQueues]:
 
 def push_back(inner: Any, request: Request, route: Route | None = None) -> None:
     """Put a request that was queued once back into Scrapy's scheduler ``inner`` (into the sub-queue
-    ``route``; None: the one its stage and key give), without its dupefilter or stats: on disk with
-    JOBDIR, in memory if it cannot be serialized, as Scrapy's scheduler does."""
+    ``route``; None: the one its stage and key give), without its dupefilter: on disk with JOBDIR,
+    in memory if it cannot be serialized, as Scrapy's scheduler does. Counted as queued again
+    (``scheduler/enqueued``, as Scrapy counts a push), since its next pop counts it as dequeued
+    again: enqueued less dequeued stays what is queued."""
 
     def push(queue: Any) -> None:
         if route is None:
@@ -346,11 +348,18 @@ def push_back(inner: Any, request: Request, route: Route | None = None) -> None:
         else:
             queue.push_to(route, request)
 
+    where = "memory"
     dqs = getattr(inner, "dqs", None)
     if dqs is not None:
         with suppress(ValueError):  # it cannot be serialized: memory
-            return push(dqs)
-    push(inner.mqs)
+            push(dqs)
+            where = "disk"
+    if where == "memory":
+        push(inner.mqs)
+    stats = getattr(inner, "stats", None)
+    if stats is not None:
+        stats.inc_value(f"scheduler/enqueued/{where}")
+        stats.inc_value("scheduler/enqueued")
 
 
 def _is_lifo(queue_cls: Any) -> bool:

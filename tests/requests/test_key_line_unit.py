@@ -808,3 +808,41 @@ def test_a_pause_past_the_waits_timeout_is_told_and_runs_the_timeout_out(
             assert "127.0.0.1" in line.paused  # told first
 
     asyncio.run(scenario())
+
+
+def test_a_request_put_back_for_its_key_counts_as_queued_again(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A request whose key's take another process's slot refused goes back into its key's
+    sub-queue, and leaves it again once the slot is free: Scrapy's ``scheduler/enqueued`` counts
+    the second time it is queued as its ``scheduler/dequeued`` counts the second time it leaves,
+    so that enqueued less dequeued is what is queued (the two were 1 and 2)."""
+
+    async def scenario() -> None:
+        async with one_key(redis_url, REDISLOCK_KEY_LIMIT=1) as (f, line):
+            scheduler = f.scheduler
+            assert scheduler is not None
+            stats = f.crawler.stats
+            blocker = await line.locks.acquire("127.0.0.1", None)  # another process's, say
+            waiting = request(None, 1)
+            scheduler.enqueue_request(waiting)
+
+            def put_back() -> bool:
+                assert scheduler.next_request() is None
+                return line.queued("127.0.0.1") == 1
+
+            await until(put_back)  # refused by the take, back in its key's sub-queue
+            queued = stats.get_value("scheduler/enqueued") - stats.get_value("scheduler/dequeued")
+            assert queued == len(scheduler) == 1
+            await line.locks.release(blocker)
+            assert await f.next_request() is waiting
+            assert stats.get_value("scheduler/enqueued") == stats.get_value("scheduler/dequeued")
+            assert stats.get_value("scheduler/enqueued/memory") == stats.get_value(
+                "scheduler/dequeued/memory"
+            )
+            await f.send(waiting)
+            f.middleware.process_response(waiting, None)  # type: ignore[arg-type]
+            await until(lambda: not line.locks.releasing)
+            assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
