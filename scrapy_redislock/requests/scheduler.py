@@ -423,7 +423,9 @@ class StageScheduler:
                 self.shared.give_back(request)  # in the queue thread while the reactor runs
             else:
                 self.inner.queue.push(request)
-            self.crawler.stats.inc_value("scheduler/enqueued/redis")  # as scrapy-redis counts a push
+            self.crawler.stats.inc_value(
+                "scheduler/enqueued/redis"
+            )  # as scrapy-redis counts a push
             return True
         push_back(self.inner, request)
         return True
