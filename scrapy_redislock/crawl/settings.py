@@ -126,6 +126,14 @@ class KeySettings:
             and (self.key_limit is not None or any(v is not None for v in self.key_limits.values()))
         ) or any(policy.limit is not None for policy in self.scopes.policies)
 
+    @property
+    def delayed(self) -> bool:
+        """Whether any key or scope may keep a delay between its starts (its own, REDISLOCK_DELAY,
+        a robots.txt Crawl-delay)."""
+        return (
+            self.stage_key is not None and (self.delay > 0 or bool(self.delays) or self.crawl_delay)
+        ) or any(policy.delay for policy in self.scopes.policies)
+
 
 @dataclass(frozen=True, kw_only=True)
 class AdaptiveSettings:

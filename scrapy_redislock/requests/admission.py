@@ -8,8 +8,9 @@ the stage's queued requests, up to REDISLOCK_WAITERS_PER_STAGE:
 :meth:`SlotLines.ask <scrapy_redislock.requests.lines.SlotLines.ask>`), so that no
 request of a full stage takes one of CONCURRENT_REQUESTS; a capped key's, while the key's line lets
 it (:class:`~scrapy_redislock.requests.keyline.KeyLine`, which counts every request of this process
-that holds, takes or waits for the key). Reads REDISLOCK_STAGE_KEY from the checked settings it is
-given.
+that holds, takes or waits for the key); a delayed key's or scope's, while no request of it that
+left waits for its start here (:class:`~scrapy_redislock.requests.startwaits.StartWaits`). Reads
+REDISLOCK_STAGE_KEY from the checked settings it is given.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from scrapy_redislock.crawl.settings import RedisLockSettings
     from scrapy_redislock.requests.keyline import KeyLine
     from scrapy_redislock.requests.requestslots import RequestSlots
+    from scrapy_redislock.requests.startwaits import StartWaits
 
 
 class StageAdmission:
@@ -53,6 +55,8 @@ class StageAdmission:
         self._routes: weakref.WeakKeyDictionary[Request, Route] = weakref.WeakKeyDictionary()
         # key slots got in the scheduler, for requests of no capped stage (StageScheduler sets it)
         self.keyline: KeyLine | None = None
+        # the delayed keys and scopes with a start under way here (StageScheduler sets it)
+        self.start_waits: StartWaits | None = None
         # cache and robots.txt middlewares before ours, found on first use
         self._early: tuple[Any, ...] | None = None
 
@@ -80,18 +84,26 @@ class StageAdmission:
         key or other scope is blocked here (:meth:`KeyLine.blocked
         <scrapy_redislock.requests.keyline.KeyLine.blocked>`) goes into the first such name's."""
         route = self.route(request)
-        if route[0] is None and self.keyline is not None:
-            name = self.keyline.blocked_name(request)
+        if route[0] is None:
+            name = self._blocked_name(request)
             if name is not None:
                 return None, name
         return route
 
+    def _blocked_name(self, request: Request) -> str | None:
+        """The first of the request's capped names blocked here (KeyLine), else the first of its
+        delayed names with a start under way here (StartWaits)."""
+        name = self.keyline.blocked_name(request) if self.keyline is not None else None
+        if name is None and self.start_waits is not None:
+            name = self.start_waits.blocked_name(request)
+        return name
+
     def divert(self, request: Request, route: Route) -> Route | None:
         """A request popped from the main sub-queue whose key or scope got blocked since it was
         queued waits in that name's sub-queue instead."""
-        if route != UNCAPPED or self.keyline is None:
+        if route != UNCAPPED:
             return None
-        name = self.keyline.blocked_name(request)
+        name = self._blocked_name(request)
         return None if name is None else (None, name)
 
     def may_go(self, route: Route) -> bool:
@@ -100,10 +112,15 @@ class StageAdmission:
         (:meth:`KeyLine.has_room <scrapy_redislock.requests.keyline.KeyLine.has_room>`). With none
         in hand, the stage's line keeps waits in Redis for it. A key's own sub-queue (no capped
         stage) while the key may go (:meth:`KeyLine.may_go
-        <scrapy_redislock.requests.keyline.KeyLine.may_go>`)."""
+        <scrapy_redislock.requests.keyline.KeyLine.may_go>`) and has no start under way here
+        (:class:`~scrapy_redislock.requests.startwaits.StartWaits`)."""
         stage, key = route
         if stage is None:
-            return key is None or self.keyline is None or self.keyline.may_go(key)
+            if key is None:
+                return True
+            if self.start_waits is not None and self.start_waits.busy(key):
+                return False
+            return self.keyline is None or self.keyline.may_go(key)
         room = key is None or self.keyline is None or self.keyline.has_room(key)
         if self.slots.kept.ready(stage) or not self._waits_here() or not self._capped(stage):
             return room

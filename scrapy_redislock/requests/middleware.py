@@ -378,7 +378,10 @@ class StageLockMiddleware:
         """The key's and scopes' slots go back first, then the stage's, each on to a request of this
         process waiting for it, or back to Redis (see RequestSlots.finish); this also frees slots
         the scheduler handed out with a request that never reached process_request (an earlier
-        middleware answered it from a cache, or raised IgnoreRequest)."""
+        middleware answered it from a cache, or raised IgnoreRequest): such a request's delayed
+        names have no start under way any more either."""
+        if self.throttle is not None and self.throttle.start_waits is not None:
+            self.throttle.start_waits.went_out(request)
         if self.slots is None:
             return
         self.outcomes.releasing(request)

@@ -230,6 +230,9 @@ class StageScheduler:
                         self.inner,
                         self.slots,
                     )
+                if self.settings.keys.delayed:
+                    throttle = ScopeThrottle.of(crawler, self.settings, clock=clock)
+                    self.admission.start_waits = throttle.start_waits
             elif not _is_scrapy_redis(self.inner):
                 self.admission.queues_split = False
                 logger.info(
@@ -485,6 +488,9 @@ class StageScheduler:
         request = self._next_request()
         if request is not None and self.locks is not None:
             self.sent.add(request)  # given back if it waits for a slot when the spider closes
+            start_waits = self.admission.start_waits if self.admission is not None else None
+            if start_waits is not None:
+                start_waits.leaving(request)  # its delayed names' next requests stay queued
         return request
 
     def _next_request(self) -> Request | None:
@@ -591,7 +597,8 @@ class StageScheduler:
         """At every renewal round, in the front's upkeep (:meth:`RequestSlots.tick
         <scrapy_redislock.requests.requestslots.RequestSlots.tick>`, which prunes what is kept):
         stand down once the engine closes (unused slots back to Redis); else the shared queue's
-        upkeep, and the key line counts its load again."""
+        upkeep, the key line counts its load again, and the delayed names of requests dropped on
+        their way let their next requests go."""
         assert self.slots is not None
         if self.inner_closed:  # the keys' registry outlives this scheduler until spider_closed
             return
@@ -603,6 +610,8 @@ class StageScheduler:
             return
         if self.keyline is not None:
             self.keyline.tick()
+        if self.admission is not None and self.admission.start_waits is not None:
+            self.admission.start_waits.prune()  # requests dropped on their way to their start
         if self.shared is not None:
             self.shared.tick()
         if (

@@ -11,7 +11,9 @@ order:
    a confirmation against the previous confirmed start (:mod:`scrapy_redislock.lock.delay`). When
    the request reaches Scrapy's downloader (``request_reached_downloader``) more than
    ``LATE_SEND`` after a confirmation came back, the next start of that stage or key is moved back
-   by the lateness (:mod:`~scrapy_redislock.crawl.delays`);
+   by the lateness (:mod:`~scrapy_redislock.crawl.delays`). Under StageScheduler, one request per
+   delayed key or scope and process sleeps here at a time, the others queued
+   (:class:`~scrapy_redislock.requests.startwaits.StartWaits`, which this throttle keeps);
 3. the rate windows (a sliding log on Redis's clock): the stage's (its REDISLOCK_STAGES policy),
    the key's, then the other scopes' by name.
 
@@ -63,7 +65,7 @@ from weakref import WeakKeyDictionary
 from scrapy import signals
 
 from scrapy_redislock.crawl.delays import Start
-from scrapy_redislock.crawl.engine import one_per_crawler
+from scrapy_redislock.crawl.engine import one_per_crawler, wake_engine
 from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, KeyLocks
 from scrapy_redislock.crawl.keys import domain, request_key
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
@@ -74,6 +76,7 @@ from scrapy_redislock.requests.closewaits import CloseWaits
 from scrapy_redislock.requests.kept import KeptSlots
 from scrapy_redislock.requests.lines import SlotLines
 from scrapy_redislock.requests.requestslots import RequestSlots
+from scrapy_redislock.requests.startwaits import StartWaits
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -146,6 +149,12 @@ class ScopeThrottle:
         self._watching_sends = False
         # robots.txt Crawl-delay per host (REDISLOCK_CRAWL_DELAY), as this process parsed it
         self.crawl_delays: dict[str, float] = {}
+        # per delayed key or scope, the request between StageScheduler and its start (one at a
+        # time: the others wait queued, not in the downloader); read by StageScheduler's admission
+        self.start_waits: StartWaits | None = None
+        if settings.keys.delayed:
+            self.start_waits = StartWaits(self.delayed_names, lambda: wake_engine(crawler))
+            self._watch_sends()
         if settings.keys.crawl_delay:
             crawler.signals.connect(self.robots_parsed, signal=signals.robots_parsed)
             if not crawler.settings.getbool("ROBOTSTXT_OBEY"):
@@ -236,6 +245,18 @@ class ScopeThrottle:
                     f"scope {scope!r} of {request.url} matches no entry of REDISLOCK_SCOPES: give it a policy there (a name or a glob pattern such as 'proxy:*')"  # noqa: E501
                 )
         return key, tuple(scope for scope in scopes if scope != key)
+
+    def delayed_names(self, request: Request) -> tuple[str, ...]:
+        """The request's key when it keeps a delay (its own, REDISLOCK_DELAY, its site's
+        Crawl-delay), then its other scopes with one, by name; none when a function fails for it
+        (the middleware fails it then)."""
+        try:
+            key, scopes = self.key_and_scopes(request)
+        except KeyFunctionError:
+            return ()
+        policy_of = self.settings.policy_of
+        named = [key] if key is not None and self.key_delay(request, policy_of(key).delay) else []
+        return (*named, *(scope for scope in scopes if policy_of(scope).delay))
 
     def key_delay(self, request: Request, delay: float) -> float:
         """The key's delay: the configured one, or the site's robots.txt Crawl-delay when
@@ -387,9 +408,13 @@ class ScopeThrottle:
         self.locks.record_grant(key, self.clock() - started)
 
     async def _delay(self, request: Request, name: str, delay: float) -> None:
-        start = await self._start_of(
-            request, name, self.delays.wait_start(name, delay, self.starts.get(request, ()))
-        )
+        try:
+            start = await self._start_of(
+                request, name, self.delays.wait_start(name, delay, self.starts.get(request, ()))
+            )
+        finally:  # the name's next queued request may leave StageScheduler and book its start
+            if self.start_waits is not None and name.startswith(KEY_LOCK_PREFIX):
+                self.start_waits.ended(request, name.removeprefix(KEY_LOCK_PREFIX))
         self._started(request, start)
         self.crawler.stats.inc_value("redislock/delay/waits")
         self.crawler.stats.inc_value("redislock/delay/wait_time_total", start.waited)  # type: ignore[arg-type]  # (as above)
@@ -413,6 +438,9 @@ class ScopeThrottle:
         request.meta[START_META] = start.at
         request.meta.setdefault(STARTS_META, {})[start.name] = start.at
         self.starts.setdefault(request, []).append(start)
+        self._watch_sends()
+
+    def _watch_sends(self) -> None:
         if not self._watching_sends:
             self._watching_sends = True
             self.crawler.signals.connect(
@@ -420,9 +448,12 @@ class ScopeThrottle:
             )
 
     def reached_downloader(self, request: Request) -> None:
-        """The request's confirmed starts went out now (a late one moves its key's next start)."""
+        """The request's confirmed starts went out now (a late one moves its key's next start);
+        none of its starts is under way any more."""
         for start in self.starts.pop(request, ()):
             self.delays.went_out(start)
+        if self.start_waits is not None:
+            self.start_waits.went_out(request)
 
     def held_scopes(self, request: Request) -> list[SlotPermit]:
         """The request's key and scope slots held now, in the order taken."""

@@ -1,0 +1,103 @@
+"""StartWaits: at most one request of this process at a time between StageScheduler and its start
+of a delayed key or scope, so that the others wait queued, not in the downloader.
+
+A delay (REDISLOCK_DELAY, REDISLOCK_DELAYS[key], a scope's ``delay`` in REDISLOCK_SCOPES, a site's
+robots.txt Crawl-delay with REDISLOCK_CRAWL_DELAY) is a sleep in StageLockMiddleware, until the
+request's booked start (:class:`~scrapy_redislock.requests.throttle.ScopeThrottle`). A request
+sleeping there holds one of CONCURRENT_REQUESTS: sixteen requests of a site with a 30 s
+Crawl-delay would fill the downloader for eight minutes while other sites' requests waited behind
+them. So, for requests of no capped stage over Scrapy's scheduler:
+
+- a request that leaves StageScheduler marks its delayed names (its key when it has a delay, then
+  its other scopes with one) as having a start under way here (:meth:`StartWaits.leaving`);
+- while a name has one, the next requests of that name stay in the scheduler, in the name's
+  sub-queue, as a capped key's do (:class:`~scrapy_redislock.requests.admission.StageAdmission`),
+  taking none of CONCURRENT_REQUESTS, while other names' requests go past them;
+- the mark goes when the request's wait for that name ends (its start is confirmed, or the wait
+  failed: :meth:`StartWaits.ended`), or when it reaches the downloader, or when the request is gone
+  (a middleware before ours dropped it); the engine is woken then, and the name's next request
+  leaves and books its start.
+
+Each process keeps one booking of a name at a time, so the cluster's bookings of a site interleave
+instead of queueing dozens ahead. A site's first requests may still leave together before its
+robots.txt is parsed (its Crawl-delay is not known yet; Scrapy's RobotsTxtMiddleware holds them
+meanwhile); a request of several delayed names that leaves its first name's sub-queue goes on
+even if another of its names has a start under way. Requests of a capped stage, requests over
+scrapy-redis's scheduler (its queue is shared and not split by key) and requests that bypass the
+scheduler sleep in the middleware as before.
+
+Reads, through the checked settings, REDISLOCK_STAGE_KEY, REDISLOCK_SCOPES, REDISLOCK_SCOPES_OF,
+REDISLOCK_DELAY(S) and REDISLOCK_CRAWL_DELAY.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary, WeakSet
+
+if TYPE_CHECKING:
+    from scrapy import Request
+
+
+class StartWaits:
+    """Per delayed key or scope, the requests of this process between the scheduler and their
+    start of it (see the module docstring)."""
+
+    def __init__(
+        self, delayed_names: Callable[[Request], tuple[str, ...]], wake: Callable[[], None]
+    ) -> None:
+        # the request's delayed key and scopes, as the throttle reads them now
+        self.delayed_names = delayed_names
+        self.wake = wake  # the engine's next ask, when a name's start is no longer under way
+        # weak: a request dropped on its way (never reaching our middleware) lets its names go
+        self.under_way: dict[str, WeakSet[Request]] = {}
+        self.names: WeakKeyDictionary[Request, tuple[str, ...]] = WeakKeyDictionary()
+
+    def busy(self, name: str) -> bool:
+        """A request of this process that left the scheduler waits for its start of ``name``."""
+        requests = self.under_way.get(name)
+        return bool(requests)
+
+    def blocked_name(self, request: Request) -> str | None:
+        """The first of the request's delayed names with a start under way here, if any: the
+        request waits in that name's sub-queue."""
+        if not self.under_way:
+            return None
+        for name in self.delayed_names(request):
+            if self.busy(name):
+                return name
+        return None
+
+    def leaving(self, request: Request) -> None:
+        """``request`` leaves the scheduler: each of its delayed names has a start under way."""
+        names = self.delayed_names(request)
+        if names:
+            self.names[request] = names
+        for name in names:
+            self.under_way.setdefault(name, WeakSet()).add(request)
+
+    def ended(self, request: Request, name: str) -> None:
+        """The request's wait for its start of ``name`` ended (confirmed, or failed)."""
+        requests = self.under_way.get(name)
+        if requests is None or request not in requests:
+            return
+        requests.discard(request)
+        if not requests:
+            del self.under_way[name]
+            self.wake()
+
+    def went_out(self, request: Request) -> None:
+        """The request reached the downloader: none of its starts is under way any more (names a
+        middleware before ours changed included)."""
+        for name in self.names.pop(request, ()):
+            self.ended(request, name)
+
+    def prune(self) -> None:
+        """Forget the names whose requests are all gone (dropped on their way); the engine asks
+        again if one was let go."""
+        gone = [name for name, requests in self.under_way.items() if not requests]
+        for name in gone:
+            del self.under_way[name]
+        if gone:
+            self.wake()

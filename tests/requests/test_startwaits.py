@@ -1,0 +1,117 @@
+"""StartWaits: a delayed key's requests wait for their start one at a time per process, the others
+queued in StageScheduler, not in the downloader. In-process (a real Redis, no crawl) and a real
+crawl (``scrapy runspider``) against the local site on two host names."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import redis
+from scrapy.exceptions import IgnoreRequest
+
+from testing.crawlproc import Crawl, leftover
+from testing.inprocess import front, request
+from testing.site import CrawlSite
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_delayed_keys_next_request_stays_queued_until_the_one_before_has_its_start(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Two requests of a host with a delay and one of another host: the first leaves; the second of
+    the host stays in the scheduler (the other host's goes past it) until the first's start is
+    confirmed, then leaves and books its own."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": None},
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_DELAYS={"127.0.0.1": 0.3},
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            first, second = request(None, 1), request(None, 2)  # host 127.0.0.1
+            other = request(None, 3).replace(url="http://127.0.0.2:9/free/3")
+            for r in (first, second, other):
+                scheduler.enqueue_request(r)
+            going = {scheduler.next_request(), scheduler.next_request()}
+            assert going == {first, other} or going == {second, other}, going
+            assert scheduler.next_request() is None  # the host's next waits queued
+            assert scheduler.has_pending_requests() and len(scheduler) == 1
+            [out] = going - {other}
+            await f.send(out)  # its start confirmed at once (the host's first)
+            left = scheduler.next_request()
+            assert left is not None and left is not out and left in (first, second)
+            await f.send(left)  # books the next start, a delay later
+            starts = [r.meta["redislock_start_at"] for r in (out, left)]
+            assert starts[1] - starts[0] >= 0.3 - 0.001
+            for r in (out, left, other):
+                f.middleware.process_response(r, None)  # type: ignore[arg-type]
+        assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_request_answered_before_our_middleware_lets_its_delayed_keys_next_one_go(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A request an earlier middleware answers (HttpCacheMiddleware's cached response) or drops
+    (robots.txt's IgnoreRequest) never books its start: its answer, or its failure, through our
+    middleware lets the host's next request leave at once (else it waited for the engine's
+    heartbeat, 5 s a request of a cached crawl)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": None},
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_DELAYS={"127.0.0.1": 30},
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            first, second, third = request(None, 1), request(None, 2), request(None, 3)
+            for r in (first, second, third):
+                scheduler.enqueue_request(r)
+            cached = scheduler.next_request()
+            assert cached is not None and scheduler.next_request() is None
+            f.middleware.process_response(cached, None)  # type: ignore[arg-type]
+            dropped = scheduler.next_request()
+            assert dropped is not None and dropped is not cached
+            assert scheduler.next_request() is None
+            f.middleware.process_exception(dropped, IgnoreRequest())
+            assert scheduler.next_request() not in (None, cached, dropped)
+        assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.crawl
+def test_a_site_with_a_long_delay_does_not_hold_the_downloader_from_the_others(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """Host 1 keeps 2 s between starts, host 2 none; their pages interleaved, 2 of
+    CONCURRENT_REQUESTS. Host 1's requests wait for their start one at a time, the others queued:
+    every page of host 2 is answered before host 1's third start (before, host 1's requests slept
+    in the downloader, two at a time, and host 2's pages went one every 2 s between them)."""
+    settings = {
+        "REDISLOCK_URL": redis_url,
+        "SCHEDULER": "scrapy_redislock.StageScheduler",
+        "REDISLOCK_STAGES": {"detail": None},
+        "REDISLOCK_STAGE_KEY": "domain",
+        "REDISLOCK_DELAYS": {"127.0.0.1": 2.0},
+        "CONCURRENT_REQUESTS": 2,
+    }
+    with CrawlSite(delay=0.05, hosts=2) as site:
+        crawl = Crawl(site.url, "detail:10", settings, tmp_path, args={"hosts": "2"}).run()
+        assert crawl.code == 0, crawl.tail()
+        with site.lock:
+            host1 = sorted(site.host_arrivals["127.0.0.1"])
+            host2 = sorted(site.host_arrivals["127.0.0.2"])
+    assert len(host1) == len(host2) == 5, crawl.tail()
+    assert host2[-1] < host1[2], (host1, host2)
+    assert crawl.stats.get("finish_reason") == "finished"
+    assert leftover(redis_client) == 0
