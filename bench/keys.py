@@ -25,6 +25,11 @@ pass"``): the smallest and the 1st-percentile gap between two request starts of 
 gaps under 95 % of the delay, and what a start cost in Redis (EVALSHA per start: 1 when its key was free, 2 when it
 waited; "held back" counts the confirmations that had to wait behind a late start).
 
+Slow domains among fast ones (``--slow-*``): 5 slow domains queued first (8 pages each), then the fast domains'
+pages, with StageScheduler and with the middleware alone; slow by the site (``--slow-delay`` a page, cap 1) or,
+with ``--slow-kind delay``, by a delay of ``--slow-delay`` between their starts (REDISLOCK_DELAYS; the site answers
+them at once): the fast domains' pages/s against the same crawl without the slow ones.
+
 Prints what it measured; writes bench/results/keys.md and keys.json. ``--only caps`` or ``--only gaps`` runs one
 part.
 """
@@ -88,6 +93,13 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--slow-domains", type=int, default=5, help="slow domains (cap 1 each)")
     parser.add_argument("--slow-delay", type=float, default=1.0, help="seconds a slow page takes")
     parser.add_argument("--slow-pages", type=int, default=8, help="pages per slow domain")
+    parser.add_argument(
+        "--slow-kind",
+        choices=("site", "delay"),
+        default="site",
+        help="what makes a slow domain slow: the site (--slow-delay a page, cap 1) or a delay "
+        "between its starts (REDISLOCK_DELAYS, --slow-delay, no cap of its own)",
+    )
     parser.add_argument("--fast-domains", type=int, default=1000, help="fast domains beside them")
     parser.add_argument("--fast-pages", type=int, default=6000, help="pages of the fast domains")
     parser.add_argument("--gap-processes", type=int, default=3, help="processes of the gap runs")
@@ -250,12 +262,17 @@ def slow_run(
     ``--slow-delay`` a page) queued first: the fast domains' pages/s over their own span."""
     slow_domains = opts.slow_domains if slow else 0
     delays = {f"s{k}": opts.slow_delay for k in range(slow_domains)}
-    with RedisServer() as server, CrawlSite(delay=opts.delay, delays=delays) as site:
+    by_delay = opts.slow_kind == "delay"  # slow by REDISLOCK_DELAYS, the site answers at once
+    with (
+        RedisServer() as server,
+        CrawlSite(delay=opts.delay, delays={} if by_delay else delays) as site,
+    ):
         settings = {
             "REDISLOCK_URL": server.url,
             "REDISLOCK_STAGE_KEY": "download_slot",
             "REDISLOCK_KEY_LIMIT": processes,
-            "REDISLOCK_KEY_LIMITS": dict.fromkeys(delays, 1),
+            "REDISLOCK_KEY_LIMITS": {} if by_delay else dict.fromkeys(delays, 1),
+            "REDISLOCK_DELAYS": delays if by_delay else {},
             "CONCURRENT_REQUESTS_PER_DOMAIN": 1000,
             "CONCURRENT_REQUESTS": opts.concurrency,
             "SCHEDULER": scheduler,
@@ -286,6 +303,8 @@ def slow_run(
     return {
         "processes": processes,
         "scheduler": "StageScheduler" if scheduler else "middleware alone",
+        "slow_kind": opts.slow_kind,
+        "slow_delay": opts.slow_delay,
         "slow_domains": slow_domains,
         "slow_pages": len(slowest),
         "fast_pages": len(fast),
@@ -300,7 +319,7 @@ def slow_table(rows: list[dict[str, Any]]) -> list[str]:
         "",
         "## Slow domains among fast ones",
         "",
-        "| processes | scheduler | slow domains (cap 1) | slow pages | fast pages | fast pages/s | "
+        "| processes | scheduler | slow domains (cap 1; or a delay) | slow pages | fast pages | fast pages/s | "
         "ratio to no slow domains | most in flight of a slow domain | key slots taken in the "
         "downloader |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -313,8 +332,9 @@ def slow_table(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         base = alone.get((r["processes"], r["scheduler"]))
         ratio = f"{r['fast_pages_per_s'] / base:.2f}" if base else ""
+        kind = f" (delay {r['slow_delay']} s)" if r.get("slow_kind") == "delay" else ""
         lines.append(
-            f"| {r['processes']} | {r['scheduler']} | {r['slow_domains']} | {r['slow_pages']} | "
+            f"| {r['processes']} | {r['scheduler']} | {r['slow_domains']}{kind} | {r['slow_pages']} | "
             f"{r['fast_pages']} | {r['fast_pages_per_s']} | {ratio} | {r['max_in_flight_slow']} | "
             f"{r['taken_in_downloader']} |"
         )
