@@ -380,10 +380,10 @@ class StageLockMiddleware:
         the scheduler handed out with a request that never reached process_request (an earlier
         middleware answered it from a cache, or raised IgnoreRequest): such a request's delayed
         names have no start under way any more either."""
+        if self.slots is None:
+            return  # REDISLOCK_ENABLED is False: nothing was set up
         if self.throttle is not None and self.throttle.start_waits is not None:
             self.throttle.start_waits.went_out(request)
-        if self.slots is None:
-            return
         self.outcomes.releasing(request)
         self.slots.finish(request)
 

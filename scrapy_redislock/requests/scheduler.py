@@ -447,6 +447,11 @@ class StageScheduler:
         """Over scrapy-redis while the reactor runs, its enqueue_request (dupefilter, push) runs in
         the queue thread: True here, and a request its dupefilter refuses is dropped when it says so
         (Scrapy's request_dropped signal, as the engine sends it on False)."""
+        start_waits = self.admission.start_waits if self.admission is not None else None
+        if start_waits is not None:
+            # back in the queue (a middleware before ours returned the request itself): it no
+            # longer waits for its start, and must not keep its own names busy while queued
+            start_waits.went_out(request)
         if self.shared is None:
             return bool(self.inner.enqueue_request(request))
         if self.queue_thread is not None and self.queue_thread.on_reactor():
@@ -488,9 +493,15 @@ class StageScheduler:
         request = self._next_request()
         if request is not None and self.locks is not None:
             self.sent.add(request)  # given back if it waits for a slot when the spider closes
-            start_waits = self.admission.start_waits if self.admission is not None else None
-            if start_waits is not None:
-                start_waits.leaving(request)  # its delayed names' next requests stay queued
+            admission = self.admission
+            if (
+                admission is not None
+                and admission.start_waits is not None
+                and admission.route(request)[0] is None
+            ):
+                # its delayed names' next requests stay queued (a capped stage's requests are not
+                # held back here: their stage's cap bounds them)
+                admission.start_waits.leaving(request)
         return request
 
     def _next_request(self) -> Request | None:

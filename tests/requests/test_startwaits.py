@@ -89,6 +89,61 @@ def test_a_request_answered_before_our_middleware_lets_its_delayed_keys_next_one
     asyncio.run(scenario())
 
 
+def test_a_request_queued_again_before_its_start_does_not_hold_its_own_key(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A middleware before ours returns the request itself (the engine queues it again): queued,
+    it no longer waits for its start, so its key is free and it leaves again (it kept its own key
+    busy for ever before, and the crawl never finished)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": None},
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_DELAYS={"127.0.0.1": 30},
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            again = request(None, 1)
+            scheduler.enqueue_request(again)
+            assert scheduler.next_request() is again
+            scheduler.enqueue_request(again)  # returned by a middleware before ours
+            assert scheduler.next_request() is again
+        assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_capped_stages_request_does_not_hold_back_the_uncapped_ones_of_its_key(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Requests of a capped stage are bounded by their stage's cap and are not counted here: with
+    the stage's request of a delayed host on its way to its start, an uncapped request of that host
+    still leaves (else a stage of 8 could keep the host busy without a break, and the pages that
+    find the stage's requests wait behind them)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": 2, "listing": None},
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_DELAYS={"127.0.0.1": 30},
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            detail = request("detail", 1)
+            scheduler.enqueue_request(detail)
+            assert await f.next_request() is detail  # with its stage's slot
+            listing = request("listing", 2)
+            scheduler.enqueue_request(listing)
+            assert scheduler.next_request() is listing
+            f.middleware.process_response(detail, None)  # type: ignore[arg-type]
+        assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.crawl
 def test_a_site_with_a_long_delay_does_not_hold_the_downloader_from_the_others(
     redis_url: str, redis_client: redis.Redis, tmp_path: Path
