@@ -106,6 +106,11 @@ class StageAdmission:
         name = self._blocked_name(request)
         return None if name is None else (None, name)
 
+    def emptied(self, route: Route) -> None:
+        """A name's sub-queue ran out: StartWaits may open another one."""
+        if route[0] is None and route[1] is not None and self.start_waits is not None:
+            self.start_waits.emptied(route[1])
+
     def may_go(self, route: Route) -> bool:
         """A request of this sub-queue may leave now: not capped; or its stage has a slot (or the
         error of a wait that ran out) in hand here, and its key (if capped) has room here

@@ -118,6 +118,9 @@ class Admission(Protocol):
         """Where a request just popped from ``route`` waits instead of leaving (its key's sub-queue,
         the key being blocked now), or None: it leaves."""
 
+    def emptied(self, route: Route) -> None:
+        """The sub-queue ``route`` ran out of requests and is gone."""
+
 
 def _route_id(route: Route) -> str:
     return json.dumps(list(route))
@@ -300,6 +303,7 @@ class StagePriorityQueues:
             if self.key:  # reclaim the sub-queue's directory; rmdir leaves it alone if files remain
                 with suppress(OSError):
                     Path(self.key, _dirname(route)).rmdir()
+            self.admission.emptied(route)
         return request
 
     def peek(self) -> Request | None:

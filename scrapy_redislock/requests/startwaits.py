@@ -18,6 +18,10 @@ them. So, for requests of no capped stage over Scrapy's scheduler:
   (a middleware before ours dropped it); the engine is woken then, and the name's next request
   leaves and books its start.
 
+At most MOST_QUEUED_NAMES (256) names hold requests back in sub-queues of their own at once (the
+sub-queues are scanned at every pop, and with JOBDIR each keeps a file open per priority in use);
+past them, a request of a busy name leaves and sleeps in the middleware as before.
+
 Each process keeps one booking of a name at a time, so the cluster's bookings of a site interleave
 instead of queueing dozens ahead. A site's first requests may still leave together before its
 robots.txt is parsed (its Crawl-delay is not known yet; Scrapy's RobotsTxtMiddleware holds them
@@ -39,6 +43,11 @@ from weakref import WeakKeyDictionary, WeakSet
 if TYPE_CHECKING:
     from scrapy import Request
 
+# Names with a sub-queue of their own at once, at most: past them a request of a busy name leaves
+# and sleeps in the middleware. Scrapy's scheduler scans every sub-queue at each pop, and with
+# JOBDIR each keeps a file open per priority in use (a default limit of open files is 1,024).
+MOST_QUEUED_NAMES = 256
+
 
 class StartWaits:
     """Per delayed key or scope, the requests of this process between the scheduler and their
@@ -53,6 +62,9 @@ class StartWaits:
         # weak: a request dropped on its way (never reaching our middleware) lets its names go
         self.under_way: dict[str, WeakSet[Request]] = {}
         self.names: WeakKeyDictionary[Request, tuple[str, ...]] = WeakKeyDictionary()
+        # names whose requests wait in a sub-queue of their own (the scheduler's sub-queues are
+        # scanned at every pop, and with JOBDIR each keeps a file open per priority)
+        self.queued: set[str] = set()
 
     def busy(self, name: str) -> bool:
         """A request of this process that left the scheduler waits for its start of ``name``."""
@@ -61,13 +73,22 @@ class StartWaits:
 
     def blocked_name(self, request: Request) -> str | None:
         """The first of the request's delayed names with a start under way here, if any: the
-        request waits in that name's sub-queue."""
+        request waits in that name's sub-queue. None past :data:`MOST_QUEUED_NAMES` names with a
+        sub-queue of their own: the request leaves and sleeps in the middleware, as without
+        StartWaits."""
         if not self.under_way:
             return None
         for name in self.delayed_names(request):
             if self.busy(name):
+                if name not in self.queued and len(self.queued) >= MOST_QUEUED_NAMES:
+                    return None
+                self.queued.add(name)
                 return name
         return None
+
+    def emptied(self, name: str) -> None:
+        """The sub-queue of ``name`` ran out of requests."""
+        self.queued.discard(name)
 
     def leaving(self, request: Request) -> None:
         """``request`` leaves the scheduler: each of its delayed names has a start under way."""

@@ -93,6 +93,9 @@ class OpenGate:
     def divert(self, request: Request, route: Route) -> Route | None:
         return None
 
+    def emptied(self, route: Route) -> None:
+        pass
+
 
 def shared_queues(clock: FakeClock) -> tuple[SharedStageQueues, list[float]]:
     """The shared queue with one capped stage, ``detail``, and the pauses it asked to be woken

@@ -9,13 +9,34 @@ from pathlib import Path
 
 import pytest
 import redis
+from scrapy import Request
 from scrapy.exceptions import IgnoreRequest
 
+from scrapy_redislock.requests.startwaits import MOST_QUEUED_NAMES, StartWaits
 from testing.crawlproc import Crawl, leftover
 from testing.inprocess import front, request
 from testing.site import CrawlSite
 
 pytestmark = pytest.mark.integration
+
+
+def test_past_the_most_names_with_a_sub_queue_a_busy_names_request_leaves() -> None:
+    """Pure: each busy name gets a sub-queue of its own up to MOST_QUEUED_NAMES; past them a
+    request of another busy name leaves (to sleep in the middleware); a name whose sub-queue ran
+    out makes room."""
+    woken: list[None] = []
+    waits = StartWaits(lambda r: (r.meta["name"],), lambda: woken.append(None))
+    out = [Request(f"http://a/{n}", meta={"name": f"n{n}"}) for n in range(MOST_QUEUED_NAMES + 1)]
+    for r in out:
+        waits.leaving(r)  # every name has a start under way
+    queued = [waits.blocked_name(Request("http://b", meta=r.meta)) for r in out]
+    assert queued[:-1] == [r.meta["name"] for r in out[:-1]] and queued[-1] is None
+    assert waits.blocked_name(Request("http://c", meta={"name": "n0"})) == "n0"  # has its own
+    waits.emptied("n0")
+    assert waits.blocked_name(Request("http://d", meta=out[-1].meta)) == out[-1].meta["name"]
+    waits.ended(out[0], "n0")
+    assert not waits.busy("n0") and woken == [None]
+    assert waits.blocked_name(Request("http://e", meta={"name": "n0"})) is None
 
 
 def test_a_delayed_keys_next_request_stays_queued_until_the_one_before_has_its_start(
