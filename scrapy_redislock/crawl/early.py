@@ -81,6 +81,20 @@ def settled_before_download(
     return False
 
 
+def robots_unknown(request: Request, middlewares: tuple[Any, ...]) -> bool:
+    """Whether a RobotsTxtMiddleware among ``middlewares`` has not read the robots.txt of the
+    request's host yet (not fetched, or being fetched): its Crawl-delay is not known."""
+    if request.meta.get("dont_obey_robotstxt"):
+        return False
+    for mw in middlewares:
+        parsers = getattr(mw, "_parsers", None)
+        if isinstance(mw, HttpCacheMiddleware) or parsers is None:
+            continue
+        parser = parsers.get(urlparse_cached(request).netloc, _UNKNOWN)
+        return parser is not None and (parser is _UNKNOWN or not hasattr(parser, "allowed"))
+    return False
+
+
 def _cache_settles(mw: Any, request: Request, spider: Any) -> bool:
     if request.meta.get("dont_cache") or not mw.policy.should_cache_request(request):
         return False

@@ -23,9 +23,10 @@ sub-queues are scanned at every pop, and with JOBDIR each keeps a file open per 
 past them, a request of a busy name leaves and sleeps in the middleware as before.
 
 Each process keeps one booking of a name at a time, so the cluster's bookings of a site interleave
-instead of queueing dozens ahead. A site's first requests may still leave together before its
-robots.txt is parsed (its Crawl-delay is not known yet; Scrapy's RobotsTxtMiddleware holds them
-meanwhile); a request of several delayed names that leaves its first name's sub-queue goes on
+instead of queueing dozens ahead. With REDISLOCK_CRAWL_DELAY a site whose robots.txt this process
+has not read yet counts as delayed (its Crawl-delay may come): its requests leave one at a time
+until RobotsTxtMiddleware has it, instead of all waiting for it in the downloader. A request of
+several delayed names that leaves its first name's sub-queue goes on
 even if another of its names has a start under way. Requests of a capped stage, requests over
 scrapy-redis's scheduler (its queue is shared and not split by key) and requests that bypass the
 scheduler sleep in the middleware as before.

@@ -65,6 +65,7 @@ from weakref import WeakKeyDictionary
 from scrapy import signals
 
 from scrapy_redislock.crawl.delays import Start
+from scrapy_redislock.crawl.early import early_middlewares, robots_unknown
 from scrapy_redislock.crawl.engine import one_per_crawler, wake_engine
 from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX, KeyLocks
 from scrapy_redislock.crawl.keys import domain, request_key
@@ -149,6 +150,8 @@ class ScopeThrottle:
         self._watching_sends = False
         # robots.txt Crawl-delay per host (REDISLOCK_CRAWL_DELAY), as this process parsed it
         self.crawl_delays: dict[str, float] = {}
+        # the cache and robots.txt middlewares before ours, found on first use
+        self._early: tuple[Any, ...] | None = None
         # per delayed key or scope, the request between StageScheduler and its start (one at a
         # time: the others wait queued, not in the downloader); read by StageScheduler's admission
         self.start_waits: StartWaits | None = None
@@ -248,15 +251,29 @@ class ScopeThrottle:
 
     def delayed_names(self, request: Request) -> tuple[str, ...]:
         """The request's key when it keeps a delay (its own, REDISLOCK_DELAY, its site's
-        Crawl-delay), then its other scopes with one, by name; none when a function fails for it
-        (the middleware fails it then)."""
+        Crawl-delay, or with REDISLOCK_CRAWL_DELAY a site whose robots.txt this process has not
+        read yet), then its other scopes with one, by name; none when a function fails for it (the
+        middleware fails it then)."""
         try:
             key, scopes = self.key_and_scopes(request)
         except KeyFunctionError:
             return ()
         policy_of = self.settings.policy_of
-        named = [key] if key is not None and self.key_delay(request, policy_of(key).delay) else []
+        named = []
+        if key is not None and (
+            self.key_delay(request, policy_of(key).delay) or self._robots_unknown(request)
+        ):
+            named.append(key)
         return (*named, *(scope for scope in scopes if policy_of(scope).delay))
+
+    def _robots_unknown(self, request: Request) -> bool:
+        """With REDISLOCK_CRAWL_DELAY, RobotsTxtMiddleware (before ours) has not read the site's
+        robots.txt yet: its Crawl-delay may come, so its requests go one at a time till then."""
+        if not self.settings.keys.crawl_delay:
+            return False
+        if self._early is None:
+            self._early = early_middlewares(self.crawler)
+        return robots_unknown(request, self._early)
 
     def key_delay(self, request: Request, delay: float) -> float:
         """The key's delay: the configured one, or the site's robots.txt Crawl-delay when

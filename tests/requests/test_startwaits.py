@@ -165,6 +165,38 @@ def test_a_capped_stages_request_does_not_hold_back_the_uncapped_ones_of_its_key
     asyncio.run(scenario())
 
 
+def test_with_crawl_delay_a_site_whose_robots_txt_is_not_read_yet_sends_one_request_at_a_time(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """REDISLOCK_CRAWL_DELAY: until RobotsTxtMiddleware has read a site's robots.txt its Crawl-delay
+    may come, so the site's requests leave one at a time (before, all of them left at once, waited
+    for the robots.txt in the downloader, then each slept out the Crawl-delay there); another
+    site's request goes past."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": None},
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_CRAWL_DELAY=True,
+            ROBOTSTXT_OBEY=True,
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            first, second = request(None, 1), request(None, 2)
+            other = request(None, 3).replace(url="http://127.0.0.2:9/free/3")
+            for r in (first, second, other):
+                scheduler.enqueue_request(r)
+            assert scheduler.next_request() is first
+            assert scheduler.next_request() is other  # the site's robots.txt is not read yet
+            assert scheduler.next_request() is None
+            f.middleware.process_response(first, None)  # type: ignore[arg-type]
+            assert scheduler.next_request() is second
+        assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.crawl
 def test_a_site_with_a_long_delay_does_not_hold_the_downloader_from_the_others(
     redis_url: str, redis_client: redis.Redis, tmp_path: Path
