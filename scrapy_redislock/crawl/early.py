@@ -84,7 +84,7 @@ def settled_before_download(
 def robots_unknown(request: Request, middlewares: tuple[Any, ...]) -> bool:
     """Whether a RobotsTxtMiddleware among ``middlewares`` has not read the robots.txt of the
     request's host yet (not fetched, or being fetched): its Crawl-delay is not known."""
-    if request.meta.get("dont_obey_robotstxt"):
+    if request.meta.get("dont_obey_robotstxt") or request.url.startswith(("data:", "file:")):
         return False
     for mw in middlewares:
         parsers = getattr(mw, "_parsers", None)

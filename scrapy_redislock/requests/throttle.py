@@ -261,15 +261,17 @@ class ScopeThrottle:
         policy_of = self.settings.policy_of
         named = []
         if key is not None and (
-            self.key_delay(request, policy_of(key).delay) or self._robots_unknown(request)
+            self.key_delay(request, policy_of(key).delay) or self._robots_unknown(request, key)
         ):
             named.append(key)
         return (*named, *(scope for scope in scopes if policy_of(scope).delay))
 
-    def _robots_unknown(self, request: Request) -> bool:
+    def _robots_unknown(self, request: Request, key: str) -> bool:
         """With REDISLOCK_CRAWL_DELAY, RobotsTxtMiddleware (before ours) has not read the site's
-        robots.txt yet: its Crawl-delay may come, so its requests go one at a time till then."""
-        if not self.settings.keys.crawl_delay:
+        robots.txt yet: its Crawl-delay may come, so its requests go one at a time till then. Only
+        where the key is the site itself: a key many sites share (a download slot, a proxy) would
+        otherwise fetch their robots.txt files one after another."""
+        if not self.settings.keys.crawl_delay or domain(request) != key:
             return False
         if self._early is None:
             self._early = early_middlewares(self.crawler)

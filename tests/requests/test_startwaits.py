@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import redis
 from scrapy import Request
 from scrapy.exceptions import IgnoreRequest
 
+from scrapy_redislock.crawl.early import robots_unknown
 from scrapy_redislock.requests.startwaits import MOST_QUEUED_NAMES, StartWaits
 from testing.crawlproc import Crawl, leftover
 from testing.inprocess import front, request
@@ -192,6 +194,40 @@ def test_with_crawl_delay_a_site_whose_robots_txt_is_not_read_yet_sends_one_requ
             assert scheduler.next_request() is None
             f.middleware.process_response(first, None)  # type: ignore[arg-type]
             assert scheduler.next_request() is second
+        assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
+
+
+def test_with_crawl_delay_a_key_many_sites_share_does_not_wait_for_their_robots_txt(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """REDISLOCK_CRAWL_DELAY with a key that is not the site (a download slot two sites share): the
+    sites' robots.txt files not read yet hold nothing back (holding the shared key would fetch them
+    one after another); a data: URL has no robots.txt to wait for."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": None},
+            REDISLOCK_STAGE_KEY="download_slot",
+            REDISLOCK_CRAWL_DELAY=True,
+            ROBOTSTXT_OBEY=True,
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            shared = {"download_slot": "proxy-1"}
+            first = request(None, 1).replace(meta=shared)
+            second = request(None, 2).replace(url="http://127.0.0.2:9/free/2", meta=shared)
+            for r in (first, second):
+                scheduler.enqueue_request(r)
+            assert scheduler.next_request() is first
+            assert scheduler.next_request() is second
+            robots = SimpleNamespace(_parsers={})  # a RobotsTxtMiddleware that has read nothing
+            assert robots_unknown(Request("http://127.0.0.3/"), (robots,))
+            assert not robots_unknown(Request("data:,x"), (robots,))
+            for r in (first, second):
+                f.middleware.process_response(r, None)  # type: ignore[arg-type]
         assert leftover(redis_client) == 0
 
     asyncio.run(scenario())
