@@ -8,7 +8,8 @@
   :data:`LATE_SEND` after its confirmation moves the name's next start back by its lateness;
 - :meth:`Delays.wait_rate`: N starts per T seconds, a sliding log on Redis's clock
   (``lock/scripts/rate.lua``), one wait per name and process; a logged start that goes out late
-  moves its entry to when it went (``lock/scripts/rate_late.lua``);
+  moves its entry to when it went (``lock/scripts/rate_late.lua``); :meth:`Delays.rate_full` says
+  whether a name's window was full at this process's last try;
 - a request's several waits (a stage's delay, its key's, a scope's rate window...) run one after
   another: before one of them sleeps, the starts the request confirmed or logged before it are
   moved to the end of that sleep (one script each), so that no other process's start of those
@@ -118,6 +119,9 @@ class Delays:
         self._rate_users: Counter[str] = Counter()
         self._rate_token = uuid.uuid4().hex[:12]
         self._rate_count = 0
+        # rate windows this process last found full (a try told to wait), till a try finds room at
+        # once: their requests leave StageScheduler one at a time (StartWaits)
+        self._rate_full: set[str] = set()
 
     async def wait_start(
         self, name: str, delay: float, earlier: Sequence[Start] = ()
@@ -162,7 +166,10 @@ class Delays:
                         functools.partial(take_rate, keys, count, window, member), name
                     )
                     if not wait:
+                        if not waited:
+                            self._rate_full.discard(name)
                         return RateStart(name, now, member, window, waited, confirmed)
+                    self._rate_full.add(name)
                     await self._sleep(wait, earlier)
                     waited += wait
             finally:
@@ -172,6 +179,18 @@ class Delays:
             if not self._rate_users[name]:
                 del self._rate_users[name]
                 del self._rate_lines[name]
+
+    def rate_full(self, name: str) -> bool:
+        """The rate window of ``name`` was full at this process's last try of it (a try told to
+        wait, and none since found room at once)."""
+        return name in self._rate_full
+
+    def rate_waiting(self, name: str | None = None) -> bool:
+        """A request of this process waits for a place in the full rate window of ``name``;
+        without one, whether any window was found full (a cheap look first)."""
+        if name is None:
+            return bool(self._rate_full)
+        return name in self._rate_full and name in self._rate_users
 
     def went_out(self, start: Start) -> None:
         """The request of ``start`` reached Scrapy's downloader now: if that is more than

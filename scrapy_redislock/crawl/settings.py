@@ -134,6 +134,16 @@ class KeySettings:
             self.stage_key is not None and (self.delay > 0 or bool(self.delays) or self.crawl_delay)
         ) or any(policy.delay for policy in self.scopes.policies)
 
+    @property
+    def rated(self) -> bool:
+        """Whether any key or scope has a rate window (its REDISLOCK_SCOPES entry)."""
+        return any(policy.rate is not None for policy in self.scopes.policies)
+
+    @property
+    def paced(self) -> bool:
+        """Whether any key or scope may hold its starts apart: a delay or a rate window."""
+        return self.delayed or self.rated
+
 
 @dataclass(frozen=True, kw_only=True)
 class AdaptiveSettings:

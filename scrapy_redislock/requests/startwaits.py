@@ -1,5 +1,6 @@
 """StartWaits: at most one request of this process at a time between StageScheduler and its start
-of a delayed key or scope, so that the others wait queued, not in the downloader.
+of a delayed key or scope, or of one whose rate window is full, so that the others wait queued,
+not in the downloader.
 
 A delay (REDISLOCK_DELAY, REDISLOCK_DELAYS[key], a scope's ``delay`` in REDISLOCK_SCOPES, a site's
 robots.txt Crawl-delay with REDISLOCK_CRAWL_DELAY) is a sleep in StageLockMiddleware, until the
@@ -21,6 +22,12 @@ them. So, for requests of no capped stage over Scrapy's scheduler:
 At most MOST_QUEUED_NAMES (256) names hold requests back in sub-queues of their own at once (the
 sub-queues are scanned at every pop, and with JOBDIR each keeps a file open per priority in use);
 past them, a request of a busy name leaves and sleeps in the middleware as before.
+
+A rate window (a scope's ``rate``) is held the same way once this process found it full
+(:meth:`Delays.rate_full <scrapy_redislock.crawl.delays.Delays.rate_full>`, until a try finds room
+at once): its name counts as delayed then, and as busy while a request of this process waits for a
+place in it (``waiting``). While a window has room its requests leave at once: holding them one at
+a time would bound a wide window's pace by a round trip a request.
 
 Each process keeps one booking of a name at a time, so the cluster's bookings of a site interleave
 instead of queueing dozens ahead. With REDISLOCK_CRAWL_DELAY a site whose robots.txt this process
@@ -55,11 +62,17 @@ class StartWaits:
     start of it (see the module docstring)."""
 
     def __init__(
-        self, delayed_names: Callable[[Request], tuple[str, ...]], wake: Callable[[], None]
+        self,
+        delayed_names: Callable[[Request], tuple[str, ...]],
+        wake: Callable[[], None],
+        waiting: Callable[[str | None], bool] = lambda name: False,
     ) -> None:
         # the request's delayed key and scopes, as the throttle reads them now
         self.delayed_names = delayed_names
         self.wake = wake  # the engine's next ask, when a name's start is no longer under way
+        # a request of this process waits in the middleware for a place in the name's full rate
+        # window (one that left before the window was found full); None: any window found full
+        self.waiting = waiting
         # weak: a request dropped on its way (never reaching our middleware) lets its names go
         self.under_way: dict[str, WeakSet[Request]] = {}
         self.names: WeakKeyDictionary[Request, tuple[str, ...]] = WeakKeyDictionary()
@@ -70,14 +83,14 @@ class StartWaits:
     def busy(self, name: str) -> bool:
         """A request of this process that left the scheduler waits for its start of ``name``."""
         requests = self.under_way.get(name)
-        return bool(requests)
+        return bool(requests) or self.waiting(name)
 
     def blocked_name(self, request: Request) -> str | None:
         """The first of the request's delayed names with a start under way here, if any: the
         request waits in that name's sub-queue. None past :data:`MOST_QUEUED_NAMES` names with a
         sub-queue of their own: the request leaves and sleeps in the middleware, as without
         StartWaits."""
-        if not self.under_way:
+        if not self.under_way and not self.waiting(None):
             return None
         for name in self.delayed_names(request):
             if self.busy(name):
@@ -100,13 +113,18 @@ class StartWaits:
             self.under_way.setdefault(name, WeakSet()).add(request)
 
     def ended(self, request: Request, name: str) -> None:
-        """The request's wait for its start of ``name`` ended (confirmed, or failed)."""
+        """The request's wait for its start of ``name`` ended (confirmed, or failed): the engine
+        asks again once no start of the name is under way here (a request that left before its
+        rate window was found full, and waited for it, included)."""
         requests = self.under_way.get(name)
-        if requests is None or request not in requests:
-            return
-        requests.discard(request)
-        if not requests:
+        if requests is not None and request in requests:
+            requests.discard(request)
+            if requests:
+                return
             del self.under_way[name]
+        elif name not in self.queued:
+            return
+        if not self.busy(name):
             self.wake()
 
     def went_out(self, request: Request) -> None:

@@ -155,8 +155,13 @@ class ScopeThrottle:
         # per delayed key or scope, the request between StageScheduler and its start (one at a
         # time: the others wait queued, not in the downloader); read by StageScheduler's admission
         self.start_waits: StartWaits | None = None
-        if settings.keys.delayed:
-            self.start_waits = StartWaits(self.delayed_names, lambda: wake_engine(crawler))
+        self._rated = settings.keys.rated  # read per request leaving StageScheduler
+        if settings.keys.paced:
+            self.start_waits = StartWaits(
+                self.delayed_names,
+                lambda: wake_engine(crawler),
+                lambda name: self.delays.rate_waiting(name and f"{KEY_LOCK_PREFIX}{name}"),
+            )
             self._watch_sends()
         if settings.keys.crawl_delay:
             crawler.signals.connect(self.robots_parsed, signal=signals.robots_parsed)
@@ -252,8 +257,9 @@ class ScopeThrottle:
     def delayed_names(self, request: Request) -> tuple[str, ...]:
         """The request's key when it keeps a delay (its own, REDISLOCK_DELAY, its site's
         Crawl-delay, or with REDISLOCK_CRAWL_DELAY a site whose robots.txt this process has not
-        read yet), then its other scopes with one, by name; none when a function fails for it (the
-        middleware fails it then)."""
+        read yet), then its other scopes with one, by name, then its key and scopes whose rate
+        window this process last found full; none when a function fails for it (the middleware
+        fails it then)."""
         try:
             key, scopes = self.key_and_scopes(request)
         except KeyFunctionError:
@@ -264,7 +270,17 @@ class ScopeThrottle:
             self.key_delay(request, policy_of(key).delay) or self._robots_unknown(request, key)
         ):
             named.append(key)
-        return (*named, *(scope for scope in scopes if policy_of(scope).delay))
+        named.extend(scope for scope in scopes if policy_of(scope).delay)
+        if self._rated:
+            everyone = (key, *scopes) if key is not None else scopes
+            named.extend(
+                name
+                for name in everyone
+                if name not in named
+                and policy_of(name).rate is not None
+                and self.delays.rate_full(f"{KEY_LOCK_PREFIX}{name}")
+            )
+        return tuple(named)
 
     def _robots_unknown(self, request: Request, key: str) -> bool:
         """With REDISLOCK_CRAWL_DELAY, RobotsTxtMiddleware (before ours) has not read the site's
@@ -345,9 +361,13 @@ class ScopeThrottle:
 
     async def _rate(self, request: Request, name: str, rate: tuple[int, float]) -> None:
         """Wait for a place in the rate window of ``name`` (a stage, or ``key:<scope>``)."""
-        start = await self._start_of(
-            request, name, self.delays.wait_rate(name, *rate, self.starts.get(request, ()))
-        )
+        try:
+            start = await self._start_of(
+                request, name, self.delays.wait_rate(name, *rate, self.starts.get(request, ()))
+            )
+        finally:  # a full window's next queued request may leave StageScheduler (StartWaits)
+            if self.start_waits is not None and name.startswith(KEY_LOCK_PREFIX):
+                self.start_waits.ended(request, name.removeprefix(KEY_LOCK_PREFIX))
         self._started(request, start)
         stats = self.crawler.stats
         stats.inc_value("redislock/rate/starts")

@@ -5,6 +5,8 @@ crawl (``scrapy runspider``) against the local site on two host names."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -73,6 +75,55 @@ def test_a_delayed_keys_next_request_stays_queued_until_the_one_before_has_its_s
             starts = [r.meta["redislock_start_at"] for r in (out, left)]
             assert starts[1] - starts[0] >= 0.3 - 0.001
             for r in (out, left, other):
+                f.middleware.process_response(r, None)  # type: ignore[arg-type]
+        assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_full_rate_windows_next_request_stays_queued_until_the_one_before_has_its_start(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A host's rate window of 1 start a second: while the window has room its requests leave at
+    once; once this process found it full, one request at a time leaves and waits for its place,
+    the next staying queued (another host's going past) until that one's start is logged (before,
+    each left and waited in the downloader, taking one of CONCURRENT_REQUESTS)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"detail": None},
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_SCOPES={"127.0.0.1": {"rate": "1/s"}},
+            # in the order queued (DownloaderAwarePriorityQueue puts a host with none in flight first)
+            SCHEDULER_PRIORITY_QUEUE="scrapy.pqueues.ScrapyPriorityQueue",
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            first, second, third, fourth = (request(None, n) for n in range(1, 5))
+            other = request(None, 5).replace(url="http://127.0.0.2:9/free/5")
+            scheduler.enqueue_request(first)
+            assert scheduler.next_request() is first
+            await f.send(first)  # the window had room: logged at once
+            for r in (second, third, fourth, other):
+                scheduler.enqueue_request(r)
+            assert scheduler.next_request() is second  # nothing known full yet
+            waiting = f.send(second)  # told to wait for the window
+            deadline = time.monotonic() + 10
+            while not f.middleware.throttle.delayed_names(third):  # its reply said "wait"
+                assert time.monotonic() < deadline, "the window was never found full"
+                await asyncio.sleep(0.001)
+            assert scheduler.next_request() is other  # the other host's goes past
+            assert scheduler.next_request() is None  # the host's wait for a place under way
+            await waiting
+            assert scheduler.next_request() is third  # one at a time now
+            assert scheduler.next_request() is None  # the fourth stays queued
+            await f.send(third)  # its place logged: the fourth may leave
+            assert scheduler.next_request() is fourth
+            await f.send(fourth)
+            starts = [r.meta["redislock_start_at"] for r in (first, second, third, fourth)]
+            assert all(b - a >= 1.0 - 0.001 for a, b in itertools.pairwise(starts)), starts
+            for r in (first, second, third, fourth, other):
                 f.middleware.process_response(r, None)  # type: ignore[arg-type]
         assert leftover(redis_client) == 0
 
@@ -234,20 +285,28 @@ def test_with_crawl_delay_a_key_many_sites_share_does_not_wait_for_their_robots_
 
 
 @pytest.mark.crawl
+@pytest.mark.parametrize(
+    "pace",
+    [
+        pytest.param({"REDISLOCK_DELAYS": {"127.0.0.1": 2.0}}, id="delay"),
+        pytest.param({"REDISLOCK_SCOPES": {"127.0.0.1": {"rate": "1/2s"}}}, id="rate-window"),
+    ],
+)
 def test_a_site_with_a_long_delay_does_not_hold_the_downloader_from_the_others(
-    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path, pace: dict[str, object]
 ) -> None:
-    """Host 1 keeps 2 s between starts, host 2 none; their pages interleaved, 2 of
-    CONCURRENT_REQUESTS. Host 1's requests wait for their start one at a time, the others queued:
-    every page of host 2 is answered before host 1's third start (before, host 1's requests slept
-    in the downloader, two at a time, and host 2's pages went one every 2 s between them)."""
+    """Host 1 keeps 2 s between starts (a delay, or a rate window of 1 start in 2 s), host 2 none;
+    their pages interleaved, 2 of CONCURRENT_REQUESTS. Host 1's requests wait for their start one
+    at a time, the others queued: every page of host 2 is answered before host 1's third start
+    (before, host 1's requests slept in the downloader, two at a time, and host 2's pages went one
+    every 2 s between them)."""
     settings = {
         "REDISLOCK_URL": redis_url,
         "SCHEDULER": "scrapy_redislock.StageScheduler",
         "REDISLOCK_STAGES": {"detail": None},
         "REDISLOCK_STAGE_KEY": "domain",
-        "REDISLOCK_DELAYS": {"127.0.0.1": 2.0},
         "CONCURRENT_REQUESTS": 2,
+        **pace,
     }
     with CrawlSite(delay=0.05, hosts=2) as site:
         crawl = Crawl(site.url, "detail:10", settings, tmp_path, args={"hosts": "2"}).run()
