@@ -28,7 +28,8 @@ waited; "held back" counts the confirmations that had to wait behind a late star
 Slow domains among fast ones (``--slow-*``): 5 slow domains queued first (8 pages each), then the fast domains'
 pages, with StageScheduler and with the middleware alone; slow by the site (``--slow-delay`` a page, cap 1) or,
 with ``--slow-kind delay``, by a delay of ``--slow-delay`` between their starts (REDISLOCK_DELAYS; the site answers
-them at once): the fast domains' pages/s against the same crawl without the slow ones.
+them at once), or with ``--slow-kind rate`` by a rate window of one start per ``--slow-delay`` seconds
+(REDISLOCK_SCOPES): the fast domains' pages/s against the same crawl without the slow ones.
 
 Prints what it measured; writes bench/results/keys.md and keys.json. ``--only caps`` or ``--only gaps`` runs one
 part.
@@ -95,10 +96,11 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--slow-pages", type=int, default=8, help="pages per slow domain")
     parser.add_argument(
         "--slow-kind",
-        choices=("site", "delay"),
+        choices=("site", "delay", "rate"),
         default="site",
-        help="what makes a slow domain slow: the site (--slow-delay a page, cap 1) or a delay "
-        "between its starts (REDISLOCK_DELAYS, --slow-delay, no cap of its own)",
+        help="what makes a slow domain slow: the site (--slow-delay a page, cap 1), a delay "
+        "between its starts (REDISLOCK_DELAYS, --slow-delay, no cap of its own) or a rate window "
+        "of one start per --slow-delay seconds (REDISLOCK_SCOPES, no cap of its own)",
     )
     parser.add_argument("--fast-domains", type=int, default=1000, help="fast domains beside them")
     parser.add_argument("--fast-pages", type=int, default=6000, help="pages of the fast domains")
@@ -262,7 +264,9 @@ def slow_run(
     ``--slow-delay`` a page) queued first: the fast domains' pages/s over their own span."""
     slow_domains = opts.slow_domains if slow else 0
     delays = {f"s{k}": opts.slow_delay for k in range(slow_domains)}
-    by_delay = opts.slow_kind == "delay"  # slow by REDISLOCK_DELAYS, the site answers at once
+    # slow by REDISLOCK_DELAYS or a rate window, the site answering at once; or by the site
+    by_delay = opts.slow_kind in ("delay", "rate")
+    rated = opts.slow_kind == "rate"
     with (
         RedisServer() as server,
         CrawlSite(delay=opts.delay, delays={} if by_delay else delays) as site,
@@ -272,7 +276,10 @@ def slow_run(
             "REDISLOCK_STAGE_KEY": "download_slot",
             "REDISLOCK_KEY_LIMIT": processes,
             "REDISLOCK_KEY_LIMITS": {} if by_delay else dict.fromkeys(delays, 1),
-            "REDISLOCK_DELAYS": delays if by_delay else {},
+            "REDISLOCK_DELAYS": delays if by_delay and not rated else {},
+            "REDISLOCK_SCOPES": {name: {"rate": [1, gap]} for name, gap in delays.items()}
+            if rated
+            else {},
             "CONCURRENT_REQUESTS_PER_DOMAIN": 1000,
             "CONCURRENT_REQUESTS": opts.concurrency,
             "SCHEDULER": scheduler,
@@ -332,7 +339,10 @@ def slow_table(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         base = alone.get((r["processes"], r["scheduler"]))
         ratio = f"{r['fast_pages_per_s'] / base:.2f}" if base else ""
-        kind = f" (delay {r['slow_delay']} s)" if r.get("slow_kind") == "delay" else ""
+        kind = {
+            "delay": f" (delay {r['slow_delay']} s)",
+            "rate": f" (rate 1/{r['slow_delay']} s)",
+        }.get(r.get("slow_kind", "site"), "")
         lines.append(
             f"| {r['processes']} | {r['scheduler']} | {r['slow_domains']}{kind} | {r['slow_pages']} | "
             f"{r['fast_pages']} | {r['fast_pages_per_s']} | {ratio} | {r['max_in_flight_slow']} | "
