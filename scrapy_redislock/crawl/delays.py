@@ -46,6 +46,7 @@ from scrapy_redislock.lock.delay import (
     take_rate,
 )
 from scrapy_redislock.lock.protocol import Operation, adrive
+from scrapy_redislock.lock.status import KEY_LOCK_PREFIX
 
 if TYPE_CHECKING:
     from scrapy_redislock.lock.base import CommandRunner
@@ -59,6 +60,9 @@ LATE_SEND = 0.001
 # seconds a request's earlier starts are moved ahead while it waits behind another of this process
 # for a rate window (again every half of it)
 LINE_HOLD = 1.0
+# entries in the table of rate windows found full past which those whose window has passed are
+# dropped (and again each time the table doubles)
+RATE_PRUNE_AT = 1024
 
 __all__ = ["LATE_SEND", "ConfirmedStart", "Delays", "RateStart", "Start"]
 
@@ -119,9 +123,11 @@ class Delays:
         self._rate_users: Counter[str] = Counter()
         self._rate_token = uuid.uuid4().hex[:12]
         self._rate_count = 0
-        # rate windows this process last found full (a try told to wait), till a try finds room at
-        # once: their requests leave StageScheduler one at a time (StartWaits)
-        self._rate_full: set[str] = set()
+        # the keys' and scopes' rate windows this process last found full (a try told to wait),
+        # till a try finds room at once, with when that window has surely passed: their requests
+        # leave StageScheduler one at a time (StartWaits); passed entries are pruned now and then
+        self._rate_full: dict[str, float] = {}
+        self._rate_prune_at = RATE_PRUNE_AT
 
     async def wait_start(
         self, name: str, delay: float, earlier: Sequence[Start] = ()
@@ -157,6 +163,9 @@ class Delays:
         self._rate_users[name] += 1
         waited = 0.0
         try:
+            # a try that lined up behind another of this process's finds room only because that
+            # one waited for it: the window stays held
+            lined_up = line.locked()
             await self._acquire_line(line, earlier)
             try:
                 while True:
@@ -166,10 +175,10 @@ class Delays:
                         functools.partial(take_rate, keys, count, window, member), name
                     )
                     if not wait:
-                        if not waited:
-                            self._rate_full.discard(name)
+                        if not waited and not lined_up:
+                            self._rate_full.pop(name, None)
                         return RateStart(name, now, member, window, waited, confirmed)
-                    self._rate_full.add(name)
+                    self._found_full(name, window)
                     await self._sleep(wait, earlier)
                     waited += wait
             finally:
@@ -180,9 +189,23 @@ class Delays:
                 del self._rate_users[name]
                 del self._rate_lines[name]
 
+    def _found_full(self, name: str, window: float) -> None:
+        """A try of ``name`` was told to wait. Only keys' and scopes' windows are held in
+        StageScheduler (a stage's requests sleep in the middleware); the entries of windows that
+        have surely passed with no try since are dropped once the table doubles."""
+        if not name.startswith(KEY_LOCK_PREFIX):
+            return
+        now = self.clock()
+        self._rate_full[name] = now + window
+        if len(self._rate_full) >= self._rate_prune_at:
+            for passed in [n for n, until in self._rate_full.items() if until < now]:
+                if passed not in self._rate_users:
+                    del self._rate_full[passed]
+            self._rate_prune_at = max(RATE_PRUNE_AT, 2 * len(self._rate_full))
+
     def rate_full(self, name: str) -> bool:
-        """The rate window of ``name`` was full at this process's last try of it (a try told to
-        wait, and none since found room at once)."""
+        """The rate window of ``name`` (``key:<scope>``) was full at this process's last try of
+        it (a try told to wait, and none since found room at once)."""
         return name in self._rate_full
 
     def rate_waiting(self, name: str | None = None) -> bool:

@@ -66,6 +66,8 @@ class StartWaits:
         delayed_names: Callable[[Request], tuple[str, ...]],
         wake: Callable[[], None],
         waiting: Callable[[str | None], bool] = lambda name: False,
+        *,
+        delayed: bool = True,
     ) -> None:
         # the request's delayed key and scopes, as the throttle reads them now
         self.delayed_names = delayed_names
@@ -73,6 +75,8 @@ class StartWaits:
         # a request of this process waits in the middleware for a place in the name's full rate
         # window (one that left before the window was found full); None: any window found full
         self.waiting = waiting
+        # any key or scope keeps a delay (else only a full rate window holds requests back)
+        self.delayed = delayed
         # weak: a request dropped on its way (never reaching our middleware) lets its names go
         self.under_way: dict[str, WeakSet[Request]] = {}
         self.names: WeakKeyDictionary[Request, tuple[str, ...]] = WeakKeyDictionary()
@@ -81,7 +85,8 @@ class StartWaits:
         self.queued: set[str] = set()
 
     def busy(self, name: str) -> bool:
-        """A request of this process that left the scheduler waits for its start of ``name``."""
+        """A request of this process that left the scheduler waits for its start of ``name``:
+        one marked when it left, or one waiting for a place in the name's full rate window."""
         requests = self.under_way.get(name)
         return bool(requests) or self.waiting(name)
 
@@ -106,6 +111,8 @@ class StartWaits:
 
     def leaving(self, request: Request) -> None:
         """``request`` leaves the scheduler: each of its delayed names has a start under way."""
+        if not self.delayed and not self.waiting(None):
+            return  # only rate windows, none found full: no name to look up per request
         names = self.delayed_names(request)
         if names:
             self.names[request] = names

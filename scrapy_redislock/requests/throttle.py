@@ -161,6 +161,7 @@ class ScopeThrottle:
                 self.delayed_names,
                 lambda: wake_engine(crawler),
                 lambda name: self.delays.rate_waiting(name and f"{KEY_LOCK_PREFIX}{name}"),
+                delayed=settings.keys.delayed,
             )
             self._watch_sends()
         if settings.keys.crawl_delay:

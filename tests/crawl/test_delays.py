@@ -10,6 +10,7 @@ import asyncio
 import pytest
 import redis
 
+from scrapy_redislock.crawl.delays import RATE_PRUNE_AT, Delays
 from scrapy_redislock.lock.delay import confirm_start, delay_keys
 from scrapy_redislock.lock.protocol import adrive
 from testing.inprocess import front
@@ -76,6 +77,50 @@ def test_a_request_queued_behind_another_for_a_rate_window_holds_its_earlier_sta
             await asyncio.gather(second, third, return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+def test_a_full_rate_window_stays_held_while_the_tries_lined_up_behind_its_wait_find_room(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Two starts per second on ``key:r``, its window filled by two other processes' starts that
+    pass at the same moment. C is told to wait (the window is found full); D, lined up behind C,
+    finds room at once when C's wait freed both places: the window stays held (before, D's try
+    lifted it, and every request queued in StageScheduler left to wait in the downloader). A
+    stage's window found full is not held (its requests sleep in the middleware)."""
+
+    async def scenario() -> None:
+        async with front(redis_url, {"detail": None}, REDISLOCK_STAGE_KEY="domain") as f:
+            throttle = f.middleware.throttle
+            assert throttle is not None
+            delays = throttle.delays
+            seconds, micros = redis_client.time()
+            passing = seconds * 1_000_000 + micros - 700_000  # both leave the window in 0.3 s
+            log = delay_keys("redislock", "key:r").rate
+            redis_client.zadd(log, {"other-1": passing, "other-2": passing})
+            redis_client.pexpire(log, 2_000)
+            c = asyncio.ensure_future(delays.wait_rate("key:r", 2, 1.0))
+            d = asyncio.ensure_future(delays.wait_rate("key:r", 2, 1.0))
+            c_start, d_start = await asyncio.gather(c, d)
+            assert c_start.waited > 0 and d_start.waited == 0  # D found room at once
+            assert delays.rate_full("key:r")
+            while not (await delays.wait_rate("detail", 1, 1.0)).waited:
+                pass  # a stage's window, till a try is told to wait
+            assert not delays.rate_full("detail")
+
+    asyncio.run(scenario())
+
+
+def test_the_windows_found_full_that_have_passed_are_dropped_once_the_table_doubles() -> None:
+    """Pure: a crawl of many rate-limited sites keeps no entry per site for ever; a window still
+    within its time stays held."""
+    now = [0.0]
+    delays = Delays(None, "redislock", None, randomize=False, clock=lambda: now[0])  # type: ignore[arg-type]
+    for n in range(RATE_PRUNE_AT - 1):
+        delays._found_full(f"key:site{n}", 1.0)
+    now[0] = 5.0
+    delays._found_full("key:late", 10.0)  # the table is full: the passed ones go
+    assert delays.rate_full("key:late") and not delays.rate_full("key:site0")
+    assert delays.rate_waiting() and not delays.rate_waiting("key:late")  # no try waits for it
 
 
 def test_a_start_whose_reply_was_held_up_counts_as_sent_late(
