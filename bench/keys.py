@@ -27,9 +27,9 @@ waited; "held back" counts the confirmations that had to wait behind a late star
 
 Slow domains among fast ones (``--slow-*``): 5 slow domains queued first (8 pages each), then the fast domains'
 pages, with StageScheduler and with the middleware alone; slow by the site (``--slow-delay`` a page, cap 1) or,
-with ``--slow-kind delay``, by a delay of ``--slow-delay`` between their starts (REDISLOCK_DELAYS; the site answers
-them at once), or with ``--slow-kind rate`` by a rate window of one start per ``--slow-delay`` seconds
-(REDISLOCK_SCOPES): the fast domains' pages/s against the same crawl without the slow ones.
+with ``--slow-kind delay``, by a delay of ``--slow-delay`` between their starts (REDISLOCK_DELAYS, no cap; the site
+answers them at once), or with ``--slow-kind rate`` by a rate window of one start per ``--slow-delay`` seconds
+(REDISLOCK_SCOPES, no cap): the fast domains' pages/s against the same crawl without the slow ones.
 
 Prints what it measured; writes bench/results/keys.md and keys.json. ``--only caps`` or ``--only gaps`` runs one
 part.
@@ -99,8 +99,8 @@ def options(argv: list[str] | None) -> argparse.Namespace:
         choices=("site", "delay", "rate"),
         default="site",
         help="what makes a slow domain slow: the site (--slow-delay a page, cap 1), a delay "
-        "between its starts (REDISLOCK_DELAYS, --slow-delay, no cap of its own) or a rate window "
-        "of one start per --slow-delay seconds (REDISLOCK_SCOPES, no cap of its own)",
+        "between its starts (REDISLOCK_DELAYS, --slow-delay, no cap) or a rate window "
+        "of one start per --slow-delay seconds (REDISLOCK_SCOPES, no cap)",
     )
     parser.add_argument("--fast-domains", type=int, default=1000, help="fast domains beside them")
     parser.add_argument("--fast-pages", type=int, default=6000, help="pages of the fast domains")
@@ -275,7 +275,8 @@ def slow_run(
             "REDISLOCK_URL": server.url,
             "REDISLOCK_STAGE_KEY": "download_slot",
             "REDISLOCK_KEY_LIMIT": processes,
-            "REDISLOCK_KEY_LIMITS": {} if by_delay else dict.fromkeys(delays, 1),
+            # a delayed or rate-limited slow domain has no cap (its requests would wait for it)
+            "REDISLOCK_KEY_LIMITS": dict.fromkeys(delays, None if by_delay else 1),
             "REDISLOCK_DELAYS": delays if by_delay and not rated else {},
             "REDISLOCK_SCOPES": {name: {"rate": [1, gap]} for name, gap in delays.items()}
             if rated

@@ -9,7 +9,8 @@
 - :meth:`Delays.wait_rate`: N starts per T seconds, a sliding log on Redis's clock
   (``lock/scripts/rate.lua``), one wait per name and process; a logged start that goes out late
   moves its entry to when it went (``lock/scripts/rate_late.lua``); :meth:`Delays.rate_full` says
-  whether a name's window was full at this process's last try;
+  whether a key's or scope's window was full at this process's last try (a try lined up behind
+  another of this process's that finds room leaves it so);
 - a request's several waits (a stage's delay, its key's, a scope's rate window...) run one after
   another: before one of them sleeps, the starts the request confirmed or logged before it are
   moved to the end of that sleep (one script each), so that no other process's start of those
@@ -124,8 +125,9 @@ class Delays:
         self._rate_token = uuid.uuid4().hex[:12]
         self._rate_count = 0
         # the keys' and scopes' rate windows this process last found full (a try told to wait),
-        # till a try finds room at once, with when that window has surely passed: their requests
-        # leave StageScheduler one at a time (StartWaits); passed entries are pruned now and then
+        # till a try not lined up behind another finds room at once, with when each is surely
+        # past: their requests leave StageScheduler one at a time (StartWaits); passed entries are
+        # pruned once the table doubles
         self._rate_full: dict[str, float] = {}
         self._rate_prune_at = RATE_PRUNE_AT
 
@@ -163,9 +165,10 @@ class Delays:
         self._rate_users[name] += 1
         waited = 0.0
         try:
-            # a try that lined up behind another of this process's finds room only because that
-            # one waited for it: the window stays held
-            lined_up = line.locked()
+            # a try lined up behind another of this process's (the count covers the holder and
+            # those queued, with no gap between a release and the next one's wake-up) finds room
+            # mostly because that one waited for it: the window stays held
+            lined_up = self._rate_users[name] > 1
             await self._acquire_line(line, earlier)
             try:
                 while True:
@@ -178,7 +181,7 @@ class Delays:
                         if not waited and not lined_up:
                             self._rate_full.pop(name, None)
                         return RateStart(name, now, member, window, waited, confirmed)
-                    self._found_full(name, window)
+                    self._found_full(name, max(window, wait))
                     await self._sleep(wait, earlier)
                     waited += wait
             finally:
@@ -189,14 +192,16 @@ class Delays:
                 del self._rate_users[name]
                 del self._rate_lines[name]
 
-    def _found_full(self, name: str, window: float) -> None:
-        """A try of ``name`` was told to wait. Only keys' and scopes' windows are held in
-        StageScheduler (a stage's requests sleep in the middleware); the entries of windows that
-        have surely passed with no try since are dropped once the table doubles."""
+    def _found_full(self, name: str, lasting: float) -> None:
+        """A try of ``name`` was told to wait; its window is full for at most ``lasting`` seconds
+        more (its length, or the wait when longer: an entry moved late may lie ahead). Only keys'
+        and scopes' windows are held in StageScheduler (a stage's requests sleep in the
+        middleware); the entries whose time has passed with no try of this process waiting are
+        dropped once the table doubles."""
         if not name.startswith(KEY_LOCK_PREFIX):
             return
         now = self.clock()
-        self._rate_full[name] = now + window
+        self._rate_full[name] = now + lasting
         if len(self._rate_full) >= self._rate_prune_at:
             for passed in [n for n, until in self._rate_full.items() if until < now]:
                 if passed not in self._rate_users:
@@ -205,7 +210,8 @@ class Delays:
 
     def rate_full(self, name: str) -> bool:
         """The rate window of ``name`` (``key:<scope>``) was full at this process's last try of
-        it (a try told to wait, and none since found room at once)."""
+        it (a try told to wait, and none since found room at once but one lined up behind another
+        of this process's; forgotten once passed, see :meth:`_found_full`)."""
         return name in self._rate_full
 
     def rate_waiting(self, name: str | None = None) -> bool:
