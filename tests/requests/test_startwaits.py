@@ -9,6 +9,7 @@ import itertools
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import redis
@@ -218,6 +219,17 @@ def test_a_capped_stages_request_does_not_hold_back_the_uncapped_ones_of_its_key
     asyncio.run(scenario())
 
 
+def crawl_delay_front(redis_url: str, stage_key: str) -> Any:
+    """The request front with REDISLOCK_CRAWL_DELAY, robots.txt obeyed, keyed by ``stage_key``."""
+    return front(
+        redis_url,
+        {"detail": None},
+        REDISLOCK_STAGE_KEY=stage_key,
+        REDISLOCK_CRAWL_DELAY=True,
+        ROBOTSTXT_OBEY=True,
+    )
+
+
 def test_with_crawl_delay_a_site_whose_robots_txt_is_not_read_yet_sends_one_request_at_a_time(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
@@ -227,13 +239,7 @@ def test_with_crawl_delay_a_site_whose_robots_txt_is_not_read_yet_sends_one_requ
     site's request goes past."""
 
     async def scenario() -> None:
-        async with front(
-            redis_url,
-            {"detail": None},
-            REDISLOCK_STAGE_KEY="domain",
-            REDISLOCK_CRAWL_DELAY=True,
-            ROBOTSTXT_OBEY=True,
-        ) as f:
+        async with crawl_delay_front(redis_url, "domain") as f:
             scheduler = f.scheduler
             assert scheduler is not None
             first, second = request(None, 1), request(None, 2)
@@ -258,13 +264,7 @@ def test_with_crawl_delay_a_key_many_sites_share_does_not_wait_for_their_robots_
     one after another); a data: URL has no robots.txt to wait for."""
 
     async def scenario() -> None:
-        async with front(
-            redis_url,
-            {"detail": None},
-            REDISLOCK_STAGE_KEY="download_slot",
-            REDISLOCK_CRAWL_DELAY=True,
-            ROBOTSTXT_OBEY=True,
-        ) as f:
+        async with crawl_delay_front(redis_url, "download_slot") as f:
             scheduler = f.scheduler
             assert scheduler is not None
             shared = {"download_slot": "proxy-1"}
