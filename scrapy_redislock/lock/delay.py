@@ -81,13 +81,14 @@ def push_start(keys: LockKeys, at: float, lateness: float, gap: float) -> Operat
 
 def take_rate(
     keys: LockKeys, count: int, window: float, member: str
-) -> Operation[tuple[float, float]]:
+) -> Operation[tuple[float, float, int]]:
     """A start under a rate window of ``count`` starts in any ``window`` seconds (``scripts/rate.lua``,
     a sliding log on Redis's clock): (seconds to wait before asking again, 0 when started; now,
-    seconds since the epoch on Redis's clock)."""
+    seconds since the epoch on Redis's clock; places left in the window after this start, 0 when
+    told to wait)."""
     reply = yield RunScript("rate", (keys.rate,), (count, _micros(window), member))
-    wait, now = text(reply)
-    return int(wait) / 1_000_000, int(now) / 1_000_000
+    wait, now, left = text(reply)
+    return int(wait) / 1_000_000, int(now) / 1_000_000, int(left)
 
 
 def push_rate(keys: LockKeys, member: str, moment: float, window: float) -> Operation[bool]:

@@ -82,11 +82,12 @@ def test_a_request_queued_behind_another_for_a_rate_window_holds_its_earlier_sta
 def test_a_full_rate_window_stays_held_while_the_tries_lined_up_behind_its_wait_find_room(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """Two starts per 2 s on ``key:r``, its window filled by two other processes' starts that
-    pass at the same moment (1.5 s on). C is told to wait (the window is found full); D, lined up behind C,
-    finds room at once when C's wait freed both places: the window stays held (before, D's try
-    lifted it, and every request queued in StageScheduler left to wait in the downloader). A
-    stage's window found full is not held (its requests sleep in the middleware)."""
+    """Four starts per 2 s on ``key:r``, its window filled by four other processes' starts that
+    pass at the same moment (1.5 s on). C is told to wait (the window is found full); D, lined up
+    behind C, finds room at once, and places left, when C's wait freed all four: the window stays
+    held (before, D's try lifted it, and every request queued in StageScheduler left to wait in the
+    downloader). A stage's window found full is not held (its requests sleep in the
+    middleware)."""
 
     async def scenario() -> None:
         async with front(redis_url, {"detail": None}, REDISLOCK_STAGE_KEY="domain") as f:
@@ -96,10 +97,10 @@ def test_a_full_rate_window_stays_held_while_the_tries_lined_up_behind_its_wait_
             seconds, micros = redis_client.time()
             passing = seconds * 1_000_000 + micros - 500_000  # both leave the window in 1.5 s
             log = delay_keys("redislock", "key:r").rate
-            redis_client.zadd(log, {"other-1": passing, "other-2": passing})
+            redis_client.zadd(log, {f"other-{n}": passing for n in range(4)})
             redis_client.pexpire(log, 10_000)
-            c = asyncio.ensure_future(delays.wait_rate("key:r", 2, 2.0))
-            d = asyncio.ensure_future(delays.wait_rate("key:r", 2, 2.0))
+            c = asyncio.ensure_future(delays.wait_rate("key:r", 4, 2.0))
+            d = asyncio.ensure_future(delays.wait_rate("key:r", 4, 2.0))
             c_start, d_start = await asyncio.gather(c, d)
             assert c_start.waited > 0 and d_start.waited == 0  # D found room at once
             assert delays.rate_full("key:r")

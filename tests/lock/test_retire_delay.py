@@ -193,12 +193,13 @@ def test_rate_window_lets_n_starts_in_any_window_on_redis_clock(
 ) -> None:
     """A rate of 5 starts per 0.3 s, asked by 3 concurrent askers as fast as they may: the starts
     let through are never more than 5 in any window (t - 0.3, t] on Redis's clock, each refused
-    asker is told to wait exactly until the 5th newest start is a window old, and an idle scope's
-    log expires."""
+    asker is told to wait exactly until the 5th newest start is a window old, each start says the
+    places it left in its window, and an idle scope's log expires."""
     count, window = 5, 0.3
     keys = delay_keys("redislock", "key:proxy:p1")
     starts: list[float] = []
     refusals: list[tuple[float, float]] = []
+    lefts: list[tuple[float, int]] = []  # places left in the window after a start
 
     async def main() -> None:
         client = redis.asyncio.Redis.from_url(admin_url)
@@ -208,10 +209,14 @@ def test_rate_window_lets_n_starts_in_any_window_on_redis_clock(
         async def asker() -> None:
             while len(starts) < 20:
                 member = f"t:{next(serial)}"
-                wait, now = await adrive(take_rate(keys, count, window, member), runner, "rate")
+                wait, now, left = await adrive(
+                    take_rate(keys, count, window, member), runner, "rate"
+                )
                 if not wait:
                     starts.append(now)
+                    lefts.append((now, left))
                     continue
+                assert left == 0
                 refusals.append((now, wait))
                 await asyncio.sleep(wait)
 
@@ -227,6 +232,8 @@ def test_rate_window_lets_n_starts_in_any_window_on_redis_clock(
     for i, start in enumerate(starts):
         in_window = [s for s in starts[: i + 1] if s > start - window]
         assert len(in_window) <= count, (start, in_window)
+    for now, left in lefts:  # what the log held: the starts of the window up to this one
+        assert left == count - len([s for s in starts if now - window < s <= now]), (now, left)
     # paced by the window: 20 starts at 5 per 0.3 s span at least 3 windows
     assert starts[19] - starts[0] >= 3 * window - 1e-6
     deadline = time.monotonic() + 5
@@ -247,11 +254,11 @@ def test_a_rate_start_moved_later_holds_its_place_in_the_window_from_there(
     async def main() -> None:
         client = redis.asyncio.Redis.from_url(admin_url)
         runner = CommandRunner(client)
-        wait, at = await adrive(take_rate(keys, 1, 2.0, "a"), runner, "rate")
-        assert wait == 0
+        wait, at, left = await adrive(take_rate(keys, 1, 2.0, "a"), runner, "rate")
+        assert wait == 0 and left == 0  # the window's one place taken
         assert await adrive(push_rate(keys, "a", at + 1.0, 2.0), runner, "rate")
         assert not await adrive(push_rate(keys, "a", at + 0.5, 2.0), runner, "rate")  # only later
-        wait, now = await adrive(take_rate(keys, 1, 2.0, "b"), runner, "rate")
+        wait, now, _ = await adrive(take_rate(keys, 1, 2.0, "b"), runner, "rate")
         assert now + wait == pytest.approx(at + 3.0, abs=2e-6)
         assert redis_client.pttl(keys.rate) > (at + 3.0 - now) * 1000 - 50
         # an entry moved a little later beside one further ahead: the log still lives past the latter
@@ -260,10 +267,11 @@ def test_a_rate_start_moved_later_holds_its_place_in_the_window_from_there(
         assert redis_client.pttl(keys.rate) > (at + 3.0 - now) * 1000 - 50
         # two per 2 s: a start let through beside a moved one keeps the log a window past it
         two = delay_keys("redislock", "key:proxy:p3")
-        _, at = await adrive(take_rate(two, 2, 2.0, "a"), runner, "rate")
+        _, at, left = await adrive(take_rate(two, 2, 2.0, "a"), runner, "rate")
+        assert left == 1
         assert await adrive(push_rate(two, "a", at + 1.0, 2.0), runner, "rate")
-        wait, now = await adrive(take_rate(two, 2, 2.0, "b"), runner, "rate")
-        assert wait == 0
+        wait, now, left = await adrive(take_rate(two, 2, 2.0, "b"), runner, "rate")
+        assert wait == 0 and left == 0
         assert redis_client.pttl(two.rate) > (at + 3.0 - now) * 1000 - 50
         await client.aclose()
 
