@@ -10,8 +10,7 @@
   (``lock/scripts/rate.lua``), one wait per name and process; a logged start that goes out late
   moves its entry to when it went (``lock/scripts/rate_late.lua``); :meth:`Delays.rate_full` says
   whether a key's or scope's window was full at, or after, this process's last try (told to wait,
-  or it took the last place; a try lined up behind another of this process's that finds room
-  leaves it so);
+  or it took the last place) till a try a window later finds room at once and leaves some;
 - a request's several waits (a stage's delay, its key's, a scope's rate window...) run one after
   another: before one of them sleeps, the starts the request confirmed or logged before it are
   moved to the end of that sleep (one script each), so that no other process's start of those
@@ -126,9 +125,9 @@ class Delays:
         self._rate_token = uuid.uuid4().hex[:12]
         self._rate_count = 0
         # the keys' and scopes' rate windows this process last found full (a try told to wait, or
-        # one that took the last place), till a try not lined up behind another finds room at once
-        # and leaves some, with when each is surely past: their requests leave StageScheduler one
-        # at a time (StartWaits); passed entries are pruned once the table doubles
+        # one that took the last place), with when each is surely past, till a try after that, not
+        # lined up behind another, finds room at once and leaves some: their requests leave
+        # StageScheduler one at a time (StartWaits); passed entries are pruned once the table doubles
         self._rate_full: dict[str, float] = {}
         self._rate_prune_at = RATE_PRUNE_AT
 
@@ -181,7 +180,7 @@ class Delays:
                     if not wait:
                         if not left:  # took the window's last place: full till its oldest goes
                             self._found_full(name, window)
-                        elif not waited and not lined_up:
+                        elif not waited and not lined_up and self._passed(name):
                             self._rate_full.pop(name, None)
                         return RateStart(name, now, member, window, waited, confirmed)
                     self._found_full(name, max(window, wait))
@@ -196,8 +195,8 @@ class Delays:
                 del self._rate_lines[name]
 
     def _found_full(self, name: str, lasting: float) -> None:
-        """A try of ``name`` was told to wait, or took its window's last place; the window is full
-        for at most ``lasting`` seconds more (its length, or the wait when longer: an entry moved
+        """A try of ``name`` was told to wait, or took its window's last place; the window stays
+        full for about ``lasting`` seconds more (its length, or the wait when longer: an entry moved
         late may lie ahead). Only keys'
         and scopes' windows are held in StageScheduler (a stage's requests sleep in the
         middleware); the entries whose time has passed with no try of this process waiting are
@@ -212,10 +211,17 @@ class Delays:
                     del self._rate_full[passed]
             self._rate_prune_at = max(RATE_PRUNE_AT, 2 * len(self._rate_full))
 
+    def _passed(self, name: str) -> bool:
+        """A window of ``name`` found full is surely past: a burst's entries, logged together, are
+        freed together, and the try after a wait finds room beside it then; the hold stays a
+        window after the window was last found full."""
+        return self._rate_full.get(name, 0.0) <= self.clock()
+
     def rate_full(self, name: str) -> bool:
         """The rate window of ``name`` (``key:<scope>``) was full at, or after, this process's
-        last try of it (told to wait, or it took the last place; none since found room at once and
-        left some, but ones lined up behind another of this process's; forgotten once passed, see
+        last try of it (told to wait, or it took the last place), and no try since, a window or
+        more later, found room at once and left some (a try lined up behind another of this
+        process's, or one that waited, does not count; forgotten once passed, see
         :meth:`_found_full`)."""
         return name in self._rate_full
 

@@ -24,8 +24,8 @@ sub-queues are scanned at every pop, and with JOBDIR each keeps a file open per 
 past them, a request of a busy name leaves and sleeps in the middleware as before.
 
 A rate window (a scope's ``rate``) is held the same way once this process found it full, or took its
-last place (:meth:`Delays.rate_full <scrapy_redislock.crawl.delays.Delays.rate_full>`, until a try
-finds room at once and leaves some, not lined up behind another): its name counts as delayed then,
+last place (:meth:`Delays.rate_full <scrapy_redislock.crawl.delays.Delays.rate_full>`, until a try a
+window later finds room at once and leaves some): its name counts as delayed then,
 and as busy while a request of this process waits for a place in it (``waiting``). While a window
 has room its requests leave at once: holding them one at a time would bound a wide window's pace by
 a round trip a request.

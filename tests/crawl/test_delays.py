@@ -79,14 +79,16 @@ def test_a_request_queued_behind_another_for_a_rate_window_holds_its_earlier_sta
     asyncio.run(scenario())
 
 
-def test_a_full_rate_window_stays_held_while_the_tries_lined_up_behind_its_wait_find_room(
+def test_a_full_rate_window_stays_held_for_a_window_while_its_freed_places_are_taken(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """Four starts per 2 s on ``key:r``, its window filled by four other processes' starts that
-    pass at the same moment (1.5 s on). C is told to wait (the window is found full); D, lined up
-    behind C, finds room at once, and places left, when C's wait freed all four: the window stays
-    held (before, D's try lifted it, and every request queued in StageScheduler left to wait in the
-    downloader). A stage's window found full is not held (its requests sleep in the
+    """Five starts per 4 s on ``key:r``, its window filled by five other processes' starts that
+    pass at the same moment (1.5 s on), as a burst's do. C is told to wait (the window is found
+    full); D, lined up behind C, and E, after both, find room at once, with places left, when C's
+    wait freed all five: the window stays held (before, D's or E's try lifted it, and every
+    request queued in StageScheduler left to wait in the downloader, each window). A window of
+    two per 0.3 s whose last place a start took is held, till a try a window later finds room and
+    leaves some. A stage's window found full is not held (its requests sleep in the
     middleware)."""
 
     async def scenario() -> None:
@@ -95,15 +97,24 @@ def test_a_full_rate_window_stays_held_while_the_tries_lined_up_behind_its_wait_
             assert throttle is not None
             delays = throttle.delays
             seconds, micros = redis_client.time()
-            passing = seconds * 1_000_000 + micros - 500_000  # both leave the window in 1.5 s
+            passing = seconds * 1_000_000 + micros - 2_500_000  # they leave the window in 1.5 s
             log = delay_keys("redislock", "key:r").rate
-            redis_client.zadd(log, {f"other-{n}": passing for n in range(4)})
+            redis_client.zadd(log, {f"other-{n}": passing for n in range(5)})
             redis_client.pexpire(log, 10_000)
-            c = asyncio.ensure_future(delays.wait_rate("key:r", 4, 2.0))
-            d = asyncio.ensure_future(delays.wait_rate("key:r", 4, 2.0))
+            c = asyncio.ensure_future(delays.wait_rate("key:r", 5, 4.0))
+            d = asyncio.ensure_future(delays.wait_rate("key:r", 5, 4.0))
             c_start, d_start = await asyncio.gather(c, d)
             assert c_start.waited > 0 and d_start.waited == 0  # D found room at once
             assert delays.rate_full("key:r")
+            e_start = await delays.wait_rate("key:r", 5, 4.0)
+            assert e_start.waited == 0 and delays.rate_full("key:r")  # E too, not lined up
+            await delays.wait_rate("key:s", 2, 0.3)
+            assert not delays.rate_full("key:s")  # a place left
+            await delays.wait_rate("key:s", 2, 0.3)
+            assert delays.rate_full("key:s")  # the last place taken
+            await until(lambda: delays._passed("key:s"))
+            assert not (await delays.wait_rate("key:s", 2, 0.3)).waited
+            assert not delays.rate_full("key:s")  # room, and a place left, a window later
             while not (await delays.wait_rate("detail", 1, 1.0)).waited:
                 pass  # a stage's window, till a try is told to wait
             assert not delays.rate_full("detail")
