@@ -197,10 +197,9 @@ class Delays:
     def _found_full(self, name: str, lasting: float) -> None:
         """A try of ``name`` was told to wait, or took its window's last place; the window stays
         full for about ``lasting`` seconds more (its length, or the wait when longer: an entry moved
-        late may lie ahead). Only keys'
-        and scopes' windows are held in StageScheduler (a stage's requests sleep in the
-        middleware); the entries whose time has passed with no try of this process waiting are
-        dropped once the table doubles."""
+        late may lie ahead). Only keys' and scopes' windows are held in StageScheduler (a stage's
+        requests sleep in the middleware); the entries whose time has passed with no try of this
+        process waiting are dropped once the table doubles."""
         if not name.startswith(KEY_LOCK_PREFIX):
             return
         now = self.clock()
@@ -212,9 +211,9 @@ class Delays:
             self._rate_prune_at = max(RATE_PRUNE_AT, 2 * len(self._rate_full))
 
     def _passed(self, name: str) -> bool:
-        """A window of ``name`` found full is surely past: a burst's entries, logged together, are
-        freed together, and the try after a wait finds room beside it then; the hold stays a
-        window after the window was last found full."""
+        """The window of ``name`` was last found full a window or more ago: only then may a try
+        that finds room lift the hold (a burst's entries, logged together, are freed together, so
+        the tries right after a wait find room beside each other)."""
         return self._rate_full.get(name, 0.0) <= self.clock()
 
     def rate_full(self, name: str) -> bool:

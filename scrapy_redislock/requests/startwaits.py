@@ -25,10 +25,10 @@ past them, a request of a busy name leaves and sleeps in the middleware as befor
 
 A rate window (a scope's ``rate``) is held the same way once this process found it full, or took its
 last place (:meth:`Delays.rate_full <scrapy_redislock.crawl.delays.Delays.rate_full>`, until a try a
-window later finds room at once and leaves some): its name counts as delayed then,
-and as busy while a request of this process waits for a place in it (``waiting``). While a window
-has room its requests leave at once: holding them one at a time would bound a wide window's pace by
-a round trip a request.
+window later finds room at once and leaves some): its name counts as delayed then, and as busy while
+a request of this process waits for a place in it (``waiting``). While a window has room its
+requests leave at once: holding them one at a time would bound a wide window's pace by a round trip
+a request.
 
 Each process keeps one booking of a name at a time, so the cluster's bookings of a site interleave
 instead of queueing dozens ahead. With REDISLOCK_CRAWL_DELAY a site whose robots.txt this process
