@@ -47,7 +47,6 @@ from scrapy_redislock.lock.delay import (
     take_rate,
 )
 from scrapy_redislock.lock.protocol import Operation, adrive
-from scrapy_redislock.lock.status import KEY_LOCK_PREFIX
 
 if TYPE_CHECKING:
     from scrapy_redislock.lock.base import CommandRunner
@@ -124,7 +123,7 @@ class Delays:
         self._rate_users: Counter[str] = Counter()
         self._rate_token = uuid.uuid4().hex[:12]
         self._rate_count = 0
-        # the keys' and scopes' rate windows this process last found full (a try told to wait, or
+        # the rate windows this process last found full (a try told to wait, or
         # one that took the last place), with when each is surely past, till a try after that, not
         # lined up behind another, finds room at once and leaves some: their requests leave
         # StageScheduler one at a time (StartWaits); passed entries are pruned once the table doubles
@@ -197,11 +196,8 @@ class Delays:
     def _found_full(self, name: str, lasting: float) -> None:
         """A try of ``name`` was told to wait, or took its window's last place; the window stays
         full for about ``lasting`` seconds more (its length, or the wait when longer: an entry moved
-        late may lie ahead). Only keys' and scopes' windows are held in StageScheduler (a stage's
-        requests sleep in the middleware); the entries whose time has passed with no try of this
-        process waiting are dropped once the table doubles."""
-        if not name.startswith(KEY_LOCK_PREFIX):
-            return
+        late may lie ahead). The entries whose time has passed with no try of this process waiting
+        are dropped once the table doubles."""
         now = self.clock()
         self._rate_full[name] = now + lasting
         if len(self._rate_full) >= self._rate_prune_at:
@@ -217,7 +213,7 @@ class Delays:
         return self._rate_full.get(name, 0.0) <= self.clock()
 
     def rate_full(self, name: str) -> bool:
-        """The rate window of ``name`` (``key:<scope>``) was full at, or after, this process's
+        """The rate window of ``name`` (a stage, or ``key:<scope>``) was full at, or after, this process's
         last try of it (told to wait, or it took the last place), and no try since, a window or
         more later, found room at once and left some (a try lined up behind another of this
         process's, or one that waited, does not count; forgotten once passed, see

@@ -139,11 +139,6 @@ class KeySettings:
         """Whether any key or scope has a rate window (its REDISLOCK_SCOPES entry)."""
         return any(policy.rate is not None for policy in self.scopes.policies)
 
-    @property
-    def paced(self) -> bool:
-        """Whether any key or scope may hold its starts apart: a delay or a rate window."""
-        return self.delayed or self.rated
-
 
 @dataclass(frozen=True, kw_only=True)
 class AdaptiveSettings:
@@ -257,6 +252,22 @@ class RedisLockSettings:
         REDISLOCK_ADAPTIVE's "keys"."""
         keys = self.keys
         return ScopePolicy(limit=keys.key_limit, delay=keys.delay, adaptive=self.adaptive.keys)
+
+    @property
+    def delayed(self) -> bool:
+        """Whether any stage, key or scope may keep a delay between its starts."""
+        return self.keys.delayed or any(self.policy_of(s, stage=True).delay for s in self.stages)
+
+    @property
+    def rated(self) -> bool:
+        """Whether any stage, key or scope has a rate window."""
+        return self.keys.rated or bool(self.stage_rates)
+
+    @property
+    def paced(self) -> bool:
+        """Whether any stage, key or scope may hold its starts apart: a delay or a rate window
+        (StageScheduler then keeps the requests of a name with a start under way queued)."""
+        return self.delayed or self.rated
 
     @property
     def keyed(self) -> bool:

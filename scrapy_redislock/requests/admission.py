@@ -24,6 +24,7 @@ from scrapy_redislock.crawl.keys import request_key
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import KeyFunctionError, UnknownStage
 from scrapy_redislock.requests.stagequeue import UNCAPPED, Route
+from scrapy_redislock.requests.startwaits import STAGE_NAME_PREFIX, StartWaits
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from scrapy_redislock.crawl.settings import RedisLockSettings
     from scrapy_redislock.requests.keyline import KeyLine
     from scrapy_redislock.requests.requestslots import RequestSlots
-    from scrapy_redislock.requests.startwaits import StartWaits
 
 
 class StageAdmission:
@@ -125,7 +125,12 @@ class StageAdmission:
                 return True
             if self.start_waits is not None and self.start_waits.busy(key):
                 return False
-            return self.keyline is None or self.keyline.may_go(key)
+            # a stage's sub-queue (a delayed stage's, StartWaits) has no key line
+            return (
+                self.keyline is None
+                or key.startswith(STAGE_NAME_PREFIX)
+                or self.keyline.may_go(key)
+            )
         room = key is None or self.keyline is None or self.keyline.has_room(key)
         if self.slots.kept.ready(stage) or not self._waits_here() or not self._capped(stage):
             return room

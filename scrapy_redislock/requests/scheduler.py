@@ -230,7 +230,7 @@ class StageScheduler:
                         self.inner,
                         self.slots,
                     )
-                if self.settings.keys.paced:
+                if self.settings.paced:
                     throttle = ScopeThrottle.of(crawler, self.settings, clock=clock)
                     self.admission.start_waits = throttle.start_waits
             elif not _is_scrapy_redis(self.inner):

@@ -1,16 +1,17 @@
 """StartWaits: at most one request of this process at a time between StageScheduler and its start
-of a delayed key or scope, or of one whose rate window is full, so that the others wait queued,
-not in the downloader.
+of a delayed stage, key or scope, or of one whose rate window is full, so that the others wait
+queued, not in the downloader.
 
-A delay (REDISLOCK_DELAY, REDISLOCK_DELAYS[key], a scope's ``delay`` in REDISLOCK_SCOPES, a site's
+A delay (REDISLOCK_DELAY, REDISLOCK_DELAYS[stage or key], a stage's or scope's ``delay``, a site's
 robots.txt Crawl-delay with REDISLOCK_CRAWL_DELAY) is a sleep in StageLockMiddleware, until the
 request's booked start (:class:`~scrapy_redislock.requests.throttle.ScopeThrottle`). A request
 sleeping there holds one of CONCURRENT_REQUESTS: sixteen requests of a site with a 30 s
 Crawl-delay would fill the downloader for eight minutes while other sites' requests waited behind
 them. So, for requests of no capped stage over Scrapy's scheduler:
 
-- a request that leaves StageScheduler marks its delayed names (its key when it has a delay, then
-  its other scopes with one) as having a start under way here (:meth:`StartWaits.leaving`);
+- a request that leaves StageScheduler marks its delayed names (its stage when it has a delay of
+  its own, its key when it has one, then its other scopes with one) as having a start under way
+  here (:meth:`StartWaits.leaving`);
 - while a name has one, the next requests of that name stay in the scheduler, in the name's
   sub-queue, as a capped key's do (:class:`~scrapy_redislock.requests.admission.StageAdmission`),
   taking none of CONCURRENT_REQUESTS, while other names' requests go past them;
@@ -23,24 +24,25 @@ At most MOST_QUEUED_NAMES (256) names hold requests back in sub-queues of their 
 sub-queues are scanned at every pop, and with JOBDIR each keeps a file open per priority in use);
 past them, a request of a busy name leaves and sleeps in the middleware as before.
 
-A rate window (a scope's ``rate``) is held the same way once this process found it full, or took its
-last place (:meth:`Delays.rate_full <scrapy_redislock.crawl.delays.Delays.rate_full>`, until a try a
-window later finds room at once and leaves some): its name counts as delayed then, and as busy while
-a request of this process waits for a place in it (``waiting``). While a window has room its
-requests leave at once: holding them one at a time would bound a wide window's pace by a round trip
-a request.
+A rate window (a stage's or scope's ``rate``) is held the same way once this process found it
+full, or took its last place (:meth:`Delays.rate_full
+<scrapy_redislock.crawl.delays.Delays.rate_full>`, until a try a window later finds room at once
+and leaves some): its name counts as delayed then, and as busy while a request of this process
+waits for a place in it (``waiting``). While a window has room its requests leave at once: holding
+them one at a time would bound a wide window's pace by a round trip a request.
 
 Each process keeps one booking of a name at a time, so the cluster's bookings of a site interleave
 instead of queueing dozens ahead. With REDISLOCK_CRAWL_DELAY a site whose robots.txt this process
 has not read yet counts as delayed (its Crawl-delay may come): its requests leave one at a time
 until RobotsTxtMiddleware has it, instead of all waiting for it in the downloader. A request of
-several delayed names that leaves its first name's sub-queue goes on
-even if another of its names has a start under way. Requests of a capped stage, requests over
-scrapy-redis's scheduler (its queue is shared and not split by key) and requests that bypass the
-scheduler sleep in the middleware as before.
+several delayed names that leaves its first name's sub-queue goes on even if another of its names
+has a start under way. A stage's sub-queue here is named :data:`STAGE_NAME_PREFIX` and the stage.
+Requests of a capped stage (bounded by its cap), requests over scrapy-redis's scheduler (its queue
+is shared and not split by key) and requests that bypass the scheduler sleep in the middleware as
+before.
 
-Reads, through the checked settings, REDISLOCK_STAGE_KEY, REDISLOCK_SCOPES, REDISLOCK_SCOPES_OF,
-REDISLOCK_DELAY(S) and REDISLOCK_CRAWL_DELAY.
+Reads, through the checked settings, REDISLOCK_STAGES, REDISLOCK_STAGE_KEY, REDISLOCK_SCOPES,
+REDISLOCK_SCOPES_OF, REDISLOCK_DELAY(S) and REDISLOCK_CRAWL_DELAY.
 """
 
 from __future__ import annotations
@@ -49,8 +51,31 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary, WeakSet
 
+from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX
+
 if TYPE_CHECKING:
     from scrapy import Request
+
+# A stage among StartWaits' names, which are otherwise the keys' and scopes' (their sub-queues' names,
+# as KeyLine's): a prefix no host name, proxy or token has, so a stage's requests never share a
+# sub-queue with a key's
+STAGE_NAME_PREFIX = "\x00stage:"
+
+
+def wait_name(name: str) -> str:
+    """StartWaits' name for the delay or rate window of the lock ``name`` (a stage's own name, a
+    key's or scope's ``key:<name>``)."""
+    if name.startswith(KEY_LOCK_PREFIX):
+        return name.removeprefix(KEY_LOCK_PREFIX)
+    return f"{STAGE_NAME_PREFIX}{name}"
+
+
+def lock_name(name: str) -> str:
+    """The lock's name of one of StartWaits' names (the inverse of :func:`wait_name`)."""
+    if name.startswith(STAGE_NAME_PREFIX):
+        return name.removeprefix(STAGE_NAME_PREFIX)
+    return f"{KEY_LOCK_PREFIX}{name}"
+
 
 # Names with a sub-queue of their own at once, at most: past them a request of a busy name leaves
 # and sleeps in the middleware. Scrapy's scheduler scans every sub-queue at each pop, and with

@@ -12,7 +12,7 @@ order:
    the request reaches Scrapy's downloader (``request_reached_downloader``) more than
    ``LATE_SEND`` after a confirmation came back, the next start of that stage or key is moved back
    by the lateness (:mod:`~scrapy_redislock.crawl.delays`). Under StageScheduler, one request per
-   delayed key or scope and process sleeps here at a time, the others queued
+   delayed stage (of no cap), key or scope and process sleeps here at a time, the others queued
    (:class:`~scrapy_redislock.requests.startwaits.StartWaits`, which this throttle keeps);
 3. the rate windows (a sliding log on Redis's clock): the stage's (its REDISLOCK_STAGES policy),
    the key's, then the other scopes' by name.
@@ -72,12 +72,13 @@ from scrapy_redislock.crawl.keys import domain, request_key
 from scrapy_redislock.crawl.reach import REDIS_ERRORS
 from scrapy_redislock.crawl.scopes import MOST_SECONDS, NO_POLICY, ScopePolicy, request_scopes
 from scrapy_redislock.crawl.stagelocks import SlotPermit
+from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import KeyFunctionError, Paused
 from scrapy_redislock.requests.closewaits import CloseWaits
 from scrapy_redislock.requests.kept import KeptSlots
 from scrapy_redislock.requests.lines import SlotLines
 from scrapy_redislock.requests.requestslots import RequestSlots
-from scrapy_redislock.requests.startwaits import StartWaits
+from scrapy_redislock.requests.startwaits import StartWaits, lock_name, wait_name
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -155,13 +156,13 @@ class ScopeThrottle:
         # per delayed key or scope, the request between StageScheduler and its start (one at a
         # time: the others wait queued, not in the downloader); read by StageScheduler's admission
         self.start_waits: StartWaits | None = None
-        self._rated = settings.keys.rated  # read per request leaving StageScheduler
-        if settings.keys.paced:
+        self._rated = settings.rated  # read per request leaving StageScheduler
+        if settings.paced:
             self.start_waits = StartWaits(
                 self.delayed_names,
                 lambda: wake_engine(crawler),
-                lambda name: self.delays.rate_waiting(name and f"{KEY_LOCK_PREFIX}{name}"),
-                delayed=settings.keys.delayed,
+                lambda name: self.delays.rate_waiting(name and lock_name(name)),
+                delayed=settings.delayed,
             )
             self._watch_sends()
         if settings.keys.crawl_delay:
@@ -256,7 +257,9 @@ class ScopeThrottle:
         return key, tuple(scope for scope in scopes if scope != key)
 
     def delayed_names(self, request: Request) -> tuple[str, ...]:
-        """The request's key when it keeps a delay (its own, REDISLOCK_DELAY, its site's
+        """In StartWaits' names (:func:`~scrapy_redislock.requests.startwaits.wait_name`), in the
+        one order: the request's stage when it keeps a delay, or its rate window was last found
+        full here; its key when it keeps a delay (its own, REDISLOCK_DELAY, its site's
         Crawl-delay, or with REDISLOCK_CRAWL_DELAY a site whose robots.txt this process has not
         read yet), then its other scopes with one, by name, then its key and scopes whose rate
         window this process last found full; none when a function fails for it (the middleware
@@ -267,6 +270,13 @@ class ScopeThrottle:
             return ()
         policy_of = self.settings.policy_of
         named = []
+        stage = stage_of(request, self.settings, self.crawler.spider)
+        if stage is not None:
+            staged = policy_of(stage, stage=True)
+            if staged.delay or (
+                staged.rate is not None and self._rated and self.delays.rate_full(stage)
+            ):
+                named.append(wait_name(stage))
         if key is not None and (
             self.key_delay(request, policy_of(key).delay) or self._robots_unknown(request, key)
         ):
@@ -367,8 +377,8 @@ class ScopeThrottle:
                 request, name, self.delays.wait_rate(name, *rate, self.starts.get(request, ()))
             )
         finally:  # a full window's next queued request may leave StageScheduler (StartWaits)
-            if self.start_waits is not None and name.startswith(KEY_LOCK_PREFIX):
-                self.start_waits.ended(request, name.removeprefix(KEY_LOCK_PREFIX))
+            if self.start_waits is not None:
+                self.start_waits.ended(request, wait_name(name))
         self._started(request, start)
         stats = self.crawler.stats
         stats.inc_value("redislock/rate/starts")
@@ -453,8 +463,8 @@ class ScopeThrottle:
                 request, name, self.delays.wait_start(name, delay, self.starts.get(request, ()))
             )
         finally:  # the name's next queued request may leave StageScheduler and book its start
-            if self.start_waits is not None and name.startswith(KEY_LOCK_PREFIX):
-                self.start_waits.ended(request, name.removeprefix(KEY_LOCK_PREFIX))
+            if self.start_waits is not None:
+                self.start_waits.ended(request, wait_name(name))
         self._started(request, start)
         self.crawler.stats.inc_value("redislock/delay/waits")
         self.crawler.stats.inc_value("redislock/delay/wait_time_total", start.waited)  # type: ignore[arg-type]  # (as above)

@@ -81,6 +81,52 @@ def test_a_delayed_keys_next_request_stays_queued_until_the_one_before_has_its_s
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize(
+    "list_policy",
+    [pytest.param({"delay": 0.3}, id="delay"), pytest.param({"rate": "1/0.3s"}, id="rate-window")],
+)
+def test_an_uncapped_stages_own_pace_keeps_its_next_request_queued(
+    redis_url: str, redis_client: redis.Redis, list_policy: dict[str, object]
+) -> None:
+    """A stage of no cap with a delay of its own (or a full rate window of one start): its first
+    request leaves, its second stays in the scheduler (another stage's goes past it) until the
+    first's start is confirmed, then leaves and books its own a delay later (before, both left and
+    the second slept in the middleware, holding one of CONCURRENT_REQUESTS)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"list": {"limit": None, **list_policy}, "detail": None},  # type: ignore[dict-item]
+            SCHEDULER_PRIORITY_QUEUE="scrapy.pqueues.ScrapyPriorityQueue",
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            first, second = request("list", 1), request("list", 2)
+            if "rate" in list_policy:
+                scheduler.enqueue_request(first)
+                assert scheduler.next_request() is first
+                await f.send(first)  # took the window's one place: the window is full
+                f.middleware.process_response(first, None)  # type: ignore[arg-type]
+                first, second = second, request("list", 3)
+            other = request("detail", 4)
+            for r in (first, second, other):
+                scheduler.enqueue_request(r)
+            assert scheduler.next_request() is first
+            assert scheduler.next_request() is other  # the other stage's goes past
+            assert scheduler.next_request() is None  # the stage's next waits queued
+            assert scheduler.has_pending_requests() and len(scheduler) == 1
+            await f.send(first)
+            assert scheduler.next_request() is second
+            await f.send(second)
+            starts = [r.meta["redislock_start_at"] for r in (first, second)]
+            assert starts[1] - starts[0] >= 0.3 - 0.001
+            for r in (first, second, other):
+                f.middleware.process_response(r, None)  # type: ignore[arg-type]
+        assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
+
+
 def test_a_full_rate_windows_next_request_stays_queued_until_the_one_before_has_its_start(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
@@ -311,5 +357,35 @@ def test_a_site_with_a_long_delay_does_not_hold_the_downloader_from_the_others(
             host2 = sorted(site.host_arrivals["127.0.0.2"])
     assert len(host1) == len(host2) == 5, crawl.tail()
     assert host2[-1] < host1[2], (host1, host2)
+    assert crawl.stats.get("finish_reason") == "finished"
+    assert leftover(redis_client) == 0
+
+
+@pytest.mark.parametrize(
+    "list_policy",
+    [pytest.param({"delay": 2.0}, id="delay"), pytest.param({"rate": "1/2s"}, id="rate-window")],
+)
+def test_a_stage_with_a_long_delay_does_not_hold_the_downloader_from_the_others(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path, list_policy: dict[str, object]
+) -> None:
+    """Stage ``list`` (no cap) keeps 2 s between starts (its own delay, or a rate window of 1
+    start in 2 s), stage ``detail`` none; 2 of CONCURRENT_REQUESTS. The list pages wait for their
+    start one at a time, the others queued: every detail page is answered before the third list
+    start (before, list pages slept in the downloader, two at a time, and the detail pages went
+    one every 2 s between them)."""
+    settings = {
+        "REDISLOCK_URL": redis_url,
+        "SCHEDULER": "scrapy_redislock.StageScheduler",
+        "REDISLOCK_STAGES": {"list": {"limit": None, **list_policy}, "detail": None},
+        "CONCURRENT_REQUESTS": 2,
+    }
+    with CrawlSite(delay=0.05) as site:
+        crawl = Crawl(site.url, "list:5,detail:5", settings, tmp_path).run()
+        assert crawl.code == 0, crawl.tail()
+        with site.lock:
+            lists = sorted(site.arrivals["list"])
+            details = sorted(site.arrivals["detail"])
+    assert len(lists) == len(details) == 5, crawl.tail()
+    assert details[-1] < lists[2], (lists, details)
     assert crawl.stats.get("finish_reason") == "finished"
     assert leftover(redis_client) == 0
