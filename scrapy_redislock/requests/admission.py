@@ -24,7 +24,7 @@ from scrapy_redislock.crawl.keys import request_key
 from scrapy_redislock.crawl.stages import stage_of
 from scrapy_redislock.errors import KeyFunctionError, UnknownStage
 from scrapy_redislock.requests.stagequeue import UNCAPPED, Route
-from scrapy_redislock.requests.startwaits import STAGE_NAME_PREFIX, StartWaits
+from scrapy_redislock.requests.startwaits import STAGE_NAME_PREFIX, StartWaits, wait_name
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -112,10 +112,11 @@ class StageAdmission:
             self.start_waits.emptied(route[1])
 
     def may_go(self, route: Route) -> bool:
-        """A request of this sub-queue may leave now: not capped; or its stage has a slot (or the
-        error of a wait that ran out) in hand here, and its key (if capped) has room here
-        (:meth:`KeyLine.has_room <scrapy_redislock.requests.keyline.KeyLine.has_room>`). With none
-        in hand, the stage's line keeps waits in Redis for it. A key's own sub-queue (no capped
+        """A request of this sub-queue may leave now: not capped; or no request of its stage that
+        left waits for its start of the stage here (a delayed stage's, StartWaits), its stage has
+        a slot (or the error of a wait that ran out) in hand here, and its key (if capped) has room
+        here (:meth:`KeyLine.has_room <scrapy_redislock.requests.keyline.KeyLine.has_room>`). With
+        none in hand, the stage's line keeps waits in Redis for it. A key's own sub-queue (no capped
         stage) while the key may go (:meth:`KeyLine.may_go
         <scrapy_redislock.requests.keyline.KeyLine.may_go>`) and has no start under way here
         (:class:`~scrapy_redislock.requests.startwaits.StartWaits`)."""
@@ -131,6 +132,8 @@ class StageAdmission:
                 or key.startswith(STAGE_NAME_PREFIX)
                 or self.keyline.may_go(key)
             )
+        if self.start_waits is not None and self.start_waits.busy(wait_name(stage)):
+            return False  # a request of the stage that left waits for its start of the stage
         room = key is None or self.keyline is None or self.keyline.has_room(key)
         if self.slots.kept.ready(stage) or not self._waits_here() or not self._capped(stage):
             return room

@@ -494,14 +494,11 @@ class StageScheduler:
         if request is not None and self.locks is not None:
             self.sent.add(request)  # given back if it waits for a slot when the spider closes
             admission = self.admission
-            if (
-                admission is not None
-                and admission.start_waits is not None
-                and admission.route(request)[0] is None
-            ):
-                # its delayed names' next requests stay queued (a capped stage's requests are not
-                # held back here: their stage's cap bounds them)
-                admission.start_waits.leaving(request)
+            if admission is not None and admission.start_waits is not None:
+                # its delayed names' next requests stay queued (for a capped stage's request, its
+                # stage's only: the stage's cap bounds the rest)
+                capped = admission.route(request)[0] is not None
+                admission.start_waits.leaving(request, capped=capped)
         return request
 
     def _next_request(self) -> Request | None:

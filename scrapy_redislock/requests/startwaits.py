@@ -7,11 +7,12 @@ robots.txt Crawl-delay with REDISLOCK_CRAWL_DELAY) is a sleep in StageLockMiddle
 request's booked start (:class:`~scrapy_redislock.requests.throttle.ScopeThrottle`). A request
 sleeping there holds one of CONCURRENT_REQUESTS: sixteen requests of a site with a 30 s
 Crawl-delay would fill the downloader for eight minutes while other sites' requests waited behind
-them. So, for requests of no capped stage over Scrapy's scheduler:
+them. So, over Scrapy's scheduler:
 
 - a request that leaves StageScheduler marks its delayed names (its stage when it has a delay of
-  its own, its key when it has one, then its other scopes with one) as having a start under way
-  here (:meth:`StartWaits.leaving`);
+  its own, its key when it has one, then its other scopes with one; a request of a capped stage
+  its stage only, the stage's cap bounding the rest) as having a start under way here
+  (:meth:`StartWaits.leaving`);
 - while a name has one, the next requests of that name stay in the scheduler, in the name's
   sub-queue, as a capped key's do (:class:`~scrapy_redislock.requests.admission.StageAdmission`),
   taking none of CONCURRENT_REQUESTS, while other names' requests go past them;
@@ -36,9 +37,10 @@ instead of queueing dozens ahead. With REDISLOCK_CRAWL_DELAY a site whose robots
 has not read yet counts as delayed (its Crawl-delay may come): its requests leave one at a time
 until RobotsTxtMiddleware has it, instead of all waiting for it in the downloader. A request of
 several delayed names that leaves its first name's sub-queue goes on even if another of its names
-has a start under way. A stage's sub-queue here is named :data:`STAGE_NAME_PREFIX` and the stage.
-Requests of a capped stage (bounded by its cap), requests over scrapy-redis's scheduler (its queue
-is shared and not split by key) and requests that bypass the scheduler sleep in the middleware as
+has a start under way. A stage's sub-queue here is named :data:`STAGE_NAME_PREFIX` and the stage;
+a capped stage's requests wait in their stage's sub-queues. The key and scope delays of a capped
+stage's requests (bounded by the stage's cap), requests over scrapy-redis's scheduler (its queue is
+shared and not split by key) and requests that bypass the scheduler sleep in the middleware as
 before.
 
 Reads, through the checked settings, REDISLOCK_STAGES, REDISLOCK_STAGE_KEY, REDISLOCK_SCOPES,
@@ -56,9 +58,9 @@ from scrapy_redislock.crawl.keylocks import KEY_LOCK_PREFIX
 if TYPE_CHECKING:
     from scrapy import Request
 
-# A stage among StartWaits' names, which are otherwise the keys' and scopes' (their sub-queues' names,
-# as KeyLine's): a prefix no host name, proxy or token has, so a stage's requests never share a
-# sub-queue with a key's
+# A stage among StartWaits' names, which are otherwise the keys' and scopes' (their sub-queues'
+# names, as KeyLine's): a prefix no host name, proxy or token has, so a stage's requests never
+# share a sub-queue with a key's
 STAGE_NAME_PREFIX = "\x00stage:"
 
 
@@ -135,11 +137,15 @@ class StartWaits:
         """The sub-queue of ``name`` ran out of requests."""
         self.queued.discard(name)
 
-    def leaving(self, request: Request) -> None:
-        """``request`` leaves the scheduler: each of its delayed names has a start under way."""
+    def leaving(self, request: Request, *, capped: bool = False) -> None:
+        """``request`` leaves the scheduler: each of its delayed names has a start under way; only
+        its stage's for a request of a capped stage (its key's and scopes' slots came with its
+        stage's, so the stage's cap bounds how many of them wait for those starts)."""
         if not self.delayed and not self.waiting(None):
             return  # only rate windows, none found full: no name to look up per request
         names = self.delayed_names(request)
+        if capped:
+            names = names[:1] if names and names[0].startswith(STAGE_NAME_PREFIX) else ()
         if names:
             self.names[request] = names
         for name in names:

@@ -12,7 +12,7 @@ order:
    the request reaches Scrapy's downloader (``request_reached_downloader``) more than
    ``LATE_SEND`` after a confirmation came back, the next start of that stage or key is moved back
    by the lateness (:mod:`~scrapy_redislock.crawl.delays`). Under StageScheduler, one request per
-   delayed stage (of no cap), key or scope and process sleeps here at a time, the others queued
+   delayed stage, key or scope and process sleeps here at a time, the others queued
    (:class:`~scrapy_redislock.requests.startwaits.StartWaits`, which this throttle keeps);
 3. the rate windows (a sliding log on Redis's clock): the stage's (its REDISLOCK_STAGES policy),
    the key's, then the other scopes' by name.

@@ -20,6 +20,7 @@ from scrapy_redislock.requests.startwaits import MOST_QUEUED_NAMES, StartWaits
 from testing.crawlproc import Crawl, leftover
 from testing.inprocess import front, request
 from testing.site import CrawlSite
+from testing.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -260,6 +261,41 @@ def test_a_capped_stages_request_does_not_hold_back_the_uncapped_ones_of_its_key
     asyncio.run(scenario())
 
 
+def test_a_capped_stages_own_delay_keeps_its_next_request_queued_with_room_in_its_cap(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A stage capped at 3 with 0.3 s between its starts: its first request leaves with a slot; its
+    second stays queued although the cap has room (another stage's goes past it) until the first's
+    start is confirmed (before, it left too and slept in the middleware with its slot and one of
+    CONCURRENT_REQUESTS: up to the cap's worth of them at once)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"list": {"limit": 3, "delay": 0.3}, "detail": 3},  # type: ignore[dict-item]
+            SCHEDULER_PRIORITY_QUEUE="scrapy.pqueues.ScrapyPriorityQueue",
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            first, second, other = request("list", 1), request("list", 2), request("detail", 3)
+            for r in (first, second, other):
+                scheduler.enqueue_request(r)
+            assert await f.next_request() is first  # with its stage's slot
+            assert await f.next_request() is other  # the other stage's goes past
+            await until(lambda: f.slots.kept.ready("list"))  # a slot is kept for the second
+            assert scheduler.next_request() is None  # yet it waits queued
+            await f.send(first)  # its start confirmed
+            assert await f.next_request() is second
+            await f.send(second)
+            starts = [r.meta["redislock_start_at"] for r in (first, second)]
+            assert starts[1] - starts[0] >= 0.3 - 0.001
+            for r in (first, second, other):
+                f.middleware.process_response(r, None)  # type: ignore[arg-type]
+        assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
+
+
 def crawl_delay_front(redis_url: str, stage_key: str) -> Any:
     """The request front with REDISLOCK_CRAWL_DELAY, robots.txt obeyed, keyed by ``stage_key``."""
     return front(
@@ -363,29 +399,33 @@ def test_a_site_with_a_long_delay_does_not_hold_the_downloader_from_the_others(
 
 @pytest.mark.parametrize(
     "list_policy",
-    [pytest.param({"delay": 2.0}, id="delay"), pytest.param({"rate": "1/2s"}, id="rate-window")],
+    [
+        pytest.param({"limit": None, "delay": 2.0}, id="delay"),
+        pytest.param({"limit": None, "rate": "1/2s"}, id="rate-window"),
+        pytest.param({"limit": 2, "delay": 2.0}, id="capped-delay"),
+    ],
 )
 def test_a_stage_with_a_long_delay_does_not_hold_the_downloader_from_the_others(
     redis_url: str, redis_client: redis.Redis, tmp_path: Path, list_policy: dict[str, object]
 ) -> None:
-    """Stage ``list`` (no cap) keeps 2 s between starts (its own delay, or a rate window of 1
-    start in 2 s), stage ``detail`` none; 2 of CONCURRENT_REQUESTS. The list pages wait for their
-    start one at a time, the others queued: every detail page is answered before the third list
-    start (before, list pages slept in the downloader, two at a time, and the detail pages went
-    one every 2 s between them)."""
+    """Stage ``list`` (no cap, or capped at 2) keeps 2 s between starts (its own delay, or a rate
+    window of 1 start in 2 s); each list page yields a page of stage ``detail``, which has none; 2
+    of CONCURRENT_REQUESTS. The list pages wait for their start one at a time, the others queued:
+    the first detail page is answered before the second list start (before, list pages slept in
+    both of the downloader's places, and the detail pages waited behind them)."""
     settings = {
         "REDISLOCK_URL": redis_url,
         "SCHEDULER": "scrapy_redislock.StageScheduler",
-        "REDISLOCK_STAGES": {"list": {"limit": None, **list_policy}, "detail": None},
+        "REDISLOCK_STAGES": {"list": list_policy, "detail": None},
         "CONCURRENT_REQUESTS": 2,
     }
     with CrawlSite(delay=0.05) as site:
-        crawl = Crawl(site.url, "list:5,detail:5", settings, tmp_path).run()
+        crawl = Crawl(site.url, "list:5", settings, tmp_path, args={"follow": "detail"}).run()
         assert crawl.code == 0, crawl.tail()
         with site.lock:
             lists = sorted(site.arrivals["list"])
             details = sorted(site.arrivals["detail"])
     assert len(lists) == len(details) == 5, crawl.tail()
-    assert details[-1] < lists[2], (lists, details)
+    assert details[0] < lists[1], (lists, details)
     assert crawl.stats.get("finish_reason") == "finished"
     assert leftover(redis_client) == 0
