@@ -157,6 +157,12 @@ class ScopeThrottle:
         # time: the others wait queued, not in the downloader); read by StageScheduler's admission
         self.start_waits: StartWaits | None = None
         self._rated = settings.rated  # read per request leaving StageScheduler
+        # the stages with a delay or a rate window of their own
+        self._paced_stages = frozenset(
+            stage
+            for stage in settings.stages
+            if settings.policy_of(stage, stage=True).delay or stage in settings.stage_rates
+        )
         if settings.paced:
             self.start_waits = StartWaits(
                 self.delayed_names,
@@ -270,11 +276,10 @@ class ScopeThrottle:
             return ()
         policy_of = self.settings.policy_of
         named = []
-        stage = stage_of(request, self.settings, self.crawler.spider)
-        if stage is not None:
-            staged = policy_of(stage, stage=True)
-            if staged.delay or (
-                staged.rate is not None and self._rated and self.delays.rate_full(stage)
+        if self._paced_stages:  # a request's stage is looked up only where one may be held
+            stage = stage_of(request, self.settings, self.crawler.spider)
+            if stage in self._paced_stages and (
+                policy_of(stage, stage=True).delay or self.delays.rate_full(stage)
             ):
                 named.append(wait_name(stage))
         if key is not None and (
