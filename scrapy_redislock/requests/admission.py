@@ -8,8 +8,8 @@ the stage's queued requests, up to REDISLOCK_WAITERS_PER_STAGE:
 :meth:`SlotLines.ask <scrapy_redislock.requests.lines.SlotLines.ask>`), so that no
 request of a full stage takes one of CONCURRENT_REQUESTS; a capped key's, while the key's line lets
 it (:class:`~scrapy_redislock.requests.keyline.KeyLine`, which counts every request of this process
-that holds, takes or waits for the key); a delayed key's or scope's, while no request of it that
-left waits for its start here (:class:`~scrapy_redislock.requests.startwaits.StartWaits`). Reads
+that holds, takes or waits for the key); a delayed stage's, key's or scope's, while no request of
+it that left waits for its start here (:class:`~scrapy_redislock.requests.startwaits.StartWaits`). Reads
 REDISLOCK_STAGE_KEY from the checked settings it is given.
 """
 
@@ -55,7 +55,7 @@ class StageAdmission:
         self._routes: weakref.WeakKeyDictionary[Request, Route] = weakref.WeakKeyDictionary()
         # key slots got in the scheduler, for requests of no capped stage (StageScheduler sets it)
         self.keyline: KeyLine | None = None
-        # the delayed keys and scopes with a start under way here (StageScheduler sets it)
+        # the delayed stages, keys and scopes with a start under way here (StageScheduler sets it)
         self.start_waits: StartWaits | None = None
         # cache and robots.txt middlewares before ours, found on first use
         self._early: tuple[Any, ...] | None = None

@@ -167,7 +167,10 @@ class KeyLine:
         """Put ``request`` back into its key's sub-queue of the inner scheduler (its own, for a
         request of a capped stage; on disk with JOBDIR, as Scrapy's scheduler would; in memory if it
         cannot be serialized); no dupefilter: it was queued once already (counted as queued again,
-        as its next pop counts: :func:`push_back`)."""
+        as its next pop counts: :func:`push_back`); queued, it waits for no start of its delayed
+        names any more (StartWaits)."""
+        if self.throttle.start_waits is not None:
+            self.throttle.start_waits.went_out(request)
         in_hand = self.in_hand.pop(request, None)
         push_back(self.inner, request, (None, key) if in_hand is None else in_hand.route)
 

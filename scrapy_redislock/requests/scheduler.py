@@ -493,12 +493,6 @@ class StageScheduler:
         request = self._next_request()
         if request is not None and self.locks is not None:
             self.sent.add(request)  # given back if it waits for a slot when the spider closes
-            admission = self.admission
-            if admission is not None and admission.start_waits is not None:
-                # its delayed names' next requests stay queued (for a capped stage's request, its
-                # stage's only: the stage's cap bounds the rest)
-                capped = admission.route(request)[0] is not None
-                admission.start_waits.leaving(request, capped=capped)
         return request
 
     def _next_request(self) -> Request | None:
@@ -521,6 +515,13 @@ class StageScheduler:
                     # way, for which they are kept; the tick prunes them)
                     self.slots.kept.release_all()
                 return None
+            admission = self.admission
+            if admission.start_waits is not None:
+                # out of the inner scheduler (it may wait for its key's slots here first): its
+                # delayed names' next requests stay queued (for a capped stage's request, its
+                # stage's only: the stage's cap bounds the rest)
+                capped = admission.route(request)[0] is not None
+                admission.start_waits.leaving(request, capped=capped)
             going = self._hand_out(request)
             if going is not None:
                 return going

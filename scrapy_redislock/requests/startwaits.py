@@ -9,17 +9,17 @@ sleeping there holds one of CONCURRENT_REQUESTS: sixteen requests of a site with
 Crawl-delay would fill the downloader for eight minutes while other sites' requests waited behind
 them. So, over Scrapy's scheduler:
 
-- a request that leaves StageScheduler marks its delayed names (its stage when it has a delay of
-  its own, its key when it has one, then its other scopes with one; a request of a capped stage
-  its stage only, the stage's cap bounding the rest) as having a start under way here
-  (:meth:`StartWaits.leaving`);
+- a request that leaves StageScheduler's inner scheduler (with capped keys, for its key's take
+  here first) marks its delayed names (its stage when it has a delay of its own, its key when it
+  has one, then its other scopes with one; a request of a capped stage its stage only, the
+  stage's cap bounding the rest) as having a start under way here (:meth:`StartWaits.leaving`);
 - while a name has one, the next requests of that name stay in the scheduler, in the name's
   sub-queue, as a capped key's do (:class:`~scrapy_redislock.requests.admission.StageAdmission`),
   taking none of CONCURRENT_REQUESTS, while other names' requests go past them;
 - the mark goes when the request's wait for that name ends (its start is confirmed, or the wait
-  failed: :meth:`StartWaits.ended`), or when it reaches the downloader, or when the request is gone
-  (a middleware before ours dropped it); the engine is woken then, and the name's next request
-  leaves and books its start.
+  failed: :meth:`StartWaits.ended`), or when it reaches the downloader, or goes back to a
+  sub-queue (its key refused it), or when the request is gone (a middleware before ours dropped
+  it); the engine is woken then, and the name's next request leaves and books its start.
 
 At most MOST_QUEUED_NAMES (256) names hold requests back in sub-queues of their own at once (the
 sub-queues are scanned at every pop, and with JOBDIR each keeps a file open per priority in use);
@@ -37,11 +37,13 @@ instead of queueing dozens ahead. With REDISLOCK_CRAWL_DELAY a site whose robots
 has not read yet counts as delayed (its Crawl-delay may come): its requests leave one at a time
 until RobotsTxtMiddleware has it, instead of all waiting for it in the downloader. A request of
 several delayed names that leaves its first name's sub-queue goes on even if another of its names
-has a start under way. A stage's sub-queue here is named :data:`STAGE_NAME_PREFIX` and the stage;
-a capped stage's requests wait in their stage's sub-queues. The key and scope delays of a capped
-stage's requests (bounded by the stage's cap), requests over scrapy-redis's scheduler (its queue is
-shared and not split by key) and requests that bypass the scheduler sleep in the middleware as
-before.
+has a start under way. A request whose site's robots.txt is not read yet does not mark its stage:
+it waits for the robots.txt first (up to a download timeout), which would hold the stage's
+requests of every site back; it sleeps for its stage's start in the middleware after. A stage's
+sub-queue here is named :data:`STAGE_NAME_PREFIX` and the stage; a capped stage's requests wait in
+their stage's sub-queues. The key and scope delays of a capped stage's requests (bounded by the
+stage's cap), requests over scrapy-redis's scheduler (its queue is shared and not split by key)
+and requests that bypass the scheduler sleep in the middleware as before.
 
 Reads, through the checked settings, REDISLOCK_STAGES, REDISLOCK_STAGE_KEY, REDISLOCK_SCOPES,
 REDISLOCK_SCOPES_OF, REDISLOCK_DELAY(S) and REDISLOCK_CRAWL_DELAY.
@@ -86,8 +88,8 @@ MOST_QUEUED_NAMES = 256
 
 
 class StartWaits:
-    """Per delayed key or scope, the requests of this process between the scheduler and their
-    start of it (see the module docstring)."""
+    """Per delayed stage, key or scope, the requests of this process between the scheduler and
+    their start of it (see the module docstring)."""
 
     def __init__(
         self,
@@ -97,13 +99,13 @@ class StartWaits:
         *,
         delayed: bool = True,
     ) -> None:
-        # the request's delayed key and scopes, as the throttle reads them now
+        # the request's delayed stage, key and scopes, as the throttle reads them now
         self.delayed_names = delayed_names
         self.wake = wake  # the engine's next ask, when a name's start is no longer under way
         # a request of this process waits in the middleware for a place in the name's full rate
         # window (one that left before the window was found full); None: any window found full
         self.waiting = waiting
-        # any key or scope keeps a delay (else only a full rate window holds requests back)
+        # any stage, key or scope keeps a delay (else only a full rate window holds requests back)
         self.delayed = delayed
         # weak: a request dropped on its way (never reaching our middleware) lets its names go
         self.under_way: dict[str, WeakSet[Request]] = {}
@@ -161,8 +163,8 @@ class StartWaits:
             if requests:
                 return
             del self.under_way[name]
-        elif name not in self.queued:
-            return
+        elif name not in self.queued and not name.startswith(STAGE_NAME_PREFIX):
+            return  # (a capped stage's requests wait in its own sub-queues, not in ``queued``)
         if not self.busy(name):
             self.wake()
 

@@ -153,8 +153,8 @@ class ScopeThrottle:
         self.crawl_delays: dict[str, float] = {}
         # the cache and robots.txt middlewares before ours, found on first use
         self._early: tuple[Any, ...] | None = None
-        # per delayed key or scope, the request between StageScheduler and its start (one at a
-        # time: the others wait queued, not in the downloader); read by StageScheduler's admission
+        # per delayed stage, key or scope, the request between StageScheduler and its start (one at
+        # a time: the others wait queued, not in the downloader); read by StageScheduler's admission
         self.start_waits: StartWaits | None = None
         self._rated = settings.rated  # read per request leaving StageScheduler
         # the stages with a delay or a rate window of their own
@@ -265,11 +265,11 @@ class ScopeThrottle:
     def delayed_names(self, request: Request) -> tuple[str, ...]:
         """In StartWaits' names (:func:`~scrapy_redislock.requests.startwaits.wait_name`), in the
         one order: the request's stage when it keeps a delay, or its rate window was last found
-        full here; its key when it keeps a delay (its own, REDISLOCK_DELAY, its site's
-        Crawl-delay, or with REDISLOCK_CRAWL_DELAY a site whose robots.txt this process has not
-        read yet), then its other scopes with one, by name, then its key and scopes whose rate
-        window this process last found full; none when a function fails for it (the middleware
-        fails it then)."""
+        full here (not while its site's robots.txt is read); its key when it keeps a delay (its
+        own, REDISLOCK_DELAY, its site's Crawl-delay, or with REDISLOCK_CRAWL_DELAY a site whose
+        robots.txt this process has not read yet), then its other scopes with one, by name, then
+        its key and scopes whose rate window this process last found full; none when a function
+        fails for it (the middleware fails it then)."""
         try:
             key, scopes = self.key_and_scopes(request)
         except KeyFunctionError:
@@ -278,8 +278,12 @@ class ScopeThrottle:
         named = []
         if self._paced_stages:  # a request's stage is looked up only where one may be held
             stage = stage_of(request, self.settings, self.crawler.spider)
-            if stage in self._paced_stages and (
-                policy_of(stage, stage=True).delay or self.delays.rate_full(stage)
+            if (
+                stage in self._paced_stages
+                and (policy_of(stage, stage=True).delay or self.delays.rate_full(stage))
+                # one waiting for its site's robots.txt (which may take a download timeout)
+                # would hold the stage's requests of every site back
+                and not self._robots_pending(request)
             ):
                 named.append(wait_name(stage))
         if key is not None and (
@@ -305,6 +309,11 @@ class ScopeThrottle:
         otherwise fetch their robots.txt files one after another."""
         if not self.settings.keys.crawl_delay or domain(request) != key:
             return False
+        return self._robots_pending(request)
+
+    def _robots_pending(self, request: Request) -> bool:
+        """RobotsTxtMiddleware (before ours) has not read the robots.txt of the request's site yet
+        (the request waits for it there first)."""
         if self._early is None:
             self._early = early_middlewares(self.crawler)
         return robots_unknown(request, self._early)

@@ -128,6 +128,126 @@ def test_an_uncapped_stages_own_pace_keeps_its_next_request_queued(
     asyncio.run(scenario())
 
 
+def test_an_uncapped_stages_own_delay_holds_its_requests_of_capped_keys_too(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """With capped keys, a request leaves the inner scheduler for its key's take before it leaves
+    the scheduler: the delayed stage is marked then, so its next request (of another key, with
+    room) stays queued while another stage's goes past (before, all of them went to their keys'
+    takes at once and slept in the middleware, up to CONCURRENT_REQUESTS of them)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"list": {"limit": None, "delay": 0.3}, "detail": None},  # type: ignore[dict-item]
+            REDISLOCK_STAGE_KEY="domain",
+            REDISLOCK_KEY_LIMIT=1,
+            SCHEDULER_PRIORITY_QUEUE="scrapy.pqueues.ScrapyPriorityQueue",
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            first = request("list", 1)
+            second = request("list", 2).replace(url="http://127.0.0.2:9/list/2")
+            other = request("detail", 3).replace(url="http://127.0.0.3:9/detail/3")
+            for r in (first, second, other):
+                scheduler.enqueue_request(r)
+            # each with its key's slot, in the order their takes came back: the other stage's
+            # goes past the stage's next, which waits queued
+            assert {await f.next_request(), await f.next_request()} == {first, other}
+            keyline = scheduler.keyline
+            assert keyline is not None
+            await until(lambda: not keyline.looking)  # no take under way here
+            assert scheduler.next_request() is None
+            await f.send(first)
+            assert await f.next_request() is second
+            await f.send(second)
+            starts = [r.meta["redislock_start_at"] for r in (first, second)]
+            assert starts[1] - starts[0] >= 0.3 - 0.001
+            for r in (first, second, other):
+                f.middleware.process_response(r, None)  # type: ignore[arg-type]
+        assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_request_waiting_for_its_sites_robots_txt_does_not_hold_its_delayed_stage(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A delayed stage's request whose site's robots.txt is not read yet would wait for it first,
+    up to a download timeout: it does not hold its stage's other requests back (they go on to their
+    own sites); once the site's robots.txt is read, the stage's requests leave one at a time."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"list": {"limit": None, "delay": 30}, "detail": None},  # type: ignore[dict-item]
+            ROBOTSTXT_OBEY=True,
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            first = request("list", 1)
+            second = request("list", 2).replace(url="http://127.0.0.2:9/list/2")
+            for r in (first, second):
+                scheduler.enqueue_request(r)
+            assert scheduler.next_request() is first  # waits for 127.0.0.1's robots.txt
+            assert scheduler.next_request() is second
+            robots = next(
+                mw
+                for mw in f.crawler.engine.downloader.middleware.middlewares  # type: ignore[union-attr]
+                if hasattr(mw, "_parsers")
+            )
+            robots._parsers["127.0.0.1:9"] = SimpleNamespace(allowed=lambda url, agent: True)
+            third, fourth = request("list", 3), request("list", 4)
+            for r in (third, fourth):
+                scheduler.enqueue_request(r)
+            assert scheduler.next_request() is third
+            assert scheduler.next_request() is None  # behind the third's start
+            for r in (first, second, third):
+                f.middleware.process_response(r, None)  # type: ignore[arg-type]
+            assert scheduler.next_request() is fourth
+            f.middleware.process_response(fourth, None)  # type: ignore[arg-type]
+        assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_capped_stages_queue_is_asked_again_when_its_full_windows_last_wait_ends(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A capped stage's rate window of one start: two requests left before it was found full, the
+    second waits in the middleware for a place (the stage counts as busy meanwhile); when that wait
+    ends the engine is asked again for the stage's queued requests (before, nothing asked: they
+    waited for a download to end or the engine's heartbeat)."""
+
+    async def scenario() -> None:
+        async with front(
+            redis_url,
+            {"list": {"limit": 3, "rate": "1/0.3s"}},  # type: ignore[dict-item]
+        ) as f:
+            scheduler = f.scheduler
+            assert scheduler is not None
+            start_waits = f.middleware.throttle.start_waits  # type: ignore[union-attr]
+            assert start_waits is not None
+            woken: list[bool] = []
+            start_waits.wake = lambda: woken.append(True)
+            first, second = request("list", 1), request("list", 2)
+            for r in (first, second):
+                scheduler.enqueue_request(r)
+            assert await f.next_request() is first
+            assert await f.next_request() is second
+            await f.send(first)  # took the window's one place
+            waiting = f.send(second)  # waits a window for its place
+            await until(lambda: start_waits.busy("\x00stage:list"))
+            woken.clear()
+            await waiting
+            assert woken  # the stage's queue is asked again
+            for r in (first, second):
+                f.middleware.process_response(r, None)  # type: ignore[arg-type]
+        assert leftover(redis_client) == 0
+
+    asyncio.run(scenario())
+
+
 def test_a_full_rate_windows_next_request_stays_queued_until_the_one_before_has_its_start(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
