@@ -18,11 +18,25 @@ from scrapy.exceptions import IgnoreRequest
 from scrapy_redislock.crawl.early import robots_unknown
 from scrapy_redislock.requests.startwaits import MOST_QUEUED_NAMES, StartWaits
 from testing.crawlproc import Crawl, leftover
-from testing.inprocess import front, request
+from testing.inprocess import Front, front, request
 from testing.site import CrawlSite
 from testing.waiting import until
 
 pytestmark = pytest.mark.integration
+
+
+async def the_second_goes_after_the_first(
+    f: Front, first: Request, second: Request, *others: Request, gap: float
+) -> None:
+    """The first request's start is confirmed; then the second leaves the scheduler and starts
+    ``gap`` or more after it; all of them are answered."""
+    await f.send(first)
+    assert await f.next_request() is second
+    await f.send(second)
+    starts = [r.meta["redislock_start_at"] for r in (first, second)]
+    assert starts[1] - starts[0] >= gap - 0.001
+    for r in (first, second, *others):
+        f.middleware.process_response(r, None)  # type: ignore[arg-type]
 
 
 def test_past_the_most_names_with_a_sub_queue_a_busy_names_request_leaves() -> None:
@@ -116,13 +130,7 @@ def test_an_uncapped_stages_own_pace_keeps_its_next_request_queued(
             assert scheduler.next_request() is other  # the other stage's goes past
             assert scheduler.next_request() is None  # the stage's next waits queued
             assert scheduler.has_pending_requests() and len(scheduler) == 1
-            await f.send(first)
-            assert scheduler.next_request() is second
-            await f.send(second)
-            starts = [r.meta["redislock_start_at"] for r in (first, second)]
-            assert starts[1] - starts[0] >= 0.3 - 0.001
-            for r in (first, second, other):
-                f.middleware.process_response(r, None)  # type: ignore[arg-type]
+            await the_second_goes_after_the_first(f, first, second, other, gap=0.3)
         assert leftover(redis_client) == 0
 
     asyncio.run(scenario())
@@ -158,13 +166,7 @@ def test_an_uncapped_stages_own_delay_holds_its_requests_of_capped_keys_too(
             assert keyline is not None
             await until(lambda: not keyline.looking)  # no take under way here
             assert scheduler.next_request() is None
-            await f.send(first)
-            assert await f.next_request() is second
-            await f.send(second)
-            starts = [r.meta["redislock_start_at"] for r in (first, second)]
-            assert starts[1] - starts[0] >= 0.3 - 0.001
-            for r in (first, second, other):
-                f.middleware.process_response(r, None)  # type: ignore[arg-type]
+            await the_second_goes_after_the_first(f, first, second, other, gap=0.3)
         assert leftover(redis_client) == 0
 
     asyncio.run(scenario())
@@ -404,13 +406,7 @@ def test_a_capped_stages_own_delay_keeps_its_next_request_queued_with_room_in_it
             assert await f.next_request() is other  # the other stage's goes past
             await until(lambda: f.slots.kept.ready("list"))  # a slot is kept for the second
             assert scheduler.next_request() is None  # yet it waits queued
-            await f.send(first)  # its start confirmed
-            assert await f.next_request() is second
-            await f.send(second)
-            starts = [r.meta["redislock_start_at"] for r in (first, second)]
-            assert starts[1] - starts[0] >= 0.3 - 0.001
-            for r in (first, second, other):
-                f.middleware.process_response(r, None)  # type: ignore[arg-type]
+            await the_second_goes_after_the_first(f, first, second, other, gap=0.3)
         assert leftover(redis_client) == 0
 
     asyncio.run(scenario())
